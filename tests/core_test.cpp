@@ -237,6 +237,25 @@ TEST(Plan, SelectsHighestPriorityThatFitsAndHonoursPreference) {
       ErrorKind::unsupported, {"preference=backend=cudnn", "reference(cpu_reference"}));
 }
 
+TEST(Plan, KernelPreferencePinsOneKernelOnlyWhereItFits) {
+  const Stream cpu = Stream::cpu();
+  auto pinned =
+      Plan<ScaleOp>::select(cpu, {8, DType::f32, false}, PlanPreference::kernel("reference"));
+  BARACUDA_ASSERT_OK(pinned);
+  EXPECT_EQ(pinned->sku().name, "reference");  // below the fast kernel's priority, still chosen
+  auto fast = Plan<ScaleOp>::select(cpu, {8, DType::f32, false},
+                                    PlanPreference::kernel("fast_nondeterministic"));
+  BARACUDA_ASSERT_OK(fast);
+  EXPECT_EQ(fast->sku().name, "fast_nondeterministic");
+  // Pinning never overrides a predicate: the fast kernel does not fit n = 0.
+  EXPECT_TRUE(fails_with(Plan<ScaleOp>::select(cpu, {0, DType::f32, false},
+                                               PlanPreference::kernel("fast_nondeterministic")),
+                         ErrorKind::unsupported, {"preference=kernel=fast_nondeterministic"}));
+  EXPECT_TRUE(fails_with(
+      Plan<ScaleOp>::select(cpu, {8, DType::f32, false}, PlanPreference::kernel("no_such_kernel")),
+      ErrorKind::unsupported, {"preference=kernel=no_such_kernel"}));
+}
+
 TEST(Plan, RunValidatesBeforeLaunchingAndNeverWritesOnError) {
   const Stream cpu = Stream::cpu();
   auto plan = Plan<ScaleOp>::select(cpu, {4, DType::f32, true});

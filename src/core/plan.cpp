@@ -101,6 +101,8 @@ std::string to_string(const PlanPreference& p) {
       return "backend=" + std::string(to_string(p.backend));
     case PlanPreference::Kind::reference:
       return "reference";
+    case PlanPreference::Kind::kernel:
+      return "kernel=" + std::string(p.kernel_name);
   }
   return "?";
 }
@@ -137,6 +139,8 @@ bool preference_admits(const PlanPreference& pref, const KernelSku& sku) {
       return sku.backend == pref.backend;
     case PlanPreference::Kind::reference:
       return sku.backend == Backend::cpu_reference;
+    case PlanPreference::Kind::kernel:
+      return sku.name == pref.kernel_name;
   }
   return false;
 }

@@ -64,14 +64,20 @@ struct KernelSku {
 std::string to_string(const KernelSku& s);
 
 struct PlanPreference {
-  enum class Kind : uint8_t { fastest, deterministic, backend, reference };
+  enum class Kind : uint8_t { fastest, deterministic, backend, reference, kernel };
   Kind kind = Kind::fastest;
   Backend backend = Backend::bespoke_cuda;
+  // Kind::kernel: the one kernel (KernelSku::name) to run, still only where its predicate fits.
+  // For A/B benchmarks and for tests that check every kernel; the view must outlive select().
+  std::string_view kernel_name;
 
   static PlanPreference fastest() { return {}; }
-  static PlanPreference deterministic() { return {Kind::deterministic, Backend::bespoke_cuda}; }
-  static PlanPreference only(Backend b) { return {Kind::backend, b}; }
-  static PlanPreference reference() { return {Kind::reference, Backend::cpu_reference}; }
+  static PlanPreference deterministic() { return {Kind::deterministic, Backend::bespoke_cuda, {}}; }
+  static PlanPreference only(Backend b) { return {Kind::backend, b, {}}; }
+  static PlanPreference reference() { return {Kind::reference, Backend::cpu_reference, {}}; }
+  static PlanPreference kernel(std::string_view name) {
+    return {Kind::kernel, Backend::bespoke_cuda, name};
+  }
 };
 std::string to_string(const PlanPreference& p);
 

@@ -10,24 +10,20 @@
 
 #include "baracuda/ops/write_slice.hpp"
 #include "core/bench/bench.hpp"
-#include "ops/write_slice/engine.hpp"
+#include "ops/write_slice/launch.hpp"
 
 namespace baracuda {
 namespace {
 
 constexpr const char* kFamily = "write_slice";
 
-using write_slice_detail::Engine;
-
-// Runs a case on another engine (engine.hpp), name suffixed "@<engine>", then restores the
-// default: the A/B of the kernel variants in one device run.
-struct EngineScope {
-  explicit EngineScope(Engine e) { write_slice_detail::set_engine(e); }
-  ~EngineScope() { write_slice_detail::set_engine(write_slice_detail::kDefaultEngine); }
-};
-std::string suffixed(const std::string& name, Engine e) {
-  if (e == write_slice_detail::kDefaultEngine) return name;
-  return name + "@" + std::string(write_slice_detail::engine_name(e));
+// A case pinned to one kernel (PlanPreference::kernel) is named "<case>@<kernel>": the A/B rows.
+// Unsuffixed rows run the default plan and pair with peers.py.
+std::string suffixed(const std::string& name, std::string_view pin) {
+  return pin.empty() ? name : name + "@" + std::string(pin);
+}
+PlanPreference preference(std::string_view pin) {
+  return pin.empty() ? PlanPreference::fastest() : PlanPreference::kernel(pin);
 }
 
 // Random bytes (never zeros): a 16 MiB random block tiled over the buffer.
@@ -62,15 +58,14 @@ int64_t bytes_of(DType t, const std::vector<int64_t>& shape) {
 // source and dest sets so the working set exceeds the L2.
 void write_case(const Stream& s, const std::string& base_name, DType t,
                 std::vector<int64_t> dest_shape, std::vector<std::pair<int64_t, int64_t>> ranges,
-                Engine engine = write_slice_detail::kDefaultEngine) {
-  EngineScope scope(engine);
-  const std::string name = suffixed(base_name, engine);
+                std::string_view pin = {}) {
+  const std::string name = suffixed(base_name, pin);
   WriteSliceOp::Descriptor d;
   d.dtype = t;
   d.dest_shape = dest_shape;
   d.ranges = ranges;
   for (auto [a, b] : ranges) d.source_shape.push_back(b - a);
-  auto plan = WriteSlicePlan::select(s, d);
+  auto plan = WriteSlicePlan::select(s, d, preference(pin));
   if (!plan.ok()) return bench::emit_error(kFamily, "write_slice", name, plan.error());
   const int64_t dest_bytes = bytes_of(t, dest_shape), src_bytes = bytes_of(t, d.source_shape);
   const int rot = std::max(1, bench::rotations_for(s, 2 * src_bytes));
@@ -106,14 +101,12 @@ void write_case(const Stream& s, const std::string& base_name, DType t,
                   .kernel = std::string(plan->sku().name),
                   .ms = timing->median_ms,
                   .bytes = 2.0 * static_cast<double>(src_bytes),
-                  .note = "window " + std::to_string(src_bytes >> 20) + " MiB, engine " +
-                          std::string(write_slice_detail::engine_name(engine))});
+                  .note = "window " + std::to_string(src_bytes >> 20) + " MiB"});
 }
 
 // Decode append: T tokens into [16, 32, 8192, 128] bf16, at per-row positions (kv_append) and at
 // one position for all rows (write_slice's kv_2d path), as a decoding engine does every step.
-void decode_cases(const Stream& s, Engine engine) {
-  EngineScope scope(engine);
+void decode_cases(const Stream& s, std::string_view pin) {
   const int64_t B = 16, H = 32, L = 8192, D = 128;
   const DType t = DType::bf16;
   auto cache = random_buffer(s, B * H * L * D * 2);
@@ -128,16 +121,18 @@ void decode_cases(const Stream& s, Engine engine) {
   if (!copy_bytes(pos->data(), pos->where(), positions.data(), Location::host(), B * 4).ok())
     return;
   const Location where = s.memory_location();
-  const bool ab_only = engine != write_slice_detail::kDefaultEngine;
+  const bool ab_only = !pin.empty();
   for (int64_t T : {1, 2, 4, 8, 16}) {
     if (ab_only && T != 1 && T != 16) continue;  // the A/B rows: smallest and largest
-    const std::string name = suffixed("decode_T" + std::to_string(T), engine);
+    if (pin == "bulk_copy" && T * D * 2 < write_slice_cuda::kMinBulkRowBytes)
+      continue;  // does not fit
+    const std::string name = suffixed("decode_T" + std::to_string(T), pin);
     const double moved = 2.0 * static_cast<double>(B * H * T * D * 2);
     {
       const int64_t p = 1000;
       WriteSliceOp::Descriptor d{
           t, {B, H, L, D}, {{0, B}, {0, H}, {p, p + T}, {0, D}}, {B, H, T, D}, {}, {}};
-      auto plan = WriteSlicePlan::select(s, d);
+      auto plan = WriteSlicePlan::select(s, d, preference(pin));
       if (!plan.ok()) return bench::emit_error(kFamily, "write_slice", name, plan.error());
       int64_t cshape[] = {B, H, L, D}, sshape[] = {B, H, T, D};
       const WriteSliceOp::Arguments args{
@@ -155,7 +150,7 @@ void decode_cases(const Stream& s, Engine engine) {
                       .bytes = moved,
                       .note = "cache[:, :, p:p+T, :] = src"});
     }
-    if (!ab_only) {  // kv_append has one kernel on every engine
+    if (!ab_only) {  // kv_append has one kernel
       KvAppendOp::Descriptor d{t, B, H, L, D, T, DType::i32};
       auto plan = KvAppendPlan::select(s, d);
       if (!plan.ok()) return bench::emit_error(kFamily, "kv_append", name, plan.error());
@@ -211,27 +206,29 @@ void memcpy2d_comparison(const Stream& s) {
 }
 
 void run_all(const Stream& s) {
-  // Large windows (>= 64 MiB of window: 128 MiB moved).
-  write_case(s, "chunk_64MiB", DType::bf16, {3, 16, 1 << 20}, {{1, 3}, {0, 16}, {0, 1 << 20}});
-  write_case(s, "chunk_64MiB", DType::s4, {3, 16, 1 << 22}, {{1, 3}, {0, 16}, {0, 1 << 22}});
-  // The engine-dependent cases: each on the default engine (unsuffixed: these rows pair with
-  // peers.py), then right after on the other engines.
-  std::vector<Engine> engines = {write_slice_detail::kDefaultEngine};
-  for (Engine e : write_slice_detail::kEngines)
-    if (e != write_slice_detail::kDefaultEngine) engines.push_back(e);
-  for (Engine e : engines)
+  // Large windows (>= 64 MiB of window: 128 MiB moved), each on the default plan, then pinned to
+  // the other kernels that serve it.
+  for (std::string_view pin : {"", "bulk_copy"}) {
+    write_case(s, "chunk_64MiB", DType::bf16, {3, 16, 1 << 20}, {{1, 3}, {0, 16}, {0, 1 << 20}},
+               pin);
+    write_case(s, "chunk_64MiB", DType::s4, {3, 16, 1 << 22}, {{1, 3}, {0, 16}, {0, 1 << 22}}, pin);
+  }
+  for (std::string_view pin : {"", "kv_2d", "kv_2d_flat", "bulk_copy"}) {
     write_case(s, "kv2d_T512", DType::bf16, {16, 32, 8192, 128},
-               {{0, 16}, {0, 32}, {1000, 1512}, {0, 128}}, e);
-  for (Engine e : engines)
-    write_case(s, "strided_T512_D64", DType::bf16, {16, 32, 8192, 128},
-               {{0, 16}, {0, 32}, {1000, 2024}, {32, 96}}, e);
-  for (Engine e : engines)
+               {{0, 16}, {0, 32}, {1000, 1512}, {0, 128}}, pin);
     write_case(s, "kv2d_T2048", DType::s4, {16, 32, 8192, 128},
-               {{0, 16}, {0, 32}, {1000, 3048}, {0, 128}}, e);
-  for (Engine e : engines)
-    write_case(s, "rows_odd_offset", DType::s4, {4096, 32770}, {{0, 4096}, {1, 32769}}, e);
+               {{0, 16}, {0, 32}, {1000, 3048}, {0, 128}}, pin);
+    // 256 MiB window: the same kernels where launch and tail costs matter less.
+    write_case(s, "kv2d_T2048", DType::bf16, {16, 32, 8192, 128},
+               {{0, 16}, {0, 32}, {1000, 3048}, {0, 128}}, pin);
+  }
+  for (std::string_view pin : {"", "generic_v16"})
+    write_case(s, "strided_T512_D64", DType::bf16, {16, 32, 8192, 128},
+               {{0, 16}, {0, 32}, {1000, 2024}, {32, 96}}, pin);
+  for (std::string_view pin : {"", "subbyte_merge"})
+    write_case(s, "rows_odd_offset", DType::s4, {4096, 32770}, {{0, 4096}, {1, 32769}}, pin);
   memcpy2d_comparison(s);
-  for (Engine e : engines) decode_cases(s, e);
+  for (std::string_view pin : {"", "kv_2d", "kv_2d_flat", "bulk_copy"}) decode_cases(s, pin);
 }
 BARACUDA_REGISTER(bench::register_bench(kFamily, run_all));
 

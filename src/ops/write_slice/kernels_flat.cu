@@ -52,7 +52,7 @@ Status launch_flat(const LaunchContext& ctx, std::string_view kernel, char* dst,
 }  // namespace
 
 Status copy_flat(const LaunchContext& ctx, std::string_view kernel, char* dst, const char* src,
-                 const CopyShape& c, bool streaming) {
+                 const CopyShape& c) {
   if (c.rows == 0 || c.inner_bytes == 0) return {};
   int64_t u = widest_unit({c.inner_bytes, static_cast<int64_t>(reinterpret_cast<uintptr_t>(dst)),
                            static_cast<int64_t>(reinterpret_cast<uintptr_t>(src))});
@@ -62,7 +62,6 @@ Status copy_flat(const LaunchContext& ctx, std::string_view kernel, char* dst, c
   a.outer = outer_axes(c, u);
   a.inner = FastDiv(static_cast<uint64_t>(c.inner_bytes / u));
   a.total = c.rows * (c.inner_bytes / u);  // the window's size: fits (checked at make_problem)
-  a.streaming = streaming;
   switch (u) {
     case 16:
       return launch_flat<uint4>(ctx, kernel, dst, src, a);
@@ -77,8 +76,7 @@ Status copy_flat(const LaunchContext& ctx, std::string_view kernel, char* dst, c
   }
 }
 
-Status merge_words(const LaunchContext& ctx, char* dst, const char* src, const CopyShape& c,
-                   bool streaming) {
+Status merge_words(const LaunchContext& ctx, char* dst, const char* src, const CopyShape& c) {
   if (c.rows == 0 || c.row_bits == 0) return {};
   MergeWordArgs m{};
   m.outer = outer_axes(c, 1);
@@ -89,7 +87,6 @@ Status merge_words(const LaunchContext& ctx, char* dst, const char* src, const C
   m.bit_offset = c.row_bit_offset;
   m.nbits = c.row_bits;
   m.src_bytes = (c.row_bits + 7) / 8;
-  m.streaming = streaming;
   // Block: x over a row's words, y over rows; rows past ~32 blocks per SM loop in the kernel.
   int bx = 1;
   while (bx < m.words && bx < 256) bx *= 2;

@@ -16,12 +16,20 @@ Status copy_rows(const LaunchContext& ctx, std::string_view kernel, char* dst, c
 // The sub-byte merge for windows that start or end inside a byte.
 Status merge_bits(const LaunchContext& ctx, char* dst, const char* src,
                   const write_slice_detail::CopyShape& c);
-// The `flat` engine (engine.hpp): the same copy as copy_rows as one flat pass over the window's
-// units, and the word-wide sub-byte merge. `streaming`: evict-first loads and stores.
+// The `flat` kernels: the same copy as copy_rows as one flat pass over the window's units, and
+// the word-wide sub-byte merge, with evict-first loads and stores.
 Status copy_flat(const LaunchContext& ctx, std::string_view kernel, char* dst, const char* src,
-                 const write_slice_detail::CopyShape& c, bool streaming);
+                 const write_slice_detail::CopyShape& c);
 Status merge_words(const LaunchContext& ctx, char* dst, const char* src,
-                   const write_slice_detail::CopyShape& c, bool streaming);
+                   const write_slice_detail::CopyShape& c);
+// The `bulk_copy` kernel (sm_90+): rows move through shared memory on the bulk copy engine.
+// It needs 16-byte multiples everywhere and rows long enough to amortize a chunk's issue;
+// `bulk_copy_fits` checks the layout, the launch checks the base pointers (and falls back to
+// copy_rows when they are not 16-byte aligned).
+inline constexpr int64_t kMinBulkRowBytes = 2048;
+bool bulk_copy_fits(const write_slice_detail::CopyShape& c);
+Status copy_bulk(const LaunchContext& ctx, char* dst, const char* src,
+                 const write_slice_detail::CopyShape& c);
 // One launch of kv_append (flags and rows together).
 Status kv_append(const LaunchContext& ctx, const KvAppendOp::Problem& p,
                  const KvAppendOp::Arguments& a);

@@ -1,40 +1,14 @@
 // write_slice / kv_append: descriptor rules, argument rules, and the copy-path analysis that lets
 // select() pick a fast path for the layout. All validation lives here, with precise messages.
 #include <algorithm>
-#include <atomic>
 #include <string>
 #include <vector>
 
 #include "baracuda/core/validate.hpp"
 #include "baracuda/ops/write_slice.hpp"
-#include "ops/write_slice/engine.hpp"
 
 namespace baracuda {
 namespace write_slice_detail {
-
-namespace {
-std::atomic<int> g_engine{static_cast<int>(kDefaultEngine)};
-}  // namespace
-
-void set_engine(Engine e) {
-  g_engine.store(static_cast<int>(e));
-}
-Engine engine() {
-  return static_cast<Engine>(g_engine.load());
-}
-std::string_view engine_name(Engine e) {
-  switch (e) {
-    case Engine::mixed:
-      return "mixed";
-    case Engine::flat:
-      return "flat";
-    case Engine::flat_cached:
-      return "flat_cached";
-    case Engine::legacy:
-      return "legacy";
-  }
-  return "?";
-}
 
 std::string_view to_string(Path p) {
   switch (p) {

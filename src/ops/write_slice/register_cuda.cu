@@ -3,13 +3,11 @@
 // same few kernels; select() picks the fastest path the problem's layout admits.
 #include "core/cuda/launch.cuh"
 #include "ops/write_slice/dtypes.hpp"
-#include "ops/write_slice/engine.hpp"
 #include "ops/write_slice/launch.hpp"
 
 namespace baracuda {
 namespace {
 
-using write_slice_detail::Engine;
 using write_slice_detail::Path;
 using Problem = WriteSliceOp::Problem;
 using Arguments = WriteSliceOp::Arguments;
@@ -39,32 +37,25 @@ Status launch_generic(const LaunchContext& ctx, const Problem& p, const Argument
                                      static_cast<const char*>(a.source.data), p.copy);
 }
 
-// Which engine (engine.hpp) routes each path to the flat kernels; the access variant (streaming
-// or cached) is read at launch.
-bool flat_engine() {
-  return write_slice_detail::engine() != Engine::legacy;
-}
-bool flat_kv_2d() {
-  const Engine e = write_slice_detail::engine();
-  return e == Engine::flat || e == Engine::flat_cached;
-}
-bool streaming() {
-  return write_slice_detail::engine() != Engine::flat_cached;
-}
-
 Status launch_pitched_flat(const LaunchContext& ctx, const Problem& p, const Arguments& a) {
   return write_slice_cuda::copy_flat(ctx, "kv_2d_flat", dest_origin(p, a),
-                                     static_cast<const char*>(a.source.data), p.copy, streaming());
+                                     static_cast<const char*>(a.source.data), p.copy);
 }
 
 Status launch_generic_flat(const LaunchContext& ctx, const Problem& p, const Arguments& a) {
+  if (p.path == Path::empty) return {};
   return write_slice_cuda::copy_flat(ctx, "generic_flat", dest_origin(p, a),
-                                     static_cast<const char*>(a.source.data), p.copy, streaming());
+                                     static_cast<const char*>(a.source.data), p.copy);
+}
+
+Status launch_bulk(const LaunchContext& ctx, const Problem& p, const Arguments& a) {
+  return write_slice_cuda::copy_bulk(ctx, dest_origin(p, a),
+                                     static_cast<const char*>(a.source.data), p.copy);
 }
 
 Status launch_merge_words(const LaunchContext& ctx, const Problem& p, const Arguments& a) {
-  return write_slice_cuda::merge_words(
-      ctx, dest_origin(p, a), static_cast<const char*>(a.source.data), p.copy, streaming());
+  return write_slice_cuda::merge_words(ctx, dest_origin(p, a),
+                                       static_cast<const char*>(a.source.data), p.copy);
 }
 
 Status launch_merge(const LaunchContext& ctx, const Problem& p, const Arguments& a) {
@@ -77,16 +68,22 @@ Status launch_kv(const LaunchContext& ctx, const KvAppendOp::Problem& p,
   return write_slice_cuda::kv_append(ctx, p, a);
 }
 
-KernelSku sku(DType t, std::string_view op, std::string_view layout, std::string_view name) {
+KernelSku sku(DType t, std::string_view op, std::string_view layout, std::string_view name,
+              Arch arch = Arch::sm80) {
   return {.category = "data_movement",
           .op = op,
           .element = t,
           .layout = layout,
-          .arch = Arch::sm80,
+          .arch = arch,
           .backend = Backend::bespoke_cuda,
           .precision = write_slice_dtypes::kExactCopy,
           .name = name};
 }
+
+// Priorities order the kernels of a path by the H100 measurements in docs/perf/write_slice.md;
+// every kernel stays registered, so `PlanPreference::kernel(name)` can pin any of them (the tests
+// run every kernel that fits a case, the benchmark A/Bs them).
+constexpr int kBulkPriority = 29;  // below kv_2d until a device run shows it faster
 
 bool register_cuda() {
   for (DType t : write_slice_dtypes::kAll) {
@@ -111,19 +108,29 @@ bool register_cuda() {
         .fits = [](const Problem& p, const DeviceCaps&) { return p.path == Path::pitched_2d; },
         .launch = launch_pitched,
     });
-    // The flat kernels (engine.hpp), ahead of the legacy ones when the engine routes to them.
     register_kernel<WriteSliceOp>({
         .sku = sku(t, "write_slice", "kv_2d", "kv_2d_flat"),
-        .priority = 35,
-        .fits = [](const Problem& p,
-                   const DeviceCaps&) { return p.path == Path::pitched_2d && flat_kv_2d(); },
+        .priority = 28,
+        .fits = [](const Problem& p, const DeviceCaps&) { return p.path == Path::pitched_2d; },
         .launch = launch_pitched_flat,
+    });
+    // Rows of at least kMinBulkRowBytes on the bulk copy engine, where the layout is 16-byte
+    // granular: the pitched path, and the memcpy paths (there only when pinned, for the A/B).
+    register_kernel<WriteSliceOp>({
+        .sku = sku(t, "write_slice", "kv_2d", "bulk_copy", Arch::sm90),
+        .priority = kBulkPriority,
+        .fits =
+            [](const Problem& p, const DeviceCaps&) {
+              return (p.path == Path::pitched_2d || p.path == Path::contiguous_chunk ||
+                      p.path == Path::whole_copy) &&
+                     write_slice_cuda::bulk_copy_fits(p.copy);
+            },
+        .launch = launch_bulk,
     });
     register_kernel<WriteSliceOp>({
         .sku = sku(t, "write_slice", "strided", "generic_flat"),
         .priority = 15,
-        .fits = [](const Problem& p,
-                   const DeviceCaps&) { return p.path == Path::generic && flat_engine(); },
+        .fits = [](const Problem& p, const DeviceCaps&) { return p.path == Path::generic; },
         .launch = launch_generic_flat,
     });
     // The fallback for every byte-level layout (also correct on the paths above).
@@ -133,21 +140,20 @@ bool register_cuda() {
         .fits = [](const Problem& p, const DeviceCaps&) { return p.path != Path::subbyte_merge; },
         .launch = launch_generic,
     });
-    if (is_sub_byte(t))
+    if (is_sub_byte(t)) {
+      register_kernel<WriteSliceOp>({
+          .sku = sku(t, "write_slice", "packed_bits", "subbyte_merge_words"),
+          .priority = 25,
+          .fits = [](const Problem& p, const DeviceCaps&) { return p.path == Path::subbyte_merge; },
+          .launch = launch_merge_words,
+      });
       register_kernel<WriteSliceOp>({
           .sku = sku(t, "write_slice", "packed_bits", "subbyte_merge"),
           .priority = 20,
           .fits = [](const Problem& p, const DeviceCaps&) { return p.path == Path::subbyte_merge; },
           .launch = launch_merge,
       });
-    if (is_sub_byte(t))
-      register_kernel<WriteSliceOp>({
-          .sku = sku(t, "write_slice", "packed_bits", "subbyte_merge_words"),
-          .priority = 25,
-          .fits = [](const Problem& p,
-                     const DeviceCaps&) { return p.path == Path::subbyte_merge && flat_engine(); },
-          .launch = launch_merge_words,
-      });
+    }
     register_kernel<KvAppendOp>({
         .sku = sku(t, "kv_append", "strided", "kv_append"),
         .priority = 10,
