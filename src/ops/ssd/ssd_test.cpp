@@ -577,6 +577,232 @@ TEST(SsdReference, GroupsEqualReplicatedHeads) {
                        Accuracy::exact, "grouped vs replicated"));
 }
 
+// ---- the chunked backward, as a float64 model of the GPU dataflow ----------------------------
+// The GPU's chunked backward (kernels.cuh, "backward, chunked") evaluates the adjoint in matrix
+// form per chunk; this function is that dataflow in float64 (same chunk-local quantities, same
+// reverse scan over chunks, same dcum bookkeeping), so its equality with the recurrent adjoint
+// checks the derivation independently of any GPU. Chunk length `q` may be anything here.
+ssd::ref::Grads chunked_backward_model(const ssd::Problem& p, const ssd::ref::Inputs& in,
+                                       const std::vector<double>& dy,
+                                       const std::vector<double>& dfin, int64_t q) {
+  const int64_t Bt = p.batch, L = p.seqlen, H = p.heads, D = p.head_dim, N = p.state_dim;
+  const int64_t G = p.ngroups, hpg = p.heads_per_group, nc = (L + q - 1) / q;
+  auto X = [&](int64_t b, int64_t t, int64_t h, int64_t d) {
+    return static_cast<size_t>(((b * L + t) * H + h) * D + d);
+  };
+  auto BC = [&](int64_t b, int64_t t, int64_t g, int64_t n) {
+    return static_cast<size_t>(((b * L + t) * G + g) * N + n);
+  };
+  auto ST = [&](int64_t b, int64_t h) { return static_cast<size_t>((b * H + h) * D * N); };
+  auto sk = [&](int64_t h, int64_t d) {
+    return p.d_skip == ssd::DSkip::none        ? 0.0
+           : p.d_skip == ssd::DSkip::per_head ? in.D[static_cast<size_t>(h)]
+                                               : in.D[static_cast<size_t>(h * D + d)];
+  };
+  ssd::ref::Grads gr;
+  gr.dx.assign(in.x.size(), 0.0), gr.ddt.assign(in.dt.size(), 0.0);
+  gr.dA.assign(static_cast<size_t>(H), 0.0);
+  gr.dB.assign(in.B.size(), 0.0), gr.dC.assign(in.C.size(), 0.0);
+  gr.dD.assign(in.D.size(), 0.0), gr.dz.assign(in.z.size(), 0.0);
+  gr.ddt_bias.assign(p.has_dt_bias ? static_cast<size_t>(H) : 0, 0.0);
+  gr.d_init.assign(p.has_initial_states ? static_cast<size_t>(Bt * H * D * N) : 0, 0.0);
+  using Mat = std::vector<double>;
+  for (int64_t b = 0; b < Bt; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t g = h / hpg;
+      const double A = in.A[static_cast<size_t>(h)];
+      Mat v(static_cast<size_t>(nc * q), 0.0), dvr(v), cum(v);
+      for (int64_t c = 0; c < nc; ++c) {
+        double run = 0;
+        for (int64_t k = 0; k < q; ++k) {
+          const int64_t t = c * q + k;
+          if (t < L) {
+            const double raw = in.dt[static_cast<size_t>((b * L + t) * H + h)] +
+                               (p.has_dt_bias ? in.dt_bias[static_cast<size_t>(h)] : 0.0);
+            const auto sp = ssd::ref::process_dt(raw, p.dt_softplus, p.dt_min, p.dt_max);
+            v[static_cast<size_t>(t)] = sp.v, dvr[static_cast<size_t>(t)] = sp.dv_draw;
+            run += sp.v * A;
+          }
+          cum[static_cast<size_t>(c * q + k)] = run;  // padding: flat
+        }
+      }
+      auto last = [&](int64_t c) { return cum[static_cast<size_t>(c * q + q - 1)]; };
+      // Forward states entering each chunk.
+      std::vector<Mat> S0(static_cast<size_t>(nc), Mat(static_cast<size_t>(D * N)));
+      Mat S(static_cast<size_t>(D * N), 0.0);
+      if (p.has_initial_states) std::copy_n(in.init.begin() + ST(b, h), D * N, S.begin());
+      for (int64_t c = 0; c < nc; ++c) {
+        S0[static_cast<size_t>(c)] = S;
+        for (auto& e : S) e *= std::exp(last(c));
+        for (int64_t t = c * q; t < std::min(L, c * q + q); ++t) {
+          const double w = std::exp(last(c) - cum[static_cast<size_t>(t)]) * v[static_cast<size_t>(t)];
+          for (int64_t d = 0; d < D; ++d)
+            for (int64_t n = 0; n < N; ++n)
+              S[static_cast<size_t>(d * N + n)] += w * in.x[X(b, t, h, d)] * in.B[BC(b, t, g, n)];
+        }
+      }
+      // dy' = dy * silu(z) and dz (needs the forward's pre-gate output).
+      Mat dyp(static_cast<size_t>(L * D));
+      for (int64_t t = 0; t < L; ++t) {
+        const int64_t c = t / q;
+        for (int64_t d = 0; d < D; ++d) {
+          double y = 0;
+          for (int64_t n = 0; n < N; ++n)
+            y += std::exp(cum[static_cast<size_t>(t)]) * in.C[BC(b, t, g, n)] *
+                 S0[static_cast<size_t>(c)][static_cast<size_t>(d * N + n)];
+          for (int64_t s = c * q; s <= t; ++s) {
+            double cb = 0;
+            for (int64_t n = 0; n < N; ++n) cb += in.C[BC(b, t, g, n)] * in.B[BC(b, s, g, n)];
+            y += std::exp(cum[static_cast<size_t>(t)] - cum[static_cast<size_t>(s)]) * cb *
+                 v[static_cast<size_t>(s)] * in.x[X(b, s, h, d)];
+          }
+          y += sk(h, d) * in.x[X(b, t, h, d)];
+          double g1 = dy[X(b, t, h, d)];
+          if (p.has_z) {
+            const double z = in.z[X(b, t, h, d)], sg = 1 / (1 + std::exp(-z));
+            gr.dz[X(b, t, h, d)] = g1 * y * sg * (1 + z * (1 - sg));
+            g1 *= z * sg;
+          }
+          dyp[static_cast<size_t>(t * D + d)] = g1;
+          if (p.d_skip == ssd::DSkip::per_head)
+            gr.dD[static_cast<size_t>(h)] += g1 * in.x[X(b, t, h, d)];
+          if (p.d_skip == ssd::DSkip::per_channel)
+            gr.dD[static_cast<size_t>(h * D + d)] += g1 * in.x[X(b, t, h, d)];
+        }
+      }
+      // U_c = sum_t exp(cum_t) dy'_t (outer) C_t, then the reverse scan: Gc[c] is the adjoint of
+      // the state leaving chunk c (from the later chunks and d_final_states).
+      std::vector<Mat> Gc(static_cast<size_t>(nc));
+      Mat Gr(static_cast<size_t>(D * N), 0.0);
+      if (!dfin.empty()) std::copy_n(dfin.begin() + ST(b, h), D * N, Gr.begin());
+      for (int64_t c = nc - 1; c >= 0; --c) {
+        Gc[static_cast<size_t>(c)] = Gr;
+        for (auto& e : Gr) e *= std::exp(last(c));
+        for (int64_t t = c * q; t < std::min(L, c * q + q); ++t)
+          for (int64_t d = 0; d < D; ++d)
+            for (int64_t n = 0; n < N; ++n)
+              Gr[static_cast<size_t>(d * N + n)] += std::exp(cum[static_cast<size_t>(t)]) *
+                                                     dyp[static_cast<size_t>(t * D + d)] *
+                                                     in.C[BC(b, t, g, n)];
+      }
+      if (p.has_initial_states) std::copy(Gr.begin(), Gr.end(), gr.d_init.begin() + ST(b, h));
+      // Per chunk: every gradient from chunk-local matrices.
+      for (int64_t c = 0; c < nc; ++c) {
+        const int64_t t0 = c * q, K = std::min(q, L - t0);
+        const Mat& s0 = S0[static_cast<size_t>(c)];
+        const Mat& gc = Gc[static_cast<size_t>(c)];
+        auto cu = [&](int64_t k) { return cum[static_cast<size_t>(t0 + k)]; };
+        auto vv = [&](int64_t k) { return v[static_cast<size_t>(t0 + k)]; };
+        auto W = [&](int64_t t, int64_t s) { return s <= t ? std::exp(cu(t) - cu(s)) : 0.0; };
+        auto CB = [&](int64_t t, int64_t s) {
+          double r = 0;
+          for (int64_t n = 0; n < N; ++n) r += in.C[BC(b, t0 + t, g, n)] * in.B[BC(b, t0 + s, g, n)];
+          return r;
+        };
+        auto DX = [&](int64_t t, int64_t s) {
+          double r = 0;
+          for (int64_t d = 0; d < D; ++d)
+            r += dyp[static_cast<size_t>((t0 + t) * D + d)] * in.x[X(b, t0 + s, h, d)];
+          return r;
+        };
+        Mat dcum(static_cast<size_t>(K), 0.0), dvx(dcum), E(dcum);
+        double gs = 0;
+        for (int64_t e = 0; e < D * N; ++e) gs += gc[static_cast<size_t>(e)] * s0[static_cast<size_t>(e)];
+        for (int64_t s = 0; s < K; ++s) {
+          const double es = std::exp(cu(K - 1) - cu(s));
+          double xdot2 = 0;
+          for (int64_t d = 0; d < D; ++d) {
+            double bg = 0;  // (B Gc^T)[s][d]
+            for (int64_t n = 0; n < N; ++n) bg += in.B[BC(b, t0 + s, g, n)] * gc[static_cast<size_t>(d * N + n)];
+            double r = es * bg;
+            for (int64_t t = s; t < K; ++t) r += W(t, s) * CB(t, s) * dyp[static_cast<size_t>((t0 + t) * D + d)];
+            const double xv = in.x[X(b, t0 + s, h, d)];
+            gr.dx[X(b, t0 + s, h, d)] = sk(h, d) * dyp[static_cast<size_t>((t0 + s) * D + d)] + vv(s) * r;
+            dvx[static_cast<size_t>(s)] += xv * r;
+            xdot2 += xv * bg;
+          }
+          E[static_cast<size_t>(s)] = es * vv(s) * xdot2;
+          for (int64_t n = 0; n < N; ++n) {
+            double r = 0;
+            for (int64_t d = 0; d < D; ++d) r += in.x[X(b, t0 + s, h, d)] * gc[static_cast<size_t>(d * N + n)];
+            r *= es;
+            for (int64_t t = s; t < K; ++t) r += W(t, s) * DX(t, s) * in.C[BC(b, t0 + t, g, n)];
+            gr.dB[BC(b, t0 + s, g, n)] += vv(s) * r;
+          }
+        }
+        for (int64_t t = 0; t < K; ++t) {
+          double cdot = 0;
+          for (int64_t n = 0; n < N; ++n) {
+            double r = 0;
+            for (int64_t d = 0; d < D; ++d) r += dyp[static_cast<size_t>((t0 + t) * D + d)] * s0[static_cast<size_t>(d * N + n)];
+            r *= std::exp(cu(t));
+            cdot += in.C[BC(b, t0 + t, g, n)] * r;
+            for (int64_t s = 0; s <= t; ++s) r += W(t, s) * vv(s) * DX(t, s) * in.B[BC(b, t0 + s, g, n)];
+            gr.dC[BC(b, t0 + t, g, n)] += r;
+          }
+          dcum[static_cast<size_t>(t)] += cdot - E[static_cast<size_t>(t)];
+          for (int64_t s = 0; s <= t; ++s) {
+            const double P = W(t, s) * CB(t, s) * vv(s) * DX(t, s);
+            dcum[static_cast<size_t>(t)] += P;
+            dcum[static_cast<size_t>(s)] -= P;
+          }
+        }
+        double esum = 0;
+        for (double e : E) esum += e;
+        dcum[static_cast<size_t>(K - 1)] += std::exp(cu(K - 1)) * gs + esum;
+        double da = 0;
+        for (int64_t s = K - 1; s >= 0; --s) {
+          da += dcum[static_cast<size_t>(s)];
+          const double dv = dvx[static_cast<size_t>(s)] + A * da;
+          gr.dA[static_cast<size_t>(h)] += vv(s) * da;
+          const double draw = dv * dvr[static_cast<size_t>(t0 + s)];
+          gr.ddt[static_cast<size_t>((b * L + t0 + s) * H + h)] = draw;
+          if (p.has_dt_bias) gr.ddt_bias[static_cast<size_t>(h)] += draw;
+        }
+      }
+    }
+  return gr;
+}
+
+void check_chunked_model(const Options& o, int64_t B, int64_t L, int64_t H, int64_t G, int64_t q) {
+  Rng rng;
+  auto pr = ssd::make_problem("test", describe(B, L, H, 3, 5, G, DType::f32, o));
+  ASSERT_TRUE(pr.ok()) << pr.error().to_string();
+  const ssd::Problem& p = pr.value();
+  Tensors t = make_tensors(p, Target::cpu, Layout::contiguous, rng, true);
+  const ssd::ref::Inputs in = t.inputs();
+  const std::vector<double> dy = t.dy->values();
+  const std::vector<double> dfin = t.d_final ? t.d_final->values() : std::vector<double>{};
+  const auto want = ssd::ref::backward(p, in, dy, dfin);
+  const auto got = chunked_backward_model(p, in, dy, dfin, q);
+  auto eq = [](const std::vector<double>& a, const std::vector<double>& b, const char* what) {
+    return close_to(a, b, DType::f64, Accuracy::reduction, what);
+  };
+  EXPECT_TRUE(eq(got.dx, want.dx, "dx"));
+  EXPECT_TRUE(eq(got.ddt, want.ddt, "ddt"));
+  EXPECT_TRUE(eq(got.dA, want.dA, "dA"));
+  EXPECT_TRUE(eq(got.dB, want.dB, "dB"));
+  EXPECT_TRUE(eq(got.dC, want.dC, "dC"));
+  EXPECT_TRUE(eq(got.dD, want.dD, "dD"));
+  EXPECT_TRUE(eq(got.dz, want.dz, "dz"));
+  EXPECT_TRUE(eq(got.ddt_bias, want.ddt_bias, "ddt_bias"));
+  EXPECT_TRUE(eq(got.d_init, want.d_init, "d_initial_states"));
+}
+
+TEST(SsdReference, ChunkedBackwardModelEqualsRecurrentAdjoint) {
+  check_chunked_model({}, 2, 11, 2, 1, 4);  // L not a multiple of the chunk
+  check_chunked_model({}, 1, 1, 2, 2, 4);   // L = 1
+  check_chunked_model({.d_skip = ssd::DSkip::per_channel,
+                       .z = true,
+                       .dt_bias = true,
+                       .softplus = true,
+                       .init = true,
+                       .final = true},
+                      2, 13, 4, 2, 5);
+  check_chunked_model({.d_skip = ssd::DSkip::per_head, .clamp = true, .init = true}, 1, 8, 2, 1,
+                      4);  // L a multiple of the chunk
+}
+
 // ---- plans on every target against the reference
 // -------------------------------------------------
 struct FwdCase {
