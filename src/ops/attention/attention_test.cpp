@@ -814,5 +814,72 @@ TEST_P(AttentionTest, LargeShapesOnDevice) {
   }
 }
 
+// ---- The decode kernel (flash_decode_sm80): all query heads of a GQA group in one CTA, split keys
+// merged in a fixed order. Odd lengths (1 key, one tile, several splits, 32769 = 512 tiles + 1),
+// Lq 1..8, GQA 1/4/8 and MQA, every mask kind (empty splits from windows, fully masked rows from
+// Lq > Lk bottom-right), head dims 64..256 and Dk != Dv, soft-cap, both cache layouts.
+TEST_P(AttentionTest, DecodeKernelOnDevice) {
+  const Target target = GetParam();
+  if (target == Target::cpu) GTEST_SKIP() << "the decode kernel runs on the CUDA target only";
+  BARACUDA_SKIP_IF_UNAVAILABLE(target);
+  const PlanPreference decode = PlanPreference::kernel("flash_decode_sm80");
+  const Mask masks[] = {Mask::none(), Mask::causal_bottom_right(), Mask::causal_top_left(),
+                        Mask::sliding_window(300, 0),
+                        Mask::sliding_window(5, 2, Diagonal::top_left)};
+  const std::pair<int64_t, int64_t> heads[] = {{32, 8}, {8, 8}, {8, 1}, {16, 2}};
+  const std::pair<int64_t, int64_t> dims[] = {
+      {128, 128}, {64, 64}, {256, 256}, {96, 96}, {128, 64}};
+  int n = 0;
+  for (int64_t lk : {1, 17, 1000, 32769})
+    for (int64_t lq = 1; lq <= 8; ++lq) {
+      Config c;
+      c.dtype = n % 3 == 2 ? DType::f16 : DType::bf16;
+      c.b = lk <= 1000 ? 1 + n % 2 : 1;
+      std::tie(c.hq, c.hk) = heads[n % 4];
+      if (c.hq / c.hk * lq > 32) c.hq = 32, c.hk = 8;  // the kernel holds at most 32 rows
+      std::tie(c.dk, c.dv) = dims[n % 5];
+      if (c.dk == 256 && c.hq / c.hk * lq > 16) c.dk = c.dv = 128;  // D = 256: 16 rows
+      c.lq = lq, c.lk = lk;
+      c.mask = masks[n % 5];
+      c.softcap = n % 7 == 6 ? 30.0 : 0.0;
+      std::string kernel;
+      check_forward(target, c, n % 2 ? Lay::blhd : Lay::bhld, decode, &kernel);
+      EXPECT_EQ(kernel, "flash_decode_sm80");
+      ++n;
+    }
+  {  // varlen decode: lengths (1, 2, 0, 4) queries against (1000, 17, 483, 1) keys
+    Config c;
+    c.dtype = DType::bf16, c.b = 4, c.hq = 8, c.hk = 2, c.dk = c.dv = 128;
+    c.mask = Mask::causal_bottom_right();
+    c.cu_q = {0, 1, 3, 3, 7}, c.cu_k = {0, 1000, 1017, 1500, 1501}, c.lq = 4, c.lk = 1000;
+    std::string kernel;
+    check_forward(target, c, Lay::bhld, decode, &kernel);
+    EXPECT_EQ(kernel, "flash_decode_sm80");
+  }
+  {  // the bench's decode shape selects it by default; same plan twice gives the same bits; the
+     // general kernel stays selectable for A/B
+    Config c;
+    c.dtype = DType::bf16, c.b = 1, c.hq = 32, c.hk = 8, c.lq = 1, c.lk = 32768;
+    c.dk = c.dv = 128, c.mask = Mask::causal_bottom_right();
+    std::string kernel;
+    const auto a = check_forward(target, c, Lay::blhd, std::nullopt, &kernel);
+    EXPECT_EQ(kernel, "flash_decode_sm80");
+    const auto b = check_forward(target, c, Lay::blhd, std::nullopt);
+    EXPECT_TRUE(harness::bytes_equal(a, b, "decode twice"));
+    auto plan = ForwardPlan::select(harness::stream_for(target), desc_of(c), ours(target));
+    BARACUDA_ASSERT_OK(plan);
+    EXPECT_TRUE(plan->precision_guarantee().deterministic);
+    check_forward(target, c, Lay::blhd, PlanPreference::kernel("flash_fwd_mma_sm80"), &kernel);
+    EXPECT_EQ(kernel, "flash_fwd_mma_sm80");
+  }
+  {  // more rows than the kernel holds: the general kernel takes the problem
+    Config c;
+    c.dtype = DType::bf16, c.b = 1, c.hq = 16, c.hk = 1, c.lq = 3, c.lk = 300, c.dk = c.dv = 64;
+    std::string kernel;
+    check_forward(target, c, Lay::bhld, std::nullopt, &kernel);
+    EXPECT_EQ(kernel, "flash_fwd_mma_sm80");
+  }
+}
+
 }  // namespace
 }  // namespace baracuda::attention

@@ -103,15 +103,18 @@ void bench_all(const Stream& stream) {
       }
     }
   }
-  // Decode: one query token per sequence against a 32k-token KV cache, [B, L, H, D] cache layout.
-  {
-    constexpr int64_t kB = 1, kHq = 32, kHk = 8, kL = 32768, kD = 128;
-    const std::string name = "decode_b1_hq32_hk8_lk32768_d128";
-    auto kc = bench::random_buffer(stream, DType::bf16, kB * kL * kHk * kD, gen());
-    auto vc = bench::random_buffer(stream, DType::bf16, kB * kL * kHk * kD, gen());
-    if (!kc.ok() || !vc.ok()) return;
+  // Decode: few query tokens per sequence against a 32k-token KV cache, [B, L, H, D] cache layout.
+  // Lq = 1 is plain decode; Lq = 4 is speculative decoding (causal bottom-right). Each case runs
+  // the default plan, then every bespoke kernel by name (A/B rows: same case, kernel column).
+  constexpr int64_t kB = 1, kHq = 32, kHk = 8, kL = 32768, kD = 128;
+  auto kc = bench::random_buffer(stream, DType::bf16, kB * kL * kHk * kD, gen());
+  auto vc = bench::random_buffer(stream, DType::bf16, kB * kL * kHk * kD, gen());
+  if (!kc.ok() || !vc.ok()) return;
+  for (int64_t lq : {1, 4}) {
+    const std::string name =
+        lq == 1 ? "decode_b1_hq32_hk8_lk32768_d128" : "decode_b1_hq32_hk8_lq4_lk32768_d128_causal";
     Descriptor d;
-    d.dtype = DType::bf16, d.batch = kB, d.heads_q = kHq, d.heads_kv = kHk, d.len_q = 1;
+    d.dtype = DType::bf16, d.batch = kB, d.heads_q = kHq, d.heads_kv = kHk, d.len_q = lq;
     d.len_k = kL, d.head_dim_qk = d.head_dim_v = kD;
     d.mask = Mask::causal_bottom_right();
     const int64_t ks[] = {kB, kHk, kL, kD}, kst[] = {kL * kHk * kD, kD, kHk * kD, 1};
@@ -119,21 +122,33 @@ void bench_all(const Stream& stream) {
                                         stream.memory_location());
     const ConstTensor tv = make_strided(static_cast<const void*>(vc->data()), DType::bf16, ks, kst,
                                         stream.memory_location());
-    const Tensor tq = view4(q->data(), kB, kHq, 1, kD, stream, DType::bf16);
-    const Tensor ty = view4(y->data(), kB, kHq, 1, kD, stream, DType::bf16);
-    const int64_t lse_shape[] = {kB, kHq, 1};
+    const Tensor tq = view4(q->data(), kB, kHq, lq, kD, stream, DType::bf16);
+    const Tensor ty = view4(y->data(), kB, kHq, lq, kD, stream, DType::bf16);
+    const int64_t lse_shape[] = {kB, kHq, lq};
     const Tensor tl = make_tensor(lse->data(), DType::f32, lse_shape, stream.memory_location());
-    auto fwd = ForwardPlan::select(stream, d);
-    if (!fwd.ok()) return bench::emit_error(kFamily, "attention_decode", name, fwd.error());
-    Result<Buffer> ws =
-        Buffer::allocate(std::max<size_t>(fwd->workspace_size(), 16), stream.memory_location());
     const ForwardArguments fa{as_const(tq), tk, tv, ty, tl, {}, {}};
-    auto ft = bench::time_it(stream, [&](int) { return fwd->run(stream, ws->as_workspace(), fa); });
-    if (!ft.ok()) return bench::emit_error(kFamily, "attention_decode", name, ft.error());
-    // Bytes: the KV cache read once (Q, Y and LSE are negligible); memory-bound, so no FLOPs.
-    bench::emit(stream, {kFamily, "attention_decode", name, "bf16", std::string(fwd->sku().name),
-                         ft->median_ms, 2.0 * kB * kL * kHk * kD * 2, 0,
-                         "splits from the plan; % of copy bandwidth on KV bytes"});
+    for (const char* kernel : {"", "flash_decode_sm80", "flash_fwd_mma_sm80"}) {
+      const std::string_view kn(kernel);
+      auto fwd = ForwardPlan::select(
+          stream, d, kn.empty() ? PlanPreference::fastest() : PlanPreference::kernel(kn));
+      if (!fwd.ok()) {
+        bench::emit_error(kFamily, "attention_decode", name, fwd.error());
+        continue;
+      }
+      Result<Buffer> ws =
+          Buffer::allocate(std::max<size_t>(fwd->workspace_size(), 16), stream.memory_location());
+      auto ft =
+          bench::time_it(stream, [&](int) { return fwd->run(stream, ws->as_workspace(), fa); });
+      if (!ft.ok()) {
+        bench::emit_error(kFamily, "attention_decode", name, ft.error());
+        continue;
+      }
+      // Bytes: the KV cache read once (Q, Y and LSE are negligible); memory-bound, so no FLOPs.
+      bench::emit(stream, {kFamily, "attention_decode", name, "bf16", std::string(fwd->sku().name),
+                           ft->median_ms, 2.0 * kB * kL * kHk * kD * 2, 0,
+                           kn.empty() ? "default plan; % of copy bandwidth on KV bytes"
+                                      : "A/B: kernel forced by name"});
+    }
   }
 }
 

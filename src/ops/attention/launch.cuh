@@ -234,8 +234,15 @@ Status launch_bwd_mma(const LaunchContext& ctx, const Problem& pr, const Backwar
   return mma_dim(pr) == 64 ? run_bwd_mma<T, 64>(ctx, p) : run_bwd_mma<T, 128>(ctx, p);
 }
 
-// ---- registration
-// ---------------------------------------------------------------------------------
+}  // namespace baracuda::attention::kernels
+
+// The decode kernel's host side uses the helpers above (fwd_params, rows_aligned, the SIMT
+// fallback).
+#include "ops/attention/decode.cuh"
+
+namespace baracuda::attention::kernels {
+
+// ---- registration -------------------------------------------------------------------------------
 template <DType E>
 bool register_kernels() {
   using T = cuda::device_t<E>;
@@ -299,6 +306,24 @@ bool register_kernels() {
             },
         .workspace = fwd_mma_workspace,
         .launch = launch_fwd_mma<T>,
+    });
+    // Few query rows per K/V head (decode, speculative decoding): above the general kernel; that
+    // one stays registered so PlanPreference::kernel("flash_fwd_mma_sm80") can A/B them.
+    register_kernel<ForwardOp>({
+        .sku = {.category = "attention",
+                .op = ForwardOp::name,
+                .element = E,
+                .aux_element = DType::f32,
+                .layout = "strided",
+                .epilogue = "any_mask",
+                .arch = Arch::sm80,
+                .backend = Backend::bespoke_cuda,
+                .precision = mma,
+                .name = "flash_decode_sm80"},
+        .priority = 30,
+        .fits = decode_fits,
+        .workspace = decode_workspace,
+        .launch = launch_decode<T>,
     });
     // Two passes (dQ per query block, dK/dV per key block) in a fixed order: deterministic and
     // independent of the batch; P and dS are rounded to the 16-bit type for the tensor cores.

@@ -1,0 +1,390 @@
+// Flash-decoding for f16/bf16 (sm_80+): few query tokens (Lq <= 16) against a long KV cache.
+//
+// Decode is bound by the K/V bytes, so the design is about streaming them once at full bandwidth:
+//  - One CTA per (batch, K/V head, key split) holds ALL query rows of the GQA group (group * Lq
+//    rows, padded to m16 tiles), so each K/V tile is read from memory once per group instead of
+//    once per query head.
+//  - Splits are chosen so that every SM runs as many resident CTAs as shared memory allows, in a
+//    single wave; each split owns a contiguous run of 64-key tiles.
+//  - K/V tiles are streamed with 16-byte cp.async, 2..4 stages deep (64 to 128 KB in flight per
+//    CTA): the memory system needs tens of KB in flight per SM to reach its bandwidth.
+//  - All four warps compute: warp w takes keys [16w, 16w + 16) of every tile and keeps its own f32
+//    online softmax (m, l, O); the warps' states are merged through shared memory at the end in
+//    warp order, and the splits' normalized partials by flash_fwd_combine in split order. Every
+//    order is fixed, so results are deterministic for a given plan (the split count depends on
+//    the problem size and the device, so bits are not stable across batch sizes).
+#pragma once
+
+// Included by launch.cuh after its host helpers (fwd_params, rows_aligned, launch_fwd_simt).
+#include "ops/attention/kernels.cuh"
+
+namespace baracuda::attention::kernels {
+
+template <class T, int D, int MT>
+struct DecodeCfg {
+  static constexpr int kNW = 4, kThreads = 32 * kNW;
+  static constexpr int kBN = 16 * kNW;  // keys per tile: 16 per warp
+  static constexpr int kRows = 16 * MT;
+  // Deeper rings where tiles are small: what matters is the bytes in flight per SM.
+  static constexpr int kStages = D == 64 ? 4 : D == 128 ? 3 : 2;
+  static constexpr int kLd = D + 8;  // f32 merge rows, padded so the 8 fragment rows spread banks
+  static constexpr size_t kQBytes = sizeof(T) * size_t{kRows} * D;
+  static constexpr size_t kKvBytes = sizeof(T) * 2 * size_t{kStages} * kBN * D;
+  static constexpr size_t kMergeBytes =
+      sizeof(float) * kNW * (size_t{kRows} * kLd + 2 * kRows) + sizeof(float) * (kNW + 2) * kRows;
+  static constexpr size_t kSmem = kQBytes + (kKvBytes > kMergeBytes ? kKvBytes : kMergeBytes);
+};
+
+template <class T, int D, int MT>
+__global__ void __launch_bounds__(128) flash_decode(Params p) {
+  using Cfg = DecodeCfg<T, D, MT>;
+  constexpr int kNT = Cfg::kThreads, kBN = Cfg::kBN, kRows = Cfg::kRows, kStages = Cfg::kStages;
+  constexpr int kNW = Cfg::kNW, kLd = Cfg::kLd;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* sQ = reinterpret_cast<T*>(smem_raw);
+  T* sK = sQ + kRows * D;
+  T* sV = sK + kStages * kBN * D;
+
+  int lin = blockIdx.x;
+  const int hk = lin % p.heads_kv;
+  lin /= p.heads_kv;
+  const int split = lin % p.splits;
+  const int b = lin / p.splits;
+  const SeqRows s = seq_rows(p, b);
+  const int rows_total = p.group * s.lq;  // <= kRows (the kernel's fits predicate)
+  if (rows_total == 0) return;            // flash_fwd_combine skips these rows as well
+  const int h_base = hk * p.group;
+
+  // Keys any row sees: the band is monotone in the query index, so the first row's lo and the
+  // last row's hi bound the union. The splits share that range, so masked-off prefixes (windows)
+  // cost no CTA time.
+  int64_t lo0, hi0, lo1, hi1;
+  detail::visible_keys(p.band, 0, s.lq, s.lk, &lo0, &hi0);
+  detail::visible_keys(p.band, s.lq - 1, s.lq, s.lk, &lo1, &hi1);
+  const int key_end = static_cast<int>(max(hi1, lo0));
+  const int vt_begin = static_cast<int>(lo0 / kBN), vt_end = (key_end + kBN - 1) / kBN;
+  const int per = (vt_end - vt_begin + p.splits - 1) / p.splits;
+  const int t_begin = min(vt_end, vt_begin + split * per);
+  const int t_end = min(vt_end, t_begin + per);
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, tq = lane % 4;
+  const T* gk = static_cast<const T*>(p.k) + detail::row_offset(p.sk, p.varlen, b, hk, s.k0);
+  const T* gv = static_cast<const T*>(p.v) + detail::row_offset(p.sv, p.varlen, b, hk, s.k0);
+  const int64_t k_rs = p.varlen ? p.sk[0] : p.sk[2];
+  const int64_t v_rs = p.varlen ? p.sv[0] : p.sv[2];
+
+  // Q rows r = (query head h_base + r / Lq, query r % Lq); padding rows are zero.
+  for (int c = threadIdx.x; c < kRows * D / 8; c += kNT) {
+    const int r = c / (D / 8), col = (c % (D / 8)) * 8;
+    const bool ok = r < rows_total && col < p.dim_qk;
+    const T* src = static_cast<const T*>(p.q);
+    if (ok) src += detail::row_offset(p.sq, p.varlen, b, h_base + r / s.lq, s.q0 + r % s.lq) + col;
+    cp_async16(smem_u32(sQ + swz<D>(r, col)), src, ok ? 16 : 0);
+  }
+#pragma unroll
+  for (int st = 0; st < kStages - 1; ++st) {
+    if (t_begin + st < t_end) {
+      load_tile<T, kBN, D, kNT>(sK + st * kBN * D, gk, k_rs, (t_begin + st) * kBN, s.lk, p.dim_qk);
+      load_tile<T, kBN, D, kNT>(sV + st * kBN * D, gv, v_rs, (t_begin + st) * kBN, s.lk, p.dim_v);
+    }
+    cp_async_commit();
+  }
+
+  // This thread's fragment rows (mt, hf) -> mt * 16 + hf * 8 + g and their visible keys; padding
+  // rows see nothing.
+  int lo_r[MT][2], hi_r[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int r = mt * 16 + hf * 8 + g;
+      int64_t lo = 0, hi = 0;
+      if (r < rows_total) detail::visible_keys(p.band, r % s.lq, s.lq, s.lk, &lo, &hi);
+      lo_r[mt][hf] = static_cast<int>(lo), hi_r[mt][hf] = static_cast<int>(hi);
+    }
+
+  constexpr int kKSteps = D / 16, kOTiles = D / 8;
+  float o[MT][kOTiles][4];
+  float m_r[MT][2], l_r[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int t = 0; t < kOTiles; ++t) o[mt][t][0] = o[mt][t][1] = o[mt][t][2] = o[mt][t][3] = 0.f;
+    m_r[mt][0] = m_r[mt][1] = -INFINITY;
+    l_r[mt][0] = l_r[mt][1] = 0.f;
+  }
+  const float log2e = 1.4426950408889634f;
+  const float sl2 = p.scale * log2e;
+  const bool capped = p.softcap > 0;
+
+  for (int t = t_begin; t < t_end; ++t) {
+    cp_async_wait<kStages - 2>();  // tile t has landed for this thread ...
+    __syncthreads();               // ... and for all; everyone is done with tile t - 1's stage
+    {
+      const int tn = t + kStages - 1, sn = (tn - t_begin) % kStages;
+      if (tn < t_end) {
+        load_tile<T, kBN, D, kNT>(sK + sn * kBN * D, gk, k_rs, tn * kBN, s.lk, p.dim_qk);
+        load_tile<T, kBN, D, kNT>(sV + sn * kBN * D, gv, v_rs, tn * kBN, s.lk, p.dim_v);
+      }
+      cp_async_commit();
+    }
+    const int stage = (t - t_begin) % kStages;
+    const T* tK = sK + stage * kBN * D;
+    const T* tV = sV + stage * kBN * D;
+    const int kw = warp * 16;                       // this warp's keys within the tile
+    const int n0 = t * kBN + kw;                    // ... as key indices
+    if (n0 >= key_end || n0 + 16 <= lo0) continue;  // no row sees them (tail, window prefix)
+    float sc[MT][2][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int n = 0; n < 2; ++n) sc[mt][n][0] = sc[mt][n][1] = sc[mt][n][2] = sc[mt][n][3] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+      const int mi = lane / 8;
+      uint32_t b0, b1, b2, b3;
+      ldmatrix_x4(smem_u32(tK + swz<D>(kw + (lane % 8) + (mi / 2) * 8, ks * 16 + (mi % 2) * 8)), b0,
+                  b1, b2, b3);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        uint32_t a[4];
+        ldmatrix_x4(smem_u32(sQ + swz<D>(mt * 16 + (lane % 16), ks * 16 + (lane / 16) * 8)), a[0],
+                    a[1], a[2], a[3]);
+        mma16816<T>(sc[mt][0], a, b0, b1);
+        mma16816<T>(sc[mt][1], a, b2, b3);
+      }
+    }
+    // Every real row sees all 16 keys: skip the per-element mask.
+    const bool full = n0 >= lo1 && n0 + 16 <= hi0;
+    uint32_t pf[MT][2][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      float mx0 = m_r[mt][0], mx1 = m_r[mt][1];
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float x = sc[mt][n][e];
+          x = capped ? p.softcap * tanhf(x * p.scale / p.softcap) * log2e : x * sl2;
+          if (!full) {
+            const int col = n0 + n * 8 + 2 * tq + (e & 1);
+            const int hf = e >> 1;
+            if (col < lo_r[mt][hf] || col >= hi_r[mt][hf]) x = -INFINITY;
+          }
+          sc[mt][n][e] = x;
+        }
+        mx0 = fmaxf(mx0, fmaxf(sc[mt][n][0], sc[mt][n][1]));
+        mx1 = fmaxf(mx1, fmaxf(sc[mt][n][2], sc[mt][n][3]));
+      }
+#pragma unroll
+      for (int o2 = 1; o2 < 4; o2 <<= 1) {
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o2));
+      }
+      // A row that has seen only masked keys keeps max -inf: base 0 makes every exp2 exactly 0.
+      const float base0 = mx0 == -INFINITY ? 0.f : mx0;
+      const float base1 = mx1 == -INFINITY ? 0.f : mx1;
+      const float corr0 = exp2f(m_r[mt][0] - base0), corr1 = exp2f(m_r[mt][1] - base1);
+      m_r[mt][0] = mx0, m_r[mt][1] = mx1;
+      l_r[mt][0] *= corr0, l_r[mt][1] *= corr1;
+#pragma unroll
+      for (int d = 0; d < kOTiles; ++d) {
+        o[mt][d][0] *= corr0, o[mt][d][1] *= corr0, o[mt][d][2] *= corr1, o[mt][d][3] *= corr1;
+      }
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        const float p0 = exp2f(sc[mt][n][0] - base0), p1 = exp2f(sc[mt][n][1] - base0);
+        const float p2 = exp2f(sc[mt][n][2] - base1), p3 = exp2f(sc[mt][n][3] - base1);
+        l_r[mt][0] += p0 + p1;
+        l_r[mt][1] += p2 + p3;
+        pf[mt][n][0] = pack2<T>(p0, p1);
+        pf[mt][n][1] = pack2<T>(p2, p3);
+      }
+    }
+#pragma unroll
+    for (int d = 0; d < kOTiles; d += 2) {
+      const int mi = lane / 8;
+      uint32_t b0, b1, b2, b3;
+      ldmatrix_x4_trans(smem_u32(tV + swz<D>(kw + (lane % 8) + (mi % 2) * 8, d * 8 + (mi / 2) * 8)),
+                        b0, b1, b2, b3);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        const uint32_t a[4] = {pf[mt][0][0], pf[mt][0][1], pf[mt][1][0], pf[mt][1][1]};
+        mma16816<T>(o[mt][d], a, b0, b1);
+        mma16816<T>(o[mt][d + 1], a, b2, b3);
+      }
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // the K/V ring becomes the merge buffer
+
+  // Merge the four warps' states: sO[w][row][col] (unnormalized, relative to sM[w][row] in the
+  // exp2 domain), then per-row weights sW[w][row], 1 / l and the LSE.
+  float* sO = reinterpret_cast<float*>(sK);
+  float* sM = sO + kNW * kRows * kLd;
+  float* sL = sM + kNW * kRows;
+  float* sW = sL + kNW * kRows;
+  float* sInv = sW + kNW * kRows;
+  float* sLse = sInv + kRows;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int r = mt * 16 + hf * 8 + g;
+      float l = l_r[mt][hf];
+#pragma unroll
+      for (int o2 = 1; o2 < 4; o2 <<= 1) l += __shfl_xor_sync(0xffffffffu, l, o2);
+      float* dst = sO + (warp * kRows + r) * kLd;
+#pragma unroll
+      for (int d = 0; d < kOTiles; ++d)
+        *reinterpret_cast<float2*>(dst + d * 8 + 2 * tq) =
+            make_float2(o[mt][d][hf * 2], o[mt][d][hf * 2 + 1]);
+      if (tq == 0) sM[warp * kRows + r] = m_r[mt][hf], sL[warp * kRows + r] = l;
+    }
+  __syncthreads();
+  const float ln2 = 0.6931471805599453f;
+  if (threadIdx.x < rows_total) {
+    const int r = threadIdx.x;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kNW; ++w) mx = fmaxf(mx, sM[w * kRows + r]);
+    float l = 0.f;
+#pragma unroll
+    for (int w = 0; w < kNW; ++w) {
+      const float mw = sM[w * kRows + r];
+      // A warp that saw no visible key has l = 0 and O = 0: weight 0 (also avoids inf - inf).
+      const float wgt = mw == -INFINITY ? 0.f : exp2f(mw - mx);
+      sW[w * kRows + r] = wgt;
+      l += wgt * sL[w * kRows + r];
+    }
+    sInv[r] = l > 0 ? 1.f / l : 0.f;
+    sLse[r] = l > 0 ? (mx + log2f(l)) * ln2 : -INFINITY;
+  }
+  __syncthreads();
+  const int64_t rows = int64_t{p.batch} * p.heads_q * p.len_q;
+  const int dv = p.dim_v;  // a multiple of 8 (fits)
+  for (int idx = threadIdx.x; idx < rows_total * (dv / 2); idx += kNT) {
+    const int r = idx / (dv / 2), col = (idx % (dv / 2)) * 2;
+    float v0 = 0.f, v1 = 0.f;
+#pragma unroll
+    for (int w = 0; w < kNW; ++w) {
+      const float wgt = sW[w * kRows + r];
+      const float2 x = *reinterpret_cast<const float2*>(sO + (w * kRows + r) * kLd + col);
+      v0 += wgt * x.x, v1 += wgt * x.y;
+    }
+    v0 *= sInv[r], v1 *= sInv[r];
+    const int h = h_base + r / s.lq, i = r % s.lq;
+    if (p.splits > 1) {  // normalized f32 partial + LSE, merged by flash_fwd_combine
+      const int64_t ridx = split * rows + (int64_t{b} * p.heads_q + h) * p.len_q + i;
+      *reinterpret_cast<float2*>(p.o_part + ridx * dv + col) = make_float2(v0, v1);
+      if (col == 0) p.lse_part[ridx] = sLse[r];
+    } else {
+      T* dst = static_cast<T*>(p.out) + detail::row_offset(p.sy, p.varlen, b, h, s.q0 + i);
+      *reinterpret_cast<uint32_t*>(dst + col) = pack2<T>(v0, v1);
+      if (col == 0)
+        static_cast<float*>(p.lse)[detail::lse_offset(p.sl, p.varlen, b, h, s.q0 + i)] = sLse[r];
+    }
+  }
+}
+
+// ---- host side ----------------------------------------------------------------------------------
+constexpr int kDecodeMaxLq = 16;
+
+inline int decode_rows(const Problem& pr) {
+  return static_cast<int>(pr.group * pr.desc.len_q);
+}
+inline int decode_dim(const Problem& pr) {
+  const int64_t d = std::max(pr.desc.head_dim_qk, pr.desc.head_dim_v);
+  return d <= 64 ? 64 : d <= 128 ? 128 : 256;
+}
+// Rows of the group fit one or two m16 tiles (two only up to D = 128, to stay in registers).
+inline bool decode_fits(const Problem& pr, const DeviceCaps&) {
+  const Descriptor& d = pr.desc;
+  if (d.head_dim_qk % 8 != 0 || d.head_dim_v % 8 != 0) return false;
+  if (d.len_q > kDecodeMaxLq || pr.group * d.len_q > 32) return false;
+  return pr.group * d.len_q <= 16 || decode_dim(pr) <= 128;
+}
+
+template <int D, int MT>
+constexpr size_t decode_smem() {
+  return DecodeCfg<__nv_bfloat16, D, MT>::kSmem;  // f16 and bf16 are the same size
+}
+inline size_t decode_smem_of(const Problem& pr) {
+  const bool two = decode_rows(pr) > 16;
+  switch (decode_dim(pr)) {
+    case 64:
+      return two ? decode_smem<64, 2>() : decode_smem<64, 1>();
+    case 128:
+      return two ? decode_smem<128, 2>() : decode_smem<128, 1>();
+    default:
+      return decode_smem<256, 1>();
+  }
+}
+
+// Splits: as many CTAs as the SMs hold at once (shared memory is the limit), in one wave, each with
+// at least 4 tiles so the partial write and the pipeline fill stay small next to its stream.
+inline int decode_splits(const Problem& pr, const DeviceCaps& caps) {
+  const Descriptor& d = pr.desc;
+  const int64_t heads = d.batch * d.heads_kv;
+  const int64_t tiles = cuda::ceil_div(d.len_k, int64_t{DecodeCfg<__nv_bfloat16, 64, 1>::kBN});
+  if (heads == 0 || tiles < 8 || caps.sm_count <= 0) return 1;
+  // Shared memory per SM is the opt-in block limit plus the 1 KB the driver reserves per block.
+  const int64_t per_sm = std::clamp<int64_t>(
+      (caps.smem_per_block_optin + 1024) / static_cast<int64_t>(decode_smem_of(pr) + 1024), 1, 4);
+  const int64_t want = std::min<int64_t>({int64_t{caps.sm_count} * per_sm / heads, tiles / 4, 256});
+  if (want <= 1) return 1;
+  const int64_t per = cuda::ceil_div(tiles, want);
+  return static_cast<int>(cuda::ceil_div(tiles, per));  // no split left empty when unmasked
+}
+inline size_t decode_workspace(const Problem& pr, const DeviceCaps& caps) {
+  const int splits = decode_splits(pr, caps);
+  if (splits <= 1) return 0;
+  const Descriptor& d = pr.desc;
+  const int64_t rows = d.batch * d.heads_q * d.len_q;
+  return static_cast<size_t>(splits * rows * (d.head_dim_v + 1)) * sizeof(float);
+}
+
+template <class T, int D, int MT>
+Status run_decode(const LaunchContext& ctx, const Params& p) {
+  using Cfg = DecodeCfg<T, D, MT>;
+  constexpr auto kernel = flash_decode<T, D, MT>;
+  static const cudaError_t attr = cudaFuncSetAttribute(
+      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Cfg::kSmem));
+  if (attr != cudaSuccess) return cuda::cuda_error(ForwardOp::name, "flash_decode smem", attr);
+  const auto blocks = static_cast<unsigned>(int64_t{p.batch} * p.heads_kv * p.splits);
+  kernel<<<blocks, Cfg::kThreads, Cfg::kSmem, cuda::stream_of(ctx)>>>(p);
+  return cuda::check_launch(ForwardOp::name, "flash_decode");
+}
+
+template <class T>
+Status launch_decode(const LaunchContext& ctx, const Problem& pr, const ForwardArguments& a) {
+  // cp.async needs 16-byte aligned rows; otherwise the SIMT kernel runs (same contract).
+  if (!rows_aligned(a.q, sizeof(T)) || !rows_aligned(a.k, sizeof(T)) ||
+      !rows_aligned(a.v, sizeof(T)) || !rows_aligned(a.y, sizeof(T)))
+    return launch_fwd_simt<T, float>(ctx, pr, a);
+  Params p = fwd_params(pr, a);
+  const int64_t rows = int64_t{p.batch} * p.heads_q * p.len_q;
+  if (rows == 0) return {};
+  p.splits = decode_splits(pr, ctx.stream.caps());
+  if (p.splits > 1) {
+    const size_t need = decode_workspace(pr, ctx.stream.caps());
+    if (ctx.workspace.bytes < need)
+      return Error::workspace_too_small(std::string(ForwardOp::name) + ": decode split partials",
+                                        need, ctx.workspace.bytes);
+    p.o_part = static_cast<float*>(ctx.workspace.data);
+    p.lse_part = p.o_part + p.splits * rows * p.dim_v;
+  }
+  const bool two = decode_rows(pr) > 16;
+  // The padded head dim and the m16 tiles of the group pick a launch shape (not a dtype dispatch).
+  const int dim = decode_dim(pr);
+  const Status st = dim == 64 ? (two ? run_decode<T, 64, 2>(ctx, p) : run_decode<T, 64, 1>(ctx, p))
+                    : dim == 128
+                        ? (two ? run_decode<T, 128, 2>(ctx, p) : run_decode<T, 128, 1>(ctx, p))
+                        : run_decode<T, 256, 1>(ctx, p);
+  if (!st.ok() || p.splits <= 1) return st;
+  flash_fwd_combine<T><<<row_blocks(rows), 128, 0, cuda::stream_of(ctx)>>>(p);
+  return cuda::check_launch(ForwardOp::name, "flash_fwd_combine");
+}
+
+}  // namespace baracuda::attention::kernels
