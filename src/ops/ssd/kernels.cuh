@@ -921,6 +921,611 @@ __global__ void reduce_head_kernel(Bwd<T> p) {
     }
 }
 
+// ---- backward, chunked (matrix form of the adjoint) ---------------------------------------------
+// Per (b, h) and chunk c with chunk-local inclusive cumsum cum_t of v*A, S0 the state entering the
+// chunk, Gc the adjoint of the state leaving it, W_ts = exp(cum_t - cum_s) [s <= t],
+// e_s = exp(cum_last - cum_s), CB_ts = C_t.B_s, DX_ts = dy'_t.x_s, dy' = dy * silu(z):
+//   dx_s  = Dskip dy'_s + v_s R_s,   R_s = sum_{t>=s} W_ts CB_ts dy'_t + e_s Gc B_s
+//   dB_s  = v_s (sum_{t>=s} W_ts DX_ts C_t + e_s Gc^T x_s)                      (per head)
+//   dC_t  = exp(cum_t) S0^T dy'_t + sum_{s<=t} W_ts v_s DX_ts B_s                 (per head)
+//   Gc-1  = exp(cum_last) Gc + sum_t exp(cum_t) dy'_t (outer) C_t   (reverse scan over chunks)
+// The log-decays: with P_ts = W_ts CB_ts v_s DX_ts and E_s = e_s v_s x_s.(Gc B_s),
+//   dcum_t = C_t.(exp(cum_t) S0^T dy'_t) + sum_s P_ts - sum_t' P_t't - E_t
+//            + [t = last] (exp(cum_last) <Gc, S0> + sum_s E_s)
+//   da_s = sum_{k>=s} dcum_k,  dv_s = x_s.R_s + A da_s,  dA = sum v_s da_s.
+// docs/perf/ssd.md has the derivation; ssd_test.cpp checks a float64 model of exactly this
+// dataflow against the recurrent adjoint. Every product is a 64x64 f32 SIMT tile (f32 math for
+// every dtype); sums across tiles, heads and chunks go through workspace partials that later
+// kernels add in a fixed order: deterministic, no atomics.
+template <class T>
+struct BwdC : Fwd<T> {
+  V4<const T> dy;
+  V4<const float> dfin;
+  bool has_dfin, per_channel;
+  V4<T> dx, dz, dBo, dCo;
+  V3<T> ddt;
+  V1<float> dA, dbias;
+  V2<float> dD;
+  V4<float> dinit;
+  int64_t ntd, ntn, ntt;  // 64-wide tiles of D, of N, of the chunk
+  // workspace (Fwd's dtp, cum and st come first; st holds the states entering each chunk)
+  float* cbm;          // [B*G*nchunks][cs][cs]  C_t.B_s, lower tiles only
+  float* gst;          // [B*H*nchunks][D][N]    U_c, then the adjoint of the state leaving c
+  float* dyp;          // [B][L][H][D]           dy * silu(z) (has_z only)
+  float *pdB, *pdC;    // [B][L][H][N]           per-head dB, dC
+  float *pdv, *pE;     // [ntd][B*H][Lpad]       x_s.R_s and E_s, per tile of D
+  float* pst;          // [ntn][B*H][Lpad]       C_t.(exp(cum_t) S0^T dy'_t), per tile of N
+  float* prow;         // [B*H][Lpad]            row sums of P
+  float* pcol;         // [ntt][B*H][Lpad]       column sums of P, per row tile
+  float *pdA, *pbias;  // [B*H][nchunks]
+  float* pdD;          // [B*H][nchunks][D]
+
+  __device__ __forceinline__ float dyp_at(int64_t b, int64_t t, int64_t h, int64_t d) const {
+    if (this->has_z) return dyp[((b * this->L + t) * this->H + h) * this->D + d];
+    return to_float(dy.at(b, t, h, d));
+  }
+};
+
+using SmemK = float (*)[kTile + 4];  // a [kTileK][kTile + 4] staging tile
+constexpr int kLdM = kTile + 1;      // pitch of a 64 x 64 f32 operand kept whole in shared memory
+
+// acc (this thread's 4 x 4 of a 64 x 64 tile) += sum_{k < K} fa(m, k) fb(k, n). fa answers 0 for
+// rows out of range, fb for columns out of range; k >= K is zero here. kAK / kBK: consecutive
+// threads walk k (operand contiguous along k) rather than m / n, for coalesced loads.
+template <bool kAK, bool kBK, class FA, class FB>
+__device__ __forceinline__ void tile_gemm(float (&acc)[4][4], SmemK As, SmemK Bs, int64_t K,
+                                          const FA& fa, const FB& fb) {
+  const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+  for (int64_t k0 = 0; k0 < K; k0 += kTileK) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int idx = tid + r * kThreads;
+      const int ka = kAK ? idx % kTileK : idx / kTile, ma = kAK ? idx / kTileK : idx % kTile;
+      const int kb = kBK ? idx % kTileK : idx / kTile, nb = kBK ? idx / kTileK : idx % kTile;
+      As[ka][ma] = k0 + ka < K ? fa(ma, k0 + ka) : 0.0f;
+      Bs[kb][nb] = k0 + kb < K ? fb(k0 + kb, nb) : 0.0f;
+    }
+    __syncthreads();
+    mma_step(acc, As, Bs, tx, ty);
+    __syncthreads();
+  }
+}
+
+// acc += Ms (64 x 64, already in shared memory, visible after the first barrier here) . fb.
+template <bool kBK, class FB>
+__device__ __forceinline__ void tile_gemm_sa(float (&acc)[4][4], const float (*Ms)[kLdM], SmemK Bs,
+                                             const FB& fb) {
+  const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+  for (int k0 = 0; k0 < kTile; k0 += kTileK) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int idx = tid + r * kThreads;
+      const int kb = kBK ? idx % kTileK : idx / kTile, nb = kBK ? idx / kTileK : idx % kTile;
+      Bs[kb][nb] = fb(k0 + kb, nb);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < kTileK; ++k) {
+      float a[4], bv[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) a[i] = Ms[ty + 16 * i][k0 + k], bv[i] = Bs[k][tx + 16 * i];
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(a[i], bv[j], acc[i][j]);
+    }
+    __syncthreads();
+  }
+}
+
+// Sum over the 16 threads (tx) that share a row of the tile, in a fixed butterfly order.
+__device__ __forceinline__ float row_sum16(float v) {
+#pragma unroll
+  for (int o = 8; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// The chunk a block works on: t_base, o_base (index into dtp/cum) and K valid tokens.
+struct ChunkAt {
+  int64_t t_base, o_base, K;
+};
+template <class T>
+__device__ __forceinline__ ChunkAt chunk_at(const BwdC<T>& p, int64_t c, int64_t bh) {
+  const int64_t t_base = c * p.cs;
+  return {t_base, bh * p.Lpad + t_base, p.L - t_base < p.cs ? p.L - t_base : p.cs};
+}
+
+// C_t . B_s per (b, group, chunk), the causal 64 x 64 tiles only.
+template <class T>
+__global__ void __launch_bounds__(kThreads) bwd_cb_kernel(BwdC<T> p) {
+  __shared__ float As[kTileK][kTile + 4], Bs[kTileK][kTile + 4];
+  const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+  const int64_t G = p.H / p.hpg, tt = p.ntt;
+  const int64_t c = blockIdx.x / (tt * tt), rest = blockIdx.x % (tt * tt);
+  const int64_t t_lo = (rest / tt) * kTile, s0 = (rest % tt) * kTile;
+  const int64_t bg = blockIdx.y, b = bg / G, g = bg % G;
+  const int64_t t_base = c * p.cs, K = p.L - t_base < p.cs ? p.L - t_base : p.cs;
+  if (s0 > t_lo || t_lo >= K) return;  // uniform over the block
+  float acc[4][4] = {};
+  tile_gemm<true, true>(
+      acc, As, Bs, p.N,
+      [&](int m, int64_t k) {
+        return t_lo + m < K ? to_float(p.Cm.at(b, t_base + t_lo + m, g, k)) : 0.0f;
+      },
+      [&](int64_t k, int n) {
+        return s0 + n < K ? to_float(p.Bm.at(b, t_base + s0 + n, g, k)) : 0.0f;
+      });
+  float* out = p.cbm + (bg * p.nchunks + c) * p.cs * p.cs;
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) out[(t_lo + ty + 16 * i) * p.cs + s0 + tx + 16 * j] = acc[i][j];
+}
+
+// With z: recomputes the forward's pre-gate output (as chunk_out does) to form dz and dy'.
+template <class T>
+__global__ void __launch_bounds__(kThreads) bwd_gate_kernel(BwdC<T> p) {
+  __shared__ float As[kTileK][kTile + 4], Bs[kTileK][kTile + 4];
+  __shared__ float Ms[kTile][kLdM];
+  const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+  const int64_t c = blockIdx.x / p.ntt, t_lo = (blockIdx.x % p.ntt) * kTile;
+  const int64_t d0 = blockIdx.y * int64_t{kTile};
+  const int64_t bh = blockIdx.z, b = bh / p.H, h = bh % p.H, g = h / p.hpg;
+  const ChunkAt ch = chunk_at(p, c, bh);
+  const int64_t K = ch.K, tb = ch.t_base, ob = ch.o_base;
+  if (t_lo >= K) return;
+  const float* S0 = p.st + (bh * p.nchunks + c) * p.D * p.N;
+  float acc[4][4] = {};
+  tile_gemm<true, true>(
+      acc, As, Bs, p.N,
+      [&](int m, int64_t k) {
+        return t_lo + m < K ? to_float(p.Cm.at(b, tb + t_lo + m, g, k)) : 0.0f;
+      },
+      [&](int64_t k, int n) { return d0 + n < p.D ? S0[(d0 + n) * p.N + k] : 0.0f; });
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t t = t_lo + ty + 16 * i;
+    const float e = t < K ? expf(static_cast<float>(p.cum[ob + t])) : 0.0f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc[i][j] *= e;
+  }
+  const float* cbt = p.cbm + ((b * (p.H / p.hpg) + g) * p.nchunks + c) * p.cs * p.cs;
+  for (int64_t s0 = 0; s0 <= t_lo; s0 += kTile) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int64_t t = t_lo + ty + 16 * i, s = s0 + tx + 16 * j;
+        float w = 0.0f;
+        if (s <= t && t < K)
+          w = expf(static_cast<float>(p.cum[ob + t] - p.cum[ob + s])) * p.dtp[ob + s] *
+              cbt[t * p.cs + s];
+        Ms[ty + 16 * i][tx + 16 * j] = w;
+      }
+    tile_gemm_sa<false>(acc, Ms, Bs, [&](int k, int n) {
+      return s0 + k < K && d0 + n < p.D ? to_float(p.x.at(b, tb + s0 + k, h, d0 + n)) : 0.0f;
+    });
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t t = t_lo + ty + 16 * i, d = d0 + tx + 16 * j;
+      if (t >= K || d >= p.D) continue;
+      const float xv = to_float(p.x.at(b, tb + t, h, d));
+      const float ypre = acc[i][j] + (p.has_d ? p.Dv.at(h, d) * xv : 0.0f);
+      const float z = to_float(p.z.at(b, tb + t, h, d)), sg = 1.0f / (1.0f + expf(-z));
+      const float dyv = to_float(p.dy.at(b, tb + t, h, d));
+      p.dz.at(b, tb + t, h, d) = from_float<T>(dyv * ypre * sg * (1.0f + z * (1.0f - sg)));
+      p.dyp[((b * p.L + tb + t) * p.H + h) * p.D + d] = dyv * z * sg;
+    }
+}
+
+// U_c[d][n] = sum_t exp(cum_t) dy'_t[d] C_t[n]: the chunk's own term of the state adjoint.
+template <class T>
+__global__ void __launch_bounds__(kThreads) bwd_ustate_kernel(BwdC<T> p) {
+  __shared__ float As[kTileK][kTile + 4], Bs[kTileK][kTile + 4];
+  const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+  const int64_t d0 = (blockIdx.x / p.ntn) * kTile, n0 = (blockIdx.x % p.ntn) * kTile;
+  const int64_t c = blockIdx.y, bh = blockIdx.z, b = bh / p.H, h = bh % p.H, g = h / p.hpg;
+  const ChunkAt ch = chunk_at(p, c, bh);
+  float acc[4][4] = {};
+  tile_gemm<false, false>(
+      acc, As, Bs, ch.K,
+      [&](int m, int64_t k) {
+        return d0 + m < p.D ? expf(static_cast<float>(p.cum[ch.o_base + k])) *
+                                  p.dyp_at(b, ch.t_base + k, h, d0 + m)
+                            : 0.0f;
+      },
+      [&](int64_t k, int n) {
+        return n0 + n < p.N ? to_float(p.Cm.at(b, ch.t_base + k, g, n0 + n)) : 0.0f;
+      });
+  float* out = p.gst + (bh * p.nchunks + c) * p.D * p.N;
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t d = d0 + ty + 16 * i, n = n0 + tx + 16 * j;
+      if (d < p.D && n < p.N) out[d * p.N + n] = acc[i][j];
+    }
+}
+
+// The reverse scan over chunks: gst[c] becomes the adjoint of the state leaving chunk c; what is
+// left at the start is d_initial_states.
+template <class T>
+__global__ void bwd_state_rev_kernel(BwdC<T> p) {
+  const int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  const int64_t bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+  if (e >= p.D * p.N) return;
+  const int64_t d = e / p.N, n = e % p.N;
+  float gv = p.has_dfin ? p.dfin.at(b, h, d, n) : 0.0f;
+  for (int64_t c = p.nchunks - 1; c >= 0; --c) {
+    float* cell = p.gst + (bh * p.nchunks + c) * p.D * p.N + e;
+    const float own = *cell;
+    *cell = gv;
+    gv = expf(static_cast<float>(p.cum[bh * p.Lpad + c * p.cs + p.cs - 1])) * gv + own;
+  }
+  if (p.has_init) p.dinit.at(b, h, d, n) = gv;
+}
+
+// dx for a (64 tokens s) x (64 columns d) tile, and the per-token partials x_s.R_s and E_s.
+template <class T>
+__global__ void __launch_bounds__(kThreads) bwd_dx_kernel(BwdC<T> p) {
+  __shared__ float As[kTileK][kTile + 4], Bs[kTileK][kTile + 4];
+  __shared__ float Ms[kTile][kLdM];
+  const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+  const int64_t c = blockIdx.x / p.ntt, s_lo = (blockIdx.x % p.ntt) * kTile;
+  const int64_t td = blockIdx.y, d0 = td * kTile;
+  const int64_t bh = blockIdx.z, b = bh / p.H, h = bh % p.H, g = h / p.hpg;
+  const ChunkAt ch = chunk_at(p, c, bh);
+  const int64_t K = ch.K, tb = ch.t_base, ob = ch.o_base;
+  if (s_lo >= K) return;
+  const float* Gc = p.gst + (bh * p.nchunks + c) * p.D * p.N;
+  const double last = p.cum[ob + p.cs - 1];
+  // (B Gc^T)[s][d], kept apart first: E_s needs it without the in-chunk term.
+  float acc[4][4] = {};
+  tile_gemm<true, true>(
+      acc, As, Bs, p.N,
+      [&](int m, int64_t k) {
+        return s_lo + m < K ? to_float(p.Bm.at(b, tb + s_lo + m, g, k)) : 0.0f;
+      },
+      [&](int64_t k, int n) { return d0 + n < p.D ? Gc[(d0 + n) * p.N + k] : 0.0f; });
+  float xs[4][4], es[4], xdot2[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t s = s_lo + ty + 16 * i;
+    es[i] = s < K ? expf(static_cast<float>(last - p.cum[ob + s])) : 0.0f;
+    float part = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t d = d0 + tx + 16 * j;
+      xs[i][j] = (s < K && d < p.D) ? to_float(p.x.at(b, tb + s, h, d)) : 0.0f;
+      part = fmaf(xs[i][j], acc[i][j], part);
+      acc[i][j] *= es[i];
+    }
+    xdot2[i] = row_sum16(part);
+  }
+  // + sum_{t >= s} W_ts CB_ts dy'_t, one 64-token tile of t at a time.
+  const float* cbt = p.cbm + ((b * (p.H / p.hpg) + g) * p.nchunks + c) * p.cs * p.cs;
+  for (int64_t t0 = s_lo; t0 < K; t0 += kTile) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int64_t s = s_lo + ty + 16 * i, t = t0 + tx + 16 * j;
+        float w = 0.0f;
+        if (s <= t && t < K)
+          w = expf(static_cast<float>(p.cum[ob + t] - p.cum[ob + s])) * cbt[t * p.cs + s];
+        Ms[ty + 16 * i][tx + 16 * j] = w;
+      }
+    tile_gemm_sa<false>(acc, Ms, Bs, [&](int k, int n) {
+      return t0 + k < K && d0 + n < p.D ? p.dyp_at(b, tb + t0 + k, h, d0 + n) : 0.0f;
+    });
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t s = s_lo + ty + 16 * i;
+    const float v = s < K ? p.dtp[ob + s] : 0.0f;
+    float part = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t d = d0 + tx + 16 * j;
+      part = fmaf(xs[i][j], acc[i][j], part);
+      if (s < K && d < p.D) {
+        const float skip = p.has_d ? p.Dv.at(h, d) * p.dyp_at(b, tb + s, h, d) : 0.0f;
+        p.dx.at(b, tb + s, h, d) = from_float<T>(fmaf(v, acc[i][j], skip));
+      }
+    }
+    part = row_sum16(part);
+    if (tx == 0 && s < K) {
+      const int64_t o = (td * p.B * p.H + bh) * p.Lpad + tb + s;
+      p.pdv[o] = part;
+      p.pE[o] = es[i] * v * xdot2[i];
+    }
+  }
+}
+
+// Per-head dB for a (64 tokens s) x (64 columns n) tile.
+template <class T>
+__global__ void __launch_bounds__(kThreads) bwd_db_kernel(BwdC<T> p) {
+  __shared__ float As[kTileK][kTile + 4], Bs[kTileK][kTile + 4];
+  __shared__ float Ms[kTile][kLdM];
+  const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+  const int64_t c = blockIdx.x / p.ntt, s_lo = (blockIdx.x % p.ntt) * kTile;
+  const int64_t n0 = blockIdx.y * int64_t{kTile};
+  const int64_t bh = blockIdx.z, b = bh / p.H, h = bh % p.H, g = h / p.hpg;
+  const ChunkAt ch = chunk_at(p, c, bh);
+  const int64_t K = ch.K, tb = ch.t_base, ob = ch.o_base;
+  if (s_lo >= K) return;
+  const float* Gc = p.gst + (bh * p.nchunks + c) * p.D * p.N;
+  const double last = p.cum[ob + p.cs - 1];
+  auto x_sd = [&](int m, int64_t k) {
+    return s_lo + m < K ? to_float(p.x.at(b, tb + s_lo + m, h, k)) : 0.0f;
+  };
+  // e_s (Gc^T x_s)[n]
+  float acc[4][4] = {};
+  tile_gemm<true, false>(acc, As, Bs, p.D, x_sd, [&](int64_t k, int n) {
+    return n0 + n < p.N ? Gc[k * p.N + n0 + n] : 0.0f;
+  });
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t s = s_lo + ty + 16 * i;
+    const float e = s < K ? expf(static_cast<float>(last - p.cum[ob + s])) : 0.0f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc[i][j] *= e;
+  }
+  // + sum_{t >= s} W_ts DX_ts C_t: DX tile [s][t] first, then the product with C.
+  for (int64_t t0 = s_lo; t0 < K; t0 += kTile) {
+    float dxa[4][4] = {};
+    tile_gemm<true, true>(dxa, As, Bs, p.D, x_sd, [&](int64_t k, int n) {
+      return t0 + n < K ? p.dyp_at(b, tb + t0 + n, h, k) : 0.0f;
+    });
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int64_t s = s_lo + ty + 16 * i, t = t0 + tx + 16 * j;
+        float w = 0.0f;
+        if (s <= t && t < K)
+          w = expf(static_cast<float>(p.cum[ob + t] - p.cum[ob + s])) * dxa[i][j];
+        Ms[ty + 16 * i][tx + 16 * j] = w;
+      }
+    tile_gemm_sa<false>(acc, Ms, Bs, [&](int k, int n) {
+      return t0 + k < K && n0 + n < p.N ? to_float(p.Cm.at(b, tb + t0 + k, g, n0 + n)) : 0.0f;
+    });
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t s = s_lo + ty + 16 * i;
+    if (s >= K) continue;
+    const float v = p.dtp[ob + s];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t n = n0 + tx + 16 * j;
+      if (n < p.N) p.pdB[((b * p.L + tb + s) * p.H + h) * p.N + n] = v * acc[i][j];
+    }
+  }
+}
+
+// Per-head dC for a (64 tokens t) x (64 columns n) tile; the blocks of the first N tile also
+// leave the row and column sums of P, and every block the state part of dcum for its columns.
+template <class T>
+__global__ void __launch_bounds__(kThreads) bwd_dc_kernel(BwdC<T> p) {
+  __shared__ float As[kTileK][kTile + 4], Bs[kTileK][kTile + 4];
+  __shared__ float Ms[kTile][kLdM];
+  __shared__ float Pc[kThreads / 16][kTile];
+  const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+  const int64_t c = blockIdx.x / p.ntt, it = blockIdx.x % p.ntt, t_lo = it * kTile;
+  const int64_t tn = blockIdx.y, n0 = tn * kTile;
+  const int64_t bh = blockIdx.z, b = bh / p.H, h = bh % p.H, g = h / p.hpg;
+  const ChunkAt ch = chunk_at(p, c, bh);
+  const int64_t K = ch.K, tb = ch.t_base, ob = ch.o_base;
+  if (t_lo >= K) return;
+  const bool sums = tn == 0;  // uniform over the block
+  const float* S0 = p.st + (bh * p.nchunks + c) * p.D * p.N;
+  auto dy_td = [&](int m, int64_t k) {
+    return t_lo + m < K ? p.dyp_at(b, tb + t_lo + m, h, k) : 0.0f;
+  };
+  // exp(cum_t) (S0^T dy'_t)[n]
+  float acc[4][4] = {};
+  tile_gemm<true, false>(acc, As, Bs, p.D, dy_td, [&](int64_t k, int n) {
+    return n0 + n < p.N ? S0[k * p.N + n0 + n] : 0.0f;
+  });
+  float rsum[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t t = t_lo + ty + 16 * i;
+    const float e = t < K ? expf(static_cast<float>(p.cum[ob + t])) : 0.0f;
+    float part = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t n = n0 + tx + 16 * j;
+      acc[i][j] *= e;
+      if (t < K && n < p.N) part = fmaf(to_float(p.Cm.at(b, tb + t, g, n)), acc[i][j], part);
+    }
+    part = row_sum16(part);
+    if (tx == 0 && t < K) p.pst[(tn * p.B * p.H + bh) * p.Lpad + tb + t] = part;
+    rsum[i] = 0.0f;
+  }
+  const float* cbt = p.cbm + ((b * (p.H / p.hpg) + g) * p.nchunks + c) * p.cs * p.cs;
+  for (int64_t s0 = 0; s0 <= t_lo; s0 += kTile) {
+    float dxa[4][4] = {};
+    tile_gemm<true, true>(dxa, As, Bs, p.D, dy_td, [&](int64_t k, int n) {
+      return s0 + n < K ? to_float(p.x.at(b, tb + s0 + n, h, k)) : 0.0f;
+    });
+    float csum[4] = {};
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int64_t t = t_lo + ty + 16 * i, s = s0 + tx + 16 * j;
+        float w = 0.0f;
+        if (s <= t && t < K) {
+          w = expf(static_cast<float>(p.cum[ob + t] - p.cum[ob + s])) * p.dtp[ob + s] * dxa[i][j];
+          if (sums) {
+            const float pv = w * cbt[t * p.cs + s];
+            rsum[i] += pv;
+            csum[j] += pv;
+          }
+        }
+        Ms[ty + 16 * i][tx + 16 * j] = w;
+      }
+    if (sums) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) Pc[ty][tx + 16 * j] = csum[j];
+    }
+    tile_gemm_sa<false>(acc, Ms, Bs, [&](int k, int n) {
+      return s0 + k < K && n0 + n < p.N ? to_float(p.Bm.at(b, tb + s0 + k, g, n0 + n)) : 0.0f;
+    });
+    // tile_gemm_sa's barriers made Pc visible; nothing writes it again before the next barrier.
+    if (sums && tid < kTile && s0 + tid < K) {
+      float v = 0.0f;
+      for (int r = 0; r < kThreads / 16; ++r) v += Pc[r][tid];
+      p.pcol[(it * p.B * p.H + bh) * p.Lpad + tb + s0 + tid] = v;
+    }
+    __syncthreads();  // Pc is rewritten by the next s tile
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t t = t_lo + ty + 16 * i;
+    if (sums) {
+      const float r = row_sum16(rsum[i]);
+      if (tx == 0 && t < K) p.prow[bh * p.Lpad + tb + t] = r;
+    }
+    if (t >= K) continue;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t n = n0 + tx + 16 * j;
+      if (n < p.N) p.pdC[((b * p.L + tb + t) * p.H + h) * p.N + n] = acc[i][j];
+    }
+  }
+}
+
+// Per (chunk, b, h): assembles dcum, the reverse cumsum da, then ddt and the chunk's partials of
+// dA, ddt_bias and dD. One thread per token of the chunk (cs <= kThreads).
+template <class T>
+__global__ void __launch_bounds__(kThreads) bwd_finalize_kernel(BwdC<T> p) {
+  __shared__ double scan[kThreads];
+  __shared__ float red[2][kThreads];
+  const int tid = threadIdx.x;
+  const int64_t c = blockIdx.x, bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+  const ChunkAt ch = chunk_at(p, c, bh);
+  const int64_t K = ch.K, tb = ch.t_base, ob = ch.o_base, BH = p.B * p.H;
+  // <Gc, S0> and sum_s E_s: fixed-order block sums.
+  const float* Gc = p.gst + (bh * p.nchunks + c) * p.D * p.N;
+  const float* S0 = p.st + (bh * p.nchunks + c) * p.D * p.N;
+  float gs = 0.0f, ek = 0.0f;
+  for (int64_t e = tid; e < p.D * p.N; e += kThreads) gs = fmaf(Gc[e], S0[e], gs);
+  if (tid < K)
+    for (int64_t td = 0; td < p.ntd; ++td) ek += p.pE[(td * BH + bh) * p.Lpad + tb + tid];
+  red[0][tid] = gs, red[1][tid] = ek;
+  __syncthreads();
+  for (int o = kThreads / 2; o > 0; o >>= 1) {
+    if (tid < o) red[0][tid] += red[0][tid + o], red[1][tid] += red[1][tid + o];
+    __syncthreads();
+  }
+  const float gsum = red[0][0], esum = red[1][0];
+  __syncthreads();  // red is reused below
+  float dvx = 0.0f;
+  double dcum = 0.0;
+  if (tid < K) {
+    const int64_t o = tb + tid;
+    float st_part = 0.0f, col = 0.0f;
+    for (int64_t tn = 0; tn < p.ntn; ++tn) st_part += p.pst[(tn * BH + bh) * p.Lpad + o];
+    const int64_t n_it = (K + kTile - 1) / kTile;  // row tiles that exist in this chunk
+    for (int64_t it = tid / kTile; it < n_it; ++it) col += p.pcol[(it * BH + bh) * p.Lpad + o];
+    for (int64_t td = 0; td < p.ntd; ++td) dvx += p.pdv[(td * BH + bh) * p.Lpad + o];
+    dcum = static_cast<double>(st_part) + p.prow[bh * p.Lpad + o] - col - ek;
+    if (tid == K - 1) dcum += expf(static_cast<float>(p.cum[ob + p.cs - 1])) * gsum + esum;
+  }
+  scan[tid] = dcum;
+  __syncthreads();
+  for (int off = 1; off < kThreads; off <<= 1) {  // suffix sums, Hillis-Steele: fixed order
+    const double add = tid + off < kThreads ? scan[tid + off] : 0.0;
+    __syncthreads();
+    scan[tid] += add;
+    __syncthreads();
+  }
+  float a_part = 0.0f, b_part = 0.0f;
+  if (tid < K) {
+    const float da = static_cast<float>(scan[tid]);
+    const StepF sp = step_at(p, b, tb + tid, h);
+    const float v = p.dtp[ob + tid];
+    const float draw = (dvx + p.A.at(h) * da) * sp.dv_draw;
+    p.ddt.at(b, tb + tid, h) = from_float<T>(draw);
+    a_part = v * da, b_part = draw;
+  }
+  red[0][tid] = a_part, red[1][tid] = b_part;
+  __syncthreads();
+  for (int o = kThreads / 2; o > 0; o >>= 1) {
+    if (tid < o) red[0][tid] += red[0][tid + o], red[1][tid] += red[1][tid + o];
+    __syncthreads();
+  }
+  if (tid == 0) p.pdA[bh * p.nchunks + c] = red[0][0], p.pbias[bh * p.nchunks + c] = red[1][0];
+  if (p.has_d)
+    for (int64_t d = tid; d < p.D; d += kThreads) {
+      float s = 0.0f;
+      for (int64_t k = 0; k < K; ++k)
+        s = fmaf(p.dyp_at(b, tb + k, h, d), to_float(p.x.at(b, tb + k, h, d)), s);
+      p.pdD[(bh * p.nchunks + c) * p.D + d] = s;
+    }
+}
+
+// Per head: dA, ddt_bias, dD from the per-(b, chunk) partials, in a fixed order.
+template <class T>
+__global__ void __launch_bounds__(kThreads) bwd_head_kernel(BwdC<T> p) {
+  __shared__ float red[3][kThreads];
+  const int64_t h = blockIdx.x;
+  const int tid = threadIdx.x;
+  const int64_t nc = p.nchunks;
+  float a = 0.0f, bs = 0.0f, ds = 0.0f;
+  for (int64_t i = tid; i < p.B * nc; i += kThreads) {
+    const int64_t o = (i / nc * p.H + h) * nc + i % nc;
+    a += p.pdA[o], bs += p.pbias[o];
+  }
+  if (p.has_d && !p.per_channel)
+    for (int64_t i = tid; i < p.B * nc * p.D; i += kThreads) {
+      const int64_t bc = i / p.D;
+      ds += p.pdD[((bc / nc * p.H + h) * nc + bc % nc) * p.D + i % p.D];
+    }
+  red[0][tid] = a, red[1][tid] = bs, red[2][tid] = ds;
+  __syncthreads();
+  for (int o = kThreads / 2; o > 0; o >>= 1) {
+    if (tid < o)
+      for (int r = 0; r < 3; ++r) red[r][tid] += red[r][tid + o];
+    __syncthreads();
+  }
+  if (tid == 0) {
+    p.dA.at(h) = red[0][0];
+    if (p.has_bias) p.dbias.at(h) = red[1][0];
+    if (p.has_d && !p.per_channel) p.dD.at(h, 0) = red[2][0];
+  }
+  if (p.has_d && p.per_channel)
+    for (int64_t d = tid; d < p.D; d += kThreads) {
+      float v = 0.0f;
+      for (int64_t i = 0; i < p.B * nc; ++i)
+        v += p.pdD[((i / nc * p.H + h) * nc + i % nc) * p.D + d];
+      p.dD.at(h, d) = v;
+    }
+}
+
+// dB, dC: the per-head partials summed over the heads of each group, in head order.
+template <class T>
+__global__ void bwd_reduce_bc_kernel(BwdC<T> p) {
+  const int64_t G = p.H / p.hpg;
+  const int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (e >= p.B * p.L * G * p.N) return;
+  const int64_t n = e % p.N, rest = e / p.N, grp = rest % G, bt = rest / G;
+  float sb = 0.0f, sc = 0.0f;
+  for (int64_t hh = 0; hh < p.hpg; ++hh) {
+    const int64_t o = (bt * p.H + grp * p.hpg + hh) * p.N + n;
+    sb += p.pdB[o], sc += p.pdC[o];
+  }
+  const int64_t b = bt / p.L, t = bt % p.L;
+  p.dBo.at(b, t, grp, n) = from_float<T>(sb);
+  p.dCo.at(b, t, grp, n) = from_float<T>(sc);
+}
+
 // ---- decode
 // --------------------------------------------------------------------------------------
 template <class T>
@@ -1190,6 +1795,118 @@ Status backward_recurrent(const LaunchContext& ctx, const ssd::Problem& pr,
   return cuda::check_launch("ssd_backward", "reduce_head_kernel");
 }
 
+// Chunked backward workspace (f32 elements, every region rounded up to 64): the forward's dtp,
+// cum (f64) and chunk states, then the regions of BwdC in declaration order.
+struct BwdcLayout {
+  int64_t cbm, gst, dyp, pdB, pdC, pdv, pE, pst, prow, pcol, pdA, pbias, pdD, total;
+};
+inline BwdcLayout bwdc_layout(const ssd::Problem& p) {
+  const int64_t bh = p.batch * p.heads, lpad = p.nchunks * p.chunk_size;
+  const int64_t ntd = (p.head_dim + kTile - 1) / kTile, ntn = (p.state_dim + kTile - 1) / kTile;
+  const int64_t ntt = p.chunk_size / kTile;
+  const int64_t tokens = p.batch * p.seqlen * p.heads;
+  BwdcLayout l;
+  l.cbm = fwd_layout(p, false).total;
+  l.gst = l.cbm + round64(p.batch * p.ngroups * p.nchunks * p.chunk_size * p.chunk_size);
+  l.dyp = l.gst + round64(bh * p.nchunks * p.head_dim * p.state_dim);
+  l.pdB = l.dyp + round64(p.has_z ? tokens * p.head_dim : 0);
+  l.pdC = l.pdB + round64(tokens * p.state_dim);
+  l.pdv = l.pdC + round64(tokens * p.state_dim);
+  l.pE = l.pdv + round64(ntd * bh * lpad);
+  l.pst = l.pE + round64(ntd * bh * lpad);
+  l.prow = l.pst + round64(ntn * bh * lpad);
+  l.pcol = l.prow + round64(bh * lpad);
+  l.pdA = l.pcol + round64(ntt * bh * lpad);
+  l.pbias = l.pdA + round64(bh * p.nchunks);
+  l.pdD = l.pbias + round64(bh * p.nchunks);
+  l.total = l.pdD + round64(bh * p.nchunks * p.head_dim);
+  return l;
+}
+
+template <class T>
+Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
+                        const SsdBackwardOp::Arguments& a) {
+  BwdC<T> p;
+  static_cast<Common<T>&>(p) = common_of<T>(pr, a);
+  p.y = V4<T>{}, p.fin = V4<float>{}, p.has_fin = false;  // the forward's outputs are not needed
+  p.dy = v4<const T>(a.dy);
+  p.has_dfin = pr.has_final_states;
+  p.dfin = pr.has_final_states ? v4<const float>(a.d_final_states) : V4<const float>{};
+  p.dx = v4<T>(a.dx), p.dBo = v4<T>(a.dB), p.dCo = v4<T>(a.dC), p.ddt = v3<T>(a.ddt);
+  p.dz = pr.has_z ? v4<T>(a.dz) : V4<T>{};
+  p.dA = v1<float>(a.dA);
+  p.dbias = pr.has_dt_bias ? v1<float>(a.ddt_bias) : V1<float>{};
+  p.dD = dskip_view<float>(a.dD, pr.d_skip);
+  p.dinit = pr.has_initial_states ? v4<float>(a.d_initial_states) : V4<float>{};
+  p.per_channel = pr.d_skip == ssd::DSkip::per_channel;
+  p.ntd = cuda::ceil_div(pr.head_dim, kTile), p.ntn = cuda::ceil_div(pr.state_dim, kTile);
+  p.ntt = pr.chunk_size / kTile;
+  const FwdLayout fl = fwd_layout(pr, false);
+  const BwdcLayout l = bwdc_layout(pr);
+  float* ws = static_cast<float*>(ctx.workspace.data);
+  p.dtp = ws + fl.dtp, p.cum = reinterpret_cast<double*>(ws + fl.cum), p.st = ws + fl.st;
+  p.cb = nullptr;
+  p.cbm = ws + l.cbm, p.gst = ws + l.gst, p.dyp = ws + l.dyp, p.pdB = ws + l.pdB;
+  p.pdC = ws + l.pdC, p.pdv = ws + l.pdv, p.pE = ws + l.pE, p.pst = ws + l.pst;
+  p.prow = ws + l.prow, p.pcol = ws + l.pcol, p.pdA = ws + l.pdA, p.pbias = ws + l.pbias;
+  p.pdD = ws + l.pdD;
+  const cudaStream_t st = cuda::stream_of(ctx);
+  constexpr std::string_view op = "ssd_backward";
+  if (pr.heads == 0) return {};
+  const int64_t bh64 = pr.batch * pr.heads;
+  const auto bh = static_cast<unsigned>(bh64);
+  const auto nc = static_cast<unsigned>(pr.nchunks);
+  const auto cs = static_cast<unsigned>(pr.chunk_size);
+  const auto ntd = static_cast<unsigned>(p.ntd), ntn = static_cast<unsigned>(p.ntn);
+  const auto ntt = static_cast<unsigned>(p.ntt);
+  const Fwd<T>& fwd = p;
+  if (bh64 > 0 && nc > 0) {
+    // The forward's chunk-local quantities and the states entering each chunk, recomputed.
+    prep_kernel<T><<<dim3(nc, bh), cs, cs * sizeof(double), st>>>(fwd);
+    BARACUDA_TRY(cuda::check_launch(op, "prep_kernel"));
+    chunk_state_kernel<T><<<dim3(ntd * ntn, nc, bh), kThreads, 0, st>>>(fwd);
+    BARACUDA_TRY(cuda::check_launch(op, "chunk_state_kernel"));
+    state_pass_kernel<T>
+        <<<dim3(static_cast<unsigned>(cuda::ceil_div(pr.head_dim * pr.state_dim, 256)), bh), 256, 0,
+           st>>>(fwd);
+    BARACUDA_TRY(cuda::check_launch(op, "state_pass_kernel"));
+    bwd_cb_kernel<T>
+        <<<dim3(nc * ntt * ntt, static_cast<unsigned>(pr.batch * pr.ngroups)), kThreads, 0, st>>>(
+            p);
+    BARACUDA_TRY(cuda::check_launch(op, "bwd_cb_kernel"));
+    if (pr.has_z) {
+      bwd_gate_kernel<T><<<dim3(nc * ntt, ntd, bh), kThreads, 0, st>>>(p);
+      BARACUDA_TRY(cuda::check_launch(op, "bwd_gate_kernel"));
+    }
+    bwd_ustate_kernel<T><<<dim3(ntd * ntn, nc, bh), kThreads, 0, st>>>(p);
+    BARACUDA_TRY(cuda::check_launch(op, "bwd_ustate_kernel"));
+  }
+  if (bh64 > 0) {  // with L = 0 this is d_initial_states = d_final_states
+    bwd_state_rev_kernel<T>
+        <<<dim3(static_cast<unsigned>(cuda::ceil_div(pr.head_dim * pr.state_dim, 256)), bh), 256, 0,
+           st>>>(p);
+    BARACUDA_TRY(cuda::check_launch(op, "bwd_state_rev_kernel"));
+  }
+  if (bh64 > 0 && nc > 0) {
+    bwd_dx_kernel<T><<<dim3(nc * ntt, ntd, bh), kThreads, 0, st>>>(p);
+    BARACUDA_TRY(cuda::check_launch(op, "bwd_dx_kernel"));
+    bwd_db_kernel<T><<<dim3(nc * ntt, ntn, bh), kThreads, 0, st>>>(p);
+    BARACUDA_TRY(cuda::check_launch(op, "bwd_db_kernel"));
+    bwd_dc_kernel<T><<<dim3(nc * ntt, ntn, bh), kThreads, 0, st>>>(p);
+    BARACUDA_TRY(cuda::check_launch(op, "bwd_dc_kernel"));
+    bwd_finalize_kernel<T><<<dim3(nc, bh), kThreads, 0, st>>>(p);
+    BARACUDA_TRY(cuda::check_launch(op, "bwd_finalize_kernel"));
+  }
+  bwd_head_kernel<T><<<static_cast<unsigned>(pr.heads), kThreads, 0, st>>>(p);
+  BARACUDA_TRY(cuda::check_launch(op, "bwd_head_kernel"));
+  const int64_t bc = pr.batch * pr.seqlen * pr.ngroups * pr.state_dim;
+  if (bc > 0) {
+    bwd_reduce_bc_kernel<T><<<static_cast<unsigned>(cuda::ceil_div(bc, 256)), 256, 0, st>>>(p);
+    BARACUDA_TRY(cuda::check_launch(op, "bwd_reduce_bc_kernel"));
+  }
+  return {};
+}
+
 template <class T>
 Status decode_launch(const LaunchContext& ctx, const ssd::DecodeProblem& pr,
                      const SsdDecodeOp::Arguments& a) {
@@ -1311,6 +2028,27 @@ bool register_kernels() {
         return static_cast<size_t>(bwd_layout(p).total) * sizeof(float);
       },
       .launch = backward_recurrent<T>,
+  });
+  register_kernel<SsdBackwardOp>({
+      .sku = {.category = "scan",
+              .op = "ssd_backward",
+              .element = E,
+              .epilogue = "chunked",
+              .arch = Arch::sm80,
+              .backend = Backend::bespoke_cuda,
+              .precision = kF32Det,
+              .name = "chunked_f32"},
+      .priority = 20,
+      .fits =
+          [](const ssd::Problem& p, const DeviceCaps&) {
+            return !p.varlen() && p.batch * p.heads <= kMaxGridYZ &&
+                   p.batch * p.ngroups <= kMaxGridYZ &&
+                   p.nchunks * (p.chunk_size / kTile) * (p.chunk_size / kTile) < (int64_t{1} << 31);
+          },
+      .workspace = [](const ssd::Problem& p, const DeviceCaps&) -> size_t {
+        return static_cast<size_t>(bwdc_layout(p).total) * sizeof(float);
+      },
+      .launch = backward_chunked<T>,
   });
   register_kernel<SsdDecodeOp>({
       .sku = {.category = "scan",

@@ -595,9 +595,9 @@ ssd::ref::Grads chunked_backward_model(const ssd::Problem& p, const ssd::ref::In
   };
   auto ST = [&](int64_t b, int64_t h) { return static_cast<size_t>((b * H + h) * D * N); };
   auto sk = [&](int64_t h, int64_t d) {
-    return p.d_skip == ssd::DSkip::none        ? 0.0
+    return p.d_skip == ssd::DSkip::none       ? 0.0
            : p.d_skip == ssd::DSkip::per_head ? in.D[static_cast<size_t>(h)]
-                                               : in.D[static_cast<size_t>(h * D + d)];
+                                              : in.D[static_cast<size_t>(h * D + d)];
   };
   ssd::ref::Grads gr;
   gr.dx.assign(in.x.size(), 0.0), gr.ddt.assign(in.dt.size(), 0.0);
@@ -635,7 +635,8 @@ ssd::ref::Grads chunked_backward_model(const ssd::Problem& p, const ssd::ref::In
         S0[static_cast<size_t>(c)] = S;
         for (auto& e : S) e *= std::exp(last(c));
         for (int64_t t = c * q; t < std::min(L, c * q + q); ++t) {
-          const double w = std::exp(last(c) - cum[static_cast<size_t>(t)]) * v[static_cast<size_t>(t)];
+          const double w =
+              std::exp(last(c) - cum[static_cast<size_t>(t)]) * v[static_cast<size_t>(t)];
           for (int64_t d = 0; d < D; ++d)
             for (int64_t n = 0; n < N; ++n)
               S[static_cast<size_t>(d * N + n)] += w * in.x[X(b, t, h, d)] * in.B[BC(b, t, g, n)];
@@ -682,8 +683,8 @@ ssd::ref::Grads chunked_backward_model(const ssd::Problem& p, const ssd::ref::In
           for (int64_t d = 0; d < D; ++d)
             for (int64_t n = 0; n < N; ++n)
               Gr[static_cast<size_t>(d * N + n)] += std::exp(cum[static_cast<size_t>(t)]) *
-                                                     dyp[static_cast<size_t>(t * D + d)] *
-                                                     in.C[BC(b, t, g, n)];
+                                                    dyp[static_cast<size_t>(t * D + d)] *
+                                                    in.C[BC(b, t, g, n)];
       }
       if (p.has_initial_states) std::copy(Gr.begin(), Gr.end(), gr.d_init.begin() + ST(b, h));
       // Per chunk: every gradient from chunk-local matrices.
@@ -696,7 +697,8 @@ ssd::ref::Grads chunked_backward_model(const ssd::Problem& p, const ssd::ref::In
         auto W = [&](int64_t t, int64_t s) { return s <= t ? std::exp(cu(t) - cu(s)) : 0.0; };
         auto CB = [&](int64_t t, int64_t s) {
           double r = 0;
-          for (int64_t n = 0; n < N; ++n) r += in.C[BC(b, t0 + t, g, n)] * in.B[BC(b, t0 + s, g, n)];
+          for (int64_t n = 0; n < N; ++n)
+            r += in.C[BC(b, t0 + t, g, n)] * in.B[BC(b, t0 + s, g, n)];
           return r;
         };
         auto DX = [&](int64_t t, int64_t s) {
@@ -707,24 +709,29 @@ ssd::ref::Grads chunked_backward_model(const ssd::Problem& p, const ssd::ref::In
         };
         Mat dcum(static_cast<size_t>(K), 0.0), dvx(dcum), E(dcum);
         double gs = 0;
-        for (int64_t e = 0; e < D * N; ++e) gs += gc[static_cast<size_t>(e)] * s0[static_cast<size_t>(e)];
+        for (int64_t e = 0; e < D * N; ++e)
+          gs += gc[static_cast<size_t>(e)] * s0[static_cast<size_t>(e)];
         for (int64_t s = 0; s < K; ++s) {
           const double es = std::exp(cu(K - 1) - cu(s));
           double xdot2 = 0;
           for (int64_t d = 0; d < D; ++d) {
             double bg = 0;  // (B Gc^T)[s][d]
-            for (int64_t n = 0; n < N; ++n) bg += in.B[BC(b, t0 + s, g, n)] * gc[static_cast<size_t>(d * N + n)];
+            for (int64_t n = 0; n < N; ++n)
+              bg += in.B[BC(b, t0 + s, g, n)] * gc[static_cast<size_t>(d * N + n)];
             double r = es * bg;
-            for (int64_t t = s; t < K; ++t) r += W(t, s) * CB(t, s) * dyp[static_cast<size_t>((t0 + t) * D + d)];
+            for (int64_t t = s; t < K; ++t)
+              r += W(t, s) * CB(t, s) * dyp[static_cast<size_t>((t0 + t) * D + d)];
             const double xv = in.x[X(b, t0 + s, h, d)];
-            gr.dx[X(b, t0 + s, h, d)] = sk(h, d) * dyp[static_cast<size_t>((t0 + s) * D + d)] + vv(s) * r;
+            gr.dx[X(b, t0 + s, h, d)] =
+                sk(h, d) * dyp[static_cast<size_t>((t0 + s) * D + d)] + vv(s) * r;
             dvx[static_cast<size_t>(s)] += xv * r;
             xdot2 += xv * bg;
           }
           E[static_cast<size_t>(s)] = es * vv(s) * xdot2;
           for (int64_t n = 0; n < N; ++n) {
             double r = 0;
-            for (int64_t d = 0; d < D; ++d) r += in.x[X(b, t0 + s, h, d)] * gc[static_cast<size_t>(d * N + n)];
+            for (int64_t d = 0; d < D; ++d)
+              r += in.x[X(b, t0 + s, h, d)] * gc[static_cast<size_t>(d * N + n)];
             r *= es;
             for (int64_t t = s; t < K; ++t) r += W(t, s) * DX(t, s) * in.C[BC(b, t0 + t, g, n)];
             gr.dB[BC(b, t0 + s, g, n)] += vv(s) * r;
@@ -734,10 +741,12 @@ ssd::ref::Grads chunked_backward_model(const ssd::Problem& p, const ssd::ref::In
           double cdot = 0;
           for (int64_t n = 0; n < N; ++n) {
             double r = 0;
-            for (int64_t d = 0; d < D; ++d) r += dyp[static_cast<size_t>((t0 + t) * D + d)] * s0[static_cast<size_t>(d * N + n)];
+            for (int64_t d = 0; d < D; ++d)
+              r += dyp[static_cast<size_t>((t0 + t) * D + d)] * s0[static_cast<size_t>(d * N + n)];
             r *= std::exp(cu(t));
             cdot += in.C[BC(b, t0 + t, g, n)] * r;
-            for (int64_t s = 0; s <= t; ++s) r += W(t, s) * vv(s) * DX(t, s) * in.B[BC(b, t0 + s, g, n)];
+            for (int64_t s = 0; s <= t; ++s)
+              r += W(t, s) * vv(s) * DX(t, s) * in.B[BC(b, t0 + s, g, n)];
             gr.dC[BC(b, t0 + t, g, n)] += r;
           }
           dcum[static_cast<size_t>(t)] += cdot - E[static_cast<size_t>(t)];
