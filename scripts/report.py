@@ -36,7 +36,9 @@ for r in ours:
             print(f"| {r.get('family')} | {r.get('op')} | {r.get('name')} | | ERROR: {r['error'][:120]} | | | | | | | |")
         continue
     key = (r["family"], r["op"], r["name"])
-    ps = [p for p in peers if (p.get("family"), p.get("op"), p.get("name")) == key and p.get("ms")]
+    # A peer row that names a dtype pairs only with our row of that dtype.
+    ps = [p for p in peers if (p.get("family"), p.get("op"), p.get("name")) == key and p.get("ms")
+          and p.get("dtype", r.get("dtype")) == r.get("dtype")]
     ptxt = ", ".join(f"{p['peer']} {p['ms']:.4g}" for p in ps) or "-"
     best = min(ps, key=lambda p: p["ms"]) if ps else None
     speed = f"{best['ms'] / r['ms']:.2f}x" if best and r["ms"] > 0 else "-"

@@ -58,29 +58,31 @@ __device__ __forceinline__ void bulk_store(void* gmem, const void* smem, uint32_
 }
 #endif
 
-// Block b copies the 16-byte units [lo, hi) of the window in row-major unit order (equal shares:
-// no tail imbalance), in chunks that never cross a row. Strides of `a` are in 16-byte units.
+// The window is cut into chunks that never cross a row (a row's last chunk may be short);
+// block b takes chunks b, b + G, b + 2G, ... so the blocks in flight stay within a narrow band of
+// addresses (DRAM pages stay open; one long span per block measured slower at b292e38/0ac438f).
+// Strides of `a` are in 16-byte units.
 __global__ void __launch_bounds__(32)
     bulk_copy_kernel(char* __restrict__ dst, const char* __restrict__ src, RowsArgs a,
-                     int64_t total) {
+                     int64_t chunks_per_row) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) unsigned char ring[];
   __shared__ __align__(8) uint64_t full[kStages];
   __shared__ char* stage_dst[kStages];
   __shared__ uint32_t stage_bytes[kStages];
   if (threadIdx.x != 0) return;
-  const int64_t blocks = gridDim.x, b = blockIdx.x;
-  const int64_t share = total / blocks, extra = total % blocks;
-  int64_t next = share * b + min(b, extra);
-  const int64_t hi = next + share + (b < extra ? 1 : 0);
-  int64_t row = next / a.inner, col = next - row * a.inner;
+  const int64_t total = a.rows * chunks_per_row;
+  const int64_t stride = gridDim.x;
+  int64_t next = blockIdx.x;
   for (int s = 0; s < kStages; ++s) bar_init(&full[s]);
   // The copy engine (async proxy) must see the initialized barriers.
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 
   auto issue = [&](int s) {
-    const int64_t n = min(min(kChunkUnits, a.inner - col), hi - next);
+    const int64_t row = next / chunks_per_row;
+    const int64_t col = (next - row * chunks_per_row) * kChunkUnits;
+    const int64_t n = min(kChunkUnits, a.inner - col);
     int64_t doff, soff;
     row_offsets(a, row, &doff, &soff);
     const uint32_t bytes = static_cast<uint32_t>(n * 16);
@@ -88,22 +90,17 @@ __global__ void __launch_bounds__(32)
     stage_bytes[s] = bytes;
     bar_expect(&full[s], bytes);
     bulk_load(ring + s * kChunkBytes, src + (soff + col) * 16, bytes, &full[s]);
-    next += n;
-    col += n;
-    if (col == a.inner) {
-      col = 0;
-      ++row;
-    }
+    next += stride;
   };
-  // Chunk k lives in stage k % kStages. Chunk k's stage is refilled (with chunk k + kStages) one
-  // step after its store was issued, once that store has finished reading shared memory.
+  // This block's k-th chunk lives in stage k % kStages. Its stage is refilled (with chunk
+  // k + kStages) one step after its store was issued, once that store has read shared memory.
   int64_t produced = 0;
-  for (; produced < kStages && next < hi; ++produced) issue(static_cast<int>(produced));
+  for (; produced < kStages && next < total; ++produced) issue(static_cast<int>(produced));
   for (int64_t k = 0; k < produced; ++k) {
     const int s = static_cast<int>(k % kStages);
     bar_wait(&full[s], static_cast<uint32_t>((k / kStages) & 1));
     bulk_store(stage_dst[s], ring + s * kChunkBytes, stage_bytes[s]);
-    if (k >= 1 && next < hi) {
+    if (k >= 1 && next < total) {
       asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
       issue(static_cast<int>((k - 1) % kStages));
       ++produced;
@@ -140,7 +137,8 @@ Status copy_bulk(const LaunchContext& ctx, char* dst, const char* src, const Cop
   }
   a.rows = c.rows;
   a.inner = c.inner_bytes / 16;
-  const int64_t total = a.rows * a.inner;
+  const int64_t chunks_per_row = cuda::ceil_div(a.inner, kChunkUnits);
+  const int64_t chunks = a.rows * chunks_per_row;
   // The kernel body exists only in sm_90+ machine code: a build without such a target (say
   // sm_80 only, run on a Hopper part) would launch an empty kernel, so it takes the fallback.
   static const bool has_body = [] {
@@ -160,9 +158,9 @@ Status copy_bulk(const LaunchContext& ctx, char* dst, const char* src, const Cop
   const int sms = ctx.stream.caps().sm_count > 0 ? ctx.stream.caps().sm_count : 128;
   // One wave, but at least two chunks per block so the pipeline has something to overlap.
   const int64_t blocks =
-      std::clamp<int64_t>(cuda::ceil_div(total, 2 * kChunkUnits), 1, int64_t{sms} * per_sm);
+      std::clamp<int64_t>(cuda::ceil_div(chunks, int64_t{2}), 1, int64_t{sms} * per_sm);
   bulk_copy_kernel<<<static_cast<unsigned>(blocks), 32, kStages * kChunkBytes,
-                     cuda::stream_of(ctx)>>>(dst, src, a, total);
+                     cuda::stream_of(ctx)>>>(dst, src, a, chunks_per_row);
   return cuda::check_launch(WriteSliceOp::name, "bulk_copy");
 }
 

@@ -11,8 +11,13 @@ namespace baracuda::write_slice_cuda {
 
 // Copies rows of contiguous bytes (the byte-level CopyShape) with the widest access unit that the
 // addresses, strides and run length allow (16 bytes when they are all 16-byte multiples).
+// `RowsVariant`: units in flight per thread (4 or 8) and evict-first accesses (ilp 8 streams).
+struct RowsVariant {
+  int ilp = 4;
+  bool streaming = false;
+};
 Status copy_rows(const LaunchContext& ctx, std::string_view kernel, char* dst, const char* src,
-                 const write_slice_detail::CopyShape& c);
+                 const write_slice_detail::CopyShape& c, RowsVariant v = {});
 // The sub-byte merge for windows that start or end inside a byte.
 Status merge_bits(const LaunchContext& ctx, char* dst, const char* src,
                   const write_slice_detail::CopyShape& c);

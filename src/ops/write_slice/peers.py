@@ -65,7 +65,7 @@ def run(ctx=None):
             return torch.randint(0, 256, shape, device=dev, dtype=torch.uint8, generator=g)
         return torch.randn(shape, device=dev, dtype=dtype, generator=g)
 
-    def slice_case(op, name, dtype, dest_shape, index, rotations=2, note=""):
+    def slice_case(op, name, dtype, dest_shape, index, rotations=2, note="", label="bf16"):
         window = [b - a for a, b in index]
         nbytes = math.prod(dest_shape) * torch.empty(0, dtype=dtype).element_size()
         # Several dests only when small, as bench.cpp does (a big dest's window is what is touched).
@@ -80,7 +80,9 @@ def run(ctx=None):
             f = torch.compile(assign) if compiled else assign
             return lambda r: f(dests[r % len(dests)], srcs[r])
 
-        rows.extend(peer_rows(torch, op, name, make, rotations, 30, 3, note))
+        for r in peer_rows(torch, op, name, make, rotations, 30, 3, note):
+            r["dtype"] = label  # the case's dtype in bench.cpp (s4 runs here as uint8 bytes)
+            rows.append(r)
         del dests, srcs
         torch.cuda.empty_cache()
 
@@ -92,9 +94,11 @@ def run(ctx=None):
     slice_case("write_slice", "strided_T512_D64", torch.bfloat16, [16, 32, 8192, 128],
                [(0, 16), (0, 32), (1000, 2024), (32, 96)], rotations=2)
     slice_case("write_slice", "chunk_64MiB", torch.uint8, [3, 16, 1 << 21],
-               [(1, 3), (0, 16), (0, 1 << 21)], note="s4 case as uint8 bytes")
+               [(1, 3), (0, 16), (0, 1 << 21)], note="s4 case as uint8 bytes", label="s4")
     slice_case("write_slice", "kv2d_T2048", torch.uint8, [16, 32, 8192, 64],
-               [(0, 16), (0, 32), (1000, 3048), (0, 64)], note="s4 case as uint8 bytes")
+               [(0, 16), (0, 32), (1000, 3048), (0, 64)], note="s4 case as uint8 bytes", label="s4")
+    slice_case("write_slice", "kv2d_T2048_256MiB", torch.bfloat16, [16, 32, 8192, 128],
+               [(0, 16), (0, 32), (1000, 3048), (0, 128)], rotations=1)
 
     # Decode appends into [16, 32, 8192, 128] bf16.
     B, H, L, D = 16, 32, 8192, 128

@@ -31,6 +31,18 @@ Status launch_pitched(const LaunchContext& ctx, const Problem& p, const Argument
                                      static_cast<const char*>(a.source.data), p.copy);
 }
 
+Status launch_pitched_cs(const LaunchContext& ctx, const Problem& p, const Arguments& a) {
+  return write_slice_cuda::copy_rows(ctx, "kv_2d_cs", dest_origin(p, a),
+                                     static_cast<const char*>(a.source.data), p.copy,
+                                     {.ilp = 4, .streaming = true});
+}
+
+Status launch_pitched_x8_cs(const LaunchContext& ctx, const Problem& p, const Arguments& a) {
+  return write_slice_cuda::copy_rows(ctx, "kv_2d_x8_cs", dest_origin(p, a),
+                                     static_cast<const char*>(a.source.data), p.copy,
+                                     {.ilp = 8, .streaming = true});
+}
+
 Status launch_generic(const LaunchContext& ctx, const Problem& p, const Arguments& a) {
   if (p.path == Path::empty) return {};
   return write_slice_cuda::copy_rows(ctx, "generic_v16", dest_origin(p, a),
@@ -107,6 +119,19 @@ bool register_cuda() {
         .priority = 30,
         .fits = [](const Problem& p, const DeviceCaps&) { return p.path == Path::pitched_2d; },
         .launch = launch_pitched,
+    });
+    // A/B variants of kv_2d's kernel: evict-first accesses, and 8 units in flight per thread.
+    register_kernel<WriteSliceOp>({
+        .sku = sku(t, "write_slice", "kv_2d", "kv_2d_cs"),
+        .priority = 27,
+        .fits = [](const Problem& p, const DeviceCaps&) { return p.path == Path::pitched_2d; },
+        .launch = launch_pitched_cs,
+    });
+    register_kernel<WriteSliceOp>({
+        .sku = sku(t, "write_slice", "kv_2d", "kv_2d_x8_cs"),
+        .priority = 26,
+        .fits = [](const Problem& p, const DeviceCaps&) { return p.path == Path::pitched_2d; },
+        .launch = launch_pitched_x8_cs,
     });
     register_kernel<WriteSliceOp>({
         .sku = sku(t, "write_slice", "kv_2d", "kv_2d_flat"),
