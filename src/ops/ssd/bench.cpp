@@ -1,7 +1,9 @@
 // Benchmarks of the ssd family: the Mamba-2 2.7B layer shape (B=4 L=4096 H=80 D=64 N=128 G=1) and
 // a smaller one (B=8 L=2048 H=32 D=64 N=64 G=1), bf16, chunk 256, forward and backward, plus the
-// decode step on a state of 80 Mi f32 elements. peers.py times the same case names on the
-// mamba_ssm Triton kernels.
+// decode step on a state of 80 Mi f32 elements. The backward rows are the chunked kernel
+// (chunked_f32, what `select` picks) on both shapes and the old recurrent kernel
+// (recurrent_deterministic_f32) on the small shape, same case name, for the A/B. peers.py times the
+// same case names on the mamba_ssm Triton kernels.
 //
 // FLOPs (the algorithm's useful work, per chunk of length Q, counted the same for every peer):
 //   C.B^T on the causal half, per group:   Q(Q+1)/2 * N multiply-adds
@@ -13,6 +15,7 @@
 #include <algorithm>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "baracuda/ops/ssd.hpp"
@@ -38,7 +41,8 @@ double forward_flops(const Case& c) {
   return 2 * tokens * (c.G * tri * c.N + c.H * (tri * c.D + 2.0 * c.D * c.N));
 }
 
-void run_prefill(const Stream& s, const Case& c, bool backward) {
+// `kernel`: empty for the plan `select` picks, else that kernel (A/B rows of the same case).
+void run_prefill(const Stream& s, const Case& c, bool backward, std::string_view kernel_pref = {}) {
   const std::string op = backward ? "ssd_backward" : "ssd_forward";
   auto fail = [&](const Error& e) { bench::emit_error("ssd", op, c.name, e); };
   const DType t = DType::bf16;
@@ -62,11 +66,13 @@ void run_prefill(const Stream& s, const Case& c, bool backward) {
   const ConstTensor Bv = as_const(view(*Bm, t, {c.B, c.L, c.G, c.N}));
   const ConstTensor Cv = as_const(view(*Cm, t, {c.B, c.L, c.G, c.N}));
   const double eb = 2.0;
+  const PlanPreference pref =
+      kernel_pref.empty() ? PlanPreference::fastest() : PlanPreference::kernel(kernel_pref);
   Result<bench::Timing> timing = Error::invalid("not run");
   std::string kernel;
   double bytes = 0, flops = forward_flops(c);
   if (!backward) {
-    auto plan = SsdForwardPlan::select(s, d);
+    auto plan = SsdForwardPlan::select(s, d, pref);
     if (!plan.ok()) return fail(plan.error());
     auto y = Buffer::allocate(static_cast<size_t>(nx * 2), s.memory_location());
     auto ws = Buffer::allocate(std::max<size_t>(plan->workspace_size(), 1), s.memory_location());
@@ -78,7 +84,7 @@ void run_prefill(const Stream& s, const Case& c, bool backward) {
     kernel = plan->sku().name;
     bytes = eb * static_cast<double>(2 * nx + ndt + 2 * nbc) + 4.0 * c.H;
   } else {
-    auto plan = SsdBackwardPlan::select(s, d);
+    auto plan = SsdBackwardPlan::select(s, d, pref);
     if (!plan.ok()) return fail(plan.error());
     auto dy = random_buffer(s, t, nx, 6, -1, 1);
     auto dx = Buffer::allocate(static_cast<size_t>(nx * 2), s.memory_location());
@@ -101,7 +107,8 @@ void run_prefill(const Stream& s, const Case& c, bool backward) {
                                   .dB = view(*dB, t, {c.B, c.L, c.G, c.N}),
                                   .dC = view(*dC, t, {c.B, c.L, c.G, c.N})};
     timing = bench::time_it(
-        s, [&](int) { return plan->run(s, ws->as_workspace(), args); }, 1, 10, 1);
+        s, [&](int) { return plan->run(s, ws->as_workspace(), args); }, 1,
+        kernel_pref.empty() ? 30 : 10, 1);
     kernel = plan->sku().name;
     bytes = eb * static_cast<double>(4 * nx + 2 * ndt + 4 * nbc);
     flops *= 2;
@@ -159,7 +166,9 @@ void bench_ssd(const Stream& s) {
   const Case cases[] = {{"B4_L4096_H80_D64_N128_G1", 4, 4096, 80, 64, 128, 1, 256},
                         {"B8_L2048_H32_D64_N64_G1", 8, 2048, 32, 64, 64, 1, 256}};
   for (const Case& c : cases) run_prefill(s, c, false);
-  for (const Case& c : cases) run_prefill(s, c, true);
+  for (const Case& c : cases) run_prefill(s, c, true);  // chunked_f32
+  // The old recurrent backward, for the A/B: the small case only (245 ms at the large one).
+  run_prefill(s, cases[1], true, "recurrent_deterministic_f32");
   run_decode(s);
 }
 
