@@ -966,15 +966,31 @@ struct BwdC : Fwd<T> {
   }
 };
 
-using SmemK = float (*)[kTile + 4];  // a [kTileK][kTile + 4] staging tile
-constexpr int kLdM = kTile + 1;      // pitch of a 64 x 64 f32 operand kept whole in shared memory
+constexpr int kLdM = kTile + 1;  // pitch of a 64 x 64 f32 operand kept whole in shared memory
+
+// Shared staging of one 64 x 64 tile product. SIMT: f32 [k][m] and [k][n] slices of 16 k. Tensor
+// cores (kTC, 16-bit T only): T slices A [m][k], B [k][n] plus an f32 tile F through which the
+// accumulator moves between WMMA fragments and the SIMT register layout that every epilogue
+// uses (acc[i][j] = element (ty + 16 i, tx + 16 j)).
+constexpr int kLdA = kTileK + 8;  // 16-bit pitches: multiples of 8 elements, rows 32-byte aligned
+constexpr int kLdB = kTile + 8;
+template <class T, bool kTC>
+struct GemmSmem {
+  float a[kTileK][kTile + 4], b[kTileK][kTile + 4];
+};
+template <class T>
+struct GemmSmem<T, true> {
+  alignas(32) T a[kTile][kLdA];
+  alignas(32) T b[kTileK][kLdB];
+  alignas(32) float f[kTile][kLdF];
+};
 
 // acc (this thread's 4 x 4 of a 64 x 64 tile) += sum_{k < K} fa(m, k) fb(k, n). fa answers 0 for
 // rows out of range, fb for columns out of range; k >= K is zero here. kAK / kBK: consecutive
 // threads walk k (operand contiguous along k) rather than m / n, for coalesced loads.
-template <bool kAK, bool kBK, class FA, class FB>
-__device__ __forceinline__ void tile_gemm(float (&acc)[4][4], SmemK As, SmemK Bs, int64_t K,
-                                          const FA& fa, const FB& fb) {
+template <bool kAK, bool kBK, class T, class FA, class FB>
+__device__ __forceinline__ void gemm(float (&acc)[4][4], GemmSmem<T, false>& sm, int64_t K,
+                                     const FA& fa, const FB& fb) {
   const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
   for (int64_t k0 = 0; k0 < K; k0 += kTileK) {
 #pragma unroll
@@ -982,33 +998,81 @@ __device__ __forceinline__ void tile_gemm(float (&acc)[4][4], SmemK As, SmemK Bs
       const int idx = tid + r * kThreads;
       const int ka = kAK ? idx % kTileK : idx / kTile, ma = kAK ? idx / kTileK : idx % kTile;
       const int kb = kBK ? idx % kTileK : idx / kTile, nb = kBK ? idx / kTileK : idx % kTile;
-      As[ka][ma] = k0 + ka < K ? fa(ma, k0 + ka) : 0.0f;
-      Bs[kb][nb] = k0 + kb < K ? fb(k0 + kb, nb) : 0.0f;
+      sm.a[ka][ma] = k0 + ka < K ? fa(ma, k0 + ka) : 0.0f;
+      sm.b[kb][nb] = k0 + kb < K ? fb(k0 + kb, nb) : 0.0f;
     }
     __syncthreads();
-    mma_step(acc, As, Bs, tx, ty);
+    mma_step(acc, sm.a, sm.b, tx, ty);
     __syncthreads();
   }
 }
 
-// acc += Ms (64 x 64, already in shared memory, visible after the first barrier here) . fb.
-template <bool kBK, class FB>
-__device__ __forceinline__ void tile_gemm_sa(float (&acc)[4][4], const float (*Ms)[kLdM], SmemK Bs,
-                                             const FB& fb) {
+// The same product on tensor cores: operands rounded to T, f32 accumulation. 8 warps, each a
+// 16 x 32 strip (two 16 x 16 fragments) of the tile.
+template <bool kAK, bool kBK, class T, class FA, class FB>
+__device__ __forceinline__ void gemm(float (&acc)[4][4], GemmSmem<T, true>& sm, int64_t K,
+                                     const FA& fa, const FB& fb) {
+  const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+  const int warp = tid / 32, r0 = (warp / 2) * 16, c0 = (warp % 2) * 32;
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) sm.f[ty + 16 * i][tx + 16 * j] = acc[i][j];
+  __syncthreads();
+  FragC f[2];
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+    wm::load_matrix_sync(f[j], &sm.f[r0][c0 + 16 * j], kLdF, wm::mem_row_major);
+  for (int64_t k0 = 0; k0 < K; k0 += kTileK) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int idx = tid + r * kThreads;
+      const int ka = kAK ? idx % kTileK : idx / kTile, ma = kAK ? idx / kTileK : idx % kTile;
+      const int kb = kBK ? idx % kTileK : idx / kTile, nb = kBK ? idx / kTileK : idx % kTile;
+      sm.a[ma][ka] = from_float<T>(k0 + ka < K ? fa(ma, k0 + ka) : 0.0f);
+      sm.b[kb][nb] = from_float<T>(k0 + kb < K ? fb(k0 + kb, nb) : 0.0f);
+    }
+    __syncthreads();
+    FragA<T> a;
+    wm::load_matrix_sync(a, &sm.a[r0][0], kLdA);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      FragB<T> b;
+      wm::load_matrix_sync(b, &sm.b[0][c0 + 16 * j], kLdB);
+      wm::mma_sync(f[j], a, b, f[j]);
+    }
+    __syncthreads();
+  }
+  // Each warp stores only the strip it loaded, so no barrier is needed before this store.
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+    wm::store_matrix_sync(&sm.f[r0][c0 + 16 * j], f[j], kLdF, wm::mem_row_major);
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc[i][j] = sm.f[ty + 16 * i][tx + 16 * j];
+  __syncthreads();  // f is rewritten by the next product
+}
+
+// acc += Ms (64 x 64 f32, written before the call; visible after its first barrier) . fb.
+template <bool kBK, class T, class FB>
+__device__ __forceinline__ void gemm_sa(float (&acc)[4][4], const float (*Ms)[kLdM],
+                                        GemmSmem<T, false>& sm, const FB& fb) {
   const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
   for (int k0 = 0; k0 < kTile; k0 += kTileK) {
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       const int idx = tid + r * kThreads;
       const int kb = kBK ? idx % kTileK : idx / kTile, nb = kBK ? idx / kTileK : idx % kTile;
-      Bs[kb][nb] = fb(k0 + kb, nb);
+      sm.b[kb][nb] = fb(k0 + kb, nb);
     }
     __syncthreads();
 #pragma unroll
     for (int k = 0; k < kTileK; ++k) {
       float a[4], bv[4];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) a[i] = Ms[ty + 16 * i][k0 + k], bv[i] = Bs[k][tx + 16 * i];
+      for (int i = 0; i < 4; ++i) a[i] = Ms[ty + 16 * i][k0 + k], bv[i] = sm.b[k][tx + 16 * i];
 #pragma unroll
       for (int i = 0; i < 4; ++i)
 #pragma unroll
@@ -1016,6 +1080,13 @@ __device__ __forceinline__ void tile_gemm_sa(float (&acc)[4][4], const float (*M
     }
     __syncthreads();
   }
+}
+template <bool kBK, class T, class FB>
+__device__ __forceinline__ void gemm_sa(float (&acc)[4][4], const float (*Ms)[kLdM],
+                                        GemmSmem<T, true>& sm, const FB& fb) {
+  gemm<true, kBK>(
+      acc, sm, kTile, [&](int m, int64_t k) { return Ms[m][k]; },
+      [&](int64_t k, int n) { return fb(static_cast<int>(k), n); });
 }
 
 // Sum over the 16 threads (tx) that share a row of the tile, in a fixed butterfly order.
@@ -1036,9 +1107,9 @@ __device__ __forceinline__ ChunkAt chunk_at(const BwdC<T>& p, int64_t c, int64_t
 }
 
 // C_t . B_s per (b, group, chunk), the causal 64 x 64 tiles only.
-template <class T>
+template <class T, bool kTC>
 __global__ void __launch_bounds__(kThreads) bwd_cb_kernel(BwdC<T> p) {
-  __shared__ float As[kTileK][kTile + 4], Bs[kTileK][kTile + 4];
+  __shared__ GemmSmem<T, kTC> sm;
   const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
   const int64_t G = p.H / p.hpg, tt = p.ntt;
   const int64_t c = blockIdx.x / (tt * tt), rest = blockIdx.x % (tt * tt);
@@ -1047,8 +1118,8 @@ __global__ void __launch_bounds__(kThreads) bwd_cb_kernel(BwdC<T> p) {
   const int64_t t_base = c * p.cs, K = p.L - t_base < p.cs ? p.L - t_base : p.cs;
   if (s0 > t_lo || t_lo >= K) return;  // uniform over the block
   float acc[4][4] = {};
-  tile_gemm<true, true>(
-      acc, As, Bs, p.N,
+  gemm<true, true>(
+      acc, sm, p.N,
       [&](int m, int64_t k) {
         return t_lo + m < K ? to_float(p.Cm.at(b, t_base + t_lo + m, g, k)) : 0.0f;
       },
@@ -1063,9 +1134,9 @@ __global__ void __launch_bounds__(kThreads) bwd_cb_kernel(BwdC<T> p) {
 }
 
 // With z: recomputes the forward's pre-gate output (as chunk_out does) to form dz and dy'.
-template <class T>
+template <class T, bool kTC>
 __global__ void __launch_bounds__(kThreads) bwd_gate_kernel(BwdC<T> p) {
-  __shared__ float As[kTileK][kTile + 4], Bs[kTileK][kTile + 4];
+  __shared__ GemmSmem<T, kTC> sm;
   __shared__ float Ms[kTile][kLdM];
   const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
   const int64_t c = blockIdx.x / p.ntt, t_lo = (blockIdx.x % p.ntt) * kTile;
@@ -1076,8 +1147,8 @@ __global__ void __launch_bounds__(kThreads) bwd_gate_kernel(BwdC<T> p) {
   if (t_lo >= K) return;
   const float* S0 = p.st + (bh * p.nchunks + c) * p.D * p.N;
   float acc[4][4] = {};
-  tile_gemm<true, true>(
-      acc, As, Bs, p.N,
+  gemm<true, true>(
+      acc, sm, p.N,
       [&](int m, int64_t k) {
         return t_lo + m < K ? to_float(p.Cm.at(b, tb + t_lo + m, g, k)) : 0.0f;
       },
@@ -1102,7 +1173,7 @@ __global__ void __launch_bounds__(kThreads) bwd_gate_kernel(BwdC<T> p) {
               cbt[t * p.cs + s];
         Ms[ty + 16 * i][tx + 16 * j] = w;
       }
-    tile_gemm_sa<false>(acc, Ms, Bs, [&](int k, int n) {
+    gemm_sa<false>(acc, Ms, sm, [&](int k, int n) {
       return s0 + k < K && d0 + n < p.D ? to_float(p.x.at(b, tb + s0 + k, h, d0 + n)) : 0.0f;
     });
   }
@@ -1122,16 +1193,16 @@ __global__ void __launch_bounds__(kThreads) bwd_gate_kernel(BwdC<T> p) {
 }
 
 // U_c[d][n] = sum_t exp(cum_t) dy'_t[d] C_t[n]: the chunk's own term of the state adjoint.
-template <class T>
+template <class T, bool kTC>
 __global__ void __launch_bounds__(kThreads) bwd_ustate_kernel(BwdC<T> p) {
-  __shared__ float As[kTileK][kTile + 4], Bs[kTileK][kTile + 4];
+  __shared__ GemmSmem<T, kTC> sm;
   const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
   const int64_t d0 = (blockIdx.x / p.ntn) * kTile, n0 = (blockIdx.x % p.ntn) * kTile;
   const int64_t c = blockIdx.y, bh = blockIdx.z, b = bh / p.H, h = bh % p.H, g = h / p.hpg;
   const ChunkAt ch = chunk_at(p, c, bh);
   float acc[4][4] = {};
-  tile_gemm<false, false>(
-      acc, As, Bs, ch.K,
+  gemm<false, false>(
+      acc, sm, ch.K,
       [&](int m, int64_t k) {
         return d0 + m < p.D ? expf(static_cast<float>(p.cum[ch.o_base + k])) *
                                   p.dyp_at(b, ch.t_base + k, h, d0 + m)
@@ -1169,9 +1240,9 @@ __global__ void bwd_state_rev_kernel(BwdC<T> p) {
 }
 
 // dx for a (64 tokens s) x (64 columns d) tile, and the per-token partials x_s.R_s and E_s.
-template <class T>
+template <class T, bool kTC>
 __global__ void __launch_bounds__(kThreads) bwd_dx_kernel(BwdC<T> p) {
-  __shared__ float As[kTileK][kTile + 4], Bs[kTileK][kTile + 4];
+  __shared__ GemmSmem<T, kTC> sm;
   __shared__ float Ms[kTile][kLdM];
   const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
   const int64_t c = blockIdx.x / p.ntt, s_lo = (blockIdx.x % p.ntt) * kTile;
@@ -1184,8 +1255,8 @@ __global__ void __launch_bounds__(kThreads) bwd_dx_kernel(BwdC<T> p) {
   const double last = p.cum[ob + p.cs - 1];
   // (B Gc^T)[s][d], kept apart first: E_s needs it without the in-chunk term.
   float acc[4][4] = {};
-  tile_gemm<true, true>(
-      acc, As, Bs, p.N,
+  gemm<true, true>(
+      acc, sm, p.N,
       [&](int m, int64_t k) {
         return s_lo + m < K ? to_float(p.Bm.at(b, tb + s_lo + m, g, k)) : 0.0f;
       },
@@ -1218,7 +1289,7 @@ __global__ void __launch_bounds__(kThreads) bwd_dx_kernel(BwdC<T> p) {
           w = expf(static_cast<float>(p.cum[ob + t] - p.cum[ob + s])) * cbt[t * p.cs + s];
         Ms[ty + 16 * i][tx + 16 * j] = w;
       }
-    tile_gemm_sa<false>(acc, Ms, Bs, [&](int k, int n) {
+    gemm_sa<false>(acc, Ms, sm, [&](int k, int n) {
       return t0 + k < K && d0 + n < p.D ? p.dyp_at(b, tb + t0 + k, h, d0 + n) : 0.0f;
     });
   }
@@ -1246,9 +1317,9 @@ __global__ void __launch_bounds__(kThreads) bwd_dx_kernel(BwdC<T> p) {
 }
 
 // Per-head dB for a (64 tokens s) x (64 columns n) tile.
-template <class T>
+template <class T, bool kTC>
 __global__ void __launch_bounds__(kThreads) bwd_db_kernel(BwdC<T> p) {
-  __shared__ float As[kTileK][kTile + 4], Bs[kTileK][kTile + 4];
+  __shared__ GemmSmem<T, kTC> sm;
   __shared__ float Ms[kTile][kLdM];
   const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
   const int64_t c = blockIdx.x / p.ntt, s_lo = (blockIdx.x % p.ntt) * kTile;
@@ -1264,9 +1335,8 @@ __global__ void __launch_bounds__(kThreads) bwd_db_kernel(BwdC<T> p) {
   };
   // e_s (Gc^T x_s)[n]
   float acc[4][4] = {};
-  tile_gemm<true, false>(acc, As, Bs, p.D, x_sd, [&](int64_t k, int n) {
-    return n0 + n < p.N ? Gc[k * p.N + n0 + n] : 0.0f;
-  });
+  gemm<true, false>(acc, sm, p.D, x_sd,
+                    [&](int64_t k, int n) { return n0 + n < p.N ? Gc[k * p.N + n0 + n] : 0.0f; });
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int64_t s = s_lo + ty + 16 * i;
@@ -1277,7 +1347,7 @@ __global__ void __launch_bounds__(kThreads) bwd_db_kernel(BwdC<T> p) {
   // + sum_{t >= s} W_ts DX_ts C_t: DX tile [s][t] first, then the product with C.
   for (int64_t t0 = s_lo; t0 < K; t0 += kTile) {
     float dxa[4][4] = {};
-    tile_gemm<true, true>(dxa, As, Bs, p.D, x_sd, [&](int64_t k, int n) {
+    gemm<true, true>(dxa, sm, p.D, x_sd, [&](int64_t k, int n) {
       return t0 + n < K ? p.dyp_at(b, tb + t0 + n, h, k) : 0.0f;
     });
 #pragma unroll
@@ -1290,7 +1360,7 @@ __global__ void __launch_bounds__(kThreads) bwd_db_kernel(BwdC<T> p) {
           w = expf(static_cast<float>(p.cum[ob + t] - p.cum[ob + s])) * dxa[i][j];
         Ms[ty + 16 * i][tx + 16 * j] = w;
       }
-    tile_gemm_sa<false>(acc, Ms, Bs, [&](int k, int n) {
+    gemm_sa<false>(acc, Ms, sm, [&](int k, int n) {
       return t0 + k < K && n0 + n < p.N ? to_float(p.Cm.at(b, tb + t0 + k, g, n0 + n)) : 0.0f;
     });
   }
@@ -1309,9 +1379,9 @@ __global__ void __launch_bounds__(kThreads) bwd_db_kernel(BwdC<T> p) {
 
 // Per-head dC for a (64 tokens t) x (64 columns n) tile; the blocks of the first N tile also
 // leave the row and column sums of P, and every block the state part of dcum for its columns.
-template <class T>
+template <class T, bool kTC>
 __global__ void __launch_bounds__(kThreads) bwd_dc_kernel(BwdC<T> p) {
-  __shared__ float As[kTileK][kTile + 4], Bs[kTileK][kTile + 4];
+  __shared__ GemmSmem<T, kTC> sm;
   __shared__ float Ms[kTile][kLdM];
   __shared__ float Pc[kThreads / 16][kTile];
   const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
@@ -1328,9 +1398,8 @@ __global__ void __launch_bounds__(kThreads) bwd_dc_kernel(BwdC<T> p) {
   };
   // exp(cum_t) (S0^T dy'_t)[n]
   float acc[4][4] = {};
-  tile_gemm<true, false>(acc, As, Bs, p.D, dy_td, [&](int64_t k, int n) {
-    return n0 + n < p.N ? S0[k * p.N + n0 + n] : 0.0f;
-  });
+  gemm<true, false>(acc, sm, p.D, dy_td,
+                    [&](int64_t k, int n) { return n0 + n < p.N ? S0[k * p.N + n0 + n] : 0.0f; });
   float rsum[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -1350,7 +1419,7 @@ __global__ void __launch_bounds__(kThreads) bwd_dc_kernel(BwdC<T> p) {
   const float* cbt = p.cbm + ((b * (p.H / p.hpg) + g) * p.nchunks + c) * p.cs * p.cs;
   for (int64_t s0 = 0; s0 <= t_lo; s0 += kTile) {
     float dxa[4][4] = {};
-    tile_gemm<true, true>(dxa, As, Bs, p.D, dy_td, [&](int64_t k, int n) {
+    gemm<true, true>(dxa, sm, p.D, dy_td, [&](int64_t k, int n) {
       return s0 + n < K ? to_float(p.x.at(b, tb + s0 + n, h, k)) : 0.0f;
     });
     float csum[4] = {};
@@ -1374,10 +1443,10 @@ __global__ void __launch_bounds__(kThreads) bwd_dc_kernel(BwdC<T> p) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) Pc[ty][tx + 16 * j] = csum[j];
     }
-    tile_gemm_sa<false>(acc, Ms, Bs, [&](int k, int n) {
+    gemm_sa<false>(acc, Ms, sm, [&](int k, int n) {
       return s0 + k < K && n0 + n < p.N ? to_float(p.Bm.at(b, tb + s0 + k, g, n0 + n)) : 0.0f;
     });
-    // tile_gemm_sa's barriers made Pc visible; nothing writes it again before the next barrier.
+    // gemm_sa's barriers made Pc visible; nothing writes it again before the next barrier.
     if (sums && tid < kTile && s0 + tid < K) {
       float v = 0.0f;
       for (int r = 0; r < kThreads / 16; ++r) v += Pc[r][tid];
@@ -1823,7 +1892,7 @@ inline BwdcLayout bwdc_layout(const ssd::Problem& p) {
   return l;
 }
 
-template <class T>
+template <class T, bool kTC>
 Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
                         const SsdBackwardOp::Arguments& a) {
   BwdC<T> p;
@@ -1864,21 +1933,24 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
     // The forward's chunk-local quantities and the states entering each chunk, recomputed.
     prep_kernel<T><<<dim3(nc, bh), cs, cs * sizeof(double), st>>>(fwd);
     BARACUDA_TRY(cuda::check_launch(op, "prep_kernel"));
-    chunk_state_kernel<T><<<dim3(ntd * ntn, nc, bh), kThreads, 0, st>>>(fwd);
+    if constexpr (kTC)
+      chunk_state_tc_kernel<T><<<dim3(ntd * ntn, nc, bh), kTcThreads, 0, st>>>(fwd);
+    else
+      chunk_state_kernel<T><<<dim3(ntd * ntn, nc, bh), kThreads, 0, st>>>(fwd);
     BARACUDA_TRY(cuda::check_launch(op, "chunk_state_kernel"));
     state_pass_kernel<T>
         <<<dim3(static_cast<unsigned>(cuda::ceil_div(pr.head_dim * pr.state_dim, 256)), bh), 256, 0,
            st>>>(fwd);
     BARACUDA_TRY(cuda::check_launch(op, "state_pass_kernel"));
-    bwd_cb_kernel<T>
+    bwd_cb_kernel<T, kTC>
         <<<dim3(nc * ntt * ntt, static_cast<unsigned>(pr.batch * pr.ngroups)), kThreads, 0, st>>>(
             p);
     BARACUDA_TRY(cuda::check_launch(op, "bwd_cb_kernel"));
     if (pr.has_z) {
-      bwd_gate_kernel<T><<<dim3(nc * ntt, ntd, bh), kThreads, 0, st>>>(p);
+      bwd_gate_kernel<T, kTC><<<dim3(nc * ntt, ntd, bh), kThreads, 0, st>>>(p);
       BARACUDA_TRY(cuda::check_launch(op, "bwd_gate_kernel"));
     }
-    bwd_ustate_kernel<T><<<dim3(ntd * ntn, nc, bh), kThreads, 0, st>>>(p);
+    bwd_ustate_kernel<T, kTC><<<dim3(ntd * ntn, nc, bh), kThreads, 0, st>>>(p);
     BARACUDA_TRY(cuda::check_launch(op, "bwd_ustate_kernel"));
   }
   if (bh64 > 0) {  // with L = 0 this is d_initial_states = d_final_states
@@ -1888,11 +1960,11 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
     BARACUDA_TRY(cuda::check_launch(op, "bwd_state_rev_kernel"));
   }
   if (bh64 > 0 && nc > 0) {
-    bwd_dx_kernel<T><<<dim3(nc * ntt, ntd, bh), kThreads, 0, st>>>(p);
+    bwd_dx_kernel<T, kTC><<<dim3(nc * ntt, ntd, bh), kThreads, 0, st>>>(p);
     BARACUDA_TRY(cuda::check_launch(op, "bwd_dx_kernel"));
-    bwd_db_kernel<T><<<dim3(nc * ntt, ntn, bh), kThreads, 0, st>>>(p);
+    bwd_db_kernel<T, kTC><<<dim3(nc * ntt, ntn, bh), kThreads, 0, st>>>(p);
     BARACUDA_TRY(cuda::check_launch(op, "bwd_db_kernel"));
-    bwd_dc_kernel<T><<<dim3(nc * ntt, ntn, bh), kThreads, 0, st>>>(p);
+    bwd_dc_kernel<T, kTC><<<dim3(nc * ntt, ntn, bh), kThreads, 0, st>>>(p);
     BARACUDA_TRY(cuda::check_launch(op, "bwd_dc_kernel"));
     bwd_finalize_kernel<T><<<dim3(nc, bh), kThreads, 0, st>>>(p);
     BARACUDA_TRY(cuda::check_launch(op, "bwd_finalize_kernel"));
@@ -1953,6 +2025,14 @@ inline size_t chunked_workspace(const ssd::Problem& p, const DeviceCaps&) {
 }
 inline size_t chunked_tc_workspace(const ssd::Problem& p, const DeviceCaps&) {
   return static_cast<size_t>(fwd_layout(p, true).total) * sizeof(float);
+}
+
+inline bool chunked_bwd_fits(const ssd::Problem& p, const DeviceCaps&) {
+  return !p.varlen() && p.batch * p.heads <= kMaxGridYZ && p.batch * p.ngroups <= kMaxGridYZ &&
+         p.nchunks * (p.chunk_size / kTile) * (p.chunk_size / kTile) < (int64_t{1} << 31);
+}
+inline size_t chunked_bwd_workspace(const ssd::Problem& p, const DeviceCaps&) {
+  return static_cast<size_t>(bwdc_layout(p).total) * sizeof(float);
 }
 
 template <DType E>
@@ -2039,17 +2119,27 @@ bool register_kernels() {
               .precision = kF32Det,
               .name = "chunked_f32"},
       .priority = 20,
-      .fits =
-          [](const ssd::Problem& p, const DeviceCaps&) {
-            return !p.varlen() && p.batch * p.heads <= kMaxGridYZ &&
-                   p.batch * p.ngroups <= kMaxGridYZ &&
-                   p.nchunks * (p.chunk_size / kTile) * (p.chunk_size / kTile) < (int64_t{1} << 31);
-          },
-      .workspace = [](const ssd::Problem& p, const DeviceCaps&) -> size_t {
-        return static_cast<size_t>(bwdc_layout(p).total) * sizeof(float);
-      },
-      .launch = backward_chunked<T>,
+      .fits = chunked_bwd_fits,
+      .workspace = chunked_bwd_workspace,
+      .launch = backward_chunked<T, false>,
   });
+  if constexpr (E == DType::f16 || E == DType::bf16) {
+    register_kernel<SsdBackwardOp>({
+        .sku = {.category = "scan",
+                .op = "ssd_backward",
+                .element = E,
+                .epilogue = "chunked",
+                .arch = Arch::sm80,
+                .backend = Backend::bespoke_cuda,
+                .precision = {E == DType::f16 ? MathPrecision::f16 : MathPrecision::bf16,
+                              DType::f32, true, false},
+                .name = "chunked_wmma"},
+        .priority = 30,
+        .fits = chunked_bwd_fits,
+        .workspace = chunked_bwd_workspace,
+        .launch = backward_chunked<T, true>,
+    });
+  }
   register_kernel<SsdDecodeOp>({
       .sku = {.category = "scan",
               .op = "ssd_decode",

@@ -1037,7 +1037,6 @@ TEST_P(SsdPlans, BackwardChunkedShapesOnDevice) {
   const Target target = GetParam();
   if (target == Target::cpu) GTEST_SKIP() << "the chunked backward is a device kernel";
   BARACUDA_SKIP_IF_UNAVAILABLE(target);
-  const auto chunked = PlanPreference::kernel("chunked_f32");
   const Options all{.d_skip = ssd::DSkip::per_channel,
                     .z = true,
                     .dt_bias = true,
@@ -1047,28 +1046,37 @@ TEST_P(SsdPlans, BackwardChunkedShapesOnDevice) {
   const Options gate_clamp{
       .d_skip = ssd::DSkip::per_head, .z = true, .dt_bias = true, .softplus = true, .clamp = true};
   for (int64_t chunk : {64, 128, 256})
-    for (DType dtype : {DType::f32, DType::f16, DType::bf16}) {
-      SCOPED_TRACE(std::string(name(dtype)) + " chunk=" + std::to_string(chunk));
-      run_backward(target, dtype, {2, 300, 4, 64, 64, 2, chunk, all}, Layout::contiguous, chunked);
-      run_backward(target, dtype, {1, 2 * chunk + 5, 8, 64, 128, 1, chunk, gate_clamp},
-                   Layout::padded, chunked);
-      run_backward(target, dtype,
-                   {1, chunk, 2, 48, 40, 2, chunk, {.d_skip = ssd::DSkip::per_channel}},
-                   Layout::permuted, chunked);
-      run_backward(target, dtype, {3, 1, 2, 16, 16, 1, chunk, {.init = true, .final = true}},
-                   Layout::contiguous, chunked);
-      run_backward(target, dtype, {1, 77, 2, 80, 24, 1, chunk, {}}, Layout::contiguous, chunked);
-    }
+    for (DType dtype : {DType::f32, DType::f16, DType::bf16})
+      for (const char* kernel : {"chunked_f32", "chunked_wmma"}) {
+        if (dtype == DType::f32 && std::string_view(kernel) == "chunked_wmma") continue;
+        SCOPED_TRACE(std::string(name(dtype)) + " chunk=" + std::to_string(chunk) + " " + kernel);
+        const auto pref = PlanPreference::kernel(kernel);
+        run_backward(target, dtype, {2, 300, 4, 64, 64, 2, chunk, all}, Layout::contiguous, pref);
+        run_backward(target, dtype, {1, 2 * chunk + 5, 8, 64, 128, 1, chunk, gate_clamp},
+                     Layout::padded, pref);
+        run_backward(target, dtype,
+                     {1, chunk, 2, 48, 40, 2, chunk, {.d_skip = ssd::DSkip::per_channel}},
+                     Layout::permuted, pref);
+        run_backward(target, dtype, {3, 1, 2, 16, 16, 1, chunk, {.init = true, .final = true}},
+                     Layout::contiguous, pref);
+        run_backward(target, dtype, {1, 77, 2, 80, 24, 1, chunk, {}}, Layout::contiguous, pref);
+      }
   run_backward(target, DType::f32, {2, 0, 2, 4, 4, 1, 64, {.init = true, .final = true}},
-               Layout::contiguous, chunked);
+               Layout::contiguous, PlanPreference::kernel("chunked_f32"));
+  run_backward(target, DType::bf16, {2, 0, 2, 4, 4, 1, 64, {.init = true, .final = true}},
+               Layout::contiguous, PlanPreference::kernel("chunked_wmma"));
   // The old recurrent kernel stays registered (varlen, cross-check): same data, same oracle.
   run_backward(target, DType::bf16, {2, 300, 4, 64, 64, 2, 64, all}, Layout::contiguous,
                PlanPreference::kernel("recurrent_deterministic_f32"));
-  // Dense problems select the chunked kernel; varlen falls back to the recurrent one.
+  // Dense problems select a chunked kernel (tensor cores for 16-bit); varlen falls back to the
+  // recurrent one.
   const Stream& stream = harness::stream_for(target);
   auto dense = SsdBackwardPlan::select(stream, describe(1, 64, 2, 8, 8, 1, DType::bf16, {}));
   BARACUDA_ASSERT_OK(dense);
-  EXPECT_EQ(dense->sku().name, "chunked_f32");
+  EXPECT_EQ(dense->sku().name, "chunked_wmma");
+  auto dense32 = SsdBackwardPlan::select(stream, describe(1, 64, 2, 8, 8, 1, DType::f32, {}));
+  BARACUDA_ASSERT_OK(dense32);
+  EXPECT_EQ(dense32->sku().name, "chunked_f32");
   auto packed =
       SsdBackwardPlan::select(stream, describe(1, 64, 2, 8, 8, 1, DType::bf16, {.num_seqs = 2}));
   BARACUDA_ASSERT_OK(packed);
