@@ -1,9 +1,9 @@
 // Benchmarks of the ssd family: the Mamba-2 2.7B layer shape (B=4 L=4096 H=80 D=64 N=128 G=1) and
 // a smaller one (B=8 L=2048 H=32 D=64 N=64 G=1), bf16, chunk 256, forward and backward, plus the
-// decode step on a state of 80 Mi f32 elements. The backward rows are the chunked kernel
-// (chunked_f32, what `select` picks) on both shapes and the old recurrent kernel
-// (recurrent_deterministic_f32) on the small shape, same case name, for the A/B. peers.py times the
-// same case names on the mamba_ssm Triton kernels.
+// decode step on a state of 80 Mi f32 elements. Backward rows: what `select` picks (chunked_wmma)
+// on both shapes, then, under the same case names for the A/B, chunked_f32 on both and the old
+// recurrent_deterministic_f32 on the small one. peers.py times the same case names on the
+// mamba_ssm Triton kernels.
 //
 // FLOPs (the algorithm's useful work, per chunk of length Q, counted the same for every peer):
 //   C.B^T on the causal half, per group:   Q(Q+1)/2 * N multiply-adds
@@ -108,7 +108,7 @@ void run_prefill(const Stream& s, const Case& c, bool backward, std::string_view
                                   .dC = view(*dC, t, {c.B, c.L, c.G, c.N})};
     timing = bench::time_it(
         s, [&](int) { return plan->run(s, ws->as_workspace(), args); }, 1,
-        kernel_pref.empty() ? 30 : 10, 1);
+        kernel_pref == "recurrent_deterministic_f32" ? 10 : 30, 1);
     kernel = plan->sku().name;
     bytes = eb * static_cast<double>(4 * nx + 2 * ndt + 4 * nbc);
     flops *= 2;
@@ -166,8 +166,10 @@ void bench_ssd(const Stream& s) {
   const Case cases[] = {{"B4_L4096_H80_D64_N128_G1", 4, 4096, 80, 64, 128, 1, 256},
                         {"B8_L2048_H32_D64_N64_G1", 8, 2048, 32, 64, 64, 1, 256}};
   for (const Case& c : cases) run_prefill(s, c, false);
-  for (const Case& c : cases) run_prefill(s, c, true);  // chunked_f32
-  // The old recurrent backward, for the A/B: the small case only (245 ms at the large one).
+  for (const Case& c : cases) run_prefill(s, c, true);  // chunked_wmma (bf16)
+  // A/B rows, same case names: the chunked backward on f32 SIMT tiles, and the old recurrent
+  // backward on the small case only (it takes 245 ms on the large one).
+  for (const Case& c : cases) run_prefill(s, c, true, "chunked_f32");
   run_prefill(s, cases[1], true, "recurrent_deterministic_f32");
   run_decode(s);
 }
