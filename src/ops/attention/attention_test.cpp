@@ -881,5 +881,45 @@ TEST_P(AttentionTest, DecodeKernelOnDevice) {
   }
 }
 
+// Every tensor-core forward kernel by name (the default plan reaches only the highest priority one
+// per shape): head dims 32..128 and Dk != Dv, masks, GQA packing, split-K decode shapes, odd
+// lengths, soft-cap, varlen.
+TEST_P(AttentionTest, ForwardKernelsByNameOnDevice) {
+  const Target target = GetParam();
+  if (target == Target::cpu) GTEST_SKIP() << "the tensor-core kernels run on the CUDA target only";
+  BARACUDA_SKIP_IF_UNAVAILABLE(target);
+  const Mask masks[] = {Mask::none(), Mask::causal_top_left(), Mask::causal_bottom_right(),
+                        Mask::sliding_window(100, 30)};
+  const std::pair<int64_t, int64_t> lens[] = {{1, 5000}, {3, 1000}, {129, 600}, {600, 600},
+                                              {17, 17},  {1, 1},    {65, 4097}};
+  const std::pair<int64_t, int64_t> dims[] = {{128, 128}, {64, 64}, {96, 96}, {128, 64}, {32, 32}};
+  for (const char* name : {"flash_fwd_mma_sm80", "flash_fwd_mma_m16_sm80"}) {
+    int n = 0;
+    for (auto [lq, lk] : lens)
+      for (const Mask& mk : masks) {
+        Config c;
+        c.dtype = n % 2 ? DType::f16 : DType::bf16;
+        c.b = lk <= 1000 ? 2 : 1;
+        c.hq = n % 3 == 0 ? 8 : 4, c.hk = n % 3 == 2 ? 4 : 2;
+        c.lq = lq, c.lk = lk;
+        std::tie(c.dk, c.dv) = dims[n % 5];
+        c.mask = mk;
+        c.softcap = n % 6 == 5 ? 30.0 : 0.0;
+        std::string kernel;
+        check_forward(target, c, n % 2 ? Lay::blhd : Lay::bhld, PlanPreference::kernel(name),
+                      &kernel);
+        EXPECT_EQ(kernel, name);
+        ++n;
+      }
+    Config c;  // varlen
+    c.dtype = DType::bf16, c.b = 3, c.hq = 4, c.hk = 1, c.dk = c.dv = 128;
+    c.mask = Mask::causal_bottom_right();
+    c.cu_q = {0, 70, 70, 300}, c.cu_k = {0, 130, 131, 331}, c.lq = 230, c.lk = 200;
+    std::string kernel;
+    check_forward(target, c, Lay::bhld, PlanPreference::kernel(name), &kernel);
+    EXPECT_EQ(kernel, name);
+  }
+}
+
 }  // namespace
 }  // namespace baracuda::attention

@@ -73,6 +73,25 @@ void bench_all(const Stream& stream) {
         const double io = 4.0 * n * 2;  // Q, K, V read, Y written
         bench::emit(stream, {kFamily, "attention_forward", name, "bf16",
                              std::string(fwd->sku().name), ft->median_ms, io, flops, ""});
+        // A/B rows: the other bespoke tensor-core forward kernels, forced by name.
+        for (const char* alt : {"flash_fwd_mma_sm80", "flash_fwd_mma_m16_sm80"}) {
+          if (fwd->sku().name == alt) continue;
+          auto ap = ForwardPlan::select(stream, d, PlanPreference::kernel(alt));
+          if (!ap.ok()) {
+            bench::emit_error(kFamily, "attention_forward", name, ap.error());
+            continue;
+          }
+          Result<Buffer> aws = Buffer::allocate(std::max<size_t>(ap->workspace_size(), 16),
+                                                stream.memory_location());
+          auto at =
+              bench::time_it(stream, [&](int) { return ap->run(stream, aws->as_workspace(), fa); });
+          if (!at.ok()) {
+            bench::emit_error(kFamily, "attention_forward", name, at.error());
+            continue;
+          }
+          bench::emit(stream, {kFamily, "attention_forward", name, "bf16", alt, at->median_ms, io,
+                               flops, "A/B: kernel forced by name"});
+        }
         auto bwd = BackwardPlan::select(stream, d);
         if (!bwd.ok()) {
           bench::emit_error(kFamily, "attention_backward", name, bwd.error());

@@ -158,22 +158,12 @@ __global__ void __launch_bounds__(128) flash_decode(Params p) {
     // Every real row sees all 16 keys: skip the per-element mask.
     const bool full = n0 >= lo1 && n0 + 16 <= hi0;
     uint32_t pf[MT][2][2];
+    prep_scores(sc, p, sl2, n0, tq, lo_r, hi_r, capped, !full);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
       float mx0 = m_r[mt][0], mx1 = m_r[mt][1];
 #pragma unroll
       for (int n = 0; n < 2; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float x = sc[mt][n][e];
-          x = capped ? p.softcap * tanhf(x * p.scale / p.softcap) * log2e : x * sl2;
-          if (!full) {
-            const int col = n0 + n * 8 + 2 * tq + (e & 1);
-            const int hf = e >> 1;
-            if (col < lo_r[mt][hf] || col >= hi_r[mt][hf]) x = -INFINITY;
-          }
-          sc[mt][n][e] = x;
-        }
         mx0 = fmaxf(mx0, fmaxf(sc[mt][n][0], sc[mt][n][1]));
         mx1 = fmaxf(mx1, fmaxf(sc[mt][n][2], sc[mt][n][3]));
       }

@@ -442,6 +442,50 @@ __device__ __forceinline__ void load_tile(T* tile, const T* base, const int64_t 
   }
 }
 
+// Raw scores -> scaled (and soft-capped) scores in the exp2 domain, masked keys -inf. Each variant
+// is straight-line code: a per-element runtime branch (soft-cap on/off, mask needed or not) splits
+// the unrolled tile into hundreds of basic blocks, which keeps the scheduler from overlapping the
+// softmax with the next tile's ldmatrix/mma work.
+template <bool kCap, bool kMask, int MT, int NT>
+__device__ __forceinline__ void scores_to_log2(float (&sc)[MT][NT][4], const Params& p, float sl2,
+                                               int n0, int tq, const int (&lo)[MT][2],
+                                               const int (&hi)[MT][2]) {
+  const float log2e = 1.4426950408889634f;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = sc[mt][n][e];
+        if constexpr (kCap) {
+          x = p.softcap * tanhf(x * p.scale / p.softcap) * log2e;
+        } else {
+          x *= sl2;
+        }
+        if constexpr (kMask) {
+          const int col = n0 + n * 8 + 2 * tq + (e & 1);
+          const int hf = e >> 1;
+          x = col < lo[mt][hf] || col >= hi[mt][hf] ? -INFINITY : x;
+        }
+        sc[mt][n][e] = x;
+      }
+}
+template <int MT, int NT>
+__device__ __forceinline__ void prep_scores(float (&sc)[MT][NT][4], const Params& p, float sl2,
+                                            int n0, int tq, const int (&lo)[MT][2],
+                                            const int (&hi)[MT][2], bool capped, bool masked) {
+  if (capped || masked) {  // the mask test is exact on full tiles too
+    if (capped) {
+      scores_to_log2<true, true>(sc, p, sl2, n0, tq, lo, hi);
+    } else {
+      scores_to_log2<false, true>(sc, p, sl2, n0, tq, lo, hi);
+    }
+  } else {
+    scores_to_log2<false, false>(sc, p, sl2, n0, tq, lo, hi);
+  }
+}
+
 // D: padded head dim; NW warps; BN keys per tile; MT m16 tiles per warp (B fragments loaded from
 // shared memory are reused MT times, which is what keeps ldmatrix from being the bottleneck);
 // QREG keeps the Q fragments in registers for the whole key loop.
@@ -612,7 +656,7 @@ __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
           ldmatrix_x4(smem_u32(tK + swz<D>(r, col)), b0, b1, b2, b3);
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt) {
-            if (!mt_on[mt]) continue;  // warp-uniform: rows past the end need no math
+            if (MT > 1 && !mt_on[mt]) continue;  // warp-uniform: rows past the end need no math
             mma16816<T>(sc[mt][n], a[mt], b0, b1);
             mma16816<T>(sc[mt][n + 1], a[mt], b2, b3);
           }
@@ -622,21 +666,28 @@ __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
       const int n0 = t * BN;
       const bool full = n0 >= lo1 && n0 + BN <= hi0;  // every row of the block sees the whole tile
       uint32_t pf[MT][kSTiles][2];  // P as 16-bit pairs, laid out as mma A fragments
+      // The MmaShapeM16 shapes take the branch-free variants; the MmaShape ones keep the
+      // per-element branches they were measured with (they sit at 255 registers, where the
+      // straight-line variants made ptxas spill).
+      constexpr bool kStraight = MT == 1 && BN == 64;
+      if constexpr (kStraight) prep_scores(sc, p, sl2, n0, tq, lo_r, hi_r, capped, !full);
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
         float mx0 = m_r[mt][0], mx1 = m_r[mt][1];
 #pragma unroll
         for (int n = 0; n < kSTiles; ++n) {
+          if constexpr (!kStraight) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            float x = sc[mt][n][e];
-            x = capped ? p.softcap * tanhf(x * p.scale / p.softcap) * log2e : x * sl2;
-            if (!full) {
-              const int col = n0 + n * 8 + 2 * tq + (e & 1);
-              const int hf = e >> 1;
-              if (col < lo_r[mt][hf] || col >= hi_r[mt][hf]) x = -INFINITY;
+            for (int e = 0; e < 4; ++e) {
+              float x = sc[mt][n][e];
+              x = capped ? p.softcap * tanhf(x * p.scale / p.softcap) * log2e : x * sl2;
+              if (!full) {
+                const int col = n0 + n * 8 + 2 * tq + (e & 1);
+                const int hf = e >> 1;
+                if (col < lo_r[mt][hf] || col >= hi_r[mt][hf]) x = -INFINITY;
+              }
+              sc[mt][n][e] = x;
             }
-            sc[mt][n][e] = x;
           }
           mx0 = fmaxf(mx0, fmaxf(sc[mt][n][0], sc[mt][n][1]));
           mx1 = fmaxf(mx1, fmaxf(sc[mt][n][2], sc[mt][n][3]));
@@ -677,7 +728,7 @@ __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
           ldmatrix_x4_trans(smem_u32(tV + swz<D>(r, col)), b0, b1, b2, b3);
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt) {
-            if (!mt_on[mt]) continue;
+            if (MT > 1 && !mt_on[mt]) continue;
             const uint32_t a[4] = {pf[mt][2 * kk][0], pf[mt][2 * kk][1], pf[mt][2 * kk + 1][0],
                                    pf[mt][2 * kk + 1][1]};
             mma16816<T>(o[mt][d], a, b0, b1);

@@ -50,11 +50,26 @@ struct MmaShape {
   static constexpr bool kQReg = D == 64;
   static constexpr int kRows = 16 * kNW * kMT;
 };
+// The A/B alternative (flash_fwd_mma_m16_sm80): one m16 tile per warp (64-row CTAs) and 64-key
+// tiles at D = 64 and 128. MT = 2 with BN = 32 sits at 253-255 registers at D = 128, which leaves
+// ptxas no room to overlap the next k-step's ldmatrix with the mma chain; MT = 1 needs ~231 with Q
+// in registers and halves the per-key softmax/rescale overhead (BN 32 -> 64), at the cost of
+// reading each K/V tile from shared memory once per 16 rows instead of per 32. D = 256 keeps
+// MmaShape.
+template <int D>
+struct MmaShapeM16 {
+  static constexpr int kNW = 4, kBN = D == 256 ? MmaShape<D>::kBN : 64,
+                       kMT = D == 256 ? MmaShape<D>::kMT : 1;
+  static constexpr bool kQReg = D == 256 ? MmaShape<D>::kQReg : true;
+  static constexpr int kRows = 16 * kNW * kMT;
+};
+template <template <int> class Sh>
 inline int mma_bn(int d) {
-  return d == 64 ? MmaShape<64>::kBN : d == 128 ? MmaShape<128>::kBN : MmaShape<256>::kBN;
+  return d == 64 ? Sh<64>::kBN : d == 128 ? Sh<128>::kBN : Sh<256>::kBN;
 }
+template <template <int> class Sh>
 inline int mma_rows(int d) {
-  return d == 64 ? MmaShape<64>::kRows : d == 128 ? MmaShape<128>::kRows : MmaShape<256>::kRows;
+  return d == 64 ? Sh<64>::kRows : d == 128 ? Sh<128>::kRows : Sh<256>::kRows;
 }
 
 // Keys are split across CTAs only when the (batch, head, query-block) grid cannot fill the GPU
@@ -64,15 +79,17 @@ struct Split {
 };
 // GQA packing (one block per K/V head holding every query head of its group) when the whole group
 // of query rows fits one block: decode and short chunks.
+template <template <int> class Sh>
 inline bool fwd_pack(const Problem& pr) {
-  return pr.group > 1 && pr.desc.len_q * pr.group <= mma_rows(mma_dim(pr));
+  return pr.group > 1 && pr.desc.len_q * pr.group <= mma_rows<Sh>(mma_dim(pr));
 }
+template <template <int> class Sh>
 inline Split fwd_split(const Problem& pr, const DeviceCaps& caps) {
   const Descriptor& d = pr.desc;
-  const int bn = mma_bn(mma_dim(pr));
-  const int64_t blocks = fwd_pack(pr)
-                             ? d.batch * d.heads_kv
-                             : d.batch * d.heads_q * cuda::ceil_div(d.len_q, mma_rows(mma_dim(pr)));
+  const int bn = mma_bn<Sh>(mma_dim(pr));
+  const int64_t blocks =
+      fwd_pack<Sh>(pr) ? d.batch * d.heads_kv
+                       : d.batch * d.heads_q * cuda::ceil_div(d.len_q, mma_rows<Sh>(mma_dim(pr)));
   const int64_t tiles = cuda::ceil_div(d.len_k, bn);
   Split s;
   s.tiles_per_split = static_cast<int>(tiles);
@@ -85,8 +102,9 @@ inline Split fwd_split(const Problem& pr, const DeviceCaps& caps) {
   s.splits = static_cast<int>(cuda::ceil_div(tiles, s.tiles_per_split));
   return s;
 }
-inline size_t fwd_mma_workspace(const Problem& pr, const DeviceCaps& caps) {
-  const Split s = fwd_split(pr, caps);
+template <template <int> class Sh>
+size_t fwd_mma_workspace(const Problem& pr, const DeviceCaps& caps) {
+  const Split s = fwd_split<Sh>(pr, caps);
   if (s.splits <= 1) return 0;
   const Descriptor& d = pr.desc;
   const int64_t rows = d.batch * d.heads_q * d.len_q;
@@ -102,9 +120,9 @@ inline bool rows_aligned(const BasicTensor<Ptr>& t, size_t elem) {
   return true;
 }
 
-template <class T, int D>
+template <class T, int D, template <int> class Sh>
 Status run_mma(const LaunchContext& ctx, const Params& p) {
-  using S = MmaShape<D>;
+  using S = Sh<D>;
   using Cfg = MmaCfg<T, D, S::kNW, S::kBN, S::kMT, S::kQReg>;
   constexpr auto kernel = flash_fwd_mma<T, D, S::kNW, S::kBN, S::kMT, S::kQReg>;
   static const cudaError_t attr = cudaFuncSetAttribute(
@@ -117,7 +135,7 @@ Status run_mma(const LaunchContext& ctx, const Params& p) {
   return cuda::check_launch(ForwardOp::name, "flash_fwd_mma");
 }
 
-template <class T>
+template <class T, template <int> class Sh>
 Status launch_fwd_mma(const LaunchContext& ctx, const Problem& pr, const ForwardArguments& a) {
   // A view whose rows are not 16-byte aligned cannot use cp.async: run the SIMT kernel instead
   // (same results contract; the tensor-core path is the fast path, not a different answer).
@@ -126,23 +144,23 @@ Status launch_fwd_mma(const LaunchContext& ctx, const Problem& pr, const Forward
     return launch_fwd_simt<T, float>(ctx, pr, a);
   Params p = fwd_params(pr, a);
   if (int64_t{p.batch} * p.heads_q * p.len_q == 0) return {};
-  const Split s = fwd_split(pr, ctx.stream.caps());
+  const Split s = fwd_split<Sh>(pr, ctx.stream.caps());
   p.splits = s.splits, p.tiles_per_split = s.tiles_per_split;
-  p.pack = fwd_pack(pr);
+  p.pack = fwd_pack<Sh>(pr);
   const int64_t rows = int64_t{p.batch} * p.heads_q * p.len_q;
   if (s.splits > 1) {
-    if (ctx.workspace.bytes < fwd_mma_workspace(pr, ctx.stream.caps()))
+    if (ctx.workspace.bytes < fwd_mma_workspace<Sh>(pr, ctx.stream.caps()))
       return Error::workspace_too_small(std::string(ForwardOp::name) + ": split-K partials",
-                                        fwd_mma_workspace(pr, ctx.stream.caps()),
+                                        fwd_mma_workspace<Sh>(pr, ctx.stream.caps()),
                                         ctx.workspace.bytes);
     p.o_part = static_cast<float*>(ctx.workspace.data);
     p.lse_part = p.o_part + s.splits * rows * p.dim_v;
   }
   // The padded head dim picks a launch shape (not a dtype dispatch).
   const int dim = mma_dim(pr);
-  const Status st = dim == 64    ? run_mma<T, 64>(ctx, p)
-                    : dim == 128 ? run_mma<T, 128>(ctx, p)
-                                 : run_mma<T, 256>(ctx, p);
+  const Status st = dim == 64    ? run_mma<T, 64, Sh>(ctx, p)
+                    : dim == 128 ? run_mma<T, 128, Sh>(ctx, p)
+                                 : run_mma<T, 256, Sh>(ctx, p);
   if (!st.ok() || s.splits <= 1) return st;
   flash_fwd_combine<T><<<row_blocks(rows), 128, 0, cuda::stream_of(ctx)>>>(p);
   return cuda::check_launch(ForwardOp::name, "flash_fwd_combine");
@@ -304,8 +322,30 @@ bool register_kernels() {
             [](const Problem& pr, const DeviceCaps&) {
               return pr.desc.head_dim_qk % 8 == 0 && pr.desc.head_dim_v % 8 == 0;
             },
-        .workspace = fwd_mma_workspace,
-        .launch = launch_fwd_mma<T>,
+        .workspace = fwd_mma_workspace<MmaShape>,
+        .launch = launch_fwd_mma<T, MmaShape>,
+    });
+    // Same kernel template, MmaShapeM16 launch shapes (D <= 128): unmeasured, so below the kernel
+    // above; the bench's A/B rows (PlanPreference::kernel) decide whether it should be the default.
+    register_kernel<ForwardOp>({
+        .sku = {.category = "attention",
+                .op = ForwardOp::name,
+                .element = E,
+                .aux_element = DType::f32,
+                .layout = "strided",
+                .epilogue = "any_mask",
+                .arch = Arch::sm80,
+                .backend = Backend::bespoke_cuda,
+                .precision = mma,
+                .name = "flash_fwd_mma_m16_sm80"},
+        .priority = 19,
+        .fits =
+            [](const Problem& pr, const DeviceCaps&) {
+              return pr.desc.head_dim_qk % 8 == 0 && pr.desc.head_dim_v % 8 == 0 &&
+                     mma_dim(pr) <= 128;
+            },
+        .workspace = fwd_mma_workspace<MmaShapeM16>,
+        .launch = launch_fwd_mma<T, MmaShapeM16>,
     });
     // Few query rows per K/V head (decode, speculative decoding): above the general kernel; that
     // one stays registered so PlanPreference::kernel("flash_fwd_mma_sm80") can A/B them.
