@@ -1,28 +1,23 @@
-// CUDA kernels of the ssd family, templated on the device element type T (f32
-// math inside).
+// CUDA kernels of the ssd family, templated on the device element type T (f32 math inside).
 //
 // Forward (dense batches): the chunked SSD algorithm of Mamba-2, four launches
-//   1. prep        per (chunk, b, h): v = processed dt, cum = inclusive cumsum
-//   of v*A in the chunk
-//   2. chunk_state per (chunk, b, h, 64x64 tile of [D, N]): S_c = sum_s
-//   exp(cum_last - cum_s) v_s
-//                  x_s (outer) B_s                                        (a [D
-//                  x cs] x [cs x N] GEMM)
-//   3. state_pass  per (b, h, state element): the short scan over chunks; S_c
-//   becomes the state
+//   1. prep        per (chunk, b, h): v = processed dt, cum = inclusive cumsum of v*A in the chunk
+//   2. chunk_state per (chunk, b, h, 64x64 tile of [D, N]):
+//                  S_c = sum_s exp(cum_last - cum_s) v_s x_s (outer) B_s   ([D x cs] x [cs x N])
+//   3. state_pass  per (b, h, state element): the short scan over chunks; S_c becomes the state
 //                  entering chunk c, the last one goes to final_states
 //   4. chunk_out   per (chunk, 64-token tile, 64-column tile of D, b, h):
-//                  y_t = exp(cum_t) C_t . S_c  +  sum_{s<=t} (C_t . B_s)
-//                  exp(cum_t - cum_s) v_s x_s then the D skip and the silu(z)
-//                  gate
-// Varlen forward: one warp per (sequence, head, row d) runs the recurrence
-// (states reset at every sequence start, so chunks that straddle sequences
-// never arise). Backward: one block of 8 warps per (sequence, head, 8 rows of
-// D): a forward sweep leaves a checkpoint every 16 tokens, the reverse sweep
-// recomputes 16 states at a time into shared memory and runs the exact adjoint;
-// sums over D go through per-block partial buffers that small reduction kernels
-// add in a fixed order (deterministic: no float atomics anywhere). Decode: one
-// warp per (b, h, d) row of the state, updated in place.
+//                  y_t = exp(cum_t) C_t . S_c + sum_{s<=t} (C_t . B_s) exp(cum_t - cum_s) v_s x_s,
+//                  then the D skip and the silu(z) gate
+// Varlen forward: one warp per (sequence, head, row d) runs the recurrence (states reset at every
+// sequence start, so chunks that straddle sequences never arise).
+// Backward, dense: the chunked (matrix-form) adjoint, see "backward, chunked" below and
+// docs/perf/ssd.md. Backward, varlen (and the A/B baseline): one block of 8 warps per (sequence,
+// head, 8 rows of D): a forward sweep leaves a checkpoint every 16 tokens, the reverse sweep
+// recomputes 16 states at a time into shared memory and runs the exact adjoint; sums over D go
+// through per-block partial buffers that small reduction kernels add in a fixed order. No float
+// atomics anywhere: every kernel is deterministic. Decode: one warp per (b, h, d) row of the
+// state, updated in place.
 #pragma once
 
 #include <mma.h>
