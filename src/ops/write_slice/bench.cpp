@@ -213,7 +213,8 @@ void run_all(const Stream& s) {
                pin);
     write_case(s, "chunk_64MiB", DType::s4, {3, 16, 1 << 22}, {{1, 3}, {0, 16}, {0, 1 << 22}}, pin);
   }
-  for (std::string_view pin : {"", "kv_2d", "kv_2d_cs", "kv_2d_x8_cs", "kv_2d_flat", "bulk_copy"}) {
+  for (std::string_view pin :
+       {"", "kv_2d", "kv_2d_cs", "kv_2d_x8_cs", "kv_2d_gs", "kv_2d_flat", "bulk_copy"}) {
     write_case(s, "kv2d_T512", DType::bf16, {16, 32, 8192, 128},
                {{0, 16}, {0, 32}, {1000, 1512}, {0, 128}}, pin);
     write_case(s, "kv2d_T2048", DType::s4, {16, 32, 8192, 128},
@@ -228,7 +229,8 @@ void run_all(const Stream& s) {
   for (std::string_view pin : {"", "subbyte_merge"})
     write_case(s, "rows_odd_offset", DType::s4, {4096, 32770}, {{0, 4096}, {1, 32769}}, pin);
   memcpy2d_comparison(s);
-  for (std::string_view pin : {"", "kv_2d", "kv_2d_cs", "kv_2d_x8_cs", "kv_2d_flat", "bulk_copy"})
+  for (std::string_view pin :
+       {"", "kv_2d", "kv_2d_cs", "kv_2d_x8_cs", "kv_2d_gs", "kv_2d_flat", "bulk_copy"})
     decode_cases(s, pin);
 }
 BARACUDA_REGISTER(bench::register_bench(kFamily, run_all));

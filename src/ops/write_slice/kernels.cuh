@@ -80,6 +80,34 @@ __global__ void __launch_bounds__(256)
   }
 }
 
+// One wave of blocks walking tiles of kIlp x blockDim.x units grid-stride: tile t covers units
+// [c, c + kIlp * blockDim.x) of row t / tiles_per_row. Neighbouring blocks take neighbouring tiles
+// (a narrow address band in flight, as in copy_rows_kernel) without scheduling a block per tile.
+template <class V, int kIlp>
+__global__ void __launch_bounds__(256)
+    copy_tiles_kernel(V* __restrict__ dst, const V* __restrict__ src, RowsArgs a,
+                      int64_t tiles_per_row) {
+  const int64_t tile_units = int64_t{kIlp} * blockDim.x;
+  const int64_t tiles = a.rows * tiles_per_row;
+  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const int64_t r = t / tiles_per_row;
+    const int64_t c0 = (t - r * tiles_per_row) * tile_units + threadIdx.x;
+    int64_t doff, soff;
+    row_offsets(a, r, &doff, &soff);
+    V v[kIlp];
+#pragma unroll
+    for (int j = 0; j < kIlp; ++j) {
+      const int64_t c = c0 + int64_t{j} * blockDim.x;
+      if (c < a.inner) v[j] = __ldcs(src + soff + c);
+    }
+#pragma unroll
+    for (int j = 0; j < kIlp; ++j) {
+      const int64_t c = c0 + int64_t{j} * blockDim.x;
+      if (c < a.inner) __stcs(dst + doff + c, v[j]);
+    }
+  }
+}
+
 // Sub-byte windows that start or end inside a byte. Each thread owns one destination byte of a
 // row and writes it once: the window's bits come from the source (which may sit at a different
 // bit phase), the other bits of that byte are kept. No byte has two writers, so no atomics and no

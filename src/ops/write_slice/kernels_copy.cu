@@ -54,9 +54,30 @@ Status launch_rows(const LaunchContext& ctx, std::string_view kernel, char* dst,
   return cuda::check_launch(WriteSliceOp::name, kernel);
 }
 
+// Rows of at least one 256-thread tile: one wave of copy_tiles_kernel blocks.
+template <class V>
+Status launch_tiles(const LaunchContext& ctx, std::string_view kernel, char* dst, const char* src,
+                    const RowsArgs& a) {
+  constexpr int kIlp = 8, kThreads = 256;
+  static const int per_sm = [] {
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, copy_tiles_kernel<V, kIlp>, kThreads,
+                                                      0) != cudaSuccess ||
+        n < 1)
+      n = 1;
+    return n;
+  }();
+  const int sms = ctx.stream.caps().sm_count > 0 ? ctx.stream.caps().sm_count : 128;
+  const int64_t tiles_per_row = cuda::ceil_div(a.inner, int64_t{kIlp} * kThreads);
+  const int64_t blocks = std::clamp<int64_t>(a.rows * tiles_per_row, 1, int64_t{sms} * per_sm);
+  copy_tiles_kernel<V, kIlp><<<static_cast<unsigned>(blocks), kThreads, 0, cuda::stream_of(ctx)>>>(
+      reinterpret_cast<V*>(dst), reinterpret_cast<const V*>(src), a, tiles_per_row);
+  return cuda::check_launch(WriteSliceOp::name, kernel);
+}
+
 template <int kIlp, bool kStreaming>
 Status copy_rows_as(const LaunchContext& ctx, std::string_view kernel, char* dst, const char* src,
-                    const CopyShape& c) {
+                    const CopyShape& c, bool tiles) {
   // The widest unit every address, stride and the run length are multiples of: 16-byte accesses
   // on aligned data, an exact narrower fallback otherwise.
   int64_t u = widest_unit({c.inner_bytes, static_cast<int64_t>(reinterpret_cast<uintptr_t>(dst)),
@@ -64,6 +85,20 @@ Status copy_rows_as(const LaunchContext& ctx, std::string_view kernel, char* dst
   for (int k = 0; k < c.outer_rank; ++k)
     u = std::min(u, widest_unit({c.dst_stride[k], c.src_stride[k]}));
   const RowsArgs a = rows_args(c, u, c.inner_bytes / u);
+  if (tiles) {
+    switch (u) {
+      case 16:
+        return launch_tiles<uint4>(ctx, kernel, dst, src, a);
+      case 8:
+        return launch_tiles<uint2>(ctx, kernel, dst, src, a);
+      case 4:
+        return launch_tiles<uint32_t>(ctx, kernel, dst, src, a);
+      case 2:
+        return launch_tiles<uint16_t>(ctx, kernel, dst, src, a);
+      default:
+        return launch_tiles<uint8_t>(ctx, kernel, dst, src, a);
+    }
+  }
   switch (u) {
     case 16:
       return launch_rows<uint4, kIlp, kStreaming>(ctx, kernel, dst, src, a);
@@ -83,9 +118,9 @@ Status copy_rows_as(const LaunchContext& ctx, std::string_view kernel, char* dst
 Status copy_rows(const LaunchContext& ctx, std::string_view kernel, char* dst, const char* src,
                  const CopyShape& c, RowsVariant v) {
   if (c.rows == 0 || c.inner_bytes == 0) return {};
-  if (v.ilp == 8) return copy_rows_as<8, true>(ctx, kernel, dst, src, c);
-  return v.streaming ? copy_rows_as<4, true>(ctx, kernel, dst, src, c)
-                     : copy_rows_as<4, false>(ctx, kernel, dst, src, c);
+  if (v.ilp == 8) return copy_rows_as<8, true>(ctx, kernel, dst, src, c, v.one_wave);
+  return v.streaming ? copy_rows_as<4, true>(ctx, kernel, dst, src, c, false)
+                     : copy_rows_as<4, false>(ctx, kernel, dst, src, c, false);
 }
 
 Status merge_bits(const LaunchContext& ctx, char* dst, const char* src, const CopyShape& c) {

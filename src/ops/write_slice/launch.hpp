@@ -11,10 +11,13 @@ namespace baracuda::write_slice_cuda {
 
 // Copies rows of contiguous bytes (the byte-level CopyShape) with the widest access unit that the
 // addresses, strides and run length allow (16 bytes when they are all 16-byte multiples).
-// `RowsVariant`: units in flight per thread (4 or 8) and evict-first accesses (ilp 8 streams).
+// `RowsVariant`: units in flight per thread (4 or 8) and evict-first accesses (ilp 8 streams);
+// `one_wave` (ilp 8 only): one wave of blocks walking the tiles grid-stride instead of a block
+// per tile.
 struct RowsVariant {
   int ilp = 4;
   bool streaming = false;
+  bool one_wave = false;
 };
 Status copy_rows(const LaunchContext& ctx, std::string_view kernel, char* dst, const char* src,
                  const write_slice_detail::CopyShape& c, RowsVariant v = {});

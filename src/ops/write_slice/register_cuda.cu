@@ -43,6 +43,12 @@ Status launch_pitched_x8_cs(const LaunchContext& ctx, const Problem& p, const Ar
                                      {.ilp = 8, .streaming = true});
 }
 
+Status launch_pitched_gs(const LaunchContext& ctx, const Problem& p, const Arguments& a) {
+  return write_slice_cuda::copy_rows(ctx, "kv_2d_gs", dest_origin(p, a),
+                                     static_cast<const char*>(a.source.data), p.copy,
+                                     {.ilp = 8, .streaming = true, .one_wave = true});
+}
+
 Status launch_generic(const LaunchContext& ctx, const Problem& p, const Arguments& a) {
   if (p.path == Path::empty) return {};
   return write_slice_cuda::copy_rows(ctx, "generic_v16", dest_origin(p, a),
@@ -120,7 +126,8 @@ bool register_cuda() {
         .fits = [](const Problem& p, const DeviceCaps&) { return p.path == Path::pitched_2d; },
         .launch = launch_pitched,
     });
-    // A/B variants of kv_2d's kernel: evict-first accesses, and 8 units in flight per thread.
+    // A/B variants of kv_2d's kernel: evict-first accesses, 8 units in flight per thread, one
+    // wave walking the tiles.
     register_kernel<WriteSliceOp>({
         .sku = sku(t, "write_slice", "kv_2d", "kv_2d_cs"),
         .priority = 27,
@@ -132,6 +139,12 @@ bool register_cuda() {
         .priority = 26,
         .fits = [](const Problem& p, const DeviceCaps&) { return p.path == Path::pitched_2d; },
         .launch = launch_pitched_x8_cs,
+    });
+    register_kernel<WriteSliceOp>({
+        .sku = sku(t, "write_slice", "kv_2d", "kv_2d_gs"),
+        .priority = 25,
+        .fits = [](const Problem& p, const DeviceCaps&) { return p.path == Path::pitched_2d; },
+        .launch = launch_pitched_gs,
     });
     register_kernel<WriteSliceOp>({
         .sku = sku(t, "write_slice", "kv_2d", "kv_2d_flat"),

@@ -195,8 +195,17 @@ std::vector<int64_t> extents_of(const Ranges& r) {
 // its priority. The CPU reference is one kernel. "" = the default plan.
 std::vector<std::string_view> variants_for(Target t) {
   if (t == Target::cpu) return {""};
-  return {"",          "kv_2d",        "kv_2d_cs",    "kv_2d_x8_cs",         "kv_2d_flat",
-          "bulk_copy", "generic_flat", "generic_v16", "subbyte_merge_words", "subbyte_merge"};
+  return {"",
+          "kv_2d",
+          "kv_2d_cs",
+          "kv_2d_x8_cs",
+          "kv_2d_gs",
+          "kv_2d_flat",
+          "bulk_copy",
+          "generic_flat",
+          "generic_v16",
+          "subbyte_merge_words",
+          "subbyte_merge"};
 }
 std::string variant_trace(std::string_view pin) {
   return pin.empty() ? "default plan" : "pinned to " + std::string(pin);
@@ -478,8 +487,8 @@ TEST_P(WriteSlice, LargeShapesOnDevice) {
         }
     }
   }
-  ran.expect(target, {"kv_2d", "kv_2d_cs", "kv_2d_x8_cs", "kv_2d_flat", "bulk_copy", "generic_flat",
-                      "generic_v16", "subbyte_merge_words", "subbyte_merge"});
+  ran.expect(target, {"kv_2d", "kv_2d_cs", "kv_2d_x8_cs", "kv_2d_gs", "kv_2d_flat", "bulk_copy",
+                      "generic_flat", "generic_v16", "subbyte_merge_words", "subbyte_merge"});
 }
 
 // FastDiv (fastdiv.hpp) against `/` and `%` on divisors and dividends around every power of two,
