@@ -10,7 +10,7 @@
 //    CTA): the memory system needs tens of KB in flight per SM to reach its bandwidth.
 //  - All four warps compute: warp w takes keys [16w, 16w + 16) of every tile and keeps its own f32
 //    online softmax (m, l, O); the warps' states are merged through shared memory at the end in
-//    warp order, and the splits' normalized partials by flash_fwd_combine in split order. Every
+//    warp order, and the splits' normalized partials by flash_decode_combine in split order. Every
 //    order is fixed, so results are deterministic for a given plan (the split count depends on
 //    the problem size and the device, so bits are not stable across batch sizes).
 #pragma once
@@ -45,6 +45,11 @@ __global__ void __launch_bounds__(128) flash_decode(Params p) {
   T* sK = sQ + kRows * D;
   T* sV = sK + kStages * kBN * D;
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // Lets the combine grid (launched with programmatic stream serialization) get resident now and
+  // wait in griddepcontrol.wait, instead of paying its launch after the last CTA here retires.
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
   int lin = blockIdx.x;
   const int hk = lin % p.heads_kv;
   lin /= p.heads_kv;
@@ -52,7 +57,7 @@ __global__ void __launch_bounds__(128) flash_decode(Params p) {
   const int b = lin / p.splits;
   const SeqRows s = seq_rows(p, b);
   const int rows_total = p.group * s.lq;  // <= kRows (the kernel's fits predicate)
-  if (rows_total == 0) return;            // flash_fwd_combine skips these rows as well
+  if (rows_total == 0) return;            // flash_decode_combine skips these rows as well
   const int h_base = hk * p.group;
 
   // Keys any row sees: the band is monotone in the query index, so the first row's lo and the
@@ -265,7 +270,7 @@ __global__ void __launch_bounds__(128) flash_decode(Params p) {
     }
     v0 *= sInv[r], v1 *= sInv[r];
     const int h = h_base + r / s.lq, i = r % s.lq;
-    if (p.splits > 1) {  // normalized f32 partial + LSE, merged by flash_fwd_combine
+    if (p.splits > 1) {  // normalized f32 partial + LSE, merged by flash_decode_combine
       const int64_t ridx = split * rows + (int64_t{b} * p.heads_q + h) * p.len_q + i;
       *reinterpret_cast<float2*>(p.o_part + ridx * dv + col) = make_float2(v0, v1);
       if (col == 0) p.lse_part[ridx] = sLse[r];
@@ -276,6 +281,72 @@ __global__ void __launch_bounds__(128) flash_decode(Params p) {
         static_cast<float*>(p.lse)[detail::lse_offset(p.sl, p.varlen, b, h, s.q0 + i)] = sLse[r];
     }
   }
+}
+
+// Merges the splits of each row (one warp per row): y = sum_s w_s o_s / sum_s w_s with
+// w_s = exp(lse_s - max), lse = max + log(sum_s w_s). Latency, not bandwidth, bounds it (a few
+// hundred KB in total), so lanes own splits for the max and the weights, and the partial rows are
+// read as float4 with eight splits' loads in flight. Sums run in split order per column and in a
+// fixed shuffle tree for the weights: deterministic.
+template <class T>
+__global__ void __launch_bounds__(128) flash_decode_combine(Params p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // Launched early (programmatic dependent launch): wait for flash_decode to complete and its
+  // partials to be visible. A no-op when launched normally.
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+  const int lane = threadIdx.x % 32;
+  const int64_t row = int64_t{blockIdx.x} * 4 + threadIdx.x / 32;
+  const int i = static_cast<int>(row % p.len_q);
+  const int h = static_cast<int>((row / p.len_q) % p.heads_q);
+  const int b = static_cast<int>(row / (int64_t{p.len_q} * p.heads_q));
+  if (b >= p.batch) return;
+  const SeqRows s = seq_rows(p, b);
+  if (i >= s.lq) return;
+  const int64_t rows = int64_t{p.batch} * p.heads_q * p.len_q;
+  // Every split writes each of its rows (LSE -inf where it saw no key), so all take part.
+  float mx = -INFINITY;
+  for (int sp = lane; sp < p.splits; sp += 32) mx = fmaxf(mx, p.lse_part[sp * rows + row]);
+#pragma unroll
+  for (int o2 = 16; o2 > 0; o2 >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o2));
+  const int dv = p.dim_v;  // a multiple of 8 (the decode kernel's fits)
+  float4 acc[2] = {make_float4(0.f, 0.f, 0.f, 0.f), make_float4(0.f, 0.f, 0.f, 0.f)};
+  float wsum = 0.f;
+  if (mx > -INFINITY) {
+    for (int base = 0; base < p.splits; base += 32) {
+      const int mine = base + lane;
+      const float w_mine = mine < p.splits ? expf(p.lse_part[mine * rows + row] - mx) : 0.f;
+      wsum += w_mine;
+      const int n = min(32, p.splits - base);
+#pragma unroll 8
+      for (int j = 0; j < n; ++j) {
+        const float w = __shfl_sync(0xffffffffu, w_mine, j);
+        const float* src = p.o_part + ((base + j) * rows + row) * dv;
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          const int c = 4 * lane + 128 * u;
+          if (c < dv) {
+            const float4 x = *reinterpret_cast<const float4*>(src + c);
+            acc[u].x += w * x.x, acc[u].y += w * x.y, acc[u].z += w * x.z, acc[u].w += w * x.w;
+          }
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int o2 = 16; o2 > 0; o2 >>= 1) wsum += __shfl_xor_sync(0xffffffffu, wsum, o2);
+  T* y = static_cast<T*>(p.out) + detail::row_offset(p.sy, p.varlen, b, h, s.q0 + i);
+  const float inv = wsum > 0 ? 1.f / wsum : 0.f;
+#pragma unroll
+  for (int u = 0; u < 2; ++u) {
+    const int c = 4 * lane + 128 * u;
+    if (c < dv)
+      *reinterpret_cast<uint2*>(y + c) = make_uint2(pack2<T>(acc[u].x * inv, acc[u].y * inv),
+                                                    pack2<T>(acc[u].z * inv, acc[u].w * inv));
+  }
+  if (lane == 0)
+    static_cast<float*>(p.lse)[detail::lse_offset(p.sl, p.varlen, b, h, s.q0 + i)] =
+        wsum > 0 ? mx + logf(wsum) : -INFINITY;
 }
 
 // ---- host side ----------------------------------------------------------------------------------
@@ -347,6 +418,35 @@ Status run_decode(const LaunchContext& ctx, const Params& p) {
   return cuda::check_launch(ForwardOp::name, "flash_decode");
 }
 
+// Programmatic dependent launch only where the combine's loaded binary has the griddepcontrol.wait
+// (sm_90+ code): launched early without it, the combine would race the decode grid.
+template <class T>
+Status launch_decode_combine(const LaunchContext& ctx, const Params& p, int64_t rows) {
+  static const bool pdl = [] {
+    cudaFuncAttributes fa{};
+    return cudaFuncGetAttributes(&fa, flash_decode_combine<T>) == cudaSuccess &&
+           fa.binaryVersion >= 90;
+  }();
+  const unsigned blocks = row_blocks(rows);
+  if (!pdl) {
+    flash_decode_combine<T><<<blocks, 128, 0, cuda::stream_of(ctx)>>>(p);
+    return cuda::check_launch(ForwardOp::name, "flash_decode_combine");
+  }
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(blocks);
+  cfg.blockDim = dim3(128);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = cuda::stream_of(ctx);
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  if (const cudaError_t e = cudaLaunchKernelEx(&cfg, flash_decode_combine<T>, p); e != cudaSuccess)
+    return cuda::cuda_error(ForwardOp::name, "flash_decode_combine", e);
+  return cuda::check_launch(ForwardOp::name, "flash_decode_combine");
+}
+
 template <class T>
 Status launch_decode(const LaunchContext& ctx, const Problem& pr, const ForwardArguments& a) {
   // cp.async needs 16-byte aligned rows; otherwise the SIMT kernel runs (same contract).
@@ -373,8 +473,7 @@ Status launch_decode(const LaunchContext& ctx, const Problem& pr, const ForwardA
                         ? (two ? run_decode<T, 128, 2>(ctx, p) : run_decode<T, 128, 1>(ctx, p))
                         : run_decode<T, 256, 1>(ctx, p);
   if (!st.ok() || p.splits <= 1) return st;
-  flash_fwd_combine<T><<<row_blocks(rows), 128, 0, cuda::stream_of(ctx)>>>(p);
-  return cuda::check_launch(ForwardOp::name, "flash_fwd_combine");
+  return launch_decode_combine<T>(ctx, p, rows);
 }
 
 }  // namespace baracuda::attention::kernels
