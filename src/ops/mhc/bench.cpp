@@ -3,6 +3,7 @@
 // outputs written once), so % of the copy ceiling measured in the same run is the figure to read.
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "baracuda/ops/mhc.hpp"
@@ -88,7 +89,7 @@ void run_case(const Stream& s, DType dt) {
   d.norm_eps = 1e-6;
   for (MhcH h : {MhcH::static_h, MhcH::dynamic_h}) {
     d.h = h;
-    const std::string nm = name + "_" + std::string(to_string(h));
+    const std::string nm0 = name + "_" + std::string(to_string(h)), nm = nm0;
     const int64_t rows = h == MhcH::static_h ? 1 : T;
     MhcParams w;
     if (h == MhcH::static_h) {
@@ -98,8 +99,12 @@ void run_case(const Stream& s, DType dt) {
       w.fn = cview(*fn, DType::f32, {K, n * C}, s), w.scale = cview(*scale, DType::f32, {3}, s);
       w.base = cview(*base, DType::f32, {K}, s);
     }
-    {
-      auto plan = MhcCollapsePlan::select(s, d);
+    // Dynamic H also runs pinned to the split-K kernel: the "<case>@collapse" row is the A/B.
+    for (std::string_view pin : {std::string_view{}, std::string_view{"collapse"}}) {
+      if (!pin.empty() && h == MhcH::static_h) continue;
+      const std::string cname = pin.empty() ? nm0 : nm0 + "@" + std::string(pin);
+      auto plan = MhcCollapsePlan::select(
+          s, d, pin.empty() ? PlanPreference::fastest() : PlanPreference::kernel(pin));
       MHC_BENCH_TRY(plan, "mhc_collapse");
       auto ws = workspace_for(s, *plan);
       MHC_BENCH_TRY(ws, "mhc_collapse");
@@ -108,7 +113,7 @@ void run_case(const Stream& s, DType dt) {
       auto t = bench::time_it(s, [&](int) { return plan->run(s, ws->as_workspace(), a); });
       MHC_BENCH_TRY(t, "mhc_collapse");
       const double flops = h == MhcH::dynamic_h ? 2.0 * T * K * n * C : 2.0 * T * n * C;
-      emit("mhc_collapse", nm, std::string(plan->sku().name), t->median_ms, xb + rowb, 0,
+      emit("mhc_collapse", cname, std::string(plan->sku().name), t->median_ms, xb + rowb, 0,
            h == MhcH::dynamic_h ? "read X + write y; includes the [T, nC] x [nC, 24] product (" +
                                       std::to_string(flops / t->median_ms / 1e9) + " TFLOP/s)"
                                 : "read X + write y");

@@ -7,7 +7,10 @@
 // deterministic.
 #pragma once
 
+#include <cooperative_groups.h>
+
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 
 #include "baracuda/ops/mhc.hpp"
@@ -19,6 +22,9 @@ namespace {
 
 using cuda::from_float;
 using cuda::to_float;
+
+// Streams kept in registers by the elementwise kernels (more are re-read through L1).
+constexpr int kRegN = 8;
 
 // ---- small helpers
 // --------------------------------------------------------------------------------
@@ -137,12 +143,9 @@ struct ActivateArgs {
 __host__ __device__ inline int activate_slot(int n) {
   return n * n + 1;
 }
-__global__ void activate_kernel(ActivateArgs a) {
-  extern __shared__ float scratch[];
-  const int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (r >= a.rows) return;
+// Row r of the coefficients; p: activate_slot(n) floats of shared memory.
+__device__ inline void activate_row(const ActivateArgs& a, int64_t r, float* p) {
   const int n = a.n, nn = n * n;
-  float* p = scratch + threadIdx.x * activate_slot(n);
   float* o = a.out + r * a.out_stride;
   float* lg = a.logits ? a.logits + r * a.k : nullptr;
   float inv_rms = 0;
@@ -179,6 +182,12 @@ __global__ void activate_kernel(ActivateArgs a) {
   const int steps = 2 * a.sk.iters - 1;
   sinkhorn_inplace(p, n, a.sk, a.trace ? a.trace + r * static_cast<int64_t>(steps) * nn : nullptr);
   for (int k = 0; k < nn; ++k) o[2 * n + k] = p[k];
+}
+__global__ void activate_kernel(ActivateArgs a) {
+  extern __shared__ float scratch[];
+  const int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (r >= a.rows) return;
+  activate_row(a, r, scratch + threadIdx.x * activate_slot(a.n));
 }
 
 // Backward of activate: dlogits [rows, K] from logits, dcoeffs (both dense) and the trace.
@@ -331,6 +340,241 @@ __global__ void __launch_bounds__(kLogitThreads)
   if (blockIdx.y == 0 && tid % 2 == 0 && tok < a.tokens) a.ss[blockIdx.z * a.tokens + tok] = sq;
 }
 
+// ---- dynamic H collapse in one pass over X (sm_90 thread-block clusters) ----------------------
+// The split-K path above reads X twice (logits, then the weighted sum). Here a cluster of kDynCtas
+// CTAs keeps a tile of M tokens' whole X rows in shared memory: CTA r holds channels [c0, c0 + cw)
+// of every stream (a 1/kDynCtas slice of n * C), computes the partial sum of squares and the K
+// partial dot products of its slice, the partials are summed across the cluster through distributed
+// shared memory, and every CTA then writes the collapse of its own channels from shared memory. X
+// is read from HBM once; fn is re-read from L2 once per tile. The comb part of coeffs leaves this
+// kernel as logits; comb_sinkhorn_kernel finishes it (the Sinkhorn chain is long and serial, so it
+// must not stall the streaming kernel).
+//
+// Products: lane = (token group tg of 8, k group kg of 4); a lane accumulates TPL tokens (tg + 8 j)
+// x kDynKpl outputs over its warp's contiguous part of the slice; warps split the slice 8 ways.
+// Every sum has a fixed shape that depends on (n, C) only, never on the token count or a token's
+// slot in the tile: deterministic and bit-stable.
+constexpr int kDynCtas = 8, kDynThreads = 256, kDynWarps = kDynThreads / 32;
+constexpr int kDynTg = 8, kDynKg = 4, kDynKpl = 6, kDynKpass = kDynKg * kDynKpl;
+// Tokens per tile / kDynTg: the largest tile whose rows fit in shared memory at n * C = 16384.
+template <class T>
+constexpr int dyn_tpl() {
+  return sizeof(T) == 4 ? 3 : 5;
+}
+struct DynArgs {
+  int64_t tokens = 0, channels = 0, tiles = 0;
+  int64_t x_st = 0, x_si = 0, y_st = 0, co_stride = 0;
+  int n = 0, k = 0;
+  int q = 0;      // 16-byte chunks per stream row (C / VEC)
+  int pitch = 0;  // shared-memory elements per token row
+  const float* fn = nullptr;
+  int64_t fn_stride = 0;
+  const float* scale = nullptr;
+  const float* base = nullptr;
+  float inv_flat = 0, norm_eps = 0, pre_eps = 0;
+  float* co = nullptr;
+};
+// Shared memory: X tile [M][pitch] T, then f32: per-warp partials [warps][M][kDynKpass], per-warp
+// sums of squares [warps][M], the CTA's partials [2][M][K + 1] (double-buffered: a peer may still
+// read tile b's while this CTA writes tile b + 1's), cluster totals [M][K + 1], pre [M][n].
+template <class T>
+__host__ __device__ inline size_t dyn_smem_bytes(int64_t m, int64_t pitch, int64_t n, int64_t k) {
+  return static_cast<size_t>(
+      m * pitch * static_cast<int64_t>(sizeof(T)) +
+      4 * (kDynWarps * m * kDynKpass + kDynWarps * m + 3 * m * (k + 1) + m * n));
+}
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+
+template <class T, int TPL>
+__global__ void __launch_bounds__(kDynThreads, 1)
+    dyn_collapse_kernel(T* __restrict__ y, const T* __restrict__ x, DynArgs a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  constexpr int M = kDynTg * TPL;
+  constexpr int VEC = 16 / static_cast<int>(sizeof(T));
+  extern __shared__ __align__(16) unsigned char dyn_smem[];
+  const int n = a.n, K = a.k, kp1 = a.k + 1;
+  T* xs = reinterpret_cast<T*>(dyn_smem);
+  float* wpart = reinterpret_cast<float*>(dyn_smem + static_cast<size_t>(M) * a.pitch * sizeof(T));
+  float* wss = wpart + kDynWarps * M * kDynKpass;
+  float* cpart = wss + kDynWarps * M;
+  float* tot = cpart + 2 * M * kp1;
+  float* pres = tot + M * kp1;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int64_t ncl = gridDim.x / kDynCtas;
+  const int qs = static_cast<int>(static_cast<int64_t>(rank) * a.q / kDynCtas);
+  const int qe = static_cast<int>(static_cast<int64_t>(rank + 1) * a.q / kDynCtas);
+  const int nch = qe - qs, cw = nch * VEC;
+  const int64_t c0 = static_cast<int64_t>(qs) * VEC;
+  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  const int tg = lane >> 2, kg = lane & 3;
+  const int items = M * nch;  // (token slot, 16-byte chunk) pairs; one owner thread each
+
+  // The owner of an item loads it, and later collapses it and refills it with the next tile's
+  // data, so the refill needs no barrier.
+  auto load_item = [&](int64_t tile, int item) {
+    const int t = item / nch, ch = item - t * nch;
+    const int64_t tok = tile * M + t;
+    T* dst = xs + static_cast<int64_t>(t) * a.pitch + ch * VEC;
+    if (tok < a.tokens) {
+      const T* src = x + tok * a.x_st + c0 + ch * VEC;
+      for (int i = 0; i < n; ++i) cp_async16(dst + i * cw, src + i * a.x_si);
+    } else {  // tail slots: zeros, so the discarded products never read uninitialized memory
+      for (int i = 0; i < n; ++i) *reinterpret_cast<uint4*>(dst + i * cw) = make_uint4(0, 0, 0, 0);
+    }
+  };
+
+  const float* peer[kDynCtas];
+#pragma unroll
+  for (int r = 0; r < kDynCtas; ++r) peer[r] = cluster.map_shared_rank(cpart, r);
+
+  int64_t tile = blockIdx.x / kDynCtas;
+  if (tile < a.tiles)
+    for (int it = tid; it < items; it += kDynThreads) load_item(tile, it);
+  const int groups = cw * n / 4;  // 4-element groups of the slice (cw is a multiple of 4)
+  const int g0 = warp * groups / kDynWarps, g1 = (warp + 1) * groups / kDynWarps;
+  for (int buf = 0; tile < a.tiles; tile += ncl, buf ^= 1) {
+    cp_async_wait_all();
+    __syncthreads();
+    float* cp = cpart + buf * M * kp1;
+    for (int kb = 0; kb < K; kb += kDynKpass) {
+      float acc[TPL][kDynKpl] = {};
+      float ss[TPL] = {};
+      const float* frow[kDynKpl];
+#pragma unroll
+      for (int kk = 0; kk < kDynKpl; ++kk)
+        frow[kk] = a.fn + static_cast<int64_t>(min(kb + kg * kDynKpl + kk, K - 1)) * a.fn_stride;
+      // Stream by stream, so the inner loop is a plain strided walk the compiler can unroll with
+      // all fn loads of the unrolled steps issued up front.
+      for (int i = 0; i < n; ++i) {
+        const int lo = max(g0, i * (cw / 4)), hi = min(g1, (i + 1) * (cw / 4));
+        const int64_t col0 =
+            i * a.channels + c0 - i * cw;  // fn column of slice element e: col0 + e
+#pragma unroll 4
+        for (int g = lo; g < hi; ++g) {
+          const int e = g * 4;
+          const int64_t col = col0 + e;
+          float4 f[kDynKpl];
+#pragma unroll
+          for (int kk = 0; kk < kDynKpl; ++kk)
+            f[kk] = __ldg(reinterpret_cast<const float4*>(frow[kk] + col));
+#pragma unroll
+          for (int j = 0; j < TPL; ++j) {
+            float xv[4];
+            load_vec<T, 4>(xs + (tg + kDynTg * j) * a.pitch + e, xv);
+            if (kb == 0)
+#pragma unroll
+              for (int v = 0; v < 4; ++v) ss[j] = fmaf(xv[v], xv[v], ss[j]);
+#pragma unroll
+            for (int kk = 0; kk < kDynKpl; ++kk) {
+              acc[j][kk] = fmaf(xv[0], f[kk].x, acc[j][kk]);
+              acc[j][kk] = fmaf(xv[1], f[kk].y, acc[j][kk]);
+              acc[j][kk] = fmaf(xv[2], f[kk].z, acc[j][kk]);
+              acc[j][kk] = fmaf(xv[3], f[kk].w, acc[j][kk]);
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < TPL; ++j) {
+#pragma unroll
+        for (int kk = 0; kk < kDynKpl; ++kk)
+          wpart[(warp * M + tg + kDynTg * j) * kDynKpass + kg * kDynKpl + kk] = acc[j][kk];
+        if (kb == 0 && kg == 0) wss[warp * M + tg + kDynTg * j] = ss[j];
+      }
+      __syncthreads();
+      for (int it = tid; it < M * kDynKpass; it += kDynThreads) {
+        const int t = it / kDynKpass, kk = it - t * kDynKpass;
+        if (kb + kk >= K) continue;
+        float s = 0;
+#pragma unroll
+        for (int w = 0; w < kDynWarps; ++w) s += wpart[(w * M + t) * kDynKpass + kk];
+        cp[t * kp1 + kb + kk] = s;
+      }
+      if (kb == 0)
+        for (int t = tid; t < M; t += kDynThreads) {
+          float s = 0;
+#pragma unroll
+          for (int w = 0; w < kDynWarps; ++w) s += wss[w * M + t];
+          cp[t * kp1 + K] = s;
+        }
+      __syncthreads();
+    }
+    cluster.sync();  // every CTA's partials of this tile are visible cluster-wide
+    const int off = buf * M * kp1;
+    for (int it = tid; it < M * kp1; it += kDynThreads) {
+      float s = 0;
+#pragma unroll
+      for (int r = 0; r < kDynCtas; ++r) s += peer[r][off + it];
+      tot[it] = s;
+    }
+    __syncthreads();
+    const int64_t t0 = tile * M;
+    for (int it = tid; it < M * K; it += kDynThreads) {
+      const int t = it / K, k = it - t * K;
+      const int64_t tok = t0 + t;
+      if (tok >= a.tokens) continue;
+      const float inv_rms = rsqrtf(tot[t * kp1 + K] * a.inv_flat + a.norm_eps);
+      const int f = k < n ? 0 : (k < 2 * n ? 1 : 2);
+      const float v = inv_rms * tot[t * kp1 + k] * a.scale[f] + a.base[k];
+      float o = v;  // comb: the logit, for comb_sinkhorn_kernel
+      if (k < n) {
+        o = sigmoid(v) + a.pre_eps;
+        pres[t * n + k] = o;
+      } else if (k < 2 * n) {
+        o = 2.0f * sigmoid(v);
+      }
+      if (t % kDynCtas == rank) a.co[tok * a.co_stride + k] = o;
+    }
+    __syncthreads();
+    const int64_t next = tile + ncl;
+    for (int it = tid; it < items; it += kDynThreads) {
+      const int t = it / nch, ch = it - t * nch;
+      const int64_t tok = t0 + t;
+      if (tok < a.tokens) {
+        const T* src = xs + static_cast<int64_t>(t) * a.pitch + ch * VEC;
+        float acc[VEC] = {};
+        for (int i = 0; i < n; ++i) {
+          float v[VEC];
+          load_vec<T, VEC>(src + i * cw, v);
+          const float w = pres[t * n + i];
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) acc[e] = fmaf(w, v[e], acc[e]);
+        }
+        store_vec<T, VEC>(y + tok * a.y_st + c0 + ch * VEC, acc);
+      }
+      if (next < a.tiles) load_item(next, it);
+    }
+  }
+  cluster.sync();  // no CTA may exit while a peer still reads its partials
+#else
+  (void)y, (void)x, (void)a;
+#endif
+}
+
+// The comb part of coeffs holds logits on entry and the Sinkhorn result on exit (one row per
+// thread, in shared memory as in activate_kernel, with the same arithmetic).
+__global__ void comb_sinkhorn_kernel(float* co, int64_t stride, int64_t rows, int n,
+                                     SinkhornParams sk) {
+  extern __shared__ float scratch[];
+  const int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (r >= rows) return;
+  const int nn = n * n;
+  float* p = scratch + threadIdx.x * activate_slot(n);
+  float* o = co + r * stride + 2 * n;
+  for (int k = 0; k < nn; ++k) p[k] = o[k];
+  sinkhorn_inplace(p, n, sk, nullptr);
+  for (int k = 0; k < nn; ++k) o[k] = p[k];
+}
+
 // ---- collapse: y[t, c] = sum_i pre[row(t), i] x[t, i, c]
 // -------------------------------------------
 struct EwArgs {
@@ -342,30 +586,59 @@ struct EwArgs {
 };
 constexpr int kEwThreads = 256;
 
-template <class T, int VEC>
+// Static H with n <= kRegN (act.rows == 1): the coefficient row is not on the critical path. Each
+// CTA forms pre = sigmoid(h_pre) + pre_eps itself (the same expression as activate_row, so y and
+// coeffs agree to the bit), and thread 0 of CTA 0 writes the whole row (its serial Sinkhorn runs
+// while the other CTAs stream) instead of a kernel launched before this one.
+// Up to NMAX streams are loaded before any is used, so n loads are in flight per thread.
+template <class T, int VEC, int NMAX = kRegN>
 __global__ void __launch_bounds__(kEwThreads)
-    collapse_kernel(T* __restrict__ y, const T* __restrict__ x, EwArgs a) {
+    collapse_kernel(T* __restrict__ y, const T* __restrict__ x, EwArgs a, ActivateArgs act) {
+  __shared__ float spre[kRegN];
+  __shared__ float scratch[kRegN * kRegN + 1];
+  const float* pre = spre;
+  if (act.rows == 1) {
+    if (threadIdx.x < a.n) spre[threadIdx.x] = sigmoid(act.h_pre[threadIdx.x]) + act.pre_eps;
+    if (blockIdx.x == 0 && threadIdx.x == 32) activate_row(act, 0, scratch);
+    __syncthreads();
+  }
   const int64_t id = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (id >= a.tokens * a.cvecs) return;
   const int64_t t = id / a.cvecs, c = (id - t * a.cvecs) * VEC;
-  const float* pre = a.co + t * a.co_stride;
+  if (act.rows != 1) pre = a.co + t * a.co_stride;
   float acc[VEC] = {};
-  for (int i = 0; i < a.n; ++i) {
-    float v[VEC];
-    load_vec<T, VEC>(x + t * a.x_st + i * a.x_si + c, v);
-    const float w = pre[i];
+  const T* xt = x + t * a.x_st + c;
+  if (a.n <= NMAX) {
+    Pack<T, VEC> raw[NMAX];
 #pragma unroll
-    for (int e = 0; e < VEC; ++e) acc[e] = fmaf(w, v[e], acc[e]);
+    for (int i = 0; i < NMAX; ++i)
+      if (i < a.n) raw[i] = *reinterpret_cast<const Pack<T, VEC>*>(xt + i * a.x_si);
+#pragma unroll
+    for (int i = 0; i < NMAX; ++i) {
+      if (i >= a.n) break;
+      const float w = pre[i];
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) acc[e] = fmaf(w, to_float(raw[i].v[e]), acc[e]);
+    }
+  } else {
+    for (int i = 0; i < a.n; ++i) {
+      float v[VEC];
+      load_vec<T, VEC>(xt + i * a.x_si, v);
+      const float w = pre[i];
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) acc[e] = fmaf(w, v[e], acc[e]);
+    }
   }
   store_vec<T, VEC>(y + t * a.y_st + c, acc);
 }
 
 // ---- expand: out[t, i, c] = sum_j comb[j, i] x[t, j, c] + post[i] f[t, c]
-// ------------------------- Up to kRegN streams stay in registers (X read once); beyond that they
-// are re-read through L1.
-constexpr int kRegN = 8;
-template <class T, int VEC>
-__global__ void __launch_bounds__(kEwThreads)
+// ------------------------- Up to NMAX streams stay in registers (X read once); beyond that they
+// are re-read through L1. NMAX = 4 serves n <= 4 with half the registers of NMAX = kRegN (bf16:
+// 124 -> about 64), i.e. twice the resident threads and loads in flight; the arithmetic is the
+// same, so the bits are too.
+template <class T, int VEC, int NMAX = kRegN>
+__global__ void __launch_bounds__(kEwThreads, NMAX <= 4 ? 4 : 1)
     expand_kernel(T* __restrict__ out, const T* __restrict__ x, const T* __restrict__ f, EwArgs a) {
   const int64_t id = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (id >= a.tokens * a.cvecs) return;
@@ -378,23 +651,24 @@ __global__ void __launch_bounds__(kEwThreads)
   T* ot = out + t * a.y_st + c;  // y_st/y_si: out strides
   float fv[VEC];
   load_vec<T, VEC>(f + t * a.z_st + c, fv);
-  if (n <= kRegN) {
-    float xr[kRegN][VEC];
+  if (n <= NMAX) {
+    // Kept as stored (16-bit: half the registers) and widened where used.
+    Pack<T, VEC> xr[NMAX];
 #pragma unroll
-    for (int j = 0; j < kRegN; ++j)
-      if (j < n) load_vec<T, VEC>(xt + j * a.x_si, xr[j]);
+    for (int j = 0; j < NMAX; ++j)
+      if (j < n) xr[j] = *reinterpret_cast<const Pack<T, VEC>*>(xt + j * a.x_si);
 #pragma unroll
-    for (int i = 0; i < kRegN; ++i) {
+    for (int i = 0; i < NMAX; ++i) {
       if (i >= n) break;
       float acc[VEC];
 #pragma unroll
       for (int e = 0; e < VEC; ++e) acc[e] = post[i] * fv[e];
 #pragma unroll
-      for (int j = 0; j < kRegN; ++j) {
+      for (int j = 0; j < NMAX; ++j) {
         if (j >= n) break;
         const float w = comb[j * n + i];
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) acc[e] = fmaf(w, xr[j][e], acc[e]);
+        for (int e = 0; e < VEC; ++e) acc[e] = fmaf(w, to_float(xr[j].v[e]), acc[e]);
       }
       store_vec<T, VEC>(ot + i * a.y_si, acc);
     }
@@ -700,6 +974,129 @@ __global__ void __launch_bounds__(kStaticThreads)
       }
     }
   }
+}
+
+// ---- static forward, one HBM read of X: persistent CTAs with a ring of token buffers ----------
+// The two-pass kernel above re-reads each token's X for pass 2; with many tokens in
+// flight that second read falls out of L2. Here a persistent CTA streams its tokens through
+// `stages` shared-memory slots with cp.async (stages - 1 tokens in flight while one is computed).
+// Each thread copies, and later reads, only its own 16-byte chunks, so a slot needs no barrier
+// between its last read and its refill; the only barriers are those of the per-token sum.
+constexpr int kPipeThreads = 512, kPipeMaxStages = 6;
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+// Waits until at most `pending` of this thread's groups are in flight (an immediate in PTX).
+__device__ __forceinline__ void cp_async_wait_pending(int pending) {
+  switch (pending) {
+    case 0:
+      asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+      break;
+    case 1:
+      asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+      break;
+    case 2:
+      asm volatile("cp.async.wait_group 2;\n" ::: "memory");
+      break;
+    case 3:
+      asm volatile("cp.async.wait_group 3;\n" ::: "memory");
+      break;
+    case 4:
+      asm volatile("cp.async.wait_group 4;\n" ::: "memory");
+      break;
+    default:
+      asm volatile("cp.async.wait_group 5;\n" ::: "memory");
+      break;
+  }
+}
+template <class T>
+__global__ void __launch_bounds__(kPipeThreads, 1)
+    static_forward_pipe_kernel(T* __restrict__ out, const T* __restrict__ x, StaticFwdArgs a,
+                               ActivateArgs act, int stages) {
+  constexpr int VEC = 16 / static_cast<int>(sizeof(T));
+  extern __shared__ __align__(16) unsigned char pipe_smem[];
+  __shared__ float red[32];
+  __shared__ float co[(2 + kRegN) * kRegN];
+  __shared__ float scratch[kRegN * kRegN + 1];
+  T* ring = reinterpret_cast<T*>(pipe_smem);
+  const int n = a.n, tid = static_cast<int>(threadIdx.x);
+  const int64_t q = a.channels / VEC, slot_elems = n * a.channels;
+  const float* pre = co;
+  const float* post = co + n;
+  const float* m = co + 2 * n;
+  const int64_t stride = gridDim.x;
+  auto issue = [&](int64_t tok, int slot) {
+    T* dst = ring + slot * slot_elems;
+    const T* src = x + tok * a.x_st;
+    for (int i = 0; i < n; ++i)
+      for (int64_t cc = tid; cc < q; cc += kPipeThreads)
+        cp_async16(dst + i * a.channels + cc * VEC, src + i * a.x_si + cc * VEC);
+  };
+  int64_t tok = blockIdx.x;
+  for (int st = 0; st < stages - 1; ++st) {
+    if (tok + st * stride < a.tokens) issue(tok + st * stride, st);
+    cp_async_commit();  // empty groups keep the count uniform
+  }
+  // Every CTA forms the coefficient row itself (activate_row, as activate_kernel would) while its
+  // first tokens load: no kernel in front of this one, no serial Sinkhorn on the critical path.
+  if (tid == 0) {
+    act.out = co, act.out_stride = 0;
+    activate_row(act, 0, scratch);
+  }
+  __syncthreads();
+  for (int k = 0; tok < a.tokens; tok += stride, k = k + 1 == stages ? 0 : k + 1) {
+    const int64_t ahead = tok + (stages - 1) * stride;
+    // Slot k - 1 (mod stages): consumed last iteration by this same thread.
+    if (ahead < a.tokens) issue(ahead, k == 0 ? stages - 1 : k - 1);
+    cp_async_commit();
+    cp_async_wait_pending(stages - 1);
+    const T* xt = ring + k * slot_elems;
+    float ss = 0;
+    for (int64_t cc = tid; cc < q; cc += kPipeThreads) {
+      float z[VEC] = {};
+      for (int j = 0; j < n; ++j) {
+        float v[VEC];
+        load_vec<T, VEC>(xt + j * a.channels + cc * VEC, v);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) z[e] = fmaf(pre[j], v[e], z[e]);
+      }
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) ss = fmaf(z[e], z[e], ss);
+    }
+    ss = block_sum(ss, red);
+    const float inv = rsqrtf(ss * a.inv_c + a.eps);
+    T* ot = out + tok * a.o_st;
+    for (int64_t cc = tid; cc < q; cc += kPipeThreads) {
+      float acc[kRegN][VEC] = {};
+      float z[VEC] = {};
+#pragma unroll
+      for (int j = 0; j < kRegN; ++j) {
+        if (j >= n) break;
+        float v[VEC];
+        load_vec<T, VEC>(xt + j * a.channels + cc * VEC, v);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) z[e] = fmaf(pre[j], v[e], z[e]);
+#pragma unroll
+        for (int i = 0; i < kRegN; ++i) {
+          if (i >= n) break;
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) acc[i][e] = fmaf(m[i * n + j], v[e], acc[i][e]);
+        }
+      }
+      float gm[VEC];
+      load_vec<__nv_bfloat16, VEC>(a.gamma + cc * VEC, gm);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) z[e] *= gm[e] * inv;
+#pragma unroll
+      for (int i = 0; i < kRegN; ++i) {
+        if (i >= n) break;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) acc[i][e] = fmaf(post[i], z[e], acc[i][e]);
+        store_vec<T, VEC>(ot + i * a.o_si + cc * VEC, acc[i]);
+      }
+    }
+  }
+  cp_async_wait_pending(0);  // nothing may land in shared memory after the CTA exits
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <initializer_list>
 
@@ -162,14 +163,12 @@ template <class T>
 Status static_forward(const LaunchContext& ctx, const MhcProblem& p,
                       const MhcStaticForwardOp::Arguments& a) {
   constexpr std::string_view op = MhcStaticForwardOp::name;
+  if (p.tokens == 0) return {};
   const cudaStream_t s = cuda::stream_of(ctx);
   MhcParams w;
   w.h_pre = a.h_pre, w.h_post = a.h_post, w.h_res = a.h_res;
   ActivateArgs act = activate_static(p, w);
   act.pre_eps = 0.0f;  // the seed's s_pre = sigmoid(h_pre)
-  act.out = static_cast<float*>(ctx.workspace.data);
-  BARACUDA_TRY(run_activate(op, s, act));
-  if (p.tokens == 0) return {};
   StaticFwdArgs sa;
   sa.tokens = p.tokens, sa.channels = p.channels, sa.n = static_cast<int>(p.n);
   sa.x_st = a.x.stride[0], sa.x_si = a.x.stride[1], sa.o_st = a.out.stride[0];
@@ -193,6 +192,63 @@ Status static_forward(const LaunchContext& ctx, const MhcProblem& p,
   return {};
 }
 
+// Ring slots of the pipelined static forward: as many tokens as fit (<= kPipeMaxStages), >= 2.
+template <class T>
+int64_t pipe_stages(const MhcProblem& p, const DeviceCaps& caps) {
+  const int64_t token_bytes = p.n * p.channels * static_cast<int64_t>(sizeof(T));
+  const int64_t budget = caps.smem_per_block_optin - 1024;  // the kernel's static shared memory
+  return token_bytes > 0 ? std::min<int64_t>(kPipeMaxStages, budget / token_bytes) : 0;
+}
+template <DType D>
+bool fits_static_pipe(const MhcProblem& p, const DeviceCaps& caps) {
+  using T = cuda::device_t<D>;
+  return p.n <= kRegN && p.channels % static_cast<int64_t>(16 / sizeof(T)) == 0 &&
+         pipe_stages<T>(p, caps) >= 2;
+}
+template <class T>
+Status static_forward_pipe(const LaunchContext& ctx, const MhcProblem& p,
+                           const MhcStaticForwardOp::Arguments& a) {
+  constexpr std::string_view op = MhcStaticForwardOp::name;
+  constexpr int vec = 16 / sizeof(T);
+  // Unaligned layouts take the two-pass kernel (same arithmetic per element up to the order of
+  // the two terms; the choice depends on alignment, never on the token count).
+  if (reinterpret_cast<uintptr_t>(a.gamma.data) % (vec * 2) != 0 ||
+      !vec_ok<T>(p.channels, {a.x.data, a.out.data},
+                 {a.x.stride[0], a.x.stride[1], a.out.stride[0], a.out.stride[1]}))
+    return static_forward<T>(ctx, p, a);
+  if (p.tokens == 0) return {};
+  const cudaStream_t s = cuda::stream_of(ctx);
+  MhcParams w;
+  w.h_pre = a.h_pre, w.h_post = a.h_post, w.h_res = a.h_res;
+  ActivateArgs act = activate_static(p, w);
+  act.pre_eps = 0.0f;  // the seed's s_pre = sigmoid(h_pre)
+  StaticFwdArgs sa;
+  sa.tokens = p.tokens, sa.channels = p.channels, sa.n = static_cast<int>(p.n);
+  sa.x_st = a.x.stride[0], sa.x_si = a.x.stride[1], sa.o_st = a.out.stride[0];
+  sa.o_si = a.out.stride[1];
+  sa.gamma = static_cast<const __nv_bfloat16*>(a.gamma.data);
+  sa.inv_c = static_cast<float>(1.0 / static_cast<double>(p.channels));
+  sa.eps = static_cast<float>(p.norm_eps);
+  const DeviceCaps& caps = ctx.stream.caps();
+  const int stages = static_cast<int>(pipe_stages<T>(p, caps));
+  const size_t smem = static_cast<size_t>(stages) * p.n * p.channels * sizeof(T);
+  auto* kernel = static_forward_pipe_kernel<T>;
+  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(smem));
+      e != cudaSuccess)
+    return cuda::cuda_error(op, "static_forward_pipe_kernel smem", e);
+  int per_sm = 0;
+  if (cudaError_t e =
+          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kPipeThreads, smem);
+      e != cudaSuccess)
+    return cuda::cuda_error(op, "static_forward_pipe_kernel occupancy", e);
+  const int64_t ctas = std::min<int64_t>(p.tokens, int64_t{std::max(per_sm, 1)} * caps.sm_count);
+  kernel<<<static_cast<unsigned>(ctas), kPipeThreads, smem, s>>>(
+      static_cast<T*>(a.out.data), static_cast<const T*>(a.x.data), sa, act, stages);
+  MHC_CHECK("static_forward_pipe_kernel");
+  return {};
+}
+
 // ---- collapse
 // -----------------------------------------------------------------------------------------
 template <class T>
@@ -211,8 +267,12 @@ Status collapse(const LaunchContext& ctx, const MhcProblem& p, const MhcCollapse
     act = activate_dynamic(p, a.params, g, ss);
   }
   act.out = co, act.out_stride = a.coeffs.stride[0];
-  BARACUDA_TRY(run_activate(op, s, act));
+  // Static H, n <= kRegN, tokens > 0: collapse_kernel writes the coefficient row itself.
+  const bool inline_row = p.h == MhcH::static_h && p.n <= kRegN && p.tokens > 0;
+  if (!inline_row) BARACUDA_TRY(run_activate(op, s, act));
   if (p.tokens == 0) return {};
+  ActivateArgs inl;  // rows == 0: pre comes from the coefficient rows
+  if (inline_row) inl = act;
   EwArgs e;
   e.tokens = p.tokens, e.channels = p.channels, e.n = static_cast<int>(p.n);
   e.k = static_cast<int>(p.k);
@@ -223,14 +283,120 @@ Status collapse(const LaunchContext& ctx, const MhcProblem& p, const MhcCollapse
   constexpr int vec = 16 / sizeof(T);
   if (vec_ok<T>(p.channels, {a.x.data, a.y.data}, {e.x_st, e.x_si, e.y_st})) {
     e.cvecs = p.channels / vec;
-    collapse_kernel<T, vec>
-        <<<blocks_for(p.tokens * e.cvecs, kEwThreads), kEwThreads, 0, s>>>(y, x, e);
+    if (p.n <= 4)
+      collapse_kernel<T, vec, 4>
+          <<<blocks_for(p.tokens * e.cvecs, kEwThreads), kEwThreads, 0, s>>>(y, x, e, inl);
+    else
+      collapse_kernel<T, vec>
+          <<<blocks_for(p.tokens * e.cvecs, kEwThreads), kEwThreads, 0, s>>>(y, x, e, inl);
   } else {
     e.cvecs = p.channels;
     collapse_kernel<T, 1>
-        <<<blocks_for(p.tokens * e.cvecs, kEwThreads), kEwThreads, 0, s>>>(y, x, e);
+        <<<blocks_for(p.tokens * e.cvecs, kEwThreads), kEwThreads, 0, s>>>(y, x, e, inl);
   }
   MHC_CHECK("collapse_kernel");
+  return {};
+}
+
+// ---- dynamic H collapse, one pass over X (sm_90 clusters) ---------------------------------------
+template <class T>
+struct DynGeom {
+  int64_t m = 0, q = 0, pitch = 0;
+  size_t smem = 0;
+};
+template <class T>
+DynGeom<T> dyn_geom(const MhcProblem& p) {
+  constexpr int64_t vec = 16 / sizeof(T);
+  DynGeom<T> g;
+  g.m = kDynTg * dyn_tpl<T>();
+  g.q = p.channels / vec;
+  const int64_t cw_max = (g.q + kDynCtas - 1) / kDynCtas * vec;
+  // Rows 16 bytes past a multiple of 128: the 8 token rows a warp reads at once hit distinct
+  // banks, and every 16-byte chunk stays aligned for cp.async.
+  const int64_t row_bytes = (p.n * cw_max * static_cast<int64_t>(sizeof(T)) + 127) / 128 * 128 + 16;
+  g.pitch = row_bytes / static_cast<int64_t>(sizeof(T));
+  g.smem = dyn_smem_bytes<T>(g.m, g.pitch, p.n, p.k);
+  return g;
+}
+// Depends on (n, C, dtype) and the device only, never on the token count (bit-stability).
+template <DType D>
+bool fits_collapse_cluster(const MhcProblem& p, const DeviceCaps& caps) {
+  using T = cuda::device_t<D>;
+  if (p.h != MhcH::dynamic_h || caps.sm < 90) return false;
+  if (p.channels % static_cast<int64_t>(16 / sizeof(T))) return false;
+  if (p.n * p.channels > (int64_t{1} << 24)) return false;  // keeps the slice math in int
+  return static_cast<int64_t>(dyn_geom<T>(p).smem) <= caps.smem_per_block_optin;
+}
+
+template <class T>
+Status collapse_cluster(const LaunchContext& ctx, const MhcProblem& p,
+                        const MhcCollapseOp::Arguments& a) {
+  constexpr std::string_view op = MhcCollapseOp::name;
+  if (p.tokens == 0) return {};
+  const MhcParams& w = a.params;
+  // 16-byte copies of X and 16-byte fn loads. Other layouts take the split-K path (whose bits
+  // differ; the choice depends on alignment, never on the token count).
+  if (!vec_ok<T>(p.channels, {a.x.data, a.y.data}, {a.x.stride[0], a.x.stride[1], a.y.stride[0]}) ||
+      reinterpret_cast<uintptr_t>(w.fn.data) % 16 != 0 || w.fn.stride[0] % 4 != 0)
+    return collapse<T>(ctx, p, a);
+  const cudaStream_t s = cuda::stream_of(ctx);
+  const DynGeom<T> g = dyn_geom<T>(p);
+  auto* kernel = dyn_collapse_kernel<T, dyn_tpl<T>()>;
+  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(g.smem));
+      e != cudaSuccess)
+    return cuda::cuda_error(op, "dyn_collapse_kernel smem", e);
+  DynArgs da;
+  da.tokens = p.tokens, da.channels = p.channels, da.tiles = (p.tokens + g.m - 1) / g.m;
+  da.x_st = a.x.stride[0], da.x_si = a.x.stride[1], da.y_st = a.y.stride[0];
+  da.co_stride = a.coeffs.stride[0];
+  da.n = static_cast<int>(p.n), da.k = static_cast<int>(p.k);
+  da.q = static_cast<int>(g.q), da.pitch = static_cast<int>(g.pitch);
+  da.fn = static_cast<const float*>(w.fn.data), da.fn_stride = w.fn.stride[0];
+  da.scale = static_cast<const float*>(w.scale.data);
+  da.base = static_cast<const float*>(w.base.data);
+  da.inv_flat = static_cast<float>(1.0 / static_cast<double>(p.flat));
+  da.norm_eps = static_cast<float>(p.norm_eps), da.pre_eps = static_cast<float>(p.pre_eps);
+  da.co = static_cast<float*>(a.coeffs.data);
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = kDynCtas, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.blockDim = dim3(kDynThreads);
+  cfg.dynamicSmemBytes = g.smem;
+  cfg.stream = s;
+  cfg.attrs = attr, cfg.numAttrs = 1;
+  // Persistent clusters, as many as fit at once (the GPCs decide, not sm_count / 8: a cluster
+  // that does not fit would run in a second wave). The answer depends on the device and the
+  // shared-memory size only, so it is cached under both (the query costs host time per run).
+  static std::atomic<int64_t> cache[16];
+  const int dev = ctx.stream.device();
+  const int64_t key = static_cast<int64_t>(g.smem) << 8;
+  int64_t clusters = 0;
+  if (dev >= 0 && dev < 16) {
+    const int64_t c = cache[dev].load(std::memory_order_relaxed);
+    if ((c & ~int64_t{0xff}) == key) clusters = c & 0xff;
+  }
+  if (clusters == 0) {
+    cfg.gridDim = dim3(kDynCtas);
+    int n_clusters = 0;
+    if (cudaError_t e = cudaOccupancyMaxActiveClusters(&n_clusters, kernel, &cfg); e != cudaSuccess)
+      return cuda::cuda_error(op, "cudaOccupancyMaxActiveClusters", e);
+    if (n_clusters < 1) return collapse<T>(ctx, p, a);
+    clusters = std::min(n_clusters, 255);
+    if (dev >= 0 && dev < 16) cache[dev].store(key | clusters, std::memory_order_relaxed);
+  }
+  cfg.gridDim = dim3(static_cast<unsigned>(std::min<int64_t>(clusters, da.tiles) * kDynCtas));
+  if (cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, static_cast<T*>(a.y.data),
+                                         static_cast<const T*>(a.x.data), da);
+      e != cudaSuccess)
+    return cuda::cuda_error(op, "dyn_collapse_kernel", e);
+  MHC_CHECK("dyn_collapse_kernel");
+  const int slot_bytes = activate_slot(da.n) * static_cast<int>(sizeof(float));
+  const int threads = std::clamp(48 * 1024 / slot_bytes, 1, 128);
+  comb_sinkhorn_kernel<<<blocks_for(p.tokens, threads), threads, threads * slot_bytes, s>>>(
+      da.co, da.co_stride, p.tokens, da.n, sinkhorn_params(p.sinkhorn));
+  MHC_CHECK("comb_sinkhorn_kernel");
   return {};
 }
 
@@ -255,8 +421,12 @@ Status expand(const LaunchContext& ctx, const MhcProblem& p, const MhcExpandOp::
   if (vec_ok<T>(p.channels, {a.x.data, a.out.data, a.f.data},
                 {e.x_st, e.x_si, e.y_st, e.y_si, e.z_st})) {
     e.cvecs = p.channels / vec;
-    expand_kernel<T, vec>
-        <<<blocks_for(p.tokens * e.cvecs, kEwThreads), kEwThreads, 0, s>>>(out, x, f, e);
+    if (p.n <= 4)
+      expand_kernel<T, vec, 4>
+          <<<blocks_for(p.tokens * e.cvecs, kEwThreads), kEwThreads, 0, s>>>(out, x, f, e);
+    else
+      expand_kernel<T, vec>
+          <<<blocks_for(p.tokens * e.cvecs, kEwThreads), kEwThreads, 0, s>>>(out, x, f, e);
   } else {
     e.cvecs = p.channels;
     expand_kernel<T, 1>
@@ -435,13 +605,14 @@ constexpr PrecisionGuarantee kBackward{MathPrecision::f32, DType::f32, true, fal
 template <DType D>
 bool register_mhc_cuda() {
   using T = cuda::device_t<D>;
-  auto sku = [](std::string_view op, DType aux, PrecisionGuarantee pg, std::string_view nm) {
+  auto sku = [](std::string_view op, DType aux, PrecisionGuarantee pg, std::string_view nm,
+                Arch arch = Arch::sm80) {
     return KernelSku{.category = "hyper_connection",
                      .op = op,
                      .element = D,
                      .aux_element = aux,
                      .layout = "strided",
-                     .arch = Arch::sm80,
+                     .arch = arch,
                      .backend = Backend::bespoke_cuda,
                      .precision = pg,
                      .name = nm};
@@ -451,10 +622,24 @@ bool register_mhc_cuda() {
        .priority = 10,
        .workspace = ws_static_forward,
        .launch = static_forward<T>});
+  register_kernel<MhcStaticForwardOp>(
+      {.sku = sku(MhcStaticForwardOp::name, DType::bf16, kForward, "static_forward_pipelined"),
+       .priority = 20,
+       .fits = fits_static_pipe<D>,
+       .workspace = ws_static_forward,
+       .launch = static_forward_pipe<T>});
   register_kernel<MhcCollapseOp>({.sku = sku(MhcCollapseOp::name, DType::f32, kForward, "collapse"),
                                   .priority = 10,
                                   .workspace = ws_collapse,
                                   .launch = collapse<T>});
+  // Dynamic H on sm_90: one pass over X. The split-K "collapse" stays registered (static H, other
+  // shapes, and A/B runs through PlanPreference::kernel("collapse")).
+  register_kernel<MhcCollapseOp>({.sku = sku(MhcCollapseOp::name, DType::f32, kForward,
+                                             "collapse_dynamic_cluster", Arch::sm90),
+                                  .priority = 20,
+                                  .fits = fits_collapse_cluster<D>,
+                                  .workspace = ws_collapse,
+                                  .launch = collapse_cluster<T>});
   register_kernel<MhcExpandOp>({.sku = sku(MhcExpandOp::name, DType::f32, kForward, "expand"),
                                 .priority = 10,
                                 .launch = expand<T>});

@@ -1,6 +1,7 @@
 // Tests of the mHC ops: every plan against the float64 reference on random strided data (CPU and
 // CUDA targets), every backward reference against finite differences, determinism, the comb index
 // convention, and every validation path.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -137,6 +138,78 @@ TEST_P(Mhc, StaticForwardMatchesReference) {
       }
 }
 
+// The pipelined kernel (aligned layouts) and the two-pass kernel, on batches long enough that every
+// CTA's ring of token slots wraps several times; plus the bit-stability of each: a window of the
+// batch gives the same bits for its tokens.
+TEST_P(Mhc, StaticForwardKernelsMatchReference) {
+  const Target tg = GetParam();
+  BARACUDA_SKIP_IF_UNAVAILABLE(tg);
+  if (tg == Target::cpu) GTEST_SKIP() << "CUDA kernels only (the CPU plan is the reference)";
+  Rng rng;
+  const Stream& s = harness::stream_for(tg);
+  const std::vector<Shape3> cases = {{5000, 4, 256}, {700, 4, 4096}, {1500, 4, 4096},
+                                     {300, 8, 1024}, {400, 3, 1000}, {500, 1, 512},
+                                     {7, 4, 4100}};
+  int vi = 0;
+  for (DType dt : {DType::f32, DType::bf16, DType::f16})
+    for (const Shape3& sh : cases)
+      for (std::string_view pin : {std::string_view{}, std::string_view{"static_forward_fused"}}) {
+        const SinkhornConfig sk = sinkhorn_variants()[static_cast<size_t>(vi++ % 4)];
+        const MhcDescriptor d = desc(sh.t, sh.n, sh.c, dt, MhcH::static_h, sk);
+        const PlanPreference pref =
+            pin.empty() ? PlanPreference::fastest() : PlanPreference::kernel(pin);
+        auto plan = MhcStaticForwardPlan::select(s, d, pref);
+        BARACUDA_ASSERT_OK(plan);
+        const MhcProblem& p = plan->problem();
+        const std::string what =
+            label(p, Layout::contiguous) + " kernel=" + std::string(plan->sku().name);
+        if (pin.empty() && p.channels % (16 / (bits_of(dt) / 8)) == 0) {
+          EXPECT_EQ(plan->sku().name, "static_forward_pipelined") << what;
+        }
+        TestTensor x = rand_tensor(dt, {p.tokens, p.n, p.channels}, tg, Layout::contiguous, rng);
+        TestTensor out =
+            TestTensor::make(dt, {p.tokens, p.n, p.channels}, tg, Layout::contiguous, &rng);
+        TestTensor gamma =
+            rand_tensor(DType::bf16, {p.channels}, tg, Layout::contiguous, rng, 0.5, 1.5);
+        TestTensor hp = rand_tensor(DType::f32, {p.n}, tg, Layout::contiguous, rng, -2, 2);
+        TestTensor hq = rand_tensor(DType::f32, {p.n}, tg, Layout::contiguous, rng, -2, 2);
+        TestTensor hr = rand_tensor(DType::f32, {p.n, p.n}, tg, Layout::padded, rng, -2, 2);
+        out.poison();
+        const auto before = out.bytes();
+        auto ws = Buffer::allocate(plan->workspace_size(), s.memory_location());
+        BARACUDA_ASSERT_OK(ws);
+        MhcStaticForwardOp::Arguments args{out.view(), x.cview(),  gamma.cview(),
+                                           hp.cview(), hq.cview(), hr.cview()};
+        BARACUDA_ASSERT_OK(plan->run(s, ws->as_workspace(), args));
+        const Vec ref = mhc_ref::static_forward(p, x.values(), gamma.values(), hp.values(),
+                                                hq.values(), hr.values());
+        EXPECT_TRUE(close_to(out.values(), ref, dt, Accuracy::reduction, what));
+        EXPECT_TRUE(harness::untouched_outside(before, out.bytes(), out.bit_mask(), what));
+        const auto first = out.bytes();
+        BARACUDA_ASSERT_OK(plan->run(s, ws->as_workspace(), args));
+        EXPECT_TRUE(harness::bytes_equal(first, out.bytes(), what + " rerun"));
+        if (!plan->precision_guarantee().bit_stable) continue;
+        const int64_t lo = p.tokens / 3, sub = p.tokens - lo - 1;
+        MhcDescriptor d2 = d;
+        d2.tokens = sub;
+        auto plan2 = MhcStaticForwardPlan::select(s, d2, pref);
+        BARACUDA_ASSERT_OK(plan2);
+        EXPECT_EQ(plan2->sku().name, plan->sku().name) << what;
+        TestTensor out2 =
+            TestTensor::make(dt, {sub, p.n, p.channels}, tg, Layout::contiguous, &rng);
+        auto ws2 = Buffer::allocate(plan2->workspace_size(), s.memory_location());
+        BARACUDA_ASSERT_OK(ws2);
+        MhcStaticForwardOp::Arguments args2{
+            out2.view(),   as_const(x.window({lo, 0, 0}, {sub, p.n, p.channels})),
+            gamma.cview(), hp.cview(),
+            hq.cview(),    hr.cview()};
+        BARACUDA_ASSERT_OK(plan2->run(s, ws2->as_workspace(), args2));
+        const Vec full = out.values(), part = out2.values();
+        EXPECT_TRUE(std::equal(part.begin(), part.end(), full.begin() + lo * p.flat))
+            << what << " a window of the batch differs from the full batch";
+      }
+}
+
 // ---- collapse and expand, forward
 // -----------------------------------------------------------------
 TEST_P(Mhc, CollapseAndExpandMatchReference) {
@@ -198,6 +271,91 @@ TEST_P(Mhc, CollapseAndExpandMatchReference) {
             EXPECT_TRUE(harness::bytes_equal(o1, out.bytes(), what + " expand rerun"));
           }
         }
+}
+
+// ---- dynamic collapse: the sm_90 cluster kernel and the split-K kernel, side by side
+// -------------- The cluster kernel needs 16-byte aligned X / y / fn rows (the layouts above are
+// mostly unaligned, so they exercise its fallback); here everything is aligned. Shapes: tokens not
+// a multiple of the tile (24 f32, 40 16-bit), more tiles than clusters (the persistent loop and
+// its double-buffered partials), slices of unequal width (C / VEC not a multiple of 8), CTAs with
+// no channels (C = 8), n = 1, 3, 4, 8, and C that no 16-bit slice divides (the selection falls
+// back to the split-K kernel). Each plan must also be bit-stable: a window of the batch gives the
+// same bits for its tokens.
+TEST_P(Mhc, DynamicCollapseKernelsMatchReference) {
+  const Target tg = GetParam();
+  BARACUDA_SKIP_IF_UNAVAILABLE(tg);
+  if (tg == Target::cpu) GTEST_SKIP() << "CUDA kernels only (the CPU plan is the reference)";
+  Rng rng;
+  const Stream& s = harness::stream_for(tg);
+  struct Case {
+    int64_t t, n, c;
+  };
+  const std::vector<Case> cases = {{37, 4, 4096}, {1000, 4, 4096}, {100, 4, 1028}, {5, 1, 4096},
+                                   {50, 3, 2056}, {30, 8, 1024},   {3, 4, 8},      {41, 4, 2052}};
+  int vi = 0;
+  for (DType dt : {DType::f32, DType::bf16, DType::f16})
+    for (const Case& cs : cases)
+      for (std::string_view pin : {std::string_view{}, std::string_view{"collapse"}}) {
+        const SinkhornConfig sk = sinkhorn_variants()[static_cast<size_t>(vi++ % 4)];
+        const MhcDescriptor d = desc(cs.t, cs.n, cs.c, dt, MhcH::dynamic_h, sk);
+        auto cp = MhcCollapsePlan::select(
+            s, d, pin.empty() ? PlanPreference::fastest() : PlanPreference::kernel(pin));
+        BARACUDA_ASSERT_OK(cp);
+        const MhcProblem& p = cp->problem();
+        const std::string what =
+            label(p, Layout::contiguous) + " kernel=" + std::string(cp->sku().name);
+        const int64_t vec = 16 / (bits_of(dt) / 8);
+        if (pin.empty() && s.caps().sm >= 90 && p.channels % vec == 0 && p.flat <= 16384) {
+          EXPECT_EQ(cp->sku().name, "collapse_dynamic_cluster") << what;
+        }
+        TestTensor x = rand_tensor(dt, {p.tokens, p.n, p.channels}, tg, Layout::contiguous, rng);
+        ParamSet w;
+        const double amp = 2.0 / std::sqrt(static_cast<double>(p.flat));
+        w.fn = rand_tensor(DType::f32, {p.k, p.flat}, tg, Layout::contiguous, rng, -amp, amp);
+        w.scale = rand_tensor(DType::f32, {3}, tg, Layout::contiguous, rng, 0.5, 1.5);
+        w.base = rand_tensor(DType::f32, {p.k}, tg, Layout::contiguous, rng, -1, 1);
+        TestTensor y = TestTensor::make(dt, {p.tokens, p.channels}, tg, Layout::contiguous, &rng);
+        TestTensor co = TestTensor::make(DType::f32, {p.rows, p.k}, tg, Layout::padded, &rng);
+        y.poison();
+        co.poison();
+        const auto yb = y.bytes(), cb = co.bytes();
+        auto ws = Buffer::allocate(cp->workspace_size(), s.memory_location());
+        BARACUDA_ASSERT_OK(ws);
+        MhcCollapseOp::Arguments ca{y.view(), co.view(), x.cview(), w.view()};
+        BARACUDA_ASSERT_OK(cp->run(s, ws->as_workspace(), ca));
+        const mhc_ref::Collapsed ref = mhc_ref::collapse(p, x.values(), w.values());
+        EXPECT_TRUE(
+            close_to(co.values(), ref.coeffs, DType::f32, Accuracy::reduction, what + " coeffs"));
+        EXPECT_TRUE(close_to(y.values(), ref.y, dt, Accuracy::reduction, what + " y"));
+        EXPECT_TRUE(harness::untouched_outside(yb, y.bytes(), y.bit_mask(), what + " y"));
+        EXPECT_TRUE(harness::untouched_outside(cb, co.bytes(), co.bit_mask(), what + " coeffs"));
+        const auto y1 = y.bytes(), c1 = co.bytes();
+        BARACUDA_ASSERT_OK(cp->run(s, ws->as_workspace(), ca));
+        EXPECT_TRUE(harness::bytes_equal(y1, y.bytes(), what + " y rerun"));
+        EXPECT_TRUE(harness::bytes_equal(c1, co.bytes(), what + " coeffs rerun"));
+        // Bit-stability: tokens [lo, lo + sub) alone, so every token sits in another tile slot.
+        if (!cp->precision_guarantee().bit_stable || p.tokens < 3) continue;
+        const int64_t lo = p.tokens / 3, sub = p.tokens - lo - 1;
+        MhcDescriptor d2 = d;
+        d2.tokens = sub;
+        auto cp2 = MhcCollapsePlan::select(
+            s, d2, pin.empty() ? PlanPreference::fastest() : PlanPreference::kernel(pin));
+        BARACUDA_ASSERT_OK(cp2);
+        EXPECT_EQ(cp2->sku().name, cp->sku().name) << what;
+        TestTensor y2 = TestTensor::make(dt, {sub, p.channels}, tg, Layout::contiguous, &rng);
+        TestTensor co2 = TestTensor::make(DType::f32, {sub, p.k}, tg, Layout::contiguous, &rng);
+        auto ws2 = Buffer::allocate(cp2->workspace_size(), s.memory_location());
+        BARACUDA_ASSERT_OK(ws2);
+        MhcCollapseOp::Arguments ca2{y2.view(), co2.view(),
+                                     as_const(x.window({lo, 0, 0}, {sub, p.n, p.channels})),
+                                     w.view()};
+        BARACUDA_ASSERT_OK(cp2->run(s, ws2->as_workspace(), ca2));
+        const Vec yv = y.values(), cv = co.values(), y2v = y2.values(), c2v = co2.values();
+        EXPECT_TRUE(std::equal(y2v.begin(), y2v.end(), yv.begin() + lo * p.channels))
+            << what << " y of a window differs from the full batch";
+        EXPECT_TRUE(std::equal(c2v.begin(), c2v.end(), cv.begin() + lo * p.k))
+            << what << " coeffs of a window differ from the full batch";
+      }
 }
 
 // ---- backward plans against the backward reference ----------------------------------------------
