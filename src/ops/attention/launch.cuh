@@ -63,6 +63,16 @@ struct MmaShapeM16 {
   static constexpr bool kQReg = D == 256 ? MmaShape<D>::kQReg : true;
   static constexpr int kRows = 16 * kNW * kMT;
 };
+// The same per warp with eight warps (128-row CTAs, 1 per SM at ~229 registers): every K/V tile
+// fetched from L2 feeds twice the rows. At FA2-class rates (~300 TFLOP/s at D = 128) 64-row CTAs
+// would pull ~4.7 TB/s of K/V from L2, 128-row CTAs half that.
+template <int D>
+struct MmaShapeM16W8 {
+  static constexpr int kNW = D == 256 ? MmaShape<D>::kNW : 8, kBN = MmaShapeM16<D>::kBN,
+                       kMT = MmaShapeM16<D>::kMT;
+  static constexpr bool kQReg = MmaShapeM16<D>::kQReg;
+  static constexpr int kRows = 16 * kNW * kMT;
+};
 template <template <int> class Sh>
 inline int mma_bn(int d) {
   return d == 64 ? Sh<64>::kBN : d == 128 ? Sh<128>::kBN : Sh<256>::kBN;
@@ -346,6 +356,26 @@ bool register_kernels() {
             },
         .workspace = fwd_mma_workspace<MmaShapeM16>,
         .launch = launch_fwd_mma<T, MmaShapeM16>,
+    });
+    register_kernel<ForwardOp>({
+        .sku = {.category = "attention",
+                .op = ForwardOp::name,
+                .element = E,
+                .aux_element = DType::f32,
+                .layout = "strided",
+                .epilogue = "any_mask",
+                .arch = Arch::sm80,
+                .backend = Backend::bespoke_cuda,
+                .precision = mma,
+                .name = "flash_fwd_mma_m16w8_sm80"},
+        .priority = 18,
+        .fits =
+            [](const Problem& pr, const DeviceCaps&) {
+              return pr.desc.head_dim_qk % 8 == 0 && pr.desc.head_dim_v % 8 == 0 &&
+                     mma_dim(pr) <= 128;
+            },
+        .workspace = fwd_mma_workspace<MmaShapeM16W8>,
+        .launch = launch_fwd_mma<T, MmaShapeM16W8>,
     });
     // Few query rows per K/V head (decode, speculative decoding): above the general kernel; that
     // one stays registered so PlanPreference::kernel("flash_fwd_mma_sm80") can A/B them.
