@@ -3,7 +3,7 @@
 // gpt-oss interleaved layout (pairs kernel), as padded (row-pitched) views, and with a pitch that
 // breaks 16-byte alignment; and the other gates at the big size. Unsuffixed cases run the rows
 // kernel the selection table picks (rows_kernel_for); cases suffixed @legacy / @tiles / @full_grid
-// rerun a case with that rows kernel forced (the A/B the table is filled from), after the rest.
+// rerun a case pinned to that rows kernel's registered variant (the A/B the table is filled from).
 // Bytes counted: each input read once + each output written once. peers.py times the same case
 // names on PyTorch.
 #include <cstring>
@@ -53,7 +53,7 @@ struct Case {
   int64_t pad;  // extra elements at the end of every row (x, y, dy, dx), 0 = dense
   bool backward;
   std::string note;
-  std::optional<RowsKernel> rows = std::nullopt;  // a forced rows kernel; none: the table's
+  std::optional<RowsKernel> rows = std::nullopt;  // a pinned rows kernel; none: the table's
 };
 
 // A [rows, cols] view with row pitch cols + pad into `buf`.
@@ -78,10 +78,9 @@ int64_t numel(const std::vector<int64_t>& shape) {
 
 void run_case(const Stream& s, const Case& c) {
   auto fail = [&](const Error& e) { bench::emit_error("gated", c.op, c.name, e); };
-  force_rows_kernel(c.rows);
-  struct Reset {
-    ~Reset() { force_rows_kernel(std::nullopt); }
-  } reset;
+  // A case with a rows kernel runs pinned to that kernel's registered variant.
+  const PlanPreference pref = c.rows ? PlanPreference::kernel(cuda_kernel_name(c.backward, c.rows))
+                                     : PlanPreference::fastest();
   GatedDescriptor d;
   d.gate = c.gate;
   d.input = c.input;
@@ -103,7 +102,7 @@ void run_case(const Stream& s, const Case& c) {
     Result<Buffer> y =
         Buffer::allocate(static_cast<size_t>(span_elems(out, c.pad) * eb), s.memory_location());
     if (!y.ok()) return fail(y.error());
-    auto plan = GatedForwardPlan::select(s, d);
+    auto plan = GatedForwardPlan::select(s, d, pref);
     if (!plan.ok()) return fail(plan.error());
     GatedForwardOp::Arguments args{.y = view2(*y, t, out, c.pad), .x = xv};
     timing = bench::time_it(s, [&](int) { return plan->run(s, Workspace::none(), args); });
@@ -115,7 +114,7 @@ void run_case(const Stream& s, const Case& c) {
         Buffer::allocate(static_cast<size_t>(span_elems(c.shape, c.pad) * eb), s.memory_location());
     if (!dy.ok()) return fail(dy.error());
     if (!dx.ok()) return fail(dx.error());
-    auto plan = GatedBackwardPlan::select(s, d);
+    auto plan = GatedBackwardPlan::select(s, d, pref);
     if (!plan.ok()) return fail(plan.error());
     GatedBackwardOp::Arguments args{
         .dx = view2(*dx, t, c.shape, c.pad), .x = xv, .dy = as_const(view2(*dy, t, out, c.pad))};
@@ -135,7 +134,7 @@ void run_case(const Stream& s, const Case& c) {
                   .note = c.note});
 }
 
-// The case rerun once per rows kernel, forced, names suffixed "@legacy" / "@tiles" / "@full_grid".
+// The case rerun once per rows kernel, pinned, names suffixed "@legacy" / "@tiles" / "@full_grid".
 void add_variants(std::vector<Case>& out, const Case& c) {
   const std::pair<RowsKernel, const char*> kernels[] = {
       {RowsKernel::legacy, "@legacy"},
@@ -144,7 +143,7 @@ void add_variants(std::vector<Case>& out, const Case& c) {
   for (const auto& [k, suffix] : kernels) {
     Case v = c;
     v.name += suffix;
-    v.note = std::string("rows kernel forced: ") + to_string(k);
+    v.note = std::string("rows kernel pinned: ") + to_string(k);
     v.rows = k;
     out.push_back(v);
   }
@@ -180,7 +179,7 @@ void bench_gated(const Stream& s) {
       if (g == Gate::geglu_erf) add_variants(variants, cases.back());
     }
   }
-  // The forced variants last: a fault there (a sticky CUDA error) cannot cost the default's
+  // The pinned variants last: a fault there (a sticky CUDA error) cannot cost the default's
   // numbers.
   for (const Case& c : cases) run_case(s, c);
   for (const Case& c : variants) run_case(s, c);

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "baracuda/ops/gated.hpp"
@@ -76,15 +77,23 @@ struct RowsChoice {
 // The table (plan.cpp, filled from device measurements: docs/perf/gated.md); a case it does not
 // list takes the legacy kernel (misaligned rows: the strided kernel).
 std::span<const RowsChoice> rows_table();
-// The kernel for a case: the forced one (force_rows_kernel) if any, else the table's.
-RowsKernel rows_kernel_for(DType t, bool backward, bool aligned);
-// Forces every case onto one rows kernel; std::nullopt goes back to the table. Process-wide: the
-// benchmark and the tests use it to A/B the kernels, nothing else should.
-void force_rows_kernel(std::optional<RowsKernel> k);
+// A registered kernel's pin: < 0 takes the rows kernel from the table, else that RowsKernel.
+constexpr std::optional<RowsKernel> pinned_rows_kernel(int pin) {
+  return pin < 0 ? std::nullopt : std::optional<RowsKernel>(static_cast<RowsKernel>(pin));
+}
 
-// `v` collapsed (see collapse). Misaligned rows take rows_unaligned only when rows_kernel_for
-// picks a tiles kernel for them.
-Path choose_path(const Views& v, DType t, bool backward);
+// The kernel for a case: `pinned` if given, else the table's.
+RowsKernel rows_kernel_for(DType t, bool backward, bool aligned,
+                           std::optional<RowsKernel> pinned = std::nullopt);
+// The registered CUDA kernels of a direction: the table's choice ("gated_forward_cuda") and one
+// per rows kernel pinned ("gated_forward_rows_<kernel>"), reached with PlanPreference::kernel (the
+// tests check every one, the benchmark A/Bs them).
+std::string_view cuda_kernel_name(bool backward, std::optional<RowsKernel> pinned);
+
+// `v` collapsed (see collapse). Misaligned rows take rows_unaligned only when the rows kernel
+// (pinned, or the table's) is a tiles kernel.
+Path choose_path(const Views& v, DType t, bool backward,
+                 std::optional<RowsKernel> pinned = std::nullopt);
 
 // Scalar float64 formulas (reference.cpp).
 double reference_forward(Gate g, double alpha, double limit, double a, double b);

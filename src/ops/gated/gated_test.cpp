@@ -4,6 +4,7 @@
 // the reference; determinism and bit stability; every validation path.
 #include <cmath>
 #include <limits>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -281,12 +282,6 @@ INSTANTIATE_TEST_SUITE_P(All, GatedMatrix,
 using gated::Path;
 using gated::RowsKernel;
 
-// Forces the process-wide rows kernel for one scope (back to the table on every exit).
-struct RowsKernelScope {
-  explicit RowsKernelScope(RowsKernel k) { gated::force_rows_kernel(k); }
-  ~RowsKernelScope() { gated::force_rows_kernel(std::nullopt); }
-};
-
 // The path a layout expecting `expected` (with a tiles kernel) takes when `kernel` serves it:
 // misaligned rows go to the strided kernel unless a tiles kernel serves them.
 Path path_with(Path expected, RowsKernel kernel) {
@@ -338,7 +333,7 @@ PitchTensors make_pitched(DType t, const PitchCase& c, bool backward, Target tar
   return r;
 }
 
-// Runs one pitched case with the table's rows kernel and then every kernel forced: each takes the
+// Runs one pitched case with the table's rows kernel and then every kernel pinned: each takes the
 // expected path, every output element matches the float64 reference, bytes outside the outputs
 // are untouched, a second run gives the same bytes (deterministic), and every kernel gives the
 // same bytes as the default (bit_stable; misaligned rows on legacy take the strided kernel).
@@ -418,12 +413,20 @@ void check_pitched(Target target, DType t, Gate g, const PitchCase& c, bool back
   BARACUDA_ASSERT_OK(run());
   for (size_t k = 0; k < ts.out.size(); ++k)
     EXPECT_TRUE(harness::bytes_equal(first[k], ts.out[k].bytes(), "second run"));
-  // Every kernel forced: the expected path, and the same bits.
+  // Every rows kernel pinned (PlanPreference::kernel): the expected path, and the same bits.
   for (RowsKernel variant : {RowsKernel::legacy, RowsKernel::tiles, RowsKernel::tiles_full_grid}) {
     SCOPED_TRACE(std::string("kernel ") + gated::to_string(variant));
-    RowsKernelScope scope(variant);
-    ASSERT_STREQ(path_now(), gated::to_string(path_with(c.expected, variant)));
-    BARACUDA_ASSERT_OK(run());
+    const std::string_view pinned = gated::cuda_kernel_name(backward, variant);
+    auto fpin = GatedForwardPlan::select(stream, d, PlanPreference::kernel(pinned));
+    auto bpin = GatedBackwardPlan::select(stream, d, PlanPreference::kernel(pinned));
+    ASSERT_EQ(backward ? bpin.ok() : fpin.ok(), true) << "no plan pinned to " << pinned;
+    EXPECT_EQ(backward ? bpin->sku().name : fpin->sku().name, pinned);
+    ASSERT_STREQ(gated::to_string(gated::choose_path(v, t, backward, variant)),
+                 gated::to_string(path_with(c.expected, variant)));
+    for (auto& o : ts.out) o.poison();
+    settle(ts.out.back());
+    BARACUDA_ASSERT_OK(backward ? bpin->run(stream, Workspace::none(), ba)
+                                : fpin->run(stream, Workspace::none(), fa));
     for (size_t k = 0; k < ts.out.size(); ++k)
       EXPECT_TRUE(harness::bytes_equal(first[k], ts.out[k].bytes(), "variant"));
   }
@@ -482,10 +485,11 @@ TEST(GatedRowsLarge, GridStrideOverManyTiles) {
 }
 
 // choose_path on host pointers (no GPU needed): which layouts take which path with the table's
-// kernel, with the legacy kernel and with a tiles kernel forced.
+// kernel, with the legacy kernel and with a tiles kernel pinned.
 TEST(GatedPaths, ChoosePathByLayout) {
   constexpr int64_t rows = 4, n = 1000;
   alignas(16) static uint16_t x[rows * (2 * n + 8) + 16], y[rows * (n + 8) + 16];
+  std::optional<RowsKernel> pinned;  // the rows kernel the paths below are chosen for
   auto path = [&](int64_t x_pitch, int64_t x_off, int64_t y_pitch, int64_t y_off,
                   GatedInput input = GatedInput::halves, DType t = DType::bf16) {
     GatedDescriptor d;
@@ -502,7 +506,7 @@ TEST(GatedPaths, ChoosePathByLayout) {
         .x = as_const(make_strided(x + x_off, t, xs, xst, Location::host(), sizeof x))};
     auto v = gated::forward_views(*p, a);
     gated::collapse(v);
-    return std::string(gated::to_string(gated::choose_path(v, t, false)));
+    return std::string(gated::to_string(gated::choose_path(v, t, false, pinned)));
   };
   // The table's kernel for bf16 forward misaligned rows decides between the two paths.
   const bool tiles_unaligned =
@@ -511,14 +515,14 @@ TEST(GatedPaths, ChoosePathByLayout) {
   EXPECT_EQ(path(2 * n + 3, 0, n + 3, 0), tiles_unaligned ? "rows_unaligned" : "strided");
   EXPECT_EQ(path(2 * n, 0, n, 0, GatedInput::interleaved), "pairs");
   {
-    RowsKernelScope legacy(RowsKernel::legacy);  // aligned rows only
+    pinned = RowsKernel::legacy;  // aligned rows only
     EXPECT_EQ(path(2 * n, 0, n, 0), "rows");
     EXPECT_EQ(path(2 * n + 3, 0, n + 3, 0), "strided");
     EXPECT_EQ(path(2 * n, 1, n, 1), "strided");
   }
   for (RowsKernel k : {RowsKernel::tiles, RowsKernel::tiles_full_grid}) {
     SCOPED_TRACE(gated::to_string(k));
-    RowsKernelScope tiles(k);
+    pinned = k;
     EXPECT_EQ(path(2 * n, 0, n, 0), "rows");                    // dense
     EXPECT_EQ(path(2 * n + 8, 0, n + 8, 8), "rows");            // pitched by 16 bytes
     EXPECT_EQ(path(2 * n + 3, 0, n + 3, 0), "rows_unaligned");  // bench's pitch+3
@@ -531,7 +535,7 @@ TEST(GatedPaths, ChoosePathByLayout) {
 }
 
 // The selection table: one entry per (dtype, direction, alignment); rows_kernel_for returns the
-// entry, legacy for a case not listed (f16, f64), and the forced kernel while one is forced.
+// entry, legacy for a case not listed (f16, f64), and the pinned kernel when one is pinned.
 TEST(GatedPaths, RowsKernelTable) {
   const auto table = gated::rows_table();
   ASSERT_FALSE(table.empty());
@@ -544,17 +548,20 @@ TEST(GatedPaths, RowsKernelTable) {
                    table[j].aligned == c.aligned)
           << "duplicate entry " << j << " and " << i;
     EXPECT_EQ(gated::rows_kernel_for(c.dtype, c.backward, c.aligned), c.kernel);
-    RowsKernelScope forced(RowsKernel::tiles_full_grid);
-    EXPECT_EQ(gated::rows_kernel_for(c.dtype, c.backward, c.aligned), RowsKernel::tiles_full_grid);
+    EXPECT_EQ(gated::rows_kernel_for(c.dtype, c.backward, c.aligned, RowsKernel::tiles_full_grid),
+              RowsKernel::tiles_full_grid);
   }
   for (DType t : {DType::f16, DType::f64})
     for (bool backward : {false, true})
       for (bool aligned : {false, true})
         EXPECT_EQ(gated::rows_kernel_for(t, backward, aligned), RowsKernel::legacy);
-  // Forcing ends with its scope: back to the table.
-  { RowsKernelScope forced(RowsKernel::tiles); }
-  EXPECT_EQ(gated::rows_kernel_for(table[0].dtype, table[0].backward, table[0].aligned),
-            table[0].kernel);
+  // Every pinned rows kernel is a registered kernel of its own, with a distinct name.
+  std::set<std::string_view> names;
+  for (bool backward : {false, true})
+    for (std::optional<RowsKernel> k :
+         {std::optional<RowsKernel>{}, std::optional(RowsKernel::legacy),
+          std::optional(RowsKernel::tiles), std::optional(RowsKernel::tiles_full_grid)})
+      EXPECT_TRUE(names.insert(gated::cuda_kernel_name(backward, k)).second);
 }
 
 // ---- The float64 reference

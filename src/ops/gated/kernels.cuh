@@ -635,7 +635,7 @@ Status launch_tiles(const LaunchContext& ctx, std::string_view op, const char* w
   return cuda::check_launch(op, what);
 }
 
-template <DType D>
+template <DType D, int kPin>
 Status launch_forward(const LaunchContext& ctx, const GatedProblem& p,
                       const GatedForwardOp::Arguments& args) {
   using T = cuda::device_t<D>;
@@ -647,11 +647,12 @@ Status launch_forward(const LaunchContext& ctx, const GatedProblem& p,
   const DevViews dv = to_device(v);
   const auto prm = params_of<compute_t<T>>(p);
   const int g = static_cast<int>(p.gate);
-  switch (const Path path = choose_path(v, D, false)) {
+  switch (const Path path = choose_path(v, D, false, pinned_rows_kernel(kPin))) {
     case Path::rows:
     case Path::rows_unaligned:
       // choose_path gives rows_unaligned only when the table picks a tiles kernel for it.
-      if (const RowsKernel k = rows_kernel_for(D, false, path == Path::rows);
+      if (const RowsKernel k =
+              rows_kernel_for(D, false, path == Path::rows, pinned_rows_kernel(kPin));
           k != RowsKernel::legacy) {
         return launch_tiles(ctx, op, "forward_tiles",
                             Tab::template table<FwdTilesK, typename Tab::Tiles>(g), k, dv,
@@ -676,7 +677,7 @@ Status launch_forward(const LaunchContext& ctx, const GatedProblem& p,
                 p.out_numel, p.gate, prm);
 }
 
-template <DType D>
+template <DType D, int kPin>
 Status launch_backward(const LaunchContext& ctx, const GatedProblem& p,
                        const GatedBackwardOp::Arguments& args) {
   using T = cuda::device_t<D>;
@@ -688,10 +689,11 @@ Status launch_backward(const LaunchContext& ctx, const GatedProblem& p,
   const DevViews dv = to_device(v);
   const auto prm = params_of<compute_t<T>>(p);
   const int g = static_cast<int>(p.gate);
-  switch (const Path path = choose_path(v, D, true)) {
+  switch (const Path path = choose_path(v, D, true, pinned_rows_kernel(kPin))) {
     case Path::rows:
     case Path::rows_unaligned:
-      if (const RowsKernel k = rows_kernel_for(D, true, path == Path::rows);
+      if (const RowsKernel k =
+              rows_kernel_for(D, true, path == Path::rows, pinned_rows_kernel(kPin));
           k != RowsKernel::legacy) {
         return launch_tiles(ctx, op, "backward_tiles",
                             Tab::template table<BwdTilesK, typename Tab::Tiles>(g), k, dv,
@@ -717,9 +719,10 @@ Status launch_backward(const LaunchContext& ctx, const GatedProblem& p,
                 p.out_numel, p.gate, prm);
 }
 
-// Registers the forward and backward CUDA kernels of one dtype (called from kernels_<dtype>.cu).
-template <DType D>
-bool register_cuda() {
+// The forward and backward kernels of one dtype with the rows kernel from the table (priority 10,
+// the default) or pinned (lower priorities: reached only through PlanPreference::kernel).
+template <DType D, int kPin>
+void register_direction_pair(int priority) {
   constexpr PrecisionGuarantee precision{D == DType::f64 ? MathPrecision::f64 : MathPrecision::f32,
                                          D == DType::f64 ? DType::f64 : DType::f32,
                                          /*deterministic=*/true, /*bit_stable=*/true};
@@ -732,9 +735,9 @@ bool register_cuda() {
               .arch = Arch::sm80,
               .backend = Backend::bespoke_cuda,
               .precision = precision,
-              .name = "gated_forward_cuda"},
-      .priority = 10,
-      .launch = launch_forward<D>,
+              .name = cuda_kernel_name(false, pinned_rows_kernel(kPin))},
+      .priority = priority,
+      .launch = launch_forward<D, kPin>,
   });
   register_kernel<GatedBackwardOp>({
       .sku = {.category = "activation",
@@ -745,10 +748,19 @@ bool register_cuda() {
               .arch = Arch::sm80,
               .backend = Backend::bespoke_cuda,
               .precision = precision,
-              .name = "gated_backward_cuda"},
-      .priority = 10,
-      .launch = launch_backward<D>,
+              .name = cuda_kernel_name(true, pinned_rows_kernel(kPin))},
+      .priority = priority,
+      .launch = launch_backward<D, kPin>,
   });
+}
+
+// Registers the CUDA kernels of one dtype (called from kernels_<dtype>.cu).
+template <DType D>
+bool register_cuda() {
+  register_direction_pair<D, -1>(10);
+  register_direction_pair<D, static_cast<int>(RowsKernel::legacy)>(3);
+  register_direction_pair<D, static_cast<int>(RowsKernel::tiles)>(2);
+  register_direction_pair<D, static_cast<int>(RowsKernel::tiles_full_grid)>(1);
   return true;
 }
 

@@ -1,6 +1,5 @@
 // Descriptor and argument rules of the gated family, and the operand views every backend uses.
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -288,9 +287,6 @@ constexpr RowsChoice kRowsTable[] = {
     {DType::f32, true, true, RowsKernel::legacy},   // tiles_full_grid faster, unverified
 };
 
-// The forced kernel (force_rows_kernel), or -1: the table decides.
-std::atomic<int> g_forced{-1};
-
 bool aligned_to(const char* p, int64_t a) {
   return reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(a) == 0;
 }
@@ -321,15 +317,24 @@ std::span<const RowsChoice> rows_table() {
   return kRowsTable;
 }
 
-RowsKernel rows_kernel_for(DType t, bool backward, bool aligned) {
-  if (const int f = g_forced.load(); f >= 0) return static_cast<RowsKernel>(f);
+RowsKernel rows_kernel_for(DType t, bool backward, bool aligned, std::optional<RowsKernel> pinned) {
+  if (pinned) return *pinned;
   for (const RowsChoice& c : kRowsTable)
     if (c.dtype == t && c.backward == backward && c.aligned == aligned) return c.kernel;
   return RowsKernel::legacy;
 }
 
-void force_rows_kernel(std::optional<RowsKernel> k) {
-  g_forced.store(k ? static_cast<int>(*k) : -1);
+std::string_view cuda_kernel_name(bool backward, std::optional<RowsKernel> pinned) {
+  if (!pinned) return backward ? "gated_backward_cuda" : "gated_forward_cuda";
+  switch (*pinned) {
+    case RowsKernel::legacy:
+      return backward ? "gated_backward_rows_legacy" : "gated_forward_rows_legacy";
+    case RowsKernel::tiles:
+      return backward ? "gated_backward_rows_tiles" : "gated_forward_rows_tiles";
+    case RowsKernel::tiles_full_grid:
+      return backward ? "gated_backward_rows_full_grid" : "gated_forward_rows_full_grid";
+  }
+  return "?";
 }
 
 // Pairs path: a and b (and da, db) are the two elements of adjacent pairs on the innermost axis
@@ -367,11 +372,12 @@ PairBases pairs_fit(const Views& v, int64_t elem_bytes, bool backward) {
   return out;
 }
 
-Path choose_path(const Views& v, DType t, bool backward) {
+Path choose_path(const Views& v, DType t, bool backward, std::optional<RowsKernel> pinned) {
   const int64_t elem_bytes = bits_of(t) / 8;
   if (rows_shared_misalignment(v, elem_bytes)) {
     if (rows_aligned(v, elem_bytes)) return Path::rows;
-    if (rows_kernel_for(t, backward, false) != RowsKernel::legacy) return Path::rows_unaligned;
+    if (rows_kernel_for(t, backward, false, pinned) != RowsKernel::legacy)
+      return Path::rows_unaligned;
   }
   if (pairs_fit(v, elem_bytes, backward).x) return Path::pairs;
   return Path::strided;
