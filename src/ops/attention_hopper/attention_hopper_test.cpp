@@ -4,6 +4,10 @@
 //  - AttentionCudnnGpu:      forward + LSE + backward of every cuDNN kernel against the float64
 //                            reference on random data, determinism claims checked bitwise, and
 //                            plan selection (skip visibly without a GPU).
+//  - AttentionFa3Registry:   the sm_90a forward (fa3_fwd_sm90a) is registered below every other
+//                            forward kernel with a truthful precision claim.
+//  - AttentionFa3Gpu:        fa3_fwd_sm90a pinned by name against the float64 reference (Y and
+//                            LSE), run twice and compared bitwise; what its predicate accepts.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -510,6 +514,198 @@ TEST(AttentionCudnnGpu, MisalignedRunFailsWithoutWriting) {
   EXPECT_TRUE(fails_with(
       plan->run(gs, ws.get(), {qbuf.cview(), k.cview(), v.cview(), y.view(), lse.view(), {}, {}}),
       ErrorKind::misaligned_operand, {"attention_forward: q: data=", "is not 16-byte aligned"}));
+  BARACUDA_ASSERT_OK(gs.synchronize());
+  EXPECT_TRUE(harness::bytes_equal(y_before, y.bytes(), "y"));
+  EXPECT_TRUE(harness::bytes_equal(lse_before, lse.bytes(), "lse"));
+}
+
+// ---- The sm_90a forward (fa3_fwd_sm90a) --------------------------------------------------------
+constexpr std::string_view kFa3 = "fa3_fwd_sm90a";
+
+const Kernel<attention::ForwardOp>* fa3_kernel(DType t) {
+  for (const auto& k : KernelTable<attention::ForwardOp>::instance().all())
+    if (k.sku.name == kFa3 && k.sku.element == t) return &k;
+  return nullptr;
+}
+
+TEST(AttentionFa3Registry, RegisteredBelowEveryOtherForwardWithTruthfulPrecision) {
+  int found = 0;
+  for (DType t : {DType::bf16, DType::f16}) {
+    const auto* fa3 = fa3_kernel(t);
+    if (!fa3) continue;  // CPU-only build
+    ++found;
+    EXPECT_EQ(fa3->sku.arch, Arch::sm90a);
+    EXPECT_EQ(fa3->sku.backend, Backend::bespoke_cuda);
+    EXPECT_EQ(fa3->sku.precision.math, t == DType::bf16 ? MathPrecision::bf16 : MathPrecision::f16);
+    EXPECT_EQ(fa3->sku.precision.accumulator, DType::f32);
+    EXPECT_TRUE(fa3->sku.precision.deterministic);
+    EXPECT_FALSE(fa3->sku.precision.bit_stable);
+    // Unmeasured: the default selection must not change until a device run ranks it.
+    for (const auto& k : KernelTable<attention::ForwardOp>::instance().all()) {
+      if (k.sku.element == t && &k != fa3 && k.sku.backend != Backend::cpu_reference) {
+        EXPECT_LT(fa3->priority, k.priority) << k.sku.name;
+      }
+    }
+  }
+  if (found == 0) GTEST_SKIP() << "built without CUDA: fa3_fwd_sm90a is not registered";
+  EXPECT_EQ(found, 2);
+}
+
+// One case: the float64 reference forward on the CPU, then the kernel pinned by name on the GPU,
+// run twice into poisoned outputs.
+void check_fa3_case(const Case& c, harness::Rng& rng) {
+  const Stream& gs = harness::stream_for(Target::cuda);
+  const Stream cpu = Stream::cpu();
+  const Descriptor desc = make_desc(c.t, c.b, c.hq, c.hk, c.lq, c.lk, c.d, c.mask);
+  TestTensor q = cpu_tensor(c.t, {c.b, c.hq, c.lq, c.d}, &rng);
+  TestTensor k = cpu_tensor(c.t, {c.b, c.hk, c.lk, c.d}, &rng);
+  TestTensor v = cpu_tensor(c.t, {c.b, c.hk, c.lk, c.d}, &rng);
+  TestTensor y_ref = cpu_tensor(c.t, {c.b, c.hq, c.lq, c.d}, nullptr);
+  TestTensor lse_ref = cpu_tensor(DType::f32, {c.b, c.hq, c.lq}, nullptr);
+  auto ref = attention::ForwardPlan::select(cpu, desc, PlanPreference::reference());
+  BARACUDA_ASSERT_OK(ref);
+  BARACUDA_ASSERT_OK(ref->run(
+      cpu, Workspace::none(), {q.cview(), k.cview(), v.cview(), y_ref.view(), lse_ref.view(), {}, {}}));
+
+  auto plan = attention::ForwardPlan::select(gs, desc, PlanPreference::kernel(kFa3));
+  BARACUDA_ASSERT_OK(plan);
+  ASSERT_EQ(plan->sku().name, kFa3);
+  EXPECT_TRUE(plan->precision_guarantee().deterministic);
+  TestTensor gq = upload(c, q, c.hq, c.lq, c.d), gk = upload(c, k, c.hk, c.lk, c.d),
+             gv = upload(c, v, c.hk, c.lk, c.d);
+  TestTensor gy = gpu_tensor(c, c.t, c.hq, c.lq, c.d);
+  TestTensor glse = gpu_lse(c);
+  const Workspace_ ws = workspace_of(plan->workspace_size());
+  const attention::ForwardArguments args{gq.cview(), gk.cview(), gv.cview(), gy.view(),
+                                         glse.view(), {},         {}};
+  std::vector<std::vector<uint8_t>> bytes;
+  for (int rep = 0; rep < 2; ++rep) {
+    gy.poison();
+    glse.poison();
+    const auto y_before = gy.bytes(), lse_before = glse.bytes();
+    BARACUDA_ASSERT_OK(plan->run(gs, ws.get(), args));
+    BARACUDA_ASSERT_OK(gs.synchronize());
+    EXPECT_TRUE(harness::close_to(gy.values(), y_ref.values(), c.t, Accuracy::reduction, "y"));
+    EXPECT_TRUE(
+        harness::close_to(glse.values(), lse_ref.values(), c.t, Accuracy::reduction, "lse"));
+    EXPECT_TRUE(harness::untouched_outside(y_before, gy.bytes(), gy.bit_mask(), "y"));
+    EXPECT_TRUE(harness::untouched_outside(lse_before, glse.bytes(), glse.bit_mask(), "lse"));
+    bytes.push_back(gy.bytes());
+    bytes.push_back(glse.bytes());
+  }
+  EXPECT_TRUE(harness::bytes_equal(bytes[0], bytes[2], "y run 1 vs run 2"));
+  EXPECT_TRUE(harness::bytes_equal(bytes[1], bytes[3], "lse run 1 vs run 2"));
+}
+
+// Skips (visibly) where the kernel cannot run: no GPU, not a Hopper GPU, or no sm_90a code.
+#define FA3_SKIP_UNLESS_RUNNABLE()                                                               \
+  BARACUDA_SKIP_IF_UNAVAILABLE(Target::cuda);                                                    \
+  do {                                                                                           \
+    const auto* fa3 = fa3_kernel(DType::bf16);                                                   \
+    const Descriptor probe = make_desc(DType::bf16, 1, 1, 1, 128, 128, 64);                      \
+    if (!fa3 || !fa3->fits(problem_of(probe), harness::stream_for(Target::cuda).caps()))         \
+      GTEST_SKIP() << "fa3_fwd_sm90a does not run here (needs sm_90 and a build with sm_90a)"; \
+  } while (0)
+
+TEST(AttentionFa3Gpu, ForwardMatchesReference) {
+  FA3_SKIP_UNLESS_RUNNABLE();
+  harness::Rng rng;
+  const Case cases[] = {
+      {DType::bf16, 2, 4, 4, 128, 128, 64, Mask::none(), false, false},
+      {DType::f16, 1, 2, 2, 1, 1, 128, Mask::none(), true, false},
+      {DType::bf16, 1, 2, 2, 1, 1, 64, Mask::causal_bottom_right(), false, true},
+      {DType::bf16, 1, 2, 2, 17, 17, 64, Mask::causal_top_left(), false, true},
+      {DType::f16, 1, 3, 3, 17, 17, 128, Mask::none(), true, true},
+      // GQA 4, a ragged 1000-row tail, both layouts.
+      {DType::f16, 1, 8, 2, 1000, 1000, 128, Mask::causal_bottom_right(), true, false},
+      {DType::bf16, 1, 8, 2, 1000, 1000, 64, Mask::none(), false, true},
+      // MQA with Lq < Lk, bottom-right.
+      {DType::bf16, 2, 4, 1, 77, 203, 64, Mask::causal_bottom_right(), false, true},
+      // Lq > Lk bottom-right: the first Lq - Lk rows see no key (Y = 0, LSE = -inf).
+      {DType::f16, 1, 4, 4, 203, 77, 128, Mask::causal_bottom_right(), false, false},
+      {DType::bf16, 1, 2, 2, 300, 77, 64, Mask::causal_bottom_right(), true, true},
+      // Top-left with Lq != Lk (rows past Lk see every key; rows see fewer keys than Lk).
+      {DType::bf16, 1, 4, 4, 300, 77, 64, Mask::causal_top_left(), true, true},
+      {DType::f16, 1, 2, 2, 77, 300, 128, Mask::causal_top_left(), false, false},
+      {DType::f16, 2, 8, 2, 1000, 513, 128, Mask::none(), true, true},
+      {DType::bf16, 1, 2, 2, 129, 255, 128, Mask::none(), false, false},
+      // More (batch, head) blocks than SMs.
+      {DType::bf16, 8, 20, 20, 128, 128, 64, Mask::causal_top_left(), false, false},
+      {DType::f16, 4, 40, 40, 17, 17, 128, Mask::none(), true, false},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(name_of(c));
+    check_fa3_case(c, rng);
+  }
+}
+
+TEST(AttentionFa3Gpu, LongSequencesMatchReference) {
+  FA3_SKIP_UNLESS_RUNNABLE();
+  harness::Rng rng;
+  const Case cases[] = {
+      {DType::bf16, 1, 1, 1, 4096, 4096, 128, Mask::none(), false, false},
+      {DType::f16, 1, 2, 1, 4096, 4096, 64, Mask::causal_top_left(), true, false},
+      {DType::bf16, 1, 1, 1, 4096, 1000, 128, Mask::causal_bottom_right(), false, true},
+      {DType::f16, 1, 1, 1, 1000, 4096, 64, Mask::causal_bottom_right(), true, true},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(name_of(c));
+    check_fa3_case(c, rng);
+  }
+}
+
+TEST(AttentionFa3Gpu, FitsExactlyWhatItSupports) {
+  FA3_SKIP_UNLESS_RUNNABLE();
+  const DeviceCaps& caps = harness::stream_for(Target::cuda).caps();
+  auto fits = [&](const Descriptor& d) { return fa3_kernel(d.dtype)->fits(problem_of(d), caps); };
+  EXPECT_TRUE(fits(make_desc(DType::bf16, 1, 8, 2, 77, 203, 64, Mask::causal_bottom_right())));
+  EXPECT_TRUE(fits(make_desc(DType::f16, 1, 8, 1, 203, 77, 128, Mask::causal_top_left())));
+  EXPECT_FALSE(fits(make_desc(DType::bf16, 1, 4, 4, 64, 64, 96)));   // head dim
+  EXPECT_FALSE(fits(make_desc(DType::bf16, 1, 4, 4, 64, 64, 256)));  // head dim
+  Descriptor dv = make_desc(DType::bf16, 1, 4, 4, 64, 64, 128);
+  dv.head_dim_v = 64;
+  EXPECT_FALSE(fits(dv));
+  EXPECT_FALSE(fits(make_desc(DType::bf16, 1, 4, 4, 64, 64, 64, Mask::sliding_window(16, 0))));
+  EXPECT_FALSE(fits(make_desc(DType::bf16, 1, 4, 4, 64, 64, 64, Mask::sliding_window(-1, 4))));
+  Descriptor capped = make_desc(DType::bf16, 1, 4, 4, 64, 64, 64);
+  capped.softcap = 30;
+  EXPECT_FALSE(fits(capped));
+  Descriptor varlen = make_desc(DType::bf16, 2, 4, 4, 16, 16, 64);
+  varlen.varlen = true;
+  varlen.total_q = varlen.total_k = 32;
+  EXPECT_FALSE(fits(varlen));
+  EXPECT_FALSE(fits(make_desc(DType::bf16, 1, 4, 4, 16, 0, 64)));  // no keys
+  // The default plan is unchanged by the new kernel (it ranks below everything).
+  auto def = attention::ForwardPlan::select(harness::stream_for(Target::cuda),
+                                            make_desc(DType::bf16, 2, 16, 16, 4096, 4096, 128));
+  BARACUDA_ASSERT_OK(def);
+  EXPECT_NE(def->sku().name, kFa3);
+}
+
+TEST(AttentionFa3Gpu, MisalignedRunFailsWithoutWriting) {
+  FA3_SKIP_UNLESS_RUNNABLE();
+  harness::Rng rng;
+  const Stream& gs = harness::stream_for(Target::cuda);
+  const Case c{DType::bf16, 1, 2, 2, 64, 64, 64, Mask::none(), false, false};
+  const Descriptor desc = make_desc(c.t, c.b, c.hq, c.hk, c.lq, c.lk, c.d);
+  auto plan = attention::ForwardPlan::select(gs, desc, PlanPreference::kernel(kFa3));
+  BARACUDA_ASSERT_OK(plan);
+  // K one element into its buffer: valid for the family's rules, not for TMA.
+  TestTensor kbuf =
+      TestTensor::with_strides(c.t, {1, 2, 64, 64}, {8192, 4096, 64, 1}, 1, Target::cuda);
+  kbuf.fill_random(rng);
+  TestTensor q = gpu_tensor(c, c.t, 2, 64, 64), v = gpu_tensor(c, c.t, 2, 64, 64);
+  q.fill_random(rng);
+  v.fill_random(rng);
+  TestTensor y = gpu_tensor(c, c.t, 2, 64, 64);
+  TestTensor lse = gpu_lse(c);
+  y.poison();
+  lse.poison();
+  const auto y_before = y.bytes(), lse_before = lse.bytes();
+  const Workspace_ ws = workspace_of(plan->workspace_size());
+  EXPECT_TRUE(fails_with(
+      plan->run(gs, ws.get(), {q.cview(), kbuf.cview(), v.cview(), y.view(), lse.view(), {}, {}}),
+      ErrorKind::misaligned_operand, {"attention_forward: fa3_fwd_sm90a: k: data is not 16-byte aligned"}));
   BARACUDA_ASSERT_OK(gs.synchronize());
   EXPECT_TRUE(harness::bytes_equal(y_before, y.bytes(), "y"));
   EXPECT_TRUE(harness::bytes_equal(lse_before, lse.bytes(), "lse"));
