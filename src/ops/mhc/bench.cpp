@@ -68,11 +68,14 @@ void run_case(const Stream& s, DType dt) {
                     .note = note});
   };
 
-  {  // the seed's fused static forward
+  // The seed's fused static forward; "<case>@static_forward_fused" is the two-pass kernel (A/B).
+  for (std::string_view pin : {std::string_view{}, std::string_view{"static_forward_fused"}}) {
     d.h = MhcH::static_h;
     d.sinkhorn = {SinkhornInit::exp, SinkhornFirst::rows, 20, 1e-5};
     d.norm_eps = 1e-5;
-    auto plan = MhcStaticForwardPlan::select(s, d);
+    const std::string sname = pin.empty() ? name : name + "@" + std::string(pin);
+    auto plan = MhcStaticForwardPlan::select(
+        s, d, pin.empty() ? PlanPreference::fastest() : PlanPreference::kernel(pin));
     MHC_BENCH_TRY(plan, "mhc_static_forward");
     auto ws = workspace_for(s, *plan);
     MHC_BENCH_TRY(ws, "mhc_static_forward");
@@ -82,7 +85,7 @@ void run_case(const Stream& s, DType dt) {
         cview(*hq, DType::f32, {n}, s),     cview(*hr, DType::f32, {n, n}, s)};
     auto t = bench::time_it(s, [&](int) { return plan->run(s, ws->as_workspace(), a); });
     MHC_BENCH_TRY(t, "mhc_static_forward");
-    emit("mhc_static_forward", name, std::string(plan->sku().name), t->median_ms, 2 * xb, 0,
+    emit("mhc_static_forward", sname, std::string(plan->sku().name), t->median_ms, 2 * xb, 0,
          "read X + write out");
   }
   d.sinkhorn = SinkhornConfig{};
@@ -99,8 +102,10 @@ void run_case(const Stream& s, DType dt) {
       w.fn = cview(*fn, DType::f32, {K, n * C}, s), w.scale = cview(*scale, DType::f32, {3}, s);
       w.base = cview(*base, DType::f32, {K}, s);
     }
-    // Dynamic H also runs pinned to the split-K kernel: the "<case>@collapse" row is the A/B.
-    for (std::string_view pin : {std::string_view{}, std::string_view{"collapse"}}) {
+    // Dynamic H also runs pinned to the split-K kernel ("<case>@collapse") and to the cluster
+    // kernel without its staggered start ("<case>@collapse_dynamic_cluster_lockstep"): the A/B.
+    for (std::string_view pin : {std::string_view{}, std::string_view{"collapse"},
+                                 std::string_view{"collapse_dynamic_cluster_lockstep"}}) {
       if (!pin.empty() && h == MhcH::static_h) continue;
       const std::string cname = pin.empty() ? nm0 : nm0 + "@" + std::string(pin);
       auto plan = MhcCollapsePlan::select(

@@ -373,6 +373,11 @@ struct DynArgs {
   const float* base = nullptr;
   float inv_flat = 0, norm_eps = 0, pre_eps = 0;
   float* co = nullptr;
+  // Start delay of cluster c: (c % 4) * stagger_ns. Every CTA alternates between waiting for its
+  // tile (HBM busy, FMA units idle) and computing on it (the reverse); clusters that start
+  // together stay in step and leave HBM idle half the time. A quarter-period offset between four
+  // groups lets one group's loads run under another's products. 0: no delay.
+  unsigned stagger_ns = 0;
 };
 // Shared memory: X tile [M][pitch] T, then f32: per-warp partials [warps][M][kDynKpass], per-warp
 // sums of squares [warps][M], the CTA's partials [2][M][K + 1] (double-buffered: a peer may still
@@ -437,6 +442,7 @@ __global__ void __launch_bounds__(kDynThreads, 1)
   for (int r = 0; r < kDynCtas; ++r) peer[r] = cluster.map_shared_rank(cpart, r);
 
   int64_t tile = blockIdx.x / kDynCtas;
+  if (a.stagger_ns && (tile & 3)) __nanosleep(static_cast<unsigned>(tile & 3) * a.stagger_ns);
   if (tile < a.tiles)
     for (int it = tid; it < items; it += kDynThreads) load_item(tile, it);
   const int groups = cw * n / 4;  // 4-element groups of the slice (cw is a multiple of 4)

@@ -328,7 +328,7 @@ bool fits_collapse_cluster(const MhcProblem& p, const DeviceCaps& caps) {
   return static_cast<int64_t>(dyn_geom<T>(p).smem) <= caps.smem_per_block_optin;
 }
 
-template <class T>
+template <class T, bool STAGGER>
 Status collapse_cluster(const LaunchContext& ctx, const MhcProblem& p,
                         const MhcCollapseOp::Arguments& a) {
   constexpr std::string_view op = MhcCollapseOp::name;
@@ -386,6 +386,13 @@ Status collapse_cluster(const LaunchContext& ctx, const MhcProblem& p,
     clusters = std::min(n_clusters, 255);
     if (dev >= 0 && dev < 16) cache[dev].store(key | clusters, std::memory_order_relaxed);
   }
+  // A quarter of the time one CTA's tile takes to arrive when every SM loads at once (about
+  // 23 bytes/ns per SM on an H100); only worth it when each cluster runs several tiles.
+  if (STAGGER && da.tiles >= 2 * clusters)
+    da.stagger_ns = static_cast<unsigned>(
+        std::min<int64_t>(g.m * p.n * (g.q * (16 / static_cast<int64_t>(sizeof(T))) / kDynCtas) *
+                              static_cast<int64_t>(sizeof(T)) / 92,
+                          50000));
   cfg.gridDim = dim3(static_cast<unsigned>(std::min<int64_t>(clusters, da.tiles) * kDynCtas));
   if (cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, static_cast<T*>(a.y.data),
                                          static_cast<const T*>(a.x.data), da);
@@ -639,7 +646,14 @@ bool register_mhc_cuda() {
                                   .priority = 20,
                                   .fits = fits_collapse_cluster<D>,
                                   .workspace = ws_collapse,
-                                  .launch = collapse_cluster<T>});
+                                  .launch = collapse_cluster<T, true>});
+  // The same kernel with every cluster starting at once (A/B of the staggered start).
+  register_kernel<MhcCollapseOp>({.sku = sku(MhcCollapseOp::name, DType::f32, kForward,
+                                             "collapse_dynamic_cluster_lockstep", Arch::sm90),
+                                  .priority = 15,
+                                  .fits = fits_collapse_cluster<D>,
+                                  .workspace = ws_collapse,
+                                  .launch = collapse_cluster<T, false>});
   register_kernel<MhcExpandOp>({.sku = sku(MhcExpandOp::name, DType::f32, kForward, "expand"),
                                 .priority = 10,
                                 .launch = expand<T>});
