@@ -967,7 +967,9 @@ constexpr int kLdM = kTile + 1;  // pitch of a 64 x 64 f32 operand kept whole in
 // cores (kTC, 16-bit T only): T slices A [m][k], B [k][n] plus an f32 tile F through which the
 // accumulator moves between WMMA fragments and the SIMT register layout that every epilogue
 // uses (acc[i][j] = element (ty + 16 i, tx + 16 j)).
-constexpr int kLdA = kTileK + 8;  // 16-bit pitches: multiples of 8 elements, rows 32-byte aligned
+constexpr int kTcStageK = 64;  // k depth of one tensor-core operand stage
+constexpr int kLdA =
+    kTcStageK + 8;  // 16-bit pitches: multiples of 8 elements, rows 32-byte aligned
 constexpr int kLdB = kTile + 8;
 template <class T, bool kTC>
 struct GemmSmem {
@@ -975,9 +977,13 @@ struct GemmSmem {
 };
 template <class T>
 struct GemmSmem<T, true> {
-  alignas(32) T a[kTile][kLdA];
-  alignas(32) T b[kTileK][kLdB];
-  alignas(32) float f[kTile][kLdF];
+  union {
+    struct {
+      alignas(32) T a[kTile][kLdA];      // [m][k]
+      alignas(32) T b[kTcStageK][kLdB];  // [k][n]
+    } s;
+    alignas(32) float f[kTile][kLdF];  // the accumulator on its way in and out of the fragments
+  } u;
 };
 
 // acc (this thread's 4 x 4 of a 64 x 64 tile) += sum_{k < K} fa(m, k) fb(k, n). fa answers 0 for
@@ -1003,50 +1009,88 @@ __device__ __forceinline__ void gemm(float (&acc)[4][4], GemmSmem<T, false>& sm,
 }
 
 // The same product on tensor cores: operands rounded to T, f32 accumulation. 8 warps, each a
-// 16 x 32 strip (two 16 x 16 fragments) of the tile.
+// 16 x 32 strip (two 16 x 16 fragments) of the tile. K advances 64 at a time: every thread
+// issues its 16 loads of an operand before storing any (latency overlap), and a 64-deep stage
+// costs one barrier pair instead of four.
 template <bool kAK, bool kBK, class T, class FA, class FB>
 __device__ __forceinline__ void gemm(float (&acc)[4][4], GemmSmem<T, true>& sm, int64_t K,
                                      const FA& fa, const FB& fb) {
+  constexpr int kPer = kTile * kTcStageK / kThreads;  // elements of one operand per thread
+  constexpr int kBatch = 8;
   const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
   const int warp = tid / 32, r0 = (warp / 2) * 16, c0 = (warp % 2) * 32;
 #pragma unroll
   for (int i = 0; i < 4; ++i)
 #pragma unroll
-    for (int j = 0; j < 4; ++j) sm.f[ty + 16 * i][tx + 16 * j] = acc[i][j];
+    for (int j = 0; j < 4; ++j) sm.u.f[ty + 16 * i][tx + 16 * j] = acc[i][j];
   __syncthreads();
   FragC f[2];
 #pragma unroll
   for (int j = 0; j < 2; ++j)
-    wm::load_matrix_sync(f[j], &sm.f[r0][c0 + 16 * j], kLdF, wm::mem_row_major);
-  for (int64_t k0 = 0; k0 < K; k0 += kTileK) {
+    wm::load_matrix_sync(f[j], &sm.u.f[r0][c0 + 16 * j], kLdF, wm::mem_row_major);
+  __syncthreads();  // the operand stages below overlay f
+  for (int64_t k0 = 0; k0 < K; k0 += kTcStageK) {
+    // Batches of kBatch loads in flight per thread: enough to overlap their latency, few enough
+    // to keep the kernels near 128 registers (two blocks per SM).
+#pragma unroll 1
+    for (int r0b = 0; r0b < kPer; r0b += kBatch) {
+      float v[kBatch];
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int idx = tid + r * kThreads;
-      const int ka = kAK ? idx % kTileK : idx / kTile, ma = kAK ? idx / kTileK : idx % kTile;
-      const int kb = kBK ? idx % kTileK : idx / kTile, nb = kBK ? idx / kTileK : idx % kTile;
-      sm.a[ma][ka] = from_float<T>(k0 + ka < K ? fa(ma, k0 + ka) : 0.0f);
-      sm.b[kb][nb] = from_float<T>(k0 + kb < K ? fb(k0 + kb, nb) : 0.0f);
+      for (int r = 0; r < kBatch; ++r) {
+        const int idx = tid + (r0b + r) * kThreads;
+        const int ka = kAK ? idx % kTcStageK : idx / kTile,
+                  ma = kAK ? idx / kTcStageK : idx % kTile;
+        v[r] = k0 + ka < K ? fa(ma, k0 + ka) : 0.0f;
+      }
+#pragma unroll
+      for (int r = 0; r < kBatch; ++r) {
+        const int idx = tid + (r0b + r) * kThreads;
+        const int ka = kAK ? idx % kTcStageK : idx / kTile,
+                  ma = kAK ? idx / kTcStageK : idx % kTile;
+        sm.u.s.a[ma][ka] = from_float<T>(v[r]);
+      }
+    }
+#pragma unroll 1
+    for (int r0b = 0; r0b < kPer; r0b += kBatch) {
+      float v[kBatch];
+#pragma unroll
+      for (int r = 0; r < kBatch; ++r) {
+        const int idx = tid + (r0b + r) * kThreads;
+        const int kb = kBK ? idx % kTcStageK : idx / kTile,
+                  nb = kBK ? idx / kTcStageK : idx % kTile;
+        v[r] = k0 + kb < K ? fb(k0 + kb, nb) : 0.0f;
+      }
+#pragma unroll
+      for (int r = 0; r < kBatch; ++r) {
+        const int idx = tid + (r0b + r) * kThreads;
+        const int kb = kBK ? idx % kTcStageK : idx / kTile,
+                  nb = kBK ? idx / kTcStageK : idx % kTile;
+        sm.u.s.b[kb][nb] = from_float<T>(v[r]);
+      }
     }
     __syncthreads();
-    FragA<T> a;
-    wm::load_matrix_sync(a, &sm.a[r0][0], kLdA);
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      FragB<T> b;
-      wm::load_matrix_sync(b, &sm.b[0][c0 + 16 * j], kLdB);
-      wm::mma_sync(f[j], a, b, f[j]);
+    for (int kk = 0; kk < kTcStageK; kk += 16) {
+      FragA<T> a;
+      wm::load_matrix_sync(a, &sm.u.s.a[r0][kk], kLdA);
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        FragB<T> b;
+        wm::load_matrix_sync(b, &sm.u.s.b[kk][c0 + 16 * j], kLdB);
+        wm::mma_sync(f[j], a, b, f[j]);
+      }
     }
     __syncthreads();
   }
-  // Each warp stores only the strip it loaded, so no barrier is needed before this store.
+  // The loop's last barrier (or the one before it) freed the stages that f overlays.
 #pragma unroll
   for (int j = 0; j < 2; ++j)
-    wm::store_matrix_sync(&sm.f[r0][c0 + 16 * j], f[j], kLdF, wm::mem_row_major);
+    wm::store_matrix_sync(&sm.u.f[r0][c0 + 16 * j], f[j], kLdF, wm::mem_row_major);
   __syncthreads();
 #pragma unroll
   for (int i = 0; i < 4; ++i)
 #pragma unroll
-    for (int j = 0; j < 4; ++j) acc[i][j] = sm.f[ty + 16 * i][tx + 16 * j];
+    for (int j = 0; j < 4; ++j) acc[i][j] = sm.u.f[ty + 16 * i][tx + 16 * j];
   __syncthreads();  // f is rewritten by the next product
 }
 
