@@ -41,7 +41,7 @@ double forward_flops(const Case& c) {
   return 2 * tokens * (c.G * tri * c.N + c.H * (tri * c.D + 2.0 * c.D * c.N));
 }
 
-// `kernel`: empty for the plan `select` picks, else that kernel (A/B rows of the same case).
+// `kernel_pref`: empty for the plan `select` picks, else that kernel (A/B rows of one case).
 void run_prefill(const Stream& s, const Case& c, bool backward, std::string_view kernel_pref = {}) {
   const std::string op = backward ? "ssd_backward" : "ssd_forward";
   auto fail = [&](const Error& e) { bench::emit_error("ssd", op, c.name, e); };

@@ -1077,6 +1077,13 @@ TEST_P(SsdPlans, BackwardChunkedShapesOnDevice) {
                      Layout::contiguous, pref);
         run_backward(target, dtype, {1, 77, 2, 80, 24, 1, chunk, {}}, Layout::contiguous, pref);
       }
+  // D = N = 256: four 64-wide tiles of each, the partials summed across them.
+  for (const char* kernel : {"chunked_f32", "chunked_wmma"})
+    run_backward(target, DType::bf16,
+                 {1, 150, 2, 256, 256, 1, 128, {.d_skip = ssd::DSkip::per_head, .final = true}},
+                 Layout::contiguous, PlanPreference::kernel(kernel));
+  run_backward(target, DType::f32, {1, 150, 2, 256, 256, 1, 128, {.init = true}},
+               Layout::contiguous, PlanPreference::kernel("chunked_f32"));
   run_backward(target, DType::f32, {2, 0, 2, 4, 4, 1, 64, {.init = true, .final = true}},
                Layout::contiguous, PlanPreference::kernel("chunked_f32"));
   run_backward(target, DType::bf16, {2, 0, 2, 4, 4, 1, 64, {.init = true, .final = true}},
