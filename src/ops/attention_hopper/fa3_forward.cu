@@ -58,16 +58,22 @@ using attention::Problem;
 
 constexpr int kBM = 128;        // query rows per CTA (two consumer warpgroups of 64)
 constexpr int kBN = 128;        // keys per tile
-constexpr int kStages = 2;      // K/V ring depth
 constexpr int kConsumers = 2;   // consumer warpgroups
 constexpr int kThreads = (kConsumers + 1) * 128;  // + the producer warpgroup
 constexpr int kProducerWarp = kConsumers * 4;        // its first warp issues the loads
 // setmaxnreg: the producer warpgroup gives registers back, the consumers take them
 // (128 * (24 + 2 * 240) <= 64K).
 constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+// mbarriers: the Q tile; per K/V stage (at most 3) "K full", "V full" (TMA transaction counts) and
+// "K empty", "V empty" (one arrive per consumer warp).
+constexpr int kMaxStages = 3;
+constexpr int kBarQ = 0, kBarKFull = 1, kBarVFull = kBarKFull + kMaxStages,
+              kBarKEmpty = kBarVFull + kMaxStages, kBarVEmpty = kBarKEmpty + kMaxStages,
+              kBars = kBarVEmpty + kMaxStages;
 
 template <int D>
 struct Smem {
+  static constexpr int kStages = D == 64 ? 3 : 2;  // K/V ring depth (D = 128: 160 KB in all)
   static constexpr int kQBytes = kBM * D * 2;
   static constexpr int kTileBytes = kBN * D * 2;  // one K or V tile
   static constexpr int kBytes = kQBytes + 2 * kStages * kTileBytes;
@@ -202,8 +208,8 @@ struct Ops<__half> {
 };
 template <class T, int D>
 __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t sk0, uint32_t sv0,
-                                        uint32_t bar_q, const uint64_t* bars, int m0, int n_tiles,
-                                        int warp, int lane, int h, int b);
+                                        const uint64_t* bars, int m0, int n_tiles, int warp,
+                                        int lane, int h, int b);
 #endif  // BARACUDA_FA3_DEVICE
 
 template <class T, int D>
@@ -212,23 +218,19 @@ __global__ void __launch_bounds__(kThreads, 1)
                    const __grid_constant__ CUtensorMap tv, const Params p) {
 #if BARACUDA_FA3_DEVICE
   using S = Smem<D>;
+  constexpr int kSt = S::kStages;
   constexpr int kDB = D / 64;  // 64-column blocks per row
   extern __shared__ uint8_t smem_raw[];
-  __shared__ alignas(8) uint64_t bars[1 + 3 * kStages];  // q, k_full[], v_full[], empty[]
+  __shared__ alignas(8) uint64_t bars[kBars + kConsumers * 128 / 2];  // + consumer scratch
   uint8_t* smem = reinterpret_cast<uint8_t*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
   const uint32_t sq = smem_u32(smem);
   const uint32_t sk0 = sq + S::kQBytes;
-  const uint32_t sv0 = sk0 + kStages * S::kTileBytes;
-  const uint32_t bar_q = smem_u32(&bars[0]);
-  auto bar_k = [&](int s) { return smem_u32(&bars[1 + s]); };
-  auto bar_v = [&](int s) { return smem_u32(&bars[1 + kStages + s]); };
-  auto bar_e = [&](int s) { return smem_u32(&bars[1 + 2 * kStages + s]); };
+  const uint32_t sv0 = sk0 + kSt * S::kTileBytes;
 
   // Heaviest (causal) query blocks first.
   const int m_block = p.m_blocks - 1 - static_cast<int>(blockIdx.x);
   const int h = static_cast<int>(blockIdx.y), b = static_cast<int>(blockIdx.z);
-  const int hk = h / p.group;
   const int m0 = m_block * kBM;
   int n_end = p.lk;  // keys [0, n_end) are visible to some row of the block
   if (p.causal) n_end = min(p.lk, m0 + kBM + p.off);
@@ -236,11 +238,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   if (threadIdx.x == 0) {
-    mbar_init(bar_q, 1);
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(bar_k(s), 1);
-      mbar_init(bar_v(s), 1);
-      mbar_init(bar_e(s), kConsumers * 4);
+    mbar_init(smem_u32(&bars[kBarQ]), 1);
+    for (int s = 0; s < kSt; ++s) {
+      mbar_init(smem_u32(&bars[kBarKFull + s]), 1);
+      mbar_init(smem_u32(&bars[kBarVFull + s]), 1);
+      mbar_init(smem_u32(&bars[kBarKEmpty + s]), kConsumers * 4);
+      mbar_init(smem_u32(&bars[kBarVEmpty + s]), kConsumers * 4);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -249,166 +252,244 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (warp >= kProducerWarp) {
     setmaxnreg_dec<kProducerRegs>();
     if (warp == kProducerWarp && lane == 0 && n_tiles > 0) {
-      mbar_expect_tx(bar_q, S::kQBytes);
+      const int hk = h / p.group;
+      const uint32_t bq = smem_u32(&bars[kBarQ]);
+      mbar_expect_tx(bq, S::kQBytes);
 #pragma unroll
-      for (int db = 0; db < kDB; ++db) tma_load_4d(sq + db * kBM * 128, &tq, bar_q, db * 64, m0, h, b);
+      for (int db = 0; db < kDB; ++db) tma_load_4d(sq + db * kBM * 128, &tq, bq, db * 64, m0, h, b);
       for (int n = 0; n < n_tiles; ++n) {
-        const int s = n % kStages;
-        mbar_wait(bar_e(s), ((n / kStages) & 1) ^ 1);
-        const uint32_t dk = sk0 + s * S::kTileBytes, dv = sv0 + s * S::kTileBytes;
-        mbar_expect_tx(bar_k(s), S::kTileBytes);
+        const int s = n % kSt;
+        const uint32_t free_parity = ((n / kSt) & 1) ^ 1;
+        const uint32_t bk = smem_u32(&bars[kBarKFull + s]), bv = smem_u32(&bars[kBarVFull + s]);
+        mbar_wait(smem_u32(&bars[kBarKEmpty + s]), free_parity);
+        mbar_expect_tx(bk, S::kTileBytes);
 #pragma unroll
         for (int db = 0; db < kDB; ++db)
-          tma_load_4d(dk + db * kBN * 128, &tk, bar_k(s), db * 64, n * kBN, hk, b);
-        mbar_expect_tx(bar_v(s), S::kTileBytes);
+          tma_load_4d(sk0 + s * S::kTileBytes + db * kBN * 128, &tk, bk, db * 64, n * kBN, hk, b);
+        mbar_wait(smem_u32(&bars[kBarVEmpty + s]), free_parity);
+        mbar_expect_tx(bv, S::kTileBytes);
 #pragma unroll
         for (int db = 0; db < kDB; ++db)
-          tma_load_4d(dv + db * kBN * 128, &tv, bar_v(s), db * 64, n * kBN, hk, b);
+          tma_load_4d(sv0 + s * S::kTileBytes + db * kBN * 128, &tv, bv, db * 64, n * kBN, hk, b);
       }
     }
   } else {
     setmaxnreg_inc<kConsumerRegs>();
-    consume<T, D>(p, sq, sk0, sv0, bar_q, bars, m0, n_tiles, warp, lane, h, b);
+    consume<T, D>(p, sq, sk0, sv0, bars, m0, n_tiles, warp, lane, h, b);
   }
 #endif  // BARACUDA_FA3_DEVICE
 }
 
 #if BARACUDA_FA3_DEVICE
-// The consumer warpgroups: S = Q K^T, online softmax, O += P V per key tile; then the epilogue.
+// Masks one S tile (key tail, causal band), updates the running max / sum of the thread's two rows
+// and turns the scores into unnormalized probabilities 2^(s * scale * log2(e) - max) in place;
+// corr[i] is the factor the row's O accumulator must be multiplied by.
+__device__ __forceinline__ void softmax_tile(float (&sc)[kBN / 2], const Params& p, int c0,
+                                             int mask_from, const int (&limit)[2], int cq,
+                                             float (&m_run)[2], float (&l_run)[2],
+                                             float (&corr)[2]) {
+  if (c0 + kBN > mask_from) {
+#pragma unroll
+    for (int j = 0; j < kBN / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int col = c0 + 8 * j + cq + (e & 1);
+        if (col >= limit[e >> 1]) sc[4 * j + e] = -INFINITY;
+      }
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kBN / 8; ++j)
+      mx = fmaxf(mx, fmaxf(sc[4 * j + 2 * i], sc[4 * j + 2 * i + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m_run[i], mx * p.scale_log2);
+    // A row that has seen no key yet keeps max -inf: subtract 0 so that 2^-inf = 0 (no NaN).
+    const float base = m_new == -INFINITY ? 0.f : m_new;
+    corr[i] = fast_exp2(m_run[i] - base);
+    m_run[i] = m_new;
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < kBN / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float v = fast_exp2(fmaf(sc[4 * j + 2 * i + e], p.scale_log2, -base));
+        sc[4 * j + 2 * i + e] = v;
+        sum += v;
+      }
+    l_run[i] = l_run[i] * corr[i] + sum;
+  }
+}
+
+// P (the probabilities of one tile, f32 accumulator fragment) as the A fragments of BN / 16
+// k16-steps of the P V wgmma, rounded to the 16-bit type.
+template <class T>
+__device__ __forceinline__ void pack_p(const float (&sc)[kBN / 2], uint32_t (&pa)[kBN / 16][4]) {
+#pragma unroll
+  for (int kk = 0; kk < kBN / 16; ++kk) {
+    pa[kk][0] = Ops<T>::pack(sc[8 * kk + 0], sc[8 * kk + 1]);
+    pa[kk][1] = Ops<T>::pack(sc[8 * kk + 2], sc[8 * kk + 3]);
+    pa[kk][2] = Ops<T>::pack(sc[8 * kk + 4], sc[8 * kk + 5]);
+    pa[kk][3] = Ops<T>::pack(sc[8 * kk + 6], sc[8 * kk + 7]);
+  }
+}
+
+template <class T, int D>
+__device__ __forceinline__ void issue_s(float (&sc)[kBN / 2], uint32_t q_base, uint32_t k_base) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const uint32_t koff = (kk % 4) * 32;  // k16 step inside a 128-byte swizzle row
+    const uint64_t da = desc_sw128(q_base + (kk / 4) * kBM * 128 + koff, 16, 1024);
+    const uint64_t dbk = desc_sw128(k_base + (kk / 4) * kBN * 128 + koff, 16, 1024);
+    Ops<T>::ss128(sc, da, dbk, kk > 0 ? 1 : 0);
+  }
+  wgmma_commit();
+}
+
+template <class T, int D>
+__device__ __forceinline__ void issue_pv(float (&o)[D / 2], const uint32_t (&pa)[kBN / 16][4],
+                                         uint32_t v_base) {
+#pragma unroll
+  for (int kk = 0; kk < kBN / 16; ++kk) {
+    const uint64_t dbv = desc_sw128(v_base + kk * 16 * 128, kBN * 128, 1024);
+    Ops<T>::template rs<D>(o, pa[kk], dbv);
+  }
+  wgmma_commit();
+}
+
+// One arrive per warp on a stage's "empty" barrier, once the warp's wgmmas reading it are done.
+__device__ __forceinline__ void release(const uint64_t* bars, int which, int lane) {
+  __syncwarp();
+  if (lane == 0) mbar_arrive(smem_u32(&bars[which]));
+}
+
+// The consumer warpgroups. Per key tile n (after the first): issue S_n = Q K_n^T and
+// O += P_{n-1} V_{n-1}, wait for S_n only, run tile n's softmax while P V runs on the tensor cores,
+// then wait for P V and rescale O. Then the epilogue.
 template <class T, int D>
 __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t sk0, uint32_t sv0,
-                                        uint32_t bar_q, const uint64_t* bars, int m0, int n_tiles,
-                                        int warp, int lane, int h, int b) {
+                                        const uint64_t* bars, int m0, int n_tiles, int warp,
+                                        int lane, int h, int b) {
   using S = Smem<D>;
-  auto bar_k = [&](int s) { return smem_u32(&bars[1 + s]); };
-  auto bar_v = [&](int s) { return smem_u32(&bars[1 + kStages + s]); };
-  auto bar_e = [&](int s) { return smem_u32(&bars[1 + 2 * kStages + s]); };
+  constexpr int kSt = S::kStages;
   const int wg = warp / 4, wl = warp % 4;
-  const int r_in_wg = wl * 16 + lane / 4;  // this thread's first row within the warpgroup's 64
-  const int row0 = m0 + wg * 64 + r_in_wg;  // and its second row is row0 + 8
-  const int cq = 2 * (lane % 4);           // first column of each 8-column accumulator group
+  const int row0 = m0 + wg * 64 + wl * 16 + lane / 4;  // this thread's rows: row0 and row0 + 8
+  const int cq = 2 * (lane % 4);  // first column of each 8-column accumulator group
   float o[D / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
-  // Per row: keys < limit are visible.
-  int limit[2];
+  int limit[2];  // keys < limit are visible to the row
 #pragma unroll
   for (int i = 0; i < 2; ++i) limit[i] = p.causal ? min(p.lk, row0 + 8 * i + p.off + 1) : p.lk;
   // Columns from which some row of this warpgroup needs masking.
   const int mask_from = p.causal ? min(p.lk, m0 + wg * 64 + p.off + 1) : p.lk;
-
   const uint32_t q_base = sq + wg * 64 * 128;
-  if (n_tiles > 0) mbar_wait(bar_q, 0);
-  for (int n = 0; n < n_tiles; ++n) {
-    const int s = n % kStages;
-    const uint32_t ph = (n / kStages) & 1;
-    const uint32_t k_base = sk0 + s * S::kTileBytes, v_base = sv0 + s * S::kTileBytes;
+  // One word per consumer thread after the barriers (see the loop).
+  const uint32_t scratch = smem_u32(&bars[kBars]) + (static_cast<uint32_t>(threadIdx.x) * 4);
+
+  if (n_tiles > 0) {
     float sc[kBN / 2];
-    mbar_wait(bar_k(s), ph);
+    uint32_t pa[kBN / 16][4];
+    float corr[2];
+    mbar_wait(smem_u32(&bars[kBarQ]), 0);
+    mbar_wait(smem_u32(&bars[kBarKFull]), 0);
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const uint32_t koff = (kk % 4) * 32;  // k16 step inside a 128-byte swizzle row
-      const uint64_t da = desc_sw128(q_base + (kk / 4) * kBM * 128 + koff, 16, 1024);
-      const uint64_t dbk = desc_sw128(k_base + (kk / 4) * kBN * 128 + koff, 16, 1024);
-      Ops<T>::ss128(sc, da, dbk, kk > 0 ? 1 : 0);
-    }
-    wgmma_commit();
+    issue_s<T, D>(sc, q_base, sk0);
     wgmma_wait<0>();
     fence_regs(sc);
-
-    // Mask: the key tail and the causal band.
-    const int c0 = n * kBN;
-    if (c0 + kBN > mask_from) {
+    release(bars, kBarKEmpty, lane);
+    softmax_tile(sc, p, 0, mask_from, limit, cq, m_run, l_run, corr);  // O is 0: no rescale
+    for (int n = 1; n < n_tiles; ++n) {
+      const int s = n % kSt, sp = (n - 1) % kSt;
+      pack_p<T>(sc, pa);
+      mbar_wait(smem_u32(&bars[kBarKFull + s]), (n / kSt) & 1);
+      fence_regs(o);
+      wgmma_fence();
+      issue_s<T, D>(sc, q_base, sk0 + s * S::kTileBytes);
+      mbar_wait(smem_u32(&bars[kBarVFull + sp]), ((n - 1) / kSt) & 1);
+      wgmma_fence();
+      issue_pv<T, D>(o, pa, sv0 + sp * S::kTileBytes);
+      wgmma_wait<1>();  // S_n done; P_{n-1} V_{n-1} may still run
+      fence_regs(sc);
+      release(bars, kBarKEmpty + s, lane);
+      softmax_tile(sc, p, n * kBN, mask_from, limit, cq, m_run, l_run, corr);
+      // Keep the softmax ahead of the wait: ptxas schedules the wait (WARPGROUP.DEPBAR) at the
+      // top of the block and the softmax after it, losing the overlap with P V. A shared-memory
+      // store of a value that depends on every exp2 of the tile pins them before the wait.
+      asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(scratch), "f"(l_run[0] + l_run[1])
+                   : "memory");
+      wgmma_wait<0>();
+      fence_regs(o);
+      release(bars, kBarVEmpty + sp, lane);
 #pragma unroll
-      for (int j = 0; j < kBN / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int col = c0 + 8 * j + cq + (e & 1);
-          if (col >= limit[e >> 1]) sc[4 * j + e] = -INFINITY;
-        }
+      for (int j = 0; j < D / 8; ++j) {
+        o[4 * j + 0] *= corr[0];
+        o[4 * j + 1] *= corr[0];
+        o[4 * j + 2] *= corr[1];
+        o[4 * j + 3] *= corr[1];
+      }
     }
-    // Online softmax (base 2).
-    float corr[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int j = 0; j < kBN / 8; ++j) mx = fmaxf(mx, fmaxf(sc[4 * j + 2 * i], sc[4 * j + 2 * i + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(m_run[i], mx * p.scale_log2);
-      const float base = m_new == -INFINITY ? 0.f : m_new;
-      corr[i] = fast_exp2(m_run[i] - base);
-      m_run[i] = m_new;
-      float sum = 0.f;
-#pragma unroll
-      for (int j = 0; j < kBN / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float v = fast_exp2(fmaf(sc[4 * j + 2 * i + e], p.scale_log2, -base));
-          sc[4 * j + 2 * i + e] = v;
-          sum += v;
-        }
-      l_run[i] = l_run[i] * corr[i] + sum;
-    }
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      o[4 * j + 0] *= corr[0];
-      o[4 * j + 1] *= corr[0];
-      o[4 * j + 2] *= corr[1];
-      o[4 * j + 3] *= corr[1];
-    }
-    // P as the A fragments of BN / 16 k-steps.
-    uint32_t pa[kBN / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < kBN / 16; ++kk) {
-      pa[kk][0] = Ops<T>::pack(sc[8 * kk + 0], sc[8 * kk + 1]);
-      pa[kk][1] = Ops<T>::pack(sc[8 * kk + 2], sc[8 * kk + 3]);
-      pa[kk][2] = Ops<T>::pack(sc[8 * kk + 4], sc[8 * kk + 5]);
-      pa[kk][3] = Ops<T>::pack(sc[8 * kk + 6], sc[8 * kk + 7]);
-    }
-    mbar_wait(bar_v(s), ph);
+    const int last = (n_tiles - 1) % kSt;
+    pack_p<T>(sc, pa);
+    mbar_wait(smem_u32(&bars[kBarVFull + last]), ((n_tiles - 1) / kSt) & 1);
     fence_regs(o);
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kBN / 16; ++kk) {
-      const uint64_t dbv = desc_sw128(v_base + kk * 16 * 128, kBN * 128, 1024);
-      Ops<T>::template rs<D>(o, pa[kk], dbv);
-    }
-    wgmma_commit();
+    issue_pv<T, D>(o, pa, sv0 + last * S::kTileBytes);
     wgmma_wait<0>();
     fence_regs(o);
-    __syncwarp();
-    if (lane == 0) mbar_arrive(bar_e(s));
+    release(bars, kBarVEmpty + last, lane);
   }
 
-  // ---- epilogue ----
-  using T2 = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
+  // ---- epilogue: O / l through this warpgroup's own rows of the Q tile (its S wgmmas are all
+  // done) in the same 128-byte-swizzled layout, then 16-byte coalesced stores of whole rows ----
   constexpr float kLn2 = 0.693147180559945309f;
+  float inv[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     float l = l_run[i];
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
+    inv[i] = l > 0.f ? 1.f / l : 0.f;
     const int row = row0 + 8 * i;
-    const float inv = l > 0.f ? 1.f / l : 0.f;
-    if (row < p.lq) {
-      T* yrow = static_cast<T*>(p.y) + b * p.sy[0] + h * p.sy[1] + row * p.sy[2];
+    if (row < p.lq && lane % 4 == 0)
+      p.lse[b * p.sl[0] + h * p.sl[1] + row * p.sl[2]] =
+          l > 0.f ? m_run[i] * kLn2 + logf(l) : -INFINITY;
+  }
+  const int r_wg = wl * 16 + lane / 4;  // row within the warpgroup's 64
 #pragma unroll
-      for (int j = 0; j < D / 8; ++j) {
-        T2 v;
-        if constexpr (std::is_same_v<T, __half>)
-          v = __floats2half2_rn(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
-        else
-          v = __floats2bfloat162_rn(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
-        *reinterpret_cast<T2*>(yrow + 8 * j + cq) = v;
-      }
-      if (lane % 4 == 0)
-        p.lse[b * p.sl[0] + h * p.sl[1] + row * p.sl[2]] =
-            l > 0.f ? m_run[i] * kLn2 + logf(l) : -INFINITY;
+  for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int r = r_wg + 8 * i;
+      const uint32_t addr = q_base + (j / 8) * kBM * 128 + r * 128 + (((j % 8) ^ (r % 8)) * 16) +
+                            cq * 2;
+      const uint32_t v = Ops<T>::pack(o[4 * j + 2 * i] * inv[i], o[4 * j + 2 * i + 1] * inv[i]);
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
     }
+  // This warpgroup only (named barriers 1 and 2).
+  if (wg == 0)
+    asm volatile("bar.sync 1, 128;\n" ::: "memory");
+  else
+    asm volatile("bar.sync 2, 128;\n" ::: "memory");
+  const int tid = static_cast<int>(threadIdx.x) % 128;
+  constexpr int kChunks = D / 8;  // 16-byte chunks per row
+#pragma unroll
+  for (int it = 0; it < 64 * kChunks / 128; ++it) {
+    const int idx = it * 128 + tid;
+    const int r = idx / kChunks, cc = idx % kChunks;
+    const int row = m0 + wg * 64 + r;
+    if (row >= p.lq) continue;
+    const uint32_t addr = q_base + (cc / 8) * kBM * 128 + r * 128 + (((cc % 8) ^ (r % 8)) * 16);
+    uint4 v;
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(addr)
+                 : "memory");
+    T* dst = static_cast<T*>(p.y) + b * p.sy[0] + h * p.sy[1] + row * p.sy[2] + cc * 8;
+    *reinterpret_cast<uint4*>(dst) = v;
   }
 }
 #endif  // BARACUDA_FA3_DEVICE
