@@ -365,9 +365,10 @@ __device__ __forceinline__ void release(const uint64_t* bars, int which, int lan
   if (lane == 0) mbar_arrive(smem_u32(&bars[which]));
 }
 
-// The consumer warpgroups. Per key tile n (after the first): issue S_n = Q K_n^T and
-// O += P_{n-1} V_{n-1}, wait for S_n only, run tile n's softmax while P V runs on the tensor cores,
-// then wait for P V and rescale O. Then the epilogue.
+// The consumer warpgroups. Per key tile n (after the first): issue S_n = Q K_n^T, rescale O by
+// tile n-1's softmax factor while it runs, issue O += P_{n-1} V_{n-1}, wait for S_n only and run
+// tile n's softmax while P V runs on the tensor cores (FlashAttention-3's intra-warpgroup
+// overlap). Then the epilogue.
 template <class T, int D>
 __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t sk0, uint32_t sv0,
                                         const uint64_t* bars, int m0, int n_tiles, int warp,
@@ -402,14 +403,25 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
     fence_regs(sc);
     release(bars, kBarKEmpty, lane);
     softmax_tile(sc, p, 0, mask_from, limit, cq, m_run, l_run, corr);  // O is 0: no rescale
+    // O *= corr (the factor of the latest softmax), issued while S_n runs on the tensor cores.
+    auto rescale = [&] {
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+        o[4 * j + 0] *= corr[0];
+        o[4 * j + 1] *= corr[0];
+        o[4 * j + 2] *= corr[1];
+        o[4 * j + 3] *= corr[1];
+      }
+    };
     for (int n = 1; n < n_tiles; ++n) {
       const int s = n % kSt, sp = (n - 1) % kSt;
       pack_p<T>(sc, pa);
       mbar_wait(smem_u32(&bars[kBarKFull + s]), (n / kSt) & 1);
-      fence_regs(o);
       wgmma_fence();
       issue_s<T, D>(sc, q_base, sk0 + s * S::kTileBytes);
+      rescale();
       mbar_wait(smem_u32(&bars[kBarVFull + sp]), ((n - 1) / kSt) & 1);
+      fence_regs(o);
       wgmma_fence();
       issue_pv<T, D>(o, pa, sv0 + sp * S::kTileBytes);
       wgmma_wait<1>();  // S_n done; P_{n-1} V_{n-1} may still run
@@ -424,16 +436,10 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
       wgmma_wait<0>();
       fence_regs(o);
       release(bars, kBarVEmpty + sp, lane);
-#pragma unroll
-      for (int j = 0; j < D / 8; ++j) {
-        o[4 * j + 0] *= corr[0];
-        o[4 * j + 1] *= corr[0];
-        o[4 * j + 2] *= corr[1];
-        o[4 * j + 3] *= corr[1];
-      }
     }
     const int last = (n_tiles - 1) % kSt;
     pack_p<T>(sc, pa);
+    rescale();
     mbar_wait(smem_u32(&bars[kBarVFull + last]), ((n_tiles - 1) / kSt) & 1);
     fence_regs(o);
     wgmma_fence();
