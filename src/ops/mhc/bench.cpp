@@ -103,9 +103,11 @@ void run_case(const Stream& s, DType dt) {
       w.base = cview(*base, DType::f32, {K}, s);
     }
     // Dynamic H also runs pinned to the split-K kernel ("<case>@collapse") and to the cluster
-    // kernel without its staggered start ("<case>@collapse_dynamic_cluster_lockstep"): the A/B.
+    // kernel without its staggered start ("<case>@collapse_dynamic_cluster_lockstep") and with its
+    // products on tensor cores ("<case>@collapse_dynamic_cluster_tf32"): the A/B rows.
     for (std::string_view pin : {std::string_view{}, std::string_view{"collapse"},
-                                 std::string_view{"collapse_dynamic_cluster_lockstep"}}) {
+                                 std::string_view{"collapse_dynamic_cluster_lockstep"},
+                                 std::string_view{"collapse_dynamic_cluster_tf32"}}) {
       if (!pin.empty() && h == MhcH::static_h) continue;
       const std::string cname = pin.empty() ? nm0 : nm0 + "@" + std::string(pin);
       auto plan = MhcCollapsePlan::select(

@@ -397,7 +397,115 @@ __device__ __forceinline__ void cp_async_wait_all() {
   asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
 
-template <class T, int TPL>
+// m16n8k4 TF32 tensor-core product, D += A B (fragments as in the PTX ISA: a0 = A[g][t],
+// a1 = A[g + 8][t], b0 = B[t][g], d = D[g][2t], D[g][2t + 1], D[g + 8][2t], D[g + 8][2t + 1]
+// with g = lane / 4, t = lane % 4).
+__device__ __forceinline__ void mma_tf32(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t b0) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k4.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(b0));
+#endif
+}
+// v = big + small with both parts TF32 (big rounded to nearest): 3xTF32 keeps about f32 accuracy.
+__device__ __forceinline__ void split_tf32(float v, uint32_t& big, uint32_t& small) {
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(big) : "f"(v));
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(small) : "f"(v - __uint_as_float(big)));
+}
+
+// One warp's partial products of a tile on tensor cores: the same contract as the CUDA-core loop
+// (wpart[warp][token][0, kDynKpass) for outputs kb.., wss[warp][token] when kb == 0), over the
+// warp's 4-element groups [g0, g1) of the slice, taken 16 elements (4 k-steps) at a time. Lane
+// (g, t) feeds k index t of k-step s with slice element e + 4 t + s, for A and B alike, so it
+// reads 4 consecutive elements per row with one vector load.
+template <class T, int M>
+__device__ __forceinline__ void mma_products(const T* xs, const DynArgs& a, int g0, int g1, int cw,
+                                             int64_t c0, int kb, int warp, int lane, float* wpart,
+                                             float* wss) {
+  constexpr int MT = (M + 15) / 16;
+  constexpr bool kSplitA = sizeof(T) == 4;  // 16-bit values are exact in TF32
+  const int g = lane >> 2, t = lane & 3, K = a.k;
+  float d[MT][3][4] = {};
+  float ss[MT][2] = {};
+  const T* xr[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      xr[mt][h] = xs + static_cast<int64_t>(min(mt * 16 + h * 8 + g, M - 1)) * a.pitch + 4 * t;
+  const float* fr[3];
+#pragma unroll
+  for (int nt = 0; nt < 3; ++nt)
+    fr[nt] = a.fn + static_cast<int64_t>(min(kb + nt * 8 + g, K - 1)) * a.fn_stride + 4 * t;
+  const int per_stream = cw / 4;  // groups per stream row of the slice (a multiple of 4)
+  for (int i = 0; i < a.n; ++i) {
+    const int lo = max(g0, i * per_stream), hi = min(g1, (i + 1) * per_stream);
+    const int64_t col0 = i * a.channels + c0 - i * cw;
+#pragma unroll 2
+    for (int gg = lo; gg < hi; gg += 4) {
+      const int e = gg * 4;
+      float bv[3][4];
+#pragma unroll
+      for (int nt = 0; nt < 3; ++nt) {
+        const float4 f4 = __ldg(reinterpret_cast<const float4*>(fr[nt] + col0 + e));
+        bv[nt][0] = f4.x, bv[nt][1] = f4.y, bv[nt][2] = f4.z, bv[nt][3] = f4.w;
+      }
+      float av[MT][2][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          load_vec<T, 4>(xr[mt][h] + e, av[mt][h]);
+          if (kb == 0)
+#pragma unroll
+            for (int v = 0; v < 4; ++v) ss[mt][h] = fmaf(av[mt][h][v], av[mt][h][v], ss[mt][h]);
+        }
+#pragma unroll
+      for (int st = 0; st < 4; ++st) {
+        uint32_t bb[3], bs[3];
+#pragma unroll
+        for (int nt = 0; nt < 3; ++nt) split_tf32(bv[nt][st], bb[nt], bs[nt]);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          uint32_t ab0, as0, ab1, as1;
+          split_tf32(av[mt][0][st], ab0, as0);
+          split_tf32(av[mt][1][st], ab1, as1);
+#pragma unroll
+          for (int nt = 0; nt < 3; ++nt) {
+            if constexpr (kSplitA) mma_tf32(d[mt][nt], as0, as1, bb[nt]);
+            mma_tf32(d[mt][nt], ab0, ab1, bs[nt]);
+            mma_tf32(d[mt][nt], ab0, ab1, bb[nt]);
+          }
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = mt * 16 + h * 8 + g;
+      // The 4 lanes of a row group hold interleaved quarters of the row's elements.
+      float sv = ss[mt][h];
+      sv += __shfl_xor_sync(0xffffffffu, sv, 1);
+      sv += __shfl_xor_sync(0xffffffffu, sv, 2);
+      if (row >= M) continue;
+#pragma unroll
+      for (int nt = 0; nt < 3; ++nt) {
+        float* o = wpart + (warp * M + row) * kDynKpass + nt * 8 + 2 * t;
+        o[0] = d[mt][nt][2 * h];
+        o[1] = d[mt][nt][2 * h + 1];
+      }
+      if (kb == 0 && t == 0) wss[warp * M + row] = sv;
+    }
+}
+
+// MMA: the products on tensor cores (3xTF32 for f32 X; 16-bit X is exact in TF32, so 2xTF32),
+// tokens padded to 16-row tiles (padding rows re-read the last token and are discarded); needs
+// every CTA's slice to be a multiple of 16 elements per stream (C % 128 == 0).
+template <class T, int TPL, bool MMA = false>
 __global__ void __launch_bounds__(kDynThreads, 1)
     dyn_collapse_kernel(T* __restrict__ y, const T* __restrict__ x, DynArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -446,55 +554,62 @@ __global__ void __launch_bounds__(kDynThreads, 1)
   if (tile < a.tiles)
     for (int it = tid; it < items; it += kDynThreads) load_item(tile, it);
   const int groups = cw * n / 4;  // 4-element groups of the slice (cw is a multiple of 4)
-  const int g0 = warp * groups / kDynWarps, g1 = (warp + 1) * groups / kDynWarps;
+  // MMA: whole 16-element blocks per warp.
+  const int unit = MMA ? 4 : 1;
+  const int g0 = unit * (warp * (groups / unit) / kDynWarps);
+  const int g1 = unit * ((warp + 1) * (groups / unit) / kDynWarps);
   for (int buf = 0; tile < a.tiles; tile += ncl, buf ^= 1) {
     cp_async_wait_all();
     __syncthreads();
     float* cp = cpart + buf * M * kp1;
     for (int kb = 0; kb < K; kb += kDynKpass) {
-      float acc[TPL][kDynKpl] = {};
-      float ss[TPL] = {};
-      const float* frow[kDynKpl];
+      if constexpr (MMA) {
+        mma_products<T, M>(xs, a, g0, g1, cw, c0, kb, warp, lane, wpart, wss);
+      } else {
+        float acc[TPL][kDynKpl] = {};
+        float ss[TPL] = {};
+        const float* frow[kDynKpl];
 #pragma unroll
-      for (int kk = 0; kk < kDynKpl; ++kk)
-        frow[kk] = a.fn + static_cast<int64_t>(min(kb + kg * kDynKpl + kk, K - 1)) * a.fn_stride;
-      // Stream by stream, so the inner loop is a plain strided walk the compiler can unroll with
-      // all fn loads of the unrolled steps issued up front.
-      for (int i = 0; i < n; ++i) {
-        const int lo = max(g0, i * (cw / 4)), hi = min(g1, (i + 1) * (cw / 4));
-        const int64_t col0 =
-            i * a.channels + c0 - i * cw;  // fn column of slice element e: col0 + e
+        for (int kk = 0; kk < kDynKpl; ++kk)
+          frow[kk] = a.fn + static_cast<int64_t>(min(kb + kg * kDynKpl + kk, K - 1)) * a.fn_stride;
+        // Stream by stream, so the inner loop is a plain strided walk the compiler can unroll with
+        // all fn loads of the unrolled steps issued up front.
+        for (int i = 0; i < n; ++i) {
+          const int lo = max(g0, i * (cw / 4)), hi = min(g1, (i + 1) * (cw / 4));
+          const int64_t col0 =
+              i * a.channels + c0 - i * cw;  // fn column of slice element e: col0 + e
 #pragma unroll 4
-        for (int g = lo; g < hi; ++g) {
-          const int e = g * 4;
-          const int64_t col = col0 + e;
-          float4 f[kDynKpl];
+          for (int g = lo; g < hi; ++g) {
+            const int e = g * 4;
+            const int64_t col = col0 + e;
+            float4 f[kDynKpl];
 #pragma unroll
-          for (int kk = 0; kk < kDynKpl; ++kk)
-            f[kk] = __ldg(reinterpret_cast<const float4*>(frow[kk] + col));
+            for (int kk = 0; kk < kDynKpl; ++kk)
+              f[kk] = __ldg(reinterpret_cast<const float4*>(frow[kk] + col));
 #pragma unroll
-          for (int j = 0; j < TPL; ++j) {
-            float xv[4];
-            load_vec<T, 4>(xs + (tg + kDynTg * j) * a.pitch + e, xv);
-            if (kb == 0)
+            for (int j = 0; j < TPL; ++j) {
+              float xv[4];
+              load_vec<T, 4>(xs + (tg + kDynTg * j) * a.pitch + e, xv);
+              if (kb == 0)
 #pragma unroll
-              for (int v = 0; v < 4; ++v) ss[j] = fmaf(xv[v], xv[v], ss[j]);
+                for (int v = 0; v < 4; ++v) ss[j] = fmaf(xv[v], xv[v], ss[j]);
 #pragma unroll
-            for (int kk = 0; kk < kDynKpl; ++kk) {
-              acc[j][kk] = fmaf(xv[0], f[kk].x, acc[j][kk]);
-              acc[j][kk] = fmaf(xv[1], f[kk].y, acc[j][kk]);
-              acc[j][kk] = fmaf(xv[2], f[kk].z, acc[j][kk]);
-              acc[j][kk] = fmaf(xv[3], f[kk].w, acc[j][kk]);
+              for (int kk = 0; kk < kDynKpl; ++kk) {
+                acc[j][kk] = fmaf(xv[0], f[kk].x, acc[j][kk]);
+                acc[j][kk] = fmaf(xv[1], f[kk].y, acc[j][kk]);
+                acc[j][kk] = fmaf(xv[2], f[kk].z, acc[j][kk]);
+                acc[j][kk] = fmaf(xv[3], f[kk].w, acc[j][kk]);
+              }
             }
           }
         }
-      }
 #pragma unroll
-      for (int j = 0; j < TPL; ++j) {
+        for (int j = 0; j < TPL; ++j) {
 #pragma unroll
-        for (int kk = 0; kk < kDynKpl; ++kk)
-          wpart[(warp * M + tg + kDynTg * j) * kDynKpass + kg * kDynKpl + kk] = acc[j][kk];
-        if (kb == 0 && kg == 0) wss[warp * M + tg + kDynTg * j] = ss[j];
+          for (int kk = 0; kk < kDynKpl; ++kk)
+            wpart[(warp * M + tg + kDynTg * j) * kDynKpass + kg * kDynKpl + kk] = acc[j][kk];
+          if (kb == 0 && kg == 0) wss[warp * M + tg + kDynTg * j] = ss[j];
+        }
       }
       __syncthreads();
       for (int it = tid; it < M * kDynKpass; it += kDynThreads) {

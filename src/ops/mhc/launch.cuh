@@ -305,7 +305,7 @@ struct DynGeom {
   size_t smem = 0;
 };
 template <class T>
-DynGeom<T> dyn_geom(const MhcProblem& p) {
+DynGeom<T> dyn_geom(const MhcProblem& p, bool mma = false) {
   constexpr int64_t vec = 16 / sizeof(T);
   DynGeom<T> g;
   g.m = kDynTg * dyn_tpl<T>();
@@ -313,22 +313,27 @@ DynGeom<T> dyn_geom(const MhcProblem& p) {
   const int64_t cw_max = (g.q + kDynCtas - 1) / kDynCtas * vec;
   // Rows 16 bytes past a multiple of 128: the 8 token rows a warp reads at once hit distinct
   // banks, and every 16-byte chunk stays aligned for cp.async.
-  const int64_t row_bytes = (p.n * cw_max * static_cast<int64_t>(sizeof(T)) + 127) / 128 * 128 + 16;
+  // MMA: rows 16 elements past a multiple of 128 bytes, for the 8 rows x 4 lanes of its fragment
+  // loads.
+  const int64_t pad = mma ? 16 * static_cast<int64_t>(sizeof(T)) : 16;
+  const int64_t row_bytes =
+      (p.n * cw_max * static_cast<int64_t>(sizeof(T)) + 127) / 128 * 128 + pad;
   g.pitch = row_bytes / static_cast<int64_t>(sizeof(T));
   g.smem = dyn_smem_bytes<T>(g.m, g.pitch, p.n, p.k);
   return g;
 }
 // Depends on (n, C, dtype) and the device only, never on the token count (bit-stability).
-template <DType D>
+template <DType D, bool MMA = false>
 bool fits_collapse_cluster(const MhcProblem& p, const DeviceCaps& caps) {
   using T = cuda::device_t<D>;
   if (p.h != MhcH::dynamic_h || caps.sm < 90) return false;
   if (p.channels % static_cast<int64_t>(16 / sizeof(T))) return false;
+  if (MMA && p.channels % 128) return false;  // every slice a multiple of 16 per stream
   if (p.n * p.channels > (int64_t{1} << 24)) return false;  // keeps the slice math in int
-  return static_cast<int64_t>(dyn_geom<T>(p).smem) <= caps.smem_per_block_optin;
+  return static_cast<int64_t>(dyn_geom<T>(p, MMA).smem) <= caps.smem_per_block_optin;
 }
 
-template <class T, bool STAGGER>
+template <class T, bool STAGGER, bool MMA = false>
 Status collapse_cluster(const LaunchContext& ctx, const MhcProblem& p,
                         const MhcCollapseOp::Arguments& a) {
   constexpr std::string_view op = MhcCollapseOp::name;
@@ -340,8 +345,8 @@ Status collapse_cluster(const LaunchContext& ctx, const MhcProblem& p,
       reinterpret_cast<uintptr_t>(w.fn.data) % 16 != 0 || w.fn.stride[0] % 4 != 0)
     return collapse<T>(ctx, p, a);
   const cudaStream_t s = cuda::stream_of(ctx);
-  const DynGeom<T> g = dyn_geom<T>(p);
-  auto* kernel = dyn_collapse_kernel<T, dyn_tpl<T>()>;
+  const DynGeom<T> g = dyn_geom<T>(p, MMA);
+  auto* kernel = dyn_collapse_kernel<T, dyn_tpl<T>(), MMA>;
   if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(g.smem));
       e != cudaSuccess)
@@ -654,6 +659,14 @@ bool register_mhc_cuda() {
                                   .fits = fits_collapse_cluster<D>,
                                   .workspace = ws_collapse,
                                   .launch = collapse_cluster<T, false>});
+  // Products on tensor cores (3xTF32 / 2xTF32). Below the split-K kernel until measured: reached
+  // only through PlanPreference::kernel("collapse_dynamic_cluster_tf32").
+  register_kernel<MhcCollapseOp>({.sku = sku(MhcCollapseOp::name, DType::f32, kForward,
+                                             "collapse_dynamic_cluster_tf32", Arch::sm90),
+                                  .priority = 5,
+                                  .fits = fits_collapse_cluster<D, true>,
+                                  .workspace = ws_collapse,
+                                  .launch = collapse_cluster<T, true, true>});
   register_kernel<MhcExpandOp>({.sku = sku(MhcExpandOp::name, DType::f32, kForward, "expand"),
                                 .priority = 10,
                                 .launch = expand<T>});

@@ -290,12 +290,17 @@ TEST_P(Mhc, DynamicCollapseKernelsMatchReference) {
   struct Case {
     int64_t t, n, c;
   };
-  const std::vector<Case> cases = {{37, 4, 4096}, {1000, 4, 4096}, {100, 4, 1028}, {5, 1, 4096},
-                                   {50, 3, 2056}, {30, 8, 1024},   {3, 4, 8},      {41, 4, 2052}};
+  const std::vector<Case> cases = {{37, 4, 4096}, {1000, 4, 4096}, {100, 4, 1028},
+                                   {5, 1, 4096},  {50, 3, 2056},   {30, 8, 1024},
+                                   {3, 4, 8},     {41, 4, 2052},   {20, 3, 128}};
   int vi = 0;
   for (DType dt : {DType::f32, DType::bf16, DType::f16})
     for (const Case& cs : cases)
-      for (std::string_view pin : {std::string_view{}, std::string_view{"collapse"}}) {
+      for (std::string_view pin : {std::string_view{}, std::string_view{"collapse"},
+                                   std::string_view{"collapse_dynamic_cluster_tf32"}}) {
+        // The tensor-core variant serves sm_90 and C % 128 == 0 only.
+        if (pin == "collapse_dynamic_cluster_tf32" && (s.caps().sm < 90 || cs.c % 128 != 0))
+          continue;
         const SinkhornConfig sk = sinkhorn_variants()[static_cast<size_t>(vi++ % 4)];
         const MhcDescriptor d = desc(cs.t, cs.n, cs.c, dt, MhcH::dynamic_h, sk);
         auto cp = MhcCollapsePlan::select(
