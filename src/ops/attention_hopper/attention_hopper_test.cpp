@@ -520,40 +520,47 @@ TEST(AttentionCudnnGpu, MisalignedRunFailsWithoutWriting) {
 }
 
 // ---- The sm_90a forward (fa3_fwd_sm90a) --------------------------------------------------------
+// Two registrations of one kernel template: the plain schedule and the pingpong one (the two
+// consumer warpgroups take turns issuing their wgmmas).
 constexpr std::string_view kFa3 = "fa3_fwd_sm90a";
+constexpr std::string_view kFa3Pingpong = "fa3_fwd_sm90a_pingpong";
 
-const Kernel<attention::ForwardOp>* fa3_kernel(DType t) {
+const Kernel<attention::ForwardOp>* fa3_kernel(DType t, std::string_view name = kFa3) {
   for (const auto& k : KernelTable<attention::ForwardOp>::instance().all())
-    if (k.sku.name == kFa3 && k.sku.element == t) return &k;
+    if (k.sku.name == name && k.sku.element == t) return &k;
   return nullptr;
 }
 
 TEST(AttentionFa3Registry, RegisteredBelowEveryOtherForwardWithTruthfulPrecision) {
   int found = 0;
   for (DType t : {DType::bf16, DType::f16}) {
-    const auto* fa3 = fa3_kernel(t);
-    if (!fa3) continue;  // CPU-only build
-    ++found;
-    EXPECT_EQ(fa3->sku.arch, Arch::sm90a);
-    EXPECT_EQ(fa3->sku.backend, Backend::bespoke_cuda);
-    EXPECT_EQ(fa3->sku.precision.math, t == DType::bf16 ? MathPrecision::bf16 : MathPrecision::f16);
-    EXPECT_EQ(fa3->sku.precision.accumulator, DType::f32);
-    EXPECT_TRUE(fa3->sku.precision.deterministic);
-    EXPECT_FALSE(fa3->sku.precision.bit_stable);
-    // Unmeasured: the default selection must not change until a device run ranks it.
-    for (const auto& k : KernelTable<attention::ForwardOp>::instance().all()) {
-      if (k.sku.element == t && &k != fa3 && k.sku.backend != Backend::cpu_reference) {
-        EXPECT_LT(fa3->priority, k.priority) << k.sku.name;
+    for (std::string_view name : {kFa3, kFa3Pingpong}) {
+      const auto* fa3 = fa3_kernel(t, name);
+      if (!fa3) continue;  // CPU-only build
+      ++found;
+      EXPECT_EQ(fa3->sku.arch, Arch::sm90a);
+      EXPECT_EQ(fa3->sku.backend, Backend::bespoke_cuda);
+      EXPECT_EQ(fa3->sku.precision.math,
+                t == DType::bf16 ? MathPrecision::bf16 : MathPrecision::f16);
+      EXPECT_EQ(fa3->sku.precision.accumulator, DType::f32);
+      EXPECT_TRUE(fa3->sku.precision.deterministic);
+      EXPECT_FALSE(fa3->sku.precision.bit_stable);
+      // Unmeasured: the default selection must not change until a device run ranks it.
+      for (const auto& k : KernelTable<attention::ForwardOp>::instance().all()) {
+        if (k.sku.element == t && k.sku.name != kFa3 && k.sku.name != kFa3Pingpong &&
+            k.sku.backend != Backend::cpu_reference) {
+          EXPECT_LT(fa3->priority, k.priority) << k.sku.name;
+        }
       }
     }
   }
   if (found == 0) GTEST_SKIP() << "built without CUDA: fa3_fwd_sm90a is not registered";
-  EXPECT_EQ(found, 2);
+  EXPECT_EQ(found, 4);
 }
 
 // One case: the float64 reference forward on the CPU, then the kernel pinned by name on the GPU,
 // run twice into poisoned outputs.
-void check_fa3_case(const Case& c, harness::Rng& rng) {
+void check_fa3_case(const Case& c, harness::Rng& rng, std::string_view kernel) {
   const Stream& gs = harness::stream_for(Target::cuda);
   const Stream cpu = Stream::cpu();
   const Descriptor desc = make_desc(c.t, c.b, c.hq, c.hk, c.lq, c.lk, c.d, c.mask);
@@ -567,9 +574,9 @@ void check_fa3_case(const Case& c, harness::Rng& rng) {
   BARACUDA_ASSERT_OK(ref->run(
       cpu, Workspace::none(), {q.cview(), k.cview(), v.cview(), y_ref.view(), lse_ref.view(), {}, {}}));
 
-  auto plan = attention::ForwardPlan::select(gs, desc, PlanPreference::kernel(kFa3));
+  auto plan = attention::ForwardPlan::select(gs, desc, PlanPreference::kernel(kernel));
   BARACUDA_ASSERT_OK(plan);
-  ASSERT_EQ(plan->sku().name, kFa3);
+  ASSERT_EQ(plan->sku().name, kernel);
   EXPECT_TRUE(plan->precision_guarantee().deterministic);
   TestTensor gq = upload(c, q, c.hq, c.lq, c.d), gk = upload(c, k, c.hk, c.lk, c.d),
              gv = upload(c, v, c.hk, c.lk, c.d);
@@ -607,10 +614,8 @@ void check_fa3_case(const Case& c, harness::Rng& rng) {
       GTEST_SKIP() << "fa3_fwd_sm90a does not run here (needs sm_90 and a build with sm_90a)"; \
   } while (0)
 
-TEST(AttentionFa3Gpu, ForwardMatchesReference) {
-  FA3_SKIP_UNLESS_RUNNABLE();
-  harness::Rng rng;
-  const Case cases[] = {
+std::vector<Case> fa3_cases() {
+  return {
       {DType::bf16, 2, 4, 4, 128, 128, 64, Mask::none(), false, false},
       {DType::f16, 1, 2, 2, 1, 1, 128, Mask::none(), true, false},
       {DType::bf16, 1, 2, 2, 1, 1, 64, Mask::causal_bottom_right(), false, true},
@@ -633,31 +638,51 @@ TEST(AttentionFa3Gpu, ForwardMatchesReference) {
       {DType::bf16, 8, 20, 20, 128, 128, 64, Mask::causal_top_left(), false, false},
       {DType::f16, 4, 40, 40, 17, 17, 128, Mask::none(), true, false},
   };
-  for (const Case& c : cases) {
-    SCOPED_TRACE(name_of(c));
-    check_fa3_case(c, rng);
-  }
 }
 
-TEST(AttentionFa3Gpu, LongSequencesMatchReference) {
-  FA3_SKIP_UNLESS_RUNNABLE();
-  harness::Rng rng;
-  const Case cases[] = {
+std::vector<Case> fa3_long_cases() {
+  return {
       {DType::bf16, 1, 1, 1, 4096, 4096, 128, Mask::none(), false, false},
       {DType::f16, 1, 2, 1, 4096, 4096, 64, Mask::causal_top_left(), true, false},
       {DType::bf16, 1, 1, 1, 4096, 1000, 128, Mask::causal_bottom_right(), false, true},
       {DType::f16, 1, 1, 1, 1000, 4096, 64, Mask::causal_bottom_right(), true, true},
   };
+}
+
+void check_fa3_cases(const std::vector<Case>& cases, std::string_view kernel) {
+  harness::Rng rng;
   for (const Case& c : cases) {
-    SCOPED_TRACE(name_of(c));
-    check_fa3_case(c, rng);
+    SCOPED_TRACE(std::string(kernel) + ": " + name_of(c));
+    check_fa3_case(c, rng, kernel);
   }
+}
+
+// One TEST per kernel and size class, so a failing (or hanging) schedule is named by the filter.
+TEST(AttentionFa3Gpu, ForwardMatchesReference) {
+  FA3_SKIP_UNLESS_RUNNABLE();
+  check_fa3_cases(fa3_cases(), kFa3);
+}
+TEST(AttentionFa3Gpu, LongSequencesMatchReference) {
+  FA3_SKIP_UNLESS_RUNNABLE();
+  check_fa3_cases(fa3_long_cases(), kFa3);
+}
+TEST(AttentionFa3Gpu, PingpongForwardMatchesReference) {
+  FA3_SKIP_UNLESS_RUNNABLE();
+  check_fa3_cases(fa3_cases(), kFa3Pingpong);
+}
+TEST(AttentionFa3Gpu, PingpongLongSequencesMatchReference) {
+  FA3_SKIP_UNLESS_RUNNABLE();
+  check_fa3_cases(fa3_long_cases(), kFa3Pingpong);
 }
 
 TEST(AttentionFa3Gpu, FitsExactlyWhatItSupports) {
   FA3_SKIP_UNLESS_RUNNABLE();
   const DeviceCaps& caps = harness::stream_for(Target::cuda).caps();
-  auto fits = [&](const Descriptor& d) { return fa3_kernel(d.dtype)->fits(problem_of(d), caps); };
+  auto fits = [&](const Descriptor& d) {
+    const bool plain = fa3_kernel(d.dtype)->fits(problem_of(d), caps);
+    EXPECT_EQ(fa3_kernel(d.dtype, kFa3Pingpong)->fits(problem_of(d), caps), plain);
+    return plain;
+  };
   EXPECT_TRUE(fits(make_desc(DType::bf16, 1, 8, 2, 77, 203, 64, Mask::causal_bottom_right())));
   EXPECT_TRUE(fits(make_desc(DType::f16, 1, 8, 1, 203, 77, 128, Mask::causal_top_left())));
   EXPECT_FALSE(fits(make_desc(DType::bf16, 1, 4, 4, 64, 64, 96)));   // head dim
@@ -680,6 +705,7 @@ TEST(AttentionFa3Gpu, FitsExactlyWhatItSupports) {
                                             make_desc(DType::bf16, 2, 16, 16, 4096, 4096, 128));
   BARACUDA_ASSERT_OK(def);
   EXPECT_NE(def->sku().name, kFa3);
+  EXPECT_NE(def->sku().name, kFa3Pingpong);
 }
 
 TEST(AttentionFa3Gpu, MisalignedRunFailsWithoutWriting) {

@@ -2,7 +2,7 @@
 // sweep (16k tokens, hidden 2048, bf16, head dim 64/128, L = 512..16k, causal and not).
 //
 // For every point it times the plan forced to cuDNN and the plan forced to the bespoke kernels,
-// forward and backward, the sm_90a forward pinned by name (rows noted "fa3_sm90a"), and prints one {"table_point": ...} line per point and pass:
+// forward and backward, the sm_90a forward pinned by name (rows noted "fa3_sm90a" and "fa3_sm90a_pingpong"), and prints one {"table_point": ...} line per point and pass:
 // the measurement src/ops/attention_hopper/make_table.py turns into selection_table.hpp.
 // BARACUDA_ATTN_SWEEP=quick limits the sweep to L in {1024, 4096, 16384}.
 #include <algorithm>
@@ -162,29 +162,31 @@ void sweep(const Stream& stream) {
             bwd_tf[vi] = 2.5 * fwd_flops / (mb.ms * 1e9);
           }
         }
-        // Our sm_90a forward pinned by name (forward only; it is not in the selection table
-        // yet): same case name, note "fa3_sm90a", so it lines up with the cudnn / bespoke rows.
-        {
-          auto fp = attention::ForwardPlan::select(stream, desc,
-                                                   PlanPreference::kernel("fa3_fwd_sm90a"));
+        // Our sm_90a forward pinned by name, both schedules (forward only; not in the selection
+        // table yet): same case name, notes "fa3_sm90a" / "fa3_sm90a_pingpong", so they line up
+        // with the cudnn / bespoke rows.
+        for (const char* fa3 : {"fa3_fwd_sm90a", "fa3_fwd_sm90a_pingpong"}) {
+          const std::string note = std::string(fa3) == "fa3_fwd_sm90a" ? "fa3_sm90a"
+                                                                        : "fa3_sm90a_pingpong";
+          auto fp = attention::ForwardPlan::select(stream, desc, PlanPreference::kernel(fa3));
           if (!fp.ok()) {
-            bench::emit_error("attention", "attention_forward", name + "/fa3_sm90a", fp.error());
-          } else {
-            auto ws =
-                Buffer::allocate(std::max<size_t>(fp->workspace_size(), 16), Location::cuda(0));
-            Measured mf =
-                time_case(stream, [&](int) { return fp->run(stream, ws->as_workspace(), fa); });
-            if (mf.ok)
-              bench::emit(stream, {.family = "attention",
-                                   .op = "attention_forward",
-                                   .name = name,
-                                   .dtype = "bf16",
-                                   .kernel = std::string(fp->sku().name),
-                                   .ms = mf.ms,
-                                   .bytes = 4 * tensor_bytes + lse_bytes,
-                                   .flops = fwd_flops,
-                                   .note = "fa3_sm90a"});
+            bench::emit_error("attention", "attention_forward", name + "/" + note, fp.error());
+            continue;
           }
+          auto ws =
+              Buffer::allocate(std::max<size_t>(fp->workspace_size(), 16), Location::cuda(0));
+          Measured mf =
+              time_case(stream, [&](int) { return fp->run(stream, ws->as_workspace(), fa); });
+          if (mf.ok)
+            bench::emit(stream, {.family = "attention",
+                                 .op = "attention_forward",
+                                 .name = name,
+                                 .dtype = "bf16",
+                                 .kernel = std::string(fp->sku().name),
+                                 .ms = mf.ms,
+                                 .bytes = 4 * tensor_bytes + lse_bytes,
+                                 .flops = fwd_flops,
+                                 .note = note});
         }
         for (int pass = 0; pass < 2; ++pass) {
           const double* tf = pass == 0 ? fwd_tf : bwd_tf;

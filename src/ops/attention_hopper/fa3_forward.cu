@@ -1,12 +1,14 @@
 // fa3_fwd_sm90a: our own Hopper (sm_90a) attention forward in the FlashAttention-3 style (issue 8,
-// part 2), registered into attention::ForwardOp's table.
+// part 2), registered into attention::ForwardOp's table (twice: "fa3_fwd_sm90a" and
+// "fa3_fwd_sm90a_pingpong", the same template with the inter-warpgroup schedule off / on).
 //
 // Design (one CTA per 128 query rows of one (batch, query head)):
 //  - 3 warpgroups (384 threads): warpgroups 0 and 1 are consumers (64 query rows each), warpgroup
-//    2 the producer (setmaxnreg moves its registers to the consumers); one lane of it issues every TMA load (cp.async.bulk.tensor.4d) of the Q tile once and
-//    of the K / V tiles into a 2-stage shared-memory ring. Each stage has a "K full", a "V full"
-//    (transaction-count mbarriers) and an "empty" barrier (one arrive per consumer warp once its
-//    wgmmas that read the stage have completed).
+//    2 the producer (setmaxnreg: 24 registers for it, 240 for the consumers); one lane of it issues
+//    every TMA load (cp.async.bulk.tensor.4d): the Q tile once, then K / V tiles of 128 keys into a
+//    shared-memory ring of 3 (D = 64) or 2 (D = 128) stages. Each stage has "K full" / "V full"
+//    (transaction-count mbarriers) and "K empty" / "V empty" barriers (one arrive per consumer
+//    warp once its wgmmas that read the tile have completed), so K is recycled a GEMM earlier.
 //  - Tiles in shared memory are what TMA writes with 128-byte swizzle: a [rows][D] tile is stored
 //    as D/64 column blocks of [rows][64] elements (128-byte rows, 1024-byte 8-row swizzle atoms).
 //  - S = Q K^T: wgmma m64n128k16, both operands from shared memory, K-major (LBO unused, SBO 1024
@@ -17,9 +19,13 @@
 //    fragment, rounded to the 16-bit type) and V from shared memory MN-major (imm-trans-b = 1;
 //    LBO = the byte distance between V's 64-column blocks, SBO = 1024 bytes per 8 keys; a k16 step
 //    adds 16 rows * 128 bytes).
-//  - Epilogue: O / l written straight from the accumulator fragment (bounds-checked rows), LSE =
-//    m ln2 + ln(l) (f32), and Y = 0, LSE = -inf for rows that see no key.
-// Tiles: BM = 128 (2 x 64), BN = 128, for D = 64 (80 KB of shared memory) and D = 128 (160 KB).
+//  - Intra-warpgroup overlap: per tile n, issue S_n, rescale O while it runs, issue P_{n-1} V_{n-1},
+//    wait for S_n only and run softmax_n under the P V GEMM. The pingpong variant also makes the
+//    two consumer warpgroups take turns issuing (named barriers), so one's GEMMs cover the other's
+//    softmax.
+//  - Epilogue: O / l staged through the warpgroup's own rows of the Q tile (same swizzle), then
+//    16-byte row stores; LSE = m ln2 + ln(l) (f32); Y = 0, LSE = -inf for rows that see no key.
+// Tiles: BM = 128 (2 x 64), BN = 128; shared memory 113 KB (D = 64) / 161 KB (D = 128).
 //
 // Supports: bf16 and f16, Dk = Dv in {64, 128}, no mask or causal (top-left / bottom-right), GQA /
 // MQA, any Lq, Lk >= 1, padded layouts with unit-stride rows, 16-byte aligned base pointers and
@@ -206,13 +212,13 @@ struct Ops<__half> {
     return r;
   }
 };
-template <class T, int D>
+template <class T, int D, bool PP>
 __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t sk0, uint32_t sv0,
                                         const uint64_t* bars, int m0, int n_tiles, int warp,
                                         int lane, int h, int b);
 #endif  // BARACUDA_FA3_DEVICE
 
-template <class T, int D>
+template <class T, int D, bool PP>
 __global__ void __launch_bounds__(kThreads, 1)
     fa3_fwd_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                    const __grid_constant__ CUtensorMap tv, const Params p) {
@@ -275,12 +281,31 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   } else {
     setmaxnreg_inc<kConsumerRegs>();
-    consume<T, D>(p, sq, sk0, sv0, bars, m0, n_tiles, warp, lane, h, b);
+    consume<T, D, PP>(p, sq, sk0, sv0, bars, m0, n_tiles, warp, lane, h, b);
   }
 #endif  // BARACUDA_FA3_DEVICE
 }
 
 #if BARACUDA_FA3_DEVICE
+// Pingpong between the two consumer warpgroups (FlashAttention-3's inter-warpgroup schedule):
+// a warpgroup issues its wgmmas only in its turn (named barrier 3 + wg, 256 threads: its own 128
+// wait, the other warpgroup's 128 arrive), then hands the turn over, so one warpgroup's GEMMs run
+// while the other does its softmax. Warpgroup 0 goes first (warpgroup 1 arrives once at the
+// start); each warpgroup has n_tiles + 1 turns; warpgroup 1 skips the hand-over after its last one
+// so that every barrier ends balanced.
+__device__ __forceinline__ void turn_wait(int wg) {
+  if (wg == 0)
+    asm volatile("bar.sync 3, 256;\n" ::: "memory");
+  else
+    asm volatile("bar.sync 4, 256;\n" ::: "memory");
+}
+__device__ __forceinline__ void turn_pass(int wg) {
+  if (wg == 0)
+    asm volatile("bar.arrive 4, 256;\n" ::: "memory");
+  else
+    asm volatile("bar.arrive 3, 256;\n" ::: "memory");
+}
+
 // Masks one S tile (key tail, causal band), updates the running max / sum of the thread's two rows
 // and turns the scores into unnormalized probabilities 2^(s * scale * log2(e) - max) in place;
 // corr[i] is the factor the row's O accumulator must be multiplied by.
@@ -369,7 +394,7 @@ __device__ __forceinline__ void release(const uint64_t* bars, int which, int lan
 // tile n-1's softmax factor while it runs, issue O += P_{n-1} V_{n-1}, wait for S_n only and run
 // tile n's softmax while P V runs on the tensor cores (FlashAttention-3's intra-warpgroup
 // overlap). Then the epilogue.
-template <class T, int D>
+template <class T, int D, bool PP>
 __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t sk0, uint32_t sv0,
                                         const uint64_t* bars, int m0, int n_tiles, int warp,
                                         int lane, int h, int b) {
@@ -395,10 +420,13 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
     float sc[kBN / 2];
     uint32_t pa[kBN / 16][4];
     float corr[2];
+    if (PP && wg == 1) turn_pass(1);  // warpgroup 0 goes first
     mbar_wait(smem_u32(&bars[kBarQ]), 0);
     mbar_wait(smem_u32(&bars[kBarKFull]), 0);
+    if (PP) turn_wait(wg);
     wgmma_fence();
     issue_s<T, D>(sc, q_base, sk0);
+    if (PP) turn_pass(wg);
     wgmma_wait<0>();
     fence_regs(sc);
     release(bars, kBarKEmpty, lane);
@@ -417,13 +445,18 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
       const int s = n % kSt, sp = (n - 1) % kSt;
       pack_p<T>(sc, pa);
       mbar_wait(smem_u32(&bars[kBarKFull + s]), (n / kSt) & 1);
+      if (PP) {  // wait for the data before taking the turn
+        mbar_wait(smem_u32(&bars[kBarVFull + sp]), ((n - 1) / kSt) & 1);
+        turn_wait(wg);
+      }
       wgmma_fence();
       issue_s<T, D>(sc, q_base, sk0 + s * S::kTileBytes);
       rescale();
-      mbar_wait(smem_u32(&bars[kBarVFull + sp]), ((n - 1) / kSt) & 1);
+      if (!PP) mbar_wait(smem_u32(&bars[kBarVFull + sp]), ((n - 1) / kSt) & 1);
       fence_regs(o);
       wgmma_fence();
       issue_pv<T, D>(o, pa, sv0 + sp * S::kTileBytes);
+      if (PP) turn_pass(wg);
       wgmma_wait<1>();  // S_n done; P_{n-1} V_{n-1} may still run
       fence_regs(sc);
       release(bars, kBarKEmpty + s, lane);
@@ -441,9 +474,11 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
     pack_p<T>(sc, pa);
     rescale();
     mbar_wait(smem_u32(&bars[kBarVFull + last]), ((n_tiles - 1) / kSt) & 1);
+    if (PP) turn_wait(wg);
     fence_regs(o);
     wgmma_fence();
     issue_pv<T, D>(o, pa, sv0 + last * S::kTileBytes);
+    if (PP && wg == 0) turn_pass(0);  // warpgroup 1's last turn hands over to no one
     wgmma_wait<0>();
     fence_regs(o);
     release(bars, kBarVEmpty + last, lane);
@@ -517,11 +552,11 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
 // The kernel's body exists only in an sm_90a cubin: a build without that target (or a plain sm_90
 // one) gets an empty kernel, which must never launch. The real body has static shared memory (its
 // barriers), the empty one none.
-template <class T, int D>
+template <class T, int D, bool PP>
 bool body_compiled() {
   static const bool ok = [] {
     cudaFuncAttributes a{};
-    if (cudaFuncGetAttributes(&a, fa3_fwd_kernel<T, D>) != cudaSuccess) {
+    if (cudaFuncGetAttributes(&a, fa3_fwd_kernel<T, D, PP>) != cudaSuccess) {
       (void)cudaGetLastError();
       return false;
     }
@@ -541,10 +576,10 @@ bool shape_fits(const Problem& pr) {
          std::isfinite(pr.scale) && pr.scale > 0;
 }
 
-template <class T>
+template <class T, bool PP>
 bool fits(const Problem& pr, const DeviceCaps& caps) {
   if (caps.device < 0 || caps.sm != 90 || !shape_fits(pr)) return false;
-  return pr.desc.head_dim_qk == 64 ? body_compiled<T, 64>() : body_compiled<T, 128>();
+  return pr.desc.head_dim_qk == 64 ? body_compiled<T, 64, PP>() : body_compiled<T, 128, PP>();
 }
 
 // TMA rules: 16-byte aligned base, unit-stride rows, every used stride a positive multiple of 16
@@ -597,10 +632,10 @@ Status make_map(CUtensorMap* map, CUtensorMapDataType dt, const ConstTensor& t, 
   return {};
 }
 
-template <class T, int D>
+template <class T, int D, bool PP>
 Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArguments& a) {
   const auto& d = pr.desc;
-  if (!body_compiled<T, D>())
+  if (!body_compiled<T, D, PP>())
     return Error::unsupported(std::string(attention::ForwardOp::name) +
                               ": fa3_fwd_sm90a: this build has no sm_90a code for the kernel");
   BARACUDA_TRY(check_layout("q", a.q));
@@ -640,7 +675,7 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
   const int dev = ctx.stream.device();
   const uint64_t bit = uint64_t{1} << (dev & 63);
   if (!(attr_set.load() & bit)) {
-    if (cudaError_t e = cudaFuncSetAttribute(fa3_fwd_kernel<T, D>,
+    if (cudaError_t e = cudaFuncSetAttribute(fa3_fwd_kernel<T, D, PP>,
                                              cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
         e != cudaSuccess)
       return cuda::cuda_error(attention::ForwardOp::name, "fa3_fwd_sm90a: shared memory limit", e);
@@ -648,13 +683,14 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
   }
   const dim3 grid(static_cast<unsigned>(p.m_blocks), static_cast<unsigned>(d.heads_q),
                   static_cast<unsigned>(d.batch));
-  fa3_fwd_kernel<T, D><<<grid, kThreads, smem, cuda::stream_of(ctx)>>>(tq, tk, tv, p);
+  fa3_fwd_kernel<T, D, PP><<<grid, kThreads, smem, cuda::stream_of(ctx)>>>(tq, tk, tv, p);
   return cuda::check_launch(attention::ForwardOp::name, "fa3_fwd_sm90a");
 }
 
-template <class T>
+template <class T, bool PP>
 Status launch(const LaunchContext& ctx, const Problem& pr, const ForwardArguments& a) {
-  return pr.desc.head_dim_qk == 64 ? launch_d<T, 64>(ctx, pr, a) : launch_d<T, 128>(ctx, pr, a);
+  return pr.desc.head_dim_qk == 64 ? launch_d<T, 64, PP>(ctx, pr, a)
+                                   : launch_d<T, 128, PP>(ctx, pr, a);
 }
 
 template <DType E>
@@ -665,23 +701,29 @@ bool register_one() {
   // checks rows across problem sizes.
   constexpr PrecisionGuarantee prec{E == DType::f16 ? MathPrecision::f16 : MathPrecision::bf16,
                                     DType::f32, true, false};
-  // Priority 0: below the family's kernels (10..30) and both cuDNN entries (1, 1000); reached
-  // with PlanPreference::kernel("fa3_fwd_sm90a") until a device run measures it.
-  return register_kernel<attention::ForwardOp>({
-      .sku = {.category = "attention",
-              .op = attention::ForwardOp::name,
-              .element = E,
-              .aux_element = DType::f32,
-              .layout = "strided",
-              .epilogue = "causal_mask",
-              .arch = Arch::sm90a,
-              .backend = Backend::bespoke_cuda,
-              .precision = prec,
-              .name = "fa3_fwd_sm90a"},
-      .priority = 0,
-      .fits = fits<T>,
-      .launch = launch<T>,
-  });
+  auto sku = [&](std::string_view name) {
+    return KernelSku{.category = "attention",
+                     .op = attention::ForwardOp::name,
+                     .element = E,
+                     .aux_element = DType::f32,
+                     .layout = "strided",
+                     .epilogue = "causal_mask",
+                     .arch = Arch::sm90a,
+                     .backend = Backend::bespoke_cuda,
+                     .precision = prec,
+                     .name = name};
+  };
+  // Priorities 0 and -1: below the family's kernels (10..30) and both cuDNN entries (1, 1000);
+  // reached with PlanPreference::kernel(name) until a device run measures them. The pingpong
+  // variant (the two consumer warpgroups take turns issuing their wgmmas) is the A/B of the
+  // schedule.
+  register_kernel<attention::ForwardOp>(
+      {.sku = sku("fa3_fwd_sm90a"), .priority = 0, .fits = fits<T, false>, .launch = launch<T, false>});
+  register_kernel<attention::ForwardOp>({.sku = sku("fa3_fwd_sm90a_pingpong"),
+                                         .priority = -1,
+                                         .fits = fits<T, true>,
+                                         .launch = launch<T, true>});
+  return true;
 }
 
 BARACUDA_REGISTER(register_one<DType::bf16>());
