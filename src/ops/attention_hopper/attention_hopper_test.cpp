@@ -571,8 +571,9 @@ void check_fa3_case(const Case& c, harness::Rng& rng, std::string_view kernel) {
   TestTensor lse_ref = cpu_tensor(DType::f32, {c.b, c.hq, c.lq}, nullptr);
   auto ref = attention::ForwardPlan::select(cpu, desc, PlanPreference::reference());
   BARACUDA_ASSERT_OK(ref);
-  BARACUDA_ASSERT_OK(ref->run(
-      cpu, Workspace::none(), {q.cview(), k.cview(), v.cview(), y_ref.view(), lse_ref.view(), {}, {}}));
+  BARACUDA_ASSERT_OK(
+      ref->run(cpu, Workspace::none(),
+               {q.cview(), k.cview(), v.cview(), y_ref.view(), lse_ref.view(), {}, {}}));
 
   auto plan = attention::ForwardPlan::select(gs, desc, PlanPreference::kernel(kernel));
   BARACUDA_ASSERT_OK(plan);
@@ -583,7 +584,7 @@ void check_fa3_case(const Case& c, harness::Rng& rng, std::string_view kernel) {
   TestTensor gy = gpu_tensor(c, c.t, c.hq, c.lq, c.d);
   TestTensor glse = gpu_lse(c);
   const Workspace_ ws = workspace_of(plan->workspace_size());
-  const attention::ForwardArguments args{gq.cview(), gk.cview(), gv.cview(), gy.view(),
+  const attention::ForwardArguments args{gq.cview(),  gk.cview(), gv.cview(), gy.view(),
                                          glse.view(), {},         {}};
   std::vector<std::vector<uint8_t>> bytes;
   for (int rep = 0; rep < 2; ++rep) {
@@ -605,12 +606,12 @@ void check_fa3_case(const Case& c, harness::Rng& rng, std::string_view kernel) {
 }
 
 // Skips (visibly) where the kernel cannot run: no GPU, not a Hopper GPU, or no sm_90a code.
-#define FA3_SKIP_UNLESS_RUNNABLE()                                                               \
-  BARACUDA_SKIP_IF_UNAVAILABLE(Target::cuda);                                                    \
-  do {                                                                                           \
-    const auto* fa3 = fa3_kernel(DType::bf16);                                                   \
-    const Descriptor probe = make_desc(DType::bf16, 1, 1, 1, 128, 128, 64);                      \
-    if (!fa3 || !fa3->fits(problem_of(probe), harness::stream_for(Target::cuda).caps()))         \
+#define FA3_SKIP_UNLESS_RUNNABLE()                                                             \
+  BARACUDA_SKIP_IF_UNAVAILABLE(Target::cuda);                                                  \
+  do {                                                                                         \
+    const auto* fa3 = fa3_kernel(DType::bf16);                                                 \
+    const Descriptor probe = make_desc(DType::bf16, 1, 1, 1, 128, 128, 64);                    \
+    if (!fa3 || !fa3->fits(problem_of(probe), harness::stream_for(Target::cuda).caps()))       \
       GTEST_SKIP() << "fa3_fwd_sm90a does not run here (needs sm_90 and a build with sm_90a)"; \
   } while (0)
 
@@ -731,7 +732,8 @@ TEST(AttentionFa3Gpu, MisalignedRunFailsWithoutWriting) {
   const Workspace_ ws = workspace_of(plan->workspace_size());
   EXPECT_TRUE(fails_with(
       plan->run(gs, ws.get(), {q.cview(), kbuf.cview(), v.cview(), y.view(), lse.view(), {}, {}}),
-      ErrorKind::misaligned_operand, {"attention_forward: fa3_fwd_sm90a: k: data is not 16-byte aligned"}));
+      ErrorKind::misaligned_operand,
+      {"attention_forward: fa3_fwd_sm90a: k: data is not 16-byte aligned"}));
   BARACUDA_ASSERT_OK(gs.synchronize());
   EXPECT_TRUE(harness::bytes_equal(y_before, y.bytes(), "y"));
   EXPECT_TRUE(harness::bytes_equal(lse_before, lse.bytes(), "lse"));

@@ -2,8 +2,9 @@
 // sweep (16k tokens, hidden 2048, bf16, head dim 64/128, L = 512..16k, causal and not).
 //
 // For every point it times the plan forced to cuDNN and the plan forced to the bespoke kernels,
-// forward and backward, the sm_90a forward pinned by name (rows noted "fa3_sm90a" and "fa3_sm90a_pingpong"), and prints one {"table_point": ...} line per point and pass:
-// the measurement src/ops/attention_hopper/make_table.py turns into selection_table.hpp.
+// forward and backward, the sm_90a forward pinned by name (rows noted "fa3_sm90a" and
+// "fa3_sm90a_pingpong"), and prints one {"table_point": ...} line per point and pass: the
+// measurement src/ops/attention_hopper/make_table.py turns into selection_table.hpp.
 // BARACUDA_ATTN_SWEEP=quick limits the sweep to L in {1024, 4096, 16384}.
 #include <algorithm>
 #include <cstdio>
@@ -166,15 +167,14 @@ void sweep(const Stream& stream) {
         // table yet): same case name, notes "fa3_sm90a" / "fa3_sm90a_pingpong", so they line up
         // with the cudnn / bespoke rows.
         for (const char* fa3 : {"fa3_fwd_sm90a", "fa3_fwd_sm90a_pingpong"}) {
-          const std::string note = std::string(fa3) == "fa3_fwd_sm90a" ? "fa3_sm90a"
-                                                                        : "fa3_sm90a_pingpong";
+          const std::string note =
+              std::string(fa3) == "fa3_fwd_sm90a" ? "fa3_sm90a" : "fa3_sm90a_pingpong";
           auto fp = attention::ForwardPlan::select(stream, desc, PlanPreference::kernel(fa3));
           if (!fp.ok()) {
             bench::emit_error("attention", "attention_forward", name + "/" + note, fp.error());
             continue;
           }
-          auto ws =
-              Buffer::allocate(std::max<size_t>(fp->workspace_size(), 16), Location::cuda(0));
+          auto ws = Buffer::allocate(std::max<size_t>(fp->workspace_size(), 16), Location::cuda(0));
           Measured mf =
               time_case(stream, [&](int) { return fp->run(stream, ws->as_workspace(), fa); });
           if (mf.ok)

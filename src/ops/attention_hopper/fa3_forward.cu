@@ -19,10 +19,10 @@
 //    fragment, rounded to the 16-bit type) and V from shared memory MN-major (imm-trans-b = 1;
 //    LBO = the byte distance between V's 64-column blocks, SBO = 1024 bytes per 8 keys; a k16 step
 //    adds 16 rows * 128 bytes).
-//  - Intra-warpgroup overlap: per tile n, issue S_n, rescale O while it runs, issue P_{n-1} V_{n-1},
-//    wait for S_n only and run softmax_n under the P V GEMM. The pingpong variant also makes the
-//    two consumer warpgroups take turns issuing (named barriers), so one's GEMMs cover the other's
-//    softmax.
+//  - Intra-warpgroup overlap: per tile n, issue S_n, rescale O while it runs, issue
+//    P_{n-1} V_{n-1}, wait for S_n only and run softmax_n under the P V GEMM. The pingpong variant
+//    also makes the two consumer warpgroups take turns issuing (named barriers), so one's GEMMs
+//    cover the other's softmax.
 //  - Epilogue: O / l staged through the warpgroup's own rows of the Q tile (same swizzle), then
 //    16-byte row stores; LSE = m ln2 + ln(l) (f32); Y = 0, LSE = -inf for rows that see no key.
 // Tiles: BM = 128 (2 x 64), BN = 128; shared memory 113 KB (D = 64) / 161 KB (D = 128).
@@ -62,11 +62,11 @@ namespace {
 using attention::ForwardArguments;
 using attention::Problem;
 
-constexpr int kBM = 128;        // query rows per CTA (two consumer warpgroups of 64)
-constexpr int kBN = 128;        // keys per tile
-constexpr int kConsumers = 2;   // consumer warpgroups
+constexpr int kBM = 128;       // query rows per CTA (two consumer warpgroups of 64)
+constexpr int kBN = 128;       // keys per tile
+constexpr int kConsumers = 2;  // consumer warpgroups
 constexpr int kThreads = (kConsumers + 1) * 128;  // + the producer warpgroup
-constexpr int kProducerWarp = kConsumers * 4;        // its first warp issues the loads
+constexpr int kProducerWarp = kConsumers * 4;     // its first warp issues the loads
 // setmaxnreg: the producer warpgroup gives registers back, the consumers take them
 // (128 * (24 + 2 * 240) <= 64K).
 constexpr int kProducerRegs = 24, kConsumerRegs = 240;
@@ -98,7 +98,7 @@ struct Params {
 };
 
 #if BARACUDA_FA3_DEVICE
-// ---- PTX helpers ----------------------------------------------------------------------------------
+// ---- PTX helpers --------------------------------------------------------------------------------
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
@@ -228,8 +228,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kDB = D / 64;  // 64-column blocks per row
   extern __shared__ uint8_t smem_raw[];
   __shared__ alignas(8) uint64_t bars[kBars + kConsumers * 128 / 2];  // + consumer scratch
-  uint8_t* smem = reinterpret_cast<uint8_t*>(
-      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
+                                             ~static_cast<uintptr_t>(1023));
   const uint32_t sq = smem_u32(smem);
   const uint32_t sk0 = sq + S::kQBytes;
   const uint32_t sv0 = sk0 + kSt * S::kTileBytes;
@@ -464,8 +464,7 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
       // Keep the softmax ahead of the wait: ptxas schedules the wait (WARPGROUP.DEPBAR) at the
       // top of the block and the softmax after it, losing the overlap with P V. A shared-memory
       // store of a value that depends on every exp2 of the tile pins them before the wait.
-      asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(scratch), "f"(l_run[0] + l_run[1])
-                   : "memory");
+      asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(scratch), "f"(l_run[0] + l_run[1]) : "memory");
       wgmma_wait<0>();
       fence_regs(o);
       release(bars, kBarVEmpty + sp, lane);
@@ -505,8 +504,8 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int r = r_wg + 8 * i;
-      const uint32_t addr = q_base + (j / 8) * kBM * 128 + r * 128 + (((j % 8) ^ (r % 8)) * 16) +
-                            cq * 2;
+      const uint32_t addr =
+          q_base + (j / 8) * kBM * 128 + r * 128 + (((j % 8) ^ (r % 8)) * 16) + cq * 2;
       const uint32_t v = Ops<T>::pack(o[4 * j + 2 * i] * inv[i], o[4 * j + 2 * i + 1] * inv[i]);
       asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
     }
@@ -535,7 +534,7 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
 }
 #endif  // BARACUDA_FA3_DEVICE
 
-// ---- host ------------------------------------------------------------------------------------------
+// ---- host ---------------------------------------------------------------------------------------
 PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
     void* f = nullptr;
@@ -590,14 +589,14 @@ Status check_layout(std::string_view arg, const BasicTensor<Ptr>& t) {
   if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0)
     return Error::misaligned(op + std::string(arg) + ": data is not 16-byte aligned");
   if (t.stride[3] != 1 && t.shape[3] > 1)
-    return Error::unsupported(op + std::string(arg) + ": stride[3]=" +
-                              std::to_string(t.stride[3]) + ": the head dim must be unit-stride");
+    return Error::unsupported(op + std::string(arg) + ": stride[3]=" + std::to_string(t.stride[3]) +
+                              ": the head dim must be unit-stride");
   for (int i = 0; i < 3; ++i) {
     if (t.shape[i] <= 1) continue;
     const int64_t bytes = t.stride[i] * 2;
     if (t.stride[i] <= 0 || bytes % 16 != 0 || bytes >= (int64_t{1} << 40))
-      return Error::misaligned(op + std::string(arg) + ": stride[" + std::to_string(i) + "]=" +
-                               std::to_string(t.stride[i]) +
+      return Error::misaligned(op + std::string(arg) + ": stride[" + std::to_string(i) +
+                               "]=" + std::to_string(t.stride[i]) +
                                " elements: TMA needs a positive multiple of 16 bytes");
   }
   return {};
@@ -606,10 +605,9 @@ Status check_layout(std::string_view arg, const BasicTensor<Ptr>& t) {
 // A 4-d tensor map over a [B, H, L, D] tensor (dims innermost first: D, L, H, B), boxes of
 // 64 x `rows`, 128-byte swizzle, zero fill out of bounds.
 Status make_map(CUtensorMap* map, CUtensorMapDataType dt, const ConstTensor& t, uint32_t rows) {
-  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(t.shape[3]),
-                              static_cast<cuuint64_t>(t.shape[2]),
-                              static_cast<cuuint64_t>(t.shape[1]),
-                              static_cast<cuuint64_t>(t.shape[0])};
+  const cuuint64_t dims[4] = {
+      static_cast<cuuint64_t>(t.shape[3]), static_cast<cuuint64_t>(t.shape[2]),
+      static_cast<cuuint64_t>(t.shape[1]), static_cast<cuuint64_t>(t.shape[0])};
   // Size-1 axes: any valid stride (theirs is never used); take one past the tensor's extent.
   int64_t extent = 16;
   for (int i = 0; i < 3; ++i)
@@ -621,14 +619,14 @@ Status make_map(CUtensorMap* map, CUtensorMapDataType dt, const ConstTensor& t, 
   const cuuint64_t strides[3] = {st(2), st(1), st(0)};
   const cuuint32_t box[4] = {64, rows, 1, 1};
   const cuuint32_t estr[4] = {1, 1, 1, 1};
-  const CUresult r = encode_fn()(map, dt, 4, const_cast<void*>(t.data), dims, strides, box, estr,
-                                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult r =
+      encode_fn()(map, dt, 4, const_cast<void*>(t.data), dims, strides, box, estr,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
-    return Error::library(std::string(attention::ForwardOp::name) +
-                              ": fa3_fwd_sm90a: cuTensorMapEncodeTiled failed",
-                          "cuda_driver", static_cast<int64_t>(r));
+    return Error::library(
+        std::string(attention::ForwardOp::name) + ": fa3_fwd_sm90a: cuTensorMapEncodeTiled failed",
+        "cuda_driver", static_cast<int64_t>(r));
   return {};
 }
 
@@ -717,8 +715,10 @@ bool register_one() {
   // reached with PlanPreference::kernel(name) until a device run measures them. The pingpong
   // variant (the two consumer warpgroups take turns issuing their wgmmas) is the A/B of the
   // schedule.
-  register_kernel<attention::ForwardOp>(
-      {.sku = sku("fa3_fwd_sm90a"), .priority = 0, .fits = fits<T, false>, .launch = launch<T, false>});
+  register_kernel<attention::ForwardOp>({.sku = sku("fa3_fwd_sm90a"),
+                                         .priority = 0,
+                                         .fits = fits<T, false>,
+                                         .launch = launch<T, false>});
   register_kernel<attention::ForwardOp>({.sku = sku("fa3_fwd_sm90a_pingpong"),
                                          .priority = -1,
                                          .fits = fits<T, true>,
