@@ -169,6 +169,12 @@ Status static_forward(const LaunchContext& ctx, const MhcProblem& p,
   w.h_pre = a.h_pre, w.h_post = a.h_post, w.h_res = a.h_res;
   ActivateArgs act = activate_static(p, w);
   act.pre_eps = 0.0f;  // the seed's s_pre = sigmoid(h_pre)
+  // static_forward_kernel reads the coefficient row [s_pre | s_post | M] from global memory (any n,
+  // up to 64: too large for a per-CTA shared copy), so it is formed into the workspace first. The
+  // pipelined kernel forms it per CTA instead; this path (n > kRegN, unaligned layouts, the A/B
+  // row) keeps the kernel in front.
+  act.out = static_cast<float*>(ctx.workspace.data);
+  BARACUDA_TRY(run_activate(op, s, act));
   StaticFwdArgs sa;
   sa.tokens = p.tokens, sa.channels = p.channels, sa.n = static_cast<int>(p.n);
   sa.x_st = a.x.stride[0], sa.x_si = a.x.stride[1], sa.o_st = a.out.stride[0];
