@@ -86,6 +86,23 @@ struct DecodeProblem : DecodeDescriptor {
   int64_t heads_per_group = 1;
 };
 
+// ---- stage timing (diagnostics: bench_ssd with BARACUDA_SSD_STAGES=1) ---------------------------
+// While a sink is installed, the chunked GPU launchers (forward and backward) record a CUDA event
+// before their first kernel and after each kernel, wait for the last event before returning and
+// report every kernel's time to the sink, in launch order. With no sink (the default) a launch
+// costs one atomic load and records nothing. Only for measurements: with a sink the
+// launcher synchronizes its stream (plans otherwise never do), and a launch being captured into a
+// CUDA graph reports nothing. The sink is process-wide; install it from one thread.
+class StageSink {
+ public:
+  virtual ~StageSink() = default;
+  // `op`: "ssd_forward" / "ssd_backward"; `kernel`: the sku name; `stage`: the launch's name.
+  virtual void stage(std::string_view op, std::string_view kernel, std::string_view stage,
+                     float ms) = 0;
+};
+void set_stage_sink(StageSink* sink);  // nullptr turns the timing off
+StageSink* stage_sink();
+
 }  // namespace ssd
 
 // ---- forward -----------------------------------------------------------------------------------

@@ -5,6 +5,11 @@
 // recurrent_deterministic_f32 on the small one. peers.py times the same case names on the
 // mamba_ssm Triton kernels.
 //
+// BARACUDA_SSD_STAGES=1 adds, before each forward/backward row, one row per launch of the chosen
+// kernel (op "<op>_stage", note "stage <name>", ms = median over 5 runs, each run timed by the
+// launcher's own events, see ssd::StageSink) and a "total" row (the sum of the medians). The
+// timed rows above them are taken with the timing off, so they are unaffected.
+//
 // FLOPs (the algorithm's useful work, per chunk of length Q, counted the same for every peer):
 //   C.B^T on the causal half, per group:   Q(Q+1)/2 * N multiply-adds
 //   (C.B^T masked) . X, per head:          Q(Q+1)/2 * D
@@ -13,6 +18,8 @@
 // times 2 for a multiply-add; the backward is counted as twice the forward. Bytes: inputs read
 // once + outputs written once (workspace traffic not counted).
 #include <algorithm>
+#include <cstdlib>
+#include <map>
 #include <random>
 #include <string>
 #include <string_view>
@@ -28,6 +35,56 @@ using bench::random_buffer;
 
 Tensor view(const Buffer& b, DType t, std::vector<int64_t> shape) {
   return make_tensor(b.data(), t, shape, b.where(), static_cast<int64_t>(b.bytes()));
+}
+
+bool stages_requested() {
+  const char* v = std::getenv("BARACUDA_SSD_STAGES");
+  return v != nullptr && std::string_view(v) == "1";
+}
+
+// Collects the launcher's per-stage times (launch order kept) over several runs.
+class StageCollector final : public StageSink {
+ public:
+  void stage(std::string_view, std::string_view, std::string_view stage, float ms) override {
+    auto it =
+        std::find_if(rows_.begin(), rows_.end(), [&](const auto& r) { return r.first == stage; });
+    if (it == rows_.end()) it = rows_.insert(rows_.end(), {std::string(stage), {}});
+    it->second.push_back(ms);
+  }
+  std::vector<std::pair<std::string, std::vector<float>>> rows_;
+};
+
+// Runs `fn` `runs` times with a collector installed and emits one row per stage (median ms).
+template <class Fn>
+void emit_stages(const Stream& s, const std::string& op, const std::string& name,
+                 const std::string& kernel, Fn&& fn) {
+  constexpr int kRuns = 5;
+  StageCollector col;
+  set_stage_sink(&col);
+  Status st;
+  for (int i = 0; i < kRuns && st.ok(); ++i) st = fn();
+  set_stage_sink(nullptr);
+  if (!st.ok()) return bench::emit_error("ssd", op + "_stage", name, st.error());
+  double total = 0;
+  for (auto& [stage, v] : col.rows_) {
+    std::sort(v.begin(), v.end());
+    const double med = v[v.size() / 2];
+    total += med;
+    bench::emit(s, {.family = "ssd",
+                    .op = op + "_stage",
+                    .name = name,
+                    .dtype = "bf16",
+                    .kernel = kernel,
+                    .ms = med,
+                    .note = "stage " + stage});
+  }
+  bench::emit(s, {.family = "ssd",
+                  .op = op + "_stage",
+                  .name = name,
+                  .dtype = "bf16",
+                  .kernel = kernel,
+                  .ms = total,
+                  .note = "stage total"});
 }
 
 struct Case {
@@ -83,6 +140,8 @@ void run_prefill(const Stream& s, const Case& c, bool backward, std::string_view
     timing = bench::time_it(s, [&](int) { return plan->run(s, ws->as_workspace(), args); });
     kernel = plan->sku().name;
     bytes = eb * static_cast<double>(2 * nx + ndt + 2 * nbc) + 4.0 * c.H;
+    if (timing.ok() && stages_requested())
+      emit_stages(s, op, c.name, kernel, [&] { return plan->run(s, ws->as_workspace(), args); });
   } else {
     auto plan = SsdBackwardPlan::select(s, d, pref);
     if (!plan.ok()) return fail(plan.error());
@@ -112,6 +171,8 @@ void run_prefill(const Stream& s, const Case& c, bool backward, std::string_view
     kernel = plan->sku().name;
     bytes = eb * static_cast<double>(4 * nx + 2 * ndt + 4 * nbc);
     flops *= 2;
+    if (timing.ok() && stages_requested())
+      emit_stages(s, op, c.name, kernel, [&] { return plan->run(s, ws->as_workspace(), args); });
   }
   if (!timing.ok()) return fail(timing.error());
   bench::emit(s, {.family = "ssd",

@@ -1783,6 +1783,54 @@ inline size_t bwd_smem_bytes(int64_t N) {
 
 constexpr int64_t kMaxGridYZ = 65535;
 
+// Stage timing (see ssd::StageSink): off, the constructor's atomic load is the whole cost. On, an
+// event before the first launch and one per mark(); the destructor waits for the last event and
+// reports each stage's time. Errors of the event calls only turn the timing off: diagnostics never
+// fail a launch.
+class StageClock {
+ public:
+  StageClock(std::string_view op, std::string_view kernel, cudaStream_t st)
+      : sink_(ssd::stage_sink()), op_(op), kernel_(kernel), st_(st) {
+    if (sink_ == nullptr) return;
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(st, &capture) != cudaSuccess ||
+        capture != cudaStreamCaptureStatusNone || !record()) {
+      sink_ = nullptr;
+    }
+  }
+  void mark(const char* stage) {
+    if (sink_ == nullptr || n_ > kMax) return;
+    names_[n_ - 1] = stage;
+    if (!record()) sink_ = nullptr;
+  }
+  ~StageClock() {
+    if (sink_ != nullptr && cudaEventSynchronize(ev_[n_ - 1]) == cudaSuccess) {
+      for (int i = 1; i < n_; ++i) {
+        float ms = 0.0f;
+        if (cudaEventElapsedTime(&ms, ev_[i - 1], ev_[i]) == cudaSuccess)
+          sink_->stage(op_, kernel_, names_[i - 1], ms);
+      }
+    }
+    for (int i = 0; i < n_; ++i) cudaEventDestroy(ev_[i]);
+  }
+  StageClock(const StageClock&) = delete;
+  StageClock& operator=(const StageClock&) = delete;
+
+ private:
+  static constexpr int kMax = 24;  // stages per launcher (the backward has 14)
+  bool record() {
+    if (n_ > kMax || cudaEventCreate(&ev_[n_]) != cudaSuccess) return false;
+    ++n_;
+    return cudaEventRecord(ev_[n_ - 1], st_) == cudaSuccess;
+  }
+  ssd::StageSink* sink_;
+  std::string_view op_, kernel_;
+  cudaStream_t st_;
+  cudaEvent_t ev_[kMax + 1] = {};
+  const char* names_[kMax] = {};
+  int n_ = 0;
+};
+
 // ---- launches
 // ------------------------------------------------------------------------------------
 template <class T, bool kTensorCores>
@@ -1803,9 +1851,11 @@ Status forward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
   if (bh == 0) return {};
   const auto cs = static_cast<unsigned>(pr.chunk_size);
   const auto nc = static_cast<unsigned>(pr.nchunks);
+  StageClock clock("ssd_forward", kTensorCores ? "chunked_wmma" : "chunked_f32", st);
   if (nc > 0) {
     prep_kernel<T><<<dim3(nc, bh), cs, cs * sizeof(double), st>>>(p);
     BARACUDA_TRY(cuda::check_launch("ssd_forward", "prep_kernel"));
+    clock.mark("prep");
     const auto tiles = static_cast<unsigned>(cuda::ceil_div(pr.head_dim, kTile) *
                                              cuda::ceil_div(pr.state_dim, kTile));
     if constexpr (kTensorCores)
@@ -1813,10 +1863,12 @@ Status forward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
     else
       chunk_state_kernel<T><<<dim3(tiles, nc, bh), kThreads, 0, st>>>(p);
     BARACUDA_TRY(cuda::check_launch("ssd_forward", "chunk_state_kernel"));
+    clock.mark("chunk_state");
   }
   const auto dn = static_cast<unsigned>(cuda::ceil_div(pr.head_dim * pr.state_dim, 256));
   state_pass_kernel<T><<<dim3(dn, bh), 256, 0, st>>>(p);
   BARACUDA_TRY(cuda::check_launch("ssd_forward", "state_pass_kernel"));
+  clock.mark("state_pass");
   if (nc > 0) {
     const auto tt = static_cast<unsigned>(nc * (pr.chunk_size / kTile));
     const auto td = static_cast<unsigned>(cuda::ceil_div(pr.head_dim, kTile));
@@ -1826,10 +1878,12 @@ Status forward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
                              static_cast<unsigned>(pr.batch * pr.ngroups)),
                         kTcThreads, 0, st>>>(p);
       BARACUDA_TRY(cuda::check_launch("ssd_forward", "cb_tc_kernel"));
+      clock.mark("cb");
       chunk_out_tc_kernel<T><<<dim3(tt, td, bh), kTcThreads, 0, st>>>(p);
     } else
       chunk_out_kernel<T><<<dim3(tt, td, bh), kThreads, 0, st>>>(p);
     BARACUDA_TRY(cuda::check_launch("ssd_forward", "chunk_out_kernel"));
+    clock.mark("chunk_out");
   }
   return {};
 }
@@ -1961,6 +2015,7 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
   const cudaStream_t st = cuda::stream_of(ctx);
   constexpr std::string_view op = "ssd_backward";
   if (pr.heads == 0) return {};
+  StageClock clock(op, kTC ? "chunked_wmma" : "chunked_f32", st);
   const int64_t bh64 = pr.batch * pr.heads;
   const auto bh = static_cast<unsigned>(bh64);
   const auto nc = static_cast<unsigned>(pr.nchunks);
@@ -1972,48 +2027,61 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
     // The forward's chunk-local quantities and the states entering each chunk, recomputed.
     prep_kernel<T><<<dim3(nc, bh), cs, cs * sizeof(double), st>>>(fwd);
     BARACUDA_TRY(cuda::check_launch(op, "prep_kernel"));
+    clock.mark("prep");
     if constexpr (kTC)
       chunk_state_tc_kernel<T><<<dim3(ntd * ntn, nc, bh), kTcThreads, 0, st>>>(fwd);
     else
       chunk_state_kernel<T><<<dim3(ntd * ntn, nc, bh), kThreads, 0, st>>>(fwd);
     BARACUDA_TRY(cuda::check_launch(op, "chunk_state_kernel"));
+    clock.mark("chunk_state");
     state_pass_kernel<T>
         <<<dim3(static_cast<unsigned>(cuda::ceil_div(pr.head_dim * pr.state_dim, 256)), bh), 256, 0,
            st>>>(fwd);
     BARACUDA_TRY(cuda::check_launch(op, "state_pass_kernel"));
+    clock.mark("state_pass");
     bwd_cb_kernel<T, kTC>
         <<<dim3(nc * ntt * ntt, static_cast<unsigned>(pr.batch * pr.ngroups)), kThreads, 0, st>>>(
             p);
     BARACUDA_TRY(cuda::check_launch(op, "bwd_cb_kernel"));
+    clock.mark("cb");
     if (pr.has_z) {
       bwd_gate_kernel<T, kTC><<<dim3(nc * ntt, ntd, bh), kThreads, 0, st>>>(p);
       BARACUDA_TRY(cuda::check_launch(op, "bwd_gate_kernel"));
+      clock.mark("gate");
     }
     bwd_ustate_kernel<T, kTC><<<dim3(ntd * ntn, nc, bh), kThreads, 0, st>>>(p);
     BARACUDA_TRY(cuda::check_launch(op, "bwd_ustate_kernel"));
+    clock.mark("ustate");
   }
   if (bh64 > 0) {  // with L = 0 this is d_initial_states = d_final_states
     bwd_state_rev_kernel<T>
         <<<dim3(static_cast<unsigned>(cuda::ceil_div(pr.head_dim * pr.state_dim, 256)), bh), 256, 0,
            st>>>(p);
     BARACUDA_TRY(cuda::check_launch(op, "bwd_state_rev_kernel"));
+    clock.mark("state_rev");
   }
   if (bh64 > 0 && nc > 0) {
     bwd_dx_kernel<T, kTC><<<dim3(nc * ntt, ntd, bh), kThreads, 0, st>>>(p);
     BARACUDA_TRY(cuda::check_launch(op, "bwd_dx_kernel"));
+    clock.mark("dx");
     bwd_db_kernel<T, kTC><<<dim3(nc * ntt, ntn, bh), kThreads, 0, st>>>(p);
     BARACUDA_TRY(cuda::check_launch(op, "bwd_db_kernel"));
+    clock.mark("db");
     bwd_dc_kernel<T, kTC><<<dim3(nc * ntt, ntn, bh), kThreads, 0, st>>>(p);
     BARACUDA_TRY(cuda::check_launch(op, "bwd_dc_kernel"));
+    clock.mark("dc");
     bwd_finalize_kernel<T><<<dim3(nc, bh), kThreads, 0, st>>>(p);
     BARACUDA_TRY(cuda::check_launch(op, "bwd_finalize_kernel"));
+    clock.mark("finalize");
   }
   bwd_head_kernel<T><<<static_cast<unsigned>(pr.heads), kThreads, 0, st>>>(p);
   BARACUDA_TRY(cuda::check_launch(op, "bwd_head_kernel"));
+  clock.mark("head");
   const int64_t bc = pr.batch * pr.seqlen * pr.ngroups * pr.state_dim;
   if (bc > 0) {
     bwd_reduce_bc_kernel<T><<<static_cast<unsigned>(cuda::ceil_div(bc, 256)), 256, 0, st>>>(p);
     BARACUDA_TRY(cuda::check_launch(op, "bwd_reduce_bc_kernel"));
+    clock.mark("reduce_bc");
   }
   return {};
 }

@@ -1,5 +1,6 @@
 // Descriptor and argument validation for the ssd ops. Every rule returns an Error naming the op,
 // the argument and the numbers; nothing here launches or writes.
+#include <atomic>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -147,6 +148,16 @@ Status no_overlap_inputs(std::string_view op, std::string_view out_arg, const Te
 }  // namespace
 
 namespace ssd {
+
+namespace {
+std::atomic<StageSink*> g_stage_sink{nullptr};
+}  // namespace
+void set_stage_sink(StageSink* sink) {
+  g_stage_sink.store(sink, std::memory_order_release);
+}
+StageSink* stage_sink() {
+  return g_stage_sink.load(std::memory_order_acquire);
+}
 
 Result<Problem> make_problem(std::string_view op, const Descriptor& d) {
   const int64_t shape[] = {d.batch, d.seqlen, d.heads, d.head_dim, d.state_dim};
