@@ -283,11 +283,13 @@ __global__ void __launch_bounds__(128) flash_decode(Params p) {
   }
 }
 
-// Merges the splits of each row (one warp per row): y = sum_s w_s o_s / sum_s w_s with
-// w_s = exp(lse_s - max), lse = max + log(sum_s w_s). Latency, not bandwidth, bounds it (a few
-// hundred KB in total), so lanes own splits for the max and the weights, and the partial rows are
-// read as float4 with eight splits' loads in flight. Sums run in split order per column and in a
-// fixed shuffle tree for the weights: deterministic.
+// Merges the splits of each row (one CTA of four warps per row): y = sum_s w_s o_s / sum_s w_s
+// with w_s = exp(lse_s - max), lse = max + log(sum_s w_s). Latency, not bandwidth, bounds it (a
+// few hundred KB in total, 32 rows for the bench shape), so the loads of every split are issued
+// at once: lanes own splits for the max and the weight sum, and warp w reads the float4 partial
+// rows of splits w, w + 4, ... (8 apiece for 32 splits: one round trip, where one warp per row
+// needed four). Sums run in split order per warp, then over the warps in order, and in a fixed
+// shuffle tree for the weights: deterministic.
 template <class T>
 __global__ void __launch_bounds__(128) flash_decode_combine(Params p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -295,8 +297,10 @@ __global__ void __launch_bounds__(128) flash_decode_combine(Params p) {
   // partials to be visible. A no-op when launched normally.
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
-  const int lane = threadIdx.x % 32;
-  const int64_t row = int64_t{blockIdx.x} * 4 + threadIdx.x / 32;
+  constexpr int kNW = 4;
+  __shared__ float4 s_acc[kNW][2][32];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t row = blockIdx.x;  // uniform per CTA: the early returns below skip no barrier
   const int i = static_cast<int>(row % p.len_q);
   const int h = static_cast<int>((row / p.len_q) % p.heads_q);
   const int b = static_cast<int>(row / (int64_t{p.len_q} * p.heads_q));
@@ -304,7 +308,8 @@ __global__ void __launch_bounds__(128) flash_decode_combine(Params p) {
   const SeqRows s = seq_rows(p, b);
   if (i >= s.lq) return;
   const int64_t rows = int64_t{p.batch} * p.heads_q * p.len_q;
-  // Every split writes each of its rows (LSE -inf where it saw no key), so all take part.
+  // Every split writes each of its rows (LSE -inf where it saw no key), so all take part. Each
+  // warp computes the max and the weight sum itself (same order, same bits) instead of a barrier.
   float mx = -INFINITY;
   for (int sp = lane; sp < p.splits; sp += 32) mx = fmaxf(mx, p.lse_part[sp * rows + row]);
 #pragma unroll
@@ -313,28 +318,34 @@ __global__ void __launch_bounds__(128) flash_decode_combine(Params p) {
   float4 acc[2] = {make_float4(0.f, 0.f, 0.f, 0.f), make_float4(0.f, 0.f, 0.f, 0.f)};
   float wsum = 0.f;
   if (mx > -INFINITY) {
-    for (int base = 0; base < p.splits; base += 32) {
-      const int mine = base + lane;
-      const float w_mine = mine < p.splits ? expf(p.lse_part[mine * rows + row] - mx) : 0.f;
-      wsum += w_mine;
-      const int n = min(32, p.splits - base);
+    for (int sp = lane; sp < p.splits; sp += 32) wsum += expf(p.lse_part[sp * rows + row] - mx);
 #pragma unroll 8
-      for (int j = 0; j < n; ++j) {
-        const float w = __shfl_sync(0xffffffffu, w_mine, j);
-        const float* src = p.o_part + ((base + j) * rows + row) * dv;
+    for (int sp = warp; sp < p.splits; sp += kNW) {
+      const float w = expf(p.lse_part[sp * rows + row] - mx);
+      const float* src = p.o_part + (sp * rows + row) * dv;
 #pragma unroll
-        for (int u = 0; u < 2; ++u) {
-          const int c = 4 * lane + 128 * u;
-          if (c < dv) {
-            const float4 x = *reinterpret_cast<const float4*>(src + c);
-            acc[u].x += w * x.x, acc[u].y += w * x.y, acc[u].z += w * x.z, acc[u].w += w * x.w;
-          }
+      for (int u = 0; u < 2; ++u) {
+        const int c = 4 * lane + 128 * u;
+        if (c < dv) {
+          const float4 x = *reinterpret_cast<const float4*>(src + c);
+          acc[u].x += w * x.x, acc[u].y += w * x.y, acc[u].z += w * x.z, acc[u].w += w * x.w;
         }
       }
     }
   }
 #pragma unroll
   for (int o2 = 16; o2 > 0; o2 >>= 1) wsum += __shfl_xor_sync(0xffffffffu, wsum, o2);
+  s_acc[warp][0][lane] = acc[0];
+  s_acc[warp][1][lane] = acc[1];
+  __syncthreads();
+  if (warp != 0) return;
+#pragma unroll
+  for (int w = 1; w < kNW; ++w)
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const float4 x = s_acc[w][u][lane];
+      acc[u].x += x.x, acc[u].y += x.y, acc[u].z += x.z, acc[u].w += x.w;
+    }
   T* y = static_cast<T*>(p.out) + detail::row_offset(p.sy, p.varlen, b, h, s.q0 + i);
   const float inv = wsum > 0 ? 1.f / wsum : 0.f;
 #pragma unroll
@@ -383,8 +394,14 @@ inline size_t decode_smem_of(const Problem& pr) {
   }
 }
 
-// Splits: as many CTAs as the SMs hold at once (shared memory is the limit), in one wave, each with
-// at least 4 tiles so the partial write and the pipeline fill stay small next to its stream.
+// Splits: kWaves times as many CTAs as the SMs hold at once (shared memory is the limit), each
+// with at least 4 tiles so the partial write and the pipeline fill stay small next to its stream.
+// kWaves = 1 (flash_decode_sm80): one wave, every split starts at once, but a CTA that starts or
+// streams late finishes late and nothing fills its slot. kWaves = 4 (flash_decode_w4_sm80): 4x
+// shorter splits that the block scheduler hands to slots as they free up, so SMs finish together,
+// at the price of 4x the partials (~2 MB for the bench shape), 4x the CTA prologues and a longer
+// combine. Which wins is a measurement (bench A/B rows).
+template <int kWaves = 1>
 inline int decode_splits(const Problem& pr, const DeviceCaps& caps) {
   const Descriptor& d = pr.desc;
   const int64_t heads = d.batch * d.heads_kv;
@@ -393,13 +410,15 @@ inline int decode_splits(const Problem& pr, const DeviceCaps& caps) {
   // Shared memory per SM is the opt-in block limit plus the 1 KB the driver reserves per block.
   const int64_t per_sm = std::clamp<int64_t>(
       (caps.smem_per_block_optin + 1024) / static_cast<int64_t>(decode_smem_of(pr) + 1024), 1, 4);
-  const int64_t want = std::min<int64_t>({int64_t{caps.sm_count} * per_sm / heads, tiles / 4, 256});
+  const int64_t want =
+      std::min<int64_t>({int64_t{caps.sm_count} * per_sm * kWaves / heads, tiles / 4, 256});
   if (want <= 1) return 1;
   const int64_t per = cuda::ceil_div(tiles, want);
   return static_cast<int>(cuda::ceil_div(tiles, per));  // no split left empty when unmasked
 }
-inline size_t decode_workspace(const Problem& pr, const DeviceCaps& caps) {
-  const int splits = decode_splits(pr, caps);
+template <int kWaves = 1>
+size_t decode_workspace(const Problem& pr, const DeviceCaps& caps) {
+  const int splits = decode_splits<kWaves>(pr, caps);
   if (splits <= 1) return 0;
   const Descriptor& d = pr.desc;
   const int64_t rows = d.batch * d.heads_q * d.len_q;
@@ -427,7 +446,7 @@ Status launch_decode_combine(const LaunchContext& ctx, const Params& p, int64_t 
     return cudaFuncGetAttributes(&fa, flash_decode_combine<T>) == cudaSuccess &&
            fa.binaryVersion >= 90;
   }();
-  const unsigned blocks = row_blocks(rows);
+  const auto blocks = static_cast<unsigned>(rows);  // one CTA per row
   if (!pdl) {
     flash_decode_combine<T><<<blocks, 128, 0, cuda::stream_of(ctx)>>>(p);
     return cuda::check_launch(ForwardOp::name, "flash_decode_combine");
@@ -447,7 +466,7 @@ Status launch_decode_combine(const LaunchContext& ctx, const Params& p, int64_t 
   return cuda::check_launch(ForwardOp::name, "flash_decode_combine");
 }
 
-template <class T>
+template <class T, int kWaves = 1>
 Status launch_decode(const LaunchContext& ctx, const Problem& pr, const ForwardArguments& a) {
   // cp.async needs 16-byte aligned rows; otherwise the SIMT kernel runs (same contract).
   if (!rows_aligned(a.q, sizeof(T)) || !rows_aligned(a.k, sizeof(T)) ||
@@ -456,9 +475,9 @@ Status launch_decode(const LaunchContext& ctx, const Problem& pr, const ForwardA
   Params p = fwd_params(pr, a);
   const int64_t rows = int64_t{p.batch} * p.heads_q * p.len_q;
   if (rows == 0) return {};
-  p.splits = decode_splits(pr, ctx.stream.caps());
+  p.splits = decode_splits<kWaves>(pr, ctx.stream.caps());
   if (p.splits > 1) {
-    const size_t need = decode_workspace(pr, ctx.stream.caps());
+    const size_t need = decode_workspace<kWaves>(pr, ctx.stream.caps());
     if (ctx.workspace.bytes < need)
       return Error::workspace_too_small(std::string(ForwardOp::name) + ": decode split partials",
                                         need, ctx.workspace.bytes);

@@ -335,8 +335,12 @@ bool register_kernels() {
         .workspace = fwd_mma_workspace<MmaShape>,
         .launch = launch_fwd_mma<T, MmaShape>,
     });
-    // Same kernel template, MmaShapeM16 launch shapes (D <= 128): unmeasured, so below the kernel
-    // above; the bench's A/B rows (PlanPreference::kernel) decide whether it should be the default.
+    // Same kernel template, MmaShapeM16 launch shapes (D <= 128). Measured on the H100 (bf16,
+    // TFLOP/s, flash_fwd_mma_sm80 / m16 / m16w8): d128 L4096 122 / 199 / 218, d64 L4096
+    // 88 / 182 / 169, d128 L16384 128 / 201 / 229, causal d128 L4096 119 / 192 / 209. Both beat
+    // the MmaShape kernel everywhere they fit, so they rank above it; m16w8 is the default (it
+    // wins at d128 and is 7% behind m16 at d64; priorities cannot depend on the head dim without
+    // making a kernel unselectable by name there), m16 stays for A/B.
     register_kernel<ForwardOp>({
         .sku = {.category = "attention",
                 .op = ForwardOp::name,
@@ -348,7 +352,7 @@ bool register_kernels() {
                 .backend = Backend::bespoke_cuda,
                 .precision = mma,
                 .name = "flash_fwd_mma_m16_sm80"},
-        .priority = 19,
+        .priority = 21,
         .fits =
             [](const Problem& pr, const DeviceCaps&) {
               return pr.desc.head_dim_qk % 8 == 0 && pr.desc.head_dim_v % 8 == 0 &&
@@ -368,7 +372,7 @@ bool register_kernels() {
                 .backend = Backend::bespoke_cuda,
                 .precision = mma,
                 .name = "flash_fwd_mma_m16w8_sm80"},
-        .priority = 18,
+        .priority = 22,
         .fits =
             [](const Problem& pr, const DeviceCaps&) {
               return pr.desc.head_dim_qk % 8 == 0 && pr.desc.head_dim_v % 8 == 0 &&
@@ -392,8 +396,26 @@ bool register_kernels() {
                 .name = "flash_decode_sm80"},
         .priority = 30,
         .fits = decode_fits,
-        .workspace = decode_workspace,
-        .launch = launch_decode<T>,
+        .workspace = decode_workspace<1>,
+        .launch = launch_decode<T, 1>,
+    });
+    // The same kernel over 4x as many, 4x shorter splits (see decode_splits): A/B only until the
+    // bench rows show it faster.
+    register_kernel<ForwardOp>({
+        .sku = {.category = "attention",
+                .op = ForwardOp::name,
+                .element = E,
+                .aux_element = DType::f32,
+                .layout = "strided",
+                .epilogue = "any_mask",
+                .arch = Arch::sm80,
+                .backend = Backend::bespoke_cuda,
+                .precision = mma,
+                .name = "flash_decode_w4_sm80"},
+        .priority = 29,
+        .fits = decode_fits,
+        .workspace = decode_workspace<4>,
+        .launch = launch_decode<T, 4>,
     });
     // Two passes (dQ per query block, dK/dV per key block) in a fixed order: deterministic and
     // independent of the batch; P and dS are rounded to the 16-bit type for the tensor cores.

@@ -1,5 +1,6 @@
 // The float64 CPU reference: materialized scores and softmax per query row, forward and backward.
 // It is the test oracle and the backend for CPU streams (every floating dtype).
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -7,6 +8,7 @@
 
 #include "baracuda/ops/attention.hpp"
 #include "ops/attention/common.hpp"
+#include "ops/attention/reference.hpp"
 
 namespace baracuda::attention {
 namespace {
@@ -77,39 +79,44 @@ double softmax(std::vector<double>& s) {
   return m + std::log(sum);
 }
 
-Status forward(const LaunchContext&, const Problem& p, const ForwardArguments& a) {
+// Rows [i_begin, i_end) of query head h of sequence b (already validated).
+void forward_rows(const Problem& p, const ForwardArguments& a, const Seq& sq, int64_t b, int64_t h,
+                  int64_t i_begin, int64_t i_end) {
   const Descriptor& d = p.desc;
   const DType t = d.dtype;
   const Band band = detail::band_of(d.mask);
+  const int64_t hk = h / p.group;
   std::vector<double> s, dcap, acc(d.head_dim_v);
+  for (int64_t i = i_begin; i < i_end; ++i) {
+    int64_t lo, hi;
+    detail::visible_keys(band, i, sq.lq, sq.lk, &lo, &hi);
+    const int64_t qo = row_offset(a.q.stride.data(), d.varlen, b, h, sq.q0 + i);
+    const int64_t yo = row_offset(a.y.stride.data(), d.varlen, b, h, sq.q0 + i);
+    std::fill(acc.begin(), acc.end(), 0.0);
+    double lse = -std::numeric_limits<double>::infinity();
+    if (lo < hi) {
+      scores(p, a.q.data, qo, a.k.data, a.k.stride.data(), b, hk, sq, lo, hi, s, dcap);
+      lse = softmax(s);
+      for (int64_t j = lo; j < hi; ++j) {
+        const int64_t vo = row_offset(a.v.stride.data(), d.varlen, b, hk, sq.k0 + j);
+        for (int64_t c = 0; c < d.head_dim_v; ++c)
+          acc[c] += s[j - lo] * load_as_double(a.v.data, t, vo + c);
+      }
+    }
+    for (int64_t c = 0; c < d.head_dim_v; ++c) store_from_double(a.y.data, t, yo + c, acc[c]);
+    store_from_double(a.lse.data, p.lse_dtype,
+                      lse_offset(a.lse.stride.data(), d.varlen, b, h, sq.q0 + i), lse);
+  }
+}
+
+Status forward(const LaunchContext&, const Problem& p, const ForwardArguments& a) {
+  const Descriptor& d = p.desc;
   for (int64_t b = 0; b < d.batch; ++b)  // check every sequence before writing anything
     if (auto r = sequence(ForwardOp::name, p, a.cu_seqlens_q, a.cu_seqlens_k, b); !r.ok())
       return r.error();
   for (int64_t b = 0; b < d.batch; ++b) {
     const Seq sq = sequence(ForwardOp::name, p, a.cu_seqlens_q, a.cu_seqlens_k, b).value();
-    for (int64_t h = 0; h < d.heads_q; ++h) {
-      const int64_t hk = h / p.group;
-      for (int64_t i = 0; i < sq.lq; ++i) {
-        int64_t lo, hi;
-        detail::visible_keys(band, i, sq.lq, sq.lk, &lo, &hi);
-        const int64_t qo = row_offset(a.q.stride.data(), d.varlen, b, h, sq.q0 + i);
-        const int64_t yo = row_offset(a.y.stride.data(), d.varlen, b, h, sq.q0 + i);
-        std::fill(acc.begin(), acc.end(), 0.0);
-        double lse = -std::numeric_limits<double>::infinity();
-        if (lo < hi) {
-          scores(p, a.q.data, qo, a.k.data, a.k.stride.data(), b, hk, sq, lo, hi, s, dcap);
-          lse = softmax(s);
-          for (int64_t j = lo; j < hi; ++j) {
-            const int64_t vo = row_offset(a.v.stride.data(), d.varlen, b, hk, sq.k0 + j);
-            for (int64_t c = 0; c < d.head_dim_v; ++c)
-              acc[c] += s[j - lo] * load_as_double(a.v.data, t, vo + c);
-          }
-        }
-        for (int64_t c = 0; c < d.head_dim_v; ++c) store_from_double(a.y.data, t, yo + c, acc[c]);
-        store_from_double(a.lse.data, p.lse_dtype,
-                          lse_offset(a.lse.stride.data(), d.varlen, b, h, sq.q0 + i), lse);
-      }
-    }
+    for (int64_t h = 0; h < d.heads_q; ++h) forward_rows(p, a, sq, b, h, 0, sq.lq);
   }
   return {};
 }
@@ -212,4 +219,19 @@ bool register_all() {
 BARACUDA_REGISTER(register_all());
 
 }  // namespace
+
+Status detail::reference_forward_rows(const Problem& p, const ForwardArguments& a, int64_t b,
+                                      int64_t h, int64_t i_begin, int64_t i_end) {
+  BARACUDA_TRY(ForwardOp::check_arguments(p, a, Location::host()));
+  if (b < 0 || b >= p.desc.batch || h < 0 || h >= p.desc.heads_q)
+    return Error::invalid(std::string(ForwardOp::name) + ": reference rows: (b=" +
+                          std::to_string(b) + ", h=" + std::to_string(h) + ") out of range");
+  auto sq = sequence(ForwardOp::name, p, a.cu_seqlens_q, a.cu_seqlens_k, b);
+  if (!sq.ok()) return sq.error();
+  const int64_t lq = sq.value().lq;
+  forward_rows(p, a, sq.value(), b, h, std::clamp<int64_t>(i_begin, 0, lq),
+               std::clamp<int64_t>(i_end, 0, lq));
+  return {};
+}
+
 }  // namespace baracuda::attention
