@@ -68,8 +68,10 @@ void run_case(const Stream& s, DType dt) {
                     .note = note});
   };
 
-  // The seed's fused static forward; "<case>@static_forward_fused" is the two-pass kernel (A/B).
-  for (std::string_view pin : {std::string_view{}, std::string_view{"static_forward_fused"}}) {
+  // The seed's fused static forward; "<case>@static_forward_fused" is the two-pass kernel and
+  // "<case>@static_forward_pipelined_reread" the pipelined one without register-held tokens (A/B).
+  for (std::string_view pin : {std::string_view{}, std::string_view{"static_forward_fused"},
+                               std::string_view{"static_forward_pipelined_reread"}}) {
     d.h = MhcH::static_h;
     d.sinkhorn = {SinkhornInit::exp, SinkhornFirst::rows, 20, 1e-5};
     d.norm_eps = 1e-5;

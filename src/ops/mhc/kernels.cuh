@@ -76,15 +76,27 @@ inline SinkhornParams sinkhorn_params(const SinkhornConfig& c) {
           static_cast<float>(c.eps)};
 }
 
+// Line a (a row for axis 0, a column for axis 1) of the n x n matrix p divided by (its sum + eps).
+// Lines of one normalization are disjoint, so running them on separate lanes gives the same bits.
+__device__ __forceinline__ void normalize_line(float* p, int n, int axis, int a, float eps) {
+  const int step = axis == 0 ? 1 : n, base = axis == 0 ? a * n : a;
+  float s = 0;
+  for (int b = 0; b < n; ++b) s += p[base + b * step];
+  const float inv = 1.0f / (s + eps);
+  for (int b = 0; b < n; ++b) p[base + b * step] *= inv;
+}
 // One normalization along `axis` (0: rows, 1: columns), in place.
 __device__ inline void normalize(float* p, int n, int axis, float eps) {
-  for (int a = 0; a < n; ++a) {
-    const int step = axis == 0 ? 1 : n, base = axis == 0 ? a * n : a;
-    float s = 0;
-    for (int b = 0; b < n; ++b) s += p[base + b * step];
-    const float inv = 1.0f / (s + eps);
-    for (int b = 0; b < n; ++b) p[base + b * step] *= inv;
-  }
+  for (int a = 0; a < n; ++a) normalize_line(p, n, axis, a, eps);
+}
+// softmax_eps init of row r: softmax over the row, then + eps.
+__device__ __forceinline__ void softmax_eps_row(float* p, int n, int r, float eps) {
+  float m = p[r * n];
+  for (int c = 1; c < n; ++c) m = fmaxf(m, p[r * n + c]);
+  float sum = 0;
+  for (int c = 0; c < n; ++c) sum += (p[r * n + c] = expf(p[r * n + c] - m));
+  const float inv = 1.0f / sum;
+  for (int c = 0; c < n; ++c) p[r * n + c] = p[r * n + c] * inv + eps;
 }
 // p holds the logits on entry, the Sinkhorn result on exit. trace (optional) receives the matrix
 // before each of the 2 * iters - 1 normalizations.
@@ -95,14 +107,7 @@ __device__ inline void sinkhorn_inplace(float* p, int n, const SinkhornParams& s
     for (int k = 1; k < nn; ++k) m = fmaxf(m, p[k]);
     for (int k = 0; k < nn; ++k) p[k] = expf(p[k] - m);
   } else {
-    for (int r = 0; r < n; ++r) {
-      float m = p[r * n];
-      for (int c = 1; c < n; ++c) m = fmaxf(m, p[r * n + c]);
-      float sum = 0;
-      for (int c = 0; c < n; ++c) sum += (p[r * n + c] = expf(p[r * n + c] - m));
-      const float inv = 1.0f / sum;
-      for (int c = 0; c < n; ++c) p[r * n + c] = p[r * n + c] * inv + s.eps;
-    }
+    for (int r = 0; r < n; ++r) softmax_eps_row(p, n, r, s.eps);
   }
   const int steps = 2 * s.iters - 1;
   for (int st = 0; st < steps; ++st) {
@@ -182,6 +187,40 @@ __device__ inline void activate_row(const ActivateArgs& a, int64_t r, float* p) 
   const int steps = 2 * a.sk.iters - 1;
   sinkhorn_inplace(p, n, a.sk, a.trace ? a.trace + r * static_cast<int64_t>(steps) * nn : nullptr);
   for (int k = 0; k < nn; ++k) o[2 * n + k] = p[k];
+}
+// activate_row for static H (a.rows == 1, no logits / trace) spread over one warp; all 32 lanes
+// call it. Each line of an init or normalization step belongs to one lane and runs the serial
+// code, so o gets the same bits as from activate_row, but a step costs one line's latency instead
+// of n of them: thread 0 alone took tens of microseconds for 2 * 20 - 1 steps, all of it before
+// a CTA's first token could be computed. p: activate_slot(n) floats of shared memory, o: K floats.
+__device__ inline void activate_static_row_warp(const ActivateArgs& a, float* o, float* p) {
+  const int n = a.n, nn = n * n, lane = static_cast<int>(threadIdx.x & 31);
+  for (int k = lane; k < a.k; k += 32) {
+    if (k < n) {
+      o[k] = sigmoid(a.h_pre[k]) + a.pre_eps;
+    } else if (k < 2 * n) {
+      o[k] = 2.0f * sigmoid(a.h_post[k - n]);
+    } else {
+      const int j = (k - 2 * n) / n, i = (k - 2 * n) % n;
+      p[k - 2 * n] = a.h_res[j * a.h_res_stride + i];
+    }
+  }
+  __syncwarp();
+  if (a.sk.init == 0) {
+    float m = p[0];  // every lane forms the same maximum in the same order
+    for (int k = 1; k < nn; ++k) m = fmaxf(m, p[k]);
+    __syncwarp();  // all lanes have read p before any lane overwrites it
+    for (int k = lane; k < nn; k += 32) p[k] = expf(p[k] - m);
+  } else {
+    for (int r = lane; r < n; r += 32) softmax_eps_row(p, n, r, a.sk.eps);
+  }
+  __syncwarp();
+  const int steps = 2 * a.sk.iters - 1;
+  for (int st = 0; st < steps; ++st) {
+    for (int l = lane; l < n; l += 32) normalize_line(p, n, (a.sk.first + st) & 1, l, a.sk.eps);
+    __syncwarp();
+  }
+  for (int k = lane; k < nn; k += 32) o[2 * n + k] = p[k];
 }
 __global__ void activate_kernel(ActivateArgs a) {
   extern __shared__ float scratch[];
@@ -409,7 +448,9 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], uint32_t a0, uint32_t a1
       : "r"(a0), "r"(a1), "r"(b0));
 #endif
 }
-// v = big + small with both parts TF32 (big rounded to nearest): 3xTF32 keeps about f32 accuracy.
+// v = big + small with both parts TF32, both rounded to nearest: |v - big - small| <= 2^-23 |v|,
+// and the dropped small * small term is <= 2^-22 |a b|, so a 3xTF32 product is within a few f32
+// roundings; the accumulation is the part that needs care (mma_products).
 __device__ __forceinline__ void split_tf32(float v, uint32_t& big, uint32_t& small) {
   asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(big) : "f"(v));
   asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(small) : "f"(v - __uint_as_float(big)));
@@ -462,6 +503,14 @@ __device__ __forceinline__ void mma_products(const T* xs, const DynArgs& a, int 
 #pragma unroll
             for (int v = 0; v < 4; ++v) ss[mt][h] = fmaf(av[mt][h][v], av[mt][h][v], ss[mt][h]);
         }
+      // The block's 4 k-steps accumulate on the tensor cores from zero, and the block's sum is
+      // then added to d on the CUDA cores. The tensor core adds into its f32 accumulator with
+      // truncated alignment (not round-to-nearest), and that error, biased and relative to the
+      // running sum, is the likely cause of the whole-slice chain's error (GPU run at ef65bac: f32
+      // coeffs rel_l2 1.4e-6 against 9.6e-7; the split loses only a few f32 roundings per product).
+      // Short chains plus IEEE adds keep the long sum as accurate as the CUDA-core kernel's FMA
+      // chain.
+      float blk[MT][3][4] = {};
 #pragma unroll
       for (int st = 0; st < 4; ++st) {
         uint32_t bb[3], bs[3];
@@ -474,12 +523,18 @@ __device__ __forceinline__ void mma_products(const T* xs, const DynArgs& a, int 
           split_tf32(av[mt][1][st], ab1, as1);
 #pragma unroll
           for (int nt = 0; nt < 3; ++nt) {
-            if constexpr (kSplitA) mma_tf32(d[mt][nt], as0, as1, bb[nt]);
-            mma_tf32(d[mt][nt], ab0, ab1, bs[nt]);
-            mma_tf32(d[mt][nt], ab0, ab1, bb[nt]);
+            if constexpr (kSplitA) mma_tf32(blk[mt][nt], as0, as1, bb[nt]);
+            mma_tf32(blk[mt][nt], ab0, ab1, bs[nt]);
+            mma_tf32(blk[mt][nt], ab0, ab1, bb[nt]);
           }
         }
       }
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < 3; ++nt)
+#pragma unroll
+          for (int v = 0; v < 4; ++v) d[mt][nt][v] += blk[mt][nt][v];
     }
   }
 #pragma unroll
@@ -1100,10 +1155,20 @@ __global__ void __launch_bounds__(kStaticThreads)
 // ---- static forward, one HBM read of X: persistent CTAs with a ring of token buffers ----------
 // The two-pass kernel above re-reads each token's X for pass 2; with many tokens in
 // flight that second read falls out of L2. Here a persistent CTA streams its tokens through
-// `stages` shared-memory slots with cp.async (stages - 1 tokens in flight while one is computed).
-// Each thread copies, and later reads, only its own 16-byte chunks, so a slot needs no barrier
-// between its last read and its refill; the only barriers are those of the per-token sum.
+// `stages` shared-memory slots with cp.async. Each thread copies, and later reads, only its own
+// 16-byte chunks, so a slot needs no barrier between its last read and its refill; the only
+// barriers are those of the per-token sum.
+//
+// HOLD (n <= kHoldN and at most kHoldCols chunks per stream and thread): pass 1 moves the thread's
+// chunks into registers and the slot is refilled right then, before the per-token barrier and
+// pass 2, which computes from the registers. Every slot is then in flight while a token is
+// computed: `stages` tokens ahead instead of stages - 1 (f32 at n * C = 16384: 3 slots of 64 KiB,
+// so 192 KiB in flight per SM instead of 128 KiB, which the GPU run at ef65bac showed too little:
+// 81% of copy). Without HOLD (n > kHoldN or long rows) pass 2 re-reads the slot, which is refilled
+// at the next token. Both do the same arithmetic in the same order (pass 2 accumulates output i
+// over j = 0..n-1, then adds the post term), so they give the same bits.
 constexpr int kPipeThreads = 512, kPipeMaxStages = 6;
+constexpr int kHoldN = 4, kHoldCols = 2;
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
@@ -1130,7 +1195,7 @@ __device__ __forceinline__ void cp_async_wait_pending(int pending) {
       break;
   }
 }
-template <class T>
+template <class T, bool HOLD>
 __global__ void __launch_bounds__(kPipeThreads, 1)
     static_forward_pipe_kernel(T* __restrict__ out, const T* __restrict__ x, StaticFwdArgs a,
                                ActivateArgs act, int stages) {
@@ -1153,67 +1218,120 @@ __global__ void __launch_bounds__(kPipeThreads, 1)
       for (int64_t cc = tid; cc < q; cc += kPipeThreads)
         cp_async16(dst + i * a.channels + cc * VEC, src + i * a.x_si + cc * VEC);
   };
+  // HOLD fills every slot up front; otherwise one slot stays free for the token being computed.
+  const int ahead_slots = HOLD ? stages : stages - 1;
   int64_t tok = blockIdx.x;
-  for (int st = 0; st < stages - 1; ++st) {
+  for (int st = 0; st < ahead_slots; ++st) {
     if (tok + st * stride < a.tokens) issue(tok + st * stride, st);
     cp_async_commit();  // empty groups keep the count uniform
   }
-  // Every CTA forms the coefficient row itself (activate_row, as activate_kernel would) while its
-  // first tokens load: no kernel in front of this one, no serial Sinkhorn on the critical path.
-  if (tid == 0) {
-    act.out = co, act.out_stride = 0;
-    activate_row(act, 0, scratch);
-  }
+  // Every CTA forms the coefficient row itself (warp 0, as activate_kernel would) while its first
+  // tokens load: no kernel in front of this one.
+  if (tid < 32) activate_static_row_warp(act, co, scratch);
   __syncthreads();
   for (int k = 0; tok < a.tokens; tok += stride, k = k + 1 == stages ? 0 : k + 1) {
-    const int64_t ahead = tok + (stages - 1) * stride;
-    // Slot k - 1 (mod stages): consumed last iteration by this same thread.
-    if (ahead < a.tokens) issue(ahead, k == 0 ? stages - 1 : k - 1);
-    cp_async_commit();
-    cp_async_wait_pending(stages - 1);
     const T* xt = ring + k * slot_elems;
-    float ss = 0;
-    for (int64_t cc = tid; cc < q; cc += kPipeThreads) {
-      float z[VEC] = {};
-      for (int j = 0; j < n; ++j) {
-        float v[VEC];
-        load_vec<T, VEC>(xt + j * a.channels + cc * VEC, v);
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) z[e] = fmaf(pre[j], v[e], z[e]);
-      }
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) ss = fmaf(z[e], z[e], ss);
-    }
-    ss = block_sum(ss, red);
-    const float inv = rsqrtf(ss * a.inv_c + a.eps);
     T* ot = out + tok * a.o_st;
-    for (int64_t cc = tid; cc < q; cc += kPipeThreads) {
-      float acc[kRegN][VEC] = {};
-      float z[VEC] = {};
+    if constexpr (HOLD) {
+      // In flight: tokens tok .. tok + (stages - 1) * stride, one group each.
+      cp_async_wait_pending(stages - 1);
+      Pack<T, VEC> xr[kHoldCols][kHoldN];
+      float z[kHoldCols][VEC] = {};
+      float ss = 0;
 #pragma unroll
-      for (int j = 0; j < kRegN; ++j) {
-        if (j >= n) break;
-        float v[VEC];
-        load_vec<T, VEC>(xt + j * a.channels + cc * VEC, v);
+      for (int u = 0; u < kHoldCols; ++u) {
+        const int64_t cc = tid + u * kPipeThreads;
+        if (cc >= q) break;
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) z[e] = fmaf(pre[j], v[e], z[e]);
+        for (int j = 0; j < kHoldN; ++j) {
+          if (j >= n) break;
+          xr[u][j] = *reinterpret_cast<const Pack<T, VEC>*>(xt + j * a.channels + cc * VEC);
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) z[u][e] = fmaf(pre[j], to_float(xr[u][j].v[e]), z[u][e]);
+        }
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) ss = fmaf(z[u][e], z[u][e], ss);
+      }
+      // This thread's chunks of slot k are in registers: refill them now. Only this thread reads
+      // or writes them, and its shared-memory reads are issued before its copies (the same order
+      // the non-HOLD refill at the next token relies on).
+      const int64_t ahead = tok + stages * stride;
+      if (ahead < a.tokens) issue(ahead, k);
+      cp_async_commit();
+      ss = block_sum(ss, red);
+      const float inv = rsqrtf(ss * a.inv_c + a.eps);
+#pragma unroll
+      for (int u = 0; u < kHoldCols; ++u) {
+        const int64_t cc = tid + u * kPipeThreads;
+        if (cc >= q) break;
+        float gm[VEC];
+        load_vec<__nv_bfloat16, VEC>(a.gamma + cc * VEC, gm);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) z[u][e] *= gm[e] * inv;
+#pragma unroll
+        for (int i = 0; i < kHoldN; ++i) {
+          if (i >= n) break;
+          float acc[VEC] = {};
+#pragma unroll
+          for (int j = 0; j < kHoldN; ++j) {
+            if (j >= n) break;
+            const float w = m[i * n + j];
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) acc[e] = fmaf(w, to_float(xr[u][j].v[e]), acc[e]);
+          }
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) acc[e] = fmaf(post[i], z[u][e], acc[e]);
+          store_vec<T, VEC>(ot + i * a.o_si + cc * VEC, acc);
+        }
+      }
+    } else {
+      const int64_t ahead = tok + (stages - 1) * stride;
+      // Slot k - 1 (mod stages): consumed last iteration by this same thread.
+      if (ahead < a.tokens) issue(ahead, k == 0 ? stages - 1 : k - 1);
+      cp_async_commit();
+      cp_async_wait_pending(stages - 1);
+      float ss = 0;
+      for (int64_t cc = tid; cc < q; cc += kPipeThreads) {
+        float z[VEC] = {};
+        for (int j = 0; j < n; ++j) {
+          float v[VEC];
+          load_vec<T, VEC>(xt + j * a.channels + cc * VEC, v);
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) z[e] = fmaf(pre[j], v[e], z[e]);
+        }
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) ss = fmaf(z[e], z[e], ss);
+      }
+      ss = block_sum(ss, red);
+      const float inv = rsqrtf(ss * a.inv_c + a.eps);
+      for (int64_t cc = tid; cc < q; cc += kPipeThreads) {
+        float acc[kRegN][VEC] = {};
+        float z[VEC] = {};
+#pragma unroll
+        for (int j = 0; j < kRegN; ++j) {
+          if (j >= n) break;
+          float v[VEC];
+          load_vec<T, VEC>(xt + j * a.channels + cc * VEC, v);
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) z[e] = fmaf(pre[j], v[e], z[e]);
+#pragma unroll
+          for (int i = 0; i < kRegN; ++i) {
+            if (i >= n) break;
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) acc[i][e] = fmaf(m[i * n + j], v[e], acc[i][e]);
+          }
+        }
+        float gm[VEC];
+        load_vec<__nv_bfloat16, VEC>(a.gamma + cc * VEC, gm);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) z[e] *= gm[e] * inv;
 #pragma unroll
         for (int i = 0; i < kRegN; ++i) {
           if (i >= n) break;
 #pragma unroll
-          for (int e = 0; e < VEC; ++e) acc[i][e] = fmaf(m[i * n + j], v[e], acc[i][e]);
+          for (int e = 0; e < VEC; ++e) acc[i][e] = fmaf(post[i], z[e], acc[i][e]);
+          store_vec<T, VEC>(ot + i * a.o_si + cc * VEC, acc[i]);
         }
-      }
-      float gm[VEC];
-      load_vec<__nv_bfloat16, VEC>(a.gamma + cc * VEC, gm);
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) z[e] *= gm[e] * inv;
-#pragma unroll
-      for (int i = 0; i < kRegN; ++i) {
-        if (i >= n) break;
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) acc[i][e] = fmaf(post[i], z[e], acc[i][e]);
-        store_vec<T, VEC>(ot + i * a.o_si + cc * VEC, acc[i]);
       }
     }
   }

@@ -211,7 +211,9 @@ bool fits_static_pipe(const MhcProblem& p, const DeviceCaps& caps) {
   return p.n <= kRegN && p.channels % static_cast<int64_t>(16 / sizeof(T)) == 0 &&
          pipe_stages<T>(p, caps) >= 2;
 }
-template <class T>
+// HOLD_OK = false: the variant that re-reads the slot in pass 2 for every shape (A/B of the
+// register-held one; same bits).
+template <class T, bool HOLD_OK = true>
 Status static_forward_pipe(const LaunchContext& ctx, const MhcProblem& p,
                            const MhcStaticForwardOp::Arguments& a) {
   constexpr std::string_view op = MhcStaticForwardOp::name;
@@ -238,7 +240,12 @@ Status static_forward_pipe(const LaunchContext& ctx, const MhcProblem& p,
   const DeviceCaps& caps = ctx.stream.caps();
   const int stages = static_cast<int>(pipe_stages<T>(p, caps));
   const size_t smem = static_cast<size_t>(stages) * p.n * p.channels * sizeof(T);
-  auto* kernel = static_forward_pipe_kernel<T>;
+  // Registers hold the thread's chunks of the token (HOLD) when they fit: n <= kHoldN streams and
+  // at most kHoldCols 16-byte chunks per stream and thread. Decided by (n, C) only; both variants
+  // give the same bits.
+  const bool hold =
+      HOLD_OK && p.n <= kHoldN && p.channels / vec <= int64_t{kHoldCols} * kPipeThreads;
+  auto* kernel = hold ? static_forward_pipe_kernel<T, true> : static_forward_pipe_kernel<T, false>;
   if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(smem));
       e != cudaSuccess)
@@ -646,6 +653,14 @@ bool register_mhc_cuda() {
        .fits = fits_static_pipe<D>,
        .workspace = ws_static_forward,
        .launch = static_forward_pipe<T>});
+  // The pipelined kernel without register-held tokens (one slot fewer in flight): the A/B row of
+  // the HOLD change, reached through PlanPreference::kernel("static_forward_pipelined_reread").
+  register_kernel<MhcStaticForwardOp>({.sku = sku(MhcStaticForwardOp::name, DType::bf16, kForward,
+                                                  "static_forward_pipelined_reread"),
+                                       .priority = 15,
+                                       .fits = fits_static_pipe<D>,
+                                       .workspace = ws_static_forward,
+                                       .launch = static_forward_pipe<T, false>});
   register_kernel<MhcCollapseOp>({.sku = sku(MhcCollapseOp::name, DType::f32, kForward, "collapse"),
                                   .priority = 10,
                                   .workspace = ws_collapse,

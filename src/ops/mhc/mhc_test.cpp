@@ -138,9 +138,10 @@ TEST_P(Mhc, StaticForwardMatchesReference) {
       }
 }
 
-// The pipelined kernel (aligned layouts) and the two-pass kernel, on batches long enough that every
-// CTA's ring of token slots wraps several times; plus the bit-stability of each: a window of the
-// batch gives the same bits for its tokens.
+// The pipelined kernel (aligned layouts; n <= 4 with C <= 1024 * (16 / element size) holds each
+// token in registers, other shapes re-read the slot), its re-reading variant pinned, and the
+// two-pass kernel, on batches long enough that every CTA's ring of token slots wraps several
+// times; plus the bit-stability of each: a window of the batch gives the same bits for its tokens.
 TEST_P(Mhc, StaticForwardKernelsMatchReference) {
   const Target tg = GetParam();
   BARACUDA_SKIP_IF_UNAVAILABLE(tg);
@@ -153,7 +154,12 @@ TEST_P(Mhc, StaticForwardKernelsMatchReference) {
   int vi = 0;
   for (DType dt : {DType::f32, DType::bf16, DType::f16})
     for (const Shape3& sh : cases)
-      for (std::string_view pin : {std::string_view{}, std::string_view{"static_forward_fused"}}) {
+      for (std::string_view pin : {std::string_view{}, std::string_view{"static_forward_fused"},
+                                   std::string_view{"static_forward_pipelined_reread"}}) {
+        // The pipelined kernels need 16-byte chunks (C % (16 / element size) == 0), n <= 8.
+        if (pin == "static_forward_pipelined_reread" &&
+            (sh.n > 8 || sh.c % (16 / (bits_of(dt) / 8)) != 0))
+          continue;
         const SinkhornConfig sk = sinkhorn_variants()[static_cast<size_t>(vi++ % 4)];
         const MhcDescriptor d = desc(sh.t, sh.n, sh.c, dt, MhcH::static_h, sk);
         const PlanPreference pref =
