@@ -87,6 +87,17 @@ std::vector<SinkhornConfig> sinkhorn_variants() {
 
 class Mhc : public ::testing::TestWithParam<Target> {};
 
+// A device fault is sticky: every later CUDA call in the process fails, and the harness's next
+// download aborts without naming the case. Waiting for the stream right after a case's first run
+// names the case that faulted, then stops the process (the later cases could not run anyway).
+void settled(const Stream& s, const std::string& what) {
+  const Status st = s.synchronize();
+  if (st.ok()) return;
+  std::fprintf(stderr, "mhc test: device error after running %s: %s\n", what.c_str(),
+               st.error().to_string().c_str());
+  std::abort();
+}
+
 // Shapes per target: small on the CPU, larger (and odd, to hit every vector tail) on the GPU.
 struct Shape3 {
   int64_t t, n, c;
@@ -126,6 +137,7 @@ TEST_P(Mhc, StaticForwardMatchesReference) {
         MhcStaticForwardOp::Arguments args{out.view(), x.cview(),  gamma.cview(),
                                            hp.cview(), hq.cview(), hr.cview()};
         BARACUDA_ASSERT_OK(plan->run(s, ws->as_workspace(), args));
+        settled(s, what);
         const Vec ref = mhc_ref::static_forward(p, x.values(), gamma.values(), hp.values(),
                                                 hq.values(), hr.values());
         EXPECT_TRUE(close_to(out.values(), ref, dt, Accuracy::reduction, what));
@@ -187,6 +199,7 @@ TEST_P(Mhc, StaticForwardKernelsMatchReference) {
         MhcStaticForwardOp::Arguments args{out.view(), x.cview(),  gamma.cview(),
                                            hp.cview(), hq.cview(), hr.cview()};
         BARACUDA_ASSERT_OK(plan->run(s, ws->as_workspace(), args));
+        settled(s, what);
         const Vec ref = mhc_ref::static_forward(p, x.values(), gamma.values(), hp.values(),
                                                 hq.values(), hr.values());
         EXPECT_TRUE(close_to(out.values(), ref, dt, Accuracy::reduction, what));
@@ -248,6 +261,7 @@ TEST_P(Mhc, CollapseAndExpandMatchReference) {
           BARACUDA_ASSERT_OK(ws);
           MhcCollapseOp::Arguments ca{y.view(), co.view(), x.cview(), w.view()};
           BARACUDA_ASSERT_OK(cp->run(s, ws->as_workspace(), ca));
+          settled(s, what);
           const mhc_ref::Collapsed ref = mhc_ref::collapse(p, x.values(), w.values());
           EXPECT_TRUE(
               close_to(co.values(), ref.coeffs, DType::f32, Accuracy::reduction, what + " coeffs"));
@@ -267,6 +281,7 @@ TEST_P(Mhc, CollapseAndExpandMatchReference) {
           const auto ob = out.bytes();
           MhcExpandOp::Arguments ea{out.view(), x.cview(), f.cview(), co.cview()};
           BARACUDA_ASSERT_OK(ep->run(s, ws->as_workspace(), ea));
+          settled(s, what);
           const Vec eref = mhc_ref::expand(p, x.values(), f.values(), co.values());
           EXPECT_TRUE(close_to(out.values(), eref, dt, Accuracy::reduction, what + " expand"));
           EXPECT_TRUE(
@@ -334,6 +349,7 @@ TEST_P(Mhc, DynamicCollapseKernelsMatchReference) {
         BARACUDA_ASSERT_OK(ws);
         MhcCollapseOp::Arguments ca{y.view(), co.view(), x.cview(), w.view()};
         BARACUDA_ASSERT_OK(cp->run(s, ws->as_workspace(), ca));
+        settled(s, what);
         const mhc_ref::Collapsed ref = mhc_ref::collapse(p, x.values(), w.values());
         EXPECT_TRUE(
             close_to(co.values(), ref.coeffs, DType::f32, Accuracy::reduction, what + " coeffs"));
@@ -406,6 +422,7 @@ TEST_P(Mhc, BackwardMatchesReference) {
         MhcExpandBackwardOp::Arguments ea{dx.view(), df.view(), dco.view(), dout.cview(),
                                           x.cview(), f.cview(), co.cview()};
         BARACUDA_ASSERT_OK(eb->run(s, ws->as_workspace(), ea));
+        settled(s, what);
         const mhc_ref::ExpandGrads er =
             mhc_ref::expand_backward(p, dout.values(), x.values(), f.values(), co.values());
         EXPECT_TRUE(close_to(dx.values(), er.dx, dt, Accuracy::reduction, what + " e.dx"));
@@ -445,6 +462,7 @@ TEST_P(Mhc, BackwardMatchesReference) {
         MhcCollapseBackwardOp::Arguments ca{cdx.view(),  gv,        dy.cview(),
                                             dco.cview(), x.cview(), w.view()};
         BARACUDA_ASSERT_OK(cb->run(s, ws->as_workspace(), ca));
+        settled(s, what);
         const mhc_ref::CollapseGrads cr =
             mhc_ref::collapse_backward(p, dy.values(), dco.values(), x.values(), w.values());
         EXPECT_TRUE(close_to(cdx.values(), cr.dx, dt, Accuracy::reduction, what + " c.dx"));
