@@ -10,7 +10,6 @@
 
 #include "baracuda/ops/write_slice.hpp"
 #include "core/bench/bench.hpp"
-#include "ops/write_slice/launch.hpp"
 
 namespace baracuda {
 namespace {
@@ -106,7 +105,7 @@ void write_case(const Stream& s, const std::string& base_name, DType t,
 
 // Decode append: T tokens into [16, 32, 8192, 128] bf16, at per-row positions (kv_append) and at
 // one position for all rows (write_slice's kv_2d path), as a decoding engine does every step.
-void decode_cases(const Stream& s, std::string_view pin) {
+void decode_cases(const Stream& s) {
   const int64_t B = 16, H = 32, L = 8192, D = 128;
   const DType t = DType::bf16;
   auto cache = random_buffer(s, B * H * L * D * 2);
@@ -121,18 +120,14 @@ void decode_cases(const Stream& s, std::string_view pin) {
   if (!copy_bytes(pos->data(), pos->where(), positions.data(), Location::host(), B * 4).ok())
     return;
   const Location where = s.memory_location();
-  const bool ab_only = !pin.empty();
   for (int64_t T : {1, 2, 4, 8, 16}) {
-    if (ab_only && T != 1 && T != 16) continue;  // the A/B rows: smallest and largest
-    if (pin == "bulk_copy" && T * D * 2 < write_slice_cuda::kMinBulkRowBytes)
-      continue;  // does not fit
-    const std::string name = suffixed("decode_T" + std::to_string(T), pin);
+    const std::string name = "decode_T" + std::to_string(T);
     const double moved = 2.0 * static_cast<double>(B * H * T * D * 2);
     {
       const int64_t p = 1000;
       WriteSliceOp::Descriptor d{
           t, {B, H, L, D}, {{0, B}, {0, H}, {p, p + T}, {0, D}}, {B, H, T, D}, {}, {}};
-      auto plan = WriteSlicePlan::select(s, d, preference(pin));
+      auto plan = WriteSlicePlan::select(s, d);
       if (!plan.ok()) return bench::emit_error(kFamily, "write_slice", name, plan.error());
       int64_t cshape[] = {B, H, L, D}, sshape[] = {B, H, T, D};
       const WriteSliceOp::Arguments args{
@@ -150,7 +145,7 @@ void decode_cases(const Stream& s, std::string_view pin) {
                       .bytes = moved,
                       .note = "cache[:, :, p:p+T, :] = src"});
     }
-    if (!ab_only) {  // kv_append has one kernel
+    {
       KvAppendOp::Descriptor d{t, B, H, L, D, T, DType::i32};
       auto plan = KvAppendPlan::select(s, d);
       if (!plan.ok()) return bench::emit_error(kFamily, "kv_append", name, plan.error());
@@ -206,32 +201,24 @@ void memcpy2d_comparison(const Stream& s) {
 }
 
 void run_all(const Stream& s) {
-  // Large windows (>= 64 MiB of window: 128 MiB moved), each on the default plan, then pinned to
-  // the other kernels that serve it.
-  for (std::string_view pin : {"", "bulk_copy"}) {
-    write_case(s, "chunk_64MiB", DType::bf16, {3, 16, 1 << 20}, {{1, 3}, {0, 16}, {0, 1 << 20}},
-               pin);
-    write_case(s, "chunk_64MiB", DType::s4, {3, 16, 1 << 22}, {{1, 3}, {0, 16}, {0, 1 << 22}}, pin);
-  }
-  for (std::string_view pin :
-       {"", "kv_2d", "kv_2d_cs", "kv_2d_x8_cs", "kv_2d_gs", "kv_2d_flat", "bulk_copy"}) {
-    write_case(s, "kv2d_T512", DType::bf16, {16, 32, 8192, 128},
-               {{0, 16}, {0, 32}, {1000, 1512}, {0, 128}}, pin);
-    write_case(s, "kv2d_T2048", DType::s4, {16, 32, 8192, 128},
-               {{0, 16}, {0, 32}, {1000, 3048}, {0, 128}}, pin);
-    // 256 MiB window: the same kernels where launch and tail costs matter less.
-    write_case(s, "kv2d_T2048_256MiB", DType::bf16, {16, 32, 8192, 128},
-               {{0, 16}, {0, 32}, {1000, 3048}, {0, 128}}, pin);
-  }
+  // Large windows (>= 64 MiB of window: 128 MiB moved), on the default plan; the strided and
+  // sub-byte cases also pinned to the other kernel that serves them (the A/B of their priority).
+  write_case(s, "chunk_64MiB", DType::bf16, {3, 16, 1 << 20}, {{1, 3}, {0, 16}, {0, 1 << 20}});
+  write_case(s, "chunk_64MiB", DType::s4, {3, 16, 1 << 22}, {{1, 3}, {0, 16}, {0, 1 << 22}});
+  write_case(s, "kv2d_T512", DType::bf16, {16, 32, 8192, 128},
+             {{0, 16}, {0, 32}, {1000, 1512}, {0, 128}});
+  write_case(s, "kv2d_T2048", DType::s4, {16, 32, 8192, 128},
+             {{0, 16}, {0, 32}, {1000, 3048}, {0, 128}});
+  // A 256 MiB window: the same kernel where launch and tail costs weigh less.
+  write_case(s, "kv2d_T2048_256MiB", DType::bf16, {16, 32, 8192, 128},
+             {{0, 16}, {0, 32}, {1000, 3048}, {0, 128}});
   for (std::string_view pin : {"", "generic_v16"})
     write_case(s, "strided_T512_D64", DType::bf16, {16, 32, 8192, 128},
                {{0, 16}, {0, 32}, {1000, 2024}, {32, 96}}, pin);
   for (std::string_view pin : {"", "subbyte_merge"})
     write_case(s, "rows_odd_offset", DType::s4, {4096, 32770}, {{0, 4096}, {1, 32769}}, pin);
   memcpy2d_comparison(s);
-  for (std::string_view pin :
-       {"", "kv_2d", "kv_2d_cs", "kv_2d_x8_cs", "kv_2d_gs", "kv_2d_flat", "bulk_copy"})
-    decode_cases(s, pin);
+  decode_cases(s);
 }
 BARACUDA_REGISTER(bench::register_bench(kFamily, run_all));
 

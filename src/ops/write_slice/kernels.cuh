@@ -39,71 +39,36 @@ __device__ __forceinline__ void row_offsets(const RowsArgs& a, int64_t r, int64_
   *s = soff;
 }
 
-// Bytes (merge) each thread moves per step, spaced blockDim.x apart so every warp
+// Units (copy) or bytes (merge) each thread moves per step, spaced blockDim.x apart so every warp
 // access stays coalesced. Several loads in flight per thread, and blocks that do real work: with
 // one unit per thread a 64 MiB copy needs ~16k blocks and block scheduling, not DRAM, limits it
 // (measured on H100: 75% of copy bandwidth for the 2-D path, 6% for the byte-wise merge).
+inline constexpr int kCopyIlp = 4;
 inline constexpr int kMergeIlp = 8;
 
 // threadIdx.x/blockIdx.x walk a row's units, threadIdx.y/blockIdx.y walk rows: short rows (a
 // decode append's 256-byte head row) still fill whole warps because a block covers several rows.
-// `kIlp` units in flight per thread; `kStreaming`: evict-first loads and stores (every byte is
-// touched once). Consecutive blocks take consecutive pieces of the window, so the blocks in
-// flight keep to a narrow band of addresses (DRAM pages stay open), unlike one long span per block.
-template <class V, int kIlp, bool kStreaming>
+template <class V>
 __global__ void __launch_bounds__(256)
     copy_rows_kernel(V* __restrict__ dst, const V* __restrict__ src, RowsArgs a) {
-  const int64_t step = int64_t{gridDim.x} * blockDim.x * kIlp;
+  const int64_t step = int64_t{gridDim.x} * blockDim.x * kCopyIlp;
   for (int64_t r = int64_t{blockIdx.y} * blockDim.y + threadIdx.y; r < a.rows;
        r += int64_t{gridDim.y} * blockDim.y) {
     int64_t doff, soff;
     row_offsets(a, r, &doff, &soff);
-    for (int64_t base = int64_t{blockIdx.x} * blockDim.x * kIlp + threadIdx.x; base < a.inner;
+    for (int64_t base = int64_t{blockIdx.x} * blockDim.x * kCopyIlp + threadIdx.x; base < a.inner;
          base += step) {
-      V v[kIlp];
+      V v[kCopyIlp];
 #pragma unroll
-      for (int j = 0; j < kIlp; ++j) {
+      for (int j = 0; j < kCopyIlp; ++j) {
         const int64_t c = base + int64_t{j} * blockDim.x;
-        if (c < a.inner) v[j] = kStreaming ? __ldcs(src + soff + c) : src[soff + c];
+        if (c < a.inner) v[j] = src[soff + c];
       }
 #pragma unroll
-      for (int j = 0; j < kIlp; ++j) {
+      for (int j = 0; j < kCopyIlp; ++j) {
         const int64_t c = base + int64_t{j} * blockDim.x;
-        if (c < a.inner) {
-          if constexpr (kStreaming)
-            __stcs(dst + doff + c, v[j]);
-          else
-            dst[doff + c] = v[j];
-        }
+        if (c < a.inner) dst[doff + c] = v[j];
       }
-    }
-  }
-}
-
-// One wave of blocks walking tiles of kIlp x blockDim.x units grid-stride: tile t covers units
-// [c, c + kIlp * blockDim.x) of row t / tiles_per_row. Neighbouring blocks take neighbouring tiles
-// (a narrow address band in flight, as in copy_rows_kernel) without scheduling a block per tile.
-template <class V, int kIlp>
-__global__ void __launch_bounds__(256)
-    copy_tiles_kernel(V* __restrict__ dst, const V* __restrict__ src, RowsArgs a,
-                      int64_t tiles_per_row) {
-  const int64_t tile_units = int64_t{kIlp} * blockDim.x;
-  const int64_t tiles = a.rows * tiles_per_row;
-  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
-    const int64_t r = t / tiles_per_row;
-    const int64_t c0 = (t - r * tiles_per_row) * tile_units + threadIdx.x;
-    int64_t doff, soff;
-    row_offsets(a, r, &doff, &soff);
-    V v[kIlp];
-#pragma unroll
-    for (int j = 0; j < kIlp; ++j) {
-      const int64_t c = c0 + int64_t{j} * blockDim.x;
-      if (c < a.inner) v[j] = __ldcs(src + soff + c);
-    }
-#pragma unroll
-    for (int j = 0; j < kIlp; ++j) {
-      const int64_t c = c0 + int64_t{j} * blockDim.x;
-      if (c < a.inner) __stcs(dst + doff + c, v[j]);
     }
   }
 }

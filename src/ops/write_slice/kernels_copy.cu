@@ -16,9 +16,9 @@ struct Grid {
 };
 
 // Block: 256 threads, x over a row's units (up to the row length), y over rows.
-// `ilp`: units each thread moves per step (the copy's kIlp, the merge's kMergeIlp). Rows beyond
-// about 32 blocks per SM are looped over inside the kernel rather than launched as more blocks:
-// many short-lived blocks made block scheduling the limit on H100 (one 16-byte unit per thread).
+// `ilp`: units each thread moves per step (the kernels' kCopyIlp / kMergeIlp). Rows beyond about
+// 32 blocks per SM are looped over inside the kernel rather than launched as more blocks: many
+// short-lived blocks made block scheduling the limit on H100 (one 16-byte unit per thread).
 Grid grid_for(const LaunchContext& ctx, int64_t rows, int64_t inner, int ilp) {
   int bx = 1;
   while (bx < inner && bx < 256) bx *= 2;
@@ -45,39 +45,20 @@ RowsArgs rows_args(const CopyShape& c, int64_t unit, int64_t inner_units) {
   return a;
 }
 
-template <class V, int kIlp, bool kStreaming>
+template <class V>
 Status launch_rows(const LaunchContext& ctx, std::string_view kernel, char* dst, const char* src,
                    const RowsArgs& a) {
-  const Grid g = grid_for(ctx, a.rows, a.inner, kIlp);
-  copy_rows_kernel<V, kIlp, kStreaming><<<g.grid, g.block, 0, cuda::stream_of(ctx)>>>(
+  const Grid g = grid_for(ctx, a.rows, a.inner, kCopyIlp);
+  copy_rows_kernel<V><<<g.grid, g.block, 0, cuda::stream_of(ctx)>>>(
       reinterpret_cast<V*>(dst), reinterpret_cast<const V*>(src), a);
   return cuda::check_launch(WriteSliceOp::name, kernel);
 }
 
-// Rows of at least one 256-thread tile: one wave of copy_tiles_kernel blocks.
-template <class V>
-Status launch_tiles(const LaunchContext& ctx, std::string_view kernel, char* dst, const char* src,
-                    const RowsArgs& a) {
-  constexpr int kIlp = 8, kThreads = 256;
-  static const int per_sm = [] {
-    int n = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, copy_tiles_kernel<V, kIlp>, kThreads,
-                                                      0) != cudaSuccess ||
-        n < 1)
-      n = 1;
-    return n;
-  }();
-  const int sms = ctx.stream.caps().sm_count > 0 ? ctx.stream.caps().sm_count : 128;
-  const int64_t tiles_per_row = cuda::ceil_div(a.inner, int64_t{kIlp} * kThreads);
-  const int64_t blocks = std::clamp<int64_t>(a.rows * tiles_per_row, 1, int64_t{sms} * per_sm);
-  copy_tiles_kernel<V, kIlp><<<static_cast<unsigned>(blocks), kThreads, 0, cuda::stream_of(ctx)>>>(
-      reinterpret_cast<V*>(dst), reinterpret_cast<const V*>(src), a, tiles_per_row);
-  return cuda::check_launch(WriteSliceOp::name, kernel);
-}
+}  // namespace
 
-template <int kIlp, bool kStreaming>
-Status copy_rows_as(const LaunchContext& ctx, std::string_view kernel, char* dst, const char* src,
-                    const CopyShape& c, bool tiles) {
+Status copy_rows(const LaunchContext& ctx, std::string_view kernel, char* dst, const char* src,
+                 const CopyShape& c) {
+  if (c.rows == 0 || c.inner_bytes == 0) return {};
   // The widest unit every address, stride and the run length are multiples of: 16-byte accesses
   // on aligned data, an exact narrower fallback otherwise.
   int64_t u = widest_unit({c.inner_bytes, static_cast<int64_t>(reinterpret_cast<uintptr_t>(dst)),
@@ -85,42 +66,18 @@ Status copy_rows_as(const LaunchContext& ctx, std::string_view kernel, char* dst
   for (int k = 0; k < c.outer_rank; ++k)
     u = std::min(u, widest_unit({c.dst_stride[k], c.src_stride[k]}));
   const RowsArgs a = rows_args(c, u, c.inner_bytes / u);
-  if (tiles) {
-    switch (u) {
-      case 16:
-        return launch_tiles<uint4>(ctx, kernel, dst, src, a);
-      case 8:
-        return launch_tiles<uint2>(ctx, kernel, dst, src, a);
-      case 4:
-        return launch_tiles<uint32_t>(ctx, kernel, dst, src, a);
-      case 2:
-        return launch_tiles<uint16_t>(ctx, kernel, dst, src, a);
-      default:
-        return launch_tiles<uint8_t>(ctx, kernel, dst, src, a);
-    }
-  }
   switch (u) {
     case 16:
-      return launch_rows<uint4, kIlp, kStreaming>(ctx, kernel, dst, src, a);
+      return launch_rows<uint4>(ctx, kernel, dst, src, a);
     case 8:
-      return launch_rows<uint2, kIlp, kStreaming>(ctx, kernel, dst, src, a);
+      return launch_rows<uint2>(ctx, kernel, dst, src, a);
     case 4:
-      return launch_rows<uint32_t, kIlp, kStreaming>(ctx, kernel, dst, src, a);
+      return launch_rows<uint32_t>(ctx, kernel, dst, src, a);
     case 2:
-      return launch_rows<uint16_t, kIlp, kStreaming>(ctx, kernel, dst, src, a);
+      return launch_rows<uint16_t>(ctx, kernel, dst, src, a);
     default:
-      return launch_rows<uint8_t, kIlp, kStreaming>(ctx, kernel, dst, src, a);
+      return launch_rows<uint8_t>(ctx, kernel, dst, src, a);
   }
-}
-
-}  // namespace
-
-Status copy_rows(const LaunchContext& ctx, std::string_view kernel, char* dst, const char* src,
-                 const CopyShape& c, RowsVariant v) {
-  if (c.rows == 0 || c.inner_bytes == 0) return {};
-  if (v.ilp == 8) return copy_rows_as<8, true>(ctx, kernel, dst, src, c, v.one_wave);
-  return v.streaming ? copy_rows_as<4, true>(ctx, kernel, dst, src, c, false)
-                     : copy_rows_as<4, false>(ctx, kernel, dst, src, c, false);
 }
 
 Status merge_bits(const LaunchContext& ctx, char* dst, const char* src, const CopyShape& c) {

@@ -195,17 +195,7 @@ std::vector<int64_t> extents_of(const Ranges& r) {
 // its priority. The CPU reference is one kernel. "" = the default plan.
 std::vector<std::string_view> variants_for(Target t) {
   if (t == Target::cpu) return {""};
-  return {"",
-          "kv_2d",
-          "kv_2d_cs",
-          "kv_2d_x8_cs",
-          "kv_2d_gs",
-          "kv_2d_flat",
-          "bulk_copy",
-          "generic_flat",
-          "generic_v16",
-          "subbyte_merge_words",
-          "subbyte_merge"};
+  return {"", "kv_2d", "generic_flat", "generic_v16", "subbyte_merge_words", "subbyte_merge"};
 }
 std::string variant_trace(std::string_view pin) {
   return pin.empty() ? "default plan" : "pinned to " + std::string(pin);
@@ -282,8 +272,8 @@ TEST_P(WriteSlice, EveryDtypeRankAndLayout) {
           ran.add(r);
         }
   }
-  ran.expect(target, {"kv_2d", "kv_2d_flat", "generic_flat", "generic_v16", "subbyte_merge_words",
-                      "subbyte_merge"});
+  ran.expect(target,
+             {"kv_2d", "generic_flat", "generic_v16", "subbyte_merge_words", "subbyte_merge"});
 }
 
 // Sub-byte windows at every odd/even combination of start and end, on rows of several bytes.
@@ -359,7 +349,7 @@ TEST_P(WriteSlice, FastPathsAreSelectedAndCorrect) {
       }
     }
   }
-  ran.expect(target, {"kv_2d", "kv_2d_flat", "generic_flat", "generic_v16"});
+  ran.expect(target, {"kv_2d", "generic_flat", "generic_v16"});
   // Byte-aligned sub-byte windows take the byte paths.
   auto dest = TestTensor::make(DType::s4, {6, 8}, target, Layout::contiguous, &rng);
   auto src = TestTensor::make(DType::s4, {2, 8}, target, Layout::contiguous, &rng);
@@ -418,8 +408,8 @@ TEST_P(WriteSlice, LargeShapesOnDevice) {
       run_case(DType::bf16, dest, src, {{0, 4}, {0, 8}, {100, 107}, {0, 128}}, Path::pitched_2d);
     }
     {
-      // KV window rows of 297 x 256 bytes: several bulk chunks per row, a partial chunk at every
-      // row end, blocks whose share starts and ends inside rows.
+      // KV window rows of 297 x 256 bytes: rows of several blocks' spans, a partial span at
+      // every row end.
       auto dest =
           TestTensor::make(DType::bf16, {16, 8, 512, 128}, target, Layout::contiguous, &rng);
       auto src = TestTensor::make(DType::bf16, {16, 8, 297, 128}, target, Layout::contiguous, &rng);
@@ -432,8 +422,7 @@ TEST_P(WriteSlice, LargeShapesOnDevice) {
       run_case(DType::s4, dest, src, {{0, 4}, {0, 8}, {10, 522}, {0, 128}}, Path::pitched_2d);
     }
     {
-      // A 16-byte-granular layout on a base 4 bytes off alignment: the bulk copy engine cannot
-      // take it, its launch must fall back exactly.
+      // A 16-byte-granular layout on a base 4 bytes off alignment: 4-byte units, exact.
       auto dest = TestTensor::with_strides(DType::f32, {64, 1100}, {1104, 1}, 1, target);
       auto src = TestTensor::with_strides(DType::f32, {60, 1024}, {1024, 1}, 3, target);
       run_case(DType::f32, dest, src, {{2, 62}, {8, 1032}}, Path::pitched_2d);
@@ -445,7 +434,7 @@ TEST_P(WriteSlice, LargeShapesOnDevice) {
       run_case(DType::bf16, dest, src, {{0, 64}, {1, 1000}}, std::nullopt);
     }
     {
-      // One 4 MiB row: the memcpy path, and the bulk kernel's equal shares within one row.
+      // One 4 MiB row: the memcpy path (and the generic kernel pinned on one long row).
       auto dest = TestTensor::make(DType::f32, {1 << 20}, target, Layout::contiguous, &rng);
       auto src = TestTensor::make(DType::f32, {(1 << 20) - 1000}, target, Layout::contiguous, &rng);
       run_case(DType::f32, dest, src, {{500, (1 << 20) - 500}}, Path::contiguous_chunk);
@@ -487,8 +476,8 @@ TEST_P(WriteSlice, LargeShapesOnDevice) {
         }
     }
   }
-  ran.expect(target, {"kv_2d", "kv_2d_cs", "kv_2d_x8_cs", "kv_2d_gs", "kv_2d_flat", "bulk_copy",
-                      "generic_flat", "generic_v16", "subbyte_merge_words", "subbyte_merge"});
+  ran.expect(target,
+             {"kv_2d", "generic_flat", "generic_v16", "subbyte_merge_words", "subbyte_merge"});
 }
 
 // FastDiv (fastdiv.hpp) against `/` and `%` on divisors and dividends around every power of two,
