@@ -169,10 +169,10 @@ Status static_forward(const LaunchContext& ctx, const MhcProblem& p,
   w.h_pre = a.h_pre, w.h_post = a.h_post, w.h_res = a.h_res;
   ActivateArgs act = activate_static(p, w);
   act.pre_eps = 0.0f;  // the seed's s_pre = sigmoid(h_pre)
-  // static_forward_kernel reads the coefficient row [s_pre | s_post | M] from global memory (any n,
-  // up to 64: too large for a per-CTA shared copy), so it is formed into the workspace first. The
-  // pipelined kernel forms it per CTA instead; this path (n > kRegN, unaligned layouts, the A/B
-  // row) keeps the kernel in front.
+  // static_forward_kernel reads the coefficient row [s_pre | s_post | M] from global memory (any n
+  // up to 64), so activate_kernel forms it in the workspace first; 6ff0da6 dropped this launch and
+  // left co null. The pipelined kernel forms the row per CTA instead; this path (n > kRegN,
+  // unaligned layouts, the pinned A/B row) keeps the kernel in front.
   act.out = static_cast<float*>(ctx.workspace.data);
   BARACUDA_TRY(run_activate(op, s, act));
   StaticFwdArgs sa;
