@@ -1139,8 +1139,8 @@ TEST_P(AttentionTest, ForwardKernelsByNameOnDevice) {
   const std::pair<int64_t, int64_t> lens[] = {{1, 5000}, {3, 1000}, {129, 600}, {600, 600},
                                               {17, 17},  {1, 1},    {65, 4097}};
   const std::pair<int64_t, int64_t> dims[] = {{128, 128}, {64, 64}, {96, 96}, {128, 64}, {32, 32}};
-  for (const char* name :
-       {"flash_fwd_mma_sm80", "flash_fwd_mma_m16_sm80", "flash_fwd_mma_m16w8_sm80"}) {
+  for (const char* name : {"flash_fwd_mma_sm80", "flash_fwd_mma_m16_sm80",
+                           "flash_fwd_mma_m16w8_sm80", "flash_fwd_mma_m32_sm80"}) {
     int n = 0;
     for (auto [lq, lk] : lens)
       for (const Mask& mk : masks) {

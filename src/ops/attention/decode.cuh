@@ -180,7 +180,7 @@ __global__ void __launch_bounds__(128) flash_decode(Params p) {
       // A row that has seen only masked keys keeps max -inf: base 0 makes every exp2 exactly 0.
       const float base0 = mx0 == -INFINITY ? 0.f : mx0;
       const float base1 = mx1 == -INFINITY ? 0.f : mx1;
-      const float corr0 = exp2f(m_r[mt][0] - base0), corr1 = exp2f(m_r[mt][1] - base1);
+      const float corr0 = exp2_ftz(m_r[mt][0] - base0), corr1 = exp2_ftz(m_r[mt][1] - base1);
       m_r[mt][0] = mx0, m_r[mt][1] = mx1;
       l_r[mt][0] *= corr0, l_r[mt][1] *= corr1;
 #pragma unroll
@@ -189,8 +189,8 @@ __global__ void __launch_bounds__(128) flash_decode(Params p) {
       }
 #pragma unroll
       for (int n = 0; n < 2; ++n) {
-        const float p0 = exp2f(sc[mt][n][0] - base0), p1 = exp2f(sc[mt][n][1] - base0);
-        const float p2 = exp2f(sc[mt][n][2] - base1), p3 = exp2f(sc[mt][n][3] - base1);
+        const float p0 = exp2_ftz(sc[mt][n][0] - base0), p1 = exp2_ftz(sc[mt][n][1] - base0);
+        const float p2 = exp2_ftz(sc[mt][n][2] - base1), p3 = exp2_ftz(sc[mt][n][3] - base1);
         l_r[mt][0] += p0 + p1;
         l_r[mt][1] += p2 + p3;
         pf[mt][n][0] = pack2<T>(p0, p1);

@@ -408,6 +408,18 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   }
 }
 
+// 2^x on MUFU.EX2 alone. Every caller passes x <= 0 (a score minus its row's running max, or an
+// old max minus a new one), so 2^x is in [0, 1] and flushing results below 2^-126 to zero is far
+// below P's rounding to the 16-bit type. exp2f without fast-math wraps the same instruction in a
+// denormal fix-up (a compare and two predicated multiplies) per element: ~100 extra instructions
+// per 64-key tile and thread in the forward, where issue slots are what the softmax competes for
+// with the mma chain.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // 16-byte async copy; src_bytes = 0 zero-fills (rows past the sequence, columns past the dim).
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
@@ -434,11 +446,25 @@ template <class T, int ROWS, int D, int NT>
 __device__ __forceinline__ void load_tile(T* tile, const T* base, const int64_t row_stride, int r0,
                                           int n, int dim) {
   constexpr int kChunks = ROWS * D / 8;
-  for (int c = threadIdx.x; c < kChunks; c += NT) {
-    const int r = c / (D / 8), col = (c % (D / 8)) * 8;
-    const bool ok = r0 + r < n && col < dim;
-    const T* src = ok ? base + int64_t{r0 + r} * row_stride + col : base;
-    cp_async16(smem_u32(tile + swz<D>(r, col)), src, ok ? 16 : 0);
+  if constexpr (kChunks % NT == 0 && NT % (D / 8) == 0) {
+    // Fixed trip count, fully unrolled: each thread keeps its column and steps NT / (D / 8) rows,
+    // so the address math is one add per chunk instead of a div/mod and a loop test.
+    const int col = (threadIdx.x % (D / 8)) * 8, rt = threadIdx.x / (D / 8);
+    const bool col_ok = col < dim;
+#pragma unroll
+    for (int it = 0; it < kChunks / NT; ++it) {
+      const int r = rt + it * (NT / (D / 8));
+      const bool ok = col_ok && r0 + r < n;
+      const T* src = ok ? base + int64_t{r0 + r} * row_stride + col : base;
+      cp_async16(smem_u32(tile + swz<D>(r, col)), src, ok ? 16 : 0);
+    }
+  } else {
+    for (int c = threadIdx.x; c < kChunks; c += NT) {
+      const int r = c / (D / 8), col = (c % (D / 8)) * 8;
+      const bool ok = r0 + r < n && col < dim;
+      const T* src = ok ? base + int64_t{r0 + r} * row_stride + col : base;
+      cp_async16(smem_u32(tile + swz<D>(r, col)), src, ok ? 16 : 0);
+    }
   }
 }
 
@@ -493,10 +519,16 @@ template <class T, int D, int NW, int BN, int MT, bool QREG>
 struct MmaCfg {
   static constexpr int kM = 16 * NW * MT;
   static constexpr int kThreads = 32 * NW;
-  // K/V ring depth: 3 keeps two tiles in flight while one is consumed; D = 256 stays at 2 so that
-  // two blocks still fit an SM.
-  static constexpr int kStages = D == 256 ? 2 : 3;
-  static constexpr size_t kSmem = sizeof(T) * (size_t{kM} * D + 2 * kStages * size_t{BN} * D);
+  // Two m16 tiles per warp over 64-key tiles with Q in shared memory (MmaShapeM32) sits at the
+  // 255-register limit: the rows' visible key ranges (8 registers, read only on tiles that need
+  // the mask) live in shared memory there instead.
+  static constexpr bool kBoundsSmem = MT == 2 && BN == 64 && !QREG;
+  // K/V ring depth: 3 keeps two tiles in flight while one is consumed. D = 256, and the 128-row
+  // MmaShapeM32 CTAs at D = 128 (32 KB of Q), stay at 2 (the next tile loads during this one's
+  // math) so that two blocks still fit an SM: 97 KB each instead of 129 KB.
+  static constexpr int kStages = D == 256 || (kBoundsSmem && D == 128) ? 2 : 3;
+  static constexpr size_t kSmem = sizeof(T) * (size_t{kM} * D + 2 * kStages * size_t{BN} * D) +
+                                  (kBoundsSmem ? sizeof(int) * 2 * kM : 0);
 };
 
 template <class T, int D, int NW, int BN, int MT, bool QREG>
@@ -506,8 +538,9 @@ __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);
   constexpr int kStages = Cfg::kStages;
-  T* sK = sQ + kM * D;            // kStages tiles
-  T* sV = sK + kStages * BN * D;  // kStages tiles
+  T* sK = sQ + kM * D;                                           // kStages tiles
+  T* sV = sK + kStages * BN * D;                                 // kStages tiles
+  int* sBounds = reinterpret_cast<int*>(sV + kStages * BN * D);  // [kM][2] when kBoundsSmem
 
   // Block -> (head, split, m-block, batch); heads of a group are adjacent so they share K/V in L2.
   // With GQA packing (decode: group * Lq <= kM) a block owns all query heads of one K/V head, its
@@ -538,6 +571,8 @@ __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
   // Key tiles this block (and split) visits.
   int t_begin = static_cast<int>(lo0 / BN);
   int t_end = static_cast<int>((max(hi1, lo0) + BN - 1) / BN);
+  // The loop's full-tile test in 32 bits (lengths are < 2^31): two registers instead of four.
+  const int full_lo = static_cast<int>(lo1), full_hi = static_cast<int>(hi0);
   if (p.splits > 1) {
     t_begin = max(t_begin, split * p.tiles_per_split);
     t_end = min(t_end, (split + 1) * p.tiles_per_split);
@@ -582,6 +617,10 @@ __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
       int64_t lo, hi;
       detail::visible_keys(p.band, query_of(w0 + mt * 16 + hf * 8 + g), s.lq, s.lk, &lo, &hi);
       lo_r[mt][hf] = static_cast<int>(lo), hi_r[mt][hf] = static_cast<int>(hi);
+      if constexpr (Cfg::kBoundsSmem) {  // read after the key loop's first barrier
+        const int rl = warp * 16 * MT + mt * 16 + hf * 8 + g;
+        if (tq == 0) sBounds[2 * rl] = lo_r[mt][hf], sBounds[2 * rl + 1] = hi_r[mt][hf];
+      }
     }
 
   constexpr int kKSteps = D / 16;  // k-steps of Q K^T
@@ -664,7 +703,7 @@ __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
       }
       // Scale (+ soft-cap) into the exp2 domain, mask, online softmax.
       const int n0 = t * BN;
-      const bool full = n0 >= lo1 && n0 + BN <= hi0;  // every row of the block sees the whole tile
+      const bool full = n0 >= full_lo && n0 + BN <= full_hi;  // every row sees the whole tile
       uint32_t pf[MT][kSTiles][2];  // P as 16-bit pairs, laid out as mma A fragments
       // The MmaShapeM16 shapes take the branch-free variants; the MmaShape ones keep the
       // per-element branches they were measured with (they sit at 255 registers, where the
@@ -684,7 +723,10 @@ __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
               if (!full) {
                 const int col = n0 + n * 8 + 2 * tq + (e & 1);
                 const int hf = e >> 1;
-                if (col < lo_r[mt][hf] || col >= hi_r[mt][hf]) x = -INFINITY;
+                const int rl = warp * 16 * MT + mt * 16 + hf * 8 + g;
+                const int lo = Cfg::kBoundsSmem ? sBounds[2 * rl] : lo_r[mt][hf];
+                const int hi = Cfg::kBoundsSmem ? sBounds[2 * rl + 1] : hi_r[mt][hf];
+                if (col < lo || col >= hi) x = -INFINITY;
               }
               sc[mt][n][e] = x;
             }
@@ -700,7 +742,7 @@ __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
         // A row that has seen only masked keys keeps max -inf: use 0 as the base so exp2 gives 0.
         const float base0 = mx0 == -INFINITY ? 0.f : mx0;
         const float base1 = mx1 == -INFINITY ? 0.f : mx1;
-        const float corr0 = exp2f(m_r[mt][0] - base0), corr1 = exp2f(m_r[mt][1] - base1);
+        const float corr0 = exp2_ftz(m_r[mt][0] - base0), corr1 = exp2_ftz(m_r[mt][1] - base1);
         m_r[mt][0] = mx0, m_r[mt][1] = mx1;
         l_r[mt][0] *= corr0, l_r[mt][1] *= corr1;
 #pragma unroll
@@ -709,8 +751,8 @@ __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
         }
 #pragma unroll
         for (int n = 0; n < kSTiles; ++n) {
-          const float p0 = exp2f(sc[mt][n][0] - base0), p1 = exp2f(sc[mt][n][1] - base0);
-          const float p2 = exp2f(sc[mt][n][2] - base1), p3 = exp2f(sc[mt][n][3] - base1);
+          const float p0 = exp2_ftz(sc[mt][n][0] - base0), p1 = exp2_ftz(sc[mt][n][1] - base0);
+          const float p2 = exp2_ftz(sc[mt][n][2] - base1), p3 = exp2_ftz(sc[mt][n][3] - base1);
           l_r[mt][0] += p0 + p1;
           l_r[mt][1] += p2 + p3;
           pf[mt][n][0] = pack2<T>(p0, p1);

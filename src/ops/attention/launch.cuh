@@ -73,6 +73,19 @@ struct MmaShapeM16W8 {
   static constexpr bool kQReg = MmaShapeM16<D>::kQReg;
   static constexpr int kRows = 16 * kNW * kMT;
 };
+// FlashAttention-2's own shape at D = 64 / 128: four warps of two m16 tiles (128-row CTAs, like
+// m16w8) and 64-key tiles, Q read from shared memory at every k-step. Every K/V fragment loaded by
+// ldmatrix feeds two m16 tiles, so the shared-memory traffic per FLOP is half that of the m16
+// shapes (64 B per kFLOP there: at 128 B/clk/SM that alone caps them near 460 TFLOP/s, and the
+// ldmatrix issue competes with the mma chain); and four warps per CTA, two CTAs per SM, are
+// coupled by half as many barrier partners as m16w8's eight.
+template <int D>
+struct MmaShapeM32 {
+  static constexpr int kNW = 4, kBN = D == 256 ? MmaShape<D>::kBN : 64,
+                       kMT = D == 256 ? MmaShape<D>::kMT : 2;
+  static constexpr bool kQReg = D == 256 ? MmaShape<D>::kQReg : false;
+  static constexpr int kRows = 16 * kNW * kMT;
+};
 template <template <int> class Sh>
 inline int mma_bn(int d) {
   return d == 64 ? Sh<64>::kBN : d == 128 ? Sh<128>::kBN : Sh<256>::kBN;
@@ -380,6 +393,26 @@ bool register_kernels() {
             },
         .workspace = fwd_mma_workspace<MmaShapeM16W8>,
         .launch = launch_fwd_mma<T, MmaShapeM16W8>,
+    });
+    register_kernel<ForwardOp>({
+        .sku = {.category = "attention",
+                .op = ForwardOp::name,
+                .element = E,
+                .aux_element = DType::f32,
+                .layout = "strided",
+                .epilogue = "any_mask",
+                .arch = Arch::sm80,
+                .backend = Backend::bespoke_cuda,
+                .precision = mma,
+                .name = "flash_fwd_mma_m32_sm80"},
+        .priority = 17,
+        .fits =
+            [](const Problem& pr, const DeviceCaps&) {
+              return pr.desc.head_dim_qk % 8 == 0 && pr.desc.head_dim_v % 8 == 0 &&
+                     mma_dim(pr) <= 128;
+            },
+        .workspace = fwd_mma_workspace<MmaShapeM32>,
+        .launch = launch_fwd_mma<T, MmaShapeM32>,
     });
     // Few query rows per K/V head (decode, speculative decoding): above the general kernel; that
     // one stays registered so PlanPreference::kernel("flash_fwd_mma_sm80") can A/B them.
