@@ -1,9 +1,9 @@
 // Benchmarks of the ssd family: the Mamba-2 2.7B layer shape (B=4 L=4096 H=80 D=64 N=128 G=1) and
 // a smaller one (B=8 L=2048 H=32 D=64 N=64 G=1), bf16, chunk 256, forward and backward, plus the
 // decode step on a state of 80 Mi f32 elements. Backward rows: what `select` picks (chunked_wmma)
-// on both shapes, then, under the same case names for the A/B, chunked_f32 on both and the old
-// recurrent_deterministic_f32 on the small one. peers.py times the same case names on the
-// mamba_ssm Triton kernels.
+// on both shapes, then, under the same case names for the A/B, chunked_f32 and chunked_wmma_vec on
+// both and the old recurrent_deterministic_f32 on the small one. peers.py times the same case names
+// on the mamba_ssm Triton kernels.
 //
 // BARACUDA_SSD_STAGES=1 adds, before each forward/backward row, one row per launch of the chosen
 // kernel (op "<op>_stage", note "stage <name>", ms = median over 5 runs, each run timed by the
@@ -231,6 +231,8 @@ void bench_ssd(const Stream& s) {
   // A/B rows, same case names: the chunked backward on f32 SIMT tiles, and the old recurrent
   // backward on the small case only (it takes 245 ms on the large one).
   for (const Case& c : cases) run_prefill(s, c, true, "chunked_f32");
+  // chunked_wmma_vec: chunked_wmma with 16-byte operand staging (bitwise equal results).
+  for (const Case& c : cases) run_prefill(s, c, true, "chunked_wmma_vec");
   run_prefill(s, cases[1], true, "recurrent_deterministic_f32");
   run_decode(s);
 }

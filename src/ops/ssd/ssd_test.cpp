@@ -1063,8 +1063,8 @@ TEST_P(SsdPlans, BackwardChunkedShapesOnDevice) {
       .d_skip = ssd::DSkip::per_head, .z = true, .dt_bias = true, .softplus = true, .clamp = true};
   for (int64_t chunk : {64, 128, 256})
     for (DType dtype : {DType::f32, DType::f16, DType::bf16})
-      for (const char* kernel : {"chunked_f32", "chunked_wmma"}) {
-        if (dtype == DType::f32 && std::string_view(kernel) == "chunked_wmma") continue;
+      for (const char* kernel : {"chunked_f32", "chunked_wmma", "chunked_wmma_vec"}) {
+        if (dtype == DType::f32 && std::string_view(kernel) != "chunked_f32") continue;
         SCOPED_TRACE(std::string(name(dtype)) + " chunk=" + std::to_string(chunk) + " " + kernel);
         const auto pref = PlanPreference::kernel(kernel);
         run_backward(target, dtype, {2, 300, 4, 64, 64, 2, chunk, all}, Layout::contiguous, pref);
@@ -1078,7 +1078,7 @@ TEST_P(SsdPlans, BackwardChunkedShapesOnDevice) {
         run_backward(target, dtype, {1, 77, 2, 80, 24, 1, chunk, {}}, Layout::contiguous, pref);
       }
   // D = N = 256: four 64-wide tiles of each, the partials summed across them.
-  for (const char* kernel : {"chunked_f32", "chunked_wmma"})
+  for (const char* kernel : {"chunked_f32", "chunked_wmma", "chunked_wmma_vec"})
     run_backward(target, DType::bf16,
                  {1, 150, 2, 256, 256, 1, 128, {.d_skip = ssd::DSkip::per_head, .final = true}},
                  Layout::contiguous, PlanPreference::kernel(kernel));
@@ -1106,6 +1106,67 @@ TEST_P(SsdPlans, BackwardChunkedShapesOnDevice) {
       SsdBackwardPlan::select(stream, describe(1, 64, 2, 8, 8, 1, DType::bf16, {.num_seqs = 2}));
   BARACUDA_ASSERT_OK(packed);
   EXPECT_EQ(packed->sku().name, "recurrent_deterministic_f32");
+}
+
+// chunked_wmma_vec stages the same operand values into the same fragments in the same order as
+// chunked_wmma (only the loads differ: 16-byte vectors, storage-order shared tiles read by row- or
+// column-major fragments), so every output must be bitwise equal. Padded and permuted layouts take
+// its element-wise fallback; z makes dy' an f32 operand; ragged L, D and N exercise the edges.
+void expect_vec_equals_wmma(Target target, DType dtype, const BwdCase& c, Layout layout) {
+  Rng rng;
+  const Stream& stream = harness::stream_for(target);
+  const auto desc = describe(c.B, c.L, c.H, c.D, c.N, c.G, dtype, c.o, c.chunk);
+  auto ref = SsdBackwardPlan::select(stream, desc, PlanPreference::kernel("chunked_wmma"));
+  auto vec = SsdBackwardPlan::select(stream, desc, PlanPreference::kernel("chunked_wmma_vec"));
+  BARACUDA_ASSERT_OK(ref);
+  BARACUDA_ASSERT_OK(vec);
+  ASSERT_EQ(vec->sku().name, "chunked_wmma_vec");
+  ASSERT_EQ(vec->workspace_size(), ref->workspace_size());
+  Tensors t = make_tensors(ref->problem(), target, layout, rng, true);
+  auto ws = workspace_for(ref->workspace_size(), target);
+  BARACUDA_ASSERT_OK(ws);
+  std::vector<TestTensor*> outs = {&*t.dx, &*t.ddt, &*t.dA, &*t.dB, &*t.dC};
+  for (auto* o : {&t.dD, &t.dz, &t.ddt_bias, &t.d_init})
+    if (*o) outs.push_back(&**o);
+  for (auto* o : outs) o->poison();
+  BARACUDA_ASSERT_OK(ref->run(stream, ws->as_workspace(), backward_args(t)));
+  BARACUDA_ASSERT_OK(stream.synchronize());
+  std::vector<std::vector<uint8_t>> expected;
+  for (auto* o : outs) expected.push_back(o->bytes());
+  for (auto* o : outs) o->poison();
+  BARACUDA_ASSERT_OK(vec->run(stream, ws->as_workspace(), backward_args(t)));
+  BARACUDA_ASSERT_OK(stream.synchronize());
+  const std::string what = std::string(name(dtype)) + " " + harness::layout_name(layout) +
+                           " L=" + std::to_string(c.L) + " chunk=" + std::to_string(c.chunk);
+  for (size_t i = 0; i < outs.size(); ++i)
+    EXPECT_TRUE(harness::bytes_equal(expected[i], outs[i]->bytes(),
+                                     what + " output " + std::to_string(i) + " vec == wmma"));
+}
+
+TEST_P(SsdPlans, BackwardWmmaVecEqualsWmmaBitwise) {
+  const Target target = GetParam();
+  if (target == Target::cpu) GTEST_SKIP() << "device kernels";
+  BARACUDA_SKIP_IF_UNAVAILABLE(target);
+  const Options all{.d_skip = ssd::DSkip::per_channel,
+                    .z = true,
+                    .dt_bias = true,
+                    .softplus = true,
+                    .init = true,
+                    .final = true};
+  for (DType dtype : {DType::f16, DType::bf16}) {
+    expect_vec_equals_wmma(target, dtype, {2, 300, 4, 64, 64, 2, 64, all}, Layout::contiguous);
+    expect_vec_equals_wmma(target, dtype, {2, 300, 4, 64, 64, 2, 128, {}}, Layout::contiguous);
+  }
+  expect_vec_equals_wmma(target, DType::bf16, {1, 261, 8, 64, 128, 1, 128, all}, Layout::padded);
+  expect_vec_equals_wmma(target, DType::bf16,
+                         {1, 256, 2, 48, 40, 2, 256, {.d_skip = ssd::DSkip::per_channel}},
+                         Layout::permuted);
+  expect_vec_equals_wmma(target, DType::bf16, {1, 77, 2, 80, 24, 1, 64, {.z = true}},
+                         Layout::contiguous);
+  expect_vec_equals_wmma(target, DType::bf16, {1, 150, 2, 256, 256, 1, 128, {.final = true}},
+                         Layout::contiguous);
+  expect_vec_equals_wmma(target, DType::bf16, {3, 1, 2, 16, 16, 1, 64, {.init = true}},
+                         Layout::contiguous);
 }
 
 void run_decode(Target target, DType dtype, int64_t B, int64_t H, int64_t D, int64_t N, int64_t G,
