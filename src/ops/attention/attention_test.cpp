@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "baracuda/core/validate.hpp"
@@ -289,13 +290,11 @@ int64_t rows_of(const std::vector<RowBlock>& blocks) {
   return n;
 }
 
-// Y [B, Hq, Lq, Dv] and LSE [B, Hq, Lq] in logical order (non-varlen), against the reference on
-// sampled rows, plus the whole-tensor checks.
-void check_forward_sampled(const Config& c, DType lse_dtype, Oracle& o,
-                           const std::vector<double>& qv, const std::vector<double>& kv,
-                           const std::vector<double>& vv, const std::vector<double>& yv,
-                           const std::vector<double>& lv, const std::vector<RowBlock>& blocks) {
-  const auto [ry, rl] = o.forward_rows(qv, kv, vv, blocks);
+// Y [B, Hq, Lq, Dv] and LSE [B, Hq, Lq] in logical order (non-varlen) against the reference
+// (ry, rl: meaningful on the sampled rows only), plus the whole-tensor checks; vmax = max |V|.
+void compare_sampled(const Config& c, DType lse_dtype, const std::vector<double>& ry,
+                     const std::vector<double>& rl, double vmax, const std::vector<double>& yv,
+                     const std::vector<double>& lv, const std::vector<RowBlock>& blocks) {
   std::vector<double> got_y, ref_y, got_l, ref_l;
   for (const RowBlock& bk : blocks)
     for (int64_t i = bk.i0; i < bk.i1; ++i) {
@@ -308,8 +307,6 @@ void check_forward_sampled(const Config& c, DType lse_dtype, Oracle& o,
   EXPECT_TRUE(close_to(got_l, ref_l, lse_dtype, Accuracy::reduction, "lse (sampled rows)"));
   // Y is a convex combination of V rows: |y| <= max |v|, up to P's rounding to the 16-bit type
   // before P V (the weights then sum to 1 within a few 2^-8).
-  double vmax = 0;
-  for (double x : vv) vmax = std::max(vmax, std::abs(x));
   const double ybound = vmax * (1 + 1.0 / 32) + 1e-6;
   const detail::Band band = detail::band_of(c.mask);
   int64_t bad_y = 0, bad_l = 0, first_y = -1, first_l = -1;
@@ -339,11 +336,22 @@ void check_forward_sampled(const Config& c, DType lse_dtype, Oracle& o,
                       << first_l << " = " << (first_l >= 0 ? lv[first_l] : 0.0);
 }
 
-std::vector<uint8_t> check_forward(Target target, const Config& c, Lay lay,
-                                   std::optional<PlanPreference> preference = std::nullopt,
-                                   std::string* kernel = nullptr) {
-  const PlanPreference pref = preference.value_or(ours(target));
+// One forward problem, several plans on the same inputs against one reference: building 32k-key
+// inputs (random fill, download, float64 copies: ~100 ns per element on the host) and the
+// reference cost more than the kernels, so they are paid once per problem. repeats > 1 runs the
+// plan again (outputs re-poisoned) and requires the same bits.
+struct ForwardRun {
+  ForwardRun(std::optional<PlanPreference> pref = std::nullopt, int reps = 1)
+      : preference(std::move(pref)), repeats(reps) {}
+  std::optional<PlanPreference> preference;  // none: this family's own kernels (ours(target))
+  int repeats = 1;
+  std::string kernel;        // out: the kernel the plan picked
+  std::vector<uint8_t> out;  // out: Y then LSE bytes (whole buffers)
+};
+
+void check_forward_runs(Target target, const Config& c, Lay lay, std::vector<ForwardRun>& runs) {
   SCOPED_TRACE(c.str() + " layout=" + lay_name(lay) + " on " + harness::target_name(target));
+  const auto t0 = std::chrono::steady_clock::now();
   Rng rng;
   const Problem p = problem_of(c);
   const Shapes s = shapes_of(p);
@@ -351,53 +359,87 @@ std::vector<uint8_t> check_forward(Target target, const Config& c, Lay lay,
   auto q = make(c.dtype, vec(s.q, r), target, lay, rng);
   auto k = make(c.dtype, vec(s.k, r), target, lay, rng);
   auto v = make(c.dtype, vec(s.v, r), target, lay, rng);
-  auto y = make(c.dtype, vec(s.y, r), target, lay, rng);
-  auto lse = make(p.lse_dtype, vec(s.lse, s.rank_lse), target, Lay::padded, rng);
   q->fill_random(rng, -2, 2);
   k->fill_random(rng, -2, 2);
   v->fill_random(rng);
   std::unique_ptr<TestTensor> cu_q, cu_k;
-  ForwardArguments args{q->cview(), k->cview(), v->cview(), y->view(), lse->view(), {}, {}};
-  if (!c.cu_q.empty()) {
-    cu_q = seqlens(c.cu_q, target), cu_k = seqlens(c.cu_k, target);
-    args.cu_seqlens_q = cu_q->cview(), args.cu_seqlens_k = cu_k->cview();
+  if (!c.cu_q.empty()) cu_q = seqlens(c.cu_q, target), cu_k = seqlens(c.cu_k, target);
+  // The reference, once: whole, or the sampled rows of a big problem.
+  const bool big = sampled(c, forward_ops(c));
+  std::vector<RowBlock> blocks;
+  double vmax = 0;
+  std::pair<std::vector<double>, std::vector<double>> ref;
+  {
+    Oracle o(c);
+    const std::vector<double> qv = q->values(), kv = k->values(), vv = v->values();
+    if (big) {
+      blocks = sample_rows(c, rng);
+      ref = o.forward_rows(qv, kv, vv, blocks);
+      for (double x : vv) vmax = std::max(vmax, std::abs(x));
+    } else {
+      ref = o.forward(qv, kv, vv);
+    }
   }
   const Stream& stream = harness::stream_for(target);
-  auto plan = ForwardPlan::select(stream, desc_of(c), pref);
-  if (!plan.ok()) {
-    ADD_FAILURE() << plan.error().to_string();
-    return {};
+  std::string names;
+  for (ForwardRun& run : runs) {
+    auto y = make(c.dtype, vec(s.y, r), target, lay, rng);
+    auto lse = make(p.lse_dtype, vec(s.lse, s.rank_lse), target, Lay::padded, rng);
+    ForwardArguments args{q->cview(), k->cview(), v->cview(), y->view(), lse->view(), {}, {}};
+    if (cu_q) args.cu_seqlens_q = cu_q->cview(), args.cu_seqlens_k = cu_k->cview();
+    auto plan = ForwardPlan::select(stream, desc_of(c), run.preference.value_or(ours(target)));
+    if (!plan.ok()) {
+      ADD_FAILURE() << plan.error().to_string();
+      continue;
+    }
+    run.kernel = std::string(plan->sku().name);
+    names += " " + run.kernel;
+    SCOPED_TRACE("kernel " + run.kernel);
+    std::unique_ptr<Buffer> hold;
+    const Workspace ws = workspace_for(plan->workspace_size(), target, hold);
+    std::vector<uint8_t> y_before, lse_before, first;
+    for (int rep = 0; rep < run.repeats; ++rep) {
+      y->poison();
+      lse->poison();
+      if (rep == 0) y_before = y->bytes(), lse_before = lse->bytes();
+      const Status st = plan->run(stream, ws, args);
+      EXPECT_TRUE(st.ok()) << st.error().to_string();
+      run.out = y->bytes();
+      const auto lb = lse->bytes();
+      run.out.insert(run.out.end(), lb.begin(), lb.end());
+      if (rep == 0) {
+        first = run.out;
+      } else {
+        EXPECT_TRUE(harness::bytes_equal(first, run.out, "the same plan run again"));
+      }
+    }
+    if (big) {
+      compare_sampled(c, p.lse_dtype, ref.first, ref.second, vmax, y->values(), lse->values(),
+                      blocks);
+    } else {
+      EXPECT_TRUE(close_to(y->values(), ref.first, c.dtype, Accuracy::reduction, "y"));
+      EXPECT_TRUE(close_to(lse->values(), ref.second, p.lse_dtype, Accuracy::reduction, "lse"));
+    }
+    EXPECT_TRUE(harness::untouched_outside(y_before, y->bytes(), y->bit_mask(), "y gaps"));
+    EXPECT_TRUE(harness::untouched_outside(lse_before, lse->bytes(), lse->bit_mask(), "lse gaps"));
   }
-  if (kernel) *kernel = std::string(plan->sku().name);
-  std::unique_ptr<Buffer> hold;
-  const Workspace ws = workspace_for(plan->workspace_size(), target, hold);
-  y->poison();
-  lse->poison();
-  const auto y_before = y->bytes(), lse_before = lse->bytes();
-  const Status st = plan->run(stream, ws, args);
-  EXPECT_TRUE(st.ok()) << st.error().to_string();
-  Oracle o(c);
-  if (sampled(c, forward_ops(c))) {
-    const auto t0 = std::chrono::steady_clock::now();
-    const std::vector<RowBlock> blocks = sample_rows(c, rng);
-    check_forward_sampled(c, p.lse_dtype, o, q->values(), k->values(), v->values(), y->values(),
-                          lse->values(), blocks);
+  if (big) {
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::printf("[ heavy    ] forward %s %s: %lld of %lld rows checked, %.2f s\n", c.str().c_str(),
-                std::string(plan->sku().name).c_str(), static_cast<long long>(rows_of(blocks)),
-                static_cast<long long>(c.b * c.hq * c.lq), secs);
-  } else {
-    const auto [ry, rl] = o.forward(q->values(), k->values(), v->values());
-    EXPECT_TRUE(close_to(y->values(), ry, c.dtype, Accuracy::reduction, "y"));
-    EXPECT_TRUE(close_to(lse->values(), rl, p.lse_dtype, Accuracy::reduction, "lse"));
+    std::printf("[ heavy    ] forward %s, %s:%s: %lld of %lld rows checked, %.2f s\n",
+                c.str().c_str(), lay_name(lay), names.c_str(),
+                static_cast<long long>(rows_of(blocks)), static_cast<long long>(c.b * c.hq * c.lq),
+                secs);
   }
-  const auto y_after = y->bytes(), lse_after = lse->bytes();
-  EXPECT_TRUE(harness::untouched_outside(y_before, y_after, y->bit_mask(), "y gaps"));
-  EXPECT_TRUE(harness::untouched_outside(lse_before, lse_after, lse->bit_mask(), "lse gaps"));
-  std::vector<uint8_t> out = y_after;
-  out.insert(out.end(), lse_after.begin(), lse_after.end());
-  return out;
+}
+
+std::vector<uint8_t> check_forward(Target target, const Config& c, Lay lay,
+                                   std::optional<PlanPreference> preference = std::nullopt,
+                                   std::string* kernel = nullptr) {
+  std::vector<ForwardRun> runs{ForwardRun(preference)};
+  check_forward_runs(target, c, lay, runs);
+  if (kernel) *kernel = runs[0].kernel;
+  return runs[0].out;
 }
 
 // Heads [h0, h0 + n) of batch b of a logical [B, H, L, D] tensor (D = 1 for LSE).
@@ -1051,8 +1093,15 @@ TEST_P(AttentionTest, DecodeKernelOnDevice) {
   const Target target = GetParam();
   if (target == Target::cpu) GTEST_SKIP() << "the decode kernel runs on the CUDA target only";
   BARACUDA_SKIP_IF_UNAVAILABLE(target);
-  // Both split policies of the decode kernel (one wave; 4x as many splits), alternating.
-  const char* const variants[] = {"flash_decode_sm80", "flash_decode_w4_sm80"};
+  // Both split policies of the decode kernel (one wave; 4x as many splits) on the same inputs.
+  auto both = [] {
+    return std::vector<ForwardRun>{{PlanPreference::kernel("flash_decode_sm80")},
+                                   {PlanPreference::kernel("flash_decode_w4_sm80")}};
+  };
+  auto expect_names = [](const std::vector<ForwardRun>& runs) {
+    EXPECT_EQ(runs[0].kernel, "flash_decode_sm80");
+    EXPECT_EQ(runs[1].kernel, "flash_decode_w4_sm80");
+  };
   const Mask masks[] = {Mask::none(), Mask::causal_bottom_right(), Mask::causal_top_left(),
                         Mask::sliding_window(300, 0),
                         Mask::sliding_window(5, 2, Diagonal::top_left)};
@@ -1069,19 +1118,17 @@ TEST_P(AttentionTest, DecodeKernelOnDevice) {
       if (c.hq / c.hk * lq > 32) c.hq = 32, c.hk = 8;  // the kernel holds at most 32 rows
       std::tie(c.dk, c.dv) = dims[n % 5];
       if (c.dk == 256 && c.hq / c.hk * lq > 16) c.dk = c.dv = 128;  // D = 256: 16 rows
-      if (lk > 1000 && c.hk > 2) {
-        // Same group (what the kernel packs), at most 2 K/V heads: the host side of 32k-key
-        // tensors (fill, download, float64 copies) costs ~10 ns per element and per pass.
-        c.hq = c.hq / c.hk * 2, c.hk = 2;
+      if (lk > 1000) {
+        // Same group (what the kernel packs), one K/V head: filling and downloading 32k-key
+        // tensors costs ~100 ns per element on the host. The bench shape below has 8.
+        c.hq = c.hq / c.hk, c.hk = 1;
       }
       c.lq = lq, c.lk = lk;
       c.mask = masks[n % 5];
       c.softcap = n % 7 == 6 ? 30.0 : 0.0;
-      std::string kernel;
-      const char* name = variants[(n / 2) % 2];  // n % 2 picks the layout
-      check_forward(target, c, n % 2 ? Lay::blhd : Lay::bhld, PlanPreference::kernel(name),
-                    &kernel);
-      EXPECT_EQ(kernel, name);
+      auto runs = both();
+      check_forward_runs(target, c, n % 2 ? Lay::blhd : Lay::bhld, runs);
+      expect_names(runs);
       ++n;
     }
   {  // varlen decode: lengths (1, 2, 0, 4) queries against (1000, 17, 483, 1) keys
@@ -1089,34 +1136,28 @@ TEST_P(AttentionTest, DecodeKernelOnDevice) {
     c.dtype = DType::bf16, c.b = 4, c.hq = 8, c.hk = 2, c.dk = c.dv = 128;
     c.mask = Mask::causal_bottom_right();
     c.cu_q = {0, 1, 3, 3, 7}, c.cu_k = {0, 1000, 1017, 1500, 1501}, c.lq = 4, c.lk = 1000;
-    for (const char* name : variants) {
-      std::string kernel;
-      check_forward(target, c, Lay::bhld, PlanPreference::kernel(name), &kernel);
-      EXPECT_EQ(kernel, name);
-    }
+    auto runs = both();
+    check_forward_runs(target, c, Lay::bhld, runs);
+    expect_names(runs);
   }
-  {  // the bench's decode shape selects it by default; same plan twice gives the same bits; the
-     // general kernel stays selectable for A/B
+  {  // the bench's decode shape selects it by default; each decode plan run twice gives the same
+     // bits (the splits' partials merge in split order); the general kernel stays selectable
     Config c;
     c.dtype = DType::bf16, c.b = 1, c.hq = 32, c.hk = 8, c.lq = 1, c.lk = 32768;
     c.dk = c.dv = 128, c.mask = Mask::causal_bottom_right();
-    std::string kernel;
-    const auto a = check_forward(target, c, Lay::blhd, std::nullopt, &kernel);
-    EXPECT_EQ(kernel, "flash_decode_sm80");
-    const auto b = check_forward(target, c, Lay::blhd, std::nullopt);
-    EXPECT_TRUE(harness::bytes_equal(a, b, "decode twice"));
-    auto plan = ForwardPlan::select(harness::stream_for(target), desc_of(c), ours(target));
-    BARACUDA_ASSERT_OK(plan);
-    EXPECT_TRUE(plan->precision_guarantee().deterministic);
-    // The 4x-splits variant: deterministic too (its splits' partials merge in split order).
-    const auto w4a = check_forward(target, c, Lay::blhd,
-                                   PlanPreference::kernel("flash_decode_w4_sm80"), &kernel);
-    EXPECT_EQ(kernel, "flash_decode_w4_sm80");
-    const auto w4b =
-        check_forward(target, c, Lay::blhd, PlanPreference::kernel("flash_decode_w4_sm80"));
-    EXPECT_TRUE(harness::bytes_equal(w4a, w4b, "decode w4 twice"));
-    check_forward(target, c, Lay::blhd, PlanPreference::kernel("flash_fwd_mma_sm80"), &kernel);
-    EXPECT_EQ(kernel, "flash_fwd_mma_sm80");
+    std::vector<ForwardRun> runs{{std::nullopt, 2},
+                                 {PlanPreference::kernel("flash_decode_w4_sm80"), 2},
+                                 {PlanPreference::kernel("flash_fwd_mma_sm80")}};
+    check_forward_runs(target, c, Lay::blhd, runs);
+    EXPECT_EQ(runs[0].kernel, "flash_decode_sm80");
+    EXPECT_EQ(runs[1].kernel, "flash_decode_w4_sm80");
+    EXPECT_EQ(runs[2].kernel, "flash_fwd_mma_sm80");
+    for (const char* name : {"flash_decode_sm80", "flash_decode_w4_sm80"}) {
+      auto plan = ForwardPlan::select(harness::stream_for(target), desc_of(c),
+                                      PlanPreference::kernel(name));
+      BARACUDA_ASSERT_OK(plan);
+      EXPECT_TRUE(plan->precision_guarantee().deterministic) << name;
+    }
   }
   {  // more rows than the kernel holds: the general kernel takes the problem
     Config c;
@@ -1128,44 +1169,50 @@ TEST_P(AttentionTest, DecodeKernelOnDevice) {
 }
 
 // Every tensor-core forward kernel by name (the default plan reaches only the highest priority one
-// per shape): head dims 32..128 and Dk != Dv, masks, GQA packing, split-K decode shapes, odd
-// lengths, soft-cap, varlen.
+// per shape), all on the same inputs per problem: head dims 32..128 and Dk != Dv, masks, GQA
+// packing, split-K decode shapes, odd lengths, soft-cap, varlen.
 TEST_P(AttentionTest, ForwardKernelsByNameOnDevice) {
   const Target target = GetParam();
   if (target == Target::cpu) GTEST_SKIP() << "the tensor-core kernels run on the CUDA target only";
   BARACUDA_SKIP_IF_UNAVAILABLE(target);
+  const char* const names[] = {"flash_fwd_mma_sm80", "flash_fwd_mma_m16_sm80",
+                               "flash_fwd_mma_m16w8_sm80", "flash_fwd_mma_m32_sm80"};
+  auto all = [&] {
+    std::vector<ForwardRun> runs;
+    for (const char* name : names) runs.push_back({PlanPreference::kernel(name)});
+    return runs;
+  };
+  auto expect_names = [&](const std::vector<ForwardRun>& runs) {
+    for (size_t j = 0; j < runs.size(); ++j) EXPECT_EQ(runs[j].kernel, names[j]);
+  };
   const Mask masks[] = {Mask::none(), Mask::causal_top_left(), Mask::causal_bottom_right(),
                         Mask::sliding_window(100, 30)};
   const std::pair<int64_t, int64_t> lens[] = {{1, 5000}, {3, 1000}, {129, 600}, {600, 600},
                                               {17, 17},  {1, 1},    {65, 4097}};
   const std::pair<int64_t, int64_t> dims[] = {{128, 128}, {64, 64}, {96, 96}, {128, 64}, {32, 32}};
-  for (const char* name : {"flash_fwd_mma_sm80", "flash_fwd_mma_m16_sm80",
-                           "flash_fwd_mma_m16w8_sm80", "flash_fwd_mma_m32_sm80"}) {
-    int n = 0;
-    for (auto [lq, lk] : lens)
-      for (const Mask& mk : masks) {
-        Config c;
-        c.dtype = n % 2 ? DType::f16 : DType::bf16;
-        c.b = lk <= 1000 ? 2 : 1;
-        c.hq = n % 3 == 0 ? 8 : 4, c.hk = n % 3 == 2 ? 4 : 2;
-        c.lq = lq, c.lk = lk;
-        std::tie(c.dk, c.dv) = dims[n % 5];
-        c.mask = mk;
-        c.softcap = n % 6 == 5 ? 30.0 : 0.0;
-        std::string kernel;
-        check_forward(target, c, n % 2 ? Lay::blhd : Lay::bhld, PlanPreference::kernel(name),
-                      &kernel);
-        EXPECT_EQ(kernel, name);
-        ++n;
-      }
-    Config c;  // varlen
-    c.dtype = DType::bf16, c.b = 3, c.hq = 4, c.hk = 1, c.dk = c.dv = 128;
-    c.mask = Mask::causal_bottom_right();
-    c.cu_q = {0, 70, 70, 300}, c.cu_k = {0, 130, 131, 331}, c.lq = 230, c.lk = 200;
-    std::string kernel;
-    check_forward(target, c, Lay::bhld, PlanPreference::kernel(name), &kernel);
-    EXPECT_EQ(kernel, name);
-  }
+  int n = 0;
+  for (auto [lq, lk] : lens)
+    for (const Mask& mk : masks) {
+      Config c;
+      c.dtype = n % 2 ? DType::f16 : DType::bf16;
+      c.b = lk <= 1000 ? 2 : 1;
+      c.hq = n % 3 == 0 ? 8 : 4, c.hk = n % 3 == 2 ? 4 : 2;
+      c.lq = lq, c.lk = lk;
+      std::tie(c.dk, c.dv) = dims[n % 5];
+      c.mask = mk;
+      c.softcap = n % 6 == 5 ? 30.0 : 0.0;
+      auto runs = all();
+      check_forward_runs(target, c, n % 2 ? Lay::blhd : Lay::bhld, runs);
+      expect_names(runs);
+      ++n;
+    }
+  Config c;  // varlen
+  c.dtype = DType::bf16, c.b = 3, c.hq = 4, c.hk = 1, c.dk = c.dv = 128;
+  c.mask = Mask::causal_bottom_right();
+  c.cu_q = {0, 70, 70, 300}, c.cu_k = {0, 130, 131, 331}, c.lq = 230, c.lk = 200;
+  auto runs = all();
+  check_forward_runs(target, c, Lay::bhld, runs);
+  expect_names(runs);
 }
 
 }  // namespace
