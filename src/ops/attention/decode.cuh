@@ -5,7 +5,8 @@
 //    rows, padded to m16 tiles), so each K/V tile is read from memory once per group instead of
 //    once per query head.
 //  - Splits are chosen so that every SM runs as many resident CTAs as shared memory allows, in a
-//    single wave; each split owns a contiguous run of 64-key tiles.
+//    single wave (flash_decode_sm80) or in about four (flash_decode_w4_sm80, A/B: shorter splits
+//    the block scheduler balances); each split owns a contiguous run of 64-key tiles.
 //  - K/V tiles are streamed with 16-byte cp.async, 2..4 stages deep (64 to 128 KB in flight per
 //    CTA): the memory system needs tens of KB in flight per SM to reach its bandwidth.
 //  - All four warps compute: warp w takes keys [16w, 16w + 16) of every tile and keeps its own f32
