@@ -1,6 +1,7 @@
 // Benchmarks of the ssd family: the Mamba-2 2.7B layer shape (B=4 L=4096 H=80 D=64 N=128 G=1) and
 // a smaller one (B=8 L=2048 H=32 D=64 N=64 G=1), bf16, chunk 256, forward and backward, plus the
-// decode step on a state of 80 Mi f32 elements. Backward rows: what `select` picks (chunked_wmma)
+// decode step on a state of 80 Mi f32 elements. Forward rows: chunked_wmma (picked), then
+// chunked_wmma_vec under the same case names. Backward rows: what `select` picks (chunked_wmma)
 // on both shapes, then, under the same case names for the A/B, chunked_f32 and chunked_wmma_vec on
 // both and the old recurrent_deterministic_f32 on the small one. peers.py times the same case names
 // on the mamba_ssm Triton kernels.
@@ -227,6 +228,8 @@ void bench_ssd(const Stream& s) {
   const Case cases[] = {{"B4_L4096_H80_D64_N128_G1", 4, 4096, 80, 64, 128, 1, 256},
                         {"B8_L2048_H32_D64_N64_G1", 8, 2048, 32, 64, 64, 1, 256}};
   for (const Case& c : cases) run_prefill(s, c, false);
+  // chunked_wmma_vec: chunked_wmma with 16-byte operand staging (bitwise equal results).
+  for (const Case& c : cases) run_prefill(s, c, false, "chunked_wmma_vec");
   for (const Case& c : cases) run_prefill(s, c, true);  // chunked_wmma (bf16)
   // A/B rows, same case names: the chunked backward on f32 SIMT tiles, and the old recurrent
   // backward on the small case only (it takes 245 ms on the large one).

@@ -492,8 +492,94 @@ __device__ __forceinline__ bool can_vec(const S* base, int64_t rs, int64_t cs) {
   return cs == 1 && rs % kVecElems == 0 && reinterpret_cast<uintptr_t>(base) % 16 == 0;
 }
 
-template <class T>
-__global__ void __launch_bounds__(kTcThreads) chunk_state_tc_kernel(Fwd<T> p) {
+// ---- 16-byte operand staging (the *_vec kernels; see "chunked_wmma_vec" below) ----------------
+// A 2-D operand as stored: element (r, c) at p[r * rs + c * cs], zero outside [0, rows) x
+// [0, cols); c is the dimension that is contiguous when cs == 1. S is float or the element type
+// (dy' is f32 workspace with z, T without: the kernels branch once per product, not per element).
+template <class S>
+struct TileSrc {
+  const S* p;
+  int64_t rs, cs;
+  int rows, cols;  // <= 256 (chunk, D, N)
+};
+template <class S>
+__device__ __forceinline__ TileSrc<S> tile_src(const S* p, int64_t rs, int64_t cs, int64_t rows,
+                                               int64_t cols) {
+  return {p, rs, cs, static_cast<int>(rows), static_cast<int>(cols)};
+}
+
+// This thread's share of one 64 x 64 stage in registers: 2 vectors of 8 16-bit elements or 4 of
+// 4 floats (64 rows x 64 columns / 256 threads); twice that for the forward's 128-thread blocks.
+template <class S, int kNT = kThreads>  // kNT: threads of the block
+struct Staged {
+  static constexpr int kVe = 16 / static_cast<int>(sizeof(S));  // elements per vector
+  static constexpr int kPerRow = kTile / kVe;                   // vectors per 64-wide row
+  static constexpr int kNv = kTile * kPerRow / kNT;             // vectors per thread
+  uint4 v[kNv];
+};
+
+// The element-wise path of one vector (edges, strided or misaligned operands): out of line, so
+// that its index math and branches do not take registers from the 16-byte path around it.
+template <class S>
+__device__ __forceinline__ uint4 fetch_vector_slow(TileSrc<S> s, int r, int c) {
+  constexpr int kVe = Staged<S>::kVe;
+  alignas(16) S e[kVe];
+#pragma unroll
+  for (int q = 0; q < kVe; ++q)
+    e[q] = r < s.rows && c + q < s.cols ? s.p[r * s.rs + (c + q) * s.cs] : from_float<S>(0.0f);
+  return *reinterpret_cast<const uint4*>(e);
+}
+
+// Phase 1: the loads of the stage tile whose corner is (r0, c0). A vector entirely inside the
+// operand (16-byte aligned, unit column stride) is one load; edge vectors and strided operands go
+// element by element with the same zero fill.
+template <class S, int kNT>
+__device__ __forceinline__ void fetch_stage(Staged<S, kNT>& st, const TileSrc<S>& s, int r0,
+                                            int c0) {
+  using St = Staged<S, kNT>;
+  const bool vec = s.cs == 1 && s.rs % St::kVe == 0 && reinterpret_cast<uintptr_t>(s.p) % 16 == 0;
+#pragma unroll
+  for (int i = 0; i < St::kNv; ++i) {
+    const int idx = threadIdx.x + i * kNT;
+    const int r = r0 + idx / St::kPerRow, c = c0 + (idx % St::kPerRow) * St::kVe;
+    if (vec && r < s.rows && c + St::kVe <= s.cols)
+      st.v[i] = __ldg(reinterpret_cast<const uint4*>(s.p + r * s.rs + c));
+    else
+      st.v[i] = fetch_vector_slow(s, r, c);
+  }
+}
+
+// Phase 2: rounds the fetched values to T into dst[row][col] of the stage; rscale (shared memory,
+// indexed by the operand's row, or nullptr) multiplies them first.
+template <class T, int kLd, class S, int kNT>
+__device__ __forceinline__ void commit_stage(T (*dst)[kLd], const Staged<S, kNT>& st,
+                                             const TileSrc<S>& s, int r0, const float* rscale) {
+  using St = Staged<S, kNT>;
+#pragma unroll
+  for (int i = 0; i < St::kNv; ++i) {
+    const int idx = threadIdx.x + i * kNT;
+    const int r = idx / St::kPerRow, c = (idx % St::kPerRow) * St::kVe;
+    if constexpr (std::is_same_v<S, T>) {
+      if (rscale == nullptr) {  // 16-bit source, no scale: the vector as is
+        *reinterpret_cast<uint4*>(&dst[r][c]) = st.v[i];
+        continue;
+      }
+    }
+    const float sc = rscale == nullptr ? 1.0f : (r0 + r < s.rows ? rscale[r0 + r] : 0.0f);
+    alignas(16) S e[St::kVe];
+    *reinterpret_cast<uint4*>(e) = st.v[i];
+    alignas(16) T o[St::kVe];
+#pragma unroll
+    for (int q = 0; q < St::kVe; ++q) o[q] = from_float<T>(to_float(e[q]) * sc);
+    if constexpr (St::kVe == 8)
+      *reinterpret_cast<uint4*>(&dst[r][c]) = *reinterpret_cast<const uint4*>(o);
+    else
+      *reinterpret_cast<uint2*>(&dst[r][c]) = *reinterpret_cast<const uint2*>(o);
+  }
+}
+
+template <class T, bool kVec>
+__device__ __forceinline__ void chunk_state_tc_body(const Fwd<T>& p) {
   __shared__ __align__(32) T As[kTile][kLdH];  // [token][d]: x * weight
   __shared__ __align__(32) T Bs[kTile][kLdH];  // [token][n]
   __shared__ __align__(32) float Fs[kTile][kLdF];
@@ -511,15 +597,27 @@ __global__ void __launch_bounds__(kTcThreads) chunk_state_tc_kernel(Fwd<T> p) {
     for (int j = 0; j < 2; ++j) wm::fill_fragment(acc[i][j], 0.0f);
   __shared__ float wrow[kTile];
   for (int64_t k0 = 0; k0 < K; k0 += kTile) {
+    const T* xs = &p.x.at(b, t_base + k0, h, d0);
+    const T* bs = &p.Bm.at(b, t_base + k0, g, n0);
+    [[maybe_unused]] Staged<T, kTcThreads> rx, rb;
+    const TileSrc<T> x_src = tile_src(xs, p.x.s1, p.x.s3, K - k0, p.D - d0);
+    const TileSrc<T> b_src = tile_src(bs, p.Bm.s1, p.Bm.s3, K - k0, p.N - n0);
+    if constexpr (kVec) {  // both operands in flight while the weights are computed
+      fetch_stage(rx, x_src, 0, 0);
+      fetch_stage(rb, b_src, 0, 0);
+    }
     if (tid < kTile)
       wrow[tid] = k0 + tid < K ? expf(static_cast<float>(last - p.cum[o_base + k0 + tid])) *
                                      p.dtp[o_base + k0 + tid]
                                : 0.0f;
     __syncthreads();
-    const T* xs = &p.x.at(b, t_base + k0, h, d0);
-    const T* bs = &p.Bm.at(b, t_base + k0, g, n0);
-    load_tile(As, xs, p.x.s1, p.x.s3, K - k0, p.D - d0, wrow, can_vec(xs, p.x.s1, p.x.s3));
-    load_tile(Bs, bs, p.Bm.s1, p.Bm.s3, K - k0, p.N - n0, nullptr, can_vec(bs, p.Bm.s1, p.Bm.s3));
+    if constexpr (kVec) {
+      commit_stage(As, rx, x_src, 0, wrow);
+      commit_stage(Bs, rb, b_src, 0, nullptr);
+    } else {
+      load_tile(As, xs, p.x.s1, p.x.s3, K - k0, p.D - d0, wrow, can_vec(xs, p.x.s1, p.x.s3));
+      load_tile(Bs, bs, p.Bm.s1, p.Bm.s3, K - k0, p.N - n0, nullptr, can_vec(bs, p.Bm.s1, p.Bm.s3));
+    }
     __syncthreads();
     // S[d][n] = sum_k As[k][d] Bs[k][n]: A is As read column-major.
     wmma_64<FragAc<T>, FragB<T>>(acc, &As[0][0], 1, kLdH, &Bs[0][0], kLdH, 1, wr, wc);
@@ -533,12 +631,22 @@ __global__ void __launch_bounds__(kTcThreads) chunk_state_tc_kernel(Fwd<T> p) {
     if (d < p.D && n < p.N) out[d * p.N + n] = Fs[idx / kTile][idx % kTile];
   }
 }
+template <class T>
+__global__ void __launch_bounds__(kTcThreads) chunk_state_tc_kernel(Fwd<T> p) {
+  chunk_state_tc_body<T, false>(p);
+}
+// The _vec twin (chunked_wmma_vec) holds a whole stage of both operands in registers: its launch
+// bounds trade occupancy for that (ptxas at sm_90a: no spills).
+template <class T>
+__global__ void __launch_bounds__(kTcThreads, 3) chunk_state_tc_vec_kernel(Fwd<T> p) {
+  chunk_state_tc_body<T, true>(p);
+}
 
 // C_t . B_s for the token pairs of one chunk (lower 64x64 tiles only), once per
 // group: with G < H every head of the group reuses it instead of recomputing
 // it.
-template <class T>
-__global__ void __launch_bounds__(kTcThreads) cb_tc_kernel(Fwd<T> p) {
+template <class T, bool kVec>
+__device__ __forceinline__ void cb_tc_body(const Fwd<T>& p) {
   __shared__ __align__(32) T As[kTile][kLdH];
   __shared__ __align__(32) T Bs[kTile][kLdH];
   const int tid = threadIdx.x, warp = tid / 32, wr = warp / 2, wc = warp % 2;
@@ -558,8 +666,19 @@ __global__ void __launch_bounds__(kTcThreads) cb_tc_kernel(Fwd<T> p) {
   const T* b_rows = &p.Bm.at(b, t_base + s0, g, 0);
   const bool c_vec = can_vec(c_rows, p.Cm.s1, p.Cm.s3), b_vec = can_vec(b_rows, p.Bm.s1, p.Bm.s3);
   for (int64_t k0 = 0; k0 < p.N; k0 += kTile) {
-    load_tile(As, c_rows + k0 * p.Cm.s3, p.Cm.s1, p.Cm.s3, K - t_lo, p.N - k0, nullptr, c_vec);
-    load_tile(Bs, b_rows + k0 * p.Bm.s3, p.Bm.s1, p.Bm.s3, K - s0, p.N - k0, nullptr, b_vec);
+    if constexpr (kVec) {
+      Staged<T, kTcThreads> rc, rb;
+      const TileSrc<T> c_src =
+          tile_src(c_rows + k0 * p.Cm.s3, p.Cm.s1, p.Cm.s3, K - t_lo, p.N - k0);
+      const TileSrc<T> b_src = tile_src(b_rows + k0 * p.Bm.s3, p.Bm.s1, p.Bm.s3, K - s0, p.N - k0);
+      fetch_stage(rc, c_src, 0, 0);
+      fetch_stage(rb, b_src, 0, 0);
+      commit_stage(As, rc, c_src, 0, nullptr);
+      commit_stage(Bs, rb, b_src, 0, nullptr);
+    } else {
+      load_tile(As, c_rows + k0 * p.Cm.s3, p.Cm.s1, p.Cm.s3, K - t_lo, p.N - k0, nullptr, c_vec);
+      load_tile(Bs, b_rows + k0 * p.Bm.s3, p.Bm.s1, p.Bm.s3, K - s0, p.N - k0, nullptr, b_vec);
+    }
     __syncthreads();
     wmma_64<FragA<T>, FragBc<T>>(acc, &As[0][0], kLdH, 1, &Bs[0][0], 1, kLdH, wr, wc);
     __syncthreads();
@@ -572,9 +691,19 @@ __global__ void __launch_bounds__(kTcThreads) cb_tc_kernel(Fwd<T> p) {
       wm::store_matrix_sync(out + (wr * 32 + i * 16) * p.cs + wc * 32 + j * 16, acc[i][j],
                             static_cast<unsigned>(p.cs), wm::mem_row_major);
 }
-
 template <class T>
-__global__ void __launch_bounds__(kTcThreads) chunk_out_tc_kernel(Fwd<T> p) {
+__global__ void __launch_bounds__(kTcThreads) cb_tc_kernel(Fwd<T> p) {
+  cb_tc_body<T, false>(p);
+}
+// The _vec twin (chunked_wmma_vec) holds a whole stage of both operands in registers: its launch
+// bounds trade occupancy for that (ptxas at sm_90a: no spills).
+template <class T>
+__global__ void __launch_bounds__(kTcThreads, 3) cb_tc_vec_kernel(Fwd<T> p) {
+  cb_tc_body<T, true>(p);
+}
+
+template <class T, bool kVec>
+__device__ __forceinline__ void chunk_out_tc_body(const Fwd<T>& p) {
   __shared__ __align__(32) T As[kTile][kLdH];
   __shared__ __align__(32) T Bs[kTile][kLdH];
   __shared__ __align__(32) float Fs[kTile][kLdF];
@@ -603,16 +732,32 @@ __global__ void __launch_bounds__(kTcThreads) chunk_out_tc_kernel(Fwd<T> p) {
   const T* c_rows = &p.Cm.at(b, t_base + t_lo, g, 0);
   const bool c_vec = can_vec(c_rows, p.Cm.s1, p.Cm.s3);
   for (int64_t k0 = 0; k0 < p.N; k0 += kTile) {
-    load_tile(As, c_rows + k0 * p.Cm.s3, p.Cm.s1, p.Cm.s3, K - t_lo, p.N - k0, ecum, c_vec);
     const float* s_rows = S0 + d0 * p.N + k0;
-    load_tile(Bs, s_rows, p.N, int64_t{1}, p.D - d0, p.N - k0, nullptr,
-              can_vec(s_rows, p.N, int64_t{1}));
+    if constexpr (kVec) {
+      Staged<T, kTcThreads> rc;
+      Staged<float, kTcThreads> rs;
+      const TileSrc<T> c_src =
+          tile_src(c_rows + k0 * p.Cm.s3, p.Cm.s1, p.Cm.s3, K - t_lo, p.N - k0);
+      const TileSrc<float> s_src = tile_src(s_rows, p.N, int64_t{1}, p.D - d0, p.N - k0);
+      fetch_stage(rc, c_src, 0, 0);
+      fetch_stage(rs, s_src, 0, 0);
+      commit_stage(As, rc, c_src, 0, ecum);
+      commit_stage(Bs, rs, s_src, 0, nullptr);
+    } else {
+      load_tile(As, c_rows + k0 * p.Cm.s3, p.Cm.s1, p.Cm.s3, K - t_lo, p.N - k0, ecum, c_vec);
+      load_tile(Bs, s_rows, p.N, int64_t{1}, p.D - d0, p.N - k0, nullptr,
+                can_vec(s_rows, p.N, int64_t{1}));
+    }
     __syncthreads();
     wmma_64<FragA<T>, FragBc<T>>(acc, &As[0][0], kLdH, 1, &Bs[0][0], 1, kLdH, wr, wc);
     __syncthreads();
   }
   // (2) tokens s <= t of this chunk.
   for (int64_t s0 = 0; s0 < K && s0 <= t_lo + kTile - 1; s0 += kTile) {
+    const T* x_rows = &p.x.at(b, t_base + s0, h, d0);
+    [[maybe_unused]] Staged<T, kTcThreads> rx;
+    const TileSrc<T> x_src = tile_src(x_rows, p.x.s1, p.x.s3, K - s0, p.D - d0);
+    if constexpr (kVec) fetch_stage(rx, x_src, 0, 0);  // in flight during the masked C.B^T fill
     if (tid < kTile) cum_s[tid] = p.cum[o_base + s0 + tid], dtp_s[tid] = p.dtp[o_base + s0 + tid];
     __syncthreads();
     const float* cbt = p.cb + (b * (p.H / p.hpg) + g) * p.nchunks * p.cs * p.cs + c * p.cs * p.cs +
@@ -624,9 +769,11 @@ __global__ void __launch_bounds__(kTcThreads) chunk_out_tc_kernel(Fwd<T> p) {
       if (s <= t && t < K) w = expf(static_cast<float>(cum_t[m] - cum_s[j])) * dtp_s[j];
       As[m][j] = from_float<T>(w != 0.0f ? cbt[m * p.cs + j] * w : 0.0f);
     }
-    const T* x_rows = &p.x.at(b, t_base + s0, h, d0);
-    load_tile(Bs, x_rows, p.x.s1, p.x.s3, K - s0, p.D - d0, nullptr,
-              can_vec(x_rows, p.x.s1, p.x.s3));
+    if constexpr (kVec)
+      commit_stage(Bs, rx, x_src, 0, nullptr);
+    else
+      load_tile(Bs, x_rows, p.x.s1, p.x.s3, K - s0, p.D - d0, nullptr,
+                can_vec(x_rows, p.x.s1, p.x.s3));
     __syncthreads();
     wmma_64<FragA<T>, FragB<T>>(acc, &As[0][0], kLdH, 1, &Bs[0][0], kLdH, 1, wr, wc);
     __syncthreads();
@@ -642,6 +789,16 @@ __global__ void __launch_bounds__(kTcThreads) chunk_out_tc_kernel(Fwd<T> p) {
     if (p.has_z) v *= silu(to_float(p.z.at(b, t_base + t, h, d)));
     p.y.at(b, t_base + t, h, d) = from_float<T>(v);
   }
+}
+template <class T>
+__global__ void __launch_bounds__(kTcThreads) chunk_out_tc_kernel(Fwd<T> p) {
+  chunk_out_tc_body<T, false>(p);
+}
+// The _vec twin (chunked_wmma_vec) holds a whole stage of both operands in registers: its launch
+// bounds trade occupancy for that (ptxas at sm_90a: no spills).
+template <class T>
+__global__ void __launch_bounds__(kTcThreads, 2) chunk_out_tc_vec_kernel(Fwd<T> p) {
+  chunk_out_tc_body<T, true>(p);
 }
 
 // ---- forward, recurrent (varlen)
@@ -1139,90 +1296,6 @@ __device__ __forceinline__ void gemm_sa(float (&acc)[4][4], const float (*Ms)[kL
 // Same values, same rounding to T, same fragment order as chunked_wmma: the results are bitwise
 // equal (ssd_test checks that).
 
-// A 2-D operand as stored: element (r, c) at p[r * rs + c * cs], zero outside [0, rows) x
-// [0, cols); c is the dimension that is contiguous when cs == 1. S is float or the element type
-// (dy' is f32 workspace with z, T without: the kernels branch once per product, not per element).
-template <class S>
-struct TileSrc {
-  const S* p;
-  int64_t rs, cs;
-  int rows, cols;  // <= 256 (chunk, D, N)
-};
-template <class S>
-__device__ __forceinline__ TileSrc<S> tile_src(const S* p, int64_t rs, int64_t cs, int64_t rows,
-                                               int64_t cols) {
-  return {p, rs, cs, static_cast<int>(rows), static_cast<int>(cols)};
-}
-
-// This thread's share of one 64 x 64 stage in registers: 2 vectors of 8 16-bit elements or 4 of
-// 4 floats (64 rows x 64 columns / 256 threads).
-template <class S>
-struct Staged {
-  static constexpr int kVe = 16 / static_cast<int>(sizeof(S));  // elements per vector
-  static constexpr int kPerRow = kTile / kVe;                   // vectors per 64-wide row
-  static constexpr int kNv = kTile * kPerRow / kThreads;        // vectors per thread
-  uint4 v[kNv];
-};
-
-// The element-wise path of one vector (edges, strided or misaligned operands): out of line, so
-// that its index math and branches do not take registers from the 16-byte path around it.
-template <class S>
-__device__ __forceinline__ uint4 fetch_vector_slow(TileSrc<S> s, int r, int c) {
-  constexpr int kVe = Staged<S>::kVe;
-  alignas(16) S e[kVe];
-#pragma unroll
-  for (int q = 0; q < kVe; ++q)
-    e[q] = r < s.rows && c + q < s.cols ? s.p[r * s.rs + (c + q) * s.cs] : from_float<S>(0.0f);
-  return *reinterpret_cast<const uint4*>(e);
-}
-
-// Phase 1: the loads of the stage tile whose corner is (r0, c0). A vector entirely inside the
-// operand (16-byte aligned, unit column stride) is one load; edge vectors and strided operands go
-// element by element with the same zero fill.
-template <class S>
-__device__ __forceinline__ void fetch_stage(Staged<S>& st, const TileSrc<S>& s, int r0, int c0) {
-  using St = Staged<S>;
-  const bool vec = s.cs == 1 && s.rs % St::kVe == 0 && reinterpret_cast<uintptr_t>(s.p) % 16 == 0;
-#pragma unroll
-  for (int i = 0; i < St::kNv; ++i) {
-    const int idx = threadIdx.x + i * kThreads;
-    const int r = r0 + idx / St::kPerRow, c = c0 + (idx % St::kPerRow) * St::kVe;
-    if (vec && r < s.rows && c + St::kVe <= s.cols)
-      st.v[i] = __ldg(reinterpret_cast<const uint4*>(s.p + r * s.rs + c));
-    else
-      st.v[i] = fetch_vector_slow(s, r, c);
-  }
-}
-
-// Phase 2: rounds the fetched values to T into dst[row][col] of the stage; rscale (shared memory,
-// indexed by the operand's row, or nullptr) multiplies them first.
-template <class T, int kLd, class S>
-__device__ __forceinline__ void commit_stage(T (*dst)[kLd], const Staged<S>& st,
-                                             const TileSrc<S>& s, int r0, const float* rscale) {
-  using St = Staged<S>;
-#pragma unroll
-  for (int i = 0; i < St::kNv; ++i) {
-    const int idx = threadIdx.x + i * kThreads;
-    const int r = idx / St::kPerRow, c = (idx % St::kPerRow) * St::kVe;
-    if constexpr (std::is_same_v<S, T>) {
-      if (rscale == nullptr) {  // 16-bit source, no scale: the vector as is
-        *reinterpret_cast<uint4*>(&dst[r][c]) = st.v[i];
-        continue;
-      }
-    }
-    const float sc = rscale == nullptr ? 1.0f : (r0 + r < s.rows ? rscale[r0 + r] : 0.0f);
-    alignas(16) S e[St::kVe];
-    *reinterpret_cast<uint4*>(e) = st.v[i];
-    alignas(16) T o[St::kVe];
-#pragma unroll
-    for (int q = 0; q < St::kVe; ++q) o[q] = from_float<T>(to_float(e[q]) * sc);
-    if constexpr (St::kVe == 8)
-      *reinterpret_cast<uint4*>(&dst[r][c]) = *reinterpret_cast<const uint4*>(o);
-    else
-      *reinterpret_cast<uint2*>(&dst[r][c]) = *reinterpret_cast<const uint2*>(o);
-  }
-}
-
 // The MMAs of one staged 64-deep slice. kAK: A stored [m][k] (else [k][m]); kBK: B stored [n][k]
 // (else [k][n]).
 template <bool kAK, bool kBK, class T>
@@ -1362,8 +1435,8 @@ __device__ __forceinline__ ChunkAt chunk_at(const BwdC<T>& p, int64_t c, int64_t
 }
 
 // C_t . B_s per (b, group, chunk), the causal 64 x 64 tiles only.
-template <class T, bool kTC, bool kVec = false>
-__global__ void __launch_bounds__(kThreads, kVec ? 2 : 1) bwd_cb_kernel(BwdC<T> p) {
+template <class T, bool kTC, bool kVec>
+__device__ __forceinline__ void bwd_cb_body(const BwdC<T>& p) {
   static_assert(kTC || !kVec, "the vectorized staging is a tensor-core path");
   __shared__ GemmSmem<T, kTC> sm;
   const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
@@ -1393,10 +1466,19 @@ __global__ void __launch_bounds__(kThreads, kVec ? 2 : 1) bwd_cb_kernel(BwdC<T> 
 #pragma unroll
     for (int j = 0; j < 4; ++j) out[(t_lo + ty + 16 * i) * p.cs + s0 + tx + 16 * j] = acc[i][j];
 }
+template <class T, bool kTC>
+__global__ void __launch_bounds__(kThreads) bwd_cb_kernel(BwdC<T> p) {
+  bwd_cb_body<T, kTC, false>(p);
+}
+// chunked_wmma_vec's twin: two blocks per SM (<= 128 registers), as chunked_wmma gets by default.
+template <class T>
+__global__ void __launch_bounds__(kThreads, 2) bwd_cb_vec_kernel(BwdC<T> p) {
+  bwd_cb_body<T, true, true>(p);
+}
 
 // With z: recomputes the forward's pre-gate output (as chunk_out does) to form dz and dy'.
-template <class T, bool kTC, bool kVec = false>
-__global__ void __launch_bounds__(kThreads, kVec ? 2 : 1) bwd_gate_kernel(BwdC<T> p) {
+template <class T, bool kTC, bool kVec>
+__device__ __forceinline__ void bwd_gate_body(const BwdC<T>& p) {
   static_assert(kTC || !kVec, "the vectorized staging is a tensor-core path");
   __shared__ GemmSmem<T, kTC> sm;
   __shared__ float Ms[kTile][kLdM];
@@ -1462,10 +1544,19 @@ __global__ void __launch_bounds__(kThreads, kVec ? 2 : 1) bwd_gate_kernel(BwdC<T
       p.dyp[((b * p.L + tb + t) * p.H + h) * p.D + d] = dyv * z * sg;
     }
 }
+template <class T, bool kTC>
+__global__ void __launch_bounds__(kThreads) bwd_gate_kernel(BwdC<T> p) {
+  bwd_gate_body<T, kTC, false>(p);
+}
+// chunked_wmma_vec's twin: two blocks per SM (<= 128 registers), as chunked_wmma gets by default.
+template <class T>
+__global__ void __launch_bounds__(kThreads, 2) bwd_gate_vec_kernel(BwdC<T> p) {
+  bwd_gate_body<T, true, true>(p);
+}
 
 // U_c[d][n] = sum_t exp(cum_t) dy'_t[d] C_t[n]: the chunk's own term of the state adjoint.
-template <class T, bool kTC, bool kVec = false>
-__global__ void __launch_bounds__(kThreads, kVec ? 2 : 1) bwd_ustate_kernel(BwdC<T> p) {
+template <class T, bool kTC, bool kVec>
+__device__ __forceinline__ void bwd_ustate_body(const BwdC<T>& p) {
   static_assert(kTC || !kVec, "the vectorized staging is a tensor-core path");
   __shared__ GemmSmem<T, kTC> sm;
   const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
@@ -1503,6 +1594,15 @@ __global__ void __launch_bounds__(kThreads, kVec ? 2 : 1) bwd_ustate_kernel(BwdC
       if (d < p.D && n < p.N) out[d * p.N + n] = acc[i][j];
     }
 }
+template <class T, bool kTC>
+__global__ void __launch_bounds__(kThreads) bwd_ustate_kernel(BwdC<T> p) {
+  bwd_ustate_body<T, kTC, false>(p);
+}
+// chunked_wmma_vec's twin: two blocks per SM (<= 128 registers), as chunked_wmma gets by default.
+template <class T>
+__global__ void __launch_bounds__(kThreads, 2) bwd_ustate_vec_kernel(BwdC<T> p) {
+  bwd_ustate_body<T, true, true>(p);
+}
 
 // The reverse scan over chunks: gst[c] becomes the adjoint of the state leaving chunk c; what is
 // left at the start is d_initial_states.
@@ -1523,8 +1623,8 @@ __global__ void bwd_state_rev_kernel(BwdC<T> p) {
 }
 
 // dx for a (64 tokens s) x (64 columns d) tile, and the per-token partials x_s.R_s and E_s.
-template <class T, bool kTC, bool kVec = false>
-__global__ void __launch_bounds__(kThreads, kVec ? 2 : 1) bwd_dx_kernel(BwdC<T> p) {
+template <class T, bool kTC, bool kVec>
+__device__ __forceinline__ void bwd_dx_body(const BwdC<T>& p) {
   static_assert(kTC || !kVec, "the vectorized staging is a tensor-core path");
   __shared__ GemmSmem<T, kTC> sm;
   __shared__ float Ms[kTile][kLdM];
@@ -1613,10 +1713,19 @@ __global__ void __launch_bounds__(kThreads, kVec ? 2 : 1) bwd_dx_kernel(BwdC<T> 
     }
   }
 }
+template <class T, bool kTC>
+__global__ void __launch_bounds__(kThreads) bwd_dx_kernel(BwdC<T> p) {
+  bwd_dx_body<T, kTC, false>(p);
+}
+// chunked_wmma_vec's twin: two blocks per SM (<= 128 registers), as chunked_wmma gets by default.
+template <class T>
+__global__ void __launch_bounds__(kThreads, 2) bwd_dx_vec_kernel(BwdC<T> p) {
+  bwd_dx_body<T, true, true>(p);
+}
 
 // Per-head dB for a (64 tokens s) x (64 columns n) tile.
-template <class T, bool kTC, bool kVec = false>
-__global__ void __launch_bounds__(kThreads, kVec ? 2 : 1) bwd_db_kernel(BwdC<T> p) {
+template <class T, bool kTC, bool kVec>
+__device__ __forceinline__ void bwd_db_body(const BwdC<T>& p) {
   static_assert(kTC || !kVec, "the vectorized staging is a tensor-core path");
   __shared__ GemmSmem<T, kTC> sm;
   __shared__ float Ms[kTile][kLdM];
@@ -1688,11 +1797,20 @@ __global__ void __launch_bounds__(kThreads, kVec ? 2 : 1) bwd_db_kernel(BwdC<T> 
     }
   }
 }
+template <class T, bool kTC>
+__global__ void __launch_bounds__(kThreads) bwd_db_kernel(BwdC<T> p) {
+  bwd_db_body<T, kTC, false>(p);
+}
+// chunked_wmma_vec's twin: two blocks per SM (<= 128 registers), as chunked_wmma gets by default.
+template <class T>
+__global__ void __launch_bounds__(kThreads, 2) bwd_db_vec_kernel(BwdC<T> p) {
+  bwd_db_body<T, true, true>(p);
+}
 
 // Per-head dC for a (64 tokens t) x (64 columns n) tile; the blocks of the first N tile also
 // leave the row and column sums of P, and every block the state part of dcum for its columns.
-template <class T, bool kTC, bool kVec = false>
-__global__ void __launch_bounds__(kThreads, kVec ? 2 : 1) bwd_dc_kernel(BwdC<T> p) {
+template <class T, bool kTC, bool kVec>
+__device__ __forceinline__ void bwd_dc_body(const BwdC<T>& p) {
   static_assert(kTC || !kVec, "the vectorized staging is a tensor-core path");
   __shared__ GemmSmem<T, kTC> sm;
   __shared__ float Ms[kTile][kLdM];
@@ -1797,6 +1915,15 @@ __global__ void __launch_bounds__(kThreads, kVec ? 2 : 1) bwd_dc_kernel(BwdC<T> 
       if (n < p.N) p.pdC[((b * p.L + tb + t) * p.H + h) * p.N + n] = acc[i][j];
     }
   }
+}
+template <class T, bool kTC>
+__global__ void __launch_bounds__(kThreads) bwd_dc_kernel(BwdC<T> p) {
+  bwd_dc_body<T, kTC, false>(p);
+}
+// chunked_wmma_vec's twin: two blocks per SM (<= 128 registers), as chunked_wmma gets by default.
+template <class T>
+__global__ void __launch_bounds__(kThreads, 2) bwd_dc_vec_kernel(BwdC<T> p) {
+  bwd_dc_body<T, true, true>(p);
 }
 
 // Per (chunk, b, h): assembles dcum, the reverse cumsum da, then ddt and the chunk's partials of
@@ -2123,7 +2250,8 @@ class StageClock {
 
 // ---- launches
 // ------------------------------------------------------------------------------------
-template <class T, bool kTensorCores>
+// kVec (tensor cores only): chunked_wmma_vec, the 16-byte operand staging.
+template <class T, bool kTensorCores, bool kVec = false>
 Status forward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
                        const SsdForwardOp::Arguments& a) {
   Fwd<T> p;
@@ -2141,7 +2269,8 @@ Status forward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
   if (bh == 0) return {};
   const auto cs = static_cast<unsigned>(pr.chunk_size);
   const auto nc = static_cast<unsigned>(pr.nchunks);
-  StageClock clock("ssd_forward", kTensorCores ? "chunked_wmma" : "chunked_f32", st);
+  StageClock clock("ssd_forward",
+                   kVec ? "chunked_wmma_vec" : (kTensorCores ? "chunked_wmma" : "chunked_f32"), st);
   if (nc > 0) {
     prep_kernel<T><<<dim3(nc, bh), cs, cs * sizeof(double), st>>>(p);
     BARACUDA_TRY(cuda::check_launch("ssd_forward", "prep_kernel"));
@@ -2149,7 +2278,8 @@ Status forward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
     const auto tiles = static_cast<unsigned>(cuda::ceil_div(pr.head_dim, kTile) *
                                              cuda::ceil_div(pr.state_dim, kTile));
     if constexpr (kTensorCores)
-      chunk_state_tc_kernel<T><<<dim3(tiles, nc, bh), kTcThreads, 0, st>>>(p);
+      (kVec ? chunk_state_tc_vec_kernel<T>
+            : chunk_state_tc_kernel<T>)<<<dim3(tiles, nc, bh), kTcThreads, 0, st>>>(p);
     else
       chunk_state_kernel<T><<<dim3(tiles, nc, bh), kThreads, 0, st>>>(p);
     BARACUDA_TRY(cuda::check_launch("ssd_forward", "chunk_state_kernel"));
@@ -2164,12 +2294,14 @@ Status forward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
     const auto td = static_cast<unsigned>(cuda::ceil_div(pr.head_dim, kTile));
     if constexpr (kTensorCores) {
       const int64_t tiles_t = pr.chunk_size / kTile;
-      cb_tc_kernel<T><<<dim3(static_cast<unsigned>(nc * tiles_t * tiles_t),
-                             static_cast<unsigned>(pr.batch * pr.ngroups)),
-                        kTcThreads, 0, st>>>(p);
+      (kVec ? cb_tc_vec_kernel<T>
+            : cb_tc_kernel<T>)<<<dim3(static_cast<unsigned>(nc * tiles_t * tiles_t),
+                                      static_cast<unsigned>(pr.batch * pr.ngroups)),
+                                 kTcThreads, 0, st>>>(p);
       BARACUDA_TRY(cuda::check_launch("ssd_forward", "cb_tc_kernel"));
       clock.mark("cb");
-      chunk_out_tc_kernel<T><<<dim3(tt, td, bh), kTcThreads, 0, st>>>(p);
+      (kVec ? chunk_out_tc_vec_kernel<T>
+            : chunk_out_tc_kernel<T>)<<<dim3(tt, td, bh), kTcThreads, 0, st>>>(p);
     } else
       chunk_out_kernel<T><<<dim3(tt, td, bh), kThreads, 0, st>>>(p);
     BARACUDA_TRY(cuda::check_launch("ssd_forward", "chunk_out_kernel"));
@@ -2320,7 +2452,8 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
     BARACUDA_TRY(cuda::check_launch(op, "prep_kernel"));
     clock.mark("prep");
     if constexpr (kTC)
-      chunk_state_tc_kernel<T><<<dim3(ntd * ntn, nc, bh), kTcThreads, 0, st>>>(fwd);
+      (kVec ? chunk_state_tc_vec_kernel<T>
+            : chunk_state_tc_kernel<T>)<<<dim3(ntd * ntn, nc, bh), kTcThreads, 0, st>>>(fwd);
     else
       chunk_state_kernel<T><<<dim3(ntd * ntn, nc, bh), kThreads, 0, st>>>(fwd);
     BARACUDA_TRY(cuda::check_launch(op, "chunk_state_kernel"));
@@ -2330,17 +2463,28 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
            st>>>(fwd);
     BARACUDA_TRY(cuda::check_launch(op, "state_pass_kernel"));
     clock.mark("state_pass");
-    bwd_cb_kernel<T, kTC, kVec>
-        <<<dim3(nc * ntt * ntt, static_cast<unsigned>(pr.batch * pr.ngroups)), kThreads, 0, st>>>(
-            p);
+    if constexpr (kVec)
+      bwd_cb_vec_kernel<T>
+          <<<dim3(nc * ntt * ntt, static_cast<unsigned>(pr.batch * pr.ngroups)), kThreads, 0, st>>>(
+              p);
+    else
+      bwd_cb_kernel<T, kTC>
+          <<<dim3(nc * ntt * ntt, static_cast<unsigned>(pr.batch * pr.ngroups)), kThreads, 0, st>>>(
+              p);
     BARACUDA_TRY(cuda::check_launch(op, "bwd_cb_kernel"));
     clock.mark("cb");
     if (pr.has_z) {
-      bwd_gate_kernel<T, kTC, kVec><<<dim3(nc * ntt, ntd, bh), kThreads, 0, st>>>(p);
+      if constexpr (kVec)
+        bwd_gate_vec_kernel<T><<<dim3(nc * ntt, ntd, bh), kThreads, 0, st>>>(p);
+      else
+        bwd_gate_kernel<T, kTC><<<dim3(nc * ntt, ntd, bh), kThreads, 0, st>>>(p);
       BARACUDA_TRY(cuda::check_launch(op, "bwd_gate_kernel"));
       clock.mark("gate");
     }
-    bwd_ustate_kernel<T, kTC, kVec><<<dim3(ntd * ntn, nc, bh), kThreads, 0, st>>>(p);
+    if constexpr (kVec)
+      bwd_ustate_vec_kernel<T><<<dim3(ntd * ntn, nc, bh), kThreads, 0, st>>>(p);
+    else
+      bwd_ustate_kernel<T, kTC><<<dim3(ntd * ntn, nc, bh), kThreads, 0, st>>>(p);
     BARACUDA_TRY(cuda::check_launch(op, "bwd_ustate_kernel"));
     clock.mark("ustate");
   }
@@ -2352,13 +2496,22 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
     clock.mark("state_rev");
   }
   if (bh64 > 0 && nc > 0) {
-    bwd_dx_kernel<T, kTC, kVec><<<dim3(nc * ntt, ntd, bh), kThreads, 0, st>>>(p);
+    if constexpr (kVec)
+      bwd_dx_vec_kernel<T><<<dim3(nc * ntt, ntd, bh), kThreads, 0, st>>>(p);
+    else
+      bwd_dx_kernel<T, kTC><<<dim3(nc * ntt, ntd, bh), kThreads, 0, st>>>(p);
     BARACUDA_TRY(cuda::check_launch(op, "bwd_dx_kernel"));
     clock.mark("dx");
-    bwd_db_kernel<T, kTC, kVec><<<dim3(nc * ntt, ntn, bh), kThreads, 0, st>>>(p);
+    if constexpr (kVec)
+      bwd_db_vec_kernel<T><<<dim3(nc * ntt, ntn, bh), kThreads, 0, st>>>(p);
+    else
+      bwd_db_kernel<T, kTC><<<dim3(nc * ntt, ntn, bh), kThreads, 0, st>>>(p);
     BARACUDA_TRY(cuda::check_launch(op, "bwd_db_kernel"));
     clock.mark("db");
-    bwd_dc_kernel<T, kTC, kVec><<<dim3(nc * ntt, ntn, bh), kThreads, 0, st>>>(p);
+    if constexpr (kVec)
+      bwd_dc_vec_kernel<T><<<dim3(nc * ntt, ntn, bh), kThreads, 0, st>>>(p);
+    else
+      bwd_dc_kernel<T, kTC><<<dim3(nc * ntt, ntn, bh), kThreads, 0, st>>>(p);
     BARACUDA_TRY(cuda::check_launch(op, "bwd_dc_kernel"));
     clock.mark("dc");
     bwd_finalize_kernel<T><<<dim3(nc, bh), kThreads, 0, st>>>(p);
@@ -2471,6 +2624,24 @@ bool register_kernels() {
         .fits = chunked_fits,
         .workspace = chunked_tc_workspace,
         .launch = forward_chunked<T, true>,
+    });
+    // The same kernels with both operands of a tile fetched as 16-byte vectors before either is
+    // converted (load_tile issues one load per thread at a time); bitwise equal results. Below
+    // chunked_wmma until an H100 run has timed it.
+    register_kernel<SsdForwardOp>({
+        .sku = {.category = "scan",
+                .op = "ssd_forward",
+                .element = E,
+                .epilogue = "chunked",
+                .arch = Arch::sm80,
+                .backend = Backend::bespoke_cuda,
+                .precision = {E == DType::f16 ? MathPrecision::f16 : MathPrecision::bf16,
+                              DType::f32, true, false},
+                .name = "chunked_wmma_vec"},
+        .priority = 29,
+        .fits = chunked_fits,
+        .workspace = chunked_tc_workspace,
+        .launch = forward_chunked<T, true, true>,
     });
   }
   register_kernel<SsdForwardOp>({

@@ -821,11 +821,11 @@ struct FwdCase {
 };
 
 void run_forward(Target target, DType dtype, const FwdCase& c, Layout layout,
-                 bool check_determinism = false) {
+                 bool check_determinism = false, PlanPreference pref = PlanPreference::fastest()) {
   Rng rng;
   const Stream& stream = harness::stream_for(target);
-  auto plan =
-      SsdForwardPlan::select(stream, describe(c.B, c.L, c.H, c.D, c.N, c.G, dtype, c.o, c.chunk));
+  auto plan = SsdForwardPlan::select(
+      stream, describe(c.B, c.L, c.H, c.D, c.N, c.G, dtype, c.o, c.chunk), pref);
   ASSERT_TRUE(plan.ok()) << plan.error().to_string();
   Tensors t = make_tensors(plan->problem(), target, layout, rng);
   auto ws = workspace_for(plan->workspace_size(), target);
@@ -915,6 +915,73 @@ TEST_P(SsdPlans, ForwardChunkedShapesOnDevice) {
   run_forward(target, DType::f32,
               {1, 600, 2, 16, 16, 1, 128, {.init = true, .final = true, .num_seqs = 5}},
               Layout::contiguous);
+  // chunked_wmma_vec (16-byte operand staging) on the same 16-bit shapes, against the oracle.
+  const auto vec = PlanPreference::kernel("chunked_wmma_vec");
+  for (int64_t chunk : {64, 128, 256}) {
+    run_forward(target, DType::bf16, {2, 300, 4, 64, 64, 1, chunk, all}, Layout::contiguous, true,
+                vec);
+    run_forward(target, DType::f16,
+                {1, chunk, 2, 64, 32, 2, chunk, {.d_skip = ssd::DSkip::per_channel}},
+                Layout::contiguous, true, vec);
+  }
+  run_forward(target, DType::bf16, {1, 257, 4, 48, 40, 2, 128, {.final = true}}, Layout::padded,
+              true, vec);
+  run_forward(target, DType::bf16, {1, 130, 2, 256, 256, 1, 64, {.final = true}}, Layout::permuted,
+              true, vec);
+}
+
+// chunked_wmma_vec's forward only changes how tiles reach shared memory: y and final_states must
+// be bitwise equal to chunked_wmma's (vector path, edges, and the strided fallback).
+TEST_P(SsdPlans, ForwardWmmaVecEqualsWmmaBitwise) {
+  const Target target = GetParam();
+  if (target == Target::cpu) GTEST_SKIP() << "device kernels";
+  BARACUDA_SKIP_IF_UNAVAILABLE(target);
+  const Options all{.d_skip = ssd::DSkip::per_head,
+                    .z = true,
+                    .dt_bias = true,
+                    .softplus = true,
+                    .init = true,
+                    .final = true};
+  const Stream& stream = harness::stream_for(target);
+  const struct {
+    DType dtype;
+    FwdCase c;
+    Layout layout;
+  } cases[] = {{DType::bf16, {2, 300, 4, 64, 64, 1, 64, all}, Layout::contiguous},
+               {DType::f16, {2, 300, 4, 64, 128, 2, 256, all}, Layout::contiguous},
+               {DType::bf16, {1, 261, 4, 48, 40, 2, 128, {.final = true}}, Layout::padded},
+               {DType::bf16, {1, 130, 2, 80, 24, 1, 64, {.final = true}}, Layout::permuted},
+               {DType::bf16, {1, 130, 2, 256, 256, 1, 128, {.final = true}}, Layout::contiguous}};
+  for (const auto& k : cases) {
+    const FwdCase& c = k.c;
+    const auto desc = describe(c.B, c.L, c.H, c.D, c.N, c.G, k.dtype, c.o, c.chunk);
+    auto ref = SsdForwardPlan::select(stream, desc, PlanPreference::kernel("chunked_wmma"));
+    auto vec = SsdForwardPlan::select(stream, desc, PlanPreference::kernel("chunked_wmma_vec"));
+    BARACUDA_ASSERT_OK(ref);
+    BARACUDA_ASSERT_OK(vec);
+    ASSERT_EQ(vec->workspace_size(), ref->workspace_size());
+    Rng rng;
+    Tensors t = make_tensors(ref->problem(), target, k.layout, rng);
+    auto ws = workspace_for(ref->workspace_size(), target);
+    BARACUDA_ASSERT_OK(ws);
+    const std::string what = std::string(name(k.dtype)) + " " + harness::layout_name(k.layout) +
+                             " L=" + std::to_string(c.L) + " chunk=" + std::to_string(c.chunk);
+    t.y->poison();
+    if (t.final_states) t.final_states->poison();
+    BARACUDA_ASSERT_OK(ref->run(stream, ws->as_workspace(), forward_args(t)));
+    BARACUDA_ASSERT_OK(stream.synchronize());
+    const auto y = t.y->bytes();
+    const auto fin = t.final_states ? t.final_states->bytes() : std::vector<uint8_t>{};
+    t.y->poison();
+    if (t.final_states) t.final_states->poison();
+    BARACUDA_ASSERT_OK(vec->run(stream, ws->as_workspace(), forward_args(t)));
+    BARACUDA_ASSERT_OK(stream.synchronize());
+    EXPECT_TRUE(harness::bytes_equal(y, t.y->bytes(), what + " y vec == wmma"));
+    if (t.final_states) {
+      EXPECT_TRUE(
+          harness::bytes_equal(fin, t.final_states->bytes(), what + " final_states vec == wmma"));
+    }
+  }
 }
 
 TEST_P(SsdPlans, ForwardLongSequenceF32DoesNotDrift) {
