@@ -515,7 +515,12 @@ __device__ __forceinline__ void prep_scores(float (&sc)[MT][NT][4], const Params
 // D: padded head dim; NW warps; BN keys per tile; MT m16 tiles per warp (B fragments loaded from
 // shared memory are reused MT times, which is what keeps ldmatrix from being the bottleneck);
 // QREG keeps the Q fragments in registers for the whole key loop.
-template <class T, int D, int NW, int BN, int MT, bool QREG>
+// OVL (A/B, MT = 1 with Q in registers): S_{t+1} = Q K_{t+1}^T is issued before the softmax of
+// S_t, so each warp has independent mma work to hide the softmax's MUFU and ALU latency behind
+// (the per-tile barrier keeps all warps of a CTA in the same phase, so without it the tensor
+// cores idle while every warp runs its exp2s). Costs a second S tile in registers and a 4-stage
+// ring (tiles t and t + 1 resident while t + 2, t + 3 load).
+template <class T, int D, int NW, int BN, int MT, bool QREG, bool OVL = false>
 struct MmaCfg {
   static constexpr int kM = 16 * NW * MT;
   static constexpr int kThreads = 32 * NW;
@@ -526,14 +531,15 @@ struct MmaCfg {
   // K/V ring depth: 3 keeps two tiles in flight while one is consumed. D = 256, and the 128-row
   // MmaShapeM32 CTAs at D = 128 (32 KB of Q), stay at 2 (the next tile loads during this one's
   // math) so that two blocks still fit an SM: 97 KB each instead of 129 KB.
-  static constexpr int kStages = D == 256 || (kBoundsSmem && D == 128) ? 2 : 3;
+  static constexpr int kStages = OVL ? 4 : D == 256 || (kBoundsSmem && D == 128) ? 2 : 3;
+  static_assert(!OVL || (MT == 1 && QREG), "the overlapped loop keeps Q in registers, one m16");
   static constexpr size_t kSmem = sizeof(T) * (size_t{kM} * D + 2 * kStages * size_t{BN} * D) +
                                   (kBoundsSmem ? sizeof(int) * 2 * kM : 0);
 };
 
-template <class T, int D, int NW, int BN, int MT, bool QREG>
+template <class T, int D, int NW, int BN, int MT, bool QREG, bool OVL = false>
 __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
-  using Cfg = MmaCfg<T, D, NW, BN, MT, QREG>;
+  using Cfg = MmaCfg<T, D, NW, BN, MT, QREG, OVL>;
   constexpr int kM = Cfg::kM, kNT = Cfg::kThreads;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);
@@ -640,10 +646,47 @@ __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
   const bool capped = p.softcap > 0;
 
   uint32_t qf[QREG ? MT : 1][QREG ? kKSteps : 1][4];
+  // S = Q K^T for this warp's 16 * MT rows and one tile's BN keys.
+  auto qk = [&](const T* tK, float(&acc)[MT][kSTiles][4]) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int n = 0; n < kSTiles; ++n)
+        acc[mt][n][0] = acc[mt][n][1] = acc[mt][n][2] = acc[mt][n][3] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+      uint32_t a[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        if constexpr (QREG) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) a[mt][e] = qf[mt][ks][e];
+        } else {
+          const int r = warp * 16 * MT + mt * 16 + (lane % 16), col = ks * 16 + (lane / 16) * 8;
+          ldmatrix_x4(smem_u32(sQ + swz<D>(r, col)), a[mt][0], a[mt][1], a[mt][2], a[mt][3]);
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < kSTiles; n += 2) {
+        const int mi = lane / 8;
+        const int r = n * 8 + (lane % 8) + (mi / 2) * 8, col = ks * 16 + (mi % 2) * 8;
+        uint32_t b0, b1, b2, b3;
+        ldmatrix_x4(smem_u32(tK + swz<D>(r, col)), b0, b1, b2, b3);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          if (MT > 1 && !mt_on[mt]) continue;  // warp-uniform: rows past the end need no math
+          mma16816<T>(acc[mt][n], a[mt], b0, b1);
+          mma16816<T>(acc[mt][n + 1], a[mt], b2, b3);
+        }
+      }
+    }
+  };
+  float sc[MT][kSTiles][4];  // S of tile t (OVL: computed one iteration ahead)
   for (int t = t_begin; t < t_end; ++t) {
-    cp_async_wait<kStages - 2>();  // tile t has landed (later groups may still be in flight)
-    __syncthreads();               // ... for every thread; and everyone is done with tile t - 1
-    {                              // refill the stage tile t - 1 used with tile t + kStages - 1
+    // Tile t has landed (OVL: t + 1 as well); later groups may still be in flight.
+    cp_async_wait<OVL ? kStages - 3 : kStages - 2>();
+    __syncthreads();  // ... for every thread; and everyone is done with tile t - 1
+    {                 // refill the stage tile t - 1 used with tile t + kStages - 1
       const int tn = t + kStages - 1, sn = (tn - t_begin) % kStages;
       if (tn < t_end) {
         load_tile<T, BN, D, kNT>(sK + sn * BN * D, gk, k_rs, tn * BN, s.lk, p.dim_qk);
@@ -667,39 +710,13 @@ __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
             }
         }
       }
-      // S = Q K^T for this warp's 16 * MT rows and the tile's BN keys.
-      float sc[MT][kSTiles][4];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int n = 0; n < kSTiles; ++n)
-          sc[mt][n][0] = sc[mt][n][1] = sc[mt][n][2] = sc[mt][n][3] = 0.f;
-#pragma unroll
-      for (int ks = 0; ks < kKSteps; ++ks) {
-        uint32_t a[MT][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          if constexpr (QREG) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) a[mt][e] = qf[mt][ks][e];
-          } else {
-            const int r = warp * 16 * MT + mt * 16 + (lane % 16), col = ks * 16 + (lane / 16) * 8;
-            ldmatrix_x4(smem_u32(sQ + swz<D>(r, col)), a[mt][0], a[mt][1], a[mt][2], a[mt][3]);
-          }
-        }
-#pragma unroll
-        for (int n = 0; n < kSTiles; n += 2) {
-          const int mi = lane / 8;
-          const int r = n * 8 + (lane % 8) + (mi / 2) * 8, col = ks * 16 + (mi % 2) * 8;
-          uint32_t b0, b1, b2, b3;
-          ldmatrix_x4(smem_u32(tK + swz<D>(r, col)), b0, b1, b2, b3);
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt) {
-            if (MT > 1 && !mt_on[mt]) continue;  // warp-uniform: rows past the end need no math
-            mma16816<T>(sc[mt][n], a[mt], b0, b1);
-            mma16816<T>(sc[mt][n + 1], a[mt], b2, b3);
-          }
-        }
+      float s_next[OVL ? MT : 1][OVL ? kSTiles : 1][4];
+      if constexpr (OVL) {
+        if (t == t_begin) qk(tK, sc);
+        // Independent of the softmax below: the mma pipe works while the exp2s run.
+        if (t + 1 < t_end) qk(sK + ((t + 1 - t_begin) % kStages) * BN * D, s_next);
+      } else {
+        qk(tK, sc);
       }
       // Scale (+ soft-cap) into the exp2 domain, mask, online softmax.
       const int n0 = t * BN;
@@ -777,6 +794,14 @@ __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
             mma16816<T>(o[mt][d + 1], a, b2, b3);
           }
         }
+      }
+      if constexpr (OVL) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int n = 0; n < kSTiles; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) sc[mt][n][e] = s_next[mt][n][e];
       }
     }
   }
