@@ -1434,6 +1434,22 @@ __device__ __forceinline__ ChunkAt chunk_at(const BwdC<T>& p, int64_t c, int64_t
   return {t_base, bh * p.Lpad + t_base, p.L - t_base < p.cs ? p.L - t_base : p.cs};
 }
 
+// kVec: the chunk's cum (f64) and dt' staged in shared memory once per block, so that the weight
+// fills W_ts = exp(cum_t - cum_s) (.. dt'_s) read them there instead of issuing two f64 and one f32
+// global load per element (the generic pointers may alias the shared tiles being written, so the
+// compiler cannot hoist those loads). Same values: results stay bitwise equal to chunked_wmma.
+struct ChunkScalars {
+  double cum[256];
+  float dtp[256];
+};
+template <class T>
+__device__ __forceinline__ void stage_chunk_scalars(const BwdC<T>& p, int64_t ob,
+                                                    ChunkScalars& cs) {
+  for (int t = threadIdx.x; t < p.cs; t += kThreads)
+    cs.cum[t] = p.cum[ob + t], cs.dtp[t] = p.dtp[ob + t];
+  __syncthreads();
+}
+
 // C_t . B_s per (b, group, chunk), the causal 64 x 64 tiles only.
 template <class T, bool kTC, bool kVec>
 __device__ __forceinline__ void bwd_cb_body(const BwdC<T>& p) {
@@ -1510,6 +1526,8 @@ __device__ __forceinline__ void bwd_gate_body(const BwdC<T>& p) {
     for (int j = 0; j < 4; ++j) acc[i][j] *= e;
   }
   const float* cbt = p.cbm + ((b * (p.H / p.hpg) + g) * p.nchunks + c) * p.cs * p.cs;
+  __shared__ std::conditional_t<kVec, ChunkScalars, char> sc;  // char: unused
+  if constexpr (kVec) stage_chunk_scalars(p, ob, sc);
   for (int64_t s0 = 0; s0 <= t_lo; s0 += kTile) {
 #pragma unroll
     for (int i = 0; i < 4; ++i)
@@ -1517,9 +1535,13 @@ __device__ __forceinline__ void bwd_gate_body(const BwdC<T>& p) {
       for (int j = 0; j < 4; ++j) {
         const int64_t t = t_lo + ty + 16 * i, s = s0 + tx + 16 * j;
         float w = 0.0f;
-        if (s <= t && t < K)
-          w = expf(static_cast<float>(p.cum[ob + t] - p.cum[ob + s])) * p.dtp[ob + s] *
-              cbt[t * p.cs + s];
+        if (s <= t && t < K) {
+          if constexpr (kVec)
+            w = expf(static_cast<float>(sc.cum[t] - sc.cum[s])) * sc.dtp[s] * cbt[t * p.cs + s];
+          else
+            w = expf(static_cast<float>(p.cum[ob + t] - p.cum[ob + s])) * p.dtp[ob + s] *
+                cbt[t * p.cs + s];
+        }
         Ms[ty + 16 * i][tx + 16 * j] = w;
       }
     if constexpr (kVec)
@@ -1667,21 +1689,45 @@ __device__ __forceinline__ void bwd_dx_body(const BwdC<T>& p) {
   }
   // + sum_{t >= s} W_ts CB_ts dy'_t, one 64-token tile of t at a time.
   const float* cbt = p.cbm + ((b * (p.H / p.hpg) + g) * p.nchunks + c) * p.cs * p.cs;
+  __shared__ std::conditional_t<kVec, ChunkScalars, char> sc;  // char: unused
+  // kVec: the C.B^T tile [t][s] copied row by row (coalesced) into the idle GEMM staging (pitch
+  // kLdM, conflict-free transposed reads) and read transposed from there; read in place, 16
+  // consecutive threads would hit 16 rows cs floats apart. (A separate tile would take the block
+  // past 48 KB of static shared memory.)
+  [[maybe_unused]] float* ct = nullptr;
+  if constexpr (kVec) {
+    static_assert(sizeof(sm.u.f) >= sizeof(float) * kTile * kLdM);
+    ct = &sm.u.f[0][0];
+    stage_chunk_scalars(p, ob, sc);
+  }
   for (int64_t t0 = s_lo; t0 < K; t0 += kTile) {
+    if constexpr (kVec) {  // the last product's final barrier freed the staging
+      for (int idx = tid; idx < kTile * kTile; idx += kThreads) {
+        const int tt = idx / kTile, ss = idx % kTile;
+        ct[tt * kLdM + ss] = t0 + tt < K ? cbt[(t0 + tt) * p.cs + s_lo + ss] : 0.0f;
+      }
+      __syncthreads();
+    }
 #pragma unroll
     for (int i = 0; i < 4; ++i)
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const int64_t s = s_lo + ty + 16 * i, t = t0 + tx + 16 * j;
         float w = 0.0f;
-        if (s <= t && t < K)
-          w = expf(static_cast<float>(p.cum[ob + t] - p.cum[ob + s])) * cbt[t * p.cs + s];
+        if (s <= t && t < K) {
+          if constexpr (kVec)
+            w = expf(static_cast<float>(sc.cum[t] - sc.cum[s])) *
+                ct[(tx + 16 * j) * kLdM + ty + 16 * i];
+          else
+            w = expf(static_cast<float>(p.cum[ob + t] - p.cum[ob + s])) * cbt[t * p.cs + s];
+        }
         Ms[ty + 16 * i][tx + 16 * j] = w;
       }
-    if constexpr (kVec)
+    if constexpr (kVec) {
+      __syncthreads();  // every read of the C.B^T copy is done before the product reuses sm
       with_dyp(p, b, tb + t0, h, d0, K - t0, p.D - d0,
                [&](const auto& dys) { gemm_sa_v<false>(acc, Ms, sm, dys); });
-    else
+    } else
       gemm_sa<false>(acc, Ms, sm, [&](int k, int n) {
         return t0 + k < K && d0 + n < p.D ? p.dyp_at(b, tb + t0 + k, h, d0 + n) : 0.0f;
       });
@@ -1758,6 +1804,8 @@ __device__ __forceinline__ void bwd_db_body(const BwdC<T>& p) {
     for (int j = 0; j < 4; ++j) acc[i][j] *= e;
   }
   // + sum_{t >= s} W_ts DX_ts C_t: DX tile [s][t] first, then the product with C.
+  __shared__ std::conditional_t<kVec, ChunkScalars, char> sc;  // char: unused
+  if constexpr (kVec) stage_chunk_scalars(p, ob, sc);
   for (int64_t t0 = s_lo; t0 < K; t0 += kTile) {
     float dxa[4][4] = {};
     if constexpr (kVec)
@@ -1773,8 +1821,12 @@ __device__ __forceinline__ void bwd_db_body(const BwdC<T>& p) {
       for (int j = 0; j < 4; ++j) {
         const int64_t s = s_lo + ty + 16 * i, t = t0 + tx + 16 * j;
         float w = 0.0f;
-        if (s <= t && t < K)
-          w = expf(static_cast<float>(p.cum[ob + t] - p.cum[ob + s])) * dxa[i][j];
+        if (s <= t && t < K) {
+          if constexpr (kVec)
+            w = expf(static_cast<float>(sc.cum[t] - sc.cum[s])) * dxa[i][j];
+          else
+            w = expf(static_cast<float>(p.cum[ob + t] - p.cum[ob + s])) * dxa[i][j];
+        }
         Ms[ty + 16 * i][tx + 16 * j] = w;
       }
     if constexpr (kVec)
@@ -1854,6 +1906,8 @@ __device__ __forceinline__ void bwd_dc_body(const BwdC<T>& p) {
     rsum[i] = 0.0f;
   }
   const float* cbt = p.cbm + ((b * (p.H / p.hpg) + g) * p.nchunks + c) * p.cs * p.cs;
+  __shared__ std::conditional_t<kVec, ChunkScalars, char> sc;  // char: unused
+  if constexpr (kVec) stage_chunk_scalars(p, ob, sc);
   for (int64_t s0 = 0; s0 <= t_lo; s0 += kTile) {
     float dxa[4][4] = {};
     if constexpr (kVec)
@@ -1873,7 +1927,10 @@ __device__ __forceinline__ void bwd_dc_body(const BwdC<T>& p) {
         const int64_t t = t_lo + ty + 16 * i, s = s0 + tx + 16 * j;
         float w = 0.0f;
         if (s <= t && t < K) {
-          w = expf(static_cast<float>(p.cum[ob + t] - p.cum[ob + s])) * p.dtp[ob + s] * dxa[i][j];
+          if constexpr (kVec)
+            w = expf(static_cast<float>(sc.cum[t] - sc.cum[s])) * sc.dtp[s] * dxa[i][j];
+          else
+            w = expf(static_cast<float>(p.cum[ob + t] - p.cum[ob + s])) * p.dtp[ob + s] * dxa[i][j];
           if (sums) {
             const float pv = w * cbt[t * p.cs + s];
             rsum[i] += pv;
