@@ -3,8 +3,10 @@
 // reach them through attention::ForwardPlan / BackwardPlan (PlanPreference::only(Backend::cudnn)
 // forces them).
 //
+// Also our own sm_90a forward, fa3_fwd_sm90a (FlashAttention-3 style), registered the same way.
+//
 // This header exposes the host-side rules those kernels follow, so callers (and tests) can ask why
-// a problem does or does not go to cuDNN and which backend the measured selection table prefers.
+// a problem does or does not go to cuDNN and which candidate the measured selection table prefers.
 #pragma once
 
 #include <cstdint>
@@ -26,8 +28,15 @@ std::optional<std::string> cudnn_screen(const attention::Problem& p);
 // ---- The measured selection table ---------------------------------------------------------------
 enum class Pass : uint8_t { forward, backward };
 
-// One measured point: both backends timed on the same device in the same run
-// (bench_attention, mode BARACUDA_ATTN_TABLE=1 prints these rows).
+// The three forward candidates (backward: cuDNN and bespoke only).
+//  cudnn:   cuDNN's fused SDPA (cudnn_sdpa*).
+//  bespoke: the attention family's own CUDA kernels (src/ops/attention).
+//  fa3:     our sm_90a forward, fa3_fwd_sm90a (this directory; Hopper only).
+enum class Candidate : uint8_t { cudnn, bespoke, fa3 };
+std::string_view to_string(Candidate c);
+
+// One measured point: every candidate timed on the same device in the same run
+// (bench_attention attention_hopper prints these rows as {"table_point": ...} lines).
 struct TablePoint {
   DType dtype;
   Pass pass;
@@ -36,22 +45,55 @@ struct TablePoint {
   bool causal;
   double cudnn_tflops;
   double bespoke_tflops;  // 0: the bespoke kernel did not run at this point
+  double fa3_tflops = 0;  // 0: fa3_fwd_sm90a was not measured / did not run (always 0 backward)
 };
+// The table select() follows: the shipped one (selection_table.hpp) unless a
+// SelectionTableOverride is alive.
 std::span<const TablePoint> selection_table();
 std::string_view selection_table_provenance();  // device, date, commit of the measurement
 
-// The backend the table says is faster for this problem: the nearest measured point of the same
-// dtype, pass and causality (head dim first, then log-distance in max(Lq, Lk)). Backend::cudnn
-// when the table has no point for the dtype/pass (the fastest peer measured through PyTorch).
-Backend preferred_backend(const attention::Problem& p, Pass pass);
-// The same rule over any table (tests, and callers comparing a fresh measurement).
-Backend preferred_backend(std::span<const TablePoint> table, const attention::Problem& p,
-                          Pass pass);
+// The candidate the table says is fastest for this problem: the nearest measured point of the
+// same dtype, pass and causality (head dim first, then log-distance in max(Lq, Lk)), and there the
+// largest TFLOP/s among cuDNN, the bespoke kernel and (forward only, where `fa3_runs`: the kernel
+// fits this problem on this device) fa3; ties go to cuDNN, then bespoke. Candidate::cudnn when the
+// table has no point for the dtype/pass (the fastest peer measured through PyTorch).
+Candidate preferred_candidate(std::span<const TablePoint> table, const attention::Problem& p,
+                              Pass pass, bool fa3_runs);
+// The same over selection_table().
+Candidate preferred_candidate(const attention::Problem& p, Pass pass, bool fa3_runs);
+
+// Whether fa3_fwd_sm90a (the entry pinned by name) fits the problem on this device: false in a
+// build without it (no CUDA, or no sm_90a code) and on any GPU but sm_90.
+bool fa3_fits(const attention::Problem& p, const DeviceCaps& caps);
+
+// For measurements and tests: while alive, select() follows `table` instead of the shipped one
+// (an empty table ranks cuDNN ahead everywhere, so PlanPreference::only(Backend::bespoke_cuda)
+// reaches the family's kernels, not fa3). Process-wide; nest in stack order; `table` must outlive
+// the override; not for use while other threads select plans.
+class SelectionTableOverride {
+ public:
+  explicit SelectionTableOverride(std::span<const TablePoint> table);
+  ~SelectionTableOverride();
+  SelectionTableOverride(const SelectionTableOverride&) = delete;
+  SelectionTableOverride& operator=(const SelectionTableOverride&) = delete;
+
+ private:
+  std::span<const TablePoint> table_;
+  const std::span<const TablePoint>* previous_;
+};
 
 // Priorities the cuDNN kernels register with. The attention family's bespoke kernels are expected
 // between kCudnnBehind and kCudnnAhead, so the table decides which of the two wins `fastest`.
 inline constexpr int kCudnnAhead = 1000;
 inline constexpr int kCudnnBehind = 1;
+
+// fa3_fwd_sm90a is registered three times: the plain schedule and the pingpong one, below every
+// other forward kernel (reached by name: A/B, tests), and the plain schedule once more as
+// kFa3RankedAhead, above everything, fitting only where the table picks fa3.
+inline constexpr std::string_view kFa3Kernel = "fa3_fwd_sm90a";
+inline constexpr std::string_view kFa3PingpongKernel = "fa3_fwd_sm90a_pingpong";
+inline constexpr std::string_view kFa3RankedAhead = "fa3_fwd_sm90a_ranked_ahead";
+inline constexpr int kFa3Ahead = kCudnnAhead + 1;
 
 // ---- Launch-time rules of the cuDNN kernels -----------------------------------------------------
 // cuDNN reads 16-byte vectors: every Q/K/V/Y/dY/dQ/dK/dV pointer 16-byte aligned and every

@@ -58,6 +58,12 @@ attention::Problem problem_of(const Descriptor& d) {
   return p.value();
 }
 
+bool fa3_kernel_registered() {
+  for (const auto& k : KernelTable<attention::ForwardOp>::instance().all())
+    if (k.sku.name == kFa3Kernel) return true;
+  return false;
+}
+
 // ---- Host rules ---------------------------------------------------------------------------------
 TEST(AttentionCudnnRules, ScreenNamesWhyCudnnCannotTakeAProblem) {
   struct Refused {
@@ -150,29 +156,45 @@ TEST(AttentionCudnnRules, LayoutRulesNameArgumentRuleAndNumbers) {
 
 TEST(AttentionCudnnRules, NearestMeasuredPointDecides) {
   const TablePoint table[] = {
-      {DType::bf16, Pass::forward, 64, 512, false, 300.0, 350.0},     // bespoke faster
-      {DType::bf16, Pass::forward, 64, 16384, false, 500.0, 450.0},   // cuDNN faster
-      {DType::bf16, Pass::forward, 128, 4096, false, 600.0, 610.0},   // bespoke faster
-      {DType::bf16, Pass::forward, 128, 4096, true, 550.0, 400.0},    // causal: cuDNN
-      {DType::bf16, Pass::backward, 128, 4096, false, 480.0, 300.0},  // backward: cuDNN
+      {DType::bf16, Pass::forward, 64, 512, false, 300.0, 350.0, 340.0},     // bespoke fastest
+      {DType::bf16, Pass::forward, 64, 16384, false, 500.0, 450.0, 0.0},     // cuDNN; fa3 not run
+      {DType::bf16, Pass::forward, 128, 4096, false, 600.0, 610.0, 650.0},   // fa3, then bespoke
+      {DType::bf16, Pass::forward, 128, 4096, true, 550.0, 400.0, 550.0},    // tie: cuDNN keeps it
+      {DType::bf16, Pass::forward, 128, 16384, true, 550.0, 400.0, 560.0},   // fa3, then cuDNN
+      {DType::bf16, Pass::backward, 128, 4096, false, 480.0, 300.0, 900.0},  // backward: no fa3
   };
-  auto pick = [&](int64_t d, int64_t l, Mask m, Pass pass, DType t = DType::bf16) {
-    return preferred_backend(table, problem_of(make_desc(t, 1, 8, 8, l, l, d, m)), pass);
+  auto pick = [&](int64_t d, int64_t l, Mask m, Pass pass, bool fa3_runs = true,
+                  DType t = DType::bf16) {
+    return preferred_candidate(table, problem_of(make_desc(t, 1, 8, 8, l, l, d, m)), pass,
+                               fa3_runs);
   };
-  EXPECT_EQ(pick(64, 512, Mask::none(), Pass::forward), Backend::bespoke_cuda);
-  EXPECT_EQ(pick(64, 1024, Mask::none(), Pass::forward), Backend::bespoke_cuda);  // nearer 512
-  EXPECT_EQ(pick(64, 8192, Mask::none(), Pass::forward), Backend::cudnn);         // nearer 16k
-  EXPECT_EQ(pick(64, 65536, Mask::none(), Pass::forward), Backend::cudnn);
-  EXPECT_EQ(pick(128, 512, Mask::none(), Pass::forward), Backend::bespoke_cuda);   // head dim first
-  EXPECT_EQ(pick(96, 16384, Mask::none(), Pass::forward), Backend::bespoke_cuda);  // log2: 128
-  EXPECT_EQ(pick(128, 4096, Mask::causal_top_left(), Pass::forward), Backend::cudnn);
-  EXPECT_EQ(pick(64, 4096, Mask::causal_bottom_right(), Pass::forward), Backend::cudnn);
-  EXPECT_EQ(pick(128, 4096, Mask::none(), Pass::backward), Backend::cudnn);
-  EXPECT_EQ(pick(128, 4096, Mask::causal_top_left(), Pass::backward), Backend::cudnn);  // no point
-  EXPECT_EQ(pick(128, 4096, Mask::none(), Pass::forward, DType::f16), Backend::cudnn);  // no point
-  EXPECT_EQ(
-      preferred_backend({}, problem_of(make_desc(DType::bf16, 1, 8, 8, 64, 64, 64)), Pass::forward),
-      Backend::cudnn);
+  EXPECT_EQ(pick(64, 512, Mask::none(), Pass::forward), Candidate::bespoke);
+  EXPECT_EQ(pick(64, 1024, Mask::none(), Pass::forward), Candidate::bespoke);  // nearer 512
+  EXPECT_EQ(pick(64, 8192, Mask::none(), Pass::forward), Candidate::cudnn);    // nearer 16k
+  EXPECT_EQ(pick(64, 65536, Mask::none(), Pass::forward), Candidate::cudnn);
+  EXPECT_EQ(pick(128, 512, Mask::none(), Pass::forward), Candidate::fa3);   // head dim first
+  EXPECT_EQ(pick(96, 16384, Mask::none(), Pass::forward), Candidate::fa3);  // log2: 128
+  EXPECT_EQ(pick(128, 4096, Mask::none(), Pass::forward, false), Candidate::bespoke);  // no fa3
+  EXPECT_EQ(pick(128, 4096, Mask::causal_top_left(), Pass::forward), Candidate::cudnn);
+  EXPECT_EQ(pick(128, 8192, Mask::causal_top_left(), Pass::forward), Candidate::cudnn);    // 4096
+  EXPECT_EQ(pick(128, 9000, Mask::causal_bottom_right(), Pass::forward), Candidate::fa3);  // 16k
+  EXPECT_EQ(pick(128, 16384, Mask::causal_top_left(), Pass::forward, false), Candidate::cudnn);
+  EXPECT_EQ(pick(64, 4096, Mask::causal_bottom_right(), Pass::forward), Candidate::cudnn);  // tie
+  EXPECT_EQ(pick(128, 4096, Mask::none(), Pass::backward), Candidate::cudnn);
+  EXPECT_EQ(pick(128, 4096, Mask::causal_top_left(), Pass::backward), Candidate::cudnn);  // none
+  EXPECT_EQ(pick(128, 4096, Mask::none(), Pass::forward, true, DType::f16), Candidate::cudnn);
+  EXPECT_EQ(preferred_candidate({}, problem_of(make_desc(DType::bf16, 1, 8, 8, 64, 64, 64)),
+                                Pass::forward, true),
+            Candidate::cudnn);
+}
+
+// The candidate the table's own columns make fastest at a point (what select must follow).
+Candidate fastest_at(const TablePoint& t, bool fa3_runs) {
+  Candidate c = Candidate::cudnn;
+  double tf = t.cudnn_tflops;
+  if (t.bespoke_tflops > tf) c = Candidate::bespoke, tf = t.bespoke_tflops;
+  if (t.pass == Pass::forward && fa3_runs && t.fa3_tflops > tf) c = Candidate::fa3;
+  return c;
 }
 
 TEST(AttentionCudnnRules, ShippedTableIsWellFormed) {
@@ -183,12 +205,71 @@ TEST(AttentionCudnnRules, ShippedTableIsWellFormed) {
     EXPECT_GT(t.len, 0);
     EXPECT_GT(t.cudnn_tflops, 0.0);
     EXPECT_GE(t.bespoke_tflops, 0.0);
-    // The shipped table agrees with itself at its own points.
+    EXPECT_GE(t.fa3_tflops, 0.0);
+    if (t.pass == Pass::backward) {
+      EXPECT_EQ(t.fa3_tflops, 0.0);  // forward-only kernel
+    }
+    // The shipped table agrees with itself at its own points, with and without fa3.
     const Mask m = t.causal ? Mask::causal_top_left() : Mask::none();
-    const Backend want = t.bespoke_tflops > t.cudnn_tflops ? Backend::bespoke_cuda : Backend::cudnn;
-    EXPECT_EQ(preferred_backend(
-                  problem_of(make_desc(t.dtype, 1, 8, 8, t.len, t.len, t.head_dim, m)), t.pass),
-              want);
+    const attention::Problem p =
+        problem_of(make_desc(t.dtype, 1, 8, 8, t.len, t.len, t.head_dim, m));
+    for (bool fa3_runs : {false, true})
+      EXPECT_EQ(preferred_candidate(p, t.pass, fa3_runs), fastest_at(t, fa3_runs))
+          << "D" << t.head_dim << " L" << t.len << (t.causal ? " causal" : "");
+  }
+}
+
+// The 2026-11-23 device run: fa3 is picked exactly where it beat cuDNN in that run (D = 128:
+// L4096 both masks, L16384 causal), cuDNN at every other measured point, and never without fa3.
+TEST(AttentionCudnnRules, ShippedTablePicksFa3WhereItWasFastest) {
+  struct Point {
+    int64_t d, l;
+    bool causal;
+    Candidate want;
+  };
+  const Point points[] = {
+      {128, 4096, false, Candidate::fa3},   {128, 4096, true, Candidate::fa3},
+      {128, 16384, true, Candidate::fa3},   {128, 16384, false, Candidate::cudnn},
+      {128, 1024, false, Candidate::cudnn}, {128, 1024, true, Candidate::cudnn},
+      {64, 4096, false, Candidate::cudnn},  {64, 4096, true, Candidate::cudnn},
+      {64, 16384, false, Candidate::cudnn}, {64, 1024, false, Candidate::cudnn},
+      {128, 8192, false, Candidate::cudnn},  // fa3 not measured there
+      {128, 2048, true, Candidate::cudnn},
+  };
+  for (const Point& pt : points) {
+    const Mask m = pt.causal ? Mask::causal_top_left() : Mask::none();
+    const attention::Problem p = problem_of(
+        make_desc(DType::bf16, 16384 / pt.l, 2048 / pt.d, 2048 / pt.d, pt.l, pt.l, pt.d, m));
+    SCOPED_TRACE("D" + std::to_string(pt.d) + " L" + std::to_string(pt.l) +
+                 (pt.causal ? " causal" : ""));
+    EXPECT_EQ(preferred_candidate(p, Pass::forward, true), pt.want);
+    EXPECT_EQ(preferred_candidate(p, Pass::forward, false), Candidate::cudnn);
+    EXPECT_EQ(preferred_candidate(p, Pass::backward, true), Candidate::cudnn);
+  }
+}
+
+TEST(AttentionCudnnRules, TableOverrideIsScopedAndNests) {
+  const TablePoint fa3_wins[] = {{DType::bf16, Pass::forward, 128, 4096, false, 1, 1, 2}};
+  const attention::Problem p = problem_of(make_desc(DType::bf16, 1, 8, 8, 4096, 4096, 128));
+  const Candidate shipped = preferred_candidate(p, Pass::forward, true);
+  const size_t shipped_points = selection_table().size();
+  {
+    const SelectionTableOverride outer{fa3_wins};
+    EXPECT_EQ(selection_table().size(), 1u);
+    EXPECT_EQ(preferred_candidate(p, Pass::forward, true), Candidate::fa3);
+    {
+      const SelectionTableOverride inner{std::span<const TablePoint>{}};
+      EXPECT_TRUE(selection_table().empty());
+      EXPECT_EQ(preferred_candidate(p, Pass::forward, true), Candidate::cudnn);
+    }
+    EXPECT_EQ(preferred_candidate(p, Pass::forward, true), Candidate::fa3);
+  }
+  EXPECT_EQ(selection_table().size(), shipped_points);
+  EXPECT_EQ(preferred_candidate(p, Pass::forward, true), shipped);
+  EXPECT_EQ(to_string(Candidate::fa3), "fa3");
+  // A build without CUDA has no fa3 kernel: it never fits there.
+  if (!fa3_kernel_registered()) {
+    EXPECT_FALSE(fa3_fits(p, DeviceCaps{}));
   }
 }
 
@@ -666,13 +747,17 @@ TEST(AttentionCudnnGpu, SelectionFollowsTheMeasuredTable) {
         auto bwd = attention::BackwardPlan::select(gs, desc);
         BARACUDA_ASSERT_OK(bwd);
         SCOPED_TRACE("D" + std::to_string(d) + " L" + std::to_string(l) + " " + to_string(m));
-        // Where the table prefers cuDNN it must win; where it prefers the bespoke kernel, cuDNN
-        // only runs if no bespoke kernel fits (its entry is ranked behind them).
+        // Where the table prefers cuDNN it must win; where it prefers fa3 (and fa3 fits here),
+        // fa3's ranked-ahead entry must; where it prefers the bespoke kernel, cuDNN only runs if
+        // no bespoke kernel fits (its entry is ranked behind them).
         auto check = [&](Backend got, Pass pass, const std::string& sku) {
-          if (preferred_backend(p, pass) == Backend::cudnn) {
+          const Candidate want = preferred_candidate(p, pass, fa3_fits(p, gs.caps()));
+          if (want == Candidate::cudnn) {
             EXPECT_EQ(got, Backend::cudnn) << sku;
+          } else if (want == Candidate::fa3) {
+            EXPECT_EQ(sku, kFa3RankedAhead);
           } else {
-            EXPECT_TRUE(got == Backend::bespoke_cuda ||
+            EXPECT_TRUE((got == Backend::bespoke_cuda && sku.find("fa3_") == std::string::npos) ||
                         sku.find("ranked_behind") != std::string::npos)
                 << sku;
           }
@@ -763,8 +848,8 @@ TEST(AttentionHopperOracle, SampledRowsMatchTheWholeReference) {
 // ---- The sm_90a forward (fa3_fwd_sm90a) --------------------------------------------------------
 // Two registrations of one kernel template: the plain schedule and the pingpong one (the two
 // consumer warpgroups take turns issuing their wgmmas).
-constexpr std::string_view kFa3 = "fa3_fwd_sm90a";
-constexpr std::string_view kFa3Pingpong = "fa3_fwd_sm90a_pingpong";
+constexpr std::string_view kFa3 = kFa3Kernel;
+constexpr std::string_view kFa3Pingpong = kFa3PingpongKernel;
 
 const Kernel<attention::ForwardOp>* fa3_kernel(DType t, std::string_view name = kFa3) {
   for (const auto& k : KernelTable<attention::ForwardOp>::instance().all())
@@ -775,7 +860,7 @@ const Kernel<attention::ForwardOp>* fa3_kernel(DType t, std::string_view name = 
 TEST(AttentionFa3Registry, RegisteredBelowEveryOtherForwardWithTruthfulPrecision) {
   int found = 0;
   for (DType t : {DType::bf16, DType::f16}) {
-    for (std::string_view name : {kFa3, kFa3Pingpong}) {
+    for (std::string_view name : {kFa3, kFa3Pingpong, kFa3RankedAhead}) {
       const auto* fa3 = fa3_kernel(t, name);
       if (!fa3) continue;  // CPU-only build
       ++found;
@@ -786,17 +871,21 @@ TEST(AttentionFa3Registry, RegisteredBelowEveryOtherForwardWithTruthfulPrecision
       EXPECT_EQ(fa3->sku.precision.accumulator, DType::f32);
       EXPECT_TRUE(fa3->sku.precision.deterministic);
       EXPECT_FALSE(fa3->sku.precision.bit_stable);
-      // Unmeasured: the default selection must not change until a device run ranks it.
+      // The pinnable entries never win `fastest` on their own; the ranked-ahead one is above
+      // everything (its predicate, not its priority, limits it to where the table picks fa3).
       for (const auto& k : KernelTable<attention::ForwardOp>::instance().all()) {
-        if (k.sku.element == t && k.sku.name != kFa3 && k.sku.name != kFa3Pingpong &&
-            k.sku.backend != Backend::cpu_reference) {
+        if (k.sku.element != t || k.sku.name.starts_with("fa3_fwd_sm90a") ||
+            k.sku.backend == Backend::cpu_reference)
+          continue;
+        if (name == kFa3RankedAhead)
+          EXPECT_GT(fa3->priority, k.priority) << k.sku.name;
+        else
           EXPECT_LT(fa3->priority, k.priority) << k.sku.name;
-        }
       }
     }
   }
   if (found == 0) GTEST_SKIP() << "built without CUDA: fa3_fwd_sm90a is not registered";
-  EXPECT_EQ(found, 4);
+  EXPECT_EQ(found, 6);
 }
 
 // One case: the kernel pinned by name on the GPU, run twice into poisoned outputs (bitwise equal,
@@ -950,12 +1039,83 @@ TEST(AttentionFa3Gpu, FitsExactlyWhatItSupports) {
   varlen.total_q = varlen.total_k = 32;
   EXPECT_FALSE(fits(varlen));
   EXPECT_FALSE(fits(make_desc(DType::bf16, 1, 4, 4, 16, 0, 64)));  // no keys
-  // The default plan is unchanged by the new kernel (it ranks below everything).
-  auto def = attention::ForwardPlan::select(harness::stream_for(Target::cuda),
-                                            make_desc(DType::bf16, 2, 16, 16, 4096, 4096, 128));
+  // The default plan is fa3 (its ranked-ahead entry) exactly where the shipped table picks it.
+  const Descriptor big = make_desc(DType::bf16, 2, 16, 16, 4096, 4096, 128);
+  auto def = attention::ForwardPlan::select(harness::stream_for(Target::cuda), big);
   BARACUDA_ASSERT_OK(def);
+  const bool fa3_wins = preferred_candidate(problem_of(big), Pass::forward, true) == Candidate::fa3;
+  EXPECT_EQ(def->sku().name == kFa3RankedAhead, fa3_wins) << def->sku().name;
   EXPECT_NE(def->sku().name, kFa3);
   EXPECT_NE(def->sku().name, kFa3Pingpong);
+}
+
+// The default plan under tables that make each candidate fastest: fa3's ranked-ahead entry where
+// fa3 wins (and it is the plain kernel: bit-identical to the pinned one), cuDNN or the family's
+// kernel elsewhere, and the table's cuDNN/bespoke choice where fa3 cannot run (D = 96).
+TEST(AttentionFa3Gpu, DefaultPlanFollowsTheTable) {
+  FA3_SKIP_UNLESS_RUNNABLE();
+  const Stream& gs = harness::stream_for(Target::cuda);
+  const Case c{DType::bf16, 1, 4, 2, 300, 300, 128, Mask::causal_top_left(), false, false};
+  const Descriptor desc = make_desc(c.t, c.b, c.hq, c.hk, c.lq, c.lk, c.d, c.mask);
+  auto table_for = [&](double cudnn, double bespoke, double fa3) {
+    return TablePoint{DType::bf16, Pass::forward, 128, 512, true, cudnn, bespoke, fa3};
+  };
+  const TablePoint fa3_wins[] = {table_for(1, 1, 2)}, cudnn_wins[] = {table_for(3, 1, 2)},
+                   bespoke_wins[] = {table_for(1, 3, 2)};
+  {
+    const SelectionTableOverride o{fa3_wins};
+    auto def = attention::ForwardPlan::select(gs, desc);
+    BARACUDA_ASSERT_OK(def);
+    EXPECT_EQ(def->sku().name, kFa3RankedAhead);
+    EXPECT_TRUE(def->precision_guarantee().deterministic);
+    auto pinned = attention::ForwardPlan::select(gs, desc, PlanPreference::kernel(kFa3));
+    BARACUDA_ASSERT_OK(pinned);
+    harness::Rng rng;
+    TestTensor q = gpu_tensor(c, c.t, c.hq, c.lq, c.d), k = gpu_tensor(c, c.t, c.hk, c.lk, c.d),
+               v = gpu_tensor(c, c.t, c.hk, c.lk, c.d);
+    q.fill_random(rng);
+    k.fill_random(rng);
+    v.fill_random(rng);
+    std::vector<std::vector<uint8_t>> out;
+    for (auto* plan : {&*def, &*pinned}) {
+      TestTensor y = gpu_tensor(c, c.t, c.hq, c.lq, c.d);
+      TestTensor lse = gpu_lse(c);
+      y.poison();
+      lse.poison();
+      const Workspace_ ws = workspace_of(plan->workspace_size());
+      BARACUDA_ASSERT_OK(
+          plan->run(gs, ws.get(), {q.cview(), k.cview(), v.cview(), y.view(), lse.view(), {}, {}}));
+      BARACUDA_ASSERT_OK(gs.synchronize());
+      out.push_back(y.bytes());
+      out.push_back(lse.bytes());
+    }
+    EXPECT_TRUE(harness::bytes_equal(out[0], out[2], "y: ranked-ahead vs pinned"));
+    EXPECT_TRUE(harness::bytes_equal(out[1], out[3], "lse: ranked-ahead vs pinned"));
+    // D = 96: fa3 cannot run, so the table's cuDNN/bespoke columns decide (a tie: cuDNN).
+    const Descriptor d96 = make_desc(c.t, c.b, c.hq, c.hk, c.lq, c.lk, 96, c.mask);
+    auto other = attention::ForwardPlan::select(gs, d96);
+    BARACUDA_ASSERT_OK(other);
+    EXPECT_FALSE(other->sku().name.starts_with("fa3_")) << other->sku().name;
+#if BARACUDA_HAVE_CUDNN_FRONTEND
+    EXPECT_EQ(other->sku().backend, Backend::cudnn) << other->sku().name;
+#endif
+  }
+  {
+    const SelectionTableOverride o{cudnn_wins};
+    auto def = attention::ForwardPlan::select(gs, desc);
+    BARACUDA_ASSERT_OK(def);
+    EXPECT_FALSE(def->sku().name.starts_with("fa3_")) << def->sku().name;
+#if BARACUDA_HAVE_CUDNN_FRONTEND
+    EXPECT_EQ(def->sku().backend, Backend::cudnn) << def->sku().name;
+#endif
+  }
+  {
+    const SelectionTableOverride o{bespoke_wins};
+    auto def = attention::ForwardPlan::select(gs, desc);
+    BARACUDA_ASSERT_OK(def);
+    EXPECT_EQ(def->sku().backend, Backend::bespoke_cuda) << def->sku().name;
+    EXPECT_FALSE(def->sku().name.starts_with("fa3_")) << def->sku().name;
+  }
 }
 
 TEST(AttentionFa3Gpu, MisalignedRunFailsWithoutWriting) {

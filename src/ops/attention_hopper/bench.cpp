@@ -3,8 +3,12 @@
 //
 // For every point it times the plan forced to cuDNN and the plan forced to the bespoke kernels,
 // forward and backward, the sm_90a forward pinned by name (rows noted "fa3_sm90a" and
-// "fa3_sm90a_pingpong"), and prints one {"table_point": ...} line per point and pass: the
-// measurement src/ops/attention_hopper/make_table.py turns into selection_table.hpp.
+// "fa3_sm90a_pingpong"), and prints one {"table_point": ...} line per point and pass (cuDNN,
+// bespoke and, forward, fa3_fwd_sm90a's TFLOP/s): the measurement
+// src/ops/attention_hopper/make_table.py turns into selection_table.hpp. The sweep runs under an
+// empty SelectionTableOverride, so each column is its candidate alone whatever the shipped table
+// says (otherwise only(Backend::bespoke_cuda) would reach fa3's ranked-ahead entry where the table
+// picks fa3).
 // BARACUDA_ATTN_SWEEP=quick limits the sweep to L in {1024, 4096, 16384}.
 #include <algorithm>
 #include <cstdio>
@@ -62,6 +66,7 @@ Measured time_case(const Stream& s, const std::function<Status(int)>& run) {
 }
 
 void sweep(const Stream& stream) {
+  const SelectionTableOverride raw_candidates{std::span<const TablePoint>{}};
   harness::Rng rng(20261122);
   const int64_t n = kTokens * kHidden;
   auto make = [&] {
@@ -163,12 +168,12 @@ void sweep(const Stream& stream) {
             bwd_tf[vi] = 2.5 * fwd_flops / (mb.ms * 1e9);
           }
         }
-        // Our sm_90a forward pinned by name, both schedules (forward only; not in the selection
-        // table yet): same case name, notes "fa3_sm90a" / "fa3_sm90a_pingpong", so they line up
-        // with the cudnn / bespoke rows.
-        for (const char* fa3 : {"fa3_fwd_sm90a", "fa3_fwd_sm90a_pingpong"}) {
-          const std::string note =
-              std::string(fa3) == "fa3_fwd_sm90a" ? "fa3_sm90a" : "fa3_sm90a_pingpong";
+        // Our sm_90a forward pinned by name, both schedules (forward only): same case name, notes
+        // "fa3_sm90a" / "fa3_sm90a_pingpong", so they line up with the cudnn / bespoke rows. The
+        // plain schedule is the table's fa3 column (the one with a ranked-ahead entry).
+        double fa3_tf = 0;
+        for (std::string_view fa3 : {kFa3Kernel, kFa3PingpongKernel}) {
+          const std::string note = fa3 == kFa3Kernel ? "fa3_sm90a" : "fa3_sm90a_pingpong";
           auto fp = attention::ForwardPlan::select(stream, desc, PlanPreference::kernel(fa3));
           if (!fp.ok()) {
             bench::emit_error("attention", "attention_forward", name + "/" + note, fp.error());
@@ -177,7 +182,7 @@ void sweep(const Stream& stream) {
           auto ws = Buffer::allocate(std::max<size_t>(fp->workspace_size(), 16), Location::cuda(0));
           Measured mf =
               time_case(stream, [&](int) { return fp->run(stream, ws->as_workspace(), fa); });
-          if (mf.ok)
+          if (mf.ok) {
             bench::emit(stream, {.family = "attention",
                                  .op = "attention_forward",
                                  .name = name,
@@ -187,16 +192,18 @@ void sweep(const Stream& stream) {
                                  .bytes = 4 * tensor_bytes + lse_bytes,
                                  .flops = fwd_flops,
                                  .note = note});
+            if (fa3 == kFa3Kernel) fa3_tf = fwd_flops / (mf.ms * 1e9);
+          }
         }
         for (int pass = 0; pass < 2; ++pass) {
           const double* tf = pass == 0 ? fwd_tf : bwd_tf;
           std::printf(
               "{\"table_point\": {\"dtype\": \"bf16\", \"pass\": \"%s\", \"head_dim\": %lld, "
               "\"len\": %lld, \"causal\": %s, \"cudnn_tflops\": %.1f, \"bespoke_tflops\": %.1f, "
-              "\"device\": \"%s\"}}\n",
+              "\"fa3_tflops\": %.1f, \"device\": \"%s\"}}\n",
               pass == 0 ? "forward" : "backward", static_cast<long long>(d),
               static_cast<long long>(l), causal ? "true" : "false", tf[0], tf[1],
-              stream.caps().name.c_str());
+              pass == 0 ? fa3_tf : 0.0, stream.caps().name.c_str());
           std::fflush(stdout);
         }
       }

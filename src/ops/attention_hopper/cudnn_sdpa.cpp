@@ -419,21 +419,21 @@ Status launch_backward(const LaunchContext& ctx, const Problem& p, const Backwar
                  });
 }
 
-// ---- Registration
-// --------------------------------------------------------------------------------- Two entries per
-// (dtype, pass): one ranked ahead of the bespoke kernels where the measured table prefers cuDNN,
-// one ranked behind them elsewhere (so only(Backend::cudnn) still reaches cuDNN).
-template <bool Ahead>
-bool ranked(const Problem& p, Pass pass) {
-  return (preferred_backend(p, pass) == Backend::cudnn) == Ahead;
-}
+// ---- Registration ------------------------------------------------------------------------------
+// Two entries per (dtype, pass): one ranked ahead of the bespoke kernels where the measured table
+// prefers cuDNN, one ranked behind them elsewhere (so only(Backend::cudnn) still reaches cuDNN).
+// Forward: where the table prefers fa3_fwd_sm90a and it fits here, its own ranked-ahead entry runs
+// and cuDNN ranks behind; where fa3 cannot run, the table's choice between cuDNN and the bespoke
+// kernels stands.
 template <bool Ahead>
 bool fits_forward(const Problem& p, const DeviceCaps& c) {
-  return ranked<Ahead>(p, Pass::forward) && fits_kind(p, c, Kind::forward);
+  const bool ahead = preferred_candidate(p, Pass::forward, fa3_fits(p, c)) == Candidate::cudnn;
+  return ahead == Ahead && fits_kind(p, c, Kind::forward);
 }
 template <bool Ahead, Kind K>
 bool fits_backward(const Problem& p, const DeviceCaps& c) {
-  return ranked<Ahead>(p, Pass::backward) && fits_kind(p, c, K);
+  const bool ahead = preferred_candidate(p, Pass::backward, false) == Candidate::cudnn;
+  return ahead == Ahead && fits_kind(p, c, K);
 }
 size_t ws_forward(const Problem& p, const DeviceCaps& c) {
   return workspace_kind(p, c, Kind::forward);

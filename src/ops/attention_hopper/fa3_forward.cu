@@ -1,6 +1,8 @@
 // fa3_fwd_sm90a: our own Hopper (sm_90a) attention forward in the FlashAttention-3 style (issue 8,
-// part 2), registered into attention::ForwardOp's table (twice: "fa3_fwd_sm90a" and
-// "fa3_fwd_sm90a_pingpong", the same template with the inter-warpgroup schedule off / on).
+// part 2), registered into attention::ForwardOp's table three times: "fa3_fwd_sm90a" and
+// "fa3_fwd_sm90a_pingpong" (the same template with the inter-warpgroup schedule off / on; reached
+// by name), and "fa3_fwd_sm90a_ranked_ahead" (the plain one where the measured selection table,
+// selection_table.hpp, says it is the fastest candidate: the default plan there).
 //
 // Design (one CTA per 128 query rows of one (batch, query head)):
 //  - 3 warpgroups (384 threads): warpgroups 0 and 1 are consumers (64 query rows each), warpgroup
@@ -45,6 +47,7 @@
 #include <type_traits>
 
 #include "baracuda/ops/attention.hpp"
+#include "baracuda/ops/attention_hopper.hpp"
 #include "core/cuda/launch.cuh"
 #include "ops/attention_hopper/fa3_wgmma.cuh"
 
@@ -581,6 +584,12 @@ bool fits(const Problem& pr, const DeviceCaps& caps) {
   return pr.desc.head_dim_qk == 64 ? body_compiled<T, 64, PP>() : body_compiled<T, 128, PP>();
 }
 
+// The ranked-ahead entry: the plain schedule, only where the measured table picks fa3.
+template <class T>
+bool fits_ranked_ahead(const Problem& pr, const DeviceCaps& caps) {
+  return fits<T, false>(pr, caps) && preferred_candidate(pr, Pass::forward, true) == Candidate::fa3;
+}
+
 // TMA rules: 16-byte aligned base, unit-stride rows, every used stride a positive multiple of 16
 // bytes below 2^40.
 template <class Ptr>
@@ -711,18 +720,22 @@ bool register_one() {
                      .precision = prec,
                      .name = name};
   };
-  // Priorities 0 and -1: below the family's kernels (10..30) and both cuDNN entries (1, 1000);
-  // reached with PlanPreference::kernel(name) until a device run measures them. The pingpong
-  // variant (the two consumer warpgroups take turns issuing their wgmmas) is the A/B of the
-  // schedule.
-  register_kernel<attention::ForwardOp>({.sku = sku("fa3_fwd_sm90a"),
-                                         .priority = 0,
-                                         .fits = fits<T, false>,
-                                         .launch = launch<T, false>});
-  register_kernel<attention::ForwardOp>({.sku = sku("fa3_fwd_sm90a_pingpong"),
+  // Pinnable entries at priorities 0 and -1: below the family's kernels (10..30) and both cuDNN
+  // entries (1, 1000), so they never win `fastest` on their own; PlanPreference::kernel(name)
+  // reaches them everywhere they fit (A/B, tests). The pingpong variant (the two consumer
+  // warpgroups take turns issuing their wgmmas) is the A/B of the schedule.
+  register_kernel<attention::ForwardOp>(
+      {.sku = sku(kFa3Kernel), .priority = 0, .fits = fits<T, false>, .launch = launch<T, false>});
+  register_kernel<attention::ForwardOp>({.sku = sku(kFa3PingpongKernel),
                                          .priority = -1,
                                          .fits = fits<T, true>,
                                          .launch = launch<T, true>});
+  // The plain schedule once more, above every other forward kernel but fitting only where the
+  // measured selection table says it is the fastest candidate (cuDNN then ranks behind there).
+  register_kernel<attention::ForwardOp>({.sku = sku(kFa3RankedAhead),
+                                         .priority = kFa3Ahead,
+                                         .fits = fits_ranked_ahead<T>,
+                                         .launch = launch<T, false>});
   return true;
 }
 

@@ -1,6 +1,7 @@
-// Host-side rules of the cuDNN attention backend: what it can take, which backend the measured
-// table prefers, and the layout rules checked before a launch. No CUDA or cuDNN here, so the CPU
-// build tests all of it.
+// Host-side rules of the cuDNN attention backend and fa3_fwd_sm90a: what cuDNN can take, which
+// candidate the measured table prefers, and the layout rules checked before a launch. No CUDA or
+// cuDNN here, so the CPU build tests all of it.
+#include <atomic>
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
@@ -48,19 +49,43 @@ std::optional<std::string> cudnn_screen(const attention::Problem& p) {
   return std::nullopt;
 }
 
+namespace {
+// The override in effect (null: the shipped table). Set and restored by SelectionTableOverride.
+std::atomic<const std::span<const TablePoint>*> g_override{nullptr};
+}  // namespace
+
+SelectionTableOverride::SelectionTableOverride(std::span<const TablePoint> table)
+    : table_(table), previous_(g_override.exchange(&table_)) {}
+SelectionTableOverride::~SelectionTableOverride() {
+  g_override.store(previous_);
+}
+
 std::span<const TablePoint> selection_table() {
-  return detail::kSelectionTable;
+  const std::span<const TablePoint>* o = g_override.load();
+  return o ? *o : detail::kSelectionTable;
 }
 std::string_view selection_table_provenance() {
   return detail::kSelectionProvenance;
 }
 
-Backend preferred_backend(const attention::Problem& p, Pass pass) {
-  return preferred_backend(selection_table(), p, pass);
+std::string_view to_string(Candidate c) {
+  switch (c) {
+    case Candidate::cudnn:
+      return "cudnn";
+    case Candidate::bespoke:
+      return "bespoke";
+    case Candidate::fa3:
+      return "fa3";
+  }
+  return "?";
 }
 
-Backend preferred_backend(std::span<const TablePoint> table, const attention::Problem& p,
-                          Pass pass) {
+Candidate preferred_candidate(const attention::Problem& p, Pass pass, bool fa3_runs) {
+  return preferred_candidate(selection_table(), p, pass, fa3_runs);
+}
+
+Candidate preferred_candidate(std::span<const TablePoint> table, const attention::Problem& p,
+                              Pass pass, bool fa3_runs) {
   const attention::Descriptor& d = p.desc;
   const bool causal = d.mask.right == 0;
   const double len = static_cast<double>(std::max<int64_t>(1, std::max(d.len_q, d.len_k)));
@@ -76,8 +101,20 @@ Backend preferred_backend(std::span<const TablePoint> table, const attention::Pr
         std::abs(std::log2(static_cast<double>(t.len)) - std::log2(len));
     if (!best || cost < best_cost) best = &t, best_cost = cost;
   }
-  if (!best) return Backend::cudnn;
-  return best->bespoke_tflops > best->cudnn_tflops ? Backend::bespoke_cuda : Backend::cudnn;
+  if (!best) return Candidate::cudnn;
+  // Strictly faster to displace cuDNN (then bespoke): a tie keeps the incumbent.
+  Candidate pick = Candidate::cudnn;
+  double tf = best->cudnn_tflops;
+  if (best->bespoke_tflops > tf) pick = Candidate::bespoke, tf = best->bespoke_tflops;
+  if (pass == Pass::forward && fa3_runs && best->fa3_tflops > tf) pick = Candidate::fa3;
+  return pick;
+}
+
+bool fa3_fits(const attention::Problem& p, const DeviceCaps& caps) {
+  for (const auto& k : KernelTable<attention::ForwardOp>::instance().all())
+    if (k.sku.name == kFa3Kernel && k.sku.element == p.desc.dtype)
+      return !k.fits || k.fits(p, caps);
+  return false;  // not registered: a build without CUDA
 }
 
 template <class Ptr>
