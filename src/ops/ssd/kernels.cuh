@@ -1383,6 +1383,39 @@ __device__ __forceinline__ void gemm_v(float (&acc)[4][4], GemmSmem<T, true>& sm
   frag_to_acc(acc, f, sm.u.f, r0, c0);
 }
 
+// acc += At (64 x 64, already rounded to T, [m][k] with pitch kLdB, in shared memory and visible)
+// . B (one 64-deep stage). The same MMAs as gemm_sa_v on the same values.
+template <bool kBK, class T, class SB>
+__device__ __forceinline__ void gemm_ts_v(float (&acc)[4][4], const T (*At)[kLdB],
+                                          GemmSmem<T, true>& sm, TileSrc<SB> B) {
+  const int warp = threadIdx.x / 32, r0 = (warp / 2) * 16, c0 = (warp % 2) * 32;
+  int& bk = kBK ? B.cols : B.rows;
+  bk = bk < kTile ? bk : kTile;
+  FragC f[2];
+  acc_to_frag(f, acc, sm.u.f, r0, c0);
+  Staged<SB> rb;
+  fetch_stage(rb, B, 0, 0);
+  commit_stage(sm.u.s.b, rb, B, 0, nullptr);
+  __syncthreads();
+#pragma unroll
+  for (int kk = 0; kk < kTcStageK; kk += 16) {
+    using FB = std::conditional_t<kBK, FragBc<T>, FragB<T>>;
+    FragA<T> a;
+    wm::load_matrix_sync(a, &At[r0][kk], kLdB);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      FB b;
+      if constexpr (kBK)
+        wm::load_matrix_sync(b, &sm.u.s.b[c0 + 16 * j][kk], kLdB);
+      else
+        wm::load_matrix_sync(b, &sm.u.s.b[kk][c0 + 16 * j], kLdB);
+      wm::mma_sync(f[j], a, b, f[j]);
+    }
+  }
+  __syncthreads();
+  frag_to_acc(acc, f, sm.u.f, r0, c0);
+}
+
 // acc += Ms (64 x 64 f32 in shared memory, written before the call) . B (one 64-deep stage).
 template <bool kBK, class T, class SB>
 __device__ __forceinline__ void gemm_sa_v(float (&acc)[4][4], const float (*Ms)[kLdM],
@@ -1770,9 +1803,8 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dx_vec_kernel(BwdC<T> p) {
 }
 
 // Per-head dB for a (64 tokens s) x (64 columns n) tile.
-template <class T, bool kTC, bool kVec>
+template <class T, bool kTC>
 __device__ __forceinline__ void bwd_db_body(const BwdC<T>& p) {
-  static_assert(kTC || !kVec, "the vectorized staging is a tensor-core path");
   __shared__ GemmSmem<T, kTC> sm;
   __shared__ float Ms[kTile][kLdM];
   const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
@@ -1788,14 +1820,9 @@ __device__ __forceinline__ void bwd_db_body(const BwdC<T>& p) {
     return s_lo + m < K ? to_float(p.x.at(b, tb + s_lo + m, h, k)) : 0.0f;
   };
   // e_s (Gc^T x_s)[n]
-  [[maybe_unused]] const auto x_src =
-      tile_src(&p.x.at(b, tb + s_lo, h, 0), p.x.s1, p.x.s3, K - s_lo, p.D);
   float acc[4][4] = {};
-  if constexpr (kVec)
-    gemm_v<true, false>(acc, sm, p.D, x_src, tile_src(Gc + n0, p.N, 1, p.D, p.N - n0));
-  else
-    gemm<true, false>(acc, sm, p.D, x_sd,
-                      [&](int64_t k, int n) { return n0 + n < p.N ? Gc[k * p.N + n0 + n] : 0.0f; });
+  gemm<true, false>(acc, sm, p.D, x_sd,
+                    [&](int64_t k, int n) { return n0 + n < p.N ? Gc[k * p.N + n0 + n] : 0.0f; });
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int64_t s = s_lo + ty + 16 * i;
@@ -1804,38 +1831,24 @@ __device__ __forceinline__ void bwd_db_body(const BwdC<T>& p) {
     for (int j = 0; j < 4; ++j) acc[i][j] *= e;
   }
   // + sum_{t >= s} W_ts DX_ts C_t: DX tile [s][t] first, then the product with C.
-  __shared__ std::conditional_t<kVec, ChunkScalars, char> sc;  // char: unused
-  if constexpr (kVec) stage_chunk_scalars(p, ob, sc);
   for (int64_t t0 = s_lo; t0 < K; t0 += kTile) {
     float dxa[4][4] = {};
-    if constexpr (kVec)
-      with_dyp(p, b, tb + t0, h, 0, K - t0, p.D,
-               [&](const auto& dys) { gemm_v<true, true, false>(dxa, sm, p.D, x_src, dys); });
-    else
-      gemm<true, true>(dxa, sm, p.D, x_sd, [&](int64_t k, int n) {
-        return t0 + n < K ? p.dyp_at(b, tb + t0 + n, h, k) : 0.0f;
-      });
+    gemm<true, true>(dxa, sm, p.D, x_sd, [&](int64_t k, int n) {
+      return t0 + n < K ? p.dyp_at(b, tb + t0 + n, h, k) : 0.0f;
+    });
 #pragma unroll
     for (int i = 0; i < 4; ++i)
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const int64_t s = s_lo + ty + 16 * i, t = t0 + tx + 16 * j;
         float w = 0.0f;
-        if (s <= t && t < K) {
-          if constexpr (kVec)
-            w = expf(static_cast<float>(sc.cum[t] - sc.cum[s])) * dxa[i][j];
-          else
-            w = expf(static_cast<float>(p.cum[ob + t] - p.cum[ob + s])) * dxa[i][j];
-        }
+        if (s <= t && t < K)
+          w = expf(static_cast<float>(p.cum[ob + t] - p.cum[ob + s])) * dxa[i][j];
         Ms[ty + 16 * i][tx + 16 * j] = w;
       }
-    if constexpr (kVec)
-      gemm_sa_v<false>(acc, Ms, sm,
-                       tile_src(&p.Cm.at(b, tb + t0, g, n0), p.Cm.s1, p.Cm.s3, K - t0, p.N - n0));
-    else
-      gemm_sa<false>(acc, Ms, sm, [&](int k, int n) {
-        return t0 + k < K && n0 + n < p.N ? to_float(p.Cm.at(b, tb + t0 + k, g, n0 + n)) : 0.0f;
-      });
+    gemm_sa<false>(acc, Ms, sm, [&](int k, int n) {
+      return t0 + k < K && n0 + n < p.N ? to_float(p.Cm.at(b, tb + t0 + k, g, n0 + n)) : 0.0f;
+    });
   }
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -1851,19 +1864,84 @@ __device__ __forceinline__ void bwd_db_body(const BwdC<T>& p) {
 }
 template <class T, bool kTC>
 __global__ void __launch_bounds__(kThreads) bwd_db_kernel(BwdC<T> p) {
-  bwd_db_body<T, kTC, false>(p);
+  bwd_db_body<T, kTC>(p);
 }
-// chunked_wmma_vec's twin: two blocks per SM (<= 128 registers), as chunked_wmma gets by default.
+
+// chunked_wmma_vec's dB: one block per (chunk, 64 tokens s, b, h) covering every 64-wide N tile.
+// The weighted dy'.x^T tiles W_ts DX_ts (one per 64-token t tile, at most cs / 64) are formed once,
+// rounded to T (as gemm_sa_v rounds them) and kept in dynamic shared memory; each N tile then runs
+// the same products in the same order as bwd_db_body, so the result is bitwise the same while
+// dy'.x^T and its exponentials are computed once instead of once per N tile.
+inline size_t db_alln_smem_bytes(int64_t cs) {
+  return sizeof(uint16_t) * static_cast<size_t>(cs / kTile) * kTile * kLdB;
+}
 template <class T>
-__global__ void __launch_bounds__(kThreads, 2) bwd_db_vec_kernel(BwdC<T> p) {
-  bwd_db_body<T, true, true>(p);
+__global__ void __launch_bounds__(kThreads, 2) bwd_db_alln_vec_kernel(BwdC<T> p) {
+  __shared__ GemmSmem<T, true> sm;
+  __shared__ ChunkScalars sc;
+  extern __shared__ __align__(32) unsigned char db_dyn[];
+  T(*Wt)[kTile][kLdB] = reinterpret_cast<T(*)[kTile][kLdB]>(db_dyn);
+  const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+  const int64_t c = blockIdx.x / p.ntt, s_lo = (blockIdx.x % p.ntt) * kTile;
+  const int64_t bh = blockIdx.z, b = bh / p.H, h = bh % p.H, g = h / p.hpg;
+  const ChunkAt ch = chunk_at(p, c, bh);
+  const int64_t K = ch.K, tb = ch.t_base, ob = ch.o_base;
+  if (s_lo >= K) return;
+  const float* Gc = p.gst + (bh * p.nchunks + c) * p.D * p.N;
+  const double last = p.cum[ob + p.cs - 1];
+  const auto x_src = tile_src(&p.x.at(b, tb + s_lo, h, 0), p.x.s1, p.x.s3, K - s_lo, p.D);
+  stage_chunk_scalars(p, ob, sc);
+  const int nt = static_cast<int>((K - s_lo + kTile - 1) / kTile);  // t tiles t0 >= s_lo
+  for (int q = 0; q < nt; ++q) {
+    const int64_t t0 = s_lo + q * int64_t{kTile};
+    float dxa[4][4];
+    with_dyp(p, b, tb + t0, h, 0, K - t0, p.D,
+             [&](const auto& dys) { gemm_v<true, true, false>(dxa, sm, p.D, x_src, dys); });
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int64_t s = s_lo + ty + 16 * i, t = t0 + tx + 16 * j;
+        float w = 0.0f;
+        if (s <= t && t < K) w = expf(static_cast<float>(sc.cum[t] - sc.cum[s])) * dxa[i][j];
+        Wt[q][ty + 16 * i][tx + 16 * j] = from_float<T>(w);
+      }
+  }
+  // The W tiles become visible at the first barrier of the first product below.
+  for (int64_t n0 = 0; n0 < p.N; n0 += kTile) {
+    // e_s (Gc^T x_s)[n]
+    float acc[4][4] = {};
+    gemm_v<true, false>(acc, sm, p.D, x_src, tile_src(Gc + n0, p.N, 1, p.D, p.N - n0));
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t s = s_lo + ty + 16 * i;
+      const float e = s < K ? expf(static_cast<float>(last - p.cum[ob + s])) : 0.0f;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[i][j] *= e;
+    }
+    for (int q = 0; q < nt; ++q) {
+      const int64_t t0 = s_lo + q * int64_t{kTile};
+      gemm_ts_v<false>(acc, Wt[q], sm,
+                       tile_src(&p.Cm.at(b, tb + t0, g, n0), p.Cm.s1, p.Cm.s3, K - t0, p.N - n0));
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t s = s_lo + ty + 16 * i;
+      if (s >= K) continue;
+      const float v = p.dtp[ob + s];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int64_t n = n0 + tx + 16 * j;
+        if (n < p.N) p.pdB[((b * p.L + tb + s) * p.H + h) * p.N + n] = v * acc[i][j];
+      }
+    }
+  }
 }
 
 // Per-head dC for a (64 tokens t) x (64 columns n) tile; the blocks of the first N tile also
 // leave the row and column sums of P, and every block the state part of dcum for its columns.
-template <class T, bool kTC, bool kVec>
+template <class T, bool kTC>
 __device__ __forceinline__ void bwd_dc_body(const BwdC<T>& p) {
-  static_assert(kTC || !kVec, "the vectorized staging is a tensor-core path");
   __shared__ GemmSmem<T, kTC> sm;
   __shared__ float Ms[kTile][kLdM];
   __shared__ float Pc[kThreads / 16][kTile];
@@ -1880,15 +1958,9 @@ __device__ __forceinline__ void bwd_dc_body(const BwdC<T>& p) {
     return t_lo + m < K ? p.dyp_at(b, tb + t_lo + m, h, k) : 0.0f;
   };
   // exp(cum_t) (S0^T dy'_t)[n]
-
   float acc[4][4] = {};
-  if constexpr (kVec)
-    with_dyp(p, b, tb + t_lo, h, 0, K - t_lo, p.D, [&](const auto& dys) {
-      gemm_v<true, false>(acc, sm, p.D, dys, tile_src(S0 + n0, p.N, 1, p.D, p.N - n0));
-    });
-  else
-    gemm<true, false>(acc, sm, p.D, dy_td,
-                      [&](int64_t k, int n) { return n0 + n < p.N ? S0[k * p.N + n0 + n] : 0.0f; });
+  gemm<true, false>(acc, sm, p.D, dy_td,
+                    [&](int64_t k, int n) { return n0 + n < p.N ? S0[k * p.N + n0 + n] : 0.0f; });
   float rsum[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -1906,19 +1978,11 @@ __device__ __forceinline__ void bwd_dc_body(const BwdC<T>& p) {
     rsum[i] = 0.0f;
   }
   const float* cbt = p.cbm + ((b * (p.H / p.hpg) + g) * p.nchunks + c) * p.cs * p.cs;
-  __shared__ std::conditional_t<kVec, ChunkScalars, char> sc;  // char: unused
-  if constexpr (kVec) stage_chunk_scalars(p, ob, sc);
   for (int64_t s0 = 0; s0 <= t_lo; s0 += kTile) {
     float dxa[4][4] = {};
-    if constexpr (kVec)
-      with_dyp(p, b, tb + t_lo, h, 0, K - t_lo, p.D, [&](const auto& dys) {
-        gemm_v<true, true, false>(dxa, sm, p.D, dys,
-                                  tile_src(&p.x.at(b, tb + s0, h, 0), p.x.s1, p.x.s3, K - s0, p.D));
-      });
-    else
-      gemm<true, true>(dxa, sm, p.D, dy_td, [&](int64_t k, int n) {
-        return s0 + n < K ? to_float(p.x.at(b, tb + s0 + n, h, k)) : 0.0f;
-      });
+    gemm<true, true>(dxa, sm, p.D, dy_td, [&](int64_t k, int n) {
+      return s0 + n < K ? to_float(p.x.at(b, tb + s0 + n, h, k)) : 0.0f;
+    });
     float csum[4] = {};
 #pragma unroll
     for (int i = 0; i < 4; ++i)
@@ -1927,10 +1991,7 @@ __device__ __forceinline__ void bwd_dc_body(const BwdC<T>& p) {
         const int64_t t = t_lo + ty + 16 * i, s = s0 + tx + 16 * j;
         float w = 0.0f;
         if (s <= t && t < K) {
-          if constexpr (kVec)
-            w = expf(static_cast<float>(sc.cum[t] - sc.cum[s])) * sc.dtp[s] * dxa[i][j];
-          else
-            w = expf(static_cast<float>(p.cum[ob + t] - p.cum[ob + s])) * p.dtp[ob + s] * dxa[i][j];
+          w = expf(static_cast<float>(p.cum[ob + t] - p.cum[ob + s])) * p.dtp[ob + s] * dxa[i][j];
           if (sums) {
             const float pv = w * cbt[t * p.cs + s];
             rsum[i] += pv;
@@ -1943,13 +2004,9 @@ __device__ __forceinline__ void bwd_dc_body(const BwdC<T>& p) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) Pc[ty][tx + 16 * j] = csum[j];
     }
-    if constexpr (kVec)
-      gemm_sa_v<false>(acc, Ms, sm,
-                       tile_src(&p.Bm.at(b, tb + s0, g, n0), p.Bm.s1, p.Bm.s3, K - s0, p.N - n0));
-    else
-      gemm_sa<false>(acc, Ms, sm, [&](int k, int n) {
-        return s0 + k < K && n0 + n < p.N ? to_float(p.Bm.at(b, tb + s0 + k, g, n0 + n)) : 0.0f;
-      });
+    gemm_sa<false>(acc, Ms, sm, [&](int k, int n) {
+      return s0 + k < K && n0 + n < p.N ? to_float(p.Bm.at(b, tb + s0 + k, g, n0 + n)) : 0.0f;
+    });
     // gemm_sa's barriers made Pc visible; nothing writes it again before the next barrier.
     if (sums && tid < kTile && s0 + tid < K) {
       float v = 0.0f;
@@ -1975,12 +2032,105 @@ __device__ __forceinline__ void bwd_dc_body(const BwdC<T>& p) {
 }
 template <class T, bool kTC>
 __global__ void __launch_bounds__(kThreads) bwd_dc_kernel(BwdC<T> p) {
-  bwd_dc_body<T, kTC, false>(p);
+  bwd_dc_body<T, kTC>(p);
 }
-// chunked_wmma_vec's twin: two blocks per SM (<= 128 registers), as chunked_wmma gets by default.
+
+// chunked_wmma_vec's dC: one block per (chunk, 64 tokens t, b, h) covering every 64-wide N tile,
+// as bwd_db_alln_vec_kernel: the weighted dy'.x^T tiles (and with them the P row and column sums,
+// which only the first N tile's block formed before) are computed once and kept, rounded to T, in
+// dynamic shared memory; each N tile then repeats bwd_dc_body's products in the same order.
 template <class T>
-__global__ void __launch_bounds__(kThreads, 2) bwd_dc_vec_kernel(BwdC<T> p) {
-  bwd_dc_body<T, true, true>(p);
+__global__ void __launch_bounds__(kThreads, 2) bwd_dc_alln_vec_kernel(BwdC<T> p) {
+  __shared__ GemmSmem<T, true> sm;
+  __shared__ ChunkScalars sc;
+  __shared__ float Pc[kThreads / 16][kTile];
+  extern __shared__ __align__(32) unsigned char dc_dyn[];
+  T(*Wt)[kTile][kLdB] = reinterpret_cast<T(*)[kTile][kLdB]>(dc_dyn);
+  const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+  const int64_t c = blockIdx.x / p.ntt, it = blockIdx.x % p.ntt, t_lo = it * kTile;
+  const int64_t bh = blockIdx.z, b = bh / p.H, h = bh % p.H, g = h / p.hpg;
+  const ChunkAt ch = chunk_at(p, c, bh);
+  const int64_t K = ch.K, tb = ch.t_base, ob = ch.o_base;
+  if (t_lo >= K) return;
+  const float* S0 = p.st + (bh * p.nchunks + c) * p.D * p.N;
+  const float* cbt = p.cbm + ((b * (p.H / p.hpg) + g) * p.nchunks + c) * p.cs * p.cs;
+  stage_chunk_scalars(p, ob, sc);
+  float rsum[4] = {};
+  const int ns = static_cast<int>(t_lo / kTile) + 1;  // s tiles s0 <= t_lo
+  for (int q = 0; q < ns; ++q) {
+    const int64_t s0 = q * int64_t{kTile};
+    float dxa[4][4];
+    with_dyp(p, b, tb + t_lo, h, 0, K - t_lo, p.D, [&](const auto& dys) {
+      gemm_v<true, true, false>(dxa, sm, p.D, dys,
+                                tile_src(&p.x.at(b, tb + s0, h, 0), p.x.s1, p.x.s3, K - s0, p.D));
+    });
+    float csum[4] = {};
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int64_t t = t_lo + ty + 16 * i, s = s0 + tx + 16 * j;
+        float w = 0.0f;
+        if (s <= t && t < K) {
+          w = expf(static_cast<float>(sc.cum[t] - sc.cum[s])) * sc.dtp[s] * dxa[i][j];
+          const float pv = w * cbt[t * p.cs + s];
+          rsum[i] += pv;
+          csum[j] += pv;
+        }
+        Wt[q][ty + 16 * i][tx + 16 * j] = from_float<T>(w);
+      }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) Pc[ty][tx + 16 * j] = csum[j];
+    __syncthreads();
+    if (tid < kTile && s0 + tid < K) {
+      float v = 0.0f;
+      for (int r = 0; r < kThreads / 16; ++r) v += Pc[r][tid];
+      p.pcol[(it * p.B * p.H + bh) * p.Lpad + tb + s0 + tid] = v;
+    }
+    __syncthreads();  // Pc is rewritten by the next s tile
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t t = t_lo + ty + 16 * i;
+    const float r = row_sum16(rsum[i]);
+    if (tx == 0 && t < K) p.prow[bh * p.Lpad + tb + t] = r;
+  }
+  for (int64_t n0 = 0, tn = 0; n0 < p.N; n0 += kTile, ++tn) {
+    // exp(cum_t) (S0^T dy'_t)[n], and the state part of dcum for these columns
+    float acc[4][4] = {};
+    with_dyp(p, b, tb + t_lo, h, 0, K - t_lo, p.D, [&](const auto& dys) {
+      gemm_v<true, false>(acc, sm, p.D, dys, tile_src(S0 + n0, p.N, 1, p.D, p.N - n0));
+    });
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t t = t_lo + ty + 16 * i;
+      const float e = t < K ? expf(static_cast<float>(p.cum[ob + t])) : 0.0f;
+      float part = 0.0f;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int64_t n = n0 + tx + 16 * j;
+        acc[i][j] *= e;
+        if (t < K && n < p.N) part = fmaf(to_float(p.Cm.at(b, tb + t, g, n)), acc[i][j], part);
+      }
+      part = row_sum16(part);
+      if (tx == 0 && t < K) p.pst[(tn * p.B * p.H + bh) * p.Lpad + tb + t] = part;
+    }
+    for (int q = 0; q < ns; ++q) {
+      const int64_t s0 = q * int64_t{kTile};
+      gemm_ts_v<false>(acc, Wt[q], sm,
+                       tile_src(&p.Bm.at(b, tb + s0, g, n0), p.Bm.s1, p.Bm.s3, K - s0, p.N - n0));
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t t = t_lo + ty + 16 * i;
+      if (t >= K) continue;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int64_t n = n0 + tx + 16 * j;
+        if (n < p.N) p.pdC[((b * p.L + tb + t) * p.H + h) * p.N + n] = acc[i][j];
+      }
+    }
+  }
 }
 
 // Per (chunk, b, h): assembles dcum, the reverse cumsum da, then ddt and the chunk's partials of
@@ -2559,15 +2709,25 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
       bwd_dx_kernel<T, kTC><<<dim3(nc * ntt, ntd, bh), kThreads, 0, st>>>(p);
     BARACUDA_TRY(cuda::check_launch(op, "bwd_dx_kernel"));
     clock.mark("dx");
-    if constexpr (kVec)
-      bwd_db_vec_kernel<T><<<dim3(nc * ntt, ntn, bh), kThreads, 0, st>>>(p);
-    else
+    if constexpr (kVec) {
+      const size_t smem = db_alln_smem_bytes(pr.chunk_size);
+      BARACUDA_TRY(cuda::check(op, "cudaFuncSetAttribute",
+                               cudaFuncSetAttribute(bwd_db_alln_vec_kernel<T>,
+                                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                    static_cast<int>(smem))));
+      bwd_db_alln_vec_kernel<T><<<dim3(nc * ntt, 1, bh), kThreads, smem, st>>>(p);
+    } else
       bwd_db_kernel<T, kTC><<<dim3(nc * ntt, ntn, bh), kThreads, 0, st>>>(p);
     BARACUDA_TRY(cuda::check_launch(op, "bwd_db_kernel"));
     clock.mark("db");
-    if constexpr (kVec)
-      bwd_dc_vec_kernel<T><<<dim3(nc * ntt, ntn, bh), kThreads, 0, st>>>(p);
-    else
+    if constexpr (kVec) {
+      const size_t smem = db_alln_smem_bytes(pr.chunk_size);
+      BARACUDA_TRY(cuda::check(op, "cudaFuncSetAttribute",
+                               cudaFuncSetAttribute(bwd_dc_alln_vec_kernel<T>,
+                                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                    static_cast<int>(smem))));
+      bwd_dc_alln_vec_kernel<T><<<dim3(nc * ntt, 1, bh), kThreads, smem, st>>>(p);
+    } else
       bwd_dc_kernel<T, kTC><<<dim3(nc * ntt, ntn, bh), kThreads, 0, st>>>(p);
     BARACUDA_TRY(cuda::check_launch(op, "bwd_dc_kernel"));
     clock.mark("dc");
