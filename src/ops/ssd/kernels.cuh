@@ -18,6 +18,9 @@
 // through per-block partial buffers that small reduction kernels add in a fixed order. No float
 // atomics anywhere: every kernel is deterministic. Decode: one warp per (b, h, d) row of the
 // state, updated in place.
+// chunked_wmma_vec (16-bit, forward and backward): chunked_wmma's kernels with operands staged as
+// 16-byte vectors (TileSrc / fetch_stage / commit_stage) and, in the backward, dB/dC blocks that
+// cover every N tile; bitwise equal to chunked_wmma. ssd::StageSink times every launch.
 #pragma once
 
 #include <mma.h>
@@ -518,8 +521,8 @@ struct Staged {
   uint4 v[kNv];
 };
 
-// The element-wise path of one vector (edges, strided or misaligned operands): out of line, so
-// that its index math and branches do not take registers from the 16-byte path around it.
+// The element-wise path of one vector (edges, strided or misaligned operands). (Out of line it
+// cost more registers, for the call, than it saved.)
 template <class S>
 __device__ __forceinline__ uint4 fetch_vector_slow(TileSrc<S> s, int r, int c) {
   constexpr int kVe = Staged<S>::kVe;
@@ -1287,8 +1290,8 @@ __device__ __forceinline__ void gemm_sa(float (&acc)[4][4], const float (*Ms)[kL
 }
 
 // ---- chunked_wmma_vec: the same tensor-core products, operands staged by whole 16-byte vectors.
-// The element-wise loaders above issue 16 dependent-address loads per operand and thread per
-// 64-deep stage in batches of 8 (four memory round trips per stage, int64 index math per
+// The element-wise loaders above issue 16 loads per operand and thread per 64-deep stage, in
+// batches of 8 (four memory round trips per stage, int64 index math per
 // element). Here an operand is described once per product (TileSrc) and every thread fetches its
 // 2 (16-bit) or 4 (f32) vectors of both operands before converting any of them: one round trip
 // per stage. Shared tiles keep the operand's storage orientation (the contiguous dimension along
