@@ -200,44 +200,6 @@ void memcpy2d_comparison(const Stream& s) {
                   .note = "comparison only, not a plan"});
 }
 
-// Not a plan: the same window as 512 row copies in one cudaMemcpyBatchAsync (the driver may give
-// them to the copy engines), timed to see whether it beats the kernel at this size.
-void memcpy_batch_comparison(const Stream& s) {
-  const int64_t B = 16, H = 32, L = 8192, D = 128, T = 512, p = 1000;
-  auto cache = random_buffer(s, B * H * L * D * 2);
-  auto src = random_buffer(s, B * H * T * D * 2);
-  if (!cache.ok() || !src.ok()) return;
-  std::vector<void*> dsts;
-  std::vector<const void*> srcs;
-  std::vector<size_t> sizes(static_cast<size_t>(B * H), static_cast<size_t>(T * D * 2));
-  for (int64_t r = 0; r < B * H; ++r) {
-    dsts.push_back(static_cast<char*>(cache->data()) + (r * L + p) * D * 2);
-    srcs.push_back(static_cast<const char*>(src->data()) + r * T * D * 2);
-  }
-  cudaMemcpyAttributes attr{};
-  attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-  size_t attr_index = 0;
-  auto cs = static_cast<cudaStream_t>(s.cuda_handle());
-  auto timing = bench::time_it(
-      s,
-      [&](int) -> Status {
-        const cudaError_t e = cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(),
-                                                   sizes.size(), &attr, &attr_index, 1, cs);
-        return e == cudaSuccess ? Status{} : Status{Error::cuda("cudaMemcpyBatchAsync", e)};
-      },
-      1, 30, 3);
-  if (!timing.ok())
-    return bench::emit_error(kFamily, "write_slice", "kv2d_T512_cudaMemcpyBatch", timing.error());
-  bench::emit(s, {.family = kFamily,
-                  .op = "write_slice",
-                  .name = "kv2d_T512_cudaMemcpyBatch",
-                  .dtype = "bf16",
-                  .kernel = "cudaMemcpyBatchAsync",
-                  .ms = timing->median_ms,
-                  .bytes = 2.0 * B * H * T * D * 2,
-                  .note = "comparison only, not a plan"});
-}
-
 void run_all(const Stream& s) {
   // Large windows (>= 64 MiB of window: 128 MiB moved), on the default plan; the strided and
   // sub-byte cases also pinned to the other kernel that serves them (the A/B of their priority).
@@ -256,7 +218,6 @@ void run_all(const Stream& s) {
   for (std::string_view pin : {"", "subbyte_merge"})
     write_case(s, "rows_odd_offset", DType::s4, {4096, 32770}, {{0, 4096}, {1, 32769}}, pin);
   memcpy2d_comparison(s);
-  memcpy_batch_comparison(s);
   decode_cases(s);
 }
 BARACUDA_REGISTER(bench::register_bench(kFamily, run_all));
