@@ -860,7 +860,8 @@ const Kernel<attention::ForwardOp>* fa3_kernel(DType t, std::string_view name = 
 TEST(AttentionFa3Registry, RegisteredBelowEveryOtherForwardWithTruthfulPrecision) {
   int found = 0;
   for (DType t : {DType::bf16, DType::f16}) {
-    for (std::string_view name : {kFa3, kFa3Pingpong, kFa3RankedAhead}) {
+    for (std::string_view name :
+         {kFa3, kFa3Pingpong, kFa3Exp2Poly2Kernel, kFa3Exp2Poly3Kernel, kFa3RankedAhead}) {
       const auto* fa3 = fa3_kernel(t, name);
       if (!fa3) continue;  // CPU-only build
       ++found;
@@ -885,7 +886,7 @@ TEST(AttentionFa3Registry, RegisteredBelowEveryOtherForwardWithTruthfulPrecision
     }
   }
   if (found == 0) GTEST_SKIP() << "built without CUDA: fa3_fwd_sm90a is not registered";
-  EXPECT_EQ(found, 6);
+  EXPECT_EQ(found, 10);
 }
 
 // One case: the kernel pinned by name on the GPU, run twice into poisoned outputs (bitwise equal,
@@ -1013,13 +1014,29 @@ TEST(AttentionFa3Gpu, PingpongLongSequencesMatchReference) {
   FA3_SKIP_UNLESS_RUNNABLE();
   check_fa3_cases(fa3_long_cases(), kFa3Pingpong);
 }
+// The exp2-offload variants (part of the softmax's exp2 as a polynomial on the FMA pipe): every
+// case of both lists, one test per variant.
+std::vector<Case> all_fa3_cases() {
+  std::vector<Case> all = fa3_cases();
+  for (const Case& c : fa3_long_cases()) all.push_back(c);
+  return all;
+}
+TEST(AttentionFa3Gpu, Exp2Poly2of8MatchesReference) {
+  FA3_SKIP_UNLESS_RUNNABLE();
+  check_fa3_cases(all_fa3_cases(), kFa3Exp2Poly2Kernel);
+}
+TEST(AttentionFa3Gpu, Exp2Poly3of8MatchesReference) {
+  FA3_SKIP_UNLESS_RUNNABLE();
+  check_fa3_cases(all_fa3_cases(), kFa3Exp2Poly3Kernel);
+}
 
 TEST(AttentionFa3Gpu, FitsExactlyWhatItSupports) {
   FA3_SKIP_UNLESS_RUNNABLE();
   const DeviceCaps& caps = harness::stream_for(Target::cuda).caps();
   auto fits = [&](const Descriptor& d) {
     const bool plain = fa3_kernel(d.dtype)->fits(problem_of(d), caps);
-    EXPECT_EQ(fa3_kernel(d.dtype, kFa3Pingpong)->fits(problem_of(d), caps), plain);
+    for (std::string_view v : {kFa3Pingpong, kFa3Exp2Poly2Kernel, kFa3Exp2Poly3Kernel})
+      EXPECT_EQ(fa3_kernel(d.dtype, v)->fits(problem_of(d), caps), plain) << v;
     return plain;
   };
   EXPECT_TRUE(fits(make_desc(DType::bf16, 1, 8, 2, 77, 203, 64, Mask::causal_bottom_right())));

@@ -2,14 +2,14 @@
 // sweep (16k tokens, hidden 2048, bf16, head dim 64/128, L = 512..16k, causal and not).
 //
 // For every point it times the plan forced to cuDNN and the plan forced to the bespoke kernels,
-// forward and backward, the sm_90a forward pinned by name (rows noted "fa3_sm90a" and
-// "fa3_sm90a_pingpong"), and prints one {"table_point": ...} line per point and pass (cuDNN,
-// bespoke and, forward, fa3_fwd_sm90a's TFLOP/s): the measurement
-// src/ops/attention_hopper/make_table.py turns into selection_table.hpp. The sweep runs under an
-// empty SelectionTableOverride, so each column is its candidate alone whatever the shipped table
-// says (otherwise only(Backend::bespoke_cuda) would reach fa3's ranked-ahead entry where the table
-// picks fa3).
-// BARACUDA_ATTN_SWEEP=quick limits the sweep to L in {1024, 4096, 16384}.
+// forward and backward, the sm_90a forward pinned by name (rows noted "fa3_sm90a",
+// "fa3_sm90a_pingpong", "fa3_sm90a_exp2poly2of8", "fa3_sm90a_exp2poly3of8"), and prints one
+// {"table_point": ...} line per point and pass (cuDNN, bespoke and, forward, fa3_fwd_sm90a's
+// TFLOP/s): the measurement src/ops/attention_hopper/make_table.py turns into selection_table.hpp.
+// The sweep runs under an empty SelectionTableOverride, so each column is its candidate alone
+// whatever the shipped table says (otherwise only(Backend::bespoke_cuda) would reach fa3's
+// ranked-ahead entry where the table picks fa3). BARACUDA_ATTN_SWEEP=quick limits the sweep to L in
+// {1024, 4096, 16384}.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -172,8 +172,10 @@ void sweep(const Stream& stream) {
         // "fa3_sm90a" / "fa3_sm90a_pingpong", so they line up with the cudnn / bespoke rows. The
         // plain schedule is the table's fa3 column (the one with a ranked-ahead entry).
         double fa3_tf = 0;
-        for (std::string_view fa3 : {kFa3Kernel, kFa3PingpongKernel}) {
-          const std::string note = fa3 == kFa3Kernel ? "fa3_sm90a" : "fa3_sm90a_pingpong";
+        // The exp2-offload variants: notes "fa3_sm90a_exp2poly2of8" / "fa3_sm90a_exp2poly3of8".
+        for (std::string_view fa3 :
+             {kFa3Kernel, kFa3PingpongKernel, kFa3Exp2Poly2Kernel, kFa3Exp2Poly3Kernel}) {
+          const std::string note = "fa3_sm90a" + std::string(fa3.substr(kFa3Kernel.size()));
           auto fp = attention::ForwardPlan::select(stream, desc, PlanPreference::kernel(fa3));
           if (!fp.ok()) {
             bench::emit_error("attention", "attention_forward", name + "/" + note, fp.error());

@@ -1,8 +1,9 @@
 // fa3_fwd_sm90a: our own Hopper (sm_90a) attention forward in the FlashAttention-3 style (issue 8,
-// part 2), registered into attention::ForwardOp's table three times: "fa3_fwd_sm90a" and
-// "fa3_fwd_sm90a_pingpong" (the same template with the inter-warpgroup schedule off / on; reached
-// by name), and "fa3_fwd_sm90a_ranked_ahead" (the plain one where the measured selection table,
-// selection_table.hpp, says it is the fastest candidate: the default plan there).
+// part 2), registered into attention::ForwardOp's table five times: "fa3_fwd_sm90a",
+// "fa3_fwd_sm90a_pingpong", "fa3_fwd_sm90a_exp2poly2of8" and "fa3_fwd_sm90a_exp2poly3of8" (variants
+// of one template, see Variant; reached by name), and "fa3_fwd_sm90a_ranked_ahead" (the plain one
+// where the measured selection table, selection_table.hpp, says it is the fastest candidate: the
+// default plan there).
 //
 // Design (one CTA per 128 query rows of one (batch, query head)):
 //  - 3 warpgroups (384 threads): warpgroups 0 and 1 are consumers (64 query rows each), warpgroup
@@ -100,6 +101,16 @@ struct Params {
   float scale_log2;  // scale * log2(e)
 };
 
+// Variants of the one kernel template, registered by name for A/B (fa3_fwd_sm90a*):
+//  kPlain:    the schedule described above.
+//  kPingpong: + the two consumer warpgroups take turns issuing their wgmmas.
+//  kPoly2/3:  kPlain with 2 (3) of every 8 column groups' exp2 computed on the FMA pipe
+//             (poly_exp2) instead of the MUFU: 25% (37.5%) of the softmax's exponentials.
+enum Variant : int { kPlain = 0, kPingpong = 1, kPoly2 = 2, kPoly3 = 3 };
+constexpr int poly_groups(int v) {
+  return v == kPoly2 ? 2 : v == kPoly3 ? 3 : 0;
+}
+
 #if BARACUDA_FA3_DEVICE
 // ---- PTX helpers --------------------------------------------------------------------------------
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -169,6 +180,25 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// 2^x on the FMA pipe, for x <= 0 (FlashAttention-4's exp2 emulation). At D = 64 the MUFU is as
+// busy as the tensor cores: per 128 x 128 tile, 16384 exponentials at 16 per SM clock take 1024
+// clocks, the two GEMMs 4.2 MFLOP at ~4096 per SM clock also 1024. Moving a fraction of the
+// exponentials to FMA/ALU instructions (6 FP32 + 1 integer each, 128 lanes per clock) balances the
+// two pipes. x = j + f with j = round(x) taken from a magic-number add (1.5 * 2^23: no conversion
+// instruction, which would run at MUFU-like rate), 2^f by a degree-3 polynomial on [-0.5, 0.5]
+// with p(0) = 1 exactly (max relative error 1.02e-4, 5x below the f16 rounding of P and 20x below
+// bf16's), and j added into the exponent field. x <= -127 (masked: -inf) gives exactly 0:
+// j = -127, f = 0, p = 1.0 = 0x3F800000 and 0x3F800000 + (-127 << 23) wraps to 0; p stays in
+// [0.707, 1.415], so the exponent add never carries into the sign.
+__device__ __forceinline__ float poly_exp2(float x) {
+  x = fmaxf(x, -127.f);
+  const float t = x + 12582912.f;  // round(x) in t's low mantissa bits
+  const float j = t - 12582912.f;
+  const float f = x - j;
+  const float p = fmaf(fmaf(fmaf(0.055007726f, f, 0.24220923f), f, 0.69328284f), f, 1.f);
+  return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
+}
+
 // Shared-memory matrix descriptor, 128-byte swizzle.
 __device__ __forceinline__ uint64_t desc_sw128(uint32_t addr, uint32_t lbo, uint32_t sbo) {
   return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(lbo >> 4) << 16) |
@@ -215,13 +245,13 @@ struct Ops<__half> {
     return r;
   }
 };
-template <class T, int D, bool PP>
+template <class T, int D, int V>
 __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t sk0, uint32_t sv0,
                                         const uint64_t* bars, int m0, int n_tiles, int warp,
                                         int lane, int h, int b);
 #endif  // BARACUDA_FA3_DEVICE
 
-template <class T, int D, bool PP>
+template <class T, int D, int V>
 __global__ void __launch_bounds__(kThreads, 1)
     fa3_fwd_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                    const __grid_constant__ CUtensorMap tv, const Params p) {
@@ -284,7 +314,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   } else {
     setmaxnreg_inc<kConsumerRegs>();
-    consume<T, D, PP>(p, sq, sk0, sv0, bars, m0, n_tiles, warp, lane, h, b);
+    consume<T, D, V>(p, sq, sk0, sv0, bars, m0, n_tiles, warp, lane, h, b);
   }
 #endif  // BARACUDA_FA3_DEVICE
 }
@@ -311,7 +341,9 @@ __device__ __forceinline__ void turn_pass(int wg) {
 
 // Masks one S tile (key tail, causal band), updates the running max / sum of the thread's two rows
 // and turns the scores into unnormalized probabilities 2^(s * scale * log2(e) - max) in place;
-// corr[i] is the factor the row's O accumulator must be multiplied by.
+// corr[i] is the factor the row's O accumulator must be multiplied by. The first kPoly of every 8
+// column groups take poly_exp2 (FMA pipe), the others the MUFU (ex2.approx).
+template <int kPoly>
 __device__ __forceinline__ void softmax_tile(float (&sc)[kBN / 2], const Params& p, int c0,
                                              int mask_from, const int (&limit)[2], int cq,
                                              float (&m_run)[2], float (&l_run)[2],
@@ -343,7 +375,8 @@ __device__ __forceinline__ void softmax_tile(float (&sc)[kBN / 2], const Params&
     for (int j = 0; j < kBN / 8; ++j)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const float v = fast_exp2(fmaf(sc[4 * j + 2 * i + e], p.scale_log2, -base));
+        const float x = fmaf(sc[4 * j + 2 * i + e], p.scale_log2, -base);
+        const float v = j % 8 < kPoly ? poly_exp2(x) : fast_exp2(x);
         sc[4 * j + 2 * i + e] = v;
         sum += v;
       }
@@ -397,10 +430,12 @@ __device__ __forceinline__ void release(const uint64_t* bars, int which, int lan
 // tile n-1's softmax factor while it runs, issue O += P_{n-1} V_{n-1}, wait for S_n only and run
 // tile n's softmax while P V runs on the tensor cores (FlashAttention-3's intra-warpgroup
 // overlap). Then the epilogue.
-template <class T, int D, bool PP>
+template <class T, int D, int V>
 __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t sk0, uint32_t sv0,
                                         const uint64_t* bars, int m0, int n_tiles, int warp,
                                         int lane, int h, int b) {
+  constexpr bool PP = V == kPingpong;
+  constexpr int kPoly = poly_groups(V);
   using S = Smem<D>;
   constexpr int kSt = S::kStages;
   const int wg = warp / 4, wl = warp % 4;
@@ -433,7 +468,7 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
     wgmma_wait<0>();
     fence_regs(sc);
     release(bars, kBarKEmpty, lane);
-    softmax_tile(sc, p, 0, mask_from, limit, cq, m_run, l_run, corr);  // O is 0: no rescale
+    softmax_tile<kPoly>(sc, p, 0, mask_from, limit, cq, m_run, l_run, corr);  // O is 0: no rescale
     // O *= corr (the factor of the latest softmax), issued while S_n runs on the tensor cores.
     auto rescale = [&] {
 #pragma unroll
@@ -463,7 +498,7 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
       wgmma_wait<1>();  // S_n done; P_{n-1} V_{n-1} may still run
       fence_regs(sc);
       release(bars, kBarKEmpty + s, lane);
-      softmax_tile(sc, p, n * kBN, mask_from, limit, cq, m_run, l_run, corr);
+      softmax_tile<kPoly>(sc, p, n * kBN, mask_from, limit, cq, m_run, l_run, corr);
       // Keep the softmax ahead of the wait: ptxas schedules the wait (WARPGROUP.DEPBAR) at the
       // top of the block and the softmax after it, losing the overlap with P V. A shared-memory
       // store of a value that depends on every exp2 of the tile pins them before the wait.
@@ -554,11 +589,11 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
 // The kernel's body exists only in an sm_90a cubin: a build without that target (or a plain sm_90
 // one) gets an empty kernel, which must never launch. The real body has static shared memory (its
 // barriers), the empty one none.
-template <class T, int D, bool PP>
+template <class T, int D, int V>
 bool body_compiled() {
   static const bool ok = [] {
     cudaFuncAttributes a{};
-    if (cudaFuncGetAttributes(&a, fa3_fwd_kernel<T, D, PP>) != cudaSuccess) {
+    if (cudaFuncGetAttributes(&a, fa3_fwd_kernel<T, D, V>) != cudaSuccess) {
       (void)cudaGetLastError();
       return false;
     }
@@ -578,16 +613,17 @@ bool shape_fits(const Problem& pr) {
          std::isfinite(pr.scale) && pr.scale > 0;
 }
 
-template <class T, bool PP>
+template <class T, int V>
 bool fits(const Problem& pr, const DeviceCaps& caps) {
   if (caps.device < 0 || caps.sm != 90 || !shape_fits(pr)) return false;
-  return pr.desc.head_dim_qk == 64 ? body_compiled<T, 64, PP>() : body_compiled<T, 128, PP>();
+  return pr.desc.head_dim_qk == 64 ? body_compiled<T, 64, V>() : body_compiled<T, 128, V>();
 }
 
 // The ranked-ahead entry: the plain schedule, only where the measured table picks fa3.
 template <class T>
 bool fits_ranked_ahead(const Problem& pr, const DeviceCaps& caps) {
-  return fits<T, false>(pr, caps) && preferred_candidate(pr, Pass::forward, true) == Candidate::fa3;
+  return fits<T, kPlain>(pr, caps) &&
+         preferred_candidate(pr, Pass::forward, true) == Candidate::fa3;
 }
 
 // TMA rules: 16-byte aligned base, unit-stride rows, every used stride a positive multiple of 16
@@ -639,10 +675,10 @@ Status make_map(CUtensorMap* map, CUtensorMapDataType dt, const ConstTensor& t, 
   return {};
 }
 
-template <class T, int D, bool PP>
+template <class T, int D, int V>
 Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArguments& a) {
   const auto& d = pr.desc;
-  if (!body_compiled<T, D, PP>())
+  if (!body_compiled<T, D, V>())
     return Error::unsupported(std::string(attention::ForwardOp::name) +
                               ": fa3_fwd_sm90a: this build has no sm_90a code for the kernel");
   BARACUDA_TRY(check_layout("q", a.q));
@@ -682,7 +718,7 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
   const int dev = ctx.stream.device();
   const uint64_t bit = uint64_t{1} << (dev & 63);
   if (!(attr_set.load() & bit)) {
-    if (cudaError_t e = cudaFuncSetAttribute(fa3_fwd_kernel<T, D, PP>,
+    if (cudaError_t e = cudaFuncSetAttribute(fa3_fwd_kernel<T, D, V>,
                                              cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
         e != cudaSuccess)
       return cuda::cuda_error(attention::ForwardOp::name, "fa3_fwd_sm90a: shared memory limit", e);
@@ -690,14 +726,14 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
   }
   const dim3 grid(static_cast<unsigned>(p.m_blocks), static_cast<unsigned>(d.heads_q),
                   static_cast<unsigned>(d.batch));
-  fa3_fwd_kernel<T, D, PP><<<grid, kThreads, smem, cuda::stream_of(ctx)>>>(tq, tk, tv, p);
+  fa3_fwd_kernel<T, D, V><<<grid, kThreads, smem, cuda::stream_of(ctx)>>>(tq, tk, tv, p);
   return cuda::check_launch(attention::ForwardOp::name, "fa3_fwd_sm90a");
 }
 
-template <class T, bool PP>
+template <class T, int V>
 Status launch(const LaunchContext& ctx, const Problem& pr, const ForwardArguments& a) {
-  return pr.desc.head_dim_qk == 64 ? launch_d<T, 64, PP>(ctx, pr, a)
-                                   : launch_d<T, 128, PP>(ctx, pr, a);
+  return pr.desc.head_dim_qk == 64 ? launch_d<T, 64, V>(ctx, pr, a)
+                                   : launch_d<T, 128, V>(ctx, pr, a);
 }
 
 template <DType E>
@@ -720,22 +756,33 @@ bool register_one() {
                      .precision = prec,
                      .name = name};
   };
-  // Pinnable entries at priorities 0 and -1: below the family's kernels (10..30) and both cuDNN
+  // Pinnable entries at priorities 0 to -3: below the family's kernels (10..30) and both cuDNN
   // entries (1, 1000), so they never win `fastest` on their own; PlanPreference::kernel(name)
   // reaches them everywhere they fit (A/B, tests). The pingpong variant (the two consumer
-  // warpgroups take turns issuing their wgmmas) is the A/B of the schedule.
-  register_kernel<attention::ForwardOp>(
-      {.sku = sku(kFa3Kernel), .priority = 0, .fits = fits<T, false>, .launch = launch<T, false>});
+  // warpgroups take turns issuing their wgmmas) is the A/B of the schedule; the exp2poly ones of
+  // the MUFU offload (poly_exp2: the same precision claim, its error is far below P's rounding).
+  register_kernel<attention::ForwardOp>({.sku = sku(kFa3Kernel),
+                                         .priority = 0,
+                                         .fits = fits<T, kPlain>,
+                                         .launch = launch<T, kPlain>});
   register_kernel<attention::ForwardOp>({.sku = sku(kFa3PingpongKernel),
                                          .priority = -1,
-                                         .fits = fits<T, true>,
-                                         .launch = launch<T, true>});
+                                         .fits = fits<T, kPingpong>,
+                                         .launch = launch<T, kPingpong>});
+  register_kernel<attention::ForwardOp>({.sku = sku(kFa3Exp2Poly2Kernel),
+                                         .priority = -2,
+                                         .fits = fits<T, kPoly2>,
+                                         .launch = launch<T, kPoly2>});
+  register_kernel<attention::ForwardOp>({.sku = sku(kFa3Exp2Poly3Kernel),
+                                         .priority = -3,
+                                         .fits = fits<T, kPoly3>,
+                                         .launch = launch<T, kPoly3>});
   // The plain schedule once more, above every other forward kernel but fitting only where the
   // measured selection table says it is the fastest candidate (cuDNN then ranks behind there).
   register_kernel<attention::ForwardOp>({.sku = sku(kFa3RankedAhead),
                                          .priority = kFa3Ahead,
                                          .fits = fits_ranked_ahead<T>,
-                                         .launch = launch<T, false>});
+                                         .launch = launch<T, kPlain>});
   return true;
 }
 
