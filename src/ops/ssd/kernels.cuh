@@ -1104,6 +1104,8 @@ struct BwdC : Fwd<T> {
   V2<float> dD;
   V4<float> dinit;
   int64_t ntd, ntn, ntt;  // 64-wide tiles of D, of N, of the chunk
+  int64_t hb = 1;         // chunked_wmma_vec: heads per dB/dC block (a divisor of hpg, <= 8)
+  int64_t bc_parts = 0;   // dB/dC partials per group that bwd_reduce_bc_kernel adds (hpg / hb)
   // workspace (Fwd's dtp, cum and st come first; st holds the states entering each chunk)
   float* cbm;          // [B*G*nchunks][cs][cs]  C_t.B_s, lower tiles only
   float* gst;          // [B*H*nchunks][D][N]    U_c, then the adjoint of the state leaving c
@@ -1870,75 +1872,106 @@ __global__ void __launch_bounds__(kThreads) bwd_db_kernel(BwdC<T> p) {
   bwd_db_body<T, kTC>(p);
 }
 
-// chunked_wmma_vec's dB: one block per (chunk, 64 tokens s, b, h) covering every 64-wide N tile.
-// The weighted dy'.x^T tiles W_ts DX_ts (one per 64-token t tile, at most cs / 64) are formed once,
-// rounded to T (as gemm_sa_v rounds them) and kept in dynamic shared memory; each N tile then runs
-// the same products in the same order as bwd_db_body, so the result is bitwise the same while
-// dy'.x^T and its exponentials are computed once instead of once per N tile.
-inline size_t db_alln_smem_bytes(int64_t cs) {
+// chunked_wmma_vec's dB: one block per (chunk, 64 tokens s, b, block of hb heads of one group)
+// covering every 64-wide N tile. Per head, the weighted dy'.x^T tiles W_ts DX_ts (one per 64-token
+// t tile, at most cs / 64) are formed once, rounded to T (as gemm_sa_v rounds them) and kept in
+// dynamic shared memory; each N tile then runs bwd_db_body's products on them in the same order.
+// The hb heads' dB rows are added in head order into per-thread f32 accumulators in shared
+// memory, so the workspace holds hpg / hb partials per group instead of hpg (at G = 1, H = 80:
+// 1.34 GB of dB + dC partials become 0.17 GB). With hb = hpg (one slot) the sum equals
+// chunked_wmma's bit for bit; with more slots the group sum is (heads 0..hb-1) + (hb..2hb-1) + ..,
+// still a fixed order.
+__host__ __device__ inline size_t wt_smem_bytes(int64_t cs) {
   return sizeof(uint16_t) * static_cast<size_t>(cs / kTile) * kTile * kLdB;
 }
+inline size_t bc_heads_smem_bytes(const ssd::Problem& p) {
+  const auto ntn = static_cast<size_t>((p.state_dim + kTile - 1) / kTile);
+  return wt_smem_bytes(p.chunk_size) + sizeof(float) * ntn * kTile * kTile;
+}
 template <class T>
-__global__ void __launch_bounds__(kThreads, 2) bwd_db_alln_vec_kernel(BwdC<T> p) {
+__global__ void __launch_bounds__(kThreads, 2) bwd_db_heads_vec_kernel(BwdC<T> p) {
   __shared__ GemmSmem<T, true> sm;
   __shared__ ChunkScalars sc;
   extern __shared__ __align__(32) unsigned char db_dyn[];
   T(*Wt)[kTile][kLdB] = reinterpret_cast<T(*)[kTile][kLdB]>(db_dyn);
+  // [N tile][64][64], element (r, c) owned by thread (r % 16, c % 16): no barriers needed
+  float(*Acc)[kTile][kTile] =
+      reinterpret_cast<float(*)[kTile][kTile]>(db_dyn + wt_smem_bytes(p.cs));
   const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
   const int64_t c = blockIdx.x / p.ntt, s_lo = (blockIdx.x % p.ntt) * kTile;
-  const int64_t bh = blockIdx.z, b = bh / p.H, h = bh % p.H, g = h / p.hpg;
-  const ChunkAt ch = chunk_at(p, c, bh);
-  const int64_t K = ch.K, tb = ch.t_base, ob = ch.o_base;
+  const int64_t nhb = p.H / p.hb, b = blockIdx.z / nhb, h0 = (blockIdx.z % nhb) * p.hb;
+  const int64_t g = h0 / p.hpg;
+  const ChunkAt ch0 = chunk_at(p, c, b * p.H + h0);
+  const int64_t K = ch0.K, tb = ch0.t_base;
   if (s_lo >= K) return;
-  const float* Gc = p.gst + (bh * p.nchunks + c) * p.D * p.N;
-  const double last = p.cum[ob + p.cs - 1];
-  const auto x_src = tile_src(&p.x.at(b, tb + s_lo, h, 0), p.x.s1, p.x.s3, K - s_lo, p.D);
-  stage_chunk_scalars(p, ob, sc);
-  const int nt = static_cast<int>((K - s_lo + kTile - 1) / kTile);  // t tiles t0 >= s_lo
-  for (int q = 0; q < nt; ++q) {
-    const int64_t t0 = s_lo + q * int64_t{kTile};
-    float dxa[4][4];
-    with_dyp(p, b, tb + t0, h, 0, K - t0, p.D,
-             [&](const auto& dys) { gemm_v<true, true, false>(dxa, sm, p.D, x_src, dys); });
+  for (int64_t tn = 0; tn < p.ntn; ++tn)
 #pragma unroll
     for (int i = 0; i < 4; ++i)
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int64_t s = s_lo + ty + 16 * i, t = t0 + tx + 16 * j;
-        float w = 0.0f;
-        if (s <= t && t < K) w = expf(static_cast<float>(sc.cum[t] - sc.cum[s])) * dxa[i][j];
-        Wt[q][ty + 16 * i][tx + 16 * j] = from_float<T>(w);
-      }
-  }
-  // The W tiles become visible at the first barrier of the first product below.
-  for (int64_t n0 = 0; n0 < p.N; n0 += kTile) {
-    // e_s (Gc^T x_s)[n]
-    float acc[4][4] = {};
-    gemm_v<true, false>(acc, sm, p.D, x_src, tile_src(Gc + n0, p.N, 1, p.D, p.N - n0));
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int64_t s = s_lo + ty + 16 * i;
-      const float e = s < K ? expf(static_cast<float>(last - p.cum[ob + s])) : 0.0f;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) acc[i][j] *= e;
-    }
+      for (int j = 0; j < 4; ++j) Acc[tn][ty + 16 * i][tx + 16 * j] = 0.0f;
+  const int nt = static_cast<int>((K - s_lo + kTile - 1) / kTile);  // t tiles t0 >= s_lo
+  for (int64_t h = h0; h < h0 + p.hb; ++h) {
+    const int64_t bh = b * p.H + h, ob = chunk_at(p, c, bh).o_base;
+    const float* Gc = p.gst + (bh * p.nchunks + c) * p.D * p.N;
+    const double last = p.cum[ob + p.cs - 1];
+    const auto x_src = tile_src(&p.x.at(b, tb + s_lo, h, 0), p.x.s1, p.x.s3, K - s_lo, p.D);
+    stage_chunk_scalars(p, ob, sc);  // its barrier also ends the last head's reads of Wt
     for (int q = 0; q < nt; ++q) {
       const int64_t t0 = s_lo + q * int64_t{kTile};
-      gemm_ts_v<false>(acc, Wt[q], sm,
-                       tile_src(&p.Cm.at(b, tb + t0, g, n0), p.Cm.s1, p.Cm.s3, K - t0, p.N - n0));
+      float dxa[4][4];
+      with_dyp(p, b, tb + t0, h, 0, K - t0, p.D,
+               [&](const auto& dys) { gemm_v<true, true, false>(dxa, sm, p.D, x_src, dys); });
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int64_t s = s_lo + ty + 16 * i, t = t0 + tx + 16 * j;
+          float w = 0.0f;
+          if (s <= t && t < K) w = expf(static_cast<float>(sc.cum[t] - sc.cum[s])) * dxa[i][j];
+          Wt[q][ty + 16 * i][tx + 16 * j] = from_float<T>(w);
+        }
     }
+    // The W tiles become visible at the first barrier of the first product below.
+    for (int64_t tn = 0; tn < p.ntn; ++tn) {
+      const int64_t n0 = tn * kTile;
+      // e_s (Gc^T x_s)[n]
+      float acc[4][4] = {};
+      gemm_v<true, false>(acc, sm, p.D, x_src, tile_src(Gc + n0, p.N, 1, p.D, p.N - n0));
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int64_t s = s_lo + ty + 16 * i;
+        const float e = s < K ? expf(static_cast<float>(last - p.cum[ob + s])) : 0.0f;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] *= e;
+      }
+      for (int q = 0; q < nt; ++q) {
+        const int64_t t0 = s_lo + q * int64_t{kTile};
+        gemm_ts_v<false>(acc, Wt[q], sm,
+                         tile_src(&p.Cm.at(b, tb + t0, g, n0), p.Cm.s1, p.Cm.s3, K - t0, p.N - n0));
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int64_t s = s_lo + ty + 16 * i;
+        const float v = s < K ? p.dtp[ob + s] : 0.0f;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) Acc[tn][ty + 16 * i][tx + 16 * j] += v * acc[i][j];
+      }
+    }
+  }
+  const int64_t slot = (h0 % p.hpg) / p.hb;
+  for (int64_t tn = 0; tn < p.ntn; ++tn)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int64_t s = s_lo + ty + 16 * i;
       if (s >= K) continue;
-      const float v = p.dtp[ob + s];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const int64_t n = n0 + tx + 16 * j;
-        if (n < p.N) p.pdB[((b * p.L + tb + s) * p.H + h) * p.N + n] = v * acc[i][j];
+        const int64_t n = tn * kTile + tx + 16 * j;
+        if (n < p.N)
+          p.pdB[((b * p.L + tb + s) * p.H + g * p.hpg + slot) * p.N + n] =
+              Acc[tn][ty + 16 * i][tx + 16 * j];
       }
     }
-  }
 }
 
 // Per-head dC for a (64 tokens t) x (64 columns n) tile; the blocks of the first N tile also
@@ -2038,102 +2071,123 @@ __global__ void __launch_bounds__(kThreads) bwd_dc_kernel(BwdC<T> p) {
   bwd_dc_body<T, kTC>(p);
 }
 
-// chunked_wmma_vec's dC: one block per (chunk, 64 tokens t, b, h) covering every 64-wide N tile,
-// as bwd_db_alln_vec_kernel: the weighted dy'.x^T tiles (and with them the P row and column sums,
-// which only the first N tile's block formed before) are computed once and kept, rounded to T, in
-// dynamic shared memory; each N tile then repeats bwd_dc_body's products in the same order.
+// chunked_wmma_vec's dC: one block per (chunk, 64 tokens t, b, block of hb heads), as
+// bwd_db_heads_vec_kernel: per head the weighted dy'.x^T tiles (and with them the P row and column
+// sums, which only the first N tile's block formed before) are computed once and kept, rounded to
+// T, in dynamic shared memory; each N tile repeats bwd_dc_body's products in the same order, and
+// the heads' dC rows are added in head order in shared memory.
 template <class T>
-__global__ void __launch_bounds__(kThreads, 2) bwd_dc_alln_vec_kernel(BwdC<T> p) {
+__global__ void __launch_bounds__(kThreads, 2) bwd_dc_heads_vec_kernel(BwdC<T> p) {
   __shared__ GemmSmem<T, true> sm;
   __shared__ ChunkScalars sc;
   __shared__ float Pc[kThreads / 16][kTile];
   extern __shared__ __align__(32) unsigned char dc_dyn[];
   T(*Wt)[kTile][kLdB] = reinterpret_cast<T(*)[kTile][kLdB]>(dc_dyn);
+  float(*Acc)[kTile][kTile] =
+      reinterpret_cast<float(*)[kTile][kTile]>(dc_dyn + wt_smem_bytes(p.cs));
   const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
   const int64_t c = blockIdx.x / p.ntt, it = blockIdx.x % p.ntt, t_lo = it * kTile;
-  const int64_t bh = blockIdx.z, b = bh / p.H, h = bh % p.H, g = h / p.hpg;
-  const ChunkAt ch = chunk_at(p, c, bh);
-  const int64_t K = ch.K, tb = ch.t_base, ob = ch.o_base;
+  const int64_t nhb = p.H / p.hb, b = blockIdx.z / nhb, h0 = (blockIdx.z % nhb) * p.hb;
+  const int64_t g = h0 / p.hpg;
+  const ChunkAt ch0 = chunk_at(p, c, b * p.H + h0);
+  const int64_t K = ch0.K, tb = ch0.t_base;
   if (t_lo >= K) return;
-  const float* S0 = p.st + (bh * p.nchunks + c) * p.D * p.N;
-  const float* cbt = p.cbm + ((b * (p.H / p.hpg) + g) * p.nchunks + c) * p.cs * p.cs;
-  stage_chunk_scalars(p, ob, sc);
-  float rsum[4] = {};
-  const int ns = static_cast<int>(t_lo / kTile) + 1;  // s tiles s0 <= t_lo
-  for (int q = 0; q < ns; ++q) {
-    const int64_t s0 = q * int64_t{kTile};
-    float dxa[4][4];
-    with_dyp(p, b, tb + t_lo, h, 0, K - t_lo, p.D, [&](const auto& dys) {
-      gemm_v<true, true, false>(dxa, sm, p.D, dys,
-                                tile_src(&p.x.at(b, tb + s0, h, 0), p.x.s1, p.x.s3, K - s0, p.D));
-    });
-    float csum[4] = {};
+  for (int64_t tn = 0; tn < p.ntn; ++tn)
 #pragma unroll
     for (int i = 0; i < 4; ++i)
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int64_t t = t_lo + ty + 16 * i, s = s0 + tx + 16 * j;
-        float w = 0.0f;
-        if (s <= t && t < K) {
-          w = expf(static_cast<float>(sc.cum[t] - sc.cum[s])) * sc.dtp[s] * dxa[i][j];
-          const float pv = w * cbt[t * p.cs + s];
-          rsum[i] += pv;
-          csum[j] += pv;
+      for (int j = 0; j < 4; ++j) Acc[tn][ty + 16 * i][tx + 16 * j] = 0.0f;
+  const float* cbt = p.cbm + ((b * (p.H / p.hpg) + g) * p.nchunks + c) * p.cs * p.cs;
+  const int ns = static_cast<int>(t_lo / kTile) + 1;  // s tiles s0 <= t_lo
+  for (int64_t h = h0; h < h0 + p.hb; ++h) {
+    const int64_t bh = b * p.H + h, ob = chunk_at(p, c, bh).o_base;
+    const float* S0 = p.st + (bh * p.nchunks + c) * p.D * p.N;
+    stage_chunk_scalars(p, ob, sc);  // its barrier also ends the last head's reads of Wt
+    float rsum[4] = {};
+    for (int q = 0; q < ns; ++q) {
+      const int64_t s0 = q * int64_t{kTile};
+      float dxa[4][4];
+      with_dyp(p, b, tb + t_lo, h, 0, K - t_lo, p.D, [&](const auto& dys) {
+        gemm_v<true, true, false>(dxa, sm, p.D, dys,
+                                  tile_src(&p.x.at(b, tb + s0, h, 0), p.x.s1, p.x.s3, K - s0, p.D));
+      });
+      float csum[4] = {};
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int64_t t = t_lo + ty + 16 * i, s = s0 + tx + 16 * j;
+          float w = 0.0f;
+          if (s <= t && t < K) {
+            w = expf(static_cast<float>(sc.cum[t] - sc.cum[s])) * sc.dtp[s] * dxa[i][j];
+            const float pv = w * cbt[t * p.cs + s];
+            rsum[i] += pv;
+            csum[j] += pv;
+          }
+          Wt[q][ty + 16 * i][tx + 16 * j] = from_float<T>(w);
         }
-        Wt[q][ty + 16 * i][tx + 16 * j] = from_float<T>(w);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) Pc[ty][tx + 16 * j] = csum[j];
+      __syncthreads();
+      if (tid < kTile && s0 + tid < K) {
+        float v = 0.0f;
+        for (int r = 0; r < kThreads / 16; ++r) v += Pc[r][tid];
+        p.pcol[(it * p.B * p.H + bh) * p.Lpad + tb + s0 + tid] = v;
       }
-#pragma unroll
-    for (int j = 0; j < 4; ++j) Pc[ty][tx + 16 * j] = csum[j];
-    __syncthreads();
-    if (tid < kTile && s0 + tid < K) {
-      float v = 0.0f;
-      for (int r = 0; r < kThreads / 16; ++r) v += Pc[r][tid];
-      p.pcol[(it * p.B * p.H + bh) * p.Lpad + tb + s0 + tid] = v;
+      __syncthreads();  // Pc is rewritten by the next s tile
     }
-    __syncthreads();  // Pc is rewritten by the next s tile
-  }
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int64_t t = t_lo + ty + 16 * i;
-    const float r = row_sum16(rsum[i]);
-    if (tx == 0 && t < K) p.prow[bh * p.Lpad + tb + t] = r;
-  }
-  for (int64_t n0 = 0, tn = 0; n0 < p.N; n0 += kTile, ++tn) {
-    // exp(cum_t) (S0^T dy'_t)[n], and the state part of dcum for these columns
-    float acc[4][4] = {};
-    with_dyp(p, b, tb + t_lo, h, 0, K - t_lo, p.D, [&](const auto& dys) {
-      gemm_v<true, false>(acc, sm, p.D, dys, tile_src(S0 + n0, p.N, 1, p.D, p.N - n0));
-    });
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int64_t t = t_lo + ty + 16 * i;
-      const float e = t < K ? expf(static_cast<float>(p.cum[ob + t])) : 0.0f;
-      float part = 0.0f;
+      const float r = row_sum16(rsum[i]);
+      if (tx == 0 && t < K) p.prow[bh * p.Lpad + tb + t] = r;
+    }
+    for (int64_t tn = 0; tn < p.ntn; ++tn) {
+      const int64_t n0 = tn * kTile;
+      // exp(cum_t) (S0^T dy'_t)[n], and the state part of dcum for these columns
+      float acc[4][4] = {};
+      with_dyp(p, b, tb + t_lo, h, 0, K - t_lo, p.D, [&](const auto& dys) {
+        gemm_v<true, false>(acc, sm, p.D, dys, tile_src(S0 + n0, p.N, 1, p.D, p.N - n0));
+      });
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int64_t n = n0 + tx + 16 * j;
-        acc[i][j] *= e;
-        if (t < K && n < p.N) part = fmaf(to_float(p.Cm.at(b, tb + t, g, n)), acc[i][j], part);
+      for (int i = 0; i < 4; ++i) {
+        const int64_t t = t_lo + ty + 16 * i;
+        const float e = t < K ? expf(static_cast<float>(p.cum[ob + t])) : 0.0f;
+        float part = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int64_t n = n0 + tx + 16 * j;
+          acc[i][j] *= e;
+          if (t < K && n < p.N) part = fmaf(to_float(p.Cm.at(b, tb + t, g, n)), acc[i][j], part);
+        }
+        part = row_sum16(part);
+        if (tx == 0 && t < K) p.pst[(tn * p.B * p.H + bh) * p.Lpad + tb + t] = part;
       }
-      part = row_sum16(part);
-      if (tx == 0 && t < K) p.pst[(tn * p.B * p.H + bh) * p.Lpad + tb + t] = part;
+      for (int q = 0; q < ns; ++q) {
+        const int64_t s0 = q * int64_t{kTile};
+        gemm_ts_v<false>(acc, Wt[q], sm,
+                         tile_src(&p.Bm.at(b, tb + s0, g, n0), p.Bm.s1, p.Bm.s3, K - s0, p.N - n0));
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) Acc[tn][ty + 16 * i][tx + 16 * j] += acc[i][j];
     }
-    for (int q = 0; q < ns; ++q) {
-      const int64_t s0 = q * int64_t{kTile};
-      gemm_ts_v<false>(acc, Wt[q], sm,
-                       tile_src(&p.Bm.at(b, tb + s0, g, n0), p.Bm.s1, p.Bm.s3, K - s0, p.N - n0));
-    }
+  }
+  const int64_t slot = (h0 % p.hpg) / p.hb;
+  for (int64_t tn = 0; tn < p.ntn; ++tn)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int64_t t = t_lo + ty + 16 * i;
       if (t >= K) continue;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const int64_t n = n0 + tx + 16 * j;
-        if (n < p.N) p.pdC[((b * p.L + tb + t) * p.H + h) * p.N + n] = acc[i][j];
+        const int64_t n = tn * kTile + tx + 16 * j;
+        if (n < p.N)
+          p.pdC[((b * p.L + tb + t) * p.H + g * p.hpg + slot) * p.N + n] =
+              Acc[tn][ty + 16 * i][tx + 16 * j];
       }
     }
-  }
 }
 
 // Per (chunk, b, h): assembles dcum, the reverse cumsum da, then ddt and the chunk's partials of
@@ -2244,7 +2298,8 @@ __global__ void __launch_bounds__(kThreads) bwd_head_kernel(BwdC<T> p) {
     }
 }
 
-// dB, dC: the per-head partials summed over the heads of each group, in head order.
+// dB, dC: the partials summed over each group, in slot order (chunked_wmma / chunked_f32: one slot
+// per head; chunked_wmma_vec: one per block of hb heads, each already a head-ordered sum).
 template <class T>
 __global__ void bwd_reduce_bc_kernel(BwdC<T> p) {
   const int64_t G = p.H / p.hpg;
@@ -2252,7 +2307,7 @@ __global__ void bwd_reduce_bc_kernel(BwdC<T> p) {
   if (e >= p.B * p.L * G * p.N) return;
   const int64_t n = e % p.N, rest = e / p.N, grp = rest % G, bt = rest / G;
   float sb = 0.0f, sc = 0.0f;
-  for (int64_t hh = 0; hh < p.hpg; ++hh) {
+  for (int64_t hh = 0; hh < p.bc_parts; ++hh) {  // the first bc_parts head slots of the group
     const int64_t o = (bt * p.H + grp * p.hpg + hh) * p.N + n;
     sb += p.pdB[o], sc += p.pdC[o];
   }
@@ -2636,6 +2691,16 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
   p.per_channel = pr.d_skip == ssd::DSkip::per_channel;
   p.ntd = cuda::ceil_div(pr.head_dim, kTile), p.ntn = cuda::ceil_div(pr.state_dim, kTile);
   p.ntt = pr.chunk_size / kTile;
+  // chunked_wmma_vec adds the dB/dC rows of hb heads (the largest divisor of hpg up to 8) inside
+  // its blocks; the other variants leave one partial per head.
+  p.hb = 1;
+  if constexpr (kVec)
+    for (int64_t d = 8; d >= 1; --d)
+      if (pr.heads_per_group % d == 0) {
+        p.hb = d;
+        break;
+      }
+  p.bc_parts = pr.heads_per_group / p.hb;
   const FwdLayout fl = fwd_layout(pr, false);
   const BwdcLayout l = bwdc_layout(pr);
   float* ws = static_cast<float*>(ctx.workspace.data);
@@ -2713,23 +2778,25 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
     BARACUDA_TRY(cuda::check_launch(op, "bwd_dx_kernel"));
     clock.mark("dx");
     if constexpr (kVec) {
-      const size_t smem = db_alln_smem_bytes(pr.chunk_size);
+      const size_t smem = bc_heads_smem_bytes(pr);
       BARACUDA_TRY(cuda::check(op, "cudaFuncSetAttribute",
-                               cudaFuncSetAttribute(bwd_db_alln_vec_kernel<T>,
+                               cudaFuncSetAttribute(bwd_db_heads_vec_kernel<T>,
                                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                     static_cast<int>(smem))));
-      bwd_db_alln_vec_kernel<T><<<dim3(nc * ntt, 1, bh), kThreads, smem, st>>>(p);
+      bwd_db_heads_vec_kernel<T>
+          <<<dim3(nc * ntt, 1, static_cast<unsigned>(bh64 / p.hb)), kThreads, smem, st>>>(p);
     } else
       bwd_db_kernel<T, kTC><<<dim3(nc * ntt, ntn, bh), kThreads, 0, st>>>(p);
     BARACUDA_TRY(cuda::check_launch(op, "bwd_db_kernel"));
     clock.mark("db");
     if constexpr (kVec) {
-      const size_t smem = db_alln_smem_bytes(pr.chunk_size);
+      const size_t smem = bc_heads_smem_bytes(pr);
       BARACUDA_TRY(cuda::check(op, "cudaFuncSetAttribute",
-                               cudaFuncSetAttribute(bwd_dc_alln_vec_kernel<T>,
+                               cudaFuncSetAttribute(bwd_dc_heads_vec_kernel<T>,
                                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                     static_cast<int>(smem))));
-      bwd_dc_alln_vec_kernel<T><<<dim3(nc * ntt, 1, bh), kThreads, smem, st>>>(p);
+      bwd_dc_heads_vec_kernel<T>
+          <<<dim3(nc * ntt, 1, static_cast<unsigned>(bh64 / p.hb)), kThreads, smem, st>>>(p);
     } else
       bwd_dc_kernel<T, kTC><<<dim3(nc * ntt, ntn, bh), kThreads, 0, st>>>(p);
     BARACUDA_TRY(cuda::check_launch(op, "bwd_dc_kernel"));

@@ -1155,6 +1155,14 @@ TEST_P(SsdPlans, BackwardChunkedShapesOnDevice) {
                Layout::contiguous, PlanPreference::kernel("chunked_f32"));
   run_backward(target, DType::bf16, {2, 0, 2, 4, 4, 1, 64, {.init = true, .final = true}},
                Layout::contiguous, PlanPreference::kernel("chunked_wmma"));
+  // chunked_wmma_vec adds the dB/dC rows of up to 8 heads of a group inside its blocks: 16 and
+  // 12 heads per group give two such partials per group (blocks of 8 and of 6 heads).
+  for (DType dtype : {DType::f16, DType::bf16}) {
+    run_backward(target, dtype, {1, 200, 16, 64, 64, 1, 64, {.z = true, .final = true}},
+                 Layout::contiguous, PlanPreference::kernel("chunked_wmma_vec"));
+    run_backward(target, dtype, {2, 130, 24, 32, 48, 2, 128, {.d_skip = ssd::DSkip::per_head}},
+                 Layout::padded, PlanPreference::kernel("chunked_wmma_vec"));
+  }
   // The old recurrent kernel stays registered (varlen, cross-check): same data, same oracle.
   run_backward(target, DType::bf16, {2, 300, 4, 64, 64, 2, 64, all}, Layout::contiguous,
                PlanPreference::kernel("recurrent_deterministic_f32"));
@@ -1177,7 +1185,9 @@ TEST_P(SsdPlans, BackwardChunkedShapesOnDevice) {
 
 // chunked_wmma_vec stages the same operand values into the same fragments in the same order as
 // chunked_wmma (only the loads differ: 16-byte vectors, storage-order shared tiles read by row- or
-// column-major fragments), so every output must be bitwise equal. Padded and permuted layouts take
+// column-major fragments), so every output must be bitwise equal. (Its dB/dC blocks add up to 8
+// heads of a group in head order; every case here has at most 8 heads per group, i.e. one partial
+// per group, which is then the same sum in the same order.) Padded and permuted layouts take
 // its element-wise fallback; z makes dy' an f32 operand; ragged L, D and N exercise the edges.
 void expect_vec_equals_wmma(Target target, DType dtype, const BwdCase& c, Layout layout) {
   Rng rng;
