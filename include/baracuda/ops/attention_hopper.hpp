@@ -55,7 +55,9 @@ std::string_view selection_table_provenance();  // device, date, commit of the m
 // The candidate the table says is fastest for this problem: the nearest measured point of the
 // same dtype, pass and causality (head dim first, then log-distance in max(Lq, Lk)), and there the
 // largest TFLOP/s among cuDNN, the bespoke kernel and (forward only, where `fa3_runs`: the kernel
-// fits this problem on this device) fa3; ties go to cuDNN, then bespoke. Candidate::cudnn when the
+// fits this problem on this device, and where Lq is within 2x of the point's L: the column was
+// measured with Lq = Lk, so decode-like problems never go to fa3 on its strength) fa3; ties go to
+// cuDNN, then bespoke. Candidate::cudnn when the
 // table has no point for the dtype/pass (the fastest peer measured through PyTorch).
 Candidate preferred_candidate(std::span<const TablePoint> table, const attention::Problem& p,
                               Pass pass, bool fa3_runs);

@@ -172,8 +172,11 @@ TEST(AttentionCudnnRules, NearestMeasuredPointDecides) {
   EXPECT_EQ(pick(64, 1024, Mask::none(), Pass::forward), Candidate::bespoke);  // nearer 512
   EXPECT_EQ(pick(64, 8192, Mask::none(), Pass::forward), Candidate::cudnn);    // nearer 16k
   EXPECT_EQ(pick(64, 65536, Mask::none(), Pass::forward), Candidate::cudnn);
-  EXPECT_EQ(pick(128, 512, Mask::none(), Pass::forward), Candidate::fa3);   // head dim first
-  EXPECT_EQ(pick(96, 16384, Mask::none(), Pass::forward), Candidate::fa3);  // log2: 128
+  // Head dim first: the d128 point, where fa3 counts only for Lq within 2x of 4096.
+  EXPECT_EQ(pick(128, 512, Mask::none(), Pass::forward), Candidate::bespoke);
+  EXPECT_EQ(pick(128, 2048, Mask::none(), Pass::forward), Candidate::fa3);
+  EXPECT_EQ(pick(96, 4096, Mask::none(), Pass::forward), Candidate::fa3);              // log2: 128
+  EXPECT_EQ(pick(96, 16384, Mask::none(), Pass::forward), Candidate::bespoke);         // 4x off
   EXPECT_EQ(pick(128, 4096, Mask::none(), Pass::forward, false), Candidate::bespoke);  // no fa3
   EXPECT_EQ(pick(128, 4096, Mask::causal_top_left(), Pass::forward), Candidate::cudnn);
   EXPECT_EQ(pick(128, 8192, Mask::causal_top_left(), Pass::forward), Candidate::cudnn);    // 4096
@@ -186,6 +189,17 @@ TEST(AttentionCudnnRules, NearestMeasuredPointDecides) {
   EXPECT_EQ(preferred_candidate({}, problem_of(make_desc(DType::bf16, 1, 8, 8, 64, 64, 64)),
                                 Pass::forward, true),
             Candidate::cudnn);
+  // fa3's column counts only for Lq within 2x of the point's L (it was measured with Lq = Lk):
+  // decode-like problems keep the cuDNN/bespoke choice.
+  auto pick_qk = [&](int64_t lq, int64_t lk) {
+    return preferred_candidate(table, problem_of(make_desc(DType::bf16, 1, 8, 8, lq, lk, 128)),
+                               Pass::forward, true);
+  };
+  EXPECT_EQ(pick_qk(4096, 4096), Candidate::fa3);
+  EXPECT_EQ(pick_qk(2048, 4096), Candidate::fa3);
+  EXPECT_EQ(pick_qk(8192, 4096), Candidate::fa3);
+  EXPECT_EQ(pick_qk(2047, 4096), Candidate::bespoke);
+  EXPECT_EQ(pick_qk(1, 4096), Candidate::bespoke);
 }
 
 // The candidate the table's own columns make fastest at a point (what select must follow).
@@ -245,6 +259,10 @@ TEST(AttentionCudnnRules, ShippedTablePicksFa3WhereItWasFastest) {
     EXPECT_EQ(preferred_candidate(p, Pass::forward, true), pt.want);
     EXPECT_EQ(preferred_candidate(p, Pass::forward, false), Candidate::cudnn);
     EXPECT_EQ(preferred_candidate(p, Pass::backward, true), Candidate::cudnn);
+    // Decode against the same keys: never fa3.
+    const attention::Problem decode =
+        problem_of(make_desc(DType::bf16, 16, 2048 / pt.d, 2048 / pt.d, 1, pt.l, pt.d));
+    EXPECT_EQ(preferred_candidate(decode, Pass::forward, true), Candidate::cudnn);
   }
 }
 

@@ -106,7 +106,13 @@ Candidate preferred_candidate(std::span<const TablePoint> table, const attention
   Candidate pick = Candidate::cudnn;
   double tf = best->cudnn_tflops;
   if (best->bespoke_tflops > tf) pick = Candidate::bespoke, tf = best->bespoke_tflops;
-  if (pass == Pass::forward && fa3_runs && best->fa3_tflops > tf) pick = Candidate::fa3;
+  // fa3 was measured with Lq = Lk, and its grid is one 128-row CTA per query block and head: a
+  // problem with far fewer queries than the point (decode: Lq = 1 against thousands of keys) is
+  // not what that column measured, so fa3 is a candidate only with Lq within 2x of the point's L.
+  const bool fa3_like =
+      std::abs(std::log2(static_cast<double>(best->len)) -
+               std::log2(static_cast<double>(std::max<int64_t>(1, d.len_q)))) <= 1.0;
+  if (pass == Pass::forward && fa3_runs && fa3_like && best->fa3_tflops > tf) pick = Candidate::fa3;
   return pick;
 }
 
