@@ -234,7 +234,8 @@ void bench_ssd(const Stream& s) {
   // A/B rows, same case names: the chunked backward on f32 SIMT tiles, and the old recurrent
   // backward on the small case only (it takes 245 ms on the large one).
   for (const Case& c : cases) run_prefill(s, c, true, "chunked_f32");
-  // chunked_wmma_vec: chunked_wmma with 16-byte operand staging (bitwise equal results).
+  // chunked_wmma_vec: 16-byte operand staging, dB/dC blocks over all of N and 8 heads (same
+  // results as chunked_wmma up to the dB/dC group sums' order).
   for (const Case& c : cases) run_prefill(s, c, true, "chunked_wmma_vec");
   run_prefill(s, cases[1], true, "recurrent_deterministic_f32");
   run_decode(s);

@@ -20,7 +20,9 @@
 // state, updated in place.
 // chunked_wmma_vec (16-bit, forward and backward): chunked_wmma's kernels with operands staged as
 // 16-byte vectors (TileSrc / fetch_stage / commit_stage) and, in the backward, dB/dC blocks that
-// cover every N tile; bitwise equal to chunked_wmma. ssd::StageSink times every launch.
+// cover every N tile and add up to 8 heads of a group; bitwise equal to chunked_wmma except for
+// the dB/dC group sums' order when a group has more than 8 heads. ssd::StageSink times every
+// launch.
 #pragma once
 
 #include <mma.h>
@@ -2998,9 +3000,10 @@ bool register_kernels() {
         .workspace = chunked_bwd_workspace,
         .launch = backward_chunked<T, true>,
     });
-    // The same products, bitwise equal results, operands staged by 16-byte vectors (one memory
-    // round trip per 64-deep stage instead of four). Below chunked_wmma until an H100 run has
-    // timed it (then it takes priority 31).
+    // The same products on operands staged by 16-byte vectors (one memory round trip per 64-deep
+    // stage instead of four), dB/dC blocks over every N tile and up to 8 heads of a group:
+    // bitwise equal to chunked_wmma except the dB/dC group sums' order beyond 8 heads per group.
+    // Below chunked_wmma until an H100 run has timed it (then it takes priority 31).
     register_kernel<SsdBackwardOp>({
         .sku = {.category = "scan",
                 .op = "ssd_backward",
@@ -3012,7 +3015,16 @@ bool register_kernels() {
                               DType::f32, true, false},
                 .name = "chunked_wmma_vec"},
         .priority = 29,
-        .fits = chunked_bwd_fits,
+        // The dB/dC blocks' dynamic W and accumulator tiles (126 KB at chunk 256, N 256) must fit
+        // next to their static shared memory.
+        .fits =
+            [](const ssd::Problem& p, const DeviceCaps& caps) {
+              const size_t statics =
+                  sizeof(GemmSmem<T, true>) + sizeof(ChunkScalars) + sizeof(float) * kThreads * 4;
+              return chunked_bwd_fits(p, caps) &&
+                     static_cast<int64_t>(bc_heads_smem_bytes(p) + statics) <=
+                         caps.smem_per_block_optin;
+            },
         .workspace = chunked_bwd_workspace,
         .launch = backward_chunked<T, true, true>,
     });
