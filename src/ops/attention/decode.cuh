@@ -16,6 +16,8 @@
 //    the problem size and the device, so bits are not stable across batch sizes).
 #pragma once
 
+#include <atomic>
+
 // Included by launch.cuh after its host helpers (fwd_params, rows_aligned, launch_fwd_simt).
 #include "ops/attention/kernels.cuh"
 
@@ -36,7 +38,11 @@ struct DecodeCfg {
   static constexpr size_t kSmem = kQBytes + (kKvBytes > kMergeBytes ? kKvBytes : kMergeBytes);
 };
 
-template <class T, int D, int MT>
+// Low 24 bits of an arrival word count the splits of this launch that have written their
+// partials (splits <= 256); the high 40 bits hold the launch's tag (see flash_decode's fused tail).
+constexpr unsigned long long kArrivalCountMask = (1ull << 24) - 1;
+
+template <class T, int D, int MT, bool kFused = false>
 __global__ void __launch_bounds__(128) flash_decode(Params p) {
   using Cfg = DecodeCfg<T, D, MT>;
   constexpr int kNT = Cfg::kThreads, kBN = Cfg::kBN, kRows = Cfg::kRows, kStages = Cfg::kStages;
@@ -49,7 +55,7 @@ __global__ void __launch_bounds__(128) flash_decode(Params p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // Lets the combine grid (launched with programmatic stream serialization) get resident now and
   // wait in griddepcontrol.wait, instead of paying its launch after the last CTA here retires.
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  if constexpr (!kFused) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
   int lin = blockIdx.x;
   const int hk = lin % p.heads_kv;
@@ -282,6 +288,99 @@ __global__ void __launch_bounds__(128) flash_decode(Params p) {
         static_cast<float*>(p.lse)[detail::lse_offset(p.sl, p.varlen, b, h, s.q0 + i)] = sLse[r];
     }
   }
+  if constexpr (kFused) {
+    if (p.splits > 1) {
+      // Last-arrival combine (flash_decode_fused_sm80): no second launch. Each split's CTA
+      // publishes its partials (every thread fences its own stores, the barrier collects them,
+      // thread 0 counts the CTA in with a gpu-scope atomic); the CTA that completes the count of
+      // its (batch, K/V head) merges that group's rows. The arrival order only decides WHICH CTA
+      // merges: the merge reads every split's partial from memory and sums in split order, so the
+      // bits do not depend on it. The word is tagged with this launch (fresh workspace contents
+      // are arbitrary, and a word another launch left behind must not count here): an arrival
+      // that finds another tag restarts the count at 1, and the merging CTA resets the word to 0
+      // (never a tag), so a replayed CUDA graph (same tag) starts from 0 as well. A stale word
+      // can only be mistaken for this launch's if its high 40 bits equal the tag.
+      __threadfence();
+      __syncthreads();
+      __shared__ int s_last;
+      if (threadIdx.x == 0) {
+        unsigned long long* word = p.arrivals + (int64_t{b} * p.heads_kv + hk);
+        unsigned long long seen = 0ull;
+        for (;;) {
+          const bool ours = (seen & ~kArrivalCountMask) == p.tag;
+          const unsigned long long got = atomicCAS(word, seen, ours ? seen + 1 : p.tag + 1);
+          if (got == seen) break;
+          seen = got;
+        }
+        const unsigned long long arrived =
+            (seen & ~kArrivalCountMask) == p.tag ? (seen & kArrivalCountMask) + 1 : 1;
+        const bool last = arrived == static_cast<unsigned long long>(p.splits);
+        if (last) {
+          atomicExch(word, 0ull);  // every split of the group has counted itself in
+          __threadfence();         // acquire side: the others' partials are read after this
+        }
+        s_last = last;
+      }
+      __syncthreads();
+      if (!s_last) return;
+      // Scratch over the K/V ring (the merge buffers above are done): per (split, row) weights.
+      float* sWt = reinterpret_cast<float*>(sK);  // [splits][kRows]
+      float* sCInv = sWt + p.splits * kRows;
+      float* sCLse = sCInv + kRows;
+      const int sp_n = p.splits;
+      auto row_of = [&](int r) {  // global row index of group row r
+        return (int64_t{b} * p.heads_q + h_base + r / s.lq) * p.len_q + r % s.lq;
+      };
+      // Every split's LSE for every row at once (one round trip); __ldcg: L2, never a stale L1.
+      for (int idx = threadIdx.x; idx < sp_n * rows_total; idx += kNT) {
+        const int sp = idx / rows_total, r = idx % rows_total;
+        sWt[sp * kRows + r] = __ldcg(p.lse_part + sp * rows + row_of(r));
+      }
+      __syncthreads();
+      // Per row (warp w takes rows w, w + 4, ...): lanes own splits; max and weight sum in a
+      // fixed shuffle tree, weights w_s = exp(lse_s - max) (0 for a split that saw no key).
+      for (int r = warp; r < rows_total; r += kNW) {
+        float mx = -INFINITY;
+        for (int sp = lane; sp < sp_n; sp += 32) mx = fmaxf(mx, sWt[sp * kRows + r]);
+#pragma unroll
+        for (int o2 = 16; o2 > 0; o2 >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o2));
+        float wsum = 0.f;
+        for (int sp = lane; sp < sp_n; sp += 32) {
+          const float wgt = mx == -INFINITY ? 0.f : expf(sWt[sp * kRows + r] - mx);
+          sWt[sp * kRows + r] = wgt;
+          wsum += wgt;
+        }
+#pragma unroll
+        for (int o2 = 16; o2 > 0; o2 >>= 1) wsum += __shfl_xor_sync(0xffffffffu, wsum, o2);
+        if (lane == 0) {
+          sCInv[r] = wsum > 0 ? 1.f / wsum : 0.f;
+          sCLse[r] = wsum > 0 ? mx + logf(wsum) : -INFINITY;
+        }
+      }
+      __syncthreads();
+      // y = sum_s w_s o_s / sum_s w_s, float4 columns per thread, splits in order; the loads of
+      // all splits are independent, so an unrolled loop keeps 16 in flight.
+      const int c4 = dv / 4;  // dv is a multiple of 8
+      for (int idx = threadIdx.x; idx < rows_total * c4; idx += kNT) {
+        const int r = idx / c4, col = (idx % c4) * 4;
+        const float* src = p.o_part + row_of(r) * dv + col;
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 16
+        for (int sp = 0; sp < sp_n; ++sp) {
+          const float wgt = sWt[sp * kRows + r];
+          const float4 x = __ldcg(reinterpret_cast<const float4*>(src + sp * rows * dv));
+          acc.x += wgt * x.x, acc.y += wgt * x.y, acc.z += wgt * x.z, acc.w += wgt * x.w;
+        }
+        const float inv = sCInv[r];
+        const int h = h_base + r / s.lq, i = r % s.lq;
+        T* dst = static_cast<T*>(p.out) + detail::row_offset(p.sy, p.varlen, b, h, s.q0 + i);
+        *reinterpret_cast<uint2*>(dst + col) =
+            make_uint2(pack2<T>(acc.x * inv, acc.y * inv), pack2<T>(acc.z * inv, acc.w * inv));
+        if (col == 0)
+          static_cast<float*>(p.lse)[detail::lse_offset(p.sl, p.varlen, b, h, s.q0 + i)] = sCLse[r];
+      }
+    }
+  }
 }
 
 // Merges the splits of each row (one CTA of four warps per row): y = sum_s w_s o_s / sum_s w_s
@@ -417,19 +516,37 @@ inline int decode_splits(const Problem& pr, const DeviceCaps& caps) {
   const int64_t per = cuda::ceil_div(tiles, want);
   return static_cast<int>(cuda::ceil_div(tiles, per));  // no split left empty when unmasked
 }
-template <int kWaves = 1>
-size_t decode_workspace(const Problem& pr, const DeviceCaps& caps) {
-  const int splits = decode_splits<kWaves>(pr, caps);
-  if (splits <= 1) return 0;
+// Partials (f32 rows + LSE per split and row), then for the fused variant one 8-byte arrival
+// word per (batch, K/V head), 8-byte aligned.
+inline size_t decode_partial_bytes(const Problem& pr, int splits) {
   const Descriptor& d = pr.desc;
   const int64_t rows = d.batch * d.heads_q * d.len_q;
   return static_cast<size_t>(splits * rows * (d.head_dim_v + 1)) * sizeof(float);
 }
+template <int kWaves = 1, bool kFused = false>
+size_t decode_workspace(const Problem& pr, const DeviceCaps& caps) {
+  const int splits = decode_splits<kWaves>(pr, caps);
+  if (splits <= 1) return 0;
+  const size_t part = decode_partial_bytes(pr, splits);
+  if (!kFused) return part;
+  return (part + 7) / 8 * 8 + sizeof(unsigned long long) * pr.desc.batch * pr.desc.heads_kv;
+}
 
-template <class T, int D, int MT>
+// A tag per fused decode launch (high 40 bits of the arrival words): launch n gets n << 24
+// scrambled by a fixed xor (a bijection, so no two launches of the next 2^40 share a tag), which
+// keeps tags away from the small integers and zeros that stale memory most often holds; never 0,
+// the reset value.
+inline unsigned long long next_decode_tag() {
+  static std::atomic<unsigned long long> launches{0};
+  const unsigned long long n = launches.fetch_add(1, std::memory_order_relaxed) + 1;
+  const unsigned long long tag = ((n << 24) ^ 0x5bd1e9955bd1e995ull) & ~kArrivalCountMask;
+  return tag != 0 ? tag : 0x5bd1e9955bd1e995ull & ~kArrivalCountMask;
+}
+
+template <class T, int D, int MT, bool kFused>
 Status run_decode(const LaunchContext& ctx, const Params& p) {
   using Cfg = DecodeCfg<T, D, MT>;
-  constexpr auto kernel = flash_decode<T, D, MT>;
+  constexpr auto kernel = flash_decode<T, D, MT, kFused>;
   static const cudaError_t attr = cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Cfg::kSmem));
   if (attr != cudaSuccess) return cuda::cuda_error(ForwardOp::name, "flash_decode smem", attr);
@@ -467,7 +584,7 @@ Status launch_decode_combine(const LaunchContext& ctx, const Params& p, int64_t 
   return cuda::check_launch(ForwardOp::name, "flash_decode_combine");
 }
 
-template <class T, int kWaves = 1>
+template <class T, int kWaves = 1, bool kFused = false>
 Status launch_decode(const LaunchContext& ctx, const Problem& pr, const ForwardArguments& a) {
   // cp.async needs 16-byte aligned rows; otherwise the SIMT kernel runs (same contract).
   if (!rows_aligned(a.q, sizeof(T)) || !rows_aligned(a.k, sizeof(T)) ||
@@ -478,21 +595,29 @@ Status launch_decode(const LaunchContext& ctx, const Problem& pr, const ForwardA
   if (rows == 0) return {};
   p.splits = decode_splits<kWaves>(pr, ctx.stream.caps());
   if (p.splits > 1) {
-    const size_t need = decode_workspace<kWaves>(pr, ctx.stream.caps());
+    const size_t need = decode_workspace<kWaves, kFused>(pr, ctx.stream.caps());
     if (ctx.workspace.bytes < need)
       return Error::workspace_too_small(std::string(ForwardOp::name) + ": decode split partials",
                                         need, ctx.workspace.bytes);
     p.o_part = static_cast<float*>(ctx.workspace.data);
     p.lse_part = p.o_part + p.splits * rows * p.dim_v;
+    if (kFused) {
+      const size_t part = (decode_partial_bytes(pr, p.splits) + 7) / 8 * 8;
+      p.arrivals = reinterpret_cast<unsigned long long*>(
+          static_cast<unsigned char*>(ctx.workspace.data) + part);
+      p.tag = next_decode_tag();
+    }
   }
   const bool two = decode_rows(pr) > 16;
   // The padded head dim and the m16 tiles of the group pick a launch shape (not a dtype dispatch).
   const int dim = decode_dim(pr);
-  const Status st = dim == 64 ? (two ? run_decode<T, 64, 2>(ctx, p) : run_decode<T, 64, 1>(ctx, p))
-                    : dim == 128
-                        ? (two ? run_decode<T, 128, 2>(ctx, p) : run_decode<T, 128, 1>(ctx, p))
-                        : run_decode<T, 256, 1>(ctx, p);
-  if (!st.ok() || p.splits <= 1) return st;
+  const Status st =
+      dim == 64
+          ? (two ? run_decode<T, 64, 2, kFused>(ctx, p) : run_decode<T, 64, 1, kFused>(ctx, p))
+      : dim == 128
+          ? (two ? run_decode<T, 128, 2, kFused>(ctx, p) : run_decode<T, 128, 1, kFused>(ctx, p))
+          : run_decode<T, 256, 1, kFused>(ctx, p);
+  if (!st.ok() || p.splits <= 1 || kFused) return st;  // fused: the last split merged
   return launch_decode_combine<T>(ctx, p, rows);
 }
 

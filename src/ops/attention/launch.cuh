@@ -408,6 +408,32 @@ bool register_kernels() {
         .workspace = fwd_mma_workspace<MmaShapeM16W8>,
         .launch = launch_fwd_mma<T, MmaShapeM16W8>,
     });
+    // m16 again, same name and launch, above m16w8 where the padded head dim is 64: the second
+    // H100 run (bf16, non-causal L4096, TFLOP/s) has m16 / m16w8 at 233.4 / 208.4 for d64 but
+    // 212.9 / 258.6 for d128. Priorities are per entry and cannot depend on the head dim, but
+    // `fits` can, so d64 selects this entry by default while m16w8 keeps d128; m16w8 stays
+    // pinnable everywhere, and pinning "flash_fwd_mma_m16_sm80" reaches this entry or the one
+    // above (same launch), so m16 stays pinnable at every head dim too.
+    register_kernel<ForwardOp>({
+        .sku = {.category = "attention",
+                .op = ForwardOp::name,
+                .element = E,
+                .aux_element = DType::f32,
+                .layout = "strided",
+                .epilogue = "any_mask",
+                .arch = Arch::sm80,
+                .backend = Backend::bespoke_cuda,
+                .precision = mma,
+                .name = "flash_fwd_mma_m16_sm80"},
+        .priority = 23,
+        .fits =
+            [](const Problem& pr, const DeviceCaps&) {
+              return pr.desc.head_dim_qk % 8 == 0 && pr.desc.head_dim_v % 8 == 0 &&
+                     mma_dim(pr) <= 64;
+            },
+        .workspace = fwd_mma_workspace<MmaShapeM16>,
+        .launch = launch_fwd_mma<T, MmaShapeM16>,
+    });
     register_kernel<ForwardOp>({
         .sku = {.category = "attention",
                 .op = ForwardOp::name,
@@ -483,6 +509,28 @@ bool register_kernels() {
         .fits = decode_fits,
         .workspace = decode_workspace<4>,
         .launch = launch_decode<T, 4>,
+    });
+    // flash_decode_sm80 with the split merge done by the last split of each (batch, K/V head)
+    // to finish (an arrival count per group in the workspace) instead of flash_decode_combine:
+    // no second launch, and each group's merge overlaps the other groups' streaming; only the
+    // last group's merge is left at the tail. The second H100 run puts ~6 us of a 32k decode
+    // (56.8 us) in fixed costs, the combine among them. Same splits, same sums in split order
+    // (deterministic). A/B only until the bench rows show it faster.
+    register_kernel<ForwardOp>({
+        .sku = {.category = "attention",
+                .op = ForwardOp::name,
+                .element = E,
+                .aux_element = DType::f32,
+                .layout = "strided",
+                .epilogue = "any_mask",
+                .arch = Arch::sm80,
+                .backend = Backend::bespoke_cuda,
+                .precision = mma,
+                .name = "flash_decode_fused_sm80"},
+        .priority = 28,
+        .fits = decode_fits,
+        .workspace = decode_workspace<1, true>,
+        .launch = launch_decode<T, 1, true>,
     });
     // Two passes (dQ per query block, dK/dV per key block) in a fixed order: deterministic and
     // independent of the batch; P and dS are rounded to the 16-bit type for the tensor cores.
