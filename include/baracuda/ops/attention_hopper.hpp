@@ -89,14 +89,16 @@ class SelectionTableOverride {
 inline constexpr int kCudnnAhead = 1000;
 inline constexpr int kCudnnBehind = 1;
 
-// fa3_fwd_sm90a is registered five times: the plain schedule, the pingpong one and two with part
-// of the softmax's exp2 on the FMA pipe (2 or 3 of every 8 column groups), below every other
+// fa3_fwd_sm90a is registered six times: the plain schedule, the pingpong one, two with part of
+// the softmax's exp2 on the FMA pipe (2 or 3 of every 8 column groups) and a persistent one (one
+// CTA per SM looping over work tiles), below every other
 // forward kernel (reached by name: A/B, tests), and the plain schedule once more as
 // kFa3RankedAhead, above everything, fitting only where the table picks fa3.
 inline constexpr std::string_view kFa3Kernel = "fa3_fwd_sm90a";
 inline constexpr std::string_view kFa3PingpongKernel = "fa3_fwd_sm90a_pingpong";
 inline constexpr std::string_view kFa3Exp2Poly2Kernel = "fa3_fwd_sm90a_exp2poly2of8";
 inline constexpr std::string_view kFa3Exp2Poly3Kernel = "fa3_fwd_sm90a_exp2poly3of8";
+inline constexpr std::string_view kFa3PersistentKernel = "fa3_fwd_sm90a_persistent";
 inline constexpr std::string_view kFa3RankedAhead = "fa3_fwd_sm90a_ranked_ahead";
 inline constexpr int kFa3Ahead = kCudnnAhead + 1;
 

@@ -878,8 +878,8 @@ const Kernel<attention::ForwardOp>* fa3_kernel(DType t, std::string_view name = 
 TEST(AttentionFa3Registry, RegisteredBelowEveryOtherForwardWithTruthfulPrecision) {
   int found = 0;
   for (DType t : {DType::bf16, DType::f16}) {
-    for (std::string_view name :
-         {kFa3, kFa3Pingpong, kFa3Exp2Poly2Kernel, kFa3Exp2Poly3Kernel, kFa3RankedAhead}) {
+    for (std::string_view name : {kFa3, kFa3Pingpong, kFa3Exp2Poly2Kernel, kFa3Exp2Poly3Kernel,
+                                  kFa3PersistentKernel, kFa3RankedAhead}) {
       const auto* fa3 = fa3_kernel(t, name);
       if (!fa3) continue;  // CPU-only build
       ++found;
@@ -904,7 +904,7 @@ TEST(AttentionFa3Registry, RegisteredBelowEveryOtherForwardWithTruthfulPrecision
     }
   }
   if (found == 0) GTEST_SKIP() << "built without CUDA: fa3_fwd_sm90a is not registered";
-  EXPECT_EQ(found, 10);
+  EXPECT_EQ(found, 12);
 }
 
 // One case: the kernel pinned by name on the GPU, run twice into poisoned outputs (bitwise equal,
@@ -1047,6 +1047,18 @@ TEST(AttentionFa3Gpu, Exp2Poly3of8MatchesReference) {
   FA3_SKIP_UNLESS_RUNNABLE();
   check_fa3_cases(all_fa3_cases(), kFa3Exp2Poly3Kernel);
 }
+// The persistent variant (D = 64 only): every D = 64 case of both lists, plus grids of several
+// work tiles per CTA (ring and Q reloads across tiles, empty tiles mixed in, both masks).
+TEST(AttentionFa3Gpu, PersistentMatchesReference) {
+  FA3_SKIP_UNLESS_RUNNABLE();
+  std::vector<Case> cases;
+  for (const Case& c : all_fa3_cases())
+    if (c.d == 64) cases.push_back(c);
+  cases.push_back({DType::bf16, 4, 16, 4, 1000, 1000, 64, Mask::causal_bottom_right(), true, true});
+  cases.push_back({DType::f16, 16, 16, 16, 256, 300, 64, Mask::none(), false, false});
+  cases.push_back({DType::bf16, 8, 16, 8, 300, 200, 64, Mask::causal_bottom_right(), false, true});
+  check_fa3_cases(cases, kFa3PersistentKernel);
+}
 
 TEST(AttentionFa3Gpu, FitsExactlyWhatItSupports) {
   FA3_SKIP_UNLESS_RUNNABLE();
@@ -1055,6 +1067,9 @@ TEST(AttentionFa3Gpu, FitsExactlyWhatItSupports) {
     const bool plain = fa3_kernel(d.dtype)->fits(problem_of(d), caps);
     for (std::string_view v : {kFa3Pingpong, kFa3Exp2Poly2Kernel, kFa3Exp2Poly3Kernel})
       EXPECT_EQ(fa3_kernel(d.dtype, v)->fits(problem_of(d), caps), plain) << v;
+    // The persistent variant: D = 64 only.
+    EXPECT_EQ(fa3_kernel(d.dtype, kFa3PersistentKernel)->fits(problem_of(d), caps),
+              plain && d.head_dim_qk == 64);
     return plain;
   };
   EXPECT_TRUE(fits(make_desc(DType::bf16, 1, 8, 2, 77, 203, 64, Mask::causal_bottom_right())));

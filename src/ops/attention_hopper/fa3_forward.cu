@@ -1,9 +1,9 @@
 // fa3_fwd_sm90a: our own Hopper (sm_90a) attention forward in the FlashAttention-3 style (issue 8,
-// part 2), registered into attention::ForwardOp's table five times: "fa3_fwd_sm90a",
-// "fa3_fwd_sm90a_pingpong", "fa3_fwd_sm90a_exp2poly2of8" and "fa3_fwd_sm90a_exp2poly3of8" (variants
-// of one template, see Variant; reached by name), and "fa3_fwd_sm90a_ranked_ahead" (the plain one
-// where the measured selection table, selection_table.hpp, says it is the fastest candidate: the
-// default plan there).
+// part 2), registered into attention::ForwardOp's table six times: "fa3_fwd_sm90a",
+// "fa3_fwd_sm90a_pingpong", "fa3_fwd_sm90a_exp2poly2of8", "fa3_fwd_sm90a_exp2poly3of8" and
+// "fa3_fwd_sm90a_persistent" (variants of one template, see Variant; reached by name), and
+// "fa3_fwd_sm90a_ranked_ahead" (the plain one where the measured selection table,
+// selection_table.hpp, says it is the fastest candidate: the default plan there).
 //
 // Design (one CTA per 128 query rows of one (batch, query head)):
 //  - 3 warpgroups (384 threads): warpgroups 0 and 1 are consumers (64 query rows each), warpgroup
@@ -79,7 +79,8 @@ constexpr int kProducerRegs = 24, kConsumerRegs = 240;
 constexpr int kMaxStages = 3;
 constexpr int kBarQ = 0, kBarKFull = 1, kBarVFull = kBarKFull + kMaxStages,
               kBarKEmpty = kBarVFull + kMaxStages, kBarVEmpty = kBarKEmpty + kMaxStages,
-              kBars = kBarVEmpty + kMaxStages;
+              kBarQEmpty = kBarVEmpty + kMaxStages,  // persistent variant: Q may be reloaded
+    kBars = kBarQEmpty + 1;
 
 template <int D>
 struct Smem {
@@ -88,6 +89,8 @@ struct Smem {
   static constexpr int kTileBytes = kBN * D * 2;  // one K or V tile
   static constexpr int kBytes = kQBytes + 2 * kStages * kTileBytes;
   static constexpr int kLaunchBytes = kBytes + 1024;  // + alignment slack for 1024-byte atoms
+  // The persistent variant's O staging buffer (Q's shape) after the ring (D = 64: 129 KB).
+  static constexpr int kPersistentLaunchBytes = kLaunchBytes + kQBytes;
 };
 
 struct Params {
@@ -96,17 +99,45 @@ struct Params {
   int64_t sy[3];  // Y strides (elements) of the B, H, L axes
   int64_t sl[3];  // LSE strides of the B, H, L axes
   int lq, lk, group, m_blocks;
-  int off;  // diagonal offset: key d(i) = i + off (0 top-left, lk - lq bottom-right)
+  int heads, batch;  // query heads, batch (the persistent variant's work decomposition)
+  int off;           // diagonal offset: key d(i) = i + off (0 top-left, lk - lq bottom-right)
   int causal;
   float scale_log2;  // scale * log2(e)
 };
+
+// One work tile: query rows [m0, m0 + kBM) of head h of batch b, n_tiles key tiles.
+struct Tile {
+  int m0, h, b, n_tiles;
+};
+__device__ __forceinline__ Tile tile_at(const Params& p, int m_block, int h, int b) {
+  Tile t{m_block * kBM, h, b, 0};
+  int n_end = p.lk;  // keys [0, n_end) are visible to some row of the block
+  if (p.causal) n_end = min(p.lk, t.m0 + kBM + p.off);
+  t.n_tiles = n_end > 0 ? (n_end + kBN - 1) / kBN : 0;
+  return t;
+}
+// Persistent variant: work index w in [0, m_blocks * heads * batch), heaviest (causal) query
+// blocks of every head first.
+__device__ __forceinline__ Tile tile_of(const Params& p, int w) {
+  const int bh_count = p.heads * p.batch;
+  const int bh = w % bh_count;
+  return tile_at(p, p.m_blocks - 1 - w / bh_count, bh % p.heads, bh / p.heads);
+}
 
 // Variants of the one kernel template, registered by name for A/B (fa3_fwd_sm90a*):
 //  kPlain:    the schedule described above.
 //  kPingpong: + the two consumer warpgroups take turns issuing their wgmmas.
 //  kPoly2/3:  kPlain with 2 (3) of every 8 column groups' exp2 computed on the FMA pipe
 //             (poly_exp2) instead of the MUFU: 25% (37.5%) of the softmax's exponentials.
-enum Variant : int { kPlain = 0, kPingpong = 1, kPoly2 = 2, kPoly3 = 3 };
+//  kPersistent: (D = 64 only) kPlain with one CTA per SM looping over (query block, head, batch)
+//             work tiles,
+//             heaviest query blocks first: the producer loads the next tile's Q and K/V (the ring
+//             continues across tiles; Q is reloaded once both consumer warpgroups' last S GEMM
+//             of a tile is done, "Q empty") while the consumers run the epilogue, which stages O
+//             in a buffer of its own. Short sequences (8 key tiles per CTA at L = 1024) spend a
+//             large share of a CTA's life in its prologue (TMA latency, first S with nothing to
+//             overlap) and epilogue; this hides the load part.
+enum Variant : int { kPlain = 0, kPingpong = 1, kPoly2 = 2, kPoly3 = 3, kPersistent = 4 };
 constexpr int poly_groups(int v) {
   return v == kPoly2 ? 2 : v == kPoly3 ? 3 : 0;
 }
@@ -247,8 +278,43 @@ struct Ops<__half> {
 };
 template <class T, int D, int V>
 __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t sk0, uint32_t sv0,
-                                        const uint64_t* bars, int m0, int n_tiles, int warp,
-                                        int lane, int h, int b);
+                                        uint32_t so, const uint64_t* bars, const Tile& t, int w,
+                                        int it0, int q_count, int warp, int lane);
+
+// The producer lane's loads for one work tile: Q (once "Q empty" shows the previous tile's S
+// GEMMs are done: only the persistent variant reloads it), then the tile's K / V tiles into the
+// ring from ring position it0 on.
+template <int D>
+__device__ __forceinline__ void produce(const CUtensorMap* tq, const CUtensorMap* tk,
+                                        const CUtensorMap* tv, const Params& p, const Tile& t,
+                                        uint32_t sq, uint32_t sk0, uint32_t sv0,
+                                        const uint64_t* bars, int it0, int q_count) {
+  using S = Smem<D>;
+  constexpr int kSt = S::kStages;
+  constexpr int kDB = D / 64;  // 64-column blocks per row
+  const int hk = t.h / p.group;
+  mbar_wait(smem_u32(&bars[kBarQEmpty]), (q_count & 1) ^ 1);
+  const uint32_t bq = smem_u32(&bars[kBarQ]);
+  mbar_expect_tx(bq, S::kQBytes);
+#pragma unroll
+  for (int db = 0; db < kDB; ++db)
+    tma_load_4d(sq + db * kBM * 128, tq, bq, db * 64, t.m0, t.h, t.b);
+  for (int n = 0; n < t.n_tiles; ++n) {
+    const int s = (it0 + n) % kSt;
+    const uint32_t free_parity = (((it0 + n) / kSt) & 1) ^ 1;
+    const uint32_t bk = smem_u32(&bars[kBarKFull + s]), bv = smem_u32(&bars[kBarVFull + s]);
+    mbar_wait(smem_u32(&bars[kBarKEmpty + s]), free_parity);
+    mbar_expect_tx(bk, S::kTileBytes);
+#pragma unroll
+    for (int db = 0; db < kDB; ++db)
+      tma_load_4d(sk0 + s * S::kTileBytes + db * kBN * 128, tk, bk, db * 64, n * kBN, hk, t.b);
+    mbar_wait(smem_u32(&bars[kBarVEmpty + s]), free_parity);
+    mbar_expect_tx(bv, S::kTileBytes);
+#pragma unroll
+    for (int db = 0; db < kDB; ++db)
+      tma_load_4d(sv0 + s * S::kTileBytes + db * kBN * 128, tv, bv, db * 64, n * kBN, hk, t.b);
+  }
+}
 #endif  // BARACUDA_FA3_DEVICE
 
 template <class T, int D, int V>
@@ -258,7 +324,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if BARACUDA_FA3_DEVICE
   using S = Smem<D>;
   constexpr int kSt = S::kStages;
-  constexpr int kDB = D / 64;  // 64-column blocks per row
   extern __shared__ uint8_t smem_raw[];
   __shared__ alignas(8) uint64_t bars[kBars + kConsumers * 128 / 2];  // + consumer scratch
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
@@ -266,18 +331,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t sq = smem_u32(smem);
   const uint32_t sk0 = sq + S::kQBytes;
   const uint32_t sv0 = sk0 + kSt * S::kTileBytes;
-
-  // Heaviest (causal) query blocks first.
-  const int m_block = p.m_blocks - 1 - static_cast<int>(blockIdx.x);
-  const int h = static_cast<int>(blockIdx.y), b = static_cast<int>(blockIdx.z);
-  const int m0 = m_block * kBM;
-  int n_end = p.lk;  // keys [0, n_end) are visible to some row of the block
-  if (p.causal) n_end = min(p.lk, m0 + kBM + p.off);
-  const int n_tiles = n_end > 0 ? (n_end + kBN - 1) / kBN : 0;
+  const uint32_t so = sv0 + kSt * S::kTileBytes;  // O staging: the persistent variant only
+  constexpr bool kPersistentV = V == kPersistent;
 
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   if (threadIdx.x == 0) {
     mbar_init(smem_u32(&bars[kBarQ]), 1);
+    mbar_init(smem_u32(&bars[kBarQEmpty]), kConsumers * 4);
     for (int s = 0; s < kSt; ++s) {
       mbar_init(smem_u32(&bars[kBarKFull + s]), 1);
       mbar_init(smem_u32(&bars[kBarVFull + s]), 1);
@@ -288,33 +348,40 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
 
+  // Both roles walk the same work tiles in the same order and skip the same empty ones (no key
+  // visible to any row: no loads, the epilogue writes Y = 0, LSE = -inf), so the ring position
+  // it and the Q load count agree without any communication.
+  const int n_work = kPersistentV ? p.m_blocks * p.heads * p.batch : 1;
+  const int w_step = kPersistentV ? static_cast<int>(gridDim.x) : 1;
+  auto tile = [&](int w) {
+    // Non-persistent: heaviest (causal) query blocks first through blockIdx.x.
+    return kPersistentV ? tile_of(p, w)
+                        : tile_at(p, p.m_blocks - 1 - static_cast<int>(blockIdx.x),
+                                  static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z));
+  };
+  const int w0 = kPersistentV ? static_cast<int>(blockIdx.x) : 0;
   if (warp >= kProducerWarp) {
     setmaxnreg_dec<kProducerRegs>();
-    if (warp == kProducerWarp && lane == 0 && n_tiles > 0) {
-      const int hk = h / p.group;
-      const uint32_t bq = smem_u32(&bars[kBarQ]);
-      mbar_expect_tx(bq, S::kQBytes);
-#pragma unroll
-      for (int db = 0; db < kDB; ++db) tma_load_4d(sq + db * kBM * 128, &tq, bq, db * 64, m0, h, b);
-      for (int n = 0; n < n_tiles; ++n) {
-        const int s = n % kSt;
-        const uint32_t free_parity = ((n / kSt) & 1) ^ 1;
-        const uint32_t bk = smem_u32(&bars[kBarKFull + s]), bv = smem_u32(&bars[kBarVFull + s]);
-        mbar_wait(smem_u32(&bars[kBarKEmpty + s]), free_parity);
-        mbar_expect_tx(bk, S::kTileBytes);
-#pragma unroll
-        for (int db = 0; db < kDB; ++db)
-          tma_load_4d(sk0 + s * S::kTileBytes + db * kBN * 128, &tk, bk, db * 64, n * kBN, hk, b);
-        mbar_wait(smem_u32(&bars[kBarVEmpty + s]), free_parity);
-        mbar_expect_tx(bv, S::kTileBytes);
-#pragma unroll
-        for (int db = 0; db < kDB; ++db)
-          tma_load_4d(sv0 + s * S::kTileBytes + db * kBN * 128, &tv, bv, db * 64, n * kBN, hk, b);
+    if (warp == kProducerWarp && lane == 0) {
+      int it = 0, q_count = 0;
+      for (int w = w0; w < n_work; w += w_step) {
+        const Tile t = tile(w);
+        if (t.n_tiles == 0) continue;
+        produce<D>(&tq, &tk, &tv, p, t, sq, sk0, sv0, bars, it, q_count);
+        it += t.n_tiles;
+        ++q_count;
       }
     }
   } else {
     setmaxnreg_inc<kConsumerRegs>();
-    consume<T, D, V>(p, sq, sk0, sv0, bars, m0, n_tiles, warp, lane, h, b);
+    int it = 0, q_count = 0;
+    for (int w = w0; w < n_work; w += w_step) {
+      const Tile t = tile(w);
+      consume<T, D, V>(p, sq, sk0, sv0, so, bars, t, w, it, q_count, warp, lane);
+      if (t.n_tiles == 0) continue;
+      it += t.n_tiles;
+      ++q_count;
+    }
   }
 #endif  // BARACUDA_FA3_DEVICE
 }
@@ -432,8 +499,10 @@ __device__ __forceinline__ void release(const uint64_t* bars, int which, int lan
 // overlap). Then the epilogue.
 template <class T, int D, int V>
 __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t sk0, uint32_t sv0,
-                                        const uint64_t* bars, int m0, int n_tiles, int warp,
-                                        int lane, int h, int b) {
+                                        uint32_t so, const uint64_t* bars, const Tile& t, int w,
+                                        int it0, int q_count, int warp, int lane) {
+  const int m0 = t.m0, n_tiles = t.n_tiles;
+  constexpr bool kPersistentV = V == kPersistent;
   constexpr bool PP = V == kPingpong;
   constexpr int kPoly = poly_groups(V);
   using S = Smem<D>;
@@ -459,15 +528,17 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
     uint32_t pa[kBN / 16][4];
     float corr[2];
     if (PP && wg == 1) turn_pass(1);  // warpgroup 0 goes first
-    mbar_wait(smem_u32(&bars[kBarQ]), 0);
-    mbar_wait(smem_u32(&bars[kBarKFull]), 0);
+    // Ring position r = it0 + n: stage r % kSt, phase (r / kSt) & 1.
+    const int s0 = it0 % kSt;
+    mbar_wait(smem_u32(&bars[kBarQ]), q_count & 1);
+    mbar_wait(smem_u32(&bars[kBarKFull + s0]), (it0 / kSt) & 1);
     if (PP) turn_wait(wg);
     wgmma_fence();
-    issue_s<T, D>(sc, q_base, sk0);
+    issue_s<T, D>(sc, q_base, sk0 + s0 * S::kTileBytes);
     if (PP) turn_pass(wg);
     wgmma_wait<0>();
     fence_regs(sc);
-    release(bars, kBarKEmpty, lane);
+    release(bars, kBarKEmpty + s0, lane);
     softmax_tile<kPoly>(sc, p, 0, mask_from, limit, cq, m_run, l_run, corr);  // O is 0: no rescale
     // O *= corr (the factor of the latest softmax), issued while S_n runs on the tensor cores.
     auto rescale = [&] {
@@ -480,17 +551,18 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
       }
     };
     for (int n = 1; n < n_tiles; ++n) {
-      const int s = n % kSt, sp = (n - 1) % kSt;
+      const int r = it0 + n;
+      const int s = r % kSt, sp = (r - 1) % kSt;
       pack_p<T>(sc, pa);
-      mbar_wait(smem_u32(&bars[kBarKFull + s]), (n / kSt) & 1);
+      mbar_wait(smem_u32(&bars[kBarKFull + s]), (r / kSt) & 1);
       if (PP) {  // wait for the data before taking the turn
-        mbar_wait(smem_u32(&bars[kBarVFull + sp]), ((n - 1) / kSt) & 1);
+        mbar_wait(smem_u32(&bars[kBarVFull + sp]), ((r - 1) / kSt) & 1);
         turn_wait(wg);
       }
       wgmma_fence();
       issue_s<T, D>(sc, q_base, sk0 + s * S::kTileBytes);
       rescale();
-      if (!PP) mbar_wait(smem_u32(&bars[kBarVFull + sp]), ((n - 1) / kSt) & 1);
+      if (!PP) mbar_wait(smem_u32(&bars[kBarVFull + sp]), ((r - 1) / kSt) & 1);
       fence_regs(o);
       wgmma_fence();
       issue_pv<T, D>(o, pa, sv0 + sp * S::kTileBytes);
@@ -507,10 +579,13 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
       fence_regs(o);
       release(bars, kBarVEmpty + sp, lane);
     }
-    const int last = (n_tiles - 1) % kSt;
+    // Every S GEMM of the tile is done (the loop's last wait<1>, or the first tile's wait<0>):
+    // the persistent variant's producer may load the next tile's Q.
+    if (kPersistentV) release(bars, kBarQEmpty, lane);
+    const int r_last = it0 + n_tiles - 1, last = r_last % kSt;
     pack_p<T>(sc, pa);
     rescale();
-    mbar_wait(smem_u32(&bars[kBarVFull + last]), ((n_tiles - 1) / kSt) & 1);
+    mbar_wait(smem_u32(&bars[kBarVFull + last]), (r_last / kSt) & 1);
     if (PP) turn_wait(wg);
     fence_regs(o);
     wgmma_fence();
@@ -522,7 +597,20 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
   }
 
   // ---- epilogue: O / l through this warpgroup's own rows of the Q tile (its S wgmmas are all
-  // done) in the same 128-byte-swizzled layout, then 16-byte coalesced stores of whole rows ----
+  // done; the persistent variant: of the O buffer, Q is the next tile's already) in the same
+  // 128-byte-swizzled layout, then 16-byte coalesced stores of whole rows ----
+  const uint32_t o_base = (kPersistentV ? so : sq) + wg * 64 * 128;
+  // The persistent variant recomputes its tile from the work index through an opaque move, so
+  // that the row / head / batch offsets are not kept live across the key loop (ptxas hoisted them
+  // and spilled at 240 registers).
+  Tile te = t;
+  if (kPersistentV) {
+    int wo;
+    asm volatile("mov.b32 %0, %1;\n" : "=r"(wo) : "r"(w));
+    te = tile_of(p, wo);
+  }
+  const int h = te.h, b = te.b, m0e = te.m0;
+  const int row0e = m0e + wg * 64 + wl * 16 + lane / 4;
   constexpr float kLn2 = 0.693147180559945309f;
   float inv[2];
 #pragma unroll
@@ -531,7 +619,7 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
     inv[i] = l > 0.f ? 1.f / l : 0.f;
-    const int row = row0 + 8 * i;
+    const int row = row0e + 8 * i;
     if (row < p.lq && lane % 4 == 0)
       p.lse[b * p.sl[0] + h * p.sl[1] + row * p.sl[2]] =
           l > 0.f ? m_run[i] * kLn2 + logf(l) : -INFINITY;
@@ -543,7 +631,7 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
     for (int i = 0; i < 2; ++i) {
       const int r = r_wg + 8 * i;
       const uint32_t addr =
-          q_base + (j / 8) * kBM * 128 + r * 128 + (((j % 8) ^ (r % 8)) * 16) + cq * 2;
+          o_base + (j / 8) * kBM * 128 + r * 128 + (((j % 8) ^ (r % 8)) * 16) + cq * 2;
       const uint32_t v = Ops<T>::pack(o[4 * j + 2 * i] * inv[i], o[4 * j + 2 * i + 1] * inv[i]);
       asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
     }
@@ -558,9 +646,9 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
   for (int it = 0; it < 64 * kChunks / 128; ++it) {
     const int idx = it * 128 + tid;
     const int r = idx / kChunks, cc = idx % kChunks;
-    const int row = m0 + wg * 64 + r;
+    const int row = m0e + wg * 64 + r;
     if (row >= p.lq) continue;
-    const uint32_t addr = q_base + (cc / 8) * kBM * 128 + r * 128 + (((cc % 8) ^ (r % 8)) * 16);
+    const uint32_t addr = o_base + (cc / 8) * kBM * 128 + r * 128 + (((cc % 8) ^ (r % 8)) * 16);
     uint4 v;
     asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
@@ -568,6 +656,14 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
                  : "memory");
     T* dst = static_cast<T*>(p.y) + b * p.sy[0] + h * p.sy[1] + row * p.sy[2] + cc * 8;
     *reinterpret_cast<uint4*>(dst) = v;
+  }
+  // The persistent variant's next tile writes the O buffer again: every thread of the warpgroup
+  // must have read its rows first.
+  if (kPersistentV) {
+    if (wg == 0)
+      asm volatile("bar.sync 1, 128;\n" ::: "memory");
+    else
+      asm volatile("bar.sync 2, 128;\n" ::: "memory");
   }
 }
 #endif  // BARACUDA_FA3_DEVICE
@@ -616,7 +712,17 @@ bool shape_fits(const Problem& pr) {
 template <class T, int V>
 bool fits(const Problem& pr, const DeviceCaps& caps) {
   if (caps.device < 0 || caps.sm != 90 || !shape_fits(pr)) return false;
-  return pr.desc.head_dim_qk == 64 ? body_compiled<T, 64, V>() : body_compiled<T, 128, V>();
+  // The persistent variant numbers its work tiles (query blocks x heads x batch) in an int.
+  // D = 64 only: at D = 128 ptxas spills it (36 bytes, a few per work tile, outside the key
+  // loop) at the consumers' 240 registers, and the project builds no kernel that spills.
+  if constexpr (V == kPersistent) {
+    if ((pr.desc.len_q + kBM - 1) / kBM * pr.desc.heads_q * pr.desc.batch >= (int64_t{1} << 31) ||
+        pr.desc.head_dim_qk != 64)
+      return false;
+    return body_compiled<T, 64, V>();
+  } else {
+    return pr.desc.head_dim_qk == 64 ? body_compiled<T, 64, V>() : body_compiled<T, 128, V>();
+  }
 }
 
 // The ranked-ahead entry: the plain schedule, only where the measured table picks fa3.
@@ -707,13 +813,15 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
   p.lk = static_cast<int>(d.len_k);
   p.group = static_cast<int>(pr.group);
   p.m_blocks = static_cast<int>((d.len_q + kBM - 1) / kBM);
+  p.heads = static_cast<int>(d.heads_q);
+  p.batch = static_cast<int>(d.batch);
   p.causal = d.mask.right == 0 ? 1 : 0;
   p.off = p.causal && d.mask.diagonal == attention::Diagonal::bottom_right
               ? static_cast<int>(d.len_k - d.len_q)
               : 0;
   p.scale_log2 = static_cast<float>(pr.scale * 1.4426950408889634);
 
-  constexpr int smem = Smem<D>::kLaunchBytes;
+  constexpr int smem = V == kPersistent ? Smem<D>::kPersistentLaunchBytes : Smem<D>::kLaunchBytes;
   static std::atomic<uint64_t> attr_set{0};  // one bit per device: dynamic smem limit raised
   const int dev = ctx.stream.device();
   const uint64_t bit = uint64_t{1} << (dev & 63);
@@ -724,16 +832,29 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
       return cuda::cuda_error(attention::ForwardOp::name, "fa3_fwd_sm90a: shared memory limit", e);
     attr_set.fetch_or(bit);
   }
-  const dim3 grid(static_cast<unsigned>(p.m_blocks), static_cast<unsigned>(d.heads_q),
-                  static_cast<unsigned>(d.batch));
+  // Persistent: one CTA per SM (129 KB of shared memory: one fits), each looping over work tiles.
+  const int64_t n_work = int64_t{p.m_blocks} * d.heads_q * d.batch;
+  const int sms = ctx.stream.caps().sm_count > 0 ? ctx.stream.caps().sm_count : 132;
+  const dim3 grid = V == kPersistent
+                        ? dim3(static_cast<unsigned>(std::min<int64_t>(n_work, sms)))
+                        : dim3(static_cast<unsigned>(p.m_blocks), static_cast<unsigned>(d.heads_q),
+                               static_cast<unsigned>(d.batch));
   fa3_fwd_kernel<T, D, V><<<grid, kThreads, smem, cuda::stream_of(ctx)>>>(tq, tk, tv, p);
   return cuda::check_launch(attention::ForwardOp::name, "fa3_fwd_sm90a");
 }
 
 template <class T, int V>
 Status launch(const LaunchContext& ctx, const Problem& pr, const ForwardArguments& a) {
-  return pr.desc.head_dim_qk == 64 ? launch_d<T, 64, V>(ctx, pr, a)
-                                   : launch_d<T, 128, V>(ctx, pr, a);
+  if constexpr (V == kPersistent) {  // D = 64 only (see fits)
+    if (pr.desc.head_dim_qk != 64)
+      return Error::unsupported(std::string(attention::ForwardOp::name) +
+                                ": fa3_fwd_sm90a_persistent: head_dim=" +
+                                std::to_string(pr.desc.head_dim_qk) + ": D = 64 only");
+    return launch_d<T, 64, V>(ctx, pr, a);
+  } else {
+    return pr.desc.head_dim_qk == 64 ? launch_d<T, 64, V>(ctx, pr, a)
+                                     : launch_d<T, 128, V>(ctx, pr, a);
+  }
 }
 
 template <DType E>
@@ -756,7 +877,7 @@ bool register_one() {
                      .precision = prec,
                      .name = name};
   };
-  // Pinnable entries at priorities 0 to -3: below the family's kernels (10..30) and both cuDNN
+  // Pinnable entries at priorities 0 to -4: below the family's kernels (10..30) and both cuDNN
   // entries (1, 1000), so they never win `fastest` on their own; PlanPreference::kernel(name)
   // reaches them everywhere they fit (A/B, tests). The pingpong variant (the two consumer
   // warpgroups take turns issuing their wgmmas) is the A/B of the schedule; the exp2poly ones of
@@ -777,6 +898,10 @@ bool register_one() {
                                          .priority = -3,
                                          .fits = fits<T, kPoly3>,
                                          .launch = launch<T, kPoly3>});
+  register_kernel<attention::ForwardOp>({.sku = sku(kFa3PersistentKernel),
+                                         .priority = -4,
+                                         .fits = fits<T, kPersistent>,
+                                         .launch = launch<T, kPersistent>});
   // The plain schedule once more, above every other forward kernel but fitting only where the
   // measured selection table says it is the fastest candidate (cuDNN then ranks behind there).
   register_kernel<attention::ForwardOp>({.sku = sku(kFa3RankedAhead),
