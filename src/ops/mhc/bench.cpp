@@ -104,10 +104,12 @@ void run_case(const Stream& s, DType dt) {
       w.fn = cview(*fn, DType::f32, {K, n * C}, s), w.scale = cview(*scale, DType::f32, {3}, s);
       w.base = cview(*base, DType::f32, {K}, s);
     }
-    // Dynamic H also runs pinned to the split-K kernel ("<case>@collapse") and to the cluster
-    // kernel without its staggered start ("<case>@collapse_dynamic_cluster_lockstep") and with its
-    // products on tensor cores ("<case>@collapse_dynamic_cluster_tf32"): the A/B rows.
+    // Dynamic H also runs pinned to every kernel (the default is the tensor-core one where it
+    // fits): split-K ("<case>@collapse"), the CUDA-core cluster kernel with and without its
+    // staggered start ("@collapse_dynamic_cluster", "@collapse_dynamic_cluster_lockstep") and
+    // with its products on tensor cores ("@collapse_dynamic_cluster_tf32"): the A/B rows.
     for (std::string_view pin : {std::string_view{}, std::string_view{"collapse"},
+                                 std::string_view{"collapse_dynamic_cluster"},
                                  std::string_view{"collapse_dynamic_cluster_lockstep"},
                                  std::string_view{"collapse_dynamic_cluster_tf32"}}) {
       if (!pin.empty() && h == MhcH::static_h) continue;

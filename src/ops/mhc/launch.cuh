@@ -624,6 +624,10 @@ Status collapse_backward(const LaunchContext& ctx, const MhcProblem& p,
 // ---- registration
 // ---------------------------------------------------------------------------------------
 constexpr PrecisionGuarantee kForward{MathPrecision::f32, DType::f32, true, true};
+// The tensor-core dynamic collapse: products in 3xTF32 (f32 X) / 2xTF32 (16-bit X, exact in tf32),
+// each 16-element block summed on the tensor cores, whose f32 adds truncate. Near f32 on the
+// tested inputs (docs/perf/mhc.md) but not f32 on every input, so it claims tf32.
+constexpr PrecisionGuarantee kForwardTf32{MathPrecision::tf32, DType::f32, true, true};
 // Parameter gradients sum over tokens: the order is fixed but depends on the token count.
 constexpr PrecisionGuarantee kBackward{MathPrecision::f32, DType::f32, true, false};
 
@@ -665,26 +669,29 @@ bool register_mhc_cuda() {
                                   .priority = 10,
                                   .workspace = ws_collapse,
                                   .launch = collapse<T>});
-  // Dynamic H on sm_90: one pass over X. The split-K "collapse" stays registered (static H, other
-  // shapes, and A/B runs through PlanPreference::kernel("collapse")).
+  // Dynamic H on sm_90: one pass over X. Priorities follow the H100 measurements at 16384 x 4 x
+  // 4096 (docs/perf/mhc.md): the tensor-core kernel first where it fits (C % 128 == 0; f32 1.27 ms,
+  // bf16 0.75 ms); then for 16-bit data the cluster kernel (bf16 1.18 ms against split-K's 1.72),
+  // for f32 split-K (1.86 ms against the cluster kernel's 1.88: the CUDA-core products, not the
+  // pass over X, bound both). The split-K "collapse" stays registered for static H and every shape.
+  constexpr bool wide = D == DType::f32;  // 4-byte data: split-K is as fast as the cluster kernel
   register_kernel<MhcCollapseOp>({.sku = sku(MhcCollapseOp::name, DType::f32, kForward,
                                              "collapse_dynamic_cluster", Arch::sm90),
-                                  .priority = 20,
+                                  .priority = wide ? 8 : 20,
                                   .fits = fits_collapse_cluster<D>,
                                   .workspace = ws_collapse,
                                   .launch = collapse_cluster<T, true>});
   // The same kernel with every cluster starting at once (A/B of the staggered start).
   register_kernel<MhcCollapseOp>({.sku = sku(MhcCollapseOp::name, DType::f32, kForward,
                                              "collapse_dynamic_cluster_lockstep", Arch::sm90),
-                                  .priority = 15,
+                                  .priority = wide ? 7 : 15,
                                   .fits = fits_collapse_cluster<D>,
                                   .workspace = ws_collapse,
                                   .launch = collapse_cluster<T, false>});
-  // Products on tensor cores (3xTF32 / 2xTF32). Below the split-K kernel until measured: reached
-  // only through PlanPreference::kernel("collapse_dynamic_cluster_tf32").
-  register_kernel<MhcCollapseOp>({.sku = sku(MhcCollapseOp::name, DType::f32, kForward,
+  // Products on tensor cores (3xTF32 / 2xTF32): the default wherever it fits.
+  register_kernel<MhcCollapseOp>({.sku = sku(MhcCollapseOp::name, DType::f32, kForwardTf32,
                                              "collapse_dynamic_cluster_tf32", Arch::sm90),
-                                  .priority = 5,
+                                  .priority = 30,
                                   .fits = fits_collapse_cluster<D, true>,
                                   .workspace = ws_collapse,
                                   .launch = collapse_cluster<T, true, true>});
