@@ -501,7 +501,12 @@ inline size_t decode_smem_of(const Problem& pr) {
 // shorter splits that the block scheduler hands to slots as they free up, so SMs finish together,
 // at the price of 4x the partials (~2 MB for the bench shape), 4x the CTA prologues and a longer
 // combine. Which wins is a measurement (bench A/B rows).
-template <int kWaves = 1>
+// kMinTiles = 2 (flash_decode_fused_sm80): short caches get twice the CTAs. The 4096-key bench
+// row (64 tiles, 8 K/V heads) ran 16 splits of 4 tiles = 128 CTAs on the H100's 264 slots at
+// 43% of copy bandwidth: half the SMs idle and each CTA's stream two round trips deep. With 2,
+// 32 splits of 2 tiles (both issued in the prologue) fill 256 slots. Caches long enough for one
+// wave (the 32k rows: 32 splits of 16 tiles) get the same splits either way.
+template <int kWaves = 1, int kMinTiles = 4>
 inline int decode_splits(const Problem& pr, const DeviceCaps& caps) {
   const Descriptor& d = pr.desc;
   const int64_t heads = d.batch * d.heads_kv;
@@ -511,7 +516,7 @@ inline int decode_splits(const Problem& pr, const DeviceCaps& caps) {
   const int64_t per_sm = std::clamp<int64_t>(
       (caps.smem_per_block_optin + 1024) / static_cast<int64_t>(decode_smem_of(pr) + 1024), 1, 4);
   const int64_t want =
-      std::min<int64_t>({int64_t{caps.sm_count} * per_sm * kWaves / heads, tiles / 4, 256});
+      std::min<int64_t>({int64_t{caps.sm_count} * per_sm * kWaves / heads, tiles / kMinTiles, 256});
   if (want <= 1) return 1;
   const int64_t per = cuda::ceil_div(tiles, want);
   return static_cast<int>(cuda::ceil_div(tiles, per));  // no split left empty when unmasked
@@ -523,9 +528,13 @@ inline size_t decode_partial_bytes(const Problem& pr, int splits) {
   const int64_t rows = d.batch * d.heads_q * d.len_q;
   return static_cast<size_t>(splits * rows * (d.head_dim_v + 1)) * sizeof(float);
 }
+template <bool kFused>
+constexpr int decode_min_tiles() {
+  return kFused ? 2 : 4;
+}
 template <int kWaves = 1, bool kFused = false>
 size_t decode_workspace(const Problem& pr, const DeviceCaps& caps) {
-  const int splits = decode_splits<kWaves>(pr, caps);
+  const int splits = decode_splits<kWaves, decode_min_tiles<kFused>()>(pr, caps);
   if (splits <= 1) return 0;
   const size_t part = decode_partial_bytes(pr, splits);
   if (!kFused) return part;
@@ -593,7 +602,7 @@ Status launch_decode(const LaunchContext& ctx, const Problem& pr, const ForwardA
   Params p = fwd_params(pr, a);
   const int64_t rows = int64_t{p.batch} * p.heads_q * p.len_q;
   if (rows == 0) return {};
-  p.splits = decode_splits<kWaves>(pr, ctx.stream.caps());
+  p.splits = decode_splits<kWaves, decode_min_tiles<kFused>()>(pr, ctx.stream.caps());
   if (p.splits > 1) {
     const size_t need = decode_workspace<kWaves, kFused>(pr, ctx.stream.caps());
     if (ctx.workspace.bytes < need)

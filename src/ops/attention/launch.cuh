@@ -514,8 +514,10 @@ bool register_kernels() {
     // to finish (an arrival count per group in the workspace) instead of flash_decode_combine:
     // no second launch, and each group's merge overlaps the other groups' streaming; only the
     // last group's merge is left at the tail. The second H100 run puts ~6 us of a 32k decode
-    // (56.8 us) in fixed costs, the combine among them. Same splits, same sums in split order
-    // (deterministic). A/B only until the bench rows show it faster.
+    // (56.8 us) in fixed costs, the combine among them. Sums in split order (deterministic).
+    // Splits keep >= 2 tiles instead of 4 (decode_splits' kMinTiles): the same 32 splits at 32k
+    // keys, twice the CTAs for short caches (4096 keys: 256 instead of 128 on 264 slots), so the
+    // 32k bench rows measure the fused merge alone. A/B only until the bench rows show it faster.
     register_kernel<ForwardOp>({
         .sku = {.category = "attention",
                 .op = ForwardOp::name,
