@@ -1195,8 +1195,12 @@ __device__ __forceinline__ void cp_async_wait_pending(int pending) {
       break;
   }
 }
-template <class T, bool HOLD>
-__global__ void __launch_bounds__(kPipeThreads, 1)
+// THREADS = kPipeThreads: one CTA per SM. THREADS = kPipeThreads / 2: two CTAs per SM, each with
+// half the ring (the same bytes in flight per SM), so one CTA's per-token barriers and stores run
+// while the other's loads land; a thread still holds kHoldCols chunks per stream (more spill at
+// 128 registers), so HOLD covers half the C (16-bit C <= 4096, f32 C <= 2048).
+template <class T, bool HOLD, int THREADS = kPipeThreads>
+__global__ void __launch_bounds__(THREADS, kPipeThreads / THREADS)
     static_forward_pipe_kernel(T* __restrict__ out, const T* __restrict__ x, StaticFwdArgs a,
                                ActivateArgs act, int stages) {
   constexpr int VEC = 16 / static_cast<int>(sizeof(T));
@@ -1215,7 +1219,7 @@ __global__ void __launch_bounds__(kPipeThreads, 1)
     T* dst = ring + slot * slot_elems;
     const T* src = x + tok * a.x_st;
     for (int i = 0; i < n; ++i)
-      for (int64_t cc = tid; cc < q; cc += kPipeThreads)
+      for (int64_t cc = tid; cc < q; cc += THREADS)
         cp_async16(dst + i * a.channels + cc * VEC, src + i * a.x_si + cc * VEC);
   };
   // HOLD fills every slot up front; otherwise one slot stays free for the token being computed.
@@ -1240,7 +1244,7 @@ __global__ void __launch_bounds__(kPipeThreads, 1)
       float ss = 0;
 #pragma unroll
       for (int u = 0; u < kHoldCols; ++u) {
-        const int64_t cc = tid + u * kPipeThreads;
+        const int64_t cc = tid + u * THREADS;
         if (cc >= q) break;
 #pragma unroll
         for (int j = 0; j < kHoldN; ++j) {
@@ -1262,7 +1266,7 @@ __global__ void __launch_bounds__(kPipeThreads, 1)
       const float inv = rsqrtf(ss * a.inv_c + a.eps);
 #pragma unroll
       for (int u = 0; u < kHoldCols; ++u) {
-        const int64_t cc = tid + u * kPipeThreads;
+        const int64_t cc = tid + u * THREADS;
         if (cc >= q) break;
         float gm[VEC];
         load_vec<__nv_bfloat16, VEC>(a.gamma + cc * VEC, gm);
@@ -1291,7 +1295,7 @@ __global__ void __launch_bounds__(kPipeThreads, 1)
       cp_async_commit();
       cp_async_wait_pending(stages - 1);
       float ss = 0;
-      for (int64_t cc = tid; cc < q; cc += kPipeThreads) {
+      for (int64_t cc = tid; cc < q; cc += THREADS) {
         float z[VEC] = {};
         for (int j = 0; j < n; ++j) {
           float v[VEC];
@@ -1304,7 +1308,7 @@ __global__ void __launch_bounds__(kPipeThreads, 1)
       }
       ss = block_sum(ss, red);
       const float inv = rsqrtf(ss * a.inv_c + a.eps);
-      for (int64_t cc = tid; cc < q; cc += kPipeThreads) {
+      for (int64_t cc = tid; cc < q; cc += THREADS) {
         float acc[kRegN][VEC] = {};
         float z[VEC] = {};
 #pragma unroll

@@ -199,21 +199,25 @@ Status static_forward(const LaunchContext& ctx, const MhcProblem& p,
 }
 
 // Ring slots of the pipelined static forward: as many tokens as fit (<= kPipeMaxStages), >= 2.
-template <class T>
+// CTAS CTAs per SM share the SM's shared memory (the opt-in block limit plus the 1 KiB the driver
+// reserves per CTA), each with its static shared memory (under 1 KiB) and its 1 KiB reserve.
+template <class T, int CTAS = 1>
 int64_t pipe_stages(const MhcProblem& p, const DeviceCaps& caps) {
   const int64_t token_bytes = p.n * p.channels * static_cast<int64_t>(sizeof(T));
-  const int64_t budget = caps.smem_per_block_optin - 1024;  // the kernel's static shared memory
-  return token_bytes > 0 ? std::min<int64_t>(kPipeMaxStages, budget / token_bytes) : 0;
+  const int64_t budget = CTAS == 1 ? caps.smem_per_block_optin - 1024
+                                   : (caps.smem_per_block_optin + 1024) / CTAS - 2048;
+  return token_bytes > 0 ? std::min<int64_t>(kPipeMaxStages / CTAS, budget / token_bytes) : 0;
 }
-template <DType D>
+template <DType D, int CTAS = 1>
 bool fits_static_pipe(const MhcProblem& p, const DeviceCaps& caps) {
   using T = cuda::device_t<D>;
   return p.n <= kRegN && p.channels % static_cast<int64_t>(16 / sizeof(T)) == 0 &&
-         pipe_stages<T>(p, caps) >= 2;
+         pipe_stages<T, CTAS>(p, caps) >= 2;
 }
 // HOLD_OK = false: the variant that re-reads the slot in pass 2 for every shape (A/B of the
-// register-held one; same bits).
-template <class T, bool HOLD_OK = true>
+// register-held one; same bits). CTAS = 2: two CTAs of kPipeThreads / 2 threads per SM, each with
+// half the ring (its block sums add in another order, so its bits differ from CTAS = 1).
+template <class T, bool HOLD_OK = true, int CTAS = 1>
 Status static_forward_pipe(const LaunchContext& ctx, const MhcProblem& p,
                            const MhcStaticForwardOp::Arguments& a) {
   constexpr std::string_view op = MhcStaticForwardOp::name;
@@ -238,25 +242,25 @@ Status static_forward_pipe(const LaunchContext& ctx, const MhcProblem& p,
   sa.inv_c = static_cast<float>(1.0 / static_cast<double>(p.channels));
   sa.eps = static_cast<float>(p.norm_eps);
   const DeviceCaps& caps = ctx.stream.caps();
-  const int stages = static_cast<int>(pipe_stages<T>(p, caps));
+  constexpr int threads = kPipeThreads / CTAS;
+  const int stages = static_cast<int>(pipe_stages<T, CTAS>(p, caps));
   const size_t smem = static_cast<size_t>(stages) * p.n * p.channels * sizeof(T);
   // Registers hold the thread's chunks of the token (HOLD) when they fit: n <= kHoldN streams and
   // at most kHoldCols 16-byte chunks per stream and thread. Decided by (n, C) only; both variants
   // give the same bits.
-  const bool hold =
-      HOLD_OK && p.n <= kHoldN && p.channels / vec <= int64_t{kHoldCols} * kPipeThreads;
-  auto* kernel = hold ? static_forward_pipe_kernel<T, true> : static_forward_pipe_kernel<T, false>;
+  const bool hold = HOLD_OK && p.n <= kHoldN && p.channels / vec <= int64_t{kHoldCols} * threads;
+  auto* kernel = hold ? static_forward_pipe_kernel<T, true, threads>
+                      : static_forward_pipe_kernel<T, false, threads>;
   if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(smem));
       e != cudaSuccess)
     return cuda::cuda_error(op, "static_forward_pipe_kernel smem", e);
   int per_sm = 0;
-  if (cudaError_t e =
-          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kPipeThreads, smem);
+  if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem);
       e != cudaSuccess)
     return cuda::cuda_error(op, "static_forward_pipe_kernel occupancy", e);
   const int64_t ctas = std::min<int64_t>(p.tokens, int64_t{std::max(per_sm, 1)} * caps.sm_count);
-  kernel<<<static_cast<unsigned>(ctas), kPipeThreads, smem, s>>>(
+  kernel<<<static_cast<unsigned>(ctas), threads, smem, s>>>(
       static_cast<T*>(a.out.data), static_cast<const T*>(a.x.data), sa, act, stages);
   MHC_CHECK("static_forward_pipe_kernel");
   return {};
@@ -665,6 +669,15 @@ bool register_mhc_cuda() {
                                        .fits = fits_static_pipe<D>,
                                        .workspace = ws_static_forward,
                                        .launch = static_forward_pipe<T, false>});
+  // Two CTAs per SM, each with half the ring (A/B for the 16-bit rows at 80% of copy; fits where
+  // two slots per CTA fit: 16-bit n * C <= 28672 on an H100, 20480 on an A100). Reached through
+  // PlanPreference::kernel("static_forward_pipelined_2cta").
+  register_kernel<MhcStaticForwardOp>(
+      {.sku = sku(MhcStaticForwardOp::name, DType::bf16, kForward, "static_forward_pipelined_2cta"),
+       .priority = 5,
+       .fits = fits_static_pipe<D, 2>,
+       .workspace = ws_static_forward,
+       .launch = static_forward_pipe<T, true, 2>});
   register_kernel<MhcCollapseOp>({.sku = sku(MhcCollapseOp::name, DType::f32, kForward, "collapse"),
                                   .priority = 10,
                                   .workspace = ws_collapse,
