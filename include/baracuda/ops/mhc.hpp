@@ -122,7 +122,9 @@ struct MhcParamGrads {
   Tensor fn, scale, base;       // dynamic H
 };
 
-// Collapse: y and the activated coefficients of every row.
+// Collapse: y and the activated coefficients of every row. Dynamic H on sm_90 with C % 128 == 0
+// selects by default a kernel whose X . fn products run on tensor cores (3xTF32 / 2xTF32): its
+// precision_guarantee() says math = tf32. PlanPreference::kernel("collapse") keeps f32 arithmetic.
 struct MhcCollapseOp {
   static constexpr std::string_view name = "mhc_collapse";
   using Descriptor = MhcDescriptor;
