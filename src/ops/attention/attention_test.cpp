@@ -1181,9 +1181,9 @@ TEST_P(AttentionTest, ForwardKernelsByNameOnDevice) {
   const Target target = GetParam();
   if (target == Target::cpu) GTEST_SKIP() << "the tensor-core kernels run on the CUDA target only";
   BARACUDA_SKIP_IF_UNAVAILABLE(target);
-  const char* const names[] = {"flash_fwd_mma_sm80", "flash_fwd_mma_m16_sm80",
+  const char* const names[] = {"flash_fwd_mma_sm80",       "flash_fwd_mma_m16_sm80",
                                "flash_fwd_mma_m16w8_sm80", "flash_fwd_mma_m32_sm80",
-                               "flash_fwd_mma_ovl_sm80"};
+                               "flash_fwd_mma_ovl_sm80",   "flash_fwd_mma_m32s_sm80"};
   auto all = [&] {
     std::vector<ForwardRun> runs;
     for (const char* name : names) runs.push_back({PlanPreference::kernel(name)});

@@ -76,7 +76,7 @@ void bench_all(const Stream& stream) {
         // A/B rows: the other bespoke tensor-core forward kernels, forced by name.
         for (const char* alt :
              {"flash_fwd_mma_sm80", "flash_fwd_mma_m16_sm80", "flash_fwd_mma_m16w8_sm80",
-              "flash_fwd_mma_m32_sm80", "flash_fwd_mma_ovl_sm80"}) {
+              "flash_fwd_mma_m32_sm80", "flash_fwd_mma_ovl_sm80", "flash_fwd_mma_m32s_sm80"}) {
           if (fwd->sku().name == alt) continue;
           auto ap = ForwardPlan::select(stream, d, PlanPreference::kernel(alt));
           if (!ap.ok()) {

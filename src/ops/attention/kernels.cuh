@@ -524,7 +524,12 @@ __device__ __forceinline__ void prep_scores(float (&sc)[MT][NT][4], const Params
 // (the per-tile barrier keeps all warps of a CTA in the same phase, so without it the tensor
 // cores idle while every warp runs its exp2s). Costs a second S tile in registers and a 4-stage
 // ring (tiles t and t + 1 resident while t + 2, t + 3 load).
-template <class T, int D, int NW, int BN, int MT, bool QREG, bool OVL = false>
+// STR (A/B, MmaShapeM32S): on tiles without soft-cap or mask (the bulk of a long non-causal
+// row) the MT = 2 shape converts its scores with the straight-line scores_to_log2 instead of the
+// per-element branch loop, which it keeps for masked / capped tiles (the straight variants spill
+// there at MT = 2). The softmax text is instantiated twice for it (a block-uniform branch picks
+// one per tile); the other shapes keep the single text they were measured with.
+template <class T, int D, int NW, int BN, int MT, bool QREG, bool OVL = false, bool STR = false>
 struct MmaCfg {
   static constexpr int kM = 16 * NW * MT;
   static constexpr int kThreads = 32 * NW;
@@ -541,9 +546,9 @@ struct MmaCfg {
                                   (kBoundsSmem ? sizeof(int) * 2 * kM : 0);
 };
 
-template <class T, int D, int NW, int BN, int MT, bool QREG, bool OVL = false>
+template <class T, int D, int NW, int BN, int MT, bool QREG, bool OVL = false, bool STR = false>
 __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
-  using Cfg = MmaCfg<T, D, NW, BN, MT, QREG, OVL>;
+  using Cfg = MmaCfg<T, D, NW, BN, MT, QREG, OVL, STR>;
   constexpr int kM = Cfg::kM, kNT = Cfg::kThreads;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);
@@ -731,53 +736,118 @@ __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
       // straight-line variants made ptxas spill).
       constexpr bool kStraight = MT == 1 && BN == 64;
       if constexpr (kStraight) prep_scores(sc, p, sl2, n0, tq, lo_r, hi_r, capped, !full);
+      if constexpr (STR) {
+        // The whole softmax twice, so that tiles without cap or mask run straight-line code.
+        const bool fast = !capped && full;  // block-uniform
+        auto softmax = [&](auto fast_tag) {
+          constexpr bool kFast = decltype(fast_tag)::value;
+          if constexpr (kFast) scores_to_log2<false, false>(sc, p, sl2, n0, tq, lo_r, hi_r);
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        float mx0 = m_r[mt][0], mx1 = m_r[mt][1];
+          for (int mt = 0; mt < MT; ++mt) {
+            float mx0 = m_r[mt][0], mx1 = m_r[mt][1];
 #pragma unroll
-        for (int n = 0; n < kSTiles; ++n) {
-          if constexpr (!kStraight) {
+            for (int n = 0; n < kSTiles; ++n) {
+              if constexpr (!kStraight && !kFast) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              float x = sc[mt][n][e];
-              x = capped ? p.softcap * tanhf(x * p.scale / p.softcap) * log2e : x * sl2;
-              if (!full) {
-                const int col = n0 + n * 8 + 2 * tq + (e & 1);
-                const int hf = e >> 1;
-                const int rl = warp * 16 * MT + mt * 16 + hf * 8 + g;
-                const int lo = Cfg::kBoundsSmem ? sBounds[2 * rl] : lo_r[mt][hf];
-                const int hi = Cfg::kBoundsSmem ? sBounds[2 * rl + 1] : hi_r[mt][hf];
-                if (col < lo || col >= hi) x = -INFINITY;
+                for (int e = 0; e < 4; ++e) {
+                  float x = sc[mt][n][e];
+                  x = capped ? p.softcap * tanhf(x * p.scale / p.softcap) * log2e : x * sl2;
+                  if (!full) {
+                    const int col = n0 + n * 8 + 2 * tq + (e & 1);
+                    const int hf = e >> 1;
+                    const int rl = warp * 16 * MT + mt * 16 + hf * 8 + g;
+                    const int lo = Cfg::kBoundsSmem ? sBounds[2 * rl] : lo_r[mt][hf];
+                    const int hi = Cfg::kBoundsSmem ? sBounds[2 * rl + 1] : hi_r[mt][hf];
+                    if (col < lo || col >= hi) x = -INFINITY;
+                  }
+                  sc[mt][n][e] = x;
+                }
               }
-              sc[mt][n][e] = x;
+              mx0 = fmaxf(mx0, fmaxf(sc[mt][n][0], sc[mt][n][1]));
+              mx1 = fmaxf(mx1, fmaxf(sc[mt][n][2], sc[mt][n][3]));
+            }
+#pragma unroll
+            for (int o2 = 1; o2 < 4; o2 <<= 1) {
+              mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o2));
+              mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o2));
+            }
+            // A row that has seen only masked keys keeps max -inf: use 0 as the base so exp2 gives
+            // 0.
+            const float base0 = mx0 == -INFINITY ? 0.f : mx0;
+            const float base1 = mx1 == -INFINITY ? 0.f : mx1;
+            const float corr0 = exp2_ftz(m_r[mt][0] - base0), corr1 = exp2_ftz(m_r[mt][1] - base1);
+            m_r[mt][0] = mx0, m_r[mt][1] = mx1;
+            l_r[mt][0] *= corr0, l_r[mt][1] *= corr1;
+#pragma unroll
+            for (int d = 0; d < kOTiles; ++d) {
+              o[mt][d][0] *= corr0, o[mt][d][1] *= corr0, o[mt][d][2] *= corr1,
+                  o[mt][d][3] *= corr1;
+            }
+#pragma unroll
+            for (int n = 0; n < kSTiles; ++n) {
+              const float p0 = exp2_ftz(sc[mt][n][0] - base0), p1 = exp2_ftz(sc[mt][n][1] - base0);
+              const float p2 = exp2_ftz(sc[mt][n][2] - base1), p3 = exp2_ftz(sc[mt][n][3] - base1);
+              l_r[mt][0] += p0 + p1;
+              l_r[mt][1] += p2 + p3;
+              pf[mt][n][0] = pack2<T>(p0, p1);
+              pf[mt][n][1] = pack2<T>(p2, p3);
             }
           }
-          mx0 = fmaxf(mx0, fmaxf(sc[mt][n][0], sc[mt][n][1]));
-          mx1 = fmaxf(mx1, fmaxf(sc[mt][n][2], sc[mt][n][3]));
+        };
+        if (fast) {
+          softmax(std::true_type{});
+        } else {
+          softmax(std::false_type{});
         }
+      } else {  // the other shapes: this text as measured (their SASS unchanged by STR)
 #pragma unroll
-        for (int o2 = 1; o2 < 4; o2 <<= 1) {
-          mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o2));
-          mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o2));
-        }
-        // A row that has seen only masked keys keeps max -inf: use 0 as the base so exp2 gives 0.
-        const float base0 = mx0 == -INFINITY ? 0.f : mx0;
-        const float base1 = mx1 == -INFINITY ? 0.f : mx1;
-        const float corr0 = exp2_ftz(m_r[mt][0] - base0), corr1 = exp2_ftz(m_r[mt][1] - base1);
-        m_r[mt][0] = mx0, m_r[mt][1] = mx1;
-        l_r[mt][0] *= corr0, l_r[mt][1] *= corr1;
+        for (int mt = 0; mt < MT; ++mt) {
+          float mx0 = m_r[mt][0], mx1 = m_r[mt][1];
 #pragma unroll
-        for (int d = 0; d < kOTiles; ++d) {
-          o[mt][d][0] *= corr0, o[mt][d][1] *= corr0, o[mt][d][2] *= corr1, o[mt][d][3] *= corr1;
-        }
+          for (int n = 0; n < kSTiles; ++n) {
+            if constexpr (!kStraight) {
 #pragma unroll
-        for (int n = 0; n < kSTiles; ++n) {
-          const float p0 = exp2_ftz(sc[mt][n][0] - base0), p1 = exp2_ftz(sc[mt][n][1] - base0);
-          const float p2 = exp2_ftz(sc[mt][n][2] - base1), p3 = exp2_ftz(sc[mt][n][3] - base1);
-          l_r[mt][0] += p0 + p1;
-          l_r[mt][1] += p2 + p3;
-          pf[mt][n][0] = pack2<T>(p0, p1);
-          pf[mt][n][1] = pack2<T>(p2, p3);
+              for (int e = 0; e < 4; ++e) {
+                float x = sc[mt][n][e];
+                x = capped ? p.softcap * tanhf(x * p.scale / p.softcap) * log2e : x * sl2;
+                if (!full) {
+                  const int col = n0 + n * 8 + 2 * tq + (e & 1);
+                  const int hf = e >> 1;
+                  const int rl = warp * 16 * MT + mt * 16 + hf * 8 + g;
+                  const int lo = Cfg::kBoundsSmem ? sBounds[2 * rl] : lo_r[mt][hf];
+                  const int hi = Cfg::kBoundsSmem ? sBounds[2 * rl + 1] : hi_r[mt][hf];
+                  if (col < lo || col >= hi) x = -INFINITY;
+                }
+                sc[mt][n][e] = x;
+              }
+            }
+            mx0 = fmaxf(mx0, fmaxf(sc[mt][n][0], sc[mt][n][1]));
+            mx1 = fmaxf(mx1, fmaxf(sc[mt][n][2], sc[mt][n][3]));
+          }
+#pragma unroll
+          for (int o2 = 1; o2 < 4; o2 <<= 1) {
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o2));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o2));
+          }
+          // A row that has seen only masked keys keeps max -inf: use 0 as the base so exp2 gives 0.
+          const float base0 = mx0 == -INFINITY ? 0.f : mx0;
+          const float base1 = mx1 == -INFINITY ? 0.f : mx1;
+          const float corr0 = exp2_ftz(m_r[mt][0] - base0), corr1 = exp2_ftz(m_r[mt][1] - base1);
+          m_r[mt][0] = mx0, m_r[mt][1] = mx1;
+          l_r[mt][0] *= corr0, l_r[mt][1] *= corr1;
+#pragma unroll
+          for (int d = 0; d < kOTiles; ++d) {
+            o[mt][d][0] *= corr0, o[mt][d][1] *= corr0, o[mt][d][2] *= corr1, o[mt][d][3] *= corr1;
+          }
+#pragma unroll
+          for (int n = 0; n < kSTiles; ++n) {
+            const float p0 = exp2_ftz(sc[mt][n][0] - base0), p1 = exp2_ftz(sc[mt][n][1] - base0);
+            const float p2 = exp2_ftz(sc[mt][n][2] - base1), p3 = exp2_ftz(sc[mt][n][3] - base1);
+            l_r[mt][0] += p0 + p1;
+            l_r[mt][1] += p2 + p3;
+            pf[mt][n][0] = pack2<T>(p0, p1);
+            pf[mt][n][1] = pack2<T>(p2, p3);
+          }
         }
       }
       // O += P V.

@@ -48,7 +48,7 @@ template <int D>
 struct MmaShape {
   static constexpr int kNW = 4, kBN = D == 64 ? 64 : 32, kMT = D == 256 ? 1 : 2;
   static constexpr bool kQReg = D == 64;
-  static constexpr bool kOvl = false;
+  static constexpr bool kOvl = false, kStr = false;
   static constexpr int kRows = 16 * kNW * kMT;
 };
 // The A/B alternative (flash_fwd_mma_m16_sm80): one m16 tile per warp (64-row CTAs) and 64-key
@@ -62,7 +62,7 @@ struct MmaShapeM16 {
   static constexpr int kNW = 4, kBN = D == 256 ? MmaShape<D>::kBN : 64,
                        kMT = D == 256 ? MmaShape<D>::kMT : 1;
   static constexpr bool kQReg = D == 256 ? MmaShape<D>::kQReg : true;
-  static constexpr bool kOvl = false;
+  static constexpr bool kOvl = false, kStr = false;
   static constexpr int kRows = 16 * kNW * kMT;
 };
 // The same per warp with eight warps (128-row CTAs, 1 per SM at ~229 registers): every K/V tile
@@ -73,7 +73,7 @@ struct MmaShapeM16W8 {
   static constexpr int kNW = D == 256 ? MmaShape<D>::kNW : 8, kBN = MmaShapeM16<D>::kBN,
                        kMT = MmaShapeM16<D>::kMT;
   static constexpr bool kQReg = MmaShapeM16<D>::kQReg;
-  static constexpr bool kOvl = false;
+  static constexpr bool kOvl = false, kStr = false;
   static constexpr int kRows = 16 * kNW * kMT;
 };
 // FlashAttention-2's own shape at D = 64 / 128: four warps of two m16 tiles (128-row CTAs, like
@@ -87,7 +87,22 @@ struct MmaShapeM32 {
   static constexpr int kNW = 4, kBN = D == 256 ? MmaShape<D>::kBN : 64,
                        kMT = D == 256 ? MmaShape<D>::kMT : 2;
   static constexpr bool kQReg = D == 256 ? MmaShape<D>::kQReg : false;
-  static constexpr bool kOvl = false;
+  static constexpr bool kOvl = false, kStr = false;
+  static constexpr int kRows = 16 * kNW * kMT;
+};
+// m32 (A/B, flash_fwd_mma_m32s_sm80) whose tiles without soft-cap or mask (the bulk of a long
+// non-causal row) run the straight-line score conversion of the m16 shapes instead of the
+// per-element branch loop, which splits each unrolled tile into many basic blocks and stops
+// ptxas from overlapping ldmatrix, mma and softmax. The second H100 run measured m32 at 150.5
+// TFLOP/s (d128 L4096) where FlashAttention-2 runs this very shape at 331. Masked or capped
+// tiles keep the branch loop: straight-line there spilled at MT = 2 (36-76 B at D = 128).
+// D = 256 keeps MmaShape.
+template <int D>
+struct MmaShapeM32S {
+  static constexpr int kNW = MmaShapeM32<D>::kNW, kBN = MmaShapeM32<D>::kBN,
+                       kMT = MmaShapeM32<D>::kMT;
+  static constexpr bool kQReg = MmaShapeM32<D>::kQReg;
+  static constexpr bool kOvl = false, kStr = D != 256;
   static constexpr int kRows = 16 * kNW * kMT;
 };
 // m16w8 with S_{t+1} issued before the softmax of S_t (MmaCfg's OVL): the warps' softmax no
@@ -97,7 +112,7 @@ struct MmaShapeOvl {
   static constexpr int kNW = MmaShapeM16W8<D>::kNW, kBN = MmaShapeM16W8<D>::kBN,
                        kMT = MmaShapeM16W8<D>::kMT;
   static constexpr bool kQReg = MmaShapeM16W8<D>::kQReg;
-  static constexpr bool kOvl = D != 256;
+  static constexpr bool kOvl = D != 256, kStr = false;
   static constexpr int kRows = 16 * kNW * kMT;
 };
 template <template <int> class Sh>
@@ -160,8 +175,8 @@ inline bool rows_aligned(const BasicTensor<Ptr>& t, size_t elem) {
 template <class T, int D, template <int> class Sh>
 Status run_mma(const LaunchContext& ctx, const Params& p) {
   using S = Sh<D>;
-  using Cfg = MmaCfg<T, D, S::kNW, S::kBN, S::kMT, S::kQReg, S::kOvl>;
-  constexpr auto kernel = flash_fwd_mma<T, D, S::kNW, S::kBN, S::kMT, S::kQReg, S::kOvl>;
+  using Cfg = MmaCfg<T, D, S::kNW, S::kBN, S::kMT, S::kQReg, S::kOvl, S::kStr>;
+  constexpr auto kernel = flash_fwd_mma<T, D, S::kNW, S::kBN, S::kMT, S::kQReg, S::kOvl, S::kStr>;
   static const cudaError_t attr = cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Cfg::kSmem));
   if (attr != cudaSuccess) return cuda::cuda_error(ForwardOp::name, "flash_fwd_mma smem", attr);
@@ -473,6 +488,26 @@ bool register_kernels() {
             },
         .workspace = fwd_mma_workspace<MmaShapeOvl>,
         .launch = launch_fwd_mma<T, MmaShapeOvl>,
+    });
+    register_kernel<ForwardOp>({
+        .sku = {.category = "attention",
+                .op = ForwardOp::name,
+                .element = E,
+                .aux_element = DType::f32,
+                .layout = "strided",
+                .epilogue = "any_mask",
+                .arch = Arch::sm80,
+                .backend = Backend::bespoke_cuda,
+                .precision = mma,
+                .name = "flash_fwd_mma_m32s_sm80"},
+        .priority = 15,
+        .fits =
+            [](const Problem& pr, const DeviceCaps&) {
+              return pr.desc.head_dim_qk % 8 == 0 && pr.desc.head_dim_v % 8 == 0 &&
+                     mma_dim(pr) <= 128;
+            },
+        .workspace = fwd_mma_workspace<MmaShapeM32S>,
+        .launch = launch_fwd_mma<T, MmaShapeM32S>,
     });
     // Few query rows per K/V head (decode, speculative decoding): above the general kernel; that
     // one stays registered so PlanPreference::kernel("flash_fwd_mma_sm80") can A/B them.
