@@ -151,8 +151,13 @@ DemoRow run_collapse(Target target, const Case& c, Rng& rng) {
     return harness::failed_row(row, st.error());
   const mhc_ref::Collapsed ref = mhc_ref::collapse(p, x.values(), w.values());
   row.pass = true;
-  harness::check_output(row, y.values(), ref.y, p.dtype, Accuracy::reduction, "y");
-  harness::check_output(row, co.values(), ref.coeffs, DType::f32, Accuracy::reduction, "coeffs");
+  // Held to what the plan claims: tf32 arithmetic (the tensor-core kernel) to f16's bound, TF32's
+  // significand; 16-bit outputs keep their own, coarser, bound.
+  const bool tf32 = plan->precision_guarantee().math == MathPrecision::tf32;
+  const DType yclaim = tf32 && p.dtype == DType::f32 ? DType::f16 : p.dtype;
+  harness::check_output(row, y.values(), ref.y, yclaim, Accuracy::reduction, "y");
+  harness::check_output(row, co.values(), ref.coeffs, tf32 ? DType::f16 : DType::f32,
+                        Accuracy::reduction, "coeffs");
   return row;
 }
 
