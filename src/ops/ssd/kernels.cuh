@@ -3001,9 +3001,11 @@ bool register_kernels() {
         .launch = backward_chunked<T, true>,
     });
     // The same products on operands staged by 16-byte vectors (one memory round trip per 64-deep
-    // stage instead of four), dB/dC blocks over every N tile and up to 8 heads of a group:
-    // bitwise equal to chunked_wmma except the dB/dC group sums' order beyond 8 heads per group.
-    // Below chunked_wmma until an H100 run has timed it (then it takes priority 31).
+    // stage instead of four), dB/dC blocks over every N tile and up to 8 heads of a group: the
+    // per-head outputs are bitwise equal to chunked_wmma's; dB/dC add the same terms in another
+    // association (1-ulp differences measured), both deterministic.
+    // Above chunked_wmma: 12.8 ms vs 29.4 ms at B4 L4096 H80 D64 N128 bf16 on the H100 (the run
+    // after 4f55496; docs/perf/ssd.md).
     register_kernel<SsdBackwardOp>({
         .sku = {.category = "scan",
                 .op = "ssd_backward",
@@ -3014,7 +3016,7 @@ bool register_kernels() {
                 .precision = {E == DType::f16 ? MathPrecision::f16 : MathPrecision::bf16,
                               DType::f32, true, false},
                 .name = "chunked_wmma_vec"},
-        .priority = 29,
+        .priority = 31,
         // The dB/dC blocks' dynamic W and accumulator tiles (126 KB at chunk 256, N 256) must fit
         // next to their static shared memory.
         .fits =

@@ -1171,7 +1171,7 @@ TEST_P(SsdPlans, BackwardChunkedShapesOnDevice) {
   const Stream& stream = harness::stream_for(target);
   auto dense = SsdBackwardPlan::select(stream, describe(1, 64, 2, 8, 8, 1, DType::bf16, {}));
   BARACUDA_ASSERT_OK(dense);
-  EXPECT_EQ(dense->sku().name, "chunked_wmma");
+  EXPECT_EQ(dense->sku().name, "chunked_wmma_vec");
   // f32 keeps the recurrent kernel by default (its dA/ddt_bias meet f32's bound; see
   // run_backward); chunked_f32 is there by preference.
   auto dense32 = SsdBackwardPlan::select(stream, describe(1, 64, 2, 8, 8, 1, DType::f32, {}));
@@ -1185,11 +1185,15 @@ TEST_P(SsdPlans, BackwardChunkedShapesOnDevice) {
 
 // chunked_wmma_vec stages the same operand values into the same fragments in the same order as
 // chunked_wmma (only the loads differ: 16-byte vectors, storage-order shared tiles read by row- or
-// column-major fragments), so every output must be bitwise equal. (Its dB/dC blocks add up to 8
-// heads of a group in head order; every case here has at most 8 heads per group, i.e. one partial
-// per group, which is then the same sum in the same order.) Padded and permuted layouts take
-// its element-wise fallback; z makes dy' an f32 operand; ragged L, D and N exercise the edges.
-void expect_vec_equals_wmma(Target target, DType dtype, const BwdCase& c, Layout layout) {
+// column-major fragments), so the per-head outputs must be bitwise equal. dB and dC are sums over
+// the heads of a group, which chunked_wmma_vec adds inside a block (head order) before the chunk
+// reduction, while chunked_wmma reduces per-head partials: the same terms in another association
+// (the H100 run after 4f55496 showed 1-ulp differences in dB), so those two are checked against
+// chunked_wmma within the dtype's reduction tolerance, and vec's own second run bit for bit.
+// Padded and permuted layouts take its element-wise fallback; z makes dy' an f32 operand; ragged
+// L, D and N exercise the edges. (Both kernels are checked against the float64 reference in
+// BackwardChunkedShapesOnDevice.)
+void expect_vec_matches_wmma(Target target, DType dtype, const BwdCase& c, Layout layout) {
   Rng rng;
   const Stream& stream = harness::stream_for(target);
   const auto desc = describe(c.B, c.L, c.H, c.D, c.N, c.G, dtype, c.o, c.chunk);
@@ -1203,24 +1207,41 @@ void expect_vec_equals_wmma(Target target, DType dtype, const BwdCase& c, Layout
   auto ws = workspace_for(ref->workspace_size(), target);
   BARACUDA_ASSERT_OK(ws);
   std::vector<TestTensor*> outs = {&*t.dx, &*t.ddt, &*t.dA, &*t.dB, &*t.dC};
+  const size_t kDB = 3, kDC = 4;
   for (auto* o : {&t.dD, &t.dz, &t.ddt_bias, &t.d_init})
     if (*o) outs.push_back(&**o);
-  for (auto* o : outs) o->poison();
-  BARACUDA_ASSERT_OK(ref->run(stream, ws->as_workspace(), backward_args(t)));
-  BARACUDA_ASSERT_OK(stream.synchronize());
+  auto run = [&](const SsdBackwardPlan& plan) {
+    for (auto* o : outs) o->poison();
+    BARACUDA_ASSERT_OK(plan.run(stream, ws->as_workspace(), backward_args(t)));
+    BARACUDA_ASSERT_OK(stream.synchronize());
+  };
+  run(*ref);
   std::vector<std::vector<uint8_t>> expected;
-  for (auto* o : outs) expected.push_back(o->bytes());
-  for (auto* o : outs) o->poison();
-  BARACUDA_ASSERT_OK(vec->run(stream, ws->as_workspace(), backward_args(t)));
-  BARACUDA_ASSERT_OK(stream.synchronize());
+  std::vector<std::vector<double>> expected_values;
+  for (auto* o : outs) {
+    expected.push_back(o->bytes());
+    expected_values.push_back(o->values());
+  }
+  run(*vec);
+  std::vector<std::vector<uint8_t>> first;
+  for (auto* o : outs) first.push_back(o->bytes());
   const std::string what = std::string(name(dtype)) + " " + harness::layout_name(layout) +
                            " L=" + std::to_string(c.L) + " chunk=" + std::to_string(c.chunk);
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const std::string out = what + " output " + std::to_string(i);
+    if (i == kDB || i == kDC)
+      EXPECT_TRUE(harness::close_to(outs[i]->values(), expected_values[i], dtype,
+                                    harness::Accuracy::reduction, out + " vec ~ wmma"));
+    else
+      EXPECT_TRUE(harness::bytes_equal(expected[i], first[i], out + " vec == wmma"));
+  }
+  run(*vec);  // deterministic: the same bits again
   for (size_t i = 0; i < outs.size(); ++i)
-    EXPECT_TRUE(harness::bytes_equal(expected[i], outs[i]->bytes(),
-                                     what + " output " + std::to_string(i) + " vec == wmma"));
+    EXPECT_TRUE(harness::bytes_equal(first[i], outs[i]->bytes(),
+                                     what + " output " + std::to_string(i) + " vec second run"));
 }
 
-TEST_P(SsdPlans, BackwardWmmaVecEqualsWmmaBitwise) {
+TEST_P(SsdPlans, BackwardWmmaVecMatchesWmma) {
   const Target target = GetParam();
   if (target == Target::cpu) GTEST_SKIP() << "device kernels";
   BARACUDA_SKIP_IF_UNAVAILABLE(target);
@@ -1231,19 +1252,19 @@ TEST_P(SsdPlans, BackwardWmmaVecEqualsWmmaBitwise) {
                     .init = true,
                     .final = true};
   for (DType dtype : {DType::f16, DType::bf16}) {
-    expect_vec_equals_wmma(target, dtype, {2, 300, 4, 64, 64, 2, 64, all}, Layout::contiguous);
-    expect_vec_equals_wmma(target, dtype, {2, 300, 4, 64, 64, 2, 128, {}}, Layout::contiguous);
+    expect_vec_matches_wmma(target, dtype, {2, 300, 4, 64, 64, 2, 64, all}, Layout::contiguous);
+    expect_vec_matches_wmma(target, dtype, {2, 300, 4, 64, 64, 2, 128, {}}, Layout::contiguous);
   }
-  expect_vec_equals_wmma(target, DType::bf16, {1, 261, 8, 64, 128, 1, 128, all}, Layout::padded);
-  expect_vec_equals_wmma(target, DType::bf16,
-                         {1, 256, 2, 48, 40, 2, 256, {.d_skip = ssd::DSkip::per_channel}},
-                         Layout::permuted);
-  expect_vec_equals_wmma(target, DType::bf16, {1, 77, 2, 80, 24, 1, 64, {.z = true}},
-                         Layout::contiguous);
-  expect_vec_equals_wmma(target, DType::bf16, {1, 150, 2, 256, 256, 1, 128, {.final = true}},
-                         Layout::contiguous);
-  expect_vec_equals_wmma(target, DType::bf16, {3, 1, 2, 16, 16, 1, 64, {.init = true}},
-                         Layout::contiguous);
+  expect_vec_matches_wmma(target, DType::bf16, {1, 261, 8, 64, 128, 1, 128, all}, Layout::padded);
+  expect_vec_matches_wmma(target, DType::bf16,
+                          {1, 256, 2, 48, 40, 2, 256, {.d_skip = ssd::DSkip::per_channel}},
+                          Layout::permuted);
+  expect_vec_matches_wmma(target, DType::bf16, {1, 77, 2, 80, 24, 1, 64, {.z = true}},
+                          Layout::contiguous);
+  expect_vec_matches_wmma(target, DType::bf16, {1, 150, 2, 256, 256, 1, 128, {.final = true}},
+                          Layout::contiguous);
+  expect_vec_matches_wmma(target, DType::bf16, {3, 1, 2, 16, 16, 1, 64, {.init = true}},
+                          Layout::contiguous);
 }
 
 void run_decode(Target target, DType dtype, int64_t B, int64_t H, int64_t D, int64_t N, int64_t G,
