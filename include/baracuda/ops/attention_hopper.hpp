@@ -84,6 +84,10 @@ class SelectionTableOverride {
   const std::span<const TablePoint>* previous_;
 };
 
+// Forward problems with at most this many query rows are decode-shaped: the table (measured with
+// Lq = Lk) does not speak for them, and the family's decode kernel is the measured winner.
+inline constexpr int64_t kDecodeQueryRows = 16;
+
 // Priorities the cuDNN kernels register with. The attention family's bespoke kernels are expected
 // between kCudnnBehind and kCudnnAhead, so the table decides which of the two wins `fastest`.
 inline constexpr int kCudnnAhead = 1000;

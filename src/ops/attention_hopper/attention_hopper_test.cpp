@@ -200,6 +200,13 @@ TEST(AttentionCudnnRules, NearestMeasuredPointDecides) {
   EXPECT_EQ(pick_qk(8192, 4096), Candidate::fa3);
   EXPECT_EQ(pick_qk(2047, 4096), Candidate::bespoke);
   EXPECT_EQ(pick_qk(1, 4096), Candidate::bespoke);
+  // Decode-shaped problems go to the family's kernels even with no table at all.
+  EXPECT_EQ(preferred_candidate({}, problem_of(make_desc(DType::bf16, 1, 8, 8, 1, 4096, 128)),
+                                Pass::forward, true),
+            Candidate::bespoke);
+  EXPECT_EQ(preferred_candidate({}, problem_of(make_desc(DType::bf16, 1, 8, 8, 17, 4096, 128)),
+                                Pass::forward, true),
+            Candidate::cudnn);
 }
 
 // The candidate the table's own columns make fastest at a point (what select must follow).
@@ -259,10 +266,15 @@ TEST(AttentionCudnnRules, ShippedTablePicksFa3WhereItWasFastest) {
     EXPECT_EQ(preferred_candidate(p, Pass::forward, true), pt.want);
     EXPECT_EQ(preferred_candidate(p, Pass::forward, false), Candidate::cudnn);
     EXPECT_EQ(preferred_candidate(p, Pass::backward, true), Candidate::cudnn);
-    // Decode against the same keys: never fa3.
-    const attention::Problem decode =
-        problem_of(make_desc(DType::bf16, 16, 2048 / pt.d, 2048 / pt.d, 1, pt.l, pt.d));
-    EXPECT_EQ(preferred_candidate(decode, Pass::forward, true), Candidate::cudnn);
+    // Decode against the same keys: the family's decode kernel, never fa3 or cuDNN; its backward
+    // still follows the table.
+    for (int64_t lq : {int64_t{1}, int64_t{4}, kDecodeQueryRows}) {
+      const attention::Problem decode =
+          problem_of(make_desc(DType::bf16, 16, 2048 / pt.d, 2048 / pt.d, lq, pt.l, pt.d));
+      EXPECT_EQ(preferred_candidate(decode, Pass::forward, true), Candidate::bespoke);
+      EXPECT_EQ(preferred_candidate(decode, Pass::forward, false), Candidate::bespoke);
+      EXPECT_EQ(preferred_candidate(decode, Pass::backward, true), Candidate::cudnn);
+    }
   }
 }
 

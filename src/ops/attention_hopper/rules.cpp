@@ -87,6 +87,11 @@ Candidate preferred_candidate(const attention::Problem& p, Pass pass, bool fa3_r
 Candidate preferred_candidate(std::span<const TablePoint> table, const attention::Problem& p,
                               Pass pass, bool fa3_runs) {
   const attention::Descriptor& d = p.desc;
+  // Decode (a few query rows against a long cache) is not what the table measured (Lq = Lk): the
+  // family's split-K decode kernel took 57 us where cuDNN took 545 us (Lq 1, Lk 32k, 32 heads,
+  // GQA 4, d128; 59 vs 385 us at Lq 4 causal; 14 vs 64 us at Lk 4096; H100, 2026-11-23), so the
+  // forward of such a problem stays with the family's kernels.
+  if (pass == Pass::forward && d.len_q <= kDecodeQueryRows) return Candidate::bespoke;
   const bool causal = d.mask.right == 0;
   const double len = static_cast<double>(std::max<int64_t>(1, std::max(d.len_q, d.len_k)));
   const TablePoint* best = nullptr;
