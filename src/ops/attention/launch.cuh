@@ -313,6 +313,66 @@ Status launch_bwd_mma(const LaunchContext& ctx, const Problem& pr, const Backwar
 namespace baracuda::attention::kernels {
 
 // ---- registration -------------------------------------------------------------------------------
+// The tensor-core kernels take head dims in multiples of 8 (the shapes below up to a padded 128 or
+// 64).
+inline bool mma_dims_ok(const Problem& pr) {
+  return pr.desc.head_dim_qk % 8 == 0 && pr.desc.head_dim_v % 8 == 0;
+}
+inline bool fits_mma(const Problem& pr, const DeviceCaps&) {
+  return mma_dims_ok(pr);
+}
+inline bool fits_mma_128(const Problem& pr, const DeviceCaps&) {
+  return mma_dims_ok(pr) && mma_dim(pr) <= 128;
+}
+inline bool fits_mma_64(const Problem& pr, const DeviceCaps&) {
+  return mma_dims_ok(pr) && mma_dim(pr) <= 64;
+}
+using FitsFn = bool (*)(const Problem&, const DeviceCaps&);
+
+// Every kernel of the family shares category, layout, masks, arch and backend; an entry differs in
+// op, accumulator, precision and name.
+template <DType E>
+KernelSku family_sku(std::string_view op, DType aux, PrecisionGuarantee precision,
+                     std::string_view name) {
+  return {.category = "attention",
+          .op = op,
+          .element = E,
+          .aux_element = aux,
+          .layout = "strided",
+          .epilogue = "any_mask",
+          .arch = Arch::sm80,
+          .backend = Backend::bespoke_cuda,
+          .precision = precision,
+          .name = name};
+}
+
+// One forward kernel template instantiation (a launch shape) as a table entry.
+template <DType E, template <int> class LaunchShape>
+void register_fwd_mma(std::string_view name, int priority, PrecisionGuarantee precision,
+                      FitsFn fits) {
+  using T = cuda::device_t<E>;
+  register_kernel<ForwardOp>({
+      .sku = family_sku<E>(ForwardOp::name, DType::f32, precision, name),
+      .priority = priority,
+      .fits = fits,
+      .workspace = fwd_mma_workspace<LaunchShape>,
+      .launch = launch_fwd_mma<T, LaunchShape>,
+  });
+}
+
+// One decode variant (split multiplier, fused merge) as a table entry.
+template <DType E, int kWaves, bool kFused>
+void register_decode(std::string_view name, int priority, PrecisionGuarantee precision) {
+  using T = cuda::device_t<E>;
+  register_kernel<ForwardOp>({
+      .sku = family_sku<E>(ForwardOp::name, DType::f32, precision, name),
+      .priority = priority,
+      .fits = decode_fits,
+      .workspace = decode_workspace<kWaves, kFused>,
+      .launch = launch_decode<T, kWaves, kFused>,
+  });
+}
+
 template <DType E>
 bool register_kernels() {
   using T = cuda::device_t<E>;
@@ -325,30 +385,12 @@ bool register_kernels() {
   // SIMT kernels: each row in a fixed order, independent of the problem size and of other rows.
   constexpr PrecisionGuarantee simt{simt_math, acc, true, true};
   register_kernel<ForwardOp>({
-      .sku = {.category = "attention",
-              .op = ForwardOp::name,
-              .element = E,
-              .aux_element = acc,
-              .layout = "strided",
-              .epilogue = "any_mask",
-              .arch = Arch::sm80,
-              .backend = Backend::bespoke_cuda,
-              .precision = simt,
-              .name = "flash_fwd_simt"},
+      .sku = family_sku<E>(ForwardOp::name, acc, simt, "flash_fwd_simt"),
       .priority = 10,
       .launch = launch_fwd_simt<T, A>,
   });
   register_kernel<BackwardOp>({
-      .sku = {.category = "attention",
-              .op = BackwardOp::name,
-              .element = E,
-              .aux_element = acc,
-              .layout = "strided",
-              .epilogue = "any_mask",
-              .arch = Arch::sm80,
-              .backend = Backend::bespoke_cuda,
-              .precision = simt,
-              .name = "flash_bwd_simt"},
+      .sku = family_sku<E>(BackwardOp::name, acc, simt, "flash_bwd_simt"),
       .priority = 10,
       .workspace = bwd_workspace<A>,
       .launch = launch_bwd_simt<T, A>,
@@ -358,236 +400,47 @@ bool register_kernels() {
     // split-K count depends on the problem size, so a row's bits can change with the batch.
     constexpr PrecisionGuarantee mma{E == DType::f16 ? MathPrecision::f16 : MathPrecision::bf16,
                                      DType::f32, true, false};
-    register_kernel<ForwardOp>({
-        .sku = {.category = "attention",
-                .op = ForwardOp::name,
-                .element = E,
-                .aux_element = DType::f32,
-                .layout = "strided",
-                .epilogue = "any_mask",
-                .arch = Arch::sm80,
-                .backend = Backend::bespoke_cuda,
-                .precision = mma,
-                .name = "flash_fwd_mma_sm80"},
-        .priority = 20,
-        .fits =
-            [](const Problem& pr, const DeviceCaps&) {
-              return pr.desc.head_dim_qk % 8 == 0 && pr.desc.head_dim_v % 8 == 0;
-            },
-        .workspace = fwd_mma_workspace<MmaShape>,
-        .launch = launch_fwd_mma<T, MmaShape>,
-    });
+    register_fwd_mma<E, MmaShape>("flash_fwd_mma_sm80", 20, mma, fits_mma);
     // Same kernel template, MmaShapeM16 launch shapes (D <= 128). Measured on the H100 (bf16,
     // TFLOP/s, flash_fwd_mma_sm80 / m16 / m16w8): d128 L4096 122 / 199 / 218, d64 L4096
     // 88 / 182 / 169, d128 L16384 128 / 201 / 229, causal d128 L4096 119 / 192 / 209. Both beat
-    // the MmaShape kernel everywhere they fit, so they rank above it; m16w8 is the default (it
-    // wins at d128 and is 7% behind m16 at d64; priorities cannot depend on the head dim without
-    // making a kernel unselectable by name there), m16 stays for A/B.
-    register_kernel<ForwardOp>({
-        .sku = {.category = "attention",
-                .op = ForwardOp::name,
-                .element = E,
-                .aux_element = DType::f32,
-                .layout = "strided",
-                .epilogue = "any_mask",
-                .arch = Arch::sm80,
-                .backend = Backend::bespoke_cuda,
-                .precision = mma,
-                .name = "flash_fwd_mma_m16_sm80"},
-        .priority = 21,
-        .fits =
-            [](const Problem& pr, const DeviceCaps&) {
-              return pr.desc.head_dim_qk % 8 == 0 && pr.desc.head_dim_v % 8 == 0 &&
-                     mma_dim(pr) <= 128;
-            },
-        .workspace = fwd_mma_workspace<MmaShapeM16>,
-        .launch = launch_fwd_mma<T, MmaShapeM16>,
-    });
-    register_kernel<ForwardOp>({
-        .sku = {.category = "attention",
-                .op = ForwardOp::name,
-                .element = E,
-                .aux_element = DType::f32,
-                .layout = "strided",
-                .epilogue = "any_mask",
-                .arch = Arch::sm80,
-                .backend = Backend::bespoke_cuda,
-                .precision = mma,
-                .name = "flash_fwd_mma_m16w8_sm80"},
-        .priority = 22,
-        .fits =
-            [](const Problem& pr, const DeviceCaps&) {
-              return pr.desc.head_dim_qk % 8 == 0 && pr.desc.head_dim_v % 8 == 0 &&
-                     mma_dim(pr) <= 128;
-            },
-        .workspace = fwd_mma_workspace<MmaShapeM16W8>,
-        .launch = launch_fwd_mma<T, MmaShapeM16W8>,
-    });
+    // the MmaShape kernel everywhere they fit, so they rank above it; m16w8 is the default at
+    // d128, m16 stays for A/B there.
+    register_fwd_mma<E, MmaShapeM16>("flash_fwd_mma_m16_sm80", 21, mma, fits_mma_128);
+    register_fwd_mma<E, MmaShapeM16W8>("flash_fwd_mma_m16w8_sm80", 22, mma, fits_mma_128);
     // m16 again, same name and launch, above m16w8 where the padded head dim is 64: the second
     // H100 run (bf16, non-causal L4096, TFLOP/s) has m16 / m16w8 at 233.4 / 208.4 for d64 but
     // 212.9 / 258.6 for d128. Priorities are per entry and cannot depend on the head dim, but
     // `fits` can, so d64 selects this entry by default while m16w8 keeps d128; m16w8 stays
     // pinnable everywhere, and pinning "flash_fwd_mma_m16_sm80" reaches this entry or the one
     // above (same launch), so m16 stays pinnable at every head dim too.
-    register_kernel<ForwardOp>({
-        .sku = {.category = "attention",
-                .op = ForwardOp::name,
-                .element = E,
-                .aux_element = DType::f32,
-                .layout = "strided",
-                .epilogue = "any_mask",
-                .arch = Arch::sm80,
-                .backend = Backend::bespoke_cuda,
-                .precision = mma,
-                .name = "flash_fwd_mma_m16_sm80"},
-        .priority = 23,
-        .fits =
-            [](const Problem& pr, const DeviceCaps&) {
-              return pr.desc.head_dim_qk % 8 == 0 && pr.desc.head_dim_v % 8 == 0 &&
-                     mma_dim(pr) <= 64;
-            },
-        .workspace = fwd_mma_workspace<MmaShapeM16>,
-        .launch = launch_fwd_mma<T, MmaShapeM16>,
-    });
-    register_kernel<ForwardOp>({
-        .sku = {.category = "attention",
-                .op = ForwardOp::name,
-                .element = E,
-                .aux_element = DType::f32,
-                .layout = "strided",
-                .epilogue = "any_mask",
-                .arch = Arch::sm80,
-                .backend = Backend::bespoke_cuda,
-                .precision = mma,
-                .name = "flash_fwd_mma_m32_sm80"},
-        .priority = 17,
-        .fits =
-            [](const Problem& pr, const DeviceCaps&) {
-              return pr.desc.head_dim_qk % 8 == 0 && pr.desc.head_dim_v % 8 == 0 &&
-                     mma_dim(pr) <= 128;
-            },
-        .workspace = fwd_mma_workspace<MmaShapeM32>,
-        .launch = launch_fwd_mma<T, MmaShapeM32>,
-    });
-    register_kernel<ForwardOp>({
-        .sku = {.category = "attention",
-                .op = ForwardOp::name,
-                .element = E,
-                .aux_element = DType::f32,
-                .layout = "strided",
-                .epilogue = "any_mask",
-                .arch = Arch::sm80,
-                .backend = Backend::bespoke_cuda,
-                .precision = mma,
-                .name = "flash_fwd_mma_ovl_sm80"},
-        .priority = 16,
-        .fits =
-            [](const Problem& pr, const DeviceCaps&) {
-              return pr.desc.head_dim_qk % 8 == 0 && pr.desc.head_dim_v % 8 == 0 &&
-                     mma_dim(pr) <= 128;
-            },
-        .workspace = fwd_mma_workspace<MmaShapeOvl>,
-        .launch = launch_fwd_mma<T, MmaShapeOvl>,
-    });
-    register_kernel<ForwardOp>({
-        .sku = {.category = "attention",
-                .op = ForwardOp::name,
-                .element = E,
-                .aux_element = DType::f32,
-                .layout = "strided",
-                .epilogue = "any_mask",
-                .arch = Arch::sm80,
-                .backend = Backend::bespoke_cuda,
-                .precision = mma,
-                .name = "flash_fwd_mma_m32s_sm80"},
-        .priority = 15,
-        .fits =
-            [](const Problem& pr, const DeviceCaps&) {
-              return pr.desc.head_dim_qk % 8 == 0 && pr.desc.head_dim_v % 8 == 0 &&
-                     mma_dim(pr) <= 128;
-            },
-        .workspace = fwd_mma_workspace<MmaShapeM32S>,
-        .launch = launch_fwd_mma<T, MmaShapeM32S>,
-    });
+    register_fwd_mma<E, MmaShapeM16>("flash_fwd_mma_m16_sm80", 23, mma, fits_mma_64);
+    // A/B shapes (H100, d128 L4096, TFLOP/s vs m16w8's 259): m32 151, ovl 257, m32s 258.
+    register_fwd_mma<E, MmaShapeM32>("flash_fwd_mma_m32_sm80", 17, mma, fits_mma_128);
+    register_fwd_mma<E, MmaShapeOvl>("flash_fwd_mma_ovl_sm80", 16, mma, fits_mma_128);
+    register_fwd_mma<E, MmaShapeM32S>("flash_fwd_mma_m32s_sm80", 15, mma, fits_mma_128);
     // Few query rows per K/V head (decode, speculative decoding): above the general kernel; that
     // one stays registered so PlanPreference::kernel("flash_fwd_mma_sm80") can A/B them.
-    register_kernel<ForwardOp>({
-        .sku = {.category = "attention",
-                .op = ForwardOp::name,
-                .element = E,
-                .aux_element = DType::f32,
-                .layout = "strided",
-                .epilogue = "any_mask",
-                .arch = Arch::sm80,
-                .backend = Backend::bespoke_cuda,
-                .precision = mma,
-                .name = "flash_decode_sm80"},
-        .priority = 30,
-        .fits = decode_fits,
-        .workspace = decode_workspace<1>,
-        .launch = launch_decode<T, 1>,
-    });
-    // The same kernel over 4x as many, 4x shorter splits (see decode_splits): A/B only until the
-    // bench rows show it faster.
-    register_kernel<ForwardOp>({
-        .sku = {.category = "attention",
-                .op = ForwardOp::name,
-                .element = E,
-                .aux_element = DType::f32,
-                .layout = "strided",
-                .epilogue = "any_mask",
-                .arch = Arch::sm80,
-                .backend = Backend::bespoke_cuda,
-                .precision = mma,
-                .name = "flash_decode_w4_sm80"},
-        .priority = 29,
-        .fits = decode_fits,
-        .workspace = decode_workspace<4>,
-        .launch = launch_decode<T, 4>,
-    });
+    register_decode<E, 1, false>("flash_decode_sm80", 30, mma);
+    // The same kernel over 4x as many, 4x shorter splits (see decode_splits): A/B only (H100:
+    // 68.1 us vs 56.7 us at Lk 32k).
+    register_decode<E, 4, false>("flash_decode_w4_sm80", 29, mma);
     // flash_decode_sm80 with the split merge done by the last split of each (batch, K/V head)
     // to finish (an arrival count per group in the workspace) instead of flash_decode_combine:
-    // no second launch, and each group's merge overlaps the other groups' streaming; only the
-    // last group's merge is left at the tail. The second H100 run puts ~6 us of a 32k decode
-    // (56.8 us) in fixed costs, the combine among them. Sums in split order (deterministic).
-    // Splits keep >= 2 tiles instead of 4 (decode_splits' kMinTiles): the same 32 splits at 32k
-    // keys, twice the CTAs for short caches (4096 keys: 256 instead of 128 on 264 slots), so the
-    // 32k bench rows measure the fused merge alone. A/B only until the bench rows show it faster.
-    register_kernel<ForwardOp>({
-        .sku = {.category = "attention",
-                .op = ForwardOp::name,
-                .element = E,
-                .aux_element = DType::f32,
-                .layout = "strided",
-                .epilogue = "any_mask",
-                .arch = Arch::sm80,
-                .backend = Backend::bespoke_cuda,
-                .precision = mma,
-                .name = "flash_decode_fused_sm80"},
-        .priority = 28,
-        .fits = decode_fits,
-        .workspace = decode_workspace<1, true>,
-        .launch = launch_decode<T, 1, true>,
-    });
+    // no second launch, and each group's merge overlaps the other groups' streaming. Sums in
+    // split order (deterministic). Splits keep >= 2 tiles instead of 4 (decode_splits'
+    // kMinTiles). A/B only: the H100 measured it slower (63.9 vs 56.7 us at Lk 32k, 24.0 vs
+    // 13.6 us at Lk 4096).
+    register_decode<E, 1, true>("flash_decode_fused_sm80", 28, mma);
     // Two passes (dQ per query block, dK/dV per key block) in a fixed order: deterministic and
     // independent of the batch; P and dS are rounded to the 16-bit type for the tensor cores.
     constexpr PrecisionGuarantee mma_bwd{mma.math, DType::f32, true, true};
     register_kernel<BackwardOp>({
-        .sku = {.category = "attention",
-                .op = BackwardOp::name,
-                .element = E,
-                .aux_element = DType::f32,
-                .layout = "strided",
-                .epilogue = "any_mask",
-                .arch = Arch::sm80,
-                .backend = Backend::bespoke_cuda,
-                .precision = mma_bwd,
-                .name = "flash_bwd_mma_sm80"},
+        .sku = family_sku<E>(BackwardOp::name, DType::f32, mma_bwd, "flash_bwd_mma_sm80"),
         .priority = 20,
         .fits =
             [](const Problem& pr, const DeviceCaps&) {
-              return pr.desc.head_dim_qk % 8 == 0 && pr.desc.head_dim_v % 8 == 0 &&
-                     std::max(pr.desc.head_dim_qk, pr.desc.head_dim_v) <= 128;
+              return mma_dims_ok(pr) && std::max(pr.desc.head_dim_qk, pr.desc.head_dim_v) <= 128;
             },
         .workspace = bwd_workspace<float>,
         .launch = launch_bwd_mma<T>,
