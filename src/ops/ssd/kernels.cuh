@@ -2875,18 +2875,31 @@ inline size_t chunked_bwd_workspace(const ssd::Problem& p, const DeviceCaps&) {
   return static_cast<size_t>(bwdc_layout(p).total) * sizeof(float);
 }
 
+// Every kernel of the family: category "scan", CUDA on sm_80+; entries differ in op, variant,
+// precision and name.
+template <DType E>
+KernelSku scan_sku(std::string_view op, std::string_view epilogue, PrecisionGuarantee precision,
+                   std::string_view name) {
+  return {.category = "scan",
+          .op = op,
+          .element = E,
+          .epilogue = epilogue,
+          .arch = Arch::sm80,
+          .backend = Backend::bespoke_cuda,
+          .precision = precision,
+          .name = name};
+}
+// The tensor-core variants: 16-bit products, f32 accumulation, fixed order (deterministic), but a
+// row's bits depend on the chunking (not bit-stable).
+template <DType E>
+inline constexpr PrecisionGuarantee kTensorCorePrecision{
+    E == DType::f16 ? MathPrecision::f16 : MathPrecision::bf16, DType::f32, true, false};
+
 template <DType E>
 bool register_kernels() {
   using T = cuda::device_t<E>;
   register_kernel<SsdForwardOp>({
-      .sku = {.category = "scan",
-              .op = "ssd_forward",
-              .element = E,
-              .epilogue = "chunked",
-              .arch = Arch::sm80,
-              .backend = Backend::bespoke_cuda,
-              .precision = kF32Det,
-              .name = "chunked_f32"},
+      .sku = scan_sku<E>("ssd_forward", "chunked", kF32Det, "chunked_f32"),
       .priority = 20,
       .fits =
           [](const ssd::Problem& p, const DeviceCaps&) {
@@ -2900,15 +2913,7 @@ bool register_kernels() {
   });
   if constexpr (E == DType::f16 || E == DType::bf16) {
     register_kernel<SsdForwardOp>({
-        .sku = {.category = "scan",
-                .op = "ssd_forward",
-                .element = E,
-                .epilogue = "chunked",
-                .arch = Arch::sm80,
-                .backend = Backend::bespoke_cuda,
-                .precision = {E == DType::f16 ? MathPrecision::f16 : MathPrecision::bf16,
-                              DType::f32, true, false},
-                .name = "chunked_wmma"},
+        .sku = scan_sku<E>("ssd_forward", "chunked", kTensorCorePrecision<E>, "chunked_wmma"),
         .priority = 30,
         .fits = chunked_fits,
         .workspace = chunked_tc_workspace,
@@ -2916,17 +2921,10 @@ bool register_kernels() {
     });
     // The same kernels with both operands of a tile fetched as 16-byte vectors before either is
     // converted (load_tile issues one load per thread at a time); bitwise equal results. Below
-    // chunked_wmma until an H100 run has timed it.
+    // chunked_wmma: slower on the H100 (5.50 vs 4.15 ms at B4 L4096 H80 D64 N128 bf16; its
+    // chunk_out runs at 2 blocks per SM).
     register_kernel<SsdForwardOp>({
-        .sku = {.category = "scan",
-                .op = "ssd_forward",
-                .element = E,
-                .epilogue = "chunked",
-                .arch = Arch::sm80,
-                .backend = Backend::bespoke_cuda,
-                .precision = {E == DType::f16 ? MathPrecision::f16 : MathPrecision::bf16,
-                              DType::f32, true, false},
-                .name = "chunked_wmma_vec"},
+        .sku = scan_sku<E>("ssd_forward", "chunked", kTensorCorePrecision<E>, "chunked_wmma_vec"),
         .priority = 29,
         .fits = chunked_fits,
         .workspace = chunked_tc_workspace,
@@ -2934,28 +2932,14 @@ bool register_kernels() {
     });
   }
   register_kernel<SsdForwardOp>({
-      .sku = {.category = "scan",
-              .op = "ssd_forward",
-              .element = E,
-              .epilogue = "recurrent",
-              .arch = Arch::sm80,
-              .backend = Backend::bespoke_cuda,
-              .precision = kF32Det,
-              .name = "recurrent_f32"},
+      .sku = scan_sku<E>("ssd_forward", "recurrent", kF32Det, "recurrent_f32"),
       .priority = 10,
       .fits = [](const ssd::Problem& p,
                  const DeviceCaps&) { return p.seqs <= kMaxGridYZ && p.heads <= kMaxGridYZ; },
       .launch = forward_recurrent<T>,
   });
   register_kernel<SsdBackwardOp>({
-      .sku = {.category = "scan",
-              .op = "ssd_backward",
-              .element = E,
-              .epilogue = "recurrent",
-              .arch = Arch::sm80,
-              .backend = Backend::bespoke_cuda,
-              .precision = kF32Det,
-              .name = "recurrent_deterministic_f32"},
+      .sku = scan_sku<E>("ssd_backward", "recurrent", kF32Det, "recurrent_deterministic_f32"),
       .priority = 10,
       .fits =
           [](const ssd::Problem& p, const DeviceCaps& caps) {
@@ -2968,14 +2952,7 @@ bool register_kernels() {
       .launch = backward_recurrent<T>,
   });
   register_kernel<SsdBackwardOp>({
-      .sku = {.category = "scan",
-              .op = "ssd_backward",
-              .element = E,
-              .epilogue = "chunked",
-              .arch = Arch::sm80,
-              .backend = Backend::bespoke_cuda,
-              .precision = kF32Det,
-              .name = "chunked_f32"},
+      .sku = scan_sku<E>("ssd_backward", "chunked", kF32Det, "chunked_f32"),
       // For f32 data the recurrent kernel (10) stays the default: the chunked form's dA and
       // ddt_bias (token sums that cancel) land a few times outside f32's reduction bound. For
       // 16-bit data this is the f32-math fallback under chunked_wmma.
@@ -2986,15 +2963,7 @@ bool register_kernels() {
   });
   if constexpr (E == DType::f16 || E == DType::bf16) {
     register_kernel<SsdBackwardOp>({
-        .sku = {.category = "scan",
-                .op = "ssd_backward",
-                .element = E,
-                .epilogue = "chunked",
-                .arch = Arch::sm80,
-                .backend = Backend::bespoke_cuda,
-                .precision = {E == DType::f16 ? MathPrecision::f16 : MathPrecision::bf16,
-                              DType::f32, true, false},
-                .name = "chunked_wmma"},
+        .sku = scan_sku<E>("ssd_backward", "chunked", kTensorCorePrecision<E>, "chunked_wmma"),
         .priority = 30,
         .fits = chunked_bwd_fits,
         .workspace = chunked_bwd_workspace,
@@ -3007,15 +2976,7 @@ bool register_kernels() {
     // Above chunked_wmma: 12.8 ms vs 29.4 ms at B4 L4096 H80 D64 N128 bf16 on the H100 (the run
     // after 4f55496; docs/perf/ssd.md).
     register_kernel<SsdBackwardOp>({
-        .sku = {.category = "scan",
-                .op = "ssd_backward",
-                .element = E,
-                .epilogue = "chunked",
-                .arch = Arch::sm80,
-                .backend = Backend::bespoke_cuda,
-                .precision = {E == DType::f16 ? MathPrecision::f16 : MathPrecision::bf16,
-                              DType::f32, true, false},
-                .name = "chunked_wmma_vec"},
+        .sku = scan_sku<E>("ssd_backward", "chunked", kTensorCorePrecision<E>, "chunked_wmma_vec"),
         .priority = 31,
         // The dB/dC blocks' dynamic W and accumulator tiles (126 KB at chunk 256, N 256) must fit
         // next to their static shared memory.
@@ -3032,13 +2993,7 @@ bool register_kernels() {
     });
   }
   register_kernel<SsdDecodeOp>({
-      .sku = {.category = "scan",
-              .op = "ssd_decode",
-              .element = E,
-              .arch = Arch::sm80,
-              .backend = Backend::bespoke_cuda,
-              .precision = kF32Det,
-              .name = "decode_f32"},
+      .sku = scan_sku<E>("ssd_decode", "none", kF32Det, "decode_f32"),
       .priority = 10,
       .launch = decode_launch<T>,
   });
