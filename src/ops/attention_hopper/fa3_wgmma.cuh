@@ -5,6 +5,8 @@
 //   rs_*: A from registers (4 x 32-bit: the m64k16 A fragment), B from shared memory MN-major
 //         (imm-trans-b = 1).
 // scale_d = 0 overwrites d (D = A B), 1 accumulates (D += A B).
+// (Generated lines of 32-64 asm operands: exempt from clang-format.)
+// clang-format off
 #pragma once
 #include <cstdint>
 
@@ -93,3 +95,4 @@ __device__ __forceinline__ void rs_m64n128k16_f16(float (&d)[64], const uint32_t
 
 #endif
 }  // namespace baracuda::attention_hopper::fa3
+// clang-format on
