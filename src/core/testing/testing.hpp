@@ -6,11 +6,14 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <random>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "baracuda/core/dtype.hpp"
@@ -20,6 +23,21 @@
 #include "baracuda/core/tensor.hpp"
 
 namespace baracuda::harness {
+
+// fn(0) .. fn(n - 1) on up to hardware_concurrency threads: float64 references are single-threaded
+// and slices of them (rows, heads) are independent with disjoint outputs.
+template <class Fn>
+void parallel_for(int64_t n, Fn fn) {
+  const int64_t workers =
+      std::min<int64_t>(n, std::max<int64_t>(1, std::thread::hardware_concurrency()));
+  std::atomic<int64_t> next{0};
+  std::vector<std::thread> pool;
+  for (int64_t w = 0; w < workers; ++w)
+    pool.emplace_back([&] {
+      for (int64_t i = next++; i < n; i = next++) fn(i);
+    });
+  for (auto& t : pool) t.join();
+}
 
 // ---- Seeds
 // --------------------------------------------------------------------------------------- The run's

@@ -19,9 +19,14 @@
 #include "core/testing/testing.hpp"
 #include "ops/attention/common.hpp"
 #include "ops/attention/reference.hpp"
+#include "ops/attention/test_oracle.hpp"
 
 namespace baracuda::attention {
 namespace {
+
+using attention::testing::RowBlock;
+using attention::testing::rows_of;
+using harness::parallel_for;
 
 using harness::Accuracy;
 using harness::close_to;
@@ -130,26 +135,6 @@ Dense dense(std::vector<int64_t> shape, std::vector<double> v = {}) {
   d.data.resize(harness::numel_of(d.shape), 0.0);
   return d;
 }
-
-// fn(0) .. fn(n - 1) on up to hardware_concurrency threads (the float64 reference is
-// single-threaded; its row slices are independent and write disjoint outputs).
-template <class Fn>
-void parallel_for(int64_t n, Fn fn) {
-  const int64_t workers =
-      std::min<int64_t>(n, std::max<int64_t>(1, std::thread::hardware_concurrency()));
-  std::atomic<int64_t> next{0};
-  std::vector<std::thread> pool;
-  for (int64_t w = 0; w < workers; ++w)
-    pool.emplace_back([&] {
-      for (int64_t i = next++; i < n; i = next++) fn(i);
-    });
-  for (auto& t : pool) t.join();
-}
-
-// Query rows [i0, i1) of query head h of batch b.
-struct RowBlock {
-  int64_t b, h, i0, i1;
-};
 
 struct Oracle {
   Config c;  // dtype forced to f64
@@ -284,56 +269,13 @@ std::vector<RowBlock> sample_rows(const Config& c, Rng& rng) {
   return out;
 }
 
-int64_t rows_of(const std::vector<RowBlock>& blocks) {
-  int64_t n = 0;
-  for (const RowBlock& bk : blocks) n += bk.i1 - bk.i0;
-  return n;
-}
-
-// Y [B, Hq, Lq, Dv] and LSE [B, Hq, Lq] in logical order (non-varlen) against the reference
-// (ry, rl: meaningful on the sampled rows only), plus the whole-tensor checks; vmax = max |V|.
+// Y and LSE in logical order (non-varlen) against the reference (ry, rl: meaningful on the
+// sampled rows only), plus the whole-tensor checks; vmax = max |V|.
 void compare_sampled(const Config& c, DType lse_dtype, const std::vector<double>& ry,
                      const std::vector<double>& rl, double vmax, const std::vector<double>& yv,
                      const std::vector<double>& lv, const std::vector<RowBlock>& blocks) {
-  std::vector<double> got_y, ref_y, got_l, ref_l;
-  for (const RowBlock& bk : blocks)
-    for (int64_t i = bk.i0; i < bk.i1; ++i) {
-      const int64_t row = (bk.b * c.hq + bk.h) * c.lq + i;
-      got_l.push_back(lv[row]), ref_l.push_back(rl[row]);
-      for (int64_t col = 0; col < c.dv; ++col)
-        got_y.push_back(yv[row * c.dv + col]), ref_y.push_back(ry[row * c.dv + col]);
-    }
-  EXPECT_TRUE(close_to(got_y, ref_y, c.dtype, Accuracy::reduction, "y (sampled rows)"));
-  EXPECT_TRUE(close_to(got_l, ref_l, lse_dtype, Accuracy::reduction, "lse (sampled rows)"));
-  // Y is a convex combination of V rows: |y| <= max |v|, up to P's rounding to the 16-bit type
-  // before P V (the weights then sum to 1 within a few 2^-8).
-  const double ybound = vmax * (1 + 1.0 / 32) + 1e-6;
-  const detail::Band band = detail::band_of(c.mask);
-  int64_t bad_y = 0, bad_l = 0, first_y = -1, first_l = -1;
-  for (int64_t b = 0; b < c.b; ++b)
-    for (int64_t h = 0; h < c.hq; ++h)
-      for (int64_t i = 0; i < c.lq; ++i) {
-        int64_t lo, hi;
-        detail::visible_keys(band, i, c.lq, c.lk, &lo, &hi);
-        const bool sees = lo < hi;
-        const int64_t row = (b * c.hq + h) * c.lq + i;
-        const double l = lv[row];
-        if (sees ? !std::isfinite(l) : l != -kInf) {
-          if (bad_l++ == 0) first_l = row;
-        }
-        for (int64_t col = 0; col < c.dv; ++col) {
-          const double y = yv[row * c.dv + col];
-          if (!std::isfinite(y) || std::abs(y) > ybound || (!sees && y != 0)) {
-            if (bad_y++ == 0) first_y = row * c.dv + col;
-          }
-        }
-      }
-  EXPECT_EQ(bad_y, 0) << "y: unwritten, non-finite, outside [-max|v|, max|v|] or nonzero on a "
-                         "fully masked row; first at logical index "
-                      << first_y << " = " << (first_y >= 0 ? yv[first_y] : 0.0);
-  EXPECT_EQ(bad_l, 0) << "lse: not finite where the row sees a key or not -inf where it sees none; "
-                         "first at logical index "
-                      << first_l << " = " << (first_l >= 0 ? lv[first_l] : 0.0);
+  attention::testing::expect_forward_outputs({c.b, c.hq, c.lq, c.lk, c.dv, c.mask}, c.dtype,
+                                             lse_dtype, ry, rl, vmax, yv, lv, blocks);
 }
 
 // One forward problem, several plans on the same inputs against one reference: building 32k-key

@@ -25,6 +25,7 @@
 #include "core/testing/testing.hpp"
 #include "ops/attention/common.hpp"
 #include "ops/attention/reference.hpp"
+#include "ops/attention/test_oracle.hpp"
 
 namespace baracuda::attention_hopper {
 namespace {
@@ -32,8 +33,11 @@ namespace {
 using attention::Descriptor;
 using attention::Diagonal;
 using attention::Mask;
+using attention::testing::RowBlock;
+using attention::testing::rows_of;
 using harness::Accuracy;
 using harness::fails_with;
+using harness::parallel_for;
 using harness::Target;
 using harness::TestTensor;
 
@@ -416,24 +420,6 @@ constexpr double kFullCheckOps = 5e7;
 constexpr double kBlockOps = 2e7;
 
 // Query rows [i0, i1) of query head h of batch b.
-struct RowBlock {
-  int64_t b, h, i0, i1;
-};
-
-// fn(0) .. fn(n - 1) on up to hardware_concurrency threads.
-template <class Fn>
-void parallel_for(int64_t n, Fn fn) {
-  const int64_t workers =
-      std::min<int64_t>(n, std::max<int64_t>(1, std::thread::hardware_concurrency()));
-  std::atomic<int64_t> next{0};
-  std::vector<std::thread> pool;
-  for (int64_t w = 0; w < workers; ++w)
-    pool.emplace_back([&] {
-      for (int64_t i = next++; i < n; i = next++) fn(i);
-    });
-  for (auto& t : pool) t.join();
-}
-
 // Upper bound of the reference's multiply-adds for the whole forward (masks ignored).
 double forward_ops(const Case& c) {
   return static_cast<double>(c.b * c.hq) * static_cast<double>(c.lq) * static_cast<double>(c.lk) *
@@ -474,12 +460,6 @@ std::vector<RowBlock> sampled_rows(const Case& c, harness::Rng& rng, double bloc
   return out;
 }
 
-int64_t rows_of(const std::vector<RowBlock>& blocks) {
-  int64_t n = 0;
-  for (const RowBlock& bk : blocks) n += bk.i1 - bk.i0;
-  return n;
-}
-
 // Y ([B, Hq, Lq, D], logical order) and LSE ([B, Hq, Lq]) of the float64 reference at the blocks'
 // rows (zero elsewhere), from the inputs' logical values.
 struct Reference {
@@ -510,53 +490,15 @@ Reference reference_rows(const Case& c, const std::vector<double>& q, const std:
   return r;
 }
 
-// A device forward's Y / LSE (logical order) against the reference at the blocks' rows (every
-// element of them), then the whole-tensor checks over every row: every Y element written, finite
-// and inside V's range (Y is a convex combination of V rows, up to P's rounding to the 16-bit
-// type), rows that see no key exactly 0 with LSE -inf, LSE finite wherever a row sees a key.
+// A device forward's Y / LSE (logical order) against the reference at the blocks' rows and the
+// whole-tensor checks (attention::testing::expect_forward_outputs).
 void check_forward_output(const Case& c, const std::vector<double>& v, const std::vector<double>& y,
                           const std::vector<double>& lse, const Reference& ref,
                           const std::vector<RowBlock>& blocks) {
-  if (rows_of(blocks) == c.b * c.hq * c.lq) {
-    EXPECT_TRUE(harness::close_to(y, ref.y, c.t, Accuracy::reduction, "y"));
-    EXPECT_TRUE(harness::close_to(lse, ref.lse, c.t, Accuracy::reduction, "lse"));
-  } else {
-    std::vector<double> got_y, ref_y, got_l, ref_l;
-    for (const RowBlock& bk : blocks)
-      for (int64_t i = bk.i0; i < bk.i1; ++i) {
-        const int64_t row = (bk.b * c.hq + bk.h) * c.lq + i;
-        got_l.push_back(lse[row]), ref_l.push_back(ref.lse[row]);
-        for (int64_t col = 0; col < c.d; ++col)
-          got_y.push_back(y[row * c.d + col]), ref_y.push_back(ref.y[row * c.d + col]);
-      }
-    EXPECT_TRUE(harness::close_to(got_y, ref_y, c.t, Accuracy::reduction, "y (sampled rows)"));
-    EXPECT_TRUE(harness::close_to(got_l, ref_l, c.t, Accuracy::reduction, "lse (sampled rows)"));
-  }
   double vmax = 0;
   for (double x : v) vmax = std::max(vmax, std::abs(x));
-  const double ybound = vmax * (1 + 1.0 / 32) + 1e-6;
-  const attention::detail::Band band = attention::detail::band_of(c.mask);
-  int64_t bad_y = 0, bad_l = 0, first_y = -1, first_l = -1;
-  for (int64_t bh = 0; bh < c.b * c.hq; ++bh)
-    for (int64_t i = 0; i < c.lq; ++i) {
-      int64_t lo, hi;
-      attention::detail::visible_keys(band, i, c.lq, c.lk, &lo, &hi);
-      const bool sees = lo < hi;
-      const int64_t row = bh * c.lq + i;
-      if (sees ? !std::isfinite(lse[row]) : lse[row] != -std::numeric_limits<double>::infinity())
-        if (bad_l++ == 0) first_l = row;
-      for (int64_t col = 0; col < c.d; ++col) {
-        const double x = y[row * c.d + col];
-        if (!std::isfinite(x) || std::abs(x) > ybound || (!sees && x != 0))
-          if (bad_y++ == 0) first_y = row * c.d + col;
-      }
-    }
-  EXPECT_EQ(bad_y, 0) << "y: unwritten, non-finite, outside [-max|v|, max|v|] or nonzero on a "
-                         "fully masked row; first at logical index "
-                      << first_y << " = " << (first_y >= 0 ? y[first_y] : 0.0);
-  EXPECT_EQ(bad_l, 0) << "lse: not finite where the row sees a key or not -inf where it sees none; "
-                         "first at logical index "
-                      << first_l << " = " << (first_l >= 0 ? lse[first_l] : 0.0);
+  attention::testing::expect_forward_outputs({c.b, c.hq, c.lq, c.lk, c.d, c.mask}, c.t, c.t, ref.y,
+                                             ref.lse, vmax, y, lse, blocks);
 }
 
 // dQ, dK, dV (logical order) of the float64 reference backward on float64 copies of its inputs
