@@ -117,6 +117,23 @@ void sweep(const Stream& stream) {
           const char* label;
           PlanPreference pref;
         };
+        // Times one forward plan on this case and emits its row; its TFLOP/s (0 if it failed).
+        auto time_forward = [&](const attention::ForwardPlan& fp, const std::string& note) {
+          auto ws = Buffer::allocate(std::max<size_t>(fp.workspace_size(), 16), Location::cuda(0));
+          Measured mf =
+              time_case(stream, [&](int) { return fp.run(stream, ws->as_workspace(), fa); });
+          if (!mf.ok) return 0.0;
+          bench::emit(stream, {.family = "attention",
+                               .op = "attention_forward",
+                               .name = name,
+                               .dtype = "bf16",
+                               .kernel = std::string(fp.sku().name),
+                               .ms = mf.ms,
+                               .bytes = 4 * tensor_bytes + lse_bytes,
+                               .flops = fwd_flops,
+                               .note = note});
+          return fwd_flops / (mf.ms * 1e9);
+        };
         // The default plan is timed by the attention family's own bench (same names).
         const Variant variants[] = {{"cudnn", PlanPreference::only(Backend::cudnn)},
                                     {"bespoke", PlanPreference::only(Backend::bespoke_cuda)}};
@@ -129,28 +146,16 @@ void sweep(const Stream& stream) {
             bench::emit_error("attention", "attention_forward", name + "/" + var.label, fp.error());
             continue;
           }
-          auto ws = Buffer::allocate(std::max<size_t>(fp->workspace_size(), 16), Location::cuda(0));
-          Measured mf =
-              time_case(stream, [&](int) { return fp->run(stream, ws->as_workspace(), fa); });
-          if (mf.ok) {
-            bench::emit(stream, {.family = "attention",
-                                 .op = "attention_forward",
-                                 .name = name,
-                                 .dtype = "bf16",
-                                 .kernel = std::string(fp->sku().name),
-                                 .ms = mf.ms,
-                                 .bytes = 4 * tensor_bytes + lse_bytes,
-                                 .flops = fwd_flops,
-                                 .note = var.label});
-            fwd_tf[vi] = fwd_flops / (mf.ms * 1e9);
-          }
+          fwd_tf[vi] = time_forward(*fp, var.label);
           if (!bp.ok()) {
             bench::emit_error("attention", "attention_backward", name + "/" + var.label,
                               bp.error());
             continue;
           }
           // The backward reads this plan's own forward outputs (y, lse), as training does.
-          if (auto st = fp->run(stream, ws->as_workspace(), fa); !st.ok()) continue;
+          auto fws =
+              Buffer::allocate(std::max<size_t>(fp->workspace_size(), 16), Location::cuda(0));
+          if (auto st = fp->run(stream, fws->as_workspace(), fa); !st.ok()) continue;
           auto bws =
               Buffer::allocate(std::max<size_t>(bp->workspace_size(), 16), Location::cuda(0));
           Measured mb =
@@ -183,21 +188,8 @@ void sweep(const Stream& stream) {
             bench::emit_error("attention", "attention_forward", name + "/" + note, fp.error());
             continue;
           }
-          auto ws = Buffer::allocate(std::max<size_t>(fp->workspace_size(), 16), Location::cuda(0));
-          Measured mf =
-              time_case(stream, [&](int) { return fp->run(stream, ws->as_workspace(), fa); });
-          if (mf.ok) {
-            bench::emit(stream, {.family = "attention",
-                                 .op = "attention_forward",
-                                 .name = name,
-                                 .dtype = "bf16",
-                                 .kernel = std::string(fp->sku().name),
-                                 .ms = mf.ms,
-                                 .bytes = 4 * tensor_bytes + lse_bytes,
-                                 .flops = fwd_flops,
-                                 .note = note});
-            if (fa3 == kFa3Kernel) fa3_tf = fwd_flops / (mf.ms * 1e9);
-          }
+          const double tf = time_forward(*fp, note);
+          if (fa3 == kFa3Kernel) fa3_tf = tf;
         }
         for (int pass = 0; pass < 2; ++pass) {
           const double* tf = pass == 0 ? fwd_tf : bwd_tf;
