@@ -739,23 +739,21 @@ TEST(AttentionCudnnGpu, SelectionFollowsTheMeasuredTable) {
       }
 }
 
-TEST(AttentionCudnnGpu, MisalignedRunFailsWithoutWriting) {
-  BARACUDA_SKIP_IF_UNAVAILABLE(Target::cuda);
-#if !BARACUDA_HAVE_CUDNN_FRONTEND
-  GTEST_SKIP() << "built without the cuDNN frontend (BARACUDA_HAVE_CUDNN_FRONTEND unset)";
-#endif
+// A run whose `misaligned` operand (0: q, 1: k) starts one element into its buffer (valid for the
+// family's rules) fails with `messages`, writes nothing and leaves the stream healthy.
+void expect_misaligned_run_fails(PlanPreference pref, int misaligned,
+                                 std::initializer_list<std::string_view> messages) {
   harness::Rng rng;
   const Stream& gs = harness::stream_for(Target::cuda);
   const Case c{DType::bf16, 1, 2, 2, 64, 64, 64, Mask::none(), false, false};
   const Descriptor desc = make_desc(c.t, c.b, c.hq, c.hk, c.lq, c.lk, c.d);
-  auto plan = attention::ForwardPlan::select(gs, desc, PlanPreference::only(Backend::cudnn));
+  auto plan = attention::ForwardPlan::select(gs, desc, pref);
   BARACUDA_ASSERT_OK(plan);
-  // Q one element into its buffer: still valid for the family's rules, misaligned for cuDNN.
-  TestTensor qbuf =
+  TestTensor off =
       TestTensor::with_strides(c.t, {1, 2, 64, 64}, {8192, 4096, 64, 1}, 1, Target::cuda);
-  qbuf.fill_random(rng);
-  TestTensor k = gpu_tensor(c, c.t, 2, 64, 64), v = gpu_tensor(c, c.t, 2, 64, 64);
-  k.fill_random(rng);
+  TestTensor a = gpu_tensor(c, c.t, 2, 64, 64), v = gpu_tensor(c, c.t, 2, 64, 64);
+  off.fill_random(rng);
+  a.fill_random(rng);
   v.fill_random(rng);
   TestTensor y = gpu_tensor(c, c.t, 2, 64, 64);
   TestTensor lse = gpu_lse(c);
@@ -763,12 +761,23 @@ TEST(AttentionCudnnGpu, MisalignedRunFailsWithoutWriting) {
   lse.poison();
   const auto y_before = y.bytes(), lse_before = lse.bytes();
   const Workspace_ ws = workspace_of(plan->workspace_size());
-  EXPECT_TRUE(fails_with(
-      plan->run(gs, ws.get(), {qbuf.cview(), k.cview(), v.cview(), y.view(), lse.view(), {}, {}}),
-      ErrorKind::misaligned_operand, {"attention_forward: q: data=", "is not 16-byte aligned"}));
+  const ConstTensor q = misaligned == 0 ? off.cview() : a.cview();
+  const ConstTensor k = misaligned == 0 ? a.cview() : off.cview();
+  EXPECT_TRUE(fails_with(plan->run(gs, ws.get(), {q, k, v.cview(), y.view(), lse.view(), {}, {}}),
+                         ErrorKind::misaligned_operand, messages));
   BARACUDA_ASSERT_OK(gs.synchronize());
   EXPECT_TRUE(harness::bytes_equal(y_before, y.bytes(), "y"));
   EXPECT_TRUE(harness::bytes_equal(lse_before, lse.bytes(), "lse"));
+}
+
+TEST(AttentionCudnnGpu, MisalignedRunFailsWithoutWriting) {
+  BARACUDA_SKIP_IF_UNAVAILABLE(Target::cuda);
+#if !BARACUDA_HAVE_CUDNN_FRONTEND
+  GTEST_SKIP() << "built without the cuDNN frontend (BARACUDA_HAVE_CUDNN_FRONTEND unset)";
+#endif
+  // Q one element into its buffer: still valid for the family's rules, misaligned for cuDNN.
+  expect_misaligned_run_fails(PlanPreference::only(Backend::cudnn), 0,
+                              {"attention_forward: q: data=", "is not 16-byte aligned"});
 }
 
 // ---- The bounded oracle itself (host only) -----------------------------------------------------
@@ -1124,32 +1133,9 @@ TEST(AttentionFa3Gpu, DefaultPlanFollowsTheTable) {
 
 TEST(AttentionFa3Gpu, MisalignedRunFailsWithoutWriting) {
   FA3_SKIP_UNLESS_RUNNABLE();
-  harness::Rng rng;
-  const Stream& gs = harness::stream_for(Target::cuda);
-  const Case c{DType::bf16, 1, 2, 2, 64, 64, 64, Mask::none(), false, false};
-  const Descriptor desc = make_desc(c.t, c.b, c.hq, c.hk, c.lq, c.lk, c.d);
-  auto plan = attention::ForwardPlan::select(gs, desc, PlanPreference::kernel(kFa3));
-  BARACUDA_ASSERT_OK(plan);
   // K one element into its buffer: valid for the family's rules, not for TMA.
-  TestTensor kbuf =
-      TestTensor::with_strides(c.t, {1, 2, 64, 64}, {8192, 4096, 64, 1}, 1, Target::cuda);
-  kbuf.fill_random(rng);
-  TestTensor q = gpu_tensor(c, c.t, 2, 64, 64), v = gpu_tensor(c, c.t, 2, 64, 64);
-  q.fill_random(rng);
-  v.fill_random(rng);
-  TestTensor y = gpu_tensor(c, c.t, 2, 64, 64);
-  TestTensor lse = gpu_lse(c);
-  y.poison();
-  lse.poison();
-  const auto y_before = y.bytes(), lse_before = lse.bytes();
-  const Workspace_ ws = workspace_of(plan->workspace_size());
-  EXPECT_TRUE(fails_with(
-      plan->run(gs, ws.get(), {q.cview(), kbuf.cview(), v.cview(), y.view(), lse.view(), {}, {}}),
-      ErrorKind::misaligned_operand,
-      {"attention_forward: fa3_fwd_sm90a: k: data is not 16-byte aligned"}));
-  BARACUDA_ASSERT_OK(gs.synchronize());
-  EXPECT_TRUE(harness::bytes_equal(y_before, y.bytes(), "y"));
-  EXPECT_TRUE(harness::bytes_equal(lse_before, lse.bytes(), "lse"));
+  expect_misaligned_run_fails(PlanPreference::kernel(kFa3), 1,
+                              {"attention_forward: fa3_fwd_sm90a: k: data is not 16-byte aligned"});
 }
 
 }  // namespace
