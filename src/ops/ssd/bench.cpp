@@ -1,10 +1,11 @@
 // Benchmarks of the ssd family: the Mamba-2 2.7B layer shape (B=4 L=4096 H=80 D=64 N=128 G=1) and
 // a smaller one (B=8 L=2048 H=32 D=64 N=64 G=1), bf16, chunk 256, forward and backward, plus the
 // decode step on a state of 80 Mi f32 elements. Forward rows: chunked_wmma (picked), then
-// chunked_wmma_vec under the same case names. Backward rows: what `select` picks (chunked_wmma)
-// on both shapes, then, under the same case names for the A/B, chunked_f32 and chunked_wmma_vec on
-// both and the old recurrent_deterministic_f32 on the small one. peers.py times the same case names
-// on the mamba_ssm Triton kernels.
+// chunked_wmma_vec and (after the backward rows) chunked_wmma_fastpass under the same case names.
+// Backward rows: what `select` picks (chunked_wmma_vec since b2ca089) on both shapes, then, under
+// the same case names for the A/B, chunked_f32 and chunked_wmma_vec on both, the old
+// recurrent_deterministic_f32 on the small one, and chunked_wmma_vec_fastpass on both. peers.py
+// times the same case names on the mamba_ssm Triton kernels.
 //
 // BARACUDA_SSD_STAGES=1 adds, before each forward/backward row, one row per launch of the chosen
 // kernel (op "<op>_stage", note "stage <name>", ms = median over 5 runs, each run timed by the
@@ -230,7 +231,7 @@ void bench_ssd(const Stream& s) {
   for (const Case& c : cases) run_prefill(s, c, false);
   // chunked_wmma_vec: chunked_wmma with 16-byte operand staging (bitwise equal results).
   for (const Case& c : cases) run_prefill(s, c, false, "chunked_wmma_vec");
-  for (const Case& c : cases) run_prefill(s, c, true);  // chunked_wmma (bf16)
+  for (const Case& c : cases) run_prefill(s, c, true);  // chunked_wmma_vec (bf16)
   // A/B rows, same case names: the chunked backward on f32 SIMT tiles, and the old recurrent
   // backward on the small case only (it takes 245 ms on the large one).
   for (const Case& c : cases) run_prefill(s, c, true, "chunked_f32");
@@ -238,6 +239,12 @@ void bench_ssd(const Stream& s) {
   // results as chunked_wmma up to the dB/dC group sums' order).
   for (const Case& c : cases) run_prefill(s, c, true, "chunked_wmma_vec");
   run_prefill(s, cases[1], true, "recurrent_deterministic_f32");
+  // The *_fastpass variants: the same kernels with the inter-chunk passes (state_pass, and in the
+  // backward state_rev) by chunk_scan_kernel (16-byte vectors, 4 chunks in flight per thread;
+  // bitwise equal results). With BARACUDA_SSD_STAGES=1 their state_pass / state_rev stage rows sit
+  // next to the base kernels' under the same case names.
+  for (const Case& c : cases) run_prefill(s, c, false, "chunked_wmma_fastpass");
+  for (const Case& c : cases) run_prefill(s, c, true, "chunked_wmma_vec_fastpass");
   run_decode(s);
 }
 

@@ -21,8 +21,10 @@
 // chunked_wmma_vec (16-bit, forward and backward): chunked_wmma's kernels with operands staged as
 // 16-byte vectors (TileSrc / fetch_stage / commit_stage) and, in the backward, dB/dC blocks that
 // cover every N tile and add up to 8 heads of a group; bitwise equal to chunked_wmma except for
-// the dB/dC group sums' order when a group has more than 8 heads. ssd::StageSink times every
-// launch.
+// the dB/dC group sums' order when a group has more than 8 heads. *_fastpass (chunked_wmma forward,
+// chunked_wmma_vec backward): the inter-chunk passes by chunk_scan_kernel (16-byte vectors, 4
+// chunks in flight per thread) instead of state_pass / bwd_state_rev; bitwise equal. ssd::StageSink
+// times every launch.
 #pragma once
 
 #include <mma.h>
@@ -1684,6 +1686,168 @@ __global__ void bwd_state_rev_kernel(BwdC<T> p) {
   if (p.has_init) p.dinit.at(b, h, d, n) = gv;
 }
 
+// ---- inter-chunk passes, fast form (the *_fastpass variants)
+// ----------------------------------------------------------------------------------------------
+// state_pass_kernel and bwd_state_rev_kernel load one f32 per thread per chunk, and that load
+// follows the previous chunk's store in program order (the compiler cannot hoist it over a store
+// that may alias; the PTX shows ld.f32, st.f32, ld.f64 per chunk), so each thread has one chunk's
+// 4-byte load in flight at a time: 16 dependent memory round trips per thread at 16 chunks, and
+// 1.9-2.1 ms on the H100 for 2 x 167 MB (docs/perf/ssd.md). chunk_scan_kernel
+// does the same scan with one thread per kW consecutive elements of a (b, h) state (16-byte
+// vectors along the contiguous D*N axis, consecutive threads on consecutive vectors, the grid
+// flattened over B*H*D*N/kW), and a ring of kScanDepth chunks whose vectors and raw f64 decay
+// exponents are loaded before the current chunk is stored and folded: kScanDepth loads in flight
+// per thread. The float math is the old kernels' exactly: s' = fmaf(expf(float(cum_last)), s, own)
+// (the old `expf(..) * s + own` is contracted to that fma by nvcc's default -fmad=true; the
+// explicit fmaf pins it), in the same chunk order per element, so the results are bitwise equal.
+// 128-thread blocks: at the 70-78 registers of the vector kernels that is 6-7 blocks (768-896
+// threads) per SM, where 256-thread blocks give 768 at most.
+constexpr int kScanThreads = 128;
+constexpr int kScanDepth = 4;  // chunks in flight per thread (4 x 16 B + 4 x 8 B of registers)
+
+struct ChunkScan {
+  float* st;          // [B*H][nchunks][D*N]: per-chunk values in, the scanned values out
+  const double* cum;  // [B*H][Lpad]: the chunk's decay is exp(cum[c*cs + cs - 1])
+  int64_t BH, H, N, dn, nchunks, cs, Lpad;  // dn = D*N
+  V4<const float> in;                       // the value entering the first chunk scanned
+  V4<float> out;                            // the value leaving the last chunk scanned
+  bool has_in, has_out;
+};
+
+template <int kW>
+struct ScanVec {
+  float v[kW];
+};
+template <int kW>
+__device__ __forceinline__ ScanVec<kW> scan_load(const float* q) {
+  ScanVec<kW> r;
+  if constexpr (kW == 4) {
+    const float4 f = *reinterpret_cast<const float4*>(q);
+    r.v[0] = f.x, r.v[1] = f.y, r.v[2] = f.z, r.v[3] = f.w;
+  } else {
+#pragma unroll
+    for (int i = 0; i < kW; ++i) r.v[i] = q[i];
+  }
+  return r;
+}
+template <int kW>
+__device__ __forceinline__ void scan_store(float* q, const float (&s)[kW]) {
+  if constexpr (kW == 4)
+    *reinterpret_cast<float4*>(q) = make_float4(s[0], s[1], s[2], s[3]);
+  else
+#pragma unroll
+    for (int i = 0; i < kW; ++i) q[i] = s[i];
+}
+
+// kRev = false: the forward pass (st[c] becomes the state entering chunk c, in = initial_states,
+// out = final_states). kRev = true: the backward's reverse pass over gst (gst[c] becomes the
+// adjoint of the state leaving chunk c, in = d_final_states, out = d_initial_states).
+template <int kW, bool kRev>
+__global__ void __launch_bounds__(kScanThreads) chunk_scan_kernel(ChunkScan a) {
+  const int64_t per_bh = a.dn / kW;
+  const int64_t v = blockIdx.x * int64_t{kScanThreads} + threadIdx.x;
+  if (v >= a.BH * per_bh) return;
+  const int64_t bh = v / per_bh, e0 = (v - bh * per_bh) * kW;
+  const int64_t b = bh / a.H, h = bh - b * a.H;
+  const int64_t d0 = e0 / a.N, n0 = e0 - d0 * a.N;
+  float s[kW];
+  {
+    int64_t d = d0, n = n0;
+#pragma unroll
+    for (int i = 0; i < kW; ++i) {
+      s[i] = a.has_in ? a.in.at(b, h, d, n) : 0.0f;
+      if (++n == a.N) n = 0, ++d;
+    }
+  }
+  // Only this pointer and n0 stay live for the final store (not b, h, d0): fewer registers.
+  float* out = a.has_out ? &a.out.at(b, h, d0, n0) : nullptr;
+  // Walking pointers (the next chunk to load, the next to store, the next decay exponent) rather
+  // than 64-bit index products per chunk: fewer registers, so more threads per SM.
+  const int64_t nc = a.nchunks;
+  const int64_t step = kRev ? -a.dn : a.dn, lstep = kRev ? -a.cs : a.cs;
+  const int64_t c0 = kRev ? nc - 1 : 0;
+  float* sp = a.st + (bh * nc + c0) * a.dn + e0;
+  const float* lp = sp;
+  const double* dp = a.cum + bh * a.Lpad + c0 * a.cs + a.cs - 1;  // chunk c's cum_last
+  ScanVec<kW> buf[kScanDepth] = {};
+  double lbuf[kScanDepth] = {};
+#pragma unroll
+  for (int j = 0; j < kScanDepth; ++j) {
+    if (j < nc) {
+      buf[j] = scan_load<kW>(lp);
+      lbuf[j] = *dp;
+      lp += step, dp += lstep;
+    }
+  }
+  // The ring: slot j holds chunk k0 + j; the body is unrolled over the slots so that every slot is
+  // a fixed register set (shifting a queue instead would move registers whose loads are still in
+  // flight, and a move waits for its load). Not unrolled further: more registers, fewer threads.
+#pragma unroll 1
+  for (int64_t k0 = 0; k0 < nc; k0 += kScanDepth) {
+#pragma unroll
+    for (int j = 0; j < kScanDepth; ++j) {
+      if (k0 + j >= nc) break;
+      const ScanVec<kW> own = buf[j];
+      const double l = lbuf[j];
+      if (k0 + j + kScanDepth < nc) {  // refill the slot before this chunk's store and math
+        buf[j] = scan_load<kW>(lp);
+        lbuf[j] = *dp;
+        lp += step, dp += lstep;
+      }
+      scan_store<kW>(sp, s);  // the value entering (kRev: leaving) this chunk
+      sp += step;
+      const float decay = expf(static_cast<float>(l));
+#pragma unroll
+      for (int i = 0; i < kW; ++i) s[i] = fmaf(decay, s[i], own.v[i]);
+    }
+  }
+  if (a.has_out) {
+    int64_t n = n0;
+#pragma unroll
+    for (int i = 0; i < kW; ++i) {
+      *out = s[i];
+      if (i + 1 < kW) {  // to element e0 + i + 1: the next n, or the next row's n = 0
+        if (++n == a.N)
+          n = 0, out += a.out.s2 - (a.N - 1) * a.out.s3;
+        else
+          out += a.out.s3;
+      }
+    }
+  }
+}
+
+// Blocks of the flattened grid (at kW = 1, the larger count); the fastpass variants' fits bound it.
+inline int64_t chunk_scan_blocks(const ssd::Problem& p) {
+  return (p.batch * p.heads * p.head_dim * p.state_dim + kScanThreads - 1) / kScanThreads;
+}
+
+// 16-byte vectors when every (b, h, chunk) slab starts 16-byte aligned (D*N % 4 == 0 and the
+// workspace array itself aligned, which the 256-byte workspace alignment and round64 give), else
+// one element per thread (same loop, same math).
+template <bool kRev>
+Status launch_chunk_scan(const ChunkScan& a, cudaStream_t st, std::string_view op) {
+  if (a.BH == 0 || a.dn == 0) return {};
+  const bool vec = a.dn % 4 == 0 && reinterpret_cast<uintptr_t>(a.st) % 16 == 0;
+  const int64_t threads = a.BH * (vec ? a.dn / 4 : a.dn);
+  const auto blocks = static_cast<unsigned>((threads + kScanThreads - 1) / kScanThreads);
+  if (vec)
+    chunk_scan_kernel<4, kRev><<<blocks, kScanThreads, 0, st>>>(a);
+  else
+    chunk_scan_kernel<1, kRev><<<blocks, kScanThreads, 0, st>>>(a);
+  return cuda::check_launch(op, "chunk_scan_kernel");
+}
+
+template <class T>
+ChunkScan chunk_scan_args(const Fwd<T>& p, float* values) {
+  ChunkScan a;
+  a.st = values, a.cum = p.cum;
+  a.BH = p.B * p.H, a.H = p.H, a.N = p.N, a.dn = p.D * p.N;
+  a.nchunks = p.nchunks, a.cs = p.cs, a.Lpad = p.Lpad;
+  a.in = V4<const float>{}, a.out = V4<float>{};
+  a.has_in = a.has_out = false;
+  return a;
+}
+
 // dx for a (64 tokens s) x (64 columns d) tile, and the per-token partials x_s.R_s and E_s.
 template <class T, bool kTC, bool kVec>
 __device__ __forceinline__ void bwd_dx_body(const BwdC<T>& p) {
@@ -2517,8 +2681,18 @@ class StageClock {
 
 // ---- launches
 // ------------------------------------------------------------------------------------
-// kVec (tensor cores only): chunked_wmma_vec, the 16-byte operand staging.
-template <class T, bool kTensorCores, bool kVec = false>
+// The registered name of a chunked launcher instantiation (StageClock rows carry it).
+template <bool kTC, bool kVec, bool kFast>
+constexpr std::string_view chunked_name() {
+  if constexpr (!kTC) return kFast ? "chunked_f32_fastpass" : "chunked_f32";
+  if constexpr (kVec) return kFast ? "chunked_wmma_vec_fastpass" : "chunked_wmma_vec";
+  return kFast ? "chunked_wmma_fastpass" : "chunked_wmma";
+}
+
+// kVec (tensor cores only): chunked_wmma_vec, the 16-byte operand staging. kFast: the
+// inter-chunk pass(es) by chunk_scan_kernel instead of state_pass_kernel / bwd_state_rev_kernel
+// (the *_fastpass variants; same values bit for bit, see chunk_scan_kernel).
+template <class T, bool kTensorCores, bool kVec = false, bool kFast = false>
 Status forward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
                        const SsdForwardOp::Arguments& a) {
   Fwd<T> p;
@@ -2536,8 +2710,7 @@ Status forward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
   if (bh == 0) return {};
   const auto cs = static_cast<unsigned>(pr.chunk_size);
   const auto nc = static_cast<unsigned>(pr.nchunks);
-  StageClock clock("ssd_forward",
-                   kVec ? "chunked_wmma_vec" : (kTensorCores ? "chunked_wmma" : "chunked_f32"), st);
+  StageClock clock("ssd_forward", chunked_name<kTensorCores, kVec, kFast>(), st);
   if (nc > 0) {
     prep_kernel<T><<<dim3(nc, bh), cs, cs * sizeof(double), st>>>(p);
     BARACUDA_TRY(cuda::check_launch("ssd_forward", "prep_kernel"));
@@ -2552,9 +2725,15 @@ Status forward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
     BARACUDA_TRY(cuda::check_launch("ssd_forward", "chunk_state_kernel"));
     clock.mark("chunk_state");
   }
-  const auto dn = static_cast<unsigned>(cuda::ceil_div(pr.head_dim * pr.state_dim, 256));
-  state_pass_kernel<T><<<dim3(dn, bh), 256, 0, st>>>(p);
-  BARACUDA_TRY(cuda::check_launch("ssd_forward", "state_pass_kernel"));
+  if constexpr (kFast) {
+    ChunkScan sa = chunk_scan_args(p, p.st);
+    sa.in = p.init, sa.has_in = p.has_init, sa.out = p.fin, sa.has_out = p.has_fin;
+    BARACUDA_TRY(launch_chunk_scan<false>(sa, st, "ssd_forward"));
+  } else {
+    const auto dn = static_cast<unsigned>(cuda::ceil_div(pr.head_dim * pr.state_dim, 256));
+    state_pass_kernel<T><<<dim3(dn, bh), 256, 0, st>>>(p);
+    BARACUDA_TRY(cuda::check_launch("ssd_forward", "state_pass_kernel"));
+  }
   clock.mark("state_pass");
   if (nc > 0) {
     const auto tt = static_cast<unsigned>(nc * (pr.chunk_size / kTile));
@@ -2674,8 +2853,9 @@ inline BwdcLayout bwdc_layout(const ssd::Problem& p) {
   return l;
 }
 
-// kVec (tensor cores only): chunked_wmma_vec, the 16-byte operand staging.
-template <class T, bool kTC, bool kVec = false>
+// kVec (tensor cores only): chunked_wmma_vec, the 16-byte operand staging. kFast: both
+// inter-chunk passes (the states' recompute and the reverse adjoint scan) by chunk_scan_kernel.
+template <class T, bool kTC, bool kVec = false, bool kFast = false>
 Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
                         const SsdBackwardOp::Arguments& a) {
   BwdC<T> p;
@@ -2715,7 +2895,7 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
   const cudaStream_t st = cuda::stream_of(ctx);
   constexpr std::string_view op = "ssd_backward";
   if (pr.heads == 0) return {};
-  StageClock clock(op, kVec ? "chunked_wmma_vec" : (kTC ? "chunked_wmma" : "chunked_f32"), st);
+  StageClock clock(op, chunked_name<kTC, kVec, kFast>(), st);
   const int64_t bh64 = pr.batch * pr.heads;
   const auto bh = static_cast<unsigned>(bh64);
   const auto nc = static_cast<unsigned>(pr.nchunks);
@@ -2735,10 +2915,16 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
       chunk_state_kernel<T><<<dim3(ntd * ntn, nc, bh), kThreads, 0, st>>>(fwd);
     BARACUDA_TRY(cuda::check_launch(op, "chunk_state_kernel"));
     clock.mark("chunk_state");
-    state_pass_kernel<T>
-        <<<dim3(static_cast<unsigned>(cuda::ceil_div(pr.head_dim * pr.state_dim, 256)), bh), 256, 0,
-           st>>>(fwd);
-    BARACUDA_TRY(cuda::check_launch(op, "state_pass_kernel"));
+    if constexpr (kFast) {
+      ChunkScan sa = chunk_scan_args(fwd, p.st);
+      sa.in = p.init, sa.has_in = p.has_init;  // no final_states here (p.has_fin is false)
+      BARACUDA_TRY(launch_chunk_scan<false>(sa, st, op));
+    } else {
+      state_pass_kernel<T>
+          <<<dim3(static_cast<unsigned>(cuda::ceil_div(pr.head_dim * pr.state_dim, 256)), bh), 256,
+             0, st>>>(fwd);
+      BARACUDA_TRY(cuda::check_launch(op, "state_pass_kernel"));
+    }
     clock.mark("state_pass");
     if constexpr (kVec)
       bwd_cb_vec_kernel<T>
@@ -2766,10 +2952,16 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
     clock.mark("ustate");
   }
   if (bh64 > 0) {  // with L = 0 this is d_initial_states = d_final_states
-    bwd_state_rev_kernel<T>
-        <<<dim3(static_cast<unsigned>(cuda::ceil_div(pr.head_dim * pr.state_dim, 256)), bh), 256, 0,
-           st>>>(p);
-    BARACUDA_TRY(cuda::check_launch(op, "bwd_state_rev_kernel"));
+    if constexpr (kFast) {
+      ChunkScan sa = chunk_scan_args<T>(p, p.gst);
+      sa.in = p.dfin, sa.has_in = p.has_dfin, sa.out = p.dinit, sa.has_out = p.has_init;
+      BARACUDA_TRY(launch_chunk_scan<true>(sa, st, op));
+    } else {
+      bwd_state_rev_kernel<T>
+          <<<dim3(static_cast<unsigned>(cuda::ceil_div(pr.head_dim * pr.state_dim, 256)), bh), 256,
+             0, st>>>(p);
+      BARACUDA_TRY(cuda::check_launch(op, "bwd_state_rev_kernel"));
+    }
     clock.mark("state_rev");
   }
   if (bh64 > 0 && nc > 0) {
@@ -2930,6 +3122,20 @@ bool register_kernels() {
         .workspace = chunked_tc_workspace,
         .launch = forward_chunked<T, true, true>,
     });
+    // chunked_wmma with the inter-chunk pass by chunk_scan_kernel (16-byte vectors, 4 chunks in
+    // flight per thread; bitwise equal results). Pinned only (PlanPreference::kernel) until the
+    // H100 rows show it faster; below chunked_wmma (30) and chunked_wmma_vec (29).
+    register_kernel<SsdForwardOp>({
+        .sku =
+            scan_sku<E>("ssd_forward", "chunked", kTensorCorePrecision<E>, "chunked_wmma_fastpass"),
+        .priority = 28,
+        .fits =
+            [](const ssd::Problem& p, const DeviceCaps& caps) {
+              return chunked_fits(p, caps) && chunk_scan_blocks(p) < (int64_t{1} << 31);
+            },
+        .workspace = chunked_tc_workspace,
+        .launch = forward_chunked<T, true, false, true>,
+    });
   }
   register_kernel<SsdForwardOp>({
       .sku = scan_sku<E>("ssd_forward", "recurrent", kF32Det, "recurrent_f32"),
@@ -2990,6 +3196,24 @@ bool register_kernels() {
             },
         .workspace = chunked_bwd_workspace,
         .launch = backward_chunked<T, true, true>,
+    });
+    // chunked_wmma_vec with both inter-chunk passes (the states' recompute and the reverse adjoint
+    // scan) by chunk_scan_kernel: the same values bit for bit. Pinned only until the H100 rows show
+    // it faster; below chunked_wmma_vec (31) and chunked_wmma (30).
+    register_kernel<SsdBackwardOp>({
+        .sku = scan_sku<E>("ssd_backward", "chunked", kTensorCorePrecision<E>,
+                           "chunked_wmma_vec_fastpass"),
+        .priority = 29,
+        .fits =
+            [](const ssd::Problem& p, const DeviceCaps& caps) {
+              const size_t statics =
+                  sizeof(GemmSmem<T, true>) + sizeof(ChunkScalars) + sizeof(float) * kThreads * 4;
+              return chunked_bwd_fits(p, caps) && chunk_scan_blocks(p) < (int64_t{1} << 31) &&
+                     static_cast<int64_t>(bc_heads_smem_bytes(p) + statics) <=
+                         caps.smem_per_block_optin;
+            },
+        .workspace = chunked_bwd_workspace,
+        .launch = backward_chunked<T, true, true, true>,
     });
   }
   register_kernel<SsdDecodeOp>({

@@ -984,6 +984,99 @@ TEST_P(SsdPlans, ForwardWmmaVecEqualsWmmaBitwise) {
   }
 }
 
+// chunked_wmma_fastpass: chunked_wmma with the inter-chunk pass by chunk_scan_kernel (16-byte
+// vectors, several chunks in flight), which folds the same f32 values in the same chunk order with
+// the same fma as state_pass_kernel. So y and final_states must equal chunked_wmma's bit for bit,
+// and each run is checked against the float64 oracle (every element, poisoned gaps, bitwise
+// determinism) by run_forward. Shapes: L not a multiple of the chunk, L = chunk, L = 1, L = 0,
+// initial/final states on and off, D*N not a multiple of 4 (the one-element-per-thread form), more
+// chunks than the kernel keeps in flight (L = 1100 at chunk 64: 18 chunks), padded and permuted
+// layouts (strided initial/final states). Varlen is excluded like chunked_wmma's (chunked_fits).
+void expect_forward_bitwise(Target target, const char* base, const char* other, DType dtype,
+                            const FwdCase& c, Layout layout) {
+  const Stream& stream = harness::stream_for(target);
+  const auto desc = describe(c.B, c.L, c.H, c.D, c.N, c.G, dtype, c.o, c.chunk);
+  auto ref = SsdForwardPlan::select(stream, desc, PlanPreference::kernel(base));
+  auto alt = SsdForwardPlan::select(stream, desc, PlanPreference::kernel(other));
+  BARACUDA_ASSERT_OK(ref);
+  BARACUDA_ASSERT_OK(alt);
+  ASSERT_EQ(alt->sku().name, other);
+  ASSERT_EQ(alt->workspace_size(), ref->workspace_size());
+  Rng rng;
+  Tensors t = make_tensors(ref->problem(), target, layout, rng);
+  auto ws = workspace_for(ref->workspace_size(), target);
+  BARACUDA_ASSERT_OK(ws);
+  const std::string what = std::string(name(dtype)) + " " + harness::layout_name(layout) +
+                           " L=" + std::to_string(c.L) + " chunk=" + std::to_string(c.chunk) +
+                           " D=" + std::to_string(c.D) + " N=" + std::to_string(c.N);
+  t.y->poison();
+  if (t.final_states) t.final_states->poison();
+  BARACUDA_ASSERT_OK(ref->run(stream, ws->as_workspace(), forward_args(t)));
+  BARACUDA_ASSERT_OK(stream.synchronize());
+  const auto y = t.y->bytes();
+  const auto fin = t.final_states ? t.final_states->bytes() : std::vector<uint8_t>{};
+  t.y->poison();
+  if (t.final_states) t.final_states->poison();
+  BARACUDA_ASSERT_OK(alt->run(stream, ws->as_workspace(), forward_args(t)));
+  BARACUDA_ASSERT_OK(stream.synchronize());
+  EXPECT_TRUE(harness::bytes_equal(y, t.y->bytes(), what + " y " + other + " == " + base));
+  if (t.final_states) {
+    EXPECT_TRUE(harness::bytes_equal(fin, t.final_states->bytes(),
+                                     what + " final_states " + other + " == " + base));
+  }
+}
+
+TEST_P(SsdPlans, ForwardFastpassOnDevice) {
+  const Target target = GetParam();
+  if (target == Target::cpu) GTEST_SKIP() << "device kernels (chunked_wmma_fastpass)";
+  BARACUDA_SKIP_IF_UNAVAILABLE(target);
+  const Options all{.d_skip = ssd::DSkip::per_head,
+                    .z = true,
+                    .dt_bias = true,
+                    .softplus = true,
+                    .init = true,
+                    .final = true};
+  const Options states{.init = true, .final = true};
+  const auto fast = PlanPreference::kernel("chunked_wmma_fastpass");
+  const struct {
+    DType dtype;
+    FwdCase c;
+    Layout layout;
+  } cases[] = {
+      {DType::bf16, {2, 300, 4, 64, 64, 1, 64, all}, Layout::contiguous},
+      {DType::bf16, {2, 300, 4, 64, 128, 2, 256, all}, Layout::contiguous},
+      {DType::f16, {2, 300, 4, 64, 64, 2, 128, {.final = true}}, Layout::contiguous},
+      {DType::bf16, {1, 1100, 2, 32, 64, 1, 64, states}, Layout::contiguous},
+      {DType::bf16, {1, 256, 2, 48, 40, 2, 256, states}, Layout::padded},
+      {DType::bf16, {1, 261, 4, 48, 40, 2, 128, {.final = true}}, Layout::permuted},
+      {DType::bf16, {1, 130, 2, 5, 6, 1, 64, states}, Layout::contiguous},  // D*N = 30
+      {DType::f16, {1, 77, 2, 80, 24, 1, 64, {}}, Layout::contiguous},
+      {DType::bf16, {3, 1, 2, 16, 16, 1, 64, states}, Layout::contiguous},
+      {DType::bf16, {3, 1, 2, 16, 16, 1, 128, {.final = true}}, Layout::padded},
+      {DType::bf16, {1, 130, 2, 256, 256, 1, 128, {.final = true}}, Layout::contiguous},
+  };
+  for (const auto& k : cases) {
+    SCOPED_TRACE(std::string(name(k.dtype)) + " L=" + std::to_string(k.c.L) +
+                 " chunk=" + std::to_string(k.c.chunk));
+    run_forward(target, k.dtype, k.c, k.layout, true, fast);
+    expect_forward_bitwise(target, "chunked_wmma", "chunked_wmma_fastpass", k.dtype, k.c, k.layout);
+  }
+  // L = 0: no chunks; the pass alone copies initial_states to final_states.
+  const FwdCase empty{2, 0, 2, 4, 4, 1, 64, states};
+  run_forward(target, DType::bf16, empty, Layout::contiguous, true, fast);
+  expect_forward_bitwise(target, "chunked_wmma", "chunked_wmma_fastpass", DType::bf16, empty,
+                         Layout::padded);
+  // Never picked without the pin (below chunked_wmma until measured faster).
+  const Stream& stream = harness::stream_for(target);
+  auto dflt = SsdForwardPlan::select(stream, describe(1, 64, 2, 8, 8, 1, DType::bf16, {}));
+  BARACUDA_ASSERT_OK(dflt);
+  EXPECT_EQ(dflt->sku().name, "chunked_wmma");
+  // Varlen: not offered (the chunked forward has no varlen form).
+  auto packed = SsdForwardPlan::select(
+      stream, describe(1, 64, 2, 8, 8, 1, DType::bf16, {.num_seqs = 2}), fast);
+  EXPECT_FALSE(packed.ok());
+}
+
 TEST_P(SsdPlans, ForwardLongSequenceF32DoesNotDrift) {
   const Target target = GetParam();
   if (target == Target::cpu) GTEST_SKIP() << "L=16k runs on the device only (CPU time budget)";
@@ -1239,6 +1332,101 @@ void expect_vec_matches_wmma(Target target, DType dtype, const BwdCase& c, Layou
   for (size_t i = 0; i < outs.size(); ++i)
     EXPECT_TRUE(harness::bytes_equal(first[i], outs[i]->bytes(),
                                      what + " output " + std::to_string(i) + " vec second run"));
+}
+
+// chunked_wmma_vec_fastpass: chunked_wmma_vec with both inter-chunk passes (the states' recompute
+// and the reverse adjoint scan) by chunk_scan_kernel, which computes the same f32 values in the
+// same order as state_pass_kernel / bwd_state_rev_kernel (same fma, same chunk order): every output
+// must equal chunked_wmma_vec's bit for bit, and the second run too (determinism).
+void expect_backward_bitwise(Target target, const char* base, const char* other, DType dtype,
+                             const BwdCase& c, Layout layout) {
+  Rng rng;
+  const Stream& stream = harness::stream_for(target);
+  const auto desc = describe(c.B, c.L, c.H, c.D, c.N, c.G, dtype, c.o, c.chunk);
+  auto ref = SsdBackwardPlan::select(stream, desc, PlanPreference::kernel(base));
+  auto alt = SsdBackwardPlan::select(stream, desc, PlanPreference::kernel(other));
+  BARACUDA_ASSERT_OK(ref);
+  BARACUDA_ASSERT_OK(alt);
+  ASSERT_EQ(alt->sku().name, other);
+  ASSERT_EQ(alt->workspace_size(), ref->workspace_size());
+  Tensors t = make_tensors(ref->problem(), target, layout, rng, true);
+  auto ws = workspace_for(ref->workspace_size(), target);
+  BARACUDA_ASSERT_OK(ws);
+  std::vector<TestTensor*> outs = {&*t.dx, &*t.ddt, &*t.dA, &*t.dB, &*t.dC};
+  for (auto* o : {&t.dD, &t.dz, &t.ddt_bias, &t.d_init})
+    if (*o) outs.push_back(&**o);
+  auto run = [&](const SsdBackwardPlan& plan) {
+    for (auto* o : outs) o->poison();
+    BARACUDA_ASSERT_OK(plan.run(stream, ws->as_workspace(), backward_args(t)));
+    BARACUDA_ASSERT_OK(stream.synchronize());
+  };
+  run(*ref);
+  std::vector<std::vector<uint8_t>> expected;
+  for (auto* o : outs) expected.push_back(o->bytes());
+  const std::string what = std::string(name(dtype)) + " " + harness::layout_name(layout) +
+                           " L=" + std::to_string(c.L) + " chunk=" + std::to_string(c.chunk) +
+                           " D=" + std::to_string(c.D) + " N=" + std::to_string(c.N);
+  for (int pass = 0; pass < 2; ++pass) {
+    run(*alt);
+    for (size_t i = 0; i < outs.size(); ++i)
+      EXPECT_TRUE(harness::bytes_equal(expected[i], outs[i]->bytes(),
+                                       what + " output " + std::to_string(i) + " " + other +
+                                           " == " + base + " (run " + std::to_string(pass) + ")"));
+  }
+}
+
+// Against the float64 adjoint (run_backward: every gradient, poisoned gaps, bitwise determinism)
+// and bit for bit against chunked_wmma_vec, on the shapes the passes can get wrong: L not a
+// multiple of the chunk, L = chunk, L = 1, L = 0 (the reverse pass alone: d_initial_states =
+// d_final_states), initial and final states on and off, D*N not a multiple of 4 (one element per
+// thread), more chunks than are in flight (L = 1100 at chunk 64), strided state tensors (padded,
+// permuted). Varlen is excluded like chunked_wmma_vec's (chunked_bwd_fits).
+TEST_P(SsdPlans, BackwardFastpassOnDevice) {
+  const Target target = GetParam();
+  if (target == Target::cpu) GTEST_SKIP() << "device kernels (chunked_wmma_vec_fastpass)";
+  BARACUDA_SKIP_IF_UNAVAILABLE(target);
+  const Options all{.d_skip = ssd::DSkip::per_channel,
+                    .z = true,
+                    .dt_bias = true,
+                    .softplus = true,
+                    .init = true,
+                    .final = true};
+  const Options states{.init = true, .final = true};
+  const char* base = "chunked_wmma_vec";
+  const char* fast_name = "chunked_wmma_vec_fastpass";
+  const auto fast = PlanPreference::kernel(fast_name);
+  const struct {
+    DType dtype;
+    BwdCase c;
+    Layout layout;
+  } cases[] = {
+      {DType::bf16, {2, 300, 4, 64, 64, 2, 64, all}, Layout::contiguous},
+      {DType::f16, {2, 300, 4, 64, 64, 2, 128, all}, Layout::contiguous},
+      {DType::bf16, {1, 2 * 256 + 5, 8, 64, 128, 1, 256, states}, Layout::padded},
+      {DType::bf16, {1, 1100, 2, 32, 64, 1, 64, states}, Layout::contiguous},
+      {DType::bf16,
+       {1, 128, 2, 48, 40, 2, 128, {.d_skip = ssd::DSkip::per_channel}},
+       Layout::permuted},
+      {DType::bf16, {1, 130, 2, 5, 6, 1, 64, states}, Layout::contiguous},  // D*N = 30
+      {DType::f16, {1, 77, 2, 80, 24, 1, 64, {.final = true}}, Layout::contiguous},
+      {DType::bf16, {1, 77, 2, 80, 24, 1, 64, {.init = true}}, Layout::padded},
+      {DType::bf16, {3, 1, 2, 16, 16, 1, 64, states}, Layout::contiguous},
+      {DType::bf16, {1, 150, 2, 256, 256, 1, 128, {.final = true}}, Layout::contiguous},
+      {DType::bf16, {2, 0, 2, 4, 4, 1, 64, states}, Layout::contiguous},
+  };
+  for (const auto& k : cases) {
+    SCOPED_TRACE(std::string(name(k.dtype)) + " L=" + std::to_string(k.c.L) +
+                 " chunk=" + std::to_string(k.c.chunk));
+    run_backward(target, k.dtype, k.c, k.layout, fast);
+    expect_backward_bitwise(target, base, fast_name, k.dtype, k.c, k.layout);
+  }
+  const Stream& stream = harness::stream_for(target);
+  auto dflt = SsdBackwardPlan::select(stream, describe(1, 64, 2, 8, 8, 1, DType::bf16, {}));
+  BARACUDA_ASSERT_OK(dflt);
+  EXPECT_EQ(dflt->sku().name, "chunked_wmma_vec");  // never picked without the pin
+  auto packed = SsdBackwardPlan::select(
+      stream, describe(1, 64, 2, 8, 8, 1, DType::bf16, {.num_seqs = 2}), fast);
+  EXPECT_FALSE(packed.ok());  // varlen: not offered
 }
 
 TEST_P(SsdPlans, BackwardWmmaVecMatchesWmma) {
