@@ -930,68 +930,8 @@ TEST_P(SsdPlans, ForwardChunkedShapesOnDevice) {
               true, vec);
 }
 
-// chunked_wmma_vec's forward only changes how tiles reach shared memory: y and final_states must
-// be bitwise equal to chunked_wmma's (vector path, edges, and the strided fallback).
-TEST_P(SsdPlans, ForwardWmmaVecEqualsWmmaBitwise) {
-  const Target target = GetParam();
-  if (target == Target::cpu) GTEST_SKIP() << "device kernels";
-  BARACUDA_SKIP_IF_UNAVAILABLE(target);
-  const Options all{.d_skip = ssd::DSkip::per_head,
-                    .z = true,
-                    .dt_bias = true,
-                    .softplus = true,
-                    .init = true,
-                    .final = true};
-  const Stream& stream = harness::stream_for(target);
-  const struct {
-    DType dtype;
-    FwdCase c;
-    Layout layout;
-  } cases[] = {{DType::bf16, {2, 300, 4, 64, 64, 1, 64, all}, Layout::contiguous},
-               {DType::f16, {2, 300, 4, 64, 128, 2, 256, all}, Layout::contiguous},
-               {DType::bf16, {1, 261, 4, 48, 40, 2, 128, {.final = true}}, Layout::padded},
-               {DType::bf16, {1, 130, 2, 80, 24, 1, 64, {.final = true}}, Layout::permuted},
-               {DType::bf16, {1, 130, 2, 256, 256, 1, 128, {.final = true}}, Layout::contiguous}};
-  for (const auto& k : cases) {
-    const FwdCase& c = k.c;
-    const auto desc = describe(c.B, c.L, c.H, c.D, c.N, c.G, k.dtype, c.o, c.chunk);
-    auto ref = SsdForwardPlan::select(stream, desc, PlanPreference::kernel("chunked_wmma"));
-    auto vec = SsdForwardPlan::select(stream, desc, PlanPreference::kernel("chunked_wmma_vec"));
-    BARACUDA_ASSERT_OK(ref);
-    BARACUDA_ASSERT_OK(vec);
-    ASSERT_EQ(vec->workspace_size(), ref->workspace_size());
-    Rng rng;
-    Tensors t = make_tensors(ref->problem(), target, k.layout, rng);
-    auto ws = workspace_for(ref->workspace_size(), target);
-    BARACUDA_ASSERT_OK(ws);
-    const std::string what = std::string(name(k.dtype)) + " " + harness::layout_name(k.layout) +
-                             " L=" + std::to_string(c.L) + " chunk=" + std::to_string(c.chunk);
-    t.y->poison();
-    if (t.final_states) t.final_states->poison();
-    BARACUDA_ASSERT_OK(ref->run(stream, ws->as_workspace(), forward_args(t)));
-    BARACUDA_ASSERT_OK(stream.synchronize());
-    const auto y = t.y->bytes();
-    const auto fin = t.final_states ? t.final_states->bytes() : std::vector<uint8_t>{};
-    t.y->poison();
-    if (t.final_states) t.final_states->poison();
-    BARACUDA_ASSERT_OK(vec->run(stream, ws->as_workspace(), forward_args(t)));
-    BARACUDA_ASSERT_OK(stream.synchronize());
-    EXPECT_TRUE(harness::bytes_equal(y, t.y->bytes(), what + " y vec == wmma"));
-    if (t.final_states) {
-      EXPECT_TRUE(
-          harness::bytes_equal(fin, t.final_states->bytes(), what + " final_states vec == wmma"));
-    }
-  }
-}
-
-// chunked_wmma_fastpass: chunked_wmma with the inter-chunk pass by chunk_scan_kernel (16-byte
-// vectors, several chunks in flight), which folds the same f32 values in the same chunk order with
-// the same fma as state_pass_kernel. So y and final_states must equal chunked_wmma's bit for bit,
-// and each run is checked against the float64 oracle (every element, poisoned gaps, bitwise
-// determinism) by run_forward. Shapes: L not a multiple of the chunk, L = chunk, L = 1, L = 0,
-// initial/final states on and off, D*N not a multiple of 4 (the one-element-per-thread form), more
-// chunks than the kernel keeps in flight (L = 1100 at chunk 64: 18 chunks), padded and permuted
-// layouts (strided initial/final states). Varlen is excluded like chunked_wmma's (chunked_fits).
+// `other`'s forward against `base`'s on the same inputs: y and final_states bit for bit (for
+// variants that change only how data moves, not which values are summed in which order).
 void expect_forward_bitwise(Target target, const char* base, const char* other, DType dtype,
                             const FwdCase& c, Layout layout) {
   const Stream& stream = harness::stream_for(target);
@@ -1026,6 +966,39 @@ void expect_forward_bitwise(Target target, const char* base, const char* other, 
   }
 }
 
+// chunked_wmma_vec's forward only changes how tiles reach shared memory: y and final_states must
+// be bitwise equal to chunked_wmma's (vector path, edges, and the strided fallback).
+TEST_P(SsdPlans, ForwardWmmaVecEqualsWmmaBitwise) {
+  const Target target = GetParam();
+  if (target == Target::cpu) GTEST_SKIP() << "device kernels";
+  BARACUDA_SKIP_IF_UNAVAILABLE(target);
+  const Options all{.d_skip = ssd::DSkip::per_head,
+                    .z = true,
+                    .dt_bias = true,
+                    .softplus = true,
+                    .init = true,
+                    .final = true};
+  const struct {
+    DType dtype;
+    FwdCase c;
+    Layout layout;
+  } cases[] = {{DType::bf16, {2, 300, 4, 64, 64, 1, 64, all}, Layout::contiguous},
+               {DType::f16, {2, 300, 4, 64, 128, 2, 256, all}, Layout::contiguous},
+               {DType::bf16, {1, 261, 4, 48, 40, 2, 128, {.final = true}}, Layout::padded},
+               {DType::bf16, {1, 130, 2, 80, 24, 1, 64, {.final = true}}, Layout::permuted},
+               {DType::bf16, {1, 130, 2, 256, 256, 1, 128, {.final = true}}, Layout::contiguous}};
+  for (const auto& k : cases)
+    expect_forward_bitwise(target, "chunked_wmma", "chunked_wmma_vec", k.dtype, k.c, k.layout);
+}
+
+// chunked_wmma_fastpass: chunked_wmma with the inter-chunk pass by chunk_scan_kernel (16-byte
+// vectors, several chunks in flight), which folds the same f32 values in the same chunk order with
+// the same fma as state_pass_kernel. So y and final_states must equal chunked_wmma's bit for bit,
+// and each run is checked against the float64 oracle (every element, poisoned gaps, bitwise
+// determinism) by run_forward. Shapes: L not a multiple of the chunk, L = chunk, L = 1, L = 0,
+// initial/final states on and off, D*N not a multiple of 4 (the one-element-per-thread form), more
+// chunks than the kernel keeps in flight (L = 1100 at chunk 64: 18 chunks), padded and permuted
+// layouts (strided initial/final states). Varlen is excluded like chunked_wmma's (chunked_fits).
 TEST_P(SsdPlans, ForwardFastpassOnDevice) {
   const Target target = GetParam();
   if (target == Target::cpu) GTEST_SKIP() << "device kernels (chunked_wmma_fastpass)";
