@@ -327,8 +327,9 @@ Tolerance tolerance(DType t, Accuracy a) {
   }
   const double f32_floor = 6e-8;  // 16-bit types compute in f32: their error never goes below it
   if (a == Accuracy::elementwise) return {4 * std::max(u, 1e-15), 8 * std::max(u, 1e-15)};
-  return {16 * std::max(u, f32_floor * (t == DType::f64 || t == DType::c128 ? 1e-8 : 1.0)),
-          64 * std::max(u, f32_floor * (t == DType::f64 || t == DType::c128 ? 1e-8 : 1.0))};
+  const double ur = std::max(u, f32_floor * (t == DType::f64 || t == DType::c128 ? 1e-8 : 1.0));
+  if (a == Accuracy::long_sum) return {64 * ur, 64 * ur};
+  return {16 * ur, 64 * ur};
 }
 
 Comparison compare(const std::vector<double>& out, const std::vector<double>& ref) {

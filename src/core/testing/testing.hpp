@@ -176,7 +176,10 @@ std::vector<int64_t> unravel(int64_t linear, const std::vector<int64_t>& shape);
 // table: the one place per-dtype accuracy is written down.
 //  elementwise: a few roundings of the output type (activations, casts, small formulas)
 //  reduction:   sums/dot products of moderate length accumulated in f32 (attention, scans, norms)
-enum class Accuracy { exact, elementwise, reduction };
+//  long_sum:    parameter gradients summed over a whole sequence of signed terms (dD, dA, dbias):
+//               cancellation makes the result small next to its terms, so the relative bound is
+//               4x the reduction's
+enum class Accuracy { exact, elementwise, reduction, long_sum };
 struct Tolerance {
   double rel_l2;   // bound on ||out - ref|| / ||ref||
   double max_abs;  // bound on max |out - ref|, relative to max(1, max |ref|)

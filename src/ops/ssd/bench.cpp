@@ -1,10 +1,9 @@
 // Benchmarks of the ssd family: the Mamba-2 2.7B layer shape (B=4 L=4096 H=80 D=64 N=128 G=1) and
 // a smaller one (B=8 L=2048 H=32 D=64 N=64 G=1), bf16, chunk 256, forward and backward, plus the
-// decode step on a state of 80 Mi f32 elements. Forward rows: chunked_wmma (picked), then
-// chunked_wmma_vec and (after the backward rows) chunked_wmma_fastpass under the same case names.
-// Backward rows: what `select` picks (chunked_wmma_vec since b2ca089) on both shapes, then, under
-// the same case names for the A/B, chunked_f32 and chunked_wmma_vec on both, the old
-// recurrent_deterministic_f32 on the small one, and chunked_wmma_vec_fastpass on both. peers.py
+// decode step on a state of 80 Mi f32 elements. First what `select` picks (chunked_wmma_fastpass
+// forward, chunked_wmma_vec_fastpass backward), then A/B rows under the same case names: forward
+// chunked_wmma and chunked_wmma_vec, backward chunked_wmma_vec and chunked_f32 on both shapes and
+// the old recurrent_deterministic_f32 on the small one. peers.py
 // times the same case names on the mamba_ssm Triton kernels.
 //
 // BARACUDA_SSD_STAGES=1 adds, before each forward/backward row, one row per launch of the chosen
@@ -228,23 +227,16 @@ void run_decode(const Stream& s) {
 void bench_ssd(const Stream& s) {
   const Case cases[] = {{"B4_L4096_H80_D64_N128_G1", 4, 4096, 80, 64, 128, 1, 256},
                         {"B8_L2048_H32_D64_N64_G1", 8, 2048, 32, 64, 64, 1, 256}};
-  for (const Case& c : cases) run_prefill(s, c, false);
-  // chunked_wmma_vec: chunked_wmma with 16-byte operand staging (bitwise equal results).
+  for (const Case& c : cases) run_prefill(s, c, false);  // chunked_wmma_fastpass (bf16)
+  for (const Case& c : cases) run_prefill(s, c, true);   // chunked_wmma_vec_fastpass (bf16)
+  // A/B rows under the same case names: the forward without the fast inter-chunk pass, and with
+  // 16-byte operand staging (bitwise equal results); the backward without the fast passes, on f32
+  // SIMT tiles, and the old recurrent kernel on the small case only (245 ms on the large one).
+  for (const Case& c : cases) run_prefill(s, c, false, "chunked_wmma");
   for (const Case& c : cases) run_prefill(s, c, false, "chunked_wmma_vec");
-  for (const Case& c : cases) run_prefill(s, c, true);  // chunked_wmma_vec (bf16)
-  // A/B rows, same case names: the chunked backward on f32 SIMT tiles, and the old recurrent
-  // backward on the small case only (it takes 245 ms on the large one).
-  for (const Case& c : cases) run_prefill(s, c, true, "chunked_f32");
-  // chunked_wmma_vec: 16-byte operand staging, dB/dC blocks over all of N and 8 heads (same
-  // results as chunked_wmma up to the dB/dC group sums' order).
   for (const Case& c : cases) run_prefill(s, c, true, "chunked_wmma_vec");
+  for (const Case& c : cases) run_prefill(s, c, true, "chunked_f32");
   run_prefill(s, cases[1], true, "recurrent_deterministic_f32");
-  // The *_fastpass variants: the same kernels with the inter-chunk passes (state_pass, and in the
-  // backward state_rev) by chunk_scan_kernel (16-byte vectors, 4 chunks in flight per thread;
-  // bitwise equal results). With BARACUDA_SSD_STAGES=1 their state_pass / state_rev stage rows sit
-  // next to the base kernels' under the same case names.
-  for (const Case& c : cases) run_prefill(s, c, false, "chunked_wmma_fastpass");
-  for (const Case& c : cases) run_prefill(s, c, true, "chunked_wmma_vec_fastpass");
   run_decode(s);
 }
 

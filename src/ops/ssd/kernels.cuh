@@ -3123,12 +3123,12 @@ bool register_kernels() {
         .launch = forward_chunked<T, true, true>,
     });
     // chunked_wmma with the inter-chunk pass by chunk_scan_kernel (16-byte vectors, 4 chunks in
-    // flight per thread; bitwise equal results). Pinned only (PlanPreference::kernel) until the
-    // H100 rows show it faster; below chunked_wmma (30) and chunked_wmma_vec (29).
+    // flight per thread; bitwise equal results). The default where it fits: 2.39 vs 4.17 ms at
+    // B4 L4096 H80 D64 N128 bf16 on the H100 (2026-11-24, docs/perf/ssd.md).
     register_kernel<SsdForwardOp>({
         .sku =
             scan_sku<E>("ssd_forward", "chunked", kTensorCorePrecision<E>, "chunked_wmma_fastpass"),
-        .priority = 28,
+        .priority = 31,
         .fits =
             [](const ssd::Problem& p, const DeviceCaps& caps) {
               return chunked_fits(p, caps) && chunk_scan_blocks(p) < (int64_t{1} << 31);
@@ -3198,12 +3198,12 @@ bool register_kernels() {
         .launch = backward_chunked<T, true, true>,
     });
     // chunked_wmma_vec with both inter-chunk passes (the states' recompute and the reverse adjoint
-    // scan) by chunk_scan_kernel: the same values bit for bit. Pinned only until the H100 rows show
-    // it faster; below chunked_wmma_vec (31) and chunked_wmma (30).
+    // scan) by chunk_scan_kernel: the same values bit for bit. The default where it fits: 9.05 vs
+    // 12.76 ms at B4 L4096 H80 D64 N128 bf16 on the H100 (2026-11-24).
     register_kernel<SsdBackwardOp>({
         .sku = scan_sku<E>("ssd_backward", "chunked", kTensorCorePrecision<E>,
                            "chunked_wmma_vec_fastpass"),
-        .priority = 29,
+        .priority = 32,
         .fits =
             [](const ssd::Problem& p, const DeviceCaps& caps) {
               const size_t statics =
