@@ -759,22 +759,60 @@ __device__ __forceinline__ void chunk_out_tc_body(const Fwd<T>& p) {
     wmma_64<FragA<T>, FragBc<T>>(acc, &As[0][0], kLdH, 1, &Bs[0][0], 1, kLdH, wr, wc);
     __syncthreads();
   }
-  // (2) tokens s <= t of this chunk.
+  // (2) tokens s <= t of this chunk. The weight of (t, s) is exp(cum_t - cum_s) v_s. Below the
+  // diagonal tile it factors as exp(cum_t - ref) * exp(ref - cum_s) v_s with ref = cum at the
+  // tile's last s: 128 exponentials per tile instead of 4096. Both exponents are <= 0 when the
+  // head decays (A v <= 0), so a factor that underflows means a product below f32's range; a tile
+  // with an exponent above kFactorSafe (growth, negative dt) takes the direct form instead.
+  constexpr float kFactorSafe = 16.0f;
+  __shared__ float rowf[kTile], colf[kTile];
   for (int64_t s0 = 0; s0 < K && s0 <= t_lo + kTile - 1; s0 += kTile) {
     const T* x_rows = &p.x.at(b, t_base + s0, h, d0);
     [[maybe_unused]] Staged<T, kTcThreads> rx;
     const TileSrc<T> x_src = tile_src(x_rows, p.x.s1, p.x.s3, K - s0, p.D - d0);
     if constexpr (kVec) fetch_stage(rx, x_src, 0, 0);  // in flight during the masked C.B^T fill
-    if (tid < kTile) cum_s[tid] = p.cum[o_base + s0 + tid], dtp_s[tid] = p.dtp[o_base + s0 + tid];
-    __syncthreads();
+    const bool below = s0 + kTile <= t_lo;              // uniform; then s0 + 63 < t_lo < K
+    bool unsafe = false;
+    if (tid < kTile) {
+      cum_s[tid] = p.cum[o_base + s0 + tid], dtp_s[tid] = p.dtp[o_base + s0 + tid];
+      if (below) {
+        const float e = static_cast<float>(p.cum[o_base + s0 + kTile - 1] - cum_s[tid]);
+        colf[tid] = expf(e) * dtp_s[tid];
+        unsafe = !(e <= kFactorSafe);
+      }
+    } else if (below && tid < 2 * kTile) {
+      const int m = tid - kTile;
+      const float e = static_cast<float>(cum_t[m] - p.cum[o_base + s0 + kTile - 1]);
+      const bool valid = t_lo + m < K;
+      rowf[m] = valid ? expf(e) : 0.0f;
+      unsafe = valid && !(e <= kFactorSafe);
+    }
+    const bool factored = !__syncthreads_or(unsafe) && below;
     const float* cbt = p.cb + (b * (p.H / p.hpg) + g) * p.nchunks * p.cs * p.cs + c * p.cs * p.cs +
                        t_lo * p.cs + s0;
-    for (int idx = tid; idx < kTile * kTile; idx += kTcThreads) {
-      const int m = idx / kTile, j = idx % kTile;
-      const int64_t t = t_lo + m, s = s0 + j;
-      float w = 0.0f;
-      if (s <= t && t < K) w = expf(static_cast<float>(cum_t[m] - cum_s[j])) * dtp_s[j];
-      As[m][j] = from_float<T>(w != 0.0f ? cbt[m * p.cs + j] * w : 0.0f);
+    // Four consecutive s per thread: one 16-byte load of C.B^T (the cb workspace is 256-byte
+    // aligned and its rows are multiples of 64 floats).
+    for (int q = tid; q < kTile * kTile / 4; q += kTcThreads) {
+      const int m = q / (kTile / 4), j0 = (q % (kTile / 4)) * 4;
+      const int64_t t = t_lo + m;
+      const float4 cb4 = *reinterpret_cast<const float4*>(cbt + m * p.cs + j0);
+      const float cbv[4] = {cb4.x, cb4.y, cb4.z, cb4.w};
+      alignas(8) T o[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int j = j0 + e;
+        float w = 0.0f;
+        if (factored)
+          w = rowf[m] * colf[j];
+        else if (s0 + j <= t && t < K)
+          w = expf(static_cast<float>(cum_t[m] - cum_s[j])) * dtp_s[j];
+        o[e] = from_float<T>(w != 0.0f ? cbv[e] * w : 0.0f);
+      }
+      if constexpr (sizeof(T) == 2)
+        *reinterpret_cast<uint2*>(&As[m][j0]) = *reinterpret_cast<const uint2*>(o);
+      else
+#pragma unroll
+        for (int e = 0; e < 4; ++e) As[m][j0 + e] = o[e];
     }
     if constexpr (kVec)
       commit_stage(Bs, rx, x_src, 0, nullptr);
@@ -787,14 +825,38 @@ __device__ __forceinline__ void chunk_out_tc_body(const Fwd<T>& p) {
   }
   store_acc(Fs, acc, wr, wc);
   __syncthreads();
-  for (int idx = tid; idx < kTile * kTile; idx += kTcThreads) {
-    const int m = idx / kTile, j = idx % kTile;
-    const int64_t t = t_lo + m, d = d0 + j;
+  // Epilogue: y = (acc + D x) * silu(z), 16 bytes of x, z and y per thread step where the rows are
+  // contiguous and aligned; element by element otherwise (same arithmetic per element).
+  constexpr int kVe = 16 / static_cast<int>(sizeof(T));
+  const bool vec_io = can_vec(&p.x.at(b, t_base, h, d0), p.x.s1, p.x.s3) &&
+                      can_vec(&p.y.at(b, t_base, h, d0), p.y.s1, p.y.s3) &&
+                      (!p.has_z || can_vec(&p.z.at(b, t_base, h, d0), p.z.s1, p.z.s3));
+  for (int q = tid; q < kTile * (kTile / kVe); q += kTcThreads) {
+    const int m = q / (kTile / kVe), j0 = (q % (kTile / kVe)) * kVe;
+    const int64_t t = t_lo + m, d = d0 + j0;
     if (t >= K || d >= p.D) continue;
-    const float xv = to_float(p.x.at(b, t_base + t, h, d));
-    float v = Fs[m][j] + (p.has_d ? p.Dv.at(h, d) * xv : 0.0f);
-    if (p.has_z) v *= silu(to_float(p.z.at(b, t_base + t, h, d)));
-    p.y.at(b, t_base + t, h, d) = from_float<T>(v);
+    const int64_t tok = t_base + t;
+    if (vec_io && d + kVe <= p.D) {
+      alignas(16) T xv[kVe], zv[kVe], out[kVe];
+      *reinterpret_cast<uint4*>(xv) = __ldg(reinterpret_cast<const uint4*>(&p.x.at(b, tok, h, d)));
+      if (p.has_z)
+        *reinterpret_cast<uint4*>(zv) =
+            __ldg(reinterpret_cast<const uint4*>(&p.z.at(b, tok, h, d)));
+#pragma unroll
+      for (int e = 0; e < kVe; ++e) {
+        float v = Fs[m][j0 + e] + (p.has_d ? p.Dv.at(h, d + e) * to_float(xv[e]) : 0.0f);
+        if (p.has_z) v *= silu(to_float(zv[e]));
+        out[e] = from_float<T>(v);
+      }
+      *reinterpret_cast<uint4*>(&p.y.at(b, tok, h, d)) = *reinterpret_cast<const uint4*>(out);
+      continue;
+    }
+    for (int e = 0; e < kVe && d + e < p.D; ++e) {
+      const float xv = to_float(p.x.at(b, tok, h, d + e));
+      float v = Fs[m][j0 + e] + (p.has_d ? p.Dv.at(h, d + e) * xv : 0.0f);
+      if (p.has_z) v *= silu(to_float(p.z.at(b, tok, h, d + e)));
+      p.y.at(b, tok, h, d + e) = from_float<T>(v);
+    }
   }
 }
 template <class T>
