@@ -711,9 +711,13 @@ __global__ void __launch_bounds__(kTcThreads, 3) cb_tc_vec_kernel(Fwd<T> p) {
 
 template <class T, bool kVec>
 __device__ __forceinline__ void chunk_out_tc_body(const Fwd<T>& p) {
-  __shared__ __align__(32) T As[kTile][kLdH];
-  __shared__ __align__(32) T Bs[kTile][kLdH];
-  __shared__ __align__(32) float Fs[kTile][kLdF];
+  // The f32 accumulator tile F reuses the operand tiles' memory once the last product is done:
+  // 20 KB of static shared memory per block instead of 38, so registers alone bound occupancy.
+  __shared__ __align__(32) unsigned char tiles[2 * kTile * kLdH * sizeof(T)];
+  static_assert(sizeof(float) * kTile * kLdF <= sizeof(tiles));
+  T(*As)[kLdH] = reinterpret_cast<T(*)[kLdH]>(tiles);
+  T(*Bs)[kLdH] = reinterpret_cast<T(*)[kLdH]>(tiles + kTile * kLdH * sizeof(T));
+  float(*Fs)[kLdF] = reinterpret_cast<float(*)[kLdF]>(tiles);
   __shared__ double cum_t[kTile], cum_s[kTile];
   __shared__ float dtp_s[kTile];
   const int tid = threadIdx.x, warp = tid / 32, wr = warp / 2, wc = warp % 2;
@@ -860,7 +864,7 @@ __device__ __forceinline__ void chunk_out_tc_body(const Fwd<T>& p) {
   }
 }
 template <class T>
-__global__ void __launch_bounds__(kTcThreads) chunk_out_tc_kernel(Fwd<T> p) {
+__global__ void __launch_bounds__(kTcThreads, 5) chunk_out_tc_kernel(Fwd<T> p) {
   chunk_out_tc_body<T, false>(p);
 }
 // The _vec twin (chunked_wmma_vec) holds a whole stage of both operands in registers: its launch
