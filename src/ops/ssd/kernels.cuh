@@ -864,7 +864,7 @@ __device__ __forceinline__ void chunk_out_tc_body(const Fwd<T>& p) {
   }
 }
 template <class T>
-__global__ void __launch_bounds__(kTcThreads, 5) chunk_out_tc_kernel(Fwd<T> p) {
+__global__ void __launch_bounds__(kTcThreads, 6) chunk_out_tc_kernel(Fwd<T> p) {
   chunk_out_tc_body<T, false>(p);
 }
 // The _vec twin (chunked_wmma_vec) holds a whole stage of both operands in registers: its launch
