@@ -1458,16 +1458,16 @@ __device__ __forceinline__ void gemm_v(float (&acc)[4][4], GemmSmem<T, true>& sm
   frag_to_acc(acc, f, sm.u.f, r0, c0);
 }
 
-// acc += At (64 x 64, already rounded to T, [m][k] with pitch kLdB, in shared memory and visible)
-// . B (one 64-deep stage). The same MMAs as gemm_sa_v on the same values.
+// f += At (64 x 64, already rounded to T, [m][k] with pitch kLdB, in shared memory and visible)
+// . B (one 64-deep stage), on this warp's fragments: a run of these products keeps the
+// accumulator in fragments instead of taking it through shared memory and the SIMT layout each
+// time. The caller's last use of the staging ended with a barrier; so does this.
 template <bool kBK, class T, class SB>
-__device__ __forceinline__ void gemm_ts_v(float (&acc)[4][4], const T (*At)[kLdB],
-                                          GemmSmem<T, true>& sm, TileSrc<SB> B) {
+__device__ __forceinline__ void gemm_ts_frag(FragC (&f)[2], const T (*At)[kLdB],
+                                             GemmSmem<T, true>& sm, TileSrc<SB> B) {
   const int warp = threadIdx.x / 32, r0 = (warp / 2) * 16, c0 = (warp % 2) * 32;
   int& bk = kBK ? B.cols : B.rows;
   bk = bk < kTile ? bk : kTile;
-  FragC f[2];
-  acc_to_frag(f, acc, sm.u.f, r0, c0);
   Staged<SB> rb;
   fetch_stage(rb, B, 0, 0);
   commit_stage(sm.u.s.b, rb, B, 0, nullptr);
@@ -1488,18 +1488,28 @@ __device__ __forceinline__ void gemm_ts_v(float (&acc)[4][4], const T (*At)[kLdB
     }
   }
   __syncthreads();
+}
+
+// acc += sum over the tiles i < n of At(i) . B(i): the products of gemm_ts_frag in order, with one
+// trip of the accumulator into and out of fragments.
+template <bool kBK, class T, class AtOf, class BOf>
+__device__ __forceinline__ void gemm_ts_run(float (&acc)[4][4], GemmSmem<T, true>& sm, int n,
+                                            AtOf&& at_of, BOf&& b_of) {
+  const int warp = threadIdx.x / 32, r0 = (warp / 2) * 16, c0 = (warp % 2) * 32;
+  FragC f[2];
+  acc_to_frag(f, acc, sm.u.f, r0, c0);
+  for (int i = 0; i < n; ++i) gemm_ts_frag<kBK>(f, at_of(i), sm, b_of(i));
   frag_to_acc(acc, f, sm.u.f, r0, c0);
 }
 
-// acc += Ms (64 x 64 f32 in shared memory, written before the call) . B (one 64-deep stage).
+// f += Ms (64 x 64 f32 in shared memory, published by a barrier before the call) . B (one 64-deep
+// stage), on this warp's fragments; ends with a barrier.
 template <bool kBK, class T, class SB>
-__device__ __forceinline__ void gemm_sa_v(float (&acc)[4][4], const float (*Ms)[kLdM],
-                                          GemmSmem<T, true>& sm, TileSrc<SB> B) {
+__device__ __forceinline__ void gemm_sa_frag(FragC (&f)[2], const float (*Ms)[kLdM],
+                                             GemmSmem<T, true>& sm, TileSrc<SB> B) {
   const int warp = threadIdx.x / 32, r0 = (warp / 2) * 16, c0 = (warp % 2) * 32;
   int& bk = kBK ? B.cols : B.rows;
   bk = bk < kTile ? bk : kTile;
-  FragC f[2];
-  acc_to_frag(f, acc, sm.u.f, r0, c0);  // its barriers also publish Ms
   Staged<SB> rb;
   fetch_stage(rb, B, 0, 0);
 #pragma unroll 4  // few values in flight: the B vectors above are still live
@@ -1511,6 +1521,17 @@ __device__ __forceinline__ void gemm_sa_v(float (&acc)[4][4], const float (*Ms)[
   __syncthreads();
   mma_stage<true, kBK>(f, sm, r0, c0);
   __syncthreads();
+}
+
+// acc += Ms . B: gemm_sa_frag with the accumulator taken into fragments and back (whose barriers
+// also publish Ms).
+template <bool kBK, class T, class SB>
+__device__ __forceinline__ void gemm_sa_v(float (&acc)[4][4], const float (*Ms)[kLdM],
+                                          GemmSmem<T, true>& sm, TileSrc<SB> B) {
+  const int warp = threadIdx.x / 32, r0 = (warp / 2) * 16, c0 = (warp % 2) * 32;
+  FragC f[2];
+  acc_to_frag(f, acc, sm.u.f, r0, c0);
+  gemm_sa_frag<kBK>(f, Ms, sm, B);
   frag_to_acc(acc, f, sm.u.f, r0, c0);
 }
 
@@ -1965,9 +1986,13 @@ __device__ __forceinline__ void bwd_dx_body(const BwdC<T>& p) {
   // consecutive threads would hit 16 rows cs floats apart. (A separate tile would take the block
   // past 48 KB of static shared memory.)
   [[maybe_unused]] float* ct = nullptr;
+  // kVec: the accumulator stays in this warp's fragments through the t tiles.
+  [[maybe_unused]] FragC frag[2];
+  [[maybe_unused]] const int r0 = (tid / 32 / 2) * 16, c0 = (tid / 32 % 2) * 32;
   if constexpr (kVec) {
     static_assert(sizeof(sm.u.f) >= sizeof(float) * kTile * kLdM);
     ct = &sm.u.f[0][0];
+    acc_to_frag(frag, acc, sm.u.f, r0, c0);  // before ct reuses that memory
     stage_chunk_scalars(p, ob, sc);
   }
   for (int64_t t0 = s_lo; t0 < K; t0 += kTile) {
@@ -1994,14 +2019,15 @@ __device__ __forceinline__ void bwd_dx_body(const BwdC<T>& p) {
         Ms[ty + 16 * i][tx + 16 * j] = w;
       }
     if constexpr (kVec) {
-      __syncthreads();  // every read of the C.B^T copy is done before the product reuses sm
+      __syncthreads();  // Ms is published and every read of the C.B^T copy is done
       with_dyp(p, b, tb + t0, h, d0, K - t0, p.D - d0,
-               [&](const auto& dys) { gemm_sa_v<false>(acc, Ms, sm, dys); });
+               [&](const auto& dys) { gemm_sa_frag<false>(frag, Ms, sm, dys); });
     } else
       gemm_sa<false>(acc, Ms, sm, [&](int k, int n) {
         return t0 + k < K && d0 + n < p.D ? p.dyp_at(b, tb + t0 + k, h, d0 + n) : 0.0f;
       });
   }
+  if constexpr (kVec) frag_to_acc(acc, frag, sm.u.f, r0, c0);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int64_t s = s_lo + ty + 16 * i;
@@ -2176,11 +2202,12 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_db_heads_vec_kernel(BwdC<T> p
 #pragma unroll
         for (int j = 0; j < 4; ++j) acc[i][j] *= e;
       }
-      for (int q = 0; q < nt; ++q) {
-        const int64_t t0 = s_lo + q * int64_t{kTile};
-        gemm_ts_v<false>(acc, Wt[q], sm,
-                         tile_src(&p.Cm.at(b, tb + t0, g, n0), p.Cm.s1, p.Cm.s3, K - t0, p.N - n0));
-      }
+      gemm_ts_run<false>(
+          acc, sm, nt, [&](int q) { return Wt[q]; },
+          [&](int q) {
+            const int64_t t0 = s_lo + q * int64_t{kTile};
+            return tile_src(&p.Cm.at(b, tb + t0, g, n0), p.Cm.s1, p.Cm.s3, K - t0, p.N - n0);
+          });
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int64_t s = s_lo + ty + 16 * i;
@@ -2395,11 +2422,12 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dc_heads_vec_kernel(BwdC<T> p
         part = row_sum16(part);
         if (tx == 0 && t < K) p.pst[(tn * p.B * p.H + bh) * p.Lpad + tb + t] = part;
       }
-      for (int q = 0; q < ns; ++q) {
-        const int64_t s0 = q * int64_t{kTile};
-        gemm_ts_v<false>(acc, Wt[q], sm,
-                         tile_src(&p.Bm.at(b, tb + s0, g, n0), p.Bm.s1, p.Bm.s3, K - s0, p.N - n0));
-      }
+      gemm_ts_run<false>(
+          acc, sm, ns, [&](int q) { return Wt[q]; },
+          [&](int q) {
+            const int64_t s0 = q * int64_t{kTile};
+            return tile_src(&p.Bm.at(b, tb + s0, g, n0), p.Bm.s1, p.Bm.s3, K - s0, p.N - n0);
+          });
 #pragma unroll
       for (int i = 0; i < 4; ++i)
 #pragma unroll
