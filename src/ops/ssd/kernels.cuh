@@ -128,6 +128,8 @@ struct Fwd : Common<T> {
   float* st;    // workspace: chunk states
   float* cb;    // workspace (tensor-core path): C_t . B_s per group and chunk,
                 // [cs][cs] f32
+  T* st_t = nullptr;  // workspace (chunked_wmma_fastpass): the scanned states rounded to T, the
+                      // values chunk_out's product rounds them to anyway
 };
 
 template <class T>
@@ -476,6 +478,12 @@ __device__ __forceinline__ void load_tile(T (*dst)[kLdH], const S* src, int64_t 
       alignas(16) S buf[kVecElems];
       if (r < rows && c0 + kVecElems <= cols) {
         *reinterpret_cast<uint4*>(buf) = *reinterpret_cast<const uint4*>(src + r * rs + c0);
+        if constexpr (std::is_same_v<S, T>) {
+          if (!row_scale) {  // already T: the vector as is (x * 1.0f rounds back to x)
+            *reinterpret_cast<uint4*>(&dst[r][c0]) = *reinterpret_cast<const uint4*>(buf);
+            continue;
+          }
+        }
       } else {
 #pragma unroll
         for (int q = 0; q < kVecElems; ++q)
@@ -709,7 +717,9 @@ __global__ void __launch_bounds__(kTcThreads, 3) cb_tc_vec_kernel(Fwd<T> p) {
   cb_tc_body<T, true>(p);
 }
 
-template <class T, bool kVec>
+// kStatesT: the states entering each chunk come rounded to T (p.st_t), else as f32 (p.st); the
+// product rounds them to T either way, so the results are the same.
+template <class T, bool kVec, bool kStatesT = false>
 __device__ __forceinline__ void chunk_out_tc_body(const Fwd<T>& p) {
   // The f32 accumulator tile F reuses the operand tiles' memory once the last product is done:
   // 20 KB of static shared memory per block instead of 38, so registers alone bound occupancy.
@@ -730,7 +740,7 @@ __device__ __forceinline__ void chunk_out_tc_body(const Fwd<T>& p) {
   if (t_lo >= K) return;  // uniform over the block
   if (tid < kTile) cum_t[tid] = p.cum[o_base + t_lo + tid];
   __syncthreads();
-  const float* S0 = p.st + (bh * p.nchunks + c) * p.D * p.N;
+  const int64_t s0_off = (bh * p.nchunks + c) * p.D * p.N;
   FragC acc[2][2];
 #pragma unroll
   for (int i = 0; i < 2; ++i)
@@ -743,7 +753,17 @@ __device__ __forceinline__ void chunk_out_tc_body(const Fwd<T>& p) {
   const T* c_rows = &p.Cm.at(b, t_base + t_lo, g, 0);
   const bool c_vec = can_vec(c_rows, p.Cm.s1, p.Cm.s3);
   for (int64_t k0 = 0; k0 < p.N; k0 += kTile) {
-    const float* s_rows = S0 + d0 * p.N + k0;
+    if constexpr (kStatesT) {
+      const T* s_rows = p.st_t + s0_off + d0 * p.N + k0;
+      load_tile(As, c_rows + k0 * p.Cm.s3, p.Cm.s1, p.Cm.s3, K - t_lo, p.N - k0, ecum, c_vec);
+      load_tile(Bs, s_rows, p.N, int64_t{1}, p.D - d0, p.N - k0, nullptr,
+                can_vec(s_rows, p.N, int64_t{1}));
+      __syncthreads();
+      wmma_64<FragA<T>, FragBc<T>>(acc, &As[0][0], kLdH, 1, &Bs[0][0], 1, kLdH, wr, wc);
+      __syncthreads();
+      continue;
+    }
+    const float* s_rows = p.st + s0_off + d0 * p.N + k0;
     if constexpr (kVec) {
       Staged<T, kTcThreads> rc;
       Staged<float, kTcThreads> rs;
@@ -863,9 +883,9 @@ __device__ __forceinline__ void chunk_out_tc_body(const Fwd<T>& p) {
     }
   }
 }
-template <class T>
+template <class T, bool kStatesT>
 __global__ void __launch_bounds__(kTcThreads, 6) chunk_out_tc_kernel(Fwd<T> p) {
-  chunk_out_tc_body<T, false>(p);
+  chunk_out_tc_body<T, false, kStatesT>(p);
 }
 // The _vec twin (chunked_wmma_vec) holds a whole stage of both operands in registers: its launch
 // bounds trade occupancy for that (ptxas at sm_90a: no spills).
@@ -1799,6 +1819,7 @@ struct ChunkScan {
   V4<const float> in;                       // the value entering the first chunk scanned
   V4<float> out;                            // the value leaving the last chunk scanned
   bool has_in, has_out;
+  void* st_t = nullptr;  // TO != float: the scanned values go here, rounded to TO, not to st
 };
 
 template <int kW>
@@ -1817,19 +1838,27 @@ __device__ __forceinline__ ScanVec<kW> scan_load(const float* q) {
   }
   return r;
 }
-template <int kW>
-__device__ __forceinline__ void scan_store(float* q, const float (&s)[kW]) {
-  if constexpr (kW == 4)
+template <int kW, class TO>
+__device__ __forceinline__ void scan_store(TO* q, const float (&s)[kW]) {
+  if constexpr (std::is_same_v<TO, float> && kW == 4) {
     *reinterpret_cast<float4*>(q) = make_float4(s[0], s[1], s[2], s[3]);
-  else
+  } else if constexpr (sizeof(TO) == 2 && kW == 4) {  // 8 bytes: 4-element groups are aligned
+    alignas(8) TO o[4];
 #pragma unroll
-    for (int i = 0; i < kW; ++i) q[i] = s[i];
+    for (int i = 0; i < 4; ++i) o[i] = from_float<TO>(s[i]);
+    *reinterpret_cast<uint2*>(q) = *reinterpret_cast<const uint2*>(o);
+  } else {
+#pragma unroll
+    for (int i = 0; i < kW; ++i) q[i] = from_float<TO>(s[i]);
+  }
 }
 
 // kRev = false: the forward pass (st[c] becomes the state entering chunk c, in = initial_states,
 // out = final_states). kRev = true: the backward's reverse pass over gst (gst[c] becomes the
 // adjoint of the state leaving chunk c, in = d_final_states, out = d_initial_states).
-template <int kW, bool kRev>
+// TO != float (the forward of chunked_wmma_fastpass): the values entering each chunk are written
+// rounded to TO into st_t, and st is only read.
+template <int kW, bool kRev, class TO = float>
 __global__ void __launch_bounds__(kScanThreads) chunk_scan_kernel(ChunkScan a) {
   const int64_t per_bh = a.dn / kW;
   const int64_t v = blockIdx.x * int64_t{kScanThreads} + threadIdx.x;
@@ -1853,8 +1882,10 @@ __global__ void __launch_bounds__(kScanThreads) chunk_scan_kernel(ChunkScan a) {
   const int64_t nc = a.nchunks;
   const int64_t step = kRev ? -a.dn : a.dn, lstep = kRev ? -a.cs : a.cs;
   const int64_t c0 = kRev ? nc - 1 : 0;
-  float* sp = a.st + (bh * nc + c0) * a.dn + e0;
-  const float* lp = sp;
+  const float* lp = a.st + (bh * nc + c0) * a.dn + e0;
+  TO* sp = (std::is_same_v<TO, float> ? static_cast<TO*>(static_cast<void*>(a.st))
+                                      : static_cast<TO*>(a.st_t)) +
+           (bh * nc + c0) * a.dn + e0;
   const double* dp = a.cum + bh * a.Lpad + c0 * a.cs + a.cs - 1;  // chunk c's cum_last
   ScanVec<kW> buf[kScanDepth] = {};
   double lbuf[kScanDepth] = {};
@@ -1881,7 +1912,7 @@ __global__ void __launch_bounds__(kScanThreads) chunk_scan_kernel(ChunkScan a) {
         lbuf[j] = *dp;
         lp += step, dp += lstep;
       }
-      scan_store<kW>(sp, s);  // the value entering (kRev: leaving) this chunk
+      scan_store<kW, TO>(sp, s);  // the value entering (kRev: leaving) this chunk
       sp += step;
       const float decay = expf(static_cast<float>(l));
 #pragma unroll
@@ -1911,16 +1942,17 @@ inline int64_t chunk_scan_blocks(const ssd::Problem& p) {
 // 16-byte vectors when every (b, h, chunk) slab starts 16-byte aligned (D*N % 4 == 0 and the
 // workspace array itself aligned, which the 256-byte workspace alignment and round64 give), else
 // one element per thread (same loop, same math).
-template <bool kRev>
+template <bool kRev, class TO = float>
 Status launch_chunk_scan(const ChunkScan& a, cudaStream_t st, std::string_view op) {
   if (a.BH == 0 || a.dn == 0) return {};
-  const bool vec = a.dn % 4 == 0 && reinterpret_cast<uintptr_t>(a.st) % 16 == 0;
+  const bool vec = a.dn % 4 == 0 && reinterpret_cast<uintptr_t>(a.st) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(a.st_t) % 8 == 0;
   const int64_t threads = a.BH * (vec ? a.dn / 4 : a.dn);
   const auto blocks = static_cast<unsigned>((threads + kScanThreads - 1) / kScanThreads);
   if (vec)
-    chunk_scan_kernel<4, kRev><<<blocks, kScanThreads, 0, st>>>(a);
+    chunk_scan_kernel<4, kRev, TO><<<blocks, kScanThreads, 0, st>>>(a);
   else
-    chunk_scan_kernel<1, kRev><<<blocks, kScanThreads, 0, st>>>(a);
+    chunk_scan_kernel<1, kRev, TO><<<blocks, kScanThreads, 0, st>>>(a);
   return cuda::check_launch(op, "chunk_scan_kernel");
 }
 
@@ -2682,11 +2714,12 @@ inline int64_t round64(int64_t n) {
 }
 
 struct FwdLayout {
-  int64_t dtp, cum, st, cb, total;  // element offsets
+  int64_t dtp, cum, st, cb, st_t, total;  // element offsets
 };
 // tensor_cores: the WMMA path also keeps C.B^T per group and chunk
 // (B*G*nchunks*cs*cs floats).
-inline FwdLayout fwd_layout(const ssd::Problem& p, bool tensor_cores) {
+// states_t_bytes (chunked_wmma_fastpass): a copy of the states in T, that many bytes per element.
+inline FwdLayout fwd_layout(const ssd::Problem& p, bool tensor_cores, int states_t_bytes = 0) {
   const int64_t bhl = p.batch * p.heads * p.nchunks * p.chunk_size;
   const int64_t states = p.batch * p.heads * p.nchunks * p.head_dim * p.state_dim;
   FwdLayout l;
@@ -2696,7 +2729,8 @@ inline FwdLayout fwd_layout(const ssd::Problem& p, bool tensor_cores) {
   l.cb = l.st + round64(states);
   const int64_t cb =
       tensor_cores ? p.batch * p.ngroups * p.nchunks * p.chunk_size * p.chunk_size : 0;
-  l.total = l.cb + round64(cb);
+  l.st_t = l.cb + round64(cb);
+  l.total = l.st_t + round64((states * states_t_bytes + 3) / 4);
   return l;
 }
 
@@ -2794,11 +2828,12 @@ Status forward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
   p.y = v4<T>(a.y);
   p.has_fin = pr.has_final_states;
   p.fin = pr.has_final_states ? v4<float>(a.final_states) : V4<float>{};
-  const FwdLayout l = fwd_layout(pr, kTensorCores);
+  const FwdLayout l = fwd_layout(pr, kTensorCores, kFast && kTensorCores ? static_cast<int>(sizeof(T)) : 0);
   // The core guarantees kWorkspaceAlignment (256 bytes) for the f64 arrays carved out below.
   float* ws = static_cast<float*>(ctx.workspace.data);
   p.dtp = ws + l.dtp, p.cum = reinterpret_cast<double*>(ws + l.cum), p.st = ws + l.st;
   p.cb = ws + l.cb;
+  if constexpr (kFast && kTensorCores) p.st_t = reinterpret_cast<T*>(ws + l.st_t);
   const cudaStream_t st = cuda::stream_of(ctx);
   const unsigned bh = static_cast<unsigned>(pr.batch * pr.heads);
   if (bh == 0) return {};
@@ -2811,9 +2846,10 @@ Status forward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
     clock.mark("prep");
     const auto tiles = static_cast<unsigned>(cuda::ceil_div(pr.head_dim, kTile) *
                                              cuda::ceil_div(pr.state_dim, kTile));
+    // The _vec chunk_state (bitwise equal) is faster on the H100; fastpass takes it too.
     if constexpr (kTensorCores)
-      (kVec ? chunk_state_tc_vec_kernel<T>
-            : chunk_state_tc_kernel<T>)<<<dim3(tiles, nc, bh), kTcThreads, 0, st>>>(p);
+      (kVec || kFast ? chunk_state_tc_vec_kernel<T>
+                     : chunk_state_tc_kernel<T>)<<<dim3(tiles, nc, bh), kTcThreads, 0, st>>>(p);
     else
       chunk_state_kernel<T><<<dim3(tiles, nc, bh), kThreads, 0, st>>>(p);
     BARACUDA_TRY(cuda::check_launch("ssd_forward", "chunk_state_kernel"));
@@ -2822,7 +2858,13 @@ Status forward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
   if constexpr (kFast) {
     ChunkScan sa = chunk_scan_args(p, p.st);
     sa.in = p.init, sa.has_in = p.has_init, sa.out = p.fin, sa.has_out = p.has_fin;
-    BARACUDA_TRY(launch_chunk_scan<false>(sa, st, "ssd_forward"));
+    if constexpr (kTensorCores) {
+      sa.st_t = p.st_t;
+      const Status scanned = launch_chunk_scan<false, T>(sa, st, "ssd_forward");
+      BARACUDA_TRY(scanned);
+    } else {
+      BARACUDA_TRY(launch_chunk_scan<false>(sa, st, "ssd_forward"));
+    }
   } else {
     const auto dn = static_cast<unsigned>(cuda::ceil_div(pr.head_dim * pr.state_dim, 256));
     state_pass_kernel<T><<<dim3(dn, bh), 256, 0, st>>>(p);
@@ -2840,8 +2882,9 @@ Status forward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
                                  kTcThreads, 0, st>>>(p);
       BARACUDA_TRY(cuda::check_launch("ssd_forward", "cb_tc_kernel"));
       clock.mark("cb");
-      (kVec ? chunk_out_tc_vec_kernel<T>
-            : chunk_out_tc_kernel<T>)<<<dim3(tt, td, bh), kTcThreads, 0, st>>>(p);
+      (kVec    ? chunk_out_tc_vec_kernel<T>
+       : kFast ? chunk_out_tc_kernel<T, true>
+               : chunk_out_tc_kernel<T, false>)<<<dim3(tt, td, bh), kTcThreads, 0, st>>>(p);
     } else
       chunk_out_kernel<T><<<dim3(tt, td, bh), kThreads, 0, st>>>(p);
     BARACUDA_TRY(cuda::check_launch("ssd_forward", "chunk_out_kernel"));
@@ -3152,6 +3195,9 @@ inline size_t chunked_workspace(const ssd::Problem& p, const DeviceCaps&) {
 inline size_t chunked_tc_workspace(const ssd::Problem& p, const DeviceCaps&) {
   return static_cast<size_t>(fwd_layout(p, true).total) * sizeof(float);
 }
+inline size_t chunked_tc_fast_workspace(const ssd::Problem& p, const DeviceCaps&) {
+  return static_cast<size_t>(fwd_layout(p, true, 2).total) * sizeof(float);
+}
 
 inline bool chunked_bwd_fits(const ssd::Problem& p, const DeviceCaps&) {
   return !p.varlen() && p.batch * p.heads <= kMaxGridYZ && p.batch * p.ngroups <= kMaxGridYZ &&
@@ -3227,7 +3273,7 @@ bool register_kernels() {
             [](const ssd::Problem& p, const DeviceCaps& caps) {
               return chunked_fits(p, caps) && chunk_scan_blocks(p) < (int64_t{1} << 31);
             },
-        .workspace = chunked_tc_workspace,
+        .workspace = chunked_tc_fast_workspace,
         .launch = forward_chunked<T, true, false, true>,
     });
   }

@@ -941,10 +941,10 @@ void expect_forward_bitwise(Target target, const char* base, const char* other, 
   BARACUDA_ASSERT_OK(ref);
   BARACUDA_ASSERT_OK(alt);
   ASSERT_EQ(alt->sku().name, other);
-  ASSERT_EQ(alt->workspace_size(), ref->workspace_size());
   Rng rng;
   Tensors t = make_tensors(ref->problem(), target, layout, rng);
-  auto ws = workspace_for(ref->workspace_size(), target);
+  // One workspace for both (chunked_wmma_fastpass keeps an extra 16-bit copy of the states).
+  auto ws = workspace_for(std::max(ref->workspace_size(), alt->workspace_size()), target);
   BARACUDA_ASSERT_OK(ws);
   const std::string what = std::string(name(dtype)) + " " + harness::layout_name(layout) +
                            " L=" + std::to_string(c.L) + " chunk=" + std::to_string(c.chunk) +
