@@ -462,45 +462,33 @@ __device__ __forceinline__ void store_acc(float (*Fs)[kLdF], FragC (&acc)[2][2],
 }
 
 // Loads the 64 x 64 tile dst[r][c] = T(src[r * rs + c * cs] * row_scale[r])
-// (zero outside rows x cols) with the kTcThreads threads of a tensor-core block. With `vec`
-// (cs == 1, 16-byte aligned rows) each thread issues all its 16-byte loads (4 for 16-bit
-// sources, 8 for f32) before it converts any: one memory round trip per tile, not one per
-// vector. The generic path handles any strides. Index math is per row, not per element.
+// (zero outside rows x cols). With `vec` (cs == 1, 16-byte aligned rows) each
+// thread moves 16 bytes at a time; the generic path handles any strides. Index
+// math is per row, not per element.
 template <class T, class S>
 __device__ __forceinline__ void load_tile(T (*dst)[kLdH], const S* src, int64_t rs, int64_t cs,
                                           int64_t rows, int64_t cols, const float* row_scale,
                                           bool vec) {
   constexpr int kVecElems = 16 / sizeof(S);
   if (vec) {
-    constexpr int kPerRow = kTile / kVecElems, kPer = kTile * kPerRow / kTcThreads;
-    uint4 raw[kPer];
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      const int idx = threadIdx.x + i * kTcThreads, r = idx / kPerRow,
-                c0 = (idx % kPerRow) * kVecElems;
+    constexpr int kPerRow = kTile / kVecElems;
+    for (int idx = threadIdx.x; idx < kTile * kPerRow; idx += blockDim.x) {
+      const int r = idx / kPerRow, c0 = (idx % kPerRow) * kVecElems;
+      const float sc = row_scale ? row_scale[r] : 1.0f;
+      alignas(16) S buf[kVecElems];
       if (r < rows && c0 + kVecElems <= cols) {
-        raw[i] = __ldg(reinterpret_cast<const uint4*>(src + r * rs + c0));
+        *reinterpret_cast<uint4*>(buf) = *reinterpret_cast<const uint4*>(src + r * rs + c0);
+        if constexpr (std::is_same_v<S, T>) {
+          if (!row_scale) {  // already T: the vector as is (x * 1.0f rounds back to x)
+            *reinterpret_cast<uint4*>(&dst[r][c0]) = *reinterpret_cast<const uint4*>(buf);
+            continue;
+          }
+        }
       } else {
-        alignas(16) S buf[kVecElems];
 #pragma unroll
         for (int q = 0; q < kVecElems; ++q)
           buf[q] = (r < rows && c0 + q < cols) ? src[r * rs + c0 + q] : from_float<S>(0.0f);
-        raw[i] = *reinterpret_cast<const uint4*>(buf);
       }
-    }
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      const int idx = threadIdx.x + i * kTcThreads, r = idx / kPerRow,
-                c0 = (idx % kPerRow) * kVecElems;
-      if constexpr (std::is_same_v<S, T>) {
-        if (!row_scale) {  // already T: the vector as is (x * 1.0f rounds back to x)
-          *reinterpret_cast<uint4*>(&dst[r][c0]) = raw[i];
-          continue;
-        }
-      }
-      const float sc = row_scale ? row_scale[r] : 1.0f;
-      alignas(16) S buf[kVecElems];
-      *reinterpret_cast<uint4*>(buf) = raw[i];
 #pragma unroll
       for (int q = 0; q < kVecElems; ++q) dst[r][c0 + q] = from_float<T>(to_float(buf[q]) * sc);
     }
@@ -827,21 +815,12 @@ __device__ __forceinline__ void chunk_out_tc_body(const Fwd<T>& p) {
     const float* cbt = p.cb + (b * (p.H / p.hpg) + g) * p.nchunks * p.cs * p.cs + c * p.cs * p.cs +
                        t_lo * p.cs + s0;
     // Four consecutive s per thread: one 16-byte load of C.B^T (the cb workspace is 256-byte
-    // aligned and its rows are multiples of 64 floats), four such loads in flight at a time.
-    constexpr int kFillPer = kTile * kTile / 4 / kTcThreads, kFillBatch = 4;
-#pragma unroll 1
-    for (int i0 = 0; i0 < kFillPer; i0 += kFillBatch) {
-      float4 cbq[kFillBatch];
-#pragma unroll
-      for (int u = 0; u < kFillBatch; ++u) {
-        const int q = tid + (i0 + u) * kTcThreads, m = q / (kTile / 4), j0 = (q % (kTile / 4)) * 4;
-        cbq[u] = __ldg(reinterpret_cast<const float4*>(cbt + m * p.cs + j0));
-      }
-#pragma unroll
-      for (int u = 0; u < kFillBatch; ++u) {
-      const int q = tid + (i0 + u) * kTcThreads, m = q / (kTile / 4), j0 = (q % (kTile / 4)) * 4;
+    // aligned and its rows are multiples of 64 floats).
+    for (int q = tid; q < kTile * kTile / 4; q += kTcThreads) {
+      const int m = q / (kTile / 4), j0 = (q % (kTile / 4)) * 4;
       const int64_t t = t_lo + m;
-      const float cbv[4] = {cbq[u].x, cbq[u].y, cbq[u].z, cbq[u].w};
+      const float4 cb4 = *reinterpret_cast<const float4*>(cbt + m * p.cs + j0);
+      const float cbv[4] = {cb4.x, cb4.y, cb4.z, cb4.w};
       alignas(8) T o[4];
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
@@ -858,7 +837,6 @@ __device__ __forceinline__ void chunk_out_tc_body(const Fwd<T>& p) {
       else
 #pragma unroll
         for (int e = 0; e < 4; ++e) As[m][j0 + e] = o[e];
-      }
     }
     if constexpr (kVec)
       commit_stage(Bs, rx, x_src, 0, nullptr);
