@@ -2013,18 +2013,16 @@ __device__ __forceinline__ void bwd_dx_body(const BwdC<T>& p) {
   // + sum_{t >= s} W_ts CB_ts dy'_t, one 64-token tile of t at a time.
   const float* cbt = p.cbm + ((b * (p.H / p.hpg) + g) * p.nchunks + c) * p.cs * p.cs;
   __shared__ std::conditional_t<kVec, ChunkScalars, char> sc;  // char: unused
-  // kVec: the C.B^T tile [t][s] copied row by row (coalesced) into the idle GEMM staging (pitch
-  // kLdM, conflict-free transposed reads) and read transposed from there; read in place, 16
-  // consecutive threads would hit 16 rows cs floats apart. (A separate tile would take the block
-  // past 48 KB of static shared memory.)
-  [[maybe_unused]] float* ct = nullptr;
-  // kVec: the accumulator stays in this warp's fragments through the t tiles.
+  // kVec: the C.B^T tile [t][s] copied row by row (coalesced) into Ms (pitch kLdM, conflict-free
+  // transposed reads) and read transposed from there; read in place, 16 consecutive threads would
+  // hit 16 rows cs floats apart. The weights W then go rounded to T straight into the A staging of
+  // the product (the rounding gemm_sa_frag would apply), and the accumulator stays in this warp's
+  // fragments through the t tiles.
+  [[maybe_unused]] float* ct = &Ms[0][0];
   [[maybe_unused]] FragC frag[2];
   [[maybe_unused]] const int r0 = (tid / 32 / 2) * 16, c0 = (tid / 32 % 2) * 32;
   if constexpr (kVec) {
-    static_assert(sizeof(sm.u.f) >= sizeof(float) * kTile * kLdM);
-    ct = &sm.u.f[0][0];
-    acc_to_frag(frag, acc, sm.u.f, r0, c0);  // before ct reuses that memory
+    acc_to_frag(frag, acc, sm.u.f, r0, c0);
     stage_chunk_scalars(p, ob, sc);
   }
   for (int64_t t0 = s_lo; t0 < K; t0 += kTile) {
@@ -2048,12 +2046,15 @@ __device__ __forceinline__ void bwd_dx_body(const BwdC<T>& p) {
           else
             w = expf(static_cast<float>(p.cum[ob + t] - p.cum[ob + s])) * cbt[t * p.cs + s];
         }
-        Ms[ty + 16 * i][tx + 16 * j] = w;
+        if constexpr (kVec)
+          sm.u.s.a[ty + 16 * i][tx + 16 * j] = from_float<T>(w);
+        else
+          Ms[ty + 16 * i][tx + 16 * j] = w;
       }
-    if constexpr (kVec) {
-      __syncthreads();  // Ms is published and every read of the C.B^T copy is done
+    if constexpr (kVec) {  // the product's first barrier publishes the staged W
+      static_assert(kLdA == kLdB, "W is read as the A operand of gemm_ts_frag");
       with_dyp(p, b, tb + t0, h, d0, K - t0, p.D - d0,
-               [&](const auto& dys) { gemm_sa_frag<false>(frag, Ms, sm, dys); });
+               [&](const auto& dys) { gemm_ts_frag<false>(frag, sm.u.s.a, sm, dys); });
     } else
       gemm_sa<false>(acc, Ms, sm, [&](int k, int n) {
         return t0 + k < K && d0 + n < p.D ? p.dyp_at(b, tb + t0 + k, h, d0 + n) : 0.0f;
@@ -2184,9 +2185,11 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_db_heads_vec_kernel(BwdC<T> p
   __shared__ ChunkScalars sc;
   extern __shared__ __align__(32) unsigned char db_dyn[];
   T(*Wt)[kTile][kLdB] = reinterpret_cast<T(*)[kTile][kLdB]>(db_dyn);
-  // [N tile][64][64], element (r, c) owned by thread (r % 16, c % 16): no barriers needed
-  float(*Acc)[kTile][kTile] =
-      reinterpret_cast<float(*)[kTile][kTile]>(db_dyn + wt_smem_bytes(p.cs));
+  // [N tile][4 i + j][thread]: element (ty + 16 i, tx + 16 j) of the N tile, owned by its thread
+  // (no barriers); consecutive threads on consecutive words, so no bank conflicts
+  static_assert(16 * kThreads == kTile * kTile);
+  float(*Acc)[16][kThreads] =
+      reinterpret_cast<float(*)[16][kThreads]>(db_dyn + wt_smem_bytes(p.cs));
   const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
   const int64_t c = blockIdx.x / p.ntt, s_lo = (blockIdx.x % p.ntt) * kTile;
   const int64_t nhb = p.H / p.hb, b = blockIdx.z / nhb, h0 = (blockIdx.z % nhb) * p.hb;
@@ -2198,7 +2201,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_db_heads_vec_kernel(BwdC<T> p
 #pragma unroll
     for (int i = 0; i < 4; ++i)
 #pragma unroll
-      for (int j = 0; j < 4; ++j) Acc[tn][ty + 16 * i][tx + 16 * j] = 0.0f;
+      for (int j = 0; j < 4; ++j) Acc[tn][4 * i + j][tid] = 0.0f;
   const int nt = static_cast<int>((K - s_lo + kTile - 1) / kTile);  // t tiles t0 >= s_lo
   for (int64_t h = h0; h < h0 + p.hb; ++h) {
     const int64_t bh = b * p.H + h, ob = chunk_at(p, c, bh).o_base;
@@ -2245,7 +2248,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_db_heads_vec_kernel(BwdC<T> p
         const int64_t s = s_lo + ty + 16 * i;
         const float v = s < K ? p.dtp[ob + s] : 0.0f;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) Acc[tn][ty + 16 * i][tx + 16 * j] += v * acc[i][j];
+        for (int j = 0; j < 4; ++j) Acc[tn][4 * i + j][tid] += v * acc[i][j];
       }
     }
   }
@@ -2260,7 +2263,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_db_heads_vec_kernel(BwdC<T> p
         const int64_t n = tn * kTile + tx + 16 * j;
         if (n < p.N)
           p.pdB[((b * p.L + tb + s) * p.H + g * p.hpg + slot) * p.N + n] =
-              Acc[tn][ty + 16 * i][tx + 16 * j];
+              Acc[tn][4 * i + j][tid];
       }
     }
 }
@@ -2374,8 +2377,9 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dc_heads_vec_kernel(BwdC<T> p
   __shared__ float Pc[kThreads / 16][kTile];
   extern __shared__ __align__(32) unsigned char dc_dyn[];
   T(*Wt)[kTile][kLdB] = reinterpret_cast<T(*)[kTile][kLdB]>(dc_dyn);
-  float(*Acc)[kTile][kTile] =
-      reinterpret_cast<float(*)[kTile][kTile]>(dc_dyn + wt_smem_bytes(p.cs));
+  // [N tile][4 i + j][thread], as in bwd_db_heads_vec_kernel
+  float(*Acc)[16][kThreads] =
+      reinterpret_cast<float(*)[16][kThreads]>(dc_dyn + wt_smem_bytes(p.cs));
   const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
   const int64_t c = blockIdx.x / p.ntt, it = blockIdx.x % p.ntt, t_lo = it * kTile;
   const int64_t nhb = p.H / p.hb, b = blockIdx.z / nhb, h0 = (blockIdx.z % nhb) * p.hb;
@@ -2387,7 +2391,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dc_heads_vec_kernel(BwdC<T> p
 #pragma unroll
     for (int i = 0; i < 4; ++i)
 #pragma unroll
-      for (int j = 0; j < 4; ++j) Acc[tn][ty + 16 * i][tx + 16 * j] = 0.0f;
+      for (int j = 0; j < 4; ++j) Acc[tn][4 * i + j][tid] = 0.0f;
   const float* cbt = p.cbm + ((b * (p.H / p.hpg) + g) * p.nchunks + c) * p.cs * p.cs;
   const int ns = static_cast<int>(t_lo / kTile) + 1;  // s tiles s0 <= t_lo
   for (int64_t h = h0; h < h0 + p.hb; ++h) {
@@ -2463,7 +2467,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dc_heads_vec_kernel(BwdC<T> p
 #pragma unroll
       for (int i = 0; i < 4; ++i)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) Acc[tn][ty + 16 * i][tx + 16 * j] += acc[i][j];
+        for (int j = 0; j < 4; ++j) Acc[tn][4 * i + j][tid] += acc[i][j];
     }
   }
   const int64_t slot = (h0 % p.hpg) / p.hb;
@@ -2477,7 +2481,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dc_heads_vec_kernel(BwdC<T> p
         const int64_t n = tn * kTile + tx + 16 * j;
         if (n < p.N)
           p.pdC[((b * p.L + tb + t) * p.H + g * p.hpg + slot) * p.N + n] =
-              Acc[tn][ty + 16 * i][tx + 16 * j];
+              Acc[tn][4 * i + j][tid];
       }
     }
 }
