@@ -33,10 +33,14 @@
 #include <type_traits>
 
 #include "baracuda/ops/ssd.hpp"
+#include "core/cuda/async_copy.cuh"
 #include "core/cuda/launch.cuh"
 
 namespace baracuda::ssd_cuda {
 
+using cuda::cp_async16;
+using cuda::cp_async_commit;
+using cuda::cp_async_wait;
 using cuda::from_float;
 using cuda::to_float;
 
@@ -738,6 +742,20 @@ __device__ __forceinline__ void chunk_out_tc_body(const Fwd<T>& p) {
   const int64_t t_base = c * p.cs, o_base = bh * p.Lpad + t_base;
   const int64_t K = p.L - t_base < p.cs ? p.L - t_base : p.cs;
   if (t_lo >= K) return;  // uniform over the block
+  // !kVec: the C.B^T tile of the next s tile lands in cbs by cp.async while the block works on
+  // the current one (the first during part (1)), and a 16-byte aligned x tile goes straight into
+  // Bs while the weights are formed: no registers held for either.
+  __shared__ __align__(16) float cbs[kVec ? 1 : kTile][kTile];
+  const float* cb_rows = p.cb + (b * (p.H / p.hpg) + g) * p.nchunks * p.cs * p.cs +
+                         c * p.cs * p.cs + t_lo * p.cs;
+  [[maybe_unused]] auto prefetch_cb = [&](int64_t s0) {
+    for (int i = 0; i < kTile * kTile / 4 / kTcThreads; ++i) {
+      const int q = tid + i * kTcThreads, m = q / (kTile / 4), j0 = (q % (kTile / 4)) * 4;
+      cp_async16(&cbs[m][j0], cb_rows + m * p.cs + s0 + j0);
+    }
+    cp_async_commit();
+  };
+  if constexpr (!kVec) prefetch_cb(0);
   if (tid < kTile) cum_t[tid] = p.cum[o_base + t_lo + tid];
   __syncthreads();
   const int64_t s0_off = (bh * p.nchunks + c) * p.D * p.N;
@@ -795,7 +813,24 @@ __device__ __forceinline__ void chunk_out_tc_body(const Fwd<T>& p) {
     [[maybe_unused]] Staged<T, kTcThreads> rx;
     const TileSrc<T> x_src = tile_src(x_rows, p.x.s1, p.x.s3, K - s0, p.D - d0);
     if constexpr (kVec) fetch_stage(rx, x_src, 0, 0);  // in flight during the masked C.B^T fill
-    const bool below = s0 + kTile <= t_lo;              // uniform; then s0 + 63 < t_lo < K
+    // Bs is free: the last product ended with a barrier.
+    const bool x_async = !kVec && can_vec(x_rows, p.x.s1, p.x.s3) && p.D - d0 >= kTile;
+    if (x_async) {
+      constexpr int kVe = 16 / static_cast<int>(sizeof(T));
+      for (int i = 0; i < kTile * (kTile / kVe) / kTcThreads; ++i) {
+        const int q = tid + i * kTcThreads, r = q / (kTile / kVe), c0 = (q % (kTile / kVe)) * kVe;
+        const bool in = r < K - s0;
+        cp_async16(&Bs[r][c0], in ? x_rows + r * p.x.s1 + c0 : x_rows, in ? 16 : 0);
+      }
+      cp_async_commit();
+    }
+    if constexpr (!kVec) {  // this s tile's C.B^T (visible after the barrier below)
+      if (x_async)
+        cp_async_wait<1>();
+      else
+        cp_async_wait<0>();
+    }
+    const bool below = s0 + kTile <= t_lo;  // uniform; then s0 + 63 < t_lo < K
     bool unsafe = false;
     if (tid < kTile) {
       cum_s[tid] = p.cum[o_base + s0 + tid], dtp_s[tid] = p.dtp[o_base + s0 + tid];
@@ -812,14 +847,14 @@ __device__ __forceinline__ void chunk_out_tc_body(const Fwd<T>& p) {
       unsafe = valid && !(e <= kFactorSafe);
     }
     const bool factored = !__syncthreads_or(unsafe) && below;
-    const float* cbt = p.cb + (b * (p.H / p.hpg) + g) * p.nchunks * p.cs * p.cs + c * p.cs * p.cs +
-                       t_lo * p.cs + s0;
-    // Four consecutive s per thread: one 16-byte load of C.B^T (the cb workspace is 256-byte
-    // aligned and its rows are multiples of 64 floats).
+    const float* cbt = cb_rows + s0;
+    // Four consecutive s per thread: one 16-byte read of C.B^T (from cbs, or for kVec from the
+    // cb workspace, which is 256-byte aligned with rows that are multiples of 64 floats).
     for (int q = tid; q < kTile * kTile / 4; q += kTcThreads) {
       const int m = q / (kTile / 4), j0 = (q % (kTile / 4)) * 4;
       const int64_t t = t_lo + m;
-      const float4 cb4 = *reinterpret_cast<const float4*>(cbt + m * p.cs + j0);
+      const float4 cb4 = kVec ? *reinterpret_cast<const float4*>(cbt + m * p.cs + j0)
+                              : *reinterpret_cast<const float4*>(&cbs[m][j0]);
       const float cbv[4] = {cb4.x, cb4.y, cb4.z, cb4.w};
       alignas(8) T o[4];
 #pragma unroll
@@ -840,10 +875,14 @@ __device__ __forceinline__ void chunk_out_tc_body(const Fwd<T>& p) {
     }
     if constexpr (kVec)
       commit_stage(Bs, rx, x_src, 0, nullptr);
+    else if (x_async)
+      cp_async_wait<0>();
     else
-      load_tile(Bs, x_rows, p.x.s1, p.x.s3, K - s0, p.D - d0, nullptr,
-                can_vec(x_rows, p.x.s1, p.x.s3));
+      load_tile(Bs, x_rows, p.x.s1, p.x.s3, K - s0, p.D - d0, nullptr, false);
     __syncthreads();
+    // Every read of cbs is done: the next s tile's C.B^T streams in under this product.
+    if constexpr (!kVec)
+      if (s0 + kTile < K && s0 + kTile <= t_lo) prefetch_cb(s0 + kTile);
     wmma_64<FragA<T>, FragB<T>>(acc, &As[0][0], kLdH, 1, &Bs[0][0], kLdH, 1, wr, wc);
     __syncthreads();
   }

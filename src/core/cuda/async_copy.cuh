@@ -1,0 +1,25 @@
+// cp.async (sm_80+) global -> shared copies for device code: the 16-byte copy with zero fill,
+// group commit and the waits. Include only from .cu files.
+#pragma once
+
+namespace baracuda::cuda {
+
+// Copies 16 bytes from global `gmem` to shared `smem` without registers; src_bytes < 16 fills the
+// rest with zeros (0: a zero vector, gmem is not read).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes = 16) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem),
+               "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+// Waits until at most kPending of this thread's committed groups are still in flight. The copies
+// become visible to other threads after their own wait and a barrier.
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+}  // namespace baracuda::cuda
