@@ -772,10 +772,25 @@ __device__ __forceinline__ void chunk_out_tc_body(const Fwd<T>& p) {
   const bool c_vec = can_vec(c_rows, p.Cm.s1, p.Cm.s3);
   for (int64_t k0 = 0; k0 < p.N; k0 += kTile) {
     if constexpr (kStatesT) {
+      // The 16-bit states need no conversion: a full tile goes by cp.async into Bs while the
+      // scaled C tile is loaded and rounded.
       const T* s_rows = p.st_t + s0_off + d0 * p.N + k0;
+      const bool s_async =
+          can_vec(s_rows, p.N, int64_t{1}) && p.D - d0 >= kTile && p.N - k0 >= kTile;
+      if (s_async) {
+        constexpr int kVe = 16 / static_cast<int>(sizeof(T));
+        for (int i = 0; i < kTile * (kTile / kVe) / kTcThreads; ++i) {
+          const int q = tid + i * kTcThreads, r = q / (kTile / kVe), c0 = (q % (kTile / kVe)) * kVe;
+          cp_async16(&Bs[r][c0], s_rows + r * p.N + c0);
+        }
+        cp_async_commit();
+      }
       load_tile(As, c_rows + k0 * p.Cm.s3, p.Cm.s1, p.Cm.s3, K - t_lo, p.N - k0, ecum, c_vec);
-      load_tile(Bs, s_rows, p.N, int64_t{1}, p.D - d0, p.N - k0, nullptr,
-                can_vec(s_rows, p.N, int64_t{1}));
+      if (s_async)
+        cp_async_wait<0>();
+      else
+        load_tile(Bs, s_rows, p.N, int64_t{1}, p.D - d0, p.N - k0, nullptr,
+                  can_vec(s_rows, p.N, int64_t{1}));
       __syncthreads();
       wmma_64<FragA<T>, FragBc<T>>(acc, &As[0][0], kLdH, 1, &Bs[0][0], 1, kLdH, wr, wc);
       __syncthreads();
