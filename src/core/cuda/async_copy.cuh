@@ -21,5 +21,25 @@ template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
+// The same with a run-time count (the PTX takes an immediate): 0..5, larger counts wait as 5.
+__device__ __forceinline__ void cp_async_wait_pending(int pending) {
+  switch (pending) {
+    case 0:
+      return cp_async_wait<0>();
+    case 1:
+      return cp_async_wait<1>();
+    case 2:
+      return cp_async_wait<2>();
+    case 3:
+      return cp_async_wait<3>();
+    case 4:
+      return cp_async_wait<4>();
+    default:
+      return cp_async_wait<5>();
+  }
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
 
 }  // namespace baracuda::cuda

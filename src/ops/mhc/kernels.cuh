@@ -14,12 +14,17 @@
 #include <cstdint>
 
 #include "baracuda/ops/mhc.hpp"
+#include "core/cuda/async_copy.cuh"
 #include "core/cuda/launch.cuh"
 
 namespace baracuda::mhc_cuda {
 // Internal linkage: every kernels_<dtype>.cu gets its own copy of the dtype-free kernels.
 namespace {
 
+using cuda::cp_async16;
+using cuda::cp_async_commit;
+using cuda::cp_async_wait_all;
+using cuda::cp_async_wait_pending;
 using cuda::from_float;
 using cuda::to_float;
 
@@ -428,13 +433,6 @@ __host__ __device__ inline size_t dyn_smem_bytes(int64_t m, int64_t pitch, int64
       4 * (kDynWarps * m * kDynKpass + kDynWarps * m + 3 * m * (k + 1) + m * n));
 }
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() {
-  asm volatile("cp.async.wait_all;\n" ::: "memory");
-}
 
 // m16n8k4 TF32 tensor-core product, D += A B (fragments as in the PTX ISA: a0 = A[g][t],
 // a1 = A[g + 8][t], b0 = B[t][g], d = D[g][2t], D[g][2t + 1], D[g + 8][2t], D[g + 8][2t + 1]
@@ -1169,32 +1167,6 @@ __global__ void __launch_bounds__(kStaticThreads)
 // over j = 0..n-1, then adds the post term), so they give the same bits.
 constexpr int kPipeThreads = 512, kPipeMaxStages = 6;
 constexpr int kHoldN = 4, kHoldCols = 2;
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-// Waits until at most `pending` of this thread's groups are in flight (an immediate in PTX).
-__device__ __forceinline__ void cp_async_wait_pending(int pending) {
-  switch (pending) {
-    case 0:
-      asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-      break;
-    case 1:
-      asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-      break;
-    case 2:
-      asm volatile("cp.async.wait_group 2;\n" ::: "memory");
-      break;
-    case 3:
-      asm volatile("cp.async.wait_group 3;\n" ::: "memory");
-      break;
-    case 4:
-      asm volatile("cp.async.wait_group 4;\n" ::: "memory");
-      break;
-    default:
-      asm volatile("cp.async.wait_group 5;\n" ::: "memory");
-      break;
-  }
-}
 // THREADS = kPipeThreads: one CTA per SM. THREADS = kPipeThreads / 2: two CTAs per SM, each with
 // half the ring (the same bytes in flight per SM), so one CTA's per-token barriers and stores run
 // while the other's loads land; a thread still holds kHoldCols chunks per stream (more spill at
