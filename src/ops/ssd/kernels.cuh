@@ -39,6 +39,7 @@
 namespace baracuda::ssd_cuda {
 
 using cuda::cp_async16;
+using cuda::cp_async4;
 using cuda::cp_async_commit;
 using cuda::cp_async_wait;
 using cuda::from_float;
@@ -2080,11 +2081,18 @@ __device__ __forceinline__ void bwd_dx_body(const BwdC<T>& p) {
     stage_chunk_scalars(p, ob, sc);
   }
   for (int64_t t0 = s_lo; t0 < K; t0 += kTile) {
-    if constexpr (kVec) {  // the last product's final barrier freed the staging
-      for (int idx = tid; idx < kTile * kTile; idx += kThreads) {
-        const int tt = idx / kTile, ss = idx % kTile;
-        ct[tt * kLdM + ss] = t0 + tt < K ? cbt[(t0 + tt) * p.cs + s_lo + ss] : 0.0f;
+    if constexpr (kVec) {  // the last product's final barrier freed Ms
+      // 4-byte cp.async (the pitch kLdM is odd): the thread's 16 loads all in flight at once,
+      // where a load-then-store loop waits for each in turn. (Not unrolled: the copies do not
+      // block, and unrolled address math spills.)
+#pragma unroll 1
+      for (int r = 0; r < kTile * kTile / kThreads; ++r) {
+        const int idx = tid + r * kThreads, tt = idx / kTile, ss = idx % kTile;
+        const bool in = t0 + tt < K;
+        cp_async4(&ct[tt * kLdM + ss], in ? cbt + (t0 + tt) * p.cs + s_lo + ss : cbt, in ? 4 : 0);
       }
+      cp_async_commit();
+      cp_async_wait<0>();
       __syncthreads();
     }
 #pragma unroll
