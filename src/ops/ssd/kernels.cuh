@@ -1566,14 +1566,45 @@ __device__ __forceinline__ void gemm_ts_frag(FragC (&f)[2], const T (*At)[kLdB],
 }
 
 // acc += sum over the tiles i < n of At(i) . B(i): the products of gemm_ts_frag in order, with one
-// trip of the accumulator into and out of fragments.
+// trip of the accumulator into and out of fragments, and B(i + 1) fetched into registers while
+// product i runs (its vectors are committed to shared memory once product i's barrier passed).
 template <bool kBK, class T, class AtOf, class BOf>
 __device__ __forceinline__ void gemm_ts_run(float (&acc)[4][4], GemmSmem<T, true>& sm, int n,
                                             AtOf&& at_of, BOf&& b_of) {
   const int warp = threadIdx.x / 32, r0 = (warp / 2) * 16, c0 = (warp % 2) * 32;
+  auto b_tile = [&](int i) {
+    auto B = b_of(i);
+    int& bk = kBK ? B.cols : B.rows;
+    bk = bk < kTile ? bk : kTile;
+    return B;
+  };
   FragC f[2];
   acc_to_frag(f, acc, sm.u.f, r0, c0);
-  for (int i = 0; i < n; ++i) gemm_ts_frag<kBK>(f, at_of(i), sm, b_of(i));
+  using SB = std::remove_cv_t<std::remove_reference_t<decltype(*b_of(0).p)>>;
+  Staged<SB> rb;
+  if (n > 0) fetch_stage(rb, b_tile(0), 0, 0);
+  for (int i = 0; i < n; ++i) {
+    commit_stage(sm.u.s.b, rb, b_tile(i), 0, nullptr);
+    if (i + 1 < n) fetch_stage(rb, b_tile(i + 1), 0, 0);
+    __syncthreads();
+    const T(*At)[kLdB] = at_of(i);
+#pragma unroll
+    for (int kk = 0; kk < kTcStageK; kk += 16) {
+      using FB = std::conditional_t<kBK, FragBc<T>, FragB<T>>;
+      FragA<T> a;
+      wm::load_matrix_sync(a, &At[r0][kk], kLdB);
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        FB b;
+        if constexpr (kBK)
+          wm::load_matrix_sync(b, &sm.u.s.b[c0 + 16 * j][kk], kLdB);
+        else
+          wm::load_matrix_sync(b, &sm.u.s.b[kk][c0 + 16 * j], kLdB);
+        wm::mma_sync(f[j], a, b, f[j]);
+      }
+    }
+    __syncthreads();
+  }
   frag_to_acc(acc, f, sm.u.f, r0, c0);
 }
 
@@ -2241,6 +2272,15 @@ inline size_t bc_heads_smem_bytes(const ssd::Problem& p) {
   const auto ntn = static_cast<size_t>((p.state_dim + kTile - 1) / kTile);
   return wt_smem_bytes(p.chunk_size) + sizeof(float) * ntn * kTile * kTile;
 }
+// The dB/dC head blocks' dynamic W and accumulator tiles (126 KB at chunk 256, N 256) fit next to
+// the larger static shared memory of the two (dC's: staging, chunk scalars, Pc, the C.B^T tile).
+template <class T>
+bool bc_heads_fit(const ssd::Problem& p, const DeviceCaps& caps) {
+  const size_t statics = sizeof(GemmSmem<T, true>) + sizeof(ChunkScalars) +
+                         sizeof(float) * kThreads * 4 + sizeof(float) * kTile * kTile;
+  return chunked_bwd_fits(p, caps) &&
+         static_cast<int64_t>(bc_heads_smem_bytes(p) + statics) <= caps.smem_per_block_optin;
+}
 template <class T>
 __global__ void __launch_bounds__(kThreads, 2) bwd_db_heads_vec_kernel(BwdC<T> p) {
   __shared__ GemmSmem<T, true> sm;
@@ -2437,6 +2477,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dc_heads_vec_kernel(BwdC<T> p
   __shared__ GemmSmem<T, true> sm;
   __shared__ ChunkScalars sc;
   __shared__ float Pc[kThreads / 16][kTile];
+  __shared__ __align__(16) float cbs[kTile][kTile];  // the (t, s) tile of C.B^T being weighted
   extern __shared__ __align__(32) unsigned char dc_dyn[];
   T(*Wt)[kTile][kLdB] = reinterpret_cast<T(*)[kTile][kLdB]>(dc_dyn);
   // [N tile][4 i + j][thread], as in bwd_db_heads_vec_kernel
@@ -2463,11 +2504,21 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dc_heads_vec_kernel(BwdC<T> p
     float rsum[4] = {};
     for (int q = 0; q < ns; ++q) {
       const int64_t s0 = q * int64_t{kTile};
+      // This (t, s) tile of C.B^T streams into cbs while dy'.x^T is formed (cbs is free: the
+      // last tile's reads ended before the Pc barriers).
+#pragma unroll 1
+      for (int r = 0; r < kTile * kTile / 4 / kThreads; ++r) {
+        const int idx = tid + r * kThreads, m = idx / (kTile / 4), j0 = (idx % (kTile / 4)) * 4;
+        cp_async16(&cbs[m][j0], cbt + (t_lo + m) * p.cs + s0 + j0);
+      }
+      cp_async_commit();
       float dxa[4][4];
       with_dyp(p, b, tb + t_lo, h, 0, K - t_lo, p.D, [&](const auto& dys) {
         gemm_v<true, true, false>(dxa, sm, p.D, dys,
                                   tile_src(&p.x.at(b, tb + s0, h, 0), p.x.s1, p.x.s3, K - s0, p.D));
       });
+      cp_async_wait<0>();
+      __syncthreads();
       float csum[4] = {};
 #pragma unroll
       for (int i = 0; i < 4; ++i)
@@ -2477,7 +2528,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dc_heads_vec_kernel(BwdC<T> p
           float w = 0.0f;
           if (s <= t && t < K) {
             w = expf(static_cast<float>(sc.cum[t] - sc.cum[s])) * sc.dtp[s] * dxa[i][j];
-            const float pv = w * cbt[t * p.cs + s];
+            const float pv = w * cbs[ty + 16 * i][tx + 16 * j];
             rsum[i] += pv;
             csum[j] += pv;
           }
@@ -3390,16 +3441,7 @@ bool register_kernels() {
     register_kernel<SsdBackwardOp>({
         .sku = scan_sku<E>("ssd_backward", "chunked", kTensorCorePrecision<E>, "chunked_wmma_vec"),
         .priority = 31,
-        // The dB/dC blocks' dynamic W and accumulator tiles (126 KB at chunk 256, N 256) must fit
-        // next to their static shared memory.
-        .fits =
-            [](const ssd::Problem& p, const DeviceCaps& caps) {
-              const size_t statics =
-                  sizeof(GemmSmem<T, true>) + sizeof(ChunkScalars) + sizeof(float) * kThreads * 4;
-              return chunked_bwd_fits(p, caps) &&
-                     static_cast<int64_t>(bc_heads_smem_bytes(p) + statics) <=
-                         caps.smem_per_block_optin;
-            },
+        .fits = bc_heads_fit<T>,
         .workspace = chunked_bwd_workspace,
         .launch = backward_chunked<T, true, true>,
     });
@@ -3412,11 +3454,7 @@ bool register_kernels() {
         .priority = 32,
         .fits =
             [](const ssd::Problem& p, const DeviceCaps& caps) {
-              const size_t statics =
-                  sizeof(GemmSmem<T, true>) + sizeof(ChunkScalars) + sizeof(float) * kThreads * 4;
-              return chunked_bwd_fits(p, caps) && chunk_scan_blocks(p) < (int64_t{1} << 31) &&
-                     static_cast<int64_t>(bc_heads_smem_bytes(p) + statics) <=
-                         caps.smem_per_block_optin;
+              return bc_heads_fit<T>(p, caps) && chunk_scan_blocks(p) < (int64_t{1} << 31);
             },
         .workspace = chunked_bwd_workspace,
         .launch = backward_chunked<T, true, true, true>,
