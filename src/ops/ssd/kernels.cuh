@@ -2272,15 +2272,6 @@ inline size_t bc_heads_smem_bytes(const ssd::Problem& p) {
   const auto ntn = static_cast<size_t>((p.state_dim + kTile - 1) / kTile);
   return wt_smem_bytes(p.chunk_size) + sizeof(float) * ntn * kTile * kTile;
 }
-// The dB/dC head blocks' dynamic W and accumulator tiles (126 KB at chunk 256, N 256) fit next to
-// the larger static shared memory of the two (dC's: staging, chunk scalars, Pc, the C.B^T tile).
-template <class T>
-bool bc_heads_fit(const ssd::Problem& p, const DeviceCaps& caps) {
-  const size_t statics = sizeof(GemmSmem<T, true>) + sizeof(ChunkScalars) +
-                         sizeof(float) * kThreads * 4 + sizeof(float) * kTile * kTile;
-  return chunked_bwd_fits(p, caps) &&
-         static_cast<int64_t>(bc_heads_smem_bytes(p) + statics) <= caps.smem_per_block_optin;
-}
 template <class T>
 __global__ void __launch_bounds__(kThreads, 2) bwd_db_heads_vec_kernel(BwdC<T> p) {
   __shared__ GemmSmem<T, true> sm;
@@ -3343,6 +3334,16 @@ KernelSku scan_sku(std::string_view op, std::string_view epilogue, PrecisionGuar
 template <DType E>
 inline constexpr PrecisionGuarantee kTensorCorePrecision{
     E == DType::f16 ? MathPrecision::f16 : MathPrecision::bf16, DType::f32, true, false};
+
+// The dB/dC head blocks' dynamic W and accumulator tiles (126 KB at chunk 256, N 256) fit next to
+// the larger static shared memory of the two (dC's: staging, chunk scalars, Pc, the C.B^T tile).
+template <class T>
+bool bc_heads_fit(const ssd::Problem& p, const DeviceCaps& caps) {
+  const size_t statics = sizeof(GemmSmem<T, true>) + sizeof(ChunkScalars) +
+                         sizeof(float) * kThreads * 4 + sizeof(float) * kTile * kTile;
+  return chunked_bwd_fits(p, caps) &&
+         static_cast<int64_t>(bc_heads_smem_bytes(p) + statics) <= caps.smem_per_block_optin;
+}
 
 template <DType E>
 bool register_kernels() {
