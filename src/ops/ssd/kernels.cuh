@@ -2341,6 +2341,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_db_heads_vec_kernel(BwdC<T> p
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int64_t s = s_lo + ty + 16 * i;
+        // sc: the products below end with barriers before the next head restages it.
         const float e = s < K ? expf(static_cast<float>(last - sc.cum[s])) : 0.0f;
 #pragma unroll
         for (int j = 0; j < 4; ++j) acc[i][j] *= e;
