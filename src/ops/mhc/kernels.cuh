@@ -433,7 +433,6 @@ __host__ __device__ inline size_t dyn_smem_bytes(int64_t m, int64_t pitch, int64
       4 * (kDynWarps * m * kDynKpass + kDynWarps * m + 3 * m * (k + 1) + m * n));
 }
 
-
 // m16n8k4 TF32 tensor-core product, D += A B (fragments as in the PTX ISA: a0 = A[g][t],
 // a1 = A[g + 8][t], b0 = B[t][g], d = D[g][2t], D[g][2t + 1], D[g + 8][2t], D[g + 8][2t + 1]
 // with g = lane / 4, t = lane % 4).

@@ -126,13 +126,13 @@ struct Fwd : Common<T> {
   V4<T> y;
   V4<float> fin;
   bool has_fin;
-  float* dtp;   // workspace: processed dt
-  double* cum;  // workspace: in-chunk cumsum of v*A, in f64 so that cum_t -
-                // cum_s keeps f32 accuracy where |cum| is large (f32 cumsums
-                // drift by |cum| * 6e-8)
-  float* st;    // workspace: chunk states
-  float* cb;    // workspace (tensor-core path): C_t . B_s per group and chunk,
-                // [cs][cs] f32
+  float* dtp;         // workspace: processed dt
+  double* cum;        // workspace: in-chunk cumsum of v*A, in f64 so that cum_t -
+                      // cum_s keeps f32 accuracy where |cum| is large (f32 cumsums
+                      // drift by |cum| * 6e-8)
+  float* st;          // workspace: chunk states
+  float* cb;          // workspace (tensor-core path): C_t . B_s per group and chunk,
+                      // [cs][cs] f32
   T* st_t = nullptr;  // workspace (chunked_wmma_fastpass): the scanned states rounded to T, the
                       // values chunk_out's product rounds them to anyway
 };
@@ -747,8 +747,8 @@ __device__ __forceinline__ void chunk_out_tc_body(const Fwd<T>& p) {
   // the current one (the first during part (1)), and a 16-byte aligned x tile goes straight into
   // Bs while the weights are formed: no registers held for either.
   __shared__ __align__(16) float cbs[kVec ? 1 : kTile][kTile];
-  const float* cb_rows = p.cb + (b * (p.H / p.hpg) + g) * p.nchunks * p.cs * p.cs +
-                         c * p.cs * p.cs + t_lo * p.cs;
+  const float* cb_rows =
+      p.cb + (b * (p.H / p.hpg) + g) * p.nchunks * p.cs * p.cs + c * p.cs * p.cs + t_lo * p.cs;
   [[maybe_unused]] auto prefetch_cb = [&](int64_t s0) {
     for (int i = 0; i < kTile * kTile / 4 / kTcThreads; ++i) {
       const int q = tid + i * kTcThreads, m = q / (kTile / 4), j0 = (q % (kTile / 4)) * 4;
@@ -2358,8 +2358,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_db_heads_vec_kernel(BwdC<T> p
       for (int j = 0; j < 4; ++j) {
         const int64_t n = tn * kTile + tx + 16 * j;
         if (n < p.N)
-          p.pdB[((b * p.L + tb + s) * p.H + g * p.hpg + slot) * p.N + n] =
-              Acc[tn][4 * i + j][tid];
+          p.pdB[((b * p.L + tb + s) * p.H + g * p.hpg + slot) * p.N + n] = Acc[tn][4 * i + j][tid];
       }
     }
 }
@@ -2587,8 +2586,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dc_heads_vec_kernel(BwdC<T> p
       for (int j = 0; j < 4; ++j) {
         const int64_t n = tn * kTile + tx + 16 * j;
         if (n < p.N)
-          p.pdC[((b * p.L + tb + t) * p.H + g * p.hpg + slot) * p.N + n] =
-              Acc[tn][4 * i + j][tid];
+          p.pdC[((b * p.L + tb + t) * p.H + g * p.hpg + slot) * p.N + n] = Acc[tn][4 * i + j][tid];
       }
     }
 }
@@ -2939,7 +2937,8 @@ Status forward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
   p.y = v4<T>(a.y);
   p.has_fin = pr.has_final_states;
   p.fin = pr.has_final_states ? v4<float>(a.final_states) : V4<float>{};
-  const FwdLayout l = fwd_layout(pr, kTensorCores, kFast && kTensorCores ? static_cast<int>(sizeof(T)) : 0);
+  const FwdLayout l =
+      fwd_layout(pr, kTensorCores, kFast && kTensorCores ? static_cast<int>(sizeof(T)) : 0);
   // The core guarantees kWorkspaceAlignment (256 bytes) for the f64 arrays carved out below.
   float* ws = static_cast<float*>(ctx.workspace.data);
   p.dtp = ws + l.dtp, p.cum = reinterpret_cast<double*>(ws + l.cum), p.st = ws + l.st;
