@@ -1533,20 +1533,11 @@ __device__ __forceinline__ void gemm_v(float (&acc)[4][4], GemmSmem<T, true>& sm
   frag_to_acc(acc, f, sm.u.f, r0, c0);
 }
 
-// f += At (64 x 64, already rounded to T, [m][k] with pitch kLdB, in shared memory and visible)
-// . B (one 64-deep stage), on this warp's fragments: a run of these products keeps the
-// accumulator in fragments instead of taking it through shared memory and the SIMT layout each
-// time. The caller's last use of the staging ended with a barrier; so does this.
-template <bool kBK, class T, class SB>
-__device__ __forceinline__ void gemm_ts_frag(FragC (&f)[2], const T (*At)[kLdB],
-                                             GemmSmem<T, true>& sm, TileSrc<SB> B) {
-  const int warp = threadIdx.x / 32, r0 = (warp / 2) * 16, c0 = (warp % 2) * 32;
-  int& bk = kBK ? B.cols : B.rows;
-  bk = bk < kTile ? bk : kTile;
-  Staged<SB> rb;
-  fetch_stage(rb, B, 0, 0);
-  commit_stage(sm.u.s.b, rb, B, 0, nullptr);
-  __syncthreads();
+// The MMAs of one 64-deep stage: f += At (rows r0.., [m][k], pitch kLdB) . the staged B (kBK: B
+// stored [n][k]).
+template <bool kBK, class T>
+__device__ __forceinline__ void mma_at_b(FragC (&f)[2], const T (*At)[kLdB], GemmSmem<T, true>& sm,
+                                         int r0, int c0) {
 #pragma unroll
   for (int kk = 0; kk < kTcStageK; kk += 16) {
     using FB = std::conditional_t<kBK, FragBc<T>, FragB<T>>;
@@ -1562,6 +1553,23 @@ __device__ __forceinline__ void gemm_ts_frag(FragC (&f)[2], const T (*At)[kLdB],
       wm::mma_sync(f[j], a, b, f[j]);
     }
   }
+}
+
+// f += At (64 x 64, already rounded to T, [m][k] with pitch kLdB, in shared memory and visible)
+// . B (one 64-deep stage), on this warp's fragments: a run of these products keeps the
+// accumulator in fragments instead of taking it through shared memory and the SIMT layout each
+// time. The caller's last use of the staging ended with a barrier; so does this.
+template <bool kBK, class T, class SB>
+__device__ __forceinline__ void gemm_ts_frag(FragC (&f)[2], const T (*At)[kLdB],
+                                             GemmSmem<T, true>& sm, TileSrc<SB> B) {
+  const int warp = threadIdx.x / 32, r0 = (warp / 2) * 16, c0 = (warp % 2) * 32;
+  int& bk = kBK ? B.cols : B.rows;
+  bk = bk < kTile ? bk : kTile;
+  Staged<SB> rb;
+  fetch_stage(rb, B, 0, 0);
+  commit_stage(sm.u.s.b, rb, B, 0, nullptr);
+  __syncthreads();
+  mma_at_b<kBK>(f, At, sm, r0, c0);
   __syncthreads();
 }
 
@@ -1587,22 +1595,7 @@ __device__ __forceinline__ void gemm_ts_run(float (&acc)[4][4], GemmSmem<T, true
     commit_stage(sm.u.s.b, rb, b_tile(i), 0, nullptr);
     if (i + 1 < n) fetch_stage(rb, b_tile(i + 1), 0, 0);
     __syncthreads();
-    const T(*At)[kLdB] = at_of(i);
-#pragma unroll
-    for (int kk = 0; kk < kTcStageK; kk += 16) {
-      using FB = std::conditional_t<kBK, FragBc<T>, FragB<T>>;
-      FragA<T> a;
-      wm::load_matrix_sync(a, &At[r0][kk], kLdB);
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        FB b;
-        if constexpr (kBK)
-          wm::load_matrix_sync(b, &sm.u.s.b[c0 + 16 * j][kk], kLdB);
-        else
-          wm::load_matrix_sync(b, &sm.u.s.b[kk][c0 + 16 * j], kLdB);
-        wm::mma_sync(f[j], a, b, f[j]);
-      }
-    }
+    mma_at_b<kBK>(f, at_of(i), sm, r0, c0);
     __syncthreads();
   }
   frag_to_acc(acc, f, sm.u.f, r0, c0);
