@@ -1533,6 +1533,16 @@ __device__ __forceinline__ void gemm_v(float (&acc)[4][4], GemmSmem<T, true>& sm
   frag_to_acc(acc, f, sm.u.f, r0, c0);
 }
 
+// Clamps B's depth to one 64-deep stage (k >= 64 reads as zero) and fetches that stage.
+template <bool kBK, class SB>
+__device__ __forceinline__ Staged<SB> fetch_b_stage(TileSrc<SB>& B) {
+  int& bk = kBK ? B.cols : B.rows;
+  bk = bk < kTile ? bk : kTile;
+  Staged<SB> rb;
+  fetch_stage(rb, B, 0, 0);
+  return rb;
+}
+
 // The MMAs of one 64-deep stage: f += At (rows r0.., [m][k], pitch kLdB) . the staged B (kBK: B
 // stored [n][k]).
 template <bool kBK, class T>
@@ -1563,10 +1573,7 @@ template <bool kBK, class T, class SB>
 __device__ __forceinline__ void gemm_ts_frag(FragC (&f)[2], const T (*At)[kLdB],
                                              GemmSmem<T, true>& sm, TileSrc<SB> B) {
   const int warp = threadIdx.x / 32, r0 = (warp / 2) * 16, c0 = (warp % 2) * 32;
-  int& bk = kBK ? B.cols : B.rows;
-  bk = bk < kTile ? bk : kTile;
-  Staged<SB> rb;
-  fetch_stage(rb, B, 0, 0);
+  const Staged<SB> rb = fetch_b_stage<kBK>(B);
   commit_stage(sm.u.s.b, rb, B, 0, nullptr);
   __syncthreads();
   mma_at_b<kBK>(f, At, sm, r0, c0);
@@ -1607,10 +1614,7 @@ template <bool kBK, class T, class SB>
 __device__ __forceinline__ void gemm_sa_frag(FragC (&f)[2], const float (*Ms)[kLdM],
                                              GemmSmem<T, true>& sm, TileSrc<SB> B) {
   const int warp = threadIdx.x / 32, r0 = (warp / 2) * 16, c0 = (warp % 2) * 32;
-  int& bk = kBK ? B.cols : B.rows;
-  bk = bk < kTile ? bk : kTile;
-  Staged<SB> rb;
-  fetch_stage(rb, B, 0, 0);
+  const Staged<SB> rb = fetch_b_stage<kBK>(B);
 #pragma unroll 4  // few values in flight: the B vectors above are still live
   for (int r = 0; r < kTile * kTcStageK / kThreads; ++r) {
     const int idx = threadIdx.x + r * kThreads, m = idx / kTcStageK, k = idx % kTcStageK;
