@@ -7,6 +7,8 @@
 # env: STAGES (default "test bench peers memcheck"), TEST_FILTER_<family>, MEMCHECK_FILTER_<family>
 #      (gtest filters), TEST_TIMEOUT / BENCH_TIMEOUT / PEERS_TIMEOUT / MEMCHECK_TIMEOUT (seconds,
 #      per family), CMAKE_ARGS (extra configure arguments).
+#      BARACUDA_COMMIT: the commit to stamp on the rows; pass it from the local checkout (the
+#      device's copy of the tree may carry an older .git, so its HEAD can name the wrong commit).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 [ $# -gt 0 ] || { echo "usage: $0 <family>..."; exit 2; }
