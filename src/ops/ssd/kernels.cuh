@@ -512,6 +512,21 @@ __device__ __forceinline__ bool can_vec(const S* base, int64_t rs, int64_t cs) {
   return cs == 1 && rs % kVecElems == 0 && reinterpret_cast<uintptr_t>(base) % 16 == 0;
 }
 
+// Starts the cp.async copy of a 64-row x 64-element tile, dst[r][c] = src[r * rs + c], by the kNT
+// threads of the block in 16-byte pieces (src passes can_vec; dst rows 16-byte aligned); rows
+// >= `rows` are zero-filled without being read. The caller commits the group and waits.
+template <int kNT, class E, int kPitch>
+__device__ __forceinline__ void cp_async_tile(E (*dst)[kPitch], const E* src, int64_t rs,
+                                              int64_t rows) {
+  constexpr int kVe = 16 / static_cast<int>(sizeof(E)), kPerRow = kTile / kVe;
+#pragma unroll 1  // the copies do not block; unrolled address math costs registers
+  for (int i = 0; i < kTile * kPerRow / kNT; ++i) {
+    const int q = static_cast<int>(threadIdx.x) + i * kNT, r = q / kPerRow, c = (q % kPerRow) * kVe;
+    const bool in = r < rows;
+    cp_async16(&dst[r][c], in ? src + r * rs + c : src, in ? 16 : 0);
+  }
+}
+
 // ---- 16-byte operand staging (the *_vec kernels; see "chunked_wmma_vec" below) ----------------
 // A 2-D operand as stored: element (r, c) at p[r * rs + c * cs], zero outside [0, rows) x
 // [0, cols); c is the dimension that is contiguous when cs == 1. S is float or the element type
@@ -750,10 +765,7 @@ __device__ __forceinline__ void chunk_out_tc_body(const Fwd<T>& p) {
   const float* cb_rows =
       p.cb + (b * (p.H / p.hpg) + g) * p.nchunks * p.cs * p.cs + c * p.cs * p.cs + t_lo * p.cs;
   [[maybe_unused]] auto prefetch_cb = [&](int64_t s0) {
-    for (int i = 0; i < kTile * kTile / 4 / kTcThreads; ++i) {
-      const int q = tid + i * kTcThreads, m = q / (kTile / 4), j0 = (q % (kTile / 4)) * 4;
-      cp_async16(&cbs[m][j0], cb_rows + m * p.cs + s0 + j0);
-    }
+    cp_async_tile<kTcThreads>(cbs, cb_rows + s0, p.cs, kTile);
     cp_async_commit();
   };
   if constexpr (!kVec) prefetch_cb(0);
@@ -772,30 +784,14 @@ __device__ __forceinline__ void chunk_out_tc_body(const Fwd<T>& p) {
   const T* c_rows = &p.Cm.at(b, t_base + t_lo, g, 0);
   const bool c_vec = can_vec(c_rows, p.Cm.s1, p.Cm.s3);
   for (int64_t k0 = 0; k0 < p.N; k0 += kTile) {
-    if constexpr (kStatesT) {
-      // The 16-bit states need no conversion: a full tile goes by cp.async into Bs while the
-      // scaled C tile is loaded and rounded.
-      const T* s_rows = p.st_t + s0_off + d0 * p.N + k0;
-      const bool s_async =
-          can_vec(s_rows, p.N, int64_t{1}) && p.D - d0 >= kTile && p.N - k0 >= kTile;
-      if (s_async) {
-        constexpr int kVe = 16 / static_cast<int>(sizeof(T));
-        for (int i = 0; i < kTile * (kTile / kVe) / kTcThreads; ++i) {
-          const int q = tid + i * kTcThreads, r = q / (kTile / kVe), c0 = (q % (kTile / kVe)) * kVe;
-          cp_async16(&Bs[r][c0], s_rows + r * p.N + c0);
-        }
-        cp_async_commit();
-      }
-      load_tile(As, c_rows + k0 * p.Cm.s3, p.Cm.s1, p.Cm.s3, K - t_lo, p.N - k0, ecum, c_vec);
-      if (s_async)
-        cp_async_wait<0>();
-      else
-        load_tile(Bs, s_rows, p.N, int64_t{1}, p.D - d0, p.N - k0, nullptr,
-                  can_vec(s_rows, p.N, int64_t{1}));
-      __syncthreads();
-      wmma_64<FragA<T>, FragBc<T>>(acc, &As[0][0], kLdH, 1, &Bs[0][0], 1, kLdH, wr, wc);
-      __syncthreads();
-      continue;
+    // kStatesT: the 16-bit states need no conversion, so a full tile goes by cp.async into Bs
+    // while the scaled C tile is loaded and rounded.
+    [[maybe_unused]] const T* st_rows = kStatesT ? p.st_t + s0_off + d0 * p.N + k0 : nullptr;
+    const bool s_async =
+        kStatesT && can_vec(st_rows, p.N, int64_t{1}) && p.D - d0 >= kTile && p.N - k0 >= kTile;
+    if (s_async) {
+      cp_async_tile<kTcThreads>(Bs, st_rows, p.N, kTile);
+      cp_async_commit();
     }
     const float* s_rows = p.st + s0_off + d0 * p.N + k0;
     if constexpr (kVec) {
@@ -810,8 +806,14 @@ __device__ __forceinline__ void chunk_out_tc_body(const Fwd<T>& p) {
       commit_stage(Bs, rs, s_src, 0, nullptr);
     } else {
       load_tile(As, c_rows + k0 * p.Cm.s3, p.Cm.s1, p.Cm.s3, K - t_lo, p.N - k0, ecum, c_vec);
-      load_tile(Bs, s_rows, p.N, int64_t{1}, p.D - d0, p.N - k0, nullptr,
-                can_vec(s_rows, p.N, int64_t{1}));
+      if (s_async)
+        cp_async_wait<0>();
+      else if constexpr (kStatesT)
+        load_tile(Bs, st_rows, p.N, int64_t{1}, p.D - d0, p.N - k0, nullptr,
+                  can_vec(st_rows, p.N, int64_t{1}));
+      else
+        load_tile(Bs, s_rows, p.N, int64_t{1}, p.D - d0, p.N - k0, nullptr,
+                  can_vec(s_rows, p.N, int64_t{1}));
     }
     __syncthreads();
     wmma_64<FragA<T>, FragBc<T>>(acc, &As[0][0], kLdH, 1, &Bs[0][0], 1, kLdH, wr, wc);
@@ -832,12 +834,7 @@ __device__ __forceinline__ void chunk_out_tc_body(const Fwd<T>& p) {
     // Bs is free: the last product ended with a barrier.
     const bool x_async = !kVec && can_vec(x_rows, p.x.s1, p.x.s3) && p.D - d0 >= kTile;
     if (x_async) {
-      constexpr int kVe = 16 / static_cast<int>(sizeof(T));
-      for (int i = 0; i < kTile * (kTile / kVe) / kTcThreads; ++i) {
-        const int q = tid + i * kTcThreads, r = q / (kTile / kVe), c0 = (q % (kTile / kVe)) * kVe;
-        const bool in = r < K - s0;
-        cp_async16(&Bs[r][c0], in ? x_rows + r * p.x.s1 + c0 : x_rows, in ? 16 : 0);
-      }
+      cp_async_tile<kTcThreads>(Bs, x_rows, p.x.s1, K - s0);
       cp_async_commit();
     }
     if constexpr (!kVec) {  // this s tile's C.B^T (visible after the barrier below)
@@ -894,7 +891,8 @@ __device__ __forceinline__ void chunk_out_tc_body(const Fwd<T>& p) {
     else if (x_async)
       cp_async_wait<0>();
     else
-      load_tile(Bs, x_rows, p.x.s1, p.x.s3, K - s0, p.D - d0, nullptr, false);
+      load_tile(Bs, x_rows, p.x.s1, p.x.s3, K - s0, p.D - d0, nullptr,
+                can_vec(x_rows, p.x.s1, p.x.s3));
     __syncthreads();
     // Every read of cbs is done: the next s tile's C.B^T streams in under this product.
     if constexpr (!kVec)
@@ -1533,11 +1531,17 @@ __device__ __forceinline__ void gemm_v(float (&acc)[4][4], GemmSmem<T, true>& sm
   frag_to_acc(acc, f, sm.u.f, r0, c0);
 }
 
-// Clamps B's depth to one 64-deep stage (k >= 64 reads as zero) and fetches that stage.
+// B limited to one 64-deep stage (k >= 64 reads as zero).
 template <bool kBK, class SB>
-__device__ __forceinline__ Staged<SB> fetch_b_stage(TileSrc<SB>& B) {
+__device__ __forceinline__ TileSrc<SB> one_stage(TileSrc<SB> B) {
   int& bk = kBK ? B.cols : B.rows;
   bk = bk < kTile ? bk : kTile;
+  return B;
+}
+// Clamps B to one stage (one_stage) and fetches that stage.
+template <bool kBK, class SB>
+__device__ __forceinline__ Staged<SB> fetch_b_stage(TileSrc<SB>& B) {
+  B = one_stage<kBK>(B);
   Staged<SB> rb;
   fetch_stage(rb, B, 0, 0);
   return rb;
@@ -1587,12 +1591,7 @@ template <bool kBK, class T, class AtOf, class BOf>
 __device__ __forceinline__ void gemm_ts_run(float (&acc)[4][4], GemmSmem<T, true>& sm, int n,
                                             AtOf&& at_of, BOf&& b_of) {
   const int warp = threadIdx.x / 32, r0 = (warp / 2) * 16, c0 = (warp % 2) * 32;
-  auto b_tile = [&](int i) {
-    auto B = b_of(i);
-    int& bk = kBK ? B.cols : B.rows;
-    bk = bk < kTile ? bk : kTile;
-    return B;
-  };
+  auto b_tile = [&](int i) { return one_stage<kBK>(b_of(i)); };
   FragC f[2];
   acc_to_frag(f, acc, sm.u.f, r0, c0);
   using SB = std::remove_cv_t<std::remove_reference_t<decltype(*b_of(0).p)>>;
@@ -2496,11 +2495,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dc_heads_vec_kernel(BwdC<T> p
       const int64_t s0 = q * int64_t{kTile};
       // This (t, s) tile of C.B^T streams into cbs while dy'.x^T is formed (cbs is free: the
       // last tile's reads ended before the Pc barriers).
-#pragma unroll 1
-      for (int r = 0; r < kTile * kTile / 4 / kThreads; ++r) {
-        const int idx = tid + r * kThreads, m = idx / (kTile / 4), j0 = (idx % (kTile / 4)) * 4;
-        cp_async16(&cbs[m][j0], cbt + (t_lo + m) * p.cs + s0 + j0);
-      }
+      cp_async_tile<kThreads>(cbs, cbt + t_lo * p.cs + s0, p.cs, kTile);
       cp_async_commit();
       float dxa[4][4];
       with_dyp(p, b, tb + t_lo, h, 0, K - t_lo, p.D, [&](const auto& dys) {
@@ -2825,7 +2820,7 @@ struct FwdLayout {
 // tensor_cores: the WMMA path also keeps C.B^T per group and chunk
 // (B*G*nchunks*cs*cs floats).
 // states_t_bytes (chunked_wmma_fastpass): a copy of the states in T, that many bytes per element.
-inline FwdLayout fwd_layout(const ssd::Problem& p, bool tensor_cores, int states_t_bytes = 0) {
+inline FwdLayout fwd_layout(const ssd::Problem& p, bool tensor_cores, size_t states_t_bytes = 0) {
   const int64_t bhl = p.batch * p.heads * p.nchunks * p.chunk_size;
   const int64_t states = p.batch * p.heads * p.nchunks * p.head_dim * p.state_dim;
   FwdLayout l;
@@ -2836,7 +2831,7 @@ inline FwdLayout fwd_layout(const ssd::Problem& p, bool tensor_cores, int states
   const int64_t cb =
       tensor_cores ? p.batch * p.ngroups * p.nchunks * p.chunk_size * p.chunk_size : 0;
   l.st_t = l.cb + round64(cb);
-  l.total = l.st_t + round64((states * states_t_bytes + 3) / 4);
+  l.total = l.st_t + round64((states * static_cast<int64_t>(states_t_bytes) + 3) / 4);
   return l;
 }
 
@@ -2934,8 +2929,7 @@ Status forward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
   p.y = v4<T>(a.y);
   p.has_fin = pr.has_final_states;
   p.fin = pr.has_final_states ? v4<float>(a.final_states) : V4<float>{};
-  const FwdLayout l =
-      fwd_layout(pr, kTensorCores, kFast && kTensorCores ? static_cast<int>(sizeof(T)) : 0);
+  const FwdLayout l = fwd_layout(pr, kTensorCores, kFast && kTensorCores ? sizeof(T) : 0);
   // The core guarantees kWorkspaceAlignment (256 bytes) for the f64 arrays carved out below.
   float* ws = static_cast<float*>(ctx.workspace.data);
   p.dtp = ws + l.dtp, p.cum = reinterpret_cast<double*>(ws + l.cum), p.st = ws + l.st;
@@ -2967,8 +2961,7 @@ Status forward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
     sa.in = p.init, sa.has_in = p.has_init, sa.out = p.fin, sa.has_out = p.has_fin;
     if constexpr (kTensorCores) {
       sa.st_t = p.st_t;
-      const Status scanned = launch_chunk_scan<false, T>(sa, st, "ssd_forward");
-      BARACUDA_TRY(scanned);
+      BARACUDA_TRY((launch_chunk_scan<false, T>(sa, st, "ssd_forward")));
     } else {
       BARACUDA_TRY(launch_chunk_scan<false>(sa, st, "ssd_forward"));
     }
@@ -3302,8 +3295,9 @@ inline size_t chunked_workspace(const ssd::Problem& p, const DeviceCaps&) {
 inline size_t chunked_tc_workspace(const ssd::Problem& p, const DeviceCaps&) {
   return static_cast<size_t>(fwd_layout(p, true).total) * sizeof(float);
 }
-inline size_t chunked_tc_fast_workspace(const ssd::Problem& p, const DeviceCaps&) {
-  return static_cast<size_t>(fwd_layout(p, true, 2).total) * sizeof(float);
+template <class T>
+size_t chunked_tc_fast_workspace(const ssd::Problem& p, const DeviceCaps&) {
+  return static_cast<size_t>(fwd_layout(p, true, sizeof(T)).total) * sizeof(float);
 }
 
 inline bool chunked_bwd_fits(const ssd::Problem& p, const DeviceCaps&) {
@@ -3390,7 +3384,7 @@ bool register_kernels() {
             [](const ssd::Problem& p, const DeviceCaps& caps) {
               return chunked_fits(p, caps) && chunk_scan_blocks(p) < (int64_t{1} << 31);
             },
-        .workspace = chunked_tc_fast_workspace,
+        .workspace = chunked_tc_fast_workspace<T>,
         .launch = forward_chunked<T, true, false, true>,
     });
   }
