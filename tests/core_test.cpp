@@ -337,6 +337,17 @@ TEST(Harness, PoisonAndWriteSetChecksCanFail) {
                                 "same"));
 }
 
+TEST(Harness, TermBoundScalesWithTheMagnitudeOfTheTerms) {
+  // ref 1e-3 formed from terms of total magnitude 100 (heavy cancellation): f32's reduction factor
+  // 3.84e-6 allows an error of 3.84e-4 there, and nothing beyond it.
+  const std::vector<double> ref{1e-3, 2.0}, terms{100.0, 2.0};
+  EXPECT_TRUE(harness::close_to_terms({1.3e-3, 2.0}, ref, terms, DType::f32, "inside"));
+  EXPECT_FALSE(harness::close_to_terms({1.5e-3, 2.0}, ref, terms, DType::f32, "outside"));
+  EXPECT_FALSE(harness::close_to_terms({1e-3, 2.0 + 1e-5}, ref, terms, DType::f32, "no terms"));
+  EXPECT_FALSE(harness::close_to_terms({1e-3, std::nan("")}, ref, terms, DType::f32, "nan"));
+  EXPECT_FALSE(harness::close_to_terms({1e-3}, ref, terms, DType::f32, "size"));
+}
+
 TEST(Harness, FiniteDifferencesCatchAWrongGradient) {
   harness::Rng rng;
   auto square = [](const std::vector<double>& x) {

@@ -382,6 +382,39 @@ Comparison compare(const std::vector<double>& out, const std::vector<double>& re
   return r;
 }
 
+::testing::AssertionResult close_to_terms(const std::vector<double>& out,
+                                          const std::vector<double>& ref,
+                                          const std::vector<double>& terms, DType dtype,
+                                          std::string_view what) {
+  if (out.size() != ref.size() || terms.size() != ref.size())
+    return ::testing::AssertionFailure()
+           << what << ": " << out.size() << " outputs, " << ref.size() << " reference values, "
+           << terms.size() << " term magnitudes";
+  const double factor = tolerance(dtype, Accuracy::reduction).max_abs;
+  double worst = 0;  // largest |out - ref| / bound
+  int64_t worst_i = -1, not_written = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (std::isnan(out[i]) && !std::isnan(ref[i])) {
+      ++not_written;
+      continue;
+    }
+    const double bound = factor * terms[i] + 1e-300, ratio = std::fabs(out[i] - ref[i]) / bound;
+    if (!(ratio <= worst)) worst = ratio, worst_i = static_cast<int64_t>(i);
+  }
+  const bool ok = not_written == 0 && worst <= 1.0;
+  auto r = ok ? ::testing::AssertionSuccess() : ::testing::AssertionFailure();
+  r << what << " [" << name(dtype) << "]: max |out - ref| / (" << factor
+    << " sum|terms|) = " << worst;
+  if (worst_i >= 0) {
+    const auto i = static_cast<size_t>(worst_i);
+    r << " at " << worst_i << " (out=" << out[i] << " ref=" << ref[i] << " sum|terms|=" << terms[i]
+      << ")";
+  }
+  if (not_written) r << ", " << not_written << " outputs NaN/unwritten";
+  r << "; seed " << base_seed();
+  return r;
+}
+
 ::testing::AssertionResult bytes_equal(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b,
                                        std::string_view what) {
   if (a.size() != b.size())

@@ -195,6 +195,13 @@ struct Comparison {
 Comparison compare(const std::vector<double>& out, const std::vector<double>& ref);
 ::testing::AssertionResult close_to(const std::vector<double>& out, const std::vector<double>& ref,
                                     DType dtype, Accuracy acc, std::string_view what);
+// For sums of signed terms whose cancellation the norm bounds cannot see: every element i within
+// the reduction tolerance's max_abs factor of terms[i] = the sum of |term| that formed ref[i] (the
+// classic forward error bound of a long sum, |err| <= c u sum |x_k|).
+::testing::AssertionResult close_to_terms(const std::vector<double>& out,
+                                          const std::vector<double>& ref,
+                                          const std::vector<double>& terms, DType dtype,
+                                          std::string_view what);
 // Exact equality of two byte vectors, reporting the first differing offset.
 ::testing::AssertionResult bytes_equal(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b,
                                        std::string_view what);

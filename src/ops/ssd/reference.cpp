@@ -130,6 +130,9 @@ Grads backward(const Problem& p, const Inputs& in, const std::vector<double>& dy
   gr.dD.assign(in.D.size(), 0.0);
   gr.dz.assign(in.z.size(), 0.0);
   gr.ddt_bias.assign(p.has_dt_bias ? static_cast<size_t>(p.heads) : 0, 0.0);
+  gr.dA_terms.assign(gr.dA.size(), 0.0);
+  gr.dD_terms.assign(gr.dD.size(), 0.0);
+  gr.ddt_bias_terms.assign(gr.ddt_bias.size(), 0.0);
   gr.d_init.assign(p.has_initial_states ? static_cast<size_t>(p.seqs * p.heads * DN) : 0, 0.0);
   std::vector<double> g(static_cast<size_t>(DN)), dyp(static_cast<size_t>(D));
   for (int64_t s = 0; s < p.seqs; ++s) {
@@ -172,7 +175,10 @@ Grads backward(const Problem& p, const Inputs& in, const std::vector<double>& dy
             dyv *= z * sg;
           }
           dyp[static_cast<size_t>(d)] = dyv;
-          if (p.d_skip != DSkip::none) gr.dD[ix.dskip(h, d)] += dyv * in.x[xi];
+          if (p.d_skip != DSkip::none) {
+            gr.dD[ix.dskip(h, d)] += dyv * in.x[xi];
+            gr.dD_terms[ix.dskip(h, d)] += std::fabs(dyv * in.x[xi]);
+          }
           gr.dx[xi] = dyv * dsk;
           for (int64_t n = 0; n < N; ++n) {
             gr.dC[ix.bc(r.b, t, grp, n)] += dyv * hcur[d * N + n];
@@ -180,25 +186,33 @@ Grads backward(const Problem& p, const Inputs& in, const std::vector<double>& dy
           }
         }
         // g is now the full adjoint of the state after token t.
-        double dv = 0, q = 0;
+        double dv = 0, q = 0, dv_terms = 0, q_terms = 0;
         for (int64_t d = 0; d < D; ++d) {
           const size_t xi = ix.x(r.b, t, h, d);
-          double u = 0;
+          double u = 0, u_terms = 0;
           for (int64_t n = 0; n < N; ++n) {
             const double gv = g[static_cast<size_t>(d * N + n)];
             u += gv * in.B[ix.bc(r.b, t, grp, n)];
+            u_terms += std::fabs(gv * in.B[ix.bc(r.b, t, grp, n)]);
             gr.dB[ix.bc(r.b, t, grp, n)] += sp.v * gv * in.x[xi];
             q += gv * hprev[d * N + n];
+            q_terms += std::fabs(gv * hprev[d * N + n]);
           }
           gr.dx[xi] += sp.v * u;
           dv += in.x[xi] * u;
+          dv_terms += std::fabs(in.x[xi]) * u_terms;
         }
         const double dl = a * q;  // d/d(v*A) of state = a * state_prev + ...
         dv += dl * A;
+        dv_terms += a * q_terms * std::fabs(A);
         gr.dA[static_cast<size_t>(h)] += dl * sp.v;
+        gr.dA_terms[static_cast<size_t>(h)] += a * q_terms * std::fabs(sp.v);
         const double draw = dv * sp.dv_draw;
         gr.ddt[ix.dt(r.b, t, h)] = draw;
-        if (p.has_dt_bias) gr.ddt_bias[static_cast<size_t>(h)] += draw;
+        if (p.has_dt_bias) {
+          gr.ddt_bias[static_cast<size_t>(h)] += draw;
+          gr.ddt_bias_terms[static_cast<size_t>(h)] += dv_terms * std::fabs(sp.dv_draw);
+        }
         for (double& gv : g) gv *= a;
       }
       if (p.has_initial_states)

@@ -22,6 +22,9 @@ struct Outputs {
 };
 struct Grads {
   std::vector<double> dx, ddt, dA, dB, dC, dD, dz, ddt_bias, d_init;
+  // Sum of |product| over every product that formed dA, dD, ddt_bias: these sum signed terms over a
+  // whole sequence, and the tests bound their error by it (testing::close_to_terms).
+  std::vector<double> dA_terms, dD_terms, ddt_bias_terms;
 };
 
 // The processed step v = clamp(softplus?(dt + bias)) and dv/d(dt) (0 where the clamp binds).
