@@ -1250,16 +1250,18 @@ struct BwdC : Fwd<T> {
   int64_t hb = 1;         // chunked_wmma_vec: heads per dB/dC block (a divisor of hpg, <= 8)
   int64_t bc_parts = 0;   // dB/dC partials per group that bwd_reduce_bc_kernel adds (hpg / hb)
   // workspace (Fwd's dtp, cum and st come first; st holds the states entering each chunk)
-  float* cbm;          // [B*G*nchunks][cs][cs]  C_t.B_s, lower tiles only
-  float* gst;          // [B*H*nchunks][D][N]    U_c, then the adjoint of the state leaving c
-  float* dyp;          // [B][L][H][D]           dy * silu(z) (has_z only)
-  float *pdB, *pdC;    // [B][L][H][N]           per-head dB, dC
-  float *pdv, *pE;     // [ntd][B*H][Lpad]       x_s.R_s and E_s, per tile of D
-  float* pst;          // [ntn][B*H][Lpad]       C_t.(exp(cum_t) S0^T dy'_t), per tile of N
-  float* prow;         // [B*H][Lpad]            row sums of P
-  float* pcol;         // [ntt][B*H][Lpad]       column sums of P, per row tile
-  float *pdA, *pbias;  // [B*H][nchunks]
-  float* pdD;          // [B*H][nchunks][D]
+  float* cbm;              // [B*G*nchunks][cs][cs]  C_t.B_s, lower tiles only
+  float* gst;              // [B*H*nchunks][D][N]    U_c, then the adjoint of the state leaving c
+  float* dyp;              // [B][L][H][D]           dy * silu(z) (has_z only)
+  float *pdB, *pdC;        // [B][L][H][N]           per-head dB, dC
+  float *pdv, *pE;         // [ntd][B*H][Lpad]       x_s.R_s and E_s, per tile of D
+  float* pst;              // [ntn][B*H][Lpad]       C_t.(exp(cum_t) S0^T dy'_t), per tile of N
+  float* prow;             // [prow_parts][B*H][Lpad] row sums of P (chunked_wmma_vec: per s tile)
+  int64_t prow_parts = 1;  // partials of prow that bwd_finalize_kernel adds (s tiles <= t's)
+  float* dcb;              // [B*G*nchunks][cs][cs]  chunked_wmma_vec: sum_h W_ts dt_s, lower tiles
+  float* pcol;             // [ntt][B*H][Lpad]       column sums of P, per row tile
+  float *pdA, *pbias;      // [B*H][nchunks]
+  float* pdD;              // [B*H][nchunks][D]
 
   __device__ __forceinline__ float dyp_at(int64_t b, int64_t t, int64_t h, int64_t d) const {
     if (this->has_z) return dyp[((b * this->L + t) * this->H + h) * this->D + d];
@@ -2254,109 +2256,226 @@ __global__ void __launch_bounds__(kThreads) bwd_db_kernel(BwdC<T> p) {
   bwd_db_body<T, kTC>(p);
 }
 
-// chunked_wmma_vec's dB: one block per (chunk, 64 tokens s, b, block of hb heads of one group)
-// covering every 64-wide N tile. Per head, the weighted dy'.x^T tiles W_ts DX_ts (one per 64-token
-// t tile, at most cs / 64) are formed once, rounded to T (as gemm_sa_v rounds them) and kept in
-// dynamic shared memory; each N tile then runs bwd_db_body's products on them in the same order.
-// The hb heads' dB rows are added in head order into per-thread f32 accumulators in shared
-// memory, so the workspace holds hpg / hb partials per group instead of hpg (at G = 1, H = 80:
-// 1.34 GB of dB + dC partials become 0.17 GB). With hb = hpg (one slot) the sum equals
-// chunked_wmma's bit for bit; with more slots the group sum is (heads 0..hb-1) + (hb..2hb-1) + ..,
-// still a fixed order.
-__host__ __device__ inline size_t wt_smem_bytes(int64_t cs) {
-  return sizeof(uint16_t) * static_cast<size_t>(cs / kTile) * kTile * kLdB;
+// ---- chunked_wmma_vec's dB and dC -------------------------------------------------------------
+// dC_t = sum_h [exp(cum_t) S0_h^T dy'_t + sum_{s <= t} W_ts B_s] and
+// dB_s = sum_h dt_s [e_s Gc_h^T x_s + sum_{t >= s} exp(cum_t - cum_s) (dy'_t . x_s) C_t] share one
+// weight matrix per group: dCB[t][s] = sum over the group's heads of
+// exp(cum_t - cum_s) dt_s (dy'_t . x_s) for s <= t. bwd_dcb_vec_kernel forms it once (the per-head
+// dy'.x^T products, which dB and dC each formed before, and with them the P sums dcum needs);
+// the dB and dC kernels then keep only the per-head state products and multiply dCB with C and B
+// once per group (3x fewer tile products than per head, at H = 80, G = 1).
+
+// The dy' operand of head h, rows [t, t + rows), all D columns: the f32 workspace with z (SA =
+// float), dy itself without (SA = T).
+template <class SA, class T>
+__device__ __forceinline__ TileSrc<SA> dyp_src(const BwdC<T>& p, int64_t b, int64_t t, int64_t h,
+                                               int64_t rows) {
+  if constexpr (std::is_same_v<SA, float>)
+    return tile_src(p.dyp + ((b * p.L + t) * p.H + h) * p.D, p.H * p.D, 1, rows, p.D);
+  else
+    return tile_src(&p.dy.at(b, t, h, 0), p.dy.s1, p.dy.s3, rows, p.D);
 }
+
+__host__ __device__ inline int64_t causal_pairs(int64_t ntt) {
+  return ntt * (ntt + 1) / 2;
+}
+
+// One block per (chunk, causal 64 x 64 tile pair (t, s), b, group), walking the group's heads in
+// order; the next 64-deep stage's operands (next head, or next D slice) are fetched into registers
+// while this one's product and weights run. Per head it also leaves the sums of P = W o C.B^T:
+// the row partials of its s tile (prow[s tile]) and the column sums of its t tile (pcol[t tile]),
+// the latter through Pc, double-buffered by head so that the next stage's barrier publishes it.
+template <class T>
+struct DcbSmem {
+  GemmSmem<T, true> sm;
+  alignas(16) float cbs[kTile][kTile];  // the (t, s) tile of C.B^T
+  float Pc[2][kThreads / 16][kTile];
+};
+template <class T, class SA>
+__device__ __forceinline__ void bwd_dcb_body(const BwdC<T>& p, DcbSmem<T>& shm) {
+  GemmSmem<T, true>& sm = shm.sm;
+  auto& cbs = shm.cbs;
+  auto& Pc = shm.Pc;
+  const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+  const int warp = tid / 32, r0 = (warp / 2) * 16, c0 = (warp % 2) * 32;
+  const int64_t npairs = causal_pairs(p.ntt), c = blockIdx.x / npairs;
+  int64_t it = 0, q = blockIdx.x % npairs;  // pair index it (it + 1) / 2 + q, q <= it
+  while (q > it) q -= ++it;
+  const int64_t G = p.H / p.hpg, b = blockIdx.y / G, g = blockIdx.y % G, h0 = g * p.hpg;
+  const int64_t t_lo = it * kTile, s0 = q * kTile, BH = p.B * p.H;
+  const ChunkAt ch = chunk_at(p, c, b * p.H + h0);
+  const int64_t K = ch.K, tb = ch.t_base;
+  if (t_lo >= K) return;
+  float* dcbt = p.dcb + ((b * G + g) * p.nchunks + c) * p.cs * p.cs;
+  cp_async_tile<kThreads>(
+      cbs, p.cbm + ((b * G + g) * p.nchunks + c) * p.cs * p.cs + t_lo * p.cs + s0, p.cs, kTile);
+  cp_async_commit();
+  const int nks = static_cast<int>((p.D + kTile - 1) / kTile),
+            njobs = static_cast<int>(p.hpg) * nks;
+  auto a_of = [&](int j) { return dyp_src<SA>(p, b, tb + t_lo, h0 + j / nks, K - t_lo); };
+  auto b_of = [&](int j) {
+    return tile_src(&p.x.at(b, tb + s0, h0 + j / nks, 0), p.x.s1, p.x.s3, K - s0, p.D);
+  };
+  // This thread's chunk scalars of one head: cum at its 4 rows t and 4 columns s, dt' at s.
+  double cum_t[4], cum_s[4];
+  float dt_s[4];
+  auto load_scalars = [&](int64_t h) {
+    const int64_t ob = (b * p.H + h) * p.Lpad + tb;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      cum_t[i] = p.cum[ob + t_lo + ty + 16 * i];
+      cum_s[i] = p.cum[ob + s0 + tx + 16 * i];
+      dt_s[i] = p.dtp[ob + s0 + tx + 16 * i];
+    }
+  };
+  auto column_sums = [&](int hh) {  // after a barrier that follows head hh's Pc writes
+    if (tid < kTile && s0 + tid < K) {
+      float v = 0.0f;
+      for (int r = 0; r < kThreads / 16; ++r) v += Pc[hh & 1][r][tid];
+      p.pcol[(it * BH + b * p.H + h0 + hh) * p.Lpad + tb + s0 + tid] = v;
+    }
+  };
+  Staged<SA> ra;
+  Staged<T> rb;
+  fetch_stage(ra, a_of(0), 0, 0);
+  fetch_stage(rb, b_of(0), 0, 0);
+  load_scalars(h0);
+  FragC f[2];
+#pragma unroll
+  for (int j = 0; j < 2; ++j) wm::fill_fragment(f[j], 0.0f);
+  float dcb[4][4] = {};
+  cp_async_wait<0>();  // cbs: the first stage's barrier publishes it
+  for (int j = 0; j < njobs; ++j) {
+    const int hh = j / nks, k0 = (j % nks) * kTile;
+    commit_stage(sm.u.s.a, ra, a_of(j), 0, nullptr);
+    commit_stage(sm.u.s.b, rb, b_of(j), 0, nullptr);
+    if (j + 1 < njobs) {
+      const int k1 = ((j + 1) % nks) * kTile;
+      fetch_stage(ra, a_of(j + 1), 0, k1);
+      fetch_stage(rb, b_of(j + 1), 0, k1);
+    }
+    __syncthreads();
+    if (k0 == 0 && hh > 0) column_sums(hh - 1);
+    mma_stage<true, true>(f, sm, r0, c0);
+    __syncthreads();
+    if (k0 + kTile < p.D) continue;
+    float dxa[4][4];
+    frag_to_acc(dxa, f, sm.u.f, r0, c0);
+#pragma unroll
+    for (int jj = 0; jj < 2; ++jj) wm::fill_fragment(f[jj], 0.0f);
+    const int64_t bh = b * p.H + h0 + hh;
+    float csum[4] = {};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t t = t_lo + ty + 16 * i;
+      float rs = 0.0f;
+#pragma unroll
+      for (int jj = 0; jj < 4; ++jj) {
+        const int64_t s = s0 + tx + 16 * jj;
+        float w = 0.0f;
+        if (s <= t && t < K) {
+          w = expf(static_cast<float>(cum_t[i] - cum_s[jj])) * dt_s[jj] * dxa[i][jj];
+          const float pv = w * cbs[ty + 16 * i][tx + 16 * jj];
+          rs += pv;
+          csum[jj] += pv;
+        }
+        dcb[i][jj] += w;
+      }
+      rs = row_sum16(rs);
+      if (tx == 0 && t < K) p.prow[(q * BH + bh) * p.Lpad + tb + t] = rs;
+    }
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) Pc[hh & 1][ty][tx + 16 * jj] = csum[jj];
+    if (hh + 1 < p.hpg) load_scalars(h0 + hh + 1);
+  }
+  __syncthreads();
+  column_sums(static_cast<int>(p.hpg) - 1);
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) dcbt[(t_lo + ty + 16 * i) * p.cs + s0 + tx + 16 * j] = dcb[i][j];
+}
+template <class T>
+__global__ void __launch_bounds__(kThreads, 2) bwd_dcb_vec_kernel(BwdC<T> p) {
+  __shared__ DcbSmem<T> shm;  // here, not in the body: one allocation for both instantiations
+  if (p.has_z)
+    bwd_dcb_body<T, float>(p, shm);
+  else
+    bwd_dcb_body<T, T>(p, shm);
+}
+
+// The dB / dC head blocks: one block per (chunk, 64 tokens, b, block of hb heads of one group)
+// covering every 64-wide N tile. The heads' state products are added in head order into per-thread
+// f32 accumulators in dynamic shared memory ([N tile][4 i + j][thread]: element
+// (ty + 16 i, tx + 16 j), owned by its thread, so no barriers; consecutive threads on consecutive
+// words, so no bank conflicts); the group's dCB product joins the first slot's block. The workspace
+// holds hpg / hb partials per group, which bwd_reduce_bc_kernel adds in slot order.
 inline size_t bc_heads_smem_bytes(const ssd::Problem& p) {
   const auto ntn = static_cast<size_t>((p.state_dim + kTile - 1) / kTile);
-  return wt_smem_bytes(p.chunk_size) + sizeof(float) * ntn * kTile * kTile;
+  return sizeof(float) * ntn * kTile * kTile;
 }
+
+// dB rows s of the block: sum_h dt_s e_s (Gc_h^T x_s) + [first slot] sum_{t >= s} dCB_ts C_t.
 template <class T>
 __global__ void __launch_bounds__(kThreads, 2) bwd_db_heads_vec_kernel(BwdC<T> p) {
   __shared__ GemmSmem<T, true> sm;
-  __shared__ ChunkScalars sc;
   extern __shared__ __align__(32) unsigned char db_dyn[];
-  T(*Wt)[kTile][kLdB] = reinterpret_cast<T(*)[kTile][kLdB]>(db_dyn);
-  // [N tile][4 i + j][thread]: element (ty + 16 i, tx + 16 j) of the N tile, owned by its thread
-  // (no barriers); consecutive threads on consecutive words, so no bank conflicts
   static_assert(16 * kThreads == kTile * kTile);
-  float(*Acc)[16][kThreads] =
-      reinterpret_cast<float(*)[16][kThreads]>(db_dyn + wt_smem_bytes(p.cs));
+  float(*Acc)[16][kThreads] = reinterpret_cast<float(*)[16][kThreads]>(db_dyn);
   const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
   const int64_t c = blockIdx.x / p.ntt, s_lo = (blockIdx.x % p.ntt) * kTile;
   const int64_t nhb = p.H / p.hb, b = blockIdx.z / nhb, h0 = (blockIdx.z % nhb) * p.hb;
-  const int64_t g = h0 / p.hpg;
+  const int64_t G = p.H / p.hpg, g = h0 / p.hpg, slot = (h0 % p.hpg) / p.hb;
   const ChunkAt ch0 = chunk_at(p, c, b * p.H + h0);
   const int64_t K = ch0.K, tb = ch0.t_base;
   if (s_lo >= K) return;
   for (int64_t tn = 0; tn < p.ntn; ++tn)
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) Acc[tn][4 * i + j][tid] = 0.0f;
-  const int nt = static_cast<int>((K - s_lo + kTile - 1) / kTile);  // t tiles t0 >= s_lo
+    for (int k = 0; k < 16; ++k) Acc[tn][k][tid] = 0.0f;
   for (int64_t h = h0; h < h0 + p.hb; ++h) {
     const int64_t bh = b * p.H + h, ob = chunk_at(p, c, bh).o_base;
     const float* Gc = p.gst + (bh * p.nchunks + c) * p.D * p.N;
     const double last = p.cum[ob + p.cs - 1];
+    float es[4];  // dt_s e_s of this thread's rows
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t s = s_lo + ty + 16 * i;
+      es[i] = s < K ? p.dtp[ob + s] * expf(static_cast<float>(last - p.cum[ob + s])) : 0.0f;
+    }
     const auto x_src = tile_src(&p.x.at(b, tb + s_lo, h, 0), p.x.s1, p.x.s3, K - s_lo, p.D);
-    stage_chunk_scalars(p, ob, sc);  // its barrier also ends the last head's reads of Wt
-    for (int q = 0; q < nt; ++q) {
-      const int64_t t0 = s_lo + q * int64_t{kTile};
-      float dxa[4][4];
-      with_dyp(p, b, tb + t0, h, 0, K - t0, p.D,
-               [&](const auto& dys) { gemm_v<true, true, false>(dxa, sm, p.D, x_src, dys); });
+    for (int64_t tn = 0; tn < p.ntn; ++tn) {
+      const int64_t n0 = tn * kTile;
+      float acc[4][4];
+      gemm_v<true, false, false>(acc, sm, p.D, x_src, tile_src(Gc + n0, p.N, 1, p.D, p.N - n0));
 #pragma unroll
       for (int i = 0; i < 4; ++i)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int64_t s = s_lo + ty + 16 * i, t = t0 + tx + 16 * j;
-          float w = 0.0f;
-          if (s <= t && t < K) w = expf(static_cast<float>(sc.cum[t] - sc.cum[s])) * dxa[i][j];
-          Wt[q][ty + 16 * i][tx + 16 * j] = from_float<T>(w);
-        }
-    }
-    // The W tiles become visible at the first barrier of the first product below.
-    for (int64_t tn = 0; tn < p.ntn; ++tn) {
-      const int64_t n0 = tn * kTile;
-      // e_s (Gc^T x_s)[n]
-      float acc[4][4] = {};
-      gemm_v<true, false>(acc, sm, p.D, x_src, tile_src(Gc + n0, p.N, 1, p.D, p.N - n0));
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int64_t s = s_lo + ty + 16 * i;
-        // sc: the products below end with barriers before the next head restages it.
-        const float e = s < K ? expf(static_cast<float>(last - sc.cum[s])) : 0.0f;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) acc[i][j] *= e;
-      }
-      gemm_ts_run<false>(
-          acc, sm, nt, [&](int q) { return Wt[q]; },
-          [&](int q) {
-            const int64_t t0 = s_lo + q * int64_t{kTile};
-            return tile_src(&p.Cm.at(b, tb + t0, g, n0), p.Cm.s1, p.Cm.s3, K - t0, p.N - n0);
-          });
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int64_t s = s_lo + ty + 16 * i;
-        const float v = s < K ? p.dtp[ob + s] : 0.0f;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) Acc[tn][4 * i + j][tid] += v * acc[i][j];
-      }
+        for (int j = 0; j < 4; ++j) Acc[tn][4 * i + j][tid] += es[i] * acc[i][j];
     }
   }
-  const int64_t slot = (h0 % p.hpg) / p.hb;
-  for (int64_t tn = 0; tn < p.ntn; ++tn)
+  const float* dcbt = p.dcb + ((b * G + g) * p.nchunks + c) * p.cs * p.cs;
+  for (int64_t tn = 0; tn < p.ntn; ++tn) {
+    const int64_t n0 = tn * kTile;
+    float acc[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[i][j] = Acc[tn][4 * i + j][tid];
+    if (slot == 0)  // A = dCB stored [t][s] (rows t >= s_lo), B = C rows t
+      gemm_v<false, false>(
+          acc, sm, K - s_lo, tile_src(dcbt + s_lo * p.cs + s_lo, p.cs, 1, K - s_lo, K - s_lo),
+          tile_src(&p.Cm.at(b, tb + s_lo, g, n0), p.Cm.s1, p.Cm.s3, K - s_lo, p.N - n0));
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int64_t s = s_lo + ty + 16 * i;
       if (s >= K) continue;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const int64_t n = tn * kTile + tx + 16 * j;
-        if (n < p.N)
-          p.pdB[((b * p.L + tb + s) * p.H + g * p.hpg + slot) * p.N + n] = Acc[tn][4 * i + j][tid];
+        const int64_t n = n0 + tx + 16 * j;
+        if (n < p.N) p.pdB[((b * p.L + tb + s) * p.H + g * p.hpg + slot) * p.N + n] = acc[i][j];
       }
     }
+  }
 }
 
 // Per-head dC for a (64 tokens t) x (64 columns n) tile; the blocks of the first N tile also
@@ -2456,131 +2575,77 @@ __global__ void __launch_bounds__(kThreads) bwd_dc_kernel(BwdC<T> p) {
   bwd_dc_body<T, kTC>(p);
 }
 
-// chunked_wmma_vec's dC: one block per (chunk, 64 tokens t, b, block of hb heads), as
-// bwd_db_heads_vec_kernel: per head the weighted dy'.x^T tiles (and with them the P row and column
-// sums, which only the first N tile's block formed before) are computed once and kept, rounded to
-// T, in dynamic shared memory; each N tile repeats bwd_dc_body's products in the same order, and
-// the heads' dC rows are added in head order in shared memory.
+// dC rows t of the block: sum_h exp(cum_t) S0_h^T dy'_t (and per head the state part of dcum, pst,
+// for its N tile) + [first slot] sum_{s <= t} dCB_ts B_s.
 template <class T>
 __global__ void __launch_bounds__(kThreads, 2) bwd_dc_heads_vec_kernel(BwdC<T> p) {
   __shared__ GemmSmem<T, true> sm;
-  __shared__ ChunkScalars sc;
-  __shared__ float Pc[kThreads / 16][kTile];
-  __shared__ __align__(16) float cbs[kTile][kTile];  // the (t, s) tile of C.B^T being weighted
   extern __shared__ __align__(32) unsigned char dc_dyn[];
-  T(*Wt)[kTile][kLdB] = reinterpret_cast<T(*)[kTile][kLdB]>(dc_dyn);
-  // [N tile][4 i + j][thread], as in bwd_db_heads_vec_kernel
-  float(*Acc)[16][kThreads] =
-      reinterpret_cast<float(*)[16][kThreads]>(dc_dyn + wt_smem_bytes(p.cs));
+  float(*Acc)[16][kThreads] = reinterpret_cast<float(*)[16][kThreads]>(dc_dyn);
   const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
   const int64_t c = blockIdx.x / p.ntt, it = blockIdx.x % p.ntt, t_lo = it * kTile;
   const int64_t nhb = p.H / p.hb, b = blockIdx.z / nhb, h0 = (blockIdx.z % nhb) * p.hb;
-  const int64_t g = h0 / p.hpg;
+  const int64_t G = p.H / p.hpg, g = h0 / p.hpg, slot = (h0 % p.hpg) / p.hb;
   const ChunkAt ch0 = chunk_at(p, c, b * p.H + h0);
   const int64_t K = ch0.K, tb = ch0.t_base;
   if (t_lo >= K) return;
   for (int64_t tn = 0; tn < p.ntn; ++tn)
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) Acc[tn][4 * i + j][tid] = 0.0f;
-  const float* cbt = p.cbm + ((b * (p.H / p.hpg) + g) * p.nchunks + c) * p.cs * p.cs;
-  const int ns = static_cast<int>(t_lo / kTile) + 1;  // s tiles s0 <= t_lo
+    for (int k = 0; k < 16; ++k) Acc[tn][k][tid] = 0.0f;
   for (int64_t h = h0; h < h0 + p.hb; ++h) {
     const int64_t bh = b * p.H + h, ob = chunk_at(p, c, bh).o_base;
     const float* S0 = p.st + (bh * p.nchunks + c) * p.D * p.N;
-    stage_chunk_scalars(p, ob, sc);  // its barrier also ends the last head's reads of Wt
-    float rsum[4] = {};
-    for (int q = 0; q < ns; ++q) {
-      const int64_t s0 = q * int64_t{kTile};
-      // This (t, s) tile of C.B^T streams into cbs while dy'.x^T is formed (cbs is free: the
-      // last tile's reads ended before the Pc barriers).
-      cp_async_tile<kThreads>(cbs, cbt + t_lo * p.cs + s0, p.cs, kTile);
-      cp_async_commit();
-      float dxa[4][4];
-      with_dyp(p, b, tb + t_lo, h, 0, K - t_lo, p.D, [&](const auto& dys) {
-        gemm_v<true, true, false>(dxa, sm, p.D, dys,
-                                  tile_src(&p.x.at(b, tb + s0, h, 0), p.x.s1, p.x.s3, K - s0, p.D));
-      });
-      cp_async_wait<0>();
-      __syncthreads();
-      float csum[4] = {};
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int64_t t = t_lo + ty + 16 * i, s = s0 + tx + 16 * j;
-          float w = 0.0f;
-          if (s <= t && t < K) {
-            w = expf(static_cast<float>(sc.cum[t] - sc.cum[s])) * sc.dtp[s] * dxa[i][j];
-            const float pv = w * cbs[ty + 16 * i][tx + 16 * j];
-            rsum[i] += pv;
-            csum[j] += pv;
-          }
-          Wt[q][ty + 16 * i][tx + 16 * j] = from_float<T>(w);
-        }
-#pragma unroll
-      for (int j = 0; j < 4; ++j) Pc[ty][tx + 16 * j] = csum[j];
-      __syncthreads();
-      if (tid < kTile && s0 + tid < K) {
-        float v = 0.0f;
-        for (int r = 0; r < kThreads / 16; ++r) v += Pc[r][tid];
-        p.pcol[(it * p.B * p.H + bh) * p.Lpad + tb + s0 + tid] = v;
-      }
-      __syncthreads();  // Pc is rewritten by the next s tile
-    }
+    float et[4];  // exp(cum_t) of this thread's rows
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int64_t t = t_lo + ty + 16 * i;
-      const float r = row_sum16(rsum[i]);
-      if (tx == 0 && t < K) p.prow[bh * p.Lpad + tb + t] = r;
+      et[i] = t < K ? expf(static_cast<float>(p.cum[ob + t])) : 0.0f;
     }
     for (int64_t tn = 0; tn < p.ntn; ++tn) {
       const int64_t n0 = tn * kTile;
-      // exp(cum_t) (S0^T dy'_t)[n], and the state part of dcum for these columns
-      float acc[4][4] = {};
+      float acc[4][4];
       with_dyp(p, b, tb + t_lo, h, 0, K - t_lo, p.D, [&](const auto& dys) {
-        gemm_v<true, false>(acc, sm, p.D, dys, tile_src(S0 + n0, p.N, 1, p.D, p.N - n0));
+        gemm_v<true, false, false>(acc, sm, p.D, dys, tile_src(S0 + n0, p.N, 1, p.D, p.N - n0));
       });
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int64_t t = t_lo + ty + 16 * i;
-        const float e = t < K ? expf(static_cast<float>(sc.cum[t])) : 0.0f;
         float part = 0.0f;
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           const int64_t n = n0 + tx + 16 * j;
-          acc[i][j] *= e;
+          acc[i][j] *= et[i];
           if (t < K && n < p.N) part = fmaf(to_float(p.Cm.at(b, tb + t, g, n)), acc[i][j], part);
+          Acc[tn][4 * i + j][tid] += acc[i][j];
         }
         part = row_sum16(part);
         if (tx == 0 && t < K) p.pst[(tn * p.B * p.H + bh) * p.Lpad + tb + t] = part;
       }
-      gemm_ts_run<false>(
-          acc, sm, ns, [&](int q) { return Wt[q]; },
-          [&](int q) {
-            const int64_t s0 = q * int64_t{kTile};
-            return tile_src(&p.Bm.at(b, tb + s0, g, n0), p.Bm.s1, p.Bm.s3, K - s0, p.N - n0);
-          });
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) Acc[tn][4 * i + j][tid] += acc[i][j];
     }
   }
-  const int64_t slot = (h0 % p.hpg) / p.hb;
-  for (int64_t tn = 0; tn < p.ntn; ++tn)
+  const float* dcbt = p.dcb + ((b * G + g) * p.nchunks + c) * p.cs * p.cs;
+  const int64_t s_hi = t_lo + kTile < K ? t_lo + kTile : K;  // s < s_hi (dCB is 0 above t)
+  for (int64_t tn = 0; tn < p.ntn; ++tn) {
+    const int64_t n0 = tn * kTile;
+    float acc[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[i][j] = Acc[tn][4 * i + j][tid];
+    if (slot == 0)  // A = dCB rows t, columns s; B = B rows s
+      gemm_v<true, false>(acc, sm, s_hi, tile_src(dcbt + t_lo * p.cs, p.cs, 1, K - t_lo, s_hi),
+                          tile_src(&p.Bm.at(b, tb, g, n0), p.Bm.s1, p.Bm.s3, s_hi, p.N - n0));
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int64_t t = t_lo + ty + 16 * i;
       if (t >= K) continue;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const int64_t n = tn * kTile + tx + 16 * j;
-        if (n < p.N)
-          p.pdC[((b * p.L + tb + t) * p.H + g * p.hpg + slot) * p.N + n] = Acc[tn][4 * i + j][tid];
+        const int64_t n = n0 + tx + 16 * j;
+        if (n < p.N) p.pdC[((b * p.L + tb + t) * p.H + g * p.hpg + slot) * p.N + n] = acc[i][j];
       }
     }
+  }
 }
 
 // Per (chunk, b, h): assembles dcum, the reverse cumsum da, then ddt and the chunk's partials of
@@ -2617,7 +2682,10 @@ __global__ void __launch_bounds__(kThreads) bwd_finalize_kernel(BwdC<T> p) {
     const int64_t n_it = (K + kTile - 1) / kTile;  // row tiles that exist in this chunk
     for (int64_t it = tid / kTile; it < n_it; ++it) col += p.pcol[(it * BH + bh) * p.Lpad + o];
     for (int64_t td = 0; td < p.ntd; ++td) dvx += p.pdv[(td * BH + bh) * p.Lpad + o];
-    dcum = static_cast<double>(st_part) + p.prow[bh * p.Lpad + o] - col - ek;
+    float row = 0.0f;  // s tiles q <= t's tile, in order
+    for (int64_t q = 0; q < p.prow_parts && q <= tid / kTile; ++q)
+      row += p.prow[(q * BH + bh) * p.Lpad + o];
+    dcum = static_cast<double>(st_part) + row - col - ek;
     if (tid == K - 1) dcum += expf(static_cast<float>(p.cum[ob + p.cs - 1])) * gsum + esum;
   }
   scan[tid] = dcum;
@@ -3065,7 +3133,7 @@ Status backward_recurrent(const LaunchContext& ctx, const ssd::Problem& pr,
 // Chunked backward workspace (f32 elements, every region rounded up to 64): the forward's dtp,
 // cum (f64) and chunk states, then the regions of BwdC in declaration order.
 struct BwdcLayout {
-  int64_t cbm, gst, dyp, pdB, pdC, pdv, pE, pst, prow, pcol, pdA, pbias, pdD, total;
+  int64_t cbm, gst, dyp, pdB, pdC, pdv, pE, pst, prow, pcol, pdA, pbias, pdD, dcb, total;
 };
 inline BwdcLayout bwdc_layout(const ssd::Problem& p) {
   const int64_t bh = p.batch * p.heads, lpad = p.nchunks * p.chunk_size;
@@ -3082,11 +3150,12 @@ inline BwdcLayout bwdc_layout(const ssd::Problem& p) {
   l.pE = l.pdv + round64(ntd * bh * lpad);
   l.pst = l.pE + round64(ntd * bh * lpad);
   l.prow = l.pst + round64(ntn * bh * lpad);
-  l.pcol = l.prow + round64(bh * lpad);
+  l.pcol = l.prow + round64(ntt * bh * lpad);
   l.pdA = l.pcol + round64(ntt * bh * lpad);
   l.pbias = l.pdA + round64(bh * p.nchunks);
   l.pdD = l.pbias + round64(bh * p.nchunks);
-  l.total = l.pdD + round64(bh * p.nchunks * p.head_dim);
+  l.dcb = l.pdD + round64(bh * p.nchunks * p.head_dim);
+  l.total = l.dcb + round64(p.batch * p.ngroups * p.nchunks * p.chunk_size * p.chunk_size);
   return l;
 }
 
@@ -3128,7 +3197,8 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
   p.cbm = ws + l.cbm, p.gst = ws + l.gst, p.dyp = ws + l.dyp, p.pdB = ws + l.pdB;
   p.pdC = ws + l.pdC, p.pdv = ws + l.pdv, p.pE = ws + l.pE, p.pst = ws + l.pst;
   p.prow = ws + l.prow, p.pcol = ws + l.pcol, p.pdA = ws + l.pdA, p.pbias = ws + l.pbias;
-  p.pdD = ws + l.pdD;
+  p.pdD = ws + l.pdD, p.dcb = ws + l.dcb;
+  p.prow_parts = kVec ? p.ntt : 1;
   const cudaStream_t st = cuda::stream_of(ctx);
   constexpr std::string_view op = "ssd_backward";
   if (pr.heads == 0) return {};
@@ -3209,6 +3279,11 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
     BARACUDA_TRY(cuda::check_launch(op, "bwd_dx_kernel"));
     clock.mark("dx");
     if constexpr (kVec) {
+      bwd_dcb_vec_kernel<T><<<dim3(static_cast<unsigned>(nc * causal_pairs(p.ntt)),
+                                   static_cast<unsigned>(pr.batch * pr.ngroups)),
+                              kThreads, 0, st>>>(p);
+      BARACUDA_TRY(cuda::check_launch(op, "bwd_dcb_vec_kernel"));
+      clock.mark("dcb");
       const size_t smem = bc_heads_smem_bytes(pr);
       BARACUDA_TRY(cuda::check(op, "cudaFuncSetAttribute",
                                cudaFuncSetAttribute(bwd_db_heads_vec_kernel<T>,
@@ -3328,14 +3403,15 @@ template <DType E>
 inline constexpr PrecisionGuarantee kTensorCorePrecision{
     E == DType::f16 ? MathPrecision::f16 : MathPrecision::bf16, DType::f32, true, false};
 
-// The dB/dC head blocks' dynamic W and accumulator tiles (126 KB at chunk 256, N 256) fit next to
-// the larger static shared memory of the two (dC's: staging, chunk scalars, Pc, the C.B^T tile).
+// The dB/dC head blocks' dynamic accumulator tiles (64 KB at N 256) next to their staging, and
+// the dCB kernel's static tiles.
 template <class T>
 bool bc_heads_fit(const ssd::Problem& p, const DeviceCaps& caps) {
-  const size_t statics = sizeof(GemmSmem<T, true>) + sizeof(ChunkScalars) +
-                         sizeof(float) * kThreads * 4 + sizeof(float) * kTile * kTile;
+  const size_t heads = bc_heads_smem_bytes(p) + sizeof(GemmSmem<T, true>);
+  const size_t dcb = sizeof(DcbSmem<T>);
   return chunked_bwd_fits(p, caps) &&
-         static_cast<int64_t>(bc_heads_smem_bytes(p) + statics) <= caps.smem_per_block_optin;
+         static_cast<int64_t>(heads > dcb ? heads : dcb) <= caps.smem_per_block_optin &&
+         p.batch * p.ngroups <= kMaxGridYZ;
 }
 
 template <DType E>

@@ -1249,14 +1249,14 @@ TEST_P(SsdPlans, BackwardChunkedShapesOnDevice) {
 }
 
 // chunked_wmma_vec stages the same operand values into the same fragments in the same order as
-// chunked_wmma (only the loads differ: 16-byte vectors, storage-order shared tiles read by row- or
-// column-major fragments), so the per-head outputs must be bitwise equal. dB and dC are sums over
-// the heads of a group, which chunked_wmma_vec adds inside a block (head order) before the chunk
-// reduction, while chunked_wmma reduces per-head partials: the same terms in another association
-// (the H100 run after 4f55496 showed 1-ulp differences in dB), so those two are checked against
-// chunked_wmma within the dtype's reduction tolerance, and vec's own second run bit for bit.
-// Padded and permuted layouts take its element-wise fallback; z makes dy' an f32 operand; ragged
-// L, D and N exercise the edges. (Both kernels are checked against the float64 reference in
+// chunked_wmma for dx (only the loads differ: 16-byte vectors, storage-order shared tiles read by
+// row- or column-major fragments), and dD, dz and d_initial_states do not involve the chunk
+// products that differ, so those must be bitwise equal. The rest is formed in another association:
+// dB and dC add the group's heads before the products with C and B (dCB), and the P row sums
+// behind ddt, dA and ddt_bias come per s tile; those are checked against chunked_wmma within the
+// dtype's tolerance (reduction; long_sum for the per-head sums), and vec's own second run bit for
+// bit. Padded and permuted layouts take its element-wise fallback; z makes dy' an f32 operand;
+// ragged L, D and N exercise the edges. (Both kernels are checked against the float64 reference in
 // BackwardChunkedShapesOnDevice.)
 void expect_vec_matches_wmma(Target target, DType dtype, const BwdCase& c, Layout layout) {
   Rng rng;
@@ -1272,9 +1272,14 @@ void expect_vec_matches_wmma(Target target, DType dtype, const BwdCase& c, Layou
   auto ws = workspace_for(ref->workspace_size(), target);
   BARACUDA_ASSERT_OK(ws);
   std::vector<TestTensor*> outs = {&*t.dx, &*t.ddt, &*t.dA, &*t.dB, &*t.dC};
-  const size_t kDB = 3, kDC = 4;
-  for (auto* o : {&t.dD, &t.dz, &t.ddt_bias, &t.d_init})
-    if (*o) outs.push_back(&**o);
+  // How each output compares with chunked_wmma: bitwise, or within a tolerance.
+  std::vector<std::optional<Accuracy>> how = {std::nullopt, Accuracy::reduction, Accuracy::long_sum,
+                                              Accuracy::reduction, Accuracy::reduction};
+  for (auto [o, acc] :
+       {std::pair{&t.dD, std::optional<Accuracy>{}}, std::pair{&t.dz, std::optional<Accuracy>{}},
+        std::pair{&t.ddt_bias, std::optional<Accuracy>{Accuracy::long_sum}},
+        std::pair{&t.d_init, std::optional<Accuracy>{}}})
+    if (*o) outs.push_back(&**o), how.push_back(acc);
   auto run = [&](const SsdBackwardPlan& plan) {
     for (auto* o : outs) o->poison();
     BARACUDA_ASSERT_OK(plan.run(stream, ws->as_workspace(), backward_args(t)));
@@ -1294,9 +1299,9 @@ void expect_vec_matches_wmma(Target target, DType dtype, const BwdCase& c, Layou
                            " L=" + std::to_string(c.L) + " chunk=" + std::to_string(c.chunk);
   for (size_t i = 0; i < outs.size(); ++i) {
     const std::string out = what + " output " + std::to_string(i);
-    if (i == kDB || i == kDC)
-      EXPECT_TRUE(harness::close_to(outs[i]->values(), expected_values[i], dtype,
-                                    harness::Accuracy::reduction, out + " vec ~ wmma"));
+    if (how[i])
+      EXPECT_TRUE(harness::close_to(outs[i]->values(), expected_values[i], dtype, *how[i],
+                                    out + " vec ~ wmma"));
     else
       EXPECT_TRUE(harness::bytes_equal(expected[i], first[i], out + " vec == wmma"));
   }
