@@ -29,6 +29,7 @@
 
 #include <mma.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -2191,6 +2192,112 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dx_vec_kernel(BwdC<T> p) {
   bwd_dx_body<T, true, true>(p);
 }
 
+// chunked_wmma_vec's dx: one block per (chunk, 64 tokens s, 64 columns d, b, block of hb heads of
+// one group). The C.B^T tiles of the block's s tile (one per t tile t >= s, [t][s] in f32, pitch
+// kLdM for conflict-free transposed reads) are the group's, the same for every head: they are
+// copied once per block (cp.async, under the first head's state product) into dynamic shared
+// memory, where bwd_dx_body copied one per head and t tile. Per head the products and epilogues
+// are bwd_dx_body's, in the same order, so dx, pdv and pE stay bitwise equal to chunked_wmma's.
+inline size_t dx_heads_smem_bytes(const ssd::Problem& p) {
+  return sizeof(float) * static_cast<size_t>(p.chunk_size / kTile) * kTile * kLdM;
+}
+template <class T>
+__global__ void __launch_bounds__(kThreads, 2) bwd_dx_heads_vec_kernel(BwdC<T> p) {
+  __shared__ GemmSmem<T, true> sm;
+  __shared__ ChunkScalars sc;
+  extern __shared__ __align__(16) unsigned char dx_dyn[];
+  float(*Ct)[kTile][kLdM] = reinterpret_cast<float(*)[kTile][kLdM]>(dx_dyn);
+  const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+  const int r0 = (tid / 32 / 2) * 16, c0 = (tid / 32 % 2) * 32;
+  const int64_t c = blockIdx.x / p.ntt, s_lo = (blockIdx.x % p.ntt) * kTile;
+  const int64_t td = blockIdx.y, d0 = td * kTile;
+  const int64_t nhb = p.H / p.hb, b = blockIdx.z / nhb, h0 = (blockIdx.z % nhb) * p.hb;
+  const int64_t G = p.H / p.hpg, g = h0 / p.hpg;
+  const ChunkAt ch0 = chunk_at(p, c, b * p.H + h0);
+  const int64_t K = ch0.K, tb = ch0.t_base;
+  if (s_lo >= K) return;
+  const int nt = static_cast<int>((K - s_lo + kTile - 1) / kTile);  // t tiles t0 >= s_lo
+  const float* cbt = p.cbm + ((b * G + g) * p.nchunks + c) * p.cs * p.cs;
+  // 4-byte copies (the pitch kLdM is odd), all of this thread's in flight at once.
+#pragma unroll 1
+  for (int r = tid; r < nt * kTile * kTile; r += kThreads) {
+    const int q = r / (kTile * kTile), tt = r / kTile % kTile, ss = r % kTile;
+    const int64_t t = s_lo + q * int64_t{kTile} + tt;
+    const bool in = t < K;
+    cp_async4(&Ct[q][tt][ss], in ? cbt + t * p.cs + s_lo + ss : cbt, in ? 4 : 0);
+  }
+  cp_async_commit();
+  for (int64_t h = h0; h < h0 + p.hb; ++h) {
+    const int64_t bh = b * p.H + h, ob = chunk_at(p, c, bh).o_base;
+    const float* Gc = p.gst + (bh * p.nchunks + c) * p.D * p.N;
+    const double last = p.cum[ob + p.cs - 1];
+    // (B Gc^T)[s][d], kept apart first: E_s needs it without the in-chunk term.
+    float acc[4][4];
+    gemm_v<true, true, false>(
+        acc, sm, p.N, tile_src(&p.Bm.at(b, tb + s_lo, g, 0), p.Bm.s1, p.Bm.s3, K - s_lo, p.N),
+        tile_src(Gc + d0 * p.N, p.N, 1, p.D - d0, p.N));
+    float es[4], xdot2[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t s = s_lo + ty + 16 * i;
+      es[i] = s < K ? expf(static_cast<float>(last - p.cum[ob + s])) : 0.0f;
+      float part = 0.0f;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int64_t d = d0 + tx + 16 * j;
+        const float xv = (s < K && d < p.D) ? to_float(p.x.at(b, tb + s, h, d)) : 0.0f;
+        part = fmaf(xv, acc[i][j], part);
+        acc[i][j] *= es[i];
+      }
+      xdot2[i] = row_sum16(part);
+    }
+    FragC frag[2];
+    acc_to_frag(frag, acc, sm.u.f, r0, c0);
+    cp_async_wait<0>();              // the C.B^T tiles (first head; a no-op after)
+    stage_chunk_scalars(p, ob, sc);  // its barrier publishes them, and the scalars
+    for (int q = 0; q < nt; ++q) {
+      const int64_t t0 = s_lo + q * int64_t{kTile};
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int64_t s = s_lo + ty + 16 * i, t = t0 + tx + 16 * j;
+          float w = 0.0f;
+          if (s <= t && t < K)
+            w = expf(static_cast<float>(sc.cum[t] - sc.cum[s])) * Ct[q][tx + 16 * j][ty + 16 * i];
+          sm.u.s.a[ty + 16 * i][tx + 16 * j] = from_float<T>(w);
+        }
+      // the product's first barrier publishes the staged W
+      with_dyp(p, b, tb + t0, h, d0, K - t0, p.D - d0,
+               [&](const auto& dys) { gemm_ts_frag<false>(frag, sm.u.s.a, sm, dys); });
+    }
+    frag_to_acc(acc, frag, sm.u.f, r0, c0);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t s = s_lo + ty + 16 * i;
+      const float v = s < K ? sc.dtp[s] : 0.0f;
+      float part = 0.0f;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int64_t d = d0 + tx + 16 * j;
+        const float xv = (s < K && d < p.D) ? to_float(p.x.at(b, tb + s, h, d)) : 0.0f;
+        part = fmaf(xv, acc[i][j], part);
+        if (s < K && d < p.D) {
+          const float skip = p.has_d ? p.Dv.at(h, d) * p.dyp_at(b, tb + s, h, d) : 0.0f;
+          p.dx.at(b, tb + s, h, d) = from_float<T>(fmaf(v, acc[i][j], skip));
+        }
+      }
+      part = row_sum16(part);
+      if (tx == 0 && s < K) {
+        const int64_t o = (td * p.B * p.H + bh) * p.Lpad + tb + s;
+        p.pdv[o] = part;
+        p.pE[o] = es[i] * v * xdot2[i];
+      }
+    }
+    // sc is restaged by the next head after frag_to_acc's barriers and the next state product's
+  }
+}
+
 // Per-head dB for a (64 tokens s) x (64 columns n) tile.
 template <class T, bool kTC>
 __device__ __forceinline__ void bwd_db_body(const BwdC<T>& p) {
@@ -3272,9 +3379,15 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
     clock.mark("state_rev");
   }
   if (bh64 > 0 && nc > 0) {
-    if constexpr (kVec)
-      bwd_dx_vec_kernel<T><<<dim3(nc * ntt, ntd, bh), kThreads, 0, st>>>(p);
-    else
+    if constexpr (kVec) {
+      const size_t smem = dx_heads_smem_bytes(pr);
+      BARACUDA_TRY(cuda::check(op, "cudaFuncSetAttribute",
+                               cudaFuncSetAttribute(bwd_dx_heads_vec_kernel<T>,
+                                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                    static_cast<int>(smem))));
+      bwd_dx_heads_vec_kernel<T>
+          <<<dim3(nc * ntt, ntd, static_cast<unsigned>(bh64 / p.hb)), kThreads, smem, st>>>(p);
+    } else
       bwd_dx_kernel<T, kTC><<<dim3(nc * ntt, ntd, bh), kThreads, 0, st>>>(p);
     BARACUDA_TRY(cuda::check_launch(op, "bwd_dx_kernel"));
     clock.mark("dx");
@@ -3409,8 +3522,9 @@ template <class T>
 bool bc_heads_fit(const ssd::Problem& p, const DeviceCaps& caps) {
   const size_t heads = bc_heads_smem_bytes(p) + sizeof(GemmSmem<T, true>);
   const size_t dcb = sizeof(DcbSmem<T>);
+  const size_t dx = dx_heads_smem_bytes(p) + sizeof(GemmSmem<T, true>) + sizeof(ChunkScalars);
   return chunked_bwd_fits(p, caps) &&
-         static_cast<int64_t>(heads > dcb ? heads : dcb) <= caps.smem_per_block_optin &&
+         static_cast<int64_t>(std::max({heads, dcb, dx})) <= caps.smem_per_block_optin &&
          p.batch * p.ngroups <= kMaxGridYZ;
 }
 
