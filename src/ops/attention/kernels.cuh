@@ -21,9 +21,16 @@
 #include <type_traits>
 
 #include "core/cuda/launch.cuh"
+#include "core/cuda/mma.cuh"
 #include "ops/attention/common.hpp"
 
 namespace baracuda::attention::kernels {
+
+using cuda::ldmatrix_x4;
+using cuda::ldmatrix_x4_trans;
+using cuda::mma16816;
+using cuda::pack2;
+using cuda::smem_u32;
 
 using detail::Band;
 
@@ -359,59 +366,6 @@ __global__ void __launch_bounds__(128) flash_bwd_dkdv_simt(Params p) {
 
 // ---- Tensor-core forward
 // -------------------------------------------------------------------------------
-template <class T>
-struct MmaName;
-template <>
-struct MmaName<__half> {
-  static constexpr const char* kType = "f16";
-};
-template <>
-struct MmaName<__nv_bfloat16> {
-  static constexpr const char* kType = "bf16";
-};
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2,
-                                            uint32_t& r3) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t& r0, uint32_t& r1,
-                                                  uint32_t& r2, uint32_t& r3) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-               : "r"(addr));
-}
-template <class T>
-__device__ __forceinline__ void mma16816(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
-  if constexpr (std::is_same_v<T, __half>) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-}
-template <class T>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  if constexpr (std::is_same_v<T, __half>) {
-    __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&h);
-  } else {
-    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&h);
-  }
-}
-
 // 2^x on MUFU.EX2 alone. Every caller passes x <= 0 (a score minus its row's running max, or an
 // old max minus a new one), so 2^x is in [0, 1] and flushing results below 2^-126 to zero is far
 // below P's rounding to the 16-bit type. exp2f without fast-math wraps the same instruction in a

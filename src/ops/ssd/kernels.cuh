@@ -36,6 +36,7 @@
 #include "baracuda/ops/ssd.hpp"
 #include "core/cuda/async_copy.cuh"
 #include "core/cuda/launch.cuh"
+#include "core/cuda/mma.cuh"
 
 namespace baracuda::ssd_cuda {
 
@@ -2053,9 +2054,8 @@ ChunkScan chunk_scan_args(const Fwd<T>& p, float* values) {
 }
 
 // dx for a (64 tokens s) x (64 columns d) tile, and the per-token partials x_s.R_s and E_s.
-template <class T, bool kTC, bool kVec>
-__device__ __forceinline__ void bwd_dx_body(const BwdC<T>& p) {
-  static_assert(kTC || !kVec, "the vectorized staging is a tensor-core path");
+template <class T, bool kTC>
+__global__ void __launch_bounds__(kThreads) bwd_dx_kernel(BwdC<T> p) {
   __shared__ GemmSmem<T, kTC> sm;
   __shared__ float Ms[kTile][kLdM];
   const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
@@ -2069,17 +2069,12 @@ __device__ __forceinline__ void bwd_dx_body(const BwdC<T>& p) {
   const double last = p.cum[ob + p.cs - 1];
   // (B Gc^T)[s][d], kept apart first: E_s needs it without the in-chunk term.
   float acc[4][4] = {};
-  if constexpr (kVec)
-    gemm_v<true, true>(acc, sm, p.N,
-                       tile_src(&p.Bm.at(b, tb + s_lo, g, 0), p.Bm.s1, p.Bm.s3, K - s_lo, p.N),
-                       tile_src(Gc + d0 * p.N, p.N, 1, p.D - d0, p.N));
-  else
-    gemm<true, true>(
-        acc, sm, p.N,
-        [&](int m, int64_t k) {
-          return s_lo + m < K ? to_float(p.Bm.at(b, tb + s_lo + m, g, k)) : 0.0f;
-        },
-        [&](int64_t k, int n) { return d0 + n < p.D ? Gc[(d0 + n) * p.N + k] : 0.0f; });
+  gemm<true, true>(
+      acc, sm, p.N,
+      [&](int m, int64_t k) {
+        return s_lo + m < K ? to_float(p.Bm.at(b, tb + s_lo + m, g, k)) : 0.0f;
+      },
+      [&](int64_t k, int n) { return d0 + n < p.D ? Gc[(d0 + n) * p.N + k] : 0.0f; });
   float xs[4][4], es[4], xdot2[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -2097,64 +2092,21 @@ __device__ __forceinline__ void bwd_dx_body(const BwdC<T>& p) {
   }
   // + sum_{t >= s} W_ts CB_ts dy'_t, one 64-token tile of t at a time.
   const float* cbt = p.cbm + ((b * (p.H / p.hpg) + g) * p.nchunks + c) * p.cs * p.cs;
-  __shared__ std::conditional_t<kVec, ChunkScalars, char> sc;  // char: unused
-  // kVec: the C.B^T tile [t][s] copied row by row (coalesced) into Ms (pitch kLdM, conflict-free
-  // transposed reads) and read transposed from there; read in place, 16 consecutive threads would
-  // hit 16 rows cs floats apart. The weights W then go rounded to T straight into the A staging of
-  // the product (the rounding gemm_sa_frag would apply), and the accumulator stays in this warp's
-  // fragments through the t tiles.
-  [[maybe_unused]] float* ct = &Ms[0][0];
-  [[maybe_unused]] FragC frag[2];
-  [[maybe_unused]] const int r0 = (tid / 32 / 2) * 16, c0 = (tid / 32 % 2) * 32;
-  if constexpr (kVec) {
-    acc_to_frag(frag, acc, sm.u.f, r0, c0);
-    stage_chunk_scalars(p, ob, sc);
-  }
   for (int64_t t0 = s_lo; t0 < K; t0 += kTile) {
-    if constexpr (kVec) {  // the last product's final barrier freed Ms
-      // 4-byte cp.async (the pitch kLdM is odd): the thread's 16 loads all in flight at once,
-      // where a load-then-store loop waits for each in turn. (Not unrolled: the copies do not
-      // block, and unrolled address math spills.) Double-buffering this tile (the next one's copy
-      // in flight during this one, second buffer in dynamic shared memory) measured slower on the
-      // H100: dx 2.03 vs 1.99 ms.
-#pragma unroll 1
-      for (int r = 0; r < kTile * kTile / kThreads; ++r) {
-        const int idx = tid + r * kThreads, tt = idx / kTile, ss = idx % kTile;
-        const bool in = t0 + tt < K;
-        cp_async4(&ct[tt * kLdM + ss], in ? cbt + (t0 + tt) * p.cs + s_lo + ss : cbt, in ? 4 : 0);
-      }
-      cp_async_commit();
-      cp_async_wait<0>();
-      __syncthreads();
-    }
 #pragma unroll
     for (int i = 0; i < 4; ++i)
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const int64_t s = s_lo + ty + 16 * i, t = t0 + tx + 16 * j;
         float w = 0.0f;
-        if (s <= t && t < K) {
-          if constexpr (kVec)
-            w = expf(static_cast<float>(sc.cum[t] - sc.cum[s])) *
-                ct[(tx + 16 * j) * kLdM + ty + 16 * i];
-          else
-            w = expf(static_cast<float>(p.cum[ob + t] - p.cum[ob + s])) * cbt[t * p.cs + s];
-        }
-        if constexpr (kVec)
-          sm.u.s.a[ty + 16 * i][tx + 16 * j] = from_float<T>(w);
-        else
-          Ms[ty + 16 * i][tx + 16 * j] = w;
+        if (s <= t && t < K)
+          w = expf(static_cast<float>(p.cum[ob + t] - p.cum[ob + s])) * cbt[t * p.cs + s];
+        Ms[ty + 16 * i][tx + 16 * j] = w;
       }
-    if constexpr (kVec) {  // the product's first barrier publishes the staged W
-      static_assert(kLdA == kLdB, "W is read as the A operand of gemm_ts_frag");
-      with_dyp(p, b, tb + t0, h, d0, K - t0, p.D - d0,
-               [&](const auto& dys) { gemm_ts_frag<false>(frag, sm.u.s.a, sm, dys); });
-    } else
-      gemm_sa<false>(acc, Ms, sm, [&](int k, int n) {
-        return t0 + k < K && d0 + n < p.D ? p.dyp_at(b, tb + t0 + k, h, d0 + n) : 0.0f;
-      });
+    gemm_sa<false>(acc, Ms, sm, [&](int k, int n) {
+      return t0 + k < K && d0 + n < p.D ? p.dyp_at(b, tb + t0 + k, h, d0 + n) : 0.0f;
+    });
   }
-  if constexpr (kVec) frag_to_acc(acc, frag, sm.u.f, r0, c0);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int64_t s = s_lo + ty + 16 * i;
@@ -2163,12 +2115,7 @@ __device__ __forceinline__ void bwd_dx_body(const BwdC<T>& p) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int64_t d = d0 + tx + 16 * j;
-      // kVec reads x again here (L1/L2 hits) instead of keeping xs live through the t loop:
-      // 16 registers that would otherwise spill at two blocks per SM.
-      const float xv = !kVec                ? xs[i][j]
-                       : (s < K && d < p.D) ? to_float(p.x.at(b, tb + s, h, d))
-                                            : 0.0f;
-      part = fmaf(xv, acc[i][j], part);
+      part = fmaf(xs[i][j], acc[i][j], part);
       if (s < K && d < p.D) {
         const float skip = p.has_d ? p.Dv.at(h, d) * p.dyp_at(b, tb + s, h, d) : 0.0f;
         p.dx.at(b, tb + s, h, d) = from_float<T>(fmaf(v, acc[i][j], skip));
@@ -2182,22 +2129,14 @@ __device__ __forceinline__ void bwd_dx_body(const BwdC<T>& p) {
     }
   }
 }
-template <class T, bool kTC>
-__global__ void __launch_bounds__(kThreads) bwd_dx_kernel(BwdC<T> p) {
-  bwd_dx_body<T, kTC, false>(p);
-}
-// chunked_wmma_vec's twin: two blocks per SM (<= 128 registers), as chunked_wmma gets by default.
-template <class T>
-__global__ void __launch_bounds__(kThreads, 2) bwd_dx_vec_kernel(BwdC<T> p) {
-  bwd_dx_body<T, true, true>(p);
-}
 
 // chunked_wmma_vec's dx: one block per (chunk, 64 tokens s, 64 columns d, b, block of hb heads of
 // one group). The C.B^T tiles of the block's s tile (one per t tile t >= s, [t][s] in f32, pitch
 // kLdM for conflict-free transposed reads) are the group's, the same for every head: they are
 // copied once per block (cp.async, under the first head's state product) into dynamic shared
-// memory, where bwd_dx_body copied one per head and t tile. Per head the products and epilogues
-// are bwd_dx_body's, in the same order, so dx, pdv and pE stay bitwise equal to chunked_wmma's.
+// memory once per block rather than once per head and t tile. Per head the products and epilogues
+// are bwd_dx_kernel's, in the same order, so dx, pdv and pE stay bitwise equal to chunked_wmma's.
+// It serves the layouts bwd_dx_mma_kernel (below) does not: strided or misaligned operands.
 inline size_t dx_heads_smem_bytes(const ssd::Problem& p) {
   return sizeof(float) * static_cast<size_t>(p.chunk_size / kTile) * kTile * kLdM;
 }
@@ -2296,6 +2235,309 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dx_heads_vec_kernel(BwdC<T> p
     }
     // sc is restaged by the next head after frag_to_acc's barriers and the next state product's
   }
+}
+
+// chunked_wmma_vec's dx on mma.sync, for aligned operands (dx_mma_fits). One block of four warps
+// per (chunk, 64 tokens s, 64 columns d, b, hb heads of one group); warp w owns tokens
+// s_lo + 16 w .. + 15 and all 64 columns (eight m16n8 accumulator tiles in registers, no shared
+// staging of the accumulator). Per head the block runs a flat sequence of 64-deep stages:
+// ceil(N / 64) of the state product B_s . Gc^T, then one per t tile t0 >= s_lo of W . dy'. The Gc
+// and dy' tiles (and each head's x tile) stream through a kStages-deep cp.async ring that runs on
+// across head boundaries; the B tile is loaded once per block. W_ts = exp(cum_t - cum_s) CB_ts is
+// built in the A fragments straight from registers holding C.B^T, read from L2 one stage ahead.
+// Every product rounds its operands to T as bwd_dx_kernel does and adds in its order (the state
+// product over k from 0, the t tiles in order), so dx is bitwise equal to chunked_wmma's; only the
+// row sums pdv and pE add in another order.
+namespace dx_mma {
+constexpr int kWarps = 4, kThreadsDx = 32 * kWarps, kStages = 3;
+constexpr int kLdKM = 68;  // f32 tiles read [k][m|n]: rows 2q apart land 8q banks apart
+constexpr int kLdNK = 72;  // f32 tiles read [n][k] as pairs: g * 72 + 2q, conflict-free
+constexpr int kLd16 = 72;  // 16-bit 64-wide tiles: ldmatrix rows 144 B apart
+constexpr size_t kSlotBytes = sizeof(float) * kTile * kLdNK;  // holds any stage's tile
+
+struct Layout {
+  int64_t bw, ldb;                           // B tile: N rounded up to 16, its pitch
+  size_t b_tile, ring, x_tiles, cum, total;  // byte offsets (total: the size)
+};
+__host__ __device__ inline size_t round16(size_t bytes) {
+  return (bytes + 15) / 16 * 16;
+}
+__host__ __device__ inline Layout layout(int64_t N) {
+  Layout l{};
+  l.bw = (N + 15) / 16 * 16, l.ldb = l.bw + 8;
+  l.cum = 0;  // first: the doubles need 8-byte alignment
+  l.b_tile = l.cum + round16(sizeof(double) * 256);
+  l.ring = l.b_tile + round16(sizeof(uint16_t) * kTile * static_cast<size_t>(l.ldb));
+  l.x_tiles = l.ring + kSlotBytes * kStages;
+  l.total = l.x_tiles + round16(sizeof(uint16_t) * 2 * kTile * kLd16);
+  return l;
+}
+}  // namespace dx_mma
+
+inline size_t dx_mma_smem_bytes(const ssd::Problem& p) {
+  return dx_mma::layout(p.state_dim).total;
+}
+
+// Host side: every operand the kernel copies by 16-byte cp.async or stores by 4-byte pairs has
+// unit inner stride, 16-byte aligned rows and a width that is a multiple of 8 elements.
+template <class T>
+bool dx_mma_fits(const BwdC<T>& p) {
+  auto rows16 = [](const auto& v) {
+    constexpr int64_t e = 16 / sizeof(*v.p);
+    return v.s3 == 1 && v.s0 % e == 0 && v.s1 % e == 0 && v.s2 % e == 0 &&
+           reinterpret_cast<uintptr_t>(v.p) % 16 == 0;
+  };
+  return sizeof(T) == 2 && p.N % 8 == 0 && p.D % 8 == 0 && p.cs <= 256 && rows16(p.Bm) &&
+         rows16(p.x) && rows16(p.dx) && (p.has_z || rows16(p.dy));
+}
+
+template <class T>
+__global__ void __launch_bounds__(dx_mma::kThreadsDx, 2) bwd_dx_mma_kernel(BwdC<T> p) {
+  using namespace dx_mma;
+  using cuda::ldmatrix_x4;
+  using cuda::ldmatrix_x4_trans;
+  using cuda::mma16816;
+  using cuda::pack2;
+  using cuda::smem_u32;
+  extern __shared__ __align__(16) unsigned char dxm_smem[];
+  const Layout lay = layout(p.N);
+  double* sc_cum = reinterpret_cast<double*>(dxm_smem + lay.cum);
+  T* Bs = reinterpret_cast<T*>(dxm_smem + lay.b_tile);
+  unsigned char* ring = dxm_smem + lay.ring;
+  T* xs = reinterpret_cast<T*>(dxm_smem + lay.x_tiles);
+
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, q4 = lane % 4;
+  const int64_t c = blockIdx.x / p.ntt, s_lo = (blockIdx.x % p.ntt) * kTile;
+  const int64_t d0 = blockIdx.y * int64_t{kTile};
+  const int64_t nhb = p.H / p.hb, b = blockIdx.z / nhb, h0 = (blockIdx.z % nhb) * p.hb;
+  const int64_t G = p.H / p.hpg, grp = h0 / p.hpg;
+  const ChunkAt ch0 = chunk_at(p, c, b * p.H + h0);
+  const int64_t K = ch0.K, tb = ch0.t_base;
+  if (s_lo >= K) return;                                            // uniform over the block
+  const int nk = static_cast<int>((lay.bw + kTile - 1) / kTile);    // state-product stages
+  const int nt = static_cast<int>((K - s_lo + kTile - 1) / kTile);  // t tiles t0 >= s_lo
+  const int S = nk + nt, total = static_cast<int>(p.hb) * S;
+  const float* cbt = p.cbm + ((b * G + grp) * p.nchunks + c) * p.cs * p.cs;
+
+  // ---- producer: stage i of the flat (head, stage) sequence into ring slot i % kStages
+  auto issue = [&](int i) {
+    if (i >= total) return;
+    const int hi = i / S, j = i % S;
+    const int64_t h = h0 + hi, bh = b * p.H + h;
+    if (i == 0)  // the B tile, once per block; columns [N, bw) zero for the last k16 step
+      for (int idx = tid; idx < kTile * (lay.bw / 8); idx += kThreadsDx) {
+        const int r = idx / static_cast<int>(lay.bw / 8),
+                  col = idx % static_cast<int>(lay.bw / 8) * 8;
+        const bool in = s_lo + r < K && col < p.N;
+        cp_async16(Bs + r * lay.ldb + col, in ? &p.Bm.at(b, tb + s_lo + r, grp, col) : p.Bm.p,
+                   in ? 16 : 0);
+      }
+    if (j == 0)  // this head's x tile, for the row sums
+      for (int idx = tid; idx < kTile * 8; idx += kThreadsDx) {
+        const int r = idx / 8, col = idx % 8 * 8;
+        const bool in = s_lo + r < K && d0 + col < p.D;
+        cp_async16(xs + (hi % 2) * kTile * kLd16 + r * kLd16 + col,
+                   in ? &p.x.at(b, tb + s_lo + r, h, d0 + col) : p.x.p, in ? 16 : 0);
+      }
+    unsigned char* slot = ring + (i % kStages) * kSlotBytes;
+    if (j < nk) {  // Gc rows d0.., columns 64 j.. (f32)
+      const float* Gc = p.gst + (bh * p.nchunks + c) * p.D * p.N;
+      float* dst = reinterpret_cast<float*>(slot);
+      for (int idx = tid; idx < kTile * 16; idx += kThreadsDx) {
+        const int r = idx / 16, col = idx % 16 * 4;
+        const int64_t n = int64_t{j} * kTile + col;
+        const bool in = d0 + r < p.D && n < p.N;
+        cp_async16(dst + r * kLdNK + col, in ? Gc + (d0 + r) * p.N + n : Gc, in ? 16 : 0);
+      }
+    } else if (p.has_z) {  // dy' rows t0.., columns d0.. (f32 workspace)
+      const int64_t t0 = s_lo + int64_t{j - nk} * kTile;
+      float* dst = reinterpret_cast<float*>(slot);
+      for (int idx = tid; idx < kTile * 16; idx += kThreadsDx) {
+        const int r = idx / 16, col = idx % 16 * 4;
+        const bool in = t0 + r < K && d0 + col < p.D;
+        const float* src = p.dyp + ((b * p.L + tb + t0 + r) * p.H + h) * p.D + d0 + col;
+        cp_async16(dst + r * kLdKM + col, in ? src : p.dyp, in ? 16 : 0);
+      }
+    } else {  // dy rows t0.., columns d0.. (T)
+      const int64_t t0 = s_lo + int64_t{j - nk} * kTile;
+      T* dst = reinterpret_cast<T*>(slot);
+      for (int idx = tid; idx < kTile * 8; idx += kThreadsDx) {
+        const int r = idx / 8, col = idx % 8 * 8;
+        const bool in = t0 + r < K && d0 + col < p.D;
+        cp_async16(dst + r * kLd16 + col, in ? &p.dy.at(b, tb + t0 + r, h, d0 + col) : p.dy.p,
+                   in ? 16 : 0);
+      }
+    }
+  };
+
+  // ---- per-thread state: rows r0 = s_lo + 16 warp + g and r0 + 8
+  const int64_t srow[2] = {s_lo + 16 * warp + g, s_lo + 16 * warp + g + 8};
+  float acc[8][4];
+  float cbr[4][8];  // C.B^T of the next t tile, in A-fragment order
+  double cum_s[2] = {0.0, 0.0};
+  float es[2] = {0.0f, 0.0f}, v[2] = {0.0f, 0.0f}, xdot2[2] = {0.0f, 0.0f};
+  // The C.B^T values of t tile t0 this lane's A fragments need: rows t0 + 16 kk + 2 q4 (+1, +8,
+  // +9), columns srow; 8 consecutive s per row across a quad's neighbours (32-byte sectors).
+  auto fetch_cb = [&](int64_t t0) {
+    const float* base = cbt + t0 * p.cs + srow[0];
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const int tt = 16 * kk + 2 * q4 + (e & 1) + (e >= 4 ? 8 : 0), rr = (e & 2) ? 8 : 0;
+        // rows t >= K of a partial chunk are allocated but never written: masked in the weight
+        cbr[kk][e] = __ldg(base + int64_t{tt} * p.cs + rr);
+      }
+  };
+  // Row sums over this warp's 64 columns of x . acc for rows srow[0], srow[1] (quad reduction in
+  // a fixed order).
+  auto row_dots = [&](const T* xt, float* out) {
+    float part[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int j8 = 0; j8 < 8; ++j8)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const T* xr = xt + (16 * warp + g + 8 * e) * kLd16 + 8 * j8 + 2 * q4;
+        part[e] = fmaf(to_float(xr[0]), acc[j8][2 * e], part[e]);
+        part[e] = fmaf(to_float(xr[1]), acc[j8][2 * e + 1], part[e]);
+      }
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      part[e] += __shfl_xor_sync(0xffffffffu, part[e], 1);
+      part[e] += __shfl_xor_sync(0xffffffffu, part[e], 2);
+      out[e] = part[e];
+    }
+  };
+
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) {
+    issue(i);
+    cp_async_commit();
+  }
+  for (int i = 0; i < total; ++i) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();  // stage i visible; every thread is done with slot (i - 1) % kStages
+    issue(i + kStages - 1);
+    cp_async_commit();
+    const int hi = i / S, j = i % S;
+    const int64_t h = h0 + hi, bh = b * p.H + h, ob = bh * p.Lpad + tb;
+    const unsigned char* slot = ring + (i % kStages) * kSlotBytes;
+    if (j == 0) {  // a new head: its scalars (cum read by later stages, after their barrier)
+      for (int t = tid; t < p.cs; t += kThreadsDx) sc_cum[t] = p.cum[ob + t];
+      const double last = p.cum[ob + p.cs - 1];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const bool in = srow[e] < K;
+        cum_s[e] = in ? p.cum[ob + srow[e]] : 0.0;
+        es[e] = in ? expf(static_cast<float>(last - cum_s[e])) : 0.0f;
+        v[e] = in ? p.dtp[ob + srow[e]] : 0.0f;
+      }
+#pragma unroll
+      for (int j8 = 0; j8 < 8; ++j8)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[j8][e] = 0.0f;
+    }
+    if (j < nk) {
+      // acc[s][d] += sum_n B[s][n] Gc[d][n] over n in [64 j, 64 j + 64)
+      if (j == nk - 1) fetch_cb(s_lo);  // in flight under this stage's products
+      const float* Gt = reinterpret_cast<const float*>(slot);
+      const int64_t left = (lay.bw - int64_t{j} * kTile) / 16;
+      const int ksteps = left < 4 ? static_cast<int>(left) : 4;
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        if (kk >= ksteps) break;
+        uint32_t a[4];
+        const int col = j * kTile + 16 * kk + (lane / 16) * 8;
+        ldmatrix_x4(smem_u32(Bs + (16 * warp + lane % 16) * lay.ldb + col), a[0], a[1], a[2], a[3]);
+#pragma unroll
+        for (int j8 = 0; j8 < 8; ++j8) {
+          const float* gr = Gt + (8 * j8 + g) * kLdNK + 16 * kk + 2 * q4;
+          const float2 lo = *reinterpret_cast<const float2*>(gr);
+          const float2 hi2 = *reinterpret_cast<const float2*>(gr + 8);
+          mma16816<T>(acc[j8], a, pack2<T>(lo.x, lo.y), pack2<T>(hi2.x, hi2.y));
+        }
+      }
+      if (j == nk - 1) {  // E_s needs the state product alone; then the decay to the chunk end
+        row_dots(xs + (hi % 2) * kTile * kLd16, xdot2);
+#pragma unroll
+        for (int j8 = 0; j8 < 8; ++j8)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[j8][e] *= es[e / 2];
+      }
+    } else {
+      // acc[s][d] += sum_t W[t][s] dy'[t][d] over t tile q
+      const int qt = j - nk;
+      const int64_t t0 = s_lo + int64_t{qt} * kTile;
+      uint32_t wa[4][4];
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+        for (int e2 = 0; e2 < 4; ++e2) {
+          float w2[2];
+#pragma unroll
+          for (int u = 0; u < 2; ++u) {
+            const int e = 2 * e2 + u;
+            const int tt = 16 * kk + 2 * q4 + u + (e2 >= 2 ? 8 : 0), r = e2 & 1;
+            const int64_t t = t0 + tt;
+            w2[u] = (srow[r] <= t && t < K)
+                        ? expf(static_cast<float>(sc_cum[t] - cum_s[r])) * cbr[kk][e]
+                        : 0.0f;
+          }
+          wa[kk][e2] = pack2<T>(w2[0], w2[1]);
+        }
+      if (qt + 1 < nt) fetch_cb(t0 + kTile);  // the next head's first tile: its last Gc stage
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        if (p.has_z) {
+          const float* P = reinterpret_cast<const float*>(slot);
+#pragma unroll
+          for (int j8 = 0; j8 < 8; ++j8) {
+            const float* pc = P + (16 * kk + 2 * q4) * kLdKM + 8 * j8 + g;
+            mma16816<T>(acc[j8], wa[kk], pack2<T>(pc[0], pc[kLdKM]),
+                        pack2<T>(pc[8 * kLdKM], pc[9 * kLdKM]));
+          }
+        } else {
+          const T* Y = reinterpret_cast<const T*>(slot);
+#pragma unroll
+          for (int jp = 0; jp < 4; ++jp) {
+            uint32_t b0, b1, b2, b3;
+            ldmatrix_x4_trans(
+                smem_u32(Y + (16 * kk + lane % 16) * kLd16 + 8 * (2 * jp + lane / 16)), b0, b1, b2,
+                b3);
+            mma16816<T>(acc[2 * jp], wa[kk], b0, b1);
+            mma16816<T>(acc[2 * jp + 1], wa[kk], b2, b3);
+          }
+        }
+      }
+    }
+    if (j == S - 1) {  // the head's epilogue
+      float pdv_row[2];
+      row_dots(xs + (hi % 2) * kTile * kLd16, pdv_row);
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int64_t s = srow[e];
+        if (s >= K) continue;
+#pragma unroll
+        for (int j8 = 0; j8 < 8; ++j8) {
+          const int64_t d = d0 + 8 * j8 + 2 * q4;
+          if (d >= p.D) continue;
+          float out[2];
+#pragma unroll
+          for (int u = 0; u < 2; ++u) {
+            const float skip = p.has_d ? p.Dv.at(h, d + u) * p.dyp_at(b, tb + s, h, d + u) : 0.0f;
+            out[u] = fmaf(v[e], acc[j8][2 * e + u], skip);
+          }
+          *reinterpret_cast<uint32_t*>(&p.dx.at(b, tb + s, h, d)) = pack2<T>(out[0], out[1]);
+        }
+        if (q4 == 0) {
+          const int64_t o = (blockIdx.y * p.B * p.H + bh) * p.Lpad + tb + s;
+          p.pdv[o] = pdv_row[e];
+          p.pE[o] = es[e] * v[e] * xdot2[e];
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();
 }
 
 // Per-head dB for a (64 tokens s) x (64 columns n) tile.
@@ -3380,13 +3622,25 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
   }
   if (bh64 > 0 && nc > 0) {
     if constexpr (kVec) {
-      const size_t smem = dx_heads_smem_bytes(pr);
-      BARACUDA_TRY(cuda::check(op, "cudaFuncSetAttribute",
-                               cudaFuncSetAttribute(bwd_dx_heads_vec_kernel<T>,
-                                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                    static_cast<int>(smem))));
-      bwd_dx_heads_vec_kernel<T>
-          <<<dim3(nc * ntt, ntd, static_cast<unsigned>(bh64 / p.hb)), kThreads, smem, st>>>(p);
+      const dim3 grid(nc * ntt, ntd, static_cast<unsigned>(bh64 / p.hb));
+      // The mma.sync kernel where every operand it copies is 16-byte aligned; the WMMA kernel
+      // (the same dx bits) for the rest.
+      const size_t mma_smem = dx_mma_smem_bytes(pr);
+      if (dx_mma_fits(p) &&
+          static_cast<int64_t>(mma_smem) <= ctx.stream.caps().smem_per_block_optin) {
+        BARACUDA_TRY(cuda::check(
+            op, "cudaFuncSetAttribute",
+            cudaFuncSetAttribute(bwd_dx_mma_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 static_cast<int>(mma_smem))));
+        bwd_dx_mma_kernel<T><<<grid, dx_mma::kThreadsDx, mma_smem, st>>>(p);
+      } else {
+        const size_t smem = dx_heads_smem_bytes(pr);
+        BARACUDA_TRY(cuda::check(op, "cudaFuncSetAttribute",
+                                 cudaFuncSetAttribute(bwd_dx_heads_vec_kernel<T>,
+                                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                      static_cast<int>(smem))));
+        bwd_dx_heads_vec_kernel<T><<<grid, kThreads, smem, st>>>(p);
+      }
     } else
       bwd_dx_kernel<T, kTC><<<dim3(nc * ntt, ntd, bh), kThreads, 0, st>>>(p);
     BARACUDA_TRY(cuda::check_launch(op, "bwd_dx_kernel"));
