@@ -20,11 +20,12 @@
 // state, updated in place.
 // chunked_wmma_vec (16-bit, forward and backward): chunked_wmma's kernels with operands staged as
 // 16-byte vectors (TileSrc / fetch_stage / commit_stage) and, in the backward, dB/dC blocks that
-// cover every N tile and add up to 8 heads of a group; bitwise equal to chunked_wmma except for
-// the dB/dC group sums' order when a group has more than 8 heads. *_fastpass (chunked_wmma forward,
-// chunked_wmma_vec backward): the inter-chunk passes by chunk_scan_kernel (16-byte vectors, 4
-// chunks in flight per thread) instead of state_pass / bwd_state_rev; bitwise equal. ssd::StageSink
-// times every launch.
+// cover every N tile and add up to 8 heads of a group, dCB formed once per group for dB and dC,
+// and dx on mma.sync for aligned operands: forward bitwise equal to chunked_wmma, backward equal
+// to rounding (other association and exponential), each deterministic. *_fastpass (chunked_wmma
+// forward, chunked_wmma_vec backward): the inter-chunk passes by chunk_scan_kernel (16-byte
+// vectors, 4 chunks in flight per thread) instead of state_pass / bwd_state_rev; bitwise equal.
+// ssd::StageSink times every launch.
 #pragma once
 
 #include <mma.h>
@@ -2245,9 +2246,10 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dx_heads_vec_kernel(BwdC<T> p
 // and dy' tiles (and each head's x tile) stream through a kStages-deep cp.async ring that runs on
 // across head boundaries; the B tile is loaded once per block. W_ts = exp(cum_t - cum_s) CB_ts is
 // built in the A fragments straight from registers holding C.B^T, read from L2 one stage ahead.
-// Every product rounds its operands to T as bwd_dx_kernel does and adds in its order (the state
-// product over k from 0, the t tiles in order), so dx is bitwise equal to chunked_wmma's; only the
-// row sums pdv and pE add in another order.
+// The products round their operands to T and add in bwd_dx_kernel's order, but W's exponential is
+// the hardware approximation (expf costs about twice the instructions, and this kernel is bound by
+// instruction issue), so dx matches chunked_wmma's to rounding, not bit for bit; it is
+// deterministic (fixed order, no atomics).
 namespace dx_mma {
 constexpr int kWarps = 4, kThreadsDx = 32 * kWarps, kStages = 3;
 constexpr int kLdKM = 68;  // f32 tiles read [k][m|n]: rows 2q apart land 8q banks apart
@@ -2291,7 +2293,7 @@ bool dx_mma_fits(const BwdC<T>& p) {
          rows16(p.x) && rows16(p.dx) && (p.has_z || rows16(p.dy));
 }
 
-template <class T>
+template <class T, bool kZ>  // kZ: dy' is the f32 dy * silu(z) workspace, else dy itself
 __global__ void __launch_bounds__(dx_mma::kThreadsDx, 2) bwd_dx_mma_kernel(BwdC<T> p) {
   using namespace dx_mma;
   using cuda::ldmatrix_x4;
@@ -2349,7 +2351,7 @@ __global__ void __launch_bounds__(dx_mma::kThreadsDx, 2) bwd_dx_mma_kernel(BwdC<
         const bool in = d0 + r < p.D && n < p.N;
         cp_async16(dst + r * kLdNK + col, in ? Gc + (d0 + r) * p.N + n : Gc, in ? 16 : 0);
       }
-    } else if (p.has_z) {  // dy' rows t0.., columns d0.. (f32 workspace)
+    } else if constexpr (kZ) {  // dy' rows t0.., columns d0.. (f32 workspace)
       const int64_t t0 = s_lo + int64_t{j - nk} * kTile;
       float* dst = reinterpret_cast<float*>(slot);
       for (int idx = tid; idx < kTile * 16; idx += kThreadsDx) {
@@ -2372,22 +2374,23 @@ __global__ void __launch_bounds__(dx_mma::kThreadsDx, 2) bwd_dx_mma_kernel(BwdC<
 
   // ---- per-thread state: rows r0 = s_lo + 16 warp + g and r0 + 8
   const int64_t srow[2] = {s_lo + 16 * warp + g, s_lo + 16 * warp + g + 8};
+  const int srow32[2] = {static_cast<int>(srow[0]), static_cast<int>(srow[1])};
+  const int s_lo32 = static_cast<int>(s_lo), K32 = static_cast<int>(K);
   float acc[8][4];
   float cbr[4][8];  // C.B^T of the next t tile, in A-fragment order
   double cum_s[2] = {0.0, 0.0};
   float es[2] = {0.0f, 0.0f}, v[2] = {0.0f, 0.0f}, xdot2[2] = {0.0f, 0.0f};
   // The C.B^T values of t tile t0 this lane's A fragments need: rows t0 + 16 kk + 2 q4 (+1, +8,
   // +9), columns srow; 8 consecutive s per row across a quad's neighbours (32-byte sectors).
-  auto fetch_cb = [&](int64_t t0) {
-    const float* base = cbt + t0 * p.cs + srow[0];
+  const int cs = static_cast<int>(p.cs);  // in-chunk offsets fit 32 bits (cs <= 256)
+  auto fetch_cb = [&](int t0) {
+    // rows t >= K of a partial chunk are allocated but never written: masked in the weight
+    const float* base = cbt + (t0 + 2 * q4) * cs + static_cast<int>(srow[0]);
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        const int tt = 16 * kk + 2 * q4 + (e & 1) + (e >= 4 ? 8 : 0), rr = (e & 2) ? 8 : 0;
-        // rows t >= K of a partial chunk are allocated but never written: masked in the weight
-        cbr[kk][e] = __ldg(base + int64_t{tt} * p.cs + rr);
-      }
+      for (int e = 0; e < 8; ++e)
+        cbr[kk][e] = __ldg(base + (16 * kk + (e & 1) + (e >= 4 ? 8 : 0)) * cs + ((e & 2) ? 8 : 0));
   };
   // Row sums over this warp's 64 columns of x . acc for rows srow[0], srow[1] (quad reduction in
   // a fixed order).
@@ -2409,19 +2412,22 @@ __global__ void __launch_bounds__(dx_mma::kThreadsDx, 2) bwd_dx_mma_kernel(BwdC<
     }
   };
 
-#pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) {
-    issue(i);
+  // One call site for each helper (the loop's first kStages - 1 iterations only issue): the
+  // kernel runs at two blocks of four warps per SM, too few to hide instruction-cache misses of
+  // an unrolled body (measured: no_instruction was the largest stall with three copies of issue).
+  for (int it = 0; it < total + kStages - 1; ++it) {
+    const int i = it - (kStages - 1);  // the stage this iteration computes, if >= 0
+    if (i >= 0) {
+      cp_async_wait<kStages - 2>();
+      __syncthreads();  // stage i visible; every thread is done with slot (i - 1) % kStages
+    }
+    issue(it);
     cp_async_commit();
-  }
-  for (int i = 0; i < total; ++i) {
-    cp_async_wait<kStages - 2>();
-    __syncthreads();  // stage i visible; every thread is done with slot (i - 1) % kStages
-    issue(i + kStages - 1);
-    cp_async_commit();
+    if (i < 0) continue;
     const int hi = i / S, j = i % S;
     const int64_t h = h0 + hi, bh = b * p.H + h, ob = bh * p.Lpad + tb;
     const unsigned char* slot = ring + (i % kStages) * kSlotBytes;
+    const T* xt = xs + (hi % 2) * kTile * kLd16;
     if (j == 0) {  // a new head: its scalars (cum read by later stages, after their barrier)
       for (int t = tid; t < p.cs; t += kThreadsDx) sc_cum[t] = p.cum[ob + t];
       const double last = p.cum[ob + p.cs - 1];
@@ -2437,9 +2443,30 @@ __global__ void __launch_bounds__(dx_mma::kThreadsDx, 2) bwd_dx_mma_kernel(BwdC<
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[j8][e] = 0.0f;
     }
-    if (j < nk) {
+    const int qt = j - nk;  // t tile of a W . dy' stage (< 0: a state-product stage)
+    const int t0 = s_lo32 + qt * kTile;
+    uint32_t wa[4][4];
+    if (qt >= 0)  // W_ts = exp(cum_t - cum_s) CB_ts for s <= t < K, rounded to T
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+        for (int e2 = 0; e2 < 4; ++e2) {
+          float w2[2];
+#pragma unroll
+          for (int u = 0; u < 2; ++u) {
+            const int t = t0 + 16 * kk + 2 * q4 + u + (e2 >= 2 ? 8 : 0), r = e2 & 1;
+            // __expf (ex2.approx): its few-ulp error is far below W's rounding to T
+            w2[u] = (srow32[r] <= t && t < K32)
+                        ? __expf(static_cast<float>(sc_cum[t] - cum_s[r])) * cbr[kk][2 * e2 + u]
+                        : 0.0f;
+          }
+          wa[kk][e2] = pack2<T>(w2[0], w2[1]);
+        }
+    // C.B^T for the next W stage (this head's next t tile, or after the last state-product stage
+    // its first), in flight under this stage's products.
+    if (j == nk - 1 || (qt >= 0 && qt + 1 < nt)) fetch_cb(j == nk - 1 ? s_lo32 : t0 + kTile);
+    if (qt < 0) {
       // acc[s][d] += sum_n B[s][n] Gc[d][n] over n in [64 j, 64 j + 64)
-      if (j == nk - 1) fetch_cb(s_lo);  // in flight under this stage's products
       const float* Gt = reinterpret_cast<const float*>(slot);
       const int64_t left = (lay.bw - int64_t{j} * kTile) / 16;
       const int ksteps = left < 4 ? static_cast<int>(left) : 4;
@@ -2457,38 +2484,11 @@ __global__ void __launch_bounds__(dx_mma::kThreadsDx, 2) bwd_dx_mma_kernel(BwdC<
           mma16816<T>(acc[j8], a, pack2<T>(lo.x, lo.y), pack2<T>(hi2.x, hi2.y));
         }
       }
-      if (j == nk - 1) {  // E_s needs the state product alone; then the decay to the chunk end
-        row_dots(xs + (hi % 2) * kTile * kLd16, xdot2);
-#pragma unroll
-        for (int j8 = 0; j8 < 8; ++j8)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc[j8][e] *= es[e / 2];
-      }
     } else {
-      // acc[s][d] += sum_t W[t][s] dy'[t][d] over t tile q
-      const int qt = j - nk;
-      const int64_t t0 = s_lo + int64_t{qt} * kTile;
-      uint32_t wa[4][4];
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-        for (int e2 = 0; e2 < 4; ++e2) {
-          float w2[2];
-#pragma unroll
-          for (int u = 0; u < 2; ++u) {
-            const int e = 2 * e2 + u;
-            const int tt = 16 * kk + 2 * q4 + u + (e2 >= 2 ? 8 : 0), r = e2 & 1;
-            const int64_t t = t0 + tt;
-            w2[u] = (srow[r] <= t && t < K)
-                        ? expf(static_cast<float>(sc_cum[t] - cum_s[r])) * cbr[kk][e]
-                        : 0.0f;
-          }
-          wa[kk][e2] = pack2<T>(w2[0], w2[1]);
-        }
-      if (qt + 1 < nt) fetch_cb(t0 + kTile);  // the next head's first tile: its last Gc stage
+      // acc[s][d] += sum_t W[t][s] dy'[t][d] over t tile qt
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
-        if (p.has_z) {
+        if constexpr (kZ) {
           const float* P = reinterpret_cast<const float*>(slot);
 #pragma unroll
           for (int j8 = 0; j8 < 8; ++j8) {
@@ -2510,30 +2510,44 @@ __global__ void __launch_bounds__(dx_mma::kThreadsDx, 2) bwd_dx_mma_kernel(BwdC<
         }
       }
     }
-    if (j == S - 1) {  // the head's epilogue
-      float pdv_row[2];
-      row_dots(xs + (hi % 2) * kTile * kLd16, pdv_row);
+    if (j != nk - 1 && j != S - 1) continue;
+    float rows[2];
+    row_dots(xt, rows);
+    if (j == nk - 1) {  // E_s needs the state product alone; then the decay to the chunk end
+      xdot2[0] = rows[0], xdot2[1] = rows[1];
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int64_t s = srow[e];
-        if (s >= K) continue;
+      for (int j8 = 0; j8 < 8; ++j8)
 #pragma unroll
-        for (int j8 = 0; j8 < 8; ++j8) {
-          const int64_t d = d0 + 8 * j8 + 2 * q4;
-          if (d >= p.D) continue;
-          float out[2];
+        for (int e = 0; e < 4; ++e) acc[j8][e] *= es[e / 2];
+      continue;
+    }
+    // The head's epilogue: dx = v acc + D dy', and the row sums pdv, pE.
+    const int dcols = p.D - d0 < kTile ? static_cast<int>(p.D - d0) : kTile;
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int64_t s = srow[e];
+      if (s >= K) continue;
+      T* dxr = &p.dx.at(b, tb + s, h, d0);  // unit inner stride (dx_mma_fits)
+#pragma unroll
+      for (int j8 = 0; j8 < 8; ++j8) {
+        const int dc = 8 * j8 + 2 * q4;
+        if (dc >= dcols) continue;
+        float out[2];
+        if (p.has_d)  // the same fmaf as bwd_dx_kernel's, with the skip term added in
 #pragma unroll
           for (int u = 0; u < 2; ++u) {
-            const float skip = p.has_d ? p.Dv.at(h, d + u) * p.dyp_at(b, tb + s, h, d + u) : 0.0f;
-            out[u] = fmaf(v[e], acc[j8][2 * e + u], skip);
+            const int64_t d = d0 + dc + u;
+            out[u] = fmaf(v[e], acc[j8][2 * e + u], p.Dv.at(h, d) * p.dyp_at(b, tb + s, h, d));
           }
-          *reinterpret_cast<uint32_t*>(&p.dx.at(b, tb + s, h, d)) = pack2<T>(out[0], out[1]);
-        }
-        if (q4 == 0) {
-          const int64_t o = (blockIdx.y * p.B * p.H + bh) * p.Lpad + tb + s;
-          p.pdv[o] = pdv_row[e];
-          p.pE[o] = es[e] * v[e] * xdot2[e];
-        }
+        else
+#pragma unroll
+          for (int u = 0; u < 2; ++u) out[u] = fmaf(v[e], acc[j8][2 * e + u], 0.0f);
+        *reinterpret_cast<uint32_t*>(dxr + dc) = pack2<T>(out[0], out[1]);
+      }
+      if (q4 == 0) {
+        const int64_t o = (blockIdx.y * p.B * p.H + bh) * p.Lpad + tb + s;
+        p.pdv[o] = rows[e];
+        p.pE[o] = es[e] * v[e] * xdot2[e];
       }
     }
   }
@@ -3628,11 +3642,12 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
       const size_t mma_smem = dx_mma_smem_bytes(pr);
       if (dx_mma_fits(p) &&
           static_cast<int64_t>(mma_smem) <= ctx.stream.caps().smem_per_block_optin) {
-        BARACUDA_TRY(cuda::check(
-            op, "cudaFuncSetAttribute",
-            cudaFuncSetAttribute(bwd_dx_mma_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 static_cast<int>(mma_smem))));
-        bwd_dx_mma_kernel<T><<<grid, dx_mma::kThreadsDx, mma_smem, st>>>(p);
+        auto* kernel = p.has_z ? bwd_dx_mma_kernel<T, true> : bwd_dx_mma_kernel<T, false>;
+        BARACUDA_TRY(
+            cuda::check(op, "cudaFuncSetAttribute",
+                        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(mma_smem))));
+        kernel<<<grid, dx_mma::kThreadsDx, mma_smem, st>>>(p);
       } else {
         const size_t smem = dx_heads_smem_bytes(pr);
         BARACUDA_TRY(cuda::check(op, "cudaFuncSetAttribute",
