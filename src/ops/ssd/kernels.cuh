@@ -2054,6 +2054,43 @@ ChunkScan chunk_scan_args(const Fwd<T>& p, float* values) {
   return a;
 }
 
+// Where a dx tile sits: batch b, head h (bh = b * H + h), chunk tokens from tb, the tile's first
+// token s_lo and column d0 (tile td of D), K valid tokens in the chunk.
+struct DxTileAt {
+  int64_t b, h, bh, tb, s_lo, d0, td, K;
+};
+// The end of a (64 tokens s) x (64 columns d) dx tile in the 16 x 16 thread layout
+// (acc[i][j] = element (ty + 16 i, tx + 16 j)): dx = v acc + D dy', and per token the partials
+// pdv = sum_d x acc and pE = es v xdot2 (the 16 threads of a row add in a fixed order).
+// x_at(i, j, s, d) answers x at (s, d), 0 outside the chunk or D; v_at(s) the processed dt.
+template <class T, class XAt, class VAt>
+__device__ __forceinline__ void dx_tile_epilogue(const BwdC<T>& p, const float (&acc)[4][4],
+                                                 const float (&es)[4], const float (&xdot2)[4],
+                                                 const DxTileAt& at, XAt&& x_at, VAt&& v_at) {
+  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t s = at.s_lo + ty + 16 * i;
+    const float v = s < at.K ? v_at(s) : 0.0f;
+    float part = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t d = at.d0 + tx + 16 * j;
+      part = fmaf(x_at(i, j, s, d), acc[i][j], part);
+      if (s < at.K && d < p.D) {
+        const float skip = p.has_d ? p.Dv.at(at.h, d) * p.dyp_at(at.b, at.tb + s, at.h, d) : 0.0f;
+        p.dx.at(at.b, at.tb + s, at.h, d) = from_float<T>(fmaf(v, acc[i][j], skip));
+      }
+    }
+    part = row_sum16(part);
+    if (tx == 0 && s < at.K) {
+      const int64_t o = (at.td * p.B * p.H + at.bh) * p.Lpad + at.tb + s;
+      p.pdv[o] = part;
+      p.pE[o] = es[i] * v * xdot2[i];
+    }
+  }
+}
+
 // dx for a (64 tokens s) x (64 columns d) tile, and the per-token partials x_s.R_s and E_s.
 template <class T, bool kTC>
 __global__ void __launch_bounds__(kThreads) bwd_dx_kernel(BwdC<T> p) {
@@ -2108,27 +2145,10 @@ __global__ void __launch_bounds__(kThreads) bwd_dx_kernel(BwdC<T> p) {
       return t0 + k < K && d0 + n < p.D ? p.dyp_at(b, tb + t0 + k, h, d0 + n) : 0.0f;
     });
   }
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int64_t s = s_lo + ty + 16 * i;
-    const float v = s < K ? p.dtp[ob + s] : 0.0f;
-    float part = 0.0f;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int64_t d = d0 + tx + 16 * j;
-      part = fmaf(xs[i][j], acc[i][j], part);
-      if (s < K && d < p.D) {
-        const float skip = p.has_d ? p.Dv.at(h, d) * p.dyp_at(b, tb + s, h, d) : 0.0f;
-        p.dx.at(b, tb + s, h, d) = from_float<T>(fmaf(v, acc[i][j], skip));
-      }
-    }
-    part = row_sum16(part);
-    if (tx == 0 && s < K) {
-      const int64_t o = (td * p.B * p.H + bh) * p.Lpad + tb + s;
-      p.pdv[o] = part;
-      p.pE[o] = es[i] * v * xdot2[i];
-    }
-  }
+  dx_tile_epilogue(
+      p, acc, es, xdot2, {b, h, b * p.H + h, tb, s_lo, d0, td, K},
+      [&](int i, int j, int64_t, int64_t) { return xs[i][j]; },
+      [&](int64_t s) { return p.dtp[ob + s]; });
 }
 
 // chunked_wmma_vec's dx: one block per (chunk, 64 tokens s, 64 columns d, b, block of hb heads of
@@ -2212,28 +2232,12 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dx_heads_vec_kernel(BwdC<T> p
                [&](const auto& dys) { gemm_ts_frag<false>(frag, sm.u.s.a, sm, dys); });
     }
     frag_to_acc(acc, frag, sm.u.f, r0, c0);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int64_t s = s_lo + ty + 16 * i;
-      const float v = s < K ? sc.dtp[s] : 0.0f;
-      float part = 0.0f;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int64_t d = d0 + tx + 16 * j;
-        const float xv = (s < K && d < p.D) ? to_float(p.x.at(b, tb + s, h, d)) : 0.0f;
-        part = fmaf(xv, acc[i][j], part);
-        if (s < K && d < p.D) {
-          const float skip = p.has_d ? p.Dv.at(h, d) * p.dyp_at(b, tb + s, h, d) : 0.0f;
-          p.dx.at(b, tb + s, h, d) = from_float<T>(fmaf(v, acc[i][j], skip));
-        }
-      }
-      part = row_sum16(part);
-      if (tx == 0 && s < K) {
-        const int64_t o = (td * p.B * p.H + bh) * p.Lpad + tb + s;
-        p.pdv[o] = part;
-        p.pE[o] = es[i] * v * xdot2[i];
-      }
-    }
+    dx_tile_epilogue(
+        p, acc, es, xdot2, {b, h, bh, tb, s_lo, d0, td, K},
+        [&](int, int, int64_t s, int64_t d) {
+          return (s < K && d < p.D) ? to_float(p.x.at(b, tb + s, h, d)) : 0.0f;
+        },
+        [&](int64_t s) { return sc.dtp[s]; });
     // sc is restaged by the next head after frag_to_acc's barriers and the next state product's
   }
 }
