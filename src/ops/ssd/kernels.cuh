@@ -2255,7 +2255,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dx_heads_vec_kernel(BwdC<T> p
 // instruction issue), so dx matches chunked_wmma's to rounding, not bit for bit; it is
 // deterministic (fixed order, no atomics).
 namespace dx_mma {
-constexpr int kWarps = 4, kThreadsDx = 32 * kWarps, kStages = 3;
+constexpr int kWarps = 4, kThreadsDx = 32 * kWarps, kStages = 2;
 constexpr int kLdKM = 68;  // f32 tiles read [k][m|n]: rows 2q apart land 8q banks apart
 constexpr int kLdNK = 72;  // f32 tiles read [n][k] as pairs: g * 72 + 2q, conflict-free
 constexpr int kLd16 = 72;  // 16-bit 64-wide tiles: ldmatrix rows 144 B apart
@@ -2298,7 +2298,7 @@ bool dx_mma_fits(const BwdC<T>& p) {
 }
 
 template <class T, bool kZ>  // kZ: dy' is the f32 dy * silu(z) workspace, else dy itself
-__global__ void __launch_bounds__(dx_mma::kThreadsDx, 2) bwd_dx_mma_kernel(BwdC<T> p) {
+__global__ void __launch_bounds__(dx_mma::kThreadsDx, 3) bwd_dx_mma_kernel(BwdC<T> p) {
   using namespace dx_mma;
   using cuda::ldmatrix_x4;
   using cuda::ldmatrix_x4_trans;
