@@ -2054,10 +2054,10 @@ ChunkScan chunk_scan_args(const Fwd<T>& p, float* values) {
   return a;
 }
 
-// Where a dx tile sits: batch b, head h (bh = b * H + h), chunk tokens from tb, the tile's first
+// Where a dx tile sits: batch b, head h, chunk tokens from tb, the tile's first
 // token s_lo and column d0 (tile td of D), K valid tokens in the chunk.
 struct DxTileAt {
-  int64_t b, h, bh, tb, s_lo, d0, td, K;
+  int64_t b, h, tb, s_lo, d0, td, K;
 };
 // The end of a (64 tokens s) x (64 columns d) dx tile in the 16 x 16 thread layout
 // (acc[i][j] = element (ty + 16 i, tx + 16 j)): dx = v acc + D dy', and per token the partials
@@ -2084,7 +2084,7 @@ __device__ __forceinline__ void dx_tile_epilogue(const BwdC<T>& p, const float (
     }
     part = row_sum16(part);
     if (tx == 0 && s < at.K) {
-      const int64_t o = (at.td * p.B * p.H + at.bh) * p.Lpad + at.tb + s;
+      const int64_t o = (at.td * p.B * p.H + at.b * p.H + at.h) * p.Lpad + at.tb + s;
       p.pdv[o] = part;
       p.pE[o] = es[i] * v * xdot2[i];
     }
@@ -2146,7 +2146,7 @@ __global__ void __launch_bounds__(kThreads) bwd_dx_kernel(BwdC<T> p) {
     });
   }
   dx_tile_epilogue(
-      p, acc, es, xdot2, {b, h, b * p.H + h, tb, s_lo, d0, td, K},
+      p, acc, es, xdot2, {b, h, tb, s_lo, d0, td, K},
       [&](int i, int j, int64_t, int64_t) { return xs[i][j]; },
       [&](int64_t s) { return p.dtp[ob + s]; });
 }
@@ -2233,7 +2233,7 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dx_heads_vec_kernel(BwdC<T> p
     }
     frag_to_acc(acc, frag, sm.u.f, r0, c0);
     dx_tile_epilogue(
-        p, acc, es, xdot2, {b, h, bh, tb, s_lo, d0, td, K},
+        p, acc, es, xdot2, {b, h, tb, s_lo, d0, td, K},
         [&](int, int, int64_t s, int64_t d) {
           return (s < K && d < p.D) ? to_float(p.x.at(b, tb + s, h, d)) : 0.0f;
         },
@@ -2377,8 +2377,9 @@ __global__ void __launch_bounds__(dx_mma::kThreadsDx, 3) bwd_dx_mma_kernel(BwdC<
   };
 
   // ---- per-thread state: rows r0 = s_lo + 16 warp + g and r0 + 8
-  const int64_t srow[2] = {s_lo + 16 * warp + g, s_lo + 16 * warp + g + 8};
-  const int srow32[2] = {static_cast<int>(srow[0]), static_cast<int>(srow[1])};
+  // in-chunk offsets fit 32 bits (cs <= 256)
+  const int srow[2] = {static_cast<int>(s_lo) + 16 * warp + g,
+                       static_cast<int>(s_lo) + 16 * warp + g + 8};
   const int s_lo32 = static_cast<int>(s_lo), K32 = static_cast<int>(K);
   float acc[8][4];
   float cbr[4][8];  // C.B^T of the next t tile, in A-fragment order
@@ -2389,7 +2390,7 @@ __global__ void __launch_bounds__(dx_mma::kThreadsDx, 3) bwd_dx_mma_kernel(BwdC<
   const int cs = static_cast<int>(p.cs);  // in-chunk offsets fit 32 bits (cs <= 256)
   auto fetch_cb = [&](int t0) {
     // rows t >= K of a partial chunk are allocated but never written: masked in the weight
-    const float* base = cbt + (t0 + 2 * q4) * cs + static_cast<int>(srow[0]);
+    const float* base = cbt + (t0 + 2 * q4) * cs + srow[0];
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
@@ -2460,7 +2461,7 @@ __global__ void __launch_bounds__(dx_mma::kThreadsDx, 3) bwd_dx_mma_kernel(BwdC<
           for (int u = 0; u < 2; ++u) {
             const int t = t0 + 16 * kk + 2 * q4 + u + (e2 >= 2 ? 8 : 0), r = e2 & 1;
             // __expf (ex2.approx): its few-ulp error is far below W's rounding to T
-            w2[u] = (srow32[r] <= t && t < K32)
+            w2[u] = (srow[r] <= t && t < K32)
                         ? __expf(static_cast<float>(sc_cum[t] - cum_s[r])) * cbr[kk][2 * e2 + u]
                         : 0.0f;
           }
