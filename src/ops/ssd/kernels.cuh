@@ -138,6 +138,7 @@ struct Fwd : Common<T> {
                       // [cs][cs] f32
   T* st_t = nullptr;  // workspace (chunked_wmma_fastpass): the scanned states rounded to T, the
                       // values chunk_out's product rounds them to anyway
+  int64_t hb = 1;     // chunked_mma_fastpass: heads per block (a divisor of hpg, <= 8)
 };
 
 template <class T>
@@ -949,6 +950,11 @@ template <class T>
 __global__ void __launch_bounds__(kTcThreads, 2) chunk_out_tc_vec_kernel(Fwd<T> p) {
   chunk_out_tc_body<T, true>(p);
 }
+}  // namespace baracuda::ssd_cuda
+
+#include "ops/ssd/forward_mma.cuh"  // chunk_state / chunk_out on mma.sync (chunked_mma_fastpass)
+
+namespace baracuda::ssd_cuda {
 
 // ---- forward, recurrent (varlen)
 // -------------------------------------------------------------------
@@ -2288,11 +2294,6 @@ inline size_t dx_mma_smem_bytes(const ssd::Problem& p) {
 // unit inner stride, 16-byte aligned rows and a width that is a multiple of 8 elements.
 template <class T>
 bool dx_mma_fits(const BwdC<T>& p) {
-  auto rows16 = [](const auto& v) {
-    constexpr int64_t e = 16 / sizeof(*v.p);
-    return v.s3 == 1 && v.s0 % e == 0 && v.s1 % e == 0 && v.s2 % e == 0 &&
-           reinterpret_cast<uintptr_t>(v.p) % 16 == 0;
-  };
   return sizeof(T) == 2 && p.N % 8 == 0 && p.D % 8 == 0 && p.cs <= 256 && rows16(p.Bm) &&
          rows16(p.x) && rows16(p.dx) && (p.has_z || rows16(p.dy));
 }
@@ -3347,8 +3348,9 @@ class StageClock {
 // ---- launches
 // ------------------------------------------------------------------------------------
 // The registered name of a chunked launcher instantiation (StageClock rows carry it).
-template <bool kTC, bool kVec, bool kFast>
+template <bool kTC, bool kVec, bool kFast, bool kMma = false>
 constexpr std::string_view chunked_name() {
+  if constexpr (kMma) return "chunked_mma_fastpass";
   if constexpr (!kTC) return kFast ? "chunked_f32_fastpass" : "chunked_f32";
   if constexpr (kVec) return kFast ? "chunked_wmma_vec_fastpass" : "chunked_wmma_vec";
   return kFast ? "chunked_wmma_fastpass" : "chunked_wmma";
@@ -3357,7 +3359,16 @@ constexpr std::string_view chunked_name() {
 // kVec (tensor cores only): chunked_wmma_vec, the 16-byte operand staging. kFast: the
 // inter-chunk pass(es) by chunk_scan_kernel instead of state_pass_kernel / bwd_state_rev_kernel
 // (the *_fastpass variants; same values bit for bit, see chunk_scan_kernel).
-template <class T, bool kTensorCores, bool kVec = false, bool kFast = false>
+// The largest divisor of heads_per_group up to 8: heads that share a block's B or C tile.
+inline int64_t heads_per_block(const ssd::Problem& pr) {
+  for (int64_t d = 8; d > 1; --d)
+    if (pr.heads_per_group % d == 0) return d;
+  return 1;
+}
+
+// kMma (chunked_mma_fastpass, with kFast): chunk_state and chunk_out on mma.sync where
+// fwd_mma_fits, else chunked_wmma_fastpass's kernels.
+template <class T, bool kTensorCores, bool kVec = false, bool kFast = false, bool kMma = false>
 Status forward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
                        const SsdForwardOp::Arguments& a) {
   Fwd<T> p;
@@ -3376,21 +3387,34 @@ Status forward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
   if (bh == 0) return {};
   const auto cs = static_cast<unsigned>(pr.chunk_size);
   const auto nc = static_cast<unsigned>(pr.nchunks);
-  StageClock clock("ssd_forward", chunked_name<kTensorCores, kVec, kFast>(), st);
+  StageClock clock("ssd_forward", chunked_name<kTensorCores, kVec, kFast, kMma>(), st);
+  bool mma = false;
+  if constexpr (kMma) {
+    p.hb = heads_per_block(pr);
+    const int64_t optin = ctx.stream.caps().smem_per_block_optin;
+    mma = fwd_mma_fits(p) &&
+          static_cast<int64_t>(fwd_mma::out::layout(pr.state_dim).total) <= optin &&
+          static_cast<int64_t>(fwd_mma::state::layout(pr.state_dim, pr.chunk_size).total) <= optin;
+  }
   if (nc > 0) {
     prep_kernel<T><<<dim3(nc, bh), cs, cs * sizeof(double), st>>>(p);
     BARACUDA_TRY(cuda::check_launch("ssd_forward", "prep_kernel"));
     clock.mark("prep");
     const auto tiles = static_cast<unsigned>(cuda::ceil_div(pr.head_dim, kTile) *
                                              cuda::ceil_div(pr.state_dim, kTile));
-    // The _vec chunk_state (bitwise equal) is faster on the H100; fastpass takes it too.
-    if constexpr (kTensorCores)
+    if constexpr (kMma) {
+      if (mma)
+        BARACUDA_TRY(launch_chunk_state_mma(p, pr, st));
+      else
+        chunk_state_tc_vec_kernel<T><<<dim3(tiles, nc, bh), kTcThreads, 0, st>>>(p);
+    } else if constexpr (kTensorCores)
+      // The _vec chunk_state (bitwise equal) is faster on the H100; fastpass takes it too.
       (kVec || kFast ? chunk_state_tc_vec_kernel<T>
                      : chunk_state_tc_kernel<T>)<<<dim3(tiles, nc, bh), kTcThreads, 0, st>>>(p);
     else
       chunk_state_kernel<T><<<dim3(tiles, nc, bh), kThreads, 0, st>>>(p);
     BARACUDA_TRY(cuda::check_launch("ssd_forward", "chunk_state_kernel"));
-    clock.mark("chunk_state");
+    clock.mark(mma ? "chunk_state_mma" : "chunk_state");
   }
   if constexpr (kFast) {
     ChunkScan sa = chunk_scan_args(p, p.st);
@@ -3418,13 +3442,17 @@ Status forward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
                                  kTcThreads, 0, st>>>(p);
       BARACUDA_TRY(cuda::check_launch("ssd_forward", "cb_tc_kernel"));
       clock.mark("cb");
-      (kVec    ? chunk_out_tc_vec_kernel<T>
-       : kFast ? chunk_out_tc_kernel<T, true>
-               : chunk_out_tc_kernel<T, false>)<<<dim3(tt, td, bh), kTcThreads, 0, st>>>(p);
+      if constexpr (kMma) {
+        if (mma) BARACUDA_TRY(launch_chunk_out_mma(p, pr, st));
+      }
+      if (!mma)
+        (kVec    ? chunk_out_tc_vec_kernel<T>
+         : kFast ? chunk_out_tc_kernel<T, true>
+                 : chunk_out_tc_kernel<T, false>)<<<dim3(tt, td, bh), kTcThreads, 0, st>>>(p);
     } else
       chunk_out_kernel<T><<<dim3(tt, td, bh), kThreads, 0, st>>>(p);
     BARACUDA_TRY(cuda::check_launch("ssd_forward", "chunk_out_kernel"));
-    clock.mark("chunk_out");
+    clock.mark(mma ? "chunk_out_mma" : "chunk_out");
   }
   return {};
 }
@@ -3850,6 +3878,21 @@ bool register_kernels() {
             },
         .workspace = chunked_tc_fast_workspace<T>,
         .launch = forward_chunked<T, true, false, true>,
+    });
+    // chunked_wmma_fastpass with chunk_state and chunk_out on mma.sync (register accumulators,
+    // cp.async rings, hb heads per block sharing the group's tiles, chunk_out's decay factored
+    // per 64-token tile) where the operands allow 16-byte copies, its kernels elsewhere. The
+    // states are the same values as chunked_wmma's up to the order of the sums; y to rounding.
+    register_kernel<SsdForwardOp>({
+        .sku =
+            scan_sku<E>("ssd_forward", "chunked", kTensorCorePrecision<E>, "chunked_mma_fastpass"),
+        .priority = 32,
+        .fits =
+            [](const ssd::Problem& p, const DeviceCaps& caps) {
+              return chunked_fits(p, caps) && chunk_scan_blocks(p) < (int64_t{1} << 31);
+            },
+        .workspace = chunked_tc_fast_workspace<T>,
+        .launch = forward_chunked<T, true, false, true, true>,
     });
   }
   register_kernel<SsdForwardOp>({

@@ -30,6 +30,7 @@ struct Options {
   ssd::DSkip d_skip = ssd::DSkip::none;
   bool z = false, dt_bias = false, softplus = false, clamp = false, init = false, final = false;
   int64_t num_seqs = 0;
+  double a_scale = 1.0;  // A drawn from [-2, -0.2] times this: > 1 decays faster, < 0 grows
 };
 
 ssd::Descriptor describe(int64_t b, int64_t l, int64_t h, int64_t d, int64_t n, int64_t g, DType t,
@@ -88,7 +89,7 @@ Tensor mv(const std::optional<TestTensor>& t) {
 }
 
 Tensors make_tensors(const ssd::Problem& p, Target target, Layout layout, Rng& rng,
-                     bool backward = false) {
+                     bool backward = false, double a_scale = 1.0) {
   Tensors t;
   auto make = [&](DType dt, std::vector<int64_t> shape, double lo, double hi) {
     auto tt = TestTensor::make(dt, std::move(shape), target, layout, &rng);
@@ -102,7 +103,8 @@ Tensors make_tensors(const ssd::Problem& p, Target target, Layout layout, Rng& r
   t.x = make(e, xs, -1, 1);
   t.dt = p.dt_softplus ? make(e, {p.batch, p.seqlen, p.heads}, -3.0, 0.0)
                        : make(e, {p.batch, p.seqlen, p.heads}, 0.01, 0.4);
-  t.A = make(DType::f32, {p.heads}, -2.0, -0.2);
+  t.A = make(DType::f32, {p.heads}, std::min(-2.0 * a_scale, -0.2 * a_scale),
+             std::max(-2.0 * a_scale, -0.2 * a_scale));
   t.B = make(e, bcs, -1, 1);
   t.C = make(e, bcs, -1, 1);
   if (p.d_skip == ssd::DSkip::per_head) t.D = make(DType::f32, {p.heads}, -1, 1);
@@ -827,7 +829,7 @@ void run_forward(Target target, DType dtype, const FwdCase& c, Layout layout,
   auto plan = SsdForwardPlan::select(
       stream, describe(c.B, c.L, c.H, c.D, c.N, c.G, dtype, c.o, c.chunk), pref);
   ASSERT_TRUE(plan.ok()) << plan.error().to_string();
-  Tensors t = make_tensors(plan->problem(), target, layout, rng);
+  Tensors t = make_tensors(plan->problem(), target, layout, rng, false, c.o.a_scale);
   auto ws = workspace_for(plan->workspace_size(), target);
   BARACUDA_ASSERT_OK(ws);
   t.y->poison();
@@ -1039,15 +1041,121 @@ TEST_P(SsdPlans, ForwardFastpassOnDevice) {
   run_forward(target, DType::bf16, empty, Layout::contiguous, true, fast);
   expect_forward_bitwise(target, "chunked_wmma", "chunked_wmma_fastpass", DType::bf16, empty,
                          Layout::padded);
-  // The default plan for 16-bit data (measured faster than chunked_wmma on the H100).
-  const Stream& stream = harness::stream_for(target);
-  auto dflt = SsdForwardPlan::select(stream, describe(1, 64, 2, 8, 8, 1, DType::bf16, {}));
-  BARACUDA_ASSERT_OK(dflt);
-  EXPECT_EQ(dflt->sku().name, "chunked_wmma_fastpass");
   // Varlen: not offered (the chunked forward has no varlen form).
+  const Stream& stream = harness::stream_for(target);
   auto packed = SsdForwardPlan::select(
       stream, describe(1, 64, 2, 8, 8, 1, DType::bf16, {.num_seqs = 2}), fast);
   EXPECT_FALSE(packed.ok());
+}
+
+// The launches a forward plan made in one run, by the names ssd::StageSink reports.
+class StageNames final : public ssd::StageSink {
+ public:
+  void stage(std::string_view, std::string_view, std::string_view stage, float) override {
+    names.emplace_back(stage);
+  }
+  bool has(std::string_view name) const {
+    return std::find(names.begin(), names.end(), name) != names.end();
+  }
+  std::vector<std::string> names;
+};
+
+StageNames forward_stages(Target target, DType dtype, const FwdCase& c, Layout layout,
+                          PlanPreference pref) {
+  StageNames names;
+  const Stream& stream = harness::stream_for(target);
+  auto plan = SsdForwardPlan::select(
+      stream, describe(c.B, c.L, c.H, c.D, c.N, c.G, dtype, c.o, c.chunk), pref);
+  EXPECT_TRUE(plan.ok());
+  if (!plan.ok()) return names;
+  Rng rng;
+  Tensors t = make_tensors(plan->problem(), target, layout, rng, false, c.o.a_scale);
+  auto ws = workspace_for(plan->workspace_size(), target);
+  EXPECT_TRUE(ws.ok());
+  if (!ws.ok()) return names;
+  ssd::set_stage_sink(&names);
+  const Status st = plan->run(stream, ws->as_workspace(), forward_args(t));
+  ssd::set_stage_sink(nullptr);
+  EXPECT_TRUE(st.ok());
+  return names;
+}
+
+// chunked_mma_fastpass: chunk_state and chunk_out on mma.sync where every operand it copies is
+// 16-byte aligned (D and N multiples of 8, chunks <= 256), chunked_wmma_fastpass's kernels
+// elsewhere. Against the float64 oracle (every element, poisoned gaps, bitwise determinism) on
+// shapes that hit its edges: partial chunks and d tiles (D = 48, 80), N not a multiple of 64 (40,
+// 24: a k16 step half zero), N = 256 (two n tiles of chunk_state, four state stages of
+// chunk_out), L = 1, heads per block 1 to 8 (hpg 1, 2, 3, 4, 8), every option (D skip, z, dt bias,
+// softplus, initial / final states), and decays that take both forms of chunk_out's weights: A x 8
+// (tiles decay by more than 2^24: the direct form on the diagonal), A x 0.05 (the factored form
+// everywhere) and a growing state (A > 0). The stage names say which kernels ran.
+TEST_P(SsdPlans, ForwardMmaOnDevice) {
+  const Target target = GetParam();
+  if (target == Target::cpu) GTEST_SKIP() << "device kernels (chunked_mma_fastpass)";
+  BARACUDA_SKIP_IF_UNAVAILABLE(target);
+  const Options all{.d_skip = ssd::DSkip::per_head,
+                    .z = true,
+                    .dt_bias = true,
+                    .softplus = true,
+                    .init = true,
+                    .final = true};
+  const Options states{.init = true, .final = true};
+  const auto mma = PlanPreference::kernel("chunked_mma_fastpass");
+  const struct {
+    DType dtype;
+    FwdCase c;
+    Layout layout;
+    bool expect_mma;
+  } cases[] = {
+      {DType::bf16, {2, 300, 4, 64, 64, 1, 64, all}, Layout::contiguous, true},
+      {DType::bf16, {2, 300, 8, 64, 128, 1, 256, all}, Layout::contiguous, true},
+      {DType::f16, {2, 300, 4, 64, 64, 2, 128, {.final = true}}, Layout::contiguous, true},
+      {DType::bf16, {1, 1100, 2, 32, 64, 1, 64, states}, Layout::contiguous, true},
+      {DType::bf16, {1, 256, 2, 48, 40, 2, 256, states}, Layout::contiguous, true},
+      {DType::bf16,
+       {1, 261, 6, 80, 24, 2, 128, {.d_skip = ssd::DSkip::per_channel, .z = true}},
+       Layout::contiguous,
+       true},
+      {DType::bf16, {1, 130, 2, 256, 256, 1, 128, {.final = true}}, Layout::contiguous, true},
+      {DType::bf16, {3, 1, 2, 16, 16, 1, 64, states}, Layout::contiguous, true},
+      {DType::bf16,
+       {2, 300, 4, 64, 64, 1, 256, {.final = true, .a_scale = 8}},
+       Layout::contiguous,
+       true},
+      {DType::f16,
+       {1, 200, 2, 64, 32, 1, 64, {.final = true, .a_scale = 8}},
+       Layout::contiguous,
+       true},
+      {DType::bf16,
+       {2, 300, 4, 64, 64, 1, 256, {.final = true, .a_scale = 0.05}},
+       Layout::contiguous,
+       true},
+      {DType::bf16,
+       {1, 200, 2, 64, 64, 1, 64, {.final = true, .a_scale = -0.5}},
+       Layout::contiguous,
+       true},
+      {DType::bf16, {1, 200, 2, 64, 20, 1, 64, states}, Layout::contiguous, false},  // N % 8 != 0
+      {DType::bf16, {1, 256, 2, 48, 40, 2, 256, states}, Layout::padded, false},
+      {DType::bf16, {1, 261, 4, 48, 40, 2, 128, {.final = true}}, Layout::permuted, false},
+  };
+  for (const auto& k : cases) {
+    SCOPED_TRACE(std::string(name(k.dtype)) + " " + harness::layout_name(k.layout) +
+                 " L=" + std::to_string(k.c.L) + " H=" + std::to_string(k.c.H) +
+                 " D=" + std::to_string(k.c.D) + " N=" + std::to_string(k.c.N) +
+                 " chunk=" + std::to_string(k.c.chunk) + " A x" + std::to_string(k.c.o.a_scale));
+    run_forward(target, k.dtype, k.c, k.layout, true, mma);
+    const StageNames ran = forward_stages(target, k.dtype, k.c, k.layout, mma);
+    if (k.expect_mma) {
+      EXPECT_TRUE(ran.has("chunk_state_mma") && ran.has("chunk_out_mma"));
+    } else if (k.layout == Layout::contiguous) {  // padded / permuted may land aligned by chance
+      EXPECT_TRUE(ran.has("chunk_state") && ran.has("chunk_out"));
+    }
+  }
+  // The default plan for 16-bit data.
+  const Stream& stream = harness::stream_for(target);
+  auto dflt = SsdForwardPlan::select(stream, describe(1, 64, 2, 8, 8, 1, DType::bf16, {}));
+  BARACUDA_ASSERT_OK(dflt);
+  EXPECT_EQ(dflt->sku().name, "chunked_mma_fastpass");
 }
 
 TEST_P(SsdPlans, ForwardLongSequenceF32DoesNotDrift) {
