@@ -129,16 +129,17 @@ struct Fwd : Common<T> {
   V4<T> y;
   V4<float> fin;
   bool has_fin;
-  float* dtp;         // workspace: processed dt
-  double* cum;        // workspace: in-chunk cumsum of v*A, in f64 so that cum_t -
-                      // cum_s keeps f32 accuracy where |cum| is large (f32 cumsums
-                      // drift by |cum| * 6e-8)
-  float* st;          // workspace: chunk states
-  float* cb;          // workspace (tensor-core path): C_t . B_s per group and chunk,
-                      // [cs][cs] f32
-  T* st_t = nullptr;  // workspace (chunked_wmma_fastpass): the scanned states rounded to T, the
-                      // values chunk_out's product rounds them to anyway
-  int64_t hb = 1;     // chunked_mma_fastpass: heads per block (a divisor of hpg, <= 8)
+  float* dtp;            // workspace: processed dt
+  double* cum;           // workspace: in-chunk cumsum of v*A, in f64 so that cum_t -
+                         // cum_s keeps f32 accuracy where |cum| is large (f32 cumsums
+                         // drift by |cum| * 6e-8)
+  float* st;             // workspace: chunk states
+  float* cb;             // workspace (tensor-core path): C_t . B_s per group and chunk,
+                         // [cs][cs] f32
+  T* st_t = nullptr;     // workspace (chunked_wmma_fastpass): the scanned states rounded to T, the
+                         // values chunk_out's product rounds them to anyway
+  int64_t hb = 1;        // chunked_mma_fastpass: heads per chunk_out block (divides hpg)
+  int64_t hb_state = 1;  // and per chunk_state block
 };
 
 template <class T>
@@ -3359,9 +3360,9 @@ constexpr std::string_view chunked_name() {
 // kVec (tensor cores only): chunked_wmma_vec, the 16-byte operand staging. kFast: the
 // inter-chunk pass(es) by chunk_scan_kernel instead of state_pass_kernel / bwd_state_rev_kernel
 // (the *_fastpass variants; same values bit for bit, see chunk_scan_kernel).
-// The largest divisor of heads_per_group up to 8: heads that share a block's B or C tile.
-inline int64_t heads_per_block(const ssd::Problem& pr) {
-  for (int64_t d = 8; d > 1; --d)
+// The largest divisor of heads_per_group up to `most`: heads that share a block's B or C tile.
+inline int64_t heads_per_block(const ssd::Problem& pr, int64_t most) {
+  for (int64_t d = most; d > 1; --d)
     if (pr.heads_per_group % d == 0) return d;
   return 1;
 }
@@ -3390,7 +3391,9 @@ Status forward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
   StageClock clock("ssd_forward", chunked_name<kTensorCores, kVec, kFast, kMma>(), st);
   bool mma = false;
   if constexpr (kMma) {
-    p.hb = heads_per_block(pr);
+    // chunk_state's blocks are four times larger (all of N, eight warps): fewer heads each keeps
+    // several waves of them on the large shapes.
+    p.hb = heads_per_block(pr, 8), p.hb_state = heads_per_block(pr, 4);
     const int64_t optin = ctx.stream.caps().smem_per_block_optin;
     mma = fwd_mma_fits(p) &&
           static_cast<int64_t>(fwd_mma::out::layout(pr.state_dim).total) <= optin &&
