@@ -71,6 +71,14 @@ __host__ __device__ inline Layout layout(int64_t N, int64_t cs) {
 }  // namespace state
 }  // namespace fwd_mma
 
+// 2^x by the hardware approximation, results below f32's normal range flushed to zero: the weights
+// it forms are rounded to 16 bits and one that small stands for a negligible term.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Unit inner stride, 16-byte aligned rows and base: the operand goes by 16-byte cp.async.
 template <class V>
 bool rows16(const V& v) {
@@ -212,7 +220,7 @@ __global__ void __launch_bounds__(fwd_mma::out::kThreads, 3) chunk_out_mma_kerne
         const float v = static_cast<float>(p.cum[ob + t] * kLog2e), dt = p.dtp[ob + t];
         cl[t] = v, dts[t] = dt;
         if (t <= t_ref) {
-          colf[t] = exp2f(ref - v) * dt;
+          colf[t] = exp2_ftz(ref - v) * dt;
           // columns: colf <= 2^kSafe; rows of this tile: rowf <= 2^kSafe
           wide = wide || !(ref - v <= out::kSafe<T>) || (t >= t_lo && !(v - ref <= out::kSafe<T>));
         }
@@ -231,29 +239,38 @@ __global__ void __launch_bounds__(fwd_mma::out::kThreads, 3) chunk_out_mma_kerne
     }
     const int s0 = (j - nk) * kTile;  // the s tile of a W stage (j >= nk)
     uint32_t wa[4][4];
-    if (j >= nk) {
-      const bool diag = s0 == t_lo;  // the mask s <= t cuts through this tile only
+    // W for this s tile, rounded to T; kDirect: every weight's own exponential; kDiag: the mask
+    // s <= t. Straight blocks behind one branch per stage (a branch per weight pair, which the
+    // compiler makes of an inline mask, cost more than the weights).
+    auto build_w = [&]<bool kDirect, bool kDiag>() {
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
         for (int e2 = 0; e2 < 4; ++e2) {
           const int r = e2 & 1, s = s0 + 16 * kk + 2 * q4 + (e2 >= 2 ? 8 : 0);
           float w2[2];
-          if (!direct) {
+          if constexpr (!kDirect) {
             const float2 f = *reinterpret_cast<const float2*>(colf + s);
             w2[0] = f.x * cbr[kk][e2].x;
             w2[1] = f.y * cbr[kk][e2].y;
           } else {
-            w2[0] = exp2f(cl_t[r] - cl[s]) * dts[s] * cbr[kk][e2].x;
-            w2[1] = exp2f(cl_t[r] - cl[s + 1]) * dts[s + 1] * cbr[kk][e2].y;
+            w2[0] = exp2_ftz(cl_t[r] - cl[s]) * dts[s] * cbr[kk][e2].x;
+            w2[1] = exp2_ftz(cl_t[r] - cl[s + 1]) * dts[s + 1] * cbr[kk][e2].y;
           }
-          // rows t >= K are never stored (their CB rows are not written either)
-          if (diag) {
+          if constexpr (kDiag) {  // rows t >= K are never stored (nor their CB rows written)
             w2[0] = s <= trow[r] ? w2[0] : 0.0f;
             w2[1] = s + 1 <= trow[r] ? w2[1] : 0.0f;
           }
           wa[kk][e2] = pack2<T>(w2[0], w2[1]);
         }
+    };
+    if (j >= nk) {
+      if (direct)
+        build_w.template operator()<true, true>();  // rare: the mask on every tile
+      else if (s0 == t_lo)
+        build_w.template operator()<false, true>();
+      else
+        build_w.template operator()<false, false>();
     }
     // The next W stage's CB (this head's next s tile, or its first after the last state stage),
     // in flight under this stage's products.
@@ -322,7 +339,10 @@ __global__ void __launch_bounds__(fwd_mma::out::kThreads, 3) chunk_out_mma_kerne
             const uint32_t zz = __ldg(reinterpret_cast<const unsigned int*>(zr + dc));
             const T* z2 = reinterpret_cast<const T*>(&zz);
 #pragma unroll
-            for (int u = 0; u < 2; ++u) o[u] *= silu(to_float(z2[u]));
+            for (int u = 0; u < 2; ++u) {  // silu, with the fast reciprocal (no slow-path call)
+              const float zf = to_float(z2[u]);
+              o[u] *= __fdividef(zf, 1.0f + __expf(-zf));
+            }
           }
           *reinterpret_cast<uint32_t*>(yr + dc) = pack2<T>(o[0], o[1]);
         }
