@@ -109,7 +109,7 @@ bool fwd_mma_fits(const Fwd<T>& p) {
 // exp(cum_t). When the head decays, colf <= 1 and rowf <= 2^(the tile's own decay); a head whose
 // exponents exceed kSafe<T> forms every weight directly, exp(cum_t - cum_s) v_s CB_ts.
 template <class T>
-__global__ void __launch_bounds__(fwd_mma::out::kThreads, 4) chunk_out_mma_kernel(Fwd<T> p) {
+__global__ void __launch_bounds__(fwd_mma::out::kThreads, 3) chunk_out_mma_kernel(Fwd<T> p) {
   using namespace fwd_mma;
   using out::kStages;
   constexpr int kNT = out::kThreads;
