@@ -224,14 +224,27 @@ void run_decode(const Stream& s) {
                   .note = "state f32 read + written in place"});
 }
 
+// BARACUDA_SSD_ONLY=forward / backward: the selected plan's rows of that direction only (quick
+// A/B runs of one kernel).
+std::string_view only_direction() {
+  const char* v = std::getenv("BARACUDA_SSD_ONLY");
+  return v == nullptr ? std::string_view{} : std::string_view(v);
+}
+
 void bench_ssd(const Stream& s) {
   const Case cases[] = {{"B4_L4096_H80_D64_N128_G1", 4, 4096, 80, 64, 128, 1, 256},
                         {"B8_L2048_H32_D64_N64_G1", 8, 2048, 32, 64, 64, 1, 256}};
-  for (const Case& c : cases) run_prefill(s, c, false);  // chunked_wmma_fastpass (bf16)
+  const std::string_view only = only_direction();
+  if (!only.empty()) {
+    for (const Case& c : cases) run_prefill(s, c, only == "backward");
+    return;
+  }
+  for (const Case& c : cases) run_prefill(s, c, false);  // chunked_mma_fastpass (bf16)
   for (const Case& c : cases) run_prefill(s, c, true);   // chunked_wmma_vec_fastpass (bf16)
-  // A/B rows under the same case names: the forward without the fast inter-chunk pass, and with
-  // 16-byte operand staging (bitwise equal results); the backward without the fast passes, on f32
-  // SIMT tiles, and the old recurrent kernel on the small case only (245 ms on the large one).
+  // A/B rows under the same case names: the forward with the WMMA products, without the fast
+  // inter-chunk pass, and with 16-byte operand staging (bitwise equal results); the backward
+  // without the fast passes, on f32 SIMT tiles, and the old recurrent kernel on the small case
+  // only (245 ms on the large one).
   for (const Case& c : cases) run_prefill(s, c, false, "chunked_wmma_fastpass");
   for (const Case& c : cases) run_prefill(s, c, false, "chunked_wmma");
   for (const Case& c : cases) run_prefill(s, c, false, "chunked_wmma_vec");
