@@ -27,7 +27,7 @@ __host__ __device__ inline int64_t k16(int64_t n) {
 
 // ---- chunk_out: y_t = exp(cum_t) C_t . S_c + sum_{s <= t} exp(cum_t - cum_s) CB_ts v_s x_s
 namespace out {
-constexpr int kWarps = 4, kThreads = 32 * kWarps, kStages = 3;
+constexpr int kWarps = 4, kThreads = 32 * kWarps, kStages = 2;
 // The widest row / column decay exponent (log2 units) the factored weights take: the scaled
 // weights W / rowf must keep T's precision (f16: stay normal for weights down to ~2^-4; bf16 has
 // f32's range) and a column factor that underflows must stand for a negligible weight
@@ -35,17 +35,19 @@ constexpr int kWarps = 4, kThreads = 32 * kWarps, kStages = 3;
 template <class T>
 constexpr float kSafe = std::is_same_v<T, __half> ? 8.0f : 64.0f;
 struct Layout {
-  int64_t ldc;                                // pitch of the C tile (N rounded to 16, + 8)
-  size_t cl, dts, colf, c_tile, ring, total;  // byte offsets (total: the size)
+  int64_t ldc, ldcb;  // pitches of the C tile (N rounded to 16, + 8) and the CB rows (cs + 8)
+  size_t cl, dts, colf, c_tile, cb_rows, ring, total;  // byte offsets (total: the size)
 };
-__host__ __device__ inline Layout layout(int64_t N) {
+__host__ __device__ inline Layout layout(int64_t N, int64_t cs) {
   Layout l{};
   l.ldc = k16(N) + 8;
+  l.ldcb = cs + 8;  // = 8 mod 32 floats: a warp's float2 reads of 8 rows hit distinct banks
   l.cl = 0;
   l.dts = l.cl + sizeof(float) * 256;
   l.colf = l.dts + sizeof(float) * 256;
   l.c_tile = l.colf + sizeof(float) * 256;
-  l.ring = l.c_tile + round16(sizeof(uint16_t) * kTile * static_cast<size_t>(l.ldc));
+  l.cb_rows = l.c_tile + round16(sizeof(uint16_t) * kTile * static_cast<size_t>(l.ldc));
+  l.ring = l.cb_rows + sizeof(float) * kTile * static_cast<size_t>(l.ldcb);
   l.total = l.ring + kSlotBytes * kStages;
   return l;
 }
@@ -104,12 +106,13 @@ bool fwd_mma_fits(const Fwd<T>& p) {
 // The weights factor through one reference per head and block, ref = cum at the t tile's last
 // token: W_ts = rowf_t * (colf_s CB_ts) with rowf_t = exp(cum_t - ref) and colf_s =
 // exp(ref - cum_s) v_s (64 + cs exponentials per head instead of one per weight). The A fragments
-// take colf_s CB_ts (CB read from L2 one stage ahead), rowf_t multiplies the accumulators once at
-// the end, and the state product enters as acc * exp(ref) so that the end's rowf_t makes it
-// exp(cum_t). When the head decays, colf <= 1 and rowf <= 2^(the tile's own decay); a head whose
-// exponents exceed kSafe<T> forms every weight directly, exp(cum_t - cum_s) v_s CB_ts.
+// take colf_s CB_ts, from the block's CB rows (f32, loaded into shared memory once for all its
+// heads: the per-head L2 reads of CB cost a quarter of the kernel's time), rowf_t multiplies the
+// accumulators once at the end, and the state product enters as acc * exp(ref) so that the end's
+// rowf_t makes it exp(cum_t). When the head decays, colf <= 1 and rowf <= 2^(the tile's own decay);
+// a head whose exponents exceed kSafe<T> forms every weight directly, exp(cum_t - cum_s) v_s CB_ts.
 template <class T>
-__global__ void __launch_bounds__(fwd_mma::out::kThreads, 3) chunk_out_mma_kernel(Fwd<T> p) {
+__global__ void __launch_bounds__(fwd_mma::out::kThreads, 2) chunk_out_mma_kernel(Fwd<T> p) {
   using namespace fwd_mma;
   using out::kStages;
   constexpr int kNT = out::kThreads;
@@ -119,11 +122,13 @@ __global__ void __launch_bounds__(fwd_mma::out::kThreads, 3) chunk_out_mma_kerne
   using cuda::pack2;
   using cuda::smem_u32;
   extern __shared__ __align__(16) unsigned char fwd_out_smem[];
-  const out::Layout lay = out::layout(p.N);
+  const out::Layout lay = out::layout(p.N, p.cs);
   float* cl = reinterpret_cast<float*>(fwd_out_smem + lay.cl);      // cum * log2(e), this head
   float* dts = reinterpret_cast<float*>(fwd_out_smem + lay.dts);    // v, this head
   float* colf = reinterpret_cast<float*>(fwd_out_smem + lay.colf);  // column factors, this head
   T* Cs = reinterpret_cast<T*>(fwd_out_smem + lay.c_tile);
+  float* CBs =
+      reinterpret_cast<float*>(fwd_out_smem + lay.cb_rows);  // CB rows t_lo.., s < t_lo + 64
   unsigned char* ring = fwd_out_smem + lay.ring;
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, q4 = lane % 4;
@@ -152,13 +157,20 @@ __global__ void __launch_bounds__(fwd_mma::out::kThreads, 3) chunk_out_mma_kerne
   int ih = 0, ij = 0;  // the next stage to issue: head, stage
   auto issue = [&](int i) {
     if (i >= total) return;
-    if (i == 0)  // the C tile, once per block; columns [N, bw) zero for the last k16 step
+    if (i == 0) {  // once per block: the C tile (columns [N, bw) zero for the last k16
+                   // step) and the group's CB rows of this t tile, s < t_lo + 64 (all written)
       for (int idx = tid; idx < kTile * (bw / 8); idx += kNT) {
         const int r = idx / (bw / 8), col = idx % (bw / 8) * 8;
         const bool in = t_lo + r < K && col < p.N;
         cp_async16(Cs + r * lay.ldc + col, in ? &p.Cm.at(b, tb + t_lo + r, grp, col) : p.Cm.p,
                    in ? 16 : 0);
       }
+      const int w4 = (t_lo + kTile) / 4;
+      for (int idx = tid; idx < kTile * w4; idx += kNT) {
+        const int r = idx / w4, col = idx % w4 * 4;
+        cp_async16(CBs + r * lay.ldcb + col, cbt + (t_lo + r) * cs + col);
+      }
+    }
     T* dst = reinterpret_cast<T*>(ring + (i % kStages) * kSlotBytes) + cr * kLd16 + cc;
     if (ij < nk) {  // the states entering the chunk, rows d0.., columns 64 ij.. ([d][n], T)
       const T* src = st_src + ih * st_head + ij * kTile;
@@ -182,19 +194,9 @@ __global__ void __launch_bounds__(fwd_mma::out::kThreads, 3) chunk_out_mma_kerne
 
   // ---- per-thread state: rows trow[0] = t_lo + 16 warp + g and trow[1] = trow[0] + 8
   const int trow[2] = {t_lo + 16 * warp + g, t_lo + 16 * warp + g + 8};
-  const float* cb_row[2] = {cbt + trow[0] * cs + 2 * q4, cbt + trow[1] * cs + 2 * q4};
   float acc[8][4];
-  float2 cbr[4][4];  // CB of the next W stage, in A-fragment order: [k16 step][register]
   float cl_t[2] = {0.0f, 0.0f}, rowf[2] = {1.0f, 1.0f}, eref = 0.0f;
   bool direct = false;  // this head's weights in the direct form
-  auto fetch_cb = [&](int s0) {
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-      for (int e2 = 0; e2 < 4; ++e2)
-        cbr[kk][e2] = __ldg(
-            reinterpret_cast<const float2*>(cb_row[e2 & 1] + s0 + 16 * kk + (e2 >= 2 ? 8 : 0)));
-  };
 
   int hi = 0, j = 0;  // the stage being computed: head, stage
   // One call site per helper (the loop's first kStages - 1 iterations only issue): fewer
@@ -248,14 +250,16 @@ __global__ void __launch_bounds__(fwd_mma::out::kThreads, 3) chunk_out_mma_kerne
 #pragma unroll
         for (int e2 = 0; e2 < 4; ++e2) {
           const int r = e2 & 1, s = s0 + 16 * kk + 2 * q4 + (e2 >= 2 ? 8 : 0);
+          const float2 cb =
+              *reinterpret_cast<const float2*>(CBs + (16 * warp + g + 8 * r) * lay.ldcb + s);
           float w2[2];
           if constexpr (!kDirect) {
             const float2 f = *reinterpret_cast<const float2*>(colf + s);
-            w2[0] = f.x * cbr[kk][e2].x;
-            w2[1] = f.y * cbr[kk][e2].y;
+            w2[0] = f.x * cb.x;
+            w2[1] = f.y * cb.y;
           } else {
-            w2[0] = exp2_ftz(cl_t[r] - cl[s]) * dts[s] * cbr[kk][e2].x;
-            w2[1] = exp2_ftz(cl_t[r] - cl[s + 1]) * dts[s + 1] * cbr[kk][e2].y;
+            w2[0] = exp2_ftz(cl_t[r] - cl[s]) * dts[s] * cb.x;
+            w2[1] = exp2_ftz(cl_t[r] - cl[s + 1]) * dts[s + 1] * cb.y;
           }
           if constexpr (kDiag) {  // rows t >= K are never stored (nor their CB rows written)
             w2[0] = s <= trow[r] ? w2[0] : 0.0f;
@@ -272,9 +276,6 @@ __global__ void __launch_bounds__(fwd_mma::out::kThreads, 3) chunk_out_mma_kerne
       else
         build_w.template operator()<false, false>();
     }
-    // The next W stage's CB (this head's next s tile, or its first after the last state stage),
-    // in flight under this stage's products.
-    if (j + 1 < S && j + 1 >= nk) fetch_cb((j + 1 - nk) * kTile);
     if (j < nk) {
       // acc[t][d] += sum_n C[t][n] S[d][n] over n in [64 j, 64 j + 64)
       const int left = (bw - j * kTile) / 16;
@@ -510,7 +511,7 @@ Status launch_chunk_state_mma(const Fwd<T>& p, const ssd::Problem& pr, cudaStrea
 
 template <class T>
 Status launch_chunk_out_mma(const Fwd<T>& p, const ssd::Problem& pr, cudaStream_t st) {
-  const size_t smem = fwd_mma::out::layout(pr.state_dim).total;
+  const size_t smem = fwd_mma::out::layout(pr.state_dim, pr.chunk_size).total;
   BARACUDA_TRY(cuda::check(
       "ssd_forward", "cudaFuncSetAttribute",
       cudaFuncSetAttribute(chunk_out_mma_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,

@@ -3396,7 +3396,7 @@ Status forward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
     p.hb = heads_per_block(pr, 8), p.hb_state = heads_per_block(pr, 4);
     const int64_t optin = ctx.stream.caps().smem_per_block_optin;
     mma = fwd_mma_fits(p) &&
-          static_cast<int64_t>(fwd_mma::out::layout(pr.state_dim).total) <= optin &&
+          static_cast<int64_t>(fwd_mma::out::layout(pr.state_dim, pr.chunk_size).total) <= optin &&
           static_cast<int64_t>(fwd_mma::state::layout(pr.state_dim, pr.chunk_size).total) <= optin;
   }
   if (nc > 0) {
