@@ -93,9 +93,16 @@ bool rows16(const V& v) {
 // of at most 256 tokens (the per-head scalar arrays), and every tensor the kernels copy or store
 // by vectors laid out for it (z is read in 4-byte pairs).
 template <class T>
-bool fwd_mma_fits(const Fwd<T>& p) {
-  return sizeof(T) == 2 && p.N % 8 == 0 && p.D % 8 == 0 && p.cs <= 256 && rows16(p.x) &&
-         rows16(p.Bm) && rows16(p.Cm) && rows16(p.y) && (!p.has_z || rows16(p.z));
+bool mma_shape_fits(const Common<T>& p) {
+  return sizeof(T) == 2 && p.N % 8 == 0 && p.D % 8 == 0 && p.cs <= 256;
+}
+template <class T>
+bool state_mma_fits(const Fwd<T>& p) {  // chunk_state
+  return mma_shape_fits(p) && rows16(p.x) && rows16(p.Bm);
+}
+template <class T>
+bool fwd_mma_fits(const Fwd<T>& p) {  // chunk_state and chunk_out
+  return state_mma_fits(p) && rows16(p.Cm) && rows16(p.y) && (!p.has_z || rows16(p.z));
 }
 
 // One block of four warps per (chunk, 64 tokens t, 64 columns d, b, hb heads of one group); warp w
@@ -354,25 +361,42 @@ __global__ void __launch_bounds__(fwd_mma::out::kThreads, 2) chunk_out_mma_kerne
   cp_async_wait<0>();
 }
 
-// One block of eight warps per (chunk, 64 columns d, 128 columns n, b, hb_state heads of one
-// group); warp w owns d rows d0 + 16 (w % 4) .. + 15 and n columns n0 + 64 (w / 4) .. + 63 (eight
-// m16n8 accumulators). The group's B rows of the chunk (this block's n columns) arrive once per
-// block by cp.async; each head's x tiles (64 tokens deep) go through registers, one stage ahead:
-// loaded during the products of the stage before, then multiplied by the token weights
-// exp(cum_last - cum_s) v_s, rounded to T (the values the WMMA kernel stages) and stored into one
-// of two shared slots. The A fragments are those slots read transposed by ldmatrix.
-template <class T>
-__global__ void __launch_bounds__(fwd_mma::state::kThreads, 2) chunk_state_mma_kernel(Fwd<T> p) {
+// The per-chunk outer-product sums on mma.sync: out[d][n] = sum_t (w_t a_t[d]) b_t[n] over a
+// chunk's tokens, per head, b the head's group's B or C. kToEnd: w_t = exp(cum_last - cum_t) v_t
+// (chunk_state: a = x, b = B, out = the chunk states), else w_t = exp(cum_t) (the backward's U_c:
+// a = dy' (dy, or the f32 dy * silu(z) workspace), b = C, out = gst). S: a's element type.
+template <class T, class S>
+struct OuterArgs {
+  const S* a;  // element (b, t, h, d) at a + b a_b + t a_t + h a_h + d
+  int64_t a_b, a_t, a_h;
+  V4<const T> bm;
+  const double* cum;  // [B*H][Lpad]
+  const float* dtp;   // [B*H][Lpad]
+  float* out;         // [B*H][nchunks][D][N]
+  int64_t L, H, D, N, hpg, cs, nchunks, Lpad, hb;
+};
+
+// One block of eight warps per (chunk, 64 columns d, 128 columns n, b, hb heads of one group);
+// warp w owns d rows d0 + 16 (w % 4) .. + 15 and n columns n0 + 64 (w / 4) .. + 63 (eight m16n8
+// accumulators). The group's b rows of the chunk (this block's n columns) arrive once per block by
+// cp.async; each head's a tiles (64 tokens deep) go through registers, one stage ahead: loaded
+// during the products of the stage before, then multiplied by the token weights, rounded to T (the
+// values the WMMA kernels stage) and stored into one of two shared slots. The A fragments are
+// those slots read transposed by ldmatrix.
+template <class T, class S, bool kToEnd>
+__global__ void __launch_bounds__(fwd_mma::state::kThreads, 2)
+    chunk_outer_mma_kernel(OuterArgs<T, S> p) {
   using namespace fwd_mma;
   using state::kNw;
   constexpr int kNT = state::kThreads;
+  constexpr int kVecs = sizeof(S) == 2 ? 1 : 2;  // 16-byte loads per 8 elements of a
   using cuda::ldmatrix_x4_trans;
   using cuda::mma16816;
   using cuda::smem_u32;
-  extern __shared__ __align__(16) unsigned char fwd_state_smem[];
+  extern __shared__ __align__(16) unsigned char fwd_outer_smem[];
   const state::Layout lay = state::layout(p.N, p.cs);
-  T* Bs = reinterpret_cast<T*>(fwd_state_smem + lay.b_tile);
-  T* Xs = reinterpret_cast<T*>(fwd_state_smem + lay.x_slots);  // [2][64][kLd16]
+  T* Bs = reinterpret_cast<T*>(fwd_outer_smem + lay.b_tile);
+  T* Xs = reinterpret_cast<T*>(fwd_outer_smem + lay.x_slots);  // [2][64][kLd16]
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, q4 = lane % 4;
   const int wm = warp % 4, wn = warp / 4;
@@ -381,20 +405,20 @@ __global__ void __launch_bounds__(fwd_mma::state::kThreads, 2) chunk_state_mma_k
   const int64_t c = blockIdx.x;
   const int64_t d0 = (blockIdx.y / tiles_n) * int64_t{kTile};
   const int n0 = static_cast<int>(blockIdx.y % tiles_n) * kNw;
-  const int64_t nhb = p.H / p.hb_state, b = blockIdx.z / nhb, h0 = (blockIdx.z % nhb) * p.hb_state;
+  const int64_t nhb = p.H / p.hb, b = blockIdx.z / nhb, h0 = (blockIdx.z % nhb) * p.hb;
   const int64_t grp = h0 / p.hpg, tb = c * p.cs;
   const int K = static_cast<int>(p.L - tb < p.cs ? p.L - tb : p.cs);
   const int nks = (K + kTile - 1) / kTile;  // 64-deep stages per head
-  const int total = static_cast<int>(p.hb_state) * nks;
+  const int total = static_cast<int>(p.hb) * nks;
   // n columns of this warp that hold data: whole 16-wide pairs of m16n8 tiles
   const int my_n0 = n0 + 64 * wn;
   const int npairs = my_n0 >= bw ? 0 : (bw - my_n0 >= 64 ? 4 : (bw - my_n0) / 16);
 
-  // The B rows of the chunk; columns past N zero.
+  // The b rows of the chunk; columns past N zero.
   for (int idx = tid; idx < nks * kTile * (nw / 8); idx += kNT) {
     const int r = idx / (nw / 8), col = idx % (nw / 8) * 8;
     const bool in = r < K && n0 + col < p.N;
-    cp_async16(Bs + r * lay.ldb + col, in ? &p.Bm.at(b, tb + r, grp, n0 + col) : p.Bm.p,
+    cp_async16(Bs + r * lay.ldb + col, in ? &p.bm.at(b, tb + r, grp, n0 + col) : p.bm.p,
                in ? 16 : 0);
   }
   cp_async_commit();
@@ -403,30 +427,35 @@ __global__ void __launch_bounds__(fwd_mma::state::kThreads, 2) chunk_state_mma_k
   // xc, with those rows' cum and v.
   const int xr = tid / 8, xc = tid % 8 * 8;
   const bool d_in = d0 + xc < p.D;
-  uint4 xv[2];
+  const S* a_base = p.a + b * p.a_b + (tb + xr) * p.a_t + h0 * p.a_h + d0 + xc;
+  uint4 xv[2][kVecs];
   double cum_v[2], last_v = 0.0;
   float dt_v[2];
   int lh = 0, lj = 0;  // the next stage to load: head, stage
   auto load = [&](int i) {
     if (i >= total) return;
-    const int64_t h = h0 + lh, ob = (b * p.H + h) * p.Lpad + tb;
-    last_v = p.cum[ob + p.cs - 1];
+    const int64_t ob = (b * p.H + h0 + lh) * p.Lpad + tb;
+    if constexpr (kToEnd) last_v = p.cum[ob + p.cs - 1];
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
       const int s = lj * kTile + xr + 32 * k;
       const bool in = s < K;
-      xv[k] = in && d_in ? __ldg(reinterpret_cast<const uint4*>(&p.x.at(b, tb + s, h, d0 + xc)))
-                         : make_uint4(0, 0, 0, 0);
+      const uint4* src = reinterpret_cast<const uint4*>(a_base + lh * p.a_h + (s - xr) * p.a_t);
+#pragma unroll
+      for (int q = 0; q < kVecs; ++q)
+        xv[k][q] = in && d_in ? __ldg(src + q) : make_uint4(0, 0, 0, 0);
       cum_v[k] = in ? p.cum[ob + s] : 0.0;
-      dt_v[k] = in ? p.dtp[ob + s] : 0.0f;
+      if constexpr (kToEnd) dt_v[k] = in ? p.dtp[ob + s] : 0.0f;
     }
     if (++lj == nks) lj = 0, ++lh;
   };
   auto store = [&](int slot) {
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
-      const float w = expf(static_cast<float>(last_v - cum_v[k])) * dt_v[k];
-      const T* e = reinterpret_cast<const T*>(&xv[k]);
+      // the WMMA kernels' weights, bit for bit; rows past the chunk's end hold zeros
+      const float w = kToEnd ? expf(static_cast<float>(last_v - cum_v[k])) * dt_v[k]
+                             : expf(static_cast<float>(cum_v[k]));
+      const S* e = reinterpret_cast<const S*>(xv[k]);
       uint4 o;
       uint32_t* ow = reinterpret_cast<uint32_t*>(&o);
 #pragma unroll
@@ -450,13 +479,13 @@ __global__ void __launch_bounds__(fwd_mma::state::kThreads, 2) chunk_state_mma_k
     const int s0 = j * kTile;
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
-      // A = (x w)^T: rows d, k = tokens; matrix l / 8 covers tokens 8 (l / 16).., d 8 ((l / 8) %
+      // A = (w a)^T: rows d, k = tokens; matrix l / 8 covers tokens 8 (l / 16).., d 8 ((l / 8) %
       // 2)..
-      uint32_t a[4];
+      uint32_t af[4];
       const int mi = lane / 8;
       ldmatrix_x4_trans(
-          smem_u32(X + (16 * kk + (mi / 2) * 8 + lane % 8) * kLd16 + 16 * wm + (mi % 2) * 8), a[0],
-          a[1], a[2], a[3]);
+          smem_u32(X + (16 * kk + (mi / 2) * 8 + lane % 8) * kLd16 + 16 * wm + (mi % 2) * 8), af[0],
+          af[1], af[2], af[3]);
 #pragma unroll
       for (int jp = 0; jp < 4; ++jp) {
         if (jp >= npairs) break;
@@ -464,8 +493,8 @@ __global__ void __launch_bounds__(fwd_mma::state::kThreads, 2) chunk_state_mma_k
         ldmatrix_x4_trans(smem_u32(Bs + (s0 + 16 * kk + lane % 16) * lay.ldb + 64 * wn +
                                    8 * (2 * jp + lane / 16)),
                           b0, b1, b2, b3);
-        mma16816<T>(acc[2 * jp], a, b0, b1);
-        mma16816<T>(acc[2 * jp + 1], a, b2, b3);
+        mma16816<T>(acc[2 * jp], af, b0, b1);
+        mma16816<T>(acc[2 * jp + 1], af, b2, b3);
       }
     }
     // The next stage into the other slot (its last reader was stage i - 1, before the barrier
@@ -473,12 +502,11 @@ __global__ void __launch_bounds__(fwd_mma::state::kThreads, 2) chunk_state_mma_k
     if (i + 1 < total) store((i + 1) % 2);
     load(i + 2);
     if (j == nks - 1) {
-      const int64_t bh = b * p.H + h0 + hi;
-      float* out = p.st + (bh * p.nchunks + c) * p.D * p.N;
+      float* out = p.out + ((b * p.H + h0 + hi) * p.nchunks + c) * p.D * p.N;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int64_t d = d0 + 16 * wm + g + 8 * r;
-        if (d >= p.D) continue;
+        if (d >= p.D) continue;  // (those rows' accumulators are never stored)
 #pragma unroll
         for (int j8 = 0; j8 < 8; ++j8) {
           const int n = my_n0 + 8 * j8 + 2 * q4;
@@ -494,19 +522,27 @@ __global__ void __launch_bounds__(fwd_mma::state::kThreads, 2) chunk_state_mma_k
   }
 }
 
+// a = x, b = B, out = the chunk states (chunk_state).
 template <class T>
-Status launch_chunk_state_mma(const Fwd<T>& p, const ssd::Problem& pr, cudaStream_t st) {
-  const size_t smem = fwd_mma::state::layout(pr.state_dim, pr.chunk_size).total;
-  BARACUDA_TRY(cuda::check(
-      "ssd_forward", "cudaFuncSetAttribute",
-      cudaFuncSetAttribute(chunk_state_mma_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(smem))));
-  const int64_t tiles_n = cuda::ceil_div(fwd_mma::k16(pr.state_dim), fwd_mma::state::kNw);
-  const dim3 grid(static_cast<unsigned>(pr.nchunks),
-                  static_cast<unsigned>(cuda::ceil_div(pr.head_dim, kTile) * tiles_n),
-                  static_cast<unsigned>(pr.batch * (pr.heads / p.hb_state)));
-  chunk_state_mma_kernel<T><<<grid, fwd_mma::state::kThreads, smem, st>>>(p);
-  return cuda::check_launch("ssd_forward", "chunk_state_mma_kernel");
+OuterArgs<T, T> outer_args_state(const Fwd<T>& p) {
+  return {p.x.p, p.x.s0, p.x.s1, p.x.s2, p.Bm, p.cum,     p.dtp,  p.st,      p.L,
+          p.H,   p.D,    p.N,    p.hpg,  p.cs, p.nchunks, p.Lpad, p.hb_state};
+}
+
+template <class T, class S, bool kToEnd>
+Status launch_outer_mma(const OuterArgs<T, S>& a, int64_t batch, cudaStream_t st,
+                        std::string_view op) {
+  const size_t smem = fwd_mma::state::layout(a.N, a.cs).total;
+  auto* kernel = chunk_outer_mma_kernel<T, S, kToEnd>;
+  BARACUDA_TRY(cuda::check(op, "cudaFuncSetAttribute",
+                           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                static_cast<int>(smem))));
+  const int64_t tiles_n = cuda::ceil_div(fwd_mma::k16(a.N), fwd_mma::state::kNw);
+  const dim3 grid(static_cast<unsigned>(a.nchunks),
+                  static_cast<unsigned>(cuda::ceil_div(a.D, kTile) * tiles_n),
+                  static_cast<unsigned>(batch * (a.H / a.hb)));
+  kernel<<<grid, fwd_mma::state::kThreads, smem, st>>>(a);
+  return cuda::check_launch(op, "chunk_outer_mma_kernel");
 }
 
 template <class T>

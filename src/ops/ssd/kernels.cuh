@@ -1869,6 +1869,26 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_ustate_vec_kernel(BwdC<T> p) 
   bwd_ustate_body<T, true, true>(p);
 }
 
+// chunked_mma_fastpass's U_c (chunk_outer_mma_kernel): a = dy' (S = float: the dy * silu(z)
+// workspace, [B][L][H][D]; S = T: dy itself), b = C, out = gst.
+template <class T, class S>
+OuterArgs<T, S> outer_args_ustate(const BwdC<T>& p) {
+  OuterArgs<T, S> a{};
+  if constexpr (std::is_same_v<S, float>) {
+    a.a = p.dyp, a.a_b = p.L * p.H * p.D, a.a_t = p.H * p.D, a.a_h = p.D;
+  } else {
+    a.a = p.dy.p, a.a_b = p.dy.s0, a.a_t = p.dy.s1, a.a_h = p.dy.s2;
+  }
+  a.bm = p.Cm, a.cum = p.cum, a.dtp = p.dtp, a.out = p.gst;
+  a.L = p.L, a.H = p.H, a.D = p.D, a.N = p.N, a.hpg = p.hpg, a.cs = p.cs;
+  a.nchunks = p.nchunks, a.Lpad = p.Lpad, a.hb = p.hb_state;
+  return a;
+}
+template <class T>
+bool ustate_mma_fits(const BwdC<T>& p) {
+  return mma_shape_fits(p) && rows16(p.Cm) && (p.has_z || rows16(p.dy));
+}
+
 // The reverse scan over chunks: gst[c] becomes the adjoint of the state leaving chunk c; what is
 // left at the start is d_initial_states.
 template <class T>
@@ -3407,7 +3427,8 @@ Status forward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
                                              cuda::ceil_div(pr.state_dim, kTile));
     if constexpr (kMma) {
       if (mma)
-        BARACUDA_TRY(launch_chunk_state_mma(p, pr, st));
+        BARACUDA_TRY(
+            (launch_outer_mma<T, T, true>(outer_args_state(p), pr.batch, st, "ssd_forward")));
       else
         chunk_state_tc_vec_kernel<T><<<dim3(tiles, nc, bh), kTcThreads, 0, st>>>(p);
     } else if constexpr (kTensorCores)
@@ -3560,7 +3581,9 @@ inline BwdcLayout bwdc_layout(const ssd::Problem& p) {
 
 // kVec (tensor cores only): chunked_wmma_vec, the 16-byte operand staging. kFast: both
 // inter-chunk passes (the states' recompute and the reverse adjoint scan) by chunk_scan_kernel.
-template <class T, bool kTC, bool kVec = false, bool kFast = false>
+// kMma (chunked_mma_fastpass, with kVec and kFast): the states' recompute and U_c on mma.sync
+// (chunk_outer_mma_kernel) where their operands allow 16-byte copies.
+template <class T, bool kTC, bool kVec = false, bool kFast = false, bool kMma = false>
 Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
                         const SsdBackwardOp::Arguments& a) {
   BwdC<T> p;
@@ -3601,8 +3624,17 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
   const cudaStream_t st = cuda::stream_of(ctx);
   constexpr std::string_view op = "ssd_backward";
   if (pr.heads == 0) return {};
-  StageClock clock(op, chunked_name<kTC, kVec, kFast>(), st);
+  StageClock clock(op, chunked_name<kTC, kVec, kFast, kMma>(), st);
   const int64_t bh64 = pr.batch * pr.heads;
+  bool state_mma = false, ustate_mma = false;
+  if constexpr (kMma) {
+    p.hb_state = heads_per_block(pr, 4);
+    const bool smem_ok =
+        static_cast<int64_t>(fwd_mma::state::layout(pr.state_dim, pr.chunk_size).total) <=
+        ctx.stream.caps().smem_per_block_optin;
+    state_mma = smem_ok && state_mma_fits(p);
+    ustate_mma = smem_ok && ustate_mma_fits(p);
+  }
   const auto bh = static_cast<unsigned>(bh64);
   const auto nc = static_cast<unsigned>(pr.nchunks);
   const auto cs = static_cast<unsigned>(pr.chunk_size);
@@ -3614,13 +3646,18 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
     prep_kernel<T><<<dim3(nc, bh), cs, cs * sizeof(double), st>>>(fwd);
     BARACUDA_TRY(cuda::check_launch(op, "prep_kernel"));
     clock.mark("prep");
-    if constexpr (kTC)
+    if constexpr (kMma) {
+      if (state_mma)
+        BARACUDA_TRY((launch_outer_mma<T, T, true>(outer_args_state(fwd), pr.batch, st, op)));
+      else
+        chunk_state_tc_vec_kernel<T><<<dim3(ntd * ntn, nc, bh), kTcThreads, 0, st>>>(fwd);
+    } else if constexpr (kTC)
       (kVec ? chunk_state_tc_vec_kernel<T>
             : chunk_state_tc_kernel<T>)<<<dim3(ntd * ntn, nc, bh), kTcThreads, 0, st>>>(fwd);
     else
       chunk_state_kernel<T><<<dim3(ntd * ntn, nc, bh), kThreads, 0, st>>>(fwd);
     BARACUDA_TRY(cuda::check_launch(op, "chunk_state_kernel"));
-    clock.mark("chunk_state");
+    clock.mark(state_mma ? "chunk_state_mma" : "chunk_state");
     if constexpr (kFast) {
       ChunkScan sa = chunk_scan_args(fwd, p.st);
       sa.in = p.init, sa.has_in = p.has_init;  // no final_states here (p.has_fin is false)
@@ -3650,12 +3687,26 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
       BARACUDA_TRY(cuda::check_launch(op, "bwd_gate_kernel"));
       clock.mark("gate");
     }
-    if constexpr (kVec)
-      bwd_ustate_vec_kernel<T><<<dim3(ntd * ntn, nc, bh), kThreads, 0, st>>>(p);
-    else
-      bwd_ustate_kernel<T, kTC><<<dim3(ntd * ntn, nc, bh), kThreads, 0, st>>>(p);
+    bool ustate_done = false;
+    if constexpr (kMma) {
+      if (ustate_mma) {
+        if (p.has_z)
+          BARACUDA_TRY((
+              launch_outer_mma<T, float, false>(outer_args_ustate<T, float>(p), pr.batch, st, op)));
+        else
+          BARACUDA_TRY(
+              (launch_outer_mma<T, T, false>(outer_args_ustate<T, T>(p), pr.batch, st, op)));
+        ustate_done = true;
+      }
+    }
+    if (!ustate_done) {
+      if constexpr (kVec)
+        bwd_ustate_vec_kernel<T><<<dim3(ntd * ntn, nc, bh), kThreads, 0, st>>>(p);
+      else
+        bwd_ustate_kernel<T, kTC><<<dim3(ntd * ntn, nc, bh), kThreads, 0, st>>>(p);
+    }
     BARACUDA_TRY(cuda::check_launch(op, "bwd_ustate_kernel"));
-    clock.mark("ustate");
+    clock.mark(ustate_done ? "ustate_mma" : "ustate");
   }
   if (bh64 > 0) {  // with L = 0 this is d_initial_states = d_final_states
     if constexpr (kFast) {
@@ -3962,6 +4013,20 @@ bool register_kernels() {
             },
         .workspace = chunked_bwd_workspace,
         .launch = backward_chunked<T, true, true, true>,
+    });
+    // chunked_wmma_vec_fastpass with the states' recompute and U_c on mma.sync
+    // (chunk_outer_mma_kernel, as chunked_mma_fastpass's forward) where their operands allow
+    // 16-byte copies. The same values up to the order of the products' sums.
+    register_kernel<SsdBackwardOp>({
+        .sku =
+            scan_sku<E>("ssd_backward", "chunked", kTensorCorePrecision<E>, "chunked_mma_fastpass"),
+        .priority = 33,
+        .fits =
+            [](const ssd::Problem& p, const DeviceCaps& caps) {
+              return bc_heads_fit<T>(p, caps) && chunk_scan_blocks(p) < (int64_t{1} << 31);
+            },
+        .workspace = chunked_bwd_workspace,
+        .launch = backward_chunked<T, true, true, true, true>,
     });
   }
   register_kernel<SsdDecodeOp>({

@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "baracuda/ops/ssd.hpp"
@@ -1060,21 +1061,28 @@ class StageNames final : public ssd::StageSink {
   std::vector<std::string> names;
 };
 
-StageNames forward_stages(Target target, DType dtype, const FwdCase& c, Layout layout,
-                          PlanPreference pref) {
+// One run of a forward or backward plan with a sink installed: the launches it made.
+template <class Plan, class Case>
+StageNames plan_stages(Target target, DType dtype, const Case& c, Layout layout,
+                       PlanPreference pref) {
+  constexpr bool kBackward = std::is_same_v<Plan, SsdBackwardPlan>;
   StageNames names;
   const Stream& stream = harness::stream_for(target);
-  auto plan = SsdForwardPlan::select(
-      stream, describe(c.B, c.L, c.H, c.D, c.N, c.G, dtype, c.o, c.chunk), pref);
+  auto plan =
+      Plan::select(stream, describe(c.B, c.L, c.H, c.D, c.N, c.G, dtype, c.o, c.chunk), pref);
   EXPECT_TRUE(plan.ok());
   if (!plan.ok()) return names;
   Rng rng;
-  Tensors t = make_tensors(plan->problem(), target, layout, rng, false, c.o.a_scale);
+  Tensors t = make_tensors(plan->problem(), target, layout, rng, kBackward, c.o.a_scale);
   auto ws = workspace_for(plan->workspace_size(), target);
   EXPECT_TRUE(ws.ok());
   if (!ws.ok()) return names;
   ssd::set_stage_sink(&names);
-  const Status st = plan->run(stream, ws->as_workspace(), forward_args(t));
+  Status st;
+  if constexpr (kBackward)
+    st = plan->run(stream, ws->as_workspace(), backward_args(t));
+  else
+    st = plan->run(stream, ws->as_workspace(), forward_args(t));
   ssd::set_stage_sink(nullptr);
   EXPECT_TRUE(st.ok());
   return names;
@@ -1144,7 +1152,7 @@ TEST_P(SsdPlans, ForwardMmaOnDevice) {
                  " D=" + std::to_string(k.c.D) + " N=" + std::to_string(k.c.N) +
                  " chunk=" + std::to_string(k.c.chunk) + " A x" + std::to_string(k.c.o.a_scale));
     run_forward(target, k.dtype, k.c, k.layout, true, mma);
-    const StageNames ran = forward_stages(target, k.dtype, k.c, k.layout, mma);
+    const StageNames ran = plan_stages<SsdForwardPlan>(target, k.dtype, k.c, k.layout, mma);
     if (k.expect_mma) {
       EXPECT_TRUE(ran.has("chunk_state_mma") && ran.has("chunk_out_mma"));
     } else if (k.layout == Layout::contiguous) {  // padded / permuted may land aligned by chance
@@ -1178,7 +1186,7 @@ void run_backward(Target target, DType dtype, const BwdCase& c, Layout layout,
   auto plan = SsdBackwardPlan::select(
       stream, describe(c.B, c.L, c.H, c.D, c.N, c.G, dtype, c.o, c.chunk), pref);
   ASSERT_TRUE(plan.ok()) << plan.error().to_string();
-  Tensors t = make_tensors(plan->problem(), target, layout, rng, true);
+  Tensors t = make_tensors(plan->problem(), target, layout, rng, true, c.o.a_scale);
   auto ws = workspace_for(plan->workspace_size(), target);
   BARACUDA_ASSERT_OK(ws);
   std::vector<TestTensor*> outs = {&*t.dx, &*t.ddt, &*t.dA, &*t.dB, &*t.dC};
@@ -1506,12 +1514,71 @@ TEST_P(SsdPlans, BackwardFastpassOnDevice) {
     expect_backward_bitwise(target, base, fast_name, k.dtype, k.c, k.layout);
   }
   const Stream& stream = harness::stream_for(target);
-  auto dflt = SsdBackwardPlan::select(stream, describe(1, 64, 2, 8, 8, 1, DType::bf16, {}));
-  BARACUDA_ASSERT_OK(dflt);
-  EXPECT_EQ(dflt->sku().name, fast_name);  // the default (measured faster than chunked_wmma_vec)
   auto packed = SsdBackwardPlan::select(
       stream, describe(1, 64, 2, 8, 8, 1, DType::bf16, {.num_seqs = 2}), fast);
   EXPECT_FALSE(packed.ok());  // varlen: not offered
+}
+
+// chunked_mma_fastpass: chunked_wmma_vec_fastpass with the states' recompute and U_c on
+// mma.sync (chunk_outer_mma_kernel) where their operands are 16-byte aligned with D and N
+// multiples of 8. Against the float64 adjoint (every gradient, poisoned gaps, bitwise
+// determinism) on: dy' from the f32 dy * silu(z) workspace (z on) and from dy itself, partial
+// chunks and d tiles (D = 48, 80), N = 40 / 24 (a half-empty k16 step of n), N = 256 (two n
+// blocks), L = 1, heads per block 1, 2, 4, strong decay; the stage names say which kernels ran.
+TEST_P(SsdPlans, BackwardMmaOnDevice) {
+  const Target target = GetParam();
+  if (target == Target::cpu) GTEST_SKIP() << "device kernels (chunked_mma_fastpass)";
+  BARACUDA_SKIP_IF_UNAVAILABLE(target);
+  const Options all{.d_skip = ssd::DSkip::per_channel,
+                    .z = true,
+                    .dt_bias = true,
+                    .softplus = true,
+                    .init = true,
+                    .final = true};
+  const Options states{.init = true, .final = true};
+  const auto mma = PlanPreference::kernel("chunked_mma_fastpass");
+  const struct {
+    DType dtype;
+    BwdCase c;
+    Layout layout;
+    bool expect_mma;
+  } cases[] = {
+      {DType::bf16, {2, 300, 4, 64, 64, 2, 64, all}, Layout::contiguous, true},
+      {DType::f16, {2, 300, 4, 64, 64, 2, 128, all}, Layout::contiguous, true},
+      {DType::bf16, {1, 2 * 256 + 5, 8, 64, 128, 1, 256, states}, Layout::contiguous, true},
+      {DType::bf16, {1, 1100, 2, 32, 64, 1, 64, states}, Layout::contiguous, true},
+      {DType::bf16,
+       {1, 128, 2, 48, 40, 2, 128, {.d_skip = ssd::DSkip::per_channel}},
+       Layout::contiguous,
+       true},
+      {DType::bf16, {1, 77, 2, 80, 24, 1, 64, {.z = true}}, Layout::contiguous, true},
+      {DType::bf16, {3, 1, 2, 16, 16, 1, 64, states}, Layout::contiguous, true},
+      {DType::bf16, {1, 150, 2, 256, 256, 1, 128, {.final = true}}, Layout::contiguous, true},
+      {DType::bf16,
+       {1, 200, 4, 64, 64, 1, 64, {.final = true, .a_scale = 8}},
+       Layout::contiguous,
+       true},
+      {DType::bf16, {1, 130, 2, 5, 6, 1, 64, states}, Layout::contiguous, false},  // N % 8 != 0
+      {DType::bf16, {1, 2 * 256 + 5, 8, 64, 128, 1, 256, states}, Layout::padded, false},
+      {DType::bf16, {1, 128, 2, 48, 40, 2, 128, all}, Layout::permuted, false},
+  };
+  for (const auto& k : cases) {
+    SCOPED_TRACE(std::string(name(k.dtype)) + " " + harness::layout_name(k.layout) +
+                 " L=" + std::to_string(k.c.L) + " H=" + std::to_string(k.c.H) +
+                 " D=" + std::to_string(k.c.D) + " N=" + std::to_string(k.c.N) +
+                 " chunk=" + std::to_string(k.c.chunk));
+    run_backward(target, k.dtype, k.c, k.layout, mma);
+    const StageNames ran = plan_stages<SsdBackwardPlan>(target, k.dtype, k.c, k.layout, mma);
+    if (k.expect_mma) {
+      EXPECT_TRUE(ran.has("chunk_state_mma") && ran.has("ustate_mma"));
+    } else if (k.layout == Layout::contiguous) {  // padded / permuted may land aligned by chance
+      EXPECT_TRUE(ran.has("chunk_state") && ran.has("ustate"));
+    }
+  }
+  const Stream& stream = harness::stream_for(target);
+  auto dflt = SsdBackwardPlan::select(stream, describe(1, 64, 2, 8, 8, 1, DType::bf16, {}));
+  BARACUDA_ASSERT_OK(dflt);
+  EXPECT_EQ(dflt->sku().name, "chunked_mma_fastpass");  // the default for 16-bit data
 }
 
 TEST_P(SsdPlans, BackwardWmmaVecMatchesWmma) {
