@@ -1352,7 +1352,7 @@ TEST_P(SsdPlans, BackwardChunkedShapesOnDevice) {
   const Stream& stream = harness::stream_for(target);
   auto dense = SsdBackwardPlan::select(stream, describe(1, 64, 2, 8, 8, 1, DType::bf16, {}));
   BARACUDA_ASSERT_OK(dense);
-  EXPECT_EQ(dense->sku().name, "chunked_wmma_vec_fastpass");
+  EXPECT_EQ(dense->sku().name, "chunked_mma_fastpass");
   // f32 keeps the recurrent kernel by default (its dA/ddt_bias meet f32's bound; see
   // run_backward); chunked_f32 is there by preference.
   auto dense32 = SsdBackwardPlan::select(stream, describe(1, 64, 2, 8, 8, 1, DType::f32, {}));
