@@ -17,6 +17,14 @@ constexpr int kLd16 = kTile + 8;  // 16-bit 64-wide tiles: ldmatrix rows 144 B a
 constexpr size_t kSlotBytes = sizeof(uint16_t) * kTile * kLd16;
 constexpr double kLog2e = 1.4426950408889634;
 
+// The widest row / column decay exponent (log2 units) that weights factored through one reference
+// token take (chunk_out's and bwd_dx_mma_kernel's): the scaled weights W / rowf must keep T's
+// precision (f16: stay normal for weights down to ~2^-4; bf16 has f32's range) and a factor that
+// underflows must stand for a negligible weight (<= 2^(kFactorSafe - 126)). Wider decays take the
+// direct form, one exponential per weight.
+template <class T>
+constexpr float kFactorSafe = std::is_same_v<T, __half> ? 8.0f : 64.0f;
+
 __host__ __device__ inline size_t round16(size_t bytes) {
   return (bytes + 15) / 16 * 16;
 }
@@ -28,12 +36,6 @@ __host__ __device__ inline int64_t k16(int64_t n) {
 // ---- chunk_out: y_t = exp(cum_t) C_t . S_c + sum_{s <= t} exp(cum_t - cum_s) CB_ts v_s x_s
 namespace out {
 constexpr int kWarps = 4, kThreads = 32 * kWarps, kStages = 2;
-// The widest row / column decay exponent (log2 units) the factored weights take: the scaled
-// weights W / rowf must keep T's precision (f16: stay normal for weights down to ~2^-4; bf16 has
-// f32's range) and a column factor that underflows must stand for a negligible weight
-// (<= 2^(kSafe - 126)). Wider decays take the direct form.
-template <class T>
-constexpr float kSafe = std::is_same_v<T, __half> ? 8.0f : 64.0f;
 struct Layout {
   int64_t ldc, ldcb;  // pitches of the C tile (N rounded to 16, + 8) and the CB rows (cs + 8)
   size_t cl, dts, colf, c_tile, cb_rows, ring, total;  // byte offsets (total: the size)
@@ -117,7 +119,8 @@ bool fwd_mma_fits(const Fwd<T>& p) {  // chunk_state and chunk_out
 // heads: the per-head L2 reads of CB cost a quarter of the kernel's time), rowf_t multiplies the
 // accumulators once at the end, and the state product enters as acc * exp(ref) so that the end's
 // rowf_t makes it exp(cum_t). When the head decays, colf <= 1 and rowf <= 2^(the tile's own decay);
-// a head whose exponents exceed kSafe<T> forms every weight directly, exp(cum_t - cum_s) v_s CB_ts.
+// a head whose exponents exceed kFactorSafe<T> forms every weight directly, exp(cum_t - cum_s) v_s
+// CB_ts.
 template <class T>
 __global__ void __launch_bounds__(fwd_mma::out::kThreads, 2) chunk_out_mma_kernel(Fwd<T> p) {
   using namespace fwd_mma;
@@ -230,8 +233,9 @@ __global__ void __launch_bounds__(fwd_mma::out::kThreads, 2) chunk_out_mma_kerne
         cl[t] = v, dts[t] = dt;
         if (t <= t_ref) {
           colf[t] = exp2_ftz(ref - v) * dt;
-          // columns: colf <= 2^kSafe; rows of this tile: rowf <= 2^kSafe
-          wide = wide || !(ref - v <= out::kSafe<T>) || (t >= t_lo && !(v - ref <= out::kSafe<T>));
+          // columns: colf <= 2^kFactorSafe; rows of this tile: rowf too
+          wide =
+              wide || !(ref - v <= kFactorSafe<T>) || (t >= t_lo && !(v - ref <= kFactorSafe<T>));
         }
       }
       direct = __syncthreads_or(wide);

@@ -2289,17 +2289,15 @@ constexpr int kLd16 = 72;  // 16-bit 64-wide tiles: ldmatrix rows 144 B apart
 constexpr size_t kSlotBytes = sizeof(float) * kTile * kLdNK;  // holds any stage's tile
 
 struct Layout {
-  int64_t bw, ldb;                           // B tile: N rounded up to 16, its pitch
-  size_t b_tile, ring, x_tiles, cum, total;  // byte offsets (total: the size)
+  int64_t bw, ldb;                               // B tile: N rounded up to 16, its pitch
+  size_t b_tile, ring, x_tiles, scalars, total;  // byte offsets (total: the size)
 };
-__host__ __device__ inline size_t round16(size_t bytes) {
-  return (bytes + 15) / 16 * 16;
-}
 __host__ __device__ inline Layout layout(int64_t N) {
+  using fwd_mma::round16;
   Layout l{};
-  l.bw = (N + 15) / 16 * 16, l.ldb = l.bw + 8;
-  l.cum = 0;  // first: the doubles need 8-byte alignment
-  l.b_tile = l.cum + round16(sizeof(double) * 256);
+  l.bw = fwd_mma::k16(N), l.ldb = l.bw + 8;
+  l.scalars = 0;  // a head's cl and colf, 256 floats each
+  l.b_tile = l.scalars + round16(sizeof(float) * 2 * 256);
   l.ring = l.b_tile + round16(sizeof(uint16_t) * kTile * static_cast<size_t>(l.ldb));
   l.x_tiles = l.ring + kSlotBytes * kStages;
   l.total = l.x_tiles + round16(sizeof(uint16_t) * 2 * kTile * kLd16);
@@ -2329,7 +2327,8 @@ __global__ void __launch_bounds__(dx_mma::kThreadsDx, 3) bwd_dx_mma_kernel(BwdC<
   using cuda::smem_u32;
   extern __shared__ __align__(16) unsigned char dxm_smem[];
   const Layout lay = layout(p.N);
-  double* sc_cum = reinterpret_cast<double*>(dxm_smem + lay.cum);
+  float* cl = reinterpret_cast<float*>(dxm_smem + lay.scalars);  // cum * log2(e), this head
+  float* colf = cl + 256;  // exp(cum_t - cum_{s_lo}) for s_lo <= t < K, else 0
   T* Bs = reinterpret_cast<T*>(dxm_smem + lay.b_tile);
   unsigned char* ring = dxm_smem + lay.ring;
   T* xs = reinterpret_cast<T*>(dxm_smem + lay.x_tiles);
@@ -2405,8 +2404,9 @@ __global__ void __launch_bounds__(dx_mma::kThreadsDx, 3) bwd_dx_mma_kernel(BwdC<
   const int s_lo32 = static_cast<int>(s_lo), K32 = static_cast<int>(K);
   float acc[8][4];
   float cbr[4][8];  // C.B^T of the next t tile, in A-fragment order
-  double cum_s[2] = {0.0, 0.0};
+  float cl_s[2] = {0.0f, 0.0f}, rowf[2] = {1.0f, 1.0f}, eref = 1.0f;
   float es[2] = {0.0f, 0.0f}, v[2] = {0.0f, 0.0f}, xdot2[2] = {0.0f, 0.0f};
+  bool direct = false;  // this head's weights in the direct form
   // The C.B^T values of t tile t0 this lane's A fragments need: rows t0 + 16 kk + 2 q4 (+1, +8,
   // +9), columns srow; 8 consecutive s per row across a quad's neighbours (32-byte sectors).
   const int cs = static_cast<int>(p.cs);  // in-chunk offsets fit 32 bits (cs <= 256)
@@ -2455,15 +2455,30 @@ __global__ void __launch_bounds__(dx_mma::kThreadsDx, 3) bwd_dx_mma_kernel(BwdC<
     const int64_t h = h0 + hi, bh = b * p.H + h, ob = bh * p.Lpad + tb;
     const unsigned char* slot = ring + (i % kStages) * kSlotBytes;
     const T* xt = xs + (hi % 2) * kTile * kLd16;
-    if (j == 0) {  // a new head: its scalars (cum read by later stages, after their barrier)
-      for (int t = tid; t < p.cs; t += kThreadsDx) sc_cum[t] = p.cum[ob + t];
-      const double last = p.cum[ob + p.cs - 1];
+    if (j == 0) {  // a new head: its scalars (the previous head's last reads of cl / colf were
+                   // before the barrier above)
+      const double ref = p.cum[ob + s_lo], last = p.cum[ob + p.cs - 1];
+      const float ref2 = static_cast<float>(ref * fwd_mma::kLog2e);
+      bool wide = false;
+      for (int t = tid; t < p.cs; t += kThreadsDx) {
+        const float c = static_cast<float>(p.cum[ob + t] * fwd_mma::kLog2e);
+        const bool in = t >= s_lo32 && t < K32;
+        cl[t] = c;
+        colf[t] = in ? exp2_ftz(c - ref2) : 0.0f;
+        // columns t: colf <= 2^kFactorSafe; rows s of this tile: rowf = 2^(ref - cum_s) too
+        wide = wide || (in && !(c - ref2 <= fwd_mma::kFactorSafe<T>)) ||
+               (in && t < s_lo32 + kTile && !(ref2 - c <= fwd_mma::kFactorSafe<T>));
+      }
+      direct = __syncthreads_or(wide);
+      eref = direct ? 1.0f : expf(static_cast<float>(last - ref));
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const bool in = srow[e] < K;
-        cum_s[e] = in ? p.cum[ob + srow[e]] : 0.0;
-        es[e] = in ? expf(static_cast<float>(last - cum_s[e])) : 0.0f;
+        const double cum_s = in ? p.cum[ob + srow[e]] : 0.0;
+        cl_s[e] = in ? cl[srow[e]] : 0.0f;
+        es[e] = in ? expf(static_cast<float>(last - cum_s)) : 0.0f;
         v[e] = in ? p.dtp[ob + srow[e]] : 0.0f;
+        rowf[e] = direct || !in ? 1.0f : exp2_ftz(ref2 - cl_s[e]);
       }
 #pragma unroll
       for (int j8 = 0; j8 < 8; ++j8)
@@ -2473,22 +2488,42 @@ __global__ void __launch_bounds__(dx_mma::kThreadsDx, 3) bwd_dx_mma_kernel(BwdC<
     const int qt = j - nk;  // t tile of a W . dy' stage (< 0: a state-product stage)
     const int t0 = s_lo32 + qt * kTile;
     uint32_t wa[4][4];
-    if (qt >= 0)  // W_ts = exp(cum_t - cum_s) CB_ts for s <= t < K, rounded to T
+    // W^T for this t tile, rounded to T. Factored (the default): W_ts / rowf_s = colf_t CB_ts with
+    // rowf_s = exp(cum_{s_lo} - cum_s) applied to the accumulators at the head's end; the state
+    // product enters as acc * exp(cum_last - cum_{s_lo}) so that rowf_s makes it e_s. kDirect:
+    // exp(cum_t - cum_s) CB_ts per weight (exponents beyond kFactorSafe). kDiag: the mask s <= t
+    // (the first t tile); t >= K is masked by colf = 0 or, directly, by the bound.
+    auto build_w = [&]<bool kDirect, bool kDiag>() {
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
         for (int e2 = 0; e2 < 4; ++e2) {
+          const int r = e2 & 1, t = t0 + 16 * kk + 2 * q4 + (e2 >= 2 ? 8 : 0);
           float w2[2];
+          if constexpr (!kDirect) {
+            const float2 f = *reinterpret_cast<const float2*>(colf + t);
+            w2[0] = f.x * cbr[kk][2 * e2];
+            w2[1] = f.y * cbr[kk][2 * e2 + 1];
+          } else {
 #pragma unroll
-          for (int u = 0; u < 2; ++u) {
-            const int t = t0 + 16 * kk + 2 * q4 + u + (e2 >= 2 ? 8 : 0), r = e2 & 1;
-            // __expf (ex2.approx): its few-ulp error is far below W's rounding to T
-            w2[u] = (srow[r] <= t && t < K32)
-                        ? __expf(static_cast<float>(sc_cum[t] - cum_s[r])) * cbr[kk][2 * e2 + u]
-                        : 0.0f;
+            for (int u = 0; u < 2; ++u)
+              w2[u] = t + u < K32 ? exp2_ftz(cl[t + u] - cl_s[r]) * cbr[kk][2 * e2 + u] : 0.0f;
+          }
+          if constexpr (kDiag) {
+            w2[0] = srow[r] <= t ? w2[0] : 0.0f;
+            w2[1] = srow[r] <= t + 1 ? w2[1] : 0.0f;
           }
           wa[kk][e2] = pack2<T>(w2[0], w2[1]);
         }
+    };
+    if (qt >= 0) {
+      if (direct)
+        build_w.template operator()<true, true>();  // rare: the mask on every tile
+      else if (qt == 0)
+        build_w.template operator()<false, true>();
+      else
+        build_w.template operator()<false, false>();
+    }
     // C.B^T for the next W stage (this head's next t tile, or after the last state-product stage
     // its first), in flight under this stage's products.
     if (j == nk - 1 || (qt >= 0 && qt + 1 < nt)) fetch_cb(j == nk - 1 ? s_lo32 : t0 + kTile);
@@ -2538,6 +2573,11 @@ __global__ void __launch_bounds__(dx_mma::kThreadsDx, 3) bwd_dx_mma_kernel(BwdC<
       }
     }
     if (j != nk - 1 && j != S - 1) continue;
+    if (j == S - 1 && !direct)  // the factored weights' row factors
+#pragma unroll
+      for (int j8 = 0; j8 < 8; ++j8)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[j8][e] *= rowf[e / 2];
     float rows[2];
     row_dots(xt, rows);
     if (j == nk - 1) {  // E_s needs the state product alone; then the decay to the chunk end
@@ -2545,7 +2585,7 @@ __global__ void __launch_bounds__(dx_mma::kThreadsDx, 3) bwd_dx_mma_kernel(BwdC<
 #pragma unroll
       for (int j8 = 0; j8 < 8; ++j8)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc[j8][e] *= es[e / 2];
+        for (int e = 0; e < 4; ++e) acc[j8][e] *= direct ? es[e / 2] : eref;
       continue;
     }
     // The head's epilogue: dx = v acc + D dy', and the row sums pdv, pE.
