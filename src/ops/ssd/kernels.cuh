@@ -2834,6 +2834,278 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dcb_vec_kernel(BwdC<T> p) {
     bwd_dcb_body<T, T>(p, shm);
 }
 
+// chunked_mma_fastpass's dCB on mma.sync, for operands it can copy by 16-byte cp.async
+// (dcb_mma_fits). The same block decomposition as bwd_dcb_vec_kernel (chunk, causal tile pair
+// (t, s), b, group; the group's heads in order); warp w owns rows t_lo + 16 w .. + 15 and the 64
+// columns s, with DX = dy'_t . x_s of the current head and the running dCB in registers (no shared
+// staging of either), the dy' and x tiles through a kStages-deep cp.async ring across heads and
+// D slices, and the C.B^T tile in registers for the whole block. The weights factor per head
+// through ref = cum at the s tile's last token: W_ts dt_s = rowf_t colf_s, rowf_t = exp(cum_t -
+// ref), colf_s = exp(ref - cum_s) dt_s (both <= 1 below the diagonal when the head decays); a
+// head whose exponents exceed kFactorSafe<T> forms exp(cum_t - cum_s) dt_s per element. Each
+// head's factors are formed one head ahead into a double buffer; its P row sums leave by quad
+// shuffles, its column sums through shared memory, added by 64 threads after the next barrier.
+// Deterministic (fixed order, no atomics); dCB, prow and pcol equal bwd_dcb_vec_kernel's to
+// rounding (other product order, factored weights).
+namespace dcb_mma {
+constexpr int kWarps = 4, kThreads = 32 * kWarps, kStages = 3;
+constexpr int kLd16 = kTile + 8;  // 16-bit tiles: ldmatrix rows 144 B apart
+constexpr int kLdDy = kTile + 8;  // f32 dy' tiles: float2 reads of 8 rows on distinct banks
+constexpr int kLdP = kTile + 4;   // column partials
+template <bool kZ>
+constexpr size_t kSlotA = kZ ? sizeof(float) * kTile* kLdDy : sizeof(uint16_t) * kTile* kLd16;
+constexpr size_t kSlotB = sizeof(uint16_t) * kTile * kLd16;
+constexpr int kScalars = 5;  // per head: colf, rowf, cl at s, cl at t, dt at s (64 each)
+struct Layout {
+  size_t ring, slot, pc, scal, total;  // byte offsets and sizes
+};
+template <bool kZ>
+__host__ __device__ inline Layout layout() {
+  Layout l{};
+  l.slot = kSlotA<kZ> + kSlotB;
+  l.ring = 0;
+  l.pc = l.ring + kStages * l.slot;
+  l.scal = l.pc + sizeof(float) * 2 * (kWarps * 8) * kLdP;
+  l.total = l.scal + sizeof(float) * 2 * kScalars * kTile;
+  return l;
+}
+}  // namespace dcb_mma
+
+template <class T>
+bool dcb_mma_fits(const BwdC<T>& p) {
+  return mma_shape_fits(p) && rows16(p.x) && (p.has_z || rows16(p.dy));
+}
+
+template <class T, bool kZ>  // kZ: dy' is the f32 dy * silu(z) workspace, else dy itself
+__global__ void __launch_bounds__(dcb_mma::kThreads, 3) bwd_dcb_mma_kernel(BwdC<T> p) {
+  using namespace dcb_mma;
+  using cuda::ldmatrix_x4;
+  using cuda::mma16816;
+  using cuda::pack2;
+  using cuda::smem_u32;
+  extern __shared__ __align__(16) unsigned char dcbm_smem[];
+  const Layout lay = layout<kZ>();
+  float(*Pc)[kWarps * 8][kLdP] = reinterpret_cast<float(*)[kWarps * 8][kLdP]>(dcbm_smem + lay.pc);
+  float(*scal)[kScalars][kTile] = reinterpret_cast<float(*)[kScalars][kTile]>(dcbm_smem + lay.scal);
+  enum { kColf, kRowf, kClS, kClT, kDtS };
+
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, q4 = lane % 4;
+  const int64_t npairs = causal_pairs(p.ntt), c = blockIdx.x / npairs;
+  int64_t it = 0, q = blockIdx.x % npairs;  // pair index it (it + 1) / 2 + q, q <= it
+  while (q > it) q -= ++it;
+  const int64_t G = p.H / p.hpg, b = blockIdx.y / G, grp = blockIdx.y % G, h0 = grp * p.hpg;
+  const int t_lo = static_cast<int>(it) * kTile, s0 = static_cast<int>(q) * kTile;
+  const int64_t BH = p.B * p.H, tb = c * p.cs;
+  const int K = static_cast<int>(p.L - tb < p.cs ? p.L - tb : p.cs);
+  if (t_lo >= K) return;  // uniform over the block
+  const bool diag = it == q;
+  const int nks = static_cast<int>((p.D + kTile - 1) / kTile);
+  const int total = static_cast<int>(p.hpg) * nks;
+  const int s_ref = min(s0 + kTile, K) - 1;
+  const int64_t cb_off = ((b * G + grp) * p.nchunks + c) * p.cs * p.cs;
+  const int cs = static_cast<int>(p.cs);
+
+  // ---- producer: stage i = (head, D slice) into ring slot i % kStages
+  const int cr = tid / 8, cc = tid % 8 * 8;  // 16-bit tiles: rows cr + 16 k, 8 columns from cc
+  int ih = 0, ij = 0;
+  auto issue = [&](int i) {
+    if (i >= total) return;
+    const int64_t h = h0 + ih;
+    const int d0 = ij * kTile;
+    unsigned char* slot = dcbm_smem + lay.ring + (i % kStages) * lay.slot;
+    if constexpr (kZ) {  // dy' rows t_lo.. (f32): rows tid / 16 + 8 k, 4 columns from tid % 16
+      float* dst = reinterpret_cast<float*>(slot);
+      const int fr = tid / 16, fc = tid % 16 * 4;
+      const bool in_d = d0 + fc < p.D;
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const int t = t_lo + fr + 8 * k;
+        const bool in = in_d && t < K;
+        const float* src = p.dyp + ((b * p.L + tb + t) * p.H + h) * p.D + d0 + fc;
+        cp_async16(dst + (fr + 8 * k) * kLdDy + fc, in ? src : p.dyp, in ? 16 : 0);
+      }
+    } else {
+      T* dst = reinterpret_cast<T*>(slot);
+      const bool in_d = d0 + cc < p.D;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int t = t_lo + cr + 16 * k;
+        const bool in = in_d && t < K;
+        cp_async16(dst + (cr + 16 * k) * kLd16 + cc, in ? &p.dy.at(b, tb + t, h, d0 + cc) : p.dy.p,
+                   in ? 16 : 0);
+      }
+    }
+    T* xdst = reinterpret_cast<T*>(slot + kSlotA<kZ>);
+    const bool in_d = d0 + cc < p.D;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int s = s0 + cr + 16 * k;
+      const bool in = in_d && s < K;
+      cp_async16(xdst + (cr + 16 * k) * kLd16 + cc, in ? &p.x.at(b, tb + s, h, d0 + cc) : p.x.p,
+                 in ? 16 : 0);
+    }
+    if (++ij == nks) ij = 0, ++ih;
+  };
+
+  // A head's factors into scal[buf]: threads 0-63 the columns s, 64-127 the rows t. Returns
+  // whether this thread saw an exponent beyond kFactorSafe.
+  auto factors = [&](int64_t h, int buf) {
+    const int64_t ob = (b * p.H + h) * p.Lpad + tb;
+    const float ref = static_cast<float>(p.cum[ob + s_ref] * fwd_mma::kLog2e);
+    const int k = tid % kTile;
+    if (tid < kTile) {
+      const int s = s0 + k;
+      const bool in = s < K;
+      const float cl = static_cast<float>(p.cum[ob + s] * fwd_mma::kLog2e);
+      const float dt = in ? p.dtp[ob + s] : 0.0f;
+      scal[buf][kClS][k] = cl, scal[buf][kDtS][k] = dt;
+      scal[buf][kColf][k] = in ? exp2_ftz(ref - cl) * dt : 0.0f;
+      return in && !(ref - cl <= fwd_mma::kFactorSafe<T>);
+    }
+    const int t = t_lo + k;
+    const bool in = t < K;
+    const float cl = static_cast<float>(p.cum[ob + t] * fwd_mma::kLog2e);
+    scal[buf][kClT][k] = cl;
+    scal[buf][kRowf][k] = in ? exp2_ftz(cl - ref) : 0.0f;
+    return in && !(cl - ref <= fwd_mma::kFactorSafe<T>);
+  };
+  auto column_sums = [&](int hh) {  // after a barrier that follows head hh's Pc writes
+    if (tid < kTile && s0 + tid < K) {
+      float v = 0.0f;
+      for (int r = 0; r < kWarps * 8; ++r) v += Pc[hh & 1][r][tid];
+      p.pcol[(it * BH + b * p.H + h0 + hh) * p.Lpad + tb + s0 + tid] = v;
+    }
+  };
+
+  // ---- per-thread state: rows trow[r] = t_lo + 16 warp + g + 8 r, columns s0 + 8 j8 + 2 q4 + u
+  const int lrow[2] = {16 * warp + g, 16 * warp + g + 8};  // within the tile
+  float acc[8][4], dcb[8][4], cbv[8][4];
+#pragma unroll
+  for (int j8 = 0; j8 < 8; ++j8)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      // rows t >= K: zeros (P must not carry whatever those rows of the workspace hold)
+      const float2 v = t_lo + lrow[r] < K
+                           ? __ldg(reinterpret_cast<const float2*>(
+                                 p.cbm + cb_off + (t_lo + lrow[r]) * cs + s0 + 8 * j8 + 2 * q4))
+                           : make_float2(0.0f, 0.0f);
+      cbv[j8][2 * r] = v.x, cbv[j8][2 * r + 1] = v.y;
+      acc[j8][2 * r] = acc[j8][2 * r + 1] = 0.0f;
+      dcb[j8][2 * r] = dcb[j8][2 * r + 1] = 0.0f;
+    }
+  bool direct = __syncthreads_or(factors(h0, 0));  // head 0's factors, published
+  bool direct_next = false, await_flag = false, my_flag = false;
+
+  int hi = 0, j = 0;  // the stage being computed: head, D slice
+  for (int it2 = 0; it2 < total + kStages - 1; ++it2) {
+    const bool compute = it2 >= kStages - 1;
+    if (compute) {
+      cp_async_wait<kStages - 2>();
+      const bool any = __syncthreads_or(my_flag);  // this stage visible; the refilled slot free
+      if (await_flag) direct_next = any, await_flag = false;
+      my_flag = false;
+    }
+    issue(it2);
+    cp_async_commit();
+    if (!compute) continue;
+    const int i = it2 - (kStages - 1);
+    const unsigned char* slot = dcbm_smem + lay.ring + (i % kStages) * lay.slot;
+    if (j == 0) {
+      if (hi > 0) {
+        direct = direct_next;
+        column_sums(hi - 1);
+      }
+      if (hi + 1 < p.hpg) {  // the next head's factors (its flag arrives at the next barrier)
+        my_flag = factors(h0 + hi + 1, (hi + 1) & 1);
+        await_flag = true;
+      }
+    }
+    // acc[t][s] += sum_d dy'[t][d] x[s][d] over this D slice (columns past D are zero)
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      uint32_t a[4];
+      if constexpr (kZ) {
+        const float* A = reinterpret_cast<const float*>(slot);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float2 f = *reinterpret_cast<const float2*>(A + lrow[e & 1] * kLdDy + 16 * kk +
+                                                            2 * q4 + (e >= 2 ? 8 : 0));
+          a[e] = pack2<T>(f.x, f.y);
+        }
+      } else {
+        const T* A = reinterpret_cast<const T*>(slot);
+        ldmatrix_x4(smem_u32(A + (16 * warp + lane % 16) * kLd16 + 16 * kk + (lane / 16) * 8), a[0],
+                    a[1], a[2], a[3]);
+      }
+      const T* X = reinterpret_cast<const T*>(slot + kSlotA<kZ>);
+#pragma unroll
+      for (int jp = 0; jp < 4; ++jp) {
+        uint32_t b0, b1, b2, b3;
+        ldmatrix_x4(smem_u32(X + (16 * jp + lane % 8 + (lane / 16) * 8) * kLd16 + 16 * kk +
+                             ((lane / 8) % 2) * 8),
+                    b0, b1, b2, b3);
+        mma16816<T>(acc[2 * jp], a, b0, b1);
+        mma16816<T>(acc[2 * jp + 1], a, b2, b3);
+      }
+    }
+    if (j == nks - 1) {
+      // Head hi's weights: w = W_ts dt_s DX_ts, P = w CB_ts; dCB += w, P's row and column sums.
+      const int buf = hi & 1;
+      const float(*sc)[kTile] = scal[buf];
+      float rs[2] = {0.0f, 0.0f};
+      float csum[8][2];
+#pragma unroll
+      for (int j8 = 0; j8 < 8; ++j8) {
+        const int sl = 8 * j8 + 2 * q4;  // local column
+        const float2 cf = *reinterpret_cast<const float2*>(&sc[kColf][sl]);
+        csum[j8][0] = csum[j8][1] = 0.0f;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const float rf = sc[kRowf][lrow[r]];
+#pragma unroll
+          for (int u = 0; u < 2; ++u) {
+            float w;
+            if (!direct) {
+              w = rf * (u ? cf.y : cf.x) * acc[j8][2 * r + u];
+            } else {
+              w = t_lo + lrow[r] < K ? exp2_ftz(sc[kClT][lrow[r]] - sc[kClS][sl + u]) *
+                                           sc[kDtS][sl + u] * acc[j8][2 * r + u]
+                                     : 0.0f;
+            }
+            if (diag && sl + u > lrow[r]) w = 0.0f;  // s > t
+            const float pv = w * cbv[j8][2 * r + u];
+            rs[r] += pv;
+            csum[j8][u] += pv;
+            dcb[j8][2 * r + u] += w;
+            acc[j8][2 * r + u] = 0.0f;
+          }
+        }
+        *reinterpret_cast<float2*>(&Pc[buf][warp * 8 + g][sl]) =
+            make_float2(csum[j8][0], csum[j8][1]);
+      }
+      const int64_t bh = b * p.H + h0 + hi;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        rs[r] += __shfl_xor_sync(0xffffffffu, rs[r], 1);
+        rs[r] += __shfl_xor_sync(0xffffffffu, rs[r], 2);
+        if (q4 == 0 && t_lo + lrow[r] < K)
+          p.prow[(q * BH + bh) * p.Lpad + tb + t_lo + lrow[r]] = rs[r];
+      }
+    }
+    if (++j == nks) j = 0, ++hi;
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // the last head's Pc
+  column_sums(static_cast<int>(p.hpg) - 1);
+  float* dcbt = p.dcb + cb_off;
+#pragma unroll
+  for (int j8 = 0; j8 < 8; ++j8)
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      *reinterpret_cast<float2*>(dcbt + (t_lo + lrow[r]) * cs + s0 + 8 * j8 + 2 * q4) =
+          make_float2(dcb[j8][2 * r], dcb[j8][2 * r + 1]);
+}
+
 // The dB / dC head blocks: one block per (chunk, 64 tokens, b, block of hb heads of one group)
 // covering every 64-wide N tile. The heads' state products are added in head order into per-thread
 // f32 accumulators in dynamic shared memory ([N tile][4 i + j][thread]: element
@@ -3621,8 +3893,9 @@ inline BwdcLayout bwdc_layout(const ssd::Problem& p) {
 
 // kVec (tensor cores only): chunked_wmma_vec, the 16-byte operand staging. kFast: both
 // inter-chunk passes (the states' recompute and the reverse adjoint scan) by chunk_scan_kernel.
-// kMma (chunked_mma_fastpass, with kVec and kFast): the states' recompute and U_c on mma.sync
-// (chunk_outer_mma_kernel) where their operands allow 16-byte copies.
+// kMma (chunked_mma_fastpass, with kVec and kFast): the states' recompute and U_c
+// (chunk_outer_mma_kernel) and dCB (bwd_dcb_mma_kernel) on mma.sync where their operands allow
+// 16-byte copies.
 template <class T, bool kTC, bool kVec = false, bool kFast = false, bool kMma = false>
 Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
                         const SsdBackwardOp::Arguments& a) {
@@ -3788,11 +4061,26 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
     BARACUDA_TRY(cuda::check_launch(op, "bwd_dx_kernel"));
     clock.mark("dx");
     if constexpr (kVec) {
-      bwd_dcb_vec_kernel<T><<<dim3(static_cast<unsigned>(nc * causal_pairs(p.ntt)),
-                                   static_cast<unsigned>(pr.batch * pr.ngroups)),
-                              kThreads, 0, st>>>(p);
+      const dim3 dcb_grid(static_cast<unsigned>(nc * causal_pairs(p.ntt)),
+                          static_cast<unsigned>(pr.batch * pr.ngroups));
+      bool dcb_mma = false;
+      if constexpr (kMma) {
+        const size_t smem =
+            p.has_z ? dcb_mma::layout<true>().total : dcb_mma::layout<false>().total;
+        if (dcb_mma_fits(p) &&
+            static_cast<int64_t>(smem) <= ctx.stream.caps().smem_per_block_optin) {
+          auto* kernel = p.has_z ? bwd_dcb_mma_kernel<T, true> : bwd_dcb_mma_kernel<T, false>;
+          BARACUDA_TRY(
+              cuda::check(op, "cudaFuncSetAttribute",
+                          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(smem))));
+          kernel<<<dcb_grid, dcb_mma::kThreads, smem, st>>>(p);
+          dcb_mma = true;
+        }
+      }
+      if (!dcb_mma) bwd_dcb_vec_kernel<T><<<dcb_grid, kThreads, 0, st>>>(p);
       BARACUDA_TRY(cuda::check_launch(op, "bwd_dcb_vec_kernel"));
-      clock.mark("dcb");
+      clock.mark(dcb_mma ? "dcb_mma" : "dcb");
       const size_t smem = bc_heads_smem_bytes(pr);
       BARACUDA_TRY(cuda::check(op, "cudaFuncSetAttribute",
                                cudaFuncSetAttribute(bwd_db_heads_vec_kernel<T>,
@@ -4054,9 +4342,9 @@ bool register_kernels() {
         .workspace = chunked_bwd_workspace,
         .launch = backward_chunked<T, true, true, true>,
     });
-    // chunked_wmma_vec_fastpass with the states' recompute and U_c on mma.sync
-    // (chunk_outer_mma_kernel, as chunked_mma_fastpass's forward) where their operands allow
-    // 16-byte copies. The same values up to the order of the products' sums.
+    // chunked_wmma_vec_fastpass with the states' recompute and U_c (chunk_outer_mma_kernel, as
+    // chunked_mma_fastpass's forward) and dCB (bwd_dcb_mma_kernel, factored weights) on mma.sync
+    // where their operands allow 16-byte copies. The same values to rounding.
     register_kernel<SsdBackwardOp>({
         .sku =
             scan_sku<E>("ssd_backward", "chunked", kTensorCorePrecision<E>, "chunked_mma_fastpass"),
