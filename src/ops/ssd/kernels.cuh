@@ -4063,7 +4063,7 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
     if constexpr (kVec) {
       const dim3 dcb_grid(static_cast<unsigned>(nc * causal_pairs(p.ntt)),
                           static_cast<unsigned>(pr.batch * pr.ngroups));
-      bool dcb_mma = false;
+      bool dcb_on_mma = false;
       if constexpr (kMma) {
         const size_t smem =
             p.has_z ? dcb_mma::layout<true>().total : dcb_mma::layout<false>().total;
@@ -4075,12 +4075,12 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
                           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                static_cast<int>(smem))));
           kernel<<<dcb_grid, dcb_mma::kThreads, smem, st>>>(p);
-          dcb_mma = true;
+          dcb_on_mma = true;
         }
       }
-      if (!dcb_mma) bwd_dcb_vec_kernel<T><<<dcb_grid, kThreads, 0, st>>>(p);
+      if (!dcb_on_mma) bwd_dcb_vec_kernel<T><<<dcb_grid, kThreads, 0, st>>>(p);
       BARACUDA_TRY(cuda::check_launch(op, "bwd_dcb_vec_kernel"));
-      clock.mark(dcb_mma ? "dcb_mma" : "dcb");
+      clock.mark(dcb_on_mma ? "dcb_mma" : "dcb");
       const size_t smem = bc_heads_smem_bytes(pr);
       BARACUDA_TRY(cuda::check(op, "cudaFuncSetAttribute",
                                cudaFuncSetAttribute(bwd_db_heads_vec_kernel<T>,
