@@ -3180,6 +3180,198 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_db_heads_vec_kernel(BwdC<T> p
   }
 }
 
+// chunked_mma_fastpass's dB head blocks on mma.sync (db_mma_fits): the same blocks and partials
+// as bwd_db_heads_vec_kernel (chunk, 64 tokens s, b, hb heads of one group; partial slot
+// (h0 % hpg) / hb), 128 columns n per block. The heads' state products form one product over
+// (head, d): sum_h sum_d (v_s e_s x_s[d])_h Gc_h[d][n], then the first slot's blocks add the
+// group's sum_{t >= s} dCB_ts C_t[n]. Eight warps, warp w owning rows s_lo + 16 (w % 4) .. + 15 and
+// columns n0 + 64 (w / 4) .. + 63 in registers; each 64-deep stage's operands go through
+// registers one stage ahead (loaded under the products of the stage before), are scaled / rounded
+// to T once and stored into one of two shared slots: x rows times their weight and the f32 Gc
+// rows (rounded), then dCB (f32, [t][s], read transposed) and C rows. The operands round where
+// the WMMA kernel rounds them, except x v_s e_s, which it keeps exact and scales in f32 after the
+// product. Deterministic.
+namespace db_mma {
+constexpr int kWarps = 8, kThreads = 32 * kWarps;
+constexpr int kNw = 128;           // n columns per block
+constexpr int kLdDbA = kTile + 8;  // 16-bit [64][64] A tiles
+constexpr int kLdDbB = kNw + 8;    // 16-bit [64][128] B tiles
+constexpr size_t kSlotA = sizeof(uint16_t) * kTile * kLdDbA;
+constexpr size_t kSlotB = sizeof(uint16_t) * kTile * kLdDbB;
+constexpr size_t kSmem = 2 * (kSlotA + kSlotB);
+}  // namespace db_mma
+
+template <class T>
+bool db_mma_fits(const BwdC<T>& p) {
+  return mma_shape_fits(p) && rows16(p.x) && rows16(p.Cm);
+}
+
+template <class T>
+__global__ void __launch_bounds__(db_mma::kThreads, 2) bwd_db_mma_kernel(BwdC<T> p) {
+  using namespace db_mma;
+  using cuda::ldmatrix_x4;
+  using cuda::ldmatrix_x4_trans;
+  using cuda::mma16816;
+  using cuda::pack2;
+  using cuda::smem_u32;
+  extern __shared__ __align__(16) unsigned char dbm_smem[];
+  T* As = reinterpret_cast<T*>(dbm_smem);               // [2][64][kLdDbA]
+  T* Bs = reinterpret_cast<T*>(dbm_smem + 2 * kSlotA);  // [2][64][kLdDbB]
+
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, q4 = lane % 4;
+  const int wm = warp % 4, wn = warp / 4;
+  const int bw = static_cast<int>(fwd_mma::k16(p.N));
+  const int tiles_n = (bw + kNw - 1) / kNw;
+  const int64_t c = blockIdx.x / p.ntt;
+  const int s_lo = static_cast<int>(blockIdx.x % p.ntt) * kTile;
+  const int n0 = static_cast<int>(blockIdx.y % tiles_n) * kNw;
+  const int64_t nhb = p.H / p.hb, b = blockIdx.z / nhb, h0 = (blockIdx.z % nhb) * p.hb;
+  const int64_t G = p.H / p.hpg, grp = h0 / p.hpg, slot = (h0 % p.hpg) / p.hb;
+  const int64_t tb = c * p.cs;
+  const int K = static_cast<int>(p.L - tb < p.cs ? p.L - tb : p.cs);
+  if (s_lo >= K) return;  // uniform over the block
+  const int nks = static_cast<int>((p.D + kTile - 1) / kTile);
+  const int n_heads = static_cast<int>(p.hb) * nks;                    // (head, d slice) stages
+  const int n_group = slot == 0 ? (K - s_lo + kTile - 1) / kTile : 0;  // t tiles t0 >= s_lo
+  const int total = n_heads + n_group;
+  const int my_n0 = n0 + 64 * wn;
+  const int npairs = my_n0 >= bw ? 0 : (bw - my_n0 >= 64 ? 4 : (bw - my_n0) / 16);
+  const float* dcbt = p.dcb + ((b * G + grp) * p.nchunks + c) * p.cs * p.cs;
+
+  // ---- register staging. A: rows ar + 32 k (k < 2), 8 columns from ac. B (64 x 128): Gc rows
+  // br + 8 k (k < 8), 4 columns from bc; C rows cr + 16 k (k < 4), 8 columns from cc.
+  const int ar = tid / 8, ac = tid % 8 * 8;
+  const int br = tid / 32, bc = tid % 32 * 4;
+  const int cr = tid / 16, cc = tid % 16 * 8;
+  uint4 av[2][2];  // [row][16-byte half]: 8 T in [0], or 8 f32 (dCB) in both
+  uint4 bv[8];     // 8 x 4 f32 (Gc) or 4 x 8 T (C, in [0..3])
+  float aw[2];     // the A rows' weights (head stages)
+  int stage_loaded = -1;
+  auto load = [&](int i) {
+    if (i >= total) return;
+    stage_loaded = i;
+    if (i < n_heads) {
+      const int hh = i / nks, d0 = (i % nks) * kTile;
+      const int64_t h = h0 + hh, bh = b * p.H + h, ob = bh * p.Lpad + tb;
+      const double last = p.cum[ob + p.cs - 1];
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        const int s = s_lo + ar + 32 * k;
+        const bool in = s < K && d0 + ac < p.D;
+        av[k][0] = in ? __ldg(reinterpret_cast<const uint4*>(&p.x.at(b, tb + s, h, d0 + ac)))
+                      : make_uint4(0, 0, 0, 0);
+        aw[k] = s < K ? p.dtp[ob + s] * expf(static_cast<float>(last - p.cum[ob + s])) : 0.0f;
+      }
+      const float* Gc = p.gst + (bh * p.nchunks + c) * p.D * p.N;
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const int d = d0 + br + 8 * k, n = n0 + bc;
+        bv[k] = d < p.D && n < p.N ? __ldg(reinterpret_cast<const uint4*>(Gc + d * p.N + n))
+                                   : make_uint4(0, 0, 0, 0);
+      }
+    } else {
+      const int t0 = s_lo + (i - n_heads) * kTile;
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {  // dCB rows t, columns s (f32; zero above the diagonal)
+        const int t = t0 + ar + 32 * k;
+        const float* src = dcbt + t * p.cs + s_lo + ac;
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf)
+          av[k][hf] =
+              t < K ? __ldg(reinterpret_cast<const uint4*>(src) + hf) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {  // C rows t
+        const int t = t0 + cr + 16 * k, n = n0 + cc;
+        bv[k] = t < K && n < p.N
+                    ? __ldg(reinterpret_cast<const uint4*>(&p.Cm.at(b, tb + t, grp, n)))
+                    : make_uint4(0, 0, 0, 0);
+      }
+    }
+  };
+  auto store = [&](int buf) {
+    T* A = As + buf * kTile * kLdDbA;
+    T* B = Bs + buf * kTile * kLdDbB;
+    if (stage_loaded < n_heads) {
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        const T* e = reinterpret_cast<const T*>(&av[k][0]);
+        uint4 o;
+        uint32_t* ow = reinterpret_cast<uint32_t*>(&o);
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+          ow[q] = pack2<T>(to_float(e[2 * q]) * aw[k], to_float(e[2 * q + 1]) * aw[k]);
+        *reinterpret_cast<uint4*>(A + (ar + 32 * k) * kLdDbA + ac) = o;
+      }
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const float* f = reinterpret_cast<const float*>(&bv[k]);
+        *reinterpret_cast<uint2*>(B + (br + 8 * k) * kLdDbB + bc) =
+            make_uint2(pack2<T>(f[0], f[1]), pack2<T>(f[2], f[3]));
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        const float* f = reinterpret_cast<const float*>(av[k]);
+        *reinterpret_cast<uint4*>(A + (ar + 32 * k) * kLdDbA + ac) = make_uint4(
+            pack2<T>(f[0], f[1]), pack2<T>(f[2], f[3]), pack2<T>(f[4], f[5]), pack2<T>(f[6], f[7]));
+      }
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        *reinterpret_cast<uint4*>(B + (cr + 16 * k) * kLdDbB + cc) = bv[k];
+    }
+  };
+
+  load(0);
+  store(0);
+  load(1);
+  __syncthreads();
+  float acc[8][4] = {};
+  for (int i = 0; i < total; ++i) {
+    const T* A = As + (i % 2) * kTile * kLdDbA;
+    const T* B = Bs + (i % 2) * kTile * kLdDbB;
+    const bool group = i >= n_heads;  // A stored [t][s]: read transposed
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      uint32_t a[4];
+      if (!group) {
+        ldmatrix_x4(smem_u32(A + (16 * wm + lane % 16) * kLdDbA + 16 * kk + (lane / 16) * 8), a[0],
+                    a[1], a[2], a[3]);
+      } else {
+        const int mi = lane / 8;
+        ldmatrix_x4_trans(
+            smem_u32(A + (16 * kk + (mi / 2) * 8 + lane % 8) * kLdDbA + 16 * wm + (mi % 2) * 8),
+            a[0], a[1], a[2], a[3]);
+      }
+#pragma unroll
+      for (int jp = 0; jp < 4; ++jp) {
+        if (jp >= npairs) break;
+        uint32_t b0, b1, b2, b3;
+        ldmatrix_x4_trans(
+            smem_u32(B + (16 * kk + lane % 16) * kLdDbB + 64 * wn + 8 * (2 * jp + lane / 16)), b0,
+            b1, b2, b3);
+        mma16816<T>(acc[2 * jp], a, b0, b1);
+        mma16816<T>(acc[2 * jp + 1], a, b2, b3);
+      }
+    }
+    if (i + 1 < total) store((i + 1) % 2);  // its slot's last reader was stage i - 1
+    load(i + 2);
+    __syncthreads();
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int s = s_lo + 16 * wm + g + 8 * r;
+    if (s >= K) continue;
+    float* out = p.pdB + ((b * p.L + tb + s) * p.H + grp * p.hpg + slot) * p.N;
+#pragma unroll
+    for (int j8 = 0; j8 < 8; ++j8) {
+      const int n = my_n0 + 8 * j8 + 2 * q4;
+      if (n < p.N)
+        *reinterpret_cast<float2*>(out + n) = make_float2(acc[j8][2 * r], acc[j8][2 * r + 1]);
+    }
+  }
+}
+
 // Per-head dC for a (64 tokens t) x (64 columns n) tile; the blocks of the first N tile also
 // leave the row and column sums of P, and every block the state part of dcum for its columns.
 template <class T, bool kTC>
@@ -3894,8 +4086,8 @@ inline BwdcLayout bwdc_layout(const ssd::Problem& p) {
 // kVec (tensor cores only): chunked_wmma_vec, the 16-byte operand staging. kFast: both
 // inter-chunk passes (the states' recompute and the reverse adjoint scan) by chunk_scan_kernel.
 // kMma (chunked_mma_fastpass, with kVec and kFast): the states' recompute and U_c
-// (chunk_outer_mma_kernel) and dCB (bwd_dcb_mma_kernel) on mma.sync where their operands allow
-// 16-byte copies.
+// (chunk_outer_mma_kernel), dCB (bwd_dcb_mma_kernel) and dB (bwd_db_mma_kernel) on mma.sync where
+// their operands allow 16-byte copies.
 template <class T, bool kTC, bool kVec = false, bool kFast = false, bool kMma = false>
 Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
                         const SsdBackwardOp::Arguments& a) {
@@ -3939,8 +4131,10 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
   if (pr.heads == 0) return {};
   StageClock clock(op, chunked_name<kTC, kVec, kFast, kMma>(), st);
   const int64_t bh64 = pr.batch * pr.heads;
-  bool state_mma = false, ustate_mma = false;
+  bool state_mma = false, ustate_mma = false, db_on_mma = false;
   if constexpr (kMma) {
+    db_on_mma = db_mma_fits(p) &&
+                static_cast<int64_t>(db_mma::kSmem) <= ctx.stream.caps().smem_per_block_optin;
     p.hb_state = heads_per_block(pr, 4);
     const bool smem_ok =
         static_cast<int64_t>(fwd_mma::state::layout(pr.state_dim, pr.chunk_size).total) <=
@@ -4081,17 +4275,28 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
       if (!dcb_on_mma) bwd_dcb_vec_kernel<T><<<dcb_grid, kThreads, 0, st>>>(p);
       BARACUDA_TRY(cuda::check_launch(op, "bwd_dcb_vec_kernel"));
       clock.mark(dcb_on_mma ? "dcb_mma" : "dcb");
-      const size_t smem = bc_heads_smem_bytes(pr);
-      BARACUDA_TRY(cuda::check(op, "cudaFuncSetAttribute",
-                               cudaFuncSetAttribute(bwd_db_heads_vec_kernel<T>,
-                                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                    static_cast<int>(smem))));
-      bwd_db_heads_vec_kernel<T>
-          <<<dim3(nc * ntt, 1, static_cast<unsigned>(bh64 / p.hb)), kThreads, smem, st>>>(p);
+      if (db_on_mma) {
+        BARACUDA_TRY(cuda::check(
+            op, "cudaFuncSetAttribute",
+            cudaFuncSetAttribute(bwd_db_mma_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 static_cast<int>(db_mma::kSmem))));
+        const auto tiles_n =
+            static_cast<unsigned>(cuda::ceil_div(fwd_mma::k16(pr.state_dim), int64_t{db_mma::kNw}));
+        bwd_db_mma_kernel<T><<<dim3(nc * ntt, tiles_n, static_cast<unsigned>(bh64 / p.hb)),
+                               db_mma::kThreads, db_mma::kSmem, st>>>(p);
+      } else {
+        const size_t smem = bc_heads_smem_bytes(pr);
+        BARACUDA_TRY(cuda::check(op, "cudaFuncSetAttribute",
+                                 cudaFuncSetAttribute(bwd_db_heads_vec_kernel<T>,
+                                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                      static_cast<int>(smem))));
+        bwd_db_heads_vec_kernel<T>
+            <<<dim3(nc * ntt, 1, static_cast<unsigned>(bh64 / p.hb)), kThreads, smem, st>>>(p);
+      }
     } else
       bwd_db_kernel<T, kTC><<<dim3(nc * ntt, ntn, bh), kThreads, 0, st>>>(p);
     BARACUDA_TRY(cuda::check_launch(op, "bwd_db_kernel"));
-    clock.mark("db");
+    clock.mark(db_on_mma ? "db_mma" : "db");
     if constexpr (kVec) {
       const size_t smem = bc_heads_smem_bytes(pr);
       BARACUDA_TRY(cuda::check(op, "cudaFuncSetAttribute",
@@ -4343,8 +4548,9 @@ bool register_kernels() {
         .launch = backward_chunked<T, true, true, true>,
     });
     // chunked_wmma_vec_fastpass with the states' recompute and U_c (chunk_outer_mma_kernel, as
-    // chunked_mma_fastpass's forward) and dCB (bwd_dcb_mma_kernel, factored weights) on mma.sync
-    // where their operands allow 16-byte copies. The same values to rounding.
+    // chunked_mma_fastpass's forward), dCB (bwd_dcb_mma_kernel, factored weights) and dB
+    // (bwd_db_mma_kernel) on mma.sync where their operands allow 16-byte copies. The same values
+    // to rounding.
     register_kernel<SsdBackwardOp>({
         .sku =
             scan_sku<E>("ssd_backward", "chunked", kTensorCorePrecision<E>, "chunked_mma_fastpass"),
