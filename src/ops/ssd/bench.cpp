@@ -1,8 +1,8 @@
 // Benchmarks of the ssd family: the Mamba-2 2.7B layer shape (B=4 L=4096 H=80 D=64 N=128 G=1) and
 // a smaller one (B=8 L=2048 H=32 D=64 N=64 G=1), bf16, chunk 256, forward and backward, plus the
 // decode step on a state of 80 Mi f32 elements. First what `select` picks (chunked_mma_fastpass
-// forward, chunked_wmma_vec_fastpass backward), then A/B rows under the same case names: forward
-// chunked_wmma_fastpass, chunked_wmma and chunked_wmma_vec, backward chunked_wmma_vec and
+// both ways), then A/B rows under the same case names: forward chunked_wmma_fastpass,
+// chunked_wmma and chunked_wmma_vec, backward chunked_wmma_vec_fastpass, chunked_wmma_vec and
 // chunked_f32 on both shapes and the old recurrent_deterministic_f32 on the small one. peers.py
 // times the same case names on the mamba_ssm Triton kernels.
 //
@@ -240,7 +240,7 @@ void bench_ssd(const Stream& s) {
     return;
   }
   for (const Case& c : cases) run_prefill(s, c, false);  // chunked_mma_fastpass (bf16)
-  for (const Case& c : cases) run_prefill(s, c, true);   // chunked_wmma_vec_fastpass (bf16)
+  for (const Case& c : cases) run_prefill(s, c, true);   // chunked_mma_fastpass (bf16)
   // A/B rows under the same case names: the forward with the WMMA products, without the fast
   // inter-chunk pass, and with 16-byte operand staging (bitwise equal results); the backward
   // without the fast passes, on f32 SIMT tiles, and the old recurrent kernel on the small case
@@ -248,6 +248,7 @@ void bench_ssd(const Stream& s) {
   for (const Case& c : cases) run_prefill(s, c, false, "chunked_wmma_fastpass");
   for (const Case& c : cases) run_prefill(s, c, false, "chunked_wmma");
   for (const Case& c : cases) run_prefill(s, c, false, "chunked_wmma_vec");
+  for (const Case& c : cases) run_prefill(s, c, true, "chunked_wmma_vec_fastpass");
   for (const Case& c : cases) run_prefill(s, c, true, "chunked_wmma_vec");
   for (const Case& c : cases) run_prefill(s, c, true, "chunked_f32");
   run_prefill(s, cases[1], true, "recurrent_deterministic_f32");

@@ -25,6 +25,11 @@
 // to rounding (other association and exponential), each deterministic. *_fastpass (chunked_wmma
 // forward, chunked_wmma_vec backward): the inter-chunk passes by chunk_scan_kernel (16-byte
 // vectors, 4 chunks in flight per thread) instead of state_pass / bwd_state_rev; bitwise equal.
+// chunked_mma_fastpass (16-bit, the default both ways): the fastpass variants with their largest
+// products on mma.sync (register accumulators, cp.async or register-staged operand rings, hb heads
+// per block sharing the group's tiles, decays factored through one reference token per tile;
+// forward_mma.cuh and the *_mma_kernel below) where the operands allow 16-byte copies: the
+// chunk states, chunk_out, U_c, dCB and dB; equal to the WMMA variants to rounding, deterministic.
 // ssd::StageSink times every launch.
 #pragma once
 
