@@ -29,7 +29,8 @@
 // products on mma.sync (register accumulators, cp.async or register-staged operand rings, hb heads
 // per block sharing the group's tiles, decays factored through one reference token per tile;
 // forward_mma.cuh and the *_mma_kernel below) where the operands allow 16-byte copies: the
-// chunk states, chunk_out, U_c, dCB and dB; equal to the WMMA variants to rounding, deterministic.
+// chunk states, chunk_out, U_c, dCB, dB and dC; equal to the WMMA variants to rounding,
+// deterministic.
 // ssd::StageSink times every launch.
 #pragma once
 
@@ -3547,6 +3548,233 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dc_heads_vec_kernel(BwdC<T> p
   }
 }
 
+// chunked_mma_fastpass's dC head blocks on mma.sync (dc_mma_fits): the blocks and partials of
+// bwd_dc_heads_vec_kernel (chunk, 64 tokens t, b, hb heads of one group; partial slot
+// (h0 % hpg) / hb), 128 columns n per block, eight warps as bwd_db_mma_kernel's. Per head the
+// state product (exp(cum_t) dy'_t) . S0 runs into fresh register accumulators, whose row dots with
+// C_t give that head's pst (per 64-column tile, one warp's columns) before they are added to the
+// block's running sum (kept in shared memory, one column per thread); then the first slot's blocks
+// add the group's sum_{s <= t} dCB_ts B_s. Operands go through registers one stage ahead and are
+// rounded to T once per block (exp(cum_t) dy'_t, S0, dCB; the WMMA kernel scales by exp(cum_t)
+// after its product instead). Deterministic.
+namespace dc_mma {
+constexpr int kWarps = 8, kThreads = 32 * kWarps;
+constexpr int kNw = 128;
+constexpr int kLdDcA = kTile + 8;
+constexpr int kLdDcB = kNw + 8;
+constexpr size_t kSlotA = sizeof(uint16_t) * kTile * kLdDcA;
+constexpr size_t kSlotB = sizeof(uint16_t) * kTile * kLdDcB;
+constexpr size_t kSum = sizeof(float) * 32 * kThreads;  // the running sum, [element][thread]
+constexpr size_t kSmem = 2 * (kSlotA + kSlotB) + kSum;
+}  // namespace dc_mma
+
+template <class T>
+bool dc_mma_fits(const BwdC<T>& p) {
+  return mma_shape_fits(p) && rows16(p.Bm) && rows16(p.Cm) && (p.has_z || rows16(p.dy));
+}
+
+template <class T, bool kZ>  // kZ: dy' is the f32 dy * silu(z) workspace, else dy itself
+__global__ void __launch_bounds__(dc_mma::kThreads, 1) bwd_dc_mma_kernel(BwdC<T> p) {
+  using namespace dc_mma;
+  using cuda::ldmatrix_x4;
+  using cuda::ldmatrix_x4_trans;
+  using cuda::mma16816;
+  using cuda::pack2;
+  using cuda::smem_u32;
+  extern __shared__ __align__(16) unsigned char dcm_smem[];
+  T* As = reinterpret_cast<T*>(dcm_smem);               // [2][64][kLdDcA]
+  T* Bs = reinterpret_cast<T*>(dcm_smem + 2 * kSlotA);  // [2][64][kLdDcB]
+  float(*Sum)[dc_mma::kThreads] =
+      reinterpret_cast<float(*)[dc_mma::kThreads]>(dcm_smem + 2 * (kSlotA + kSlotB));
+
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, q4 = lane % 4;
+  const int wm = warp % 4, wn = warp / 4;
+  const int bw = static_cast<int>(fwd_mma::k16(p.N));
+  const int tiles_n = (bw + kNw - 1) / kNw;
+  const int64_t c = blockIdx.x / p.ntt;
+  const int t_lo = static_cast<int>(blockIdx.x % p.ntt) * kTile;
+  const int n0 = static_cast<int>(blockIdx.y % tiles_n) * kNw;
+  const int64_t nhb = p.H / p.hb, b = blockIdx.z / nhb, h0 = (blockIdx.z % nhb) * p.hb;
+  const int64_t G = p.H / p.hpg, grp = h0 / p.hpg, slot = (h0 % p.hpg) / p.hb;
+  const int64_t tb = c * p.cs, BH = p.B * p.H;
+  const int K = static_cast<int>(p.L - tb < p.cs ? p.L - tb : p.cs);
+  if (t_lo >= K) return;  // uniform over the block
+  const int nks = static_cast<int>((p.D + kTile - 1) / kTile);
+  const int n_heads = static_cast<int>(p.hb) * nks;
+  const int n_group = slot == 0 ? t_lo / kTile + 1 : 0;  // s tiles s0 <= t_lo
+  const int total = n_heads + n_group;
+  const int my_n0 = n0 + 64 * wn;
+  const int npairs = my_n0 >= bw ? 0 : (bw - my_n0 >= 64 ? 4 : (bw - my_n0) / 16);
+  const float* dcbt = p.dcb + ((b * G + grp) * p.nchunks + c) * p.cs * p.cs;
+
+  // ---- register staging (as bwd_db_mma_kernel's): A rows ar + 32 k, 8 columns from ac; S0
+  // rows br + 8 k, 4 columns from bc; B rows cr + 16 k, 8 columns from cc.
+  const int ar = tid / 8, ac = tid % 8 * 8;
+  const int br = tid / 32, bc = tid % 32 * 4;
+  const int cr = tid / 16, cc = tid % 16 * 8;
+  uint4 av[2][2];  // 8 T in [0], or 8 f32 (dy' with z, dCB) in both halves
+  uint4 bv[8];
+  float aw[2];
+  int stage_loaded = -1;
+  auto load = [&](int i) {
+    if (i >= total) return;
+    stage_loaded = i;
+    if (i < n_heads) {
+      const int hh = i / nks, d0 = (i % nks) * kTile;
+      const int64_t h = h0 + hh, bh = b * p.H + h, ob = bh * p.Lpad + tb;
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        const int t = t_lo + ar + 32 * k;
+        const bool in = t < K && d0 + ac < p.D;
+        if constexpr (kZ) {
+          const uint4* src = reinterpret_cast<const uint4*>(
+              p.dyp + ((b * p.L + tb + t) * p.H + h) * p.D + d0 + ac);
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf) av[k][hf] = in ? __ldg(src + hf) : make_uint4(0, 0, 0, 0);
+        } else {
+          av[k][0] = in ? __ldg(reinterpret_cast<const uint4*>(&p.dy.at(b, tb + t, h, d0 + ac)))
+                        : make_uint4(0, 0, 0, 0);
+        }
+        aw[k] = t < K ? expf(static_cast<float>(p.cum[ob + t])) : 0.0f;
+      }
+      const float* S0 = p.st + (bh * p.nchunks + c) * p.D * p.N;
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const int d = d0 + br + 8 * k, n = n0 + bc;
+        bv[k] = d < p.D && n < p.N ? __ldg(reinterpret_cast<const uint4*>(S0 + d * p.N + n))
+                                   : make_uint4(0, 0, 0, 0);
+      }
+    } else {
+      const int s0 = (i - n_heads) * kTile;
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {  // dCB rows t, columns s (f32; zero above the diagonal)
+        const int t = t_lo + ar + 32 * k;
+        const uint4* src = reinterpret_cast<const uint4*>(dcbt + t * p.cs + s0 + ac);
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) av[k][hf] = t < K ? __ldg(src + hf) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {  // B rows s
+        const int s = s0 + cr + 16 * k, n = n0 + cc;
+        bv[k] = s < K && n < p.N
+                    ? __ldg(reinterpret_cast<const uint4*>(&p.Bm.at(b, tb + s, grp, n)))
+                    : make_uint4(0, 0, 0, 0);
+      }
+    }
+  };
+  auto store = [&](int buf) {
+    T* A = As + buf * kTile * kLdDcA;
+    T* B = Bs + buf * kTile * kLdDcB;
+    const bool head = stage_loaded < n_heads;
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      float f[8];
+      if (head && !kZ) {
+        const T* e = reinterpret_cast<const T*>(&av[k][0]);
+#pragma unroll
+        for (int q = 0; q < 8; ++q) f[q] = to_float(e[q]);
+      } else {
+        const float* e = reinterpret_cast<const float*>(av[k]);
+#pragma unroll
+        for (int q = 0; q < 8; ++q) f[q] = e[q];
+      }
+      const float w = head ? aw[k] : 1.0f;
+      *reinterpret_cast<uint4*>(A + (ar + 32 * k) * kLdDcA + ac) =
+          make_uint4(pack2<T>(f[0] * w, f[1] * w), pack2<T>(f[2] * w, f[3] * w),
+                     pack2<T>(f[4] * w, f[5] * w), pack2<T>(f[6] * w, f[7] * w));
+    }
+    if (head) {
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const float* f = reinterpret_cast<const float*>(&bv[k]);
+        *reinterpret_cast<uint2*>(B + (br + 8 * k) * kLdDcB + bc) =
+            make_uint2(pack2<T>(f[0], f[1]), pack2<T>(f[2], f[3]));
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        *reinterpret_cast<uint4*>(B + (cr + 16 * k) * kLdDcB + cc) = bv[k];
+    }
+  };
+
+  load(0);
+  store(0);
+  load(1);
+  __syncthreads();
+  float acc[8][4] = {};
+  int hi = 0, j = 0;  // the head stage being computed: head, D slice
+  for (int i = 0; i < total; ++i) {
+    const T* A = As + (i % 2) * kTile * kLdDcA;
+    const T* B = Bs + (i % 2) * kTile * kLdDcB;
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      uint32_t a[4];
+      ldmatrix_x4(smem_u32(A + (16 * wm + lane % 16) * kLdDcA + 16 * kk + (lane / 16) * 8), a[0],
+                  a[1], a[2], a[3]);
+#pragma unroll
+      for (int jp = 0; jp < 4; ++jp) {
+        if (jp >= npairs) break;
+        uint32_t b0, b1, b2, b3;
+        ldmatrix_x4_trans(
+            smem_u32(B + (16 * kk + lane % 16) * kLdDcB + 64 * wn + 8 * (2 * jp + lane / 16)), b0,
+            b1, b2, b3);
+        mma16816<T>(acc[2 * jp], a, b0, b1);
+        mma16816<T>(acc[2 * jp + 1], a, b2, b3);
+      }
+    }
+    if (i + 1 < total) store((i + 1) % 2);  // its slot's last reader was stage i - 1
+    load(i + 2);
+    if (i < n_heads && j == nks - 1) {
+      // Head hi done: its pst (this warp's 64 columns), then into the running sum.
+      const int64_t bh = b * p.H + h0 + hi;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int t = t_lo + 16 * wm + g + 8 * r;
+        float part = 0.0f;
+        if (t < K)
+#pragma unroll
+          for (int j8 = 0; j8 < 8; ++j8) {
+            const int n = my_n0 + 8 * j8 + 2 * q4;
+            if (n < p.N) {
+              const uint32_t c2 =
+                  __ldg(reinterpret_cast<const unsigned int*>(&p.Cm.at(b, tb + t, grp, n)));
+              const T* cv = reinterpret_cast<const T*>(&c2);
+              part = fmaf(to_float(cv[0]), acc[j8][2 * r], part);
+              part = fmaf(to_float(cv[1]), acc[j8][2 * r + 1], part);
+            }
+          }
+        part += __shfl_xor_sync(0xffffffffu, part, 1);
+        part += __shfl_xor_sync(0xffffffffu, part, 2);
+        if (q4 == 0 && t < K && my_n0 < p.N)
+          p.pst[((my_n0 / kTile) * BH + bh) * p.Lpad + tb + t] = part;
+      }
+#pragma unroll
+      for (int j8 = 0; j8 < 8; ++j8)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          Sum[4 * j8 + e][tid] = (hi == 0 ? 0.0f : Sum[4 * j8 + e][tid]) + acc[j8][e];
+          acc[j8][e] = 0.0f;
+        }
+    }
+    if (i < n_heads && ++j == nks) j = 0, ++hi;
+    __syncthreads();
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int t = t_lo + 16 * wm + g + 8 * r;
+    if (t >= K) continue;
+    float* out = p.pdC + ((b * p.L + tb + t) * p.H + grp * p.hpg + slot) * p.N;
+#pragma unroll
+    for (int j8 = 0; j8 < 8; ++j8) {
+      const int n = my_n0 + 8 * j8 + 2 * q4;
+      if (n < p.N)
+        *reinterpret_cast<float2*>(out + n) =
+            make_float2(acc[j8][2 * r] + Sum[4 * j8 + 2 * r][tid],
+                        acc[j8][2 * r + 1] + Sum[4 * j8 + 2 * r + 1][tid]);
+    }
+  }
+}
+
 // Per (chunk, b, h): assembles dcum, the reverse cumsum da, then ddt and the chunk's partials of
 // dA, ddt_bias and dD. One thread per token of the chunk (cs <= kThreads).
 template <class T>
@@ -4091,8 +4319,8 @@ inline BwdcLayout bwdc_layout(const ssd::Problem& p) {
 // kVec (tensor cores only): chunked_wmma_vec, the 16-byte operand staging. kFast: both
 // inter-chunk passes (the states' recompute and the reverse adjoint scan) by chunk_scan_kernel.
 // kMma (chunked_mma_fastpass, with kVec and kFast): the states' recompute and U_c
-// (chunk_outer_mma_kernel), dCB (bwd_dcb_mma_kernel) and dB (bwd_db_mma_kernel) on mma.sync where
-// their operands allow 16-byte copies.
+// (chunk_outer_mma_kernel), dCB, dB and dC (bwd_dcb / db / dc_mma_kernel) on mma.sync where their
+// operands allow 16-byte copies.
 template <class T, bool kTC, bool kVec = false, bool kFast = false, bool kMma = false>
 Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
                         const SsdBackwardOp::Arguments& a) {
@@ -4136,8 +4364,10 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
   if (pr.heads == 0) return {};
   StageClock clock(op, chunked_name<kTC, kVec, kFast, kMma>(), st);
   const int64_t bh64 = pr.batch * pr.heads;
-  bool state_mma = false, ustate_mma = false, db_on_mma = false;
+  bool state_mma = false, ustate_mma = false, db_on_mma = false, dc_on_mma = false;
   if constexpr (kMma) {
+    dc_on_mma = dc_mma_fits(p) &&
+                static_cast<int64_t>(dc_mma::kSmem) <= ctx.stream.caps().smem_per_block_optin;
     db_on_mma = db_mma_fits(p) &&
                 static_cast<int64_t>(db_mma::kSmem) <= ctx.stream.caps().smem_per_block_optin;
     p.hb_state = heads_per_block(pr, 4);
@@ -4303,17 +4533,29 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
     BARACUDA_TRY(cuda::check_launch(op, "bwd_db_kernel"));
     clock.mark(db_on_mma ? "db_mma" : "db");
     if constexpr (kVec) {
-      const size_t smem = bc_heads_smem_bytes(pr);
-      BARACUDA_TRY(cuda::check(op, "cudaFuncSetAttribute",
-                               cudaFuncSetAttribute(bwd_dc_heads_vec_kernel<T>,
-                                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                    static_cast<int>(smem))));
-      bwd_dc_heads_vec_kernel<T>
-          <<<dim3(nc * ntt, 1, static_cast<unsigned>(bh64 / p.hb)), kThreads, smem, st>>>(p);
+      if (dc_on_mma) {
+        auto* kernel = p.has_z ? bwd_dc_mma_kernel<T, true> : bwd_dc_mma_kernel<T, false>;
+        BARACUDA_TRY(
+            cuda::check(op, "cudaFuncSetAttribute",
+                        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(dc_mma::kSmem))));
+        const auto tiles_n =
+            static_cast<unsigned>(cuda::ceil_div(fwd_mma::k16(pr.state_dim), int64_t{dc_mma::kNw}));
+        kernel<<<dim3(nc * ntt, tiles_n, static_cast<unsigned>(bh64 / p.hb)), dc_mma::kThreads,
+                 dc_mma::kSmem, st>>>(p);
+      } else {
+        const size_t smem = bc_heads_smem_bytes(pr);
+        BARACUDA_TRY(cuda::check(op, "cudaFuncSetAttribute",
+                                 cudaFuncSetAttribute(bwd_dc_heads_vec_kernel<T>,
+                                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                      static_cast<int>(smem))));
+        bwd_dc_heads_vec_kernel<T>
+            <<<dim3(nc * ntt, 1, static_cast<unsigned>(bh64 / p.hb)), kThreads, smem, st>>>(p);
+      }
     } else
       bwd_dc_kernel<T, kTC><<<dim3(nc * ntt, ntn, bh), kThreads, 0, st>>>(p);
     BARACUDA_TRY(cuda::check_launch(op, "bwd_dc_kernel"));
-    clock.mark("dc");
+    clock.mark(dc_on_mma ? "dc_mma" : "dc");
     bwd_finalize_kernel<T><<<dim3(nc, bh), kThreads, 0, st>>>(p);
     BARACUDA_TRY(cuda::check_launch(op, "bwd_finalize_kernel"));
     clock.mark("finalize");
@@ -4553,9 +4795,9 @@ bool register_kernels() {
         .launch = backward_chunked<T, true, true, true>,
     });
     // chunked_wmma_vec_fastpass with the states' recompute and U_c (chunk_outer_mma_kernel, as
-    // chunked_mma_fastpass's forward), dCB (bwd_dcb_mma_kernel, factored weights) and dB
-    // (bwd_db_mma_kernel) on mma.sync where their operands allow 16-byte copies. The same values
-    // to rounding.
+    // chunked_mma_fastpass's forward), dCB (bwd_dcb_mma_kernel, factored weights), dB and dC
+    // (bwd_db / dc_mma_kernel) on mma.sync where their operands allow 16-byte copies. The same
+    // values to rounding.
     register_kernel<SsdBackwardOp>({
         .sku =
             scan_sku<E>("ssd_backward", "chunked", kTensorCorePrecision<E>, "chunked_mma_fastpass"),

@@ -1520,8 +1520,8 @@ TEST_P(SsdPlans, BackwardFastpassOnDevice) {
 }
 
 // chunked_mma_fastpass: chunked_wmma_vec_fastpass with the states' recompute and U_c
-// (chunk_outer_mma_kernel), dCB (bwd_dcb_mma_kernel) and dB (bwd_db_mma_kernel) on mma.sync where
-// their operands are 16-byte aligned with D and N multiples of 8. Against the float64 adjoint
+// (chunk_outer_mma_kernel), dCB, dB and dC (bwd_dcb / db / dc_mma_kernel) on mma.sync where their
+// operands are 16-byte aligned with D and N multiples of 8. Against the float64 adjoint
 // (every gradient, poisoned gaps, bitwise determinism) on: dy' from the f32 dy * silu(z) workspace
 // (z on) and from dy itself, partial chunks and d tiles (D = 48, 80), N = 40 / 24 (a half-empty k16
 // step of n), N = 256 (two n blocks), L = 1, heads per block 1, 2, 4, strong decay; the stage names
@@ -1572,9 +1572,10 @@ TEST_P(SsdPlans, BackwardMmaOnDevice) {
     const StageNames ran = plan_stages<SsdBackwardPlan>(target, k.dtype, k.c, k.layout, mma);
     if (k.expect_mma) {
       EXPECT_TRUE(ran.has("chunk_state_mma") && ran.has("ustate_mma") && ran.has("dcb_mma") &&
-                  ran.has("db_mma"));
+                  ran.has("db_mma") && ran.has("dc_mma"));
     } else if (k.layout == Layout::contiguous) {  // padded / permuted may land aligned by chance
-      EXPECT_TRUE(ran.has("chunk_state") && ran.has("ustate") && ran.has("dcb") && ran.has("db"));
+      EXPECT_TRUE(ran.has("chunk_state") && ran.has("ustate") && ran.has("dcb") && ran.has("db") &&
+                  ran.has("dc"));
     }
   }
   const Stream& stream = harness::stream_for(target);
