@@ -1556,6 +1556,11 @@ TEST_P(SsdPlans, BackwardMmaOnDevice) {
       {DType::bf16, {3, 1, 2, 16, 16, 1, 64, states}, Layout::contiguous, true},
       {DType::bf16, {1, 150, 2, 256, 256, 1, 128, {.final = true}}, Layout::contiguous, true},
       {DType::bf16,
+       {1, 200, 4, 64, 96, 2, 128, {.z = true, .init = true}},
+       Layout::contiguous,
+       true},  // N = 96: dC's second warp half holds 32 columns; dy' from the z workspace
+      {DType::f16, {2, 130, 4, 64, 128, 2, 64, all}, Layout::contiguous, true},
+      {DType::bf16,
        {1, 200, 4, 64, 64, 1, 64, {.final = true, .a_scale = 8}},
        Layout::contiguous,
        true},
@@ -1572,7 +1577,8 @@ TEST_P(SsdPlans, BackwardMmaOnDevice) {
     const StageNames ran = plan_stages<SsdBackwardPlan>(target, k.dtype, k.c, k.layout, mma);
     if (k.expect_mma) {
       EXPECT_TRUE(ran.has("chunk_state_mma") && ran.has("ustate_mma") && ran.has("dcb_mma") &&
-                  ran.has("db_mma") && ran.has("dc_mma"));
+                  ran.has("db_mma"));
+      EXPECT_TRUE(ran.has(k.c.N > 64 ? "dc_mma" : "dc"));  // dC on mma.sync from N > 64 only
     } else if (k.layout == Layout::contiguous) {  // padded / permuted may land aligned by chance
       EXPECT_TRUE(ran.has("chunk_state") && ran.has("ustate") && ran.has("dcb") && ran.has("db") &&
                   ran.has("dc"));
