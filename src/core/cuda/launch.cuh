@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "baracuda/core/plan.hpp"
 #include "core/cuda/check.hpp"
@@ -30,6 +31,19 @@ inline Error cuda_error(std::string_view op, std::string_view what, cudaError_t 
 inline Status check_launch(std::string_view op, std::string_view kernel) {
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return cuda_error(op, kernel, e);
   return {};
+}
+
+// Launches kernel with smem bytes of dynamic shared memory, first raising the kernel's limit
+// (launches above 48 KB fail without it); either failure names op and the kernel.
+template <class... Params, class... Args>
+Status launch_with_smem(std::string_view op, std::string_view name, void (*kernel)(Params...),
+                        dim3 grid, dim3 block, size_t smem, cudaStream_t st, Args&&... args) {
+  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(smem));
+      e != cudaSuccess)
+    return cuda_error(op, std::string(name) + ": cudaFuncSetAttribute", e);
+  kernel<<<grid, block, smem, st>>>(std::forward<Args>(args)...);
+  return check_launch(op, name);
 }
 
 // Device storage type for each dtype (kernels are templates over these).

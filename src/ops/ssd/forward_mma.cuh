@@ -75,12 +75,103 @@ __host__ __device__ inline Layout layout(int64_t N, int64_t cs) {
 }  // namespace state
 }  // namespace fwd_mma
 
+// One warp's 16 x 64 tile product over a 64-deep shared stage: acc (rows m0 .. m0 + 15, columns
+// n0 .. n0 + 63, eight m16n8 accumulators) += A . B, A 16-bit [m][k] at pitch lda (kTransA: stored
+// [k][m], read transposed), B 16-bit [k][n] at pitch ldb; only the first npairs 16-column pairs.
+template <class T, bool kTransA>
+__device__ __forceinline__ void warp_mma_64(float (&acc)[8][4], const T* A, int lda, int m0,
+                                            const T* B, int ldb, int n0, int npairs, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    uint32_t a[4];
+    if constexpr (kTransA) {  // matrix l / 8 covers k 8 (l / 16).., m 8 ((l / 8) % 2)..
+      const int mi = lane / 8;
+      cuda::ldmatrix_x4_trans(
+          cuda::smem_u32(A + (16 * kk + (mi / 2) * 8 + lane % 8) * lda + m0 + (mi % 2) * 8), a[0],
+          a[1], a[2], a[3]);
+    } else {
+      cuda::ldmatrix_x4(cuda::smem_u32(A + (m0 + lane % 16) * lda + 16 * kk + (lane / 16) * 8),
+                        a[0], a[1], a[2], a[3]);
+    }
+#pragma unroll
+    for (int jp = 0; jp < 4; ++jp) {
+      if (jp >= npairs) break;
+      uint32_t b0, b1, b2, b3;
+      cuda::ldmatrix_x4_trans(
+          cuda::smem_u32(B + (16 * kk + lane % 16) * ldb + n0 + 8 * (2 * jp + lane / 16)), b0, b1,
+          b2, b3);
+      cuda::mma16816<T>(acc[2 * jp], a, b0, b1);
+      cuda::mma16816<T>(acc[2 * jp + 1], a, b2, b3);
+    }
+  }
+}
+
+// A warp's 16 x 64 A operand (m16n8k16 fragments, four 16-deep k steps) built in registers:
+// weight2(kk, e2, r, col, w2) gives the pair at columns col, col + 1 of the warp's row g + 8 r,
+// rounded here to T.
+template <class T, class Weight2>
+__device__ __forceinline__ void fill_a_fragments(uint32_t (&wa)[4][4], int col0, int q4,
+                                                 Weight2&& weight2) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+    for (int e2 = 0; e2 < 4; ++e2) {
+      const int r = e2 & 1, col = col0 + 16 * kk + 2 * q4 + (e2 >= 2 ? 8 : 0);
+      float w2[2];
+      weight2(kk, e2, r, col, w2);
+      wa[kk][e2] = cuda::pack2<T>(w2[0], w2[1]);
+    }
+}
+
+// Runs a weight builder templated <kDirect, kDiag> in the form a stage needs: the direct form (its
+// mask on every tile), or the factored one with or without the diagonal mask. One branch per
+// stage; each form a straight block.
+template <class Build>
+__device__ __forceinline__ void build_weights(Build&& build, bool direct, bool diag) {
+  if (direct)
+    build.template operator()<true, true>();
+  else if (diag)
+    build.template operator()<false, true>();
+  else
+    build.template operator()<false, false>();
+}
+
 // 2^x by the hardware approximation, results below f32's normal range flushed to zero: the weights
 // it forms are rounded to 16 bits and one that small stands for a negligible term.
 __device__ __forceinline__ float exp2_ftz(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
+}
+
+// Register staging of 16-byte pieces: a read-only load (zeros where the piece lies outside), and
+// eight values rounded to T after a common scale as one 16-byte shared store.
+__device__ __forceinline__ uint4 ldg16(const void* src, bool in) {
+  return in ? __ldg(reinterpret_cast<const uint4*>(src)) : make_uint4(0, 0, 0, 0);
+}
+template <class T>
+__device__ __forceinline__ void unpack8(const uint4& v, float (&f)[8]) {
+  const T* e = reinterpret_cast<const T*>(&v);
+#pragma unroll
+  for (int q = 0; q < 8; ++q) f[q] = to_float(e[q]);
+}
+__device__ __forceinline__ void unpack8_f32(const uint4 (&v)[2], float (&f)[8]) {
+  const float* e = reinterpret_cast<const float*>(v);
+#pragma unroll
+  for (int q = 0; q < 8; ++q) f[q] = e[q];
+}
+template <class T>
+__device__ __forceinline__ void store8(T* dst, const float (&f)[8], float w) {
+  *reinterpret_cast<uint4*>(dst) =
+      make_uint4(cuda::pack2<T>(f[0] * w, f[1] * w), cuda::pack2<T>(f[2] * w, f[3] * w),
+                 cuda::pack2<T>(f[4] * w, f[5] * w), cuda::pack2<T>(f[6] * w, f[7] * w));
+}
+// Four f32 rounded to T as one 8-byte shared store.
+template <class T>
+__device__ __forceinline__ void store4_f32(T* dst, const uint4& v) {
+  const float* f = reinterpret_cast<const float*>(&v);
+  *reinterpret_cast<uint2*>(dst) =
+      make_uint2(cuda::pack2<T>(f[0], f[1]), cuda::pack2<T>(f[2], f[3]));
 }
 
 // Unit inner stride, 16-byte aligned rows and base: the operand goes by 16-byte cp.async.
@@ -256,37 +347,24 @@ __global__ void __launch_bounds__(fwd_mma::out::kThreads, 2) chunk_out_mma_kerne
     // s <= t. Straight blocks behind one branch per stage (a branch per weight pair, which the
     // compiler makes of an inline mask, cost more than the weights).
     auto build_w = [&]<bool kDirect, bool kDiag>() {
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-        for (int e2 = 0; e2 < 4; ++e2) {
-          const int r = e2 & 1, s = s0 + 16 * kk + 2 * q4 + (e2 >= 2 ? 8 : 0);
-          const float2 cb =
-              *reinterpret_cast<const float2*>(CBs + (16 * warp + g + 8 * r) * lay.ldcb + s);
-          float w2[2];
-          if constexpr (!kDirect) {
-            const float2 f = *reinterpret_cast<const float2*>(colf + s);
-            w2[0] = f.x * cb.x;
-            w2[1] = f.y * cb.y;
-          } else {
-            w2[0] = exp2_ftz(cl_t[r] - cl[s]) * dts[s] * cb.x;
-            w2[1] = exp2_ftz(cl_t[r] - cl[s + 1]) * dts[s + 1] * cb.y;
-          }
-          if constexpr (kDiag) {  // rows t >= K are never stored (nor their CB rows written)
-            w2[0] = s <= trow[r] ? w2[0] : 0.0f;
-            w2[1] = s + 1 <= trow[r] ? w2[1] : 0.0f;
-          }
-          wa[kk][e2] = pack2<T>(w2[0], w2[1]);
+      fill_a_fragments<T>(wa, s0, q4, [&](int, int, int r, int s, float(&w2)[2]) {
+        const float2 cb =
+            *reinterpret_cast<const float2*>(CBs + (16 * warp + g + 8 * r) * lay.ldcb + s);
+        if constexpr (!kDirect) {
+          const float2 f = *reinterpret_cast<const float2*>(colf + s);
+          w2[0] = f.x * cb.x;
+          w2[1] = f.y * cb.y;
+        } else {
+          w2[0] = exp2_ftz(cl_t[r] - cl[s]) * dts[s] * cb.x;
+          w2[1] = exp2_ftz(cl_t[r] - cl[s + 1]) * dts[s + 1] * cb.y;
         }
+        if constexpr (kDiag) {  // rows t >= K are never stored (nor their CB rows written)
+          w2[0] = s <= trow[r] ? w2[0] : 0.0f;
+          w2[1] = s + 1 <= trow[r] ? w2[1] : 0.0f;
+        }
+      });
     };
-    if (j >= nk) {
-      if (direct)
-        build_w.template operator()<true, true>();  // rare: the mask on every tile
-      else if (s0 == t_lo)
-        build_w.template operator()<false, true>();
-      else
-        build_w.template operator()<false, false>();
-    }
+    if (j >= nk) build_weights(build_w, direct, s0 == t_lo);
     if (j < nk) {
       // acc[t][d] += sum_n C[t][n] S[d][n] over n in [64 j, 64 j + 64)
       const int left = (bw - j * kTile) / 16;
@@ -481,26 +559,9 @@ __global__ void __launch_bounds__(fwd_mma::state::kThreads, 2)
   for (int i = 0; i < total; ++i) {
     const T* X = Xs + (i % 2) * kTile * kLd16;
     const int s0 = j * kTile;
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      // A = (w a)^T: rows d, k = tokens; matrix l / 8 covers tokens 8 (l / 16).., d 8 ((l / 8) %
-      // 2)..
-      uint32_t af[4];
-      const int mi = lane / 8;
-      ldmatrix_x4_trans(
-          smem_u32(X + (16 * kk + (mi / 2) * 8 + lane % 8) * kLd16 + 16 * wm + (mi % 2) * 8), af[0],
-          af[1], af[2], af[3]);
-#pragma unroll
-      for (int jp = 0; jp < 4; ++jp) {
-        if (jp >= npairs) break;
-        uint32_t b0, b1, b2, b3;
-        ldmatrix_x4_trans(smem_u32(Bs + (s0 + 16 * kk + lane % 16) * lay.ldb + 64 * wn +
-                                   8 * (2 * jp + lane / 16)),
-                          b0, b1, b2, b3);
-        mma16816<T>(acc[2 * jp], af, b0, b1);
-        mma16816<T>(acc[2 * jp + 1], af, b2, b3);
-      }
-    }
+    // A = (w a)^T: the slot [token][d] read transposed; B = the b rows [token][n]
+    warp_mma_64<T, true>(acc, X, kLd16, 16 * wm, Bs + s0 * lay.ldb, static_cast<int>(lay.ldb),
+                         64 * wn, npairs, lane);
     // The next stage into the other slot (its last reader was stage i - 1, before the barrier
     // that ended it), and the loads of the one after.
     if (i + 1 < total) store((i + 1) % 2);
@@ -536,31 +597,23 @@ OuterArgs<T, T> outer_args_state(const Fwd<T>& p) {
 template <class T, class S, bool kToEnd>
 Status launch_outer_mma(const OuterArgs<T, S>& a, int64_t batch, cudaStream_t st,
                         std::string_view op) {
-  const size_t smem = fwd_mma::state::layout(a.N, a.cs).total;
-  auto* kernel = chunk_outer_mma_kernel<T, S, kToEnd>;
-  BARACUDA_TRY(cuda::check(op, "cudaFuncSetAttribute",
-                           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                static_cast<int>(smem))));
   const int64_t tiles_n = cuda::ceil_div(fwd_mma::k16(a.N), fwd_mma::state::kNw);
   const dim3 grid(static_cast<unsigned>(a.nchunks),
                   static_cast<unsigned>(cuda::ceil_div(a.D, kTile) * tiles_n),
                   static_cast<unsigned>(batch * (a.H / a.hb)));
-  kernel<<<grid, fwd_mma::state::kThreads, smem, st>>>(a);
-  return cuda::check_launch(op, "chunk_outer_mma_kernel");
+  return cuda::launch_with_smem(op, "chunk_outer_mma_kernel", chunk_outer_mma_kernel<T, S, kToEnd>,
+                                grid, fwd_mma::state::kThreads,
+                                fwd_mma::state::layout(a.N, a.cs).total, st, a);
 }
 
 template <class T>
 Status launch_chunk_out_mma(const Fwd<T>& p, const ssd::Problem& pr, cudaStream_t st) {
-  const size_t smem = fwd_mma::out::layout(pr.state_dim, pr.chunk_size).total;
-  BARACUDA_TRY(cuda::check(
-      "ssd_forward", "cudaFuncSetAttribute",
-      cudaFuncSetAttribute(chunk_out_mma_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(smem))));
   const dim3 grid(static_cast<unsigned>(pr.nchunks * (pr.chunk_size / kTile)),
                   static_cast<unsigned>(cuda::ceil_div(pr.head_dim, kTile)),
                   static_cast<unsigned>(pr.batch * (pr.heads / p.hb)));
-  chunk_out_mma_kernel<T><<<grid, fwd_mma::out::kThreads, smem, st>>>(p);
-  return cuda::check_launch("ssd_forward", "chunk_out_mma_kernel");
+  return cuda::launch_with_smem("ssd_forward", "chunk_out_mma_kernel", chunk_out_mma_kernel<T>,
+                                grid, fwd_mma::out::kThreads,
+                                fwd_mma::out::layout(pr.state_dim, pr.chunk_size).total, st, p);
 }
 
 }  // namespace baracuda::ssd_cuda

@@ -2500,36 +2500,19 @@ __global__ void __launch_bounds__(dx_mma::kThreadsDx, 3) bwd_dx_mma_kernel(BwdC<
     // exp(cum_t - cum_s) CB_ts per weight (exponents beyond kFactorSafe). kDiag: the mask s <= t
     // (the first t tile); t >= K is masked by colf = 0 or, directly, by the bound.
     auto build_w = [&]<bool kDirect, bool kDiag>() {
+      fill_a_fragments<T>(wa, t0, q4, [&](int kk, int e2, int r, int t, float(&w2)[2]) {
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-        for (int e2 = 0; e2 < 4; ++e2) {
-          const int r = e2 & 1, t = t0 + 16 * kk + 2 * q4 + (e2 >= 2 ? 8 : 0);
-          float w2[2];
-          if constexpr (!kDirect) {
-            const float2 f = *reinterpret_cast<const float2*>(colf + t);
-            w2[0] = f.x * cbr[kk][2 * e2];
-            w2[1] = f.y * cbr[kk][2 * e2 + 1];
-          } else {
-#pragma unroll
-            for (int u = 0; u < 2; ++u)
-              w2[u] = t + u < K32 ? exp2_ftz(cl[t + u] - cl_s[r]) * cbr[kk][2 * e2 + u] : 0.0f;
-          }
-          if constexpr (kDiag) {
-            w2[0] = srow[r] <= t ? w2[0] : 0.0f;
-            w2[1] = srow[r] <= t + 1 ? w2[1] : 0.0f;
-          }
-          wa[kk][e2] = pack2<T>(w2[0], w2[1]);
+        for (int u = 0; u < 2; ++u) {
+          float w;
+          if constexpr (!kDirect)
+            w = colf[t + u] * cbr[kk][2 * e2 + u];
+          else
+            w = t + u < K32 ? exp2_ftz(cl[t + u] - cl_s[r]) * cbr[kk][2 * e2 + u] : 0.0f;
+          w2[u] = !kDiag || srow[r] <= t + u ? w : 0.0f;
         }
+      });
     };
-    if (qt >= 0) {
-      if (direct)
-        build_w.template operator()<true, true>();  // rare: the mask on every tile
-      else if (qt == 0)
-        build_w.template operator()<false, true>();
-      else
-        build_w.template operator()<false, false>();
-    }
+    if (qt >= 0) build_weights(build_w, direct, qt == 0);
     // C.B^T for the next W stage (this head's next t tile, or after the last state-product stage
     // its first), in flight under this stage's products.
     if (j == nk - 1 || (qt >= 0 && qt + 1 < nt)) fetch_cb(j == nk - 1 ? s_lo32 : t0 + kTile);
@@ -2913,6 +2896,18 @@ __global__ void __launch_bounds__(dcb_mma::kThreads, 3) bwd_dcb_mma_kernel(BwdC<
 
   // ---- producer: stage i = (head, D slice) into ring slot i % kStages
   const int cr = tid / 8, cc = tid % 8 * 8;  // 16-bit tiles: rows cr + 16 k, 8 columns from cc
+  // 64 rows [B, L, H, D] of head h from token row0, D columns from d0; rows past K and columns
+  // past D as zeros.
+  auto copy_rows = [&](T* dst, const auto& v, int64_t h, int d0, int row0) {
+    const bool in_d = d0 + cc < p.D;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int t = row0 + cr + 16 * k;
+      const bool in = in_d && t < K;
+      cp_async16(dst + (cr + 16 * k) * kLd16 + cc, in ? &v.at(b, tb + t, h, d0 + cc) : v.p,
+                 in ? 16 : 0);
+    }
+  };
   int ih = 0, ij = 0;
   auto issue = [&](int i) {
     if (i >= total) return;
@@ -2931,25 +2926,9 @@ __global__ void __launch_bounds__(dcb_mma::kThreads, 3) bwd_dcb_mma_kernel(BwdC<
         cp_async16(dst + (fr + 8 * k) * kLdDy + fc, in ? src : p.dyp, in ? 16 : 0);
       }
     } else {
-      T* dst = reinterpret_cast<T*>(slot);
-      const bool in_d = d0 + cc < p.D;
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const int t = t_lo + cr + 16 * k;
-        const bool in = in_d && t < K;
-        cp_async16(dst + (cr + 16 * k) * kLd16 + cc, in ? &p.dy.at(b, tb + t, h, d0 + cc) : p.dy.p,
-                   in ? 16 : 0);
-      }
+      copy_rows(reinterpret_cast<T*>(slot), p.dy, h, d0, t_lo);
     }
-    T* xdst = reinterpret_cast<T*>(slot + kSlotA<kZ>);
-    const bool in_d = d0 + cc < p.D;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int s = s0 + cr + 16 * k;
-      const bool in = in_d && s < K;
-      cp_async16(xdst + (cr + 16 * k) * kLd16 + cc, in ? &p.x.at(b, tb + s, h, d0 + cc) : p.x.p,
-                 in ? 16 : 0);
-    }
+    copy_rows(reinterpret_cast<T*>(slot + kSlotA<kZ>), p.x, h, d0, s0);
     if (++ij == nks) ij = 0, ++ih;
   };
 
@@ -3205,6 +3184,151 @@ constexpr int kLdDbB = kNw + 8;    // 16-bit [64][128] B tiles
 constexpr size_t kSlotA = sizeof(uint16_t) * kTile * kLdDbA;
 constexpr size_t kSlotB = sizeof(uint16_t) * kTile * kLdDbB;
 constexpr size_t kSmem = 2 * (kSlotA + kSlotB);
+
+// The register staging that bwd_db_mma_kernel and bwd_dc_mma_kernel share (256 threads): a stage's
+// loads go to registers one stage ahead and are rounded to T on their way to shared memory. A:
+// rows ar + 32 k (k < 2), 8 columns from ac, as 8 T in av[k][0] or 8 f32 in both halves. B
+// (64 x 128): f32 state rows br + 8 k (k < 8), 4 columns from bc; or T rows cr + 16 k (k < 4),
+// 8 columns from cc.
+template <class T>
+struct Staging {
+  int ar, ac, br, bc, cr, cc;
+  uint4 av[2][2];
+  uint4 bv[8];
+  float aw[2];  // the A rows' weights (head stages)
+  __device__ explicit Staging(int tid)
+      : ar(tid / 8),
+        ac(tid % 8 * 8),
+        br(tid / 32),
+        bc(tid % 32 * 4),
+        cr(tid / 16),
+        cc(tid % 16 * 8) {}
+  // f32 [D][N] state rows d, columns n (this thread's offsets already added).
+  __device__ void load_state(const float* S, int64_t D, int64_t N, int d, int n) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) bv[k] = ldg16(S + (d + 8 * k) * N + n, d + 8 * k < D && n < N);
+  }
+  // dCB rows t (f32, zero above the diagonal; rows from K on read as zero), columns from col.
+  __device__ void load_dcb(const float* dcbt, int64_t cs, int t, int col, int K) {
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const float* src = dcbt + (t + 32 * k) * cs + col;
+      av[k][0] = ldg16(src, t + 32 * k < K);
+      av[k][1] = ldg16(src + 4, t + 32 * k < K);
+    }
+  }
+  // 16-bit [B, L, G, N] rows t (from row0; rows from K on read as zero) of group grp.
+  template <class V>
+  __device__ void load_rows(const V& v, int64_t b, int64_t tb, int64_t grp, int row0, int n0, int K,
+                            int64_t N) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int t = row0 + cr + 16 * k, n = n0 + cc;
+      bv[k] = ldg16(&v.at(b, tb + t, grp, n), t < K && n < N);
+    }
+  }
+  // A rows scaled by aw (weighted) or not, from T or f32 registers.
+  __device__ void store_a(T* A, int ld, bool weighted, bool f32) const {
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      float f[8];
+      if (f32)
+        unpack8_f32(av[k], f);
+      else
+        unpack8<T>(av[k][0], f);
+      store8<T>(A + (ar + 32 * k) * ld + ac, f, weighted ? aw[k] : 1.0f);
+    }
+  }
+  // B rows: the f32 state (state) or 16-bit rows as loaded.
+  __device__ void store_b(T* B, int ld, bool state) const {
+    if (state) {
+#pragma unroll
+      for (int k = 0; k < 8; ++k) store4_f32<T>(B + (br + 8 * k) * ld + bc, bv[k]);
+    } else {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) *reinterpret_cast<uint4*>(B + (cr + 16 * k) * ld + cc) = bv[k];
+    }
+  }
+};
+
+// The two-slot ring the staged kernels run over stages 0 .. total - 1: while stage i is computed
+// from slot i % 2, stage i + 1 goes from registers into the other slot (store(slot, stage); its
+// last reader was stage i - 1, before the barrier that ended it) and stage i + 2 is loaded into
+// registers.
+template <class Load, class Store, class Compute>
+__device__ __forceinline__ void run_ring(int total, Load&& load, Store&& store, Compute&& compute) {
+  if (total > 0) load(0), store(0, 0);
+  if (total > 1) load(1);
+  __syncthreads();
+  for (int i = 0; i < total; ++i) {
+    compute(i, i % 2);
+    if (i + 1 < total) store((i + 1) % 2, i + 1);
+    if (i + 2 < total) load(i + 2);
+    __syncthreads();
+  }
+}
+
+// A warp's 16 x 64 accumulator tile as f32 rows (row0 + g + 8 r, those below K) of out at the
+// given pitch, columns n0 .. (below N), each value plus extra(j8, e).
+template <class Extra>
+__device__ __forceinline__ void store_acc_rows(const float (&acc)[8][4], float* out, int64_t pitch,
+                                               int row0, int K, int n0, int64_t N, int lane,
+                                               Extra&& extra) {
+  const int g = lane / 4, q4 = lane % 4;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int t = row0 + g + 8 * r;
+    if (t >= K) continue;
+#pragma unroll
+    for (int j8 = 0; j8 < 8; ++j8) {
+      const int n = n0 + 8 * j8 + 2 * q4;
+      if (n < N)
+        *reinterpret_cast<float2*>(out + t * pitch + n) = make_float2(
+            acc[j8][2 * r] + extra(j8, 2 * r), acc[j8][2 * r + 1] + extra(j8, 2 * r + 1));
+    }
+  }
+}
+
+// Where a bwd_db / dc_mma_kernel block works: chunk c (tokens from tb, K of them), the 64-token
+// tile from lo, kNw columns n from n0, heads h0 .. h0 + hb - 1 (the slot-th block of group grp),
+// and the calling warp's 16 x 64 part (rows 16 wm, columns my_n0, npairs 16-column pairs in N).
+template <class T>
+struct GroupTile {
+  int64_t c, b, h0, grp, slot, tb;
+  int lo, n0, K, wm, wn, my_n0, npairs, nks, n_heads;
+  const float* dcbt;  // the group's dCB rows of this chunk ([t][s], f32)
+  __device__ GroupTile(const BwdC<T>& p, int warp) {
+    const int bw = static_cast<int>(fwd_mma::k16(p.N));
+    const int tiles_n = (bw + kNw - 1) / kNw;
+    c = blockIdx.x / p.ntt;
+    lo = static_cast<int>(blockIdx.x % p.ntt) * kTile;
+    n0 = static_cast<int>(blockIdx.y % tiles_n) * kNw;
+    const int64_t nhb = p.H / p.hb;
+    b = blockIdx.z / nhb, h0 = (blockIdx.z % nhb) * p.hb;
+    grp = h0 / p.hpg, slot = (h0 % p.hpg) / p.hb;
+    tb = c * p.cs;
+    K = static_cast<int>(p.L - tb < p.cs ? p.L - tb : p.cs);
+    wm = warp % 4, wn = warp / 4;
+    my_n0 = n0 + 64 * wn;
+    npairs = my_n0 >= bw ? 0 : (bw - my_n0 >= 64 ? 4 : (bw - my_n0) / 16);
+    nks = static_cast<int>((p.D + kTile - 1) / kTile);
+    n_heads = static_cast<int>(p.hb) * nks;  // (head, D slice) stages
+    dcbt = p.dcb + ((b * (p.H / p.hpg) + grp) * p.nchunks + c) * p.cs * p.cs;
+  }
+  // Head stage i (< n_heads): head h, its (b, h) index and chunk offset ob, D slice from d0.
+  struct HeadStage {
+    int64_t h, bh, ob;
+    int d0;
+  };
+  __device__ HeadStage head_stage(int i, const BwdC<T>& p) const {
+    const int64_t h = h0 + i / nks, bh = b * p.H + h;
+    return {h, bh, bh * p.Lpad + tb, (i % nks) * kTile};
+  }
+  // The group's per-slot f32 output rows (pdB / pdC [B, L, H] with one slot per head block).
+  __device__ float* slot_rows(float* out, const BwdC<T>& p) const {
+    return out + ((b * p.L + tb) * p.H + grp * p.hpg + slot) * p.N;
+  }
+};
 }  // namespace db_mma
 
 template <class T>
@@ -3215,167 +3339,54 @@ bool db_mma_fits(const BwdC<T>& p) {
 template <class T>
 __global__ void __launch_bounds__(db_mma::kThreads, 2) bwd_db_mma_kernel(BwdC<T> p) {
   using namespace db_mma;
-  using cuda::ldmatrix_x4;
-  using cuda::ldmatrix_x4_trans;
-  using cuda::mma16816;
-  using cuda::pack2;
-  using cuda::smem_u32;
   extern __shared__ __align__(16) unsigned char dbm_smem[];
   T* As = reinterpret_cast<T*>(dbm_smem);               // [2][64][kLdDbA]
   T* Bs = reinterpret_cast<T*>(dbm_smem + 2 * kSlotA);  // [2][64][kLdDbB]
 
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, q4 = lane % 4;
-  const int wm = warp % 4, wn = warp / 4;
-  const int bw = static_cast<int>(fwd_mma::k16(p.N));
-  const int tiles_n = (bw + kNw - 1) / kNw;
-  const int64_t c = blockIdx.x / p.ntt;
-  const int s_lo = static_cast<int>(blockIdx.x % p.ntt) * kTile;
-  const int n0 = static_cast<int>(blockIdx.y % tiles_n) * kNw;
-  const int64_t nhb = p.H / p.hb, b = blockIdx.z / nhb, h0 = (blockIdx.z % nhb) * p.hb;
-  const int64_t G = p.H / p.hpg, grp = h0 / p.hpg, slot = (h0 % p.hpg) / p.hb;
-  const int64_t tb = c * p.cs;
-  const int K = static_cast<int>(p.L - tb < p.cs ? p.L - tb : p.cs);
-  if (s_lo >= K) return;  // uniform over the block
-  const int nks = static_cast<int>((p.D + kTile - 1) / kTile);
-  const int n_heads = static_cast<int>(p.hb) * nks;                    // (head, d slice) stages
-  const int n_group = slot == 0 ? (K - s_lo + kTile - 1) / kTile : 0;  // t tiles t0 >= s_lo
+  const int tid = threadIdx.x, lane = tid % 32;
+  const GroupTile<T> gt(p, tid / 32);
+  const int64_t c = gt.c, b = gt.b, h0 = gt.h0, grp = gt.grp, tb = gt.tb;
+  const int s_lo = gt.lo, n0 = gt.n0, K = gt.K, nks = gt.nks, n_heads = gt.n_heads;
+  if (s_lo >= K) return;                                                  // uniform over the block
+  const int n_group = gt.slot == 0 ? (K - s_lo + kTile - 1) / kTile : 0;  // t tiles t0 >= s_lo
   const int total = n_heads + n_group;
-  const int my_n0 = n0 + 64 * wn;
-  const int npairs = my_n0 >= bw ? 0 : (bw - my_n0 >= 64 ? 4 : (bw - my_n0) / 16);
-  const float* dcbt = p.dcb + ((b * G + grp) * p.nchunks + c) * p.cs * p.cs;
 
-  // ---- register staging. A: rows ar + 32 k (k < 2), 8 columns from ac. B (64 x 128): Gc rows
-  // br + 8 k (k < 8), 4 columns from bc; C rows cr + 16 k (k < 4), 8 columns from cc.
-  const int ar = tid / 8, ac = tid % 8 * 8;
-  const int br = tid / 32, bc = tid % 32 * 4;
-  const int cr = tid / 16, cc = tid % 16 * 8;
-  uint4 av[2][2];  // [row][16-byte half]: 8 T in [0], or 8 f32 (dCB) in both
-  uint4 bv[8];     // 8 x 4 f32 (Gc) or 4 x 8 T (C, in [0..3])
-  float aw[2];     // the A rows' weights (head stages)
-  int stage_loaded = -1;
+  // ---- register staging: A x v_s e_s (T) or dCB (f32); B Gc (f32) or C rows t (T)
+  Staging<T> r(tid);
   auto load = [&](int i) {
-    if (i >= total) return;
-    stage_loaded = i;
     if (i < n_heads) {
-      const int hh = i / nks, d0 = (i % nks) * kTile;
-      const int64_t h = h0 + hh, bh = b * p.H + h, ob = bh * p.Lpad + tb;
+      const auto [h, bh, ob, d0] = gt.head_stage(i, p);
       const double last = p.cum[ob + p.cs - 1];
 #pragma unroll
       for (int k = 0; k < 2; ++k) {
-        const int s = s_lo + ar + 32 * k;
-        const bool in = s < K && d0 + ac < p.D;
-        av[k][0] = in ? __ldg(reinterpret_cast<const uint4*>(&p.x.at(b, tb + s, h, d0 + ac)))
-                      : make_uint4(0, 0, 0, 0);
-        aw[k] = s < K ? p.dtp[ob + s] * expf(static_cast<float>(last - p.cum[ob + s])) : 0.0f;
+        const int s = s_lo + r.ar + 32 * k;
+        r.av[k][0] = ldg16(&p.x.at(b, tb + s, h, d0 + r.ac), s < K && d0 + r.ac < p.D);
+        r.aw[k] = s < K ? p.dtp[ob + s] * expf(static_cast<float>(last - p.cum[ob + s])) : 0.0f;
       }
-      const float* Gc = p.gst + (bh * p.nchunks + c) * p.D * p.N;
-#pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        const int d = d0 + br + 8 * k, n = n0 + bc;
-        bv[k] = d < p.D && n < p.N ? __ldg(reinterpret_cast<const uint4*>(Gc + d * p.N + n))
-                                   : make_uint4(0, 0, 0, 0);
-      }
+      r.load_state(p.gst + (bh * p.nchunks + c) * p.D * p.N, p.D, p.N, d0 + r.br, n0 + r.bc);
     } else {
       const int t0 = s_lo + (i - n_heads) * kTile;
-#pragma unroll
-      for (int k = 0; k < 2; ++k) {  // dCB rows t, columns s (f32; zero above the diagonal)
-        const int t = t0 + ar + 32 * k;
-        const float* src = dcbt + t * p.cs + s_lo + ac;
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf)
-          av[k][hf] =
-              t < K ? __ldg(reinterpret_cast<const uint4*>(src) + hf) : make_uint4(0, 0, 0, 0);
-      }
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {  // C rows t
-        const int t = t0 + cr + 16 * k, n = n0 + cc;
-        bv[k] = t < K && n < p.N
-                    ? __ldg(reinterpret_cast<const uint4*>(&p.Cm.at(b, tb + t, grp, n)))
-                    : make_uint4(0, 0, 0, 0);
-      }
+      r.load_dcb(gt.dcbt, p.cs, t0 + r.ar, s_lo + r.ac, K);
+      r.load_rows(p.Cm, b, tb, grp, t0, n0, K, p.N);  // C rows t
     }
   };
-  auto store = [&](int buf) {
-    T* A = As + buf * kTile * kLdDbA;
-    T* B = Bs + buf * kTile * kLdDbB;
-    if (stage_loaded < n_heads) {
-#pragma unroll
-      for (int k = 0; k < 2; ++k) {
-        const T* e = reinterpret_cast<const T*>(&av[k][0]);
-        uint4 o;
-        uint32_t* ow = reinterpret_cast<uint32_t*>(&o);
-#pragma unroll
-        for (int q = 0; q < 4; ++q)
-          ow[q] = pack2<T>(to_float(e[2 * q]) * aw[k], to_float(e[2 * q + 1]) * aw[k]);
-        *reinterpret_cast<uint4*>(A + (ar + 32 * k) * kLdDbA + ac) = o;
-      }
-#pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        const float* f = reinterpret_cast<const float*>(&bv[k]);
-        *reinterpret_cast<uint2*>(B + (br + 8 * k) * kLdDbB + bc) =
-            make_uint2(pack2<T>(f[0], f[1]), pack2<T>(f[2], f[3]));
-      }
-    } else {
-#pragma unroll
-      for (int k = 0; k < 2; ++k) {
-        const float* f = reinterpret_cast<const float*>(av[k]);
-        *reinterpret_cast<uint4*>(A + (ar + 32 * k) * kLdDbA + ac) = make_uint4(
-            pack2<T>(f[0], f[1]), pack2<T>(f[2], f[3]), pack2<T>(f[4], f[5]), pack2<T>(f[6], f[7]));
-      }
-#pragma unroll
-      for (int k = 0; k < 4; ++k)
-        *reinterpret_cast<uint4*>(B + (cr + 16 * k) * kLdDbB + cc) = bv[k];
-    }
+  auto store = [&](int buf, int i) {
+    const bool head = i < n_heads;
+    r.store_a(As + buf * kTile * kLdDbA, kLdDbA, head, !head);
+    r.store_b(Bs + buf * kTile * kLdDbB, kLdDbB, head);
   };
 
-  load(0);
-  store(0);
-  load(1);
-  __syncthreads();
   float acc[8][4] = {};
-  for (int i = 0; i < total; ++i) {
-    const T* A = As + (i % 2) * kTile * kLdDbA;
-    const T* B = Bs + (i % 2) * kTile * kLdDbB;
-    const bool group = i >= n_heads;  // A stored [t][s]: read transposed
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      uint32_t a[4];
-      if (!group) {
-        ldmatrix_x4(smem_u32(A + (16 * wm + lane % 16) * kLdDbA + 16 * kk + (lane / 16) * 8), a[0],
-                    a[1], a[2], a[3]);
-      } else {
-        const int mi = lane / 8;
-        ldmatrix_x4_trans(
-            smem_u32(A + (16 * kk + (mi / 2) * 8 + lane % 8) * kLdDbA + 16 * wm + (mi % 2) * 8),
-            a[0], a[1], a[2], a[3]);
-      }
-#pragma unroll
-      for (int jp = 0; jp < 4; ++jp) {
-        if (jp >= npairs) break;
-        uint32_t b0, b1, b2, b3;
-        ldmatrix_x4_trans(
-            smem_u32(B + (16 * kk + lane % 16) * kLdDbB + 64 * wn + 8 * (2 * jp + lane / 16)), b0,
-            b1, b2, b3);
-        mma16816<T>(acc[2 * jp], a, b0, b1);
-        mma16816<T>(acc[2 * jp + 1], a, b2, b3);
-      }
-    }
-    if (i + 1 < total) store((i + 1) % 2);  // its slot's last reader was stage i - 1
-    load(i + 2);
-    __syncthreads();
-  }
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int s = s_lo + 16 * wm + g + 8 * r;
-    if (s >= K) continue;
-    float* out = p.pdB + ((b * p.L + tb + s) * p.H + grp * p.hpg + slot) * p.N;
-#pragma unroll
-    for (int j8 = 0; j8 < 8; ++j8) {
-      const int n = my_n0 + 8 * j8 + 2 * q4;
-      if (n < p.N)
-        *reinterpret_cast<float2*>(out + n) = make_float2(acc[j8][2 * r], acc[j8][2 * r + 1]);
-    }
-  }
+  run_ring(total, load, store, [&](int i, int buf) {
+    const T* A = As + buf * kTile * kLdDbA;
+    const T* B = Bs + buf * kTile * kLdDbB;
+    if (i < n_heads)  // A = x v_s e_s [s][d]
+      warp_mma_64<T, false>(acc, A, kLdDbA, 16 * gt.wm, B, kLdDbB, 64 * gt.wn, gt.npairs, lane);
+    else  // A = dCB stored [t][s], read transposed
+      warp_mma_64<T, true>(acc, A, kLdDbA, 16 * gt.wm, B, kLdDbB, 64 * gt.wn, gt.npairs, lane);
+  });
+  store_acc_rows(acc, gt.slot_rows(p.pdB, p), p.H * p.N, s_lo + 16 * gt.wm, K, gt.my_n0, p.N, lane,
+                 [](int, int) { return 0.0f; });
 }
 
 // Per-head dC for a (64 tokens t) x (64 columns n) tile; the blocks of the first N tile also
@@ -3576,165 +3587,67 @@ bool dc_mma_fits(const BwdC<T>& p) {
 template <class T, bool kZ>  // kZ: dy' is the f32 dy * silu(z) workspace, else dy itself
 __global__ void __launch_bounds__(dc_mma::kThreads, 1) bwd_dc_mma_kernel(BwdC<T> p) {
   using namespace dc_mma;
-  using cuda::ldmatrix_x4;
-  using cuda::ldmatrix_x4_trans;
-  using cuda::mma16816;
-  using cuda::pack2;
-  using cuda::smem_u32;
   extern __shared__ __align__(16) unsigned char dcm_smem[];
   T* As = reinterpret_cast<T*>(dcm_smem);               // [2][64][kLdDcA]
   T* Bs = reinterpret_cast<T*>(dcm_smem + 2 * kSlotA);  // [2][64][kLdDcB]
   float(*Sum)[dc_mma::kThreads] =
       reinterpret_cast<float(*)[dc_mma::kThreads]>(dcm_smem + 2 * (kSlotA + kSlotB));
 
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, q4 = lane % 4;
-  const int wm = warp % 4, wn = warp / 4;
-  const int bw = static_cast<int>(fwd_mma::k16(p.N));
-  const int tiles_n = (bw + kNw - 1) / kNw;
-  const int64_t c = blockIdx.x / p.ntt;
-  const int t_lo = static_cast<int>(blockIdx.x % p.ntt) * kTile;
-  const int n0 = static_cast<int>(blockIdx.y % tiles_n) * kNw;
-  const int64_t nhb = p.H / p.hb, b = blockIdx.z / nhb, h0 = (blockIdx.z % nhb) * p.hb;
-  const int64_t G = p.H / p.hpg, grp = h0 / p.hpg, slot = (h0 % p.hpg) / p.hb;
-  const int64_t tb = c * p.cs, BH = p.B * p.H;
-  const int K = static_cast<int>(p.L - tb < p.cs ? p.L - tb : p.cs);
-  if (t_lo >= K) return;  // uniform over the block
-  const int nks = static_cast<int>((p.D + kTile - 1) / kTile);
-  const int n_heads = static_cast<int>(p.hb) * nks;
-  const int n_group = slot == 0 ? t_lo / kTile + 1 : 0;  // s tiles s0 <= t_lo
+  const int tid = threadIdx.x, lane = tid % 32, g = lane / 4, q4 = lane % 4;
+  const db_mma::GroupTile<T> gt(p, tid / 32);
+  const int64_t c = gt.c, b = gt.b, h0 = gt.h0, grp = gt.grp, tb = gt.tb, BH = p.B * p.H;
+  const int t_lo = gt.lo, n0 = gt.n0, K = gt.K, nks = gt.nks, n_heads = gt.n_heads;
+  if (t_lo >= K) return;                                    // uniform over the block
+  const int n_group = gt.slot == 0 ? t_lo / kTile + 1 : 0;  // s tiles s0 <= t_lo
   const int total = n_heads + n_group;
-  const int my_n0 = n0 + 64 * wn;
-  const int npairs = my_n0 >= bw ? 0 : (bw - my_n0 >= 64 ? 4 : (bw - my_n0) / 16);
-  const float* dcbt = p.dcb + ((b * G + grp) * p.nchunks + c) * p.cs * p.cs;
 
-  // ---- register staging (as bwd_db_mma_kernel's): A rows ar + 32 k, 8 columns from ac; S0
-  // rows br + 8 k, 4 columns from bc; B rows cr + 16 k, 8 columns from cc.
-  const int ar = tid / 8, ac = tid % 8 * 8;
-  const int br = tid / 32, bc = tid % 32 * 4;
-  const int cr = tid / 16, cc = tid % 16 * 8;
-  uint4 av[2][2];  // 8 T in [0], or 8 f32 (dy' with z, dCB) in both halves
-  uint4 bv[8];
-  float aw[2];
-  int stage_loaded = -1;
+  // ---- register staging: A dy e^cum (T, or f32 dy' with z) or dCB (f32); B S0 (f32) or B rows s
+  db_mma::Staging<T> r(tid);
   auto load = [&](int i) {
-    if (i >= total) return;
-    stage_loaded = i;
     if (i < n_heads) {
-      const int hh = i / nks, d0 = (i % nks) * kTile;
-      const int64_t h = h0 + hh, bh = b * p.H + h, ob = bh * p.Lpad + tb;
+      const auto [h, bh, ob, d0] = gt.head_stage(i, p);
 #pragma unroll
       for (int k = 0; k < 2; ++k) {
-        const int t = t_lo + ar + 32 * k;
-        const bool in = t < K && d0 + ac < p.D;
+        const int t = t_lo + r.ar + 32 * k;
+        const bool in = t < K && d0 + r.ac < p.D;
         if constexpr (kZ) {
-          const uint4* src = reinterpret_cast<const uint4*>(
-              p.dyp + ((b * p.L + tb + t) * p.H + h) * p.D + d0 + ac);
-#pragma unroll
-          for (int hf = 0; hf < 2; ++hf) av[k][hf] = in ? __ldg(src + hf) : make_uint4(0, 0, 0, 0);
+          const float* src = p.dyp + ((b * p.L + tb + t) * p.H + h) * p.D + d0 + r.ac;
+          r.av[k][0] = ldg16(src, in);
+          r.av[k][1] = ldg16(src + 4, in);
         } else {
-          av[k][0] = in ? __ldg(reinterpret_cast<const uint4*>(&p.dy.at(b, tb + t, h, d0 + ac)))
-                        : make_uint4(0, 0, 0, 0);
+          r.av[k][0] = ldg16(&p.dy.at(b, tb + t, h, d0 + r.ac), in);
         }
-        aw[k] = t < K ? expf(static_cast<float>(p.cum[ob + t])) : 0.0f;
+        r.aw[k] = t < K ? expf(static_cast<float>(p.cum[ob + t])) : 0.0f;
       }
-      const float* S0 = p.st + (bh * p.nchunks + c) * p.D * p.N;
-#pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        const int d = d0 + br + 8 * k, n = n0 + bc;
-        bv[k] = d < p.D && n < p.N ? __ldg(reinterpret_cast<const uint4*>(S0 + d * p.N + n))
-                                   : make_uint4(0, 0, 0, 0);
-      }
+      r.load_state(p.st + (bh * p.nchunks + c) * p.D * p.N, p.D, p.N, d0 + r.br, n0 + r.bc);
     } else {
       const int s0 = (i - n_heads) * kTile;
-#pragma unroll
-      for (int k = 0; k < 2; ++k) {  // dCB rows t, columns s (f32; zero above the diagonal)
-        const int t = t_lo + ar + 32 * k;
-        const uint4* src = reinterpret_cast<const uint4*>(dcbt + t * p.cs + s0 + ac);
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) av[k][hf] = t < K ? __ldg(src + hf) : make_uint4(0, 0, 0, 0);
-      }
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {  // B rows s
-        const int s = s0 + cr + 16 * k, n = n0 + cc;
-        bv[k] = s < K && n < p.N
-                    ? __ldg(reinterpret_cast<const uint4*>(&p.Bm.at(b, tb + s, grp, n)))
-                    : make_uint4(0, 0, 0, 0);
-      }
+      r.load_dcb(gt.dcbt, p.cs, t_lo + r.ar, s0 + r.ac, K);
+      r.load_rows(p.Bm, b, tb, grp, s0, n0, K, p.N);  // B rows s
     }
   };
-  auto store = [&](int buf) {
-    T* A = As + buf * kTile * kLdDcA;
-    T* B = Bs + buf * kTile * kLdDcB;
-    const bool head = stage_loaded < n_heads;
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      float f[8];
-      if (head && !kZ) {
-        const T* e = reinterpret_cast<const T*>(&av[k][0]);
-#pragma unroll
-        for (int q = 0; q < 8; ++q) f[q] = to_float(e[q]);
-      } else {
-        const float* e = reinterpret_cast<const float*>(av[k]);
-#pragma unroll
-        for (int q = 0; q < 8; ++q) f[q] = e[q];
-      }
-      const float w = head ? aw[k] : 1.0f;
-      *reinterpret_cast<uint4*>(A + (ar + 32 * k) * kLdDcA + ac) =
-          make_uint4(pack2<T>(f[0] * w, f[1] * w), pack2<T>(f[2] * w, f[3] * w),
-                     pack2<T>(f[4] * w, f[5] * w), pack2<T>(f[6] * w, f[7] * w));
-    }
-    if (head) {
-#pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        const float* f = reinterpret_cast<const float*>(&bv[k]);
-        *reinterpret_cast<uint2*>(B + (br + 8 * k) * kLdDcB + bc) =
-            make_uint2(pack2<T>(f[0], f[1]), pack2<T>(f[2], f[3]));
-      }
-    } else {
-#pragma unroll
-      for (int k = 0; k < 4; ++k)
-        *reinterpret_cast<uint4*>(B + (cr + 16 * k) * kLdDcB + cc) = bv[k];
-    }
+  auto store = [&](int buf, int i) {
+    const bool head = i < n_heads;
+    r.store_a(As + buf * kTile * kLdDcA, kLdDcA, head, !head || kZ);
+    r.store_b(Bs + buf * kTile * kLdDcB, kLdDcB, head);
   };
 
-  load(0);
-  store(0);
-  load(1);
-  __syncthreads();
   float acc[8][4] = {};
   int hi = 0, j = 0;  // the head stage being computed: head, D slice
-  for (int i = 0; i < total; ++i) {
-    const T* A = As + (i % 2) * kTile * kLdDcA;
-    const T* B = Bs + (i % 2) * kTile * kLdDcB;
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      uint32_t a[4];
-      ldmatrix_x4(smem_u32(A + (16 * wm + lane % 16) * kLdDcA + 16 * kk + (lane / 16) * 8), a[0],
-                  a[1], a[2], a[3]);
-#pragma unroll
-      for (int jp = 0; jp < 4; ++jp) {
-        if (jp >= npairs) break;
-        uint32_t b0, b1, b2, b3;
-        ldmatrix_x4_trans(
-            smem_u32(B + (16 * kk + lane % 16) * kLdDcB + 64 * wn + 8 * (2 * jp + lane / 16)), b0,
-            b1, b2, b3);
-        mma16816<T>(acc[2 * jp], a, b0, b1);
-        mma16816<T>(acc[2 * jp + 1], a, b2, b3);
-      }
-    }
-    if (i + 1 < total) store((i + 1) % 2);  // its slot's last reader was stage i - 1
-    load(i + 2);
+  db_mma::run_ring(total, load, store, [&](int i, int buf) {
+    warp_mma_64<T, false>(acc, As + buf * kTile * kLdDcA, kLdDcA, 16 * gt.wm,
+                          Bs + buf * kTile * kLdDcB, kLdDcB, 64 * gt.wn, gt.npairs, lane);
     if (i < n_heads && j == nks - 1) {
       // Head hi done: its pst (this warp's 64 columns), then into the running sum.
       const int64_t bh = b * p.H + h0 + hi;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const int t = t_lo + 16 * wm + g + 8 * r;
+        const int t = t_lo + 16 * gt.wm + g + 8 * r;
         float part = 0.0f;
         if (t < K)
 #pragma unroll
           for (int j8 = 0; j8 < 8; ++j8) {
-            const int n = my_n0 + 8 * j8 + 2 * q4;
+            const int n = gt.my_n0 + 8 * j8 + 2 * q4;
             if (n < p.N) {
               const uint32_t c2 =
                   __ldg(reinterpret_cast<const unsigned int*>(&p.Cm.at(b, tb + t, grp, n)));
@@ -3745,8 +3658,8 @@ __global__ void __launch_bounds__(dc_mma::kThreads, 1) bwd_dc_mma_kernel(BwdC<T>
           }
         part += __shfl_xor_sync(0xffffffffu, part, 1);
         part += __shfl_xor_sync(0xffffffffu, part, 2);
-        if (q4 == 0 && t < K && my_n0 < p.N)
-          p.pst[((my_n0 / kTile) * BH + bh) * p.Lpad + tb + t] = part;
+        if (q4 == 0 && t < K && gt.my_n0 < p.N)
+          p.pst[((gt.my_n0 / kTile) * BH + bh) * p.Lpad + tb + t] = part;
       }
 #pragma unroll
       for (int j8 = 0; j8 < 8; ++j8)
@@ -3757,22 +3670,9 @@ __global__ void __launch_bounds__(dc_mma::kThreads, 1) bwd_dc_mma_kernel(BwdC<T>
         }
     }
     if (i < n_heads && ++j == nks) j = 0, ++hi;
-    __syncthreads();
-  }
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int t = t_lo + 16 * wm + g + 8 * r;
-    if (t >= K) continue;
-    float* out = p.pdC + ((b * p.L + tb + t) * p.H + grp * p.hpg + slot) * p.N;
-#pragma unroll
-    for (int j8 = 0; j8 < 8; ++j8) {
-      const int n = my_n0 + 8 * j8 + 2 * q4;
-      if (n < p.N)
-        *reinterpret_cast<float2*>(out + n) =
-            make_float2(acc[j8][2 * r] + Sum[4 * j8 + 2 * r][tid],
-                        acc[j8][2 * r + 1] + Sum[4 * j8 + 2 * r + 1][tid]);
-    }
-  }
+  });
+  db_mma::store_acc_rows(acc, gt.slot_rows(p.pdC, p), p.H * p.N, t_lo + 16 * gt.wm, K, gt.my_n0,
+                         p.N, lane, [&](int j8, int e) { return Sum[4 * j8 + e][tid]; });
 }
 
 // Per (chunk, b, h): assembles dcum, the reverse cumsum da, then ddt and the chunk's partials of
@@ -4264,15 +4164,11 @@ Status backward_recurrent(const LaunchContext& ctx, const ssd::Problem& pr,
     BARACUDA_TRY(cuda::check("ssd_backward", "cudaMemsetAsync", cudaMemsetAsync(ws, 0, bytes, st)));
   }
   if (pr.seqs > 0) {
-    const size_t smem = bwd_smem_bytes(pr.state_dim);
-    BARACUDA_TRY(cuda::check(
-        "ssd_backward", "cudaFuncSetAttribute",
-        cudaFuncSetAttribute(recurrent_bwd_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(smem))));
     const dim3 grid(static_cast<unsigned>(p.ndg), static_cast<unsigned>(pr.heads),
                     static_cast<unsigned>(pr.seqs));
-    recurrent_bwd_kernel<T><<<grid, kBwdWarps * 32, smem, st>>>(p);
-    BARACUDA_TRY(cuda::check_launch("ssd_backward", "recurrent_bwd_kernel"));
+    BARACUDA_TRY(cuda::launch_with_smem("ssd_backward", "recurrent_bwd_kernel",
+                                        recurrent_bwd_kernel<T>, grid, kBwdWarps * 32,
+                                        bwd_smem_bytes(pr.state_dim), st, p));
   }
   const int64_t tokens = pr.batch * pr.seqlen;
   if (tokens > 0) {
@@ -4467,6 +4363,13 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
     clock.mark("state_rev");
   }
   if (bh64 > 0 && nc > 0) {
+    // The head-block kernels' grids (chunk and token tile, N tiles of `tiles_n`, head blocks).
+    auto heads_grid = [&](int64_t tiles_n) {
+      return dim3(static_cast<unsigned>(nc * ntt), static_cast<unsigned>(tiles_n),
+                  static_cast<unsigned>(bh64 / p.hb));
+    };
+    const int64_t mma_tiles_n = cuda::ceil_div(fwd_mma::k16(pr.state_dim), int64_t{db_mma::kNw});
+    static_assert(db_mma::kNw == dc_mma::kNw);
     if constexpr (kVec) {
       const dim3 grid(nc * ntt, ntd, static_cast<unsigned>(bh64 / p.hb));
       // The mma.sync kernel where every operand it copies is 16-byte aligned; the WMMA kernel
@@ -4475,18 +4378,12 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
       if (dx_mma_fits(p) &&
           static_cast<int64_t>(mma_smem) <= ctx.stream.caps().smem_per_block_optin) {
         auto* kernel = p.has_z ? bwd_dx_mma_kernel<T, true> : bwd_dx_mma_kernel<T, false>;
-        BARACUDA_TRY(
-            cuda::check(op, "cudaFuncSetAttribute",
-                        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             static_cast<int>(mma_smem))));
-        kernel<<<grid, dx_mma::kThreadsDx, mma_smem, st>>>(p);
+        BARACUDA_TRY(cuda::launch_with_smem(op, "bwd_dx_mma_kernel", kernel, grid,
+                                            dx_mma::kThreadsDx, mma_smem, st, p));
       } else {
-        const size_t smem = dx_heads_smem_bytes(pr);
-        BARACUDA_TRY(cuda::check(op, "cudaFuncSetAttribute",
-                                 cudaFuncSetAttribute(bwd_dx_heads_vec_kernel<T>,
-                                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                      static_cast<int>(smem))));
-        bwd_dx_heads_vec_kernel<T><<<grid, kThreads, smem, st>>>(p);
+        BARACUDA_TRY(cuda::launch_with_smem(op, "bwd_dx_heads_vec_kernel",
+                                            bwd_dx_heads_vec_kernel<T>, grid, kThreads,
+                                            dx_heads_smem_bytes(pr), st, p));
       }
     } else
       bwd_dx_kernel<T, kTC><<<dim3(nc * ntt, ntd, bh), kThreads, 0, st>>>(p);
@@ -4502,11 +4399,8 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
         if (dcb_mma_fits(p) &&
             static_cast<int64_t>(smem) <= ctx.stream.caps().smem_per_block_optin) {
           auto* kernel = p.has_z ? bwd_dcb_mma_kernel<T, true> : bwd_dcb_mma_kernel<T, false>;
-          BARACUDA_TRY(
-              cuda::check(op, "cudaFuncSetAttribute",
-                          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(smem))));
-          kernel<<<dcb_grid, dcb_mma::kThreads, smem, st>>>(p);
+          BARACUDA_TRY(cuda::launch_with_smem(op, "bwd_dcb_mma_kernel", kernel, dcb_grid,
+                                              dcb_mma::kThreads, smem, st, p));
           dcb_on_mma = true;
         }
       }
@@ -4514,22 +4408,13 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
       BARACUDA_TRY(cuda::check_launch(op, "bwd_dcb_vec_kernel"));
       clock.mark(dcb_on_mma ? "dcb_mma" : "dcb");
       if (db_on_mma) {
-        BARACUDA_TRY(cuda::check(
-            op, "cudaFuncSetAttribute",
-            cudaFuncSetAttribute(bwd_db_mma_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 static_cast<int>(db_mma::kSmem))));
-        const auto tiles_n =
-            static_cast<unsigned>(cuda::ceil_div(fwd_mma::k16(pr.state_dim), int64_t{db_mma::kNw}));
-        bwd_db_mma_kernel<T><<<dim3(nc * ntt, tiles_n, static_cast<unsigned>(bh64 / p.hb)),
-                               db_mma::kThreads, db_mma::kSmem, st>>>(p);
+        BARACUDA_TRY(cuda::launch_with_smem(op, "bwd_db_mma_kernel", bwd_db_mma_kernel<T>,
+                                            heads_grid(mma_tiles_n), db_mma::kThreads,
+                                            db_mma::kSmem, st, p));
       } else {
-        const size_t smem = bc_heads_smem_bytes(pr);
-        BARACUDA_TRY(cuda::check(op, "cudaFuncSetAttribute",
-                                 cudaFuncSetAttribute(bwd_db_heads_vec_kernel<T>,
-                                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                      static_cast<int>(smem))));
-        bwd_db_heads_vec_kernel<T>
-            <<<dim3(nc * ntt, 1, static_cast<unsigned>(bh64 / p.hb)), kThreads, smem, st>>>(p);
+        BARACUDA_TRY(cuda::launch_with_smem(op, "bwd_db_heads_vec_kernel",
+                                            bwd_db_heads_vec_kernel<T>, heads_grid(1), kThreads,
+                                            bc_heads_smem_bytes(pr), st, p));
       }
     } else
       bwd_db_kernel<T, kTC><<<dim3(nc * ntt, ntn, bh), kThreads, 0, st>>>(p);
@@ -4538,22 +4423,13 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
     if constexpr (kVec) {
       if (dc_on_mma) {
         auto* kernel = p.has_z ? bwd_dc_mma_kernel<T, true> : bwd_dc_mma_kernel<T, false>;
-        BARACUDA_TRY(
-            cuda::check(op, "cudaFuncSetAttribute",
-                        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             static_cast<int>(dc_mma::kSmem))));
-        const auto tiles_n =
-            static_cast<unsigned>(cuda::ceil_div(fwd_mma::k16(pr.state_dim), int64_t{dc_mma::kNw}));
-        kernel<<<dim3(nc * ntt, tiles_n, static_cast<unsigned>(bh64 / p.hb)), dc_mma::kThreads,
-                 dc_mma::kSmem, st>>>(p);
+        BARACUDA_TRY(cuda::launch_with_smem(op, "bwd_dc_mma_kernel", kernel,
+                                            heads_grid(mma_tiles_n), dc_mma::kThreads,
+                                            dc_mma::kSmem, st, p));
       } else {
-        const size_t smem = bc_heads_smem_bytes(pr);
-        BARACUDA_TRY(cuda::check(op, "cudaFuncSetAttribute",
-                                 cudaFuncSetAttribute(bwd_dc_heads_vec_kernel<T>,
-                                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                      static_cast<int>(smem))));
-        bwd_dc_heads_vec_kernel<T>
-            <<<dim3(nc * ntt, 1, static_cast<unsigned>(bh64 / p.hb)), kThreads, smem, st>>>(p);
+        BARACUDA_TRY(cuda::launch_with_smem(op, "bwd_dc_heads_vec_kernel",
+                                            bwd_dc_heads_vec_kernel<T>, heads_grid(1), kThreads,
+                                            bc_heads_smem_bytes(pr), st, p));
       }
     } else
       bwd_dc_kernel<T, kTC><<<dim3(nc * ntt, ntn, bh), kThreads, 0, st>>>(p);
@@ -4667,6 +4543,15 @@ bool bc_heads_fit(const ssd::Problem& p, const DeviceCaps& caps) {
          p.batch * p.ngroups <= kMaxGridYZ;
 }
 
+// The fastpass variants' inter-chunk passes by chunk_scan_kernel: its grid within 2^31 blocks.
+inline bool chunked_fast_fits(const ssd::Problem& p, const DeviceCaps& caps) {
+  return chunked_fits(p, caps) && chunk_scan_blocks(p) < (int64_t{1} << 31);
+}
+template <class T>
+bool bc_heads_fast_fit(const ssd::Problem& p, const DeviceCaps& caps) {
+  return bc_heads_fit<T>(p, caps) && chunk_scan_blocks(p) < (int64_t{1} << 31);
+}
+
 template <DType E>
 bool register_kernels() {
   using T = cuda::device_t<E>;
@@ -4709,10 +4594,7 @@ bool register_kernels() {
         .sku =
             scan_sku<E>("ssd_forward", "chunked", kTensorCorePrecision<E>, "chunked_wmma_fastpass"),
         .priority = 31,
-        .fits =
-            [](const ssd::Problem& p, const DeviceCaps& caps) {
-              return chunked_fits(p, caps) && chunk_scan_blocks(p) < (int64_t{1} << 31);
-            },
+        .fits = chunked_fast_fits,
         .workspace = chunked_tc_fast_workspace<T>,
         .launch = forward_chunked<T, true, false, true>,
     });
@@ -4724,10 +4606,7 @@ bool register_kernels() {
         .sku =
             scan_sku<E>("ssd_forward", "chunked", kTensorCorePrecision<E>, "chunked_mma_fastpass"),
         .priority = 32,
-        .fits =
-            [](const ssd::Problem& p, const DeviceCaps& caps) {
-              return chunked_fits(p, caps) && chunk_scan_blocks(p) < (int64_t{1} << 31);
-            },
+        .fits = chunked_fast_fits,
         .workspace = chunked_tc_fast_workspace<T>,
         .launch = forward_chunked<T, true, false, true, true>,
     });
@@ -4790,10 +4669,7 @@ bool register_kernels() {
         .sku = scan_sku<E>("ssd_backward", "chunked", kTensorCorePrecision<E>,
                            "chunked_wmma_vec_fastpass"),
         .priority = 32,
-        .fits =
-            [](const ssd::Problem& p, const DeviceCaps& caps) {
-              return bc_heads_fit<T>(p, caps) && chunk_scan_blocks(p) < (int64_t{1} << 31);
-            },
+        .fits = bc_heads_fast_fit<T>,
         .workspace = chunked_bwd_workspace,
         .launch = backward_chunked<T, true, true, true>,
     });
@@ -4805,10 +4681,7 @@ bool register_kernels() {
         .sku =
             scan_sku<E>("ssd_backward", "chunked", kTensorCorePrecision<E>, "chunked_mma_fastpass"),
         .priority = 33,
-        .fits =
-            [](const ssd::Problem& p, const DeviceCaps& caps) {
-              return bc_heads_fit<T>(p, caps) && chunk_scan_blocks(p) < (int64_t{1} << 31);
-            },
+        .fits = bc_heads_fast_fit<T>,
         .workspace = chunked_bwd_workspace,
         .launch = backward_chunked<T, true, true, true, true>,
     });

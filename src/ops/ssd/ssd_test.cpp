@@ -1049,7 +1049,28 @@ TEST_P(SsdPlans, ForwardFastpassOnDevice) {
   EXPECT_FALSE(packed.ok());
 }
 
-// The launches a forward plan made in one run, by the names ssd::StageSink reports.
+// The mma variant's device tests: a case, and whether the launches must show the mma kernels
+// (padded / permuted tensors may land aligned by chance: those are not asserted either way).
+template <class Case>
+struct MmaCase {
+  DType dtype;
+  Case c;
+  Layout layout;
+  bool expect_mma;
+};
+template <class Case>
+std::string mma_case_label(const MmaCase<Case>& k) {
+  return std::string(name(k.dtype)) + " " + harness::layout_name(k.layout) +
+         " L=" + std::to_string(k.c.L) + " H=" + std::to_string(k.c.H) +
+         " D=" + std::to_string(k.c.D) + " N=" + std::to_string(k.c.N) +
+         " chunk=" + std::to_string(k.c.chunk) + " A x" + std::to_string(k.c.o.a_scale);
+}
+Options every_option(ssd::DSkip d_skip) {
+  return {
+      .d_skip = d_skip, .z = true, .dt_bias = true, .softplus = true, .init = true, .final = true};
+}
+
+// The launches a forward or backward plan made in one run, by the names ssd::StageSink reports.
 class StageNames final : public ssd::StageSink {
  public:
   void stage(std::string_view, std::string_view, std::string_view stage, float) override {
@@ -1101,20 +1122,10 @@ TEST_P(SsdPlans, ForwardMmaOnDevice) {
   const Target target = GetParam();
   if (target == Target::cpu) GTEST_SKIP() << "device kernels (chunked_mma_fastpass)";
   BARACUDA_SKIP_IF_UNAVAILABLE(target);
-  const Options all{.d_skip = ssd::DSkip::per_head,
-                    .z = true,
-                    .dt_bias = true,
-                    .softplus = true,
-                    .init = true,
-                    .final = true};
+  const Options all = every_option(ssd::DSkip::per_head);
   const Options states{.init = true, .final = true};
   const auto mma = PlanPreference::kernel("chunked_mma_fastpass");
-  const struct {
-    DType dtype;
-    FwdCase c;
-    Layout layout;
-    bool expect_mma;
-  } cases[] = {
+  const MmaCase<FwdCase> cases[] = {
       {DType::bf16, {2, 300, 4, 64, 64, 1, 64, all}, Layout::contiguous, true},
       {DType::bf16, {2, 300, 8, 64, 128, 1, 256, all}, Layout::contiguous, true},
       {DType::f16, {2, 300, 4, 64, 64, 2, 128, {.final = true}}, Layout::contiguous, true},
@@ -1147,15 +1158,12 @@ TEST_P(SsdPlans, ForwardMmaOnDevice) {
       {DType::bf16, {1, 261, 4, 48, 40, 2, 128, {.final = true}}, Layout::permuted, false},
   };
   for (const auto& k : cases) {
-    SCOPED_TRACE(std::string(name(k.dtype)) + " " + harness::layout_name(k.layout) +
-                 " L=" + std::to_string(k.c.L) + " H=" + std::to_string(k.c.H) +
-                 " D=" + std::to_string(k.c.D) + " N=" + std::to_string(k.c.N) +
-                 " chunk=" + std::to_string(k.c.chunk) + " A x" + std::to_string(k.c.o.a_scale));
+    SCOPED_TRACE(mma_case_label(k));
     run_forward(target, k.dtype, k.c, k.layout, true, mma);
     const StageNames ran = plan_stages<SsdForwardPlan>(target, k.dtype, k.c, k.layout, mma);
     if (k.expect_mma) {
       EXPECT_TRUE(ran.has("chunk_state_mma") && ran.has("chunk_out_mma"));
-    } else if (k.layout == Layout::contiguous) {  // padded / permuted may land aligned by chance
+    } else if (k.layout == Layout::contiguous) {
       EXPECT_TRUE(ran.has("chunk_state") && ran.has("chunk_out"));
     }
   }
@@ -1530,20 +1538,10 @@ TEST_P(SsdPlans, BackwardMmaOnDevice) {
   const Target target = GetParam();
   if (target == Target::cpu) GTEST_SKIP() << "device kernels (chunked_mma_fastpass)";
   BARACUDA_SKIP_IF_UNAVAILABLE(target);
-  const Options all{.d_skip = ssd::DSkip::per_channel,
-                    .z = true,
-                    .dt_bias = true,
-                    .softplus = true,
-                    .init = true,
-                    .final = true};
+  const Options all = every_option(ssd::DSkip::per_channel);
   const Options states{.init = true, .final = true};
   const auto mma = PlanPreference::kernel("chunked_mma_fastpass");
-  const struct {
-    DType dtype;
-    BwdCase c;
-    Layout layout;
-    bool expect_mma;
-  } cases[] = {
+  const MmaCase<BwdCase> cases[] = {
       {DType::bf16, {2, 300, 4, 64, 64, 2, 64, all}, Layout::contiguous, true},
       {DType::f16, {2, 300, 4, 64, 64, 2, 128, all}, Layout::contiguous, true},
       {DType::bf16, {1, 2 * 256 + 5, 8, 64, 128, 1, 256, states}, Layout::contiguous, true},
@@ -1569,17 +1567,14 @@ TEST_P(SsdPlans, BackwardMmaOnDevice) {
       {DType::bf16, {1, 128, 2, 48, 40, 2, 128, all}, Layout::permuted, false},
   };
   for (const auto& k : cases) {
-    SCOPED_TRACE(std::string(name(k.dtype)) + " " + harness::layout_name(k.layout) +
-                 " L=" + std::to_string(k.c.L) + " H=" + std::to_string(k.c.H) +
-                 " D=" + std::to_string(k.c.D) + " N=" + std::to_string(k.c.N) +
-                 " chunk=" + std::to_string(k.c.chunk));
+    SCOPED_TRACE(mma_case_label(k));
     run_backward(target, k.dtype, k.c, k.layout, mma);
     const StageNames ran = plan_stages<SsdBackwardPlan>(target, k.dtype, k.c, k.layout, mma);
     if (k.expect_mma) {
       EXPECT_TRUE(ran.has("chunk_state_mma") && ran.has("ustate_mma") && ran.has("dcb_mma") &&
                   ran.has("db_mma"));
       EXPECT_TRUE(ran.has(k.c.N > 64 ? "dc_mma" : "dc"));  // dC on mma.sync from N > 64 only
-    } else if (k.layout == Layout::contiguous) {  // padded / permuted may land aligned by chance
+    } else if (k.layout == Layout::contiguous) {
       EXPECT_TRUE(ran.has("chunk_state") && ran.has("ustate") && ran.has("dcb") && ran.has("db") &&
                   ran.has("dc"));
     }
