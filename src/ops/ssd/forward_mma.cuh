@@ -75,6 +75,30 @@ __host__ __device__ inline Layout layout(int64_t N, int64_t cs) {
 }  // namespace state
 }  // namespace fwd_mma
 
+// A warp's A fragment of one 16-deep k step: rows m0 .. m0 + 15 of a 16-bit [m][k] tile at pitch
+// lda, columns k0 .. k0 + 15.
+template <class T>
+__device__ __forceinline__ void load_a_frag(uint32_t (&a)[4], const T* A, int lda, int m0, int k0,
+                                            int lane) {
+  cuda::ldmatrix_x4(cuda::smem_u32(A + (m0 + lane % 16) * lda + k0 + (lane / 16) * 8), a[0], a[1],
+                    a[2], a[3]);
+}
+// One 16-deep k step of a warp's 16 x 64 product with B stored [n][k] (16-bit rows n 0 .. 63 at
+// pitch ldb, k columns from k0): acc += a . B.
+template <class T>
+__device__ __forceinline__ void mma_k16_bnk(float (&acc)[8][4], const uint32_t (&a)[4], const T* B,
+                                            int ldb, int k0, int lane) {
+#pragma unroll
+  for (int jp = 0; jp < 4; ++jp) {
+    uint32_t b0, b1, b2, b3;
+    cuda::ldmatrix_x4(cuda::smem_u32(B + (16 * jp + lane % 8 + (lane / 16) * 8) * ldb + k0 +
+                                     ((lane / 8) % 2) * 8),
+                      b0, b1, b2, b3);
+    cuda::mma16816<T>(acc[2 * jp], a, b0, b1);
+    cuda::mma16816<T>(acc[2 * jp + 1], a, b2, b3);
+  }
+}
+
 // One warp's 16 x 64 tile product over a 64-deep shared stage: acc (rows m0 .. m0 + 15, columns
 // n0 .. n0 + 63, eight m16n8 accumulators) += A . B, A 16-bit [m][k] at pitch lda (kTransA: stored
 // [k][m], read transposed), B 16-bit [k][n] at pitch ldb; only the first npairs 16-column pairs.
@@ -90,8 +114,7 @@ __device__ __forceinline__ void warp_mma_64(float (&acc)[8][4], const T* A, int 
           cuda::smem_u32(A + (16 * kk + (mi / 2) * 8 + lane % 8) * lda + m0 + (mi % 2) * 8), a[0],
           a[1], a[2], a[3]);
     } else {
-      cuda::ldmatrix_x4(cuda::smem_u32(A + (m0 + lane % 16) * lda + 16 * kk + (lane / 16) * 8),
-                        a[0], a[1], a[2], a[3]);
+      load_a_frag<T>(a, A, lda, m0, 16 * kk, lane);
     }
 #pragma unroll
     for (int jp = 0; jp < 4; ++jp) {
@@ -165,13 +188,6 @@ __device__ __forceinline__ void store8(T* dst, const float (&f)[8], float w) {
   *reinterpret_cast<uint4*>(dst) =
       make_uint4(cuda::pack2<T>(f[0] * w, f[1] * w), cuda::pack2<T>(f[2] * w, f[3] * w),
                  cuda::pack2<T>(f[4] * w, f[5] * w), cuda::pack2<T>(f[6] * w, f[7] * w));
-}
-// Four f32 rounded to T as one 8-byte shared store.
-template <class T>
-__device__ __forceinline__ void store4_f32(T* dst, const uint4& v) {
-  const float* f = reinterpret_cast<const float*>(&v);
-  *reinterpret_cast<uint2*>(dst) =
-      make_uint2(cuda::pack2<T>(f[0], f[1]), cuda::pack2<T>(f[2], f[3]));
 }
 
 // Unit inner stride, 16-byte aligned rows and base: the operand goes by 16-byte cp.async.
@@ -373,17 +389,8 @@ __global__ void __launch_bounds__(fwd_mma::out::kThreads, 2) chunk_out_mma_kerne
       for (int kk = 0; kk < 4; ++kk) {
         if (kk >= ksteps) break;
         uint32_t a[4];
-        const int col = j * kTile + 16 * kk + (lane / 16) * 8;
-        ldmatrix_x4(smem_u32(Cs + (16 * warp + lane % 16) * lay.ldc + col), a[0], a[1], a[2], a[3]);
-#pragma unroll
-        for (int jp = 0; jp < 4; ++jp) {
-          uint32_t b0, b1, b2, b3;
-          ldmatrix_x4(smem_u32(slot + (16 * jp + lane % 8 + (lane / 16) * 8) * kLd16 + 16 * kk +
-                               ((lane / 8) % 2) * 8),
-                      b0, b1, b2, b3);
-          mma16816<T>(acc[2 * jp], a, b0, b1);
-          mma16816<T>(acc[2 * jp + 1], a, b2, b3);
-        }
+        load_a_frag<T>(a, Cs, static_cast<int>(lay.ldc), 16 * warp, j * kTile + 16 * kk, lane);
+        mma_k16_bnk<T>(acc, a, slot, kLd16, 16 * kk, lane);  // S rows d: B stored [n][k]
       }
       if (j == nk - 1)  // the state enters decayed by exp(cum_t) = eref * rowf_t (direct: es_t)
 #pragma unroll

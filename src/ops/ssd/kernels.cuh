@@ -1268,6 +1268,9 @@ struct BwdC : Fwd<T> {
   // workspace (Fwd's dtp, cum and st come first; st holds the states entering each chunk)
   float* cbm;              // [B*G*nchunks][cs][cs]  C_t.B_s, lower tiles only
   float* gst;              // [B*H*nchunks][D][N]    U_c, then the adjoint of the state leaving c
+  T* gst16;                // [B*H*nchunks][D][N]    16-bit T: the adjoint rounded to T, as the
+                           //                        mma.sync products take it (else nullptr)
+  T* st16;                 // [B*H*nchunks][D][N]    16-bit T, fastpass: st rounded to T (ditto)
   float* dyp;              // [B][L][H][D]           dy * silu(z) (has_z only)
   float *pdB, *pdC;        // [B][L][H][N]           per-head dB, dC
   float *pdv, *pE;         // [ntd][B*H][Lpad]       x_s.R_s and E_s, per tile of D
@@ -1905,9 +1908,11 @@ __global__ void bwd_state_rev_kernel(BwdC<T> p) {
   const int64_t d = e / p.N, n = e % p.N;
   float gv = p.has_dfin ? p.dfin.at(b, h, d, n) : 0.0f;
   for (int64_t c = p.nchunks - 1; c >= 0; --c) {
-    float* cell = p.gst + (bh * p.nchunks + c) * p.D * p.N + e;
+    const int64_t at = (bh * p.nchunks + c) * p.D * p.N + e;
+    float* cell = p.gst + at;
     const float own = *cell;
     *cell = gv;
+    if constexpr (sizeof(T) == 2) p.gst16[at] = from_float<T>(gv);
     gv = expf(static_cast<float>(p.cum[bh * p.Lpad + c * p.cs + p.cs - 1])) * gv + own;
   }
   if (p.has_init) p.dinit.at(b, h, d, n) = gv;
@@ -1939,7 +1944,8 @@ struct ChunkScan {
   V4<const float> in;                       // the value entering the first chunk scanned
   V4<float> out;                            // the value leaving the last chunk scanned
   bool has_in, has_out;
-  void* st_t = nullptr;  // TO != float: the scanned values go here, rounded to TO, not to st
+  void* st_t = nullptr;     // TO != float: the scanned values go here, rounded to TO, not to st
+  void* st_copy = nullptr;  // TC != void: the scanned values also go here, rounded to TC
 };
 
 template <int kW>
@@ -1977,8 +1983,9 @@ __device__ __forceinline__ void scan_store(TO* q, const float (&s)[kW]) {
 // out = final_states). kRev = true: the backward's reverse pass over gst (gst[c] becomes the
 // adjoint of the state leaving chunk c, in = d_final_states, out = d_initial_states).
 // TO != float (the forward of chunked_wmma_fastpass): the values entering each chunk are written
-// rounded to TO into st_t, and st is only read.
-template <int kW, bool kRev, class TO = float>
+// rounded to TO into st_t, and st is only read. TC != void (the backward's reverse pass for the
+// mma.sync products): a copy rounded to TC goes to st_copy as well.
+template <int kW, bool kRev, class TO = float, class TC = void>
 __global__ void __launch_bounds__(kScanThreads) chunk_scan_kernel(ChunkScan a) {
   const int64_t per_bh = a.dn / kW;
   const int64_t v = blockIdx.x * int64_t{kScanThreads} + threadIdx.x;
@@ -2007,6 +2014,8 @@ __global__ void __launch_bounds__(kScanThreads) chunk_scan_kernel(ChunkScan a) {
                                       : static_cast<TO*>(a.st_t)) +
            (bh * nc + c0) * a.dn + e0;
   const double* dp = a.cum + bh * a.Lpad + c0 * a.cs + a.cs - 1;  // chunk c's cum_last
+  using CopyT = std::conditional_t<std::is_void_v<TC>, float, TC>;
+  CopyT* cp = static_cast<CopyT*>(a.st_copy) + (bh * nc + c0) * a.dn + e0;
   ScanVec<kW> buf[kScanDepth] = {};
   double lbuf[kScanDepth] = {};
 #pragma unroll
@@ -2034,6 +2043,10 @@ __global__ void __launch_bounds__(kScanThreads) chunk_scan_kernel(ChunkScan a) {
       }
       scan_store<kW, TO>(sp, s);  // the value entering (kRev: leaving) this chunk
       sp += step;
+      if constexpr (!std::is_void_v<TC>) {
+        scan_store<kW, TC>(cp, s);
+        cp += step;
+      }
       const float decay = expf(static_cast<float>(l));
 #pragma unroll
       for (int i = 0; i < kW; ++i) s[i] = fmaf(decay, s[i], own.v[i]);
@@ -2062,17 +2075,18 @@ inline int64_t chunk_scan_blocks(const ssd::Problem& p) {
 // 16-byte vectors when every (b, h, chunk) slab starts 16-byte aligned (D*N % 4 == 0 and the
 // workspace array itself aligned, which the 256-byte workspace alignment and round64 give), else
 // one element per thread (same loop, same math).
-template <bool kRev, class TO = float>
+template <bool kRev, class TO = float, class TC = void>
 Status launch_chunk_scan(const ChunkScan& a, cudaStream_t st, std::string_view op) {
   if (a.BH == 0 || a.dn == 0) return {};
   const bool vec = a.dn % 4 == 0 && reinterpret_cast<uintptr_t>(a.st) % 16 == 0 &&
-                   reinterpret_cast<uintptr_t>(a.st_t) % 8 == 0;
+                   reinterpret_cast<uintptr_t>(a.st_t) % 8 == 0 &&
+                   reinterpret_cast<uintptr_t>(a.st_copy) % 8 == 0;
   const int64_t threads = a.BH * (vec ? a.dn / 4 : a.dn);
   const auto blocks = static_cast<unsigned>((threads + kScanThreads - 1) / kScanThreads);
   if (vec)
-    chunk_scan_kernel<4, kRev, TO><<<blocks, kScanThreads, 0, st>>>(a);
+    chunk_scan_kernel<4, kRev, TO, TC><<<blocks, kScanThreads, 0, st>>>(a);
   else
-    chunk_scan_kernel<1, kRev, TO><<<blocks, kScanThreads, 0, st>>>(a);
+    chunk_scan_kernel<1, kRev, TO, TC><<<blocks, kScanThreads, 0, st>>>(a);
   return cuda::check_launch(op, "chunk_scan_kernel");
 }
 
@@ -2279,8 +2293,9 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dx_heads_vec_kernel(BwdC<T> p
 // per (chunk, 64 tokens s, 64 columns d, b, hb heads of one group); warp w owns tokens
 // s_lo + 16 w .. + 15 and all 64 columns (eight m16n8 accumulator tiles in registers, no shared
 // staging of the accumulator). Per head the block runs a flat sequence of 64-deep stages:
-// ceil(N / 64) of the state product B_s . Gc^T, then one per t tile t0 >= s_lo of W . dy'. The Gc
-// and dy' tiles (and each head's x tile) stream through a kStages-deep cp.async ring that runs on
+// ceil(N / 64) of the state product B_s . Gc^T (Gc as the reverse scan left it rounded to T,
+// gst16, read by ldmatrix), then one per t tile t0 >= s_lo of W . dy'. The Gc and dy' tiles (and
+// each head's x tile) stream through a kStages-deep cp.async ring that runs on
 // across head boundaries; the B tile is loaded once per block. W_ts = exp(cum_t - cum_s) CB_ts is
 // built in the A fragments straight from registers holding C.B^T, read from L2 one stage ahead.
 // The products round their operands to T and add in bwd_dx_kernel's order, but W's exponential is
@@ -2290,9 +2305,8 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dx_heads_vec_kernel(BwdC<T> p
 namespace dx_mma {
 constexpr int kWarps = 4, kThreadsDx = 32 * kWarps, kStages = 2;
 constexpr int kLdKM = 68;  // f32 tiles read [k][m|n]: rows 2q apart land 8q banks apart
-constexpr int kLdNK = 72;  // f32 tiles read [n][k] as pairs: g * 72 + 2q, conflict-free
 constexpr int kLd16 = 72;  // 16-bit 64-wide tiles: ldmatrix rows 144 B apart
-constexpr size_t kSlotBytes = sizeof(float) * kTile * kLdNK;  // holds any stage's tile
+constexpr size_t kSlotBytes = sizeof(float) * kTile * kLdKM;  // holds any stage's tile
 
 struct Layout {
   int64_t bw, ldb;                               // B tile: N rounded up to 16, its pitch
@@ -2373,14 +2387,14 @@ __global__ void __launch_bounds__(dx_mma::kThreadsDx, 3) bwd_dx_mma_kernel(BwdC<
                    in ? &p.x.at(b, tb + s_lo + r, h, d0 + col) : p.x.p, in ? 16 : 0);
       }
     unsigned char* slot = ring + (i % kStages) * kSlotBytes;
-    if (j < nk) {  // Gc rows d0.., columns 64 j.. (f32)
-      const float* Gc = p.gst + (bh * p.nchunks + c) * p.D * p.N;
-      float* dst = reinterpret_cast<float*>(slot);
-      for (int idx = tid; idx < kTile * 16; idx += kThreadsDx) {
-        const int r = idx / 16, col = idx % 16 * 4;
+    if (j < nk) {  // Gc rows d0.., columns 64 j.. (rounded to T)
+      const T* Gc = p.gst16 + (bh * p.nchunks + c) * p.D * p.N;
+      T* dst = reinterpret_cast<T*>(slot);
+      for (int idx = tid; idx < kTile * 8; idx += kThreadsDx) {
+        const int r = idx / 8, col = idx % 8 * 8;
         const int64_t n = int64_t{j} * kTile + col;
         const bool in = d0 + r < p.D && n < p.N;
-        cp_async16(dst + r * kLdNK + col, in ? Gc + (d0 + r) * p.N + n : Gc, in ? 16 : 0);
+        cp_async16(dst + r * kLd16 + col, in ? Gc + (d0 + r) * p.N + n : Gc, in ? 16 : 0);
       }
     } else if constexpr (kZ) {  // dy' rows t0.., columns d0.. (f32 workspace)
       const int64_t t0 = s_lo + int64_t{j - nk} * kTile;
@@ -2517,23 +2531,17 @@ __global__ void __launch_bounds__(dx_mma::kThreadsDx, 3) bwd_dx_mma_kernel(BwdC<
     // its first), in flight under this stage's products.
     if (j == nk - 1 || (qt >= 0 && qt + 1 < nt)) fetch_cb(j == nk - 1 ? s_lo32 : t0 + kTile);
     if (qt < 0) {
-      // acc[s][d] += sum_n B[s][n] Gc[d][n] over n in [64 j, 64 j + 64)
-      const float* Gt = reinterpret_cast<const float*>(slot);
+      // acc[s][d] += sum_n B[s][n] Gc[d][n] over n in [64 j, 64 j + 64); Gc's rows d are the
+      // B operand's columns, read by ldmatrix as stored
+      const T* Gt = reinterpret_cast<const T*>(slot);
       const int64_t left = (lay.bw - int64_t{j} * kTile) / 16;
       const int ksteps = left < 4 ? static_cast<int>(left) : 4;
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
         if (kk >= ksteps) break;
         uint32_t a[4];
-        const int col = j * kTile + 16 * kk + (lane / 16) * 8;
-        ldmatrix_x4(smem_u32(Bs + (16 * warp + lane % 16) * lay.ldb + col), a[0], a[1], a[2], a[3]);
-#pragma unroll
-        for (int j8 = 0; j8 < 8; ++j8) {
-          const float* gr = Gt + (8 * j8 + g) * kLdNK + 16 * kk + 2 * q4;
-          const float2 lo = *reinterpret_cast<const float2*>(gr);
-          const float2 hi2 = *reinterpret_cast<const float2*>(gr + 8);
-          mma16816<T>(acc[j8], a, pack2<T>(lo.x, lo.y), pack2<T>(hi2.x, hi2.y));
-        }
+        load_a_frag<T>(a, Bs, static_cast<int>(lay.ldb), 16 * warp, j * kTile + 16 * kk, lane);
+        mma_k16_bnk<T>(acc, a, Gt, kLd16, 16 * kk, lane);
       }
     } else {
       // acc[s][d] += sum_t W[t][s] dy'[t][d] over t tile qt
@@ -3018,20 +3026,10 @@ __global__ void __launch_bounds__(dcb_mma::kThreads, 3) bwd_dcb_mma_kernel(BwdC<
           a[e] = pack2<T>(f.x, f.y);
         }
       } else {
-        const T* A = reinterpret_cast<const T*>(slot);
-        ldmatrix_x4(smem_u32(A + (16 * warp + lane % 16) * kLd16 + 16 * kk + (lane / 16) * 8), a[0],
-                    a[1], a[2], a[3]);
+        load_a_frag<T>(a, reinterpret_cast<const T*>(slot), kLd16, 16 * warp, 16 * kk, lane);
       }
-      const T* X = reinterpret_cast<const T*>(slot + kSlotA<kZ>);
-#pragma unroll
-      for (int jp = 0; jp < 4; ++jp) {
-        uint32_t b0, b1, b2, b3;
-        ldmatrix_x4(smem_u32(X + (16 * jp + lane % 8 + (lane / 16) * 8) * kLd16 + 16 * kk +
-                             ((lane / 8) % 2) * 8),
-                    b0, b1, b2, b3);
-        mma16816<T>(acc[2 * jp], a, b0, b1);
-        mma16816<T>(acc[2 * jp + 1], a, b2, b3);
-      }
+      // x rows s: B stored [n][k]
+      mma_k16_bnk<T>(acc, a, reinterpret_cast<const T*>(slot + kSlotA<kZ>), kLd16, 16 * kk, lane);
     }
     if (j == nks - 1) {
       // Head hi's weights: w = W_ts dt_s DX_ts, P = w CB_ts; dCB += w, P's row and column sums.
@@ -3172,10 +3170,10 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_db_heads_vec_kernel(BwdC<T> p
 // group's sum_{t >= s} dCB_ts C_t[n]. Eight warps, warp w owning rows s_lo + 16 (w % 4) .. + 15 and
 // columns n0 + 64 (w / 4) .. + 63 in registers; each 64-deep stage's operands go through
 // registers one stage ahead (loaded under the products of the stage before), are scaled / rounded
-// to T once and stored into one of two shared slots: x rows times their weight and the f32 Gc
-// rows (rounded), then dCB (f32, [t][s], read transposed) and C rows. The operands round where
-// the WMMA kernel rounds them, except x v_s e_s, which it keeps exact and scales in f32 after the
-// product. Deterministic.
+// to T once and stored into one of two shared slots: x rows times their weight and the Gc rows
+// (gst16: rounded by the reverse scan), then dCB (f32, [t][s], read transposed) and C rows. The
+// operands round where the WMMA kernel rounds them, except x v_s e_s, which it keeps exact and
+// scales in f32 after the product. Deterministic.
 namespace db_mma {
 constexpr int kWarps = 8, kThreads = 32 * kWarps;
 constexpr int kNw = 128;           // n columns per block
@@ -3188,26 +3186,15 @@ constexpr size_t kSmem = 2 * (kSlotA + kSlotB);
 // The register staging that bwd_db_mma_kernel and bwd_dc_mma_kernel share (256 threads): a stage's
 // loads go to registers one stage ahead and are rounded to T on their way to shared memory. A:
 // rows ar + 32 k (k < 2), 8 columns from ac, as 8 T in av[k][0] or 8 f32 in both halves. B
-// (64 x 128): f32 state rows br + 8 k (k < 8), 4 columns from bc; or T rows cr + 16 k (k < 4),
-// 8 columns from cc.
+// (64 x 128, 16-bit): rows cr + 16 k (k < 4), 8 columns from cc.
 template <class T>
 struct Staging {
-  int ar, ac, br, bc, cr, cc;
+  int ar, ac, cr, cc;
   uint4 av[2][2];
-  uint4 bv[8];
+  uint4 bv[4];
   float aw[2];  // the A rows' weights (head stages)
   __device__ explicit Staging(int tid)
-      : ar(tid / 8),
-        ac(tid % 8 * 8),
-        br(tid / 32),
-        bc(tid % 32 * 4),
-        cr(tid / 16),
-        cc(tid % 16 * 8) {}
-  // f32 [D][N] state rows d, columns n (this thread's offsets already added).
-  __device__ void load_state(const float* S, int64_t D, int64_t N, int d, int n) {
-#pragma unroll
-    for (int k = 0; k < 8; ++k) bv[k] = ldg16(S + (d + 8 * k) * N + n, d + 8 * k < D && n < N);
-  }
+      : ar(tid / 8), ac(tid % 8 * 8), cr(tid / 16), cc(tid % 16 * 8) {}
   // dCB rows t (f32, zero above the diagonal; rows from K on read as zero), columns from col.
   __device__ void load_dcb(const float* dcbt, int64_t cs, int t, int col, int K) {
 #pragma unroll
@@ -3215,6 +3202,15 @@ struct Staging {
       const float* src = dcbt + (t + 32 * k) * cs + col;
       av[k][0] = ldg16(src, t + 32 * k < K);
       av[k][1] = ldg16(src + 4, t + 32 * k < K);
+    }
+  }
+  // 16-bit [D][N] state rows d0 + cr + 16 k, 8 columns from n0 + cc (zeros outside): the
+  // states the reverse / forward scans left rounded to T (gst16, st16).
+  __device__ void load_state16(const T* S, int64_t D, int64_t N, int d0, int n0) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int d = d0 + cr + 16 * k, n = n0 + cc;
+      bv[k] = ldg16(S + d * N + n, d < D && n < N);
     }
   }
   // 16-bit [B, L, G, N] rows t (from row0; rows from K on read as zero) of group grp.
@@ -3239,15 +3235,10 @@ struct Staging {
       store8<T>(A + (ar + 32 * k) * ld + ac, f, weighted ? aw[k] : 1.0f);
     }
   }
-  // B rows: the f32 state (state) or 16-bit rows as loaded.
-  __device__ void store_b(T* B, int ld, bool state) const {
-    if (state) {
+  // B rows as loaded.
+  __device__ void store_b(T* B, int ld) const {
 #pragma unroll
-      for (int k = 0; k < 8; ++k) store4_f32<T>(B + (br + 8 * k) * ld + bc, bv[k]);
-    } else {
-#pragma unroll
-      for (int k = 0; k < 4; ++k) *reinterpret_cast<uint4*>(B + (cr + 16 * k) * ld + cc) = bv[k];
-    }
+    for (int k = 0; k < 4; ++k) *reinterpret_cast<uint4*>(B + (cr + 16 * k) * ld + cc) = bv[k];
   }
 };
 
@@ -3351,7 +3342,7 @@ __global__ void __launch_bounds__(db_mma::kThreads, 2) bwd_db_mma_kernel(BwdC<T>
   const int n_group = gt.slot == 0 ? (K - s_lo + kTile - 1) / kTile : 0;  // t tiles t0 >= s_lo
   const int total = n_heads + n_group;
 
-  // ---- register staging: A x v_s e_s (T) or dCB (f32); B Gc (f32) or C rows t (T)
+  // ---- register staging: A x v_s e_s (T) or dCB (f32); B Gc or C rows t (T)
   Staging<T> r(tid);
   auto load = [&](int i) {
     if (i < n_heads) {
@@ -3363,7 +3354,7 @@ __global__ void __launch_bounds__(db_mma::kThreads, 2) bwd_db_mma_kernel(BwdC<T>
         r.av[k][0] = ldg16(&p.x.at(b, tb + s, h, d0 + r.ac), s < K && d0 + r.ac < p.D);
         r.aw[k] = s < K ? p.dtp[ob + s] * expf(static_cast<float>(last - p.cum[ob + s])) : 0.0f;
       }
-      r.load_state(p.gst + (bh * p.nchunks + c) * p.D * p.N, p.D, p.N, d0 + r.br, n0 + r.bc);
+      r.load_state16(p.gst16 + (bh * p.nchunks + c) * p.D * p.N, p.D, p.N, d0, n0);
     } else {
       const int t0 = s_lo + (i - n_heads) * kTile;
       r.load_dcb(gt.dcbt, p.cs, t0 + r.ar, s_lo + r.ac, K);
@@ -3373,7 +3364,7 @@ __global__ void __launch_bounds__(db_mma::kThreads, 2) bwd_db_mma_kernel(BwdC<T>
   auto store = [&](int buf, int i) {
     const bool head = i < n_heads;
     r.store_a(As + buf * kTile * kLdDbA, kLdDbA, head, !head);
-    r.store_b(Bs + buf * kTile * kLdDbB, kLdDbB, head);
+    r.store_b(Bs + buf * kTile * kLdDbB, kLdDbB);  // Gc (gst16) or C
   };
 
   float acc[8][4] = {};
@@ -3561,13 +3552,13 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dc_heads_vec_kernel(BwdC<T> p
 
 // chunked_mma_fastpass's dC head blocks on mma.sync (dc_mma_fits): the blocks and partials of
 // bwd_dc_heads_vec_kernel (chunk, 64 tokens t, b, hb heads of one group; partial slot
-// (h0 % hpg) / hb), 128 columns n per block, eight warps as bwd_db_mma_kernel's. Per head the
-// state product (exp(cum_t) dy'_t) . S0 runs into fresh register accumulators, whose row dots with
-// C_t give that head's pst (per 64-column tile, one warp's columns) before they are added to the
-// block's running sum (kept in shared memory, one column per thread); then the first slot's blocks
-// add the group's sum_{s <= t} dCB_ts B_s. Operands go through registers one stage ahead and are
-// rounded to T once per block (exp(cum_t) dy'_t, S0, dCB; the WMMA kernel scales by exp(cum_t)
-// after its product instead). Deterministic.
+// (h0 % hpg) / hb), 128 columns n per block, eight warps as bwd_db_mma_kernel's. The heads' state
+// products (exp(cum_t) dy'_t) . S0 run into one set of register accumulators; at each head's end
+// their row dots with C_t (C held in registers) less the previous head's give that head's pst (per
+// 64-column tile, one warp's columns: a difference of sums over at most hb heads); then the first
+// slot's blocks add the group's sum_{s <= t} dCB_ts B_s. Operands go through registers one stage
+// ahead and are rounded to T once per block (exp(cum_t) dy'_t, S0, dCB; the WMMA kernel scales by
+// exp(cum_t) after its product instead). Deterministic.
 namespace dc_mma {
 constexpr int kWarps = 8, kThreads = 32 * kWarps;
 constexpr int kNw = 128;
@@ -3575,8 +3566,7 @@ constexpr int kLdDcA = kTile + 8;
 constexpr int kLdDcB = kNw + 8;
 constexpr size_t kSlotA = sizeof(uint16_t) * kTile * kLdDcA;
 constexpr size_t kSlotB = sizeof(uint16_t) * kTile * kLdDcB;
-constexpr size_t kSum = sizeof(float) * 32 * kThreads;  // the running sum, [element][thread]
-constexpr size_t kSmem = 2 * (kSlotA + kSlotB) + kSum;
+constexpr size_t kSmem = 2 * (kSlotA + kSlotB);
 }  // namespace dc_mma
 
 template <class T>
@@ -3590,8 +3580,6 @@ __global__ void __launch_bounds__(dc_mma::kThreads, 1) bwd_dc_mma_kernel(BwdC<T>
   extern __shared__ __align__(16) unsigned char dcm_smem[];
   T* As = reinterpret_cast<T*>(dcm_smem);               // [2][64][kLdDcA]
   T* Bs = reinterpret_cast<T*>(dcm_smem + 2 * kSlotA);  // [2][64][kLdDcB]
-  float(*Sum)[dc_mma::kThreads] =
-      reinterpret_cast<float(*)[dc_mma::kThreads]>(dcm_smem + 2 * (kSlotA + kSlotB));
 
   const int tid = threadIdx.x, lane = tid % 32, g = lane / 4, q4 = lane % 4;
   const db_mma::GroupTile<T> gt(p, tid / 32);
@@ -3619,7 +3607,7 @@ __global__ void __launch_bounds__(dc_mma::kThreads, 1) bwd_dc_mma_kernel(BwdC<T>
         }
         r.aw[k] = t < K ? expf(static_cast<float>(p.cum[ob + t])) : 0.0f;
       }
-      r.load_state(p.st + (bh * p.nchunks + c) * p.D * p.N, p.D, p.N, d0 + r.br, n0 + r.bc);
+      r.load_state16(p.st16 + (bh * p.nchunks + c) * p.D * p.N, p.D, p.N, d0, n0);
     } else {
       const int s0 = (i - n_heads) * kTile;
       r.load_dcb(gt.dcbt, p.cs, t_lo + r.ar, s0 + r.ac, K);
@@ -3629,50 +3617,52 @@ __global__ void __launch_bounds__(dc_mma::kThreads, 1) bwd_dc_mma_kernel(BwdC<T>
   auto store = [&](int buf, int i) {
     const bool head = i < n_heads;
     r.store_a(As + buf * kTile * kLdDcA, kLdDcA, head, !head || kZ);
-    r.store_b(Bs + buf * kTile * kLdDcB, kLdDcB, head);
+    r.store_b(Bs + buf * kTile * kLdDcB, kLdDcB);  // S0 (st16) or B
   };
 
+  // C at this thread's accumulator positions (rows t_lo + 16 wm + g + 8 r, columns my_n0 +
+  // 8 j8 + 2 q4, +1; zero outside), for the heads' pst.
+  uint32_t cfrag[2][8];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int t = t_lo + 16 * gt.wm + g + 8 * r;
+#pragma unroll
+    for (int j8 = 0; j8 < 8; ++j8) {
+      const int n = gt.my_n0 + 8 * j8 + 2 * q4;
+      cfrag[r][j8] = t < K && n < p.N
+                         ? __ldg(reinterpret_cast<const unsigned int*>(&p.Cm.at(b, tb + t, grp, n)))
+                         : 0u;
+    }
+  }
   float acc[8][4] = {};
-  int hi = 0, j = 0;  // the head stage being computed: head, D slice
+  float dot_before[2] = {0.0f, 0.0f};  // the row dots of C with acc after the previous head
+  int hi = 0, j = 0;                   // the head stage being computed: head, D slice
   db_mma::run_ring(total, load, store, [&](int i, int buf) {
     warp_mma_64<T, false>(acc, As + buf * kTile * kLdDcA, kLdDcA, 16 * gt.wm,
                           Bs + buf * kTile * kLdDcB, kLdDcB, 64 * gt.wn, gt.npairs, lane);
-    if (i < n_heads && j == nks - 1) {
-      // Head hi done: its pst (this warp's 64 columns), then into the running sum.
+    if (i < n_heads && j == nks - 1) {  // head hi done: its pst over this warp's 64 columns
       const int64_t bh = b * p.H + h0 + hi;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const int t = t_lo + 16 * gt.wm + g + 8 * r;
-        float part = 0.0f;
-        if (t < K)
+        float dot = 0.0f;
 #pragma unroll
-          for (int j8 = 0; j8 < 8; ++j8) {
-            const int n = gt.my_n0 + 8 * j8 + 2 * q4;
-            if (n < p.N) {
-              const uint32_t c2 =
-                  __ldg(reinterpret_cast<const unsigned int*>(&p.Cm.at(b, tb + t, grp, n)));
-              const T* cv = reinterpret_cast<const T*>(&c2);
-              part = fmaf(to_float(cv[0]), acc[j8][2 * r], part);
-              part = fmaf(to_float(cv[1]), acc[j8][2 * r + 1], part);
-            }
-          }
-        part += __shfl_xor_sync(0xffffffffu, part, 1);
-        part += __shfl_xor_sync(0xffffffffu, part, 2);
-        if (q4 == 0 && t < K && gt.my_n0 < p.N)
-          p.pst[((gt.my_n0 / kTile) * BH + bh) * p.Lpad + tb + t] = part;
-      }
-#pragma unroll
-      for (int j8 = 0; j8 < 8; ++j8)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          Sum[4 * j8 + e][tid] = (hi == 0 ? 0.0f : Sum[4 * j8 + e][tid]) + acc[j8][e];
-          acc[j8][e] = 0.0f;
+        for (int j8 = 0; j8 < 8; ++j8) {
+          const T* cv = reinterpret_cast<const T*>(&cfrag[r][j8]);
+          dot = fmaf(to_float(cv[0]), acc[j8][2 * r], dot);
+          dot = fmaf(to_float(cv[1]), acc[j8][2 * r + 1], dot);
         }
+        dot += __shfl_xor_sync(0xffffffffu, dot, 1);
+        dot += __shfl_xor_sync(0xffffffffu, dot, 2);
+        const int t = t_lo + 16 * gt.wm + g + 8 * r;
+        if (q4 == 0 && t < K && gt.my_n0 < p.N)
+          p.pst[((gt.my_n0 / kTile) * BH + bh) * p.Lpad + tb + t] = dot - dot_before[r];
+        dot_before[r] = dot;
+      }
     }
     if (i < n_heads && ++j == nks) j = 0, ++hi;
   });
   db_mma::store_acc_rows(acc, gt.slot_rows(p.pdC, p), p.H * p.N, t_lo + 16 * gt.wm, K, gt.my_n0,
-                         p.N, lane, [&](int j8, int e) { return Sum[4 * j8 + e][tid]; });
+                         p.N, lane, [](int, int) { return 0.0f; });
 }
 
 // Per (chunk, b, h): assembles dcum, the reverse cumsum da, then ddt and the chunk's partials of
@@ -4186,7 +4176,8 @@ Status backward_recurrent(const LaunchContext& ctx, const ssd::Problem& pr,
 // Chunked backward workspace (f32 elements, every region rounded up to 64): the forward's dtp,
 // cum (f64) and chunk states, then the regions of BwdC in declaration order.
 struct BwdcLayout {
-  int64_t cbm, gst, dyp, pdB, pdC, pdv, pE, pst, prow, pcol, pdA, pbias, pdD, dcb, total;
+  int64_t cbm, gst, dyp, pdB, pdC, pdv, pE, pst, prow, pcol, pdA, pbias, pdD, dcb, gst16, st16;
+  int64_t total;
 };
 inline BwdcLayout bwdc_layout(const ssd::Problem& p) {
   const int64_t bh = p.batch * p.heads, lpad = p.nchunks * p.chunk_size;
@@ -4208,7 +4199,12 @@ inline BwdcLayout bwdc_layout(const ssd::Problem& p) {
   l.pbias = l.pdA + round64(bh * p.nchunks);
   l.pdD = l.pbias + round64(bh * p.nchunks);
   l.dcb = l.pdD + round64(bh * p.nchunks * p.head_dim);
-  l.total = l.dcb + round64(p.batch * p.ngroups * p.nchunks * p.chunk_size * p.chunk_size);
+  l.gst16 = l.dcb + round64(p.batch * p.ngroups * p.nchunks * p.chunk_size * p.chunk_size);
+  const bool bits16 = p.dtype == DType::bf16 || p.dtype == DType::f16;
+  const int64_t states16 =
+      round64(bits16 ? (bh * p.nchunks * p.head_dim * p.state_dim + 1) / 2 : 0);
+  l.st16 = l.gst16 + states16;
+  l.total = l.st16 + states16;
   return l;
 }
 
@@ -4254,6 +4250,8 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
   p.pdC = ws + l.pdC, p.pdv = ws + l.pdv, p.pE = ws + l.pE, p.pst = ws + l.pst;
   p.prow = ws + l.prow, p.pcol = ws + l.pcol, p.pdA = ws + l.pdA, p.pbias = ws + l.pbias;
   p.pdD = ws + l.pdD, p.dcb = ws + l.dcb;
+  p.gst16 = sizeof(T) == 2 ? reinterpret_cast<T*>(ws + l.gst16) : nullptr;
+  p.st16 = sizeof(T) == 2 && kFast ? reinterpret_cast<T*>(ws + l.st16) : nullptr;
   p.prow_parts = kVec ? p.ntt : 1;
   const cudaStream_t st = cuda::stream_of(ctx);
   constexpr std::string_view op = "ssd_backward";
@@ -4302,7 +4300,12 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
     if constexpr (kFast) {
       ChunkScan sa = chunk_scan_args(fwd, p.st);
       sa.in = p.init, sa.has_in = p.has_init;  // no final_states here (p.has_fin is false)
-      BARACUDA_TRY(launch_chunk_scan<false>(sa, st, op));
+      if constexpr (sizeof(T) == 2) {
+        sa.st_copy = p.st16;
+        BARACUDA_TRY((launch_chunk_scan<false, float, T>(sa, st, op)));
+      } else {
+        BARACUDA_TRY(launch_chunk_scan<false>(sa, st, op));
+      }
     } else {
       state_pass_kernel<T>
           <<<dim3(static_cast<unsigned>(cuda::ceil_div(pr.head_dim * pr.state_dim, 256)), bh), 256,
@@ -4353,7 +4356,12 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
     if constexpr (kFast) {
       ChunkScan sa = chunk_scan_args<T>(p, p.gst);
       sa.in = p.dfin, sa.has_in = p.has_dfin, sa.out = p.dinit, sa.has_out = p.has_init;
-      BARACUDA_TRY(launch_chunk_scan<true>(sa, st, op));
+      if constexpr (sizeof(T) == 2) {
+        sa.st_copy = p.gst16;
+        BARACUDA_TRY((launch_chunk_scan<true, float, T>(sa, st, op)));
+      } else {
+        BARACUDA_TRY(launch_chunk_scan<true>(sa, st, op));
+      }
     } else {
       bwd_state_rev_kernel<T>
           <<<dim3(static_cast<unsigned>(cuda::ceil_div(pr.head_dim * pr.state_dim, 256)), bh), 256,
