@@ -38,7 +38,7 @@ namespace out {
 constexpr int kWarps = 4, kThreads = 32 * kWarps, kStages = 2;
 struct Layout {
   int64_t ldc, ldcb;  // pitches of the C tile (N rounded to 16, + 8) and the CB rows (cs + 8)
-  size_t cl, dts, colf, c_tile, cb_rows, ring, total;  // byte offsets (total: the size)
+  size_t cl, dts, colf, raw, c_tile, cb_rows, ring, total;  // byte offsets (total: the size)
 };
 __host__ __device__ inline Layout layout(int64_t N, int64_t cs) {
   Layout l{};
@@ -47,7 +47,8 @@ __host__ __device__ inline Layout layout(int64_t N, int64_t cs) {
   l.cl = 0;
   l.dts = l.cl + sizeof(float) * 256;
   l.colf = l.dts + sizeof(float) * 256;
-  l.c_tile = l.colf + sizeof(float) * 256;
+  l.raw = l.colf + sizeof(float) * 256;  // the next head's cum (f64) and dt, as loaded
+  l.c_tile = l.raw + (sizeof(double) + sizeof(float)) * 256;
   l.cb_rows = l.c_tile + round16(sizeof(uint16_t) * kTile * static_cast<size_t>(l.ldc));
   l.ring = l.cb_rows + sizeof(float) * kTile * static_cast<size_t>(l.ldcb);
   l.total = l.ring + kSlotBytes * kStages;
@@ -271,9 +272,17 @@ __global__ void __launch_bounds__(fwd_mma::out::kThreads, 2) chunk_out_mma_kerne
   const T* st_src = p.st_t + ((b * p.H + h0) * p.nchunks + c) * p.D * p.N + (d0 + cr) * p.N + cc;
   const T* x_src = &p.x.at(b, tb + cr, h0, 0) + d0 + cc;
   const bool d_in = d0 + cc < p.D;
+  double* cum_raw = reinterpret_cast<double*>(fwd_out_smem + lay.raw);
+  float* dt_raw = reinterpret_cast<float*>(cum_raw + 256);
   int ih = 0, ij = 0;  // the next stage to issue: head, stage
   auto issue = [&](int i) {
     if (i >= total) return;
+    if (ij == 0) {  // the head's cum and dt, read at its first stage: the previous head's reads
+                    // (its first stage, S >= 2 stages back) are behind a barrier
+      const int64_t ob = (b * p.H + h0 + ih) * p.Lpad + tb;
+      for (int k = tid; k < cs / 2; k += kNT) cp_async16(cum_raw + 2 * k, p.cum + ob + 2 * k);
+      for (int k = tid; k < cs / 4; k += kNT) cp_async16(dt_raw + 4 * k, p.dtp + ob + 4 * k);
+    }
     if (i == 0) {  // once per block: the C tile (columns [N, bw) zero for the last k16
                    // step) and the group's CB rows of this t tile, s < t_lo + 64 (all written)
       for (int idx = tid; idx < kTile * (bw / 8); idx += kNT) {
@@ -332,11 +341,10 @@ __global__ void __launch_bounds__(fwd_mma::out::kThreads, 2) chunk_out_mma_kerne
     const T* slot = reinterpret_cast<const T*>(ring + (i % kStages) * kSlotBytes);
     if (j == 0) {  // a new head: its scalars (the previous head's last reads were before the
                    // barrier above)
-      const int64_t ob = (b * p.H + h) * p.Lpad + tb;
-      const float ref = static_cast<float>(p.cum[ob + t_ref] * kLog2e);
+      const float ref = static_cast<float>(cum_raw[t_ref] * kLog2e);
       bool wide = false;
       for (int t = tid; t < cs; t += kNT) {
-        const float v = static_cast<float>(p.cum[ob + t] * kLog2e), dt = p.dtp[ob + t];
+        const float v = static_cast<float>(cum_raw[t] * kLog2e), dt = dt_raw[t];
         cl[t] = v, dts[t] = dt;
         if (t <= t_ref) {
           colf[t] = exp2_ftz(ref - v) * dt;

@@ -2309,15 +2309,16 @@ constexpr int kLd16 = 72;  // 16-bit 64-wide tiles: ldmatrix rows 144 B apart
 constexpr size_t kSlotBytes = sizeof(float) * kTile * kLdKM;  // holds any stage's tile
 
 struct Layout {
-  int64_t bw, ldb;                               // B tile: N rounded up to 16, its pitch
-  size_t b_tile, ring, x_tiles, scalars, total;  // byte offsets (total: the size)
+  int64_t bw, ldb;                                    // B tile: N rounded up to 16, its pitch
+  size_t b_tile, ring, x_tiles, scalars, raw, total;  // byte offsets (total: the size)
 };
 __host__ __device__ inline Layout layout(int64_t N) {
   using fwd_mma::round16;
   Layout l{};
   l.bw = fwd_mma::k16(N), l.ldb = l.bw + 8;
-  l.scalars = 0;  // a head's cl and colf, 256 floats each
-  l.b_tile = l.scalars + round16(sizeof(float) * 2 * 256);
+  l.scalars = 0;                                         // a head's cl and colf, 256 floats each
+  l.raw = l.scalars + round16(sizeof(float) * 2 * 256);  // its cum (f64) and dt, as loaded
+  l.b_tile = l.raw + round16((sizeof(double) + sizeof(float)) * 256);
   l.ring = l.b_tile + round16(sizeof(uint16_t) * kTile * static_cast<size_t>(l.ldb));
   l.x_tiles = l.ring + kSlotBytes * kStages;
   l.total = l.x_tiles + round16(sizeof(uint16_t) * 2 * kTile * kLd16);
@@ -2366,11 +2367,24 @@ __global__ void __launch_bounds__(dx_mma::kThreadsDx, 3) bwd_dx_mma_kernel(BwdC<
   const int S = nk + nt, total = static_cast<int>(p.hb) * S;
   const float* cbt = p.cbm + ((b * G + grp) * p.nchunks + c) * p.cs * p.cs;
 
+  double* cum_raw = reinterpret_cast<double*>(dxm_smem + lay.raw);
+  float* dt_raw = reinterpret_cast<float*>(cum_raw + 256);
+
   // ---- producer: stage i of the flat (head, stage) sequence into ring slot i % kStages
+  int ihi = 0, ij = 0;  // stage i + 1 after issue(i): head, stage (advanced past total too)
   auto issue = [&](int i) {
+    const int hi = ihi, j = ij;
+    if (++ij == S) ij = 0, ++ihi;
     if (i >= total) return;
-    const int hi = i / S, j = i % S;
     const int64_t h = h0 + hi, bh = b * p.H + h;
+    if (j == 0) {  // the head's cum and dt: read at its first stage, when the previous head's
+                   // setup (the only reader) is behind a barrier
+      const int64_t ob = bh * p.Lpad + tb;
+      for (int k = tid; k < p.cs / 2; k += kThreadsDx)
+        cp_async16(cum_raw + 2 * k, p.cum + ob + 2 * k);
+      for (int k = tid; k < p.cs / 4; k += kThreadsDx)
+        cp_async16(dt_raw + 4 * k, p.dtp + ob + 4 * k);
+    }
     if (i == 0)  // the B tile, once per block; columns [N, bw) zero for the last k16 step
       for (int idx = tid; idx < kTile * (lay.bw / 8); idx += kThreadsDx) {
         const int r = idx / static_cast<int>(lay.bw / 8),
@@ -2462,6 +2476,7 @@ __global__ void __launch_bounds__(dx_mma::kThreadsDx, 3) bwd_dx_mma_kernel(BwdC<
   // One call site for each helper (the loop's first kStages - 1 iterations only issue): the
   // kernel runs at two blocks of four warps per SM, too few to hide instruction-cache misses of
   // an unrolled body (measured: no_instruction was the largest stall with three copies of issue).
+  // Stage indices by issue()'s counters, not i / S and i % S (a runtime division per stage).
   for (int it = 0; it < total + kStages - 1; ++it) {
     const int i = it - (kStages - 1);  // the stage this iteration computes, if >= 0
     if (i >= 0) {
@@ -2471,17 +2486,19 @@ __global__ void __launch_bounds__(dx_mma::kThreadsDx, 3) bwd_dx_mma_kernel(BwdC<
     issue(it);
     cp_async_commit();
     if (i < 0) continue;
-    const int hi = i / S, j = i % S;
+    static_assert(kStages == 2, "the stage computed is two behind issue()'s counters");
+    int hi = ihi, j = ij - 2;  // issue() has moved past stage it = i + 1 (S >= 2)
+    if (j < 0) j += S, --hi;
     const int64_t h = h0 + hi, bh = b * p.H + h, ob = bh * p.Lpad + tb;
     const unsigned char* slot = ring + (i % kStages) * kSlotBytes;
     const T* xt = xs + (hi % 2) * kTile * kLd16;
     if (j == 0) {  // a new head: its scalars (the previous head's last reads of cl / colf were
-                   // before the barrier above)
-      const double ref = p.cum[ob + s_lo], last = p.cum[ob + p.cs - 1];
+                   // before the barrier above; cum_raw / dt_raw arrived with this stage)
+      const double ref = cum_raw[s_lo], last = cum_raw[p.cs - 1];
       const float ref2 = static_cast<float>(ref * fwd_mma::kLog2e);
       bool wide = false;
       for (int t = tid; t < p.cs; t += kThreadsDx) {
-        const float c = static_cast<float>(p.cum[ob + t] * fwd_mma::kLog2e);
+        const float c = static_cast<float>(cum_raw[t] * fwd_mma::kLog2e);
         const bool in = t >= s_lo32 && t < K32;
         cl[t] = c;
         colf[t] = in ? exp2_ftz(c - ref2) : 0.0f;
@@ -2494,10 +2511,10 @@ __global__ void __launch_bounds__(dx_mma::kThreadsDx, 3) bwd_dx_mma_kernel(BwdC<
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const bool in = srow[e] < K;
-        const double cum_s = in ? p.cum[ob + srow[e]] : 0.0;
+        const double cum_s = in ? cum_raw[srow[e]] : 0.0;
         cl_s[e] = in ? cl[srow[e]] : 0.0f;
         es[e] = in ? expf(static_cast<float>(last - cum_s)) : 0.0f;
-        v[e] = in ? p.dtp[ob + srow[e]] : 0.0f;
+        v[e] = in ? dt_raw[srow[e]] : 0.0f;
         rowf[e] = direct || !in ? 1.0f : exp2_ftz(ref2 - cl_s[e]);
       }
 #pragma unroll
@@ -2940,26 +2957,31 @@ __global__ void __launch_bounds__(dcb_mma::kThreads, 3) bwd_dcb_mma_kernel(BwdC<
     if (++ij == nks) ij = 0, ++ih;
   };
 
-  // A head's factors into scal[buf]: threads 0-63 the columns s, 64-127 the rows t. Returns
-  // whether this thread saw an exponent beyond kFactorSafe.
-  auto factors = [&](int64_t h, int buf) {
+  // A head's factors into scal[buf]: threads 0-63 the columns s, 64-127 the rows t. Their inputs
+  // are loaded a head earlier (HeadScalars), so the loads' latency hides under a head's products
+  // instead of stalling every warp at the barrier that publishes the factors. Returns whether this
+  // thread saw an exponent beyond kFactorSafe.
+  struct HeadScalars {
+    double ref, cum;  // cum at s_ref, at this thread's token
+    float dt;         // dt at this thread's column s (threads 0-63)
+  };
+  const int k_own = tid % kTile, tok = tid < kTile ? s0 + k_own : t_lo + k_own;
+  auto head_scalars = [&](int64_t h) {
     const int64_t ob = (b * p.H + h) * p.Lpad + tb;
-    const float ref = static_cast<float>(p.cum[ob + s_ref] * fwd_mma::kLog2e);
-    const int k = tid % kTile;
+    return HeadScalars{p.cum[ob + s_ref], p.cum[ob + tok],
+                       tid < kTile && tok < K ? p.dtp[ob + tok] : 0.0f};
+  };
+  auto factors = [&](const HeadScalars& hs, int buf) {
+    const float ref = static_cast<float>(hs.ref * fwd_mma::kLog2e);
+    const float cl = static_cast<float>(hs.cum * fwd_mma::kLog2e);
+    const bool in = tok < K;
     if (tid < kTile) {
-      const int s = s0 + k;
-      const bool in = s < K;
-      const float cl = static_cast<float>(p.cum[ob + s] * fwd_mma::kLog2e);
-      const float dt = in ? p.dtp[ob + s] : 0.0f;
-      scal[buf][kClS][k] = cl, scal[buf][kDtS][k] = dt;
-      scal[buf][kColf][k] = in ? exp2_ftz(ref - cl) * dt : 0.0f;
+      scal[buf][kClS][k_own] = cl, scal[buf][kDtS][k_own] = hs.dt;
+      scal[buf][kColf][k_own] = in ? exp2_ftz(ref - cl) * hs.dt : 0.0f;
       return in && !(ref - cl <= fwd_mma::kFactorSafe<T>);
     }
-    const int t = t_lo + k;
-    const bool in = t < K;
-    const float cl = static_cast<float>(p.cum[ob + t] * fwd_mma::kLog2e);
-    scal[buf][kClT][k] = cl;
-    scal[buf][kRowf][k] = in ? exp2_ftz(cl - ref) : 0.0f;
+    scal[buf][kClT][k_own] = cl;
+    scal[buf][kRowf][k_own] = in ? exp2_ftz(cl - ref) : 0.0f;
     return in && !(cl - ref <= fwd_mma::kFactorSafe<T>);
   };
   auto column_sums = [&](int hh) {  // after a barrier that follows head hh's Pc writes
@@ -2986,7 +3008,8 @@ __global__ void __launch_bounds__(dcb_mma::kThreads, 3) bwd_dcb_mma_kernel(BwdC<
       acc[j8][2 * r] = acc[j8][2 * r + 1] = 0.0f;
       dcb[j8][2 * r] = dcb[j8][2 * r + 1] = 0.0f;
     }
-  bool direct = __syncthreads_or(factors(h0, 0));  // head 0's factors, published
+  bool direct = __syncthreads_or(factors(head_scalars(h0), 0));  // head 0's factors, published
+  HeadScalars next = head_scalars(p.hpg > 1 ? h0 + 1 : h0);      // head 1's inputs
   bool direct_next = false, await_flag = false, my_flag = false;
 
   int hi = 0, j = 0;  // the stage being computed: head, D slice
@@ -3009,8 +3032,9 @@ __global__ void __launch_bounds__(dcb_mma::kThreads, 3) bwd_dcb_mma_kernel(BwdC<
         column_sums(hi - 1);
       }
       if (hi + 1 < p.hpg) {  // the next head's factors (its flag arrives at the next barrier)
-        my_flag = factors(h0 + hi + 1, (hi + 1) & 1);
+        my_flag = factors(next, (hi + 1) & 1);
         await_flag = true;
+        if (hi + 2 < p.hpg) next = head_scalars(h0 + hi + 2);
       }
     }
     // acc[t][s] += sum_d dy'[t][d] x[s][d] over this D slice (columns past D are zero)
