@@ -48,8 +48,7 @@ inline constexpr int kMergeIlp = 8;
 
 // threadIdx.x/blockIdx.x walk a row's units, threadIdx.y/blockIdx.y walk rows: short rows (a
 // decode append's 256-byte head row) still fill whole warps because a block covers several rows.
-// kStream: evict-first loads and stores (ld/st.global.cs), as the flat kernels use.
-template <class V, bool kStream = false>
+template <class V>
 __global__ void __launch_bounds__(256)
     copy_rows_kernel(V* __restrict__ dst, const V* __restrict__ src, RowsArgs a) {
   const int64_t step = int64_t{gridDim.x} * blockDim.x * kCopyIlp;
@@ -63,17 +62,12 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
       for (int j = 0; j < kCopyIlp; ++j) {
         const int64_t c = base + int64_t{j} * blockDim.x;
-        if (c < a.inner) v[j] = kStream ? __ldcs(src + soff + c) : src[soff + c];
+        if (c < a.inner) v[j] = src[soff + c];
       }
 #pragma unroll
       for (int j = 0; j < kCopyIlp; ++j) {
         const int64_t c = base + int64_t{j} * blockDim.x;
-        if (c < a.inner) {
-          if constexpr (kStream)
-            __stcs(dst + doff + c, v[j]);
-          else
-            dst[doff + c] = v[j];
-        }
+        if (c < a.inner) dst[doff + c] = v[j];
       }
     }
   }

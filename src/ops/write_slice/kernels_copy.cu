@@ -47,18 +47,17 @@ RowsArgs rows_args(const CopyShape& c, int64_t unit, int64_t inner_units) {
 
 template <class V>
 Status launch_rows(const LaunchContext& ctx, std::string_view kernel, char* dst, const char* src,
-                   const RowsArgs& a, bool stream) {
+                   const RowsArgs& a) {
   const Grid g = grid_for(ctx, a.rows, a.inner, kCopyIlp);
-  auto* k = stream ? copy_rows_kernel<V, true> : copy_rows_kernel<V, false>;
-  k<<<g.grid, g.block, 0, cuda::stream_of(ctx)>>>(reinterpret_cast<V*>(dst),
-                                                  reinterpret_cast<const V*>(src), a);
+  copy_rows_kernel<V><<<g.grid, g.block, 0, cuda::stream_of(ctx)>>>(
+      reinterpret_cast<V*>(dst), reinterpret_cast<const V*>(src), a);
   return cuda::check_launch(WriteSliceOp::name, kernel);
 }
 
 }  // namespace
 
 Status copy_rows(const LaunchContext& ctx, std::string_view kernel, char* dst, const char* src,
-                 const CopyShape& c, bool stream) {
+                 const CopyShape& c) {
   if (c.rows == 0 || c.inner_bytes == 0) return {};
   // The widest unit every address, stride and the run length are multiples of: 16-byte accesses
   // on aligned data, an exact narrower fallback otherwise.
@@ -69,15 +68,15 @@ Status copy_rows(const LaunchContext& ctx, std::string_view kernel, char* dst, c
   const RowsArgs a = rows_args(c, u, c.inner_bytes / u);
   switch (u) {
     case 16:
-      return launch_rows<uint4>(ctx, kernel, dst, src, a, stream);
+      return launch_rows<uint4>(ctx, kernel, dst, src, a);
     case 8:
-      return launch_rows<uint2>(ctx, kernel, dst, src, a, stream);
+      return launch_rows<uint2>(ctx, kernel, dst, src, a);
     case 4:
-      return launch_rows<uint32_t>(ctx, kernel, dst, src, a, stream);
+      return launch_rows<uint32_t>(ctx, kernel, dst, src, a);
     case 2:
-      return launch_rows<uint16_t>(ctx, kernel, dst, src, a, stream);
+      return launch_rows<uint16_t>(ctx, kernel, dst, src, a);
     default:
-      return launch_rows<uint8_t>(ctx, kernel, dst, src, a, stream);
+      return launch_rows<uint8_t>(ctx, kernel, dst, src, a);
   }
 }
 

@@ -11,9 +11,8 @@ namespace baracuda::write_slice_cuda {
 
 // Copies rows of contiguous bytes (the byte-level CopyShape) with the widest access unit that the
 // addresses, strides and run length allow (16 bytes when they are all 16-byte multiples).
-// stream: evict-first loads and stores.
 Status copy_rows(const LaunchContext& ctx, std::string_view kernel, char* dst, const char* src,
-                 const write_slice_detail::CopyShape& c, bool stream = false);
+                 const write_slice_detail::CopyShape& c);
 // The sub-byte merge for windows that start or end inside a byte.
 Status merge_bits(const LaunchContext& ctx, char* dst, const char* src,
                   const write_slice_detail::CopyShape& c);

@@ -31,11 +31,6 @@ Status launch_pitched(const LaunchContext& ctx, const Problem& p, const Argument
                                      static_cast<const char*>(a.source.data), p.copy);
 }
 
-Status launch_pitched_stream(const LaunchContext& ctx, const Problem& p, const Arguments& a) {
-  return write_slice_cuda::copy_rows(ctx, "kv_2d_stream", dest_origin(p, a),
-                                     static_cast<const char*>(a.source.data), p.copy, true);
-}
-
 Status launch_generic(const LaunchContext& ctx, const Problem& p, const Arguments& a) {
   if (p.path == Path::empty) return {};
   return write_slice_cuda::copy_rows(ctx, "generic_v16", dest_origin(p, a),
@@ -99,13 +94,6 @@ bool register_cuda() {
         .priority = 30,
         .fits = [](const Problem& p, const DeviceCaps&) { return p.path == Path::pitched_2d; },
         .launch = launch_pitched,
-    });
-    // kv_2d with evict-first loads and stores (A/B; the flat kernel gained 1.7 points from them).
-    register_kernel<WriteSliceOp>({
-        .sku = sku(t, "write_slice", "kv_2d", "kv_2d_stream"),
-        .priority = 29,
-        .fits = [](const Problem& p, const DeviceCaps&) { return p.path == Path::pitched_2d; },
-        .launch = launch_pitched_stream,
     });
     register_kernel<WriteSliceOp>({
         .sku = sku(t, "write_slice", "strided", "generic_flat"),
