@@ -3121,23 +3121,70 @@ inline size_t bc_heads_smem_bytes(const ssd::Problem& p) {
   return sizeof(float) * ntn * kTile * kTile;
 }
 
+// Where a dB / dC head block works (chunk c, the 64-token tile from lo, b, heads h0 .. h0 + hb - 1
+// of group g, partial slot) and its accumulator tiles in dynamic shared memory, zeroed.
+using HeadsAcc = float (*)[16][kThreads];
+struct HeadsBlock {
+  int64_t c, lo, b, h0, g, slot, K, tb;
+};
+template <class T>
+__device__ __forceinline__ HeadsBlock heads_block(const BwdC<T>& p) {
+  HeadsBlock hb;
+  hb.c = blockIdx.x / p.ntt, hb.lo = (blockIdx.x % p.ntt) * kTile;
+  const int64_t nhb = p.H / p.hb;
+  hb.b = blockIdx.z / nhb, hb.h0 = (blockIdx.z % nhb) * p.hb;
+  hb.g = hb.h0 / p.hpg, hb.slot = (hb.h0 % p.hpg) / p.hb;
+  const ChunkAt ch0 = chunk_at(p, hb.c, hb.b * p.H + hb.h0);
+  hb.K = ch0.K, hb.tb = ch0.t_base;
+  return hb;
+}
+template <class T>
+__device__ __forceinline__ void zero_heads_acc(const BwdC<T>& p, HeadsAcc Acc) {
+  for (int64_t tn = 0; tn < p.ntn; ++tn)
+#pragma unroll
+    for (int k = 0; k < 16; ++k) Acc[tn][k][threadIdx.x] = 0.0f;
+}
+// The tail of a head block: the heads' sums, plus for the first slot the group's product
+// (group(acc, n0) adds it), stored as rows lo + ty + 16 i < K of the block's partial slot of out
+// (pdB / pdC: [B, L, H, N], one slot per head block of a group).
+template <class T, class Group>
+__device__ __forceinline__ void store_heads_rows(const BwdC<T>& p, const HeadsBlock& hb,
+                                                 HeadsAcc Acc, float* out, Group&& group) {
+  const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+  for (int64_t tn = 0; tn < p.ntn; ++tn) {
+    const int64_t n0 = tn * kTile;
+    float acc[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[i][j] = Acc[tn][4 * i + j][tid];
+    if (hb.slot == 0) group(acc, n0);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t r = hb.lo + ty + 16 * i;
+      if (r >= hb.K) continue;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int64_t n = n0 + tx + 16 * j;
+        if (n < p.N)
+          out[((hb.b * p.L + hb.tb + r) * p.H + hb.g * p.hpg + hb.slot) * p.N + n] = acc[i][j];
+      }
+    }
+  }
+}
+
 // dB rows s of the block: sum_h dt_s e_s (Gc_h^T x_s) + [first slot] sum_{t >= s} dCB_ts C_t.
 template <class T>
 __global__ void __launch_bounds__(kThreads, 2) bwd_db_heads_vec_kernel(BwdC<T> p) {
   __shared__ GemmSmem<T, true> sm;
   extern __shared__ __align__(32) unsigned char db_dyn[];
   static_assert(16 * kThreads == kTile * kTile);
-  float(*Acc)[16][kThreads] = reinterpret_cast<float(*)[16][kThreads]>(db_dyn);
-  const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
-  const int64_t c = blockIdx.x / p.ntt, s_lo = (blockIdx.x % p.ntt) * kTile;
-  const int64_t nhb = p.H / p.hb, b = blockIdx.z / nhb, h0 = (blockIdx.z % nhb) * p.hb;
-  const int64_t G = p.H / p.hpg, g = h0 / p.hpg, slot = (h0 % p.hpg) / p.hb;
-  const ChunkAt ch0 = chunk_at(p, c, b * p.H + h0);
-  const int64_t K = ch0.K, tb = ch0.t_base;
+  const auto Acc = reinterpret_cast<HeadsAcc>(db_dyn);
+  const int tid = threadIdx.x, ty = tid / 16;
+  const HeadsBlock hb = heads_block(p);
+  const int64_t c = hb.c, s_lo = hb.lo, b = hb.b, h0 = hb.h0, g = hb.g, K = hb.K, tb = hb.tb;
   if (s_lo >= K) return;
-  for (int64_t tn = 0; tn < p.ntn; ++tn)
-#pragma unroll
-    for (int k = 0; k < 16; ++k) Acc[tn][k][tid] = 0.0f;
+  zero_heads_acc(p, Acc);
   for (int64_t h = h0; h < h0 + p.hb; ++h) {
     const int64_t bh = b * p.H + h, ob = chunk_at(p, c, bh).o_base;
     const float* Gc = p.gst + (bh * p.nchunks + c) * p.D * p.N;
@@ -3159,29 +3206,13 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_db_heads_vec_kernel(BwdC<T> p
         for (int j = 0; j < 4; ++j) Acc[tn][4 * i + j][tid] += es[i] * acc[i][j];
     }
   }
-  const float* dcbt = p.dcb + ((b * G + g) * p.nchunks + c) * p.cs * p.cs;
-  for (int64_t tn = 0; tn < p.ntn; ++tn) {
-    const int64_t n0 = tn * kTile;
-    float acc[4][4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) acc[i][j] = Acc[tn][4 * i + j][tid];
-    if (slot == 0)  // A = dCB stored [t][s] (rows t >= s_lo), B = C rows t
-      gemm_v<false, false>(
-          acc, sm, K - s_lo, tile_src(dcbt + s_lo * p.cs + s_lo, p.cs, 1, K - s_lo, K - s_lo),
-          tile_src(&p.Cm.at(b, tb + s_lo, g, n0), p.Cm.s1, p.Cm.s3, K - s_lo, p.N - n0));
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int64_t s = s_lo + ty + 16 * i;
-      if (s >= K) continue;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int64_t n = n0 + tx + 16 * j;
-        if (n < p.N) p.pdB[((b * p.L + tb + s) * p.H + g * p.hpg + slot) * p.N + n] = acc[i][j];
-      }
-    }
-  }
+  const float* dcbt = p.dcb + ((b * (p.H / p.hpg) + g) * p.nchunks + c) * p.cs * p.cs;
+  store_heads_rows(p, hb, Acc, p.pdB, [&](float(&acc)[4][4], int64_t n0) {
+    // A = dCB stored [t][s] (rows t >= s_lo), B = C rows t
+    gemm_v<false, false>(
+        acc, sm, K - s_lo, tile_src(dcbt + s_lo * p.cs + s_lo, p.cs, 1, K - s_lo, K - s_lo),
+        tile_src(&p.Cm.at(b, tb + s_lo, g, n0), p.Cm.s1, p.Cm.s3, K - s_lo, p.N - n0));
+  });
 }
 
 // chunked_mma_fastpass's dB head blocks on mma.sync (db_mma_fits): the same blocks and partials
@@ -3504,17 +3535,12 @@ template <class T>
 __global__ void __launch_bounds__(kThreads, 2) bwd_dc_heads_vec_kernel(BwdC<T> p) {
   __shared__ GemmSmem<T, true> sm;
   extern __shared__ __align__(32) unsigned char dc_dyn[];
-  float(*Acc)[16][kThreads] = reinterpret_cast<float(*)[16][kThreads]>(dc_dyn);
+  const auto Acc = reinterpret_cast<HeadsAcc>(dc_dyn);
   const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
-  const int64_t c = blockIdx.x / p.ntt, it = blockIdx.x % p.ntt, t_lo = it * kTile;
-  const int64_t nhb = p.H / p.hb, b = blockIdx.z / nhb, h0 = (blockIdx.z % nhb) * p.hb;
-  const int64_t G = p.H / p.hpg, g = h0 / p.hpg, slot = (h0 % p.hpg) / p.hb;
-  const ChunkAt ch0 = chunk_at(p, c, b * p.H + h0);
-  const int64_t K = ch0.K, tb = ch0.t_base;
+  const HeadsBlock hb = heads_block(p);
+  const int64_t c = hb.c, t_lo = hb.lo, b = hb.b, h0 = hb.h0, g = hb.g, K = hb.K, tb = hb.tb;
   if (t_lo >= K) return;
-  for (int64_t tn = 0; tn < p.ntn; ++tn)
-#pragma unroll
-    for (int k = 0; k < 16; ++k) Acc[tn][k][tid] = 0.0f;
+  zero_heads_acc(p, Acc);
   for (int64_t h = h0; h < h0 + p.hb; ++h) {
     const int64_t bh = b * p.H + h, ob = chunk_at(p, c, bh).o_base;
     const float* S0 = p.st + (bh * p.nchunks + c) * p.D * p.N;
@@ -3546,29 +3572,13 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dc_heads_vec_kernel(BwdC<T> p
       }
     }
   }
-  const float* dcbt = p.dcb + ((b * G + g) * p.nchunks + c) * p.cs * p.cs;
+  const float* dcbt = p.dcb + ((b * (p.H / p.hpg) + g) * p.nchunks + c) * p.cs * p.cs;
   const int64_t s_hi = t_lo + kTile < K ? t_lo + kTile : K;  // s < s_hi (dCB is 0 above t)
-  for (int64_t tn = 0; tn < p.ntn; ++tn) {
-    const int64_t n0 = tn * kTile;
-    float acc[4][4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) acc[i][j] = Acc[tn][4 * i + j][tid];
-    if (slot == 0)  // A = dCB rows t, columns s; B = B rows s
-      gemm_v<true, false>(acc, sm, s_hi, tile_src(dcbt + t_lo * p.cs, p.cs, 1, K - t_lo, s_hi),
-                          tile_src(&p.Bm.at(b, tb, g, n0), p.Bm.s1, p.Bm.s3, s_hi, p.N - n0));
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int64_t t = t_lo + ty + 16 * i;
-      if (t >= K) continue;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int64_t n = n0 + tx + 16 * j;
-        if (n < p.N) p.pdC[((b * p.L + tb + t) * p.H + g * p.hpg + slot) * p.N + n] = acc[i][j];
-      }
-    }
-  }
+  store_heads_rows(p, hb, Acc, p.pdC, [&](float(&acc)[4][4], int64_t n0) {
+    // A = dCB rows t, columns s; B = B rows s
+    gemm_v<true, false>(acc, sm, s_hi, tile_src(dcbt + t_lo * p.cs, p.cs, 1, K - t_lo, s_hi),
+                        tile_src(&p.Bm.at(b, tb, g, n0), p.Bm.s1, p.Bm.s3, s_hi, p.N - n0));
+  });
 }
 
 // chunked_mma_fastpass's dC head blocks on mma.sync (dc_mma_fits): the blocks and partials of
