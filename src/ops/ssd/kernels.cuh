@@ -3057,36 +3057,48 @@ __global__ void __launch_bounds__(dcb_mma::kThreads, 3) bwd_dcb_mma_kernel(BwdC<
       const int buf = hi & 1;
       const float(*sc)[kTile] = scal[buf];
       float rs[2] = {0.0f, 0.0f};
-      float csum[8][2];
+      // One straight block per (factored or direct, diagonal tile or not). Factored: w = rf_t u
+      // with u = colf_s DX_ts, so the row sums take u CB_ts and rf_t once at the end, and dCB and
+      // the column sums one fma each.
+      auto epilogue = [&]<bool kDirect, bool kDiag>() {
+        float rf[2];
 #pragma unroll
-      for (int j8 = 0; j8 < 8; ++j8) {
-        const int sl = 8 * j8 + 2 * q4;  // local column
-        const float2 cf = *reinterpret_cast<const float2*>(&sc[kColf][sl]);
-        csum[j8][0] = csum[j8][1] = 0.0f;
+        for (int r = 0; r < 2; ++r) rf[r] = kDirect ? 1.0f : sc[kRowf][lrow[r]];
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const float rf = sc[kRowf][lrow[r]];
+        for (int j8 = 0; j8 < 8; ++j8) {
+          const int sl = 8 * j8 + 2 * q4;  // local column
+          const float2 cf = *reinterpret_cast<const float2*>(&sc[kColf][sl]);
+          float csum[2] = {0.0f, 0.0f};
 #pragma unroll
-          for (int u = 0; u < 2; ++u) {
-            float w;
-            if (!direct) {
-              w = rf * (u ? cf.y : cf.x) * acc[j8][2 * r + u];
-            } else {
-              w = t_lo + lrow[r] < K ? exp2_ftz(sc[kClT][lrow[r]] - sc[kClS][sl + u]) *
-                                           sc[kDtS][sl + u] * acc[j8][2 * r + u]
-                                     : 0.0f;
+          for (int r = 0; r < 2; ++r)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              float u;
+              if constexpr (!kDirect)
+                u = (e ? cf.y : cf.x) * acc[j8][2 * r + e];
+              else
+                u = t_lo + lrow[r] < K ? exp2_ftz(sc[kClT][lrow[r]] - sc[kClS][sl + e]) *
+                                             sc[kDtS][sl + e] * acc[j8][2 * r + e]
+                                       : 0.0f;
+              if constexpr (kDiag)
+                if (sl + e > lrow[r]) u = 0.0f;  // s > t
+              const float pv = u * cbv[j8][2 * r + e];
+              rs[r] += pv;
+              csum[e] = fmaf(rf[r], pv, csum[e]);
+              dcb[j8][2 * r + e] = fmaf(rf[r], u, dcb[j8][2 * r + e]);
+              acc[j8][2 * r + e] = 0.0f;
             }
-            if (diag && sl + u > lrow[r]) w = 0.0f;  // s > t
-            const float pv = w * cbv[j8][2 * r + u];
-            rs[r] += pv;
-            csum[j8][u] += pv;
-            dcb[j8][2 * r + u] += w;
-            acc[j8][2 * r + u] = 0.0f;
-          }
+          *reinterpret_cast<float2*>(&Pc[buf][warp * 8 + g][sl]) = make_float2(csum[0], csum[1]);
         }
-        *reinterpret_cast<float2*>(&Pc[buf][warp * 8 + g][sl]) =
-            make_float2(csum[j8][0], csum[j8][1]);
-      }
+#pragma unroll
+        for (int r = 0; r < 2; ++r) rs[r] *= rf[r];
+      };
+      if (direct)
+        diag ? epilogue.template operator()<true, true>()
+             : epilogue.template operator()<true, false>();
+      else
+        diag ? epilogue.template operator()<false, true>()
+             : epilogue.template operator()<false, false>();
       const int64_t bh = b * p.H + h0 + hi;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
