@@ -3256,7 +3256,10 @@ struct Staging {
   int ar, ac, cr, cc;
   uint4 av[2][2];
   uint4 bv[4];
-  float aw[2];  // the A rows' weights (head stages)
+  // The A rows' weights of a head stage, v exp(last - c) per row, kept as loaded and formed at
+  // store time: forming them at load time would wait for the loads there.
+  double wc[2], wl;
+  float wv[2];
   __device__ explicit Staging(int tid)
       : ar(tid / 8), ac(tid % 8 * 8), cr(tid / 16), cc(tid % 16 * 8) {}
   // dCB rows t (f32, zero above the diagonal; rows from K on read as zero), columns from col.
@@ -3296,7 +3299,8 @@ struct Staging {
         unpack8_f32(av[k], f);
       else
         unpack8<T>(av[k][0], f);
-      store8<T>(A + (ar + 32 * k) * ld + ac, f, weighted ? aw[k] : 1.0f);
+      store8<T>(A + (ar + 32 * k) * ld + ac, f,
+                weighted ? wv[k] * expf(static_cast<float>(wl - wc[k])) : 1.0f);
     }
   }
   // B rows as loaded.
@@ -3411,12 +3415,12 @@ __global__ void __launch_bounds__(db_mma::kThreads, 2) bwd_db_mma_kernel(BwdC<T>
   auto load = [&](int i) {
     if (i < n_heads) {
       const auto [h, bh, ob, d0] = gt.head_stage(i, p);
-      const double last = p.cum[ob + p.cs - 1];
+      r.wl = p.cum[ob + p.cs - 1];
 #pragma unroll
       for (int k = 0; k < 2; ++k) {
         const int s = s_lo + r.ar + 32 * k;
         r.av[k][0] = ldg16(&p.x.at(b, tb + s, h, d0 + r.ac), s < K && d0 + r.ac < p.D);
-        r.aw[k] = s < K ? p.dtp[ob + s] * expf(static_cast<float>(last - p.cum[ob + s])) : 0.0f;
+        r.wc[k] = s < K ? p.cum[ob + s] : 0.0, r.wv[k] = s < K ? p.dtp[ob + s] : 0.0f;
       }
       r.load_state16(p.gst16 + (bh * p.nchunks + c) * p.D * p.N, p.D, p.N, d0, n0);
     } else {
@@ -3648,7 +3652,8 @@ __global__ void __launch_bounds__(dc_mma::kThreads, 1) bwd_dc_mma_kernel(BwdC<T>
         } else {
           r.av[k][0] = ldg16(&p.dy.at(b, tb + t, h, d0 + r.ac), in);
         }
-        r.aw[k] = t < K ? expf(static_cast<float>(p.cum[ob + t])) : 0.0f;
+        r.wc[k] = t < K ? -p.cum[ob + t] : 0.0, r.wv[k] = t < K ? 1.0f : 0.0f;  // exp(cum_t)
+        r.wl = 0.0;
       }
       r.load_state16(p.st16 + (bh * p.nchunks + c) * p.D * p.N, p.D, p.N, d0, n0);
     } else {
