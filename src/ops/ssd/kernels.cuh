@@ -30,7 +30,8 @@
 // per block sharing the group's tiles, decays factored through one reference token per tile;
 // forward_mma.cuh and the *_mma_kernel below) where the operands allow 16-byte copies: the
 // chunk states, chunk_out, U_c, dCB, dB and dC; equal to the WMMA variants to rounding,
-// deterministic.
+// deterministic. The 16-bit backward's scans also leave the states and adjoints rounded to T
+// (st16, gst16) for the products that take them as operands (the same rounding, done once).
 // ssd::StageSink times every launch.
 #pragma once
 
