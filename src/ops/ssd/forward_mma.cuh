@@ -100,6 +100,22 @@ __device__ __forceinline__ void mma_k16_bnk(float (&acc)[8][4], const uint32_t (
   }
 }
 
+// The same with B stored [k][n] (16-bit rows k0 .. k0 + 15 at pitch ldb, n columns 0 .. 63),
+// read transposed; only the first npairs 16-column pairs.
+template <class T>
+__device__ __forceinline__ void mma_k16_bkn(float (&acc)[8][4], const uint32_t (&a)[4], const T* B,
+                                            int ldb, int k0, int n0, int lane, int npairs = 4) {
+#pragma unroll
+  for (int jp = 0; jp < 4; ++jp) {
+    if (jp >= npairs) break;
+    uint32_t b0, b1, b2, b3;
+    cuda::ldmatrix_x4_trans(
+        cuda::smem_u32(B + (k0 + lane % 16) * ldb + n0 + 8 * (2 * jp + lane / 16)), b0, b1, b2, b3);
+    cuda::mma16816<T>(acc[2 * jp], a, b0, b1);
+    cuda::mma16816<T>(acc[2 * jp + 1], a, b2, b3);
+  }
+}
+
 // One warp's 16 x 64 tile product over a 64-deep shared stage: acc (rows m0 .. m0 + 15, columns
 // n0 .. n0 + 63, eight m16n8 accumulators) += A . B, A 16-bit [m][k] at pitch lda (kTransA: stored
 // [k][m], read transposed), B 16-bit [k][n] at pitch ldb; only the first npairs 16-column pairs.
@@ -117,16 +133,7 @@ __device__ __forceinline__ void warp_mma_64(float (&acc)[8][4], const T* A, int 
     } else {
       load_a_frag<T>(a, A, lda, m0, 16 * kk, lane);
     }
-#pragma unroll
-    for (int jp = 0; jp < 4; ++jp) {
-      if (jp >= npairs) break;
-      uint32_t b0, b1, b2, b3;
-      cuda::ldmatrix_x4_trans(
-          cuda::smem_u32(B + (16 * kk + lane % 16) * ldb + n0 + 8 * (2 * jp + lane / 16)), b0, b1,
-          b2, b3);
-      cuda::mma16816<T>(acc[2 * jp], a, b0, b1);
-      cuda::mma16816<T>(acc[2 * jp + 1], a, b2, b3);
-    }
+    mma_k16_bkn<T>(acc, a, B, ldb, 16 * kk, n0, lane, npairs);
   }
 }
 
@@ -234,11 +241,6 @@ __global__ void __launch_bounds__(fwd_mma::out::kThreads, 2) chunk_out_mma_kerne
   using namespace fwd_mma;
   using out::kStages;
   constexpr int kNT = out::kThreads;
-  using cuda::ldmatrix_x4;
-  using cuda::ldmatrix_x4_trans;
-  using cuda::mma16816;
-  using cuda::pack2;
-  using cuda::smem_u32;
   extern __shared__ __align__(16) unsigned char fwd_out_smem[];
   const out::Layout lay = out::layout(p.N, p.cs);
   float* cl = reinterpret_cast<float*>(fwd_out_smem + lay.cl);      // cum * log2(e), this head
@@ -410,16 +412,7 @@ __global__ void __launch_bounds__(fwd_mma::out::kThreads, 2) chunk_out_mma_kerne
     } else {
       // acc[t][d] += sum_s W[t][s] x[s][d] over this s tile
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-        for (int jp = 0; jp < 4; ++jp) {
-          uint32_t b0, b1, b2, b3;
-          ldmatrix_x4_trans(
-              smem_u32(slot + (16 * kk + lane % 16) * kLd16 + 8 * (2 * jp + lane / 16)), b0, b1, b2,
-              b3);
-          mma16816<T>(acc[2 * jp], wa[kk], b0, b1);
-          mma16816<T>(acc[2 * jp + 1], wa[kk], b2, b3);
-        }
+      for (int kk = 0; kk < 4; ++kk) mma_k16_bkn<T>(acc, wa[kk], slot, kLd16, 16 * kk, 0, lane);
     }
     if (j == S - 1) {
       // The head's epilogue: y = (rowf acc + D x) * silu(z). The slot holds the diagonal tile's
@@ -449,7 +442,7 @@ __global__ void __launch_bounds__(fwd_mma::out::kThreads, 2) chunk_out_mma_kerne
               o[u] *= __fdividef(zf, 1.0f + __expf(-zf));
             }
           }
-          *reinterpret_cast<uint32_t*>(yr + dc) = pack2<T>(o[0], o[1]);
+          *reinterpret_cast<uint32_t*>(yr + dc) = cuda::pack2<T>(o[0], o[1]);
         }
       }
     }
@@ -487,9 +480,6 @@ __global__ void __launch_bounds__(fwd_mma::state::kThreads, 2)
   using state::kNw;
   constexpr int kNT = state::kThreads;
   constexpr int kVecs = sizeof(S) == 2 ? 1 : 2;  // 16-byte loads per 8 elements of a
-  using cuda::ldmatrix_x4_trans;
-  using cuda::mma16816;
-  using cuda::smem_u32;
   extern __shared__ __align__(16) unsigned char fwd_outer_smem[];
   const state::Layout lay = state::layout(p.N, p.cs);
   T* Bs = reinterpret_cast<T*>(fwd_outer_smem + lay.b_tile);

@@ -2342,11 +2342,6 @@ bool dx_mma_fits(const BwdC<T>& p) {
 template <class T, bool kZ>  // kZ: dy' is the f32 dy * silu(z) workspace, else dy itself
 __global__ void __launch_bounds__(dx_mma::kThreadsDx, 3) bwd_dx_mma_kernel(BwdC<T> p) {
   using namespace dx_mma;
-  using cuda::ldmatrix_x4;
-  using cuda::ldmatrix_x4_trans;
-  using cuda::mma16816;
-  using cuda::pack2;
-  using cuda::smem_u32;
   extern __shared__ __align__(16) unsigned char dxm_smem[];
   const Layout lay = layout(p.N);
   float* cl = reinterpret_cast<float*>(dxm_smem + lay.scalars);  // cum * log2(e), this head
@@ -2567,20 +2562,11 @@ __global__ void __launch_bounds__(dx_mma::kThreadsDx, 3) bwd_dx_mma_kernel(BwdC<
 #pragma unroll
           for (int j8 = 0; j8 < 8; ++j8) {
             const float* pc = P + (16 * kk + 2 * q4) * kLdKM + 8 * j8 + g;
-            mma16816<T>(acc[j8], wa[kk], pack2<T>(pc[0], pc[kLdKM]),
-                        pack2<T>(pc[8 * kLdKM], pc[9 * kLdKM]));
+            cuda::mma16816<T>(acc[j8], wa[kk], cuda::pack2<T>(pc[0], pc[kLdKM]),
+                              cuda::pack2<T>(pc[8 * kLdKM], pc[9 * kLdKM]));
           }
         } else {
-          const T* Y = reinterpret_cast<const T*>(slot);
-#pragma unroll
-          for (int jp = 0; jp < 4; ++jp) {
-            uint32_t b0, b1, b2, b3;
-            ldmatrix_x4_trans(
-                smem_u32(Y + (16 * kk + lane % 16) * kLd16 + 8 * (2 * jp + lane / 16)), b0, b1, b2,
-                b3);
-            mma16816<T>(acc[2 * jp], wa[kk], b0, b1);
-            mma16816<T>(acc[2 * jp + 1], wa[kk], b2, b3);
-          }
+          mma_k16_bkn<T>(acc, wa[kk], reinterpret_cast<const T*>(slot), kLd16, 16 * kk, 0, lane);
         }
       }
     }
@@ -2621,7 +2607,7 @@ __global__ void __launch_bounds__(dx_mma::kThreadsDx, 3) bwd_dx_mma_kernel(BwdC<
         else
 #pragma unroll
           for (int u = 0; u < 2; ++u) out[u] = fmaf(v[e], acc[j8][2 * e + u], 0.0f);
-        *reinterpret_cast<uint32_t*>(dxr + dc) = pack2<T>(out[0], out[1]);
+        *reinterpret_cast<uint32_t*>(dxr + dc) = cuda::pack2<T>(out[0], out[1]);
       }
       if (q4 == 0) {
         const int64_t o = (blockIdx.y * p.B * p.H + bh) * p.Lpad + tb + s;
@@ -2891,10 +2877,6 @@ bool dcb_mma_fits(const BwdC<T>& p) {
 template <class T, bool kZ>  // kZ: dy' is the f32 dy * silu(z) workspace, else dy itself
 __global__ void __launch_bounds__(dcb_mma::kThreads, 3) bwd_dcb_mma_kernel(BwdC<T> p) {
   using namespace dcb_mma;
-  using cuda::ldmatrix_x4;
-  using cuda::mma16816;
-  using cuda::pack2;
-  using cuda::smem_u32;
   extern __shared__ __align__(16) unsigned char dcbm_smem[];
   const Layout lay = layout<kZ>();
   float(*Pc)[kWarps * 8][kLdP] = reinterpret_cast<float(*)[kWarps * 8][kLdP]>(dcbm_smem + lay.pc);
@@ -3045,7 +3027,7 @@ __global__ void __launch_bounds__(dcb_mma::kThreads, 3) bwd_dcb_mma_kernel(BwdC<
         for (int e = 0; e < 4; ++e) {
           const float2 f = *reinterpret_cast<const float2*>(A + lrow[e & 1] * kLdDy + 16 * kk +
                                                             2 * q4 + (e >= 2 ? 8 : 0));
-          a[e] = pack2<T>(f.x, f.y);
+          a[e] = cuda::pack2<T>(f.x, f.y);
         }
       } else {
         load_a_frag<T>(a, reinterpret_cast<const T*>(slot), kLd16, 16 * warp, 16 * kk, lane);
