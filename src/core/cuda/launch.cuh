@@ -8,6 +8,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -33,13 +35,33 @@ inline Status check_launch(std::string_view op, std::string_view kernel) {
   return {};
 }
 
-// Launches kernel with smem bytes of dynamic shared memory, first raising the kernel's limit
-// (launches above 48 KB fail without it); either failure names op and the kernel.
+// Raises a kernel's dynamic shared memory limit on the current device to at least smem bytes
+// (launches above 48 KB fail without it). The attribute is a driver call and plans launch the same
+// kernels on every run, so each (device, kernel) is raised only when a launch needs more than it
+// was given before.
+inline cudaError_t ensure_dynamic_smem(const void* kernel, size_t smem) {
+  if (smem <= 48 * 1024) return cudaSuccess;
+  int device = 0;
+  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  static std::mutex mutex;
+  static std::map<std::pair<int, const void*>, size_t> granted;
+  const std::lock_guard<std::mutex> lock(mutex);
+  size_t& have = granted[{device, kernel}];
+  if (smem <= have) return cudaSuccess;
+  if (const cudaError_t e = cudaFuncSetAttribute(
+          kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+      e != cudaSuccess)
+    return e;
+  have = smem;
+  return cudaSuccess;
+}
+
+// Launches kernel with smem bytes of dynamic shared memory (raising its limit where needed);
+// either failure names op and the kernel.
 template <class... Params, class... Args>
 Status launch_with_smem(std::string_view op, std::string_view name, void (*kernel)(Params...),
                         dim3 grid, dim3 block, size_t smem, cudaStream_t st, Args&&... args) {
-  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(smem));
+  if (const cudaError_t e = ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);
       e != cudaSuccess)
     return cuda_error(op, std::string(name) + ": cudaFuncSetAttribute", e);
   kernel<<<grid, block, smem, st>>>(std::forward<Args>(args)...);
