@@ -1149,6 +1149,100 @@ __global__ void __launch_bounds__(kStaticThreads)
   }
 }
 
+// ---- static forward, one token per CTA held in registers
+// --------------------------------------- The pipelined kernel below keeps one 512-thread CTA per
+// SM, so every token's block sum (two barriers) and store burst stall the SM's only CTA. Here a
+// CTA owns one token and its threads load all of their chunks (COLS 16-byte chunks per stream,
+// n <= kHoldN streams) before using any, so X is read once, straight into registers, and several
+// CTAs per SM overlap one token's barriers with another's loads; the block scheduler replaces the
+// ring. The coefficient row comes from activate_kernel in front (one Sinkhorn, not one per CTA).
+// Streams (kHoldN) and 16-byte chunks per stream (kHoldCols) a thread of the pipelined kernel holds
+// in registers; the register kernel holds up to kRegsMaxCols chunks of kHoldN streams.
+constexpr int kHoldN = 4, kHoldCols = 2;
+constexpr int kRegsThreads = 256, kRegsMaxCols = 4;
+// Blocks per SM the register budget is written for: 16-bit C = 4096 (COLS = 2) fits three 32 KiB
+// tokens per SM, f32 C = 4096 (COLS = 4) two 64 KiB ones.
+template <int COLS>
+constexpr int regs_min_blocks() {
+  return COLS <= 1 ? 4 : (COLS == 2 ? 3 : 2);
+}
+template <class T, int COLS>
+__global__ void __launch_bounds__(kRegsThreads, regs_min_blocks<COLS>())
+    static_forward_regs_kernel(T* __restrict__ out, const T* __restrict__ x, StaticFwdArgs a) {
+  constexpr int VEC = 16 / static_cast<int>(sizeof(T));
+  __shared__ float red[32];
+  __shared__ float co[(2 + kHoldN) * kHoldN];
+  const int n = a.n, tid = static_cast<int>(threadIdx.x);
+  const int64_t q = a.channels / VEC;
+  const T* xt = x + int64_t{blockIdx.x} * a.x_st;
+  T* ot = out + int64_t{blockIdx.x} * a.o_st;
+  Pack<T, VEC> xr[COLS][kHoldN];
+#pragma unroll
+  for (int u = 0; u < COLS; ++u) {
+    const int64_t cc = tid + u * kRegsThreads;
+    if (cc >= q) break;
+#pragma unroll
+    for (int j = 0; j < kHoldN; ++j) {
+      if (j >= n) break;
+      xr[u][j] = *reinterpret_cast<const Pack<T, VEC>*>(xt + j * a.x_si + cc * VEC);
+    }
+  }
+  // The coefficient row reaches shared memory while the loads are in flight.
+  if (tid < (2 + n) * n) co[tid] = a.co[tid];
+  __syncthreads();
+  const float* pre = co;
+  const float* post = co + n;
+  const float* m = co + 2 * n;
+  // z = sum_j pre_j x_j is formed twice (for the sum of squares, then for the outputs) rather than
+  // held: registers decide how many tokens an SM keeps in flight.
+  auto z_of = [&](int u, float(&z)[VEC]) {
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) z[e] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kHoldN; ++j) {
+      if (j >= n) break;
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) z[e] = fmaf(pre[j], to_float(xr[u][j].v[e]), z[e]);
+    }
+  };
+  float ss = 0;
+#pragma unroll
+  for (int u = 0; u < COLS; ++u) {
+    if (tid + u * kRegsThreads >= q) break;
+    float z[VEC];
+    z_of(u, z);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) ss = fmaf(z[e], z[e], ss);
+  }
+  ss = block_sum(ss, red);
+  const float inv = rsqrtf(ss * a.inv_c + a.eps);
+#pragma unroll
+  for (int u = 0; u < COLS; ++u) {
+    const int64_t cc = tid + u * kRegsThreads;
+    if (cc >= q) break;
+    float z[VEC], gm[VEC];
+    z_of(u, z);
+    load_vec<__nv_bfloat16, VEC>(a.gamma + cc * VEC, gm);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) z[e] *= gm[e] * inv;
+#pragma unroll
+    for (int i = 0; i < kHoldN; ++i) {
+      if (i >= n) break;
+      float acc[VEC] = {};
+#pragma unroll
+      for (int j = 0; j < kHoldN; ++j) {
+        if (j >= n) break;
+        const float w = m[i * n + j];
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) acc[e] = fmaf(w, to_float(xr[u][j].v[e]), acc[e]);
+      }
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) acc[e] = fmaf(post[i], z[e], acc[e]);
+      store_vec<T, VEC>(ot + i * a.o_si + cc * VEC, acc);
+    }
+  }
+}
+
 // ---- static forward, one HBM read of X: persistent CTAs with a ring of token buffers ----------
 // The two-pass kernel above re-reads each token's X for pass 2; with many tokens in
 // flight that second read falls out of L2. Here a persistent CTA streams its tokens through
@@ -1165,7 +1259,6 @@ __global__ void __launch_bounds__(kStaticThreads)
 // at the next token. Both do the same arithmetic in the same order (pass 2 accumulates output i
 // over j = 0..n-1, then adds the post term), so they give the same bits.
 constexpr int kPipeThreads = 512, kPipeMaxStages = 6;
-constexpr int kHoldN = 4, kHoldCols = 2;
 // THREADS = kPipeThreads: one CTA per SM. THREADS = kPipeThreads / 2: two CTAs per SM, each with
 // half the ring (the same bytes in flight per SM), so one CTA's per-token barriers and stores run
 // while the other's loads land; a thread still holds kHoldCols chunks per stream (more spill at

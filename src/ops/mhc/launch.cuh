@@ -198,6 +198,50 @@ Status static_forward(const LaunchContext& ctx, const MhcProblem& p,
   return {};
 }
 
+// One token per CTA in registers: n <= kHoldN and C / (16 / element size) chunks per stream within
+// kRegsMaxCols per thread (16-bit C <= 8192, f32 C <= 4096).
+template <DType D>
+bool fits_static_regs(const MhcProblem& p, const DeviceCaps&) {
+  constexpr int64_t vec = 16 / sizeof(cuda::device_t<D>);
+  return p.n <= kHoldN && p.channels % vec == 0 &&
+         p.channels / vec <= int64_t{kRegsMaxCols} * kRegsThreads;
+}
+template <class T>
+Status static_forward_regs(const LaunchContext& ctx, const MhcProblem& p,
+                           const MhcStaticForwardOp::Arguments& a) {
+  constexpr std::string_view op = MhcStaticForwardOp::name;
+  constexpr int vec = 16 / sizeof(T);
+  // Unaligned layouts take the two-pass kernel (decided by alignment, never by token count).
+  if (reinterpret_cast<uintptr_t>(a.gamma.data) % (vec * 2) != 0 ||
+      !vec_ok<T>(p.channels, {a.x.data, a.out.data},
+                 {a.x.stride[0], a.x.stride[1], a.out.stride[0], a.out.stride[1]}))
+    return static_forward<T>(ctx, p, a);
+  if (p.tokens == 0) return {};
+  const cudaStream_t s = cuda::stream_of(ctx);
+  MhcParams w;
+  w.h_pre = a.h_pre, w.h_post = a.h_post, w.h_res = a.h_res;
+  ActivateArgs act = activate_static(p, w);
+  act.pre_eps = 0.0f;  // the seed's s_pre = sigmoid(h_pre)
+  act.out = static_cast<float*>(ctx.workspace.data);
+  BARACUDA_TRY(run_activate(op, s, act));
+  StaticFwdArgs sa;
+  sa.tokens = p.tokens, sa.channels = p.channels, sa.n = static_cast<int>(p.n);
+  sa.x_st = a.x.stride[0], sa.x_si = a.x.stride[1], sa.o_st = a.out.stride[0];
+  sa.o_si = a.out.stride[1];
+  sa.co = act.out;
+  sa.gamma = static_cast<const __nv_bfloat16*>(a.gamma.data);
+  sa.inv_c = static_cast<float>(1.0 / static_cast<double>(p.channels));
+  sa.eps = static_cast<float>(p.norm_eps);
+  const int64_t cols = cuda::ceil_div(p.channels / vec, int64_t{kRegsThreads});
+  auto* kernel = cols <= 1   ? static_forward_regs_kernel<T, 1>
+                 : cols <= 2 ? static_forward_regs_kernel<T, 2>
+                             : static_forward_regs_kernel<T, 4>;
+  kernel<<<static_cast<unsigned>(p.tokens), kRegsThreads, 0, s>>>(
+      static_cast<T*>(a.out.data), static_cast<const T*>(a.x.data), sa);
+  MHC_CHECK("static_forward_regs_kernel");
+  return {};
+}
+
 // Ring slots of the pipelined static forward: as many tokens as fit (<= kPipeMaxStages), >= 2.
 // CTAS CTAs per SM share the SM's shared memory (the opt-in block limit plus the 1 KiB the driver
 // reserves per CTA), each with its static shared memory (under 1 KiB) and its 1 KiB reserve.
@@ -678,6 +722,14 @@ bool register_mhc_cuda() {
        .fits = fits_static_pipe<D, 2>,
        .workspace = ws_static_forward,
        .launch = static_forward_pipe<T, true, 2>});
+  // One token per CTA from registers (A/B of the ring kernels), reached through
+  // PlanPreference::kernel("static_forward_regs").
+  register_kernel<MhcStaticForwardOp>(
+      {.sku = sku(MhcStaticForwardOp::name, DType::bf16, kForward, "static_forward_regs"),
+       .priority = 5,
+       .fits = fits_static_regs<D>,
+       .workspace = ws_static_forward,
+       .launch = static_forward_regs<T>});
   register_kernel<MhcCollapseOp>({.sku = sku(MhcCollapseOp::name, DType::f32, kForward, "collapse"),
                                   .priority = 10,
                                   .workspace = ws_collapse,
