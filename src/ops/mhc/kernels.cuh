@@ -445,12 +445,15 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], uint32_t a0, uint32_t a1
       : "r"(a0), "r"(a1), "r"(b0));
 #endif
 }
-// v = big + small with both parts TF32, both rounded to nearest: |v - big - small| <= 2^-23 |v|,
-// and the dropped small * small term is <= 2^-22 |a b|, so a 3xTF32 product is within a few f32
-// roundings; the accumulation is the part that needs care (mma_products).
+// v = big + small. big is v rounded to TF32, nearest with ties away (cvt.rna's bits: add half a
+// TF32 ulp to the magnitude, drop the 13 low bits; two integer ops where cvt.rna is four with an
+// infinity test). small = v - big is exact in f32 and is passed unrounded: the tensor core reads
+// only its TF32 bits, a truncation worth < 2^-21 |v|. With the dropped small * small term
+// (<= 2^-22 |a b|) a 3xTF32 product is within ~2^-20 |a b|, errors of either sign. Infinities stay
+// infinite in big; a NaN may lose its payload in big but then small is NaN, so the product is too.
 __device__ __forceinline__ void split_tf32(float v, uint32_t& big, uint32_t& small) {
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(big) : "f"(v));
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(small) : "f"(v - __uint_as_float(big)));
+  big = (__float_as_uint(v) + 0x1000u) & 0xffffe000u;
+  small = __float_as_uint(v - __uint_as_float(big));
 }
 
 // One warp's partial products of a tile on tensor cores: the same contract as the CUDA-core loop
@@ -515,9 +518,12 @@ __device__ __forceinline__ void mma_products(const T* xs, const DynArgs& a, int 
         for (int nt = 0; nt < 3; ++nt) split_tf32(bv[nt][st], bb[nt], bs[nt]);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          uint32_t ab0, as0, ab1, as1;
-          split_tf32(av[mt][0][st], ab0, as0);
-          split_tf32(av[mt][1][st], ab1, as1);
+          uint32_t ab0 = __float_as_uint(av[mt][0][st]), ab1 = __float_as_uint(av[mt][1][st]);
+          uint32_t as0 = 0, as1 = 0;
+          if constexpr (kSplitA) {
+            split_tf32(av[mt][0][st], ab0, as0);
+            split_tf32(av[mt][1][st], ab1, as1);
+          }
 #pragma unroll
           for (int nt = 0; nt < 3; ++nt) {
             if constexpr (kSplitA) mma_tf32(blk[mt][nt], as0, as1, bb[nt]);
@@ -1239,6 +1245,79 @@ __global__ void __launch_bounds__(kRegsThreads, regs_min_blocks<COLS>())
 #pragma unroll
       for (int e = 0; e < VEC; ++e) acc[e] = fmaf(post[i], z[e], acc[e]);
       store_vec<T, VEC>(ot + i * a.o_si + cc * VEC, acc);
+    }
+  }
+}
+
+// ---- static forward, one token per CTA staged in shared memory
+// -------------------------------- static_forward_regs' structure with the token copied to shared
+// memory by cp.async instead of held in registers: a 16-bit token (32 KiB at n * C = 16384) then
+// costs no registers, so an SM keeps as many tokens in flight as its shared memory holds (six),
+// where registers capped the register kernel at three. Each thread copies and reads back only its
+// own chunks, so the only barriers are the coefficient row's and the block sum's.
+template <class T, int NMAX>
+__global__ void __launch_bounds__(kRegsThreads, NMAX <= 4 ? 4 : 2)
+    static_forward_staged_kernel(T* __restrict__ out, const T* __restrict__ x, StaticFwdArgs a) {
+  constexpr int VEC = 16 / static_cast<int>(sizeof(T));
+  extern __shared__ __align__(16) unsigned char staged_smem[];
+  __shared__ float red[32];
+  __shared__ float co[(2 + NMAX) * NMAX];
+  T* xs = reinterpret_cast<T*>(staged_smem);
+  const int n = a.n, tid = static_cast<int>(threadIdx.x);
+  const int64_t q = a.channels / VEC;
+  const T* xt = x + int64_t{blockIdx.x} * a.x_st;
+  T* ot = out + int64_t{blockIdx.x} * a.o_st;
+  for (int j = 0; j < n; ++j)
+    for (int64_t cc = tid; cc < q; cc += kRegsThreads)
+      cp_async16(xs + j * a.channels + cc * VEC, xt + j * a.x_si + cc * VEC);
+  cp_async_commit();
+  if (tid < (2 + n) * n) co[tid] = a.co[tid];
+  __syncthreads();
+  const float* pre = co;
+  const float* post = co + n;
+  const float* m = co + 2 * n;
+  cp_async_wait_pending(0);  // this thread's own chunks; no other thread reads them
+  float ss = 0;
+  for (int64_t cc = tid; cc < q; cc += kRegsThreads) {
+    float z[VEC] = {};
+    for (int j = 0; j < n; ++j) {
+      float v[VEC];
+      load_vec<T, VEC>(xs + j * a.channels + cc * VEC, v);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) z[e] = fmaf(pre[j], v[e], z[e]);
+    }
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) ss = fmaf(z[e], z[e], ss);
+  }
+  ss = block_sum(ss, red);
+  const float inv = rsqrtf(ss * a.inv_c + a.eps);
+  for (int64_t cc = tid; cc < q; cc += kRegsThreads) {
+    float acc[NMAX][VEC] = {};
+    float z[VEC] = {};
+#pragma unroll
+    for (int j = 0; j < NMAX; ++j) {
+      if (j >= n) break;
+      float v[VEC];
+      load_vec<T, VEC>(xs + j * a.channels + cc * VEC, v);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) z[e] = fmaf(pre[j], v[e], z[e]);
+#pragma unroll
+      for (int i = 0; i < NMAX; ++i) {
+        if (i >= n) break;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) acc[i][e] = fmaf(m[i * n + j], v[e], acc[i][e]);
+      }
+    }
+    float gm[VEC];
+    load_vec<__nv_bfloat16, VEC>(a.gamma + cc * VEC, gm);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) z[e] *= gm[e] * inv;
+#pragma unroll
+    for (int i = 0; i < NMAX; ++i) {
+      if (i >= n) break;
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) acc[i][e] = fmaf(post[i], z[e], acc[i][e]);
+      store_vec<T, VEC>(ot + i * a.o_si + cc * VEC, acc[i]);
     }
   }
 }

@@ -206,9 +206,19 @@ bool fits_static_regs(const MhcProblem& p, const DeviceCaps&) {
   return p.n <= kHoldN && p.channels % vec == 0 &&
          p.channels / vec <= int64_t{kRegsMaxCols} * kRegsThreads;
 }
-template <class T>
-Status static_forward_regs(const LaunchContext& ctx, const MhcProblem& p,
-                           const MhcStaticForwardOp::Arguments& a) {
+// One token per CTA staged in shared memory: n <= kRegN, 16-byte chunks, the token within the
+// opt-in shared memory of a block.
+template <DType D>
+bool fits_static_staged(const MhcProblem& p, const DeviceCaps& caps) {
+  using T = cuda::device_t<D>;
+  constexpr int64_t vec = 16 / sizeof(T);
+  return p.n <= kRegN && p.channels % vec == 0 &&
+         p.n * p.channels * static_cast<int64_t>(sizeof(T)) <= caps.smem_per_block_optin - 1024;
+}
+// STAGED = false: static_forward_regs_kernel; true: static_forward_staged_kernel.
+template <class T, bool STAGED = false>
+Status static_forward_token(const LaunchContext& ctx, const MhcProblem& p,
+                            const MhcStaticForwardOp::Arguments& a) {
   constexpr std::string_view op = MhcStaticForwardOp::name;
   constexpr int vec = 16 / sizeof(T);
   // Unaligned layouts take the two-pass kernel (decided by alignment, never by token count).
@@ -232,14 +242,24 @@ Status static_forward_regs(const LaunchContext& ctx, const MhcProblem& p,
   sa.gamma = static_cast<const __nv_bfloat16*>(a.gamma.data);
   sa.inv_c = static_cast<float>(1.0 / static_cast<double>(p.channels));
   sa.eps = static_cast<float>(p.norm_eps);
-  const int64_t cols = cuda::ceil_div(p.channels / vec, int64_t{kRegsThreads});
-  auto* kernel = cols <= 1   ? static_forward_regs_kernel<T, 1>
-                 : cols <= 2 ? static_forward_regs_kernel<T, 2>
-                             : static_forward_regs_kernel<T, 4>;
-  kernel<<<static_cast<unsigned>(p.tokens), kRegsThreads, 0, s>>>(
-      static_cast<T*>(a.out.data), static_cast<const T*>(a.x.data), sa);
-  MHC_CHECK("static_forward_regs_kernel");
-  return {};
+  T* out = static_cast<T*>(a.out.data);
+  const T* x = static_cast<const T*>(a.x.data);
+  const auto grid = static_cast<unsigned>(p.tokens);
+  if constexpr (STAGED) {
+    auto* kernel =
+        p.n <= 4 ? static_forward_staged_kernel<T, 4> : static_forward_staged_kernel<T, kRegN>;
+    const size_t smem = static_cast<size_t>(p.n * p.channels) * sizeof(T);
+    return cuda::launch_with_smem(op, "static_forward_staged_kernel", kernel, grid, kRegsThreads,
+                                  smem, s, out, x, sa);
+  } else {
+    const int64_t cols = cuda::ceil_div(p.channels / vec, int64_t{kRegsThreads});
+    auto* kernel = cols <= 1   ? static_forward_regs_kernel<T, 1>
+                   : cols <= 2 ? static_forward_regs_kernel<T, 2>
+                               : static_forward_regs_kernel<T, 4>;
+    kernel<<<grid, kRegsThreads, 0, s>>>(out, x, sa);
+    MHC_CHECK("static_forward_regs_kernel");
+    return {};
+  }
 }
 
 // Ring slots of the pipelined static forward: as many tokens as fit (<= kPipeMaxStages), >= 2.
@@ -729,7 +749,15 @@ bool register_mhc_cuda() {
        .priority = 5,
        .fits = fits_static_regs<D>,
        .workspace = ws_static_forward,
-       .launch = static_forward_regs<T>});
+       .launch = static_forward_token<T>});
+  // The same with the token staged in shared memory (A/B), through
+  // PlanPreference::kernel("static_forward_staged").
+  register_kernel<MhcStaticForwardOp>(
+      {.sku = sku(MhcStaticForwardOp::name, DType::bf16, kForward, "static_forward_staged"),
+       .priority = 5,
+       .fits = fits_static_staged<D>,
+       .workspace = ws_static_forward,
+       .launch = static_forward_token<T, true>});
   register_kernel<MhcCollapseOp>({.sku = sku(MhcCollapseOp::name, DType::f32, kForward, "collapse"),
                                   .priority = 10,
                                   .workspace = ws_collapse,

@@ -318,10 +318,11 @@ TEST_P(Mhc, StaticForwardKernelsMatchReference) {
       std::optional<Vec> ref;  // of the checked tokens; every kernel solves the same problem
       double ref_s = 0;
       int kernels = 0;
-      for (std::string_view pin : {std::string_view{}, std::string_view{"static_forward_fused"},
-                                   std::string_view{"static_forward_pipelined_reread"},
-                                   std::string_view{"static_forward_pipelined_2cta"},
-                                   std::string_view{"static_forward_regs"}}) {
+      for (std::string_view pin :
+           {std::string_view{}, std::string_view{"static_forward_fused"},
+            std::string_view{"static_forward_pipelined_reread"},
+            std::string_view{"static_forward_pipelined_2cta"},
+            std::string_view{"static_forward_regs"}, std::string_view{"static_forward_staged"}}) {
         // The pipelined kernels need 16-byte chunks (C % (16 / element size) == 0), n <= 8; the
         // two-CTA one two token slots in half an SM's shared memory (pinned where that holds on
         // an A100 too: tokens of <= 40 KiB).
@@ -334,6 +335,10 @@ TEST_P(Mhc, StaticForwardKernelsMatchReference) {
         // The register kernel: n <= 4, 16-byte chunks, at most 4 chunks per stream and thread.
         if (pin == "static_forward_regs" &&
             (sh.n > 4 || sh.c % (16 / esize) != 0 || sh.c / (16 / esize) > 1024))
+          continue;
+        // The staged kernel: n <= 8, 16-byte chunks, the token in one block's shared memory.
+        if (pin == "static_forward_staged" &&
+            (sh.n > 8 || sh.c % (16 / esize) != 0 || sh.n * sh.c * esize > 200 * 1024))
           continue;
         const PlanPreference pref =
             pin.empty() ? PlanPreference::fastest() : PlanPreference::kernel(pin);
