@@ -68,16 +68,15 @@ void run_case(const Stream& s, DType dt) {
                     .note = note});
   };
 
-  // The seed's fused static forward; "<case>@static_forward_fused" is the two-pass kernel and
-  // "<case>@static_forward_pipelined_reread" the pipelined one without register-held tokens,
-  // "<case>@static_forward_pipelined_2cta" the pipelined one with two CTAs per SM,
-  // "<case>@static_forward_regs" / "@static_forward_staged" one token per CTA from registers /
-  // shared memory (A/B rows).
+  // The default (static_forward_staged where a token fits a block's shared memory), then A/B rows
+  // "<case>@<kernel>": the two-pass kernel (static_forward_fused), the ring kernel
+  // (static_forward_pipelined) with and without register-held tokens (_reread) and with two CTAs
+  // per SM (_2cta), and one token per CTA from registers (static_forward_regs).
   for (std::string_view pin :
        {std::string_view{}, std::string_view{"static_forward_fused"},
         std::string_view{"static_forward_pipelined_reread"},
         std::string_view{"static_forward_pipelined_2cta"}, std::string_view{"static_forward_regs"},
-        std::string_view{"static_forward_staged"}}) {
+        std::string_view{"static_forward_pipelined"}}) {
     d.h = MhcH::static_h;
     d.sinkhorn = {SinkhornInit::exp, SinkhornFirst::rows, 20, 1e-5};
     d.norm_eps = 1e-5;
