@@ -456,6 +456,51 @@ __device__ __forceinline__ void split_tf32(float v, uint32_t& big, uint32_t& sma
   small = __float_as_uint(v - __uint_as_float(big));
 }
 
+// One 16-element block of a warp's products on the tensor cores: d[mt][nt] += A B over k-steps
+// 0..3, where lane (g, t) holds av[mt][h][s] = A[row mt * 16 + h * 8 + g][k 4 t + s] and
+// bv[nt][s] = B[k 4 t + s][col nt * 8 + g] (a k-step's k index t is element 4 t + s, for A and B
+// alike, so each lane reads 4 consecutive elements per row). 3xTF32 when A is f32 (SPLIT_A),
+// 2xTF32 when it is exact in TF32 (16-bit data).
+//
+// The block's 4 k-steps accumulate on the tensor cores from zero and the block's sum is then added
+// to d on the CUDA cores. The tensor core adds into its f32 accumulator with truncated alignment
+// (not round-to-nearest), and that error, biased and relative to the running sum, is the likely
+// cause of the whole-slice chain's error (GPU run at ef65bac: f32 coeffs rel_l2 1.4e-6 against
+// 9.6e-7; the split loses only a few f32 roundings per product). Short chains plus IEEE adds keep
+// the long sum as accurate as the CUDA-core kernel's FMA chain.
+template <int MT, bool SPLIT_A>
+__device__ __forceinline__ void mma_block16(float (&d)[MT][3][4], const float (&av)[MT][2][4],
+                                            const float (&bv)[3][4]) {
+  float blk[MT][3][4] = {};
+#pragma unroll
+  for (int st = 0; st < 4; ++st) {
+    uint32_t bb[3], bs[3];
+#pragma unroll
+    for (int nt = 0; nt < 3; ++nt) split_tf32(bv[nt][st], bb[nt], bs[nt]);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      uint32_t ab0 = __float_as_uint(av[mt][0][st]), ab1 = __float_as_uint(av[mt][1][st]);
+      uint32_t as0 = 0, as1 = 0;
+      if constexpr (SPLIT_A) {
+        split_tf32(av[mt][0][st], ab0, as0);
+        split_tf32(av[mt][1][st], ab1, as1);
+      }
+#pragma unroll
+      for (int nt = 0; nt < 3; ++nt) {
+        if constexpr (SPLIT_A) mma_tf32(blk[mt][nt], as0, as1, bb[nt]);
+        mma_tf32(blk[mt][nt], ab0, ab1, bs[nt]);
+        mma_tf32(blk[mt][nt], ab0, ab1, bb[nt]);
+      }
+    }
+  }
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < 3; ++nt)
+#pragma unroll
+      for (int v = 0; v < 4; ++v) d[mt][nt][v] += blk[mt][nt][v];
+}
+
 // One warp's partial products of a tile on tensor cores: the same contract as the CUDA-core loop
 // (wpart[warp][token][0, kDynKpass) for outputs kb.., wss[warp][token] when kb == 0), over the
 // warp's 4-element groups [g0, g1) of the slice, taken 16 elements (4 k-steps) at a time. Lane
@@ -503,41 +548,7 @@ __device__ __forceinline__ void mma_products(const T* xs, const DynArgs& a, int 
 #pragma unroll
             for (int v = 0; v < 4; ++v) ss[mt][h] = fmaf(av[mt][h][v], av[mt][h][v], ss[mt][h]);
         }
-      // The block's 4 k-steps accumulate on the tensor cores from zero, and the block's sum is
-      // then added to d on the CUDA cores. The tensor core adds into its f32 accumulator with
-      // truncated alignment (not round-to-nearest), and that error, biased and relative to the
-      // running sum, is the likely cause of the whole-slice chain's error (GPU run at ef65bac: f32
-      // coeffs rel_l2 1.4e-6 against 9.6e-7; the split loses only a few f32 roundings per product).
-      // Short chains plus IEEE adds keep the long sum as accurate as the CUDA-core kernel's FMA
-      // chain.
-      float blk[MT][3][4] = {};
-#pragma unroll
-      for (int st = 0; st < 4; ++st) {
-        uint32_t bb[3], bs[3];
-#pragma unroll
-        for (int nt = 0; nt < 3; ++nt) split_tf32(bv[nt][st], bb[nt], bs[nt]);
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          uint32_t ab0 = __float_as_uint(av[mt][0][st]), ab1 = __float_as_uint(av[mt][1][st]);
-          uint32_t as0 = 0, as1 = 0;
-          if constexpr (kSplitA) {
-            split_tf32(av[mt][0][st], ab0, as0);
-            split_tf32(av[mt][1][st], ab1, as1);
-          }
-#pragma unroll
-          for (int nt = 0; nt < 3; ++nt) {
-            if constexpr (kSplitA) mma_tf32(blk[mt][nt], as0, as1, bb[nt]);
-            mma_tf32(blk[mt][nt], ab0, ab1, bs[nt]);
-            mma_tf32(blk[mt][nt], ab0, ab1, bb[nt]);
-          }
-        }
-      }
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < 3; ++nt)
-#pragma unroll
-          for (int v = 0; v < 4; ++v) d[mt][nt][v] += blk[mt][nt][v];
+      mma_block16<MT, kSplitA>(d, av, bv);
     }
   }
 #pragma unroll
@@ -558,6 +569,104 @@ __device__ __forceinline__ void mma_products(const T* xs, const DynArgs& a, int 
       }
       if (kb == 0 && t == 0) wss[warp * M + row] = sv;
     }
+}
+
+// ---- dynamic H: g = fn x and sum of squares on tensor cores (split-K, same contract as
+// logits_kernel) ------------------------------------------------------------------------------
+// The two-pass dynamic collapse reads X twice; its first pass was bound by the CUDA-core products
+// (6.4 GFMA at 16384 x 4 x 4096), not by memory. Here a CTA covers 64 tokens of one split: warp
+// (token half th, K quarter kq) forms 32 tokens x 24 outputs over a quarter of the split's
+// 16-element blocks with mma_block16, straight from global memory into fragments (each lane reads
+// 4 consecutive elements of a token row and of an fn row: full 32-byte sectors), and the four
+// quarters add in order through shared memory. Every sum has a fixed shape that depends on (n, C)
+// only: deterministic and bit-stable. Needs C % 16 == 0 (a block never crosses streams) and
+// 16-byte vector access to X (4 elements) and fn rows.
+constexpr int kLmmaTokens = 64, kLmmaThreads = 256, kLmmaQuarters = 4;
+template <class T>
+__global__ void __launch_bounds__(kLmmaThreads, 2)
+    logits_mma_kernel(const T* __restrict__ x, LogitArgs a) {
+  constexpr int MT = 2;
+  constexpr bool kSplitA = sizeof(T) == 4;  // 16-bit values are exact in TF32
+  __shared__ float wpart[kLmmaQuarters][kLmmaTokens][kDynKpass];
+  __shared__ float wss[kLmmaQuarters][kLmmaTokens];
+  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  const int th = warp & 1, kq = warp >> 1, g = lane >> 2, t = lane & 3;
+  const int64_t tile0 = static_cast<int64_t>(blockIdx.x) * kLmmaTokens;
+  const int kb = static_cast<int>(blockIdx.y) * kDynKpass;
+  const int64_t mbeg = blockIdx.z * a.per_split, mend = min(a.flat, mbeg + a.per_split);
+  const int64_t blocks = (mend - mbeg) / 16;
+  const int64_t e_beg = mbeg + 16 * (kq * blocks / kLmmaQuarters);
+  const int64_t e_end = mbeg + 16 * ((kq + 1) * blocks / kLmmaQuarters);
+  // Padding rows (tokens past the end, outputs past K) re-read the last one and are discarded.
+  const T* xr[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      xr[mt][h] = x + min(tile0 + th * 32 + mt * 16 + h * 8 + g, a.tokens - 1) * a.st + 4 * t;
+  const float* fr[3];
+#pragma unroll
+  for (int nt = 0; nt < 3; ++nt)
+    fr[nt] = a.fn + static_cast<int64_t>(min(kb + nt * 8 + g, a.k - 1)) * a.fn_stride + 4 * t;
+  float d[MT][3][4] = {};
+  float ss[MT][2] = {};
+  for (int64_t e = e_beg; e < e_end;) {
+    // One stream at a time: flat index m sits at m + i (si - C) within a token row.
+    const int64_t i = e / a.channels, seg_end = min(e_end, (i + 1) * a.channels);
+    const int64_t xoff = i * (a.si - a.channels);
+#pragma unroll 1
+    for (int64_t m = e; m < seg_end; m += 16) {
+      float bv[3][4];
+#pragma unroll
+      for (int nt = 0; nt < 3; ++nt) {
+        const float4 f4 = __ldg(reinterpret_cast<const float4*>(fr[nt] + m));
+        bv[nt][0] = f4.x, bv[nt][1] = f4.y, bv[nt][2] = f4.z, bv[nt][3] = f4.w;
+      }
+      float av[MT][2][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          load_vec<T, 4>(xr[mt][h] + m + xoff, av[mt][h]);
+#pragma unroll
+          for (int v = 0; v < 4; ++v) ss[mt][h] = fmaf(av[mt][h][v], av[mt][h][v], ss[mt][h]);
+        }
+      mma_block16<MT, kSplitA>(d, av, bv);
+    }
+    e = seg_end;
+  }
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = th * 32 + mt * 16 + h * 8 + g;
+      float sv = ss[mt][h];  // the 4 lanes of a row hold interleaved quarters of its elements
+      sv += __shfl_xor_sync(0xffffffffu, sv, 1);
+      sv += __shfl_xor_sync(0xffffffffu, sv, 2);
+#pragma unroll
+      for (int nt = 0; nt < 3; ++nt) {
+        wpart[kq][row][nt * 8 + 2 * t] = d[mt][nt][2 * h];
+        wpart[kq][row][nt * 8 + 2 * t + 1] = d[mt][nt][2 * h + 1];
+      }
+      if (t == 0) wss[kq][row] = sv;
+    }
+  __syncthreads();
+  float* gout = a.g + blockIdx.z * a.tokens * a.k;
+  for (int it = tid; it < kLmmaTokens * kDynKpass; it += kLmmaThreads) {
+    const int row = it / kDynKpass, kk = it - row * kDynKpass;
+    const int64_t tok = tile0 + row;
+    if (tok >= a.tokens || kb + kk >= a.k) continue;
+    float v = 0;
+#pragma unroll
+    for (int q = 0; q < kLmmaQuarters; ++q) v += wpart[q][row][kk];
+    gout[tok * a.k + kb + kk] = v;
+  }
+  if (blockIdx.y == 0 && tid < kLmmaTokens && tile0 + tid < a.tokens) {
+    float v = 0;
+#pragma unroll
+    for (int q = 0; q < kLmmaQuarters; ++q) v += wss[q][tid];
+    a.ss[blockIdx.z * a.tokens + tile0 + tid] = v;
+  }
 }
 
 // MMA: the products on tensor cores (3xTF32 for f32 X; 16-bit X is exact in TF32, so 2xTF32),

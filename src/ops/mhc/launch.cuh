@@ -115,7 +115,9 @@ inline ActivateArgs activate_static(const MhcProblem& p, const MhcParams& w) {
   a.sk = sinkhorn_params(p.sinkhorn);
   return a;
 }
-template <class T>
+// MMA: logits_mma_kernel where its layout rules hold (C % 16 == 0, X rows and fn rows in aligned
+// 4-element vectors), else the CUDA-core kernel; decided by layout, never by the token count.
+template <class T, bool MMA = false>
 Status run_logits(std::string_view op, cudaStream_t s, const MhcProblem& p, const ConstTensor& x,
                   const MhcParams& w, float* g, float* ss) {
   if (p.tokens == 0) return {};
@@ -124,6 +126,18 @@ Status run_logits(std::string_view op, cudaStream_t s, const MhcProblem& p, cons
   la.st = x.stride[0], la.si = x.stride[1], la.k = static_cast<int>(p.k);
   la.fn = static_cast<const float*>(w.fn.data), la.fn_stride = w.fn.stride[0];
   la.g = g, la.ss = ss, la.per_split = per_split(p);
+  if constexpr (MMA) {
+    const bool x_ok = reinterpret_cast<uintptr_t>(x.data) % (4 * sizeof(T)) == 0 &&
+                      la.st % 4 == 0 && la.si % 4 == 0;
+    const bool fn_ok = reinterpret_cast<uintptr_t>(w.fn.data) % 16 == 0 && la.fn_stride % 4 == 0;
+    if (p.channels % 16 == 0 && x_ok && fn_ok) {
+      const dim3 grid(blocks_for(p.tokens, kLmmaTokens), blocks_for(p.k, kDynKpass),
+                      static_cast<unsigned>(splits_of(p)));
+      logits_mma_kernel<T><<<grid, kLmmaThreads, 0, s>>>(static_cast<const T*>(x.data), la);
+      MHC_CHECK("logits_mma_kernel");
+      return {};
+    }
+  }
   const dim3 grid(blocks_for(p.tokens, kTM), blocks_for(p.k, kKB),
                   static_cast<unsigned>(splits_of(p)));
   logits_kernel<T><<<grid, kLogitThreads, 0, s>>>(static_cast<const T*>(x.data), la);
@@ -332,7 +346,8 @@ Status static_forward_pipe(const LaunchContext& ctx, const MhcProblem& p,
 
 // ---- collapse
 // -----------------------------------------------------------------------------------------
-template <class T>
+// MMA: dynamic H's logits on tensor cores (logits_mma_kernel) where the layout allows.
+template <class T, bool MMA = false>
 Status collapse(const LaunchContext& ctx, const MhcProblem& p, const MhcCollapseOp::Arguments& a) {
   constexpr std::string_view op = MhcCollapseOp::name;
   const cudaStream_t s = cuda::stream_of(ctx);
@@ -344,7 +359,7 @@ Status collapse(const LaunchContext& ctx, const MhcProblem& p, const MhcCollapse
     Carver c{static_cast<char*>(ctx.workspace.data)};
     float* g = c.take(splits_of(p) * p.tokens * p.k);
     float* ss = c.take(splits_of(p) * p.tokens);
-    BARACUDA_TRY(run_logits<T>(op, s, p, a.x, a.params, g, ss));
+    BARACUDA_TRY((run_logits<T, MMA>(op, s, p, a.x, a.params, g, ss)));
     act = activate_dynamic(p, a.params, g, ss);
   }
   act.out = co, act.out_stride = a.coeffs.stride[0];
@@ -788,6 +803,15 @@ bool register_mhc_cuda() {
                                   .fits = fits_collapse_cluster<D, true>,
                                   .workspace = ws_collapse,
                                   .launch = collapse_cluster<T, true, true>});
+  // Two passes over X, the logits on tensor cores (any arch with TF32 mma.sync): A/B of the
+  // one-pass cluster kernel, through PlanPreference::kernel("collapse_split_tf32").
+  register_kernel<MhcCollapseOp>(
+      {.sku = sku(MhcCollapseOp::name, DType::f32, kForwardTf32, "collapse_split_tf32"),
+       .priority = 5,
+       .fits = [](const MhcProblem& p,
+                  const DeviceCaps& caps) { return p.h == MhcH::dynamic_h && caps.sm >= 80; },
+       .workspace = ws_collapse,
+       .launch = collapse<T, true>});
   register_kernel<MhcExpandOp>({.sku = sku(MhcExpandOp::name, DType::f32, kForward, "expand"),
                                 .priority = 10,
                                 .launch = expand<T>});
