@@ -11,6 +11,11 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes)
                : "memory");
 }
+// The 8-byte form (a lane's 4 16-bit elements).
+__device__ __forceinline__ void cp_async8(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(s), "l"(gmem) : "memory");
+}
 // The 4-byte form (any 4-byte aligned destination, e.g. rows of an odd-pitched f32 tile).
 __device__ __forceinline__ void cp_async4(void* smem, const void* gmem, int src_bytes = 4) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));

@@ -22,7 +22,9 @@ namespace baracuda::mhc_cuda {
 namespace {
 
 using cuda::cp_async16;
+using cuda::cp_async8;
 using cuda::cp_async_commit;
+using cuda::cp_async_wait;
 using cuda::cp_async_wait_all;
 using cuda::cp_async_wait_pending;
 using cuda::from_float;
@@ -576,19 +578,30 @@ __device__ __forceinline__ void mma_products(const T* xs, const DynArgs& a, int 
 // The two-pass dynamic collapse reads X twice; its first pass was bound by the CUDA-core products
 // (6.4 GFMA at 16384 x 4 x 4096), not by memory. Here a CTA covers 64 tokens of one split: warp
 // (token half th, K quarter kq) forms 32 tokens x 24 outputs over a quarter of the split's
-// 16-element blocks with mma_block16, straight from global memory into fragments (each lane reads
-// 4 consecutive elements of a token row and of an fn row: full 32-byte sectors), and the four
-// quarters add in order through shared memory. Every sum has a fixed shape that depends on (n, C)
-// only: deterministic and bit-stable. Needs C % 16 == 0 (a block never crosses streams) and
-// 16-byte vector access to X (4 elements) and fn rows.
-constexpr int kLmmaTokens = 64, kLmmaThreads = 256, kLmmaQuarters = 4;
+// 16-element blocks with mma_block16, and the four quarters add in order through shared memory.
+// Each lane copies exactly the fragment elements it will use (4 consecutive elements of 4 token
+// rows and of 3 fn rows: full 32-byte sectors) into its own slots of a per-warp ring
+// kLmmaStages blocks deep with cp.async, so the loads of the next blocks fly under this block's
+// MMAs with no barrier and no registers (the first version loaded into registers and waited: 55%
+// of DRAM bandwidth). Every sum has a fixed shape that depends on (n, C) only: deterministic and
+// bit-stable. Needs C % 16 == 0 (a block never crosses streams) and X rows and fn rows in aligned
+// 4-element vectors.
+constexpr int kLmmaTokens = 64, kLmmaThreads = 256, kLmmaQuarters = 4, kLmmaStages = 3;
+// A warp's ring slot: X [2 m-tiles][2 halves][32 lanes][4] elements, then fn [3][32 lanes][4] f32.
+template <class T>
+constexpr int lmma_slot_bytes() {
+  return 2 * 2 * 32 * 4 * static_cast<int>(sizeof(T)) + 3 * 32 * 4 * 4;
+}
+template <class T>
+constexpr size_t lmma_smem_bytes() {
+  return static_cast<size_t>(kLmmaThreads / 32) * kLmmaStages * lmma_slot_bytes<T>();
+}
 template <class T>
 __global__ void __launch_bounds__(kLmmaThreads, 2)
     logits_mma_kernel(const T* __restrict__ x, LogitArgs a) {
   constexpr int MT = 2;
   constexpr bool kSplitA = sizeof(T) == 4;  // 16-bit values are exact in TF32
-  __shared__ float wpart[kLmmaQuarters][kLmmaTokens][kDynKpass];
-  __shared__ float wss[kLmmaQuarters][kLmmaTokens];
+  extern __shared__ __align__(16) unsigned char lmma_smem[];
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
   const int th = warp & 1, kq = warp >> 1, g = lane >> 2, t = lane & 3;
   const int64_t tile0 = static_cast<int64_t>(blockIdx.x) * kLmmaTokens;
@@ -596,7 +609,17 @@ __global__ void __launch_bounds__(kLmmaThreads, 2)
   const int64_t mbeg = blockIdx.z * a.per_split, mend = min(a.flat, mbeg + a.per_split);
   const int64_t blocks = (mend - mbeg) / 16;
   const int64_t e_beg = mbeg + 16 * (kq * blocks / kLmmaQuarters);
-  const int64_t e_end = mbeg + 16 * ((kq + 1) * blocks / kLmmaQuarters);
+  const int64_t nblk = (kq + 1) * blocks / kLmmaQuarters - kq * blocks / kLmmaQuarters;
+  unsigned char* ring = lmma_smem + static_cast<size_t>(warp) * kLmmaStages * lmma_slot_bytes<T>();
+  auto xslot = [&](int slot, int mt, int h) {
+    return reinterpret_cast<T*>(ring + slot * lmma_slot_bytes<T>()) +
+           ((mt * 2 + h) * 32 + lane) * 4;
+  };
+  auto fslot = [&](int slot, int nt) {
+    return reinterpret_cast<float*>(ring + slot * lmma_slot_bytes<T>() +
+                                    2 * 2 * 32 * 4 * static_cast<int>(sizeof(T))) +
+           (nt * 32 + lane) * 4;
+  };
   // Padding rows (tokens past the end, outputs past K) re-read the last one and are discarded.
   const T* xr[MT][2];
 #pragma unroll
@@ -608,33 +631,63 @@ __global__ void __launch_bounds__(kLmmaThreads, 2)
 #pragma unroll
   for (int nt = 0; nt < 3; ++nt)
     fr[nt] = a.fn + static_cast<int64_t>(min(kb + nt * 8 + g, a.k - 1)) * a.fn_stride + 4 * t;
+  // The copy cursor: flat index m of the next block to copy, its stream and the stream's end (one
+  // division per warp; C % 16 == 0, so streams change only between blocks).
+  int64_t m_next = e_beg, stream = e_beg / a.channels;
+  int64_t stream_end = (stream + 1) * a.channels;
+  auto copy_block = [&](int slot) {
+    if (m_next == stream_end) ++stream, stream_end += a.channels;
+    const int64_t xoff = stream * (a.si - a.channels);  // flat m sits at m + xoff in a token row
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if constexpr (sizeof(T) == 4)
+          cp_async16(xslot(slot, mt, h), xr[mt][h] + m_next + xoff);
+        else
+          cp_async8(xslot(slot, mt, h), xr[mt][h] + m_next + xoff);
+      }
+#pragma unroll
+    for (int nt = 0; nt < 3; ++nt) cp_async16(fslot(slot, nt), fr[nt] + m_next);
+    m_next += 16;
+  };
+#pragma unroll
+  for (int st = 0; st < kLmmaStages - 1; ++st) {
+    if (st < nblk) copy_block(st);
+    cp_async_commit();  // empty groups keep the count uniform
+  }
   float d[MT][3][4] = {};
   float ss[MT][2] = {};
-  for (int64_t e = e_beg; e < e_end;) {
-    // One stream at a time: flat index m sits at m + i (si - C) within a token row.
-    const int64_t i = e / a.channels, seg_end = min(e_end, (i + 1) * a.channels);
-    const int64_t xoff = i * (a.si - a.channels);
-#pragma unroll 1
-    for (int64_t m = e; m < seg_end; m += 16) {
-      float bv[3][4];
+  for (int64_t b = 0; b < nblk; ++b) {
+    // The slot refilled here was read (by this lane only) in the previous iteration.
+    const int slot = static_cast<int>(b % kLmmaStages);
+    if (b + kLmmaStages - 1 < nblk)
+      copy_block(static_cast<int>((b + kLmmaStages - 1) % kLmmaStages));
+    cp_async_commit();
+    cp_async_wait<kLmmaStages - 1>();
+    float bv[3][4];
 #pragma unroll
-      for (int nt = 0; nt < 3; ++nt) {
-        const float4 f4 = __ldg(reinterpret_cast<const float4*>(fr[nt] + m));
-        bv[nt][0] = f4.x, bv[nt][1] = f4.y, bv[nt][2] = f4.z, bv[nt][3] = f4.w;
-      }
-      float av[MT][2][4];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          load_vec<T, 4>(xr[mt][h] + m + xoff, av[mt][h]);
-#pragma unroll
-          for (int v = 0; v < 4; ++v) ss[mt][h] = fmaf(av[mt][h][v], av[mt][h][v], ss[mt][h]);
-        }
-      mma_block16<MT, kSplitA>(d, av, bv);
+    for (int nt = 0; nt < 3; ++nt) {
+      const float4 f4 = *reinterpret_cast<const float4*>(fslot(slot, nt));
+      bv[nt][0] = f4.x, bv[nt][1] = f4.y, bv[nt][2] = f4.z, bv[nt][3] = f4.w;
     }
-    e = seg_end;
+    float av[MT][2][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        load_vec<T, 4>(xslot(slot, mt, h), av[mt][h]);
+#pragma unroll
+        for (int v = 0; v < 4; ++v) ss[mt][h] = fmaf(av[mt][h][v], av[mt][h][v], ss[mt][h]);
+      }
+    mma_block16<MT, kSplitA>(d, av, bv);
   }
+  cp_async_wait<0>();
+  // The partials reuse the ring once every warp is done with it.
+  __syncthreads();
+  auto wpart = reinterpret_cast<float(*)[kLmmaTokens][kDynKpass]>(lmma_smem);
+  auto wss = reinterpret_cast<float(*)[kLmmaTokens]>(lmma_smem + sizeof(float) * kLmmaQuarters *
+                                                                     kLmmaTokens * kDynKpass);
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -668,6 +721,9 @@ __global__ void __launch_bounds__(kLmmaThreads, 2)
     a.ss[blockIdx.z * a.tokens + tile0 + tid] = v;
   }
 }
+static_assert(lmma_smem_bytes<__nv_bfloat16>() >=
+                  sizeof(float) * kLmmaQuarters * kLmmaTokens * (kDynKpass + 1),
+              "the partials reuse the ring");
 
 // MMA: the products on tensor cores (3xTF32 for f32 X; 16-bit X is exact in TF32, so 2xTF32),
 // tokens padded to 16-row tiles (padding rows re-read the last token and are discarded); needs

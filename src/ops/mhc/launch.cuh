@@ -133,9 +133,9 @@ Status run_logits(std::string_view op, cudaStream_t s, const MhcProblem& p, cons
     if (p.channels % 16 == 0 && x_ok && fn_ok) {
       const dim3 grid(blocks_for(p.tokens, kLmmaTokens), blocks_for(p.k, kDynKpass),
                       static_cast<unsigned>(splits_of(p)));
-      logits_mma_kernel<T><<<grid, kLmmaThreads, 0, s>>>(static_cast<const T*>(x.data), la);
-      MHC_CHECK("logits_mma_kernel");
-      return {};
+      return cuda::launch_with_smem(op, "logits_mma_kernel", logits_mma_kernel<T>, grid,
+                                    kLmmaThreads, lmma_smem_bytes<T>(), s,
+                                    static_cast<const T*>(x.data), la);
     }
   }
   const dim3 grid(blocks_for(p.tokens, kTM), blocks_for(p.k, kKB),
