@@ -131,8 +131,9 @@ Status run_logits(std::string_view op, cudaStream_t s, const MhcProblem& p, cons
                       la.st % 4 == 0 && la.si % 4 == 0;
     const bool fn_ok = reinterpret_cast<uintptr_t>(w.fn.data) % 16 == 0 && la.fn_stride % 4 == 0;
     if (p.channels % 16 == 0 && x_ok && fn_ok) {
-      const dim3 grid(blocks_for(p.tokens, kLmmaTokens), blocks_for(p.k, kDynKpass),
-                      static_cast<unsigned>(splits_of(p)));
+      la.splits = splits_of(p);
+      const dim3 grid(static_cast<unsigned>(blocks_for(p.tokens, kLmmaTokens) * la.splits),
+                      blocks_for(p.k, kDynKpass));
       return cuda::launch_with_smem(op, "logits_mma_kernel", logits_mma_kernel<T>, grid,
                                     kLmmaThreads, lmma_smem_bytes<T>(), s,
                                     static_cast<const T*>(x.data), la);
