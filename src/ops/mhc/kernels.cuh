@@ -201,8 +201,30 @@ __device__ inline void activate_row(const ActivateArgs& a, int64_t r, float* p) 
 // code, so o gets the same bits as from activate_row, but a step costs one line's latency instead
 // of n of them: thread 0 alone took tens of microseconds for 2 * 20 - 1 steps, all of it before
 // a CTA's first token could be computed. p: activate_slot(n) floats of shared memory, o: K floats.
+// The Sinkhorn part of a row on one warp: p holds the n x n logits on entry; the result goes to
+// comb (n * n floats). Each line of an init or normalization step belongs to one lane and runs
+// the serial code, so the bits are sinkhorn_inplace's. All 32 lanes call it.
+__device__ inline void sinkhorn_warp(float* p, int n, const SinkhornParams& sk, float* comb) {
+  const int nn = n * n, lane = static_cast<int>(threadIdx.x & 31);
+  __syncwarp();
+  if (sk.init == 0) {
+    float m = p[0];  // every lane forms the same maximum in the same order
+    for (int k = 1; k < nn; ++k) m = fmaxf(m, p[k]);
+    __syncwarp();  // all lanes have read p before any lane overwrites it
+    for (int k = lane; k < nn; k += 32) p[k] = expf(p[k] - m);
+  } else {
+    for (int r = lane; r < n; r += 32) softmax_eps_row(p, n, r, sk.eps);
+  }
+  __syncwarp();
+  const int steps = 2 * sk.iters - 1;
+  for (int st = 0; st < steps; ++st) {
+    for (int l = lane; l < n; l += 32) normalize_line(p, n, (sk.first + st) & 1, l, sk.eps);
+    __syncwarp();
+  }
+  for (int k = lane; k < nn; k += 32) comb[k] = p[k];
+}
 __device__ inline void activate_static_row_warp(const ActivateArgs& a, float* o, float* p) {
-  const int n = a.n, nn = n * n, lane = static_cast<int>(threadIdx.x & 31);
+  const int n = a.n, lane = static_cast<int>(threadIdx.x & 31);
   for (int k = lane; k < a.k; k += 32) {
     if (k < n) {
       o[k] = sigmoid(a.h_pre[k]) + a.pre_eps;
@@ -213,22 +235,7 @@ __device__ inline void activate_static_row_warp(const ActivateArgs& a, float* o,
       p[k - 2 * n] = a.h_res[j * a.h_res_stride + i];
     }
   }
-  __syncwarp();
-  if (a.sk.init == 0) {
-    float m = p[0];  // every lane forms the same maximum in the same order
-    for (int k = 1; k < nn; ++k) m = fmaxf(m, p[k]);
-    __syncwarp();  // all lanes have read p before any lane overwrites it
-    for (int k = lane; k < nn; k += 32) p[k] = expf(p[k] - m);
-  } else {
-    for (int r = lane; r < n; r += 32) softmax_eps_row(p, n, r, a.sk.eps);
-  }
-  __syncwarp();
-  const int steps = 2 * a.sk.iters - 1;
-  for (int st = 0; st < steps; ++st) {
-    for (int l = lane; l < n; l += 32) normalize_line(p, n, (a.sk.first + st) & 1, l, a.sk.eps);
-    __syncwarp();
-  }
-  for (int k = lane; k < nn; k += 32) o[2 * n + k] = p[k];
+  sinkhorn_warp(p, n, a.sk, o + 2 * n);
 }
 // Static H's one coefficient row on one warp (same bits as activate_kernel): activate_kernel's
 // single thread took ~51 us for 2 * 20 - 1 Sinkhorn steps at n = 4 on an H100, in front of every
@@ -236,6 +243,40 @@ __device__ inline void activate_static_row_warp(const ActivateArgs& a, float* o,
 __global__ void activate_static_warp_kernel(ActivateArgs a) {
   extern __shared__ float scratch[];
   activate_static_row_warp(a, a.out, scratch);
+}
+// Dynamic rows in the forward pass (no logits copy, no trace) on one warp per row: lanes own
+// outputs, so a split's partials are read as adjacent words (one thread per row read them 96
+// bytes apart and ran the Sinkhorn chain alone: 155 us for 16384 rows on an H100), and the
+// Sinkhorn runs line-parallel. Each value is formed by activate_row's expressions in its order:
+// the same bits. p: activate_slot(n) floats per warp.
+constexpr int kActWarps = 4;
+__global__ void __launch_bounds__(kActWarps * 32) activate_dynamic_warp_kernel(ActivateArgs a) {
+  extern __shared__ float scratch[];
+  const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kActWarps + warp;
+  if (r >= a.rows) return;  // uniform per warp
+  float* p = scratch + warp * activate_slot(a.n);
+  const int n = a.n;
+  float* o = a.out + r * a.out_stride;
+  float ss = 0;
+  for (int z = 0; z < a.splits; ++z) ss += a.ss[z * a.rows + r];
+  const float inv_rms = rsqrtf(ss * a.inv_flat + a.norm_eps);
+  __syncwarp();  // every lane has read split 0 before lane 0 overwrites it with the total
+  if (lane == 0) a.ss[r] = ss;
+  for (int k = lane; k < a.k; k += 32) {
+    float g = 0;
+    for (int z = 0; z < a.splits; ++z) g += a.g[(z * a.rows + r) * a.k + k];
+    a.g[r * a.k + k] = g;  // the totals go back into split 0, as activate_row leaves them
+    const int f = k < n ? 0 : (k < 2 * n ? 1 : 2);
+    const float v = inv_rms * g * a.scale[f] + a.base[k];
+    if (k < n)
+      o[k] = sigmoid(v) + a.pre_eps;
+    else if (k < 2 * n)
+      o[k] = 2.0f * sigmoid(v);
+    else
+      p[k - 2 * n] = v;
+  }
+  sinkhorn_warp(p, n, a.sk, o + 2 * n);
 }
 __global__ void activate_kernel(ActivateArgs a) {
   extern __shared__ float scratch[];
@@ -620,9 +661,12 @@ __global__ void __launch_bounds__(kLmmaThreads, 2)
   const int64_t tile0 = tile * kLmmaTokens;
   const int kb = static_cast<int>(blockIdx.y) * kDynKpass;
   const int64_t mbeg = split * a.per_split, mend = min(a.flat, mbeg + a.per_split);
+  // The quarters interleave by block (warp kq takes blocks kq, kq + 4, ...), so the four warps of
+  // a token half read 256 contiguous bytes of each row at a time rather than four 64-byte pieces
+  // a quarter of the split apart.
   const int64_t blocks = (mend - mbeg) / 16;
-  const int64_t e_beg = mbeg + 16 * (kq * blocks / kLmmaQuarters);
-  const int64_t nblk = (kq + 1) * blocks / kLmmaQuarters - kq * blocks / kLmmaQuarters;
+  const int64_t e_beg = mbeg + 16 * kq;
+  const int64_t nblk = (blocks - kq + kLmmaQuarters - 1) / kLmmaQuarters;
   unsigned char* ring = lmma_smem + static_cast<size_t>(warp) * kLmmaStages * lmma_slot_bytes<T>();
   auto xslot = [&](int slot, int mt, int h) {
     return reinterpret_cast<T*>(ring + slot * lmma_slot_bytes<T>()) +
@@ -645,11 +689,11 @@ __global__ void __launch_bounds__(kLmmaThreads, 2)
   for (int nt = 0; nt < 3; ++nt)
     fr[nt] = a.fn + static_cast<int64_t>(min(kb + nt * 8 + g, a.k - 1)) * a.fn_stride + 4 * t;
   // The copy cursor: flat index m of the next block to copy, its stream and the stream's end (one
-  // division per warp; C % 16 == 0, so streams change only between blocks).
+  // division per warp; C % 16 == 0, so a block never straddles two streams).
   int64_t m_next = e_beg, stream = e_beg / a.channels;
   int64_t stream_end = (stream + 1) * a.channels;
   auto copy_block = [&](int slot) {
-    if (m_next == stream_end) ++stream, stream_end += a.channels;
+    while (m_next >= stream_end) ++stream, stream_end += a.channels;
     const int64_t xoff = stream * (a.si - a.channels);  // flat m sits at m + xoff in a token row
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
@@ -662,7 +706,7 @@ __global__ void __launch_bounds__(kLmmaThreads, 2)
       }
 #pragma unroll
     for (int nt = 0; nt < 3; ++nt) cp_async16_l1(fslot(slot, nt), fr[nt] + m_next);
-    m_next += 16;
+    m_next += 16 * kLmmaQuarters;
   };
 #pragma unroll
   for (int st = 0; st < kLmmaStages - 1; ++st) {

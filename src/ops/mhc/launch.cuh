@@ -160,10 +160,18 @@ inline ActivateArgs activate_dynamic(const MhcProblem& p, const MhcParams& w, fl
 inline Status run_activate(std::string_view op, cudaStream_t s, const ActivateArgs& a) {
   if (a.rows == 0) return {};
   const int slot_bytes = activate_slot(a.n) * static_cast<int>(sizeof(float));
-  if (a.rows == 1 && a.g == nullptr && a.logits == nullptr && a.trace == nullptr) {
-    activate_static_warp_kernel<<<1, 32, slot_bytes, s>>>(a);
-    MHC_CHECK("activate_static_warp_kernel");
-    return {};
+  if (a.logits == nullptr && a.trace == nullptr) {  // forward: one warp per row
+    if (a.g == nullptr && a.rows == 1) {
+      activate_static_warp_kernel<<<1, 32, slot_bytes, s>>>(a);
+      MHC_CHECK("activate_static_warp_kernel");
+      return {};
+    }
+    if (a.g != nullptr) {
+      activate_dynamic_warp_kernel<<<blocks_for(a.rows, kActWarps), kActWarps * 32,
+                                     kActWarps * slot_bytes, s>>>(a);
+      MHC_CHECK("activate_dynamic_warp_kernel");
+      return {};
+    }
   }
   const int threads = std::clamp(48 * 1024 / slot_bytes, 1, 128);
   activate_kernel<<<blocks_for(a.rows, threads), threads, threads * slot_bytes, s>>>(a);
