@@ -817,11 +817,12 @@ bool register_mhc_cuda() {
                                   .fits = fits_collapse_cluster<D, true>,
                                   .workspace = ws_collapse,
                                   .launch = collapse_cluster<T, true, true>});
-  // Two passes over X, the logits on tensor cores (any arch with TF32 mma.sync): A/B of the
-  // one-pass cluster kernel, through PlanPreference::kernel("collapse_split_tf32").
+  // Two passes over X with the logits on tensor cores (any arch with TF32 mma.sync): the default
+  // for dynamic H since 79d229e (H100, 16384 x 4 x 4096: f32 1.008 ms, bf16 0.610 ms against the
+  // one-pass cluster tf32 kernel's 1.156 / 0.706 ms; docs/perf/mhc.md).
   register_kernel<MhcCollapseOp>(
       {.sku = sku(MhcCollapseOp::name, DType::f32, kForwardTf32, "collapse_split_tf32"),
-       .priority = 5,
+       .priority = 40,
        .fits = [](const MhcProblem& p,
                   const DeviceCaps& caps) { return p.h == MhcH::dynamic_h && caps.sm >= 80; },
        .workspace = ws_collapse,

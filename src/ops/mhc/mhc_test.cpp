@@ -520,11 +520,10 @@ TEST_P(Mhc, DynamicCollapseKernelsMatchReference) {
       int kernels = 0;
       for (std::string_view pin : {std::string_view{}, std::string_view{"collapse"},
                                    std::string_view{"collapse_dynamic_cluster"},
-                                   std::string_view{"collapse_dynamic_cluster_tf32"},
-                                   std::string_view{"collapse_split_tf32"}}) {
+                                   std::string_view{"collapse_dynamic_cluster_tf32"}}) {
         // The cluster kernels serve sm_90 and 16-byte slices; the tensor-core one C % 128 == 0.
-        // collapse_split_tf32 fits every dynamic shape (its logits fall back to CUDA cores where
-        // C % 16 != 0 or rows are unaligned).
+        // The default, collapse_split_tf32, fits every dynamic shape (its logits fall back to CUDA
+        // cores where C % 16 != 0 or rows are unaligned).
         if (pin == "collapse_dynamic_cluster" && (!sm90 || cs.c % vec != 0)) continue;
         if (pin == "collapse_dynamic_cluster_tf32" && (!sm90 || cs.c % 128 != 0)) continue;
         const PlanPreference pref =
@@ -534,13 +533,10 @@ TEST_P(Mhc, DynamicCollapseKernelsMatchReference) {
         const MhcProblem& p = cp->problem();
         const std::string what =
             label(p, Layout::contiguous) + " kernel=" + std::string(cp->sku().name);
-        // The default follows the H100 measurements: tensor cores where they fit, then the
-        // cluster kernel for 16-bit data and split-K for f32 (docs/perf/mhc.md).
-        if (pin.empty() && sm90 && p.channels % vec == 0 && p.flat <= 16384) {
-          const std::string_view want = p.channels % 128 == 0 ? "collapse_dynamic_cluster_tf32"
-                                        : dt == DType::f32    ? "collapse"
-                                                              : "collapse_dynamic_cluster";
-          EXPECT_EQ(cp->sku().name, want) << what;
+        // The default follows the H100 measurements (docs/perf/mhc.md): split-K with its logits
+        // on tensor cores for every dynamic shape.
+        if (pin.empty()) {
+          EXPECT_EQ(cp->sku().name, "collapse_split_tf32") << what;
         }
         ++kernels;
         y.set_bytes(ypoison);
