@@ -156,6 +156,24 @@ struct ActivateArgs {
 __host__ __device__ inline int activate_slot(int n) {
   return n * n + 1;
 }
+// Value k of a coefficient row from its logit v: pre = sigmoid(v) + pre_eps and post =
+// 2 sigmoid(v) go to o, the comb logits to p (the Sinkhorn input).
+__device__ __forceinline__ void activate_value(const ActivateArgs& a, int k, float v, float* o,
+                                               float* p) {
+  const int n = a.n;
+  if (k < n)
+    o[k] = sigmoid(v) + a.pre_eps;
+  else if (k < 2 * n)
+    o[k] = 2.0f * sigmoid(v);
+  else
+    p[k - 2 * n] = v;
+}
+// Dynamic H's logit k from the token's total g and 1 / rms: per-field scale, then the bias.
+__device__ __forceinline__ float dynamic_logit(const ActivateArgs& a, int k, float g,
+                                               float inv_rms) {
+  const int f = k < a.n ? 0 : (k < 2 * a.n ? 1 : 2);
+  return inv_rms * g * a.scale[f] + a.base[k];
+}
 // Row r of the coefficients; p: activate_slot(n) floats of shared memory.
 __device__ inline void activate_row(const ActivateArgs& a, int64_t r, float* p) {
   const int n = a.n, nn = n * n;
@@ -174,8 +192,7 @@ __device__ inline void activate_row(const ActivateArgs& a, int64_t r, float* p) 
       float g = 0;
       for (int z = 0; z < a.splits; ++z) g += a.g[(z * a.rows + r) * a.k + k];
       a.g[r * a.k + k] = g;
-      const int f = k < n ? 0 : (k < 2 * n ? 1 : 2);
-      v = inv_rms * g * a.scale[f] + a.base[k];
+      v = dynamic_logit(a, k, g, inv_rms);
     } else if (k < n) {
       v = a.h_pre[k];
     } else if (k < 2 * n) {
@@ -185,12 +202,7 @@ __device__ inline void activate_row(const ActivateArgs& a, int64_t r, float* p) 
       v = a.h_res[j * a.h_res_stride + i];
     }
     if (lg) lg[k] = v;
-    if (k < n)
-      o[k] = sigmoid(v) + a.pre_eps;
-    else if (k < 2 * n)
-      o[k] = 2.0f * sigmoid(v);
-    else
-      p[k - 2 * n] = v;
+    activate_value(a, k, v, o, p);
   }
   const int steps = 2 * a.sk.iters - 1;
   sinkhorn_inplace(p, n, a.sk, a.trace ? a.trace + r * static_cast<int64_t>(steps) * nn : nullptr);
@@ -267,14 +279,7 @@ __global__ void __launch_bounds__(kActWarps * 32) activate_dynamic_warp_kernel(A
     float g = 0;
     for (int z = 0; z < a.splits; ++z) g += a.g[(z * a.rows + r) * a.k + k];
     a.g[r * a.k + k] = g;  // the totals go back into split 0, as activate_row leaves them
-    const int f = k < n ? 0 : (k < 2 * n ? 1 : 2);
-    const float v = inv_rms * g * a.scale[f] + a.base[k];
-    if (k < n)
-      o[k] = sigmoid(v) + a.pre_eps;
-    else if (k < 2 * n)
-      o[k] = 2.0f * sigmoid(v);
-    else
-      p[k - 2 * n] = v;
+    activate_value(a, k, dynamic_logit(a, k, g, inv_rms), o, p);
   }
   sinkhorn_warp(p, n, a.sk, o + 2 * n);
 }
@@ -553,6 +558,29 @@ __device__ __forceinline__ void mma_block16(float (&d)[MT][3][4], const float (&
       for (int v = 0; v < 4; ++v) d[mt][nt][v] += blk[mt][nt][v];
 }
 
+// A block's fragments (the layout mma_block16 takes): bv[nt] = the float4 f_row(nt) returns (fn
+// row nt * 8 + g, elements 4 t ..), av[mt][h] = 4 elements at x_row(mt, h) (token row
+// mt * 16 + h * 8 + g); ss[mt][h] gains their squares.
+template <class T, int MT, class FRow, class XRow>
+__device__ __forceinline__ void load_block_fragments(float (&bv)[3][4], float (&av)[MT][2][4],
+                                                     float (&ss)[MT][2], bool with_ss, FRow f_row,
+                                                     XRow x_row) {
+#pragma unroll
+  for (int nt = 0; nt < 3; ++nt) {
+    const float4 f4 = f_row(nt);
+    bv[nt][0] = f4.x, bv[nt][1] = f4.y, bv[nt][2] = f4.z, bv[nt][3] = f4.w;
+  }
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      load_vec<T, 4>(x_row(mt, h), av[mt][h]);
+      if (with_ss)
+#pragma unroll
+        for (int v = 0; v < 4; ++v) ss[mt][h] = fmaf(av[mt][h][v], av[mt][h][v], ss[mt][h]);
+    }
+}
+
 // One warp's partial products of a tile on tensor cores: the same contract as the CUDA-core loop
 // (wpart[warp][token][0, kDynKpass) for outputs kb.., wss[warp][token] when kb == 0), over the
 // warp's 4-element groups [g0, g1) of the slice, taken 16 elements (4 k-steps) at a time. Lane
@@ -584,22 +612,11 @@ __device__ __forceinline__ void mma_products(const T* xs, const DynArgs& a, int 
 #pragma unroll 2
     for (int gg = lo; gg < hi; gg += 4) {
       const int e = gg * 4;
-      float bv[3][4];
-#pragma unroll
-      for (int nt = 0; nt < 3; ++nt) {
-        const float4 f4 = __ldg(reinterpret_cast<const float4*>(fr[nt] + col0 + e));
-        bv[nt][0] = f4.x, bv[nt][1] = f4.y, bv[nt][2] = f4.z, bv[nt][3] = f4.w;
-      }
-      float av[MT][2][4];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          load_vec<T, 4>(xr[mt][h] + e, av[mt][h]);
-          if (kb == 0)
-#pragma unroll
-            for (int v = 0; v < 4; ++v) ss[mt][h] = fmaf(av[mt][h][v], av[mt][h][v], ss[mt][h]);
-        }
+      float bv[3][4], av[MT][2][4];
+      load_block_fragments<T, MT>(
+          bv, av, ss, kb == 0,
+          [&](int nt) { return __ldg(reinterpret_cast<const float4*>(fr[nt] + col0 + e)); },
+          [&](int mt, int h) { return xr[mt][h] + e; });
       mma_block16<MT, kSplitA>(d, av, bv);
     }
   }
@@ -722,21 +739,10 @@ __global__ void __launch_bounds__(kLmmaThreads, 2)
       copy_block(static_cast<int>((b + kLmmaStages - 1) % kLmmaStages));
     cp_async_commit();
     cp_async_wait<kLmmaStages - 1>();
-    float bv[3][4];
-#pragma unroll
-    for (int nt = 0; nt < 3; ++nt) {
-      const float4 f4 = *reinterpret_cast<const float4*>(fslot(slot, nt));
-      bv[nt][0] = f4.x, bv[nt][1] = f4.y, bv[nt][2] = f4.z, bv[nt][3] = f4.w;
-    }
-    float av[MT][2][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        load_vec<T, 4>(xslot(slot, mt, h), av[mt][h]);
-#pragma unroll
-        for (int v = 0; v < 4; ++v) ss[mt][h] = fmaf(av[mt][h][v], av[mt][h][v], ss[mt][h]);
-      }
+    float bv[3][4], av[MT][2][4];
+    load_block_fragments<T, MT>(
+        bv, av, ss, true, [&](int nt) { return *reinterpret_cast<const float4*>(fslot(slot, nt)); },
+        [&](int mt, int h) { return static_cast<const T*>(xslot(slot, mt, h)); });
     mma_block16<MT, kSplitA>(d, av, bv);
   }
   cp_async_wait<0>();
@@ -1388,6 +1394,57 @@ __global__ void __launch_bounds__(kStaticThreads)
 // in registers; the register kernel holds up to kRegsMaxCols chunks of kHoldN streams.
 constexpr int kHoldN = 4, kHoldCols = 2;
 constexpr int kRegsThreads = 256, kRegsMaxCols = 4;
+// A thread's register-held chunks: COLS chunks (tid + u * THREADS) of each of the n <= kHoldN
+// streams, stream j at src + j * stream_stride (global memory or a shared-memory slot).
+template <class T, int VEC, int COLS, int THREADS>
+__device__ __forceinline__ void load_held(Pack<T, VEC> (&xr)[COLS][kHoldN], const T* src,
+                                          int64_t stream_stride, int64_t q, int n, int tid) {
+#pragma unroll
+  for (int u = 0; u < COLS; ++u) {
+    const int64_t cc = tid + u * THREADS;
+    if (cc >= q) break;
+#pragma unroll
+    for (int j = 0; j < kHoldN; ++j) {
+      if (j >= n) break;
+      xr[u][j] = *reinterpret_cast<const Pack<T, VEC>*>(src + j * stream_stride + cc * VEC);
+    }
+  }
+}
+// z = sum_j pre_j x_j of one held chunk, j in order.
+template <class T, int VEC>
+__device__ __forceinline__ void held_z(const Pack<T, VEC> (&xr)[kHoldN], const float* pre, int n,
+                                       float (&z)[VEC]) {
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) z[e] = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kHoldN; ++j) {
+    if (j >= n) break;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) z[e] = fmaf(pre[j], to_float(xr[j].v[e]), z[e]);
+  }
+}
+// Outputs of one register-held chunk (kHoldN packs, one per stream): out_i = sum_j m[i, j] x_j,
+// j in order, plus post_i z, where z is already scaled by gamma and the token's 1 / rms.
+template <class T, int VEC>
+__device__ __forceinline__ void held_chunk_outputs(const Pack<T, VEC> (&xr)[kHoldN],
+                                                   const float (&z)[VEC], const float* m,
+                                                   const float* post, int n, T* o, int64_t o_si) {
+#pragma unroll
+  for (int i = 0; i < kHoldN; ++i) {
+    if (i >= n) break;
+    float acc[VEC] = {};
+#pragma unroll
+    for (int j = 0; j < kHoldN; ++j) {
+      if (j >= n) break;
+      const float w = m[i * n + j];
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) acc[e] = fmaf(w, to_float(xr[j].v[e]), acc[e]);
+    }
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) acc[e] = fmaf(post[i], z[e], acc[e]);
+    store_vec<T, VEC>(o + i * o_si, acc);
+  }
+}
 // Blocks per SM the register budget is written for: 16-bit C = 4096 (COLS = 2) fits three 32 KiB
 // tokens per SM, f32 C = 4096 (COLS = 4) two 64 KiB ones.
 template <int COLS>
@@ -1405,16 +1462,7 @@ __global__ void __launch_bounds__(kRegsThreads, regs_min_blocks<COLS>())
   const T* xt = x + int64_t{blockIdx.x} * a.x_st;
   T* ot = out + int64_t{blockIdx.x} * a.o_st;
   Pack<T, VEC> xr[COLS][kHoldN];
-#pragma unroll
-  for (int u = 0; u < COLS; ++u) {
-    const int64_t cc = tid + u * kRegsThreads;
-    if (cc >= q) break;
-#pragma unroll
-    for (int j = 0; j < kHoldN; ++j) {
-      if (j >= n) break;
-      xr[u][j] = *reinterpret_cast<const Pack<T, VEC>*>(xt + j * a.x_si + cc * VEC);
-    }
-  }
+  load_held<T, VEC, COLS, kRegsThreads>(xr, xt, a.x_si, q, n, tid);
   // The coefficient row reaches shared memory while the loads are in flight.
   if (tid < (2 + n) * n) co[tid] = a.co[tid];
   __syncthreads();
@@ -1423,22 +1471,12 @@ __global__ void __launch_bounds__(kRegsThreads, regs_min_blocks<COLS>())
   const float* m = co + 2 * n;
   // z = sum_j pre_j x_j is formed twice (for the sum of squares, then for the outputs) rather than
   // held: registers decide how many tokens an SM keeps in flight.
-  auto z_of = [&](int u, float(&z)[VEC]) {
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) z[e] = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kHoldN; ++j) {
-      if (j >= n) break;
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) z[e] = fmaf(pre[j], to_float(xr[u][j].v[e]), z[e]);
-    }
-  };
   float ss = 0;
 #pragma unroll
   for (int u = 0; u < COLS; ++u) {
     if (tid + u * kRegsThreads >= q) break;
     float z[VEC];
-    z_of(u, z);
+    held_z<T, VEC>(xr[u], pre, n, z);
 #pragma unroll
     for (int e = 0; e < VEC; ++e) ss = fmaf(z[e], z[e], ss);
   }
@@ -1449,24 +1487,74 @@ __global__ void __launch_bounds__(kRegsThreads, regs_min_blocks<COLS>())
     const int64_t cc = tid + u * kRegsThreads;
     if (cc >= q) break;
     float z[VEC], gm[VEC];
-    z_of(u, z);
+    held_z<T, VEC>(xr[u], pre, n, z);
+    load_vec<__nv_bfloat16, VEC>(a.gamma + cc * VEC, gm);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) z[e] *= gm[e] * inv;
+    held_chunk_outputs<T, VEC>(xr[u], z, m, post, n, ot + cc * VEC, a.o_si);
+  }
+}
+
+// The two passes over one token held in shared memory (stream j at xt + j * C), shared by the
+// staged and the ring kernels; a thread covers chunks tid, tid + THREADS, ...
+// Pass 1: the thread's share of sum_c z_c^2 with z = sum_j pre_j x_j.
+template <class T, int THREADS>
+__device__ __forceinline__ float token_sum_sq(const T* xt, const StaticFwdArgs& a, const float* pre,
+                                              int tid) {
+  constexpr int VEC = 16 / static_cast<int>(sizeof(T));
+  const int64_t q = a.channels / VEC;
+  float ss = 0;
+  for (int64_t cc = tid; cc < q; cc += THREADS) {
+    float z[VEC] = {};
+    for (int j = 0; j < a.n; ++j) {
+      float v[VEC];
+      load_vec<T, VEC>(xt + j * a.channels + cc * VEC, v);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) z[e] = fmaf(pre[j], v[e], z[e]);
+    }
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) ss = fmaf(z[e], z[e], ss);
+  }
+  return ss;
+}
+// Pass 2: out_i = sum_j m[i, j] x_j + post_i (gamma z inv), accumulated over j in order, then the
+// post term. co = [pre | post | m].
+template <class T, int NMAX, int THREADS>
+__device__ __forceinline__ void token_outputs(const T* xt, T* ot, const StaticFwdArgs& a,
+                                              const float* co, float inv, int tid) {
+  constexpr int VEC = 16 / static_cast<int>(sizeof(T));
+  const int n = a.n;
+  const float* pre = co;
+  const float* post = co + n;
+  const float* m = co + 2 * n;
+  const int64_t q = a.channels / VEC;
+  for (int64_t cc = tid; cc < q; cc += THREADS) {
+    float acc[NMAX][VEC] = {};
+    float z[VEC] = {};
+#pragma unroll
+    for (int j = 0; j < NMAX; ++j) {
+      if (j >= n) break;
+      float v[VEC];
+      load_vec<T, VEC>(xt + j * a.channels + cc * VEC, v);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) z[e] = fmaf(pre[j], v[e], z[e]);
+#pragma unroll
+      for (int i = 0; i < NMAX; ++i) {
+        if (i >= n) break;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) acc[i][e] = fmaf(m[i * n + j], v[e], acc[i][e]);
+      }
+    }
+    float gm[VEC];
     load_vec<__nv_bfloat16, VEC>(a.gamma + cc * VEC, gm);
 #pragma unroll
     for (int e = 0; e < VEC; ++e) z[e] *= gm[e] * inv;
 #pragma unroll
-    for (int i = 0; i < kHoldN; ++i) {
+    for (int i = 0; i < NMAX; ++i) {
       if (i >= n) break;
-      float acc[VEC] = {};
 #pragma unroll
-      for (int j = 0; j < kHoldN; ++j) {
-        if (j >= n) break;
-        const float w = m[i * n + j];
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) acc[e] = fmaf(w, to_float(xr[u][j].v[e]), acc[e]);
-      }
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) acc[e] = fmaf(post[i], z[e], acc[e]);
-      store_vec<T, VEC>(ot + i * a.o_si + cc * VEC, acc);
+      for (int e = 0; e < VEC; ++e) acc[i][e] = fmaf(post[i], z[e], acc[i][e]);
+      store_vec<T, VEC>(ot + i * a.o_si + cc * VEC, acc[i]);
     }
   }
 }
@@ -1495,53 +1583,9 @@ __global__ void __launch_bounds__(kRegsThreads, NMAX <= 4 ? 4 : 2)
   cp_async_commit();
   if (tid < (2 + n) * n) co[tid] = a.co[tid];
   __syncthreads();
-  const float* pre = co;
-  const float* post = co + n;
-  const float* m = co + 2 * n;
   cp_async_wait_pending(0);  // this thread's own chunks; no other thread reads them
-  float ss = 0;
-  for (int64_t cc = tid; cc < q; cc += kRegsThreads) {
-    float z[VEC] = {};
-    for (int j = 0; j < n; ++j) {
-      float v[VEC];
-      load_vec<T, VEC>(xs + j * a.channels + cc * VEC, v);
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) z[e] = fmaf(pre[j], v[e], z[e]);
-    }
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) ss = fmaf(z[e], z[e], ss);
-  }
-  ss = block_sum(ss, red);
-  const float inv = rsqrtf(ss * a.inv_c + a.eps);
-  for (int64_t cc = tid; cc < q; cc += kRegsThreads) {
-    float acc[NMAX][VEC] = {};
-    float z[VEC] = {};
-#pragma unroll
-    for (int j = 0; j < NMAX; ++j) {
-      if (j >= n) break;
-      float v[VEC];
-      load_vec<T, VEC>(xs + j * a.channels + cc * VEC, v);
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) z[e] = fmaf(pre[j], v[e], z[e]);
-#pragma unroll
-      for (int i = 0; i < NMAX; ++i) {
-        if (i >= n) break;
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) acc[i][e] = fmaf(m[i * n + j], v[e], acc[i][e]);
-      }
-    }
-    float gm[VEC];
-    load_vec<__nv_bfloat16, VEC>(a.gamma + cc * VEC, gm);
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) z[e] *= gm[e] * inv;
-#pragma unroll
-    for (int i = 0; i < NMAX; ++i) {
-      if (i >= n) break;
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) acc[i][e] = fmaf(post[i], z[e], acc[i][e]);
-      store_vec<T, VEC>(ot + i * a.o_si + cc * VEC, acc[i]);
-    }
-  }
+  const float ss = block_sum(token_sum_sq<T, kRegsThreads>(xs, a, co, tid), red);
+  token_outputs<T, NMAX, kRegsThreads>(xs, ot, a, co, rsqrtf(ss * a.inv_c + a.eps), tid);
 }
 
 // ---- static forward, one HBM read of X: persistent CTAs with a ring of token buffers ----------
@@ -1605,19 +1649,13 @@ __global__ void __launch_bounds__(THREADS, kPipeThreads / THREADS)
       // In flight: tokens tok .. tok + (stages - 1) * stride, one group each.
       cp_async_wait_pending(stages - 1);
       Pack<T, VEC> xr[kHoldCols][kHoldN];
+      load_held<T, VEC, kHoldCols, THREADS>(xr, xt, a.channels, q, n, tid);
       float z[kHoldCols][VEC] = {};
       float ss = 0;
 #pragma unroll
       for (int u = 0; u < kHoldCols; ++u) {
-        const int64_t cc = tid + u * THREADS;
-        if (cc >= q) break;
-#pragma unroll
-        for (int j = 0; j < kHoldN; ++j) {
-          if (j >= n) break;
-          xr[u][j] = *reinterpret_cast<const Pack<T, VEC>*>(xt + j * a.channels + cc * VEC);
-#pragma unroll
-          for (int e = 0; e < VEC; ++e) z[u][e] = fmaf(pre[j], to_float(xr[u][j].v[e]), z[u][e]);
-        }
+        if (tid + u * THREADS >= q) break;
+        held_z<T, VEC>(xr[u], pre, n, z[u]);
 #pragma unroll
         for (int e = 0; e < VEC; ++e) ss = fmaf(z[u][e], z[u][e], ss);
       }
@@ -1637,21 +1675,7 @@ __global__ void __launch_bounds__(THREADS, kPipeThreads / THREADS)
         load_vec<__nv_bfloat16, VEC>(a.gamma + cc * VEC, gm);
 #pragma unroll
         for (int e = 0; e < VEC; ++e) z[u][e] *= gm[e] * inv;
-#pragma unroll
-        for (int i = 0; i < kHoldN; ++i) {
-          if (i >= n) break;
-          float acc[VEC] = {};
-#pragma unroll
-          for (int j = 0; j < kHoldN; ++j) {
-            if (j >= n) break;
-            const float w = m[i * n + j];
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) acc[e] = fmaf(w, to_float(xr[u][j].v[e]), acc[e]);
-          }
-#pragma unroll
-          for (int e = 0; e < VEC; ++e) acc[e] = fmaf(post[i], z[u][e], acc[e]);
-          store_vec<T, VEC>(ot + i * a.o_si + cc * VEC, acc);
-        }
+        held_chunk_outputs<T, VEC>(xr[u], z[u], m, post, n, ot + cc * VEC, a.o_si);
       }
     } else {
       const int64_t ahead = tok + (stages - 1) * stride;
@@ -1659,49 +1683,8 @@ __global__ void __launch_bounds__(THREADS, kPipeThreads / THREADS)
       if (ahead < a.tokens) issue(ahead, k == 0 ? stages - 1 : k - 1);
       cp_async_commit();
       cp_async_wait_pending(stages - 1);
-      float ss = 0;
-      for (int64_t cc = tid; cc < q; cc += THREADS) {
-        float z[VEC] = {};
-        for (int j = 0; j < n; ++j) {
-          float v[VEC];
-          load_vec<T, VEC>(xt + j * a.channels + cc * VEC, v);
-#pragma unroll
-          for (int e = 0; e < VEC; ++e) z[e] = fmaf(pre[j], v[e], z[e]);
-        }
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) ss = fmaf(z[e], z[e], ss);
-      }
-      ss = block_sum(ss, red);
-      const float inv = rsqrtf(ss * a.inv_c + a.eps);
-      for (int64_t cc = tid; cc < q; cc += THREADS) {
-        float acc[kRegN][VEC] = {};
-        float z[VEC] = {};
-#pragma unroll
-        for (int j = 0; j < kRegN; ++j) {
-          if (j >= n) break;
-          float v[VEC];
-          load_vec<T, VEC>(xt + j * a.channels + cc * VEC, v);
-#pragma unroll
-          for (int e = 0; e < VEC; ++e) z[e] = fmaf(pre[j], v[e], z[e]);
-#pragma unroll
-          for (int i = 0; i < kRegN; ++i) {
-            if (i >= n) break;
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) acc[i][e] = fmaf(m[i * n + j], v[e], acc[i][e]);
-          }
-        }
-        float gm[VEC];
-        load_vec<__nv_bfloat16, VEC>(a.gamma + cc * VEC, gm);
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) z[e] *= gm[e] * inv;
-#pragma unroll
-        for (int i = 0; i < kRegN; ++i) {
-          if (i >= n) break;
-#pragma unroll
-          for (int e = 0; e < VEC; ++e) acc[i][e] = fmaf(post[i], z[e], acc[i][e]);
-          store_vec<T, VEC>(ot + i * a.o_si + cc * VEC, acc[i]);
-        }
-      }
+      const float ss = block_sum(token_sum_sq<T, THREADS>(xt, a, pre, tid), red);
+      token_outputs<T, kRegN, THREADS>(xt, ot, a, co, rsqrtf(ss * a.inv_c + a.eps), tid);
     }
   }
   cp_async_wait_pending(0);  // nothing may land in shared memory after the CTA exits

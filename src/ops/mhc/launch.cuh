@@ -6,6 +6,8 @@
 #include <atomic>
 #include <cstdint>
 #include <initializer_list>
+#include <optional>
+#include <utility>
 
 #include "ops/mhc/kernels.cuh"
 
@@ -187,36 +189,70 @@ inline Status run_colsum(std::string_view op, cudaStream_t s, ColSumArgs a) {
 
 // ---- static forward
 // ---------------------------------------------------------------------------------
+// The token kernels' arguments (co left null) and the activation that forms the coefficient row
+// [s_pre | s_post | M].
+inline StaticFwdArgs static_args(const MhcProblem& p, const MhcStaticForwardOp::Arguments& a) {
+  StaticFwdArgs sa;
+  sa.tokens = p.tokens, sa.channels = p.channels, sa.n = static_cast<int>(p.n);
+  sa.x_st = a.x.stride[0], sa.x_si = a.x.stride[1], sa.o_st = a.out.stride[0];
+  sa.o_si = a.out.stride[1];
+  sa.gamma = static_cast<const __nv_bfloat16*>(a.gamma.data);
+  sa.inv_c = static_cast<float>(1.0 / static_cast<double>(p.channels));
+  sa.eps = static_cast<float>(p.norm_eps);
+  return sa;
+}
+inline ActivateArgs static_activation(const MhcProblem& p, const MhcStaticForwardOp::Arguments& a) {
+  MhcParams w;
+  w.h_pre = a.h_pre, w.h_post = a.h_post, w.h_res = a.h_res;
+  ActivateArgs act = activate_static(p, w);
+  act.pre_eps = 0.0f;  // the seed's s_pre = sigmoid(h_pre)
+  return act;
+}
+// The row formed in the workspace (one warp, in front of the token kernels), sa.co pointing at it.
+inline Status static_forward_args(const LaunchContext& ctx, const MhcProblem& p,
+                                  const MhcStaticForwardOp::Arguments& a, StaticFwdArgs& sa) {
+  ActivateArgs act = static_activation(p, a);
+  act.out = static_cast<float*>(ctx.workspace.data);
+  BARACUDA_TRY(run_activate(MhcStaticForwardOp::name, cuda::stream_of(ctx), act));
+  sa = static_args(p, a);
+  sa.co = act.out;
+  return {};
+}
+// The 16-byte kernels' layout rule: aligned X, out and gamma, C a multiple of the vector. The
+// choice of kernel depends on it, never on the token count.
+template <class T>
+bool static_forward_aligned(const MhcProblem& p, const MhcStaticForwardOp::Arguments& a) {
+  constexpr int vec = 16 / sizeof(T);
+  return reinterpret_cast<uintptr_t>(a.gamma.data) % (vec * 2) == 0 &&
+         vec_ok<T>(p.channels, {a.x.data, a.out.data},
+                   {a.x.stride[0], a.x.stride[1], a.out.stride[0], a.out.stride[1]});
+}
+template <class T>
+Status static_forward(const LaunchContext& ctx, const MhcProblem& p,
+                      const MhcStaticForwardOp::Arguments& a);
+// What the 16-byte kernels leave to others: unaligned layouts run the two-pass kernel, no tokens
+// run nothing. The call's status when it handled the call, nothing otherwise.
+template <class T>
+std::optional<Status> static_forward_elsewhere(const LaunchContext& ctx, const MhcProblem& p,
+                                               const MhcStaticForwardOp::Arguments& a) {
+  if (!static_forward_aligned<T>(p, a)) return static_forward<T>(ctx, p, a);
+  if (p.tokens == 0) return Status{};
+  return std::nullopt;
+}
 template <class T>
 Status static_forward(const LaunchContext& ctx, const MhcProblem& p,
                       const MhcStaticForwardOp::Arguments& a) {
   constexpr std::string_view op = MhcStaticForwardOp::name;
   if (p.tokens == 0) return {};
   const cudaStream_t s = cuda::stream_of(ctx);
-  MhcParams w;
-  w.h_pre = a.h_pre, w.h_post = a.h_post, w.h_res = a.h_res;
-  ActivateArgs act = activate_static(p, w);
-  act.pre_eps = 0.0f;  // the seed's s_pre = sigmoid(h_pre)
-  // static_forward_kernel reads the coefficient row [s_pre | s_post | M] from global memory (any n
-  // up to 64), so activate_kernel forms it in the workspace first; 6ff0da6 dropped this launch and
-  // left co null. The pipelined kernel forms the row per CTA instead; this path (n > kRegN,
-  // unaligned layouts, the pinned A/B row) keeps the kernel in front.
-  act.out = static_cast<float*>(ctx.workspace.data);
-  BARACUDA_TRY(run_activate(op, s, act));
+  // static_forward_kernel reads the coefficient row from global memory (any n up to 64), so it is
+  // formed in the workspace first (6ff0da6 once dropped this launch and left co null).
   StaticFwdArgs sa;
-  sa.tokens = p.tokens, sa.channels = p.channels, sa.n = static_cast<int>(p.n);
-  sa.x_st = a.x.stride[0], sa.x_si = a.x.stride[1], sa.o_st = a.out.stride[0];
-  sa.o_si = a.out.stride[1];
-  sa.co = act.out;
-  sa.gamma = static_cast<const __nv_bfloat16*>(a.gamma.data);
-  sa.inv_c = static_cast<float>(1.0 / static_cast<double>(p.channels));
-  sa.eps = static_cast<float>(p.norm_eps);
+  BARACUDA_TRY(static_forward_args(ctx, p, a, sa));
   T* out = static_cast<T*>(a.out.data);
   const T* x = static_cast<const T*>(a.x.data);
   constexpr int vec = 16 / sizeof(T);
-  const bool gamma_ok = reinterpret_cast<uintptr_t>(a.gamma.data) % (vec * 2) == 0;
-  if (gamma_ok &&
-      vec_ok<T>(p.channels, {a.x.data, a.out.data}, {sa.x_st, sa.x_si, sa.o_st, sa.o_si}))
+  if (static_forward_aligned<T>(p, a))
     static_forward_kernel<T, vec>
         <<<static_cast<unsigned>(p.tokens), kStaticThreads, 0, s>>>(out, x, sa);
   else
@@ -249,27 +285,10 @@ Status static_forward_token(const LaunchContext& ctx, const MhcProblem& p,
                             const MhcStaticForwardOp::Arguments& a) {
   constexpr std::string_view op = MhcStaticForwardOp::name;
   constexpr int vec = 16 / sizeof(T);
-  // Unaligned layouts take the two-pass kernel (decided by alignment, never by token count).
-  if (reinterpret_cast<uintptr_t>(a.gamma.data) % (vec * 2) != 0 ||
-      !vec_ok<T>(p.channels, {a.x.data, a.out.data},
-                 {a.x.stride[0], a.x.stride[1], a.out.stride[0], a.out.stride[1]}))
-    return static_forward<T>(ctx, p, a);
-  if (p.tokens == 0) return {};
+  if (auto done = static_forward_elsewhere<T>(ctx, p, a)) return std::move(*done);
   const cudaStream_t s = cuda::stream_of(ctx);
-  MhcParams w;
-  w.h_pre = a.h_pre, w.h_post = a.h_post, w.h_res = a.h_res;
-  ActivateArgs act = activate_static(p, w);
-  act.pre_eps = 0.0f;  // the seed's s_pre = sigmoid(h_pre)
-  act.out = static_cast<float*>(ctx.workspace.data);
-  BARACUDA_TRY(run_activate(op, s, act));
   StaticFwdArgs sa;
-  sa.tokens = p.tokens, sa.channels = p.channels, sa.n = static_cast<int>(p.n);
-  sa.x_st = a.x.stride[0], sa.x_si = a.x.stride[1], sa.o_st = a.out.stride[0];
-  sa.o_si = a.out.stride[1];
-  sa.co = act.out;
-  sa.gamma = static_cast<const __nv_bfloat16*>(a.gamma.data);
-  sa.inv_c = static_cast<float>(1.0 / static_cast<double>(p.channels));
-  sa.eps = static_cast<float>(p.norm_eps);
+  BARACUDA_TRY(static_forward_args(ctx, p, a, sa));
   T* out = static_cast<T*>(a.out.data);
   const T* x = static_cast<const T*>(a.x.data);
   const auto grid = static_cast<unsigned>(p.tokens);
@@ -315,24 +334,11 @@ Status static_forward_pipe(const LaunchContext& ctx, const MhcProblem& p,
   constexpr std::string_view op = MhcStaticForwardOp::name;
   constexpr int vec = 16 / sizeof(T);
   // Unaligned layouts take the two-pass kernel (same arithmetic per element up to the order of
-  // the two terms; the choice depends on alignment, never on the token count).
-  if (reinterpret_cast<uintptr_t>(a.gamma.data) % (vec * 2) != 0 ||
-      !vec_ok<T>(p.channels, {a.x.data, a.out.data},
-                 {a.x.stride[0], a.x.stride[1], a.out.stride[0], a.out.stride[1]}))
-    return static_forward<T>(ctx, p, a);
-  if (p.tokens == 0) return {};
+  // the two terms).
+  if (auto done = static_forward_elsewhere<T>(ctx, p, a)) return std::move(*done);
   const cudaStream_t s = cuda::stream_of(ctx);
-  MhcParams w;
-  w.h_pre = a.h_pre, w.h_post = a.h_post, w.h_res = a.h_res;
-  ActivateArgs act = activate_static(p, w);
-  act.pre_eps = 0.0f;  // the seed's s_pre = sigmoid(h_pre)
-  StaticFwdArgs sa;
-  sa.tokens = p.tokens, sa.channels = p.channels, sa.n = static_cast<int>(p.n);
-  sa.x_st = a.x.stride[0], sa.x_si = a.x.stride[1], sa.o_st = a.out.stride[0];
-  sa.o_si = a.out.stride[1];
-  sa.gamma = static_cast<const __nv_bfloat16*>(a.gamma.data);
-  sa.inv_c = static_cast<float>(1.0 / static_cast<double>(p.channels));
-  sa.eps = static_cast<float>(p.norm_eps);
+  const ActivateArgs act = static_activation(p, a);  // formed per CTA, not in front
+  const StaticFwdArgs sa = static_args(p, a);
   const DeviceCaps& caps = ctx.stream.caps();
   constexpr int threads = kPipeThreads / CTAS;
   const int stages = static_cast<int>(pipe_stages<T, CTAS>(p, caps));
