@@ -653,24 +653,35 @@ __device__ __forceinline__ void mma_products(const T* xs, const DynArgs& a, int 
 // of DRAM bandwidth). Every sum has a fixed shape that depends on (n, C) only: deterministic and
 // bit-stable. Needs C % 16 == 0 (a block never crosses streams) and X rows and fn rows in aligned
 // 4-element vectors.
-constexpr int kLmmaTokens = 64, kLmmaThreads = 256, kLmmaQuarters = 4, kLmmaStages = 3;
-// A warp's ring slot: X [2 m-tiles][2 halves][32 lanes][4] elements, then fn [3][32 lanes][4] f32.
+// kLmmaMt 16-row m-tiles per warp: one keeps a thread at <= 85 registers, so three CTAs (24
+// warps) share an SM; the load-to-use latency of the fragments, not bandwidth, bound the version
+// with two m-tiles per warp and 16 warps per SM (0.52 ms at 64% of DRAM bandwidth).
+constexpr int kLmmaTokens = 64, kLmmaThreads = 256, kLmmaStages = 3, kLmmaMt = 1;
+constexpr int kLmmaGroups = kLmmaTokens / (16 * kLmmaMt);    // token groups per CTA
+constexpr int kLmmaParts = kLmmaThreads / 32 / kLmmaGroups;  // K parts per token group
+constexpr int kLmmaMinBlocks = kLmmaMt == 1 ? 3 : 2;
+// A warp's ring slot: X [kLmmaMt m-tiles][2 halves][32 lanes][4] elements, then fn
+// [3][32 lanes][4] f32.
+template <class T>
+constexpr int lmma_x_bytes() {
+  return kLmmaMt * 2 * 32 * 4 * static_cast<int>(sizeof(T));
+}
 template <class T>
 constexpr int lmma_slot_bytes() {
-  return 2 * 2 * 32 * 4 * static_cast<int>(sizeof(T)) + 3 * 32 * 4 * 4;
+  return lmma_x_bytes<T>() + 3 * 32 * 4 * 4;
 }
 template <class T>
 constexpr size_t lmma_smem_bytes() {
   return static_cast<size_t>(kLmmaThreads / 32) * kLmmaStages * lmma_slot_bytes<T>();
 }
 template <class T>
-__global__ void __launch_bounds__(kLmmaThreads, 2)
+__global__ void __launch_bounds__(kLmmaThreads, kLmmaMinBlocks)
     logits_mma_kernel(const T* __restrict__ x, LogitArgs a) {
-  constexpr int MT = 2;
+  constexpr int MT = kLmmaMt;
   constexpr bool kSplitA = sizeof(T) == 4;  // 16-bit values are exact in TF32
   extern __shared__ __align__(16) unsigned char lmma_smem[];
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
-  const int th = warp & 1, kq = warp >> 1, g = lane >> 2, t = lane & 3;
+  const int tg = warp % kLmmaGroups, kp = warp / kLmmaGroups, g = lane >> 2, t = lane & 3;
   // blockIdx.x = token tile * splits + split: CTAs running at the same time read different fn
   // columns (with the tile fastest, every CTA of a wave read the same 96 KB of fn, from the same
   // L2 slices: 0.59 ms at 56% of DRAM bandwidth).
@@ -678,20 +689,19 @@ __global__ void __launch_bounds__(kLmmaThreads, 2)
   const int64_t tile0 = tile * kLmmaTokens;
   const int kb = static_cast<int>(blockIdx.y) * kDynKpass;
   const int64_t mbeg = split * a.per_split, mend = min(a.flat, mbeg + a.per_split);
-  // The quarters interleave by block (warp kq takes blocks kq, kq + 4, ...), so the four warps of
-  // a token half read 256 contiguous bytes of each row at a time rather than four 64-byte pieces
-  // a quarter of the split apart.
+  // The K parts interleave by block (part kp takes blocks kp, kp + kLmmaParts, ...), so the warps
+  // of a token group read adjacent 64-byte pieces of each row at the same time rather than pieces
+  // a part of the split apart.
   const int64_t blocks = (mend - mbeg) / 16;
-  const int64_t e_beg = mbeg + 16 * kq;
-  const int64_t nblk = (blocks - kq + kLmmaQuarters - 1) / kLmmaQuarters;
+  const int64_t e_beg = mbeg + 16 * kp;
+  const int64_t nblk = (blocks - kp + kLmmaParts - 1) / kLmmaParts;
   unsigned char* ring = lmma_smem + static_cast<size_t>(warp) * kLmmaStages * lmma_slot_bytes<T>();
   auto xslot = [&](int slot, int mt, int h) {
     return reinterpret_cast<T*>(ring + slot * lmma_slot_bytes<T>()) +
            ((mt * 2 + h) * 32 + lane) * 4;
   };
   auto fslot = [&](int slot, int nt) {
-    return reinterpret_cast<float*>(ring + slot * lmma_slot_bytes<T>() +
-                                    2 * 2 * 32 * 4 * static_cast<int>(sizeof(T))) +
+    return reinterpret_cast<float*>(ring + slot * lmma_slot_bytes<T>() + lmma_x_bytes<T>()) +
            (nt * 32 + lane) * 4;
   };
   // Padding rows (tokens past the end, outputs past K) re-read the last one and are discarded.
@@ -700,7 +710,7 @@ __global__ void __launch_bounds__(kLmmaThreads, 2)
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int h = 0; h < 2; ++h)
-      xr[mt][h] = x + min(tile0 + th * 32 + mt * 16 + h * 8 + g, a.tokens - 1) * a.st + 4 * t;
+      xr[mt][h] = x + min(tile0 + (tg * MT + mt) * 16 + h * 8 + g, a.tokens - 1) * a.st + 4 * t;
   const float* fr[3];
 #pragma unroll
   for (int nt = 0; nt < 3; ++nt)
@@ -723,7 +733,7 @@ __global__ void __launch_bounds__(kLmmaThreads, 2)
       }
 #pragma unroll
     for (int nt = 0; nt < 3; ++nt) cp_async16_l1(fslot(slot, nt), fr[nt] + m_next);
-    m_next += 16 * kLmmaQuarters;
+    m_next += 16 * kLmmaParts;
   };
 #pragma unroll
   for (int st = 0; st < kLmmaStages - 1; ++st) {
@@ -749,22 +759,22 @@ __global__ void __launch_bounds__(kLmmaThreads, 2)
   // The partials reuse the ring once every warp is done with it.
   __syncthreads();
   auto wpart = reinterpret_cast<float(*)[kLmmaTokens][kDynKpass]>(lmma_smem);
-  auto wss = reinterpret_cast<float(*)[kLmmaTokens]>(lmma_smem + sizeof(float) * kLmmaQuarters *
+  auto wss = reinterpret_cast<float(*)[kLmmaTokens]>(lmma_smem + sizeof(float) * kLmmaParts *
                                                                      kLmmaTokens * kDynKpass);
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int row = th * 32 + mt * 16 + h * 8 + g;
+      const int row = (tg * MT + mt) * 16 + h * 8 + g;
       float sv = ss[mt][h];  // the 4 lanes of a row hold interleaved quarters of its elements
       sv += __shfl_xor_sync(0xffffffffu, sv, 1);
       sv += __shfl_xor_sync(0xffffffffu, sv, 2);
 #pragma unroll
       for (int nt = 0; nt < 3; ++nt) {
-        wpart[kq][row][nt * 8 + 2 * t] = d[mt][nt][2 * h];
-        wpart[kq][row][nt * 8 + 2 * t + 1] = d[mt][nt][2 * h + 1];
+        wpart[kp][row][nt * 8 + 2 * t] = d[mt][nt][2 * h];
+        wpart[kp][row][nt * 8 + 2 * t + 1] = d[mt][nt][2 * h + 1];
       }
-      if (t == 0) wss[kq][row] = sv;
+      if (t == 0) wss[kp][row] = sv;
     }
   __syncthreads();
   float* gout = a.g + split * a.tokens * a.k;
@@ -774,18 +784,18 @@ __global__ void __launch_bounds__(kLmmaThreads, 2)
     if (tok >= a.tokens || kb + kk >= a.k) continue;
     float v = 0;
 #pragma unroll
-    for (int q = 0; q < kLmmaQuarters; ++q) v += wpart[q][row][kk];
+    for (int q = 0; q < kLmmaParts; ++q) v += wpart[q][row][kk];
     gout[tok * a.k + kb + kk] = v;
   }
   if (blockIdx.y == 0 && tid < kLmmaTokens && tile0 + tid < a.tokens) {
     float v = 0;
 #pragma unroll
-    for (int q = 0; q < kLmmaQuarters; ++q) v += wss[q][tid];
+    for (int q = 0; q < kLmmaParts; ++q) v += wss[q][tid];
     a.ss[split * a.tokens + tile0 + tid] = v;
   }
 }
 static_assert(lmma_smem_bytes<__nv_bfloat16>() >=
-                  sizeof(float) * kLmmaQuarters * kLmmaTokens * (kDynKpass + 1),
+                  sizeof(float) * kLmmaParts * kLmmaTokens * (kDynKpass + 1),
               "the partials reuse the ring");
 
 // MMA: the products on tensor cores (3xTF32 for f32 X; 16-bit X is exact in TF32, so 2xTF32),
@@ -1648,14 +1658,22 @@ __global__ void __launch_bounds__(THREADS, kPipeThreads / THREADS)
     if constexpr (HOLD) {
       // In flight: tokens tok .. tok + (stages - 1) * stride, one group each.
       cp_async_wait_pending(stages - 1);
+      // Each pack's products start as soon as it arrives (loading all packs first measured 6%
+      // slower for bf16 on the H100).
       Pack<T, VEC> xr[kHoldCols][kHoldN];
-      load_held<T, VEC, kHoldCols, THREADS>(xr, xt, a.channels, q, n, tid);
       float z[kHoldCols][VEC] = {};
       float ss = 0;
 #pragma unroll
       for (int u = 0; u < kHoldCols; ++u) {
-        if (tid + u * THREADS >= q) break;
-        held_z<T, VEC>(xr[u], pre, n, z[u]);
+        const int64_t cc = tid + u * THREADS;
+        if (cc >= q) break;
+#pragma unroll
+        for (int j = 0; j < kHoldN; ++j) {
+          if (j >= n) break;
+          xr[u][j] = *reinterpret_cast<const Pack<T, VEC>*>(xt + j * a.channels + cc * VEC);
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) z[u][e] = fmaf(pre[j], to_float(xr[u][j].v[e]), z[u][e]);
+        }
 #pragma unroll
         for (int e = 0; e < VEC; ++e) ss = fmaf(z[u][e], z[u][e], ss);
       }
