@@ -256,6 +256,37 @@ __global__ void activate_static_warp_kernel(ActivateArgs a) {
   extern __shared__ float scratch[];
   activate_static_row_warp(a, a.out, scratch);
 }
+// The Sinkhorn of one row with an element per lane (n * n <= 32): lane l holds p[l] (row l / n,
+// column l % n) and gets the result. Each line's sum gathers its n values by shuffles and adds
+// them in index order, and the maxima and the divisions are activate_row's, so the bits are
+// sinkhorn_inplace's; a step costs a few shuffles instead of a serial pass over shared memory.
+// All 32 lanes call it; lanes >= n * n carry nothing.
+__device__ inline float sinkhorn_lanes(float v, int n, const SinkhornParams& sk) {
+  constexpr unsigned kAll = 0xffffffffu;
+  const int lane = static_cast<int>(threadIdx.x & 31), nn = n * n;
+  const int r = lane < nn ? lane / n : 0, c = lane < nn ? lane % n : 0;
+  if (sk.init == 0) {
+    float m = __shfl_sync(kAll, v, 0);
+    for (int k = 1; k < nn; ++k) m = fmaxf(m, __shfl_sync(kAll, v, k));
+    v = expf(v - m);
+  } else {  // softmax over the row, then + eps (softmax_eps_row)
+    float m = __shfl_sync(kAll, v, r * n);
+    for (int b = 1; b < n; ++b) m = fmaxf(m, __shfl_sync(kAll, v, r * n + b));
+    const float e = expf(v - m);
+    float sum = 0;
+    for (int b = 0; b < n; ++b) sum += __shfl_sync(kAll, e, r * n + b);
+    const float inv = 1.0f / sum;
+    v = e * inv + sk.eps;
+  }
+  const int steps = 2 * sk.iters - 1;
+  for (int st = 0; st < steps; ++st) {
+    const bool rows = ((sk.first + st) & 1) == 0;
+    float sum = 0;
+    for (int b = 0; b < n; ++b) sum += __shfl_sync(kAll, v, rows ? r * n + b : b * n + c);
+    v *= 1.0f / (sum + sk.eps);
+  }
+  return v;
+}
 // Dynamic rows in the forward pass (no logits copy, no trace) on one warp per row: lanes own
 // outputs, so a split's partials are read as adjacent words (one thread per row read them 96
 // bytes apart and ran the Sinkhorn chain alone: 155 us for 16384 rows on an H100), and the
@@ -275,6 +306,20 @@ __global__ void __launch_bounds__(kActWarps * 32) activate_dynamic_warp_kernel(A
   const float inv_rms = rsqrtf(ss * a.inv_flat + a.norm_eps);
   __syncwarp();  // every lane has read split 0 before lane 0 overwrites it with the total
   if (lane == 0) a.ss[r] = ss;
+  if (a.k <= 32) {  // n <= 4: lane k owns output k, then comb element l moves to lane l
+    float v = 0;
+    if (lane < a.k) {
+      float g = 0;
+      for (int z = 0; z < a.splits; ++z) g += a.g[(z * a.rows + r) * a.k + lane];
+      a.g[r * a.k + lane] = g;  // the totals go back into split 0, as activate_row leaves them
+      v = dynamic_logit(a, lane, g, inv_rms);
+      if (lane < 2 * n) activate_value(a, lane, v, o, p);
+    }
+    v = __shfl_sync(0xffffffffu, v, min(2 * n + lane, 31));
+    v = sinkhorn_lanes(v, n, a.sk);
+    if (lane < n * n) o[2 * n + lane] = v;
+    return;
+  }
   for (int k = lane; k < a.k; k += 32) {
     float g = 0;
     for (int z = 0; z < a.splits; ++z) g += a.g[(z * a.rows + r) * a.k + k];
@@ -653,18 +698,24 @@ __device__ __forceinline__ void mma_products(const T* xs, const DynArgs& a, int 
 // of DRAM bandwidth). Every sum has a fixed shape that depends on (n, C) only: deterministic and
 // bit-stable. Needs C % 16 == 0 (a block never crosses streams) and X rows and fn rows in aligned
 // 4-element vectors.
-// kLmmaMt 16-row m-tiles per warp: one keeps a thread at <= 85 registers, so three CTAs (24
-// warps) share an SM; the load-to-use latency of the fragments, not bandwidth, bound the version
-// with two m-tiles per warp and 16 warps per SM (0.52 ms at 64% of DRAM bandwidth).
-constexpr int kLmmaTokens = 64, kLmmaThreads = 256, kLmmaStages = 3, kLmmaMt = 1;
-constexpr int kLmmaGroups = kLmmaTokens / (16 * kLmmaMt);    // token groups per CTA
-constexpr int kLmmaParts = kLmmaThreads / 32 / kLmmaGroups;  // K parts per token group
-constexpr int kLmmaMinBlocks = kLmmaMt == 1 ? 3 : 2;
-// A warp's ring slot: X [kLmmaMt m-tiles][2 halves][32 lanes][4] elements, then fn
+// LmmaShape::kMt 16-row m-tiles per warp: for f32 one keeps a thread at <= 85 registers, so three
+// CTAs (24 warps) share an SM; the load-to-use latency of the fragments, not bandwidth, bound two
+// m-tiles per warp at 16 warps per SM (0.52 ms at 64% of DRAM bandwidth; one: 0.486 ms). For
+// 16-bit X two measured faster (each fn fragment serves twice the rows, and a 16-bit block
+// carries half the X bytes).
+constexpr int kLmmaTokens = 64, kLmmaThreads = 256, kLmmaStages = 3;
+template <class T>
+struct LmmaShape {
+  static constexpr int kMt = sizeof(T) == 4 ? 1 : 2;
+  static constexpr int kGroups = kLmmaTokens / (16 * kMt);    // token groups per CTA
+  static constexpr int kParts = kLmmaThreads / 32 / kGroups;  // K parts per token group
+  static constexpr int kMinBlocks = kMt == 1 ? 3 : 2;
+};
+// A warp's ring slot: X [kMt m-tiles][2 halves][32 lanes][4] elements, then fn
 // [3][32 lanes][4] f32.
 template <class T>
 constexpr int lmma_x_bytes() {
-  return kLmmaMt * 2 * 32 * 4 * static_cast<int>(sizeof(T));
+  return LmmaShape<T>::kMt * 2 * 32 * 4 * static_cast<int>(sizeof(T));
 }
 template <class T>
 constexpr int lmma_slot_bytes() {
@@ -675,9 +726,10 @@ constexpr size_t lmma_smem_bytes() {
   return static_cast<size_t>(kLmmaThreads / 32) * kLmmaStages * lmma_slot_bytes<T>();
 }
 template <class T>
-__global__ void __launch_bounds__(kLmmaThreads, kLmmaMinBlocks)
+__global__ void __launch_bounds__(kLmmaThreads, LmmaShape<T>::kMinBlocks)
     logits_mma_kernel(const T* __restrict__ x, LogitArgs a) {
-  constexpr int MT = kLmmaMt;
+  constexpr int MT = LmmaShape<T>::kMt, kLmmaGroups = LmmaShape<T>::kGroups;
+  constexpr int kLmmaParts = LmmaShape<T>::kParts;
   constexpr bool kSplitA = sizeof(T) == 4;  // 16-bit values are exact in TF32
   extern __shared__ __align__(16) unsigned char lmma_smem[];
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
@@ -794,8 +846,12 @@ __global__ void __launch_bounds__(kLmmaThreads, kLmmaMinBlocks)
     a.ss[split * a.tokens + tile0 + tid] = v;
   }
 }
-static_assert(lmma_smem_bytes<__nv_bfloat16>() >=
-                  sizeof(float) * kLmmaParts * kLmmaTokens * (kDynKpass + 1),
+template <class T>
+constexpr bool lmma_partials_fit() {
+  return lmma_smem_bytes<T>() >=
+         sizeof(float) * LmmaShape<T>::kParts * kLmmaTokens * (kDynKpass + 1);
+}
+static_assert(lmma_partials_fit<float>() && lmma_partials_fit<__nv_bfloat16>(),
               "the partials reuse the ring");
 
 // MMA: the products on tensor cores (3xTF32 for f32 X; 16-bit X is exact in TF32, so 2xTF32),
