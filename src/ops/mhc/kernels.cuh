@@ -1033,6 +1033,211 @@ __global__ void __launch_bounds__(kDynThreads, 1)
 #endif
 }
 
+// ---- dynamic H collapse in one pass, fn in registers (sm_90 clusters of 16) ------------------
+// dyn_collapse_kernel keeps one 24-token tile per CTA: it fills shared memory, so each SM
+// alternates between loading and computing, and fn streams from L2 once per tile (as many bytes
+// as X). Here a non-portable cluster of kTcCtas = 16 CTAs owns 16-token tiles: CTA r holds
+// channels [r C / 16, (r + 1) C / 16) of every stream, a tile slice is 64 KB for f32 at
+// n * C = 16384, so kTcStages = 3 tiles are in flight per SM (tile t + 2 loads while tile t
+// computes), and each warp's fn fragments for its part of the slice (at most kTcBlocks 16-element
+// blocks: 96 floats per lane) are loaded once and stay in registers for every tile, so L2 serves
+// X only. Products: one m16 tile (the 16 tokens) x 3 n-tiles per warp with mma_block16; warps
+// split the slice, partials add in a fixed order through shared memory, then across the cluster
+// through distributed shared memory (double-buffered by tile parity), as in dyn_collapse_kernel.
+// Needs n <= 4 (K <= 24), C % 256 == 0, n * C <= 16384 and a slice of a multiple of 8 blocks.
+constexpr int kTcCtas = 16, kTcThreads = 256, kTcWarps = kTcThreads / 32, kTcTokens = 16;
+constexpr int kTcStages = 3, kTcBlocks = 8, kTcMaxN = 4;
+template <class T>
+__host__ __device__ inline size_t tc_smem_bytes(int64_t pitch) {
+  return static_cast<size_t>(kTcStages * kTcTokens * pitch * static_cast<int64_t>(sizeof(T))) +
+         sizeof(float) * (kTcWarps * kTcTokens * kDynKpass + kTcWarps * kTcTokens +
+                          3 * kTcTokens * (kDynKpass + 1) + kTcTokens * kTcMaxN);
+}
+template <class T>
+__global__ void __launch_bounds__(kTcThreads, 1)
+    dyn_collapse_tc_kernel(T* __restrict__ y, const T* __restrict__ x, DynArgs a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  constexpr int VEC = 16 / static_cast<int>(sizeof(T));
+  constexpr bool kSplitA = sizeof(T) == 4;
+  constexpr int M = kTcTokens, KP = kDynKpass + 1;
+  extern __shared__ __align__(16) unsigned char tc_smem[];
+  const int n = a.n, K = a.k;
+  T* xs = reinterpret_cast<T*>(tc_smem);
+  float* wpart =
+      reinterpret_cast<float*>(tc_smem + static_cast<size_t>(kTcStages) * M * a.pitch * sizeof(T));
+  float* wss = wpart + kTcWarps * M * kDynKpass;
+  float* cpart = wss + kTcWarps * M;  // [2][M][KP]
+  float* tot = cpart + 2 * M * KP;    // [M][KP]
+  float* pres = tot + M * KP;         // [M][kTcMaxN]
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int64_t ncl = gridDim.x / kTcCtas;
+  const int cw = static_cast<int>(a.channels / kTcCtas);  // channels per stream in the slice
+  const int64_t c0 = static_cast<int64_t>(rank) * cw;
+  const int sw = n * cw;  // slice width (elements per token row)
+  const int chunks = sw / VEC, cpr = cw / VEC;
+  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int bpw = sw / 16 / kTcWarps;  // blocks per warp (<= kTcBlocks)
+
+  // This warp's fn fragments, once: block b covers slice elements e0 + 16 b .. + 15, stream
+  // e / cw, fn column i C + c0 + (e % cw).
+  float fb[kTcBlocks][3][4];
+#pragma unroll
+  for (int b = 0; b < kTcBlocks; ++b) {
+    if (b >= bpw) break;
+    const int e = (warp * bpw + b) * 16 + 4 * t;
+    const int i = e / cw;
+    const int64_t col = i * a.channels + c0 + (e - i * cw);
+#pragma unroll
+    for (int nt = 0; nt < 3; ++nt) {
+      const float4 f4 = __ldg(reinterpret_cast<const float4*>(
+          a.fn + static_cast<int64_t>(min(nt * 8 + g, K - 1)) * a.fn_stride + col));
+      fb[b][nt][0] = f4.x, fb[b][nt][1] = f4.y, fb[b][nt][2] = f4.z, fb[b][nt][3] = f4.w;
+    }
+  }
+  // Each thread copies chunks tid, tid + kTcThreads, ... of a tile; padding tokens are zeros.
+  auto load_tile = [&](int64_t tile, int stage) {
+    T* base = xs + static_cast<int64_t>(stage) * M * a.pitch;
+    for (int it = tid; it < M * chunks; it += kTcThreads) {
+      const int tk = it / chunks, ch = it - tk * chunks;
+      const int i = ch / cpr, cc = ch - i * cpr;
+      T* dst = base + static_cast<int64_t>(tk) * a.pitch + ch * VEC;
+      const int64_t tok = tile * M + tk;
+      if (tile < a.tiles && tok < a.tokens)
+        cp_async16(dst, x + tok * a.x_st + i * a.x_si + c0 + cc * VEC);
+      else
+        *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+    }
+  };
+  const float* peer[kTcCtas];
+#pragma unroll
+  for (int r = 0; r < kTcCtas; ++r) peer[r] = cluster.map_shared_rank(cpart, r);
+
+  int64_t tile = blockIdx.x / kTcCtas;
+  load_tile(tile, 0);
+  cp_async_commit();
+  load_tile(tile + ncl, 1);
+  cp_async_commit();
+  for (int k = 0; tile < a.tiles; ++k, tile += ncl) {
+    cp_async_wait<1>();
+    // Every copy of tile k has landed, and every thread is past tile k - 1's epilogue, whose stage
+    // the next copies reuse.
+    __syncthreads();
+    load_tile(tile + 2 * ncl, (k + 2) % kTcStages);
+    cp_async_commit();
+    const T* xt = xs + static_cast<int64_t>(k % kTcStages) * M * a.pitch;
+    {
+      float d[1][3][4] = {};
+      float ss[1][2] = {};
+      const T* r0 = xt + static_cast<int64_t>(g) * a.pitch + 4 * t;
+      const T* r1 = r0 + 8 * static_cast<int64_t>(a.pitch);
+#pragma unroll
+      for (int b = 0; b < kTcBlocks; ++b) {
+        if (b >= bpw) break;
+        const int e = (warp * bpw + b) * 16;
+        float av[1][2][4];
+        load_vec<T, 4>(r0 + e, av[0][0]);
+        load_vec<T, 4>(r1 + e, av[0][1]);
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int v = 0; v < 4; ++v) ss[0][h] = fmaf(av[0][h][v], av[0][h][v], ss[0][h]);
+        mma_block16<1, kSplitA>(d, av, fb[b]);
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = h * 8 + g;
+        float sv = ss[0][h];
+        sv += __shfl_xor_sync(0xffffffffu, sv, 1);
+        sv += __shfl_xor_sync(0xffffffffu, sv, 2);
+#pragma unroll
+        for (int nt = 0; nt < 3; ++nt) {
+          float* o = wpart + (warp * M + row) * kDynKpass + nt * 8 + 2 * t;
+          o[0] = d[0][nt][2 * h];
+          o[1] = d[0][nt][2 * h + 1];
+        }
+        if (t == 0) wss[warp * M + row] = sv;
+      }
+    }
+    __syncthreads();
+    float* cp = cpart + (k & 1) * M * KP;
+    for (int it = tid; it < M * KP; it += kTcThreads) {
+      const int tk = it / KP, kk = it - tk * KP;
+      float v = 0;
+      if (kk < kDynKpass) {
+#pragma unroll
+        for (int w = 0; w < kTcWarps; ++w) v += wpart[(w * M + tk) * kDynKpass + kk];
+      } else {
+#pragma unroll
+        for (int w = 0; w < kTcWarps; ++w) v += wss[w * M + tk];
+      }
+      cp[it] = v;
+    }
+    cluster.sync();  // every CTA's partials of this tile are visible cluster-wide
+    const int off = (k & 1) * M * KP;
+    for (int it = tid; it < M * KP; it += kTcThreads) {
+      float v = 0;
+#pragma unroll
+      for (int r = 0; r < kTcCtas; ++r) v += peer[r][off + it];
+      tot[it] = v;
+    }
+    __syncthreads();
+    const int64_t t0 = tile * M;
+    for (int it = tid; it < M * K; it += kTcThreads) {
+      const int tk = it / K, kk = it - tk * K;
+      const int64_t tok = t0 + tk;
+      if (tok >= a.tokens) continue;
+      const float inv_rms = rsqrtf(tot[tk * KP + kDynKpass] * a.inv_flat + a.norm_eps);
+      const int f = kk < n ? 0 : (kk < 2 * n ? 1 : 2);
+      const float v = inv_rms * tot[tk * KP + kk] * a.scale[f] + a.base[kk];
+      float o = v;  // comb: the logit, for comb_sinkhorn
+      if (kk < n) {
+        o = sigmoid(v) + a.pre_eps;
+        pres[tk * kTcMaxN + kk] = o;
+      } else if (kk < 2 * n) {
+        o = 2.0f * sigmoid(v);
+      }
+      if (tk % kTcCtas == rank) a.co[tok * a.co_stride + kk] = o;
+    }
+    __syncthreads();
+    for (int it = tid; it < M * cpr; it += kTcThreads) {
+      const int tk = it / cpr, cc = it - tk * cpr;
+      const int64_t tok = t0 + tk;
+      if (tok >= a.tokens) continue;
+      const T* src = xt + static_cast<int64_t>(tk) * a.pitch + cc * VEC;
+      float acc[VEC] = {};
+      for (int i = 0; i < n; ++i) {
+        float v[VEC];
+        load_vec<T, VEC>(src + i * cw, v);
+        const float w = pres[tk * kTcMaxN + i];
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) acc[e] = fmaf(w, v[e], acc[e]);
+      }
+      store_vec<T, VEC>(y + tok * a.y_st + c0 + cc * VEC, acc);
+    }
+  }
+  cp_async_wait<0>();
+  cluster.sync();  // no CTA may exit while a peer still reads its partials
+#else
+  (void)y, (void)x, (void)a;
+#endif
+}
+
+// comb_sinkhorn_kernel with a warp per row and an element per lane (n * n <= 32): same bits.
+constexpr int kCombWarps = 4;
+__global__ void __launch_bounds__(kCombWarps * 32)
+    comb_sinkhorn_lanes_kernel(float* co, int64_t stride, int64_t rows, int n, SinkhornParams sk) {
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kCombWarps + (threadIdx.x >> 5);
+  if (r >= rows) return;  // uniform per warp
+  float* o = co + r * stride + 2 * n;
+  float v = lane < n * n ? o[lane] : 0.0f;
+  v = sinkhorn_lanes(v, n, sk);
+  if (lane < n * n) o[lane] = v;
+}
+
 // The comb part of coeffs holds logits on entry and the Sinkhorn result on exit (one row per
 // thread, in shared memory as in activate_kernel, with the same arithmetic).
 __global__ void comb_sinkhorn_kernel(float* co, int64_t stride, int64_t rows, int n,
