@@ -1043,7 +1043,7 @@ __global__ void __launch_bounds__(kDynThreads, 1)
 // blocks: 96 floats per lane) are loaded once and stay in registers for every tile, so L2 serves
 // X only. Products: one m16 tile (the 16 tokens) x 3 n-tiles per warp with mma_block16; warps
 // split the slice, partials add in a fixed order through shared memory, then across the cluster
-// through distributed shared memory (double-buffered by tile parity), as in dyn_collapse_kernel.
+// through distributed shared memory (three buffers: the cluster barrier is split, see the loop).
 // Needs n <= 4 (K <= 24), C % 256 == 0, n * C <= 16384 and a slice of a multiple of 8 blocks.
 constexpr int kTcCtas = 16, kTcThreads = 256, kTcWarps = kTcThreads / 32, kTcTokens = 16;
 constexpr int kTcStages = 3, kTcBlocks = 8, kTcMaxN = 4;
@@ -1051,7 +1051,7 @@ template <class T>
 __host__ __device__ inline size_t tc_smem_bytes(int64_t pitch) {
   return static_cast<size_t>(kTcStages * kTcTokens * pitch * static_cast<int64_t>(sizeof(T))) +
          sizeof(float) * (kTcWarps * kTcTokens * kDynKpass + kTcWarps * kTcTokens +
-                          3 * kTcTokens * (kDynKpass + 1) + kTcTokens * kTcMaxN);
+                          4 * kTcTokens * (kDynKpass + 1) + kTcTokens * kTcMaxN);
 }
 template <class T>
 __global__ void __launch_bounds__(kTcThreads, 1)
@@ -1067,8 +1067,8 @@ __global__ void __launch_bounds__(kTcThreads, 1)
   float* wpart =
       reinterpret_cast<float*>(tc_smem + static_cast<size_t>(kTcStages) * M * a.pitch * sizeof(T));
   float* wss = wpart + kTcWarps * M * kDynKpass;
-  float* cpart = wss + kTcWarps * M;  // [2][M][KP]
-  float* tot = cpart + 2 * M * KP;    // [M][KP]
+  float* cpart = wss + kTcWarps * M;  // [3][M][KP]: tile k's in k % 3 (see the loop)
+  float* tot = cpart + 3 * M * KP;    // [M][KP]
   float* pres = tot + M * KP;         // [M][kTcMaxN]
   cg::cluster_group cluster = cg::this_cluster();
   const int rank = static_cast<int>(cluster.block_rank());
@@ -1115,54 +1115,43 @@ __global__ void __launch_bounds__(kTcThreads, 1)
 #pragma unroll
   for (int r = 0; r < kTcCtas; ++r) peer[r] = cluster.map_shared_rank(cpart, r);
 
-  int64_t tile = blockIdx.x / kTcCtas;
-  load_tile(tile, 0);
-  cp_async_commit();
-  load_tile(tile + ncl, 1);
-  cp_async_commit();
-  for (int k = 0; tile < a.tiles; ++k, tile += ncl) {
-    cp_async_wait<1>();
-    // Every copy of tile k has landed, and every thread is past tile k - 1's epilogue, whose stage
-    // the next copies reuse.
-    __syncthreads();
-    load_tile(tile + 2 * ncl, (k + 2) % kTcStages);
-    cp_async_commit();
-    const T* xt = xs + static_cast<int64_t>(k % kTcStages) * M * a.pitch;
-    {
-      float d[1][3][4] = {};
-      float ss[1][2] = {};
-      const T* r0 = xt + static_cast<int64_t>(g) * a.pitch + 4 * t;
-      const T* r1 = r0 + 8 * static_cast<int64_t>(a.pitch);
+  // Products of the tile in stage `stage` into this CTA's partials cpart[buf] (warp partials
+  // through wpart, added in warp order).
+  auto products = [&](int stage, int buf) {
+    const T* xt = xs + static_cast<int64_t>(stage) * M * a.pitch;
+    float d[1][3][4] = {};
+    float ss[1][2] = {};
+    const T* r0 = xt + static_cast<int64_t>(g) * a.pitch + 4 * t;
+    const T* r1 = r0 + 8 * static_cast<int64_t>(a.pitch);
 #pragma unroll
-      for (int b = 0; b < kTcBlocks; ++b) {
-        if (b >= bpw) break;
-        const int e = (warp * bpw + b) * 16;
-        float av[1][2][4];
-        load_vec<T, 4>(r0 + e, av[0][0]);
-        load_vec<T, 4>(r1 + e, av[0][1]);
+    for (int b = 0; b < kTcBlocks; ++b) {
+      if (b >= bpw) break;
+      const int e = (warp * bpw + b) * 16;
+      float av[1][2][4];
+      load_vec<T, 4>(r0 + e, av[0][0]);
+      load_vec<T, 4>(r1 + e, av[0][1]);
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
+      for (int h = 0; h < 2; ++h)
 #pragma unroll
-          for (int v = 0; v < 4; ++v) ss[0][h] = fmaf(av[0][h][v], av[0][h][v], ss[0][h]);
-        mma_block16<1, kSplitA>(d, av, fb[b]);
+        for (int v = 0; v < 4; ++v) ss[0][h] = fmaf(av[0][h][v], av[0][h][v], ss[0][h]);
+      mma_block16<1, kSplitA>(d, av, fb[b]);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = h * 8 + g;
+      float sv = ss[0][h];
+      sv += __shfl_xor_sync(0xffffffffu, sv, 1);
+      sv += __shfl_xor_sync(0xffffffffu, sv, 2);
+#pragma unroll
+      for (int nt = 0; nt < 3; ++nt) {
+        float* o = wpart + (warp * M + row) * kDynKpass + nt * 8 + 2 * t;
+        o[0] = d[0][nt][2 * h];
+        o[1] = d[0][nt][2 * h + 1];
       }
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = h * 8 + g;
-        float sv = ss[0][h];
-        sv += __shfl_xor_sync(0xffffffffu, sv, 1);
-        sv += __shfl_xor_sync(0xffffffffu, sv, 2);
-#pragma unroll
-        for (int nt = 0; nt < 3; ++nt) {
-          float* o = wpart + (warp * M + row) * kDynKpass + nt * 8 + 2 * t;
-          o[0] = d[0][nt][2 * h];
-          o[1] = d[0][nt][2 * h + 1];
-        }
-        if (t == 0) wss[warp * M + row] = sv;
-      }
+      if (t == 0) wss[warp * M + row] = sv;
     }
     __syncthreads();
-    float* cp = cpart + (k & 1) * M * KP;
+    float* cp = cpart + buf * M * KP;
     for (int it = tid; it < M * KP; it += kTcThreads) {
       const int tk = it / KP, kk = it - tk * KP;
       float v = 0;
@@ -1175,8 +1164,35 @@ __global__ void __launch_bounds__(kTcThreads, 1)
       }
       cp[it] = v;
     }
-    cluster.sync();  // every CTA's partials of this tile are visible cluster-wide
-    const int off = (k & 1) * M * KP;
+  };
+  // The cluster barrier in two halves: a CTA arrives once its partials of tile k are written and
+  // waits only before it gathers them, so tile k + 1's products run while the 16 CTAs meet.
+  auto cluster_arrive = [] {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+  };
+  auto cluster_wait = [] { asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"); };
+
+  // Stages: tile k in stage k % 3. While tile k's epilogue runs, tile k + 1 has been multiplied
+  // and tile k + 2 is in flight; tile k + 3 is issued into k's stage once the epilogue is done.
+  int64_t tile = blockIdx.x / kTcCtas;
+  for (int st = 0; st < kTcStages; ++st) {
+    load_tile(tile + st * ncl, st);
+    cp_async_commit();
+  }
+  cp_async_wait<kTcStages - 1>();
+  __syncthreads();
+  products(0, 0);
+  for (int k = 0; tile < a.tiles; ++k, tile += ncl) {
+    cluster_arrive();  // this CTA's partials of tile k are in cpart[k % 3]
+    if (tile + ncl < a.tiles) {
+      cp_async_wait<kTcStages - 2>();  // tile k + 1 has landed (this thread's copies)
+      __syncthreads();
+      // cpart[(k + 1) % 3] held tile k - 2's partials, which every peer gathered before it
+      // arrived for tile k - 1 (this CTA waited on that); tile k - 1's may still be read.
+      products((k + 1) % kTcStages, (k + 1) % 3);
+    }
+    cluster_wait();
+    const int off = (k % 3) * M * KP;
     for (int it = tid; it < M * KP; it += kTcThreads) {
       float v = 0;
 #pragma unroll
@@ -1202,6 +1218,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
       if (tk % kTcCtas == rank) a.co[tok * a.co_stride + kk] = o;
     }
     __syncthreads();
+    const T* xt = xs + static_cast<int64_t>(k % kTcStages) * M * a.pitch;
     for (int it = tid; it < M * cpr; it += kTcThreads) {
       const int tk = it / cpr, cc = it - tk * cpr;
       const int64_t tok = t0 + tk;
@@ -1217,6 +1234,9 @@ __global__ void __launch_bounds__(kTcThreads, 1)
       }
       store_vec<T, VEC>(y + tok * a.y_st + c0 + cc * VEC, acc);
     }
+    __syncthreads();  // every thread is done with stage k % 3 (and with tot, pres)
+    load_tile(tile + kTcStages * ncl, k % kTcStages);
+    cp_async_commit();
   }
   cp_async_wait<0>();
   cluster.sync();  // no CTA may exit while a peer still reads its partials
