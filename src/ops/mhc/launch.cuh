@@ -540,86 +540,6 @@ Status collapse_cluster(const LaunchContext& ctx, const MhcProblem& p,
   return run_comb_sinkhorn(op, s, p, da);
 }
 
-// ---- dynamic H collapse, one pass, fn in registers (sm_90 clusters of 16) ----------------------
-inline int64_t tc_pitch(const MhcProblem& p) {
-  return p.n * (p.channels / kTcCtas) + 16;  // 16 elements: conflict-free fragment rows
-}
-template <DType D>
-bool fits_collapse_tc(const MhcProblem& p, const DeviceCaps& caps) {
-  using T = cuda::device_t<D>;
-  if (p.h != MhcH::dynamic_h || caps.sm < 90 || p.n > kTcMaxN) return false;
-  if (p.channels % 256 != 0 || p.flat > 16384 || p.flat % 2048 != 0) return false;
-  return static_cast<int64_t>(tc_smem_bytes<T>(tc_pitch(p))) <= caps.smem_per_block_optin;
-}
-template <class T>
-Status collapse_tc(const LaunchContext& ctx, const MhcProblem& p,
-                   const MhcCollapseOp::Arguments& a) {
-  constexpr std::string_view op = MhcCollapseOp::name;
-  if (p.tokens == 0) return {};
-  const MhcParams& w = a.params;
-  // 16-byte copies of X and fn loads; other layouts take the split-K path.
-  if (!vec_ok<T>(p.channels, {a.x.data, a.y.data}, {a.x.stride[0], a.x.stride[1], a.y.stride[0]}) ||
-      reinterpret_cast<uintptr_t>(w.fn.data) % 16 != 0 || w.fn.stride[0] % 4 != 0)
-    return collapse<T, true>(ctx, p, a);
-  const cudaStream_t s = cuda::stream_of(ctx);
-  auto* kernel = dyn_collapse_tc_kernel<T>;
-  const int64_t pitch = tc_pitch(p);
-  const size_t smem = tc_smem_bytes<T>(pitch);
-  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(smem));
-      e != cudaSuccess)
-    return cuda::cuda_error(op, "dyn_collapse_tc_kernel smem", e);
-  if (cudaError_t e =
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-      e != cudaSuccess)
-    return cuda::cuda_error(op, "dyn_collapse_tc_kernel cluster size", e);
-  DynArgs da;
-  da.tokens = p.tokens, da.channels = p.channels, da.tiles = (p.tokens + kTcTokens - 1) / kTcTokens;
-  da.x_st = a.x.stride[0], da.x_si = a.x.stride[1], da.y_st = a.y.stride[0];
-  da.co_stride = a.coeffs.stride[0];
-  da.n = static_cast<int>(p.n), da.k = static_cast<int>(p.k);
-  da.pitch = static_cast<int>(pitch);
-  da.fn = static_cast<const float*>(w.fn.data), da.fn_stride = w.fn.stride[0];
-  da.scale = static_cast<const float*>(w.scale.data);
-  da.base = static_cast<const float*>(w.base.data);
-  da.inv_flat = static_cast<float>(1.0 / static_cast<double>(p.flat));
-  da.norm_eps = static_cast<float>(p.norm_eps), da.pre_eps = static_cast<float>(p.pre_eps);
-  da.co = static_cast<float*>(a.coeffs.data);
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = kTcCtas, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.blockDim = dim3(kTcThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = s;
-  cfg.attrs = attr, cfg.numAttrs = 1;
-  // Persistent clusters, as many as the GPCs hold at once (cached per device and smem size).
-  static std::atomic<int64_t> cache[16];
-  const int dev = ctx.stream.device();
-  const int64_t key = static_cast<int64_t>(smem) << 8;
-  int64_t clusters = 0;
-  if (dev >= 0 && dev < 16) {
-    const int64_t c = cache[dev].load(std::memory_order_relaxed);
-    if ((c & ~int64_t{0xff}) == key) clusters = c & 0xff;
-  }
-  if (clusters == 0) {
-    cfg.gridDim = dim3(kTcCtas);
-    int n_clusters = 0;
-    if (cudaError_t e = cudaOccupancyMaxActiveClusters(&n_clusters, kernel, &cfg); e != cudaSuccess)
-      return cuda::cuda_error(op, "cudaOccupancyMaxActiveClusters", e);
-    if (n_clusters < 1) return collapse<T, true>(ctx, p, a);
-    clusters = std::min(n_clusters, 255);
-    if (dev >= 0 && dev < 16) cache[dev].store(key | clusters, std::memory_order_relaxed);
-  }
-  cfg.gridDim = dim3(static_cast<unsigned>(std::min<int64_t>(clusters, da.tiles) * kTcCtas));
-  if (cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, static_cast<T*>(a.y.data),
-                                         static_cast<const T*>(a.x.data), da);
-      e != cudaSuccess)
-    return cuda::cuda_error(op, "dyn_collapse_tc_kernel", e);
-  MHC_CHECK("dyn_collapse_tc_kernel");
-  return run_comb_sinkhorn(op, s, p, da);
-}
-
 // ---- expand
 // -------------------------------------------------------------------------------------------
 template <class T>
@@ -925,14 +845,6 @@ bool register_mhc_cuda() {
                   const DeviceCaps& caps) { return p.h == MhcH::dynamic_h && caps.sm >= 80; },
        .workspace = ws_collapse,
        .launch = collapse<T, true>});
-  // One pass over X on clusters of 16 with fn in registers (A/B until measured), through
-  // PlanPreference::kernel("collapse_dynamic_tc16").
-  register_kernel<MhcCollapseOp>({.sku = sku(MhcCollapseOp::name, DType::f32, kForwardTf32,
-                                             "collapse_dynamic_tc16", Arch::sm90),
-                                  .priority = 5,
-                                  .fits = fits_collapse_tc<D>,
-                                  .workspace = ws_collapse,
-                                  .launch = collapse_tc<T>});
   register_kernel<MhcExpandOp>({.sku = sku(MhcExpandOp::name, DType::f32, kForward, "expand"),
                                 .priority = 10,
                                 .launch = expand<T>});
