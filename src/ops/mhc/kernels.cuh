@@ -1463,15 +1463,15 @@ __global__ void __launch_bounds__(kStaticThreads)
 }
 
 // ---- static forward, one token per CTA held in registers
-// --------------------------------------- The pipelined kernel below keeps one 512-thread CTA per
-// SM, so every token's block sum (two barriers) and store burst stall the SM's only CTA. Here a
-// CTA owns one token and its threads load all of their chunks (COLS 16-byte chunks per stream,
-// n <= kHoldN streams) before using any, so X is read once, straight into registers, and several
-// CTAs per SM overlap one token's barriers with another's loads; the block scheduler replaces the
-// ring. The coefficient row comes from activate_kernel in front (one Sinkhorn, not one per CTA).
-// Streams (kHoldN) and 16-byte chunks per stream (kHoldCols) a thread of the pipelined kernel holds
-// in registers; the register kernel holds up to kRegsMaxCols chunks of kHoldN streams.
-constexpr int kHoldN = 4, kHoldCols = 2;
+// --------------------------------------- A CTA owns one token and its threads load all of their
+// chunks (up to kRegsMaxCols 16-byte chunks per stream, n <= kHoldN streams) before using any, so
+// X is read once, straight into registers, and several CTAs per SM overlap one token's barriers
+// with another's loads. (It replaced a persistent kernel with a shared-memory ring of tokens, one
+// 512-thread CTA per SM, whose per-token block sum and store burst stalled the SM's only CTA:
+// f32 0.840 / bf16 0.449 ms, 85% / 80% of copy; removed after the one-token kernels measured
+// faster everywhere, docs/perf/mhc.md.) The coefficient row comes from a one-warp activation in
+// front (one Sinkhorn, not one per CTA).
+constexpr int kHoldN = 4;
 constexpr int kRegsThreads = 256, kRegsMaxCols = 4;
 // A thread's register-held chunks: COLS chunks (tid + u * THREADS) of each of the n <= kHoldN
 // streams, stream j at src + j * stream_stride (global memory or a shared-memory slot).
@@ -1574,8 +1574,8 @@ __global__ void __launch_bounds__(kRegsThreads, regs_min_blocks<COLS>())
   }
 }
 
-// The two passes over one token held in shared memory (stream j at xt + j * C), shared by the
-// staged and the ring kernels; a thread covers chunks tid, tid + THREADS, ...
+// The two passes over one token held in shared memory (stream j at xt + j * C); a thread covers
+// chunks tid, tid + THREADS, ...
 // Pass 1: the thread's share of sum_c z_c^2 with z = sum_j pre_j x_j.
 template <class T, int THREADS>
 __device__ __forceinline__ float token_sum_sq(const T* xt, const StaticFwdArgs& a, const float* pre,
@@ -1665,116 +1665,6 @@ __global__ void __launch_bounds__(kRegsThreads, NMAX <= 4 ? 4 : 2)
   cp_async_wait_pending(0);  // this thread's own chunks; no other thread reads them
   const float ss = block_sum(token_sum_sq<T, kRegsThreads>(xs, a, co, tid), red);
   token_outputs<T, NMAX, kRegsThreads>(xs, ot, a, co, rsqrtf(ss * a.inv_c + a.eps), tid);
-}
-
-// ---- static forward, one HBM read of X: persistent CTAs with a ring of token buffers ----------
-// The two-pass kernel above re-reads each token's X for pass 2; with many tokens in
-// flight that second read falls out of L2. Here a persistent CTA streams its tokens through
-// `stages` shared-memory slots with cp.async. Each thread copies, and later reads, only its own
-// 16-byte chunks, so a slot needs no barrier between its last read and its refill; the only
-// barriers are those of the per-token sum.
-//
-// HOLD (n <= kHoldN and at most kHoldCols chunks per stream and thread): pass 1 moves the thread's
-// chunks into registers and the slot is refilled right then, before the per-token barrier and
-// pass 2, which computes from the registers. Every slot is then in flight while a token is
-// computed: `stages` tokens ahead instead of stages - 1 (f32 at n * C = 16384: 3 slots of 64 KiB,
-// so 192 KiB in flight per SM instead of 128 KiB, which the GPU run at ef65bac showed too little:
-// 81% of copy). Without HOLD (n > kHoldN or long rows) pass 2 re-reads the slot, which is refilled
-// at the next token. Both do the same arithmetic in the same order (pass 2 accumulates output i
-// over j = 0..n-1, then adds the post term), so they give the same bits.
-constexpr int kPipeThreads = 512, kPipeMaxStages = 6;
-// THREADS = kPipeThreads: one CTA per SM. THREADS = kPipeThreads / 2: two CTAs per SM, each with
-// half the ring (the same bytes in flight per SM), so one CTA's per-token barriers and stores run
-// while the other's loads land; a thread still holds kHoldCols chunks per stream (more spill at
-// 128 registers), so HOLD covers half the C (16-bit C <= 4096, f32 C <= 2048).
-template <class T, bool HOLD, int THREADS = kPipeThreads>
-__global__ void __launch_bounds__(THREADS, kPipeThreads / THREADS)
-    static_forward_pipe_kernel(T* __restrict__ out, const T* __restrict__ x, StaticFwdArgs a,
-                               ActivateArgs act, int stages) {
-  constexpr int VEC = 16 / static_cast<int>(sizeof(T));
-  extern __shared__ __align__(16) unsigned char pipe_smem[];
-  __shared__ float red[32];
-  __shared__ float co[(2 + kRegN) * kRegN];
-  __shared__ float scratch[kRegN * kRegN + 1];
-  T* ring = reinterpret_cast<T*>(pipe_smem);
-  const int n = a.n, tid = static_cast<int>(threadIdx.x);
-  const int64_t q = a.channels / VEC, slot_elems = n * a.channels;
-  const float* pre = co;
-  const float* post = co + n;
-  const float* m = co + 2 * n;
-  const int64_t stride = gridDim.x;
-  auto issue = [&](int64_t tok, int slot) {
-    T* dst = ring + slot * slot_elems;
-    const T* src = x + tok * a.x_st;
-    for (int i = 0; i < n; ++i)
-      for (int64_t cc = tid; cc < q; cc += THREADS)
-        cp_async16(dst + i * a.channels + cc * VEC, src + i * a.x_si + cc * VEC);
-  };
-  // HOLD fills every slot up front; otherwise one slot stays free for the token being computed.
-  const int ahead_slots = HOLD ? stages : stages - 1;
-  int64_t tok = blockIdx.x;
-  for (int st = 0; st < ahead_slots; ++st) {
-    if (tok + st * stride < a.tokens) issue(tok + st * stride, st);
-    cp_async_commit();  // empty groups keep the count uniform
-  }
-  // Every CTA forms the coefficient row itself (warp 0, as activate_kernel would) while its first
-  // tokens load: no kernel in front of this one.
-  if (tid < 32) activate_static_row_warp(act, co, scratch);
-  __syncthreads();
-  for (int k = 0; tok < a.tokens; tok += stride, k = k + 1 == stages ? 0 : k + 1) {
-    const T* xt = ring + k * slot_elems;
-    T* ot = out + tok * a.o_st;
-    if constexpr (HOLD) {
-      // In flight: tokens tok .. tok + (stages - 1) * stride, one group each.
-      cp_async_wait_pending(stages - 1);
-      // Each pack's products start as soon as it arrives (loading all packs first measured 6%
-      // slower for bf16 on the H100).
-      Pack<T, VEC> xr[kHoldCols][kHoldN];
-      float z[kHoldCols][VEC] = {};
-      float ss = 0;
-#pragma unroll
-      for (int u = 0; u < kHoldCols; ++u) {
-        const int64_t cc = tid + u * THREADS;
-        if (cc >= q) break;
-#pragma unroll
-        for (int j = 0; j < kHoldN; ++j) {
-          if (j >= n) break;
-          xr[u][j] = *reinterpret_cast<const Pack<T, VEC>*>(xt + j * a.channels + cc * VEC);
-#pragma unroll
-          for (int e = 0; e < VEC; ++e) z[u][e] = fmaf(pre[j], to_float(xr[u][j].v[e]), z[u][e]);
-        }
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) ss = fmaf(z[u][e], z[u][e], ss);
-      }
-      // This thread's chunks of slot k are in registers: refill them now. Only this thread reads
-      // or writes them, and its shared-memory reads are issued before its copies (the same order
-      // the non-HOLD refill at the next token relies on).
-      const int64_t ahead = tok + stages * stride;
-      if (ahead < a.tokens) issue(ahead, k);
-      cp_async_commit();
-      ss = block_sum(ss, red);
-      const float inv = rsqrtf(ss * a.inv_c + a.eps);
-#pragma unroll
-      for (int u = 0; u < kHoldCols; ++u) {
-        const int64_t cc = tid + u * THREADS;
-        if (cc >= q) break;
-        float gm[VEC];
-        load_vec<__nv_bfloat16, VEC>(a.gamma + cc * VEC, gm);
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) z[u][e] *= gm[e] * inv;
-        held_chunk_outputs<T, VEC>(xr[u], z[u], m, post, n, ot + cc * VEC, a.o_si);
-      }
-    } else {
-      const int64_t ahead = tok + (stages - 1) * stride;
-      // Slot k - 1 (mod stages): consumed last iteration by this same thread.
-      if (ahead < a.tokens) issue(ahead, k == 0 ? stages - 1 : k - 1);
-      cp_async_commit();
-      cp_async_wait_pending(stages - 1);
-      const float ss = block_sum(token_sum_sq<T, THREADS>(xt, a, pre, tid), red);
-      token_outputs<T, kRegN, THREADS>(xt, ot, a, co, rsqrtf(ss * a.inv_c + a.eps), tid);
-    }
-  }
-  cp_async_wait_pending(0);  // nothing may land in shared memory after the CTA exits
 }
 
 }  // namespace

@@ -189,33 +189,23 @@ inline Status run_colsum(std::string_view op, cudaStream_t s, ColSumArgs a) {
 
 // ---- static forward
 // ---------------------------------------------------------------------------------
-// The token kernels' arguments (co left null) and the activation that forms the coefficient row
-// [s_pre | s_post | M].
-inline StaticFwdArgs static_args(const MhcProblem& p, const MhcStaticForwardOp::Arguments& a) {
-  StaticFwdArgs sa;
-  sa.tokens = p.tokens, sa.channels = p.channels, sa.n = static_cast<int>(p.n);
-  sa.x_st = a.x.stride[0], sa.x_si = a.x.stride[1], sa.o_st = a.out.stride[0];
-  sa.o_si = a.out.stride[1];
-  sa.gamma = static_cast<const __nv_bfloat16*>(a.gamma.data);
-  sa.inv_c = static_cast<float>(1.0 / static_cast<double>(p.channels));
-  sa.eps = static_cast<float>(p.norm_eps);
-  return sa;
-}
-inline ActivateArgs static_activation(const MhcProblem& p, const MhcStaticForwardOp::Arguments& a) {
+// The coefficient row [s_pre | s_post | M] formed in the workspace (one warp, in front of the
+// token kernels) and the token kernels' arguments around it.
+inline Status static_forward_args(const LaunchContext& ctx, const MhcProblem& p,
+                                  const MhcStaticForwardOp::Arguments& a, StaticFwdArgs& sa) {
   MhcParams w;
   w.h_pre = a.h_pre, w.h_post = a.h_post, w.h_res = a.h_res;
   ActivateArgs act = activate_static(p, w);
   act.pre_eps = 0.0f;  // the seed's s_pre = sigmoid(h_pre)
-  return act;
-}
-// The row formed in the workspace (one warp, in front of the token kernels), sa.co pointing at it.
-inline Status static_forward_args(const LaunchContext& ctx, const MhcProblem& p,
-                                  const MhcStaticForwardOp::Arguments& a, StaticFwdArgs& sa) {
-  ActivateArgs act = static_activation(p, a);
   act.out = static_cast<float*>(ctx.workspace.data);
   BARACUDA_TRY(run_activate(MhcStaticForwardOp::name, cuda::stream_of(ctx), act));
-  sa = static_args(p, a);
+  sa.tokens = p.tokens, sa.channels = p.channels, sa.n = static_cast<int>(p.n);
+  sa.x_st = a.x.stride[0], sa.x_si = a.x.stride[1], sa.o_st = a.out.stride[0];
+  sa.o_si = a.out.stride[1];
   sa.co = act.out;
+  sa.gamma = static_cast<const __nv_bfloat16*>(a.gamma.data);
+  sa.inv_c = static_cast<float>(1.0 / static_cast<double>(p.channels));
+  sa.eps = static_cast<float>(p.norm_eps);
   return {};
 }
 // The 16-byte kernels' layout rule: aligned X, out and gamma, C a multiple of the vector. The
@@ -307,61 +297,6 @@ Status static_forward_token(const LaunchContext& ctx, const MhcProblem& p,
     MHC_CHECK("static_forward_regs_kernel");
     return {};
   }
-}
-
-// Ring slots of the pipelined static forward: as many tokens as fit (<= kPipeMaxStages), >= 2.
-// CTAS CTAs per SM share the SM's shared memory (the opt-in block limit plus the 1 KiB the driver
-// reserves per CTA), each with its static shared memory (under 1 KiB) and its 1 KiB reserve.
-template <class T, int CTAS = 1>
-int64_t pipe_stages(const MhcProblem& p, const DeviceCaps& caps) {
-  const int64_t token_bytes = p.n * p.channels * static_cast<int64_t>(sizeof(T));
-  const int64_t budget = CTAS == 1 ? caps.smem_per_block_optin - 1024
-                                   : (caps.smem_per_block_optin + 1024) / CTAS - 2048;
-  return token_bytes > 0 ? std::min<int64_t>(kPipeMaxStages / CTAS, budget / token_bytes) : 0;
-}
-template <DType D, int CTAS = 1>
-bool fits_static_pipe(const MhcProblem& p, const DeviceCaps& caps) {
-  using T = cuda::device_t<D>;
-  return p.n <= kRegN && p.channels % static_cast<int64_t>(16 / sizeof(T)) == 0 &&
-         pipe_stages<T, CTAS>(p, caps) >= 2;
-}
-// HOLD_OK = false: the variant that re-reads the slot in pass 2 for every shape (A/B of the
-// register-held one; same bits). CTAS = 2: two CTAs of kPipeThreads / 2 threads per SM, each with
-// half the ring (its block sums add in another order, so its bits differ from CTAS = 1).
-template <class T, bool HOLD_OK = true, int CTAS = 1>
-Status static_forward_pipe(const LaunchContext& ctx, const MhcProblem& p,
-                           const MhcStaticForwardOp::Arguments& a) {
-  constexpr std::string_view op = MhcStaticForwardOp::name;
-  constexpr int vec = 16 / sizeof(T);
-  // Unaligned layouts take the two-pass kernel (same arithmetic per element up to the order of
-  // the two terms).
-  if (auto done = static_forward_elsewhere<T>(ctx, p, a)) return std::move(*done);
-  const cudaStream_t s = cuda::stream_of(ctx);
-  const ActivateArgs act = static_activation(p, a);  // formed per CTA, not in front
-  const StaticFwdArgs sa = static_args(p, a);
-  const DeviceCaps& caps = ctx.stream.caps();
-  constexpr int threads = kPipeThreads / CTAS;
-  const int stages = static_cast<int>(pipe_stages<T, CTAS>(p, caps));
-  const size_t smem = static_cast<size_t>(stages) * p.n * p.channels * sizeof(T);
-  // Registers hold the thread's chunks of the token (HOLD) when they fit: n <= kHoldN streams and
-  // at most kHoldCols 16-byte chunks per stream and thread. Decided by (n, C) only; both variants
-  // give the same bits.
-  const bool hold = HOLD_OK && p.n <= kHoldN && p.channels / vec <= int64_t{kHoldCols} * threads;
-  auto* kernel = hold ? static_forward_pipe_kernel<T, true, threads>
-                      : static_forward_pipe_kernel<T, false, threads>;
-  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(smem));
-      e != cudaSuccess)
-    return cuda::cuda_error(op, "static_forward_pipe_kernel smem", e);
-  int per_sm = 0;
-  if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem);
-      e != cudaSuccess)
-    return cuda::cuda_error(op, "static_forward_pipe_kernel occupancy", e);
-  const int64_t ctas = std::min<int64_t>(p.tokens, int64_t{std::max(per_sm, 1)} * caps.sm_count);
-  kernel<<<static_cast<unsigned>(ctas), threads, smem, s>>>(
-      static_cast<T*>(a.out.data), static_cast<const T*>(a.x.data), sa, act, stages);
-  MHC_CHECK("static_forward_pipe_kernel");
-  return {};
 }
 
 // ---- collapse
@@ -766,33 +701,10 @@ bool register_mhc_cuda() {
        .priority = 10,
        .workspace = ws_static_forward,
        .launch = static_forward<T>});
-  register_kernel<MhcStaticForwardOp>(
-      {.sku = sku(MhcStaticForwardOp::name, DType::bf16, kForward, "static_forward_pipelined"),
-       .priority = 20,
-       .fits = fits_static_pipe<D>,
-       .workspace = ws_static_forward,
-       .launch = static_forward_pipe<T>});
-  // The pipelined kernel without register-held tokens (one slot fewer in flight): the A/B row of
-  // the HOLD change, reached through PlanPreference::kernel("static_forward_pipelined_reread").
-  register_kernel<MhcStaticForwardOp>({.sku = sku(MhcStaticForwardOp::name, DType::bf16, kForward,
-                                                  "static_forward_pipelined_reread"),
-                                       .priority = 15,
-                                       .fits = fits_static_pipe<D>,
-                                       .workspace = ws_static_forward,
-                                       .launch = static_forward_pipe<T, false>});
-  // Two CTAs per SM, each with half the ring (A/B for the 16-bit rows at 80% of copy; fits where
-  // two slots per CTA fit: 16-bit n * C <= 28672 on an H100, 20480 on an A100). Reached through
-  // PlanPreference::kernel("static_forward_pipelined_2cta").
-  register_kernel<MhcStaticForwardOp>(
-      {.sku = sku(MhcStaticForwardOp::name, DType::bf16, kForward, "static_forward_pipelined_2cta"),
-       .priority = 5,
-       .fits = fits_static_pipe<D, 2>,
-       .workspace = ws_static_forward,
-       .launch = static_forward_pipe<T, true, 2>});
-  // One token per CTA (H100, 16384 x 4 x 4096, faba327): staged in shared memory f32 0.776 ms (92%
-  // of copy), bf16 0.415 ms (86%); from registers f32 0.767 ms (93%), bf16 0.549 ms (65%: three
-  // CTAs per SM and spills); the ring kernel f32 0.840 (85%), bf16 0.450 (79%). The staged kernel
-  // is the default wherever a token fits a block's shared memory; the others stay pinnable.
+  // One token per CTA (H100, 16384 x 4 x 4096, 4a7f9cd): staged in shared memory f32 0.743 ms
+  // (96% of copy), bf16 0.382 ms (94%); from registers f32 0.737 ms (97%), bf16 0.526 ms (68%:
+  // three CTAs per SM and spills). The staged kernel is the default wherever a token fits a
+  // block's shared memory; the register kernel stays pinnable (A/B).
   register_kernel<MhcStaticForwardOp>(
       {.sku = sku(MhcStaticForwardOp::name, DType::bf16, kForward, "static_forward_regs"),
        .priority = 5,

@@ -279,13 +279,12 @@ TEST_P(Mhc, StaticForwardMatchesReference) {
       }
 }
 
-// The pipelined kernel (aligned layouts; n <= 4 with C <= 1024 * (16 / element size) holds each
-// token in registers, other shapes re-read the slot), its re-reading and two-CTA variants pinned,
-// and the two-pass kernel, on batches long enough that every CTA's ring of token slots wraps
-// several times; plus the bit-stability of each: a window of the batch gives the same bits for its
-// tokens. The kernels of a case share its inputs, reference and output buffers (dense fast paths
-// above); cases over 2^22 elements compare every 7th token with the reference (checked_tokens);
-// each case prints its time.
+// The default one-token-per-CTA kernel (static_forward_staged: aligned layouts, the token in a
+// block's shared memory), the register kernel and the two-pass kernel pinned, on batches of
+// hundreds to thousands of tokens (many tokens per SM); plus the bit-stability of each: a window
+// of the batch gives the same bits for its tokens. The kernels of a case share its inputs,
+// reference and output buffers (dense fast paths above); cases over 2^22 elements compare every
+// 7th token with the reference (checked_tokens); each case prints its time.
 TEST_P(Mhc, StaticForwardKernelsMatchReference) {
   const Target tg = GetParam();
   BARACUDA_SKIP_IF_UNAVAILABLE(tg);
@@ -319,26 +318,11 @@ TEST_P(Mhc, StaticForwardKernelsMatchReference) {
       double ref_s = 0;
       int kernels = 0;
       for (std::string_view pin : {std::string_view{}, std::string_view{"static_forward_fused"},
-                                   std::string_view{"static_forward_pipelined_reread"},
-                                   std::string_view{"static_forward_pipelined_2cta"},
-                                   std::string_view{"static_forward_regs"},
-                                   std::string_view{"static_forward_pipelined"}}) {
-        // The pipelined kernels need 16-byte chunks (C % (16 / element size) == 0), n <= 8; the
-        // two-CTA one two token slots in half an SM's shared memory (pinned where that holds on
-        // an A100 too: tokens of <= 40 KiB).
-        const int64_t esize = bits_of(dt) / 8;
-        if (pin == "static_forward_pipelined_reread" && (sh.n > 8 || sh.c % (16 / esize) != 0))
-          continue;
-        if (pin == "static_forward_pipelined_2cta" &&
-            (sh.n > 8 || sh.c % (16 / esize) != 0 || sh.n * sh.c * esize > 40960))
-          continue;
+                                   std::string_view{"static_forward_regs"}}) {
         // The register kernel: n <= 4, 16-byte chunks, at most 4 chunks per stream and thread.
+        const int64_t esize = bits_of(dt) / 8;
         if (pin == "static_forward_regs" &&
             (sh.n > 4 || sh.c % (16 / esize) != 0 || sh.c / (16 / esize) > 1024))
-          continue;
-        // The ring kernel: n <= 8, 16-byte chunks, two token slots in a block's shared memory.
-        if (pin == "static_forward_pipelined" &&
-            (sh.n > 8 || sh.c % (16 / esize) != 0 || sh.n * sh.c * esize > 100 * 1024))
           continue;
         const PlanPreference pref =
             pin.empty() ? PlanPreference::fastest() : PlanPreference::kernel(pin);
