@@ -535,16 +535,16 @@ __host__ __device__ inline size_t dyn_smem_bytes(int64_t m, int64_t pitch, int64
       4 * (kDynWarps * m * kDynKpass + kDynWarps * m + 3 * m * (k + 1) + m * n));
 }
 
-// m16n8k4 TF32 tensor-core product, D += A B (fragments as in the PTX ISA: a0 = A[g][t],
-// a1 = A[g + 8][t], b0 = B[t][g], d = D[g][2t], D[g][2t + 1], D[g + 8][2t], D[g + 8][2t + 1]
-// with g = lane / 4, t = lane % 4).
-__device__ __forceinline__ void mma_tf32(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t b0) {
+// m16n8k8 TF32: D += A B with a = {A[g][t], A[g + 8][t], A[g][t + 4], A[g + 8][t + 4]},
+// b = {B[t][g], B[t + 4][g]} (PTX ISA fragment layout).
+__device__ __forceinline__ void mma_tf32_k8(float (&d)[4], const uint32_t (&a)[4],
+                                            const uint32_t (&b)[2]) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile(
-      "mma.sync.aligned.m16n8k4.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, "
-      "{%0, %1, %2, %3};\n"
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(b0));
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 #endif
 }
 // v = big + small. big is v rounded to TF32, nearest with ties away (cvt.rna's bits: add half a
@@ -558,13 +558,12 @@ __device__ __forceinline__ void split_tf32(float v, uint32_t& big, uint32_t& sma
   small = __float_as_uint(v - __uint_as_float(big));
 }
 
-// One 16-element block of a warp's products on the tensor cores: d[mt][nt] += A B over k-steps
-// 0..3, where lane (g, t) holds av[mt][h][s] = A[row mt * 16 + h * 8 + g][k 4 t + s] and
-// bv[nt][s] = B[k 4 t + s][col nt * 8 + g] (a k-step's k index t is element 4 t + s, for A and B
-// alike, so each lane reads 4 consecutive elements per row). 3xTF32 when A is f32 (SPLIT_A),
-// 2xTF32 when it is exact in TF32 (16-bit data).
+// One 16-element block of a warp's products on the tensor cores: d[mt][nt] += A B over the
+// block's 16 elements, where lane (g, t) holds av[mt][h][s] = A[row mt * 16 + h * 8 + g][element
+// 4 t + s] and bv[nt][s] = B[element 4 t + s][col nt * 8 + g] (each lane reads 4 consecutive
+// elements per row). 3xTF32 when A is f32 (SPLIT_A), 2xTF32 when it is exact in TF32 (16-bit).
 //
-// The block's 4 k-steps accumulate on the tensor cores from zero and the block's sum is then added
+// The block's k-steps accumulate on the tensor cores from zero and the block's sum is then added
 // to d on the CUDA cores. The tensor core adds into its f32 accumulator with truncated alignment
 // (not round-to-nearest), and that error, biased and relative to the running sum, is the likely
 // cause of the whole-slice chain's error (GPU run at ef65bac: f32 coeffs rel_l2 1.4e-6 against
@@ -573,25 +572,38 @@ __device__ __forceinline__ void split_tf32(float v, uint32_t& big, uint32_t& sma
 template <int MT, bool SPLIT_A>
 __device__ __forceinline__ void mma_block16(float (&d)[MT][3][4], const float (&av)[MT][2][4],
                                             const float (&bv)[3][4]) {
+  // Two m16n8k8 steps: MMA k index t is element 4 t + 2 j and k index t + 4 is element
+  // 4 t + 2 j + 1 (any pairing of A's and B's k works when both use it), so a block is a chain of
+  // 2 (2xTF32: 4, 3xTF32: 6) MMAs per accumulator instead of 8 / 12 m16n8k4 ones: with one
+  // m-tile per warp the k4 chains left only three independent accumulators and ptxas padded the
+  // HMMA dependencies with NOPs (20% of the logits kernel's stall samples).
   float blk[MT][3][4] = {};
 #pragma unroll
-  for (int st = 0; st < 4; ++st) {
-    uint32_t bb[3], bs[3];
+  for (int j = 0; j < 2; ++j) {
+    const int s0 = 2 * j, s1 = 2 * j + 1;
+    uint32_t bb[3][2], bs[3][2];
 #pragma unroll
-    for (int nt = 0; nt < 3; ++nt) split_tf32(bv[nt][st], bb[nt], bs[nt]);
+    for (int nt = 0; nt < 3; ++nt) {
+      split_tf32(bv[nt][s0], bb[nt][0], bs[nt][0]);
+      split_tf32(bv[nt][s1], bb[nt][1], bs[nt][1]);
+    }
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
-      uint32_t ab0 = __float_as_uint(av[mt][0][st]), ab1 = __float_as_uint(av[mt][1][st]);
-      uint32_t as0 = 0, as1 = 0;
+      // a0 = A[g][k t], a1 = A[g + 8][k t], a2 = A[g][k t + 4], a3 = A[g + 8][k t + 4].
+      uint32_t ab[4] = {__float_as_uint(av[mt][0][s0]), __float_as_uint(av[mt][1][s0]),
+                        __float_as_uint(av[mt][0][s1]), __float_as_uint(av[mt][1][s1])};
+      uint32_t as[4] = {0, 0, 0, 0};
       if constexpr (SPLIT_A) {
-        split_tf32(av[mt][0][st], ab0, as0);
-        split_tf32(av[mt][1][st], ab1, as1);
+        split_tf32(av[mt][0][s0], ab[0], as[0]);
+        split_tf32(av[mt][1][s0], ab[1], as[1]);
+        split_tf32(av[mt][0][s1], ab[2], as[2]);
+        split_tf32(av[mt][1][s1], ab[3], as[3]);
       }
 #pragma unroll
       for (int nt = 0; nt < 3; ++nt) {
-        if constexpr (SPLIT_A) mma_tf32(blk[mt][nt], as0, as1, bb[nt]);
-        mma_tf32(blk[mt][nt], ab0, ab1, bs[nt]);
-        mma_tf32(blk[mt][nt], ab0, ab1, bb[nt]);
+        if constexpr (SPLIT_A) mma_tf32_k8(blk[mt][nt], as, bb[nt]);
+        mma_tf32_k8(blk[mt][nt], ab, bs[nt]);
+        mma_tf32_k8(blk[mt][nt], ab, bb[nt]);
       }
     }
   }
