@@ -535,16 +535,6 @@ __host__ __device__ inline size_t dyn_smem_bytes(int64_t m, int64_t pitch, int64
       4 * (kDynWarps * m * kDynKpass + kDynWarps * m + 3 * m * (k + 1) + m * n));
 }
 
-// m16n8k4 TF32: D += A B with a = {A[g][t], A[g + 8][t]}, b = B[t][g].
-__device__ __forceinline__ void mma_tf32_k4(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t b0) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile(
-      "mma.sync.aligned.m16n8k4.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(b0));
-#endif
-}
 // m16n8k8 TF32: D += A B with a = {A[g][t], A[g + 8][t], A[g][t + 4], A[g + 8][t + 4]},
 // b = {B[t][g], B[t + 4][g]} (PTX ISA fragment layout).
 __device__ __forceinline__ void mma_tf32_k8(float (&d)[4], const uint32_t (&a)[4],
@@ -579,67 +569,41 @@ __device__ __forceinline__ void split_tf32(float v, uint32_t& big, uint32_t& sma
 // cause of the whole-slice chain's error (GPU run at ef65bac: f32 coeffs rel_l2 1.4e-6 against
 // 9.6e-7; the split loses only a few f32 roundings per product). Short chains plus IEEE adds keep
 // the long sum as accurate as the CUDA-core kernel's FMA chain.
-template <int MT, bool SPLIT_A, bool K8 = true>
+template <int MT, bool SPLIT_A>
 __device__ __forceinline__ void mma_block16(float (&d)[MT][3][4], const float (&av)[MT][2][4],
                                             const float (&bv)[3][4]) {
   // Two m16n8k8 steps: MMA k index t is element 4 t + 2 j and k index t + 4 is element
   // 4 t + 2 j + 1 (any pairing of A's and B's k works when both use it), so a block is a chain of
   // 2 (2xTF32: 4, 3xTF32: 6) MMAs per accumulator instead of 8 / 12 m16n8k4 ones: with one
   // m-tile per warp the k4 chains left only three independent accumulators and ptxas padded the
-  // HMMA dependencies with NOPs (20% of the logits kernel's stall samples). K8 = false keeps the
-  // four m16n8k4 steps: the f32 logits kernel, capped at 80 registers for three CTAs per SM,
-  // measured 2% slower with k8 (a 12-byte spill).
+  // HMMA dependencies with NOPs (20% of the logits kernel's stall samples).
   float blk[MT][3][4] = {};
-  if constexpr (K8) {
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int s0 = 2 * j, s1 = 2 * j + 1;
-      uint32_t bb[3][2], bs[3][2];
+  for (int j = 0; j < 2; ++j) {
+    const int s0 = 2 * j, s1 = 2 * j + 1;
+    uint32_t bb[3][2], bs[3][2];
+#pragma unroll
+    for (int nt = 0; nt < 3; ++nt) {
+      split_tf32(bv[nt][s0], bb[nt][0], bs[nt][0]);
+      split_tf32(bv[nt][s1], bb[nt][1], bs[nt][1]);
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      // a0 = A[g][k t], a1 = A[g + 8][k t], a2 = A[g][k t + 4], a3 = A[g + 8][k t + 4].
+      uint32_t ab[4] = {__float_as_uint(av[mt][0][s0]), __float_as_uint(av[mt][1][s0]),
+                        __float_as_uint(av[mt][0][s1]), __float_as_uint(av[mt][1][s1])};
+      uint32_t as[4] = {0, 0, 0, 0};
+      if constexpr (SPLIT_A) {
+        split_tf32(av[mt][0][s0], ab[0], as[0]);
+        split_tf32(av[mt][1][s0], ab[1], as[1]);
+        split_tf32(av[mt][0][s1], ab[2], as[2]);
+        split_tf32(av[mt][1][s1], ab[3], as[3]);
+      }
 #pragma unroll
       for (int nt = 0; nt < 3; ++nt) {
-        split_tf32(bv[nt][s0], bb[nt][0], bs[nt][0]);
-        split_tf32(bv[nt][s1], bb[nt][1], bs[nt][1]);
-      }
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        // a0 = A[g][k t], a1 = A[g + 8][k t], a2 = A[g][k t + 4], a3 = A[g + 8][k t + 4].
-        uint32_t ab[4] = {__float_as_uint(av[mt][0][s0]), __float_as_uint(av[mt][1][s0]),
-                          __float_as_uint(av[mt][0][s1]), __float_as_uint(av[mt][1][s1])};
-        uint32_t as[4] = {0, 0, 0, 0};
-        if constexpr (SPLIT_A) {
-          split_tf32(av[mt][0][s0], ab[0], as[0]);
-          split_tf32(av[mt][1][s0], ab[1], as[1]);
-          split_tf32(av[mt][0][s1], ab[2], as[2]);
-          split_tf32(av[mt][1][s1], ab[3], as[3]);
-        }
-#pragma unroll
-        for (int nt = 0; nt < 3; ++nt) {
-          if constexpr (SPLIT_A) mma_tf32_k8(blk[mt][nt], as, bb[nt]);
-          mma_tf32_k8(blk[mt][nt], ab, bs[nt]);
-          mma_tf32_k8(blk[mt][nt], ab, bb[nt]);
-        }
-      }
-    }
-  } else {
-#pragma unroll
-    for (int st = 0; st < 4; ++st) {
-      uint32_t bb[3], bs[3];
-#pragma unroll
-      for (int nt = 0; nt < 3; ++nt) split_tf32(bv[nt][st], bb[nt], bs[nt]);
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        uint32_t ab0 = __float_as_uint(av[mt][0][st]), ab1 = __float_as_uint(av[mt][1][st]);
-        uint32_t as0 = 0, as1 = 0;
-        if constexpr (SPLIT_A) {
-          split_tf32(av[mt][0][st], ab0, as0);
-          split_tf32(av[mt][1][st], ab1, as1);
-        }
-#pragma unroll
-        for (int nt = 0; nt < 3; ++nt) {
-          if constexpr (SPLIT_A) mma_tf32_k4(blk[mt][nt], as0, as1, bb[nt]);
-          mma_tf32_k4(blk[mt][nt], ab0, ab1, bs[nt]);
-          mma_tf32_k4(blk[mt][nt], ab0, ab1, bb[nt]);
-        }
+        if constexpr (SPLIT_A) mma_tf32_k8(blk[mt][nt], as, bb[nt]);
+        mma_tf32_k8(blk[mt][nt], ab, bs[nt]);
+        mma_tf32_k8(blk[mt][nt], ab, bb[nt]);
       }
     }
   }
@@ -746,18 +710,17 @@ __device__ __forceinline__ void mma_products(const T* xs, const DynArgs& a, int 
 // of DRAM bandwidth). Every sum has a fixed shape that depends on (n, C) only: deterministic and
 // bit-stable. Needs C % 16 == 0 (a block never crosses streams) and X rows and fn rows in aligned
 // 4-element vectors.
-// LmmaShape::kMt 16-row m-tiles per warp: for f32 one keeps a thread at <= 85 registers, so three
-// CTAs (24 warps) share an SM; the load-to-use latency of the fragments, not bandwidth, bound two
-// m-tiles per warp at 16 warps per SM (0.52 ms at 64% of DRAM bandwidth; one: 0.486 ms). For
-// 16-bit X two measured faster (each fn fragment serves twice the rows, and a 16-bit block
-// carries half the X bytes).
+// Two 16-row m-tiles per warp, two CTAs per SM (128 registers). For f32 one m-tile and three CTAs
+// per SM measured faster while the block MMA ran m16n8k4 steps (0.486 against 0.52 ms: the two-
+// m-tile k4 version stalled on its fragments' load-to-use latency at 16 warps per SM); with
+// m16n8k8 steps two m-tiles win for every dtype (f32 dynamic collapse 0.973 -> 0.907 ms).
 constexpr int kLmmaTokens = 64, kLmmaThreads = 256, kLmmaStages = 3;
 template <class T>
 struct LmmaShape {
-  static constexpr int kMt = sizeof(T) == 4 ? 1 : 2;
+  static constexpr int kMt = 2;
   static constexpr int kGroups = kLmmaTokens / (16 * kMt);    // token groups per CTA
   static constexpr int kParts = kLmmaThreads / 32 / kGroups;  // K parts per token group
-  static constexpr int kMinBlocks = kMt == 1 ? 3 : 2;
+  static constexpr int kMinBlocks = 2;
 };
 // A warp's ring slot: X [kMt m-tiles][2 halves][32 lanes][4] elements, then fn
 // [3][32 lanes][4] f32.
@@ -853,7 +816,7 @@ __global__ void __launch_bounds__(kLmmaThreads, LmmaShape<T>::kMinBlocks)
     load_block_fragments<T, MT>(
         bv, av, ss, true, [&](int nt) { return *reinterpret_cast<const float4*>(fslot(slot, nt)); },
         [&](int mt, int h) { return static_cast<const T*>(xslot(slot, mt, h)); });
-    mma_block16<MT, kSplitA, !kSplitA>(d, av, bv);
+    mma_block16<MT, kSplitA>(d, av, bv);
   }
   cp_async_wait<0>();
   // The partials reuse the ring once every warp is done with it.
