@@ -1652,9 +1652,10 @@ __device__ __forceinline__ void token_outputs(const T* xt, T* ot, const StaticFw
 // ---- static forward, one token per CTA staged in shared memory
 // -------------------------------- static_forward_regs' structure with the token copied to shared
 // memory by cp.async instead of held in registers: a 16-bit token (32 KiB at n * C = 16384) then
-// costs no registers, so an SM keeps as many tokens in flight as its shared memory holds (six),
-// where registers capped the register kernel at three. Each thread copies and reads back only its
-// own chunks, so the only barriers are the coefficient row's and the block sum's.
+// costs no registers, so an SM keeps four tokens in flight (64 registers per thread; shared memory
+// would hold six), where registers capped the register kernel at three with spills. Each thread
+// copies and reads back only its own chunks, so the only barriers are the coefficient row's and
+// the block sum's.
 template <class T, int NMAX>
 __global__ void __launch_bounds__(kRegsThreads, NMAX <= 4 ? 4 : 2)
     static_forward_staged_kernel(T* __restrict__ out, const T* __restrict__ x, StaticFwdArgs a) {
