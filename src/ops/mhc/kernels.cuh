@@ -714,19 +714,14 @@ __device__ __forceinline__ void mma_products(const T* xs, const DynArgs& a, int 
 // per SM measured faster while the block MMA ran m16n8k4 steps (0.486 against 0.52 ms: the two-
 // m-tile k4 version stalled on its fragments' load-to-use latency at 16 warps per SM); with
 // m16n8k8 steps two m-tiles win for every dtype (f32 dynamic collapse 0.973 -> 0.907 ms).
-constexpr int kLmmaTokens = 64, kLmmaThreads = 256, kLmmaStages = 3;
-template <class T>
-struct LmmaShape {
-  static constexpr int kMt = 2;
-  static constexpr int kGroups = kLmmaTokens / (16 * kMt);    // token groups per CTA
-  static constexpr int kParts = kLmmaThreads / 32 / kGroups;  // K parts per token group
-  static constexpr int kMinBlocks = 2;
-};
-// A warp's ring slot: X [kMt m-tiles][2 halves][32 lanes][4] elements, then fn
+constexpr int kLmmaTokens = 64, kLmmaThreads = 256, kLmmaStages = 3, kLmmaMt = 2;
+constexpr int kLmmaGroups = kLmmaTokens / (16 * kLmmaMt);    // token groups per CTA
+constexpr int kLmmaParts = kLmmaThreads / 32 / kLmmaGroups;  // K parts per token group
+// A warp's ring slot: X [kLmmaMt m-tiles][2 halves][32 lanes][4] elements, then fn
 // [3][32 lanes][4] f32.
 template <class T>
 constexpr int lmma_x_bytes() {
-  return LmmaShape<T>::kMt * 2 * 32 * 4 * static_cast<int>(sizeof(T));
+  return kLmmaMt * 2 * 32 * 4 * static_cast<int>(sizeof(T));
 }
 template <class T>
 constexpr int lmma_slot_bytes() {
@@ -737,10 +732,9 @@ constexpr size_t lmma_smem_bytes() {
   return static_cast<size_t>(kLmmaThreads / 32) * kLmmaStages * lmma_slot_bytes<T>();
 }
 template <class T>
-__global__ void __launch_bounds__(kLmmaThreads, LmmaShape<T>::kMinBlocks)
+__global__ void __launch_bounds__(kLmmaThreads, 2)
     logits_mma_kernel(const T* __restrict__ x, LogitArgs a) {
-  constexpr int MT = LmmaShape<T>::kMt, kLmmaGroups = LmmaShape<T>::kGroups;
-  constexpr int kLmmaParts = LmmaShape<T>::kParts;
+  constexpr int MT = kLmmaMt;
   constexpr bool kSplitA = sizeof(T) == 4;  // 16-bit values are exact in TF32
   extern __shared__ __align__(16) unsigned char lmma_smem[];
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
@@ -859,8 +853,7 @@ __global__ void __launch_bounds__(kLmmaThreads, LmmaShape<T>::kMinBlocks)
 }
 template <class T>
 constexpr bool lmma_partials_fit() {
-  return lmma_smem_bytes<T>() >=
-         sizeof(float) * LmmaShape<T>::kParts * kLmmaTokens * (kDynKpass + 1);
+  return lmma_smem_bytes<T>() >= sizeof(float) * kLmmaParts * kLmmaTokens * (kDynKpass + 1);
 }
 static_assert(lmma_partials_fit<float>() && lmma_partials_fit<__nv_bfloat16>(),
               "the partials reuse the ring");

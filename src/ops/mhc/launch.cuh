@@ -159,6 +159,11 @@ inline ActivateArgs activate_dynamic(const MhcProblem& p, const MhcParams& w, fl
   a.sk = sinkhorn_params(p.sinkhorn);
   return a;
 }
+// Threads per block of the thread-per-row kernels (activate_kernel, comb_sinkhorn_kernel): as many
+// rows' Sinkhorn slots as fit in 48 KB of shared memory, at most 128.
+inline int row_kernel_threads(int slot_bytes) {
+  return std::clamp(48 * 1024 / slot_bytes, 1, 128);
+}
 inline Status run_activate(std::string_view op, cudaStream_t s, const ActivateArgs& a) {
   if (a.rows == 0) return {};
   const int slot_bytes = activate_slot(a.n) * static_cast<int>(sizeof(float));
@@ -175,7 +180,7 @@ inline Status run_activate(std::string_view op, cudaStream_t s, const ActivateAr
       return {};
     }
   }
-  const int threads = std::clamp(48 * 1024 / slot_bytes, 1, 128);
+  const int threads = row_kernel_threads(slot_bytes);
   activate_kernel<<<blocks_for(a.rows, threads), threads, threads * slot_bytes, s>>>(a);
   MHC_CHECK("activate_kernel");
   return {};
@@ -395,7 +400,7 @@ inline Status run_comb_sinkhorn(std::string_view op, cudaStream_t s, const MhcPr
     return {};
   }
   const int slot_bytes = activate_slot(da.n) * static_cast<int>(sizeof(float));
-  const int threads = std::clamp(48 * 1024 / slot_bytes, 1, 128);
+  const int threads = row_kernel_threads(slot_bytes);
   comb_sinkhorn_kernel<<<blocks_for(p.tokens, threads), threads, threads * slot_bytes, s>>>(
       da.co, da.co_stride, p.tokens, da.n, sinkhorn_params(p.sinkhorn));
   MHC_CHECK("comb_sinkhorn_kernel");
@@ -721,11 +726,13 @@ bool register_mhc_cuda() {
                                   .priority = 10,
                                   .workspace = ws_collapse,
                                   .launch = collapse<T>});
-  // Dynamic H on sm_90: one pass over X. Priorities follow the H100 measurements at 16384 x 4 x
-  // 4096 (docs/perf/mhc.md): the tensor-core kernel first where it fits (C % 128 == 0; f32 1.27 ms,
-  // bf16 0.75 ms); then for 16-bit data the cluster kernel (bf16 1.18 ms against split-K's 1.72),
-  // for f32 split-K (1.86 ms against the cluster kernel's 1.88: the CUDA-core products, not the
-  // pass over X, bound both). The split-K "collapse" stays registered for static H and every shape.
+  // Dynamic H. Priorities follow the H100 measurements at 16384 x 4 x 4096 (docs/perf/mhc.md):
+  // split-K with its logits on tensor cores first (collapse_split_tf32, below, every dynamic
+  // shape: f32 0.907 ms, bf16 0.540 ms at 7f38974); then the one-pass sm_90 cluster kernels, tensor
+  // cores where they fit (C % 128 == 0; f32 1.04 ms, bf16 0.66 ms), the CUDA-core one for 16-bit
+  // data (bf16 1.17 ms against CUDA-core split-K's 1.62); for f32 CUDA-core split-K (1.77 ms)
+  // over the CUDA-core cluster kernel (1.86). The split-K "collapse" stays registered for static
+  // H and every shape.
   constexpr bool wide = D == DType::f32;  // 4-byte data: split-K is as fast as the cluster kernel
   register_kernel<MhcCollapseOp>({.sku = sku(MhcCollapseOp::name, DType::f32, kForward,
                                              "collapse_dynamic_cluster", Arch::sm90),
@@ -740,16 +747,14 @@ bool register_mhc_cuda() {
                                   .fits = fits_collapse_cluster<D>,
                                   .workspace = ws_collapse,
                                   .launch = collapse_cluster<T, false>});
-  // Products on tensor cores (3xTF32 / 2xTF32): the default wherever it fits.
+  // The cluster kernel's products on tensor cores (3xTF32 / 2xTF32).
   register_kernel<MhcCollapseOp>({.sku = sku(MhcCollapseOp::name, DType::f32, kForwardTf32,
                                              "collapse_dynamic_cluster_tf32", Arch::sm90),
                                   .priority = 30,
                                   .fits = fits_collapse_cluster<D, true>,
                                   .workspace = ws_collapse,
                                   .launch = collapse_cluster<T, true, true>});
-  // Two passes over X with the logits on tensor cores (any arch with TF32 mma.sync): the default
-  // for dynamic H since 79d229e (H100, 16384 x 4 x 4096: f32 1.008 ms, bf16 0.610 ms against the
-  // one-pass cluster tf32 kernel's 1.156 / 0.706 ms; docs/perf/mhc.md).
+  // Two passes over X with the logits on tensor cores (any arch with TF32 mma.sync): the default.
   register_kernel<MhcCollapseOp>(
       {.sku = sku(MhcCollapseOp::name, DType::f32, kForwardTf32, "collapse_split_tf32"),
        .priority = 40,
