@@ -83,8 +83,14 @@ __device__ __forceinline__ void wait_count(const unsigned* p, unsigned target) {
     unsigned v;
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
     if (v >= target) return;
-    __nanosleep(100);
+    __nanosleep(32);
   }
+}
+// Counts one arrival with release semantics: after a barrier, the writes of every thread that
+// joined it are visible to whoever acquires the count (the pattern of CUTLASS's semaphores). No
+// full fence: a fence also waits for the thread's copies still in flight.
+__device__ __forceinline__ void arrive_release(unsigned* p) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(p) : "memory");
 }
 // The compute warps' barrier (the reducer warps never join it).
 __device__ __forceinline__ void compute_sync() {
@@ -133,10 +139,7 @@ __device__ void grid_reduce_tokens(const GridArgs& a, int rw, int lane) {
     if (lane < a.k) v = dynamic_logit(a.act, lane, mine, inv_rms);
     if (lane < n) o[lane] = sigmoid(v) + a.act.pre_eps;
     __syncwarp();  // every lane's pre is written before lane 0 publishes the token
-    if (lane == 0) {
-      __threadfence();
-      atomicAdd(a.arrive + a.blocks + j, 1u);
-    }
+    if (lane == 0) arrive_release(a.arrive + a.blocks + j);
     if (lane >= n && lane < 2 * n) o[lane] = 2.0f * sigmoid(v);
     v = __shfl_sync(kAll, v, min(2 * n + lane, 31));
     v = sinkhorn_lanes(v, n, a.act.sk);
@@ -178,10 +181,12 @@ __global__ void __launch_bounds__(kGridThreads, 1)
     fs[kk * fpitch + e] =
         kk < a.k && col < wc ? a.fn[kk * a.fn_stride + i * a.channels + c0 + col] : 0.f;
   }
+  // Warp 0 copies nothing: its thread 0 signals and waits for the other CTAs, and a thread's
+  // copies in flight would delay its release and acquire operations.
   auto issue_tile = [&](int64_t j) {
     T* dst = tile(j);
     const int64_t tok0 = j * BT;
-    for (int idx = tid; idx < BT * n * cw; idx += kNT) {
+    for (int idx = tid - 32; idx >= 0 && idx < BT * n * cw; idx += kNT - 32) {
       const int r = idx / (n * cw), rem = idx - r * (n * cw), i = rem / cw, v = rem - i * cw;
       const int64_t tok = tok0 + r;
       const bool ok = tok < a.tokens && v * VEC < wc;
@@ -256,20 +261,14 @@ __global__ void __launch_bounds__(kGridThreads, 1)
             make_float4(v[0], v[1], v[2], v[3]);
       }
       compute_sync();  // wpart is free again; every partial of this CTA is written
-      if (tid == 0) {
-        __threadfence();
-        atomicAdd(a.arrive + j, 1u);
-      }
+      if (tid == 0) arrive_release(a.arrive + j);
     }
     const int64_t jc = j - LAG;
     if (jc >= 0) {
       // Outputs of block jc once its tokens' pre are published.
       const int64_t tok0 = jc * BT;
       const int rows = static_cast<int>(min(int64_t{BT}, a.tokens - tok0));
-      if (tid == 0) {
-        wait_count(a.arrive + a.blocks + jc, static_cast<unsigned>(rows));
-        __threadfence();
-      }
+      if (tid == 0) wait_count(a.arrive + a.blocks + jc, static_cast<unsigned>(rows));
       compute_sync();
       for (int idx = tid; idx < BT * n; idx += kNT) {
         const int r = idx / n, i = idx - r * n;
