@@ -78,13 +78,21 @@ __host__ __device__ inline size_t grid_smem_bytes(int slice) {
          sizeof(float) * parts * bt * (kDynKpass + 1) + sizeof(float) * bt * 4;
 }
 
+// Counters sit 128 bytes apart (a line each, so the L2 slices they hash to differ), and waiters
+// poll them with relaxed loads and a pause: acquire loads invalidate the SM's L1 each time, and
+// hundreds of CTAs polling one line saturate its L2 slice and delay the arrivals themselves
+// (ncu at b18ca15: most of the compute warps' time waited on a counter). One acquire load
+// follows the poll that saw the count.
+constexpr int kGridCounterStride = 32;
+constexpr unsigned kGridPollNs = 200;
 __device__ __forceinline__ void wait_count(const unsigned* p, unsigned target) {
+  unsigned v;
   for (;;) {
-    unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-    if (v >= target) return;
-    __nanosleep(32);
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    if (v >= target) break;
+    __nanosleep(kGridPollNs);
   }
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
 }
 // Counts one arrival with release semantics: after a barrier, the writes of every thread that
 // joined it are visible to whoever acquires the count (the pattern of CUTLASS's semaphores). No
@@ -104,11 +112,15 @@ template <int BT>
 __device__ void grid_reduce_tokens(const GridArgs& a, int rw, int lane) {
   constexpr unsigned kAll = 0xffffffffu;
   const int n = a.n, P = a.ctas;
+  // Lane k's logit parameters, read once (dynamic_logit's expression below, same order).
+  const int field = lane < n ? 0 : (lane < 2 * n ? 1 : 2);
+  const float scale_k = lane < a.k ? a.act.scale[field] : 0.f;
+  const float base_k = lane < a.k ? a.act.base[lane] : 0.f;
   for (int64_t tok = blockIdx.x + int64_t{rw} * P; tok < a.tokens;
        tok += int64_t{kGridReduceWarps} * P) {
     const int64_t j = tok / BT;
     const int r = static_cast<int>(tok - j * BT);
-    if (lane == 0) wait_count(a.arrive + j, static_cast<unsigned>(P));
+    if (lane == 0) wait_count(a.arrive + j * kGridCounterStride, static_cast<unsigned>(P));
     __syncwarp();
     const float* src = a.part + (static_cast<int64_t>(j % kGridSlots) * BT + r) * P * kGridPart;
     float acc[kGridPart] = {};
@@ -136,10 +148,10 @@ __device__ void grid_reduce_tokens(const GridArgs& a, int rw, int lane) {
     const float inv_rms = rsqrtf(ss * a.act.inv_flat + a.act.norm_eps);
     float* o = a.co + tok * a.co_stride;
     float v = 0;
-    if (lane < a.k) v = dynamic_logit(a.act, lane, mine, inv_rms);
+    if (lane < a.k) v = inv_rms * mine * scale_k + base_k;
     if (lane < n) o[lane] = sigmoid(v) + a.act.pre_eps;
     __syncwarp();  // every lane's pre is written before lane 0 publishes the token
-    if (lane == 0) arrive_release(a.arrive + a.blocks + j);
+    if (lane == 0) arrive_release(a.arrive + (a.blocks + j) * kGridCounterStride);
     if (lane >= n && lane < 2 * n) o[lane] = 2.0f * sigmoid(v);
     v = __shfl_sync(kAll, v, min(2 * n + lane, 31));
     v = sinkhorn_lanes(v, n, a.act.sk);
@@ -261,14 +273,15 @@ __global__ void __launch_bounds__(kGridThreads, 1)
             make_float4(v[0], v[1], v[2], v[3]);
       }
       compute_sync();  // wpart is free again; every partial of this CTA is written
-      if (tid == 0) arrive_release(a.arrive + j);
+      if (tid == 0) arrive_release(a.arrive + j * kGridCounterStride);
     }
     const int64_t jc = j - LAG;
     if (jc >= 0) {
       // Outputs of block jc once its tokens' pre are published.
       const int64_t tok0 = jc * BT;
       const int rows = static_cast<int>(min(int64_t{BT}, a.tokens - tok0));
-      if (tid == 0) wait_count(a.arrive + a.blocks + jc, static_cast<unsigned>(rows));
+      if (tid == 0)
+        wait_count(a.arrive + (a.blocks + jc) * kGridCounterStride, static_cast<unsigned>(rows));
       compute_sync();
       for (int idx = tid; idx < BT * n; idx += kNT) {
         const int r = idx / n, i = idx - r * n;

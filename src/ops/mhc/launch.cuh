@@ -523,7 +523,7 @@ size_t ws_collapse_grid(const MhcProblem& p, const DeviceCaps& caps) {
   const int64_t blocks = (p.tokens + grid_tokens<T>() - 1) / grid_tokens<T>();
   Carver c;
   c.take(int64_t{kGridSlots} * grid_tokens<T>() * g.ctas * kGridPart);
-  c.take(2 * blocks);  // unsigned counters, 4 bytes like a float
+  c.take(2 * blocks * kGridCounterStride);  // unsigned counters, 4 bytes like a float
   return std::max(c.used, ws_collapse(p, caps));
 }
 template <class T, int LAG>
@@ -549,9 +549,10 @@ Status collapse_grid(const LaunchContext& ctx, const MhcProblem& p,
   ga.co = static_cast<float*>(a.coeffs.data), ga.co_stride = a.coeffs.stride[0];
   Carver c{static_cast<char*>(ctx.workspace.data)};
   ga.part = c.take(int64_t{kGridSlots} * grid_tokens<T>() * g.ctas * kGridPart);
-  ga.arrive = reinterpret_cast<unsigned*>(c.take(2 * ga.blocks));
+  ga.arrive = reinterpret_cast<unsigned*>(c.take(2 * ga.blocks * kGridCounterStride));
   ga.act = activate_dynamic(p, w, nullptr, nullptr);
-  if (cudaError_t e = cudaMemsetAsync(ga.arrive, 0, sizeof(unsigned) * 2 * ga.blocks, s);
+  if (cudaError_t e =
+          cudaMemsetAsync(ga.arrive, 0, sizeof(unsigned) * 2 * ga.blocks * kGridCounterStride, s);
       e != cudaSuccess)
     return cuda::cuda_error(op, "grid_collapse_kernel counters", e);
   auto* kernel = grid_collapse_kernel<T, LAG>;
