@@ -11,34 +11,50 @@
 //    kGridStages buffers;
 //  - the CTA's partial products and sum of squares of a block (tensor cores, 3xTF32 / 2xTF32 as
 //    in logits_mma_kernel) go to global memory, and a per-block counter counts the CTAs in;
-//  - four reducer warps per CTA (warp-specialized, off the compute warps' barriers) take the
-//    tokens t = s (mod P): once every CTA has published the block, they sum its P partials in a
-//    fixed order, form pre and publish it (a second counter), then finish post and the Sinkhorn
-//    of comb;
-//  - LAG blocks after the products, the compute warps wait for the block's pre and write y for
-//    their channels from the slice still in shared memory.
+//  - warps have roles and never wait for each other except through mbarriers and counters: one
+//    copy warp fills the ring; four MMA warps form the CTA's partial products and sum of squares
+//    of a block (tensor cores, 3xTF32 / 2xTF32 as in logits_mma_kernel), write them to global
+//    memory and count the CTA in on the block's counter; four reducer warps take the tokens
+//    t = s (mod P): once every CTA has published the block, they sum its P partials in a fixed
+//    order, form pre and publish it (a second counter), then finish post and the Sinkhorn of
+//    comb; four output warps wait for the block's pre and write y for their channels from the
+//    slice still in shared memory, then hand the buffer back to the copy warp.
+// A first version ran every role on the same eight warps in one loop with block barriers: each
+// block then paid the sum of the phases' latencies (6.4 us per 64-token block at f32 where the
+// bytes take 1.4 us; 1.65 ms in all, ncu at 384f360).
 // X therefore leaves HBM once; the cross-CTA traffic (28 floats per token and CTA) stays in L2.
 // All P CTAs wait on each other, so they must be co-resident: the launch is cooperative, one
 // CTA per SM. Every sum has a fixed order that depends on (n, C, P) only: deterministic, and the
 // bits of a token do not depend on the token count (P depends on the device's SM count).
 #pragma once
 
+#include "core/cuda/mbarrier.cuh"
 #include "ops/mhc/kernels.cuh"
 
 namespace baracuda::mhc_cuda {
 namespace {
 
-constexpr int kGridComputeWarps = 8, kGridReduceWarps = 4;
-constexpr int kGridThreads = 32 * (kGridComputeWarps + kGridReduceWarps);
+// Warp roles: MMA (products), one copy warp, output warps, reducer warps.
+constexpr int kGridMmaWarps = 4, kGridLoadWarp = kGridMmaWarps, kGridOutWarp0 = kGridMmaWarps + 1;
+constexpr int kGridOutWarps = 4, kGridReduceWarp0 = kGridOutWarp0 + kGridOutWarps;
+constexpr int kGridReduceWarps = 4;
+constexpr int kGridThreads = 32 * (kGridReduceWarp0 + kGridReduceWarps);
 constexpr int kGridStages = 5;
-constexpr int kGridSlots = 4;      // partial buffers in flight: LAG + 2 at the largest LAG (2)
-constexpr int kGridPart = 28;      // floats per (token, CTA): 24 products, sum of squares, pad
+// Partial buffers: one per tile buffer. A tile buffer is refilled only after the outputs of its
+// previous block, which waited for every reducer of that block to publish, so the partials of
+// that block have been read when the slot is written again.
+constexpr int kGridSlots = kGridStages;
+constexpr int kGridPart = 32;      // floats per (token, CTA): 24 products, sum of squares, pad
 constexpr int kGridMaxCtas = 160;  // a reducer lane sums at most 5 CTAs' partials
-constexpr int kGridMmaRows = 32;   // tokens per compute-warp group (two m16 tiles)
+constexpr int kGridMmaRows = 32;   // tokens per MMA-warp group (two m16 tiles)
 // Tokens per block: 32 KB of a 4 x 32-channel slice either way.
 template <class T>
 constexpr int grid_tokens() {
   return sizeof(T) == 4 ? 64 : 128;
+}
+template <class T>
+constexpr int grid_parts() {
+  return kGridMmaWarps / (grid_tokens<T>() / kGridMmaRows);
 }
 
 struct GridArgs {
@@ -52,9 +68,12 @@ struct GridArgs {
   int64_t fn_stride = 0;
   float* co = nullptr;
   int64_t co_stride = 0;
-  float* part = nullptr;       // [kGridSlots][BT][ctas][kGridPart]
-  unsigned* arrive = nullptr;  // [2][blocks]: CTAs that published products; tokens with pre
-  ActivateArgs act;            // n, k, scale, base, inv_flat, norm_eps, pre_eps, sk
+  float* part = nullptr;  // [kGridSlots][BT][ctas][kGridPart]
+  // [2][blocks][kGridCounterStride]: CTAs that published a block's products; tokens of the block
+  // whose pre is published
+  unsigned* arrive = nullptr;
+  unsigned div_cw = 0, div_n = 0;  // fast_div magics of W / VEC and of n
+  ActivateArgs act;                // n, k, scale, base, inv_flat, norm_eps, pre_eps, sk
 };
 
 // Row pitches padded so that the 8-row fragment loads of a warp hit distinct banks (16 elements
@@ -73,18 +92,25 @@ __host__ __device__ inline size_t grid_tile_bytes(int slice) {
 }
 template <class T>
 __host__ __device__ inline size_t grid_smem_bytes(int slice) {
-  constexpr int bt = grid_tokens<T>(), parts = kGridComputeWarps / (bt / kGridMmaRows);
+  constexpr int bt = grid_tokens<T>();
   return kGridStages * grid_tile_bytes<T>(slice) + sizeof(float) * 24 * grid_fpitch(slice) +
-         sizeof(float) * parts * bt * (kDynKpass + 1) + sizeof(float) * bt * 4;
+         sizeof(float) * grid_parts<T>() * bt * (kDynKpass + 1) + sizeof(float) * bt * 4 +
+         sizeof(uint64_t) * 2 * kGridStages;
+}
+// x / d for x, d < 2^16 with magic = ceil(2^32 / d): exact in that range.
+__host__ __device__ inline unsigned fast_div_magic(unsigned d) {
+  return static_cast<unsigned>(((uint64_t{1} << 32) + d - 1) / d);
+}
+__device__ __forceinline__ int fast_div(int x, unsigned magic) {
+  return static_cast<int>(__umulhi(static_cast<unsigned>(x), magic));
 }
 
 // Counters sit 128 bytes apart (a line each, so the L2 slices they hash to differ), and waiters
 // poll them with relaxed loads and a pause: acquire loads invalidate the SM's L1 each time, and
-// hundreds of CTAs polling one line saturate its L2 slice and delay the arrivals themselves
-// (ncu at b18ca15: most of the compute warps' time waited on a counter). One acquire load
-// follows the poll that saw the count.
+// many CTAs polling one line load its L2 slice. One acquire load follows the poll that saw the
+// count.
 constexpr int kGridCounterStride = 32;
-constexpr unsigned kGridPollNs = 200;
+constexpr unsigned kGridPollNs = 64;
 __device__ __forceinline__ void wait_count(const unsigned* p, unsigned target) {
   unsigned v;
   for (;;) {
@@ -100,18 +126,23 @@ __device__ __forceinline__ void wait_count(const unsigned* p, unsigned target) {
 __device__ __forceinline__ void arrive_release(unsigned* p) {
   asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(p) : "memory");
 }
-// The compute warps' barrier (the reducer warps never join it).
-__device__ __forceinline__ void compute_sync() {
-  asm volatile("bar.sync 1, %0;\n" ::"n"(32 * kGridComputeWarps) : "memory");
+// A group's own barrier (named barriers 1 and 2: the MMA and the output warps), so no role
+// waits for another's progress except through the counters and the mbarriers.
+template <int kId, int kThreads>
+__device__ __forceinline__ void group_sync() {
+  asm volatile("bar.sync %0, %1;\n" ::"n"(kId), "n"(kThreads) : "memory");
 }
 
 // One reducer warp: the tokens t = cta + P (rw + kGridReduceWarps m), each once its block's
-// products are all published. Lane l sums CTAs l, l + 32, ... in order, then a fixed shuffle tree
-// forms the totals in lane 0; lane k then owns logit k as in activate_dynamic_warp_kernel.
+// products are all published. Lane l sums CTAs l, l + 32, ... in order (two CTAs' partials in
+// flight per lane at a time), then a fixed shuffle tree forms the totals in lane 0; lane k then
+// owns logit k as in activate_dynamic_warp_kernel. pre is published first (the outputs wait for
+// it), post and the Sinkhorn of comb follow.
 template <int BT>
 __device__ void grid_reduce_tokens(const GridArgs& a, int rw, int lane) {
   constexpr unsigned kAll = 0xffffffffu;
-  const int n = a.n, P = a.ctas;
+  constexpr int kQuads = (kDynKpass + 1 + 3) / 4;  // the quads that carry data
+  const int n = a.n, P = a.ctas, rounds = (P + 63) / 64;
   // Lane k's logit parameters, read once (dynamic_logit's expression below, same order).
   const int field = lane < n ? 0 : (lane < 2 * n ? 1 : 2);
   const float scale_k = lane < a.k ? a.act.scale[field] : 0.f;
@@ -123,16 +154,23 @@ __device__ void grid_reduce_tokens(const GridArgs& a, int rw, int lane) {
     if (lane == 0) wait_count(a.arrive + j * kGridCounterStride, static_cast<unsigned>(P));
     __syncwarp();
     const float* src = a.part + (static_cast<int64_t>(j % kGridSlots) * BT + r) * P * kGridPart;
-    float acc[kGridPart] = {};
+    float acc[4 * kQuads] = {};
+    for (int rd = 0; rd < rounds; ++rd) {
+      float4 v[2][kQuads];
 #pragma unroll
-    for (int m = 0; m < kGridMaxCtas / 32; ++m) {
-      const int s = lane + 32 * m;
-      if (s < P) {
+      for (int u = 0; u < 2; ++u) {
+        const int s = min(lane + 32 * (2 * rd + u), P - 1);  // in range; zeroed below if past P
         const float4* p4 = reinterpret_cast<const float4*>(src + int64_t{s} * kGridPart);
 #pragma unroll
-        for (int q = 0; q < kGridPart / 4; ++q) {
-          const float4 v = __ldcg(p4 + q);
-          acc[4 * q] += v.x, acc[4 * q + 1] += v.y, acc[4 * q + 2] += v.z, acc[4 * q + 3] += v.w;
+        for (int q = 0; q < kQuads; ++q) v[u][q] = __ldcg(p4 + q);
+      }
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        if (lane + 32 * (2 * rd + u) >= P) continue;
+#pragma unroll
+        for (int q = 0; q < kQuads; ++q) {
+          acc[4 * q] += v[u][q].x, acc[4 * q + 1] += v[u][q].y;
+          acc[4 * q + 2] += v[u][q].z, acc[4 * q + 3] += v[u][q].w;
         }
       }
     }
@@ -159,68 +197,81 @@ __device__ void grid_reduce_tokens(const GridArgs& a, int rw, int lane) {
   }
 }
 
-template <class T, int LAG>
+template <class T>
 __global__ void __launch_bounds__(kGridThreads, 1)
     grid_collapse_kernel(T* __restrict__ y, const T* __restrict__ x, GridArgs a) {
   constexpr int BT = grid_tokens<T>(), VEC = 16 / static_cast<int>(sizeof(T));
-  constexpr int kGroups = BT / kGridMmaRows, kParts = kGridComputeWarps / kGroups;
-  constexpr int kNT = 32 * kGridComputeWarps;
+  constexpr int kGroups = BT / kGridMmaRows, kParts = grid_parts<T>();
+  constexpr int kMmaThreads = 32 * kGridMmaWarps, kOutThreads = 32 * kGridOutWarps;
   constexpr bool kSplitA = sizeof(T) == 4;  // 16-bit values are exact in TF32
-  static_assert(LAG >= 1 && LAG + 2 <= kGridSlots && LAG + 2 <= kGridStages, "ring depths");
-  const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
-  if (warp >= kGridComputeWarps) {
-    grid_reduce_tokens<BT>(a, warp - kGridComputeWarps, lane);
-    return;
-  }
   extern __shared__ __align__(16) unsigned char grid_smem[];
+  const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
+  const int tid = static_cast<int>(threadIdx.x);
   const int n = a.n, W = a.width, slice = n * W, pitch = a.pitch, fpitch = a.fpitch;
   const size_t tile_bytes = grid_tile_bytes<T>(slice);
   auto tile = [&](int64_t j) {
     return reinterpret_cast<T*>(grid_smem + static_cast<size_t>(j % kGridStages) * tile_bytes);
   };
   float* fs = reinterpret_cast<float*>(grid_smem + kGridStages * tile_bytes);
-  float* wpart = fs + 24 * fpitch;               // [kParts][BT][kDynKpass]
-  float* wss = wpart + kParts * BT * kDynKpass;  // [kParts][BT]
-  float* spre = wss + kParts * BT;               // [BT][n]
-  const int tid = static_cast<int>(threadIdx.x);
+  float* wpart = fs + 24 * fpitch;                              // [kParts][BT][kDynKpass]
+  float* wss = wpart + kParts * BT * kDynKpass;                 // [kParts][BT]
+  float* spre = wss + kParts * BT;                              // [BT][4]
+  uint64_t* full = reinterpret_cast<uint64_t*>(spre + BT * 4);  // [kGridStages]: tile landed
+  uint64_t* empty = full + kGridStages;  // [kGridStages]: the block's outputs are written
   const int64_t c0 = int64_t{blockIdx.x} * W;
   const int wc = static_cast<int>(min(int64_t{W}, a.channels - c0));  // this CTA's channels
   const int cw = W / VEC;                                             // 16-byte chunks per stream
 
   // fn's slice, zero past K and past this CTA's channels, so padded rows and columns add nothing.
-  for (int idx = tid; idx < 24 * slice; idx += kNT) {
+  for (int idx = tid; idx < 24 * slice; idx += kGridThreads) {
     const int kk = idx / slice, e = idx - kk * slice, i = e / W, col = e - i * W;
     fs[kk * fpitch + e] =
         kk < a.k && col < wc ? a.fn[kk * a.fn_stride + i * a.channels + c0 + col] : 0.f;
   }
-  // Warp 0 copies nothing: its thread 0 signals and waits for the other CTAs, and a thread's
-  // copies in flight would delay its release and acquire operations.
-  auto issue_tile = [&](int64_t j) {
-    T* dst = tile(j);
-    const int64_t tok0 = j * BT;
-    for (int idx = tid - 32; idx >= 0 && idx < BT * n * cw; idx += kNT - 32) {
-      const int r = idx / (n * cw), rem = idx - r * (n * cw), i = rem / cw, v = rem - i * cw;
-      const int64_t tok = tok0 + r;
-      const bool ok = tok < a.tokens && v * VEC < wc;
-      const T* src = ok ? x + tok * a.x_st + i * a.x_si + c0 + v * VEC : x;
-      cp_async16(dst + r * pitch + i * W + v * VEC, src, ok ? 16 : 0);
+  if (tid == 0) {
+    for (int b = 0; b < kGridStages; ++b) {
+      cuda::mbar_init(cuda::smem_addr(full + b), 32);  // the copy warp's lanes
+      cuda::mbar_init(cuda::smem_addr(empty + b), kOutThreads);
     }
-  };
-#pragma unroll 1
-  for (int j = 0; j < kGridStages; ++j) {
-    if (j < a.blocks) issue_tile(j);
-    cp_async_commit();
   }
+  __syncthreads();  // the only barrier of all roles: fn's slice and the mbarriers are ready
 
-  const int tg = warp % kGroups, kp = warp / kGroups, g = lane >> 2, t = lane & 3;
-  const int nblk = slice / 16;
-#pragma unroll 1
-  for (int64_t j = 0; j < a.blocks + LAG; ++j) {
-    if (j < a.blocks) {
-      // Products of block j: warp (token group tg, part kp) over the slice's 16-element blocks
-      // kp, kp + kParts, ...; the parts add in order through shared memory.
-      cp_async_wait<kGridStages - 1 - LAG>();
-      compute_sync();  // tile j has landed for every thread (and fn's slice is in place)
+  if (warp >= kGridReduceWarp0) {
+    grid_reduce_tokens<BT>(a, warp - kGridReduceWarp0, lane);
+    return;
+  }
+  if (warp == kGridLoadWarp) {
+    // Copies: block j into buffer j % S once the outputs of block j - S have left it; each lane's
+    // arrival on full[b] fires when its copies land.
+    const int chunks = BT * n * cw;
+    for (int64_t j = 0; j < a.blocks; ++j) {
+      const int b = static_cast<int>(j % kGridStages);
+      if (j >= kGridStages)
+        cuda::mbar_wait(cuda::smem_addr(empty + b),
+                        static_cast<uint32_t>((j / kGridStages - 1) & 1));
+      T* dst = tile(j);
+      const int64_t tok0 = j * BT;
+      for (int idx = lane; idx < chunks; idx += 32) {
+        const int rs = fast_div(idx, a.div_cw), v = idx - rs * cw;
+        const int r = fast_div(rs, a.div_n), i = rs - r * n;
+        const int64_t tok = tok0 + r;
+        const bool ok = tok < a.tokens && v * VEC < wc;
+        const T* src = ok ? x + tok * a.x_st + i * a.x_si + c0 + v * VEC : x;
+        cp_async16(dst + r * pitch + i * W + v * VEC, src, ok ? 16 : 0);
+      }
+      cuda::cp_async_mbar_arrive(cuda::smem_addr(full + b));
+    }
+    cp_async_wait<0>();
+    return;
+  }
+  if (warp < kGridMmaWarps) {
+    // Products of each block: warp (token group tg, part kp) over the slice's 16-element blocks
+    // kp, kp + kParts, ...; the parts add in order through shared memory.
+    const int tg = warp % kGroups, kp = warp / kGroups, g = lane >> 2, t = lane & 3;
+    const int nblk = slice / 16;
+    for (int64_t j = 0; j < a.blocks; ++j) {
+      cuda::mbar_wait(cuda::smem_addr(full + j % kGridStages),
+                      static_cast<uint32_t>((j / kGridStages) & 1));
       const T* tl = tile(j);
       float d[2][3][4] = {};
       float ss[2][2] = {};
@@ -253,61 +304,64 @@ __global__ void __launch_bounds__(kGridThreads, 1)
           }
           if (t == 0) wss[kp * BT + row] = sv;
         }
-      compute_sync();
+      group_sync<1, kMmaThreads>();
+      // Publish: quad q < 6 holds products 4q.., quad 6 the sum of squares (quad 7 is padding,
+      // never read).
       float* dst = a.part + (j % kGridSlots) * BT * int64_t{a.ctas} * kGridPart +
                    int64_t{blockIdx.x} * kGridPart;
-      for (int it = tid; it < BT * (kGridPart / 4); it += kNT) {
-        const int row = it / (kGridPart / 4), q = it - row * (kGridPart / 4);
-        float v[4];
+      for (int it = tid; it < BT * 8; it += kMmaThreads) {
+        const int row = it >> 3, q = it & 7;
+        if (q == 7) continue;
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const int kk = 4 * q + c;
-          float s = 0;
-#pragma unroll
-          for (int p = 0; p < kParts; ++p)
-            s += kk < kDynKpass ? wpart[(p * BT + row) * kDynKpass + kk]
-                                : (kk == kDynKpass ? wss[p * BT + row] : 0.f);
-          v[c] = s;
+        for (int p = 0; p < kParts; ++p) {
+          if (q < 6) {
+            const float4 w4 =
+                *reinterpret_cast<const float4*>(wpart + (p * BT + row) * kDynKpass + 4 * q);
+            v.x += w4.x, v.y += w4.y, v.z += w4.z, v.w += w4.w;
+          } else {
+            v.x += wss[p * BT + row];
+          }
         }
-        *reinterpret_cast<float4*>(dst + int64_t{row} * a.ctas * kGridPart + 4 * q) =
-            make_float4(v[0], v[1], v[2], v[3]);
+        *reinterpret_cast<float4*>(dst + int64_t{row} * a.ctas * kGridPart + 4 * q) = v;
       }
-      compute_sync();  // wpart is free again; every partial of this CTA is written
+      group_sync<1, kMmaThreads>();  // wpart is free again; every partial of this CTA is written
       if (tid == 0) arrive_release(a.arrive + j * kGridCounterStride);
     }
-    const int64_t jc = j - LAG;
-    if (jc >= 0) {
-      // Outputs of block jc once its tokens' pre are published.
-      const int64_t tok0 = jc * BT;
-      const int rows = static_cast<int>(min(int64_t{BT}, a.tokens - tok0));
-      if (tid == 0)
-        wait_count(a.arrive + (a.blocks + jc) * kGridCounterStride, static_cast<unsigned>(rows));
-      compute_sync();
-      for (int idx = tid; idx < BT * n; idx += kNT) {
-        const int r = idx / n, i = idx - r * n;
-        spre[idx] = r < rows ? __ldcg(a.co + (tok0 + r) * a.co_stride + i) : 0.f;
-      }
-      compute_sync();
-      const T* tl = tile(jc);
-      for (int it = tid; it < rows * cw; it += kNT) {
-        const int r = it / cw, v = it - r * cw;
-        if (v * VEC >= wc) continue;
-        float acc[VEC] = {};
-        for (int i = 0; i < n; ++i) {
-          float xv[VEC];
-          load_vec<T, VEC>(tl + r * pitch + i * W + v * VEC, xv);
-          const float pi = spre[r * n + i];
-#pragma unroll
-          for (int e = 0; e < VEC; ++e) acc[e] = fmaf(pi, xv[e], acc[e]);
-        }
-        store_vec<T, VEC>(y + (tok0 + r) * a.y_st + c0 + v * VEC, acc);
-      }
-      compute_sync();  // the buffer of block jc and spre are free
-      if (jc + kGridStages < a.blocks) issue_tile(jc + kGridStages);
-    }
-    cp_async_commit();
+    return;
   }
-  cp_async_wait<0>();
+  // Output warps: block jc once its tokens' pre are published, from the slice still in shared
+  // memory; then the buffer goes back to the copy warp.
+  const int ot = tid - 32 * kGridOutWarp0;
+  for (int64_t jc = 0; jc < a.blocks; ++jc) {
+    const int64_t tok0 = jc * BT;
+    const int rows = static_cast<int>(min(int64_t{BT}, a.tokens - tok0));
+    if (ot == 0)
+      wait_count(a.arrive + (a.blocks + jc) * kGridCounterStride, static_cast<unsigned>(rows));
+    group_sync<2, kOutThreads>();  // also: every thread is done with the previous spre
+    for (int idx = ot; idx < BT * n; idx += kOutThreads) {
+      const int r = fast_div(idx, a.div_n), i = idx - r * n;
+      spre[r * 4 + i] = r < rows ? __ldcg(a.co + (tok0 + r) * a.co_stride + i) : 0.f;
+    }
+    const int b = static_cast<int>(jc % kGridStages);
+    cuda::mbar_wait(cuda::smem_addr(full + b), static_cast<uint32_t>((jc / kGridStages) & 1));
+    group_sync<2, kOutThreads>();
+    const T* tl = tile(jc);
+    for (int it = ot; it < rows * cw; it += kOutThreads) {
+      const int r = fast_div(it, a.div_cw), v = it - r * cw;
+      if (v * VEC >= wc) continue;
+      float acc[VEC] = {};
+      for (int i = 0; i < n; ++i) {
+        float xv[VEC];
+        load_vec<T, VEC>(tl + r * pitch + i * W + v * VEC, xv);
+        const float pi = spre[r * 4 + i];
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) acc[e] = fmaf(pi, xv[e], acc[e]);
+      }
+      store_vec<T, VEC>(y + (tok0 + r) * a.y_st + c0 + v * VEC, acc);
+    }
+    cuda::mbar_arrive(cuda::smem_addr(empty + b));
+  }
 }
 
 }  // namespace

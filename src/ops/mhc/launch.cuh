@@ -526,7 +526,7 @@ size_t ws_collapse_grid(const MhcProblem& p, const DeviceCaps& caps) {
   c.take(2 * blocks * kGridCounterStride);  // unsigned counters, 4 bytes like a float
   return std::max(c.used, ws_collapse(p, caps));
 }
-template <class T, int LAG>
+template <class T>
 Status collapse_grid(const LaunchContext& ctx, const MhcProblem& p,
                      const MhcCollapseOp::Arguments& a) {
   constexpr std::string_view op = MhcCollapseOp::name;
@@ -551,11 +551,13 @@ Status collapse_grid(const LaunchContext& ctx, const MhcProblem& p,
   ga.part = c.take(int64_t{kGridSlots} * grid_tokens<T>() * g.ctas * kGridPart);
   ga.arrive = reinterpret_cast<unsigned*>(c.take(2 * ga.blocks * kGridCounterStride));
   ga.act = activate_dynamic(p, w, nullptr, nullptr);
+  ga.div_cw = fast_div_magic(static_cast<unsigned>(g.width / (16 / sizeof(T))));
+  ga.div_n = fast_div_magic(static_cast<unsigned>(p.n));
   if (cudaError_t e =
           cudaMemsetAsync(ga.arrive, 0, sizeof(unsigned) * 2 * ga.blocks * kGridCounterStride, s);
       e != cudaSuccess)
     return cuda::cuda_error(op, "grid_collapse_kernel counters", e);
-  auto* kernel = grid_collapse_kernel<T, LAG>;
+  auto* kernel = grid_collapse_kernel<T>;
   if (cudaError_t e = cuda::ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), g.smem);
       e != cudaSuccess)
     return cuda::cuda_error(op, "grid_collapse_kernel smem", e);
@@ -860,20 +862,14 @@ bool register_mhc_cuda() {
                   const DeviceCaps& caps) { return p.h == MhcH::dynamic_h && caps.sm >= 80; },
        .workspace = ws_collapse,
        .launch = collapse<T, true>});
-  // One pass over X split by channels over the whole GPU (grid_collapse.cuh), block products
-  // published LAG blocks before their outputs. Not yet measured: pinnable only.
+  // One pass over X split by channels over the whole GPU (grid_collapse.cuh). Not yet measured:
+  // pinnable only.
   register_kernel<MhcCollapseOp>(
       {.sku = sku(MhcCollapseOp::name, DType::f32, kForwardTf32, "collapse_dynamic_grid"),
        .priority = 4,
        .fits = fits_collapse_grid<D>,
        .workspace = ws_collapse_grid<D>,
-       .launch = collapse_grid<T, 2>});
-  register_kernel<MhcCollapseOp>(
-      {.sku = sku(MhcCollapseOp::name, DType::f32, kForwardTf32, "collapse_dynamic_grid_lag1"),
-       .priority = 3,
-       .fits = fits_collapse_grid<D>,
-       .workspace = ws_collapse_grid<D>,
-       .launch = collapse_grid<T, 1>});
+       .launch = collapse_grid<T>});
   register_kernel<MhcExpandOp>({.sku = sku(MhcExpandOp::name, DType::f32, kForward, "expand"),
                                 .priority = 10,
                                 .launch = expand<T>});
