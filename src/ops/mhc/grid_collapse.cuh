@@ -7,22 +7,22 @@
 // X twice. Here CTA s (one per SM, P of them) owns channels [s W, s W + W) of every stream, for
 // every token:
 //  - its slice of fn (24 x n W floats, 13.5 KB) sits in shared memory for the whole kernel;
-//  - X arrives in blocks of BT tokens (32 KB of slice per CTA), cp.async into a ring of
-//    kGridStages buffers;
-//  - the CTA's partial products and sum of squares of a block (tensor cores, 3xTF32 / 2xTF32 as
-//    in logits_mma_kernel) go to global memory, and a per-block counter counts the CTAs in;
+//  - X arrives in blocks of 64 tokens (a 36 KB f32 / 18 KB 16-bit slice tile per CTA), cp.async
+//    into a ring of grid_stages<T>() buffers;
 //  - warps have roles and never wait for each other except through mbarriers and counters: one
 //    copy warp fills the ring; four MMA warps form the CTA's partial products and sum of squares
 //    of a block (tensor cores, 3xTF32 / 2xTF32 as in logits_mma_kernel), write them to global
 //    memory and count the CTA in on the block's counter; four reducer warps take the tokens
 //    t = s (mod P): once every CTA has published the block, they sum its P partials in a fixed
 //    order, form pre and publish it (a second counter), then finish post and the Sinkhorn of
-//    comb; four output warps wait for the block's pre and write y for their channels from the
-//    slice still in shared memory, then hand the buffer back to the copy warp.
+//    comb; four output warps wait for the block's pre and write y for their channels, re-reading
+//    the slice from L2 (a tile that stayed in shared memory until its pre was known held the
+//    ring for the whole reduce chain: ~22 us a buffer, 1.14 ms at f32, at fb68e22).
 // A first version ran every role on the same eight warps in one loop with block barriers: each
 // block then paid the sum of the phases' latencies (6.4 us per 64-token block at f32 where the
 // bytes take 1.4 us; 1.65 ms in all, ncu at 384f360).
-// X therefore leaves HBM once; the cross-CTA traffic (28 floats per token and CTA) stays in L2.
+// X leaves HBM once where its second read hits L2; the cross-CTA traffic (28 floats per token
+// and CTA) stays in L2.
 // All P CTAs wait on each other, so they must be co-resident: the launch is cooperative, one
 // CTA per SM. Every sum has a fixed order that depends on (n, C, P) only: deterministic, and the
 // bits of a token do not depend on the token count (P depends on the device's SM count).
@@ -39,18 +39,23 @@ constexpr int kGridMmaWarps = 4, kGridLoadWarp = kGridMmaWarps, kGridOutWarp0 = 
 constexpr int kGridOutWarps = 4, kGridReduceWarp0 = kGridOutWarp0 + kGridOutWarps;
 constexpr int kGridReduceWarps = 4;
 constexpr int kGridThreads = 32 * (kGridReduceWarp0 + kGridReduceWarps);
-constexpr int kGridStages = 5;
-// Partial buffers: one per tile buffer. A tile buffer is refilled only after the outputs of its
-// previous block, which waited for every reducer of that block to publish, so the partials of
-// that block have been read when the slot is written again.
-constexpr int kGridSlots = kGridStages;
-constexpr int kGridPart = 32;      // floats per (token, CTA): 24 products, sum of squares, pad
+// Partial buffers in flight: the MMA warps publish block j into slot j % kGridSlots once every
+// token of block j - kGridSlots has been reduced. This also bounds how far the copies run ahead
+// of the outputs, which re-read X from L2: about kGridSlots blocks (24 MB at f32) between the two
+// reads of a block.
+constexpr int kGridSlots = 6;
+constexpr int kGridPart = 28;      // floats per (token, CTA): 24 products, sum of squares, pad
 constexpr int kGridMaxCtas = 160;  // a reducer lane sums at most 5 CTAs' partials
 constexpr int kGridMmaRows = 32;   // tokens per MMA-warp group (two m16 tiles)
-// Tokens per block: 32 KB of a 4 x 32-channel slice either way.
+constexpr int kGridTokens = 64;    // tokens per block
 template <class T>
 constexpr int grid_tokens() {
-  return sizeof(T) == 4 ? 64 : 128;
+  return kGridTokens;
+}
+// Tile buffers: 184 KB of ring either way (a 4 x 32-channel slice: 36 KB at f32, 18 KB at 16 bits).
+template <class T>
+constexpr int grid_stages() {
+  return sizeof(T) == 4 ? 5 : 10;
 }
 template <class T>
 constexpr int grid_parts() {
@@ -93,16 +98,17 @@ __host__ __device__ inline size_t grid_tile_bytes(int slice) {
 template <class T>
 __host__ __device__ inline size_t grid_smem_bytes(int slice) {
   constexpr int bt = grid_tokens<T>();
-  return kGridStages * grid_tile_bytes<T>(slice) + sizeof(float) * 24 * grid_fpitch(slice) +
+  return grid_stages<T>() * grid_tile_bytes<T>(slice) + sizeof(float) * 24 * grid_fpitch(slice) +
          sizeof(float) * grid_parts<T>() * bt * (kDynKpass + 1) + sizeof(float) * bt * 4 +
-         sizeof(uint64_t) * 2 * kGridStages;
+         sizeof(uint64_t) * 2 * grid_stages<T>();
 }
-// x / d for x, d < 2^16 with magic = ceil(2^32 / d): exact in that range.
+// x / d for x, d < 2^16 with magic = ceil(2^32 / d): exact in that range. d = 1 (whose magic
+// does not fit) is magic 0.
 __host__ __device__ inline unsigned fast_div_magic(unsigned d) {
-  return static_cast<unsigned>(((uint64_t{1} << 32) + d - 1) / d);
+  return d == 1 ? 0u : static_cast<unsigned>(((uint64_t{1} << 32) + d - 1) / d);
 }
 __device__ __forceinline__ int fast_div(int x, unsigned magic) {
-  return static_cast<int>(__umulhi(static_cast<unsigned>(x), magic));
+  return magic ? static_cast<int>(__umulhi(static_cast<unsigned>(x), magic)) : x;
 }
 
 // Counters sit 128 bytes apart (a line each, so the L2 slices they hash to differ), and waiters
@@ -141,7 +147,7 @@ __device__ __forceinline__ void group_sync() {
 template <int BT>
 __device__ void grid_reduce_tokens(const GridArgs& a, int rw, int lane) {
   constexpr unsigned kAll = 0xffffffffu;
-  constexpr int kQuads = (kDynKpass + 1 + 3) / 4;  // the quads that carry data
+  constexpr int kQuads = kGridPart / 4;
   const int n = a.n, P = a.ctas, rounds = (P + 63) / 64;
   // Lane k's logit parameters, read once (dynamic_logit's expression below, same order).
   const int field = lane < n ? 0 : (lane < 2 * n ? 1 : 2);
@@ -201,6 +207,7 @@ template <class T>
 __global__ void __launch_bounds__(kGridThreads, 1)
     grid_collapse_kernel(T* __restrict__ y, const T* __restrict__ x, GridArgs a) {
   constexpr int BT = grid_tokens<T>(), VEC = 16 / static_cast<int>(sizeof(T));
+  constexpr int kStages = grid_stages<T>();
   constexpr int kGroups = BT / kGridMmaRows, kParts = grid_parts<T>();
   constexpr int kMmaThreads = 32 * kGridMmaWarps, kOutThreads = 32 * kGridOutWarps;
   constexpr bool kSplitA = sizeof(T) == 4;  // 16-bit values are exact in TF32
@@ -210,14 +217,14 @@ __global__ void __launch_bounds__(kGridThreads, 1)
   const int n = a.n, W = a.width, slice = n * W, pitch = a.pitch, fpitch = a.fpitch;
   const size_t tile_bytes = grid_tile_bytes<T>(slice);
   auto tile = [&](int64_t j) {
-    return reinterpret_cast<T*>(grid_smem + static_cast<size_t>(j % kGridStages) * tile_bytes);
+    return reinterpret_cast<T*>(grid_smem + static_cast<size_t>(j % kStages) * tile_bytes);
   };
-  float* fs = reinterpret_cast<float*>(grid_smem + kGridStages * tile_bytes);
+  float* fs = reinterpret_cast<float*>(grid_smem + kStages * tile_bytes);
   float* wpart = fs + 24 * fpitch;                              // [kParts][BT][kDynKpass]
   float* wss = wpart + kParts * BT * kDynKpass;                 // [kParts][BT]
   float* spre = wss + kParts * BT;                              // [BT][4]
-  uint64_t* full = reinterpret_cast<uint64_t*>(spre + BT * 4);  // [kGridStages]: tile landed
-  uint64_t* empty = full + kGridStages;  // [kGridStages]: the block's outputs are written
+  uint64_t* full = reinterpret_cast<uint64_t*>(spre + BT * 4);  // [kStages]: tile landed
+  uint64_t* empty = full + kStages;  // [kStages]: the MMA warps are done with the tile
   const int64_t c0 = int64_t{blockIdx.x} * W;
   const int wc = static_cast<int>(min(int64_t{W}, a.channels - c0));  // this CTA's channels
   const int cw = W / VEC;                                             // 16-byte chunks per stream
@@ -229,9 +236,9 @@ __global__ void __launch_bounds__(kGridThreads, 1)
         kk < a.k && col < wc ? a.fn[kk * a.fn_stride + i * a.channels + c0 + col] : 0.f;
   }
   if (tid == 0) {
-    for (int b = 0; b < kGridStages; ++b) {
+    for (int b = 0; b < kStages; ++b) {
       cuda::mbar_init(cuda::smem_addr(full + b), 32);  // the copy warp's lanes
-      cuda::mbar_init(cuda::smem_addr(empty + b), kOutThreads);
+      cuda::mbar_init(cuda::smem_addr(empty + b), kMmaThreads);
     }
   }
   __syncthreads();  // the only barrier of all roles: fn's slice and the mbarriers are ready
@@ -241,14 +248,13 @@ __global__ void __launch_bounds__(kGridThreads, 1)
     return;
   }
   if (warp == kGridLoadWarp) {
-    // Copies: block j into buffer j % S once the outputs of block j - S have left it; each lane's
+    // Copies: block j into buffer j % S once the MMA warps are done with block j - S; each lane's
     // arrival on full[b] fires when its copies land.
     const int chunks = BT * n * cw;
     for (int64_t j = 0; j < a.blocks; ++j) {
-      const int b = static_cast<int>(j % kGridStages);
-      if (j >= kGridStages)
-        cuda::mbar_wait(cuda::smem_addr(empty + b),
-                        static_cast<uint32_t>((j / kGridStages - 1) & 1));
+      const int b = static_cast<int>(j % kStages);
+      if (j >= kStages)
+        cuda::mbar_wait(cuda::smem_addr(empty + b), static_cast<uint32_t>((j / kStages - 1) & 1));
       T* dst = tile(j);
       const int64_t tok0 = j * BT;
       for (int idx = lane; idx < chunks; idx += 32) {
@@ -270,8 +276,8 @@ __global__ void __launch_bounds__(kGridThreads, 1)
     const int tg = warp % kGroups, kp = warp / kGroups, g = lane >> 2, t = lane & 3;
     const int nblk = slice / 16;
     for (int64_t j = 0; j < a.blocks; ++j) {
-      cuda::mbar_wait(cuda::smem_addr(full + j % kGridStages),
-                      static_cast<uint32_t>((j / kGridStages) & 1));
+      cuda::mbar_wait(cuda::smem_addr(full + j % kStages),
+                      static_cast<uint32_t>((j / kStages) & 1));
       const T* tl = tile(j);
       float d[2][3][4] = {};
       float ss[2][2] = {};
@@ -288,6 +294,7 @@ __global__ void __launch_bounds__(kGridThreads, 1)
             });
         mma_block16<2, kSplitA>(d, av, bv);
       }
+      cuda::mbar_arrive(cuda::smem_addr(empty + j % kStages));  // this thread's reads are done
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
@@ -304,6 +311,13 @@ __global__ void __launch_bounds__(kGridThreads, 1)
           }
           if (t == 0) wss[kp * BT + row] = sv;
         }
+      // The slot's previous block must be fully reduced (its partials read) before it is
+      // overwritten.
+      if (tid == 0 && j >= kGridSlots) {
+        const int64_t old = j - kGridSlots;
+        wait_count(a.arrive + (a.blocks + old) * kGridCounterStride,
+                   static_cast<unsigned>(min(int64_t{BT}, a.tokens - old * BT)));
+      }
       group_sync<1, kMmaThreads>();
       // Publish: quad q < 6 holds products 4q.., quad 6 the sum of squares (quad 7 is padding,
       // never read).
@@ -330,9 +344,11 @@ __global__ void __launch_bounds__(kGridThreads, 1)
     }
     return;
   }
-  // Output warps: block jc once its tokens' pre are published, from the slice still in shared
-  // memory; then the buffer goes back to the copy warp.
+  // Output warps: block jc once its tokens' pre are published, re-reading X (from L2: its copy
+  // for the products left HBM a few blocks earlier) with evict-first loads, so the lines go once
+  // used, and streaming stores for y.
   const int ot = tid - 32 * kGridOutWarp0;
+  constexpr int kItems = BT * 32 / VEC / kOutThreads;  // items per thread at W = 32
   for (int64_t jc = 0; jc < a.blocks; ++jc) {
     const int64_t tok0 = jc * BT;
     const int rows = static_cast<int>(min(int64_t{BT}, a.tokens - tok0));
@@ -343,24 +359,42 @@ __global__ void __launch_bounds__(kGridThreads, 1)
       const int r = fast_div(idx, a.div_n), i = idx - r * n;
       spre[r * 4 + i] = r < rows ? __ldcg(a.co + (tok0 + r) * a.co_stride + i) : 0.f;
     }
-    const int b = static_cast<int>(jc % kGridStages);
-    cuda::mbar_wait(cuda::smem_addr(full + b), static_cast<uint32_t>((jc / kGridStages) & 1));
     group_sync<2, kOutThreads>();
-    const T* tl = tile(jc);
-    for (int it = ot; it < rows * cw; it += kOutThreads) {
-      const int r = fast_div(it, a.div_cw), v = it - r * cw;
-      if (v * VEC >= wc) continue;
-      float acc[VEC] = {};
-      for (int i = 0; i < n; ++i) {
-        float xv[VEC];
-        load_vec<T, VEC>(tl + r * pitch + i * W + v * VEC, xv);
-        const float pi = spre[r * 4 + i];
+    for (int it0 = ot; it0 < rows * cw; it0 += kItems * kOutThreads) {
+      // Every load of the thread's items first (they are independent), then the sums.
+      uint4 xv[kItems][4] = {};
+      int rr[kItems], vv[kItems];
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) acc[e] = fmaf(pi, xv[e], acc[e]);
+      for (int u = 0; u < kItems; ++u) {
+        const int it = it0 + u * kOutThreads;
+        rr[u] = fast_div(it, a.div_cw), vv[u] = it - rr[u] * cw;
+        const bool ok = it < rows * cw && vv[u] * VEC < wc;
+        const T* src = x + (tok0 + rr[u]) * a.x_st + c0 + vv[u] * VEC;
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          if (ok && i < n) xv[u][i] = __ldcs(reinterpret_cast<const uint4*>(src + i * a.x_si));
       }
-      store_vec<T, VEC>(y + (tok0 + r) * a.y_st + c0 + v * VEC, acc);
+#pragma unroll
+      for (int u = 0; u < kItems; ++u) {
+        const int it = it0 + u * kOutThreads;
+        if (it >= rows * cw || vv[u] * VEC >= wc) continue;
+        float acc[VEC] = {};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          if (i >= n) break;
+          const float pi = spre[rr[u] * 4 + i];
+#pragma unroll
+          for (int e = 0; e < VEC; ++e)
+            acc[e] =
+                fmaf(pi, to_float(reinterpret_cast<const Pack<T, VEC>&>(xv[u][i]).v[e]), acc[e]);
+        }
+        Pack<T, VEC> pk;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) pk.v[e] = from_float<T>(acc[e]);
+        __stcs(reinterpret_cast<uint4*>(y + (tok0 + rr[u]) * a.y_st + c0 + vv[u] * VEC),
+               reinterpret_cast<const uint4&>(pk));
+      }
     }
-    cuda::mbar_arrive(cuda::smem_addr(empty + b));
   }
 }
 
