@@ -99,8 +99,8 @@ template <class T>
 __host__ __device__ inline size_t grid_smem_bytes(int slice) {
   constexpr int bt = grid_tokens<T>();
   return grid_stages<T>() * grid_tile_bytes<T>(slice) + sizeof(float) * 24 * grid_fpitch(slice) +
-         sizeof(float) * grid_parts<T>() * bt * (kDynKpass + 1) + sizeof(float) * bt * 4 +
-         sizeof(uint64_t) * 2 * grid_stages<T>();
+         sizeof(float) * grid_parts<T>() * bt * (kDynKpass + 1) +
+         sizeof(float) * kGridOutWarps * bt * 4 + sizeof(uint64_t) * 2 * grid_stages<T>();
 }
 // x / d for x, d < 2^16 with magic = ceil(2^32 / d): exact in that range. d = 1 (whose magic
 // does not fit) is magic 0.
@@ -209,7 +209,7 @@ __global__ void __launch_bounds__(kGridThreads, 1)
   constexpr int BT = grid_tokens<T>(), VEC = 16 / static_cast<int>(sizeof(T));
   constexpr int kStages = grid_stages<T>();
   constexpr int kGroups = BT / kGridMmaRows, kParts = grid_parts<T>();
-  constexpr int kMmaThreads = 32 * kGridMmaWarps, kOutThreads = 32 * kGridOutWarps;
+  constexpr int kMmaThreads = 32 * kGridMmaWarps;
   constexpr bool kSplitA = sizeof(T) == 4;  // 16-bit values are exact in TF32
   extern __shared__ __align__(16) unsigned char grid_smem[];
   const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
@@ -220,10 +220,11 @@ __global__ void __launch_bounds__(kGridThreads, 1)
     return reinterpret_cast<T*>(grid_smem + static_cast<size_t>(j % kStages) * tile_bytes);
   };
   float* fs = reinterpret_cast<float*>(grid_smem + kStages * tile_bytes);
-  float* wpart = fs + 24 * fpitch;                              // [kParts][BT][kDynKpass]
-  float* wss = wpart + kParts * BT * kDynKpass;                 // [kParts][BT]
-  float* spre = wss + kParts * BT;                              // [BT][4]
-  uint64_t* full = reinterpret_cast<uint64_t*>(spre + BT * 4);  // [kStages]: tile landed
+  float* wpart = fs + 24 * fpitch;               // [kParts][BT][kDynKpass]
+  float* wss = wpart + kParts * BT * kDynKpass;  // [kParts][BT]
+  float* spre = wss + kParts * BT;               // [BT][4]
+  uint64_t* full =
+      reinterpret_cast<uint64_t*>(spre + kGridOutWarps * BT * 4);  // [kStages]: tile landed
   uint64_t* empty = full + kStages;  // [kStages]: the MMA warps are done with the tile
   const int64_t c0 = int64_t{blockIdx.x} * W;
   const int wc = static_cast<int>(min(int64_t{W}, a.channels - c0));  // this CTA's channels
@@ -346,27 +347,30 @@ __global__ void __launch_bounds__(kGridThreads, 1)
   }
   // Output warps: block jc once its tokens' pre are published, re-reading X (from L2: its copy
   // for the products left HBM a few blocks earlier) with evict-first loads, so the lines go once
-  // used, and streaming stores for y.
-  const int ot = tid - 32 * kGridOutWarp0;
-  constexpr int kItems = BT * 32 / VEC / kOutThreads;  // items per thread at W = 32
-  for (int64_t jc = 0; jc < a.blocks; ++jc) {
+  // used, and streaming stores for y. Each warp takes every kGridOutWarps-th block on its own
+  // (a group working through one block at a time paid three dependent L2 round trips per block:
+  // 4.6 us a block at f32, 66d121b).
+  const int ow = warp - kGridOutWarp0;
+  float* wpre = spre + ow * BT * 4;
+  constexpr int kItems = 4;  // items (a token's VEC channels of every stream) in flight per lane
+  for (int64_t jc = ow; jc < a.blocks; jc += kGridOutWarps) {
     const int64_t tok0 = jc * BT;
     const int rows = static_cast<int>(min(int64_t{BT}, a.tokens - tok0));
-    if (ot == 0)
+    if (lane == 0)
       wait_count(a.arrive + (a.blocks + jc) * kGridCounterStride, static_cast<unsigned>(rows));
-    group_sync<2, kOutThreads>();  // also: every thread is done with the previous spre
-    for (int idx = ot; idx < BT * n; idx += kOutThreads) {
+    __syncwarp();  // also: every lane is done with the previous block's pre
+    for (int idx = lane; idx < BT * n; idx += 32) {
       const int r = fast_div(idx, a.div_n), i = idx - r * n;
-      spre[r * 4 + i] = r < rows ? __ldcg(a.co + (tok0 + r) * a.co_stride + i) : 0.f;
+      wpre[r * 4 + i] = r < rows ? __ldcg(a.co + (tok0 + r) * a.co_stride + i) : 0.f;
     }
-    group_sync<2, kOutThreads>();
-    for (int it0 = ot; it0 < rows * cw; it0 += kItems * kOutThreads) {
-      // Every load of the thread's items first (they are independent), then the sums.
+    __syncwarp();
+    for (int it0 = lane; it0 < rows * cw; it0 += kItems * 32) {
+      // Every load of the lane's items first (they are independent), then the sums.
       uint4 xv[kItems][4] = {};
       int rr[kItems], vv[kItems];
 #pragma unroll
       for (int u = 0; u < kItems; ++u) {
-        const int it = it0 + u * kOutThreads;
+        const int it = it0 + u * 32;
         rr[u] = fast_div(it, a.div_cw), vv[u] = it - rr[u] * cw;
         const bool ok = it < rows * cw && vv[u] * VEC < wc;
         const T* src = x + (tok0 + rr[u]) * a.x_st + c0 + vv[u] * VEC;
@@ -376,13 +380,13 @@ __global__ void __launch_bounds__(kGridThreads, 1)
       }
 #pragma unroll
       for (int u = 0; u < kItems; ++u) {
-        const int it = it0 + u * kOutThreads;
+        const int it = it0 + u * 32;
         if (it >= rows * cw || vv[u] * VEC >= wc) continue;
         float acc[VEC] = {};
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           if (i >= n) break;
-          const float pi = spre[rr[u] * 4 + i];
+          const float pi = wpre[rr[u] * 4 + i];
 #pragma unroll
           for (int e = 0; e < VEC; ++e)
             acc[e] =
