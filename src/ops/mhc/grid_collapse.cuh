@@ -236,21 +236,9 @@ __global__ void __launch_bounds__(kGridThreads, 1)
     fs[kk * fpitch + e] =
         kk < a.k && col < wc ? a.fn[kk * a.fn_stride + i * a.channels + c0 + col] : 0.f;
   }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // Bulk copies write only the columns and rows that exist: the rest of the ring stays zero (fn's
-  // slice is zero past this CTA's channels, and a zero times it adds nothing; rows past the last
-  // token keep an earlier block's values, which only their own discarded rows read).
-  constexpr bool kBulk = true;
-  for (size_t o = static_cast<size_t>(tid) * 16; o < kStages * tile_bytes; o += kGridThreads * 16)
-    *reinterpret_cast<uint4*>(grid_smem + o) = make_uint4(0, 0, 0, 0);
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // before the bulk writes
-#else
-  constexpr bool kBulk = false;
-#endif
   if (tid == 0) {
     for (int b = 0; b < kStages; ++b) {
-      // Bulk: lane 0's arrival with the tile's byte count; cp.async: one arrival per lane.
-      cuda::mbar_init(cuda::smem_addr(full + b), kBulk ? 1 : 32);
+      cuda::mbar_init(cuda::smem_addr(full + b), 32);  // the copy warp's lanes
       cuda::mbar_init(cuda::smem_addr(empty + b), kMmaThreads);
     }
   }
@@ -261,7 +249,8 @@ __global__ void __launch_bounds__(kGridThreads, 1)
     return;
   }
   if (warp == kGridLoadWarp) {
-    // Copies: block j into buffer j % S once the MMA warps are done with block j - S.
+    // Copies: block j into buffer j % S once the MMA warps are done with block j - S; each lane's
+    // arrival on full[b] fires when its copies land.
     const int chunks = BT * n * cw;
     for (int64_t j = 0; j < a.blocks; ++j) {
       const int b = static_cast<int>(j % kStages);
@@ -269,36 +258,15 @@ __global__ void __launch_bounds__(kGridThreads, 1)
         cuda::mbar_wait(cuda::smem_addr(empty + b), static_cast<uint32_t>((j / kStages - 1) & 1));
       T* dst = tile(j);
       const int64_t tok0 = j * BT;
-      if constexpr (kBulk) {
-        // One bulk copy per (token, stream) row of the slice: a warp of 16-byte cp.async could
-        // not issue a 36 KB tile in the 1.4 us the bytes take (ncu at 411f1c1: the copy warp
-        // always issuing, the MMA warps waiting for tiles).
-        const int rows = static_cast<int>(min(int64_t{BT}, a.tokens - tok0));
-        const uint32_t bar = cuda::smem_addr(full + b);
-        const uint32_t row_bytes = static_cast<uint32_t>(wc * sizeof(T));
-        if (lane == 0) cuda::mbar_expect_tx(bar, row_bytes * static_cast<uint32_t>(rows * n));
-        __syncwarp();
-        for (int rs = lane; rs < rows * n; rs += 32) {
-          const int r = fast_div(rs, a.div_n), i = rs - r * n;
-          const T* src = x + (tok0 + r) * a.x_st + i * a.x_si + c0;
-          asm volatile(
-              "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
-              "[%3];\n" ::"r"(cuda::smem_addr(dst + r * pitch + i * W)),
-              "l"(src), "r"(row_bytes), "r"(bar)
-              : "memory");
-        }
-      } else {
-        // cp.async: each lane's arrival on full[b] fires when its copies land.
-        for (int idx = lane; idx < chunks; idx += 32) {
-          const int rs = fast_div(idx, a.div_cw), v = idx - rs * cw;
-          const int r = fast_div(rs, a.div_n), i = rs - r * n;
-          const int64_t tok = tok0 + r;
-          const bool ok = tok < a.tokens && v * VEC < wc;
-          const T* src = ok ? x + tok * a.x_st + i * a.x_si + c0 + v * VEC : x;
-          cp_async16(dst + r * pitch + i * W + v * VEC, src, ok ? 16 : 0);
-        }
-        cuda::cp_async_mbar_arrive(cuda::smem_addr(full + b));
+      for (int idx = lane; idx < chunks; idx += 32) {
+        const int rs = fast_div(idx, a.div_cw), v = idx - rs * cw;
+        const int r = fast_div(rs, a.div_n), i = rs - r * n;
+        const int64_t tok = tok0 + r;
+        const bool ok = tok < a.tokens && v * VEC < wc;
+        const T* src = ok ? x + tok * a.x_st + i * a.x_si + c0 + v * VEC : x;
+        cp_async16(dst + r * pitch + i * W + v * VEC, src, ok ? 16 : 0);
       }
+      cuda::cp_async_mbar_arrive(cuda::smem_addr(full + b));
     }
     cp_async_wait<0>();
     return;
