@@ -35,7 +35,11 @@ namespace baracuda::mhc_cuda {
 namespace {
 
 // Warp roles: MMA (products), one copy warp, output warps, reducer warps.
-constexpr int kGridMmaWarps = 4, kGridLoadWarp = kGridMmaWarps, kGridOutWarp0 = kGridMmaWarps + 1;
+// Four copy warps: one warp issuing 16-byte cp.async with their address arithmetic could not
+// keep up with the bytes (ncu at 411f1c1: the copy warp always issuing, the MMA warps waiting for
+// tiles; one bulk copy per 128-byte row instead was slower still, 2.2 ms at 113eafa).
+constexpr int kGridMmaWarps = 4, kGridLoadWarp = kGridMmaWarps, kGridLoadWarps = 4;
+constexpr int kGridOutWarp0 = kGridLoadWarp + kGridLoadWarps;
 constexpr int kGridOutWarps = 4, kGridReduceWarp0 = kGridOutWarp0 + kGridOutWarps;
 constexpr int kGridReduceWarps = 4;
 constexpr int kGridThreads = 32 * (kGridReduceWarp0 + kGridReduceWarps);
@@ -238,7 +242,7 @@ __global__ void __launch_bounds__(kGridThreads, 1)
   }
   if (tid == 0) {
     for (int b = 0; b < kStages; ++b) {
-      cuda::mbar_init(cuda::smem_addr(full + b), 32);  // the copy warp's lanes
+      cuda::mbar_init(cuda::smem_addr(full + b), 32 * kGridLoadWarps);  // the copy lanes
       cuda::mbar_init(cuda::smem_addr(empty + b), kMmaThreads);
     }
   }
@@ -248,7 +252,8 @@ __global__ void __launch_bounds__(kGridThreads, 1)
     grid_reduce_tokens<BT>(a, warp - kGridReduceWarp0, lane);
     return;
   }
-  if (warp == kGridLoadWarp) {
+  if (warp < kGridLoadWarp + kGridLoadWarps && warp >= kGridLoadWarp) {
+    const int cl = (warp - kGridLoadWarp) * 32 + lane;
     // Copies: block j into buffer j % S once the MMA warps are done with block j - S; each lane's
     // arrival on full[b] fires when its copies land.
     const int chunks = BT * n * cw;
@@ -258,7 +263,7 @@ __global__ void __launch_bounds__(kGridThreads, 1)
         cuda::mbar_wait(cuda::smem_addr(empty + b), static_cast<uint32_t>((j / kStages - 1) & 1));
       T* dst = tile(j);
       const int64_t tok0 = j * BT;
-      for (int idx = lane; idx < chunks; idx += 32) {
+      for (int idx = cl; idx < chunks; idx += 32 * kGridLoadWarps) {
         const int rs = fast_div(idx, a.div_cw), v = idx - rs * cw;
         const int r = fast_div(rs, a.div_n), i = rs - r * n;
         const int64_t tok = tok0 + r;
