@@ -120,7 +120,7 @@ __device__ __forceinline__ int fast_div(int x, unsigned magic) {
 // many CTAs polling one line load its L2 slice. One acquire load follows the poll that saw the
 // count.
 constexpr int kGridCounterStride = 32;
-constexpr unsigned kGridPollNs = 64;
+constexpr unsigned kGridPollNs = 128;
 __device__ __forceinline__ void wait_count(const unsigned* p, unsigned target) {
   unsigned v;
   for (;;) {
@@ -207,7 +207,19 @@ __device__ void grid_reduce_tokens(const GridArgs& a, int rw, int lane) {
   }
 }
 
-template <class T>
+// The first read of X with an L2 evict-last hint (the outputs read it again a few blocks later,
+// then evict-first).
+__device__ __forceinline__ void cp_async16_keep(void* smem, const void* gmem, int src_bytes,
+                                                uint64_t policy) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(s),
+               "l"(gmem), "r"(src_bytes), "l"(policy)
+               : "memory");
+}
+
+// LEAD > 0: the copies of block j wait until block j - LEAD's pre is published, which bounds the
+// bytes between a block's two reads of X (its L2 window). KEEP: evict-last hint on the first read.
+template <class T, int LEAD, bool KEEP>
 __global__ void __launch_bounds__(kGridThreads, 1)
     grid_collapse_kernel(T* __restrict__ y, const T* __restrict__ x, GridArgs a) {
   constexpr int BT = grid_tokens<T>(), VEC = 16 / static_cast<int>(sizeof(T));
@@ -257,10 +269,19 @@ __global__ void __launch_bounds__(kGridThreads, 1)
     // Copies: block j into buffer j % S once the MMA warps are done with block j - S; each lane's
     // arrival on full[b] fires when its copies land.
     const int chunks = BT * n * cw;
+    uint64_t policy = 0;
+    if constexpr (KEEP)
+      asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
     for (int64_t j = 0; j < a.blocks; ++j) {
       const int b = static_cast<int>(j % kStages);
       if (j >= kStages)
         cuda::mbar_wait(cuda::smem_addr(empty + b), static_cast<uint32_t>((j / kStages - 1) & 1));
+      if (LEAD > 0 && j >= LEAD) {
+        if (lane == 0)
+          wait_count(a.arrive + (a.blocks + j - LEAD) * kGridCounterStride,
+                     static_cast<unsigned>(BT));  // a full block: j - LEAD is not the last
+        __syncwarp();
+      }
       T* dst = tile(j);
       const int64_t tok0 = j * BT;
       for (int idx = cl; idx < chunks; idx += 32 * kGridLoadWarps) {
@@ -269,7 +290,10 @@ __global__ void __launch_bounds__(kGridThreads, 1)
         const int64_t tok = tok0 + r;
         const bool ok = tok < a.tokens && v * VEC < wc;
         const T* src = ok ? x + tok * a.x_st + i * a.x_si + c0 + v * VEC : x;
-        cp_async16(dst + r * pitch + i * W + v * VEC, src, ok ? 16 : 0);
+        if constexpr (KEEP)
+          cp_async16_keep(dst + r * pitch + i * W + v * VEC, src, ok ? 16 : 0, policy);
+        else
+          cp_async16(dst + r * pitch + i * W + v * VEC, src, ok ? 16 : 0);
       }
       cuda::cp_async_mbar_arrive(cuda::smem_addr(full + b));
     }

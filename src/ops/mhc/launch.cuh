@@ -526,7 +526,7 @@ size_t ws_collapse_grid(const MhcProblem& p, const DeviceCaps& caps) {
   c.take(2 * blocks * kGridCounterStride);  // unsigned counters, 4 bytes like a float
   return std::max(c.used, ws_collapse(p, caps));
 }
-template <class T>
+template <class T, int LEAD = 0, bool KEEP = false>
 Status collapse_grid(const LaunchContext& ctx, const MhcProblem& p,
                      const MhcCollapseOp::Arguments& a) {
   constexpr std::string_view op = MhcCollapseOp::name;
@@ -557,7 +557,7 @@ Status collapse_grid(const LaunchContext& ctx, const MhcProblem& p,
           cudaMemsetAsync(ga.arrive, 0, sizeof(unsigned) * 2 * ga.blocks * kGridCounterStride, s);
       e != cudaSuccess)
     return cuda::cuda_error(op, "grid_collapse_kernel counters", e);
-  auto* kernel = grid_collapse_kernel<T>;
+  auto* kernel = grid_collapse_kernel<T, LEAD, KEEP>;
   if (cudaError_t e = cuda::ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), g.smem);
       e != cudaSuccess)
     return cuda::cuda_error(op, "grid_collapse_kernel smem", e);
@@ -870,6 +870,25 @@ bool register_mhc_cuda() {
        .fits = fits_collapse_grid<D>,
        .workspace = ws_collapse_grid<D>,
        .launch = collapse_grid<T>});
+  // A/B: evict-last first reads; and the copies held LEAD blocks ahead of the published pre.
+  register_kernel<MhcCollapseOp>(
+      {.sku = sku(MhcCollapseOp::name, DType::f32, kForwardTf32, "collapse_dynamic_grid_keep"),
+       .priority = 3,
+       .fits = fits_collapse_grid<D>,
+       .workspace = ws_collapse_grid<D>,
+       .launch = collapse_grid<T, 0, true>});
+  register_kernel<MhcCollapseOp>(
+      {.sku = sku(MhcCollapseOp::name, DType::f32, kForwardTf32, "collapse_dynamic_grid_lead6"),
+       .priority = 2,
+       .fits = fits_collapse_grid<D>,
+       .workspace = ws_collapse_grid<D>,
+       .launch = collapse_grid<T, 6, true>});
+  register_kernel<MhcCollapseOp>(
+      {.sku = sku(MhcCollapseOp::name, DType::f32, kForwardTf32, "collapse_dynamic_grid_lead4"),
+       .priority = 1,
+       .fits = fits_collapse_grid<D>,
+       .workspace = ws_collapse_grid<D>,
+       .launch = collapse_grid<T, 4, true>});
   register_kernel<MhcExpandOp>({.sku = sku(MhcExpandOp::name, DType::f32, kForward, "expand"),
                                 .priority = 10,
                                 .launch = expand<T>});

@@ -505,7 +505,10 @@ TEST_P(Mhc, DynamicCollapseKernelsMatchReference) {
       for (std::string_view pin : {std::string_view{}, std::string_view{"collapse"},
                                    std::string_view{"collapse_dynamic_cluster"},
                                    std::string_view{"collapse_dynamic_cluster_tf32"},
-                                   std::string_view{"collapse_dynamic_grid"}}) {
+                                   std::string_view{"collapse_dynamic_grid"},
+                                   std::string_view{"collapse_dynamic_grid_keep"},
+                                   std::string_view{"collapse_dynamic_grid_lead6"},
+                                   std::string_view{"collapse_dynamic_grid_lead4"}}) {
         // The cluster kernels serve sm_90 and 16-byte slices; the tensor-core one C % 128 == 0.
         // The default, collapse_split_tf32, fits every dynamic shape (its logits fall back to CUDA
         // cores where C % 16 != 0 or rows are unaligned).
