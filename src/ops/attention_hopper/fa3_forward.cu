@@ -50,7 +50,6 @@
 #include "baracuda/ops/attention.hpp"
 #include "baracuda/ops/attention_hopper.hpp"
 #include "core/cuda/launch.cuh"
-#include "core/cuda/mbarrier.cuh"
 #include "ops/attention_hopper/fa3_wgmma.cuh"
 
 // Device code only where wgmma exists (sm_90a); elsewhere the kernel is empty and the host side
@@ -66,10 +65,6 @@ namespace {
 
 using attention::ForwardArguments;
 using attention::Problem;
-using cuda::mbar_arrive;
-using cuda::mbar_expect_tx;
-using cuda::mbar_init;
-using cuda::mbar_wait;
 
 constexpr int kBM = 128;       // query rows per CTA (two consumer warpgroups of 64)
 constexpr int kBN = 128;       // keys per tile
@@ -151,6 +146,28 @@ constexpr int poly_groups(int v) {
 // ---- PTX helpers --------------------------------------------------------------------------------
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
 }
 // 4-d tile load (coordinates innermost first: d, row, head, batch); out-of-bounds rows read 0.
 __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar,

@@ -114,14 +114,10 @@ void run_case(const Stream& s, DType dt) {
     // cluster kernel with and without its staggered start ("@collapse_dynamic_cluster",
     // "@collapse_dynamic_cluster_lockstep") and with its products on tensor cores
     // ("@collapse_dynamic_cluster_tf32"): the A/B rows.
-    for (std::string_view pin :
-         {std::string_view{}, std::string_view{"collapse"},
-          std::string_view{"collapse_dynamic_cluster"},
-          std::string_view{"collapse_dynamic_cluster_lockstep"},
-          std::string_view{"collapse_dynamic_cluster_tf32"},
-          std::string_view{"collapse_dynamic_grid"}, std::string_view{"collapse_dynamic_grid_keep"},
-          std::string_view{"collapse_dynamic_grid_lead6"},
-          std::string_view{"collapse_dynamic_grid_lead4"}}) {
+    for (std::string_view pin : {std::string_view{}, std::string_view{"collapse"},
+                                 std::string_view{"collapse_dynamic_cluster"},
+                                 std::string_view{"collapse_dynamic_cluster_lockstep"},
+                                 std::string_view{"collapse_dynamic_cluster_tf32"}}) {
       if (!pin.empty() && h == MhcH::static_h) continue;
       const std::string cname = pin.empty() ? nm0 : nm0 + "@" + std::string(pin);
       auto plan = MhcCollapsePlan::select(

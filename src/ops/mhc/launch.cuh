@@ -6,11 +6,9 @@
 #include <atomic>
 #include <cstdint>
 #include <initializer_list>
-#include <numeric>
 #include <optional>
 #include <utility>
 
-#include "ops/mhc/grid_collapse.cuh"
 #include "ops/mhc/kernels.cuh"
 
 namespace baracuda::mhc_cuda {
@@ -482,104 +480,6 @@ Status collapse_cluster(const LaunchContext& ctx, const MhcProblem& p,
   return run_comb_sinkhorn(op, s, p, da);
 }
 
-// ---- dynamic H collapse, one pass over X split by channels over the GPU (grid_collapse.cuh) ----
-struct GridGeom {
-  int width = 0, ctas = 0, slice = 0;
-  size_t smem = 0;
-};
-// W: the fewest channels per CTA that keep one CTA per SM (a multiple of the 16-byte vector, and
-// n W a multiple of the 16-element MMA block). Depends on (n, C, dtype, SM count), never on the
-// token count.
-template <class T>
-GridGeom grid_geom(const MhcProblem& p, int sm_count) {
-  constexpr int64_t vec = 16 / sizeof(T);
-  GridGeom g;
-  if (sm_count < 1 || p.n < 1) return g;
-  const int64_t block_align = 16 / std::gcd<int64_t>(p.n, 16);
-  const int64_t align = std::lcm(vec, block_align);
-  const int64_t w = ((p.channels + sm_count - 1) / sm_count + align - 1) / align * align;
-  if (w > 4096 || p.n * w > 8192) return g;
-  g.width = static_cast<int>(w);
-  g.ctas = static_cast<int>((p.channels + w - 1) / w);
-  g.slice = static_cast<int>(p.n * w);
-  g.smem = grid_smem_bytes<T>(g.slice);
-  return g;
-}
-template <DType D>
-bool fits_collapse_grid(const MhcProblem& p, const DeviceCaps& caps) {
-  using T = cuda::device_t<D>;
-  if (p.h != MhcH::dynamic_h || caps.sm < 80 || p.n > 4) return false;
-  if (p.channels % static_cast<int64_t>(16 / sizeof(T))) return false;
-  const GridGeom g = grid_geom<T>(p, caps.sm_count);
-  return g.ctas >= 1 && g.ctas <= kGridMaxCtas &&
-         static_cast<int64_t>(g.smem) <= caps.smem_per_block_optin;
-}
-// The partial buffers and the counters, after the split path's workspace (the fallback for
-// unaligned tensors runs it from the same plan).
-template <DType D>
-size_t ws_collapse_grid(const MhcProblem& p, const DeviceCaps& caps) {
-  using T = cuda::device_t<D>;
-  const GridGeom g = grid_geom<T>(p, caps.sm_count);
-  const int64_t blocks = (p.tokens + grid_tokens<T>() - 1) / grid_tokens<T>();
-  Carver c;
-  c.take(int64_t{kGridSlots} * grid_tokens<T>() * g.ctas * kGridPart);
-  c.take(2 * blocks * kGridCounterStride);  // unsigned counters, 4 bytes like a float
-  return std::max(c.used, ws_collapse(p, caps));
-}
-template <class T, int LEAD = 0, bool KEEP = false>
-Status collapse_grid(const LaunchContext& ctx, const MhcProblem& p,
-                     const MhcCollapseOp::Arguments& a) {
-  constexpr std::string_view op = MhcCollapseOp::name;
-  if (p.tokens == 0) return {};
-  // 16-byte copies of X and stores of y; other layouts take the split path (by alignment, never
-  // by token count).
-  if (!vec_ok<T>(p.channels, {a.x.data, a.y.data}, {a.x.stride[0], a.x.stride[1], a.y.stride[0]}))
-    return collapse<T, true>(ctx, p, a);
-  const cudaStream_t s = cuda::stream_of(ctx);
-  const GridGeom g = grid_geom<T>(p, ctx.stream.caps().sm_count);
-  const MhcParams& w = a.params;
-  GridArgs ga;
-  ga.tokens = p.tokens, ga.channels = p.channels;
-  ga.blocks = (p.tokens + grid_tokens<T>() - 1) / grid_tokens<T>();
-  ga.n = static_cast<int>(p.n), ga.k = static_cast<int>(p.k);
-  ga.ctas = g.ctas, ga.width = g.width;
-  ga.pitch = grid_pitch<T>(g.slice), ga.fpitch = grid_fpitch(g.slice);
-  ga.x_st = a.x.stride[0], ga.x_si = a.x.stride[1], ga.y_st = a.y.stride[0];
-  ga.fn = static_cast<const float*>(w.fn.data), ga.fn_stride = w.fn.stride[0];
-  ga.co = static_cast<float*>(a.coeffs.data), ga.co_stride = a.coeffs.stride[0];
-  Carver c{static_cast<char*>(ctx.workspace.data)};
-  ga.part = c.take(int64_t{kGridSlots} * grid_tokens<T>() * g.ctas * kGridPart);
-  ga.arrive = reinterpret_cast<unsigned*>(c.take(2 * ga.blocks * kGridCounterStride));
-  ga.act = activate_dynamic(p, w, nullptr, nullptr);
-  ga.div_cw = fast_div_magic(static_cast<unsigned>(g.width / (16 / sizeof(T))));
-  ga.div_n = fast_div_magic(static_cast<unsigned>(p.n));
-  if (cudaError_t e =
-          cudaMemsetAsync(ga.arrive, 0, sizeof(unsigned) * 2 * ga.blocks * kGridCounterStride, s);
-      e != cudaSuccess)
-    return cuda::cuda_error(op, "grid_collapse_kernel counters", e);
-  auto* kernel = grid_collapse_kernel<T, LEAD, KEEP>;
-  if (cudaError_t e = cuda::ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), g.smem);
-      e != cudaSuccess)
-    return cuda::cuda_error(op, "grid_collapse_kernel smem", e);
-  // Every CTA waits for the others' partials: cooperative, so all of them are resident at once
-  // (the launch fails rather than deadlocks where they are not).
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeCooperative;
-  attr[0].val.cooperative = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(g.ctas));
-  cfg.blockDim = dim3(kGridThreads);
-  cfg.dynamicSmemBytes = g.smem;
-  cfg.stream = s;
-  cfg.attrs = attr, cfg.numAttrs = 1;
-  if (cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, static_cast<T*>(a.y.data),
-                                         static_cast<const T*>(a.x.data), ga);
-      e != cudaSuccess)
-    return cuda::cuda_error(op, "grid_collapse_kernel", e);
-  MHC_CHECK("grid_collapse_kernel");
-  return {};
-}
-
 // ---- expand
 // -------------------------------------------------------------------------------------------
 template <class T>
@@ -862,33 +762,6 @@ bool register_mhc_cuda() {
                   const DeviceCaps& caps) { return p.h == MhcH::dynamic_h && caps.sm >= 80; },
        .workspace = ws_collapse,
        .launch = collapse<T, true>});
-  // One pass over X split by channels over the whole GPU (grid_collapse.cuh). Not yet measured:
-  // pinnable only.
-  register_kernel<MhcCollapseOp>(
-      {.sku = sku(MhcCollapseOp::name, DType::f32, kForwardTf32, "collapse_dynamic_grid"),
-       .priority = 4,
-       .fits = fits_collapse_grid<D>,
-       .workspace = ws_collapse_grid<D>,
-       .launch = collapse_grid<T>});
-  // A/B: evict-last first reads; and the copies held LEAD blocks ahead of the published pre.
-  register_kernel<MhcCollapseOp>(
-      {.sku = sku(MhcCollapseOp::name, DType::f32, kForwardTf32, "collapse_dynamic_grid_keep"),
-       .priority = 3,
-       .fits = fits_collapse_grid<D>,
-       .workspace = ws_collapse_grid<D>,
-       .launch = collapse_grid<T, 0, true>});
-  register_kernel<MhcCollapseOp>(
-      {.sku = sku(MhcCollapseOp::name, DType::f32, kForwardTf32, "collapse_dynamic_grid_lead6"),
-       .priority = 2,
-       .fits = fits_collapse_grid<D>,
-       .workspace = ws_collapse_grid<D>,
-       .launch = collapse_grid<T, 6, true>});
-  register_kernel<MhcCollapseOp>(
-      {.sku = sku(MhcCollapseOp::name, DType::f32, kForwardTf32, "collapse_dynamic_grid_lead4"),
-       .priority = 1,
-       .fits = fits_collapse_grid<D>,
-       .workspace = ws_collapse_grid<D>,
-       .launch = collapse_grid<T, 4, true>});
   register_kernel<MhcExpandOp>({.sku = sku(MhcExpandOp::name, DType::f32, kForward, "expand"),
                                 .priority = 10,
                                 .launch = expand<T>});

@@ -504,18 +504,12 @@ TEST_P(Mhc, DynamicCollapseKernelsMatchReference) {
       int kernels = 0;
       for (std::string_view pin : {std::string_view{}, std::string_view{"collapse"},
                                    std::string_view{"collapse_dynamic_cluster"},
-                                   std::string_view{"collapse_dynamic_cluster_tf32"},
-                                   std::string_view{"collapse_dynamic_grid"},
-                                   std::string_view{"collapse_dynamic_grid_keep"},
-                                   std::string_view{"collapse_dynamic_grid_lead6"},
-                                   std::string_view{"collapse_dynamic_grid_lead4"}}) {
+                                   std::string_view{"collapse_dynamic_cluster_tf32"}}) {
         // The cluster kernels serve sm_90 and 16-byte slices; the tensor-core one C % 128 == 0.
         // The default, collapse_split_tf32, fits every dynamic shape (its logits fall back to CUDA
         // cores where C % 16 != 0 or rows are unaligned).
         if (pin == "collapse_dynamic_cluster" && (!sm90 || cs.c % vec != 0)) continue;
         if (pin == "collapse_dynamic_cluster_tf32" && (!sm90 || cs.c % 128 != 0)) continue;
-        // The grid kernels: n <= 4 and 16-byte channel vectors.
-        if (pin.starts_with("collapse_dynamic_grid") && (cs.n > 4 || cs.c % vec != 0)) continue;
         const PlanPreference pref =
             pin.empty() ? PlanPreference::fastest() : PlanPreference::kernel(pin);
         auto cp = MhcCollapsePlan::select(s, d, pref);
