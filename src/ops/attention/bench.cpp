@@ -3,8 +3,10 @@
 // the backward) and decode (Lq = 1 against a 32k KV cache, 32 query heads, GQA 4, bf16; GB/s on
 // the KV bytes). peers.py times the same cases on PyTorch SDPA with each backend forced.
 #include <cstdint>
+#include <cstdlib>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "baracuda/ops/attention.hpp"
@@ -36,7 +38,11 @@ void bench_all(const Stream& stream) {
   auto lse = Buffer::allocate(kTokens * 32 * 4, stream.memory_location());
   for (auto* b : {&q, &k, &v, &dy, &y, &dq, &dk, &dv, &lse})
     if (!b->ok()) return bench::emit_error(kFamily, "setup", "alloc", b->error());
+  // BARACUDA_ATTENTION_ONLY=decode skips the prefill sweep (a decode A/B run in seconds).
+  const char* only = std::getenv("BARACUDA_ATTENTION_ONLY");
+  const bool sweep = only == nullptr || std::string_view(only) != "decode";
   for (int64_t dim : {64, 128}) {
+    if (!sweep) break;
     const int64_t heads = kHidden / dim;
     for (int64_t len : {512, 1024, 2048, 4096, 8192, 16384}) {
       const int64_t batch = kTokens / len;
@@ -157,8 +163,9 @@ void bench_all(const Stream& stream) {
     const int64_t lse_shape[] = {kB, kHq, lq};
     const Tensor tl = make_tensor(lse->data(), DType::f32, lse_shape, stream.memory_location());
     const ForwardArguments fa{as_const(tq), tk, tv, ty, tl, {}, {}};
-    for (const char* kernel : {"", "flash_decode_sm80", "flash_decode_w4_sm80",
-                               "flash_decode_fused_sm80", "flash_fwd_mma_sm80"}) {
+    for (const char* kernel :
+         {"", "flash_decode_sm80", "flash_decode_w4_sm80", "flash_decode_fused_sm80",
+          "flash_decode_l2p_sm80", "flash_fwd_mma_sm80"}) {
       const std::string_view kn(kernel);
       auto fwd = ForwardPlan::select(
           stream, d, kn.empty() ? PlanPreference::fastest() : PlanPreference::kernel(kn));
