@@ -413,17 +413,44 @@ __global__ void __launch_bounds__(128) flash_decode_combine(Params p) {
   const int64_t rows = int64_t{p.batch} * p.heads_q * p.len_q;
   // Every split writes each of its rows (LSE -inf where it saw no key), so all take part. Each
   // warp computes the max and the weight sum itself (same order, same bits) instead of a barrier.
+  // The partial rows of the warp's first kEarly splits are loaded before the LSE max is known
+  // (their addresses do not depend on it), so both loads share one round trip.
+  constexpr int kEarly = 8;
+  const int dv = p.dim_v;  // a multiple of 8 (the decode kernel's fits)
+  float4 early[kEarly][2];
+#pragma unroll
+  for (int e = 0; e < kEarly; ++e) {
+    const int sp = warp + kNW * e;
+    const float* src = p.o_part + (sp * rows + row) * dv;
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int c = 4 * lane + 128 * u;
+      early[e][u] = sp < p.splits && c < dv ? *reinterpret_cast<const float4*>(src + c)
+                                            : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  }
   float mx = -INFINITY;
   for (int sp = lane; sp < p.splits; sp += 32) mx = fmaxf(mx, p.lse_part[sp * rows + row]);
 #pragma unroll
   for (int o2 = 16; o2 > 0; o2 >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o2));
-  const int dv = p.dim_v;  // a multiple of 8 (the decode kernel's fits)
   float4 acc[2] = {make_float4(0.f, 0.f, 0.f, 0.f), make_float4(0.f, 0.f, 0.f, 0.f)};
   float wsum = 0.f;
   if (mx > -INFINITY) {
     for (int sp = lane; sp < p.splits; sp += 32) wsum += expf(p.lse_part[sp * rows + row] - mx);
+      // Splits in increasing order per warp: the early ones from registers, then the rest.
+#pragma unroll
+    for (int e = 0; e < kEarly; ++e) {
+      const int sp = warp + kNW * e;
+      if (sp >= p.splits) break;
+      const float w = expf(p.lse_part[sp * rows + row] - mx);
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const float4 x = early[e][u];
+        acc[u].x += w * x.x, acc[u].y += w * x.y, acc[u].z += w * x.z, acc[u].w += w * x.w;
+      }
+    }
 #pragma unroll 8
-    for (int sp = warp; sp < p.splits; sp += kNW) {
+    for (int sp = warp + kNW * kEarly; sp < p.splits; sp += kNW) {
       const float w = expf(p.lse_part[sp * rows + row] - mx);
       const float* src = p.o_part + (sp * rows + row) * dv;
 #pragma unroll
