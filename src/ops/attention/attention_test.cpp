@@ -1035,19 +1035,17 @@ TEST_P(AttentionTest, DecodeKernelOnDevice) {
   const Target target = GetParam();
   if (target == Target::cpu) GTEST_SKIP() << "the decode kernel runs on the CUDA target only";
   BARACUDA_SKIP_IF_UNAVAILABLE(target);
-  // Both split policies of the decode kernel (one wave; 4x as many splits), the fused-merge
-  // variant (last split of a group merges) and the L2-prefetch variant on the same inputs.
+  // Both split policies of the decode kernel (one wave; 4x as many splits) and the fused-merge
+  // variant (last split of a group merges) on the same inputs.
   auto both = [] {
     return std::vector<ForwardRun>{{PlanPreference::kernel("flash_decode_sm80")},
                                    {PlanPreference::kernel("flash_decode_w4_sm80")},
-                                   {PlanPreference::kernel("flash_decode_fused_sm80")},
-                                   {PlanPreference::kernel("flash_decode_l2p_sm80")}};
+                                   {PlanPreference::kernel("flash_decode_fused_sm80")}};
   };
   auto expect_names = [](const std::vector<ForwardRun>& runs) {
     EXPECT_EQ(runs[0].kernel, "flash_decode_sm80");
     EXPECT_EQ(runs[1].kernel, "flash_decode_w4_sm80");
     EXPECT_EQ(runs[2].kernel, "flash_decode_fused_sm80");
-    EXPECT_EQ(runs[3].kernel, "flash_decode_l2p_sm80");
   };
   const Mask masks[] = {Mask::none(), Mask::causal_bottom_right(), Mask::causal_top_left(),
                         Mask::sliding_window(300, 0),
@@ -1095,16 +1093,14 @@ TEST_P(AttentionTest, DecodeKernelOnDevice) {
     std::vector<ForwardRun> runs{{std::nullopt, 2},
                                  {PlanPreference::kernel("flash_decode_w4_sm80"), 2},
                                  {PlanPreference::kernel("flash_fwd_mma_sm80")},
-                                 {PlanPreference::kernel("flash_decode_fused_sm80"), 3},
-                                 {PlanPreference::kernel("flash_decode_l2p_sm80"), 2}};
+                                 {PlanPreference::kernel("flash_decode_fused_sm80"), 3}};
     check_forward_runs(target, c, Lay::blhd, runs);
     EXPECT_EQ(runs[0].kernel, "flash_decode_sm80");
     EXPECT_EQ(runs[1].kernel, "flash_decode_w4_sm80");
     EXPECT_EQ(runs[2].kernel, "flash_fwd_mma_sm80");
     EXPECT_EQ(runs[3].kernel, "flash_decode_fused_sm80");
-    EXPECT_EQ(runs[4].kernel, "flash_decode_l2p_sm80");
-    for (const char* name : {"flash_decode_sm80", "flash_decode_w4_sm80", "flash_decode_fused_sm80",
-                             "flash_decode_l2p_sm80"}) {
+    for (const char* name :
+         {"flash_decode_sm80", "flash_decode_w4_sm80", "flash_decode_fused_sm80"}) {
       auto plan = ForwardPlan::select(harness::stream_for(target), desc_of(c),
                                       PlanPreference::kernel(name));
       BARACUDA_ASSERT_OK(plan);

@@ -163,9 +163,8 @@ void bench_all(const Stream& stream) {
     const int64_t lse_shape[] = {kB, kHq, lq};
     const Tensor tl = make_tensor(lse->data(), DType::f32, lse_shape, stream.memory_location());
     const ForwardArguments fa{as_const(tq), tk, tv, ty, tl, {}, {}};
-    for (const char* kernel :
-         {"", "flash_decode_sm80", "flash_decode_w4_sm80", "flash_decode_fused_sm80",
-          "flash_decode_l2p_sm80", "flash_fwd_mma_sm80"}) {
+    for (const char* kernel : {"", "flash_decode_sm80", "flash_decode_w4_sm80",
+                               "flash_decode_fused_sm80", "flash_fwd_mma_sm80"}) {
       const std::string_view kn(kernel);
       auto fwd = ForwardPlan::select(
           stream, d, kn.empty() ? PlanPreference::fastest() : PlanPreference::kernel(kn));

@@ -42,8 +42,7 @@ struct DecodeCfg {
 // partials (splits <= 256); the high 40 bits hold the launch's tag (see flash_decode's fused tail).
 constexpr unsigned long long kArrivalCountMask = (1ull << 24) - 1;
 
-// kL2P: K/V copies with the 256-byte L2 prefetch hint (A/B).
-template <class T, int D, int MT, bool kFused = false, bool kL2P = false>
+template <class T, int D, int MT, bool kFused = false>
 __global__ void __launch_bounds__(128) flash_decode(Params p) {
   using Cfg = DecodeCfg<T, D, MT>;
   constexpr int kNT = Cfg::kThreads, kBN = Cfg::kBN, kRows = Cfg::kRows, kStages = Cfg::kStages;
@@ -98,10 +97,8 @@ __global__ void __launch_bounds__(128) flash_decode(Params p) {
 #pragma unroll
   for (int st = 0; st < kStages - 1; ++st) {
     if (t_begin + st < t_end) {
-      load_tile<T, kBN, D, kNT, kL2P>(sK + st * kBN * D, gk, k_rs, (t_begin + st) * kBN, s.lk,
-                                      p.dim_qk);
-      load_tile<T, kBN, D, kNT, kL2P>(sV + st * kBN * D, gv, v_rs, (t_begin + st) * kBN, s.lk,
-                                      p.dim_v);
+      load_tile<T, kBN, D, kNT>(sK + st * kBN * D, gk, k_rs, (t_begin + st) * kBN, s.lk, p.dim_qk);
+      load_tile<T, kBN, D, kNT>(sV + st * kBN * D, gv, v_rs, (t_begin + st) * kBN, s.lk, p.dim_v);
     }
     cp_async_commit();
   }
@@ -139,8 +136,8 @@ __global__ void __launch_bounds__(128) flash_decode(Params p) {
     {
       const int tn = t + kStages - 1, sn = (tn - t_begin) % kStages;
       if (tn < t_end) {
-        load_tile<T, kBN, D, kNT, kL2P>(sK + sn * kBN * D, gk, k_rs, tn * kBN, s.lk, p.dim_qk);
-        load_tile<T, kBN, D, kNT, kL2P>(sV + sn * kBN * D, gv, v_rs, tn * kBN, s.lk, p.dim_v);
+        load_tile<T, kBN, D, kNT>(sK + sn * kBN * D, gk, k_rs, tn * kBN, s.lk, p.dim_qk);
+        load_tile<T, kBN, D, kNT>(sV + sn * kBN * D, gv, v_rs, tn * kBN, s.lk, p.dim_v);
       }
       cp_async_commit();
     }
@@ -582,10 +579,10 @@ inline unsigned long long next_decode_tag() {
   return tag != 0 ? tag : 0x5bd1e9955bd1e995ull & ~kArrivalCountMask;
 }
 
-template <class T, int D, int MT, bool kFused, bool kL2P>
+template <class T, int D, int MT, bool kFused>
 Status run_decode(const LaunchContext& ctx, const Params& p) {
   using Cfg = DecodeCfg<T, D, MT>;
-  constexpr auto kernel = flash_decode<T, D, MT, kFused, kL2P>;
+  constexpr auto kernel = flash_decode<T, D, MT, kFused>;
   static const cudaError_t attr = cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Cfg::kSmem));
   if (attr != cudaSuccess) return cuda::cuda_error(ForwardOp::name, "flash_decode smem", attr);
@@ -623,7 +620,7 @@ Status launch_decode_combine(const LaunchContext& ctx, const Params& p, int64_t 
   return cuda::check_launch(ForwardOp::name, "flash_decode_combine");
 }
 
-template <class T, int kWaves = 1, bool kFused = false, bool kL2P = false>
+template <class T, int kWaves = 1, bool kFused = false>
 Status launch_decode(const LaunchContext& ctx, const Problem& pr, const ForwardArguments& a) {
   // cp.async needs 16-byte aligned rows; otherwise the SIMT kernel runs (same contract).
   if (!rows_aligned(a.q, sizeof(T)) || !rows_aligned(a.k, sizeof(T)) ||
@@ -650,11 +647,12 @@ Status launch_decode(const LaunchContext& ctx, const Problem& pr, const ForwardA
   const bool two = decode_rows(pr) > 16;
   // The padded head dim and the m16 tiles of the group pick a launch shape (not a dtype dispatch).
   const int dim = decode_dim(pr);
-  const Status st = dim == 64    ? (two ? run_decode<T, 64, 2, kFused, kL2P>(ctx, p)
-                                        : run_decode<T, 64, 1, kFused, kL2P>(ctx, p))
-                    : dim == 128 ? (two ? run_decode<T, 128, 2, kFused, kL2P>(ctx, p)
-                                        : run_decode<T, 128, 1, kFused, kL2P>(ctx, p))
-                                 : run_decode<T, 256, 1, kFused, kL2P>(ctx, p);
+  const Status st =
+      dim == 64
+          ? (two ? run_decode<T, 64, 2, kFused>(ctx, p) : run_decode<T, 64, 1, kFused>(ctx, p))
+      : dim == 128
+          ? (two ? run_decode<T, 128, 2, kFused>(ctx, p) : run_decode<T, 128, 1, kFused>(ctx, p))
+          : run_decode<T, 256, 1, kFused>(ctx, p);
   if (!st.ok() || p.splits <= 1 || kFused) return st;  // fused: the last split merged
   return launch_decode_combine<T>(ctx, p, rows);
 }

@@ -383,12 +383,6 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int sr
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                "r"(src_bytes));
 }
-// The same with a 256-byte L2 prefetch hint: L2 fetches the surrounding 256 bytes from DRAM in one
-// request (K/V rows of 128 16-bit values are exactly that).
-__device__ __forceinline__ void cp_async16_l2p(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(src_bytes));
-}
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n");
 }
@@ -406,16 +400,9 @@ __device__ __forceinline__ int swz(int r, int col) {
 
 // Copies rows [r0, r0 + ROWS) of one head into a swizzled tile (rows >= n and columns >= dim are
 // zero-filled).
-// kL2Prefetch: the copies carry a 256-byte L2 prefetch hint (A/B for decode's K/V stream).
-template <class T, int ROWS, int D, int NT, bool kL2Prefetch = false>
+template <class T, int ROWS, int D, int NT>
 __device__ __forceinline__ void load_tile(T* tile, const T* base, const int64_t row_stride, int r0,
                                           int n, int dim) {
-  auto copy = [](uint32_t dst, const T* src, int bytes) {
-    if constexpr (kL2Prefetch)
-      cp_async16_l2p(dst, src, bytes);
-    else
-      cp_async16(dst, src, bytes);
-  };
   constexpr int kChunks = ROWS * D / 8;
   if constexpr (kChunks % NT == 0 && NT % (D / 8) == 0) {
     // Fixed trip count, fully unrolled: each thread keeps its column and steps NT / (D / 8) rows,
@@ -427,14 +414,14 @@ __device__ __forceinline__ void load_tile(T* tile, const T* base, const int64_t 
       const int r = rt + it * (NT / (D / 8));
       const bool ok = col_ok && r0 + r < n;
       const T* src = ok ? base + int64_t{r0 + r} * row_stride + col : base;
-      copy(smem_u32(tile + swz<D>(r, col)), src, ok ? 16 : 0);
+      cp_async16(smem_u32(tile + swz<D>(r, col)), src, ok ? 16 : 0);
     }
   } else {
     for (int c = threadIdx.x; c < kChunks; c += NT) {
       const int r = c / (D / 8), col = (c % (D / 8)) * 8;
       const bool ok = r0 + r < n && col < dim;
       const T* src = ok ? base + int64_t{r0 + r} * row_stride + col : base;
-      copy(smem_u32(tile + swz<D>(r, col)), src, ok ? 16 : 0);
+      cp_async16(smem_u32(tile + swz<D>(r, col)), src, ok ? 16 : 0);
     }
   }
 }

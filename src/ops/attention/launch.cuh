@@ -361,7 +361,7 @@ void register_fwd_mma(std::string_view name, int priority, PrecisionGuarantee pr
 }
 
 // One decode variant (split multiplier, fused merge) as a table entry.
-template <DType E, int kWaves, bool kFused, bool kL2P = false>
+template <DType E, int kWaves, bool kFused>
 void register_decode(std::string_view name, int priority, PrecisionGuarantee precision) {
   using T = cuda::device_t<E>;
   register_kernel<ForwardOp>({
@@ -369,7 +369,7 @@ void register_decode(std::string_view name, int priority, PrecisionGuarantee pre
       .priority = priority,
       .fits = decode_fits,
       .workspace = decode_workspace<kWaves, kFused>,
-      .launch = launch_decode<T, kWaves, kFused, kL2P>,
+      .launch = launch_decode<T, kWaves, kFused>,
   });
 }
 
@@ -432,8 +432,6 @@ bool register_kernels() {
     // kMinTiles). A/B only: the H100 measured it slower (63.9 vs 56.7 us at Lk 32k, 24.0 vs
     // 13.6 us at Lk 4096).
     register_decode<E, 1, true>("flash_decode_fused_sm80", 28, mma);
-    // flash_decode_sm80 with a 256-byte L2 prefetch hint on its K/V copies: A/B, not yet measured.
-    register_decode<E, 1, false, true>("flash_decode_l2p_sm80", 27, mma);
     // Two passes (dQ per query block, dK/dV per key block) in a fixed order: deterministic and
     // independent of the batch; P and dS are rounded to the 16-bit type for the tensor cores.
     constexpr PrecisionGuarantee mma_bwd{mma.math, DType::f32, true, true};
