@@ -387,9 +387,11 @@ __global__ void __launch_bounds__(128) flash_decode(Params p) {
 // with w_s = exp(lse_s - max), lse = max + log(sum_s w_s). Latency, not bandwidth, bounds it (a
 // few hundred KB in total, 32 rows for the bench shape), so the loads of every split are issued
 // at once: lanes own splits for the max and the weight sum, and warp w reads the float4 partial
-// rows of splits w, w + 4, ... (8 apiece for 32 splits: one round trip, where one warp per row
-// needed four). Sums run in split order per warp, then over the warps in order, and in a fixed
-// shuffle tree for the weights: deterministic.
+// rows of splits w, w + 4, ... (8 apiece for 32 splits, where one warp per row needed four round
+// trips). The first 8 of a warp's rows are loaded before the LSE max, in the same round trip
+// (H100, Lk 32k decode: 55.97 -> 54.6 us for decode + combine, da06694). Sums run in split order
+// per warp, then over the warps in order, and in a fixed shuffle tree for the weights:
+// deterministic.
 template <class T>
 __global__ void __launch_bounds__(128) flash_decode_combine(Params p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
