@@ -66,6 +66,10 @@ Measured time_case(const Stream& s, const std::function<Status(int)>& run) {
 }
 
 void sweep(const Stream& stream) {
+  // BARACUDA_ATTENTION_ONLY=decode (the attention family's decode-only runs) skips this sweep.
+  if (const char* only = std::getenv("BARACUDA_ATTENTION_ONLY");
+      only != nullptr && std::string(only) == "decode")
+    return;
   const SelectionTableOverride raw_candidates{std::span<const TablePoint>{}};
   harness::Rng rng(20261122);
   const int64_t n = kTokens * kHidden;
