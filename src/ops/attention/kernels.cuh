@@ -397,6 +397,27 @@ template <int D>
 __device__ __forceinline__ int swz(int r, int col) {
   return r * D + ((((col >> 3) ^ r) & 7) | ((col >> 3) & ~7)) * 8 + (col & 7);
 }
+// ldmatrix addresses into a swz tile without index math per load (the d128 forward kernel spent
+// ~45% of its instructions on it: IMAD/LOP3/LEA around every ldmatrix, ncu at be319c2). For row
+// R0 + rl (R0 a multiple of 8) and 16-byte chunk C0 + cl (C0 even, cl in {0, 1}), swz's byte
+// offset is [R0 * row + (C0 & ~7) * 16] + ((rl * row + ((cl ^ rl) & 7) * 16) ^ (C0 & 7) * 16).
+// The bracket has bits 4-6 clear, so it adds after the XOR, and a 128-byte aligned tile keeps
+// that true of the whole address: four bases per lane and tile (one per C0 & 7) then make every
+// load a base plus a compile-time offset.
+struct SwzBases {
+  uint32_t v[4];
+};
+template <class T, int D>
+__device__ __forceinline__ SwzBases swz_bases(uint32_t tile, int rl, int cl) {
+  const uint32_t lane = tile + static_cast<uint32_t>(rl * D * static_cast<int>(sizeof(T))) +
+                        (static_cast<uint32_t>((cl ^ rl) & 7) << 4);
+  return {{lane, lane ^ 32u, lane ^ 64u, lane ^ 96u}};
+}
+template <class T, int D>
+__device__ __forceinline__ uint32_t swz_addr(const SwzBases& b, int r0, int c0) {
+  return b.v[(c0 & 7) >> 1] + static_cast<uint32_t>(r0 * D * static_cast<int>(sizeof(T))) +
+         static_cast<uint32_t>((c0 & ~7) * 16);
+}
 
 // Copies rows [r0, r0 + ROWS) of one head into a swizzled tile (rows >= n and columns >= dim are
 // zero-filled).
@@ -609,8 +630,15 @@ __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
   const bool capped = p.softcap > 0;
 
   uint32_t qf[QREG ? MT : 1][QREG ? kKSteps : 1][4];
+  // This lane's rows and chunks of each ldmatrix_x4 (see swz_bases): Q and K as A / B of Q K^T,
+  // V transposed as B of P V.
+  const int mi = lane / 8;
+  // 128-byte aligned tiles are what swz_addr relies on (every tile size is a multiple of 4 KB).
+  if ((smem_u32(smem_raw) & 127u) != 0) __trap();
+  const SwzBases q_base = swz_bases<T, D>(smem_u32(sQ + warp * 16 * MT * D), lane % 16, lane / 16);
   // S = Q K^T for this warp's 16 * MT rows and one tile's BN keys.
   auto qk = [&](const T* tK, float(&acc)[MT][kSTiles][4]) {
+    const SwzBases k_base = swz_bases<T, D>(smem_u32(tK), (lane % 8) + (mi / 2) * 8, mi % 2);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -625,16 +653,14 @@ __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) a[mt][e] = qf[mt][ks][e];
         } else {
-          const int r = warp * 16 * MT + mt * 16 + (lane % 16), col = ks * 16 + (lane / 16) * 8;
-          ldmatrix_x4(smem_u32(sQ + swz<D>(r, col)), a[mt][0], a[mt][1], a[mt][2], a[mt][3]);
+          ldmatrix_x4(swz_addr<T, D>(q_base, mt * 16, 2 * ks), a[mt][0], a[mt][1], a[mt][2],
+                      a[mt][3]);
         }
       }
 #pragma unroll
       for (int n = 0; n < kSTiles; n += 2) {
-        const int mi = lane / 8;
-        const int r = n * 8 + (lane % 8) + (mi / 2) * 8, col = ks * 16 + (mi % 2) * 8;
         uint32_t b0, b1, b2, b3;
-        ldmatrix_x4(smem_u32(tK + swz<D>(r, col)), b0, b1, b2, b3);
+        ldmatrix_x4(swz_addr<T, D>(k_base, n * 8, 2 * ks), b0, b1, b2, b3);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           if (MT > 1 && !mt_on[mt]) continue;  // warp-uniform: rows past the end need no math
@@ -666,11 +692,9 @@ __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-            for (int ks = 0; ks < kKSteps; ++ks) {
-              const int r = warp * 16 * MT + mt * 16 + (lane % 16), col = ks * 16 + (lane / 16) * 8;
-              ldmatrix_x4(smem_u32(sQ + swz<D>(r, col)), qf[mt][ks][0], qf[mt][ks][1],
+            for (int ks = 0; ks < kKSteps; ++ks)
+              ldmatrix_x4(swz_addr<T, D>(q_base, mt * 16, 2 * ks), qf[mt][ks][0], qf[mt][ks][1],
                           qf[mt][ks][2], qf[mt][ks][3]);
-            }
         }
       }
       float s_next[OVL ? MT : 1][OVL ? kSTiles : 1][4];
@@ -805,14 +829,13 @@ __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
         }
       }
       // O += P V.
+      const SwzBases v_base = swz_bases<T, D>(smem_u32(tV), (lane % 8) + (mi % 2) * 8, mi / 2);
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk) {
 #pragma unroll
         for (int d = 0; d < kOTiles; d += 2) {
-          const int mi = lane / 8;
-          const int r = kk * 16 + (lane % 8) + (mi % 2) * 8, col = d * 8 + (mi / 2) * 8;
           uint32_t b0, b1, b2, b3;
-          ldmatrix_x4_trans(smem_u32(tV + swz<D>(r, col)), b0, b1, b2, b3);
+          ldmatrix_x4_trans(swz_addr<T, D>(v_base, kk * 16, d), b0, b1, b2, b3);
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt) {
             if (MT > 1 && !mt_on[mt]) continue;
