@@ -938,6 +938,7 @@ __global__ void __launch_bounds__(128) flash_bwd_dkdv_mma(Params p) {
   T* sG0 = sQ0 + 2 * BQ * D;                                  // dY tiles, two stages
   float* sLse0 = reinterpret_cast<float*>(sG0 + 2 * BQ * D);  // LSE * log2(e); +inf when empty
   float* sDelta0 = sLse0 + 2 * BQ;
+  if ((smem_u32(smem_raw) & 127u) != 0) __trap();  // swz_addr: 128-byte aligned tiles
 
   const int k_blocks = (p.len_k + kKeys - 1) / kKeys;
   int lin = blockIdx.x;
@@ -1022,21 +1023,25 @@ __global__ void __launch_bounds__(128) flash_bwd_dkdv_mma(Params p) {
       for (int n = 0; n < kSTiles; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) st[n][e] = dpt[n][e] = 0.f;
+      // ldmatrix bases (swz_bases): A rows of this warp's keys, B rows of the query tile, and
+      // the query tile transposed as B of dV / dK.
+      const int mi = lane / 8;
+      const SwzBases k_a = swz_bases<T, D>(smem_u32(sK + warp * 16 * D), lane % 16, lane / 16);
+      const SwzBases v_a = swz_bases<T, D>(smem_u32(sV + warp * 16 * D), lane % 16, lane / 16);
+      const SwzBases q_b = swz_bases<T, D>(smem_u32(sQ), (lane % 8) + (mi / 2) * 8, mi % 2);
+      const SwzBases g_b = swz_bases<T, D>(smem_u32(sG), (lane % 8) + (mi / 2) * 8, mi % 2);
 #pragma unroll
       for (int ks = 0; ks < kKSteps; ++ks) {
-        const int ar = warp * 16 + (lane % 16), ac = ks * 16 + (lane / 16) * 8;
         uint32_t ak[4], av[4];
-        ldmatrix_x4(smem_u32(sK + swz<D>(ar, ac)), ak[0], ak[1], ak[2], ak[3]);
-        ldmatrix_x4(smem_u32(sV + swz<D>(ar, ac)), av[0], av[1], av[2], av[3]);
+        ldmatrix_x4(swz_addr<T, D>(k_a, 0, 2 * ks), ak[0], ak[1], ak[2], ak[3]);
+        ldmatrix_x4(swz_addr<T, D>(v_a, 0, 2 * ks), av[0], av[1], av[2], av[3]);
 #pragma unroll
         for (int n = 0; n < kSTiles; n += 2) {
-          const int mi = lane / 8;
-          const int r = n * 8 + (lane % 8) + (mi / 2) * 8, c = ks * 16 + (mi % 2) * 8;
           uint32_t b0, b1, b2, b3;
-          ldmatrix_x4(smem_u32(sQ + swz<D>(r, c)), b0, b1, b2, b3);
+          ldmatrix_x4(swz_addr<T, D>(q_b, n * 8, 2 * ks), b0, b1, b2, b3);
           mma16816<T>(st[n], ak, b0, b1);
           mma16816<T>(st[n + 1], ak, b2, b3);
-          ldmatrix_x4(smem_u32(sG + swz<D>(r, c)), b0, b1, b2, b3);
+          ldmatrix_x4(swz_addr<T, D>(g_b, n * 8, 2 * ks), b0, b1, b2, b3);
           mma16816<T>(dpt[n], av, b0, b1);
           mma16816<T>(dpt[n + 1], av, b2, b3);
         }
@@ -1065,19 +1070,19 @@ __global__ void __launch_bounds__(128) flash_bwd_dkdv_mma(Params p) {
         sf[n][1] = pack2<T>(dsv[2], dsv[3]);
       }
       // dV += P^T dY, dK += dS^T Q.
+      const SwzBases g_t = swz_bases<T, D>(smem_u32(sG), (lane % 8) + (mi % 2) * 8, mi / 2);
+      const SwzBases q_t = swz_bases<T, D>(smem_u32(sQ), (lane % 8) + (mi % 2) * 8, mi / 2);
 #pragma unroll
       for (int kk = 0; kk < BQ / 16; ++kk) {
         const uint32_t ap[4] = {pf[2 * kk][0], pf[2 * kk][1], pf[2 * kk + 1][0], pf[2 * kk + 1][1]};
         const uint32_t as[4] = {sf[2 * kk][0], sf[2 * kk][1], sf[2 * kk + 1][0], sf[2 * kk + 1][1]};
 #pragma unroll
         for (int d = 0; d < kOTiles; d += 2) {
-          const int mi = lane / 8;
-          const int r = kk * 16 + (lane % 8) + (mi % 2) * 8, c = d * 8 + (mi / 2) * 8;
           uint32_t b0, b1, b2, b3;
-          ldmatrix_x4_trans(smem_u32(sG + swz<D>(r, c)), b0, b1, b2, b3);
+          ldmatrix_x4_trans(swz_addr<T, D>(g_t, kk * 16, d), b0, b1, b2, b3);
           mma16816<T>(dv[d], ap, b0, b1);
           mma16816<T>(dv[d + 1], ap, b2, b3);
-          ldmatrix_x4_trans(smem_u32(sQ + swz<D>(r, c)), b0, b1, b2, b3);
+          ldmatrix_x4_trans(swz_addr<T, D>(q_t, kk * 16, d), b0, b1, b2, b3);
           mma16816<T>(dk[d], as, b0, b1);
           mma16816<T>(dk[d + 1], as, b2, b3);
         }
@@ -1116,8 +1121,9 @@ __global__ void __launch_bounds__(128) flash_bwd_dq_mma(Params p) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);
   T* sG = sQ + kM * D;
-  T* sK0 = sG + kM * D;       // two stages
-  T* sV0 = sK0 + 2 * BN * D;  // two stages
+  T* sK0 = sG + kM * D;                            // two stages
+  T* sV0 = sK0 + 2 * BN * D;                       // two stages
+  if ((smem_u32(smem_raw) & 127u) != 0) __trap();  // swz_addr: 128-byte aligned tiles
 
   const int m_blocks = (p.len_q + kM - 1) / kM;
   int lin = blockIdx.x;
@@ -1194,21 +1200,26 @@ __global__ void __launch_bounds__(128) flash_bwd_dq_mma(Params p) {
     for (int n = 0; n < kSTiles; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) sc[n][e] = dp[n][e] = 0.f;
+    // ldmatrix bases (swz_bases): A rows of this warp's queries, B rows of the key tile, and the
+    // key tile transposed as B of dQ.
+    const int mi = lane / 8;
+    const SwzBases q_a = swz_bases<T, D>(smem_u32(sQ + warp * 16 * D), lane % 16, lane / 16);
+    const SwzBases g_a = swz_bases<T, D>(smem_u32(sG + warp * 16 * D), lane % 16, lane / 16);
+    const SwzBases k_b = swz_bases<T, D>(smem_u32(sK), (lane % 8) + (mi / 2) * 8, mi % 2);
+    const SwzBases v_b = swz_bases<T, D>(smem_u32(sV), (lane % 8) + (mi / 2) * 8, mi % 2);
+    const SwzBases k_t = swz_bases<T, D>(smem_u32(sK), (lane % 8) + (mi % 2) * 8, mi / 2);
 #pragma unroll
     for (int ks = 0; ks < kKSteps; ++ks) {
-      const int ar = warp * 16 + (lane % 16), ac = ks * 16 + (lane / 16) * 8;
       uint32_t aq[4], ag[4];
-      ldmatrix_x4(smem_u32(sQ + swz<D>(ar, ac)), aq[0], aq[1], aq[2], aq[3]);
-      ldmatrix_x4(smem_u32(sG + swz<D>(ar, ac)), ag[0], ag[1], ag[2], ag[3]);
+      ldmatrix_x4(swz_addr<T, D>(q_a, 0, 2 * ks), aq[0], aq[1], aq[2], aq[3]);
+      ldmatrix_x4(swz_addr<T, D>(g_a, 0, 2 * ks), ag[0], ag[1], ag[2], ag[3]);
 #pragma unroll
       for (int n = 0; n < kSTiles; n += 2) {
-        const int mi = lane / 8;
-        const int r = n * 8 + (lane % 8) + (mi / 2) * 8, c = ks * 16 + (mi % 2) * 8;
         uint32_t b0, b1, b2, b3;
-        ldmatrix_x4(smem_u32(sK + swz<D>(r, c)), b0, b1, b2, b3);
+        ldmatrix_x4(swz_addr<T, D>(k_b, n * 8, 2 * ks), b0, b1, b2, b3);
         mma16816<T>(sc[n], aq, b0, b1);
         mma16816<T>(sc[n + 1], aq, b2, b3);
-        ldmatrix_x4(smem_u32(sV + swz<D>(r, c)), b0, b1, b2, b3);
+        ldmatrix_x4(swz_addr<T, D>(v_b, n * 8, 2 * ks), b0, b1, b2, b3);
         mma16816<T>(dp[n], ag, b0, b1);
         mma16816<T>(dp[n + 1], ag, b2, b3);
       }
@@ -1236,10 +1247,8 @@ __global__ void __launch_bounds__(128) flash_bwd_dq_mma(Params p) {
       const uint32_t a[4] = {sf[2 * kk][0], sf[2 * kk][1], sf[2 * kk + 1][0], sf[2 * kk + 1][1]};
 #pragma unroll
       for (int d = 0; d < kOTiles; d += 2) {
-        const int mi = lane / 8;
-        const int r = kk * 16 + (lane % 8) + (mi % 2) * 8, c = d * 8 + (mi / 2) * 8;
         uint32_t b0, b1, b2, b3;
-        ldmatrix_x4_trans(smem_u32(sK + swz<D>(r, c)), b0, b1, b2, b3);
+        ldmatrix_x4_trans(swz_addr<T, D>(k_t, kk * 16, d), b0, b1, b2, b3);
         mma16816<T>(dq[d], a, b0, b1);
         mma16816<T>(dq[d + 1], a, b2, b3);
       }
