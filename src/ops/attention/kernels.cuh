@@ -755,11 +755,15 @@ __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
             const float base1 = mx1 == -INFINITY ? 0.f : mx1;
             const float corr0 = exp2_ftz(m_r[mt][0] - base0), corr1 = exp2_ftz(m_r[mt][1] - base1);
             m_r[mt][0] = mx0, m_r[mt][1] = mx1;
-            l_r[mt][0] *= corr0, l_r[mt][1] *= corr1;
+            // No row of the warp saw a new maximum (corr is exactly 1, and times 1 is exact): the
+            // rescale of O is skipped, which is most tiles of a long row.
+            if (__any_sync(0xffffffffu, corr0 != 1.f || corr1 != 1.f)) {
+              l_r[mt][0] *= corr0, l_r[mt][1] *= corr1;
 #pragma unroll
-            for (int d = 0; d < kOTiles; ++d) {
-              o[mt][d][0] *= corr0, o[mt][d][1] *= corr0, o[mt][d][2] *= corr1,
-                  o[mt][d][3] *= corr1;
+              for (int d = 0; d < kOTiles; ++d) {
+                o[mt][d][0] *= corr0, o[mt][d][1] *= corr0, o[mt][d][2] *= corr1,
+                    o[mt][d][3] *= corr1;
+              }
             }
 #pragma unroll
             for (int n = 0; n < kSTiles; ++n) {
@@ -812,10 +816,15 @@ __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
           const float base1 = mx1 == -INFINITY ? 0.f : mx1;
           const float corr0 = exp2_ftz(m_r[mt][0] - base0), corr1 = exp2_ftz(m_r[mt][1] - base1);
           m_r[mt][0] = mx0, m_r[mt][1] = mx1;
-          l_r[mt][0] *= corr0, l_r[mt][1] *= corr1;
+          // No row of the warp saw a new maximum (corr is exactly 1, and times 1 is exact): the
+          // rescale of O is skipped, which is most tiles of a long row.
+          if (__any_sync(0xffffffffu, corr0 != 1.f || corr1 != 1.f)) {
+            l_r[mt][0] *= corr0, l_r[mt][1] *= corr1;
 #pragma unroll
-          for (int d = 0; d < kOTiles; ++d) {
-            o[mt][d][0] *= corr0, o[mt][d][1] *= corr0, o[mt][d][2] *= corr1, o[mt][d][3] *= corr1;
+            for (int d = 0; d < kOTiles; ++d) {
+              o[mt][d][0] *= corr0, o[mt][d][1] *= corr0, o[mt][d][2] *= corr1,
+                  o[mt][d][3] *= corr1;
+            }
           }
 #pragma unroll
           for (int n = 0; n < kSTiles; ++n) {
