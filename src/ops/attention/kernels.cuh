@@ -491,6 +491,20 @@ __device__ __forceinline__ void prep_scores(float (&sc)[MT][NT][4], const Params
   }
 }
 
+// One m-tile's O and l times its two rows' corrections after a new running maximum. Skipped when
+// no row of the warp saw one (corr is then exactly 1, and times 1 is exact: same bits), which is
+// most tiles of a long row. Warp-uniform branch.
+template <int kOTiles>
+__device__ __forceinline__ void rescale_rows(float (&o)[kOTiles][4], float (&l)[2], float corr0,
+                                             float corr1) {
+  if (!__any_sync(0xffffffffu, corr0 != 1.f || corr1 != 1.f)) return;
+  l[0] *= corr0, l[1] *= corr1;
+#pragma unroll
+  for (int d = 0; d < kOTiles; ++d) {
+    o[d][0] *= corr0, o[d][1] *= corr0, o[d][2] *= corr1, o[d][3] *= corr1;
+  }
+}
+
 // D: padded head dim; NW warps; BN keys per tile; MT m16 tiles per warp (B fragments loaded from
 // shared memory are reused MT times, which is what keeps ldmatrix from being the bottleneck);
 // QREG keeps the Q fragments in registers for the whole key loop.
@@ -755,16 +769,7 @@ __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
             const float base1 = mx1 == -INFINITY ? 0.f : mx1;
             const float corr0 = exp2_ftz(m_r[mt][0] - base0), corr1 = exp2_ftz(m_r[mt][1] - base1);
             m_r[mt][0] = mx0, m_r[mt][1] = mx1;
-            // No row of the warp saw a new maximum (corr is exactly 1, and times 1 is exact): the
-            // rescale of O is skipped, which is most tiles of a long row.
-            if (__any_sync(0xffffffffu, corr0 != 1.f || corr1 != 1.f)) {
-              l_r[mt][0] *= corr0, l_r[mt][1] *= corr1;
-#pragma unroll
-              for (int d = 0; d < kOTiles; ++d) {
-                o[mt][d][0] *= corr0, o[mt][d][1] *= corr0, o[mt][d][2] *= corr1,
-                    o[mt][d][3] *= corr1;
-              }
-            }
+            rescale_rows(o[mt], l_r[mt], corr0, corr1);
 #pragma unroll
             for (int n = 0; n < kSTiles; ++n) {
               const float p0 = exp2_ftz(sc[mt][n][0] - base0), p1 = exp2_ftz(sc[mt][n][1] - base0);
@@ -816,16 +821,7 @@ __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
           const float base1 = mx1 == -INFINITY ? 0.f : mx1;
           const float corr0 = exp2_ftz(m_r[mt][0] - base0), corr1 = exp2_ftz(m_r[mt][1] - base1);
           m_r[mt][0] = mx0, m_r[mt][1] = mx1;
-          // No row of the warp saw a new maximum (corr is exactly 1, and times 1 is exact): the
-          // rescale of O is skipped, which is most tiles of a long row.
-          if (__any_sync(0xffffffffu, corr0 != 1.f || corr1 != 1.f)) {
-            l_r[mt][0] *= corr0, l_r[mt][1] *= corr1;
-#pragma unroll
-            for (int d = 0; d < kOTiles; ++d) {
-              o[mt][d][0] *= corr0, o[mt][d][1] *= corr0, o[mt][d][2] *= corr1,
-                  o[mt][d][3] *= corr1;
-            }
-          }
+          rescale_rows(o[mt], l_r[mt], corr0, corr1);
 #pragma unroll
           for (int n = 0; n < kSTiles; ++n) {
             const float p0 = exp2_ftz(sc[mt][n][0] - base0), p1 = exp2_ftz(sc[mt][n][1] - base0);
