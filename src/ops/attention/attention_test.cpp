@@ -19,6 +19,7 @@
 #include "core/testing/testing.hpp"
 #include "ops/attention/common.hpp"
 #include "ops/attention/reference.hpp"
+#include "ops/attention/swizzle.hpp"
 #include "ops/attention/test_oracle.hpp"
 
 namespace baracuda::attention {
@@ -709,6 +710,40 @@ TEST(AttentionRules, ReferenceRejectsBadSeqlens) {
 
 // ---- The reference against hand-computed values
 // ----------------------------------------------------
+// The tensor-core kernels address their ldmatrix loads through swz_bases / swz_addr (a lane base
+// per tile and a compile-time offset) instead of swz itself: the two must name the same byte for
+// every lane, every fragment pattern the kernels use, every k-step / n-tile offset and head dim.
+template <int D>
+int swz_mismatches() {
+  using kernels::swz;
+  using kernels::swz_addr;
+  using kernels::swz_bases;
+  constexpr uint32_t kTile = 3 * 4096;  // any 128-byte aligned tile base
+  int bad = 0;
+  for (int lane = 0; lane < 32; ++lane) {
+    const int mi = lane / 8;
+    // (row within the 16-row group, chunk bit): A operands, B operands, transposed B operands.
+    const int pattern[3][2] = {{lane % 16, lane / 16},
+                               {(lane % 8) + (mi / 2) * 8, mi % 2},
+                               {(lane % 8) + (mi % 2) * 8, mi / 2}};
+    for (const auto& pc : pattern) {
+      const kernels::SwzBases b = swz_bases<uint16_t, D>(kTile, pc[0], pc[1]);
+      for (int r0 = 0; r0 < 128; r0 += 16)
+        for (int c0 = 0; c0 < D / 8; c0 += 2) {
+          const uint32_t want =
+              kTile + static_cast<uint32_t>(swz<D>(r0 + pc[0], 8 * (c0 + pc[1])) * 2);
+          if (swz_addr<uint16_t, D>(b, r0, c0) != want) ++bad;
+        }
+    }
+  }
+  return bad;
+}
+TEST(AttentionSwizzle, LdmatrixBasesAddressTheSwizzledBytes) {
+  EXPECT_EQ(swz_mismatches<64>(), 0);
+  EXPECT_EQ(swz_mismatches<128>(), 0);
+  EXPECT_EQ(swz_mismatches<256>(), 0);
+}
+
 TEST(AttentionReference, HandComputedCases) {
   // One key: y = v, lse = scale * q.k.
   Config c;
