@@ -434,9 +434,9 @@ __global__ void __launch_bounds__(128) flash_decode_combine(Params p) {
   for (int o2 = 16; o2 > 0; o2 >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o2));
   float4 acc[2] = {make_float4(0.f, 0.f, 0.f, 0.f), make_float4(0.f, 0.f, 0.f, 0.f)};
   float wsum = 0.f;
+  // Splits in increasing order per warp: the early ones from registers, then the rest.
   if (mx > -INFINITY) {
     for (int sp = lane; sp < p.splits; sp += 32) wsum += expf(p.lse_part[sp * rows + row] - mx);
-      // Splits in increasing order per warp: the early ones from registers, then the rest.
 #pragma unroll
     for (int e = 0; e < kEarly; ++e) {
       const int sp = warp + kNW * e;
