@@ -3,6 +3,7 @@
 cudnn, efficient), on the same cases and names as bench.cpp. Prints one JSON line per timing:
 {"family", "op", "name", "peer", "ms", "tflops" | "gbps"}."""
 import json
+import os
 
 import torch
 import torch.nn.functional as F
@@ -76,4 +77,6 @@ def decode():
 if __name__ == "__main__":
     torch.manual_seed(0)
     decode()
-    sweep()
+    # BARACUDA_ATTENTION_ONLY=decode (as for bench_attention): the decode rows only.
+    if os.environ.get("BARACUDA_ATTENTION_ONLY") != "decode":
+        sweep()
