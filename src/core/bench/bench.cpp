@@ -17,6 +17,12 @@
 #include "core/cuda/check.hpp"
 
 namespace baracuda::bench {
+
+std::string_view env(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr ? std::string_view{} : std::string_view(v);
+}
+
 namespace {
 
 std::string json_escape(const std::string& s) {
@@ -40,8 +46,8 @@ std::string today() {
 }
 
 std::string commit() {
-  const char* c = std::getenv("BARACUDA_COMMIT");
-  return c ? c : "unknown";
+  const std::string_view c = env("BARACUDA_COMMIT");
+  return c.empty() ? "unknown" : std::string(c);
 }
 
 // Device-to-device copy of 1 GiB, read + write bytes counted; median of 20.

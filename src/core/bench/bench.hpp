@@ -34,6 +34,9 @@ struct Timing {
 // whose total exceeds the L2. A failing fn aborts the case with its error.
 Result<Timing> time_it(const Stream& stream, const std::function<Status(int rotation)>& fn,
                        int rotations = 1, int reps = 30, int warmup = 3);
+// The value of environment variable `name`, empty where it is unset (the benches' run switches:
+// BARACUDA_COMMIT, BARACUDA_*_ONLY, ...).
+std::string_view env(const char* name);
 // Input sets of `bytes_per_set` needed so that rotating among them spans at least 3x the L2.
 int rotations_for(const Stream& stream, int64_t bytes_per_set);
 

@@ -3,10 +3,8 @@
 // the backward) and decode (Lq = 1 against a 32k KV cache, 32 query heads, GQA 4, bf16; GB/s on
 // the KV bytes). peers.py times the same cases on PyTorch SDPA with each backend forced.
 #include <cstdint>
-#include <cstdlib>
 #include <random>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "baracuda/ops/attention.hpp"
@@ -39,8 +37,7 @@ void bench_all(const Stream& stream) {
   for (auto* b : {&q, &k, &v, &dy, &y, &dq, &dk, &dv, &lse})
     if (!b->ok()) return bench::emit_error(kFamily, "setup", "alloc", b->error());
   // BARACUDA_ATTENTION_ONLY=decode skips the prefill sweep (a decode A/B run in seconds).
-  const char* only = std::getenv("BARACUDA_ATTENTION_ONLY");
-  const bool sweep = only == nullptr || std::string_view(only) != "decode";
+  const bool sweep = bench::env("BARACUDA_ATTENTION_ONLY") != "decode";
   for (int64_t dim : {64, 128}) {
     if (!sweep) break;
     const int64_t heads = kHidden / dim;

@@ -12,7 +12,6 @@
 // {1024, 4096, 16384}.
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
@@ -67,9 +66,7 @@ Measured time_case(const Stream& s, const std::function<Status(int)>& run) {
 
 void sweep(const Stream& stream) {
   // BARACUDA_ATTENTION_ONLY=decode (the attention family's decode-only runs) skips this sweep.
-  if (const char* only = std::getenv("BARACUDA_ATTENTION_ONLY");
-      only != nullptr && std::string(only) == "decode")
-    return;
+  if (bench::env("BARACUDA_ATTENTION_ONLY") == "decode") return;
   const SelectionTableOverride raw_candidates{std::span<const TablePoint>{}};
   harness::Rng rng(20261122);
   const int64_t n = kTokens * kHidden;
@@ -84,8 +81,7 @@ void sweep(const Stream& stream) {
   Buffers b{make(),       make(),       make(),
             make(),       alloc(n * 2), alloc(kTokens * 32 * 4 * 2),
             alloc(n * 2), alloc(n * 2), alloc(n * 2)};
-  const bool quick = std::getenv("BARACUDA_ATTN_SWEEP") &&
-                     std::string(std::getenv("BARACUDA_ATTN_SWEEP")) == "quick";
+  const bool quick = bench::env("BARACUDA_ATTN_SWEEP") == "quick";
   std::vector<int64_t> lens = quick ? std::vector<int64_t>{1024, 4096, 16384}
                                     : std::vector<int64_t>{512, 1024, 2048, 4096, 8192, 16384};
   for (int64_t d : {64, 128})

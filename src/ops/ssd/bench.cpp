@@ -19,7 +19,6 @@
 // times 2 for a multiply-add; the backward is counted as twice the forward. Bytes: inputs read
 // once + outputs written once (workspace traffic not counted).
 #include <algorithm>
-#include <cstdlib>
 #include <map>
 #include <random>
 #include <string>
@@ -39,8 +38,7 @@ Tensor view(const Buffer& b, DType t, std::vector<int64_t> shape) {
 }
 
 bool stages_requested() {
-  const char* v = std::getenv("BARACUDA_SSD_STAGES");
-  return v != nullptr && std::string_view(v) == "1";
+  return bench::env("BARACUDA_SSD_STAGES") == "1";
 }
 
 // Collects the launcher's per-stage times (launch order kept) over several runs.
@@ -224,17 +222,12 @@ void run_decode(const Stream& s) {
                   .note = "state f32 read + written in place"});
 }
 
-// BARACUDA_SSD_ONLY=forward / backward: the selected plan's rows of that direction only (quick
-// A/B runs of one kernel).
-std::string_view only_direction() {
-  const char* v = std::getenv("BARACUDA_SSD_ONLY");
-  return v == nullptr ? std::string_view{} : std::string_view(v);
-}
-
 void bench_ssd(const Stream& s) {
   const Case cases[] = {{"B4_L4096_H80_D64_N128_G1", 4, 4096, 80, 64, 128, 1, 256},
                         {"B8_L2048_H32_D64_N64_G1", 8, 2048, 32, 64, 64, 1, 256}};
-  const std::string_view only = only_direction();
+  // BARACUDA_SSD_ONLY=forward / backward: the selected plan's rows of that direction only (quick
+  // A/B runs of one kernel).
+  const std::string_view only = bench::env("BARACUDA_SSD_ONLY");
   if (!only.empty()) {
     for (const Case& c : cases) run_prefill(s, c, only == "backward");
     return;
