@@ -3,7 +3,8 @@
 // reach them through attention::ForwardPlan / BackwardPlan (PlanPreference::only(Backend::cudnn)
 // forces them).
 //
-// Also our own sm_90a forward, fa3_fwd_sm90a (FlashAttention-3 style), registered the same way.
+// Also our own sm_90a forward and backward, fa3_fwd_sm90a / fa3_bwd_sm90a (FlashAttention-3
+// style), registered the same way.
 //
 // This header exposes the host-side rules those kernels follow, so callers (and tests) can ask why
 // a problem does or does not go to cuDNN and which candidate the measured selection table prefers.
@@ -105,6 +106,10 @@ inline constexpr std::string_view kFa3Exp2Poly3Kernel = "fa3_fwd_sm90a_exp2poly3
 inline constexpr std::string_view kFa3PersistentKernel = "fa3_fwd_sm90a_persistent";
 inline constexpr std::string_view kFa3RankedAhead = "fa3_fwd_sm90a_ranked_ahead";
 inline constexpr int kFa3Ahead = kCudnnAhead + 1;
+
+// Our sm_90a backward (fa3_backward.cu): dQ accumulated with float atomics (not deterministic),
+// registered below every other backward kernel (reached by name).
+inline constexpr std::string_view kFa3BwdKernel = "fa3_bwd_sm90a";
 
 // ---- Launch-time rules of the cuDNN kernels -----------------------------------------------------
 // cuDNN reads 16-byte vectors: every Q/K/V/Y/dY/dQ/dK/dV pointer 16-byte aligned and every

@@ -7,7 +7,8 @@
 //  - AttentionFa3Registry:   the sm_90a forward (fa3_fwd_sm90a) is registered below every other
 //                            forward kernel with a truthful precision claim.
 //  - AttentionFa3Gpu:        fa3_fwd_sm90a pinned by name against the float64 reference (Y and
-//                            LSE), run twice and compared bitwise; what its predicate accepts.
+//                            LSE), run twice and compared bitwise; what its predicate accepts;
+//                            fa3_bwd_sm90a (dQ, dK, dV) against the float64 reference backward.
 // The float64 reference is bounded (see "The float64 oracle" below): every GPU test here finishes
 // in seconds; big shapes are checked on sampled rows plus whole-tensor checks.
 #include <algorithm>
@@ -557,38 +558,101 @@ std::vector<const Kernel<Op>*> cudnn_kernels(const attention::Problem& p) {
   return out;
 }
 
-// One case: inputs, the float64 reference (forward, then backward from the reference's rounded Y
-// and LSE), then every cuDNN kernel that fits, each run twice. A helper so that an ASSERT ends
-// only this case.
+// One case's host inputs, the float64 reference forward on every row, and the reference backward
+// from that forward's Y and LSE rounded to what a GPU backward reads (Y in the 16-bit type, LSE in
+// f32). Every case that uses it is small (exhaustive): the forward reference runs on every row, in
+// parallel.
+struct CaseData {
+  TestTensor q, k, v, dy;
+  std::vector<RowBlock> rows;
+  Reference fwd;
+  TestTensor y_ref, lse_ref;
+  Grads grad;
+};
+CaseData case_data(const Case& c, harness::Rng& rng) {
+  const auto t0 = std::chrono::steady_clock::now();
+  CaseData x{cpu_tensor(c.t, {c.b, c.hq, c.lq, c.d}, &rng),
+             cpu_tensor(c.t, {c.b, c.hk, c.lk, c.d}, &rng),
+             cpu_tensor(c.t, {c.b, c.hk, c.lk, c.d}, &rng),
+             cpu_tensor(c.t, {c.b, c.hq, c.lq, c.d}, &rng),
+             every_row(c),
+             {},
+             cpu_tensor(c.t, {c.b, c.hq, c.lq, c.d}, nullptr),
+             cpu_tensor(DType::f32, {c.b, c.hq, c.lq}, nullptr),
+             {}};
+  const std::vector<double> qv = x.q.values(), kv = x.k.values(), vv = x.v.values();
+  x.fwd = reference_rows(c, qv, kv, vv, x.rows);
+  x.y_ref.set_values(x.fwd.y);
+  x.lse_ref.set_values(x.fwd.lse);
+  x.grad = reference_backward(c, qv, kv, vv, x.y_ref.values(), x.dy.values(), x.lse_ref.values());
+  std::printf("[ reference ] %s: %.2f s\n", name_of(c).c_str(), seconds_since(t0));
+  return x;
+}
+
+// The backward's inputs on the GPU in the case's layout.
+struct GpuBackwardInputs {
+  TestTensor q, k, v, dy, y, lse;
+};
+GpuBackwardInputs upload_backward(const Case& c, const CaseData& x) {
+  GpuBackwardInputs g{upload(c, x.q, c.hq, c.lq, c.d),     upload(c, x.k, c.hk, c.lk, c.d),
+                      upload(c, x.v, c.hk, c.lk, c.d),     upload(c, x.dy, c.hq, c.lq, c.d),
+                      upload(c, x.y_ref, c.hq, c.lq, c.d), gpu_lse(c)};
+  g.lse.set_values(x.lse_ref.values());
+  return g;
+}
+
+// One backward kernel run twice into poisoned dQ / dK / dV: every element against the reference
+// each time, bytes outside the outputs untouched, and both runs bitwise equal where the kernel
+// claims determinism.
+void check_backward_kernel(const Case& c, const attention::Problem& p,
+                           const Kernel<attention::BackwardOp>& kern, const Grads& ref,
+                           const GpuBackwardInputs& in) {
+  SCOPED_TRACE(std::string(kern.sku.name));
+  const Stream& gs = harness::stream_for(Target::cuda);
+  TestTensor gdq = gpu_tensor(c, c.t, c.hq, c.lq, c.d), gdk = gpu_tensor(c, c.t, c.hk, c.lk, c.d),
+             gdv = gpu_tensor(c, c.t, c.hk, c.lk, c.d);
+  const Workspace_ ws = workspace_of(kern.workspace ? kern.workspace(p, gs.caps()) : 0);
+  const attention::BackwardArguments args{in.q.cview(),
+                                          in.k.cview(),
+                                          in.v.cview(),
+                                          in.y.cview(),
+                                          in.dy.cview(),
+                                          in.lse.cview(),
+                                          gdq.view(),
+                                          gdk.view(),
+                                          gdv.view(),
+                                          {},
+                                          {}};
+  BARACUDA_ASSERT_OK(attention::BackwardOp::check_arguments(p, args, gs.memory_location()));
+  std::vector<std::vector<uint8_t>> runs;
+  for (int rep = 0; rep < 2; ++rep) {
+    for (TestTensor* t : {&gdq, &gdk, &gdv}) t->poison();
+    const auto q_before = gdq.bytes(), k_before = gdk.bytes(), v_before = gdv.bytes();
+    BARACUDA_ASSERT_OK(kern.launch(LaunchContext{gs, ws.get()}, p, args));
+    BARACUDA_ASSERT_OK(gs.synchronize());
+    EXPECT_TRUE(harness::close_to(gdq.values(), ref.dq, c.t, Accuracy::reduction, "dq"));
+    EXPECT_TRUE(harness::close_to(gdk.values(), ref.dk, c.t, Accuracy::reduction, "dk"));
+    EXPECT_TRUE(harness::close_to(gdv.values(), ref.dv, c.t, Accuracy::reduction, "dv"));
+    EXPECT_TRUE(harness::untouched_outside(q_before, gdq.bytes(), gdq.bit_mask(), "dq"));
+    EXPECT_TRUE(harness::untouched_outside(k_before, gdk.bytes(), gdk.bit_mask(), "dk"));
+    EXPECT_TRUE(harness::untouched_outside(v_before, gdv.bytes(), gdv.bit_mask(), "dv"));
+    for (TestTensor* t : {&gdq, &gdk, &gdv}) runs.push_back(t->bytes());
+  }
+  if (kern.sku.precision.deterministic) {
+    for (int i = 0; i < 3; ++i)
+      EXPECT_TRUE(harness::bytes_equal(runs[i], runs[i + 3], "backward run 1 vs run 2"));
+  }
+}
+
+// One case: inputs and the float64 references, then every cuDNN kernel that fits, each run twice.
+// A helper so that an ASSERT ends only this case.
 void check_case(const Case& c, harness::Rng& rng) {
   const Stream& gs = harness::stream_for(Target::cuda);
   const Descriptor desc = make_desc(c.t, c.b, c.hq, c.hk, c.lq, c.lk, c.d, c.mask);
   const attention::Problem p = problem_of(desc);
-  // Inputs and the float64 reference forward on the CPU.
-  TestTensor q = cpu_tensor(c.t, {c.b, c.hq, c.lq, c.d}, &rng);
-  TestTensor k = cpu_tensor(c.t, {c.b, c.hk, c.lk, c.d}, &rng);
-  TestTensor v = cpu_tensor(c.t, {c.b, c.hk, c.lk, c.d}, &rng);
-  TestTensor dy = cpu_tensor(c.t, {c.b, c.hq, c.lq, c.d}, &rng);
-  // Every case here is small (exhaustive): the forward reference on every row, in parallel.
-  const auto t0 = std::chrono::steady_clock::now();
-  const std::vector<double> qv = q.values(), kv = k.values(), vv = v.values();
-  const std::vector<RowBlock> rows = every_row(c);
-  const Reference fwd_ref = reference_rows(c, qv, kv, vv, rows);
-  // The backward reference reads the reference forward's Y and LSE rounded to what the GPU
-  // backward gets (Y in the 16-bit type, LSE in f32).
-  TestTensor y_ref = cpu_tensor(c.t, {c.b, c.hq, c.lq, c.d}, nullptr);
-  TestTensor lse_ref = cpu_tensor(DType::f32, {c.b, c.hq, c.lq}, nullptr);
-  y_ref.set_values(fwd_ref.y);
-  lse_ref.set_values(fwd_ref.lse);
-  const Grads grad_ref =
-      reference_backward(c, qv, kv, vv, y_ref.values(), dy.values(), lse_ref.values());
-  std::printf("[ reference ] %s: %.2f s\n", name_of(c).c_str(), seconds_since(t0));
-
-  TestTensor gq = upload(c, q, c.hq, c.lq, c.d), gk = upload(c, k, c.hk, c.lk, c.d),
-             gv = upload(c, v, c.hk, c.lk, c.d), gdy = upload(c, dy, c.hq, c.lq, c.d),
-             gy_in = upload(c, y_ref, c.hq, c.lq, c.d);
-  TestTensor glse_in = gpu_lse(c);
-  glse_in.set_values(lse_ref.values());
+  const CaseData x = case_data(c, rng);
+  const std::vector<double> vv = x.v.values();
+  const GpuBackwardInputs in = upload_backward(c, x);
 
   // The plan forced to cuDNN selects a cuDNN kernel and runs.
   auto plan = attention::ForwardPlan::select(gs, desc, PlanPreference::only(Backend::cudnn));
@@ -614,8 +678,8 @@ void check_case(const Case& c, harness::Rng& rng) {
     TestTensor gy = gpu_tensor(c, c.t, c.hq, c.lq, c.d);
     TestTensor glse = gpu_lse(c);
     const Workspace_ ws = workspace_of(kern->workspace ? kern->workspace(p, gs.caps()) : 0);
-    const attention::ForwardArguments args{gq.cview(),  gk.cview(), gv.cview(), gy.view(),
-                                           glse.view(), {},         {}};
+    const attention::ForwardArguments args{
+        in.q.cview(), in.k.cview(), in.v.cview(), gy.view(), glse.view(), {}, {}};
     BARACUDA_ASSERT_OK(attention::ForwardOp::check_arguments(p, args, gs.memory_location()));
     std::vector<std::vector<uint8_t>> bytes;
     for (int rep = 0; rep < 2; ++rep) {
@@ -624,7 +688,7 @@ void check_case(const Case& c, harness::Rng& rng) {
       const auto y_before = gy.bytes(), lse_before = glse.bytes();
       BARACUDA_ASSERT_OK(kern->launch(LaunchContext{gs, ws.get()}, p, args));
       BARACUDA_ASSERT_OK(gs.synchronize());
-      check_forward_output(c, vv, gy.values(), glse.values(), fwd_ref, rows);
+      check_forward_output(c, vv, gy.values(), glse.values(), x.fwd, x.rows);
       EXPECT_TRUE(harness::untouched_outside(y_before, gy.bytes(), gy.bit_mask(), "y"));
       EXPECT_TRUE(harness::untouched_outside(lse_before, glse.bytes(), glse.bit_mask(), "lse"));
       bytes.push_back(gy.bytes());
@@ -639,37 +703,7 @@ void check_case(const Case& c, harness::Rng& rng) {
   // deterministic one.
   const auto bwd_kernels = cudnn_kernels<attention::BackwardOp>(p);
   ASSERT_GE(bwd_kernels.size(), 1u);
-  for (const auto* kern : bwd_kernels) {
-    SCOPED_TRACE(std::string(kern->sku.name));
-    TestTensor gdq = gpu_tensor(c, c.t, c.hq, c.lq, c.d), gdk = gpu_tensor(c, c.t, c.hk, c.lk, c.d),
-               gdv = gpu_tensor(c, c.t, c.hk, c.lk, c.d);
-    const Workspace_ ws = workspace_of(kern->workspace ? kern->workspace(p, gs.caps()) : 0);
-    const attention::BackwardArguments args{gq.cview(),  gk.cview(),
-                                            gv.cview(),  gy_in.cview(),
-                                            gdy.cview(), glse_in.cview(),
-                                            gdq.view(),  gdk.view(),
-                                            gdv.view(),  {},
-                                            {}};
-    BARACUDA_ASSERT_OK(attention::BackwardOp::check_arguments(p, args, gs.memory_location()));
-    std::vector<std::vector<uint8_t>> runs;
-    for (int rep = 0; rep < 2; ++rep) {
-      for (TestTensor* t : {&gdq, &gdk, &gdv}) t->poison();
-      const auto q_before = gdq.bytes(), k_before = gdk.bytes(), v_before = gdv.bytes();
-      BARACUDA_ASSERT_OK(kern->launch(LaunchContext{gs, ws.get()}, p, args));
-      BARACUDA_ASSERT_OK(gs.synchronize());
-      EXPECT_TRUE(harness::close_to(gdq.values(), grad_ref.dq, c.t, Accuracy::reduction, "dq"));
-      EXPECT_TRUE(harness::close_to(gdk.values(), grad_ref.dk, c.t, Accuracy::reduction, "dk"));
-      EXPECT_TRUE(harness::close_to(gdv.values(), grad_ref.dv, c.t, Accuracy::reduction, "dv"));
-      EXPECT_TRUE(harness::untouched_outside(q_before, gdq.bytes(), gdq.bit_mask(), "dq"));
-      EXPECT_TRUE(harness::untouched_outside(k_before, gdk.bytes(), gdk.bit_mask(), "dk"));
-      EXPECT_TRUE(harness::untouched_outside(v_before, gdv.bytes(), gdv.bit_mask(), "dv"));
-      for (TestTensor* t : {&gdq, &gdk, &gdv}) runs.push_back(t->bytes());
-    }
-    if (kern->sku.precision.deterministic) {
-      for (int i = 0; i < 3; ++i)
-        EXPECT_TRUE(harness::bytes_equal(runs[i], runs[i + 3], "backward run 1 vs run 2"));
-    }
-  }
+  for (const auto* kern : bwd_kernels) check_backward_kernel(c, p, *kern, x.grad, in);
 }
 
 TEST(AttentionCudnnGpu, ForwardAndBackwardMatchReference) {
@@ -1136,6 +1170,139 @@ TEST(AttentionFa3Gpu, MisalignedRunFailsWithoutWriting) {
   // K one element into its buffer: valid for the family's rules, not for TMA.
   expect_misaligned_run_fails(PlanPreference::kernel(kFa3), 1,
                               {"attention_forward: fa3_fwd_sm90a: k: data is not 16-byte aligned"});
+}
+
+// ---- The sm_90a backward (fa3_bwd_sm90a) -------------------------------------------------------
+const Kernel<attention::BackwardOp>* fa3_bwd_kernel(DType t) {
+  for (const auto& k : KernelTable<attention::BackwardOp>::instance().all())
+    if (k.sku.name == kFa3BwdKernel && k.sku.element == t) return &k;
+  return nullptr;
+}
+
+TEST(AttentionFa3Registry, BackwardRegisteredBelowEveryOtherBackwardAndNotDeterministic) {
+  int found = 0;
+  for (DType t : {DType::bf16, DType::f16}) {
+    const auto* fa3 = fa3_bwd_kernel(t);
+    if (!fa3) continue;  // CPU-only build
+    ++found;
+    EXPECT_EQ(fa3->sku.arch, Arch::sm90a);
+    EXPECT_EQ(fa3->sku.backend, Backend::bespoke_cuda);
+    EXPECT_EQ(fa3->sku.precision.math, t == DType::bf16 ? MathPrecision::bf16 : MathPrecision::f16);
+    EXPECT_EQ(fa3->sku.precision.accumulator, DType::f32);
+    EXPECT_FALSE(fa3->sku.precision.deterministic);  // dQ through float atomics
+    EXPECT_FALSE(fa3->sku.precision.bit_stable);
+    for (const auto& k : KernelTable<attention::BackwardOp>::instance().all()) {
+      if (k.sku.element != t || &k == fa3 || k.sku.backend == Backend::cpu_reference) continue;
+      EXPECT_LT(fa3->priority, k.priority) << k.sku.name;
+    }
+  }
+  if (found == 0) GTEST_SKIP() << "built without CUDA: fa3_bwd_sm90a is not registered";
+  EXPECT_EQ(found, 2);
+}
+
+std::vector<Case> fa3_bwd_cases() {
+  return {
+      {DType::bf16, 2, 4, 4, 128, 128, 64, Mask::none(), false, false},
+      {DType::bf16, 1, 2, 2, 1, 1, 64, Mask::none(), false, true},
+      {DType::f16, 1, 2, 2, 17, 17, 128, Mask::causal_top_left(), true, true},
+      // GQA 4 over several key CTAs and query blocks, a ragged tail, both layouts.
+      {DType::bf16, 1, 8, 2, 197, 197, 128, Mask::causal_top_left(), true, false},
+      {DType::f16, 1, 4, 2, 513, 1000, 128, Mask::none(), false, true},
+      {DType::bf16, 1, 2, 1, 1000, 1000, 64, Mask::causal_bottom_right(), true, false},
+      // MQA with Lq < Lk, bottom-right.
+      {DType::f16, 2, 4, 1, 77, 203, 64, Mask::causal_bottom_right(), false, true},
+      // Lq > Lk bottom-right: the first Lq - Lk rows see no key (LSE -inf, dQ 0).
+      {DType::bf16, 1, 4, 2, 300, 77, 64, Mask::causal_bottom_right(), false, false},
+      // Top-left with Lq < Lk: keys past Lq are seen by no query (dK = dV = 0 there).
+      {DType::bf16, 1, 2, 2, 77, 300, 128, Mask::causal_top_left(), true, true},
+      {DType::f16, 1, 3, 3, 300, 77, 128, Mask::causal_top_left(), false, false},
+  };
+}
+
+// Skips (visibly) where the backward cannot run: no GPU, not a Hopper GPU, or no sm_90a code.
+#define FA3_BWD_SKIP_UNLESS_RUNNABLE()                                                         \
+  BARACUDA_SKIP_IF_UNAVAILABLE(Target::cuda);                                                  \
+  do {                                                                                         \
+    const auto* fa3 = fa3_bwd_kernel(DType::bf16);                                             \
+    const Descriptor probe = make_desc(DType::bf16, 1, 1, 1, 128, 128, 64);                    \
+    if (!fa3 || !fa3->fits(problem_of(probe), harness::stream_for(Target::cuda).caps()))       \
+      GTEST_SKIP() << "fa3_bwd_sm90a does not run here (needs sm_90 and a build with sm_90a)"; \
+  } while (0)
+
+TEST(AttentionFa3Gpu, BackwardMatchesReference) {
+  FA3_BWD_SKIP_UNLESS_RUNNABLE();
+  harness::Rng rng;
+  const Stream& gs = harness::stream_for(Target::cuda);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const Case& c : fa3_bwd_cases()) {
+    SCOPED_TRACE(name_of(c));
+    const Descriptor desc = make_desc(c.t, c.b, c.hq, c.hk, c.lq, c.lk, c.d, c.mask);
+    const attention::Problem p = problem_of(desc);
+    // The plan pinned by name reaches it and tells the truth about determinism.
+    auto plan = attention::BackwardPlan::select(gs, desc, PlanPreference::kernel(kFa3BwdKernel));
+    BARACUDA_ASSERT_OK(plan);
+    ASSERT_EQ(plan->sku().name, kFa3BwdKernel);
+    EXPECT_FALSE(plan->precision_guarantee().deterministic);
+    const CaseData x = case_data(c, rng);
+    check_backward_kernel(c, p, *fa3_bwd_kernel(c.t), x.grad, upload_backward(c, x));
+  }
+  std::printf("[ fa3 bwd  ] %zu cases, %.2f s\n", fa3_bwd_cases().size(), seconds_since(t0));
+}
+
+TEST(AttentionFa3Gpu, BackwardFitsWhatTheForwardFitsAndNeverServesDeterministic) {
+  FA3_BWD_SKIP_UNLESS_RUNNABLE();
+  const Stream& gs = harness::stream_for(Target::cuda);
+  for (const Descriptor& d :
+       {make_desc(DType::bf16, 1, 8, 2, 77, 203, 64, Mask::causal_bottom_right()),
+        make_desc(DType::f16, 1, 4, 4, 64, 64, 96),
+        make_desc(DType::bf16, 1, 4, 4, 64, 64, 64, Mask::sliding_window(16, 0)),
+        make_desc(DType::f16, 1, 8, 1, 203, 77, 128, Mask::causal_top_left())}) {
+    const attention::Problem p = problem_of(d);
+    EXPECT_EQ(fa3_bwd_kernel(d.dtype)->fits(p, gs.caps()), fa3_kernel(d.dtype)->fits(p, gs.caps()))
+        << to_string(d.mask) << " D" << d.head_dim_qk;
+    auto det = attention::BackwardPlan::select(gs, d, PlanPreference::deterministic());
+    BARACUDA_ASSERT_OK(det);
+    EXPECT_NE(det->sku().name, kFa3BwdKernel);
+    EXPECT_TRUE(det->precision_guarantee().deterministic);
+  }
+}
+
+TEST(AttentionFa3Gpu, BackwardMisalignedRunFailsWithoutWriting) {
+  FA3_BWD_SKIP_UNLESS_RUNNABLE();
+  const Stream& gs = harness::stream_for(Target::cuda);
+  const Case c{DType::bf16, 1, 2, 2, 64, 64, 64, Mask::none(), false, false};
+  const Descriptor desc = make_desc(c.t, c.b, c.hq, c.hk, c.lq, c.lk, c.d);
+  auto plan = attention::BackwardPlan::select(gs, desc, PlanPreference::kernel(kFa3BwdKernel));
+  BARACUDA_ASSERT_OK(plan);
+  harness::Rng rng;
+  // dY one element into its buffer: valid for the family's rules, not for TMA.
+  TestTensor off =
+      TestTensor::with_strides(c.t, {1, 2, 64, 64}, {8192, 4096, 64, 1}, 1, Target::cuda);
+  TestTensor q = gpu_tensor(c, c.t, 2, 64, 64), y = gpu_tensor(c, c.t, 2, 64, 64);
+  TestTensor lse = gpu_lse(c);
+  for (TestTensor* t : {&off, &q, &y, &lse}) t->fill_random(rng);
+  TestTensor dq = gpu_tensor(c, c.t, 2, 64, 64), dk = gpu_tensor(c, c.t, 2, 64, 64),
+             dv = gpu_tensor(c, c.t, 2, 64, 64);
+  for (TestTensor* t : {&dq, &dk, &dv}) t->poison();
+  const auto before = {dq.bytes(), dk.bytes(), dv.bytes()};
+  const Workspace_ ws = workspace_of(plan->workspace_size());
+  EXPECT_TRUE(fails_with(plan->run(gs, ws.get(),
+                                   {q.cview(),
+                                    q.cview(),
+                                    q.cview(),
+                                    y.cview(),
+                                    off.cview(),
+                                    lse.cview(),
+                                    dq.view(),
+                                    dk.view(),
+                                    dv.view(),
+                                    {},
+                                    {}}),
+                         ErrorKind::misaligned_operand,
+                         {"attention_backward: fa3_bwd_sm90a: dy: data is not 16-byte aligned"}));
+  BARACUDA_ASSERT_OK(gs.synchronize());
+  auto it = before.begin();
+  for (TestTensor* t : {&dq, &dk, &dv}) EXPECT_TRUE(harness::bytes_equal(*it++, t->bytes(), "out"));
 }
 
 }  // namespace

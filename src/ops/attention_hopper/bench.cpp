@@ -3,7 +3,8 @@
 //
 // For every point it times the plan forced to cuDNN and the plan forced to the bespoke kernels,
 // forward and backward, the sm_90a forward pinned by name (rows noted "fa3_sm90a",
-// "fa3_sm90a_pingpong", "fa3_sm90a_exp2poly2of8", "fa3_sm90a_exp2poly3of8"), and prints one
+// "fa3_sm90a_pingpong", "fa3_sm90a_exp2poly2of8", "fa3_sm90a_exp2poly3of8"), the sm_90a backward
+// pinned by name (backward rows noted "fa3_sm90a"), and prints one
 // {"table_point": ...} line per point and pass (cuDNN, bespoke and, forward, fa3_fwd_sm90a's
 // TFLOP/s): the measurement src/ops/attention_hopper/make_table.py turns into selection_table.hpp.
 // The sweep runs under an empty SelectionTableOverride, so each column is its candidate alone
@@ -190,6 +191,34 @@ void sweep(const Stream& stream) {
           }
           const double tf = time_forward(*fp, note);
           if (fa3 == kFa3Kernel) fa3_tf = tf;
+        }
+        // Our sm_90a backward pinned by name (note "fa3_sm90a"), on the outputs of the default
+        // forward plan.
+        {
+          auto fp = attention::ForwardPlan::select(stream, desc);
+          auto bp =
+              attention::BackwardPlan::select(stream, desc, PlanPreference::kernel(kFa3BwdKernel));
+          if (!bp.ok()) {
+            bench::emit_error("attention", "attention_backward", name + "/fa3_sm90a", bp.error());
+          } else if (fp.ok()) {
+            auto fws =
+                Buffer::allocate(std::max<size_t>(fp->workspace_size(), 16), Location::cuda(0));
+            auto bws =
+                Buffer::allocate(std::max<size_t>(bp->workspace_size(), 16), Location::cuda(0));
+            Measured mb;
+            if (fp->run(stream, fws->as_workspace(), fa).ok())
+              mb = time_case(stream, [&](int) { return bp->run(stream, bws->as_workspace(), ba); });
+            if (mb.ok)
+              bench::emit(stream, {.family = "attention",
+                                   .op = "attention_backward",
+                                   .name = name,
+                                   .dtype = "bf16",
+                                   .kernel = std::string(bp->sku().name),
+                                   .ms = mb.ms,
+                                   .bytes = 8 * tensor_bytes + lse_bytes,
+                                   .flops = 2.5 * fwd_flops,
+                                   .note = "fa3_sm90a"});
+          }
         }
         for (int pass = 0; pass < 2; ++pass) {
           const double* tf = pass == 0 ? fwd_tf : bwd_tf;

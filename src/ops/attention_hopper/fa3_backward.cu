@@ -1,0 +1,516 @@
+// fa3_bwd_sm90a: our own Hopper (sm_90a) attention backward (issue 8, part 2), registered into
+// attention::BackwardOp's table by name (below every other backward kernel: reached with
+// PlanPreference::kernel(kFa3BwdKernel) until the measured table ranks it).
+//
+// Three launches on the caller's stream:
+//  1. prep: per query row, delta = rowsum(dY * Y) and lse2 = LSE * log2(e) (+inf for a row that
+//     sees no key or lies past Lq, so its probabilities come out 0 without a branch), both f32 in
+//     the workspace, padded to whole 64-row blocks; the f32 dQ accumulator is zeroed.
+//  2. main: one CTA per 128 keys of one (batch, key head), looping over the query blocks (64 rows)
+//     of every query head of its group, so dK and dV stay in registers and are stored once (the
+//     group's sum, no atomics). Two warpgroups, each owning 64 of the keys:
+//       S^T  = K Q^T        wgmma m64n64k16, both operands K-major from shared memory
+//       dP^T = V dY^T       the same
+//       P^T  = 2^(S^T * scale * log2(e) - lse2[q])       (masked keys: 0)
+//       dV  += P^T dY       wgmma RS: P^T from registers, dY MN-major
+//       dS^T = P^T * (dP^T - delta[q])
+//       dK  += dS^T Q       wgmma RS
+//       dQ   = dS K         dS^T through shared memory (both warpgroups' 64 keys), wgmma SS with
+//                           both operands MN-major; D = 128: warpgroup w takes head-dim columns
+//                           [64 w, 64 w + 64) over all 128 keys, D = 64: all columns over its own
+//                           64 keys; added into the f32 accumulator with float2 atomics.
+//     Q, dY, lse2 and delta of a query block arrive by TMA / bulk copy into a 3-stage ring,
+//     issued by one thread once both warpgroups are past the block that used the stage last
+//     (the per-block barrier that also publishes dS^T); dS^T is double-buffered.
+//  3. post: dQ = scale * accumulator, rounded to the 16-bit type, into the caller's strides.
+// dK = scale * sum dS^T Q is scaled in the main kernel's epilogue.
+//
+// Not deterministic: the float atomics add each query block's dQ contributions in whatever order
+// the CTAs reach them. Supports what fa3_fwd_sm90a does (shape_fits, check_layout).
+#include <array>
+#include <atomic>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <type_traits>
+
+#include "baracuda/ops/attention.hpp"
+#include "baracuda/ops/attention_hopper.hpp"
+#include "core/cuda/launch.cuh"
+#include "ops/attention_hopper/fa3_common.cuh"
+
+namespace baracuda::attention_hopper::fa3 {
+namespace {
+
+using attention::BackwardArguments;
+using attention::Problem;
+
+constexpr int kQRows = 64;  // query rows per step
+constexpr int kKeys = 128;  // keys per CTA (two warpgroups of 64)
+constexpr int kBwdThreads = 256;
+constexpr int kRing = 3;  // Q / dY / lse2 / delta stages
+
+template <int D>
+struct BwdSmem {
+  static constexpr int kKvBytes = kKeys * D * 2;       // the K or the V tile
+  static constexpr int kQBytes = kQRows * D * 2;       // one step's Q or dY tile
+  static constexpr int kDsBytes = kKeys * kQRows * 2;  // dS^T, [key][query]
+  static constexpr int kRowBytes = 2 * kQRows * 4;     // lse2 then delta of one step
+  static constexpr int kK = 0, kV = kKvBytes, kQ = 2 * kKvBytes, kDy = kQ + kRing * kQBytes,
+                       kDs = kDy + kRing * kQBytes, kRows = kDs + 2 * kDsBytes;
+  static constexpr int kBytes = kRows + kRing * kRowBytes;
+  static constexpr int kLaunchBytes = kBytes + 1024;  // + alignment slack for 1024-byte atoms
+};
+
+struct BwdParams {
+  void *dk, *dv;
+  float* acc;              // dQ accumulator [B, Hq, lq_pad, D]
+  const float* lse2;       // [B, Hq, lq_pad]
+  const float* delta;      // [B, Hq, lq_pad]
+  int64_t sdk[3], sdv[3];  // dK / dV strides (elements) of the B, H, L axes
+  int lq, lk, lq_pad, group, heads_q;
+  int off;  // diagonal offset: key d(i) = i + off (0 top-left, lk - lq bottom-right)
+  int causal;
+  float scale_log2, scale;
+};
+
+#if BARACUDA_FA3_DEVICE
+// Named barrier 1 over both warpgroups.
+__device__ __forceinline__ void sync_consumers() {
+  asm volatile("bar.sync 1, 256;\n" ::: "memory");
+}
+#endif
+
+template <class T, int D>
+__global__ void __launch_bounds__(kBwdThreads, 1)
+    fa3_bwd_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+                   const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdy,
+                   const BwdParams p) {
+#if BARACUDA_FA3_DEVICE
+  using S = BwdSmem<D>;
+  constexpr int kDB = D / 64;  // 64-column blocks per row
+  extern __shared__ uint8_t smem_raw[];
+  __shared__ alignas(8) uint64_t bars[1 + kRing];  // K/V, then one per ring stage
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
+                                             ~static_cast<uintptr_t>(1023));
+  const uint32_t base = smem_u32(smem);
+  const int n0 = static_cast<int>(blockIdx.x) * kKeys, hk = static_cast<int>(blockIdx.y),
+            b = static_cast<int>(blockIdx.z);
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int wg = warp / 4, wl = warp % 4;
+  const int cq = 2 * (lane % 4);  // first column of each 8-column accumulator group
+
+  // Query blocks that see some key of this CTA: causal rows i see keys <= i + off.
+  const int m_begin = p.causal ? max(0, n0 - p.off) / kQRows : 0;
+  const int nm = max(0, p.lq_pad / kQRows - m_begin);
+  const int steps = nm * p.group;
+  auto step_head = [&](int t) { return hk * p.group + t / nm; };
+  auto step_row0 = [&](int t) { return (m_begin + t % nm) * kQRows; };
+
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < 1 + kRing; ++i) mbar_init(smem_u32(&bars[i]), 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  auto load_step = [&](int t) {
+    const int s = t % kRing, h = step_head(t), m0 = step_row0(t);
+    const uint32_t bar = smem_u32(&bars[1 + s]);
+    mbar_expect_tx(bar, 2 * S::kQBytes + S::kRowBytes);
+#pragma unroll
+    for (int db = 0; db < kDB; ++db) {
+      tma_load_4d(base + S::kQ + s * S::kQBytes + db * kQRows * 128, &tq, bar, db * 64, m0, h, b);
+      tma_load_4d(base + S::kDy + s * S::kQBytes + db * kQRows * 128, &tdy, bar, db * 64, m0, h, b);
+    }
+    const int64_t row = (int64_t{b} * p.heads_q + h) * p.lq_pad + m0;
+    bulk_load(base + S::kRows + s * S::kRowBytes, p.lse2 + row, kQRows * 4, bar);
+    bulk_load(base + S::kRows + s * S::kRowBytes + kQRows * 4, p.delta + row, kQRows * 4, bar);
+  };
+  if (threadIdx.x == 0 && steps > 0) {
+    const uint32_t bar = smem_u32(&bars[0]);
+    mbar_expect_tx(bar, 2 * S::kKvBytes);
+#pragma unroll
+    for (int db = 0; db < kDB; ++db) {
+      tma_load_4d(base + S::kK + db * kKeys * 128, &tk, bar, db * 64, n0, hk, b);
+      tma_load_4d(base + S::kV + db * kKeys * 128, &tv, bar, db * 64, n0, hk, b);
+    }
+    for (int t = 0; t < min(steps, kRing); ++t) load_step(t);
+  }
+
+  float dv[D / 2], dk[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) dv[i] = dk[i] = 0.f;
+  // This thread's accumulator rows (keys) of S^T / dP^T / dK / dV: key0 and key0 + 8.
+  const int key0 = n0 + wg * 64 + wl * 16 + lane / 4;
+  const uint32_t k_rows = base + S::kK + wg * 64 * 128, v_rows = base + S::kV + wg * 64 * 128;
+  if (steps > 0) mbar_wait(smem_u32(&bars[0]), 0);
+
+  for (int t = 0; t < steps; ++t) {
+    const int s = t % kRing, h = step_head(t), m0 = step_row0(t);
+    mbar_wait(smem_u32(&bars[1 + s]), (t / kRing) & 1);
+    const uint32_t sq = base + S::kQ + s * S::kQBytes, sdy = base + S::kDy + s * S::kQBytes;
+    const float* lse2 = reinterpret_cast<const float*>(smem + S::kRows + s * S::kRowBytes);
+    const float* delta = lse2 + kQRows;
+
+    // S^T = K Q^T and dP^T = V dY^T (this warpgroup's 64 keys x the step's 64 queries).
+    float st[32], dpt[32];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint32_t koff = (kk / 4) * kKeys * 128 + (kk % 4) * 32;
+      const uint32_t qoff = (kk / 4) * kQRows * 128 + (kk % 4) * 32;
+      Ops<T>::ss64(st, desc_sw128(k_rows + koff, 16, 1024), desc_sw128(sq + qoff, 16, 1024),
+                   kk > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint32_t koff = (kk / 4) * kKeys * 128 + (kk % 4) * 32;
+      const uint32_t qoff = (kk / 4) * kQRows * 128 + (kk % 4) * 32;
+      Ops<T>::ss64(dpt, desc_sw128(v_rows + koff, 16, 1024), desc_sw128(sdy + qoff, 16, 1024),
+                   kk > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+    wgmma_wait<1>();
+    fence_regs(st);
+
+    // P^T in place: column c is query m0 + c.
+    const bool masked = n0 + kKeys > p.lk || (p.causal && n0 + kKeys - 1 > m0 + p.off);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float2 l = *reinterpret_cast<const float2*>(lse2 + 8 * j + cq);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float x = fmaf(st[4 * j + e], p.scale_log2, -((e & 1) ? l.y : l.x));
+        float v = fast_exp2(x);
+        if (masked) {
+          const int key = key0 + 8 * (e >> 1), q = m0 + 8 * j + cq + (e & 1);
+          if (key >= p.lk || (p.causal && key > q + p.off)) v = 0.f;
+        }
+        st[4 * j + e] = v;
+      }
+    }
+    uint32_t pa[4][4];
+    pack_a<T, 64>(st, pa);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+      Ops<T>::template rs<D>(dv, pa[kk], desc_sw128(sdy + kk * 16 * 128, kQRows * 128, 1024));
+    wgmma_commit();
+    wgmma_wait<1>();  // dP^T done; dV may still run
+    fence_regs(dpt);
+
+    // dS^T = P^T (dP^T - delta), then dK += dS^T Q.
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float2 dl = *reinterpret_cast<const float2*>(delta + 8 * j + cq);
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        dpt[4 * j + e] = st[4 * j + e] * (dpt[4 * j + e] - ((e & 1) ? dl.y : dl.x));
+    }
+    uint32_t dsa[4][4];
+    pack_a<T, 64>(dpt, dsa);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+      Ops<T>::template rs<D>(dk, dsa[kk], desc_sw128(sq + kk * 16 * 128, kQRows * 128, 1024));
+    wgmma_commit();
+
+    // dS^T into shared memory ([key][query], 128-byte rows, 128-byte swizzle) for dQ = dS K.
+    const uint32_t ds = base + S::kDs + (t & 1) * S::kDsBytes;
+    {
+      const int r0 = wg * 64 + wl * 16 + lane / 4;
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+        for (int x = 0; x < 4; ++x) {
+          const int r = r0 + 8 * (x & 1), chunk = 2 * kk + (x >> 1);
+          const uint32_t addr = ds + r * 128 + ((chunk ^ (r % 8)) * 16) + cq * 2;
+          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(dsa[kk][x]) : "memory");
+        }
+    }
+    fence_proxy_async();
+    // Both warpgroups' dS^T are written, and both are past step t - 1 (its wgmmas waited for):
+    // stage (t - 1) % kRing is free for step t + 2.
+    sync_consumers();
+    if (threadIdx.x == 0 && t >= 1 && t + 2 < steps) load_step(t + 2);
+
+    float dq[32];
+    wgmma_fence();
+    if constexpr (D == 128) {
+#pragma unroll
+      for (int kk = 0; kk < kKeys / 16; ++kk)
+        Ops<T>::tt64(dq, desc_sw128(ds + kk * 16 * 128, 8192, 1024),
+                     desc_sw128(base + S::kK + wg * kKeys * 128 + kk * 16 * 128, 8192, 1024),
+                     kk > 0 ? 1 : 0);
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+        Ops<T>::tt64(dq, desc_sw128(ds + (wg * 64 + kk * 16) * 128, 8192, 1024),
+                     desc_sw128(base + S::kK + (wg * 64 + kk * 16) * 128, 8192, 1024),
+                     kk > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(dq);
+    // Rows of the accumulator are padded to lq_pad: no bounds check (padding rows add 0).
+    const int col0 = D == 128 ? wg * 64 : 0;
+    float* acc =
+        p.acc + ((int64_t{b} * p.heads_q + h) * p.lq_pad + m0 + wl * 16 + lane / 4) * D + col0 + cq;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+        atomicAdd(reinterpret_cast<float2*>(acc + i * 8 * D + 8 * j),
+                  make_float2(dq[4 * j + 2 * i], dq[4 * j + 2 * i + 1]));
+  }
+  fence_regs(dv);
+  fence_regs(dk);
+
+  // Epilogue: dV and scale * dK, rows past Lk skipped (zero where no query saw the key).
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int key = key0 + 8 * i;
+    if (key >= p.lk) continue;
+    T* dvr = static_cast<T*>(p.dv) + b * p.sdv[0] + hk * p.sdv[1] + key * p.sdv[2] + cq;
+    T* dkr = static_cast<T*>(p.dk) + b * p.sdk[0] + hk * p.sdk[1] + key * p.sdk[2] + cq;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      const uint32_t v = Ops<T>::pack(dv[4 * j + 2 * i], dv[4 * j + 2 * i + 1]);
+      const uint32_t k = Ops<T>::pack(dk[4 * j + 2 * i] * p.scale, dk[4 * j + 2 * i + 1] * p.scale);
+      *reinterpret_cast<uint32_t*>(dvr + 8 * j) = v;
+      *reinterpret_cast<uint32_t*>(dkr + 8 * j) = k;
+    }
+  }
+#endif  // BARACUDA_FA3_DEVICE
+}
+
+// ---- prep and post (plain CUDA: any arch the kernels above run on) -----------------------------
+struct RowParams {
+  const void* y;
+  const void* dy;
+  void* dq;
+  const float* lse;
+  float *lse2, *delta, *acc;
+  int64_t sy[3], sdy[3], sdq[3], sl[3];
+  int lq, lq_pad, heads_q;
+  float scale;
+};
+
+// One warp per query row (grid: lq_pad / 8 x Hq x B, 8 warps a block).
+template <class T, int D>
+__global__ void __launch_bounds__(256) fa3_bwd_prep(const RowParams p) {
+  const int row = static_cast<int>(blockIdx.x) * 8 + static_cast<int>(threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32, h = static_cast<int>(blockIdx.y),
+            b = static_cast<int>(blockIdx.z);
+  if (row >= p.lq_pad) return;
+  constexpr int kPer = D / 32;  // elements per lane, contiguous
+  float dot = 0.f;
+  if (row < p.lq) {
+    const T* y = static_cast<const T*>(p.y) + b * p.sy[0] + h * p.sy[1] + row * p.sy[2];
+    const T* dy = static_cast<const T*>(p.dy) + b * p.sdy[0] + h * p.sdy[1] + row * p.sdy[2];
+#pragma unroll
+    for (int e = 0; e < kPer; ++e)
+      dot += static_cast<float>(y[lane * kPer + e]) * static_cast<float>(dy[lane * kPer + e]);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+  const int64_t r = (int64_t{b} * p.heads_q + h) * p.lq_pad + row;
+  if (lane == 0) {
+    float l2 = INFINITY;  // past Lq, or a row that sees no key: every probability 0
+    if (row < p.lq) {
+      const float l = p.lse[b * p.sl[0] + h * p.sl[1] + row * p.sl[2]];
+      if (l != -INFINITY) l2 = l * 1.4426950408889634f;
+    }
+    p.lse2[r] = l2;
+    p.delta[r] = dot;
+  }
+#pragma unroll
+  for (int e = 0; e < kPer; ++e) p.acc[r * D + lane * kPer + e] = 0.f;
+}
+
+template <class T, int D>
+__global__ void __launch_bounds__(256) fa3_bwd_post(const RowParams p) {
+  const int row = static_cast<int>(blockIdx.x) * 8 + static_cast<int>(threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32, h = static_cast<int>(blockIdx.y),
+            b = static_cast<int>(blockIdx.z);
+  if (row >= p.lq) return;
+  constexpr int kPer = D / 32;
+  const float* acc = p.acc + ((int64_t{b} * p.heads_q + h) * p.lq_pad + row) * D + lane * kPer;
+  T* dq = static_cast<T*>(p.dq) + b * p.sdq[0] + h * p.sdq[1] + row * p.sdq[2] + lane * kPer;
+#pragma unroll
+  for (int e = 0; e < kPer; ++e) dq[e] = static_cast<T>(acc[e] * p.scale);
+}
+
+// ---- host ---------------------------------------------------------------------------------------
+constexpr std::string_view kWho = "attention_backward: fa3_bwd_sm90a";
+
+int64_t padded_rows(const Problem& pr) {
+  return (pr.desc.len_q + kQRows - 1) / kQRows * kQRows;
+}
+
+// Workspace: the f32 dQ accumulator, then lse2 and delta, each 256-byte aligned from the first
+// 256-byte boundary of the caller's buffer (256 bytes of slack are asked for).
+struct Layout {
+  size_t acc = 0, lse2 = 0, delta = 0, bytes = 0;
+};
+Layout layout_of(const Problem& pr) {
+  const auto& d = pr.desc;
+  const size_t rows = static_cast<size_t>(d.batch * d.heads_q * padded_rows(pr));
+  auto up = [](size_t x) { return (x + 255) / 256 * 256; };
+  Layout l;
+  l.acc = 0;
+  l.lse2 = up(rows * static_cast<size_t>(d.head_dim_qk) * 4);
+  l.delta = l.lse2 + up(rows * 4);
+  l.bytes = l.delta + up(rows * 4) + 256;
+  return l;
+}
+
+template <class T>
+bool fits(const Problem& pr, const DeviceCaps& caps) {
+  if (caps.device < 0 || caps.sm != 90 || !shape_fits(pr)) return false;
+  // Accumulator element offsets stay below 2^31 per (batch, head) row block; the grid's y / z
+  // carry key heads and batch.
+  if (padded_rows(pr) * pr.desc.head_dim_qk >= (int64_t{1} << 31)) return false;
+  return pr.desc.head_dim_qk == 64 ? has_sm90a_body<fa3_bwd_kernel<T, 64>>()
+                                   : has_sm90a_body<fa3_bwd_kernel<T, 128>>();
+}
+
+size_t workspace(const Problem& pr, const DeviceCaps&) {
+  return layout_of(pr).bytes;
+}
+
+template <class Ptr>
+void strides3(int64_t (&out)[3], const BasicTensor<Ptr>& t) {
+  for (int i = 0; i < 3; ++i) out[i] = t.shape[i] > 1 ? t.stride[i] : 0;
+}
+
+template <class T, int D>
+Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArguments& a) {
+  const auto& d = pr.desc;
+  if (!has_sm90a_body<fa3_bwd_kernel<T, D>>())
+    return Error::unsupported(std::string(kWho) + ": this build has no sm_90a code for the kernel");
+  BARACUDA_TRY(check_layout(kWho, "q", a.q));
+  BARACUDA_TRY(check_layout(kWho, "k", a.k));
+  BARACUDA_TRY(check_layout(kWho, "v", a.v));
+  BARACUDA_TRY(check_layout(kWho, "y", a.y));
+  BARACUDA_TRY(check_layout(kWho, "dy", a.dy));
+  BARACUDA_TRY(check_layout(kWho, "dq", a.dq));
+  BARACUDA_TRY(check_layout(kWho, "dk", a.dk));
+  BARACUDA_TRY(check_layout(kWho, "dv", a.dv));
+  const Layout lay = layout_of(pr);
+  if (ctx.workspace.bytes < lay.bytes)
+    return Error::workspace_too_small(std::string(kWho) + ": workspace", lay.bytes,
+                                      ctx.workspace.bytes);
+  if (!encode_fn())
+    return Error::library(std::string(kWho) + ": cuTensorMapEncodeTiled is unavailable",
+                          "cuda_driver", 0);
+  const CUtensorMapDataType dt = std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                                           : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  CUtensorMap tq, tk, tv, tdy;
+  BARACUDA_TRY(make_map(kWho, &tq, dt, a.q, kQRows));
+  BARACUDA_TRY(make_map(kWho, &tk, dt, a.k, kKeys));
+  BARACUDA_TRY(make_map(kWho, &tv, dt, a.v, kKeys));
+  BARACUDA_TRY(make_map(kWho, &tdy, dt, a.dy, kQRows));
+
+  char* ws = static_cast<char*>(ctx.workspace.data) +
+             (256 - reinterpret_cast<uintptr_t>(ctx.workspace.data) % 256) % 256;
+  RowParams rp{};
+  rp.y = a.y.data;
+  rp.dy = a.dy.data;
+  rp.dq = a.dq.data;
+  rp.lse = static_cast<const float*>(a.lse.data);
+  rp.acc = reinterpret_cast<float*>(ws + lay.acc);
+  rp.lse2 = reinterpret_cast<float*>(ws + lay.lse2);
+  rp.delta = reinterpret_cast<float*>(ws + lay.delta);
+  strides3(rp.sy, a.y);
+  strides3(rp.sdy, a.dy);
+  strides3(rp.sdq, a.dq);
+  strides3(rp.sl, a.lse);
+  rp.lq = static_cast<int>(d.len_q);
+  rp.lq_pad = static_cast<int>(padded_rows(pr));
+  rp.heads_q = static_cast<int>(d.heads_q);
+  rp.scale = static_cast<float>(pr.scale);
+
+  BwdParams p{};
+  p.dk = a.dk.data;
+  p.dv = a.dv.data;
+  p.acc = rp.acc;
+  p.lse2 = rp.lse2;
+  p.delta = rp.delta;
+  strides3(p.sdk, a.dk);
+  strides3(p.sdv, a.dv);
+  p.lq = rp.lq;
+  p.lk = static_cast<int>(d.len_k);
+  p.lq_pad = rp.lq_pad;
+  p.group = static_cast<int>(pr.group);
+  p.heads_q = rp.heads_q;
+  p.causal = d.mask.right == 0 ? 1 : 0;
+  p.off = p.causal && d.mask.diagonal == attention::Diagonal::bottom_right
+              ? static_cast<int>(d.len_k - d.len_q)
+              : 0;
+  p.scale_log2 = static_cast<float>(pr.scale * 1.4426950408889634);
+  p.scale = rp.scale;
+
+  constexpr int smem = BwdSmem<D>::kLaunchBytes;
+  static std::atomic<uint64_t> attr_set{0};  // one bit per device: dynamic smem limit raised
+  const int dev = ctx.stream.device();
+  const uint64_t bit = uint64_t{1} << (dev & 63);
+  if (!(attr_set.load() & bit)) {
+    if (cudaError_t e = cudaFuncSetAttribute(fa3_bwd_kernel<T, D>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+        e != cudaSuccess)
+      return cuda::cuda_error(attention::BackwardOp::name, "fa3_bwd_sm90a: shared memory limit", e);
+    attr_set.fetch_or(bit);
+  }
+  const cudaStream_t st = cuda::stream_of(ctx);
+  const dim3 rows_grid(static_cast<unsigned>(rp.lq_pad / 8), static_cast<unsigned>(d.heads_q),
+                       static_cast<unsigned>(d.batch));
+  fa3_bwd_prep<T, D><<<rows_grid, 256, 0, st>>>(rp);
+  BARACUDA_TRY(cuda::check_launch(attention::BackwardOp::name, "fa3_bwd_sm90a prep"));
+  const dim3 grid(static_cast<unsigned>((d.len_k + kKeys - 1) / kKeys),
+                  static_cast<unsigned>(d.heads_kv), static_cast<unsigned>(d.batch));
+  fa3_bwd_kernel<T, D><<<grid, kBwdThreads, smem, st>>>(tq, tk, tv, tdy, p);
+  BARACUDA_TRY(cuda::check_launch(attention::BackwardOp::name, "fa3_bwd_sm90a"));
+  const dim3 post_grid(static_cast<unsigned>((rp.lq + 7) / 8), static_cast<unsigned>(d.heads_q),
+                       static_cast<unsigned>(d.batch));
+  fa3_bwd_post<T, D><<<post_grid, 256, 0, st>>>(rp);
+  return cuda::check_launch(attention::BackwardOp::name, "fa3_bwd_sm90a post");
+}
+
+template <class T>
+Status launch(const LaunchContext& ctx, const Problem& pr, const BackwardArguments& a) {
+  return pr.desc.head_dim_qk == 64 ? launch_d<T, 64>(ctx, pr, a) : launch_d<T, 128>(ctx, pr, a);
+}
+
+template <DType E>
+bool register_one() {
+  using T = cuda::device_t<E>;
+  // Operands in the 16-bit type (P and dS rounded to it before their GEMMs), f32 accumulation;
+  // dQ summed with float atomics: not deterministic.
+  constexpr PrecisionGuarantee prec{E == DType::f16 ? MathPrecision::f16 : MathPrecision::bf16,
+                                    DType::f32, false, false};
+  // Pinnable at priority -2: below the family's kernels and every cuDNN entry, so it never wins
+  // `fastest` on its own; PlanPreference::kernel(kFa3BwdKernel) reaches it where it fits.
+  register_kernel<attention::BackwardOp>({.sku = KernelSku{.category = "attention",
+                                                           .op = attention::BackwardOp::name,
+                                                           .element = E,
+                                                           .aux_element = DType::f32,
+                                                           .layout = "strided",
+                                                           .epilogue = "causal_mask",
+                                                           .arch = Arch::sm90a,
+                                                           .backend = Backend::bespoke_cuda,
+                                                           .precision = prec,
+                                                           .name = kFa3BwdKernel},
+                                          .priority = -2,
+                                          .fits = fits<T>,
+                                          .workspace = workspace,
+                                          .launch = launch<T>});
+  return true;
+}
+
+BARACUDA_REGISTER(register_one<DType::bf16>());
+BARACUDA_REGISTER(register_one<DType::f16>());
+
+}  // namespace
+}  // namespace baracuda::attention_hopper::fa3

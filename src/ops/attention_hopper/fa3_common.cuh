@@ -1,0 +1,281 @@
+// Shared by our sm_90a attention kernels (fa3_forward.cu, fa3_backward.cu): the PTX wrappers
+// (mbarriers, TMA, wgmma issue / wait, shared-memory matrix descriptors), the element-type table
+// of wgmma shapes, and the host rules both kernels follow (problem shapes, TMA layouts, tensor
+// maps, whether this build holds an sm_90a body).
+#pragma once
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <string_view>
+
+#include "baracuda/ops/attention.hpp"
+#include "core/cuda/launch.cuh"
+#include "ops/attention_hopper/fa3_wgmma.cuh"
+
+// Device code only where wgmma exists (sm_90a); elsewhere kernels are empty and the host side
+// refuses to launch them (see has_sm90a_body()).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define BARACUDA_FA3_DEVICE 1
+#else
+#define BARACUDA_FA3_DEVICE 0
+#endif
+
+namespace baracuda::attention_hopper::fa3 {
+namespace {
+
+#if BARACUDA_FA3_DEVICE
+// ---- PTX helpers --------------------------------------------------------------------------------
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+// 4-d tile load (coordinates innermost first: d, row, head, batch); out-of-bounds rows read 0.
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar,
+                                            int c0, int c1, int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+      "[%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+      : "memory");
+}
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Pins accumulator registers in program order around the asynchronous wgmma (the compiler must
+// not move their reads or writes across a fence or wait).
+template <int N>
+__device__ __forceinline__ void fence_regs(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+// 2^x (ex2.approx.ftz: 2^-inf = 0).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// 16-byte bulk copy global -> shared (no tensor map), completing on an mbarrier's transaction
+// count; size and both addresses multiples of 16 bytes.
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes,
+                                          uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+          "r"(dst),
+      "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(bar)
+      : "memory");
+}
+// Generic-proxy shared-memory writes become visible to the async proxy (wgmma, TMA).
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// Shared-memory matrix descriptor, 128-byte swizzle.
+__device__ __forceinline__ uint64_t desc_sw128(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(lbo >> 4) << 16) |
+         (static_cast<uint64_t>(sbo >> 4) << 32) | (uint64_t{1} << 62);
+}
+
+template <class T>
+struct Ops;
+template <>
+struct Ops<__nv_bfloat16> {
+  static __device__ __forceinline__ void ss128(float (&d)[64], uint64_t a, uint64_t b, int s) {
+    ss_m64n128k16_bf16(d, a, b, s);
+  }
+  static __device__ __forceinline__ void ss64(float (&d)[32], uint64_t a, uint64_t b, int s) {
+    ss_m64n64k16_bf16(d, a, b, s);
+  }
+  static __device__ __forceinline__ void tt64(float (&d)[32], uint64_t a, uint64_t b, int s) {
+    ss_tt_m64n64k16_bf16(d, a, b, s);
+  }
+  template <int D>
+  static __device__ __forceinline__ void rs(float (&d)[D / 2], const uint32_t (&a)[4], uint64_t b) {
+    if constexpr (D == 64)
+      rs_m64n64k16_bf16(d, a, b, 1);
+    else
+      rs_m64n128k16_bf16(d, a, b, 1);
+  }
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    uint32_t r;
+    memcpy(&r, &v, 4);
+    return r;
+  }
+};
+template <>
+struct Ops<__half> {
+  static __device__ __forceinline__ void ss128(float (&d)[64], uint64_t a, uint64_t b, int s) {
+    ss_m64n128k16_f16(d, a, b, s);
+  }
+  static __device__ __forceinline__ void ss64(float (&d)[32], uint64_t a, uint64_t b, int s) {
+    ss_m64n64k16_f16(d, a, b, s);
+  }
+  static __device__ __forceinline__ void tt64(float (&d)[32], uint64_t a, uint64_t b, int s) {
+    ss_tt_m64n64k16_f16(d, a, b, s);
+  }
+  template <int D>
+  static __device__ __forceinline__ void rs(float (&d)[D / 2], const uint32_t (&a)[4], uint64_t b) {
+    if constexpr (D == 64)
+      rs_m64n64k16_f16(d, a, b, 1);
+    else
+      rs_m64n128k16_f16(d, a, b, 1);
+  }
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    uint32_t r;
+    memcpy(&r, &v, 4);
+    return r;
+  }
+};
+
+// An f32 accumulator fragment of an m64nN tile as the A fragments of N / 16 k16-steps (rounded to
+// the 16-bit type): accumulator columns [16 kk, 16 kk + 16) are k16-step kk's A columns, in the
+// same per-thread order.
+template <class T, int N>
+__device__ __forceinline__ void pack_a(const float (&acc)[N / 2], uint32_t (&a)[N / 16][4]) {
+#pragma unroll
+  for (int kk = 0; kk < N / 16; ++kk) {
+    a[kk][0] = Ops<T>::pack(acc[8 * kk + 0], acc[8 * kk + 1]);
+    a[kk][1] = Ops<T>::pack(acc[8 * kk + 2], acc[8 * kk + 3]);
+    a[kk][2] = Ops<T>::pack(acc[8 * kk + 4], acc[8 * kk + 5]);
+    a[kk][3] = Ops<T>::pack(acc[8 * kk + 6], acc[8 * kk + 7]);
+  }
+}
+#endif  // BARACUDA_FA3_DEVICE
+
+// ---- host ---------------------------------------------------------------------------------------
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      f = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// A kernel's body exists only in an sm_90a cubin: a build without that target (or a plain sm_90
+// one) gets an empty kernel, which must never launch. The real bodies have static shared memory
+// (their barriers), the empty ones none.
+template <auto Kernel>
+bool has_sm90a_body() {
+  static const bool ok = [] {
+    cudaFuncAttributes a{};
+    if (cudaFuncGetAttributes(&a, Kernel) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    return a.binaryVersion >= 90 && a.sharedSizeBytes > 0;
+  }();
+  return ok;
+}
+
+// The problems both kernels take: bf16/f16, Dk = Dv in {64, 128}, no mask or causal, padded
+// (not varlen), no softcap, grid-sized extents.
+inline bool shape_fits(const attention::Problem& pr) {
+  const auto& d = pr.desc;
+  const bool causal = d.mask.left < 0 && d.mask.right == 0;
+  constexpr int64_t kMax = int64_t{1} << 30;
+  return !d.varlen && d.softcap == 0 && d.head_dim_qk == d.head_dim_v &&
+         (d.head_dim_qk == 64 || d.head_dim_qk == 128) && (d.mask.is_none() || causal) &&
+         d.batch >= 1 && d.batch <= 65535 && d.heads_q >= 1 && d.heads_q <= 65535 &&
+         d.heads_kv >= 1 && d.len_q >= 1 && d.len_q < kMax && d.len_k >= 1 && d.len_k < kMax &&
+         std::isfinite(pr.scale) && pr.scale > 0;
+}
+
+// TMA rules: 16-byte aligned base, unit-stride rows, every used stride a positive multiple of 16
+// bytes below 2^40.
+template <class Ptr>
+Status check_layout(std::string_view who, std::string_view arg, const BasicTensor<Ptr>& t) {
+  const std::string op = std::string(who) + ": ";
+  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0)
+    return Error::misaligned(op + std::string(arg) + ": data is not 16-byte aligned");
+  if (t.stride[3] != 1 && t.shape[3] > 1)
+    return Error::unsupported(op + std::string(arg) + ": stride[3]=" + std::to_string(t.stride[3]) +
+                              ": the head dim must be unit-stride");
+  for (int i = 0; i < 3; ++i) {
+    if (t.shape[i] <= 1) continue;
+    const int64_t bytes = t.stride[i] * 2;
+    if (t.stride[i] <= 0 || bytes % 16 != 0 || bytes >= (int64_t{1} << 40))
+      return Error::misaligned(op + std::string(arg) + ": stride[" + std::to_string(i) +
+                               "]=" + std::to_string(t.stride[i]) +
+                               " elements: TMA needs a positive multiple of 16 bytes");
+  }
+  return {};
+}
+
+// A 4-d tensor map over a [B, H, L, D] tensor (dims innermost first: D, L, H, B), boxes of
+// 64 x `rows`, 128-byte swizzle, zero fill out of bounds.
+Status make_map(std::string_view who, CUtensorMap* map, CUtensorMapDataType dt,
+                const ConstTensor& t, uint32_t rows) {
+  const cuuint64_t dims[4] = {
+      static_cast<cuuint64_t>(t.shape[3]), static_cast<cuuint64_t>(t.shape[2]),
+      static_cast<cuuint64_t>(t.shape[1]), static_cast<cuuint64_t>(t.shape[0])};
+  // Size-1 axes: any valid stride (theirs is never used); take one past the tensor's extent.
+  int64_t extent = 16;
+  for (int i = 0; i < 3; ++i)
+    if (t.shape[i] > 1) extent = std::max(extent, t.stride[i] * 2 * t.shape[i]);
+  extent = (extent + 15) / 16 * 16;
+  auto st = [&](int i) {
+    return static_cast<cuuint64_t>(t.shape[i] > 1 ? t.stride[i] * 2 : extent);
+  };
+  const cuuint64_t strides[3] = {st(2), st(1), st(0)};
+  const cuuint32_t box[4] = {64, rows, 1, 1};
+  const cuuint32_t estr[4] = {1, 1, 1, 1};
+  const CUresult r =
+      encode_fn()(map, dt, 4, const_cast<void*>(t.data), dims, strides, box, estr,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    return Error::library(std::string(who) + ": cuTensorMapEncodeTiled failed", "cuda_driver",
+                          static_cast<int64_t>(r));
+  return {};
+}
+
+}  // namespace
+}  // namespace baracuda::attention_hopper::fa3
