@@ -83,6 +83,9 @@ void sweep(const Stream& stream) {
             make(),       alloc(n * 2), alloc(kTokens * 32 * 4 * 2),
             alloc(n * 2), alloc(n * 2), alloc(n * 2)};
   const bool quick = bench::env("BARACUDA_ATTN_SWEEP") == "quick";
+  // BARACUDA_ATTENTION_ONLY=backward: cuDNN (forward and backward) and fa3_bwd_sm90a only, for
+  // backward A/B runs.
+  const bool backward_only = bench::env("BARACUDA_ATTENTION_ONLY") == "backward";
   std::vector<int64_t> lens = quick ? std::vector<int64_t>{1024, 4096, 16384}
                                     : std::vector<int64_t>{512, 1024, 2048, 4096, 8192, 16384};
   for (int64_t d : {64, 128})
@@ -139,7 +142,7 @@ void sweep(const Stream& stream) {
         const Variant variants[] = {{"cudnn", PlanPreference::only(Backend::cudnn)},
                                     {"bespoke", PlanPreference::only(Backend::bespoke_cuda)}};
         double fwd_tf[2] = {0, 0}, bwd_tf[2] = {0, 0};
-        for (int vi = 0; vi < 2; ++vi) {
+        for (int vi = 0; vi < (backward_only ? 1 : 2); ++vi) {
           const Variant& var = variants[vi];
           auto fp = attention::ForwardPlan::select(stream, desc, var.pref);
           auto bp = attention::BackwardPlan::select(stream, desc, var.pref);
@@ -182,7 +185,7 @@ void sweep(const Stream& stream) {
         // The persistent variant (D = 64 only): note "fa3_sm90a_persistent".
         for (std::string_view fa3 : {kFa3Kernel, kFa3PingpongKernel, kFa3Exp2Poly2Kernel,
                                      kFa3Exp2Poly3Kernel, kFa3PersistentKernel}) {
-          if (fa3 == kFa3PersistentKernel && d != 64) continue;
+          if ((fa3 == kFa3PersistentKernel && d != 64) || backward_only) continue;
           const std::string note = "fa3_sm90a" + std::string(fa3.substr(kFa3Kernel.size()));
           auto fp = attention::ForwardPlan::select(stream, desc, PlanPreference::kernel(fa3));
           if (!fp.ok()) {

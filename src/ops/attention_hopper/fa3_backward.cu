@@ -75,6 +75,13 @@ struct BwdParams {
 };
 
 #if BARACUDA_FA3_DEVICE
+// An opaque copy: what is derived from it is not loop-invariant to the compiler, so the shared-
+// memory descriptors are recomputed per step (a few integer ops each) instead of ~40 of them being
+// hoisted out of the loop into registers the accumulators need (at D = 128 that spilled).
+__device__ __forceinline__ uint32_t opaque(uint32_t x) {
+  asm volatile("mov.b32 %0, %0;\n" : "+r"(x));
+  return x;
+}
 // Named barrier 1 over both warpgroups.
 __device__ __forceinline__ void sync_consumers() {
   asm volatile("bar.sync 1, 256;\n" ::: "memory");
@@ -142,39 +149,48 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   for (int i = 0; i < D / 2; ++i) dv[i] = dk[i] = 0.f;
   // This thread's accumulator rows (keys) of S^T / dP^T / dK / dV: key0 and key0 + 8.
   const int key0 = n0 + wg * 64 + wl * 16 + lane / 4;
-  const uint32_t k_rows = base + S::kK + wg * 64 * 128, v_rows = base + S::kV + wg * 64 * 128;
-  if (steps > 0) mbar_wait(smem_u32(&bars[0]), 0);
-
-  for (int t = 0; t < steps; ++t) {
-    const int s = t % kRing, h = step_head(t), m0 = step_row0(t);
-    mbar_wait(smem_u32(&bars[1 + s]), (t / kRing) & 1);
-    const uint32_t sq = base + S::kQ + s * S::kQBytes, sdy = base + S::kDy + s * S::kQBytes;
-    const float* lse2 = reinterpret_cast<const float*>(smem + S::kRows + s * S::kRowBytes);
-    const float* delta = lse2 + kQRows;
-
-    // S^T = K Q^T and dP^T = V dY^T (this warpgroup's 64 keys x the step's 64 queries).
-    float st[32], dpt[32];
+  // S^T = K Q^T (once the step's stage has landed) and dP^T = V dY^T of step t: this
+  // warpgroup's 64 keys x the step's 64 queries, one commit group each.
+  float st[32];
+  // `sb` is the shared-memory base through opaque() (see there); the A operand is this
+  // warpgroup's 64 rows of K (`rows` = S::kK) or V (S::kV), B the step's Q or dY tile.
+  auto issue_scores = [&](int t, float(&acc)[32], uint32_t sb, int rows_at, int tile) {
+    const int s = t % kRing;
+    const uint32_t rows = sb + rows_at + wg * 64 * 128, tile_base = sb + tile + s * S::kQBytes;
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const uint32_t koff = (kk / 4) * kKeys * 128 + (kk % 4) * 32;
       const uint32_t qoff = (kk / 4) * kQRows * 128 + (kk % 4) * 32;
-      Ops<T>::ss64(st, desc_sw128(k_rows + koff, 16, 1024), desc_sw128(sq + qoff, 16, 1024),
+      Ops<T>::ss64(acc, desc_sw128(rows + koff, 16, 1024), desc_sw128(tile_base + qoff, 16, 1024),
                    kk > 0 ? 1 : 0);
     }
     wgmma_commit();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const uint32_t koff = (kk / 4) * kKeys * 128 + (kk % 4) * 32;
-      const uint32_t qoff = (kk / 4) * kQRows * 128 + (kk % 4) * 32;
-      Ops<T>::ss64(dpt, desc_sw128(v_rows + koff, 16, 1024), desc_sw128(sdy + qoff, 16, 1024),
-                   kk > 0 ? 1 : 0);
-    }
-    wgmma_commit();
-    wgmma_wait<1>();
+  };
+  auto issue_s = [&](int t) {
+    mbar_wait(smem_u32(&bars[1 + t % kRing]), (t / kRing) & 1);
+    issue_scores(t, st, opaque(base), S::kK, S::kQ);
+  };
+  if (steps > 0) {
+    mbar_wait(smem_u32(&bars[0]), 0);
+    issue_s(0);
+    wgmma_wait<0>();
+  }
+
+  // Software-pipelined: step t + 1's S^T GEMM is issued right behind step t's dQ GEMM, so the
+  // tensor cores have it while this warpgroup adds dQ_t into the accumulator; dP^T_t is issued at
+  // the top of step t and runs under P^T's exponentials.
+  for (int t = 0; t < steps; ++t) {
+    const int s = t % kRing, h = step_head(t), m0 = step_row0(t);
+    const uint32_t sb = opaque(base);
+    const uint32_t sq = sb + S::kQ + s * S::kQBytes, sdy = sb + S::kDy + s * S::kQBytes;
+    const float* lse2 = reinterpret_cast<const float*>(smem + S::kRows + s * S::kRowBytes);
+    const float* delta = lse2 + kQRows;
+    float dpt[32];
+    issue_scores(t, dpt, sb, S::kV, S::kDy);  // S^T_t is done (see the end of the step)
     fence_regs(st);
 
-    // P^T in place: column c is query m0 + c.
+    // P^T in place (column c is query m0 + c).
     const bool masked = n0 + kKeys > p.lk || (p.causal && n0 + kKeys - 1 > m0 + p.off);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
@@ -217,7 +233,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     wgmma_commit();
 
     // dS^T into shared memory ([key][query], 128-byte rows, 128-byte swizzle) for dQ = dS K.
-    const uint32_t ds = base + S::kDs + (t & 1) * S::kDsBytes;
+    const uint32_t ds = sb + S::kDs + (t & 1) * S::kDsBytes;
     {
       const int r0 = wg * 64 + wl * 16 + lane / 4;
 #pragma unroll
@@ -241,17 +257,24 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 #pragma unroll
       for (int kk = 0; kk < kKeys / 16; ++kk)
         Ops<T>::tt64(dq, desc_sw128(ds + kk * 16 * 128, 8192, 1024),
-                     desc_sw128(base + S::kK + wg * kKeys * 128 + kk * 16 * 128, 8192, 1024),
+                     desc_sw128(sb + S::kK + wg * kKeys * 128 + kk * 16 * 128, 8192, 1024),
                      kk > 0 ? 1 : 0);
     } else {
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk)
         Ops<T>::tt64(dq, desc_sw128(ds + (wg * 64 + kk * 16) * 128, 8192, 1024),
-                     desc_sw128(base + S::kK + (wg * 64 + kk * 16) * 128, 8192, 1024),
+                     desc_sw128(sb + S::kK + (wg * 64 + kk * 16) * 128, 8192, 1024),
                      kk > 0 ? 1 : 0);
     }
     wgmma_commit();
-    wgmma_wait<0>();
+    // The last step issues its own S^T again (its stage is still resident): an S^T GEMM on every
+    // path keeps the accumulator registers' definitions unconditional, which ptxas needs to keep
+    // the wgmmas asynchronous.
+    if (t + 1 < steps)
+      issue_s(t + 1);
+    else
+      issue_scores(t, st, sb, S::kK, S::kQ);
+    wgmma_wait<1>();  // dQ_t (and every older group) done; S^T_{t+1} may run
     fence_regs(dq);
     // Rows of the accumulator are padded to lq_pad: no bounds check (padding rows add 0).
     const int col0 = D == 128 ? wg * 64 : 0;
@@ -263,6 +286,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       for (int i = 0; i < 2; ++i)
         atomicAdd(reinterpret_cast<float2*>(acc + i * 8 * D + 8 * j),
                   make_float2(dq[4 * j + 2 * i], dq[4 * j + 2 * i + 1]));
+    // S^T_{t+1} ran under the atomics. Nothing may stay in flight across the loop's back edge:
+    // ptxas then serializes every wgmma of the kernel (C7514 / C7515).
+    wgmma_wait<0>();
   }
   fence_regs(dv);
   fence_regs(dk);
