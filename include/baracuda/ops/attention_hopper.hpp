@@ -107,7 +107,8 @@ inline constexpr std::string_view kFa3PersistentKernel = "fa3_fwd_sm90a_persiste
 inline constexpr std::string_view kFa3RankedAhead = "fa3_fwd_sm90a_ranked_ahead";
 inline constexpr int kFa3Ahead = kCudnnAhead + 1;
 
-// Our sm_90a backward (fa3_backward.cu): dQ accumulated with float atomics (not deterministic),
+// Our sm_90a backward (fa3_backward.cu): dQ accumulated by float reductions in L2 in arrival
+// order (not deterministic),
 // registered below every other backward kernel (reached by name).
 inline constexpr std::string_view kFa3BwdKernel = "fa3_bwd_sm90a";
 

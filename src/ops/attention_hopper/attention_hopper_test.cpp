@@ -1189,7 +1189,7 @@ TEST(AttentionFa3Registry, BackwardRegisteredBelowEveryOtherBackwardAndNotDeterm
     EXPECT_EQ(fa3->sku.backend, Backend::bespoke_cuda);
     EXPECT_EQ(fa3->sku.precision.math, t == DType::bf16 ? MathPrecision::bf16 : MathPrecision::f16);
     EXPECT_EQ(fa3->sku.precision.accumulator, DType::f32);
-    EXPECT_FALSE(fa3->sku.precision.deterministic);  // dQ through float atomics
+    EXPECT_FALSE(fa3->sku.precision.deterministic);  // dQ through float reductions
     EXPECT_FALSE(fa3->sku.precision.bit_stable);
     for (const auto& k : KernelTable<attention::BackwardOp>::instance().all()) {
       if (k.sku.element != t || &k == fa3 || k.sku.backend == Backend::cpu_reference) continue;

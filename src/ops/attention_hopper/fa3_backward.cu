@@ -18,14 +18,16 @@
 //       dQ   = dS K         dS^T through shared memory (both warpgroups' 64 keys), wgmma SS with
 //                           both operands MN-major; D = 128: warpgroup w takes head-dim columns
 //                           [64 w, 64 w + 64) over all 128 keys, D = 64: all columns over its own
-//                           64 keys; added into the f32 accumulator with float2 atomics.
+//                           64 keys; staged in shared memory and added into the f32 accumulator
+//                           by a bulk reduce-add (cp.reduce.async.bulk, the adds done in L2).
 //     Q, dY, lse2 and delta of a query block arrive by TMA / bulk copy into a 3-stage ring,
 //     issued by one thread once both warpgroups are past the block that used the stage last
 //     (the per-block barrier that also publishes dS^T); dS^T is double-buffered.
-//  3. post: dQ = scale * accumulator, rounded to the 16-bit type, into the caller's strides.
+//  3. post: dQ = scale * accumulator, rounded to the 16-bit type, into the caller's strides. The
+//     accumulator is [B, Hq, query block, D / 64, 64 x 64 in accumulator-fragment order].
 // dK = scale * sum dS^T Q is scaled in the main kernel's epilogue.
 //
-// Not deterministic: the float atomics add each query block's dQ contributions in whatever order
+// Not deterministic: the bulk reductions add each query block's dQ contributions in whatever order
 // the CTAs reach them. Supports what fa3_fwd_sm90a does (shape_fits, check_layout).
 #include <array>
 #include <atomic>
@@ -58,7 +60,9 @@ struct BwdSmem {
   static constexpr int kRowBytes = 2 * kQRows * 4;     // lse2 then delta of one step
   static constexpr int kK = 0, kV = kKvBytes, kQ = 2 * kKvBytes, kDy = kQ + kRing * kQBytes,
                        kDs = kDy + kRing * kQBytes, kRows = kDs + 2 * kDsBytes;
-  static constexpr int kBytes = kRows + kRing * kRowBytes;
+  static constexpr int kStageBytes = kQRows * 64 * 4;  // one warpgroup's f32 dQ part
+  static constexpr int kStage = kRows + kRing * kRowBytes;
+  static constexpr int kBytes = kStage + 2 * kStageBytes;
   static constexpr int kLaunchBytes = kBytes + 1024;  // + alignment slack for 1024-byte atoms
 };
 
@@ -81,6 +85,13 @@ struct BwdParams {
 __device__ __forceinline__ uint32_t opaque(uint32_t x) {
   asm volatile("mov.b32 %0, %0;\n" : "+r"(x));
   return x;
+}
+// Named barriers 2 and 3: one warpgroup.
+__device__ __forceinline__ void sync_warpgroup(int wg) {
+  if (wg == 0)
+    asm volatile("bar.sync 2, 128;\n" ::: "memory");
+  else
+    asm volatile("bar.sync 3, 128;\n" ::: "memory");
 }
 // Named barrier 1 over both warpgroups.
 __device__ __forceinline__ void sync_consumers() {
@@ -248,6 +259,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     fence_proxy_async();
     // Both warpgroups' dS^T are written, and both are past step t - 1 (its wgmmas waited for):
     // stage (t - 1) % kRing is free for step t + 2.
+    // This warpgroup's dQ staging buffer is free once the previous step's bulk reduction has read
+    // it; the barrier publishes that to the whole warpgroup.
+    if (threadIdx.x % 128 == 0) bulk_wait_read<0>();
     sync_consumers();
     if (threadIdx.x == 0 && t >= 1 && t + 2 < steps) load_step(t + 2);
 
@@ -276,24 +290,38 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       issue_scores(t, st, sb, S::kK, S::kQ);
     wgmma_wait<1>();  // dQ_t (and every older group) done; S^T_{t+1} may run
     fence_regs(dq);
-    // Rows of the accumulator are padded to lq_pad: no bounds check (padding rows add 0).
-    const int col0 = D == 128 ? wg * 64 : 0;
-    float* acc =
-        p.acc + ((int64_t{b} * p.heads_q + h) * p.lq_pad + m0 + wl * 16 + lane / 4) * D + col0 + cq;
+    // dQ_t into the accumulator: this warpgroup's 64 x 64 f32 part, staged in shared memory in
+    // accumulator-fragment order (float4 j of thread i at (j * 128 + i) * 16 bytes: conflict-free
+    // stores; the accumulator chunk in global memory has the same order, see fa3_bwd_post), then
+    // one bulk reduce-add by one thread. D = 64: both warpgroups add into the same chunk.
+    {
+      const uint32_t stage = sb + S::kStage + wg * S::kStageBytes;
+      const int tid = static_cast<int>(threadIdx.x) % 128;
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int i = 0; i < 2; ++i)
-        atomicAdd(reinterpret_cast<float2*>(acc + i * 8 * D + 8 * j),
-                  make_float2(dq[4 * j + 2 * i], dq[4 * j + 2 * i + 1]));
-    // S^T_{t+1} ran under the atomics. Nothing may stay in flight across the loop's back edge:
+      for (int j = 0; j < 8; ++j)
+        asm volatile(
+            "st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(stage + (j * 128 + tid) * 16),
+            "f"(dq[4 * j]), "f"(dq[4 * j + 1]), "f"(dq[4 * j + 2]), "f"(dq[4 * j + 3])
+            : "memory");
+      fence_proxy_async();
+      sync_warpgroup(wg);
+      if (tid == 0) {
+        const int64_t chunk =
+            ((int64_t{b} * p.heads_q + h) * (p.lq_pad / kQRows) + m0 / kQRows) * (D / 64) +
+            (D == 128 ? wg : 0);
+        bulk_reduce_add_f32(p.acc + chunk * (kQRows * 64), stage, S::kStageBytes);
+        bulk_commit();
+      }
+    }
+    // S^T_{t+1} ran under the staging. Nothing may stay in flight across the loop's back edge:
     // ptxas then serializes every wgmma of the kernel (C7514 / C7515).
     wgmma_wait<0>();
   }
   fence_regs(dv);
   fence_regs(dk);
+  if (threadIdx.x % 128 == 0) bulk_wait<0>();  // the last reduction has landed
 
-  // Epilogue: dV and scale * dK, rows past Lk skipped (zero where no query saw the key).
+    // Epilogue: dV and scale * dK, rows past Lk skipped (zero where no query saw the key).
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int key = key0 + 8 * i;
@@ -355,17 +383,33 @@ __global__ void __launch_bounds__(256) fa3_bwd_prep(const RowParams p) {
   for (int e = 0; e < kPer; ++e) p.acc[r * D + lane * kPer + e] = 0.f;
 }
 
+// One 128-thread block per accumulator chunk: (batch, query head, 64-row query block, 64-column
+// part). Thread i holds the chunk's float4 j at j * 128 + i, which is accumulator-fragment order:
+// rows 16 (i / 32) + (i % 32) / 4 (+ 8 for the float4's second pair), columns 8 j + 2 (i % 4)
+// (+ 1).
 template <class T, int D>
-__global__ void __launch_bounds__(256) fa3_bwd_post(const RowParams p) {
-  const int row = static_cast<int>(blockIdx.x) * 8 + static_cast<int>(threadIdx.x) / 32;
-  const int lane = static_cast<int>(threadIdx.x) % 32, h = static_cast<int>(blockIdx.y),
-            b = static_cast<int>(blockIdx.z);
-  if (row >= p.lq) return;
-  constexpr int kPer = D / 32;
-  const float* acc = p.acc + ((int64_t{b} * p.heads_q + h) * p.lq_pad + row) * D + lane * kPer;
-  T* dq = static_cast<T*>(p.dq) + b * p.sdq[0] + h * p.sdq[1] + row * p.sdq[2] + lane * kPer;
+__global__ void __launch_bounds__(128) fa3_bwd_post(const RowParams p) {
+  constexpr int kParts = D / 64;
+  const int part = static_cast<int>(blockIdx.x) % kParts,
+            m_blk = static_cast<int>(blockIdx.x) / kParts;
+  const int h = static_cast<int>(blockIdx.y), b = static_cast<int>(blockIdx.z);
+  const int tid = static_cast<int>(threadIdx.x), lane = tid % 32;
+  const int64_t chunk =
+      ((int64_t{b} * p.heads_q + h) * (p.lq_pad / kQRows) + m_blk) * kParts + part;
+  const float4* src = reinterpret_cast<const float4*>(p.acc + chunk * (kQRows * 64));
+  const int row0 = m_blk * kQRows + (tid / 32) * 16 + lane / 4, col0 = part * 64 + 2 * (lane % 4);
 #pragma unroll
-  for (int e = 0; e < kPer; ++e) dq[e] = static_cast<T>(acc[e] * p.scale);
+  for (int j = 0; j < 8; ++j) {
+    const float4 v = src[j * 128 + tid];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int row = row0 + 8 * i;
+      if (row >= p.lq) continue;
+      T* dq = static_cast<T*>(p.dq) + b * p.sdq[0] + h * p.sdq[1] + row * p.sdq[2] + col0 + 8 * j;
+      dq[0] = static_cast<T>((i ? v.z : v.x) * p.scale);
+      dq[1] = static_cast<T>((i ? v.w : v.y) * p.scale);
+    }
+  }
 }
 
 // ---- host ---------------------------------------------------------------------------------------
@@ -498,9 +542,9 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
                   static_cast<unsigned>(d.heads_kv), static_cast<unsigned>(d.batch));
   fa3_bwd_kernel<T, D><<<grid, kBwdThreads, smem, st>>>(tq, tk, tv, tdy, p);
   BARACUDA_TRY(cuda::check_launch(attention::BackwardOp::name, "fa3_bwd_sm90a"));
-  const dim3 post_grid(static_cast<unsigned>((rp.lq + 7) / 8), static_cast<unsigned>(d.heads_q),
-                       static_cast<unsigned>(d.batch));
-  fa3_bwd_post<T, D><<<post_grid, 256, 0, st>>>(rp);
+  const dim3 post_grid(static_cast<unsigned>(rp.lq_pad / kQRows * (D / 64)),
+                       static_cast<unsigned>(d.heads_q), static_cast<unsigned>(d.batch));
+  fa3_bwd_post<T, D><<<post_grid, 128, 0, st>>>(rp);
   return cuda::check_launch(attention::BackwardOp::name, "fa3_bwd_sm90a post");
 }
 
@@ -513,7 +557,7 @@ template <DType E>
 bool register_one() {
   using T = cuda::device_t<E>;
   // Operands in the 16-bit type (P and dS rounded to it before their GEMMs), f32 accumulation;
-  // dQ summed with float atomics: not deterministic.
+  // dQ summed by bulk reduce-adds in L2 in arrival order: not deterministic.
   constexpr PrecisionGuarantee prec{E == DType::f16 ? MathPrecision::f16 : MathPrecision::bf16,
                                     DType::f32, false, false};
   // Pinnable at priority -2: below the family's kernels and every cuDNN entry, so it never wins
