@@ -10,7 +10,7 @@
 // The sweep runs under an empty SelectionTableOverride, so each column is its candidate alone
 // whatever the shipped table says (otherwise only(Backend::bespoke_cuda) would reach fa3's
 // ranked-ahead entry where the table picks fa3). BARACUDA_ATTN_SWEEP=quick limits the sweep to L in
-// {1024, 4096, 16384}.
+// {1024, 4096, 16384}, BARACUDA_ATTN_SWEEP=d128_l4096 to one non-causal point.
 #include <algorithm>
 #include <cstdio>
 #include <functional>
@@ -82,7 +82,14 @@ void sweep(const Stream& stream) {
   Buffers b{make(),       make(),       make(),
             make(),       alloc(n * 2), alloc(kTokens * 32 * 4 * 2),
             alloc(n * 2), alloc(n * 2), alloc(n * 2)};
-  const bool quick = bench::env("BARACUDA_ATTN_SWEEP") == "quick";
+  // BARACUDA_ATTN_SWEEP: "quick" (L in {1024, 4096, 16384}), "d<D>_l<L>" (that one non-causal
+  // point: profiling runs), anything else the whole sweep.
+  const std::string sweep_env{bench::env("BARACUDA_ATTN_SWEEP")};
+  const bool quick = sweep_env == "quick";
+  int64_t only_d = 0, only_l = 0;
+  if (std::sscanf(sweep_env.c_str(), "d%lld_l%lld", reinterpret_cast<long long*>(&only_d),
+                  reinterpret_cast<long long*>(&only_l)) != 2)
+    only_d = only_l = 0;
   // BARACUDA_ATTENTION_ONLY=backward: cuDNN (forward and backward) and fa3_bwd_sm90a only, for
   // backward A/B runs.
   const bool backward_only = bench::env("BARACUDA_ATTENTION_ONLY") == "backward";
@@ -91,6 +98,7 @@ void sweep(const Stream& stream) {
   for (int64_t d : {64, 128})
     for (int64_t l : lens)
       for (bool causal : {false, true}) {
+        if (only_d > 0 && (d != only_d || l != only_l || causal)) continue;
         const int64_t h = kHidden / d, batch = kTokens / l;
         attention::Descriptor desc;
         desc.dtype = DType::bf16;

@@ -351,7 +351,26 @@ struct RowParams {
   float scale;
 };
 
-// One warp per query row (grid: lq_pad / 8 x Hq x B, 8 warps a block).
+// Elements per lane of a warp-wide row of D elements, as one vector load.
+template <int D>
+using LaneVec = std::conditional_t<D == 128, uint2, uint32_t>;  // 4 or 2 16-bit elements
+
+template <class T>
+__device__ __forceinline__ float2 unpack2(uint32_t w) {
+  T v[2];
+  memcpy(v, &w, 4);
+  return make_float2(static_cast<float>(v[0]), static_cast<float>(v[1]));
+}
+template <class T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  const T v[2] = {static_cast<T>(lo), static_cast<T>(hi)};
+  uint32_t w;
+  memcpy(&w, v, 4);
+  return w;
+}
+
+// One warp per query row (grid: lq_pad / 8 x Hq x B, 8 warps a block); 16-byte-aligned rows
+// (check_layout), so each lane reads its D / 32 elements as one vector.
 template <class T, int D>
 __global__ void __launch_bounds__(256) fa3_bwd_prep(const RowParams p) {
   const int row = static_cast<int>(blockIdx.x) * 8 + static_cast<int>(threadIdx.x) / 32;
@@ -359,13 +378,20 @@ __global__ void __launch_bounds__(256) fa3_bwd_prep(const RowParams p) {
             b = static_cast<int>(blockIdx.z);
   if (row >= p.lq_pad) return;
   constexpr int kPer = D / 32;  // elements per lane, contiguous
+  using V = LaneVec<D>;
   float dot = 0.f;
   if (row < p.lq) {
     const T* y = static_cast<const T*>(p.y) + b * p.sy[0] + h * p.sy[1] + row * p.sy[2];
     const T* dy = static_cast<const T*>(p.dy) + b * p.sdy[0] + h * p.sdy[1] + row * p.sdy[2];
+    const V yv = reinterpret_cast<const V*>(y)[lane], dyv = reinterpret_cast<const V*>(dy)[lane];
+    uint32_t yw[kPer / 2], dw[kPer / 2];
+    memcpy(yw, &yv, sizeof(V));
+    memcpy(dw, &dyv, sizeof(V));
 #pragma unroll
-    for (int e = 0; e < kPer; ++e)
-      dot += static_cast<float>(y[lane * kPer + e]) * static_cast<float>(dy[lane * kPer + e]);
+    for (int e = 0; e < kPer / 2; ++e) {
+      const float2 a = unpack2<T>(yw[e]), c = unpack2<T>(dw[e]);
+      dot = fmaf(a.x, c.x, fmaf(a.y, c.y, dot));
+    }
   }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
@@ -379,17 +405,25 @@ __global__ void __launch_bounds__(256) fa3_bwd_prep(const RowParams p) {
     p.lse2[r] = l2;
     p.delta[r] = dot;
   }
-#pragma unroll
-  for (int e = 0; e < kPer; ++e) p.acc[r * D + lane * kPer + e] = 0.f;
+  // The accumulator (whatever its order inside a chunk) is B * Hq * lq_pad * D floats: this
+  // warp zeroes the row-sized piece r.
+  if constexpr (D == 128)
+    reinterpret_cast<float4*>(p.acc + r * D)[lane] = make_float4(0.f, 0.f, 0.f, 0.f);
+  else
+    reinterpret_cast<float2*>(p.acc + r * D)[lane] = make_float2(0.f, 0.f);
 }
 
 // One 128-thread block per accumulator chunk: (batch, query head, 64-row query block, 64-column
 // part). Thread i holds the chunk's float4 j at j * 128 + i, which is accumulator-fragment order:
 // rows 16 (i / 32) + (i % 32) / 4 (+ 8 for the float4's second pair), columns 8 j + 2 (i % 4)
-// (+ 1).
+// (+ 1). The part goes through shared memory as 16-bit rows so that dQ is written in whole
+// 128-byte rows.
 template <class T, int D>
 __global__ void __launch_bounds__(128) fa3_bwd_post(const RowParams p) {
   constexpr int kParts = D / 64;
+  // 64 rows of 32 words; a pitch of 36 words keeps both the fragment-order writes (lane l at bank
+  // l) and the 16-byte row reads conflict-free.
+  __shared__ alignas(16) uint32_t tile[kQRows][36];
   const int part = static_cast<int>(blockIdx.x) % kParts,
             m_blk = static_cast<int>(blockIdx.x) / kParts;
   const int h = static_cast<int>(blockIdx.y), b = static_cast<int>(blockIdx.z);
@@ -397,18 +431,24 @@ __global__ void __launch_bounds__(128) fa3_bwd_post(const RowParams p) {
   const int64_t chunk =
       ((int64_t{b} * p.heads_q + h) * (p.lq_pad / kQRows) + m_blk) * kParts + part;
   const float4* src = reinterpret_cast<const float4*>(p.acc + chunk * (kQRows * 64));
-  const int row0 = m_blk * kQRows + (tid / 32) * 16 + lane / 4, col0 = part * 64 + 2 * (lane % 4);
+  const int r0 = (tid / 32) * 16 + lane / 4;
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     const float4 v = src[j * 128 + tid];
+    tile[r0][4 * j + lane % 4] = pack2<T>(v.x * p.scale, v.y * p.scale);
+    tile[r0 + 8][4 * j + lane % 4] = pack2<T>(v.z * p.scale, v.w * p.scale);
+  }
+  __syncthreads();
+  // 64 rows x 8 chunks of 16 bytes (4 words each).
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int row = row0 + 8 * i;
-      if (row >= p.lq) continue;
-      T* dq = static_cast<T*>(p.dq) + b * p.sdq[0] + h * p.sdq[1] + row * p.sdq[2] + col0 + 8 * j;
-      dq[0] = static_cast<T>((i ? v.z : v.x) * p.scale);
-      dq[1] = static_cast<T>((i ? v.w : v.y) * p.scale);
-    }
+  for (int it = 0; it < 4; ++it) {
+    const int idx = it * 128 + tid, r = idx / 8, c = idx % 8;
+    const int row = m_blk * kQRows + r;
+    if (row >= p.lq) continue;
+    const uint4 v = *reinterpret_cast<const uint4*>(&tile[r][4 * c]);
+    T* dq =
+        static_cast<T*>(p.dq) + b * p.sdq[0] + h * p.sdq[1] + row * p.sdq[2] + part * 64 + c * 8;
+    *reinterpret_cast<uint4*>(dq) = v;
   }
 }
 
