@@ -203,14 +203,14 @@ void sweep(const Stream& stream) {
           const double tf = time_forward(*fp, note);
           if (fa3 == kFa3Kernel) fa3_tf = tf;
         }
-        // Our sm_90a backward pinned by name (note "fa3_sm90a"), on the outputs of the default
-        // forward plan.
-        {
+        // Our sm_90a backward pinned by name (notes "fa3_sm90a", "fa3_sm90a_red4"), on the
+        // outputs of the default forward plan.
+        for (std::string_view fa3 : {kFa3BwdKernel, kFa3BwdRed4Kernel}) {
+          const std::string note = "fa3_sm90a" + std::string(fa3.substr(kFa3BwdKernel.size()));
           auto fp = attention::ForwardPlan::select(stream, desc);
-          auto bp =
-              attention::BackwardPlan::select(stream, desc, PlanPreference::kernel(kFa3BwdKernel));
+          auto bp = attention::BackwardPlan::select(stream, desc, PlanPreference::kernel(fa3));
           if (!bp.ok()) {
-            bench::emit_error("attention", "attention_backward", name + "/fa3_sm90a", bp.error());
+            bench::emit_error("attention", "attention_backward", name + "/" + note, bp.error());
           } else if (fp.ok()) {
             auto fws =
                 Buffer::allocate(std::max<size_t>(fp->workspace_size(), 16), Location::cuda(0));
@@ -228,7 +228,7 @@ void sweep(const Stream& stream) {
                                    .ms = mb.ms,
                                    .bytes = 8 * tensor_bytes + lse_bytes,
                                    .flops = 2.5 * fwd_flops,
-                                   .note = "fa3_sm90a"});
+                                   .note = note});
           }
         }
         for (int pass = 0; pass < 2; ++pass) {
