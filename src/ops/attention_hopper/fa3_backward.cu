@@ -125,8 +125,12 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   const int m_begin = p.causal ? max(0, n0 - p.off) / kQRows : 0;
   const int nm = max(0, p.lq_pad / kQRows - m_begin);
   const int steps = nm * p.group;
-  auto step_head = [&](int t) { return hk * p.group + t / nm; };
-  auto step_row0 = [&](int t) { return (m_begin + t % nm) * kQRows; };
+  // The CTAs of one key head run side by side and would add into the same dQ chunk at the same
+  // time (L2 serializes same-address reductions): each starts its walk over the (head, query
+  // block) steps at its own offset, spread evenly over the key blocks.
+  const int rot = steps > 0 ? static_cast<int>(int64_t{blockIdx.x} * steps / gridDim.x) : 0;
+  auto step_head = [&](int t) { return hk * p.group + (t + rot) % steps / nm; };
+  auto step_row0 = [&](int t) { return (m_begin + (t + rot) % steps % nm) * kQRows; };
 
   if (threadIdx.x == 0) {
     for (int i = 0; i < 1 + kRing; ++i) mbar_init(smem_u32(&bars[i]), 1);
