@@ -86,6 +86,11 @@ __device__ __forceinline__ uint32_t opaque(uint32_t x) {
   asm volatile("mov.b32 %0, %0;\n" : "+r"(x));
   return x;
 }
+__device__ __forceinline__ float2 ld_shared_f2(uint32_t addr) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr));
+  return v;
+}
 // Named barriers 2 and 3: one warpgroup.
 __device__ __forceinline__ void sync_warpgroup(int wg) {
   if (wg == 0)
@@ -99,8 +104,11 @@ __device__ __forceinline__ void sync_consumers() {
 }
 #endif
 
-// How dQ parts reach the f32 accumulator (A/B variants, registered by name).
-enum DqPath : int { kDqBulk = 0, kDqRed4 = 1 };
+// A/B variants (bit flags), registered by name:
+//  kRed4: dQ parts added with 16-byte reductions straight from the registers instead of staged
+//         bulk reduce-adds;
+//  kPoly: 2 of every 8 column groups' exp2 on the FMA pipe (poly_exp2) instead of the MUFU.
+enum Variant : int { kPlain = 0, kRed4 = 1, kPoly = 2 };
 
 template <class T, int D, int V>
 __global__ void __launch_bounds__(kBwdThreads, 1)
@@ -202,8 +210,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     const int s = t % kRing, h = step_head(t), m0 = step_row0(t);
     const uint32_t sb = opaque(base);
     const uint32_t sq = sb + S::kQ + s * S::kQBytes, sdy = sb + S::kDy + s * S::kQBytes;
-    const float* lse2 = reinterpret_cast<const float*>(smem + S::kRows + s * S::kRowBytes);
-    const float* delta = lse2 + kQRows;
+    const uint32_t lse2 = sb + S::kRows + s * S::kRowBytes, delta = lse2 + kQRows * 4;
     float dpt[32];
     issue_scores(t, dpt, sb, S::kV, S::kDy);  // S^T_t is done (see the end of the step)
     fence_regs(st);
@@ -212,11 +219,11 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     const bool masked = n0 + kKeys > p.lk || (p.causal && n0 + kKeys - 1 > m0 + p.off);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      const float2 l = *reinterpret_cast<const float2*>(lse2 + 8 * j + cq);
+      const float2 l = ld_shared_f2(lse2 + (8 * j + cq) * 4);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const float x = fmaf(st[4 * j + e], p.scale_log2, -((e & 1) ? l.y : l.x));
-        float v = fast_exp2(x);
+        float v = (V & kPoly) != 0 && j % 4 == 0 ? poly_exp2(x) : fast_exp2(x);
         if (masked) {
           const int key = key0 + 8 * (e >> 1), q = m0 + 8 * j + cq + (e & 1);
           if (key >= p.lk || (p.causal && key > q + p.off)) v = 0.f;
@@ -237,7 +244,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     // dS^T = P^T (dP^T - delta), then dK += dS^T Q.
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      const float2 dl = *reinterpret_cast<const float2*>(delta + 8 * j + cq);
+      const float2 dl = ld_shared_f2(delta + (8 * j + cq) * 4);
 #pragma unroll
       for (int e = 0; e < 4; ++e)
         dpt[4 * j + e] = st[4 * j + e] * (dpt[4 * j + e] - ((e & 1) ? dl.y : dl.x));
@@ -268,7 +275,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     // stage (t - 1) % kRing is free for step t + 2.
     // This warpgroup's dQ staging buffer is free once the previous step's bulk reduction has read
     // it; the barrier publishes that to the whole warpgroup.
-    if (V == kDqBulk && threadIdx.x % 128 == 0) bulk_wait_read<0>();
+    if (!(V & kRed4) && threadIdx.x % 128 == 0) bulk_wait_read<0>();
     sync_consumers();
     if (threadIdx.x == 0 && t >= 1 && t + 2 < steps) load_step(t + 2);
 
@@ -305,7 +312,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       const int64_t chunk =
           ((int64_t{b} * p.heads_q + h) * (p.lq_pad / kQRows) + m0 / kQRows) * (D / 64) +
           (D == 128 ? wg : 0);
-      if constexpr (V == kDqRed4) {
+      if constexpr ((V & kRed4) != 0) {
         // 16-byte reductions straight from the registers: a warp's instruction covers 512
         // contiguous bytes (four whole L2 lines).
         float4* dst = reinterpret_cast<float4*>(p.acc + chunk * (kQRows * 64)) + tid;
@@ -337,7 +344,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   }
   fence_regs(dv);
   fence_regs(dk);
-  if (V == kDqBulk && threadIdx.x % 128 == 0) bulk_wait<0>();  // the last reduction landed
+  if (!(V & kRed4) && threadIdx.x % 128 == 0) bulk_wait<0>();  // the last reduction landed
 
     // Epilogue: dV and scale * dK, rows past Lk skipped (zero where no query saw the key).
 #pragma unroll
@@ -635,15 +642,20 @@ bool register_one() {
   };
   register_kernel<attention::BackwardOp>({.sku = sku(kFa3BwdKernel),
                                           .priority = -2,
-                                          .fits = fits<T, kDqBulk>,
+                                          .fits = fits<T, kPlain>,
                                           .workspace = workspace,
-                                          .launch = launch<T, kDqBulk>});
+                                          .launch = launch<T, kPlain>});
   // A/B: dQ parts added with 16-byte reductions from the registers instead of staged bulk ones.
   register_kernel<attention::BackwardOp>({.sku = sku(kFa3BwdRed4Kernel),
                                           .priority = -3,
-                                          .fits = fits<T, kDqRed4>,
+                                          .fits = fits<T, kRed4>,
                                           .workspace = workspace,
-                                          .launch = launch<T, kDqRed4>});
+                                          .launch = launch<T, kRed4>});
+  register_kernel<attention::BackwardOp>({.sku = sku(kFa3BwdPolyKernel),
+                                          .priority = -4,
+                                          .fits = fits<T, kPoly>,
+                                          .workspace = workspace,
+                                          .launch = launch<T, kPoly>});
   return true;
 }
 
