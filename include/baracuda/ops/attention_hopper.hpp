@@ -111,8 +111,6 @@ inline constexpr int kFa3Ahead = kCudnnAhead + 1;
 // order (not deterministic),
 // registered below every other backward kernel (reached by name).
 inline constexpr std::string_view kFa3BwdKernel = "fa3_bwd_sm90a";
-inline constexpr std::string_view kFa3BwdRed4Kernel = "fa3_bwd_sm90a_red4";  // A/B variants
-inline constexpr std::string_view kFa3BwdPolyKernel = "fa3_bwd_sm90a_exp2poly";
 
 // ---- Launch-time rules of the cuDNN kernels -----------------------------------------------------
 // cuDNN reads 16-byte vectors: every Q/K/V/Y/dY/dQ/dK/dV pointer 16-byte aligned and every

@@ -1183,7 +1183,7 @@ const Kernel<attention::BackwardOp>* fa3_bwd_kernel(DType t,
 TEST(AttentionFa3Registry, BackwardRegisteredBelowEveryOtherBackwardAndNotDeterministic) {
   int found = 0;
   for (DType t : {DType::bf16, DType::f16})
-    for (std::string_view name : {kFa3BwdKernel, kFa3BwdRed4Kernel, kFa3BwdPolyKernel}) {
+    for (std::string_view name : {kFa3BwdKernel}) {
       const auto* fa3 = fa3_bwd_kernel(t, name);
       if (!fa3) continue;  // CPU-only build
       ++found;
@@ -1202,7 +1202,7 @@ TEST(AttentionFa3Registry, BackwardRegisteredBelowEveryOtherBackwardAndNotDeterm
       }
     }
   if (found == 0) GTEST_SKIP() << "built without CUDA: fa3_bwd_sm90a is not registered";
-  EXPECT_EQ(found, 6);
+  EXPECT_EQ(found, 2);
 }
 
 std::vector<Case> fa3_bwd_cases() {
@@ -1250,7 +1250,7 @@ TEST(AttentionFa3Gpu, BackwardMatchesReference) {
     EXPECT_FALSE(plan->precision_guarantee().deterministic);
     const CaseData x = case_data(c, rng);
     const GpuBackwardInputs in = upload_backward(c, x);
-    for (std::string_view name : {kFa3BwdKernel, kFa3BwdRed4Kernel, kFa3BwdPolyKernel})
+    for (std::string_view name : {kFa3BwdKernel})
       check_backward_kernel(c, p, *fa3_bwd_kernel(c.t, name), x.grad, in);
   }
   std::printf("[ fa3 bwd  ] %zu cases, %.2f s\n", fa3_bwd_cases().size(), seconds_since(t0));

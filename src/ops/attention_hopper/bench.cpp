@@ -203,12 +203,13 @@ void sweep(const Stream& stream) {
           const double tf = time_forward(*fp, note);
           if (fa3 == kFa3Kernel) fa3_tf = tf;
         }
-        // Our sm_90a backward pinned by name (notes "fa3_sm90a", "fa3_sm90a_red4",
-        // "fa3_sm90a_exp2poly"), on the outputs of the default forward plan.
-        for (std::string_view fa3 : {kFa3BwdKernel, kFa3BwdRed4Kernel, kFa3BwdPolyKernel}) {
-          const std::string note = "fa3_sm90a" + std::string(fa3.substr(kFa3BwdKernel.size()));
+        // Our sm_90a backward pinned by name (note "fa3_sm90a"), on the outputs of the default
+        // forward plan.
+        {
+          const std::string note = "fa3_sm90a";
           auto fp = attention::ForwardPlan::select(stream, desc);
-          auto bp = attention::BackwardPlan::select(stream, desc, PlanPreference::kernel(fa3));
+          auto bp =
+              attention::BackwardPlan::select(stream, desc, PlanPreference::kernel(kFa3BwdKernel));
           if (!bp.ok()) {
             bench::emit_error("attention", "attention_backward", name + "/" + note, bp.error());
           } else if (fp.ok()) {

@@ -104,13 +104,7 @@ __device__ __forceinline__ void sync_consumers() {
 }
 #endif
 
-// A/B variants (bit flags), registered by name:
-//  kRed4: dQ parts added with 16-byte reductions straight from the registers instead of staged
-//         bulk reduce-adds;
-//  kPoly: 2 of every 8 column groups' exp2 on the FMA pipe (poly_exp2) instead of the MUFU.
-enum Variant : int { kPlain = 0, kRed4 = 1, kPoly = 2 };
-
-template <class T, int D, int V>
+template <class T, int D>
 __global__ void __launch_bounds__(kBwdThreads, 1)
     fa3_bwd_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                    const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdy,
@@ -223,7 +217,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const float x = fmaf(st[4 * j + e], p.scale_log2, -((e & 1) ? l.y : l.x));
-        float v = (V & kPoly) != 0 && j % 4 == 0 ? poly_exp2(x) : fast_exp2(x);
+        float v = fast_exp2(x);
         if (masked) {
           const int key = key0 + 8 * (e >> 1), q = m0 + 8 * j + cq + (e & 1);
           if (key >= p.lk || (p.causal && key > q + p.off)) v = 0.f;
@@ -272,10 +266,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     }
     fence_proxy_async();
     // Both warpgroups' dS^T are written, and both are past step t - 1 (its wgmmas waited for):
-    // stage (t - 1) % kRing is free for step t + 2.
-    // This warpgroup's dQ staging buffer is free once the previous step's bulk reduction has read
-    // it; the barrier publishes that to the whole warpgroup.
-    if (!(V & kRed4) && threadIdx.x % 128 == 0) bulk_wait_read<0>();
+    // stage (t - 1) % kRing is free for step t + 2. Each warpgroup's dQ staging buffer is free
+    // once its previous bulk reduction has read it: the barrier publishes that too.
+    if (threadIdx.x % 128 == 0) bulk_wait_read<0>();
     sync_consumers();
     if (threadIdx.x == 0 && t >= 1 && t + 2 < steps) load_step(t + 2);
 
@@ -304,38 +297,27 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       issue_scores(t, st, sb, S::kK, S::kQ);
     wgmma_wait<1>();  // dQ_t (and every older group) done; S^T_{t+1} may run
     fence_regs(dq);
-    // dQ_t into the accumulator: this warpgroup's 64 x 64 f32 part, in accumulator-fragment order
-    // (float4 j of thread i at (j * 128 + i) * 16 bytes of the chunk; see fa3_bwd_post). D = 64:
-    // both warpgroups add into the same chunk.
+    // dQ_t into the accumulator: this warpgroup's 64 x 64 f32 part, staged in shared memory in
+    // accumulator-fragment order (float4 j of thread i at (j * 128 + i) * 16 bytes: conflict-free
+    // stores; the chunk in global memory has the same order, see fa3_bwd_post), then one bulk
+    // reduce-add by one thread. D = 64: both warpgroups add into the same chunk.
     {
       const int tid = static_cast<int>(threadIdx.x) % 128;
       const int64_t chunk =
           ((int64_t{b} * p.heads_q + h) * (p.lq_pad / kQRows) + m0 / kQRows) * (D / 64) +
           (D == 128 ? wg : 0);
-      if constexpr ((V & kRed4) != 0) {
-        // 16-byte reductions straight from the registers: a warp's instruction covers 512
-        // contiguous bytes (four whole L2 lines).
-        float4* dst = reinterpret_cast<float4*>(p.acc + chunk * (kQRows * 64)) + tid;
+      const uint32_t stage = sb + S::kStage + wg * S::kStageBytes;
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
-          atomicAdd(dst + j * 128,
-                    make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]));
-      } else {
-        // Staged in shared memory in the same order (conflict-free stores), then one bulk
-        // reduce-add by one thread.
-        const uint32_t stage = sb + S::kStage + wg * S::kStageBytes;
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-          asm volatile(
-              "st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(stage + (j * 128 + tid) * 16),
-              "f"(dq[4 * j]), "f"(dq[4 * j + 1]), "f"(dq[4 * j + 2]), "f"(dq[4 * j + 3])
-              : "memory");
-        fence_proxy_async();
-        sync_warpgroup(wg);
-        if (tid == 0) {
-          bulk_reduce_add_f32(p.acc + chunk * (kQRows * 64), stage, S::kStageBytes);
-          bulk_commit();
-        }
+      for (int j = 0; j < 8; ++j)
+        asm volatile(
+            "st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(stage + (j * 128 + tid) * 16),
+            "f"(dq[4 * j]), "f"(dq[4 * j + 1]), "f"(dq[4 * j + 2]), "f"(dq[4 * j + 3])
+            : "memory");
+      fence_proxy_async();
+      sync_warpgroup(wg);
+      if (tid == 0) {
+        bulk_reduce_add_f32(p.acc + chunk * (kQRows * 64), stage, S::kStageBytes);
+        bulk_commit();
       }
     }
     // S^T_{t+1} ran under the staging. Nothing may stay in flight across the loop's back edge:
@@ -344,7 +326,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   }
   fence_regs(dv);
   fence_regs(dk);
-  if (!(V & kRed4) && threadIdx.x % 128 == 0) bulk_wait<0>();  // the last reduction landed
+  if (threadIdx.x % 128 == 0) bulk_wait<0>();  // the last reduction landed
 
     // Epilogue: dV and scale * dK, rows past Lk skipped (zero where no query saw the key).
 #pragma unroll
@@ -501,14 +483,14 @@ Layout layout_of(const Problem& pr) {
   return l;
 }
 
-template <class T, int V>
+template <class T>
 bool fits(const Problem& pr, const DeviceCaps& caps) {
   if (caps.device < 0 || caps.sm != 90 || !shape_fits(pr)) return false;
   // Accumulator element offsets stay below 2^31 per (batch, head) row block; the grid's y / z
   // carry key heads and batch.
   if (padded_rows(pr) * pr.desc.head_dim_qk >= (int64_t{1} << 31)) return false;
-  return pr.desc.head_dim_qk == 64 ? has_sm90a_body<fa3_bwd_kernel<T, 64, V>>()
-                                   : has_sm90a_body<fa3_bwd_kernel<T, 128, V>>();
+  return pr.desc.head_dim_qk == 64 ? has_sm90a_body<fa3_bwd_kernel<T, 64>>()
+                                   : has_sm90a_body<fa3_bwd_kernel<T, 128>>();
 }
 
 size_t workspace(const Problem& pr, const DeviceCaps&) {
@@ -520,10 +502,10 @@ void strides3(int64_t (&out)[3], const BasicTensor<Ptr>& t) {
   for (int i = 0; i < 3; ++i) out[i] = t.shape[i] > 1 ? t.stride[i] : 0;
 }
 
-template <class T, int D, int V>
+template <class T, int D>
 Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArguments& a) {
   const auto& d = pr.desc;
-  if (!has_sm90a_body<fa3_bwd_kernel<T, D, V>>())
+  if (!has_sm90a_body<fa3_bwd_kernel<T, D>>())
     return Error::unsupported(std::string(kWho) + ": this build has no sm_90a code for the kernel");
   BARACUDA_TRY(check_layout(kWho, "q", a.q));
   BARACUDA_TRY(check_layout(kWho, "k", a.k));
@@ -592,7 +574,7 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
   const int dev = ctx.stream.device();
   const uint64_t bit = uint64_t{1} << (dev & 63);
   if (!(attr_set.load() & bit)) {
-    if (cudaError_t e = cudaFuncSetAttribute(fa3_bwd_kernel<T, D, V>,
+    if (cudaError_t e = cudaFuncSetAttribute(fa3_bwd_kernel<T, D>,
                                              cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
         e != cudaSuccess)
       return cuda::cuda_error(attention::BackwardOp::name, "fa3_bwd_sm90a: shared memory limit", e);
@@ -605,7 +587,7 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
   BARACUDA_TRY(cuda::check_launch(attention::BackwardOp::name, "fa3_bwd_sm90a prep"));
   const dim3 grid(static_cast<unsigned>((d.len_k + kKeys - 1) / kKeys),
                   static_cast<unsigned>(d.heads_kv), static_cast<unsigned>(d.batch));
-  fa3_bwd_kernel<T, D, V><<<grid, kBwdThreads, smem, st>>>(tq, tk, tv, tdy, p);
+  fa3_bwd_kernel<T, D><<<grid, kBwdThreads, smem, st>>>(tq, tk, tv, tdy, p);
   BARACUDA_TRY(cuda::check_launch(attention::BackwardOp::name, "fa3_bwd_sm90a"));
   const dim3 post_grid(static_cast<unsigned>(rp.lq_pad / kQRows * (D / 64)),
                        static_cast<unsigned>(d.heads_q), static_cast<unsigned>(d.batch));
@@ -613,10 +595,9 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
   return cuda::check_launch(attention::BackwardOp::name, "fa3_bwd_sm90a post");
 }
 
-template <class T, int V>
+template <class T>
 Status launch(const LaunchContext& ctx, const Problem& pr, const BackwardArguments& a) {
-  return pr.desc.head_dim_qk == 64 ? launch_d<T, 64, V>(ctx, pr, a)
-                                   : launch_d<T, 128, V>(ctx, pr, a);
+  return pr.desc.head_dim_qk == 64 ? launch_d<T, 64>(ctx, pr, a) : launch_d<T, 128>(ctx, pr, a);
 }
 
 template <DType E>
@@ -628,34 +609,20 @@ bool register_one() {
                                     DType::f32, false, false};
   // Pinnable at priority -2: below the family's kernels and every cuDNN entry, so it never wins
   // `fastest` on its own; PlanPreference::kernel(kFa3BwdKernel) reaches it where it fits.
-  auto sku = [&](std::string_view name) {
-    return KernelSku{.category = "attention",
-                     .op = attention::BackwardOp::name,
-                     .element = E,
-                     .aux_element = DType::f32,
-                     .layout = "strided",
-                     .epilogue = "causal_mask",
-                     .arch = Arch::sm90a,
-                     .backend = Backend::bespoke_cuda,
-                     .precision = prec,
-                     .name = name};
-  };
-  register_kernel<attention::BackwardOp>({.sku = sku(kFa3BwdKernel),
+  register_kernel<attention::BackwardOp>({.sku = KernelSku{.category = "attention",
+                                                           .op = attention::BackwardOp::name,
+                                                           .element = E,
+                                                           .aux_element = DType::f32,
+                                                           .layout = "strided",
+                                                           .epilogue = "causal_mask",
+                                                           .arch = Arch::sm90a,
+                                                           .backend = Backend::bespoke_cuda,
+                                                           .precision = prec,
+                                                           .name = kFa3BwdKernel},
                                           .priority = -2,
-                                          .fits = fits<T, kPlain>,
+                                          .fits = fits<T>,
                                           .workspace = workspace,
-                                          .launch = launch<T, kPlain>});
-  // A/B: dQ parts added with 16-byte reductions from the registers instead of staged bulk ones.
-  register_kernel<attention::BackwardOp>({.sku = sku(kFa3BwdRed4Kernel),
-                                          .priority = -3,
-                                          .fits = fits<T, kRed4>,
-                                          .workspace = workspace,
-                                          .launch = launch<T, kRed4>});
-  register_kernel<attention::BackwardOp>({.sku = sku(kFa3BwdPolyKernel),
-                                          .priority = -4,
-                                          .fits = fits<T, kPoly>,
-                                          .workspace = workspace,
-                                          .launch = launch<T, kPoly>});
+                                          .launch = launch<T>});
   return true;
 }
 
