@@ -29,7 +29,9 @@ std::optional<std::string> cudnn_screen(const attention::Problem& p);
 // ---- The measured selection table ---------------------------------------------------------------
 enum class Pass : uint8_t { forward, backward };
 
-// The three forward candidates (backward: cuDNN and bespoke only).
+// The three forward candidates (backward: cuDNN and bespoke only; fa3_bwd_sm90a measured slower
+// than cuDNN at every point of the sweep, docs/perf/attention_hopper.md, so it is not ranked yet:
+// PlanPreference::kernel(kFa3BwdKernel) reaches it).
 //  cudnn:   cuDNN's fused SDPA (cudnn_sdpa*).
 //  bespoke: the attention family's own CUDA kernels (src/ops/attention).
 //  fa3:     our sm_90a forward, fa3_fwd_sm90a (this directory; Hopper only).

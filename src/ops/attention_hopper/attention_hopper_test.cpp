@@ -1173,34 +1173,29 @@ TEST(AttentionFa3Gpu, MisalignedRunFailsWithoutWriting) {
 }
 
 // ---- The sm_90a backward (fa3_bwd_sm90a) -------------------------------------------------------
-const Kernel<attention::BackwardOp>* fa3_bwd_kernel(DType t,
-                                                    std::string_view name = kFa3BwdKernel) {
+const Kernel<attention::BackwardOp>* fa3_bwd_kernel(DType t) {
   for (const auto& k : KernelTable<attention::BackwardOp>::instance().all())
-    if (k.sku.name == name && k.sku.element == t) return &k;
+    if (k.sku.name == kFa3BwdKernel && k.sku.element == t) return &k;
   return nullptr;
 }
 
 TEST(AttentionFa3Registry, BackwardRegisteredBelowEveryOtherBackwardAndNotDeterministic) {
   int found = 0;
-  for (DType t : {DType::bf16, DType::f16})
-    for (std::string_view name : {kFa3BwdKernel}) {
-      const auto* fa3 = fa3_bwd_kernel(t, name);
-      if (!fa3) continue;  // CPU-only build
-      ++found;
-      EXPECT_EQ(fa3->sku.arch, Arch::sm90a);
-      EXPECT_EQ(fa3->sku.backend, Backend::bespoke_cuda);
-      EXPECT_EQ(fa3->sku.precision.math,
-                t == DType::bf16 ? MathPrecision::bf16 : MathPrecision::f16);
-      EXPECT_EQ(fa3->sku.precision.accumulator, DType::f32);
-      EXPECT_FALSE(fa3->sku.precision.deterministic);  // dQ through float reductions
-      EXPECT_FALSE(fa3->sku.precision.bit_stable);
-      for (const auto& k : KernelTable<attention::BackwardOp>::instance().all()) {
-        if (k.sku.element != t || k.sku.name.starts_with(kFa3BwdKernel) ||
-            k.sku.backend == Backend::cpu_reference)
-          continue;
-        EXPECT_LT(fa3->priority, k.priority) << k.sku.name;
-      }
+  for (DType t : {DType::bf16, DType::f16}) {
+    const auto* fa3 = fa3_bwd_kernel(t);
+    if (!fa3) continue;  // CPU-only build
+    ++found;
+    EXPECT_EQ(fa3->sku.arch, Arch::sm90a);
+    EXPECT_EQ(fa3->sku.backend, Backend::bespoke_cuda);
+    EXPECT_EQ(fa3->sku.precision.math, t == DType::bf16 ? MathPrecision::bf16 : MathPrecision::f16);
+    EXPECT_EQ(fa3->sku.precision.accumulator, DType::f32);
+    EXPECT_FALSE(fa3->sku.precision.deterministic);  // dQ through float reductions
+    EXPECT_FALSE(fa3->sku.precision.bit_stable);
+    for (const auto& k : KernelTable<attention::BackwardOp>::instance().all()) {
+      if (k.sku.element != t || &k == fa3 || k.sku.backend == Backend::cpu_reference) continue;
+      EXPECT_LT(fa3->priority, k.priority) << k.sku.name;
     }
+  }
   if (found == 0) GTEST_SKIP() << "built without CUDA: fa3_bwd_sm90a is not registered";
   EXPECT_EQ(found, 2);
 }
@@ -1249,9 +1244,7 @@ TEST(AttentionFa3Gpu, BackwardMatchesReference) {
     ASSERT_EQ(plan->sku().name, kFa3BwdKernel);
     EXPECT_FALSE(plan->precision_guarantee().deterministic);
     const CaseData x = case_data(c, rng);
-    const GpuBackwardInputs in = upload_backward(c, x);
-    for (std::string_view name : {kFa3BwdKernel})
-      check_backward_kernel(c, p, *fa3_bwd_kernel(c.t, name), x.grad, in);
+    check_backward_kernel(c, p, *fa3_bwd_kernel(c.t), x.grad, upload_backward(c, x));
   }
   std::printf("[ fa3 bwd  ] %zu cases, %.2f s\n", fa3_bwd_cases().size(), seconds_since(t0));
 }
