@@ -146,6 +146,28 @@ void sweep(const Stream& stream) {
                                .note = note});
           return fwd_flops / (mf.ms * 1e9);
         };
+        // Times one backward plan after `fwd` has written y / lse (as training does) and emits
+        // its row; its TFLOP/s (0 if it failed).
+        auto time_backward = [&](const attention::ForwardPlan& fwd,
+                                 const attention::BackwardPlan& bp, const std::string& note) {
+          auto fws =
+              Buffer::allocate(std::max<size_t>(fwd.workspace_size(), 16), Location::cuda(0));
+          auto bws = Buffer::allocate(std::max<size_t>(bp.workspace_size(), 16), Location::cuda(0));
+          if (!fwd.run(stream, fws->as_workspace(), fa).ok()) return 0.0;
+          Measured mb =
+              time_case(stream, [&](int) { return bp.run(stream, bws->as_workspace(), ba); });
+          if (!mb.ok) return 0.0;
+          bench::emit(stream, {.family = "attention",
+                               .op = "attention_backward",
+                               .name = name,
+                               .dtype = "bf16",
+                               .kernel = std::string(bp.sku().name),
+                               .ms = mb.ms,
+                               .bytes = 8 * tensor_bytes + lse_bytes,
+                               .flops = 2.5 * fwd_flops,
+                               .note = note});
+          return 2.5 * fwd_flops / (mb.ms * 1e9);
+        };
         // The default plan is timed by the attention family's own bench (same names).
         const Variant variants[] = {{"cudnn", PlanPreference::only(Backend::cudnn)},
                                     {"bespoke", PlanPreference::only(Backend::bespoke_cuda)}};
@@ -164,26 +186,8 @@ void sweep(const Stream& stream) {
                               bp.error());
             continue;
           }
-          // The backward reads this plan's own forward outputs (y, lse), as training does.
-          auto fws =
-              Buffer::allocate(std::max<size_t>(fp->workspace_size(), 16), Location::cuda(0));
-          if (auto st = fp->run(stream, fws->as_workspace(), fa); !st.ok()) continue;
-          auto bws =
-              Buffer::allocate(std::max<size_t>(bp->workspace_size(), 16), Location::cuda(0));
-          Measured mb =
-              time_case(stream, [&](int) { return bp->run(stream, bws->as_workspace(), ba); });
-          if (mb.ok) {
-            bench::emit(stream, {.family = "attention",
-                                 .op = "attention_backward",
-                                 .name = name,
-                                 .dtype = "bf16",
-                                 .kernel = std::string(bp->sku().name),
-                                 .ms = mb.ms,
-                                 .bytes = 8 * tensor_bytes + lse_bytes,
-                                 .flops = 2.5 * fwd_flops,
-                                 .note = var.label});
-            bwd_tf[vi] = 2.5 * fwd_flops / (mb.ms * 1e9);
-          }
+          // The backward reads this plan's own forward outputs (y, lse).
+          bwd_tf[vi] = time_backward(*fp, *bp, var.label);
         }
         // Our sm_90a forward pinned by name, both schedules (forward only): same case name, notes
         // "fa3_sm90a" / "fa3_sm90a_pingpong", so they line up with the cudnn / bespoke rows. The
@@ -206,31 +210,13 @@ void sweep(const Stream& stream) {
         // Our sm_90a backward pinned by name (note "fa3_sm90a"), on the outputs of the default
         // forward plan.
         {
-          const std::string note = "fa3_sm90a";
           auto fp = attention::ForwardPlan::select(stream, desc);
           auto bp =
               attention::BackwardPlan::select(stream, desc, PlanPreference::kernel(kFa3BwdKernel));
-          if (!bp.ok()) {
-            bench::emit_error("attention", "attention_backward", name + "/" + note, bp.error());
-          } else if (fp.ok()) {
-            auto fws =
-                Buffer::allocate(std::max<size_t>(fp->workspace_size(), 16), Location::cuda(0));
-            auto bws =
-                Buffer::allocate(std::max<size_t>(bp->workspace_size(), 16), Location::cuda(0));
-            Measured mb;
-            if (fp->run(stream, fws->as_workspace(), fa).ok())
-              mb = time_case(stream, [&](int) { return bp->run(stream, bws->as_workspace(), ba); });
-            if (mb.ok)
-              bench::emit(stream, {.family = "attention",
-                                   .op = "attention_backward",
-                                   .name = name,
-                                   .dtype = "bf16",
-                                   .kernel = std::string(bp->sku().name),
-                                   .ms = mb.ms,
-                                   .bytes = 8 * tensor_bytes + lse_bytes,
-                                   .flops = 2.5 * fwd_flops,
-                                   .note = note});
-          }
+          if (!bp.ok())
+            bench::emit_error("attention", "attention_backward", name + "/fa3_sm90a", bp.error());
+          else if (fp.ok())
+            time_backward(*fp, *bp, "fa3_sm90a");
         }
         for (int pass = 0; pass < 2; ++pass) {
           const double* tf = pass == 0 ? fwd_tf : bwd_tf;

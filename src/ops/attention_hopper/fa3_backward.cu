@@ -91,6 +91,17 @@ __device__ __forceinline__ float2 ld_shared_f2(uint32_t addr) {
   asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr));
   return v;
 }
+// acc += A B, one commit group: A (64 rows x 64, the k16 fragments of an accumulator, pack_a)
+// from registers, B = one step's Q or dY tile ([64 queries][D], MN-major).
+template <class T, int D>
+__device__ __forceinline__ void issue_rs(float (&acc)[D / 2], const uint32_t (&a)[4][4],
+                                         uint32_t tile) {
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+    Ops<T>::template rs<D>(acc, a[kk], desc_sw128(tile + kk * 16 * 128, kQRows * 128, 1024));
+  wgmma_commit();
+}
 // Named barriers 2 and 3: one warpgroup.
 __device__ __forceinline__ void sync_warpgroup(int wg) {
   if (wg == 0)
@@ -227,11 +238,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     }
     uint32_t pa[4][4];
     pack_a<T, 64>(st, pa);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-      Ops<T>::template rs<D>(dv, pa[kk], desc_sw128(sdy + kk * 16 * 128, kQRows * 128, 1024));
-    wgmma_commit();
+    issue_rs<T, D>(dv, pa, sdy);
     wgmma_wait<1>();  // dP^T done; dV may still run
     fence_regs(dpt);
 
@@ -245,11 +252,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     }
     uint32_t dsa[4][4];
     pack_a<T, 64>(dpt, dsa);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-      Ops<T>::template rs<D>(dk, dsa[kk], desc_sw128(sq + kk * 16 * 128, kQRows * 128, 1024));
-    wgmma_commit();
+    issue_rs<T, D>(dk, dsa, sq);
 
     // dS^T into shared memory ([key][query], 128-byte rows, 128-byte swizzle) for dQ = dS K.
     const uint32_t ds = sb + S::kDs + (t & 1) * S::kDsBytes;
@@ -268,7 +271,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     // Both warpgroups' dS^T are written, and both are past step t - 1 (its wgmmas waited for):
     // stage (t - 1) % kRing is free for step t + 2. Each warpgroup's dQ staging buffer is free
     // once its previous bulk reduction has read it: the barrier publishes that too.
-    if (threadIdx.x % 128 == 0) bulk_wait_read<0>();
+    if (threadIdx.x % 128 == 0) bulk_wait<0, true>();
     sync_consumers();
     if (threadIdx.x == 0 && t >= 1 && t + 2 < steps) load_step(t + 2);
 
@@ -317,7 +320,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       sync_warpgroup(wg);
       if (tid == 0) {
         bulk_reduce_add_f32(p.acc + chunk * (kQRows * 64), stage, S::kStageBytes);
-        bulk_commit();
       }
     }
     // S^T_{t+1} ran under the staging. Nothing may stay in flight across the loop's back edge:
@@ -326,7 +328,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   }
   fence_regs(dv);
   fence_regs(dk);
-  if (threadIdx.x % 128 == 0) bulk_wait<0>();  // the last reduction landed
+  if (threadIdx.x % 128 == 0) bulk_wait<0, false>();  // the last reduction landed
 
     // Epilogue: dV and scale * dK, rows past Lk skipped (zero where no query saw the key).
 #pragma unroll
@@ -609,20 +611,12 @@ bool register_one() {
                                     DType::f32, false, false};
   // Pinnable at priority -2: below the family's kernels and every cuDNN entry, so it never wins
   // `fastest` on its own; PlanPreference::kernel(kFa3BwdKernel) reaches it where it fits.
-  register_kernel<attention::BackwardOp>({.sku = KernelSku{.category = "attention",
-                                                           .op = attention::BackwardOp::name,
-                                                           .element = E,
-                                                           .aux_element = DType::f32,
-                                                           .layout = "strided",
-                                                           .epilogue = "causal_mask",
-                                                           .arch = Arch::sm90a,
-                                                           .backend = Backend::bespoke_cuda,
-                                                           .precision = prec,
-                                                           .name = kFa3BwdKernel},
-                                          .priority = -2,
-                                          .fits = fits<T>,
-                                          .workspace = workspace,
-                                          .launch = launch<T>});
+  register_kernel<attention::BackwardOp>(
+      {.sku = fa3_sku(attention::BackwardOp::name, E, prec, kFa3BwdKernel),
+       .priority = -2,
+       .fits = fits<T>,
+       .workspace = workspace,
+       .launch = launch<T>});
   return true;
 }
 

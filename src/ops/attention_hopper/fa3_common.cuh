@@ -11,6 +11,7 @@
 #include <cstring>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 #include "baracuda/ops/attention.hpp"
 #include "core/cuda/launch.cuh"
@@ -107,25 +108,23 @@ __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_
       : "memory");
 }
 // Bulk reduction shared -> global: global[i] += shared[i] over `bytes` of f32 (the TMA unit does
-// the adds in L2); size and both addresses multiples of 16 bytes. One bulk group per commit.
+// the adds in L2); size and both addresses multiples of 16 bytes. Each call is one bulk group.
 __device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t src, uint32_t bytes) {
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(
-                   reinterpret_cast<uint64_t>(dst)),
-               "r"(src), "r"(bytes)
-               : "memory");
+  asm volatile(
+      "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+      "cp.async.bulk.commit_group;\n" ::"l"(reinterpret_cast<uint64_t>(dst)),
+      "r"(src), "r"(bytes)
+      : "memory");
 }
-__device__ __forceinline__ void bulk_commit() {
-  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-}
-// Until at most N of this thread's bulk groups still read their shared-memory source.
-template <int N>
-__device__ __forceinline__ void bulk_wait_read() {
-  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
-}
-// Until at most N of this thread's bulk groups are incomplete (writes done).
-template <int N>
+// Until at most N of this thread's bulk groups are incomplete: kSourceRead, until their shared-
+// memory sources have been read (the buffer may be rewritten); otherwise until their writes are
+// done.
+template <int N, bool kSourceRead>
 __device__ __forceinline__ void bulk_wait() {
-  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+  if constexpr (kSourceRead)
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+  else
+    asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
 }
 // Generic-proxy shared-memory writes become visible to the async proxy (wgmma, TMA).
 __device__ __forceinline__ void fence_proxy_async() {
@@ -157,55 +156,49 @@ __device__ __forceinline__ uint64_t desc_sw128(uint32_t addr, uint32_t lbo, uint
          (static_cast<uint64_t>(sbo >> 4) << 32) | (uint64_t{1} << 62);
 }
 
+// The wgmma shapes by element type (bf16 or f16).
 template <class T>
-struct Ops;
-template <>
-struct Ops<__nv_bfloat16> {
+struct Ops {
+  static constexpr bool kHalf = std::is_same_v<T, __half>;
   static __device__ __forceinline__ void ss128(float (&d)[64], uint64_t a, uint64_t b, int s) {
-    ss_m64n128k16_bf16(d, a, b, s);
+    if constexpr (kHalf)
+      ss_m64n128k16_f16(d, a, b, s);
+    else
+      ss_m64n128k16_bf16(d, a, b, s);
   }
   static __device__ __forceinline__ void ss64(float (&d)[32], uint64_t a, uint64_t b, int s) {
-    ss_m64n64k16_bf16(d, a, b, s);
+    if constexpr (kHalf)
+      ss_m64n64k16_f16(d, a, b, s);
+    else
+      ss_m64n64k16_bf16(d, a, b, s);
   }
   static __device__ __forceinline__ void tt64(float (&d)[32], uint64_t a, uint64_t b, int s) {
-    ss_tt_m64n64k16_bf16(d, a, b, s);
+    if constexpr (kHalf)
+      ss_tt_m64n64k16_f16(d, a, b, s);
+    else
+      ss_tt_m64n64k16_bf16(d, a, b, s);
   }
+  // D = 64 or 128 columns, accumulating.
   template <int D>
   static __device__ __forceinline__ void rs(float (&d)[D / 2], const uint32_t (&a)[4], uint64_t b) {
-    if constexpr (D == 64)
+    if constexpr (kHalf && D == 64)
+      rs_m64n64k16_f16(d, a, b, 1);
+    else if constexpr (kHalf)
+      rs_m64n128k16_f16(d, a, b, 1);
+    else if constexpr (D == 64)
       rs_m64n64k16_bf16(d, a, b, 1);
     else
       rs_m64n128k16_bf16(d, a, b, 1);
   }
   static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     uint32_t r;
-    memcpy(&r, &v, 4);
-    return r;
-  }
-};
-template <>
-struct Ops<__half> {
-  static __device__ __forceinline__ void ss128(float (&d)[64], uint64_t a, uint64_t b, int s) {
-    ss_m64n128k16_f16(d, a, b, s);
-  }
-  static __device__ __forceinline__ void ss64(float (&d)[32], uint64_t a, uint64_t b, int s) {
-    ss_m64n64k16_f16(d, a, b, s);
-  }
-  static __device__ __forceinline__ void tt64(float (&d)[32], uint64_t a, uint64_t b, int s) {
-    ss_tt_m64n64k16_f16(d, a, b, s);
-  }
-  template <int D>
-  static __device__ __forceinline__ void rs(float (&d)[D / 2], const uint32_t (&a)[4], uint64_t b) {
-    if constexpr (D == 64)
-      rs_m64n64k16_f16(d, a, b, 1);
-    else
-      rs_m64n128k16_f16(d, a, b, 1);
-  }
-  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
-    __half2 v = __floats2half2_rn(lo, hi);
-    uint32_t r;
-    memcpy(&r, &v, 4);
+    if constexpr (kHalf) {
+      const __half2 v = __floats2half2_rn(lo, hi);
+      memcpy(&r, &v, 4);
+    } else {
+      const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+      memcpy(&r, &v, 4);
+    }
     return r;
   }
 };
@@ -253,6 +246,21 @@ bool has_sm90a_body() {
     return a.binaryVersion >= 90 && a.sharedSizeBytes > 0;
   }();
   return ok;
+}
+
+// The registry entry of one of our sm_90a kernels.
+inline KernelSku fa3_sku(std::string_view op, DType e, PrecisionGuarantee prec,
+                         std::string_view name) {
+  return KernelSku{.category = "attention",
+                   .op = op,
+                   .element = e,
+                   .aux_element = DType::f32,
+                   .layout = "strided",
+                   .epilogue = "causal_mask",
+                   .arch = Arch::sm90a,
+                   .backend = Backend::bespoke_cuda,
+                   .precision = prec,
+                   .name = name};
 }
 
 // The problems both kernels take: bf16/f16, Dk = Dv in {64, 128}, no mask or causal, padded

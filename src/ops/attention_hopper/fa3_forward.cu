@@ -635,16 +635,7 @@ bool register_one() {
   constexpr PrecisionGuarantee prec{E == DType::f16 ? MathPrecision::f16 : MathPrecision::bf16,
                                     DType::f32, true, false};
   auto sku = [&](std::string_view name) {
-    return KernelSku{.category = "attention",
-                     .op = attention::ForwardOp::name,
-                     .element = E,
-                     .aux_element = DType::f32,
-                     .layout = "strided",
-                     .epilogue = "causal_mask",
-                     .arch = Arch::sm90a,
-                     .backend = Backend::bespoke_cuda,
-                     .precision = prec,
-                     .name = name};
+    return fa3_sku(attention::ForwardOp::name, E, prec, name);
   };
   // Pinnable entries at priorities 0 to -4: below the family's kernels (10..30) and both cuDNN
   // entries (1, 1000), so they never win `fastest` on their own; PlanPreference::kernel(name)
