@@ -29,12 +29,12 @@ std::optional<std::string> cudnn_screen(const attention::Problem& p);
 // ---- The measured selection table ---------------------------------------------------------------
 enum class Pass : uint8_t { forward, backward };
 
-// The three forward candidates (backward: cuDNN and bespoke only; fa3_bwd_sm90a measured slower
-// than cuDNN at every point of the sweep, docs/perf/attention_hopper.md, so it is not ranked yet:
-// PlanPreference::kernel(kFa3BwdKernel) reaches it).
+// The three candidates of each pass.
 //  cudnn:   cuDNN's fused SDPA (cudnn_sdpa*).
 //  bespoke: the attention family's own CUDA kernels (src/ops/attention).
-//  fa3:     our sm_90a forward, fa3_fwd_sm90a (this directory; Hopper only).
+//  fa3:     our sm_90a kernels (this directory; Hopper only): fa3_fwd_sm90a forward,
+//           fa3_bwd_sm90a backward (not deterministic: a deterministic backward plan ranks cuDNN
+//           against the bespoke kernel only).
 enum class Candidate : uint8_t { cudnn, bespoke, fa3 };
 std::string_view to_string(Candidate c);
 
@@ -48,7 +48,7 @@ struct TablePoint {
   bool causal;
   double cudnn_tflops;
   double bespoke_tflops;  // 0: the bespoke kernel did not run at this point
-  double fa3_tflops = 0;  // 0: fa3_fwd_sm90a was not measured / did not run (always 0 backward)
+  double fa3_tflops = 0;  // fa3_fwd_sm90a / fa3_bwd_sm90a; 0: not measured or did not run
 };
 // The table select() follows: the shipped one (selection_table.hpp) unless a
 // SelectionTableOverride is alive.
@@ -57,7 +57,7 @@ std::string_view selection_table_provenance();  // device, date, commit of the m
 
 // The candidate the table says is fastest for this problem: the nearest measured point of the
 // same dtype, pass and causality (head dim first, then log-distance in max(Lq, Lk)), and there the
-// largest TFLOP/s among cuDNN, the bespoke kernel and (forward only, where `fa3_runs`: the kernel
+// largest TFLOP/s among cuDNN, the bespoke kernel and (where `fa3_runs`: the pass's fa3 kernel
 // fits this problem on this device, and where Lq is within 2x of the point's L: the column was
 // measured with Lq = Lk, so decode-like problems never go to fa3 on its strength) fa3; ties go to
 // cuDNN, then bespoke. Candidate::cudnn when the
@@ -67,9 +67,10 @@ Candidate preferred_candidate(std::span<const TablePoint> table, const attention
 // The same over selection_table().
 Candidate preferred_candidate(const attention::Problem& p, Pass pass, bool fa3_runs);
 
-// Whether fa3_fwd_sm90a (the entry pinned by name) fits the problem on this device: false in a
-// build without it (no CUDA, or no sm_90a code) and on any GPU but sm_90.
-bool fa3_fits(const attention::Problem& p, const DeviceCaps& caps);
+// Whether the pass's fa3 kernel (fa3_fwd_sm90a / fa3_bwd_sm90a, the entries pinned by name) fits
+// the problem on this device: false in a build without it (no CUDA, or no sm_90a code) and on any
+// GPU but sm_90.
+bool fa3_fits(const attention::Problem& p, const DeviceCaps& caps, Pass pass = Pass::forward);
 
 // For measurements and tests: while alive, select() follows `table` instead of the shipped one
 // (an empty table ranks cuDNN ahead everywhere, so PlanPreference::only(Backend::bespoke_cuda)
@@ -110,9 +111,11 @@ inline constexpr std::string_view kFa3RankedAhead = "fa3_fwd_sm90a_ranked_ahead"
 inline constexpr int kFa3Ahead = kCudnnAhead + 1;
 
 // Our sm_90a backward (fa3_backward.cu): dQ accumulated by float reductions in L2 in arrival
-// order (not deterministic),
-// registered below every other backward kernel (reached by name).
+// order (not deterministic). Registered twice like the forward: below every other backward kernel
+// (reached by name), and as kFa3BwdRankedAhead above everything, fitting only where the table
+// picks fa3 for the backward.
 inline constexpr std::string_view kFa3BwdKernel = "fa3_bwd_sm90a";
+inline constexpr std::string_view kFa3BwdRankedAhead = "fa3_bwd_sm90a_ranked_ahead";
 
 // ---- Launch-time rules of the cuDNN kernels -----------------------------------------------------
 // cuDNN reads 16-byte vectors: every Q/K/V/Y/dY/dQ/dK/dV pointer 16-byte aligned and every

@@ -166,7 +166,7 @@ TEST(AttentionCudnnRules, NearestMeasuredPointDecides) {
       {DType::bf16, Pass::forward, 128, 4096, false, 600.0, 610.0, 650.0},   // fa3, then bespoke
       {DType::bf16, Pass::forward, 128, 4096, true, 550.0, 400.0, 550.0},    // tie: cuDNN keeps it
       {DType::bf16, Pass::forward, 128, 16384, true, 550.0, 400.0, 560.0},   // fa3, then cuDNN
-      {DType::bf16, Pass::backward, 128, 4096, false, 480.0, 300.0, 900.0},  // backward: no fa3
+      {DType::bf16, Pass::backward, 128, 4096, false, 480.0, 300.0, 900.0},  // backward: fa3
   };
   auto pick = [&](int64_t d, int64_t l, Mask m, Pass pass, bool fa3_runs = true,
                   DType t = DType::bf16) {
@@ -188,7 +188,8 @@ TEST(AttentionCudnnRules, NearestMeasuredPointDecides) {
   EXPECT_EQ(pick(128, 9000, Mask::causal_bottom_right(), Pass::forward), Candidate::fa3);  // 16k
   EXPECT_EQ(pick(128, 16384, Mask::causal_top_left(), Pass::forward, false), Candidate::cudnn);
   EXPECT_EQ(pick(64, 4096, Mask::causal_bottom_right(), Pass::forward), Candidate::cudnn);  // tie
-  EXPECT_EQ(pick(128, 4096, Mask::none(), Pass::backward), Candidate::cudnn);
+  EXPECT_EQ(pick(128, 4096, Mask::none(), Pass::backward), Candidate::fa3);
+  EXPECT_EQ(pick(128, 4096, Mask::none(), Pass::backward, false), Candidate::cudnn);      // no fa3
   EXPECT_EQ(pick(128, 4096, Mask::causal_top_left(), Pass::backward), Candidate::cudnn);  // none
   EXPECT_EQ(pick(128, 4096, Mask::none(), Pass::forward, true, DType::f16), Candidate::cudnn);
   EXPECT_EQ(preferred_candidate({}, problem_of(make_desc(DType::bf16, 1, 8, 8, 64, 64, 64)),
@@ -219,7 +220,7 @@ Candidate fastest_at(const TablePoint& t, bool fa3_runs) {
   Candidate c = Candidate::cudnn;
   double tf = t.cudnn_tflops;
   if (t.bespoke_tflops > tf) c = Candidate::bespoke, tf = t.bespoke_tflops;
-  if (t.pass == Pass::forward && fa3_runs && t.fa3_tflops > tf) c = Candidate::fa3;
+  if (fa3_runs && t.fa3_tflops > tf) c = Candidate::fa3;
   return c;
 }
 
@@ -232,9 +233,6 @@ TEST(AttentionCudnnRules, ShippedTableIsWellFormed) {
     EXPECT_GT(t.cudnn_tflops, 0.0);
     EXPECT_GE(t.bespoke_tflops, 0.0);
     EXPECT_GE(t.fa3_tflops, 0.0);
-    if (t.pass == Pass::backward) {
-      EXPECT_EQ(t.fa3_tflops, 0.0);  // forward-only kernel
-    }
     // The shipped table agrees with itself at its own points, with and without fa3.
     const Mask m = t.causal ? Mask::causal_top_left() : Mask::none();
     const attention::Problem p =
@@ -757,11 +755,11 @@ TEST(AttentionCudnnGpu, SelectionFollowsTheMeasuredTable) {
         // fa3's ranked-ahead entry must; where it prefers the bespoke kernel, cuDNN only runs if
         // no bespoke kernel fits (its entry is ranked behind them).
         auto check = [&](Backend got, Pass pass, const std::string& sku) {
-          const Candidate want = preferred_candidate(p, pass, fa3_fits(p, gs.caps()));
+          const Candidate want = preferred_candidate(p, pass, fa3_fits(p, gs.caps(), pass));
           if (want == Candidate::cudnn) {
             EXPECT_EQ(got, Backend::cudnn) << sku;
           } else if (want == Candidate::fa3) {
-            EXPECT_EQ(sku, kFa3RankedAhead);
+            EXPECT_EQ(sku, pass == Pass::forward ? kFa3RankedAhead : kFa3BwdRankedAhead);
           } else {
             EXPECT_TRUE((got == Backend::bespoke_cuda && sku.find("fa3_") == std::string::npos) ||
                         sku.find("ranked_behind") != std::string::npos)
@@ -1173,31 +1171,41 @@ TEST(AttentionFa3Gpu, MisalignedRunFailsWithoutWriting) {
 }
 
 // ---- The sm_90a backward (fa3_bwd_sm90a) -------------------------------------------------------
-const Kernel<attention::BackwardOp>* fa3_bwd_kernel(DType t) {
+const Kernel<attention::BackwardOp>* fa3_bwd_kernel(DType t,
+                                                    std::string_view name = kFa3BwdKernel) {
   for (const auto& k : KernelTable<attention::BackwardOp>::instance().all())
-    if (k.sku.name == kFa3BwdKernel && k.sku.element == t) return &k;
+    if (k.sku.name == name && k.sku.element == t) return &k;
   return nullptr;
 }
 
-TEST(AttentionFa3Registry, BackwardRegisteredBelowEveryOtherBackwardAndNotDeterministic) {
+// Pinned below every other backward kernel; the ranked-ahead entry above every other (its
+// predicate, not its priority, limits it to where the table picks fa3). Neither deterministic.
+TEST(AttentionFa3Registry, BackwardRankedByTheTableAndNotDeterministic) {
   int found = 0;
-  for (DType t : {DType::bf16, DType::f16}) {
-    const auto* fa3 = fa3_bwd_kernel(t);
-    if (!fa3) continue;  // CPU-only build
-    ++found;
-    EXPECT_EQ(fa3->sku.arch, Arch::sm90a);
-    EXPECT_EQ(fa3->sku.backend, Backend::bespoke_cuda);
-    EXPECT_EQ(fa3->sku.precision.math, t == DType::bf16 ? MathPrecision::bf16 : MathPrecision::f16);
-    EXPECT_EQ(fa3->sku.precision.accumulator, DType::f32);
-    EXPECT_FALSE(fa3->sku.precision.deterministic);  // dQ through float reductions
-    EXPECT_FALSE(fa3->sku.precision.bit_stable);
-    for (const auto& k : KernelTable<attention::BackwardOp>::instance().all()) {
-      if (k.sku.element != t || &k == fa3 || k.sku.backend == Backend::cpu_reference) continue;
-      EXPECT_LT(fa3->priority, k.priority) << k.sku.name;
+  for (DType t : {DType::bf16, DType::f16})
+    for (std::string_view name : {kFa3BwdKernel, kFa3BwdRankedAhead}) {
+      const auto* fa3 = fa3_bwd_kernel(t, name);
+      if (!fa3) continue;  // CPU-only build
+      ++found;
+      EXPECT_EQ(fa3->sku.arch, Arch::sm90a);
+      EXPECT_EQ(fa3->sku.backend, Backend::bespoke_cuda);
+      EXPECT_EQ(fa3->sku.precision.math,
+                t == DType::bf16 ? MathPrecision::bf16 : MathPrecision::f16);
+      EXPECT_EQ(fa3->sku.precision.accumulator, DType::f32);
+      EXPECT_FALSE(fa3->sku.precision.deterministic);  // dQ through float reductions
+      EXPECT_FALSE(fa3->sku.precision.bit_stable);
+      for (const auto& k : KernelTable<attention::BackwardOp>::instance().all()) {
+        if (k.sku.element != t || k.sku.name.starts_with(kFa3BwdKernel) ||
+            k.sku.backend == Backend::cpu_reference)
+          continue;
+        if (name == kFa3BwdRankedAhead)
+          EXPECT_GT(fa3->priority, k.priority) << k.sku.name;
+        else
+          EXPECT_LT(fa3->priority, k.priority) << k.sku.name;
+      }
     }
-  }
   if (found == 0) GTEST_SKIP() << "built without CUDA: fa3_bwd_sm90a is not registered";
-  EXPECT_EQ(found, 2);
+  EXPECT_EQ(found, 4);
 }
 
 std::vector<Case> fa3_bwd_cases() {
@@ -1303,6 +1311,50 @@ TEST(AttentionFa3Gpu, BackwardMisalignedRunFailsWithoutWriting) {
   BARACUDA_ASSERT_OK(gs.synchronize());
   auto it = before.begin();
   for (TestTensor* t : {&dq, &dk, &dv}) EXPECT_TRUE(harness::bytes_equal(*it++, t->bytes(), "out"));
+}
+
+// The default backward plan under tables that make each candidate fastest: fa3's ranked-ahead
+// entry where fa3 wins (a deterministic plan then still gets a deterministic kernel: cuDNN's
+// where the table ranks it over the bespoke one), cuDNN or the family's kernel elsewhere.
+TEST(AttentionFa3Gpu, DefaultBackwardPlanFollowsTheTable) {
+  FA3_BWD_SKIP_UNLESS_RUNNABLE();
+  const Stream& gs = harness::stream_for(Target::cuda);
+  const Descriptor desc = make_desc(DType::bf16, 1, 4, 2, 300, 300, 128, Mask::causal_top_left());
+  auto table_for = [](double cudnn, double bespoke, double fa3) {
+    return TablePoint{DType::bf16, Pass::backward, 128, 512, true, cudnn, bespoke, fa3};
+  };
+  const TablePoint fa3_wins[] = {table_for(2, 1, 3)}, cudnn_wins[] = {table_for(3, 1, 2)},
+                   bespoke_wins[] = {table_for(1, 3, 2)};
+  {
+    const SelectionTableOverride o{fa3_wins};
+    auto def = attention::BackwardPlan::select(gs, desc);
+    BARACUDA_ASSERT_OK(def);
+    EXPECT_EQ(def->sku().name, kFa3BwdRankedAhead);
+    EXPECT_FALSE(def->precision_guarantee().deterministic);
+    auto det = attention::BackwardPlan::select(gs, desc, PlanPreference::deterministic());
+    BARACUDA_ASSERT_OK(det);
+    EXPECT_TRUE(det->precision_guarantee().deterministic);
+    EXPECT_FALSE(det->sku().name.starts_with("fa3_")) << det->sku().name;
+#if BARACUDA_HAVE_CUDNN_FRONTEND
+    EXPECT_EQ(det->sku().backend, Backend::cudnn) << det->sku().name;
+#endif
+  }
+  {
+    const SelectionTableOverride o{cudnn_wins};
+    auto def = attention::BackwardPlan::select(gs, desc);
+    BARACUDA_ASSERT_OK(def);
+    EXPECT_FALSE(def->sku().name.starts_with("fa3_")) << def->sku().name;
+#if BARACUDA_HAVE_CUDNN_FRONTEND
+    EXPECT_EQ(def->sku().backend, Backend::cudnn) << def->sku().name;
+#endif
+  }
+  {
+    const SelectionTableOverride o{bespoke_wins};
+    auto def = attention::BackwardPlan::select(gs, desc);
+    BARACUDA_ASSERT_OK(def);
+    EXPECT_EQ(def->sku().backend, Backend::bespoke_cuda) << def->sku().name;
+    EXPECT_FALSE(def->sku().name.starts_with("fa3_")) << def->sku().name;
+  }
 }
 
 }  // namespace

@@ -5,8 +5,9 @@
 // forward and backward, the sm_90a forward pinned by name (rows noted "fa3_sm90a",
 // "fa3_sm90a_pingpong", "fa3_sm90a_exp2poly2of8", "fa3_sm90a_exp2poly3of8"), the sm_90a backward
 // pinned by name (backward rows noted "fa3_sm90a"), and prints one
-// {"table_point": ...} line per point and pass (cuDNN, bespoke and, forward, fa3_fwd_sm90a's
-// TFLOP/s): the measurement src/ops/attention_hopper/make_table.py turns into selection_table.hpp.
+// {"table_point": ...} line per point and pass (cuDNN's, the bespoke kernel's and fa3_fwd_sm90a's
+// / fa3_bwd_sm90a's TFLOP/s): the measurement src/ops/attention_hopper/make_table.py turns into
+// selection_table.hpp.
 // The sweep runs under an empty SelectionTableOverride, so each column is its candidate alone
 // whatever the shipped table says (otherwise only(Backend::bespoke_cuda) would reach fa3's
 // ranked-ahead entry where the table picks fa3). BARACUDA_ATTN_SWEEP=quick limits the sweep to L in
@@ -209,6 +210,7 @@ void sweep(const Stream& stream) {
         }
         // Our sm_90a backward pinned by name (note "fa3_sm90a"), on the outputs of the default
         // forward plan.
+        double fa3_bwd_tf = 0;
         {
           auto fp = attention::ForwardPlan::select(stream, desc);
           auto bp =
@@ -216,7 +218,7 @@ void sweep(const Stream& stream) {
           if (!bp.ok())
             bench::emit_error("attention", "attention_backward", name + "/fa3_sm90a", bp.error());
           else if (fp.ok())
-            time_backward(*fp, *bp, "fa3_sm90a");
+            fa3_bwd_tf = time_backward(*fp, *bp, "fa3_sm90a");
         }
         for (int pass = 0; pass < 2; ++pass) {
           const double* tf = pass == 0 ? fwd_tf : bwd_tf;
@@ -226,7 +228,7 @@ void sweep(const Stream& stream) {
               "\"fa3_tflops\": %.1f, \"device\": \"%s\"}}\n",
               pass == 0 ? "forward" : "backward", static_cast<long long>(d),
               static_cast<long long>(l), causal ? "true" : "false", tf[0], tf[1],
-              pass == 0 ? fa3_tf : 0.0, stream.caps().name.c_str());
+              pass == 0 ? fa3_tf : fa3_bwd_tf, stream.caps().name.c_str());
           std::fflush(stdout);
         }
       }

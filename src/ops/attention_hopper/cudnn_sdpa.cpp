@@ -432,7 +432,10 @@ bool fits_forward(const Problem& p, const DeviceCaps& c) {
 }
 template <bool Ahead, Kind K>
 bool fits_backward(const Problem& p, const DeviceCaps& c) {
-  const bool ahead = preferred_candidate(p, Pass::backward, false) == Candidate::cudnn;
+  // fa3_bwd_sm90a is not deterministic: the deterministic entries rank against the bespoke
+  // (deterministic) kernels only.
+  const bool fa3 = K == Kind::backward && fa3_fits(p, c, Pass::backward);
+  const bool ahead = preferred_candidate(p, Pass::backward, fa3) == Candidate::cudnn;
   return ahead == Ahead && fits_kind(p, c, K);
 }
 size_t ws_forward(const Problem& p, const DeviceCaps& c) {

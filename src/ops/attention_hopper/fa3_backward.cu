@@ -1,6 +1,7 @@
 // fa3_bwd_sm90a: our own Hopper (sm_90a) attention backward (issue 8, part 2), registered into
-// attention::BackwardOp's table by name (below every other backward kernel: reached with
-// PlanPreference::kernel(kFa3BwdKernel) until the measured table ranks it).
+// attention::BackwardOp's table twice: by name below every other backward kernel
+// (PlanPreference::kernel(kFa3BwdKernel)), and as fa3_bwd_sm90a_ranked_ahead above everything,
+// fitting only where the measured selection table (selection_table.hpp) picks fa3.
 //
 // Three launches on the caller's stream:
 //  1. prep: per query row, delta = rowsum(dY * Y) and lse2 = LSE * log2(e) (+inf for a row that
@@ -495,6 +496,12 @@ bool fits(const Problem& pr, const DeviceCaps& caps) {
                                    : has_sm90a_body<fa3_bwd_kernel<T, 128>>();
 }
 
+// The ranked-ahead entry: only where the measured table picks fa3 for the backward.
+template <class T>
+bool fits_ranked_ahead(const Problem& pr, const DeviceCaps& caps) {
+  return fits<T>(pr, caps) && preferred_candidate(pr, Pass::backward, true) == Candidate::fa3;
+}
+
 size_t workspace(const Problem& pr, const DeviceCaps&) {
   return layout_of(pr).bytes;
 }
@@ -615,6 +622,14 @@ bool register_one() {
       {.sku = fa3_sku(attention::BackwardOp::name, E, prec, kFa3BwdKernel),
        .priority = -2,
        .fits = fits<T>,
+       .workspace = workspace,
+       .launch = launch<T>});
+  // The same kernel above every other backward kernel, fitting only where the measured selection
+  // table says it is the fastest candidate (cuDNN's non-deterministic entry then ranks behind).
+  register_kernel<attention::BackwardOp>(
+      {.sku = fa3_sku(attention::BackwardOp::name, E, prec, kFa3BwdRankedAhead),
+       .priority = kFa3Ahead,
+       .fits = fits_ranked_ahead<T>,
        .workspace = workspace,
        .launch = launch<T>});
   return true;

@@ -1,4 +1,4 @@
-// Host-side rules of the cuDNN attention backend and fa3_fwd_sm90a: what cuDNN can take, which
+// Host-side rules of the cuDNN attention backend and the fa3 kernels: what cuDNN can take, which
 // candidate the measured table prefers, and the layout rules checked before a launch. No CUDA or
 // cuDNN here, so the CPU build tests all of it.
 #include <atomic>
@@ -117,15 +117,22 @@ Candidate preferred_candidate(std::span<const TablePoint> table, const attention
   const bool fa3_like =
       std::abs(std::log2(static_cast<double>(best->len)) -
                std::log2(static_cast<double>(std::max<int64_t>(1, d.len_q)))) <= 1.0;
-  if (pass == Pass::forward && fa3_runs && fa3_like && best->fa3_tflops > tf) pick = Candidate::fa3;
+  if (fa3_runs && fa3_like && best->fa3_tflops > tf) pick = Candidate::fa3;
   return pick;
 }
 
-bool fa3_fits(const attention::Problem& p, const DeviceCaps& caps) {
-  for (const auto& k : KernelTable<attention::ForwardOp>::instance().all())
-    if (k.sku.name == kFa3Kernel && k.sku.element == p.desc.dtype)
-      return !k.fits || k.fits(p, caps);
+namespace {
+template <class Op>
+bool pinned_fits(std::string_view name, const attention::Problem& p, const DeviceCaps& caps) {
+  for (const auto& k : KernelTable<Op>::instance().all())
+    if (k.sku.name == name && k.sku.element == p.desc.dtype) return !k.fits || k.fits(p, caps);
   return false;  // not registered: a build without CUDA
+}
+}  // namespace
+
+bool fa3_fits(const attention::Problem& p, const DeviceCaps& caps, Pass pass) {
+  return pass == Pass::forward ? pinned_fits<attention::ForwardOp>(kFa3Kernel, p, caps)
+                               : pinned_fits<attention::BackwardOp>(kFa3BwdKernel, p, caps);
 }
 
 template <class Ptr>
