@@ -870,6 +870,31 @@ const Kernel<attention::ForwardOp>* fa3_kernel(DType t, std::string_view name = 
   return nullptr;
 }
 
+// One of our sm_90a entries: arch, backend and precision as claimed (16-bit operands, f32
+// accumulation, `deterministic` as given, bit_stable not claimed); the pinnable entries rank below
+// every other kernel of the op (they never win `fastest` on their own), the ranked-ahead one above
+// every other (its predicate, not its priority, limits it to where the table picks fa3).
+template <class Op>
+void expect_fa3_entry(const Kernel<Op>& fa3, DType t, std::string_view family_prefix,
+                      bool ranked_ahead, bool deterministic) {
+  SCOPED_TRACE(std::string(fa3.sku.name));
+  EXPECT_EQ(fa3.sku.arch, Arch::sm90a);
+  EXPECT_EQ(fa3.sku.backend, Backend::bespoke_cuda);
+  EXPECT_EQ(fa3.sku.precision.math, t == DType::bf16 ? MathPrecision::bf16 : MathPrecision::f16);
+  EXPECT_EQ(fa3.sku.precision.accumulator, DType::f32);
+  EXPECT_EQ(fa3.sku.precision.deterministic, deterministic);
+  EXPECT_FALSE(fa3.sku.precision.bit_stable);
+  for (const auto& k : KernelTable<Op>::instance().all()) {
+    if (k.sku.element != t || k.sku.name.starts_with(family_prefix) ||
+        k.sku.backend == Backend::cpu_reference)
+      continue;
+    if (ranked_ahead)
+      EXPECT_GT(fa3.priority, k.priority) << k.sku.name;
+    else
+      EXPECT_LT(fa3.priority, k.priority) << k.sku.name;
+  }
+}
+
 TEST(AttentionFa3Registry, RegisteredBelowEveryOtherForwardWithTruthfulPrecision) {
   int found = 0;
   for (DType t : {DType::bf16, DType::f16}) {
@@ -878,24 +903,7 @@ TEST(AttentionFa3Registry, RegisteredBelowEveryOtherForwardWithTruthfulPrecision
       const auto* fa3 = fa3_kernel(t, name);
       if (!fa3) continue;  // CPU-only build
       ++found;
-      EXPECT_EQ(fa3->sku.arch, Arch::sm90a);
-      EXPECT_EQ(fa3->sku.backend, Backend::bespoke_cuda);
-      EXPECT_EQ(fa3->sku.precision.math,
-                t == DType::bf16 ? MathPrecision::bf16 : MathPrecision::f16);
-      EXPECT_EQ(fa3->sku.precision.accumulator, DType::f32);
-      EXPECT_TRUE(fa3->sku.precision.deterministic);
-      EXPECT_FALSE(fa3->sku.precision.bit_stable);
-      // The pinnable entries never win `fastest` on their own; the ranked-ahead one is above
-      // everything (its predicate, not its priority, limits it to where the table picks fa3).
-      for (const auto& k : KernelTable<attention::ForwardOp>::instance().all()) {
-        if (k.sku.element != t || k.sku.name.starts_with("fa3_fwd_sm90a") ||
-            k.sku.backend == Backend::cpu_reference)
-          continue;
-        if (name == kFa3RankedAhead)
-          EXPECT_GT(fa3->priority, k.priority) << k.sku.name;
-        else
-          EXPECT_LT(fa3->priority, k.priority) << k.sku.name;
-      }
+      expect_fa3_entry(*fa3, t, "fa3_fwd_sm90a", name == kFa3RankedAhead, true);
     }
   }
   if (found == 0) GTEST_SKIP() << "built without CUDA: fa3_fwd_sm90a is not registered";
@@ -1094,6 +1102,28 @@ TEST(AttentionFa3Gpu, FitsExactlyWhatItSupports) {
   EXPECT_NE(def->sku().name, kFa3Pingpong);
 }
 
+// Under one-point tables (D128, L512, causal) that make cuDNN, then the bespoke kernel, the fastest
+// for `pass`, the default plan of `desc` is that candidate's and never an fa3 entry.
+template <class PlanT>
+void expect_default_follows_cudnn_and_bespoke_tables(const Descriptor& desc, Pass pass) {
+  const Stream& gs = harness::stream_for(Target::cuda);
+  const TablePoint cudnn_wins[] = {{DType::bf16, pass, 128, 512, true, 3, 1, 2}},
+                   bespoke_wins[] = {{DType::bf16, pass, 128, 512, true, 1, 3, 2}};
+  for (const auto* table : {&cudnn_wins, &bespoke_wins}) {
+    const SelectionTableOverride o{*table};
+    auto def = PlanT::select(gs, desc);
+    BARACUDA_ASSERT_OK(def);
+    EXPECT_FALSE(def->sku().name.starts_with("fa3_")) << def->sku().name;
+    if (table == &bespoke_wins) {
+      EXPECT_EQ(def->sku().backend, Backend::bespoke_cuda) << def->sku().name;
+    } else {
+#if BARACUDA_HAVE_CUDNN_FRONTEND
+      EXPECT_EQ(def->sku().backend, Backend::cudnn) << def->sku().name;
+#endif
+    }
+  }
+}
+
 // The default plan under tables that make each candidate fastest: fa3's ranked-ahead entry where
 // fa3 wins (and it is the plain kernel: bit-identical to the pinned one), cuDNN or the family's
 // kernel elsewhere, and the table's cuDNN/bespoke choice where fa3 cannot run (D = 96).
@@ -1105,8 +1135,7 @@ TEST(AttentionFa3Gpu, DefaultPlanFollowsTheTable) {
   auto table_for = [&](double cudnn, double bespoke, double fa3) {
     return TablePoint{DType::bf16, Pass::forward, 128, 512, true, cudnn, bespoke, fa3};
   };
-  const TablePoint fa3_wins[] = {table_for(1, 1, 2)}, cudnn_wins[] = {table_for(3, 1, 2)},
-                   bespoke_wins[] = {table_for(1, 3, 2)};
+  const TablePoint fa3_wins[] = {table_for(1, 1, 2)};
   {
     const SelectionTableOverride o{fa3_wins};
     auto def = attention::ForwardPlan::select(gs, desc);
@@ -1145,22 +1174,7 @@ TEST(AttentionFa3Gpu, DefaultPlanFollowsTheTable) {
     EXPECT_EQ(other->sku().backend, Backend::cudnn) << other->sku().name;
 #endif
   }
-  {
-    const SelectionTableOverride o{cudnn_wins};
-    auto def = attention::ForwardPlan::select(gs, desc);
-    BARACUDA_ASSERT_OK(def);
-    EXPECT_FALSE(def->sku().name.starts_with("fa3_")) << def->sku().name;
-#if BARACUDA_HAVE_CUDNN_FRONTEND
-    EXPECT_EQ(def->sku().backend, Backend::cudnn) << def->sku().name;
-#endif
-  }
-  {
-    const SelectionTableOverride o{bespoke_wins};
-    auto def = attention::ForwardPlan::select(gs, desc);
-    BARACUDA_ASSERT_OK(def);
-    EXPECT_EQ(def->sku().backend, Backend::bespoke_cuda) << def->sku().name;
-    EXPECT_FALSE(def->sku().name.starts_with("fa3_")) << def->sku().name;
-  }
+  expect_default_follows_cudnn_and_bespoke_tables<attention::ForwardPlan>(desc, Pass::forward);
 }
 
 TEST(AttentionFa3Gpu, MisalignedRunFailsWithoutWriting) {
@@ -1178,8 +1192,6 @@ const Kernel<attention::BackwardOp>* fa3_bwd_kernel(DType t,
   return nullptr;
 }
 
-// Pinned below every other backward kernel; the ranked-ahead entry above every other (its
-// predicate, not its priority, limits it to where the table picks fa3). Neither deterministic.
 TEST(AttentionFa3Registry, BackwardRankedByTheTableAndNotDeterministic) {
   int found = 0;
   for (DType t : {DType::bf16, DType::f16})
@@ -1187,22 +1199,8 @@ TEST(AttentionFa3Registry, BackwardRankedByTheTableAndNotDeterministic) {
       const auto* fa3 = fa3_bwd_kernel(t, name);
       if (!fa3) continue;  // CPU-only build
       ++found;
-      EXPECT_EQ(fa3->sku.arch, Arch::sm90a);
-      EXPECT_EQ(fa3->sku.backend, Backend::bespoke_cuda);
-      EXPECT_EQ(fa3->sku.precision.math,
-                t == DType::bf16 ? MathPrecision::bf16 : MathPrecision::f16);
-      EXPECT_EQ(fa3->sku.precision.accumulator, DType::f32);
-      EXPECT_FALSE(fa3->sku.precision.deterministic);  // dQ through float reductions
-      EXPECT_FALSE(fa3->sku.precision.bit_stable);
-      for (const auto& k : KernelTable<attention::BackwardOp>::instance().all()) {
-        if (k.sku.element != t || k.sku.name.starts_with(kFa3BwdKernel) ||
-            k.sku.backend == Backend::cpu_reference)
-          continue;
-        if (name == kFa3BwdRankedAhead)
-          EXPECT_GT(fa3->priority, k.priority) << k.sku.name;
-        else
-          EXPECT_LT(fa3->priority, k.priority) << k.sku.name;
-      }
+      // dQ through float reductions in arrival order: not deterministic.
+      expect_fa3_entry(*fa3, t, kFa3BwdKernel, name == kFa3BwdRankedAhead, false);
     }
   if (found == 0) GTEST_SKIP() << "built without CUDA: fa3_bwd_sm90a is not registered";
   EXPECT_EQ(found, 4);
@@ -1323,8 +1321,7 @@ TEST(AttentionFa3Gpu, DefaultBackwardPlanFollowsTheTable) {
   auto table_for = [](double cudnn, double bespoke, double fa3) {
     return TablePoint{DType::bf16, Pass::backward, 128, 512, true, cudnn, bespoke, fa3};
   };
-  const TablePoint fa3_wins[] = {table_for(2, 1, 3)}, cudnn_wins[] = {table_for(3, 1, 2)},
-                   bespoke_wins[] = {table_for(1, 3, 2)};
+  const TablePoint fa3_wins[] = {table_for(2, 1, 3)};
   {
     const SelectionTableOverride o{fa3_wins};
     auto def = attention::BackwardPlan::select(gs, desc);
@@ -1339,22 +1336,7 @@ TEST(AttentionFa3Gpu, DefaultBackwardPlanFollowsTheTable) {
     EXPECT_EQ(det->sku().backend, Backend::cudnn) << det->sku().name;
 #endif
   }
-  {
-    const SelectionTableOverride o{cudnn_wins};
-    auto def = attention::BackwardPlan::select(gs, desc);
-    BARACUDA_ASSERT_OK(def);
-    EXPECT_FALSE(def->sku().name.starts_with("fa3_")) << def->sku().name;
-#if BARACUDA_HAVE_CUDNN_FRONTEND
-    EXPECT_EQ(def->sku().backend, Backend::cudnn) << def->sku().name;
-#endif
-  }
-  {
-    const SelectionTableOverride o{bespoke_wins};
-    auto def = attention::BackwardPlan::select(gs, desc);
-    BARACUDA_ASSERT_OK(def);
-    EXPECT_EQ(def->sku().backend, Backend::bespoke_cuda) << def->sku().name;
-    EXPECT_FALSE(def->sku().name.starts_with("fa3_")) << def->sku().name;
-  }
+  expect_default_follows_cudnn_and_bespoke_tables<attention::BackwardPlan>(desc, Pass::backward);
 }
 
 }  // namespace
