@@ -1271,6 +1271,13 @@ TEST(AttentionFa3Gpu, BackwardFitsWhatTheForwardFitsAndNeverServesDeterministic)
     EXPECT_NE(det->sku().name, kFa3BwdKernel);
     EXPECT_TRUE(det->precision_guarantee().deterministic);
   }
+  // A CTA's step count (query blocks x the group's query heads) is an int with headroom: 2^23
+  // query blocks x a group of 512 is refused, where the forward (one CTA per query block and
+  // head) still fits.
+  const attention::Problem huge =
+      problem_of(make_desc(DType::bf16, 1, 512, 1, int64_t{1} << 29, 128, 64));
+  EXPECT_FALSE(fa3_bwd_kernel(DType::bf16)->fits(huge, gs.caps()));
+  EXPECT_TRUE(fa3_kernel(DType::bf16)->fits(huge, gs.caps()));
 }
 
 TEST(AttentionFa3Gpu, BackwardMisalignedRunFailsWithoutWriting) {

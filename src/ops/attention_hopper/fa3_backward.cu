@@ -489,9 +489,9 @@ Layout layout_of(const Problem& pr) {
 template <class T>
 bool fits(const Problem& pr, const DeviceCaps& caps) {
   if (caps.device < 0 || caps.sm != 90 || !shape_fits(pr)) return false;
-  // Accumulator element offsets stay below 2^31 per (batch, head) row block; the grid's y / z
-  // carry key heads and batch.
-  if (padded_rows(pr) * pr.desc.head_dim_qk >= (int64_t{1} << 31)) return false;
+  // A CTA's steps (query blocks x the group's query heads) and their rotated index (t + rot <
+  // 2 steps) are ints; the grid's y / z carry key heads and batch (shape_fits bounds them).
+  if (padded_rows(pr) / kQRows * pr.group >= (int64_t{1} << 30)) return false;
   return pr.desc.head_dim_qk == 64 ? has_sm90a_body<fa3_bwd_kernel<T, 64>>()
                                    : has_sm90a_body<fa3_bwd_kernel<T, 128>>();
 }
