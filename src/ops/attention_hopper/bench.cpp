@@ -210,15 +210,19 @@ void sweep(const Stream& stream) {
         }
         // Our sm_90a backward pinned by name (note "fa3_sm90a"), on the outputs of the default
         // forward plan.
+        // The warp-staged A/B variant: note "fa3_sm90a_warpstaged". The plain one is the table's
+        // fa3 column.
         double fa3_bwd_tf = 0;
-        {
+        for (std::string_view fa3 : {kFa3BwdKernel, kFa3BwdWarpStagedKernel}) {
+          const std::string note = "fa3_sm90a" + std::string(fa3.substr(kFa3BwdKernel.size()));
           auto fp = attention::ForwardPlan::select(stream, desc);
-          auto bp =
-              attention::BackwardPlan::select(stream, desc, PlanPreference::kernel(kFa3BwdKernel));
-          if (!bp.ok())
-            bench::emit_error("attention", "attention_backward", name + "/fa3_sm90a", bp.error());
-          else if (fp.ok())
-            fa3_bwd_tf = time_backward(*fp, *bp, "fa3_sm90a");
+          auto bp = attention::BackwardPlan::select(stream, desc, PlanPreference::kernel(fa3));
+          if (!bp.ok()) {
+            bench::emit_error("attention", "attention_backward", name + "/" + note, bp.error());
+            continue;
+          }
+          const double tf = fp.ok() ? time_backward(*fp, *bp, note) : 0.0;
+          if (fa3 == kFa3BwdKernel) fa3_bwd_tf = tf;
         }
         for (int pass = 0; pass < 2; ++pass) {
           const double* tf = pass == 0 ? fwd_tf : bwd_tf;

@@ -116,7 +116,20 @@ __device__ __forceinline__ void sync_consumers() {
 }
 #endif
 
-template <class T, int D>
+// How each step's dQ part leaves the CTA (A/B, registered by name):
+//  kWarpgroupStaged: staged by the warpgroup (float4 j of thread i at (j * 128 + i) * 16 bytes),
+//    every thread fences, a warpgroup barrier, one bulk reduce-add of 16 KB, all in the step.
+//  kWarpStaged: staged per warp (warp w's float4 j of lane l at ((w * 8 + j) * 32 + l) * 16
+//    bytes), and the warp's 4 KB bulk reduce-add issued at the top of the next step, behind the
+//    next dP^T GEMM: its stores have landed by then (a cheap fence) and no warpgroup barrier.
+// The accumulator chunk in global memory has the same order (fa3_bwd_post reads either).
+enum Staging : int { kWarpgroupStaged = 0, kWarpStaged = 1 };
+// The float4 slot (16 bytes) of thread `tid`'s float4 j in its warpgroup's 16 KB part.
+__host__ __device__ constexpr int staged_slot(int staging, int j, int tid) {
+  return staging == kWarpStaged ? (tid / 32 * 8 + j) * 32 + tid % 32 : j * 128 + tid;
+}
+
+template <class T, int D, int V>
 __global__ void __launch_bounds__(kBwdThreads, 1)
     fa3_bwd_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                    const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdy,
@@ -203,6 +216,21 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     mbar_wait(smem_u32(&bars[1 + t % kRing]), (t / kRing) & 1);
     issue_scores(t, st, opaque(base), S::kK, S::kQ);
   };
+  // The accumulator chunk of step u: (batch, query head, query block, 64-column part).
+  auto chunk_of = [&](int u) {
+    return ((int64_t{b} * p.heads_q + step_head(u)) * (p.lq_pad / kQRows) + step_row0(u) / kQRows) *
+               (D / 64) +
+           (D == 128 ? wg : 0);
+  };
+  // kWarpStaged: this warp's staged part of step u (4 KB) into the accumulator.
+  auto reduce_warp_part = [&](int u, uint32_t sb) {
+    fence_proxy_async();
+    __syncwarp();
+    if (lane == 0)
+      bulk_reduce_add_f32(p.acc + chunk_of(u) * (kQRows * 64) + wl * (kQRows * 16),
+                          sb + S::kStage + wg * S::kStageBytes + wl * (S::kStageBytes / 4),
+                          S::kStageBytes / 4);
+  };
   if (steps > 0) {
     mbar_wait(smem_u32(&bars[0]), 0);
     issue_s(0);
@@ -220,6 +248,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     float dpt[32];
     issue_scores(t, dpt, sb, S::kV, S::kDy);  // S^T_t is done (see the end of the step)
     fence_regs(st);
+    if constexpr (V == kWarpStaged) {
+      if (t > 0) reduce_warp_part(t - 1, sb);
+    }
 
     // P^T in place (column c is query m0 + c).
     const bool masked = n0 + kKeys > p.lk || (p.causal && n0 + kKeys - 1 > m0 + p.off);
@@ -272,7 +303,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     // Both warpgroups' dS^T are written, and both are past step t - 1 (its wgmmas waited for):
     // stage (t - 1) % kRing is free for step t + 2. Each warpgroup's dQ staging buffer is free
     // once its previous bulk reduction has read it: the barrier publishes that too.
-    if (threadIdx.x % 128 == 0) bulk_wait<0, true>();
+    if (V == kWarpgroupStaged && threadIdx.x % 128 == 0) bulk_wait<0, true>();
     sync_consumers();
     if (threadIdx.x == 0 && t >= 1 && t + 2 < steps) load_step(t + 2);
 
@@ -302,25 +333,28 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     wgmma_wait<1>();  // dQ_t (and every older group) done; S^T_{t+1} may run
     fence_regs(dq);
     // dQ_t into the accumulator: this warpgroup's 64 x 64 f32 part, staged in shared memory in
-    // accumulator-fragment order (float4 j of thread i at (j * 128 + i) * 16 bytes: conflict-free
-    // stores; the chunk in global memory has the same order, see fa3_bwd_post), then one bulk
-    // reduce-add by one thread. D = 64: both warpgroups add into the same chunk.
+    // accumulator-fragment order (conflict-free stores; see Staging), then bulk reduce-adds.
+    // D = 64: both warpgroups add into the same chunk.
     {
       const int tid = static_cast<int>(threadIdx.x) % 128;
-      const int64_t chunk =
-          ((int64_t{b} * p.heads_q + h) * (p.lq_pad / kQRows) + m0 / kQRows) * (D / 64) +
-          (D == 128 ? wg : 0);
       const uint32_t stage = sb + S::kStage + wg * S::kStageBytes;
+      if constexpr (V == kWarpStaged) {
+        if (lane == 0) bulk_wait<0, true>();  // step t - 1's reduction has read the buffer
+        __syncwarp();
+      }
 #pragma unroll
       for (int j = 0; j < 8; ++j)
         asm volatile(
-            "st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(stage + (j * 128 + tid) * 16),
+            "st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(stage + staged_slot(V, j, tid) * 16),
             "f"(dq[4 * j]), "f"(dq[4 * j + 1]), "f"(dq[4 * j + 2]), "f"(dq[4 * j + 3])
             : "memory");
-      fence_proxy_async();
-      sync_warpgroup(wg);
-      if (tid == 0) {
-        bulk_reduce_add_f32(p.acc + chunk * (kQRows * 64), stage, S::kStageBytes);
+      if constexpr (V == kWarpgroupStaged) {
+        const int64_t chunk =
+            ((int64_t{b} * p.heads_q + h) * (p.lq_pad / kQRows) + m0 / kQRows) * (D / 64) +
+            (D == 128 ? wg : 0);
+        fence_proxy_async();
+        sync_warpgroup(wg);
+        if (tid == 0) bulk_reduce_add_f32(p.acc + chunk * (kQRows * 64), stage, S::kStageBytes);
       }
     }
     // S^T_{t+1} ran under the staging. Nothing may stay in flight across the loop's back edge:
@@ -329,9 +363,14 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   }
   fence_regs(dv);
   fence_regs(dk);
-  if (threadIdx.x % 128 == 0) bulk_wait<0, false>();  // the last reduction landed
+  if constexpr (V == kWarpStaged) {
+    if (steps > 0) reduce_warp_part(steps - 1, opaque(base));
+    if (lane == 0) bulk_wait<0, false>();  // the last reduction landed
+  } else {
+    if (threadIdx.x % 128 == 0) bulk_wait<0, false>();
+  }
 
-    // Epilogue: dV and scale * dK, rows past Lk skipped (zero where no query saw the key).
+  // Epilogue: dV and scale * dK, rows past Lk skipped (zero where no query saw the key).
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int key = key0 + 8 * i;
@@ -428,7 +467,7 @@ __global__ void __launch_bounds__(256) fa3_bwd_prep(const RowParams p) {
 // rows 16 (i / 32) + (i % 32) / 4 (+ 8 for the float4's second pair), columns 8 j + 2 (i % 4)
 // (+ 1). The part goes through shared memory as 16-bit rows so that dQ is written in whole
 // 128-byte rows.
-template <class T, int D>
+template <class T, int D, int V>
 __global__ void __launch_bounds__(128) fa3_bwd_post(const RowParams p) {
   constexpr int kParts = D / 64;
   // 64 rows of 32 words; a pitch of 36 words keeps both the fragment-order writes (lane l at bank
@@ -444,7 +483,7 @@ __global__ void __launch_bounds__(128) fa3_bwd_post(const RowParams p) {
   const int r0 = (tid / 32) * 16 + lane / 4;
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
-    const float4 v = src[j * 128 + tid];
+    const float4 v = src[staged_slot(V, j, tid)];
     tile[r0][4 * j + lane % 4] = pack2<T>(v.x * p.scale, v.y * p.scale);
     tile[r0 + 8][4 * j + lane % 4] = pack2<T>(v.z * p.scale, v.w * p.scale);
   }
@@ -486,20 +525,21 @@ Layout layout_of(const Problem& pr) {
   return l;
 }
 
-template <class T>
+template <class T, int V>
 bool fits(const Problem& pr, const DeviceCaps& caps) {
   if (caps.device < 0 || caps.sm != 90 || !shape_fits(pr)) return false;
   // A CTA's steps (query blocks x the group's query heads) and their rotated index (t + rot <
   // 2 steps) are ints; the grid's y / z carry key heads and batch (shape_fits bounds them).
   if (padded_rows(pr) / kQRows * pr.group >= (int64_t{1} << 30)) return false;
-  return pr.desc.head_dim_qk == 64 ? has_sm90a_body<fa3_bwd_kernel<T, 64>>()
-                                   : has_sm90a_body<fa3_bwd_kernel<T, 128>>();
+  return pr.desc.head_dim_qk == 64 ? has_sm90a_body<fa3_bwd_kernel<T, 64, V>>()
+                                   : has_sm90a_body<fa3_bwd_kernel<T, 128, V>>();
 }
 
 // The ranked-ahead entry: only where the measured table picks fa3 for the backward.
 template <class T>
 bool fits_ranked_ahead(const Problem& pr, const DeviceCaps& caps) {
-  return fits<T>(pr, caps) && preferred_candidate(pr, Pass::backward, true) == Candidate::fa3;
+  return fits<T, kWarpgroupStaged>(pr, caps) &&
+         preferred_candidate(pr, Pass::backward, true) == Candidate::fa3;
 }
 
 size_t workspace(const Problem& pr, const DeviceCaps&) {
@@ -511,10 +551,10 @@ void strides3(int64_t (&out)[3], const BasicTensor<Ptr>& t) {
   for (int i = 0; i < 3; ++i) out[i] = t.shape[i] > 1 ? t.stride[i] : 0;
 }
 
-template <class T, int D>
+template <class T, int D, int V>
 Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArguments& a) {
   const auto& d = pr.desc;
-  if (!has_sm90a_body<fa3_bwd_kernel<T, D>>())
+  if (!has_sm90a_body<fa3_bwd_kernel<T, D, V>>())
     return Error::unsupported(std::string(kWho) + ": this build has no sm_90a code for the kernel");
   BARACUDA_TRY(check_layout(kWho, "q", a.q));
   BARACUDA_TRY(check_layout(kWho, "k", a.k));
@@ -579,16 +619,8 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
   p.scale = rp.scale;
 
   constexpr int smem = BwdSmem<D>::kLaunchBytes;
-  static std::atomic<uint64_t> attr_set{0};  // one bit per device: dynamic smem limit raised
-  const int dev = ctx.stream.device();
-  const uint64_t bit = uint64_t{1} << (dev & 63);
-  if (!(attr_set.load() & bit)) {
-    if (cudaError_t e = cudaFuncSetAttribute(fa3_bwd_kernel<T, D>,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-        e != cudaSuccess)
-      return cuda::cuda_error(attention::BackwardOp::name, "fa3_bwd_sm90a: shared memory limit", e);
-    attr_set.fetch_or(bit);
-  }
+  BARACUDA_TRY((raise_smem_limit_once<fa3_bwd_kernel<T, D, V>>(
+      ctx, smem, attention::BackwardOp::name, "fa3_bwd_sm90a")));
   const cudaStream_t st = cuda::stream_of(ctx);
   const dim3 rows_grid(static_cast<unsigned>(rp.lq_pad / 8), static_cast<unsigned>(d.heads_q),
                        static_cast<unsigned>(d.batch));
@@ -596,42 +628,50 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
   BARACUDA_TRY(cuda::check_launch(attention::BackwardOp::name, "fa3_bwd_sm90a prep"));
   const dim3 grid(static_cast<unsigned>((d.len_k + kKeys - 1) / kKeys),
                   static_cast<unsigned>(d.heads_kv), static_cast<unsigned>(d.batch));
-  fa3_bwd_kernel<T, D><<<grid, kBwdThreads, smem, st>>>(tq, tk, tv, tdy, p);
+  fa3_bwd_kernel<T, D, V><<<grid, kBwdThreads, smem, st>>>(tq, tk, tv, tdy, p);
   BARACUDA_TRY(cuda::check_launch(attention::BackwardOp::name, "fa3_bwd_sm90a"));
   const dim3 post_grid(static_cast<unsigned>(rp.lq_pad / kQRows * (D / 64)),
                        static_cast<unsigned>(d.heads_q), static_cast<unsigned>(d.batch));
-  fa3_bwd_post<T, D><<<post_grid, 128, 0, st>>>(rp);
+  fa3_bwd_post<T, D, V><<<post_grid, 128, 0, st>>>(rp);
   return cuda::check_launch(attention::BackwardOp::name, "fa3_bwd_sm90a post");
 }
 
-template <class T>
+template <class T, int V>
 Status launch(const LaunchContext& ctx, const Problem& pr, const BackwardArguments& a) {
-  return pr.desc.head_dim_qk == 64 ? launch_d<T, 64>(ctx, pr, a) : launch_d<T, 128>(ctx, pr, a);
+  return pr.desc.head_dim_qk == 64 ? launch_d<T, 64, V>(ctx, pr, a)
+                                   : launch_d<T, 128, V>(ctx, pr, a);
 }
 
+// One table of entries per element type. Not deterministic: dQ is summed by bulk reduce-adds in
+// L2 in arrival order.
 template <DType E>
 bool register_one() {
   using T = cuda::device_t<E>;
-  // Operands in the 16-bit type (P and dS rounded to it before their GEMMs), f32 accumulation;
-  // dQ summed by bulk reduce-adds in L2 in arrival order: not deterministic.
-  constexpr PrecisionGuarantee prec{E == DType::f16 ? MathPrecision::f16 : MathPrecision::bf16,
-                                    DType::f32, false, false};
-  // Pinnable at priority -2: below the family's kernels and every cuDNN entry, so it never wins
-  // `fastest` on its own; PlanPreference::kernel(kFa3BwdKernel) reaches it where it fits.
-  register_kernel<attention::BackwardOp>(
-      {.sku = fa3_sku(attention::BackwardOp::name, E, prec, kFa3BwdKernel),
-       .priority = -2,
-       .fits = fits<T>,
-       .workspace = workspace,
-       .launch = launch<T>});
-  // The same kernel above every other backward kernel, fitting only where the measured selection
-  // table says it is the fastest candidate (cuDNN's non-deterministic entry then ranks behind).
-  register_kernel<attention::BackwardOp>(
-      {.sku = fa3_sku(attention::BackwardOp::name, E, prec, kFa3BwdRankedAhead),
-       .priority = kFa3Ahead,
-       .fits = fits_ranked_ahead<T>,
-       .workspace = workspace,
-       .launch = launch<T>});
+  struct Entry {
+    std::string_view name;
+    int priority;
+    bool (*fits)(const Problem&, const DeviceCaps&);
+    Status (*launch)(const LaunchContext&, const Problem&, const BackwardArguments&);
+  };
+  const Entry entries[] = {
+      // Pinnable below the family's kernels and every cuDNN entry: it never wins `fastest` on
+      // its own; PlanPreference::kernel(kFa3BwdKernel) reaches it where it fits.
+      {kFa3BwdKernel, -2, fits<T, kWarpgroupStaged>, launch<T, kWarpgroupStaged>},
+      // A/B: per-warp staging, each warp's reduction issued behind the next step's dP^T GEMM
+      // (see Staging). Compiled, not yet run on a GPU (2026-11-25): reached by name only.
+      {kFa3BwdWarpStagedKernel, -3, fits<T, kWarpStaged>, launch<T, kWarpStaged>},
+      // The plain kernel above every other backward kernel, fitting only where the measured
+      // selection table says it is the fastest candidate (cuDNN's non-deterministic entry then
+      // ranks behind).
+      {kFa3BwdRankedAhead, kFa3Ahead, fits_ranked_ahead<T>, launch<T, kWarpgroupStaged>},
+  };
+  for (const Entry& e : entries)
+    register_kernel<attention::BackwardOp>(
+        {.sku = fa3_sku(attention::BackwardOp::name, E, fa3_precision(E, false), e.name),
+         .priority = e.priority,
+         .fits = e.fits,
+         .workspace = workspace,
+         .launch = e.launch});
   return true;
 }
 

@@ -7,6 +7,7 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -246,6 +247,29 @@ bool has_sm90a_body() {
     return a.binaryVersion >= 90 && a.sharedSizeBytes > 0;
   }();
   return ok;
+}
+
+// Raises `Kernel`'s dynamic shared-memory limit to `bytes` on the stream's device, once per device.
+template <auto Kernel>
+Status raise_smem_limit_once(const LaunchContext& ctx, int bytes, std::string_view op,
+                             std::string_view what) {
+  static std::atomic<uint64_t> done{0};  // one bit per device
+  const uint64_t bit = uint64_t{1} << (ctx.stream.device() & 63);
+  if (done.load() & bit) return {};
+  if (cudaError_t e =
+          cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+      e != cudaSuccess)
+    return cuda::cuda_error(op, std::string(what) + ": shared memory limit", e);
+  done.fetch_or(bit);
+  return {};
+}
+
+// What our sm_90a kernels promise: operands in the 16-bit type (P, dS rounded to it before their
+// GEMMs), f32 accumulation, determinism as given; bit_stable not claimed until a GPU test checks
+// rows across problem sizes.
+constexpr PrecisionGuarantee fa3_precision(DType e, bool deterministic) {
+  return {e == DType::f16 ? MathPrecision::f16 : MathPrecision::bf16, DType::f32, deterministic,
+          false};
 }
 
 // The registry entry of one of our sm_90a kernels.

@@ -591,16 +591,8 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
   p.scale_log2 = static_cast<float>(pr.scale * 1.4426950408889634);
 
   constexpr int smem = V == kPersistent ? Smem<D>::kPersistentLaunchBytes : Smem<D>::kLaunchBytes;
-  static std::atomic<uint64_t> attr_set{0};  // one bit per device: dynamic smem limit raised
-  const int dev = ctx.stream.device();
-  const uint64_t bit = uint64_t{1} << (dev & 63);
-  if (!(attr_set.load() & bit)) {
-    if (cudaError_t e = cudaFuncSetAttribute(fa3_fwd_kernel<T, D, V>,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-        e != cudaSuccess)
-      return cuda::cuda_error(attention::ForwardOp::name, "fa3_fwd_sm90a: shared memory limit", e);
-    attr_set.fetch_or(bit);
-  }
+  BARACUDA_TRY((raise_smem_limit_once<fa3_fwd_kernel<T, D, V>>(
+      ctx, smem, attention::ForwardOp::name, "fa3_fwd_sm90a")));
   // Persistent: one CTA per SM (129 KB of shared memory: one fits), each looping over work tiles.
   const int64_t n_work = int64_t{p.m_blocks} * d.heads_q * d.batch;
   const int sms = ctx.stream.caps().sm_count > 0 ? ctx.stream.caps().sm_count : 132;
@@ -629,11 +621,8 @@ Status launch(const LaunchContext& ctx, const Problem& pr, const ForwardArgument
 template <DType E>
 bool register_one() {
   using T = cuda::device_t<E>;
-  // Operands in the 16-bit type (P rounded to it before P V), f32 accumulation and softmax; no
-  // atomics and no split, so runs repeat bit for bit. bit_stable is not claimed until a GPU test
-  // checks rows across problem sizes.
-  constexpr PrecisionGuarantee prec{E == DType::f16 ? MathPrecision::f16 : MathPrecision::bf16,
-                                    DType::f32, true, false};
+  // Softmax in f32 too; no atomics and no split, so runs repeat bit for bit.
+  constexpr PrecisionGuarantee prec = fa3_precision(E, true);
   auto sku = [&](std::string_view name) {
     return fa3_sku(attention::ForwardOp::name, E, prec, name);
   };
