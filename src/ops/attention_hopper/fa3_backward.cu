@@ -216,10 +216,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     mbar_wait(smem_u32(&bars[1 + t % kRing]), (t / kRing) & 1);
     issue_scores(t, st, opaque(base), S::kK, S::kQ);
   };
-  // The accumulator chunk of step u: (batch, query head, query block, 64-column part).
-  auto chunk_of = [&](int u) {
-    return ((int64_t{b} * p.heads_q + step_head(u)) * (p.lq_pad / kQRows) + step_row0(u) / kQRows) *
-               (D / 64) +
+  // This warpgroup's accumulator chunk for query head h, query rows from m0: (batch, head,
+  // query block, 64-column part).
+  auto chunk_of = [&](int h, int m0) {
+    return ((int64_t{b} * p.heads_q + h) * (p.lq_pad / kQRows) + m0 / kQRows) * (D / 64) +
            (D == 128 ? wg : 0);
   };
   // kWarpStaged: this warp's staged part of step u (4 KB) into the accumulator.
@@ -227,9 +227,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     fence_proxy_async();
     __syncwarp();
     if (lane == 0)
-      bulk_reduce_add_f32(p.acc + chunk_of(u) * (kQRows * 64) + wl * (kQRows * 16),
-                          sb + S::kStage + wg * S::kStageBytes + wl * (S::kStageBytes / 4),
-                          S::kStageBytes / 4);
+      bulk_reduce_add_f32(
+          p.acc + chunk_of(step_head(u), step_row0(u)) * (kQRows * 64) + wl * (kQRows * 16),
+          sb + S::kStage + wg * S::kStageBytes + wl * (S::kStageBytes / 4), S::kStageBytes / 4);
   };
   if (steps > 0) {
     mbar_wait(smem_u32(&bars[0]), 0);
@@ -349,9 +349,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
             "f"(dq[4 * j]), "f"(dq[4 * j + 1]), "f"(dq[4 * j + 2]), "f"(dq[4 * j + 3])
             : "memory");
       if constexpr (V == kWarpgroupStaged) {
-        const int64_t chunk =
-            ((int64_t{b} * p.heads_q + h) * (p.lq_pad / kQRows) + m0 / kQRows) * (D / 64) +
-            (D == 128 ? wg : 0);
+        const int64_t chunk = chunk_of(h, m0);
         fence_proxy_async();
         sync_warpgroup(wg);
         if (tid == 0) bulk_reduce_add_f32(p.acc + chunk * (kQRows * 64), stage, S::kStageBytes);
@@ -379,8 +377,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     T* dkr = static_cast<T*>(p.dk) + b * p.sdk[0] + hk * p.sdk[1] + key * p.sdk[2] + cq;
 #pragma unroll
     for (int j = 0; j < D / 8; ++j) {
-      const uint32_t v = Ops<T>::pack(dv[4 * j + 2 * i], dv[4 * j + 2 * i + 1]);
-      const uint32_t k = Ops<T>::pack(dk[4 * j + 2 * i] * p.scale, dk[4 * j + 2 * i + 1] * p.scale);
+      const uint32_t v = cuda::pack2<T>(dv[4 * j + 2 * i], dv[4 * j + 2 * i + 1]);
+      const uint32_t k =
+          cuda::pack2<T>(dk[4 * j + 2 * i] * p.scale, dk[4 * j + 2 * i + 1] * p.scale);
       *reinterpret_cast<uint32_t*>(dvr + 8 * j) = v;
       *reinterpret_cast<uint32_t*>(dkr + 8 * j) = k;
     }
@@ -409,13 +408,6 @@ __device__ __forceinline__ float2 unpack2(uint32_t w) {
   T v[2];
   memcpy(v, &w, 4);
   return make_float2(static_cast<float>(v[0]), static_cast<float>(v[1]));
-}
-template <class T>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  const T v[2] = {static_cast<T>(lo), static_cast<T>(hi)};
-  uint32_t w;
-  memcpy(&w, v, 4);
-  return w;
 }
 
 // One warp per query row (grid: lq_pad / 8 x Hq x B, 8 warps a block); 16-byte-aligned rows
@@ -484,8 +476,8 @@ __global__ void __launch_bounds__(128) fa3_bwd_post(const RowParams p) {
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     const float4 v = src[staged_slot(V, j, tid)];
-    tile[r0][4 * j + lane % 4] = pack2<T>(v.x * p.scale, v.y * p.scale);
-    tile[r0 + 8][4 * j + lane % 4] = pack2<T>(v.z * p.scale, v.w * p.scale);
+    tile[r0][4 * j + lane % 4] = cuda::pack2<T>(v.x * p.scale, v.y * p.scale);
+    tile[r0 + 8][4 * j + lane % 4] = cuda::pack2<T>(v.z * p.scale, v.w * p.scale);
   }
   __syncthreads();
   // 64 rows x 8 chunks of 16 bytes (4 words each).
@@ -546,11 +538,6 @@ size_t workspace(const Problem& pr, const DeviceCaps&) {
   return layout_of(pr).bytes;
 }
 
-template <class Ptr>
-void strides3(int64_t (&out)[3], const BasicTensor<Ptr>& t) {
-  for (int i = 0; i < 3; ++i) out[i] = t.shape[i] > 1 ? t.stride[i] : 0;
-}
-
 template <class T, int D, int V>
 Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArguments& a) {
   const auto& d = pr.desc;
@@ -589,10 +576,10 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
   rp.acc = reinterpret_cast<float*>(ws + lay.acc);
   rp.lse2 = reinterpret_cast<float*>(ws + lay.lse2);
   rp.delta = reinterpret_cast<float*>(ws + lay.delta);
-  strides3(rp.sy, a.y);
-  strides3(rp.sdy, a.dy);
-  strides3(rp.sdq, a.dq);
-  strides3(rp.sl, a.lse);
+  outer_strides(rp.sy, a.y);
+  outer_strides(rp.sdy, a.dy);
+  outer_strides(rp.sdq, a.dq);
+  outer_strides(rp.sl, a.lse);
   rp.lq = static_cast<int>(d.len_q);
   rp.lq_pad = static_cast<int>(padded_rows(pr));
   rp.heads_q = static_cast<int>(d.heads_q);
@@ -604,8 +591,8 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
   p.acc = rp.acc;
   p.lse2 = rp.lse2;
   p.delta = rp.delta;
-  strides3(p.sdk, a.dk);
-  strides3(p.sdv, a.dv);
+  outer_strides(p.sdk, a.dk);
+  outer_strides(p.sdv, a.dv);
   p.lq = rp.lq;
   p.lk = static_cast<int>(d.len_k);
   p.lq_pad = rp.lq_pad;

@@ -16,6 +16,7 @@
 
 #include "baracuda/ops/attention.hpp"
 #include "core/cuda/launch.cuh"
+#include "core/cuda/mma.cuh"
 #include "ops/attention_hopper/fa3_wgmma.cuh"
 
 // Device code only where wgmma exists (sm_90a); elsewhere kernels are empty and the host side
@@ -29,11 +30,10 @@
 namespace baracuda::attention_hopper::fa3 {
 namespace {
 
+using cuda::smem_u32;
+
 #if BARACUDA_FA3_DEVICE
 // ---- PTX helpers --------------------------------------------------------------------------------
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 }
@@ -191,17 +191,6 @@ struct Ops {
     else
       rs_m64n128k16_bf16(d, a, b, 1);
   }
-  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
-    uint32_t r;
-    if constexpr (kHalf) {
-      const __half2 v = __floats2half2_rn(lo, hi);
-      memcpy(&r, &v, 4);
-    } else {
-      const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-      memcpy(&r, &v, 4);
-    }
-    return r;
-  }
 };
 
 // An f32 accumulator fragment of an m64nN tile as the A fragments of N / 16 k16-steps (rounded to
@@ -211,10 +200,10 @@ template <class T, int N>
 __device__ __forceinline__ void pack_a(const float (&acc)[N / 2], uint32_t (&a)[N / 16][4]) {
 #pragma unroll
   for (int kk = 0; kk < N / 16; ++kk) {
-    a[kk][0] = Ops<T>::pack(acc[8 * kk + 0], acc[8 * kk + 1]);
-    a[kk][1] = Ops<T>::pack(acc[8 * kk + 2], acc[8 * kk + 3]);
-    a[kk][2] = Ops<T>::pack(acc[8 * kk + 4], acc[8 * kk + 5]);
-    a[kk][3] = Ops<T>::pack(acc[8 * kk + 6], acc[8 * kk + 7]);
+    a[kk][0] = cuda::pack2<T>(acc[8 * kk + 0], acc[8 * kk + 1]);
+    a[kk][1] = cuda::pack2<T>(acc[8 * kk + 2], acc[8 * kk + 3]);
+    a[kk][2] = cuda::pack2<T>(acc[8 * kk + 4], acc[8 * kk + 5]);
+    a[kk][3] = cuda::pack2<T>(acc[8 * kk + 6], acc[8 * kk + 7]);
   }
 }
 #endif  // BARACUDA_FA3_DEVICE
@@ -270,6 +259,12 @@ Status raise_smem_limit_once(const LaunchContext& ctx, int bytes, std::string_vi
 constexpr PrecisionGuarantee fa3_precision(DType e, bool deterministic) {
   return {e == DType::f16 ? MathPrecision::f16 : MathPrecision::bf16, DType::f32, deterministic,
           false};
+}
+
+// A [B, H, L, ...] tensor's strides of its B, H, L axes, 0 on size-1 axes (never used).
+template <class Ptr>
+void outer_strides(int64_t (&out)[3], const BasicTensor<Ptr>& t) {
+  for (int i = 0; i < 3; ++i) out[i] = t.shape[i] > 1 ? t.stride[i] : 0;
 }
 
 // The registry entry of one of our sm_90a kernels.

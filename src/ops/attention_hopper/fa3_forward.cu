@@ -482,7 +482,7 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
       const int r = r_wg + 8 * i;
       const uint32_t addr =
           o_base + (j / 8) * kBM * 128 + r * 128 + (((j % 8) ^ (r % 8)) * 16) + cq * 2;
-      const uint32_t v = Ops<T>::pack(o[4 * j + 2 * i] * inv[i], o[4 * j + 2 * i + 1] * inv[i]);
+      const uint32_t v = cuda::pack2<T>(o[4 * j + 2 * i] * inv[i], o[4 * j + 2 * i + 1] * inv[i]);
       asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
     }
   // This warpgroup only (named barriers 1 and 2).
@@ -574,10 +574,8 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
   Params p{};
   p.y = a.y.data;
   p.lse = static_cast<float*>(a.lse.data);
-  for (int i = 0; i < 3; ++i) {
-    p.sy[i] = a.y.shape[i] > 1 ? a.y.stride[i] : 0;
-    p.sl[i] = a.lse.shape[i] > 1 ? a.lse.stride[i] : 0;
-  }
+  outer_strides(p.sy, a.y);
+  outer_strides(p.sl, a.lse);
   p.lq = static_cast<int>(d.len_q);
   p.lk = static_cast<int>(d.len_k);
   p.group = static_cast<int>(pr.group);
