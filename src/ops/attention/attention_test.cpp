@@ -1049,7 +1049,7 @@ TEST_P(AttentionTest, LargeShapesOnDevice) {
         check_backward(target, c, n % 2 ? Lay::blhd : Lay::bhld);
         auto plan = BackwardPlan::select(harness::stream_for(target), desc_of(c), ours(target));
         BARACUDA_ASSERT_OK(plan);
-        EXPECT_EQ(plan->sku().name, "flash_bwd_mma_sm80");
+        EXPECT_EQ(plan->sku().name, "flash_bwd_fused_sm80");
         ++n;
       }
   {
@@ -1060,6 +1060,52 @@ TEST_P(AttentionTest, LargeShapesOnDevice) {
     check_forward(target, c, Lay::bhld);
     check_backward(target, c, Lay::bhld);
   }
+}
+
+// Both tensor-core backward kernels by name: the one-pass kernel (dQ by atomics: several key
+// blocks, GQA groups and query tiles add into the same rows; unmasked tiles take its straight-line
+// path) and the deterministic two passes, over masks, head dims (padded, Dk != Dv), GQA / MQA,
+// soft-cap, lengths that leave partial tiles, both layouts and varlen.
+TEST_P(AttentionTest, BackwardKernelsByNameOnDevice) {
+  const Target target = GetParam();
+  if (target == Target::cpu) GTEST_SKIP() << "the tensor-core kernels run on the CUDA target only";
+  BARACUDA_SKIP_IF_UNAVAILABLE(target);
+  const std::pair<const char*, bool> kernels[] = {{"flash_bwd_fused_sm80", false},
+                                                  {"flash_bwd_mma_sm80", true}};
+  const Mask masks[] = {Mask::none(), Mask::causal_top_left(), Mask::causal_bottom_right(),
+                        Mask::sliding_window(100, 30)};
+  const std::pair<int64_t, int64_t> lens[] = {
+      {300, 600}, {600, 300}, {1, 129}, {17, 17}, {256, 256}};
+  const std::pair<int64_t, int64_t> dims[] = {{128, 128}, {64, 64}, {96, 96}, {128, 64}, {32, 32}};
+  const std::pair<int64_t, int64_t> heads[] = {{4, 2}, {2, 2}, {3, 1}};
+  int n = 0;
+  for (auto [lq, lk] : lens)
+    for (const Mask& mk : masks) {
+      Config c;
+      c.dtype = n % 2 ? DType::f16 : DType::bf16;
+      c.b = 2;
+      std::tie(c.hq, c.hk) = heads[n % 3];
+      c.lq = lq, c.lk = lk;
+      std::tie(c.dk, c.dv) = dims[n % 5];
+      c.mask = mk;
+      c.softcap = n % 7 == 6 ? 20.0 : 0.0;
+      for (auto [name, deterministic] : kernels) {
+        SCOPED_TRACE(name);
+        auto plan = BackwardPlan::select(harness::stream_for(target), desc_of(c),
+                                         PlanPreference::kernel(name));
+        BARACUDA_ASSERT_OK(plan);
+        EXPECT_EQ(plan->sku().name, name);
+        EXPECT_EQ(plan->precision_guarantee().deterministic, deterministic);
+        check_backward(target, c, n % 2 ? Lay::blhd : Lay::bhld, PlanPreference::kernel(name));
+      }
+      ++n;
+    }
+  Config c;  // varlen, MQA
+  c.dtype = DType::bf16, c.b = 3, c.hq = 4, c.hk = 1, c.dk = c.dv = 128;
+  c.mask = Mask::causal_bottom_right();
+  c.cu_q = {0, 70, 70, 300}, c.cu_k = {0, 130, 131, 331}, c.lq = 230, c.lk = 200;
+  for (auto [name, deterministic] : kernels)
+    check_backward(target, c, Lay::bhld, PlanPreference::kernel(name));
 }
 
 // ---- The decode kernel (flash_decode_sm80): all query heads of a GQA group in one CTA, split keys

@@ -37,7 +37,10 @@ void bench_all(const Stream& stream) {
   for (auto* b : {&q, &k, &v, &dy, &y, &dq, &dk, &dv, &lse})
     if (!b->ok()) return bench::emit_error(kFamily, "setup", "alloc", b->error());
   // BARACUDA_ATTENTION_ONLY=decode skips the prefill sweep (a decode A/B run in seconds).
+  // BARACUDA_ATTENTION_ONLY=backward: the sweep's backward rows (and the default forward that
+  // writes their Y / LSE) only, no forward A/B rows, no decode.
   const bool sweep = bench::env("BARACUDA_ATTENTION_ONLY") != "decode";
+  const bool backward_only = bench::env("BARACUDA_ATTENTION_ONLY") == "backward";
   for (int64_t dim : {64, 128}) {
     if (!sweep) break;
     const int64_t heads = kHidden / dim;
@@ -80,7 +83,7 @@ void bench_all(const Stream& stream) {
         for (const char* alt :
              {"flash_fwd_mma_sm80", "flash_fwd_mma_m16_sm80", "flash_fwd_mma_m16w8_sm80",
               "flash_fwd_mma_m32_sm80", "flash_fwd_mma_ovl_sm80", "flash_fwd_mma_m32s_sm80"}) {
-          if (fwd->sku().name == alt) continue;
+          if (fwd->sku().name == alt || backward_only) continue;
           auto ap = ForwardPlan::select(stream, d, PlanPreference::kernel(alt));
           if (!ap.ok()) {
             bench::emit_error(kFamily, "attention_forward", name, ap.error());
@@ -97,13 +100,6 @@ void bench_all(const Stream& stream) {
           bench::emit(stream, {kFamily, "attention_forward", name, "bf16", alt, at->median_ms, io,
                                flops, "A/B: kernel forced by name"});
         }
-        auto bwd = BackwardPlan::select(stream, d);
-        if (!bwd.ok()) {
-          bench::emit_error(kFamily, "attention_backward", name, bwd.error());
-          continue;
-        }
-        Result<Buffer> bws =
-            Buffer::allocate(std::max<size_t>(bwd->workspace_size(), 16), stream.memory_location());
         const BackwardArguments ba{as_const(tq),
                                    as_const(tk),
                                    as_const(tv),
@@ -115,21 +111,39 @@ void bench_all(const Stream& stream) {
                                    view4(dv->data(), batch, heads, len, dim, stream, t),
                                    {},
                                    {}};
-        auto bt = bench::time_it(
-            stream, [&](int) { return bwd->run(stream, bws->as_workspace(), ba); }, 1, 10, 2);
-        if (!bt.ok()) {
-          bench::emit_error(kFamily, "attention_backward", name, bt.error());
-          continue;
+        // The default backward plan, then (A/B rows) the family's tensor-core backward kernels
+        // forced by name: the one-pass kernel and the deterministic two passes.
+        const char* const bwd_alts[] = {"", "flash_bwd_fused_sm80", "flash_bwd_mma_sm80"};
+        std::string default_bwd;
+        for (const char* alt : bwd_alts) {
+          const bool pinned = *alt != '\0';
+          auto bwd = BackwardPlan::select(
+              stream, d, pinned ? PlanPreference::kernel(alt) : PlanPreference::fastest());
+          if (!bwd.ok()) {
+            bench::emit_error(kFamily, "attention_backward", name, bwd.error());
+            continue;
+          }
+          if (!pinned) default_bwd = std::string(bwd->sku().name);
+          if (pinned && default_bwd == alt) continue;
+          Result<Buffer> bws = Buffer::allocate(std::max<size_t>(bwd->workspace_size(), 16),
+                                                stream.memory_location());
+          auto bt = bench::time_it(
+              stream, [&](int) { return bwd->run(stream, bws->as_workspace(), ba); }, 1, 10, 2);
+          if (!bt.ok()) {
+            bench::emit_error(kFamily, "attention_backward", name, bt.error());
+            continue;
+          }
+          bench::emit(stream, {kFamily, "attention_backward", name, "bf16",
+                               std::string(bwd->sku().name), bt->median_ms, 8.0 * n * 2,
+                               2.5 * flops, pinned ? "A/B: kernel forced by name" : ""});
         }
-        bench::emit(stream,
-                    {kFamily, "attention_backward", name, "bf16", std::string(bwd->sku().name),
-                     bt->median_ms, 8.0 * n * 2, 2.5 * flops, ""});
       }
     }
   }
   // Decode: few query tokens per sequence against a 32k-token KV cache, [B, L, H, D] cache layout.
   // Lq = 1 is plain decode; Lq = 4 is speculative decoding (causal bottom-right). Each case runs
   // the default plan, then every bespoke kernel by name (A/B rows: same case, kernel column).
+  if (backward_only) return;
   constexpr int64_t kB = 1, kHq = 32, kHk = 8, kL = 32768, kD = 128;
   auto kc = bench::random_buffer(stream, DType::bf16, kB * kL * kHk * kD, gen());
   auto vc = bench::random_buffer(stream, DType::bf16, kB * kL * kHk * kD, gen());

@@ -1247,6 +1247,326 @@ __global__ void __launch_bounds__(128) flash_bwd_dq_mma(Params p) {
   }
 }
 
+// ---- Tensor-core backward, one pass (f16/bf16) ------------------------------------------------
+// FlashAttention-2's schedule: a CTA per block of 128 keys of one K/V head (8 warps x 16 keys)
+// loops over the query tiles of every query head of its group, with S^T and dP^T computed once per
+// tile. dK and dV stay in registers (the group's sum, stored once); dQ = dS K of each tile is added
+// into an f32 accumulator in the workspace by atomics (zeroed first, scaled and rounded into dQ by
+// flash_bwd_dq_convert after), so it is not deterministic. P and dS are rounded to the 16-bit type
+// for the tensor cores. The score scale is left out of dS (dK and dQ are scaled once at the end).
+template <class T, int D, int BQ>
+struct BwdFusedCfg {
+  static constexpr int kWarps = 8, kKeys = 16 * kWarps;
+  static constexpr int kRowGroups = BQ / 16;             // dQ: warps over 16-row groups ...
+  static constexpr int kColSplit = kWarps / kRowGroups;  // ... and head-dim slices
+  static_assert(kRowGroups * kColSplit == kWarps && D % (16 * kColSplit) == 0);
+  // K and V once, two stages of (Q, dY) tiles, dS^T [keys][BQ], then per stage and query row the
+  // LSE (log2 domain), delta and the visible key range [lo, hi).
+  static constexpr size_t kSmem =
+      sizeof(T) * (2 * size_t{kKeys} * D + 4 * size_t{BQ} * D + size_t{kKeys} * BQ) +
+      2 * 4 * size_t{BQ} * 4;
+};
+
+// The f32 dQ accumulator: row (b * Hq + h) * Lq + i (delta's row index) at a pitch of the padded
+// head dim.
+__device__ __forceinline__ void add_dq_pair(float* acc, float x, float y) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float2*>(acc), make_float2(x, y));
+#else
+  atomicAdd(acc, x);
+  atomicAdd(acc + 1, y);
+#endif
+}
+
+template <class T, int D, int BQ>
+__global__ void __launch_bounds__(256, 1) flash_bwd_fused_mma(Params p, float* dq_acc) {
+  using Cfg = BwdFusedCfg<T, D, BQ>;
+  constexpr int kKeys = Cfg::kKeys, kNT = 32 * Cfg::kWarps;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* sK = reinterpret_cast<T*>(smem_raw);
+  T* sV = sK + kKeys * D;
+  T* sQ0 = sV + kKeys * D;                                    // two stages
+  T* sG0 = sQ0 + 2 * BQ * D;                                  // dY tiles, two stages
+  T* sDs = sG0 + 2 * BQ * D;                                  // dS^T, [key][query], swz<BQ>
+  float* sLse0 = reinterpret_cast<float*>(sDs + kKeys * BQ);  // LSE * log2(e); +inf when empty
+  float* sDelta0 = sLse0 + 2 * BQ;
+  int* sLo0 = reinterpret_cast<int*>(sDelta0 + 2 * BQ);
+  int* sHi0 = sLo0 + 2 * BQ;
+  if ((smem_u32(smem_raw) & 127u) != 0) __trap();  // swz_addr: 128-byte aligned tiles
+
+  const int k_blocks = (p.len_k + kKeys - 1) / kKeys;
+  int lin = blockIdx.x;
+  const int hk = lin % p.heads_kv;
+  lin /= p.heads_kv;
+  const int kb = lin % k_blocks;
+  const int b = lin / k_blocks;
+  const SeqRows s = seq_rows(p, b);
+  const int k0 = kb * kKeys;
+  if (k0 >= s.lk) return;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, tq = lane % 4, mi = lane / 8;
+  const float log2e = 1.4426950408889634f, scale_log2 = p.scale * log2e;
+  const int64_t k_rs = p.varlen ? p.sk[0] : p.sk[2];
+  const int64_t v_rs = p.varlen ? p.sv[0] : p.sv[2];
+  const int64_t q_rs = p.varlen ? p.sq[0] : p.sq[2];
+  const int64_t g_rs = p.varlen ? p.sdy[0] : p.sdy[2];
+  const T* gk = static_cast<const T*>(p.k) + detail::row_offset(p.sk, p.varlen, b, hk, s.k0);
+  const T* gv = static_cast<const T*>(p.v) + detail::row_offset(p.sv, p.varlen, b, hk, s.k0);
+  load_tile<T, kKeys, D, kNT>(sK, gk, k_rs, k0, s.lk, p.dim_qk);
+  load_tile<T, kKeys, D, kNT>(sV, gv, v_rs, k0, s.lk, p.dim_v);
+  cp_async_commit();
+
+  constexpr int kOTiles = D / 8, kSTiles = BQ / 8, kKSteps = D / 16;
+  float dk[kOTiles][4], dv[kOTiles][4];
+#pragma unroll
+  for (int d = 0; d < kOTiles; ++d)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[d][e] = dv[d][e] = 0.f;
+  const int key_a = k0 + warp * 16 + g;  // this thread's keys: key_a, key_a + 8
+
+  // Query tiles that see any of these keys form one range (visible bounds grow with the row).
+  const int n_tiles = (s.lq + BQ - 1) / BQ;
+  int qt_begin = n_tiles, qt_end = 0;
+  for (int qt = 0; qt < n_tiles; ++qt) {
+    const int i0 = qt * BQ, i_last = min(i0 + BQ, s.lq) - 1;
+    int64_t lo_f, hi_f, lo_l, hi_l;
+    detail::visible_keys(p.band, i0, s.lq, s.lk, &lo_f, &hi_f);
+    detail::visible_keys(p.band, i_last, s.lq, s.lk, &lo_l, &hi_l);
+    if (hi_l <= k0 || lo_f >= k0 + kKeys) continue;
+    qt_begin = min(qt_begin, qt), qt_end = qt + 1;
+  }
+  const int n_qt = max(qt_end - qt_begin, 0), n_it = p.group * n_qt;
+  // The key blocks of one head run side by side and add into the same dQ rows: each starts its
+  // walk over the (query head, query tile) iterations at its own offset so their atomics spread.
+  const int rot = n_it > 0 ? static_cast<int>(int64_t{kb} * n_it / k_blocks) : 0;
+  auto head_of = [&](int it) { return hk * p.group + (it + rot) % n_it / n_qt; };
+  auto row0_of = [&](int it) { return (qt_begin + (it + rot) % n_it % n_qt) * BQ; };
+  // Iteration `it`'s loads go to stage it % 2, issued one iteration ahead of use. `full` (per
+  // thread, combined at the next barrier): the tile needs no mask (every row valid and seeing
+  // all 128 keys).
+  bool full = true;
+  auto issue = [&](int it) {
+    if (it < n_it) {
+      const int h = head_of(it), i0 = row0_of(it), st = it & 1;
+      const T* gq = static_cast<const T*>(p.q) + detail::row_offset(p.sq, p.varlen, b, h, s.q0);
+      const T* gg = static_cast<const T*>(p.dy) + detail::row_offset(p.sdy, p.varlen, b, h, s.q0);
+      load_tile<T, BQ, D, kNT>(sQ0 + st * BQ * D, gq, q_rs, i0, s.lq, p.dim_qk);
+      load_tile<T, BQ, D, kNT>(sG0 + st * BQ * D, gg, g_rs, i0, s.lq, p.dim_v);
+      if (threadIdx.x < BQ) {
+        const int i = i0 + threadIdx.x;
+        float l = INFINITY, dl = 0.f;
+        int lo = 0, hi = 0;  // past Lq: no key visible
+        if (i < s.lq) {
+          const float v =
+              static_cast<const float*>(p.lse)[detail::lse_offset(p.sl, p.varlen, b, h, s.q0 + i)];
+          l = v == -INFINITY ? INFINITY : v * log2e;
+          dl = static_cast<const float*>(p.delta)[(int64_t{b} * p.heads_q + h) * p.len_q + i];
+          int64_t lo64, hi64;
+          detail::visible_keys(p.band, i, s.lq, s.lk, &lo64, &hi64);
+          lo = static_cast<int>(lo64), hi = static_cast<int>(hi64);
+        }
+        sLse0[st * BQ + threadIdx.x] = l;
+        sDelta0[st * BQ + threadIdx.x] = dl;
+        sLo0[st * BQ + threadIdx.x] = lo;
+        sHi0[st * BQ + threadIdx.x] = hi;
+        full = lo <= k0 && hi >= k0 + kKeys;  // hi <= lk: no key past the sequence either
+      }
+    }
+    cp_async_commit();
+  };
+  issue(0);
+  for (int it = 0; it < n_it; ++it) {
+    cp_async_wait<0>();  // this iteration's tiles (and K/V) have landed
+    // For every thread; iteration it - 1 is consumed (its stage and dS^T are free).
+    const bool plain = __syncthreads_and(full) && p.softcap <= 0.f;
+    issue(it + 1);
+    const int stage = it & 1, h = head_of(it), i0 = row0_of(it);
+    const T* sQ = sQ0 + stage * BQ * D;
+    const T* sG = sG0 + stage * BQ * D;
+    const float* sLse = sLse0 + stage * BQ;
+    const float* sDelta = sDelta0 + stage * BQ;
+    const int* sLo = sLo0 + stage * BQ;
+    const int* sHi = sHi0 + stage * BQ;
+    uint32_t pf[kSTiles][2], sf[kSTiles][2];
+    {
+      // S^T = K Q^T and dP^T = V dY^T for this warp's 16 keys x BQ queries.
+      float st[kSTiles][4], dpt[kSTiles][4];
+#pragma unroll
+      for (int n = 0; n < kSTiles; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) st[n][e] = dpt[n][e] = 0.f;
+      const SwzBases k_a = swz_bases<T, D>(smem_u32(sK + warp * 16 * D), lane % 16, lane / 16);
+      const SwzBases v_a = swz_bases<T, D>(smem_u32(sV + warp * 16 * D), lane % 16, lane / 16);
+      const SwzBases q_b = swz_bases<T, D>(smem_u32(sQ), (lane % 8) + (mi / 2) * 8, mi % 2);
+      const SwzBases g_b = swz_bases<T, D>(smem_u32(sG), (lane % 8) + (mi / 2) * 8, mi % 2);
+#pragma unroll
+      for (int ks = 0; ks < kKSteps; ++ks) {
+        uint32_t ak[4], av[4];
+        ldmatrix_x4(swz_addr<T, D>(k_a, 0, 2 * ks), ak[0], ak[1], ak[2], ak[3]);
+        ldmatrix_x4(swz_addr<T, D>(v_a, 0, 2 * ks), av[0], av[1], av[2], av[3]);
+#pragma unroll
+        for (int n = 0; n < kSTiles; n += 2) {
+          uint32_t b0, b1, b2, b3;
+          ldmatrix_x4(swz_addr<T, D>(q_b, n * 8, 2 * ks), b0, b1, b2, b3);
+          mma16816<T>(st[n], ak, b0, b1);
+          mma16816<T>(st[n + 1], ak, b2, b3);
+          ldmatrix_x4(swz_addr<T, D>(g_b, n * 8, 2 * ks), b0, b1, b2, b3);
+          mma16816<T>(dpt[n], av, b0, b1);
+          mma16816<T>(dpt[n + 1], av, b2, b3);
+        }
+      }
+      // P^T and dS^T / scale, as A fragments over the query axis. The block-uniform `plain`
+      // picks straight-line code for unmasked tiles without soft-cap (most of a long sequence).
+      if (plain) {
+#pragma unroll
+        for (int n = 0; n < kSTiles; ++n) {
+          const float2 l = *reinterpret_cast<const float2*>(sLse + n * 8 + 2 * tq);
+          const float2 dl = *reinterpret_cast<const float2*>(sDelta + n * 8 + 2 * tq);
+          float pv[4], dsv[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            pv[e] = exp2_ftz(fmaf(st[n][e], scale_log2, -((e & 1) ? l.y : l.x)));
+            dsv[e] = pv[e] * (dpt[n][e] - ((e & 1) ? dl.y : dl.x));
+          }
+          pf[n][0] = pack2<T>(pv[0], pv[1]);
+          pf[n][1] = pack2<T>(pv[2], pv[3]);
+          sf[n][0] = pack2<T>(dsv[0], dsv[1]);
+          sf[n][1] = pack2<T>(dsv[2], dsv[3]);
+        }
+      } else {
+#pragma unroll
+        for (int n = 0; n < kSTiles; ++n) {
+          float pv[4], dsv[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int key = key_a + (e >> 1) * 8, qc = n * 8 + 2 * tq + (e & 1);
+            float dc;
+            const float x = capped_score(st[n][e], p.scale, p.softcap, &dc);
+            const bool vis = key >= sLo[qc] && key < sHi[qc];
+            pv[e] = vis ? exp2_ftz(x * log2e - sLse[qc]) : 0.f;
+            dsv[e] = pv[e] * (dpt[n][e] - sDelta[qc]) * dc;
+          }
+          pf[n][0] = pack2<T>(pv[0], pv[1]);
+          pf[n][1] = pack2<T>(pv[2], pv[3]);
+          sf[n][0] = pack2<T>(dsv[0], dsv[1]);
+          sf[n][1] = pack2<T>(dsv[2], dsv[3]);
+        }
+      }
+    }
+    // dS^T into shared memory for dQ (this warp's 16 key rows).
+    {
+      const int r = warp * 16 + g;
+#pragma unroll
+      for (int n = 0; n < kSTiles; ++n) {
+        *reinterpret_cast<uint32_t*>(sDs + swz<BQ>(r, n * 8 + 2 * tq)) = sf[n][0];
+        *reinterpret_cast<uint32_t*>(sDs + swz<BQ>(r + 8, n * 8 + 2 * tq)) = sf[n][1];
+      }
+    }
+    // dV += P^T dY, dK += dS^T Q.
+    {
+      const SwzBases g_t = swz_bases<T, D>(smem_u32(sG), (lane % 8) + (mi % 2) * 8, mi / 2);
+      const SwzBases q_t = swz_bases<T, D>(smem_u32(sQ), (lane % 8) + (mi % 2) * 8, mi / 2);
+#pragma unroll
+      for (int kk = 0; kk < BQ / 16; ++kk) {
+        const uint32_t ap[4] = {pf[2 * kk][0], pf[2 * kk][1], pf[2 * kk + 1][0], pf[2 * kk + 1][1]};
+        const uint32_t as[4] = {sf[2 * kk][0], sf[2 * kk][1], sf[2 * kk + 1][0], sf[2 * kk + 1][1]};
+#pragma unroll
+        for (int d = 0; d < kOTiles; d += 2) {
+          uint32_t b0, b1, b2, b3;
+          ldmatrix_x4_trans(swz_addr<T, D>(g_t, kk * 16, d), b0, b1, b2, b3);
+          mma16816<T>(dv[d], ap, b0, b1);
+          mma16816<T>(dv[d + 1], ap, b2, b3);
+          ldmatrix_x4_trans(swz_addr<T, D>(q_t, kk * 16, d), b0, b1, b2, b3);
+          mma16816<T>(dk[d], as, b0, b1);
+          mma16816<T>(dk[d + 1], as, b2, b3);
+        }
+      }
+    }
+    __syncthreads();  // every warp's dS^T is in shared memory
+    // dQ (/ scale) of this tile = dS K: warp w takes query rows 16 (w % kRowGroups) .. + 16 and
+    // head-dim columns [kDC (w / kRowGroups), + kDC), over all 128 keys; dS through ldmatrix.trans
+    // of dS^T, K transposed as B.
+    {
+      constexpr int kDC = D / Cfg::kColSplit, kDT = kDC / 8;
+      const int rg = warp % Cfg::kRowGroups, c0 = (warp / Cfg::kRowGroups) * kDC;
+      float dq[kDT][4];
+#pragma unroll
+      for (int d = 0; d < kDT; ++d) dq[d][0] = dq[d][1] = dq[d][2] = dq[d][3] = 0.f;
+      // The warp's column offsets (runtime) go into the bases, not into swz_addr's compile-time
+      // chunk (a runtime one there indexes SwzBases dynamically: local memory): whole groups of
+      // 8 chunks into the tile address, the rest into the lane's chunk, whose bits are disjoint
+      // from the unrolled chunk offsets XORed onto it.
+      const int cc = c0 / 8;
+      const SwzBases ds_a =
+          swz_bases<T, BQ>(smem_u32(sDs), (lane % 8) + (mi / 2) * 8, mi % 2 + 2 * rg);
+      const SwzBases k_t = swz_bases<T, D>(smem_u32(sK) + (cc & ~7) * 16, (lane % 8) + (mi % 2) * 8,
+                                           mi / 2 + (cc & 7));
+#pragma unroll
+      for (int kk = 0; kk < kKeys / 16; ++kk) {
+        uint32_t a[4];
+        ldmatrix_x4_trans(swz_addr<T, BQ>(ds_a, kk * 16, 0), a[0], a[1], a[2], a[3]);
+#pragma unroll
+        for (int d = 0; d < kDT; d += 2) {
+          uint32_t b0, b1, b2, b3;
+          ldmatrix_x4_trans(swz_addr<T, D>(k_t, kk * 16, d), b0, b1, b2, b3);
+          mma16816<T>(dq[d], a, b0, b1);
+          mma16816<T>(dq[d + 1], a, b2, b3);
+        }
+      }
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int i = i0 + rg * 16 + hf * 8 + g;
+        if (i >= s.lq) continue;
+        float* row = dq_acc + ((int64_t{b} * p.heads_q + h) * p.len_q + i) * D;
+#pragma unroll
+        for (int d = 0; d < kDT; ++d) {
+          const int c = c0 + d * 8 + 2 * tq;
+          if (c < p.dim_qk) add_dq_pair(row + c, dq[d][hf * 2], dq[d][hf * 2 + 1]);
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int key = key_a + hf * 8;
+    if (key >= s.lk) continue;
+    T* ok = static_cast<T*>(p.dk) + detail::row_offset(p.sdk, p.varlen, b, hk, s.k0 + key);
+    T* ov = static_cast<T*>(p.dv) + detail::row_offset(p.sdv, p.varlen, b, hk, s.k0 + key);
+#pragma unroll
+    for (int d = 0; d < kOTiles; ++d) {
+      const int c = d * 8 + 2 * tq;
+      if (c < p.dim_qk)
+        *reinterpret_cast<uint32_t*>(ok + c) =
+            pack2<T>(dk[d][hf * 2] * p.scale, dk[d][hf * 2 + 1] * p.scale);
+      if (c < p.dim_v)
+        *reinterpret_cast<uint32_t*>(ov + c) = pack2<T>(dv[d][hf * 2], dv[d][hf * 2 + 1]);
+    }
+  }
+}
+
+// dQ = scale * accumulator, rounded to T: one warp per query row (delta's row index), D the
+// accumulator's pitch.
+template <class T, int D>
+__global__ void __launch_bounds__(128) flash_bwd_dq_convert(Params p, const float* dq_acc) {
+  const int lane = threadIdx.x % 32;
+  const int64_t row = int64_t{blockIdx.x} * 4 + threadIdx.x / 32;
+  const int i = static_cast<int>(row % p.len_q);
+  const int h = static_cast<int>((row / p.len_q) % p.heads_q);
+  const int b = static_cast<int>(row / (int64_t{p.len_q} * p.heads_q));
+  if (b >= p.batch) return;
+  const SeqRows s = seq_rows(p, b);
+  if (i >= s.lq) return;
+  const float* src = dq_acc + row * D;
+  T* dst = static_cast<T*>(p.dq) + detail::row_offset(p.sdq, p.varlen, b, h, s.q0 + i);
+#pragma unroll
+  for (int c = 2 * lane; c < D; c += 64) {
+    if (c >= p.dim_qk) break;
+    const float2 v = *reinterpret_cast<const float2*>(src + c);
+    *reinterpret_cast<uint32_t*>(dst + c) = pack2<T>(v.x * p.scale, v.y * p.scale);
+  }
+}
+
 // Merges the splits of each row in split order: lse = log sum exp(lse_s), y = sum w_s o_s.
 template <class T>
 __global__ void __launch_bounds__(128) flash_fwd_combine(Params p) {

@@ -42,6 +42,9 @@ inline int mma_dim(const Problem& pr) {
   const int64_t d = std::max(pr.desc.head_dim_qk, pr.desc.head_dim_v);
   return d <= 64 ? 64 : d <= 128 ? 128 : 256;
 }
+inline bool mma_dims_ok(const Problem& pr) {
+  return pr.desc.head_dim_qk % 8 == 0 && pr.desc.head_dim_v % 8 == 0;
+}
 // Launch shapes per padded head dim (4 warps each): rows per CTA, keys per tile, m16 tiles per
 // warp. D = 256 keeps one m16 tile per warp and Q in shared memory to stay within 255 registers.
 template <int D>
@@ -287,7 +290,55 @@ Status run_bwd_mma(const LaunchContext& ctx, const Params& p) {
   return cuda::check_launch(BackwardOp::name, "flash_bwd_dkdv_mma");
 }
 
-template <class T>
+// ---- one-pass tensor-core backward (dQ by atomics) ----------------------------------------------
+constexpr int kFusedBQ = 64;  // query rows per step
+
+// Workspace: delta (bwd_workspace), then the f32 dQ accumulator [B * Hq * Lq][padded head dim],
+// 256-byte aligned wherever the caller's buffer starts (256 bytes of slack are asked for).
+inline size_t fused_delta_bytes(const Problem& pr) {
+  const Descriptor& d = pr.desc;
+  return static_cast<size_t>(d.batch * d.heads_q * d.len_q) * sizeof(float);
+}
+inline size_t bwd_fused_workspace(const Problem& pr, const DeviceCaps&) {
+  return fused_delta_bytes(pr) + 256 + fused_delta_bytes(pr) * static_cast<size_t>(mma_dim(pr));
+}
+inline size_t fused_smem(const Problem& pr) {
+  return mma_dim(pr) == 64 ? BwdFusedCfg<__half, 64, kFusedBQ>::kSmem
+                           : BwdFusedCfg<__half, 128, kFusedBQ>::kSmem;
+}
+inline bool fits_bwd_fused(const Problem& pr, const DeviceCaps& caps) {
+  return mma_dims_ok(pr) && mma_dim(pr) <= 128 &&
+         static_cast<int64_t>(fused_smem(pr)) <= caps.smem_per_block_optin;
+}
+
+template <class T, int D>
+Status run_bwd_fused(const LaunchContext& ctx, const Problem& pr, const Params& p) {
+  const cudaStream_t stream = cuda::stream_of(ctx);
+  using Cfg = BwdFusedCfg<T, D, kFusedBQ>;
+  constexpr auto kernel = flash_bwd_fused_mma<T, D, kFusedBQ>;
+  static const cudaError_t attr = cudaFuncSetAttribute(
+      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Cfg::kSmem));
+  if (attr != cudaSuccess)
+    return cuda::cuda_error(BackwardOp::name, "flash_bwd_fused_mma smem", attr);
+  const int64_t q_rows = int64_t{p.batch} * p.heads_q * p.len_q;
+  const int64_t k_blocks = int64_t{p.batch} * p.heads_kv * cuda::ceil_div(p.len_k, Cfg::kKeys);
+  const uintptr_t after_delta =
+      reinterpret_cast<uintptr_t>(ctx.workspace.data) + fused_delta_bytes(pr);
+  float* acc = reinterpret_cast<float*>((after_delta + 255) / 256 * 256);
+  if (q_rows == 0) return {};
+  const cudaError_t zero =
+      cudaMemsetAsync(acc, 0, static_cast<size_t>(q_rows) * D * sizeof(float), stream);
+  if (zero != cudaSuccess) return cuda::cuda_error(BackwardOp::name, "dQ accumulator", zero);
+  if (k_blocks > 0) {
+    kernel<<<static_cast<unsigned>(k_blocks), 32 * Cfg::kWarps, Cfg::kSmem, stream>>>(p, acc);
+    BARACUDA_TRY(cuda::check_launch(BackwardOp::name, "flash_bwd_fused_mma"));
+  }
+  flash_bwd_dq_convert<T, D><<<row_blocks(q_rows), 128, 0, stream>>>(p, acc);
+  return cuda::check_launch(BackwardOp::name, "flash_bwd_dq_convert");
+}
+
+// kFused: the one-pass kernel (dQ by atomics) instead of the two deterministic passes.
+template <class T, bool kFused = false>
 Status launch_bwd_mma(const LaunchContext& ctx, const Problem& pr, const BackwardArguments& a) {
   // cp.async needs 16-byte aligned rows; otherwise the SIMT kernels (same contract) run.
   if (!rows_aligned(a.q, sizeof(T)) || !rows_aligned(a.k, sizeof(T)) ||
@@ -301,6 +352,8 @@ Status launch_bwd_mma(const LaunchContext& ctx, const Problem& pr, const Backwar
     attn_bwd_delta<T, float><<<row_blocks(q_rows), 128, 0, cuda::stream_of(ctx)>>>(p);
     BARACUDA_TRY(cuda::check_launch(BackwardOp::name, "attn_bwd_delta"));
   }
+  if constexpr (kFused)
+    return mma_dim(pr) == 64 ? run_bwd_fused<T, 64>(ctx, pr, p) : run_bwd_fused<T, 128>(ctx, pr, p);
   return mma_dim(pr) == 64 ? run_bwd_mma<T, 64>(ctx, p) : run_bwd_mma<T, 128>(ctx, p);
 }
 
@@ -315,9 +368,6 @@ namespace baracuda::attention::kernels {
 // ---- registration -------------------------------------------------------------------------------
 // The tensor-core kernels take head dims in multiples of 8 (the shapes below up to a padded 128 or
 // 64).
-inline bool mma_dims_ok(const Problem& pr) {
-  return pr.desc.head_dim_qk % 8 == 0 && pr.desc.head_dim_v % 8 == 0;
-}
 inline bool fits_mma(const Problem& pr, const DeviceCaps&) {
   return mma_dims_ok(pr);
 }
@@ -444,6 +494,17 @@ bool register_kernels() {
             },
         .workspace = bwd_workspace<float>,
         .launch = launch_bwd_mma<T>,
+    });
+    // One pass (FlashAttention-2's schedule): S and dP computed once per tile, dQ added by f32
+    // atomics, so neither deterministic nor bit-stable; above the two passes by default,
+    // PlanPreference::deterministic() keeps those.
+    constexpr PrecisionGuarantee fused_bwd{mma.math, DType::f32, false, false};
+    register_kernel<BackwardOp>({
+        .sku = family_sku<E>(BackwardOp::name, DType::f32, fused_bwd, "flash_bwd_fused_sm80"),
+        .priority = 21,
+        .fits = fits_bwd_fused,
+        .workspace = bwd_fused_workspace,
+        .launch = launch_bwd_mma<T, true>,
     });
   }
   return true;
