@@ -14,6 +14,10 @@ FAMILY = "attention"
 BACKENDS = {"torch_sdpa_flash": SDPBackend.FLASH_ATTENTION,
             "torch_sdpa_cudnn": SDPBackend.CUDNN_ATTENTION,
             "torch_sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION}
+# BARACUDA_PEERS_BACKENDS=torch_sdpa_flash,...: only these peers (short A/B calls).
+if os.environ.get("BARACUDA_PEERS_BACKENDS"):
+    _keep = os.environ["BARACUDA_PEERS_BACKENDS"].split(",")
+    BACKENDS = {k: v for k, v in BACKENDS.items() if k in _keep}
 
 
 def emit(op, name, peer, ms, **extra):
