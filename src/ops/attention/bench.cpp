@@ -3,6 +3,7 @@
 // the backward) and decode (Lq = 1 against a 32k KV cache, 32 query heads, GQA 4, bf16; GB/s on
 // the KV bytes). peers.py times the same cases on PyTorch SDPA with each backend forced.
 #include <cstdint>
+#include <cstdio>
 #include <random>
 #include <string>
 #include <vector>
@@ -41,12 +42,17 @@ void bench_all(const Stream& stream) {
   // writes their Y / LSE) only, no forward A/B rows, no decode.
   const bool sweep = bench::env("BARACUDA_ATTENTION_ONLY") != "decode";
   const bool backward_only = bench::env("BARACUDA_ATTENTION_ONLY") == "backward";
+  // BARACUDA_ATTN_SWEEP=d<D>_l<L>: that one non-causal point (profiling runs).
+  const std::string sweep_env{bench::env("BARACUDA_ATTN_SWEEP")};
+  long long only_d = 0, only_l = 0;
+  if (std::sscanf(sweep_env.c_str(), "d%lld_l%lld", &only_d, &only_l) != 2) only_d = only_l = 0;
   for (int64_t dim : {64, 128}) {
     if (!sweep) break;
     const int64_t heads = kHidden / dim;
     for (int64_t len : {512, 1024, 2048, 4096, 8192, 16384}) {
       const int64_t batch = kTokens / len;
       for (bool causal : {false, true}) {
+        if (only_d > 0 && (dim != only_d || len != only_l || causal)) continue;
         const std::string name = "b" + std::to_string(batch) + "_h" + std::to_string(heads) + "_l" +
                                  std::to_string(len) + "_d" + std::to_string(dim) +
                                  (causal ? "_causal" : "");
@@ -113,7 +119,8 @@ void bench_all(const Stream& stream) {
                                    {}};
         // The default backward plan, then (A/B rows) the family's tensor-core backward kernels
         // forced by name: the one-pass kernel and the deterministic two passes.
-        const char* const bwd_alts[] = {"", "flash_bwd_fused_sm80", "flash_bwd_mma_sm80"};
+        const char* const bwd_alts[] = {"", "flash_bwd_fused_sm80", "flash_bwd_fused_q128_sm80",
+                                        "flash_bwd_mma_sm80"};
         std::string default_bwd;
         for (const char* alt : bwd_alts) {
           const bool pinned = *alt != '\0';

@@ -233,6 +233,38 @@ __global__ void __launch_bounds__(128) attn_bwd_delta(Params p) {
   if (lane == 0) static_cast<A*>(p.delta)[row] = acc;
 }
 
+// The same for the tensor-core backward (16-bit types, dim_v a multiple of 8, 16-byte aligned
+// rows): each lane reads 4 elements per access instead of 1.
+template <class T>
+__global__ void __launch_bounds__(128) attn_bwd_delta_vec(Params p) {
+  const int lane = threadIdx.x % 32;
+  const int64_t row = int64_t{blockIdx.x} * 4 + threadIdx.x / 32;
+  const int i = static_cast<int>(row % p.len_q);
+  const int h = static_cast<int>((row / p.len_q) % p.heads_q);
+  const int b = static_cast<int>(row / (int64_t{p.len_q} * p.heads_q));
+  if (b >= p.batch) return;
+  const SeqRows s = seq_rows(p, b);
+  if (i >= s.lq) return;
+  const T* y = static_cast<const T*>(p.y) + detail::row_offset(p.sy, p.varlen, b, h, s.q0 + i);
+  const T* dy = static_cast<const T*>(p.dy) + detail::row_offset(p.sdy, p.varlen, b, h, s.q0 + i);
+  float acc = 0.f;
+  for (int c = 4 * lane; c < p.dim_v; c += 128) {
+    const uint2 a = *reinterpret_cast<const uint2*>(y + c);
+    const uint2 g = *reinterpret_cast<const uint2*>(dy + c);
+    const uint32_t aw[2] = {a.x, a.y}, gw[2] = {g.x, g.y};
+#pragma unroll
+    for (int w = 0; w < 2; ++w) {
+      T av[2], gv[2];
+      memcpy(av, &aw[w], 4);
+      memcpy(gv, &gw[w], 4);
+      acc = fmaf(cuda::to_float(av[0]), cuda::to_float(gv[0]), acc);
+      acc = fmaf(cuda::to_float(av[1]), cuda::to_float(gv[1]), acc);
+    }
+  }
+  acc = warp_sum(acc);
+  if (lane == 0) static_cast<float*>(p.delta)[row] = acc;
+}
+
 // The probability and dS (w.r.t. the scaled raw score) of one (query, key) pair; q/k dot and
 // dY/V dot are full warp sums, so every lane holds the same values.
 template <class A>
@@ -1496,9 +1528,9 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_fused_mma(Params p, float* d
       // chunk (a runtime one there indexes SwzBases dynamically: local memory): whole groups of
       // 8 chunks into the tile address, the rest into the lane's chunk, whose bits are disjoint
       // from the unrolled chunk offsets XORed onto it.
-      const int cc = c0 / 8;
-      const SwzBases ds_a =
-          swz_bases<T, BQ>(smem_u32(sDs), (lane % 8) + (mi / 2) * 8, mi % 2 + 2 * rg);
+      const int cc = c0 / 8, rc = 2 * rg;
+      const SwzBases ds_a = swz_bases<T, BQ>(smem_u32(sDs) + (rc & ~7) * 16,
+                                             (lane % 8) + (mi / 2) * 8, mi % 2 + (rc & 7));
       const SwzBases k_t = swz_bases<T, D>(smem_u32(sK) + (cc & ~7) * 16, (lane % 8) + (mi % 2) * 8,
                                            mi / 2 + (cc & 7));
 #pragma unroll

@@ -291,7 +291,11 @@ Status run_bwd_mma(const LaunchContext& ctx, const Params& p) {
 }
 
 // ---- one-pass tensor-core backward (dQ by atomics) ----------------------------------------------
-constexpr int kFusedBQ = 64;  // query rows per step
+// Query rows per step: 64 at a padded head dim of 128; kBQ64 (64 or 128) at 64.
+template <int kBQ64>
+constexpr int fused_bq(int d) {
+  return d == 64 ? kBQ64 : 64;
+}
 
 // Workspace: delta (bwd_workspace), then the f32 dQ accumulator [B * Hq * Lq][padded head dim],
 // 256-byte aligned wherever the caller's buffer starts (256 bytes of slack are asked for).
@@ -302,20 +306,19 @@ inline size_t fused_delta_bytes(const Problem& pr) {
 inline size_t bwd_fused_workspace(const Problem& pr, const DeviceCaps&) {
   return fused_delta_bytes(pr) + 256 + fused_delta_bytes(pr) * static_cast<size_t>(mma_dim(pr));
 }
-inline size_t fused_smem(const Problem& pr) {
-  return mma_dim(pr) == 64 ? BwdFusedCfg<__half, 64, kFusedBQ>::kSmem
-                           : BwdFusedCfg<__half, 128, kFusedBQ>::kSmem;
-}
-inline bool fits_bwd_fused(const Problem& pr, const DeviceCaps& caps) {
+template <int kBQ64>
+bool fits_bwd_fused(const Problem& pr, const DeviceCaps& caps) {
+  const size_t smem = mma_dim(pr) == 64 ? BwdFusedCfg<__half, 64, fused_bq<kBQ64>(64)>::kSmem
+                                        : BwdFusedCfg<__half, 128, fused_bq<kBQ64>(128)>::kSmem;
   return mma_dims_ok(pr) && mma_dim(pr) <= 128 &&
-         static_cast<int64_t>(fused_smem(pr)) <= caps.smem_per_block_optin;
+         static_cast<int64_t>(smem) <= caps.smem_per_block_optin;
 }
 
-template <class T, int D>
+template <class T, int D, int BQ>
 Status run_bwd_fused(const LaunchContext& ctx, const Problem& pr, const Params& p) {
   const cudaStream_t stream = cuda::stream_of(ctx);
-  using Cfg = BwdFusedCfg<T, D, kFusedBQ>;
-  constexpr auto kernel = flash_bwd_fused_mma<T, D, kFusedBQ>;
+  using Cfg = BwdFusedCfg<T, D, BQ>;
+  constexpr auto kernel = flash_bwd_fused_mma<T, D, BQ>;
   static const cudaError_t attr = cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Cfg::kSmem));
   if (attr != cudaSuccess)
@@ -337,8 +340,9 @@ Status run_bwd_fused(const LaunchContext& ctx, const Problem& pr, const Params& 
   return cuda::check_launch(BackwardOp::name, "flash_bwd_dq_convert");
 }
 
-// kFused: the one-pass kernel (dQ by atomics) instead of the two deterministic passes.
-template <class T, bool kFused = false>
+// kFusedBQ64 > 0: the one-pass kernel (dQ by atomics; kBQ64 query rows per step at D = 64)
+// instead of the two deterministic passes.
+template <class T, int kFusedBQ64 = 0>
 Status launch_bwd_mma(const LaunchContext& ctx, const Problem& pr, const BackwardArguments& a) {
   // cp.async needs 16-byte aligned rows; otherwise the SIMT kernels (same contract) run.
   if (!rows_aligned(a.q, sizeof(T)) || !rows_aligned(a.k, sizeof(T)) ||
@@ -349,11 +353,12 @@ Status launch_bwd_mma(const LaunchContext& ctx, const Problem& pr, const Backwar
   const Params p = bwd_params(ctx, pr, a);
   const int64_t q_rows = int64_t{p.batch} * p.heads_q * p.len_q;
   if (q_rows > 0) {
-    attn_bwd_delta<T, float><<<row_blocks(q_rows), 128, 0, cuda::stream_of(ctx)>>>(p);
-    BARACUDA_TRY(cuda::check_launch(BackwardOp::name, "attn_bwd_delta"));
+    attn_bwd_delta_vec<T><<<row_blocks(q_rows), 128, 0, cuda::stream_of(ctx)>>>(p);
+    BARACUDA_TRY(cuda::check_launch(BackwardOp::name, "attn_bwd_delta_vec"));
   }
-  if constexpr (kFused)
-    return mma_dim(pr) == 64 ? run_bwd_fused<T, 64>(ctx, pr, p) : run_bwd_fused<T, 128>(ctx, pr, p);
+  if constexpr (kFusedBQ64 > 0)
+    return mma_dim(pr) == 64 ? run_bwd_fused<T, 64, fused_bq<kFusedBQ64>(64)>(ctx, pr, p)
+                             : run_bwd_fused<T, 128, fused_bq<kFusedBQ64>(128)>(ctx, pr, p);
   return mma_dim(pr) == 64 ? run_bwd_mma<T, 64>(ctx, p) : run_bwd_mma<T, 128>(ctx, p);
 }
 
@@ -502,9 +507,18 @@ bool register_kernels() {
     register_kernel<BackwardOp>({
         .sku = family_sku<E>(BackwardOp::name, DType::f32, fused_bwd, "flash_bwd_fused_sm80"),
         .priority = 21,
-        .fits = fits_bwd_fused,
+        .fits = fits_bwd_fused<64>,
         .workspace = bwd_fused_workspace,
-        .launch = launch_bwd_mma<T, true>,
+        .launch = launch_bwd_mma<T, 64>,
+    });
+    // A/B: 128 query rows per step at head dims <= 64 (fewer barriers and K/V fragment loads
+    // per query row); the same kernel as above at larger head dims.
+    register_kernel<BackwardOp>({
+        .sku = family_sku<E>(BackwardOp::name, DType::f32, fused_bwd, "flash_bwd_fused_q128_sm80"),
+        .priority = 19,
+        .fits = fits_bwd_fused<128>,
+        .workspace = bwd_fused_workspace,
+        .launch = launch_bwd_mma<T, 128>,
     });
   }
   return true;
