@@ -1373,10 +1373,13 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_fused_mma(Params p, float* d
   const int rot = n_it > 0 ? static_cast<int>(int64_t{kb} * n_it / k_blocks) : 0;
   auto head_of = [&](int it) { return hk * p.group + (it + rot) % n_it / n_qt; };
   auto row0_of = [&](int it) { return (qt_begin + (it + rot) % n_it % n_qt) * BQ; };
-  // Iteration `it`'s loads go to stage it % 2, issued one iteration ahead of use. `full` (per
-  // thread, combined at the next barrier): the tile needs no mask (every row valid and seeing
-  // all 128 keys).
-  bool full = true;
+  // Iteration `it`'s tiles go to stage it % 2 by cp.async, issued one iteration ahead of use. Its
+  // rows' LSE and delta (threads < BQ, one row each) are loaded into registers at the same time
+  // but written to shared memory only at the end of the iteration before: the loads' latency
+  // hides behind a whole iteration instead of stalling those warps behind the barrier.
+  float row_lse = -INFINITY, row_delta = 0.f;
+  int row_lo = 0, row_hi = 0;  // past Lq: no key visible
+  bool full = true;            // this thread's row sees all 128 keys (combined at the barrier)
   auto issue = [&](int it) {
     if (it < n_it) {
       const int h = head_of(it), i0 = row0_of(it), st = it & 1;
@@ -1386,27 +1389,32 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_fused_mma(Params p, float* d
       load_tile<T, BQ, D, kNT>(sG0 + st * BQ * D, gg, g_rs, i0, s.lq, p.dim_v);
       if (threadIdx.x < BQ) {
         const int i = i0 + threadIdx.x;
-        float l = INFINITY, dl = 0.f;
-        int lo = 0, hi = 0;  // past Lq: no key visible
+        row_lse = -INFINITY, row_delta = 0.f, row_lo = row_hi = 0;
         if (i < s.lq) {
-          const float v =
+          row_lse =
               static_cast<const float*>(p.lse)[detail::lse_offset(p.sl, p.varlen, b, h, s.q0 + i)];
-          l = v == -INFINITY ? INFINITY : v * log2e;
-          dl = static_cast<const float*>(p.delta)[(int64_t{b} * p.heads_q + h) * p.len_q + i];
+          row_delta =
+              static_cast<const float*>(p.delta)[(int64_t{b} * p.heads_q + h) * p.len_q + i];
           int64_t lo64, hi64;
           detail::visible_keys(p.band, i, s.lq, s.lk, &lo64, &hi64);
-          lo = static_cast<int>(lo64), hi = static_cast<int>(hi64);
+          row_lo = static_cast<int>(lo64), row_hi = static_cast<int>(hi64);
         }
-        sLse0[st * BQ + threadIdx.x] = l;
-        sDelta0[st * BQ + threadIdx.x] = dl;
-        sLo0[st * BQ + threadIdx.x] = lo;
-        sHi0[st * BQ + threadIdx.x] = hi;
-        full = lo <= k0 && hi >= k0 + kKeys;  // hi <= lk: no key past the sequence either
       }
     }
     cp_async_commit();
   };
+  auto publish_rows = [&](int it) {
+    if (it < n_it && threadIdx.x < BQ) {
+      const int at = (it & 1) * BQ + threadIdx.x;
+      sLse0[at] = row_lse == -INFINITY ? INFINITY : row_lse * log2e;  // +inf: every P is 0
+      sDelta0[at] = row_delta;
+      sLo0[at] = row_lo;
+      sHi0[at] = row_hi;
+      full = row_lo <= k0 && row_hi >= k0 + kKeys;  // hi <= lk: no key past the sequence either
+    }
+  };
   issue(0);
+  publish_rows(0);
   for (int it = 0; it < n_it; ++it) {
     cp_async_wait<0>();  // this iteration's tiles (and K/V) have landed
     // For every thread; iteration it - 1 is consumed (its stage and dS^T are free).
@@ -1545,18 +1553,26 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_fused_mma(Params p, float* d
           mma16816<T>(dq[d + 1], a, b2, b3);
         }
       }
+      // Into the accumulator: one row pointer per row half, compile-time column offsets (no
+      // per-element address math or branch) unless the head dim is padded in this warp's slice.
+      const bool cols_whole = c0 + kDC <= p.dim_qk;
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int i = i0 + rg * 16 + hf * 8 + g;
         if (i >= s.lq) continue;
-        float* row = dq_acc + ((int64_t{b} * p.heads_q + h) * p.len_q + i) * D;
+        float* row = dq_acc + ((int64_t{b} * p.heads_q + h) * p.len_q + i) * D + c0 + 2 * tq;
+        if (cols_whole) {
 #pragma unroll
-        for (int d = 0; d < kDT; ++d) {
-          const int c = c0 + d * 8 + 2 * tq;
-          if (c < p.dim_qk) add_dq_pair(row + c, dq[d][hf * 2], dq[d][hf * 2 + 1]);
+          for (int d = 0; d < kDT; ++d) add_dq_pair(row + d * 8, dq[d][hf * 2], dq[d][hf * 2 + 1]);
+        } else {
+#pragma unroll
+          for (int d = 0; d < kDT; ++d)
+            if (c0 + d * 8 + 2 * tq < p.dim_qk)
+              add_dq_pair(row + d * 8, dq[d][hf * 2], dq[d][hf * 2 + 1]);
         }
       }
     }
+    publish_rows(it + 1);  // the next iteration's rows, for its barrier
   }
   cp_async_wait<0>();
 #pragma unroll

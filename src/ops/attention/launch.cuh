@@ -291,7 +291,10 @@ Status run_bwd_mma(const LaunchContext& ctx, const Params& p) {
 }
 
 // ---- one-pass tensor-core backward (dQ by atomics) ----------------------------------------------
-// Query rows per step: 64 at a padded head dim of 128; kBQ64 (64 or 128) at 64.
+// Query rows per step: 64 at a padded head dim of 128; kBQ64 (64 or 128) at 64. 128 there:
+// measured on the H100 (bf16, d64, TFLOP/s, 64 / 128 rows) 201 / 217 at L4096, 215 / 234 at
+// L16384, 142 / 148 at L512 (e03c41f); at D = 128 the dK / dV registers leave no room for it.
+constexpr int kFusedBQ64 = 128;
 template <int kBQ64>
 constexpr int fused_bq(int d) {
   return d == 64 ? kBQ64 : 64;
@@ -340,9 +343,9 @@ Status run_bwd_fused(const LaunchContext& ctx, const Problem& pr, const Params& 
   return cuda::check_launch(BackwardOp::name, "flash_bwd_dq_convert");
 }
 
-// kFusedBQ64 > 0: the one-pass kernel (dQ by atomics; kBQ64 query rows per step at D = 64)
+// kRowsAt64 > 0: the one-pass kernel (dQ by atomics; kRowsAt64 query rows per step at D = 64)
 // instead of the two deterministic passes.
-template <class T, int kFusedBQ64 = 0>
+template <class T, int kRowsAt64 = 0>
 Status launch_bwd_mma(const LaunchContext& ctx, const Problem& pr, const BackwardArguments& a) {
   // cp.async needs 16-byte aligned rows; otherwise the SIMT kernels (same contract) run.
   if (!rows_aligned(a.q, sizeof(T)) || !rows_aligned(a.k, sizeof(T)) ||
@@ -356,9 +359,9 @@ Status launch_bwd_mma(const LaunchContext& ctx, const Problem& pr, const Backwar
     attn_bwd_delta_vec<T><<<row_blocks(q_rows), 128, 0, cuda::stream_of(ctx)>>>(p);
     BARACUDA_TRY(cuda::check_launch(BackwardOp::name, "attn_bwd_delta_vec"));
   }
-  if constexpr (kFusedBQ64 > 0)
-    return mma_dim(pr) == 64 ? run_bwd_fused<T, 64, fused_bq<kFusedBQ64>(64)>(ctx, pr, p)
-                             : run_bwd_fused<T, 128, fused_bq<kFusedBQ64>(128)>(ctx, pr, p);
+  if constexpr (kRowsAt64 > 0)
+    return mma_dim(pr) == 64 ? run_bwd_fused<T, 64, fused_bq<kRowsAt64>(64)>(ctx, pr, p)
+                             : run_bwd_fused<T, 128, fused_bq<kRowsAt64>(128)>(ctx, pr, p);
   return mma_dim(pr) == 64 ? run_bwd_mma<T, 64>(ctx, p) : run_bwd_mma<T, 128>(ctx, p);
 }
 
@@ -507,18 +510,9 @@ bool register_kernels() {
     register_kernel<BackwardOp>({
         .sku = family_sku<E>(BackwardOp::name, DType::f32, fused_bwd, "flash_bwd_fused_sm80"),
         .priority = 21,
-        .fits = fits_bwd_fused<64>,
+        .fits = fits_bwd_fused<kFusedBQ64>,
         .workspace = bwd_fused_workspace,
-        .launch = launch_bwd_mma<T, 64>,
-    });
-    // A/B: 128 query rows per step at head dims <= 64 (fewer barriers and K/V fragment loads
-    // per query row); the same kernel as above at larger head dims.
-    register_kernel<BackwardOp>({
-        .sku = family_sku<E>(BackwardOp::name, DType::f32, fused_bwd, "flash_bwd_fused_q128_sm80"),
-        .priority = 19,
-        .fits = fits_bwd_fused<128>,
-        .workspace = bwd_fused_workspace,
-        .launch = launch_bwd_mma<T, 128>,
+        .launch = launch_bwd_mma<T, kFusedBQ64>,
     });
   }
   return true;
