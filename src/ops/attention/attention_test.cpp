@@ -1106,6 +1106,20 @@ TEST_P(AttentionTest, BackwardKernelsByNameOnDevice) {
   c.cu_q = {0, 70, 70, 300}, c.cu_k = {0, 130, 131, 331}, c.lq = 230, c.lk = 200;
   for (auto [name, deterministic] : kernels)
     check_backward(target, c, Lay::bhld, PlanPreference::kernel(name));
+  // Their row kernels index B * Hq * Lq query rows in 32 bits: 2^31 rows are refused, 2^31 - 1024
+  // are not (descriptors only: nothing is allocated).
+  Config big;
+  big.dtype = DType::bf16, big.hq = big.hk = 1024, big.lq = big.lk = 1024, big.dk = big.dv = 64;
+  for (auto [name, deterministic] : kernels) {
+    big.b = 2048;
+    EXPECT_FALSE(BackwardPlan::select(harness::stream_for(target), desc_of(big),
+                                      PlanPreference::kernel(name))
+                     .ok())
+        << name;
+    big.b = 2047;
+    BARACUDA_EXPECT_OK(BackwardPlan::select(harness::stream_for(target), desc_of(big),
+                                            PlanPreference::kernel(name)));
+  }
 }
 
 // ---- The decode kernel (flash_decode_sm80): all query heads of a GQA group in one CTA, split keys

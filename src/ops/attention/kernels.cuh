@@ -233,36 +233,59 @@ __global__ void __launch_bounds__(128) attn_bwd_delta(Params p) {
   if (lane == 0) static_cast<A*>(p.delta)[row] = acc;
 }
 
-// The same for the tensor-core backward (16-bit types, dim_v a multiple of 8, 16-byte aligned
-// rows): each lane reads 4 elements per access instead of 1.
-template <class T>
+// Row kernels of the tensor-core backward: kTpr threads per query row (a power of two <= 32),
+// 128 / kTpr rows per 128-thread block, row = (b * Hq + h) * Lq + i (delta's index) in 32 bits
+// (the kernels' fits keep B * Hq * Lq below 2^31: 64-bit division made these kernels
+// compute-bound).
+template <int kTpr>
+struct RowSlot {
+  int row, b, h, i, part;  // part: this thread's index among its row's kTpr threads
+  bool valid;              // a row of the problem (i below its sequence's length)
+};
+template <int kTpr>
+__device__ __forceinline__ RowSlot<kTpr> row_slot(const Params& p) {
+  RowSlot<kTpr> r;
+  r.row = static_cast<int>(blockIdx.x) * (128 / kTpr) + static_cast<int>(threadIdx.x) / kTpr;
+  r.part = static_cast<int>(threadIdx.x) % kTpr;
+  const unsigned bh = static_cast<unsigned>(r.row) / static_cast<unsigned>(p.len_q);
+  r.i = r.row - static_cast<int>(bh) * p.len_q;
+  r.h = static_cast<int>(bh % static_cast<unsigned>(p.heads_q));
+  r.b = static_cast<int>(bh / static_cast<unsigned>(p.heads_q));
+  r.valid = r.b < p.batch && r.i < seq_rows(p, min(r.b, p.batch - 1)).lq;
+  return r;
+}
+
+// delta for the tensor-core backward (16-bit types, dim_v a multiple of 8, 16-byte aligned rows):
+// 16-byte loads, D / 8 threads per row (D: the padded head dim).
+template <class T, int D>
 __global__ void __launch_bounds__(128) attn_bwd_delta_vec(Params p) {
-  const int lane = threadIdx.x % 32;
-  const int64_t row = int64_t{blockIdx.x} * 4 + threadIdx.x / 32;
-  const int i = static_cast<int>(row % p.len_q);
-  const int h = static_cast<int>((row / p.len_q) % p.heads_q);
-  const int b = static_cast<int>(row / (int64_t{p.len_q} * p.heads_q));
-  if (b >= p.batch) return;
-  const SeqRows s = seq_rows(p, b);
-  if (i >= s.lq) return;
-  const T* y = static_cast<const T*>(p.y) + detail::row_offset(p.sy, p.varlen, b, h, s.q0 + i);
-  const T* dy = static_cast<const T*>(p.dy) + detail::row_offset(p.sdy, p.varlen, b, h, s.q0 + i);
+  constexpr int kTpr = D / 8;
+  const RowSlot<kTpr> r = row_slot<kTpr>(p);
   float acc = 0.f;
-  for (int c = 4 * lane; c < p.dim_v; c += 128) {
-    const uint2 a = *reinterpret_cast<const uint2*>(y + c);
-    const uint2 g = *reinterpret_cast<const uint2*>(dy + c);
-    const uint32_t aw[2] = {a.x, a.y}, gw[2] = {g.x, g.y};
+  if (r.valid) {
+    const int q0 = seq_rows(p, r.b).q0;
+    const T* y =
+        static_cast<const T*>(p.y) + detail::row_offset(p.sy, p.varlen, r.b, r.h, q0 + r.i);
+    const T* dy =
+        static_cast<const T*>(p.dy) + detail::row_offset(p.sdy, p.varlen, r.b, r.h, q0 + r.i);
+    const int c = 8 * r.part;
+    if (c < p.dim_v) {
+      const uint4 a = *reinterpret_cast<const uint4*>(y + c);
+      const uint4 g = *reinterpret_cast<const uint4*>(dy + c);
+      const uint32_t aw[4] = {a.x, a.y, a.z, a.w}, gw[4] = {g.x, g.y, g.z, g.w};
 #pragma unroll
-    for (int w = 0; w < 2; ++w) {
-      T av[2], gv[2];
-      memcpy(av, &aw[w], 4);
-      memcpy(gv, &gw[w], 4);
-      acc = fmaf(cuda::to_float(av[0]), cuda::to_float(gv[0]), acc);
-      acc = fmaf(cuda::to_float(av[1]), cuda::to_float(gv[1]), acc);
+      for (int w = 0; w < 4; ++w) {
+        T av[2], gv[2];
+        memcpy(av, &aw[w], 4);
+        memcpy(gv, &gw[w], 4);
+        acc = fmaf(cuda::to_float(av[0]), cuda::to_float(gv[0]), acc);
+        acc = fmaf(cuda::to_float(av[1]), cuda::to_float(gv[1]), acc);
+      }
     }
   }
-  acc = warp_sum(acc);
-  if (lane == 0) static_cast<float*>(p.delta)[row] = acc;
+#pragma unroll
+  for (int o = kTpr / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  if (r.valid && r.part == 0) static_cast<float*>(p.delta)[r.row] = acc;
 }
 
 // The probability and dS (w.r.t. the scaled raw score) of one (query, key) pair; q/k dot and
@@ -1289,7 +1312,7 @@ __global__ void __launch_bounds__(128) flash_bwd_dq_mma(Params p) {
 template <class T, int D, int BQ>
 struct BwdFusedCfg {
   static constexpr int kWarps = 8, kKeys = 16 * kWarps;
-  static constexpr int kRowGroups = BQ / 16;             // dQ: warps over 16-row groups ...
+  static constexpr int kRowGroups = BQ / 32;             // dQ: warps over 32-row groups ...
   static constexpr int kColSplit = kWarps / kRowGroups;  // ... and head-dim slices
   static_assert(kRowGroups * kColSplit == kWarps && D % (16 * kColSplit) == 0);
   // K and V once, two stages of (Q, dY) tiles, dS^T [keys][BQ], then per stage and query row the
@@ -1523,52 +1546,64 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_fused_mma(Params p, float* d
       }
     }
     __syncthreads();  // every warp's dS^T is in shared memory
-    // dQ (/ scale) of this tile = dS K: warp w takes query rows 16 (w % kRowGroups) .. + 16 and
-    // head-dim columns [kDC (w / kRowGroups), + kDC), over all 128 keys; dS through ldmatrix.trans
-    // of dS^T, K transposed as B.
+    // dQ (/ scale) of this tile = dS K: warp w takes query rows 32 (w % kRowGroups) .. + 32 (two
+    // m16 tiles) and head-dim columns [kDC (w / kRowGroups), + kDC), over all 128 keys; dS through
+    // ldmatrix.trans of dS^T, K transposed as B. 32 x kDC per warp reads 8 + 8 KB of shared memory
+    // per tile (at D = 128) where 16 x 2 kDC would read 4 + 16.
     {
       constexpr int kDC = D / Cfg::kColSplit, kDT = kDC / 8;
       const int rg = warp % Cfg::kRowGroups, c0 = (warp / Cfg::kRowGroups) * kDC;
-      float dq[kDT][4];
+      float dq[2][kDT][4];
 #pragma unroll
-      for (int d = 0; d < kDT; ++d) dq[d][0] = dq[d][1] = dq[d][2] = dq[d][3] = 0.f;
-      // The warp's column offsets (runtime) go into the bases, not into swz_addr's compile-time
-      // chunk (a runtime one there indexes SwzBases dynamically: local memory): whole groups of
-      // 8 chunks into the tile address, the rest into the lane's chunk, whose bits are disjoint
-      // from the unrolled chunk offsets XORed onto it.
-      const int cc = c0 / 8, rc = 2 * rg;
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int d = 0; d < kDT; ++d)
+          dq[mt][d][0] = dq[mt][d][1] = dq[mt][d][2] = dq[mt][d][3] = 0.f;
+      // The warp's row / column offsets (runtime) go into the bases, not into swz_addr's
+      // compile-time chunk (a runtime one there indexes SwzBases dynamically: local memory): whole
+      // groups of 8 chunks into the tile address, the rest into the lane's chunk, whose bits are
+      // disjoint from the unrolled chunk offsets XORed onto it.
+      const int cc = c0 / 8, rc = 4 * rg;
       const SwzBases ds_a = swz_bases<T, BQ>(smem_u32(sDs) + (rc & ~7) * 16,
                                              (lane % 8) + (mi / 2) * 8, mi % 2 + (rc & 7));
       const SwzBases k_t = swz_bases<T, D>(smem_u32(sK) + (cc & ~7) * 16, (lane % 8) + (mi % 2) * 8,
                                            mi / 2 + (cc & 7));
 #pragma unroll
       for (int kk = 0; kk < kKeys / 16; ++kk) {
-        uint32_t a[4];
-        ldmatrix_x4_trans(swz_addr<T, BQ>(ds_a, kk * 16, 0), a[0], a[1], a[2], a[3]);
+        uint32_t a[2][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+          ldmatrix_x4_trans(swz_addr<T, BQ>(ds_a, kk * 16, 2 * mt), a[mt][0], a[mt][1], a[mt][2],
+                            a[mt][3]);
 #pragma unroll
         for (int d = 0; d < kDT; d += 2) {
           uint32_t b0, b1, b2, b3;
           ldmatrix_x4_trans(swz_addr<T, D>(k_t, kk * 16, d), b0, b1, b2, b3);
-          mma16816<T>(dq[d], a, b0, b1);
-          mma16816<T>(dq[d + 1], a, b2, b3);
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt) {
+            mma16816<T>(dq[mt][d], a[mt], b0, b1);
+            mma16816<T>(dq[mt][d + 1], a[mt], b2, b3);
+          }
         }
       }
-      // Into the accumulator: one row pointer per row half, compile-time column offsets (no
+      // Into the accumulator: one row pointer per row, compile-time column offsets (no
       // per-element address math or branch) unless the head dim is padded in this warp's slice.
       const bool cols_whole = c0 + kDC <= p.dim_qk;
 #pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int i = i0 + rg * 16 + hf * 8 + g;
+      for (int r = 0; r < 4; ++r) {
+        const int mt = r / 2, hf = r % 2;
+        const int i = i0 + rg * 32 + mt * 16 + hf * 8 + g;
         if (i >= s.lq) continue;
         float* row = dq_acc + ((int64_t{b} * p.heads_q + h) * p.len_q + i) * D + c0 + 2 * tq;
         if (cols_whole) {
 #pragma unroll
-          for (int d = 0; d < kDT; ++d) add_dq_pair(row + d * 8, dq[d][hf * 2], dq[d][hf * 2 + 1]);
+          for (int d = 0; d < kDT; ++d)
+            add_dq_pair(row + d * 8, dq[mt][d][hf * 2], dq[mt][d][hf * 2 + 1]);
         } else {
 #pragma unroll
           for (int d = 0; d < kDT; ++d)
             if (c0 + d * 8 + 2 * tq < p.dim_qk)
-              add_dq_pair(row + d * 8, dq[d][hf * 2], dq[d][hf * 2 + 1]);
+              add_dq_pair(row + d * 8, dq[mt][d][hf * 2], dq[mt][d][hf * 2 + 1]);
         }
       }
     }
@@ -1593,26 +1628,19 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_fused_mma(Params p, float* d
   }
 }
 
-// dQ = scale * accumulator, rounded to T: one warp per query row (delta's row index), D the
-// accumulator's pitch.
+// dQ = scale * accumulator, rounded to T: D / 4 threads per query row (delta's row index), each
+// one 16-byte load and an 8-byte store; D is the accumulator's pitch.
 template <class T, int D>
 __global__ void __launch_bounds__(128) flash_bwd_dq_convert(Params p, const float* dq_acc) {
-  const int lane = threadIdx.x % 32;
-  const int64_t row = int64_t{blockIdx.x} * 4 + threadIdx.x / 32;
-  const int i = static_cast<int>(row % p.len_q);
-  const int h = static_cast<int>((row / p.len_q) % p.heads_q);
-  const int b = static_cast<int>(row / (int64_t{p.len_q} * p.heads_q));
-  if (b >= p.batch) return;
-  const SeqRows s = seq_rows(p, b);
-  if (i >= s.lq) return;
-  const float* src = dq_acc + row * D;
-  T* dst = static_cast<T*>(p.dq) + detail::row_offset(p.sdq, p.varlen, b, h, s.q0 + i);
-#pragma unroll
-  for (int c = 2 * lane; c < D; c += 64) {
-    if (c >= p.dim_qk) break;
-    const float2 v = *reinterpret_cast<const float2*>(src + c);
-    *reinterpret_cast<uint32_t*>(dst + c) = pack2<T>(v.x * p.scale, v.y * p.scale);
-  }
+  constexpr int kTpr = D / 4;
+  const RowSlot<kTpr> r = row_slot<kTpr>(p);
+  const int c = 4 * r.part;
+  if (!r.valid || c >= p.dim_qk) return;  // dim_qk is a multiple of 8: c + 3 is in the row too
+  const float4 v = *reinterpret_cast<const float4*>(dq_acc + int64_t{r.row} * D + c);
+  T* dst = static_cast<T*>(p.dq) +
+           detail::row_offset(p.sdq, p.varlen, r.b, r.h, seq_rows(p, r.b).q0 + r.i) + c;
+  *reinterpret_cast<uint2*>(dst) =
+      make_uint2(pack2<T>(v.x * p.scale, v.y * p.scale), pack2<T>(v.z * p.scale, v.w * p.scale));
 }
 
 // Merges the splits of each row in split order: lse = log sum exp(lse_s), y = sum w_s o_s.

@@ -45,6 +45,10 @@ inline int mma_dim(const Problem& pr) {
 inline bool mma_dims_ok(const Problem& pr) {
   return pr.desc.head_dim_qk % 8 == 0 && pr.desc.head_dim_v % 8 == 0;
 }
+// The tensor-core backward's row kernels index query rows (B * Hq * Lq) in 32 bits.
+inline bool bwd_rows_fit(const Problem& pr) {
+  return pr.desc.batch * pr.desc.heads_q * pr.desc.len_q < (int64_t{1} << 31);
+}
 // Launch shapes per padded head dim (4 warps each): rows per CTA, keys per tile, m16 tiles per
 // warp. D = 256 keeps one m16 tile per warp and Q in shared memory to stay within 255 registers.
 template <int D>
@@ -313,7 +317,7 @@ template <int kBQ64>
 bool fits_bwd_fused(const Problem& pr, const DeviceCaps& caps) {
   const size_t smem = mma_dim(pr) == 64 ? BwdFusedCfg<__half, 64, fused_bq<kBQ64>(64)>::kSmem
                                         : BwdFusedCfg<__half, 128, fused_bq<kBQ64>(128)>::kSmem;
-  return mma_dims_ok(pr) && mma_dim(pr) <= 128 &&
+  return mma_dims_ok(pr) && mma_dim(pr) <= 128 && bwd_rows_fit(pr) &&
          static_cast<int64_t>(smem) <= caps.smem_per_block_optin;
 }
 
@@ -339,7 +343,8 @@ Status run_bwd_fused(const LaunchContext& ctx, const Problem& pr, const Params& 
     kernel<<<static_cast<unsigned>(k_blocks), 32 * Cfg::kWarps, Cfg::kSmem, stream>>>(p, acc);
     BARACUDA_TRY(cuda::check_launch(BackwardOp::name, "flash_bwd_fused_mma"));
   }
-  flash_bwd_dq_convert<T, D><<<row_blocks(q_rows), 128, 0, stream>>>(p, acc);
+  flash_bwd_dq_convert<T, D>
+      <<<static_cast<unsigned>(cuda::ceil_div(q_rows, 128 / (D / 4))), 128, 0, stream>>>(p, acc);
   return cuda::check_launch(BackwardOp::name, "flash_bwd_dq_convert");
 }
 
@@ -356,7 +361,10 @@ Status launch_bwd_mma(const LaunchContext& ctx, const Problem& pr, const Backwar
   const Params p = bwd_params(ctx, pr, a);
   const int64_t q_rows = int64_t{p.batch} * p.heads_q * p.len_q;
   if (q_rows > 0) {
-    attn_bwd_delta_vec<T><<<row_blocks(q_rows), 128, 0, cuda::stream_of(ctx)>>>(p);
+    const auto delta = mma_dim(pr) == 64 ? attn_bwd_delta_vec<T, 64> : attn_bwd_delta_vec<T, 128>;
+    const int64_t rows_per_block = 128 / (mma_dim(pr) / 8);
+    delta<<<static_cast<unsigned>(cuda::ceil_div(q_rows, rows_per_block)), 128, 0,
+            cuda::stream_of(ctx)>>>(p);
     BARACUDA_TRY(cuda::check_launch(BackwardOp::name, "attn_bwd_delta_vec"));
   }
   if constexpr (kRowsAt64 > 0)
@@ -498,7 +506,8 @@ bool register_kernels() {
         .priority = 20,
         .fits =
             [](const Problem& pr, const DeviceCaps&) {
-              return mma_dims_ok(pr) && std::max(pr.desc.head_dim_qk, pr.desc.head_dim_v) <= 128;
+              return mma_dims_ok(pr) && bwd_rows_fit(pr) &&
+                     std::max(pr.desc.head_dim_qk, pr.desc.head_dim_v) <= 128;
             },
         .workspace = bwd_workspace<float>,
         .launch = launch_bwd_mma<T>,
