@@ -1309,7 +1309,7 @@ __global__ void __launch_bounds__(128) flash_bwd_dq_mma(Params p) {
 // into an f32 accumulator in the workspace by atomics (zeroed first, scaled and rounded into dQ by
 // flash_bwd_dq_convert after), so it is not deterministic. P and dS are rounded to the 16-bit type
 // for the tensor cores. The score scale is left out of dS (dK and dQ are scaled once at the end).
-template <class T, int D, int BQ>
+template <class T, int D, int BQ, bool kTile2D = false>
 struct BwdFusedCfg {
   static constexpr int kWarps = 8, kKeys = 16 * kWarps;
   static constexpr int kRowGroups = BQ / 32;             // dQ: warps over 32-row groups ...
@@ -1317,9 +1317,10 @@ struct BwdFusedCfg {
   static_assert(kRowGroups * kColSplit == kWarps && D % (16 * kColSplit) == 0);
   // K and V once, two stages of (Q, dY) tiles, dS^T [keys][BQ], then per stage and query row the
   // LSE (log2 domain), delta and the visible key range [lo, hi).
-  static constexpr size_t kSmem =
-      sizeof(T) * (2 * size_t{kKeys} * D + 4 * size_t{BQ} * D + size_t{kKeys} * BQ) +
-      2 * 4 * size_t{BQ} * 4;
+  // kTile2D: P^T [keys][BQ] too.
+  static constexpr size_t kSmem = sizeof(T) * (2 * size_t{kKeys} * D + 4 * size_t{BQ} * D +
+                                               (kTile2D ? 2 : 1) * size_t{kKeys} * BQ) +
+                                  2 * 4 * size_t{BQ} * 4;
 };
 
 // The f32 dQ accumulator: row (b * Hq + h) * Lq + i (delta's row index) at a pitch of the padded
@@ -1333,17 +1334,18 @@ __device__ __forceinline__ void add_dq_pair(float* acc, float x, float y) {
 #endif
 }
 
-template <class T, int D, int BQ>
+template <class T, int D, int BQ, bool kTile2D>
 __global__ void __launch_bounds__(256, 1) flash_bwd_fused_mma(Params p, float* dq_acc) {
-  using Cfg = BwdFusedCfg<T, D, BQ>;
+  using Cfg = BwdFusedCfg<T, D, BQ, kTile2D>;
   constexpr int kKeys = Cfg::kKeys, kNT = 32 * Cfg::kWarps;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* sK = reinterpret_cast<T*>(smem_raw);
   T* sV = sK + kKeys * D;
-  T* sQ0 = sV + kKeys * D;                                    // two stages
-  T* sG0 = sQ0 + 2 * BQ * D;                                  // dY tiles, two stages
-  T* sDs = sG0 + 2 * BQ * D;                                  // dS^T, [key][query], swz<BQ>
-  float* sLse0 = reinterpret_cast<float*>(sDs + kKeys * BQ);  // LSE * log2(e); +inf when empty
+  T* sQ0 = sV + kKeys * D;    // two stages
+  T* sG0 = sQ0 + 2 * BQ * D;  // dY tiles, two stages
+  T* sDs = sG0 + 2 * BQ * D;  // dS^T, [key][query], swz<BQ>
+  T* sP = sDs + kKeys * BQ;   // kTile2D: P^T, the same
+  float* sLse0 = reinterpret_cast<float*>(sP + (kTile2D ? kKeys * BQ : 0));  // LSE * log2(e)
   float* sDelta0 = sLse0 + 2 * BQ;
   int* sLo0 = reinterpret_cast<int*>(sDelta0 + 2 * BQ);
   int* sHi0 = sLo0 + 2 * BQ;
@@ -1450,102 +1452,220 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_fused_mma(Params p, float* d
     const float* sDelta = sDelta0 + stage * BQ;
     const int* sLo = sLo0 + stage * BQ;
     const int* sHi = sHi0 + stage * BQ;
-    uint32_t pf[kSTiles][2], sf[kSTiles][2];
-    {
-      // S^T = K Q^T and dP^T = V dY^T for this warp's 16 keys x BQ queries.
-      float st[kSTiles][4], dpt[kSTiles][4];
+    // P and dS / scale of one accumulator fragment (keys key_lo and key_lo + 8, the tile's
+    // query columns qc and qc + 1), packed as T pairs {P(key_lo), P(key_lo + 8), dS(key_lo),
+    // dS(key_lo + 8)}. kPlain (the block-uniform `plain`, one branch per tile): straight-line code
+    // for unmasked tiles without soft-cap, most of a long sequence.
+    auto grads = [&]<bool kPlain>(const float(&s4)[4], const float(&d4)[4], int key_lo, int qc,
+                                  uint32_t(&out)[4]) {
+      float pv[4], dsv[4];
+      if constexpr (kPlain) {
+        const float2 l = *reinterpret_cast<const float2*>(sLse + qc);
+        const float2 dl = *reinterpret_cast<const float2*>(sDelta + qc);
 #pragma unroll
-      for (int n = 0; n < kSTiles; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) st[n][e] = dpt[n][e] = 0.f;
-      const SwzBases k_a = swz_bases<T, D>(smem_u32(sK + warp * 16 * D), lane % 16, lane / 16);
-      const SwzBases v_a = swz_bases<T, D>(smem_u32(sV + warp * 16 * D), lane % 16, lane / 16);
-      const SwzBases q_b = swz_bases<T, D>(smem_u32(sQ), (lane % 8) + (mi / 2) * 8, mi % 2);
-      const SwzBases g_b = swz_bases<T, D>(smem_u32(sG), (lane % 8) + (mi / 2) * 8, mi % 2);
-#pragma unroll
-      for (int ks = 0; ks < kKSteps; ++ks) {
-        uint32_t ak[4], av[4];
-        ldmatrix_x4(swz_addr<T, D>(k_a, 0, 2 * ks), ak[0], ak[1], ak[2], ak[3]);
-        ldmatrix_x4(swz_addr<T, D>(v_a, 0, 2 * ks), av[0], av[1], av[2], av[3]);
-#pragma unroll
-        for (int n = 0; n < kSTiles; n += 2) {
-          uint32_t b0, b1, b2, b3;
-          ldmatrix_x4(swz_addr<T, D>(q_b, n * 8, 2 * ks), b0, b1, b2, b3);
-          mma16816<T>(st[n], ak, b0, b1);
-          mma16816<T>(st[n + 1], ak, b2, b3);
-          ldmatrix_x4(swz_addr<T, D>(g_b, n * 8, 2 * ks), b0, b1, b2, b3);
-          mma16816<T>(dpt[n], av, b0, b1);
-          mma16816<T>(dpt[n + 1], av, b2, b3);
-        }
-      }
-      // P^T and dS^T / scale, as A fragments over the query axis. The block-uniform `plain`
-      // picks straight-line code for unmasked tiles without soft-cap (most of a long sequence).
-      if (plain) {
-#pragma unroll
-        for (int n = 0; n < kSTiles; ++n) {
-          const float2 l = *reinterpret_cast<const float2*>(sLse + n * 8 + 2 * tq);
-          const float2 dl = *reinterpret_cast<const float2*>(sDelta + n * 8 + 2 * tq);
-          float pv[4], dsv[4];
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            pv[e] = exp2_ftz(fmaf(st[n][e], scale_log2, -((e & 1) ? l.y : l.x)));
-            dsv[e] = pv[e] * (dpt[n][e] - ((e & 1) ? dl.y : dl.x));
-          }
-          pf[n][0] = pack2<T>(pv[0], pv[1]);
-          pf[n][1] = pack2<T>(pv[2], pv[3]);
-          sf[n][0] = pack2<T>(dsv[0], dsv[1]);
-          sf[n][1] = pack2<T>(dsv[2], dsv[3]);
+        for (int e = 0; e < 4; ++e) {
+          pv[e] = exp2_ftz(fmaf(s4[e], scale_log2, -((e & 1) ? l.y : l.x)));
+          dsv[e] = pv[e] * (d4[e] - ((e & 1) ? dl.y : dl.x));
         }
       } else {
 #pragma unroll
-        for (int n = 0; n < kSTiles; ++n) {
-          float pv[4], dsv[4];
+        for (int e = 0; e < 4; ++e) {
+          const int key = key_lo + (e >> 1) * 8, q = qc + (e & 1);
+          float dc;
+          const float x = capped_score(s4[e], p.scale, p.softcap, &dc);
+          const bool vis = key >= sLo[q] && key < sHi[q];
+          pv[e] = vis ? exp2_ftz(x * log2e - sLse[q]) : 0.f;
+          dsv[e] = pv[e] * (d4[e] - sDelta[q]) * dc;
+        }
+      }
+      out[0] = pack2<T>(pv[0], pv[1]);
+      out[1] = pack2<T>(pv[2], pv[3]);
+      out[2] = pack2<T>(dsv[0], dsv[1]);
+      out[3] = pack2<T>(dsv[2], dsv[3]);
+    };
+    if constexpr (!kTile2D) {
+      uint32_t pf[kSTiles][2], sf[kSTiles][2];
+      {
+        // S^T = K Q^T and dP^T = V dY^T for this warp's 16 keys x BQ queries.
+        float st[kSTiles][4], dpt[kSTiles][4];
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int key = key_a + (e >> 1) * 8, qc = n * 8 + 2 * tq + (e & 1);
-            float dc;
-            const float x = capped_score(st[n][e], p.scale, p.softcap, &dc);
-            const bool vis = key >= sLo[qc] && key < sHi[qc];
-            pv[e] = vis ? exp2_ftz(x * log2e - sLse[qc]) : 0.f;
-            dsv[e] = pv[e] * (dpt[n][e] - sDelta[qc]) * dc;
+        for (int n = 0; n < kSTiles; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) st[n][e] = dpt[n][e] = 0.f;
+        const SwzBases k_a = swz_bases<T, D>(smem_u32(sK + warp * 16 * D), lane % 16, lane / 16);
+        const SwzBases v_a = swz_bases<T, D>(smem_u32(sV + warp * 16 * D), lane % 16, lane / 16);
+        const SwzBases q_b = swz_bases<T, D>(smem_u32(sQ), (lane % 8) + (mi / 2) * 8, mi % 2);
+        const SwzBases g_b = swz_bases<T, D>(smem_u32(sG), (lane % 8) + (mi / 2) * 8, mi % 2);
+#pragma unroll
+        for (int ks = 0; ks < kKSteps; ++ks) {
+          uint32_t ak[4], av[4];
+          ldmatrix_x4(swz_addr<T, D>(k_a, 0, 2 * ks), ak[0], ak[1], ak[2], ak[3]);
+          ldmatrix_x4(swz_addr<T, D>(v_a, 0, 2 * ks), av[0], av[1], av[2], av[3]);
+#pragma unroll
+          for (int n = 0; n < kSTiles; n += 2) {
+            uint32_t b0, b1, b2, b3;
+            ldmatrix_x4(swz_addr<T, D>(q_b, n * 8, 2 * ks), b0, b1, b2, b3);
+            mma16816<T>(st[n], ak, b0, b1);
+            mma16816<T>(st[n + 1], ak, b2, b3);
+            ldmatrix_x4(swz_addr<T, D>(g_b, n * 8, 2 * ks), b0, b1, b2, b3);
+            mma16816<T>(dpt[n], av, b0, b1);
+            mma16816<T>(dpt[n + 1], av, b2, b3);
           }
-          pf[n][0] = pack2<T>(pv[0], pv[1]);
-          pf[n][1] = pack2<T>(pv[2], pv[3]);
-          sf[n][0] = pack2<T>(dsv[0], dsv[1]);
-          sf[n][1] = pack2<T>(dsv[2], dsv[3]);
+        }
+        // P^T and dS^T as A fragments over the query axis.
+        auto all = [&]<bool kPlain>() {
+#pragma unroll
+          for (int n = 0; n < kSTiles; ++n) {
+            uint32_t o[4];
+            grads.template operator()<kPlain>(st[n], dpt[n], key_a, n * 8 + 2 * tq, o);
+            pf[n][0] = o[0], pf[n][1] = o[1], sf[n][0] = o[2], sf[n][1] = o[3];
+          }
+        };
+        if (plain)
+          all.template operator()<true>();
+        else
+          all.template operator()<false>();
+      }
+      // dS^T into shared memory for dQ (this warp's 16 key rows).
+      {
+        const int r = warp * 16 + g;
+#pragma unroll
+        for (int n = 0; n < kSTiles; ++n) {
+          *reinterpret_cast<uint32_t*>(sDs + swz<BQ>(r, n * 8 + 2 * tq)) = sf[n][0];
+          *reinterpret_cast<uint32_t*>(sDs + swz<BQ>(r + 8, n * 8 + 2 * tq)) = sf[n][1];
+        }
+      }
+      // dV += P^T dY, dK += dS^T Q.
+      {
+        const SwzBases g_t = swz_bases<T, D>(smem_u32(sG), (lane % 8) + (mi % 2) * 8, mi / 2);
+        const SwzBases q_t = swz_bases<T, D>(smem_u32(sQ), (lane % 8) + (mi % 2) * 8, mi / 2);
+#pragma unroll
+        for (int kk = 0; kk < BQ / 16; ++kk) {
+          const uint32_t ap[4] = {pf[2 * kk][0], pf[2 * kk][1], pf[2 * kk + 1][0],
+                                  pf[2 * kk + 1][1]};
+          const uint32_t as[4] = {sf[2 * kk][0], sf[2 * kk][1], sf[2 * kk + 1][0],
+                                  sf[2 * kk + 1][1]};
+#pragma unroll
+          for (int d = 0; d < kOTiles; d += 2) {
+            uint32_t b0, b1, b2, b3;
+            ldmatrix_x4_trans(swz_addr<T, D>(g_t, kk * 16, d), b0, b1, b2, b3);
+            mma16816<T>(dv[d], ap, b0, b1);
+            mma16816<T>(dv[d + 1], ap, b2, b3);
+            ldmatrix_x4_trans(swz_addr<T, D>(q_t, kk * 16, d), b0, b1, b2, b3);
+            mma16816<T>(dk[d], as, b0, b1);
+            mma16816<T>(dk[d + 1], as, b2, b3);
+          }
+        }
+      }
+      __syncthreads();  // every warp's dS^T is in shared memory
+    } else {
+      // FlashAttention-2's warp tiling. S^T and dP^T: warp w takes 32 keys (kb = 32 (w % 4)) x
+      // BQ / 2 queries (qo = BQ / 2 (w / 4)); P^T and dS^T go to shared memory; then dV and dK:
+      // warp w takes the same 32 keys x half the head dim (do = D / 2 (w / 4)) over all BQ
+      // queries. Per warp and tile that reads 32 + 24 KB of shared memory at D = 128 where the
+      // 16-key layout above reads 40 + 32.
+      constexpr int kQT = BQ / 16;  // n8 tiles of the warp's BQ / 2 queries
+      const int kb = (warp % 4) * 32, qo = (warp / 4) * (BQ / 2);
+      {
+        float st[2][kQT][4], dpt[2][kQT][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+          for (int n = 0; n < kQT; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) st[mt][n][e] = dpt[mt][n][e] = 0.f;
+        const SwzBases k_a = swz_bases<T, D>(smem_u32(sK + kb * D), lane % 16, lane / 16);
+        const SwzBases v_a = swz_bases<T, D>(smem_u32(sV + kb * D), lane % 16, lane / 16);
+        const SwzBases q_b =
+            swz_bases<T, D>(smem_u32(sQ + qo * D), (lane % 8) + (mi / 2) * 8, mi % 2);
+        const SwzBases g_b =
+            swz_bases<T, D>(smem_u32(sG + qo * D), (lane % 8) + (mi / 2) * 8, mi % 2);
+#pragma unroll
+        for (int ks = 0; ks < kKSteps; ++ks) {
+          uint32_t ak[2][4], av[2][4];
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt) {
+            ldmatrix_x4(swz_addr<T, D>(k_a, mt * 16, 2 * ks), ak[mt][0], ak[mt][1], ak[mt][2],
+                        ak[mt][3]);
+            ldmatrix_x4(swz_addr<T, D>(v_a, mt * 16, 2 * ks), av[mt][0], av[mt][1], av[mt][2],
+                        av[mt][3]);
+          }
+#pragma unroll
+          for (int n = 0; n < kQT; n += 2) {
+            uint32_t b0, b1, b2, b3;
+            ldmatrix_x4(swz_addr<T, D>(q_b, n * 8, 2 * ks), b0, b1, b2, b3);
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt) {
+              mma16816<T>(st[mt][n], ak[mt], b0, b1);
+              mma16816<T>(st[mt][n + 1], ak[mt], b2, b3);
+            }
+            ldmatrix_x4(swz_addr<T, D>(g_b, n * 8, 2 * ks), b0, b1, b2, b3);
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt) {
+              mma16816<T>(dpt[mt][n], av[mt], b0, b1);
+              mma16816<T>(dpt[mt][n + 1], av[mt], b2, b3);
+            }
+          }
+        }
+        auto all = [&]<bool kPlain>() {
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+            for (int n = 0; n < kQT; ++n) {
+              const int r = kb + mt * 16 + g, c = qo + n * 8 + 2 * tq;
+              uint32_t o[4];
+              grads.template operator()<kPlain>(st[mt][n], dpt[mt][n], k0 + r, c, o);
+              *reinterpret_cast<uint32_t*>(sP + swz<BQ>(r, c)) = o[0];
+              *reinterpret_cast<uint32_t*>(sP + swz<BQ>(r + 8, c)) = o[1];
+              *reinterpret_cast<uint32_t*>(sDs + swz<BQ>(r, c)) = o[2];
+              *reinterpret_cast<uint32_t*>(sDs + swz<BQ>(r + 8, c)) = o[3];
+            }
+        };
+        if (plain)
+          all.template operator()<true>();
+        else
+          all.template operator()<false>();
+      }
+      __syncthreads();  // every warp's P^T and dS^T are in shared memory
+      {
+        // The warp's head-dim half goes into the B bases (see the dQ step below).
+        const int dc = (warp / 4) * (D / 16);
+        const SwzBases p_a = swz_bases<T, BQ>(smem_u32(sP + kb * BQ), lane % 16, lane / 16);
+        const SwzBases s_a = swz_bases<T, BQ>(smem_u32(sDs + kb * BQ), lane % 16, lane / 16);
+        const SwzBases g_t = swz_bases<T, D>(smem_u32(sG) + (dc & ~7) * 16,
+                                             (lane % 8) + (mi % 2) * 8, mi / 2 + (dc & 7));
+        const SwzBases q_t = swz_bases<T, D>(smem_u32(sQ) + (dc & ~7) * 16,
+                                             (lane % 8) + (mi % 2) * 8, mi / 2 + (dc & 7));
+        constexpr int kDT2 = D / 16;  // n8 tiles of the warp's head-dim half
+#pragma unroll
+        for (int kk = 0; kk < BQ / 16; ++kk) {
+          uint32_t ap[2][4], as[2][4];
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt) {
+            ldmatrix_x4(swz_addr<T, BQ>(p_a, mt * 16, 2 * kk), ap[mt][0], ap[mt][1], ap[mt][2],
+                        ap[mt][3]);
+            ldmatrix_x4(swz_addr<T, BQ>(s_a, mt * 16, 2 * kk), as[mt][0], as[mt][1], as[mt][2],
+                        as[mt][3]);
+          }
+#pragma unroll
+          for (int d = 0; d < kDT2; d += 2) {
+            uint32_t b0, b1, b2, b3;
+            ldmatrix_x4_trans(swz_addr<T, D>(g_t, kk * 16, d), b0, b1, b2, b3);
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt) {
+              mma16816<T>(dv[mt * kDT2 + d], ap[mt], b0, b1);
+              mma16816<T>(dv[mt * kDT2 + d + 1], ap[mt], b2, b3);
+            }
+            ldmatrix_x4_trans(swz_addr<T, D>(q_t, kk * 16, d), b0, b1, b2, b3);
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt) {
+              mma16816<T>(dk[mt * kDT2 + d], as[mt], b0, b1);
+              mma16816<T>(dk[mt * kDT2 + d + 1], as[mt], b2, b3);
+            }
+          }
         }
       }
     }
-    // dS^T into shared memory for dQ (this warp's 16 key rows).
-    {
-      const int r = warp * 16 + g;
-#pragma unroll
-      for (int n = 0; n < kSTiles; ++n) {
-        *reinterpret_cast<uint32_t*>(sDs + swz<BQ>(r, n * 8 + 2 * tq)) = sf[n][0];
-        *reinterpret_cast<uint32_t*>(sDs + swz<BQ>(r + 8, n * 8 + 2 * tq)) = sf[n][1];
-      }
-    }
-    // dV += P^T dY, dK += dS^T Q.
-    {
-      const SwzBases g_t = swz_bases<T, D>(smem_u32(sG), (lane % 8) + (mi % 2) * 8, mi / 2);
-      const SwzBases q_t = swz_bases<T, D>(smem_u32(sQ), (lane % 8) + (mi % 2) * 8, mi / 2);
-#pragma unroll
-      for (int kk = 0; kk < BQ / 16; ++kk) {
-        const uint32_t ap[4] = {pf[2 * kk][0], pf[2 * kk][1], pf[2 * kk + 1][0], pf[2 * kk + 1][1]};
-        const uint32_t as[4] = {sf[2 * kk][0], sf[2 * kk][1], sf[2 * kk + 1][0], sf[2 * kk + 1][1]};
-#pragma unroll
-        for (int d = 0; d < kOTiles; d += 2) {
-          uint32_t b0, b1, b2, b3;
-          ldmatrix_x4_trans(swz_addr<T, D>(g_t, kk * 16, d), b0, b1, b2, b3);
-          mma16816<T>(dv[d], ap, b0, b1);
-          mma16816<T>(dv[d + 1], ap, b2, b3);
-          ldmatrix_x4_trans(swz_addr<T, D>(q_t, kk * 16, d), b0, b1, b2, b3);
-          mma16816<T>(dk[d], as, b0, b1);
-          mma16816<T>(dk[d + 1], as, b2, b3);
-        }
-      }
-    }
-    __syncthreads();  // every warp's dS^T is in shared memory
     // dQ (/ scale) of this tile = dS K: warp w takes query rows 32 (w % kRowGroups) .. + 32 (two
     // m16 tiles) and head-dim columns [kDC (w / kRowGroups), + kDC), over all 128 keys; dS through
     // ldmatrix.trans of dS^T, K transposed as B. 32 x kDC per warp reads 8 + 8 KB of shared memory
@@ -1610,20 +1730,26 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_fused_mma(Params p, float* d
     publish_rows(it + 1);  // the next iteration's rows, for its barrier
   }
   cp_async_wait<0>();
+  // dK and dV rows: kTile2D, this thread's keys 32 (w % 4) + 16 mt + g (+ 8) and columns
+  // D / 2 (w / 4) + 8 d + 2 tq of tile mt * (D / 16) + d; otherwise keys 16 w + g (+ 8), columns
+  // 8 d + 2 tq.
+  constexpr int kRowTiles = kTile2D ? 2 : 1, kColTiles = kOTiles / kRowTiles;
+  const int key_base = kTile2D ? k0 + (warp % 4) * 32 + g : key_a;
+  const int col_base = kTile2D ? (warp / 4) * (D / 2) + 2 * tq : 2 * tq;
 #pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    const int key = key_a + hf * 8;
+  for (int r = 0; r < 2 * kRowTiles; ++r) {
+    const int mt = r / 2, hf = r % 2, key = key_base + mt * 16 + hf * 8;
     if (key >= s.lk) continue;
     T* ok = static_cast<T*>(p.dk) + detail::row_offset(p.sdk, p.varlen, b, hk, s.k0 + key);
     T* ov = static_cast<T*>(p.dv) + detail::row_offset(p.sdv, p.varlen, b, hk, s.k0 + key);
 #pragma unroll
-    for (int d = 0; d < kOTiles; ++d) {
-      const int c = d * 8 + 2 * tq;
+    for (int d = 0; d < kColTiles; ++d) {
+      const int c = col_base + d * 8, t = mt * kColTiles + d;
       if (c < p.dim_qk)
         *reinterpret_cast<uint32_t*>(ok + c) =
-            pack2<T>(dk[d][hf * 2] * p.scale, dk[d][hf * 2 + 1] * p.scale);
+            pack2<T>(dk[t][hf * 2] * p.scale, dk[t][hf * 2 + 1] * p.scale);
       if (c < p.dim_v)
-        *reinterpret_cast<uint32_t*>(ov + c) = pack2<T>(dv[d][hf * 2], dv[d][hf * 2 + 1]);
+        *reinterpret_cast<uint32_t*>(ov + c) = pack2<T>(dv[t][hf * 2], dv[t][hf * 2 + 1]);
     }
   }
 }
