@@ -1071,7 +1071,6 @@ TEST_P(AttentionTest, BackwardKernelsByNameOnDevice) {
   if (target == Target::cpu) GTEST_SKIP() << "the tensor-core kernels run on the CUDA target only";
   BARACUDA_SKIP_IF_UNAVAILABLE(target);
   const std::pair<const char*, bool> kernels[] = {{"flash_bwd_fused_sm80", false},
-                                                  {"flash_bwd_fused_2d_sm80", false},
                                                   {"flash_bwd_mma_sm80", true}};
   const Mask masks[] = {Mask::none(), Mask::causal_top_left(), Mask::causal_bottom_right(),
                         Mask::sliding_window(100, 30)};

@@ -1303,24 +1303,23 @@ __global__ void __launch_bounds__(128) flash_bwd_dq_mma(Params p) {
 }
 
 // ---- Tensor-core backward, one pass (f16/bf16) ------------------------------------------------
-// FlashAttention-2's schedule: a CTA per block of 128 keys of one K/V head (8 warps x 16 keys)
-// loops over the query tiles of every query head of its group, with S^T and dP^T computed once per
-// tile. dK and dV stay in registers (the group's sum, stored once); dQ = dS K of each tile is added
-// into an f32 accumulator in the workspace by atomics (zeroed first, scaled and rounded into dQ by
+// FlashAttention-2's schedule: a CTA per block of 128 keys of one K/V head (8 warps) loops over
+// the query tiles of every query head of its group, with S^T and dP^T computed once per tile. dK
+// and dV stay in registers (the group's sum, stored once); dQ = dS K of each tile is added into an
+// f32 accumulator in the workspace by atomics (zeroed first, scaled and rounded into dQ by
 // flash_bwd_dq_convert after), so it is not deterministic. P and dS are rounded to the 16-bit type
 // for the tensor cores. The score scale is left out of dS (dK and dQ are scaled once at the end).
-template <class T, int D, int BQ, bool kTile2D = false>
+template <class T, int D, int BQ>
 struct BwdFusedCfg {
   static constexpr int kWarps = 8, kKeys = 16 * kWarps;
   static constexpr int kRowGroups = BQ / 32;             // dQ: warps over 32-row groups ...
   static constexpr int kColSplit = kWarps / kRowGroups;  // ... and head-dim slices
   static_assert(kRowGroups * kColSplit == kWarps && D % (16 * kColSplit) == 0);
-  // K and V once, two stages of (Q, dY) tiles, dS^T [keys][BQ], then per stage and query row the
-  // LSE (log2 domain), delta and the visible key range [lo, hi).
-  // kTile2D: P^T [keys][BQ] too.
-  static constexpr size_t kSmem = sizeof(T) * (2 * size_t{kKeys} * D + 4 * size_t{BQ} * D +
-                                               (kTile2D ? 2 : 1) * size_t{kKeys} * BQ) +
-                                  2 * 4 * size_t{BQ} * 4;
+  // K and V once, two stages of (Q, dY) tiles, dS^T and P^T [keys][BQ], then per stage and
+  // query row the LSE (log2 domain), delta and the visible key range [lo, hi).
+  static constexpr size_t kSmem =
+      sizeof(T) * (2 * size_t{kKeys} * D + 4 * size_t{BQ} * D + 2 * size_t{kKeys} * BQ) +
+      2 * 4 * size_t{BQ} * 4;
 };
 
 // The f32 dQ accumulator: row (b * Hq + h) * Lq + i (delta's row index) at a pitch of the padded
@@ -1334,18 +1333,18 @@ __device__ __forceinline__ void add_dq_pair(float* acc, float x, float y) {
 #endif
 }
 
-template <class T, int D, int BQ, bool kTile2D>
+template <class T, int D, int BQ>
 __global__ void __launch_bounds__(256, 1) flash_bwd_fused_mma(Params p, float* dq_acc) {
-  using Cfg = BwdFusedCfg<T, D, BQ, kTile2D>;
+  using Cfg = BwdFusedCfg<T, D, BQ>;
   constexpr int kKeys = Cfg::kKeys, kNT = 32 * Cfg::kWarps;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* sK = reinterpret_cast<T*>(smem_raw);
   T* sV = sK + kKeys * D;
-  T* sQ0 = sV + kKeys * D;    // two stages
-  T* sG0 = sQ0 + 2 * BQ * D;  // dY tiles, two stages
-  T* sDs = sG0 + 2 * BQ * D;  // dS^T, [key][query], swz<BQ>
-  T* sP = sDs + kKeys * BQ;   // kTile2D: P^T, the same
-  float* sLse0 = reinterpret_cast<float*>(sP + (kTile2D ? kKeys * BQ : 0));  // LSE * log2(e)
+  T* sQ0 = sV + kKeys * D;                                   // two stages
+  T* sG0 = sQ0 + 2 * BQ * D;                                 // dY tiles, two stages
+  T* sDs = sG0 + 2 * BQ * D;                                 // dS^T, [key][query], swz<BQ>
+  T* sP = sDs + kKeys * BQ;                                  // P^T, the same
+  float* sLse0 = reinterpret_cast<float*>(sP + kKeys * BQ);  // LSE * log2(e); +inf when empty
   float* sDelta0 = sLse0 + 2 * BQ;
   int* sLo0 = reinterpret_cast<int*>(sDelta0 + 2 * BQ);
   int* sHi0 = sLo0 + 2 * BQ;
@@ -1373,13 +1372,12 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_fused_mma(Params p, float* d
   load_tile<T, kKeys, D, kNT>(sV, gv, v_rs, k0, s.lk, p.dim_v);
   cp_async_commit();
 
-  constexpr int kOTiles = D / 8, kSTiles = BQ / 8, kKSteps = D / 16;
+  constexpr int kOTiles = D / 8, kKSteps = D / 16;
   float dk[kOTiles][4], dv[kOTiles][4];
 #pragma unroll
   for (int d = 0; d < kOTiles; ++d)
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk[d][e] = dv[d][e] = 0.f;
-  const int key_a = k0 + warp * 16 + g;  // this thread's keys: key_a, key_a + 8
 
   // Query tiles that see any of these keys form one range (visible bounds grow with the row).
   const int n_tiles = (s.lq + BQ - 1) / BQ;
@@ -1483,87 +1481,13 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_fused_mma(Params p, float* d
       out[2] = pack2<T>(dsv[0], dsv[1]);
       out[3] = pack2<T>(dsv[2], dsv[3]);
     };
-    if constexpr (!kTile2D) {
-      uint32_t pf[kSTiles][2], sf[kSTiles][2];
-      {
-        // S^T = K Q^T and dP^T = V dY^T for this warp's 16 keys x BQ queries.
-        float st[kSTiles][4], dpt[kSTiles][4];
-#pragma unroll
-        for (int n = 0; n < kSTiles; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) st[n][e] = dpt[n][e] = 0.f;
-        const SwzBases k_a = swz_bases<T, D>(smem_u32(sK + warp * 16 * D), lane % 16, lane / 16);
-        const SwzBases v_a = swz_bases<T, D>(smem_u32(sV + warp * 16 * D), lane % 16, lane / 16);
-        const SwzBases q_b = swz_bases<T, D>(smem_u32(sQ), (lane % 8) + (mi / 2) * 8, mi % 2);
-        const SwzBases g_b = swz_bases<T, D>(smem_u32(sG), (lane % 8) + (mi / 2) * 8, mi % 2);
-#pragma unroll
-        for (int ks = 0; ks < kKSteps; ++ks) {
-          uint32_t ak[4], av[4];
-          ldmatrix_x4(swz_addr<T, D>(k_a, 0, 2 * ks), ak[0], ak[1], ak[2], ak[3]);
-          ldmatrix_x4(swz_addr<T, D>(v_a, 0, 2 * ks), av[0], av[1], av[2], av[3]);
-#pragma unroll
-          for (int n = 0; n < kSTiles; n += 2) {
-            uint32_t b0, b1, b2, b3;
-            ldmatrix_x4(swz_addr<T, D>(q_b, n * 8, 2 * ks), b0, b1, b2, b3);
-            mma16816<T>(st[n], ak, b0, b1);
-            mma16816<T>(st[n + 1], ak, b2, b3);
-            ldmatrix_x4(swz_addr<T, D>(g_b, n * 8, 2 * ks), b0, b1, b2, b3);
-            mma16816<T>(dpt[n], av, b0, b1);
-            mma16816<T>(dpt[n + 1], av, b2, b3);
-          }
-        }
-        // P^T and dS^T as A fragments over the query axis.
-        auto all = [&]<bool kPlain>() {
-#pragma unroll
-          for (int n = 0; n < kSTiles; ++n) {
-            uint32_t o[4];
-            grads.template operator()<kPlain>(st[n], dpt[n], key_a, n * 8 + 2 * tq, o);
-            pf[n][0] = o[0], pf[n][1] = o[1], sf[n][0] = o[2], sf[n][1] = o[3];
-          }
-        };
-        if (plain)
-          all.template operator()<true>();
-        else
-          all.template operator()<false>();
-      }
-      // dS^T into shared memory for dQ (this warp's 16 key rows).
-      {
-        const int r = warp * 16 + g;
-#pragma unroll
-        for (int n = 0; n < kSTiles; ++n) {
-          *reinterpret_cast<uint32_t*>(sDs + swz<BQ>(r, n * 8 + 2 * tq)) = sf[n][0];
-          *reinterpret_cast<uint32_t*>(sDs + swz<BQ>(r + 8, n * 8 + 2 * tq)) = sf[n][1];
-        }
-      }
-      // dV += P^T dY, dK += dS^T Q.
-      {
-        const SwzBases g_t = swz_bases<T, D>(smem_u32(sG), (lane % 8) + (mi % 2) * 8, mi / 2);
-        const SwzBases q_t = swz_bases<T, D>(smem_u32(sQ), (lane % 8) + (mi % 2) * 8, mi / 2);
-#pragma unroll
-        for (int kk = 0; kk < BQ / 16; ++kk) {
-          const uint32_t ap[4] = {pf[2 * kk][0], pf[2 * kk][1], pf[2 * kk + 1][0],
-                                  pf[2 * kk + 1][1]};
-          const uint32_t as[4] = {sf[2 * kk][0], sf[2 * kk][1], sf[2 * kk + 1][0],
-                                  sf[2 * kk + 1][1]};
-#pragma unroll
-          for (int d = 0; d < kOTiles; d += 2) {
-            uint32_t b0, b1, b2, b3;
-            ldmatrix_x4_trans(swz_addr<T, D>(g_t, kk * 16, d), b0, b1, b2, b3);
-            mma16816<T>(dv[d], ap, b0, b1);
-            mma16816<T>(dv[d + 1], ap, b2, b3);
-            ldmatrix_x4_trans(swz_addr<T, D>(q_t, kk * 16, d), b0, b1, b2, b3);
-            mma16816<T>(dk[d], as, b0, b1);
-            mma16816<T>(dk[d + 1], as, b2, b3);
-          }
-        }
-      }
-      __syncthreads();  // every warp's dS^T is in shared memory
-    } else {
+    {
       // FlashAttention-2's warp tiling. S^T and dP^T: warp w takes 32 keys (kb = 32 (w % 4)) x
       // BQ / 2 queries (qo = BQ / 2 (w / 4)); P^T and dS^T go to shared memory; then dV and dK:
       // warp w takes the same 32 keys x half the head dim (do = D / 2 (w / 4)) over all BQ
-      // queries. Per warp and tile that reads 32 + 24 KB of shared memory at D = 128 where the
-      // 16-key layout above reads 40 + 32.
+      // queries. Per warp and tile that reads 32 + 24 KB of shared memory at D = 128, where 16-key
+      // warps keeping P^T and dS^T in registers for dV and dK read 40 + 32 (measured on the H100:
+      // 1-9% slower, 70cf44d).
       constexpr int kQT = BQ / 16;  // n8 tiles of the warp's BQ / 2 queries
       const int kb = (warp % 4) * 32, qo = (warp / 4) * (BQ / 2);
       {
@@ -1730,14 +1654,12 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_fused_mma(Params p, float* d
     publish_rows(it + 1);  // the next iteration's rows, for its barrier
   }
   cp_async_wait<0>();
-  // dK and dV rows: kTile2D, this thread's keys 32 (w % 4) + 16 mt + g (+ 8) and columns
-  // D / 2 (w / 4) + 8 d + 2 tq of tile mt * (D / 16) + d; otherwise keys 16 w + g (+ 8), columns
-  // 8 d + 2 tq.
-  constexpr int kRowTiles = kTile2D ? 2 : 1, kColTiles = kOTiles / kRowTiles;
-  const int key_base = kTile2D ? k0 + (warp % 4) * 32 + g : key_a;
-  const int col_base = kTile2D ? (warp / 4) * (D / 2) + 2 * tq : 2 * tq;
+  // dK and dV: this thread's keys 32 (w % 4) + 16 mt + g (+ 8), columns D / 2 (w / 4) + 8 d + 2 tq
+  // in accumulator tile mt * (D / 16) + d.
+  constexpr int kColTiles = kOTiles / 2;
+  const int key_base = k0 + (warp % 4) * 32 + g, col_base = (warp / 4) * (D / 2) + 2 * tq;
 #pragma unroll
-  for (int r = 0; r < 2 * kRowTiles; ++r) {
+  for (int r = 0; r < 4; ++r) {
     const int mt = r / 2, hf = r % 2, key = key_base + mt * 16 + hf * 8;
     if (key >= s.lk) continue;
     T* ok = static_cast<T*>(p.dk) + detail::row_offset(p.sdk, p.varlen, b, hk, s.k0 + key);

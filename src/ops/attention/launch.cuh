@@ -313,20 +313,19 @@ inline size_t fused_delta_bytes(const Problem& pr) {
 inline size_t bwd_fused_workspace(const Problem& pr, const DeviceCaps&) {
   return fused_delta_bytes(pr) + 256 + fused_delta_bytes(pr) * static_cast<size_t>(mma_dim(pr));
 }
-template <int kBQ64, bool kTile2D>
+template <int kBQ64>
 bool fits_bwd_fused(const Problem& pr, const DeviceCaps& caps) {
-  const size_t smem = mma_dim(pr) == 64
-                          ? BwdFusedCfg<__half, 64, fused_bq<kBQ64>(64), kTile2D>::kSmem
-                          : BwdFusedCfg<__half, 128, fused_bq<kBQ64>(128), kTile2D>::kSmem;
+  const size_t smem = mma_dim(pr) == 64 ? BwdFusedCfg<__half, 64, fused_bq<kBQ64>(64)>::kSmem
+                                        : BwdFusedCfg<__half, 128, fused_bq<kBQ64>(128)>::kSmem;
   return mma_dims_ok(pr) && mma_dim(pr) <= 128 && bwd_rows_fit(pr) &&
          static_cast<int64_t>(smem) <= caps.smem_per_block_optin;
 }
 
-template <class T, int D, int BQ, bool kTile2D>
+template <class T, int D, int BQ>
 Status run_bwd_fused(const LaunchContext& ctx, const Problem& pr, const Params& p) {
   const cudaStream_t stream = cuda::stream_of(ctx);
-  using Cfg = BwdFusedCfg<T, D, BQ, kTile2D>;
-  constexpr auto kernel = flash_bwd_fused_mma<T, D, BQ, kTile2D>;
+  using Cfg = BwdFusedCfg<T, D, BQ>;
+  constexpr auto kernel = flash_bwd_fused_mma<T, D, BQ>;
   static const cudaError_t attr = cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Cfg::kSmem));
   if (attr != cudaSuccess)
@@ -349,9 +348,9 @@ Status run_bwd_fused(const LaunchContext& ctx, const Problem& pr, const Params& 
   return cuda::check_launch(BackwardOp::name, "flash_bwd_dq_convert");
 }
 
-// kRowsAt64 > 0: the one-pass kernel (dQ by atomics; kRowsAt64 query rows per step at D = 64;
-// kTile2D: FlashAttention-2's warp tiling) instead of the two deterministic passes.
-template <class T, int kRowsAt64 = 0, bool kTile2D = false>
+// kRowsAt64 > 0: the one-pass kernel (dQ by atomics; kRowsAt64 query rows per step at D = 64)
+// instead of the two deterministic passes.
+template <class T, int kRowsAt64 = 0>
 Status launch_bwd_mma(const LaunchContext& ctx, const Problem& pr, const BackwardArguments& a) {
   // cp.async needs 16-byte aligned rows; otherwise the SIMT kernels (same contract) run.
   if (!rows_aligned(a.q, sizeof(T)) || !rows_aligned(a.k, sizeof(T)) ||
@@ -369,8 +368,8 @@ Status launch_bwd_mma(const LaunchContext& ctx, const Problem& pr, const Backwar
     BARACUDA_TRY(cuda::check_launch(BackwardOp::name, "attn_bwd_delta_vec"));
   }
   if constexpr (kRowsAt64 > 0)
-    return mma_dim(pr) == 64 ? run_bwd_fused<T, 64, fused_bq<kRowsAt64>(64), kTile2D>(ctx, pr, p)
-                             : run_bwd_fused<T, 128, fused_bq<kRowsAt64>(128), kTile2D>(ctx, pr, p);
+    return mma_dim(pr) == 64 ? run_bwd_fused<T, 64, fused_bq<kRowsAt64>(64)>(ctx, pr, p)
+                             : run_bwd_fused<T, 128, fused_bq<kRowsAt64>(128)>(ctx, pr, p);
   return mma_dim(pr) == 64 ? run_bwd_mma<T, 64>(ctx, p) : run_bwd_mma<T, 128>(ctx, p);
 }
 
@@ -520,18 +519,9 @@ bool register_kernels() {
     register_kernel<BackwardOp>({
         .sku = family_sku<E>(BackwardOp::name, DType::f32, fused_bwd, "flash_bwd_fused_sm80"),
         .priority = 21,
-        .fits = fits_bwd_fused<kFusedBQ64, false>,
+        .fits = fits_bwd_fused<kFusedBQ64>,
         .workspace = bwd_fused_workspace,
-        .launch = launch_bwd_mma<T, kFusedBQ64, false>,
-    });
-    // A/B: the same with FlashAttention-2's warp tiling (P^T through shared memory, 32-key warp
-    // tiles; less shared-memory traffic per tile).
-    register_kernel<BackwardOp>({
-        .sku = family_sku<E>(BackwardOp::name, DType::f32, fused_bwd, "flash_bwd_fused_2d_sm80"),
-        .priority = 19,
-        .fits = fits_bwd_fused<kFusedBQ64, true>,
-        .workspace = bwd_fused_workspace,
-        .launch = launch_bwd_mma<T, kFusedBQ64, true>,
+        .launch = launch_bwd_mma<T, kFusedBQ64>,
     });
   }
   return true;
