@@ -116,8 +116,6 @@ inline constexpr int kFa3Ahead = kCudnnAhead + 1;
 // picks fa3 for the backward.
 inline constexpr std::string_view kFa3BwdKernel = "fa3_bwd_sm90a";
 inline constexpr std::string_view kFa3BwdRankedAhead = "fa3_bwd_sm90a_ranked_ahead";
-// A/B variant of it (per-warp dQ staging, see fa3_backward.cu), reached by name only.
-inline constexpr std::string_view kFa3BwdWarpStagedKernel = "fa3_bwd_sm90a_warpstaged";
 
 // ---- Launch-time rules of the cuDNN kernels -----------------------------------------------------
 // cuDNN reads 16-byte vectors: every Q/K/V/Y/dY/dQ/dK/dV pointer 16-byte aligned and every

@@ -206,20 +206,16 @@ void sweep(const Stream& stream) {
           const double tf = time_forward(*fp, note);
           if (fa3 == kFa3Kernel) fa3_tf = tf;
         }
-        // Our sm_90a backward pinned by name, both dQ staging schedules (notes "fa3_sm90a" and
-        // "fa3_sm90a_warpstaged"), on the outputs of the default forward plan; the plain one is the
-        // table's fa3 column.
+        // Our sm_90a backward pinned by name (note "fa3_sm90a"), on the outputs of the default
+        // forward plan: the table's fa3 column.
         double fa3_bwd_tf = 0;
-        auto def_fwd = attention::ForwardPlan::select(stream, desc);
-        for (std::string_view fa3 : {kFa3BwdKernel, kFa3BwdWarpStagedKernel}) {
-          const std::string note = "fa3_sm90a" + std::string(fa3.substr(kFa3BwdKernel.size()));
-          auto bp = attention::BackwardPlan::select(stream, desc, PlanPreference::kernel(fa3));
-          if (!bp.ok()) {
-            bench::emit_error("attention", "attention_backward", name + "/" + note, bp.error());
-            continue;
-          }
-          const double tf = def_fwd.ok() ? time_backward(*def_fwd, *bp, note) : 0.0;
-          if (fa3 == kFa3BwdKernel) fa3_bwd_tf = tf;
+        if (auto def_fwd = attention::ForwardPlan::select(stream, desc); def_fwd.ok()) {
+          auto bp =
+              attention::BackwardPlan::select(stream, desc, PlanPreference::kernel(kFa3BwdKernel));
+          if (bp.ok())
+            fa3_bwd_tf = time_backward(*def_fwd, *bp, "fa3_sm90a");
+          else
+            bench::emit_error("attention", "attention_backward", name + "/fa3_sm90a", bp.error());
         }
         for (int pass = 0; pass < 2; ++pass) {
           const double* tf = pass == 0 ? fwd_tf : bwd_tf;

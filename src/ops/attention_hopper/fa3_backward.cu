@@ -116,20 +116,16 @@ __device__ __forceinline__ void sync_consumers() {
 }
 #endif
 
-// How each step's dQ part leaves the CTA (A/B, registered by name):
-//  kWarpgroupStaged: staged by the warpgroup (float4 j of thread i at (j * 128 + i) * 16 bytes),
-//    every thread fences, a warpgroup barrier, one bulk reduce-add of 16 KB, all in the step.
-//  kWarpStaged: staged per warp (warp w's float4 j of lane l at ((w * 8 + j) * 32 + l) * 16
-//    bytes), and the warp's 4 KB bulk reduce-add issued at the top of the next step, behind the
-//    next dP^T GEMM: its stores have landed by then (a cheap fence) and no warpgroup barrier.
-// The accumulator chunk in global memory has the same order (fa3_bwd_post reads either).
-enum Staging : int { kWarpgroupStaged = 0, kWarpStaged = 1 };
-// The float4 slot (16 bytes) of thread `tid`'s float4 j in its warpgroup's 16 KB part.
-__host__ __device__ constexpr int staged_slot(int staging, int j, int tid) {
-  return staging == kWarpStaged ? (tid / 32 * 8 + j) * 32 + tid % 32 : j * 128 + tid;
+// The float4 slot (16 bytes) of thread `tid`'s float4 j in its warpgroup's 16 KB dQ part: j * 128
+// + tid, accumulator-fragment order (conflict-free stores). The accumulator chunk in global memory
+// has the same order (fa3_bwd_post reads it). A per-warp order, each warp's 4 KB reduced behind
+// the next step's dP^T GEMM, measured slower (fa3_bwd_sm90a_warpstaged, 603be39: d128 L4096
+// 471 vs 467 TFLOP/s, L16384 435 vs 513, d64 L4096 332 vs 358; H100, 2442818).
+__host__ __device__ constexpr int staged_slot(int j, int tid) {
+  return j * 128 + tid;
 }
 
-template <class T, int D, int V>
+template <class T, int D>
 __global__ void __launch_bounds__(kBwdThreads, 1)
     fa3_bwd_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                    const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdy,
@@ -222,15 +218,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     return ((int64_t{b} * p.heads_q + h) * (p.lq_pad / kQRows) + m0 / kQRows) * (D / 64) +
            (D == 128 ? wg : 0);
   };
-  // kWarpStaged: this warp's staged part of step u (4 KB) into the accumulator.
-  auto reduce_warp_part = [&](int u, uint32_t sb) {
-    fence_proxy_async();
-    __syncwarp();
-    if (lane == 0)
-      bulk_reduce_add_f32(
-          p.acc + chunk_of(step_head(u), step_row0(u)) * (kQRows * 64) + wl * (kQRows * 16),
-          sb + S::kStage + wg * S::kStageBytes + wl * (S::kStageBytes / 4), S::kStageBytes / 4);
-  };
   if (steps > 0) {
     mbar_wait(smem_u32(&bars[0]), 0);
     issue_s(0);
@@ -248,9 +235,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     float dpt[32];
     issue_scores(t, dpt, sb, S::kV, S::kDy);  // S^T_t is done (see the end of the step)
     fence_regs(st);
-    if constexpr (V == kWarpStaged) {
-      if (t > 0) reduce_warp_part(t - 1, sb);
-    }
 
     // P^T in place (column c is query m0 + c).
     const bool masked = n0 + kKeys > p.lk || (p.causal && n0 + kKeys - 1 > m0 + p.off);
@@ -303,7 +287,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     // Both warpgroups' dS^T are written, and both are past step t - 1 (its wgmmas waited for):
     // stage (t - 1) % kRing is free for step t + 2. Each warpgroup's dQ staging buffer is free
     // once its previous bulk reduction has read it: the barrier publishes that too.
-    if (V == kWarpgroupStaged && threadIdx.x % 128 == 0) bulk_wait<0, true>();
+    if (threadIdx.x % 128 == 0) bulk_wait<0, true>();
     sync_consumers();
     if (threadIdx.x == 0 && t >= 1 && t + 2 < steps) load_step(t + 2);
 
@@ -333,27 +317,21 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     wgmma_wait<1>();  // dQ_t (and every older group) done; S^T_{t+1} may run
     fence_regs(dq);
     // dQ_t into the accumulator: this warpgroup's 64 x 64 f32 part, staged in shared memory in
-    // accumulator-fragment order (conflict-free stores; see Staging), then bulk reduce-adds.
+    // accumulator-fragment order (conflict-free stores; see staged_slot), then bulk reduce-adds.
     // D = 64: both warpgroups add into the same chunk.
     {
       const int tid = static_cast<int>(threadIdx.x) % 128;
       const uint32_t stage = sb + S::kStage + wg * S::kStageBytes;
-      if constexpr (V == kWarpStaged) {
-        if (lane == 0) bulk_wait<0, true>();  // step t - 1's reduction has read the buffer
-        __syncwarp();
-      }
 #pragma unroll
       for (int j = 0; j < 8; ++j)
         asm volatile(
-            "st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(stage + staged_slot(V, j, tid) * 16),
+            "st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(stage + staged_slot(j, tid) * 16),
             "f"(dq[4 * j]), "f"(dq[4 * j + 1]), "f"(dq[4 * j + 2]), "f"(dq[4 * j + 3])
             : "memory");
-      if constexpr (V == kWarpgroupStaged) {
-        const int64_t chunk = chunk_of(h, m0);
-        fence_proxy_async();
-        sync_warpgroup(wg);
-        if (tid == 0) bulk_reduce_add_f32(p.acc + chunk * (kQRows * 64), stage, S::kStageBytes);
-      }
+      const int64_t chunk = chunk_of(h, m0);
+      fence_proxy_async();
+      sync_warpgroup(wg);
+      if (tid == 0) bulk_reduce_add_f32(p.acc + chunk * (kQRows * 64), stage, S::kStageBytes);
     }
     // S^T_{t+1} ran under the staging. Nothing may stay in flight across the loop's back edge:
     // ptxas then serializes every wgmma of the kernel (C7514 / C7515).
@@ -361,14 +339,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   }
   fence_regs(dv);
   fence_regs(dk);
-  if constexpr (V == kWarpStaged) {
-    if (steps > 0) reduce_warp_part(steps - 1, opaque(base));
-    if (lane == 0) bulk_wait<0, false>();  // the last reduction landed
-  } else {
-    if (threadIdx.x % 128 == 0) bulk_wait<0, false>();
-  }
+  if (threadIdx.x % 128 == 0) bulk_wait<0, false>();  // the last reduction landed
 
-  // Epilogue: dV and scale * dK, rows past Lk skipped (zero where no query saw the key).
+    // Epilogue: dV and scale * dK, rows past Lk skipped (zero where no query saw the key).
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int key = key0 + 8 * i;
@@ -459,7 +432,7 @@ __global__ void __launch_bounds__(256) fa3_bwd_prep(const RowParams p) {
 // rows 16 (i / 32) + (i % 32) / 4 (+ 8 for the float4's second pair), columns 8 j + 2 (i % 4)
 // (+ 1). The part goes through shared memory as 16-bit rows so that dQ is written in whole
 // 128-byte rows.
-template <class T, int D, int V>
+template <class T, int D>
 __global__ void __launch_bounds__(128) fa3_bwd_post(const RowParams p) {
   constexpr int kParts = D / 64;
   // 64 rows of 32 words; a pitch of 36 words keeps both the fragment-order writes (lane l at bank
@@ -475,7 +448,7 @@ __global__ void __launch_bounds__(128) fa3_bwd_post(const RowParams p) {
   const int r0 = (tid / 32) * 16 + lane / 4;
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
-    const float4 v = src[staged_slot(V, j, tid)];
+    const float4 v = src[staged_slot(j, tid)];
     tile[r0][4 * j + lane % 4] = cuda::pack2<T>(v.x * p.scale, v.y * p.scale);
     tile[r0 + 8][4 * j + lane % 4] = cuda::pack2<T>(v.z * p.scale, v.w * p.scale);
   }
@@ -517,31 +490,30 @@ Layout layout_of(const Problem& pr) {
   return l;
 }
 
-template <class T, int V>
+template <class T>
 bool fits(const Problem& pr, const DeviceCaps& caps) {
   if (caps.device < 0 || caps.sm != 90 || !shape_fits(pr)) return false;
   // A CTA's steps (query blocks x the group's query heads) and their rotated index (t + rot <
   // 2 steps) are ints; the grid's y / z carry key heads and batch (shape_fits bounds them).
   if (padded_rows(pr) / kQRows * pr.group >= (int64_t{1} << 30)) return false;
-  return pr.desc.head_dim_qk == 64 ? has_sm90a_body<fa3_bwd_kernel<T, 64, V>>()
-                                   : has_sm90a_body<fa3_bwd_kernel<T, 128, V>>();
+  return pr.desc.head_dim_qk == 64 ? has_sm90a_body<fa3_bwd_kernel<T, 64>>()
+                                   : has_sm90a_body<fa3_bwd_kernel<T, 128>>();
 }
 
 // The ranked-ahead entry: only where the measured table picks fa3 for the backward.
 template <class T>
 bool fits_ranked_ahead(const Problem& pr, const DeviceCaps& caps) {
-  return fits<T, kWarpgroupStaged>(pr, caps) &&
-         preferred_candidate(pr, Pass::backward, true) == Candidate::fa3;
+  return fits<T>(pr, caps) && preferred_candidate(pr, Pass::backward, true) == Candidate::fa3;
 }
 
 size_t workspace(const Problem& pr, const DeviceCaps&) {
   return layout_of(pr).bytes;
 }
 
-template <class T, int D, int V>
+template <class T, int D>
 Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArguments& a) {
   const auto& d = pr.desc;
-  if (!has_sm90a_body<fa3_bwd_kernel<T, D, V>>())
+  if (!has_sm90a_body<fa3_bwd_kernel<T, D>>())
     return Error::unsupported(std::string(kWho) + ": this build has no sm_90a code for the kernel");
   BARACUDA_TRY(check_layout(kWho, "q", a.q));
   BARACUDA_TRY(check_layout(kWho, "k", a.k));
@@ -606,8 +578,8 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
   p.scale = rp.scale;
 
   constexpr int smem = BwdSmem<D>::kLaunchBytes;
-  BARACUDA_TRY((raise_smem_limit_once<fa3_bwd_kernel<T, D, V>>(
-      ctx, smem, attention::BackwardOp::name, "fa3_bwd_sm90a")));
+  BARACUDA_TRY((raise_smem_limit_once<fa3_bwd_kernel<T, D>>(ctx, smem, attention::BackwardOp::name,
+                                                            "fa3_bwd_sm90a")));
   const cudaStream_t st = cuda::stream_of(ctx);
   const dim3 rows_grid(static_cast<unsigned>(rp.lq_pad / 8), static_cast<unsigned>(d.heads_q),
                        static_cast<unsigned>(d.batch));
@@ -615,18 +587,17 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
   BARACUDA_TRY(cuda::check_launch(attention::BackwardOp::name, "fa3_bwd_sm90a prep"));
   const dim3 grid(static_cast<unsigned>((d.len_k + kKeys - 1) / kKeys),
                   static_cast<unsigned>(d.heads_kv), static_cast<unsigned>(d.batch));
-  fa3_bwd_kernel<T, D, V><<<grid, kBwdThreads, smem, st>>>(tq, tk, tv, tdy, p);
+  fa3_bwd_kernel<T, D><<<grid, kBwdThreads, smem, st>>>(tq, tk, tv, tdy, p);
   BARACUDA_TRY(cuda::check_launch(attention::BackwardOp::name, "fa3_bwd_sm90a"));
   const dim3 post_grid(static_cast<unsigned>(rp.lq_pad / kQRows * (D / 64)),
                        static_cast<unsigned>(d.heads_q), static_cast<unsigned>(d.batch));
-  fa3_bwd_post<T, D, V><<<post_grid, 128, 0, st>>>(rp);
+  fa3_bwd_post<T, D><<<post_grid, 128, 0, st>>>(rp);
   return cuda::check_launch(attention::BackwardOp::name, "fa3_bwd_sm90a post");
 }
 
-template <class T, int V>
+template <class T>
 Status launch(const LaunchContext& ctx, const Problem& pr, const BackwardArguments& a) {
-  return pr.desc.head_dim_qk == 64 ? launch_d<T, 64, V>(ctx, pr, a)
-                                   : launch_d<T, 128, V>(ctx, pr, a);
+  return pr.desc.head_dim_qk == 64 ? launch_d<T, 64>(ctx, pr, a) : launch_d<T, 128>(ctx, pr, a);
 }
 
 // One table of entries per element type. Not deterministic: dQ is summed by bulk reduce-adds in
@@ -643,14 +614,11 @@ bool register_one() {
   const Entry entries[] = {
       // Pinnable below the family's kernels and every cuDNN entry: it never wins `fastest` on
       // its own; PlanPreference::kernel(kFa3BwdKernel) reaches it where it fits.
-      {kFa3BwdKernel, -2, fits<T, kWarpgroupStaged>, launch<T, kWarpgroupStaged>},
-      // A/B: per-warp staging, each warp's reduction issued behind the next step's dP^T GEMM
-      // (see Staging). Compiled, not yet run on a GPU (2026-11-25): reached by name only.
-      {kFa3BwdWarpStagedKernel, -3, fits<T, kWarpStaged>, launch<T, kWarpStaged>},
+      {kFa3BwdKernel, -2, fits<T>, launch<T>},
       // The plain kernel above every other backward kernel, fitting only where the measured
       // selection table says it is the fastest candidate (cuDNN's non-deterministic entry then
       // ranks behind).
-      {kFa3BwdRankedAhead, kFa3Ahead, fits_ranked_ahead<T>, launch<T, kWarpgroupStaged>},
+      {kFa3BwdRankedAhead, kFa3Ahead, fits_ranked_ahead<T>, launch<T>},
   };
   for (const Entry& e : entries)
     register_kernel<attention::BackwardOp>(
