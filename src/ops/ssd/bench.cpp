@@ -1,7 +1,8 @@
 // Benchmarks of the ssd family: the Mamba-2 2.7B layer shape (B=4 L=4096 H=80 D=64 N=128 G=1) and
 // a smaller one (B=8 L=2048 H=32 D=64 N=64 G=1), bf16, chunk 256, forward and backward, plus the
-// decode step on a state of 80 Mi f32 elements. First what `select` picks (chunked_mma_fastpass
-// both ways), then A/B rows under the same case names: forward chunked_wmma_fastpass,
+// decode step on a state of 80 Mi f32 elements. First what `select` picks (fused_mma forward,
+// chunked_mma_fastpass backward), the forward at chunks 128 and 64 (case name + "_chunk<Q>"), then
+// A/B rows under the same case names: forward chunked_mma_fastpass, chunked_wmma_fastpass,
 // chunked_wmma and chunked_wmma_vec, backward chunked_wmma_vec_fastpass, chunked_wmma_vec and
 // chunked_f32 on both shapes and the old recurrent_deterministic_f32 on the small one. peers.py
 // times the same case names on the mamba_ssm Triton kernels.
@@ -230,10 +231,22 @@ void bench_ssd(const Stream& s) {
   const std::string_view only = bench::env("BARACUDA_SSD_ONLY");
   if (!only.empty()) {
     for (const Case& c : cases) run_prefill(s, c, only == "backward");
+    if (only == "forward")
+      for (const Case& c : cases) run_prefill(s, c, false, "chunked_mma_fastpass");
     return;
   }
-  for (const Case& c : cases) run_prefill(s, c, false);  // chunked_mma_fastpass (bf16)
+  for (const Case& c : cases) run_prefill(s, c, false);  // fused_mma (bf16)
   for (const Case& c : cases) run_prefill(s, c, true);   // chunked_mma_fastpass (bf16)
+  // The forward's default at the other chunk lengths (its work falls with the chunk: the
+  // intra-chunk product is Q/2 per token), and the multi-launch forward it replaced.
+  for (const Case& c : cases)
+    for (int64_t q : {128, 64}) {
+      Case other = c;
+      other.Q = q;
+      other.name += "_chunk" + std::to_string(q);
+      run_prefill(s, other, false);
+    }
+  for (const Case& c : cases) run_prefill(s, c, false, "chunked_mma_fastpass");
   // A/B rows under the same case names: the forward with the WMMA products, without the fast
   // inter-chunk pass, and with 16-byte operand staging (bitwise equal results); the backward
   // without the fast passes, on f32 SIMT tiles, and the old recurrent kernel on the small case

@@ -4527,6 +4527,12 @@ Status decode_launch(const LaunchContext& ctx, const ssd::DecodeProblem& pr,
   return cuda::check_launch("ssd_decode", "decode_kernel");
 }
 
+}  // namespace baracuda::ssd_cuda
+
+#include "ops/ssd/forward_fused.cuh"  // the one-pass forward (fused_mma)
+
+namespace baracuda::ssd_cuda {
+
 // ---- registration (one call per dtype translation unit)
 // -------------------------------------------
 constexpr PrecisionGuarantee kF32Det{MathPrecision::f32, DType::f32, true, false};
@@ -4612,6 +4618,15 @@ bool register_kernels() {
       .launch = forward_chunked<T, false>,
   });
   if constexpr (E == DType::f16 || E == DType::bf16) {
+    // One block per (b, h) walks the chunks with the state on chip: x read once, y written once,
+    // no chunk-state arrays (forward_fused.cuh). The default where it fits (D <= 64, N <= 128).
+    register_kernel<SsdForwardOp>({
+        .sku = scan_sku<E>("ssd_forward", "chunked", kTensorCorePrecision<E>, "fused_mma"),
+        .priority = 33,
+        .fits = fused_fits,
+        .workspace = fused_workspace,
+        .launch = forward_fused<T>,
+    });
     register_kernel<SsdForwardOp>({
         .sku = scan_sku<E>("ssd_forward", "chunked", kTensorCorePrecision<E>, "chunked_wmma"),
         .priority = 30,

@@ -1167,11 +1167,82 @@ TEST_P(SsdPlans, ForwardMmaOnDevice) {
       EXPECT_TRUE(ran.has("chunk_state") && ran.has("chunk_out"));
     }
   }
-  // The default plan for 16-bit data.
+  // The default plan for 16-bit data that fused_mma does not take (head_dim > 64).
   const Stream& stream = harness::stream_for(target);
-  auto dflt = SsdForwardPlan::select(stream, describe(1, 64, 2, 8, 8, 1, DType::bf16, {}));
+  auto dflt = SsdForwardPlan::select(stream, describe(1, 64, 2, 128, 8, 1, DType::bf16, {}));
   BARACUDA_ASSERT_OK(dflt);
   EXPECT_EQ(dflt->sku().name, "chunked_mma_fastpass");
+}
+
+// fused_mma: one block per (b, h) carrying the state across chunks, for head_dim <= 64 and
+// state_dim <= 128. Against the float64 oracle (every element, poisoned gaps, bitwise
+// determinism) on shapes that hit its edges: each chunk length (its warp roles differ: one, two
+// or four warps per pair of row tiles), N below, at and between its two widths (24, 40, 64, 100,
+// 128), D below 64 (its zero columns), ragged last chunks, L = 1, L a multiple of the chunk,
+// groups (hpg 1, 2, 4), every option, decays of both signs and strengths (A x 8 underflows most
+// weights, A x -0.5 grows the state), and the element-wise load path (D or N not a multiple of
+// 8, padded and permuted tensors).
+TEST_P(SsdPlans, ForwardFusedOnDevice) {
+  const Target target = GetParam();
+  if (target == Target::cpu) GTEST_SKIP() << "device kernel (fused_mma)";
+  BARACUDA_SKIP_IF_UNAVAILABLE(target);
+  const Options all = every_option(ssd::DSkip::per_head);
+  const Options states{.init = true, .final = true};
+  const auto fused = PlanPreference::kernel("fused_mma");
+  const MmaCase<FwdCase> cases[] = {
+      {DType::bf16, {2, 300, 4, 64, 64, 1, 64, all}, Layout::contiguous, true},
+      {DType::bf16, {2, 600, 8, 64, 128, 1, 256, all}, Layout::contiguous, true},
+      {DType::bf16, {1, 512, 4, 64, 128, 2, 256, states}, Layout::contiguous, true},
+      {DType::f16, {2, 300, 4, 64, 64, 2, 128, {.final = true}}, Layout::contiguous, true},
+      {DType::f16, {1, 700, 4, 64, 128, 4, 256, all}, Layout::contiguous, true},
+      {DType::bf16, {1, 1100, 2, 32, 64, 1, 64, states}, Layout::contiguous, true},
+      {DType::bf16, {1, 256, 2, 48, 40, 2, 256, states}, Layout::contiguous, true},
+      {DType::bf16,
+       {1, 261, 6, 40, 24, 2, 128, {.d_skip = ssd::DSkip::per_channel, .z = true}},
+       Layout::contiguous,
+       true},
+      {DType::bf16, {1, 390, 2, 64, 100, 1, 128, {.final = true}}, Layout::contiguous, true},
+      {DType::bf16, {3, 1, 2, 16, 16, 1, 64, states}, Layout::contiguous, true},
+      {DType::bf16, {3, 1, 2, 64, 128, 1, 256, states}, Layout::contiguous, true},
+      {DType::bf16,
+       {2, 300, 4, 64, 64, 1, 256, {.final = true, .a_scale = 8}},
+       Layout::contiguous,
+       true},
+      {DType::f16,
+       {1, 200, 2, 64, 32, 1, 64, {.final = true, .a_scale = 8}},
+       Layout::contiguous,
+       true},
+      {DType::bf16,
+       {1, 200, 2, 64, 64, 1, 128, {.final = true, .a_scale = -0.5}},
+       Layout::contiguous,
+       true},
+      {DType::bf16, {1, 200, 2, 64, 20, 1, 64, states}, Layout::contiguous, true},  // N % 8 != 0
+      {DType::bf16, {1, 150, 2, 5, 6, 1, 128, all}, Layout::contiguous, true},      // D % 8 != 0
+      {DType::bf16, {1, 256, 2, 48, 40, 2, 256, states}, Layout::padded, true},
+      {DType::bf16, {1, 261, 4, 48, 40, 2, 128, all}, Layout::permuted, true},
+  };
+  for (const auto& k : cases) {
+    SCOPED_TRACE(mma_case_label(k));
+    run_forward(target, k.dtype, k.c, k.layout, true, fused);
+    const StageNames ran = plan_stages<SsdForwardPlan>(target, k.dtype, k.c, k.layout, fused);
+    EXPECT_TRUE(ran.has("fused"));
+  }
+  // L = 0: no chunks; final_states = initial_states.
+  run_forward(target, DType::bf16, {2, 0, 2, 4, 4, 1, 64, states}, Layout::contiguous, true, fused);
+  // The default for 16-bit data where it fits; not offered past its limits or for varlen.
+  const Stream& stream = harness::stream_for(target);
+  auto dflt = SsdForwardPlan::select(stream, describe(1, 64, 2, 64, 128, 1, DType::bf16, {}));
+  BARACUDA_ASSERT_OK(dflt);
+  EXPECT_EQ(dflt->sku().name, "fused_mma");
+  EXPECT_FALSE(
+      SsdForwardPlan::select(stream, describe(1, 64, 2, 128, 8, 1, DType::bf16, {}), fused).ok());
+  EXPECT_FALSE(
+      SsdForwardPlan::select(stream, describe(1, 64, 2, 64, 256, 1, DType::bf16, {}), fused).ok());
+  EXPECT_FALSE(SsdForwardPlan::select(
+                   stream, describe(1, 64, 2, 8, 8, 1, DType::bf16, {.num_seqs = 2}), fused)
+                   .ok());
+  EXPECT_FALSE(
+      SsdForwardPlan::select(stream, describe(1, 64, 2, 8, 8, 1, DType::f32, {}), fused).ok());
 }
 
 TEST_P(SsdPlans, ForwardLongSequenceF32DoesNotDrift) {

@@ -1,0 +1,426 @@
+// The chunked forward in one pass over memory (fused_mma): one block per (batch row, head) walks
+// the chunks in order with the state on chip, for 16-bit data, head_dim <= 64, state_dim <= 128.
+// Included by kernels.cuh after forward_mma.cuh; shares its parameters (Fwd) and the group's
+// C.B^T from cb_tc_vec_kernel (the only workspace).
+//
+// Per chunk (Q tokens, chunk-local cum_t = sum_{s<=t} v_s A, S the state entering the chunk):
+//   y_t = exp(cum_t) C_t . S  +  sum_{s<=t} exp(cum_t - cum_s) v_s CB_ts x_s      (then D, z)
+//   S  <- exp(cum_last) S  +  sum_s exp(cum_last - cum_s) v_s x_s (outer) B_s
+// The same SSD decomposition and the same chunk as chunked_mma_fastpass, with its operand
+// rounding (x and B by T, the state rounded to T for C.S, W rounded to T), but the state stays in
+// f32 registers from chunk to chunk: no chunk-state array, no scan launch, no prep launch. x is
+// read once, y written once; B, C and C.B^T come from L2 (every head of a group reads the same).
+// The three products per chunk on mma.sync with f32 accumulators; fixed order (deterministic).
+#pragma once
+
+namespace baracuda::ssd_cuda {
+
+namespace fused {
+constexpr int kWarps = 8, kThreads = 32 * kWarps;
+constexpr int kD = 64;        // head_dim, padded: columns [D, 64) are zeros
+constexpr int kLdX = kD + 8;  // x rows 144 B apart: ldmatrix rows hit distinct banks
+constexpr float kLog2e = 1.4426950408889634f;
+
+// Shared memory of one block: the chunk's x, C and B rows, the state entering the chunk rounded
+// to T, and the chunk's per-token scalars. Byte offsets; every region 16-byte aligned.
+template <int kQ, int kN>
+struct Smem {
+  static constexpr int kLdN = kN + 8;  // 272 or 144 B rows
+  static constexpr size_t x = 0;
+  static constexpr size_t c = x + sizeof(uint16_t) * kQ * kLdX;
+  static constexpr size_t b = c + sizeof(uint16_t) * kQ * kLdN;
+  static constexpr size_t s = b + sizeof(uint16_t) * kQ * kLdN;
+  static constexpr size_t cum = s + sizeof(uint16_t) * kD * kLdN;  // cum_t log2(e)
+  static constexpr size_t v = cum + sizeof(float) * kQ;            // v_t
+  static constexpr size_t w = v + sizeof(float) * kQ;              // exp(cum_last - cum_t) v_t
+  static constexpr size_t tot = w + sizeof(float) * kQ;            // the scan's warp totals
+  static constexpr size_t total = tot + sizeof(float) * kWarps;
+};
+
+// chunk rows [0, kQ) of a [B, L, ·, width] operand (token t0 + r, third index i) into shared
+// rows of pitch ld: 16-byte cp.async pieces when the operand allows them (zeros past `rows` and
+// `cols`), else element copies (the same zeros).
+template <class T, int kQ, int kW>
+__device__ __forceinline__ void load_rows(T* dst, int ld, const V4<const T>& v, int64_t b,
+                                          int64_t t0, int64_t i, int rows, int cols, bool vec,
+                                          int tid) {
+  if (vec) {
+    constexpr int kPieces = kW / 8;
+#pragma unroll 4
+    for (int k = tid; k < kQ * kPieces; k += kThreads) {
+      const int r = k / kPieces, col = k % kPieces * 8;
+      const bool in = r < rows && col < cols;
+      cuda::cp_async16(dst + r * ld + col, in ? &v.at(b, t0 + r, i, col) : v.p, in ? 16 : 0);
+    }
+  } else {
+    for (int k = tid; k < kQ * kW; k += kThreads) {
+      const int r = k / kW, col = k % kW;
+      dst[r * ld + col] = r < rows && col < cols ? v.at(b, t0 + r, i, col) : from_float<T>(0.0f);
+    }
+  }
+}
+}  // namespace fused
+
+// One block of eight warps per (head h, batch row b), chunks in order. Warp roles:
+//  - y (C.S and W.x): the chunk's 16-row tiles go in pairs {i, kQ/16 - 1 - i} (equal causal
+//    work), each pair to 8 / pairs warps splitting the 64 columns d;
+//  - the state update: warp w owns rows d 16 (w % 4) .. + 15 and half of the N columns; its
+//    accumulators are the f32 state, carried from chunk to chunk.
+// Per chunk: scalars (v, cum by a block scan), C.S into the y accumulators (scaled by exp(cum_t)),
+// W.x on top (W built in registers from C.B^T read from L2, one exponential per weight), the
+// epilogue (D skip, silu(z) gate, y stored), then the state update and its T copy for the next
+// chunk's C.S. Loads run one phase ahead: the next chunk's C under W.x and the state update, its
+// x and B under the next C.S.
+template <class T, int kQ, int kN>
+__global__ void __launch_bounds__(fused::kThreads, 1) ssd_fused_fwd_kernel(Fwd<T> p, bool vec) {
+  using namespace fused;
+  using Lay = Smem<kQ, kN>;
+  constexpr int kLdN = Lay::kLdN;
+  constexpr int kR = kQ / 16;                 // 16-row tiles of a chunk
+  constexpr int kPairs = kR / 2;              // balanced pairs of row tiles
+  constexpr int kWpp = kWarps / kPairs;       // warps per pair: 1, 2, 4 (kQ = 256, 128, 64)
+  constexpr int kDW = kD / kWpp;              // y columns per warp
+  constexpr int kYT = kDW / 8;                // y n8 tiles per row tile
+  constexpr int kSN = kN / 2, kST = kSN / 8;  // state columns per warp, their n8 tiles
+  static_assert(kPairs * kWpp == kWarps && kYT % 2 == 0 && kST % 2 == 0);
+  extern __shared__ __align__(16) unsigned char fused_smem[];
+  T* xs = reinterpret_cast<T*>(fused_smem + Lay::x);
+  T* cs = reinterpret_cast<T*>(fused_smem + Lay::c);
+  T* bs = reinterpret_cast<T*>(fused_smem + Lay::b);
+  T* ss = reinterpret_cast<T*>(fused_smem + Lay::s);
+  float* cum = reinterpret_cast<float*>(fused_smem + Lay::cum);
+  float* vv = reinterpret_cast<float*>(fused_smem + Lay::v);
+  float* w3 = reinterpret_cast<float*>(fused_smem + Lay::w);
+  float* tot = reinterpret_cast<float*>(fused_smem + Lay::tot);
+
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, q4 = lane % 4;
+  const int64_t h = blockIdx.x, b = blockIdx.y, grp = h / p.hpg, G = p.H / p.hpg;
+  const int D = static_cast<int>(p.D), N = static_cast<int>(p.N);
+  const float a2 = p.A.at(h) * kLog2e;
+  const float bias = p.has_bias ? p.bias.at(h) : 0.0f;
+
+  // y roles
+  const int pair = warp / kWpp, d0 = (warp % kWpp) * kDW;
+  const int rt[2] = {pair, kR - 1 - pair};
+  // state roles
+  const int sd0 = 16 * (warp % 4), sn0 = (warp / 4) * kSN;
+
+  auto issue_c = [&](int64_t c) {
+    const int64_t t0 = c * kQ;
+    const int rows = static_cast<int>(p.L - t0 < kQ ? p.L - t0 : kQ);
+    load_rows<T, kQ, kN>(cs, kLdN, p.Cm, b, t0, grp, rows, N, vec, tid);
+  };
+  auto issue_xb = [&](int64_t c) {
+    const int64_t t0 = c * kQ;
+    const int rows = static_cast<int>(p.L - t0 < kQ ? p.L - t0 : kQ);
+    load_rows<T, kQ, kD>(xs, kLdX, p.x, b, t0, h, rows, D, vec, tid);
+    load_rows<T, kQ, kN>(bs, kLdN, p.Bm, b, t0, grp, rows, N, vec, tid);
+  };
+  // The raw dt of this thread's token of chunk c (threads >= kQ hold nothing).
+  auto dt_of = [&](int64_t c) {
+    const int64_t t = c * kQ + tid;
+    return tid < kQ && t < p.L ? to_float(p.dt.at(b, t, h)) : 0.0f;
+  };
+
+  // The state: f32 in the update warps' accumulators, T in ss for C.S.
+  float st[kST][4];
+#pragma unroll
+  for (int j = 0; j < kST; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int d = sd0 + g + 8 * (e / 2), n = sn0 + 8 * j + 2 * q4 + e % 2;
+      st[j][e] = p.has_init && d < D && n < N ? p.init.at(b, h, d, n) : 0.0f;
+    }
+  auto store_state_t = [&] {
+#pragma unroll
+    for (int j = 0; j < kST; ++j)
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        *reinterpret_cast<uint32_t*>(ss + (sd0 + g + 8 * r) * kLdN + sn0 + 8 * j + 2 * q4) =
+            cuda::pack2<T>(st[j][2 * r], st[j][2 * r + 1]);
+  };
+  store_state_t();  // rows d >= D and columns n >= N stay zero: their x and B columns are
+
+  if (p.nchunks > 0) {
+    issue_c(0);
+    cuda::cp_async_commit();
+    issue_xb(0);
+    cuda::cp_async_commit();
+  }
+  float dt_raw = p.nchunks > 0 ? dt_of(0) : 0.0f;
+  const int64_t G_off = b * G + grp;
+
+  for (int64_t c = 0; c < p.nchunks; ++c) {
+    const int64_t t0 = c * kQ;
+    const int K = static_cast<int>(p.L - t0 < kQ ? p.L - t0 : kQ);  // tokens in this chunk
+    // ---- scalars: v, cum (log2 units) by a block scan in a fixed order, the update weights
+    float v = 0.0f, a = 0.0f;
+    if (tid < K) {
+      v = process_dt(dt_raw + bias, p.softplus, p.dt_min, p.dt_max).v;
+      a = v * a2;
+    }
+    if (c + 1 < p.nchunks) dt_raw = dt_of(c + 1);
+    float run = a;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const float up = __shfl_up_sync(0xffffffffu, run, o);
+      if (lane >= o) run += up;
+    }
+    if (lane == 31) tot[warp] = run;
+    __syncthreads();
+    float before = 0.0f, last = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kQ / 32; ++w) {
+      const float tw = tot[w];
+      before += w < warp ? tw : 0.0f;
+      last += tw;
+    }
+    if (tid < kQ) {
+      const float cl = before + run;  // equals `last` bit for bit at tid = kQ - 1
+      cum[tid] = cl;
+      vv[tid] = v;
+      w3[tid] = v * exp2_ftz(last - cl);
+    }
+    cuda::cp_async_wait<1>();  // C of this chunk (its x and B may still be in flight)
+    __syncthreads();           // C, the scalars and the state copy visible
+
+    // ---- y = exp(cum_t) C_t . S
+    float acc[2][kYT][4];
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int j = 0; j < kYT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[r][j][e] = 0.0f;
+#pragma unroll 2
+    for (int k0 = 0; k0 < kN; k0 += 16) {
+      uint32_t bf[kYT][2];
+#pragma unroll
+      for (int jp = 0; jp < kYT / 2; ++jp)
+        cuda::ldmatrix_x4(cuda::smem_u32(ss + (d0 + 16 * jp + lane % 8 + (lane / 16) * 8) * kLdN +
+                                         k0 + ((lane / 8) % 2) * 8),
+                          bf[2 * jp][0], bf[2 * jp][1], bf[2 * jp + 1][0], bf[2 * jp + 1][1]);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        uint32_t af[4];
+        load_a_frag<T>(af, cs, kLdN, 16 * rt[r], k0, lane);
+#pragma unroll
+        for (int j = 0; j < kYT; ++j) cuda::mma16816<T>(acc[r][j], af, bf[j][0], bf[j][1]);
+      }
+    }
+    float cl_t[2][2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        cl_t[r][u] = cum[16 * rt[r] + g + 8 * u];
+        const float es = exp2_ftz(cl_t[r][u]);
+#pragma unroll
+        for (int j = 0; j < kYT; ++j) acc[r][j][2 * u] *= es, acc[r][j][2 * u + 1] *= es;
+      }
+    cuda::cp_async_wait<0>();  // x and B of this chunk
+    __syncthreads();           // every warp is done with C and with the state copy
+    if (c + 1 < p.nchunks) issue_c(c + 1);
+    cuda::cp_async_commit();
+
+    // ---- y += sum_{s<=t} W_ts x_s, W_ts = exp(cum_t - cum_s) v_s CB_ts
+    const float* cbt = p.cb + (G_off * p.nchunks + c) * kQ * kQ;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int i = rt[r];
+      const int ta = 16 * i + g;
+      const float* cba = cbt + ta * kQ + 2 * q4;
+      const float* cbb = cba + 8 * kQ;
+      float2 nx[4] = {
+          *reinterpret_cast<const float2*>(cba), *reinterpret_cast<const float2*>(cba + 8),
+          *reinterpret_cast<const float2*>(cbb), *reinterpret_cast<const float2*>(cbb + 8)};
+      for (int j = 0; j <= i; ++j) {
+        const float2 cb[4] = {nx[0], nx[1], nx[2], nx[3]};
+        if (j < i) {  // the next block's C.B^T under this one's products
+          const int o = 16 * (j + 1);
+          nx[0] = *reinterpret_cast<const float2*>(cba + o);
+          nx[1] = *reinterpret_cast<const float2*>(cba + o + 8);
+          nx[2] = *reinterpret_cast<const float2*>(cbb + o);
+          nx[3] = *reinterpret_cast<const float2*>(cbb + o + 8);
+        }
+        const int s = 16 * j + 2 * q4;
+        const float2 cs0 = *reinterpret_cast<const float2*>(cum + s);
+        const float2 cs8 = *reinterpret_cast<const float2*>(cum + s + 8);
+        const float2 v0 = *reinterpret_cast<const float2*>(vv + s);
+        const float2 v8 = *reinterpret_cast<const float2*>(vv + s + 8);
+        // fragment e2: row ta + 8 (e2 & 1), columns s + 8 (e2 >= 2) and + 1
+        auto weight = [&](int u, float cs_, float v_, float cb_, int col) {
+          const int t = ta + 8 * u;
+          return col <= t ? exp2_ftz(cl_t[r][u] - cs_) * v_ * cb_ : 0.0f;
+        };
+        uint32_t af[4];
+        af[0] = cuda::pack2<T>(weight(0, cs0.x, v0.x, cb[0].x, s),
+                               weight(0, cs0.y, v0.y, cb[0].y, s + 1));
+        af[1] = cuda::pack2<T>(weight(1, cs0.x, v0.x, cb[2].x, s),
+                               weight(1, cs0.y, v0.y, cb[2].y, s + 1));
+        af[2] = cuda::pack2<T>(weight(0, cs8.x, v8.x, cb[1].x, s + 8),
+                               weight(0, cs8.y, v8.y, cb[1].y, s + 9));
+        af[3] = cuda::pack2<T>(weight(1, cs8.x, v8.x, cb[3].x, s + 8),
+                               weight(1, cs8.y, v8.y, cb[3].y, s + 9));
+#pragma unroll
+        for (int jp = 0; jp < kYT / 2; ++jp) {
+          uint32_t b0, b1, b2, b3;
+          cuda::ldmatrix_x4_trans(
+              cuda::smem_u32(xs + (16 * j + lane % 16) * kLdX + d0 + 8 * (2 * jp + lane / 16)), b0,
+              b1, b2, b3);
+          cuda::mma16816<T>(acc[r][2 * jp], af, b0, b1);
+          cuda::mma16816<T>(acc[r][2 * jp + 1], af, b2, b3);
+        }
+      }
+    }
+
+    // ---- epilogue: y = acc + D x, times silu(z)
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const int t = 16 * rt[r] + g + 8 * u;
+        if (t >= K) continue;
+        const int64_t tok = t0 + t;
+#pragma unroll
+        for (int j = 0; j < kYT; ++j) {
+          const int d = d0 + 8 * j + 2 * q4;
+          if (d >= D) continue;
+          const bool two = d + 1 < D;
+          float o[2] = {acc[r][j][2 * u], acc[r][j][2 * u + 1]};
+          if (p.has_d) {
+            o[0] += p.Dv.at(h, d) * to_float(xs[t * kLdX + d]);
+            if (two) o[1] += p.Dv.at(h, d + 1) * to_float(xs[t * kLdX + d + 1]);
+          }
+          if (p.has_z) {
+            o[0] *= silu(to_float(p.z.at(b, tok, h, d)));
+            if (two) o[1] *= silu(to_float(p.z.at(b, tok, h, d + 1)));
+          }
+          T* yp = &p.y.at(b, tok, h, d);
+          if (vec) {
+            *reinterpret_cast<uint32_t*>(yp) = cuda::pack2<T>(o[0], o[1]);
+          } else {
+            yp[0] = from_float<T>(o[0]);
+            if (two) p.y.at(b, tok, h, d + 1) = from_float<T>(o[1]);
+          }
+        }
+      }
+
+    // ---- S <- exp(cum_last) S + sum_s (w_s x_s)^T B_s, w_s = exp(cum_last - cum_s) v_s
+    {
+      const float decay = exp2_ftz(cum[kQ - 1]);
+#pragma unroll
+      for (int j = 0; j < kST; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) st[j][e] *= decay;
+      const int mi = lane / 8;
+      for (int k0 = 0; k0 < K; k0 += 16) {
+        uint32_t af[4];  // A[d][s] = x[s][d]: read transposed, then scaled by w_s
+        cuda::ldmatrix_x4_trans(
+            cuda::smem_u32(xs + (k0 + (mi / 2) * 8 + lane % 8) * kLdX + sd0 + (mi % 2) * 8), af[0],
+            af[1], af[2], af[3]);
+        const float2 wlo = *reinterpret_cast<const float2*>(w3 + k0 + 2 * q4);
+        const float2 whi = *reinterpret_cast<const float2*>(w3 + k0 + 2 * q4 + 8);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float2 w = e < 2 ? wlo : whi;
+          const T* xe = reinterpret_cast<const T*>(&af[e]);
+          af[e] = cuda::pack2<T>(to_float(xe[0]) * w.x, to_float(xe[1]) * w.y);
+        }
+#pragma unroll
+        for (int jp = 0; jp < kST / 2; ++jp) {
+          uint32_t b0, b1, b2, b3;
+          cuda::ldmatrix_x4_trans(
+              cuda::smem_u32(bs + (k0 + lane % 16) * kLdN + sn0 + 8 * (2 * jp + lane / 16)), b0, b1,
+              b2, b3);
+          cuda::mma16816<T>(st[2 * jp], af, b0, b1);
+          cuda::mma16816<T>(st[2 * jp + 1], af, b2, b3);
+        }
+      }
+    }
+    // The next chunk's C.S reads ss: every warp passed the barrier after this chunk's C.S.
+    store_state_t();
+    __syncthreads();  // x and B free, the new state copy visible
+    if (c + 1 < p.nchunks) issue_xb(c + 1);
+    cuda::cp_async_commit();
+  }
+  cuda::cp_async_wait<0>();
+  if (p.has_fin)
+#pragma unroll
+    for (int j = 0; j < kST; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int d = sd0 + g + 8 * (e / 2), n = sn0 + 8 * j + 2 * q4 + e % 2;
+        if (d < D && n < N) p.fin.at(b, h, d, n) = st[j][e];
+      }
+}
+
+// Host side: what the fused kernel takes (16-bit data is the registration's business).
+inline bool fused_fits(const ssd::Problem& p, const DeviceCaps& caps) {
+  if (p.varlen() || p.head_dim > fused::kD || p.state_dim > 128) return false;
+  if (p.batch > kMaxGridYZ || p.batch * p.ngroups > kMaxGridYZ || p.heads > (int64_t{1} << 31) - 1)
+    return false;
+  const int64_t tiles = p.chunk_size / kTile;
+  if (p.nchunks * tiles * tiles >= (int64_t{1} << 31)) return false;
+  const size_t smem = p.chunk_size == 256   ? fused::Smem<256, 128>::total
+                      : p.chunk_size == 128 ? fused::Smem<128, 128>::total
+                                            : fused::Smem<64, 128>::total;
+  return static_cast<int64_t>(smem) <= caps.smem_per_block_optin;
+}
+// The group's C.B^T for every chunk, f32 [B*G*nchunks][cs][cs] (the lower 64 x 64 tiles written).
+inline size_t fused_workspace(const ssd::Problem& p, const DeviceCaps&) {
+  return static_cast<size_t>(p.batch * p.ngroups * p.nchunks * p.chunk_size * p.chunk_size) *
+         sizeof(float);
+}
+
+template <class T, int kQ>
+Status launch_fused(const Fwd<T>& p, bool vec, cudaStream_t st) {
+  const dim3 grid(static_cast<unsigned>(p.H), static_cast<unsigned>(p.B));
+  if (p.N <= 64)
+    return cuda::launch_with_smem("ssd_forward", "ssd_fused_fwd_kernel",
+                                  ssd_fused_fwd_kernel<T, kQ, 64>, grid, fused::kThreads,
+                                  fused::Smem<kQ, 64>::total, st, p, vec);
+  return cuda::launch_with_smem("ssd_forward", "ssd_fused_fwd_kernel",
+                                ssd_fused_fwd_kernel<T, kQ, 128>, grid, fused::kThreads,
+                                fused::Smem<kQ, 128>::total, st, p, vec);
+}
+
+template <class T>
+Status forward_fused(const LaunchContext& ctx, const ssd::Problem& pr,
+                     const SsdForwardOp::Arguments& a) {
+  Fwd<T> p;
+  static_cast<Common<T>&>(p) = common_of<T>(pr, a);
+  p.y = v4<T>(a.y);
+  p.has_fin = pr.has_final_states;
+  p.fin = pr.has_final_states ? v4<float>(a.final_states) : V4<float>{};
+  p.cb = static_cast<float*>(ctx.workspace.data);
+  if (pr.batch * pr.heads == 0) return {};
+  const cudaStream_t st = cuda::stream_of(ctx);
+  StageClock clock("ssd_forward", "fused_mma", st);
+  if (pr.nchunks > 0) {
+    const int64_t tiles_t = pr.chunk_size / kTile;
+    cb_tc_vec_kernel<T><<<dim3(static_cast<unsigned>(pr.nchunks * tiles_t * tiles_t),
+                               static_cast<unsigned>(pr.batch * pr.ngroups)),
+                          kTcThreads, 0, st>>>(p);
+    BARACUDA_TRY(cuda::check_launch("ssd_forward", "cb_tc_vec_kernel"));
+    clock.mark("cb");
+  }
+  // 16-byte copies where every operand the kernel moves by vectors allows them (z goes by
+  // elements either way; y by 4-byte pairs).
+  const bool vec = pr.head_dim % 8 == 0 && pr.state_dim % 8 == 0 && rows16(p.x) && rows16(p.Bm) &&
+                   rows16(p.Cm) && rows16(p.y);
+  switch (pr.chunk_size) {
+    case 64:
+      BARACUDA_TRY((launch_fused<T, 64>(p, vec, st)));
+      break;
+    case 128:
+      BARACUDA_TRY((launch_fused<T, 128>(p, vec, st)));
+      break;
+    default:
+      BARACUDA_TRY((launch_fused<T, 256>(p, vec, st)));
+  }
+  clock.mark("fused");
+  return {};
+}
+
+}  // namespace baracuda::ssd_cuda
