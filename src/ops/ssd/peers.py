@@ -51,6 +51,10 @@ def prefill():
         with torch.no_grad():
             ms = bench(lambda: mamba_chunk_scan_combined(x, dt, A, Bm, Cm, Q))
         emit("ssd_forward", name, "mamba_ssm_triton", ms)
+        for q in (128, 64):  # the bench's "_chunk<Q>" rows: the same forward at other chunk lengths
+            with torch.no_grad():
+                ms = bench(lambda: mamba_chunk_scan_combined(x, dt, A, Bm, Cm, q))
+            emit("ssd_forward", f"{name}_chunk{q}", "mamba_ssm_triton", ms)
     for name, *_ in CASES:
         x, dt, A, Bm, Cm, Q = inputs[name]
         y = mamba_chunk_scan_combined(x, dt, A, Bm, Cm, Q)
