@@ -1,15 +1,15 @@
 // The chunked forward in one pass over memory (fused_mma): one block per (batch row, head) walks
 // the chunks in order with the state on chip, for 16-bit data, head_dim <= 64, state_dim <= 128.
-// Included by kernels.cuh after forward_mma.cuh; shares its parameters (Fwd) and the group's
-// C.B^T from cb_tc_vec_kernel (the only workspace).
+// Included by kernels.cuh after forward_mma.cuh; shares its parameters (Fwd). No workspace.
 //
 // Per chunk (Q tokens, chunk-local cum_t = sum_{s<=t} v_s A, S the state entering the chunk):
 //   y_t = exp(cum_t) C_t . S  +  sum_{s<=t} exp(cum_t - cum_s) v_s CB_ts x_s      (then D, z)
 //   S  <- exp(cum_last) S  +  sum_s exp(cum_last - cum_s) v_s x_s (outer) B_s
 // The same SSD decomposition and the same chunk as chunked_mma_fastpass, with its operand
 // rounding (x and B by T, the state rounded to T for C.S, W rounded to T), but the state stays in
-// f32 registers from chunk to chunk: no chunk-state array, no scan launch, no prep launch. x is
-// read once, y written once; B, C and C.B^T come from L2 (every head of a group reads the same).
+// f32 registers from chunk to chunk: no chunk-state array, no scan launch, no prep launch, no
+// C.B^T array (each block forms it from the C and B rows it holds anyway). x is read once, y
+// written once; B and C come from L2 (every head of a group reads the same rows).
 // The three products per chunk on mma.sync with f32 accumulators; fixed order (deterministic).
 #pragma once
 
@@ -67,10 +67,10 @@ __device__ __forceinline__ void load_rows(T* dst, int ld, const V4<const T>& v, 
 //  - the state update: warp w owns rows d 16 (w % 4) .. + 15 and half of the N columns; its
 //    accumulators are the f32 state, carried from chunk to chunk.
 // Per chunk: scalars (v, cum by a block scan), C.S into the y accumulators (scaled by exp(cum_t)),
-// W.x on top (W built in registers from C.B^T read from L2, one exponential per weight), the
-// epilogue (D skip, silu(z) gate, y stored), then the state update and its T copy for the next
-// chunk's C.S. Loads run one phase ahead: the next chunk's C under W.x and the state update, its
-// x and B under the next C.S.
+// W.x on top (C.B^T formed by mma from the shared rows, W built from its accumulators in
+// registers, one exponential per weight), the epilogue (D skip, silu(z) gate, y stored), then
+// the state update and its T copy for the next chunk's C.S. Loads run one phase ahead: the next
+// chunk's C under the epilogue and the state update, its x and B under the next C.S.
 template <class T, int kQ, int kN>
 __global__ void __launch_bounds__(fused::kThreads, 1) ssd_fused_fwd_kernel(Fwd<T> p, bool vec) {
   using namespace fused;
@@ -94,7 +94,7 @@ __global__ void __launch_bounds__(fused::kThreads, 1) ssd_fused_fwd_kernel(Fwd<T
   float* tot = reinterpret_cast<float*>(fused_smem + Lay::tot);
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, q4 = lane % 4;
-  const int64_t h = blockIdx.x, b = blockIdx.y, grp = h / p.hpg, G = p.H / p.hpg;
+  const int64_t h = blockIdx.x, b = blockIdx.y, grp = h / p.hpg;
   const int D = static_cast<int>(p.D), N = static_cast<int>(p.N);
   const float a2 = p.A.at(h) * kLog2e;
   const float bias = p.has_bias ? p.bias.at(h) : 0.0f;
@@ -148,7 +148,6 @@ __global__ void __launch_bounds__(fused::kThreads, 1) ssd_fused_fwd_kernel(Fwd<T
     cuda::cp_async_commit();
   }
   float dt_raw = p.nchunks > 0 ? dt_of(0) : 0.0f;
-  const int64_t G_off = b * G + grp;
 
   for (int64_t c = 0; c < p.nchunks; ++c) {
     const int64_t t0 = c * kQ;
@@ -219,49 +218,47 @@ __global__ void __launch_bounds__(fused::kThreads, 1) ssd_fused_fwd_kernel(Fwd<T
         for (int j = 0; j < kYT; ++j) acc[r][j][2 * u] *= es, acc[r][j][2 * u + 1] *= es;
       }
     cuda::cp_async_wait<0>();  // x and B of this chunk
-    __syncthreads();           // every warp is done with C and with the state copy
-    if (c + 1 < p.nchunks) issue_c(c + 1);
-    cuda::cp_async_commit();
+    __syncthreads();
 
-    // ---- y += sum_{s<=t} W_ts x_s, W_ts = exp(cum_t - cum_s) v_s CB_ts
-    const float* cbt = p.cb + (G_off * p.nchunks + c) * kQ * kQ;
+    // ---- y += sum_{s<=t} W_ts x_s, W_ts = exp(cum_t - cum_s) v_s CB_ts. CB_ts = C_t . B_s is
+    // formed here, 16 x 16 per step from the shared C and B rows, and its accumulators are the
+    // A fragment of W.x as they stand (the m16n8 C layout of two n8 tiles is the m16k16 A layout).
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int i = rt[r];
       const int ta = 16 * i + g;
-      const float* cba = cbt + ta * kQ + 2 * q4;
-      const float* cbb = cba + 8 * kQ;
-      float2 nx[4] = {
-          *reinterpret_cast<const float2*>(cba), *reinterpret_cast<const float2*>(cba + 8),
-          *reinterpret_cast<const float2*>(cbb), *reinterpret_cast<const float2*>(cbb + 8)};
+      uint32_t cf[kN / 16][4];  // this row tile's C, every k step
+#pragma unroll
+      for (int k = 0; k < kN / 16; ++k) load_a_frag<T>(cf[k], cs, kLdN, 16 * i, 16 * k, lane);
       for (int j = 0; j <= i; ++j) {
-        const float2 cb[4] = {nx[0], nx[1], nx[2], nx[3]};
-        if (j < i) {  // the next block's C.B^T under this one's products
-          const int o = 16 * (j + 1);
-          nx[0] = *reinterpret_cast<const float2*>(cba + o);
-          nx[1] = *reinterpret_cast<const float2*>(cba + o + 8);
-          nx[2] = *reinterpret_cast<const float2*>(cbb + o);
-          nx[3] = *reinterpret_cast<const float2*>(cbb + o + 8);
+        float cb[2][4] = {};
+#pragma unroll
+        for (int k = 0; k < kN / 16; ++k) {
+          uint32_t b0, b1, b2, b3;  // B rows s 16 j .. + 15 stored [s][n]: [n_out][k]
+          cuda::ldmatrix_x4(cuda::smem_u32(bs + (16 * j + lane % 8 + (lane / 16) * 8) * kLdN +
+                                           16 * k + ((lane / 8) % 2) * 8),
+                            b0, b1, b2, b3);
+          cuda::mma16816<T>(cb[0], cf[k], b0, b1);
+          cuda::mma16816<T>(cb[1], cf[k], b2, b3);
         }
         const int s = 16 * j + 2 * q4;
         const float2 cs0 = *reinterpret_cast<const float2*>(cum + s);
         const float2 cs8 = *reinterpret_cast<const float2*>(cum + s + 8);
         const float2 v0 = *reinterpret_cast<const float2*>(vv + s);
         const float2 v8 = *reinterpret_cast<const float2*>(vv + s + 8);
-        // fragment e2: row ta + 8 (e2 & 1), columns s + 8 (e2 >= 2) and + 1
+        // weight of row ta + 8 u, column col (the mask: s <= t; rows t >= K are never stored)
         auto weight = [&](int u, float cs_, float v_, float cb_, int col) {
-          const int t = ta + 8 * u;
-          return col <= t ? exp2_ftz(cl_t[r][u] - cs_) * v_ * cb_ : 0.0f;
+          return col <= ta + 8 * u ? exp2_ftz(cl_t[r][u] - cs_) * v_ * cb_ : 0.0f;
         };
         uint32_t af[4];
-        af[0] = cuda::pack2<T>(weight(0, cs0.x, v0.x, cb[0].x, s),
-                               weight(0, cs0.y, v0.y, cb[0].y, s + 1));
-        af[1] = cuda::pack2<T>(weight(1, cs0.x, v0.x, cb[2].x, s),
-                               weight(1, cs0.y, v0.y, cb[2].y, s + 1));
-        af[2] = cuda::pack2<T>(weight(0, cs8.x, v8.x, cb[1].x, s + 8),
-                               weight(0, cs8.y, v8.y, cb[1].y, s + 9));
-        af[3] = cuda::pack2<T>(weight(1, cs8.x, v8.x, cb[3].x, s + 8),
-                               weight(1, cs8.y, v8.y, cb[3].y, s + 9));
+        af[0] = cuda::pack2<T>(weight(0, cs0.x, v0.x, cb[0][0], s),
+                               weight(0, cs0.y, v0.y, cb[0][1], s + 1));
+        af[1] = cuda::pack2<T>(weight(1, cs0.x, v0.x, cb[0][2], s),
+                               weight(1, cs0.y, v0.y, cb[0][3], s + 1));
+        af[2] = cuda::pack2<T>(weight(0, cs8.x, v8.x, cb[1][0], s + 8),
+                               weight(0, cs8.y, v8.y, cb[1][1], s + 9));
+        af[3] = cuda::pack2<T>(weight(1, cs8.x, v8.x, cb[1][2], s + 8),
+                               weight(1, cs8.y, v8.y, cb[1][3], s + 9));
 #pragma unroll
         for (int jp = 0; jp < kYT / 2; ++jp) {
           uint32_t b0, b1, b2, b3;
@@ -273,6 +270,9 @@ __global__ void __launch_bounds__(fused::kThreads, 1) ssd_fused_fwd_kernel(Fwd<T
         }
       }
     }
+    __syncthreads();  // every warp is done with C: the next chunk's comes in under the rest
+    if (c + 1 < p.nchunks) issue_c(c + 1);
+    cuda::cp_async_commit();
 
     // ---- epilogue: y = acc + D x, times silu(z)
 #pragma unroll
@@ -358,21 +358,12 @@ __global__ void __launch_bounds__(fused::kThreads, 1) ssd_fused_fwd_kernel(Fwd<T
 // Host side: what the fused kernel takes (16-bit data is the registration's business).
 inline bool fused_fits(const ssd::Problem& p, const DeviceCaps& caps) {
   if (p.varlen() || p.head_dim > fused::kD || p.state_dim > 128) return false;
-  if (p.batch > kMaxGridYZ || p.batch * p.ngroups > kMaxGridYZ || p.heads > (int64_t{1} << 31) - 1)
-    return false;
-  const int64_t tiles = p.chunk_size / kTile;
-  if (p.nchunks * tiles * tiles >= (int64_t{1} << 31)) return false;
+  if (p.batch > kMaxGridYZ || p.heads > (int64_t{1} << 31) - 1) return false;
   const size_t smem = p.chunk_size == 256   ? fused::Smem<256, 128>::total
                       : p.chunk_size == 128 ? fused::Smem<128, 128>::total
                                             : fused::Smem<64, 128>::total;
   return static_cast<int64_t>(smem) <= caps.smem_per_block_optin;
 }
-// The group's C.B^T for every chunk, f32 [B*G*nchunks][cs][cs] (the lower 64 x 64 tiles written).
-inline size_t fused_workspace(const ssd::Problem& p, const DeviceCaps&) {
-  return static_cast<size_t>(p.batch * p.ngroups * p.nchunks * p.chunk_size * p.chunk_size) *
-         sizeof(float);
-}
-
 template <class T, int kQ>
 Status launch_fused(const Fwd<T>& p, bool vec, cudaStream_t st) {
   const dim3 grid(static_cast<unsigned>(p.H), static_cast<unsigned>(p.B));
@@ -393,18 +384,9 @@ Status forward_fused(const LaunchContext& ctx, const ssd::Problem& pr,
   p.y = v4<T>(a.y);
   p.has_fin = pr.has_final_states;
   p.fin = pr.has_final_states ? v4<float>(a.final_states) : V4<float>{};
-  p.cb = static_cast<float*>(ctx.workspace.data);
   if (pr.batch * pr.heads == 0) return {};
   const cudaStream_t st = cuda::stream_of(ctx);
   StageClock clock("ssd_forward", "fused_mma", st);
-  if (pr.nchunks > 0) {
-    const int64_t tiles_t = pr.chunk_size / kTile;
-    cb_tc_vec_kernel<T><<<dim3(static_cast<unsigned>(pr.nchunks * tiles_t * tiles_t),
-                               static_cast<unsigned>(pr.batch * pr.ngroups)),
-                          kTcThreads, 0, st>>>(p);
-    BARACUDA_TRY(cuda::check_launch("ssd_forward", "cb_tc_vec_kernel"));
-    clock.mark("cb");
-  }
   // 16-byte copies where every operand the kernel moves by vectors allows them (z goes by
   // elements either way; y by 4-byte pairs).
   const bool vec = pr.head_dim % 8 == 0 && pr.state_dim % 8 == 0 && rows16(p.x) && rows16(p.Bm) &&

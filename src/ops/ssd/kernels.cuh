@@ -4624,7 +4624,6 @@ bool register_kernels() {
         .sku = scan_sku<E>("ssd_forward", "chunked", kTensorCorePrecision<E>, "fused_mma"),
         .priority = 33,
         .fits = fused_fits,
-        .workspace = fused_workspace,
         .launch = forward_fused<T>,
     });
     register_kernel<SsdForwardOp>({
