@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <map>
 #include <random>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -223,6 +224,18 @@ void run_decode(const Stream& s) {
                   .note = "state f32 read + written in place"});
 }
 
+// The forward's default at the other chunk lengths (its work falls with the chunk: the
+// intra-chunk products are Q/2 per token), as "<case>_chunk<Q>".
+void forward_other_chunks(const Stream& s, std::span<const Case> cases) {
+  for (const Case& c : cases)
+    for (int64_t q : {128, 64}) {
+      Case other = c;
+      other.Q = q;
+      other.name += "_chunk" + std::to_string(q);
+      run_prefill(s, other, false);
+    }
+}
+
 void bench_ssd(const Stream& s) {
   const Case cases[] = {{"B4_L4096_H80_D64_N128_G1", 4, 4096, 80, 64, 128, 1, 256},
                         {"B8_L2048_H32_D64_N64_G1", 8, 2048, 32, 64, 64, 1, 256}};
@@ -231,21 +244,15 @@ void bench_ssd(const Stream& s) {
   const std::string_view only = bench::env("BARACUDA_SSD_ONLY");
   if (!only.empty()) {
     for (const Case& c : cases) run_prefill(s, c, only == "backward");
-    if (only == "forward")
+    if (only == "forward") {
+      forward_other_chunks(s, cases);
       for (const Case& c : cases) run_prefill(s, c, false, "chunked_mma_fastpass");
+    }
     return;
   }
   for (const Case& c : cases) run_prefill(s, c, false);  // fused_mma (bf16)
   for (const Case& c : cases) run_prefill(s, c, true);   // chunked_mma_fastpass (bf16)
-  // The forward's default at the other chunk lengths (its work falls with the chunk: the
-  // intra-chunk product is Q/2 per token), and the multi-launch forward it replaced.
-  for (const Case& c : cases)
-    for (int64_t q : {128, 64}) {
-      Case other = c;
-      other.Q = q;
-      other.name += "_chunk" + std::to_string(q);
-      run_prefill(s, other, false);
-    }
+  forward_other_chunks(s, cases);
   for (const Case& c : cases) run_prefill(s, c, false, "chunked_mma_fastpass");
   // A/B rows under the same case names: the forward with the WMMA products, without the fast
   // inter-chunk pass, and with 16-byte operand staging (bitwise equal results); the backward
