@@ -37,28 +37,41 @@ struct Smem {
   static constexpr size_t total = tot + sizeof(float) * kWarps;
 };
 
-// chunk rows [0, kQ) of a [B, L, ·, width] operand (token t0 + r, third index i) into shared
-// rows of pitch ld: 16-byte cp.async pieces when the operand allows them (zeros past `rows` and
-// `cols`), else element copies (the same zeros).
-template <class T, int kQ, int kW>
-__device__ __forceinline__ void load_rows(T* dst, int ld, const V4<const T>& v, int64_t b,
-                                          int64_t t0, int64_t i, int rows, int cols, bool vec,
-                                          int tid) {
-  if (vec) {
-    constexpr int kPieces = kW / 8;
+// The chunk rows of one [B, L, ·, width] operand this thread copies into shared rows of pitch
+// ld (token t0 + r of batch row b, third index i, columns [0, kW) with zeros past `cols` and past
+// the sequence). kVec: 16-byte cp.async pieces, one fixed column per thread and rows kRowStep
+// apart, from a pointer set up once (no per-piece index products); else element copies.
+template <class T, int kQ, int kW, bool kVec>
+struct RowLoader {
+  static constexpr int kPieces = kVec ? kW / 8 : kW;  // per row
+  static constexpr int kRowStep = kThreads / kPieces;
+  static_assert(kThreads % kPieces == 0 && kQ % kRowStep == 0);
+  const T* src;   // row r0 of chunk 0 (kVec: at this thread's column)
+  int64_t s_tok;  // elements from one token to the next
+  int r0, col;
+  bool col_in;
+
+  __device__ RowLoader(const V4<const T>& v, int64_t b, int64_t i, int cols, int tid)
+      : s_tok(v.s1), r0(tid / kPieces), col(tid % kPieces * (kVec ? 8 : 1)) {
+    col_in = col < cols;
+    src = v.p + b * v.s0 + r0 * v.s1 + i * v.s2 + (col_in ? col * v.s3 : 0);
+  }
+  // rows: the chunk's tokens before the end of the sequence.
+  __device__ __forceinline__ void load(T* dst, int ld, int64_t t0, int rows, int cols) const {
+    const T* s = src + t0 * s_tok;
+    T* d = dst + r0 * ld + col;
 #pragma unroll 4
-    for (int k = tid; k < kQ * kPieces; k += kThreads) {
-      const int r = k / kPieces, col = k % kPieces * 8;
-      const bool in = r < rows && col < cols;
-      cuda::cp_async16(dst + r * ld + col, in ? &v.at(b, t0 + r, i, col) : v.p, in ? 16 : 0);
-    }
-  } else {
-    for (int k = tid; k < kQ * kW; k += kThreads) {
-      const int r = k / kW, col = k % kW;
-      dst[r * ld + col] = r < rows && col < cols ? v.at(b, t0 + r, i, col) : from_float<T>(0.0f);
+    for (int r = r0; r < kQ; r += kRowStep, s += kRowStep * s_tok, d += kRowStep * ld) {
+      const bool in = col_in && r < rows;
+      if constexpr (kVec) {
+        cuda::cp_async16(d, in ? s : src, in ? 16 : 0);
+      } else {
+        (void)cols;
+        *d = in ? *s : from_float<T>(0.0f);
+      }
     }
   }
-}
+};
 }  // namespace fused
 
 // One block of eight warps per (head h, batch row b), chunks in order. Warp roles:
@@ -71,8 +84,8 @@ __device__ __forceinline__ void load_rows(T* dst, int ld, const V4<const T>& v, 
 // registers, one exponential per weight), the epilogue (D skip, silu(z) gate, y stored), then
 // the state update and its T copy for the next chunk's C.S. Loads run one phase ahead: the next
 // chunk's C under the epilogue and the state update, its x and B under the next C.S.
-template <class T, int kQ, int kN>
-__global__ void __launch_bounds__(fused::kThreads, 1) ssd_fused_fwd_kernel(Fwd<T> p, bool vec) {
+template <class T, int kQ, int kN, bool kVec>
+__global__ void __launch_bounds__(fused::kThreads, 1) ssd_fused_fwd_kernel(Fwd<T> p) {
   using namespace fused;
   using Lay = Smem<kQ, kN>;
   constexpr int kLdN = Lay::kLdN;
@@ -98,6 +111,7 @@ __global__ void __launch_bounds__(fused::kThreads, 1) ssd_fused_fwd_kernel(Fwd<T
   const int D = static_cast<int>(p.D), N = static_cast<int>(p.N);
   const float a2 = p.A.at(h) * kLog2e;
   const float bias = p.has_bias ? p.bias.at(h) : 0.0f;
+  const float* dskip = p.has_d ? p.Dv.p + h * p.Dv.s0 : nullptr;  // D of this head, [d * s1]
 
   // y roles
   const int pair = warp / kWpp, d0 = (warp % kWpp) * kDW;
@@ -105,16 +119,13 @@ __global__ void __launch_bounds__(fused::kThreads, 1) ssd_fused_fwd_kernel(Fwd<T
   // state roles
   const int sd0 = 16 * (warp % 4), sn0 = (warp / 4) * kSN;
 
-  auto issue_c = [&](int64_t c) {
-    const int64_t t0 = c * kQ;
-    const int rows = static_cast<int>(p.L - t0 < kQ ? p.L - t0 : kQ);
-    load_rows<T, kQ, kN>(cs, kLdN, p.Cm, b, t0, grp, rows, N, vec, tid);
-  };
+  const RowLoader<T, kQ, kN, kVec> c_rows(p.Cm, b, grp, N, tid), b_rows(p.Bm, b, grp, N, tid);
+  const RowLoader<T, kQ, kD, kVec> x_rows(p.x, b, h, D, tid);
+  auto rows_of = [&](int64_t t0) { return static_cast<int>(p.L - t0 < kQ ? p.L - t0 : kQ); };
+  auto issue_c = [&](int64_t c) { c_rows.load(cs, kLdN, c * kQ, rows_of(c * kQ), N); };
   auto issue_xb = [&](int64_t c) {
-    const int64_t t0 = c * kQ;
-    const int rows = static_cast<int>(p.L - t0 < kQ ? p.L - t0 : kQ);
-    load_rows<T, kQ, kD>(xs, kLdX, p.x, b, t0, h, rows, D, vec, tid);
-    load_rows<T, kQ, kN>(bs, kLdN, p.Bm, b, t0, grp, rows, N, vec, tid);
+    x_rows.load(xs, kLdX, c * kQ, rows_of(c * kQ), D);
+    b_rows.load(bs, kLdN, c * kQ, rows_of(c * kQ), N);
   };
   // The raw dt of this thread's token of chunk c (threads >= kQ hold nothing).
   auto dt_of = [&](int64_t c) {
@@ -230,17 +241,32 @@ __global__ void __launch_bounds__(fused::kThreads, 1) ssd_fused_fwd_kernel(Fwd<T
       uint32_t cf[kN / 16][4];  // this row tile's C, every k step
 #pragma unroll
       for (int k = 0; k < kN / 16; ++k) load_a_frag<T>(cf[k], cs, kLdN, 16 * i, 16 * k, lane);
-      for (int j = 0; j <= i; ++j) {
-        float cb[2][4] = {};
+      // CB block (i, j): two chains per n8 tile (even and odd k steps), added at the end.
+      auto cb_block = [&](int j, float(&out)[2][4]) {
+        float part[2][2][4] = {};
 #pragma unroll
         for (int k = 0; k < kN / 16; ++k) {
           uint32_t b0, b1, b2, b3;  // B rows s 16 j .. + 15 stored [s][n]: [n_out][k]
           cuda::ldmatrix_x4(cuda::smem_u32(bs + (16 * j + lane % 8 + (lane / 16) * 8) * kLdN +
                                            16 * k + ((lane / 8) % 2) * 8),
                             b0, b1, b2, b3);
-          cuda::mma16816<T>(cb[0], cf[k], b0, b1);
-          cuda::mma16816<T>(cb[1], cf[k], b2, b3);
+          cuda::mma16816<T>(part[k % 2][0], cf[k], b0, b1);
+          cuda::mma16816<T>(part[k % 2][1], cf[k], b2, b3);
         }
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) out[n][e] = part[0][n][e] + part[1][n][e];
+      };
+      float nxt[2][4];
+      cb_block(0, nxt);
+      for (int j = 0; j <= i; ++j) {
+        float cb[2][4];
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) cb[n][e] = nxt[n][e];
+        if (j < i) cb_block(j + 1, nxt);  // independent of this block's weights and W.x
         const int s = 16 * j + 2 * q4;
         const float2 cs0 = *reinterpret_cast<const float2*>(cum + s);
         const float2 cs8 = *reinterpret_cast<const float2*>(cum + s + 8);
@@ -282,6 +308,9 @@ __global__ void __launch_bounds__(fused::kThreads, 1) ssd_fused_fwd_kernel(Fwd<T
         const int t = 16 * rt[r] + g + 8 * u;
         if (t >= K) continue;
         const int64_t tok = t0 + t;
+        T* yr = p.y.p + b * p.y.s0 + tok * p.y.s1 + h * p.y.s2;
+        const T* zr = p.has_z ? p.z.p + b * p.z.s0 + tok * p.z.s1 + h * p.z.s2 : nullptr;
+        const T* xr = xs + t * kLdX;
 #pragma unroll
         for (int j = 0; j < kYT; ++j) {
           const int d = d0 + 8 * j + 2 * q4;
@@ -289,19 +318,22 @@ __global__ void __launch_bounds__(fused::kThreads, 1) ssd_fused_fwd_kernel(Fwd<T
           const bool two = d + 1 < D;
           float o[2] = {acc[r][j][2 * u], acc[r][j][2 * u + 1]};
           if (p.has_d) {
-            o[0] += p.Dv.at(h, d) * to_float(xs[t * kLdX + d]);
-            if (two) o[1] += p.Dv.at(h, d + 1) * to_float(xs[t * kLdX + d + 1]);
+            o[0] += dskip[d * p.Dv.s1] * to_float(xr[d]);
+            if (two) o[1] += dskip[(d + 1) * p.Dv.s1] * to_float(xr[d + 1]);
           }
-          if (p.has_z) {
-            o[0] *= silu(to_float(p.z.at(b, tok, h, d)));
-            if (two) o[1] *= silu(to_float(p.z.at(b, tok, h, d + 1)));
+          if (p.has_z) {  // silu with the fast reciprocal and exponential (no slow-path calls)
+            const float z0 = to_float(zr[d * p.z.s3]);
+            o[0] *= __fdividef(z0, 1.0f + __expf(-z0));
+            if (two) {
+              const float z1 = to_float(zr[(d + 1) * p.z.s3]);
+              o[1] *= __fdividef(z1, 1.0f + __expf(-z1));
+            }
           }
-          T* yp = &p.y.at(b, tok, h, d);
-          if (vec) {
-            *reinterpret_cast<uint32_t*>(yp) = cuda::pack2<T>(o[0], o[1]);
+          if constexpr (kVec) {
+            *reinterpret_cast<uint32_t*>(yr + d) = cuda::pack2<T>(o[0], o[1]);
           } else {
-            yp[0] = from_float<T>(o[0]);
-            if (two) p.y.at(b, tok, h, d + 1) = from_float<T>(o[1]);
+            yr[d * p.y.s3] = from_float<T>(o[0]);
+            if (two) yr[(d + 1) * p.y.s3] = from_float<T>(o[1]);
           }
         }
       }
@@ -364,16 +396,17 @@ inline bool fused_fits(const ssd::Problem& p, const DeviceCaps& caps) {
                                             : fused::Smem<64, 128>::total;
   return static_cast<int64_t>(smem) <= caps.smem_per_block_optin;
 }
-template <class T, int kQ>
+template <class T, int kQ, int kN>
 Status launch_fused(const Fwd<T>& p, bool vec, cudaStream_t st) {
   const dim3 grid(static_cast<unsigned>(p.H), static_cast<unsigned>(p.B));
-  if (p.N <= 64)
-    return cuda::launch_with_smem("ssd_forward", "ssd_fused_fwd_kernel",
-                                  ssd_fused_fwd_kernel<T, kQ, 64>, grid, fused::kThreads,
-                                  fused::Smem<kQ, 64>::total, st, p, vec);
-  return cuda::launch_with_smem("ssd_forward", "ssd_fused_fwd_kernel",
-                                ssd_fused_fwd_kernel<T, kQ, 128>, grid, fused::kThreads,
-                                fused::Smem<kQ, 128>::total, st, p, vec);
+  return cuda::launch_with_smem(
+      "ssd_forward", "ssd_fused_fwd_kernel",
+      vec ? ssd_fused_fwd_kernel<T, kQ, kN, true> : ssd_fused_fwd_kernel<T, kQ, kN, false>, grid,
+      fused::kThreads, fused::Smem<kQ, kN>::total, st, p);
+}
+template <class T, int kQ>
+Status launch_fused(const Fwd<T>& p, bool vec, cudaStream_t st) {
+  return p.N <= 64 ? launch_fused<T, kQ, 64>(p, vec, st) : launch_fused<T, kQ, 128>(p, vec, st);
 }
 
 template <class T>
