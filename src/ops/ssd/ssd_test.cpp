@@ -1180,8 +1180,8 @@ TEST_P(SsdPlans, ForwardMmaOnDevice) {
 // or four warps per pair of row tiles), N below, at and between its two widths (24, 40, 64, 100,
 // 128), D below 64 (its zero columns), ragged last chunks, L = 1, L a multiple of the chunk,
 // groups (hpg 1, 2, 4), every option, decays of both signs and strengths (A x 8 underflows most
-// weights, A x -0.5 grows the state), and the element-wise load path (D or N not a multiple of
-// 8, padded and permuted tensors).
+// weights, A x -0.5 grows the state), the element-wise load path (D or N not a multiple of 8,
+// padded and permuted tensors) and L = 16384 (64 chunks of carried state).
 TEST_P(SsdPlans, ForwardFusedOnDevice) {
   const Target target = GetParam();
   if (target == Target::cpu) GTEST_SKIP() << "device kernel (fused_mma)";
@@ -1220,6 +1220,8 @@ TEST_P(SsdPlans, ForwardFusedOnDevice) {
       {DType::bf16, {1, 150, 2, 5, 6, 1, 128, all}, Layout::contiguous, true},      // D % 8 != 0
       {DType::bf16, {1, 256, 2, 48, 40, 2, 256, states}, Layout::padded, true},
       {DType::bf16, {1, 261, 4, 48, 40, 2, 128, all}, Layout::permuted, true},
+      // 64 chunks of state carried in registers: no drift from the sequential reference
+      {DType::bf16, {1, 16384, 2, 64, 128, 1, 256, states}, Layout::contiguous, true},
   };
   for (const auto& k : cases) {
     SCOPED_TRACE(mma_case_label(k));
