@@ -218,34 +218,18 @@ __global__ void __launch_bounds__(fused::kThreads, 1) ssd_fused_fwd_kernel(Fwd<T
         for (int j = 0; j < kYT; ++j) cuda::mma16816<T>(acc[r][j], af, bf[j][0], bf[j][1]);
       }
     }
-    float cl_t[2][2], rowf[2][2];
+    float cl_t[2][2];
 #pragma unroll
     for (int r = 0; r < 2; ++r)
 #pragma unroll
       for (int u = 0; u < 2; ++u) {
         cl_t[r][u] = cum[16 * rt[r] + g + 8 * u];
-        rowf[r][u] = exp2_ftz(cl_t[r][u] - last);
         const float es = exp2_ftz(cl_t[r][u]);
 #pragma unroll
         for (int j = 0; j < kYT; ++j) acc[r][j][2 * u] *= es, acc[r][j][2 * u + 1] *= es;
       }
     cuda::cp_async_wait<0>();  // x and B of this chunk
     __syncthreads();
-    // Factored form (the chunk decays by at most 2^kFactorSafe, so no weight below leaves T's
-    // range): x becomes x~_s = x_s v_s exp(cum_last - cum_s) in place, W.x takes the weights
-    // exp(cum_t - cum_last) CB_ts (one exponential per row, none per weight) and the state update
-    // takes x~ as it stands. Else every weight is formed directly and the update scales x.
-    const bool factored = fabsf(last) <= fwd_mma::kFactorSafe<T>;  // the same in every thread
-    if (factored) {
-      for (int k = tid; k < kQ * (kD / 8); k += fused::kThreads) {
-        const int row = k / (kD / 8);
-        uint4* piece = reinterpret_cast<uint4*>(xs + row * kLdX + k % (kD / 8) * 8);
-        float f[8];
-        unpack8<T>(*piece, f);
-        store8<T>(reinterpret_cast<T*>(piece), f, w3[row]);
-      }
-      __syncthreads();
-    }
 
     // ---- y += sum_{s<=t} W_ts x_s, W_ts = exp(cum_t - cum_s) v_s CB_ts. CB_ts = C_t . B_s is
     // formed here, 16 x 16 per step from the shared C and B rows, and its accumulators are the
@@ -284,35 +268,23 @@ __global__ void __launch_bounds__(fused::kThreads, 1) ssd_fused_fwd_kernel(Fwd<T
           for (int e = 0; e < 4; ++e) cb[n][e] = nxt[n][e];
         if (j < i) cb_block(j + 1, nxt);  // independent of this block's weights and W.x
         const int s = 16 * j + 2 * q4;
-        uint32_t af[4];
-        // W for this block rounded to T, one straight form per (factored, diagonal): weight(u,
-        // e, col, cb) is that of row ta + 8 u, column col (the mask s <= t on the diagonal block
-        // only; rows t >= K are never stored).
-        auto build = [&]<bool kFactored, bool kDiag>() {
-          float2 cs0{}, cs8{}, v0{}, v8{};
-          if constexpr (!kFactored) {
-            cs0 = *reinterpret_cast<const float2*>(cum + s);
-            cs8 = *reinterpret_cast<const float2*>(cum + s + 8);
-            v0 = *reinterpret_cast<const float2*>(vv + s);
-            v8 = *reinterpret_cast<const float2*>(vv + s + 8);
-          }
-          auto weight = [&](int u, int e, int col, float cb_) {
-            const float cs_ = e == 0 ? cs0.x : e == 1 ? cs0.y : e == 2 ? cs8.x : cs8.y;
-            const float v_ = e == 0 ? v0.x : e == 1 ? v0.y : e == 2 ? v8.x : v8.y;
-            const float w = kFactored ? rowf[r][u] * cb_ : exp2_ftz(cl_t[r][u] - cs_) * v_ * cb_;
-            return !kDiag || col <= ta + 8 * u ? w : 0.0f;
-          };
-          af[0] = cuda::pack2<T>(weight(0, 0, s, cb[0][0]), weight(0, 1, s + 1, cb[0][1]));
-          af[1] = cuda::pack2<T>(weight(1, 0, s, cb[0][2]), weight(1, 1, s + 1, cb[0][3]));
-          af[2] = cuda::pack2<T>(weight(0, 2, s + 8, cb[1][0]), weight(0, 3, s + 9, cb[1][1]));
-          af[3] = cuda::pack2<T>(weight(1, 2, s + 8, cb[1][2]), weight(1, 3, s + 9, cb[1][3]));
+        const float2 cs0 = *reinterpret_cast<const float2*>(cum + s);
+        const float2 cs8 = *reinterpret_cast<const float2*>(cum + s + 8);
+        const float2 v0 = *reinterpret_cast<const float2*>(vv + s);
+        const float2 v8 = *reinterpret_cast<const float2*>(vv + s + 8);
+        // weight of row ta + 8 u, column col (the mask: s <= t; rows t >= K are never stored)
+        auto weight = [&](int u, float cs_, float v_, float cb_, int col) {
+          return col <= ta + 8 * u ? exp2_ftz(cl_t[r][u] - cs_) * v_ * cb_ : 0.0f;
         };
-        if (factored)
-          j == i ? build.template operator()<true, true>()
-                 : build.template operator()<true, false>();
-        else
-          j == i ? build.template operator()<false, true>()
-                 : build.template operator()<false, false>();
+        uint32_t af[4];
+        af[0] = cuda::pack2<T>(weight(0, cs0.x, v0.x, cb[0][0], s),
+                               weight(0, cs0.y, v0.y, cb[0][1], s + 1));
+        af[1] = cuda::pack2<T>(weight(1, cs0.x, v0.x, cb[0][2], s),
+                               weight(1, cs0.y, v0.y, cb[0][3], s + 1));
+        af[2] = cuda::pack2<T>(weight(0, cs8.x, v8.x, cb[1][0], s + 8),
+                               weight(0, cs8.y, v8.y, cb[1][1], s + 9));
+        af[3] = cuda::pack2<T>(weight(1, cs8.x, v8.x, cb[1][2], s + 8),
+                               weight(1, cs8.y, v8.y, cb[1][3], s + 9));
 #pragma unroll
         for (int jp = 0; jp < kYT / 2; ++jp) {
           uint32_t b0, b1, b2, b3;
@@ -339,17 +311,15 @@ __global__ void __launch_bounds__(fused::kThreads, 1) ssd_fused_fwd_kernel(Fwd<T
         T* yr = p.y.p + b * p.y.s0 + tok * p.y.s1 + h * p.y.s2;
         const T* zr = p.has_z ? p.z.p + b * p.z.s0 + tok * p.z.s1 + h * p.z.s2 : nullptr;
         const T* xr = xs + t * kLdX;
-        const T* xg = p.x.p + b * p.x.s0 + tok * p.x.s1 + h * p.x.s2;
 #pragma unroll
         for (int j = 0; j < kYT; ++j) {
           const int d = d0 + 8 * j + 2 * q4;
           if (d >= D) continue;
           const bool two = d + 1 < D;
           float o[2] = {acc[r][j][2 * u], acc[r][j][2 * u + 1]};
-          if (p.has_d) {  // the raw x: from memory where the shared copy holds x~
-            const T* xd = factored ? xg + d * p.x.s3 : xr + d;
-            o[0] += dskip[d * p.Dv.s1] * to_float(xd[0]);
-            if (two) o[1] += dskip[(d + 1) * p.Dv.s1] * to_float(factored ? xd[p.x.s3] : xd[1]);
+          if (p.has_d) {
+            o[0] += dskip[d * p.Dv.s1] * to_float(xr[d]);
+            if (two) o[1] += dskip[(d + 1) * p.Dv.s1] * to_float(xr[d + 1]);
           }
           if (p.has_z) {  // silu with the fast reciprocal and exponential (no slow-path calls)
             const float z0 = to_float(zr[d * p.z.s3]);
@@ -377,19 +347,18 @@ __global__ void __launch_bounds__(fused::kThreads, 1) ssd_fused_fwd_kernel(Fwd<T
         for (int e = 0; e < 4; ++e) st[j][e] *= decay;
       const int mi = lane / 8;
       for (int k0 = 0; k0 < K; k0 += 16) {
-        uint32_t af[4];  // A[d][s] = x[s][d]: read transposed, scaled by w_s (factored: done)
+        uint32_t af[4];  // A[d][s] = x[s][d]: read transposed, then scaled by w_s
         cuda::ldmatrix_x4_trans(
             cuda::smem_u32(xs + (k0 + (mi / 2) * 8 + lane % 8) * kLdX + sd0 + (mi % 2) * 8), af[0],
             af[1], af[2], af[3]);
         const float2 wlo = *reinterpret_cast<const float2*>(w3 + k0 + 2 * q4);
         const float2 whi = *reinterpret_cast<const float2*>(w3 + k0 + 2 * q4 + 8);
-        if (!factored)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float2 w = e < 2 ? wlo : whi;
-            const T* xe = reinterpret_cast<const T*>(&af[e]);
-            af[e] = cuda::pack2<T>(to_float(xe[0]) * w.x, to_float(xe[1]) * w.y);
-          }
+        for (int e = 0; e < 4; ++e) {
+          const float2 w = e < 2 ? wlo : whi;
+          const T* xe = reinterpret_cast<const T*>(&af[e]);
+          af[e] = cuda::pack2<T>(to_float(xe[0]) * w.x, to_float(xe[1]) * w.y);
+        }
 #pragma unroll
         for (int jp = 0; jp < kST / 2; ++jp) {
           uint32_t b0, b1, b2, b3;
