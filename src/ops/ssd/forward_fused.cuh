@@ -57,7 +57,7 @@ struct RowLoader {
     src = v.p + b * v.s0 + r0 * v.s1 + i * v.s2 + (col_in ? col * v.s3 : 0);
   }
   // rows: the chunk's tokens before the end of the sequence.
-  __device__ __forceinline__ void load(T* dst, int ld, int64_t t0, int rows, int cols) const {
+  __device__ __forceinline__ void load(T* dst, int ld, int64_t t0, int rows) const {
     const T* s = src + t0 * s_tok;
     T* d = dst + r0 * ld + col;
 #pragma unroll 4
@@ -66,7 +66,6 @@ struct RowLoader {
       if constexpr (kVec) {
         cuda::cp_async16(d, in ? s : src, in ? 16 : 0);
       } else {
-        (void)cols;
         *d = in ? *s : from_float<T>(0.0f);
       }
     }
@@ -122,10 +121,10 @@ __global__ void __launch_bounds__(fused::kThreads, 1) ssd_fused_fwd_kernel(Fwd<T
   const RowLoader<T, kQ, kN, kVec> c_rows(p.Cm, b, grp, N, tid), b_rows(p.Bm, b, grp, N, tid);
   const RowLoader<T, kQ, kD, kVec> x_rows(p.x, b, h, D, tid);
   auto rows_of = [&](int64_t t0) { return static_cast<int>(p.L - t0 < kQ ? p.L - t0 : kQ); };
-  auto issue_c = [&](int64_t c) { c_rows.load(cs, kLdN, c * kQ, rows_of(c * kQ), N); };
+  auto issue_c = [&](int64_t c) { c_rows.load(cs, kLdN, c * kQ, rows_of(c * kQ)); };
   auto issue_xb = [&](int64_t c) {
-    x_rows.load(xs, kLdX, c * kQ, rows_of(c * kQ), D);
-    b_rows.load(bs, kLdN, c * kQ, rows_of(c * kQ), N);
+    x_rows.load(xs, kLdX, c * kQ, rows_of(c * kQ));
+    b_rows.load(bs, kLdN, c * kQ, rows_of(c * kQ));
   };
   // The raw dt of this thread's token of chunk c (threads >= kQ hold nothing).
   auto dt_of = [&](int64_t c) {
