@@ -411,11 +411,7 @@ Status launch_fused(const Fwd<T>& p, bool vec, cudaStream_t st) {
 template <class T>
 Status forward_fused(const LaunchContext& ctx, const ssd::Problem& pr,
                      const SsdForwardOp::Arguments& a) {
-  Fwd<T> p;
-  static_cast<Common<T>&>(p) = common_of<T>(pr, a);
-  p.y = v4<T>(a.y);
-  p.has_fin = pr.has_final_states;
-  p.fin = pr.has_final_states ? v4<float>(a.final_states) : V4<float>{};
+  Fwd<T> p = forward_params<T>(pr, a);
   if (pr.batch * pr.heads == 0) return {};
   const cudaStream_t st = cuda::stream_of(ctx);
   StageClock clock("ssd_forward", "fused_mma", st);

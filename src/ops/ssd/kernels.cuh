@@ -186,6 +186,17 @@ Common<T> common_of(const ssd::Problem& p, const Args& a) {
   return c;
 }
 
+// The forward's parameters: the common views plus y and final_states (workspace pointers unset).
+template <class T>
+Fwd<T> forward_params(const ssd::Problem& pr, const SsdForwardOp::Arguments& a) {
+  Fwd<T> p;
+  static_cast<Common<T>&>(p) = common_of<T>(pr, a);
+  p.y = v4<T>(a.y);
+  p.has_fin = pr.has_final_states;
+  p.fin = pr.has_final_states ? v4<float>(a.final_states) : V4<float>{};
+  return p;
+}
+
 // ---- device helpers
 // ------------------------------------------------------------------------------
 struct StepF {
@@ -4056,11 +4067,7 @@ inline int64_t heads_per_block(const ssd::Problem& pr, int64_t most) {
 template <class T, bool kTensorCores, bool kVec = false, bool kFast = false, bool kMma = false>
 Status forward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
                        const SsdForwardOp::Arguments& a) {
-  Fwd<T> p;
-  static_cast<Common<T>&>(p) = common_of<T>(pr, a);
-  p.y = v4<T>(a.y);
-  p.has_fin = pr.has_final_states;
-  p.fin = pr.has_final_states ? v4<float>(a.final_states) : V4<float>{};
+  Fwd<T> p = forward_params<T>(pr, a);
   const FwdLayout l = fwd_layout(pr, kTensorCores, kFast && kTensorCores ? sizeof(T) : 0);
   // The core guarantees kWorkspaceAlignment (256 bytes) for the f64 arrays carved out below.
   float* ws = static_cast<float*>(ctx.workspace.data);
@@ -4148,11 +4155,7 @@ Status forward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
 template <class T>
 Status forward_recurrent(const LaunchContext& ctx, const ssd::Problem& pr,
                          const SsdForwardOp::Arguments& a) {
-  Fwd<T> p;
-  static_cast<Common<T>&>(p) = common_of<T>(pr, a);
-  p.y = v4<T>(a.y);
-  p.has_fin = pr.has_final_states;
-  p.fin = pr.has_final_states ? v4<float>(a.final_states) : V4<float>{};
+  Fwd<T> p = forward_params<T>(pr, a);
   if (pr.seqs == 0 || pr.heads == 0) return {};
   constexpr int kWarps = 4;
   const dim3 grid(static_cast<unsigned>(cuda::ceil_div(pr.head_dim, kWarps)),

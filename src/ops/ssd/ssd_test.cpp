@@ -1109,6 +1109,29 @@ StageNames plan_stages(Target target, DType dtype, const Case& c, Layout layout,
   return names;
 }
 
+// Edge shapes both mma.sync forwards are checked on (each test adds its own): partial chunks at
+// every chunk length, N not a multiple of 64, L = 1, groups, every option, and decays by more
+// than 2^24 per tile (A x 8: most weights underflow), on 16-byte aligned rows.
+std::vector<MmaCase<FwdCase>> forward_mma_edge_cases() {
+  const Options all = every_option(ssd::DSkip::per_head);
+  const Options states{.init = true, .final = true};
+  return {
+      {DType::bf16, {2, 300, 4, 64, 64, 1, 64, all}, Layout::contiguous, true},
+      {DType::f16, {2, 300, 4, 64, 64, 2, 128, {.final = true}}, Layout::contiguous, true},
+      {DType::bf16, {1, 1100, 2, 32, 64, 1, 64, states}, Layout::contiguous, true},
+      {DType::bf16, {1, 256, 2, 48, 40, 2, 256, states}, Layout::contiguous, true},
+      {DType::bf16, {3, 1, 2, 16, 16, 1, 64, states}, Layout::contiguous, true},
+      {DType::bf16,
+       {2, 300, 4, 64, 64, 1, 256, {.final = true, .a_scale = 8}},
+       Layout::contiguous,
+       true},
+      {DType::f16,
+       {1, 200, 2, 64, 32, 1, 64, {.final = true, .a_scale = 8}},
+       Layout::contiguous,
+       true},
+  };
+}
+
 // chunked_mma_fastpass: chunk_state and chunk_out on mma.sync where every operand it copies is
 // 16-byte aligned (D and N multiples of 8, chunks <= 256), chunked_wmma_fastpass's kernels
 // elsewhere. Against the float64 oracle (every element, poisoned gaps, bitwise determinism) on
@@ -1125,38 +1148,31 @@ TEST_P(SsdPlans, ForwardMmaOnDevice) {
   const Options all = every_option(ssd::DSkip::per_head);
   const Options states{.init = true, .final = true};
   const auto mma = PlanPreference::kernel("chunked_mma_fastpass");
-  const MmaCase<FwdCase> cases[] = {
-      {DType::bf16, {2, 300, 4, 64, 64, 1, 64, all}, Layout::contiguous, true},
-      {DType::bf16, {2, 300, 8, 64, 128, 1, 256, all}, Layout::contiguous, true},
-      {DType::f16, {2, 300, 4, 64, 64, 2, 128, {.final = true}}, Layout::contiguous, true},
-      {DType::bf16, {1, 1100, 2, 32, 64, 1, 64, states}, Layout::contiguous, true},
-      {DType::bf16, {1, 256, 2, 48, 40, 2, 256, states}, Layout::contiguous, true},
-      {DType::bf16,
-       {1, 261, 6, 80, 24, 2, 128, {.d_skip = ssd::DSkip::per_channel, .z = true}},
-       Layout::contiguous,
-       true},
-      {DType::bf16, {1, 130, 2, 256, 256, 1, 128, {.final = true}}, Layout::contiguous, true},
-      {DType::bf16, {3, 1, 2, 16, 16, 1, 64, states}, Layout::contiguous, true},
-      {DType::bf16,
-       {2, 300, 4, 64, 64, 1, 256, {.final = true, .a_scale = 8}},
-       Layout::contiguous,
-       true},
-      {DType::f16,
-       {1, 200, 2, 64, 32, 1, 64, {.final = true, .a_scale = 8}},
-       Layout::contiguous,
-       true},
-      {DType::bf16,
-       {2, 300, 4, 64, 64, 1, 256, {.final = true, .a_scale = 0.05}},
-       Layout::contiguous,
-       true},
-      {DType::bf16,
-       {1, 200, 2, 64, 64, 1, 64, {.final = true, .a_scale = -0.5}},
-       Layout::contiguous,
-       true},
-      {DType::bf16, {1, 200, 2, 64, 20, 1, 64, states}, Layout::contiguous, false},  // N % 8 != 0
-      {DType::bf16, {1, 256, 2, 48, 40, 2, 256, states}, Layout::padded, false},
-      {DType::bf16, {1, 261, 4, 48, 40, 2, 128, {.final = true}}, Layout::permuted, false},
-  };
+  std::vector<MmaCase<FwdCase>> cases = forward_mma_edge_cases();
+  cases.insert(
+      cases.end(),
+      {
+          {DType::bf16, {2, 300, 8, 64, 128, 1, 256, all}, Layout::contiguous, true},
+          {DType::bf16,
+           {1, 261, 6, 80, 24, 2, 128, {.d_skip = ssd::DSkip::per_channel, .z = true}},
+           Layout::contiguous,
+           true},
+          {DType::bf16, {1, 130, 2, 256, 256, 1, 128, {.final = true}}, Layout::contiguous, true},
+          {DType::bf16,
+           {2, 300, 4, 64, 64, 1, 256, {.final = true, .a_scale = 0.05}},
+           Layout::contiguous,
+           true},
+          {DType::bf16,
+           {1, 200, 2, 64, 64, 1, 64, {.final = true, .a_scale = -0.5}},
+           Layout::contiguous,
+           true},
+          {DType::bf16,
+           {1, 200, 2, 64, 20, 1, 64, states},
+           Layout::contiguous,
+           false},  // N % 8 != 0
+          {DType::bf16, {1, 256, 2, 48, 40, 2, 256, states}, Layout::padded, false},
+          {DType::bf16, {1, 261, 4, 48, 40, 2, 128, {.final = true}}, Layout::permuted, false},
+      });
   for (const auto& k : cases) {
     SCOPED_TRACE(mma_case_label(k));
     run_forward(target, k.dtype, k.c, k.layout, true, mma);
@@ -1189,40 +1205,33 @@ TEST_P(SsdPlans, ForwardFusedOnDevice) {
   const Options all = every_option(ssd::DSkip::per_head);
   const Options states{.init = true, .final = true};
   const auto fused = PlanPreference::kernel("fused_mma");
-  const MmaCase<FwdCase> cases[] = {
-      {DType::bf16, {2, 300, 4, 64, 64, 1, 64, all}, Layout::contiguous, true},
-      {DType::bf16, {2, 600, 8, 64, 128, 1, 256, all}, Layout::contiguous, true},
-      {DType::bf16, {1, 512, 4, 64, 128, 2, 256, states}, Layout::contiguous, true},
-      {DType::f16, {2, 300, 4, 64, 64, 2, 128, {.final = true}}, Layout::contiguous, true},
-      {DType::f16, {1, 700, 4, 64, 128, 4, 256, all}, Layout::contiguous, true},
-      {DType::bf16, {1, 1100, 2, 32, 64, 1, 64, states}, Layout::contiguous, true},
-      {DType::bf16, {1, 256, 2, 48, 40, 2, 256, states}, Layout::contiguous, true},
-      {DType::bf16,
-       {1, 261, 6, 40, 24, 2, 128, {.d_skip = ssd::DSkip::per_channel, .z = true}},
-       Layout::contiguous,
-       true},
-      {DType::bf16, {1, 390, 2, 64, 100, 1, 128, {.final = true}}, Layout::contiguous, true},
-      {DType::bf16, {3, 1, 2, 16, 16, 1, 64, states}, Layout::contiguous, true},
-      {DType::bf16, {3, 1, 2, 64, 128, 1, 256, states}, Layout::contiguous, true},
-      {DType::bf16,
-       {2, 300, 4, 64, 64, 1, 256, {.final = true, .a_scale = 8}},
-       Layout::contiguous,
-       true},
-      {DType::f16,
-       {1, 200, 2, 64, 32, 1, 64, {.final = true, .a_scale = 8}},
-       Layout::contiguous,
-       true},
-      {DType::bf16,
-       {1, 200, 2, 64, 64, 1, 128, {.final = true, .a_scale = -0.5}},
-       Layout::contiguous,
-       true},
-      {DType::bf16, {1, 200, 2, 64, 20, 1, 64, states}, Layout::contiguous, true},  // N % 8 != 0
-      {DType::bf16, {1, 150, 2, 5, 6, 1, 128, all}, Layout::contiguous, true},      // D % 8 != 0
-      {DType::bf16, {1, 256, 2, 48, 40, 2, 256, states}, Layout::padded, true},
-      {DType::bf16, {1, 261, 4, 48, 40, 2, 128, all}, Layout::permuted, true},
-      // 64 chunks of state carried in registers: no drift from the sequential reference
-      {DType::bf16, {1, 16384, 2, 64, 128, 1, 256, states}, Layout::contiguous, true},
-  };
+  std::vector<MmaCase<FwdCase>> cases = forward_mma_edge_cases();
+  cases.insert(
+      cases.end(),
+      {
+          {DType::bf16, {2, 600, 8, 64, 128, 1, 256, all}, Layout::contiguous, true},
+          {DType::bf16, {1, 512, 4, 64, 128, 2, 256, states}, Layout::contiguous, true},
+          {DType::f16, {1, 700, 4, 64, 128, 4, 256, all}, Layout::contiguous, true},
+          {DType::bf16,
+           {1, 261, 6, 40, 24, 2, 128, {.d_skip = ssd::DSkip::per_channel, .z = true}},
+           Layout::contiguous,
+           true},
+          {DType::bf16, {1, 390, 2, 64, 100, 1, 128, {.final = true}}, Layout::contiguous, true},
+          {DType::bf16, {3, 1, 2, 64, 128, 1, 256, states}, Layout::contiguous, true},
+          {DType::bf16,
+           {1, 200, 2, 64, 64, 1, 128, {.final = true, .a_scale = -0.5}},
+           Layout::contiguous,
+           true},
+          {DType::bf16,
+           {1, 200, 2, 64, 20, 1, 64, states},
+           Layout::contiguous,
+           true},                                                                   // N % 8 != 0
+          {DType::bf16, {1, 150, 2, 5, 6, 1, 128, all}, Layout::contiguous, true},  // D % 8 != 0
+          {DType::bf16, {1, 256, 2, 48, 40, 2, 256, states}, Layout::padded, true},
+          {DType::bf16, {1, 261, 4, 48, 40, 2, 128, all}, Layout::permuted, true},
+          // 64 chunks of state carried in registers: no drift from the sequential reference
+          {DType::bf16, {1, 16384, 2, 64, 128, 1, 256, states}, Layout::contiguous, true},
+      });
   for (const auto& k : cases) {
     SCOPED_TRACE(mma_case_label(k));
     run_forward(target, k.dtype, k.c, k.layout, true, fused);
