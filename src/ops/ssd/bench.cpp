@@ -240,7 +240,7 @@ void bench_ssd(const Stream& s) {
   const Case cases[] = {{"B4_L4096_H80_D64_N128_G1", 4, 4096, 80, 64, 128, 1, 256},
                         {"B8_L2048_H32_D64_N64_G1", 8, 2048, 32, 64, 64, 1, 256}};
   // BARACUDA_SSD_ONLY=forward / backward: the selected plan's rows of that direction only (quick
-  // A/B runs of one kernel).
+  // A/B runs of one kernel); forward adds the other chunk lengths and chunked_mma_fastpass.
   const std::string_view only = bench::env("BARACUDA_SSD_ONLY");
   if (!only.empty()) {
     for (const Case& c : cases) run_prefill(s, c, only == "backward");
