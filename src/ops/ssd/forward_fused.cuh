@@ -395,6 +395,13 @@ inline bool fused_fits(const ssd::Problem& p, const DeviceCaps& caps) {
                                             : fused::Smem<64, 128>::total;
   return static_cast<int64_t>(smem) <= caps.smem_per_block_optin;
 }
+// Where it runs ahead of the multi-launch forward: a block per (b, h) and nothing else to spread
+// over the chunks, so it needs at least one block per SM. Below that the chunk-parallel
+// chunked_mma_fastpass keeps every SM busy (fused_mma's time is the chunk count times a chunk's
+// latency, about 13-16 us per 256-token chunk on the H200, whatever B * H is).
+inline bool fused_ranked_ahead_fits(const ssd::Problem& p, const DeviceCaps& caps) {
+  return fused_fits(p, caps) && p.batch * p.heads >= caps.sm_count;
+}
 template <class T, int kQ, int kN>
 Status launch_fused(const Fwd<T>& p, bool vec, cudaStream_t st) {
   const dim3 grid(static_cast<unsigned>(p.H), static_cast<unsigned>(p.B));

@@ -25,16 +25,16 @@
 // to rounding (other association and exponential), each deterministic. *_fastpass (chunked_wmma
 // forward, chunked_wmma_vec backward): the inter-chunk passes by chunk_scan_kernel (16-byte
 // vectors, 4 chunks in flight per thread) instead of state_pass / bwd_state_rev; bitwise equal.
-// chunked_mma_fastpass (16-bit: the default backward, and the forward past fused_mma's limits):
+// chunked_mma_fastpass (16-bit: the default backward, the forward where fused_mma is not):
 // the fastpass variants with their largest products on mma.sync (register accumulators, cp.async
 // or register-staged operand rings, hb heads per block sharing the group's tiles, decays factored
 // through one reference token per tile; forward_mma.cuh and the *_mma_kernel below) where the
 // operands allow 16-byte copies: the chunk states, chunk_out, U_c, dCB, dB and dC; equal to the
 // WMMA variants to rounding, deterministic. The 16-bit backward's scans also leave the states and
 // adjoints rounded to T (st16, gst16) for the products that take them as operands (the same
-// rounding, done once). fused_mma (16-bit forward, head_dim <= 64, state_dim <= 128, the
-// default there): one launch, one block per (b, h) carrying the state across chunks
-// (forward_fused.cuh). ssd::StageSink times every launch.
+// rounding, done once). fused_mma (16-bit forward, head_dim <= 64, state_dim <= 128; the
+// default there as fused_mma_ranked_ahead where B * H fills the SMs): one launch, one block per
+// (b, h) carrying the state across chunks (forward_fused.cuh). ssd::StageSink times every launch.
 #pragma once
 
 #include <mma.h>
@@ -4624,13 +4624,21 @@ bool register_kernels() {
   });
   if constexpr (E == DType::f16 || E == DType::bf16) {
     // One block per (b, h) walks the chunks with the state on chip: x read once, y written once,
-    // no workspace (forward_fused.cuh). The default where it fits (D <= 64, N <= 128): on the
-    // H200 0.755 vs 0.765 ms (chunked_mma_fastpass) at B4 L4096 H80 D64 N128 and 0.208 vs
-    // 0.279 ms at B8 L2048 H32 D64 N64, bf16 chunk 256 (2026-11-26, docs/perf/ssd.md).
+    // no workspace (forward_fused.cuh). By name anywhere it fits (D <= 64, N <= 128); the default
+    // as fused_mma_ranked_ahead where B * H fills the SMs: on the H200 0.755 vs 0.765 ms
+    // (chunked_mma_fastpass) at B4 L4096 H80 D64 N128 and 0.208 vs 0.279 ms at B8 L2048 H32 D64
+    // N64, bf16 chunk 256 (2026-11-26, docs/perf/ssd.md).
     register_kernel<SsdForwardOp>({
         .sku = scan_sku<E>("ssd_forward", "chunked", kTensorCorePrecision<E>, "fused_mma"),
-        .priority = 33,
+        .priority = 28,
         .fits = fused_fits,
+        .launch = forward_fused<T>,
+    });
+    register_kernel<SsdForwardOp>({
+        .sku = scan_sku<E>("ssd_forward", "chunked", kTensorCorePrecision<E>,
+                           "fused_mma_ranked_ahead"),
+        .priority = 33,
+        .fits = fused_ranked_ahead_fits,
         .launch = forward_fused<T>,
     });
     register_kernel<SsdForwardOp>({

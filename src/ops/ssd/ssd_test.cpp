@@ -1240,11 +1240,18 @@ TEST_P(SsdPlans, ForwardFusedOnDevice) {
   }
   // L = 0: no chunks; final_states = initial_states.
   run_forward(target, DType::bf16, {2, 0, 2, 4, 4, 1, 64, states}, Layout::contiguous, true, fused);
-  // The default for 16-bit data where it fits; not offered past its limits or for varlen.
+  // The default for 16-bit data where it fits and B * H gives every SM a block (the ranked-ahead
+  // entry, same launch); below that the chunk-parallel forward. Not offered past its limits or
+  // for varlen.
   const Stream& stream = harness::stream_for(target);
-  auto dflt = SsdForwardPlan::select(stream, describe(1, 64, 2, 64, 128, 1, DType::bf16, {}));
-  BARACUDA_ASSERT_OK(dflt);
-  EXPECT_EQ(dflt->sku().name, "fused_mma");
+  const int64_t sms = stream.caps().sm_count;
+  auto wide = SsdForwardPlan::select(stream, describe(1, 64, sms, 64, 128, 1, DType::bf16, {}));
+  BARACUDA_ASSERT_OK(wide);
+  EXPECT_EQ(wide->sku().name, "fused_mma_ranked_ahead");
+  auto narrow =
+      SsdForwardPlan::select(stream, describe(1, 64, sms - 1, 64, 128, 1, DType::bf16, {}));
+  BARACUDA_ASSERT_OK(narrow);
+  EXPECT_EQ(narrow->sku().name, "chunked_mma_fastpass");
   EXPECT_FALSE(
       SsdForwardPlan::select(stream, describe(1, 64, 2, 128, 8, 1, DType::bf16, {}), fused).ok());
   EXPECT_FALSE(
