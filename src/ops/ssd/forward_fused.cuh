@@ -19,7 +19,6 @@ namespace fused {
 constexpr int kWarps = 8, kThreads = 32 * kWarps;
 constexpr int kD = 64;        // head_dim, padded: columns [D, 64) are zeros
 constexpr int kLdX = kD + 8;  // x rows 144 B apart: ldmatrix rows hit distinct banks
-constexpr float kLog2e = 1.4426950408889634f;
 
 // Shared memory of one block: the chunk's x, C and B rows, the state entering the chunk rounded
 // to T, and the chunk's per-token scalars. Byte offsets; every region 16-byte aligned.
@@ -108,7 +107,7 @@ __global__ void __launch_bounds__(fused::kThreads, 1) ssd_fused_fwd_kernel(Fwd<T
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, q4 = lane % 4;
   const int64_t h = blockIdx.x, b = blockIdx.y, grp = h / p.hpg;
   const int D = static_cast<int>(p.D), N = static_cast<int>(p.N);
-  const float a2 = p.A.at(h) * kLog2e;
+  const float a2 = p.A.at(h) * static_cast<float>(fwd_mma::kLog2e);
   const float bias = p.has_bias ? p.bias.at(h) : 0.0f;
   const float* dskip = p.has_d ? p.Dv.p + h * p.Dv.s0 : nullptr;  // D of this head, [d * s1]
 
@@ -149,7 +148,7 @@ __global__ void __launch_bounds__(fused::kThreads, 1) ssd_fused_fwd_kernel(Fwd<T
         *reinterpret_cast<uint32_t*>(ss + (sd0 + g + 8 * r) * kLdN + sn0 + 8 * j + 2 * q4) =
             cuda::pack2<T>(st[j][2 * r], st[j][2 * r + 1]);
   };
-  store_state_t();  // rows d >= D and columns n >= N stay zero: their x and B columns are
+  store_state_t();  // rows d >= D and columns n >= N stay zero: their x and B columns are zero
 
   if (p.nchunks > 0) {
     issue_c(0);
@@ -161,7 +160,7 @@ __global__ void __launch_bounds__(fused::kThreads, 1) ssd_fused_fwd_kernel(Fwd<T
 
   for (int64_t c = 0; c < p.nchunks; ++c) {
     const int64_t t0 = c * kQ;
-    const int K = static_cast<int>(p.L - t0 < kQ ? p.L - t0 : kQ);  // tokens in this chunk
+    const int K = rows_of(t0);  // tokens in this chunk
     // ---- scalars: v, cum (log2 units) by a block scan in a fixed order, the update weights
     float v = 0.0f, a = 0.0f;
     if (tid < K) {
@@ -386,14 +385,21 @@ __global__ void __launch_bounds__(fused::kThreads, 1) ssd_fused_fwd_kernel(Fwd<T
       }
 }
 
-// Host side: what the fused kernel takes (16-bit data is the registration's business).
+// Host side. The shared memory of the instantiation launch_fused picks for (chunk, N).
+inline size_t fused_smem_bytes(int64_t chunk, int64_t n) {
+  auto of = [&]<int kN>() {
+    return chunk == 256   ? fused::Smem<256, kN>::total
+           : chunk == 128 ? fused::Smem<128, kN>::total
+                          : fused::Smem<64, kN>::total;
+  };
+  return n <= 64 ? of.template operator()<64>() : of.template operator()<128>();
+}
+// What the fused kernel takes (16-bit data is the registration's business).
 inline bool fused_fits(const ssd::Problem& p, const DeviceCaps& caps) {
   if (p.varlen() || p.head_dim > fused::kD || p.state_dim > 128) return false;
   if (p.batch > kMaxGridYZ || p.heads > (int64_t{1} << 31) - 1) return false;
-  const size_t smem = p.chunk_size == 256   ? fused::Smem<256, 128>::total
-                      : p.chunk_size == 128 ? fused::Smem<128, 128>::total
-                                            : fused::Smem<64, 128>::total;
-  return static_cast<int64_t>(smem) <= caps.smem_per_block_optin;
+  return static_cast<int64_t>(fused_smem_bytes(p.chunk_size, p.state_dim)) <=
+         caps.smem_per_block_optin;
 }
 // Where it runs ahead of the multi-launch forward: a block per (b, h) and nothing else to spread
 // over the chunks, so it needs at least one block per SM. Below that the chunk-parallel
