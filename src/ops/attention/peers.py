@@ -78,9 +78,48 @@ def decode():
     emit("attention_decode", name, "torch_sdpa_flash_repeated_kv", ms, gbps=kv_bytes / ms / 1e6)
 
 
+# Packed sequences of mixed lengths (bench_attention's attention_varlen rows, same names): SDPA
+# on nested (jagged) tensors, each backend forced; d128, 16 heads, 16k tokens.
+VARLEN_LENGTHS = (512, 1024, 3072, 4096, 2048, 1536, 4096)
+
+
+def varlen():
+    heads, dim = 16, 128
+    total = sum(VARLEN_LENGTHS)
+    offsets = torch.tensor([0] + list(torch.tensor(VARLEN_LENGTHS).cumsum(0)), device="cuda",
+                           dtype=torch.int64)
+
+    def nested():
+        values = torch.randn(total, heads, dim, device="cuda", dtype=torch.bfloat16,
+                             requires_grad=True)
+        nt = torch.nested.nested_tensor_from_jagged(values, offsets)
+        return values, nt.transpose(1, 2)  # [B, H, j, D]
+
+    for causal in (False, True):
+        name = f"varlen_s{len(VARLEN_LENGTHS)}_t{total}_h{heads}_d{dim}" + ("_causal" if causal else "")
+        flops = sum(4.0 * heads * l * l * dim for l in VARLEN_LENGTHS) * (0.5 if causal else 1.0)
+        for peer, backend in BACKENDS.items():
+            try:
+                (qv, q), (kv, k), (vv, v) = nested(), nested(), nested()
+                with sdpa_kernel(backend):
+                    run = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                    ms = bench(run)
+                    emit("attention_forward", name, peer, ms, tflops=flops / ms / 1e9)
+                    y = run().transpose(1, 2).values()
+                    dy = torch.randn_like(y)
+                    ms = bench(lambda: torch.autograd.grad(y, (qv, kv, vv), dy, retain_graph=True))
+                    emit("attention_backward", name, peer, ms, tflops=2.5 * flops / ms / 1e9)
+            except Exception as e:  # a backend that cannot run a case is reported, not hidden
+                emit("attention_forward", name, peer, None, error=str(e)[:200])
+
+
 if __name__ == "__main__":
     torch.manual_seed(0)
-    decode()
-    # BARACUDA_ATTENTION_ONLY=decode (as for bench_attention): the decode rows only.
-    if os.environ.get("BARACUDA_ATTENTION_ONLY") != "decode":
+    only = os.environ.get("BARACUDA_ATTENTION_ONLY")
+    # BARACUDA_ATTENTION_ONLY=decode / varlen (as for bench_attention): those rows only.
+    if only != "varlen":
+        decode()
+    if only not in ("decode", "varlen"):
         sweep()
+    if only != "decode":
+        varlen()

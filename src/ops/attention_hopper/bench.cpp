@@ -231,7 +231,110 @@ void sweep(const Stream& stream) {
       }
 }
 
+// Packed sequences (varlen) of mixed lengths, 16k tokens in all, d128, Hq = Hk = 16, bf16: the
+// default plan, fa3 pinned by name and the family's bespoke kernel, forward and backward. cuDNN
+// is not wired to packed sequences. Peer: PyTorch SDPA on nested (jagged) tensors, in peers.py
+// under the same names. TFLOP/s count each sequence's 4 Lq Lk D per head (halved for causal).
+const std::vector<int32_t> kVarlenLengths = {512, 1024, 3072, 4096, 2048, 1536, 4096};
+
+std::string varlen_name(bool causal) {
+  return "varlen_s" + std::to_string(kVarlenLengths.size()) + "_t" + std::to_string(kTokens) +
+         "_h16_d128" + (causal ? "_causal" : "");
+}
+
+void varlen_sweep(const Stream& stream) {
+  if (bench::env("BARACUDA_ATTENTION_ONLY") == "decode") return;
+  constexpr int64_t kHeads = 16, kDim = 128;
+  std::vector<int32_t> cu{0};
+  for (int32_t l : kVarlenLengths) cu.push_back(cu.back() + l);
+  const int64_t total = cu.back(), batch = static_cast<int64_t>(kVarlenLengths.size());
+  const int64_t longest = *std::max_element(kVarlenLengths.begin(), kVarlenLengths.end());
+  harness::Rng rng(20261126);
+  auto make = [&](DType t, std::vector<int64_t> shape) {
+    auto x = harness::TestTensor::make(t, std::move(shape), harness::Target::cuda);
+    x.fill_random(rng);
+    return x;
+  };
+  auto q = make(DType::bf16, {total, kHeads, kDim}), k = make(DType::bf16, {total, kHeads, kDim}),
+       v = make(DType::bf16, {total, kHeads, kDim}), dy = make(DType::bf16, {total, kHeads, kDim}),
+       y = make(DType::bf16, {total, kHeads, kDim}), dq = make(DType::bf16, {total, kHeads, kDim}),
+       dk = make(DType::bf16, {total, kHeads, kDim}), dv = make(DType::bf16, {total, kHeads, kDim});
+  auto lse = make(DType::f32, {kHeads, total});
+  auto cus = harness::TestTensor::make(DType::i32, {batch + 1}, harness::Target::cuda);
+  cus.set_values(std::vector<double>(cu.begin(), cu.end()));
+  for (bool causal : {false, true}) {
+    attention::Descriptor desc;
+    desc.dtype = DType::bf16;
+    desc.batch = batch;
+    desc.heads_q = desc.heads_kv = kHeads;
+    desc.len_q = desc.len_k = longest;
+    desc.head_dim_qk = desc.head_dim_v = kDim;
+    desc.mask = causal ? attention::Mask::causal_bottom_right() : attention::Mask::none();
+    desc.varlen = true;
+    desc.total_q = desc.total_k = total;
+    double flops = 0;
+    for (int32_t l : kVarlenLengths) flops += 4.0 * kHeads * double(l) * l * kDim;
+    if (causal) flops *= 0.5;
+    const std::string name = varlen_name(causal);
+    const attention::ForwardArguments fa{q.cview(),  k.cview(),   v.cview(),  y.view(),
+                                         lse.view(), cus.cview(), cus.cview()};
+    const attention::BackwardArguments ba{q.cview(),  k.cview(),   v.cview(),  y.cview(),
+                                          dy.cview(), lse.cview(), dq.view(),  dk.view(),
+                                          dv.view(),  cus.cview(), cus.cview()};
+    const double bytes = 4.0 * double(total) * kHeads * kDim * 2;
+    struct Variant {
+      const char* note;
+      PlanPreference fwd, bwd;
+    };
+    const Variant variants[] = {
+        {"default", PlanPreference::fastest(), PlanPreference::fastest()},
+        {"fa3_sm90a", PlanPreference::kernel(kFa3Kernel), PlanPreference::kernel(kFa3BwdKernel)},
+        {"bespoke", PlanPreference::only(Backend::bespoke_cuda),
+         PlanPreference::only(Backend::bespoke_cuda)}};
+    for (const Variant& var : variants) {
+      auto fp = attention::ForwardPlan::select(stream, desc, var.fwd);
+      if (!fp.ok()) {
+        bench::emit_error("attention", "attention_forward", name + "/" + var.note, fp.error());
+        continue;
+      }
+      auto fws = Buffer::allocate(std::max<size_t>(fp->workspace_size(), 16), Location::cuda(0));
+      Measured mf =
+          time_case(stream, [&](int) { return fp->run(stream, fws->as_workspace(), fa); });
+      if (mf.ok)
+        bench::emit(stream, {.family = "attention",
+                             .op = "attention_forward",
+                             .name = name,
+                             .dtype = "bf16",
+                             .kernel = std::string(fp->sku().name),
+                             .ms = mf.ms,
+                             .bytes = bytes,
+                             .flops = flops,
+                             .note = var.note});
+      auto bp = attention::BackwardPlan::select(stream, desc, var.bwd);
+      if (!bp.ok()) {
+        bench::emit_error("attention", "attention_backward", name + "/" + var.note, bp.error());
+        continue;
+      }
+      auto bws = Buffer::allocate(std::max<size_t>(bp->workspace_size(), 16), Location::cuda(0));
+      Measured mb =
+          time_case(stream, [&](int) { return bp->run(stream, bws->as_workspace(), ba); });
+      if (mb.ok)
+        bench::emit(stream, {.family = "attention",
+                             .op = "attention_backward",
+                             .name = name,
+                             .dtype = "bf16",
+                             .kernel = std::string(bp->sku().name),
+                             .ms = mb.ms,
+                             .bytes = 2 * bytes,
+                             .flops = 2.5 * flops,
+                             .note = var.note});
+    }
+  }
+}
+
 [[maybe_unused]] const bool registered = bench::register_bench("attention_hopper", sweep);
+[[maybe_unused]] const bool registered_varlen =
+    bench::register_bench("attention_varlen", varlen_sweep);
 
 }  // namespace
 }  // namespace baracuda::attention_hopper

@@ -29,7 +29,11 @@
 // dK = scale * sum dS^T Q is scaled in the main kernel's epilogue.
 //
 // Not deterministic: the bulk reductions add each query block's dQ contributions in whatever order
-// the CTAs reach them. Supports what fa3_fwd_sm90a does (shape_fits, check_layout).
+// the CTAs reach them. Supports what fa3_fwd_sm90a does (shape_fits, check_layout), varlen
+// included: the grids cover the longest sequence, every CTA or row block reads its sequence's
+// offsets from cu_seqlens (key CTAs past their sequence's keys exit), the workspace keeps a
+// [max Lq]-row slab per (sequence, query head), and the tiles' rows past a sequence are zeroed
+// in shared memory before the GEMMs read them (they belong to other sequences).
 #include <array>
 #include <atomic>
 #include <cmath>
@@ -72,12 +76,28 @@ struct BwdParams {
   float* acc;              // dQ accumulator [B, Hq, lq_pad, D]
   const float* lse2;       // [B, Hq, lq_pad]
   const float* delta;      // [B, Hq, lq_pad]
-  int64_t sdk[3], sdv[3];  // dK / dV strides (elements) of the B, H, L axes
-  int lq, lk, lq_pad, group, heads_q;
-  int off;  // diagonal offset: key d(i) = i + off (0 top-left, lk - lq bottom-right)
-  int causal;
+  int64_t sdk[3], sdv[3];  // dK / dV strides (elements) of the B, H, L axes (varlen: [1, H, T])
+  const int *cu_q, *cu_k;  // varlen: sequence offsets (null: padded)
+  int total_q, total_k;    // varlen: packed rows
+  int lq, lk, lq_pad, group, heads_q;  // lq / lk: the (maximum) lengths
+  int causal, bottom_right;            // the diagonal: key d(i) = i (top-left) or i + lk - lq
   float scale_log2, scale;
 };
+
+// The sequence a CTA or row block works on: its packed row offsets (padded: 0), lengths, diagonal
+// offset and tensor batch coordinate (varlen: 0).
+struct BwdSeq {
+  int q0, lq, k0, lk, off, tb;
+};
+__device__ __forceinline__ BwdSeq bwd_seq(const BwdParams& p, int b) {
+  BwdSeq s{0, p.lq, 0, p.lk, 0, b};
+  if (p.cu_q) {
+    const SeqRows r = seq_rows(p.cu_q, p.cu_k, b, p.lq, p.lk, p.total_q, p.total_k);
+    s = {r.q0, r.lq, r.k0, r.lk, 0, 0};
+  }
+  if (p.causal && p.bottom_right) s.off = s.lk - s.lq;
+  return s;
+}
 
 #if BARACUDA_FA3_DEVICE
 // An opaque copy: what is derived from it is not loop-invariant to the compiler, so the shared-
@@ -144,9 +164,13 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   const int wg = warp / 4, wl = warp % 4;
   const int cq = 2 * (lane % 4);  // first column of each 8-column accumulator group
 
+  // The CTA's sequence; a varlen CTA past its sequence's keys has nothing to write.
+  const BwdSeq sq_ = bwd_seq(p, b);
+  const int lk = sq_.lk, off = sq_.off;
+  if (n0 >= lk) return;
   // Query blocks that see some key of this CTA: causal rows i see keys <= i + off.
-  const int m_begin = p.causal ? max(0, n0 - p.off) / kQRows : 0;
-  const int nm = max(0, p.lq_pad / kQRows - m_begin);
+  const int m_begin = p.causal ? max(0, n0 - off) / kQRows : 0;
+  const int nm = max(0, (sq_.lq + kQRows - 1) / kQRows - m_begin);
   const int steps = nm * p.group;
   // The CTAs of one key head run side by side and would add into the same dQ chunk at the same
   // time (L2 serializes same-address reductions): each starts its walk over the (head, query
@@ -165,10 +189,13 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     const int s = t % kRing, h = step_head(t), m0 = step_row0(t);
     const uint32_t bar = smem_u32(&bars[1 + s]);
     mbar_expect_tx(bar, 2 * S::kQBytes + S::kRowBytes);
+    const int q_row = sq_.q0 + m0;
 #pragma unroll
     for (int db = 0; db < kDB; ++db) {
-      tma_load_4d(base + S::kQ + s * S::kQBytes + db * kQRows * 128, &tq, bar, db * 64, m0, h, b);
-      tma_load_4d(base + S::kDy + s * S::kQBytes + db * kQRows * 128, &tdy, bar, db * 64, m0, h, b);
+      tma_load_4d(base + S::kQ + s * S::kQBytes + db * kQRows * 128, &tq, bar, db * 64, q_row, h,
+                  sq_.tb);
+      tma_load_4d(base + S::kDy + s * S::kQBytes + db * kQRows * 128, &tdy, bar, db * 64, q_row, h,
+                  sq_.tb);
     }
     const int64_t row = (int64_t{b} * p.heads_q + h) * p.lq_pad + m0;
     bulk_load(base + S::kRows + s * S::kRowBytes, p.lse2 + row, kQRows * 4, bar);
@@ -179,8 +206,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     mbar_expect_tx(bar, 2 * S::kKvBytes);
 #pragma unroll
     for (int db = 0; db < kDB; ++db) {
-      tma_load_4d(base + S::kK + db * kKeys * 128, &tk, bar, db * 64, n0, hk, b);
-      tma_load_4d(base + S::kV + db * kKeys * 128, &tv, bar, db * 64, n0, hk, b);
+      tma_load_4d(base + S::kK + db * kKeys * 128, &tk, bar, db * 64, sq_.k0 + n0, hk, sq_.tb);
+      tma_load_4d(base + S::kV + db * kKeys * 128, &tv, bar, db * 64, sq_.k0 + n0, hk, sq_.tb);
     }
     for (int t = 0; t < min(steps, kRing); ++t) load_step(t);
   }
@@ -208,8 +235,23 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     }
     wgmma_commit();
   };
+  // Varlen: rows past the sequence in a query block's Q / dY tiles (and in the CTA's K / V, see
+  // below) are other sequences' rows: their probabilities are 0, but 0 * a non-finite value is
+  // NaN in the GEMMs that read the tiles, so they are zeroed before the first GEMM. Each
+  // warpgroup zeroes them before its own GEMMs (the other one may be writing the same zeros).
   auto issue_s = [&](int t) {
     mbar_wait(smem_u32(&bars[1 + t % kRing]), (t / kRing) & 1);
+    if (p.cu_q) {
+      const int valid = sq_.lq - step_row0(t);
+      if (valid < kQRows) {
+        const uint32_t sb = opaque(base);
+        const int s = t % kRing, tid = static_cast<int>(threadIdx.x) % 128;
+        zero_rows<D>(sb + S::kQ + s * S::kQBytes, kQRows, valid, tid, 128);
+        zero_rows<D>(sb + S::kDy + s * S::kQBytes, kQRows, valid, tid, 128);
+        fence_proxy_async();
+        sync_warpgroup(wg);
+      }
+    }
     issue_scores(t, st, opaque(base), S::kK, S::kQ);
   };
   // This warpgroup's accumulator chunk for query head h, query rows from m0: (batch, head,
@@ -220,6 +262,12 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   };
   if (steps > 0) {
     mbar_wait(smem_u32(&bars[0]), 0);
+    if (p.cu_q && n0 + kKeys > lk) {
+      zero_rows<D>(base + S::kK, kKeys, lk - n0, static_cast<int>(threadIdx.x), kBwdThreads);
+      zero_rows<D>(base + S::kV, kKeys, lk - n0, static_cast<int>(threadIdx.x), kBwdThreads);
+      fence_proxy_async();
+      sync_consumers();
+    }
     issue_s(0);
     wgmma_wait<0>();
   }
@@ -237,7 +285,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     fence_regs(st);
 
     // P^T in place (column c is query m0 + c).
-    const bool masked = n0 + kKeys > p.lk || (p.causal && n0 + kKeys - 1 > m0 + p.off);
+    const bool masked = n0 + kKeys > lk || (p.causal && n0 + kKeys - 1 > m0 + off);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const float2 l = ld_shared_f2(lse2 + (8 * j + cq) * 4);
@@ -247,7 +295,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         float v = fast_exp2(x);
         if (masked) {
           const int key = key0 + 8 * (e >> 1), q = m0 + 8 * j + cq + (e & 1);
-          if (key >= p.lk || (p.causal && key > q + p.off)) v = 0.f;
+          if (key >= lk || (p.causal && key > q + off)) v = 0.f;
         }
         st[4 * j + e] = v;
       }
@@ -345,9 +393,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int key = key0 + 8 * i;
-    if (key >= p.lk) continue;
-    T* dvr = static_cast<T*>(p.dv) + b * p.sdv[0] + hk * p.sdv[1] + key * p.sdv[2] + cq;
-    T* dkr = static_cast<T*>(p.dk) + b * p.sdk[0] + hk * p.sdk[1] + key * p.sdk[2] + cq;
+    if (key >= lk) continue;
+    const int64_t row = sq_.k0 + key;
+    T* dvr = static_cast<T*>(p.dv) + sq_.tb * p.sdv[0] + hk * p.sdv[1] + row * p.sdv[2] + cq;
+    T* dkr = static_cast<T*>(p.dk) + sq_.tb * p.sdk[0] + hk * p.sdk[1] + row * p.sdk[2] + cq;
 #pragma unroll
     for (int j = 0; j < D / 8; ++j) {
       const uint32_t v = cuda::pack2<T>(dv[4 * j + 2 * i], dv[4 * j + 2 * i + 1]);
@@ -367,10 +416,22 @@ struct RowParams {
   void* dq;
   const float* lse;
   float *lse2, *delta, *acc;
-  int64_t sy[3], sdy[3], sdq[3], sl[3];
+  int64_t sy[3], sdy[3], sdq[3], sl[3];  // (varlen: of the [1, H, T] views)
+  const int* cu_q;                       // varlen: query sequence offsets (null: padded)
+  int total_q;
   int lq, lq_pad, heads_q;
   float scale;
 };
+
+// Sequence b's query rows: packed rows [q0, q0 + lq) of tensor batch tb (the main kernel's rule).
+struct RowSeq {
+  int q0, lq, tb;
+};
+__device__ __forceinline__ RowSeq row_seq(const RowParams& p, int b) {
+  if (!p.cu_q) return {0, p.lq, b};
+  const int q0 = min(max(p.cu_q[b], 0), p.total_q);
+  return {q0, max(0, min(min(p.cu_q[b + 1] - q0, p.lq), p.total_q - q0)), 0};
+}
 
 // Elements per lane of a warp-wide row of D elements, as one vector load.
 template <int D>
@@ -391,12 +452,14 @@ __global__ void __launch_bounds__(256) fa3_bwd_prep(const RowParams p) {
   const int lane = static_cast<int>(threadIdx.x) % 32, h = static_cast<int>(blockIdx.y),
             b = static_cast<int>(blockIdx.z);
   if (row >= p.lq_pad) return;
-  constexpr int kPer = D / 32;  // elements per lane, contiguous
+  const RowSeq sq = row_seq(p, b);
+  const int64_t at = sq.q0 + row;  // the row in the tensors
+  constexpr int kPer = D / 32;     // elements per lane, contiguous
   using V = LaneVec<D>;
   float dot = 0.f;
-  if (row < p.lq) {
-    const T* y = static_cast<const T*>(p.y) + b * p.sy[0] + h * p.sy[1] + row * p.sy[2];
-    const T* dy = static_cast<const T*>(p.dy) + b * p.sdy[0] + h * p.sdy[1] + row * p.sdy[2];
+  if (row < sq.lq) {
+    const T* y = static_cast<const T*>(p.y) + sq.tb * p.sy[0] + h * p.sy[1] + at * p.sy[2];
+    const T* dy = static_cast<const T*>(p.dy) + sq.tb * p.sdy[0] + h * p.sdy[1] + at * p.sdy[2];
     const V yv = reinterpret_cast<const V*>(y)[lane], dyv = reinterpret_cast<const V*>(dy)[lane];
     uint32_t yw[kPer / 2], dw[kPer / 2];
     memcpy(yw, &yv, sizeof(V));
@@ -412,8 +475,8 @@ __global__ void __launch_bounds__(256) fa3_bwd_prep(const RowParams p) {
   const int64_t r = (int64_t{b} * p.heads_q + h) * p.lq_pad + row;
   if (lane == 0) {
     float l2 = INFINITY;  // past Lq, or a row that sees no key: every probability 0
-    if (row < p.lq) {
-      const float l = p.lse[b * p.sl[0] + h * p.sl[1] + row * p.sl[2]];
+    if (row < sq.lq) {
+      const float l = p.lse[sq.tb * p.sl[0] + h * p.sl[1] + at * p.sl[2]];
       if (l != -INFINITY) l2 = l * 1.4426950408889634f;
     }
     p.lse2[r] = l2;
@@ -453,15 +516,16 @@ __global__ void __launch_bounds__(128) fa3_bwd_post(const RowParams p) {
     tile[r0 + 8][4 * j + lane % 4] = cuda::pack2<T>(v.z * p.scale, v.w * p.scale);
   }
   __syncthreads();
+  const RowSeq sq = row_seq(p, b);
   // 64 rows x 8 chunks of 16 bytes (4 words each).
 #pragma unroll
   for (int it = 0; it < 4; ++it) {
     const int idx = it * 128 + tid, r = idx / 8, c = idx % 8;
     const int row = m_blk * kQRows + r;
-    if (row >= p.lq) continue;
+    if (row >= sq.lq) continue;
     const uint4 v = *reinterpret_cast<const uint4*>(&tile[r][4 * c]);
-    T* dq =
-        static_cast<T*>(p.dq) + b * p.sdq[0] + h * p.sdq[1] + row * p.sdq[2] + part * 64 + c * 8;
+    T* dq = static_cast<T*>(p.dq) + sq.tb * p.sdq[0] + h * p.sdq[1] + (sq.q0 + row) * p.sdq[2] +
+            part * 64 + c * 8;
     *reinterpret_cast<uint4*>(dq) = v;
   }
 }
@@ -515,14 +579,18 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
   const auto& d = pr.desc;
   if (!has_sm90a_body<fa3_bwd_kernel<T, D>>())
     return Error::unsupported(std::string(kWho) + ": this build has no sm_90a code for the kernel");
-  BARACUDA_TRY(check_layout(kWho, "q", a.q));
-  BARACUDA_TRY(check_layout(kWho, "k", a.k));
-  BARACUDA_TRY(check_layout(kWho, "v", a.v));
-  BARACUDA_TRY(check_layout(kWho, "y", a.y));
-  BARACUDA_TRY(check_layout(kWho, "dy", a.dy));
-  BARACUDA_TRY(check_layout(kWho, "dq", a.dq));
-  BARACUDA_TRY(check_layout(kWho, "dk", a.dk));
-  BARACUDA_TRY(check_layout(kWho, "dv", a.dv));
+  const bool vl = d.varlen;
+  const ConstTensor q = rows_view(a.q, vl), k = rows_view(a.k, vl), v = rows_view(a.v, vl),
+                    y = rows_view(a.y, vl), dy = rows_view(a.dy, vl), lse = lse_view(a.lse, vl);
+  const Tensor dq = rows_view(a.dq, vl), dk = rows_view(a.dk, vl), dv = rows_view(a.dv, vl);
+  BARACUDA_TRY(check_layout(kWho, "q", q));
+  BARACUDA_TRY(check_layout(kWho, "k", k));
+  BARACUDA_TRY(check_layout(kWho, "v", v));
+  BARACUDA_TRY(check_layout(kWho, "y", y));
+  BARACUDA_TRY(check_layout(kWho, "dy", dy));
+  BARACUDA_TRY(check_layout(kWho, "dq", dq));
+  BARACUDA_TRY(check_layout(kWho, "dk", dk));
+  BARACUDA_TRY(check_layout(kWho, "dv", dv));
   const Layout lay = layout_of(pr);
   if (ctx.workspace.bytes < lay.bytes)
     return Error::workspace_too_small(std::string(kWho) + ": workspace", lay.bytes,
@@ -533,47 +601,55 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
   const CUtensorMapDataType dt = std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
                                                            : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   CUtensorMap tq, tk, tv, tdy;
-  BARACUDA_TRY(make_map(kWho, &tq, dt, a.q, kQRows));
-  BARACUDA_TRY(make_map(kWho, &tk, dt, a.k, kKeys));
-  BARACUDA_TRY(make_map(kWho, &tv, dt, a.v, kKeys));
-  BARACUDA_TRY(make_map(kWho, &tdy, dt, a.dy, kQRows));
+  BARACUDA_TRY(make_map(kWho, &tq, dt, q, kQRows));
+  BARACUDA_TRY(make_map(kWho, &tk, dt, k, kKeys));
+  BARACUDA_TRY(make_map(kWho, &tv, dt, v, kKeys));
+  BARACUDA_TRY(make_map(kWho, &tdy, dt, dy, kQRows));
 
   char* ws = static_cast<char*>(ctx.workspace.data) +
              (256 - reinterpret_cast<uintptr_t>(ctx.workspace.data) % 256) % 256;
   RowParams rp{};
-  rp.y = a.y.data;
-  rp.dy = a.dy.data;
-  rp.dq = a.dq.data;
-  rp.lse = static_cast<const float*>(a.lse.data);
+  rp.y = y.data;
+  rp.dy = dy.data;
+  rp.dq = dq.data;
+  rp.lse = static_cast<const float*>(lse.data);
   rp.acc = reinterpret_cast<float*>(ws + lay.acc);
   rp.lse2 = reinterpret_cast<float*>(ws + lay.lse2);
   rp.delta = reinterpret_cast<float*>(ws + lay.delta);
-  outer_strides(rp.sy, a.y);
-  outer_strides(rp.sdy, a.dy);
-  outer_strides(rp.sdq, a.dq);
-  outer_strides(rp.sl, a.lse);
+  outer_strides(rp.sy, y);
+  outer_strides(rp.sdy, dy);
+  outer_strides(rp.sdq, dq);
+  outer_strides(rp.sl, lse);
+  if (vl) {
+    rp.cu_q = static_cast<const int*>(a.cu_seqlens_q.data);
+    rp.total_q = static_cast<int>(d.total_q);
+  }
   rp.lq = static_cast<int>(d.len_q);
   rp.lq_pad = static_cast<int>(padded_rows(pr));
   rp.heads_q = static_cast<int>(d.heads_q);
   rp.scale = static_cast<float>(pr.scale);
 
   BwdParams p{};
-  p.dk = a.dk.data;
-  p.dv = a.dv.data;
+  p.dk = dk.data;
+  p.dv = dv.data;
   p.acc = rp.acc;
   p.lse2 = rp.lse2;
   p.delta = rp.delta;
-  outer_strides(p.sdk, a.dk);
-  outer_strides(p.sdv, a.dv);
+  outer_strides(p.sdk, dk);
+  outer_strides(p.sdv, dv);
+  if (vl) {
+    p.cu_q = rp.cu_q;
+    p.cu_k = static_cast<const int*>(a.cu_seqlens_k.data);
+    p.total_q = rp.total_q;
+    p.total_k = static_cast<int>(d.total_k);
+  }
   p.lq = rp.lq;
   p.lk = static_cast<int>(d.len_k);
   p.lq_pad = rp.lq_pad;
   p.group = static_cast<int>(pr.group);
   p.heads_q = rp.heads_q;
   p.causal = d.mask.right == 0 ? 1 : 0;
-  p.off = p.causal && d.mask.diagonal == attention::Diagonal::bottom_right
-              ? static_cast<int>(d.len_k - d.len_q)
-              : 0;
+  p.bottom_right = d.mask.diagonal == attention::Diagonal::bottom_right ? 1 : 0;
   p.scale_log2 = static_cast<float>(pr.scale * 1.4426950408889634);
   p.scale = rp.scale;
 

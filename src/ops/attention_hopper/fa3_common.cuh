@@ -151,6 +151,21 @@ __device__ __forceinline__ float poly_exp2(float x) {
   return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
 }
 
+// Zeroes rows [r0, rows) of a [rows][D] tile stored as D / 64 column blocks of 128-byte rows
+// (the 128-byte swizzle permutes chunks within a row, so whole rows are whole byte ranges); the
+// `n` threads of the caller's group share the work, thread `i` of them starting at chunk i.
+template <int D>
+__device__ __forceinline__ void zero_rows(uint32_t tile, int rows, int r0, int i, int n) {
+  const int chunks = (rows - r0) * 8;  // 16-byte chunks per column block
+#pragma unroll
+  for (int db = 0; db < D / 64; ++db) {
+    const uint32_t from = tile + static_cast<uint32_t>(db * rows * 128 + r0 * 128);
+    for (int c = i; c < chunks; c += n)
+      asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(from + c * 16), "r"(0)
+                   : "memory");
+  }
+}
+
 // Shared-memory matrix descriptor, 128-byte swizzle.
 __device__ __forceinline__ uint64_t desc_sw128(uint32_t addr, uint32_t lbo, uint32_t sbo) {
   return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(lbo >> 4) << 16) |
@@ -208,6 +223,19 @@ __device__ __forceinline__ void pack_a(const float (&acc)[N / 2], uint32_t (&a)[
 }
 #endif  // BARACUDA_FA3_DEVICE
 
+// Sequence b's packed rows: Q rows [q0, q0 + lq), K / V rows [k0, k0 + lk). The GPU cannot check
+// cu_seqlens, so the lengths are clamped to the descriptor's maxima and to the packed extents:
+// bad offsets can make a sequence shorter, never index outside the tensors.
+struct SeqRows {
+  int q0, lq, k0, lk;
+};
+__device__ __forceinline__ SeqRows seq_rows(const int* cu_q, const int* cu_k, int b, int max_q,
+                                            int max_k, int total_q, int total_k) {
+  const int q0 = min(max(cu_q[b], 0), total_q), k0 = min(max(cu_k[b], 0), total_k);
+  return {q0, max(0, min(min(cu_q[b + 1] - q0, max_q), total_q - q0)), k0,
+          max(0, min(min(cu_k[b + 1] - k0, max_k), total_k - k0))};
+}
+
 // ---- host ---------------------------------------------------------------------------------------
 PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
@@ -261,6 +289,28 @@ constexpr PrecisionGuarantee fa3_precision(DType e, bool deterministic) {
           false};
 }
 
+// Varlen arguments in the padded form the kernels address, so that sequence b's rows are rows
+// cu_seqlens[b] .. of "batch" 0: packed [T, H, D] rows as [1, H, T, D] (rows_view), a packed
+// [H, T] LSE as [1, H, T] (lse_view). Padded tensors pass through.
+template <class Ptr>
+BasicTensor<Ptr> rows_view(const BasicTensor<Ptr>& t, bool varlen) {
+  if (!varlen) return t;
+  BasicTensor<Ptr> v = t;
+  v.rank = 4;
+  v.shape[0] = 1, v.shape[1] = t.shape[1], v.shape[2] = t.shape[0], v.shape[3] = t.shape[2];
+  v.stride[0] = 0, v.stride[1] = t.stride[1], v.stride[2] = t.stride[0], v.stride[3] = t.stride[2];
+  return v;
+}
+template <class Ptr>
+BasicTensor<Ptr> lse_view(const BasicTensor<Ptr>& t, bool varlen) {
+  if (!varlen) return t;
+  BasicTensor<Ptr> v = t;
+  v.rank = 3;
+  v.shape[0] = 1, v.shape[1] = t.shape[0], v.shape[2] = t.shape[1];
+  v.stride[0] = 0, v.stride[1] = t.stride[0], v.stride[2] = t.stride[1];
+  return v;
+}
+
 // A [B, H, L, ...] tensor's strides of its B, H, L axes, 0 on size-1 axes (never used).
 template <class Ptr>
 void outer_strides(int64_t (&out)[3], const BasicTensor<Ptr>& t) {
@@ -282,13 +332,15 @@ inline KernelSku fa3_sku(std::string_view op, DType e, PrecisionGuarantee prec,
                    .name = name};
 }
 
-// The problems both kernels take: bf16/f16, Dk = Dv in {64, 128}, no mask or causal, padded
-// (not varlen), no softcap, grid-sized extents.
+// The problems both kernels take: bf16/f16, Dk = Dv in {64, 128}, no mask or causal, padded or
+// varlen (packed rows addressed as one [1, H, T, D] tensor, see packed_view), no softcap,
+// grid-sized extents.
 inline bool shape_fits(const attention::Problem& pr) {
   const auto& d = pr.desc;
   const bool causal = d.mask.left < 0 && d.mask.right == 0;
   constexpr int64_t kMax = int64_t{1} << 30;
-  return !d.varlen && d.softcap == 0 && d.head_dim_qk == d.head_dim_v &&
+  if (d.varlen && (d.total_q >= kMax || d.total_k >= kMax)) return false;
+  return d.softcap == 0 && d.head_dim_qk == d.head_dim_v &&
          (d.head_dim_qk == 64 || d.head_dim_qk == 128) && (d.mask.is_none() || causal) &&
          d.batch >= 1 && d.batch <= 65535 && d.heads_q >= 1 && d.heads_q <= 65535 &&
          d.heads_kv >= 1 && d.len_q >= 1 && d.len_q < kMax && d.len_k >= 1 && d.len_k < kMax &&

@@ -106,11 +106,15 @@ Candidate preferred_candidate(std::span<const TablePoint> table, const attention
         std::abs(std::log2(static_cast<double>(t.len)) - std::log2(len));
     if (!best || cost < best_cost) best = &t, best_cost = cost;
   }
-  if (!best) return Candidate::cudnn;
+  // cuDNN is not wired to packed sequences (cudnn_screen): a varlen problem ranks the others, by
+  // the table's point for its longest sequence.
+  const bool cudnn_runs = !d.varlen;
+  if (!best) return cudnn_runs ? Candidate::cudnn : Candidate::bespoke;
   // Strictly faster to displace cuDNN (then bespoke): a tie keeps the incumbent.
   Candidate pick = Candidate::cudnn;
   double tf = best->cudnn_tflops;
-  if (best->bespoke_tflops > tf) pick = Candidate::bespoke, tf = best->bespoke_tflops;
+  if (!cudnn_runs || best->bespoke_tflops > tf)
+    pick = Candidate::bespoke, tf = best->bespoke_tflops;
   // fa3 was measured with Lq = Lk, and its grid is one 128-row CTA per query block and head: a
   // problem with far fewer queries than the point (decode: Lq = 1 against thousands of keys) is
   // not what that column measured, so fa3 is a candidate only with Lq within 2x of the point's L.
