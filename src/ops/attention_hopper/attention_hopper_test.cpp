@@ -1568,8 +1568,11 @@ void check_varlen_case(const VarlenCase& c, harness::Rng& rng) {
     const auto yv = gy.values(), lv = glse.values();
     EXPECT_TRUE(harness::close_to(owned_rows(yv, oq, c.hq * c.d), owned_rows(ry, oq, c.hq * c.d),
                                   c.t, Accuracy::reduction, "y"));
-    EXPECT_TRUE(harness::close_to(owned_lse(lv, c.hq, tq, oq), owned_lse(rl, c.hq, tq, oq),
-                                  DType::f32, Accuracy::reduction, "lse"));
+    // LSE at the input type's bound, as for the padded cases (check_forward_output): the exp2
+    // offload variants' polynomial (relative error ~1e-4, far below P's 16-bit rounding) moves it
+    // by a few 1e-6, past the f32 bound.
+    EXPECT_TRUE(harness::close_to(owned_lse(lv, c.hq, tq, oq), owned_lse(rl, c.hq, tq, oq), c.t,
+                                  Accuracy::reduction, "lse"));
     EXPECT_TRUE(spare_rows_untouched(yv, oq, c.hq * c.d, "y"));
     for (int64_t h = 0; h < c.hq; ++h)
       EXPECT_TRUE(
