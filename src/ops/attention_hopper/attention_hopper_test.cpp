@@ -262,8 +262,10 @@ TEST(AttentionCudnnRules, ShippedTableIsWellFormed) {
   }
 }
 
-// The 2026-11-23 device run: fa3 is picked exactly where it beat cuDNN in that run (D = 128:
-// L4096 both masks, L16384 causal), cuDNN at every other measured point, and never without fa3.
+// The shipped run (H200, 2026-11-26, e9df485): fa3 is picked exactly where it beat cuDNN in that
+// run (D = 128: L8192 both masks, L16384 causal), cuDNN at every other measured point, and never
+// without fa3; the backward stays cuDNN everywhere. Varlen problems (no cuDNN) get fa3 at every
+// point, both passes: it beat the bespoke kernels everywhere.
 TEST(AttentionCudnnRules, ShippedTablePicksFa3WhereItWasFastest) {
   struct Point {
     int64_t d, l;
@@ -271,13 +273,13 @@ TEST(AttentionCudnnRules, ShippedTablePicksFa3WhereItWasFastest) {
     Candidate want;
   };
   const Point points[] = {
-      {128, 4096, false, Candidate::fa3},   {128, 4096, true, Candidate::fa3},
+      {128, 8192, false, Candidate::fa3},   {128, 8192, true, Candidate::fa3},
       {128, 16384, true, Candidate::fa3},   {128, 16384, false, Candidate::cudnn},
+      {128, 4096, false, Candidate::cudnn}, {128, 4096, true, Candidate::cudnn},
       {128, 1024, false, Candidate::cudnn}, {128, 1024, true, Candidate::cudnn},
       {64, 4096, false, Candidate::cudnn},  {64, 4096, true, Candidate::cudnn},
       {64, 16384, false, Candidate::cudnn}, {64, 1024, false, Candidate::cudnn},
-      {128, 8192, false, Candidate::cudnn},  // fa3 not measured there
-      {128, 2048, true, Candidate::cudnn},
+      {128, 2048, true, Candidate::cudnn},  {64, 512, true, Candidate::cudnn},
   };
   for (const Point& pt : points) {
     const Mask m = pt.causal ? Mask::causal_top_left() : Mask::none();
@@ -296,6 +298,13 @@ TEST(AttentionCudnnRules, ShippedTablePicksFa3WhereItWasFastest) {
       EXPECT_EQ(preferred_candidate(decode, Pass::forward, true), Candidate::bespoke);
       EXPECT_EQ(preferred_candidate(decode, Pass::forward, false), Candidate::bespoke);
       EXPECT_EQ(preferred_candidate(decode, Pass::backward, true), Candidate::cudnn);
+    }
+    Descriptor packed = make_desc(DType::bf16, 4, 2048 / pt.d, 2048 / pt.d, pt.l, pt.l, pt.d, m);
+    packed.varlen = true;
+    packed.total_q = packed.total_k = 4 * pt.l;
+    for (Pass pass : {Pass::forward, Pass::backward}) {
+      EXPECT_EQ(preferred_candidate(problem_of(packed), pass, true), Candidate::fa3);
+      EXPECT_EQ(preferred_candidate(problem_of(packed), pass, false), Candidate::bespoke);
     }
   }
 }
