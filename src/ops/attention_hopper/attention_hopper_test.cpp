@@ -1021,6 +1021,12 @@ std::vector<Case> fa3_cases() {
       // More (batch, head) blocks than SMs.
       {DType::bf16, 8, 20, 20, 128, 128, 64, Mask::causal_top_left(), false, false},
       {DType::f16, 4, 40, 40, 17, 17, 128, Mask::none(), true, false},
+      // Head dim 256 (64-key tiles): ragged tails, both masks and alignments, GQA, both layouts.
+      {DType::bf16, 1, 2, 2, 1, 1, 256, Mask::none(), false, false},
+      {DType::bf16, 1, 4, 2, 300, 300, 256, Mask::causal_bottom_right(), false, true},
+      {DType::f16, 2, 2, 2, 77, 203, 256, Mask::none(), true, false},
+      {DType::f16, 1, 4, 4, 203, 77, 256, Mask::causal_bottom_right(), true, true},
+      {DType::bf16, 1, 2, 1, 129, 65, 256, Mask::causal_top_left(), false, false},
   };
 }
 
@@ -1032,6 +1038,8 @@ std::vector<Case> fa3_long_cases() {
       {DType::f16, 1, 1, 1, 1000, 4096, 64, Mask::causal_bottom_right(), true, true},
       // GQA over many tiles, both layouts' rules at once (padded [B, L, H, D]).
       {DType::bf16, 2, 4, 2, 2048, 2048, 128, Mask::causal_top_left(), true, true},
+      {DType::bf16, 1, 2, 1, 2048, 2048, 256, Mask::none(), false, false},
+      {DType::f16, 1, 2, 2, 1500, 1500, 256, Mask::causal_top_left(), true, true},
   };
 }
 
@@ -1105,8 +1113,9 @@ TEST(AttentionFa3Gpu, FitsExactlyWhatItSupports) {
   };
   EXPECT_TRUE(fits(make_desc(DType::bf16, 1, 8, 2, 77, 203, 64, Mask::causal_bottom_right())));
   EXPECT_TRUE(fits(make_desc(DType::f16, 1, 8, 1, 203, 77, 128, Mask::causal_top_left())));
-  EXPECT_FALSE(fits(make_desc(DType::bf16, 1, 4, 4, 64, 64, 96)));   // head dim
-  EXPECT_FALSE(fits(make_desc(DType::bf16, 1, 4, 4, 64, 64, 256)));  // head dim
+  EXPECT_FALSE(fits(make_desc(DType::bf16, 1, 4, 4, 64, 64, 96)));  // head dim
+  EXPECT_TRUE(fits(make_desc(DType::bf16, 1, 4, 4, 64, 64, 256)));
+  EXPECT_FALSE(fits(make_desc(DType::bf16, 1, 4, 4, 64, 64, 192)));  // head dim
   Descriptor dv = make_desc(DType::bf16, 1, 4, 4, 64, 64, 128);
   dv.head_dim_v = 64;
   EXPECT_FALSE(fits(dv));
@@ -1307,6 +1316,10 @@ TEST(AttentionFa3Gpu, BackwardFitsWhatTheForwardFitsAndNeverServesDeterministic)
       problem_of(make_desc(DType::bf16, 1, 512, 1, int64_t{1} << 29, 128, 64));
   EXPECT_FALSE(fa3_bwd_kernel(DType::bf16)->fits(huge, gs.caps()));
   EXPECT_TRUE(fa3_kernel(DType::bf16)->fits(huge, gs.caps()));
+  // Head dim 256: the forward only.
+  const attention::Problem d256 = problem_of(make_desc(DType::bf16, 1, 4, 4, 300, 300, 256));
+  EXPECT_TRUE(fa3_kernel(DType::bf16)->fits(d256, gs.caps()));
+  EXPECT_FALSE(fa3_bwd_kernel(DType::bf16)->fits(d256, gs.caps()));
 }
 
 TEST(AttentionFa3Gpu, BackwardMisalignedRunFailsWithoutWriting) {
@@ -1588,8 +1601,13 @@ void check_varlen_case(const VarlenCase& c, harness::Rng& rng) {
           spare_rows_untouched({lv.begin() + h * tq, lv.begin() + (h + 1) * tq}, oq, 1, "lse"));
   }
 
-  // The backward pinned by name (not deterministic: each run checked on its own).
+  // The backward pinned by name (not deterministic: each run checked on its own); it takes head
+  // dims up to 128.
   auto bplan = attention::BackwardPlan::select(gs, desc, PlanPreference::kernel(kFa3BwdKernel));
+  if (c.d > 128) {
+    EXPECT_TRUE(fails_with(bplan, ErrorKind::unsupported, {"attention_backward"}));
+    return;
+  }
   BARACUDA_ASSERT_OK(bplan);
   ASSERT_EQ(bplan->sku().name, kFa3BwdKernel);
   TestTensor dq = packed_gpu(c, c.t, tq, c.hq), dk = packed_gpu(c, c.t, tk, c.hk),
@@ -1628,6 +1646,7 @@ TEST(AttentionFa3Gpu, VarlenMatchesReference) {
       {DType::f16, 4, 1, 128, Mask::causal_bottom_right(), {200, 5, 129}, {100, 300, 129}, 3, 8},
       {DType::bf16, 2, 2, 128, Mask::causal_top_left(), {1, 257, 64}, {1, 257, 63}, 0, 8},
       {DType::bf16, 4, 2, 64, Mask::causal_bottom_right(), {513, 77}, {600, 100}, 7, 0},
+      {DType::f16, 2, 1, 256, Mask::causal_top_left(), {100, 300, 0}, {200, 300, 5}, 3, 8},
   };
   harness::Rng rng;
   const auto t0 = std::chrono::steady_clock::now();

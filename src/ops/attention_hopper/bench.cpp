@@ -95,7 +95,8 @@ void sweep(const Stream& stream) {
   const bool backward_only = bench::env("BARACUDA_ATTENTION_ONLY") == "backward";
   std::vector<int64_t> lens = quick ? std::vector<int64_t>{1024, 4096, 16384}
                                     : std::vector<int64_t>{512, 1024, 2048, 4096, 8192, 16384};
-  for (int64_t d : {64, 128})
+  // Head dim 256 too (not in the FlashAttention papers' sweep): the selection table's d256 rows.
+  for (int64_t d : {64, 128, 256})
     for (int64_t l : lens)
       for (bool causal : {false, true}) {
         if (only_d > 0 && (d != only_d || l != only_l || causal)) continue;

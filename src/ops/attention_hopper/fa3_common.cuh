@@ -194,17 +194,29 @@ struct Ops {
     else
       ss_tt_m64n64k16_bf16(d, a, b, s);
   }
-  // D = 64 or 128 columns, accumulating.
+  // S = A B^T over N = 64 or 128 keys.
+  template <int N>
+  static __device__ __forceinline__ void ss(float (&d)[N / 2], uint64_t a, uint64_t b, int s) {
+    if constexpr (N == 64)
+      ss64(d, a, b, s);
+    else
+      ss128(d, a, b, s);
+  }
+  // D = 64, 128 or 256 columns, accumulating.
   template <int D>
   static __device__ __forceinline__ void rs(float (&d)[D / 2], const uint32_t (&a)[4], uint64_t b) {
     if constexpr (kHalf && D == 64)
       rs_m64n64k16_f16(d, a, b, 1);
-    else if constexpr (kHalf)
+    else if constexpr (kHalf && D == 128)
       rs_m64n128k16_f16(d, a, b, 1);
+    else if constexpr (kHalf)
+      rs_m64n256k16_f16(d, a, b, 1);
     else if constexpr (D == 64)
       rs_m64n64k16_bf16(d, a, b, 1);
-    else
+    else if constexpr (D == 128)
       rs_m64n128k16_bf16(d, a, b, 1);
+    else
+      rs_m64n256k16_bf16(d, a, b, 1);
   }
 };
 
@@ -332,19 +344,19 @@ inline KernelSku fa3_sku(std::string_view op, DType e, PrecisionGuarantee prec,
                    .name = name};
 }
 
-// The problems both kernels take: bf16/f16, Dk = Dv in {64, 128}, no mask or causal, padded or
-// varlen (packed rows addressed as one [1, H, T, D] tensor, see packed_view), no softcap,
-// grid-sized extents.
+// The problems both kernels take: bf16/f16, Dk = Dv (each kernel's fits says which head dims:
+// 64 and 128, the forward also 256), no mask or causal, padded or varlen (packed rows addressed
+// as one [1, H, T, D] tensor, see rows_view), no softcap, grid-sized extents.
 inline bool shape_fits(const attention::Problem& pr) {
   const auto& d = pr.desc;
   const bool causal = d.mask.left < 0 && d.mask.right == 0;
   constexpr int64_t kMax = int64_t{1} << 30;
   if (d.varlen && (d.total_q >= kMax || d.total_k >= kMax)) return false;
   return d.softcap == 0 && d.head_dim_qk == d.head_dim_v &&
-         (d.head_dim_qk == 64 || d.head_dim_qk == 128) && (d.mask.is_none() || causal) &&
-         d.batch >= 1 && d.batch <= 65535 && d.heads_q >= 1 && d.heads_q <= 65535 &&
-         d.heads_kv >= 1 && d.len_q >= 1 && d.len_q < kMax && d.len_k >= 1 && d.len_k < kMax &&
-         std::isfinite(pr.scale) && pr.scale > 0;
+         (d.head_dim_qk == 64 || d.head_dim_qk == 128 || d.head_dim_qk == 256) &&
+         (d.mask.is_none() || causal) && d.batch >= 1 && d.batch <= 65535 && d.heads_q >= 1 &&
+         d.heads_q <= 65535 && d.heads_kv >= 1 && d.len_q >= 1 && d.len_q < kMax && d.len_k >= 1 &&
+         d.len_k < kMax && std::isfinite(pr.scale) && pr.scale > 0;
 }
 
 // TMA rules: 16-byte aligned base, unit-stride rows, every used stride a positive multiple of 16

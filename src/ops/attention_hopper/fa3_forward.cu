@@ -14,7 +14,8 @@
 //    warp once its wgmmas that read the tile have completed), so K is recycled a GEMM earlier.
 //  - Tiles in shared memory are what TMA writes with 128-byte swizzle: a [rows][D] tile is stored
 //    as D/64 column blocks of [rows][64] elements (128-byte rows, 1024-byte 8-row swizzle atoms).
-//  - S = Q K^T: wgmma m64n128k16, both operands from shared memory, K-major (LBO unused, SBO 1024
+//  - S = Q K^T: wgmma m64n128k16 (D = 256: m64n64k16), both operands from shared memory, K-major
+//  (LBO unused, SBO 1024
 //    bytes; a k16 step inside a column block adds 32 bytes to the start address).
 //  - Online softmax in f32 on the accumulators (exp2 with scale * log2(e) folded in), the masked
 //    columns (key tail, causal band) at -inf; fully masked rows keep max -inf and sum 0.
@@ -28,11 +29,12 @@
 //    cover the other's softmax.
 //  - Epilogue: O / l staged through the warpgroup's own rows of the Q tile (same swizzle), then
 //    16-byte row stores; LSE = m ln2 + ln(l) (f32); Y = 0, LSE = -inf for rows that see no key.
-// Tiles: BM = 128 (2 x 64), BN = 128; shared memory 113 KB (D = 64) / 161 KB (D = 128).
+// Tiles: BM = 128 (2 x 64), BN = 128 (D = 256: 64); shared memory 113 KB (D = 64) / 161 KB
+// (D = 128) / 193 KB (D = 256).
 //
-// Supports: bf16 and f16, Dk = Dv in {64, 128}, no mask or causal (top-left / bottom-right), GQA /
-// MQA, any Lq, Lk >= 1, padded layouts with unit-stride rows, 16-byte aligned base pointers and
-// 16-byte multiple strides (both [B, H, L, D] and [B, L, H, D]), and varlen (packed sequences:
+// Supports: bf16 and f16, Dk = Dv in {64, 128, 256}, no mask or causal (top-left / bottom-right),
+// GQA / MQA, any Lq, Lk >= 1, padded layouts with unit-stride rows, 16-byte aligned base pointers
+// and 16-byte multiple strides (both [B, H, L, D] and [B, L, H, D]), and varlen (packed sequences:
 // the grid covers the longest one; a CTA reads its sequence's offsets from cu_seqlens and exits
 // past its end; the tiles' rows past a sequence's end are other sequences' rows, masked out of S
 // and zeroed in V's last tile). Not: softcap, windows, other head dims, broadcast (stride-0)
@@ -58,9 +60,11 @@ namespace {
 using attention::ForwardArguments;
 using attention::Problem;
 
-constexpr int kBM = 128;       // query rows per CTA (two consumer warpgroups of 64)
-constexpr int kBN = 128;       // keys per tile
-constexpr int kConsumers = 2;  // consumer warpgroups
+constexpr int kBM = 128;  // query rows per CTA (two consumer warpgroups of 64)
+// Keys per tile: 128, 64 at D = 256 (O's 128 accumulator registers leave room for a 64-key S).
+template <int D>
+constexpr int kKeysPerTile = D == 256 ? 64 : 128;
+constexpr int kConsumers = 2;                     // consumer warpgroups
 constexpr int kThreads = (kConsumers + 1) * 128;  // + the producer warpgroup
 constexpr int kProducerWarp = kConsumers * 4;     // its first warp issues the loads
 // setmaxnreg: the producer warpgroup gives registers back, the consumers take them
@@ -77,8 +81,9 @@ constexpr int kBarQ = 0, kBarKFull = 1, kBarVFull = kBarKFull + kMaxStages,
 template <int D>
 struct Smem {
   static constexpr int kStages = D == 64 ? 3 : 2;  // K/V ring depth (D = 128: 160 KB in all)
+  static constexpr int kBn = kKeysPerTile<D>;
   static constexpr int kQBytes = kBM * D * 2;
-  static constexpr int kTileBytes = kBN * D * 2;  // one K or V tile
+  static constexpr int kTileBytes = kBn * D * 2;  // one K or V tile
   static constexpr int kBytes = kQBytes + 2 * kStages * kTileBytes;
   static constexpr int kLaunchBytes = kBytes + 1024;  // + alignment slack for 1024-byte atoms
   // The persistent variant's O staging buffer (Q's shape) after the ring (D = 64: 129 KB).
@@ -105,6 +110,7 @@ struct Tile {
   int m0, h, b, n_tiles;
   int tb, q0, k0, lq, lk, off;
 };
+template <int BN>
 __device__ __forceinline__ Tile tile_at(const Params& p, int m_block, int h, int b) {
   Tile t{m_block * kBM, h, b, 0, b, 0, 0, p.lq, p.lk, 0};
   if (p.cu_q) {
@@ -114,15 +120,16 @@ __device__ __forceinline__ Tile tile_at(const Params& p, int m_block, int h, int
   if (p.causal && p.bottom_right) t.off = t.lk - t.lq;
   int n_end = t.m0 < t.lq ? t.lk : 0;  // keys [0, n_end) are visible to some row of the block
   if (p.causal) n_end = min(n_end, t.m0 + kBM + t.off);
-  t.n_tiles = n_end > 0 ? (n_end + kBN - 1) / kBN : 0;
+  t.n_tiles = n_end > 0 ? (n_end + BN - 1) / BN : 0;
   return t;
 }
 // Persistent variant: work index w in [0, m_blocks * heads * batch), heaviest (causal) query
 // blocks of every head first.
+template <int BN>
 __device__ __forceinline__ Tile tile_of(const Params& p, int w) {
   const int bh_count = p.heads * p.batch;
   const int bh = w % bh_count;
-  return tile_at(p, p.m_blocks - 1 - w / bh_count, bh % p.heads, bh / p.heads);
+  return tile_at<BN>(p, p.m_blocks - 1 - w / bh_count, bh % p.heads, bh / p.heads);
 }
 
 // Variants of the one kernel template, registered by name for A/B (fa3_fwd_sm90a*):
@@ -175,14 +182,14 @@ __device__ __forceinline__ void produce(const CUtensorMap* tq, const CUtensorMap
     mbar_expect_tx(bk, S::kTileBytes);
 #pragma unroll
     for (int db = 0; db < kDB; ++db)
-      tma_load_4d(sk0 + s * S::kTileBytes + db * kBN * 128, tk, bk, db * 64, t.k0 + n * kBN, hk,
-                  t.tb);
+      tma_load_4d(sk0 + s * S::kTileBytes + db * S::kBn * 128, tk, bk, db * 64, t.k0 + n * S::kBn,
+                  hk, t.tb);
     mbar_wait(smem_u32(&bars[kBarVEmpty + s]), free_parity);
     mbar_expect_tx(bv, S::kTileBytes);
 #pragma unroll
     for (int db = 0; db < kDB; ++db)
-      tma_load_4d(sv0 + s * S::kTileBytes + db * kBN * 128, tv, bv, db * 64, t.k0 + n * kBN, hk,
-                  t.tb);
+      tma_load_4d(sv0 + s * S::kTileBytes + db * S::kBn * 128, tv, bv, db * 64, t.k0 + n * S::kBn,
+                  hk, t.tb);
   }
 }
 #endif  // BARACUDA_FA3_DEVICE
@@ -225,9 +232,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int w_step = kPersistentV ? static_cast<int>(gridDim.x) : 1;
   auto tile = [&](int w) {
     // Non-persistent: heaviest (causal) query blocks first through blockIdx.x.
-    return kPersistentV ? tile_of(p, w)
-                        : tile_at(p, p.m_blocks - 1 - static_cast<int>(blockIdx.x),
-                                  static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z));
+    return kPersistentV
+               ? tile_of<S::kBn>(p, w)
+               : tile_at<S::kBn>(p, p.m_blocks - 1 - static_cast<int>(blockIdx.x),
+                                 static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z));
   };
   const int w0 = kPersistentV ? static_cast<int>(blockIdx.x) : 0;
   if (warp >= kProducerWarp) {
@@ -280,7 +288,7 @@ __device__ __forceinline__ void turn_pass(int wg) {
 // and turns the scores into unnormalized probabilities 2^(s * scale * log2(e) - max) in place;
 // corr[i] is the factor the row's O accumulator must be multiplied by. The first kPoly of every 8
 // column groups take poly_exp2 (FMA pipe), the others the MUFU (ex2.approx).
-template <int kPoly>
+template <int kPoly, int kBN>
 __device__ __forceinline__ void softmax_tile(float (&sc)[kBN / 2], const Params& p, int c0,
                                              int mask_from, const int (&limit)[2], int cq,
                                              float (&m_run)[2], float (&l_run)[2],
@@ -323,24 +331,24 @@ __device__ __forceinline__ void softmax_tile(float (&sc)[kBN / 2], const Params&
 
 // P (the probabilities of one tile, f32 accumulator fragment) as the A fragments of BN / 16
 // k16-steps of the P V wgmma, rounded to the 16-bit type.
-template <class T>
+template <class T, int kBN>
 __device__ __forceinline__ void pack_p(const float (&sc)[kBN / 2], uint32_t (&pa)[kBN / 16][4]) {
   pack_a<T, kBN>(sc, pa);
 }
 
-template <class T, int D>
+template <class T, int D, int kBN = kKeysPerTile<D>>
 __device__ __forceinline__ void issue_s(float (&sc)[kBN / 2], uint32_t q_base, uint32_t k_base) {
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
     const uint32_t koff = (kk % 4) * 32;  // k16 step inside a 128-byte swizzle row
     const uint64_t da = desc_sw128(q_base + (kk / 4) * kBM * 128 + koff, 16, 1024);
     const uint64_t dbk = desc_sw128(k_base + (kk / 4) * kBN * 128 + koff, 16, 1024);
-    Ops<T>::ss128(sc, da, dbk, kk > 0 ? 1 : 0);
+    Ops<T>::template ss<kBN>(sc, da, dbk, kk > 0 ? 1 : 0);
   }
   wgmma_commit();
 }
 
-template <class T, int D>
+template <class T, int D, int kBN = kKeysPerTile<D>>
 __device__ __forceinline__ void issue_pv(float (&o)[D / 2], const uint32_t (&pa)[kBN / 16][4],
                                          uint32_t v_base) {
 #pragma unroll
@@ -371,6 +379,7 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
   constexpr int kPoly = poly_groups(V);
   using S = Smem<D>;
   constexpr int kSt = S::kStages;
+  constexpr int kBN = S::kBn;
   const int wg = warp / 4, wl = warp % 4;
   const int row0 = m0 + wg * 64 + wl * 16 + lane / 4;  // this thread's rows: row0 and row0 + 8
   const int cq = 2 * (lane % 4);  // first column of each 8-column accumulator group
@@ -403,7 +412,8 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
     wgmma_wait<0>();
     fence_regs(sc);
     release(bars, kBarKEmpty + s0, lane);
-    softmax_tile<kPoly>(sc, p, 0, mask_from, limit, cq, m_run, l_run, corr);  // O is 0: no rescale
+    softmax_tile<kPoly, kBN>(sc, p, 0, mask_from, limit, cq, m_run, l_run,
+                             corr);  // O is 0: no rescale
     // O *= corr (the factor of the latest softmax), issued while S_n runs on the tensor cores.
     auto rescale = [&] {
 #pragma unroll
@@ -417,7 +427,7 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
     for (int n = 1; n < n_tiles; ++n) {
       const int r = it0 + n;
       const int s = r % kSt, sp = (r - 1) % kSt;
-      pack_p<T>(sc, pa);
+      pack_p<T, kBN>(sc, pa);
       mbar_wait(smem_u32(&bars[kBarKFull + s]), (r / kSt) & 1);
       if (PP) {  // wait for the data before taking the turn
         mbar_wait(smem_u32(&bars[kBarVFull + sp]), ((r - 1) / kSt) & 1);
@@ -434,7 +444,7 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
       wgmma_wait<1>();  // S_n done; P_{n-1} V_{n-1} may still run
       fence_regs(sc);
       release(bars, kBarKEmpty + s, lane);
-      softmax_tile<kPoly>(sc, p, n * kBN, mask_from, limit, cq, m_run, l_run, corr);
+      softmax_tile<kPoly, kBN>(sc, p, n * kBN, mask_from, limit, cq, m_run, l_run, corr);
       // Keep the softmax ahead of the wait: ptxas schedules the wait (WARPGROUP.DEPBAR) at the
       // top of the block and the softmax after it, losing the overlap with P V. A shared-memory
       // store of a value that depends on every exp2 of the tile pins them before the wait.
@@ -447,7 +457,7 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
     // the persistent variant's producer may load the next tile's Q.
     if (kPersistentV) release(bars, kBarQEmpty, lane);
     const int r_last = it0 + n_tiles - 1, last = r_last % kSt;
-    pack_p<T>(sc, pa);
+    pack_p<T, kBN>(sc, pa);
     rescale();
     mbar_wait(smem_u32(&bars[kBarVFull + last]), (r_last / kSt) & 1);
     // Varlen: the last tile's rows past the sequence are the next sequence's (or rows no sequence
@@ -484,12 +494,12 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
   if (kPersistentV) {
     int wo;
     asm volatile("mov.b32 %0, %1;\n" : "=r"(wo) : "r"(w));
-    te = tile_of(p, wo);
+    te = tile_of<kBN>(p, wo);
   } else if (p.cu_q) {
     int bx;
     asm volatile("mov.b32 %0, %1;\n" : "=r"(bx) : "r"(static_cast<int>(blockIdx.x)));
-    te =
-        tile_at(p, p.m_blocks - 1 - bx, static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z));
+    te = tile_at<kBN>(p, p.m_blocks - 1 - bx, static_cast<int>(blockIdx.y),
+                      static_cast<int>(blockIdx.z));
   }
   const int h = te.h, b = te.tb, m0e = te.m0, q0 = te.q0, lq = te.lq;
   const int row0e = m0e + wg * 64 + wl * 16 + lane / 4;
@@ -568,7 +578,14 @@ bool fits(const Problem& pr, const DeviceCaps& caps) {
       return false;
     return body_compiled<T, 64, V>();
   } else {
-    return pr.desc.head_dim_qk == 64 ? body_compiled<T, 64, V>() : body_compiled<T, 128, V>();
+    switch (pr.desc.head_dim_qk) {
+      case 64:
+        return body_compiled<T, 64, V>();
+      case 128:
+        return body_compiled<T, 128, V>();
+      default:
+        return body_compiled<T, 256, V>();
+    }
   }
 }
 
@@ -603,8 +620,8 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
                                                            : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   CUtensorMap tq, tk, tv;
   BARACUDA_TRY(make_map(kWho, &tq, dt, q, kBM));
-  BARACUDA_TRY(make_map(kWho, &tk, dt, k, kBN));
-  BARACUDA_TRY(make_map(kWho, &tv, dt, v, kBN));
+  BARACUDA_TRY(make_map(kWho, &tk, dt, k, kKeysPerTile<D>));
+  BARACUDA_TRY(make_map(kWho, &tv, dt, v, kKeysPerTile<D>));
 
   Params p{};
   p.y = y.data;
@@ -650,8 +667,14 @@ Status launch(const LaunchContext& ctx, const Problem& pr, const ForwardArgument
                                 std::to_string(pr.desc.head_dim_qk) + ": D = 64 only");
     return launch_d<T, 64, V>(ctx, pr, a);
   } else {
-    return pr.desc.head_dim_qk == 64 ? launch_d<T, 64, V>(ctx, pr, a)
-                                     : launch_d<T, 128, V>(ctx, pr, a);
+    switch (pr.desc.head_dim_qk) {
+      case 64:
+        return launch_d<T, 64, V>(ctx, pr, a);
+      case 128:
+        return launch_d<T, 128, V>(ctx, pr, a);
+      default:
+        return launch_d<T, 256, V>(ctx, pr, a);
+    }
   }
 }
 

@@ -19,12 +19,13 @@ namespace baracuda::attention_hopper::fa3 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 """)
 for ty in ["bf16", "f16"]:
-    for n in [64, 128]:
+    for n in [64, 128, 256]:
         r = n // 2
         regs = ", ".join(f"%{i}" for i in range(r))
         cons = ", ".join(f'"+f"(d[{i}])' for i in range(r))
-        # SS
-        out.append(f"""__device__ __forceinline__ void ss_m64n{n}k16_{ty}(float (&d)[{r}], uint64_t da, uint64_t db,
+        # SS (N = 64, 128: the score GEMMs); RS at every N (N = 256: the head-dim-256 P V GEMM)
+        if n < 256:
+            out.append(f"""__device__ __forceinline__ void ss_m64n{n}k16_{ty}(float (&d)[{r}], uint64_t da, uint64_t db,
                                                      int scale_d) {{
   asm volatile(
       "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{r+2}, 0;\\n"
