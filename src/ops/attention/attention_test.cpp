@@ -1106,6 +1106,41 @@ TEST_P(AttentionTest, BackwardKernelsByNameOnDevice) {
   c.cu_q = {0, 70, 70, 300}, c.cu_k = {0, 130, 131, 331}, c.lq = 230, c.lk = 200;
   for (auto [name, deterministic] : kernels)
     check_backward(target, c, Lay::bhld, PlanPreference::kernel(name));
+  // Padded head dims past 128 (up to 256): the two-pass kernel only (dK and dV in launches of
+  // their own there); the one-pass kernel refuses them. Varlen included; every mask kind.
+  const std::pair<int64_t, int64_t> wide[] = {{256, 256}, {192, 192}, {256, 128}, {160, 136}};
+  const std::pair<int64_t, int64_t> wide_lens[] = {{129, 200}, {200, 129}, {1, 65}, {64, 300}};
+  n = 0;
+  for (auto [lq, lk] : wide_lens)
+    for (const Mask& mk : masks) {
+      Config w;
+      w.dtype = n % 2 ? DType::f16 : DType::bf16;
+      w.b = 2;
+      std::tie(w.hq, w.hk) = heads[n % 3];
+      w.lq = lq, w.lk = lk;
+      std::tie(w.dk, w.dv) = wide[n % 4];
+      w.mask = mk;
+      w.softcap = n % 5 == 4 ? 20.0 : 0.0;
+      auto plan = BackwardPlan::select(harness::stream_for(target), desc_of(w), ours(target));
+      BARACUDA_ASSERT_OK(plan);
+      EXPECT_EQ(plan->sku().name, "flash_bwd_mma_sm80") << "the family's backward at D > 128";
+      EXPECT_FALSE(BackwardPlan::select(harness::stream_for(target), desc_of(w),
+                                        PlanPreference::kernel("flash_bwd_fused_sm80"))
+                       .ok());
+      const auto a = check_backward(target, w, n % 2 ? Lay::blhd : Lay::bhld,
+                                    PlanPreference::kernel("flash_bwd_mma_sm80"));
+      if (n % 4 == 0) {  // deterministic: a second run gives the same bits
+        const auto b = check_backward(target, w, n % 2 ? Lay::blhd : Lay::bhld,
+                                      PlanPreference::kernel("flash_bwd_mma_sm80"));
+        EXPECT_TRUE(harness::bytes_equal(a, b, "flash_bwd_mma_sm80 twice"));
+      }
+      ++n;
+    }
+  Config vw;  // varlen at head dim 256
+  vw.dtype = DType::bf16, vw.b = 3, vw.hq = 4, vw.hk = 2, vw.dk = vw.dv = 256;
+  vw.mask = Mask::causal_bottom_right();
+  vw.cu_q = {0, 70, 70, 200}, vw.cu_k = {0, 130, 131, 251}, vw.lq = 130, vw.lk = 130;
+  check_backward(target, vw, Lay::bhld, PlanPreference::kernel("flash_bwd_mma_sm80"));
   // Their row kernels index B * Hq * Lq query rows in 32 bits: 2^31 rows are refused, 2^31 - 1024
   // are not (descriptors only: nothing is allocated).
   Config big;

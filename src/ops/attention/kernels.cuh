@@ -939,7 +939,10 @@ __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
 // atomics: dK/dV with a CTA per block of 64 keys of one K/V head (looping over the group's query
 // heads and the query tiles in a fixed order) and dQ with a CTA per block of 64 query rows (looping
 // over key tiles). S and P are recomputed in each; P and dS are rounded to the 16-bit type for the
-// tensor cores, as FlashAttention-2 does.
+// tensor cores, as FlashAttention-2 does. At a padded head dim of 256 a warp's dK and dV (16 keys
+// x 256 columns each) would need 256 accumulator registers, so the key-block kernel runs twice,
+// once per output (KvOut): three launches in all, S recomputed once more.
+enum KvOut : int { kDkDv = 0, kDkOnly = 1, kDvOnly = 2 };
 template <class T, int D, int BQ>
 struct BwdKvCfg {
   static constexpr int kKeys = 64;  // 4 warps x 16 keys
@@ -960,8 +963,9 @@ __device__ __forceinline__ float capped_score(float raw, float scale, float cap,
   return x;
 }
 
-template <class T, int D, int BQ>
+template <class T, int D, int BQ, int kOut = kDkDv>
 __global__ void __launch_bounds__(128) flash_bwd_dkdv_mma(Params p) {
+  constexpr bool kDk = kOut != kDvOnly, kDv = kOut != kDkOnly;
   using Cfg = BwdKvCfg<T, D, BQ>;
   constexpr int kKeys = Cfg::kKeys, kNT = 128;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -992,15 +996,19 @@ __global__ void __launch_bounds__(128) flash_bwd_dkdv_mma(Params p) {
   const T* gk = static_cast<const T*>(p.k) + detail::row_offset(p.sk, p.varlen, b, hk, s.k0);
   const T* gv = static_cast<const T*>(p.v) + detail::row_offset(p.sv, p.varlen, b, hk, s.k0);
   load_tile<T, kKeys, D, kNT>(sK, gk, k_rs, k0, s.lk, p.dim_qk);
-  load_tile<T, kKeys, D, kNT>(sV, gv, v_rs, k0, s.lk, p.dim_v);
+  if constexpr (kDk) load_tile<T, kKeys, D, kNT>(sV, gv, v_rs, k0, s.lk, p.dim_v);  // for dP
   cp_async_commit();
 
   constexpr int kOTiles = D / 8, kSTiles = BQ / 8, kKSteps = D / 16;
-  float dk[kOTiles][4], dv[kOTiles][4];
+  float dk[kDk ? kOTiles : 1][4], dv[kDv ? kOTiles : 1][4];
 #pragma unroll
-  for (int d = 0; d < kOTiles; ++d)
+  for (int d = 0; d < (kDk ? kOTiles : 1); ++d)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) dk[d][e] = dv[d][e] = 0.f;
+    for (int e = 0; e < 4; ++e) dk[d][e] = 0.f;
+#pragma unroll
+  for (int d = 0; d < (kDv ? kOTiles : 1); ++d)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dv[d][e] = 0.f;
   const int key_a = k0 + warp * 16 + g;  // this thread's keys: key_a, key_a + 8
 
   // Query tiles that see any of these keys form one range (visible bounds grow with the row).
@@ -1065,18 +1073,20 @@ __global__ void __launch_bounds__(128) flash_bwd_dkdv_mma(Params p) {
       const SwzBases g_b = swz_bases<T, D>(smem_u32(sG), (lane % 8) + (mi / 2) * 8, mi % 2);
 #pragma unroll
       for (int ks = 0; ks < kKSteps; ++ks) {
-        uint32_t ak[4], av[4];
+        uint32_t ak[4], av[4] = {0, 0, 0, 0};
         ldmatrix_x4(swz_addr<T, D>(k_a, 0, 2 * ks), ak[0], ak[1], ak[2], ak[3]);
-        ldmatrix_x4(swz_addr<T, D>(v_a, 0, 2 * ks), av[0], av[1], av[2], av[3]);
+        if constexpr (kDk) ldmatrix_x4(swz_addr<T, D>(v_a, 0, 2 * ks), av[0], av[1], av[2], av[3]);
 #pragma unroll
         for (int n = 0; n < kSTiles; n += 2) {
           uint32_t b0, b1, b2, b3;
           ldmatrix_x4(swz_addr<T, D>(q_b, n * 8, 2 * ks), b0, b1, b2, b3);
           mma16816<T>(st[n], ak, b0, b1);
           mma16816<T>(st[n + 1], ak, b2, b3);
-          ldmatrix_x4(swz_addr<T, D>(g_b, n * 8, 2 * ks), b0, b1, b2, b3);
-          mma16816<T>(dpt[n], av, b0, b1);
-          mma16816<T>(dpt[n + 1], av, b2, b3);
+          if constexpr (kDk) {  // dP^T only feeds dS
+            ldmatrix_x4(swz_addr<T, D>(g_b, n * 8, 2 * ks), b0, b1, b2, b3);
+            mma16816<T>(dpt[n], av, b0, b1);
+            mma16816<T>(dpt[n + 1], av, b2, b3);
+          }
         }
       }
       // P^T and dS^T (w.r.t. the raw dot product), as A fragments over the query axis.
@@ -1112,12 +1122,16 @@ __global__ void __launch_bounds__(128) flash_bwd_dkdv_mma(Params p) {
 #pragma unroll
         for (int d = 0; d < kOTiles; d += 2) {
           uint32_t b0, b1, b2, b3;
-          ldmatrix_x4_trans(swz_addr<T, D>(g_t, kk * 16, d), b0, b1, b2, b3);
-          mma16816<T>(dv[d], ap, b0, b1);
-          mma16816<T>(dv[d + 1], ap, b2, b3);
-          ldmatrix_x4_trans(swz_addr<T, D>(q_t, kk * 16, d), b0, b1, b2, b3);
-          mma16816<T>(dk[d], as, b0, b1);
-          mma16816<T>(dk[d + 1], as, b2, b3);
+          if constexpr (kDv) {
+            ldmatrix_x4_trans(swz_addr<T, D>(g_t, kk * 16, d), b0, b1, b2, b3);
+            mma16816<T>(dv[d], ap, b0, b1);
+            mma16816<T>(dv[d + 1], ap, b2, b3);
+          }
+          if constexpr (kDk) {
+            ldmatrix_x4_trans(swz_addr<T, D>(q_t, kk * 16, d), b0, b1, b2, b3);
+            mma16816<T>(dk[d], as, b0, b1);
+            mma16816<T>(dk[d + 1], as, b2, b3);
+          }
         }
       }
     }
@@ -1132,10 +1146,12 @@ __global__ void __launch_bounds__(128) flash_bwd_dkdv_mma(Params p) {
 #pragma unroll
     for (int d = 0; d < kOTiles; ++d) {
       const int c = d * 8 + 2 * tq;
-      if (c < p.dim_qk)
-        *reinterpret_cast<uint32_t*>(ok + c) = pack2<T>(dk[d][hf * 2], dk[d][hf * 2 + 1]);
-      if (c < p.dim_v)
-        *reinterpret_cast<uint32_t*>(ov + c) = pack2<T>(dv[d][hf * 2], dv[d][hf * 2 + 1]);
+      if constexpr (kDk)
+        if (c < p.dim_qk)
+          *reinterpret_cast<uint32_t*>(ok + c) = pack2<T>(dk[d][hf * 2], dk[d][hf * 2 + 1]);
+      if constexpr (kDv)
+        if (c < p.dim_v)
+          *reinterpret_cast<uint32_t*>(ov + c) = pack2<T>(dv[d][hf * 2], dv[d][hf * 2 + 1]);
     }
   }
 }

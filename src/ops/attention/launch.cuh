@@ -268,30 +268,45 @@ Status launch_bwd_simt(const LaunchContext& ctx, const Problem& pr, const Backwa
 // ---- tensor-core backward
 // ---------------------------------------------------------------------------
 constexpr int kBwdBQ = 32;  // query rows per step of the dK/dV kernel
-constexpr int kBwdBN = 64;  // keys per step of the dQ kernel
+// Keys per step of the dQ kernel (32 at D = 256, where dQ's accumulators take 128 registers).
+template <int D>
+constexpr int kBwdBN = D == 256 ? 32 : 64;
+
+template <class T, int D>
+size_t bwd_mma_smem() {
+  return std::max(BwdKvCfg<T, D, kBwdBQ>::kSmem, BwdQCfg<T, D, kBwdBN<D>>::kSmem);
+}
+
+// One launch of a backward kernel with its dynamic shared memory raised once.
+template <auto Kernel>
+Status launch_bwd_kernel(cudaStream_t stream, int64_t blocks, size_t smem, const Params& p,
+                         const char* what) {
+  static const cudaError_t attr = cudaFuncSetAttribute(
+      Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  if (attr != cudaSuccess) return cuda::cuda_error(BackwardOp::name, what, attr);
+  if (blocks == 0) return {};
+  Kernel<<<static_cast<unsigned>(blocks), 128, smem, stream>>>(p);
+  return cuda::check_launch(BackwardOp::name, what);
+}
 
 template <class T, int D>
 Status run_bwd_mma(const LaunchContext& ctx, const Params& p) {
   const cudaStream_t stream = cuda::stream_of(ctx);
   using KvCfg = BwdKvCfg<T, D, kBwdBQ>;
-  using QCfg = BwdQCfg<T, D, kBwdBN>;
-  constexpr auto kv = flash_bwd_dkdv_mma<T, D, kBwdBQ>;
-  constexpr auto dq = flash_bwd_dq_mma<T, D, kBwdBN>;
-  static const cudaError_t a1 = cudaFuncSetAttribute(
-      kv, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(KvCfg::kSmem));
-  static const cudaError_t a2 = cudaFuncSetAttribute(
-      dq, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(QCfg::kSmem));
-  if (a1 != cudaSuccess) return cuda::cuda_error(BackwardOp::name, "flash_bwd_dkdv_mma smem", a1);
-  if (a2 != cudaSuccess) return cuda::cuda_error(BackwardOp::name, "flash_bwd_dq_mma smem", a2);
+  using QCfg = BwdQCfg<T, D, kBwdBN<D>>;
   const int64_t q_blocks = int64_t{p.batch} * p.heads_q * cuda::ceil_div(p.len_q, QCfg::kRows);
   const int64_t k_blocks = int64_t{p.batch} * p.heads_kv * cuda::ceil_div(p.len_k, KvCfg::kKeys);
-  if (q_blocks > 0) {
-    dq<<<static_cast<unsigned>(q_blocks), 128, QCfg::kSmem, stream>>>(p);
-    BARACUDA_TRY(cuda::check_launch(BackwardOp::name, "flash_bwd_dq_mma"));
+  BARACUDA_TRY((launch_bwd_kernel<flash_bwd_dq_mma<T, D, kBwdBN<D>>>(stream, q_blocks, QCfg::kSmem,
+                                                                     p, "flash_bwd_dq_mma")));
+  if constexpr (D == 256) {  // dK and dV in launches of their own (see KvOut)
+    BARACUDA_TRY((launch_bwd_kernel<flash_bwd_dkdv_mma<T, D, kBwdBQ, kDkOnly>>(
+        stream, k_blocks, KvCfg::kSmem, p, "flash_bwd_dkdv_mma dK")));
+    return launch_bwd_kernel<flash_bwd_dkdv_mma<T, D, kBwdBQ, kDvOnly>>(
+        stream, k_blocks, KvCfg::kSmem, p, "flash_bwd_dkdv_mma dV");
+  } else {
+    return launch_bwd_kernel<flash_bwd_dkdv_mma<T, D, kBwdBQ>>(stream, k_blocks, KvCfg::kSmem, p,
+                                                               "flash_bwd_dkdv_mma");
   }
-  if (k_blocks == 0) return {};
-  kv<<<static_cast<unsigned>(k_blocks), 128, KvCfg::kSmem, stream>>>(p);
-  return cuda::check_launch(BackwardOp::name, "flash_bwd_dkdv_mma");
 }
 
 // ---- one-pass tensor-core backward (dQ by atomics) ----------------------------------------------
@@ -361,7 +376,9 @@ Status launch_bwd_mma(const LaunchContext& ctx, const Problem& pr, const Backwar
   const Params p = bwd_params(ctx, pr, a);
   const int64_t q_rows = int64_t{p.batch} * p.heads_q * p.len_q;
   if (q_rows > 0) {
-    const auto delta = mma_dim(pr) == 64 ? attn_bwd_delta_vec<T, 64> : attn_bwd_delta_vec<T, 128>;
+    const auto delta = mma_dim(pr) == 64    ? attn_bwd_delta_vec<T, 64>
+                       : mma_dim(pr) == 128 ? attn_bwd_delta_vec<T, 128>
+                                            : attn_bwd_delta_vec<T, 256>;
     const int64_t rows_per_block = 128 / (mma_dim(pr) / 8);
     delta<<<static_cast<unsigned>(cuda::ceil_div(q_rows, rows_per_block)), 128, 0,
             cuda::stream_of(ctx)>>>(p);
@@ -370,7 +387,14 @@ Status launch_bwd_mma(const LaunchContext& ctx, const Problem& pr, const Backwar
   if constexpr (kRowsAt64 > 0)
     return mma_dim(pr) == 64 ? run_bwd_fused<T, 64, fused_bq<kRowsAt64>(64)>(ctx, pr, p)
                              : run_bwd_fused<T, 128, fused_bq<kRowsAt64>(128)>(ctx, pr, p);
-  return mma_dim(pr) == 64 ? run_bwd_mma<T, 64>(ctx, p) : run_bwd_mma<T, 128>(ctx, p);
+  switch (mma_dim(pr)) {
+    case 64:
+      return run_bwd_mma<T, 64>(ctx, p);
+    case 128:
+      return run_bwd_mma<T, 128>(ctx, p);
+    default:
+      return run_bwd_mma<T, 256>(ctx, p);
+  }
 }
 
 }  // namespace baracuda::attention::kernels
@@ -498,16 +522,22 @@ bool register_kernels() {
     // kMinTiles). A/B only: the H100 measured it slower (63.9 vs 56.7 us at Lk 32k, 24.0 vs
     // 13.6 us at Lk 4096).
     register_decode<E, 1, true>("flash_decode_fused_sm80", 28, mma);
-    // Two passes (dQ per query block, dK/dV per key block) in a fixed order: deterministic and
-    // independent of the batch; P and dS are rounded to the 16-bit type for the tensor cores.
+    // Two passes (dQ per query block, dK/dV per key block; dK and dV apart at a padded head dim
+    // of 256) in a fixed order: deterministic and independent of the batch; P and dS are rounded
+    // to the 16-bit type for the tensor cores. Head dims up to 256 where the device grants the
+    // shared memory (128 KB at 256).
     constexpr PrecisionGuarantee mma_bwd{mma.math, DType::f32, true, true};
     register_kernel<BackwardOp>({
         .sku = family_sku<E>(BackwardOp::name, DType::f32, mma_bwd, "flash_bwd_mma_sm80"),
         .priority = 20,
         .fits =
-            [](const Problem& pr, const DeviceCaps&) {
+            [](const Problem& pr, const DeviceCaps& caps) {
+              const size_t smem = mma_dim(pr) == 64    ? bwd_mma_smem<T, 64>()
+                                  : mma_dim(pr) == 128 ? bwd_mma_smem<T, 128>()
+                                                       : bwd_mma_smem<T, 256>();
               return mma_dims_ok(pr) && bwd_rows_fit(pr) &&
-                     std::max(pr.desc.head_dim_qk, pr.desc.head_dim_v) <= 128;
+                     std::max(pr.desc.head_dim_qk, pr.desc.head_dim_v) <= 256 &&
+                     static_cast<int64_t>(smem) <= caps.smem_per_block_optin;
             },
         .workspace = bwd_workspace<float>,
         .launch = launch_bwd_mma<T>,
