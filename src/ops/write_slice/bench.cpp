@@ -205,13 +205,17 @@ void run_all(const Stream& s) {
   // sub-byte cases also pinned to the other kernel that serves them (the A/B of their priority).
   write_case(s, "chunk_64MiB", DType::bf16, {3, 16, 1 << 20}, {{1, 3}, {0, 16}, {0, 1 << 20}});
   write_case(s, "chunk_64MiB", DType::s4, {3, 16, 1 << 22}, {{1, 3}, {0, 16}, {0, 1 << 22}});
-  write_case(s, "kv2d_T512", DType::bf16, {16, 32, 8192, 128},
-             {{0, 16}, {0, 32}, {1000, 1512}, {0, 128}});
-  write_case(s, "kv2d_T2048", DType::s4, {16, 32, 8192, 128},
-             {{0, 16}, {0, 32}, {1000, 3048}, {0, 128}});
-  // A 256 MiB window: the same kernel where launch and tail costs weigh less.
-  write_case(s, "kv2d_T2048_256MiB", DType::bf16, {16, 32, 8192, 128},
-             {{0, 16}, {0, 32}, {1000, 3048}, {0, 128}});
+  // The pitched KV windows on the default plan (kv_2d_tapered) and pinned to kv_2d (the A/B of
+  // the tapered tail).
+  for (std::string_view pin : {"", "kv_2d"}) {
+    write_case(s, "kv2d_T512", DType::bf16, {16, 32, 8192, 128},
+               {{0, 16}, {0, 32}, {1000, 1512}, {0, 128}}, pin);
+    write_case(s, "kv2d_T2048", DType::s4, {16, 32, 8192, 128},
+               {{0, 16}, {0, 32}, {1000, 3048}, {0, 128}}, pin);
+    // A 256 MiB window: the same kernel where launch and tail costs weigh less.
+    write_case(s, "kv2d_T2048_256MiB", DType::bf16, {16, 32, 8192, 128},
+               {{0, 16}, {0, 32}, {1000, 3048}, {0, 128}}, pin);
+  }
   for (std::string_view pin : {"", "generic_v16"})
     write_case(s, "strided_T512_D64", DType::bf16, {16, 32, 8192, 128},
                {{0, 16}, {0, 32}, {1000, 2024}, {32, 96}}, pin);

@@ -31,6 +31,11 @@ Status launch_pitched(const LaunchContext& ctx, const Problem& p, const Argument
                                      static_cast<const char*>(a.source.data), p.copy);
 }
 
+Status launch_pitched_tapered(const LaunchContext& ctx, const Problem& p, const Arguments& a) {
+  return write_slice_cuda::copy_rows_tapered(ctx, dest_origin(p, a),
+                                             static_cast<const char*>(a.source.data), p.copy);
+}
+
 Status launch_generic(const LaunchContext& ctx, const Problem& p, const Arguments& a) {
   if (p.path == Path::empty) return {};
   return write_slice_cuda::copy_rows(ctx, "generic_v16", dest_origin(p, a),
@@ -88,6 +93,12 @@ bool register_cuda() {
               return p.path == Path::contiguous_chunk || p.path == Path::empty;
             },
         .launch = launch_memcpy,
+    });
+    register_kernel<WriteSliceOp>({
+        .sku = sku(t, "write_slice", "kv_2d", "kv_2d_tapered"),
+        .priority = 31,
+        .fits = [](const Problem& p, const DeviceCaps&) { return p.path == Path::pitched_2d; },
+        .launch = launch_pitched_tapered,
     });
     register_kernel<WriteSliceOp>({
         .sku = sku(t, "write_slice", "kv_2d", "kv_2d"),

@@ -195,7 +195,13 @@ std::vector<int64_t> extents_of(const Ranges& r) {
 // its priority. The CPU reference is one kernel. "" = the default plan.
 std::vector<std::string_view> variants_for(Target t) {
   if (t == Target::cpu) return {""};
-  return {"", "kv_2d", "generic_flat", "generic_v16", "subbyte_merge_words", "subbyte_merge"};
+  return {"",
+          "kv_2d_tapered",
+          "kv_2d",
+          "generic_flat",
+          "generic_v16",
+          "subbyte_merge_words",
+          "subbyte_merge"};
 }
 std::string variant_trace(std::string_view pin) {
   return pin.empty() ? "default plan" : "pinned to " + std::string(pin);
@@ -210,7 +216,7 @@ std::string default_sku(Path p) {
     case Path::whole_copy:
       return "whole_copy";
     case Path::pitched_2d:
-      return "kv_2d";
+      return "kv_2d_tapered";
     case Path::generic:
       return "generic_flat";
     case Path::subbyte_merge:
@@ -272,8 +278,8 @@ TEST_P(WriteSlice, EveryDtypeRankAndLayout) {
           ran.add(r);
         }
   }
-  ran.expect(target,
-             {"kv_2d", "generic_flat", "generic_v16", "subbyte_merge_words", "subbyte_merge"});
+  ran.expect(target, {"kv_2d_tapered", "kv_2d", "generic_flat", "generic_v16",
+                      "subbyte_merge_words", "subbyte_merge"});
 }
 
 // Sub-byte windows at every odd/even combination of start and end, on rows of several bytes.
@@ -349,7 +355,7 @@ TEST_P(WriteSlice, FastPathsAreSelectedAndCorrect) {
       }
     }
   }
-  ran.expect(target, {"kv_2d", "generic_flat", "generic_v16"});
+  ran.expect(target, {"kv_2d_tapered", "kv_2d", "generic_flat", "generic_v16"});
   // Byte-aligned sub-byte windows take the byte paths.
   auto dest = TestTensor::make(DType::s4, {6, 8}, target, Layout::contiguous, &rng);
   auto src = TestTensor::make(DType::s4, {2, 8}, target, Layout::contiguous, &rng);
@@ -416,6 +422,14 @@ TEST_P(WriteSlice, LargeShapesOnDevice) {
       run_case(DType::bf16, dest, src, {{0, 16}, {0, 8}, {3, 300}, {0, 128}}, Path::pitched_2d);
     }
     {
+      // A 12 MiB KV window of 128 KiB rows: kv_2d_tapered's big tiles, then its quarter-size
+      // tail tiles (the last two waves: 8.25 MiB on 132 SMs), each row cut into whole tiles.
+      auto dest =
+          TestTensor::make(DType::bf16, {6, 16, 1024, 128}, target, Layout::contiguous, &rng);
+      auto src = TestTensor::make(DType::bf16, {6, 16, 512, 128}, target, Layout::contiguous, &rng);
+      run_case(DType::bf16, dest, src, {{0, 6}, {0, 16}, {100, 612}, {0, 128}}, Path::pitched_2d);
+    }
+    {
       // s4 KV window: 32 KiB rows, byte-aligned window.
       auto dest = TestTensor::make(DType::s4, {4, 8, 1024, 128}, target, Layout::contiguous, &rng);
       auto src = TestTensor::make(DType::s4, {4, 8, 512, 128}, target, Layout::contiguous, &rng);
@@ -476,8 +490,8 @@ TEST_P(WriteSlice, LargeShapesOnDevice) {
         }
     }
   }
-  ran.expect(target,
-             {"kv_2d", "generic_flat", "generic_v16", "subbyte_merge_words", "subbyte_merge"});
+  ran.expect(target, {"kv_2d_tapered", "kv_2d", "generic_flat", "generic_v16",
+                      "subbyte_merge_words", "subbyte_merge"});
 }
 
 // FastDiv (fastdiv.hpp) against `/` and `%` on divisors and dividends around every power of two,
