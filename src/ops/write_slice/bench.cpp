@@ -205,9 +205,9 @@ void run_all(const Stream& s) {
   // sub-byte cases also pinned to the other kernel that serves them (the A/B of their priority).
   write_case(s, "chunk_64MiB", DType::bf16, {3, 16, 1 << 20}, {{1, 3}, {0, 16}, {0, 1 << 20}});
   write_case(s, "chunk_64MiB", DType::s4, {3, 16, 1 << 22}, {{1, 3}, {0, 16}, {0, 1 << 22}});
-  // The pitched KV windows on the default plan (kv_2d_tapered) and pinned to the 32 KB-tile
-  // variant and to kv_2d (the A/B of the tapered tail).
-  for (std::string_view pin : {"", "kv_2d_tapered_x8", "kv_2d"}) {
+  // The pitched KV windows on the default plan (kv_2d_tapered) and pinned to kv_2d (the A/B of
+  // the tapered tail).
+  for (std::string_view pin : {"", "kv_2d"}) {
     write_case(s, "kv2d_T512", DType::bf16, {16, 32, 8192, 128},
                {{0, 16}, {0, 32}, {1000, 1512}, {0, 128}}, pin);
     write_case(s, "kv2d_T2048", DType::s4, {16, 32, 8192, 128},

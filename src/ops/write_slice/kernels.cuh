@@ -73,12 +73,12 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-// The pitched 2-D copy with a tapered tail: rows of `inner` units (a multiple of a big tile), cut
-// into big tiles (256 threads x kPer units: 16 KB at kPer = 4, 32 KB at 8) and then, for the last
-// tiles, small ones (256 threads x 1 unit). Blocks are dispatched in index order, so the final
-// waves, which leave SMs idle while the last blocks drain, run blocks a fraction as long. A tile
-// never crosses a row (the big tile divides `inner`).
-inline constexpr int kTaperSmall = 256;
+// The pitched 2-D copy with a tapered tail: rows of `inner` units (a multiple of kTaperBig), cut
+// into big tiles (256 threads x 4 units: 16 KB at 16-byte units, as kv_2d's blocks) and then, for
+// the last `n_small` tiles, small ones (256 threads x 1 unit). Blocks are dispatched in index
+// order, so the final waves, which leave SMs idle while the last blocks drain, run blocks a
+// quarter as long. A tile never crosses a row (kTaperBig divides `inner`).
+inline constexpr int kTaperBig = 256 * 4, kTaperSmall = 256;
 struct TaperArgs {
   int64_t inner;       // units per row
   int64_t dst_stride;  // units between rows
@@ -86,22 +86,21 @@ struct TaperArgs {
   int64_t n_big;  // big tiles first, small ones after
 };
 
-template <class V, int kPer>
+template <class V>
 __global__ void __launch_bounds__(256)
     copy_rows_tapered_kernel(V* __restrict__ dst, const V* __restrict__ src, TaperArgs a) {
-  constexpr int kBig = 256 * kPer;
   const int64_t b = blockIdx.x;
   const bool big = b < a.n_big;
-  const int64_t u0 = big ? b * kBig : a.n_big * kBig + (b - a.n_big) * kTaperSmall;
+  const int64_t u0 = big ? b * kTaperBig : a.n_big * kTaperBig + (b - a.n_big) * kTaperSmall;
   const int64_t r = u0 / a.inner, c0 = u0 - r * a.inner + threadIdx.x;
   const V* s = src + r * a.src_stride + c0;
   V* d = dst + r * a.dst_stride + c0;
   if (big) {
-    V v[kPer];
+    V v[kTaperBig / 256];
 #pragma unroll
-    for (int j = 0; j < kPer; ++j) v[j] = s[j * 256];
+    for (int j = 0; j < kTaperBig / 256; ++j) v[j] = s[j * 256];
 #pragma unroll
-    for (int j = 0; j < kPer; ++j) d[j * 256] = v[j];
+    for (int j = 0; j < kTaperBig / 256; ++j) d[j * 256] = v[j];
   } else {
     d[0] = s[0];
   }

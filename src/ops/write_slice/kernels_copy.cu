@@ -80,32 +80,29 @@ Status copy_rows(const LaunchContext& ctx, std::string_view kernel, char* dst, c
   }
 }
 
-Status copy_rows_tapered(const LaunchContext& ctx, std::string_view kernel, int per_thread,
-                         char* dst, const char* src, const CopyShape& c) {
+Status copy_rows_tapered(const LaunchContext& ctx, char* dst, const char* src, const CopyShape& c) {
   if (c.rows == 0 || c.inner_bytes == 0) return {};
   const int64_t u = widest_unit(
       {c.inner_bytes, static_cast<int64_t>(reinterpret_cast<uintptr_t>(dst)),
        static_cast<int64_t>(reinterpret_cast<uintptr_t>(src)),
        c.outer_rank == 1 ? c.dst_stride[0] : 1, c.outer_rank == 1 ? c.src_stride[0] : 1});
-  const int64_t inner = c.inner_bytes / 16, big = int64_t{256} * per_thread;
+  const int64_t inner = c.inner_bytes / 16;
   // Its shape only: one outer axis, 16-byte units, rows of whole big tiles. Anything else is the
   // block-per-tile kernel's.
-  if (c.outer_rank != 1 || u != 16 || inner % big != 0) return copy_rows(ctx, kernel, dst, src, c);
+  if (c.outer_rank != 1 || u != 16 || inner % kTaperBig != 0)
+    return copy_rows(ctx, "kv_2d_tapered", dst, src, c);
   const int sms = ctx.stream.caps().sm_count > 0 ? ctx.stream.caps().sm_count : 128;
   // The last two waves of 256-thread blocks (8 resident per SM) in small tiles.
   const int64_t total = c.rows * inner;
-  const int64_t small_units = std::min(total, (int64_t{2} * sms * 8 * kTaperSmall) / big * big);
-  const TaperArgs a{inner, c.dst_stride[0] / 16, c.src_stride[0] / 16, (total - small_units) / big};
+  const int64_t small_units =
+      std::min(total, (int64_t{2} * sms * 8 * kTaperSmall) / kTaperBig * kTaperBig);
+  const TaperArgs a{inner, c.dst_stride[0] / 16, c.src_stride[0] / 16,
+                    (total - small_units) / kTaperBig};
   const int64_t blocks = a.n_big + small_units / kTaperSmall;
-  if (blocks >= (int64_t{1} << 31)) return copy_rows(ctx, kernel, dst, src, c);
-  const auto grid = static_cast<unsigned>(blocks);
-  auto* d = reinterpret_cast<uint4*>(dst);
-  const auto* s = reinterpret_cast<const uint4*>(src);
-  if (per_thread == 8)
-    copy_rows_tapered_kernel<uint4, 8><<<grid, 256, 0, cuda::stream_of(ctx)>>>(d, s, a);
-  else
-    copy_rows_tapered_kernel<uint4, 4><<<grid, 256, 0, cuda::stream_of(ctx)>>>(d, s, a);
-  return cuda::check_launch(WriteSliceOp::name, kernel);
+  if (blocks >= (int64_t{1} << 31)) return copy_rows(ctx, "kv_2d_tapered", dst, src, c);
+  copy_rows_tapered_kernel<uint4><<<static_cast<unsigned>(blocks), 256, 0, cuda::stream_of(ctx)>>>(
+      reinterpret_cast<uint4*>(dst), reinterpret_cast<const uint4*>(src), a);
+  return cuda::check_launch(WriteSliceOp::name, "kv_2d_tapered");
 }
 
 Status merge_bits(const LaunchContext& ctx, char* dst, const char* src, const CopyShape& c) {

@@ -13,11 +13,10 @@ namespace baracuda::write_slice_cuda {
 // addresses, strides and run length allow (16 bytes when they are all 16-byte multiples).
 Status copy_rows(const LaunchContext& ctx, std::string_view kernel, char* dst, const char* src,
                  const write_slice_detail::CopyShape& c);
-// The pitched 2-D copy (one outer axis, 16-byte units, rows of whole big tiles: 256 threads x
-// `per_thread` (4 or 8) units) with the last two waves in 4 KB tiles; other shapes go to
-// copy_rows.
-Status copy_rows_tapered(const LaunchContext& ctx, std::string_view kernel, int per_thread,
-                         char* dst, const char* src, const write_slice_detail::CopyShape& c);
+// The pitched 2-D copy (one outer axis, 16-byte units, rows of whole 16 KB tiles) with the last
+// two waves in 4 KB tiles; other shapes go to copy_rows.
+Status copy_rows_tapered(const LaunchContext& ctx, char* dst, const char* src,
+                         const write_slice_detail::CopyShape& c);
 // The sub-byte merge for windows that start or end inside a byte.
 Status merge_bits(const LaunchContext& ctx, char* dst, const char* src,
                   const write_slice_detail::CopyShape& c);

@@ -31,10 +31,8 @@ Status launch_pitched(const LaunchContext& ctx, const Problem& p, const Argument
                                      static_cast<const char*>(a.source.data), p.copy);
 }
 
-template <int kPer>
 Status launch_pitched_tapered(const LaunchContext& ctx, const Problem& p, const Arguments& a) {
-  return write_slice_cuda::copy_rows_tapered(ctx, kPer == 8 ? "kv_2d_tapered_x8" : "kv_2d_tapered",
-                                             kPer, dest_origin(p, a),
+  return write_slice_cuda::copy_rows_tapered(ctx, dest_origin(p, a),
                                              static_cast<const char*>(a.source.data), p.copy);
 }
 
@@ -96,19 +94,15 @@ bool register_cuda() {
             },
         .launch = launch_memcpy,
     });
-    // The pitched path: kv_2d's block tiles with the last two waves in 4 KB tiles (16 KB big
-    // tiles; the x8 variant 32 KB); H200, 64 MiB window: 83.3% of copy vs kv_2d's 81.7%.
+    // The pitched path: kv_2d's block tiles with the last two waves in 4 KB tiles. 64 MiB windows
+    // (bf16 / s4), % of copy against kv_2d in the same call: H200 83.3 / 84.5 vs 81.7 / 83.2 (256
+    // MiB 92.3 vs 89.8); H100 87.5 / 88.9 vs 87.6 / 88.6 (256 MiB 94.3 both). 32 KB big tiles
+    // measured lower on the H100 (86.9 / 87.7) and were dropped.
     register_kernel<WriteSliceOp>({
         .sku = sku(t, "write_slice", "kv_2d", "kv_2d_tapered"),
-        .priority = 32,
-        .fits = [](const Problem& p, const DeviceCaps&) { return p.path == Path::pitched_2d; },
-        .launch = launch_pitched_tapered<4>,
-    });
-    register_kernel<WriteSliceOp>({
-        .sku = sku(t, "write_slice", "kv_2d", "kv_2d_tapered_x8"),
         .priority = 31,
         .fits = [](const Problem& p, const DeviceCaps&) { return p.path == Path::pitched_2d; },
-        .launch = launch_pitched_tapered<8>,
+        .launch = launch_pitched_tapered,
     });
     register_kernel<WriteSliceOp>({
         .sku = sku(t, "write_slice", "kv_2d", "kv_2d"),
