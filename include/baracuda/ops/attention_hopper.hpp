@@ -61,9 +61,9 @@ std::string_view selection_table_provenance();  // device, date, commit of the m
 // fits this problem on this device, and where Lq is within 2x of the point's L: the column was
 // measured with Lq = Lk, so decode-like problems never go to fa3 on its strength) fa3; ties go to
 // cuDNN, then bespoke. Candidate::cudnn when the
-// table has no point for the dtype/pass (the fastest peer measured through PyTorch). Varlen
-// problems (which cuDNN is not given) rank bespoke and fa3 only, at the point of the longest
-// sequence (len_q / len_k), and default to bespoke.
+// table has no point for the dtype/pass (the fastest peer measured through PyTorch). Problems
+// cuDNN is not given (cudnn_screen: varlen, soft-capping, ...) rank bespoke and fa3 only (varlen:
+// at the point of the longest sequence), and default to bespoke.
 Candidate preferred_candidate(std::span<const TablePoint> table, const attention::Problem& p,
                               Pass pass, bool fa3_runs);
 // The same over selection_table().

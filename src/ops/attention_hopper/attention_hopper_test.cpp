@@ -382,7 +382,15 @@ struct Case {
   bool blhd;             // memory order [B, L, H, D] instead of [B, H, L, D]
   bool padded;           // row pitch D + 8 and a 16-byte base offset: gap bytes must stay untouched
   bool must_fit = true;  // false: cuDNN may refuse it (then the plan must fall back, see below)
+  double softcap = 0;    // > 0: logit soft-capping
 };
+
+// The case's descriptor in element type t (the reference runs it in f64).
+Descriptor desc_of(const Case& c, DType t) {
+  Descriptor d = make_desc(t, c.b, c.hq, c.hk, c.lq, c.lk, c.d, c.mask);
+  d.softcap = c.softcap;
+  return d;
+}
 
 std::vector<Case> gpu_cases() {
   return {
@@ -401,7 +409,8 @@ std::string name_of(const Case& c) {
   return std::string(name(c.t)) + " B" + std::to_string(c.b) + " Hq" + std::to_string(c.hq) +
          " Hk" + std::to_string(c.hk) + " Lq" + std::to_string(c.lq) + " Lk" +
          std::to_string(c.lk) + " D" + std::to_string(c.d) + " " + attention::to_string(c.mask) +
-         (c.blhd ? " BLHD" : " BHLD") + (c.padded ? " padded" : "");
+         (c.blhd ? " BLHD" : " BHLD") + (c.padded ? " padded" : "") +
+         (c.softcap > 0 ? " cap" + std::to_string(c.softcap) : "");
 }
 
 // A [B, H, L, D] tensor on the GPU in the case's memory order.
@@ -499,8 +508,7 @@ struct Reference {
 };
 Reference reference_rows(const Case& c, const std::vector<double>& q, const std::vector<double>& k,
                          const std::vector<double>& v, const std::vector<RowBlock>& blocks) {
-  const attention::Problem p =
-      problem_of(make_desc(DType::f64, c.b, c.hq, c.hk, c.lq, c.lk, c.d, c.mask));
+  const attention::Problem p = problem_of(desc_of(c, DType::f64));
   Reference r{std::vector<double>(static_cast<size_t>(c.b * c.hq * c.lq * c.d)),
               std::vector<double>(static_cast<size_t>(c.b * c.hq * c.lq))};
   const int64_t qs[] = {c.b, c.hq, c.lq, c.d}, ks[] = {c.b, c.hk, c.lk, c.d},
@@ -541,7 +549,7 @@ struct Grads {
 Grads reference_backward(const Case& c, const std::vector<double>& q, const std::vector<double>& k,
                          const std::vector<double>& v, const std::vector<double>& y,
                          const std::vector<double>& dy, const std::vector<double>& lse) {
-  const Descriptor desc = make_desc(DType::f64, c.b, c.hq, c.hk, c.lq, c.lk, c.d, c.mask);
+  const Descriptor desc = desc_of(c, DType::f64);
   Grads g{std::vector<double>(q.size()), std::vector<double>(k.size()),
           std::vector<double>(v.size())};
   const int64_t qs[] = {c.b, c.hq, c.lq, c.d}, ks[] = {c.b, c.hk, c.lk, c.d},
@@ -679,7 +687,7 @@ void check_backward_kernel(const Case& c, const attention::Problem& p,
 // A helper so that an ASSERT ends only this case.
 void check_case(const Case& c, harness::Rng& rng) {
   const Stream& gs = harness::stream_for(Target::cuda);
-  const Descriptor desc = make_desc(c.t, c.b, c.hq, c.hk, c.lq, c.lk, c.d, c.mask);
+  const Descriptor desc = desc_of(c, c.t);
   const attention::Problem p = problem_of(desc);
   const CaseData x = case_data(c, rng);
   const std::vector<double> vv = x.v.values();
@@ -863,7 +871,7 @@ TEST(AttentionHopperOracle, SampledRowsMatchTheWholeReference) {
     TestTensor v = cpu_tensor(c.t, {c.b, c.hk, c.lk, c.d}, &rng);
     TestTensor y = cpu_tensor(c.t, {c.b, c.hq, c.lq, c.d}, nullptr);
     TestTensor lse = cpu_tensor(DType::f32, {c.b, c.hq, c.lq}, nullptr);
-    const Descriptor desc = make_desc(c.t, c.b, c.hq, c.hk, c.lq, c.lk, c.d, c.mask);
+    const Descriptor desc = desc_of(c, c.t);
     auto ref = attention::ForwardPlan::select(Stream::cpu(), desc, PlanPreference::reference());
     BARACUDA_ASSERT_OK(ref);
     BARACUDA_ASSERT_OK(ref->run(Stream::cpu(), Workspace::none(),
@@ -948,7 +956,7 @@ TEST(AttentionFa3Registry, RegisteredBelowEveryOtherForwardWithTruthfulPrecision
 // sampled rows of big ones (kFullCheckOps), with the whole-tensor checks on every row.
 void check_fa3_case(const Case& c, harness::Rng& rng, std::string_view kernel) {
   const Stream& gs = harness::stream_for(Target::cuda);
-  const Descriptor desc = make_desc(c.t, c.b, c.hq, c.hk, c.lq, c.lk, c.d, c.mask);
+  const Descriptor desc = desc_of(c, c.t);
   TestTensor q = cpu_tensor(c.t, {c.b, c.hq, c.lq, c.d}, &rng);
   TestTensor k = cpu_tensor(c.t, {c.b, c.hk, c.lk, c.d}, &rng);
   TestTensor v = cpu_tensor(c.t, {c.b, c.hk, c.lk, c.d}, &rng);
@@ -1032,6 +1040,18 @@ std::vector<Case> fa3_cases() {
       {DType::f16, 2, 2, 2, 77, 203, 256, Mask::none(), true, false},
       {DType::f16, 1, 4, 4, 203, 77, 256, Mask::causal_bottom_right(), true, true},
       {DType::bf16, 1, 2, 1, 129, 65, 256, Mask::causal_top_left(), false, false},
+      // Sliding windows (both bounds, one bound, both diagonals; tiles left of the band skipped),
+      // soft-capping (alone, with a band, at every head dim).
+      {DType::bf16, 1, 4, 2, 700, 700, 128, Mask::sliding_window(100, 30), false, false},
+      {DType::f16, 1, 2, 2, 300, 1000, 64, Mask::sliding_window(200, 0), true, true},
+      {DType::bf16, 2, 4, 4, 333, 257, 64, Mask::sliding_window(-1, 17, Diagonal::top_left), false,
+       true},
+      {DType::bf16, 1, 2, 1, 600, 600, 256, Mask::sliding_window(129, 0, Diagonal::top_left), true,
+       false},
+      {DType::f16, 1, 2, 2, 1, 300, 128, Mask::sliding_window(5, 5), false, false},
+      {DType::bf16, 1, 4, 2, 300, 300, 128, Mask::none(), false, false, true, 30.0},
+      {DType::f16, 1, 2, 2, 257, 513, 64, Mask::causal_bottom_right(), true, true, true, 50.0},
+      {DType::bf16, 1, 2, 2, 200, 200, 256, Mask::sliding_window(64, 0), false, false, true, 20.0},
   };
 }
 
@@ -1124,11 +1144,12 @@ TEST(AttentionFa3Gpu, FitsExactlyWhatItSupports) {
   Descriptor dv = make_desc(DType::bf16, 1, 4, 4, 64, 64, 128);
   dv.head_dim_v = 64;
   EXPECT_FALSE(fits(dv));
-  EXPECT_FALSE(fits(make_desc(DType::bf16, 1, 4, 4, 64, 64, 64, Mask::sliding_window(16, 0))));
-  EXPECT_FALSE(fits(make_desc(DType::bf16, 1, 4, 4, 64, 64, 64, Mask::sliding_window(-1, 4))));
+  // Any band, soft-capping.
+  EXPECT_TRUE(fits(make_desc(DType::bf16, 1, 4, 4, 64, 64, 64, Mask::sliding_window(16, 0))));
+  EXPECT_TRUE(fits(make_desc(DType::bf16, 1, 4, 4, 64, 64, 64, Mask::sliding_window(-1, 4))));
   Descriptor capped = make_desc(DType::bf16, 1, 4, 4, 64, 64, 64);
   capped.softcap = 30;
-  EXPECT_FALSE(fits(capped));
+  EXPECT_TRUE(fits(capped));
   Descriptor varlen = make_desc(DType::bf16, 2, 4, 4, 16, 16, 64);
   varlen.varlen = true;
   varlen.total_q = varlen.total_k = 32;
@@ -1173,7 +1194,7 @@ TEST(AttentionFa3Gpu, DefaultPlanFollowsTheTable) {
   FA3_SKIP_UNLESS_RUNNABLE();
   const Stream& gs = harness::stream_for(Target::cuda);
   const Case c{DType::bf16, 1, 4, 2, 300, 300, 128, Mask::causal_top_left(), false, false};
-  const Descriptor desc = make_desc(c.t, c.b, c.hq, c.hk, c.lq, c.lk, c.d, c.mask);
+  const Descriptor desc = desc_of(c, c.t);
   auto table_for = [&](double cudnn, double bespoke, double fa3) {
     return TablePoint{DType::bf16, Pass::forward, 128, 512, true, cudnn, bespoke, fa3};
   };
@@ -1264,6 +1285,14 @@ std::vector<Case> fa3_bwd_cases() {
       // Top-left with Lq < Lk: keys past Lq are seen by no query (dK = dV = 0 there).
       {DType::bf16, 1, 2, 2, 77, 300, 128, Mask::causal_top_left(), true, true},
       {DType::f16, 1, 3, 3, 300, 77, 128, Mask::causal_top_left(), false, false},
+      // Sliding windows (query blocks outside a key block's band skipped) and soft-capping.
+      {DType::bf16, 1, 4, 2, 700, 700, 128, Mask::sliding_window(100, 30), false, false},
+      {DType::f16, 1, 2, 2, 300, 1000, 64, Mask::sliding_window(200, 0), true, true},
+      {DType::bf16, 2, 4, 4, 333, 257, 64, Mask::sliding_window(-1, 17, Diagonal::top_left), false,
+       true},
+      {DType::bf16, 1, 4, 2, 300, 300, 128, Mask::none(), false, false, true, 30.0},
+      {DType::f16, 1, 2, 2, 257, 513, 64, Mask::causal_bottom_right(), true, true, true, 50.0},
+      {DType::bf16, 1, 2, 2, 200, 260, 128, Mask::sliding_window(64, 0), false, false, true, 20.0},
   };
 }
 
@@ -1284,7 +1313,7 @@ TEST(AttentionFa3Gpu, BackwardMatchesReference) {
   const auto t0 = std::chrono::steady_clock::now();
   for (const Case& c : fa3_bwd_cases()) {
     SCOPED_TRACE(name_of(c));
-    const Descriptor desc = make_desc(c.t, c.b, c.hq, c.hk, c.lq, c.lk, c.d, c.mask);
+    const Descriptor desc = desc_of(c, c.t);
     const attention::Problem p = problem_of(desc);
     // The plan pinned by name reaches it and tells the truth about determinism.
     auto plan = attention::BackwardPlan::select(gs, desc, PlanPreference::kernel(kFa3BwdKernel));

@@ -80,8 +80,12 @@ struct BwdParams {
   const int *cu_q, *cu_k;  // varlen: sequence offsets (null: padded)
   int total_q, total_k;    // varlen: packed rows
   int lq, lk, lq_pad, group, heads_q;  // lq / lk: the (maximum) lengths
-  int causal, bottom_right;            // the diagonal: key d(i) = i (top-left) or i + lk - lq
+  // The band: row i sees keys d(i) - left .. d(i) + right (-1: unbounded; causal: right 0), its
+  // diagonal d(i) = i (top-left) or i + lk - lq (bottom-right).
+  int left, right, bottom_right;
   float scale_log2, scale;
+  int softcap;              // scores capped as cap * tanh(s * scale / cap)
+  float cap_arg, cap_log2;  // scale / cap, cap * log2(e)
 };
 
 // The sequence a CTA or row block works on: its packed row offsets (padded: 0), lengths, diagonal
@@ -95,7 +99,7 @@ __device__ __forceinline__ BwdSeq bwd_seq(const BwdParams& p, int b) {
     const SeqRows r = seq_rows(p.cu_q, p.cu_k, b, p.lq, p.lk, p.total_q, p.total_k);
     s = {r.q0, r.lq, r.k0, r.lk, 0, 0};
   }
-  if (p.causal && p.bottom_right) s.off = s.lk - s.lq;
+  if (p.bottom_right) s.off = s.lk - s.lq;
   return s;
 }
 
@@ -168,9 +172,14 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   const BwdSeq sq_ = bwd_seq(p, b);
   const int lk = sq_.lk, off = sq_.off;
   if (n0 >= lk) return;
-  // Query blocks that see some key of this CTA: causal rows i see keys <= i + off.
-  const int m_begin = p.causal ? max(0, n0 - off) / kQRows : 0;
-  const int nm = max(0, (sq_.lq + kQRows - 1) / kQRows - m_begin);
+  // Query blocks that see some key of this CTA: row i sees keys i + off - left .. i + off + right.
+  const int m_begin =
+      p.right >= 0 ? static_cast<int>(max(int64_t{0}, int64_t{n0} - off - p.right)) / kQRows : 0;
+  const int m_rows =
+      p.left >= 0 ? static_cast<int>(
+                        min(int64_t{sq_.lq}, max(int64_t{0}, int64_t{n0} + kKeys - off + p.left)))
+                  : sq_.lq;
+  const int nm = max(0, (m_rows + kQRows - 1) / kQRows - m_begin);
   const int steps = nm * p.group;
   // The CTAs of one key head run side by side and would add into the same dQ chunk at the same
   // time (L2 serializes same-address reductions): each starts its walk over the (head, query
@@ -284,24 +293,39 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     issue_scores(t, dpt, sb, S::kV, S::kDy);  // S^T_t is done (see the end of the step)
     fence_regs(st);
 
-    // P^T in place (column c is query m0 + c).
-    const bool masked = n0 + kKeys > lk || (p.causal && n0 + kKeys - 1 > m0 + off);
+    // P^T (column c is query m0 + c) as the A fragments of dV += P^T dY (pack_a's order), and in
+    // place what dS^T needs of it: P^T, times d(capped)/d(scaled score) = 1 - tanh^2 when
+    // soft-capped.
+    const int64_t d_lo = int64_t{m0} + off;  // the step's first diagonal
+    const bool masked = n0 + kKeys > lk || (p.right >= 0 && n0 + kKeys - 1 > d_lo + p.right) ||
+                        (p.left >= 0 && n0 < d_lo + kQRows - 1 - p.left);
+    uint32_t pa[4][4];
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const float2 l = ld_shared_f2(lse2 + (8 * j + cq) * 4);
+      float v[4];
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float x = fmaf(st[4 * j + e], p.scale_log2, -((e & 1) ? l.y : l.x));
-        float v = fast_exp2(x);
-        if (masked) {
-          const int key = key0 + 8 * (e >> 1), q = m0 + 8 * j + cq + (e & 1);
-          if (key >= lk || (p.causal && key > q + off)) v = 0.f;
+        const float lse = (e & 1) ? l.y : l.x;
+        float g = 1.f;
+        if (p.softcap) {
+          const float th = fast_tanh(st[4 * j + e] * p.cap_arg);
+          v[e] = fast_exp2(fmaf(th, p.cap_log2, -lse));
+          g = fmaf(-th, th, 1.f);
+        } else {
+          v[e] = fast_exp2(fmaf(st[4 * j + e], p.scale_log2, -lse));
         }
-        st[4 * j + e] = v;
+        if (masked) {
+          const int key = key0 + 8 * (e >> 1);
+          const int64_t d = d_lo + 8 * j + cq + (e & 1);  // the query's diagonal
+          if (key >= lk || (p.right >= 0 && key > d + p.right) || (p.left >= 0 && key < d - p.left))
+            v[e] = 0.f;
+        }
+        st[4 * j + e] = v[e] * g;
       }
+      pa[j / 2][2 * (j % 2)] = cuda::pack2<T>(v[0], v[1]);
+      pa[j / 2][2 * (j % 2) + 1] = cuda::pack2<T>(v[2], v[3]);
     }
-    uint32_t pa[4][4];
-    pack_a<T, 64>(st, pa);
     issue_rs<T, D>(dv, pa, sdy);
     wgmma_wait<1>();  // dP^T done; dV may still run
     fence_regs(dpt);
@@ -649,9 +673,15 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
   p.lq_pad = rp.lq_pad;
   p.group = static_cast<int>(pr.group);
   p.heads_q = rp.heads_q;
-  p.causal = d.mask.right == 0 ? 1 : 0;
+  p.left = band_bound(d.mask.left, d);
+  p.right = band_bound(d.mask.right, d);
   p.bottom_right = d.mask.diagonal == attention::Diagonal::bottom_right ? 1 : 0;
   p.scale_log2 = static_cast<float>(pr.scale * 1.4426950408889634);
+  if (d.softcap > 0) {
+    p.softcap = 1;
+    p.cap_arg = static_cast<float>(pr.scale / d.softcap);
+    p.cap_log2 = static_cast<float>(d.softcap * 1.4426950408889634);
+  }
   p.scale = rp.scale;
 
   constexpr int smem = BwdSmem<D>::kLaunchBytes;

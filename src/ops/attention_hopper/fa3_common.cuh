@@ -98,6 +98,13 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// tanh(x) (tanh.approx.f32: ~2^-11 relative, below the 16-bit rounding of P).
+__device__ __forceinline__ float fast_tanh(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // 16-byte bulk copy global -> shared (no tensor map), completing on an mbarrier's transaction
 // count; size and both addresses multiples of 16 bytes.
 __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes,
@@ -345,18 +352,23 @@ inline KernelSku fa3_sku(std::string_view op, DType e, PrecisionGuarantee prec,
 }
 
 // The problems both kernels take: bf16/f16, Dk = Dv (each kernel's fits says which head dims:
-// 64 and 128, the forward also 256), no mask or causal, padded or varlen (packed rows addressed
-// as one [1, H, T, D] tensor, see rows_view), no softcap, grid-sized extents.
+// 64 and 128, the forward also 256), any band mask (none, causal, windows), soft-capping, padded
+// or varlen (packed rows addressed as one [1, H, T, D] tensor, see rows_view), grid-sized extents.
 inline bool shape_fits(const attention::Problem& pr) {
   const auto& d = pr.desc;
-  const bool causal = d.mask.left < 0 && d.mask.right == 0;
   constexpr int64_t kMax = int64_t{1} << 30;
   if (d.varlen && (d.total_q >= kMax || d.total_k >= kMax)) return false;
-  return d.softcap == 0 && d.head_dim_qk == d.head_dim_v &&
-         (d.head_dim_qk == 64 || d.head_dim_qk == 128 || d.head_dim_qk == 256) &&
-         (d.mask.is_none() || causal) && d.batch >= 1 && d.batch <= 65535 && d.heads_q >= 1 &&
-         d.heads_q <= 65535 && d.heads_kv >= 1 && d.len_q >= 1 && d.len_q < kMax && d.len_k >= 1 &&
-         d.len_k < kMax && std::isfinite(pr.scale) && pr.scale > 0;
+  return std::isfinite(d.softcap) && d.head_dim_qk == d.head_dim_v &&
+         (d.head_dim_qk == 64 || d.head_dim_qk == 128 || d.head_dim_qk == 256) && d.batch >= 1 &&
+         d.batch <= 65535 && d.heads_q >= 1 && d.heads_q <= 65535 && d.heads_kv >= 1 &&
+         d.len_q >= 1 && d.len_q < kMax && d.len_k >= 1 && d.len_k < kMax &&
+         std::isfinite(pr.scale) && pr.scale > 0;
+}
+
+// A band bound for the kernels: -1 (unbounded) as is, and any bound past lq + lk (which reaches
+// every key) as -1, so it fits an int and sums with row indices stay in 64 bits on the device.
+inline int band_bound(int64_t bound, const attention::Descriptor& d) {
+  return bound < 0 || bound >= d.len_q + d.len_k ? -1 : static_cast<int>(bound);
 }
 
 // TMA rules: 16-byte aligned base, unit-stride rows, every used stride a positive multiple of 16

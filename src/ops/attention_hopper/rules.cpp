@@ -106,9 +106,9 @@ Candidate preferred_candidate(std::span<const TablePoint> table, const attention
         std::abs(std::log2(static_cast<double>(t.len)) - std::log2(len));
     if (!best || cost < best_cost) best = &t, best_cost = cost;
   }
-  // cuDNN is not wired to packed sequences (cudnn_screen): a varlen problem ranks the others, by
-  // the table's point for its longest sequence.
-  const bool cudnn_runs = !d.varlen;
+  // Problems cuDNN is not given (cudnn_screen: packed sequences, soft-capping, a left bound
+  // without a right one, ...) rank the others (varlen: by the point of its longest sequence).
+  const bool cudnn_runs = !cudnn_screen(p).has_value();
   if (!best) return cudnn_runs ? Candidate::cudnn : Candidate::bespoke;
   // Strictly faster to displace cuDNN (then bespoke): a tie keeps the incumbent.
   Candidate pick = Candidate::cudnn;
