@@ -23,6 +23,7 @@
 #include "baracuda/ops/attention_hopper.hpp"
 #include "core/bench/bench.hpp"
 #include "core/testing/testing.hpp"
+#include "ops/attention/common.hpp"
 
 namespace baracuda::attention_hopper {
 namespace {
@@ -338,7 +339,116 @@ void varlen_sweep(const Stream& stream) {
   }
 }
 
+// Soft-capping and sliding windows (padded, bf16, d128, Hq = Hk = 16, 16k tokens): the default
+// plan, fa3 pinned, the bespoke kernels (under an empty table) and cuDNN where it takes the mask.
+// TFLOP/s count the (query, key) pairs the band leaves visible.
+void feature_sweep(const Stream& stream) {
+  if (bench::env("BARACUDA_ATTENTION_ONLY") == "decode") return;
+  struct Case {
+    const char* name;
+    int64_t batch, len;
+    attention::Mask mask;
+    double softcap;
+  };
+  const Case cases[] = {
+      {"b4_h16_l4096_d128_softcap30", 4, 4096, attention::Mask::none(), 30.0},
+      {"b4_h16_l4096_d128_causal_softcap30", 4, 4096, attention::Mask::causal_bottom_right(), 30.0},
+      {"b2_h16_l8192_d128_window1023", 2, 8192, attention::Mask::sliding_window(1023, 0), 0.0},
+  };
+  constexpr int64_t kHeads = 16, kDim = 128;
+  harness::Rng rng(20261127);
+  for (const Case& c : cases) {
+    attention::Descriptor desc;
+    desc.dtype = DType::bf16;
+    desc.batch = c.batch;
+    desc.heads_q = desc.heads_kv = kHeads;
+    desc.len_q = desc.len_k = c.len;
+    desc.head_dim_qk = desc.head_dim_v = kDim;
+    desc.mask = c.mask;
+    desc.softcap = c.softcap;
+    auto make = [&](DType t, std::vector<int64_t> shape) {
+      auto x = harness::TestTensor::make(t, std::move(shape), harness::Target::cuda);
+      x.fill_random(rng);
+      return x;
+    };
+    const std::vector<int64_t> shape = {c.batch, kHeads, c.len, kDim};
+    auto q = make(DType::bf16, shape), k = make(DType::bf16, shape), v = make(DType::bf16, shape),
+         dy = make(DType::bf16, shape), y = make(DType::bf16, shape), dq = make(DType::bf16, shape),
+         dk = make(DType::bf16, shape), dv = make(DType::bf16, shape);
+    auto lse = make(DType::f32, {c.batch, kHeads, c.len});
+    // Visible (query, key) pairs of the band.
+    const attention::detail::Band band = attention::detail::band_of(c.mask);
+    double pairs = 0;
+    for (int64_t i = 0; i < c.len; ++i) {
+      int64_t lo = 0, hi = 0;
+      attention::detail::visible_keys(band, i, c.len, c.len, &lo, &hi);
+      pairs += static_cast<double>(std::max<int64_t>(0, hi - lo));
+    }
+    const double flops = 4.0 * c.batch * kHeads * pairs * kDim;
+    const attention::ForwardArguments fa{q.cview(),  k.cview(), v.cview(), y.view(),
+                                         lse.view(), {},        {}};
+    const attention::BackwardArguments ba{q.cview(),  k.cview(),   v.cview(), y.cview(),
+                                          dy.cview(), lse.cview(), dq.view(), dk.view(),
+                                          dv.view(),  {},          {}};
+    const double bytes = 4.0 * static_cast<double>(c.batch * kHeads * c.len * kDim) * 2;
+    struct Variant {
+      const char* note;
+      PlanPreference fwd, bwd;
+    };
+    const Variant variants[] = {
+        {"default", PlanPreference::fastest(), PlanPreference::fastest()},
+        {"fa3_sm90a", PlanPreference::kernel(kFa3Kernel), PlanPreference::kernel(kFa3BwdKernel)},
+        {"bespoke", PlanPreference::only(Backend::bespoke_cuda),
+         PlanPreference::only(Backend::bespoke_cuda)},
+        {"cudnn", PlanPreference::only(Backend::cudnn), PlanPreference::only(Backend::cudnn)}};
+    for (const Variant& var : variants) {
+      std::optional<SelectionTableOverride> no_table;
+      if (std::string_view(var.note) == "bespoke") no_table.emplace(std::span<const TablePoint>{});
+      auto fp = attention::ForwardPlan::select(stream, desc, var.fwd);
+      if (!fp.ok()) {
+        bench::emit_error("attention", "attention_forward", std::string(c.name) + "/" + var.note,
+                          fp.error());
+        continue;
+      }
+      auto fws = Buffer::allocate(std::max<size_t>(fp->workspace_size(), 16), Location::cuda(0));
+      Measured mf =
+          time_case(stream, [&](int) { return fp->run(stream, fws->as_workspace(), fa); });
+      if (mf.ok)
+        bench::emit(stream, {.family = "attention",
+                             .op = "attention_forward",
+                             .name = c.name,
+                             .dtype = "bf16",
+                             .kernel = std::string(fp->sku().name),
+                             .ms = mf.ms,
+                             .bytes = bytes,
+                             .flops = flops,
+                             .note = var.note});
+      auto bp = attention::BackwardPlan::select(stream, desc, var.bwd);
+      if (!bp.ok()) {
+        bench::emit_error("attention", "attention_backward", std::string(c.name) + "/" + var.note,
+                          bp.error());
+        continue;
+      }
+      auto bws = Buffer::allocate(std::max<size_t>(bp->workspace_size(), 16), Location::cuda(0));
+      Measured mb =
+          time_case(stream, [&](int) { return bp->run(stream, bws->as_workspace(), ba); });
+      if (mb.ok)
+        bench::emit(stream, {.family = "attention",
+                             .op = "attention_backward",
+                             .name = c.name,
+                             .dtype = "bf16",
+                             .kernel = std::string(bp->sku().name),
+                             .ms = mb.ms,
+                             .bytes = 2 * bytes,
+                             .flops = 2.5 * flops,
+                             .note = var.note});
+    }
+  }
+}
+
 [[maybe_unused]] const bool registered = bench::register_bench("attention_hopper", sweep);
+[[maybe_unused]] const bool registered_features =
+    bench::register_bench("attention_features", feature_sweep);
 [[maybe_unused]] const bool registered_varlen =
     bench::register_bench("attention_varlen", varlen_sweep);
 
