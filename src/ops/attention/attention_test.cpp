@@ -1020,8 +1020,9 @@ TEST_P(AttentionTest, LargeShapesOnDevice) {
         c.softcap = n % 4 == 3 ? 30.0 : 0.0;
         std::string kernel;
         check_forward(target, c, n % 2 ? Lay::blhd : Lay::bhld, std::nullopt, &kernel);
-        if (t == DType::bf16) {
-          EXPECT_NE(kernel.find("mma"), std::string::npos) << kernel;
+        if (t == DType::bf16) {  // a tensor-core kernel: the family's, or fa3 where it runs
+          EXPECT_TRUE(kernel.find("mma") != std::string::npos || kernel.starts_with("fa3_"))
+              << kernel;
         }
         ++n;
       }

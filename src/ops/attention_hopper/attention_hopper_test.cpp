@@ -232,6 +232,17 @@ TEST(AttentionCudnnRules, NearestMeasuredPointDecides) {
   EXPECT_EQ(pick_varlen(4096, Mask::causal_top_left(), Pass::backward, true, table),
             Candidate::bespoke);  // no backward causal point
   EXPECT_EQ(pick_varlen(4096, Mask::none(), Pass::forward, true, {}), Candidate::bespoke);
+  // Soft-capping (cuDNN has none): the others; a sliding window's backward: not cuDNN (it does not
+  // skip what the window excludes), its forward: the table as for the band's right bound.
+  Descriptor capped = make_desc(DType::bf16, 1, 8, 8, 4096, 4096, 128);
+  capped.softcap = 30;
+  EXPECT_EQ(preferred_candidate(table, problem_of(capped), Pass::forward, true), Candidate::fa3);
+  EXPECT_EQ(preferred_candidate(table, problem_of(capped), Pass::forward, false),
+            Candidate::bespoke);
+  const attention::Problem window =
+      problem_of(make_desc(DType::bf16, 1, 8, 8, 4096, 4096, 128, Mask::sliding_window(1023, 0)));
+  EXPECT_EQ(preferred_candidate(table, window, Pass::forward, true), Candidate::cudnn);  // tie
+  EXPECT_EQ(preferred_candidate(table, window, Pass::backward, false), Candidate::bespoke);
 }
 
 // The candidate the table's own columns make fastest at a point (what select must follow).

@@ -108,7 +108,11 @@ Candidate preferred_candidate(std::span<const TablePoint> table, const attention
   }
   // Problems cuDNN is not given (cudnn_screen: packed sequences, soft-capping, a left bound
   // without a right one, ...) rank the others (varlen: by the point of its longest sequence).
-  const bool cudnn_runs = !cudnn_screen(p).has_value();
+  // Nor a banded backward with a left bound: cuDNN's backward does not skip the key blocks a
+  // sliding window excludes (H200, d128 L8192, window (1023, 0): 59 TFLOP/s against fa3's 264 and
+  // the bespoke kernel's 179; its forward skipped them, 488 against fa3's 465).
+  const bool cudnn_runs =
+      !cudnn_screen(p).has_value() && !(pass == Pass::backward && d.mask.left >= 0);
   if (!best) return cudnn_runs ? Candidate::cudnn : Candidate::bespoke;
   // Strictly faster to displace cuDNN (then bespoke): a tie keeps the incumbent.
   Candidate pick = Candidate::cudnn;
