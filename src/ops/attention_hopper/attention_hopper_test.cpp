@@ -394,12 +394,17 @@ struct Case {
   bool padded;           // row pitch D + 8 and a 16-byte base offset: gap bytes must stay untouched
   bool must_fit = true;  // false: cuDNN may refuse it (then the plan must fall back, see below)
   double softcap = 0;    // > 0: logit soft-capping
+  int64_t dv = 0;        // V / Y head dim when it differs from Q / K's (0: the same)
 };
+int64_t vdim(const Case& c) {
+  return c.dv > 0 ? c.dv : c.d;
+}
 
 // The case's descriptor in element type t (the reference runs it in f64).
 Descriptor desc_of(const Case& c, DType t) {
   Descriptor d = make_desc(t, c.b, c.hq, c.hk, c.lq, c.lk, c.d, c.mask);
   d.softcap = c.softcap;
+  d.head_dim_v = vdim(c);
   return d;
 }
 
@@ -421,7 +426,8 @@ std::string name_of(const Case& c) {
          " Hk" + std::to_string(c.hk) + " Lq" + std::to_string(c.lq) + " Lk" +
          std::to_string(c.lk) + " D" + std::to_string(c.d) + " " + attention::to_string(c.mask) +
          (c.blhd ? " BLHD" : " BHLD") + (c.padded ? " padded" : "") +
-         (c.softcap > 0 ? " cap" + std::to_string(c.softcap) : "");
+         (c.softcap > 0 ? " cap" + std::to_string(c.softcap) : "") +
+         (c.dv > 0 ? " Dv" + std::to_string(c.dv) : "");
 }
 
 // A [B, H, L, D] tensor on the GPU in the case's memory order.
@@ -520,15 +526,16 @@ struct Reference {
 Reference reference_rows(const Case& c, const std::vector<double>& q, const std::vector<double>& k,
                          const std::vector<double>& v, const std::vector<RowBlock>& blocks) {
   const attention::Problem p = problem_of(desc_of(c, DType::f64));
-  Reference r{std::vector<double>(static_cast<size_t>(c.b * c.hq * c.lq * c.d)),
+  Reference r{std::vector<double>(static_cast<size_t>(c.b * c.hq * c.lq * vdim(c))),
               std::vector<double>(static_cast<size_t>(c.b * c.hq * c.lq))};
   const int64_t qs[] = {c.b, c.hq, c.lq, c.d}, ks[] = {c.b, c.hk, c.lk, c.d},
+                vs[] = {c.b, c.hk, c.lk, vdim(c)}, ys[] = {c.b, c.hq, c.lq, vdim(c)},
                 ls[] = {c.b, c.hq, c.lq};
   const attention::ForwardArguments a{
       make_tensor(static_cast<const void*>(q.data()), DType::f64, std::span<const int64_t>(qs)),
       make_tensor(static_cast<const void*>(k.data()), DType::f64, std::span<const int64_t>(ks)),
-      make_tensor(static_cast<const void*>(v.data()), DType::f64, std::span<const int64_t>(ks)),
-      make_tensor(static_cast<void*>(r.y.data()), DType::f64, std::span<const int64_t>(qs)),
+      make_tensor(static_cast<const void*>(v.data()), DType::f64, std::span<const int64_t>(vs)),
+      make_tensor(static_cast<void*>(r.y.data()), DType::f64, std::span<const int64_t>(ys)),
       make_tensor(static_cast<void*>(r.lse.data()), DType::f64, std::span<const int64_t>(ls)),
       {},
       {}};
@@ -548,8 +555,8 @@ void check_forward_output(const Case& c, const std::vector<double>& v, const std
                           const std::vector<RowBlock>& blocks) {
   double vmax = 0;
   for (double x : v) vmax = std::max(vmax, std::abs(x));
-  attention::testing::expect_forward_outputs({c.b, c.hq, c.lq, c.lk, c.d, c.mask}, c.t, c.t, ref.y,
-                                             ref.lse, vmax, y, lse, blocks);
+  attention::testing::expect_forward_outputs({c.b, c.hq, c.lq, c.lk, vdim(c), c.mask}, c.t, c.t,
+                                             ref.y, ref.lse, vmax, y, lse, blocks);
 }
 
 // dQ, dK, dV (logical order) of the float64 reference backward on float64 copies of its inputs
@@ -970,15 +977,15 @@ void check_fa3_case(const Case& c, harness::Rng& rng, std::string_view kernel) {
   const Descriptor desc = desc_of(c, c.t);
   TestTensor q = cpu_tensor(c.t, {c.b, c.hq, c.lq, c.d}, &rng);
   TestTensor k = cpu_tensor(c.t, {c.b, c.hk, c.lk, c.d}, &rng);
-  TestTensor v = cpu_tensor(c.t, {c.b, c.hk, c.lk, c.d}, &rng);
+  TestTensor v = cpu_tensor(c.t, {c.b, c.hk, c.lk, vdim(c)}, &rng);
 
   auto plan = attention::ForwardPlan::select(gs, desc, PlanPreference::kernel(kernel));
   BARACUDA_ASSERT_OK(plan);
   ASSERT_EQ(plan->sku().name, kernel);
   EXPECT_TRUE(plan->precision_guarantee().deterministic);
   TestTensor gq = upload(c, q, c.hq, c.lq, c.d), gk = upload(c, k, c.hk, c.lk, c.d),
-             gv = upload(c, v, c.hk, c.lk, c.d);
-  TestTensor gy = gpu_tensor(c, c.t, c.hq, c.lq, c.d);
+             gv = upload(c, v, c.hk, c.lk, vdim(c));
+  TestTensor gy = gpu_tensor(c, c.t, c.hq, c.lq, vdim(c));
   TestTensor glse = gpu_lse(c);
   const Workspace_ ws = workspace_of(plan->workspace_size());
   const attention::ForwardArguments args{gq.cview(),  gk.cview(), gv.cview(), gy.view(),
@@ -1063,6 +1070,10 @@ std::vector<Case> fa3_cases() {
       {DType::bf16, 1, 4, 2, 300, 300, 128, Mask::none(), false, false, true, 30.0},
       {DType::f16, 1, 2, 2, 257, 513, 64, Mask::causal_bottom_right(), true, true, true, 50.0},
       {DType::bf16, 1, 2, 2, 200, 200, 256, Mask::sliding_window(64, 0), false, false, true, 20.0},
+      // DeepSeek MLA prefill's head dims: Dk = 192, Dv = 128 (causal, GQA-free, both layouts).
+      {DType::bf16, 1, 4, 4, 300, 300, 192, Mask::causal_bottom_right(), false, true, true, 0, 128},
+      {DType::f16, 2, 2, 2, 77, 203, 192, Mask::none(), true, false, true, 0, 128},
+      {DType::bf16, 1, 2, 1, 129, 1000, 192, Mask::causal_top_left(), true, true, true, 0, 128},
   };
 }
 
@@ -1075,6 +1086,8 @@ std::vector<Case> fa3_long_cases() {
       // GQA over many tiles, both layouts' rules at once (padded [B, L, H, D]).
       {DType::bf16, 2, 4, 2, 2048, 2048, 128, Mask::causal_top_left(), true, true},
       {DType::bf16, 1, 2, 1, 2048, 2048, 256, Mask::none(), false, false},
+      {DType::bf16, 1, 4, 4, 2048, 2048, 192, Mask::causal_bottom_right(), true, false, true, 0,
+       128},
       {DType::f16, 1, 2, 2, 1500, 1500, 256, Mask::causal_top_left(), true, true},
   };
 }
@@ -1151,7 +1164,10 @@ TEST(AttentionFa3Gpu, FitsExactlyWhatItSupports) {
   EXPECT_TRUE(fits(make_desc(DType::f16, 1, 8, 1, 203, 77, 128, Mask::causal_top_left())));
   EXPECT_FALSE(fits(make_desc(DType::bf16, 1, 4, 4, 64, 64, 96)));  // head dim
   EXPECT_TRUE(fits(make_desc(DType::bf16, 1, 4, 4, 64, 64, 256)));
-  EXPECT_FALSE(fits(make_desc(DType::bf16, 1, 4, 4, 64, 64, 192)));  // head dim
+  EXPECT_FALSE(fits(make_desc(DType::bf16, 1, 4, 4, 64, 64, 192)));  // head dim (Dv = 192)
+  Descriptor mla = make_desc(DType::bf16, 1, 4, 4, 64, 64, 192);
+  mla.head_dim_v = 128;
+  EXPECT_TRUE(fits(mla));  // DeepSeek MLA: Dk = 192, Dv = 128
   Descriptor dv = make_desc(DType::bf16, 1, 4, 4, 64, 64, 128);
   dv.head_dim_v = 64;
   EXPECT_FALSE(fits(dv));

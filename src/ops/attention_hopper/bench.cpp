@@ -349,13 +349,17 @@ void feature_sweep(const Stream& stream) {
     int64_t batch, len;
     attention::Mask mask;
     double softcap;
+    int64_t dk = 128, dv = 128;
   };
   const Case cases[] = {
       {"b4_h16_l4096_d128_softcap30", 4, 4096, attention::Mask::none(), 30.0},
       {"b4_h16_l4096_d128_causal_softcap30", 4, 4096, attention::Mask::causal_bottom_right(), 30.0},
       {"b2_h16_l8192_d128_window1023", 2, 8192, attention::Mask::sliding_window(1023, 0), 0.0},
+      // DeepSeek MLA prefill's head dims (Dk = 192, Dv = 128), causal.
+      {"b2_h16_l8192_dk192_dv128_causal", 2, 8192, attention::Mask::causal_bottom_right(), 0.0, 192,
+       128},
   };
-  constexpr int64_t kHeads = 16, kDim = 128;
+  constexpr int64_t kHeads = 16;
   harness::Rng rng(20261127);
   for (const Case& c : cases) {
     attention::Descriptor desc;
@@ -363,7 +367,8 @@ void feature_sweep(const Stream& stream) {
     desc.batch = c.batch;
     desc.heads_q = desc.heads_kv = kHeads;
     desc.len_q = desc.len_k = c.len;
-    desc.head_dim_qk = desc.head_dim_v = kDim;
+    desc.head_dim_qk = c.dk;
+    desc.head_dim_v = c.dv;
     desc.mask = c.mask;
     desc.softcap = c.softcap;
     auto make = [&](DType t, std::vector<int64_t> shape) {
@@ -371,10 +376,11 @@ void feature_sweep(const Stream& stream) {
       x.fill_random(rng);
       return x;
     };
-    const std::vector<int64_t> shape = {c.batch, kHeads, c.len, kDim};
-    auto q = make(DType::bf16, shape), k = make(DType::bf16, shape), v = make(DType::bf16, shape),
-         dy = make(DType::bf16, shape), y = make(DType::bf16, shape), dq = make(DType::bf16, shape),
-         dk = make(DType::bf16, shape), dv = make(DType::bf16, shape);
+    const std::vector<int64_t> qk = {c.batch, kHeads, c.len, c.dk},
+                               vo = {c.batch, kHeads, c.len, c.dv};
+    auto q = make(DType::bf16, qk), k = make(DType::bf16, qk), v = make(DType::bf16, vo),
+         dy = make(DType::bf16, vo), y = make(DType::bf16, vo), dq = make(DType::bf16, qk),
+         dk = make(DType::bf16, qk), dv = make(DType::bf16, vo);
     auto lse = make(DType::f32, {c.batch, kHeads, c.len});
     // Visible (query, key) pairs of the band.
     const attention::detail::Band band = attention::detail::band_of(c.mask);
@@ -384,13 +390,14 @@ void feature_sweep(const Stream& stream) {
       attention::detail::visible_keys(band, i, c.len, c.len, &lo, &hi);
       pairs += static_cast<double>(std::max<int64_t>(0, hi - lo));
     }
-    const double flops = 4.0 * c.batch * kHeads * pairs * kDim;
+    const double flops = 2.0 * c.batch * kHeads * pairs * static_cast<double>(c.dk + c.dv);
     const attention::ForwardArguments fa{q.cview(),  k.cview(), v.cview(), y.view(),
                                          lse.view(), {},        {}};
     const attention::BackwardArguments ba{q.cview(),  k.cview(),   v.cview(), y.cview(),
                                           dy.cview(), lse.cview(), dq.view(), dk.view(),
                                           dv.view(),  {},          {}};
-    const double bytes = 4.0 * static_cast<double>(c.batch * kHeads * c.len * kDim) * 2;
+    const double bytes = static_cast<double>(c.batch * kHeads * c.len) *
+                         static_cast<double>(2 * c.dk + 2 * c.dv) * 2;
     struct Variant {
       const char* note;
       PlanPreference fwd, bwd;

@@ -580,7 +580,9 @@ Layout layout_of(const Problem& pr) {
 
 template <class T>
 bool fits(const Problem& pr, const DeviceCaps& caps) {
-  if (caps.device < 0 || caps.sm != 90 || !shape_fits(pr) || pr.desc.head_dim_qk > 128)
+  if (caps.device < 0 || caps.sm != 90 || !shape_fits(pr) ||
+      pr.desc.head_dim_qk != pr.desc.head_dim_v ||
+      (pr.desc.head_dim_qk != 64 && pr.desc.head_dim_qk != 128))
     return false;
   // A CTA's steps (query blocks x the group's query heads) and their rotated index (t + rot <
   // 2 steps) are ints; the grid's y / z carry key heads and batch (shape_fits bounds them).

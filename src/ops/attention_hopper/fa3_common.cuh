@@ -351,18 +351,17 @@ inline KernelSku fa3_sku(std::string_view op, DType e, PrecisionGuarantee prec,
                    .name = name};
 }
 
-// The problems both kernels take: bf16/f16, Dk = Dv (each kernel's fits says which head dims:
-// 64 and 128, the forward also 256), any band mask (none, causal, windows), soft-capping, padded
-// or varlen (packed rows addressed as one [1, H, T, D] tensor, see rows_view), grid-sized extents.
+// The problems both kernels take (each kernel's fits adds its head dims: Dk = Dv in {64, 128},
+// the forward also 256 and Dk = 192 with Dv = 128): bf16/f16, any band mask (none, causal,
+// windows), soft-capping, padded or varlen (packed rows addressed as one [1, H, T, D] tensor, see
+// rows_view), grid-sized extents.
 inline bool shape_fits(const attention::Problem& pr) {
   const auto& d = pr.desc;
   constexpr int64_t kMax = int64_t{1} << 30;
   if (d.varlen && (d.total_q >= kMax || d.total_k >= kMax)) return false;
-  return std::isfinite(d.softcap) && d.head_dim_qk == d.head_dim_v &&
-         (d.head_dim_qk == 64 || d.head_dim_qk == 128 || d.head_dim_qk == 256) && d.batch >= 1 &&
-         d.batch <= 65535 && d.heads_q >= 1 && d.heads_q <= 65535 && d.heads_kv >= 1 &&
-         d.len_q >= 1 && d.len_q < kMax && d.len_k >= 1 && d.len_k < kMax &&
-         std::isfinite(pr.scale) && pr.scale > 0;
+  return std::isfinite(d.softcap) && d.batch >= 1 && d.batch <= 65535 && d.heads_q >= 1 &&
+         d.heads_q <= 65535 && d.heads_kv >= 1 && d.len_q >= 1 && d.len_q < kMax && d.len_k >= 1 &&
+         d.len_k < kMax && std::isfinite(pr.scale) && pr.scale > 0;
 }
 
 // A band bound for the kernels: -1 (unbounded) as is, and any bound past lq + lk (which reaches

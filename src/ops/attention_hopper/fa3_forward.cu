@@ -30,9 +30,10 @@
 //  - Epilogue: O / l staged through the warpgroup's own rows of the Q tile (same swizzle), then
 //    16-byte row stores; LSE = m ln2 + ln(l) (f32); Y = 0, LSE = -inf for rows that see no key.
 // Tiles: BM = 128 (2 x 64), BN = 128 (D = 256: 64); shared memory 113 KB (D = 64) / 161 KB
-// (D = 128) / 193 KB (D = 256).
+// (D = 128) / 193 KB (D = 256) / 209 KB (Dk = 192, Dv = 128).
 //
-// Supports: bf16 and f16, Dk = Dv in {64, 128, 256}, any band mask (none, causal, sliding windows;
+// Supports: bf16 and f16, Dk = Dv in {64, 128, 256} and Dk = 192 with Dv = 128 (DeepSeek MLA
+// prefill; the D = 192 instantiation, see kDvOf), any band mask (none, causal, sliding windows;
 // top-left / bottom-right diagonals; tiles outside a row block's band are not loaded),
 // soft-capping, GQA / MQA, any Lq, Lk >= 1, padded layouts with unit-stride rows, 16-byte aligned
 // base pointers and 16-byte multiple strides (both [B, H, L, D] and [B, L, H, D]), and varlen
@@ -62,6 +63,10 @@ using attention::ForwardArguments;
 using attention::Problem;
 
 constexpr int kBM = 128;  // query rows per CTA (two consumer warpgroups of 64)
+// Head dims: an instantiation's D is Dk (Q, K); Dv = D except for D = 192, the instantiation of
+// DeepSeek's multi-head latent attention prefill (Dk = 192: 128 + 64 rotary, Dv = 128).
+template <int D>
+constexpr int kDvOf = D == 192 ? 128 : D;
 // Keys per tile: 128, 64 at D = 256 (O's 128 accumulator registers leave room for a 64-key S).
 template <int D>
 constexpr int kKeysPerTile = D == 256 ? 64 : 128;
@@ -84,8 +89,9 @@ struct Smem {
   static constexpr int kStages = D == 64 ? 3 : 2;  // K/V ring depth (D = 128: 160 KB in all)
   static constexpr int kBn = kKeysPerTile<D>;
   static constexpr int kQBytes = kBM * D * 2;
-  static constexpr int kTileBytes = kBn * D * 2;  // one K or V tile
-  static constexpr int kBytes = kQBytes + 2 * kStages * kTileBytes;
+  static constexpr int kKBytes = kBn * D * 2;         // one K tile
+  static constexpr int kVBytes = kBn * kDvOf<D> * 2;  // one V tile
+  static constexpr int kBytes = kQBytes + kStages * (kKBytes + kVBytes);
   static constexpr int kLaunchBytes = kBytes + 1024;  // + alignment slack for 1024-byte atoms
   // The persistent variant's O staging buffer (Q's shape) after the ring (D = 64: 129 KB).
   static constexpr int kPersistentLaunchBytes = kLaunchBytes + kQBytes;
@@ -178,7 +184,7 @@ __device__ __forceinline__ void produce(const CUtensorMap* tq, const CUtensorMap
                                         const uint64_t* bars, int it0, int q_count) {
   using S = Smem<D>;
   constexpr int kSt = S::kStages;
-  constexpr int kDB = D / 64;  // 64-column blocks per row
+  constexpr int kDB = D / 64, kDBv = kDvOf<D> / 64;  // 64-column blocks per Q / K and V row
   const int hk = t.h / p.group;
   mbar_wait(smem_u32(&bars[kBarQEmpty]), (q_count & 1) ^ 1);
   const uint32_t bq = smem_u32(&bars[kBarQ]);
@@ -191,16 +197,16 @@ __device__ __forceinline__ void produce(const CUtensorMap* tq, const CUtensorMap
     const uint32_t free_parity = (((it0 + n) / kSt) & 1) ^ 1;
     const uint32_t bk = smem_u32(&bars[kBarKFull + s]), bv = smem_u32(&bars[kBarVFull + s]);
     mbar_wait(smem_u32(&bars[kBarKEmpty + s]), free_parity);
-    mbar_expect_tx(bk, S::kTileBytes);
+    mbar_expect_tx(bk, S::kKBytes);
 #pragma unroll
     for (int db = 0; db < kDB; ++db)
-      tma_load_4d(sk0 + s * S::kTileBytes + db * S::kBn * 128, tk, bk, db * 64,
+      tma_load_4d(sk0 + s * S::kKBytes + db * S::kBn * 128, tk, bk, db * 64,
                   t.k0 + (t.n_first + n) * S::kBn, hk, t.tb);
     mbar_wait(smem_u32(&bars[kBarVEmpty + s]), free_parity);
-    mbar_expect_tx(bv, S::kTileBytes);
+    mbar_expect_tx(bv, S::kVBytes);
 #pragma unroll
-    for (int db = 0; db < kDB; ++db)
-      tma_load_4d(sv0 + s * S::kTileBytes + db * S::kBn * 128, tv, bv, db * 64,
+    for (int db = 0; db < kDBv; ++db)
+      tma_load_4d(sv0 + s * S::kVBytes + db * S::kBn * 128, tv, bv, db * 64,
                   t.k0 + (t.n_first + n) * S::kBn, hk, t.tb);
   }
 }
@@ -219,8 +225,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                                              ~static_cast<uintptr_t>(1023));
   const uint32_t sq = smem_u32(smem);
   const uint32_t sk0 = sq + S::kQBytes;
-  const uint32_t sv0 = sk0 + kSt * S::kTileBytes;
-  const uint32_t so = sv0 + kSt * S::kTileBytes;  // O staging: the persistent variant only
+  const uint32_t sv0 = sk0 + kSt * S::kKBytes;
+  const uint32_t so = sv0 + kSt * S::kVBytes;  // O staging: the persistent variant only
   constexpr bool kPersistentV = V == kPersistent;
 
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
@@ -405,12 +411,13 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
   using S = Smem<D>;
   constexpr int kSt = S::kStages;
   constexpr int kBN = S::kBn;
+  constexpr int DV = kDvOf<D>;
   const int wg = warp / 4, wl = warp % 4;
   const int row0 = m0 + wg * 64 + wl * 16 + lane / 4;  // this thread's rows: row0 and row0 + 8
   const int cq = 2 * (lane % 4);  // first column of each 8-column accumulator group
-  float o[D / 2];
+  float o[DV / 2];
 #pragma unroll
-  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+  for (int i = 0; i < DV / 2; ++i) o[i] = 0.f;
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
   RowBand band;  // keys [lo, hi) are visible to the row
 #pragma unroll
@@ -438,7 +445,7 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
     mbar_wait(smem_u32(&bars[kBarKFull + s0]), (it0 / kSt) & 1);
     if (PP) turn_wait(wg);
     wgmma_fence();
-    issue_s<T, D>(sc, q_base, sk0 + s0 * S::kTileBytes);
+    issue_s<T, D>(sc, q_base, sk0 + s0 * S::kKBytes);
     if (PP) turn_pass(wg);
     wgmma_wait<0>();
     fence_regs(sc);
@@ -448,7 +455,7 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
     // O *= corr (the factor of the latest softmax), issued while S_n runs on the tensor cores.
     auto rescale = [&] {
 #pragma unroll
-      for (int j = 0; j < D / 8; ++j) {
+      for (int j = 0; j < DV / 8; ++j) {
         o[4 * j + 0] *= corr[0];
         o[4 * j + 1] *= corr[0];
         o[4 * j + 2] *= corr[1];
@@ -465,12 +472,12 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
         turn_wait(wg);
       }
       wgmma_fence();
-      issue_s<T, D>(sc, q_base, sk0 + s * S::kTileBytes);
+      issue_s<T, D>(sc, q_base, sk0 + s * S::kKBytes);
       rescale();
       if (!PP) mbar_wait(smem_u32(&bars[kBarVFull + sp]), ((r - 1) / kSt) & 1);
       fence_regs(o);
       wgmma_fence();
-      issue_pv<T, D>(o, pa, sv0 + sp * S::kTileBytes);
+      issue_pv<T, DV, kBN>(o, pa, sv0 + sp * S::kVBytes);
       if (PP) turn_pass(wg);
       wgmma_wait<1>();  // S_n done; P_{n-1} V_{n-1} may still run
       fence_regs(sc);
@@ -495,8 +502,8 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
     // owns): P is 0 there, but 0 * a non-finite value is NaN, so they are zeroed first. Each
     // warpgroup zeroes them before its own P V (the other one may be writing the same zeros).
     if (p.cu_q && (t.n_first + n_tiles) * kBN > t.lk) {
-      zero_rows<D>(sv0 + last * S::kTileBytes, kBN, t.lk - (t.n_first + n_tiles - 1) * kBN,
-                   static_cast<int>(threadIdx.x) % 128, 128);
+      zero_rows<DV>(sv0 + last * S::kVBytes, kBN, t.lk - (t.n_first + n_tiles - 1) * kBN,
+                    static_cast<int>(threadIdx.x) % 128, 128);
       fence_proxy_async();
       if (wg == 0)
         asm volatile("bar.sync 1, 128;\n" ::: "memory");
@@ -506,7 +513,7 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
     if (PP) turn_wait(wg);
     fence_regs(o);
     wgmma_fence();
-    issue_pv<T, D>(o, pa, sv0 + last * S::kTileBytes);
+    issue_pv<T, DV, kBN>(o, pa, sv0 + last * S::kVBytes);
     if (PP && wg == 0) turn_pass(0);  // warpgroup 1's last turn hands over to no one
     wgmma_wait<0>();
     fence_regs(o);
@@ -549,7 +556,7 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
   }
   const int r_wg = wl * 16 + lane / 4;  // row within the warpgroup's 64
 #pragma unroll
-  for (int j = 0; j < D / 8; ++j)
+  for (int j = 0; j < DV / 8; ++j)
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int r = r_wg + 8 * i;
@@ -564,7 +571,7 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
   else
     asm volatile("bar.sync 2, 128;\n" ::: "memory");
   const int tid = static_cast<int>(threadIdx.x) % 128;
-  constexpr int kChunks = D / 8;  // 16-byte chunks per row
+  constexpr int kChunks = DV / 8;  // 16-byte chunks per row
 #pragma unroll
   for (int it = 0; it < 64 * kChunks / 128; ++it) {
     const int idx = it * 128 + tid;
@@ -597,9 +604,15 @@ bool body_compiled() {
   return has_sm90a_body<fa3_fwd_kernel<T, D, V>>();
 }
 
+// The head dims the forward takes: Dk = Dv in {64, 128, 256}, or Dk = 192 with Dv = 128 (MLA).
+inline bool fwd_dims(const Problem& pr) {
+  const int64_t dk = pr.desc.head_dim_qk, dv = pr.desc.head_dim_v;
+  return (dk == dv && (dk == 64 || dk == 128 || dk == 256)) || (dk == 192 && dv == 128);
+}
+
 template <class T, int V>
 bool fits(const Problem& pr, const DeviceCaps& caps) {
-  if (caps.device < 0 || caps.sm != 90 || !shape_fits(pr)) return false;
+  if (caps.device < 0 || caps.sm != 90 || !shape_fits(pr) || !fwd_dims(pr)) return false;
   // The persistent variant numbers its work tiles (query blocks x heads x batch) in an int.
   // D = 64 only: at D = 128 ptxas spills it (36 bytes, a few per work tile, outside the key
   // loop) at the consumers' 240 registers, and the project builds no kernel that spills.
@@ -614,6 +627,8 @@ bool fits(const Problem& pr, const DeviceCaps& caps) {
         return body_compiled<T, 64, V>();
       case 128:
         return body_compiled<T, 128, V>();
+      case 192:
+        return body_compiled<T, 192, V>();
       default:
         return body_compiled<T, 256, V>();
     }
@@ -709,6 +724,8 @@ Status launch(const LaunchContext& ctx, const Problem& pr, const ForwardArgument
         return launch_d<T, 64, V>(ctx, pr, a);
       case 128:
         return launch_d<T, 128, V>(ctx, pr, a);
+      case 192:
+        return launch_d<T, 192, V>(ctx, pr, a);
       default:
         return launch_d<T, 256, V>(ctx, pr, a);
     }
