@@ -1460,6 +1460,7 @@ struct VarlenCase {
   Mask mask;
   std::vector<int32_t> lq, lk;  // per-sequence lengths
   int64_t spare, pitch_pad;
+  double softcap = 0;
 };
 
 std::string name_of(const VarlenCase& c) {
@@ -1468,7 +1469,8 @@ std::string name_of(const VarlenCase& c) {
                   attention::to_string(c.mask) + " lengths";
   for (size_t b = 0; b < c.lq.size(); ++b)
     s += " " + std::to_string(c.lq[b]) + "x" + std::to_string(c.lk[b]);
-  return s + " spare " + std::to_string(c.spare);
+  return s + " spare " + std::to_string(c.spare) +
+         (c.softcap > 0 ? " cap " + std::to_string(c.softcap) : "");
 }
 
 std::vector<int32_t> offsets(const std::vector<int32_t>& len) {
@@ -1484,6 +1486,7 @@ Descriptor varlen_desc(const VarlenCase& c, DType t) {
                 mk = *std::max_element(c.lk.begin(), c.lk.end());
   Descriptor d = make_desc(t, b, c.hq, c.hk, mq, mk, c.d, c.mask);
   d.varlen = true;
+  d.softcap = c.softcap;
   d.total_q = offsets(c.lq).back() + c.spare;
   d.total_k = offsets(c.lk).back() + c.spare;
   return d;
@@ -1708,6 +1711,27 @@ TEST(AttentionFa3Gpu, VarlenMatchesReference) {
       {DType::bf16, 2, 2, 128, Mask::causal_top_left(), {1, 257, 64}, {1, 257, 63}, 0, 8},
       {DType::bf16, 4, 2, 64, Mask::causal_bottom_right(), {513, 77}, {600, 100}, 7, 0},
       {DType::f16, 2, 1, 256, Mask::causal_top_left(), {100, 300, 0}, {200, 300, 5}, 3, 8},
+      // Per-sequence bands (a window past each sequence's own diagonal) and soft-capping.
+      {DType::bf16,
+       4,
+       2,
+       128,
+       Mask::sliding_window(100, 0),
+       {300, 50, 700},
+       {300, 80, 900},
+       5,
+       8,
+       30.0},
+      {DType::f16,
+       2,
+       2,
+       64,
+       Mask::sliding_window(64, 16, Diagonal::top_left),
+       {129, 1, 257},
+       {200, 65, 130},
+       0,
+       0,
+       20.0},
   };
   harness::Rng rng;
   const auto t0 = std::chrono::steady_clock::now();
