@@ -1079,17 +1079,23 @@ TEST_P(AttentionTest, BackwardKernelsByNameOnDevice) {
       {300, 600}, {600, 300}, {1, 129}, {17, 17}, {256, 256}};
   const std::pair<int64_t, int64_t> dims[] = {{128, 128}, {64, 64}, {96, 96}, {128, 64}, {32, 32}};
   const std::pair<int64_t, int64_t> heads[] = {{4, 2}, {2, 2}, {3, 1}};
+  // Case n of a sweep: dtype, heads, dims and soft-cap cycle with n (soft-capped every cap_every).
+  auto config = [&](int n, std::pair<int64_t, int64_t> len, const Mask& mk,
+                    std::pair<int64_t, int64_t> dim, int cap_every) {
+    Config c;
+    c.dtype = n % 2 ? DType::f16 : DType::bf16;
+    c.b = 2;
+    std::tie(c.hq, c.hk) = heads[n % 3];
+    std::tie(c.lq, c.lk) = len;
+    std::tie(c.dk, c.dv) = dim;
+    c.mask = mk;
+    c.softcap = n % cap_every == cap_every - 1 ? 20.0 : 0.0;
+    return c;
+  };
   int n = 0;
-  for (auto [lq, lk] : lens)
+  for (auto len : lens)
     for (const Mask& mk : masks) {
-      Config c;
-      c.dtype = n % 2 ? DType::f16 : DType::bf16;
-      c.b = 2;
-      std::tie(c.hq, c.hk) = heads[n % 3];
-      c.lq = lq, c.lk = lk;
-      std::tie(c.dk, c.dv) = dims[n % 5];
-      c.mask = mk;
-      c.softcap = n % 7 == 6 ? 20.0 : 0.0;
+      const Config c = config(n, len, mk, dims[n % 5], 7);
       for (auto [name, deterministic] : kernels) {
         SCOPED_TRACE(name);
         auto plan = BackwardPlan::select(harness::stream_for(target), desc_of(c),
@@ -1112,16 +1118,9 @@ TEST_P(AttentionTest, BackwardKernelsByNameOnDevice) {
   const std::pair<int64_t, int64_t> wide[] = {{256, 256}, {192, 192}, {256, 128}, {160, 136}};
   const std::pair<int64_t, int64_t> wide_lens[] = {{129, 200}, {200, 129}, {1, 65}, {64, 300}};
   n = 0;
-  for (auto [lq, lk] : wide_lens)
+  for (auto len : wide_lens)
     for (const Mask& mk : masks) {
-      Config w;
-      w.dtype = n % 2 ? DType::f16 : DType::bf16;
-      w.b = 2;
-      std::tie(w.hq, w.hk) = heads[n % 3];
-      w.lq = lq, w.lk = lk;
-      std::tie(w.dk, w.dv) = wide[n % 4];
-      w.mask = mk;
-      w.softcap = n % 5 == 4 ? 20.0 : 0.0;
+      const Config w = config(n, len, mk, wide[n % 4], 5);
       auto plan = BackwardPlan::select(harness::stream_for(target), desc_of(w), ours(target));
       BARACUDA_ASSERT_OK(plan);
       EXPECT_EQ(plan->sku().name, "flash_bwd_mma_sm80") << "the family's backward at D > 128";

@@ -234,6 +234,70 @@ void sweep(const Stream& stream) {
       }
 }
 
+// One problem's forward and backward under each candidate (notes "default", "fa3_sm90a",
+// "bespoke" and, with_cudnn, "cudnn"), one row per plan that selects and runs; the backward reads
+// the same candidate's forward outputs (it runs first). The bespoke rows run under an empty table,
+// so that fa3's ranked-ahead entry (also bespoke CUDA) cannot stand in for the family's kernels.
+void time_variants(const Stream& stream, const std::string& name, const attention::Descriptor& desc,
+                   const attention::ForwardArguments& fa, const attention::BackwardArguments& ba,
+                   double bytes, double flops, bool with_cudnn) {
+  struct Variant {
+    const char* note;
+    PlanPreference fwd, bwd;
+  };
+  const Variant variants[] = {
+      {"default", PlanPreference::fastest(), PlanPreference::fastest()},
+      {"fa3_sm90a", PlanPreference::kernel(kFa3Kernel), PlanPreference::kernel(kFa3BwdKernel)},
+      {"bespoke", PlanPreference::only(Backend::bespoke_cuda),
+       PlanPreference::only(Backend::bespoke_cuda)},
+      {"cudnn", PlanPreference::only(Backend::cudnn), PlanPreference::only(Backend::cudnn)}};
+  for (const Variant& var : variants) {
+    if (!with_cudnn && std::string_view(var.note) == "cudnn") continue;
+    std::optional<SelectionTableOverride> no_table;
+    if (std::string_view(var.note) == "bespoke") no_table.emplace(std::span<const TablePoint>{});
+    const bool ok_fwd = [&] {
+      auto fp = attention::ForwardPlan::select(stream, desc, var.fwd);
+      if (!fp.ok()) {
+        bench::emit_error("attention", "attention_forward", name + "/" + var.note, fp.error());
+        return false;
+      }
+      auto ws = Buffer::allocate(std::max<size_t>(fp->workspace_size(), 16), Location::cuda(0));
+      const Measured m =
+          time_case(stream, [&](int) { return fp->run(stream, ws->as_workspace(), fa); });
+      if (m.ok)
+        bench::emit(stream, {.family = "attention",
+                             .op = "attention_forward",
+                             .name = name,
+                             .dtype = "bf16",
+                             .kernel = std::string(fp->sku().name),
+                             .ms = m.ms,
+                             .bytes = bytes,
+                             .flops = flops,
+                             .note = var.note});
+      return true;
+    }();
+    if (!ok_fwd) continue;
+    auto bp = attention::BackwardPlan::select(stream, desc, var.bwd);
+    if (!bp.ok()) {
+      bench::emit_error("attention", "attention_backward", name + "/" + var.note, bp.error());
+      continue;
+    }
+    auto ws = Buffer::allocate(std::max<size_t>(bp->workspace_size(), 16), Location::cuda(0));
+    const Measured m =
+        time_case(stream, [&](int) { return bp->run(stream, ws->as_workspace(), ba); });
+    if (m.ok)
+      bench::emit(stream, {.family = "attention",
+                           .op = "attention_backward",
+                           .name = name,
+                           .dtype = "bf16",
+                           .kernel = std::string(bp->sku().name),
+                           .ms = m.ms,
+                           .bytes = 2 * bytes,
+                           .flops = 2.5 * flops,
+                           .note = var.note});
+  }
+}
+
 // Packed sequences (varlen) of mixed lengths, 16k tokens in all, d128, Hq = Hk = 16, bf16: the
 // default plan, fa3 pinned by name and the family's bespoke kernel, forward and backward. cuDNN
 // is not wired to packed sequences. Peer: PyTorch SDPA on nested (jagged) tensors, in peers.py
@@ -285,57 +349,7 @@ void varlen_sweep(const Stream& stream) {
                                           dy.cview(), lse.cview(), dq.view(),  dk.view(),
                                           dv.view(),  cus.cview(), cus.cview()};
     const double bytes = 4.0 * double(total) * kHeads * kDim * 2;
-    struct Variant {
-      const char* note;
-      PlanPreference fwd, bwd;
-    };
-    const Variant variants[] = {
-        {"default", PlanPreference::fastest(), PlanPreference::fastest()},
-        {"fa3_sm90a", PlanPreference::kernel(kFa3Kernel), PlanPreference::kernel(kFa3BwdKernel)},
-        {"bespoke", PlanPreference::only(Backend::bespoke_cuda),
-         PlanPreference::only(Backend::bespoke_cuda)}};
-    for (const Variant& var : variants) {
-      // The bespoke rows: the family's own kernels, not fa3's ranked-ahead entry (also bespoke
-      // CUDA), which an empty table never ranks ahead.
-      std::optional<SelectionTableOverride> no_table;
-      if (std::string_view(var.note) == "bespoke") no_table.emplace(std::span<const TablePoint>{});
-      auto fp = attention::ForwardPlan::select(stream, desc, var.fwd);
-      if (!fp.ok()) {
-        bench::emit_error("attention", "attention_forward", name + "/" + var.note, fp.error());
-        continue;
-      }
-      auto fws = Buffer::allocate(std::max<size_t>(fp->workspace_size(), 16), Location::cuda(0));
-      Measured mf =
-          time_case(stream, [&](int) { return fp->run(stream, fws->as_workspace(), fa); });
-      if (mf.ok)
-        bench::emit(stream, {.family = "attention",
-                             .op = "attention_forward",
-                             .name = name,
-                             .dtype = "bf16",
-                             .kernel = std::string(fp->sku().name),
-                             .ms = mf.ms,
-                             .bytes = bytes,
-                             .flops = flops,
-                             .note = var.note});
-      auto bp = attention::BackwardPlan::select(stream, desc, var.bwd);
-      if (!bp.ok()) {
-        bench::emit_error("attention", "attention_backward", name + "/" + var.note, bp.error());
-        continue;
-      }
-      auto bws = Buffer::allocate(std::max<size_t>(bp->workspace_size(), 16), Location::cuda(0));
-      Measured mb =
-          time_case(stream, [&](int) { return bp->run(stream, bws->as_workspace(), ba); });
-      if (mb.ok)
-        bench::emit(stream, {.family = "attention",
-                             .op = "attention_backward",
-                             .name = name,
-                             .dtype = "bf16",
-                             .kernel = std::string(bp->sku().name),
-                             .ms = mb.ms,
-                             .bytes = 2 * bytes,
-                             .flops = 2.5 * flops,
-                             .note = var.note});
-    }
+    time_variants(stream, name, desc, fa, ba, bytes, flops, /*with_cudnn=*/false);
   }
 }
 
@@ -398,58 +412,7 @@ void feature_sweep(const Stream& stream) {
                                           dv.view(),  {},          {}};
     const double bytes = static_cast<double>(c.batch * kHeads * c.len) *
                          static_cast<double>(2 * c.dk + 2 * c.dv) * 2;
-    struct Variant {
-      const char* note;
-      PlanPreference fwd, bwd;
-    };
-    const Variant variants[] = {
-        {"default", PlanPreference::fastest(), PlanPreference::fastest()},
-        {"fa3_sm90a", PlanPreference::kernel(kFa3Kernel), PlanPreference::kernel(kFa3BwdKernel)},
-        {"bespoke", PlanPreference::only(Backend::bespoke_cuda),
-         PlanPreference::only(Backend::bespoke_cuda)},
-        {"cudnn", PlanPreference::only(Backend::cudnn), PlanPreference::only(Backend::cudnn)}};
-    for (const Variant& var : variants) {
-      std::optional<SelectionTableOverride> no_table;
-      if (std::string_view(var.note) == "bespoke") no_table.emplace(std::span<const TablePoint>{});
-      auto fp = attention::ForwardPlan::select(stream, desc, var.fwd);
-      if (!fp.ok()) {
-        bench::emit_error("attention", "attention_forward", std::string(c.name) + "/" + var.note,
-                          fp.error());
-        continue;
-      }
-      auto fws = Buffer::allocate(std::max<size_t>(fp->workspace_size(), 16), Location::cuda(0));
-      Measured mf =
-          time_case(stream, [&](int) { return fp->run(stream, fws->as_workspace(), fa); });
-      if (mf.ok)
-        bench::emit(stream, {.family = "attention",
-                             .op = "attention_forward",
-                             .name = c.name,
-                             .dtype = "bf16",
-                             .kernel = std::string(fp->sku().name),
-                             .ms = mf.ms,
-                             .bytes = bytes,
-                             .flops = flops,
-                             .note = var.note});
-      auto bp = attention::BackwardPlan::select(stream, desc, var.bwd);
-      if (!bp.ok()) {
-        bench::emit_error("attention", "attention_backward", std::string(c.name) + "/" + var.note,
-                          bp.error());
-        continue;
-      }
-      auto bws = Buffer::allocate(std::max<size_t>(bp->workspace_size(), 16), Location::cuda(0));
-      Measured mb =
-          time_case(stream, [&](int) { return bp->run(stream, bws->as_workspace(), ba); });
-      if (mb.ok)
-        bench::emit(stream, {.family = "attention",
-                             .op = "attention_backward",
-                             .name = c.name,
-                             .dtype = "bf16",
-                             .kernel = std::string(bp->sku().name),
-                             .ms = mb.ms,
-                             .bytes = 2 * bytes,
-                             .flops = 2.5 * flops,
-                             .note = var.note});
-    }
+    time_variants(stream, c.name, desc, fa, ba, bytes, flops, /*with_cudnn=*/true);
   }
 }
 
