@@ -149,7 +149,7 @@ __host__ __device__ constexpr int staged_slot(int j, int tid) {
   return j * 128 + tid;
 }
 
-template <class T, int D>
+template <class T, int D, bool kCap>
 __global__ void __launch_bounds__(kBwdThreads, 1)
     fa3_bwd_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                    const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdy,
@@ -296,35 +296,43 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     // P^T (column c is query m0 + c) as the A fragments of dV += P^T dY (pack_a's order), and in
     // place what dS^T needs of it: P^T, times d(capped)/d(scaled score) = 1 - tanh^2 when
     // soft-capped.
-    const int64_t d_lo = int64_t{m0} + off;  // the step's first diagonal
+    // (int arithmetic: shape_fits keeps Lq + Lk, so every diagonal and bound, below 2^30.)
+    const int d_lo = m0 + off;  // the step's first diagonal
     const bool masked = n0 + kKeys > lk || (p.right >= 0 && n0 + kKeys - 1 > d_lo + p.right) ||
                         (p.left >= 0 && n0 < d_lo + kQRows - 1 - p.left);
+    auto hidden = [&](int j, int e) {  // key outside the query's band (or past Lk)
+      const int key = key0 + 8 * (e >> 1), d = d_lo + 8 * j + cq + (e & 1);
+      return key >= lk || (p.right >= 0 && key > d + p.right) || (p.left >= 0 && key < d - p.left);
+    };
     uint32_t pa[4][4];
+    if constexpr (kCap) {
+      // Soft-capped: P packed for dV as it is formed, so st can hold P (1 - tanh^2).
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const float2 l = ld_shared_f2(lse2 + (8 * j + cq) * 4);
-      float v[4];
+      for (int j = 0; j < 8; ++j) {
+        const float2 l = ld_shared_f2(lse2 + (8 * j + cq) * 4);
+        float v[4];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float lse = (e & 1) ? l.y : l.x;
-        float g = 1.f;
-        if (p.softcap) {
+        for (int e = 0; e < 4; ++e) {
           const float th = fast_tanh(st[4 * j + e] * p.cap_arg);
-          v[e] = fast_exp2(fmaf(th, p.cap_log2, -lse));
-          g = fmaf(-th, th, 1.f);
-        } else {
-          v[e] = fast_exp2(fmaf(st[4 * j + e], p.scale_log2, -lse));
+          v[e] = fast_exp2(fmaf(th, p.cap_log2, -((e & 1) ? l.y : l.x)));
+          if (masked && hidden(j, e)) v[e] = 0.f;
+          st[4 * j + e] = v[e] * fmaf(-th, th, 1.f);
         }
-        if (masked) {
-          const int key = key0 + 8 * (e >> 1);
-          const int64_t d = d_lo + 8 * j + cq + (e & 1);  // the query's diagonal
-          if (key >= lk || (p.right >= 0 && key > d + p.right) || (p.left >= 0 && key < d - p.left))
-            v[e] = 0.f;
-        }
-        st[4 * j + e] = v[e] * g;
+        pa[j / 2][2 * (j % 2)] = cuda::pack2<T>(v[0], v[1]);
+        pa[j / 2][2 * (j % 2) + 1] = cuda::pack2<T>(v[2], v[3]);
       }
-      pa[j / 2][2 * (j % 2)] = cuda::pack2<T>(v[0], v[1]);
-      pa[j / 2][2 * (j % 2) + 1] = cuda::pack2<T>(v[2], v[3]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float2 l = ld_shared_f2(lse2 + (8 * j + cq) * 4);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float v = fast_exp2(fmaf(st[4 * j + e], p.scale_log2, -((e & 1) ? l.y : l.x)));
+          if (masked && hidden(j, e)) v = 0.f;
+          st[4 * j + e] = v;
+        }
+      }
+      pack_a<T, 64>(st, pa);
     }
     issue_rs<T, D>(dv, pa, sdy);
     wgmma_wait<1>();  // dP^T done; dV may still run
@@ -587,8 +595,8 @@ bool fits(const Problem& pr, const DeviceCaps& caps) {
   // A CTA's steps (query blocks x the group's query heads) and their rotated index (t + rot <
   // 2 steps) are ints; the grid's y / z carry key heads and batch (shape_fits bounds them).
   if (padded_rows(pr) / kQRows * pr.group >= (int64_t{1} << 30)) return false;
-  return pr.desc.head_dim_qk == 64 ? has_sm90a_body<fa3_bwd_kernel<T, 64>>()
-                                   : has_sm90a_body<fa3_bwd_kernel<T, 128>>();
+  return pr.desc.head_dim_qk == 64 ? has_sm90a_body<fa3_bwd_kernel<T, 64, false>>()
+                                   : has_sm90a_body<fa3_bwd_kernel<T, 128, false>>();
 }
 
 // The ranked-ahead entry: only where the measured table picks fa3 for the backward.
@@ -604,7 +612,7 @@ size_t workspace(const Problem& pr, const DeviceCaps&) {
 template <class T, int D>
 Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArguments& a) {
   const auto& d = pr.desc;
-  if (!has_sm90a_body<fa3_bwd_kernel<T, D>>())
+  if (!has_sm90a_body<fa3_bwd_kernel<T, D, false>>())
     return Error::unsupported(std::string(kWho) + ": this build has no sm_90a code for the kernel");
   const bool vl = d.varlen;
   const ConstTensor q = rows_view(a.q, vl), k = rows_view(a.k, vl), v = rows_view(a.v, vl),
@@ -687,8 +695,12 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
   p.scale = rp.scale;
 
   constexpr int smem = BwdSmem<D>::kLaunchBytes;
-  BARACUDA_TRY((raise_smem_limit_once<fa3_bwd_kernel<T, D>>(ctx, smem, attention::BackwardOp::name,
-                                                            "fa3_bwd_sm90a")));
+  constexpr auto kernel = fa3_bwd_kernel<T, D, false>;
+  constexpr auto kernel_cap = fa3_bwd_kernel<T, D, true>;
+  BARACUDA_TRY(
+      (raise_smem_limit_once<kernel_cap>(ctx, smem, attention::BackwardOp::name, "fa3_bwd_sm90a")));
+  BARACUDA_TRY(
+      (raise_smem_limit_once<kernel>(ctx, smem, attention::BackwardOp::name, "fa3_bwd_sm90a")));
   const cudaStream_t st = cuda::stream_of(ctx);
   const dim3 rows_grid(static_cast<unsigned>(rp.lq_pad / 8), static_cast<unsigned>(d.heads_q),
                        static_cast<unsigned>(d.batch));
@@ -696,7 +708,8 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
   BARACUDA_TRY(cuda::check_launch(attention::BackwardOp::name, "fa3_bwd_sm90a prep"));
   const dim3 grid(static_cast<unsigned>((d.len_k + kKeys - 1) / kKeys),
                   static_cast<unsigned>(d.heads_kv), static_cast<unsigned>(d.batch));
-  fa3_bwd_kernel<T, D><<<grid, kBwdThreads, smem, st>>>(tq, tk, tv, tdy, p);
+  // Soft-capping in an instantiation of its own: the plain one keeps its exponential loop as is.
+  (p.softcap ? kernel_cap : kernel)<<<grid, kBwdThreads, smem, st>>>(tq, tk, tv, tdy, p);
   BARACUDA_TRY(cuda::check_launch(attention::BackwardOp::name, "fa3_bwd_sm90a"));
   const dim3 post_grid(static_cast<unsigned>(rp.lq_pad / kQRows * (D / 64)),
                        static_cast<unsigned>(d.heads_q), static_cast<unsigned>(d.batch));

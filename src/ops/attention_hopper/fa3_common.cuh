@@ -359,6 +359,8 @@ inline bool shape_fits(const attention::Problem& pr) {
   const auto& d = pr.desc;
   constexpr int64_t kMax = int64_t{1} << 30;
   if (d.varlen && (d.total_q >= kMax || d.total_k >= kMax)) return false;
+  // Diagonals and band bounds in int arithmetic (see band_bound).
+  if (d.len_q + d.len_k >= kMax) return false;
   return std::isfinite(d.softcap) && d.batch >= 1 && d.batch <= 65535 && d.heads_q >= 1 &&
          d.heads_q <= 65535 && d.heads_kv >= 1 && d.len_q >= 1 && d.len_q < kMax && d.len_k >= 1 &&
          d.len_k < kMax && std::isfinite(pr.scale) && pr.scale > 0;
