@@ -5,10 +5,10 @@
 //
 // Also our own sm_90a forward and backward, fa3_fwd_sm90a / fa3_bwd_sm90a (FlashAttention-3
 // style), registered the same way. What they take (on sm_90, bf16 / f16, 16-byte aligned rows and
-// strides): GQA / MQA, any band mask (causal, sliding windows, either diagonal), logit soft-capping,
-// padded or varlen (packed) sequences; head dims Dk = Dv in {64, 128, 256} and Dk 192 / Dv 128
-// (DeepSeek MLA) for the forward, Dk = Dv in {64, 128} for the backward. Other problems go to cuDNN
-// or the family's kernels.
+// strides): GQA / MQA, any band mask (causal, sliding windows, either diagonal), logit
+// soft-capping, padded or varlen (packed) sequences. Head dims: the forward Dk = Dv in
+// {64, 128, 256} and DeepSeek MLA's Dk = 192 with Dv = 128; the backward Dk = Dv in {64, 128}.
+// Other problems go to cuDNN or the family's kernels.
 //
 // This header exposes the host-side rules those kernels follow, so callers (and tests) can ask why
 // a problem does or does not go to cuDNN and which candidate the measured selection table prefers.
