@@ -461,8 +461,8 @@ struct RowSeq {
 };
 __device__ __forceinline__ RowSeq row_seq(const RowParams& p, int b) {
   if (!p.cu_q) return {0, p.lq, b};
-  const int q0 = min(max(p.cu_q[b], 0), p.total_q);
-  return {q0, max(0, min(min(p.cu_q[b + 1] - q0, p.lq), p.total_q - q0)), 0};
+  const SeqSpan s = seq_span(p.cu_q, b, p.lq, p.total_q);
+  return {s.start, s.len, 0};
 }
 
 // Elements per lane of a warp-wide row of D elements, as one vector load.
@@ -672,26 +672,12 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
   p.delta = rp.delta;
   outer_strides(p.sdk, dk);
   outer_strides(p.sdv, dv);
-  if (vl) {
-    p.cu_q = rp.cu_q;
-    p.cu_k = static_cast<const int*>(a.cu_seqlens_k.data);
-    p.total_q = rp.total_q;
-    p.total_k = static_cast<int>(d.total_k);
-  }
+  set_common_params(p, pr, a.cu_seqlens_q, a.cu_seqlens_k);
   p.lq = rp.lq;
   p.lk = static_cast<int>(d.len_k);
   p.lq_pad = rp.lq_pad;
   p.group = static_cast<int>(pr.group);
   p.heads_q = rp.heads_q;
-  p.left = band_bound(d.mask.left, d);
-  p.right = band_bound(d.mask.right, d);
-  p.bottom_right = d.mask.diagonal == attention::Diagonal::bottom_right ? 1 : 0;
-  p.scale_log2 = static_cast<float>(pr.scale * 1.4426950408889634);
-  if (d.softcap > 0) {
-    p.softcap = 1;
-    p.cap_arg = static_cast<float>(pr.scale / d.softcap);
-    p.cap_log2 = static_cast<float>(d.softcap * 1.4426950408889634);
-  }
   p.scale = rp.scale;
 
   constexpr int smem = BwdSmem<D>::kLaunchBytes;

@@ -242,17 +242,24 @@ __device__ __forceinline__ void pack_a(const float (&acc)[N / 2], uint32_t (&a)[
 }
 #endif  // BARACUDA_FA3_DEVICE
 
-// Sequence b's packed rows: Q rows [q0, q0 + lq), K / V rows [k0, k0 + lk). The GPU cannot check
-// cu_seqlens, so the lengths are clamped to the descriptor's maxima and to the packed extents:
-// bad offsets can make a sequence shorter, never index outside the tensors.
+// Sequence b's packed rows [start, start + len) by cu_seqlens. The GPU cannot check cu_seqlens,
+// so the start is clamped to the packed extent and the length to the descriptor's maximum and to
+// what the extent has left: bad offsets can make a sequence shorter, never index outside a tensor.
+struct SeqSpan {
+  int start, len;
+};
+__device__ __forceinline__ SeqSpan seq_span(const int* cu, int b, int max_len, int total) {
+  const int start = min(max(cu[b], 0), total);
+  return {start, max(0, min(min(cu[b + 1] - start, max_len), total - start))};
+}
+// Both sides of sequence b: Q rows [q0, q0 + lq), K / V rows [k0, k0 + lk).
 struct SeqRows {
   int q0, lq, k0, lk;
 };
 __device__ __forceinline__ SeqRows seq_rows(const int* cu_q, const int* cu_k, int b, int max_q,
                                             int max_k, int total_q, int total_k) {
-  const int q0 = min(max(cu_q[b], 0), total_q), k0 = min(max(cu_k[b], 0), total_k);
-  return {q0, max(0, min(min(cu_q[b + 1] - q0, max_q), total_q - q0)), k0,
-          max(0, min(min(cu_k[b + 1] - k0, max_k), total_k - k0))};
+  const SeqSpan q = seq_span(cu_q, b, max_q, total_q), k = seq_span(cu_k, b, max_k, total_k);
+  return {q.start, q.len, k.start, k.len};
 }
 
 // ---- host ---------------------------------------------------------------------------------------
@@ -367,9 +374,35 @@ inline bool shape_fits(const attention::Problem& pr) {
 }
 
 // A band bound for the kernels: -1 (unbounded) as is, and any bound past lq + lk (which reaches
-// every key) as -1, so it fits an int and sums with row indices stay in 64 bits on the device.
+// every key) as -1. With shape_fits keeping lq + lk below 2^30, a bound plus or minus any diagonal
+// or row index stays inside an int.
 inline int band_bound(int64_t bound, const attention::Descriptor& d) {
   return bound < 0 || bound >= d.len_q + d.len_k ? -1 : static_cast<int>(bound);
+}
+
+// What both kernels' parameters carry alike, set in one place: the sequences (varlen: cu_seqlens
+// and the packed extents; padded: null), the band, the scale in log2 units and soft-capping
+// (cap_arg = scale / cap, cap_log2 = cap log2(e)).
+template <class P>
+void set_common_params(P& p, const attention::Problem& pr, const ConstTensor& cu_q,
+                       const ConstTensor& cu_k) {
+  const auto& d = pr.desc;
+  constexpr double kLog2e = 1.4426950408889634;
+  if (d.varlen) {
+    p.cu_q = static_cast<const int*>(cu_q.data);
+    p.cu_k = static_cast<const int*>(cu_k.data);
+    p.total_q = static_cast<int>(d.total_q);
+    p.total_k = static_cast<int>(d.total_k);
+  }
+  p.left = band_bound(d.mask.left, d);
+  p.right = band_bound(d.mask.right, d);
+  p.bottom_right = d.mask.diagonal == attention::Diagonal::bottom_right ? 1 : 0;
+  p.scale_log2 = static_cast<float>(pr.scale * kLog2e);
+  if (d.softcap > 0) {
+    p.softcap = 1;
+    p.cap_arg = static_cast<float>(pr.scale / d.softcap);
+    p.cap_log2 = static_cast<float>(d.softcap * kLog2e);
+  }
 }
 
 // TMA rules: 16-byte aligned base, unit-stride rows, every used stride a positive multiple of 16

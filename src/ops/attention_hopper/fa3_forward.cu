@@ -674,27 +674,13 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
   p.lse = static_cast<float*>(lse.data);
   outer_strides(p.sy, y);
   outer_strides(p.sl, lse);
-  if (d.varlen) {
-    p.cu_q = static_cast<const int*>(a.cu_seqlens_q.data);
-    p.cu_k = static_cast<const int*>(a.cu_seqlens_k.data);
-    p.total_q = static_cast<int>(d.total_q);
-    p.total_k = static_cast<int>(d.total_k);
-  }
+  set_common_params(p, pr, a.cu_seqlens_q, a.cu_seqlens_k);
   p.lq = static_cast<int>(d.len_q);
   p.lk = static_cast<int>(d.len_k);
   p.group = static_cast<int>(pr.group);
   p.m_blocks = static_cast<int>((d.len_q + kBM - 1) / kBM);
   p.heads = static_cast<int>(d.heads_q);
   p.batch = static_cast<int>(d.batch);
-  p.left = band_bound(d.mask.left, d);
-  p.right = band_bound(d.mask.right, d);
-  p.bottom_right = d.mask.diagonal == attention::Diagonal::bottom_right ? 1 : 0;
-  p.scale_log2 = static_cast<float>(pr.scale * 1.4426950408889634);
-  if (d.softcap > 0) {
-    p.softcap = 1;
-    p.cap_arg = static_cast<float>(pr.scale / d.softcap);
-    p.cap_log2 = static_cast<float>(d.softcap * 1.4426950408889634);
-  }
 
   constexpr int smem = V == kPersistent ? Smem<D>::kPersistentLaunchBytes : Smem<D>::kLaunchBytes;
   BARACUDA_TRY((raise_smem_limit_once<fa3_fwd_kernel<T, D, V>>(
