@@ -68,6 +68,49 @@ Measured time_case(const Stream& s, const std::function<Status(int)>& run) {
   return m;
 }
 
+// Times one forward plan and emits its row; its TFLOP/s (0 if it failed).
+double time_forward(const Stream& stream, const std::string& name, const attention::ForwardPlan& fp,
+                    const attention::ForwardArguments& fa, double bytes, double flops,
+                    const std::string& note) {
+  auto ws = Buffer::allocate(std::max<size_t>(fp.workspace_size(), 16), Location::cuda(0));
+  const Measured m = time_case(stream, [&](int) { return fp.run(stream, ws->as_workspace(), fa); });
+  if (!m.ok) return 0.0;
+  bench::emit(stream, {.family = "attention",
+                       .op = "attention_forward",
+                       .name = name,
+                       .dtype = "bf16",
+                       .kernel = std::string(fp.sku().name),
+                       .ms = m.ms,
+                       .bytes = bytes,
+                       .flops = flops,
+                       .note = note});
+  return flops / (m.ms * 1e9);
+}
+
+// Times one backward plan after `fwd` has written Y / LSE (as training does) and emits its row;
+// its TFLOP/s (0 if it failed). `flops` counts the backward's own (2.5x the forward's).
+double time_backward(const Stream& stream, const std::string& name,
+                     const attention::ForwardPlan& fwd, const attention::ForwardArguments& fa,
+                     const attention::BackwardPlan& bp, const attention::BackwardArguments& ba,
+                     double bytes, double flops, const std::string& note) {
+  auto fws = Buffer::allocate(std::max<size_t>(fwd.workspace_size(), 16), Location::cuda(0));
+  auto bws = Buffer::allocate(std::max<size_t>(bp.workspace_size(), 16), Location::cuda(0));
+  if (!fwd.run(stream, fws->as_workspace(), fa).ok()) return 0.0;
+  const Measured m =
+      time_case(stream, [&](int) { return bp.run(stream, bws->as_workspace(), ba); });
+  if (!m.ok) return 0.0;
+  bench::emit(stream, {.family = "attention",
+                       .op = "attention_backward",
+                       .name = name,
+                       .dtype = "bf16",
+                       .kernel = std::string(bp.sku().name),
+                       .ms = m.ms,
+                       .bytes = bytes,
+                       .flops = flops,
+                       .note = note});
+  return flops / (m.ms * 1e9);
+}
+
 void sweep(const Stream& stream) {
   // BARACUDA_ATTENTION_ONLY=decode (the attention family's decode-only runs) skips this sweep.
   if (bench::env("BARACUDA_ATTENTION_ONLY") == "decode") return;
@@ -132,43 +175,14 @@ void sweep(const Stream& stream) {
           PlanPreference pref;
         };
         // Times one forward plan on this case and emits its row; its TFLOP/s (0 if it failed).
-        auto time_forward = [&](const attention::ForwardPlan& fp, const std::string& note) {
-          auto ws = Buffer::allocate(std::max<size_t>(fp.workspace_size(), 16), Location::cuda(0));
-          Measured mf =
-              time_case(stream, [&](int) { return fp.run(stream, ws->as_workspace(), fa); });
-          if (!mf.ok) return 0.0;
-          bench::emit(stream, {.family = "attention",
-                               .op = "attention_forward",
-                               .name = name,
-                               .dtype = "bf16",
-                               .kernel = std::string(fp.sku().name),
-                               .ms = mf.ms,
-                               .bytes = 4 * tensor_bytes + lse_bytes,
-                               .flops = fwd_flops,
-                               .note = note});
-          return fwd_flops / (mf.ms * 1e9);
+        const double fwd_bytes = 4 * tensor_bytes + lse_bytes,
+                     bwd_bytes = 8 * tensor_bytes + lse_bytes;
+        auto time_fwd = [&](const attention::ForwardPlan& fp, const std::string& note) {
+          return time_forward(stream, name, fp, fa, fwd_bytes, fwd_flops, note);
         };
-        // Times one backward plan after `fwd` has written y / lse (as training does) and emits
-        // its row; its TFLOP/s (0 if it failed).
-        auto time_backward = [&](const attention::ForwardPlan& fwd,
-                                 const attention::BackwardPlan& bp, const std::string& note) {
-          auto fws =
-              Buffer::allocate(std::max<size_t>(fwd.workspace_size(), 16), Location::cuda(0));
-          auto bws = Buffer::allocate(std::max<size_t>(bp.workspace_size(), 16), Location::cuda(0));
-          if (!fwd.run(stream, fws->as_workspace(), fa).ok()) return 0.0;
-          Measured mb =
-              time_case(stream, [&](int) { return bp.run(stream, bws->as_workspace(), ba); });
-          if (!mb.ok) return 0.0;
-          bench::emit(stream, {.family = "attention",
-                               .op = "attention_backward",
-                               .name = name,
-                               .dtype = "bf16",
-                               .kernel = std::string(bp.sku().name),
-                               .ms = mb.ms,
-                               .bytes = 8 * tensor_bytes + lse_bytes,
-                               .flops = 2.5 * fwd_flops,
-                               .note = note});
-          return 2.5 * fwd_flops / (mb.ms * 1e9);
+        auto time_bwd = [&](const attention::ForwardPlan& fwd, const attention::BackwardPlan& bp,
+                            const std::string& note) {
+          return time_backward(stream, name, fwd, fa, bp, ba, bwd_bytes, 2.5 * fwd_flops, note);
         };
         // The default plan is timed by the attention family's own bench (same names).
         const Variant variants[] = {{"cudnn", PlanPreference::only(Backend::cudnn)},
@@ -182,14 +196,14 @@ void sweep(const Stream& stream) {
             bench::emit_error("attention", "attention_forward", name + "/" + var.label, fp.error());
             continue;
           }
-          fwd_tf[vi] = time_forward(*fp, var.label);
+          fwd_tf[vi] = time_fwd(*fp, var.label);
           if (!bp.ok()) {
             bench::emit_error("attention", "attention_backward", name + "/" + var.label,
                               bp.error());
             continue;
           }
           // The backward reads this plan's own forward outputs (y, lse).
-          bwd_tf[vi] = time_backward(*fp, *bp, var.label);
+          bwd_tf[vi] = time_bwd(*fp, *bp, var.label);
         }
         // Our sm_90a forward pinned by name, both schedules (forward only): same case name, notes
         // "fa3_sm90a" / "fa3_sm90a_pingpong", so they line up with the cudnn / bespoke rows. The
@@ -206,7 +220,7 @@ void sweep(const Stream& stream) {
             bench::emit_error("attention", "attention_forward", name + "/" + note, fp.error());
             continue;
           }
-          const double tf = time_forward(*fp, note);
+          const double tf = time_fwd(*fp, note);
           if (fa3 == kFa3Kernel) fa3_tf = tf;
         }
         // Our sm_90a backward pinned by name (note "fa3_sm90a"), on the outputs of the default
@@ -216,7 +230,7 @@ void sweep(const Stream& stream) {
           auto bp =
               attention::BackwardPlan::select(stream, desc, PlanPreference::kernel(kFa3BwdKernel));
           if (bp.ok())
-            fa3_bwd_tf = time_backward(*def_fwd, *bp, "fa3_sm90a");
+            fa3_bwd_tf = time_bwd(*def_fwd, *bp, "fa3_sm90a");
           else
             bench::emit_error("attention", "attention_backward", name + "/fa3_sm90a", bp.error());
         }
@@ -255,46 +269,18 @@ void time_variants(const Stream& stream, const std::string& name, const attentio
     if (!with_cudnn && std::string_view(var.note) == "cudnn") continue;
     std::optional<SelectionTableOverride> no_table;
     if (std::string_view(var.note) == "bespoke") no_table.emplace(std::span<const TablePoint>{});
-    const bool ok_fwd = [&] {
-      auto fp = attention::ForwardPlan::select(stream, desc, var.fwd);
-      if (!fp.ok()) {
-        bench::emit_error("attention", "attention_forward", name + "/" + var.note, fp.error());
-        return false;
-      }
-      auto ws = Buffer::allocate(std::max<size_t>(fp->workspace_size(), 16), Location::cuda(0));
-      const Measured m =
-          time_case(stream, [&](int) { return fp->run(stream, ws->as_workspace(), fa); });
-      if (m.ok)
-        bench::emit(stream, {.family = "attention",
-                             .op = "attention_forward",
-                             .name = name,
-                             .dtype = "bf16",
-                             .kernel = std::string(fp->sku().name),
-                             .ms = m.ms,
-                             .bytes = bytes,
-                             .flops = flops,
-                             .note = var.note});
-      return true;
-    }();
-    if (!ok_fwd) continue;
+    auto fp = attention::ForwardPlan::select(stream, desc, var.fwd);
+    if (!fp.ok()) {
+      bench::emit_error("attention", "attention_forward", name + "/" + var.note, fp.error());
+      continue;
+    }
+    time_forward(stream, name, *fp, fa, bytes, flops, var.note);
     auto bp = attention::BackwardPlan::select(stream, desc, var.bwd);
     if (!bp.ok()) {
       bench::emit_error("attention", "attention_backward", name + "/" + var.note, bp.error());
       continue;
     }
-    auto ws = Buffer::allocate(std::max<size_t>(bp->workspace_size(), 16), Location::cuda(0));
-    const Measured m =
-        time_case(stream, [&](int) { return bp->run(stream, ws->as_workspace(), ba); });
-    if (m.ok)
-      bench::emit(stream, {.family = "attention",
-                           .op = "attention_backward",
-                           .name = name,
-                           .dtype = "bf16",
-                           .kernel = std::string(bp->sku().name),
-                           .ms = m.ms,
-                           .bytes = 2 * bytes,
-                           .flops = 2.5 * flops,
-                           .note = var.note});
+    time_backward(stream, name, *fp, fa, *bp, ba, 2 * bytes, 2.5 * flops, var.note);
   }
 }
 
