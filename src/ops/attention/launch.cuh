@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <type_traits>
 
 #include "ops/attention/kernels.cuh"
 
@@ -41,6 +42,18 @@ Status launch_fwd_simt(const LaunchContext& ctx, const Problem& pr, const Forwar
 inline int mma_dim(const Problem& pr) {
   const int64_t d = std::max(pr.desc.head_dim_qk, pr.desc.head_dim_v);
   return d <= 64 ? 64 : d <= 128 ? 128 : 256;
+}
+// Calls f(std::integral_constant<int, D>{}) with the problem's padded head dim D (64, 128, 256).
+template <class F>
+decltype(auto) with_mma_dim(const Problem& pr, F&& f) {
+  switch (mma_dim(pr)) {
+    case 64:
+      return f(std::integral_constant<int, 64>{});
+    case 128:
+      return f(std::integral_constant<int, 128>{});
+    default:
+      return f(std::integral_constant<int, 256>{});
+  }
 }
 inline bool mma_dims_ok(const Problem& pr) {
   return pr.desc.head_dim_qk % 8 == 0 && pr.desc.head_dim_v % 8 == 0;
@@ -376,9 +389,7 @@ Status launch_bwd_mma(const LaunchContext& ctx, const Problem& pr, const Backwar
   const Params p = bwd_params(ctx, pr, a);
   const int64_t q_rows = int64_t{p.batch} * p.heads_q * p.len_q;
   if (q_rows > 0) {
-    const auto delta = mma_dim(pr) == 64    ? attn_bwd_delta_vec<T, 64>
-                       : mma_dim(pr) == 128 ? attn_bwd_delta_vec<T, 128>
-                                            : attn_bwd_delta_vec<T, 256>;
+    const auto delta = with_mma_dim(pr, [](auto d) { return attn_bwd_delta_vec<T, d()>; });
     const int64_t rows_per_block = 128 / (mma_dim(pr) / 8);
     delta<<<static_cast<unsigned>(cuda::ceil_div(q_rows, rows_per_block)), 128, 0,
             cuda::stream_of(ctx)>>>(p);
@@ -387,14 +398,7 @@ Status launch_bwd_mma(const LaunchContext& ctx, const Problem& pr, const Backwar
   if constexpr (kRowsAt64 > 0)
     return mma_dim(pr) == 64 ? run_bwd_fused<T, 64, fused_bq<kRowsAt64>(64)>(ctx, pr, p)
                              : run_bwd_fused<T, 128, fused_bq<kRowsAt64>(128)>(ctx, pr, p);
-  switch (mma_dim(pr)) {
-    case 64:
-      return run_bwd_mma<T, 64>(ctx, p);
-    case 128:
-      return run_bwd_mma<T, 128>(ctx, p);
-    default:
-      return run_bwd_mma<T, 256>(ctx, p);
-  }
+  return with_mma_dim(pr, [&](auto d) { return run_bwd_mma<T, d()>(ctx, p); });
 }
 
 }  // namespace baracuda::attention::kernels
@@ -532,9 +536,7 @@ bool register_kernels() {
         .priority = 20,
         .fits =
             [](const Problem& pr, const DeviceCaps& caps) {
-              const size_t smem = mma_dim(pr) == 64    ? bwd_mma_smem<T, 64>()
-                                  : mma_dim(pr) == 128 ? bwd_mma_smem<T, 128>()
-                                                       : bwd_mma_smem<T, 256>();
+              const size_t smem = with_mma_dim(pr, [](auto d) { return bwd_mma_smem<T, d()>(); });
               return mma_dims_ok(pr) && bwd_rows_fit(pr) &&
                      std::max(pr.desc.head_dim_qk, pr.desc.head_dim_v) <= 256 &&
                      static_cast<int64_t>(smem) <= caps.smem_per_block_optin;
