@@ -54,17 +54,22 @@ Status launch_rows(const LaunchContext& ctx, std::string_view kernel, char* dst,
   return cuda::check_launch(WriteSliceOp::name, kernel);
 }
 
+// The widest unit every address, stride and the run length are multiples of: 16-byte accesses
+// on aligned data, an exact narrower fallback otherwise.
+int64_t copy_unit(const char* dst, const char* src, const CopyShape& c) {
+  int64_t u = widest_unit({c.inner_bytes, static_cast<int64_t>(reinterpret_cast<uintptr_t>(dst)),
+                           static_cast<int64_t>(reinterpret_cast<uintptr_t>(src))});
+  for (int k = 0; k < c.outer_rank; ++k)
+    u = std::min(u, widest_unit({c.dst_stride[k], c.src_stride[k]}));
+  return u;
+}
+
 }  // namespace
 
 Status copy_rows(const LaunchContext& ctx, std::string_view kernel, char* dst, const char* src,
                  const CopyShape& c) {
   if (c.rows == 0 || c.inner_bytes == 0) return {};
-  // The widest unit every address, stride and the run length are multiples of: 16-byte accesses
-  // on aligned data, an exact narrower fallback otherwise.
-  int64_t u = widest_unit({c.inner_bytes, static_cast<int64_t>(reinterpret_cast<uintptr_t>(dst)),
-                           static_cast<int64_t>(reinterpret_cast<uintptr_t>(src))});
-  for (int k = 0; k < c.outer_rank; ++k)
-    u = std::min(u, widest_unit({c.dst_stride[k], c.src_stride[k]}));
+  const int64_t u = copy_unit(dst, src, c);
   const RowsArgs a = rows_args(c, u, c.inner_bytes / u);
   switch (u) {
     case 16:
@@ -82,14 +87,10 @@ Status copy_rows(const LaunchContext& ctx, std::string_view kernel, char* dst, c
 
 Status copy_rows_tapered(const LaunchContext& ctx, char* dst, const char* src, const CopyShape& c) {
   if (c.rows == 0 || c.inner_bytes == 0) return {};
-  const int64_t u = widest_unit(
-      {c.inner_bytes, static_cast<int64_t>(reinterpret_cast<uintptr_t>(dst)),
-       static_cast<int64_t>(reinterpret_cast<uintptr_t>(src)),
-       c.outer_rank == 1 ? c.dst_stride[0] : 1, c.outer_rank == 1 ? c.src_stride[0] : 1});
   const int64_t inner = c.inner_bytes / 16;
   // Its shape only: one outer axis, 16-byte units, rows of whole big tiles. Anything else is the
   // block-per-tile kernel's.
-  if (c.outer_rank != 1 || u != 16 || inner % kTaperBig != 0)
+  if (c.outer_rank != 1 || copy_unit(dst, src, c) != 16 || inner % kTaperBig != 0)
     return copy_rows(ctx, "kv_2d_tapered", dst, src, c);
   const int sms = ctx.stream.caps().sm_count > 0 ? ctx.stream.caps().sm_count : 128;
   // The last two waves of 256-thread blocks (8 resident per SM) in small tiles.
