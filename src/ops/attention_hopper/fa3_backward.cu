@@ -149,7 +149,9 @@ __host__ __device__ constexpr int staged_slot(int j, int tid) {
   return j * 128 + tid;
 }
 
-template <class T, int D, bool kCap>
+// kCap: soft-capping; kVarlen: packed sequences (the tiles' rows past a sequence are zeroed).
+// Each in an instantiation of its own, so the plain padded kernel's step carries neither.
+template <class T, int D, bool kCap, bool kVarlen>
 __global__ void __launch_bounds__(kBwdThreads, 1)
     fa3_bwd_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                    const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdy,
@@ -226,6 +228,13 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   for (int i = 0; i < D / 2; ++i) dv[i] = dk[i] = 0.f;
   // This thread's accumulator rows (keys) of S^T / dP^T / dK / dV: key0 and key0 + 8.
   const int key0 = n0 + wg * 64 + wl * 16 + lane / 4;
+  // The mask's per-thread constants: this thread's two keys past Lk, and the band as limits on
+  // key - diagonal (an unbounded side as 2^30, which no difference reaches: shape_fits keeps
+  // Lq + Lk below 2^30).
+  const bool past0 = key0 >= lk, past1 = key0 + 8 >= lk;
+  constexpr int kUnbounded = 1 << 30;
+  const int right_lim = p.right >= 0 ? p.right : kUnbounded;
+  const int left_lim = p.left >= 0 ? -p.left : -kUnbounded;
   // S^T = K Q^T (once the step's stage has landed) and dP^T = V dY^T of step t: this
   // warpgroup's 64 keys x the step's 64 queries, one commit group each.
   float st[32];
@@ -250,7 +259,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   // warpgroup zeroes them before its own GEMMs (the other one may be writing the same zeros).
   auto issue_s = [&](int t) {
     mbar_wait(smem_u32(&bars[1 + t % kRing]), (t / kRing) & 1);
-    if (p.cu_q) {
+    if constexpr (kVarlen) {
       const int valid = sq_.lq - step_row0(t);
       if (valid < kQRows) {
         const uint32_t sb = opaque(base);
@@ -271,7 +280,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   };
   if (steps > 0) {
     mbar_wait(smem_u32(&bars[0]), 0);
-    if (p.cu_q && n0 + kKeys > lk) {
+    if (kVarlen && n0 + kKeys > lk) {
       zero_rows<D>(base + S::kK, kKeys, lk - n0, static_cast<int>(threadIdx.x), kBwdThreads);
       zero_rows<D>(base + S::kV, kKeys, lk - n0, static_cast<int>(threadIdx.x), kBwdThreads);
       fence_proxy_async();
@@ -300,39 +309,56 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     const int d_lo = m0 + off;  // the step's first diagonal
     const bool masked = n0 + kKeys > lk || (p.right >= 0 && n0 + kKeys - 1 > d_lo + p.right) ||
                         (p.left >= 0 && n0 < d_lo + kQRows - 1 - p.left);
-    auto hidden = [&](int j, int e) {  // key outside the query's band (or past Lk)
-      const int key = key0 + 8 * (e >> 1), d = d_lo + 8 * j + cq + (e & 1);
-      return key >= lk || (p.right >= 0 && key > d + p.right) || (p.left >= 0 && key < d - p.left);
+    // Element (j, e) holds key key0 + 8 (e >> 1) and diagonal d_lo + 8 j + cq + (e & 1): their
+    // difference is rel0 - 8 j + (8 (e >> 1) - (e & 1)). Hidden (probability 0) past Lk or outside
+    // the band, tested without branches so the masked loop stays one straight block.
+    const int rel0 = key0 - d_lo - cq;
+    auto hidden = [&](int j, int e) {
+      const int rel = rel0 - 8 * j + (8 * (e >> 1) - (e & 1));
+      return ((e >> 1) ? past1 : past0) | (rel > right_lim) | (rel < left_lim);
     };
     uint32_t pa[4][4];
-    if constexpr (kCap) {
-      // Soft-capped: P packed for dV as it is formed, so st can hold P (1 - tanh^2).
+    // Two straight-line copies of the loop (the branch on `masked` is uniform over the CTA): the
+    // unmasked one, most steps of a long row, is exponentials alone.
+    auto probabilities = [&](auto masked_tag) {
+      constexpr bool kMasked = decltype(masked_tag)::value;
+      if constexpr (kCap) {
+        // Soft-capped: P packed for dV as it is formed, so st can hold P (1 - tanh^2).
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const float2 l = ld_shared_f2(lse2 + (8 * j + cq) * 4);
-        float v[4];
+        for (int j = 0; j < 8; ++j) {
+          const float2 l = ld_shared_f2(lse2 + (8 * j + cq) * 4);
+          float v[4];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float th = fast_tanh(st[4 * j + e] * p.cap_arg);
-          v[e] = fast_exp2(fmaf(th, p.cap_log2, -((e & 1) ? l.y : l.x)));
-          if (masked && hidden(j, e)) v[e] = 0.f;
-          st[4 * j + e] = v[e] * fmaf(-th, th, 1.f);
+          for (int e = 0; e < 4; ++e) {
+            const float th = fast_tanh(st[4 * j + e] * p.cap_arg);
+            v[e] = fast_exp2(fmaf(th, p.cap_log2, -((e & 1) ? l.y : l.x)));
+            if constexpr (kMasked) v[e] = hidden(j, e) ? 0.f : v[e];
+            st[4 * j + e] = v[e] * fmaf(-th, th, 1.f);
+          }
+          pa[j / 2][2 * (j % 2)] = cuda::pack2<T>(v[0], v[1]);
+          pa[j / 2][2 * (j % 2) + 1] = cuda::pack2<T>(v[2], v[3]);
         }
-        pa[j / 2][2 * (j % 2)] = cuda::pack2<T>(v[0], v[1]);
-        pa[j / 2][2 * (j % 2) + 1] = cuda::pack2<T>(v[2], v[3]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const float2 l = ld_shared_f2(lse2 + (8 * j + cq) * 4);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float v = fast_exp2(fmaf(st[4 * j + e], p.scale_log2, -((e & 1) ? l.y : l.x)));
+            if constexpr (kMasked) {
+              st[4 * j + e] = hidden(j, e) ? 0.f : v;
+            } else {
+              st[4 * j + e] = v;
+            }
+          }
+        }
+        pack_a<T, 64>(st, pa);
       }
+    };
+    if (masked) {
+      probabilities(std::true_type{});
     } else {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const float2 l = ld_shared_f2(lse2 + (8 * j + cq) * 4);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float v = fast_exp2(fmaf(st[4 * j + e], p.scale_log2, -((e & 1) ? l.y : l.x)));
-          if (masked && hidden(j, e)) v = 0.f;
-          st[4 * j + e] = v;
-        }
-      }
-      pack_a<T, 64>(st, pa);
+      probabilities(std::false_type{});
     }
     issue_rs<T, D>(dv, pa, sdy);
     wgmma_wait<1>();  // dP^T done; dV may still run
@@ -595,8 +621,8 @@ bool fits(const Problem& pr, const DeviceCaps& caps) {
   // A CTA's steps (query blocks x the group's query heads) and their rotated index (t + rot <
   // 2 steps) are ints; the grid's y / z carry key heads and batch (shape_fits bounds them).
   if (padded_rows(pr) / kQRows * pr.group >= (int64_t{1} << 30)) return false;
-  return pr.desc.head_dim_qk == 64 ? has_sm90a_body<fa3_bwd_kernel<T, 64, false>>()
-                                   : has_sm90a_body<fa3_bwd_kernel<T, 128, false>>();
+  return pr.desc.head_dim_qk == 64 ? has_sm90a_body<fa3_bwd_kernel<T, 64, false, false>>()
+                                   : has_sm90a_body<fa3_bwd_kernel<T, 128, false, false>>();
 }
 
 // The ranked-ahead entry: only where the measured table picks fa3 for the backward.
@@ -612,7 +638,7 @@ size_t workspace(const Problem& pr, const DeviceCaps&) {
 template <class T, int D>
 Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArguments& a) {
   const auto& d = pr.desc;
-  if (!has_sm90a_body<fa3_bwd_kernel<T, D, false>>())
+  if (!has_sm90a_body<fa3_bwd_kernel<T, D, false, false>>())
     return Error::unsupported(std::string(kWho) + ": this build has no sm_90a code for the kernel");
   const bool vl = d.varlen;
   const ConstTensor q = rows_view(a.q, vl), k = rows_view(a.k, vl), v = rows_view(a.v, vl),
@@ -681,12 +707,19 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
   p.scale = rp.scale;
 
   constexpr int smem = BwdSmem<D>::kLaunchBytes;
-  constexpr auto kernel = fa3_bwd_kernel<T, D, false>;
-  constexpr auto kernel_cap = fa3_bwd_kernel<T, D, true>;
+  // Soft-capping and varlen in instantiations of their own (see the kernel).
+  constexpr std::array kernels = {
+      fa3_bwd_kernel<T, D, false, false>, fa3_bwd_kernel<T, D, true, false>,
+      fa3_bwd_kernel<T, D, false, true>, fa3_bwd_kernel<T, D, true, true>};
+  const auto kernel = kernels[(p.softcap ? 1 : 0) + (vl ? 2 : 0)];
   BARACUDA_TRY(
-      (raise_smem_limit_once<kernel_cap>(ctx, smem, attention::BackwardOp::name, "fa3_bwd_sm90a")));
+      (raise_smem_limit_once<kernels[0]>(ctx, smem, attention::BackwardOp::name, "fa3_bwd_sm90a")));
   BARACUDA_TRY(
-      (raise_smem_limit_once<kernel>(ctx, smem, attention::BackwardOp::name, "fa3_bwd_sm90a")));
+      (raise_smem_limit_once<kernels[1]>(ctx, smem, attention::BackwardOp::name, "fa3_bwd_sm90a")));
+  BARACUDA_TRY(
+      (raise_smem_limit_once<kernels[2]>(ctx, smem, attention::BackwardOp::name, "fa3_bwd_sm90a")));
+  BARACUDA_TRY(
+      (raise_smem_limit_once<kernels[3]>(ctx, smem, attention::BackwardOp::name, "fa3_bwd_sm90a")));
   const cudaStream_t st = cuda::stream_of(ctx);
   const dim3 rows_grid(static_cast<unsigned>(rp.lq_pad / 8), static_cast<unsigned>(d.heads_q),
                        static_cast<unsigned>(d.batch));
@@ -694,8 +727,7 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
   BARACUDA_TRY(cuda::check_launch(attention::BackwardOp::name, "fa3_bwd_sm90a prep"));
   const dim3 grid(static_cast<unsigned>((d.len_k + kKeys - 1) / kKeys),
                   static_cast<unsigned>(d.heads_kv), static_cast<unsigned>(d.batch));
-  // Soft-capping in an instantiation of its own: the plain one keeps its exponential loop as is.
-  (p.softcap ? kernel_cap : kernel)<<<grid, kBwdThreads, smem, st>>>(tq, tk, tv, tdy, p);
+  kernel<<<grid, kBwdThreads, smem, st>>>(tq, tk, tv, tdy, p);
   BARACUDA_TRY(cuda::check_launch(attention::BackwardOp::name, "fa3_bwd_sm90a"));
   const dim3 post_grid(static_cast<unsigned>(rp.lq_pad / kQRows * (D / 64)),
                        static_cast<unsigned>(d.heads_q), static_cast<unsigned>(d.batch));
