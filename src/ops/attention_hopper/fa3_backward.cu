@@ -278,13 +278,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     return ((int64_t{b} * p.heads_q + h) * (p.lq_pad / kQRows) + m0 / kQRows) * (D / 64) +
            (D == 128 ? wg : 0);
   };
-  // This warpgroup's dQ staging buffer, and the bulk reduce-add of what it holds (step t's dQ)
-  // into the accumulator. D = 64: both warpgroups add into the same chunk.
-  auto stage_of = [&](uint32_t sb) { return sb + S::kStage + wg * S::kStageBytes; };
-  auto reduce_staged = [&](int t, uint32_t sb) {
-    const int64_t chunk = chunk_of(step_head(t), step_row0(t));
-    bulk_reduce_add_f32(p.acc + chunk * (kQRows * 64), stage_of(sb), S::kStageBytes);
-  };
   if (steps > 0) {
     mbar_wait(smem_u32(&bars[0]), 0);
     if (kVarlen && n0 + kKeys > lk) {
@@ -301,7 +294,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   // tensor cores have it while this warpgroup adds dQ_t into the accumulator; dP^T_t is issued at
   // the top of step t and runs under P^T's exponentials.
   for (int t = 0; t < steps; ++t) {
-    const int s = t % kRing, m0 = step_row0(t);
+    const int s = t % kRing, h = step_head(t), m0 = step_row0(t);
     const uint32_t sb = opaque(base);
     const uint32_t sq = sb + S::kQ + s * S::kQBytes, sdy = sb + S::kDy + s * S::kQBytes;
     const uint32_t lse2 = sb + S::kRows + s * S::kRowBytes, delta = lse2 + kQRows * 4;
@@ -396,14 +389,13 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
           asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(dsa[kk][x]) : "memory");
         }
     }
-    // The fence also covers dQ_{t-1}'s staging stores (the end of step t - 1), which have had
-    // this step's first half to land: that is why the staged dQ is reduced only now.
     fence_proxy_async();
-    // Both warpgroups' dS^T and staged dQ_{t-1} are written, and both are past step t - 1 (its
-    // wgmmas waited for): stage (t - 1) % kRing is free for step t + 2.
+    // Both warpgroups' dS^T are written, and both are past step t - 1 (its wgmmas waited for):
+    // stage (t - 1) % kRing is free for step t + 2. Each warpgroup's dQ staging buffer is free
+    // once its previous bulk reduction has read it: the barrier publishes that too.
+    if (threadIdx.x % 128 == 0) bulk_wait<0, true>();
     sync_consumers();
     if (threadIdx.x == 0 && t >= 1 && t + 2 < steps) load_step(t + 2);
-    if (threadIdx.x % 128 == 0 && t >= 1) reduce_staged(t - 1, sb);
 
     float dq[32];
     wgmma_fence();
@@ -431,19 +423,21 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     wgmma_wait<1>();  // dQ_t (and every older group) done; S^T_{t+1} may run
     fence_regs(dq);
     // dQ_t into the accumulator: this warpgroup's 64 x 64 f32 part, staged in shared memory in
-    // accumulator-fragment order (conflict-free stores; see staged_slot) and bulk reduce-added
-    // from there at the next step (or after the loop). The buffer is free once dQ_{t-1}'s
-    // reduction, issued a dQ GEMM ago, has read it; the barrier publishes that to the warpgroup.
+    // accumulator-fragment order (conflict-free stores; see staged_slot), then bulk reduce-adds.
+    // D = 64: both warpgroups add into the same chunk.
     {
-      if (threadIdx.x % 128 == 0) bulk_wait<0, true>();
-      sync_warpgroup(wg);
       const int tid = static_cast<int>(threadIdx.x) % 128;
+      const uint32_t stage = sb + S::kStage + wg * S::kStageBytes;
 #pragma unroll
       for (int j = 0; j < 8; ++j)
-        asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(stage_of(sb) +
-                                                                        staged_slot(j, tid) * 16),
-                     "f"(dq[4 * j]), "f"(dq[4 * j + 1]), "f"(dq[4 * j + 2]), "f"(dq[4 * j + 3])
-                     : "memory");
+        asm volatile(
+            "st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(stage + staged_slot(j, tid) * 16),
+            "f"(dq[4 * j]), "f"(dq[4 * j + 1]), "f"(dq[4 * j + 2]), "f"(dq[4 * j + 3])
+            : "memory");
+      const int64_t chunk = chunk_of(h, m0);
+      fence_proxy_async();
+      sync_warpgroup(wg);
+      if (tid == 0) bulk_reduce_add_f32(p.acc + chunk * (kQRows * 64), stage, S::kStageBytes);
     }
     // S^T_{t+1} ran under the staging. Nothing may stay in flight across the loop's back edge:
     // ptxas then serializes every wgmma of the kernel (C7514 / C7515).
@@ -451,16 +445,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   }
   fence_regs(dv);
   fence_regs(dk);
-  if (steps > 0) {  // the last step's staged dQ
-    fence_proxy_async();
-    sync_warpgroup(wg);
-    if (threadIdx.x % 128 == 0) {
-      reduce_staged(steps - 1, opaque(base));
-      bulk_wait<0, false>();  // every reduction landed
-    }
-  }
+  if (threadIdx.x % 128 == 0) bulk_wait<0, false>();  // the last reduction landed
 
-  // Epilogue: dV and scale * dK, rows past Lk skipped (zero where no query saw the key).
+    // Epilogue: dV and scale * dK, rows past Lk skipped (zero where no query saw the key).
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int key = key0 + 8 * i;
