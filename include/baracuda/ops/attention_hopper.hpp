@@ -30,8 +30,52 @@ namespace baracuda::attention_hopper {
 // check has the final word (a graph cuDNN refuses makes the kernel not fit, never an error).
 std::optional<std::string> cudnn_screen(const attention::Problem& p);
 
-// ---- The measured selection table ---------------------------------------------------------------
 enum class Pass : uint8_t { forward, backward };
+
+// ---- cuDNN engine tuning
+// -------------------------------------------------------------------------- cuDNN's heuristics
+// rank the engine configurations that can run a graph by a model, and at short sequences its first
+// choice is not always the fastest: H100, 2026-11-26, b32 h32 L512 d64 causal, our graph got
+// configuration eng2_k24=32 (0.153 ms) where PyTorch's older frontend got eng2_k24=7 (0.133 ms)
+// from the same list. For a problem cudnn_tunes() accepts, select() builds every configuration the
+// heuristics offer for the problem's [B, H, L, D] graph, times each on scratch tensors of the
+// problem's shape (random values; the device is synchronized and the scratch freed before select
+// returns) and keeps the fastest; a run with another memory layout builds its graph on that
+// configuration (host work only; the heuristics' choice if cuDNN refuses it there). The one-off
+// cost per problem shape: building every configuration (cuDNN compiles some at runtime) and a few
+// timed runs of each. Other problems take the heuristics' first choice.
+//
+// Accepted: what cuDNN is given (cudnn_screen) with at least kCudnnTuneMinFlops of work (below
+// it, the tuning would cost more than it could save, and the tests' small shapes skip it), at most
+// kCudnnTuneMaxArea query x key pairs per head (longer sequences measured at or above PyTorch
+// with the heuristics' choice), and scratch within kCudnnTuneScratchBytes.
+inline constexpr double kCudnnTuneMinFlops = 4e9;  // 4 B Hq Lq Lk Dk, halved when causal
+inline constexpr int64_t kCudnnTuneMaxArea = int64_t{4096} * 4096;
+inline constexpr int64_t kCudnnTuneScratchBytes = int64_t{1} << 30;
+bool cudnn_tunes(const attention::Problem& p);
+
+// What select() did for a problem's graph of one pass (canonical [B, H, L, D] layout) on `device`:
+// configurations timed (0: not tuned, the heuristics' first choice runs) and the one that runs.
+struct CudnnTuning {
+  int timed = 0;
+  std::string plan;  // cuDNN's name of the configuration, e.g. "eng2_k24=7"
+};
+// nullopt: no graph was built for it (or this build has no cuDNN frontend).
+std::optional<CudnnTuning> cudnn_tuning(const attention::Problem& p, Pass pass, bool deterministic,
+                                        int device);
+
+// For tests: while alive, cudnn_tunes() drops its minimum of work (the other bounds stay), so
+// small shapes are tuned and checked against the exhaustive reference. Process-wide; nests; not
+// for use while other threads select plans.
+class CudnnTuneAnySize {
+ public:
+  CudnnTuneAnySize();
+  ~CudnnTuneAnySize();
+  CudnnTuneAnySize(const CudnnTuneAnySize&) = delete;
+  CudnnTuneAnySize& operator=(const CudnnTuneAnySize&) = delete;
+};
+
+// ---- The measured selection table ---------------------------------------------------------------
 
 // The three candidates of each pass.
 //  cudnn:   cuDNN's fused SDPA (cudnn_sdpa*).

@@ -42,17 +42,18 @@ void bench_all(const Stream& stream) {
   // writes their Y / LSE) only, no forward A/B rows, no decode.
   const bool sweep = bench::env("BARACUDA_ATTENTION_ONLY") != "decode";
   const bool backward_only = bench::env("BARACUDA_ATTENTION_ONLY") == "backward";
-  // BARACUDA_ATTN_SWEEP=d<D>_l<L>: that one non-causal point (profiling runs).
+  // BARACUDA_ATTN_SWEEP=d<D>_l<L>[_causal]: that one point (profiling and logging runs).
   const std::string sweep_env{bench::env("BARACUDA_ATTN_SWEEP")};
   long long only_d = 0, only_l = 0;
   if (std::sscanf(sweep_env.c_str(), "d%lld_l%lld", &only_d, &only_l) != 2) only_d = only_l = 0;
+  const bool only_causal = sweep_env.ends_with("_causal");
   for (int64_t dim : {64, 128}) {
     if (!sweep) break;
     const int64_t heads = kHidden / dim;
     for (int64_t len : {512, 1024, 2048, 4096, 8192, 16384}) {
       const int64_t batch = kTokens / len;
       for (bool causal : {false, true}) {
-        if (only_d > 0 && (dim != only_d || len != only_l || causal)) continue;
+        if (only_d > 0 && (dim != only_d || len != only_l || causal != only_causal)) continue;
         const std::string name = "b" + std::to_string(batch) + "_h" + std::to_string(heads) + "_l" +
                                  std::to_string(len) + "_d" + std::to_string(dim) +
                                  (causal ? "_causal" : "");

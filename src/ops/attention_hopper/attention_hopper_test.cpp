@@ -117,6 +117,34 @@ TEST(AttentionCudnnRules, ScreenNamesWhyCudnnCannotTakeAProblem) {
   }
 }
 
+TEST(AttentionCudnnRules, TuningTakesShortProblemsWithWorkAndScratchToSpare) {
+  // The sweep's short points (where the heuristics' first choice measured below PyTorch's).
+  EXPECT_TRUE(cudnn_tunes(problem_of(
+      make_desc(DType::bf16, 32, 32, 32, 512, 512, 64, Mask::causal_top_left()))));  // 8.6 GFLOP
+  EXPECT_TRUE(cudnn_tunes(problem_of(make_desc(DType::f16, 8, 16, 16, 2048, 2048, 128))));
+  // Longer than kCudnnTuneMaxArea pairs per head: the heuristics' choice.
+  EXPECT_FALSE(cudnn_tunes(problem_of(make_desc(DType::bf16, 2, 16, 16, 8192, 8192, 128))));
+  EXPECT_FALSE(cudnn_tunes(problem_of(make_desc(DType::bf16, 1, 16, 16, 4097, 4096, 128))));
+  // Less work than kCudnnTuneMinFlops: 4 x 4 x 8 x 512^2 x 64 x 0.5 = 1.07 GFLOP (causal).
+  const attention::Problem small =
+      problem_of(make_desc(DType::bf16, 4, 8, 8, 512, 512, 64, Mask::causal_top_left()));
+  EXPECT_FALSE(cudnn_tunes(small));
+  // Scratch over kCudnnTuneScratchBytes: 64 x 32 heads x 4096 rows x 128 x 8 tensors x 2 bytes.
+  EXPECT_FALSE(cudnn_tunes(problem_of(make_desc(DType::bf16, 64, 32, 32, 4096, 4096, 128))));
+  // What cuDNN is not given is not tuned either.
+  Descriptor capped = make_desc(DType::bf16, 32, 32, 32, 512, 512, 64);
+  capped.softcap = 30;
+  EXPECT_FALSE(cudnn_tunes(problem_of(capped)));
+  EXPECT_FALSE(cudnn_tunes(problem_of(make_desc(DType::f32, 32, 32, 32, 512, 512, 64))));
+  {
+    const CudnnTuneAnySize any;  // the tests' override drops the minimum of work only
+    EXPECT_TRUE(cudnn_tunes(small));
+    EXPECT_FALSE(cudnn_tunes(problem_of(make_desc(DType::bf16, 2, 16, 16, 8192, 8192, 128))));
+    EXPECT_FALSE(cudnn_tunes(problem_of(capped)));
+  }
+  EXPECT_FALSE(cudnn_tunes(small));  // and ends with its scope
+}
+
 TEST(AttentionCudnnRules, LayoutRulesNameArgumentRuleAndNumbers) {
   const int64_t shape[] = {2, 4, 16, 64};
   const int64_t dense[] = {4096, 1024, 64, 1};
@@ -773,6 +801,42 @@ TEST(AttentionCudnnGpu, ForwardAndBackwardMatchReference) {
     SCOPED_TRACE(name_of(c));
     check_case(c, rng);
   }
+}
+
+TEST(AttentionCudnnGpu, TunedConfigurationsMatchReference) {
+  BARACUDA_SKIP_IF_UNAVAILABLE(Target::cuda);
+#if !BARACUDA_HAVE_CUDNN_FRONTEND
+  GTEST_SKIP() << "built without the cuDNN frontend (BARACUDA_HAVE_CUDNN_FRONTEND unset)";
+#endif
+  const CudnnTuneAnySize any;  // small shapes, so that the exhaustive reference checks them
+  harness::Rng rng;
+  const int device = harness::stream_for(Target::cuda).device();
+  // Shapes no other test uses: graphs are cached per shape, and an untuned one would be reused.
+  // The first is [B, L, H, D]: its runs build a graph of their own on the tuned configuration.
+  const Case cases[] = {
+      {DType::bf16, 2, 4, 2, 192, 192, 64, Mask::causal_top_left(), true, false},
+      {DType::f16, 1, 4, 4, 160, 160, 128, Mask::none(), false, false},
+  };
+  int timed = 0;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(name_of(c));
+    const attention::Problem p = problem_of(desc_of(c, c.t));
+    ASSERT_TRUE(cudnn_tunes(p));
+    check_case(c, rng);  // every cuDNN kernel that fits, twice, against the float64 reference
+    for (const auto& [pass, det] :
+         {std::pair{Pass::forward, false}, {Pass::backward, false}, {Pass::backward, true}}) {
+      const auto t = cudnn_tuning(p, pass, det, device);
+      ASSERT_TRUE(t.has_value()) << (pass == Pass::forward ? "forward" : "backward");
+      EXPECT_FALSE(t->plan.empty());
+      timed += t->timed;
+      std::printf("[ cuDNN tuning ] %s %s%s: %d configurations timed, runs %s\n",
+                  name_of(c).c_str(), pass == Pass::forward ? "forward" : "backward",
+                  det ? " (deterministic)" : "", t->timed, t->plan.c_str());
+    }
+  }
+  // cuDNN offered more than one configuration somewhere (it did for every graph of the sweep's
+  // short points), so something was timed.
+  EXPECT_GE(timed, 2);
 }
 
 TEST(AttentionCudnnGpu, DeterministicBackwardIsOfferedAndPreferred) {

@@ -12,14 +12,18 @@
 // build there (host only; no device allocation, no synchronization).
 // The frontend's JSON serialization is unused here and costs compile time.
 #define CUDNN_FRONTEND_SKIP_JSON_LIB 1
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <string>
 #include <tuple>
 #include <unordered_map>
@@ -76,6 +80,12 @@ struct Entry {
   std::shared_ptr<fe::graph::Graph> graph;  // null when cuDNN refused the problem
   int64_t workspace = 0;
   std::string why;  // cuDNN's message when refused
+  // Tuning (cudnn_tunes): configurations timed (0: the heuristics' first choice), and the
+  // configuration that runs, by name and as engine + knobs (what another layout's graph replays).
+  int timed = 0;
+  std::string plan;
+  int64_t engine = -1;
+  std::unordered_map<fe::KnobType_t, int64_t> knobs;
 };
 
 // One handle per device, shared by every plan; `mu` serializes setStream + execute on it (both are
@@ -187,8 +197,115 @@ void set_mask(Attrs& a, const attention::Mask& m) {
   if (m.left >= 0) a.set_diagonal_band_left_bound(static_cast<int>(m.left + 1));
 }
 
-// Builds (or finds) the graph for `key`. Caller holds state().mu.
-std::shared_ptr<Entry> graph_locked(const Problem& p, const Key& key) {
+// ---- Tuning (cudnn_tunes)
+// ------------------------------------------------------------------------ Device scratch for the
+// timed runs, freed on every path.
+class Scratch {
+ public:
+  ~Scratch() {
+    for (void* p : ptrs_) cudaFree(p);
+  }
+  void* get(size_t bytes) {
+    void* p = nullptr;
+    if (cudaMalloc(&p, std::max<size_t>(bytes, 256)) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return nullptr;
+    }
+    ptrs_.push_back(p);
+    return p;
+  }
+
+ private:
+  std::vector<void*> ptrs_;
+};
+
+// Fills `count` 16-bit elements with random values in [-1, 1) (the timings of constant or zero
+// data are not those of real data), from one host block copied over and over.
+bool fill_random16(void* dst, int64_t count, DType t, uint64_t seed) {
+  constexpr int64_t kBlock = int64_t{1} << 20;
+  std::vector<uint16_t> host(static_cast<size_t>(std::min(count, kBlock)));
+  std::mt19937_64 g(seed);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  for (auto& h : host) {
+    const float f = u(g);
+    if (t == DType::bf16) {
+      uint32_t bits = 0;
+      std::memcpy(&bits, &f, 4);
+      h = static_cast<uint16_t>(bits >> 16);
+    } else {
+      const __half x = __float2half(f);
+      std::memcpy(&h, &x, 2);
+    }
+  }
+  for (int64_t off = 0; off < count; off += kBlock) {
+    const int64_t n = std::min(kBlock, count - off);
+    if (cudaMemcpy(static_cast<uint16_t*>(dst) + off, host.data(), static_cast<size_t>(n) * 2,
+                   cudaMemcpyHostToDevice) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+  }
+  return true;
+}
+
+// Times every configuration `g` built (graph->autotune: each run until its time stops falling)
+// on scratch tensors in the canonical layout, and keeps the fastest as the one that runs. Returns
+// how many were timed; 0 leaves the heuristics' order (scratch over budget, allocation failed,
+// or no configuration timed). Caller holds state().mu and the device guard.
+int tune_locked(fe::graph::Graph& g, const Problem& p, Kind kind, cudnnHandle_t h) {
+  if (g.get_execution_plan_count() < 2) return 0;  // nothing to choose between
+  const auto& d = p.desc;
+  const int64_t nq = d.batch * d.heads_q * d.len_q * d.head_dim_qk,
+                nk = d.batch * d.heads_kv * d.len_k * d.head_dim_qk,
+                nv = d.batch * d.heads_kv * d.len_k * d.head_dim_v,
+                no = d.batch * d.heads_q * d.len_q * d.head_dim_v,
+                nl = d.batch * d.heads_q * d.len_q;
+  const int64_t ws = g.get_autotune_workspace_size();
+  const bool fwd = kind == Kind::forward;
+  const int64_t bytes = 2 * (nq + nk + nv + no) * (fwd ? 1 : 2) + 4 * nl + ws;
+  if (ws < 0 || bytes > kCudnnTuneScratchBytes) return 0;
+  Scratch scratch;
+  std::unordered_map<int64_t, void*> pack;
+  uint64_t seed = 20261126;
+  auto input = [&](int64_t uid, int64_t count) {
+    void* ptr = scratch.get(static_cast<size_t>(count) * 2);
+    if (!ptr || !fill_random16(ptr, count, d.dtype, seed++)) return false;
+    pack[uid] = ptr;
+    return true;
+  };
+  auto output = [&](int64_t uid, size_t bytes_out) {
+    void* ptr = scratch.get(bytes_out);
+    pack[uid] = ptr;
+    return ptr != nullptr;
+  };
+  bool ok = input(kQ, nq) && input(kK, nk) && input(kV, nv);
+  if (fwd) {
+    ok = ok && output(kO, static_cast<size_t>(no) * 2) && output(kLse, static_cast<size_t>(nl) * 4);
+  } else {
+    ok = ok && input(kO, no) && input(kDO, no) && output(kLse, static_cast<size_t>(nl) * 4) &&
+         output(kDQ, static_cast<size_t>(nq) * 2) && output(kDK, static_cast<size_t>(nk) * 2) &&
+         output(kDV, static_cast<size_t>(nv) * 2);
+    // The backward reads LSE: that of scores near 0 over Lk keys, so probabilities stay finite.
+    if (ok) {
+      const std::vector<float> lse(static_cast<size_t>(nl), std::log(static_cast<float>(d.len_k)));
+      ok =
+          cudaMemcpy(pack[kLse], lse.data(), lse.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess;
+    }
+  }
+  void* work = ok ? scratch.get(static_cast<size_t>(ws)) : nullptr;
+  if (!ok || !work || cudnnSetStream(h, nullptr) != CUDNN_STATUS_SUCCESS) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  const bool tuned = g.autotune(h, pack, work).is_good();
+  (void)cudaDeviceSynchronize();
+  (void)cudaGetLastError();
+  return tuned ? static_cast<int>(g.get_execution_plan_count()) : 0;
+}
+
+// Builds (or finds) the graph for `key`. Caller holds state().mu. `replay`: another layout of a
+// tuned problem may take the canonical graph's tuned configuration (false after cuDNN refused it).
+std::shared_ptr<Entry> graph_locked(const Problem& p, const Key& key, bool replay = true) {
   auto& graphs = state().graphs;
   if (auto it = graphs.find(key); it != graphs.end()) return it->second;
   auto e = std::make_shared<Entry>();
@@ -246,12 +363,38 @@ std::shared_ptr<Entry> graph_locked(const Problem& p, const Key& key) {
     return false;
   };
   if (!step(g->validate(), "validate") ||
-      !step(g->build_operation_graph(h), "build_operation_graph") ||
-      !step(g->create_execution_plans({fe::HeurMode_t::A}), "create_execution_plans") ||
-      !step(g->check_support(h), "check_support") || !step(g->build_plans(h), "build_plans"))
+      !step(g->build_operation_graph(h), "build_operation_graph"))
     return e;
+  const Key canon = key_of(p, key.kind, key.device, canonical_layout(p, key.kind, true));
+  const bool is_canonical = !(key < canon) && !(canon < key);
+  const bool tune = cudnn_tunes(p);
+  bool built = false;
+  if (tune && !is_canonical && replay) {
+    // Another layout of a tuned problem: the configuration tuned on the canonical graph, if cuDNN
+    // takes it for this one.
+    if (auto it = graphs.find(canon); it != graphs.end() && it->second->engine >= 0) {
+      built = g->create_execution_plan(it->second->engine, it->second->knobs).is_good() &&
+              g->check_support(h).is_good() && g->build_plans().is_good();
+      if (!built) {  // start over from the heuristics on a fresh graph
+        e->why.clear();
+        graphs.erase(key);
+        return graph_locked(p, key, /*replay=*/false);
+      }
+    }
+  }
+  if (!built) {
+    if (!step(g->create_execution_plans({fe::HeurMode_t::A}), "create_execution_plans") ||
+        !step(g->check_support(h), "check_support") ||
+        !step(g->build_plans(tune && is_canonical ? fe::BuildPlanPolicy_t::ALL
+                                                  : fe::BuildPlanPolicy_t::HEURISTICS_CHOICE),
+              "build_plans"))
+      return e;
+    if (tune && is_canonical) e->timed = tune_locked(*g, p, key.kind, h);
+  }
   int64_t ws = 0;
   if (!step(g->get_workspace_size(ws), "get_workspace_size")) return e;
+  (void)g->get_plan_name(e->plan);
+  if (tune && is_canonical) (void)g->get_engine_and_knobs_at_index(0, e->engine, e->knobs);
   e->workspace = ws;
   e->graph = std::move(g);
   return e;
@@ -513,4 +656,17 @@ bool register_all() {
 BARACUDA_REGISTER(register_all());
 
 }  // namespace
+
+std::optional<CudnnTuning> cudnn_tuning(const attention::Problem& p, Pass pass, bool deterministic,
+                                        int device) {
+  const Kind kind = pass == Pass::forward ? Kind::forward
+                    : deterministic       ? Kind::backward_deterministic
+                                          : Kind::backward;
+  std::lock_guard lock(state().mu);
+  const auto& graphs = state().graphs;
+  const auto it = graphs.find(key_of(p, kind, device, canonical_layout(p, kind, true)));
+  if (it == graphs.end() || !it->second->graph) return std::nullopt;
+  return CudnnTuning{it->second->timed, it->second->plan};
+}
+
 }  // namespace baracuda::attention_hopper

@@ -50,6 +50,40 @@ std::optional<std::string> cudnn_screen(const attention::Problem& p) {
 }
 
 namespace {
+std::atomic<int> g_tune_any_size{0};  // live CudnnTuneAnySize objects
+}  // namespace
+
+CudnnTuneAnySize::CudnnTuneAnySize() {
+  g_tune_any_size.fetch_add(1);
+}
+CudnnTuneAnySize::~CudnnTuneAnySize() {
+  g_tune_any_size.fetch_sub(1);
+}
+
+bool cudnn_tunes(const attention::Problem& p) {
+  const attention::Descriptor& d = p.desc;
+  if (cudnn_screen(p).has_value() || d.len_q > kCudnnTuneMaxArea / d.len_k) return false;
+  const double b = static_cast<double>(d.batch), hq = static_cast<double>(d.heads_q),
+               hk = static_cast<double>(d.heads_kv), lq = static_cast<double>(d.len_q),
+               lk = static_cast<double>(d.len_k), dk = static_cast<double>(d.head_dim_qk),
+               dv = static_cast<double>(d.head_dim_v);
+  const bool causal = d.mask.right == 0 && d.mask.left < 0;
+  const double flops = 4.0 * b * hq * lq * lk * dk * (causal ? 0.5 : 1.0);
+  if (g_tune_any_size.load() == 0 && flops < kCudnnTuneMinFlops) return false;
+  // The backward's scratch (the larger pass): Q, dQ, Y, dY, K, dK, V, dV in 16 bits, LSE in f32;
+  // each configuration's own workspace is checked once they are built.
+  const double bytes =
+      2.0 * b * (hq * lq * (2 * dk + 2 * dv) + hk * lk * (2 * dk + 2 * dv)) + 4.0 * b * hq * lq;
+  return bytes <= static_cast<double>(kCudnnTuneScratchBytes);
+}
+
+#if !BARACUDA_HAVE_CUDNN_FRONTEND
+std::optional<CudnnTuning> cudnn_tuning(const attention::Problem&, Pass, bool, int) {
+  return std::nullopt;
+}
+#endif
+
+namespace {
 // The override in effect (null: the shipped table). Set and restored by SelectionTableOverride.
 std::atomic<const std::span<const TablePoint>*> g_override{nullptr};
 }  // namespace
