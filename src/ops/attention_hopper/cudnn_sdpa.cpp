@@ -383,7 +383,13 @@ std::shared_ptr<Entry> graph_locked(const Problem& p, const Key& key, bool repla
     }
   }
   if (!built) {
-    if (!step(g->create_execution_plans({fe::HeurMode_t::A}), "create_execution_plans") ||
+    // Tuning also times the fallback list: configurations the ranked list (mode A) leaves out
+    // for this graph (engines another frontend version's graph of the same problem got).
+    const std::vector<fe::HeurMode_t> modes =
+        tune && is_canonical
+            ? std::vector<fe::HeurMode_t>{fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}
+            : std::vector<fe::HeurMode_t>{fe::HeurMode_t::A};
+    if (!step(g->create_execution_plans(modes), "create_execution_plans") ||
         !step(g->check_support(h), "check_support") ||
         !step(g->build_plans(tune && is_canonical ? fe::BuildPlanPolicy_t::ALL
                                                   : fe::BuildPlanPolicy_t::HEURISTICS_CHOICE),
