@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -83,6 +84,7 @@ struct Entry {
   // Tuning (cudnn_tunes): configurations timed (0: the heuristics' first choice), and the
   // configuration that runs, by name and as engine + knobs (what another layout's graph replays).
   int timed = 0;
+  int64_t index = -1;  // the tuned configuration's index in the graph (-1: the graph's candidate)
   std::string plan;
   int64_t engine = -1;
   std::unordered_map<fe::KnobType_t, int64_t> knobs;
@@ -248,12 +250,32 @@ bool fill_random16(void* dst, int64_t count, DType t, uint64_t seed) {
   return true;
 }
 
-// Times every configuration `g` built (graph->autotune: each run until its time stops falling)
-// on scratch tensors in the canonical layout, and keeps the fastest as the one that runs. Returns
-// how many were timed; 0 leaves the heuristics' order (scratch over budget, allocation failed,
-// or no configuration timed). Caller holds state().mu and the device guard.
-int tune_locked(fe::graph::Graph& g, const Problem& p, Kind kind, cudnnHandle_t h) {
-  if (g.get_execution_plan_count() < 2) return 0;  // nothing to choose between
+// Mean time of `reps` back-to-back runs of configuration `i` (ms; < 0 on an error).
+float time_plan(fe::graph::Graph& g, cudnnHandle_t h, std::unordered_map<int64_t, void*>& pack,
+                void* work, int64_t i, int reps, cudaEvent_t start, cudaEvent_t stop) {
+  if (cudaEventRecord(start, nullptr) != cudaSuccess) return -1;
+  for (int r = 0; r < reps; ++r)
+    if (g.execute_plan_at_index(h, pack, work, i).is_bad()) return -1;
+  float ms = 0;
+  if (cudaEventRecord(stop, nullptr) != cudaSuccess || cudaEventSynchronize(stop) != cudaSuccess ||
+      cudaEventElapsedTime(&ms, start, stop) != cudaSuccess)
+    return -1;
+  return ms / static_cast<float>(reps);
+}
+
+struct Tuned {
+  int timed = 0;       // configurations timed
+  int64_t index = -1;  // the fastest (-1: none timed)
+};
+
+// Times every configuration `g` built on scratch tensors in the canonical layout: each one
+// warmed up, then the best of three means of back-to-back runs (~1 ms each; a single synchronized
+// run, as the frontend's autotune times, measured launch gaps and moved between calls). Tuned{}
+// leaves the heuristics' first choice (scratch over budget, allocation failed, one configuration).
+// Caller holds state().mu and the device guard.
+Tuned tune_locked(fe::graph::Graph& g, const Problem& p, Kind kind, cudnnHandle_t h) {
+  const int64_t count = g.get_execution_plan_count();
+  if (count < 2) return {};
   const auto& d = p.desc;
   const int64_t nq = d.batch * d.heads_q * d.len_q * d.head_dim_qk,
                 nk = d.batch * d.heads_kv * d.len_k * d.head_dim_qk,
@@ -263,18 +285,18 @@ int tune_locked(fe::graph::Graph& g, const Problem& p, Kind kind, cudnnHandle_t 
   const int64_t ws = g.get_autotune_workspace_size();
   const bool fwd = kind == Kind::forward;
   const int64_t bytes = 2 * (nq + nk + nv + no) * (fwd ? 1 : 2) + 4 * nl + ws;
-  if (ws < 0 || bytes > kCudnnTuneScratchBytes) return 0;
+  if (ws < 0 || bytes > kCudnnTuneScratchBytes) return {};
   Scratch scratch;
   std::unordered_map<int64_t, void*> pack;
   uint64_t seed = 20261126;
-  auto input = [&](int64_t uid, int64_t count) {
-    void* ptr = scratch.get(static_cast<size_t>(count) * 2);
-    if (!ptr || !fill_random16(ptr, count, d.dtype, seed++)) return false;
+  auto input = [&](int64_t uid, int64_t n) {
+    void* ptr = scratch.get(static_cast<size_t>(n) * 2);
+    if (!ptr || !fill_random16(ptr, n, d.dtype, seed++)) return false;
     pack[uid] = ptr;
     return true;
   };
-  auto output = [&](int64_t uid, size_t bytes_out) {
-    void* ptr = scratch.get(bytes_out);
+  auto output = [&](int64_t uid, size_t n_bytes) {
+    void* ptr = scratch.get(n_bytes);
     pack[uid] = ptr;
     return ptr != nullptr;
   };
@@ -293,14 +315,33 @@ int tune_locked(fe::graph::Graph& g, const Problem& p, Kind kind, cudnnHandle_t 
     }
   }
   void* work = ok ? scratch.get(static_cast<size_t>(ws)) : nullptr;
-  if (!ok || !work || cudnnSetStream(h, nullptr) != CUDNN_STATUS_SUCCESS) {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  if (!ok || !work || cudnnSetStream(h, nullptr) != CUDNN_STATUS_SUCCESS ||
+      cudaEventCreate(&start) != cudaSuccess || cudaEventCreate(&stop) != cudaSuccess) {
+    if (start) cudaEventDestroy(start);
     (void)cudaGetLastError();
-    return 0;
+    return {};
   }
-  const bool tuned = g.autotune(h, pack, work).is_good();
+  Tuned t;
+  float best = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    const float once = time_plan(g, h, pack, work, i, 1, start, stop);  // warm-up
+    if (once < 0) continue;
+    const int reps = static_cast<int>(std::clamp(1.0f / std::max(once, 1e-3f), 2.0f, 50.0f));
+    float ms = std::numeric_limits<float>::max();
+    for (int r = 0; r < 3 && ms >= 0; ++r) {
+      const float m = time_plan(g, h, pack, work, i, reps, start, stop);
+      ms = m < 0 ? -1 : std::min(ms, m);
+    }
+    if (ms < 0) continue;
+    ++t.timed;
+    if (t.index < 0 || ms < best) t.index = i, best = ms;
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
   (void)cudaDeviceSynchronize();
   (void)cudaGetLastError();
-  return tuned ? static_cast<int>(g.get_execution_plan_count()) : 0;
+  return t;
 }
 
 // Builds (or finds) the graph for `key`. Caller holds state().mu. `replay`: another layout of a
@@ -395,12 +436,21 @@ std::shared_ptr<Entry> graph_locked(const Problem& p, const Key& key, bool repla
                                                   : fe::BuildPlanPolicy_t::HEURISTICS_CHOICE),
               "build_plans"))
       return e;
-    if (tune && is_canonical) e->timed = tune_locked(*g, p, key.kind, h);
+    if (tune && is_canonical) {
+      const Tuned t = tune_locked(*g, p, key.kind, h);
+      e->timed = t.timed;
+      e->index = t.index;
+    }
   }
   int64_t ws = 0;
-  if (!step(g->get_workspace_size(ws), "get_workspace_size")) return e;
-  (void)g->get_plan_name(e->plan);
-  if (tune && is_canonical) (void)g->get_engine_and_knobs_at_index(0, e->engine, e->knobs);
+  if (e->index >= 0) {
+    if (!step(g->get_workspace_size_plan_at_index(e->index, ws), "get_workspace_size")) return e;
+    (void)g->get_plan_name_at_index(e->index, e->plan);
+    (void)g->get_engine_and_knobs_at_index(e->index, e->engine, e->knobs);
+  } else {
+    if (!step(g->get_workspace_size(ws), "get_workspace_size")) return e;
+    (void)g->get_plan_name(e->plan);
+  }
   e->workspace = ws;
   e->graph = std::move(g);
   return e;
@@ -506,7 +556,8 @@ Status execute(const LaunchContext& ctx, std::string_view op, const Problem& p, 
         static_cast<int64_t>(s));
   DeviceGuard guard(device);
   if (before) BARACUDA_TRY(before());
-  auto st = e->graph->execute(h, pack, ctx.workspace.data);
+  auto st = e->index >= 0 ? e->graph->execute_plan_at_index(h, pack, ctx.workspace.data, e->index)
+                          : e->graph->execute(h, pack, ctx.workspace.data);
   if (st.is_bad())
     return Error::library(std::string(op) + ": cudnn_sdpa: execute: " + st.get_message(), "cudnn",
                           static_cast<int64_t>(st.get_code()));
