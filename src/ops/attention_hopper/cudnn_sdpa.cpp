@@ -10,6 +10,9 @@
 //
 // cuDNN graphs carry their strides, so a layout seen for the first time in run() costs a graph
 // build there (host only; no device allocation, no synchronization).
+// Problems cudnn_tunes() accepts are tuned once, in select(): every configuration cuDNN offers for
+// the canonical graph is timed on scratch tensors and the fastest runs (tune_locked); other
+// layouts' graphs are built on that configuration.
 // The frontend's JSON serialization is unused here and costs compile time.
 #define CUDNN_FRONTEND_SKIP_JSON_LIB 1
 #include <cuda_fp16.h>
