@@ -32,18 +32,18 @@ std::optional<std::string> cudnn_screen(const attention::Problem& p);
 
 enum class Pass : uint8_t { forward, backward };
 
-// ---- cuDNN engine tuning
-// -------------------------------------------------------------------------- cuDNN's heuristics
-// rank the engine configurations that can run a graph by a model, and at short sequences its first
-// choice is not always the fastest: H100, 2026-11-26, b32 h32 L512 d64 causal, our graph got
-// configuration eng2_k24=32 (0.153 ms) where PyTorch's older frontend got eng2_k24=7 (0.133 ms)
-// from the same list. For a problem cudnn_tunes() accepts, select() builds every configuration the
-// heuristics offer for the problem's [B, H, L, D] graph, times each on scratch tensors of the
-// problem's shape (random values; the device is synchronized and the scratch freed before select
-// returns) and keeps the fastest; a run with another memory layout builds its graph on that
-// configuration (host work only; the heuristics' choice if cuDNN refuses it there). The one-off
-// cost per problem shape: building every configuration (cuDNN compiles some at runtime) and a few
-// timed runs of each. Other problems take the heuristics' first choice.
+// ---- cuDNN engine tuning ------------------------------------------------------------------------
+// cuDNN's heuristics rank the engine configurations that can run a graph by a model, and at short
+// sequences its first choice is not always the fastest: H100, 2026-11-26, b32 h32 L512 d64 causal,
+// our graph got configuration eng2_k24=32 (0.153 ms) where PyTorch's older frontend got eng2_k24=7
+// (0.133 ms) from the same list. For a problem cudnn_tunes() accepts, select() builds every
+// configuration the heuristics offer for the problem's [B, H, L, D] graph, times each on scratch
+// tensors of the problem's shape (random values; the device is synchronized and the scratch freed
+// before select returns) and keeps the fastest; a run with another memory layout builds its graph
+// on that configuration (host work only; the heuristics' choice if cuDNN refuses it there). The
+// one-off cost per problem shape: building every configuration (cuDNN compiles some at runtime) and
+// a few timed runs of each (~0.4 s a graph on the H100). Other problems take the heuristics' first
+// choice; set_cudnn_tuning_mode(CudnnTuningMode::off) turns tuning off.
 //
 // Accepted: what cuDNN is given (cudnn_screen) with at least kCudnnTuneMinFlops of work (below
 // it, the tuning would cost more than it could save, and the tests' small shapes skip it), at most
@@ -64,15 +64,25 @@ struct CudnnTuning {
 std::optional<CudnnTuning> cudnn_tuning(const attention::Problem& p, Pass pass, bool deterministic,
                                         int device);
 
-// For tests: while alive, cudnn_tunes() drops its minimum of work (the other bounds stay), so
-// small shapes are tuned and checked against the exhaustive reference. Process-wide; nests; not
-// for use while other threads select plans.
-class CudnnTuneAnySize {
+// Whether select() tunes, process-wide: `by_size` (the default) as cudnn_tunes() says above;
+// `off` never (every graph on the heuristics' first choice: no select-time timing, no scratch,
+// no device synchronization); `any_size` drops the minimum of work (the other bounds stay), so
+// tests tune small shapes and check them against the exhaustive reference. A graph keeps what it
+// was built with (graphs are cached per problem).
+enum class CudnnTuningMode : uint8_t { off, by_size, any_size };
+void set_cudnn_tuning_mode(CudnnTuningMode mode);
+CudnnTuningMode cudnn_tuning_mode();
+// Sets a mode for a scope and restores the previous one. Not for use while other threads select
+// plans.
+class CudnnTuningScope {
  public:
-  CudnnTuneAnySize();
-  ~CudnnTuneAnySize();
-  CudnnTuneAnySize(const CudnnTuneAnySize&) = delete;
-  CudnnTuneAnySize& operator=(const CudnnTuneAnySize&) = delete;
+  explicit CudnnTuningScope(CudnnTuningMode mode);
+  ~CudnnTuningScope();
+  CudnnTuningScope(const CudnnTuningScope&) = delete;
+  CudnnTuningScope& operator=(const CudnnTuningScope&) = delete;
+
+ private:
+  CudnnTuningMode previous_;
 };
 
 // ---- The measured selection table ---------------------------------------------------------------

@@ -136,13 +136,27 @@ TEST(AttentionCudnnRules, TuningTakesShortProblemsWithWorkAndScratchToSpare) {
   capped.softcap = 30;
   EXPECT_FALSE(cudnn_tunes(problem_of(capped)));
   EXPECT_FALSE(cudnn_tunes(problem_of(make_desc(DType::f32, 32, 32, 32, 512, 512, 64))));
+  const attention::Problem sweep_point =
+      problem_of(make_desc(DType::bf16, 32, 32, 32, 512, 512, 64, Mask::causal_top_left()));
+  EXPECT_EQ(cudnn_tuning_mode(), CudnnTuningMode::by_size);
   {
-    const CudnnTuneAnySize any;  // the tests' override drops the minimum of work only
+    const CudnnTuningScope any(CudnnTuningMode::any_size);  // drops the minimum of work only
     EXPECT_TRUE(cudnn_tunes(small));
     EXPECT_FALSE(cudnn_tunes(problem_of(make_desc(DType::bf16, 2, 16, 16, 8192, 8192, 128))));
     EXPECT_FALSE(cudnn_tunes(problem_of(capped)));
+    {
+      const CudnnTuningScope off(CudnnTuningMode::off);  // nothing, and scopes nest
+      EXPECT_FALSE(cudnn_tunes(small));
+      EXPECT_FALSE(cudnn_tunes(sweep_point));
+    }
+    EXPECT_TRUE(cudnn_tunes(small));
   }
-  EXPECT_FALSE(cudnn_tunes(small));  // and ends with its scope
+  EXPECT_FALSE(cudnn_tunes(small));  // and end with their scopes
+  EXPECT_TRUE(cudnn_tunes(sweep_point));
+  set_cudnn_tuning_mode(CudnnTuningMode::off);
+  EXPECT_FALSE(cudnn_tunes(sweep_point));
+  set_cudnn_tuning_mode(CudnnTuningMode::by_size);
+  EXPECT_TRUE(cudnn_tunes(sweep_point));
 }
 
 TEST(AttentionCudnnRules, LayoutRulesNameArgumentRuleAndNumbers) {
@@ -808,7 +822,8 @@ TEST(AttentionCudnnGpu, TunedConfigurationsMatchReference) {
 #if !BARACUDA_HAVE_CUDNN_FRONTEND
   GTEST_SKIP() << "built without the cuDNN frontend (BARACUDA_HAVE_CUDNN_FRONTEND unset)";
 #endif
-  const CudnnTuneAnySize any;  // small shapes, so that the exhaustive reference checks them
+  // Small shapes, so that the exhaustive reference checks them.
+  const CudnnTuningScope any(CudnnTuningMode::any_size);
   harness::Rng rng;
   const int device = harness::stream_for(Target::cuda).device();
   // Shapes no other test uses: graphs are cached per shape, and an untuned one would be reused.

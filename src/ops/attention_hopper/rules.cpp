@@ -50,26 +50,34 @@ std::optional<std::string> cudnn_screen(const attention::Problem& p) {
 }
 
 namespace {
-std::atomic<int> g_tune_any_size{0};  // live CudnnTuneAnySize objects
+std::atomic<CudnnTuningMode> g_tuning_mode{CudnnTuningMode::by_size};
 }  // namespace
 
-CudnnTuneAnySize::CudnnTuneAnySize() {
-  g_tune_any_size.fetch_add(1);
+void set_cudnn_tuning_mode(CudnnTuningMode mode) {
+  g_tuning_mode.store(mode);
 }
-CudnnTuneAnySize::~CudnnTuneAnySize() {
-  g_tune_any_size.fetch_sub(1);
+CudnnTuningMode cudnn_tuning_mode() {
+  return g_tuning_mode.load();
+}
+CudnnTuningScope::CudnnTuningScope(CudnnTuningMode mode)
+    : previous_(g_tuning_mode.exchange(mode)) {}
+CudnnTuningScope::~CudnnTuningScope() {
+  g_tuning_mode.store(previous_);
 }
 
 bool cudnn_tunes(const attention::Problem& p) {
   const attention::Descriptor& d = p.desc;
-  if (cudnn_screen(p).has_value() || d.len_q > kCudnnTuneMaxArea / d.len_k) return false;
+  const CudnnTuningMode mode = g_tuning_mode.load();
+  if (mode == CudnnTuningMode::off || cudnn_screen(p).has_value() ||
+      d.len_q > kCudnnTuneMaxArea / d.len_k)
+    return false;
   const double b = static_cast<double>(d.batch), hq = static_cast<double>(d.heads_q),
                hk = static_cast<double>(d.heads_kv), lq = static_cast<double>(d.len_q),
                lk = static_cast<double>(d.len_k), dk = static_cast<double>(d.head_dim_qk),
                dv = static_cast<double>(d.head_dim_v);
   const bool causal = d.mask.right == 0 && d.mask.left < 0;
   const double flops = 4.0 * b * hq * lq * lk * dk * (causal ? 0.5 : 1.0);
-  if (g_tune_any_size.load() == 0 && flops < kCudnnTuneMinFlops) return false;
+  if (mode == CudnnTuningMode::by_size && flops < kCudnnTuneMinFlops) return false;
   // The backward's scratch (the larger pass): Q, dQ, Y, dY, K, dK, V, dV in 16 bits, LSE in f32;
   // each configuration's own workspace is checked once they are built.
   const double bytes =
