@@ -37,12 +37,13 @@ enum class Pass : uint8_t { forward, backward };
 // sequences its first choice is not always the fastest: H100, 2026-11-26, b32 h32 L512 d64 causal,
 // our graph got configuration eng2_k24=32 (0.153 ms) where PyTorch's older frontend got eng2_k24=7
 // (0.133 ms) from the same list. For a problem cudnn_tunes() accepts, select() builds every
-// configuration the heuristics offer for the problem's [B, H, L, D] graph, times each on scratch
-// tensors of the problem's shape (random values; the device is synchronized and the scratch freed
-// before select returns) and keeps the fastest; a run with another memory layout builds its graph
-// on that configuration (host work only; the heuristics' choice if cuDNN refuses it there). The
-// one-off cost per problem shape: building every configuration (cuDNN compiles some at runtime) and
-// a few timed runs of each (~0.4 s a graph on the H100). Other problems take the heuristics' first
+// configuration the heuristics offer (ranked and fallback lists) for the problem's [B, H, L, D]
+// graph, times each on scratch tensors of the problem's shape (random values; the device is
+// synchronized and the scratch freed before select returns) and keeps the fastest; a run with
+// another memory layout builds its graph on that configuration (host work only; the heuristics'
+// choice if cuDNN refuses it there). The one-off cost per problem shape: building every
+// configuration (cuDNN compiles some at runtime) and a few timed runs of each (~0.4 s a graph on
+// the H100). Other problems take the heuristics' first
 // choice; set_cudnn_tuning_mode(CudnnTuningMode::off) turns tuning off.
 //
 // Accepted: what cuDNN is given (cudnn_screen) with at least kCudnnTuneMinFlops of work (below
