@@ -111,6 +111,16 @@ double time_backward(const Stream& stream, const std::string& name,
   return flops / (m.ms * 1e9);
 }
 
+// A cuDNN row's note: the configuration that runs, and how many select() timed to pick it.
+std::string cudnn_note(const Stream& s, const attention::Descriptor& d, Pass pass) {
+  auto p = attention::ForwardOp::make_problem(d);
+  if (!p.ok()) return "cudnn";
+  const auto t = cudnn_tuning(*p, pass, false, s.device());
+  if (!t) return "cudnn";
+  return "cudnn " + t->plan +
+         (t->timed > 0 ? " (tuned over " + std::to_string(t->timed) + ")" : "");
+}
+
 void sweep(const Stream& stream) {
   // BARACUDA_ATTENTION_ONLY=decode (the attention family's decode-only runs) skips this sweep.
   if (bench::env("BARACUDA_ATTENTION_ONLY") == "decode") return;
@@ -196,14 +206,16 @@ void sweep(const Stream& stream) {
             bench::emit_error("attention", "attention_forward", name + "/" + var.label, fp.error());
             continue;
           }
-          fwd_tf[vi] = time_fwd(*fp, var.label);
+          const bool cudnn = vi == 0;
+          fwd_tf[vi] = time_fwd(*fp, cudnn ? cudnn_note(stream, desc, Pass::forward) : var.label);
           if (!bp.ok()) {
             bench::emit_error("attention", "attention_backward", name + "/" + var.label,
                               bp.error());
             continue;
           }
           // The backward reads this plan's own forward outputs (y, lse).
-          bwd_tf[vi] = time_bwd(*fp, *bp, var.label);
+          bwd_tf[vi] =
+              time_bwd(*fp, *bp, cudnn ? cudnn_note(stream, desc, Pass::backward) : var.label);
         }
         // Our sm_90a forward pinned by name, both schedules (forward only): same case name, notes
         // "fa3_sm90a" / "fa3_sm90a_pingpong", so they line up with the cudnn / bespoke rows. The
