@@ -15,7 +15,6 @@
 // layouts' graphs are built on that configuration.
 // The frontend's JSON serialization is unused here and costs compile time.
 #define CUDNN_FRONTEND_SKIP_JSON_LIB 1
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
@@ -202,55 +201,31 @@ void set_mask(Attrs& a, const attention::Mask& m) {
   if (m.left >= 0) a.set_diagonal_band_left_bound(static_cast<int>(m.left + 1));
 }
 
-// ---- Tuning (cudnn_tunes)
-// ------------------------------------------------------------------------ Device scratch for the
-// timed runs, freed on every path.
-class Scratch {
- public:
-  ~Scratch() {
-    for (void* p : ptrs_) cudaFree(p);
-  }
-  void* get(size_t bytes) {
-    void* p = nullptr;
-    if (cudaMalloc(&p, std::max<size_t>(bytes, 256)) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return nullptr;
-    }
-    ptrs_.push_back(p);
-    return p;
-  }
+// ---- Tuning (cudnn_tunes) ----------------------------------------------------------------------
 
- private:
-  std::vector<void*> ptrs_;
-};
-
-// Fills `count` 16-bit elements with random values in [-1, 1) (the timings of constant or zero
-// data are not those of real data), from one host block copied over and over.
-bool fill_random16(void* dst, int64_t count, DType t, uint64_t seed) {
-  constexpr int64_t kBlock = int64_t{1} << 20;
-  std::vector<uint16_t> host(static_cast<size_t>(std::min(count, kBlock)));
-  std::mt19937_64 g(seed);
-  std::uniform_real_distribution<float> u(-1.f, 1.f);
-  for (auto& h : host) {
-    const float f = u(g);
-    if (t == DType::bf16) {
-      uint32_t bits = 0;
-      std::memcpy(&bits, &f, 4);
-      h = static_cast<uint16_t>(bits >> 16);
-    } else {
-      const __half x = __float2half(f);
-      std::memcpy(&h, &x, 2);
-    }
+// Device scratch for the timed runs (freed with the vector), filled with random values in
+// [-1, 1) where `random`: the timings of constant or zero data are not those of real data. One
+// host block of values is copied over and over. Null when an allocation or copy failed.
+void* scratch(std::vector<Buffer>& owned, int device, size_t bytes, DType t, bool random,
+              uint64_t seed) {
+  auto b = Buffer::allocate(std::max<size_t>(bytes, 256), Location::cuda(device));
+  if (!b.ok()) return nullptr;
+  const size_t esize = static_cast<size_t>(bits_of(t) / 8);
+  if (random && bytes >= esize) {
+    const size_t block = std::min<size_t>(bytes / esize, size_t{1} << 20);
+    std::vector<uint8_t> host(block * esize);
+    std::mt19937_64 g(seed);
+    std::uniform_real_distribution<double> u(-1.0, 1.0);
+    for (size_t i = 0; i < block; ++i)
+      store_from_double(host.data(), t, static_cast<int64_t>(i), u(g));
+    for (size_t off = 0; off < bytes; off += host.size())
+      if (!copy_bytes(static_cast<char*>(b->data()) + off, b->where(), host.data(),
+                      Location::host(), std::min(host.size(), bytes - off))
+               .ok())
+        return nullptr;
   }
-  for (int64_t off = 0; off < count; off += kBlock) {
-    const int64_t n = std::min(kBlock, count - off);
-    if (cudaMemcpy(static_cast<uint16_t*>(dst) + off, host.data(), static_cast<size_t>(n) * 2,
-                   cudaMemcpyHostToDevice) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return false;
-    }
-  }
-  return true;
+  owned.push_back(std::move(b).value());
+  return owned.back().data();
 }
 
 // Mean time of `reps` back-to-back runs of configuration `i` (ms; < 0 on an error).
@@ -276,7 +251,7 @@ struct Tuned {
 // run, as the frontend's autotune times, measured launch gaps and moved between calls). Tuned{}
 // leaves the heuristics' first choice (scratch over budget, allocation failed, one configuration).
 // Caller holds state().mu and the device guard.
-Tuned tune_locked(fe::graph::Graph& g, const Problem& p, Kind kind, cudnnHandle_t h) {
+Tuned tune_locked(fe::graph::Graph& g, const Problem& p, Kind kind, int device, cudnnHandle_t h) {
   const int64_t count = g.get_execution_plan_count();
   if (count < 2) return {};
   const auto& d = p.desc;
@@ -289,19 +264,15 @@ Tuned tune_locked(fe::graph::Graph& g, const Problem& p, Kind kind, cudnnHandle_
   const bool fwd = kind == Kind::forward;
   const int64_t bytes = 2 * (nq + nk + nv + no) * (fwd ? 1 : 2) + 4 * nl + ws;
   if (ws < 0 || bytes > kCudnnTuneScratchBytes) return {};
-  Scratch scratch;
+  std::vector<Buffer> owned;
   std::unordered_map<int64_t, void*> pack;
   uint64_t seed = 20261126;
   auto input = [&](int64_t uid, int64_t n) {
-    void* ptr = scratch.get(static_cast<size_t>(n) * 2);
-    if (!ptr || !fill_random16(ptr, n, d.dtype, seed++)) return false;
-    pack[uid] = ptr;
-    return true;
+    return (pack[uid] = scratch(owned, device, static_cast<size_t>(n) * 2, d.dtype, true,
+                                seed++)) != nullptr;
   };
   auto output = [&](int64_t uid, size_t n_bytes) {
-    void* ptr = scratch.get(n_bytes);
-    pack[uid] = ptr;
-    return ptr != nullptr;
+    return (pack[uid] = scratch(owned, device, n_bytes, d.dtype, false, 0)) != nullptr;
   };
   bool ok = input(kQ, nq) && input(kK, nk) && input(kV, nv);
   if (fwd) {
@@ -313,11 +284,12 @@ Tuned tune_locked(fe::graph::Graph& g, const Problem& p, Kind kind, cudnnHandle_
     // The backward reads LSE: that of scores near 0 over Lk keys, so probabilities stay finite.
     if (ok) {
       const std::vector<float> lse(static_cast<size_t>(nl), std::log(static_cast<float>(d.len_k)));
-      ok =
-          cudaMemcpy(pack[kLse], lse.data(), lse.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess;
+      ok = copy_bytes(pack[kLse], Location::cuda(device), lse.data(), Location::host(),
+                      lse.size() * 4)
+               .ok();
     }
   }
-  void* work = ok ? scratch.get(static_cast<size_t>(ws)) : nullptr;
+  void* work = ok ? scratch(owned, device, static_cast<size_t>(ws), d.dtype, false, 0) : nullptr;
   cudaEvent_t start = nullptr, stop = nullptr;
   if (!ok || !work || cudnnSetStream(h, nullptr) != CUDNN_STATUS_SUCCESS ||
       cudaEventCreate(&start) != cudaSuccess || cudaEventCreate(&stop) != cudaSuccess) {
@@ -420,7 +392,6 @@ std::shared_ptr<Entry> graph_locked(const Problem& p, const Key& key, bool repla
       built = g->create_execution_plan(it->second->engine, it->second->knobs).is_good() &&
               g->check_support(h).is_good() && g->build_plans().is_good();
       if (!built) {  // start over from the heuristics on a fresh graph
-        e->why.clear();
         graphs.erase(key);
         return graph_locked(p, key, /*replay=*/false);
       }
@@ -440,7 +411,7 @@ std::shared_ptr<Entry> graph_locked(const Problem& p, const Key& key, bool repla
               "build_plans"))
       return e;
     if (tune && is_canonical) {
-      const Tuned t = tune_locked(*g, p, key.kind, h);
+      const Tuned t = tune_locked(*g, p, key.kind, key.device, h);
       e->timed = t.timed;
       e->index = t.index;
     }
