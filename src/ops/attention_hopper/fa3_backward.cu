@@ -344,12 +344,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
           const float2 l = ld_shared_f2(lse2 + (8 * j + cq) * 4);
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            const float v = fast_exp2(fmaf(st[4 * j + e], p.scale_log2, -((e & 1) ? l.y : l.x)));
-            if constexpr (kMasked) {
-              st[4 * j + e] = hidden(j, e) ? 0.f : v;
-            } else {
-              st[4 * j + e] = v;
-            }
+            float v = fast_exp2(fmaf(st[4 * j + e], p.scale_log2, -((e & 1) ? l.y : l.x)));
+            if constexpr (kMasked) v = hidden(j, e) ? 0.f : v;
+            st[4 * j + e] = v;
           }
         }
         pack_a<T, 64>(st, pa);
@@ -715,14 +712,6 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
       fa3_bwd_kernel<T, D, false, false>, fa3_bwd_kernel<T, D, true, false>,
       fa3_bwd_kernel<T, D, false, true>, fa3_bwd_kernel<T, D, true, true>};
   const auto kernel = kernels[(p.softcap ? 1 : 0) + (vl ? 2 : 0)];
-  BARACUDA_TRY(
-      (raise_smem_limit_once<kernels[0]>(ctx, smem, attention::BackwardOp::name, "fa3_bwd_sm90a")));
-  BARACUDA_TRY(
-      (raise_smem_limit_once<kernels[1]>(ctx, smem, attention::BackwardOp::name, "fa3_bwd_sm90a")));
-  BARACUDA_TRY(
-      (raise_smem_limit_once<kernels[2]>(ctx, smem, attention::BackwardOp::name, "fa3_bwd_sm90a")));
-  BARACUDA_TRY(
-      (raise_smem_limit_once<kernels[3]>(ctx, smem, attention::BackwardOp::name, "fa3_bwd_sm90a")));
   const cudaStream_t st = cuda::stream_of(ctx);
   const dim3 rows_grid(static_cast<unsigned>(rp.lq_pad / 8), static_cast<unsigned>(d.heads_q),
                        static_cast<unsigned>(d.batch));
@@ -730,8 +719,8 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
   BARACUDA_TRY(cuda::check_launch(attention::BackwardOp::name, "fa3_bwd_sm90a prep"));
   const dim3 grid(static_cast<unsigned>((d.len_k + kKeys - 1) / kKeys),
                   static_cast<unsigned>(d.heads_kv), static_cast<unsigned>(d.batch));
-  kernel<<<grid, kBwdThreads, smem, st>>>(tq, tk, tv, tdy, p);
-  BARACUDA_TRY(cuda::check_launch(attention::BackwardOp::name, "fa3_bwd_sm90a"));
+  BARACUDA_TRY(cuda::launch_with_smem(attention::BackwardOp::name, "fa3_bwd_sm90a", kernel, grid,
+                                      kBwdThreads, smem, st, tq, tk, tv, tdy, p));
   const dim3 post_grid(static_cast<unsigned>(rp.lq_pad / kQRows * (D / 64)),
                        static_cast<unsigned>(d.heads_q), static_cast<unsigned>(d.batch));
   fa3_bwd_post<T, D><<<post_grid, 128, 0, st>>>(rp);
