@@ -119,8 +119,9 @@ TEST(AttentionCudnnRules, ScreenNamesWhyCudnnCannotTakeAProblem) {
 
 TEST(AttentionCudnnRules, TuningTakesShortProblemsWithWorkAndScratchToSpare) {
   // The sweep's short points (where the heuristics' first choice measured below PyTorch's).
-  EXPECT_TRUE(cudnn_tunes(problem_of(
-      make_desc(DType::bf16, 32, 32, 32, 512, 512, 64, Mask::causal_top_left()))));  // 8.6 GFLOP
+  const attention::Problem sweep_point =
+      problem_of(make_desc(DType::bf16, 32, 32, 32, 512, 512, 64, Mask::causal_top_left()));
+  EXPECT_TRUE(cudnn_tunes(sweep_point));  // 8.6 GFLOP
   EXPECT_TRUE(cudnn_tunes(problem_of(make_desc(DType::f16, 8, 16, 16, 2048, 2048, 128))));
   // Longer than kCudnnTuneMaxArea pairs per head: the heuristics' choice.
   EXPECT_FALSE(cudnn_tunes(problem_of(make_desc(DType::bf16, 2, 16, 16, 8192, 8192, 128))));
@@ -136,8 +137,6 @@ TEST(AttentionCudnnRules, TuningTakesShortProblemsWithWorkAndScratchToSpare) {
   capped.softcap = 30;
   EXPECT_FALSE(cudnn_tunes(problem_of(capped)));
   EXPECT_FALSE(cudnn_tunes(problem_of(make_desc(DType::f32, 32, 32, 32, 512, 512, 64))));
-  const attention::Problem sweep_point =
-      problem_of(make_desc(DType::bf16, 32, 32, 32, 512, 512, 64, Mask::causal_top_left()));
   EXPECT_EQ(cudnn_tuning_mode(), CudnnTuningMode::by_size);
   {
     const CudnnTuningScope any(CudnnTuningMode::any_size);  // drops the minimum of work only

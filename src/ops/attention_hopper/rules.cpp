@@ -50,7 +50,10 @@ std::optional<std::string> cudnn_screen(const attention::Problem& p) {
 }
 
 namespace {
+// The cuDNN tuning mode in effect (set_cudnn_tuning_mode, CudnnTuningScope).
 std::atomic<CudnnTuningMode> g_tuning_mode{CudnnTuningMode::by_size};
+// The override in effect (null: the shipped table). Set and restored by SelectionTableOverride.
+std::atomic<const std::span<const TablePoint>*> g_override{nullptr};
 }  // namespace
 
 void set_cudnn_tuning_mode(CudnnTuningMode mode) {
@@ -90,11 +93,6 @@ std::optional<CudnnTuning> cudnn_tuning(const attention::Problem&, Pass, bool, i
   return std::nullopt;
 }
 #endif
-
-namespace {
-// The override in effect (null: the shipped table). Set and restored by SelectionTableOverride.
-std::atomic<const std::span<const TablePoint>*> g_override{nullptr};
-}  // namespace
 
 SelectionTableOverride::SelectionTableOverride(std::span<const TablePoint> table)
     : table_(table), previous_(g_override.exchange(&table_)) {}
