@@ -14,8 +14,15 @@ endif()
 
 set(BARACUDA_HAVE_CUDNN OFF)
 if(BARACUDA_WITH_CUDA)
+  # A changed CUDNN_ROOT must find again: the cached paths would keep the old library.
+  if(NOT "${CUDNN_ROOT}" STREQUAL "${_BARACUDA_CUDNN_ROOT_FOUND}")
+    unset(CUDNN_INCLUDE_DIR CACHE)
+    unset(CUDNN_LIBRARY CACHE)
+    set(_BARACUDA_CUDNN_ROOT_FOUND "${CUDNN_ROOT}" CACHE INTERNAL "")
+  endif()
   find_path(CUDNN_INCLUDE_DIR cudnn.h HINTS ${CUDNN_ROOT}/include ${CUDAToolkit_INCLUDE_DIRS})
-  find_library(CUDNN_LIBRARY cudnn HINTS ${CUDNN_ROOT}/lib ${CUDNN_ROOT}/lib64 ${CUDAToolkit_LIBRARY_DIR})
+  # Wheels ship only the versioned name.
+  find_library(CUDNN_LIBRARY NAMES cudnn libcudnn.so.9 HINTS ${CUDNN_ROOT}/lib ${CUDNN_ROOT}/lib64 ${CUDAToolkit_LIBRARY_DIR})
   if(CUDNN_INCLUDE_DIR AND CUDNN_LIBRARY)
     add_library(baracuda_cudnn INTERFACE)
     target_include_directories(baracuda_cudnn SYSTEM INTERFACE "${CUDNN_INCLUDE_DIR}")

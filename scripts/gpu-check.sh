@@ -19,8 +19,9 @@ BUILD_DIR=${BUILD_DIR:-build-gpu}
 status=0
 
 echo "== device"; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv | tee "$LOGS/device.txt"
+. scripts/cudnn-env.sh >"$LOGS/cudnn.txt"; cat "$LOGS/cudnn.txt"
 echo "== build ($BUILD_DIR, commit $BARACUDA_COMMIT)"
-cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_CUDA_ARCHITECTURES=${ARCHS:-90a} ${CMAKE_ARGS:-} >"$LOGS/build.log" 2>&1 ||
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_CUDA_ARCHITECTURES=${ARCHS:-90a} ${CUDNN_ROOT:+-DCUDNN_ROOT=$CUDNN_ROOT} ${CMAKE_ARGS:-} >"$LOGS/build.log" 2>&1 ||
   { tail -40 "$LOGS/build.log"; exit 1; }
 # Keep going past a failing target so every family that builds is still tested.
 if ! cmake --build "$BUILD_DIR" -j "$(nproc)" -- -k 0 >>"$LOGS/build.log" 2>&1; then

@@ -24,16 +24,14 @@ t0=$(date +%s)
 stage() { echo "== $1 ($(($(date +%s) - t0)) s)"; }
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 
-# cuDNN lives in PyTorch's environment on the GPU machine (not under /usr/local/cuda).
-cudnn_root=$(python3 -c "import nvidia.cudnn, os; print(os.path.dirname(nvidia.cudnn.__file__))" 2>/dev/null)
-[ -n "$cudnn_root" ] && export LD_LIBRARY_PATH="$cudnn_root/lib:${LD_LIBRARY_PATH:-}"
+. scripts/cudnn-env.sh
 dirs=$(IFS=';'; echo "${families[*]}")
 [[ " ${families[*]} " == *" attention "* ]] && dirs="$dirs;attention_hopper"
 
 stage "configure (${families[*]}, commit $BARACUDA_COMMIT)"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 cmake -S . -B "$B" -G Ninja -DCMAKE_CUDA_ARCHITECTURES=${ARCHS:-90a} "-DBARACUDA_FAMILY_DIRS=$dirs" \
-  ${cudnn_root:+-DCUDNN_ROOT=$cudnn_root} ${CMAKE_ARGS:-} >"$L/build.log" 2>&1 ||
+  ${CUDNN_ROOT:+-DCUDNN_ROOT=$CUDNN_ROOT} ${CMAKE_ARGS:-} >"$L/build.log" 2>&1 ||
   { tail -30 "$L/build.log"; exit 1; }
 targets=()
 for f in "${families[@]}"; do targets+=("test_$f" "bench_$f"); done

@@ -21,6 +21,8 @@ if os.environ.get("BARACUDA_PEERS_BACKENDS"):
 
 
 def emit(op, name, peer, ms, **extra):
+    if peer.endswith("_cudnn"):  # the release decides which engines cuDNN has
+        extra["cudnn_version"] = torch.backends.cudnn.version()
     print(json.dumps({"family": FAMILY, "op": op, "name": name, "peer": peer, "ms": ms, **extra}),
           flush=True)
 

@@ -117,7 +117,9 @@ std::string cudnn_note(const Stream& s, const attention::Descriptor& d, Pass pas
   if (!p.ok()) return "cudnn";
   const auto t = cudnn_tuning(*p, pass, false, s.device());
   if (!t) return "cudnn";
-  return "cudnn " + t->plan +
+  const auto v = t->cudnn_version;  // 91900 -> 9.19.0
+  return "cudnn " + std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." +
+         std::to_string(v % 100) + " " + t->plan +
          (t->timed > 0 ? " (tuned over " + std::to_string(t->timed) + ")" : "");
 }
 
