@@ -7,7 +7,7 @@
 // style), registered the same way. What they take (on sm_90, bf16 / f16, 16-byte aligned rows and
 // strides): GQA / MQA, any band mask (causal, sliding windows, either diagonal), logit
 // soft-capping, padded or varlen (packed) sequences. Head dims: the forward Dk = Dv in
-// {64, 128, 256} and DeepSeek MLA's Dk = 192 with Dv = 128; the backward Dk = Dv in {64, 128}.
+// {64, 128, 256} and DeepSeek MLA's Dk = 192 with Dv = 128; the backward Dk = Dv in {64, 128, 256}.
 // Other problems go to cuDNN or the family's kernels.
 //
 // This header exposes the host-side rules those kernels follow, so callers (and tests) can ask why

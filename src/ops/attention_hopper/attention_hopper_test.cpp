@@ -1398,6 +1398,12 @@ std::vector<Case> fa3_bwd_cases() {
       {DType::bf16, 1, 4, 2, 300, 300, 128, Mask::none(), false, false, true, 30.0},
       {DType::f16, 1, 2, 2, 257, 513, 64, Mask::causal_bottom_right(), true, true, true, 50.0},
       {DType::bf16, 1, 2, 2, 200, 260, 128, Mask::sliding_window(64, 0), false, false, true, 20.0},
+      // Head dim 256 (64 keys a CTA, the warpgroups splitting the columns): GQA over several key
+      // CTAs and query blocks with ragged tails, both causal alignments, a window and a cap.
+      {DType::bf16, 1, 4, 2, 197, 300, 256, Mask::causal_bottom_right(), true, false},
+      {DType::f16, 2, 2, 2, 130, 130, 256, Mask::none(), false, true},
+      {DType::bf16, 1, 2, 1, 300, 77, 256, Mask::causal_top_left(), false, true},
+      {DType::f16, 1, 2, 2, 200, 260, 256, Mask::sliding_window(64, 0), true, false, true, 20.0},
   };
 }
 
@@ -1455,10 +1461,14 @@ TEST(AttentionFa3Gpu, BackwardFitsWhatTheForwardFitsAndNeverServesDeterministic)
       problem_of(make_desc(DType::bf16, 1, 512, 1, int64_t{1} << 29, 128, 64));
   EXPECT_FALSE(fa3_bwd_kernel(DType::bf16)->fits(huge, gs.caps()));
   EXPECT_TRUE(fa3_kernel(DType::bf16)->fits(huge, gs.caps()));
-  // Head dim 256: the forward only.
+  // Head dim 256 both ways; Dk = 192 with Dv = 128 (MLA) the forward only.
   const attention::Problem d256 = problem_of(make_desc(DType::bf16, 1, 4, 4, 300, 300, 256));
   EXPECT_TRUE(fa3_kernel(DType::bf16)->fits(d256, gs.caps()));
-  EXPECT_FALSE(fa3_bwd_kernel(DType::bf16)->fits(d256, gs.caps()));
+  EXPECT_TRUE(fa3_bwd_kernel(DType::bf16)->fits(d256, gs.caps()));
+  Descriptor mla = make_desc(DType::bf16, 1, 4, 4, 300, 300, 192);
+  mla.head_dim_v = 128;
+  EXPECT_TRUE(fa3_kernel(DType::bf16)->fits(problem_of(mla), gs.caps()));
+  EXPECT_FALSE(fa3_bwd_kernel(DType::bf16)->fits(problem_of(mla), gs.caps()));
 }
 
 TEST(AttentionFa3Gpu, BackwardMisalignedRunFailsWithoutWriting) {
@@ -1743,13 +1753,8 @@ void check_varlen_case(const VarlenCase& c, harness::Rng& rng) {
           spare_rows_untouched({lv.begin() + h * tq, lv.begin() + (h + 1) * tq}, oq, 1, "lse"));
   }
 
-  // The backward pinned by name (not deterministic: each run checked on its own); it takes head
-  // dims up to 128.
+  // The backward pinned by name (not deterministic: each run checked on its own).
   auto bplan = attention::BackwardPlan::select(gs, desc, PlanPreference::kernel(kFa3BwdKernel));
-  if (c.d > 128) {
-    EXPECT_TRUE(fails_with(bplan, ErrorKind::unsupported, {"attention_backward"}));
-    return;
-  }
   BARACUDA_ASSERT_OK(bplan);
   ASSERT_EQ(bplan->sku().name, kFa3BwdKernel);
   TestTensor dq = packed_gpu(c, c.t, tq, c.hq), dk = packed_gpu(c, c.t, tk, c.hk),

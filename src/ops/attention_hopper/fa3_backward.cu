@@ -7,9 +7,10 @@
 //  1. prep: per query row, delta = rowsum(dY * Y) and lse2 = LSE * log2(e) (+inf for a row that
 //     sees no key or lies past Lq, so its probabilities come out 0 without a branch), both f32 in
 //     the workspace, padded to whole 64-row blocks; the f32 dQ accumulator is zeroed.
-//  2. main: one CTA per 128 keys of one (batch, key head), looping over the query blocks (64 rows)
-//     of every query head of its group, so dK and dV stay in registers and are stored once (the
-//     group's sum, no atomics). Two warpgroups, each owning 64 of the keys:
+//  2. main: one CTA per 128 keys (D = 256: 64, see BwdShape) of one (batch, key head), looping
+//     over the query blocks (64 rows) of every query head of its group, so dK and dV stay in
+//     registers and are stored once (the group's sum, no atomics). Two warpgroups, each owning 64
+//     of the keys (D = 256: all 64 keys, 128 of the head-dim columns each):
 //       S^T  = K Q^T        wgmma m64n64k16, both operands K-major from shared memory
 //       dP^T = V dY^T       the same
 //       P^T  = 2^(S^T * scale * log2(e) - lse2[q])       (masked keys: 0)
@@ -21,6 +22,8 @@
 //                           [64 w, 64 w + 64) over all 128 keys, D = 64: all columns over its own
 //                           64 keys; staged in shared memory and added into the f32 accumulator
 //                           by a bulk reduce-add (cp.reduce.async.bulk, the adds done in L2).
+//                           D = 256: warpgroup w takes columns [128 w, 128 w + 128), 64 at a
+//                           time, added from registers by vector atomics (no room to stage).
 //     Q, dY, lse2 and delta of a query block arrive by TMA / bulk copy into a 3-stage ring,
 //     issued by one thread once both warpgroups are past the block that used the stage last
 //     (the per-block barrier that also publishes dS^T); dS^T is double-buffered.
@@ -28,12 +31,13 @@
 //     accumulator is [B, Hq, query block, D / 64, 64 x 64 in accumulator-fragment order].
 // dK = scale * sum dS^T Q is scaled in the main kernel's epilogue.
 //
-// Not deterministic: the bulk reductions add each query block's dQ contributions in whatever order
-// the CTAs reach them. Supports what fa3_fwd_sm90a does (shape_fits, check_layout), varlen
-// included: the grids cover the longest sequence, every CTA or row block reads its sequence's
-// offsets from cu_seqlens (key CTAs past their sequence's keys exit), the workspace keeps a
-// [max Lq]-row slab per (sequence, query head), and the tiles' rows past a sequence are zeroed
-// in shared memory before the GEMMs read them (they belong to other sequences).
+// Not deterministic: the bulk reductions (D = 256: the atomics) add each query block's dQ
+// contributions in whatever order the CTAs reach them. Supports what fa3_fwd_sm90a does
+// (shape_fits, check_layout), varlen included: the grids cover the longest sequence, every CTA or
+// row block reads its sequence's offsets from cu_seqlens (key CTAs past their sequence's keys
+// exit), the workspace keeps a [max Lq]-row slab per (sequence, query head), and the tiles' rows
+// past a sequence are zeroed in shared memory before the GEMMs read them (they belong to other
+// sequences).
 #include <array>
 #include <atomic>
 #include <cmath>
@@ -53,12 +57,26 @@ using attention::BackwardArguments;
 using attention::Problem;
 
 constexpr int kQRows = 64;  // query rows per step
-constexpr int kKeys = 128;  // keys per CTA (two warpgroups of 64)
 constexpr int kBwdThreads = 256;
-constexpr int kRing = 3;  // Q / dY / lse2 / delta stages
+
+// How a CTA's two warpgroups share the work, per head dim. D = 64, 128: 128 keys per CTA, each
+// warpgroup owning 64 of them (all head-dim columns of their dK and dV). D = 256: one warpgroup's
+// dK and dV over 256 columns would take 256 registers a thread, so the CTA holds 64 keys and
+// warpgroup w owns head-dim columns [128 w, 128 w + 128) of their dK and dV and of dQ; both
+// compute the same S^T and dP^T (64 keys x 64 queries, contracted over all 256 columns): 1.4x the
+// tensor work of splitting keys, for tiles (K, V 32 KB; Q, dY 32 KB a stage) that leave room for a
+// two-stage ring in 227 KB.
+template <int D>
+struct BwdShape {
+  static constexpr bool kSplitCols = D == 256;
+  static constexpr int kKeys = kSplitCols ? 64 : 128;  // keys per CTA
+  static constexpr int kRing = kSplitCols ? 2 : 3;     // Q / dY / lse2 / delta stages
+  static constexpr int kCols = kSplitCols ? 128 : D;   // dK / dV columns of a warpgroup
+};
 
 template <int D>
-struct BwdSmem {
+struct BwdSmem : BwdShape<D> {
+  using BwdShape<D>::kKeys, BwdShape<D>::kRing, BwdShape<D>::kSplitCols;
   static constexpr int kKvBytes = kKeys * D * 2;       // the K or the V tile
   static constexpr int kQBytes = kQRows * D * 2;       // one step's Q or dY tile
   static constexpr int kDsBytes = kKeys * kQRows * 2;  // dS^T, [key][query]
@@ -67,7 +85,8 @@ struct BwdSmem {
                        kDs = kDy + kRing * kQBytes, kRows = kDs + 2 * kDsBytes;
   static constexpr int kStageBytes = kQRows * 64 * 4;  // one warpgroup's f32 dQ part
   static constexpr int kStage = kRows + kRing * kRowBytes;
-  static constexpr int kBytes = kStage + 2 * kStageBytes;
+  // D = 256 adds its dQ parts straight from registers (no room for staging).
+  static constexpr int kBytes = kStage + (kSplitCols ? 0 : 2 * kStageBytes);
   static constexpr int kLaunchBytes = kBytes + 1024;  // + alignment slack for 1024-byte atoms
 };
 
@@ -159,6 +178,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 #if BARACUDA_FA3_DEVICE
   using S = BwdSmem<D>;
   constexpr int kDB = D / 64;  // 64-column blocks per row
+  constexpr int kKeys = S::kKeys, kRing = S::kRing, kCols = S::kCols;
+  constexpr bool kSplit = S::kSplitCols;
   extern __shared__ uint8_t smem_raw[];
   __shared__ alignas(8) uint64_t bars[1 + kRing];  // K/V, then one per ring stage
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
@@ -223,11 +244,15 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     for (int t = 0; t < min(steps, kRing); ++t) load_step(t);
   }
 
-  float dv[D / 2], dk[D / 2];
+  float dv[kCols / 2], dk[kCols / 2];
 #pragma unroll
-  for (int i = 0; i < D / 2; ++i) dv[i] = dk[i] = 0.f;
-  // This thread's accumulator rows (keys) of S^T / dP^T / dK / dV: key0 and key0 + 8.
-  const int key0 = n0 + wg * 64 + wl * 16 + lane / 4;
+  for (int i = 0; i < kCols / 2; ++i) dv[i] = dk[i] = 0.f;
+  // This thread's accumulator rows (keys) of S^T / dP^T / dK / dV: key0 and key0 + 8. The
+  // warpgroup's first key row in the CTA's tiles (kSplit: both warpgroups hold all 64).
+  const int wg_key = kSplit ? 0 : wg * 64;
+  const int key0 = n0 + wg_key + wl * 16 + lane / 4;
+  // kSplit: the byte offset of this warpgroup's 128 columns in a Q or dY tile.
+  const uint32_t wg_cols = kSplit ? static_cast<uint32_t>(wg * 2 * kQRows * 128) : 0u;
   // The mask's per-thread constants: this thread's two keys past Lk, and the band as limits on
   // key - diagonal (an unbounded side as 2^30, which no difference reaches: shape_fits keeps
   // Lq + Lk below 2^30).
@@ -242,7 +267,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   // warpgroup's 64 rows of K (`rows` = S::kK) or V (S::kV), B the step's Q or dY tile.
   auto issue_scores = [&](int t, float(&acc)[32], uint32_t sb, int rows_at, int tile) {
     const int s = t % kRing;
-    const uint32_t rows = sb + rows_at + wg * 64 * 128, tile_base = sb + tile + s * S::kQBytes;
+    const uint32_t rows = sb + rows_at + wg_key * 128, tile_base = sb + tile + s * S::kQBytes;
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
@@ -357,7 +382,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     } else {
       probabilities(std::false_type{});
     }
-    issue_rs<T, D>(dv, pa, sdy);
+    issue_rs<T, kCols>(dv, pa, sdy + wg_cols);
     wgmma_wait<1>();  // dP^T done; dV may still run
     fence_regs(dpt);
 
@@ -371,16 +396,18 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     }
     uint32_t dsa[4][4];
     pack_a<T, 64>(dpt, dsa);
-    issue_rs<T, D>(dk, dsa, sq);
+    issue_rs<T, kCols>(dk, dsa, sq + wg_cols);
 
     // dS^T into shared memory ([key][query], 128-byte rows, 128-byte swizzle) for dQ = dS K.
     const uint32_t ds = sb + S::kDs + (t & 1) * S::kDsBytes;
     {
-      const int r0 = wg * 64 + wl * 16 + lane / 4;
+      const int r0 = wg_key + wl * 16 + lane / 4;
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
         for (int x = 0; x < 4; ++x) {
+          // kSplit: both warpgroups hold the same dS^T; each stores half of its queries.
+          if (kSplit && kk / 2 != wg) continue;
           const int r = r0 + 8 * (x & 1), chunk = 2 * kk + (x >> 1);
           const uint32_t addr = ds + r * 128 + ((chunk ^ (r % 8)) * 16) + cq * 2;
           asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(dsa[kk][x]) : "memory");
@@ -388,56 +415,89 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     }
     fence_proxy_async();
     // Both warpgroups' dS^T are written, and both are past step t - 1 (its wgmmas waited for):
-    // stage (t - 1) % kRing is free for step t + 2. Each warpgroup's dQ staging buffer is free
-    // once its previous bulk reduction has read it: the barrier publishes that too.
-    if (threadIdx.x % 128 == 0) bulk_wait<0, true>();
+    // stage (t - 1) % kRing is free for step t + kRing - 1. Each warpgroup's dQ staging buffer is
+    // free once its previous bulk reduction has read it: the barrier publishes that too.
+    if (!kSplit && threadIdx.x % 128 == 0) bulk_wait<0, true>();
     sync_consumers();
-    if (threadIdx.x == 0 && t >= 1 && t + 2 < steps) load_step(t + 2);
+    if (threadIdx.x == 0 && t >= 1 && t + kRing - 1 < steps) load_step(t + kRing - 1);
 
-    float dq[32];
-    wgmma_fence();
-    if constexpr (D == 128) {
-#pragma unroll
-      for (int kk = 0; kk < kKeys / 16; ++kk)
-        Ops<T>::tt64(dq, desc_sw128(ds + kk * 16 * 128, 8192, 1024),
-                     desc_sw128(sb + S::kK + wg * kKeys * 128 + kk * 16 * 128, 8192, 1024),
-                     kk > 0 ? 1 : 0);
-    } else {
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk)
-        Ops<T>::tt64(dq, desc_sw128(ds + (wg * 64 + kk * 16) * 128, 8192, 1024),
-                     desc_sw128(sb + S::kK + (wg * 64 + kk * 16) * 128, 8192, 1024),
-                     kk > 0 ? 1 : 0);
-    }
-    wgmma_commit();
-    wgmma_wait<0>();  // dQ_t (and every older group) done
-    fence_regs(dq);
-    // dQ_t into the accumulator: this warpgroup's 64 x 64 f32 part, staged in shared memory in
-    // accumulator-fragment order (conflict-free stores; see staged_slot), then bulk reduce-adds.
-    // D = 64: both warpgroups add into the same chunk. S^T_{t+1} is issued between the staging
-    // stores and the proxy fence that waits for them, so the stores land while it issues (the
-    // fence was the largest stall in ncu when S^T_{t+1} went first, behind the dQ GEMM: H100,
-    // d128 L4096 476 -> 504 TFLOP/s in one call, d64 unchanged).
-    // The last step issues its own S^T again (its stage is still resident): an S^T GEMM on every
-    // path keeps the accumulator registers' definitions unconditional, which ptxas needs to keep
-    // the wgmmas asynchronous.
-    {
+    if constexpr (kSplit) {
+      // dQ = dS K for this warpgroup's 128 columns, 64 at a time (32 accumulator registers, as
+      // the other head dims), each added into its accumulator chunk by vector atomics in the
+      // chunk's fragment order (staged_slot).
       const int tid = static_cast<int>(threadIdx.x) % 128;
-      const uint32_t stage = sb + S::kStage + wg * S::kStageBytes;
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
-        asm volatile(
-            "st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(stage + staged_slot(j, tid) * 16),
-            "f"(dq[4 * j]), "f"(dq[4 * j + 1]), "f"(dq[4 * j + 2]), "f"(dq[4 * j + 3])
-            : "memory");
-      if (t + 1 < steps)
-        issue_s(t + 1);
-      else
-        issue_scores(t, st, sb, S::kK, S::kQ);
-      const int64_t chunk = chunk_of(h, m0);
-      fence_proxy_async();
-      sync_warpgroup(wg);
-      if (tid == 0) bulk_reduce_add_f32(p.acc + chunk * (kQRows * 64), stage, S::kStageBytes);
+      for (int half = 0; half < 2; ++half) {
+        const int cb = 2 * wg + half;  // 64-column block of dQ and K
+        float dq[32];
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+          Ops<T>::tt64(dq, desc_sw128(ds + kk * 16 * 128, 8192, 1024),
+                       desc_sw128(sb + S::kK + cb * kKeys * 128 + kk * 16 * 128, 8192, 1024),
+                       kk > 0 ? 1 : 0);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs(dq);
+        // S^T_{t+1} (see below) issued before the last adds, so they run under it.
+        if (half == 1) {
+          if (t + 1 < steps)
+            issue_s(t + 1);
+          else
+            issue_scores(t, st, sb, S::kK, S::kQ);
+        }
+        float4* chunk = reinterpret_cast<float4*>(p.acc + (chunk_of(h, m0) + cb) * (kQRows * 64));
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          atomicAdd(chunk + staged_slot(j, tid),
+                    make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]));
+      }
+    } else {
+      float dq[32];
+      wgmma_fence();
+      if constexpr (D == 128) {
+#pragma unroll
+        for (int kk = 0; kk < kKeys / 16; ++kk)
+          Ops<T>::tt64(dq, desc_sw128(ds + kk * 16 * 128, 8192, 1024),
+                       desc_sw128(sb + S::kK + wg * kKeys * 128 + kk * 16 * 128, 8192, 1024),
+                       kk > 0 ? 1 : 0);
+      } else {
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+          Ops<T>::tt64(dq, desc_sw128(ds + (wg * 64 + kk * 16) * 128, 8192, 1024),
+                       desc_sw128(sb + S::kK + (wg * 64 + kk * 16) * 128, 8192, 1024),
+                       kk > 0 ? 1 : 0);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();  // dQ_t (and every older group) done
+      fence_regs(dq);
+      // dQ_t into the accumulator: this warpgroup's 64 x 64 f32 part, staged in shared memory in
+      // accumulator-fragment order (conflict-free stores; see staged_slot), then bulk reduce-adds.
+      // D = 64: both warpgroups add into the same chunk. S^T_{t+1} is issued between the staging
+      // stores and the proxy fence that waits for them, so the stores land while it issues (the
+      // fence was the largest stall in ncu when S^T_{t+1} went first, behind the dQ GEMM: H100,
+      // d128 L4096 476 -> 504 TFLOP/s in one call, d64 unchanged).
+      // The last step issues its own S^T again (its stage is still resident): an S^T GEMM on every
+      // path keeps the accumulator registers' definitions unconditional, which ptxas needs to keep
+      // the wgmmas asynchronous.
+      {
+        const int tid = static_cast<int>(threadIdx.x) % 128;
+        const uint32_t stage = sb + S::kStage + wg * S::kStageBytes;
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          asm volatile(
+              "st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(stage + staged_slot(j, tid) * 16),
+              "f"(dq[4 * j]), "f"(dq[4 * j + 1]), "f"(dq[4 * j + 2]), "f"(dq[4 * j + 3])
+              : "memory");
+        if (t + 1 < steps)
+          issue_s(t + 1);
+        else
+          issue_scores(t, st, sb, S::kK, S::kQ);
+        const int64_t chunk = chunk_of(h, m0);
+        fence_proxy_async();
+        sync_warpgroup(wg);
+        if (tid == 0) bulk_reduce_add_f32(p.acc + chunk * (kQRows * 64), stage, S::kStageBytes);
+      }
     }
     // S^T_{t+1} ran under the staging. Nothing may stay in flight across the loop's back edge:
     // ptxas then serializes every wgmma of the kernel (C7514 / C7515).
@@ -445,7 +505,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   }
   fence_regs(dv);
   fence_regs(dk);
-  if (threadIdx.x % 128 == 0) bulk_wait<0, false>();  // the last reduction landed
+  if (!kSplit && threadIdx.x % 128 == 0) bulk_wait<0, false>();  // the last reduction landed
 
     // Epilogue: dV and scale * dK, rows past Lk skipped (zero where no query saw the key).
 #pragma unroll
@@ -453,10 +513,11 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     const int key = key0 + 8 * i;
     if (key >= lk) continue;
     const int64_t row = sq_.k0 + key;
-    T* dvr = static_cast<T*>(p.dv) + sq_.tb * p.sdv[0] + hk * p.sdv[1] + row * p.sdv[2] + cq;
-    T* dkr = static_cast<T*>(p.dk) + sq_.tb * p.sdk[0] + hk * p.sdk[1] + row * p.sdk[2] + cq;
+    const int c0 = kSplit ? wg * kCols : 0;  // this warpgroup's first column
+    T* dvr = static_cast<T*>(p.dv) + sq_.tb * p.sdv[0] + hk * p.sdv[1] + row * p.sdv[2] + c0 + cq;
+    T* dkr = static_cast<T*>(p.dk) + sq_.tb * p.sdk[0] + hk * p.sdk[1] + row * p.sdk[2] + c0 + cq;
 #pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
+    for (int j = 0; j < kCols / 8; ++j) {
       const uint32_t v = cuda::pack2<T>(dv[4 * j + 2 * i], dv[4 * j + 2 * i + 1]);
       const uint32_t k =
           cuda::pack2<T>(dk[4 * j + 2 * i] * p.scale, dk[4 * j + 2 * i + 1] * p.scale);
@@ -493,7 +554,8 @@ __device__ __forceinline__ RowSeq row_seq(const RowParams& p, int b) {
 
 // Elements per lane of a warp-wide row of D elements, as one vector load.
 template <int D>
-using LaneVec = std::conditional_t<D == 128, uint2, uint32_t>;  // 4 or 2 16-bit elements
+using LaneVec =
+    std::conditional_t<D == 256, uint4, std::conditional_t<D == 128, uint2, uint32_t>>;  // 8, 4, 2
 
 template <class T>
 __device__ __forceinline__ float2 unpack2(uint32_t w) {
@@ -542,7 +604,10 @@ __global__ void __launch_bounds__(256) fa3_bwd_prep(const RowParams p) {
   }
   // The accumulator (whatever its order inside a chunk) is B * Hq * lq_pad * D floats: this
   // warp zeroes the row-sized piece r.
-  if constexpr (D == 128)
+  if constexpr (D == 256) {
+    reinterpret_cast<float4*>(p.acc + r * D)[lane] = make_float4(0.f, 0.f, 0.f, 0.f);
+    reinterpret_cast<float4*>(p.acc + r * D)[lane + 32] = make_float4(0.f, 0.f, 0.f, 0.f);
+  } else if constexpr (D == 128)
     reinterpret_cast<float4*>(p.acc + r * D)[lane] = make_float4(0.f, 0.f, 0.f, 0.f);
   else
     reinterpret_cast<float2*>(p.acc + r * D)[lane] = make_float2(0.f, 0.f);
@@ -616,13 +681,19 @@ template <class T>
 bool fits(const Problem& pr, const DeviceCaps& caps) {
   if (caps.device < 0 || caps.sm != 90 || !shape_fits(pr) ||
       pr.desc.head_dim_qk != pr.desc.head_dim_v ||
-      (pr.desc.head_dim_qk != 64 && pr.desc.head_dim_qk != 128))
+      (pr.desc.head_dim_qk != 64 && pr.desc.head_dim_qk != 128 && pr.desc.head_dim_qk != 256))
     return false;
   // A CTA's steps (query blocks x the group's query heads) and their rotated index (t + rot <
   // 2 steps) are ints; the grid's y / z carry key heads and batch (shape_fits bounds them).
   if (padded_rows(pr) / kQRows * pr.group >= (int64_t{1} << 30)) return false;
-  return pr.desc.head_dim_qk == 64 ? has_sm90a_body<fa3_bwd_kernel<T, 64, false, false>>()
-                                   : has_sm90a_body<fa3_bwd_kernel<T, 128, false, false>>();
+  switch (pr.desc.head_dim_qk) {
+    case 64:
+      return has_sm90a_body<fa3_bwd_kernel<T, 64, false, false>>();
+    case 128:
+      return has_sm90a_body<fa3_bwd_kernel<T, 128, false, false>>();
+    default:
+      return has_sm90a_body<fa3_bwd_kernel<T, 256, false, false>>();
+  }
 }
 
 // The ranked-ahead entry: only where the measured table picks fa3 for the backward.
@@ -663,6 +734,7 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
                                                            : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   CUtensorMap tq, tk, tv, tdy;
   BARACUDA_TRY(make_map(kWho, &tq, dt, q, kQRows));
+  constexpr int kKeys = BwdShape<D>::kKeys;
   BARACUDA_TRY(make_map(kWho, &tk, dt, k, kKeys));
   BARACUDA_TRY(make_map(kWho, &tv, dt, v, kKeys));
   BARACUDA_TRY(make_map(kWho, &tdy, dt, dy, kQRows));
@@ -729,7 +801,14 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
 
 template <class T>
 Status launch(const LaunchContext& ctx, const Problem& pr, const BackwardArguments& a) {
-  return pr.desc.head_dim_qk == 64 ? launch_d<T, 64>(ctx, pr, a) : launch_d<T, 128>(ctx, pr, a);
+  switch (pr.desc.head_dim_qk) {
+    case 64:
+      return launch_d<T, 64>(ctx, pr, a);
+    case 128:
+      return launch_d<T, 128>(ctx, pr, a);
+    default:
+      return launch_d<T, 256>(ctx, pr, a);
+  }
 }
 
 // One table of entries per element type. Not deterministic: dQ is summed by bulk reduce-adds in
