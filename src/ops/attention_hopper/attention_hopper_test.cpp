@@ -314,27 +314,29 @@ TEST(AttentionCudnnRules, ShippedTableIsWellFormed) {
   }
 }
 
-// The shipped run (H200, 2026-11-26, e245b67): fa3 is picked exactly where it beat cuDNN in that
-// run (D = 128: L8192 non-causal and L16384, both masks; D = 256: L8192 and L16384 causal), cuDNN
-// at every other measured point, and never without fa3; the backward stays cuDNN everywhere. Varlen
-// problems (no cuDNN) get fa3 wherever it runs (it beat the bespoke kernels at every point): both
-// passes at D <= 128, the forward at D = 256 (the backward there is the bespoke one).
+// The shipped run (H100, cuDNN 9.19.0, 2026-11-26, fc737a7): fa3 is picked exactly where it beat
+// cuDNN in that run (forward: D = 128 at L8192 both masks and L16384 causal, D = 256 at L8192
+// causal and L16384 both masks; backward: D = 128 L512 causal alone), cuDNN at every other
+// measured point, and never without fa3. Varlen problems (no cuDNN) get fa3 wherever it runs (it
+// beat the bespoke kernels at every point, both passes, every head dim).
 TEST(AttentionCudnnRules, ShippedTablePicksFa3WhereItWasFastest) {
   struct Point {
     int64_t d, l;
     bool causal;
-    Candidate want;
+    Candidate forward, backward;
   };
+  constexpr Candidate kFa3 = Candidate::fa3, kCudnn = Candidate::cudnn;
   const Point points[] = {
-      {128, 8192, false, Candidate::fa3},    {128, 8192, true, Candidate::cudnn},
-      {128, 16384, true, Candidate::fa3},    {128, 16384, false, Candidate::fa3},
-      {128, 4096, false, Candidate::cudnn},  {128, 4096, true, Candidate::cudnn},
-      {128, 1024, false, Candidate::cudnn},  {128, 1024, true, Candidate::cudnn},
-      {64, 4096, false, Candidate::cudnn},   {64, 4096, true, Candidate::cudnn},
-      {64, 16384, false, Candidate::cudnn},  {64, 1024, false, Candidate::cudnn},
-      {128, 2048, true, Candidate::cudnn},   {64, 512, true, Candidate::cudnn},
-      {256, 16384, true, Candidate::fa3},    {256, 8192, true, Candidate::fa3},
-      {256, 16384, false, Candidate::cudnn}, {256, 4096, false, Candidate::cudnn},
+      {128, 8192, false, kFa3, kCudnn},   {128, 8192, true, kFa3, kCudnn},
+      {128, 16384, true, kFa3, kCudnn},   {128, 16384, false, kCudnn, kCudnn},
+      {128, 4096, false, kCudnn, kCudnn}, {128, 4096, true, kCudnn, kCudnn},
+      {128, 1024, false, kCudnn, kCudnn}, {128, 1024, true, kCudnn, kCudnn},
+      {128, 512, true, kCudnn, kFa3},     {128, 2048, true, kCudnn, kCudnn},
+      {64, 4096, false, kCudnn, kCudnn},  {64, 4096, true, kCudnn, kCudnn},
+      {64, 16384, false, kCudnn, kCudnn}, {64, 1024, false, kCudnn, kCudnn},
+      {64, 512, true, kCudnn, kCudnn},    {256, 16384, true, kFa3, kCudnn},
+      {256, 8192, true, kFa3, kCudnn},    {256, 16384, false, kFa3, kCudnn},
+      {256, 8192, false, kCudnn, kCudnn}, {256, 4096, false, kCudnn, kCudnn},
   };
   for (const Point& pt : points) {
     const Mask m = pt.causal ? Mask::causal_top_left() : Mask::none();
@@ -342,11 +344,12 @@ TEST(AttentionCudnnRules, ShippedTablePicksFa3WhereItWasFastest) {
         make_desc(DType::bf16, 16384 / pt.l, 2048 / pt.d, 2048 / pt.d, pt.l, pt.l, pt.d, m));
     SCOPED_TRACE("D" + std::to_string(pt.d) + " L" + std::to_string(pt.l) +
                  (pt.causal ? " causal" : ""));
-    EXPECT_EQ(preferred_candidate(p, Pass::forward, true), pt.want);
+    EXPECT_EQ(preferred_candidate(p, Pass::forward, true), pt.forward);
     EXPECT_EQ(preferred_candidate(p, Pass::forward, false), Candidate::cudnn);
-    EXPECT_EQ(preferred_candidate(p, Pass::backward, true), Candidate::cudnn);
+    EXPECT_EQ(preferred_candidate(p, Pass::backward, true), pt.backward);
+    EXPECT_EQ(preferred_candidate(p, Pass::backward, false), Candidate::cudnn);
     // Decode against the same keys: the family's decode kernel, never fa3 or cuDNN; its backward
-    // still follows the table.
+    // follows the table's non-causal point (cuDNN at every length).
     for (int64_t lq : {int64_t{1}, int64_t{4}, kDecodeQueryRows}) {
       const attention::Problem decode =
           problem_of(make_desc(DType::bf16, 16, 2048 / pt.d, 2048 / pt.d, lq, pt.l, pt.d));
@@ -358,9 +361,7 @@ TEST(AttentionCudnnRules, ShippedTablePicksFa3WhereItWasFastest) {
     packed.varlen = true;
     packed.total_q = packed.total_k = 4 * pt.l;
     for (Pass pass : {Pass::forward, Pass::backward}) {
-      const bool fa3_runs = pass == Pass::forward || pt.d <= 128;
-      EXPECT_EQ(preferred_candidate(problem_of(packed), pass, fa3_runs),
-                fa3_runs ? Candidate::fa3 : Candidate::bespoke);
+      EXPECT_EQ(preferred_candidate(problem_of(packed), pass, true), Candidate::fa3);
       EXPECT_EQ(preferred_candidate(problem_of(packed), pass, false), Candidate::bespoke);
     }
   }
