@@ -68,6 +68,12 @@ struct CudnnTuning {
 std::optional<CudnnTuning> cudnn_tuning(const attention::Problem& p, Pass pass, bool deterministic,
                                         int device);
 
+// cudnnGetVersion() of the cuDNN this process loaded (e.g. 91900), which may differ from the
+// headers it was built with: the loader picks the first libcudnn.so.9 on its path. The engines,
+// the tuning's choices and the selection table's cuDNN column are per release. nullopt: built
+// without the cuDNN frontend.
+std::optional<int64_t> cudnn_loaded_version();
+
 // Whether select() tunes, process-wide: `by_size` (the default) as cudnn_tunes() says above;
 // `off` never (every graph on the heuristics' first choice: no select-time timing, no scratch,
 // no device synchronization); `any_size` drops the minimum of work (the other bounds stay), so

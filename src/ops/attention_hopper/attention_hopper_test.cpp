@@ -158,6 +158,18 @@ TEST(AttentionCudnnRules, TuningTakesShortProblemsWithWorkAndScratchToSpare) {
   EXPECT_TRUE(cudnn_tunes(sweep_point));
 }
 
+// The release the process loaded is reported without a GPU. Only the major version is checked:
+// the loader may pick a release older or newer than the headers the build used.
+TEST(AttentionCudnnRules, LoadedReleaseIsReported) {
+  const std::optional<int64_t> v = cudnn_loaded_version();
+#if BARACUDA_HAVE_CUDNN_FRONTEND
+  ASSERT_TRUE(v.has_value());
+  EXPECT_EQ(*v / 10000, 9) << *v;
+#else
+  EXPECT_FALSE(v.has_value());
+#endif
+}
+
 TEST(AttentionCudnnRules, LayoutRulesNameArgumentRuleAndNumbers) {
   const int64_t shape[] = {2, 4, 16, 64};
   const int64_t dense[] = {4096, 1024, 64, 1};

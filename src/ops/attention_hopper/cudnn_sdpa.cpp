@@ -688,6 +688,10 @@ BARACUDA_REGISTER(register_all());
 
 }  // namespace
 
+std::optional<int64_t> cudnn_loaded_version() {
+  return static_cast<int64_t>(cudnnGetVersion());
+}
+
 std::optional<CudnnTuning> cudnn_tuning(const attention::Problem& p, Pass pass, bool deterministic,
                                         int device) {
   const Kind kind = pass == Pass::forward ? Kind::forward
@@ -697,7 +701,7 @@ std::optional<CudnnTuning> cudnn_tuning(const attention::Problem& p, Pass pass, 
   const auto& graphs = state().graphs;
   const auto it = graphs.find(key_of(p, kind, device, canonical_layout(p, kind, true)));
   if (it == graphs.end() || !it->second->graph) return std::nullopt;
-  return CudnnTuning{it->second->timed, it->second->plan, static_cast<int64_t>(cudnnGetVersion())};
+  return CudnnTuning{it->second->timed, it->second->plan, *cudnn_loaded_version()};
 }
 
 }  // namespace baracuda::attention_hopper

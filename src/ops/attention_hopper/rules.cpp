@@ -92,6 +92,9 @@ bool cudnn_tunes(const attention::Problem& p) {
 std::optional<CudnnTuning> cudnn_tuning(const attention::Problem&, Pass, bool, int) {
   return std::nullopt;
 }
+std::optional<int64_t> cudnn_loaded_version() {
+  return std::nullopt;
+}
 #endif
 
 SelectionTableOverride::SelectionTableOverride(std::span<const TablePoint> table)
