@@ -81,8 +81,10 @@ struct BwdSmem : BwdShape<D> {
   static constexpr int kQBytes = kQRows * D * 2;       // one step's Q or dY tile
   static constexpr int kDsBytes = kKeys * kQRows * 2;  // dS^T, [key][query]
   static constexpr int kRowBytes = 2 * kQRows * 4;     // lse2 then delta of one step
+  // kSplitCols: P^T passes between the warpgroups through kP (double-buffered, dS^T's layout).
   static constexpr int kK = 0, kV = kKvBytes, kQ = 2 * kKvBytes, kDy = kQ + kRing * kQBytes,
-                       kDs = kDy + kRing * kQBytes, kRows = kDs + 2 * kDsBytes;
+                       kDs = kDy + kRing * kQBytes, kP = kDs + 2 * kDsBytes,
+                       kRows = kP + (kSplitCols ? 2 * kDsBytes : 0);
   static constexpr int kStageBytes = kQRows * 64 * 4;  // one warpgroup's f32 dQ part
   static constexpr int kStage = kRows + kRing * kRowBytes;
   // D = 256 adds its dQ parts straight from registers (no room for staging).
@@ -145,6 +147,12 @@ __device__ __forceinline__ void issue_rs(float (&acc)[D / 2], const uint32_t (&a
   for (int kk = 0; kk < 4; ++kk)
     Ops<T>::template rs<D>(acc, a[kk], desc_sw128(tile + kk * 16 * 128, kQRows * 128, 1024));
   wgmma_commit();
+}
+template <class T>
+__device__ __forceinline__ float2 unpack2(uint32_t w) {
+  T v[2];
+  memcpy(v, &w, 4);
+  return make_float2(static_cast<float>(v[0]), static_cast<float>(v[1]));
 }
 // Named barriers 2 and 3: one warpgroup.
 __device__ __forceinline__ void sync_warpgroup(int wg) {
@@ -263,6 +271,13 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   // S^T = K Q^T (once the step's stage has landed) and dP^T = V dY^T of step t: this
   // warpgroup's 64 keys x the step's 64 queries, one commit group each.
   float st[32];
+  // kExchange (D = 256 without soft-capping): instead of both warpgroups forming S^T and dP^T,
+  // warpgroup 0 forms S^T and P^T, warpgroup 1 dP^T, and they trade P^T and dS^T through shared
+  // memory (1.4x less tensor work; P^T enters dS^T rounded to the 16-bit type, as it enters dV).
+  // Soft-capping would need a second exchanged tile (P^T and P^T (1 - tanh^2)): no room.
+  constexpr bool kExchange = kSplit && !kCap;
+  const int own_rows = kExchange && wg == 1 ? S::kV : S::kK;
+  const int own_tile = kExchange && wg == 1 ? S::kDy : S::kQ;
   // `sb` is the shared-memory base through opaque() (see there); the A operand is this
   // warpgroup's 64 rows of K (`rows` = S::kK) or V (S::kV), B the step's Q or dY tile.
   auto issue_scores = [&](int t, float(&acc)[32], uint32_t sb, int rows_at, int tile) {
@@ -295,7 +310,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         sync_warpgroup(wg);
       }
     }
-    issue_scores(t, st, opaque(base), S::kK, S::kQ);
+    issue_scores(t, st, opaque(base), own_rows, own_tile);
   };
   // This warpgroup's accumulator chunk for query head h, query rows from m0: (batch, head,
   // query block, 64-column part).
@@ -323,112 +338,87 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     const uint32_t sb = opaque(base);
     const uint32_t sq = sb + S::kQ + s * S::kQBytes, sdy = sb + S::kDy + s * S::kQBytes;
     const uint32_t lse2 = sb + S::kRows + s * S::kRowBytes, delta = lse2 + kQRows * 4;
-    float dpt[32];
-    issue_scores(t, dpt, sb, S::kV, S::kDy);  // S^T_t is done (see the end of the step)
-    fence_regs(st);
-
-    // P^T (column c is query m0 + c) as the A fragments of dV += P^T dY (pack_a's order), and in
-    // place what dS^T needs of it: P^T, times d(capped)/d(scaled score) = 1 - tanh^2 when
-    // soft-capped.
-    // (int arithmetic: shape_fits keeps Lq + Lk, so every diagonal and bound, below 2^30.)
-    const int d_lo = m0 + off;  // the step's first diagonal
-    const bool masked = n0 + kKeys > lk || (p.right >= 0 && n0 + kKeys - 1 > d_lo + p.right) ||
-                        (p.left >= 0 && n0 < d_lo + kQRows - 1 - p.left);
-    // Element (j, e) holds key key0 + 8 (e >> 1) and diagonal d_lo + 8 j + cq + (e & 1): their
-    // difference is rel0 - 8 j + (8 (e >> 1) - (e & 1)). Hidden (probability 0) past Lk or outside
-    // the band, tested without branches so the masked loop stays one straight block.
-    const int rel0 = key0 - d_lo - cq;
-    auto hidden = [&](int j, int e) {
-      const int rel = rel0 - 8 * j + (8 * (e >> 1) - (e & 1));
-      return ((e >> 1) ? past1 : past0) | (rel > right_lim) | (rel < left_lim);
-    };
-    uint32_t pa[4][4];
-    // Two straight-line copies of the loop (the branch on `masked` is uniform over the CTA): the
-    // unmasked one, most steps of a long row, is exponentials alone.
-    auto probabilities = [&](auto masked_tag) {
-      constexpr bool kMasked = decltype(masked_tag)::value;
-      if constexpr (kCap) {
-        // Soft-capped: P packed for dV as it is formed, so st can hold P (1 - tanh^2).
+    if constexpr (kExchange) {
+      // st holds S^T_t (warpgroup 0) or dP^T_t (warpgroup 1), issued at the end of step t - 1.
+      fence_regs(st);
+      const uint32_t pt = sb + S::kP + (t & 1) * S::kDsBytes,
+                     ds = sb + S::kDs + (t & 1) * S::kDsBytes;
+      const int r0 = wl * 16 + lane / 4;
+      // A k16 fragment set ([4][4] words) to or from a [key][query] tile (dS^T's swizzled layout).
+      auto tile_addr = [&](uint32_t tile, int kk, int x) {
+        const int r = r0 + 8 * (x & 1), chunk = 2 * kk + (x >> 1);
+        return tile + r * 128 + ((chunk ^ (r % 8)) * 16) + cq * 2;
+      };
+      auto put = [&](uint32_t tile, const uint32_t(&a)[4][4]) {
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const float2 l = ld_shared_f2(lse2 + (8 * j + cq) * 4);
-          float v[4];
+        for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float th = fast_tanh(st[4 * j + e] * p.cap_arg);
-            v[e] = fast_exp2(fmaf(th, p.cap_log2, -((e & 1) ? l.y : l.x)));
-            if constexpr (kMasked) v[e] = hidden(j, e) ? 0.f : v[e];
-            st[4 * j + e] = v[e] * fmaf(-th, th, 1.f);
-          }
-          pa[j / 2][2 * (j % 2)] = cuda::pack2<T>(v[0], v[1]);
-          pa[j / 2][2 * (j % 2) + 1] = cuda::pack2<T>(v[2], v[3]);
-        }
-      } else {
+          for (int x = 0; x < 4; ++x)
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(tile_addr(tile, kk, x)), "r"(a[kk][x])
+                         : "memory");
+      };
+      auto get = [&](uint32_t tile, uint32_t(&a)[4][4]) {
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+          for (int x = 0; x < 4; ++x)
+            asm volatile("ld.shared.b32 %0, [%1];\n"
+                         : "=r"(a[kk][x])
+                         : "r"(tile_addr(tile, kk, x))
+                         : "memory");
+      };
+      uint32_t pa[4][4], dsa[4][4];
+      const int d_lo = m0 + off;
+      const int rel0 = key0 - d_lo - cq;
+      if (wg == 0) {
+        const bool masked = n0 + kKeys > lk || (p.right >= 0 && n0 + kKeys - 1 > d_lo + p.right) ||
+                            (p.left >= 0 && n0 < d_lo + kQRows - 1 - p.left);
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
           const float2 l = ld_shared_f2(lse2 + (8 * j + cq) * 4);
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            float v = fast_exp2(fmaf(st[4 * j + e], p.scale_log2, -((e & 1) ? l.y : l.x)));
-            if constexpr (kMasked) v = hidden(j, e) ? 0.f : v;
-            st[4 * j + e] = v;
+            const int rel = rel0 - 8 * j + (8 * (e >> 1) - (e & 1));
+            const bool hide = ((e >> 1) ? past1 : past0) | (rel > right_lim) | (rel < left_lim);
+            const float v = fast_exp2(fmaf(st[4 * j + e], p.scale_log2, -((e & 1) ? l.y : l.x)));
+            st[4 * j + e] = masked && hide ? 0.f : v;
           }
         }
         pack_a<T, 64>(st, pa);
+        put(pt, pa);
+        asm volatile("bar.arrive 4, 256;\n" ::: "memory");  // P^T_t published
+      } else {
+        asm volatile("bar.sync 4, 256;\n" ::: "memory");
+        get(pt, pa);
       }
-    };
-    if (masked) {
-      probabilities(std::true_type{});
-    } else {
-      probabilities(std::false_type{});
-    }
-    issue_rs<T, kCols>(dv, pa, sdy + wg_cols);
-    wgmma_wait<1>();  // dP^T done; dV may still run
-    fence_regs(dpt);
-
-    // dS^T = P^T (dP^T - delta), then dK += dS^T Q.
+      issue_rs<T, kCols>(dv, pa, sdy + wg_cols);
+      if (wg == 1) {
+        // dS^T = P^T (dP^T - delta), P^T as warpgroup 0 rounded it.
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const float2 dl = ld_shared_f2(delta + (8 * j + cq) * 4);
+        for (int j = 0; j < 8; ++j) {
+          const float2 dl = ld_shared_f2(delta + (8 * j + cq) * 4);
 #pragma unroll
-      for (int e = 0; e < 4; ++e)
-        dpt[4 * j + e] = st[4 * j + e] * (dpt[4 * j + e] - ((e & 1) ? dl.y : dl.x));
-    }
-    uint32_t dsa[4][4];
-    pack_a<T, 64>(dpt, dsa);
-    issue_rs<T, kCols>(dk, dsa, sq + wg_cols);
-
-    // dS^T into shared memory ([key][query], 128-byte rows, 128-byte swizzle) for dQ = dS K.
-    const uint32_t ds = sb + S::kDs + (t & 1) * S::kDsBytes;
-    {
-      const int r0 = wg_key + wl * 16 + lane / 4;
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-        for (int x = 0; x < 4; ++x) {
-          // kSplit: both warpgroups hold the same dS^T; each stores half of its queries.
-          if (kSplit && kk / 2 != wg) continue;
-          const int r = r0 + 8 * (x & 1), chunk = 2 * kk + (x >> 1);
-          const uint32_t addr = ds + r * 128 + ((chunk ^ (r % 8)) * 16) + cq * 2;
-          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(dsa[kk][x]) : "memory");
+          for (int h2 = 0; h2 < 2; ++h2) {
+            const float2 pr = unpack2<T>(pa[j / 2][2 * (j % 2) + h2]);
+            st[4 * j + 2 * h2] = pr.x * (st[4 * j + 2 * h2] - dl.x);
+            st[4 * j + 2 * h2 + 1] = pr.y * (st[4 * j + 2 * h2 + 1] - dl.y);
+          }
         }
-    }
-    fence_proxy_async();
-    // Both warpgroups' dS^T are written, and both are past step t - 1 (its wgmmas waited for):
-    // stage (t - 1) % kRing is free for step t + kRing - 1. Each warpgroup's dQ staging buffer is
-    // free once its previous bulk reduction has read it: the barrier publishes that too.
-    if (!kSplit && threadIdx.x % 128 == 0) bulk_wait<0, true>();
-    sync_consumers();
-    if (threadIdx.x == 0 && t >= 1 && t + kRing - 1 < steps) load_step(t + kRing - 1);
-
-    if constexpr (kSplit) {
-      // dQ = dS K for this warpgroup's 128 columns, 64 at a time (32 accumulator registers, as
-      // the other head dims), each added into its accumulator chunk by vector atomics in the
-      // chunk's fragment order (staged_slot).
+        pack_a<T, 64>(st, dsa);
+        put(ds, dsa);
+        fence_proxy_async();  // the dQ GEMMs read dS^T through the async proxy
+        asm volatile("bar.arrive 5, 256;\n" ::: "memory");  // dS^T_t published
+      } else {
+        asm volatile("bar.sync 5, 256;\n" ::: "memory");
+        get(ds, dsa);
+        // Warpgroup 1 is past dS^T_t, so both are past step t - 1: its stage is free.
+        if (threadIdx.x == 0 && t >= 1 && t + kRing - 1 < steps) load_step(t + kRing - 1);
+      }
+      issue_rs<T, kCols>(dk, dsa, sq + wg_cols);
       const int tid = static_cast<int>(threadIdx.x) % 128;
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int cb = 2 * wg + half;  // 64-column block of dQ and K
+        const int cb = 2 * wg + half;
         float dq[32];
         wgmma_fence();
 #pragma unroll
@@ -439,12 +429,11 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         wgmma_commit();
         wgmma_wait<0>();
         fence_regs(dq);
-        // S^T_{t+1} (see below) issued before the last adds, so they run under it.
         if (half == 1) {
           if (t + 1 < steps)
             issue_s(t + 1);
           else
-            issue_scores(t, st, sb, S::kK, S::kQ);
+            issue_scores(t, st, sb, own_rows, own_tile);
         }
         float4* chunk = reinterpret_cast<float4*>(p.acc + (chunk_of(h, m0) + cb) * (kQRows * 64));
 #pragma unroll
@@ -453,50 +442,181 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
                     make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]));
       }
     } else {
-      float dq[32];
-      wgmma_fence();
-      if constexpr (D == 128) {
+      float dpt[32];
+      issue_scores(t, dpt, sb, S::kV, S::kDy);  // S^T_t is done (see the end of the step)
+      fence_regs(st);
+
+      // P^T (column c is query m0 + c) as the A fragments of dV += P^T dY (pack_a's order), and in
+      // place what dS^T needs of it: P^T, times d(capped)/d(scaled score) = 1 - tanh^2 when
+      // soft-capped.
+      // (int arithmetic: shape_fits keeps Lq + Lk, so every diagonal and bound, below 2^30.)
+      const int d_lo = m0 + off;  // the step's first diagonal
+      const bool masked = n0 + kKeys > lk || (p.right >= 0 && n0 + kKeys - 1 > d_lo + p.right) ||
+                          (p.left >= 0 && n0 < d_lo + kQRows - 1 - p.left);
+      // Element (j, e) holds key key0 + 8 (e >> 1) and diagonal d_lo + 8 j + cq + (e & 1): their
+      // difference is rel0 - 8 j + (8 (e >> 1) - (e & 1)). Hidden (probability 0) past Lk or
+      // outside the band, tested without branches so the masked loop stays one straight block.
+      const int rel0 = key0 - d_lo - cq;
+      auto hidden = [&](int j, int e) {
+        const int rel = rel0 - 8 * j + (8 * (e >> 1) - (e & 1));
+        return ((e >> 1) ? past1 : past0) | (rel > right_lim) | (rel < left_lim);
+      };
+      uint32_t pa[4][4];
+      // Two straight-line copies of the loop (the branch on `masked` is uniform over the CTA): the
+      // unmasked one, most steps of a long row, is exponentials alone.
+      auto probabilities = [&](auto masked_tag) {
+        constexpr bool kMasked = decltype(masked_tag)::value;
+        if constexpr (kCap) {
+          // Soft-capped: P packed for dV as it is formed, so st can hold P (1 - tanh^2).
 #pragma unroll
-        for (int kk = 0; kk < kKeys / 16; ++kk)
-          Ops<T>::tt64(dq, desc_sw128(ds + kk * 16 * 128, 8192, 1024),
-                       desc_sw128(sb + S::kK + wg * kKeys * 128 + kk * 16 * 128, 8192, 1024),
-                       kk > 0 ? 1 : 0);
+          for (int j = 0; j < 8; ++j) {
+            const float2 l = ld_shared_f2(lse2 + (8 * j + cq) * 4);
+            float v[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const float th = fast_tanh(st[4 * j + e] * p.cap_arg);
+              v[e] = fast_exp2(fmaf(th, p.cap_log2, -((e & 1) ? l.y : l.x)));
+              if constexpr (kMasked) v[e] = hidden(j, e) ? 0.f : v[e];
+              st[4 * j + e] = v[e] * fmaf(-th, th, 1.f);
+            }
+            pa[j / 2][2 * (j % 2)] = cuda::pack2<T>(v[0], v[1]);
+            pa[j / 2][2 * (j % 2) + 1] = cuda::pack2<T>(v[2], v[3]);
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            const float2 l = ld_shared_f2(lse2 + (8 * j + cq) * 4);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              float v = fast_exp2(fmaf(st[4 * j + e], p.scale_log2, -((e & 1) ? l.y : l.x)));
+              if constexpr (kMasked) v = hidden(j, e) ? 0.f : v;
+              st[4 * j + e] = v;
+            }
+          }
+          pack_a<T, 64>(st, pa);
+        }
+      };
+      if (masked) {
+        probabilities(std::true_type{});
       } else {
+        probabilities(std::false_type{});
+      }
+      issue_rs<T, kCols>(dv, pa, sdy + wg_cols);
+      wgmma_wait<1>();  // dP^T done; dV may still run
+      fence_regs(dpt);
+
+      // dS^T = P^T (dP^T - delta), then dK += dS^T Q.
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float2 dl = ld_shared_f2(delta + (8 * j + cq) * 4);
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          dpt[4 * j + e] = st[4 * j + e] * (dpt[4 * j + e] - ((e & 1) ? dl.y : dl.x));
+      }
+      uint32_t dsa[4][4];
+      pack_a<T, 64>(dpt, dsa);
+      issue_rs<T, kCols>(dk, dsa, sq + wg_cols);
+
+      // dS^T into shared memory ([key][query], 128-byte rows, 128-byte swizzle) for dQ = dS K.
+      const uint32_t ds = sb + S::kDs + (t & 1) * S::kDsBytes;
+      {
+        const int r0 = wg_key + wl * 16 + lane / 4;
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
-          Ops<T>::tt64(dq, desc_sw128(ds + (wg * 64 + kk * 16) * 128, 8192, 1024),
-                       desc_sw128(sb + S::kK + (wg * 64 + kk * 16) * 128, 8192, 1024),
-                       kk > 0 ? 1 : 0);
-      }
-      wgmma_commit();
-      wgmma_wait<0>();  // dQ_t (and every older group) done
-      fence_regs(dq);
-      // dQ_t into the accumulator: this warpgroup's 64 x 64 f32 part, staged in shared memory in
-      // accumulator-fragment order (conflict-free stores; see staged_slot), then bulk reduce-adds.
-      // D = 64: both warpgroups add into the same chunk. S^T_{t+1} is issued between the staging
-      // stores and the proxy fence that waits for them, so the stores land while it issues (the
-      // fence was the largest stall in ncu when S^T_{t+1} went first, behind the dQ GEMM: H100,
-      // d128 L4096 476 -> 504 TFLOP/s in one call, d64 unchanged).
-      // The last step issues its own S^T again (its stage is still resident): an S^T GEMM on every
-      // path keeps the accumulator registers' definitions unconditional, which ptxas needs to keep
-      // the wgmmas asynchronous.
-      {
-        const int tid = static_cast<int>(threadIdx.x) % 128;
-        const uint32_t stage = sb + S::kStage + wg * S::kStageBytes;
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
-          asm volatile(
-              "st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(stage + staged_slot(j, tid) * 16),
-              "f"(dq[4 * j]), "f"(dq[4 * j + 1]), "f"(dq[4 * j + 2]), "f"(dq[4 * j + 3])
-              : "memory");
-        if (t + 1 < steps)
-          issue_s(t + 1);
-        else
-          issue_scores(t, st, sb, S::kK, S::kQ);
-        const int64_t chunk = chunk_of(h, m0);
-        fence_proxy_async();
-        sync_warpgroup(wg);
-        if (tid == 0) bulk_reduce_add_f32(p.acc + chunk * (kQRows * 64), stage, S::kStageBytes);
+          for (int x = 0; x < 4; ++x) {
+            // kSplit: both warpgroups hold the same dS^T; each stores half of its queries.
+            if (kSplit && kk / 2 != wg) continue;
+            const int r = r0 + 8 * (x & 1), chunk = 2 * kk + (x >> 1);
+            const uint32_t addr = ds + r * 128 + ((chunk ^ (r % 8)) * 16) + cq * 2;
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(dsa[kk][x]) : "memory");
+          }
+      }
+      fence_proxy_async();
+      // Both warpgroups' dS^T are written, and both are past step t - 1 (its wgmmas waited for):
+      // stage (t - 1) % kRing is free for step t + kRing - 1. Each warpgroup's dQ staging buffer is
+      // free once its previous bulk reduction has read it: the barrier publishes that too.
+      if (!kSplit && threadIdx.x % 128 == 0) bulk_wait<0, true>();
+      sync_consumers();
+      if (threadIdx.x == 0 && t >= 1 && t + kRing - 1 < steps) load_step(t + kRing - 1);
+
+      if constexpr (kSplit) {
+        // dQ = dS K for this warpgroup's 128 columns, 64 at a time (32 accumulator registers, as
+        // the other head dims), each added into its accumulator chunk by vector atomics in the
+        // chunk's fragment order (staged_slot).
+        const int tid = static_cast<int>(threadIdx.x) % 128;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int cb = 2 * wg + half;  // 64-column block of dQ and K
+          float dq[32];
+          wgmma_fence();
+#pragma unroll
+          for (int kk = 0; kk < 4; ++kk)
+            Ops<T>::tt64(dq, desc_sw128(ds + kk * 16 * 128, 8192, 1024),
+                         desc_sw128(sb + S::kK + cb * kKeys * 128 + kk * 16 * 128, 8192, 1024),
+                         kk > 0 ? 1 : 0);
+          wgmma_commit();
+          wgmma_wait<0>();
+          fence_regs(dq);
+          // S^T_{t+1} (see below) issued before the last adds, so they run under it.
+          if (half == 1) {
+            if (t + 1 < steps)
+              issue_s(t + 1);
+            else
+              issue_scores(t, st, sb, S::kK, S::kQ);
+          }
+          float4* chunk = reinterpret_cast<float4*>(p.acc + (chunk_of(h, m0) + cb) * (kQRows * 64));
+#pragma unroll
+          for (int j = 0; j < 8; ++j)
+            atomicAdd(chunk + staged_slot(j, tid),
+                      make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]));
+        }
+      } else {
+        float dq[32];
+        wgmma_fence();
+        if constexpr (D == 128) {
+#pragma unroll
+          for (int kk = 0; kk < kKeys / 16; ++kk)
+            Ops<T>::tt64(dq, desc_sw128(ds + kk * 16 * 128, 8192, 1024),
+                         desc_sw128(sb + S::kK + wg * kKeys * 128 + kk * 16 * 128, 8192, 1024),
+                         kk > 0 ? 1 : 0);
+        } else {
+#pragma unroll
+          for (int kk = 0; kk < 4; ++kk)
+            Ops<T>::tt64(dq, desc_sw128(ds + (wg * 64 + kk * 16) * 128, 8192, 1024),
+                         desc_sw128(sb + S::kK + (wg * 64 + kk * 16) * 128, 8192, 1024),
+                         kk > 0 ? 1 : 0);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();  // dQ_t (and every older group) done
+        fence_regs(dq);
+        // dQ_t into the accumulator: this warpgroup's 64 x 64 f32 part, staged in shared memory in
+        // accumulator-fragment order (conflict-free stores; see staged_slot), then bulk
+        // reduce-adds. D = 64: both warpgroups add into the same chunk. S^T_{t+1} is issued between
+        // the staging stores and the proxy fence that waits for them, so the stores land while it
+        // issues (the fence was the largest stall in ncu when S^T_{t+1} went first, behind the dQ
+        // GEMM: H100, d128 L4096 476 -> 504 TFLOP/s in one call, d64 unchanged). The last step
+        // issues its own S^T again (its stage is still resident): an S^T GEMM on every path keeps
+        // the accumulator registers' definitions unconditional, which ptxas needs to keep the
+        // wgmmas asynchronous.
+        {
+          const int tid = static_cast<int>(threadIdx.x) % 128;
+          const uint32_t stage = sb + S::kStage + wg * S::kStageBytes;
+#pragma unroll
+          for (int j = 0; j < 8; ++j)
+            asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                             stage + staged_slot(j, tid) * 16),
+                         "f"(dq[4 * j]), "f"(dq[4 * j + 1]), "f"(dq[4 * j + 2]), "f"(dq[4 * j + 3])
+                         : "memory");
+          if (t + 1 < steps)
+            issue_s(t + 1);
+          else
+            issue_scores(t, st, sb, S::kK, S::kQ);
+          const int64_t chunk = chunk_of(h, m0);
+          fence_proxy_async();
+          sync_warpgroup(wg);
+          if (tid == 0) bulk_reduce_add_f32(p.acc + chunk * (kQRows * 64), stage, S::kStageBytes);
+        }
       }
     }
     // S^T_{t+1} ran under the staging. Nothing may stay in flight across the loop's back edge:
@@ -556,13 +676,6 @@ __device__ __forceinline__ RowSeq row_seq(const RowParams& p, int b) {
 template <int D>
 using LaneVec =
     std::conditional_t<D == 256, uint4, std::conditional_t<D == 128, uint2, uint32_t>>;  // 8, 4, 2
-
-template <class T>
-__device__ __forceinline__ float2 unpack2(uint32_t w) {
-  T v[2];
-  memcpy(v, &w, 4);
-  return make_float2(static_cast<float>(v[0]), static_cast<float>(v[1]));
-}
 
 // One warp per query row (grid: lq_pad / 8 x Hq x B, 8 warps a block); 16-byte-aligned rows
 // (check_layout), so each lane reads its D / 32 elements as one vector.
