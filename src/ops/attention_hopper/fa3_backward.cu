@@ -62,10 +62,12 @@ constexpr int kBwdThreads = 256;
 // How a CTA's two warpgroups share the work, per head dim. D = 64, 128: 128 keys per CTA, each
 // warpgroup owning 64 of them (all head-dim columns of their dK and dV). D = 256: one warpgroup's
 // dK and dV over 256 columns would take 256 registers a thread, so the CTA holds 64 keys and
-// warpgroup w owns head-dim columns [128 w, 128 w + 128) of their dK and dV and of dQ; both
-// compute the same S^T and dP^T (64 keys x 64 queries, contracted over all 256 columns): 1.4x the
-// tensor work of splitting keys, for tiles (K, V 32 KB; Q, dY 32 KB a stage) that leave room for a
-// two-stage ring in 227 KB.
+// warpgroup w owns head-dim columns [128 w, 128 w + 128) of their dK and dV and of dQ.
+// Warpgroup 0 forms S^T and P^T, warpgroup 1 dP^T and dS^T (64 keys x 64 queries, contracted over
+// all 256 columns), and they trade P^T and dS^T through shared memory (kExchange in the kernel;
+// soft-capped problems, which would need a second traded tile, have both warpgroups form both:
+// 1.4x the tensor work). Tiles (K, V 32 KB; Q, dY 32 KB a stage) leave room for a two-stage ring
+// in 227 KB.
 template <int D>
 struct BwdShape {
   static constexpr bool kSplitCols = D == 256;
