@@ -320,6 +320,38 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     return ((int64_t{b} * p.heads_q + h) * (p.lq_pad / kQRows) + m0 / kQRows) * (D / 64) +
            (D == 128 ? wg : 0);
   };
+  // kSplit: dQ = dS K for this warpgroup's 128 columns, 64 at a time (32 accumulator registers,
+  // as the other head dims), each added into its accumulator chunk by vector atomics in the
+  // chunk's fragment order (staged_slot); the next step's score GEMM is issued before the last
+  // adds, so they run under it (the last step issues its own again, see below).
+  auto split_dq_and_next = [&](int t, int h, int m0, uint32_t ds, uint32_t sb) {
+    const int tid = static_cast<int>(threadIdx.x) % 128;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int cb = 2 * wg + half;  // 64-column block of dQ and K
+      float dq[32];
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+        Ops<T>::tt64(dq, desc_sw128(ds + kk * 16 * 128, 8192, 1024),
+                     desc_sw128(sb + S::kK + cb * kKeys * 128 + kk * 16 * 128, 8192, 1024),
+                     kk > 0 ? 1 : 0);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_regs(dq);
+      if (half == 1) {
+        if (t + 1 < steps)
+          issue_s(t + 1);
+        else
+          issue_scores(t, st, sb, own_rows, own_tile);
+      }
+      float4* chunk = reinterpret_cast<float4*>(p.acc + (chunk_of(h, m0) + cb) * (kQRows * 64));
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        atomicAdd(chunk + staged_slot(j, tid),
+                  make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]));
+    }
+  };
   if (steps > 0) {
     mbar_wait(smem_u32(&bars[0]), 0);
     if (kVarlen && n0 + kKeys > lk) {
@@ -417,32 +449,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         if (threadIdx.x == 0 && t >= 1 && t + kRing - 1 < steps) load_step(t + kRing - 1);
       }
       issue_rs<T, kCols>(dk, dsa, sq + wg_cols);
-      const int tid = static_cast<int>(threadIdx.x) % 128;
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int cb = 2 * wg + half;
-        float dq[32];
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-          Ops<T>::tt64(dq, desc_sw128(ds + kk * 16 * 128, 8192, 1024),
-                       desc_sw128(sb + S::kK + cb * kKeys * 128 + kk * 16 * 128, 8192, 1024),
-                       kk > 0 ? 1 : 0);
-        wgmma_commit();
-        wgmma_wait<0>();
-        fence_regs(dq);
-        if (half == 1) {
-          if (t + 1 < steps)
-            issue_s(t + 1);
-          else
-            issue_scores(t, st, sb, own_rows, own_tile);
-        }
-        float4* chunk = reinterpret_cast<float4*>(p.acc + (chunk_of(h, m0) + cb) * (kQRows * 64));
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-          atomicAdd(chunk + staged_slot(j, tid),
-                    make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]));
-      }
+      split_dq_and_next(t, h, m0, ds, sb);
     } else {
       float dpt[32];
       issue_scores(t, dpt, sb, S::kV, S::kDy);  // S^T_t is done (see the end of the step)
@@ -543,36 +550,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       if (threadIdx.x == 0 && t >= 1 && t + kRing - 1 < steps) load_step(t + kRing - 1);
 
       if constexpr (kSplit) {
-        // dQ = dS K for this warpgroup's 128 columns, 64 at a time (32 accumulator registers, as
-        // the other head dims), each added into its accumulator chunk by vector atomics in the
-        // chunk's fragment order (staged_slot).
-        const int tid = static_cast<int>(threadIdx.x) % 128;
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int cb = 2 * wg + half;  // 64-column block of dQ and K
-          float dq[32];
-          wgmma_fence();
-#pragma unroll
-          for (int kk = 0; kk < 4; ++kk)
-            Ops<T>::tt64(dq, desc_sw128(ds + kk * 16 * 128, 8192, 1024),
-                         desc_sw128(sb + S::kK + cb * kKeys * 128 + kk * 16 * 128, 8192, 1024),
-                         kk > 0 ? 1 : 0);
-          wgmma_commit();
-          wgmma_wait<0>();
-          fence_regs(dq);
-          // S^T_{t+1} (see below) issued before the last adds, so they run under it.
-          if (half == 1) {
-            if (t + 1 < steps)
-              issue_s(t + 1);
-            else
-              issue_scores(t, st, sb, S::kK, S::kQ);
-          }
-          float4* chunk = reinterpret_cast<float4*>(p.acc + (chunk_of(h, m0) + cb) * (kQRows * 64));
-#pragma unroll
-          for (int j = 0; j < 8; ++j)
-            atomicAdd(chunk + staged_slot(j, tid),
-                      make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]));
-        }
+        split_dq_and_next(t, h, m0, ds, sb);
       } else {
         float dq[32];
         wgmma_fence();
