@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Turns bench_attention's {"table_point": ...} lines (stdin or files) into selection_table.hpp.
-Usage: make_table.py bench.jsonl --commit <sha> --date <YYYY-MM-DD> --cudnn <release> > selection_table.hpp
+Usage: make_table.py bench.jsonl --commit <sha> --date <YYYY-MM-DD> [--cudnn <release>] > selection_table.hpp
 
 Each point carries the TFLOP/s of the three candidates timed back to back in one run: cuDNN, the
 attention family's bespoke kernel and our sm_90a kernel (fa3_fwd_sm90a forward, fa3_bwd_sm90a
@@ -15,9 +15,10 @@ ap.add_argument("files", nargs="*")
 ap.add_argument("--commit", default="unknown")
 ap.add_argument("--date", default="unknown")
 # The cuDNN release the run loaded: releases differ in their engines, so its column is per release.
-ap.add_argument("--cudnn", default="unknown")
+# By default it is read from the run's cuDNN rows (their note starts "cudnn <release> ").
+ap.add_argument("--cudnn", default=None)
 a = ap.parse_args()
-points, device = [], "unknown"
+points, device, releases = [], "unknown", set()
 for f in a.files or ["-"]:
     for line in (sys.stdin if f == "-" else open(f)):
         line = line.strip()
@@ -30,6 +31,13 @@ for f in a.files or ["-"]:
         if "table_point" in r and r["table_point"]["cudnn_tflops"] > 0:
             points.append(r["table_point"])
             device = r["table_point"].get("device", device)
+        note = r.get("note") or ""
+        if note.startswith("cudnn ") and len(note.split()) > 1:
+            releases.add(note.split()[1])
+if a.cudnn is None:
+    if len(releases) > 1:
+        sys.exit("make_table.py: the run's cuDNN rows name several releases: %s" % sorted(releases))
+    a.cudnn = releases.pop() if releases else "unknown"
 rows = []
 for p in points:
     rows.append("    {DType::%s, Pass::%s, %d, %d, %s, %.1f, %.1f, %.1f}," % (

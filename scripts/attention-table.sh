@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# One GPU-machine call that measures the attention selection table and regenerates it: builds the
+# attention family (scripts/gpu-family.sh, no stages), runs `bench_attention attention_hopper`
+# (cuDNN, the bespoke kernels and fa3 at every point of the sweep, on the cuDNN PyTorch loads) and
+# turns its table points into $OUT/selection_table.hpp (copy it over
+# src/ops/attention_hopper/selection_table.hpp, then clang-format it).
+#   BARACUDA_COMMIT=<sha> bash scripts/attention-table.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+STAGES=none bash scripts/gpu-family.sh attention >"$OUT/table_build.log" 2>&1
+. scripts/cudnn-env.sh
+"${BUILD_DIR:-build-family}/apps/bench_attention" attention_hopper >"$OUT/table_run.jsonl"
+python3 src/ops/attention_hopper/make_table.py "$OUT/table_run.jsonl" \
+  --commit "${BARACUDA_COMMIT:-unknown}" --date "$(date +%F)" >"$OUT/selection_table.hpp"
+echo "table: $OUT/selection_table.hpp ($(grep -c 'DType::' "$OUT/selection_table.hpp") points)"
