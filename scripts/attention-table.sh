@@ -9,9 +9,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
-STAGES=none bash scripts/gpu-family.sh attention >"$OUT/table_build.log" 2>&1
+STAGES=none bash scripts/gpu-family.sh attention >"$OUT/table_build.log" 2>&1 || true
+bench="${BUILD_DIR:-build-family}/apps/bench_attention"
+[ -x "$bench" ] || { echo "build failed: see $OUT/table_build.log"; exit 1; }
 . scripts/cudnn-env.sh
-"${BUILD_DIR:-build-family}/apps/bench_attention" attention_hopper >"$OUT/table_run.jsonl"
+"$bench" attention_hopper >"$OUT/table_run.jsonl"
 python3 src/ops/attention_hopper/make_table.py "$OUT/table_run.jsonl" \
   --commit "${BARACUDA_COMMIT:-unknown}" --date "$(date +%F)" >"$OUT/selection_table.hpp"
 echo "table: $OUT/selection_table.hpp ($(grep -c 'DType::' "$OUT/selection_table.hpp") points)"
