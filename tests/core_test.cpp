@@ -337,6 +337,23 @@ TEST(Harness, PoisonAndWriteSetChecksCanFail) {
                                 "same"));
 }
 
+TEST(Harness, SubnormalRoundingIsRepresentationNotError) {
+  // The CI failure this fixes (seed 845492442): an f16 gradient of 3.24e-7, correctly rounded to
+  // the subnormal 2.98e-7 (5 x 2^-24), is 8% off: within one step of the type next to zero.
+  using harness::Accuracy;
+  EXPECT_TRUE(harness::close_to({2.98023223876953125e-7}, {3.2392528236286373e-7}, DType::f16,
+                                Accuracy::elementwise, "rounded subnormal"));
+  // Two steps off is an error; so is a wrong normal value, a NaN and an infinity.
+  EXPECT_FALSE(harness::close_to({2.98023223876953125e-7}, {4.2e-7}, DType::f16,
+                                 Accuracy::elementwise, "two steps"));
+  EXPECT_FALSE(harness::close_to({1.0e-3}, {1.01e-3}, DType::f16, Accuracy::elementwise, "1%"));
+  EXPECT_FALSE(harness::close_to({0.0}, {std::nan("")}, DType::f16, Accuracy::elementwise, "nan"));
+  EXPECT_FALSE(harness::close_to({std::numeric_limits<double>::infinity()}, {1.0}, DType::f16,
+                                 Accuracy::elementwise, "inf"));
+  // bf16's and f32's steps are far below any value a test draws: no change there.
+  EXPECT_FALSE(harness::close_to({3.0e-7}, {3.3e-7}, DType::bf16, Accuracy::elementwise, "bf16"));
+}
+
 TEST(Harness, TermBoundScalesWithTheMagnitudeOfTheTerms) {
   // ref 1e-3 formed from terms of total magnitude 100 (heavy cancellation): f32's reduction factor
   // 3.84e-6 allows an error of 3.84e-4 there, and nothing beyond it.

@@ -297,45 +297,44 @@ Tensor TestTensor::window(const std::vector<int64_t>& starts,
 Tolerance tolerance(DType t, Accuracy a) {
   if (a == Accuracy::exact) return {0.0, 0.0};
   // Unit roundoff of the output type; bounds are a few of them (elementwise) or more (reduction).
-  double u = 0;
+  double u = 0, step = 0;  // unit roundoff; spacing next to zero (the smallest subnormal)
   switch (t) {
     case DType::f64:
-      u = 1.1e-16;
+    case DType::c128:
+      u = 1.1e-16, step = 4.9e-324;
       break;
     case DType::f32:
     case DType::f32_strict:
     case DType::c64:
-      u = 6e-8;
-      break;
-    case DType::c128:
-      u = 1.1e-16;
+      u = 6e-8, step = 1.4e-45;
       break;
     case DType::f16:
-      u = 4.9e-4;
+      u = 4.9e-4, step = 5.96e-8;  // 2^-24
       break;
     case DType::bf16:
-      u = 3.9e-3;
+      u = 3.9e-3, step = 9.2e-41;  // 2^-133
       break;
     case DType::e4m3:
-      u = 6.25e-2;
+      u = 6.25e-2, step = 1.95e-3;  // 2^-9
       break;
     case DType::e5m2:
-      u = 1.25e-1;
+      u = 1.25e-1, step = 1.53e-5;  // 2^-16
       break;
     default:
       return {0.0, 0.0};  // integer and boolean outputs must match exactly
   }
   const double f32_floor = 6e-8;  // 16-bit types compute in f32: their error never goes below it
-  if (a == Accuracy::elementwise) return {4 * std::max(u, 1e-15), 8 * std::max(u, 1e-15)};
+  if (a == Accuracy::elementwise) return {4 * std::max(u, 1e-15), 8 * std::max(u, 1e-15), step};
   const double floor = f32_floor * (t == DType::f64 || t == DType::c128 ? 1e-8 : 1.0);
   const double ur = std::max(u, floor);
   // Cancellation amplifies the accumulation error, not the rounding of 16-bit operands: only the
   // floor part of the relative bound grows (f32 and f64: 4x the reduction's; 16-bit: unchanged).
-  if (a == Accuracy::long_sum) return {std::max(16 * ur, 64 * floor), 64 * ur};
-  return {16 * ur, 64 * ur};
+  if (a == Accuracy::long_sum) return {std::max(16 * ur, 64 * floor), 64 * ur, step};
+  return {16 * ur, 64 * ur, step};
 }
 
-Comparison compare(const std::vector<double>& out, const std::vector<double>& ref) {
+Comparison compare(const std::vector<double>& out, const std::vector<double>& ref,
+                   double abs_floor) {
   Comparison c;
   double num = 0, den = 0;
   for (size_t i = 0; i < ref.size() && i < out.size(); ++i) {
@@ -347,7 +346,8 @@ Comparison compare(const std::vector<double>& out, const std::vector<double>& re
       if (c.worst_index < 0) c.worst_index = static_cast<int64_t>(i);
       continue;
     }
-    const double d = std::fabs(o - r);
+    const double raw = std::fabs(o - r);
+    const double d = raw <= abs_floor ? 0.0 : raw - abs_floor;  // NaN stays NaN
     num += d * d;
     den += r * r;
     if (d > c.max_abs || std::isnan(d)) {
@@ -364,8 +364,8 @@ Comparison compare(const std::vector<double>& out, const std::vector<double>& re
   if (out.size() != ref.size())
     return ::testing::AssertionFailure()
            << what << ": " << out.size() << " outputs vs " << ref.size() << " reference values";
-  const Comparison c = compare(out, ref);
   const Tolerance tol = tolerance(dtype, acc);
+  const Comparison c = compare(out, ref, tol.abs_floor);
   double ref_max = 1.0;
   for (double r : ref)
     if (std::isfinite(r)) ref_max = std::max(ref_max, std::fabs(r));

@@ -183,6 +183,10 @@ enum class Accuracy { exact, elementwise, reduction, long_sum };
 struct Tolerance {
   double rel_l2;   // bound on ||out - ref|| / ||ref||
   double max_abs;  // bound on max |out - ref|, relative to max(1, max |ref|)
+  // The output type's spacing next to zero (its subnormal step, f16: 2^-24): an element's error
+  // up to it is representation, not arithmetic (a correctly rounded f16 result of 3.2e-7 is off by
+  // 9%), so each |out - ref| is reduced by it before both bounds apply.
+  double abs_floor = 0;
 };
 Tolerance tolerance(DType t, Accuracy a);
 
@@ -192,7 +196,8 @@ struct Comparison {
   int64_t worst_index = -1;
   int64_t not_written = 0;  // NaN outputs where the reference is finite
 };
-Comparison compare(const std::vector<double>& out, const std::vector<double>& ref);
+Comparison compare(const std::vector<double>& out, const std::vector<double>& ref,
+                   double abs_floor = 0);
 ::testing::AssertionResult close_to(const std::vector<double>& out, const std::vector<double>& ref,
                                     DType dtype, Accuracy acc, std::string_view what);
 // For sums of signed terms whose cancellation the norm bounds cannot see: every element i within
