@@ -320,6 +320,12 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     return ((int64_t{b} * p.heads_q + h) * (p.lq_pad / kQRows) + m0 / kQRows) * (D / 64) +
            (D == 128 ? wg : 0);
   };
+  // Where this thread's word x of k16 step kk of an accumulator-layout 64 x 64 tile lives in a
+  // [key][query] tile (dS^T, P^T: 128-byte rows, 128-byte swizzle).
+  auto tile_addr = [&](uint32_t tile, int kk, int x) {
+    const int r = wg_key + wl * 16 + lane / 4 + 8 * (x & 1), chunk = 2 * kk + (x >> 1);
+    return tile + r * 128 + ((chunk ^ (r % 8)) * 16) + cq * 2;
+  };
   // kSplit: dQ = dS K for this warpgroup's 128 columns, 64 at a time (32 accumulator registers,
   // as the other head dims), each added into its accumulator chunk by vector atomics in the
   // chunk's fragment order (staged_slot); the next step's score GEMM is issued before the last
@@ -377,12 +383,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       fence_regs(st);
       const uint32_t pt = sb + S::kP + (t & 1) * S::kDsBytes,
                      ds = sb + S::kDs + (t & 1) * S::kDsBytes;
-      const int r0 = wl * 16 + lane / 4;
-      // A k16 fragment set ([4][4] words) to or from a [key][query] tile (dS^T's swizzled layout).
-      auto tile_addr = [&](uint32_t tile, int kk, int x) {
-        const int r = r0 + 8 * (x & 1), chunk = 2 * kk + (x >> 1);
-        return tile + r * 128 + ((chunk ^ (r % 8)) * 16) + cq * 2;
-      };
+      // A k16 fragment set ([4][4] words) to or from a [key][query] tile.
       auto put = [&](uint32_t tile, const uint32_t(&a)[4][4]) {
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
@@ -528,19 +529,15 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 
       // dS^T into shared memory ([key][query], 128-byte rows, 128-byte swizzle) for dQ = dS K.
       const uint32_t ds = sb + S::kDs + (t & 1) * S::kDsBytes;
-      {
-        const int r0 = wg_key + wl * 16 + lane / 4;
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
+      for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
-          for (int x = 0; x < 4; ++x) {
-            // kSplit: both warpgroups hold the same dS^T; each stores half of its queries.
-            if (kSplit && kk / 2 != wg) continue;
-            const int r = r0 + 8 * (x & 1), chunk = 2 * kk + (x >> 1);
-            const uint32_t addr = ds + r * 128 + ((chunk ^ (r % 8)) * 16) + cq * 2;
-            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(dsa[kk][x]) : "memory");
-          }
-      }
+        for (int x = 0; x < 4; ++x) {
+          // kSplit: both warpgroups hold the same dS^T; each stores half of its queries.
+          if (kSplit && kk / 2 != wg) continue;
+          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(tile_addr(ds, kk, x)), "r"(dsa[kk][x])
+                       : "memory");
+        }
       fence_proxy_async();
       // Both warpgroups' dS^T are written, and both are past step t - 1 (its wgmmas waited for):
       // stage (t - 1) % kRing is free for step t + kRing - 1. Each warpgroup's dQ staging buffer is
