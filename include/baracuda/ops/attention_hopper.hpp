@@ -59,10 +59,8 @@ bool cudnn_tunes(const attention::Problem& p);
 // configurations timed (0: not tuned, the heuristics' first choice runs) and the one that runs.
 struct CudnnTuning {
   int timed = 0;
-  std::string plan;  // cuDNN's name of the configuration, e.g. "eng2_k24=7"
-  // cudnnGetVersion() of the library loaded at run time (e.g. 91900): releases differ in the
-  // engines they offer, so a configuration names its release.
-  int64_t cudnn_version = 0;
+  std::string plan;  // cuDNN's name of the configuration, e.g. "eng2_k24=7" (of the release
+                     // cudnn_loaded_version() names)
 };
 // nullopt: no graph was built for it (or this build has no cuDNN frontend).
 std::optional<CudnnTuning> cudnn_tuning(const attention::Problem& p, Pass pass, bool deterministic,

@@ -68,23 +68,30 @@ Measured time_case(const Stream& s, const std::function<Status(int)>& run) {
   return m;
 }
 
+// Emits one bf16 row of a timed plan; its TFLOP/s.
+double emit_row(const Stream& stream, std::string_view op, const std::string& name,
+                std::string_view kernel, double ms, double bytes, double flops,
+                const std::string& note) {
+  bench::emit(stream, {.family = "attention",
+                       .op = std::string(op),
+                       .name = name,
+                       .dtype = "bf16",
+                       .kernel = std::string(kernel),
+                       .ms = ms,
+                       .bytes = bytes,
+                       .flops = flops,
+                       .note = note});
+  return flops / (ms * 1e9);
+}
+
 // Times one forward plan and emits its row; its TFLOP/s (0 if it failed).
 double time_forward(const Stream& stream, const std::string& name, const attention::ForwardPlan& fp,
                     const attention::ForwardArguments& fa, double bytes, double flops,
                     const std::string& note) {
   auto ws = Buffer::allocate(std::max<size_t>(fp.workspace_size(), 16), Location::cuda(0));
   const Measured m = time_case(stream, [&](int) { return fp.run(stream, ws->as_workspace(), fa); });
-  if (!m.ok) return 0.0;
-  bench::emit(stream, {.family = "attention",
-                       .op = "attention_forward",
-                       .name = name,
-                       .dtype = "bf16",
-                       .kernel = std::string(fp.sku().name),
-                       .ms = m.ms,
-                       .bytes = bytes,
-                       .flops = flops,
-                       .note = note});
-  return flops / (m.ms * 1e9);
+  return m.ok ? emit_row(stream, "attention_forward", name, fp.sku().name, m.ms, bytes, flops, note)
+              : 0.0;
 }
 
 // Times one backward plan after `fwd` has written Y / LSE (as training does) and emits its row;
@@ -98,17 +105,9 @@ double time_backward(const Stream& stream, const std::string& name,
   if (!fwd.run(stream, fws->as_workspace(), fa).ok()) return 0.0;
   const Measured m =
       time_case(stream, [&](int) { return bp.run(stream, bws->as_workspace(), ba); });
-  if (!m.ok) return 0.0;
-  bench::emit(stream, {.family = "attention",
-                       .op = "attention_backward",
-                       .name = name,
-                       .dtype = "bf16",
-                       .kernel = std::string(bp.sku().name),
-                       .ms = m.ms,
-                       .bytes = bytes,
-                       .flops = flops,
-                       .note = note});
-  return flops / (m.ms * 1e9);
+  return m.ok
+             ? emit_row(stream, "attention_backward", name, bp.sku().name, m.ms, bytes, flops, note)
+             : 0.0;
 }
 
 // A cuDNN row's note: the configuration that runs, and how many select() timed to pick it.
@@ -117,7 +116,7 @@ std::string cudnn_note(const Stream& s, const attention::Descriptor& d, Pass pas
   if (!p.ok()) return "cudnn";
   const auto t = cudnn_tuning(*p, pass, false, s.device());
   if (!t) return "cudnn";
-  const auto v = t->cudnn_version;  // 91900 -> 9.19.0
+  const int64_t v = cudnn_loaded_version().value_or(0);  // 91900 -> 9.19.0
   return "cudnn " + std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." +
          std::to_string(v % 100) + " " + t->plan +
          (t->timed > 0 ? " (tuned over " + std::to_string(t->timed) + ")" : "");

@@ -701,7 +701,7 @@ std::optional<CudnnTuning> cudnn_tuning(const attention::Problem& p, Pass pass, 
   const auto& graphs = state().graphs;
   const auto it = graphs.find(key_of(p, kind, device, canonical_layout(p, kind, true)));
   if (it == graphs.end() || !it->second->graph) return std::nullopt;
-  return CudnnTuning{it->second->timed, it->second->plan, *cudnn_loaded_version()};
+  return CudnnTuning{it->second->timed, it->second->plan};
 }
 
 }  // namespace baracuda::attention_hopper

@@ -358,8 +358,8 @@ inline KernelSku fa3_sku(std::string_view op, DType e, PrecisionGuarantee prec,
                    .name = name};
 }
 
-// The problems both kernels take (each kernel's fits adds its head dims: Dk = Dv in {64, 128},
-// the forward also 256 and Dk = 192 with Dv = 128): bf16/f16, any band mask (none, causal,
+// The problems both kernels take (each kernel's fits adds its head dims: Dk = Dv in {64, 128,
+// 256}, the forward also Dk = 192 with Dv = 128): bf16/f16, any band mask (none, causal,
 // windows), soft-capping, padded or varlen (packed rows addressed as one [1, H, T, D] tensor, see
 // rows_view), grid-sized extents.
 inline bool shape_fits(const attention::Problem& pr) {
