@@ -196,10 +196,14 @@ __device__ __forceinline__ void wait_stored(const uint32_t* w) {
     asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(w) : "memory");
   } while (!(v & 2u));
 }
-// After this contribution has landed: the count of those still to come, before this one.
+// After this contribution has landed (its bulk group waited for: the adds are done in L2, the
+// point of coherence the count lives at too): the count of those still to come, before this one.
+// Relaxed: a release here is a full fence in front of the block barrier every step (measured:
+// 29-32% slower at d64 / d128 L4096 with it and an eager wait for the adds, dcf595e). Whoever
+// reads 1 fences (acquire) before the conversion reads the chunk.
 __device__ __forceinline__ int count_down(int* w) {
   int old;
-  asm volatile("atom.release.gpu.global.add.s32 %0, [%1], -1;\n" : "=r"(old) : "l"(w) : "memory");
+  asm volatile("atom.relaxed.gpu.global.add.s32 %0, [%1], -1;\n" : "=r"(old) : "l"(w) : "memory");
   return old;
 }
 
@@ -280,7 +284,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   __shared__ alignas(8) uint64_t bars[1 + kRing];  // K/V, then one per ring stage
   // kFused: per warpgroup, the steps whose chunks it converts (-1: none), set by its thread 0.
-  __shared__ int conv_slot[2][2];
+  __shared__ int conv_slot[2][3];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
                                              ~static_cast<uintptr_t>(1023));
   const uint32_t base = smem_u32(smem);
@@ -454,10 +458,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     wgmma_wait<0>();
   }
 
-  // kFused, held by each warpgroup's thread 0 from one step to the next: whether its last
+  // kFused, held by each warpgroup's thread 0 from one step to the next: bit 0 set if its last
   // contribution was a chunk's first (stored, to be published once landed), and the count its
-  // last count-down returned (1: it landed the chunk's last contribution).
-  [[maybe_unused]] bool first_prev = false;
+  // last count-down returned (1: it landed that chunk's last contribution).
+  [[maybe_unused]] uint32_t first_bits = 0;
   [[maybe_unused]] int left_prev = 0;
   // kFused: chunk u's dQ (u a step of this CTA), converted by this warpgroup once its last
   // contribution has landed: scale * the f32 sums, rounded, rows past Lq skipped. The chunk is in
@@ -468,14 +472,21 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     const int r = m0 + (tid / 32) * 16 + (tid % 32) / 4;
     T* row = static_cast<T*>(p.dq) + sq_.tb * p.sdq[0] + h * p.sdq[1] + (sq_.q0 + r) * p.sdq[2] +
              (D == 128 ? wg * 64 : 0) + cq;
+    // Four loads in flight at a time (one L2 round trip each, not one per float4).
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const float4 v = __ldcg(src + staged_slot(j, tid));
-      if (r < sq_.lq)
-        *reinterpret_cast<uint32_t*>(row + 8 * j) = cuda::pack2<T>(v.x * p.scale, v.y * p.scale);
-      if (r + 8 < sq_.lq)
-        *reinterpret_cast<uint32_t*>(row + 8 * p.sdq[2] + 8 * j) =
-            cuda::pack2<T>(v.z * p.scale, v.w * p.scale);
+    for (int j0 = 0; j0 < 8; j0 += 4) {
+      float4 v[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) v[j] = __ldcg(src + staged_slot(j0 + j, tid));
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if (r < sq_.lq)
+          *reinterpret_cast<uint32_t*>(row + 8 * (j0 + j)) =
+              cuda::pack2<T>(v[j].x * p.scale, v[j].y * p.scale);
+        if (r + 8 < sq_.lq)
+          *reinterpret_cast<uint32_t*>(row + 8 * p.sdq[2] + 8 * (j0 + j)) =
+              cuda::pack2<T>(v[j].z * p.scale, v[j].w * p.scale);
+      }
     }
   };
 
@@ -656,28 +667,28 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       // Both warpgroups' dS^T are written, and both are past step t - 1 (its wgmmas waited for):
       // stage (t - 1) % kRing is free for step t + kRing - 1. Each warpgroup's dQ staging buffer is
       // free once its previous bulk reduction has read it: the barrier publishes that too.
-      // kFused: once it has landed, not just been read: published if it was the chunk's first,
-      // then counted down; the count from step t - 1 says whether step t - 2's chunk is complete.
+      // kFused: step t - 1's contribution, if it was its chunk's first (a store), is waited for
+      // and published now (rare); any other is counted down a step later, once it has surely
+      // landed (no wait on the L2's adds here, in front of the barrier). The count that step
+      // t - 1 got back says whether step t - 3's chunk is complete.
       if (!kSplit && threadIdx.x % 128 == 0) {
+        bulk_wait<0, true>();
         if constexpr (kFused) {
-          if (t >= 1) {
+          if (kLazy && (first_bits & 1u)) {
             bulk_wait<0, false>();
-            const int64_t prev = chunk_of(step_head(t - 1), step_row0(t - 1));
-            if (kLazy && first_prev) {
-              fence_gpu();
-              publish_stored(p.ticket + prev);
-            }
-            const bool complete = t >= 2 && left_prev == 1;
-            if (complete) fence_gpu();  // the chunk's sums, for the conversion's reads
-            conv_slot[wg][0] = complete ? t - 2 : -1;
-            left_prev = count_down(p.pending + prev);
+            publish_stored(p.ticket + chunk_of(step_head(t - 1), step_row0(t - 1)));
           }
-        } else {
-          bulk_wait<0, true>();
+          if (t >= 2) {
+            bulk_wait<1, false>();
+            const bool complete = t >= 3 && left_prev == 1;
+            if (complete) fence_gpu();  // the chunk's sums, for the conversion's reads
+            conv_slot[wg][0] = complete ? t - 3 : -1;
+            left_prev = count_down(p.pending + chunk_of(step_head(t - 2), step_row0(t - 2)));
+          }
         }
       }
       sync_consumers();
-      [[maybe_unused]] const int conv_step = kFused && t >= 1 ? conv_slot[wg][0] : -1;
+      [[maybe_unused]] const int conv_step = kFused && t >= 2 ? conv_slot[wg][0] : -1;
       if (threadIdx.x == 0 && t >= 1 && t + kRing - 1 < steps) load_step(t + kRing - 1);
 
       if constexpr (kSplit) {
@@ -729,14 +740,13 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
           if (tid == 0) {
             float* dst = p.acc + chunk * (kQRows * 64);
             if constexpr (kLazy) {
-              first_prev = !(ticket & 1u);
-              if (first_prev) {
+              const bool first = !(ticket & 1u);
+              first_bits = (first_bits << 1) | (first ? 1u : 0u);
+              if (first) {
                 bulk_store(dst, stage, S::kStageBytes);
               } else {
-                if (ticket & 2u)
-                  fence_gpu();
-                else
-                  wait_stored(p.ticket + chunk);
+                // Bit 1 is set only after the store has landed in L2, where the adds happen.
+                if (!(ticket & 2u)) wait_stored(p.ticket + chunk);
                 bulk_reduce_add_f32(dst, stage, S::kStageBytes);
               }
             } else {
@@ -755,19 +765,19 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   fence_regs(dv);
   fence_regs(dk);
   if (!kSplit && threadIdx.x % 128 == 0) bulk_wait<0, false>();  // the last reduction landed
-  // kFused: the last step's contribution published and counted down (one wait on the round trip
-  // per CTA); the chunks of the last two steps converted here if this warpgroup completed them.
+  // kFused: the last step's contribution published, the last two counted down (one wait on
+  // the round trip per CTA); the chunks of the last three steps converted here if this warpgroup
+  // completed them.
   if constexpr (kFused) {
     if (steps > 0 && threadIdx.x % 128 == 0) {
-      const int64_t last = chunk_of(step_head(steps - 1), step_row0(steps - 1));
-      if (kLazy && first_prev) {
-        fence_gpu();
-        publish_stored(p.ticket + last);
-      }
-      const int left_last = count_down(p.pending + last);
-      conv_slot[wg][0] = steps >= 2 && left_prev == 1 ? steps - 2 : -1;
-      conv_slot[wg][1] = left_last == 1 ? steps - 1 : -1;
-      if (conv_slot[wg][0] >= 0 || conv_slot[wg][1] >= 0) fence_gpu();
+      auto chunk_at = [&](int u) { return chunk_of(step_head(u), step_row0(u)); };
+      if (kLazy && (first_bits & 1u)) publish_stored(p.ticket + chunk_at(steps - 1));
+      const int left_2 = steps >= 2 ? count_down(p.pending + chunk_at(steps - 2)) : 0;
+      const int left_1 = count_down(p.pending + chunk_at(steps - 1));
+      conv_slot[wg][0] = steps >= 3 && left_prev == 1 ? steps - 3 : -1;
+      conv_slot[wg][1] = left_2 == 1 ? steps - 2 : -1;
+      conv_slot[wg][2] = left_1 == 1 ? steps - 1 : -1;
+      if (left_2 == 1 || left_1 == 1 || conv_slot[wg][0] >= 0) fence_gpu();
     }
   }
 
@@ -792,7 +802,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   if constexpr (kFused) {
     if (steps > 0) {
       sync_warpgroup(wg);  // thread 0's slots (set before the epilogue) are visible
-      for (int i = 0; i < 2; ++i)
+      for (int i = 0; i < 3; ++i)
         if (conv_slot[wg][i] >= 0) convert(conv_slot[wg][i]);
     }
   }
