@@ -879,17 +879,24 @@ __global__ void __launch_bounds__(256) fa3_bwd_prep(const RowParams p, const Bwd
     p.delta[r] = dot;
   }
   if constexpr (kFused) {
-    const int m = row / kQRows;
-    // D = 64: both warpgroups of a CTA add into the chunk.
-    const int n = visiting_key_ctas<BwdShape<D>::kKeys>(bp, bwd_seq(bp, b), m) * (D == 64 ? 2 : 1);
-    if (row % kQRows == 0 && lane < D / 64) {
-      const int64_t c = ((int64_t{b} * p.heads_q + h) * (p.lq_pad / kQRows) + m) * (D / 64) + lane;
-      bp.ticket[c] = 0u;
-      bp.pending[c] = n;
-    }
-    if (n == 0 && row < sq.lq) {
-      T* dq = static_cast<T*>(p.dq) + sq.tb * p.sdq[0] + h * p.sdq[1] + at * p.sdq[2];
-      reinterpret_cast<V*>(dq)[lane] = V{};
+    // The warp of a 64-row block's first row sets its chunks' counters: the key CTAs that will
+    // add into them, by binary search (once a block; per row it made this kernel compute-bound,
+    // 0.1-0.2 ms at L4096, f758343). A block no CTA visits gets its dQ (zeros) here.
+    if (row % kQRows == 0) {
+      const int m = row / kQRows;
+      // D = 64: both warpgroups of a CTA add into the chunk.
+      const int n =
+          visiting_key_ctas<BwdShape<D>::kKeys>(bp, bwd_seq(bp, b), m) * (D == 64 ? 2 : 1);
+      if (lane < D / 64) {
+        const int64_t c =
+            ((int64_t{b} * p.heads_q + h) * (p.lq_pad / kQRows) + m) * (D / 64) + lane;
+        bp.ticket[c] = 0u;
+        bp.pending[c] = n;
+      }
+      for (int i = 0; n == 0 && i < kQRows && row + i < sq.lq; ++i) {
+        T* dq = static_cast<T*>(p.dq) + sq.tb * p.sdq[0] + h * p.sdq[1] + (at + i) * p.sdq[2];
+        reinterpret_cast<V*>(dq)[lane] = V{};
+      }
     }
     if constexpr (D == 128) return;  // kLazy: the accumulator is not zeroed
   }
