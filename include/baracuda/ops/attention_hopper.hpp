@@ -184,9 +184,6 @@ inline constexpr int kFa3Ahead = kCudnnAhead + 1;
 // picks fa3 for the backward.
 inline constexpr std::string_view kFa3BwdKernel = "fa3_bwd_sm90a";
 inline constexpr std::string_view kFa3BwdRankedAhead = "fa3_bwd_sm90a_ranked_ahead";
-// The same backward with dQ's conversion in a kernel of its own after it (at head dims 64 and 128
-// the two above fold it into the main kernel; at 256 all three run the same code), by name only.
-inline constexpr std::string_view kFa3BwdRowpassKernel = "fa3_bwd_sm90a_rowpass";
 
 // ---- Launch-time rules of the cuDNN kernels -----------------------------------------------------
 // cuDNN reads 16-byte vectors: every Q/K/V/Y/dY/dQ/dK/dV pointer 16-byte aligned and every

@@ -1379,7 +1379,7 @@ const Kernel<attention::BackwardOp>* fa3_bwd_kernel(DType t,
 TEST(AttentionFa3Registry, BackwardRankedByTheTableAndNotDeterministic) {
   int found = 0;
   for (DType t : {DType::bf16, DType::f16})
-    for (std::string_view name : {kFa3BwdKernel, kFa3BwdRowpassKernel, kFa3BwdRankedAhead}) {
+    for (std::string_view name : {kFa3BwdKernel, kFa3BwdRankedAhead}) {
       const auto* fa3 = fa3_bwd_kernel(t, name);
       if (!fa3) continue;  // CPU-only build
       ++found;
@@ -1387,10 +1387,7 @@ TEST(AttentionFa3Registry, BackwardRankedByTheTableAndNotDeterministic) {
       expect_fa3_entry(*fa3, t, kFa3BwdKernel, name == kFa3BwdRankedAhead, false);
     }
   if (found == 0) GTEST_SKIP() << "built without CUDA: fa3_bwd_sm90a is not registered";
-  EXPECT_EQ(found, 6);
-  // The row-pass variant ranks below the fused default, so a plan pinned to neither never gets it.
-  EXPECT_LT(fa3_bwd_kernel(DType::bf16, kFa3BwdRowpassKernel)->priority,
-            fa3_bwd_kernel(DType::bf16, kFa3BwdKernel)->priority);
+  EXPECT_EQ(found, 4);
 }
 
 std::vector<Case> fa3_bwd_cases() {
@@ -1401,8 +1398,8 @@ std::vector<Case> fa3_bwd_cases() {
       // GQA 4 over several key CTAs and query blocks, a ragged tail, both layouts.
       {DType::bf16, 1, 8, 2, 197, 197, 128, Mask::causal_top_left(), true, false},
       {DType::f16, 1, 4, 2, 513, 1000, 128, Mask::none(), false, true},
-      // 16 key CTAs a head over 16 query blocks: every chunk's first contribution races the
-      // others' (the fused row pass's tickets and counters under load).
+      // 16 key CTAs a head over 16 query blocks: every dQ chunk gets 16 bulk reduce-adds, in
+      // whatever order the CTAs reach it.
       {DType::bf16, 2, 4, 4, 1024, 2048, 128, Mask::none(), false, false},
       {DType::bf16, 1, 2, 1, 1000, 1000, 64, Mask::causal_bottom_right(), true, false},
       // MQA with Lq < Lk, bottom-right.
@@ -1455,9 +1452,7 @@ TEST(AttentionFa3Gpu, BackwardMatchesReference) {
     EXPECT_FALSE(plan->precision_guarantee().deterministic);
     const CaseData x = case_data(c, rng);
     const GpuBackwardInputs in = upload_backward(c, x);
-    // The default (row pass fused at D = 64, 128) and the variant with a post kernel.
-    for (std::string_view name : {kFa3BwdKernel, kFa3BwdRowpassKernel})
-      check_backward_kernel(c, p, *fa3_bwd_kernel(c.t, name), x.grad, in);
+    check_backward_kernel(c, p, *fa3_bwd_kernel(c.t, kFa3BwdKernel), x.grad, in);
   }
   std::printf("[ fa3 bwd  ] %zu cases, %.2f s\n", fa3_bwd_cases().size(), seconds_since(t0));
 }

@@ -246,17 +246,6 @@ void sweep(const Stream& stream) {
             fa3_bwd_tf = time_bwd(*def_fwd, *bp, "fa3_sm90a");
           else
             bench::emit_error("attention", "attention_backward", name + "/fa3_sm90a", bp.error());
-          // The A/B of the fused row pass (D = 64, 128; at 256 the two are the same code): note
-          // "fa3_sm90a_rowpass", not a table column.
-          if (d != 256) {
-            auto rowpass = attention::BackwardPlan::select(
-                stream, desc, PlanPreference::kernel(kFa3BwdRowpassKernel));
-            if (rowpass.ok())
-              time_bwd(*def_fwd, *rowpass, "fa3_sm90a_rowpass");
-            else
-              bench::emit_error("attention", "attention_backward", name + "/fa3_sm90a_rowpass",
-                                rowpass.error());
-          }
         }
         for (int pass = 0; pass < 2; ++pass) {
           const double* tf = pass == 0 ? fwd_tf : bwd_tf;

@@ -3,11 +3,10 @@
 // (PlanPreference::kernel(kFa3BwdKernel)), and as fa3_bwd_sm90a_ranked_ahead above everything,
 // fitting only where the measured selection table (selection_table.hpp) picks fa3.
 //
-// Two or three launches on the caller's stream:
+// Three launches on the caller's stream:
 //  1. prep: per query row, delta = rowsum(dY * Y) and lse2 = LSE * log2(e) (+inf for a row that
 //     sees no key or lies past Lq, so its probabilities come out 0 without a branch), both f32 in
-//     the workspace, padded to whole 64-row blocks; the f32 dQ accumulator is zeroed (except at
-//     D = 128 with the fused row pass) and the fused pass's per-chunk counters set.
+//     the workspace, padded to whole 64-row blocks; the f32 dQ accumulator is zeroed.
 //  2. main: one CTA per 128 keys (D = 256: 64, see BwdShape) of one (batch, key head), looping
 //     over the query blocks (64 rows) of every query head of its group, so dK and dV stay in
 //     registers and are stored once (the group's sum, no atomics). Two warpgroups, each owning 64
@@ -29,9 +28,7 @@
 //     issued by one thread once both warpgroups are past the block that used the stage last
 //     (the per-block barrier that also publishes dS^T); dS^T is double-buffered.
 //  3. post: dQ = scale * accumulator, rounded to the 16-bit type, into the caller's strides. The
-//     accumulator is [B, Hq, query block, D / 64, 64 x 64 in accumulator-fragment order]. At
-//     D = 64 and 128 the default entries fold this pass into the main kernel (kFused: the CTA
-//     that lands a chunk's last contribution converts it); fa3_bwd_sm90a_rowpass keeps it.
+//     accumulator is [B, Hq, query block, D / 64, 64 x 64 in accumulator-fragment order].
 // dK = scale * sum dS^T Q is scaled in the main kernel's epilogue.
 //
 // Not deterministic: the bulk reductions (D = 256: the atomics) add each query block's dQ
@@ -99,14 +96,7 @@ struct BwdSmem : BwdShape<D> {
 
 struct BwdParams {
   void *dk, *dv;
-  float* acc;  // dQ accumulator [B, Hq, lq_pad, D]
-  // Fused row pass (kFused, see the kernel): per accumulator chunk, the first-arrival word (bit
-  // 0: a contribution has arrived, bit 1: the first one's plain store has landed; D = 128 only)
-  // and the contributions still to land; dQ and its strides, for the conversion.
-  uint32_t* ticket;
-  int* pending;
-  void* dq;
-  int64_t sdq[3];
+  float* acc;              // dQ accumulator [B, Hq, lq_pad, D]
   const float* lse2;       // [B, Hq, lq_pad]
   const float* delta;      // [B, Hq, lq_pad]
   int64_t sdk[3], sdv[3];  // dK / dV strides (elements) of the B, H, L axes (varlen: [1, H, T])
@@ -136,77 +126,7 @@ __device__ __forceinline__ BwdSeq bwd_seq(const BwdParams& p, int b) {
   return s;
 }
 
-// The query blocks [begin, end) a key CTA (keys n0 .. n0 + kKeys - 1 of sequence s) visits: those
-// with a row that sees one of its keys (row i sees keys i + off - left .. i + off + right; int
-// arithmetic is safe: shape_fits keeps Lq + Lk below 2^30). Both ends are non-decreasing in n0.
-struct BlockSpan {
-  int begin, end;
-};
-template <int kKeys>
-__device__ __forceinline__ BlockSpan visited_blocks(const BwdParams& p, const BwdSeq& s, int n0) {
-  const int begin =
-      p.right >= 0 ? static_cast<int>(max(int64_t{0}, int64_t{n0} - s.off - p.right)) / kQRows : 0;
-  const int rows = p.left >= 0
-                       ? static_cast<int>(min(
-                             int64_t{s.lq}, max(int64_t{0}, int64_t{n0} + kKeys - s.off + p.left)))
-                       : s.lq;
-  return {begin, max(begin, (rows + kQRows - 1) / kQRows)};
-}
-// How many key CTAs of sequence s visit query block m: as both ends of visited_blocks grow with
-// the CTA, they are the CTAs from the first whose span ends past m up to (not including) the first
-// whose span begins past m; two binary searches.
-template <int kKeys>
-__device__ int visiting_key_ctas(const BwdParams& p, const BwdSeq& s, int m) {
-  const int ctas = (s.lk + kKeys - 1) / kKeys;
-  auto first = [&](auto beyond) {
-    int lo = 0, hi = ctas;
-    while (lo < hi) {
-      const int mid = (lo + hi) / 2;
-      if (beyond(visited_blocks<kKeys>(p, s, mid * kKeys)))
-        hi = mid;
-      else
-        lo = mid + 1;
-    }
-    return lo;
-  };
-  const int from = first([&](BlockSpan v) { return v.end > m; });
-  const int to = first([&](BlockSpan v) { return v.begin > m; });
-  return max(0, to - from);
-}
-
 #if BARACUDA_FA3_DEVICE
-// The fused row pass's counters (see the kernel). Relaxed where the value is consumed a step
-// later (no stall on the round trip); the fences sit where an order is needed.
-__device__ __forceinline__ uint32_t take_ticket(uint32_t* w) {
-  uint32_t old;
-  asm volatile("atom.relaxed.gpu.global.or.b32 %0, [%1], 1;\n" : "=r"(old) : "l"(w) : "memory");
-  return old;
-}
-__device__ __forceinline__ void fence_gpu() {
-  asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
-}
-// After the first contribution's store has landed (its bulk group waited for): readers of bit 1
-// may add onto it.
-__device__ __forceinline__ void publish_stored(uint32_t* w) {
-  asm volatile("red.release.gpu.global.or.b32 [%0], 2;\n" ::"l"(w) : "memory");
-}
-__device__ __forceinline__ void wait_stored(const uint32_t* w) {
-  uint32_t v;
-  do {
-    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(w) : "memory");
-  } while (!(v & 2u));
-}
-// After this contribution has landed (its bulk group waited for: the adds are done in L2, the
-// point of coherence the count lives at too): the count of those still to come, before this one.
-// Relaxed: a release here is a full fence in front of the block barrier every step (measured:
-// 29-32% slower at d64 / d128 L4096 with it and an eager wait for the adds, dcf595e). Whoever
-// reads 1 fences (acquire) before the conversion reads the chunk.
-__device__ __forceinline__ int count_down(int* w) {
-  int old;
-  asm volatile("atom.relaxed.gpu.global.add.s32 %0, [%1], -1;\n" : "=r"(old) : "l"(w) : "memory");
-  return old;
-}
-
 // An opaque copy: what is derived from it is not loop-invariant to the compiler, so the shared-
 // memory descriptors are recomputed per step (a few integer ops each) instead of ~40 of them being
 // hoisted out of the loop into registers the accumulators need (at D = 128 that spilled).
@@ -260,16 +180,7 @@ __host__ __device__ constexpr int staged_slot(int j, int tid) {
 
 // kCap: soft-capping; kVarlen: packed sequences (the tiles' rows past a sequence are zeroed).
 // Each in an instantiation of its own, so the plain padded kernel's step carries neither.
-// kFused (D = 64, 128): the row pass after the kernel is folded into it. Each accumulator chunk
-// counts its contributions down from the number the prep kernel wrote; whoever lands the last one
-// converts the chunk to dQ (2 chunks per warpgroup on average, read back from L2 under the next
-// score GEMM). At D = 128 (one contribution per CTA and chunk) the accumulator is not zeroed
-// either: the first contribution to arrive (a ticket taken at the top of its step) is stored
-// instead of added, and later ones add once it has landed; the CTAs' rotated walks put about two
-// steps between a chunk's first two visitors, so they rarely wait. D = 64 (both warpgroups add
-// into the same chunk, which would make one wait on the other across a block barrier) keeps the
-// zeroed accumulator.
-template <class T, int D, bool kCap, bool kVarlen, bool kFused>
+template <class T, int D, bool kCap, bool kVarlen>
 __global__ void __launch_bounds__(kBwdThreads, 1)
     fa3_bwd_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                    const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdy,
@@ -279,12 +190,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   constexpr int kDB = D / 64;  // 64-column blocks per row
   constexpr int kKeys = S::kKeys, kRing = S::kRing, kCols = S::kCols;
   constexpr bool kSplit = S::kSplitCols;
-  static_assert(!(kFused && kSplit), "D = 256 adds dQ by atomics and keeps the row pass");
-  constexpr bool kLazy = kFused && D == 128;  // no zeroed accumulator (see above)
   extern __shared__ uint8_t smem_raw[];
   __shared__ alignas(8) uint64_t bars[1 + kRing];  // K/V, then one per ring stage
-  // kFused: per warpgroup, the steps whose chunks it converts (-1: none), set by its thread 0.
-  __shared__ int conv_slot[2][3];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
                                              ~static_cast<uintptr_t>(1023));
   const uint32_t base = smem_u32(smem);
@@ -298,9 +205,14 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   const BwdSeq sq_ = bwd_seq(p, b);
   const int lk = sq_.lk, off = sq_.off;
   if (n0 >= lk) return;
-  // The query blocks that see some key of this CTA.
-  const BlockSpan span = visited_blocks<kKeys>(p, sq_, n0);
-  const int m_begin = span.begin, nm = span.end - span.begin;
+  // Query blocks that see some key of this CTA: row i sees keys i + off - left .. i + off + right.
+  const int m_begin =
+      p.right >= 0 ? static_cast<int>(max(int64_t{0}, int64_t{n0} - off - p.right)) / kQRows : 0;
+  const int m_rows =
+      p.left >= 0 ? static_cast<int>(
+                        min(int64_t{sq_.lq}, max(int64_t{0}, int64_t{n0} + kKeys - off + p.left)))
+                  : sq_.lq;
+  const int nm = max(0, (m_rows + kQRows - 1) / kQRows - m_begin);
   const int steps = nm * p.group;
   // The CTAs of one key head run side by side and would add into the same dQ chunk at the same
   // time (L2 serializes same-address reductions): each starts its walk over the (head, query
@@ -458,48 +370,11 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     wgmma_wait<0>();
   }
 
-  // kFused, held by each warpgroup's thread 0 from one step to the next: bit 0 set if its last
-  // contribution was a chunk's first (stored, to be published once landed), and the count its
-  // last count-down returned (1: it landed that chunk's last contribution).
-  [[maybe_unused]] uint32_t first_bits = 0;
-  [[maybe_unused]] int left_prev = 0;
-  // kFused: chunk u's dQ (u a step of this CTA), converted by this warpgroup once its last
-  // contribution has landed: scale * the f32 sums, rounded, rows past Lq skipped. The chunk is in
-  // accumulator-fragment order (staged_slot), so each thread writes the 4-byte pairs it reads.
-  auto convert = [&](int u) {
-    const int h = step_head(u), m0 = step_row0(u), tid = static_cast<int>(threadIdx.x) % 128;
-    const float4* src = reinterpret_cast<const float4*>(p.acc + chunk_of(h, m0) * (kQRows * 64));
-    const int r = m0 + (tid / 32) * 16 + (tid % 32) / 4;
-    T* row = static_cast<T*>(p.dq) + sq_.tb * p.sdq[0] + h * p.sdq[1] + (sq_.q0 + r) * p.sdq[2] +
-             (D == 128 ? wg * 64 : 0) + cq;
-    // Four loads in flight at a time (one L2 round trip each, not one per float4).
-#pragma unroll
-    for (int j0 = 0; j0 < 8; j0 += 4) {
-      float4 v[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) v[j] = __ldcg(src + staged_slot(j0 + j, tid));
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        if (r < sq_.lq)
-          *reinterpret_cast<uint32_t*>(row + 8 * (j0 + j)) =
-              cuda::pack2<T>(v[j].x * p.scale, v[j].y * p.scale);
-        if (r + 8 < sq_.lq)
-          *reinterpret_cast<uint32_t*>(row + 8 * p.sdq[2] + 8 * (j0 + j)) =
-              cuda::pack2<T>(v[j].z * p.scale, v[j].w * p.scale);
-      }
-    }
-  };
-
   // Software-pipelined: step t + 1's S^T GEMM is issued once step t's dQ is staged, so the
   // tensor cores have it while this warpgroup adds dQ_t into the accumulator; dP^T_t is issued at
   // the top of step t and runs under P^T's exponentials.
   for (int t = 0; t < steps; ++t) {
     const int s = t % kRing, h = step_head(t), m0 = step_row0(t);
-    // kLazy: this step's ticket, taken now and read when dQ_t is staged (the round trip hidden).
-    [[maybe_unused]] uint32_t ticket = 0;
-    if constexpr (kLazy) {
-      if (threadIdx.x % 128 == 0) ticket = take_ticket(p.ticket + chunk_of(h, m0));
-    }
     const uint32_t sb = opaque(base);
     const uint32_t sq = sb + S::kQ + s * S::kQBytes, sdy = sb + S::kDy + s * S::kQBytes;
     const uint32_t lse2 = sb + S::kRows + s * S::kRowBytes, delta = lse2 + kQRows * 4;
@@ -667,28 +542,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       // Both warpgroups' dS^T are written, and both are past step t - 1 (its wgmmas waited for):
       // stage (t - 1) % kRing is free for step t + kRing - 1. Each warpgroup's dQ staging buffer is
       // free once its previous bulk reduction has read it: the barrier publishes that too.
-      // kFused: step t - 1's contribution, if it was its chunk's first (a store), is waited for
-      // and published now (rare); any other is counted down a step later, once it has surely
-      // landed (no wait on the L2's adds here, in front of the barrier). The count that step
-      // t - 1 got back says whether step t - 3's chunk is complete.
-      if (!kSplit && threadIdx.x % 128 == 0) {
-        bulk_wait<0, true>();
-        if constexpr (kFused) {
-          if (kLazy && (first_bits & 1u)) {
-            bulk_wait<0, false>();
-            publish_stored(p.ticket + chunk_of(step_head(t - 1), step_row0(t - 1)));
-          }
-          if (t >= 2) {
-            bulk_wait<1, false>();
-            const bool complete = t >= 3 && left_prev == 1;
-            if (complete) fence_gpu();  // the chunk's sums, for the conversion's reads
-            conv_slot[wg][0] = complete ? t - 3 : -1;
-            left_prev = count_down(p.pending + chunk_of(step_head(t - 2), step_row0(t - 2)));
-          }
-        }
-      }
+      if (!kSplit && threadIdx.x % 128 == 0) bulk_wait<0, true>();
       sync_consumers();
-      [[maybe_unused]] const int conv_step = kFused && t >= 2 ? conv_slot[wg][0] : -1;
       if (threadIdx.x == 0 && t >= 1 && t + kRing - 1 < steps) load_step(t + kRing - 1);
 
       if constexpr (kSplit) {
@@ -737,24 +592,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
           const int64_t chunk = chunk_of(h, m0);
           fence_proxy_async();
           sync_warpgroup(wg);
-          if (tid == 0) {
-            float* dst = p.acc + chunk * (kQRows * 64);
-            if constexpr (kLazy) {
-              const bool first = !(ticket & 1u);
-              first_bits = (first_bits << 1) | (first ? 1u : 0u);
-              if (first) {
-                bulk_store(dst, stage, S::kStageBytes);
-              } else {
-                // Bit 1 is set only after the store has landed in L2, where the adds happen.
-                if (!(ticket & 2u)) wait_stored(p.ticket + chunk);
-                bulk_reduce_add_f32(dst, stage, S::kStageBytes);
-              }
-            } else {
-              bulk_reduce_add_f32(dst, stage, S::kStageBytes);
-            }
-          }
-          // Under S^T_{t+1}: a chunk whose last contribution has landed becomes dQ.
-          if (kFused && conv_step >= 0) convert(conv_step);
+          if (tid == 0) bulk_reduce_add_f32(p.acc + chunk * (kQRows * 64), stage, S::kStageBytes);
         }
       }
     }
@@ -765,23 +603,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   fence_regs(dv);
   fence_regs(dk);
   if (!kSplit && threadIdx.x % 128 == 0) bulk_wait<0, false>();  // the last reduction landed
-  // kFused: the last step's contribution published, the last two counted down (one wait on
-  // the round trip per CTA); the chunks of the last three steps converted here if this warpgroup
-  // completed them.
-  if constexpr (kFused) {
-    if (steps > 0 && threadIdx.x % 128 == 0) {
-      auto chunk_at = [&](int u) { return chunk_of(step_head(u), step_row0(u)); };
-      if (kLazy && (first_bits & 1u)) publish_stored(p.ticket + chunk_at(steps - 1));
-      const int left_2 = steps >= 2 ? count_down(p.pending + chunk_at(steps - 2)) : 0;
-      const int left_1 = count_down(p.pending + chunk_at(steps - 1));
-      conv_slot[wg][0] = steps >= 3 && left_prev == 1 ? steps - 3 : -1;
-      conv_slot[wg][1] = left_2 == 1 ? steps - 2 : -1;
-      conv_slot[wg][2] = left_1 == 1 ? steps - 1 : -1;
-      if (left_2 == 1 || left_1 == 1 || conv_slot[wg][0] >= 0) fence_gpu();
-    }
-  }
 
-  // Epilogue: dV and scale * dK, rows past Lk skipped (zero where no query saw the key).
+    // Epilogue: dV and scale * dK, rows past Lk skipped (zero where no query saw the key).
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int key = key0 + 8 * i;
@@ -797,13 +620,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
           cuda::pack2<T>(dk[4 * j + 2 * i] * p.scale, dk[4 * j + 2 * i + 1] * p.scale);
       *reinterpret_cast<uint32_t*>(dvr + 8 * j) = v;
       *reinterpret_cast<uint32_t*>(dkr + 8 * j) = k;
-    }
-  }
-  if constexpr (kFused) {
-    if (steps > 0) {
-      sync_warpgroup(wg);  // thread 0's slots (set before the epilogue) are visible
-      for (int i = 0; i < 3; ++i)
-        if (conv_slot[wg][i] >= 0) convert(conv_slot[wg][i]);
     }
   }
 #endif  // BARACUDA_FA3_DEVICE
@@ -839,11 +655,9 @@ using LaneVec =
     std::conditional_t<D == 256, uint4, std::conditional_t<D == 128, uint2, uint32_t>>;  // 8, 4, 2
 
 // One warp per query row (grid: lq_pad / 8 x Hq x B, 8 warps a block); 16-byte-aligned rows
-// (check_layout), so each lane reads its D / 32 elements as one vector. kFused: the first row of
-// each 64-row block also sets its chunks' counters (no ticket taken; the contributions to come),
-// and a row of a block no key CTA visits gets its dQ (zero) here, as nothing else writes it.
-template <class T, int D, bool kFused>
-__global__ void __launch_bounds__(256) fa3_bwd_prep(const RowParams p, const BwdParams bp) {
+// (check_layout), so each lane reads its D / 32 elements as one vector.
+template <class T, int D>
+__global__ void __launch_bounds__(256) fa3_bwd_prep(const RowParams p) {
   const int row = static_cast<int>(blockIdx.x) * 8 + static_cast<int>(threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32, h = static_cast<int>(blockIdx.y),
             b = static_cast<int>(blockIdx.z);
@@ -877,28 +691,6 @@ __global__ void __launch_bounds__(256) fa3_bwd_prep(const RowParams p, const Bwd
     }
     p.lse2[r] = l2;
     p.delta[r] = dot;
-  }
-  if constexpr (kFused) {
-    // The warp of a 64-row block's first row sets its chunks' counters: the key CTAs that will
-    // add into them, by binary search (once a block; per row it made this kernel compute-bound,
-    // 0.1-0.2 ms at L4096, f758343). A block no CTA visits gets its dQ (zeros) here.
-    if (row % kQRows == 0) {
-      const int m = row / kQRows;
-      // D = 64: both warpgroups of a CTA add into the chunk.
-      const int n =
-          visiting_key_ctas<BwdShape<D>::kKeys>(bp, bwd_seq(bp, b), m) * (D == 64 ? 2 : 1);
-      if (lane < D / 64) {
-        const int64_t c =
-            ((int64_t{b} * p.heads_q + h) * (p.lq_pad / kQRows) + m) * (D / 64) + lane;
-        bp.ticket[c] = 0u;
-        bp.pending[c] = n;
-      }
-      for (int i = 0; n == 0 && i < kQRows && row + i < sq.lq; ++i) {
-        T* dq = static_cast<T*>(p.dq) + sq.tb * p.sdq[0] + h * p.sdq[1] + (at + i) * p.sdq[2];
-        reinterpret_cast<V*>(dq)[lane] = V{};
-      }
-    }
-    if constexpr (D == 128) return;  // kLazy: the accumulator is not zeroed
   }
   // The accumulator (whatever its order inside a chunk) is B * Hq * lq_pad * D floats: this
   // warp zeroes the row-sized piece r.
@@ -958,25 +750,20 @@ int64_t padded_rows(const Problem& pr) {
   return (pr.desc.len_q + kQRows - 1) / kQRows * kQRows;
 }
 
-// Workspace: the f32 dQ accumulator, lse2, delta, then the fused row pass's two counters per
-// accumulator chunk, each 256-byte aligned from the first 256-byte boundary of the caller's buffer
-// (256 bytes of slack are asked for). Every byte of it is written by the prep kernel before it is
-// read (at D = 128 with the fused pass the accumulator's first write is the main kernel's store).
+// Workspace: the f32 dQ accumulator, then lse2 and delta, each 256-byte aligned from the first
+// 256-byte boundary of the caller's buffer (256 bytes of slack are asked for).
 struct Layout {
-  size_t acc = 0, lse2 = 0, delta = 0, ticket = 0, pending = 0, bytes = 0;
+  size_t acc = 0, lse2 = 0, delta = 0, bytes = 0;
 };
 Layout layout_of(const Problem& pr) {
   const auto& d = pr.desc;
   const size_t rows = static_cast<size_t>(d.batch * d.heads_q * padded_rows(pr));
-  const size_t chunks = rows / kQRows * static_cast<size_t>(d.head_dim_qk / 64);
   auto up = [](size_t x) { return (x + 255) / 256 * 256; };
   Layout l;
   l.acc = 0;
   l.lse2 = up(rows * static_cast<size_t>(d.head_dim_qk) * 4);
   l.delta = l.lse2 + up(rows * 4);
-  l.ticket = l.delta + up(rows * 4);
-  l.pending = l.ticket + up(chunks * 4);
-  l.bytes = l.pending + up(chunks * 4) + 256;
+  l.bytes = l.delta + up(rows * 4) + 256;
   return l;
 }
 
@@ -991,11 +778,11 @@ bool fits(const Problem& pr, const DeviceCaps& caps) {
   if (padded_rows(pr) / kQRows * pr.group >= (int64_t{1} << 30)) return false;
   switch (pr.desc.head_dim_qk) {
     case 64:
-      return has_sm90a_body<fa3_bwd_kernel<T, 64, false, false, false>>();
+      return has_sm90a_body<fa3_bwd_kernel<T, 64, false, false>>();
     case 128:
-      return has_sm90a_body<fa3_bwd_kernel<T, 128, false, false, false>>();
+      return has_sm90a_body<fa3_bwd_kernel<T, 128, false, false>>();
     default:
-      return has_sm90a_body<fa3_bwd_kernel<T, 256, false, false, false>>();
+      return has_sm90a_body<fa3_bwd_kernel<T, 256, false, false>>();
   }
 }
 
@@ -1009,13 +796,10 @@ size_t workspace(const Problem& pr, const DeviceCaps&) {
   return layout_of(pr).bytes;
 }
 
-// kFused: the row pass folded into the main kernel (D = 64, 128; see the kernel); otherwise the
-// post kernel converts the accumulator after it.
-template <class T, int D, bool kFused>
+template <class T, int D>
 Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArguments& a) {
-  static_assert(!(kFused && D == 256));
   const auto& d = pr.desc;
-  if (!has_sm90a_body<fa3_bwd_kernel<T, D, false, false, kFused>>())
+  if (!has_sm90a_body<fa3_bwd_kernel<T, D, false, false>>())
     return Error::unsupported(std::string(kWho) + ": this build has no sm_90a code for the kernel");
   const bool vl = d.varlen;
   const ConstTensor q = rows_view(a.q, vl), k = rows_view(a.k, vl), v = rows_view(a.v, vl),
@@ -1072,10 +856,6 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
   p.dk = dk.data;
   p.dv = dv.data;
   p.acc = rp.acc;
-  p.ticket = reinterpret_cast<uint32_t*>(ws + lay.ticket);
-  p.pending = reinterpret_cast<int*>(ws + lay.pending);
-  p.dq = dq.data;
-  outer_strides(p.sdq, dq);
   p.lse2 = rp.lse2;
   p.delta = rp.delta;
   outer_strides(p.sdk, dk);
@@ -1091,37 +871,33 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
   constexpr int smem = BwdSmem<D>::kLaunchBytes;
   // Soft-capping and varlen in instantiations of their own (see the kernel).
   constexpr std::array kernels = {
-      fa3_bwd_kernel<T, D, false, false, kFused>, fa3_bwd_kernel<T, D, true, false, kFused>,
-      fa3_bwd_kernel<T, D, false, true, kFused>, fa3_bwd_kernel<T, D, true, true, kFused>};
+      fa3_bwd_kernel<T, D, false, false>, fa3_bwd_kernel<T, D, true, false>,
+      fa3_bwd_kernel<T, D, false, true>, fa3_bwd_kernel<T, D, true, true>};
   const auto kernel = kernels[(p.softcap ? 1 : 0) + (vl ? 2 : 0)];
   const cudaStream_t st = cuda::stream_of(ctx);
   const dim3 rows_grid(static_cast<unsigned>(rp.lq_pad / 8), static_cast<unsigned>(d.heads_q),
                        static_cast<unsigned>(d.batch));
-  fa3_bwd_prep<T, D, kFused><<<rows_grid, 256, 0, st>>>(rp, p);
+  fa3_bwd_prep<T, D><<<rows_grid, 256, 0, st>>>(rp);
   BARACUDA_TRY(cuda::check_launch(attention::BackwardOp::name, "fa3_bwd_sm90a prep"));
   const dim3 grid(static_cast<unsigned>((d.len_k + kKeys - 1) / kKeys),
                   static_cast<unsigned>(d.heads_kv), static_cast<unsigned>(d.batch));
   BARACUDA_TRY(cuda::launch_with_smem(attention::BackwardOp::name, "fa3_bwd_sm90a", kernel, grid,
                                       kBwdThreads, smem, st, tq, tk, tv, tdy, p));
-  if constexpr (kFused) {
-    return {};
-  } else {
-    const dim3 post_grid(static_cast<unsigned>(rp.lq_pad / kQRows * (D / 64)),
-                         static_cast<unsigned>(d.heads_q), static_cast<unsigned>(d.batch));
-    fa3_bwd_post<T, D><<<post_grid, 128, 0, st>>>(rp);
-    return cuda::check_launch(attention::BackwardOp::name, "fa3_bwd_sm90a post");
-  }
+  const dim3 post_grid(static_cast<unsigned>(rp.lq_pad / kQRows * (D / 64)),
+                       static_cast<unsigned>(d.heads_q), static_cast<unsigned>(d.batch));
+  fa3_bwd_post<T, D><<<post_grid, 128, 0, st>>>(rp);
+  return cuda::check_launch(attention::BackwardOp::name, "fa3_bwd_sm90a post");
 }
 
-template <class T, bool kFused>
+template <class T>
 Status launch(const LaunchContext& ctx, const Problem& pr, const BackwardArguments& a) {
   switch (pr.desc.head_dim_qk) {
     case 64:
-      return launch_d<T, 64, kFused>(ctx, pr, a);
+      return launch_d<T, 64>(ctx, pr, a);
     case 128:
-      return launch_d<T, 128, kFused>(ctx, pr, a);
+      return launch_d<T, 128>(ctx, pr, a);
     default:
-      return launch_d<T, 256, false>(ctx, pr, a);
+      return launch_d<T, 256>(ctx, pr, a);
   }
 }
 
@@ -1139,14 +915,11 @@ bool register_one() {
   const Entry entries[] = {
       // Pinnable below the family's kernels and every cuDNN entry: it never wins `fastest` on
       // its own; PlanPreference::kernel(kFa3BwdKernel) reaches it where it fits.
-      {kFa3BwdKernel, -2, fits<T>, launch<T, true>},
-      // The same kernel with the row pass as a kernel of its own after it (and the accumulator
-      // zeroed in front): the A/B for the fused pass, by name only.
-      {kFa3BwdRowpassKernel, -3, fits<T>, launch<T, false>},
+      {kFa3BwdKernel, -2, fits<T>, launch<T>},
       // The plain kernel above every other backward kernel, fitting only where the measured
       // selection table says it is the fastest candidate (cuDNN's non-deterministic entry then
       // ranks behind).
-      {kFa3BwdRankedAhead, kFa3Ahead, fits_ranked_ahead<T>, launch<T, true>},
+      {kFa3BwdRankedAhead, kFa3Ahead, fits_ranked_ahead<T>, launch<T>},
   };
   for (const Entry& e : entries)
     register_kernel<attention::BackwardOp>(

@@ -124,14 +124,6 @@ __device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t src, ui
       "r"(src), "r"(bytes)
       : "memory");
 }
-// Bulk copy shared -> global over `bytes` (a plain store, no adds); the same rules, one bulk group.
-__device__ __forceinline__ void bulk_store(void* dst, uint32_t src, uint32_t bytes) {
-  asm volatile(
-      "cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n"
-      "cp.async.bulk.commit_group;\n" ::"l"(reinterpret_cast<uint64_t>(dst)),
-      "r"(src), "r"(bytes)
-      : "memory");
-}
 // Until at most N of this thread's bulk groups are incomplete: kSourceRead, until their shared-
 // memory sources have been read (the buffer may be rewritten); otherwise until their writes are
 // done.
