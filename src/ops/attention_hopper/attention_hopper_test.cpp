@@ -346,9 +346,10 @@ TEST(AttentionCudnnRules, ShippedTablePicksFa3WhereItWasFastest) {
       {128, 512, true, kCudnn, kFa3},     {128, 2048, true, kCudnn, kCudnn},
       {64, 4096, false, kCudnn, kCudnn},  {64, 4096, true, kCudnn, kCudnn},
       {64, 16384, false, kCudnn, kCudnn}, {64, 1024, false, kCudnn, kCudnn},
-      {64, 512, true, kCudnn, kCudnn},    {256, 16384, true, kFa3, kCudnn},
-      {256, 8192, true, kFa3, kCudnn},    {256, 16384, false, kFa3, kCudnn},
-      {256, 8192, false, kCudnn, kCudnn}, {256, 4096, false, kCudnn, kCudnn},
+      {64, 512, true, kCudnn, kCudnn},    {256, 16384, true, kFa3, kFa3},
+      {256, 8192, true, kFa3, kCudnn},    {256, 16384, false, kCudnn, kFa3},
+      {256, 8192, false, kCudnn, kFa3},   {256, 4096, false, kCudnn, kFa3},
+      {256, 4096, true, kCudnn, kCudnn},
   };
   for (const Point& pt : points) {
     const Mask m = pt.causal ? Mask::causal_top_left() : Mask::none();
