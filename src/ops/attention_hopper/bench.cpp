@@ -145,6 +145,19 @@ void sweep(const Stream& stream) {
   const bool quick = sweep_env == "quick";
   long long only_d = 0, only_l = 0;
   if (std::sscanf(sweep_env.c_str(), "d%lld_l%lld", &only_d, &only_l) != 2) only_d = only_l = 0;
+  // BARACUDA_ATTN_BH="<B>,<H>" with a one-point sweep: that batch and head count instead of the
+  // sweep's 16k tokens x hidden 2048 (e.g. a grid of whole waves of CTAs against a ragged one),
+  // within the buffers allocated here.
+  long long only_b = 0, only_h = 0;
+  if (only_d > 0 &&
+      std::sscanf(std::string(bench::env("BARACUDA_ATTN_BH")).c_str(), "%lld,%lld", &only_b,
+                  &only_h) == 2 &&
+      (only_b < 1 || only_h < 1 || only_b * only_h * only_l * only_d > n ||
+       only_b * only_h * only_l > kTokens * 64)) {
+    std::fprintf(stderr, "BARACUDA_ATTN_BH: B %lld x H %lld x L %lld x D %lld does not fit\n",
+                 only_b, only_h, only_l, only_d);
+    return;
+  }
   // BARACUDA_ATTENTION_ONLY=backward: cuDNN (forward and backward) and fa3_bwd_sm90a only, for
   // backward A/B runs.
   const bool backward_only = bench::env("BARACUDA_ATTENTION_ONLY") == "backward";
@@ -155,7 +168,8 @@ void sweep(const Stream& stream) {
     for (int64_t l : lens)
       for (bool causal : {false, true}) {
         if (only_d > 0 && (d != only_d || l != only_l || causal)) continue;
-        const int64_t h = kHidden / d, batch = kTokens / l;
+        const int64_t h = only_h > 0 ? only_h : kHidden / d,
+                      batch = only_b > 0 ? only_b : kTokens / l;
         attention::Descriptor desc;
         desc.dtype = DType::bf16;
         desc.batch = batch;
