@@ -478,8 +478,10 @@ __device__ __forceinline__ void load_tile(T* tile, const T* base, const int64_t 
 // Raw scores -> scaled (and soft-capped) scores in the exp2 domain, masked keys -inf. Each variant
 // is straight-line code: a per-element runtime branch (soft-cap on/off, mask needed or not) splits
 // the unrolled tile into hundreds of basic blocks, which keeps the scheduler from overlapping the
-// softmax with the next tile's ldmatrix/mma work.
-template <bool kCap, bool kMask, int MT, int NT>
+// softmax with the next tile's ldmatrix/mma work. !kScale: uncapped scores stay raw (masked ones
+// -inf) and the caller folds the scale into its exponentials (one FFMA a score instead of an FMUL
+// and an FADD; the scale is positive, so the raw maximum scaled is the scaled maximum).
+template <bool kCap, bool kMask, bool kScale = true, int MT, int NT>
 __device__ __forceinline__ void scores_to_log2(float (&sc)[MT][NT][4], const Params& p, float sl2,
                                                int n0, int tq, const int (&lo)[MT][2],
                                                const int (&hi)[MT][2]) {
@@ -493,7 +495,7 @@ __device__ __forceinline__ void scores_to_log2(float (&sc)[MT][NT][4], const Par
         float x = sc[mt][n][e];
         if constexpr (kCap) {
           x = p.softcap * tanhf(x * p.scale / p.softcap) * log2e;
-        } else {
+        } else if constexpr (kScale) {
           x *= sl2;
         }
         if constexpr (kMask) {
@@ -504,18 +506,18 @@ __device__ __forceinline__ void scores_to_log2(float (&sc)[MT][NT][4], const Par
         sc[mt][n][e] = x;
       }
 }
-template <int MT, int NT>
+template <bool kScale = true, int MT, int NT>
 __device__ __forceinline__ void prep_scores(float (&sc)[MT][NT][4], const Params& p, float sl2,
                                             int n0, int tq, const int (&lo)[MT][2],
                                             const int (&hi)[MT][2], bool capped, bool masked) {
   if (capped || masked) {  // the mask test is exact on full tiles too
     if (capped) {
-      scores_to_log2<true, true>(sc, p, sl2, n0, tq, lo, hi);
+      scores_to_log2<true, true, kScale>(sc, p, sl2, n0, tq, lo, hi);
     } else {
-      scores_to_log2<false, true>(sc, p, sl2, n0, tq, lo, hi);
+      scores_to_log2<false, true, kScale>(sc, p, sl2, n0, tq, lo, hi);
     }
   } else {
-    scores_to_log2<false, false>(sc, p, sl2, n0, tq, lo, hi);
+    scores_to_log2<false, false, kScale>(sc, p, sl2, n0, tq, lo, hi);
   }
 }
 
@@ -755,16 +757,19 @@ __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
       // per-element branches they were measured with (they sit at 255 registers, where the
       // straight-line variants made ptxas spill).
       constexpr bool kStraight = MT == 1 && BN == 64;
-      if constexpr (kStraight) prep_scores(sc, p, sl2, n0, tq, lo_r, hi_r, capped, !full);
+      if constexpr (kStraight) prep_scores<false>(sc, p, sl2, n0, tq, lo_r, hi_r, capped, !full);
       if constexpr (STR) {
         // The whole softmax twice, so that tiles without cap or mask run straight-line code.
         const bool fast = !capped && full;  // block-uniform
         auto softmax = [&](auto fast_tag) {
           constexpr bool kFast = decltype(fast_tag)::value;
-          if constexpr (kFast) scores_to_log2<false, false>(sc, p, sl2, n0, tq, lo_r, hi_r);
+          // kFast tiles (and kStraight's uncapped ones) keep raw scores: the scale goes into the
+          // exponentials' FFMA (ks); the per-element loop below scales as it goes (ks = 1).
+          if constexpr (kFast) scores_to_log2<false, false, false>(sc, p, sl2, n0, tq, lo_r, hi_r);
+          const float ks = kFast || (kStraight && !capped) ? sl2 : 1.f;
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt) {
-            float mx0 = m_r[mt][0], mx1 = m_r[mt][1];
+            float mx0 = -INFINITY, mx1 = -INFINITY;  // this tile's, in the scores' units
 #pragma unroll
             for (int n = 0; n < kSTiles; ++n) {
               if constexpr (!kStraight && !kFast) {
@@ -791,6 +796,7 @@ __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
               mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o2));
               mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o2));
             }
+            mx0 = fmaxf(m_r[mt][0], mx0 * ks), mx1 = fmaxf(m_r[mt][1], mx1 * ks);
             // A row that has seen only masked keys keeps max -inf: use 0 as the base so exp2 gives
             // 0.
             const float base0 = mx0 == -INFINITY ? 0.f : mx0;
@@ -800,8 +806,10 @@ __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
             rescale_rows(o[mt], l_r[mt], corr0, corr1);
 #pragma unroll
             for (int n = 0; n < kSTiles; ++n) {
-              const float p0 = exp2_ftz(sc[mt][n][0] - base0), p1 = exp2_ftz(sc[mt][n][1] - base0);
-              const float p2 = exp2_ftz(sc[mt][n][2] - base1), p3 = exp2_ftz(sc[mt][n][3] - base1);
+              const float p0 = exp2_ftz(fmaf(sc[mt][n][0], ks, -base0)),
+                          p1 = exp2_ftz(fmaf(sc[mt][n][1], ks, -base0));
+              const float p2 = exp2_ftz(fmaf(sc[mt][n][2], ks, -base1)),
+                          p3 = exp2_ftz(fmaf(sc[mt][n][3], ks, -base1));
               l_r[mt][0] += p0 + p1;
               l_r[mt][1] += p2 + p3;
               pf[mt][n][0] = pack2<T>(p0, p1);
@@ -814,10 +822,13 @@ __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
         } else {
           softmax(std::false_type{});
         }
-      } else {  // the other shapes: this text as measured (their SASS unchanged by STR)
+      } else {  // the other shapes (their SASS unchanged by STR)
+        // kStraight's uncapped tiles hold raw scores (prep_scores<false>): ks folds the scale
+        // into the exponentials; the per-element loop below scales as it goes (ks = 1).
+        const float ks = kStraight && !capped ? sl2 : 1.f;
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          float mx0 = m_r[mt][0], mx1 = m_r[mt][1];
+          float mx0 = -INFINITY, mx1 = -INFINITY;  // this tile's, in the scores' units
 #pragma unroll
           for (int n = 0; n < kSTiles; ++n) {
             if constexpr (!kStraight) {
@@ -844,6 +855,7 @@ __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
             mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o2));
             mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o2));
           }
+          mx0 = fmaxf(m_r[mt][0], mx0 * ks), mx1 = fmaxf(m_r[mt][1], mx1 * ks);
           // A row that has seen only masked keys keeps max -inf: use 0 as the base so exp2 gives 0.
           const float base0 = mx0 == -INFINITY ? 0.f : mx0;
           const float base1 = mx1 == -INFINITY ? 0.f : mx1;
@@ -852,8 +864,10 @@ __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
           rescale_rows(o[mt], l_r[mt], corr0, corr1);
 #pragma unroll
           for (int n = 0; n < kSTiles; ++n) {
-            const float p0 = exp2_ftz(sc[mt][n][0] - base0), p1 = exp2_ftz(sc[mt][n][1] - base0);
-            const float p2 = exp2_ftz(sc[mt][n][2] - base1), p3 = exp2_ftz(sc[mt][n][3] - base1);
+            const float p0 = exp2_ftz(fmaf(sc[mt][n][0], ks, -base0)),
+                        p1 = exp2_ftz(fmaf(sc[mt][n][1], ks, -base0));
+            const float p2 = exp2_ftz(fmaf(sc[mt][n][2], ks, -base1)),
+                        p3 = exp2_ftz(fmaf(sc[mt][n][3], ks, -base1));
             l_r[mt][0] += p0 + p1;
             l_r[mt][1] += p2 + p3;
             pf[mt][n][0] = pack2<T>(p0, p1);
