@@ -110,13 +110,13 @@ struct MmaShapeM32 {
   static constexpr bool kOvl = false, kStr = false;
   static constexpr int kRows = 16 * kNW * kMT;
 };
-// m32 (A/B, flash_fwd_mma_m32s_sm80) whose tiles without soft-cap or mask (the bulk of a long
-// non-causal row) run the straight-line score conversion of the m16 shapes instead of the
-// per-element branch loop, which splits each unrolled tile into many basic blocks and stops
-// ptxas from overlapping ldmatrix, mma and softmax. The second H100 run measured m32 at 150.5
-// TFLOP/s (d128 L4096) where FlashAttention-2 runs this very shape at 331. Masked or capped
-// tiles keep the branch loop: straight-line there spilled at MT = 2 (36-76 B at D = 128).
-// D = 256 keeps MmaShape.
+// m32 (flash_fwd_mma_m32s_sm80, the family's default at d128) whose tiles without soft-cap or
+// mask (the bulk of a long non-causal row) run the straight-line score conversion of the m16
+// shapes instead of the per-element branch loop, which splits each unrolled tile into many basic
+// blocks and stops ptxas from overlapping ldmatrix, mma and softmax. The second H100 run measured
+// m32 at 150.5 TFLOP/s (d128 L4096) where FlashAttention-2 runs this very shape at 331. Masked or
+// capped tiles keep the branch loop: straight-line there spilled at MT = 2 (36-76 B at D = 128). D
+// = 256 keeps MmaShape.
 template <int D>
 struct MmaShapeM32S {
   static constexpr int kNW = MmaShapeM32<D>::kNW, kBN = MmaShapeM32<D>::kBN,
@@ -498,10 +498,10 @@ bool register_kernels() {
     // Same kernel template, MmaShapeM16 launch shapes (D <= 128). Measured on the H100 (bf16,
     // TFLOP/s, flash_fwd_mma_sm80 / m16 / m16w8): d128 L4096 122 / 199 / 218, d64 L4096
     // 88 / 182 / 169, d128 L16384 128 / 201 / 229, causal d128 L4096 119 / 192 / 209. Both beat
-    // the MmaShape kernel everywhere they fit, so they rank above it; m16w8 is the default at
-    // d128, m16 stays for A/B there.
+    // the MmaShape kernel everywhere they fit, so they rank above it; m16 and m16w8 stay for A/B
+    // at d128, where m32s (below) is the default.
     register_fwd_mma<E, MmaShapeM16>("flash_fwd_mma_m16_sm80", 21, mma, fits_mma_128);
-    register_fwd_mma<E, MmaShapeM16W8>("flash_fwd_mma_m16w8_sm80", 22, mma, fits_mma_128);
+    register_fwd_mma<E, MmaShapeM16W8>("flash_fwd_mma_m16w8_sm80", 15, mma, fits_mma_128);
     // m16 again, same name and launch, above m16w8 where the padded head dim is 64: the second
     // H100 run (bf16, non-causal L4096, TFLOP/s) has m16 / m16w8 at 233.4 / 208.4 for d64 but
     // 212.9 / 258.6 for d128. Priorities are per entry and cannot depend on the head dim, but
@@ -509,10 +509,14 @@ bool register_kernels() {
     // pinnable everywhere, and pinning "flash_fwd_mma_m16_sm80" reaches this entry or the one
     // above (same launch), so m16 stays pinnable at every head dim too.
     register_fwd_mma<E, MmaShapeM16>("flash_fwd_mma_m16_sm80", 23, mma, fits_mma_64);
-    // A/B shapes (H100, d128 L4096, TFLOP/s vs m16w8's 259): m32 151, ovl 257, m32s 258.
+    // A/B shapes. Once the m32 shapes' second m16 tile stopped being skipped per tile (its mmas
+    // had been predicated behind WARPSYNCs), m32s became the fastest at d128 (H100, bf16,
+    // TFLOP/s, de1b2e0, same call: L4096 323 vs m16 271 / m16w8 269 / ovl 277 / m32 173; L16384
+    // 335 vs 281; L4096 causal 287 vs 262), so it is the default there; at d64 it ties m16
+    // (264 vs 260 at L4096, 234 vs 235 at L1024), whose d64 entry keeps ranking above.
     register_fwd_mma<E, MmaShapeM32>("flash_fwd_mma_m32_sm80", 17, mma, fits_mma_128);
     register_fwd_mma<E, MmaShapeOvl>("flash_fwd_mma_ovl_sm80", 16, mma, fits_mma_128);
-    register_fwd_mma<E, MmaShapeM32S>("flash_fwd_mma_m32s_sm80", 15, mma, fits_mma_128);
+    register_fwd_mma<E, MmaShapeM32S>("flash_fwd_mma_m32s_sm80", 22, mma, fits_mma_128);
     // Few query rows per K/V head (decode, speculative decoding): above the general kernel; that
     // one stays registered so PlanPreference::kernel("flash_fwd_mma_sm80") can A/B them.
     register_decode<E, 1, false>("flash_decode_sm80", 30, mma);
