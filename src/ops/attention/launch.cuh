@@ -421,6 +421,19 @@ inline bool fits_mma_128(const Problem& pr, const DeviceCaps&) {
 inline bool fits_mma_64(const Problem& pr, const DeviceCaps&) {
   return mma_dims_ok(pr) && mma_dim(pr) <= 64;
 }
+// Where m32s is the family's default forward (H100, bf16, ea14cc1, TFLOP/s against the m16
+// shapes): unmasked problems (d128 L512..16k 242-335 vs m16 / m16w8 <= 278; d64 212-269 vs m16
+// 210-258) and banded ones long enough that few tiles are diagonal, whose masked tiles run m32s's
+// per-element loop (causal d128: L512 123 vs m16 159, L2048 240 vs 237, L4096 287 vs 259; causal
+// d64: L4096 228 vs 246, L8192 255 vs 257, L16384 268 vs 242). At least one CTA's 128 rows per
+// K/V head, or most of them would be empty.
+inline bool fits_m32s_default(const Problem& pr, const DeviceCaps& caps) {
+  const auto& d = pr.desc;
+  const int64_t len = std::max(d.len_q, d.len_k);
+  const bool banded = !d.mask.is_none();
+  return fits_mma_128(pr, caps) && d.len_q * pr.group >= 128 &&
+         (!banded || len >= (mma_dim(pr) <= 64 ? 8192 : 2048));
+}
 using FitsFn = bool (*)(const Problem&, const DeviceCaps&);
 
 // Every kernel of the family shares category, layout, masks, arch and backend; an entry differs in
@@ -498,8 +511,8 @@ bool register_kernels() {
     // Same kernel template, MmaShapeM16 launch shapes (D <= 128). Measured on the H100 (bf16,
     // TFLOP/s, flash_fwd_mma_sm80 / m16 / m16w8): d128 L4096 122 / 199 / 218, d64 L4096
     // 88 / 182 / 169, d128 L16384 128 / 201 / 229, causal d128 L4096 119 / 192 / 209. Both beat
-    // the MmaShape kernel everywhere they fit, so they rank above it; m16 and m16w8 stay for A/B
-    // at d128, where m32s (below) is the default.
+    // the MmaShape kernel everywhere they fit, so they rank above it; m16 is the d128 default
+    // where m32s (below) is not, m16w8 stays for A/B.
     register_fwd_mma<E, MmaShapeM16>("flash_fwd_mma_m16_sm80", 21, mma, fits_mma_128);
     register_fwd_mma<E, MmaShapeM16W8>("flash_fwd_mma_m16w8_sm80", 15, mma, fits_mma_128);
     // m16 again, same name and launch, above m16w8 where the padded head dim is 64: the second
@@ -512,11 +525,13 @@ bool register_kernels() {
     // A/B shapes. Once the m32 shapes' second m16 tile stopped being skipped per tile (its mmas
     // had been predicated behind WARPSYNCs), m32s became the fastest at d128 (H100, bf16,
     // TFLOP/s, de1b2e0, same call: L4096 323 vs m16 271 / m16w8 269 / ovl 277 / m32 173; L16384
-    // 335 vs 281; L4096 causal 287 vs 262), so it is the default there; at d64 it ties m16
-    // (264 vs 260 at L4096, 234 vs 235 at L1024), whose d64 entry keeps ranking above.
+    // 335 vs 281; L4096 causal 287 vs 262): it is the default where fits_m32s_default says (the
+    // full sweep's numbers are there); m16 keeps short banded problems.
     register_fwd_mma<E, MmaShapeM32>("flash_fwd_mma_m32_sm80", 17, mma, fits_mma_128);
     register_fwd_mma<E, MmaShapeOvl>("flash_fwd_mma_ovl_sm80", 16, mma, fits_mma_128);
-    register_fwd_mma<E, MmaShapeM32S>("flash_fwd_mma_m32s_sm80", 22, mma, fits_mma_128);
+    register_fwd_mma<E, MmaShapeM32S>("flash_fwd_mma_m32s_sm80", 14, mma, fits_mma_128);
+    // ... and again, same name and launch, above the m16 entries where fits_m32s_default says.
+    register_fwd_mma<E, MmaShapeM32S>("flash_fwd_mma_m32s_sm80", 24, mma, fits_m32s_default);
     // Few query rows per K/V head (decode, speculative decoding): above the general kernel; that
     // one stays registered so PlanPreference::kernel("flash_fwd_mma_sm80") can A/B them.
     register_decode<E, 1, false>("flash_decode_sm80", 30, mma);
