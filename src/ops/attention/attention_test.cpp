@@ -560,6 +560,64 @@ TEST(AttentionRules, DescriptorErrorsNameTheRuleAndNumbers) {
   bad([](Descriptor& d) { d.dtype = DType::e4m3; }, K::unsupported, {"no kernel for element=e4m3"});
 }
 
+// The family's forward default per shape, from its table alone (priority among the sm_80-class
+// entries that fit; no GPU needed, only a build with CUDA kernels): m32s where it measured fastest
+// (launch.cuh, fits_m32s_default), m16 for short banded problems and few rows, decode for a few
+// rows a head, the general kernel at head dim 256.
+TEST(AttentionRegistry, FamilyForwardDefaultFollowsTheMeasuredShapes) {
+  DeviceCaps sm80;
+  sm80.device = 0, sm80.sm = 80, sm80.sm_count = 108, sm80.name = "sm_80-class";
+  auto default_of = [&](const Config& c) -> std::string {
+    const Problem p = problem_of(c);
+    const Kernel<ForwardOp>* best = nullptr;
+    for (const auto& k : KernelTable<ForwardOp>::instance().all()) {
+      if (k.sku.element != c.dtype || k.sku.arch != Arch::sm80) continue;
+      if (k.fits && !k.fits(p, sm80)) continue;
+      if (!best || k.priority > best->priority) best = &k;
+    }
+    return best ? std::string(best->sku.name) : "";
+  };
+  auto cfg = [](int64_t d, int64_t l, Mask m, int64_t hq = 16, int64_t hk = 16) {
+    Config c;
+    c.dtype = DType::bf16, c.b = 1, c.hq = hq, c.hk = hk, c.lq = c.lk = l, c.dk = c.dv = d;
+    c.mask = m;
+    return c;
+  };
+  const std::string probe = default_of(cfg(128, 4096, Mask::none()));
+  if (probe.empty() || probe == "flash_fwd_simt")
+    GTEST_SKIP() << "built without CUDA: no sm_80-class tensor-core kernel is registered";
+  const Mask none = Mask::none(), causal = Mask::causal_top_left();
+  const struct {
+    Config c;
+    const char* kernel;
+  } cases[] = {
+      {cfg(128, 4096, none), "flash_fwd_mma_m32s_sm80"},
+      {cfg(128, 512, none), "flash_fwd_mma_m32s_sm80"},
+      {cfg(96, 1000, none), "flash_fwd_mma_m32s_sm80"},  // padded to 128
+      {cfg(128, 2048, causal), "flash_fwd_mma_m32s_sm80"},
+      {cfg(128, 1024, causal), "flash_fwd_mma_m16_sm80"},
+      {cfg(128, 4096, Mask::sliding_window(255, 0)), "flash_fwd_mma_m32s_sm80"},
+      {cfg(64, 4096, none), "flash_fwd_mma_m32s_sm80"},
+      {cfg(64, 4096, causal), "flash_fwd_mma_m16_sm80"},
+      {cfg(64, 8192, causal), "flash_fwd_mma_m32s_sm80"},
+      // 3 rows x 16 heads a K/V head: too many for decode, too few for m32s's 128-row CTA.
+      {[&] {
+         Config c = cfg(128, 300, none, 16, 1);
+         c.lq = 3;
+         return c;
+       }(),
+       "flash_fwd_mma_m16_sm80"},
+      {[&] {
+         Config c = cfg(128, 4096, none, 32, 8);
+         c.lq = 1;
+         return c;
+       }(),
+       "flash_decode_sm80"},
+      {cfg(256, 4096, none), "flash_fwd_mma_sm80"},
+  };
+  for (const auto& tc : cases) EXPECT_EQ(default_of(tc.c), tc.kernel) << tc.c.str();
+}
+
 TEST(AttentionRules, MaskNames) {
   EXPECT_EQ(to_string(Mask::none()), "none");
   EXPECT_EQ(to_string(Mask::causal_top_left()), "causal_top_left");
