@@ -337,6 +337,18 @@ TEST(Harness, PoisonAndWriteSetChecksCanFail) {
                                 "same"));
 }
 
+TEST(Harness, WorkspacesArePoisoned) {
+  auto ws = harness::poisoned_workspace(100, Location::host());
+  BARACUDA_ASSERT_OK(ws);
+  ASSERT_EQ(ws->bytes(), 100u);
+  const auto* bytes = static_cast<const uint8_t*>(ws->data());
+  for (size_t i = 0; i < ws->bytes(); ++i) ASSERT_EQ(bytes[i], 0xFF) << "byte " << i;
+  float f = 0;
+  std::memcpy(&f, bytes, sizeof f);
+  EXPECT_TRUE(std::isnan(f));  // an f32 accumulator read before it was written is NaN
+  BARACUDA_ASSERT_OK(harness::poisoned_workspace(0, Location::host()));
+}
+
 TEST(Harness, SubnormalRoundingIsRepresentationNotError) {
   // The CI failure this fixes (seed 845492442): an f16 gradient of 3.24e-7, correctly rounded to
   // the subnormal 2.98e-7 (5 x 2^-24), is 8% off: within one step of the type next to zero.

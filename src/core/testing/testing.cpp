@@ -42,6 +42,11 @@ bool target_available(Target t) {
 Location location_for(Target t) {
   return t == Target::cpu ? Location::host() : Location::cuda(0);
 }
+Result<Buffer> poisoned_workspace(size_t bytes, Location where) {
+  Result<Buffer> b = Buffer::allocate(bytes, where);
+  if (b.ok() && b->bytes() > 0) BARACUDA_TRY(fill_bytes(b->data(), b->where(), 0xFF, b->bytes()));
+  return b;
+}
 std::string skip_reason(Target t) {
   return "no CUDA device: " + target_name(t) +
          " case skipped (it runs on the GPU machine via scripts/gpu-check.sh)";

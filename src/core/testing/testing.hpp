@@ -75,6 +75,10 @@ bool target_available(Target t);
 const Stream& stream_for(Target t);  // one stream per target for the whole test run
 Location location_for(Target t);
 std::string skip_reason(Target t);
+// A plan's workspace for a test: `bytes` where `where` says, every byte 0xFF (NaN as f32): a
+// kernel that reads workspace it has not written first (an accumulator assumed zero, a counter
+// assumed reset) shows it in its outputs instead of passing on freshly allocated zeros.
+Result<Buffer> poisoned_workspace(size_t bytes, Location where);
 
 #define BARACUDA_SKIP_IF_UNAVAILABLE(target)                    \
   do {                                                          \

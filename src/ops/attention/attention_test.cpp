@@ -118,7 +118,7 @@ std::unique_ptr<TestTensor> seqlens(const std::vector<int32_t>& cu, Target targe
 
 Workspace workspace_for(size_t bytes, Target target, std::unique_ptr<Buffer>& hold) {
   if (bytes == 0) return Workspace::none();
-  auto b = Buffer::allocate(bytes, harness::location_for(target));
+  auto b = harness::poisoned_workspace(bytes, harness::location_for(target));
   EXPECT_TRUE(b.ok());
   hold = std::make_unique<Buffer>(std::move(b).value());
   return hold->as_workspace();

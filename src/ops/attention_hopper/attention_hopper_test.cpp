@@ -512,12 +512,9 @@ struct Workspace_ {
   Buffer buf;
   Workspace get() const { return buf.as_workspace(); }
 };
-// Poisoned (every byte 0xFF: NaN as f32): a kernel that read workspace it had not written first
-// (an accumulator assumed zero, a counter assumed reset) would show it in its outputs.
 Workspace_ workspace_of(size_t bytes) {
-  auto b = Buffer::allocate(std::max<size_t>(bytes, 16), Location::cuda(0));
+  auto b = harness::poisoned_workspace(std::max<size_t>(bytes, 16), Location::cuda(0));
   EXPECT_TRUE(b.ok());
-  EXPECT_TRUE(fill_bytes(b->data(), b->where(), 0xFF, b->bytes()).ok());
   return {std::move(b).value()};
 }
 

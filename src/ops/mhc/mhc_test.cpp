@@ -261,7 +261,7 @@ TEST_P(Mhc, StaticForwardMatchesReference) {
         TestTensor hr = rand_tensor(DType::f32, {p.n, p.n}, tg, l, rng, -2, 2);
         out.poison();
         const auto before = out.bytes();
-        auto ws = Buffer::allocate(plan->workspace_size(), s.memory_location());
+        auto ws = harness::poisoned_workspace(plan->workspace_size(), s.memory_location());
         BARACUDA_ASSERT_OK(ws);
         MhcStaticForwardOp::Arguments args{out.view(), x.cview(),  gamma.cview(),
                                            hp.cview(), hq.cview(), hr.cview()};
@@ -336,7 +336,7 @@ TEST_P(Mhc, StaticForwardKernelsMatchReference) {
         }
         ++kernels;
         out.set_bytes(poisoned);
-        auto ws = Buffer::allocate(plan->workspace_size(), s.memory_location());
+        auto ws = harness::poisoned_workspace(plan->workspace_size(), s.memory_location());
         BARACUDA_ASSERT_OK(ws);
         MhcStaticForwardOp::Arguments args{out.view(), x.cview(),  gamma.cview(),
                                            hp.cview(), hq.cview(), hr.cview()};
@@ -364,7 +364,7 @@ TEST_P(Mhc, StaticForwardKernelsMatchReference) {
         BARACUDA_ASSERT_OK(plan2);
         EXPECT_EQ(plan2->sku().name, plan->sku().name) << what;
         out2.set_bytes(poisoned2);
-        auto ws2 = Buffer::allocate(plan2->workspace_size(), s.memory_location());
+        auto ws2 = harness::poisoned_workspace(plan2->workspace_size(), s.memory_location());
         BARACUDA_ASSERT_OK(ws2);
         MhcStaticForwardOp::Arguments args2{
             out2.view(),   as_const(x.window({lo, 0, 0}, {sub, p.n, p.channels})),
@@ -409,8 +409,8 @@ TEST_P(Mhc, CollapseAndExpandMatchReference) {
           y.poison();
           co.poison();
           const auto yb = y.bytes(), cb = co.bytes();
-          auto ws = Buffer::allocate(std::max(cp->workspace_size(), ep->workspace_size()),
-                                     s.memory_location());
+          auto ws = harness::poisoned_workspace(
+              std::max(cp->workspace_size(), ep->workspace_size()), s.memory_location());
           BARACUDA_ASSERT_OK(ws);
           MhcCollapseOp::Arguments ca{y.view(), co.view(), x.cview(), w.view()};
           BARACUDA_ASSERT_OK(cp->run(s, ws->as_workspace(), ca));
@@ -525,7 +525,7 @@ TEST_P(Mhc, DynamicCollapseKernelsMatchReference) {
         ++kernels;
         y.set_bytes(ypoison);
         co.set_bytes(cpoison);
-        auto ws = Buffer::allocate(cp->workspace_size(), s.memory_location());
+        auto ws = harness::poisoned_workspace(cp->workspace_size(), s.memory_location());
         BARACUDA_ASSERT_OK(ws);
         MhcCollapseOp::Arguments ca{y.view(), co.view(), x.cview(), w.view()};
         BARACUDA_ASSERT_OK(cp->run(s, ws->as_workspace(), ca));
@@ -565,7 +565,7 @@ TEST_P(Mhc, DynamicCollapseKernelsMatchReference) {
         auto cp2 = MhcCollapsePlan::select(s, d2, pref);
         BARACUDA_ASSERT_OK(cp2);
         EXPECT_EQ(cp2->sku().name, cp->sku().name) << what;
-        auto ws2 = Buffer::allocate(cp2->workspace_size(), s.memory_location());
+        auto ws2 = harness::poisoned_workspace(cp2->workspace_size(), s.memory_location());
         BARACUDA_ASSERT_OK(ws2);
         MhcCollapseOp::Arguments ca2{y2.view(), co2.view(),
                                      as_const(x.window({lo, 0, 0}, {sub, p.n, p.channels})),
@@ -610,8 +610,8 @@ TEST_P(Mhc, BackwardMatchesReference) {
         TestTensor dy = rand_tensor(dt, {p.tokens, p.channels}, tg, l, rng);
         TestTensor co = rand_tensor(DType::f32, {p.rows, p.k}, tg, l, rng, 0.0, 1.0);
         const ParamSet w = make_params(p, tg, rng);
-        auto ws = Buffer::allocate(std::max(eb->workspace_size(), cb->workspace_size()),
-                                   s.memory_location());
+        auto ws = harness::poisoned_workspace(std::max(eb->workspace_size(), cb->workspace_size()),
+                                              s.memory_location());
         BARACUDA_ASSERT_OK(ws);
         // expand backward
         TestTensor dx = TestTensor::make(dt, {p.tokens, p.n, p.channels}, tg, l, &rng);
@@ -949,7 +949,7 @@ TEST_P(Mhc, ArgumentRulesNeverWrite) {
   y.poison();
   const auto before = y.bytes();
   const MhcCollapseOp::Arguments good{y.view(), co.view(), x.cview(), w.view()};
-  auto wsb = Buffer::allocate(plan->workspace_size(), s.memory_location());
+  auto wsb = harness::poisoned_workspace(plan->workspace_size(), s.memory_location());
   BARACUDA_ASSERT_OK(wsb);
   const Workspace ws = wsb->as_workspace();  // run() checks the workspace before the tensors
   const auto inv = ErrorKind::invalid_problem;
@@ -1084,7 +1084,7 @@ TEST_P(Mhc, MatchesDeepSeekV4HyperConnection) {
              co = make(DType::f32, {T, K}, {}), out = make(DType::f32, {T, n, C}, {});
   MhcParams w;
   w.fn = fnt.cview(), w.scale = st.cview(), w.base = bt.cview();
-  auto ws = Buffer::allocate(cp->workspace_size(), s.memory_location());
+  auto ws = harness::poisoned_workspace(cp->workspace_size(), s.memory_location());
   BARACUDA_ASSERT_OK(ws);
   BARACUDA_ASSERT_OK(cp->run(s, ws->as_workspace(), {y.view(), co.view(), xt.cview(), w}));
   BARACUDA_ASSERT_OK(

@@ -177,7 +177,7 @@ SsdBackwardOp::Arguments backward_args(const Tensors& t) {
 }
 
 Result<Buffer> workspace_for(size_t bytes, Target target) {
-  return Buffer::allocate(std::max<size_t>(bytes, 1), harness::location_for(target));
+  return harness::poisoned_workspace(std::max<size_t>(bytes, 1), harness::location_for(target));
 }
 
 // ---- validation: descriptor --------------------------------------------------------------------
@@ -1869,7 +1869,7 @@ TEST_P(SsdPlans, HostMemoryIsRejectedByDevicePlans) {
   // The chunked kernels keep f64 data in the workspace: the core refuses a misaligned one,
   // unwritten.
   if (plan->workspace_size() > 0) {
-    auto ws = Buffer::allocate(plan->workspace_size() + 16, stream.memory_location());
+    auto ws = harness::poisoned_workspace(plan->workspace_size() + 16, stream.memory_location());
     BARACUDA_ASSERT_OK(ws);
     Workspace off{static_cast<char*>(ws->data()) + 4, plan->workspace_size(), ws->where()};
     dev.y->poison();
