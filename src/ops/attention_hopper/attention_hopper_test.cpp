@@ -326,11 +326,12 @@ TEST(AttentionCudnnRules, ShippedTableIsWellFormed) {
   }
 }
 
-// The shipped run (H100, cuDNN 9.19.0, 2026-11-26, fc737a7): fa3 is picked exactly where it beat
-// cuDNN in that run (forward: D = 128 at L8192 both masks and L16384 causal, D = 256 at L8192
-// causal and L16384 both masks; backward: D = 128 L512 causal alone), cuDNN at every other
-// measured point, and never without fa3. Varlen problems (no cuDNN) get fa3 wherever it runs (it
-// beat the bespoke kernels at every point, both passes, every head dim).
+// The shipped run (H100, cuDNN 9.19.0, 2026-11-26, 4befacd): fa3 is picked exactly where it beat
+// cuDNN in that run (forward: D = 128 at L8192 both masks and L16384 causal, D = 256 at L8192 and
+// L16384 causal; backward: D = 128 L512 causal, D = 256 L4096 / L8192 / L16384 non-causal and
+// L16384 causal), cuDNN at every other measured point, and never without fa3. Varlen problems (no
+// cuDNN) get fa3 wherever it runs (it beat the bespoke kernels at every point, both passes, every
+// head dim).
 TEST(AttentionCudnnRules, ShippedTablePicksFa3WhereItWasFastest) {
   struct Point {
     int64_t d, l;
