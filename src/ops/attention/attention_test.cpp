@@ -560,8 +560,8 @@ TEST(AttentionRules, DescriptorErrorsNameTheRuleAndNumbers) {
   bad([](Descriptor& d) { d.dtype = DType::e4m3; }, K::unsupported, {"no kernel for element=e4m3"});
 }
 
-// The family's forward default per shape, from its table alone (priority among the sm_80-class
-// entries that fit; no GPU needed, only a build with CUDA kernels): m32s where it measured fastest
+// The family's forward default per shape, from its table alone (priority among the bespoke
+// sm_80-class entries that fit; no GPU needed, only a build with CUDA kernels): m32s where it measured fastest
 // (launch.cuh, fits_m32s_default), m16 for short banded problems and few rows, decode for a few
 // rows a head, the general kernel at head dim 256.
 TEST(AttentionRegistry, FamilyForwardDefaultFollowsTheMeasuredShapes) {
@@ -571,7 +571,10 @@ TEST(AttentionRegistry, FamilyForwardDefaultFollowsTheMeasuredShapes) {
     const Problem p = problem_of(c);
     const Kernel<ForwardOp>* best = nullptr;
     for (const auto& k : KernelTable<ForwardOp>::instance().all()) {
-      if (k.sku.element != c.dtype || k.sku.arch != Arch::sm80) continue;
+      // The family's own kernels: cuDNN (also sm_80-class, ranked by its own table) is not.
+      if (k.sku.element != c.dtype || k.sku.arch != Arch::sm80 ||
+          k.sku.backend != Backend::bespoke_cuda)
+        continue;
       if (k.fits && !k.fits(p, sm80)) continue;
       if (!best || k.priority > best->priority) best = &k;
     }
