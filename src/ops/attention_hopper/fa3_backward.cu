@@ -167,18 +167,6 @@ __device__ __forceinline__ void sync_warpgroup(int wg) {
 __device__ __forceinline__ void sync_consumers() {
   asm volatile("bar.sync 1, 256;\n" ::: "memory");
 }
-// One warpgroup's signal to the other (D = 64, 128): `signal` on one side, `await_signal` on the
-// other, 128 threads each.
-__device__ __forceinline__ void signal(int id) {
-  asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory");
-}
-__device__ __forceinline__ void await_signal(int id) {
-  asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory");
-}
-// Named barriers of those signals: warpgroup w's half of dS^T in buffer b is stored
-// (kReadyBar + 2 w + b), and w's dQ GEMM has read buffer b (kFreeBar + 2 w + b); warpgroup w may
-// start its GEMM phase (kSchedBar + w).
-constexpr int kReadyBar = 6, kFreeBar = 10, kSchedBar = 14;
 #endif
 
 // The float4 slot (16 bytes) of thread `tid`'s float4 j in its warpgroup's 16 KB dQ part: j * 128
@@ -204,9 +192,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   constexpr bool kSplit = S::kSplitCols;
   extern __shared__ uint8_t smem_raw[];
   __shared__ alignas(8) uint64_t bars[1 + kRing];  // K/V, then one per ring stage
-  // D = 64, 128: warpgroups done with each ring stage's current step (the second one out
-  // refills it; see release_stage).
-  __shared__ uint32_t stage_done[kRing];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
                                              ~static_cast<uintptr_t>(1023));
   const uint32_t base = smem_u32(smem);
@@ -238,7 +223,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 
   if (threadIdx.x == 0) {
     for (int i = 0; i < 1 + kRing; ++i) mbar_init(smem_u32(&bars[i]), 1);
-    for (int i = 0; i < kRing; ++i) stage_done[i] = 0;
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
@@ -374,68 +358,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
                   make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]));
     }
   };
-  // D = 64, 128: dQ_u = dS_u K of step u into this warpgroup's staging buffer, f32 in
-  // accumulator-fragment order (conflict-free stores; see staged_slot). D = 128: head-dim columns
-  // [64 wg, 64 wg + 64) over all 128 keys (both warpgroups' dS^T_u); D = 64: all columns over
-  // this warpgroup's 64 keys (both add into the same chunk).
-  auto dq_stage = [&](int u, uint32_t sb) {
-    const int tid = static_cast<int>(threadIdx.x) % 128;
-    const uint32_t ds = sb + S::kDs + (u & 1) * S::kDsBytes;
-    if (tid == 0) bulk_wait<0, true>();  // the previous reduction has read the staging buffer
-    // Publishes that wait to the warpgroup; D = 128: and waits for the other half of dS^T_u.
-    if constexpr (D == 128)
-      await_signal(kReadyBar + 2 * (1 - wg) + (u & 1));
-    else
-      sync_warpgroup(wg);
-    float dq[32];
-    wgmma_fence();
-    if constexpr (D == 128) {
-#pragma unroll
-      for (int kk = 0; kk < kKeys / 16; ++kk)
-        Ops<T>::tt64(dq, desc_sw128(ds + kk * 16 * 128, 8192, 1024),
-                     desc_sw128(sb + S::kK + wg * kKeys * 128 + kk * 16 * 128, 8192, 1024),
-                     kk > 0 ? 1 : 0);
-    } else {
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk)
-        Ops<T>::tt64(dq, desc_sw128(ds + (wg * 64 + kk * 16) * 128, 8192, 1024),
-                     desc_sw128(sb + S::kK + (wg * 64 + kk * 16) * 128, 8192, 1024),
-                     kk > 0 ? 1 : 0);
-    }
-    wgmma_commit();
-    wgmma_wait<0>();  // dQ_u (and every older group) done
-    fence_regs(dq);
-    // The other warpgroup stores dS^T_{u+2} into this buffer once both dQ_u GEMMs have read it.
-    if (D == 128 && u + 2 < steps) signal(kFreeBar + 2 * wg + (u & 1));
-    const uint32_t stage = sb + S::kStage + wg * S::kStageBytes;
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-      asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(
-                       stage + staged_slot(j, tid) * 16),
-                   "f"(dq[4 * j]), "f"(dq[4 * j + 1]), "f"(dq[4 * j + 2]), "f"(dq[4 * j + 3])
-                   : "memory");
-  };
-  // The staged dQ_u added into its accumulator chunk by one bulk reduce-add (the adds done in L2).
-  auto reduce_staged = [&](int u, uint32_t sb) {
-    const int64_t chunk = chunk_of(step_head(u), step_row0(u));
-    fence_proxy_async();
-    sync_warpgroup(wg);
-    if (threadIdx.x % 128 == 0)
-      bulk_reduce_add_f32(p.acc + chunk * (kQRows * 64), sb + S::kStage + wg * S::kStageBytes,
-                          S::kStageBytes);
-  };
-  // D = 64, 128: this warpgroup is done with step u's ring stage (its rows read, its wgmmas
-  // waited for); the second warpgroup out refills the stage with step u + kRing.
-  auto release_stage = [&](int u) {
-    sync_warpgroup(wg);
-    if (threadIdx.x % 128 == 0 && u + kRing < steps) {
-      __threadfence_block();
-      if (atomicAdd(&stage_done[u % kRing], 1u) & 1u) {
-        __threadfence_block();
-        load_step(u + kRing);
-      }
-    }
-  };
   if (steps > 0) {
     mbar_wait(smem_u32(&bars[0]), 0);
     if (kVarlen && n0 + kKeys > lk) {
@@ -446,7 +368,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     }
     issue_s(0);
     wgmma_wait<0>();
-    if (!kSplit && wg == 1) signal(kSchedBar);  // warpgroup 0's GEMM phase goes first
   }
 
   // Software-pipelined: step t + 1's S^T GEMM is issued once step t's dQ is staged, so the
@@ -604,15 +525,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       }
       uint32_t dsa[4][4];
       pack_a<T, 64>(dpt, dsa);
-      // D = 64, 128: the warpgroups take turns at their GEMM phases (dK_t, dQ_{t-1}, S^T_{t+1}), so
-      // that one's exponentials and dS run under the other's GEMMs.
-      if constexpr (!kSplit) await_signal(kSchedBar + wg);
       issue_rs<T, kCols>(dk, dsa, sq + wg_cols);
 
       // dS^T into shared memory ([key][query], 128-byte rows, 128-byte swizzle) for dQ = dS K.
-      // D = 128: both warpgroups' dQ_{t-2} GEMMs read this buffer last; the other's must be done.
       const uint32_t ds = sb + S::kDs + (t & 1) * S::kDsBytes;
-      if (D == 128 && t >= 2) await_signal(kFreeBar + 2 * (1 - wg) + (t & 1));
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
@@ -623,42 +539,66 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
                        : "memory");
         }
       fence_proxy_async();
+      // Both warpgroups' dS^T are written, and both are past step t - 1 (its wgmmas waited for):
+      // stage (t - 1) % kRing is free for step t + kRing - 1. Each warpgroup's dQ staging buffer is
+      // free once its previous bulk reduction has read it: the barrier publishes that too.
+      if (!kSplit && threadIdx.x % 128 == 0) bulk_wait<0, true>();
+      sync_consumers();
+      if (threadIdx.x == 0 && t >= 1 && t + kRing - 1 < steps) load_step(t + kRing - 1);
+
       if constexpr (kSplit) {
-        // Both warpgroups' dS^T are written, and both are past step t - 1 (its wgmmas waited
-        // for): stage (t - 1) % kRing is free for step t + kRing - 1.
-        sync_consumers();
-        if (threadIdx.x == 0 && t >= 1 && t + kRing - 1 < steps) load_step(t + kRing - 1);
         split_dq_and_next(t, h, m0, ds, sb);
       } else {
-        // D = 64, 128: no barrier over both warpgroups, so they may drift up to a step apart and
-        // one's exponentials run under the other's GEMMs. dQ_t = dS_t K is formed a step late
-        // (dq_stage(t) in step t + 1, after dS^T_{t+1}): D = 128's needs the other warpgroup's
-        // keys of dS^T_t, which it stores by then unless it is a whole step behind.
-        if constexpr (D == 128) signal(kReadyBar + 2 * wg + (t & 1));
-        if (t >= 1) dq_stage(t - 1, sb);
-        // S^T_{t+1} is issued between dQ_{t-1}'s staging stores and the proxy fence that waits
-        // for them, so the stores land while it issues (the fence was the largest stall in ncu
-        // when S^T_{t+1} went first: H100, d128 L4096 476 -> 504 TFLOP/s in one call). The last
-        // step issues its own S^T again (its stage is still resident): an S^T GEMM on every path
-        // keeps the accumulator registers' definitions unconditional, which ptxas needs to keep
-        // the wgmmas asynchronous.
-        if (t + 1 < steps)
-          issue_s(t + 1);
-        else
-          issue_scores(t, st, sb, S::kK, S::kQ);
-        if (wg == 0 || t + 1 < steps) signal(kSchedBar + 1 - wg);  // the other's GEMM phase
-        if (t >= 1) reduce_staged(t - 1, sb);
+        float dq[32];
+        wgmma_fence();
+        if constexpr (D == 128) {
+#pragma unroll
+          for (int kk = 0; kk < kKeys / 16; ++kk)
+            Ops<T>::tt64(dq, desc_sw128(ds + kk * 16 * 128, 8192, 1024),
+                         desc_sw128(sb + S::kK + wg * kKeys * 128 + kk * 16 * 128, 8192, 1024),
+                         kk > 0 ? 1 : 0);
+        } else {
+#pragma unroll
+          for (int kk = 0; kk < 4; ++kk)
+            Ops<T>::tt64(dq, desc_sw128(ds + (wg * 64 + kk * 16) * 128, 8192, 1024),
+                         desc_sw128(sb + S::kK + (wg * 64 + kk * 16) * 128, 8192, 1024),
+                         kk > 0 ? 1 : 0);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();  // dQ_t (and every older group) done
+        fence_regs(dq);
+        // dQ_t into the accumulator: this warpgroup's 64 x 64 f32 part, staged in shared memory in
+        // accumulator-fragment order (conflict-free stores; see staged_slot), then bulk
+        // reduce-adds. D = 64: both warpgroups add into the same chunk. S^T_{t+1} is issued between
+        // the staging stores and the proxy fence that waits for them, so the stores land while it
+        // issues (the fence was the largest stall in ncu when S^T_{t+1} went first, behind the dQ
+        // GEMM: H100, d128 L4096 476 -> 504 TFLOP/s in one call, d64 unchanged). The last step
+        // issues its own S^T again (its stage is still resident): an S^T GEMM on every path keeps
+        // the accumulator registers' definitions unconditional, which ptxas needs to keep the
+        // wgmmas asynchronous.
+        {
+          const int tid = static_cast<int>(threadIdx.x) % 128;
+          const uint32_t stage = sb + S::kStage + wg * S::kStageBytes;
+#pragma unroll
+          for (int j = 0; j < 8; ++j)
+            asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                             stage + staged_slot(j, tid) * 16),
+                         "f"(dq[4 * j]), "f"(dq[4 * j + 1]), "f"(dq[4 * j + 2]), "f"(dq[4 * j + 3])
+                         : "memory");
+          if (t + 1 < steps)
+            issue_s(t + 1);
+          else
+            issue_scores(t, st, sb, S::kK, S::kQ);
+          const int64_t chunk = chunk_of(h, m0);
+          fence_proxy_async();
+          sync_warpgroup(wg);
+          if (tid == 0) bulk_reduce_add_f32(p.acc + chunk * (kQRows * 64), stage, S::kStageBytes);
+        }
       }
     }
     // S^T_{t+1} ran under the staging. Nothing may stay in flight across the loop's back edge:
     // ptxas then serializes every wgmma of the kernel (C7514 / C7515).
     wgmma_wait<0>();
-    if constexpr (!kSplit) release_stage(t);
-  }
-  if (!kSplit && steps > 0) {
-    const uint32_t sb = opaque(base);
-    dq_stage(steps - 1, sb);
-    reduce_staged(steps - 1, sb);
   }
   fence_regs(dv);
   fence_regs(dk);
