@@ -561,9 +561,9 @@ TEST(AttentionRules, DescriptorErrorsNameTheRuleAndNumbers) {
 }
 
 // The family's forward default per shape, from its table alone (priority among the bespoke
-// sm_80-class entries that fit; no GPU needed, only a build with CUDA kernels): m32s where it measured fastest
-// (launch.cuh, fits_m32s_default), m16 for short banded problems and few rows, decode for a few
-// rows a head, the general kernel at head dim 256.
+// sm_80-class entries that fit; no GPU needed, only a build with CUDA kernels): m32s where it
+// measured fastest (launch.cuh, fits_m32s_default), m16 for short banded problems and few rows,
+// decode for a few rows a head, the general kernel at head dim 256.
 TEST(AttentionRegistry, FamilyForwardDefaultFollowsTheMeasuredShapes) {
   DeviceCaps sm80;
   sm80.device = 0, sm80.sm = 80, sm80.sm_count = 108, sm80.name = "sm_80-class";
