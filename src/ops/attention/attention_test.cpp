@@ -1314,15 +1314,23 @@ TEST_P(AttentionTest, ForwardKernelsByNameOnDevice) {
   const Target target = GetParam();
   if (target == Target::cpu) GTEST_SKIP() << "the tensor-core kernels run on the CUDA target only";
   BARACUDA_SKIP_IF_UNAVAILABLE(target);
-  const char* const names[] = {"flash_fwd_mma_sm80",       "flash_fwd_mma_m16_sm80",
-                               "flash_fwd_mma_m16w8_sm80", "flash_fwd_mma_m32_sm80",
-                               "flash_fwd_mma_ovl_sm80",   "flash_fwd_mma_m32s_sm80"};
-  auto all = [&] {
+  // m32s_n128 serves a padded head dim of 64 only. (String literals: a PlanPreference keeps a
+  // view of the name.)
+  auto names_for = [](const Config& c) {
+    std::vector<const char*> names = {"flash_fwd_mma_sm80",       "flash_fwd_mma_m16_sm80",
+                                      "flash_fwd_mma_m16w8_sm80", "flash_fwd_mma_m32_sm80",
+                                      "flash_fwd_mma_ovl_sm80",   "flash_fwd_mma_m32s_sm80"};
+    if (std::max(c.dk, c.dv) <= 64) names.push_back("flash_fwd_mma_m32s_n128_sm80");
+    return names;
+  };
+  auto all = [&](const Config& c) {
     std::vector<ForwardRun> runs;
-    for (const char* name : names) runs.push_back({PlanPreference::kernel(name)});
+    for (const char* name : names_for(c)) runs.push_back({PlanPreference::kernel(name)});
     return runs;
   };
-  auto expect_names = [&](const std::vector<ForwardRun>& runs) {
+  auto expect_names = [&](const Config& c, const std::vector<ForwardRun>& runs) {
+    const std::vector<const char*> names = names_for(c);
+    ASSERT_EQ(runs.size(), names.size());
     for (size_t j = 0; j < runs.size(); ++j) EXPECT_EQ(runs[j].kernel, names[j]);
   };
   const Mask masks[] = {Mask::none(), Mask::causal_top_left(), Mask::causal_bottom_right(),
@@ -1341,18 +1349,23 @@ TEST_P(AttentionTest, ForwardKernelsByNameOnDevice) {
       std::tie(c.dk, c.dv) = dims[n % 5];
       c.mask = mk;
       c.softcap = n % 6 == 5 ? 30.0 : 0.0;
-      auto runs = all();
+      auto runs = all(c);
       check_forward_runs(target, c, n % 2 ? Lay::blhd : Lay::bhld, runs);
-      expect_names(runs);
+      expect_names(c, runs);
       ++n;
     }
   Config c;  // varlen
   c.dtype = DType::bf16, c.b = 3, c.hq = 4, c.hk = 1, c.dk = c.dv = 128;
   c.mask = Mask::causal_bottom_right();
   c.cu_q = {0, 70, 70, 300}, c.cu_k = {0, 130, 131, 331}, c.lq = 230, c.lk = 200;
-  auto runs = all();
+  auto runs = all(c);
   check_forward_runs(target, c, Lay::bhld, runs);
-  expect_names(runs);
+  expect_names(c, runs);
+  Config v64 = c;  // varlen at head dim 64: m32s_n128 too
+  v64.dk = v64.dv = 64;
+  auto runs64 = all(v64);
+  check_forward_runs(target, v64, Lay::bhld, runs64);
+  expect_names(v64, runs64);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "baracuda/ops/attention.hpp"
@@ -89,8 +90,11 @@ void bench_all(const Stream& stream) {
         // A/B rows: the other bespoke tensor-core forward kernels, forced by name.
         for (const char* alt :
              {"flash_fwd_mma_sm80", "flash_fwd_mma_m16_sm80", "flash_fwd_mma_m16w8_sm80",
-              "flash_fwd_mma_m32_sm80", "flash_fwd_mma_ovl_sm80", "flash_fwd_mma_m32s_sm80"}) {
+              "flash_fwd_mma_m32_sm80", "flash_fwd_mma_ovl_sm80", "flash_fwd_mma_m32s_sm80",
+              "flash_fwd_mma_m32s_n128_sm80"}) {
           if (fwd->sku().name == alt || backward_only) continue;
+          // m32s_n128 serves head dim 64 only.
+          if (std::string_view(alt) == "flash_fwd_mma_m32s_n128_sm80" && dim != 64) continue;
           auto ap = ForwardPlan::select(stream, d, PlanPreference::kernel(alt));
           if (!ap.ok()) {
             bench::emit_error(kFamily, "attention_forward", name, ap.error());

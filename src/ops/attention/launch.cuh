@@ -125,6 +125,17 @@ struct MmaShapeM32S {
   static constexpr bool kOvl = false, kStr = D != 256;
   static constexpr int kRows = 16 * kNW * kMT;
 };
+// m32s over 128-key tiles at D = 64 (FlashAttention-2's own d64 shape: 128 x 128 CTAs of four
+// warps): each ldmatrix'd K / V fragment feeds as many FLOPs as at D = 128 with 64-key tiles.
+// Other head dims launch m32s's kernels.
+template <int D>
+struct MmaShapeM32SWide {
+  static constexpr int kNW = MmaShapeM32S<D>::kNW, kBN = D == 64 ? 128 : MmaShapeM32S<D>::kBN,
+                       kMT = MmaShapeM32S<D>::kMT;
+  static constexpr bool kQReg = MmaShapeM32S<D>::kQReg;
+  static constexpr bool kOvl = false, kStr = MmaShapeM32S<D>::kStr;
+  static constexpr int kRows = 16 * kNW * kMT;
+};
 // m16w8 with S_{t+1} issued before the softmax of S_t (MmaCfg's OVL): the warps' softmax no
 // longer leaves the tensor cores idle. 4-stage ring: 160 KB at D = 128, one CTA per SM as m16w8.
 template <int D>
@@ -532,6 +543,8 @@ bool register_kernels() {
     register_fwd_mma<E, MmaShapeM32S>("flash_fwd_mma_m32s_sm80", 14, mma, fits_mma_128);
     // ... and again, same name and launch, above the m16 entries where fits_m32s_default says.
     register_fwd_mma<E, MmaShapeM32S>("flash_fwd_mma_m32s_sm80", 24, mma, fits_m32s_default);
+    // A/B (not yet measured): m32s over 128-key tiles at a padded head dim of 64.
+    register_fwd_mma<E, MmaShapeM32SWide>("flash_fwd_mma_m32s_n128_sm80", 13, mma, fits_mma_64);
     // Few query rows per K/V head (decode, speculative decoding): above the general kernel; that
     // one stays registered so PlanPreference::kernel("flash_fwd_mma_sm80") can A/B them.
     register_decode<E, 1, false>("flash_decode_sm80", 30, mma);
