@@ -1317,9 +1317,13 @@ TEST_P(AttentionTest, ForwardKernelsByNameOnDevice) {
   // m32s_n128 serves a padded head dim of 64 only. (String literals: a PlanPreference keeps a
   // view of the name.)
   auto names_for = [](const Config& c) {
-    std::vector<const char*> names = {"flash_fwd_mma_sm80",       "flash_fwd_mma_m16_sm80",
-                                      "flash_fwd_mma_m16w8_sm80", "flash_fwd_mma_m32_sm80",
-                                      "flash_fwd_mma_ovl_sm80",   "flash_fwd_mma_m32s_sm80"};
+    std::vector<const char*> names = {"flash_fwd_mma_sm80",
+                                      "flash_fwd_mma_m16_sm80",
+                                      "flash_fwd_mma_m16w8_sm80",
+                                      "flash_fwd_mma_m32_sm80",
+                                      "flash_fwd_mma_ovl_sm80",
+                                      "flash_fwd_mma_m32s_sm80",
+                                      "flash_fwd_mma_m32s_straight_sm80"};
     if (std::max(c.dk, c.dv) <= 64) names.push_back("flash_fwd_mma_m32s_n128_sm80");
     return names;
   };

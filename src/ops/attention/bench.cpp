@@ -91,7 +91,7 @@ void bench_all(const Stream& stream) {
         for (const char* alt :
              {"flash_fwd_mma_sm80", "flash_fwd_mma_m16_sm80", "flash_fwd_mma_m16w8_sm80",
               "flash_fwd_mma_m32_sm80", "flash_fwd_mma_ovl_sm80", "flash_fwd_mma_m32s_sm80",
-              "flash_fwd_mma_m32s_n128_sm80"}) {
+              "flash_fwd_mma_m32s_straight_sm80", "flash_fwd_mma_m32s_n128_sm80"}) {
           if (fwd->sku().name == alt || backward_only) continue;
           // m32s_n128 serves head dim 64 only.
           if (std::string_view(alt) == "flash_fwd_mma_m32s_n128_sm80" && dim != 64) continue;

@@ -543,12 +543,14 @@ __device__ __forceinline__ void rescale_rows(float (&o)[kOTiles][4], float (&l)[
 // (the per-tile barrier keeps all warps of a CTA in the same phase, so without it the tensor
 // cores idle while every warp runs its exp2s). Costs a second S tile in registers and a 4-stage
 // ring (tiles t and t + 1 resident while t + 2, t + 3 load).
-// STR (A/B, MmaShapeM32S): on tiles without soft-cap or mask (the bulk of a long non-causal
-// row) the MT = 2 shape converts its scores with the straight-line scores_to_log2 instead of the
-// per-element branch loop, which it keeps for masked / capped tiles (the straight variants spill
-// there at MT = 2). The softmax text is instantiated twice for it (a block-uniform branch picks
-// one per tile); the other shapes keep the single text they were measured with.
-template <class T, int D, int NW, int BN, int MT, bool QREG, bool OVL = false, bool STR = false>
+// STR (MmaShapeM32S = 1): on tiles without soft-cap or mask (the bulk of a long non-causal row)
+// the MT = 2 shape converts its scores with the straight-line scores_to_log2 instead of the
+// per-element branch loop, which it keeps for masked / capped tiles (the straight variants
+// spilled there at MT = 2 while the second m16 tile's mmas were predicated). The softmax text is
+// instantiated twice for it (a block-uniform branch picks one per tile); the other shapes keep
+// the single text they were measured with. STR = 2 (A/B, MmaShapeM32SStraight): straight-line on
+// every tile, masked and capped ones too (prep_scores, as the m16 shapes).
+template <class T, int D, int NW, int BN, int MT, bool QREG, bool OVL = false, int STR = 0>
 struct MmaCfg {
   static constexpr int kM = 16 * NW * MT;
   static constexpr int kThreads = 32 * NW;
@@ -565,7 +567,7 @@ struct MmaCfg {
                                   (kBoundsSmem ? sizeof(int) * 2 * kM : 0);
 };
 
-template <class T, int D, int NW, int BN, int MT, bool QREG, bool OVL = false, bool STR = false>
+template <class T, int D, int NW, int BN, int MT, bool QREG, bool OVL = false, int STR = 0>
 __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
   using Cfg = MmaCfg<T, D, NW, BN, MT, QREG, OVL, STR>;
   constexpr int kM = Cfg::kM, kNT = Cfg::kThreads;
@@ -753,13 +755,15 @@ __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
       const int n0 = t * BN;
       const bool full = n0 >= full_lo && n0 + BN <= full_hi;  // every row sees the whole tile
       uint32_t pf[MT][kSTiles][2];  // P as 16-bit pairs, laid out as mma A fragments
-      // The MmaShapeM16 shapes take the branch-free variants; the MmaShape ones keep the
-      // per-element branches they were measured with (they sit at 255 registers, where the
-      // straight-line variants made ptxas spill).
-      constexpr bool kStraight = MT == 1 && BN == 64;
+      // The MmaShapeM16 shapes (and STR = 2) take the branch-free variants; the MmaShape ones
+      // keep the per-element branches they were measured with (they sit at 255 registers, where
+      // the straight-line variants made ptxas spill).
+      constexpr bool kStraight = (MT == 1 && BN == 64) || STR == 2;
       if constexpr (kStraight) prep_scores<false>(sc, p, sl2, n0, tq, lo_r, hi_r, capped, !full);
-      if constexpr (STR) {
-        // The whole softmax twice, so that tiles without cap or mask run straight-line code.
+      if constexpr (STR != 0) {
+        // The whole softmax twice, so that tiles without cap or mask run straight-line code (STR
+        // = 2: the other copy is straight-line too; a single text for both made ptxas spill 52
+        // bytes at D = 128, two texts none).
         const bool fast = !capped && full;  // block-uniform
         auto softmax = [&](auto fast_tag) {
           constexpr bool kFast = decltype(fast_tag)::value;

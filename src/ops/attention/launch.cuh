@@ -68,7 +68,8 @@ template <int D>
 struct MmaShape {
   static constexpr int kNW = 4, kBN = D == 64 ? 64 : 32, kMT = D == 256 ? 1 : 2;
   static constexpr bool kQReg = D == 64;
-  static constexpr bool kOvl = false, kStr = false;
+  static constexpr bool kOvl = false;
+  static constexpr int kStr = 0;
   static constexpr int kRows = 16 * kNW * kMT;
 };
 // The A/B alternative (flash_fwd_mma_m16_sm80): one m16 tile per warp (64-row CTAs) and 64-key
@@ -82,7 +83,8 @@ struct MmaShapeM16 {
   static constexpr int kNW = 4, kBN = D == 256 ? MmaShape<D>::kBN : 64,
                        kMT = D == 256 ? MmaShape<D>::kMT : 1;
   static constexpr bool kQReg = D == 256 ? MmaShape<D>::kQReg : true;
-  static constexpr bool kOvl = false, kStr = false;
+  static constexpr bool kOvl = false;
+  static constexpr int kStr = 0;
   static constexpr int kRows = 16 * kNW * kMT;
 };
 // The same per warp with eight warps (128-row CTAs, 1 per SM at ~229 registers): every K/V tile
@@ -93,7 +95,8 @@ struct MmaShapeM16W8 {
   static constexpr int kNW = D == 256 ? MmaShape<D>::kNW : 8, kBN = MmaShapeM16<D>::kBN,
                        kMT = MmaShapeM16<D>::kMT;
   static constexpr bool kQReg = MmaShapeM16<D>::kQReg;
-  static constexpr bool kOvl = false, kStr = false;
+  static constexpr bool kOvl = false;
+  static constexpr int kStr = 0;
   static constexpr int kRows = 16 * kNW * kMT;
 };
 // FlashAttention-2's own shape at D = 64 / 128: four warps of two m16 tiles (128-row CTAs, like
@@ -107,7 +110,8 @@ struct MmaShapeM32 {
   static constexpr int kNW = 4, kBN = D == 256 ? MmaShape<D>::kBN : 64,
                        kMT = D == 256 ? MmaShape<D>::kMT : 2;
   static constexpr bool kQReg = D == 256 ? MmaShape<D>::kQReg : false;
-  static constexpr bool kOvl = false, kStr = false;
+  static constexpr bool kOvl = false;
+  static constexpr int kStr = 0;
   static constexpr int kRows = 16 * kNW * kMT;
 };
 // m32 (flash_fwd_mma_m32s_sm80, the family's default at d128) whose tiles without soft-cap or
@@ -122,7 +126,20 @@ struct MmaShapeM32S {
   static constexpr int kNW = MmaShapeM32<D>::kNW, kBN = MmaShapeM32<D>::kBN,
                        kMT = MmaShapeM32<D>::kMT;
   static constexpr bool kQReg = MmaShapeM32<D>::kQReg;
-  static constexpr bool kOvl = false, kStr = D != 256;
+  static constexpr bool kOvl = false;
+  static constexpr int kStr = D != 256 ? 1 : 0;
+  static constexpr int kRows = 16 * kNW * kMT;
+};
+// m32s with straight-line score conversion on every tile, masked and soft-capped ones too (MmaCfg's
+// STR = 2; m32s keeps the per-element loop there, which spilled when its second m16 tile's mmas
+// were predicated; since de1b2e0 this variant compiles without spills at D = 64 and 128).
+template <int D>
+struct MmaShapeM32SStraight {
+  static constexpr int kNW = MmaShapeM32S<D>::kNW, kBN = MmaShapeM32S<D>::kBN,
+                       kMT = MmaShapeM32S<D>::kMT;
+  static constexpr bool kQReg = MmaShapeM32S<D>::kQReg;
+  static constexpr bool kOvl = false;
+  static constexpr int kStr = D != 256 ? 2 : 0;
   static constexpr int kRows = 16 * kNW * kMT;
 };
 // m32s over 128-key tiles at D = 64 (FlashAttention-2's own d64 shape: 128 x 128 CTAs of four
@@ -133,7 +150,8 @@ struct MmaShapeM32SWide {
   static constexpr int kNW = MmaShapeM32S<D>::kNW, kBN = D == 64 ? 128 : MmaShapeM32S<D>::kBN,
                        kMT = MmaShapeM32S<D>::kMT;
   static constexpr bool kQReg = MmaShapeM32S<D>::kQReg;
-  static constexpr bool kOvl = false, kStr = MmaShapeM32S<D>::kStr;
+  static constexpr bool kOvl = false;
+  static constexpr int kStr = MmaShapeM32S<D>::kStr;
   static constexpr int kRows = 16 * kNW * kMT;
 };
 // m16w8 with S_{t+1} issued before the softmax of S_t (MmaCfg's OVL): the warps' softmax no
@@ -143,7 +161,8 @@ struct MmaShapeOvl {
   static constexpr int kNW = MmaShapeM16W8<D>::kNW, kBN = MmaShapeM16W8<D>::kBN,
                        kMT = MmaShapeM16W8<D>::kMT;
   static constexpr bool kQReg = MmaShapeM16W8<D>::kQReg;
-  static constexpr bool kOvl = D != 256, kStr = false;
+  static constexpr bool kOvl = D != 256;
+  static constexpr int kStr = 0;
   static constexpr int kRows = 16 * kNW * kMT;
 };
 template <template <int> class Sh>
@@ -545,6 +564,9 @@ bool register_kernels() {
     register_fwd_mma<E, MmaShapeM32S>("flash_fwd_mma_m32s_sm80", 24, mma, fits_m32s_default);
     // A/B (not yet measured): m32s over 128-key tiles at a padded head dim of 64.
     register_fwd_mma<E, MmaShapeM32SWide>("flash_fwd_mma_m32s_n128_sm80", 13, mma, fits_mma_64);
+    // A/B (not yet measured): m32s with straight-line masked and capped tiles.
+    register_fwd_mma<E, MmaShapeM32SStraight>("flash_fwd_mma_m32s_straight_sm80", 12, mma,
+                                              fits_mma_128);
     // Few query rows per K/V head (decode, speculative decoding): above the general kernel; that
     // one stays registered so PlanPreference::kernel("flash_fwd_mma_sm80") can A/B them.
     register_decode<E, 1, false>("flash_decode_sm80", 30, mma);
