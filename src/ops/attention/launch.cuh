@@ -119,8 +119,9 @@ struct MmaShapeM32 {
 // shapes instead of the per-element branch loop, which splits each unrolled tile into many basic
 // blocks and stops ptxas from overlapping ldmatrix, mma and softmax. The second H100 run measured
 // m32 at 150.5 TFLOP/s (d128 L4096) where FlashAttention-2 runs this very shape at 331. Masked or
-// capped tiles keep the branch loop: straight-line there spilled at MT = 2 (36-76 B at D = 128).
-// D = 256 keeps MmaShape.
+// capped tiles keep the branch loop: straight-line there spilled at MT = 2 (36-76 B at D = 128)
+// while the second m16 tile's mmas were predicated; MmaShapeM32SStraight is that variant again
+// (no spills since de1b2e0). D = 256 keeps MmaShape.
 template <int D>
 struct MmaShapeM32S {
   static constexpr int kNW = MmaShapeM32<D>::kNW, kBN = MmaShapeM32<D>::kBN,
