@@ -135,25 +135,15 @@ struct MmaShapeM32S {
 // STR = 2; m32s keeps the per-element loop there, which spilled when its second m16 tile's mmas
 // were predicated; since de1b2e0 this variant compiles without spills at D = 64 and 128).
 template <int D>
-struct MmaShapeM32SStraight {
-  static constexpr int kNW = MmaShapeM32S<D>::kNW, kBN = MmaShapeM32S<D>::kBN,
-                       kMT = MmaShapeM32S<D>::kMT;
-  static constexpr bool kQReg = MmaShapeM32S<D>::kQReg;
-  static constexpr bool kOvl = false;
+struct MmaShapeM32SStraight : MmaShapeM32S<D> {
   static constexpr int kStr = D != 256 ? 2 : 0;
-  static constexpr int kRows = 16 * kNW * kMT;
 };
 // m32s over 128-key tiles at D = 64 (FlashAttention-2's own d64 shape: 128 x 128 CTAs of four
 // warps): each ldmatrix'd K / V fragment feeds as many FLOPs as at D = 128 with 64-key tiles.
 // Other head dims launch m32s's kernels.
 template <int D>
-struct MmaShapeM32SWide {
-  static constexpr int kNW = MmaShapeM32S<D>::kNW, kBN = D == 64 ? 128 : MmaShapeM32S<D>::kBN,
-                       kMT = MmaShapeM32S<D>::kMT;
-  static constexpr bool kQReg = MmaShapeM32S<D>::kQReg;
-  static constexpr bool kOvl = false;
-  static constexpr int kStr = MmaShapeM32S<D>::kStr;
-  static constexpr int kRows = 16 * kNW * kMT;
+struct MmaShapeM32SWide : MmaShapeM32S<D> {
+  static constexpr int kBN = D == 64 ? 128 : MmaShapeM32S<D>::kBN;
 };
 // m16w8 with S_{t+1} issued before the softmax of S_t (MmaCfg's OVL): the warps' softmax no
 // longer leaves the tensor cores idle. 4-stage ring: 160 KB at D = 128, one CTA per SM as m16w8.
