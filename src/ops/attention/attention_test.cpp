@@ -567,6 +567,7 @@ TEST(AttentionRules, DescriptorErrorsNameTheRuleAndNumbers) {
 TEST(AttentionRegistry, FamilyForwardDefaultFollowsTheMeasuredShapes) {
   DeviceCaps sm80;
   sm80.device = 0, sm80.sm = 80, sm80.sm_count = 108, sm80.name = "sm_80-class";
+  sm80.smem_per_block_optin = 163 * 1024;  // A100: every shape's shared memory fits
   auto default_of = [&](const Config& c) -> std::string {
     const Problem p = problem_of(c);
     const Kernel<ForwardOp>* best = nullptr;
@@ -619,6 +620,66 @@ TEST(AttentionRegistry, FamilyForwardDefaultFollowsTheMeasuredShapes) {
       {cfg(256, 4096, none), "flash_fwd_mma_sm80"},
   };
   for (const auto& tc : cases) EXPECT_EQ(default_of(tc.c), tc.kernel) << tc.c.str();
+}
+
+// A forward entry fits only where the device grants its shared memory, so select passes over it
+// on a smaller part instead of run failing: m16 at D = 128 (112 KB), m16w8 (128 KB) and ovl
+// (160 KB) exceed the 99 KB an sm_86 / sm_89 block may opt into; m32s (97 KB) does not.
+TEST(AttentionRegistry, ForwardKernelsFitOnlyWhereTheirSharedMemoryIsGranted) {
+  DeviceCaps small, large;
+  small.device = large.device = 0;
+  small.sm = 89, small.sm_count = 58, small.name = "sm_89-class, 99 KB";
+  small.smem_per_block_optin = 99 * 1024;
+  large.sm = 90, large.sm_count = 132, large.name = "sm_90-class, 227 KB";
+  large.smem_per_block_optin = 227 * 1024;
+  auto cfg = [](int64_t d, int64_t l, Mask m) {
+    Config c;
+    c.dtype = DType::bf16, c.b = 1, c.hq = c.hk = 16, c.lq = c.lk = l, c.dk = c.dv = d;
+    c.mask = m;
+    return c;
+  };
+  // Whether any entry of that name fits, and the family's own pick (its highest-priority fit).
+  auto fits = [](const Config& c, const DeviceCaps& caps, std::string_view name) {
+    const Problem p = problem_of(c);
+    for (const auto& k : KernelTable<ForwardOp>::instance().all())
+      if (k.sku.element == c.dtype && k.sku.name == name && (!k.fits || k.fits(p, caps)))
+        return true;
+    return false;
+  };
+  auto pick = [](const Config& c, const DeviceCaps& caps) -> std::string {
+    const Problem p = problem_of(c);
+    const Kernel<ForwardOp>* best = nullptr;
+    for (const auto& k : KernelTable<ForwardOp>::instance().all()) {
+      if (k.sku.element != c.dtype || k.sku.arch != Arch::sm80 ||
+          k.sku.backend != Backend::bespoke_cuda)
+        continue;
+      if (k.fits && !k.fits(p, caps)) continue;
+      if (!best || k.priority > best->priority) best = &k;
+    }
+    return best ? std::string(best->sku.name) : "";
+  };
+  const Config d128 = cfg(128, 4096, Mask::none()), d64 = cfg(64, 4096, Mask::none());
+  if (!fits(d128, large, "flash_fwd_mma_m16_sm80"))
+    GTEST_SKIP() << "built without CUDA: no sm_80-class tensor-core kernel is registered";
+  for (const char* name :
+       {"flash_fwd_mma_m16_sm80", "flash_fwd_mma_m16w8_sm80", "flash_fwd_mma_ovl_sm80"}) {
+    EXPECT_TRUE(fits(d128, large, name)) << name;
+    EXPECT_FALSE(fits(d128, small, name)) << name;
+  }
+  for (const char* name : {"flash_fwd_mma_sm80", "flash_fwd_mma_m32_sm80",
+                           "flash_fwd_mma_m32s_sm80", "flash_fwd_mma_m32s_straight_sm80"}) {
+    EXPECT_TRUE(fits(d128, large, name)) << name;
+    EXPECT_TRUE(fits(d128, small, name)) << name;
+  }
+  EXPECT_TRUE(fits(d64, small, "flash_fwd_mma_m16_sm80"));  // 56 KB at D = 64
+  EXPECT_TRUE(fits(d64, large, "flash_fwd_mma_m32s_n128_sm80"));
+  EXPECT_FALSE(fits(d64, small, "flash_fwd_mma_m32s_n128_sm80"));  // 112 KB
+  // A short causal d128 problem: m16 by the measured rule where it fits, a kernel that runs
+  // where it does not.
+  const Config causal = cfg(128, 1024, Mask::causal_top_left());
+  EXPECT_EQ(pick(causal, large), "flash_fwd_mma_m16_sm80");
+  EXPECT_EQ(pick(causal, small), "flash_fwd_mma_sm80");
+  EXPECT_EQ(pick(d128, small), "flash_fwd_mma_m32s_sm80");
 }
 
 TEST(AttentionRules, MaskNames) {

@@ -474,15 +474,30 @@ KernelSku family_sku(std::string_view op, DType aux, PrecisionGuarantee precisio
           .name = name};
 }
 
+// Shared memory a launch shape's kernel asks for at the problem's padded head dim.
+template <class T, template <int> class Sh>
+size_t fwd_mma_smem(const Problem& pr) {
+  return with_mma_dim(pr, [](auto d) {
+    using S = Sh<d()>;
+    return MmaCfg<T, d(), S::kNW, S::kBN, S::kMT, S::kQReg, S::kOvl, S::kStr>::kSmem;
+  });
+}
+// An entry's own rule, and only where the device grants its shared memory (e.g. m16w8's 160 KB at
+// D = 128 on a 99 KB sm_86 / sm_89 part), so select passes over it instead of run failing.
+template <class T, template <int> class Sh, FitsFn kFits>
+bool fits_fwd_mma(const Problem& pr, const DeviceCaps& caps) {
+  return kFits(pr, caps) &&
+         static_cast<int64_t>(fwd_mma_smem<T, Sh>(pr)) <= caps.smem_per_block_optin;
+}
+
 // One forward kernel template instantiation (a launch shape) as a table entry.
-template <DType E, template <int> class LaunchShape>
-void register_fwd_mma(std::string_view name, int priority, PrecisionGuarantee precision,
-                      FitsFn fits) {
+template <DType E, template <int> class LaunchShape, FitsFn kFits>
+void register_fwd_mma(std::string_view name, int priority, PrecisionGuarantee precision) {
   using T = cuda::device_t<E>;
   register_kernel<ForwardOp>({
       .sku = family_sku<E>(ForwardOp::name, DType::f32, precision, name),
       .priority = priority,
-      .fits = fits,
+      .fits = fits_fwd_mma<T, LaunchShape, kFits>,
       .workspace = fwd_mma_workspace<LaunchShape>,
       .launch = launch_fwd_mma<T, LaunchShape>,
   });
@@ -528,36 +543,36 @@ bool register_kernels() {
     // split-K count depends on the problem size, so a row's bits can change with the batch.
     constexpr PrecisionGuarantee mma{E == DType::f16 ? MathPrecision::f16 : MathPrecision::bf16,
                                      DType::f32, true, false};
-    register_fwd_mma<E, MmaShape>("flash_fwd_mma_sm80", 20, mma, fits_mma);
+    register_fwd_mma<E, MmaShape, fits_mma>("flash_fwd_mma_sm80", 20, mma);
     // Same kernel template, MmaShapeM16 launch shapes (D <= 128). Measured on the H100 (bf16,
     // TFLOP/s, flash_fwd_mma_sm80 / m16 / m16w8): d128 L4096 122 / 199 / 218, d64 L4096
     // 88 / 182 / 169, d128 L16384 128 / 201 / 229, causal d128 L4096 119 / 192 / 209. Both beat
     // the MmaShape kernel everywhere they fit, so they rank above it; m16 is the d128 default
     // where m32s (below) is not, m16w8 stays for A/B.
-    register_fwd_mma<E, MmaShapeM16>("flash_fwd_mma_m16_sm80", 21, mma, fits_mma_128);
-    register_fwd_mma<E, MmaShapeM16W8>("flash_fwd_mma_m16w8_sm80", 15, mma, fits_mma_128);
+    register_fwd_mma<E, MmaShapeM16, fits_mma_128>("flash_fwd_mma_m16_sm80", 21, mma);
+    register_fwd_mma<E, MmaShapeM16W8, fits_mma_128>("flash_fwd_mma_m16w8_sm80", 15, mma);
     // m16 again, same name and launch, above m16w8 where the padded head dim is 64: the second
     // H100 run (bf16, non-causal L4096, TFLOP/s) has m16 / m16w8 at 233.4 / 208.4 for d64 but
     // 212.9 / 258.6 for d128. Priorities are per entry and cannot depend on the head dim, but
     // `fits` can, so d64 selects this entry by default while m16w8 keeps d128; m16w8 stays
     // pinnable everywhere, and pinning "flash_fwd_mma_m16_sm80" reaches this entry or the one
     // above (same launch), so m16 stays pinnable at every head dim too.
-    register_fwd_mma<E, MmaShapeM16>("flash_fwd_mma_m16_sm80", 23, mma, fits_mma_64);
+    register_fwd_mma<E, MmaShapeM16, fits_mma_64>("flash_fwd_mma_m16_sm80", 23, mma);
     // A/B shapes. Once the m32 shapes' second m16 tile stopped being skipped per tile (its mmas
     // had been predicated behind WARPSYNCs), m32s became the fastest at d128 (H100, bf16,
     // TFLOP/s, de1b2e0, same call: L4096 323 vs m16 271 / m16w8 269 / ovl 277 / m32 173; L16384
     // 335 vs 281; L4096 causal 287 vs 262): it is the default where fits_m32s_default says (the
     // full sweep's numbers are there); m16 keeps short banded problems.
-    register_fwd_mma<E, MmaShapeM32>("flash_fwd_mma_m32_sm80", 17, mma, fits_mma_128);
-    register_fwd_mma<E, MmaShapeOvl>("flash_fwd_mma_ovl_sm80", 16, mma, fits_mma_128);
-    register_fwd_mma<E, MmaShapeM32S>("flash_fwd_mma_m32s_sm80", 14, mma, fits_mma_128);
+    register_fwd_mma<E, MmaShapeM32, fits_mma_128>("flash_fwd_mma_m32_sm80", 17, mma);
+    register_fwd_mma<E, MmaShapeOvl, fits_mma_128>("flash_fwd_mma_ovl_sm80", 16, mma);
+    register_fwd_mma<E, MmaShapeM32S, fits_mma_128>("flash_fwd_mma_m32s_sm80", 14, mma);
     // ... and again, same name and launch, above the m16 entries where fits_m32s_default says.
-    register_fwd_mma<E, MmaShapeM32S>("flash_fwd_mma_m32s_sm80", 24, mma, fits_m32s_default);
+    register_fwd_mma<E, MmaShapeM32S, fits_m32s_default>("flash_fwd_mma_m32s_sm80", 24, mma);
     // A/B (not yet measured): m32s over 128-key tiles at a padded head dim of 64.
-    register_fwd_mma<E, MmaShapeM32SWide>("flash_fwd_mma_m32s_n128_sm80", 13, mma, fits_mma_64);
+    register_fwd_mma<E, MmaShapeM32SWide, fits_mma_64>("flash_fwd_mma_m32s_n128_sm80", 13, mma);
     // A/B (not yet measured): m32s with straight-line masked and capped tiles.
-    register_fwd_mma<E, MmaShapeM32SStraight>("flash_fwd_mma_m32s_straight_sm80", 12, mma,
-                                              fits_mma_128);
+    register_fwd_mma<E, MmaShapeM32SStraight, fits_mma_128>("flash_fwd_mma_m32s_straight_sm80", 12,
+                                                            mma);
     // Few query rows per K/V head (decode, speculative decoding): above the general kernel; that
     // one stays registered so PlanPreference::kernel("flash_fwd_mma_sm80") can A/B them.
     register_decode<E, 1, false>("flash_decode_sm80", 30, mma);
