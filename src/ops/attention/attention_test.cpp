@@ -623,8 +623,9 @@ TEST(AttentionRegistry, FamilyForwardDefaultFollowsTheMeasuredShapes) {
 }
 
 // A forward entry fits only where the device grants its shared memory, so select passes over it
-// on a smaller part instead of run failing: m16 at D = 128 (112 KB), m16w8 (128 KB) and ovl
-// (160 KB) exceed the 99 KB an sm_86 / sm_89 block may opt into; m32s (97 KB) does not.
+// on a smaller part instead of run failing: m16 at D = 128 (112 KB), m16w8 (128 KB), ovl (160 KB)
+// and decode at D = 128 (100 KB) exceed the 99 KB an sm_86 / sm_89 block may opt into; m32s
+// (97 KB) does not.
 TEST(AttentionRegistry, ForwardKernelsFitOnlyWhereTheirSharedMemoryIsGranted) {
   DeviceCaps small, large;
   small.device = large.device = 0;
@@ -680,6 +681,14 @@ TEST(AttentionRegistry, ForwardKernelsFitOnlyWhereTheirSharedMemoryIsGranted) {
   EXPECT_EQ(pick(causal, large), "flash_fwd_mma_m16_sm80");
   EXPECT_EQ(pick(causal, small), "flash_fwd_mma_sm80");
   EXPECT_EQ(pick(d128, small), "flash_fwd_mma_m32s_sm80");
+  // Decode (one query row, GQA 4): its K / V ring needs 100 KB at D = 128, 68 KB at D = 64.
+  Config decode = cfg(128, 4096, Mask::none());
+  decode.hq = 32, decode.hk = 8, decode.lq = 1;
+  EXPECT_EQ(pick(decode, large), "flash_decode_sm80");
+  EXPECT_NE(pick(decode, small), "flash_decode_sm80");
+  EXPECT_FALSE(fits(decode, small, "flash_decode_sm80"));
+  decode.dk = decode.dv = 64;
+  EXPECT_EQ(pick(decode, small), "flash_decode_sm80");
 }
 
 TEST(AttentionRules, MaskNames) {

@@ -499,13 +499,6 @@ inline int decode_dim(const Problem& pr) {
   const int64_t d = std::max(pr.desc.head_dim_qk, pr.desc.head_dim_v);
   return d <= 64 ? 64 : d <= 128 ? 128 : 256;
 }
-// Rows of the group fit one or two m16 tiles (two only up to D = 128, to stay in registers).
-inline bool decode_fits(const Problem& pr, const DeviceCaps&) {
-  const Descriptor& d = pr.desc;
-  if (d.head_dim_qk % 8 != 0 || d.head_dim_v % 8 != 0) return false;
-  if (d.len_q > kDecodeMaxLq || pr.group * d.len_q > 32) return false;
-  return pr.group * d.len_q <= 16 || decode_dim(pr) <= 128;
-}
 
 template <int D, int MT>
 constexpr size_t decode_smem() {
@@ -521,6 +514,17 @@ inline size_t decode_smem_of(const Problem& pr) {
     default:
       return decode_smem<256, 1>();
   }
+}
+
+// Rows of the group fit one or two m16 tiles (two only up to D = 128, to stay in registers), and
+// the device grants the shared memory (at D = 128, 100-104 KB: more than an sm_86 / sm_89 block's
+// 99 KB).
+inline bool decode_fits(const Problem& pr, const DeviceCaps& caps) {
+  const Descriptor& d = pr.desc;
+  if (d.head_dim_qk % 8 != 0 || d.head_dim_v % 8 != 0) return false;
+  if (d.len_q > kDecodeMaxLq || pr.group * d.len_q > 32) return false;
+  if (pr.group * d.len_q > 16 && decode_dim(pr) > 128) return false;
+  return static_cast<int64_t>(decode_smem_of(pr)) <= caps.smem_per_block_optin;
 }
 
 // Splits: kWaves times as many CTAs as the SMs hold at once (shared memory is the limit), each
