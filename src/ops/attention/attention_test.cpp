@@ -560,6 +560,27 @@ TEST(AttentionRules, DescriptorErrorsNameTheRuleAndNumbers) {
   bad([](Descriptor& d) { d.dtype = DType::e4m3; }, K::unsupported, {"no kernel for element=e4m3"});
 }
 
+// The family's own forward pick on a device: its highest-priority bespoke sm_80-class entry that
+// fits (cuDNN, also sm_80-class and ranked by its own table, is not one of them).
+std::string family_pick(const Config& c, const DeviceCaps& caps) {
+  const Problem p = problem_of(c);
+  const Kernel<ForwardOp>* best = nullptr;
+  for (const auto& k : KernelTable<ForwardOp>::instance().all()) {
+    if (k.sku.element != c.dtype || k.sku.arch != Arch::sm80 ||
+        k.sku.backend != Backend::bespoke_cuda)
+      continue;
+    if (k.fits && !k.fits(p, caps)) continue;
+    if (!best || k.priority > best->priority) best = &k;
+  }
+  return best ? std::string(best->sku.name) : "";
+}
+Config bf16_config(int64_t d, int64_t l, Mask m) {
+  Config c;
+  c.dtype = DType::bf16, c.b = 1, c.hq = c.hk = 16, c.lq = c.lk = l, c.dk = c.dv = d;
+  c.mask = m;
+  return c;
+}
+
 // The family's forward default per shape, from its table alone (priority among the bespoke
 // sm_80-class entries that fit; no GPU needed, only a build with CUDA kernels): m32s where it
 // measured fastest (launch.cuh, fits_m32s_default), m16 for short banded problems and few rows,
@@ -568,23 +589,10 @@ TEST(AttentionRegistry, FamilyForwardDefaultFollowsTheMeasuredShapes) {
   DeviceCaps sm80;
   sm80.device = 0, sm80.sm = 80, sm80.sm_count = 108, sm80.name = "sm_80-class";
   sm80.smem_per_block_optin = 163 * 1024;  // A100: every shape's shared memory fits
-  auto default_of = [&](const Config& c) -> std::string {
-    const Problem p = problem_of(c);
-    const Kernel<ForwardOp>* best = nullptr;
-    for (const auto& k : KernelTable<ForwardOp>::instance().all()) {
-      // The family's own kernels: cuDNN (also sm_80-class, ranked by its own table) is not.
-      if (k.sku.element != c.dtype || k.sku.arch != Arch::sm80 ||
-          k.sku.backend != Backend::bespoke_cuda)
-        continue;
-      if (k.fits && !k.fits(p, sm80)) continue;
-      if (!best || k.priority > best->priority) best = &k;
-    }
-    return best ? std::string(best->sku.name) : "";
-  };
+  auto default_of = [&](const Config& c) { return family_pick(c, sm80); };
   auto cfg = [](int64_t d, int64_t l, Mask m, int64_t hq = 16, int64_t hk = 16) {
-    Config c;
-    c.dtype = DType::bf16, c.b = 1, c.hq = hq, c.hk = hk, c.lq = c.lk = l, c.dk = c.dv = d;
-    c.mask = m;
+    Config c = bf16_config(d, l, m);
+    c.hq = hq, c.hk = hk;
     return c;
   };
   const std::string probe = default_of(cfg(128, 4096, Mask::none()));
@@ -633,31 +641,15 @@ TEST(AttentionRegistry, ForwardKernelsFitOnlyWhereTheirSharedMemoryIsGranted) {
   small.smem_per_block_optin = 99 * 1024;
   large.sm = 90, large.sm_count = 132, large.name = "sm_90-class, 227 KB";
   large.smem_per_block_optin = 227 * 1024;
-  auto cfg = [](int64_t d, int64_t l, Mask m) {
-    Config c;
-    c.dtype = DType::bf16, c.b = 1, c.hq = c.hk = 16, c.lq = c.lk = l, c.dk = c.dv = d;
-    c.mask = m;
-    return c;
-  };
-  // Whether any entry of that name fits, and the family's own pick (its highest-priority fit).
+  const auto cfg = bf16_config;
+  const auto pick = family_pick;
+  // Whether any entry of that name fits.
   auto fits = [](const Config& c, const DeviceCaps& caps, std::string_view name) {
     const Problem p = problem_of(c);
     for (const auto& k : KernelTable<ForwardOp>::instance().all())
       if (k.sku.element == c.dtype && k.sku.name == name && (!k.fits || k.fits(p, caps)))
         return true;
     return false;
-  };
-  auto pick = [](const Config& c, const DeviceCaps& caps) -> std::string {
-    const Problem p = problem_of(c);
-    const Kernel<ForwardOp>* best = nullptr;
-    for (const auto& k : KernelTable<ForwardOp>::instance().all()) {
-      if (k.sku.element != c.dtype || k.sku.arch != Arch::sm80 ||
-          k.sku.backend != Backend::bespoke_cuda)
-        continue;
-      if (k.fits && !k.fits(p, caps)) continue;
-      if (!best || k.priority > best->priority) best = &k;
-    }
-    return best ? std::string(best->sku.name) : "";
   };
   const Config d128 = cfg(128, 4096, Mask::none()), d64 = cfg(64, 4096, Mask::none());
   if (!fits(d128, large, "flash_fwd_mma_m16_sm80"))
