@@ -589,13 +589,12 @@ TEST(AttentionRegistry, FamilyForwardDefaultFollowsTheMeasuredShapes) {
   DeviceCaps sm80;
   sm80.device = 0, sm80.sm = 80, sm80.sm_count = 108, sm80.name = "sm_80-class";
   sm80.smem_per_block_optin = 163 * 1024;  // A100: every shape's shared memory fits
-  auto default_of = [&](const Config& c) { return family_pick(c, sm80); };
   auto cfg = [](int64_t d, int64_t l, Mask m, int64_t hq = 16, int64_t hk = 16) {
     Config c = bf16_config(d, l, m);
     c.hq = hq, c.hk = hk;
     return c;
   };
-  const std::string probe = default_of(cfg(128, 4096, Mask::none()));
+  const std::string probe = family_pick(cfg(128, 4096, Mask::none()), sm80);
   if (probe.empty() || probe == "flash_fwd_simt")
     GTEST_SKIP() << "built without CUDA: no sm_80-class tensor-core kernel is registered";
   const Mask none = Mask::none(), causal = Mask::causal_top_left();
@@ -627,7 +626,7 @@ TEST(AttentionRegistry, FamilyForwardDefaultFollowsTheMeasuredShapes) {
        "flash_decode_sm80"},
       {cfg(256, 4096, none), "flash_fwd_mma_sm80"},
   };
-  for (const auto& tc : cases) EXPECT_EQ(default_of(tc.c), tc.kernel) << tc.c.str();
+  for (const auto& tc : cases) EXPECT_EQ(family_pick(tc.c, sm80), tc.kernel) << tc.c.str();
 }
 
 // A forward entry fits only where the device grants its shared memory, so select passes over it
@@ -641,8 +640,6 @@ TEST(AttentionRegistry, ForwardKernelsFitOnlyWhereTheirSharedMemoryIsGranted) {
   small.smem_per_block_optin = 99 * 1024;
   large.sm = 90, large.sm_count = 132, large.name = "sm_90-class, 227 KB";
   large.smem_per_block_optin = 227 * 1024;
-  const auto cfg = bf16_config;
-  const auto pick = family_pick;
   // Whether any entry of that name fits.
   auto fits = [](const Config& c, const DeviceCaps& caps, std::string_view name) {
     const Problem p = problem_of(c);
@@ -651,7 +648,8 @@ TEST(AttentionRegistry, ForwardKernelsFitOnlyWhereTheirSharedMemoryIsGranted) {
         return true;
     return false;
   };
-  const Config d128 = cfg(128, 4096, Mask::none()), d64 = cfg(64, 4096, Mask::none());
+  const Config d128 = bf16_config(128, 4096, Mask::none()),
+               d64 = bf16_config(64, 4096, Mask::none());
   if (!fits(d128, large, "flash_fwd_mma_m16_sm80"))
     GTEST_SKIP() << "built without CUDA: no sm_80-class tensor-core kernel is registered";
   for (const char* name :
@@ -669,18 +667,18 @@ TEST(AttentionRegistry, ForwardKernelsFitOnlyWhereTheirSharedMemoryIsGranted) {
   EXPECT_FALSE(fits(d64, small, "flash_fwd_mma_m32s_n128_sm80"));  // 112 KB
   // A short causal d128 problem: m16 by the measured rule where it fits, a kernel that runs
   // where it does not.
-  const Config causal = cfg(128, 1024, Mask::causal_top_left());
-  EXPECT_EQ(pick(causal, large), "flash_fwd_mma_m16_sm80");
-  EXPECT_EQ(pick(causal, small), "flash_fwd_mma_sm80");
-  EXPECT_EQ(pick(d128, small), "flash_fwd_mma_m32s_sm80");
+  const Config causal = bf16_config(128, 1024, Mask::causal_top_left());
+  EXPECT_EQ(family_pick(causal, large), "flash_fwd_mma_m16_sm80");
+  EXPECT_EQ(family_pick(causal, small), "flash_fwd_mma_sm80");
+  EXPECT_EQ(family_pick(d128, small), "flash_fwd_mma_m32s_sm80");
   // Decode (one query row, GQA 4): its K / V ring needs 100 KB at D = 128, 68 KB at D = 64.
-  Config decode = cfg(128, 4096, Mask::none());
+  Config decode = bf16_config(128, 4096, Mask::none());
   decode.hq = 32, decode.hk = 8, decode.lq = 1;
-  EXPECT_EQ(pick(decode, large), "flash_decode_sm80");
-  EXPECT_NE(pick(decode, small), "flash_decode_sm80");
+  EXPECT_EQ(family_pick(decode, large), "flash_decode_sm80");
+  EXPECT_NE(family_pick(decode, small), "flash_decode_sm80");
   EXPECT_FALSE(fits(decode, small, "flash_decode_sm80"));
   decode.dk = decode.dv = 64;
-  EXPECT_EQ(pick(decode, small), "flash_decode_sm80");
+  EXPECT_EQ(family_pick(decode, small), "flash_decode_sm80");
 }
 
 TEST(AttentionRules, MaskNames) {
