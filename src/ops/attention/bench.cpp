@@ -40,8 +40,10 @@ void bench_all(const Stream& stream) {
   // BARACUDA_ATTENTION_ONLY=decode skips the prefill sweep (a decode A/B run in seconds).
   // BARACUDA_ATTENTION_ONLY=backward: the sweep's backward rows (and the default forward that
   // writes their Y / LSE) only, no forward A/B rows, no decode.
+  // BARACUDA_ATTENTION_ONLY=forward: the sweep's forward rows (default and A/B) only.
   const bool sweep = bench::env("BARACUDA_ATTENTION_ONLY") != "decode";
   const bool backward_only = bench::env("BARACUDA_ATTENTION_ONLY") == "backward";
+  const bool forward_only = bench::env("BARACUDA_ATTENTION_ONLY") == "forward";
   // BARACUDA_ATTN_SWEEP=d<D>_l<L>[_causal]: that one point (profiling and logging runs).
   const std::string sweep_env{bench::env("BARACUDA_ATTN_SWEEP")};
   long long only_d = 0, only_l = 0;
@@ -122,6 +124,7 @@ void bench_all(const Stream& stream) {
                                    view4(dv->data(), batch, heads, len, dim, stream, t),
                                    {},
                                    {}};
+        if (forward_only) continue;
         // The default backward plan, then (A/B rows) the family's tensor-core backward kernels
         // forced by name: the one-pass kernel and the deterministic two passes.
         const char* const bwd_alts[] = {"", "flash_bwd_fused_sm80", "flash_bwd_mma_sm80"};
@@ -154,7 +157,7 @@ void bench_all(const Stream& stream) {
   // Decode: few query tokens per sequence against a 32k-token KV cache, [B, L, H, D] cache layout.
   // Lq = 1 is plain decode; Lq = 4 is speculative decoding (causal bottom-right). Each case runs
   // the default plan, then every bespoke kernel by name (A/B rows: same case, kernel column).
-  if (backward_only) return;
+  if (backward_only || forward_only) return;
   constexpr int64_t kB = 1, kHq = 32, kHk = 8, kL = 32768, kD = 128;
   auto kc = bench::random_buffer(stream, DType::bf16, kB * kL * kHk * kD, gen());
   auto vc = bench::random_buffer(stream, DType::bf16, kB * kL * kHk * kD, gen());

@@ -27,6 +27,9 @@ def emit(op, name, peer, ms, **extra):
           flush=True)
 
 
+FORWARD_ONLY = False
+
+
 def bench(fn):
     return do_bench(fn, warmup=25, rep=100, return_mode="median")
 
@@ -49,6 +52,8 @@ def sweep():
                         with sdpa_kernel(backend):
                             ms = bench(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
                             emit("attention_forward", name, peer, ms, tflops=flops / ms / 1e9)
+                            if FORWARD_ONLY:
+                                continue
                             y = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
                             ms = bench(lambda: torch.autograd.grad(y, (q, k, v), dy, retain_graph=True))
                             emit("attention_backward", name, peer, ms, tflops=2.5 * flops / ms / 1e9)
@@ -118,10 +123,12 @@ def varlen():
 if __name__ == "__main__":
     torch.manual_seed(0)
     only = os.environ.get("BARACUDA_ATTENTION_ONLY")
-    # BARACUDA_ATTENTION_ONLY=decode / varlen (as for bench_attention): those rows only.
-    if only != "varlen":
+    # BARACUDA_ATTENTION_ONLY=decode / varlen / forward (as for bench_attention): those rows only
+    # (forward: the sweep's forward rows).
+    FORWARD_ONLY = only == "forward"
+    if only not in ("varlen", "forward"):
         decode()
     if only not in ("decode", "varlen"):
         sweep()
-    if only != "decode":
+    if only not in ("decode", "forward"):
         varlen()
