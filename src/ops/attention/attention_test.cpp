@@ -602,13 +602,14 @@ TEST(AttentionRegistry, FamilyForwardDefaultFollowsTheMeasuredShapes) {
     Config c;
     const char* kernel;
   } cases[] = {
-      {cfg(128, 4096, none), "flash_fwd_mma_m32s_sm80"},
-      {cfg(128, 512, none), "flash_fwd_mma_m32s_sm80"},
-      {cfg(96, 1000, none), "flash_fwd_mma_m32s_sm80"},  // padded to 128
-      {cfg(128, 2048, causal), "flash_fwd_mma_m32s_sm80"},
-      {cfg(128, 1024, causal), "flash_fwd_mma_m16_sm80"},
-      {cfg(128, 4096, Mask::sliding_window(255, 0)), "flash_fwd_mma_m32s_sm80"},
-      {cfg(64, 4096, none), "flash_fwd_mma_m32s_sm80"},
+      {cfg(128, 4096, none), "flash_fwd_mma_m32s_straight_sm80"},
+      {cfg(128, 512, none), "flash_fwd_mma_m32s_straight_sm80"},
+      {cfg(96, 1000, none), "flash_fwd_mma_m32s_straight_sm80"},  // padded to 128
+      {cfg(128, 2048, causal), "flash_fwd_mma_m32s_straight_sm80"},
+      {cfg(128, 512, causal), "flash_fwd_mma_m32s_straight_sm80"},
+      {cfg(128, 4096, Mask::sliding_window(255, 0)), "flash_fwd_mma_m32s_straight_sm80"},
+      {cfg(64, 4096, none), "flash_fwd_mma_m32s_n128_sm80"},
+      {cfg(48, 700, none), "flash_fwd_mma_m32s_n128_sm80"},  // padded to 64
       {cfg(64, 4096, causal), "flash_fwd_mma_m16_sm80"},
       {cfg(64, 8192, causal), "flash_fwd_mma_m32s_sm80"},
       // 3 rows x 16 heads a K/V head: too many for decode, too few for m32s's 128-row CTA.
@@ -665,12 +666,20 @@ TEST(AttentionRegistry, ForwardKernelsFitOnlyWhereTheirSharedMemoryIsGranted) {
   EXPECT_TRUE(fits(d64, small, "flash_fwd_mma_m16_sm80"));  // 56 KB at D = 64
   EXPECT_TRUE(fits(d64, large, "flash_fwd_mma_m32s_n128_sm80"));
   EXPECT_FALSE(fits(d64, small, "flash_fwd_mma_m32s_n128_sm80"));  // 112 KB
-  // A short causal d128 problem: m16 by the measured rule where it fits, a kernel that runs
-  // where it does not.
-  const Config causal = bf16_config(128, 1024, Mask::causal_top_left());
+  // A short causal d64 problem: m16 by the measured rule where it fits; d128 problems: the
+  // straight m32s (97 KB) on both parts.
+  const Config causal = bf16_config(64, 1024, Mask::causal_top_left());
   EXPECT_EQ(family_pick(causal, large), "flash_fwd_mma_m16_sm80");
-  EXPECT_EQ(family_pick(causal, small), "flash_fwd_mma_sm80");
-  EXPECT_EQ(family_pick(d128, small), "flash_fwd_mma_m32s_sm80");
+  EXPECT_EQ(family_pick(causal, small), "flash_fwd_mma_m16_sm80");
+  EXPECT_EQ(family_pick(bf16_config(128, 1024, Mask::causal_top_left()), small),
+            "flash_fwd_mma_m32s_straight_sm80");
+  EXPECT_EQ(family_pick(d128, small), "flash_fwd_mma_m32s_straight_sm80");
+  // Short queries at D = 128 (3 rows x 16 heads a K/V head) on the small part: m16's 112 KB is
+  // not granted, so the general kernel runs.
+  Config few = bf16_config(128, 300, Mask::none());
+  few.hq = 16, few.hk = 1, few.lq = 3;
+  EXPECT_EQ(family_pick(few, large), "flash_fwd_mma_m16_sm80");
+  EXPECT_EQ(family_pick(few, small), "flash_fwd_mma_sm80");
   // Decode (one query row, GQA 4): its K / V ring needs 100 KB at D = 128, 68 KB at D = 64.
   Config decode = bf16_config(128, 4096, Mask::none());
   decode.hq = 32, decode.hk = 8, decode.lq = 1;

@@ -447,13 +447,28 @@ inline bool fits_mma_64(const Problem& pr, const DeviceCaps&) {
 // 210-258) and banded ones long enough that few tiles are diagonal, whose masked tiles run m32s's
 // per-element loop (causal d128: L512 123 vs m16 159, L2048 240 vs 237, L4096 287 vs 259; causal
 // d64: L4096 228 vs 246, L8192 255 vs 257, L16384 268 vs 242). At least one CTA's 128 rows per
-// K/V head, or most of them would be empty.
+// K/V head, or most of them would be empty. Since eb720a9 the straight variant takes every padded
+// head dim of 128 and m32s_n128 unmasked D = 64 (rules below), leaving m32s long banded D = 64.
 inline bool fits_m32s_default(const Problem& pr, const DeviceCaps& caps) {
   const auto& d = pr.desc;
   const int64_t len = std::max(d.len_q, d.len_k);
   const bool banded = !d.mask.is_none();
   return fits_mma_128(pr, caps) && d.len_q * pr.group >= 128 &&
          (!banded || len >= (mma_dim(pr) <= 64 ? 8192 : 2048));
+}
+// Where m32s with straight-line masked tiles (MmaShapeM32SStraight) is the default: a padded head
+// dim of 128 with at least one CTA's 128 rows per K/V head. H100, bf16, eb720a9, one call, x
+// FlashAttention-2: non-causal L512..16k 0.89-1.01 vs m32s 0.83-0.98; causal 0.91-1.08 vs m32s
+// 0.69-1.01 and m16 0.84-0.89. At D = 64 it trails m32s / m32s_n128 unmasked (0.79-0.84) and m16
+// on short causal problems, so it does not take over there.
+inline bool fits_straight_default(const Problem& pr, const DeviceCaps& caps) {
+  return fits_mma_128(pr, caps) && mma_dim(pr) == 128 && pr.desc.len_q * pr.group >= 128;
+}
+// Where m32s over 128-key tiles (MmaShapeM32SWide) is the default: a padded head dim of 64,
+// unmasked, at least 128 rows per K/V head. Same call: L512..16k 0.85-0.91x FlashAttention-2 vs
+// m32s 0.81-0.87 (equal at 16k); causal it trails (0.42-0.88: a 128-key diagonal tile masks half).
+inline bool fits_n128_default(const Problem& pr, const DeviceCaps& caps) {
+  return fits_mma_64(pr, caps) && pr.desc.mask.is_none() && pr.desc.len_q * pr.group >= 128;
 }
 using FitsFn = bool (*)(const Problem&, const DeviceCaps&);
 
@@ -568,11 +583,16 @@ bool register_kernels() {
     register_fwd_mma<E, MmaShapeM32S, fits_mma_128>("flash_fwd_mma_m32s_sm80", 14, mma);
     // ... and again, same name and launch, above the m16 entries where fits_m32s_default says.
     register_fwd_mma<E, MmaShapeM32S, fits_m32s_default>("flash_fwd_mma_m32s_sm80", 24, mma);
-    // A/B (not yet measured): m32s over 128-key tiles at a padded head dim of 64.
+    // m32s over 128-key tiles at a padded head dim of 64, and m32s with straight-line masked and
+    // capped tiles: pinnable wherever they fit, and (again, same names and launches) the defaults
+    // above m32s where fits_n128_default / fits_straight_default say.
     register_fwd_mma<E, MmaShapeM32SWide, fits_mma_64>("flash_fwd_mma_m32s_n128_sm80", 13, mma);
-    // A/B (not yet measured): m32s with straight-line masked and capped tiles.
     register_fwd_mma<E, MmaShapeM32SStraight, fits_mma_128>("flash_fwd_mma_m32s_straight_sm80", 12,
                                                             mma);
+    register_fwd_mma<E, MmaShapeM32SWide, fits_n128_default>("flash_fwd_mma_m32s_n128_sm80", 25,
+                                                             mma);
+    register_fwd_mma<E, MmaShapeM32SStraight, fits_straight_default>(
+        "flash_fwd_mma_m32s_straight_sm80", 25, mma);
     // Few query rows per K/V head (decode, speculative decoding): above the general kernel; that
     // one stays registered so PlanPreference::kernel("flash_fwd_mma_sm80") can A/B them.
     register_decode<E, 1, false>("flash_decode_sm80", 30, mma);
