@@ -69,6 +69,8 @@ std::string_view to_string(MathPrecision m) {
       return "f16";
     case MathPrecision::bf16:
       return "bf16";
+    case MathPrecision::e4m3:
+      return "e4m3";
   }
   return "?";
 }

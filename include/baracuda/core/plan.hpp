@@ -36,7 +36,8 @@ enum class Arch : uint8_t { cpu, sm80, sm89, sm90, sm90a };
 std::string_view to_string(Arch a);
 bool arch_runs_on(Arch kernel_arch, const DeviceCaps& caps);
 
-enum class MathPrecision : uint8_t { exact, f64, f32, tf32, f16, bf16 };
+// e4m3: operands rounded to fp8 E4M3 (e.g. attention's P before P V).
+enum class MathPrecision : uint8_t { exact, f64, f32, tf32, f16, bf16, e4m3 };
 std::string_view to_string(MathPrecision m);
 
 struct PrecisionGuarantee {

@@ -23,6 +23,11 @@
 //
 // A query row that sees no key (fully masked, or Lk = 0) is defined: output 0, LSE -inf.
 // LSE is f32 (f64 for f64 problems, so the f64 backward keeps its precision).
+//
+// FP8 (forward only): dtype e4m3 reads Q, K, V as e4m3 with per-tensor dequantization scales
+// (f32 device scalars: an element x of Q stands for x * q_descale, K and V alike) and writes Y in
+// out_dtype (bf16 or f16; default bf16). The result is attention over the dequantized inputs;
+// kernels round P to e4m3 before P V (precision_guarantee().math says e4m3).
 #pragma once
 
 #include <cstdint>
@@ -71,6 +76,8 @@ struct Descriptor {
   bool varlen = false;
   int64_t total_q = 0;  // varlen: rows of packed Q / Y
   int64_t total_k = 0;  // varlen: rows of packed K / V
+  // Y's dtype: unset or equal to dtype, except for e4m3 inputs (bf16 or f16; unset: bf16).
+  std::optional<DType> out_dtype;
 };
 
 // The validated descriptor kernels see.
@@ -79,6 +86,7 @@ struct Problem {
   double scale = 1;   // resolved
   int64_t group = 1;  // Hq / Hk
   DType lse_dtype = DType::f32;
+  DType y_dtype = DType::bf16;  // resolved out_dtype
 };
 
 // ---- forward ------------------------------------------------------------------------------------
@@ -87,6 +95,8 @@ struct ForwardArguments {
   Tensor y;
   Tensor lse;
   ConstTensor cu_seqlens_q, cu_seqlens_k;  // varlen only: i32 [B + 1], on the plan's device
+  // e4m3 only: f32 [1] dequantization scales on the plan's device (see the header comment).
+  ConstTensor q_descale{}, k_descale{}, v_descale{};
 };
 
 struct ForwardOp {

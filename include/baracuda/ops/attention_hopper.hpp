@@ -176,6 +176,10 @@ inline constexpr std::string_view kFa3Exp2Poly2Kernel = "fa3_fwd_sm90a_exp2poly2
 inline constexpr std::string_view kFa3Exp2Poly3Kernel = "fa3_fwd_sm90a_exp2poly3of8";
 inline constexpr std::string_view kFa3PersistentKernel = "fa3_fwd_sm90a_persistent";
 inline constexpr std::string_view kFa3RankedAhead = "fa3_fwd_sm90a_ranked_ahead";
+// The fp8 forward (issue 8's stretch): e4m3 Q, K, V with per-tensor descales, Y in bf16 or f16,
+// Dk = Dv = 128, padded layouts; V is transposed into the workspace first (8-bit wgmma reads both
+// operands K-major). The only GPU kernel of element e4m3.
+inline constexpr std::string_view kFa3Fp8Kernel = "fa3_fwd_fp8_sm90a";
 inline constexpr int kFa3Ahead = kCudnnAhead + 1;
 
 // Our sm_90a backward (fa3_backward.cu): dQ accumulated by float reductions in L2 in arrival

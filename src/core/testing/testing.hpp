@@ -183,7 +183,10 @@ std::vector<int64_t> unravel(int64_t linear, const std::vector<int64_t>& shape);
 //  long_sum:    parameter gradients summed over a whole sequence of signed terms (dD, dA, dbias):
 //               cancellation makes the result small next to its terms, so the relative bound's f32
 //               floor is 4x the reduction's (f32 outputs: 3.8e-6; 16-bit: the reduction bound)
-enum class Accuracy { exact, elementwise, reduction, long_sum };
+//  rounded_weights: a reduction whose weights were each rounded to the dtype once, at random
+//               relative errors of at most u (fp8 attention's P before P V): the errors average
+//               over the sum, so the norm bound is u itself (e4m3: 0.0625), max_abs 4u
+enum class Accuracy { exact, elementwise, reduction, long_sum, rounded_weights };
 struct Tolerance {
   double rel_l2;   // bound on ||out - ref|| / ||ref||
   double max_abs;  // bound on max |out - ref|, relative to max(1, max |ref|)

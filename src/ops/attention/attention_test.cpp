@@ -557,7 +557,141 @@ TEST(AttentionRules, DescriptorErrorsNameTheRuleAndNumbers) {
       {"len_q=4294967296 exceeds 2^31-1"});
   bad([](Descriptor& d) { d.batch = int64_t{1} << 30, d.heads_q = 1 << 30, d.heads_kv = 1; },
       K::invalid_problem, {"overflows int64"});
-  bad([](Descriptor& d) { d.dtype = DType::e4m3; }, K::unsupported, {"no kernel for element=e4m3"});
+  bad([](Descriptor& d) { d.dtype = DType::e5m2; }, K::unsupported,
+      {"dtype=e5m2: fp8 attention takes e4m3 Q, K and V"});
+  bad([](Descriptor& d) { d.out_dtype = DType::f16; }, K::invalid_problem,
+      {"out_dtype=f16 with dtype=f32", "Y has the inputs' dtype"});
+  bad([](Descriptor& d) { d.dtype = DType::bf16, d.out_dtype = DType::f16; }, K::invalid_problem,
+      {"out_dtype=f16 with dtype=bf16"});
+  // fp8: forward only, Y in bf16 or f16.
+  Descriptor fp8 = desc_of(Config{});
+  fp8.dtype = DType::e4m3;
+  BARACUDA_EXPECT_OK(ForwardPlan::select(cpu, fp8));
+  EXPECT_TRUE(fails_with(BackwardPlan::select(cpu, fp8), K::unsupported,
+                         {"attention_backward: dtype=e4m3: fp8 attention is forward only"}));
+  fp8.out_dtype = DType::f32;
+  EXPECT_TRUE(fails_with(ForwardPlan::select(cpu, fp8), K::invalid_problem,
+                         {"out_dtype=f32 with dtype=e4m3: e4m3 attention writes bf16 or f16"}));
+}
+
+// fp8 (e4m3) inputs with per-tensor descales on the CPU backend: attention over the dequantized
+// values (the f64 plan on element x descale), Y rounded once to out_dtype, LSE in f32.
+TEST(AttentionFp8, CpuForwardIsAttentionOverTheDequantizedInputs) {
+  Rng rng;
+  const Stream cpu = Stream::cpu();
+  for (DType out : {DType::bf16, DType::f16}) {
+    Config c;
+    c.b = 2, c.hq = 4, c.hk = 2, c.lq = 37, c.lk = 53, c.dk = 48, c.dv = 40;
+    c.mask = out == DType::bf16 ? Mask::causal_bottom_right() : Mask::none();
+    c.softcap = out == DType::f16 ? 20.0 : 0.0;
+    SCOPED_TRACE(std::string("y ") + std::string(name(out)) + " " + c.str());
+    Descriptor d = desc_of(c);
+    d.dtype = DType::e4m3, d.out_dtype = out;
+    const Shapes s = shapes_of(ForwardOp::make_problem(d).value());
+    auto in = [&](const int64_t* shape) {
+      TestTensor t = TestTensor::make(DType::e4m3, {shape, shape + 4}, Target::cpu);
+      t.fill_random(rng, -4, 4);
+      return t;
+    };
+    TestTensor q = in(s.q), k = in(s.k), v = in(s.v);
+    const double ds[] = {rng.uniform(0.5, 1.5), rng.uniform(0.5, 1.5), rng.uniform(0.5, 1.5)};
+    std::vector<TestTensor> scales;
+    for (double x : ds) {
+      scales.push_back(TestTensor::make(DType::f32, {1}, Target::cpu));
+      scales.back().set_values({x});
+    }
+    TestTensor y = TestTensor::make(out, {s.y, s.y + 4}, Target::cpu);
+    TestTensor lse = TestTensor::make(DType::f32, {s.lse, s.lse + 3}, Target::cpu);
+    y.poison(), lse.poison();
+    auto plan = ForwardPlan::select(cpu, d);
+    BARACUDA_ASSERT_OK(plan);
+    ForwardArguments a{q.cview(), k.cview(), v.cview(), y.view(), lse.view(), {}, {}};
+    a.q_descale = scales[0].cview(), a.k_descale = scales[1].cview();
+    a.v_descale = scales[2].cview();
+    BARACUDA_ASSERT_OK(plan->run(cpu, Workspace::none(), a));
+
+    // The oracle: the f64 plan on the dequantized values.
+    Descriptor d64 = desc_of(c);
+    d64.dtype = DType::f64;
+    auto deq = [&](const TestTensor& t, double x) {
+      TestTensor r = TestTensor::make(DType::f64, t.shape(), Target::cpu);
+      std::vector<double> vals = t.values();
+      for (double& e : vals) e *= x;
+      r.set_values(vals);
+      return r;
+    };
+    TestTensor q64 = deq(q, ds[0]), k64 = deq(k, ds[1]), v64 = deq(v, ds[2]);
+    TestTensor y64 = TestTensor::make(DType::f64, {s.y, s.y + 4}, Target::cpu);
+    TestTensor l64 = TestTensor::make(DType::f64, {s.lse, s.lse + 3}, Target::cpu);
+    auto ref = ForwardPlan::select(cpu, d64);
+    BARACUDA_ASSERT_OK(ref);
+    BARACUDA_ASSERT_OK(
+        ref->run(cpu, Workspace::none(),
+                 {q64.cview(), k64.cview(), v64.cview(), y64.view(), l64.view(), {}, {}}));
+    EXPECT_TRUE(close_to(y.values(), y64.values(), out, Accuracy::elementwise, "y"));
+    EXPECT_TRUE(close_to(lse.values(), l64.values(), DType::f32, Accuracy::elementwise, "lse"));
+  }
+}
+
+// The fp8 argument rules: descales required (f32 [1], on the plan's device) for e4m3 and refused
+// for other dtypes, Y in the resolved out_dtype; nothing is written on any of them.
+TEST(AttentionFp8, ArgumentErrorsNeverWrite) {
+  Rng rng;
+  const Stream cpu = Stream::cpu();
+  Config c;
+  Descriptor d = desc_of(c);
+  d.dtype = DType::e4m3;
+  const Shapes s = shapes_of(ForwardOp::make_problem(d).value());
+  auto make = [&](DType t, const int64_t* shape, int rank) {
+    TestTensor x = TestTensor::make(t, {shape, shape + rank}, Target::cpu);
+    x.fill_random(rng);
+    return x;
+  };
+  TestTensor q = make(DType::e4m3, s.q, 4), k = make(DType::e4m3, s.k, 4),
+             v = make(DType::e4m3, s.v, 4);
+  TestTensor y = make(DType::bf16, s.y, 4), y16 = make(DType::f16, s.y, 4);
+  TestTensor lse = make(DType::f32, s.lse, 3);
+  const int64_t one[] = {1}, two[] = {2};
+  TestTensor sc = make(DType::f32, one, 1), sc2 = make(DType::f32, two, 1),
+             sc64 = make(DType::f64, one, 1);
+  auto plan = ForwardPlan::select(cpu, d);
+  BARACUDA_ASSERT_OK(plan);
+  const ForwardArguments good{q.cview(), k.cview(), v.cview(),  y.view(),   lse.view(),
+                              {},        {},        sc.cview(), sc.cview(), sc.cview()};
+  auto bad = [&](ForwardArguments a, std::initializer_list<std::string_view> needles) {
+    y.poison(), y16.poison(), lse.poison();
+    const auto yb = y.bytes(), y16b = y16.bytes(), lb = lse.bytes();
+    EXPECT_TRUE(
+        fails_with(plan->run(cpu, Workspace::none(), a), ErrorKind::invalid_problem, needles));
+    EXPECT_TRUE(harness::bytes_equal(yb, y.bytes(), "y"));
+    EXPECT_TRUE(harness::bytes_equal(y16b, y16.bytes(), "y16"));
+    EXPECT_TRUE(harness::bytes_equal(lb, lse.bytes(), "lse"));
+  };
+  ForwardArguments a = good;
+  a.k_descale = {};
+  bad(a, {"attention_forward: k_descale"});
+  a = good, a.v_descale = sc2.cview();
+  bad(a, {"attention_forward: v_descale"});
+  a = good, a.q_descale = sc64.cview();
+  bad(a, {"attention_forward: q_descale", "f64"});
+  a = good, a.y = y16.view();  // out_dtype resolved to bf16
+  bad(a, {"attention_forward: y", "f16"});
+  BARACUDA_ASSERT_OK(plan->run(cpu, Workspace::none(), good));
+  // A bf16 problem given descales.
+  Config cb;
+  cb.dtype = DType::bf16;
+  const Shapes sb = shapes_of(problem_of(cb));
+  TestTensor qb = make(DType::bf16, sb.q, 4), kb = make(DType::bf16, sb.k, 4),
+             vb = make(DType::bf16, sb.v, 4);
+  auto pb = ForwardPlan::select(cpu, desc_of(cb));
+  BARACUDA_ASSERT_OK(pb);
+  ForwardArguments ab{qb.cview(), kb.cview(), vb.cview(), y.view(), lse.view(), {}, {}};
+  ab.v_descale = sc.cview();
+  y.poison();
+  const auto yb = y.bytes();
+  EXPECT_TRUE(fails_with(pb->run(cpu, Workspace::none(), ab), ErrorKind::invalid_problem,
+                         {"attention_forward: v_descale given but dtype=bf16"}));
+  EXPECT_TRUE(harness::bytes_equal(yb, y.bytes(), "y"));
 }
 
 // The family's own forward pick on a device: its highest-priority bespoke sm_80-class entry that

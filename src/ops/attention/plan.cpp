@@ -1,6 +1,7 @@
 // Descriptor and argument rules of the attention family (forward and backward share them).
 #include <cmath>
 #include <initializer_list>
+#include <optional>
 #include <span>
 #include <string>
 
@@ -29,9 +30,13 @@ Result<Problem> make(std::string_view op, const Descriptor& d) {
     case DType::f32:
     case DType::f32_strict:
     case DType::f64:
+      break;
     case DType::e4m3:
+      if (op == BackwardOp::name)
+        return Error::unsupported(o + ": dtype=e4m3: fp8 attention is forward only");
+      break;
     case DType::e5m2:
-      break;  // floating: fp8 passes here and is refused by the registry (no kernel) as unsupported
+      return Error::unsupported(o + ": dtype=e5m2: fp8 attention takes e4m3 Q, K and V");
     default:
       return Error::invalid(o + ": dtype=" + std::string(name(d.dtype)) +
                             ": attention needs a floating-point dtype");
@@ -79,8 +84,16 @@ Result<Problem> make(std::string_view op, const Descriptor& d) {
   for (const auto& [what, v] : indexable)
     if (v > INT32_MAX)
       return Error::unsupported(o + ": " + what + "=" + num(v) + " exceeds 2^31-1");
+  const bool fp8 = d.dtype == DType::e4m3;
+  const DType y_dtype = d.out_dtype.value_or(fp8 ? DType::bf16 : d.dtype);
+  if (fp8 ? y_dtype != DType::bf16 && y_dtype != DType::f16 : y_dtype != d.dtype)
+    return Error::invalid(o + ": out_dtype=" + std::string(name(y_dtype)) +
+                          " with dtype=" + std::string(name(d.dtype)) +
+                          (fp8 ? ": e4m3 attention writes bf16 or f16"
+                               : ": Y has the inputs' dtype (only e4m3 inputs take another)"));
   Problem p;
   p.desc = d;
+  p.y_dtype = y_dtype;
   p.scale = d.scale ? *d.scale : 1.0 / std::sqrt(static_cast<double>(d.head_dim_qk));
   p.group = d.heads_kv > 0 ? d.heads_q / d.heads_kv : 1;
   p.lse_dtype = d.dtype == DType::f64 ? DType::f64 : DType::f32;
@@ -94,9 +107,11 @@ Result<Problem> make(std::string_view op, const Descriptor& d) {
 // Shape, dtype, extent, placement, and the unit-stride head-dim axis the kernels vectorize along.
 template <class Ptr>
 Status qkv_tensor(std::string_view op, std::string_view arg, const BasicTensor<Ptr>& t,
-                  const Problem& p, const int64_t* dims, int rank, Location where, bool input) {
-  BARACUDA_TRY(validate::tensor(op, arg, t, p.desc.dtype, std::span<const int64_t>(dims, rank),
-                                where, {.allow_broadcast = input}));
+                  const Problem& p, const int64_t* dims, int rank, Location where, bool input,
+                  std::optional<DType> dtype = std::nullopt) {
+  BARACUDA_TRY(validate::tensor(op, arg, t, dtype.value_or(p.desc.dtype),
+                                std::span<const int64_t>(dims, rank), where,
+                                {.allow_broadcast = input}));
   if (t.stride[rank - 1] != 1 && dims[rank - 1] > 1)
     return Error::invalid(std::string(op) + ": " + std::string(arg) + ": stride[" +
                           num(int64_t{rank - 1}) + "]=" + num(t.stride[rank - 1]) +
@@ -167,10 +182,25 @@ Status ForwardOp::check_arguments(const Problem& p, const Arguments& a, Location
   BARACUDA_TRY(qkv_tensor(name, "q", a.q, p, s.q, r, where, true));
   BARACUDA_TRY(qkv_tensor(name, "k", a.k, p, s.k, r, where, true));
   BARACUDA_TRY(qkv_tensor(name, "v", a.v, p, s.v, r, where, true));
-  BARACUDA_TRY(qkv_tensor(name, "y", a.y, p, s.y, r, where, false));
+  BARACUDA_TRY(qkv_tensor(name, "y", a.y, p, s.y, r, where, false, p.y_dtype));
   BARACUDA_TRY(validate::tensor(name, "lse", a.lse, p.lse_dtype,
                                 std::span<const int64_t>(s.lse, s.rank_lse), where));
   BARACUDA_TRY(seqlens(name, p, a.cu_seqlens_q, a.cu_seqlens_k, where));
+  const std::pair<const char*, ConstTensor> descales[] = {
+      {"q_descale", a.q_descale}, {"k_descale", a.k_descale}, {"v_descale", a.v_descale}};
+  for (const auto& [what, t] : descales) {
+    if (p.desc.dtype != DType::e4m3) {
+      if (t.data)
+        return Error::invalid(std::string(name) + ": " + what +
+                              " given but dtype=" + std::string(baracuda::name(p.desc.dtype)) +
+                              ": descales belong to e4m3 inputs");
+      continue;
+    }
+    const int64_t one[] = {1};
+    BARACUDA_TRY(validate::tensor(name, what, t, DType::f32, one, where));
+    BARACUDA_TRY(validate::no_overlap(name, "y", a.y, what, t));
+    BARACUDA_TRY(validate::no_overlap(name, "lse", a.lse, what, t));
+  }
   for (auto [what, in] : {std::pair{"q", a.q}, {"k", a.k}, {"v", a.v}}) {
     BARACUDA_TRY(validate::no_overlap(name, "y", a.y, what, in));
     BARACUDA_TRY(validate::no_overlap(name, "lse", a.lse, what, in));

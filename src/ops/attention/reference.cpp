@@ -47,9 +47,10 @@ Result<Seq> sequence(std::string_view op, const Problem& p, const ConstTensor& c
 
 // Scores of one query row against its visible keys [lo, hi) (post scale and soft-cap), and the
 // derivative of each capped score w.r.t. the scaled raw score (1 without capping).
+// qk_descale: e4m3 inputs' q_descale * k_descale (1 otherwise).
 void scores(const Problem& p, const void* q, int64_t qo, const void* k, const int64_t* kst,
             int64_t b, int64_t hk, const Seq& s, int64_t lo, int64_t hi, std::vector<double>& out,
-            std::vector<double>& dcap) {
+            std::vector<double>& dcap, double qk_descale = 1) {
   const DType t = p.desc.dtype;
   const int64_t dk = p.desc.head_dim_qk;
   out.assign(hi - lo, 0.0);
@@ -59,7 +60,7 @@ void scores(const Problem& p, const void* q, int64_t qo, const void* k, const in
     double acc = 0;
     for (int64_t c = 0; c < dk; ++c)
       acc += load_as_double(q, t, qo + c) * load_as_double(k, t, ko + c);
-    double v = acc * p.scale;
+    double v = acc * qk_descale * p.scale;
     if (p.desc.softcap > 0) {
       const double th = std::tanh(v / p.desc.softcap);
       v = p.desc.softcap * th;
@@ -79,6 +80,11 @@ double softmax(std::vector<double>& s) {
   return m + std::log(sum);
 }
 
+// An e4m3 input's dequantization scale (a host f32 scalar); 1 for other dtypes.
+double descale(const Problem& p, const ConstTensor& t) {
+  return p.desc.dtype == DType::e4m3 ? *static_cast<const float*>(t.data) : 1.0;
+}
+
 // Rows [i_begin, i_end) of query head h of sequence b (already validated).
 void forward_rows(const Problem& p, const ForwardArguments& a, const Seq& sq, int64_t b, int64_t h,
                   int64_t i_begin, int64_t i_end) {
@@ -86,6 +92,8 @@ void forward_rows(const Problem& p, const ForwardArguments& a, const Seq& sq, in
   const DType t = d.dtype;
   const Band band = detail::band_of(d.mask);
   const int64_t hk = h / p.group;
+  const double qk_descale = descale(p, a.q_descale) * descale(p, a.k_descale);
+  const double v_descale = descale(p, a.v_descale);
   std::vector<double> s, dcap, acc(d.head_dim_v);
   for (int64_t i = i_begin; i < i_end; ++i) {
     int64_t lo, hi;
@@ -95,15 +103,16 @@ void forward_rows(const Problem& p, const ForwardArguments& a, const Seq& sq, in
     std::fill(acc.begin(), acc.end(), 0.0);
     double lse = -std::numeric_limits<double>::infinity();
     if (lo < hi) {
-      scores(p, a.q.data, qo, a.k.data, a.k.stride.data(), b, hk, sq, lo, hi, s, dcap);
+      scores(p, a.q.data, qo, a.k.data, a.k.stride.data(), b, hk, sq, lo, hi, s, dcap, qk_descale);
       lse = softmax(s);
       for (int64_t j = lo; j < hi; ++j) {
         const int64_t vo = row_offset(a.v.stride.data(), d.varlen, b, hk, sq.k0 + j);
         for (int64_t c = 0; c < d.head_dim_v; ++c)
-          acc[c] += s[j - lo] * load_as_double(a.v.data, t, vo + c);
+          acc[c] += s[j - lo] * v_descale * load_as_double(a.v.data, t, vo + c);
       }
     }
-    for (int64_t c = 0; c < d.head_dim_v; ++c) store_from_double(a.y.data, t, yo + c, acc[c]);
+    for (int64_t c = 0; c < d.head_dim_v; ++c)
+      store_from_double(a.y.data, p.y_dtype, yo + c, acc[c]);
     store_from_double(a.lse.data, p.lse_dtype,
                       lse_offset(a.lse.stride.data(), d.varlen, b, h, sq.q0 + i), lse);
   }
@@ -214,6 +223,7 @@ bool register_all() {
     register_reference<ForwardOp>(t, ForwardOp::name, forward);
     register_reference<BackwardOp>(t, BackwardOp::name, backward);
   }
+  register_reference<ForwardOp>(DType::e4m3, ForwardOp::name, forward);  // fp8: forward only
   return true;
 }
 BARACUDA_REGISTER(register_all());

@@ -486,12 +486,14 @@ std::string name_of(const Case& c) {
          (c.dv > 0 ? " Dv" + std::to_string(c.dv) : "");
 }
 
-// A [B, H, L, D] tensor on the GPU in the case's memory order.
+// A [B, H, L, D] tensor on the GPU in the case's memory order; padded: 16 more bytes per row and
+// a 16-byte base offset (8 elements of a 16-bit type, 16 of fp8).
 TestTensor gpu_tensor(const Case& c, DType t, int64_t h, int64_t l, int64_t d) {
-  const int64_t pitch = d + (c.padded ? 8 : 0);
+  const int64_t pad = c.padded ? 128 / bits_of(t) : 0;
+  const int64_t pitch = d + pad;
   std::vector<int64_t> st = c.blhd ? std::vector<int64_t>{l * h * pitch, pitch, h * pitch, 1}
                                    : std::vector<int64_t>{h * l * pitch, l * pitch, pitch, 1};
-  return TestTensor::with_strides(t, {c.b, h, l, d}, st, c.padded ? 8 : 0, Target::cuda);
+  return TestTensor::with_strides(t, {c.b, h, l, d}, st, pad, Target::cuda);
 }
 TestTensor gpu_lse(const Case& c) {
   const int64_t pitch = c.lq + (c.padded ? 4 : 0);
@@ -1365,6 +1367,203 @@ TEST(AttentionFa3Gpu, MisalignedRunFailsWithoutWriting) {
   // K one element into its buffer: valid for the family's rules, not for TMA.
   expect_misaligned_run_fails(PlanPreference::kernel(kFa3), 1,
                               {"attention_forward: fa3_fwd_sm90a: k: data is not 16-byte aligned"});
+}
+
+// ---- The fp8 forward (fa3_fwd_fp8_sm90a) --------------------------------------------------------
+// A case's c.t is Y's dtype (bf16 or f16); Q, K, V are e4m3 drawn in [-4, 4) (so that the softmax
+// is far from uniform and P spans many binades), each with a descale drawn in [0.5, 1.5).
+TEST(AttentionFa3Registry, Fp8ForwardRegisteredWithTruthfulPrecision) {
+  int found = 0;
+  for (const auto& k : KernelTable<attention::ForwardOp>::instance().all()) {
+    if (k.sku.name != kFa3Fp8Kernel) continue;
+    ++found;
+    EXPECT_EQ(k.sku.element, DType::e4m3);
+    EXPECT_EQ(k.sku.arch, Arch::sm90a);
+    EXPECT_EQ(k.sku.backend, Backend::bespoke_cuda);
+    EXPECT_EQ(k.sku.precision.math, MathPrecision::e4m3);
+    EXPECT_EQ(k.sku.precision.accumulator, DType::f32);
+    EXPECT_TRUE(k.sku.precision.deterministic);
+    EXPECT_FALSE(k.sku.precision.bit_stable);
+    EXPECT_TRUE(k.fits && k.workspace);
+  }
+  if (found == 0) GTEST_SKIP() << "built without CUDA: fa3_fwd_fp8_sm90a is not registered";
+  EXPECT_EQ(found, 2);  // Y in bf16, Y in f16
+}
+
+struct Fp8Inputs {
+  TestTensor q, k, v;
+  double qs, ks, vs;  // descales
+  // The logical values the inputs stand for (element x descale).
+  std::vector<double> dq() const { return scaled(q, qs); }
+  std::vector<double> dk() const { return scaled(k, ks); }
+  std::vector<double> dv() const { return scaled(v, vs); }
+  static std::vector<double> scaled(const TestTensor& t, double s) {
+    std::vector<double> x = t.values();
+    for (double& e : x) e *= s;
+    return x;
+  }
+};
+Fp8Inputs fp8_inputs(const Case& c, harness::Rng& rng) {
+  Fp8Inputs in{cpu_tensor(DType::e4m3, {c.b, c.hq, c.lq, c.d}, nullptr),
+               cpu_tensor(DType::e4m3, {c.b, c.hk, c.lk, c.d}, nullptr),
+               cpu_tensor(DType::e4m3, {c.b, c.hk, c.lk, vdim(c)}, nullptr),
+               rng.uniform(0.5, 1.5),
+               rng.uniform(0.5, 1.5),
+               rng.uniform(0.5, 1.5)};
+  for (TestTensor* t : {&in.q, &in.k, &in.v}) t->fill_random(rng, -4, 4);
+  return in;
+}
+TestTensor gpu_scalar(double x) {
+  TestTensor t = TestTensor::make(DType::f32, {1}, Target::cuda);
+  t.set_values({x});
+  return t;
+}
+
+// The default plan on the GPU (the fp8 kernel), run twice into poisoned outputs (bitwise equal,
+// bytes outside Y / LSE untouched), against the float64 reference over the dequantized inputs.
+void check_fp8_case(const Case& c, harness::Rng& rng) {
+  const Stream& gs = harness::stream_for(Target::cuda);
+  Descriptor desc = desc_of(c, DType::e4m3);
+  desc.out_dtype = c.t;
+  const Fp8Inputs in = fp8_inputs(c, rng);
+  auto plan = attention::ForwardPlan::select(gs, desc);
+  BARACUDA_ASSERT_OK(plan);
+  ASSERT_EQ(plan->sku().name, kFa3Fp8Kernel);
+  EXPECT_EQ(plan->precision_guarantee().math, MathPrecision::e4m3);
+  EXPECT_TRUE(plan->precision_guarantee().deterministic);
+  TestTensor gq = upload(c, in.q, c.hq, c.lq, c.d), gk = upload(c, in.k, c.hk, c.lk, c.d),
+             gv = upload(c, in.v, c.hk, c.lk, vdim(c));
+  const TestTensor qs = gpu_scalar(in.qs), ks = gpu_scalar(in.ks), vs = gpu_scalar(in.vs);
+  TestTensor gy = gpu_tensor(c, c.t, c.hq, c.lq, vdim(c));
+  TestTensor glse = gpu_lse(c);
+  const Workspace_ ws = workspace_of(plan->workspace_size());
+  attention::ForwardArguments args{gq.cview(),  gk.cview(), gv.cview(), gy.view(),
+                                   glse.view(), {},         {}};
+  args.q_descale = qs.cview(), args.k_descale = ks.cview(), args.v_descale = vs.cview();
+  std::vector<std::vector<uint8_t>> bytes;
+  for (int rep = 0; rep < 2; ++rep) {
+    gy.poison();
+    glse.poison();
+    const auto y_before = gy.bytes(), lse_before = glse.bytes();
+    BARACUDA_ASSERT_OK(plan->run(gs, ws.get(), args));
+    BARACUDA_ASSERT_OK(gs.synchronize());
+    bytes.push_back(gy.bytes());
+    bytes.push_back(glse.bytes());
+    EXPECT_TRUE(harness::untouched_outside(y_before, bytes[2 * rep], gy.bit_mask(), "y"));
+    EXPECT_TRUE(harness::untouched_outside(lse_before, bytes[2 * rep + 1], glse.bit_mask(), "lse"));
+  }
+  EXPECT_TRUE(harness::bytes_equal(bytes[0], bytes[2], "y run 1 vs run 2"));
+  EXPECT_TRUE(harness::bytes_equal(bytes[1], bytes[3], "lse run 1 vs run 2"));
+
+  const bool all = exhaustive(c);
+  const std::vector<RowBlock> blocks = all ? every_row(c) : sampled_rows(c, rng);
+  const std::vector<double> vv = in.dv();
+  const Reference ref = reference_rows(c, in.dq(), in.dk(), vv, blocks);
+  double vmax = 0;
+  for (double x : vv) vmax = std::max(vmax, std::abs(x));
+  const std::vector<double> y = gy.values();
+  attention::testing::expect_forward_outputs({c.b, c.hq, c.lq, c.lk, vdim(c), c.mask}, c.t,
+                                             DType::f32, ref.y, ref.lse, vmax, y, glse.values(),
+                                             blocks, true);
+  // The measured error, for the record (the bound is e4m3's rounded-weights tolerance).
+  std::vector<double> got, want;
+  for (const RowBlock& bk : blocks)
+    for (int64_t i = bk.i0; i < bk.i1; ++i)
+      for (int64_t col = 0; col < vdim(c); ++col) {
+        const size_t at = static_cast<size_t>(((bk.b * c.hq + bk.h) * c.lq + i) * vdim(c) + col);
+        got.push_back(y[at]), want.push_back(ref.y[at]);
+      }
+  const harness::Comparison cmp = harness::compare(got, want);
+  std::printf("[ fp8 err  ] %s: y rel_l2 %.3g max_abs %.3g\n", name_of(c).c_str(), cmp.rel_l2,
+              cmp.max_abs);
+}
+
+#define FP8_SKIP_UNLESS_RUNNABLE()                                                                 \
+  BARACUDA_SKIP_IF_UNAVAILABLE(Target::cuda);                                                      \
+  do {                                                                                             \
+    Descriptor probe = make_desc(DType::e4m3, 1, 1, 1, 128, 128, 128);                             \
+    const auto* fp8 = fa3_kernel(DType::e4m3, kFa3Fp8Kernel);                                      \
+    if (!fp8 || !fp8->fits(problem_of(probe), harness::stream_for(Target::cuda).caps()))           \
+      GTEST_SKIP() << "fa3_fwd_fp8_sm90a does not run here (needs sm_90 and a build with sm_90a)"; \
+  } while (0)
+
+TEST(AttentionFa3Gpu, Fp8ForwardMatchesReference) {
+  FP8_SKIP_UNLESS_RUNNABLE();
+  const Case cases[] = {
+      {DType::bf16, 2, 4, 4, 128, 128, 128, Mask::none(), false, false},
+      {DType::f16, 1, 2, 2, 1, 1, 128, Mask::none(), true, false},
+      {DType::bf16, 1, 2, 2, 17, 17, 128, Mask::causal_top_left(), false, true},
+      // GQA 4 and MQA, ragged tails, both layouts, both diagonals.
+      {DType::f16, 1, 8, 2, 1000, 1000, 128, Mask::causal_bottom_right(), true, false},
+      {DType::bf16, 2, 4, 1, 77, 203, 128, Mask::causal_bottom_right(), false, true},
+      // Lq > Lk bottom-right: the first Lq - Lk rows see no key (Y = 0, LSE = -inf).
+      {DType::f16, 1, 4, 4, 203, 77, 128, Mask::causal_bottom_right(), false, false},
+      {DType::f16, 1, 2, 2, 129, 255, 128, Mask::causal_top_left(), true, true},
+      {DType::bf16, 1, 4, 2, 700, 700, 128, Mask::sliding_window(100, 30), false, false},
+      {DType::bf16, 1, 4, 2, 300, 300, 128, Mask::none(), false, false, true, 30.0},
+      // More (batch, head) blocks than SMs; a long row (sampled).
+      {DType::f16, 4, 40, 40, 17, 17, 128, Mask::none(), true, false},
+      {DType::bf16, 1, 2, 1, 4096, 4096, 128, Mask::none(), false, true},
+      {DType::bf16, 1, 2, 2, 2048, 2048, 128, Mask::causal_top_left(), true, false},
+  };
+  harness::Rng rng;
+  for (const Case& c : cases) {
+    SCOPED_TRACE("fp8 " + name_of(c));
+    check_fp8_case(c, rng);
+  }
+}
+
+// What the fp8 kernel takes: Dk = Dv = 128, padded layouts, Y in bf16 or f16; elsewhere no GPU
+// kernel serves e4m3 and select says so.
+TEST(AttentionFa3Gpu, Fp8FitsExactlyWhatItSupports) {
+  FP8_SKIP_UNLESS_RUNNABLE();
+  const Stream& gs = harness::stream_for(Target::cuda);
+  Descriptor ok = make_desc(DType::e4m3, 2, 4, 2, 300, 500, 128, Mask::causal_bottom_right());
+  for (DType out : {DType::bf16, DType::f16}) {
+    ok.out_dtype = out;
+    auto plan = attention::ForwardPlan::select(gs, ok);
+    BARACUDA_ASSERT_OK(plan);
+    EXPECT_EQ(plan->sku().name, kFa3Fp8Kernel);
+    EXPECT_EQ(plan->workspace_size(), size_t{2 * 2 * 128 * 512});  // V^T, keys to whole tiles
+  }
+  Descriptor d64 = make_desc(DType::e4m3, 1, 2, 2, 128, 128, 64);
+  EXPECT_TRUE(fails_with(attention::ForwardPlan::select(gs, d64), ErrorKind::unsupported,
+                         {"no kernel for element=e4m3"}));
+  Descriptor varlen = make_desc(DType::e4m3, 2, 2, 2, 100, 100, 128);
+  varlen.varlen = true, varlen.total_q = 150, varlen.total_k = 150;
+  EXPECT_TRUE(fails_with(attention::ForwardPlan::select(gs, varlen), ErrorKind::unsupported,
+                         {"no kernel for element=e4m3"}));
+}
+
+// A misaligned V (one byte into its buffer) is refused before anything is written.
+TEST(AttentionFa3Gpu, Fp8MisalignedRunFailsWithoutWriting) {
+  FP8_SKIP_UNLESS_RUNNABLE();
+  harness::Rng rng;
+  const Stream& gs = harness::stream_for(Target::cuda);
+  const Case c{DType::bf16, 1, 2, 2, 64, 64, 128, Mask::none(), false, false};
+  Descriptor desc = desc_of(c, DType::e4m3);
+  auto plan = attention::ForwardPlan::select(gs, desc);
+  BARACUDA_ASSERT_OK(plan);
+  const Fp8Inputs in = fp8_inputs(c, rng);
+  TestTensor gq = upload(c, in.q, 2, 64, 128), gk = upload(c, in.k, 2, 64, 128);
+  TestTensor off = TestTensor::with_strides(DType::e4m3, {1, 2, 64, 128}, {16384, 8192, 128, 1}, 1,
+                                            Target::cuda);
+  off.fill_random(rng, -4, 4);
+  const TestTensor qs = gpu_scalar(1), ks = gpu_scalar(1), vs = gpu_scalar(1);
+  TestTensor y = gpu_tensor(c, DType::bf16, 2, 64, 128);
+  TestTensor lse = gpu_lse(c);
+  y.poison();
+  lse.poison();
+  const auto y_before = y.bytes(), lse_before = lse.bytes();
+  const Workspace_ ws = workspace_of(plan->workspace_size());
+  attention::ForwardArguments args{gq.cview(), gk.cview(), off.cview(), y.view(),
+                                   lse.view(), {},         {}};
+  args.q_descale = qs.cview(), args.k_descale = ks.cview(), args.v_descale = vs.cview();
+  EXPECT_TRUE(fails_with(plan->run(gs, ws.get(), args), ErrorKind::misaligned_operand,
+                         {"attention_forward: fa3_fwd_fp8_sm90a: v: data is not 16-byte aligned"}));
+  BARACUDA_ASSERT_OK(gs.synchronize());
+  EXPECT_TRUE(harness::bytes_equal(y_before, y.bytes(), "y"));
+  EXPECT_TRUE(harness::bytes_equal(lse_before, lse.bytes(), "lse"));
 }
 
 // ---- The sm_90a backward (fa3_bwd_sm90a) -------------------------------------------------------

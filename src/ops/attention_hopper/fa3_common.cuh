@@ -308,11 +308,13 @@ Status raise_smem_limit_once(const LaunchContext& ctx, int bytes, std::string_vi
 }
 
 // What our sm_90a kernels promise: operands in the 16-bit type (P, dS rounded to it before their
-// GEMMs), f32 accumulation, determinism as given; bit_stable not claimed until a GPU test checks
-// rows across problem sizes.
+// GEMMs; e4m3 for the fp8 forward), f32 accumulation, determinism as given; bit_stable not claimed
+// until a GPU test checks rows across problem sizes.
 constexpr PrecisionGuarantee fa3_precision(DType e, bool deterministic) {
-  return {e == DType::f16 ? MathPrecision::f16 : MathPrecision::bf16, DType::f32, deterministic,
-          false};
+  return {e == DType::f16    ? MathPrecision::f16
+          : e == DType::e4m3 ? MathPrecision::e4m3
+                             : MathPrecision::bf16,
+          DType::f32, deterministic, false};
 }
 
 // Varlen arguments in the padded form the kernels address, so that sequence b's rows are rows
@@ -406,9 +408,10 @@ void set_common_params(P& p, const attention::Problem& pr, const ConstTensor& cu
 }
 
 // TMA rules: 16-byte aligned base, unit-stride rows, every used stride a positive multiple of 16
-// bytes below 2^40.
+// bytes below 2^40 (elements of elem_bytes bytes: 2, or 1 for fp8).
 template <class Ptr>
-Status check_layout(std::string_view who, std::string_view arg, const BasicTensor<Ptr>& t) {
+Status check_layout(std::string_view who, std::string_view arg, const BasicTensor<Ptr>& t,
+                    int elem_bytes = 2) {
   const std::string op = std::string(who) + ": ";
   if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0)
     return Error::misaligned(op + std::string(arg) + ": data is not 16-byte aligned");
@@ -417,7 +420,7 @@ Status check_layout(std::string_view who, std::string_view arg, const BasicTenso
                               ": the head dim must be unit-stride");
   for (int i = 0; i < 3; ++i) {
     if (t.shape[i] <= 1) continue;
-    const int64_t bytes = t.stride[i] * 2;
+    const int64_t bytes = t.stride[i] * elem_bytes;
     if (t.stride[i] <= 0 || bytes % 16 != 0 || bytes >= (int64_t{1} << 40))
       return Error::misaligned(op + std::string(arg) + ": stride[" + std::to_string(i) +
                                "]=" + std::to_string(t.stride[i]) +
@@ -427,22 +430,22 @@ Status check_layout(std::string_view who, std::string_view arg, const BasicTenso
 }
 
 // A 4-d tensor map over a [B, H, L, D] tensor (dims innermost first: D, L, H, B), boxes of
-// 64 x `rows`, 128-byte swizzle, zero fill out of bounds.
+// 128 bytes (64 16-bit elements, 128 fp8) x `rows`, 128-byte swizzle, zero fill out of bounds.
 Status make_map(std::string_view who, CUtensorMap* map, CUtensorMapDataType dt,
-                const ConstTensor& t, uint32_t rows) {
+                const ConstTensor& t, uint32_t rows, int elem_bytes = 2) {
   const cuuint64_t dims[4] = {
       static_cast<cuuint64_t>(t.shape[3]), static_cast<cuuint64_t>(t.shape[2]),
       static_cast<cuuint64_t>(t.shape[1]), static_cast<cuuint64_t>(t.shape[0])};
   // Size-1 axes: any valid stride (theirs is never used); take one past the tensor's extent.
   int64_t extent = 16;
   for (int i = 0; i < 3; ++i)
-    if (t.shape[i] > 1) extent = std::max(extent, t.stride[i] * 2 * t.shape[i]);
+    if (t.shape[i] > 1) extent = std::max(extent, t.stride[i] * elem_bytes * t.shape[i]);
   extent = (extent + 15) / 16 * 16;
   auto st = [&](int i) {
-    return static_cast<cuuint64_t>(t.shape[i] > 1 ? t.stride[i] * 2 : extent);
+    return static_cast<cuuint64_t>(t.shape[i] > 1 ? t.stride[i] * elem_bytes : extent);
   };
   const cuuint64_t strides[3] = {st(2), st(1), st(0)};
-  const cuuint32_t box[4] = {64, rows, 1, 1};
+  const cuuint32_t box[4] = {static_cast<cuuint32_t>(128 / elem_bytes), rows, 1, 1};
   const cuuint32_t estr[4] = {1, 1, 1, 1};
   const CUresult r =
       encode_fn()(map, dt, 4, const_cast<void*>(t.data), dims, strides, box, estr,

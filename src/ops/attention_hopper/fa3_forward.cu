@@ -84,17 +84,39 @@ constexpr int kBarQ = 0, kBarKFull = 1, kBarVFull = kBarKFull + kMaxStages,
               kBarQEmpty = kBarVEmpty + kMaxStages,  // persistent variant: Q may be reloaded
     kBars = kBarQEmpty + 1;
 
-template <int D>
+// The fp8 instantiations' element type: Q, K, V in e4m3, Y in TO (bf16 or f16). ElemOf<T> tells a
+// kernel template its input bytes and output type (16-bit T: both T).
+template <class TO>
+struct E4m3 {};
+template <class T>
+struct ElemOf {
+  using Out = T;
+  static constexpr int kBytes = 2;
+  static constexpr bool kFp8 = false;
+};
+template <class TO>
+struct ElemOf<E4m3<TO>> {
+  using Out = TO;
+  static constexpr int kBytes = 1;
+  static constexpr bool kFp8 = true;
+};
+// fp8: P = 2^(s - max + kFp8PBias) in [0, 256], so that P's small values stay e4m3 normals (down
+// to 2^-14 of the row's largest instead of 2^-6) when rounded for the P V GEMM; l carries the same
+// factor, which O / l cancels and the LSE subtracts.
+constexpr int kFp8PBias = 8;
+
+// Shared memory of an instantiation with kEB-byte inputs. fp8 (kEB = 1, D = 128): Q and every K
+// tile are [rows][128 bytes]; V arrives transposed ([D][128 keys], see fp8_transpose_v), and O is
+// staged for the epilogue in a buffer of its own (Q's 16 KB cannot hold 16-bit O): 145 KB.
+template <int D, int kEB = 2>
 struct Smem {
-  static constexpr int kStages = D == 64 ? 3 : 2;  // K/V ring depth (D = 128: 160 KB in all)
+  static constexpr int kStages = kEB == 1 || D == 64 ? 3 : 2;  // K/V ring (D = 128: 160 KB in all)
   static constexpr int kBn = kKeysPerTile<D>;
-  static constexpr int kQBytes = kBM * D * 2;
-  static constexpr int kKBytes = kBn * D * 2;         // one K tile
-  static constexpr int kVBytes = kBn * kDvOf<D> * 2;  // one V tile
+  static constexpr int kQBytes = kBM * D * kEB;
+  static constexpr int kKBytes = kBn * D * kEB;         // one K tile
+  static constexpr int kVBytes = kBn * kDvOf<D> * kEB;  // one V tile
   static constexpr int kBytes = kQBytes + kStages * (kKBytes + kVBytes);
   static constexpr int kLaunchBytes = kBytes + 1024;  // + alignment slack for 1024-byte atoms
-  // The persistent variant's O staging buffer (Q's shape) after the ring (D = 64: 129 KB).
-  static constexpr int kPersistentLaunchBytes = kLaunchBytes + kQBytes;
 };
 
 struct Params {
@@ -114,6 +136,7 @@ struct Params {
   // cap_log2 * tanh(s * cap_arg).
   int softcap;
   float cap_arg, cap_log2;
+  const float *q_descale, *k_descale, *v_descale;  // fp8 only: device scalars
 };
 
 // One work tile: query rows [m0, m0 + kBM) of head h of sequence b, n_tiles key tiles from tile
@@ -177,21 +200,23 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
 // The producer lane's loads for one work tile: Q (once "Q empty" shows the previous tile's S
 // GEMMs are done: only the persistent variant reloads it), then the tile's K / V tiles into the
 // ring from ring position it0 on.
-template <int D>
+template <class T, int D>
 __device__ __forceinline__ void produce(const CUtensorMap* tq, const CUtensorMap* tk,
                                         const CUtensorMap* tv, const Params& p, const Tile& t,
                                         uint32_t sq, uint32_t sk0, uint32_t sv0,
                                         const uint64_t* bars, int it0, int q_count) {
-  using S = Smem<D>;
+  using E = ElemOf<T>;
+  using S = Smem<D, E::kBytes>;
   constexpr int kSt = S::kStages;
-  constexpr int kDB = D / 64, kDBv = kDvOf<D> / 64;  // 64-column blocks per Q / K and V row
+  constexpr int kCols = 128 / E::kBytes;                   // elements per 128-byte column block
+  constexpr int kDB = D / kCols, kDBv = kDvOf<D> / kCols;  // column blocks per Q / K and V row
   const int hk = t.h / p.group;
   mbar_wait(smem_u32(&bars[kBarQEmpty]), (q_count & 1) ^ 1);
   const uint32_t bq = smem_u32(&bars[kBarQ]);
   mbar_expect_tx(bq, S::kQBytes);
 #pragma unroll
   for (int db = 0; db < kDB; ++db)
-    tma_load_4d(sq + db * kBM * 128, tq, bq, db * 64, t.q0 + t.m0, t.h, t.tb);
+    tma_load_4d(sq + db * kBM * 128, tq, bq, db * kCols, t.q0 + t.m0, t.h, t.tb);
   for (int n = 0; n < t.n_tiles; ++n) {
     const int s = (it0 + n) % kSt;
     const uint32_t free_parity = (((it0 + n) / kSt) & 1) ^ 1;
@@ -200,14 +225,19 @@ __device__ __forceinline__ void produce(const CUtensorMap* tq, const CUtensorMap
     mbar_expect_tx(bk, S::kKBytes);
 #pragma unroll
     for (int db = 0; db < kDB; ++db)
-      tma_load_4d(sk0 + s * S::kKBytes + db * S::kBn * 128, tk, bk, db * 64,
+      tma_load_4d(sk0 + s * S::kKBytes + db * S::kBn * 128, tk, bk, db * kCols,
                   t.k0 + (t.n_first + n) * S::kBn, hk, t.tb);
     mbar_wait(smem_u32(&bars[kBarVEmpty + s]), free_parity);
     mbar_expect_tx(bv, S::kVBytes);
+    if constexpr (E::kFp8) {
+      // V^T [B, Hk, Dv, keys]: the tile's 128 keys (one 128-byte column block) of all Dv rows.
+      tma_load_4d(sv0 + s * S::kVBytes, tv, bv, t.k0 + (t.n_first + n) * S::kBn, 0, hk, t.tb);
+    } else {
 #pragma unroll
-    for (int db = 0; db < kDBv; ++db)
-      tma_load_4d(sv0 + s * S::kVBytes + db * S::kBn * 128, tv, bv, db * 64,
-                  t.k0 + (t.n_first + n) * S::kBn, hk, t.tb);
+      for (int db = 0; db < kDBv; ++db)
+        tma_load_4d(sv0 + s * S::kVBytes + db * S::kBn * 128, tv, bv, db * kCols,
+                    t.k0 + (t.n_first + n) * S::kBn, hk, t.tb);
+    }
   }
 }
 #endif  // BARACUDA_FA3_DEVICE
@@ -217,7 +247,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     fa3_fwd_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                    const __grid_constant__ CUtensorMap tv, const Params p) {
 #if BARACUDA_FA3_DEVICE
-  using S = Smem<D>;
+  using S = Smem<D, ElemOf<T>::kBytes>;
   constexpr int kSt = S::kStages;
   extern __shared__ uint8_t smem_raw[];
   __shared__ alignas(8) uint64_t bars[kBars + kConsumers * 128 / 2];  // + consumer scratch
@@ -226,7 +256,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t sq = smem_u32(smem);
   const uint32_t sk0 = sq + S::kQBytes;
   const uint32_t sv0 = sk0 + kSt * S::kKBytes;
-  const uint32_t so = sv0 + kSt * S::kVBytes;  // O staging: the persistent variant only
+  const uint32_t so = sv0 + kSt * S::kVBytes;  // O staging: the persistent variant and fp8
   constexpr bool kPersistentV = V == kPersistent;
 
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
@@ -263,7 +293,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int w = w0; w < n_work; w += w_step) {
         const Tile t = tile(w);
         if (t.n_tiles == 0) continue;
-        produce<D>(&tq, &tk, &tv, p, t, sq, sk0, sv0, bars, it, q_count);
+        produce<T, D>(&tq, &tk, &tv, p, t, sq, sk0, sv0, bars, it, q_count);
         it += t.n_tiles;
         ++q_count;
       }
@@ -313,15 +343,18 @@ struct RowBand {
 // the thread's two rows and turns the scores into unnormalized probabilities 2^(s * scale *
 // log2(e) - max) in place (soft-capped: 2^(cap log2(e) tanh(s scale / cap) - max)); corr[i] is the
 // factor the row's O accumulator must be multiplied by. The first kPoly of every 8 column groups
-// take poly_exp2 (FMA pipe), the others the MUFU (ex2.approx).
-template <int kPoly, int kBN>
+// take poly_exp2 (FMA pipe), the others the MUFU (ex2.approx). fp8 (kFp8): the raw scores carry
+// q_descale * k_descale (qk_descale) on top of the scale, and P the factor 2^kFp8PBias.
+template <int kPoly, int kBN, bool kFp8 = false>
 __device__ __forceinline__ void softmax_tile(float (&sc)[kBN / 2], const Params& p, int c0,
                                              const RowBand& band, int cq, float (&m_run)[2],
-                                             float (&l_run)[2], float (&corr)[2]) {
-  float mult = p.scale_log2;
+                                             float (&l_run)[2], float (&corr)[2],
+                                             float qk_descale = 1.f) {
+  float mult = p.scale_log2, cap_arg = p.cap_arg;
+  if constexpr (kFp8) mult *= qk_descale, cap_arg *= qk_descale;
   if (p.softcap) {  // before the mask: a masked score stays -inf
 #pragma unroll
-    for (int k = 0; k < kBN / 2; ++k) sc[k] = p.cap_log2 * fast_tanh(sc[k] * p.cap_arg);
+    for (int k = 0; k < kBN / 2; ++k) sc[k] = p.cap_log2 * fast_tanh(sc[k] * cap_arg);
     mult = 1.f;
   }
   if (c0 < band.mask_lo || c0 + kBN > band.mask_hi) {
@@ -343,8 +376,13 @@ __device__ __forceinline__ void softmax_tile(float (&sc)[kBN / 2], const Params&
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     const float m_new = fmaxf(m_run[i], mx * mult);
     // A row that has seen no key yet keeps max -inf: subtract 0 so that 2^-inf = 0 (no NaN).
-    const float base = m_new == -INFINITY ? 0.f : m_new;
-    corr[i] = fast_exp2(m_run[i] - base);
+    float base = m_new == -INFINITY ? 0.f : m_new;
+    if constexpr (kFp8) {
+      base = m_new == -INFINITY ? 0.f : m_new - kFp8PBias;
+      corr[i] = fast_exp2(m_run[i] - base - kFp8PBias);  // 2^(old base - new base)
+    } else {
+      corr[i] = fast_exp2(m_run[i] - base);
+    }
     m_run[i] = m_new;
     float sum = 0.f;
 #pragma unroll
@@ -360,32 +398,67 @@ __device__ __forceinline__ void softmax_tile(float (&sc)[kBN / 2], const Params&
   }
 }
 
-// P (the probabilities of one tile, f32 accumulator fragment) as the A fragments of BN / 16
-// k16-steps of the P V wgmma, rounded to the 16-bit type.
-template <class T, int kBN>
-__device__ __forceinline__ void pack_p(const float (&sc)[kBN / 2], uint32_t (&pa)[kBN / 16][4]) {
-  pack_a<T, kBN>(sc, pa);
+// Four f32 values as the bytes (low to high) of one register, rounded to e4m3 (saturating).
+__device__ __forceinline__ uint32_t pack4_e4m3(float a, float b, float c, float d) {
+  uint16_t lo, hi;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(lo) : "f"(b), "f"(a));
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(hi) : "f"(d), "f"(c));
+  return uint32_t{lo} | (uint32_t{hi} << 16);
 }
 
+// P (the probabilities of one tile, f32 accumulator fragment) as the A fragments of the P V
+// wgmma: 16-bit T, BN / 16 k16-steps rounded to T; fp8, BN / 32 k32-steps rounded to e4m3, each
+// thread's accumulator values taken in place. The k32 A fragment wants columns 4t .. 4t + 3 (and
+// 16 + 4t ..) where the accumulator holds 2t, 2t + 1, 8 + 2t, 9 + 2t (and 16 + ...), so slot
+// 4t + u of a k32 step holds key 2t + (u & 1) + 8 (u >> 1) (+16): fp8_transpose_v stores V^T's
+// keys in that order, which makes the product the same sum over keys.
+template <class T, int kBN>
+__device__ __forceinline__ void pack_p(const float (&sc)[kBN / 2], uint32_t (&pa)[kBN / 16][4]) {
+  if constexpr (ElemOf<T>::kFp8) {
+#pragma unroll
+    for (int kk = 0; kk < kBN / 32; ++kk) {
+      const float* a = sc + 16 * kk;
+      pa[kk][0] = pack4_e4m3(a[0], a[1], a[4], a[5]);
+      pa[kk][1] = pack4_e4m3(a[2], a[3], a[6], a[7]);
+      pa[kk][2] = pack4_e4m3(a[8], a[9], a[12], a[13]);
+      pa[kk][3] = pack4_e4m3(a[10], a[11], a[14], a[15]);
+    }
+  } else {
+    pack_a<T, kBN>(sc, pa);
+  }
+}
+
+// S = Q K^T: one wgmma per 32 bytes of the head dim (a k16 step of 16-bit data, k32 of fp8),
+// four per 128-byte swizzle row.
 template <class T, int D, int kBN = kKeysPerTile<D>>
 __device__ __forceinline__ void issue_s(float (&sc)[kBN / 2], uint32_t q_base, uint32_t k_base) {
 #pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {
-    const uint32_t koff = (kk % 4) * 32;  // k16 step inside a 128-byte swizzle row
+  for (int kk = 0; kk < D * ElemOf<T>::kBytes / 32; ++kk) {
+    const uint32_t koff = (kk % 4) * 32;  // k step inside a 128-byte swizzle row
     const uint64_t da = desc_sw128(q_base + (kk / 4) * kBM * 128 + koff, 16, 1024);
     const uint64_t dbk = desc_sw128(k_base + (kk / 4) * kBN * 128 + koff, 16, 1024);
-    Ops<T>::template ss<kBN>(sc, da, dbk, kk > 0 ? 1 : 0);
+    if constexpr (ElemOf<T>::kFp8)
+      ss_m64n128k32_e4m3(sc, da, dbk, kk > 0 ? 1 : 0);
+    else
+      Ops<T>::template ss<kBN>(sc, da, dbk, kk > 0 ? 1 : 0);
   }
   wgmma_commit();
 }
 
+// O += P V: 16-bit V MN-major ([keys][D] as loaded); fp8 V^T K-major ([D][keys], 128-byte rows).
 template <class T, int D, int kBN = kKeysPerTile<D>>
 __device__ __forceinline__ void issue_pv(float (&o)[D / 2], const uint32_t (&pa)[kBN / 16][4],
                                          uint32_t v_base) {
+  if constexpr (ElemOf<T>::kFp8) {
 #pragma unroll
-  for (int kk = 0; kk < kBN / 16; ++kk) {
-    const uint64_t dbv = desc_sw128(v_base + kk * 16 * 128, kBN * 128, 1024);
-    Ops<T>::template rs<D>(o, pa[kk], dbv);
+    for (int kk = 0; kk < kBN / 32; ++kk)
+      rs_m64n128k32_e4m3(o, pa[kk], desc_sw128(v_base + kk * 32, 16, 1024), 1);
+  } else {
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk) {
+      const uint64_t dbv = desc_sw128(v_base + kk * 16 * 128, kBN * 128, 1024);
+      Ops<T>::template rs<D>(o, pa[kk], dbv);
+    }
   }
   wgmma_commit();
 }
@@ -408,7 +481,10 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
   constexpr bool kPersistentV = V == kPersistent;
   constexpr bool PP = V == kPingpong;
   constexpr int kPoly = poly_groups(V);
-  using S = Smem<D>;
+  using E = ElemOf<T>;
+  using TO = typename E::Out;
+  constexpr bool kFp8 = E::kFp8;
+  using S = Smem<D, E::kBytes>;
   constexpr int kSt = S::kStages;
   constexpr int kBN = S::kBn;
   constexpr int DV = kDvOf<D>;
@@ -431,6 +507,8 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
   band.mask_hi = p.right >= 0 ? static_cast<int>(min(int64_t{t.lk}, wg_d0 + p.right + 1)) : t.lk;
   band.mask_lo = p.left >= 0 ? static_cast<int>(max(int64_t{0}, wg_d0 + 63 - p.left)) : 0;
   const uint32_t q_base = sq + wg * 64 * 128;
+  float qk_descale = 1.f;  // fp8: the scores' dequantization
+  if constexpr (kFp8) qk_descale = *p.q_descale * *p.k_descale;
   // One word per consumer thread after the barriers (see the loop).
   const uint32_t scratch = smem_u32(&bars[kBars]) + (static_cast<uint32_t>(threadIdx.x) * 4);
 
@@ -450,8 +528,8 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
     wgmma_wait<0>();
     fence_regs(sc);
     release(bars, kBarKEmpty + s0, lane);
-    softmax_tile<kPoly, kBN>(sc, p, t.n_first * kBN, band, cq, m_run, l_run,
-                             corr);  // O is 0: no rescale
+    softmax_tile<kPoly, kBN, kFp8>(sc, p, t.n_first * kBN, band, cq, m_run, l_run, corr,
+                                   qk_descale);  // O is 0: no rescale
     // O *= corr (the factor of the latest softmax), issued while S_n runs on the tensor cores.
     auto rescale = [&] {
 #pragma unroll
@@ -482,7 +560,8 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
       wgmma_wait<1>();  // S_n done; P_{n-1} V_{n-1} may still run
       fence_regs(sc);
       release(bars, kBarKEmpty + s, lane);
-      softmax_tile<kPoly, kBN>(sc, p, (t.n_first + n) * kBN, band, cq, m_run, l_run, corr);
+      softmax_tile<kPoly, kBN, kFp8>(sc, p, (t.n_first + n) * kBN, band, cq, m_run, l_run, corr,
+                                     qk_descale);
       // Keep the softmax ahead of the wait: ptxas schedules the wait (WARPGROUP.DEPBAR) at the
       // top of the block and the softmax after it, losing the overlap with P V. A shared-memory
       // store of a value that depends on every exp2 of the tile pins them before the wait.
@@ -501,7 +580,7 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
     // Varlen: the last tile's rows past the sequence are the next sequence's (or rows no sequence
     // owns): P is 0 there, but 0 * a non-finite value is NaN, so they are zeroed first. Each
     // warpgroup zeroes them before its own P V (the other one may be writing the same zeros).
-    if (p.cu_q && (t.n_first + n_tiles) * kBN > t.lk) {
+    if (!kFp8 && p.cu_q && (t.n_first + n_tiles) * kBN > t.lk) {
       zero_rows<DV>(sv0 + last * S::kVBytes, kBN, t.lk - (t.n_first + n_tiles - 1) * kBN,
                     static_cast<int>(threadIdx.x) % 128, 128);
       fence_proxy_async();
@@ -523,7 +602,7 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
   // ---- epilogue: O / l through this warpgroup's own rows of the Q tile (its S wgmmas are all
   // done; the persistent variant: of the O buffer, Q is the next tile's already) in the same
   // 128-byte-swizzled layout, then 16-byte coalesced stores of whole rows ----
-  const uint32_t o_base = (kPersistentV ? so : sq) + wg * 64 * 128;
+  const uint32_t o_base = (kPersistentV || kFp8 ? so : sq) + wg * 64 * 128;
   // The persistent variant recomputes its tile from the work index through an opaque move, so
   // that the row / head / batch offsets are not kept live across the key loop (ptxas hoisted them
   // and spilled at 240 registers).
@@ -549,10 +628,12 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
     inv[i] = l > 0.f ? 1.f / l : 0.f;
+    float m = m_run[i];
+    if constexpr (kFp8) inv[i] *= *p.v_descale, m -= kFp8PBias;
     const int row = row0e + 8 * i;
     if (row < lq && lane % 4 == 0)
       p.lse[b * p.sl[0] + h * p.sl[1] + (q0 + row) * p.sl[2]] =
-          l > 0.f ? m_run[i] * kLn2 + logf(l) : -INFINITY;
+          l > 0.f ? m * kLn2 + logf(l) : -INFINITY;
   }
   const int r_wg = wl * 16 + lane / 4;  // row within the warpgroup's 64
 #pragma unroll
@@ -562,7 +643,7 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
       const int r = r_wg + 8 * i;
       const uint32_t addr =
           o_base + (j / 8) * kBM * 128 + r * 128 + (((j % 8) ^ (r % 8)) * 16) + cq * 2;
-      const uint32_t v = cuda::pack2<T>(o[4 * j + 2 * i] * inv[i], o[4 * j + 2 * i + 1] * inv[i]);
+      const uint32_t v = cuda::pack2<TO>(o[4 * j + 2 * i] * inv[i], o[4 * j + 2 * i + 1] * inv[i]);
       asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
     }
   // This warpgroup only (named barriers 1 and 2).
@@ -584,7 +665,7 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                  : "r"(addr)
                  : "memory");
-    T* dst = static_cast<T*>(p.y) + b * p.sy[0] + h * p.sy[1] + (q0 + row) * p.sy[2] + cc * 8;
+    TO* dst = static_cast<TO*>(p.y) + b * p.sy[0] + h * p.sy[1] + (q0 + row) * p.sy[2] + cc * 8;
     *reinterpret_cast<uint4*>(dst) = v;
   }
   // The persistent variant's next tile writes the O buffer again: every thread of the warpgroup
@@ -644,33 +725,125 @@ bool fits_ranked_ahead(const Problem& pr, const DeviceCaps& caps) {
 
 // Error prefix of the launch-time rules.
 constexpr std::string_view kWho = "attention_forward: fa3_fwd_sm90a";
+constexpr std::string_view kWhoFp8 = "attention_forward: fa3_fwd_fp8_sm90a";
+
+// ---- fp8: V transposed into the workspace
+// --------------------------------------------------------- Key slot s of a V^T row holds key
+// fp8_key_of_slot(s): the order pack_p's k32 A fragments take the accumulator's columns in (slot 4t
+// + u of each 16 holds key 2t + (u & 1) + 8 (u >> 1)).
+__host__ __device__ constexpr int fp8_key_of_slot(int s) {
+  const int r = s & 15, t = r >> 2, u = r & 3;
+  return (s & ~15) + 2 * t + (u & 1) + 8 * (u >> 1);
+}
+static_assert(fp8_key_of_slot(0) == 0 && fp8_key_of_slot(2) == 8 && fp8_key_of_slot(4) == 2 &&
+              fp8_key_of_slot(15) == 15 && fp8_key_of_slot(19) == 25 && fp8_key_of_slot(22) == 26);
+// Keys of V^T rows: Lk rounded up to whole key tiles (the slots past Lk hold zeros).
+inline int64_t fp8_vt_keys(const Problem& pr) {
+  return (pr.desc.len_k + 127) / 128 * 128;
+}
+// V^T [B, Hk, Dv, fp8_vt_keys] e4m3.
+size_t fp8_workspace(const Problem& pr, const DeviceCaps&) {
+  const auto& d = pr.desc;
+  return static_cast<size_t>(d.batch * d.heads_kv * d.head_dim_v * fp8_vt_keys(pr));
+}
+
+// V [B, Hk, Lk, D] (outer strides in bytes, 16-byte rows) to V^T in the slot order above: one CTA
+// per 128 keys of a (batch, K/V head), through a [128][D] shared tile, 16-byte loads and stores.
+template <int D>
+__global__ void __launch_bounds__(256)
+    fp8_transpose_v(const uint8_t* v, int64_t sb, int64_t sh, int64_t sl, int lk, uint8_t* vt,
+                    int64_t vt_keys) {
+  constexpr int kPitch = D + 16;  // bytes per key row of the tile (spreads the column reads)
+  __shared__ alignas(16) uint8_t tile[128 * kPitch];
+  const int k0 = static_cast<int>(blockIdx.x) * 128;
+  const int h = static_cast<int>(blockIdx.y), b = static_cast<int>(blockIdx.z);
+  const uint8_t* src = v + b * sb + h * sh;
+  for (int c = static_cast<int>(threadIdx.x); c < 128 * (D / 16); c += 256) {
+    const int key = c / (D / 16), chunk = c % (D / 16);
+    uint4 x = make_uint4(0, 0, 0, 0);
+    if (k0 + key < lk) x = *reinterpret_cast<const uint4*>(src + (k0 + key) * sl + chunk * 16);
+    *reinterpret_cast<uint4*>(tile + key * kPitch + chunk * 16) = x;
+  }
+  __syncthreads();
+  uint8_t* dst = vt + (int64_t{b} * gridDim.y + h) * D * vt_keys + k0;
+  for (int c = static_cast<int>(threadIdx.x); c < D * 8; c += 256) {
+    const int dim = c / 8, chunk = c % 8;  // 16 key slots of row dim
+    uint32_t w[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      w[q] = 0;
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+        w[q] |= uint32_t{tile[fp8_key_of_slot(chunk * 16 + q * 4 + u) * kPitch + dim]} << (8 * u);
+    }
+    *reinterpret_cast<uint4*>(dst + int64_t{dim} * vt_keys + chunk * 16) =
+        make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
+// What an instantiation launches with: + the O staging buffer after the ring for the persistent
+// variant (Q's shape, D = 64: 129 KB) and fp8 (16-bit O, Q's buffer is too small: 145 KB).
+template <class T, int D, int V>
+constexpr int launch_smem() {
+  using S = Smem<D, ElemOf<T>::kBytes>;
+  return S::kLaunchBytes + (ElemOf<T>::kFp8    ? kBM * kDvOf<D> * 2
+                            : V == kPersistent ? S::kQBytes
+                                               : 0);
+}
 
 template <class T, int D, int V>
 Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArguments& a) {
+  using E = ElemOf<T>;
   const auto& d = pr.desc;
+  const std::string_view who = E::kFp8 ? kWhoFp8 : kWho;
   if (!body_compiled<T, D, V>())
-    return Error::unsupported(std::string(attention::ForwardOp::name) +
-                              ": fa3_fwd_sm90a: this build has no sm_90a code for the kernel");
+    return Error::unsupported(std::string(who) + ": this build has no sm_90a code for the kernel");
   const ConstTensor q = rows_view(a.q, d.varlen), k = rows_view(a.k, d.varlen),
                     v = rows_view(a.v, d.varlen);
   const Tensor y = rows_view(a.y, d.varlen), lse = lse_view(a.lse, d.varlen);
-  BARACUDA_TRY(check_layout(kWho, "q", q));
-  BARACUDA_TRY(check_layout(kWho, "k", k));
-  BARACUDA_TRY(check_layout(kWho, "v", v));
-  BARACUDA_TRY(check_layout(kWho, "y", y));
+  BARACUDA_TRY(check_layout(who, "q", q, E::kBytes));
+  BARACUDA_TRY(check_layout(who, "k", k, E::kBytes));
+  BARACUDA_TRY(check_layout(who, "v", v, E::kBytes));
+  BARACUDA_TRY(check_layout(who, "y", y));
   if (!encode_fn())
-    return Error::library(std::string(attention::ForwardOp::name) +
-                              ": fa3_fwd_sm90a: cuTensorMapEncodeTiled is unavailable",
+    return Error::library(std::string(who) + ": cuTensorMapEncodeTiled is unavailable",
                           "cuda_driver", 0);
-  const CUtensorMapDataType dt = std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
-                                                           : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  const CUtensorMapDataType dt = E::kFp8                     ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                 : std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                                             : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   CUtensorMap tq, tk, tv;
-  BARACUDA_TRY(make_map(kWho, &tq, dt, q, kBM));
-  BARACUDA_TRY(make_map(kWho, &tk, dt, k, kKeysPerTile<D>));
-  BARACUDA_TRY(make_map(kWho, &tv, dt, v, kKeysPerTile<D>));
+  BARACUDA_TRY(make_map(who, &tq, dt, q, kBM, E::kBytes));
+  BARACUDA_TRY(make_map(who, &tk, dt, k, kKeysPerTile<D>, E::kBytes));
+  if constexpr (E::kFp8) {
+    // V^T into the workspace (same stream, so the kernel below sees it), then its map.
+    const size_t need = fp8_workspace(pr, ctx.stream.caps());
+    if (ctx.workspace.bytes < need)
+      return Error::workspace_too_small(std::string(who) + ": V^T", need, ctx.workspace.bytes);
+    if (reinterpret_cast<uintptr_t>(ctx.workspace.data) % 16 != 0)
+      return Error::misaligned(std::string(who) + ": workspace is not 16-byte aligned");
+    const int64_t keys = fp8_vt_keys(pr);
+    auto* vt = static_cast<uint8_t*>(ctx.workspace.data);
+    fp8_transpose_v<kDvOf<D>>
+        <<<dim3(static_cast<unsigned>(keys / 128), static_cast<unsigned>(d.heads_kv),
+                static_cast<unsigned>(d.batch)),
+           256, 0, cuda::stream_of(ctx)>>>(static_cast<const uint8_t*>(v.data), v.stride[0],
+                                           v.stride[1], v.stride[2], static_cast<int>(d.len_k), vt,
+                                           keys);
+    BARACUDA_TRY(cuda::check_launch(attention::ForwardOp::name, "fa3_fwd_fp8_sm90a: V^T"));
+    const int64_t vt_shape[] = {d.batch, d.heads_kv, d.head_dim_v, keys};
+    const ConstTensor vt_view =
+        make_tensor(static_cast<const void*>(vt), DType::e4m3, std::span<const int64_t>(vt_shape),
+                    ctx.stream.memory_location());
+    BARACUDA_TRY(make_map(who, &tv, dt, vt_view, static_cast<uint32_t>(kDvOf<D>), 1));
+  } else {
+    BARACUDA_TRY(make_map(who, &tv, dt, v, kKeysPerTile<D>));
+  }
 
   Params p{};
   p.y = y.data;
+  p.q_descale = static_cast<const float*>(a.q_descale.data);
+  p.k_descale = static_cast<const float*>(a.k_descale.data);
+  p.v_descale = static_cast<const float*>(a.v_descale.data);
   p.lse = static_cast<float*>(lse.data);
   outer_strides(p.sy, y);
   outer_strides(p.sl, lse);
@@ -682,7 +855,7 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
   p.heads = static_cast<int>(d.heads_q);
   p.batch = static_cast<int>(d.batch);
 
-  constexpr int smem = V == kPersistent ? Smem<D>::kPersistentLaunchBytes : Smem<D>::kLaunchBytes;
+  constexpr int smem = launch_smem<T, D, V>();
   BARACUDA_TRY((raise_smem_limit_once<fa3_fwd_kernel<T, D, V>>(
       ctx, smem, attention::ForwardOp::name, "fa3_fwd_sm90a")));
   // Persistent: one CTA per SM (129 KB of shared memory: one fits), each looping over work tiles.
@@ -716,6 +889,19 @@ Status launch(const LaunchContext& ctx, const Problem& pr, const ForwardArgument
         return launch_d<T, 256, V>(ctx, pr, a);
     }
   }
+}
+
+// fp8: Dk = Dv = 128, padded layouts, Y in TO (one entry per output type).
+template <class TO>
+bool fits_fp8(const Problem& pr, const DeviceCaps& caps) {
+  constexpr DType kOut = std::is_same_v<TO, __half> ? DType::f16 : DType::bf16;
+  return caps.device >= 0 && caps.sm == 90 && shape_fits(pr) && !pr.desc.varlen &&
+         pr.desc.head_dim_qk == 128 && pr.desc.head_dim_v == 128 && pr.y_dtype == kOut &&
+         body_compiled<E4m3<TO>, 128, kPlain>();
+}
+template <class TO>
+Status launch_fp8(const LaunchContext& ctx, const Problem& pr, const ForwardArguments& a) {
+  return launch_d<E4m3<TO>, 128, kPlain>(ctx, pr, a);
 }
 
 template <DType E>
@@ -762,6 +948,25 @@ bool register_one() {
 
 BARACUDA_REGISTER(register_one<DType::bf16>());
 BARACUDA_REGISTER(register_one<DType::f16>());
+
+// The fp8 forward: the plain schedule over e4m3 tiles; deterministic (no atomics, no split; the
+// transpose is a copy). Ranked like the ranked-ahead entry: it is the only GPU kernel of e4m3.
+bool register_fp8() {
+  using Fits = bool (*)(const Problem&, const DeviceCaps&);
+  using Launch = Status (*)(const LaunchContext&, const Problem&, const ForwardArguments&);
+  for (const auto& [fits, launch] :
+       {std::pair<Fits, Launch>{fits_fp8<__nv_bfloat16>, launch_fp8<__nv_bfloat16>},
+        std::pair<Fits, Launch>{fits_fp8<__half>, launch_fp8<__half>}})
+    register_kernel<attention::ForwardOp>(
+        {.sku = fa3_sku(attention::ForwardOp::name, DType::e4m3, fa3_precision(DType::e4m3, true),
+                        kFa3Fp8Kernel),
+         .priority = kFa3Ahead,
+         .fits = fits,
+         .workspace = fp8_workspace,
+         .launch = launch});
+  return true;
+}
+BARACUDA_REGISTER(register_fp8());
 
 }  // namespace
 }  // namespace baracuda::attention_hopper::fa3
