@@ -68,14 +68,14 @@ Measured time_case(const Stream& s, const std::function<Status(int)>& run) {
   return m;
 }
 
-// Emits one bf16 row of a timed plan; its TFLOP/s.
+// Emits one row of a timed plan (bf16 inputs unless said); its TFLOP/s.
 double emit_row(const Stream& stream, std::string_view op, const std::string& name,
                 std::string_view kernel, double ms, double bytes, double flops,
-                const std::string& note) {
+                const std::string& note, std::string_view dtype = "bf16") {
   bench::emit(stream, {.family = "attention",
                        .op = std::string(op),
                        .name = name,
-                       .dtype = "bf16",
+                       .dtype = std::string(dtype),
                        .kernel = std::string(kernel),
                        .ms = ms,
                        .bytes = bytes,
@@ -87,10 +87,11 @@ double emit_row(const Stream& stream, std::string_view op, const std::string& na
 // Times one forward plan and emits its row; its TFLOP/s (0 if it failed).
 double time_forward(const Stream& stream, const std::string& name, const attention::ForwardPlan& fp,
                     const attention::ForwardArguments& fa, double bytes, double flops,
-                    const std::string& note) {
+                    const std::string& note, std::string_view dtype = "bf16") {
   auto ws = Buffer::allocate(std::max<size_t>(fp.workspace_size(), 16), Location::cuda(0));
   const Measured m = time_case(stream, [&](int) { return fp.run(stream, ws->as_workspace(), fa); });
-  return m.ok ? emit_row(stream, "attention_forward", name, fp.sku().name, m.ms, bytes, flops, note)
+  return m.ok ? emit_row(stream, "attention_forward", name, fp.sku().name, m.ms, bytes, flops, note,
+                         dtype)
               : 0.0;
 }
 
@@ -429,7 +430,68 @@ void feature_sweep(const Stream& stream) {
   }
 }
 
+// The fp8 forward (e4m3 Q, K, V with descales, Y in bf16; d128, the sweep's lengths, causal and
+// not): the default e4m3 plan (fa3_fwd_fp8_sm90a, its V^T transpose included in the time), next
+// to the bf16 fa3 forward and cuDNN's bf16 forward on the same shapes in the same run (PyTorch has
+// no fp8 attention to compare with; its fastest bf16 backend, cuDNN, is the peer in peers.py).
+void fp8_sweep(const Stream& stream) {
+  const std::string only{bench::env("BARACUDA_ATTENTION_ONLY")};
+  if (!only.empty() && only != "fp8") return;
+  const SelectionTableOverride raw_candidates{std::span<const TablePoint>{}};
+  constexpr int64_t kDim = 128, kHeads = kHidden / kDim;
+  const int64_t n = kTokens * kHidden;
+  harness::Rng rng(20261128);
+  auto make = [&](DType t) {
+    auto x = harness::TestTensor::make(t, {n}, harness::Target::cuda);
+    x.fill_random(rng, -4, 4);
+    return x;
+  };
+  auto q8 = make(DType::e4m3), k8 = make(DType::e4m3), v8 = make(DType::e4m3);
+  auto q16 = make(DType::bf16), k16 = make(DType::bf16), v16 = make(DType::bf16);
+  auto y = make(DType::bf16);
+  auto lse = harness::TestTensor::make(DType::f32, {kTokens * kHeads}, harness::Target::cuda);
+  auto scale = harness::TestTensor::make(DType::f32, {1}, harness::Target::cuda);
+  scale.set_values({0.25});
+  for (int64_t l : {512, 1024, 2048, 4096, 8192, 16384})
+    for (bool causal : {false, true}) {
+      const int64_t batch = kTokens / l;
+      attention::Descriptor desc;
+      desc.batch = batch;
+      desc.heads_q = desc.heads_kv = kHeads;
+      desc.len_q = desc.len_k = l;
+      desc.head_dim_qk = desc.head_dim_v = kDim;
+      desc.mask = causal ? attention::Mask::causal_top_left() : attention::Mask::none();
+      const std::string name = case_name(batch, kHeads, l, kDim, causal);
+      const double flops = 4.0 * batch * kHeads * l * l * kDim * (causal ? 0.5 : 1.0);
+      const int64_t dims[] = {batch, kHeads, l, kDim}, lse_dims[] = {batch, kHeads, l};
+      auto view = [&](const harness::TestTensor& t, DType e) {
+        return make_tensor(static_cast<const void*>(t.cview().data), e, dims, Location::cuda(0));
+      };
+      const Tensor ty = make_tensor(y.view().data, DType::bf16, dims, Location::cuda(0));
+      const Tensor tl = make_tensor(lse.view().data, DType::f32, lse_dims, Location::cuda(0));
+      attention::ForwardArguments f8{
+          view(q8, DType::e4m3), view(k8, DType::e4m3), view(v8, DType::e4m3), ty, tl, {}, {}};
+      f8.q_descale = f8.k_descale = f8.v_descale = scale.cview();
+      const attention::ForwardArguments f16{
+          view(q16, DType::bf16), view(k16, DType::bf16), view(v16, DType::bf16), ty, tl, {}, {}};
+      desc.dtype = DType::e4m3;
+      if (auto fp = attention::ForwardPlan::select(stream, desc); fp.ok())
+        time_forward(stream, name, *fp, f8, 3.0 * n + 2.0 * n, flops, "fp8 e4m3 -> bf16", "e4m3");
+      else
+        bench::emit_error("attention", "attention_forward", name + "/fp8", fp.error());
+      desc.dtype = DType::bf16;
+      for (const auto& [note, pref] : {std::pair{"fa3_sm90a", PlanPreference::kernel(kFa3Kernel)},
+                                       std::pair{"cudnn", PlanPreference::only(Backend::cudnn)}}) {
+        if (auto fp = attention::ForwardPlan::select(stream, desc, pref); fp.ok())
+          time_forward(stream, name, *fp, f16, 8.0 * n, flops, note);
+        else
+          bench::emit_error("attention", "attention_forward", name + "/" + note, fp.error());
+      }
+    }
+}
+
 [[maybe_unused]] const bool registered = bench::register_bench("attention_hopper", sweep);
+[[maybe_unused]] const bool registered_fp8 = bench::register_bench("attention_fp8", fp8_sweep);
 [[maybe_unused]] const bool registered_features =
     bench::register_bench("attention_features", feature_sweep);
 [[maybe_unused]] const bool registered_varlen =
