@@ -180,6 +180,10 @@ inline constexpr std::string_view kFa3RankedAhead = "fa3_fwd_sm90a_ranked_ahead"
 // Dk = Dv = 128, padded layouts; V is transposed into the workspace first (8-bit wgmma reads both
 // operands K-major). The only GPU kernel of element e4m3.
 inline constexpr std::string_view kFa3Fp8Kernel = "fa3_fwd_fp8_sm90a";
+// Its pingpong and exp2-offload schedules, pinnable by name (A/B).
+inline constexpr std::string_view kFa3Fp8PingpongKernel = "fa3_fwd_fp8_sm90a_pingpong";
+inline constexpr std::string_view kFa3Fp8Exp2Poly2Kernel = "fa3_fwd_fp8_sm90a_exp2poly2of8";
+inline constexpr std::string_view kFa3Fp8Exp2Poly3Kernel = "fa3_fwd_fp8_sm90a_exp2poly3of8";
 inline constexpr int kFa3Ahead = kCudnnAhead + 1;
 
 // Our sm_90a backward (fa3_backward.cu): dQ accumulated by float reductions in L2 in arrival

@@ -475,10 +475,15 @@ void fp8_sweep(const Stream& stream) {
       const attention::ForwardArguments f16{
           view(q16, DType::bf16), view(k16, DType::bf16), view(v16, DType::bf16), ty, tl, {}, {}};
       desc.dtype = DType::e4m3;
-      if (auto fp = attention::ForwardPlan::select(stream, desc); fp.ok())
-        time_forward(stream, name, *fp, f8, 3.0 * n + 2.0 * n, flops, "fp8 e4m3 -> bf16", "e4m3");
-      else
-        bench::emit_error("attention", "attention_forward", name + "/fp8", fp.error());
+      for (std::string_view k :
+           {kFa3Fp8Kernel, kFa3Fp8PingpongKernel, kFa3Fp8Exp2Poly2Kernel, kFa3Fp8Exp2Poly3Kernel}) {
+        const std::string note = "fp8 e4m3 -> bf16" + std::string(k.substr(kFa3Fp8Kernel.size()));
+        if (auto fp = attention::ForwardPlan::select(stream, desc, PlanPreference::kernel(k));
+            fp.ok())
+          time_forward(stream, name, *fp, f8, 3.0 * n + 2.0 * n, flops, note, "e4m3");
+        else
+          bench::emit_error("attention", "attention_forward", name + "/" + note, fp.error());
+      }
       desc.dtype = DType::bf16;
       for (const auto& [note, pref] : {std::pair{"fa3_sm90a", PlanPreference::kernel(kFa3Kernel)},
                                        std::pair{"cudnn", PlanPreference::only(Backend::cudnn)}}) {

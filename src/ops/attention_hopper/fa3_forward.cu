@@ -891,17 +891,17 @@ Status launch(const LaunchContext& ctx, const Problem& pr, const ForwardArgument
   }
 }
 
-// fp8: Dk = Dv = 128, padded layouts, Y in TO (one entry per output type).
-template <class TO>
+// fp8: Dk = Dv = 128, padded layouts, Y in TO (one entry per output type and schedule).
+template <class TO, int V>
 bool fits_fp8(const Problem& pr, const DeviceCaps& caps) {
   constexpr DType kOut = std::is_same_v<TO, __half> ? DType::f16 : DType::bf16;
   return caps.device >= 0 && caps.sm == 90 && shape_fits(pr) && !pr.desc.varlen &&
          pr.desc.head_dim_qk == 128 && pr.desc.head_dim_v == 128 && pr.y_dtype == kOut &&
-         body_compiled<E4m3<TO>, 128, kPlain>();
+         body_compiled<E4m3<TO>, 128, V>();
 }
-template <class TO>
+template <class TO, int V>
 Status launch_fp8(const LaunchContext& ctx, const Problem& pr, const ForwardArguments& a) {
-  return launch_d<E4m3<TO>, 128, kPlain>(ctx, pr, a);
+  return launch_d<E4m3<TO>, 128, V>(ctx, pr, a);
 }
 
 template <DType E>
@@ -951,19 +951,32 @@ BARACUDA_REGISTER(register_one<DType::f16>());
 
 // The fp8 forward: the plain schedule over e4m3 tiles; deterministic (no atomics, no split; the
 // transpose is a copy). Ranked like the ranked-ahead entry: it is the only GPU kernel of e4m3.
+// The pingpong and exp2-offload schedules of the same template are pinnable below it (A/B: with
+// twice the tensor-core rate, the softmax's exponentials weigh twice as much as at 16 bits).
+template <class TO>
+void register_fp8_out() {
+  struct Entry {
+    std::string_view name;
+    int priority;
+    bool (*fits)(const Problem&, const DeviceCaps&);
+    Status (*launch)(const LaunchContext&, const Problem&, const ForwardArguments&);
+  };
+  const Entry entries[] = {
+      {kFa3Fp8Kernel, kFa3Ahead, fits_fp8<TO, kPlain>, launch_fp8<TO, kPlain>},
+      {kFa3Fp8PingpongKernel, 0, fits_fp8<TO, kPingpong>, launch_fp8<TO, kPingpong>},
+      {kFa3Fp8Exp2Poly2Kernel, -1, fits_fp8<TO, kPoly2>, launch_fp8<TO, kPoly2>},
+      {kFa3Fp8Exp2Poly3Kernel, -2, fits_fp8<TO, kPoly3>, launch_fp8<TO, kPoly3>}};
+  for (const Entry& e : entries)
+    register_kernel<attention::ForwardOp>({.sku = fa3_sku(attention::ForwardOp::name, DType::e4m3,
+                                                          fa3_precision(DType::e4m3, true), e.name),
+                                           .priority = e.priority,
+                                           .fits = e.fits,
+                                           .workspace = fp8_workspace,
+                                           .launch = e.launch});
+}
 bool register_fp8() {
-  using Fits = bool (*)(const Problem&, const DeviceCaps&);
-  using Launch = Status (*)(const LaunchContext&, const Problem&, const ForwardArguments&);
-  for (const auto& [fits, launch] :
-       {std::pair<Fits, Launch>{fits_fp8<__nv_bfloat16>, launch_fp8<__nv_bfloat16>},
-        std::pair<Fits, Launch>{fits_fp8<__half>, launch_fp8<__half>}})
-    register_kernel<attention::ForwardOp>(
-        {.sku = fa3_sku(attention::ForwardOp::name, DType::e4m3, fa3_precision(DType::e4m3, true),
-                        kFa3Fp8Kernel),
-         .priority = kFa3Ahead,
-         .fits = fits,
-         .workspace = fp8_workspace,
-         .launch = launch});
+  register_fp8_out<__nv_bfloat16>();
+  register_fp8_out<__half>();
   return true;
 }
 BARACUDA_REGISTER(register_fp8());
