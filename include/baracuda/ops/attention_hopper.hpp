@@ -184,6 +184,7 @@ inline constexpr std::string_view kFa3Fp8Kernel = "fa3_fwd_fp8_sm90a";
 inline constexpr std::string_view kFa3Fp8PingpongKernel = "fa3_fwd_fp8_sm90a_pingpong";
 inline constexpr std::string_view kFa3Fp8Exp2Poly2Kernel = "fa3_fwd_fp8_sm90a_exp2poly2of8";
 inline constexpr std::string_view kFa3Fp8Exp2Poly3Kernel = "fa3_fwd_fp8_sm90a_exp2poly3of8";
+inline constexpr std::string_view kFa3Fp8LazyRescaleKernel = "fa3_fwd_fp8_sm90a_lazyrescale";
 inline constexpr int kFa3Ahead = kCudnnAhead + 1;
 
 // Our sm_90a backward (fa3_backward.cu): dQ accumulated by float reductions in L2 in arrival

@@ -1377,7 +1377,7 @@ TEST(AttentionFa3Registry, Fp8ForwardRegisteredWithTruthfulPrecision) {
   for (const auto& k : KernelTable<attention::ForwardOp>::instance().all()) {
     const bool plain = k.sku.name == kFa3Fp8Kernel;
     if (!plain && k.sku.name != kFa3Fp8PingpongKernel && k.sku.name != kFa3Fp8Exp2Poly2Kernel &&
-        k.sku.name != kFa3Fp8Exp2Poly3Kernel)
+        k.sku.name != kFa3Fp8Exp2Poly3Kernel && k.sku.name != kFa3Fp8LazyRescaleKernel)
       continue;
     ++found;
     // The plain schedule is the e4m3 default; the others are reached by name only.
@@ -1395,7 +1395,7 @@ TEST(AttentionFa3Registry, Fp8ForwardRegisteredWithTruthfulPrecision) {
     EXPECT_TRUE(k.fits && k.workspace);
   }
   if (found == 0) GTEST_SKIP() << "built without CUDA: fa3_fwd_fp8_sm90a is not registered";
-  EXPECT_EQ(found, 8);  // four schedules x Y in bf16 / f16
+  EXPECT_EQ(found, 10);  // five schedules x Y in bf16 / f16
 }
 
 struct Fp8Inputs {
@@ -1539,7 +1539,8 @@ TEST(AttentionFa3Gpu, Fp8SchedulesMatchReference) {
       {DType::f16, 1, 4, 4, 203, 77, 128, Mask::causal_bottom_right(), false, false},
   };
   harness::Rng rng;
-  for (std::string_view k : {kFa3Fp8PingpongKernel, kFa3Fp8Exp2Poly2Kernel, kFa3Fp8Exp2Poly3Kernel})
+  for (std::string_view k : {kFa3Fp8PingpongKernel, kFa3Fp8Exp2Poly2Kernel, kFa3Fp8Exp2Poly3Kernel,
+                             kFa3Fp8LazyRescaleKernel})
     for (const Case& c : cases) {
       SCOPED_TRACE(std::string(k) + " " + name_of(c));
       check_fp8_case(c, rng, k);

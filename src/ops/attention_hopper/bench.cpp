@@ -475,8 +475,8 @@ void fp8_sweep(const Stream& stream) {
       const attention::ForwardArguments f16{
           view(q16, DType::bf16), view(k16, DType::bf16), view(v16, DType::bf16), ty, tl, {}, {}};
       desc.dtype = DType::e4m3;
-      for (std::string_view k :
-           {kFa3Fp8Kernel, kFa3Fp8PingpongKernel, kFa3Fp8Exp2Poly2Kernel, kFa3Fp8Exp2Poly3Kernel}) {
+      for (std::string_view k : {kFa3Fp8Kernel, kFa3Fp8PingpongKernel, kFa3Fp8Exp2Poly2Kernel,
+                                 kFa3Fp8Exp2Poly3Kernel, kFa3Fp8LazyRescaleKernel}) {
         const std::string note = "fp8 e4m3 -> bf16" + std::string(k.substr(kFa3Fp8Kernel.size()));
         if (auto fp = attention::ForwardPlan::select(stream, desc, PlanPreference::kernel(k));
             fp.ok())

@@ -186,7 +186,16 @@ __device__ __forceinline__ Tile tile_of(const Params& p, int w) {
 //             in a buffer of its own. Short sequences (8 key tiles per CTA at L = 1024) spend a
 //             large share of a CTA's life in its prologue (TMA latency, first S with nothing to
 //             overlap) and epilogue; this hides the load part.
-enum Variant : int { kPlain = 0, kPingpong = 1, kPoly2 = 2, kPoly3 = 3, kPersistent = 4 };
+//  kLazyRescale: kPlain where a warp whose 16 rows' maxima did not move skips O's rescale (the
+//             factor is exactly 1 then; 64 multiplies a thread a key tile) - an fp8 A/B.
+enum Variant : int {
+  kPlain = 0,
+  kPingpong = 1,
+  kPoly2 = 2,
+  kPoly3 = 3,
+  kPersistent = 4,
+  kLazyRescale = 5
+};
 constexpr int poly_groups(int v) {
   return v == kPoly2 ? 2 : v == kPoly3 ? 3 : 0;
 }
@@ -345,7 +354,7 @@ struct RowBand {
 // factor the row's O accumulator must be multiplied by. The first kPoly of every 8 column groups
 // take poly_exp2 (FMA pipe), the others the MUFU (ex2.approx). fp8 (kFp8): the raw scores carry
 // q_descale * k_descale (qk_descale) on top of the scale, and P the factor 2^kFp8PBias.
-template <int kPoly, int kBN, bool kFp8 = false>
+template <int kPoly, int kBN, bool kFp8 = false, bool kLazy = false>
 __device__ __forceinline__ void softmax_tile(float (&sc)[kBN / 2], const Params& p, int c0,
                                              const RowBand& band, int cq, float (&m_run)[2],
                                              float (&l_run)[2], float (&corr)[2],
@@ -383,6 +392,8 @@ __device__ __forceinline__ void softmax_tile(float (&sc)[kBN / 2], const Params&
     } else {
       corr[i] = fast_exp2(m_run[i] - base);
     }
+    // An unmoved max rescales by exactly 1 (a row that has seen no key: O and l are 0 either way).
+    if constexpr (kLazy) corr[i] = m_new == m_run[i] ? 1.f : corr[i];
     m_run[i] = m_new;
     float sum = 0.f;
 #pragma unroll
@@ -481,6 +492,7 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
   constexpr bool kPersistentV = V == kPersistent;
   constexpr bool PP = V == kPingpong;
   constexpr int kPoly = poly_groups(V);
+  constexpr bool kLazy = V == kLazyRescale;
   using E = ElemOf<T>;
   using TO = typename E::Out;
   constexpr bool kFp8 = E::kFp8;
@@ -528,10 +540,11 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
     wgmma_wait<0>();
     fence_regs(sc);
     release(bars, kBarKEmpty + s0, lane);
-    softmax_tile<kPoly, kBN, kFp8>(sc, p, t.n_first * kBN, band, cq, m_run, l_run, corr,
-                                   qk_descale);  // O is 0: no rescale
+    softmax_tile<kPoly, kBN, kFp8, kLazy>(sc, p, t.n_first * kBN, band, cq, m_run, l_run, corr,
+                                          qk_descale);  // O is 0: no rescale
     // O *= corr (the factor of the latest softmax), issued while S_n runs on the tensor cores.
     auto rescale = [&] {
+      if (kLazy && __all_sync(0xffffffffu, corr[0] == 1.f && corr[1] == 1.f)) return;
 #pragma unroll
       for (int j = 0; j < DV / 8; ++j) {
         o[4 * j + 0] *= corr[0];
@@ -560,8 +573,8 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
       wgmma_wait<1>();  // S_n done; P_{n-1} V_{n-1} may still run
       fence_regs(sc);
       release(bars, kBarKEmpty + s, lane);
-      softmax_tile<kPoly, kBN, kFp8>(sc, p, (t.n_first + n) * kBN, band, cq, m_run, l_run, corr,
-                                     qk_descale);
+      softmax_tile<kPoly, kBN, kFp8, kLazy>(sc, p, (t.n_first + n) * kBN, band, cq, m_run, l_run,
+                                            corr, qk_descale);
       // Keep the softmax ahead of the wait: ptxas schedules the wait (WARPGROUP.DEPBAR) at the
       // top of the block and the softmax after it, losing the overlap with P V. A shared-memory
       // store of a value that depends on every exp2 of the tile pins them before the wait.
@@ -965,7 +978,8 @@ void register_fp8_out() {
       {kFa3Fp8Kernel, kFa3Ahead, fits_fp8<TO, kPlain>, launch_fp8<TO, kPlain>},
       {kFa3Fp8PingpongKernel, 0, fits_fp8<TO, kPingpong>, launch_fp8<TO, kPingpong>},
       {kFa3Fp8Exp2Poly2Kernel, -1, fits_fp8<TO, kPoly2>, launch_fp8<TO, kPoly2>},
-      {kFa3Fp8Exp2Poly3Kernel, -2, fits_fp8<TO, kPoly3>, launch_fp8<TO, kPoly3>}};
+      {kFa3Fp8Exp2Poly3Kernel, -2, fits_fp8<TO, kPoly3>, launch_fp8<TO, kPoly3>},
+      {kFa3Fp8LazyRescaleKernel, -3, fits_fp8<TO, kLazyRescale>, launch_fp8<TO, kLazyRescale>}};
   for (const Entry& e : entries)
     register_kernel<attention::ForwardOp>({.sku = fa3_sku(attention::ForwardOp::name, DType::e4m3,
                                                           fa3_precision(DType::e4m3, true), e.name),
