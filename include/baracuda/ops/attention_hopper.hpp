@@ -175,6 +175,9 @@ inline constexpr std::string_view kFa3PingpongKernel = "fa3_fwd_sm90a_pingpong";
 inline constexpr std::string_view kFa3Exp2Poly2Kernel = "fa3_fwd_sm90a_exp2poly2of8";
 inline constexpr std::string_view kFa3Exp2Poly3Kernel = "fa3_fwd_sm90a_exp2poly3of8";
 inline constexpr std::string_view kFa3PersistentKernel = "fa3_fwd_sm90a_persistent";
+// The plain schedule where a warp whose rows' maxima did not move skips O's rescale (exact; the
+// fp8 forward's default schedule), pinnable for A/B like the others.
+inline constexpr std::string_view kFa3LazyRescaleKernel = "fa3_fwd_sm90a_lazyrescale";
 inline constexpr std::string_view kFa3RankedAhead = "fa3_fwd_sm90a_ranked_ahead";
 // The fp8 forward (issue 8's stretch): e4m3 Q, K, V with per-tensor descales, Y in bf16 or f16,
 // Dk = Dv = 128, padded layouts; V is transposed into the workspace first (8-bit wgmma reads both
@@ -184,7 +187,9 @@ inline constexpr std::string_view kFa3Fp8Kernel = "fa3_fwd_fp8_sm90a";
 inline constexpr std::string_view kFa3Fp8PingpongKernel = "fa3_fwd_fp8_sm90a_pingpong";
 inline constexpr std::string_view kFa3Fp8Exp2Poly2Kernel = "fa3_fwd_fp8_sm90a_exp2poly2of8";
 inline constexpr std::string_view kFa3Fp8Exp2Poly3Kernel = "fa3_fwd_fp8_sm90a_exp2poly3of8";
-inline constexpr std::string_view kFa3Fp8LazyRescaleKernel = "fa3_fwd_fp8_sm90a_lazyrescale";
+// The default fp8 schedule skips O's rescale where no row of a warp moved its max (exact); this
+// one rescales every tile (fa3_fwd_sm90a's plain schedule over e4m3).
+inline constexpr std::string_view kFa3Fp8EagerRescaleKernel = "fa3_fwd_fp8_sm90a_eagerrescale";
 inline constexpr int kFa3Ahead = kCudnnAhead + 1;
 
 // Our sm_90a backward (fa3_backward.cu): dQ accumulated by float reductions in L2 in arrival

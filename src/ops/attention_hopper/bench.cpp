@@ -162,6 +162,8 @@ void sweep(const Stream& stream) {
   // BARACUDA_ATTENTION_ONLY=backward: cuDNN (forward and backward) and fa3_bwd_sm90a only, for
   // backward A/B runs.
   const bool backward_only = bench::env("BARACUDA_ATTENTION_ONLY") == "backward";
+  // BARACUDA_ATTENTION_ONLY=forward: the forward rows only (forward A/B runs).
+  const bool forward_only = bench::env("BARACUDA_ATTENTION_ONLY") == "forward";
   std::vector<int64_t> lens = quick ? std::vector<int64_t>{1024, 4096, 16384}
                                     : std::vector<int64_t>{512, 1024, 2048, 4096, 8192, 16384};
   // Head dim 256 too (not in the FlashAttention papers' sweep): the selection table's d256 rows.
@@ -224,6 +226,7 @@ void sweep(const Stream& stream) {
           }
           const bool cudnn = vi == 0;
           fwd_tf[vi] = time_fwd(*fp, cudnn ? cudnn_note(stream, desc, Pass::forward) : var.label);
+          if (forward_only) continue;
           if (!bp.ok()) {
             bench::emit_error("attention", "attention_backward", name + "/" + var.label,
                               bp.error());
@@ -239,8 +242,9 @@ void sweep(const Stream& stream) {
         double fa3_tf = 0;
         // The exp2-offload variants: notes "fa3_sm90a_exp2poly2of8" / "fa3_sm90a_exp2poly3of8".
         // The persistent variant (D = 64 only): note "fa3_sm90a_persistent".
-        for (std::string_view fa3 : {kFa3Kernel, kFa3PingpongKernel, kFa3Exp2Poly2Kernel,
-                                     kFa3Exp2Poly3Kernel, kFa3PersistentKernel}) {
+        for (std::string_view fa3 :
+             {kFa3Kernel, kFa3PingpongKernel, kFa3Exp2Poly2Kernel, kFa3Exp2Poly3Kernel,
+              kFa3PersistentKernel, kFa3LazyRescaleKernel}) {
           if ((fa3 == kFa3PersistentKernel && d != 64) || backward_only) continue;
           const std::string note = "fa3_sm90a" + std::string(fa3.substr(kFa3Kernel.size()));
           auto fp = attention::ForwardPlan::select(stream, desc, PlanPreference::kernel(fa3));
@@ -254,7 +258,8 @@ void sweep(const Stream& stream) {
         // Our sm_90a backward pinned by name (note "fa3_sm90a"), on the outputs of the default
         // forward plan: the table's fa3 column.
         double fa3_bwd_tf = 0;
-        if (auto def_fwd = attention::ForwardPlan::select(stream, desc); def_fwd.ok()) {
+        if (auto def_fwd = attention::ForwardPlan::select(stream, desc);
+            def_fwd.ok() && !forward_only) {
           auto bp =
               attention::BackwardPlan::select(stream, desc, PlanPreference::kernel(kFa3BwdKernel));
           if (bp.ok())
@@ -476,7 +481,7 @@ void fp8_sweep(const Stream& stream) {
           view(q16, DType::bf16), view(k16, DType::bf16), view(v16, DType::bf16), ty, tl, {}, {}};
       desc.dtype = DType::e4m3;
       for (std::string_view k : {kFa3Fp8Kernel, kFa3Fp8PingpongKernel, kFa3Fp8Exp2Poly2Kernel,
-                                 kFa3Fp8Exp2Poly3Kernel, kFa3Fp8LazyRescaleKernel}) {
+                                 kFa3Fp8Exp2Poly3Kernel, kFa3Fp8EagerRescaleKernel}) {
         const std::string note = "fp8 e4m3 -> bf16" + std::string(k.substr(kFa3Fp8Kernel.size()));
         if (auto fp = attention::ForwardPlan::select(stream, desc, PlanPreference::kernel(k));
             fp.ok())
