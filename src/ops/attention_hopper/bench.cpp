@@ -14,6 +14,7 @@
 // {1024, 4096, 16384}, BARACUDA_ATTN_SWEEP=d128_l4096 to one non-causal point.
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <optional>
 #include <string>
@@ -457,7 +458,20 @@ void fp8_sweep(const Stream& stream) {
   auto lse = harness::TestTensor::make(DType::f32, {kTokens * kHeads}, harness::Target::cuda);
   auto scale = harness::TestTensor::make(DType::f32, {1}, harness::Target::cuda);
   scale.set_values({0.25});
-  for (int64_t l : {512, 1024, 2048, 4096, 8192, 16384})
+  // BARACUDA_AB="<kernel a>,<kernel b>": instead of the sweep, the two kernels pinned by name
+  // (e4m3 inputs where the name says fp8, bf16 otherwise) in alternation, BARACUDA_AB_ROUNDS
+  // rounds (default 6) at L >= 4096: rows noted "ab round <r>", so that clock and power drift
+  // within a call hits both alike (calls on one machine differ by up to 20% at these points).
+  const std::string ab{bench::env("BARACUDA_AB")};
+  const size_t comma = ab.find(',');
+  const std::string ab_a = comma == std::string::npos ? "" : ab.substr(0, comma),
+                    ab_b = comma == std::string::npos ? "" : ab.substr(comma + 1);
+  const int rounds_env = std::atoi(std::string(bench::env("BARACUDA_AB_ROUNDS")).c_str());
+  const int rounds = rounds_env > 0 ? rounds_env : 6;
+  const std::vector<int64_t> lens = ab_a.empty()
+                                        ? std::vector<int64_t>{512, 1024, 2048, 4096, 8192, 16384}
+                                        : std::vector<int64_t>{4096, 8192, 16384};
+  for (int64_t l : lens)
     for (bool causal : {false, true}) {
       const int64_t batch = kTokens / l;
       attention::Descriptor desc;
@@ -479,6 +493,21 @@ void fp8_sweep(const Stream& stream) {
       f8.q_descale = f8.k_descale = f8.v_descale = scale.cview();
       const attention::ForwardArguments f16{
           view(q16, DType::bf16), view(k16, DType::bf16), view(v16, DType::bf16), ty, tl, {}, {}};
+      if (!ab_a.empty()) {
+        for (int r = 0; r < rounds; ++r)
+          for (const std::string& k : {ab_a, ab_b}) {
+            const bool fp8 = k.find("fp8") != std::string::npos;
+            desc.dtype = fp8 ? DType::e4m3 : DType::bf16;
+            auto fp = attention::ForwardPlan::select(stream, desc, PlanPreference::kernel(k));
+            if (!fp.ok()) {
+              bench::emit_error("attention", "attention_forward", name + "/" + k, fp.error());
+              continue;
+            }
+            time_forward(stream, name, *fp, fp8 ? f8 : f16, fp8 ? 5.0 * n : 8.0 * n, flops,
+                         "ab round " + std::to_string(r), fp8 ? "e4m3" : "bf16");
+          }
+        continue;
+      }
       desc.dtype = DType::e4m3;
       for (std::string_view k : {kFa3Fp8Kernel, kFa3Fp8PingpongKernel, kFa3Fp8Exp2Poly2Kernel,
                                  kFa3Fp8Exp2Poly3Kernel, kFa3Fp8EagerRescaleKernel}) {
