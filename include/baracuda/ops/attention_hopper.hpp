@@ -175,9 +175,7 @@ inline constexpr std::string_view kFa3PingpongKernel = "fa3_fwd_sm90a_pingpong";
 inline constexpr std::string_view kFa3Exp2Poly2Kernel = "fa3_fwd_sm90a_exp2poly2of8";
 inline constexpr std::string_view kFa3Exp2Poly3Kernel = "fa3_fwd_sm90a_exp2poly3of8";
 inline constexpr std::string_view kFa3PersistentKernel = "fa3_fwd_sm90a_persistent";
-// The plain schedule where a warp whose rows' maxima did not move skips O's rescale (exact; the
-// fp8 forward's default schedule), pinnable for A/B like the others.
-inline constexpr std::string_view kFa3LazyRescaleKernel = "fa3_fwd_sm90a_lazyrescale";
+
 inline constexpr std::string_view kFa3RankedAhead = "fa3_fwd_sm90a_ranked_ahead";
 // The fp8 forward (issue 8's stretch): e4m3 Q, K, V with per-tensor descales, Y in bf16 or f16,
 // Dk = Dv = 128, padded layouts; V is transposed into the workspace first (8-bit wgmma reads both

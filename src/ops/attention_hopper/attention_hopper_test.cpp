@@ -1053,7 +1053,7 @@ TEST(AttentionFa3Registry, RegisteredBelowEveryOtherForwardWithTruthfulPrecision
   int found = 0;
   for (DType t : {DType::bf16, DType::f16}) {
     for (std::string_view name : {kFa3, kFa3Pingpong, kFa3Exp2Poly2Kernel, kFa3Exp2Poly3Kernel,
-                                  kFa3PersistentKernel, kFa3LazyRescaleKernel, kFa3RankedAhead}) {
+                                  kFa3PersistentKernel, kFa3RankedAhead}) {
       const auto* fa3 = fa3_kernel(t, name);
       if (!fa3) continue;  // CPU-only build
       ++found;
@@ -1061,7 +1061,7 @@ TEST(AttentionFa3Registry, RegisteredBelowEveryOtherForwardWithTruthfulPrecision
     }
   }
   if (found == 0) GTEST_SKIP() << "built without CUDA: fa3_fwd_sm90a is not registered";
-  EXPECT_EQ(found, 14);
+  EXPECT_EQ(found, 12);
 }
 
 // One case: the kernel pinned by name on the GPU, run twice into poisoned outputs (bitwise equal,
@@ -1230,12 +1230,6 @@ TEST(AttentionFa3Gpu, Exp2Poly3of8MatchesReference) {
   FA3_SKIP_UNLESS_RUNNABLE();
   check_fa3_cases(all_fa3_cases(), kFa3Exp2Poly3Kernel);
 }
-// The lazy-rescale schedule (O rescaled only where a warp's maxima moved): every case of both
-// lists.
-TEST(AttentionFa3Gpu, LazyRescaleMatchesReference) {
-  FA3_SKIP_UNLESS_RUNNABLE();
-  check_fa3_cases(all_fa3_cases(), kFa3LazyRescaleKernel);
-}
 // The persistent variant (D = 64 only): every D = 64 case of both lists, plus grids of several
 // work tiles per CTA (ring and Q reloads across tiles, empty tiles mixed in, both masks).
 TEST(AttentionFa3Gpu, PersistentMatchesReference) {
@@ -1254,8 +1248,7 @@ TEST(AttentionFa3Gpu, FitsExactlyWhatItSupports) {
   const DeviceCaps& caps = harness::stream_for(Target::cuda).caps();
   auto fits = [&](const Descriptor& d) {
     const bool plain = fa3_kernel(d.dtype)->fits(problem_of(d), caps);
-    for (std::string_view v :
-         {kFa3Pingpong, kFa3Exp2Poly2Kernel, kFa3Exp2Poly3Kernel, kFa3LazyRescaleKernel})
+    for (std::string_view v : {kFa3Pingpong, kFa3Exp2Poly2Kernel, kFa3Exp2Poly3Kernel})
       EXPECT_EQ(fa3_kernel(d.dtype, v)->fits(problem_of(d), caps), plain) << v;
     // The persistent variant: D = 64 only.
     EXPECT_EQ(fa3_kernel(d.dtype, kFa3PersistentKernel)->fits(problem_of(d), caps),
@@ -1959,8 +1952,8 @@ void check_varlen_case(const VarlenCase& c, harness::Rng& rng) {
   gcu_k.set_values(std::vector<double>(cu_k.begin(), cu_k.end()));
 
   // Every forward schedule, pinned, run twice (bitwise equal), then the default plan.
-  std::vector<std::string_view> fwd = {kFa3, kFa3Pingpong, kFa3Exp2Poly2Kernel, kFa3Exp2Poly3Kernel,
-                                       kFa3LazyRescaleKernel};
+  std::vector<std::string_view> fwd = {kFa3, kFa3Pingpong, kFa3Exp2Poly2Kernel,
+                                       kFa3Exp2Poly3Kernel};
   if (c.d == 64) fwd.push_back(kFa3PersistentKernel);
   const bool fa3_default = preferred_candidate(p, Pass::forward, true) == Candidate::fa3;
   fwd.push_back({});  // the default plan

@@ -243,9 +243,8 @@ void sweep(const Stream& stream) {
         double fa3_tf = 0;
         // The exp2-offload variants: notes "fa3_sm90a_exp2poly2of8" / "fa3_sm90a_exp2poly3of8".
         // The persistent variant (D = 64 only): note "fa3_sm90a_persistent".
-        for (std::string_view fa3 :
-             {kFa3Kernel, kFa3PingpongKernel, kFa3Exp2Poly2Kernel, kFa3Exp2Poly3Kernel,
-              kFa3PersistentKernel, kFa3LazyRescaleKernel}) {
+        for (std::string_view fa3 : {kFa3Kernel, kFa3PingpongKernel, kFa3Exp2Poly2Kernel,
+                                     kFa3Exp2Poly3Kernel, kFa3PersistentKernel}) {
           if ((fa3 == kFa3PersistentKernel && d != 64) || backward_only) continue;
           const std::string note = "fa3_sm90a" + std::string(fa3.substr(kFa3Kernel.size()));
           auto fp = attention::ForwardPlan::select(stream, desc, PlanPreference::kernel(fa3));

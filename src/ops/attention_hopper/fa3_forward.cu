@@ -188,8 +188,9 @@ __device__ __forceinline__ Tile tile_of(const Params& p, int w) {
 //             overlap) and epilogue; this hides the load part.
 //  kLazyRescale: kPlain where a warp whose 16 rows' maxima did not move skips O's rescale (the
 //             factor is exactly 1 then; 64 multiplies a thread a key tile): the fp8 default
-//             (H100, 128b44b: +3-9% non-causal, +7-20% causal at L >= 4096 over kPlain), an A/B
-//             for 16-bit data.
+//             (H100, 705370e, six interleaved rounds: +0.7-4.8% over kPlain at d128 L >= 4096).
+//             At 16 bits, where the rescale hides under the S GEMM, it measured 2-4% slower (same
+//             call) and is not built.
 enum Variant : int {
   kPlain = 0,
   kPingpong = 1,
@@ -952,10 +953,7 @@ bool register_one() {
                                          .priority = -4,
                                          .fits = fits<T, kPersistent>,
                                          .launch = launch<T, kPersistent>});
-  register_kernel<attention::ForwardOp>({.sku = sku(kFa3LazyRescaleKernel),
-                                         .priority = -5,
-                                         .fits = fits<T, kLazyRescale>,
-                                         .launch = launch<T, kLazyRescale>});
+
   // The plain schedule once more, above every other forward kernel but fitting only where the
   // measured selection table says it is the fastest candidate (cuDNN then ranks behind there).
   register_kernel<attention::ForwardOp>({.sku = sku(kFa3RankedAhead),
