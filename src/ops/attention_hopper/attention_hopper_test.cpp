@@ -1547,7 +1547,7 @@ TEST(AttentionFa3Gpu, Fp8SchedulesMatchReference) {
     }
 }
 
-// What the fp8 kernel takes: Dk = Dv = 128, padded layouts, Y in bf16 or f16; elsewhere no GPU
+// What the fp8 kernel takes: Dk = Dv = 128, padded or varlen, Y in bf16 or f16; elsewhere no GPU
 // kernel serves e4m3 and select says so.
 TEST(AttentionFa3Gpu, Fp8FitsExactlyWhatItSupports) {
   FP8_SKIP_UNLESS_RUNNABLE();
@@ -1563,10 +1563,14 @@ TEST(AttentionFa3Gpu, Fp8FitsExactlyWhatItSupports) {
   Descriptor d64 = make_desc(DType::e4m3, 1, 2, 2, 128, 128, 64);
   EXPECT_TRUE(fails_with(attention::ForwardPlan::select(gs, d64), ErrorKind::unsupported,
                          {"no kernel for element=e4m3"}));
+  // Varlen: V^T of every sequence side by side, 16-byte aligned starts 144 apart past the packed
+  // offsets, plus a tile of slack: (150 + 2 * 144) rounded to 16, + 128 keys.
   Descriptor varlen = make_desc(DType::e4m3, 2, 2, 2, 100, 100, 128);
   varlen.varlen = true, varlen.total_q = 150, varlen.total_k = 150;
-  EXPECT_TRUE(fails_with(attention::ForwardPlan::select(gs, varlen), ErrorKind::unsupported,
-                         {"no kernel for element=e4m3"}));
+  auto vplan = attention::ForwardPlan::select(gs, varlen);
+  BARACUDA_ASSERT_OK(vplan);
+  EXPECT_EQ(vplan->sku().name, kFa3Fp8Kernel);
+  EXPECT_EQ(vplan->workspace_size(), size_t{2 * 128 * (448 + 128)});
 }
 
 // A misaligned V (one byte into its buffer) is refused before anything is written.
@@ -2074,6 +2078,121 @@ TEST(AttentionFa3Gpu, VarlenMatchesReference) {
     check_varlen_case(c, rng);
   }
   std::printf("[ fa3 varlen ] %zu cases, %.2f s\n", cases.size(), seconds_since(t0));
+}
+
+// The fp8 forward over packed sequences (c.t is Y's dtype; Q, K, V e4m3 in [-4, 4) with descales;
+// rows no sequence owns are NaN and must neither leak into Y nor be written): the default e4m3
+// plan, run twice into poisoned outputs (bitwise equal, gaps untouched), against the float64
+// reference plan over the dequantized values.
+void check_fp8_varlen_case(const VarlenCase& c, harness::Rng& rng) {
+  const Stream& gs = harness::stream_for(Target::cuda);
+  Descriptor desc = varlen_desc(c, DType::e4m3);
+  desc.out_dtype = c.t;
+  const Descriptor ref_desc = varlen_desc(c, DType::f64);
+  const std::vector<int32_t> cu_q = offsets(c.lq), cu_k = offsets(c.lk);
+  const int64_t tq = desc.total_q, tk = desc.total_k, oq = cu_q.back();
+  auto e4m3 = [&](int64_t rows, int64_t owned, int64_t h) {
+    std::vector<double> v = packed_values(rng, rows, owned, h, c.d);
+    for (double& x : v) x *= 4;
+    TestTensor t = TestTensor::make(DType::e4m3, {rows, h, c.d}, Target::cpu);
+    t.set_values(v);
+    return t.values();  // rounded to e4m3; NaN stays NaN
+  };
+  const auto q = e4m3(tq, oq, c.hq), k = e4m3(tk, cu_k.back(), c.hk),
+             v = e4m3(tk, cu_k.back(), c.hk);
+  const double ds[] = {rng.uniform(0.5, 1.5), rng.uniform(0.5, 1.5), rng.uniform(0.5, 1.5)};
+  auto scaled = [](std::vector<double> x, double f) {
+    for (double& e : x) e *= f;
+    return x;
+  };
+  const auto dq = scaled(q, ds[0]), dk = scaled(k, ds[1]), dv = scaled(v, ds[2]);
+  std::vector<double> ry(static_cast<size_t>(tq * c.hq * c.d), 0.0),
+      rl(static_cast<size_t>(c.hq * tq), 0.0);
+  {
+    auto plan =
+        attention::ForwardPlan::select(Stream::cpu(), ref_desc, PlanPreference::reference());
+    BARACUDA_ASSERT_OK(plan);
+    BARACUDA_ASSERT_OK(plan->run(
+        Stream::cpu(), Workspace::none(),
+        {f64_in(dq, {tq, c.hq, c.d}), f64_in(dk, {tk, c.hk, c.d}), f64_in(dv, {tk, c.hk, c.d}),
+         f64_out(ry, {tq, c.hq, c.d}), f64_out(rl, {c.hq, tq}), i32_in(cu_q), i32_in(cu_k)}));
+  }
+  auto upload_rows = [&](const std::vector<double>& x, int64_t rows, int64_t h) {
+    TestTensor g = packed_gpu(c, DType::e4m3, rows, h);
+    g.set_values(x);
+    return g;
+  };
+  const TestTensor gq = upload_rows(q, tq, c.hq), gk = upload_rows(k, tk, c.hk),
+                   gv = upload_rows(v, tk, c.hk);
+  TestTensor gcu_q =
+      TestTensor::make(DType::i32, {static_cast<int64_t>(cu_q.size())}, Target::cuda);
+  TestTensor gcu_k =
+      TestTensor::make(DType::i32, {static_cast<int64_t>(cu_k.size())}, Target::cuda);
+  gcu_q.set_values(std::vector<double>(cu_q.begin(), cu_q.end()));
+  gcu_k.set_values(std::vector<double>(cu_k.begin(), cu_k.end()));
+  const TestTensor qs = gpu_scalar(ds[0]), ks = gpu_scalar(ds[1]), vs = gpu_scalar(ds[2]);
+
+  auto plan = attention::ForwardPlan::select(gs, desc);
+  BARACUDA_ASSERT_OK(plan);
+  ASSERT_EQ(plan->sku().name, kFa3Fp8Kernel);
+  TestTensor gy = packed_gpu(c, c.t, tq, c.hq);
+  TestTensor glse = TestTensor::with_strides(DType::f32, {c.hq, tq}, {tq + 4, 1}, 4, Target::cuda);
+  const Workspace_ ws = workspace_of(plan->workspace_size());
+  attention::ForwardArguments args{gq.cview(),  gk.cview(),    gv.cview(),   gy.view(),
+                                   glse.view(), gcu_q.cview(), gcu_k.cview()};
+  args.q_descale = qs.cview(), args.k_descale = ks.cview(), args.v_descale = vs.cview();
+  std::vector<std::vector<uint8_t>> bytes;
+  for (int rep = 0; rep < 2; ++rep) {
+    gy.poison();
+    glse.poison();
+    const auto y_before = gy.bytes(), l_before = glse.bytes();
+    BARACUDA_ASSERT_OK(plan->run(gs, ws.get(), args));
+    BARACUDA_ASSERT_OK(gs.synchronize());
+    bytes.push_back(gy.bytes());
+    bytes.push_back(glse.bytes());
+    EXPECT_TRUE(harness::untouched_outside(y_before, bytes.end()[-2], gy.bit_mask(), "y gaps"));
+    EXPECT_TRUE(harness::untouched_outside(l_before, bytes.back(), glse.bit_mask(), "lse gaps"));
+  }
+  EXPECT_TRUE(harness::bytes_equal(bytes[0], bytes[2], "y run 1 vs run 2"));
+  EXPECT_TRUE(harness::bytes_equal(bytes[1], bytes[3], "lse run 1 vs run 2"));
+  const auto yv = gy.values(), lv = glse.values();
+  EXPECT_TRUE(harness::close_to(owned_rows(yv, oq, c.hq * c.d), owned_rows(ry, oq, c.hq * c.d),
+                                DType::e4m3, Accuracy::rounded_weights, "y"));
+  // LSE to f16's bound (the e4m3 wgmma's narrow Q K^T accumulation, see check_fp8_case).
+  EXPECT_TRUE(harness::close_to(owned_lse(lv, c.hq, tq, oq), owned_lse(rl, c.hq, tq, oq),
+                                DType::f16, Accuracy::reduction, "lse"));
+  EXPECT_TRUE(spare_rows_untouched(yv, oq, c.hq * c.d, "y"));
+  for (int64_t h = 0; h < c.hq; ++h)
+    EXPECT_TRUE(
+        spare_rows_untouched({lv.begin() + h * tq, lv.begin() + (h + 1) * tq}, oq, 1, "lse"));
+}
+
+TEST(AttentionFa3Gpu, Fp8VarlenMatchesReference) {
+  FP8_SKIP_UNLESS_RUNNABLE();
+  const std::vector<VarlenCase> cases = {
+      // An empty sequence, one of a single row, a 300-row one over three key tiles.
+      {DType::bf16, 4, 2, 128, Mask::none(), {70, 0, 300, 1}, {130, 17, 300, 1}, 5, 0},
+      // Lq > Lk bottom-right (rows that see no key: Y 0, LSE -inf), MQA, padded rows (16 bytes).
+      {DType::f16, 4, 1, 128, Mask::causal_bottom_right(), {200, 5, 129}, {100, 300, 129}, 3, 16},
+      {DType::bf16, 2, 2, 128, Mask::causal_top_left(), {1, 257, 64}, {1, 257, 63}, 0, 16},
+      // Sequences whose packed key offsets are not 16-aligned, a window and soft-capping.
+      {DType::bf16,
+       4,
+       2,
+       128,
+       Mask::sliding_window(100, 0),
+       {300, 50, 700},
+       {301, 83, 901},
+       5,
+       0,
+       30.0},
+      {DType::f16, 2, 2, 128, Mask::none(), {1000, 3, 513}, {999, 1, 1500}, 0, 0},
+  };
+  harness::Rng rng;
+  for (const VarlenCase& c : cases) {
+    SCOPED_TRACE("fp8 " + name_of(c));
+    check_fp8_varlen_case(c, rng);
+  }
 }
 
 }  // namespace

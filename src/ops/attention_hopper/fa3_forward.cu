@@ -104,6 +104,10 @@ struct ElemOf<E4m3<TO>> {
 // to 2^-14 of the row's largest instead of 2^-6) when rounded for the P V GEMM; l carries the same
 // factor, which O / l cancels and the LSE subtracts.
 constexpr int kFp8PBias = 8;
+// fp8 varlen: the V^T column where sequence b's keys start (packed start `start`), see fp8_vt_keys.
+__host__ __device__ inline int fp8_vt_start(int start, int b) {
+  return ((start + 15) & ~15) + 144 * b;
+}
 
 // Shared memory of an instantiation with kEB-byte inputs. fp8 (kEB = 1, D = 128): Q and every K
 // tile are [rows][128 bytes]; V arrives transposed ([D][128 keys], see fp8_transpose_v), and O is
@@ -242,8 +246,10 @@ __device__ __forceinline__ void produce(const CUtensorMap* tq, const CUtensorMap
     mbar_wait(smem_u32(&bars[kBarVEmpty + s]), free_parity);
     mbar_expect_tx(bv, S::kVBytes);
     if constexpr (E::kFp8) {
-      // V^T [B, Hk, Dv, keys]: the tile's 128 keys (one 128-byte column block) of all Dv rows.
-      tma_load_4d(sv0 + s * S::kVBytes, tv, bv, t.k0 + (t.n_first + n) * S::kBn, 0, hk, t.tb);
+      // V^T: the tile's 128 keys (one 128-byte column block) of all Dv rows; a varlen sequence's
+      // keys start at its own column (fp8_vt_start).
+      const int c0 = p.cu_q ? fp8_vt_start(t.k0, t.b) : 0;
+      tma_load_4d(sv0 + s * S::kVBytes, tv, bv, c0 + (t.n_first + n) * S::kBn, 0, hk, t.tb);
     } else {
 #pragma unroll
       for (int db = 0; db < kDBv; ++db)
@@ -753,35 +759,57 @@ __host__ __device__ constexpr int fp8_key_of_slot(int s) {
 }
 static_assert(fp8_key_of_slot(0) == 0 && fp8_key_of_slot(2) == 8 && fp8_key_of_slot(4) == 2 &&
               fp8_key_of_slot(15) == 15 && fp8_key_of_slot(19) == 25 && fp8_key_of_slot(22) == 26);
-// Keys of V^T rows: Lk rounded up to whole key tiles (the slots past Lk hold zeros).
+// V^T's layout in the workspace. Padded: [B, Hk, Dv, Lk rounded up to whole key tiles], the slots
+// past Lk zero. Varlen: [1, Hk, Dv, fp8_vt_keys], sequence b's keys from column fp8_vt_start(b)
+// on, followed by zeros up to a whole key tile; the starts are 16-byte aligned (16-byte stores)
+// and 144 apart beyond the packed offsets, so each sequence's whole tiles fit before the next.
 inline int64_t fp8_vt_keys(const Problem& pr) {
-  return (pr.desc.len_k + 127) / 128 * 128;
+  const auto& d = pr.desc;
+  return d.varlen ? (d.total_k + 144 * d.batch + 15) / 16 * 16 + 128 : (d.len_k + 127) / 128 * 128;
 }
-// V^T [B, Hk, Dv, fp8_vt_keys] e4m3.
 size_t fp8_workspace(const Problem& pr, const DeviceCaps&) {
   const auto& d = pr.desc;
-  return static_cast<size_t>(d.batch * d.heads_kv * d.head_dim_v * fp8_vt_keys(pr));
+  return static_cast<size_t>((d.varlen ? 1 : d.batch) * d.heads_kv * d.head_dim_v *
+                             fp8_vt_keys(pr));
 }
 
-// V [B, Hk, Lk, D] (outer strides in bytes, 16-byte rows) to V^T in the slot order above: one CTA
-// per 128 keys of a (batch, K/V head), through a [128][D] shared tile, 16-byte loads and stores.
+struct TransposeParams {
+  const uint8_t* v;
+  int64_t sb, sh, sl;  // V's strides (bytes) of its B, H, L axes (varlen: of the [1, H, T] view)
+  int lk;              // padded: Lk; varlen: the maximum length
+  const int* cu_k;     // varlen: sequence offsets (null: padded)
+  int total_k;
+  uint8_t* vt;
+  int64_t vt_keys;
+};
+
+// V (16-byte rows) to V^T in the slot order above: one CTA per 128 keys of a (sequence, K/V head),
+// through a [128][D] shared tile, 16-byte loads and stores. Varlen sequences take their rows and
+// V^T columns from cu_k (clamped as the attention kernel clamps them); a CTA past its sequence's
+// last tile exits.
 template <int D>
-__global__ void __launch_bounds__(256)
-    fp8_transpose_v(const uint8_t* v, int64_t sb, int64_t sh, int64_t sl, int lk, uint8_t* vt,
-                    int64_t vt_keys) {
+__global__ void __launch_bounds__(256) fp8_transpose_v(const TransposeParams p) {
   constexpr int kPitch = D + 16;  // bytes per key row of the tile (spreads the column reads)
   __shared__ alignas(16) uint8_t tile[128 * kPitch];
   const int k0 = static_cast<int>(blockIdx.x) * 128;
   const int h = static_cast<int>(blockIdx.y), b = static_cast<int>(blockIdx.z);
-  const uint8_t* src = v + b * sb + h * sh;
+  int row0 = 0, len = p.lk;
+  int64_t col0 = (int64_t{b} * gridDim.y + h) * D * p.vt_keys;
+  if (p.cu_k) {
+    const SeqSpan s = seq_span(p.cu_k, b, p.lk, p.total_k);
+    if (k0 >= s.len) return;
+    row0 = s.start, len = s.len;
+    col0 = int64_t{h} * D * p.vt_keys + fp8_vt_start(s.start, b);
+  }
+  const uint8_t* src = p.v + (p.cu_k ? 0 : b * p.sb) + h * p.sh + int64_t{row0} * p.sl;
   for (int c = static_cast<int>(threadIdx.x); c < 128 * (D / 16); c += 256) {
     const int key = c / (D / 16), chunk = c % (D / 16);
     uint4 x = make_uint4(0, 0, 0, 0);
-    if (k0 + key < lk) x = *reinterpret_cast<const uint4*>(src + (k0 + key) * sl + chunk * 16);
+    if (k0 + key < len) x = *reinterpret_cast<const uint4*>(src + (k0 + key) * p.sl + chunk * 16);
     *reinterpret_cast<uint4*>(tile + key * kPitch + chunk * 16) = x;
   }
   __syncthreads();
-  uint8_t* dst = vt + (int64_t{b} * gridDim.y + h) * D * vt_keys + k0;
+  uint8_t* dst = p.vt + col0 + k0;
   for (int c = static_cast<int>(threadIdx.x); c < D * 8; c += 256) {
     const int dim = c / 8, chunk = c % 8;  // 16 key slots of row dim
     uint32_t w[4];
@@ -792,7 +820,7 @@ __global__ void __launch_bounds__(256)
       for (int u = 0; u < 4; ++u)
         w[q] |= uint32_t{tile[fp8_key_of_slot(chunk * 16 + q * 4 + u) * kPitch + dim]} << (8 * u);
     }
-    *reinterpret_cast<uint4*>(dst + int64_t{dim} * vt_keys + chunk * 16) =
+    *reinterpret_cast<uint4*>(dst + int64_t{dim} * p.vt_keys + chunk * 16) =
         make_uint4(w[0], w[1], w[2], w[3]);
   }
 }
@@ -839,14 +867,21 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
       return Error::misaligned(std::string(who) + ": workspace is not 16-byte aligned");
     const int64_t keys = fp8_vt_keys(pr);
     auto* vt = static_cast<uint8_t*>(ctx.workspace.data);
+    const TransposeParams tp{static_cast<const uint8_t*>(v.data),
+                             v.stride[0],
+                             v.stride[1],
+                             v.stride[2],
+                             static_cast<int>(d.len_k),
+                             d.varlen ? static_cast<const int*>(a.cu_seqlens_k.data) : nullptr,
+                             static_cast<int>(d.total_k),
+                             vt,
+                             keys};
     fp8_transpose_v<kDvOf<D>>
-        <<<dim3(static_cast<unsigned>(keys / 128), static_cast<unsigned>(d.heads_kv),
+        <<<dim3(static_cast<unsigned>((d.len_k + 127) / 128), static_cast<unsigned>(d.heads_kv),
                 static_cast<unsigned>(d.batch)),
-           256, 0, cuda::stream_of(ctx)>>>(static_cast<const uint8_t*>(v.data), v.stride[0],
-                                           v.stride[1], v.stride[2], static_cast<int>(d.len_k), vt,
-                                           keys);
+           256, 0, cuda::stream_of(ctx)>>>(tp);
     BARACUDA_TRY(cuda::check_launch(attention::ForwardOp::name, "fa3_fwd_fp8_sm90a: V^T"));
-    const int64_t vt_shape[] = {d.batch, d.heads_kv, d.head_dim_v, keys};
+    const int64_t vt_shape[] = {d.varlen ? 1 : d.batch, d.heads_kv, d.head_dim_v, keys};
     const ConstTensor vt_view =
         make_tensor(static_cast<const void*>(vt), DType::e4m3, std::span<const int64_t>(vt_shape),
                     ctx.stream.memory_location());
@@ -911,9 +946,8 @@ Status launch(const LaunchContext& ctx, const Problem& pr, const ForwardArgument
 template <class TO, int V>
 bool fits_fp8(const Problem& pr, const DeviceCaps& caps) {
   constexpr DType kOut = std::is_same_v<TO, __half> ? DType::f16 : DType::bf16;
-  return caps.device >= 0 && caps.sm == 90 && shape_fits(pr) && !pr.desc.varlen &&
-         pr.desc.head_dim_qk == 128 && pr.desc.head_dim_v == 128 && pr.y_dtype == kOut &&
-         body_compiled<E4m3<TO>, 128, V>();
+  return caps.device >= 0 && caps.sm == 90 && shape_fits(pr) && pr.desc.head_dim_qk == 128 &&
+         pr.desc.head_dim_v == 128 && pr.y_dtype == kOut && body_compiled<E4m3<TO>, 128, V>();
 }
 template <class TO, int V>
 Status launch_fp8(const LaunchContext& ctx, const Problem& pr, const ForwardArguments& a) {
