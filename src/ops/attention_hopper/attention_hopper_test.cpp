@@ -1521,6 +1521,14 @@ TEST(AttentionFa3Gpu, Fp8ForwardMatchesReference) {
       {DType::f16, 4, 40, 40, 17, 17, 128, Mask::none(), true, false},
       {DType::bf16, 1, 2, 1, 4096, 4096, 128, Mask::none(), false, true},
       {DType::bf16, 1, 2, 2, 2048, 2048, 128, Mask::causal_top_left(), true, false},
+      // Head dim 64 (64-byte swizzled Q / K rows) and 256 (64-key tiles, 64-byte V^T rows).
+      {DType::bf16, 2, 4, 4, 128, 128, 64, Mask::none(), false, false},
+      {DType::f16, 1, 8, 2, 1000, 1000, 64, Mask::causal_bottom_right(), true, true},
+      {DType::bf16, 1, 4, 1, 77, 203, 64, Mask::sliding_window(50, 10), false, true, true, 20.0},
+      {DType::bf16, 1, 2, 2, 1, 1, 256, Mask::none(), false, false},
+      {DType::f16, 1, 4, 2, 300, 300, 256, Mask::causal_bottom_right(), false, true},
+      {DType::bf16, 2, 2, 2, 203, 77, 256, Mask::causal_bottom_right(), true, false, true, 30.0},
+      {DType::bf16, 1, 2, 1, 2048, 2048, 256, Mask::none(), true, true},
   };
   harness::Rng rng;
   for (const Case& c : cases) {
@@ -1537,6 +1545,8 @@ TEST(AttentionFa3Gpu, Fp8SchedulesMatchReference) {
       {DType::f16, 1, 8, 2, 1000, 1000, 128, Mask::causal_bottom_right(), true, false},
       {DType::bf16, 1, 4, 2, 300, 300, 128, Mask::none(), false, false, true, 30.0},
       {DType::f16, 1, 4, 4, 203, 77, 128, Mask::causal_bottom_right(), false, false},
+      {DType::bf16, 1, 4, 2, 300, 300, 64, Mask::causal_top_left(), true, false},
+      {DType::f16, 1, 2, 2, 300, 500, 256, Mask::none(), false, true},
   };
   harness::Rng rng;
   for (std::string_view k : {kFa3Fp8PingpongKernel, kFa3Fp8Exp2Poly2Kernel, kFa3Fp8Exp2Poly3Kernel,
@@ -1560,8 +1570,24 @@ TEST(AttentionFa3Gpu, Fp8FitsExactlyWhatItSupports) {
     EXPECT_EQ(plan->sku().name, kFa3Fp8Kernel);
     EXPECT_EQ(plan->workspace_size(), size_t{2 * 2 * 128 * 512});  // V^T, keys to whole tiles
   }
-  Descriptor d64 = make_desc(DType::e4m3, 1, 2, 2, 128, 128, 64);
-  EXPECT_TRUE(fails_with(attention::ForwardPlan::select(gs, d64), ErrorKind::unsupported,
+  // Head dims 64 and 256 too (V^T keys to whole tiles: 128 at D = 64, 64 at D = 256); no other.
+  Descriptor d64 = make_desc(DType::e4m3, 1, 2, 2, 128, 100, 64);
+  auto p64 = attention::ForwardPlan::select(gs, d64);
+  BARACUDA_ASSERT_OK(p64);
+  EXPECT_EQ(p64->workspace_size(), size_t{2 * 64 * 128});
+  Descriptor d256 = make_desc(DType::e4m3, 1, 2, 2, 128, 100, 256);
+  auto p256 = attention::ForwardPlan::select(gs, d256);
+  BARACUDA_ASSERT_OK(p256);
+  EXPECT_EQ(p256->workspace_size(), size_t{2 * 256 * 128});
+  for (int64_t dim : {32, 80, 96, 192}) {
+    Descriptor d = make_desc(DType::e4m3, 1, 2, 2, 128, 128, dim);
+    EXPECT_TRUE(fails_with(attention::ForwardPlan::select(gs, d), ErrorKind::unsupported,
+                           {"no kernel for element=e4m3"}))
+        << dim;
+  }
+  Descriptor mla = make_desc(DType::e4m3, 1, 2, 2, 128, 128, 192);
+  mla.head_dim_v = 128;
+  EXPECT_TRUE(fails_with(attention::ForwardPlan::select(gs, mla), ErrorKind::unsupported,
                          {"no kernel for element=e4m3"}));
   // Varlen: V^T of every sequence side by side, 16-byte aligned starts 144 apart past the packed
   // offsets, plus a tile of slack: (150 + 2 * 144) rounded to 16, + 128 keys.
@@ -2187,6 +2213,16 @@ TEST(AttentionFa3Gpu, Fp8VarlenMatchesReference) {
        0,
        30.0},
       {DType::f16, 2, 2, 128, Mask::none(), {1000, 3, 513}, {999, 1, 1500}, 0, 0},
+      {DType::bf16,
+       4,
+       2,
+       64,
+       Mask::causal_bottom_right(),
+       {70, 0, 300, 1},
+       {131, 17, 300, 1},
+       5,
+       16},
+      {DType::f16, 2, 1, 256, Mask::causal_top_left(), {100, 300, 0}, {200, 301, 5}, 3, 0},
   };
   harness::Rng rng;
   for (const VarlenCase& c : cases) {

@@ -178,6 +178,15 @@ __device__ __forceinline__ uint64_t desc_sw128(uint32_t addr, uint32_t lbo, uint
   return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(lbo >> 4) << 16) |
          (static_cast<uint64_t>(sbo >> 4) << 32) | (uint64_t{1} << 62);
 }
+// A K-major tile of kRow-byte swizzled rows (128: desc_sw128; 64: the 64-byte swizzle, whose
+// layout code is 2), 8-row groups kRow * 8 bytes apart.
+template <int kRow>
+__device__ __forceinline__ uint64_t desc_k_major(uint32_t addr) {
+  static_assert(kRow == 128 || kRow == 64);
+  if constexpr (kRow == 128) return desc_sw128(addr, 16, 1024);
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (uint64_t{1} << 16) |
+         (uint64_t{512 >> 4} << 32) | (uint64_t{2} << 62);
+}
 
 // The wgmma shapes by element type (bf16 or f16).
 template <class T>
@@ -430,9 +439,10 @@ Status check_layout(std::string_view who, std::string_view arg, const BasicTenso
 }
 
 // A 4-d tensor map over a [B, H, L, D] tensor (dims innermost first: D, L, H, B), boxes of
-// 128 bytes (64 16-bit elements, 128 fp8) x `rows`, 128-byte swizzle, zero fill out of bounds.
+// `row_bytes` (128: 64 16-bit elements or 128 fp8; or 64) x `rows`, swizzled by row_bytes, zero
+// fill out of bounds.
 Status make_map(std::string_view who, CUtensorMap* map, CUtensorMapDataType dt,
-                const ConstTensor& t, uint32_t rows, int elem_bytes = 2) {
+                const ConstTensor& t, uint32_t rows, int elem_bytes = 2, int row_bytes = 128) {
   const cuuint64_t dims[4] = {
       static_cast<cuuint64_t>(t.shape[3]), static_cast<cuuint64_t>(t.shape[2]),
       static_cast<cuuint64_t>(t.shape[1]), static_cast<cuuint64_t>(t.shape[0])};
@@ -445,11 +455,12 @@ Status make_map(std::string_view who, CUtensorMap* map, CUtensorMapDataType dt,
     return static_cast<cuuint64_t>(t.shape[i] > 1 ? t.stride[i] * elem_bytes : extent);
   };
   const cuuint64_t strides[3] = {st(2), st(1), st(0)};
-  const cuuint32_t box[4] = {static_cast<cuuint32_t>(128 / elem_bytes), rows, 1, 1};
+  const cuuint32_t box[4] = {static_cast<cuuint32_t>(row_bytes / elem_bytes), rows, 1, 1};
   const cuuint32_t estr[4] = {1, 1, 1, 1};
   const CUresult r =
       encode_fn()(map, dt, 4, const_cast<void*>(t.data), dims, strides, box, estr,
-                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE,
+                  row_bytes == 64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B,
                   CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
     return Error::library(std::string(who) + ": cuTensorMapEncodeTiled failed", "cuda_driver",

@@ -58,13 +58,15 @@ for ty in ["bf16", "f16"]:
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
 }}
 """)
-# e4m3 (fp8 forward): m64n128k32, both forms K-major (8-bit wgmma has no transpose): SS for
+# e4m3 (fp8 forward): m64nNk32, both forms K-major (8-bit wgmma has no transpose): SS for
 # S = Q K^T, RS for O += P V^T with V transposed into K-major rows ahead of the kernel.
-for n in [128]:
+for n in [64, 128, 256]:
     r = n // 2
     regs = ", ".join(f"%{i}" for i in range(r))
     cons = ", ".join(f'"+f"(d[{i}])' for i in range(r))
-    out.append(f"""__device__ __forceinline__ void ss_m64n{n}k32_e4m3(float (&d)[{r}], uint64_t da, uint64_t db,
+    # SS at N = 64, 128 (S over the key tile); RS at every N (P V over the head dim)
+    if n < 256:
+        out.append(f"""__device__ __forceinline__ void ss_m64n{n}k32_e4m3(float (&d)[{r}], uint64_t da, uint64_t db,
                                                       int scale_d) {{
   asm volatile(
       "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{r+2}, 0;\\n"
