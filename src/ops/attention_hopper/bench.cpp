@@ -435,15 +435,15 @@ void feature_sweep(const Stream& stream) {
   }
 }
 
-// The fp8 forward (e4m3 Q, K, V with descales, Y in bf16; d128, the sweep's lengths, causal and
-// not): the default e4m3 plan (fa3_fwd_fp8_sm90a, its V^T transpose included in the time), next
-// to the bf16 fa3 forward and cuDNN's bf16 forward on the same shapes in the same run (PyTorch has
-// no fp8 attention to compare with; its fastest bf16 backend, cuDNN, is the peer in peers.py).
+// The fp8 forward (e4m3 Q, K, V with descales, Y in bf16; head dims 64 / 128 / 256, the sweep's
+// lengths, causal and not): the default e4m3 plan (fa3_fwd_fp8_sm90a, its V^T transpose included in
+// the time), next to the bf16 fa3 forward and cuDNN's bf16 forward on the same shapes in the same
+// run (PyTorch has no fp8 attention to compare with; its fastest bf16 backend, cuDNN, is the peer
+// in peers.py).
 void fp8_sweep(const Stream& stream) {
   const std::string only{bench::env("BARACUDA_ATTENTION_ONLY")};
   if (!only.empty() && only != "fp8") return;
   const SelectionTableOverride raw_candidates{std::span<const TablePoint>{}};
-  constexpr int64_t kDim = 128, kHeads = kHidden / kDim;
   const int64_t n = kTokens * kHidden;
   harness::Rng rng(20261128);
   auto make = [&](DType t) {
@@ -454,7 +454,7 @@ void fp8_sweep(const Stream& stream) {
   auto q8 = make(DType::e4m3), k8 = make(DType::e4m3), v8 = make(DType::e4m3);
   auto q16 = make(DType::bf16), k16 = make(DType::bf16), v16 = make(DType::bf16);
   auto y = make(DType::bf16);
-  auto lse = harness::TestTensor::make(DType::f32, {kTokens * kHeads}, harness::Target::cuda);
+  auto lse = harness::TestTensor::make(DType::f32, {kTokens * 32}, harness::Target::cuda);
   auto scale = harness::TestTensor::make(DType::f32, {1}, harness::Target::cuda);
   scale.set_values({0.25});
   // BARACUDA_AB="<kernel a>,<kernel b>": instead of the sweep, the two kernels pinned by name
@@ -470,62 +470,68 @@ void fp8_sweep(const Stream& stream) {
   const std::vector<int64_t> lens = ab_a.empty()
                                         ? std::vector<int64_t>{512, 1024, 2048, 4096, 8192, 16384}
                                         : std::vector<int64_t>{4096, 8192, 16384};
-  for (int64_t l : lens)
-    for (bool causal : {false, true}) {
-      const int64_t batch = kTokens / l;
-      attention::Descriptor desc;
-      desc.batch = batch;
-      desc.heads_q = desc.heads_kv = kHeads;
-      desc.len_q = desc.len_k = l;
-      desc.head_dim_qk = desc.head_dim_v = kDim;
-      desc.mask = causal ? attention::Mask::causal_top_left() : attention::Mask::none();
-      const std::string name = case_name(batch, kHeads, l, kDim, causal);
-      const double flops = 4.0 * batch * kHeads * l * l * kDim * (causal ? 0.5 : 1.0);
-      const int64_t dims[] = {batch, kHeads, l, kDim}, lse_dims[] = {batch, kHeads, l};
-      auto view = [&](const harness::TestTensor& t, DType e) {
-        return make_tensor(static_cast<const void*>(t.cview().data), e, dims, Location::cuda(0));
-      };
-      const Tensor ty = make_tensor(y.view().data, DType::bf16, dims, Location::cuda(0));
-      const Tensor tl = make_tensor(lse.view().data, DType::f32, lse_dims, Location::cuda(0));
-      attention::ForwardArguments f8{
-          view(q8, DType::e4m3), view(k8, DType::e4m3), view(v8, DType::e4m3), ty, tl, {}, {}};
-      f8.q_descale = f8.k_descale = f8.v_descale = scale.cview();
-      const attention::ForwardArguments f16{
-          view(q16, DType::bf16), view(k16, DType::bf16), view(v16, DType::bf16), ty, tl, {}, {}};
-      if (!ab_a.empty()) {
-        for (int r = 0; r < rounds; ++r)
-          for (const std::string& k : {ab_a, ab_b}) {
-            const bool fp8 = k.find("fp8") != std::string::npos;
-            desc.dtype = fp8 ? DType::e4m3 : DType::bf16;
-            auto fp = attention::ForwardPlan::select(stream, desc, PlanPreference::kernel(k));
-            if (!fp.ok()) {
-              bench::emit_error("attention", "attention_forward", name + "/" + k, fp.error());
-              continue;
+  // Head dims 64 / 128 / 256 (the A/B mode: 128), the schedule A/B rows at 128 only.
+  const std::vector<int64_t> dims_swept =
+      ab_a.empty() ? std::vector<int64_t>{64, 128, 256} : std::vector<int64_t>{128};
+  for (int64_t kDim : dims_swept)
+    for (int64_t l : lens)
+      for (bool causal : {false, true}) {
+        const int64_t batch = kTokens / l, kHeads = kHidden / kDim;
+        attention::Descriptor desc;
+        desc.batch = batch;
+        desc.heads_q = desc.heads_kv = kHeads;
+        desc.len_q = desc.len_k = l;
+        desc.head_dim_qk = desc.head_dim_v = kDim;
+        desc.mask = causal ? attention::Mask::causal_top_left() : attention::Mask::none();
+        const std::string name = case_name(batch, kHeads, l, kDim, causal);
+        const double flops = 4.0 * batch * kHeads * l * l * kDim * (causal ? 0.5 : 1.0);
+        const int64_t dims[] = {batch, kHeads, l, kDim}, lse_dims[] = {batch, kHeads, l};
+        auto view = [&](const harness::TestTensor& t, DType e) {
+          return make_tensor(static_cast<const void*>(t.cview().data), e, dims, Location::cuda(0));
+        };
+        const Tensor ty = make_tensor(y.view().data, DType::bf16, dims, Location::cuda(0));
+        const Tensor tl = make_tensor(lse.view().data, DType::f32, lse_dims, Location::cuda(0));
+        attention::ForwardArguments f8{
+            view(q8, DType::e4m3), view(k8, DType::e4m3), view(v8, DType::e4m3), ty, tl, {}, {}};
+        f8.q_descale = f8.k_descale = f8.v_descale = scale.cview();
+        const attention::ForwardArguments f16{
+            view(q16, DType::bf16), view(k16, DType::bf16), view(v16, DType::bf16), ty, tl, {}, {}};
+        if (!ab_a.empty()) {
+          for (int r = 0; r < rounds; ++r)
+            for (const std::string& k : {ab_a, ab_b}) {
+              const bool fp8 = k.find("fp8") != std::string::npos;
+              desc.dtype = fp8 ? DType::e4m3 : DType::bf16;
+              auto fp = attention::ForwardPlan::select(stream, desc, PlanPreference::kernel(k));
+              if (!fp.ok()) {
+                bench::emit_error("attention", "attention_forward", name + "/" + k, fp.error());
+                continue;
+              }
+              time_forward(stream, name, *fp, fp8 ? f8 : f16, fp8 ? 5.0 * n : 8.0 * n, flops,
+                           "ab round " + std::to_string(r), fp8 ? "e4m3" : "bf16");
             }
-            time_forward(stream, name, *fp, fp8 ? f8 : f16, fp8 ? 5.0 * n : 8.0 * n, flops,
-                         "ab round " + std::to_string(r), fp8 ? "e4m3" : "bf16");
-          }
-        continue;
+          continue;
+        }
+        desc.dtype = DType::e4m3;
+        for (std::string_view k : {kFa3Fp8Kernel, kFa3Fp8PingpongKernel, kFa3Fp8Exp2Poly2Kernel,
+                                   kFa3Fp8Exp2Poly3Kernel, kFa3Fp8EagerRescaleKernel}) {
+          if (kDim != 128 && k != kFa3Fp8Kernel) continue;
+          const std::string note = "fp8 e4m3 -> bf16" + std::string(k.substr(kFa3Fp8Kernel.size()));
+          if (auto fp = attention::ForwardPlan::select(stream, desc, PlanPreference::kernel(k));
+              fp.ok())
+            time_forward(stream, name, *fp, f8, 3.0 * n + 2.0 * n, flops, note, "e4m3");
+          else
+            bench::emit_error("attention", "attention_forward", name + "/" + note, fp.error());
+        }
+        desc.dtype = DType::bf16;
+        for (const auto& [note, pref] :
+             {std::pair{"fa3_sm90a", PlanPreference::kernel(kFa3Kernel)},
+              std::pair{"cudnn", PlanPreference::only(Backend::cudnn)}}) {
+          if (auto fp = attention::ForwardPlan::select(stream, desc, pref); fp.ok())
+            time_forward(stream, name, *fp, f16, 8.0 * n, flops, note);
+          else
+            bench::emit_error("attention", "attention_forward", name + "/" + note, fp.error());
+        }
       }
-      desc.dtype = DType::e4m3;
-      for (std::string_view k : {kFa3Fp8Kernel, kFa3Fp8PingpongKernel, kFa3Fp8Exp2Poly2Kernel,
-                                 kFa3Fp8Exp2Poly3Kernel, kFa3Fp8EagerRescaleKernel}) {
-        const std::string note = "fp8 e4m3 -> bf16" + std::string(k.substr(kFa3Fp8Kernel.size()));
-        if (auto fp = attention::ForwardPlan::select(stream, desc, PlanPreference::kernel(k));
-            fp.ok())
-          time_forward(stream, name, *fp, f8, 3.0 * n + 2.0 * n, flops, note, "e4m3");
-        else
-          bench::emit_error("attention", "attention_forward", name + "/" + note, fp.error());
-      }
-      desc.dtype = DType::bf16;
-      for (const auto& [note, pref] : {std::pair{"fa3_sm90a", PlanPreference::kernel(kFa3Kernel)},
-                                       std::pair{"cudnn", PlanPreference::only(Backend::cudnn)}}) {
-        if (auto fp = attention::ForwardPlan::select(stream, desc, pref); fp.ok())
-          time_forward(stream, name, *fp, f16, 8.0 * n, flops, note);
-        else
-          bench::emit_error("attention", "attention_forward", name + "/" + note, fp.error());
-      }
-    }
 }
 
 [[maybe_unused]] const bool registered = bench::register_bench("attention_hopper", sweep);
