@@ -1064,6 +1064,27 @@ TEST(AttentionFa3Registry, RegisteredBelowEveryOtherForwardWithTruthfulPrecision
   EXPECT_EQ(found, 12);
 }
 
+// A deterministic forward plan run twice into poisoned Y / LSE: bytes outside them untouched each
+// time, run 2 equal to run 1 bit for bit (so the values left are the ones the caller checks).
+void run_twice_poisoned(const attention::ForwardPlan& plan, const Workspace_& ws,
+                        const attention::ForwardArguments& args, TestTensor& gy, TestTensor& glse) {
+  const Stream& gs = harness::stream_for(Target::cuda);
+  std::vector<std::vector<uint8_t>> bytes;
+  for (int rep = 0; rep < 2; ++rep) {
+    gy.poison();
+    glse.poison();
+    const auto y_before = gy.bytes(), lse_before = glse.bytes();
+    BARACUDA_ASSERT_OK(plan.run(gs, ws.get(), args));
+    BARACUDA_ASSERT_OK(gs.synchronize());
+    bytes.push_back(gy.bytes());
+    bytes.push_back(glse.bytes());
+    EXPECT_TRUE(harness::untouched_outside(y_before, bytes[2 * rep], gy.bit_mask(), "y"));
+    EXPECT_TRUE(harness::untouched_outside(lse_before, bytes[2 * rep + 1], glse.bit_mask(), "lse"));
+  }
+  EXPECT_TRUE(harness::bytes_equal(bytes[0], bytes[2], "y run 1 vs run 2"));
+  EXPECT_TRUE(harness::bytes_equal(bytes[1], bytes[3], "lse run 1 vs run 2"));
+}
+
 // One case: the kernel pinned by name on the GPU, run twice into poisoned outputs (bitwise equal,
 // bytes outside Y / LSE untouched), against the float64 reference: every row of small cases,
 // sampled rows of big ones (kFullCheckOps), with the whole-tensor checks on every row.
@@ -1085,21 +1106,7 @@ void check_fa3_case(const Case& c, harness::Rng& rng, std::string_view kernel) {
   const Workspace_ ws = workspace_of(plan->workspace_size());
   const attention::ForwardArguments args{gq.cview(),  gk.cview(), gv.cview(), gy.view(),
                                          glse.view(), {},         {}};
-  std::vector<std::vector<uint8_t>> bytes;
-  for (int rep = 0; rep < 2; ++rep) {
-    gy.poison();
-    glse.poison();
-    const auto y_before = gy.bytes(), lse_before = glse.bytes();
-    BARACUDA_ASSERT_OK(plan->run(gs, ws.get(), args));
-    BARACUDA_ASSERT_OK(gs.synchronize());
-    bytes.push_back(gy.bytes());
-    bytes.push_back(glse.bytes());
-    EXPECT_TRUE(harness::untouched_outside(y_before, bytes[2 * rep], gy.bit_mask(), "y"));
-    EXPECT_TRUE(harness::untouched_outside(lse_before, bytes[2 * rep + 1], glse.bit_mask(), "lse"));
-  }
-  // Run 2 repeats run 1 bit for bit, so the values of run 2 are the ones checked.
-  EXPECT_TRUE(harness::bytes_equal(bytes[0], bytes[2], "y run 1 vs run 2"));
-  EXPECT_TRUE(harness::bytes_equal(bytes[1], bytes[3], "lse run 1 vs run 2"));
+  run_twice_poisoned(*plan, ws, args, gy, glse);
 
   const auto t0 = std::chrono::steady_clock::now();
   const bool all = exhaustive(c);
@@ -1451,20 +1458,7 @@ void check_fp8_case(const Case& c, harness::Rng& rng, std::string_view kernel = 
   attention::ForwardArguments args{gq.cview(),  gk.cview(), gv.cview(), gy.view(),
                                    glse.view(), {},         {}};
   args.q_descale = qs.cview(), args.k_descale = ks.cview(), args.v_descale = vs.cview();
-  std::vector<std::vector<uint8_t>> bytes;
-  for (int rep = 0; rep < 2; ++rep) {
-    gy.poison();
-    glse.poison();
-    const auto y_before = gy.bytes(), lse_before = glse.bytes();
-    BARACUDA_ASSERT_OK(plan->run(gs, ws.get(), args));
-    BARACUDA_ASSERT_OK(gs.synchronize());
-    bytes.push_back(gy.bytes());
-    bytes.push_back(glse.bytes());
-    EXPECT_TRUE(harness::untouched_outside(y_before, bytes[2 * rep], gy.bit_mask(), "y"));
-    EXPECT_TRUE(harness::untouched_outside(lse_before, bytes[2 * rep + 1], glse.bit_mask(), "lse"));
-  }
-  EXPECT_TRUE(harness::bytes_equal(bytes[0], bytes[2], "y run 1 vs run 2"));
-  EXPECT_TRUE(harness::bytes_equal(bytes[1], bytes[3], "lse run 1 vs run 2"));
+  run_twice_poisoned(*plan, ws, args, gy, glse);
 
   const bool all = exhaustive(c);
   const std::vector<RowBlock> blocks = all ? every_row(c) : sampled_rows(c, rng);
@@ -1916,6 +1910,31 @@ ConstTensor i32_in(const std::vector<int32_t>& x) {
   return make_tensor(static_cast<const void*>(x.data()), DType::i32, n);
 }
 
+// The float64 reference forward (CPU) over packed [T, H, D] inputs: Y [Tq, Hq, D], LSE [Hq, Tq].
+Reference varlen_reference(const VarlenCase& c, const Descriptor& ref_desc,
+                           const std::vector<double>& q, const std::vector<double>& k,
+                           const std::vector<double>& v, const std::vector<int32_t>& cu_q,
+                           const std::vector<int32_t>& cu_k) {
+  const int64_t tq = ref_desc.total_q, tk = ref_desc.total_k;
+  Reference r{std::vector<double>(static_cast<size_t>(tq * c.hq * c.d), 0.0),
+              std::vector<double>(static_cast<size_t>(c.hq * tq), 0.0)};
+  auto plan = attention::ForwardPlan::select(Stream::cpu(), ref_desc, PlanPreference::reference());
+  EXPECT_TRUE(plan.ok()) << plan.error().to_string();
+  if (!plan.ok()) return r;
+  const Status st = plan->run(
+      Stream::cpu(), Workspace::none(),
+      {f64_in(q, {tq, c.hq, c.d}), f64_in(k, {tk, c.hk, c.d}), f64_in(v, {tk, c.hk, c.d}),
+       f64_out(r.y, {tq, c.hq, c.d}), f64_out(r.lse, {c.hq, tq}), i32_in(cu_q), i32_in(cu_k)});
+  EXPECT_TRUE(st.ok()) << st.error().to_string();
+  return r;
+}
+// cu_seqlens on the GPU.
+TestTensor gpu_offsets(const std::vector<int32_t>& cu) {
+  TestTensor t = TestTensor::make(DType::i32, {static_cast<int64_t>(cu.size())}, Target::cuda);
+  t.set_values(std::vector<double>(cu.begin(), cu.end()));
+  return t;
+}
+
 void check_varlen_case(const VarlenCase& c, harness::Rng& rng) {
   const Stream& gs = harness::stream_for(Target::cuda);
   const Descriptor desc = varlen_desc(c, c.t), ref_desc = varlen_desc(c, DType::f64);
@@ -1936,17 +1955,8 @@ void check_varlen_case(const VarlenCase& c, harness::Rng& rng) {
 
   // Reference forward (f64, CPU), then Y / LSE as a GPU forward stores them, then the reference
   // backward from those.
-  std::vector<double> ry(static_cast<size_t>(tq * c.hq * c.d), 0.0),
-      rl(static_cast<size_t>(c.hq * tq), 0.0);
-  {
-    auto plan =
-        attention::ForwardPlan::select(Stream::cpu(), ref_desc, PlanPreference::reference());
-    BARACUDA_ASSERT_OK(plan);
-    BARACUDA_ASSERT_OK(plan->run(
-        Stream::cpu(), Workspace::none(),
-        {f64_in(q, {tq, c.hq, c.d}), f64_in(k, {tk, c.hk, c.d}), f64_in(v, {tk, c.hk, c.d}),
-         f64_out(ry, {tq, c.hq, c.d}), f64_out(rl, {c.hq, tq}), i32_in(cu_q), i32_in(cu_k)}));
-  }
+  const Reference ref = varlen_reference(c, ref_desc, q, k, v, cu_q, cu_k);
+  const std::vector<double>&ry = ref.y, &rl = ref.lse;
   std::vector<double> y_in = rounded(ry, tq, c.hq), l_in(rl.size());
   {
     TestTensor l = TestTensor::make(DType::f32, {c.hq, tq}, Target::cpu);
@@ -1979,12 +1989,7 @@ void check_varlen_case(const VarlenCase& c, harness::Rng& rng) {
   TestTensor glse_in =
       TestTensor::with_strides(DType::f32, {c.hq, tq}, {tq + 4, 1}, 4, Target::cuda);
   glse_in.set_values(l_in);
-  TestTensor gcu_q =
-      TestTensor::make(DType::i32, {static_cast<int64_t>(cu_q.size())}, Target::cuda);
-  TestTensor gcu_k =
-      TestTensor::make(DType::i32, {static_cast<int64_t>(cu_k.size())}, Target::cuda);
-  gcu_q.set_values(std::vector<double>(cu_q.begin(), cu_q.end()));
-  gcu_k.set_values(std::vector<double>(cu_k.begin(), cu_k.end()));
+  const TestTensor gcu_q = gpu_offsets(cu_q), gcu_k = gpu_offsets(cu_k);
 
   // Every forward schedule, pinned, run twice (bitwise equal), then the default plan.
   std::vector<std::string_view> fwd = {kFa3, kFa3Pingpong, kFa3Exp2Poly2Kernel,
@@ -2070,9 +2075,10 @@ void check_varlen_case(const VarlenCase& c, harness::Rng& rng) {
   }
 }
 
-TEST(AttentionFa3Gpu, VarlenMatchesReference) {
-  FA3_BWD_SKIP_UNLESS_RUNNABLE();
-  const std::vector<VarlenCase> cases = {
+// The packed-sequence cases of the fa3 varlen tests (c.t: the 16-bit type; the fp8 test reads it
+// as Y's type).
+std::vector<VarlenCase> varlen_cases() {
+  return {
       // An empty sequence, one of a single row, a 300-row one over three query / key blocks.
       {DType::bf16, 4, 2, 64, Mask::none(), {70, 0, 300, 1}, {130, 17, 300, 1}, 5, 0},
       // Lq > Lk bottom-right (rows that see no key: Y 0, LSE -inf, dQ 0), MQA, padded rows.
@@ -2102,6 +2108,11 @@ TEST(AttentionFa3Gpu, VarlenMatchesReference) {
        0,
        20.0},
   };
+}
+
+TEST(AttentionFa3Gpu, VarlenMatchesReference) {
+  FA3_BWD_SKIP_UNLESS_RUNNABLE();
+  const std::vector<VarlenCase> cases = varlen_cases();
   harness::Rng rng;
   const auto t0 = std::chrono::steady_clock::now();
   for (const VarlenCase& c : cases) {
@@ -2137,17 +2148,8 @@ void check_fp8_varlen_case(const VarlenCase& c, harness::Rng& rng) {
     return x;
   };
   const auto dq = scaled(q, ds[0]), dk = scaled(k, ds[1]), dv = scaled(v, ds[2]);
-  std::vector<double> ry(static_cast<size_t>(tq * c.hq * c.d), 0.0),
-      rl(static_cast<size_t>(c.hq * tq), 0.0);
-  {
-    auto plan =
-        attention::ForwardPlan::select(Stream::cpu(), ref_desc, PlanPreference::reference());
-    BARACUDA_ASSERT_OK(plan);
-    BARACUDA_ASSERT_OK(plan->run(
-        Stream::cpu(), Workspace::none(),
-        {f64_in(dq, {tq, c.hq, c.d}), f64_in(dk, {tk, c.hk, c.d}), f64_in(dv, {tk, c.hk, c.d}),
-         f64_out(ry, {tq, c.hq, c.d}), f64_out(rl, {c.hq, tq}), i32_in(cu_q), i32_in(cu_k)}));
-  }
+  const Reference ref = varlen_reference(c, ref_desc, dq, dk, dv, cu_q, cu_k);
+  const std::vector<double>&ry = ref.y, &rl = ref.lse;
   auto upload_rows = [&](const std::vector<double>& x, int64_t rows, int64_t h) {
     TestTensor g = packed_gpu(c, DType::e4m3, rows, h);
     g.set_values(x);
@@ -2155,12 +2157,7 @@ void check_fp8_varlen_case(const VarlenCase& c, harness::Rng& rng) {
   };
   const TestTensor gq = upload_rows(q, tq, c.hq), gk = upload_rows(k, tk, c.hk),
                    gv = upload_rows(v, tk, c.hk);
-  TestTensor gcu_q =
-      TestTensor::make(DType::i32, {static_cast<int64_t>(cu_q.size())}, Target::cuda);
-  TestTensor gcu_k =
-      TestTensor::make(DType::i32, {static_cast<int64_t>(cu_k.size())}, Target::cuda);
-  gcu_q.set_values(std::vector<double>(cu_q.begin(), cu_q.end()));
-  gcu_k.set_values(std::vector<double>(cu_k.begin(), cu_k.end()));
+  const TestTensor gcu_q = gpu_offsets(cu_q), gcu_k = gpu_offsets(cu_k);
   const TestTensor qs = gpu_scalar(ds[0]), ks = gpu_scalar(ds[1]), vs = gpu_scalar(ds[2]);
 
   auto plan = attention::ForwardPlan::select(gs, desc);
@@ -2172,20 +2169,7 @@ void check_fp8_varlen_case(const VarlenCase& c, harness::Rng& rng) {
   attention::ForwardArguments args{gq.cview(),  gk.cview(),    gv.cview(),   gy.view(),
                                    glse.view(), gcu_q.cview(), gcu_k.cview()};
   args.q_descale = qs.cview(), args.k_descale = ks.cview(), args.v_descale = vs.cview();
-  std::vector<std::vector<uint8_t>> bytes;
-  for (int rep = 0; rep < 2; ++rep) {
-    gy.poison();
-    glse.poison();
-    const auto y_before = gy.bytes(), l_before = glse.bytes();
-    BARACUDA_ASSERT_OK(plan->run(gs, ws.get(), args));
-    BARACUDA_ASSERT_OK(gs.synchronize());
-    bytes.push_back(gy.bytes());
-    bytes.push_back(glse.bytes());
-    EXPECT_TRUE(harness::untouched_outside(y_before, bytes.end()[-2], gy.bit_mask(), "y gaps"));
-    EXPECT_TRUE(harness::untouched_outside(l_before, bytes.back(), glse.bit_mask(), "lse gaps"));
-  }
-  EXPECT_TRUE(harness::bytes_equal(bytes[0], bytes[2], "y run 1 vs run 2"));
-  EXPECT_TRUE(harness::bytes_equal(bytes[1], bytes[3], "lse run 1 vs run 2"));
+  run_twice_poisoned(*plan, ws, args, gy, glse);
   const auto yv = gy.values(), lv = glse.values();
   EXPECT_TRUE(harness::close_to(owned_rows(yv, oq, c.hq * c.d), owned_rows(ry, oq, c.hq * c.d),
                                 DType::e4m3, Accuracy::rounded_weights, "y"));
@@ -2200,35 +2184,21 @@ void check_fp8_varlen_case(const VarlenCase& c, harness::Rng& rng) {
 
 TEST(AttentionFa3Gpu, Fp8VarlenMatchesReference) {
   FP8_SKIP_UNLESS_RUNNABLE();
-  const std::vector<VarlenCase> cases = {
-      // An empty sequence, one of a single row, a 300-row one over three key tiles.
-      {DType::bf16, 4, 2, 128, Mask::none(), {70, 0, 300, 1}, {130, 17, 300, 1}, 5, 0},
-      // Lq > Lk bottom-right (rows that see no key: Y 0, LSE -inf), MQA, padded rows (16 bytes).
-      {DType::f16, 4, 1, 128, Mask::causal_bottom_right(), {200, 5, 129}, {100, 300, 129}, 3, 16},
-      {DType::bf16, 2, 2, 128, Mask::causal_top_left(), {1, 257, 64}, {1, 257, 63}, 0, 16},
-      // Sequences whose packed key offsets are not 16-aligned, a window and soft-capping.
-      {DType::bf16,
-       4,
-       2,
-       128,
-       Mask::sliding_window(100, 0),
-       {300, 50, 700},
-       {301, 83, 901},
-       5,
-       0,
-       30.0},
-      {DType::f16, 2, 2, 128, Mask::none(), {1000, 3, 513}, {999, 1, 1500}, 0, 0},
-      {DType::bf16,
-       4,
-       2,
-       64,
-       Mask::causal_bottom_right(),
-       {70, 0, 300, 1},
-       {131, 17, 300, 1},
-       5,
-       16},
-      {DType::f16, 2, 1, 256, Mask::causal_top_left(), {100, 300, 0}, {200, 301, 5}, 3, 0},
-  };
+  // The 16-bit test's cases (rows padded by 16 bytes where they were padded) and packed key
+  // offsets that are not 16-aligned at every head dim.
+  std::vector<VarlenCase> cases = varlen_cases();
+  for (VarlenCase& c : cases)
+    if (c.pitch_pad > 0) c.pitch_pad = 16;
+  for (int64_t d : {64, 128, 256})
+    cases.push_back({d == 128 ? DType::f16 : DType::bf16,
+                     4,
+                     2,
+                     d,
+                     Mask::causal_bottom_right(),
+                     {300, 50, 700},
+                     {301, 83, 901},
+                     5,
+                     0});
   harness::Rng rng;
   for (const VarlenCase& c : cases) {
     SCOPED_TRACE("fp8 " + name_of(c));

@@ -38,6 +38,19 @@ std::string case_name(int64_t batch, int64_t heads, int64_t l, int64_t d, bool c
          "_d" + std::to_string(d) + (causal ? "_causal" : "");
 }
 
+// A point of the FlashAttention papers' sweep: MHA, Lq = Lk, causal top-left or no mask.
+attention::Descriptor sweep_desc(DType t, int64_t batch, int64_t heads, int64_t l, int64_t d,
+                                 bool causal) {
+  attention::Descriptor desc;
+  desc.dtype = t;
+  desc.batch = batch;
+  desc.heads_q = desc.heads_kv = heads;
+  desc.len_q = desc.len_k = l;
+  desc.head_dim_qk = desc.head_dim_v = d;
+  desc.mask = causal ? attention::Mask::causal_top_left() : attention::Mask::none();
+  return desc;
+}
+
 struct Buffers {
   harness::TestTensor q, k, v, dy;  // random, [tokens, hidden] worth of elements each
   Buffer y, lse, dq, dk, dv;
@@ -174,13 +187,7 @@ void sweep(const Stream& stream) {
         if (only_d > 0 && (d != only_d || l != only_l || causal)) continue;
         const int64_t h = only_h > 0 ? only_h : kHidden / d,
                       batch = only_b > 0 ? only_b : kTokens / l;
-        attention::Descriptor desc;
-        desc.dtype = DType::bf16;
-        desc.batch = batch;
-        desc.heads_q = desc.heads_kv = h;
-        desc.len_q = desc.len_k = l;
-        desc.head_dim_qk = desc.head_dim_v = d;
-        desc.mask = causal ? attention::Mask::causal_top_left() : attention::Mask::none();
+        const attention::Descriptor desc = sweep_desc(DType::bf16, batch, h, l, d, causal);
         const std::string name = case_name(batch, h, l, d, causal);
         const double fwd_flops = 4.0 * batch * h * l * l * d * (causal ? 0.5 : 1.0);
         const double tensor_bytes = static_cast<double>(n) * 2;
@@ -477,12 +484,7 @@ void fp8_sweep(const Stream& stream) {
     for (int64_t l : lens)
       for (bool causal : {false, true}) {
         const int64_t batch = kTokens / l, kHeads = kHidden / kDim;
-        attention::Descriptor desc;
-        desc.batch = batch;
-        desc.heads_q = desc.heads_kv = kHeads;
-        desc.len_q = desc.len_k = l;
-        desc.head_dim_qk = desc.head_dim_v = kDim;
-        desc.mask = causal ? attention::Mask::causal_top_left() : attention::Mask::none();
+        attention::Descriptor desc = sweep_desc(DType::bf16, batch, kHeads, l, kDim, causal);
         const std::string name = case_name(batch, kHeads, l, kDim, causal);
         const double flops = 4.0 * batch * kHeads * l * l * kDim * (causal ? 0.5 : 1.0);
         const int64_t dims[] = {batch, kHeads, l, kDim}, lse_dims[] = {batch, kHeads, l};
