@@ -579,17 +579,20 @@ TEST(AttentionRules, DescriptorErrorsNameTheRuleAndNumbers) {
 TEST(AttentionFp8, CpuForwardIsAttentionOverTheDequantizedInputs) {
   Rng rng;
   const Stream cpu = Stream::cpu();
-  for (DType out : {DType::bf16, DType::f16}) {
+  for (int variant = 0; variant < 3; ++variant) {
+    const DType out = variant == 1 ? DType::f16 : DType::bf16;
     Config c;
     c.b = 2, c.hq = 4, c.hk = 2, c.lq = 37, c.lk = 53, c.dk = 48, c.dv = 40;
-    c.mask = out == DType::bf16 ? Mask::causal_bottom_right() : Mask::none();
-    c.softcap = out == DType::f16 ? 20.0 : 0.0;
+    c.mask = variant == 1 ? Mask::none() : Mask::causal_bottom_right();
+    c.softcap = variant == 1 ? 20.0 : 0.0;
+    if (variant == 2) c.cu_q = {0, 30, 37}, c.cu_k = {0, 0, 53}, c.lq = 30;  // packed; an empty K
     SCOPED_TRACE(std::string("y ") + std::string(name(out)) + " " + c.str());
     Descriptor d = desc_of(c);
     d.dtype = DType::e4m3, d.out_dtype = out;
     const Shapes s = shapes_of(ForwardOp::make_problem(d).value());
+    const int rq = s.rank_qkv, rl = s.rank_lse;
     auto in = [&](const int64_t* shape) {
-      TestTensor t = TestTensor::make(DType::e4m3, {shape, shape + 4}, Target::cpu);
+      TestTensor t = TestTensor::make(DType::e4m3, {shape, shape + rq}, Target::cpu);
       t.fill_random(rng, -4, 4);
       return t;
     };
@@ -600,12 +603,19 @@ TEST(AttentionFp8, CpuForwardIsAttentionOverTheDequantizedInputs) {
       scales.push_back(TestTensor::make(DType::f32, {1}, Target::cpu));
       scales.back().set_values({x});
     }
-    TestTensor y = TestTensor::make(out, {s.y, s.y + 4}, Target::cpu);
-    TestTensor lse = TestTensor::make(DType::f32, {s.lse, s.lse + 3}, Target::cpu);
+    const int64_t nb[] = {c.b + 1};
+    TestTensor cq = TestTensor::make(DType::i32, {nb[0]}, Target::cpu),
+               ck = TestTensor::make(DType::i32, {nb[0]}, Target::cpu);
+    cq.set_values({c.cu_q.begin(), c.cu_q.end()});
+    ck.set_values({c.cu_k.begin(), c.cu_k.end()});
+    const ConstTensor cuq = variant == 2 ? cq.cview() : ConstTensor{},
+                      cuk = variant == 2 ? ck.cview() : ConstTensor{};
+    TestTensor y = TestTensor::make(out, {s.y, s.y + rq}, Target::cpu);
+    TestTensor lse = TestTensor::make(DType::f32, {s.lse, s.lse + rl}, Target::cpu);
     y.poison(), lse.poison();
     auto plan = ForwardPlan::select(cpu, d);
     BARACUDA_ASSERT_OK(plan);
-    ForwardArguments a{q.cview(), k.cview(), v.cview(), y.view(), lse.view(), {}, {}};
+    ForwardArguments a{q.cview(), k.cview(), v.cview(), y.view(), lse.view(), cuq, cuk};
     a.q_descale = scales[0].cview(), a.k_descale = scales[1].cview();
     a.v_descale = scales[2].cview();
     BARACUDA_ASSERT_OK(plan->run(cpu, Workspace::none(), a));
@@ -621,13 +631,13 @@ TEST(AttentionFp8, CpuForwardIsAttentionOverTheDequantizedInputs) {
       return r;
     };
     TestTensor q64 = deq(q, ds[0]), k64 = deq(k, ds[1]), v64 = deq(v, ds[2]);
-    TestTensor y64 = TestTensor::make(DType::f64, {s.y, s.y + 4}, Target::cpu);
-    TestTensor l64 = TestTensor::make(DType::f64, {s.lse, s.lse + 3}, Target::cpu);
+    TestTensor y64 = TestTensor::make(DType::f64, {s.y, s.y + rq}, Target::cpu);
+    TestTensor l64 = TestTensor::make(DType::f64, {s.lse, s.lse + rl}, Target::cpu);
     auto ref = ForwardPlan::select(cpu, d64);
     BARACUDA_ASSERT_OK(ref);
     BARACUDA_ASSERT_OK(
         ref->run(cpu, Workspace::none(),
-                 {q64.cview(), k64.cview(), v64.cview(), y64.view(), l64.view(), {}, {}}));
+                 {q64.cview(), k64.cview(), v64.cview(), y64.view(), l64.view(), cuq, cuk}));
     EXPECT_TRUE(close_to(y.values(), y64.values(), out, Accuracy::elementwise, "y"));
     EXPECT_TRUE(close_to(lse.values(), l64.values(), DType::f32, Accuracy::elementwise, "lse"));
   }
