@@ -318,8 +318,8 @@ Status raise_smem_limit_once(const LaunchContext& ctx, int bytes, std::string_vi
 
 // What our sm_90a kernels promise: operands in the 16-bit type (P, dS rounded to it before their
 // GEMMs; e4m3 for the fp8 forward, whose tensor cores sum each e4m3 product chain in a narrower
-// accumulator before the f32 registers take it: LSE rel_l2 ~1e-4 measured), f32 accumulation, determinism as given; bit_stable not claimed
-// until a GPU test checks rows across problem sizes.
+// accumulator before the f32 registers take it: LSE rel_l2 ~1e-4 measured), f32 accumulation,
+// determinism as given; bit_stable not claimed until a GPU test checks rows across problem sizes.
 constexpr PrecisionGuarantee fa3_precision(DType e, bool deterministic) {
   return {e == DType::f16    ? MathPrecision::f16
           : e == DType::e4m3 ? MathPrecision::e4m3
