@@ -377,6 +377,36 @@ TEST(Harness, TermBoundScalesWithTheMagnitudeOfTheTerms) {
   EXPECT_FALSE(harness::close_to_terms({1e-3}, ref, terms, DType::f32, "size"));
 }
 
+// The rounded-weights bound (fp8 attention's P rounded to e4m3 before P V): weighted averages whose
+// weights were each rounded once pass it, the same averages with two keys' weights swapped in every
+// group of 16 (a fragment-layout bug) do not.
+TEST(Harness, RoundedWeightsBoundSeparatesRoundingFromLayoutBugs) {
+  harness::Rng rng;
+  constexpr int kRows = 256, kKeys = 512;
+  std::vector<double> ref(kRows), rounded(kRows), swapped(kRows);
+  for (int r = 0; r < kRows; ++r) {
+    std::vector<double> s(kKeys), v(kKeys);
+    double mx = -1e300;
+    for (int j = 0; j < kKeys; ++j) {
+      s[j] = 3 * rng.uniform(-1, 1), v[j] = rng.uniform(-1, 1);
+      mx = std::max(mx, s[j]);
+    }
+    double l = 0, y = 0, yr = 0, ys = 0;
+    for (int j = 0; j < kKeys; ++j) l += std::exp(s[j] - mx);
+    for (int j = 0; j < kKeys; ++j) {
+      const double p = std::exp(s[j] - mx);
+      const double pr = round_to(DType::e4m3, p * 256) / 256;  // as the kernel scales P
+      const int k = j % 16 == 2 ? j + 6 : j % 16 == 8 ? j - 6 : j;
+      y += p * v[j], yr += pr * v[j], ys += pr * v[k];
+    }
+    ref[r] = y / l, rounded[r] = yr / l, swapped[r] = ys / l;
+  }
+  EXPECT_TRUE(
+      harness::close_to(rounded, ref, DType::e4m3, harness::Accuracy::rounded_weights, "rounded"));
+  EXPECT_FALSE(
+      harness::close_to(swapped, ref, DType::e4m3, harness::Accuracy::rounded_weights, "swapped"));
+}
+
 TEST(Harness, FiniteDifferencesCatchAWrongGradient) {
   harness::Rng rng;
   auto square = [](const std::vector<double>& x) {
