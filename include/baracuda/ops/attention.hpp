@@ -27,7 +27,9 @@
 // FP8 (forward only): dtype e4m3 reads Q, K, V as e4m3 with per-tensor dequantization scales
 // (f32 device scalars: an element x of Q stands for x * q_descale, K and V alike) and writes Y in
 // out_dtype (bf16 or f16; default bf16). The result is attention over the dequantized inputs;
-// kernels round P to e4m3 before P V (precision_guarantee().math says e4m3).
+// kernels round P to e4m3 before P V (precision_guarantee().math says e4m3). GPU kernel: sm_90
+// (Hopper) with Dk = Dv in {64, 128, 256}, padded or varlen (it needs a workspace: V transposed);
+// elsewhere select() says no kernel fits, and CPU streams run the float64 reference.
 #pragma once
 
 #include <cstdint>
