@@ -175,11 +175,10 @@ inline constexpr std::string_view kFa3PingpongKernel = "fa3_fwd_sm90a_pingpong";
 inline constexpr std::string_view kFa3Exp2Poly2Kernel = "fa3_fwd_sm90a_exp2poly2of8";
 inline constexpr std::string_view kFa3Exp2Poly3Kernel = "fa3_fwd_sm90a_exp2poly3of8";
 inline constexpr std::string_view kFa3PersistentKernel = "fa3_fwd_sm90a_persistent";
-
 inline constexpr std::string_view kFa3RankedAhead = "fa3_fwd_sm90a_ranked_ahead";
 // The fp8 forward (issue 8's stretch): e4m3 Q, K, V with per-tensor descales, Y in bf16 or f16,
-// Dk = Dv = 128, padded or varlen layouts; V is transposed into the workspace first (8-bit wgmma
-// reads both operands K-major). The only GPU kernel of element e4m3.
+// Dk = Dv in {64, 128, 256}, padded or varlen layouts; V is transposed into the workspace first
+// (8-bit wgmma reads both operands K-major). The only GPU kernel of element e4m3.
 inline constexpr std::string_view kFa3Fp8Kernel = "fa3_fwd_fp8_sm90a";
 // Its pingpong and exp2-offload schedules, pinnable by name (A/B).
 inline constexpr std::string_view kFa3Fp8PingpongKernel = "fa3_fwd_fp8_sm90a_pingpong";

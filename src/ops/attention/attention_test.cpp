@@ -810,6 +810,10 @@ TEST(AttentionRegistry, ForwardKernelsFitOnlyWhereTheirSharedMemoryIsGranted) {
   EXPECT_TRUE(fits(d64, small, "flash_fwd_mma_m16_sm80"));  // 56 KB at D = 64
   EXPECT_TRUE(fits(d64, large, "flash_fwd_mma_m32s_n128_sm80"));
   EXPECT_FALSE(fits(d64, small, "flash_fwd_mma_m32s_n128_sm80"));  // 112 KB
+  // So an unmasked d64 problem gets m32s_n128 where it fits, m32s (67 KB) on the small part.
+  const Config d64_long = bf16_config(64, 4096, Mask::none());
+  EXPECT_EQ(family_pick(d64_long, large), "flash_fwd_mma_m32s_n128_sm80");
+  EXPECT_EQ(family_pick(d64_long, small), "flash_fwd_mma_m32s_sm80");
   // A short causal d64 problem: m16 by the measured rule where it fits; d128 problems: the
   // straight m32s (97 KB) on both parts.
   const Config causal = bf16_config(64, 1024, Mask::causal_top_left());

@@ -447,14 +447,13 @@ inline bool fits_mma_64(const Problem& pr, const DeviceCaps&) {
 // 210-258) and banded ones long enough that few tiles are diagonal, whose masked tiles run m32s's
 // per-element loop (causal d128: L512 123 vs m16 159, L2048 240 vs 237, L4096 287 vs 259; causal
 // d64: L4096 228 vs 246, L8192 255 vs 257, L16384 268 vs 242). At least one CTA's 128 rows per
-// K/V head, or most of them would be empty. Since eb720a9 the straight variant takes every padded
-// head dim of 128 and m32s_n128 unmasked D = 64 (rules below), leaving m32s long banded D = 64.
+// K/V head, or most of them would be empty. Since eb720a9 the straight variant (same shared
+// memory, rule below) takes every padded head dim of 128 and m32s_n128 unmasked D = 64 where its
+// 112 KB are granted, so m32s keeps D = 64: long banded problems, and unmasked ones on 99 KB parts.
 inline bool fits_m32s_default(const Problem& pr, const DeviceCaps& caps) {
   const auto& d = pr.desc;
-  const int64_t len = std::max(d.len_q, d.len_k);
-  const bool banded = !d.mask.is_none();
-  return fits_mma_128(pr, caps) && d.len_q * pr.group >= 128 &&
-         (!banded || len >= (mma_dim(pr) <= 64 ? 8192 : 2048));
+  return fits_mma_64(pr, caps) && d.len_q * pr.group >= 128 &&
+         (d.mask.is_none() || std::max(d.len_q, d.len_k) >= 8192);
 }
 // Where m32s with straight-line masked tiles (MmaShapeM32SStraight) is the default: a padded head
 // dim of 128 with at least one CTA's 128 rows per K/V head. H100, bf16, eb720a9, one call, x

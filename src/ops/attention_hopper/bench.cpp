@@ -463,7 +463,9 @@ void fp8_sweep(const Stream& stream) {
   auto q8 = make(DType::e4m3), k8 = make(DType::e4m3), v8 = make(DType::e4m3);
   auto q16 = make(DType::bf16), k16 = make(DType::bf16), v16 = make(DType::bf16);
   auto y = make(DType::bf16);
-  auto lse = harness::TestTensor::make(DType::f32, {kTokens * 32}, harness::Target::cuda);
+  // LSE of the most heads swept (head dim 64).
+  auto lse =
+      harness::TestTensor::make(DType::f32, {kTokens * (kHidden / 64)}, harness::Target::cuda);
   auto scale = harness::TestTensor::make(DType::f32, {1}, harness::Target::cuda);
   scale.set_values({0.25});
   // BARACUDA_AB="<kernel a>,<kernel b>": instead of the sweep, the two kernels pinned by name
@@ -501,6 +503,8 @@ void fp8_sweep(const Stream& stream) {
         f8.q_descale = f8.k_descale = f8.v_descale = scale.cview();
         const attention::ForwardArguments f16{
             view(q16, DType::bf16), view(k16, DType::bf16), view(v16, DType::bf16), ty, tl, {}, {}};
+        // Bytes the op moves: Q, K, V read (1 byte an element fp8, 2 bf16), Y written in bf16.
+        const double fp8_bytes = 3.0 * n + 2.0 * n, bf16_bytes = 4.0 * n * 2;
         if (!ab_a.empty()) {
           for (int r = 0; r < rounds; ++r)
             for (const std::string& k : {ab_a, ab_b}) {
@@ -511,7 +515,7 @@ void fp8_sweep(const Stream& stream) {
                 bench::emit_error("attention", "attention_forward", name + "/" + k, fp.error());
                 continue;
               }
-              time_forward(stream, name, *fp, fp8 ? f8 : f16, fp8 ? 5.0 * n : 8.0 * n, flops,
+              time_forward(stream, name, *fp, fp8 ? f8 : f16, fp8 ? fp8_bytes : bf16_bytes, flops,
                            "ab round " + std::to_string(r), fp8 ? "e4m3" : "bf16");
             }
           continue;
@@ -523,7 +527,7 @@ void fp8_sweep(const Stream& stream) {
           const std::string note = "fp8 e4m3 -> bf16" + std::string(k.substr(kFa3Fp8Kernel.size()));
           if (auto fp = attention::ForwardPlan::select(stream, desc, PlanPreference::kernel(k));
               fp.ok())
-            time_forward(stream, name, *fp, f8, 3.0 * n + 2.0 * n, flops, note, "e4m3");
+            time_forward(stream, name, *fp, f8, fp8_bytes, flops, note, "e4m3");
           else
             bench::emit_error("attention", "attention_forward", name + "/" + note, fp.error());
         }
@@ -532,7 +536,7 @@ void fp8_sweep(const Stream& stream) {
              {std::pair{"fa3_sm90a", PlanPreference::kernel(kFa3Kernel)},
               std::pair{"cudnn", PlanPreference::only(Backend::cudnn)}}) {
           if (auto fp = attention::ForwardPlan::select(stream, desc, pref); fp.ok())
-            time_forward(stream, name, *fp, f16, 8.0 * n, flops, note);
+            time_forward(stream, name, *fp, f16, bf16_bytes, flops, note);
           else
             bench::emit_error("attention", "attention_forward", name + "/" + note, fp.error());
         }

@@ -173,19 +173,20 @@ __device__ __forceinline__ void zero_rows(uint32_t tile, int rows, int r0, int i
   }
 }
 
-// Shared-memory matrix descriptor, 128-byte swizzle.
-__device__ __forceinline__ uint64_t desc_sw128(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+// Shared-memory matrix descriptor of a swizzled tile (layout code 1: 128-byte swizzle, 2: 64-byte).
+__device__ __forceinline__ uint64_t desc_swizzled(uint32_t addr, uint32_t lbo, uint32_t sbo,
+                                                  uint64_t layout) {
   return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(lbo >> 4) << 16) |
-         (static_cast<uint64_t>(sbo >> 4) << 32) | (uint64_t{1} << 62);
+         (static_cast<uint64_t>(sbo >> 4) << 32) | (layout << 62);
 }
-// A K-major tile of kRow-byte swizzled rows (128: desc_sw128; 64: the 64-byte swizzle, whose
-// layout code is 2), 8-row groups kRow * 8 bytes apart.
+__device__ __forceinline__ uint64_t desc_sw128(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return desc_swizzled(addr, lbo, sbo, 1);
+}
+// A K-major tile of kRow-byte swizzled rows (128 or 64), 8-row groups kRow * 8 bytes apart.
 template <int kRow>
 __device__ __forceinline__ uint64_t desc_k_major(uint32_t addr) {
   static_assert(kRow == 128 || kRow == 64);
-  if constexpr (kRow == 128) return desc_sw128(addr, 16, 1024);
-  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (uint64_t{1} << 16) |
-         (uint64_t{512 >> 4} << 32) | (uint64_t{2} << 62);
+  return desc_swizzled(addr, 16, 8 * kRow, kRow == 128 ? 1 : 2);
 }
 
 // The wgmma shapes by element type (bf16 or f16).

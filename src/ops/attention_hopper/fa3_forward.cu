@@ -44,7 +44,7 @@
 //
 // fp8 (the E4m3<TO> instantiations, "fa3_fwd_fp8_sm90a" and its A/B schedules): the same template
 // over e4m3 Q / K (one 128-byte swizzle row holds a d128 row) and V transposed into the workspace
-// beforehand (fp8_transpose_v: 8-bit wgmma reads both operands K-major), m64n128k32 e4m3 wgmmas,
+// beforehand (fp8_transpose_v: 8-bit wgmma reads both operands K-major), m64nNk32 e4m3 wgmmas,
 // P rounded to e4m3 as 2^(s - max + 8), per-tensor descales read from device scalars, Y in TO
 // staged through a buffer of its own; Dk = Dv in {64, 128, 256} (D = 64: 64-byte swizzled Q / K
 // rows; D = 256: 64-key tiles, V^T in 64-byte swizzled rows), padded or varlen.
@@ -259,8 +259,8 @@ __device__ __forceinline__ void produce(const CUtensorMap* tq, const CUtensorMap
     mbar_wait(smem_u32(&bars[kBarVEmpty + s]), free_parity);
     mbar_expect_tx(bv, S::kVBytes);
     if constexpr (E::kFp8) {
-      // V^T: the tile's 128 keys (one 128-byte column block) of all Dv rows; a varlen sequence's
-      // keys start at its own column (fp8_vt_start).
+      // V^T: the tile's keys (one swizzled row of 128 bytes, 64 at D = 256) of all Dv rows; a
+      // varlen sequence's keys start at its own column (fp8_vt_start).
       const int c0 = p.cu_q ? fp8_vt_start(t.k0, t.b) : 0;
       tma_load_4d(sv0 + s * S::kVBytes, tv, bv, c0 + (t.n_first + n) * S::kBn, 0, hk, t.tb);
     } else {
@@ -407,13 +407,11 @@ __device__ __forceinline__ void softmax_tile(float (&sc)[kBN / 2], const Params&
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     const float m_new = fmaxf(m_run[i], mx * mult);
     // A row that has seen no key yet keeps max -inf: subtract 0 so that 2^-inf = 0 (no NaN).
-    float base = m_new == -INFINITY ? 0.f : m_new;
-    if constexpr (kFp8) {
-      base = m_new == -INFINITY ? 0.f : m_new - kFp8PBias;
-      corr[i] = fast_exp2(m_run[i] - base - kFp8PBias);  // 2^(old base - new base)
-    } else {
-      corr[i] = fast_exp2(m_run[i] - base);
-    }
+    // fp8: the base sits kFp8PBias below the max (P carries 2^kFp8PBias); corr = 2^(old base -
+    // new base) either way.
+    constexpr float kBias = kFp8 ? kFp8PBias : 0.f;
+    const float base = m_new == -INFINITY ? 0.f : m_new - kBias;
+    corr[i] = fast_exp2(m_run[i] - base - kBias);
     // An unmoved max rescales by exactly 1 (a row that has seen no key: O and l are 0 either way).
     if constexpr (kLazy) corr[i] = m_new == m_run[i] ? 1.f : corr[i];
     m_run[i] = m_new;
@@ -782,10 +780,9 @@ bool fits_ranked_ahead(const Problem& pr, const DeviceCaps& caps) {
 constexpr std::string_view kWho = "attention_forward: fa3_fwd_sm90a";
 constexpr std::string_view kWhoFp8 = "attention_forward: fa3_fwd_fp8_sm90a";
 
-// ---- fp8: V transposed into the workspace
-// --------------------------------------------------------- Key slot s of a V^T row holds key
-// fp8_key_of_slot(s): the order pack_p's k32 A fragments take the accumulator's columns in (slot 4t
-// + u of each 16 holds key 2t + (u & 1) + 8 (u >> 1)).
+// ---- fp8: V transposed into the workspace -------------------------------------------------------
+// Key slot s of a V^T row holds key fp8_key_of_slot(s): the order pack_p's k32 A fragments take the
+// accumulator's columns in (slot 4t + u of each 16 holds key 2t + (u & 1) + 8 (u >> 1)).
 __host__ __device__ constexpr int fp8_key_of_slot(int s) {
   const int r = s & 15, t = r >> 2, u = r & 3;
   return (s & ~15) + 2 * t + (u & 1) + 8 * (u >> 1);
@@ -892,12 +889,8 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
   BARACUDA_TRY(make_map(who, &tq, dt, q, kBM, E::kBytes, kQkRow<T, D>));
   BARACUDA_TRY(make_map(who, &tk, dt, k, kKeysPerTile<D>, E::kBytes, kQkRow<T, D>));
   if constexpr (E::kFp8) {
-    // V^T into the workspace (same stream, so the kernel below sees it), then its map.
-    const size_t need = fp8_workspace(pr, ctx.stream.caps());
-    if (ctx.workspace.bytes < need)
-      return Error::workspace_too_small(std::string(who) + ": V^T", need, ctx.workspace.bytes);
-    if (reinterpret_cast<uintptr_t>(ctx.workspace.data) % 16 != 0)
-      return Error::misaligned(std::string(who) + ": workspace is not 16-byte aligned");
+    // V^T into the workspace (same stream, so the kernel below sees it), then its map. Plan::run
+    // has checked the workspace's size (fp8_workspace) and its 256-byte alignment.
     const int64_t keys = fp8_vt_keys(pr);
     auto* vt = static_cast<uint8_t*>(ctx.workspace.data);
     const TransposeParams tp{static_cast<const uint8_t*>(v.data),
@@ -1041,7 +1034,6 @@ bool register_one() {
                                          .priority = -4,
                                          .fits = fits<T, kPersistent>,
                                          .launch = launch<T, kPersistent>});
-
   // The plain schedule once more, above every other forward kernel but fitting only where the
   // measured selection table says it is the fastest candidate (cuDNN then ranks behind there).
   register_kernel<attention::ForwardOp>({.sku = sku(kFa3RankedAhead),
