@@ -249,10 +249,14 @@ void sweep(const Stream& stream) {
         // plain schedule is the table's fa3 column (the one with a ranked-ahead entry).
         double fa3_tf = 0;
         // The exp2-offload variants: notes "fa3_sm90a_exp2poly2of8" / "fa3_sm90a_exp2poly3of8".
-        // The persistent variant (D = 64 only): note "fa3_sm90a_persistent".
-        for (std::string_view fa3 : {kFa3Kernel, kFa3PingpongKernel, kFa3Exp2Poly2Kernel,
-                                     kFa3Exp2Poly3Kernel, kFa3PersistentKernel}) {
-          if ((fa3 == kFa3PersistentKernel && d != 64) || backward_only) continue;
+        // The persistent variant (D = 64 only): note "fa3_sm90a_persistent"; the wide key tiles
+        // (D = 128 only): "fa3_sm90a_n176" / "fa3_sm90a_n160".
+        for (std::string_view fa3 :
+             {kFa3Kernel, kFa3PingpongKernel, kFa3Exp2Poly2Kernel, kFa3Exp2Poly3Kernel,
+              kFa3PersistentKernel, kFa3Wide176Kernel, kFa3Wide160Kernel}) {
+          const bool wide = fa3 == kFa3Wide176Kernel || fa3 == kFa3Wide160Kernel;
+          if ((fa3 == kFa3PersistentKernel && d != 64) || (wide && d != 128) || backward_only)
+            continue;
           const std::string note = "fa3_sm90a" + std::string(fa3.substr(kFa3Kernel.size()));
           auto fp = attention::ForwardPlan::select(stream, desc, PlanPreference::kernel(fa3));
           if (!fp.ok()) {
@@ -468,23 +472,27 @@ void fp8_sweep(const Stream& stream) {
       harness::TestTensor::make(DType::f32, {kTokens * (kHidden / 64)}, harness::Target::cuda);
   auto scale = harness::TestTensor::make(DType::f32, {1}, harness::Target::cuda);
   scale.set_values({0.25});
-  // BARACUDA_AB="<kernel a>,<kernel b>": instead of the sweep, the two kernels pinned by name
+  // BARACUDA_AB="<kernel a>,<kernel b>[,...]": instead of the sweep, the kernels pinned by name
   // (e4m3 inputs where the name says fp8, bf16 otherwise) in alternation, BARACUDA_AB_ROUNDS
   // rounds (default 6) at L >= 4096: rows noted "ab round <r>", so that clock and power drift
-  // within a call hits both alike (calls on one machine differ by up to 20% at these points).
-  const std::string ab{bench::env("BARACUDA_AB")};
-  const size_t comma = ab.find(',');
-  const std::string ab_a = comma == std::string::npos ? "" : ab.substr(0, comma),
-                    ab_b = comma == std::string::npos ? "" : ab.substr(comma + 1);
+  // within a call hits all alike (calls on one machine differ by up to 20% at these points).
+  std::vector<std::string> ab_kernels;
+  for (std::string_view rest = bench::env("BARACUDA_AB"); !rest.empty();) {
+    const size_t comma = std::min(rest.find(','), rest.size());
+    if (comma > 0) ab_kernels.emplace_back(rest.substr(0, comma));
+    rest.remove_prefix(std::min(comma + 1, rest.size()));
+  }
+  if (ab_kernels.size() == 1) ab_kernels.clear();  // one name is no comparison: the sweep runs
+  const bool ab_mode = !ab_kernels.empty();
   const int rounds_env = std::atoi(std::string(bench::env("BARACUDA_AB_ROUNDS")).c_str());
   const int rounds = rounds_env > 0 ? rounds_env : 6;
-  const std::vector<int64_t> lens = ab_a.empty()
+  const std::vector<int64_t> lens = !ab_mode
                                         ? std::vector<int64_t>{512, 1024, 2048, 4096, 8192, 16384}
                                         : std::vector<int64_t>{4096, 8192, 16384};
   // Head dims 64 / 128 / 256 (the A/B mode and the short run: 128), the schedule A/B rows at 128
   // only.
   const std::vector<int64_t> dims_swept =
-      ab_a.empty() && full ? std::vector<int64_t>{64, 128, 256} : std::vector<int64_t>{128};
+      !ab_mode && full ? std::vector<int64_t>{64, 128, 256} : std::vector<int64_t>{128};
   for (int64_t kDim : dims_swept)
     for (int64_t l : lens)
       for (bool causal : {false, true}) {
@@ -505,9 +513,9 @@ void fp8_sweep(const Stream& stream) {
             view(q16, DType::bf16), view(k16, DType::bf16), view(v16, DType::bf16), ty, tl, {}, {}};
         // Bytes the op moves: Q, K, V read (1 byte an element fp8, 2 bf16), Y written in bf16.
         const double fp8_bytes = 3.0 * n + 2.0 * n, bf16_bytes = 4.0 * n * 2;
-        if (!ab_a.empty()) {
+        if (ab_mode) {
           for (int r = 0; r < rounds; ++r)
-            for (const std::string& k : {ab_a, ab_b}) {
+            for (const std::string& k : ab_kernels) {
               const bool fp8 = k.find("fp8") != std::string::npos;
               desc.dtype = fp8 ? DType::e4m3 : DType::bf16;
               auto fp = attention::ForwardPlan::select(stream, desc, PlanPreference::kernel(k));
