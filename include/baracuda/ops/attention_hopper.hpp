@@ -176,10 +176,6 @@ inline constexpr std::string_view kFa3Exp2Poly2Kernel = "fa3_fwd_sm90a_exp2poly2
 inline constexpr std::string_view kFa3Exp2Poly3Kernel = "fa3_fwd_sm90a_exp2poly3of8";
 inline constexpr std::string_view kFa3PersistentKernel = "fa3_fwd_sm90a_persistent";
 inline constexpr std::string_view kFa3RankedAhead = "fa3_fwd_sm90a_ranked_ahead";
-// The plain schedule over wider key tiles (176 / 160 keys; 16-bit, head dim 128 only), pinnable
-// by name (A/B of FlashAttention-3's tile for that head dim).
-inline constexpr std::string_view kFa3Wide176Kernel = "fa3_fwd_sm90a_n176";
-inline constexpr std::string_view kFa3Wide160Kernel = "fa3_fwd_sm90a_n160";
 // The fp8 forward (issue 8's stretch): e4m3 Q, K, V with per-tensor descales, Y in bf16 or f16,
 // Dk = Dv in {64, 128, 256}, padded or varlen layouts; V is transposed into the workspace first
 // (8-bit wgmma reads both operands K-major). The only GPU kernel of element e4m3.

@@ -1052,9 +1052,8 @@ void expect_fa3_entry(const Kernel<Op>& fa3, DType t, std::string_view family_pr
 TEST(AttentionFa3Registry, RegisteredBelowEveryOtherForwardWithTruthfulPrecision) {
   int found = 0;
   for (DType t : {DType::bf16, DType::f16}) {
-    for (std::string_view name :
-         {kFa3, kFa3Pingpong, kFa3Exp2Poly2Kernel, kFa3Exp2Poly3Kernel, kFa3PersistentKernel,
-          kFa3Wide176Kernel, kFa3Wide160Kernel, kFa3RankedAhead}) {
+    for (std::string_view name : {kFa3, kFa3Pingpong, kFa3Exp2Poly2Kernel, kFa3Exp2Poly3Kernel,
+                                  kFa3PersistentKernel, kFa3RankedAhead}) {
       const auto* fa3 = fa3_kernel(t, name);
       if (!fa3) continue;  // CPU-only build
       ++found;
@@ -1062,7 +1061,7 @@ TEST(AttentionFa3Registry, RegisteredBelowEveryOtherForwardWithTruthfulPrecision
     }
   }
   if (found == 0) GTEST_SKIP() << "built without CUDA: fa3_fwd_sm90a is not registered";
-  EXPECT_EQ(found, 16);
+  EXPECT_EQ(found, 12);
 }
 
 // A deterministic forward plan run twice into poisoned Y / LSE: bytes outside them untouched each
@@ -1251,24 +1250,6 @@ TEST(AttentionFa3Gpu, PersistentMatchesReference) {
   check_fa3_cases(cases, kFa3PersistentKernel);
 }
 
-// The wide key tiles (176 / 160 keys, Dk = Dv = 128 only): every such case of both lists, plus
-// lengths around the tile widths (one key past a tile, a tile exactly, one short) so that the
-// last tile's masking and the band's tile arithmetic at a width that is not a power of two are
-// exercised with both masks and a window.
-TEST(AttentionFa3Gpu, WideKeyTilesMatchReference) {
-  FA3_SKIP_UNLESS_RUNNABLE();
-  std::vector<Case> cases;
-  for (const Case& c : all_fa3_cases())
-    if (c.d == 128 && vdim(c) == 128) cases.push_back(c);
-  cases.push_back({DType::bf16, 1, 4, 2, 177, 177, 128, Mask::none(), false, true});
-  cases.push_back({DType::f16, 2, 2, 2, 352, 352, 128, Mask::causal_top_left(), true, false});
-  cases.push_back({DType::bf16, 1, 2, 1, 159, 161, 128, Mask::causal_bottom_right(), false, false});
-  cases.push_back(
-      {DType::bf16, 1, 2, 2, 500, 1400, 128, Mask::sliding_window(200, 50), true, true});
-  cases.push_back({DType::f16, 1, 2, 2, 640, 2000, 128, Mask::none(), false, false, true, 30.0});
-  for (std::string_view name : {kFa3Wide176Kernel, kFa3Wide160Kernel}) check_fa3_cases(cases, name);
-}
-
 TEST(AttentionFa3Gpu, FitsExactlyWhatItSupports) {
   FA3_SKIP_UNLESS_RUNNABLE();
   const DeviceCaps& caps = harness::stream_for(Target::cuda).caps();
@@ -1279,11 +1260,6 @@ TEST(AttentionFa3Gpu, FitsExactlyWhatItSupports) {
     // The persistent variant: D = 64 only.
     EXPECT_EQ(fa3_kernel(d.dtype, kFa3PersistentKernel)->fits(problem_of(d), caps),
               plain && d.head_dim_qk == 64);
-    // The wide key tiles: Dk = Dv = 128 only.
-    for (std::string_view v : {kFa3Wide176Kernel, kFa3Wide160Kernel})
-      EXPECT_EQ(fa3_kernel(d.dtype, v)->fits(problem_of(d), caps),
-                plain && d.head_dim_qk == 128 && d.head_dim_v == 128)
-          << v;
     return plain;
   };
   EXPECT_TRUE(fits(make_desc(DType::bf16, 1, 8, 2, 77, 203, 64, Mask::causal_bottom_right())));
@@ -2019,10 +1995,6 @@ void check_varlen_case(const VarlenCase& c, harness::Rng& rng) {
   std::vector<std::string_view> fwd = {kFa3, kFa3Pingpong, kFa3Exp2Poly2Kernel,
                                        kFa3Exp2Poly3Kernel};
   if (c.d == 64) fwd.push_back(kFa3PersistentKernel);
-  if (c.d == 128) {  // varlen cases have Dk = Dv
-    fwd.push_back(kFa3Wide176Kernel);
-    fwd.push_back(kFa3Wide160Kernel);
-  }
   const bool fa3_default = preferred_candidate(p, Pass::forward, true) == Candidate::fa3;
   fwd.push_back({});  // the default plan
   for (std::string_view name : fwd) {

@@ -249,14 +249,10 @@ void sweep(const Stream& stream) {
         // plain schedule is the table's fa3 column (the one with a ranked-ahead entry).
         double fa3_tf = 0;
         // The exp2-offload variants: notes "fa3_sm90a_exp2poly2of8" / "fa3_sm90a_exp2poly3of8".
-        // The persistent variant (D = 64 only): note "fa3_sm90a_persistent"; the wide key tiles
-        // (D = 128 only): "fa3_sm90a_n176" / "fa3_sm90a_n160".
-        for (std::string_view fa3 :
-             {kFa3Kernel, kFa3PingpongKernel, kFa3Exp2Poly2Kernel, kFa3Exp2Poly3Kernel,
-              kFa3PersistentKernel, kFa3Wide176Kernel, kFa3Wide160Kernel}) {
-          const bool wide = fa3 == kFa3Wide176Kernel || fa3 == kFa3Wide160Kernel;
-          if ((fa3 == kFa3PersistentKernel && d != 64) || (wide && d != 128) || backward_only)
-            continue;
+        // The persistent variant (D = 64 only): note "fa3_sm90a_persistent".
+        for (std::string_view fa3 : {kFa3Kernel, kFa3PingpongKernel, kFa3Exp2Poly2Kernel,
+                                     kFa3Exp2Poly3Kernel, kFa3PersistentKernel}) {
+          if ((fa3 == kFa3PersistentKernel && d != 64) || backward_only) continue;
           const std::string note = "fa3_sm90a" + std::string(fa3.substr(kFa3Kernel.size()));
           auto fp = attention::ForwardPlan::select(stream, desc, PlanPreference::kernel(fa3));
           if (!fp.ok()) {

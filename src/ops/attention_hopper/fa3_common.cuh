@@ -211,21 +211,13 @@ struct Ops {
     else
       ss_tt_m64n64k16_bf16(d, a, b, s);
   }
-  // S = A B^T over N = 64, 128, 160 or 176 keys.
+  // S = A B^T over N = 64 or 128 keys.
   template <int N>
   static __device__ __forceinline__ void ss(float (&d)[N / 2], uint64_t a, uint64_t b, int s) {
     if constexpr (N == 64)
       ss64(d, a, b, s);
-    else if constexpr (N == 128)
-      ss128(d, a, b, s);
-    else if constexpr (N == 160 && kHalf)
-      ss_m64n160k16_f16(d, a, b, s);
-    else if constexpr (N == 160)
-      ss_m64n160k16_bf16(d, a, b, s);
-    else if constexpr (kHalf)
-      ss_m64n176k16_f16(d, a, b, s);
     else
-      ss_m64n176k16_bf16(d, a, b, s);
+      ss128(d, a, b, s);
   }
   // D = 64, 128 or 256 columns, accumulating.
   template <int D>

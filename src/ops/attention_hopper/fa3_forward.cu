@@ -124,10 +124,10 @@ __host__ __device__ inline int fp8_vt_start(int start, int b) {
 // [rows][D bytes]; V arrives transposed ([D][BN keys], see fp8_transpose_v), and O is staged for
 // the epilogue in a buffer of its own (Q's cannot hold 16-bit O): 73 / 145 / 193 KB at D = 64 /
 // 128 / 256.
-template <int D, int kEB = 2, int BN = kKeysPerTile<D>>
+template <int D, int kEB = 2>
 struct Smem {
   static constexpr int kStages = kEB == 1 || D == 64 ? 3 : 2;  // K/V ring (D = 128: 160 KB in all)
-  static constexpr int kBn = BN;
+  static constexpr int kBn = kKeysPerTile<D>;
   static constexpr int kQBytes = kBM * D * kEB;
   static constexpr int kKBytes = kBn * D * kEB;         // one K tile
   static constexpr int kVBytes = kBn * kDvOf<D> * kEB;  // one V tile
@@ -207,31 +207,17 @@ __device__ __forceinline__ Tile tile_of(const Params& p, int w) {
 //             (H100, 705370e, six interleaved rounds: +0.7-4.8% over kPlain at d128 L >= 4096).
 //             At 16 bits, where the rescale hides under the S GEMM, it measured 2-4% slower (same
 //             call) and is not built.
-//  kWide176 / kWide160: (16-bit D = 128 only) kPlain over key tiles of 176 / 160 keys instead
-//             of 128 (FlashAttention-3's tile for this head dim without a mask): each tile's fixed
-//             costs (barrier waits and arrives, the row max's shuffles, O's rescale, the GEMMs'
-//             issue and drain) are spread over more keys, at the price of a partly masked last tile
-//             when Lk is a multiple of 128 (L = 4096: 24 tiles of 176 for 23.3 of work).
 enum Variant : int {
   kPlain = 0,
   kPingpong = 1,
   kPoly2 = 2,
   kPoly3 = 3,
   kPersistent = 4,
-  kLazyRescale = 5,
-  kWide176 = 6,
-  kWide160 = 7
+  kLazyRescale = 5
 };
 constexpr int poly_groups(int v) {
   return v == kPoly2 ? 2 : v == kPoly3 ? 3 : 0;
 }
-// Keys per tile of an instantiation.
-template <int D, int V>
-constexpr int kKeyTile = V == kWide176   ? 176
-                         : V == kWide160 ? 160
-                                         : kKeysPerTile<D>;
-template <class T, int D, int V>
-using SmemOf = Smem<D, ElemOf<T>::kBytes, kKeyTile<D, V>>;
 
 #if BARACUDA_FA3_DEVICE
 template <class T, int D, int V>
@@ -242,13 +228,13 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
 // The producer lane's loads for one work tile: Q (once "Q empty" shows the previous tile's S
 // GEMMs are done: only the persistent variant reloads it), then the tile's K / V tiles into the
 // ring from ring position it0 on.
-template <class T, int D, int V>
+template <class T, int D>
 __device__ __forceinline__ void produce(const CUtensorMap* tq, const CUtensorMap* tk,
                                         const CUtensorMap* tv, const Params& p, const Tile& t,
                                         uint32_t sq, uint32_t sk0, uint32_t sv0,
                                         const uint64_t* bars, int it0, int q_count) {
   using E = ElemOf<T>;
-  using S = SmemOf<T, D, V>;
+  using S = Smem<D, E::kBytes>;
   constexpr int kSt = S::kStages;
   constexpr int kRow = kQkRow<T, D>;
   constexpr int kCols = kRow / E::kBytes;                  // elements per column block
@@ -292,7 +278,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     fa3_fwd_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                    const __grid_constant__ CUtensorMap tv, const Params p) {
 #if BARACUDA_FA3_DEVICE
-  using S = SmemOf<T, D, V>;
+  using S = Smem<D, ElemOf<T>::kBytes>;
   constexpr int kSt = S::kStages;
   extern __shared__ uint8_t smem_raw[];
   __shared__ alignas(8) uint64_t bars[kBars + kConsumers * 128 / 2];  // + consumer scratch
@@ -338,7 +324,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int w = w0; w < n_work; w += w_step) {
         const Tile t = tile(w);
         if (t.n_tiles == 0) continue;
-        produce<T, D, V>(&tq, &tk, &tv, p, t, sq, sk0, sv0, bars, it, q_count);
+        produce<T, D>(&tq, &tk, &tv, p, t, sq, sk0, sv0, bars, it, q_count);
         it += t.n_tiles;
         ++q_count;
       }
@@ -550,7 +536,7 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
   using E = ElemOf<T>;
   using TO = typename E::Out;
   constexpr bool kFp8 = E::kFp8;
-  using S = SmemOf<T, D, V>;
+  using S = Smem<D, E::kBytes>;
   constexpr int kSt = S::kStages;
   constexpr int kBN = S::kBn;
   constexpr int DV = kDvOf<D>;
@@ -589,7 +575,7 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
     mbar_wait(smem_u32(&bars[kBarKFull + s0]), (it0 / kSt) & 1);
     if (PP) turn_wait(wg);
     wgmma_fence();
-    issue_s<T, D, kBN>(sc, q_base, sk0 + s0 * S::kKBytes);
+    issue_s<T, D>(sc, q_base, sk0 + s0 * S::kKBytes);
     if (PP) turn_pass(wg);
     wgmma_wait<0>();
     fence_regs(sc);
@@ -617,7 +603,7 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
         turn_wait(wg);
       }
       wgmma_fence();
-      issue_s<T, D, kBN>(sc, q_base, sk0 + s * S::kKBytes);
+      issue_s<T, D>(sc, q_base, sk0 + s * S::kKBytes);
       rescale();
       if (!PP) mbar_wait(smem_u32(&bars[kBarVFull + sp]), ((r - 1) / kSt) & 1);
       fence_regs(o);
@@ -764,9 +750,7 @@ bool fits(const Problem& pr, const DeviceCaps& caps) {
   // The persistent variant numbers its work tiles (query blocks x heads x batch) in an int.
   // D = 64 only: at D = 128 ptxas spills it (36 bytes, a few per work tile, outside the key
   // loop) at the consumers' 240 registers, and the project builds no kernel that spills.
-  if constexpr (V == kWide176 || V == kWide160) {  // 16-bit D = 128 only
-    return pr.desc.head_dim_qk == 128 && pr.desc.head_dim_v == 128 && body_compiled<T, 128, V>();
-  } else if constexpr (V == kPersistent) {
+  if constexpr (V == kPersistent) {
     if ((pr.desc.len_q + kBM - 1) / kBM * pr.desc.heads_q * pr.desc.batch >= (int64_t{1} << 31) ||
         pr.desc.head_dim_qk != 64)
       return false;
@@ -875,7 +859,7 @@ __global__ void __launch_bounds__(256) fp8_transpose_v(const TransposeParams p) 
 // variant (Q's shape, D = 64: 129 KB) and fp8 (16-bit O, Q's buffer is too small: 145 KB).
 template <class T, int D, int V>
 constexpr int launch_smem() {
-  using S = SmemOf<T, D, V>;
+  using S = Smem<D, ElemOf<T>::kBytes>;
   return S::kLaunchBytes + (ElemOf<T>::kFp8    ? kBM * kDvOf<D> * 2
                             : V == kPersistent ? S::kQBytes
                                                : 0);
@@ -903,7 +887,7 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
                                                              : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   CUtensorMap tq, tk, tv;
   BARACUDA_TRY(make_map(who, &tq, dt, q, kBM, E::kBytes, kQkRow<T, D>));
-  BARACUDA_TRY(make_map(who, &tk, dt, k, kKeyTile<D, V>, E::kBytes, kQkRow<T, D>));
+  BARACUDA_TRY(make_map(who, &tk, dt, k, kKeysPerTile<D>, E::kBytes, kQkRow<T, D>));
   if constexpr (E::kFp8) {
     // V^T into the workspace (same stream, so the kernel below sees it), then its map. Plan::run
     // has checked the workspace's size (fp8_workspace) and its 256-byte alignment.
@@ -930,7 +914,7 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
     BARACUDA_TRY(
         make_map(who, &tv, dt, vt_view, static_cast<uint32_t>(kDvOf<D>), 1, kKeysPerTile<D>));
   } else {
-    BARACUDA_TRY(make_map(who, &tv, dt, v, kKeyTile<D, V>));
+    BARACUDA_TRY(make_map(who, &tv, dt, v, kKeysPerTile<D>));
   }
 
   Params p{};
@@ -971,14 +955,6 @@ Status launch(const LaunchContext& ctx, const Problem& pr, const ForwardArgument
                                 ": fa3_fwd_sm90a_persistent: head_dim=" +
                                 std::to_string(pr.desc.head_dim_qk) + ": D = 64 only");
     return launch_d<T, 64, V>(ctx, pr, a);
-  } else if constexpr (V == kWide176 || V == kWide160) {  // D = 128 only (see fits)
-    if (pr.desc.head_dim_qk != 128 || pr.desc.head_dim_v != 128)
-      return Error::unsupported(std::string(attention::ForwardOp::name) + ": fa3_fwd_sm90a_n" +
-                                std::to_string(kKeyTile<128, V>) +
-                                ": head_dim_qk=" + std::to_string(pr.desc.head_dim_qk) +
-                                ", head_dim_v=" + std::to_string(pr.desc.head_dim_v) +
-                                ": 128 only");
-    return launch_d<T, 128, V>(ctx, pr, a);
   } else {
     switch (pr.desc.head_dim_qk) {
       case 64:
@@ -1058,14 +1034,6 @@ bool register_one() {
                                          .priority = -4,
                                          .fits = fits<T, kPersistent>,
                                          .launch = launch<T, kPersistent>});
-  register_kernel<attention::ForwardOp>({.sku = sku(kFa3Wide176Kernel),
-                                         .priority = -5,
-                                         .fits = fits<T, kWide176>,
-                                         .launch = launch<T, kWide176>});
-  register_kernel<attention::ForwardOp>({.sku = sku(kFa3Wide160Kernel),
-                                         .priority = -6,
-                                         .fits = fits<T, kWide160>,
-                                         .launch = launch<T, kWide160>});
   // The plain schedule once more, above every other forward kernel but fitting only where the
   // measured selection table says it is the fastest candidate (cuDNN then ranks behind there).
   register_kernel<attention::ForwardOp>({.sku = sku(kFa3RankedAhead),

@@ -21,12 +21,11 @@ namespace baracuda::attention_hopper::fa3 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 """)
 for ty in ["bf16", "f16"]:
-    # N = 160 / 176: the score GEMM of the forward's wide key tiles (D = 128, SS only)
-    for n in [64, 128, 160, 176, 256]:
+    for n in [64, 128, 256]:
         r = n // 2
         regs = ", ".join(f"%{i}" for i in range(r))
         cons = ", ".join(f'"+f"(d[{i}])' for i in range(r))
-        # SS (N < 256: the score GEMMs); RS at N = 64, 128, 256 (the P V GEMMs)
+        # SS (N = 64, 128: the score GEMMs); RS at every N (N = 256: the head-dim-256 P V GEMM)
         if n < 256:
             out.append(f"""__device__ __forceinline__ void ss_m64n{n}k16_{ty}(float (&d)[{r}], uint64_t da, uint64_t db,
                                                      int scale_d) {{
@@ -49,8 +48,6 @@ for ty in ["bf16", "f16"]:
       : "l"(da), "l"(db), "r"(scale_d));
 }}
 """)
-        if n in (160, 176):
-            continue
         out.append(f"""__device__ __forceinline__ void rs_m64n{n}k16_{ty}(float (&d)[{r}], const uint32_t (&a)[4],
                                                      uint64_t db, int scale_d) {{
   asm volatile(
