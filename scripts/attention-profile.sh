@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# One device call: Nsight Compute profiles of our attention forward next to PyTorch's on the same
+# sweep point, so that the two kernels' counters (issue slots, stalls, shared-memory traffic,
+# instruction mix) can be compared side by side. Builds the attention family first (sm_90a).
+#   scripts/attention-profile.sh d64_l4096 [d128_l4096_causal ...]
+# Per point: the family's default forward (bench_attention with BARACUDA_ATTN_SWEEP, the first
+# flash_fwd_mma launch) against PyTorch SDPA's flash backend (FlashAttention-2). env: KERNELS (ncu
+# regex of ours, default flash_fwd_mma), PEER (torch_sdpa_flash | torch_sdpa_cudnn), NCU_SET
+# (default full). Reports (.ncu-rep) and their text pages land in $OUT. Clocks are left as found
+# (--clock-control none): the card's settings are not ours to change.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+export PATH=/usr/local/cuda/bin:$PATH
+B=${BUILD_DIR:-build-family}
+KERNELS=${KERNELS:-flash_fwd_mma}
+PEER=${PEER:-torch_sdpa_flash}
+NCU_SET=${NCU_SET:-full}
+. scripts/cudnn-env.sh
+if [ ! -x "$B/apps/bench_attention" ]; then
+  cmake -S . -B "$B" -G Ninja -DCMAKE_CUDA_ARCHITECTURES=${ARCHS:-90a} \
+    "-DBARACUDA_FAMILY_DIRS=attention;attention_hopper" ${CUDNN_ROOT:+-DCUDNN_ROOT=$CUDNN_ROOT} \
+    >"$OUT/build.log" 2>&1 &&
+    cmake --build "$B" -j "$(nproc)" --target bench_attention >>"$OUT/build.log" 2>&1 ||
+    { tail -30 "$OUT/build.log"; exit 1; }
+fi
+ncu_run() {  # <report name> <kernel regex> <command...>
+  local name=$1 regex=$2
+  shift 2
+  timeout 240 ncu --clock-control none --set "$NCU_SET" -k "regex:$regex" -c 1 -f -o "$OUT/$name" "$@" \
+    >"$OUT/$name.run.log" 2>&1
+  echo "$name: rc=$? $(grep -c '==PROF==' "$OUT/$name.run.log") profiler lines"
+  ncu --import "$OUT/$name.ncu-rep" --page details >"$OUT/$name.details.txt" 2>&1
+  ncu --import "$OUT/$name.ncu-rep" --page raw --csv >"$OUT/$name.raw.csv" 2>&1
+}
+for point in "$@"; do
+  BARACUDA_ATTENTION_ONLY=forward BARACUDA_ATTN_SWEEP=$point \
+    ncu_run "ours_$point" "$KERNELS" "$B/apps/bench_attention" attention
+  d=${point#d}
+  d=${d%%_*}
+  l=${point#*_l}
+  l=${l%%_*}
+  causal=False
+  [[ $point == *_causal ]] && causal=True
+  peer_regex=flash_fwd
+  [ "$PEER" = torch_sdpa_cudnn ] && peer_regex='sm90|cudnn|fmha'
+  cat >"$OUT/peer_$point.py" <<EOF
+import torch, torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+d, l = $d, $l
+b, h = 16384 // l, 2048 // d
+q, k, v = (torch.randn(b, h, l, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+backend = {"torch_sdpa_flash": SDPBackend.FLASH_ATTENTION,
+           "torch_sdpa_cudnn": SDPBackend.CUDNN_ATTENTION}["$PEER"]
+with sdpa_kernel(backend):
+    for _ in range(3):
+        F.scaled_dot_product_attention(q, k, v, is_causal=$causal)
+torch.cuda.synchronize()
+EOF
+  ncu_run "peer_$point" "$peer_regex" python3 "$OUT/peer_$point.py"
+done
