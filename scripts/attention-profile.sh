@@ -3,8 +3,9 @@
 # sweep point, so that the two kernels' counters (issue slots, stalls, shared-memory traffic,
 # instruction mix) can be compared side by side. Builds the attention family first (sm_90a).
 #   scripts/attention-profile.sh d64_l4096 [d128_l4096_causal ...]
-# Per point: the family's default forward (bench_attention with BARACUDA_ATTN_SWEEP, the first
-# flash_fwd_mma launch) against PyTorch SDPA's flash backend (FlashAttention-2). env: KERNELS (ncu
+# Per point: one of the family's forward kernels (FAMILY_KERNEL, default
+# flash_fwd_mma_m32s_n128_sm80; bench_attention with BARACUDA_ATTN_SWEEP and BARACUDA_ATTN_KERNELS,
+# its first launch) against PyTorch SDPA's flash backend (FlashAttention-2). env: KERNELS (ncu
 # regex of ours, default flash_fwd_mma), PEER (torch_sdpa_flash | torch_sdpa_cudnn), NCU_SET
 # (default full). Reports (.ncu-rep) and their text pages land in $OUT. Clocks are left as found
 # (--clock-control none): the card's settings are not ours to change.
@@ -36,6 +37,7 @@ ncu_run() {  # <report name> <kernel regex> <command...>
 }
 for point in "$@"; do
   BARACUDA_ATTENTION_ONLY=forward BARACUDA_ATTN_SWEEP=$point \
+    BARACUDA_ATTN_KERNELS=${FAMILY_KERNEL:-flash_fwd_mma_m32s_n128_sm80} \
     ncu_run "ours_$point" "$KERNELS" "$B/apps/bench_attention" attention
   d=${point#d}
   d=${d%%_*}

@@ -49,6 +49,18 @@ void bench_all(const Stream& stream) {
   long long only_d = 0, only_l = 0;
   if (std::sscanf(sweep_env.c_str(), "d%lld_l%lld", &only_d, &only_l) != 2) only_d = only_l = 0;
   const bool only_causal = sweep_env.ends_with("_causal");
+  // BARACUDA_ATTN_KERNELS=<name>[,<name>...]: only these A/B rows (a profiler then sees their
+  // launches first).
+  const std::string kernels_env{bench::env("BARACUDA_ATTN_KERNELS")};
+  auto ab_wanted = [&](std::string_view k) {
+    if (kernels_env.empty()) return true;
+    for (std::string_view rest = kernels_env; !rest.empty();) {
+      const size_t comma = std::min(rest.find(','), rest.size());
+      if (rest.substr(0, comma) == k) return true;
+      rest.remove_prefix(std::min(comma + 1, rest.size()));
+    }
+    return false;
+  };
   for (int64_t dim : {64, 128}) {
     if (!sweep) break;
     const int64_t heads = kHidden / dim;
@@ -93,7 +105,7 @@ void bench_all(const Stream& stream) {
              {"flash_fwd_mma_sm80", "flash_fwd_mma_m16_sm80", "flash_fwd_mma_m16w8_sm80",
               "flash_fwd_mma_m32_sm80", "flash_fwd_mma_ovl_sm80", "flash_fwd_mma_m32s_sm80",
               "flash_fwd_mma_m32s_straight_sm80", "flash_fwd_mma_m32s_n128_sm80"}) {
-          if (fwd->sku().name == alt || backward_only) continue;
+          if (fwd->sku().name == alt || backward_only || !ab_wanted(alt)) continue;
           auto ap = ForwardPlan::select(stream, d, PlanPreference::kernel(alt));
           if (!ap.ok()) {
             // A kernel that does not serve this point (m32s_n128 beyond head dim 64, a shape over
