@@ -62,3 +62,6 @@ torch.cuda.synchronize()
 EOF
   ncu_run "peer_$point" "$peer_regex" python3 "$OUT/peer_$point.py"
 done
+# The device returns at most 8 files: the text pages in one archive, the reports beside it.
+tar czf "$OUT/profile.tgz" -C "$OUT" --exclude='*.ncu-rep' --exclude=profile.tgz . &&
+  find "$OUT" -maxdepth 1 -type f ! -name '*.ncu-rep' ! -name profile.tgz -delete
