@@ -578,18 +578,23 @@ __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
   T* sV = sK + kStages * BN * D;                                 // kStages tiles
   int* sBounds = reinterpret_cast<int*>(sV + kStages * BN * D);  // [kM][2] when kBoundsSmem
 
-  // Block -> (head, split, m-block, batch); heads of a group are adjacent so they share K/V in L2.
+  // Block -> (m-block, head, split, batch): the blocks that read the same K/V tiles (every query
+  // block of a head, then the other heads of its group) are adjacent, so they run together and
+  // one K/V head's tiles are read from DRAM once. With heads fastest (as before 2026-11-27) the
+  // resident blocks spanned every head of a batch row, whose K/V (32 MiB at d64, L 4096) outgrew
+  // the L2 between a head's waves: ncu (H100, d64 L4096) read 909 MB from DRAM where Q, K, V are
+  // 201 MB, L2 hit rate 68% (FlashAttention-2, query blocks fastest: 202 MB, 92%).
   // With GQA packing (decode: group * Lq <= kM) a block owns all query heads of one K/V head, its
   // rows r being (head h0 + r / Lq, query r % Lq), so the K/V tiles are read once per group.
   const int m_blocks = p.pack ? 1 : (p.len_q + kM - 1) / kM;
   const int grid_heads = p.pack ? p.heads_kv : p.heads_q;
   int lin = blockIdx.x;
+  const int mb = m_blocks - 1 - lin % m_blocks;  // a head's heaviest (causal) block first
+  lin /= m_blocks;
   const int hh = lin % grid_heads;
   lin /= grid_heads;
   const int split = lin % p.splits;
-  lin /= p.splits;
-  const int mb = m_blocks - 1 - lin % m_blocks;  // heaviest (causal) blocks first
-  const int b = lin / m_blocks;
+  const int b = lin / p.splits;
   const SeqRows s = seq_rows(p, b);
   const int m0 = mb * kM;
   const int rows_total = p.pack ? p.group * s.lq : s.lq;
@@ -994,12 +999,14 @@ __global__ void __launch_bounds__(128) flash_bwd_dkdv_mma(Params p) {
   float* sDelta0 = sLse0 + 2 * BQ;
   if ((smem_u32(smem_raw) & 127u) != 0) __trap();  // swz_addr: 128-byte aligned tiles
 
+  // Block -> (key block, K/V head, batch): the blocks that read the same query-side tiles (Q, dY,
+  // LSE of a head group) are adjacent (see flash_fwd_mma); the lightest causal blocks come last.
   const int k_blocks = (p.len_k + kKeys - 1) / kKeys;
   int lin = blockIdx.x;
-  const int hk = lin % p.heads_kv;
-  lin /= p.heads_kv;
   const int kb = lin % k_blocks;
-  const int b = lin / k_blocks;
+  lin /= k_blocks;
+  const int hk = lin % p.heads_kv;
+  const int b = lin / p.heads_kv;
   const SeqRows s = seq_rows(p, b);
   const int k0 = kb * kKeys;
   if (k0 >= s.lk) return;
@@ -1191,12 +1198,14 @@ __global__ void __launch_bounds__(128) flash_bwd_dq_mma(Params p) {
   T* sV0 = sK0 + 2 * BN * D;                       // two stages
   if ((smem_u32(smem_raw) & 127u) != 0) __trap();  // swz_addr: 128-byte aligned tiles
 
+  // Block -> (m-block, head, batch): the blocks that read the same K/V tiles are adjacent (see
+  // flash_fwd_mma); a head's heaviest causal block first.
   const int m_blocks = (p.len_q + kM - 1) / kM;
   int lin = blockIdx.x;
-  const int h = lin % p.heads_q;
-  lin /= p.heads_q;
   const int mb = m_blocks - 1 - lin % m_blocks;
-  const int b = lin / m_blocks;
+  lin /= m_blocks;
+  const int h = lin % p.heads_q;
+  const int b = lin / p.heads_q;
   const SeqRows s = seq_rows(p, b);
   const int m0 = mb * kM;
   if (m0 >= s.lq) return;
@@ -1383,12 +1392,14 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_fused_mma(Params p, float* d
   int* sHi0 = sLo0 + 2 * BQ;
   if ((smem_u32(smem_raw) & 127u) != 0) __trap();  // swz_addr: 128-byte aligned tiles
 
+  // Block -> (key block, K/V head, batch): the blocks that read the same query-side tiles (Q, dY,
+  // LSE of a head group) are adjacent (see flash_fwd_mma); the lightest causal blocks come last.
   const int k_blocks = (p.len_k + kKeys - 1) / kKeys;
   int lin = blockIdx.x;
-  const int hk = lin % p.heads_kv;
-  lin /= p.heads_kv;
   const int kb = lin % k_blocks;
-  const int b = lin / k_blocks;
+  lin /= k_blocks;
+  const int hk = lin % p.heads_kv;
+  const int b = lin / p.heads_kv;
   const SeqRows s = seq_rows(p, b);
   const int k0 = kb * kKeys;
   if (k0 >= s.lk) return;
