@@ -550,6 +550,23 @@ __device__ __forceinline__ void rescale_rows(float (&o)[kOTiles][4], float (&l)[
 // instantiated twice for it (a block-uniform branch picks one per tile); the other shapes keep
 // the single text they were measured with. STR = 2 (A/B, MmaShapeM32SStraight): straight-line on
 // every tile, masked and capped ones too (prep_scores, as the m16 shapes).
+// A block's place in a grid of (block, head, rest) work tiles. Without a band every block of a
+// head does the same work, so its blocks go first (adjacent): the blocks that read the same K/V
+// (forward, dQ) or Q / dY (dK / dV) tiles run together and those tiles come from DRAM once (ncu,
+// H100, d64 L4096: 909 MB read for 201 MB of Q, K, V with heads first, L2 hit rate 68%; 201 MB,
+// 92% with blocks first; FlashAttention-2 orders its grid the same way). Under a band (causal,
+// windows) the heads go first, so that every head's heaviest blocks start before any lighter one
+// (longest first): blocks first there put the last head's heaviest block at the end of the grid,
+// and measured 4-33% slower (causal, the same call, f21f337).
+struct GridPlace {
+  int blk, head, rest;
+};
+__device__ __forceinline__ GridPlace grid_place(int lin, int blocks, int heads, const Band& band) {
+  if (band.left < 0 && band.right < 0)
+    return {lin % blocks, lin / blocks % heads, lin / blocks / heads};
+  return {lin / heads % blocks, lin % heads, lin / heads / blocks};
+}
+
 template <class T, int D, int NW, int BN, int MT, bool QREG, bool OVL = false, int STR = 0>
 struct MmaCfg {
   static constexpr int kM = 16 * NW * MT;
@@ -578,23 +595,17 @@ __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
   T* sV = sK + kStages * BN * D;                                 // kStages tiles
   int* sBounds = reinterpret_cast<int*>(sV + kStages * BN * D);  // [kM][2] when kBoundsSmem
 
-  // Block -> (m-block, head, split, batch): the blocks that read the same K/V tiles (every query
-  // block of a head, then the other heads of its group) are adjacent, so they run together and
-  // one K/V head's tiles are read from DRAM once. With heads fastest (as before 2026-11-27) the
-  // resident blocks spanned every head of a batch row, whose K/V (32 MiB at d64, L 4096) outgrew
-  // the L2 between a head's waves: ncu (H100, d64 L4096) read 909 MB from DRAM where Q, K, V are
-  // 201 MB, L2 hit rate 68% (FlashAttention-2, query blocks fastest: 202 MB, 92%).
-  // With GQA packing (decode: group * Lq <= kM) a block owns all query heads of one K/V head, its
-  // rows r being (head h0 + r / Lq, query r % Lq), so the K/V tiles are read once per group.
+  // Block -> (m-block, head and split, batch) in grid_place's order; heads of a group are adjacent
+  // so they share K/V in L2. With GQA packing (decode: group * Lq <= kM) a block owns all query
+  // heads of one K/V head, its rows r being (head h0 + r / Lq, query r % Lq), so the K/V tiles are
+  // read once per group.
   const int m_blocks = p.pack ? 1 : (p.len_q + kM - 1) / kM;
   const int grid_heads = p.pack ? p.heads_kv : p.heads_q;
-  int lin = blockIdx.x;
-  const int mb = m_blocks - 1 - lin % m_blocks;  // a head's heaviest (causal) block first
-  lin /= m_blocks;
-  const int hh = lin % grid_heads;
-  lin /= grid_heads;
-  const int split = lin % p.splits;
-  const int b = lin / p.splits;
+  const GridPlace at =
+      grid_place(static_cast<int>(blockIdx.x), m_blocks, grid_heads * p.splits, p.band);
+  const int hh = at.head % grid_heads, split = at.head / grid_heads;
+  const int mb = m_blocks - 1 - at.blk;  // heaviest (causal) blocks first
+  const int b = at.rest;
   const SeqRows s = seq_rows(p, b);
   const int m0 = mb * kM;
   const int rows_total = p.pack ? p.group * s.lq : s.lq;
@@ -999,14 +1010,10 @@ __global__ void __launch_bounds__(128) flash_bwd_dkdv_mma(Params p) {
   float* sDelta0 = sLse0 + 2 * BQ;
   if ((smem_u32(smem_raw) & 127u) != 0) __trap();  // swz_addr: 128-byte aligned tiles
 
-  // Block -> (key block, K/V head, batch): the blocks that read the same query-side tiles (Q, dY,
-  // LSE of a head group) are adjacent (see flash_fwd_mma); the lightest causal blocks come last.
+  // Block -> (key block, K/V head, batch) in grid_place's order (heaviest causal blocks first).
   const int k_blocks = (p.len_k + kKeys - 1) / kKeys;
-  int lin = blockIdx.x;
-  const int kb = lin % k_blocks;
-  lin /= k_blocks;
-  const int hk = lin % p.heads_kv;
-  const int b = lin / p.heads_kv;
+  const GridPlace at = grid_place(static_cast<int>(blockIdx.x), k_blocks, p.heads_kv, p.band);
+  const int kb = at.blk, hk = at.head, b = at.rest;
   const SeqRows s = seq_rows(p, b);
   const int k0 = kb * kKeys;
   if (k0 >= s.lk) return;
@@ -1198,14 +1205,11 @@ __global__ void __launch_bounds__(128) flash_bwd_dq_mma(Params p) {
   T* sV0 = sK0 + 2 * BN * D;                       // two stages
   if ((smem_u32(smem_raw) & 127u) != 0) __trap();  // swz_addr: 128-byte aligned tiles
 
-  // Block -> (m-block, head, batch): the blocks that read the same K/V tiles are adjacent (see
-  // flash_fwd_mma); a head's heaviest causal block first.
+  // Block -> (m-block, head, batch) in grid_place's order (heaviest causal blocks first).
   const int m_blocks = (p.len_q + kM - 1) / kM;
-  int lin = blockIdx.x;
-  const int mb = m_blocks - 1 - lin % m_blocks;
-  lin /= m_blocks;
-  const int h = lin % p.heads_q;
-  const int b = lin / p.heads_q;
+  const GridPlace at = grid_place(static_cast<int>(blockIdx.x), m_blocks, p.heads_q, p.band);
+  const int mb = m_blocks - 1 - at.blk;
+  const int h = at.head, b = at.rest;
   const SeqRows s = seq_rows(p, b);
   const int m0 = mb * kM;
   if (m0 >= s.lq) return;
@@ -1392,14 +1396,10 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_fused_mma(Params p, float* d
   int* sHi0 = sLo0 + 2 * BQ;
   if ((smem_u32(smem_raw) & 127u) != 0) __trap();  // swz_addr: 128-byte aligned tiles
 
-  // Block -> (key block, K/V head, batch): the blocks that read the same query-side tiles (Q, dY,
-  // LSE of a head group) are adjacent (see flash_fwd_mma); the lightest causal blocks come last.
+  // Block -> (key block, K/V head, batch) in grid_place's order (heaviest causal blocks first).
   const int k_blocks = (p.len_k + kKeys - 1) / kKeys;
-  int lin = blockIdx.x;
-  const int kb = lin % k_blocks;
-  lin /= k_blocks;
-  const int hk = lin % p.heads_kv;
-  const int b = lin / p.heads_kv;
+  const GridPlace at = grid_place(static_cast<int>(blockIdx.x), k_blocks, p.heads_kv, p.band);
+  const int kb = at.blk, hk = at.head, b = at.rest;
   const SeqRows s = seq_rows(p, b);
   const int k0 = kb * kKeys;
   if (k0 >= s.lk) return;
