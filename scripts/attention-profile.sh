@@ -34,6 +34,9 @@ ncu_run() {  # <report name> <kernel regex> <command...>
   echo "$name: rc=$? $(grep -c '==PROF==' "$OUT/$name.run.log") profiler lines"
   ncu --import "$OUT/$name.ncu-rep" --page details >"$OUT/$name.details.txt" 2>&1
   ncu --import "$OUT/$name.ncu-rep" --page raw --csv >"$OUT/$name.raw.csv" 2>&1
+  # Per-instruction counters (stall reasons by SASS line): where the two kernels differ.
+  ncu --import "$OUT/$name.ncu-rep" --page source --csv --print-source sass \
+    >"$OUT/$name.sass.csv" 2>&1
 }
 for point in "$@"; do
   BARACUDA_ATTENTION_ONLY=forward BARACUDA_ATTN_SWEEP=$point \
