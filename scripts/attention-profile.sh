@@ -66,5 +66,7 @@ EOF
   ncu_run "peer_$point" "$peer_regex" python3 "$OUT/peer_$point.py"
 done
 # The device returns at most 8 files: the text pages in one archive, the reports beside it.
-tar czf "$OUT/profile.tgz" -C "$OUT" --exclude='*.ncu-rep' --exclude=profile.tgz . &&
-  find "$OUT" -maxdepth 1 -type f ! -name '*.ncu-rep' ! -name profile.tgz -delete
+tmp=$(mktemp -d)
+[ -f "$OUT/profile.tgz" ] && tar xzf "$OUT/profile.tgz" -C "$tmp"  # an earlier run's pages
+find "$OUT" -maxdepth 1 -type f ! -name '*.ncu-rep' ! -name profile.tgz -exec mv {} "$tmp/" \;
+tar czf "$OUT/profile.tgz" -C "$tmp" . && rm -rf "$tmp"
