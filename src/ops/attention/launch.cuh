@@ -145,6 +145,24 @@ template <int D>
 struct MmaShapeM32SWide : MmaShapeM32S<D> {
   static constexpr int kBN = D == 64 ? 128 : MmaShapeM32S<D>::kBN;
 };
+// A/B: the same two shapes with every ldmatrix fragment loaded a step ahead (flash_fwd_mma's
+// PIPE).
+template <int D>
+struct MmaShapeM32SWidePipe : MmaShapeM32SWide<D> {
+  static constexpr bool kPipe = true;
+};
+template <int D>
+struct MmaShapeM32SStraightPipe : MmaShapeM32SStraight<D> {
+  static constexpr bool kPipe = true;
+};
+// A shape's PIPE (false unless it says).
+template <class S>
+constexpr bool shape_pipe() {
+  if constexpr (requires { S::kPipe; })
+    return S::kPipe;
+  else
+    return false;
+}
 // m16w8 with S_{t+1} issued before the softmax of S_t (MmaCfg's OVL): the warps' softmax no
 // longer leaves the tensor cores idle. 4-stage ring: 160 KB at D = 128, one CTA per SM as m16w8.
 template <int D>
@@ -217,7 +235,8 @@ template <class T, int D, template <int> class Sh>
 Status run_mma(const LaunchContext& ctx, const Params& p) {
   using S = Sh<D>;
   using Cfg = MmaCfg<T, D, S::kNW, S::kBN, S::kMT, S::kQReg, S::kOvl, S::kStr>;
-  constexpr auto kernel = flash_fwd_mma<T, D, S::kNW, S::kBN, S::kMT, S::kQReg, S::kOvl, S::kStr>;
+  constexpr auto kernel =
+      flash_fwd_mma<T, D, S::kNW, S::kBN, S::kMT, S::kQReg, S::kOvl, S::kStr, shape_pipe<S>()>;
   static const cudaError_t attr = cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Cfg::kSmem));
   if (attr != cudaSuccess) return cuda::cuda_error(ForwardOp::name, "flash_fwd_mma smem", attr);
@@ -590,6 +609,11 @@ bool register_kernels() {
                                                             mma);
     register_fwd_mma<E, MmaShapeM32SWide, fits_n128_default>("flash_fwd_mma_m32s_n128_sm80", 25,
                                                              mma);
+    // Their fragment-pipelined twins (A/B, pinnable only).
+    register_fwd_mma<E, MmaShapeM32SWidePipe, fits_mma_64>("flash_fwd_mma_m32s_n128_pipe_sm80", 11,
+                                                           mma);
+    register_fwd_mma<E, MmaShapeM32SStraightPipe, fits_mma_128>(
+        "flash_fwd_mma_m32s_straight_pipe_sm80", 9, mma);
     register_fwd_mma<E, MmaShapeM32SStraight, fits_straight_default>(
         "flash_fwd_mma_m32s_straight_sm80", 25, mma);
     // Few query rows per K/V head (decode, speculative decoding): above the general kernel; that
