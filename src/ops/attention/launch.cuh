@@ -140,19 +140,23 @@ struct MmaShapeM32SStraight : MmaShapeM32S<D> {
 };
 // m32s over 128-key tiles at D = 64 (FlashAttention-2's own d64 shape: 128 x 128 CTAs of four
 // warps): each ldmatrix'd K / V fragment feeds as many FLOPs as at D = 128 with 64-key tiles.
-// Other head dims launch m32s's kernels.
+// Its fragments are loaded a step ahead (flash_fwd_mma's PIPE): H100, 9726a86, same call, d64
+// unmasked L512..16384: 221 / 255 / 273 / 284 / 294 / 296 TFLOP/s against 216 / 247 / 261 / 271 /
+// 280 / 283 without (0.84-1.01x FA2 instead of 0.82-0.96x); 254 registers, no spill (4 bytes
+// without). Other head dims launch m32s's kernels.
 template <int D>
 struct MmaShapeM32SWide : MmaShapeM32S<D> {
   static constexpr int kBN = D == 64 ? 128 : MmaShapeM32S<D>::kBN;
+  static constexpr bool kPipe = D == 64;
 };
-// A/B: the same two shapes with every ldmatrix fragment loaded a step ahead (flash_fwd_mma's
-// PIPE).
+// A/B: m32s and m16 with their fragments loaded a step ahead. (m32s_straight with it spilled 40 /
+// 68 bytes at D = 128 and measured 2-12% slower, 9726a86: not built.)
 template <int D>
-struct MmaShapeM32SWidePipe : MmaShapeM32SWide<D> {
+struct MmaShapeM32SPipe : MmaShapeM32S<D> {
   static constexpr bool kPipe = true;
 };
 template <int D>
-struct MmaShapeM32SStraightPipe : MmaShapeM32SStraight<D> {
+struct MmaShapeM16Pipe : MmaShapeM16<D> {
   static constexpr bool kPipe = true;
 };
 // A shape's PIPE (false unless it says).
@@ -609,11 +613,9 @@ bool register_kernels() {
                                                             mma);
     register_fwd_mma<E, MmaShapeM32SWide, fits_n128_default>("flash_fwd_mma_m32s_n128_sm80", 25,
                                                              mma);
-    // Their fragment-pipelined twins (A/B, pinnable only).
-    register_fwd_mma<E, MmaShapeM32SWidePipe, fits_mma_64>("flash_fwd_mma_m32s_n128_pipe_sm80", 11,
-                                                           mma);
-    register_fwd_mma<E, MmaShapeM32SStraightPipe, fits_mma_128>(
-        "flash_fwd_mma_m32s_straight_pipe_sm80", 9, mma);
+    // m32s and m16 with their fragments loaded a step ahead (A/B, pinnable only).
+    register_fwd_mma<E, MmaShapeM32SPipe, fits_mma_128>("flash_fwd_mma_m32s_pipe_sm80", 11, mma);
+    register_fwd_mma<E, MmaShapeM16Pipe, fits_mma_128>("flash_fwd_mma_m16_pipe_sm80", 9, mma);
     register_fwd_mma<E, MmaShapeM32SStraight, fits_straight_default>(
         "flash_fwd_mma_m32s_straight_sm80", 25, mma);
     // Few query rows per K/V head (decode, speculative decoding): above the general kernel; that
