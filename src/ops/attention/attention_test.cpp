@@ -1540,9 +1540,7 @@ TEST_P(AttentionTest, ForwardKernelsByNameOnDevice) {
                                       "flash_fwd_mma_m32_sm80",
                                       "flash_fwd_mma_ovl_sm80",
                                       "flash_fwd_mma_m32s_sm80",
-                                      "flash_fwd_mma_m32s_straight_sm80",
-                                      "flash_fwd_mma_m32s_pipe_sm80",
-                                      "flash_fwd_mma_m16_pipe_sm80"};
+                                      "flash_fwd_mma_m32s_straight_sm80"};
     if (std::max(c.dk, c.dv) <= 64) names.push_back("flash_fwd_mma_m32s_n128_sm80");
     return names;
   };

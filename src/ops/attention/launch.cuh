@@ -149,16 +149,9 @@ struct MmaShapeM32SWide : MmaShapeM32S<D> {
   static constexpr int kBN = D == 64 ? 128 : MmaShapeM32S<D>::kBN;
   static constexpr bool kPipe = D == 64;
 };
-// A/B: m32s and m16 with their fragments loaded a step ahead. (m32s_straight with it spilled 40 /
-// 68 bytes at D = 128 and measured 2-12% slower, 9726a86: not built.)
-template <int D>
-struct MmaShapeM32SPipe : MmaShapeM32S<D> {
-  static constexpr bool kPipe = true;
-};
-template <int D>
-struct MmaShapeM16Pipe : MmaShapeM16<D> {
-  static constexpr bool kPipe = true;
-};
+// Loading the fragments a step ahead did not pay for the other shapes (H100, 3d21677, same call,
+// against FA2's ratio): m16 -5 to +3%, m32s +3-6% at d128 L <= 8192 but -2% at L16384 and -1 to
+// -3% at d64, m32s_straight (40 / 68 bytes of spill at D = 128) -2 to -12%; not built.
 // A shape's PIPE (false unless it says).
 template <class S>
 constexpr bool shape_pipe() {
@@ -613,9 +606,6 @@ bool register_kernels() {
                                                             mma);
     register_fwd_mma<E, MmaShapeM32SWide, fits_n128_default>("flash_fwd_mma_m32s_n128_sm80", 25,
                                                              mma);
-    // m32s and m16 with their fragments loaded a step ahead (A/B, pinnable only).
-    register_fwd_mma<E, MmaShapeM32SPipe, fits_mma_128>("flash_fwd_mma_m32s_pipe_sm80", 11, mma);
-    register_fwd_mma<E, MmaShapeM16Pipe, fits_mma_128>("flash_fwd_mma_m16_pipe_sm80", 9, mma);
     register_fwd_mma<E, MmaShapeM32SStraight, fits_straight_default>(
         "flash_fwd_mma_m32s_straight_sm80", 25, mma);
     // Few query rows per K/V head (decode, speculative decoding): above the general kernel; that
