@@ -7,7 +7,8 @@
 # flash_fwd_mma_m32s_n128_sm80; bench_attention with BARACUDA_ATTN_SWEEP and BARACUDA_ATTN_KERNELS,
 # its first launch) against PyTorch SDPA's flash backend (FlashAttention-2). env: KERNELS (ncu
 # regex of ours, default flash_fwd_mma), PEER (torch_sdpa_flash | torch_sdpa_cudnn), NCU_SET
-# (default full). Reports (.ncu-rep) and their text pages land in $OUT. Clocks are left as found
+# (default full), PASS (forward | backward: flash_bwd_fused against FA2's backward kernel). Reports
+# (.ncu-rep) and their text pages land in $OUT. Clocks are left as found
 # (--clock-control none): the card's settings are not ours to change.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -17,6 +18,8 @@ export PATH=/usr/local/cuda/bin:$PATH
 B=${BUILD_DIR:-build-family}
 KERNELS=${KERNELS:-flash_fwd_mma}
 PEER=${PEER:-torch_sdpa_flash}
+PASS=${PASS:-forward}  # backward: our first flash_bwd_fused launch against FA2's backward kernel
+[ "$PASS" = backward ] && KERNELS=${KERNELS_BWD:-flash_bwd_fused}
 NCU_SET=${NCU_SET:-full}
 . scripts/cudnn-env.sh
 if [ ! -x "$B/apps/bench_attention" ]; then
@@ -39,7 +42,7 @@ ncu_run() {  # <report name> <kernel regex> <command...>
     >"$OUT/$name.sass.csv" 2>&1
 }
 for point in "$@"; do
-  BARACUDA_ATTENTION_ONLY=forward BARACUDA_ATTN_SWEEP=$point \
+  BARACUDA_ATTENTION_ONLY=$PASS BARACUDA_ATTN_SWEEP=$point \
     BARACUDA_ATTN_KERNELS=${FAMILY_KERNEL:-flash_fwd_mma_m32s_n128_sm80} \
     ncu_run "ours_$point" "$KERNELS" "$B/apps/bench_attention" attention
   d=${point#d}
@@ -49,6 +52,7 @@ for point in "$@"; do
   causal=False
   [[ $point == *_causal ]] && causal=True
   peer_regex=flash_fwd
+  [ "$PASS" = backward ] && peer_regex=flash_bwd_dq_dk_dv
   [ "$PEER" = torch_sdpa_cudnn ] && peer_regex='sm90|cudnn|fmha'
   cat >"$OUT/peer_$point.py" <<EOF
 import torch, torch.nn.functional as F
@@ -60,7 +64,12 @@ backend = {"torch_sdpa_flash": SDPBackend.FLASH_ATTENTION,
            "torch_sdpa_cudnn": SDPBackend.CUDNN_ATTENTION}["$PEER"]
 with sdpa_kernel(backend):
     for _ in range(3):
-        F.scaled_dot_product_attention(q, k, v, is_causal=$causal)
+        if "$PASS" == "backward":
+            q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=$causal)
+            torch.autograd.grad(y, (q, k, v), torch.randn_like(y))
+        else:
+            F.scaled_dot_product_attention(q, k, v, is_causal=$causal)
 torch.cuda.synchronize()
 EOF
   ncu_run "peer_$point" "$peer_regex" python3 "$OUT/peer_$point.py"

@@ -755,7 +755,8 @@ TEST(AttentionRegistry, FamilyForwardDefaultFollowsTheMeasuredShapes) {
       {cfg(64, 4096, none), "flash_fwd_mma_m32s_n128_sm80"},
       {cfg(48, 700, none), "flash_fwd_mma_m32s_n128_sm80"},  // padded to 64
       {cfg(64, 4096, causal), "flash_fwd_mma_m16_sm80"},
-      {cfg(64, 8192, causal), "flash_fwd_mma_m32s_sm80"},
+      {cfg(64, 8192, causal), "flash_fwd_mma_m16_sm80"},
+      {cfg(64, 16384, causal), "flash_fwd_mma_m32s_sm80"},
       // 3 rows x 16 heads a K/V head: too many for decode, too few for m32s's 128-row CTA.
       {[&] {
          Config c = cfg(128, 300, none, 16, 1);

@@ -466,22 +466,27 @@ inline bool fits_mma_64(const Problem& pr, const DeviceCaps&) {
 // K/V head, or most of them would be empty. Since eb720a9 the straight variant (same shared
 // memory, rule below) takes every padded head dim of 128 and m32s_n128 unmasked D = 64 where its
 // 112 KB are granted, so m32s keeps D = 64: long banded problems, and unmasked ones on 99 KB parts.
+// Banded, from 16k on: at L8192 causal m16 led in both runs that measured it (ea14cc1: 257 vs 255;
+// 25f34da, with the fast tile loads: 277.5 vs 263.0), at L16384 m32s (268 vs 242; 281.6 vs 268.2).
 inline bool fits_m32s_default(const Problem& pr, const DeviceCaps& caps) {
   const auto& d = pr.desc;
   return fits_mma_64(pr, caps) && d.len_q * pr.group >= 128 &&
-         (d.mask.is_none() || std::max(d.len_q, d.len_k) >= 8192);
+         (d.mask.is_none() || std::max(d.len_q, d.len_k) >= 16384);
 }
 // Where m32s with straight-line masked tiles (MmaShapeM32SStraight) is the default: a padded head
 // dim of 128 with at least one CTA's 128 rows per K/V head. H100, bf16, eb720a9, one call, x
 // FlashAttention-2: non-causal L512..16k 0.89-1.01 vs m32s 0.83-0.98; causal 0.91-1.08 vs m32s
 // 0.69-1.01 and m16 0.84-0.89. At D = 64 it trails m32s / m32s_n128 unmasked (0.79-0.84) and m16
-// on short causal problems, so it does not take over there.
+// on short causal problems, so it does not take over there. With the fast tile loads (25f34da,
+// same call): non-causal 0.93-1.10x, causal 0.97-1.21x.
 inline bool fits_straight_default(const Problem& pr, const DeviceCaps& caps) {
   return fits_mma_128(pr, caps) && mma_dim(pr) == 128 && pr.desc.len_q * pr.group >= 128;
 }
 // Where m32s over 128-key tiles (MmaShapeM32SWide) is the default: a padded head dim of 64,
 // unmasked, at least 128 rows per K/V head. Same call: L512..16k 0.85-0.91x FlashAttention-2 vs
 // m32s 0.81-0.87 (equal at 16k); causal it trails (0.42-0.88: a 128-key diagonal tile masks half).
+// Since its fragments load a step ahead and full tiles load without bounds math (25f34da):
+// 0.89-1.06x.
 inline bool fits_n128_default(const Problem& pr, const DeviceCaps& caps) {
   return fits_mma_64(pr, caps) && pr.desc.mask.is_none() && pr.desc.len_q * pr.group >= 128;
 }
