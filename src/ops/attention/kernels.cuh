@@ -1681,6 +1681,18 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_fused_mma(Params p, float* d
             }
           }
         }
+        // Where this lane's P^T / dS^T pairs go (swz<BQ>, bytes): every row it writes has row % 8
+        // = g, and the warp's query chunks qo / 8 + n (n < kQT) do not carry out of their group of
+        // 8 (BQ = 128: qo / 8 is 0 or 8; BQ = 64: 0 or 4 with n < 4), so chunk n lands at chunk
+        // ((qo / 8) ^ g) ^ n of the group: one base per lane, the column step an XOR of n << 4 on
+        // bits the row and group offsets leave clear, the rows immediates. The per-store swz<BQ>
+        // cost ~2 LOP3s a store (ncu d64 L4096: 151 LOP3s a warp and tile).
+        static_assert(BQ == 64 || BQ == 128, "the XOR walk below assumes no chunk carry");
+        const uint32_t p_lane =
+            smem_u32(sP) + static_cast<uint32_t>(((kb + g) * BQ + (qo & ~63)) * sizeof(T)) +
+            static_cast<uint32_t>((((qo / 8) & 7) ^ g) << 4) + 4u * static_cast<uint32_t>(tq);
+        constexpr uint32_t kDsOff = kKeys * BQ * sizeof(T);  // sDs = sP - kKeys * BQ
+        constexpr uint32_t kRowBytes = BQ * sizeof(T);
         auto all = [&]<bool kPlain>() {
 #pragma unroll
           for (int mt = 0; mt < 2; ++mt)
@@ -1689,10 +1701,13 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_fused_mma(Params p, float* d
               const int r = kb + mt * 16 + g, c = qo + n * 8 + 2 * tq;
               uint32_t o[4];
               grads.template operator()<kPlain>(st[mt][n], dpt[mt][n], k0 + r, c, o);
-              *reinterpret_cast<uint32_t*>(sP + swz<BQ>(r, c)) = o[0];
-              *reinterpret_cast<uint32_t*>(sP + swz<BQ>(r + 8, c)) = o[1];
-              *reinterpret_cast<uint32_t*>(sDs + swz<BQ>(r, c)) = o[2];
-              *reinterpret_cast<uint32_t*>(sDs + swz<BQ>(r + 8, c)) = o[3];
+              const uint32_t at = (p_lane ^ (static_cast<uint32_t>(n) << 4)) + mt * 16 * kRowBytes;
+              asm volatile(
+                  "st.shared.b32 [%0], %2;\n"
+                  "st.shared.b32 [%0+%6], %3;\n"
+                  "st.shared.b32 [%1], %4;\n"
+                  "st.shared.b32 [%1+%6], %5;\n" ::"r"(at),
+                  "r"(at - kDsOff), "r"(o[0]), "r"(o[1]), "r"(o[2]), "r"(o[3]), "n"(8 * kRowBytes));
             }
         };
         if (plain)
