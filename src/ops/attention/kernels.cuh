@@ -773,29 +773,29 @@ __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
           mma16816<T>(acc[mt][n + 1], af[mt], bf[2], bf[3]);
         }
       }
-    } else {
+    }
+    // The plain walk (zero trips when PIPE: the pipelined one above did the work).
 #pragma unroll
-      for (int ks = 0; ks < kKSteps; ++ks) {
-        uint32_t a[MT][4];
+    for (int ks = 0; ks < (PIPE ? 0 : kKSteps); ++ks) {
+      uint32_t a[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        if constexpr (QREG) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) a[mt][e] = qf[mt][ks][e];
+        } else {
+          ldmatrix_x4(swz_addr<T, D>(q_base, mt * 16, 2 * ks), a[mt][0], a[mt][1], a[mt][2],
+                      a[mt][3]);
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < kSTiles; n += 2) {
+        uint32_t b0, b1, b2, b3;
+        ldmatrix_x4(swz_addr<T, D>(k_base, n * 8, 2 * ks), b0, b1, b2, b3);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          if constexpr (QREG) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) a[mt][e] = qf[mt][ks][e];
-          } else {
-            ldmatrix_x4(swz_addr<T, D>(q_base, mt * 16, 2 * ks), a[mt][0], a[mt][1], a[mt][2],
-                        a[mt][3]);
-          }
-        }
-#pragma unroll
-        for (int n = 0; n < kSTiles; n += 2) {
-          uint32_t b0, b1, b2, b3;
-          ldmatrix_x4(swz_addr<T, D>(k_base, n * 8, 2 * ks), b0, b1, b2, b3);
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt) {
-            mma16816<T>(acc[mt][n], a[mt], b0, b1);
-            mma16816<T>(acc[mt][n + 1], a[mt], b2, b3);
-          }
+          mma16816<T>(acc[mt][n], a[mt], b0, b1);
+          mma16816<T>(acc[mt][n + 1], a[mt], b2, b3);
         }
       }
     }
