@@ -735,23 +735,24 @@ __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
 #pragma unroll
       for (int n = 0; n < kSTiles; ++n)
         acc[mt][n][0] = acc[mt][n][1] = acc[mt][n][2] = acc[mt][n][3] = 0.f;
+    // Q's fragments of k-step ks (from registers when QREG).
+    auto load_a = [&](int ks, uint32_t(&dst)[MT][4]) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        if constexpr (QREG) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) dst[mt][e] = qf[mt][ks][e];
+        } else {
+          ldmatrix_x4(swz_addr<T, D>(q_base, mt * 16, 2 * ks), dst[mt][0], dst[mt][1], dst[mt][2],
+                      dst[mt][3]);
+        }
+      }
+    };
     if constexpr (PIPE) {
       // Steps j = (k-step, n16 pair), K's fragment of step j + 1 (and Q's at a new k-step) loaded
       // while step j's mmas issue.
       constexpr int kPairs = kSTiles / 2, kSteps = kKSteps * kPairs;
       uint32_t a[2][MT][4], b[2][4];
-      auto load_a = [&](int ks, uint32_t(&dst)[MT][4]) {
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          if constexpr (QREG) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) dst[mt][e] = qf[mt][ks][e];
-          } else {
-            ldmatrix_x4(swz_addr<T, D>(q_base, mt * 16, 2 * ks), dst[mt][0], dst[mt][1], dst[mt][2],
-                        dst[mt][3]);
-          }
-        }
-      };
       auto load_b = [&](int j, uint32_t(&dst)[4]) {
         ldmatrix_x4(swz_addr<T, D>(k_base, (j % kPairs) * 16, 2 * (j / kPairs)), dst[0], dst[1],
                     dst[2], dst[3]);
@@ -778,16 +779,7 @@ __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
 #pragma unroll
     for (int ks = 0; ks < (PIPE ? 0 : kKSteps); ++ks) {
       uint32_t a[MT][4];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        if constexpr (QREG) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) a[mt][e] = qf[mt][ks][e];
-        } else {
-          ldmatrix_x4(swz_addr<T, D>(q_base, mt * 16, 2 * ks), a[mt][0], a[mt][1], a[mt][2],
-                      a[mt][3]);
-        }
-      }
+      load_a(ks, a);
 #pragma unroll
       for (int n = 0; n < kSTiles; n += 2) {
         uint32_t b0, b1, b2, b3;
