@@ -557,21 +557,6 @@ __device__ __forceinline__ void rescale_rows(float (&o)[kOTiles][4], float (&l)[
   }
 }
 
-// D: padded head dim; NW warps; BN keys per tile; MT m16 tiles per warp (B fragments loaded from
-// shared memory are reused MT times, which is what keeps ldmatrix from being the bottleneck);
-// QREG keeps the Q fragments in registers for the whole key loop.
-// OVL (A/B, MT = 1 with Q in registers): S_{t+1} = Q K_{t+1}^T is issued before the softmax of
-// S_t, so each warp has independent mma work to hide the softmax's MUFU and ALU latency behind
-// (the per-tile barrier keeps all warps of a CTA in the same phase, so without it the tensor
-// cores idle while every warp runs its exp2s). Costs a second S tile in registers and a 4-stage
-// ring (tiles t and t + 1 resident while t + 2, t + 3 load).
-// STR (MmaShapeM32S = 1): on tiles without soft-cap or mask (the bulk of a long non-causal row)
-// the MT = 2 shape converts its scores with the straight-line scores_to_log2 instead of the
-// per-element branch loop, which it keeps for masked / capped tiles (the straight variants
-// spilled there at MT = 2 while the second m16 tile's mmas were predicated). The softmax text is
-// instantiated twice for it (a block-uniform branch picks one per tile); the other shapes keep
-// the single text they were measured with. STR = 2 (A/B, MmaShapeM32SStraight): straight-line on
-// every tile, masked and capped ones too (prep_scores, as the m16 shapes).
 // A block's place in a grid of (block, head, rest) work tiles. Without a band every block of a
 // head does the same work, so its blocks go first (adjacent): the blocks that read the same K/V
 // (forward, dQ) or Q / dY (dK / dV) tiles run together and those tiles come from DRAM once (ncu,
@@ -589,6 +574,21 @@ __device__ __forceinline__ GridPlace grid_place(int lin, int blocks, int heads, 
   return {lin / heads % blocks, lin % heads, lin / heads / blocks};
 }
 
+// D: padded head dim; NW warps; BN keys per tile; MT m16 tiles per warp (B fragments loaded from
+// shared memory are reused MT times, which is what keeps ldmatrix from being the bottleneck);
+// QREG keeps the Q fragments in registers for the whole key loop.
+// OVL (A/B, MT = 1 with Q in registers): S_{t+1} = Q K_{t+1}^T is issued before the softmax of
+// S_t, so each warp has independent mma work to hide the softmax's MUFU and ALU latency behind
+// (the per-tile barrier keeps all warps of a CTA in the same phase, so without it the tensor
+// cores idle while every warp runs its exp2s). Costs a second S tile in registers and a 4-stage
+// ring (tiles t and t + 1 resident while t + 2, t + 3 load).
+// STR (MmaShapeM32S = 1): on tiles without soft-cap or mask (the bulk of a long non-causal row)
+// the MT = 2 shape converts its scores with the straight-line scores_to_log2 instead of the
+// per-element branch loop, which it keeps for masked / capped tiles (the straight variants
+// spilled there at MT = 2 while the second m16 tile's mmas were predicated). The softmax text is
+// instantiated twice for it (a block-uniform branch picks one per tile); the other shapes keep
+// the single text they were measured with. STR = 2 (A/B, MmaShapeM32SStraight): straight-line on
+// every tile, masked and capped ones too (prep_scores, as the m16 shapes).
 template <class T, int D, int NW, int BN, int MT, bool QREG, bool OVL = false, int STR = 0>
 struct MmaCfg {
   static constexpr int kM = 16 * NW * MT;
@@ -606,11 +606,11 @@ struct MmaCfg {
                                   (kBoundsSmem ? sizeof(int) * 2 * kM : 0);
 };
 
-// PIPE (A/B): each ldmatrix fragment of the two GEMMs is loaded one step (one n16 / d16 pair of
-// mmas) ahead of the mmas that read it, into a second register set, the way FlashAttention-2's
-// CuTe loop does. ncu of m32s_n128 (H100, d64 L4096) had its HMMAs waiting on the ldmatrix just
-// before them (short scoreboard: 12% of stall samples, 4% in FA2's loop, whose HMMAs wait on the
-// tensor pipe instead).
+// PIPE (MmaShapeM32SWide at D = 64): each ldmatrix fragment of the two GEMMs is loaded one step
+// (one n16 / d16 pair of mmas) ahead of the mmas that read it, into a second register set, the way
+// FlashAttention-2's CuTe loop does. ncu of m32s_n128 (H100, d64 L4096) had its HMMAs waiting on
+// the ldmatrix just before them (short scoreboard: 12% of stall samples, 4% in FA2's loop, whose
+// HMMAs wait on the tensor pipe instead).
 template <class T, int D, int NW, int BN, int MT, bool QREG, bool OVL = false, int STR = 0,
           bool PIPE = false>
 __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
