@@ -23,6 +23,16 @@ std::string_view env(const char* name) {
   return v == nullptr ? std::string_view{} : std::string_view(v);
 }
 
+std::vector<std::string> env_list(const char* name) {
+  std::vector<std::string> items;
+  for (std::string_view rest = env(name); !rest.empty();) {
+    const size_t comma = std::min(rest.find(','), rest.size());
+    if (comma > 0) items.emplace_back(rest.substr(0, comma));
+    rest.remove_prefix(std::min(comma + 1, rest.size()));
+  }
+  return items;
+}
+
 namespace {
 
 std::string json_escape(const std::string& s) {

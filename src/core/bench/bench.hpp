@@ -10,6 +10,7 @@
 #include <functional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "baracuda/core/status.hpp"
 #include "baracuda/core/stream.hpp"
@@ -37,6 +38,8 @@ Result<Timing> time_it(const Stream& stream, const std::function<Status(int rota
 // The value of environment variable `name`, empty where it is unset (the benches' run switches:
 // BARACUDA_COMMIT, BARACUDA_*_ONLY, ...).
 std::string_view env(const char* name);
+// Its comma-separated items (empty ones dropped): the benches' kernel lists (BARACUDA_AB, ...).
+std::vector<std::string> env_list(const char* name);
 // Input sets of `bytes_per_set` needed so that rotating among them spans at least 3x the L2.
 int rotations_for(const Stream& stream, int64_t bytes_per_set);
 

@@ -2,6 +2,7 @@
 // 128, L = 512..16k, causal and not, bf16; TFLOP/s = 4*B*H*Lq*Lk*D, halved for causal, 2.5x for
 // the backward) and decode (Lq = 1 against a 32k KV cache, 32 query heads, GQA 4, bf16; GB/s on
 // the KV bytes). peers.py times the same cases on PyTorch SDPA with each backend forced.
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <random>
@@ -51,15 +52,9 @@ void bench_all(const Stream& stream) {
   const bool only_causal = sweep_env.ends_with("_causal");
   // BARACUDA_ATTN_KERNELS=<name>[,<name>...]: only these A/B rows (a profiler then sees their
   // launches first).
-  const std::string kernels_env{bench::env("BARACUDA_ATTN_KERNELS")};
+  const std::vector<std::string> kernels_env = bench::env_list("BARACUDA_ATTN_KERNELS");
   auto ab_wanted = [&](std::string_view k) {
-    if (kernels_env.empty()) return true;
-    for (std::string_view rest = kernels_env; !rest.empty();) {
-      const size_t comma = std::min(rest.find(','), rest.size());
-      if (rest.substr(0, comma) == k) return true;
-      rest.remove_prefix(std::min(comma + 1, rest.size()));
-    }
-    return false;
+    return kernels_env.empty() || std::ranges::find(kernels_env, k) != kernels_env.end();
   };
   for (int64_t dim : {64, 128}) {
     if (!sweep) break;

@@ -472,12 +472,7 @@ void fp8_sweep(const Stream& stream) {
   // (e4m3 inputs where the name says fp8, bf16 otherwise) in alternation, BARACUDA_AB_ROUNDS
   // rounds (default 6) at L >= 4096: rows noted "ab round <r>", so that clock and power drift
   // within a call hits all alike (calls on one machine differ by up to 20% at these points).
-  std::vector<std::string> ab_kernels;
-  for (std::string_view rest = bench::env("BARACUDA_AB"); !rest.empty();) {
-    const size_t comma = std::min(rest.find(','), rest.size());
-    if (comma > 0) ab_kernels.emplace_back(rest.substr(0, comma));
-    rest.remove_prefix(std::min(comma + 1, rest.size()));
-  }
+  std::vector<std::string> ab_kernels = bench::env_list("BARACUDA_AB");
   if (ab_kernels.size() == 1) ab_kernels.clear();  // one name is no comparison: the sweep runs
   const bool ab_mode = !ab_kernels.empty();
   const int rounds_env = std::atoi(std::string(bench::env("BARACUDA_AB_ROUNDS")).c_str());
