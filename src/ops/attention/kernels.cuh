@@ -439,10 +439,6 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int sr
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                "r"(src_bytes));
 }
-// The whole 16 bytes (no zero-fill operand): the tile loaders' fast path.
-__device__ __forceinline__ void cp_async16_full(uint32_t dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
-}
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n");
 }
@@ -474,8 +470,8 @@ __device__ __forceinline__ void load_tile(T* tile, const T* base, const int64_t 
         const uint32_t dst = smem_u32(tile + swz<D>(rt, col));
 #pragma unroll
         for (int it = 0; it < kChunks / NT; ++it)
-          cp_async16_full(dst + static_cast<uint32_t>(it * kRowStep * D * sizeof(T)),
-                          src + it * step);
+          cp_async16(dst + static_cast<uint32_t>(it * kRowStep * D * sizeof(T)), src + it * step,
+                     16);
         return;
       }
     }
