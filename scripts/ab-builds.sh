@@ -9,8 +9,8 @@
 #   BARACUDA_COMMIT=<sha> bash scripts/ab-builds.sh ab.patch
 # env: AB_ONLY (BARACUDA_ATTENTION_ONLY of both runs: forward | backward; default backward),
 #      AB_POINTS (BARACUDA_ATTN_SWEEP points; default "d64_l4096 d128_l8192"), AB_KERNELS
-#      (BARACUDA_ATTN_KERNELS: the A/B rows to time), ROUNDS (default 3), AB_DRY=1 (prepare and
-#      configure both trees, build and run nothing: a check on a machine without a GPU).
+#      (BARACUDA_ATTN_KERNELS: the A/B rows to time), ROUNDS (default 3), AB_DRY=1 (prepare tree
+#      A and stop: checks the patch on a machine without a GPU).
 # Rows land in $OUT/ab.jsonl with "build": "A" / "B" and "round"; the medians are printed last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +18,6 @@ cd "$(dirname "$0")/.."
 patch_file=$(realpath "$1")
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
-export PATH=/usr/local/cuda/bin:$PATH
 root=$PWD
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -32,23 +31,19 @@ ln -s "$root/third_party" "$tmp/a/third_party"
 (cd "$tmp/a" && patch -R -p1 --quiet <"$patch_file") ||
   { echo "the patch does not reverse cleanly on this tree"; exit 1; }
 
-. scripts/cudnn-env.sh
-configure() {  # <source dir> <build dir>
-  cmake -S "$1" -B "$2" -G Ninja -DCMAKE_CUDA_ARCHITECTURES=${ARCHS:-90a} \
-    "-DBARACUDA_FAMILY_DIRS=attention;attention_hopper" ${CUDNN_ROOT:+-DCUDNN_ROOT=$CUDNN_ROOT} \
-    >>"$OUT/ab_build.log" 2>&1
-}
-configure "$tmp/a" "$tmp/build-a" || { tail -20 "$OUT/ab_build.log"; exit 1; }
-configure "$root" "$root/build-ab" || { tail -20 "$OUT/ab_build.log"; exit 1; }
 if [ "${AB_DRY:-0}" = 1 ]; then
-  echo "dry run: both trees configured ($tmp/build-a, $root/build-ab)"
+  echo "dry run: the patch reverses cleanly; tree A prepared in $tmp/a"
   exit 0
 fi
-for b in "$tmp/build-a" "$root/build-ab"; do
-  cmake --build "$b" -j "$(nproc)" --target bench_attention >>"$OUT/ab_build.log" 2>&1 ||
-    { echo "BUILD FAILED ($b)"; grep -E "error" "$OUT/ab_build.log" | head -20; exit 1; }
-done
-
+# Both built the way every GPU script builds (scripts/gpu-family.sh, bench_attention only).
+build() {  # <tree> <build dir>
+  (cd "$1" && OUT="$tmp/out" BUILD_DIR=$2 BUILD_TARGETS=bench STAGES=none \
+    bash scripts/gpu-family.sh attention) >>"$OUT/ab_build.log" 2>&1
+  [ -x "$2/apps/bench_attention" ] || { echo "BUILD FAILED ($2)"; tail -30 "$OUT/ab_build.log"; exit 1; }
+}
+build "$tmp/a" "$tmp/build-a"
+build "$root" "$root/build-ab"
+. scripts/cudnn-env.sh
 : >"$OUT/ab.jsonl"
 for r in $(seq 1 "${ROUNDS:-3}"); do
   for point in ${AB_POINTS:-d64_l4096 d128_l8192}; do

@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # One device call: Nsight Compute profiles of our attention forward next to PyTorch's on the same
 # sweep point, so that the two kernels' counters (issue slots, stalls, shared-memory traffic,
-# instruction mix) can be compared side by side. Builds the attention family first (sm_90a).
+# instruction mix) can be compared side by side.
 #   scripts/attention-profile.sh d64_l4096 [d128_l4096_causal ...]
-# Per point: one of the family's forward kernels (FAMILY_KERNEL, default
-# flash_fwd_mma_m32s_n128_sm80; bench_attention with BARACUDA_ATTN_SWEEP and BARACUDA_ATTN_KERNELS,
-# its first launch) against PyTorch SDPA's flash backend (FlashAttention-2). env: KERNELS (ncu
-# regex of ours, default flash_fwd_mma), PEER (torch_sdpa_flash | torch_sdpa_cudnn), NCU_SET
-# (default full), PASS (forward | backward: flash_bwd_fused against FA2's backward kernel). Reports
-# (.ncu-rep) and their text pages land in $OUT. Clocks are left as found
-# (--clock-control none): the card's settings are not ours to change.
+# Builds bench_attention through scripts/gpu-family.sh (sm_90a) unless $BUILD_DIR has it. Per
+# point: one of the family's forward kernels (FAMILY_KERNEL, default flash_fwd_mma_m32s_n128_sm80;
+# bench_attention with BARACUDA_ATTN_SWEEP and BARACUDA_ATTN_KERNELS, its first launch) against
+# PyTorch SDPA's flash backend (FlashAttention-2). env: KERNELS (ncu regex of ours, default
+# flash_fwd_mma), PEER (torch_sdpa_flash | torch_sdpa_cudnn), NCU_SET (default full), PASS (forward
+# | backward: flash_bwd_fused against FA2's backward kernel). Reports (.ncu-rep) and their text
+# pages land in $OUT. Clocks are left as found (--clock-control none): the card's settings are not
+# ours to change.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -22,12 +23,11 @@ PASS=${PASS:-forward}  # backward: our first flash_bwd_fused launch against FA2'
 [ "$PASS" = backward ] && KERNELS=${KERNELS_BWD:-flash_bwd_fused}
 NCU_SET=${NCU_SET:-full}
 . scripts/cudnn-env.sh
-if [ ! -x "$B/apps/bench_attention" ]; then
-  cmake -S . -B "$B" -G Ninja -DCMAKE_CUDA_ARCHITECTURES=${ARCHS:-90a} \
-    "-DBARACUDA_FAMILY_DIRS=attention;attention_hopper" ${CUDNN_ROOT:+-DCUDNN_ROOT=$CUDNN_ROOT} \
-    >"$OUT/build.log" 2>&1 &&
-    cmake --build "$B" -j "$(nproc)" --target bench_attention >>"$OUT/build.log" 2>&1 ||
-    { tail -30 "$OUT/build.log"; exit 1; }
+if [ ! -x "$B/apps/bench_attention" ]; then  # built the way every GPU script builds
+  OUT="$OUT/build" BUILD_DIR=$B BUILD_TARGETS=bench STAGES=none bash scripts/gpu-family.sh attention \
+    >"$OUT/build.log" 2>&1
+  rm -rf "$OUT/build"
+  [ -x "$B/apps/bench_attention" ] || { tail -30 "$OUT/build.log"; exit 1; }
 fi
 ncu_run() {  # <report name> <kernel regex> <command...>
   local name=$1 regex=$2

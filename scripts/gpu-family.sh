@@ -6,7 +6,8 @@
 #   scripts/gpu-family.sh write_slice mhc
 # env: STAGES (default "test bench peers memcheck"), TEST_FILTER_<family>, MEMCHECK_FILTER_<family>
 #      (gtest filters), TEST_TIMEOUT / BENCH_TIMEOUT / PEERS_TIMEOUT / MEMCHECK_TIMEOUT (seconds,
-#      per family), CMAKE_ARGS (extra configure arguments).
+#      per family), CMAKE_ARGS (extra configure arguments), BUILD_TARGETS (kinds of target per
+#      family, default "test bench"; "bench" builds bench_<family> only), BUILD_DIR.
 #      test_attention (family and Hopper backends, 65 tests) takes ~7 minutes on an H100: give it a
 #      call of its own with TEST_TIMEOUT=480, or split it with TEST_FILTER_attention.
 #      BARACUDA_COMMIT: the commit to stamp on the rows; pass it from the local checkout (the
@@ -42,7 +43,9 @@ cmake -S . -B "$B" -G Ninja -DCMAKE_CUDA_ARCHITECTURES=${ARCHS:-90a} "-DBARACUDA
   ${CUDNN_ROOT:+-DCUDNN_ROOT=$CUDNN_ROOT} ${CMAKE_ARGS:-} >"$L/build.log" 2>&1 ||
   { tail -30 "$L/build.log"; exit 1; }
 targets=()
-for f in "${families[@]}"; do targets+=("test_$f" "bench_$f"); done
+for f in "${families[@]}"; do
+  for kind in ${BUILD_TARGETS:-test bench}; do targets+=("${kind}_$f"); done
+done
 stage "build ${targets[*]}"
 cmake --build "$B" -j "$(nproc)" --target "${targets[@]}" -- -k 0 >>"$L/build.log" 2>&1 ||
   { echo "BUILD FAILED:"; grep -E "error|FAILED" "$L/build.log" | head -30; }
