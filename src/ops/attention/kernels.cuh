@@ -668,12 +668,21 @@ __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
   const int64_t k_rs = p.varlen ? p.sk[0] : p.sk[2];
   const int64_t v_rs = p.varlen ? p.sv[0] : p.sv[2];
 
-  for (int c = threadIdx.x; c < kM * D / 8; c += kNT) {
-    const int r = c / (D / 8), col = (c % (D / 8)) * 8, row = m0 + r;
-    const bool ok = row < rows_total && col < p.dim_qk;
-    const T* src = static_cast<const T*>(p.q);
-    if (ok) src += detail::row_offset(p.sq, p.varlen, b, head_of(row), s.q0 + query_of(row)) + col;
-    cp_async16(smem_u32(sQ + swz<D>(r, col)), src, ok ? 16 : 0);
+  // Q: rows [m0, m0 + kM) of one head, loaded like a K/V tile (one address per tile when whole);
+  // packed GQA rows span heads and take the per-chunk path. The per-chunk path for every block
+  // was ~7% of the d64 L512 forward's stall samples (ncu, H100, 8513ca9).
+  if (!p.pack) {
+    const T* gq = static_cast<const T*>(p.q) + detail::row_offset(p.sq, p.varlen, b, hh, s.q0);
+    load_tile<T, kM, D, kNT>(sQ, gq, p.varlen ? p.sq[0] : p.sq[2], m0, s.lq, p.dim_qk);
+  } else {
+    for (int c = threadIdx.x; c < kM * D / 8; c += kNT) {
+      const int r = c / (D / 8), col = (c % (D / 8)) * 8, row = m0 + r;
+      const bool ok = row < rows_total && col < p.dim_qk;
+      const T* src = static_cast<const T*>(p.q);
+      if (ok)
+        src += detail::row_offset(p.sq, p.varlen, b, head_of(row), s.q0 + query_of(row)) + col;
+      cp_async16(smem_u32(sQ + swz<D>(r, col)), src, ok ? 16 : 0);
+    }
   }
   // Prologue: tiles t_begin .. t_begin + kStages - 2, one commit group each (Q rides in the first).
 #pragma unroll
@@ -687,12 +696,17 @@ __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
 
   // This thread's rows: (mt, half) -> w0 + mt * 16 + half * 8 + g, and their visible key ranges.
   int lo_r[MT][2], hi_r[MT][2];  // 32-bit: lengths are < 2^31 (make_problem checks)
+  // Without a band every row sees every key: the PIPE shape skips visible_keys then (+1%, d64
+  // L512-2048). Elsewhere the same shortcut changed how the key loop compiled and measured slower
+  // (H100, same calls: m16 4-7% at d64, m32s_straight 1.2% at d128), so they keep the call.
+  const bool banded = !PIPE || p.band.left >= 0 || p.band.right >= 0;
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
-      int64_t lo, hi;
-      detail::visible_keys(p.band, query_of(w0 + mt * 16 + hf * 8 + g), s.lq, s.lk, &lo, &hi);
+      int64_t lo = 0, hi = s.lk;
+      if (banded)
+        detail::visible_keys(p.band, query_of(w0 + mt * 16 + hf * 8 + g), s.lq, s.lk, &lo, &hi);
       lo_r[mt][hf] = static_cast<int>(lo), hi_r[mt][hf] = static_cast<int>(hi);
       if constexpr (Cfg::kBoundsSmem) {  // read after the key loop's first barrier
         const int rl = warp * 16 * MT + mt * 16 + hf * 8 + g;
@@ -1005,6 +1019,12 @@ __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
 
   const float ln2 = 0.6931471805599453f;
   const int64_t rows = int64_t{p.batch} * p.heads_q * p.len_q;
+  // Unpacked rows all belong to head hh: one base address per tensor and a row stride (the
+  // per-row head / query / offset math was ~7% of the d64 L512 forward's stall samples).
+  T* const y_head = static_cast<T*>(p.out) + detail::row_offset(p.sy, p.varlen, b, hh, s.q0);
+  float* const lse_head =
+      static_cast<float*>(p.lse) + detail::lse_offset(p.sl, p.varlen, b, hh, s.q0);
+  const int64_t y_rs = p.varlen ? p.sy[0] : p.sy[2], lse_rs = p.varlen ? p.sl[1] : p.sl[2];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -1014,10 +1034,10 @@ __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
       for (int o2 = 1; o2 < 4; o2 <<= 1) l += __shfl_xor_sync(0xffffffffu, l, o2);
       const int row = w0 + mt * 16 + hf * 8 + g;
       if (row >= rows_total) continue;
-      const int h = head_of(row), r = query_of(row);
       const float inv = l > 0 ? 1.f / l : 0.f;
       const float lse = l > 0 ? (m_r[mt][hf] + log2f(l)) * ln2 : -INFINITY;
       if (p.splits > 1) {  // partial results in f32, merged by flash_fwd_combine
+        const int h = head_of(row), r = query_of(row);
         const int64_t ridx = split * rows + (int64_t{b} * p.heads_q + h) * p.len_q + r;
         float* dst = p.o_part + ridx * p.dim_v;
 #pragma unroll
@@ -1031,7 +1051,13 @@ __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
         if (tq == 0) p.lse_part[ridx] = lse;
         continue;
       }
-      T* dst = static_cast<T*>(p.out) + detail::row_offset(p.sy, p.varlen, b, h, s.q0 + r);
+      T* dst = y_head + row * y_rs;
+      float* lse_dst = lse_head + row * lse_rs;
+      if (p.pack) {
+        const int h = head_of(row), r = query_of(row);
+        dst = static_cast<T*>(p.out) + detail::row_offset(p.sy, p.varlen, b, h, s.q0 + r);
+        lse_dst = static_cast<float*>(p.lse) + detail::lse_offset(p.sl, p.varlen, b, h, s.q0 + r);
+      }
 #pragma unroll
       for (int d = 0; d < kOTiles; ++d) {
         const int col = d * 8 + 2 * tq;
@@ -1039,8 +1065,7 @@ __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
           *reinterpret_cast<uint32_t*>(dst + col) =
               pack2<T>(o[mt][d][hf * 2] * inv, o[mt][d][hf * 2 + 1] * inv);
       }
-      if (tq == 0)
-        static_cast<float*>(p.lse)[detail::lse_offset(p.sl, p.varlen, b, h, s.q0 + r)] = lse;
+      if (tq == 0) *lse_dst = lse;
     }
   }
 }
