@@ -1,71 +1,102 @@
 #!/usr/bin/env bash
-# One device call: bench_attention built twice, from the work tree (B) and from the work tree with
-# a patch taken back out (A), and their rows interleaved round by round on one machine. Under
-# tensor-heavy load the H100 sits at its 700 W cap and its clock drifts within and between calls
-# (docs/perf/attention_hopper.md), so an A/B of two builds is only worth its numbers inside one
-# call, interleaved. No .git is needed on the device (its copy may be stale): make the patch here,
-# with B checked out, and leave it untracked in the tree so that it travels:
-#   git diff <A commit> HEAD > ab.patch
+# One device call: bench_attention built from several trees and their rows interleaved round by
+# round on one machine. Under tensor-heavy load the H100 sits at its 700 W cap and its clock drifts
+# within and between calls (docs/perf/attention_hopper.md), so an A/B of builds is only worth its
+# numbers inside one call, interleaved. No .git is needed on the device (its copy may be stale):
+# make the patches here and leave them untracked in the tree so that they travel. Two forms:
+#   git diff <A commit> HEAD > ab.patch                 # B = the work tree, A = B minus the patch
 #   BARACUDA_COMMIT=<sha> bash scripts/ab-builds.sh ab.patch
-# env: AB_ONLY (BARACUDA_ATTENTION_ONLY of both runs: forward | backward; default backward),
+#   git diff main next/x > x.patch; git diff main next/y > y.patch   # with main checked out
+#   BARACUDA_COMMIT=<sha> bash scripts/ab-builds.sh --onto x.patch y.patch
+#                                                       # A = the work tree, B1, B2 = A plus each
+# env: AB_ONLY (BARACUDA_ATTENTION_ONLY of every run: forward | backward; default backward),
 #      AB_POINTS (BARACUDA_ATTN_SWEEP points; default "d64_l4096 d128_l8192"), AB_KERNELS
-#      (BARACUDA_ATTN_KERNELS: the A/B rows to time), ROUNDS (default 3), AB_DRY=1 (prepare tree
-#      A and stop: checks the patch on a machine without a GPU).
-# Rows land in $OUT/ab.jsonl with "build": "A" / "B" and "round"; the medians are printed last.
+#      (BARACUDA_ATTN_KERNELS: the A/B rows to time), ROUNDS (default 3), AB_DRY=1 (prepare the
+#      trees and stop: checks the patches on a machine without a GPU).
+# Rows land in $OUT/ab.jsonl with "build": "A" / "B" (or "B1", "B2", ...) and "round"; the medians
+# and each B's ratio to A are printed last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-[ $# -eq 1 ] && [ -f "$1" ] || { echo "usage: $0 <patch from A to the work tree>"; exit 2; }
-patch_file=$(realpath "$1")
+onto=0
+if [ "${1:-}" = --onto ]; then
+  onto=1
+  shift
+fi
+[ $# -ge 1 ] || { echo "usage: $0 <patch> | $0 --onto <patch>..."; exit 2; }
+[ $onto = 1 ] || [ $# -eq 1 ] || { echo "one patch without --onto"; exit 2; }
+patches=()
+for f in "$@"; do
+  [ -f "$f" ] || { echo "no such patch: $f"; exit 2; }
+  patches+=("$(realpath "$f")")
+done
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 root=$PWD
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-# Tree A: the sources copied (build outputs and the third-party checkouts stay out: the latter are
-# linked), then the patch reversed.
-mkdir -p "$tmp/a"
-tar -C "$root" --exclude='./build*' --exclude='./gpu-out' --exclude='./third_party' \
-  --exclude='./.git' -cf - . | tar -C "$tmp/a" -xf -
-ln -s "$root/third_party" "$tmp/a/third_party"
-(cd "$tmp/a" && patch -R -p1 --quiet <"$patch_file") ||
-  { echo "the patch does not reverse cleanly on this tree"; exit 1; }
-
+# A copy of the sources (build outputs and the third-party checkouts stay out: the latter are
+# linked) with a patch applied (forward, or reversed with -R).
+tree_with() {  # <dir> <patch> [-R]
+  mkdir -p "$1"
+  tar -C "$root" --exclude='./build*' --exclude='./gpu-out' --exclude='./third_party' \
+    --exclude='./.git' -cf - . | tar -C "$1" -xf -
+  ln -s "$root/third_party" "$1/third_party"
+  (cd "$1" && patch ${3:-} -p1 --quiet <"$2") ||
+    { echo "the patch $2 does not apply${3:+ in reverse} on this tree"; exit 1; }
+}
+# Builds: name -> tree and build directory. The work tree always builds into build-ab.
+names=() trees=() dirs=()
+if [ $onto = 0 ]; then
+  tree_with "$tmp/a" "${patches[0]}" -R
+  names=(A B) trees=("$tmp/a" "$root") dirs=("$tmp/build-a" "$root/build-ab")
+else
+  names=(A) trees=("$root") dirs=("$root/build-ab")
+  for i in "${!patches[@]}"; do
+    tree_with "$tmp/b$((i + 1))" "${patches[$i]}"
+    names+=("B$((i + 1))") trees+=("$tmp/b$((i + 1))") dirs+=("$tmp/build-b$((i + 1))")
+  done
+fi
 if [ "${AB_DRY:-0}" = 1 ]; then
-  echo "dry run: the patch reverses cleanly; tree A prepared in $tmp/a"
+  echo "dry run: every patch applies; trees ${trees[*]}"
   exit 0
 fi
-# Both built the way every GPU script builds (scripts/gpu-family.sh, bench_attention only).
-build() {  # <tree> <build dir>
-  (cd "$1" && OUT="$tmp/out" BUILD_DIR=$2 BUILD_TARGETS=bench STAGES=none \
+# Each built the way every GPU script builds (scripts/gpu-family.sh, bench_attention only).
+for i in "${!names[@]}"; do
+  (cd "${trees[$i]}" && OUT="$tmp/out" BUILD_DIR=${dirs[$i]} BUILD_TARGETS=bench STAGES=none \
     bash scripts/gpu-family.sh attention) >>"$OUT/ab_build.log" 2>&1
-  [ -x "$2/apps/bench_attention" ] || { echo "BUILD FAILED ($2)"; tail -30 "$OUT/ab_build.log"; exit 1; }
-}
-build "$tmp/a" "$tmp/build-a"
-build "$root" "$root/build-ab"
+  [ -x "${dirs[$i]}/apps/bench_attention" ] ||
+    { echo "BUILD FAILED (${names[$i]})"; tail -30 "$OUT/ab_build.log"; exit 1; }
+done
 . scripts/cudnn-env.sh
 : >"$OUT/ab.jsonl"
 for r in $(seq 1 "${ROUNDS:-3}"); do
   for point in ${AB_POINTS:-d64_l4096 d128_l8192}; do
-    for side in A B; do
-      bench="$root/build-ab/apps/bench_attention"
-      [ $side = A ] && bench="$tmp/build-a/apps/bench_attention"
+    for i in "${!names[@]}"; do
       BARACUDA_ATTENTION_ONLY=${AB_ONLY:-backward} BARACUDA_ATTN_SWEEP=$point \
-        BARACUDA_ATTN_KERNELS=${AB_KERNELS:-} "$bench" attention 2>>"$OUT/ab_run.err" |
-        sed -n "s/^{\"family\"/{\"build\": \"$side\", \"round\": $r, \"family\"/p" >>"$OUT/ab.jsonl"
+        BARACUDA_ATTN_KERNELS=${AB_KERNELS:-} "${dirs[$i]}/apps/bench_attention" attention \
+        2>>"$OUT/ab_run.err" |
+        sed -n "s/^{\"family\"/{\"build\": \"${names[$i]}\", \"round\": $r, \"family\"/p" \
+          >>"$OUT/ab.jsonl"
     done
   done
 done
-python3 - "$OUT/ab.jsonl" <<'EOF'
+python3 - "$OUT/ab.jsonl" <<'PY'
 import collections, json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 t = collections.defaultdict(list)
 for r in rows:
     if r.get("tflops"):
         t[(r["name"], r["op"], r["kernel"], r["build"])].append(r["tflops"])
-for (name, op, kernel, build) in sorted({k[:3] + ("A",) for k in t}):
-    a, b = t.get((name, op, kernel, "A"), []), t.get((name, op, kernel, "B"), [])
-    if a and b:
-        print(f"{name:28s} {op:20s} {kernel:36s} A {statistics.median(a):7.1f}  "
-              f"B {statistics.median(b):7.1f}  B/A {statistics.median(b) / statistics.median(a):.3f}")
-EOF
+builds = sorted({k[3] for k in t}, key=lambda b: (b != "A", len(b), b))
+for key in sorted({k[:3] for k in t}):
+    a = t.get(key + ("A",), [])
+    if not a:
+        continue
+    line = f"{key[0]:28s} {key[1]:20s} {key[2]:36s} A {statistics.median(a):7.1f}"
+    for b in builds[1:]:
+        v = t.get(key + (b,), [])
+        if v:
+            line += f"  {b} {statistics.median(v):7.1f} ({statistics.median(v) / statistics.median(a):.3f})"
+    print(line)
+PY
