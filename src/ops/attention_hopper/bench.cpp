@@ -484,14 +484,14 @@ void fp8_sweep(const Stream& stream) {
   // only.
   const std::vector<int64_t> dims_swept =
       !ab_mode && full ? std::vector<int64_t>{64, 128, 256} : std::vector<int64_t>{128};
-  for (int64_t kDim : dims_swept)
+  for (int64_t dim : dims_swept)
     for (int64_t l : lens)
       for (bool causal : {false, true}) {
-        const int64_t batch = kTokens / l, kHeads = kHidden / kDim;
-        attention::Descriptor desc = sweep_desc(DType::bf16, batch, kHeads, l, kDim, causal);
-        const std::string name = case_name(batch, kHeads, l, kDim, causal);
-        const double flops = 4.0 * batch * kHeads * l * l * kDim * (causal ? 0.5 : 1.0);
-        const int64_t dims[] = {batch, kHeads, l, kDim}, lse_dims[] = {batch, kHeads, l};
+        const int64_t batch = kTokens / l, heads = kHidden / dim;
+        attention::Descriptor desc = sweep_desc(DType::bf16, batch, heads, l, dim, causal);
+        const std::string name = case_name(batch, heads, l, dim, causal);
+        const double flops = 4.0 * batch * heads * l * l * dim * (causal ? 0.5 : 1.0);
+        const int64_t dims[] = {batch, heads, l, dim}, lse_dims[] = {batch, heads, l};
         auto view = [&](const harness::TestTensor& t, DType e) {
           return make_tensor(static_cast<const void*>(t.cview().data), e, dims, Location::cuda(0));
         };
@@ -522,7 +522,7 @@ void fp8_sweep(const Stream& stream) {
         desc.dtype = DType::e4m3;
         for (std::string_view k : {kFa3Fp8Kernel, kFa3Fp8PingpongKernel, kFa3Fp8Exp2Poly2Kernel,
                                    kFa3Fp8Exp2Poly3Kernel, kFa3Fp8EagerRescaleKernel}) {
-          if ((kDim != 128 || !full) && k != kFa3Fp8Kernel) continue;
+          if ((dim != 128 || !full) && k != kFa3Fp8Kernel) continue;
           const std::string note = "fp8 e4m3 -> bf16" + std::string(k.substr(kFa3Fp8Kernel.size()));
           if (auto fp = attention::ForwardPlan::select(stream, desc, PlanPreference::kernel(k));
               fp.ok())
