@@ -841,6 +841,53 @@ __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
       const int n0 = t * BN;
       const bool full = n0 >= full_lo && n0 + BN <= full_hi;  // every row sees the whole tile
       uint32_t pf[MT][kSTiles][2];  // P as 16-bit pairs, laid out as mma A fragments
+      // O += P V. With STR it runs inside each softmax variant: the join after the two variants
+      // was a basic-block boundary between the exponentials and these mmas, which ptxas does not
+      // schedule across, so each warp issued all its MUFU work and then all its mma work (SASS of
+      // m32s_n128, e74b28c); FlashAttention-2's loop issues P V's mmas between the exponentials
+      // of later keys. Now the second m16 tile's exponentials share a block with the mmas (the
+      // first tile's stay behind its rescale vote: one vote for both, or the exponentials in key
+      // order, made ptxas spill 164-192 bytes here).
+      auto pv = [&] {
+        const SwzBases v_base = swz_bases<T, D>(smem_u32(tV), (lane % 8) + (mi % 2) * 8, mi / 2);
+        if constexpr (PIPE) {  // V's fragment of step (k16, d16 pair) j + 1 loaded under step j
+          constexpr int kPairs = kOTiles / 2, kSteps = BN / 16 * kPairs;
+          uint32_t b[2][4];
+          auto load_b = [&](int j, uint32_t(&dst)[4]) {
+            ldmatrix_x4_trans(swz_addr<T, D>(v_base, (j / kPairs) * 16, (j % kPairs) * 2), dst[0],
+                              dst[1], dst[2], dst[3]);
+          };
+          load_b(0, b[0]);
+#pragma unroll
+          for (int j = 0; j < kSteps; ++j) {
+            if (j + 1 < kSteps) load_b(j + 1, b[(j + 1) % 2]);
+            const int kk = j / kPairs, d = (j % kPairs) * 2;
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+              const uint32_t a[4] = {pf[mt][2 * kk][0], pf[mt][2 * kk][1], pf[mt][2 * kk + 1][0],
+                                     pf[mt][2 * kk + 1][1]};
+              mma16816<T>(o[mt][d], a, b[j % 2][0], b[j % 2][1]);
+              mma16816<T>(o[mt][d + 1], a, b[j % 2][2], b[j % 2][3]);
+            }
+          }
+        } else {
+#pragma unroll
+          for (int kk = 0; kk < BN / 16; ++kk) {
+#pragma unroll
+            for (int d = 0; d < kOTiles; d += 2) {
+              uint32_t b0, b1, b2, b3;
+              ldmatrix_x4_trans(swz_addr<T, D>(v_base, kk * 16, d), b0, b1, b2, b3);
+#pragma unroll
+              for (int mt = 0; mt < MT; ++mt) {
+                const uint32_t a[4] = {pf[mt][2 * kk][0], pf[mt][2 * kk][1], pf[mt][2 * kk + 1][0],
+                                       pf[mt][2 * kk + 1][1]};
+                mma16816<T>(o[mt][d], a, b0, b1);
+                mma16816<T>(o[mt][d + 1], a, b2, b3);
+              }
+            }
+          }
+        }
+      };
       // The MmaShapeM16 shapes (and STR = 2) take the branch-free variants; the MmaShape ones
       // keep the per-element branches they were measured with (they sit at 255 registers, where
       // the straight-line variants made ptxas spill).
@@ -906,6 +953,7 @@ __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
               pf[mt][n][1] = pack2<T>(p2, p3);
             }
           }
+          pv();
         };
         if (fast) {
           softmax(std::true_type{});
@@ -965,45 +1013,7 @@ __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
           }
         }
       }
-      // O += P V.
-      const SwzBases v_base = swz_bases<T, D>(smem_u32(tV), (lane % 8) + (mi % 2) * 8, mi / 2);
-      if constexpr (PIPE) {  // V's fragment of step (k16, d16 pair) j + 1 loaded under step j
-        constexpr int kPairs = kOTiles / 2, kSteps = BN / 16 * kPairs;
-        uint32_t b[2][4];
-        auto load_b = [&](int j, uint32_t(&dst)[4]) {
-          ldmatrix_x4_trans(swz_addr<T, D>(v_base, (j / kPairs) * 16, (j % kPairs) * 2), dst[0],
-                            dst[1], dst[2], dst[3]);
-        };
-        load_b(0, b[0]);
-#pragma unroll
-        for (int j = 0; j < kSteps; ++j) {
-          if (j + 1 < kSteps) load_b(j + 1, b[(j + 1) % 2]);
-          const int kk = j / kPairs, d = (j % kPairs) * 2;
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt) {
-            const uint32_t a[4] = {pf[mt][2 * kk][0], pf[mt][2 * kk][1], pf[mt][2 * kk + 1][0],
-                                   pf[mt][2 * kk + 1][1]};
-            mma16816<T>(o[mt][d], a, b[j % 2][0], b[j % 2][1]);
-            mma16816<T>(o[mt][d + 1], a, b[j % 2][2], b[j % 2][3]);
-          }
-        }
-      } else {
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) {
-#pragma unroll
-          for (int d = 0; d < kOTiles; d += 2) {
-            uint32_t b0, b1, b2, b3;
-            ldmatrix_x4_trans(swz_addr<T, D>(v_base, kk * 16, d), b0, b1, b2, b3);
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-              const uint32_t a[4] = {pf[mt][2 * kk][0], pf[mt][2 * kk][1], pf[mt][2 * kk + 1][0],
-                                     pf[mt][2 * kk + 1][1]};
-              mma16816<T>(o[mt][d], a, b0, b1);
-              mma16816<T>(o[mt][d + 1], a, b2, b3);
-            }
-          }
-        }
-      }
+      if constexpr (STR == 0) pv();
       if constexpr (OVL) {
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
