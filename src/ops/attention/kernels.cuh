@@ -584,7 +584,13 @@ __device__ __forceinline__ GridPlace grid_place(int lin, int blocks, int heads, 
 // spilled there at MT = 2 while the second m16 tile's mmas were predicated). The softmax text is
 // instantiated twice for it (a block-uniform branch picks one per tile); the other shapes keep
 // the single text they were measured with. STR = 2 (A/B, MmaShapeM32SStraight): straight-line on
-// every tile, masked and capped ones too (prep_scores, as the m16 shapes).
+// every tile, masked and capped ones too (prep_scores, as the m16 shapes). STR = 3
+// (MmaShapeM32SWideMasked): one softmax text, the fast one; a masked or capped tile first passes
+// through a straight-line conversion (masked scores -inf; capped ones scaled and capped). Through
+// STR = 1's per-element loop a causal diagonal tile of 128 keys took as long as ~6 unmasked tiles
+// (m32s_n128, H100, 8120dce: d64 L512 causal 69.9 TFLOP/s against 261.6 unmasked). STR = 3 spills
+// ~100 bytes at that shape (two texts, three, or straight-line everywhere spilled as much or more)
+// and runs unmasked problems ~3% slower than STR = 1, so it serves banded ones.
 template <class T, int D, int NW, int BN, int MT, bool QREG, bool OVL = false, int STR = 0>
 struct MmaCfg {
   static constexpr int kM = 16 * NW * MT;
@@ -903,7 +909,9 @@ __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
           // kFast tiles (and kStraight's uncapped ones) keep raw scores: the scale goes into the
           // exponentials' FFMA (ks); the per-element loop below scales as it goes (ks = 1).
           if constexpr (kFast) scores_to_log2<false, false, false>(sc, p, sl2, n0, tq, lo_r, hi_r);
-          const float ks = kFast || (kStraight && !capped) ? sl2 : 1.f;
+          const float ks = STR == 3                          ? (capped ? 1.f : sl2)
+                           : kFast || (kStraight && !capped) ? sl2
+                                                             : 1.f;
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt) {
             float mx0 = -INFINITY, mx1 = -INFINITY;  // this tile's, in the scores' units
@@ -955,7 +963,14 @@ __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
           }
           pv();
         };
-        if (fast) {
+        if constexpr (STR == 3) {  // one text; capped or masked tiles converted before it
+          if (capped) {
+            scores_to_log2<true, true>(sc, p, sl2, n0, tq, lo_r, hi_r);
+          } else if (!full) {
+            scores_to_log2<false, true, false>(sc, p, sl2, n0, tq, lo_r, hi_r);
+          }
+          softmax(std::true_type{});
+        } else if (fast) {
           softmax(std::true_type{});
         } else {
           softmax(std::false_type{});

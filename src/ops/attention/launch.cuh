@@ -149,6 +149,13 @@ struct MmaShapeM32SWide : MmaShapeM32S<D> {
   static constexpr int kBN = D == 64 ? 128 : MmaShapeM32S<D>::kBN;
   static constexpr bool kPipe = D == 64;
 };
+// m32s_n128 with one softmax text (MmaCfg's STR = 3): masked and capped tiles are converted
+// straight-line before it instead of through the per-element loop. The d64 banded default from
+// 2k keys on (fits_n128m_default). Other head dims launch m32s's kernels.
+template <int D>
+struct MmaShapeM32SWideMasked : MmaShapeM32SWide<D> {
+  static constexpr int kStr = D == 64 ? 3 : MmaShapeM32SWide<D>::kStr;
+};
 // Loading the fragments a step ahead did not pay for the other shapes (H100, 3d21677, same call,
 // against FA2's ratio): m16 -5 to +3%, m32s +3-6% at d128 L <= 8192 but -2% at L16384 and -1 to
 // -3% at d64, m32s_straight (40 / 68 bytes of spill at D = 128) -2 to -12%; not built.
@@ -468,6 +475,7 @@ inline bool fits_mma_64(const Problem& pr, const DeviceCaps&) {
 // 112 KB are granted, so m32s keeps D = 64: long banded problems, and unmasked ones on 99 KB parts.
 // Banded, from 16k on: at L8192 causal m16 led in both runs that measured it (ea14cc1: 257 vs 255;
 // 25f34da, with the fast tile loads: 277.5 vs 263.0), at L16384 m32s (268 vs 242; 281.6 vs 268.2).
+// Banded d64 from 2k on, m32s_n128m (fits_n128m_default) ranks above it where its 112 KB fit.
 inline bool fits_m32s_default(const Problem& pr, const DeviceCaps& caps) {
   const auto& d = pr.desc;
   return fits_mma_64(pr, caps) && d.len_q * pr.group >= 128 &&
@@ -489,6 +497,17 @@ inline bool fits_straight_default(const Problem& pr, const DeviceCaps& caps) {
 // 0.89-1.06x.
 inline bool fits_n128_default(const Problem& pr, const DeviceCaps& caps) {
   return fits_mma_64(pr, caps) && pr.desc.mask.is_none() && pr.desc.len_q * pr.group >= 128;
+}
+// Where m32s_n128m (STR = 3) is the default: a padded head dim of 64, banded, at least 128 rows
+// per K/V head and 2k keys or queries. H200, one call, medians of two rounds,
+// causal d64 TFLOP/s against FlashAttention-2 in the same call: L512 150.3 (0.98x; m16 165.1,
+// 1.08x), L1024 208.4 (0.97x; m16 0.98x), L2048 254.2 (0.97x; m16 0.93x), L4096 287.0 (1.02x;
+// m16 0.92x), L8192 310.5 (1.08x; m16 0.96x), L16384 306.5 (1.04x; m32s 0.97x). Shorter banded
+// problems keep m16.
+inline bool fits_n128m_default(const Problem& pr, const DeviceCaps& caps) {
+  const auto& d = pr.desc;
+  return fits_mma_64(pr, caps) && !d.mask.is_none() && d.len_q * pr.group >= 128 &&
+         std::max(d.len_q, d.len_k) >= 2048;
 }
 using FitsFn = bool (*)(const Problem&, const DeviceCaps&);
 
@@ -609,6 +628,10 @@ bool register_kernels() {
     register_fwd_mma<E, MmaShapeM32SWide, fits_mma_64>("flash_fwd_mma_m32s_n128_sm80", 13, mma);
     register_fwd_mma<E, MmaShapeM32SStraight, fits_mma_128>("flash_fwd_mma_m32s_straight_sm80", 12,
                                                             mma);
+    register_fwd_mma<E, MmaShapeM32SWideMasked, fits_mma_64>("flash_fwd_mma_m32s_n128m_sm80", 11,
+                                                             mma);
+    register_fwd_mma<E, MmaShapeM32SWideMasked, fits_n128m_default>("flash_fwd_mma_m32s_n128m_sm80",
+                                                                    26, mma);
     register_fwd_mma<E, MmaShapeM32SWide, fits_n128_default>("flash_fwd_mma_m32s_n128_sm80", 25,
                                                              mma);
     register_fwd_mma<E, MmaShapeM32SStraight, fits_straight_default>(
