@@ -727,8 +727,8 @@ Config bf16_config(int64_t d, int64_t l, Mask m) {
 
 // The family's forward default per shape, from its table alone (priority among the bespoke
 // sm_80-class entries that fit; no GPU needed, only a build with CUDA kernels): m32s where it
-// measured fastest (launch.cuh, fits_m32s_default), m32s_n128 unmasked and m32s_n128m banded at
-// d64 (fits_n128_default, fits_n128m_default), m16 for short banded problems and few rows,
+// measured fastest (launch.cuh, fits_m32s_default), m32s_n128m at d64 (fits_n128m_default), m16
+// for few rows and short banded problems where m32s_n128m does not fit,
 // decode for a few rows a head, the general kernel at head dim 256.
 TEST(AttentionRegistry, FamilyForwardDefaultFollowsTheMeasuredShapes) {
   DeviceCaps sm80;
@@ -753,9 +753,9 @@ TEST(AttentionRegistry, FamilyForwardDefaultFollowsTheMeasuredShapes) {
       {cfg(128, 2048, causal), "flash_fwd_mma_m32s_straight_sm80"},
       {cfg(128, 512, causal), "flash_fwd_mma_m32s_straight_sm80"},
       {cfg(128, 4096, Mask::sliding_window(255, 0)), "flash_fwd_mma_m32s_straight_sm80"},
-      {cfg(64, 4096, none), "flash_fwd_mma_m32s_n128_sm80"},
-      {cfg(48, 700, none), "flash_fwd_mma_m32s_n128_sm80"},  // padded to 64
-      {cfg(64, 1024, causal), "flash_fwd_mma_m16_sm80"},
+      {cfg(64, 4096, none), "flash_fwd_mma_m32s_n128m_sm80"},
+      {cfg(48, 700, none), "flash_fwd_mma_m32s_n128m_sm80"},  // padded to 64
+      {cfg(64, 512, causal), "flash_fwd_mma_m32s_n128m_sm80"},
       {cfg(64, 2048, causal), "flash_fwd_mma_m32s_n128m_sm80"},
       {cfg(64, 8192, causal), "flash_fwd_mma_m32s_n128m_sm80"},
       {cfg(64, 16384, causal), "flash_fwd_mma_m32s_n128m_sm80"},
@@ -814,9 +814,9 @@ TEST(AttentionRegistry, ForwardKernelsFitOnlyWhereTheirSharedMemoryIsGranted) {
   EXPECT_TRUE(fits(d64, small, "flash_fwd_mma_m16_sm80"));  // 56 KB at D = 64
   EXPECT_TRUE(fits(d64, large, "flash_fwd_mma_m32s_n128_sm80"));
   EXPECT_FALSE(fits(d64, small, "flash_fwd_mma_m32s_n128_sm80"));  // 112 KB
-  // So an unmasked d64 problem gets m32s_n128 where it fits, m32s (67 KB) on the small part.
+  // So an unmasked d64 problem gets m32s_n128m where it fits, m32s (67 KB) on the small part.
   const Config d64_long = bf16_config(64, 4096, Mask::none());
-  EXPECT_EQ(family_pick(d64_long, large), "flash_fwd_mma_m32s_n128_sm80");
+  EXPECT_EQ(family_pick(d64_long, large), "flash_fwd_mma_m32s_n128m_sm80");
   EXPECT_EQ(family_pick(d64_long, small), "flash_fwd_mma_m32s_sm80");
   // A long causal d64 problem: m32s_n128m (112 KB) where it fits, m16 or m32s on the small part.
   const Config causal_long = bf16_config(64, 4096, Mask::causal_top_left());
@@ -824,10 +824,10 @@ TEST(AttentionRegistry, ForwardKernelsFitOnlyWhereTheirSharedMemoryIsGranted) {
   EXPECT_FALSE(fits(causal_long, small, "flash_fwd_mma_m32s_n128m_sm80"));
   EXPECT_EQ(family_pick(causal_long, large), "flash_fwd_mma_m32s_n128m_sm80");
   EXPECT_EQ(family_pick(causal_long, small), "flash_fwd_mma_m16_sm80");
-  // A short causal d64 problem: m16 by the measured rule where it fits; d128 problems: the
-  // straight m32s (97 KB) on both parts.
+  // A short causal d64 problem: m32s_n128m where it fits, m16 on the small part; d128 problems:
+  // the straight m32s (97 KB) on both parts.
   const Config causal = bf16_config(64, 1024, Mask::causal_top_left());
-  EXPECT_EQ(family_pick(causal, large), "flash_fwd_mma_m16_sm80");
+  EXPECT_EQ(family_pick(causal, large), "flash_fwd_mma_m32s_n128m_sm80");
   EXPECT_EQ(family_pick(causal, small), "flash_fwd_mma_m16_sm80");
   EXPECT_EQ(family_pick(bf16_config(128, 1024, Mask::causal_top_left()), small),
             "flash_fwd_mma_m32s_straight_sm80");

@@ -150,8 +150,10 @@ struct MmaShapeM32SWide : MmaShapeM32S<D> {
   static constexpr bool kPipe = D == 64;
 };
 // m32s_n128 with one softmax text (MmaCfg's STR = 3): masked and capped tiles are converted
-// straight-line before it instead of through the per-element loop. The d64 banded default from
-// 2k keys on (fits_n128m_default). Other head dims launch m32s's kernels.
+// straight-line before it instead of through the per-element loop. The d64 default
+// (fits_n128m_default). At D = 128 the same text measured even with m32s_straight (H200, 8120dce
+// + this change, same call: 0.97-1.16x FA2 against 0.98-1.18x) and spilled 36 bytes, so other head
+// dims launch m32s's kernels.
 template <int D>
 struct MmaShapeM32SWideMasked : MmaShapeM32SWide<D> {
   static constexpr int kStr = D == 64 ? 3 : MmaShapeM32SWide<D>::kStr;
@@ -475,7 +477,7 @@ inline bool fits_mma_64(const Problem& pr, const DeviceCaps&) {
 // 112 KB are granted, so m32s keeps D = 64: long banded problems, and unmasked ones on 99 KB parts.
 // Banded, from 16k on: at L8192 causal m16 led in both runs that measured it (ea14cc1: 257 vs 255;
 // 25f34da, with the fast tile loads: 277.5 vs 263.0), at L16384 m32s (268 vs 242; 281.6 vs 268.2).
-// Banded d64 from 2k on, m32s_n128m (fits_n128m_default) ranks above it where its 112 KB fit.
+// At d64 m32s_n128m (fits_n128m_default) ranks above it where its 112 KB fit.
 inline bool fits_m32s_default(const Problem& pr, const DeviceCaps& caps) {
   const auto& d = pr.desc;
   return fits_mma_64(pr, caps) && d.len_q * pr.group >= 128 &&
@@ -498,16 +500,14 @@ inline bool fits_straight_default(const Problem& pr, const DeviceCaps& caps) {
 inline bool fits_n128_default(const Problem& pr, const DeviceCaps& caps) {
   return fits_mma_64(pr, caps) && pr.desc.mask.is_none() && pr.desc.len_q * pr.group >= 128;
 }
-// Where m32s_n128m (STR = 3) is the default: a padded head dim of 64, banded, at least 128 rows
-// per K/V head and 2k keys or queries. H200, one call, medians of two rounds,
-// causal d64 TFLOP/s against FlashAttention-2 in the same call: L512 150.3 (0.98x; m16 165.1,
-// 1.08x), L1024 208.4 (0.97x; m16 0.98x), L2048 254.2 (0.97x; m16 0.93x), L4096 287.0 (1.02x;
-// m16 0.92x), L8192 310.5 (1.08x; m16 0.96x), L16384 306.5 (1.04x; m32s 0.97x). Shorter banded
-// problems keep m16.
+// Where m32s_n128m (STR = 3) is the default: a padded head dim of 64, any mask, at least 128 rows
+// per K/V head; it ranks above m32s_n128, m32s and m16 there. H200, 3 rounds in one call,
+// TFLOP/s against FlashAttention-2 in the same call (with the MUFU tanh, no spills): L512 266.5
+// (1.01x; m32s_n128 0.98x), L2048 319.8 (1.07x), L16384 339.6 (1.12x; m32s_n128 1.08x), causal
+// L512 165.8 (1.08x; m16 1.08x), L1024 225.7 (1.04x; m16 0.97x), L2048 273.9 (1.04x; m16
+// 0.93x), L4096 306.6 (1.08x; m16 0.93x).
 inline bool fits_n128m_default(const Problem& pr, const DeviceCaps& caps) {
-  const auto& d = pr.desc;
-  return fits_mma_64(pr, caps) && !d.mask.is_none() && d.len_q * pr.group >= 128 &&
-         std::max(d.len_q, d.len_k) >= 2048;
+  return fits_mma_64(pr, caps) && pr.desc.len_q * pr.group >= 128;
 }
 using FitsFn = bool (*)(const Problem&, const DeviceCaps&);
 
