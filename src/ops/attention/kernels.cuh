@@ -1674,7 +1674,8 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_fused_mma(Params p, float* d
   for (int it = 0; it < n_it; ++it) {
     cp_async_wait<0>();  // this iteration's tiles (and K/V) have landed
     // For every thread; iteration it - 1 is consumed (its stage and dS^T are free).
-    const bool plain = __syncthreads_and(full) && p.softcap <= 0.f;
+    const bool uncapped = p.softcap <= 0.f;
+    const bool plain = __syncthreads_and(full) && uncapped;
     const Visit cur = pending;  // issued one iteration ahead
     issue(it + 1);
     const int stage = it & 1, h = cur.h, i0 = cur.i0;
@@ -1686,12 +1687,26 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_fused_mma(Params p, float* d
     const int* sHi = sHi0 + stage * BQ;
     // P and dS / scale of one accumulator fragment (keys key_lo and key_lo + 8, the tile's
     // query columns qc and qc + 1), packed as T pairs {P(key_lo), P(key_lo + 8), dS(key_lo),
-    // dS(key_lo + 8)}. kPlain (the block-uniform `plain`, one branch per tile): straight-line code
-    // for unmasked tiles without soft-cap, most of a long sequence.
-    auto grads = [&]<bool kPlain>(const float(&s4)[4], const float(&d4)[4], int key_lo, int qc,
-                                  uint32_t(&out)[4]) {
+    // dS(key_lo + 8)}. kMode (block-uniform, one branch per tile): 1 (`plain`) straight-line code
+    // for unmasked tiles without soft-cap, most of a long sequence; 2 masked tiles without
+    // soft-cap (a causal diagonal), straight-line too with each key tested against its row's
+    // bounds; 0 the general per-element form (soft-cap).
+    auto grads = [&]<int kMode>(const float(&s4)[4], const float(&d4)[4], int key_lo, int qc,
+                                uint32_t(&out)[4]) {
       float pv[4], dsv[4];
-      if constexpr (kPlain) {
+      if constexpr (kMode == 2) {
+        const float2 l = *reinterpret_cast<const float2*>(sLse + qc);
+        const float2 dl = *reinterpret_cast<const float2*>(sDelta + qc);
+        const int2 lo = *reinterpret_cast<const int2*>(sLo + qc);
+        const int2 hi = *reinterpret_cast<const int2*>(sHi + qc);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = key_lo + (e >> 1) * 8;
+          const bool vis = key >= ((e & 1) ? lo.y : lo.x) && key < ((e & 1) ? hi.y : hi.x);
+          pv[e] = vis ? exp2_ftz(fmaf(s4[e], scale_log2, -((e & 1) ? l.y : l.x))) : 0.f;
+          dsv[e] = pv[e] * (d4[e] - ((e & 1) ? dl.y : dl.x));
+        }
+      } else if constexpr (kMode == 1) {
         const float2 l = *reinterpret_cast<const float2*>(sLse + qc);
         const float2 dl = *reinterpret_cast<const float2*>(sDelta + qc);
 #pragma unroll
@@ -1777,14 +1792,14 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_fused_mma(Params p, float* d
             static_cast<uint32_t>((((qo / 8) & 7) ^ g) << 4) + 4u * static_cast<uint32_t>(tq);
         constexpr uint32_t kDsOff = kKeys * BQ * sizeof(T);  // sDs = sP - kKeys * BQ
         constexpr uint32_t kRowBytes = BQ * sizeof(T);
-        auto all = [&]<bool kPlain>() {
+        auto all = [&]<int kMode>() {
 #pragma unroll
           for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
             for (int n = 0; n < kQT; ++n) {
               const int r = kb + mt * 16 + g, c = qo + n * 8 + 2 * tq;
               uint32_t o[4];
-              grads.template operator()<kPlain>(st[mt][n], dpt[mt][n], k0 + r, c, o);
+              grads.template operator()<kMode>(st[mt][n], dpt[mt][n], k0 + r, c, o);
               const uint32_t at = (p_lane ^ (static_cast<uint32_t>(n) << 4)) + mt * 16 * kRowBytes;
               asm volatile(
                   "st.shared.b32 [%0], %2;\n"
@@ -1795,9 +1810,11 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_fused_mma(Params p, float* d
             }
         };
         if (plain)
-          all.template operator()<true>();
+          all.template operator()<1>();
+        else if (D == 64 && uncapped)  // at D = 128 the third text spilled 8 bytes
+          all.template operator()<2>();
         else
-          all.template operator()<false>();
+          all.template operator()<0>();
       }
       __syncthreads();  // every warp's P^T and dS^T are in shared memory
       {
