@@ -727,7 +727,8 @@ Config bf16_config(int64_t d, int64_t l, Mask m) {
 
 // The family's forward default per shape, from its table alone (priority among the bespoke
 // sm_80-class entries that fit; no GPU needed, only a build with CUDA kernels): m32s where it
-// measured fastest (launch.cuh, fits_m32s_default), m16 for short banded problems and few rows,
+// measured fastest (launch.cuh, fits_m32s_default), m32s_n128m at d64 (fits_n128m_default), m16
+// for few rows and short banded problems where m32s_n128m does not fit,
 // decode for a few rows a head, the general kernel at head dim 256.
 TEST(AttentionRegistry, FamilyForwardDefaultFollowsTheMeasuredShapes) {
   DeviceCaps sm80;
@@ -752,11 +753,13 @@ TEST(AttentionRegistry, FamilyForwardDefaultFollowsTheMeasuredShapes) {
       {cfg(128, 2048, causal), "flash_fwd_mma_m32s_straight_sm80"},
       {cfg(128, 512, causal), "flash_fwd_mma_m32s_straight_sm80"},
       {cfg(128, 4096, Mask::sliding_window(255, 0)), "flash_fwd_mma_m32s_straight_sm80"},
-      {cfg(64, 4096, none), "flash_fwd_mma_m32s_n128_sm80"},
-      {cfg(48, 700, none), "flash_fwd_mma_m32s_n128_sm80"},  // padded to 64
-      {cfg(64, 4096, causal), "flash_fwd_mma_m16_sm80"},
-      {cfg(64, 8192, causal), "flash_fwd_mma_m16_sm80"},
-      {cfg(64, 16384, causal), "flash_fwd_mma_m32s_sm80"},
+      {cfg(64, 4096, none), "flash_fwd_mma_m32s_n128m_sm80"},
+      {cfg(48, 700, none), "flash_fwd_mma_m32s_n128m_sm80"},  // padded to 64
+      {cfg(64, 512, causal), "flash_fwd_mma_m32s_n128m_sm80"},
+      {cfg(64, 2048, causal), "flash_fwd_mma_m32s_n128m_sm80"},
+      {cfg(64, 8192, causal), "flash_fwd_mma_m32s_n128m_sm80"},
+      {cfg(64, 16384, causal), "flash_fwd_mma_m32s_n128m_sm80"},
+      {cfg(64, 4096, Mask::sliding_window(255, 0)), "flash_fwd_mma_m32s_n128m_sm80"},
       // 3 rows x 16 heads a K/V head: too many for decode, too few for m32s's 128-row CTA.
       {[&] {
          Config c = cfg(128, 300, none, 16, 1);
@@ -811,14 +814,20 @@ TEST(AttentionRegistry, ForwardKernelsFitOnlyWhereTheirSharedMemoryIsGranted) {
   EXPECT_TRUE(fits(d64, small, "flash_fwd_mma_m16_sm80"));  // 56 KB at D = 64
   EXPECT_TRUE(fits(d64, large, "flash_fwd_mma_m32s_n128_sm80"));
   EXPECT_FALSE(fits(d64, small, "flash_fwd_mma_m32s_n128_sm80"));  // 112 KB
-  // So an unmasked d64 problem gets m32s_n128 where it fits, m32s (67 KB) on the small part.
+  // So an unmasked d64 problem gets m32s_n128m where it fits, m32s (67 KB) on the small part.
   const Config d64_long = bf16_config(64, 4096, Mask::none());
-  EXPECT_EQ(family_pick(d64_long, large), "flash_fwd_mma_m32s_n128_sm80");
+  EXPECT_EQ(family_pick(d64_long, large), "flash_fwd_mma_m32s_n128m_sm80");
   EXPECT_EQ(family_pick(d64_long, small), "flash_fwd_mma_m32s_sm80");
-  // A short causal d64 problem: m16 by the measured rule where it fits; d128 problems: the
-  // straight m32s (97 KB) on both parts.
+  // A long causal d64 problem: m32s_n128m (112 KB) where it fits, m16 or m32s on the small part.
+  const Config causal_long = bf16_config(64, 4096, Mask::causal_top_left());
+  EXPECT_TRUE(fits(causal_long, large, "flash_fwd_mma_m32s_n128m_sm80"));
+  EXPECT_FALSE(fits(causal_long, small, "flash_fwd_mma_m32s_n128m_sm80"));
+  EXPECT_EQ(family_pick(causal_long, large), "flash_fwd_mma_m32s_n128m_sm80");
+  EXPECT_EQ(family_pick(causal_long, small), "flash_fwd_mma_m16_sm80");
+  // A short causal d64 problem: m32s_n128m where it fits, m16 on the small part; d128 problems:
+  // the straight m32s (97 KB) on both parts.
   const Config causal = bf16_config(64, 1024, Mask::causal_top_left());
-  EXPECT_EQ(family_pick(causal, large), "flash_fwd_mma_m16_sm80");
+  EXPECT_EQ(family_pick(causal, large), "flash_fwd_mma_m32s_n128m_sm80");
   EXPECT_EQ(family_pick(causal, small), "flash_fwd_mma_m16_sm80");
   EXPECT_EQ(family_pick(bf16_config(128, 1024, Mask::causal_top_left()), small),
             "flash_fwd_mma_m32s_straight_sm80");
@@ -1532,8 +1541,8 @@ TEST_P(AttentionTest, ForwardKernelsByNameOnDevice) {
   const Target target = GetParam();
   if (target == Target::cpu) GTEST_SKIP() << "the tensor-core kernels run on the CUDA target only";
   BARACUDA_SKIP_IF_UNAVAILABLE(target);
-  // m32s_n128 serves a padded head dim of 64 only. (String literals: a PlanPreference keeps a
-  // view of the name.)
+  // m32s_n128 and m32s_n128m serve a padded head dim of 64 only. (String literals: a PlanPreference
+  // keeps a view of the name.)
   auto names_for = [](const Config& c) {
     std::vector<const char*> names = {"flash_fwd_mma_sm80",
                                       "flash_fwd_mma_m16_sm80",
@@ -1542,7 +1551,10 @@ TEST_P(AttentionTest, ForwardKernelsByNameOnDevice) {
                                       "flash_fwd_mma_ovl_sm80",
                                       "flash_fwd_mma_m32s_sm80",
                                       "flash_fwd_mma_m32s_straight_sm80"};
-    if (std::max(c.dk, c.dv) <= 64) names.push_back("flash_fwd_mma_m32s_n128_sm80");
+    if (std::max(c.dk, c.dv) <= 64) {
+      names.push_back("flash_fwd_mma_m32s_n128_sm80");
+      names.push_back("flash_fwd_mma_m32s_n128m_sm80");
+    }
     return names;
   };
   auto all = [&](const Config& c) {

@@ -99,7 +99,8 @@ void bench_all(const Stream& stream) {
         for (const char* alt :
              {"flash_fwd_mma_sm80", "flash_fwd_mma_m16_sm80", "flash_fwd_mma_m16w8_sm80",
               "flash_fwd_mma_m32_sm80", "flash_fwd_mma_ovl_sm80", "flash_fwd_mma_m32s_sm80",
-              "flash_fwd_mma_m32s_straight_sm80", "flash_fwd_mma_m32s_n128_sm80"}) {
+              "flash_fwd_mma_m32s_straight_sm80", "flash_fwd_mma_m32s_n128_sm80",
+              "flash_fwd_mma_m32s_n128m_sm80"}) {
           if (fwd->sku().name == alt || backward_only || !ab_wanted(alt)) continue;
           auto ap = ForwardPlan::select(stream, d, PlanPreference::kernel(alt));
           if (!ap.ok()) {

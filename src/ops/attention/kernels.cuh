@@ -524,6 +524,35 @@ __device__ __forceinline__ void scores_to_log2(float (&sc)[MT][NT][4], const Par
         sc[mt][n][e] = x;
       }
 }
+// Raw scores -> soft-capped ones in the exp2 domain. tanh without tanhf, whose longer sequence
+// over 128 scores made ptxas spill ~100 bytes in m32s_n128m's one-text loop (the same loop without
+// the capped pass: none): an odd polynomial below |y| = 0.6 (relative error 1.4e-7, fitted here
+// in float32), 1 - 2 / (e^2|y| + 1) above it (MUFU exponential, reciprocal plus a Newton step).
+// The exponential form alone lost ~1e-7 absolute near 0, where real scores / cap lie, and missed
+// the LSE tolerance (d128, cap 30: rel_l2 1.3e-6 against 9.6e-7).
+__device__ __forceinline__ float tanh_fast(float y) {
+  const float t = y * y;
+  float poly = fmaf(-0.005852775648236275f, t, 0.0207541324198246f);
+  poly = fmaf(poly, t, -0.05376884713768959f);
+  poly = fmaf(poly, t, 0.13331690430641174f);
+  poly = fmaf(poly, t, -0.3333328366279602f);
+  poly = fmaf(poly, t, 1.f) * y;
+  const float d = exp2_ftz(2.8853900817779268f * fabsf(y)) + 1.f;
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(d));
+  r = fmaf(r, fmaf(-d, r, 1.f), r);
+  return fabsf(y) < 0.6f ? poly : copysignf(fmaf(-2.f, r, 1.f), y);
+}
+template <int MT, int NT>
+__device__ __forceinline__ void cap_scores(float (&sc)[MT][NT][4], const Params& p) {
+  const float in = p.scale / p.softcap, out = p.softcap * 1.4426950408889634f;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sc[mt][n][e] = out * tanh_fast(sc[mt][n][e] * in);
+}
 template <bool kScale = true, int MT, int NT>
 __device__ __forceinline__ void prep_scores(float (&sc)[MT][NT][4], const Params& p, float sl2,
                                             int n0, int tq, const int (&lo)[MT][2],
@@ -584,7 +613,13 @@ __device__ __forceinline__ GridPlace grid_place(int lin, int blocks, int heads, 
 // spilled there at MT = 2 while the second m16 tile's mmas were predicated). The softmax text is
 // instantiated twice for it (a block-uniform branch picks one per tile); the other shapes keep
 // the single text they were measured with. STR = 2 (A/B, MmaShapeM32SStraight): straight-line on
-// every tile, masked and capped ones too (prep_scores, as the m16 shapes).
+// every tile, masked and capped ones too (prep_scores, as the m16 shapes). STR = 3
+// (MmaShapeM32SWideMasked): one softmax text, the fast one; a masked or capped tile first passes
+// through a straight-line conversion (masked scores -inf; capped ones scaled and capped). Through
+// STR = 1's per-element loop a causal diagonal tile of 128 keys took as long as ~6 unmasked tiles
+// (m32s_n128, H100, 8120dce: d64 L512 causal 69.9 TFLOP/s against 261.6 unmasked). STR = 3 spills
+// ~100 bytes at that shape (two texts, three, or straight-line everywhere spilled as much or more)
+// and runs unmasked problems ~3% slower than STR = 1, so it serves banded ones.
 template <class T, int D, int NW, int BN, int MT, bool QREG, bool OVL = false, int STR = 0>
 struct MmaCfg {
   static constexpr int kM = 16 * NW * MT;
@@ -903,7 +938,9 @@ __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
           // kFast tiles (and kStraight's uncapped ones) keep raw scores: the scale goes into the
           // exponentials' FFMA (ks); the per-element loop below scales as it goes (ks = 1).
           if constexpr (kFast) scores_to_log2<false, false, false>(sc, p, sl2, n0, tq, lo_r, hi_r);
-          const float ks = kFast || (kStraight && !capped) ? sl2 : 1.f;
+          const float ks = STR == 3                          ? (capped ? 1.f : sl2)
+                           : kFast || (kStraight && !capped) ? sl2
+                                                             : 1.f;
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt) {
             float mx0 = -INFINITY, mx1 = -INFINITY;  // this tile's, in the scores' units
@@ -955,7 +992,31 @@ __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
           }
           pv();
         };
-        if (fast) {
+        if constexpr (STR == 3) {  // one text; capped or masked tiles converted before it
+          // The rows' bounds from shared memory where the shape keeps them there (kBoundsSmem).
+          auto mask = [&] {
+            if constexpr (Cfg::kBoundsSmem) {
+              int lo_b[MT][2], hi_b[MT][2];
+#pragma unroll
+              for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int hf = 0; hf < 2; ++hf) {
+                  const int rl = warp * 16 * MT + mt * 16 + hf * 8 + g;
+                  lo_b[mt][hf] = sBounds[2 * rl], hi_b[mt][hf] = sBounds[2 * rl + 1];
+                }
+              scores_to_log2<false, true, false>(sc, p, sl2, n0, tq, lo_b, hi_b);
+            } else {
+              scores_to_log2<false, true, false>(sc, p, sl2, n0, tq, lo_r, hi_r);
+            }
+          };
+          if (capped) {
+            cap_scores(sc, p);
+            mask();
+          } else if (!full) {
+            mask();
+          }
+          softmax(std::true_type{});
+        } else if (fast) {
           softmax(std::true_type{});
         } else {
           softmax(std::false_type{});
@@ -1613,7 +1674,8 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_fused_mma(Params p, float* d
   for (int it = 0; it < n_it; ++it) {
     cp_async_wait<0>();  // this iteration's tiles (and K/V) have landed
     // For every thread; iteration it - 1 is consumed (its stage and dS^T are free).
-    const bool plain = __syncthreads_and(full) && p.softcap <= 0.f;
+    const bool uncapped = p.softcap <= 0.f;
+    const bool plain = __syncthreads_and(full) && uncapped;
     const Visit cur = pending;  // issued one iteration ahead
     issue(it + 1);
     const int stage = it & 1, h = cur.h, i0 = cur.i0;
@@ -1625,12 +1687,26 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_fused_mma(Params p, float* d
     const int* sHi = sHi0 + stage * BQ;
     // P and dS / scale of one accumulator fragment (keys key_lo and key_lo + 8, the tile's
     // query columns qc and qc + 1), packed as T pairs {P(key_lo), P(key_lo + 8), dS(key_lo),
-    // dS(key_lo + 8)}. kPlain (the block-uniform `plain`, one branch per tile): straight-line code
-    // for unmasked tiles without soft-cap, most of a long sequence.
-    auto grads = [&]<bool kPlain>(const float(&s4)[4], const float(&d4)[4], int key_lo, int qc,
-                                  uint32_t(&out)[4]) {
+    // dS(key_lo + 8)}. kMode (block-uniform, one branch per tile): 1 (`plain`) straight-line code
+    // for unmasked tiles without soft-cap, most of a long sequence; 2 masked tiles without
+    // soft-cap (a causal diagonal), straight-line too with each key tested against its row's
+    // bounds; 0 the general per-element form (soft-cap).
+    auto grads = [&]<int kMode>(const float(&s4)[4], const float(&d4)[4], int key_lo, int qc,
+                                uint32_t(&out)[4]) {
       float pv[4], dsv[4];
-      if constexpr (kPlain) {
+      if constexpr (kMode == 2) {
+        const float2 l = *reinterpret_cast<const float2*>(sLse + qc);
+        const float2 dl = *reinterpret_cast<const float2*>(sDelta + qc);
+        const int2 lo = *reinterpret_cast<const int2*>(sLo + qc);
+        const int2 hi = *reinterpret_cast<const int2*>(sHi + qc);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = key_lo + (e >> 1) * 8;
+          const bool vis = key >= ((e & 1) ? lo.y : lo.x) && key < ((e & 1) ? hi.y : hi.x);
+          pv[e] = vis ? exp2_ftz(fmaf(s4[e], scale_log2, -((e & 1) ? l.y : l.x))) : 0.f;
+          dsv[e] = pv[e] * (d4[e] - ((e & 1) ? dl.y : dl.x));
+        }
+      } else if constexpr (kMode == 1) {
         const float2 l = *reinterpret_cast<const float2*>(sLse + qc);
         const float2 dl = *reinterpret_cast<const float2*>(sDelta + qc);
 #pragma unroll
@@ -1716,14 +1792,14 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_fused_mma(Params p, float* d
             static_cast<uint32_t>((((qo / 8) & 7) ^ g) << 4) + 4u * static_cast<uint32_t>(tq);
         constexpr uint32_t kDsOff = kKeys * BQ * sizeof(T);  // sDs = sP - kKeys * BQ
         constexpr uint32_t kRowBytes = BQ * sizeof(T);
-        auto all = [&]<bool kPlain>() {
+        auto all = [&]<int kMode>() {
 #pragma unroll
           for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
             for (int n = 0; n < kQT; ++n) {
               const int r = kb + mt * 16 + g, c = qo + n * 8 + 2 * tq;
               uint32_t o[4];
-              grads.template operator()<kPlain>(st[mt][n], dpt[mt][n], k0 + r, c, o);
+              grads.template operator()<kMode>(st[mt][n], dpt[mt][n], k0 + r, c, o);
               const uint32_t at = (p_lane ^ (static_cast<uint32_t>(n) << 4)) + mt * 16 * kRowBytes;
               asm volatile(
                   "st.shared.b32 [%0], %2;\n"
@@ -1734,9 +1810,11 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_fused_mma(Params p, float* d
             }
         };
         if (plain)
-          all.template operator()<true>();
+          all.template operator()<1>();
+        else if (D == 64 && uncapped)  // at D = 128 the third text spilled 8 bytes
+          all.template operator()<2>();
         else
-          all.template operator()<false>();
+          all.template operator()<0>();
       }
       __syncthreads();  // every warp's P^T and dS^T are in shared memory
       {

@@ -149,6 +149,15 @@ struct MmaShapeM32SWide : MmaShapeM32S<D> {
   static constexpr int kBN = D == 64 ? 128 : MmaShapeM32S<D>::kBN;
   static constexpr bool kPipe = D == 64;
 };
+// m32s_n128 with one softmax text (MmaCfg's STR = 3): masked and capped tiles are converted
+// straight-line before it instead of through the per-element loop. The d64 default
+// (fits_n128m_default). At D = 128 the same text measured even with m32s_straight (H200, 8120dce
+// + this change, same call: 0.97-1.16x FA2 against 0.98-1.18x) and spilled 36 bytes, so other head
+// dims launch m32s's kernels.
+template <int D>
+struct MmaShapeM32SWideMasked : MmaShapeM32SWide<D> {
+  static constexpr int kStr = D == 64 ? 3 : MmaShapeM32SWide<D>::kStr;
+};
 // Loading the fragments a step ahead did not pay for the other shapes (H100, 3d21677, same call,
 // against FA2's ratio): m16 -5 to +3%, m32s +3-6% at d128 L <= 8192 but -2% at L16384 and -1 to
 // -3% at d64, m32s_straight (40 / 68 bytes of spill at D = 128) -2 to -12%; not built.
@@ -468,6 +477,7 @@ inline bool fits_mma_64(const Problem& pr, const DeviceCaps&) {
 // 112 KB are granted, so m32s keeps D = 64: long banded problems, and unmasked ones on 99 KB parts.
 // Banded, from 16k on: at L8192 causal m16 led in both runs that measured it (ea14cc1: 257 vs 255;
 // 25f34da, with the fast tile loads: 277.5 vs 263.0), at L16384 m32s (268 vs 242; 281.6 vs 268.2).
+// At d64 m32s_n128m (fits_n128m_default) ranks above it where its 112 KB fit.
 inline bool fits_m32s_default(const Problem& pr, const DeviceCaps& caps) {
   const auto& d = pr.desc;
   return fits_mma_64(pr, caps) && d.len_q * pr.group >= 128 &&
@@ -489,6 +499,15 @@ inline bool fits_straight_default(const Problem& pr, const DeviceCaps& caps) {
 // 0.89-1.06x.
 inline bool fits_n128_default(const Problem& pr, const DeviceCaps& caps) {
   return fits_mma_64(pr, caps) && pr.desc.mask.is_none() && pr.desc.len_q * pr.group >= 128;
+}
+// Where m32s_n128m (STR = 3) is the default: a padded head dim of 64, any mask, at least 128 rows
+// per K/V head; it ranks above m32s_n128, m32s and m16 there. H200, 3 rounds in one call,
+// TFLOP/s against FlashAttention-2 in the same call (with the MUFU tanh, no spills): L512 266.5
+// (1.01x; m32s_n128 0.98x), L2048 319.8 (1.07x), L16384 339.6 (1.12x; m32s_n128 1.08x), causal
+// L512 165.8 (1.08x; m16 1.08x), L1024 225.7 (1.04x; m16 0.97x), L2048 273.9 (1.04x; m16
+// 0.93x), L4096 306.6 (1.08x; m16 0.93x).
+inline bool fits_n128m_default(const Problem& pr, const DeviceCaps& caps) {
+  return fits_mma_64(pr, caps) && pr.desc.len_q * pr.group >= 128;
 }
 using FitsFn = bool (*)(const Problem&, const DeviceCaps&);
 
@@ -609,6 +628,10 @@ bool register_kernels() {
     register_fwd_mma<E, MmaShapeM32SWide, fits_mma_64>("flash_fwd_mma_m32s_n128_sm80", 13, mma);
     register_fwd_mma<E, MmaShapeM32SStraight, fits_mma_128>("flash_fwd_mma_m32s_straight_sm80", 12,
                                                             mma);
+    register_fwd_mma<E, MmaShapeM32SWideMasked, fits_mma_64>("flash_fwd_mma_m32s_n128m_sm80", 11,
+                                                             mma);
+    register_fwd_mma<E, MmaShapeM32SWideMasked, fits_n128m_default>("flash_fwd_mma_m32s_n128m_sm80",
+                                                                    26, mma);
     register_fwd_mma<E, MmaShapeM32SWide, fits_n128_default>("flash_fwd_mma_m32s_n128_sm80", 25,
                                                              mma);
     register_fwd_mma<E, MmaShapeM32SStraight, fits_straight_default>(
