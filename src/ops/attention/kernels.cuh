@@ -617,9 +617,10 @@ __device__ __forceinline__ GridPlace grid_place(int lin, int blocks, int heads, 
 // (MmaShapeM32SWideMasked): one softmax text, the fast one; a masked or capped tile first passes
 // through a straight-line conversion (masked scores -inf; capped ones scaled and capped). Through
 // STR = 1's per-element loop a causal diagonal tile of 128 keys took as long as ~6 unmasked tiles
-// (m32s_n128, H100, 8120dce: d64 L512 causal 69.9 TFLOP/s against 261.6 unmasked). STR = 3 spills
-// ~100 bytes at that shape (two texts, three, or straight-line everywhere spilled as much or more)
-// and runs unmasked problems ~3% slower than STR = 1, so it serves banded ones.
+// (m32s_n128, H100, 8120dce: d64 L512 causal 69.9 TFLOP/s against 261.6 unmasked). With tanhf in
+// the capped pass STR = 3 spilled ~100 bytes at that shape and ran unmasked problems ~3% slower
+// than STR = 1 (two texts, three, or straight-line everywhere spilled as much or more); with
+// tanh_fast it spills nothing and runs 2-4% faster than STR = 1 unmasked (H100, da06fc8).
 template <class T, int D, int NW, int BN, int MT, bool QREG, bool OVL = false, int STR = 0>
 struct MmaCfg {
   static constexpr int kM = 16 * NW * MT;
