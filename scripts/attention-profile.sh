@@ -4,7 +4,7 @@
 # instruction mix) can be compared side by side.
 #   scripts/attention-profile.sh d64_l4096 [d128_l4096_causal ...]
 # Builds bench_attention through scripts/gpu-family.sh (sm_90a) unless $BUILD_DIR has it. Per
-# point: one of the family's forward kernels (FAMILY_KERNEL, default flash_fwd_mma_m32s_n128_sm80;
+# point: one of the family's forward kernels (FAMILY_KERNEL, default flash_fwd_mma_m32s_n128m_sm80;
 # bench_attention with BARACUDA_ATTN_SWEEP and BARACUDA_ATTN_KERNELS, its first launch) against
 # PyTorch SDPA's flash backend (FlashAttention-2). env: KERNELS (ncu regex of ours, default
 # flash_fwd_mma), PEER (torch_sdpa_flash | torch_sdpa_cudnn), NCU_SET (default full), PASS (forward
@@ -43,7 +43,7 @@ ncu_run() {  # <report name> <kernel regex> <command...>
 }
 for point in "$@"; do
   BARACUDA_ATTENTION_ONLY=$PASS BARACUDA_ATTN_SWEEP=$point \
-    BARACUDA_ATTN_KERNELS=${FAMILY_KERNEL:-flash_fwd_mma_m32s_n128_sm80} \
+    BARACUDA_ATTN_KERNELS=${FAMILY_KERNEL:-flash_fwd_mma_m32s_n128m_sm80} \
     ncu_run "ours_$point" "$KERNELS" "$B/apps/bench_attention" attention
   d=${point#d}
   d=${d%%_*}
