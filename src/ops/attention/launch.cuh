@@ -501,11 +501,10 @@ inline bool fits_n128_default(const Problem& pr, const DeviceCaps& caps) {
   return fits_mma_64(pr, caps) && pr.desc.mask.is_none() && pr.desc.len_q * pr.group >= 128;
 }
 // Where m32s_n128m (STR = 3) is the default: a padded head dim of 64, any mask, at least 128 rows
-// per K/V head; it ranks above m32s_n128, m32s and m16 there. H200, 3 rounds in one call,
-// TFLOP/s against FlashAttention-2 in the same call (with the MUFU tanh, no spills): L512 266.5
-// (1.01x; m32s_n128 0.98x), L2048 319.8 (1.07x), L16384 339.6 (1.12x; m32s_n128 1.08x), causal
-// L512 165.8 (1.08x; m16 1.08x), L1024 225.7 (1.04x; m16 0.97x), L2048 273.9 (1.04x; m16
-// 0.93x), L4096 306.6 (1.08x; m16 0.93x).
+// per K/V head; it ranks above m32s_n128, m32s and m16 there. H100, da06fc8, one call, medians
+// of two rounds, TFLOP/s against FlashAttention-2 in the same call: L512 270.5 (1.03x; m32s_n128
+// 1.00x), L2048 320.3 (1.07x; 1.04x), L8192 341.9 (1.13x; 1.10x), causal L512 167.7 (1.09x; m16
+// 1.08x), L1024 229.6 (1.07x; m16 0.98x), L4096 307.5 (1.09x; m16 0.96x), L16384 333.9 (1.12x).
 inline bool fits_n128m_default(const Problem& pr, const DeviceCaps& caps) {
   return fits_mma_64(pr, caps) && pr.desc.len_q * pr.group >= 128;
 }
