@@ -994,27 +994,12 @@ __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
           pv();
         };
         if constexpr (STR == 3) {  // one text; capped or masked tiles converted before it
-          // The rows' bounds from shared memory where the shape keeps them there (kBoundsSmem).
-          auto mask = [&] {
-            if constexpr (Cfg::kBoundsSmem) {
-              int lo_b[MT][2], hi_b[MT][2];
-#pragma unroll
-              for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int hf = 0; hf < 2; ++hf) {
-                  const int rl = warp * 16 * MT + mt * 16 + hf * 8 + g;
-                  lo_b[mt][hf] = sBounds[2 * rl], hi_b[mt][hf] = sBounds[2 * rl + 1];
-                }
-              scores_to_log2<false, true, false>(sc, p, sl2, n0, tq, lo_b, hi_b);
-            } else {
-              scores_to_log2<false, true, false>(sc, p, sl2, n0, tq, lo_r, hi_r);
-            }
-          };
+          static_assert(!Cfg::kBoundsSmem, "STR = 3 reads the rows' bounds from registers");
           if (capped) {
             cap_scores(sc, p);
-            mask();
+            scores_to_log2<false, true, false>(sc, p, sl2, n0, tq, lo_r, hi_r);
           } else if (!full) {
-            mask();
+            scores_to_log2<false, true, false>(sc, p, sl2, n0, tq, lo_r, hi_r);
           }
           softmax(std::true_type{});
         } else if (fast) {

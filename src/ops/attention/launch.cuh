@@ -492,16 +492,11 @@ inline bool fits_m32s_default(const Problem& pr, const DeviceCaps& caps) {
 inline bool fits_straight_default(const Problem& pr, const DeviceCaps& caps) {
   return fits_mma_128(pr, caps) && mma_dim(pr) == 128 && pr.desc.len_q * pr.group >= 128;
 }
-// Where m32s over 128-key tiles (MmaShapeM32SWide) is the default: a padded head dim of 64,
-// unmasked, at least 128 rows per K/V head. Same call: L512..16k 0.85-0.91x FlashAttention-2 vs
-// m32s 0.81-0.87 (equal at 16k); causal it trails (0.42-0.88: a 128-key diagonal tile masks half).
-// Since its fragments load a step ahead and full tiles load without bounds math (25f34da):
-// 0.89-1.06x.
-inline bool fits_n128_default(const Problem& pr, const DeviceCaps& caps) {
-  return fits_mma_64(pr, caps) && pr.desc.mask.is_none() && pr.desc.len_q * pr.group >= 128;
-}
 // Where m32s_n128m (STR = 3) is the default: a padded head dim of 64, any mask, at least 128 rows
-// per K/V head; it ranks above m32s_n128, m32s and m16 there. H100, da06fc8, one call, medians
+// per K/V head; it ranks above m32s and m16 there. It took over from m32s_n128 (MmaShapeM32SWide,
+// the unmasked d64 default from eb720a9: 0.89-1.06x FlashAttention-2 at 25f34da; causal it
+// trailed, 0.42-0.88x, a 128-key diagonal tile through the per-element loop), which stays
+// pinnable. H100, da06fc8, one call, medians
 // of two rounds, TFLOP/s against FlashAttention-2 in the same call: L512 270.5 (1.03x; m32s_n128
 // 1.00x), L2048 320.3 (1.07x; 1.04x), L8192 341.9 (1.13x; 1.10x), causal L512 167.7 (1.09x; m16
 // 1.08x), L1024 229.6 (1.07x; m16 0.98x), L4096 307.5 (1.09x; m16 0.96x), L16384 333.9 (1.12x).
@@ -621,9 +616,10 @@ bool register_kernels() {
     register_fwd_mma<E, MmaShapeM32S, fits_mma_128>("flash_fwd_mma_m32s_sm80", 14, mma);
     // ... and again, same name and launch, above the m16 entries where fits_m32s_default says.
     register_fwd_mma<E, MmaShapeM32S, fits_m32s_default>("flash_fwd_mma_m32s_sm80", 24, mma);
-    // m32s over 128-key tiles at a padded head dim of 64, and m32s with straight-line masked and
-    // capped tiles: pinnable wherever they fit, and (again, same names and launches) the defaults
-    // above m32s where fits_n128_default / fits_straight_default say.
+    // m32s over 128-key tiles at a padded head dim of 64 (with one softmax text: n128m), and m32s
+    // with straight-line masked and capped tiles: pinnable wherever they fit, and (again, same
+    // names and launches) n128m and straight the defaults above m32s where fits_n128m_default /
+    // fits_straight_default say.
     register_fwd_mma<E, MmaShapeM32SWide, fits_mma_64>("flash_fwd_mma_m32s_n128_sm80", 13, mma);
     register_fwd_mma<E, MmaShapeM32SStraight, fits_mma_128>("flash_fwd_mma_m32s_straight_sm80", 12,
                                                             mma);
@@ -631,8 +627,6 @@ bool register_kernels() {
                                                              mma);
     register_fwd_mma<E, MmaShapeM32SWideMasked, fits_n128m_default>("flash_fwd_mma_m32s_n128m_sm80",
                                                                     26, mma);
-    register_fwd_mma<E, MmaShapeM32SWide, fits_n128_default>("flash_fwd_mma_m32s_n128_sm80", 25,
-                                                             mma);
     register_fwd_mma<E, MmaShapeM32SStraight, fits_straight_default>(
         "flash_fwd_mma_m32s_straight_sm80", 25, mma);
     // Few query rows per K/V head (decode, speculative decoding): above the general kernel; that
