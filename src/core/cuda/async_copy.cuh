@@ -1,5 +1,6 @@
 // cp.async (sm_80+) global -> shared copies for device code: the 16-byte copy with zero fill,
-// group commit and the waits. Include only from .cu files.
+// group commit and the waits; the sm_90 bulk reduction, its waits and the proxy fence. Include only
+// from .cu files.
 #pragma once
 
 namespace baracuda::cuda {
@@ -56,6 +57,43 @@ __device__ __forceinline__ void cp_async_wait_pending(int pending) {
 }
 __device__ __forceinline__ void cp_async_wait_all() {
   asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+
+// ---- sm_90 bulk (TMA) operations without a tensor map; callers select them only on sm_90+ ----
+// Bulk reduction shared -> global: global[i] += shared[i] over `bytes` of f32 (the TMA unit does
+// the adds in L2); size and both addresses multiples of 16 bytes. Each call is one bulk group.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t src, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+      "cp.async.bulk.commit_group;\n" ::"l"(reinterpret_cast<uint64_t>(dst)),
+      "r"(src), "r"(bytes)
+      : "memory");
+#else
+  __trap();
+#endif
+}
+// Until at most N of this thread's bulk groups are incomplete: kSourceRead, until their shared-
+// memory sources have been read (the buffer may be rewritten); otherwise until their writes are
+// done.
+template <int N, bool kSourceRead>
+__device__ __forceinline__ void bulk_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if constexpr (kSourceRead)
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+  else
+    asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+#else
+  __trap();
+#endif
+}
+// Generic-proxy shared-memory writes become visible to the async proxy (wgmma, TMA).
+__device__ __forceinline__ void fence_proxy_async() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#else
+  __trap();
+#endif
 }
 
 }  // namespace baracuda::cuda

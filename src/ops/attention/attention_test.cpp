@@ -1359,8 +1359,11 @@ TEST_P(AttentionTest, BackwardKernelsByNameOnDevice) {
   const Target target = GetParam();
   if (target == Target::cpu) GTEST_SKIP() << "the tensor-core kernels run on the CUDA target only";
   BARACUDA_SKIP_IF_UNAVAILABLE(target);
-  const std::pair<const char*, bool> kernels[] = {{"flash_bwd_fused_sm80", false},
-                                                  {"flash_bwd_mma_sm80", true}};
+  std::vector<std::pair<const char*, bool>> kernels = {{"flash_bwd_fused_sm80", false},
+                                                       {"flash_bwd_mma_sm80", true}};
+  // dQ by bulk reductions: sm_90 and later.
+  if (const auto caps = device_caps(0); caps.ok() && caps->sm >= 90)
+    kernels.push_back({"flash_bwd_fused_bulk_sm80", false});
   const Mask masks[] = {Mask::none(), Mask::causal_top_left(), Mask::causal_bottom_right(),
                         Mask::sliding_window(100, 30)};
   const std::pair<int64_t, int64_t> lens[] = {

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "core/cuda/async_copy.cuh"
 #include "core/cuda/launch.cuh"
 #include "core/cuda/mma.cuh"
 #include "ops/attention/common.hpp"
@@ -1515,7 +1516,13 @@ __global__ void __launch_bounds__(128) flash_bwd_dq_mma(Params p) {
 // f32 accumulator in the workspace by atomics (zeroed first, scaled and rounded into dQ by
 // flash_bwd_dq_convert after), so it is not deterministic. P and dS are rounded to the 16-bit type
 // for the tensor cores. The score scale is left out of dS (dK and dQ are scaled once at the end).
-template <class T, int D, int BQ>
+// kBulkDq (sm_90+): dQ of each tile goes through a shared staging tile, BQ rows of D floats at a
+// pitch padded by 8 (2-way instead of 8-way bank conflicts for the fragments' 8-byte stores), and
+// into the accumulator by one bulk reduce-add per row (the TMA unit adds in L2), instead of a
+// red.global per fragment pair: those REDGs' address registers, reused at once by the next row's
+// address, were the kernel's largest stall (long scoreboard, ~11% of samples at d64 L4096, ncu,
+// H100, 028db09).
+template <class T, int D, int BQ, bool kBulkDq = false>
 struct BwdFusedCfg {
   static constexpr int kWarps = 8, kKeys = 16 * kWarps;
   static constexpr int kRowGroups = BQ / 32;             // dQ: warps over 32-row groups ...
@@ -1523,9 +1530,10 @@ struct BwdFusedCfg {
   static_assert(kRowGroups * kColSplit == kWarps && D % (16 * kColSplit) == 0);
   // K and V once, two stages of (Q, dY) tiles, dS^T and P^T [keys][BQ], then per stage and
   // query row the LSE (log2 domain), delta and the visible key range [lo, hi).
+  static constexpr int kDqPitch = D + 8;  // floats
   static constexpr size_t kSmem =
       sizeof(T) * (2 * size_t{kKeys} * D + 4 * size_t{BQ} * D + 2 * size_t{kKeys} * BQ) +
-      2 * 4 * size_t{BQ} * 4;
+      2 * 4 * size_t{BQ} * 4 + (kBulkDq ? sizeof(float) * BQ * kDqPitch : 0);
 };
 
 // The f32 dQ accumulator: row (b * Hq + h) * Lq + i (delta's row index) at a pitch of the padded
@@ -1539,9 +1547,9 @@ __device__ __forceinline__ void add_dq_pair(float* acc, float x, float y) {
 #endif
 }
 
-template <class T, int D, int BQ>
+template <class T, int D, int BQ, bool kBulkDq = false>
 __global__ void __launch_bounds__(256, 1) flash_bwd_fused_mma(Params p, float* dq_acc) {
-  using Cfg = BwdFusedCfg<T, D, BQ>;
+  using Cfg = BwdFusedCfg<T, D, BQ, kBulkDq>;
   constexpr int kKeys = Cfg::kKeys, kNT = 32 * Cfg::kWarps;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* sK = reinterpret_cast<T*>(smem_raw);
@@ -1554,7 +1562,8 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_fused_mma(Params p, float* d
   float* sDelta0 = sLse0 + 2 * BQ;
   int* sLo0 = reinterpret_cast<int*>(sDelta0 + 2 * BQ);
   int* sHi0 = sLo0 + 2 * BQ;
-  if ((smem_u32(smem_raw) & 127u) != 0) __trap();  // swz_addr: 128-byte aligned tiles
+  float* sDq = reinterpret_cast<float*>(sHi0 + 2 * BQ);  // kBulkDq: [BQ][kDqPitch]
+  if ((smem_u32(smem_raw) & 127u) != 0) __trap();        // swz_addr: 128-byte aligned tiles
 
   // Block -> (key block, K/V head, batch) in grid_place's order (heaviest causal blocks first).
   const int k_blocks = (p.len_k + kKeys - 1) / kKeys;
@@ -1655,6 +1664,17 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_fused_mma(Params p, float* d
       full = row_lo <= k0 && row_hi >= k0 + kKeys;  // hi <= lk: no key past the sequence either
     }
   };
+  // kBulkDq: the staged tile's (query head, first row), -1 when none is staged; its rows go into
+  // the accumulator after a barrier has made every warp's stores visible, BQ / 8 rows a warp, one
+  // a lane (a lane's bulk operations issue one after another, so they are spread over the warps).
+  int dq_h = -1, dq_i0 = 0;
+  auto reduce_dq = [&] {
+    constexpr int kRowsPerWarp = BQ / Cfg::kWarps;
+    const int r = warp * kRowsPerWarp + lane;
+    if (dq_h < 0 || lane >= kRowsPerWarp || r >= s.lq - dq_i0) return;
+    float* row = dq_acc + ((int64_t{b} * p.heads_q + dq_h) * p.len_q + dq_i0 + r) * D;
+    cuda::bulk_reduce_add_f32(row, smem_u32(sDq + r * Cfg::kDqPitch), D * sizeof(float));
+  };
   issue(0);
   publish_rows(0);
   for (int it = 0; it < n_it; ++it) {
@@ -1662,7 +1682,8 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_fused_mma(Params p, float* d
     // For every thread; iteration it - 1 is consumed (its stage and dS^T are free).
     const bool uncapped = p.softcap <= 0.f;
     const bool plain = __syncthreads_and(full) && uncapped;
-    const Visit cur = pending;  // issued one iteration ahead
+    const Visit cur = pending;           // issued one iteration ahead
+    if constexpr (kBulkDq) reduce_dq();  // the previous tile's, staged before the barrier
     issue(it + 1);
     const int stage = it & 1, h = cur.h, i0 = cur.i0;
     const T* sQ = sQ0 + stage * BQ * D;
@@ -1802,6 +1823,8 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_fused_mma(Params p, float* d
         else
           all.template operator()<0>();
       }
+      // kBulkDq: the staging tile is rewritten below once its reductions have read it.
+      if constexpr (kBulkDq) cuda::bulk_wait<0, true>();
       __syncthreads();  // every warp's P^T and dS^T are in shared memory
       {
         // The warp's head-dim half goes into the B bases (see the dQ step below).
@@ -1882,11 +1905,24 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_fused_mma(Params p, float* d
           }
         }
       }
+      if constexpr (kBulkDq) {  // into the staging tile, every row and column
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int mt = r / 2, hf = r % 2;
+          float* row = sDq + (rg * 32 + mt * 16 + hf * 8 + g) * Cfg::kDqPitch + c0 + 2 * tq;
+#pragma unroll
+          for (int d = 0; d < kDT; ++d)
+            *reinterpret_cast<float2*>(row + d * 8) =
+                make_float2(dq[mt][d][hf * 2], dq[mt][d][hf * 2 + 1]);
+        }
+        cuda::fence_proxy_async();  // visible to the bulk reduction after the next barrier
+        dq_h = h, dq_i0 = i0;
+      }
       // Into the accumulator: one row pointer per row, compile-time column offsets (no
       // per-element address math or branch) unless the head dim is padded in this warp's slice.
       const bool cols_whole = c0 + kDC <= p.dim_qk;
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {
+      for (int r = 0; r < (kBulkDq ? 0 : 4); ++r) {
         const int mt = r / 2, hf = r % 2;
         const int i = i0 + rg * 32 + mt * 16 + hf * 8 + g;
         if (i >= s.lq) continue;
@@ -1906,6 +1942,11 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_fused_mma(Params p, float* d
     publish_rows(it + 1);  // the next iteration's rows, for its barrier
   }
   cp_async_wait<0>();
+  if constexpr (kBulkDq) {  // the last tile's dQ, landed before the kernel ends
+    __syncthreads();
+    reduce_dq();
+    cuda::bulk_wait<0, false>();
+  }
   // dK and dV: this thread's keys 32 (w % 4) + 16 mt + g (+ 8), columns D / 2 (w / 4) + 8 d + 2 tq
   // in accumulator tile mt * (D / 16) + d.
   constexpr int kColTiles = kOTiles / 2;

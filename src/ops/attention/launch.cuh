@@ -387,19 +387,21 @@ inline size_t fused_delta_bytes(const Problem& pr) {
 inline size_t bwd_fused_workspace(const Problem& pr, const DeviceCaps&) {
   return fused_delta_bytes(pr) + 256 + fused_delta_bytes(pr) * static_cast<size_t>(mma_dim(pr));
 }
-template <int kBQ64>
+// kBulkDq (BwdFusedCfg): sm_90 and later only, for the bulk reduce-add.
+template <int kBQ64, bool kBulkDq = false>
 bool fits_bwd_fused(const Problem& pr, const DeviceCaps& caps) {
-  const size_t smem = mma_dim(pr) == 64 ? BwdFusedCfg<__half, 64, fused_bq<kBQ64>(64)>::kSmem
-                                        : BwdFusedCfg<__half, 128, fused_bq<kBQ64>(128)>::kSmem;
-  return mma_dims_ok(pr) && mma_dim(pr) <= 128 && bwd_rows_fit(pr) &&
+  const size_t smem = mma_dim(pr) == 64
+                          ? BwdFusedCfg<__half, 64, fused_bq<kBQ64>(64), kBulkDq>::kSmem
+                          : BwdFusedCfg<__half, 128, fused_bq<kBQ64>(128), kBulkDq>::kSmem;
+  return mma_dims_ok(pr) && mma_dim(pr) <= 128 && bwd_rows_fit(pr) && (!kBulkDq || caps.sm >= 90) &&
          static_cast<int64_t>(smem) <= caps.smem_per_block_optin;
 }
 
-template <class T, int D, int BQ>
+template <class T, int D, int BQ, bool kBulkDq>
 Status run_bwd_fused(const LaunchContext& ctx, const Problem& pr, const Params& p) {
   const cudaStream_t stream = cuda::stream_of(ctx);
-  using Cfg = BwdFusedCfg<T, D, BQ>;
-  constexpr auto kernel = flash_bwd_fused_mma<T, D, BQ>;
+  using Cfg = BwdFusedCfg<T, D, BQ, kBulkDq>;
+  constexpr auto kernel = flash_bwd_fused_mma<T, D, BQ, kBulkDq>;
   static const cudaError_t attr = cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Cfg::kSmem));
   if (attr != cudaSuccess)
@@ -424,7 +426,7 @@ Status run_bwd_fused(const LaunchContext& ctx, const Problem& pr, const Params& 
 
 // kRowsAt64 > 0: the one-pass kernel (dQ by atomics; kRowsAt64 query rows per step at D = 64)
 // instead of the two deterministic passes.
-template <class T, int kRowsAt64 = 0>
+template <class T, int kRowsAt64 = 0, bool kBulkDq = false>
 Status launch_bwd_mma(const LaunchContext& ctx, const Problem& pr, const BackwardArguments& a) {
   // cp.async needs 16-byte aligned rows; otherwise the SIMT kernels (same contract) run.
   if (!rows_aligned(a.q, sizeof(T)) || !rows_aligned(a.k, sizeof(T)) ||
@@ -442,8 +444,8 @@ Status launch_bwd_mma(const LaunchContext& ctx, const Problem& pr, const Backwar
     BARACUDA_TRY(cuda::check_launch(BackwardOp::name, "attn_bwd_delta_vec"));
   }
   if constexpr (kRowsAt64 > 0)
-    return mma_dim(pr) == 64 ? run_bwd_fused<T, 64, fused_bq<kRowsAt64>(64)>(ctx, pr, p)
-                             : run_bwd_fused<T, 128, fused_bq<kRowsAt64>(128)>(ctx, pr, p);
+    return mma_dim(pr) == 64 ? run_bwd_fused<T, 64, fused_bq<kRowsAt64>(64), kBulkDq>(ctx, pr, p)
+                             : run_bwd_fused<T, 128, fused_bq<kRowsAt64>(128), kBulkDq>(ctx, pr, p);
   return with_mma_dim(pr, [&](auto d) { return run_bwd_mma<T, d()>(ctx, p); });
 }
 
@@ -670,6 +672,14 @@ bool register_kernels() {
         .fits = fits_bwd_fused<kFusedBQ64>,
         .workspace = bwd_fused_workspace,
         .launch = launch_bwd_mma<T, kFusedBQ64>,
+    });
+    // The same with dQ staged in shared memory and added by bulk reductions (sm_90+; A/B).
+    register_kernel<BackwardOp>({
+        .sku = family_sku<E>(BackwardOp::name, DType::f32, fused_bwd, "flash_bwd_fused_bulk_sm80"),
+        .priority = 19,
+        .fits = fits_bwd_fused<kFusedBQ64, true>,
+        .workspace = bwd_fused_workspace,
+        .launch = launch_bwd_mma<T, kFusedBQ64, true>,
     });
   }
   return true;

@@ -15,6 +15,7 @@
 #include <type_traits>
 
 #include "baracuda/ops/attention.hpp"
+#include "core/cuda/async_copy.cuh"
 #include "core/cuda/launch.cuh"
 #include "core/cuda/mma.cuh"
 #include "ops/attention_hopper/fa3_wgmma.cuh"
@@ -115,29 +116,11 @@ __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_
       "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(bar)
       : "memory");
 }
-// Bulk reduction shared -> global: global[i] += shared[i] over `bytes` of f32 (the TMA unit does
-// the adds in L2); size and both addresses multiples of 16 bytes. Each call is one bulk group.
-__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t src, uint32_t bytes) {
-  asm volatile(
-      "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
-      "cp.async.bulk.commit_group;\n" ::"l"(reinterpret_cast<uint64_t>(dst)),
-      "r"(src), "r"(bytes)
-      : "memory");
-}
-// Until at most N of this thread's bulk groups are incomplete: kSourceRead, until their shared-
-// memory sources have been read (the buffer may be rewritten); otherwise until their writes are
-// done.
-template <int N, bool kSourceRead>
-__device__ __forceinline__ void bulk_wait() {
-  if constexpr (kSourceRead)
-    asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
-  else
-    asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
-}
-// Generic-proxy shared-memory writes become visible to the async proxy (wgmma, TMA).
-__device__ __forceinline__ void fence_proxy_async() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
+// The bulk reduction, its waits and the proxy fence live in core (the family's fused backward
+// uses them too).
+using cuda::bulk_reduce_add_f32;
+using cuda::bulk_wait;
+using cuda::fence_proxy_async;
 
 // 2^x on the FMA pipe, for x <= 0 (FlashAttention-4's exp2 emulation). At D = 64 the MUFU is as
 // busy as the tensor cores: per 128 x 128 tile, 16384 exponentials at 16 per SM clock take 1024
