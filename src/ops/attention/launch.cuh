@@ -673,10 +673,12 @@ bool register_kernels() {
         .workspace = bwd_fused_workspace,
         .launch = launch_bwd_mma<T, kFusedBQ64>,
     });
-    // The same with dQ staged in shared memory and added by bulk reductions (sm_90+; A/B).
+    // The same with dQ staged in shared memory and added by one bulk reduction per row
+    // (sm_90+), above it where it fits: the H100 measured it ahead (docs/perf/attention.md,
+    // eighteenth session).
     register_kernel<BackwardOp>({
         .sku = family_sku<E>(BackwardOp::name, DType::f32, fused_bwd, "flash_bwd_fused_bulk_sm80"),
-        .priority = 19,
+        .priority = 22,
         .fits = fits_bwd_fused<kFusedBQ64, true>,
         .workspace = bwd_fused_workspace,
         .launch = launch_bwd_mma<T, kFusedBQ64, true>,

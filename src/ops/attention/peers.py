@@ -123,12 +123,12 @@ def varlen():
 if __name__ == "__main__":
     torch.manual_seed(0)
     only = os.environ.get("BARACUDA_ATTENTION_ONLY")
-    # BARACUDA_ATTENTION_ONLY=decode / varlen / forward (as for bench_attention): those rows only
-    # (forward: the sweep's forward rows).
+    # BARACUDA_ATTENTION_ONLY=decode / varlen / forward / backward (as for bench_attention): those
+    # rows only (forward: the sweep's forward rows; backward: the sweep, forward and backward).
     FORWARD_ONLY = only == "forward"
-    if only not in ("varlen", "forward"):
+    if only not in ("varlen", "forward", "backward"):
         decode()
     if only not in ("decode", "varlen"):
         sweep()
-    if only not in ("decode", "forward"):
+    if only not in ("decode", "forward", "backward"):
         varlen()
