@@ -706,10 +706,11 @@ TEST(AttentionFp8, ArgumentErrorsNeverWrite) {
 
 // The family's own forward pick on a device: its highest-priority bespoke sm_80-class entry that
 // fits (cuDNN, also sm_80-class and ranked by its own table, is not one of them).
+template <class Op = ForwardOp>
 std::string family_pick(const Config& c, const DeviceCaps& caps) {
   const Problem p = problem_of(c);
-  const Kernel<ForwardOp>* best = nullptr;
-  for (const auto& k : KernelTable<ForwardOp>::instance().all()) {
+  const Kernel<Op>* best = nullptr;
+  for (const auto& k : KernelTable<Op>::instance().all()) {
     if (k.sku.element != c.dtype || k.sku.arch != Arch::sm80 ||
         k.sku.backend != Backend::bespoke_cuda)
       continue;
@@ -776,6 +777,27 @@ TEST(AttentionRegistry, FamilyForwardDefaultFollowsTheMeasuredShapes) {
       {cfg(256, 4096, none), "flash_fwd_mma_sm80"},
   };
   for (const auto& tc : cases) EXPECT_EQ(family_pick(tc.c, sm80), tc.kernel) << tc.c.str();
+  // The fused backward: dQ by bulk reductions at a padded head dim of 128 from sm_90 on
+  // (fits_bulk_default), by red.global otherwise.
+  DeviceCaps sm90 = sm80;
+  sm90.sm = 90, sm90.sm_count = 132, sm90.name = "sm_90-class";
+  sm90.smem_per_block_optin = 227 * 1024;
+  const struct {
+    Config c;
+    const DeviceCaps& caps;
+    const char* kernel;
+  } bwd_cases[] = {
+      {cfg(128, 4096, none), sm90, "flash_bwd_fused_bulk_sm80"},
+      {cfg(96, 1000, causal), sm90, "flash_bwd_fused_bulk_sm80"},  // padded to 128
+      {cfg(64, 4096, none), sm90, "flash_bwd_fused_sm80"},
+      {cfg(128, 4096, none), sm80, "flash_bwd_fused_sm80"},
+      {cfg(128, 512, causal), sm80, "flash_bwd_fused_sm80"},
+      // d64's fused tiles (164 KB) exceed the 163 KB an A100 block may opt into.
+      {cfg(64, 512, causal), sm80, "flash_bwd_mma_sm80"},
+  };
+  for (const auto& tc : bwd_cases)
+    EXPECT_EQ(family_pick<BackwardOp>(tc.c, tc.caps), tc.kernel)
+        << tc.caps.name << " " << tc.c.str();
 }
 
 // A forward entry fits only where the device grants its shared memory, so select passes over it
@@ -1328,11 +1350,9 @@ TEST_P(AttentionTest, LargeShapesOnDevice) {
     check_backward(target, c, Lay::blhd);
   }
   n = 0;  // the tensor-core backward: head dims, masks, GQA, soft-cap, varlen
-  // dQ by bulk reductions where the device has them (sm_90+), by red.global before.
+  // dQ by bulk reductions at a padded head dim of 128 from sm_90 on, by red.global otherwise.
   const auto caps = device_caps(0);
   BARACUDA_ASSERT_OK(caps);
-  const std::string fused_bwd_default =
-      caps->sm >= 90 ? "flash_bwd_fused_bulk_sm80" : "flash_bwd_fused_sm80";
   for (DType t : {DType::bf16, DType::f16})
     for (auto [dk, dv] : {std::pair<int64_t, int64_t>{128, 128}, {64, 64}, {96, 96}, {128, 64}})
       for (const Mask& mk : masks) {
@@ -1343,7 +1363,9 @@ TEST_P(AttentionTest, LargeShapesOnDevice) {
         check_backward(target, c, n % 2 ? Lay::blhd : Lay::bhld);
         auto plan = BackwardPlan::select(harness::stream_for(target), desc_of(c), ours(target));
         BARACUDA_ASSERT_OK(plan);
-        EXPECT_EQ(plan->sku().name, fused_bwd_default);
+        EXPECT_EQ(plan->sku().name, caps->sm >= 90 && std::max(dk, dv) > 64
+                                        ? "flash_bwd_fused_bulk_sm80"
+                                        : "flash_bwd_fused_sm80");
         ++n;
       }
   {

@@ -506,6 +506,13 @@ inline bool fits_n128m_default(const Problem& pr, const DeviceCaps& caps) {
   return fits_mma_64(pr, caps) && pr.desc.len_q * pr.group >= 128;
 }
 using FitsFn = bool (*)(const Problem&, const DeviceCaps&);
+// Where flash_bwd_fused_bulk_sm80 is the fused backward's default: a padded head dim of 128. H100,
+// e6f8e7e, one call, two rounds each, medians against flash_bwd_fused_sm80: d128 L4096 1.06x,
+// L8192 1.03x, L16384 1.02x, causal L8192 / L16384 1.02x / 1.04x, L <= 2048 0.997-1.007x; at d64
+// 0.99-1.01x everywhere (the red.global form stays).
+inline bool fits_bulk_default(const Problem& pr, const DeviceCaps& caps) {
+  return fits_bwd_fused<kFusedBQ64, true>(pr, caps) && mma_dim(pr) == 128;
+}
 
 // Every kernel of the family shares category, layout, masks, arch and backend; an entry differs in
 // op, accumulator, precision and name.
@@ -673,16 +680,19 @@ bool register_kernels() {
         .workspace = bwd_fused_workspace,
         .launch = launch_bwd_mma<T, kFusedBQ64>,
     });
-    // The same with dQ staged in shared memory and added by one bulk reduction per row
-    // (sm_90+), above it where it fits: the H100 measured it ahead (docs/perf/attention.md,
-    // eighteenth session).
-    register_kernel<BackwardOp>({
-        .sku = family_sku<E>(BackwardOp::name, DType::f32, fused_bwd, "flash_bwd_fused_bulk_sm80"),
-        .priority = 22,
-        .fits = fits_bwd_fused<kFusedBQ64, true>,
-        .workspace = bwd_fused_workspace,
-        .launch = launch_bwd_mma<T, kFusedBQ64, true>,
-    });
+    // The same with dQ staged in shared memory and added by one bulk reduction per row (sm_90+):
+    // pinnable wherever it fits, and (same name and launch) the default at a padded head dim of
+    // 128 (fits_bulk_default).
+    for (auto [priority, fits] :
+         {std::pair<int, FitsFn>{19, fits_bwd_fused<kFusedBQ64, true>}, {22, fits_bulk_default}})
+      register_kernel<BackwardOp>({
+          .sku =
+              family_sku<E>(BackwardOp::name, DType::f32, fused_bwd, "flash_bwd_fused_bulk_sm80"),
+          .priority = priority,
+          .fits = fits,
+          .workspace = bwd_fused_workspace,
+          .launch = launch_bwd_mma<T, kFusedBQ64, true>,
+      });
   }
   return true;
 }
