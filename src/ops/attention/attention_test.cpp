@@ -782,6 +782,9 @@ TEST(AttentionRegistry, FamilyForwardDefaultFollowsTheMeasuredShapes) {
   DeviceCaps sm90 = sm80;
   sm90.sm = 90, sm90.sm_count = 132, sm90.name = "sm_90-class";
   sm90.smem_per_block_optin = 227 * 1024;
+  DeviceCaps sm89 = sm80;
+  sm89.sm = 89, sm89.sm_count = 58, sm89.name = "sm_89-class, 99 KB";
+  sm89.smem_per_block_optin = 99 * 1024;
   const struct {
     Config c;
     const DeviceCaps& caps;
@@ -792,8 +795,11 @@ TEST(AttentionRegistry, FamilyForwardDefaultFollowsTheMeasuredShapes) {
       {cfg(64, 4096, none), sm90, "flash_bwd_fused_sm80"},
       {cfg(128, 4096, none), sm80, "flash_bwd_fused_sm80"},
       {cfg(128, 512, causal), sm80, "flash_bwd_fused_sm80"},
-      // d64's fused tiles (164 KB) exceed the 163 KB an A100 block may opt into.
-      {cfg(64, 512, causal), sm80, "flash_bwd_mma_sm80"},
+      // d64's 128-row tiles (164 KB) exceed the 163 KB an A100 block may opt into, and the
+      // 99 KB of an sm_89 one; 64 rows (98 KB) fit both.
+      {cfg(64, 512, causal), sm80, "flash_bwd_fused_q64_sm80"},
+      {cfg(64, 4096, none), sm89, "flash_bwd_fused_q64_sm80"},
+      {cfg(128, 4096, none), sm89, "flash_bwd_mma_sm80"},
   };
   for (const auto& tc : bwd_cases)
     EXPECT_EQ(family_pick<BackwardOp>(tc.c, tc.caps), tc.kernel)
@@ -1387,6 +1393,7 @@ TEST_P(AttentionTest, BackwardKernelsByNameOnDevice) {
   if (target == Target::cpu) GTEST_SKIP() << "the tensor-core kernels run on the CUDA target only";
   BARACUDA_SKIP_IF_UNAVAILABLE(target);
   std::vector<std::pair<const char*, bool>> kernels = {{"flash_bwd_fused_sm80", false},
+                                                       {"flash_bwd_fused_q64_sm80", false},
                                                        {"flash_bwd_mma_sm80", true}};
   // dQ by bulk reductions: sm_90 and later.
   if (const auto caps = device_caps(0); caps.ok() && caps->sm >= 90)

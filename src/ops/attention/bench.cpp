@@ -136,7 +136,7 @@ void bench_all(const Stream& stream) {
         // The default backward plan, then (A/B rows) the family's tensor-core backward kernels
         // forced by name: the one-pass kernel and the deterministic two passes.
         const char* const bwd_alts[] = {"", "flash_bwd_fused_sm80", "flash_bwd_fused_bulk_sm80",
-                                        "flash_bwd_mma_sm80"};
+                                        "flash_bwd_fused_q64_sm80", "flash_bwd_mma_sm80"};
         std::string default_bwd;
         for (const char* alt : bwd_alts) {
           const bool pinned = *alt != '\0';

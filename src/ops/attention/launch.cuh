@@ -675,16 +675,26 @@ bool register_kernels() {
     constexpr PrecisionGuarantee fused_bwd{mma.math, DType::f32, false, false};
     register_kernel<BackwardOp>({
         .sku = family_sku<E>(BackwardOp::name, DType::f32, fused_bwd, "flash_bwd_fused_sm80"),
-        .priority = 21,
+        .priority = 22,
         .fits = fits_bwd_fused<kFusedBQ64>,
         .workspace = bwd_fused_workspace,
         .launch = launch_bwd_mma<T, kFusedBQ64>,
+    });
+    // The same with 64 query rows a step at a padded head dim of 64 too (98 KB of shared memory
+    // there against 164 KB; at 128 it is the same kernel): for the parts whose blocks cannot opt
+    // into 164 KB (A100: 163 KB; sm_86 / sm_89: 99 KB), which would otherwise get the two passes.
+    register_kernel<BackwardOp>({
+        .sku = family_sku<E>(BackwardOp::name, DType::f32, fused_bwd, "flash_bwd_fused_q64_sm80"),
+        .priority = 21,
+        .fits = fits_bwd_fused<64>,
+        .workspace = bwd_fused_workspace,
+        .launch = launch_bwd_mma<T, 64>,
     });
     // The same with dQ staged in shared memory and added by one bulk reduction per row (sm_90+):
     // pinnable wherever it fits, and (same name and launch) the default at a padded head dim of
     // 128 (fits_bulk_default).
     for (auto [priority, fits] :
-         {std::pair<int, FitsFn>{19, fits_bwd_fused<kFusedBQ64, true>}, {22, fits_bulk_default}})
+         {std::pair<int, FitsFn>{19, fits_bwd_fused<kFusedBQ64, true>}, {23, fits_bulk_default}})
       register_kernel<BackwardOp>({
           .sku =
               family_sku<E>(BackwardOp::name, DType::f32, fused_bwd, "flash_bwd_fused_bulk_sm80"),
