@@ -538,7 +538,10 @@ __device__ __forceinline__ float tanh_fast(float y) {
   poly = fmaf(poly, t, 0.13331690430641174f);
   poly = fmaf(poly, t, -0.3333328366279602f);
   poly = fmaf(poly, t, 1.f) * y;
-  const float d = exp2_ftz(2.8853900817779268f * fabsf(y)) + 1.f;
+  // |y| > 9 gives 1 in float; the clamp keeps e^2|y| finite (an infinite score then caps instead
+  // of 0 * inf in the Newton step), and NaN still propagates.
+  const float ay = fabsf(y) > 9.f ? 9.f : fabsf(y);
+  const float d = exp2_ftz(2.8853900817779268f * ay) + 1.f;
   float r;
   asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(d));
   r = fmaf(r, fmaf(-d, r, 1.f), r);
