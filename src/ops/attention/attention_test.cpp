@@ -62,6 +62,10 @@ struct Config {
   double softcap = 0;
   std::optional<double> scale;
   std::vector<int32_t> cu_q, cu_k;  // varlen when non-empty
+  // Q and the even keys of K of order 1e19 (the odd keys stay small): those q . k overflow float to
+  // +inf and the rest are ~1e20, so a soft-capped score must saturate at +-cap (the float64
+  // reference's values) instead of turning NaN. bf16 / f32 only (f16 cannot hold 1e19).
+  bool huge_scores = false;
   std::string str() const {
     std::string s = std::string(name(dtype)) + " B" + std::to_string(b) + " Hq" +
                     std::to_string(hq) + " Hk" + std::to_string(hk) + " Lq" + std::to_string(lq) +
@@ -69,6 +73,7 @@ struct Config {
                     std::to_string(dv) + " mask=" + to_string(mask) +
                     " cap=" + std::to_string(softcap);
     if (!cu_q.empty()) s += " varlen";
+    if (huge_scores) s += " huge-scores";
     return s;
   }
 };
@@ -305,6 +310,13 @@ void check_forward_runs(Target target, const Config& c, Lay lay, std::vector<For
   q->fill_random(rng, -2, 2);
   k->fill_random(rng, -2, 2);
   v->fill_random(rng);
+  if (c.huge_scores) {
+    q->fill_random(rng, 1e19, 2e19);
+    std::vector<double> kv = k->values();  // [B][Hk][Lk][Dk] order
+    for (size_t i = 0; i < kv.size(); ++i)
+      if (static_cast<int64_t>(i) / c.dk % c.lk % 2 == 0) kv[i] = rng.uniform(1e19, 2e19);
+    k->set_values(kv);
+  }
   std::unique_ptr<TestTensor> cu_q, cu_k;
   if (!c.cu_q.empty()) cu_q = seqlens(c.cu_q, target), cu_k = seqlens(c.cu_k, target);
   // The reference, once: whole, or the sampled rows of a big problem.
@@ -1265,6 +1277,29 @@ TEST_P(AttentionTest, FullyMaskedRowsAreZeroWithLseMinusInf) {
     c.mask = Mask::none();
     check_forward(target, c, Lay::bhld);
   }
+}
+
+// Soft-capped scores past float's range (Config::huge_scores) on the family default and every
+// tensor-core forward kernel that takes soft-capping (each has its own tanh).
+TEST_P(AttentionTest, SoftCapSaturatesScoresPastFloatRange) {
+  const Target target = GetParam();
+  BARACUDA_SKIP_IF_UNAVAILABLE(target);
+  std::vector<std::optional<PlanPreference>> prefs = {std::nullopt};
+  if (target != Target::cpu)
+    for (const char* name : {"flash_fwd_mma_m32s_n128m_sm80", "flash_fwd_mma_m32s_straight_sm80",
+                             "flash_fwd_mma_m16_sm80"})
+      prefs.push_back(PlanPreference::kernel(name));
+  int n = 0;
+  for (DType t : {DType::bf16, DType::f32})
+    for (int64_t d : {64, 128})
+      for (const Mask& mk : {Mask::none(), Mask::causal_bottom_right()})
+        for (const auto& pref : prefs) {
+          Config c;
+          c.dtype = t, c.b = 1, c.hq = 2, c.hk = 1, c.lq = 200, c.lk = 257, c.dk = c.dv = d;
+          c.mask = mk, c.softcap = 30.0, c.huge_scores = true;
+          if (t == DType::f32 && pref) continue;  // the tensor-core kernels take 16-bit types
+          check_forward(target, c, n++ % 2 ? Lay::blhd : Lay::bhld, pref);
+        }
 }
 
 TEST_P(AttentionTest, BackwardSweep) {
