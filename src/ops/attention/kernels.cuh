@@ -1821,7 +1821,7 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_fused_mma(Params p, float* d
         };
         if (plain)
           all.template operator()<1>();
-        else if (D == 64 && uncapped)  // at D = 128 the third text spilled 8 bytes
+        else if ((D == 64 || kBulkDq) && uncapped)  // red.global at D = 128: 8 bytes spilled
           all.template operator()<2>();
         else
           all.template operator()<0>();
