@@ -140,6 +140,7 @@ void bench_all(const Stream& stream) {
         std::string default_bwd;
         for (const char* alt : bwd_alts) {
           const bool pinned = *alt != '\0';
+          if (pinned && !ab_wanted(alt)) continue;
           auto bwd = BackwardPlan::select(
               stream, d, pinned ? PlanPreference::kernel(alt) : PlanPreference::fastest());
           if (!bwd.ok()) {
