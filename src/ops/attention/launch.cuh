@@ -387,6 +387,12 @@ inline size_t fused_delta_bytes(const Problem& pr) {
 inline size_t bwd_fused_workspace(const Problem& pr, const DeviceCaps&) {
   return fused_delta_bytes(pr) + 256 + fused_delta_bytes(pr) * static_cast<size_t>(mma_dim(pr));
 }
+// The one-pass backward's tiles where the smaller parts allow them: 64 query rows at d64 within
+// the 99 KB an sm_86 / sm_89 block may opt into (flash_bwd_fused_q64_sm80), and the d128 tiles
+// within an A100's 163 KB; a layout change that grows them past those drops those parts to the two
+// passes.
+static_assert(BwdFusedCfg<__half, 64, fused_bq<64>(64)>::kSmem <= 99 * 1024);
+static_assert(BwdFusedCfg<__half, 128, fused_bq<kFusedBQ64>(128)>::kSmem <= 163 * 1024);
 // kBulkDq (BwdFusedCfg): sm_90 and later only, for the bulk reduce-add.
 template <int kBQ64, bool kBulkDq = false>
 bool fits_bwd_fused(const Problem& pr, const DeviceCaps& caps) {
