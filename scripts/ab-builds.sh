@@ -12,7 +12,10 @@
 # env: AB_ONLY (BARACUDA_ATTENTION_ONLY of every run: forward | backward; default backward),
 #      AB_POINTS (BARACUDA_ATTN_SWEEP points; default "d64_l4096 d128_l8192"), AB_KERNELS
 #      (BARACUDA_ATTN_KERNELS: the A/B rows to time), ROUNDS (default 3), AB_DRY=1 (prepare the
-#      trees and stop: checks the patches on a machine without a GPU).
+#      trees and stop: checks the patches on a machine without a GPU), AB_TEST=<gtest filter>
+#      (then build test_attention in the B whose median ratio to A, over the rows timed in A, is
+#      highest, and run that filter there: one call measures the patches and tests the winner;
+#      its log lands in $OUT/ab_test.log).
 # Rows land in $OUT/ab.jsonl with "build": "A" / "B" (or "B1", "B2", ...) and "round"; the medians
 # and each B's ratio to A are printed last.
 set -uo pipefail
@@ -81,7 +84,7 @@ for r in $(seq 1 "${ROUNDS:-3}"); do
     done
   done
 done
-python3 - "$OUT/ab.jsonl" <<'PY'
+python3 - "$OUT/ab.jsonl" "$tmp/best" <<'PY'
 import collections, json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 t = collections.defaultdict(list)
@@ -99,4 +102,33 @@ for key in sorted({k[:3] for k in t}):
         if v:
             line += f"  {b} {statistics.median(v):7.1f} ({statistics.median(v) / statistics.median(a):.3f})"
     print(line)
+# The B whose median ratio to A is highest over the A/B kernels' rows (AB_KERNELS; every row
+# timed in A when unset), for AB_TEST.
+import os
+wanted = [k for k in os.environ.get("AB_KERNELS", "").split(",") if k]
+score = {}
+for b in builds[1:]:
+    ratios = [statistics.median(t[key + (b,)]) / statistics.median(t[key + ("A",)])
+              for key in {k[:3] for k in t}
+              if (not wanted or key[2] in wanted) and t.get(key + ("A",)) and t.get(key + (b,))]
+    if ratios:
+        score[b] = statistics.median(ratios)
+if score:
+    best = max(score, key=score.get)
+    print("median ratio to A: " + ", ".join(f"{b} {v:.3f}" for b, v in score.items()) +
+          f"; best {best}")
+    open(sys.argv[2], "w").write(best)
 PY
+if [ -n "${AB_TEST:-}" ] && [ -s "$tmp/best" ]; then
+  best=$(cat "$tmp/best")
+  for i in "${!names[@]}"; do
+    [ "${names[$i]}" = "$best" ] || continue
+    echo "== test_attention in $best (--gtest_filter=$AB_TEST)"
+    (cd "${trees[$i]}" && OUT="$tmp/out-test" BUILD_DIR=${dirs[$i]} BUILD_TARGETS=test \
+      STAGES=test TEST_TIMEOUT=${TEST_TIMEOUT:-240} TEST_FILTER_attention="$AB_TEST" \
+      bash scripts/gpu-family.sh attention) >"$OUT/ab_test.log" 2>&1
+    grep -E "^test_attention rc=" "$OUT/ab_test.log" | head -1
+    tar xzf "$tmp/out-test/logs.tgz" -O logs/test_attention.log 2>/dev/null |
+      grep -E "Failure|^\[  FAILED" -A3 | head -40 >>"$OUT/ab_test.log"
+  done
+fi
