@@ -1920,25 +1920,26 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_fused_mma(Params p, float* d
         }
         cuda::fence_proxy_async();  // visible to the bulk reduction after the next barrier
         dq_h = h, dq_i0 = i0;
-      }
-      // Into the accumulator: one row pointer per row, compile-time column offsets (no
-      // per-element address math or branch) unless the head dim is padded in this warp's slice.
-      const bool cols_whole = c0 + kDC <= p.dim_qk;
+      } else {
+        // Into the accumulator: one row pointer per row, compile-time column offsets (no
+        // per-element address math or branch) unless the head dim is padded in this warp's slice.
+        const bool cols_whole = c0 + kDC <= p.dim_qk;
 #pragma unroll
-      for (int r = 0; r < (kBulkDq ? 0 : 4); ++r) {
-        const int mt = r / 2, hf = r % 2;
-        const int i = i0 + rg * 32 + mt * 16 + hf * 8 + g;
-        if (i >= s.lq) continue;
-        float* row = dq_acc + ((int64_t{b} * p.heads_q + h) * p.len_q + i) * D + c0 + 2 * tq;
-        if (cols_whole) {
+        for (int r = 0; r < 4; ++r) {
+          const int mt = r / 2, hf = r % 2;
+          const int i = i0 + rg * 32 + mt * 16 + hf * 8 + g;
+          if (i >= s.lq) continue;
+          float* row = dq_acc + ((int64_t{b} * p.heads_q + h) * p.len_q + i) * D + c0 + 2 * tq;
+          if (cols_whole) {
 #pragma unroll
-          for (int d = 0; d < kDT; ++d)
-            add_dq_pair(row + d * 8, dq[mt][d][hf * 2], dq[mt][d][hf * 2 + 1]);
-        } else {
-#pragma unroll
-          for (int d = 0; d < kDT; ++d)
-            if (c0 + d * 8 + 2 * tq < p.dim_qk)
+            for (int d = 0; d < kDT; ++d)
               add_dq_pair(row + d * 8, dq[mt][d][hf * 2], dq[mt][d][hf * 2 + 1]);
+          } else {
+#pragma unroll
+            for (int d = 0; d < kDT; ++d)
+              if (c0 + d * 8 + 2 * tq < p.dim_qk)
+                add_dq_pair(row + d * 8, dq[mt][d][hf * 2], dq[mt][d][hf * 2 + 1]);
+          }
         }
       }
     }
