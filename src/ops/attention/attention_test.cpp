@@ -731,6 +731,18 @@ std::string family_pick(const Config& c, const DeviceCaps& caps) {
   }
   return best ? std::string(best->sku.name) : "";
 }
+// The parts the registry tests pick for: sm_80 (A100, 163 KB a block), sm_89 (99 KB), sm_90
+// (H100, 227 KB).
+DeviceCaps part_caps(int sm) {
+  DeviceCaps c;
+  c.device = 0, c.sm = sm;
+  c.sm_count = sm == 80 ? 108 : sm == 89 ? 58 : 132;
+  c.smem_per_block_optin = (sm == 80 ? 163 : sm == 89 ? 99 : 227) * 1024;
+  c.name = sm == 80   ? "sm_80-class, 163 KB"
+           : sm == 89 ? "sm_89-class, 99 KB"
+                      : "sm_90-class, 227 KB";
+  return c;
+}
 Config bf16_config(int64_t d, int64_t l, Mask m) {
   Config c;
   c.dtype = DType::bf16, c.b = 1, c.hq = c.hk = 16, c.lq = c.lk = l, c.dk = c.dv = d;
@@ -744,9 +756,7 @@ Config bf16_config(int64_t d, int64_t l, Mask m) {
 // for few rows and short banded problems where m32s_n128m does not fit,
 // decode for a few rows a head, the general kernel at head dim 256.
 TEST(AttentionRegistry, FamilyForwardDefaultFollowsTheMeasuredShapes) {
-  DeviceCaps sm80;
-  sm80.device = 0, sm80.sm = 80, sm80.sm_count = 108, sm80.name = "sm_80-class";
-  sm80.smem_per_block_optin = 163 * 1024;  // A100: every shape's shared memory fits
+  const DeviceCaps sm80 = part_caps(80);  // every forward shape's shared memory fits
   auto cfg = [](int64_t d, int64_t l, Mask m, int64_t hq = 16, int64_t hk = 16) {
     Config c = bf16_config(d, l, m);
     c.hq = hq, c.hk = hk;
@@ -789,31 +799,34 @@ TEST(AttentionRegistry, FamilyForwardDefaultFollowsTheMeasuredShapes) {
       {cfg(256, 4096, none), "flash_fwd_mma_sm80"},
   };
   for (const auto& tc : cases) EXPECT_EQ(family_pick(tc.c, sm80), tc.kernel) << tc.c.str();
-  // The fused backward: dQ by bulk reductions at a padded head dim of 128 from sm_90 on
-  // (fits_bulk_default), by red.global otherwise.
-  DeviceCaps sm90 = sm80;
-  sm90.sm = 90, sm90.sm_count = 132, sm90.name = "sm_90-class";
-  sm90.smem_per_block_optin = 227 * 1024;
-  DeviceCaps sm89 = sm80;
-  sm89.sm = 89, sm89.sm_count = 58, sm89.name = "sm_89-class, 99 KB";
-  sm89.smem_per_block_optin = 99 * 1024;
+}
+
+// The fused backward's default per part (bespoke sm_80-class entries only): dQ by bulk reductions
+// at a padded head dim of 128 from sm_90 on (fits_bulk_default), by red.global otherwise; 64 query
+// rows a step at d64 where 128 do not fit (flash_bwd_fused_q64_sm80).
+TEST(AttentionRegistry, FamilyBackwardDefaultFollowsTheMeasuredShapes) {
+  const DeviceCaps sm80 = part_caps(80), sm89 = part_caps(89), sm90 = part_caps(90);
+  const Mask none = Mask::none(), causal = Mask::causal_top_left();
+  const std::string probe = family_pick<BackwardOp>(bf16_config(128, 4096, none), sm90);
+  if (probe.empty() || probe == "flash_bwd_simt")
+    GTEST_SKIP() << "built without CUDA: no sm_80-class tensor-core kernel is registered";
   const struct {
     Config c;
     const DeviceCaps& caps;
     const char* kernel;
-  } bwd_cases[] = {
-      {cfg(128, 4096, none), sm90, "flash_bwd_fused_bulk_sm80"},
-      {cfg(96, 1000, causal), sm90, "flash_bwd_fused_bulk_sm80"},  // padded to 128
-      {cfg(64, 4096, none), sm90, "flash_bwd_fused_sm80"},
-      {cfg(128, 4096, none), sm80, "flash_bwd_fused_sm80"},
-      {cfg(128, 512, causal), sm80, "flash_bwd_fused_sm80"},
+  } cases[] = {
+      {bf16_config(128, 4096, none), sm90, "flash_bwd_fused_bulk_sm80"},
+      {bf16_config(96, 1000, causal), sm90, "flash_bwd_fused_bulk_sm80"},  // padded to 128
+      {bf16_config(64, 4096, none), sm90, "flash_bwd_fused_sm80"},
+      {bf16_config(128, 4096, none), sm80, "flash_bwd_fused_sm80"},
+      {bf16_config(128, 512, causal), sm80, "flash_bwd_fused_sm80"},
       // d64's 128-row tiles (164 KB) exceed the 163 KB an A100 block may opt into, and the
       // 99 KB of an sm_89 one; 64 rows (98 KB) fit both.
-      {cfg(64, 512, causal), sm80, "flash_bwd_fused_q64_sm80"},
-      {cfg(64, 4096, none), sm89, "flash_bwd_fused_q64_sm80"},
-      {cfg(128, 4096, none), sm89, "flash_bwd_mma_sm80"},
+      {bf16_config(64, 512, causal), sm80, "flash_bwd_fused_q64_sm80"},
+      {bf16_config(64, 4096, none), sm89, "flash_bwd_fused_q64_sm80"},
+      {bf16_config(128, 4096, none), sm89, "flash_bwd_mma_sm80"},
   };
-  for (const auto& tc : bwd_cases)
+  for (const auto& tc : cases)
     EXPECT_EQ(family_pick<BackwardOp>(tc.c, tc.caps), tc.kernel)
         << tc.caps.name << " " << tc.c.str();
 }
@@ -823,12 +836,7 @@ TEST(AttentionRegistry, FamilyForwardDefaultFollowsTheMeasuredShapes) {
 // and decode at D = 128 (100 KB) exceed the 99 KB an sm_86 / sm_89 block may opt into; m32s
 // (97 KB) does not.
 TEST(AttentionRegistry, ForwardKernelsFitOnlyWhereTheirSharedMemoryIsGranted) {
-  DeviceCaps small, large;
-  small.device = large.device = 0;
-  small.sm = 89, small.sm_count = 58, small.name = "sm_89-class, 99 KB";
-  small.smem_per_block_optin = 99 * 1024;
-  large.sm = 90, large.sm_count = 132, large.name = "sm_90-class, 227 KB";
-  large.smem_per_block_optin = 227 * 1024;
+  const DeviceCaps small = part_caps(89), large = part_caps(90);
   // Whether any entry of that name fits.
   auto fits = [](const Config& c, const DeviceCaps& caps, std::string_view name) {
     const Problem p = problem_of(c);
