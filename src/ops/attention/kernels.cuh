@@ -1531,12 +1531,23 @@ struct BwdFusedCfg {
   static constexpr int kRowGroups = BQ / 32;             // dQ: warps over 32-row groups ...
   static constexpr int kColSplit = kWarps / kRowGroups;  // ... and head-dim slices
   static_assert(kRowGroups * kColSplit == kWarps && D % (16 * kColSplit) == 0);
-  // K and V once, two stages of (Q, dY) tiles, dS^T and P^T [keys][BQ], then per stage and
-  // query row the LSE (log2 domain), delta and the visible key range [lo, hi).
+  // K and V once, two stages of (Q, dY) tiles, dS^T and P^T [keys][BQ], then per stage the LSE
+  // (log2 domain), the delta and the visible key range [lo, hi) of each query row, in lane order
+  // (row_slot).
   static constexpr int kDqPitch = D + 8;  // floats
+  // row_slot: a lane's BQ / 8 query columns of S^T (its warp's half of the tile, columns
+  // 8 n + 2 tq + {0, 1}) lie side by side, 16-byte aligned, so one 128-bit load covers two of its
+  // n8 tiles; lanes of different tq sit kTqPitch floats apart (4 banks), so a warp's four
+  // addresses meet no bank conflict (lanes of one tq read the same address).
+  static constexpr int kTqPitch = BQ / 8 + 4, kHalfPitch = 4 * kTqPitch, kRowPitch = 2 * kHalfPitch;
+  static_assert(kRowPitch == BQ + 32);
+  __device__ static constexpr int row_slot(int q) {
+    const int j = q % (BQ / 2);
+    return (q / (BQ / 2)) * kHalfPitch + (j % 8) / 2 * kTqPitch + j / 8 * 2 + j % 2;
+  }
   static constexpr size_t kSmem =
       sizeof(T) * (2 * size_t{kKeys} * D + 4 * size_t{BQ} * D + 2 * size_t{kKeys} * BQ) +
-      2 * 4 * size_t{BQ} * 4 + (kBulkDq ? sizeof(float) * BQ * kDqPitch : 0);
+      2 * 4 * size_t{kRowPitch} * 4 + (kBulkDq ? sizeof(float) * BQ * kDqPitch : 0);
 };
 
 // The f32 dQ accumulator: row (b * Hq + h) * Lq + i (delta's row index) at a pitch of the padded
@@ -1562,11 +1573,11 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_fused_mma(Params p, float* d
   T* sDs = sG0 + 2 * BQ * D;                                 // dS^T, [key][query], swz<BQ>
   T* sP = sDs + kKeys * BQ;                                  // P^T, the same
   float* sLse0 = reinterpret_cast<float*>(sP + kKeys * BQ);  // LSE * log2(e); +inf when empty
-  float* sDelta0 = sLse0 + 2 * BQ;
-  int* sLo0 = reinterpret_cast<int*>(sDelta0 + 2 * BQ);
-  int* sHi0 = sLo0 + 2 * BQ;
-  float* sDq = reinterpret_cast<float*>(sHi0 + 2 * BQ);  // kBulkDq: [BQ][kDqPitch]
-  if ((smem_u32(smem_raw) & 127u) != 0) __trap();        // swz_addr: 128-byte aligned tiles
+  float* sDelta0 = sLse0 + 2 * Cfg::kRowPitch;
+  int* sLo0 = reinterpret_cast<int*>(sDelta0 + 2 * Cfg::kRowPitch);
+  int* sHi0 = sLo0 + 2 * Cfg::kRowPitch;
+  float* sDq = reinterpret_cast<float*>(sHi0 + 2 * Cfg::kRowPitch);  // kBulkDq: [BQ][kDqPitch]
+  if ((smem_u32(smem_raw) & 127u) != 0) __trap();  // swz_addr: 128-byte aligned tiles
 
   // Block -> (key block, K/V head, batch) in grid_place's order (heaviest causal blocks first).
   const int k_blocks = (p.len_k + kKeys - 1) / kKeys;
@@ -1659,11 +1670,11 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_fused_mma(Params p, float* d
   };
   auto publish_rows = [&](int it) {
     if (it < n_it && threadIdx.x < BQ) {
-      const int at = (it & 1) * BQ + threadIdx.x;
-      sLse0[at] = row_lse == -INFINITY ? INFINITY : row_lse * log2e;  // +inf: every P is 0
-      sDelta0[at] = row_delta;
-      sLo0[at] = row_lo;
-      sHi0[at] = row_hi;
+      const int slot = (it & 1) * Cfg::kRowPitch + Cfg::row_slot(threadIdx.x);
+      sLse0[slot] = row_lse == -INFINITY ? INFINITY : row_lse * log2e;  // +inf: every P is 0
+      sDelta0[slot] = row_delta;
+      sLo0[slot] = row_lo;
+      sHi0[slot] = row_hi;
       full = row_lo <= k0 && row_hi >= k0 + kKeys;  // hi <= lk: no key past the sequence either
     }
   };
@@ -1691,24 +1702,23 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_fused_mma(Params p, float* d
     const int stage = it & 1, h = cur.h, i0 = cur.i0;
     const T* sQ = sQ0 + stage * BQ * D;
     const T* sG = sG0 + stage * BQ * D;
-    const float* sLse = sLse0 + stage * BQ;
-    const float* sDelta = sDelta0 + stage * BQ;
-    const int* sLo = sLo0 + stage * BQ;
-    const int* sHi = sHi0 + stage * BQ;
+    const float* sLse = sLse0 + stage * Cfg::kRowPitch;  // row_slot order
+    const float* sDelta = sDelta0 + stage * Cfg::kRowPitch;
+    const int* sLo = sLo0 + stage * Cfg::kRowPitch;
+    const int* sHi = sHi0 + stage * Cfg::kRowPitch;
     // P and dS / scale of one accumulator fragment (keys key_lo and key_lo + 8, the tile's
     // query columns qc and qc + 1), packed as T pairs {P(key_lo), P(key_lo + 8), dS(key_lo),
     // dS(key_lo + 8)}. kMode (block-uniform, one branch per tile): 1 (`plain`) straight-line code
     // for unmasked tiles without soft-cap, most of a long sequence; 2 masked tiles without
     // soft-cap (a causal diagonal), straight-line too with each key tested against its row's
     // bounds; 0 the general per-element form (soft-cap).
-    auto grads = [&]<int kMode>(const float(&s4)[4], const float(&d4)[4], int key_lo, int qc,
-                                uint32_t(&out)[4]) {
+    // l, dl, lo, hi: the LSE, delta and visible keys of the fragment's two query columns (lo and
+    // hi read by kMode 2 only; kMode 0 loads its bounds at `slot`, row_slot's place of the pair,
+    // itself: holding them as well spilled at D = 128).
+    auto grads = [&]<int kMode>(const float(&s4)[4], const float(&d4)[4], int key_lo, float2 l,
+                                float2 dl, int2 lo, int2 hi, int slot, uint32_t(&out)[4]) {
       float pv[4], dsv[4];
       if constexpr (kMode == 2) {
-        const float2 l = *reinterpret_cast<const float2*>(sLse + qc);
-        const float2 dl = *reinterpret_cast<const float2*>(sDelta + qc);
-        const int2 lo = *reinterpret_cast<const int2*>(sLo + qc);
-        const int2 hi = *reinterpret_cast<const int2*>(sHi + qc);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int key = key_lo + (e >> 1) * 8;
@@ -1717,8 +1727,6 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_fused_mma(Params p, float* d
           dsv[e] = pv[e] * (d4[e] - ((e & 1) ? dl.y : dl.x));
         }
       } else if constexpr (kMode == 1) {
-        const float2 l = *reinterpret_cast<const float2*>(sLse + qc);
-        const float2 dl = *reinterpret_cast<const float2*>(sDelta + qc);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           pv[e] = exp2_ftz(fmaf(s4[e], scale_log2, -((e & 1) ? l.y : l.x)));
@@ -1727,12 +1735,12 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_fused_mma(Params p, float* d
       } else {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int key = key_lo + (e >> 1) * 8, q = qc + (e & 1);
+          const int key = key_lo + (e >> 1) * 8;
           float dc;
           const float x = capped_score(s4[e], p.scale, p.softcap, &dc);
-          const bool vis = key >= sLo[q] && key < sHi[q];
-          pv[e] = vis ? exp2_ftz(x * log2e - sLse[q]) : 0.f;
-          dsv[e] = pv[e] * (d4[e] - sDelta[q]) * dc;
+          const bool vis = key >= sLo[slot + (e & 1)] && key < sHi[slot + (e & 1)];
+          pv[e] = vis ? exp2_ftz(x * log2e - ((e & 1) ? l.y : l.x)) : 0.f;
+          dsv[e] = pv[e] * (d4[e] - ((e & 1) ? dl.y : dl.x)) * dc;
         }
       }
       out[0] = pack2<T>(pv[0], pv[1]);
@@ -1802,22 +1810,44 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_fused_mma(Params p, float* d
             static_cast<uint32_t>((((qo / 8) & 7) ^ g) << 4) + 4u * static_cast<uint32_t>(tq);
         constexpr uint32_t kDsOff = kKeys * BQ * sizeof(T);  // sDs = sP - kKeys * BQ
         constexpr uint32_t kRowBytes = BQ * sizeof(T);
+        // The lane's LSE / delta (row_slot order): n8 tiles n and n + 1 from one 128-bit load
+        // each, shared by both m16 tiles (a float2 per tile and m16 tile before: 32 LDS.64 a warp
+        // and tile at d64 against FA2's 6 loads, ncu H100, 9c34c78).
+        const int lane_slot = (warp / 4) * Cfg::kHalfPitch + tq * Cfg::kTqPitch;
         auto all = [&]<int kMode>() {
 #pragma unroll
-          for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-            for (int n = 0; n < kQT; ++n) {
-              const int r = kb + mt * 16 + g, c = qo + n * 8 + 2 * tq;
-              uint32_t o[4];
-              grads.template operator()<kMode>(st[mt][n], dpt[mt][n], k0 + r, c, o);
-              const uint32_t at = (p_lane ^ (static_cast<uint32_t>(n) << 4)) + mt * 16 * kRowBytes;
-              asm volatile(
-                  "st.shared.b32 [%0], %2;\n"
-                  "st.shared.b32 [%0+%6], %3;\n"
-                  "st.shared.b32 [%1], %4;\n"
-                  "st.shared.b32 [%1+%6], %5;\n" ::"r"(at),
-                  "r"(at - kDsOff), "r"(o[0]), "r"(o[1]), "r"(o[2]), "r"(o[3]), "n"(8 * kRowBytes));
+          for (int n2 = 0; n2 < kQT; n2 += 2) {
+            const int at = lane_slot + 2 * n2;
+            const float4 l4 = *reinterpret_cast<const float4*>(sLse + at);
+            const float4 d4 = *reinterpret_cast<const float4*>(sDelta + at);
+            int4 lo4{}, hi4{};
+            if constexpr (kMode == 2) {
+              lo4 = *reinterpret_cast<const int4*>(sLo + at);
+              hi4 = *reinterpret_cast<const int4*>(sHi + at);
             }
+#pragma unroll
+            for (int n = n2; n < n2 + 2; ++n)
+#pragma unroll
+              for (int mt = 0; mt < 2; ++mt) {
+                const bool first = n == n2;
+                const float2 l = first ? make_float2(l4.x, l4.y) : make_float2(l4.z, l4.w);
+                const float2 dl = first ? make_float2(d4.x, d4.y) : make_float2(d4.z, d4.w);
+                const int2 lo = first ? make_int2(lo4.x, lo4.y) : make_int2(lo4.z, lo4.w);
+                const int2 hi = first ? make_int2(hi4.x, hi4.y) : make_int2(hi4.z, hi4.w);
+                uint32_t o[4];
+                grads.template operator()<kMode>(st[mt][n], dpt[mt][n], k0 + kb + mt * 16 + g, l,
+                                                 dl, lo, hi, at + 2 * (n - n2), o);
+                const uint32_t at =
+                    (p_lane ^ (static_cast<uint32_t>(n) << 4)) + mt * 16 * kRowBytes;
+                asm volatile(
+                    "st.shared.b32 [%0], %2;\n"
+                    "st.shared.b32 [%0+%6], %3;\n"
+                    "st.shared.b32 [%1], %4;\n"
+                    "st.shared.b32 [%1+%6], %5;\n" ::"r"(at),
+                    "r"(at - kDsOff), "r"(o[0]), "r"(o[1]), "r"(o[2]), "r"(o[3]),
+                    "n"(8 * kRowBytes));
+              }
+          }
         };
         if (plain)
           all.template operator()<1>();

@@ -686,9 +686,9 @@ bool register_kernels() {
         .workspace = bwd_fused_workspace,
         .launch = launch_bwd_mma<T, kFusedBQ64>,
     });
-    // The same with 64 query rows a step at a padded head dim of 64 too (98 KB of shared memory
-    // there against 164 KB; at 128 it is the same kernel): for the parts whose blocks cannot opt
-    // into 164 KB (A100: 163 KB; sm_86 / sm_89: 99 KB), which would otherwise get the two passes.
+    // The same with 64 query rows a step at a padded head dim of 64 too (99 KB of shared memory
+    // there against 165 KB; at 128 it is the same kernel): for the parts whose blocks cannot opt
+    // into 165 KB (A100: 163 KB; sm_86 / sm_89: 99 KB), which would otherwise get the two passes.
     register_kernel<BackwardOp>({
         .sku = family_sku<E>(BackwardOp::name, DType::f32, fused_bwd, "flash_bwd_fused_q64_sm80"),
         .priority = 21,
