@@ -1551,13 +1551,14 @@ struct BwdFusedCfg {
 };
 
 // The f32 dQ accumulator: row (b * Hq + h) * Lq + i (delta's row index) at a pitch of the padded
-// head dim.
-__device__ __forceinline__ void add_dq_pair(float* acc, float x, float y) {
+// head dim. A volatile asm statement, so that the reductions stay where the loop places them
+// between the dV / dK mmas (also volatile asm) rather than bunched at the end of the tile.
+__device__ __forceinline__ void red_dq_pair(float* acc, float x, float y) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  atomicAdd(reinterpret_cast<float2*>(acc), make_float2(x, y));
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(acc), "f"(x), "f"(y));
 #else
-  atomicAdd(acc, x);
-  atomicAdd(acc + 1, y);
+  asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(acc), "f"(x));
+  asm volatile("red.global.add.f32 [%0+4], %1;\n" ::"l"(acc), "f"(y));
 #endif
 }
 
@@ -1868,8 +1869,81 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_fused_mma(Params p, float* d
       // kBulkDq: the staging tile is rewritten below once its reductions have read it.
       if constexpr (kBulkDq) cuda::bulk_wait<0, true>();
       __syncthreads();  // every warp's P^T and dS^T are in shared memory
+      // dQ (/ scale) of this tile = dS K first: warp w takes query rows 32 (w % kRowGroups) .. +
+      // 32 (two m16 tiles) and head-dim columns [kDC (w / kRowGroups), + kDC), over all 128 keys;
+      // dS through ldmatrix.trans of dS^T, K transposed as B. 32 x kDC per warp reads 8 + 8 KB of
+      // shared memory per tile (at D = 128) where 16 x 2 kDC would read 4 + 16. Its results leave
+      // (red.global, or the staging tile) a few at a time between the dV / dK mmas below, instead
+      // of in one burst at the end of the tile whose reductions' source registers were rewritten
+      // at once (long scoreboard on the dQ rows, ncu d64 L4096).
+      constexpr int kDC = D / Cfg::kColSplit, kDT = kDC / 8;
+      const int rg = warp % Cfg::kRowGroups, c0 = (warp / Cfg::kRowGroups) * kDC;
+      float dq[2][kDT][4];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int d = 0; d < kDT; ++d)
+          dq[mt][d][0] = dq[mt][d][1] = dq[mt][d][2] = dq[mt][d][3] = 0.f;
       {
-        // The warp's head-dim half goes into the B bases (see the dQ step below).
+        // The warp's row / column offsets (runtime) go into the bases, not into swz_addr's
+        // compile-time chunk (a runtime one there indexes SwzBases dynamically: local memory):
+        // whole groups of 8 chunks into the tile address, the rest into the lane's chunk, whose
+        // bits are disjoint from the unrolled chunk offsets XORed onto it.
+        const int cc = c0 / 8, rc = 4 * rg;
+        const SwzBases ds_a = swz_bases<T, BQ>(smem_u32(sDs) + (rc & ~7) * 16,
+                                               (lane % 8) + (mi / 2) * 8, mi % 2 + (rc & 7));
+        const SwzBases k_t = swz_bases<T, D>(smem_u32(sK) + (cc & ~7) * 16,
+                                             (lane % 8) + (mi % 2) * 8, mi / 2 + (cc & 7));
+#pragma unroll
+        for (int kk = 0; kk < kKeys / 16; ++kk) {
+          uint32_t a[2][4];
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt)
+            ldmatrix_x4_trans(swz_addr<T, BQ>(ds_a, kk * 16, 2 * mt), a[mt][0], a[mt][1],
+                              a[mt][2], a[mt][3]);
+#pragma unroll
+          for (int d = 0; d < kDT; d += 2) {
+            uint32_t b0, b1, b2, b3;
+            ldmatrix_x4_trans(swz_addr<T, D>(k_t, kk * 16, d), b0, b1, b2, b3);
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt) {
+              mma16816<T>(dq[mt][d], a[mt], b0, b1);
+              mma16816<T>(dq[mt][d + 1], a[mt], b2, b3);
+            }
+          }
+        }
+      }
+      // This thread's dQ pairs: 4 rows (m16 tile mt, half hf) x kDT column tiles, pair j = row
+      // j / kDT, tile j % kDT. Into the accumulator: one row pointer per row (null past Lq),
+      // compile-time column offsets unless the head dim is padded in this warp's slice.
+      constexpr int kPairs = 4 * kDT;
+      float* dq_rows[4];
+      const bool cols_whole = c0 + kDC <= p.dim_qk;
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int i = i0 + rg * 32 + (r / 2) * 16 + (r % 2) * 8 + g;
+        dq_rows[r] = kBulkDq ? sDq + (i - i0) * Cfg::kDqPitch + c0 + 2 * tq
+                     : i < s.lq
+                         ? dq_acc + ((int64_t{b} * p.heads_q + h) * p.len_q + i) * D + c0 + 2 * tq
+                         : nullptr;
+      }
+      auto put_dq = [&](int j) {
+        const int r = j / kDT, d = j % kDT, mt = r / 2, hf = r % 2;
+        const float x = dq[mt][d][hf * 2], y = dq[mt][d][hf * 2 + 1];
+        if constexpr (kBulkDq) {  // into the staging tile, every row and column
+          *reinterpret_cast<float2*>(dq_rows[r] + d * 8) = make_float2(x, y);
+        } else if (dq_rows[r] != nullptr && (cols_whole || c0 + d * 8 + 2 * tq < p.dim_qk)) {
+          red_dq_pair(dq_rows[r] + d * 8, x, y);
+        }
+      };
+      if constexpr (kBulkDq) {  // at once: dQ's registers are not held across dV / dK
+#pragma unroll
+        for (int j = 0; j < kPairs; ++j) put_dq(j);
+        cuda::fence_proxy_async();  // visible to the bulk reduction after the next barrier
+        dq_h = h, dq_i0 = i0;
+      }
+      {
+        // The warp's head-dim half goes into the B bases (see the dQ step above).
         const int dc = (warp / 4) * (D / 16);
         const SwzBases p_a = swz_bases<T, BQ>(smem_u32(sP + kb * BQ), lane % 16, lane / 16);
         const SwzBases s_a = swz_bases<T, BQ>(smem_u32(sDs + kb * BQ), lane % 16, lane / 16);
@@ -1878,8 +1952,9 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_fused_mma(Params p, float* d
         const SwzBases q_t = swz_bases<T, D>(smem_u32(sQ) + (dc & ~7) * 16,
                                              (lane % 8) + (mi % 2) * 8, mi / 2 + (dc & 7));
         constexpr int kDT2 = D / 16;  // n8 tiles of the warp's head-dim half
+        constexpr int kSteps = BQ / 16, kPerStep = (kPairs + kSteps - 1) / kSteps;
 #pragma unroll
-        for (int kk = 0; kk < BQ / 16; ++kk) {
+        for (int kk = 0; kk < kSteps; ++kk) {
           uint32_t ap[2][4], as[2][4];
 #pragma unroll
           for (int mt = 0; mt < 2; ++mt) {
@@ -1904,80 +1979,9 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_fused_mma(Params p, float* d
               mma16816<T>(dk[mt * kDT2 + d + 1], as[mt], b2, b3);
             }
           }
-        }
-      }
-    }
-    // dQ (/ scale) of this tile = dS K: warp w takes query rows 32 (w % kRowGroups) .. + 32 (two
-    // m16 tiles) and head-dim columns [kDC (w / kRowGroups), + kDC), over all 128 keys; dS through
-    // ldmatrix.trans of dS^T, K transposed as B. 32 x kDC per warp reads 8 + 8 KB of shared memory
-    // per tile (at D = 128) where 16 x 2 kDC would read 4 + 16.
-    {
-      constexpr int kDC = D / Cfg::kColSplit, kDT = kDC / 8;
-      const int rg = warp % Cfg::kRowGroups, c0 = (warp / Cfg::kRowGroups) * kDC;
-      float dq[2][kDT][4];
+          if constexpr (!kBulkDq) {
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-        for (int d = 0; d < kDT; ++d)
-          dq[mt][d][0] = dq[mt][d][1] = dq[mt][d][2] = dq[mt][d][3] = 0.f;
-      // The warp's row / column offsets (runtime) go into the bases, not into swz_addr's
-      // compile-time chunk (a runtime one there indexes SwzBases dynamically: local memory): whole
-      // groups of 8 chunks into the tile address, the rest into the lane's chunk, whose bits are
-      // disjoint from the unrolled chunk offsets XORed onto it.
-      const int cc = c0 / 8, rc = 4 * rg;
-      const SwzBases ds_a = swz_bases<T, BQ>(smem_u32(sDs) + (rc & ~7) * 16,
-                                             (lane % 8) + (mi / 2) * 8, mi % 2 + (rc & 7));
-      const SwzBases k_t = swz_bases<T, D>(smem_u32(sK) + (cc & ~7) * 16, (lane % 8) + (mi % 2) * 8,
-                                           mi / 2 + (cc & 7));
-#pragma unroll
-      for (int kk = 0; kk < kKeys / 16; ++kk) {
-        uint32_t a[2][4];
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
-          ldmatrix_x4_trans(swz_addr<T, BQ>(ds_a, kk * 16, 2 * mt), a[mt][0], a[mt][1], a[mt][2],
-                            a[mt][3]);
-#pragma unroll
-        for (int d = 0; d < kDT; d += 2) {
-          uint32_t b0, b1, b2, b3;
-          ldmatrix_x4_trans(swz_addr<T, D>(k_t, kk * 16, d), b0, b1, b2, b3);
-#pragma unroll
-          for (int mt = 0; mt < 2; ++mt) {
-            mma16816<T>(dq[mt][d], a[mt], b0, b1);
-            mma16816<T>(dq[mt][d + 1], a[mt], b2, b3);
-          }
-        }
-      }
-      if constexpr (kBulkDq) {  // into the staging tile, every row and column
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const int mt = r / 2, hf = r % 2;
-          float* row = sDq + (rg * 32 + mt * 16 + hf * 8 + g) * Cfg::kDqPitch + c0 + 2 * tq;
-#pragma unroll
-          for (int d = 0; d < kDT; ++d)
-            *reinterpret_cast<float2*>(row + d * 8) =
-                make_float2(dq[mt][d][hf * 2], dq[mt][d][hf * 2 + 1]);
-        }
-        cuda::fence_proxy_async();  // visible to the bulk reduction after the next barrier
-        dq_h = h, dq_i0 = i0;
-      } else {
-        // Into the accumulator: one row pointer per row, compile-time column offsets (no
-        // per-element address math or branch) unless the head dim is padded in this warp's slice.
-        const bool cols_whole = c0 + kDC <= p.dim_qk;
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const int mt = r / 2, hf = r % 2;
-          const int i = i0 + rg * 32 + mt * 16 + hf * 8 + g;
-          if (i >= s.lq) continue;
-          float* row = dq_acc + ((int64_t{b} * p.heads_q + h) * p.len_q + i) * D + c0 + 2 * tq;
-          if (cols_whole) {
-#pragma unroll
-            for (int d = 0; d < kDT; ++d)
-              add_dq_pair(row + d * 8, dq[mt][d][hf * 2], dq[mt][d][hf * 2 + 1]);
-          } else {
-#pragma unroll
-            for (int d = 0; d < kDT; ++d)
-              if (c0 + d * 8 + 2 * tq < p.dim_qk)
-                add_dq_pair(row + d * 8, dq[mt][d][hf * 2], dq[mt][d][hf * 2 + 1]);
+            for (int j = kk * kPerStep; j < (kk + 1) * kPerStep && j < kPairs; ++j) put_dq(j);
           }
         }
       }
