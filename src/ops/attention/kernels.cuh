@@ -1869,22 +1869,19 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_fused_mma(Params p, float* d
       // kBulkDq: the staging tile is rewritten below once its reductions have read it.
       if constexpr (kBulkDq) cuda::bulk_wait<0, true>();
       __syncthreads();  // every warp's P^T and dS^T are in shared memory
-      // dQ (/ scale) of this tile = dS K first: warp w takes query rows 32 (w % kRowGroups) .. +
-      // 32 (two m16 tiles) and head-dim columns [kDC (w / kRowGroups), + kDC), over all 128 keys;
-      // dS through ldmatrix.trans of dS^T, K transposed as B. 32 x kDC per warp reads 8 + 8 KB of
-      // shared memory per tile (at D = 128) where 16 x 2 kDC would read 4 + 16. Its results leave
-      // (red.global, or the staging tile) a few at a time between the dV / dK mmas below, instead
-      // of in one burst at the end of the tile whose reductions' source registers were rewritten
-      // at once (long scoreboard on the dQ rows, ncu d64 L4096).
-      constexpr int kDC = D / Cfg::kColSplit, kDT = kDC / 8;
+      // dQ (/ scale) of this tile = dS K: warp w takes query rows 32 (w % kRowGroups) .. + 32 (two
+      // m16 tiles) and head-dim columns [kDC (w / kRowGroups), + kDC), over all 128 keys; dS
+      // through ldmatrix.trans of dS^T, K transposed as B. 32 x kDC per warp reads 8 + 8 KB of
+      // shared memory per tile (at D = 128) where 16 x 2 kDC would read 4 + 16.
+      constexpr int kDC = D / Cfg::kColSplit, kDT = kDC / 8, kPairs = 4 * kDT;
       const int rg = warp % Cfg::kRowGroups, c0 = (warp / Cfg::kRowGroups) * kDC;
       float dq[2][kDT][4];
+      auto dq_gemm = [&] {
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
+        for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-        for (int d = 0; d < kDT; ++d)
-          dq[mt][d][0] = dq[mt][d][1] = dq[mt][d][2] = dq[mt][d][3] = 0.f;
-      {
+          for (int d = 0; d < kDT; ++d)
+            dq[mt][d][0] = dq[mt][d][1] = dq[mt][d][2] = dq[mt][d][3] = 0.f;
         // The warp's row / column offsets (runtime) go into the bases, not into swz_addr's
         // compile-time chunk (a runtime one there indexes SwzBases dynamically: local memory):
         // whole groups of 8 chunks into the tile address, the rest into the lane's chunk, whose
@@ -1912,36 +1909,32 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_fused_mma(Params p, float* d
             }
           }
         }
-      }
-      // This thread's dQ pairs: 4 rows (m16 tile mt, half hf) x kDT column tiles, pair j = row
-      // j / kDT, tile j % kDT. Into the accumulator: one row pointer per row (null past Lq),
-      // compile-time column offsets unless the head dim is padded in this warp's slice.
-      constexpr int kPairs = 4 * kDT;
-      float* dq_rows[4];
-      const bool cols_whole = c0 + kDC <= p.dim_qk;
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int i = i0 + rg * 32 + (r / 2) * 16 + (r % 2) * 8 + g;
-        dq_rows[r] = kBulkDq ? sDq + (i - i0) * Cfg::kDqPitch + c0 + 2 * tq
-                     : i < s.lq
-                         ? dq_acc + ((int64_t{b} * p.heads_q + h) * p.len_q + i) * D + c0 + 2 * tq
-                         : nullptr;
-      }
-      auto put_dq = [&](int j) {
-        const int r = j / kDT, d = j % kDT, mt = r / 2, hf = r % 2;
-        const float x = dq[mt][d][hf * 2], y = dq[mt][d][hf * 2 + 1];
-        if constexpr (kBulkDq) {  // into the staging tile, every row and column
-          *reinterpret_cast<float2*>(dq_rows[r] + d * 8) = make_float2(x, y);
-        } else if (dq_rows[r] != nullptr && (cols_whole || c0 + d * 8 + 2 * tq < p.dim_qk)) {
-          red_dq_pair(dq_rows[r] + d * 8, x, y);
-        }
       };
-      if constexpr (kBulkDq) {  // at once: dQ's registers are not held across dV / dK
+      // red.global (no kBulkDq): dQ first, its pairs (4 rows x kDT column tiles, pair j = row j /
+      // kDT, tile j % kDT) sent a few at a time between the dV / dK mmas below rather than in one
+      // burst at the end of the tile, whose source registers were then rewritten at once (long
+      // scoreboard 12.3% against FA2's 6.6%, ncu d64 L4096). A row pointer per row (null past
+      // Lq); compile-time column offsets unless the head dim is padded in this warp's slice.
+      // kBulkDq keeps dQ after dV / dK: holding dQ's registers across them measured 5% slower at
+      // d128 (H100).
+      float* dq_rows[4] = {};
+      bool cols_whole = true;
+      if constexpr (!kBulkDq) {
+        dq_gemm();
+        cols_whole = c0 + kDC <= p.dim_qk;
 #pragma unroll
-        for (int j = 0; j < kPairs; ++j) put_dq(j);
-        cuda::fence_proxy_async();  // visible to the bulk reduction after the next barrier
-        dq_h = h, dq_i0 = i0;
+        for (int r = 0; r < 4; ++r) {
+          const int i = i0 + rg * 32 + (r / 2) * 16 + (r % 2) * 8 + g;
+          dq_rows[r] =
+              i < s.lq ? dq_acc + ((int64_t{b} * p.heads_q + h) * p.len_q + i) * D + c0 + 2 * tq
+                       : nullptr;
+        }
       }
+      auto red_dq = [&](int j) {
+        const int r = j / kDT, d = j % kDT, mt = r / 2, hf = r % 2;
+        if (dq_rows[r] != nullptr && (cols_whole || c0 + d * 8 + 2 * tq < p.dim_qk))
+          red_dq_pair(dq_rows[r] + d * 8, dq[mt][d][hf * 2], dq[mt][d][hf * 2 + 1]);
+      };
       {
         // The warp's head-dim half goes into the B bases (see the dQ step above).
         const int dc = (warp / 4) * (D / 16);
@@ -1981,9 +1974,23 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_fused_mma(Params p, float* d
           }
           if constexpr (!kBulkDq) {
 #pragma unroll
-            for (int j = kk * kPerStep; j < (kk + 1) * kPerStep && j < kPairs; ++j) put_dq(j);
+            for (int j = kk * kPerStep; j < (kk + 1) * kPerStep && j < kPairs; ++j) red_dq(j);
           }
         }
+      }
+      if constexpr (kBulkDq) {  // into the staging tile, every row and column
+        dq_gemm();
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int mt = r / 2, hf = r % 2;
+          float* row = sDq + (rg * 32 + mt * 16 + hf * 8 + g) * Cfg::kDqPitch + c0 + 2 * tq;
+#pragma unroll
+          for (int d = 0; d < kDT; ++d)
+            *reinterpret_cast<float2*>(row + d * 8) =
+                make_float2(dq[mt][d][hf * 2], dq[mt][d][hf * 2 + 1]);
+        }
+        cuda::fence_proxy_async();  // visible to the bulk reduction after the next barrier
+        dq_h = h, dq_i0 = i0;
       }
     }
     publish_rows(it + 1);  // the next iteration's rows, for its barrier
