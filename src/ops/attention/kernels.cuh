@@ -1561,6 +1561,20 @@ __device__ __forceinline__ void red_dq_pair(float* acc, float x, float y) {
   asm volatile("red.global.add.f32 [%0+4], %1;\n" ::"l"(acc), "f"(y));
 #endif
 }
+// The same only where `on`: a predicated instruction, not a branch around it.
+__device__ __forceinline__ void red_dq_pair_if(bool on, float* acc, float x, float y) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %3, 0;\n@p red.global.add.v2.f32 [%0], {%1, %2};\n}\n" ::"l"(
+          acc),
+      "f"(x), "f"(y), "r"(static_cast<int>(on)));
+#else
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %3, 0;\n@p red.global.add.f32 [%0], %1;\n@p "
+      "red.global.add.f32 [%0+4], %2;\n}\n" ::"l"(acc),
+      "f"(x), "f"(y), "r"(static_cast<int>(on)));
+#endif
+}
 
 template <class T, int D, int BQ, bool kBulkDq = false>
 __global__ void __launch_bounds__(256, 1) flash_bwd_fused_mma(Params p, float* dq_acc) {
@@ -1913,27 +1927,29 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_fused_mma(Params p, float* d
       // red.global (no kBulkDq): dQ first, its pairs (4 rows x kDT column tiles, pair j = row j /
       // kDT, tile j % kDT) sent a few at a time between the dV / dK mmas below rather than in one
       // burst at the end of the tile, whose source registers were then rewritten at once (long
-      // scoreboard 12.3% against FA2's 6.6%, ncu d64 L4096). A row pointer per row (null past
-      // Lq); compile-time column offsets unless the head dim is padded in this warp's slice.
-      // kBulkDq keeps dQ after dV / dK: holding dQ's registers across them measured 5% slower at
-      // d128 (H100).
-      float* dq_rows[4] = {};
-      bool cols_whole = true;
+      // scoreboard 12.3% against FA2's 6.6%, ncu d64 L4096). One base (row i0 + 32 rg + g) and
+      // compile-time offsets to the thread's 4 rows; a bit per pair says whether it is inside
+      // the problem (row < Lq, column < the head dim), a predicate instead of a branch. kBulkDq
+      // keeps dQ after dV / dK: holding dQ's registers across them measured 5% slower at d128
+      // (H100).
+      static_assert(kPairs <= 32, "dq_on has a bit per pair");
+      float* dq_base = nullptr;
+      uint32_t dq_on = 0;
       if constexpr (!kBulkDq) {
         dq_gemm();
-        cols_whole = c0 + kDC <= p.dim_qk;
+        const int i = i0 + rg * 32 + g;
+        dq_base = dq_acc + ((int64_t{b} * p.heads_q + h) * p.len_q + i) * D + c0 + 2 * tq;
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const int i = i0 + rg * 32 + (r / 2) * 16 + (r % 2) * 8 + g;
-          dq_rows[r] =
-              i < s.lq ? dq_acc + ((int64_t{b} * p.heads_q + h) * p.len_q + i) * D + c0 + 2 * tq
-                       : nullptr;
+        for (int j = 0; j < kPairs; ++j) {
+          const int r = j / kDT, d = j % kDT;
+          const bool on = i + (r / 2) * 16 + (r % 2) * 8 < s.lq && c0 + d * 8 + 2 * tq < p.dim_qk;
+          dq_on |= static_cast<uint32_t>(on) << j;
         }
       }
       auto red_dq = [&](int j) {
         const int r = j / kDT, d = j % kDT, mt = r / 2, hf = r % 2;
-        if (dq_rows[r] != nullptr && (cols_whole || c0 + d * 8 + 2 * tq < p.dim_qk))
-          red_dq_pair(dq_rows[r] + d * 8, dq[mt][d][hf * 2], dq[mt][d][hf * 2 + 1]);
+        red_dq_pair_if((dq_on >> j) & 1u, dq_base + (mt * 16 + hf * 8) * D + d * 8,
+                       dq[mt][d][hf * 2], dq[mt][d][hf * 2 + 1]);
       };
       {
         // The warp's head-dim half goes into the B bases (see the dQ step above).
