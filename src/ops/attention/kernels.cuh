@@ -1550,23 +1550,15 @@ struct BwdFusedCfg {
       2 * 4 * size_t{kRowPitch} * 4 + (kBulkDq ? sizeof(float) * BQ * kDqPitch : 0);
 };
 
-// The f32 dQ accumulator: row (b * Hq + h) * Lq + i (delta's row index) at a pitch of the padded
-// head dim. A volatile asm statement, so that the reductions stay where the loop places them
-// between the dV / dK mmas (also volatile asm) rather than bunched at the end of the tile.
-__device__ __forceinline__ void red_dq_pair(float* acc, float x, float y) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(acc), "f"(x), "f"(y));
-#else
-  asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(acc), "f"(x));
-  asm volatile("red.global.add.f32 [%0+4], %1;\n" ::"l"(acc), "f"(y));
-#endif
-}
-// The same only where `on`: a predicated instruction, not a branch around it.
+// acc[0:2] += {x, y} where `on`, in the f32 dQ accumulator: row (b * Hq + h) * Lq + i (delta's
+// row index) at a pitch of the padded head dim. Volatile asm, so that the reductions stay where
+// the loop places them between the dV / dK mmas (volatile asm too) rather than bunched at the end
+// of the tile; the predicate is inside the asm (ptxas still branches around each REDG).
 __device__ __forceinline__ void red_dq_pair_if(bool on, float* acc, float x, float y) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %3, 0;\n@p red.global.add.v2.f32 [%0], {%1, %2};\n}\n" ::"l"(
-          acc),
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %3, 0;\n@p red.global.add.v2.f32 [%0], {%1, %2};\n}\n" ::
+          "l"(acc),
       "f"(x), "f"(y), "r"(static_cast<int>(on)));
 #else
   asm volatile(
@@ -1910,8 +1902,8 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_fused_mma(Params p, float* d
           uint32_t a[2][4];
 #pragma unroll
           for (int mt = 0; mt < 2; ++mt)
-            ldmatrix_x4_trans(swz_addr<T, BQ>(ds_a, kk * 16, 2 * mt), a[mt][0], a[mt][1],
-                              a[mt][2], a[mt][3]);
+            ldmatrix_x4_trans(swz_addr<T, BQ>(ds_a, kk * 16, 2 * mt), a[mt][0], a[mt][1], a[mt][2],
+                              a[mt][3]);
 #pragma unroll
           for (int d = 0; d < kDT; d += 2) {
             uint32_t b0, b1, b2, b3;
@@ -1929,9 +1921,9 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_fused_mma(Params p, float* d
       // burst at the end of the tile, whose source registers were then rewritten at once (long
       // scoreboard 12.3% against FA2's 6.6%, ncu d64 L4096). One base (row i0 + 32 rg + g) and
       // compile-time offsets to the thread's 4 rows; a bit per pair says whether it is inside
-      // the problem (row < Lq, column < the head dim), a predicate instead of a branch. kBulkDq
-      // keeps dQ after dV / dK: holding dQ's registers across them measured 5% slower at d128
-      // (H100).
+      // the problem (row < Lq, column < the head dim): 2-3% faster at d64 than a row pointer per
+      // row (H100, A/B in one call). kBulkDq keeps dQ after dV / dK: holding dQ's registers across
+      // them measured 5% slower at d128 (H100).
       static_assert(kPairs <= 32, "dq_on has a bit per pair");
       float* dq_base = nullptr;
       uint32_t dq_on = 0;
