@@ -7,7 +7,8 @@
 # env: STAGES (default "test bench peers memcheck"), TEST_FILTER_<family>, MEMCHECK_FILTER_<family>
 #      (gtest filters), TEST_TIMEOUT / BENCH_TIMEOUT / PEERS_TIMEOUT / MEMCHECK_TIMEOUT (seconds,
 #      per family), CMAKE_ARGS (extra configure arguments), BUILD_TARGETS (kinds of target per
-#      family, default "test bench"; "bench" builds bench_<family> only), BUILD_DIR.
+#      family, default "test bench"; "bench" builds bench_<family> only), BUILD_DIR, JOBS (build
+#      jobs, default nproc).
 #      test_attention (family and Hopper backends, 65 tests) takes ~7 minutes on an H100: give it a
 #      call of its own with TEST_TIMEOUT=480, or split it with TEST_FILTER_attention.
 #      BARACUDA_COMMIT: the commit to stamp on the rows; pass it from the local checkout (the
@@ -47,7 +48,7 @@ for f in "${families[@]}"; do
   for kind in ${BUILD_TARGETS:-test bench}; do targets+=("${kind}_$f"); done
 done
 stage "build ${targets[*]}"
-cmake --build "$B" -j "$(nproc)" --target "${targets[@]}" -- -k 0 >>"$L/build.log" 2>&1 ||
+cmake --build "$B" -j "${JOBS:-$(nproc)}" --target "${targets[@]}" -- -k 0 >>"$L/build.log" 2>&1 ||
   { echo "BUILD FAILED:"; grep -E "error|FAILED" "$L/build.log" | head -30; }
 
 summary="$OUT/summary.txt"
