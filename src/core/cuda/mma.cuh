@@ -49,6 +49,23 @@ __device__ __forceinline__ void mma16816(float* c, const uint32_t* a, uint32_t b
   }
 }
 
+// One ldmatrix.x4 gives two n8 tiles of B (kTrans: .trans, for B stored [k][n]); then for each of
+// the kM m16 A fragments a(m): c(m, 0) += a(m) B_0 and c(m, 1) += a(m) B_1. `a` returns a fragment
+// (4 registers), `c` an accumulator (4 floats): the callers' tile layouts differ.
+template <class T, bool kTrans, int kM = 1, class A, class C>
+__device__ __forceinline__ void mma_b_pair(uint32_t b_addr, A&& a, C&& c) {
+  uint32_t b0, b1, b2, b3;
+  if constexpr (kTrans)
+    ldmatrix_x4_trans(b_addr, b0, b1, b2, b3);
+  else
+    ldmatrix_x4(b_addr, b0, b1, b2, b3);
+#pragma unroll
+  for (int m = 0; m < kM; ++m) {
+    mma16816<T>(c(m, 0), a(m), b0, b1);
+    mma16816<T>(c(m, 1), a(m), b2, b3);
+  }
+}
+
 // Two floats rounded to nearest-even T, `lo` in the low half (the k or n order of a fragment).
 template <class T>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi) {

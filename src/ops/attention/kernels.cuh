@@ -31,6 +31,7 @@ namespace baracuda::attention::kernels {
 using cuda::ldmatrix_x4;
 using cuda::ldmatrix_x4_trans;
 using cuda::mma16816;
+using cuda::mma_b_pair;
 using cuda::pack2;
 using cuda::smem_u32;
 
@@ -831,15 +832,10 @@ __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
       uint32_t a[MT][4];
       load_a(ks, a);
 #pragma unroll
-      for (int n = 0; n < kSTiles; n += 2) {
-        uint32_t b0, b1, b2, b3;
-        ldmatrix_x4(swz_addr<T, D>(k_base, n * 8, 2 * ks), b0, b1, b2, b3);
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          mma16816<T>(acc[mt][n], a[mt], b0, b1);
-          mma16816<T>(acc[mt][n + 1], a[mt], b2, b3);
-        }
-      }
+      for (int n = 0; n < kSTiles; n += 2)
+        mma_b_pair<T, false, MT>(
+            swz_addr<T, D>(k_base, n * 8, 2 * ks), [&](int m) { return a[m]; },
+            [&](int m, int j) { return acc[m][n + j]; });
     }
   };
   float sc[MT][kSTiles][4];  // S of tile t (OVL: computed one iteration ahead)
@@ -1273,15 +1269,13 @@ __global__ void __launch_bounds__(128) flash_bwd_dkdv_mma(Params p) {
         if constexpr (kDk) ldmatrix_x4(swz_addr<T, D>(v_a, 0, 2 * ks), av[0], av[1], av[2], av[3]);
 #pragma unroll
         for (int n = 0; n < kSTiles; n += 2) {
-          uint32_t b0, b1, b2, b3;
-          ldmatrix_x4(swz_addr<T, D>(q_b, n * 8, 2 * ks), b0, b1, b2, b3);
-          mma16816<T>(st[n], ak, b0, b1);
-          mma16816<T>(st[n + 1], ak, b2, b3);
-          if constexpr (kDk) {  // dP^T only feeds dS
-            ldmatrix_x4(swz_addr<T, D>(g_b, n * 8, 2 * ks), b0, b1, b2, b3);
-            mma16816<T>(dpt[n], av, b0, b1);
-            mma16816<T>(dpt[n + 1], av, b2, b3);
-          }
+          mma_b_pair<T, false>(
+              swz_addr<T, D>(q_b, n * 8, 2 * ks), [&](int) { return ak; },
+              [&](int, int j) { return st[n + j]; });
+          if constexpr (kDk)  // dP^T only feeds dS
+            mma_b_pair<T, false>(
+                swz_addr<T, D>(g_b, n * 8, 2 * ks), [&](int) { return av; },
+                [&](int, int j) { return dpt[n + j]; });
         }
       }
       // P^T and dS^T (w.r.t. the raw dot product), as A fragments over the query axis.
@@ -1316,17 +1310,14 @@ __global__ void __launch_bounds__(128) flash_bwd_dkdv_mma(Params p) {
         const uint32_t as[4] = {sf[2 * kk][0], sf[2 * kk][1], sf[2 * kk + 1][0], sf[2 * kk + 1][1]};
 #pragma unroll
         for (int d = 0; d < kOTiles; d += 2) {
-          uint32_t b0, b1, b2, b3;
-          if constexpr (kDv) {
-            ldmatrix_x4_trans(swz_addr<T, D>(g_t, kk * 16, d), b0, b1, b2, b3);
-            mma16816<T>(dv[d], ap, b0, b1);
-            mma16816<T>(dv[d + 1], ap, b2, b3);
-          }
-          if constexpr (kDk) {
-            ldmatrix_x4_trans(swz_addr<T, D>(q_t, kk * 16, d), b0, b1, b2, b3);
-            mma16816<T>(dk[d], as, b0, b1);
-            mma16816<T>(dk[d + 1], as, b2, b3);
-          }
+          if constexpr (kDv)
+            mma_b_pair<T, true>(
+                swz_addr<T, D>(g_t, kk * 16, d), [&](int) { return ap; },
+                [&](int, int j) { return dv[d + j]; });
+          if constexpr (kDk)
+            mma_b_pair<T, true>(
+                swz_addr<T, D>(q_t, kk * 16, d), [&](int) { return as; },
+                [&](int, int j) { return dk[d + j]; });
         }
       }
     }
@@ -1458,13 +1449,12 @@ __global__ void __launch_bounds__(128) flash_bwd_dq_mma(Params p) {
       ldmatrix_x4(swz_addr<T, D>(g_a, 0, 2 * ks), ag[0], ag[1], ag[2], ag[3]);
 #pragma unroll
       for (int n = 0; n < kSTiles; n += 2) {
-        uint32_t b0, b1, b2, b3;
-        ldmatrix_x4(swz_addr<T, D>(k_b, n * 8, 2 * ks), b0, b1, b2, b3);
-        mma16816<T>(sc[n], aq, b0, b1);
-        mma16816<T>(sc[n + 1], aq, b2, b3);
-        ldmatrix_x4(swz_addr<T, D>(v_b, n * 8, 2 * ks), b0, b1, b2, b3);
-        mma16816<T>(dp[n], ag, b0, b1);
-        mma16816<T>(dp[n + 1], ag, b2, b3);
+        mma_b_pair<T, false>(
+            swz_addr<T, D>(k_b, n * 8, 2 * ks), [&](int) { return aq; },
+            [&](int, int j) { return sc[n + j]; });
+        mma_b_pair<T, false>(
+            swz_addr<T, D>(v_b, n * 8, 2 * ks), [&](int) { return ag; },
+            [&](int, int j) { return dp[n + j]; });
       }
     }
     uint32_t sf[kSTiles][2];
@@ -1489,12 +1479,10 @@ __global__ void __launch_bounds__(128) flash_bwd_dq_mma(Params p) {
     for (int kk = 0; kk < BN / 16; ++kk) {
       const uint32_t a[4] = {sf[2 * kk][0], sf[2 * kk][1], sf[2 * kk + 1][0], sf[2 * kk + 1][1]};
 #pragma unroll
-      for (int d = 0; d < kOTiles; d += 2) {
-        uint32_t b0, b1, b2, b3;
-        ldmatrix_x4_trans(swz_addr<T, D>(k_t, kk * 16, d), b0, b1, b2, b3);
-        mma16816<T>(dq[d], a, b0, b1);
-        mma16816<T>(dq[d + 1], a, b2, b3);
-      }
+      for (int d = 0; d < kOTiles; d += 2)
+        mma_b_pair<T, true>(
+            swz_addr<T, D>(k_t, kk * 16, d), [&](int) { return a; },
+            [&](int, int j) { return dq[d + j]; });
     }
   }
   cp_async_wait<0>();
@@ -1799,19 +1787,12 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_fused_mma(Params p, float* d
           }
 #pragma unroll
           for (int n = 0; n < kQT; n += 2) {
-            uint32_t b0, b1, b2, b3;
-            ldmatrix_x4(swz_addr<T, D>(q_b, n * 8, 2 * ks), b0, b1, b2, b3);
-#pragma unroll
-            for (int mt = 0; mt < 2; ++mt) {
-              mma16816<T>(st[mt][n], ak[mt], b0, b1);
-              mma16816<T>(st[mt][n + 1], ak[mt], b2, b3);
-            }
-            ldmatrix_x4(swz_addr<T, D>(g_b, n * 8, 2 * ks), b0, b1, b2, b3);
-#pragma unroll
-            for (int mt = 0; mt < 2; ++mt) {
-              mma16816<T>(dpt[mt][n], av[mt], b0, b1);
-              mma16816<T>(dpt[mt][n + 1], av[mt], b2, b3);
-            }
+            mma_b_pair<T, false, 2>(
+                swz_addr<T, D>(q_b, n * 8, 2 * ks), [&](int m) { return ak[m]; },
+                [&](int m, int j) { return st[m][n + j]; });
+            mma_b_pair<T, false, 2>(
+                swz_addr<T, D>(g_b, n * 8, 2 * ks), [&](int m) { return av[m]; },
+                [&](int m, int j) { return dpt[m][n + j]; });
           }
         }
         // Where this lane's P^T / dS^T pairs go (swz<BQ>, bytes): every row it writes has row % 8
@@ -1905,15 +1886,10 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_fused_mma(Params p, float* d
             ldmatrix_x4_trans(swz_addr<T, BQ>(ds_a, kk * 16, 2 * mt), a[mt][0], a[mt][1], a[mt][2],
                               a[mt][3]);
 #pragma unroll
-          for (int d = 0; d < kDT; d += 2) {
-            uint32_t b0, b1, b2, b3;
-            ldmatrix_x4_trans(swz_addr<T, D>(k_t, kk * 16, d), b0, b1, b2, b3);
-#pragma unroll
-            for (int mt = 0; mt < 2; ++mt) {
-              mma16816<T>(dq[mt][d], a[mt], b0, b1);
-              mma16816<T>(dq[mt][d + 1], a[mt], b2, b3);
-            }
-          }
+          for (int d = 0; d < kDT; d += 2)
+            mma_b_pair<T, true, 2>(
+                swz_addr<T, D>(k_t, kk * 16, d), [&](int m) { return a[m]; },
+                [&](int m, int j) { return dq[m][d + j]; });
         }
       };
       // red.global (no kBulkDq): dQ first, its pairs (4 rows x kDT column tiles, pair j = row j /
@@ -1966,19 +1942,12 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_fused_mma(Params p, float* d
           }
 #pragma unroll
           for (int d = 0; d < kDT2; d += 2) {
-            uint32_t b0, b1, b2, b3;
-            ldmatrix_x4_trans(swz_addr<T, D>(g_t, kk * 16, d), b0, b1, b2, b3);
-#pragma unroll
-            for (int mt = 0; mt < 2; ++mt) {
-              mma16816<T>(dv[mt * kDT2 + d], ap[mt], b0, b1);
-              mma16816<T>(dv[mt * kDT2 + d + 1], ap[mt], b2, b3);
-            }
-            ldmatrix_x4_trans(swz_addr<T, D>(q_t, kk * 16, d), b0, b1, b2, b3);
-#pragma unroll
-            for (int mt = 0; mt < 2; ++mt) {
-              mma16816<T>(dk[mt * kDT2 + d], as[mt], b0, b1);
-              mma16816<T>(dk[mt * kDT2 + d + 1], as[mt], b2, b3);
-            }
+            mma_b_pair<T, true, 2>(
+                swz_addr<T, D>(g_t, kk * 16, d), [&](int m) { return ap[m]; },
+                [&](int m, int j) { return dv[m * kDT2 + d + j]; });
+            mma_b_pair<T, true, 2>(
+                swz_addr<T, D>(q_t, kk * 16, d), [&](int m) { return as[m]; },
+                [&](int m, int j) { return dk[m * kDT2 + d + j]; });
           }
           if constexpr (!kBulkDq) {
 #pragma unroll
