@@ -85,20 +85,21 @@ done
 . scripts/cudnn-env.sh
 : >"$OUT/ab.jsonl"
 points=(${AB_POINTS:-d64_l4096 d128_l8192})
+bench() {  # <build index> <point>: its rows on stdout
+  BARACUDA_ATTENTION_ONLY=${AB_ONLY:-backward} BARACUDA_ATTN_SWEEP=$2 \
+    BARACUDA_ATTN_KERNELS=${AB_KERNELS:-} "${dirs[$1]}/apps/bench_attention" attention \
+    2>>"$OUT/ab_run.err"
+}
 # One untimed pass first: the first process on a rested card read low (call 3 of the nineteenth
 # session: A's first round 226.5 against 250.3, 250.3 after), and that process was always A's.
-BARACUDA_ATTENTION_ONLY=${AB_ONLY:-backward} BARACUDA_ATTN_SWEEP=${points[0]} \
-  BARACUDA_ATTN_KERNELS=${AB_KERNELS:-} "${dirs[0]}/apps/bench_attention" attention \
-  >/dev/null 2>>"$OUT/ab_run.err"
+bench 0 "${points[0]}" >/dev/null
 for r in $(seq 1 "${ROUNDS:-3}"); do
   for point in "${points[@]}"; do
     # The builds take turns going first (round r starts with build r - 1), so whatever drifts
     # within a round does not always favour the same build.
     for k in "${!names[@]}"; do
       i=$(((k + r - 1) % ${#names[@]}))
-      BARACUDA_ATTENTION_ONLY=${AB_ONLY:-backward} BARACUDA_ATTN_SWEEP=$point \
-        BARACUDA_ATTN_KERNELS=${AB_KERNELS:-} "${dirs[$i]}/apps/bench_attention" attention \
-        2>>"$OUT/ab_run.err" |
+      bench "$i" "$point" |
         sed -n "s/^{\"family\"/{\"build\": \"${names[$i]}\", \"round\": $r, \"family\"/p" \
           >>"$OUT/ab.jsonl"
     done
