@@ -1814,13 +1814,13 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_fused_mma(Params p, float* d
         auto all = [&]<int kMode>() {
 #pragma unroll
           for (int n2 = 0; n2 < kQT; n2 += 2) {
-            const int at = lane_slot + 2 * n2;
-            const float4 l4 = *reinterpret_cast<const float4*>(sLse + at);
-            const float4 d4 = *reinterpret_cast<const float4*>(sDelta + at);
+            const int slot = lane_slot + 2 * n2;  // row_slot of the two tiles' four columns
+            const float4 l4 = *reinterpret_cast<const float4*>(sLse + slot);
+            const float4 d4 = *reinterpret_cast<const float4*>(sDelta + slot);
             int4 lo4{}, hi4{};
             if constexpr (kMode == 2) {
-              lo4 = *reinterpret_cast<const int4*>(sLo + at);
-              hi4 = *reinterpret_cast<const int4*>(sHi + at);
+              lo4 = *reinterpret_cast<const int4*>(sLo + slot);
+              hi4 = *reinterpret_cast<const int4*>(sHi + slot);
             }
 #pragma unroll
             for (int n = n2; n < n2 + 2; ++n)
@@ -1833,7 +1833,7 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_fused_mma(Params p, float* d
                 const int2 hi = first ? make_int2(hi4.x, hi4.y) : make_int2(hi4.z, hi4.w);
                 uint32_t o[4];
                 grads.template operator()<kMode>(st[mt][n], dpt[mt][n], k0 + kb + mt * 16 + g, l,
-                                                 dl, lo, hi, at + 2 * (n - n2), o);
+                                                 dl, lo, hi, slot + 2 * (n - n2), o);
                 const uint32_t at =
                     (p_lane ^ (static_cast<uint32_t>(n) << 4)) + mt * 16 * kRowBytes;
                 asm volatile(
