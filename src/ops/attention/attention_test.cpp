@@ -1074,6 +1074,45 @@ int swz_mismatches() {
   }
   return bad;
 }
+// The one-pass backward's stream-K tail: tail CTAs' runs cover every iteration of the tail's units
+// exactly once, in order, each at least two long, and the whole units fill whole waves before it.
+TEST(AttentionTail, RunsCoverTheTailOnce) {
+  struct Case {
+    int64_t blocks, n_it, slots;
+    bool tail;
+  };
+  const Case cases[] = {{4096, 32, 132, true}, {2048, 64, 132, true}, {264, 8, 132, false},
+                        {40, 10, 132, true},   {40, 6, 132, false},   {1, 300, 132, true},
+                        {133, 1, 132, false},  {133, 2, 132, true},   {0, 5, 132, false},
+                        {500, 7, 264, true},   {7, 0, 132, false},    {100, 3, 0, false}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::Message() << c.blocks << " units of " << c.n_it << " on " << c.slots);
+    const detail::TailSplit t = detail::tail_split(c.blocks, c.n_it, c.slots);
+    EXPECT_EQ(t.ctas > 0, c.tail);
+    if (t.ctas == 0) {
+      EXPECT_EQ(t.n_dp, c.blocks);
+      continue;
+    }
+    EXPECT_EQ(t.ctas, c.slots);
+    EXPECT_EQ(t.n_dp + t.units, c.blocks);
+    EXPECT_EQ(t.n_dp % c.slots, 0);
+    EXPECT_GT(t.units, c.blocks >= c.slots ? c.slots : 0);  // the last full wave joins the tail
+    EXPECT_LT(t.units, 2 * c.slots);
+    std::vector<int> seen(static_cast<size_t>(t.units * t.n_it), 0);
+    int64_t next = 0;
+    for (int64_t cta = 0; cta < t.ctas; ++cta) {
+      int64_t begin = -1, end = -1;
+      detail::tail_run(t, cta, &begin, &end);
+      EXPECT_EQ(begin, next);
+      EXPECT_GE(end - begin, 2);
+      for (int64_t i = begin; i < end; ++i) ++seen[static_cast<size_t>(i)];
+      next = end;
+    }
+    EXPECT_EQ(next, t.units * t.n_it);
+    EXPECT_TRUE(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }));
+  }
+}
+
 TEST(AttentionSwizzle, LdmatrixBasesAddressTheSwizzledBytes) {
   EXPECT_EQ(swz_mismatches<64>(), 0);
   EXPECT_EQ(swz_mismatches<128>(), 0);
@@ -1482,6 +1521,34 @@ TEST_P(AttentionTest, BackwardKernelsByNameOnDevice) {
   c.cu_q = {0, 70, 70, 300}, c.cu_k = {0, 130, 131, 331}, c.lq = 230, c.lk = 200;
   for (auto [name, deterministic] : kernels)
     check_backward(target, c, Lay::bhld, PlanPreference::kernel(name));
+  // The one-pass kernels' stream-K tail (detail::tail_split; unbanded, padded batches): 40 key
+  // blocks all split over the tail's CTAs, then more than two waves of blocks (not a multiple of
+  // the SMs: whole blocks first, the rest split), at both padded head dims.
+  {
+    const auto caps = device_caps(0);
+    BARACUDA_ASSERT_OK(caps);
+    const int64_t sms = caps->sm_count;
+    Config all;
+    all.dtype = DType::bf16, all.b = 2, all.hq = 8, all.hk = 4, all.lq = all.lk = 600;
+    Config mix;
+    mix.dtype = DType::f16, mix.b = 2, mix.hk = mix.hq = 2 * sms / 8 + 3, mix.lq = 130;
+    mix.lk = 512;
+    for (int64_t d : {64, 128})
+      for (Config tc : {all, mix}) {
+        tc.dk = tc.dv = d;
+        const int64_t blocks = tc.b * tc.hk * ((tc.lk + 127) / 128);
+        const int64_t bq = 128;  // the most query rows a step: the fewest iterations
+        const detail::TailSplit t =
+            detail::tail_split(blocks, tc.hq / tc.hk * ((tc.lq + bq - 1) / bq), sms);
+        ASSERT_GT(t.ctas, 0) << "the case must reach the tail";
+        EXPECT_EQ(t.n_dp > 0, tc.lq == 130) << "whole blocks before the tail in the second case";
+        for (auto [name, deterministic] : kernels) {
+          if (deterministic) continue;
+          SCOPED_TRACE(::testing::Message() << name << " tail case d" << d << " Lq " << tc.lq);
+          check_backward(target, tc, d == 64 ? Lay::bhld : Lay::blhd, PlanPreference::kernel(name));
+        }
+      }
+  }
   // Padded head dims past 128 (up to 256): the two-pass kernel only (dK and dV in launches of
   // their own there); the one-pass kernel refuses them. Varlen included; every mask kind.
   const std::pair<int64_t, int64_t> wide[] = {{256, 256}, {192, 192}, {256, 128}, {160, 136}};

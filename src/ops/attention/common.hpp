@@ -47,4 +47,35 @@ BARACUDA_ATTN_HD int64_t lse_offset(const int64_t* st, bool varlen, int64_t b, i
   return varlen ? h * st[0] + row * st[1] : b * st[0] + h * st[1] + row * st[2];
 }
 
+// Work split of a grid of `blocks` equal work units (key blocks of the one-pass backward, n_it
+// iterations each) over `slots` CTAs resident at once. Whole units leave a last, partial wave
+// (4096 key blocks on 132 SMs: 31 full waves and 4 blocks, so ~3% of the time 128 SMs idle).
+// The stream-K tail: CTAs [0, n_dp) take whole units as before; the last wave and the partial one
+// (ctas == slots CTAs) take equal contiguous runs of the remaining units' iterations, so every SM
+// ends within about one iteration of the others. A unit a run covers only in part is completed by
+// whichever of its runs finishes last (partial sums added in the workspace). No tail (ctas == 0)
+// where the units fill whole waves, or where a run would be shorter than two iterations.
+struct TailSplit {
+  int64_t n_dp = 0;   // units 0 .. n_dp - 1 run whole, unit u on CTA u
+  int64_t ctas = 0;   // CTAs n_dp .. n_dp + ctas - 1 share the rest
+  int64_t units = 0;  // units n_dp .. n_dp + units - 1
+  int64_t n_it = 0;   // iterations per unit
+};
+BARACUDA_ATTN_HD TailSplit tail_split(int64_t blocks, int64_t n_it, int64_t slots) {
+  TailSplit t;
+  t.n_dp = blocks;
+  if (slots <= 0 || n_it <= 0 || blocks % slots == 0) return t;
+  const int64_t waves = blocks / slots, n_dp = waves > 0 ? (waves - 1) * slots : 0;
+  if ((blocks - n_dp) * n_it < 2 * slots) return t;
+  t.n_dp = n_dp, t.ctas = slots, t.units = blocks - n_dp, t.n_it = n_it;
+  return t;
+}
+// Tail CTA c's run: iterations [*begin, *end) of the tail's units laid end to end (unit
+// n_dp + i / n_it, its iteration i % n_it).
+BARACUDA_ATTN_HD void tail_run(const TailSplit& t, int64_t c, int64_t* begin, int64_t* end) {
+  const int64_t total = t.units * t.n_it;
+  *begin = c * total / t.ctas;
+  *end = (c + 1) * total / t.ctas;
+}
+
 }  // namespace baracuda::attention::detail

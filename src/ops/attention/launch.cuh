@@ -384,9 +384,6 @@ inline size_t fused_delta_bytes(const Problem& pr) {
   const Descriptor& d = pr.desc;
   return static_cast<size_t>(d.batch * d.heads_q * d.len_q) * sizeof(float);
 }
-inline size_t bwd_fused_workspace(const Problem& pr, const DeviceCaps&) {
-  return fused_delta_bytes(pr) + 256 + fused_delta_bytes(pr) * static_cast<size_t>(mma_dim(pr));
-}
 // The one-pass backward's tiles where the smaller parts allow them: 64 query rows at d64 within
 // the 99 KB an sm_86 / sm_89 block may opt into (flash_bwd_fused_q64_sm80), and the d128 tiles
 // within an A100's 163 KB; a layout change that grows them past those drops those parts to the two
@@ -394,16 +391,51 @@ inline size_t bwd_fused_workspace(const Problem& pr, const DeviceCaps&) {
 static_assert(BwdFusedCfg<__half, 64, fused_bq<64>(64)>::kSmem <= 99 * 1024);
 static_assert(BwdFusedCfg<__half, 128, fused_bq<kFusedBQ64>(128)>::kSmem <= 163 * 1024);
 // kBulkDq (BwdFusedCfg): sm_90 and later only, for the bulk reduce-add.
+template <int kBQ64, bool kBulkDq>
+size_t fused_smem(const Problem& pr) {
+  return mma_dim(pr) == 64 ? BwdFusedCfg<__half, 64, fused_bq<kBQ64>(64), kBulkDq>::kSmem
+                           : BwdFusedCfg<__half, 128, fused_bq<kBQ64>(128), kBulkDq>::kSmem;
+}
 template <int kBQ64, bool kBulkDq = false>
 bool fits_bwd_fused(const Problem& pr, const DeviceCaps& caps) {
-  const size_t smem = mma_dim(pr) == 64
-                          ? BwdFusedCfg<__half, 64, fused_bq<kBQ64>(64), kBulkDq>::kSmem
-                          : BwdFusedCfg<__half, 128, fused_bq<kBQ64>(128), kBulkDq>::kSmem;
+  const size_t smem = fused_smem<kBQ64, kBulkDq>(pr);
   return mma_dims_ok(pr) && mma_dim(pr) <= 128 && bwd_rows_fit(pr) && (!kBulkDq || caps.sm >= 90) &&
          static_cast<int64_t>(smem) <= caps.smem_per_block_optin;
 }
 
-template <class T, int D, int BQ, bool kBulkDq>
+// The stream-K tail (detail::tail_split) over key blocks of 128 where every block has the same
+// iterations (group x query tiles of BQ rows): no band, padded batches.
+inline detail::TailSplit bwd_tail_split(const Problem& pr, int bq, int64_t slots) {
+  const Descriptor& d = pr.desc;
+  const int64_t units = d.batch * d.heads_kv * cuda::ceil_div(d.len_k, int64_t{128});
+  const Band band = detail::band_of(d.mask);
+  const bool uniform = !d.varlen && band.left < 0 && band.right < 0;
+  return detail::tail_split(units, uniform ? pr.group * cuda::ceil_div(d.len_q, int64_t{bq}) : 0,
+                            slots);
+}
+// Its workspace: per tail block the partial dK and dV slots and an iteration count.
+inline size_t bwd_tail_bytes(int64_t units, int d) {
+  return static_cast<size_t>(units) * (2 * 128 * static_cast<size_t>(d) + 1) * sizeof(float);
+}
+// CTAs of an instance that shared memory lets the GPU hold at once (up to 228 KB an SM, 1 KB of it
+// the system's per block): the workspace is sized for the tail this bound gives, the launch's
+// tail uses the occupancy calculator's count (registers too), never more.
+template <int kBQ64, bool kBulkDq>
+int64_t bwd_fused_slots(const Problem& pr, const DeviceCaps& caps) {
+  const size_t smem = fused_smem<kBQ64, kBulkDq>(pr);
+  return int64_t{caps.sm_count} * std::max<int64_t>(1, (228 * 1024) / (smem + 1024));
+}
+template <int kBQ64, bool kBulkDq = false>
+size_t bwd_fused_workspace(const Problem& pr, const DeviceCaps& caps) {
+  // A tail never spans more than two waves' worth of blocks (tail_split), whatever the slots.
+  const int64_t units =
+      pr.desc.batch * pr.desc.heads_kv * cuda::ceil_div(pr.desc.len_k, int64_t{128});
+  const int64_t tail = std::min(units, 2 * bwd_fused_slots<kBQ64, kBulkDq>(pr, caps));
+  return fused_delta_bytes(pr) + 256 + fused_delta_bytes(pr) * static_cast<size_t>(mma_dim(pr)) +
+         bwd_tail_bytes(tail, mma_dim(pr));
+}
+
+template <class T, int D, int BQ, int kBQ64, bool kBulkDq>
 Status run_bwd_fused(const LaunchContext& ctx, const Problem& pr, const Params& p) {
   const cudaStream_t stream = cuda::stream_of(ctx);
   using Cfg = BwdFusedCfg<T, D, BQ, kBulkDq>;
@@ -412,17 +444,30 @@ Status run_bwd_fused(const LaunchContext& ctx, const Problem& pr, const Params& 
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Cfg::kSmem));
   if (attr != cudaSuccess)
     return cuda::cuda_error(BackwardOp::name, "flash_bwd_fused_mma smem", attr);
+  static const int per_sm = [] {
+    int n = 0;
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, 32 * Cfg::kWarps,
+                                                         Cfg::kSmem) == cudaSuccess
+               ? n
+               : 0;
+  }();
   const int64_t q_rows = int64_t{p.batch} * p.heads_q * p.len_q;
-  const int64_t k_blocks = int64_t{p.batch} * p.heads_kv * cuda::ceil_div(p.len_k, Cfg::kKeys);
+  const int64_t slots = std::min(int64_t{ctx.stream.caps().sm_count} * per_sm,
+                                 bwd_fused_slots<kBQ64, kBulkDq>(pr, ctx.stream.caps()));
+  const detail::TailSplit split = bwd_tail_split(pr, BQ, slots);
   const uintptr_t after_delta =
       reinterpret_cast<uintptr_t>(ctx.workspace.data) + fused_delta_bytes(pr);
   float* acc = reinterpret_cast<float*>((after_delta + 255) / 256 * 256);
   if (q_rows == 0) return {};
-  const cudaError_t zero =
-      cudaMemsetAsync(acc, 0, static_cast<size_t>(q_rows) * D * sizeof(float), stream);
+  // The accumulator, then the tail's slots and counts: one memset zeroes them all.
+  BwdTail tail{split, acc + q_rows * D, nullptr};
+  tail.done = reinterpret_cast<unsigned*>(tail.part + split.units * 2 * Cfg::kKeys * D);
+  const size_t zeroed =
+      static_cast<size_t>(q_rows) * D * sizeof(float) + bwd_tail_bytes(split.units, D);
+  const cudaError_t zero = cudaMemsetAsync(acc, 0, zeroed, stream);
   if (zero != cudaSuccess) return cuda::cuda_error(BackwardOp::name, "dQ accumulator", zero);
-  if (k_blocks > 0) {
-    kernel<<<static_cast<unsigned>(k_blocks), 32 * Cfg::kWarps, Cfg::kSmem, stream>>>(p, acc);
+  if (const int64_t grid = split.n_dp + split.ctas; grid > 0) {
+    kernel<<<static_cast<unsigned>(grid), 32 * Cfg::kWarps, Cfg::kSmem, stream>>>(p, acc, tail);
     BARACUDA_TRY(cuda::check_launch(BackwardOp::name, "flash_bwd_fused_mma"));
   }
   flash_bwd_dq_convert<T, D>
@@ -450,8 +495,9 @@ Status launch_bwd_mma(const LaunchContext& ctx, const Problem& pr, const Backwar
     BARACUDA_TRY(cuda::check_launch(BackwardOp::name, "attn_bwd_delta_vec"));
   }
   if constexpr (kRowsAt64 > 0)
-    return mma_dim(pr) == 64 ? run_bwd_fused<T, 64, fused_bq<kRowsAt64>(64), kBulkDq>(ctx, pr, p)
-                             : run_bwd_fused<T, 128, fused_bq<kRowsAt64>(128), kBulkDq>(ctx, pr, p);
+    return mma_dim(pr) == 64
+               ? run_bwd_fused<T, 64, fused_bq<kRowsAt64>(64), kRowsAt64, kBulkDq>(ctx, pr, p)
+               : run_bwd_fused<T, 128, fused_bq<kRowsAt64>(128), kRowsAt64, kBulkDq>(ctx, pr, p);
   return with_mma_dim(pr, [&](auto d) { return run_bwd_mma<T, d()>(ctx, p); });
 }
 
@@ -683,7 +729,7 @@ bool register_kernels() {
         .sku = family_sku<E>(BackwardOp::name, DType::f32, fused_bwd, "flash_bwd_fused_sm80"),
         .priority = 22,
         .fits = fits_bwd_fused<kFusedBQ64>,
-        .workspace = bwd_fused_workspace,
+        .workspace = bwd_fused_workspace<kFusedBQ64>,
         .launch = launch_bwd_mma<T, kFusedBQ64>,
     });
     // The same with 64 query rows a step at a padded head dim of 64 too (99 KB of shared memory
@@ -693,7 +739,7 @@ bool register_kernels() {
         .sku = family_sku<E>(BackwardOp::name, DType::f32, fused_bwd, "flash_bwd_fused_q64_sm80"),
         .priority = 21,
         .fits = fits_bwd_fused<64>,
-        .workspace = bwd_fused_workspace,
+        .workspace = bwd_fused_workspace<64>,
         .launch = launch_bwd_mma<T, 64>,
     });
     // The same with dQ staged in shared memory and added by one bulk reduction per row (sm_90+):
@@ -706,7 +752,7 @@ bool register_kernels() {
               family_sku<E>(BackwardOp::name, DType::f32, fused_bwd, "flash_bwd_fused_bulk_sm80"),
           .priority = priority,
           .fits = fits,
-          .workspace = bwd_fused_workspace,
+          .workspace = bwd_fused_workspace<kFusedBQ64, true>,
           .launch = launch_bwd_mma<T, kFusedBQ64, true>,
       });
   }
