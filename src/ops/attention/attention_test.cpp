@@ -1105,8 +1105,24 @@ TEST(AttentionTail, RunsCoverTheTailOnce) {
       detail::tail_run(t, cta, &begin, &end);
       EXPECT_EQ(begin, next);
       EXPECT_GE(end - begin, 2);
-      for (int64_t i = begin; i < end; ++i) ++seen[static_cast<size_t>(i)];
+      // Its segments: one unit each, end to end over the run.
+      int64_t at = begin, k = 0, unit, lo, hi;
+      for (; detail::tail_segment(t, t.n_dp + cta, k, &unit, &lo, &hi); ++k) {
+        EXPECT_EQ((unit - t.n_dp) * t.n_it + lo, at);
+        EXPECT_TRUE(lo >= 0 && lo < hi && hi <= t.n_it) << lo << ".." << hi;
+        for (int64_t i = lo; i < hi; ++i) ++seen[static_cast<size_t>((unit - t.n_dp) * t.n_it + i)];
+        at += hi - lo;
+      }
+      EXPECT_EQ(at, end);
+      EXPECT_LE(k, (end - begin + t.n_it - 1) / t.n_it + 1);
       next = end;
+    }
+    int64_t unit, lo, hi;  // a whole unit below n_dp, one segment
+    if (t.n_dp > 0) {
+      EXPECT_TRUE(detail::tail_segment(t, t.n_dp - 1, 0, &unit, &lo, &hi));
+      EXPECT_EQ(unit, t.n_dp - 1);
+      EXPECT_EQ(hi - lo, t.n_it);
+      EXPECT_FALSE(detail::tail_segment(t, t.n_dp - 1, 1, &unit, &lo, &hi));
     }
     EXPECT_EQ(next, t.units * t.n_it);
     EXPECT_TRUE(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }));

@@ -77,5 +77,22 @@ BARACUDA_ATTN_HD void tail_run(const TailSplit& t, int64_t c, int64_t* begin, in
   *begin = c * total / t.ctas;
   *end = (c + 1) * total / t.ctas;
 }
+// Segment k of CTA `cta`'s work: unit *unit, its iterations [*it_lo, *it_hi); false past the last.
+// A CTA below n_dp has one segment, its whole unit (it_hi = n_it, or -1 without a tail: the
+// kernel's own count). Recomputed from k each time, so only k stays live across a segment's work.
+BARACUDA_ATTN_HD bool tail_segment(const TailSplit& t, int64_t cta, int64_t k, int64_t* unit,
+                                   int64_t* it_lo, int64_t* it_hi) {
+  if (cta < t.n_dp) {
+    *unit = cta, *it_lo = 0, *it_hi = t.ctas > 0 ? t.n_it : -1;
+    return k == 0;
+  }
+  int64_t begin, end;
+  tail_run(t, cta - t.n_dp, &begin, &end);
+  const int64_t at = k == 0 ? begin : (begin / t.n_it + k) * t.n_it;  // then unit boundaries
+  if (at >= end) return false;
+  *unit = t.n_dp + at / t.n_it, *it_lo = at % t.n_it;
+  *it_hi = *it_lo + (end - at < t.n_it - *it_lo ? end - at : t.n_it - *it_lo);
+  return true;
+}
 
 }  // namespace baracuda::attention::detail

@@ -2060,21 +2060,12 @@ __global__ void __launch_bounds__(256, 1)
   // One whole key block per CTA, except the stream-K tail's CTAs (blockIdx >= tail.split.n_dp),
   // each a contiguous run of iterations over one or more of the last blocks: one call site, so the
   // body is compiled once.
-  const bool in_tail = static_cast<int64_t>(blockIdx.x) >= tail.split.n_dp;
-  int64_t pos = 0, end = 1;
-  if (in_tail) detail::tail_run(tail.split, blockIdx.x - tail.split.n_dp, &pos, &end);
-  for (bool first = true; pos < end; first = false) {
-    int lin = static_cast<int>(blockIdx.x), it_lo = 0, it_hi = INT_MAX;
-    if (in_tail) {
-      lin = static_cast<int>(tail.split.n_dp + pos / tail.split.n_it);
-      it_lo = static_cast<int>(pos % tail.split.n_it);
-      it_hi = static_cast<int>(min(tail.split.n_it, it_lo + (end - pos)));
-      pos += it_hi - it_lo;
-    } else {
-      pos = end;
-    }
-    if (!first) __syncthreads();  // the last run's reads of the tiles are done
-    run_block(lin, it_lo, it_hi);
+  for (int k = 0;; ++k) {
+    int64_t lin, it_lo, it_hi;
+    if (!detail::tail_segment(tail.split, blockIdx.x, k, &lin, &it_lo, &it_hi)) break;
+    if (k > 0) __syncthreads();  // the last segment's reads of the tiles are done
+    run_block(static_cast<int>(lin), static_cast<int>(it_lo),
+              it_hi < 0 ? INT_MAX : static_cast<int>(it_hi));
   }
 }
 
