@@ -815,7 +815,8 @@ TEST(AttentionRegistry, FamilyBackwardDefaultFollowsTheMeasuredShapes) {
     const DeviceCaps& caps;
     const char* kernel;
   } cases[] = {
-      {bf16_config(128, 4096, none), sm90, "flash_bwd_fused_bulk_sm80"},
+      {bf16_config(128, 4096, none), sm90, "flash_bwd_fused_sm80"},
+      {bf16_config(128, 4096, causal), sm90, "flash_bwd_fused_bulk_sm80"},
       {bf16_config(96, 1000, causal), sm90, "flash_bwd_fused_bulk_sm80"},  // padded to 128
       {bf16_config(64, 4096, none), sm90, "flash_bwd_fused_sm80"},
       {bf16_config(128, 4096, none), sm80, "flash_bwd_fused_sm80"},
@@ -1455,7 +1456,8 @@ TEST_P(AttentionTest, LargeShapesOnDevice) {
     check_backward(target, c, Lay::blhd);
   }
   n = 0;  // the tensor-core backward: head dims, masks, GQA, soft-cap, varlen
-  // dQ by bulk reductions at a padded head dim of 128 from sm_90 on, by red.global otherwise.
+  // dQ by bulk reductions at a padded head dim of 128 under a band from sm_90 on, by red.global
+  // otherwise.
   const auto caps = device_caps(0);
   BARACUDA_ASSERT_OK(caps);
   for (DType t : {DType::bf16, DType::f16})
@@ -1468,7 +1470,8 @@ TEST_P(AttentionTest, LargeShapesOnDevice) {
         check_backward(target, c, n % 2 ? Lay::blhd : Lay::bhld);
         auto plan = BackwardPlan::select(harness::stream_for(target), desc_of(c), ours(target));
         BARACUDA_ASSERT_OK(plan);
-        EXPECT_EQ(plan->sku().name, caps->sm >= 90 && std::max(dk, dv) > 64
+        const bool banded = mk.left >= 0 || mk.right >= 0;
+        EXPECT_EQ(plan->sku().name, caps->sm >= 90 && std::max(dk, dv) > 64 && banded
                                         ? "flash_bwd_fused_bulk_sm80"
                                         : "flash_bwd_fused_sm80");
         ++n;

@@ -558,12 +558,16 @@ inline bool fits_n128m_default(const Problem& pr, const DeviceCaps& caps) {
   return fits_mma_64(pr, caps) && pr.desc.len_q * pr.group >= 128;
 }
 using FitsFn = bool (*)(const Problem&, const DeviceCaps&);
-// Where flash_bwd_fused_bulk_sm80 is the fused backward's default: a padded head dim of 128. H100,
-// e6f8e7e, one call, two rounds each, medians against flash_bwd_fused_sm80: d128 L4096 1.06x,
-// L8192 1.03x, L16384 1.02x, causal L8192 / L16384 1.02x / 1.04x, L <= 2048 0.997-1.007x; at d64
-// 0.99-1.01x everywhere (the red.global form stays).
+// Where flash_bwd_fused_bulk_sm80 is the fused backward's default: a padded head dim of 128 under a
+// band (causal, window). H100, e6f8e7e, one call, two rounds each, medians against
+// flash_bwd_fused_sm80: d128 L4096 1.06x, L8192 1.03x, L16384 1.02x, causal L8192 / L16384 1.02x /
+// 1.04x, L <= 2048 0.997-1.007x; at d64 0.99-1.01x everywhere (the red.global form stays). Since
+// the red.global form sends dQ between the dV / dK mmas (eb10153) it has caught up without a band:
+// BULK_DEFAULT_MEASUREMENT.
 inline bool fits_bulk_default(const Problem& pr, const DeviceCaps& caps) {
-  return fits_bwd_fused<kFusedBQ64, true>(pr, caps) && mma_dim(pr) == 128;
+  const Band band = detail::band_of(pr.desc.mask);
+  return fits_bwd_fused<kFusedBQ64, true>(pr, caps) && mma_dim(pr) == 128 &&
+         (band.left >= 0 || band.right >= 0);
 }
 
 // Every kernel of the family shares category, layout, masks, arch and backend; an entry differs in
