@@ -563,7 +563,8 @@ using FitsFn = bool (*)(const Problem&, const DeviceCaps&);
 // flash_bwd_fused_sm80: d128 L4096 1.06x, L8192 1.03x, L16384 1.02x, causal L8192 / L16384 1.02x /
 // 1.04x, L <= 2048 0.997-1.007x; at d64 0.99-1.01x everywhere (the red.global form stays). Since
 // the red.global form sends dQ between the dV / dK mmas (eb10153) it has caught up without a band:
-// BULK_DEFAULT_MEASUREMENT.
+// H100, 0dc4f59, one call, medians of three rounds, red.global / bulk at d128 L512..16k 1.029 /
+// 1.034 / 1.029 / 0.997 / 0.992 / 1.024; causal 0.947 / 0.971 / 0.996 / 1.013 / 1.025 / 0.984.
 inline bool fits_bulk_default(const Problem& pr, const DeviceCaps& caps) {
   const Band band = detail::band_of(pr.desc.mask);
   return fits_bwd_fused<kFusedBQ64, true>(pr, caps) && mma_dim(pr) == 128 &&
