@@ -1156,6 +1156,54 @@ __device__ __forceinline__ float capped_score(float raw, float scale, float cap,
   return x;
 }
 
+// Pieces both key-block backward kernels (flash_bwd_dkdv_mma, flash_bwd_fused_mma) share.
+// K, and V where `with_v`, of key block k0 of K/V head hk of batch b into sK / sV (cp.async; the
+// caller commits).
+template <class T, int kKeys, int D, int kNT>
+__device__ __forceinline__ void load_kv_block(const Params& p, int b, int hk, const SeqRows& s,
+                                              int k0, T* sK, T* sV, bool with_v) {
+  const T* gk = static_cast<const T*>(p.k) + detail::row_offset(p.sk, p.varlen, b, hk, s.k0);
+  load_tile<T, kKeys, D, kNT>(sK, gk, p.varlen ? p.sk[0] : p.sk[2], k0, s.lk, p.dim_qk);
+  if (!with_v) return;
+  const T* gv = static_cast<const T*>(p.v) + detail::row_offset(p.sv, p.varlen, b, hk, s.k0);
+  load_tile<T, kKeys, D, kNT>(sV, gv, p.varlen ? p.sv[0] : p.sv[2], k0, s.lk, p.dim_v);
+}
+// The Q and dY tiles of query head h, rows i0 .. i0 + BQ, into sQ / sG (cp.async; uncommitted).
+template <class T, int BQ, int D, int kNT>
+__device__ __forceinline__ void load_q_dy_tiles(const Params& p, int b, int h, const SeqRows& s,
+                                                int i0, T* sQ, T* sG) {
+  const T* gq = static_cast<const T*>(p.q) + detail::row_offset(p.sq, p.varlen, b, h, s.q0);
+  const T* gg = static_cast<const T*>(p.dy) + detail::row_offset(p.sdy, p.varlen, b, h, s.q0);
+  load_tile<T, BQ, D, kNT>(sQ, gq, p.varlen ? p.sq[0] : p.sq[2], i0, s.lq, p.dim_qk);
+  load_tile<T, BQ, D, kNT>(sG, gg, p.varlen ? p.sdy[0] : p.sdy[2], i0, s.lq, p.dim_v);
+}
+// A fragments (ldmatrix x4) of two m16 tiles, rows 0 and 16 of a swizzled tile, at chunk `chunk`.
+template <class T, int kCols>
+__device__ __forceinline__ void ldmatrix_m16x2(const SwzBases& base, int chunk,
+                                               uint32_t (&dst)[2][4]) {
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+    ldmatrix_x4(swz_addr<T, kCols>(base, mt * 16, chunk), dst[mt][0], dst[mt][1], dst[mt][2],
+                dst[mt][3]);
+}
+
+// The query tiles [*begin, *end) of BQ rows that see any of the keys [k0, k0 + keys): one range,
+// since the visible bounds grow with the row.
+template <int BQ>
+__device__ __forceinline__ void query_tiles_seeing(const Params& p, const SeqRows& s, int k0,
+                                                   int keys, int* begin, int* end) {
+  const int n_tiles = (s.lq + BQ - 1) / BQ;
+  *begin = n_tiles, *end = 0;
+  for (int qt = 0; qt < n_tiles; ++qt) {
+    const int i0 = qt * BQ, i_last = min(i0 + BQ, s.lq) - 1;
+    int64_t lo_f, hi_f, lo_l, hi_l;
+    detail::visible_keys(p.band, i0, s.lq, s.lk, &lo_f, &hi_f);
+    detail::visible_keys(p.band, i_last, s.lq, s.lk, &lo_l, &hi_l);
+    if (hi_l <= k0 || lo_f >= k0 + keys) continue;
+    *begin = min(*begin, qt), *end = qt + 1;
+  }
+}
+
 template <class T, int D, int BQ, int kOut = kDkDv>
 __global__ void __launch_bounds__(128) flash_bwd_dkdv_mma(Params p) {
   constexpr bool kDk = kOut != kDvOnly, kDv = kOut != kDkOnly;
@@ -1180,14 +1228,7 @@ __global__ void __launch_bounds__(128) flash_bwd_dkdv_mma(Params p) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, tq = lane % 4;
   const float log2e = 1.4426950408889634f;
-  const int64_t k_rs = p.varlen ? p.sk[0] : p.sk[2];
-  const int64_t v_rs = p.varlen ? p.sv[0] : p.sv[2];
-  const int64_t q_rs = p.varlen ? p.sq[0] : p.sq[2];
-  const int64_t g_rs = p.varlen ? p.sdy[0] : p.sdy[2];
-  const T* gk = static_cast<const T*>(p.k) + detail::row_offset(p.sk, p.varlen, b, hk, s.k0);
-  const T* gv = static_cast<const T*>(p.v) + detail::row_offset(p.sv, p.varlen, b, hk, s.k0);
-  load_tile<T, kKeys, D, kNT>(sK, gk, k_rs, k0, s.lk, p.dim_qk);
-  if constexpr (kDk) load_tile<T, kKeys, D, kNT>(sV, gv, v_rs, k0, s.lk, p.dim_v);  // for dP
+  load_kv_block<T, kKeys, D, kNT>(p, b, hk, s, k0, sK, sV, kDk);  // V for dP
   cp_async_commit();
 
   constexpr int kOTiles = D / 8, kSTiles = BQ / 8, kKSteps = D / 16;
@@ -1202,27 +1243,15 @@ __global__ void __launch_bounds__(128) flash_bwd_dkdv_mma(Params p) {
     for (int e = 0; e < 4; ++e) dv[d][e] = 0.f;
   const int key_a = k0 + warp * 16 + g;  // this thread's keys: key_a, key_a + 8
 
-  // Query tiles that see any of these keys form one range (visible bounds grow with the row).
-  const int n_tiles = (s.lq + BQ - 1) / BQ;
-  int qt_begin = n_tiles, qt_end = 0;
-  for (int qt = 0; qt < n_tiles; ++qt) {
-    const int i0 = qt * BQ, i_last = min(i0 + BQ, s.lq) - 1;
-    int64_t lo_f, hi_f, lo_l, hi_l;
-    detail::visible_keys(p.band, i0, s.lq, s.lk, &lo_f, &hi_f);
-    detail::visible_keys(p.band, i_last, s.lq, s.lk, &lo_l, &hi_l);
-    if (hi_l <= k0 || lo_f >= k0 + kKeys) continue;
-    qt_begin = min(qt_begin, qt), qt_end = qt + 1;
-  }
+  int qt_begin, qt_end;
+  query_tiles_seeing<BQ>(p, s, k0, kKeys, &qt_begin, &qt_end);
   const int n_qt = max(qt_end - qt_begin, 0), n_it = p.group * n_qt;
   // Iteration `it` covers query head hk * group + it / n_qt and query tile qt_begin + it % n_qt;
   // its loads go to stage it % 2, issued one iteration ahead of use.
   auto issue = [&](int it) {
     if (it < n_it) {
       const int h = hk * p.group + it / n_qt, i0 = (qt_begin + it % n_qt) * BQ, st = it & 1;
-      const T* gq = static_cast<const T*>(p.q) + detail::row_offset(p.sq, p.varlen, b, h, s.q0);
-      const T* gg = static_cast<const T*>(p.dy) + detail::row_offset(p.sdy, p.varlen, b, h, s.q0);
-      load_tile<T, BQ, D, kNT>(sQ0 + st * BQ * D, gq, q_rs, i0, s.lq, p.dim_qk);
-      load_tile<T, BQ, D, kNT>(sG0 + st * BQ * D, gg, g_rs, i0, s.lq, p.dim_v);
+      load_q_dy_tiles<T, BQ, D, kNT>(p, b, h, s, i0, sQ0 + st * BQ * D, sG0 + st * BQ * D);
       if (threadIdx.x < BQ) {
         const int i = i0 + threadIdx.x;
         float l = INFINITY, dl = 0.f;
@@ -1564,9 +1593,11 @@ struct BwdTail {
   unsigned* done = nullptr;
 };
 
-template <class T, int D, int BQ, bool kBulkDq = false>
-__global__ void __launch_bounds__(256, 1)
-    flash_bwd_fused_mma(Params p, float* dq_acc, BwdTail tail) {
+// One key block's work for flash_bwd_fused_mma: iterations [it_lo, it_hi) (clamped to the
+// block's) of key block `lin`, every iteration of it except in the stream-K tail (BwdTail).
+template <class T, int D, int BQ, bool kBulkDq>
+__device__ __forceinline__ void fused_bwd_block(const Params& p, float* dq_acc, const BwdTail& tail,
+                                                int lin, int it_lo, int it_hi) {
   using Cfg = BwdFusedCfg<T, D, BQ, kBulkDq>;
   constexpr int kKeys = Cfg::kKeys, kNT = 32 * Cfg::kWarps;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -1586,477 +1617,447 @@ __global__ void __launch_bounds__(256, 1)
   // reads between a run's last iteration and the next run's (static shared memory would move the
   // dynamic tiles off their 128-byte alignment).
   int& tail_last = *sLo0;
+  // Block -> (key block, K/V head, batch) in grid_place's order (heaviest causal blocks first).
+  const int k_blocks = (p.len_k + kKeys - 1) / kKeys;
+  const GridPlace at = grid_place(lin, k_blocks, p.heads_kv, p.band);
+  const int kb = at.blk, hk = at.head, b = at.rest;
+  const SeqRows s = seq_rows(p, b);
+  const int k0 = kb * kKeys;
+  if (k0 >= s.lk) return;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, tq = lane % 4, mi = lane / 8;
+  const float log2e = 1.4426950408889634f, scale_log2 = p.scale * log2e;
+  load_kv_block<T, kKeys, D, kNT>(p, b, hk, s, k0, sK, sV, true);
+  cp_async_commit();
 
-  // Iterations [it_lo, it_hi) (clamped to the block's) of key block `lin`: every iteration of it,
-  // except in the stream-K tail (BwdTail).
-  auto run_block = [&](int lin, int it_lo, int it_hi) {
-    // Block -> (key block, K/V head, batch) in grid_place's order (heaviest causal blocks first).
-    const int k_blocks = (p.len_k + kKeys - 1) / kKeys;
-    const GridPlace at = grid_place(lin, k_blocks, p.heads_kv, p.band);
-    const int kb = at.blk, hk = at.head, b = at.rest;
-    const SeqRows s = seq_rows(p, b);
-    const int k0 = kb * kKeys;
-    if (k0 >= s.lk) return;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int g = lane / 4, tq = lane % 4, mi = lane / 8;
-    const float log2e = 1.4426950408889634f, scale_log2 = p.scale * log2e;
-    const int64_t k_rs = p.varlen ? p.sk[0] : p.sk[2];
-    const int64_t v_rs = p.varlen ? p.sv[0] : p.sv[2];
-    const int64_t q_rs = p.varlen ? p.sq[0] : p.sq[2];
-    const int64_t g_rs = p.varlen ? p.sdy[0] : p.sdy[2];
-    const T* gk = static_cast<const T*>(p.k) + detail::row_offset(p.sk, p.varlen, b, hk, s.k0);
-    const T* gv = static_cast<const T*>(p.v) + detail::row_offset(p.sv, p.varlen, b, hk, s.k0);
-    load_tile<T, kKeys, D, kNT>(sK, gk, k_rs, k0, s.lk, p.dim_qk);
-    load_tile<T, kKeys, D, kNT>(sV, gv, v_rs, k0, s.lk, p.dim_v);
+  constexpr int kOTiles = D / 8, kKSteps = D / 16;
+  float dk[kOTiles][4], dv[kOTiles][4];
+#pragma unroll
+  for (int d = 0; d < kOTiles; ++d)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[d][e] = dv[d][e] = 0.f;
+
+  int qt_begin, qt_end;
+  query_tiles_seeing<BQ>(p, s, k0, kKeys, &qt_begin, &qt_end);
+  const int n_qt = max(qt_end - qt_begin, 0), n_it = p.group * n_qt;
+  const int it_end = min(it_hi, n_it), n_run = max(it_end - it_lo, 0);
+  // The key blocks of one head run side by side and add into the same dQ rows: each starts its
+  // walk over the (query head, query tile) iterations at its own offset so their atomics spread.
+  // Iteration it visits (it + rot) % n_it = (query head w_h of the group, query tile w_q), walked
+  // by increments (no divisions in the loop: the per-iteration modulos were ~80 uniform-datapath
+  // instructions and a divide's latency on the issue path, ncu d64 L4096, c332416).
+  const int rot = n_it > 0 ? static_cast<int>(int64_t{kb} * n_it / k_blocks) : 0;
+  const int walk0 = n_it > 0 ? (rot + it_lo) % n_it : 0;  // where this run's walk starts
+  int w_h = n_qt > 0 ? walk0 / n_qt : 0, w_q = n_qt > 0 ? walk0 % n_qt : 0;
+  struct Visit {
+    int h, i0;  // query head, first query row
+  };
+  Visit pending{0, 0};  // the iteration issued last
+  auto take = [&] {
+    const Visit v{hk * p.group + w_h, (qt_begin + w_q) * BQ};
+    if (++w_q == n_qt) {
+      w_q = 0;
+      if (++w_h == p.group) w_h = 0;
+    }
+    return v;
+  };
+  // Iteration `it`'s tiles go to stage it % 2 by cp.async, issued one iteration ahead of use. Its
+  // rows' LSE and delta (threads < BQ, one row each) are loaded into registers at the same time
+  // but written to shared memory only at the end of the iteration before: the loads' latency
+  // hides behind a whole iteration instead of stalling those warps behind the barrier.
+  float row_lse = -INFINITY, row_delta = 0.f;
+  int row_lo = 0, row_hi = 0;  // past Lq: no key visible
+  // Whether every row of the tile from row i0 sees all kKeys keys, the same in every thread: the
+  // visible bounds grow with the row (visible_keys), so the first row's hi and the last row's lo
+  // decide it (a per-row vote at the barrier cost ~3% of the stall samples, ncu d64 L4096).
+  auto tile_full = [&](int i0) {
+    if (i0 + BQ > s.lq) return false;
+    int64_t lo_first, hi_first, lo_last, hi_last;
+    detail::visible_keys(p.band, i0, s.lq, s.lk, &lo_first, &hi_first);
+    detail::visible_keys(p.band, i0 + BQ - 1, s.lq, s.lk, &lo_last, &hi_last);
+    return lo_last <= k0 && hi_first >= k0 + kKeys;  // hi <= lk: no key past the sequence either
+  };
+  auto issue = [&](int it) {
+    if (it < n_run) {
+      pending = take();
+      const int h = pending.h, i0 = pending.i0, st = it & 1;
+      load_q_dy_tiles<T, BQ, D, kNT>(p, b, h, s, i0, sQ0 + st * BQ * D, sG0 + st * BQ * D);
+      if (threadIdx.x < BQ) {
+        const int i = i0 + threadIdx.x;
+        row_lse = -INFINITY, row_delta = 0.f, row_lo = row_hi = 0;
+        if (i < s.lq) {
+          row_lse =
+              static_cast<const float*>(p.lse)[detail::lse_offset(p.sl, p.varlen, b, h, s.q0 + i)];
+          row_delta =
+              static_cast<const float*>(p.delta)[(int64_t{b} * p.heads_q + h) * p.len_q + i];
+          int64_t lo64, hi64;
+          detail::visible_keys(p.band, i, s.lq, s.lk, &lo64, &hi64);
+          row_lo = static_cast<int>(lo64), row_hi = static_cast<int>(hi64);
+        }
+      }
+    }
     cp_async_commit();
-
-    constexpr int kOTiles = D / 8, kKSteps = D / 16;
-    float dk[kOTiles][4], dv[kOTiles][4];
-#pragma unroll
-    for (int d = 0; d < kOTiles; ++d)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) dk[d][e] = dv[d][e] = 0.f;
-
-    // Query tiles that see any of these keys form one range (visible bounds grow with the row).
-    const int n_tiles = (s.lq + BQ - 1) / BQ;
-    int qt_begin = n_tiles, qt_end = 0;
-    for (int qt = 0; qt < n_tiles; ++qt) {
-      const int i0 = qt * BQ, i_last = min(i0 + BQ, s.lq) - 1;
-      int64_t lo_f, hi_f, lo_l, hi_l;
-      detail::visible_keys(p.band, i0, s.lq, s.lk, &lo_f, &hi_f);
-      detail::visible_keys(p.band, i_last, s.lq, s.lk, &lo_l, &hi_l);
-      if (hi_l <= k0 || lo_f >= k0 + kKeys) continue;
-      qt_begin = min(qt_begin, qt), qt_end = qt + 1;
-    }
-    const int n_qt = max(qt_end - qt_begin, 0), n_it = p.group * n_qt;
-    const int it_end = min(it_hi, n_it), n_run = max(it_end - it_lo, 0);
-    // The key blocks of one head run side by side and add into the same dQ rows: each starts its
-    // walk over the (query head, query tile) iterations at its own offset so their atomics spread.
-    // Iteration it visits (it + rot) % n_it = (query head w_h of the group, query tile w_q), walked
-    // by increments (no divisions in the loop: the per-iteration modulos were ~80 uniform-datapath
-    // instructions and a divide's latency on the issue path, ncu d64 L4096, c332416).
-    const int rot = n_it > 0 ? static_cast<int>(int64_t{kb} * n_it / k_blocks) : 0;
-    const int walk0 = n_it > 0 ? (rot + it_lo) % n_it : 0;  // where this run's walk starts
-    int w_h = n_qt > 0 ? walk0 / n_qt : 0, w_q = n_qt > 0 ? walk0 % n_qt : 0;
-    struct Visit {
-      int h, i0;  // query head, first query row
-    };
-    Visit pending{0, 0};  // the iteration issued last
-    auto take = [&] {
-      const Visit v{hk * p.group + w_h, (qt_begin + w_q) * BQ};
-      if (++w_q == n_qt) {
-        w_q = 0;
-        if (++w_h == p.group) w_h = 0;
-      }
-      return v;
-    };
-    // Iteration `it`'s tiles go to stage it % 2 by cp.async, issued one iteration ahead of use. Its
-    // rows' LSE and delta (threads < BQ, one row each) are loaded into registers at the same time
-    // but written to shared memory only at the end of the iteration before: the loads' latency
-    // hides behind a whole iteration instead of stalling those warps behind the barrier.
-    float row_lse = -INFINITY, row_delta = 0.f;
-    int row_lo = 0, row_hi = 0;  // past Lq: no key visible
-    // Whether every row of the tile from row i0 sees all kKeys keys, the same in every thread: the
-    // visible bounds grow with the row (visible_keys), so the first row's hi and the last row's lo
-    // decide it (a per-row vote at the barrier cost ~3% of the stall samples, ncu d64 L4096).
-    auto tile_full = [&](int i0) {
-      if (i0 + BQ > s.lq) return false;
-      int64_t lo_first, hi_first, lo_last, hi_last;
-      detail::visible_keys(p.band, i0, s.lq, s.lk, &lo_first, &hi_first);
-      detail::visible_keys(p.band, i0 + BQ - 1, s.lq, s.lk, &lo_last, &hi_last);
-      return lo_last <= k0 && hi_first >= k0 + kKeys;  // hi <= lk: no key past the sequence either
-    };
-    auto issue = [&](int it) {
-      if (it < n_run) {
-        pending = take();
-        const int h = pending.h, i0 = pending.i0, st = it & 1;
-        const T* gq = static_cast<const T*>(p.q) + detail::row_offset(p.sq, p.varlen, b, h, s.q0);
-        const T* gg = static_cast<const T*>(p.dy) + detail::row_offset(p.sdy, p.varlen, b, h, s.q0);
-        load_tile<T, BQ, D, kNT>(sQ0 + st * BQ * D, gq, q_rs, i0, s.lq, p.dim_qk);
-        load_tile<T, BQ, D, kNT>(sG0 + st * BQ * D, gg, g_rs, i0, s.lq, p.dim_v);
-        if (threadIdx.x < BQ) {
-          const int i = i0 + threadIdx.x;
-          row_lse = -INFINITY, row_delta = 0.f, row_lo = row_hi = 0;
-          if (i < s.lq) {
-            row_lse = static_cast<const float*>(
-                p.lse)[detail::lse_offset(p.sl, p.varlen, b, h, s.q0 + i)];
-            row_delta =
-                static_cast<const float*>(p.delta)[(int64_t{b} * p.heads_q + h) * p.len_q + i];
-            int64_t lo64, hi64;
-            detail::visible_keys(p.band, i, s.lq, s.lk, &lo64, &hi64);
-            row_lo = static_cast<int>(lo64), row_hi = static_cast<int>(hi64);
-          }
-        }
-      }
-      cp_async_commit();
-    };
-    auto publish_rows = [&](int it) {
-      if (it < n_run && threadIdx.x < BQ) {
-        const int slot = (it & 1) * Cfg::kRowPitch + Cfg::row_slot(threadIdx.x);
-        sLse0[slot] = row_lse == -INFINITY ? INFINITY : row_lse * log2e;  // +inf: every P is 0
-        sDelta0[slot] = row_delta;
-        sLo0[slot] = row_lo;
-        sHi0[slot] = row_hi;
-      }
-    };
-    // kBulkDq: the staged tile's (query head, first row), -1 when none is staged; its rows go into
-    // the accumulator after a barrier has made every warp's stores visible, BQ / 8 rows a warp, one
-    // a lane (a lane's bulk operations issue one after another, so they are spread over the warps).
-    int dq_h = -1, dq_i0 = 0;
-    auto reduce_dq = [&] {
-      constexpr int kRowsPerWarp = BQ / Cfg::kWarps;
-      const int r = warp * kRowsPerWarp + lane;
-      if (dq_h < 0 || lane >= kRowsPerWarp || r >= s.lq - dq_i0) return;
-      float* row = dq_acc + ((int64_t{b} * p.heads_q + dq_h) * p.len_q + dq_i0 + r) * D;
-      cuda::bulk_reduce_add_f32(row, smem_u32(sDq + r * Cfg::kDqPitch), D * sizeof(float));
-    };
-    issue(0);
-    publish_rows(0);
-    for (int it = 0; it < n_run; ++it) {
-      cp_async_wait<0>();  // this iteration's tiles (and K/V) have landed
-      // For every thread; iteration it - 1 is consumed (its stage and dS^T are free).
-      const bool uncapped = p.softcap <= 0.f;
-      __syncthreads();
-      const Visit cur = pending;  // issued one iteration ahead
-      const bool plain = uncapped && tile_full(cur.i0);
-      if constexpr (kBulkDq) reduce_dq();  // the previous tile's, staged before the barrier
-      issue(it + 1);
-      const int stage = it & 1, h = cur.h, i0 = cur.i0;
-      const T* sQ = sQ0 + stage * BQ * D;
-      const T* sG = sG0 + stage * BQ * D;
-      const float* sLse = sLse0 + stage * Cfg::kRowPitch;  // row_slot order
-      const float* sDelta = sDelta0 + stage * Cfg::kRowPitch;
-      const int* sLo = sLo0 + stage * Cfg::kRowPitch;
-      const int* sHi = sHi0 + stage * Cfg::kRowPitch;
-      // P and dS / scale of one accumulator fragment (keys key_lo and key_lo + 8, the tile's
-      // query columns qc and qc + 1), packed as T pairs {P(key_lo), P(key_lo + 8), dS(key_lo),
-      // dS(key_lo + 8)}. kMode (block-uniform, one branch per tile): 1 (`plain`) straight-line code
-      // for unmasked tiles without soft-cap, most of a long sequence; 2 masked tiles without
-      // soft-cap (a causal diagonal), straight-line too with each key tested against its row's
-      // bounds; 0 the general per-element form (soft-cap).
-      // l, dl, lo, hi: the LSE, delta and visible keys of the fragment's two query columns (lo and
-      // hi read by kMode 2 only; kMode 0 loads its bounds at `slot`, row_slot's place of the pair,
-      // itself: holding them as well spilled at D = 128).
-      auto grads = [&]<int kMode>(const float(&s4)[4], const float(&d4)[4], int key_lo, float2 l,
-                                  float2 dl, int2 lo, int2 hi, int slot, uint32_t(&out)[4]) {
-        float pv[4], dsv[4];
-        if constexpr (kMode == 2) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int key = key_lo + (e >> 1) * 8;
-            const bool vis = key >= ((e & 1) ? lo.y : lo.x) && key < ((e & 1) ? hi.y : hi.x);
-            pv[e] = vis ? exp2_ftz(fmaf(s4[e], scale_log2, -((e & 1) ? l.y : l.x))) : 0.f;
-            dsv[e] = pv[e] * (d4[e] - ((e & 1) ? dl.y : dl.x));
-          }
-        } else if constexpr (kMode == 1) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            pv[e] = exp2_ftz(fmaf(s4[e], scale_log2, -((e & 1) ? l.y : l.x)));
-            dsv[e] = pv[e] * (d4[e] - ((e & 1) ? dl.y : dl.x));
-          }
-        } else {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int key = key_lo + (e >> 1) * 8;
-            float dc;
-            const float x = capped_score(s4[e], p.scale, p.softcap, &dc);
-            const bool vis = key >= sLo[slot + (e & 1)] && key < sHi[slot + (e & 1)];
-            pv[e] = vis ? exp2_ftz(x * log2e - ((e & 1) ? l.y : l.x)) : 0.f;
-            dsv[e] = pv[e] * (d4[e] - ((e & 1) ? dl.y : dl.x)) * dc;
-          }
-        }
-        out[0] = pack2<T>(pv[0], pv[1]);
-        out[1] = pack2<T>(pv[2], pv[3]);
-        out[2] = pack2<T>(dsv[0], dsv[1]);
-        out[3] = pack2<T>(dsv[2], dsv[3]);
-      };
-      {
-        // FlashAttention-2's warp tiling. S^T and dP^T: warp w takes 32 keys (kb = 32 (w % 4)) x
-        // BQ / 2 queries (qo = BQ / 2 (w / 4)); P^T and dS^T go to shared memory; then dV and dK:
-        // warp w takes the same 32 keys x half the head dim (do = D / 2 (w / 4)) over all BQ
-        // queries. Per warp and tile that reads 32 + 24 KB of shared memory at D = 128, where
-        // 16-key warps keeping P^T and dS^T in registers for dV and dK read 40 + 32 (measured on
-        // the H100: 1-9% slower, 70cf44d).
-        constexpr int kQT = BQ / 16;  // n8 tiles of the warp's BQ / 2 queries
-        const int kb = (warp % 4) * 32, qo = (warp / 4) * (BQ / 2);
-        {
-          float st[2][kQT][4], dpt[2][kQT][4];
-#pragma unroll
-          for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-            for (int n = 0; n < kQT; ++n)
-#pragma unroll
-              for (int e = 0; e < 4; ++e) st[mt][n][e] = dpt[mt][n][e] = 0.f;
-          const SwzBases k_a = swz_bases<T, D>(smem_u32(sK + kb * D), lane % 16, lane / 16);
-          const SwzBases v_a = swz_bases<T, D>(smem_u32(sV + kb * D), lane % 16, lane / 16);
-          const SwzBases q_b =
-              swz_bases<T, D>(smem_u32(sQ + qo * D), (lane % 8) + (mi / 2) * 8, mi % 2);
-          const SwzBases g_b =
-              swz_bases<T, D>(smem_u32(sG + qo * D), (lane % 8) + (mi / 2) * 8, mi % 2);
-#pragma unroll
-          for (int ks = 0; ks < kKSteps; ++ks) {
-            uint32_t ak[2][4], av[2][4];
-#pragma unroll
-            for (int mt = 0; mt < 2; ++mt) {
-              ldmatrix_x4(swz_addr<T, D>(k_a, mt * 16, 2 * ks), ak[mt][0], ak[mt][1], ak[mt][2],
-                          ak[mt][3]);
-              ldmatrix_x4(swz_addr<T, D>(v_a, mt * 16, 2 * ks), av[mt][0], av[mt][1], av[mt][2],
-                          av[mt][3]);
-            }
-#pragma unroll
-            for (int n = 0; n < kQT; n += 2) {
-              mma_b_pair<T, false, 2>(
-                  swz_addr<T, D>(q_b, n * 8, 2 * ks), [&](int m) { return ak[m]; },
-                  [&](int m, int j) { return st[m][n + j]; });
-              mma_b_pair<T, false, 2>(
-                  swz_addr<T, D>(g_b, n * 8, 2 * ks), [&](int m) { return av[m]; },
-                  [&](int m, int j) { return dpt[m][n + j]; });
-            }
-          }
-          // Where this lane's P^T / dS^T pairs go (swz<BQ>, bytes): every row it writes has row % 8
-          // = g, and the warp's query chunks qo / 8 + n (n < kQT) do not carry out of their group
-          // of 8 (BQ = 128: qo / 8 is 0 or 8; BQ = 64: 0 or 4 with n < 4), so chunk n lands at
-          // chunk
-          // ((qo / 8) ^ g) ^ n of the group: one base per lane, the column step an XOR of n << 4 on
-          // bits the row and group offsets leave clear, the rows immediates. The per-store swz<BQ>
-          // cost ~2 LOP3s a store (ncu d64 L4096: 151 LOP3s a warp and tile).
-          static_assert(BQ == 64 || BQ == 128, "the XOR walk below assumes no chunk carry");
-          const uint32_t p_lane =
-              smem_u32(sP) + static_cast<uint32_t>(((kb + g) * BQ + (qo & ~63)) * sizeof(T)) +
-              static_cast<uint32_t>((((qo / 8) & 7) ^ g) << 4) + 4u * static_cast<uint32_t>(tq);
-          constexpr uint32_t kDsOff = kKeys * BQ * sizeof(T);  // sDs = sP - kKeys * BQ
-          constexpr uint32_t kRowBytes = BQ * sizeof(T);
-          // The lane's LSE / delta (row_slot order): n8 tiles n and n + 1 from one 128-bit load
-          // each, shared by both m16 tiles (a float2 per tile and m16 tile before: 32 LDS.64 a warp
-          // and tile at d64 against FA2's 6 loads, ncu H100, 9c34c78).
-          const int lane_slot = (warp / 4) * Cfg::kHalfPitch + tq * Cfg::kTqPitch;
-          auto all = [&]<int kMode>() {
-#pragma unroll
-            for (int n2 = 0; n2 < kQT; n2 += 2) {
-              const int slot = lane_slot + 2 * n2;  // row_slot of the two tiles' four columns
-              const float4 l4 = *reinterpret_cast<const float4*>(sLse + slot);
-              const float4 d4 = *reinterpret_cast<const float4*>(sDelta + slot);
-              int4 lo4{}, hi4{};
-              if constexpr (kMode == 2) {
-                lo4 = *reinterpret_cast<const int4*>(sLo + slot);
-                hi4 = *reinterpret_cast<const int4*>(sHi + slot);
-              }
-#pragma unroll
-              for (int n = n2; n < n2 + 2; ++n)
-#pragma unroll
-                for (int mt = 0; mt < 2; ++mt) {
-                  const bool first = n == n2;
-                  const float2 l = first ? make_float2(l4.x, l4.y) : make_float2(l4.z, l4.w);
-                  const float2 dl = first ? make_float2(d4.x, d4.y) : make_float2(d4.z, d4.w);
-                  const int2 lo = first ? make_int2(lo4.x, lo4.y) : make_int2(lo4.z, lo4.w);
-                  const int2 hi = first ? make_int2(hi4.x, hi4.y) : make_int2(hi4.z, hi4.w);
-                  uint32_t o[4];
-                  grads.template operator()<kMode>(st[mt][n], dpt[mt][n], k0 + kb + mt * 16 + g, l,
-                                                   dl, lo, hi, slot + 2 * (n - n2), o);
-                  const uint32_t at =
-                      (p_lane ^ (static_cast<uint32_t>(n) << 4)) + mt * 16 * kRowBytes;
-                  asm volatile(
-                      "st.shared.b32 [%0], %2;\n"
-                      "st.shared.b32 [%0+%6], %3;\n"
-                      "st.shared.b32 [%1], %4;\n"
-                      "st.shared.b32 [%1+%6], %5;\n" ::"r"(at),
-                      "r"(at - kDsOff), "r"(o[0]), "r"(o[1]), "r"(o[2]), "r"(o[3]),
-                      "n"(8 * kRowBytes));
-                }
-            }
-          };
-          if (plain)
-            all.template operator()<1>();
-          else if ((D == 64 || kBulkDq) && uncapped)  // red.global at D = 128: 8 bytes spilled
-            all.template operator()<2>();
-          else
-            all.template operator()<0>();
-        }
-        // kBulkDq: the staging tile is rewritten below once its reductions have read it.
-        if constexpr (kBulkDq) cuda::bulk_wait<0, true>();
-        __syncthreads();  // every warp's P^T and dS^T are in shared memory
-        // dQ (/ scale) of this tile = dS K: warp w takes query rows 32 (w % kRowGroups) .. + 32
-        // (two m16 tiles) and head-dim columns [kDC (w / kRowGroups), + kDC), over all 128 keys; dS
-        // through ldmatrix.trans of dS^T, K transposed as B. 32 x kDC per warp reads 8 + 8 KB of
-        // shared memory per tile (at D = 128) where 16 x 2 kDC would read 4 + 16.
-        constexpr int kDC = D / Cfg::kColSplit, kDT = kDC / 8, kPairs = 4 * kDT;
-        const int rg = warp % Cfg::kRowGroups, c0 = (warp / Cfg::kRowGroups) * kDC;
-        float dq[2][kDT][4];
-        auto dq_gemm = [&] {
-#pragma unroll
-          for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-            for (int d = 0; d < kDT; ++d)
-              dq[mt][d][0] = dq[mt][d][1] = dq[mt][d][2] = dq[mt][d][3] = 0.f;
-          // The warp's row / column offsets (runtime) go into the bases, not into swz_addr's
-          // compile-time chunk (a runtime one there indexes SwzBases dynamically: local memory):
-          // whole groups of 8 chunks into the tile address, the rest into the lane's chunk, whose
-          // bits are disjoint from the unrolled chunk offsets XORed onto it.
-          const int cc = c0 / 8, rc = 4 * rg;
-          const SwzBases ds_a = swz_bases<T, BQ>(smem_u32(sDs) + (rc & ~7) * 16,
-                                                 (lane % 8) + (mi / 2) * 8, mi % 2 + (rc & 7));
-          const SwzBases k_t = swz_bases<T, D>(smem_u32(sK) + (cc & ~7) * 16,
-                                               (lane % 8) + (mi % 2) * 8, mi / 2 + (cc & 7));
-#pragma unroll
-          for (int kk = 0; kk < kKeys / 16; ++kk) {
-            uint32_t a[2][4];
-#pragma unroll
-            for (int mt = 0; mt < 2; ++mt)
-              ldmatrix_x4_trans(swz_addr<T, BQ>(ds_a, kk * 16, 2 * mt), a[mt][0], a[mt][1],
-                                a[mt][2], a[mt][3]);
-#pragma unroll
-            for (int d = 0; d < kDT; d += 2)
-              mma_b_pair<T, true, 2>(
-                  swz_addr<T, D>(k_t, kk * 16, d), [&](int m) { return a[m]; },
-                  [&](int m, int j) { return dq[m][d + j]; });
-          }
-        };
-        // red.global (no kBulkDq): dQ first, its pairs (4 rows x kDT column tiles, pair j = row j /
-        // kDT, tile j % kDT) sent a few at a time between the dV / dK mmas below rather than in one
-        // burst at the end of the tile, whose source registers were then rewritten at once (long
-        // scoreboard 12.3% against FA2's 6.6%, ncu d64 L4096). One base (row i0 + 32 rg + g) and
-        // compile-time offsets to the thread's 4 rows; a bit per pair says whether it is inside
-        // the problem (row < Lq, column < the head dim): 2-3% faster at d64 than a row pointer per
-        // row (H100, A/B in one call). kBulkDq keeps dQ after dV / dK: holding dQ's registers
-        // across them measured 5% slower at d128 (H100).
-        static_assert(kPairs <= 32, "dq_on has a bit per pair");
-        float* dq_base = nullptr;
-        uint32_t dq_on = 0;
-        if constexpr (!kBulkDq) {
-          dq_gemm();
-          const int i = i0 + rg * 32 + g;
-          dq_base = dq_acc + ((int64_t{b} * p.heads_q + h) * p.len_q + i) * D + c0 + 2 * tq;
-#pragma unroll
-          for (int j = 0; j < kPairs; ++j) {
-            const int r = j / kDT, d = j % kDT;
-            const bool on = i + (r / 2) * 16 + (r % 2) * 8 < s.lq && c0 + d * 8 + 2 * tq < p.dim_qk;
-            dq_on |= static_cast<uint32_t>(on) << j;
-          }
-        }
-        auto red_dq = [&](int j) {
-          const int r = j / kDT, d = j % kDT, mt = r / 2, hf = r % 2;
-          red_pair_if((dq_on >> j) & 1u, dq_base + (mt * 16 + hf * 8) * D + d * 8,
-                      dq[mt][d][hf * 2], dq[mt][d][hf * 2 + 1]);
-        };
-        {
-          // The warp's head-dim half goes into the B bases (see the dQ step above).
-          const int dc = (warp / 4) * (D / 16);
-          const SwzBases p_a = swz_bases<T, BQ>(smem_u32(sP + kb * BQ), lane % 16, lane / 16);
-          const SwzBases s_a = swz_bases<T, BQ>(smem_u32(sDs + kb * BQ), lane % 16, lane / 16);
-          const SwzBases g_t = swz_bases<T, D>(smem_u32(sG) + (dc & ~7) * 16,
-                                               (lane % 8) + (mi % 2) * 8, mi / 2 + (dc & 7));
-          const SwzBases q_t = swz_bases<T, D>(smem_u32(sQ) + (dc & ~7) * 16,
-                                               (lane % 8) + (mi % 2) * 8, mi / 2 + (dc & 7));
-          constexpr int kDT2 = D / 16;  // n8 tiles of the warp's head-dim half
-          constexpr int kSteps = BQ / 16, kPerStep = (kPairs + kSteps - 1) / kSteps;
-#pragma unroll
-          for (int kk = 0; kk < kSteps; ++kk) {
-            uint32_t ap[2][4], as[2][4];
-#pragma unroll
-            for (int mt = 0; mt < 2; ++mt) {
-              ldmatrix_x4(swz_addr<T, BQ>(p_a, mt * 16, 2 * kk), ap[mt][0], ap[mt][1], ap[mt][2],
-                          ap[mt][3]);
-              ldmatrix_x4(swz_addr<T, BQ>(s_a, mt * 16, 2 * kk), as[mt][0], as[mt][1], as[mt][2],
-                          as[mt][3]);
-            }
-#pragma unroll
-            for (int d = 0; d < kDT2; d += 2) {
-              mma_b_pair<T, true, 2>(
-                  swz_addr<T, D>(g_t, kk * 16, d), [&](int m) { return ap[m]; },
-                  [&](int m, int j) { return dv[m * kDT2 + d + j]; });
-              mma_b_pair<T, true, 2>(
-                  swz_addr<T, D>(q_t, kk * 16, d), [&](int m) { return as[m]; },
-                  [&](int m, int j) { return dk[m * kDT2 + d + j]; });
-            }
-            if constexpr (!kBulkDq) {
-#pragma unroll
-              for (int j = kk * kPerStep; j < (kk + 1) * kPerStep && j < kPairs; ++j) red_dq(j);
-            }
-          }
-        }
-        if constexpr (kBulkDq) {  // into the staging tile, every row and column
-          dq_gemm();
-#pragma unroll
-          for (int r = 0; r < 4; ++r) {
-            const int mt = r / 2, hf = r % 2;
-            float* row = sDq + (rg * 32 + mt * 16 + hf * 8 + g) * Cfg::kDqPitch + c0 + 2 * tq;
-#pragma unroll
-            for (int d = 0; d < kDT; ++d)
-              *reinterpret_cast<float2*>(row + d * 8) =
-                  make_float2(dq[mt][d][hf * 2], dq[mt][d][hf * 2 + 1]);
-          }
-          cuda::fence_proxy_async();  // visible to the bulk reduction after the next barrier
-          dq_h = h, dq_i0 = i0;
-        }
-      }
-      publish_rows(it + 1);  // the next iteration's rows, for its barrier
-    }
-    cp_async_wait<0>();
-    if constexpr (kBulkDq) {  // the last tile's dQ, landed before the kernel ends
-      __syncthreads();
-      reduce_dq();
-      cuda::bulk_wait<0, false>();
-    }
-    // dK and dV: this thread's keys 32 (w % 4) + 16 mt + g (+ 8), columns D / 2 (w / 4) + 8 d + 2
-    // tq in accumulator tile mt * (D / 16) + d.
-    constexpr int kColTiles = kOTiles / 2;
-    const int key_base = k0 + (warp % 4) * 32 + g, col_base = (warp / 4) * (D / 2) + 2 * tq;
-    if (it_lo > 0 || it_end < n_it) {
-      // A tail run over part of the block: its sums go into the block's f32 slot ([keys][D] dK,
-      // then dV, zeroed by the launch); the run that brings the block's count of iterations to n_it
-      // reads the totals back (from L2: L1 is not coherent) and stores them below.
-      float* part_k = tail.part + int64_t{lin - tail.split.n_dp} * 2 * kKeys * D;
-      float* part_v = part_k + kKeys * D;
-      const int at_base = (key_base - k0) * D + col_base;
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int mt = r / 2, hf = r % 2, row = (mt * 16 + hf * 8) * D;
-#pragma unroll
-        for (int d = 0; d < kColTiles; ++d) {
-          const int t = mt * kColTiles + d, o = at_base + row + d * 8;
-          red_pair_if(true, part_k + o, dk[t][hf * 2], dk[t][hf * 2 + 1]);
-          red_pair_if(true, part_v + o, dv[t][hf * 2], dv[t][hf * 2 + 1]);
-        }
-      }
-      __threadfence();
-      __syncthreads();
-      if (threadIdx.x == 0)
-        tail_last = atomicAdd(tail.done + (lin - tail.split.n_dp), static_cast<unsigned>(n_run)) +
-                        static_cast<unsigned>(n_run) ==
-                    static_cast<unsigned>(n_it);
-      __syncthreads();
-      if (!tail_last) return;
-      __threadfence();
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int mt = r / 2, hf = r % 2, row = (mt * 16 + hf * 8) * D;
-#pragma unroll
-        for (int d = 0; d < kColTiles; ++d) {
-          const int t = mt * kColTiles + d, o = at_base + row + d * 8;
-          const float2 sk = __ldcg(reinterpret_cast<const float2*>(part_k + o));
-          const float2 sv = __ldcg(reinterpret_cast<const float2*>(part_v + o));
-          dk[t][hf * 2] = sk.x, dk[t][hf * 2 + 1] = sk.y;
-          dv[t][hf * 2] = sv.x, dv[t][hf * 2 + 1] = sv.y;
-        }
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int mt = r / 2, hf = r % 2, key = key_base + mt * 16 + hf * 8;
-      if (key >= s.lk) continue;
-      T* ok = static_cast<T*>(p.dk) + detail::row_offset(p.sdk, p.varlen, b, hk, s.k0 + key);
-      T* ov = static_cast<T*>(p.dv) + detail::row_offset(p.sdv, p.varlen, b, hk, s.k0 + key);
-#pragma unroll
-      for (int d = 0; d < kColTiles; ++d) {
-        const int c = col_base + d * 8, t = mt * kColTiles + d;
-        if (c < p.dim_qk)
-          *reinterpret_cast<uint32_t*>(ok + c) =
-              pack2<T>(dk[t][hf * 2] * p.scale, dk[t][hf * 2 + 1] * p.scale);
-        if (c < p.dim_v)
-          *reinterpret_cast<uint32_t*>(ov + c) = pack2<T>(dv[t][hf * 2], dv[t][hf * 2 + 1]);
-      }
+  };
+  auto publish_rows = [&](int it) {
+    if (it < n_run && threadIdx.x < BQ) {
+      const int slot = (it & 1) * Cfg::kRowPitch + Cfg::row_slot(threadIdx.x);
+      sLse0[slot] = row_lse == -INFINITY ? INFINITY : row_lse * log2e;  // +inf: every P is 0
+      sDelta0[slot] = row_delta;
+      sLo0[slot] = row_lo;
+      sHi0[slot] = row_hi;
     }
   };
+  // kBulkDq: the staged tile's (query head, first row), -1 when none is staged; its rows go into
+  // the accumulator after a barrier has made every warp's stores visible, BQ / 8 rows a warp, one
+  // a lane (a lane's bulk operations issue one after another, so they are spread over the warps).
+  int dq_h = -1, dq_i0 = 0;
+  auto reduce_dq = [&] {
+    constexpr int kRowsPerWarp = BQ / Cfg::kWarps;
+    const int r = warp * kRowsPerWarp + lane;
+    if (dq_h < 0 || lane >= kRowsPerWarp || r >= s.lq - dq_i0) return;
+    float* row = dq_acc + ((int64_t{b} * p.heads_q + dq_h) * p.len_q + dq_i0 + r) * D;
+    cuda::bulk_reduce_add_f32(row, smem_u32(sDq + r * Cfg::kDqPitch), D * sizeof(float));
+  };
+  issue(0);
+  publish_rows(0);
+  for (int it = 0; it < n_run; ++it) {
+    cp_async_wait<0>();  // this iteration's tiles (and K/V) have landed
+    // For every thread; iteration it - 1 is consumed (its stage and dS^T are free).
+    const bool uncapped = p.softcap <= 0.f;
+    __syncthreads();
+    const Visit cur = pending;  // issued one iteration ahead
+    const bool plain = uncapped && tile_full(cur.i0);
+    if constexpr (kBulkDq) reduce_dq();  // the previous tile's, staged before the barrier
+    issue(it + 1);
+    const int stage = it & 1, h = cur.h, i0 = cur.i0;
+    const T* sQ = sQ0 + stage * BQ * D;
+    const T* sG = sG0 + stage * BQ * D;
+    const float* sLse = sLse0 + stage * Cfg::kRowPitch;  // row_slot order
+    const float* sDelta = sDelta0 + stage * Cfg::kRowPitch;
+    const int* sLo = sLo0 + stage * Cfg::kRowPitch;
+    const int* sHi = sHi0 + stage * Cfg::kRowPitch;
+    // P and dS / scale of one accumulator fragment (keys key_lo and key_lo + 8, the tile's
+    // query columns qc and qc + 1), packed as T pairs {P(key_lo), P(key_lo + 8), dS(key_lo),
+    // dS(key_lo + 8)}. kMode (block-uniform, one branch per tile): 1 (`plain`) straight-line code
+    // for unmasked tiles without soft-cap, most of a long sequence; 2 masked tiles without
+    // soft-cap (a causal diagonal), straight-line too with each key tested against its row's
+    // bounds; 0 the general per-element form (soft-cap).
+    // l, dl, lo, hi: the LSE, delta and visible keys of the fragment's two query columns (lo and
+    // hi read by kMode 2 only; kMode 0 loads its bounds at `slot`, row_slot's place of the pair,
+    // itself: holding them as well spilled at D = 128).
+    auto grads = [&]<int kMode>(const float(&s4)[4], const float(&d4)[4], int key_lo, float2 l,
+                                float2 dl, int2 lo, int2 hi, int slot, uint32_t(&out)[4]) {
+      float pv[4], dsv[4];
+      if constexpr (kMode == 2) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = key_lo + (e >> 1) * 8;
+          const bool vis = key >= ((e & 1) ? lo.y : lo.x) && key < ((e & 1) ? hi.y : hi.x);
+          pv[e] = vis ? exp2_ftz(fmaf(s4[e], scale_log2, -((e & 1) ? l.y : l.x))) : 0.f;
+          dsv[e] = pv[e] * (d4[e] - ((e & 1) ? dl.y : dl.x));
+        }
+      } else if constexpr (kMode == 1) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          pv[e] = exp2_ftz(fmaf(s4[e], scale_log2, -((e & 1) ? l.y : l.x)));
+          dsv[e] = pv[e] * (d4[e] - ((e & 1) ? dl.y : dl.x));
+        }
+      } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = key_lo + (e >> 1) * 8;
+          float dc;
+          const float x = capped_score(s4[e], p.scale, p.softcap, &dc);
+          const bool vis = key >= sLo[slot + (e & 1)] && key < sHi[slot + (e & 1)];
+          pv[e] = vis ? exp2_ftz(x * log2e - ((e & 1) ? l.y : l.x)) : 0.f;
+          dsv[e] = pv[e] * (d4[e] - ((e & 1) ? dl.y : dl.x)) * dc;
+        }
+      }
+      out[0] = pack2<T>(pv[0], pv[1]);
+      out[1] = pack2<T>(pv[2], pv[3]);
+      out[2] = pack2<T>(dsv[0], dsv[1]);
+      out[3] = pack2<T>(dsv[2], dsv[3]);
+    };
+    {
+      // FlashAttention-2's warp tiling. S^T and dP^T: warp w takes 32 keys (kb = 32 (w % 4)) x
+      // BQ / 2 queries (qo = BQ / 2 (w / 4)); P^T and dS^T go to shared memory; then dV and dK:
+      // warp w takes the same 32 keys x half the head dim (do = D / 2 (w / 4)) over all BQ
+      // queries. Per warp and tile that reads 32 + 24 KB of shared memory at D = 128, where
+      // 16-key warps keeping P^T and dS^T in registers for dV and dK read 40 + 32 (measured on
+      // the H100: 1-9% slower, 70cf44d).
+      constexpr int kQT = BQ / 16;  // n8 tiles of the warp's BQ / 2 queries
+      const int kb = (warp % 4) * 32, qo = (warp / 4) * (BQ / 2);
+      {
+        float st[2][kQT][4], dpt[2][kQT][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+          for (int n = 0; n < kQT; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) st[mt][n][e] = dpt[mt][n][e] = 0.f;
+        const SwzBases k_a = swz_bases<T, D>(smem_u32(sK + kb * D), lane % 16, lane / 16);
+        const SwzBases v_a = swz_bases<T, D>(smem_u32(sV + kb * D), lane % 16, lane / 16);
+        const SwzBases q_b =
+            swz_bases<T, D>(smem_u32(sQ + qo * D), (lane % 8) + (mi / 2) * 8, mi % 2);
+        const SwzBases g_b =
+            swz_bases<T, D>(smem_u32(sG + qo * D), (lane % 8) + (mi / 2) * 8, mi % 2);
+#pragma unroll
+        for (int ks = 0; ks < kKSteps; ++ks) {
+          uint32_t ak[2][4], av[2][4];
+          ldmatrix_m16x2<T, D>(k_a, 2 * ks, ak);
+          ldmatrix_m16x2<T, D>(v_a, 2 * ks, av);
+#pragma unroll
+          for (int n = 0; n < kQT; n += 2) {
+            mma_b_pair<T, false, 2>(
+                swz_addr<T, D>(q_b, n * 8, 2 * ks), [&](int m) { return ak[m]; },
+                [&](int m, int j) { return st[m][n + j]; });
+            mma_b_pair<T, false, 2>(
+                swz_addr<T, D>(g_b, n * 8, 2 * ks), [&](int m) { return av[m]; },
+                [&](int m, int j) { return dpt[m][n + j]; });
+          }
+        }
+        // Where this lane's P^T / dS^T pairs go (swz<BQ>, bytes): every row it writes has row % 8
+        // = g, and the warp's query chunks qo / 8 + n (n < kQT) do not carry out of their group
+        // of 8 (BQ = 128: qo / 8 is 0 or 8; BQ = 64: 0 or 4 with n < 4), so chunk n lands at
+        // chunk
+        // ((qo / 8) ^ g) ^ n of the group: one base per lane, the column step an XOR of n << 4 on
+        // bits the row and group offsets leave clear, the rows immediates. The per-store swz<BQ>
+        // cost ~2 LOP3s a store (ncu d64 L4096: 151 LOP3s a warp and tile).
+        static_assert(BQ == 64 || BQ == 128, "the XOR walk below assumes no chunk carry");
+        const uint32_t p_lane =
+            smem_u32(sP) + static_cast<uint32_t>(((kb + g) * BQ + (qo & ~63)) * sizeof(T)) +
+            static_cast<uint32_t>((((qo / 8) & 7) ^ g) << 4) + 4u * static_cast<uint32_t>(tq);
+        constexpr uint32_t kDsOff = kKeys * BQ * sizeof(T);  // sDs = sP - kKeys * BQ
+        constexpr uint32_t kRowBytes = BQ * sizeof(T);
+        // The lane's LSE / delta (row_slot order): n8 tiles n and n + 1 from one 128-bit load
+        // each, shared by both m16 tiles (a float2 per tile and m16 tile before: 32 LDS.64 a warp
+        // and tile at d64 against FA2's 6 loads, ncu H100, 9c34c78).
+        const int lane_slot = (warp / 4) * Cfg::kHalfPitch + tq * Cfg::kTqPitch;
+        auto all = [&]<int kMode>() {
+#pragma unroll
+          for (int n2 = 0; n2 < kQT; n2 += 2) {
+            const int slot = lane_slot + 2 * n2;  // row_slot of the two tiles' four columns
+            const float4 l4 = *reinterpret_cast<const float4*>(sLse + slot);
+            const float4 d4 = *reinterpret_cast<const float4*>(sDelta + slot);
+            int4 lo4{}, hi4{};
+            if constexpr (kMode == 2) {
+              lo4 = *reinterpret_cast<const int4*>(sLo + slot);
+              hi4 = *reinterpret_cast<const int4*>(sHi + slot);
+            }
+#pragma unroll
+            for (int n = n2; n < n2 + 2; ++n)
+#pragma unroll
+              for (int mt = 0; mt < 2; ++mt) {
+                const bool first = n == n2;
+                const float2 l = first ? make_float2(l4.x, l4.y) : make_float2(l4.z, l4.w);
+                const float2 dl = first ? make_float2(d4.x, d4.y) : make_float2(d4.z, d4.w);
+                const int2 lo = first ? make_int2(lo4.x, lo4.y) : make_int2(lo4.z, lo4.w);
+                const int2 hi = first ? make_int2(hi4.x, hi4.y) : make_int2(hi4.z, hi4.w);
+                uint32_t o[4];
+                grads.template operator()<kMode>(st[mt][n], dpt[mt][n], k0 + kb + mt * 16 + g, l,
+                                                 dl, lo, hi, slot + 2 * (n - n2), o);
+                const uint32_t at =
+                    (p_lane ^ (static_cast<uint32_t>(n) << 4)) + mt * 16 * kRowBytes;
+                asm volatile(
+                    "st.shared.b32 [%0], %2;\n"
+                    "st.shared.b32 [%0+%6], %3;\n"
+                    "st.shared.b32 [%1], %4;\n"
+                    "st.shared.b32 [%1+%6], %5;\n" ::"r"(at),
+                    "r"(at - kDsOff), "r"(o[0]), "r"(o[1]), "r"(o[2]), "r"(o[3]),
+                    "n"(8 * kRowBytes));
+              }
+          }
+        };
+        if (plain)
+          all.template operator()<1>();
+        else if ((D == 64 || kBulkDq) && uncapped)  // red.global at D = 128: 8 bytes spilled
+          all.template operator()<2>();
+        else
+          all.template operator()<0>();
+      }
+      // kBulkDq: the staging tile is rewritten below once its reductions have read it.
+      if constexpr (kBulkDq) cuda::bulk_wait<0, true>();
+      __syncthreads();  // every warp's P^T and dS^T are in shared memory
+      // dQ (/ scale) of this tile = dS K: warp w takes query rows 32 (w % kRowGroups) .. + 32
+      // (two m16 tiles) and head-dim columns [kDC (w / kRowGroups), + kDC), over all 128 keys; dS
+      // through ldmatrix.trans of dS^T, K transposed as B. 32 x kDC per warp reads 8 + 8 KB of
+      // shared memory per tile (at D = 128) where 16 x 2 kDC would read 4 + 16.
+      constexpr int kDC = D / Cfg::kColSplit, kDT = kDC / 8, kPairs = 4 * kDT;
+      const int rg = warp % Cfg::kRowGroups, c0 = (warp / Cfg::kRowGroups) * kDC;
+      float dq[2][kDT][4];
+      auto dq_gemm = [&] {
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+          for (int d = 0; d < kDT; ++d)
+            dq[mt][d][0] = dq[mt][d][1] = dq[mt][d][2] = dq[mt][d][3] = 0.f;
+        // The warp's row / column offsets (runtime) go into the bases, not into swz_addr's
+        // compile-time chunk (a runtime one there indexes SwzBases dynamically: local memory):
+        // whole groups of 8 chunks into the tile address, the rest into the lane's chunk, whose
+        // bits are disjoint from the unrolled chunk offsets XORed onto it.
+        const int cc = c0 / 8, rc = 4 * rg;
+        const SwzBases ds_a = swz_bases<T, BQ>(smem_u32(sDs) + (rc & ~7) * 16,
+                                               (lane % 8) + (mi / 2) * 8, mi % 2 + (rc & 7));
+        const SwzBases k_t = swz_bases<T, D>(smem_u32(sK) + (cc & ~7) * 16,
+                                             (lane % 8) + (mi % 2) * 8, mi / 2 + (cc & 7));
+#pragma unroll
+        for (int kk = 0; kk < kKeys / 16; ++kk) {
+          uint32_t a[2][4];
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt)
+            ldmatrix_x4_trans(swz_addr<T, BQ>(ds_a, kk * 16, 2 * mt), a[mt][0], a[mt][1], a[mt][2],
+                              a[mt][3]);
+#pragma unroll
+          for (int d = 0; d < kDT; d += 2)
+            mma_b_pair<T, true, 2>(
+                swz_addr<T, D>(k_t, kk * 16, d), [&](int m) { return a[m]; },
+                [&](int m, int j) { return dq[m][d + j]; });
+        }
+      };
+      // red.global (no kBulkDq): dQ first, its pairs (4 rows x kDT column tiles, pair j = row j /
+      // kDT, tile j % kDT) sent a few at a time between the dV / dK mmas below rather than in one
+      // burst at the end of the tile, whose source registers were then rewritten at once (long
+      // scoreboard 12.3% against FA2's 6.6%, ncu d64 L4096). One base (row i0 + 32 rg + g) and
+      // compile-time offsets to the thread's 4 rows; a bit per pair says whether it is inside
+      // the problem (row < Lq, column < the head dim): 2-3% faster at d64 than a row pointer per
+      // row (H100, A/B in one call). kBulkDq keeps dQ after dV / dK: holding dQ's registers
+      // across them measured 5% slower at d128 (H100).
+      static_assert(kPairs <= 32, "dq_on has a bit per pair");
+      float* dq_base = nullptr;
+      uint32_t dq_on = 0;
+      if constexpr (!kBulkDq) {
+        dq_gemm();
+        const int i = i0 + rg * 32 + g;
+        dq_base = dq_acc + ((int64_t{b} * p.heads_q + h) * p.len_q + i) * D + c0 + 2 * tq;
+#pragma unroll
+        for (int j = 0; j < kPairs; ++j) {
+          const int r = j / kDT, d = j % kDT;
+          const bool on = i + (r / 2) * 16 + (r % 2) * 8 < s.lq && c0 + d * 8 + 2 * tq < p.dim_qk;
+          dq_on |= static_cast<uint32_t>(on) << j;
+        }
+      }
+      auto red_dq = [&](int j) {
+        const int r = j / kDT, d = j % kDT, mt = r / 2, hf = r % 2;
+        red_pair_if((dq_on >> j) & 1u, dq_base + (mt * 16 + hf * 8) * D + d * 8, dq[mt][d][hf * 2],
+                    dq[mt][d][hf * 2 + 1]);
+      };
+      {
+        // The warp's head-dim half goes into the B bases (see the dQ step above).
+        const int dc = (warp / 4) * (D / 16);
+        const SwzBases p_a = swz_bases<T, BQ>(smem_u32(sP + kb * BQ), lane % 16, lane / 16);
+        const SwzBases s_a = swz_bases<T, BQ>(smem_u32(sDs + kb * BQ), lane % 16, lane / 16);
+        const SwzBases g_t = swz_bases<T, D>(smem_u32(sG) + (dc & ~7) * 16,
+                                             (lane % 8) + (mi % 2) * 8, mi / 2 + (dc & 7));
+        const SwzBases q_t = swz_bases<T, D>(smem_u32(sQ) + (dc & ~7) * 16,
+                                             (lane % 8) + (mi % 2) * 8, mi / 2 + (dc & 7));
+        constexpr int kDT2 = D / 16;  // n8 tiles of the warp's head-dim half
+        constexpr int kSteps = BQ / 16, kPerStep = (kPairs + kSteps - 1) / kSteps;
+#pragma unroll
+        for (int kk = 0; kk < kSteps; ++kk) {
+          uint32_t ap[2][4], as[2][4];
+          ldmatrix_m16x2<T, BQ>(p_a, 2 * kk, ap);
+          ldmatrix_m16x2<T, BQ>(s_a, 2 * kk, as);
+#pragma unroll
+          for (int d = 0; d < kDT2; d += 2) {
+            mma_b_pair<T, true, 2>(
+                swz_addr<T, D>(g_t, kk * 16, d), [&](int m) { return ap[m]; },
+                [&](int m, int j) { return dv[m * kDT2 + d + j]; });
+            mma_b_pair<T, true, 2>(
+                swz_addr<T, D>(q_t, kk * 16, d), [&](int m) { return as[m]; },
+                [&](int m, int j) { return dk[m * kDT2 + d + j]; });
+          }
+          if constexpr (!kBulkDq) {
+#pragma unroll
+            for (int j = kk * kPerStep; j < (kk + 1) * kPerStep && j < kPairs; ++j) red_dq(j);
+          }
+        }
+      }
+      if constexpr (kBulkDq) {  // into the staging tile, every row and column
+        dq_gemm();
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int mt = r / 2, hf = r % 2;
+          float* row = sDq + (rg * 32 + mt * 16 + hf * 8 + g) * Cfg::kDqPitch + c0 + 2 * tq;
+#pragma unroll
+          for (int d = 0; d < kDT; ++d)
+            *reinterpret_cast<float2*>(row + d * 8) =
+                make_float2(dq[mt][d][hf * 2], dq[mt][d][hf * 2 + 1]);
+        }
+        cuda::fence_proxy_async();  // visible to the bulk reduction after the next barrier
+        dq_h = h, dq_i0 = i0;
+      }
+    }
+    publish_rows(it + 1);  // the next iteration's rows, for its barrier
+  }
+  cp_async_wait<0>();
+  if constexpr (kBulkDq) {  // the last tile's dQ, landed before the kernel ends
+    __syncthreads();
+    reduce_dq();
+    cuda::bulk_wait<0, false>();
+  }
+  // dK and dV: this thread's keys 32 (w % 4) + 16 mt + g (+ 8), columns D / 2 (w / 4) + 8 d + 2
+  // tq in accumulator tile mt * (D / 16) + d.
+  constexpr int kColTiles = kOTiles / 2;
+  const int key_base = k0 + (warp % 4) * 32 + g, col_base = (warp / 4) * (D / 2) + 2 * tq;
+  if (it_lo > 0 || it_end < n_it) {
+    // A tail run over part of the block: its sums go into the block's f32 slot ([keys][D] dK,
+    // then dV, zeroed by the launch); the run that brings the block's count of iterations to n_it
+    // reads the totals back (from L2: L1 is not coherent) and stores them below.
+    float* part_k = tail.part + int64_t{lin - tail.split.n_dp} * 2 * kKeys * D;
+    float* part_v = part_k + kKeys * D;
+    const int at_base = (key_base - k0) * D + col_base;
+    // f(the pair's offset in a slot, its dK pair, its dV pair) for each of the thread's pairs.
+    auto each_pair = [&](auto f) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int mt = r / 2, hf = r % 2;
+#pragma unroll
+        for (int d = 0; d < kColTiles; ++d) {
+          const int t = mt * kColTiles + d;
+          f(at_base + (mt * 16 + hf * 8) * D + d * 8, dk[t] + hf * 2, dv[t] + hf * 2);
+        }
+      }
+    };
+    each_pair([&](int o, float* k2, float* v2) {
+      red_pair_if(true, part_k + o, k2[0], k2[1]);
+      red_pair_if(true, part_v + o, v2[0], v2[1]);
+    });
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0)
+      tail_last = atomicAdd(tail.done + (lin - tail.split.n_dp), static_cast<unsigned>(n_run)) +
+                      static_cast<unsigned>(n_run) ==
+                  static_cast<unsigned>(n_it);
+    __syncthreads();
+    if (!tail_last) return;
+    __threadfence();
+    each_pair([&](int o, float* k2, float* v2) {
+      const float2 sk = __ldcg(reinterpret_cast<const float2*>(part_k + o));
+      const float2 sv = __ldcg(reinterpret_cast<const float2*>(part_v + o));
+      k2[0] = sk.x, k2[1] = sk.y, v2[0] = sv.x, v2[1] = sv.y;
+    });
+  }
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const int mt = r / 2, hf = r % 2, key = key_base + mt * 16 + hf * 8;
+    if (key >= s.lk) continue;
+    T* ok = static_cast<T*>(p.dk) + detail::row_offset(p.sdk, p.varlen, b, hk, s.k0 + key);
+    T* ov = static_cast<T*>(p.dv) + detail::row_offset(p.sdv, p.varlen, b, hk, s.k0 + key);
+#pragma unroll
+    for (int d = 0; d < kColTiles; ++d) {
+      const int c = col_base + d * 8, t = mt * kColTiles + d;
+      if (c < p.dim_qk)
+        *reinterpret_cast<uint32_t*>(ok + c) =
+            pack2<T>(dk[t][hf * 2] * p.scale, dk[t][hf * 2 + 1] * p.scale);
+      if (c < p.dim_v)
+        *reinterpret_cast<uint32_t*>(ov + c) = pack2<T>(dv[t][hf * 2], dv[t][hf * 2 + 1]);
+    }
+  }
+}
+
+template <class T, int D, int BQ, bool kBulkDq = false>
+__global__ void __launch_bounds__(256, 1)
+    flash_bwd_fused_mma(Params p, float* dq_acc, BwdTail tail) {
   // One whole key block per CTA, except the stream-K tail's CTAs (blockIdx >= tail.split.n_dp),
   // each a contiguous run of iterations over one or more of the last blocks: one call site, so the
   // body is compiled once.
@@ -2064,8 +2065,9 @@ __global__ void __launch_bounds__(256, 1)
     int64_t lin, it_lo, it_hi;
     if (!detail::tail_segment(tail.split, blockIdx.x, k, &lin, &it_lo, &it_hi)) break;
     if (k > 0) __syncthreads();  // the last segment's reads of the tiles are done
-    run_block(static_cast<int>(lin), static_cast<int>(it_lo),
-              it_hi < 0 ? INT_MAX : static_cast<int>(it_hi));
+    fused_bwd_block<T, D, BQ, kBulkDq>(p, dq_acc, tail, static_cast<int>(lin),
+                                       static_cast<int>(it_lo),
+                                       it_hi < 0 ? INT_MAX : static_cast<int>(it_hi));
   }
 }
 
