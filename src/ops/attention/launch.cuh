@@ -454,11 +454,16 @@ Status run_bwd_fused(const LaunchContext& ctx, const Problem& pr, const Params& 
   const int64_t q_rows = int64_t{p.batch} * p.heads_q * p.len_q;
   const int64_t slots = std::min(int64_t{ctx.stream.caps().sm_count} * per_sm,
                                  bwd_fused_slots<kBQ64, kBulkDq>(pr, ctx.stream.caps()));
-  const detail::TailSplit split = bwd_tail_split(pr, BQ, slots);
-  const uintptr_t after_delta =
-      reinterpret_cast<uintptr_t>(ctx.workspace.data) + fused_delta_bytes(pr);
+  detail::TailSplit split = bwd_tail_split(pr, BQ, slots);
+  const uintptr_t base = reinterpret_cast<uintptr_t>(ctx.workspace.data);
+  const uintptr_t after_delta = base + fused_delta_bytes(pr);
   float* acc = reinterpret_cast<float*>((after_delta + 255) / 256 * 256);
   if (q_rows == 0) return {};
+  // The workspace was sized with the caps of the plan's selection; a tail that needs more (a
+  // stream on a part with more SMs) is dropped rather than written past it.
+  const uintptr_t acc_end = reinterpret_cast<uintptr_t>(acc + q_rows * D);
+  if (acc_end + bwd_tail_bytes(split.units, D) > base + ctx.workspace.bytes)
+    split = bwd_tail_split(pr, BQ, 0);
   // The accumulator, then the tail's slots and counts: one memset zeroes them all.
   BwdTail tail{split, acc + q_rows * D, nullptr};
   tail.done = reinterpret_cast<unsigned*>(tail.part + split.units * 2 * Cfg::kKeys * D);
