@@ -15,7 +15,8 @@
 #      trees and stop: checks the patches on a machine without a GPU), AB_TEST=<gtest filter>
 #      (then build test_attention in the B whose median ratio to A, over the rows timed in A, is
 #      highest, and run that filter there: one call measures the patches and tests the winner;
-#      its log lands in $OUT/ab_test.log).
+#      its log lands in $OUT/ab_test.log; skipped when no B's median ratio exceeds 1 unless
+#      AB_TEST_ANY=1).
 # Rows land in $OUT/ab.jsonl with "build": "A" / "B" (or "B1", "B2", ...) and "round"; the medians
 # and each B's ratio to A are printed last.
 set -uo pipefail
@@ -138,7 +139,11 @@ if score:
     best = max(score, key=score.get)
     print("median ratio to A: " + ", ".join(f"{b} {v:.3f}" for b, v in score.items()) +
           f"; best {best}")
-    open(sys.argv[2], "w").write(best)
+    # A B no better than A has nothing to land: its test would only spend the call's time.
+    if score[best] > 1.0 or os.environ.get("AB_TEST_ANY") == "1":
+        open(sys.argv[2], "w").write(best)
+    else:
+        print("no B above A: AB_TEST skipped (AB_TEST_ANY=1 tests the best B anyway)")
 PY
 if [ -n "${AB_TEST:-}" ] && [ -s "$tmp/best" ]; then
   best=$(cat "$tmp/best")
