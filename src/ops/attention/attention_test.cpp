@@ -1075,6 +1075,32 @@ int swz_mismatches() {
   }
   return bad;
 }
+// Which problems take the tail: unbanded padded batches only (a band or varlen makes the key
+// blocks' work differ), with group x query tiles iterations a block.
+TEST(AttentionTail, OnlyUnbandedPaddedProblemsTakeIt) {
+  Problem pr;
+  pr.desc.dtype = DType::bf16, pr.desc.batch = 4, pr.desc.heads_q = 64, pr.desc.heads_kv = 32;
+  pr.desc.len_q = 4000, pr.desc.len_k = 4096, pr.desc.head_dim_qk = pr.desc.head_dim_v = 64;
+  pr.group = 2;
+  const detail::TailSplit t = detail::bwd_tail_split(pr, 128, 132);
+  EXPECT_EQ(t.n_dp + t.units, 4 * 32 * 32);
+  EXPECT_GT(t.ctas, 0);
+  EXPECT_EQ(t.n_it, 2 * 32);  // 4000 rows: 32 tiles of 128
+  EXPECT_EQ(detail::bwd_tail_split(pr, 64, 132).n_it, 2 * 63);
+  for (const Mask& m : {Mask::causal_top_left(), Mask::causal_bottom_right(),
+                        Mask::sliding_window(100, 30), Mask::sliding_window(-1, 5)}) {
+    Problem banded = pr;
+    banded.desc.mask = m;
+    const detail::TailSplit b = detail::bwd_tail_split(banded, 128, 132);
+    EXPECT_EQ(b.ctas, 0) << m.left << " " << m.right;
+    EXPECT_EQ(b.n_dp, 4 * 32 * 32);
+  }
+  Problem packed = pr;
+  packed.desc.varlen = true;
+  EXPECT_EQ(detail::bwd_tail_split(packed, 128, 132).ctas, 0);
+  EXPECT_EQ(detail::bwd_tail_split(pr, 128, 128).ctas, 0);  // 4096 blocks: 32 whole waves of 128
+}
+
 // The one-pass backward's stream-K tail: tail CTAs' runs cover every iteration of the tail's units
 // exactly once, in order, each at least two long, and the whole units fill whole waves before it.
 TEST(AttentionTail, RunsCoverTheTailOnce) {

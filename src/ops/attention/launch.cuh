@@ -403,16 +403,6 @@ bool fits_bwd_fused(const Problem& pr, const DeviceCaps& caps) {
          static_cast<int64_t>(smem) <= caps.smem_per_block_optin;
 }
 
-// The stream-K tail (detail::tail_split) over key blocks of 128 where every block has the same
-// iterations (group x query tiles of BQ rows): no band, padded batches.
-inline detail::TailSplit bwd_tail_split(const Problem& pr, int bq, int64_t slots) {
-  const Descriptor& d = pr.desc;
-  const int64_t units = d.batch * d.heads_kv * cuda::ceil_div(d.len_k, int64_t{128});
-  const Band band = detail::band_of(d.mask);
-  const bool uniform = !d.varlen && band.left < 0 && band.right < 0;
-  return detail::tail_split(units, uniform ? pr.group * cuda::ceil_div(d.len_q, int64_t{bq}) : 0,
-                            slots);
-}
 // Its workspace: per tail block the partial dK and dV slots and an iteration count.
 inline size_t bwd_tail_bytes(int64_t units, int d) {
   return static_cast<size_t>(units) * (2 * 128 * static_cast<size_t>(d) + 1) * sizeof(float);
@@ -454,7 +444,7 @@ Status run_bwd_fused(const LaunchContext& ctx, const Problem& pr, const Params& 
   const int64_t q_rows = int64_t{p.batch} * p.heads_q * p.len_q;
   const int64_t slots = std::min(int64_t{ctx.stream.caps().sm_count} * per_sm,
                                  bwd_fused_slots<kBQ64, kBulkDq>(pr, ctx.stream.caps()));
-  detail::TailSplit split = bwd_tail_split(pr, BQ, slots);
+  detail::TailSplit split = detail::bwd_tail_split(pr, BQ, slots);
   const uintptr_t base = reinterpret_cast<uintptr_t>(ctx.workspace.data);
   const uintptr_t after_delta = base + fused_delta_bytes(pr);
   float* acc = reinterpret_cast<float*>((after_delta + 255) / 256 * 256);
@@ -463,7 +453,7 @@ Status run_bwd_fused(const LaunchContext& ctx, const Problem& pr, const Params& 
   // stream on a part with more SMs) is dropped rather than written past it.
   const uintptr_t acc_end = reinterpret_cast<uintptr_t>(acc + q_rows * D);
   if (acc_end + bwd_tail_bytes(split.units, D) > base + ctx.workspace.bytes)
-    split = bwd_tail_split(pr, BQ, 0);
+    split = detail::bwd_tail_split(pr, BQ, 0);
   // The accumulator, then the tail's slots and counts: one memset zeroes them all.
   BwdTail tail{split, acc + q_rows * D, nullptr};
   tail.done = reinterpret_cast<unsigned*>(tail.part + split.units * 2 * Cfg::kKeys * D);
