@@ -74,14 +74,17 @@ BARACUDA_ATTN_HD TailSplit tail_split(int64_t blocks, int64_t n_it, int64_t slot
   t.n_dp = n_dp, t.ctas = slots, t.units = blocks - n_dp, t.n_it = n_it;
   return t;
 }
-// The one-pass backward's split: key blocks of 128, each with group x (query tiles of bq rows)
-// iterations, the same for every block only without a band and in padded batches (elsewhere no
-// tail: the blocks' work differs).
+// The one-pass backward's split: key blocks of kBwdKeyBlock, each with group x (query tiles of bq
+// rows) iterations, the same for every block only without a band and in padded batches (elsewhere
+// no tail: the blocks' work differs).
+inline constexpr int64_t kBwdKeyBlock = 128;  // BwdFusedCfg::kKeys
+inline int64_t bwd_key_blocks(const Descriptor& d) {
+  return d.batch * d.heads_kv * ((d.len_k + kBwdKeyBlock - 1) / kBwdKeyBlock);
+}
 inline TailSplit bwd_tail_split(const Problem& pr, int64_t bq, int64_t slots) {
   const Descriptor& d = pr.desc;
-  const int64_t units = d.batch * d.heads_kv * ((d.len_k + 127) / 128);
-  const bool uniform = !d.varlen && d.mask.left < 0 && d.mask.right < 0;
-  return tail_split(units, uniform ? pr.group * ((d.len_q + bq - 1) / bq) : 0, slots);
+  const bool uniform = !d.varlen && d.mask.is_none();
+  return tail_split(bwd_key_blocks(d), uniform ? pr.group * ((d.len_q + bq - 1) / bq) : 0, slots);
 }
 // Tail CTA c's run: iterations [*begin, *end) of the tail's units laid end to end (unit
 // n_dp + i / n_it, its iteration i % n_it).

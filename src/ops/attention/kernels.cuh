@@ -1545,6 +1545,7 @@ __global__ void __launch_bounds__(128) flash_bwd_dq_mma(Params p) {
 template <class T, int D, int BQ, bool kBulkDq = false>
 struct BwdFusedCfg {
   static constexpr int kWarps = 8, kKeys = 16 * kWarps;
+  static_assert(kKeys == detail::kBwdKeyBlock, "the host's tail split counts blocks of these");
   static constexpr int kRowGroups = BQ / 32;             // dQ: warps over 32-row groups ...
   static constexpr int kColSplit = kWarps / kRowGroups;  // ... and head-dim slices
   static_assert(kRowGroups * kColSplit == kWarps && D % (16 * kColSplit) == 0);
@@ -1819,10 +1820,9 @@ __device__ __forceinline__ void fused_bwd_block(const Params& p, float* dq_acc, 
         // Where this lane's P^T / dS^T pairs go (swz<BQ>, bytes): every row it writes has row % 8
         // = g, and the warp's query chunks qo / 8 + n (n < kQT) do not carry out of their group
         // of 8 (BQ = 128: qo / 8 is 0 or 8; BQ = 64: 0 or 4 with n < 4), so chunk n lands at
-        // chunk
-        // ((qo / 8) ^ g) ^ n of the group: one base per lane, the column step an XOR of n << 4 on
-        // bits the row and group offsets leave clear, the rows immediates. The per-store swz<BQ>
-        // cost ~2 LOP3s a store (ncu d64 L4096: 151 LOP3s a warp and tile).
+        // chunk ((qo / 8) ^ g) ^ n of the group: one base per lane, the column step an XOR of n <<
+        // 4 on bits the row and group offsets leave clear, the rows immediates. The per-store
+        // swz<BQ> cost ~2 LOP3s a store (ncu d64 L4096: 151 LOP3s a warp and tile).
         static_assert(BQ == 64 || BQ == 128, "the XOR walk below assumes no chunk carry");
         const uint32_t p_lane =
             smem_u32(sP) + static_cast<uint32_t>(((kb + g) * BQ + (qo & ~63)) * sizeof(T)) +

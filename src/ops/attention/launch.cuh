@@ -405,7 +405,8 @@ bool fits_bwd_fused(const Problem& pr, const DeviceCaps& caps) {
 
 // Its workspace: per tail block the partial dK and dV slots and an iteration count.
 inline size_t bwd_tail_bytes(int64_t units, int d) {
-  return static_cast<size_t>(units) * (2 * 128 * static_cast<size_t>(d) + 1) * sizeof(float);
+  return static_cast<size_t>(units) * static_cast<size_t>(2 * detail::kBwdKeyBlock * d + 1) *
+         sizeof(float);
 }
 // CTAs of an instance that shared memory lets the GPU hold at once (up to 228 KB an SM, 1 KB of it
 // the system's per block): the workspace is sized for the tail this bound gives, the launch's
@@ -418,9 +419,8 @@ int64_t bwd_fused_slots(const Problem& pr, const DeviceCaps& caps) {
 template <int kBQ64, bool kBulkDq = false>
 size_t bwd_fused_workspace(const Problem& pr, const DeviceCaps& caps) {
   // A tail never spans more than two waves' worth of blocks (tail_split), whatever the slots.
-  const int64_t units =
-      pr.desc.batch * pr.desc.heads_kv * cuda::ceil_div(pr.desc.len_k, int64_t{128});
-  const int64_t tail = std::min(units, 2 * bwd_fused_slots<kBQ64, kBulkDq>(pr, caps));
+  const int64_t tail =
+      std::min(detail::bwd_key_blocks(pr.desc), 2 * bwd_fused_slots<kBQ64, kBulkDq>(pr, caps));
   return fused_delta_bytes(pr) + 256 + fused_delta_bytes(pr) * static_cast<size_t>(mma_dim(pr)) +
          bwd_tail_bytes(tail, mma_dim(pr));
 }
@@ -561,9 +561,8 @@ using FitsFn = bool (*)(const Problem&, const DeviceCaps&);
 // H100, 0dc4f59, one call, medians of three rounds, red.global / bulk at d128 L512..16k 1.029 /
 // 1.034 / 1.029 / 0.997 / 0.992 / 1.024; causal 0.947 / 0.971 / 0.996 / 1.013 / 1.025 / 0.984.
 inline bool fits_bulk_default(const Problem& pr, const DeviceCaps& caps) {
-  const Band band = detail::band_of(pr.desc.mask);
   return fits_bwd_fused<kFusedBQ64, true>(pr, caps) && mma_dim(pr) == 128 &&
-         (band.left >= 0 || band.right >= 0);
+         !pr.desc.mask.is_none();
 }
 
 // Every kernel of the family shares category, layout, masks, arch and backend; an entry differs in
