@@ -1670,14 +1670,19 @@ __device__ __forceinline__ void fused_bwd_block(const Params& p, float* dq_acc, 
   int row_lo = 0, row_hi = 0;  // past Lq: no key visible
   // Whether every row of the tile from row i0 sees all kKeys keys, the same in every thread: the
   // visible bounds grow with the row (visible_keys), so the first row's hi and the last row's lo
-  // decide it (a per-row vote at the barrier cost ~3% of the stall samples, ncu d64 L4096).
-  auto tile_full = [&](int i0) {
-    if (i0 + BQ > s.lq) return false;
-    int64_t lo_first, hi_first, lo_last, hi_last;
-    detail::visible_keys(p.band, i0, s.lq, s.lk, &lo_first, &hi_first);
-    detail::visible_keys(p.band, i0 + BQ - 1, s.lq, s.lk, &lo_last, &hi_last);
-    return lo_last <= k0 && hi_first >= k0 + kKeys;  // hi <= lk: no key past the sequence either
-  };
+  // decide it, which makes the full tiles' first rows one interval [full_lo, full_hi] per key
+  // block (a per-row vote at the barrier cost ~3% of the stall samples, ncu d64 L4096; the two
+  // rows' 64-bit bounds per tile ~50 uniform instructions right after it, ncu d128 L8192).
+  int full_lo, full_hi;
+  {
+    const int64_t off = p.band.bottom_right ? int64_t{s.lk} - s.lq : 0;
+    int64_t lo = 0, hi = k0 + kKeys <= s.lk ? int64_t{s.lq} - BQ : -1;  // no key past the sequence
+    if (p.band.left >= 0) hi = min(hi, k0 + p.band.left - off - (BQ - 1));  // last row's lo <= k0
+    if (p.band.right >= 0) lo = max(lo, k0 + kKeys - 1 - p.band.right - off);  // first row's hi
+    full_lo = static_cast<int>(min(lo, int64_t{INT_MAX}));
+    full_hi = static_cast<int>(max(hi, int64_t{-1}));
+  }
+  auto tile_full = [&](int i0) { return i0 >= full_lo && i0 <= full_hi; };
   auto issue = [&](int it) {
     if (it < n_run) {
       pending = take();
@@ -1729,7 +1734,6 @@ __device__ __forceinline__ void fused_bwd_block(const Params& p, float* dq_acc, 
     const Visit cur = pending;  // issued one iteration ahead
     const bool plain = uncapped && tile_full(cur.i0);
     if constexpr (kBulkDq) reduce_dq();  // the previous tile's, staged before the barrier
-    issue(it + 1);
     const int stage = it & 1, h = cur.h, i0 = cur.i0;
     const T* sQ = sQ0 + stage * BQ * D;
     const T* sG = sG0 + stage * BQ * D;
@@ -1816,6 +1820,10 @@ __device__ __forceinline__ void fused_bwd_block(const Params& p, float* dq_acc, 
                 swz_addr<T, D>(g_b, n * 8, 2 * ks), [&](int m) { return av[m]; },
                 [&](int m, int j) { return dpt[m][n + j]; });
           }
+          // The next iteration's loads (~450 instructions of address arithmetic at d128) go out
+          // here, behind mmas already in the tensor pipe, instead of right after the barrier,
+          // where every warp issued them before its first mma (ncu H100, d128 L8192).
+          if (ks == 0) issue(it + 1);
         }
         // Where this lane's P^T / dS^T pairs go (swz<BQ>, bytes): every row it writes has row % 8
         // = g, and the warp's query chunks qo / 8 + n (n < kQT) do not carry out of their group
