@@ -802,8 +802,9 @@ TEST(AttentionRegistry, FamilyForwardDefaultFollowsTheMeasuredShapes) {
 }
 
 // The fused backward's default per part (bespoke sm_80-class entries only): dQ by bulk reductions
-// at a padded head dim of 128 under a band from sm_90 on (fits_bulk_default), by red.global
-// otherwise; 64 query rows a step at d64 where 128 do not fit (flash_bwd_fused_q64_sm80).
+// at a padded head dim of 128 under a band on sequences of up to 1024 rows from sm_90 on
+// (fits_bulk_default), by red.global otherwise; 64 query rows a step at d64 where 128 do not fit
+// (flash_bwd_fused_q64_sm80).
 TEST(AttentionRegistry, FamilyBackwardDefaultFollowsTheMeasuredShapes) {
   const DeviceCaps sm80 = part_caps(80), sm89 = part_caps(89), sm90 = part_caps(90);
   const Mask none = Mask::none(), causal = Mask::causal_top_left();
@@ -816,7 +817,9 @@ TEST(AttentionRegistry, FamilyBackwardDefaultFollowsTheMeasuredShapes) {
     const char* kernel;
   } cases[] = {
       {bf16_config(128, 4096, none), sm90, "flash_bwd_fused_sm80"},
-      {bf16_config(128, 4096, causal), sm90, "flash_bwd_fused_bulk_sm80"},
+      {bf16_config(128, 4096, causal), sm90, "flash_bwd_fused_sm80"},
+      {bf16_config(128, 1024, causal), sm90, "flash_bwd_fused_bulk_sm80"},
+      {bf16_config(128, 1025, causal), sm90, "flash_bwd_fused_sm80"},
       {bf16_config(96, 1000, causal), sm90, "flash_bwd_fused_bulk_sm80"},  // padded to 128
       {bf16_config(64, 4096, none), sm90, "flash_bwd_fused_sm80"},
       {bf16_config(128, 4096, none), sm80, "flash_bwd_fused_sm80"},
@@ -1482,8 +1485,8 @@ TEST_P(AttentionTest, LargeShapesOnDevice) {
     check_backward(target, c, Lay::blhd);
   }
   n = 0;  // the tensor-core backward: head dims, masks, GQA, soft-cap, varlen
-  // dQ by bulk reductions at a padded head dim of 128 under a band from sm_90 on, by red.global
-  // otherwise.
+  // dQ by bulk reductions at a padded head dim of 128 under a band (these lengths are short) from
+  // sm_90 on, by red.global otherwise.
   const auto caps = device_caps(0);
   BARACUDA_ASSERT_OK(caps);
   for (DType t : {DType::bf16, DType::f16})

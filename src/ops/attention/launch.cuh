@@ -554,15 +554,18 @@ inline bool fits_n128m_default(const Problem& pr, const DeviceCaps& caps) {
 }
 using FitsFn = bool (*)(const Problem&, const DeviceCaps&);
 // Where flash_bwd_fused_bulk_sm80 is the fused backward's default: a padded head dim of 128 under a
-// band (causal, window). H100, e6f8e7e, one call, two rounds each, medians against
-// flash_bwd_fused_sm80: d128 L4096 1.06x, L8192 1.03x, L16384 1.02x, causal L8192 / L16384 1.02x /
-// 1.04x, L <= 2048 0.997-1.007x; at d64 0.99-1.01x everywhere (the red.global form stays). Since
-// the red.global form sends dQ between the dV / dK mmas (eb10153) it has caught up without a band:
-// H100, 0dc4f59, one call, medians of three rounds, red.global / bulk at d128 L512..16k 1.029 /
-// 1.034 / 1.029 / 0.997 / 0.992 / 1.024; causal 0.947 / 0.971 / 0.996 / 1.013 / 1.025 / 0.984.
+// band (causal, window) on sequences of at most 1024 rows. H100, e6f8e7e, one call, two rounds
+// each, medians against flash_bwd_fused_sm80: d128 L4096 1.06x, L8192 1.03x, L16384 1.02x, causal
+// L8192 / L16384 1.02x / 1.04x, L <= 2048 0.997-1.007x; at d64 0.99-1.01x everywhere (the
+// red.global form stays). Since the red.global form sends dQ between the dV / dK mmas (eb10153) it
+// has caught up without a band: H100, 0dc4f59, one call, medians of three rounds, red.global /
+// bulk at d128 L512..16k 1.029 / 1.034 / 1.029 / 0.997 / 0.992 / 1.024; causal 0.947 / 0.971 /
+// 0.996 / 1.013 / 1.025 / 0.984. With the next tile's loads behind the first mmas (73c82e9) it
+// leads under a band too from 2048 rows: H100, 73c82e9, one call, red.global / bulk causal
+// L512..16k 0.955 / 0.978 / 1.006 / 1.023 / 1.018 / 1.013.
 inline bool fits_bulk_default(const Problem& pr, const DeviceCaps& caps) {
   return fits_bwd_fused<kFusedBQ64, true>(pr, caps) && mma_dim(pr) == 128 &&
-         !pr.desc.mask.is_none();
+         !pr.desc.mask.is_none() && std::max(pr.desc.len_q, pr.desc.len_k) <= 1024;
 }
 
 // Every kernel of the family shares category, layout, masks, arch and backend; an entry differs in
