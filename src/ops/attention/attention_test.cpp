@@ -1159,6 +1159,43 @@ TEST(AttentionTail, RunsCoverTheTailOnce) {
   }
 }
 
+// The one-pass backward's full-tile interval (detail::full_tile_rows) against its definition:
+// every row of the tile inside Lq, each seeing all keys of the block (visible_keys per row), over
+// random lengths, bands of both alignments, key blocks and tile heights.
+TEST(AttentionTail, FullTileRowsMatchEveryRowsBounds) {
+  Rng rng;
+  int64_t full = 0, partial = 0;
+  for (int trial = 0; trial < 3000; ++trial) {
+    const int lq = static_cast<int>(rng.integer(1, 700)),
+              lk = static_cast<int>(rng.integer(1, 700));
+    const int keys = rng.coin() ? 128 : 16 * static_cast<int>(rng.integer(1, 8));
+    const int bq = rng.coin() ? 64 : 128;
+    detail::Band b;
+    b.left = rng.integer(0, 3) == 0 ? -1 : rng.integer(0, 400);
+    b.right = rng.integer(0, 3) == 0 ? -1 : rng.integer(0, 400);
+    b.bottom_right = rng.coin();
+    const int k0 = keys * static_cast<int>(rng.integer(0, (lk + keys - 1) / keys));
+    int64_t lo, hi;
+    detail::full_tile_rows(b, lq, lk, k0, keys, bq, &lo, &hi);
+    for (int i0 = 0; i0 < lq; i0 += bq) {
+      bool every = i0 + bq <= lq;
+      for (int i = i0; every && i < i0 + bq; ++i) {
+        int64_t vlo, vhi;
+        detail::visible_keys(b, i, lq, lk, &vlo, &vhi);
+        every = vlo <= k0 && vhi >= k0 + keys;
+      }
+      EXPECT_EQ(i0 >= lo && i0 <= hi, every)
+          << "lq " << lq << " lk " << lk << " keys " << keys << " bq " << bq << " band (" << b.left
+          << ", " << b.right << (b.bottom_right ? ", bottom-right" : ", top-left") << ") k0 " << k0
+          << " i0 " << i0 << " interval [" << lo << ", " << hi << "]";
+      ++(every ? full : partial);
+    }
+  }
+  // Both outcomes occur often enough for the comparison to mean something.
+  EXPECT_GT(full, 1000);
+  EXPECT_GT(partial, 1000);
+}
+
 TEST(AttentionSwizzle, LdmatrixBasesAddressTheSwizzledBytes) {
   EXPECT_EQ(swz_mismatches<64>(), 0);
   EXPECT_EQ(swz_mismatches<128>(), 0);

@@ -47,6 +47,27 @@ BARACUDA_ATTN_HD int64_t lse_offset(const int64_t* st, bool varlen, int64_t b, i
   return varlen ? h * st[0] + row * st[1] : b * st[0] + h * st[1] + row * st[2];
 }
 
+// The first rows i0 of the bq-row query tiles (i0 + bq <= lq) whose every row sees all the keys
+// [k0, k0 + keys): i0 in [*lo, *hi], empty when *lo > *hi. visible_keys' bounds grow with the row,
+// so the tile's last row decides lo <= k0 and its first row hi >= k0 + keys (which needs
+// k0 + keys <= lk), each a linear bound on i0. The one-pass backward tests its tiles with it.
+// (Lengths, k0, keys and bq are ints, as in the kernel, the band's 64-bit sums not.)
+BARACUDA_ATTN_HD void full_tile_rows(const Band& b, int lq, int lk, int k0, int keys, int bq,
+                                     int64_t* lo, int64_t* hi) {
+  const int64_t off = b.bottom_right ? int64_t{lk} - lq : 0;  // row i's diagonal is i + off
+  int64_t l = 0, h = k0 + keys <= lk ? int64_t{lq} - bq : -1;
+  if (b.left >= 0) {  // the last row's lo <= k0
+    const int64_t c = k0 + b.left - off - (bq - 1);
+    h = h < c ? h : c;
+  }
+  if (b.right >= 0) {  // the first row's hi >= k0 + keys
+    const int64_t c = k0 + keys - 1 - b.right - off;
+    l = l > c ? l : c;
+  }
+  *lo = l;
+  *hi = h;
+}
+
 // Work split of a grid of `blocks` equal work units (key blocks of the one-pass backward, n_it
 // iterations each) over `slots` CTAs resident at once. Whole units leave a last, partial wave
 // (4096 key blocks on 132 SMs: 31 full waves and 4 blocks, so ~3% of the time 128 SMs idle).

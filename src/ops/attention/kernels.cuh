@@ -1668,17 +1668,14 @@ __device__ __forceinline__ void fused_bwd_block(const Params& p, float* dq_acc, 
   // hides behind a whole iteration instead of stalling those warps behind the barrier.
   float row_lse = -INFINITY, row_delta = 0.f;
   int row_lo = 0, row_hi = 0;  // past Lq: no key visible
-  // Whether every row of the tile from row i0 sees all kKeys keys, the same in every thread: the
-  // visible bounds grow with the row (visible_keys), so the first row's hi and the last row's lo
-  // decide it, which makes the full tiles' first rows one interval [full_lo, full_hi] per key
-  // block (a per-row vote at the barrier cost ~3% of the stall samples, ncu d64 L4096; the two
-  // rows' 64-bit bounds per tile ~50 uniform instructions right after it, ncu d128 L8192).
+  // Whether every row of the tile from row i0 sees all kKeys keys, the same in every thread: one
+  // interval of first rows per key block (detail::full_tile_rows), clamped to 32 bits. A per-row
+  // vote at the barrier cost ~3% of the stall samples (ncu d64 L4096), the first and last rows'
+  // 64-bit bounds per tile ~50 uniform instructions right after it (ncu d128 L8192).
   int full_lo, full_hi;
   {
-    const int64_t off = p.band.bottom_right ? int64_t{s.lk} - s.lq : 0;
-    int64_t lo = 0, hi = k0 + kKeys <= s.lk ? int64_t{s.lq} - BQ : -1;  // no key past the sequence
-    if (p.band.left >= 0) hi = min(hi, k0 + p.band.left - off - (BQ - 1));  // last row's lo <= k0
-    if (p.band.right >= 0) lo = max(lo, k0 + kKeys - 1 - p.band.right - off);  // first row's hi
+    int64_t lo, hi;
+    detail::full_tile_rows(p.band, s.lq, s.lk, k0, kKeys, BQ, &lo, &hi);
     full_lo = static_cast<int>(min(lo, int64_t{INT_MAX}));
     full_hi = static_cast<int>(max(hi, int64_t{-1}));
   }
