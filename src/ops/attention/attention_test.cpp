@@ -1162,7 +1162,7 @@ TEST(AttentionTail, RunsCoverTheTailOnce) {
 // The one-pass backward's full-tile interval (detail::full_tile_rows) against its definition:
 // every row of the tile inside Lq, each seeing all keys of the block (visible_keys per row), over
 // random lengths, bands of both alignments, key blocks and tile heights.
-TEST(AttentionTail, FullTileRowsMatchEveryRowsBounds) {
+TEST(AttentionBackwardTiles, FullTileRowsMatchEveryRowsBounds) {
   Rng rng;
   int64_t full = 0, partial = 0;
   for (int trial = 0; trial < 3000; ++trial) {
