@@ -12,11 +12,16 @@
 # env: AB_ONLY (BARACUDA_ATTENTION_ONLY of every run: forward | backward; default backward),
 #      AB_POINTS (BARACUDA_ATTN_SWEEP points; default "d64_l4096 d128_l8192"), AB_KERNELS
 #      (BARACUDA_ATTN_KERNELS: the A/B rows to time), ROUNDS (default 3), AB_DRY=1 (prepare the
-#      trees and stop: checks the patches on a machine without a GPU), AB_TEST=<gtest filter>
+#      trees and stop: checks the patches on a machine without a GPU), AB_FAMILY (the
+#      bench_attention family: attention (default) or attention_hopper), AB_RUNS (several kinds of
+#      rows in one call: space-separated family:only:point,point[:build,build], e.g.
+#      "attention:forward:d128_l512 attention_hopper:backward:d128_l4096:A,B1"; each item's points
+#      are timed in the builds it names, every build when it names none; replaces AB_FAMILY,
+#      AB_ONLY and AB_POINTS), AB_TEST=<gtest filter>
 #      (then build test_attention in the B whose median ratio to A, over the rows timed in A, is
 #      highest, and run that filter there: one call measures the patches and tests the winner;
 #      its log lands in $OUT/ab_test.log; skipped when no B's median ratio exceeds 1 unless
-#      AB_TEST_ANY=1).
+#      AB_TEST_ANY=1; AB_TEST_BUILD=<name> tests that build instead).
 # Rows land in $OUT/ab.jsonl with "build": "A" / "B" (or "B1", "B2", ...) and "round"; the medians
 # and each B's ratio to A are printed last.
 set -uo pipefail
@@ -85,24 +90,30 @@ done
 [ $failed = 0 ] || exit 1
 . scripts/cudnn-env.sh
 : >"$OUT/ab.jsonl"
-points=(${AB_POINTS:-d64_l4096 d128_l8192})
-bench() {  # <build index> <point>: its rows on stdout
-  BARACUDA_ATTENTION_ONLY=${AB_ONLY:-backward} BARACUDA_ATTN_SWEEP=$2 \
-    BARACUDA_ATTN_KERNELS=${AB_KERNELS:-} "${dirs[$1]}/apps/bench_attention" attention \
+# Runs: family:only:points[:builds] (see the header).
+runs=(${AB_RUNS:-"${AB_FAMILY:-attention}:${AB_ONLY:-backward}:$(echo ${AB_POINTS:-d64_l4096 d128_l8192} | tr ' ' ,)"})
+bench() {  # <build index> <family> <only> <point>: its rows on stdout
+  BARACUDA_ATTENTION_ONLY=$3 BARACUDA_ATTN_SWEEP=$4 \
+    BARACUDA_ATTN_KERNELS=${AB_KERNELS:-} "${dirs[$1]}/apps/bench_attention" "$2" \
     2>>"$OUT/ab_run.err"
 }
 # One untimed pass first: the first process on a rested card read low (call 3 of the nineteenth
 # session: A's first round 226.5 against 250.3, 250.3 after), and that process was always A's.
-bench 0 "${points[0]}" >/dev/null
+IFS=: read -r fam0 only0 pts0 _ <<<"${runs[0]}"
+bench 0 "$fam0" "$only0" "${pts0%%,*}" >/dev/null
 for r in $(seq 1 "${ROUNDS:-3}"); do
-  for point in "${points[@]}"; do
-    # The builds take turns going first (round r starts with build r - 1), so whatever drifts
-    # within a round does not always favour the same build.
-    for k in "${!names[@]}"; do
-      i=$(((k + r - 1) % ${#names[@]}))
-      bench "$i" "$point" |
-        sed -n "s/^{\"family\"/{\"build\": \"${names[$i]}\", \"round\": $r, \"family\"/p" \
-          >>"$OUT/ab.jsonl"
+  for run in "${runs[@]}"; do
+    IFS=: read -r fam only pts want <<<"$run"
+    for point in ${pts//,/ }; do
+      # The builds take turns going first (round r starts with build r - 1), so whatever drifts
+      # within a round does not always favour the same build.
+      for k in "${!names[@]}"; do
+        i=$(((k + r - 1) % ${#names[@]}))
+        [ -z "$want" ] || [[ ",$want," == *",${names[$i]},"* ]] || continue
+        bench "$i" "$fam" "$only" "$point" |
+          sed -n "s/^{\"family\"/{\"build\": \"${names[$i]}\", \"round\": $r, \"family\"/p" \
+            >>"$OUT/ab.jsonl"
+      done
     done
   done
 done
@@ -145,6 +156,8 @@ if score:
     else:
         print("no B above A: AB_TEST skipped (AB_TEST_ANY=1 tests the best B anyway)")
 PY
+# AB_TEST_BUILD=<name>: test that build whatever the ratios say.
+[ -z "${AB_TEST_BUILD:-}" ] || echo "$AB_TEST_BUILD" >"$tmp/best"
 if [ -n "${AB_TEST:-}" ] && [ -s "$tmp/best" ]; then
   best=$(cat "$tmp/best")
   for i in "${!names[@]}"; do
