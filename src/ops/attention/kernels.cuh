@@ -647,11 +647,13 @@ struct MmaCfg {
 // (one n16 / d16 pair of mmas) ahead of the mmas that read it, into a second register set, the way
 // FlashAttention-2's CuTe loop does. ncu of m32s_n128 (H100, d64 L4096) had its HMMAs waiting on
 // the ldmatrix just before them (short scoreboard: 12% of stall samples, 4% in FA2's loop, whose
-// HMMAs wait on the tensor pipe instead).
+// HMMAs wait on the tensor pipe instead). LATE (shape_late_refill in launch.cuh): each tile's K / V
+// stage refill is issued after its first Q K^T k-step instead of before it.
 template <class T, int D, int NW, int BN, int MT, bool QREG, bool OVL = false, int STR = 0,
-          bool PIPE = false>
+          bool PIPE = false, bool LATE = false>
 __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
   using Cfg = MmaCfg<T, D, NW, BN, MT, QREG, OVL, STR>;
+  static_assert(!(OVL && LATE), "the overlapped loop refills at the top");
   constexpr int kM = Cfg::kM, kNT = Cfg::kThreads;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);
@@ -778,8 +780,9 @@ __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
   // 128-byte aligned tiles are what swz_addr relies on (every tile size is a multiple of 4 KB).
   if ((smem_u32(smem_raw) & 127u) != 0) __trap();
   const SwzBases q_base = swz_bases<T, D>(smem_u32(sQ + warp * 16 * MT * D), lane % 16, lane / 16);
-  // S = Q K^T for this warp's 16 * MT rows and one tile's BN keys.
-  auto qk = [&](const T* tK, float(&acc)[MT][kSTiles][4]) {
+  // S = Q K^T for this warp's 16 * MT rows and one tile's BN keys; `after_first` runs once the
+  // first k-step's mmas are issued (the stage refill, behind them instead of before them).
+  auto qk = [&](const T* tK, float(&acc)[MT][kSTiles][4], auto after_first) {
     const SwzBases k_base = swz_bases<T, D>(smem_u32(tK), (lane % 8) + (mi / 2) * 8, mi % 2);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
@@ -824,6 +827,7 @@ __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
           mma16816<T>(acc[mt][n], af[mt], bf[0], bf[1]);
           mma16816<T>(acc[mt][n + 1], af[mt], bf[2], bf[3]);
         }
+        if (j == kPairs - 1) after_first();
       }
     }
     // The plain walk (zero trips when PIPE: the pipelined one above did the work).
@@ -836,21 +840,29 @@ __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
         mma_b_pair<T, false, MT>(
             swz_addr<T, D>(k_base, n * 8, 2 * ks), [&](int m) { return a[m]; },
             [&](int m, int j) { return acc[m][n + j]; });
+      if (ks == 0) after_first();
     }
   };
+  auto nothing = [] {};
   float sc[MT][kSTiles][4];  // S of tile t (OVL: computed one iteration ahead)
   for (int t = t_begin; t < t_end; ++t) {
     // Tile t has landed (OVL: t + 1 as well); later groups may still be in flight.
     cp_async_wait<OVL ? kStages - 3 : kStages - 2>();
     __syncthreads();  // ... for every thread; and everyone is done with tile t - 1
-    {                 // refill the stage tile t - 1 used with tile t + kStages - 1
+    // Refills the stage tile t - 1 used with tile t + kStages - 1: one commit group a tile. LATE
+    // issues it after the first k-step of this tile's Q K^T, so its address arithmetic follows mmas
+    // already in the pipe (the backward's same move: +3-4%, H100, 73c82e9), instead of here.
+    bool refilled = false;
+    auto refill = [&] {
       const int tn = t + kStages - 1, sn = (tn - t_begin) % kStages;
       if (tn < t_end) {
         load_tile<T, BN, D, kNT>(sK + sn * BN * D, gk, k_rs, tn * BN, s.lk, p.dim_qk);
         load_tile<T, BN, D, kNT>(sV + sn * BN * D, gv, v_rs, tn * BN, s.lk, p.dim_v);
       }
       cp_async_commit();
-    }
+      refilled = true;
+    };
+    if constexpr (!LATE) refill();
     const int stage = (t - t_begin) % kStages;
     const T* tK = sK + stage * BN * D;
     const T* tV = sV + stage * BN * D;
@@ -867,11 +879,13 @@ __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
       }
       float s_next[OVL ? MT : 1][OVL ? kSTiles : 1][4];
       if constexpr (OVL) {
-        if (t == t_begin) qk(tK, sc);
+        if (t == t_begin) qk(tK, sc, nothing);
         // Independent of the softmax below: the mma pipe works while the exp2s run.
-        if (t + 1 < t_end) qk(sK + ((t + 1 - t_begin) % kStages) * BN * D, s_next);
+        if (t + 1 < t_end) qk(sK + ((t + 1 - t_begin) % kStages) * BN * D, s_next, nothing);
+      } else if constexpr (LATE) {
+        qk(tK, sc, refill);
       } else {
-        qk(tK, sc);
+        qk(tK, sc, nothing);
       }
       // Scale (+ soft-cap) into the exp2 domain, mask, online softmax.
       const int n0 = t * BN;
@@ -1070,6 +1084,7 @@ __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
             for (int e = 0; e < 4; ++e) sc[mt][n][e] = s_next[mt][n][e];
       }
     }
+    if (!refilled) refill();  // LATE: warps without rows
   }
   cp_async_wait<0>();
   if (!active) return;

@@ -86,6 +86,7 @@ struct MmaShapeM16 {
   static constexpr bool kOvl = false;
   static constexpr int kStr = 0;
   static constexpr int kRows = 16 * kNW * kMT;
+  static constexpr bool kLateRefill = D != 256;  // see shape_late_refill
 };
 // The same per warp with eight warps (128-row CTAs, 1 per SM at ~229 registers): every K/V tile
 // fetched from L2 feeds twice the rows. At FA2-class rates (~300 TFLOP/s at D = 128) 64-row CTAs
@@ -98,6 +99,7 @@ struct MmaShapeM16W8 {
   static constexpr bool kOvl = false;
   static constexpr int kStr = 0;
   static constexpr int kRows = 16 * kNW * kMT;
+  static constexpr bool kLateRefill = D != 256;
 };
 // FlashAttention-2's own shape at D = 64 / 128: four warps of two m16 tiles (128-row CTAs, like
 // m16w8) and 64-key tiles, Q read from shared memory at every k-step. Every K/V fragment loaded by
@@ -148,6 +150,7 @@ template <int D>
 struct MmaShapeM32SWide : MmaShapeM32S<D> {
   static constexpr int kBN = D == 64 ? 128 : MmaShapeM32S<D>::kBN;
   static constexpr bool kPipe = D == 64;
+  static constexpr bool kLateRefill = D == 64;
 };
 // m32s_n128 with one softmax text (MmaCfg's STR = 3): masked and capped tiles are converted
 // straight-line before it instead of through the per-element loop. The d64 default
@@ -166,6 +169,21 @@ template <class S>
 constexpr bool shape_pipe() {
   if constexpr (requires { S::kPipe; })
     return S::kPipe;
+  else
+    return false;
+}
+// Shapes whose K / V stage refill goes after the first Q K^T k-step (flash_fwd_mma's LATE). H100,
+// bf16, 3 interleaved rounds a call against the top-of-loop refill. The change in every shape
+// (38b28da + 205fba1's loop): m32s_n128m (the d64 default) +2.0% L4096 / +2.3% causal, m16 +2.3%
+// / +2.1% (d128 L512 / L4096) and +3.9% (d64 L4096), m16w8 +6.4% / +6.2% (d128); lost or nothing:
+// m32s_straight at d128 (L512 0.0%, L4096 -4.5%), m32s (-0.4 to +0.9%), m32 (-1.3 to +1.3%), ovl
+// (-1.4 to -3.2%), the plain MmaShape (-5.7% / -8.4% at d128). Then only in the shapes below (next
+// call): m32s_n128m +0.3% / +0.6% / +1.3% / +1.3% (d64 L512 / L4096 / L4096 causal / L16384), m16
+// +2.0-4.7%, m16w8 +7.7% (d128 L4096), m32s_n128 +2.1-4.2%; the other shapes' SASS is unchanged.
+template <class S>
+constexpr bool shape_late_refill() {
+  if constexpr (requires { S::kLateRefill; })
+    return S::kLateRefill;
   else
     return false;
 }
@@ -241,8 +259,8 @@ template <class T, int D, template <int> class Sh>
 Status run_mma(const LaunchContext& ctx, const Params& p) {
   using S = Sh<D>;
   using Cfg = MmaCfg<T, D, S::kNW, S::kBN, S::kMT, S::kQReg, S::kOvl, S::kStr>;
-  constexpr auto kernel =
-      flash_fwd_mma<T, D, S::kNW, S::kBN, S::kMT, S::kQReg, S::kOvl, S::kStr, shape_pipe<S>()>;
+  constexpr auto kernel = flash_fwd_mma<T, D, S::kNW, S::kBN, S::kMT, S::kQReg, S::kOvl, S::kStr,
+                                        shape_pipe<S>(), shape_late_refill<S>()>;
   static const cudaError_t attr = cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Cfg::kSmem));
   if (attr != cudaSuccess) return cuda::cuda_error(ForwardOp::name, "flash_fwd_mma smem", attr);
