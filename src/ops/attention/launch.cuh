@@ -179,7 +179,8 @@ constexpr bool shape_pipe() {
 // m32s_straight at d128 (L512 0.0%, L4096 -4.5%), m32s (-0.4 to +0.9%), m32 (-1.3 to +1.3%), ovl
 // (-1.4 to -3.2%), the plain MmaShape (-5.7% / -8.4% at d128). Then only in the shapes below (next
 // call): m32s_n128m +0.3% / +0.6% / +1.3% / +1.3% (d64 L512 / L4096 / L4096 causal / L16384), m16
-// +2.0-4.7%, m16w8 +7.7% (d128 L4096), m32s_n128 +2.1-4.2%; the other shapes' SASS is unchanged.
+// +2.0-4.7% at d64 and +0.4% at d128 L4096, m16w8 +7.7% (d128 L4096), m32s_n128 +2.1-4.2%; the
+// other shapes' SASS is unchanged.
 template <class S>
 constexpr bool shape_late_refill() {
   if constexpr (requires { S::kLateRefill; })
