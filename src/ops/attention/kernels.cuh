@@ -647,8 +647,8 @@ struct MmaCfg {
 // (one n16 / d16 pair of mmas) ahead of the mmas that read it, into a second register set, the way
 // FlashAttention-2's CuTe loop does. ncu of m32s_n128 (H100, d64 L4096) had its HMMAs waiting on
 // the ldmatrix just before them (short scoreboard: 12% of stall samples, 4% in FA2's loop, whose
-// HMMAs wait on the tensor pipe instead). LATE (shape_late_refill in launch.cuh): each tile's K / V
-// stage refill is issued after its first Q K^T k-step instead of before it.
+// HMMAs wait on the tensor pipe instead). LATE (a shape's kLateRefill in launch.cuh): each tile's K
+// / V stage refill is issued after its first Q K^T k-step instead of before it.
 template <class T, int D, int NW, int BN, int MT, bool QREG, bool OVL = false, int STR = 0,
           bool PIPE = false, bool LATE = false>
 __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {

@@ -71,6 +71,7 @@ struct MmaShape {
   static constexpr bool kOvl = false;
   static constexpr int kStr = 0;
   static constexpr int kRows = 16 * kNW * kMT;
+  static constexpr bool kPipe = false, kLateRefill = false;  // (see MmaShapeM32SWide)
 };
 // The A/B alternative (flash_fwd_mma_m16_sm80): one m16 tile per warp (64-row CTAs) and 64-key
 // tiles at D = 64 and 128. MT = 2 with BN = 32 sits at 253-255 registers at D = 128, which leaves
@@ -86,7 +87,7 @@ struct MmaShapeM16 {
   static constexpr bool kOvl = false;
   static constexpr int kStr = 0;
   static constexpr int kRows = 16 * kNW * kMT;
-  static constexpr bool kLateRefill = D != 256;  // see shape_late_refill
+  static constexpr bool kPipe = false, kLateRefill = D != 256;  // (see after MmaShapeM32SWide)
 };
 // The same per warp with eight warps (128-row CTAs, 1 per SM at ~229 registers): every K/V tile
 // fetched from L2 feeds twice the rows. At FA2-class rates (~300 TFLOP/s at D = 128) 64-row CTAs
@@ -99,7 +100,7 @@ struct MmaShapeM16W8 {
   static constexpr bool kOvl = false;
   static constexpr int kStr = 0;
   static constexpr int kRows = 16 * kNW * kMT;
-  static constexpr bool kLateRefill = D != 256;
+  static constexpr bool kPipe = false, kLateRefill = D != 256;
 };
 // FlashAttention-2's own shape at D = 64 / 128: four warps of two m16 tiles (128-row CTAs, like
 // m16w8) and 64-key tiles, Q read from shared memory at every k-step. Every K/V fragment loaded by
@@ -115,6 +116,7 @@ struct MmaShapeM32 {
   static constexpr bool kOvl = false;
   static constexpr int kStr = 0;
   static constexpr int kRows = 16 * kNW * kMT;
+  static constexpr bool kPipe = false, kLateRefill = false;
 };
 // m32 (flash_fwd_mma_m32s_sm80, the family's default at d128) whose tiles without soft-cap or
 // mask (the bulk of a long non-causal row) run the straight-line score conversion of the m16
@@ -132,6 +134,7 @@ struct MmaShapeM32S {
   static constexpr bool kOvl = false;
   static constexpr int kStr = D != 256 ? 1 : 0;
   static constexpr int kRows = 16 * kNW * kMT;
+  static constexpr bool kPipe = false, kLateRefill = false;
 };
 // m32s with straight-line score conversion on every tile, masked and soft-capped ones too (MmaCfg's
 // STR = 2; m32s keeps the per-element loop there, which spilled when its second m16 tile's mmas
@@ -163,31 +166,19 @@ struct MmaShapeM32SWideMasked : MmaShapeM32SWide<D> {
 };
 // Loading the fragments a step ahead did not pay for the other shapes (H100, 3d21677, same call,
 // against FA2's ratio): m16 -5 to +3%, m32s +3-6% at d128 L <= 8192 but -2% at L16384 and -1 to
-// -3% at d64, m32s_straight (40 / 68 bytes of spill at D = 128) -2 to -12%; not built.
-// A shape's PIPE (false unless it says).
-template <class S>
-constexpr bool shape_pipe() {
-  if constexpr (requires { S::kPipe; })
-    return S::kPipe;
-  else
-    return false;
-}
-// Shapes whose K / V stage refill goes after the first Q K^T k-step (flash_fwd_mma's LATE). H100,
-// bf16, 3 interleaved rounds a call against the top-of-loop refill. The change in every shape
-// (38b28da + 205fba1's loop): m32s_n128m (the d64 default) +2.0% L4096 / +2.3% causal, m16 +2.3%
-// / +2.1% (d128 L512 / L4096) and +3.9% (d64 L4096), m16w8 +6.4% / +6.2% (d128); lost or nothing:
-// m32s_straight at d128 (L512 0.0%, L4096 -4.5%), m32s (-0.4 to +0.9%), m32 (-1.3 to +1.3%), ovl
-// (-1.4 to -3.2%), the plain MmaShape (-5.7% / -8.4% at d128). Then only in the shapes below (next
-// call): m32s_n128m +0.3% / +0.6% / +1.3% / +1.3% (d64 L512 / L4096 / L4096 causal / L16384), m16
-// +2.0-4.7% at d64 and +0.4% at d128 L4096, m16w8 +7.7% (d128 L4096), m32s_n128 +2.1-4.2%; the
-// other shapes' SASS is unchanged.
-template <class S>
-constexpr bool shape_late_refill() {
-  if constexpr (requires { S::kLateRefill; })
-    return S::kLateRefill;
-  else
-    return false;
-}
+// -3% at d64, m32s_straight (40 / 68 bytes of spill at D = 128) -2 to -12%; not built (kPipe
+// false).
+//
+// kLateRefill (every shape says, as for kPipe): its K / V stage refill goes after the first Q K^T
+// k-step (flash_fwd_mma's LATE). H100, bf16, 3 interleaved rounds a call against the top-of-loop
+// refill. The change in every shape (38b28da + 205fba1's loop): m32s_n128m (the d64 default) +2.0%
+// L4096 / +2.3% causal, m16 +2.3% / +2.1% (d128 L512 / L4096) and +3.9% (d64 L4096), m16w8 +6.4% /
+// +6.2% (d128); lost or nothing: m32s_straight at d128 (L512 0.0%, L4096 -4.5%), m32s (-0.4 to
+// +0.9%), m32 (-1.3 to +1.3%), ovl (-1.4 to -3.2%), the plain MmaShape (-5.7% / -8.4% at d128).
+// Then only in m16, m16w8 and m32s_n128 / n128m (next call): m32s_n128m +0.3% / +0.6% / +1.3% /
+// +1.3% (d64 L512 / L4096 / L4096 causal / L16384), m16 +2.0-4.7% at d64 and +0.4% at d128 L4096,
+// m16w8 +7.7% (d128 L4096), m32s_n128 +2.1-4.2%; the other shapes' SASS is unchanged.
+//
 // m16w8 with S_{t+1} issued before the softmax of S_t (MmaCfg's OVL): the warps' softmax no
 // longer leaves the tensor cores idle. 4-stage ring: 160 KB at D = 128, one CTA per SM as m16w8.
 template <int D>
@@ -198,6 +189,7 @@ struct MmaShapeOvl {
   static constexpr bool kOvl = D != 256;
   static constexpr int kStr = 0;
   static constexpr int kRows = 16 * kNW * kMT;
+  static constexpr bool kPipe = false, kLateRefill = false;
 };
 template <template <int> class Sh>
 inline int mma_bn(int d) {
@@ -261,7 +253,7 @@ Status run_mma(const LaunchContext& ctx, const Params& p) {
   using S = Sh<D>;
   using Cfg = MmaCfg<T, D, S::kNW, S::kBN, S::kMT, S::kQReg, S::kOvl, S::kStr>;
   constexpr auto kernel = flash_fwd_mma<T, D, S::kNW, S::kBN, S::kMT, S::kQReg, S::kOvl, S::kStr,
-                                        shape_pipe<S>(), shape_late_refill<S>()>;
+                                        S::kPipe, S::kLateRefill>;
   static const cudaError_t attr = cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Cfg::kSmem));
   if (attr != cudaSuccess) return cuda::cuda_error(ForwardOp::name, "flash_fwd_mma smem", attr);
