@@ -1,7 +1,10 @@
 // cp.async (sm_80+) global -> shared copies for device code: the 16-byte copy with zero fill,
-// group commit and the waits; the sm_90 bulk reduction, its waits and the proxy fence. Include only
-// from .cu files.
+// group commit and the waits; the sm_90 bulk reduction, its waits and the proxy fence; sm_90
+// mbarriers, bulk copies and the cluster barrier / distributed shared memory. Include only from .cu
+// files.
 #pragma once
+
+#include <cstdint>
 
 namespace baracuda::cuda {
 
@@ -95,5 +98,74 @@ __device__ __forceinline__ void fence_proxy_async() {
   __trap();
 #endif
 }
+
+// ---- sm_90 mbarriers, bulk copies and thread-block clusters ----------------------------------
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define BARACUDA_SM90_ASM(...) asm volatile(__VA_ARGS__)
+#else
+#define BARACUDA_SM90_ASM(...) __trap()
+#endif
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  BARACUDA_SM90_ASM("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// The caller's arrival, announcing `bytes` of transactions (bulk copies) the phase waits for.
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  BARACUDA_SM90_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),
+                    "r"(bytes)
+                    : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  BARACUDA_SM90_ASM("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Until the phase of parity `parity` has completed.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    BARACUDA_SM90_ASM(
+        "{\n.reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+// Bulk copy global -> shared (no tensor map), completing on an mbarrier's transaction count; size
+// and both addresses multiples of 16 bytes.
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes,
+                                          uint32_t bar) {
+  BARACUDA_SM90_ASM(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+          "r"(dst),
+      "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(bar)
+      : "memory");
+}
+// This CTA's rank in its cluster.
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r = 0;
+  BARACUDA_SM90_ASM("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+// The cluster barrier, split: every thread of the cluster arrives (release: its earlier writes,
+// shared memory included, become visible to the threads that wait) and later waits (acquire) for
+// the phase to complete. Each thread alternates arrive and wait; the whole warp executes both.
+__device__ __forceinline__ void cluster_arrive() {
+  BARACUDA_SM90_ASM("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() {
+  BARACUDA_SM90_ASM("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+// The address of this CTA's shared-memory word `addr` in the CTA of cluster rank `rank`.
+__device__ __forceinline__ uint32_t cluster_map(uint32_t addr, uint32_t rank) {
+  uint32_t r = 0;
+  BARACUDA_SM90_ASM("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
+  return r;
+}
+__device__ __forceinline__ float cluster_load(uint32_t addr) {
+  float v = 0;
+  BARACUDA_SM90_ASM("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
+  return v;
+}
+#undef BARACUDA_SM90_ASM
 
 }  // namespace baracuda::cuda

@@ -9,6 +9,7 @@
 #include <optional>
 #include <utility>
 
+#include "ops/mhc/collapse_cluster16.cuh"
 #include "ops/mhc/kernels.cuh"
 
 namespace baracuda::mhc_cuda {
@@ -480,6 +481,95 @@ Status collapse_cluster(const LaunchContext& ctx, const MhcProblem& p,
   return run_comb_sinkhorn(op, s, p, da);
 }
 
+// ---- dynamic H collapse, one pass over X on 16-CTA clusters (collapse_cluster16.cuh)
+// ------------- Slots in the ring: as many tiles as the shared memory holds, up to kC16MaxSlots.
+template <class T>
+int64_t c16_slots(const MhcProblem& p, const DeviceCaps& caps) {
+  const int64_t slot = kC16Tok * int64_t{c16_token_bytes<T>(static_cast<int>(p.channels))};
+  return std::min<int64_t>(kC16MaxSlots, (caps.smem_per_block_optin - kC16FixedBytes) / slot);
+}
+// n = 4 and C in {1024, 2048, 4096} (KS = C / 256 k-steps a warp, 6 KS fn registers a thread);
+// depends on (n, C, dtype) and the device only, never on the token count (bit-stability).
+template <DType D>
+bool fits_collapse_cluster16(const MhcProblem& p, const DeviceCaps& caps) {
+  using T = cuda::device_t<D>;
+  if (p.h != MhcH::dynamic_h || caps.sm < 90 || p.n != kC16N) return false;
+  if (p.channels != 1024 && p.channels != 2048 && p.channels != 4096) return false;
+  return c16_slots<T>(p, caps) >= 3;
+}
+template <class T>
+Status collapse_cluster16(const LaunchContext& ctx, const MhcProblem& p,
+                          const MhcCollapseOp::Arguments& a) {
+  constexpr std::string_view op = MhcCollapseOp::name;
+  if (p.tokens == 0) return {};
+  const MhcParams& w = a.params;
+  // 16-byte bulk copies of X rows, 16-byte stores of y, 8-byte fn loads; other layouts take the
+  // split-K path (whose bits differ; the choice depends on alignment, never on the token count).
+  if (!vec_ok<T>(p.channels, {a.x.data, a.y.data}, {a.x.stride[0], a.x.stride[1], a.y.stride[0]}) ||
+      reinterpret_cast<uintptr_t>(w.fn.data) % 8 != 0 || w.fn.stride[0] % 2 != 0)
+    return collapse<T, true>(ctx, p, a);
+  const cudaStream_t s = cuda::stream_of(ctx);
+  C16Args ca;
+  ca.tokens = p.tokens, ca.tiles = (p.tokens + kC16Tok - 1) / kC16Tok;
+  ca.x_st = a.x.stride[0], ca.x_si = a.x.stride[1], ca.y_st = a.y.stride[0];
+  ca.co_stride = a.coeffs.stride[0];
+  ca.channels = static_cast<int>(p.channels);
+  ca.slots = static_cast<int>(c16_slots<T>(p, ctx.stream.caps()));
+  ca.fn = static_cast<const float*>(w.fn.data), ca.fn_stride = w.fn.stride[0];
+  ca.scale = static_cast<const float*>(w.scale.data);
+  ca.base = static_cast<const float*>(w.base.data);
+  ca.inv_flat = static_cast<float>(1.0 / static_cast<double>(p.flat));
+  ca.norm_eps = static_cast<float>(p.norm_eps), ca.pre_eps = static_cast<float>(p.pre_eps);
+  ca.co = static_cast<float*>(a.coeffs.data);
+  auto* kernel = p.channels == 4096   ? collapse_cluster16_kernel<T, 16>
+                 : p.channels == 2048 ? collapse_cluster16_kernel<T, 8>
+                                      : collapse_cluster16_kernel<T, 4>;
+  const size_t smem = static_cast<size_t>(c16_smem_bytes<T>(ca.channels, ca.slots));
+  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(smem));
+      e != cudaSuccess)
+    return cuda::cuda_error(op, "collapse_cluster16_kernel smem", e);
+  if (cudaError_t e =
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+      e != cudaSuccess)
+    return cuda::cuda_error(op, "collapse_cluster16_kernel cluster size", e);
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = kC16Ctas, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.blockDim = dim3(kC16Threads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cfg.attrs = attr, cfg.numAttrs = 1;
+  // Persistent clusters, as many as fit at once (cached per device and shared-memory size).
+  static std::atomic<int64_t> cache[16];
+  const int dev = ctx.stream.device();
+  const int64_t key = static_cast<int64_t>(smem) << 8;
+  int64_t clusters = 0;
+  if (dev >= 0 && dev < 16) {
+    const int64_t c = cache[dev].load(std::memory_order_relaxed);
+    if ((c & ~int64_t{0xff}) == key) clusters = c & 0xff;
+  }
+  if (clusters == 0) {
+    cfg.gridDim = dim3(kC16Ctas);
+    int n_clusters = 0;
+    if (cudaError_t e = cudaOccupancyMaxActiveClusters(&n_clusters, kernel, &cfg); e != cudaSuccess)
+      return cuda::cuda_error(op, "cudaOccupancyMaxActiveClusters", e);
+    if (n_clusters < 1) return collapse<T, true>(ctx, p, a);
+    clusters = std::min(n_clusters, 255);
+    if (dev >= 0 && dev < 16) cache[dev].store(key | clusters, std::memory_order_relaxed);
+  }
+  cfg.gridDim = dim3(static_cast<unsigned>(std::min<int64_t>(clusters, ca.tiles) * kC16Ctas));
+  if (cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, static_cast<T*>(a.y.data),
+                                         static_cast<const T*>(a.x.data), ca);
+      e != cudaSuccess)
+    return cuda::cuda_error(op, "collapse_cluster16_kernel", e);
+  MHC_CHECK("collapse_cluster16_kernel");
+  DynArgs da;
+  da.co = ca.co, da.co_stride = ca.co_stride, da.n = kC16N;
+  return run_comb_sinkhorn(op, s, p, da);
+}
+
 // ---- expand
 // -------------------------------------------------------------------------------------------
 template <class T>
@@ -754,6 +844,14 @@ bool register_mhc_cuda() {
                                   .fits = fits_collapse_cluster<D, true>,
                                   .workspace = ws_collapse,
                                   .launch = collapse_cluster<T, true, true>});
+  // One pass on 16-CTA clusters with fn in registers (n = 4, C in {1024, 2048, 4096}); pinned
+  // only until measured.
+  register_kernel<MhcCollapseOp>({.sku = sku(MhcCollapseOp::name, DType::f32, kForwardTf32,
+                                             "collapse_dynamic_cluster16_tf32", Arch::sm90),
+                                  .priority = 5,
+                                  .fits = fits_collapse_cluster16<D>,
+                                  .workspace = ws_collapse,
+                                  .launch = collapse_cluster16<T>});
   // Two passes over X with the logits on tensor cores (any arch with TF32 mma.sync): the default.
   register_kernel<MhcCollapseOp>(
       {.sku = sku(MhcCollapseOp::name, DType::f32, kForwardTf32, "collapse_split_tf32"),

@@ -470,9 +470,9 @@ TEST_P(Mhc, DynamicCollapseKernelsMatchReference) {
   struct Case {
     int64_t t, n, c;
   };
-  const std::vector<Case> cases = {{37, 4, 4096}, {1000, 4, 4096}, {100, 4, 1028},
-                                   {5, 1, 4096},  {50, 3, 2056},   {30, 8, 1024},
-                                   {3, 4, 8},     {41, 4, 2052},   {20, 3, 128}};
+  const std::vector<Case> cases = {{37, 4, 4096}, {1000, 4, 4096}, {100, 4, 1028}, {5, 1, 4096},
+                                   {50, 3, 2056}, {30, 8, 1024},   {3, 4, 8},      {41, 4, 2052},
+                                   {20, 3, 128},  {77, 4, 2048},   {18, 4, 1024}};
   int vi = 0;
   for (DType dt : {DType::f32, DType::bf16, DType::f16})
     for (const Case& cs : cases) {
@@ -504,12 +504,17 @@ TEST_P(Mhc, DynamicCollapseKernelsMatchReference) {
       int kernels = 0;
       for (std::string_view pin : {std::string_view{}, std::string_view{"collapse"},
                                    std::string_view{"collapse_dynamic_cluster"},
-                                   std::string_view{"collapse_dynamic_cluster_tf32"}}) {
-        // The cluster kernels serve sm_90 and 16-byte slices; the tensor-core one C % 128 == 0.
+                                   std::string_view{"collapse_dynamic_cluster_tf32"},
+                                   std::string_view{"collapse_dynamic_cluster16_tf32"}}) {
+        // The cluster kernels serve sm_90 and 16-byte slices; the tensor-core one C % 128 == 0;
+        // the 16-CTA one n = 4 and C in {1024, 2048, 4096}.
         // The default, collapse_split_tf32, fits every dynamic shape (its logits fall back to CUDA
         // cores where C % 16 != 0 or rows are unaligned).
         if (pin == "collapse_dynamic_cluster" && (!sm90 || cs.c % vec != 0)) continue;
         if (pin == "collapse_dynamic_cluster_tf32" && (!sm90 || cs.c % 128 != 0)) continue;
+        if (pin == "collapse_dynamic_cluster16_tf32" &&
+            (!sm90 || cs.n != 4 || (cs.c != 1024 && cs.c != 2048 && cs.c != 4096)))
+          continue;
         const PlanPreference pref =
             pin.empty() ? PlanPreference::fastest() : PlanPreference::kernel(pin);
         auto cp = MhcCollapsePlan::select(s, d, pref);
