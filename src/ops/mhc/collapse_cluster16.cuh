@@ -94,7 +94,7 @@ __device__ __forceinline__ void c16_split_fn(float v, uint32_t& big, uint32_t& s
   split_tf32(v, big, small);
 }
 
-template <class T, int KS>
+template <class T, int KS, bool BULK>
 __global__ void __launch_bounds__(kC16Threads, 1)
     collapse_cluster16_kernel(T* __restrict__ y, const T* __restrict__ x, C16Args a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -121,7 +121,7 @@ __global__ void __launch_bounds__(kC16Threads, 1)
   const int64_t c0 = static_cast<int64_t>(rank) * CS;
 
   if (tid == 0) {
-    for (int s = 0; s < S; ++s) cuda::mbar_init(bars + 8 * s, 1);
+    for (int s = 0; s < S; ++s) cuda::mbar_init(bars + 8 * s, BULK ? 1 : kC16Threads);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   // fr[s][nt][j] = fn[nt * 8 + g][stream * C + c0 + half * CS / 2 + 8 s + 2 tq + j].
@@ -141,21 +141,35 @@ __global__ void __launch_bounds__(kC16Threads, 1)
   }
   __syncthreads();  // the mbarriers are initialized before any copy or wait
 
-  // Warp 0: the cluster's tile j into slot j % S (tail rows copy the last token; discarded).
+  // The cluster's tile j into slot j % S (tail rows copy the last token; discarded). BULK: warp 0
+  // issues one bulk copy per token and stream; otherwise every thread copies 16-byte chunks with
+  // cp.async and its arrival on the slot's mbarrier follows its copies.
   auto refill = [&](int64_t j) {
     const int s = static_cast<int>(j % S);
     const uint32_t bar = bars + 8 * s;
-    if (lane == 0) cuda::mbar_expect_tx(bar, kC16Tok * kC16N * kRowBytes);
-    __syncwarp();
     const int64_t t0 = (cluster + j * ncl) * kC16Tok;
-    for (int c = lane; c < kC16Tok * kC16N; c += 32) {
-      const int t = c / kC16N, i = c % kC16N;
-      const int64_t tok = min(t0 + t, a.tokens - 1);
-      cuda::bulk_load(ring + s * kSlotBytes + t * TB + i * kRowBytes,
-                      x + tok * a.x_st + i * a.x_si + c0, kRowBytes, bar);
+    if constexpr (BULK) {
+      if (lane == 0) cuda::mbar_expect_tx(bar, kC16Tok * kC16N * kRowBytes);
+      __syncwarp();
+      for (int c = lane; c < kC16Tok * kC16N; c += 32) {
+        const int t = c / kC16N, i = c % kC16N;
+        const int64_t tok = min(t0 + t, a.tokens - 1);
+        cuda::bulk_load(ring + s * kSlotBytes + t * TB + i * kRowBytes,
+                        x + tok * a.x_st + i * a.x_si + c0, kRowBytes, bar);
+      }
+    } else {
+      constexpr int kChunks = kRowBytes / 16;
+      for (int c = tid; c < kC16Tok * kC16N * kChunks; c += kC16Threads) {
+        const int row = c / kChunks, ch = c - row * kChunks;
+        const int t = row / kC16N, i = row % kC16N;
+        const int64_t tok = min(t0 + t, a.tokens - 1);
+        cp_async16(c16_smem + s * kSlotBytes + t * TB + i * kRowBytes + ch * 16,
+                   x + tok * a.x_st + i * a.x_si + c0 + ch * VEC);
+      }
+      asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
     }
   };
-  if (warp == 0)
+  if (warp == 0 || !BULK)
     for (int64_t j = 0; j < min(static_cast<int64_t>(S), ntl); ++j) refill(j);
 
   for (int64_t j = 0; j <= ntl; ++j) {
@@ -288,7 +302,7 @@ __global__ void __launch_bounds__(kC16Threads, 1)
         }
       }
       __syncthreads();  // the slot and pres are free
-      if (warp == 0 && jt + S < ntl) refill(jt + S);
+      if ((warp == 0 || !BULK) && jt + S < ntl) refill(jt + S);
     }
     if (j < ntl) cuda::cluster_arrive();
   }

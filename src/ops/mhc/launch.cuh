@@ -497,7 +497,7 @@ bool fits_collapse_cluster16(const MhcProblem& p, const DeviceCaps& caps) {
   if (p.channels != 1024 && p.channels != 2048 && p.channels != 4096) return false;
   return c16_slots<T>(p, caps) >= 3;
 }
-template <class T>
+template <class T, bool BULK>
 Status collapse_cluster16(const LaunchContext& ctx, const MhcProblem& p,
                           const MhcCollapseOp::Arguments& a) {
   constexpr std::string_view op = MhcCollapseOp::name;
@@ -521,9 +521,9 @@ Status collapse_cluster16(const LaunchContext& ctx, const MhcProblem& p,
   ca.inv_flat = static_cast<float>(1.0 / static_cast<double>(p.flat));
   ca.norm_eps = static_cast<float>(p.norm_eps), ca.pre_eps = static_cast<float>(p.pre_eps);
   ca.co = static_cast<float*>(a.coeffs.data);
-  auto* kernel = p.channels == 4096   ? collapse_cluster16_kernel<T, 16>
-                 : p.channels == 2048 ? collapse_cluster16_kernel<T, 8>
-                                      : collapse_cluster16_kernel<T, 4>;
+  auto* kernel = p.channels == 4096   ? collapse_cluster16_kernel<T, 16, BULK>
+                 : p.channels == 2048 ? collapse_cluster16_kernel<T, 8, BULK>
+                                      : collapse_cluster16_kernel<T, 4, BULK>;
   const size_t smem = static_cast<size_t>(c16_smem_bytes<T>(ca.channels, ca.slots));
   if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(smem));
@@ -551,7 +551,7 @@ Status collapse_cluster16(const LaunchContext& ctx, const MhcProblem& p,
     if ((c & ~int64_t{0xff}) == key) clusters = c & 0xff;
   }
   if (clusters == 0) {
-    cfg.gridDim = dim3(kC16Ctas);
+    cfg.gridDim = dim3(kC16Ctas);  // the query's grid: one cluster
     int n_clusters = 0;
     if (cudaError_t e = cudaOccupancyMaxActiveClusters(&n_clusters, kernel, &cfg); e != cudaSuccess)
       return cuda::cuda_error(op, "cudaOccupancyMaxActiveClusters", e);
@@ -851,7 +851,14 @@ bool register_mhc_cuda() {
                                   .priority = 5,
                                   .fits = fits_collapse_cluster16<D>,
                                   .workspace = ws_collapse,
-                                  .launch = collapse_cluster16<T>});
+                                  .launch = collapse_cluster16<T, true>});
+  // The same with X copied by every thread in 16-byte cp.async chunks (A/B of the copy path).
+  register_kernel<MhcCollapseOp>({.sku = sku(MhcCollapseOp::name, DType::f32, kForwardTf32,
+                                             "collapse_dynamic_cluster16_cp_tf32", Arch::sm90),
+                                  .priority = 4,
+                                  .fits = fits_collapse_cluster16<D>,
+                                  .workspace = ws_collapse,
+                                  .launch = collapse_cluster16<T, false>});
   // Two passes over X with the logits on tensor cores (any arch with TF32 mma.sync): the default.
   register_kernel<MhcCollapseOp>(
       {.sku = sku(MhcCollapseOp::name, DType::f32, kForwardTf32, "collapse_split_tf32"),
