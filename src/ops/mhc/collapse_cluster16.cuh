@@ -141,17 +141,21 @@ __global__ void __launch_bounds__(kC16Threads, 1)
   }
   __syncthreads();  // the mbarriers are initialized before any copy or wait
 
-  // The cluster's tile j into slot j % S (tail rows copy the last token; discarded). BULK: warp 0
-  // issues one bulk copy per token and stream; otherwise every thread copies 16-byte chunks with
+  // The cluster's tile j into slot j % S (tail rows copy the last token; discarded). BULK: one
+  // bulk copy per token and stream; otherwise every thread copies 16-byte chunks with
   // cp.async and its arrival on the slot's mbarrier follows its copies.
   auto refill = [&](int64_t j) {
     const int s = static_cast<int>(j % S);
     const uint32_t bar = bars + 8 * s;
     const int64_t t0 = (cluster + j * ncl) * kC16Tok;
     if constexpr (BULK) {
-      if (lane == 0) cuda::mbar_expect_tx(bar, kC16Tok * kC16N * kRowBytes);
-      __syncwarp();
-      for (int c = lane; c < kC16Tok * kC16N; c += 32) {
+      // Copy c = warp * 8 + lane for lanes 0-7, so no warp carries the issue alone. A copy may
+      // complete before thread 0 announces the bytes: the transaction count may go negative
+      // within a phase, and the phase cannot complete before thread 0's arrival.
+      static_assert(kC16Tok * kC16N == 8 * kC16Warps, "8 copies per warp");
+      if (tid == 0) cuda::mbar_expect_tx(bar, kC16Tok * kC16N * kRowBytes);
+      if (lane < 8) {
+        const int c = warp * 8 + lane;
         const int t = c / kC16N, i = c % kC16N;
         const int64_t tok = min(t0 + t, a.tokens - 1);
         cuda::bulk_load(ring + s * kSlotBytes + t * TB + i * kRowBytes,
@@ -169,8 +173,7 @@ __global__ void __launch_bounds__(kC16Threads, 1)
       asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
     }
   };
-  if (warp == 0 || !BULK)
-    for (int64_t j = 0; j < min(static_cast<int64_t>(S), ntl); ++j) refill(j);
+  for (int64_t j = 0; j < min(static_cast<int64_t>(S), ntl); ++j) refill(j);
 
   for (int64_t j = 0; j <= ntl; ++j) {
     if (j < ntl) {
@@ -241,9 +244,12 @@ __global__ void __launch_bounds__(kC16Threads, 1)
       }
       if (j == 0) __syncthreads();  // later iterations pass two barriers before wpart is rewritten
     }
+    // Coefficients of token `rank` (one value per thread), stored after the arrive below.
+    float co_val = 0;
+    int64_t co_at = -1;
+    const int64_t jt = j - 1, t0 = (cluster + jt * ncl) * kC16Tok;
     if (j >= 1) {
       cuda::cluster_wait();  // every CTA's partials of tile j - 1 are visible
-      const int64_t jt = j - 1, t0 = (cluster + jt * ncl) * kC16Tok;
       const uint32_t cpb = cuda::smem_u32(cpart + (jt % 3) * kC16Tok * R);
       // The cluster's totals in rank order: 8 lanes per token for pre (lanes 0-3) and the sum of
       // squares (lane 4); 20 more threads for the rest of the row of token `rank`.
@@ -265,7 +271,7 @@ __global__ void __launch_bounds__(kC16Threads, 1)
           const float inv_rms = rsqrtf(ss * a.inv_flat + a.norm_eps);
           const float pre = sigmoid(inv_rms * sum * a.scale[0] + a.base[v]) + a.pre_eps;
           pres[t * kC16N + v] = pre;
-          if (t == rank && t0 + t < a.tokens) a.co[(t0 + t) * a.co_stride + v] = pre;
+          if (t == rank && t0 + t < a.tokens) co_at = (t0 + t) * a.co_stride + v, co_val = pre;
         }
       } else if (tid < 8 * kC16Tok + kC16K - kC16N) {
         const int k = kC16N + tid - 8 * kC16Tok;
@@ -274,9 +280,15 @@ __global__ void __launch_bounds__(kC16Threads, 1)
           const float inv_rms = rsqrtf(ss * a.inv_flat + a.norm_eps);
           const int f = k < 2 * kC16N ? 1 : 2;
           const float v = inv_rms * sum * a.scale[f] + a.base[k];
-          a.co[(t0 + rank) * a.co_stride + k] = k < 2 * kC16N ? 2.0f * sigmoid(v) : v;
+          co_at = (t0 + rank) * a.co_stride + k, co_val = k < 2 * kC16N ? 2.0f * sigmoid(v) : v;
         }
       }
+    }
+    // Published before this iteration's global stores: the arrive's release waits for the
+    // thread's outstanding stores, and those of the previous tile have had the products to land.
+    if (j < ntl) cuda::cluster_arrive();
+    if (j >= 1) {
+      if (co_at >= 0) a.co[co_at] = co_val;
       __syncthreads();
       // y for this CTA's channels: 16 threads per token, 16-byte chunks.
       {
@@ -302,9 +314,8 @@ __global__ void __launch_bounds__(kC16Threads, 1)
         }
       }
       __syncthreads();  // the slot and pres are free
-      if ((warp == 0 || !BULK) && jt + S < ntl) refill(jt + S);
+      if (jt + S < ntl) refill(jt + S);
     }
-    if (j < ntl) cuda::cluster_arrive();
   }
   // No CTA leaves while a peer may still read its partials of the last tile.
   cuda::cluster_arrive();
