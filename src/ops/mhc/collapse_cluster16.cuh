@@ -61,11 +61,11 @@ __host__ __device__ constexpr int c16_token_bytes(int channels) {
   return kC16N * (channels / kC16Ctas) * static_cast<int>(sizeof(T)) +
          8 * static_cast<int>(sizeof(T));
 }
-// Shared memory besides the ring: per-warp partials, the CTA's partials (3 buffers), pre, and
-// one mbarrier per slot.
-constexpr int kC16FixedBytes =
-    4 * (kC16Warps * kC16Tok * kC16Row + 3 * kC16Tok * kC16Row + kC16Tok * kC16N) +
-    8 * kC16MaxSlots;
+// Shared memory besides the ring: per-warp partials, the CTA's partials (3 buffers), pre, 64
+// floats of scratch (the warp-specialized kernel's token-`rank` row and sums of squares), then 16
+// mbarriers (ring slots, partials published, partials read).
+constexpr int kC16Floats = kC16Warps * kC16Tok * kC16Row + 3 * kC16Tok * kC16Row + kC16Tok * kC16N;
+constexpr int kC16FixedBytes = 4 * (kC16Floats + 64) + 8 * 16;
 template <class T>
 constexpr int64_t c16_smem_bytes(int channels, int slots) {
   return int64_t{slots} * kC16Tok * c16_token_bytes<T>(channels) + kC16FixedBytes;
@@ -111,7 +111,7 @@ __global__ void __launch_bounds__(kC16Threads, 1)
   float* cpart = wpart + kC16Warps * kC16Tok * R;                      // [3][token][R]
   float* pres = cpart + 3 * kC16Tok * R;                               // [token][n]
   const uint32_t ring = cuda::smem_u32(c16_smem);
-  const uint32_t bars = cuda::smem_u32(pres + kC16Tok * kC16N);
+  const uint32_t bars = cuda::smem_u32(pres + kC16Tok * kC16N + 64);
 
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, tq = lane & 3;
@@ -318,6 +318,254 @@ __global__ void __launch_bounds__(kC16Threads, 1)
     }
   }
   // No CTA leaves while a peer may still read its partials of the last tile.
+  cuda::cluster_arrive();
+  cuda::cluster_wait();
+#else
+  (void)y, (void)x, (void)a;
+#endif
+}
+
+// ---- the same with warp roles ----------------------------------------------------------------
+// The kernel above runs every phase of a tile on all warps between block barriers, so a tile costs
+// the sum of its phases (products, partial sums, the cluster's totals, the arrive's memory
+// barrier, y, the refill: H100 ncu at b1e80c3, 6 us a tile of which the products are 1.8). Here
+// 8 product warps only wait for tiles and run the products (fn in registers, setmaxnreg 224), and
+// 4 finisher warps (64 registers) take the rest a tile behind: sum the product warps' partials,
+// publish them to the cluster, total the previous tile's, write its coefficients and y, refill its
+// slot. The cluster barrier is replaced by mbarriers the peers arrive on remotely (`ready`: a
+// CTA's partials of a tile are published; `freed`: a peer has read them), so the product warps
+// never wait on the cluster. Finisher warp 0 publishes, signals and copies and makes no global
+// stores: a release waits for the thread's outstanding stores (MEMBAR.ALL.GPU + ERRBAR).
+constexpr int kC16WsThreads = 384;
+constexpr int kC16MmaRegs = 224, kC16FinRegs = 64;  // 256 x 224 + 128 x 64 = 65536
+static_assert(kC16Warps * 32 * kC16MmaRegs + (kC16WsThreads - kC16Warps * 32) * kC16FinRegs <=
+                  65536,
+              "register file");
+enum : int { kC16BarWpFull = 1, kC16BarWpEmpty = 2, kC16BarFin = 3 };
+
+template <class T, int KS>
+__global__ void __launch_bounds__(kC16WsThreads, 1)
+    collapse_cluster16_ws_kernel(T* __restrict__ y, const T* __restrict__ x, C16Args a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  __shared__ int c16_sm90a_body;  // static shared memory: the host's sign that this body exists
+  constexpr int CS = 16 * KS;
+  constexpr int kRowBytes = CS * static_cast<int>(sizeof(T));
+  constexpr int TB = kC16N * kRowBytes + 8 * static_cast<int>(sizeof(T));
+  constexpr int kSlotBytes = kC16Tok * TB;
+  constexpr int VEC = 16 / static_cast<int>(sizeof(T));
+  constexpr int kChunks = CS / VEC;  // 16-byte chunks per stream row of the slice
+  constexpr bool kSplitX = sizeof(T) == 4;
+  constexpr int R = kC16Row, kAll = kC16WsThreads, kFin = kC16WsThreads - kC16Warps * 32;
+  extern __shared__ __align__(128) unsigned char c16_smem[];
+  const int S = a.slots;
+  float* wpart = reinterpret_cast<float*>(c16_smem + S * kSlotBytes);  // [warp][token][R]
+  float* cpart = wpart + kC16Warps * kC16Tok * R;                      // [3][token][R]
+  float* pres = cpart + 3 * kC16Tok * R;                               // [token][n]
+  float* misc = pres + kC16Tok * kC16N;  // [0, 16): sums of squares; [16, 40): token rank's row
+  const uint32_t bars = cuda::smem_u32(misc + 64);
+  auto full = [&](int s) { return bars + 8 * s; };
+  auto ready = [&](int b) { return bars + 8 * (kC16MaxSlots + b); };
+  auto freed = [&](int b) { return bars + 8 * (kC16MaxSlots + 3 + b); };
+
+  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, tq = lane & 3;
+  const int rank = static_cast<int>(cuda::cluster_rank());
+  const int64_t cluster = blockIdx.x / kC16Ctas, ncl = gridDim.x / kC16Ctas;
+  const int64_t ntl = (a.tiles - cluster + ncl - 1) / ncl;
+  const int64_t c0 = static_cast<int64_t>(rank) * CS;
+  if (tid == 0) {
+    *reinterpret_cast<volatile int*>(&c16_sm90a_body) = 1;
+    for (int s = 0; s < S; ++s) cuda::mbar_init(full(s), 1);
+    for (int b = 0; b < 3; ++b)
+      cuda::mbar_init(ready(b), kC16Ctas), cuda::mbar_init(freed(b), kC16Ctas);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  cuda::cluster_arrive();  // every CTA's mbarriers exist before a peer arrives on them
+  cuda::cluster_wait();
+
+  if (warp < kC16Warps) {  // ---- product warps
+    cuda::setmaxnreg_inc<kC16MmaRegs>();
+    const int stream = warp >> 1, half = warp & 1;
+    float fr[KS][3][2];
+    {
+      const float* f =
+          a.fn + static_cast<int64_t>(stream) * a.channels + c0 + half * (CS / 2) + 2 * tq;
+#pragma unroll
+      for (int nt = 0; nt < 3; ++nt)
+#pragma unroll
+        for (int s = 0; s < KS; ++s) {
+          const float2 v =
+              __ldg(reinterpret_cast<const float2*>(f + (nt * 8 + g) * a.fn_stride + 8 * s));
+          fr[s][nt][0] = v.x, fr[s][nt][1] = v.y;
+        }
+    }
+    for (int64_t j = 0; j < ntl; ++j) {
+      const int s = static_cast<int>(j % S);
+      cuda::mbar_wait(full(s), static_cast<uint32_t>((j / S) & 1));
+      const unsigned char* xw = c16_smem + s * kSlotBytes + g * TB + stream * kRowBytes +
+                                (half * (CS / 2) + 2 * tq) * static_cast<int>(sizeof(T));
+      float d[3][4] = {};
+      float ss0 = 0, ss1 = 0;
+#pragma unroll
+      for (int b = 0; b < KS / 2; ++b) {
+        float blk[3][4] = {};
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          const int st = 2 * b + u;
+          float lo0, lo1, hi0, hi1;
+          c16_pair<T>(xw + st * 8 * static_cast<int>(sizeof(T)), lo0, lo1);
+          c16_pair<T>(xw + 8 * TB + st * 8 * static_cast<int>(sizeof(T)), hi0, hi1);
+          ss0 = fmaf(lo0, lo0, ss0), ss0 = fmaf(lo1, lo1, ss0);
+          ss1 = fmaf(hi0, hi0, ss1), ss1 = fmaf(hi1, hi1, ss1);
+          uint32_t ab[4] = {__float_as_uint(lo0), __float_as_uint(hi0), __float_as_uint(lo1),
+                            __float_as_uint(hi1)};
+          uint32_t as[4] = {0, 0, 0, 0};
+          if constexpr (kSplitX) {
+            split_tf32(lo0, ab[0], as[0]);
+            split_tf32(hi0, ab[1], as[1]);
+            split_tf32(lo1, ab[2], as[2]);
+            split_tf32(hi1, ab[3], as[3]);
+          }
+#pragma unroll
+          for (int nt = 0; nt < 3; ++nt) {
+            uint32_t bb[2], bs[2];
+            c16_split_fn(fr[st][nt][0], bb[0], bs[0]);
+            c16_split_fn(fr[st][nt][1], bb[1], bs[1]);
+            if constexpr (kSplitX) mma_tf32_k8(blk[nt], as, bb);
+            mma_tf32_k8(blk[nt], ab, bs);
+            mma_tf32_k8(blk[nt], ab, bb);
+          }
+        }
+#pragma unroll
+        for (int nt = 0; nt < 3; ++nt)
+#pragma unroll
+          for (int v = 0; v < 4; ++v) d[nt][v] += blk[nt][v];
+      }
+      ss0 += __shfl_xor_sync(0xffffffffu, ss0, 1);
+      ss0 += __shfl_xor_sync(0xffffffffu, ss0, 2);
+      ss1 += __shfl_xor_sync(0xffffffffu, ss1, 1);
+      ss1 += __shfl_xor_sync(0xffffffffu, ss1, 2);
+      if (j >= 1) cuda::named_sync(kC16BarWpEmpty, kAll);  // the finishers have read tile j - 1's
+      float* wp = wpart + warp * kC16Tok * R;
+#pragma unroll
+      for (int nt = 0; nt < 3; ++nt) {
+        wp[g * R + nt * 8 + 2 * tq] = d[nt][0];
+        wp[g * R + nt * 8 + 2 * tq + 1] = d[nt][1];
+        wp[(g + 8) * R + nt * 8 + 2 * tq] = d[nt][2];
+        wp[(g + 8) * R + nt * 8 + 2 * tq + 1] = d[nt][3];
+      }
+      if (tq == 0) wp[g * R + kC16K] = ss0, wp[(g + 8) * R + kC16K] = ss1;
+      cuda::named_arrive(kC16BarWpFull, kAll);
+    }
+  } else {  // ---- finisher warps
+    cuda::setmaxnreg_dec<kC16FinRegs>();
+    const int f = tid - kC16Warps * 32, fw = f >> 5;  // fw 0: publishes, signals, copies
+    auto refill = [&](int64_t j) {                    // finisher warp 0
+      const int s = static_cast<int>(j % S);
+      if (lane == 0) cuda::mbar_expect_tx(full(s), kC16Tok * kC16N * kRowBytes);
+      __syncwarp();
+      const int64_t t0 = (cluster + j * ncl) * kC16Tok;
+      for (int c = lane; c < kC16Tok * kC16N; c += 32) {
+        const int t = c / kC16N, i = c % kC16N;
+        const int64_t tok = min(t0 + t, a.tokens - 1);  // tail rows: the last token, discarded
+        cuda::bulk_load(cuda::smem_u32(c16_smem) + s * kSlotBytes + t * TB + i * kRowBytes,
+                        x + tok * a.x_st + i * a.x_si + c0, kRowBytes, full(s));
+      }
+    };
+    if (fw == 0)
+      for (int64_t j = 0; j < min(static_cast<int64_t>(S), ntl); ++j) refill(j);
+    const float scale1 = a.scale[1], scale2 = a.scale[2], scale0 = a.scale[0];
+    for (int64_t j = 0; j <= ntl; ++j) {
+      if (j < ntl) {  // tile j: the product warps' partials -> this CTA's partials, published
+        const int b = static_cast<int>(j % 3);
+        cuda::named_sync(kC16BarWpFull, kAll);
+        if (j >= 3) cuda::mbar_wait_cluster(freed(b), static_cast<uint32_t>((j / 3 - 1) & 1));
+        float* cp = cpart + b * kC16Tok * R;
+        for (int e = f; e < kC16Tok * (kC16K + 1); e += kFin) {
+          const int t = e / (kC16K + 1), v = e - t * (kC16K + 1);
+          float sum = 0;
+#pragma unroll
+          for (int w = 0; w < kC16Warps; ++w) sum += wpart[(w * kC16Tok + t) * R + v];
+          cp[t * R + v] = sum;
+        }
+        if (j + 1 < ntl) cuda::named_arrive(kC16BarWpEmpty, kAll);
+        cuda::named_sync(kC16BarFin, kFin);
+        if (fw == 0 && lane < kC16Ctas)
+          cuda::mbar_arrive_cluster(cuda::cluster_map(ready(b), lane));
+      }
+      if (j >= 1) {  // tile j - 1: the cluster's totals, coefficients, y, the slot refilled
+        const int64_t jt = j - 1, t0 = (cluster + jt * ncl) * kC16Tok;
+        const int b = static_cast<int>(jt % 3);
+        cuda::mbar_wait_cluster(ready(b), static_cast<uint32_t>((jt / 3) & 1));
+        const uint32_t cpb = cuda::smem_u32(cpart + b * kC16Tok * R);
+        auto total = [&](int t, int k) {
+          float part[kC16Ctas];
+#pragma unroll
+          for (int r = 0; r < kC16Ctas; ++r)
+            part[r] = cuda::cluster_load(cuda::cluster_map(cpb + 4 * (t * R + k), r));
+          float sum = 0;
+#pragma unroll
+          for (int r = 0; r < kC16Ctas; ++r) sum += part[r];
+          return sum;
+        };
+        // 8 lanes a token: pre (lanes 0-3), the sum of squares (lane 4); lanes 5-7 of tokens
+        // 0-6 total the other 20 logits of token `rank`.
+        const int t = f >> 3, v = f & 7;
+        float sum = 0;
+        if (v < kC16N) {
+          sum = total(t, v);
+        } else if (v == kC16N) {
+          sum = total(t, kC16K);
+          misc[t] = sum;
+        } else if (const int idx = t * 3 + v - (kC16N + 1); idx < kC16K - kC16N) {
+          misc[16 + kC16N + idx] = total(rank, kC16N + idx);
+        }
+        const float ss = __shfl_sync(0xffffffffu, sum, (lane & ~7) | kC16N);
+        if (v < kC16N) {
+          const float inv_rms = rsqrtf(ss * a.inv_flat + a.norm_eps);
+          const float pre = sigmoid(inv_rms * sum * scale0 + a.base[v]) + a.pre_eps;
+          pres[t * kC16N + v] = pre;
+          if (t == rank) misc[16 + v] = pre;
+        }
+        cuda::named_sync(kC16BarFin, kFin);
+        if (fw == 0) {
+          if (lane < kC16Ctas) cuda::mbar_arrive_cluster(cuda::cluster_map(freed(b), lane));
+        } else {
+          const int yt = f - 32, ny = kFin - 32;
+          if (yt < kC16K && t0 + rank < a.tokens) {
+            float o = misc[16 + yt];  // pre as formed above
+            if (yt >= kC16N) {
+              const float inv_rms = rsqrtf(misc[rank] * a.inv_flat + a.norm_eps);
+              const float val = inv_rms * o * (yt < 2 * kC16N ? scale1 : scale2) + a.base[yt];
+              o = yt < 2 * kC16N ? 2.0f * sigmoid(val) : val;
+            }
+            a.co[(t0 + rank) * a.co_stride + yt] = o;
+          }
+          const int s = static_cast<int>(jt % S);
+          cuda::mbar_wait(full(s), static_cast<uint32_t>((jt / S) & 1));  // complete: visibility
+          for (int c = yt; c < kC16Tok * kChunks; c += ny) {
+            const int tt = c / kChunks, q = c - tt * kChunks;
+            const int64_t tok = t0 + tt;
+            if (tok >= a.tokens) continue;
+            const T* xt = reinterpret_cast<const T*>(c16_smem + s * kSlotBytes + tt * TB);
+            float acc[VEC] = {};
+#pragma unroll
+            for (int i = 0; i < kC16N; ++i) {
+              float xv[VEC];
+              load_vec<T, VEC>(xt + i * CS + q * VEC, xv);
+              const float w = pres[tt * kC16N + i];
+#pragma unroll
+              for (int e = 0; e < VEC; ++e) acc[e] = fmaf(w, xv[e], acc[e]);
+            }
+            store_vec<T, VEC>(y + tok * a.y_st + c0 + q * VEC, acc);
+          }
+        }
+        cuda::named_sync(kC16BarFin, kFin);  // the slot, pres and misc are free
+        if (fw == 0 && jt + S < ntl) refill(jt + S);
+      }
+    }
+  }
+  // No CTA leaves while a peer may still arrive on its mbarriers or read its partials.
   cuda::cluster_arrive();
   cuda::cluster_wait();
 #else

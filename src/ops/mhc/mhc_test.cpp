@@ -506,7 +506,8 @@ TEST_P(Mhc, DynamicCollapseKernelsMatchReference) {
                                    std::string_view{"collapse_dynamic_cluster"},
                                    std::string_view{"collapse_dynamic_cluster_tf32"},
                                    std::string_view{"collapse_dynamic_cluster16_tf32"},
-                                   std::string_view{"collapse_dynamic_cluster16_cp_tf32"}}) {
+                                   std::string_view{"collapse_dynamic_cluster16_cp_tf32"},
+                                   std::string_view{"collapse_dynamic_cluster16_ws_tf32"}}) {
         // The cluster kernels serve sm_90 and 16-byte slices; the tensor-core one C % 128 == 0;
         // the 16-CTA one n = 4 and C in {1024, 2048, 4096}.
         // The default, collapse_split_tf32, fits every dynamic shape (its logits fall back to CUDA
