@@ -330,17 +330,19 @@ __global__ void __launch_bounds__(kC16Threads, 1)
 // the sum of its phases (products, partial sums, the cluster's totals, the arrive's memory
 // barrier, y, the refill: H100 ncu at b1e80c3, 6 us a tile of which the products are 1.8). Here
 // 8 product warps only wait for tiles and run the products (fn in registers, setmaxnreg 224), and
-// 4 finisher warps (64 registers) take the rest a tile behind: sum the product warps' partials,
+// 4 finisher warps (56 registers) take the rest a tile behind: sum the product warps' partials,
 // publish them to the cluster, total the previous tile's, write its coefficients and y, refill its
 // slot. The cluster barrier is replaced by mbarriers the peers arrive on remotely (`ready`: a
 // CTA's partials of a tile are published; `freed`: a peer has read them), so the product warps
 // never wait on the cluster. Finisher warp 0 publishes, signals and copies and makes no global
 // stores: a release waits for the thread's outstanding stores (MEMBAR.ALL.GPU + ERRBAR).
 constexpr int kC16WsThreads = 384;
-constexpr int kC16MmaRegs = 224, kC16FinRegs = 64;  // 256 x 224 + 128 x 64 = 65536
+// setmaxnreg moves registers within what the launch allocated (168 a thread at 384 threads):
+// 256 x 224 + 128 x 56 = 384 x 168. A request beyond it never returns.
+constexpr int kC16MmaRegs = 224, kC16FinRegs = 56;
 static_assert(kC16Warps * 32 * kC16MmaRegs + (kC16WsThreads - kC16Warps * 32) * kC16FinRegs <=
-                  65536,
-              "register file");
+                  kC16WsThreads * (65536 / kC16WsThreads / 8 * 8),
+              "setmaxnreg within the launch's registers");
 enum : int { kC16BarWpFull = 1, kC16BarWpEmpty = 2, kC16BarFin = 3 };
 
 template <class T, int KS>
