@@ -152,6 +152,10 @@ __device__ __forceinline__ uint32_t cluster_rank() {
 __device__ __forceinline__ void cluster_arrive() {
   BARACUDA_SM90_ASM("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
 }
+// The arrive without ordering: for threads whose writes another thread's release covers.
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  BARACUDA_SM90_ASM("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
 __device__ __forceinline__ void cluster_wait() {
   BARACUDA_SM90_ASM("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
