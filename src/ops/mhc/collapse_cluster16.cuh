@@ -61,11 +61,12 @@ __host__ __device__ constexpr int c16_token_bytes(int channels) {
   return kC16N * (channels / kC16Ctas) * static_cast<int>(sizeof(T)) +
          8 * static_cast<int>(sizeof(T));
 }
-// Shared memory besides the ring: per-warp partials, the CTA's partials (3 buffers), pre, 64
-// floats of scratch (the warp-specialized kernel's token-`rank` row and sums of squares), then 16
+// Shared memory besides the ring: per-warp partials, the CTA's partials (3 buffers), pre, 128
+// floats of scratch (the warp-specialized kernel's token-`rank` row, sums of squares and a second
+// pre buffer), then 16
 // mbarriers (ring slots, partials published, partials read).
 constexpr int kC16Floats = kC16Warps * kC16Tok * kC16Row + 3 * kC16Tok * kC16Row + kC16Tok * kC16N;
-constexpr int kC16FixedBytes = 4 * (kC16Floats + 64) + 8 * 16;
+constexpr int kC16FixedBytes = 4 * (kC16Floats + 128) + 8 * 16;
 template <class T>
 constexpr int64_t c16_smem_bytes(int channels, int slots) {
   return int64_t{slots} * kC16Tok * c16_token_bytes<T>(channels) + kC16FixedBytes;
@@ -349,7 +350,15 @@ constexpr int kC16MmaRegs = 224, kC16FinRegs = 56;
 static_assert(kC16Warps * 32 * kC16MmaRegs + (kC16WsThreads - kC16Warps * 32) * kC16FinRegs <=
                   kC16WsThreads * (65536 / kC16WsThreads / 8 * 8),
               "setmaxnreg within the launch's registers");
-enum : int { kC16BarWpFull = 1, kC16BarWpEmpty = 2, kC16BarFin = 3 };
+// Named barriers (0 is __syncthreads); PresReady and SlotFree alternate between two ids by tile
+// parity, so an arrival for tile t + 2 can never join tile t's phase.
+enum : int {
+  kC16BarWpFull = 1,
+  kC16BarWpEmpty = 2,
+  kC16BarFin = 3,
+  kC16BarPresReady = 4,  // + tile % 2
+  kC16BarSlotFree = 6,   // + tile % 2
+};
 
 template <class T, int KS>
 __global__ void __launch_bounds__(kC16WsThreads, 1)
@@ -370,7 +379,8 @@ __global__ void __launch_bounds__(kC16WsThreads, 1)
   float* cpart = wpart + kC16Warps * kC16Tok * R;                      // [3][token][R]
   float* pres = cpart + 3 * kC16Tok * R;                               // [token][n]
   float* misc = pres + kC16Tok * kC16N;  // [0, 16): sums of squares; [16, 40): token rank's row
-  const uint32_t bars = cuda::smem_u32(misc + 64);
+  const uint32_t bars = cuda::smem_u32(misc + 128);
+  float* const presb[2] = {pres, misc + 64};  // pre of even / odd tiles
   auto full = [&](int s) { return bars + 8 * s; };
   auto ready = [&](int b) { return bars + 8 * (kC16MaxSlots + b); };
   auto freed = [&](int b) { return bars + 8 * (kC16MaxSlots + 3 + b); };
@@ -407,63 +417,89 @@ __global__ void __launch_bounds__(kC16WsThreads, 1)
           fr[s][nt][0] = v.x, fr[s][nt][1] = v.y;
         }
     }
-    for (int64_t j = 0; j < ntl; ++j) {
-      const int s = static_cast<int>(j % S);
-      cuda::mbar_wait(full(s), static_cast<uint32_t>((j / S) & 1));
-      const unsigned char* xw = c16_smem + s * kSlotBytes + g * TB + stream * kRowBytes +
-                                (half * (CS / 2) + 2 * tq) * static_cast<int>(sizeof(T));
-      float d[3][4] = {};
-      float ss0 = 0, ss1 = 0;
+    for (int64_t j = 0; j <= ntl; ++j) {
+      if (j < ntl) {
+        const int s = static_cast<int>(j % S);
+        cuda::mbar_wait(full(s), static_cast<uint32_t>((j / S) & 1));
+        const unsigned char* xw = c16_smem + s * kSlotBytes + g * TB + stream * kRowBytes +
+                                  (half * (CS / 2) + 2 * tq) * static_cast<int>(sizeof(T));
+        float d[3][4] = {};
+        float ss0 = 0, ss1 = 0;
 #pragma unroll
-      for (int b = 0; b < KS / 2; ++b) {
-        float blk[3][4] = {};
+        for (int b = 0; b < KS / 2; ++b) {
+          float blk[3][4] = {};
 #pragma unroll
-        for (int u = 0; u < 2; ++u) {
-          const int st = 2 * b + u;
-          float lo0, lo1, hi0, hi1;
-          c16_pair<T>(xw + st * 8 * static_cast<int>(sizeof(T)), lo0, lo1);
-          c16_pair<T>(xw + 8 * TB + st * 8 * static_cast<int>(sizeof(T)), hi0, hi1);
-          ss0 = fmaf(lo0, lo0, ss0), ss0 = fmaf(lo1, lo1, ss0);
-          ss1 = fmaf(hi0, hi0, ss1), ss1 = fmaf(hi1, hi1, ss1);
-          uint32_t ab[4] = {__float_as_uint(lo0), __float_as_uint(hi0), __float_as_uint(lo1),
-                            __float_as_uint(hi1)};
-          uint32_t as[4] = {0, 0, 0, 0};
-          if constexpr (kSplitX) {
-            split_tf32(lo0, ab[0], as[0]);
-            split_tf32(hi0, ab[1], as[1]);
-            split_tf32(lo1, ab[2], as[2]);
-            split_tf32(hi1, ab[3], as[3]);
+          for (int u = 0; u < 2; ++u) {
+            const int st = 2 * b + u;
+            float lo0, lo1, hi0, hi1;
+            c16_pair<T>(xw + st * 8 * static_cast<int>(sizeof(T)), lo0, lo1);
+            c16_pair<T>(xw + 8 * TB + st * 8 * static_cast<int>(sizeof(T)), hi0, hi1);
+            ss0 = fmaf(lo0, lo0, ss0), ss0 = fmaf(lo1, lo1, ss0);
+            ss1 = fmaf(hi0, hi0, ss1), ss1 = fmaf(hi1, hi1, ss1);
+            uint32_t ab[4] = {__float_as_uint(lo0), __float_as_uint(hi0), __float_as_uint(lo1),
+                              __float_as_uint(hi1)};
+            uint32_t as[4] = {0, 0, 0, 0};
+            if constexpr (kSplitX) {
+              split_tf32(lo0, ab[0], as[0]);
+              split_tf32(hi0, ab[1], as[1]);
+              split_tf32(lo1, ab[2], as[2]);
+              split_tf32(hi1, ab[3], as[3]);
+            }
+#pragma unroll
+            for (int nt = 0; nt < 3; ++nt) {
+              uint32_t bb[2], bs[2];
+              c16_split_fn(fr[st][nt][0], bb[0], bs[0]);
+              c16_split_fn(fr[st][nt][1], bb[1], bs[1]);
+              if constexpr (kSplitX) mma_tf32_k8(blk[nt], as, bb);
+              mma_tf32_k8(blk[nt], ab, bs);
+              mma_tf32_k8(blk[nt], ab, bb);
+            }
           }
 #pragma unroll
-          for (int nt = 0; nt < 3; ++nt) {
-            uint32_t bb[2], bs[2];
-            c16_split_fn(fr[st][nt][0], bb[0], bs[0]);
-            c16_split_fn(fr[st][nt][1], bb[1], bs[1]);
-            if constexpr (kSplitX) mma_tf32_k8(blk[nt], as, bb);
-            mma_tf32_k8(blk[nt], ab, bs);
-            mma_tf32_k8(blk[nt], ab, bb);
-          }
+          for (int nt = 0; nt < 3; ++nt)
+#pragma unroll
+            for (int v = 0; v < 4; ++v) d[nt][v] += blk[nt][v];
         }
+        ss0 += __shfl_xor_sync(0xffffffffu, ss0, 1);
+        ss0 += __shfl_xor_sync(0xffffffffu, ss0, 2);
+        ss1 += __shfl_xor_sync(0xffffffffu, ss1, 1);
+        ss1 += __shfl_xor_sync(0xffffffffu, ss1, 2);
+        if (j >= 1) cuda::named_sync(kC16BarWpEmpty, kAll);  // the finishers have read tile j - 1's
+        float* wp = wpart + warp * kC16Tok * R;
 #pragma unroll
-        for (int nt = 0; nt < 3; ++nt)
-#pragma unroll
-          for (int v = 0; v < 4; ++v) d[nt][v] += blk[nt][v];
+        for (int nt = 0; nt < 3; ++nt) {
+          wp[g * R + nt * 8 + 2 * tq] = d[nt][0];
+          wp[g * R + nt * 8 + 2 * tq + 1] = d[nt][1];
+          wp[(g + 8) * R + nt * 8 + 2 * tq] = d[nt][2];
+          wp[(g + 8) * R + nt * 8 + 2 * tq + 1] = d[nt][3];
+        }
+        if (tq == 0) wp[g * R + kC16K] = ss0, wp[(g + 8) * R + kC16K] = ss1;
+        cuda::named_arrive(kC16BarWpFull, kAll);
       }
-      ss0 += __shfl_xor_sync(0xffffffffu, ss0, 1);
-      ss0 += __shfl_xor_sync(0xffffffffu, ss0, 2);
-      ss1 += __shfl_xor_sync(0xffffffffu, ss1, 1);
-      ss1 += __shfl_xor_sync(0xffffffffu, ss1, 2);
-      if (j >= 1) cuda::named_sync(kC16BarWpEmpty, kAll);  // the finishers have read tile j - 1's
-      float* wp = wpart + warp * kC16Tok * R;
+      if (j >= 1) {  // y of tile j - 1, once the finishers have its pre
+        const int64_t jt = j - 1, t0 = (cluster + jt * ncl) * kC16Tok;
+        const int pb = static_cast<int>(jt & 1);
+        cuda::named_sync(kC16BarPresReady + pb, kAll);
+        const T* xs = reinterpret_cast<const T*>(c16_smem + (jt % S) * kSlotBytes);
+        const float* pr = presb[pb];
+        for (int c = tid; c < kC16Tok * kChunks; c += kC16Warps * 32) {
+          const int tt = c / kChunks, q = c - tt * kChunks;
+          const int64_t tok = t0 + tt;
+          if (tok >= a.tokens) continue;
+          const T* xt = xs + tt * (TB / static_cast<int>(sizeof(T)));
+          float acc[VEC] = {};
 #pragma unroll
-      for (int nt = 0; nt < 3; ++nt) {
-        wp[g * R + nt * 8 + 2 * tq] = d[nt][0];
-        wp[g * R + nt * 8 + 2 * tq + 1] = d[nt][1];
-        wp[(g + 8) * R + nt * 8 + 2 * tq] = d[nt][2];
-        wp[(g + 8) * R + nt * 8 + 2 * tq + 1] = d[nt][3];
+          for (int i = 0; i < kC16N; ++i) {
+            float xv[VEC];
+            load_vec<T, VEC>(xt + i * CS + q * VEC, xv);
+            const float w = pr[tt * kC16N + i];
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) acc[e] = fmaf(w, xv[e], acc[e]);
+          }
+          store_vec<T, VEC>(y + tok * a.y_st + c0 + q * VEC, acc);
+        }
+        cuda::named_arrive(kC16BarSlotFree + pb, kAll);  // the slot and this pre buffer are free
       }
-      if (tq == 0) wp[g * R + kC16K] = ss0, wp[(g + 8) * R + kC16K] = ss1;
-      cuda::named_arrive(kC16BarWpFull, kAll);
     }
   } else {  // ---- finisher warps
     cuda::setmaxnreg_dec<kC16FinRegs>();
@@ -483,95 +519,76 @@ __global__ void __launch_bounds__(kC16WsThreads, 1)
     if (fw == 0)
       for (int64_t j = 0; j < min(static_cast<int64_t>(S), ntl); ++j) refill(j);
     const float scale1 = a.scale[1], scale2 = a.scale[2], scale0 = a.scale[0];
-    for (int64_t j = 0; j <= ntl; ++j) {
-      if (j < ntl) {  // tile j: the product warps' partials -> this CTA's partials, published
-        const int b = static_cast<int>(j % 3);
-        cuda::named_sync(kC16BarWpFull, kAll);
-        if (j >= 3) cuda::mbar_wait_cluster(freed(b), static_cast<uint32_t>((j / 3 - 1) & 1));
-        float* cp = cpart + b * kC16Tok * R;
-        for (int e = f; e < kC16Tok * (kC16K + 1); e += kFin) {
-          const int t = e / (kC16K + 1), v = e - t * (kC16K + 1);
-          float sum = 0;
-#pragma unroll
-          for (int w = 0; w < kC16Warps; ++w) sum += wpart[(w * kC16Tok + t) * R + v];
-          cp[t * R + v] = sum;
-        }
-        if (j + 1 < ntl) cuda::named_arrive(kC16BarWpEmpty, kAll);
-        cuda::named_sync(kC16BarFin, kFin);
-        if (fw == 0 && lane < kC16Ctas)
-          cuda::mbar_arrive_cluster(cuda::cluster_map(ready(b), lane));
+    for (int64_t j = 0; j < ntl; ++j) {
+      const int b = static_cast<int>(j % 3), pb = static_cast<int>(j & 1);
+      if (j >= 2) {  // tile j - 2's y is written: its slot takes tile j - 2 + S, pres[pb] is free
+        cuda::named_sync(kC16BarSlotFree + pb, kAll);
+        if (fw == 0 && j - 2 + S < ntl) refill(j - 2 + S);
       }
-      if (j >= 1) {  // tile j - 1: the cluster's totals, coefficients, y, the slot refilled
-        const int64_t jt = j - 1, t0 = (cluster + jt * ncl) * kC16Tok;
-        const int b = static_cast<int>(jt % 3);
-        cuda::mbar_wait_cluster(ready(b), static_cast<uint32_t>((jt / 3) & 1));
-        const uint32_t cpb = cuda::smem_u32(cpart + b * kC16Tok * R);
-        auto total = [&](int t, int k) {
-          float part[kC16Ctas];
-#pragma unroll
-          for (int r = 0; r < kC16Ctas; ++r)
-            part[r] = cuda::cluster_load(cuda::cluster_map(cpb + 4 * (t * R + k), r));
-          float sum = 0;
-#pragma unroll
-          for (int r = 0; r < kC16Ctas; ++r) sum += part[r];
-          return sum;
-        };
-        // 8 lanes a token: pre (lanes 0-3), the sum of squares (lane 4); lanes 5-7 of tokens
-        // 0-6 total the other 20 logits of token `rank`.
-        const int t = f >> 3, v = f & 7;
+      // The product warps' partials of tile j -> this CTA's partials, published.
+      cuda::named_sync(kC16BarWpFull, kAll);
+      if (j >= 3) cuda::mbar_wait_cluster(freed(b), static_cast<uint32_t>((j / 3 - 1) & 1));
+      float* cp = cpart + b * kC16Tok * R;
+      for (int e = f; e < kC16Tok * (kC16K + 1); e += kFin) {
+        const int t = e / (kC16K + 1), v = e - t * (kC16K + 1);
         float sum = 0;
-        if (v < kC16N) {
-          sum = total(t, v);
-        } else if (v == kC16N) {
-          sum = total(t, kC16K);
-          misc[t] = sum;
-        } else if (const int idx = t * 3 + v - (kC16N + 1); idx < kC16K - kC16N) {
-          misc[16 + kC16N + idx] = total(rank, kC16N + idx);
-        }
-        const float ss = __shfl_sync(0xffffffffu, sum, (lane & ~7) | kC16N);
-        if (v < kC16N) {
-          const float inv_rms = rsqrtf(ss * a.inv_flat + a.norm_eps);
-          const float pre = sigmoid(inv_rms * sum * scale0 + a.base[v]) + a.pre_eps;
-          pres[t * kC16N + v] = pre;
-          if (t == rank) misc[16 + v] = pre;
-        }
-        cuda::named_sync(kC16BarFin, kFin);
-        if (fw == 0) {
-          if (lane < kC16Ctas) cuda::mbar_arrive_cluster(cuda::cluster_map(freed(b), lane));
-        } else {
-          const int yt = f - 32, ny = kFin - 32;
-          if (yt < kC16K && t0 + rank < a.tokens) {
-            float o = misc[16 + yt];  // pre as formed above
-            if (yt >= kC16N) {
-              const float inv_rms = rsqrtf(misc[rank] * a.inv_flat + a.norm_eps);
-              const float val = inv_rms * o * (yt < 2 * kC16N ? scale1 : scale2) + a.base[yt];
-              o = yt < 2 * kC16N ? 2.0f * sigmoid(val) : val;
-            }
-            a.co[(t0 + rank) * a.co_stride + yt] = o;
-          }
-          const int s = static_cast<int>(jt % S);
-          cuda::mbar_wait(full(s), static_cast<uint32_t>((jt / S) & 1));  // complete: visibility
-          for (int c = yt; c < kC16Tok * kChunks; c += ny) {
-            const int tt = c / kChunks, q = c - tt * kChunks;
-            const int64_t tok = t0 + tt;
-            if (tok >= a.tokens) continue;
-            const T* xt = reinterpret_cast<const T*>(c16_smem + s * kSlotBytes + tt * TB);
-            float acc[VEC] = {};
 #pragma unroll
-            for (int i = 0; i < kC16N; ++i) {
-              float xv[VEC];
-              load_vec<T, VEC>(xt + i * CS + q * VEC, xv);
-              const float w = pres[tt * kC16N + i];
+        for (int w = 0; w < kC16Warps; ++w) sum += wpart[(w * kC16Tok + t) * R + v];
+        cp[t * R + v] = sum;
+      }
+      if (j + 1 < ntl) cuda::named_arrive(kC16BarWpEmpty, kAll);
+      cuda::named_sync(kC16BarFin, kFin);
+      if (fw == 0 && lane < kC16Ctas) cuda::mbar_arrive_cluster(cuda::cluster_map(ready(b), lane));
+      // The cluster's totals of tile j: pre for the product warps, coefficients of token rank.
+      const int64_t t0 = (cluster + j * ncl) * kC16Tok;
+      cuda::mbar_wait_cluster(ready(b), static_cast<uint32_t>((j / 3) & 1));
+      const uint32_t cpb = cuda::smem_u32(cp);
+      auto total = [&](int t, int k) {
+        float part[kC16Ctas];
 #pragma unroll
-              for (int e = 0; e < VEC; ++e) acc[e] = fmaf(w, xv[e], acc[e]);
-            }
-            store_vec<T, VEC>(y + tok * a.y_st + c0 + q * VEC, acc);
-          }
+        for (int r = 0; r < kC16Ctas; ++r)
+          part[r] = cuda::cluster_load(cuda::cluster_map(cpb + 4 * (t * R + k), r));
+        float sum = 0;
+#pragma unroll
+        for (int r = 0; r < kC16Ctas; ++r) sum += part[r];
+        return sum;
+      };
+      // 8 lanes a token: pre (lanes 0-3), the sum of squares (lane 4); lanes 5-7 of tokens 0-6
+      // total the other 20 logits of token `rank`.
+      const int t = f >> 3, v = f & 7;
+      float sum = 0;
+      if (v < kC16N) {
+        sum = total(t, v);
+      } else if (v == kC16N) {
+        sum = total(t, kC16K);
+        misc[t] = sum;
+      } else if (const int idx = t * 3 + v - (kC16N + 1); idx < kC16K - kC16N) {
+        misc[16 + kC16N + idx] = total(rank, kC16N + idx);
+      }
+      const float ss = __shfl_sync(0xffffffffu, sum, (lane & ~7) | kC16N);
+      if (v < kC16N) {
+        const float inv_rms = rsqrtf(ss * a.inv_flat + a.norm_eps);
+        const float pre = sigmoid(inv_rms * sum * scale0 + a.base[v]) + a.pre_eps;
+        presb[pb][t * kC16N + v] = pre;
+        if (t == rank) misc[16 + v] = pre;
+      }
+      cuda::named_sync(kC16BarFin, kFin);  // pre and the row written, every remote read returned
+      cuda::named_arrive(kC16BarPresReady + pb, kAll);
+      if (fw == 0) {
+        if (lane < kC16Ctas) cuda::mbar_arrive_cluster(cuda::cluster_map(freed(b), lane));
+      } else if (const int yt = f - 32; yt < kC16K && t0 + rank < a.tokens) {
+        float o = misc[16 + yt];  // pre as formed above
+        if (yt >= kC16N) {
+          const float inv_rms = rsqrtf(misc[rank] * a.inv_flat + a.norm_eps);
+          const float val = inv_rms * o * (yt < 2 * kC16N ? scale1 : scale2) + a.base[yt];
+          o = yt < 2 * kC16N ? 2.0f * sigmoid(val) : val;
         }
-        cuda::named_sync(kC16BarFin, kFin);  // the slot, pres and misc are free
-        if (fw == 0 && jt + S < ntl) refill(jt + S);
+        a.co[(t0 + rank) * a.co_stride + yt] = o;
       }
     }
+    // The product warps' last two slot releases.
+    for (int64_t t = max(ntl - 2, int64_t{0}); t < ntl; ++t)
+      cuda::named_sync(kC16BarSlotFree + static_cast<int>(t & 1), kAll);
   }
   // No CTA leaves while a peer may still arrive on its mbarriers or read its partials.
   cuda::cluster_arrive();
