@@ -170,26 +170,6 @@ __device__ __forceinline__ float cluster_load(uint32_t addr) {
   BARACUDA_SM90_ASM("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
   return v;
 }
-// Arrival on the mbarrier at cluster address `addr` (another CTA's, from cluster_map), ordered
-// after the thread's earlier memory operations at cluster scope.
-__device__ __forceinline__ void mbar_arrive_cluster(uint32_t addr) {
-  BARACUDA_SM90_ASM("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(addr)
-                    : "memory");
-}
-// mbar_wait whose completion orders the arrivals' earlier writes (release.cluster) before the
-// caller's later reads: for phases completed by other CTAs of the cluster.
-__device__ __forceinline__ void mbar_wait_cluster(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    BARACUDA_SM90_ASM(
-        "{\n.reg .pred p;\n"
-        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
-}
 #undef BARACUDA_SM90_ASM
 // sm_90a: a warpgroup gives registers back / takes them (every thread of it executes the call).
 template <int N>
@@ -207,13 +187,6 @@ __device__ __forceinline__ void setmaxnreg_inc() {
 #else
   __trap();
 #endif
-}
-// Named barrier `id` (1..15; 0 is __syncthreads) over `count` threads: sync waits, arrive does not.
-__device__ __forceinline__ void named_sync(int id, int count) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
-__device__ __forceinline__ void named_arrive(int id, int count) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 
 }  // namespace baracuda::cuda

@@ -119,9 +119,7 @@ void run_case(const Stream& s, DType dt) {
                                  std::string_view{"collapse_dynamic_cluster"},
                                  std::string_view{"collapse_dynamic_cluster_lockstep"},
                                  std::string_view{"collapse_dynamic_cluster_tf32"},
-                                 std::string_view{"collapse_dynamic_cluster16_tf32"},
-                                 std::string_view{"collapse_dynamic_cluster16_cp_tf32"},
-                                 std::string_view{"collapse_dynamic_cluster16_ws_tf32"}}) {
+                                 std::string_view{"collapse_dynamic_cluster16_tf32"}}) {
       if (!pin.empty() && h == MhcH::static_h) continue;
       const std::string cname = pin.empty() ? nm0 : nm0 + "@" + std::string(pin);
       auto plan = MhcCollapsePlan::select(

@@ -24,6 +24,11 @@
 // cores from zero and is added on the CUDA cores (short tensor-core chains, as in mma_block16).
 // Every sum has a fixed shape (warp, CTA rank order), independent of the token count and of a
 // token's slot: deterministic and bit-stable.
+//
+// Measured and removed (docs/perf/mhc.md): a warp-specialized form (8 product warps at setmaxnreg
+// 224, 4 finisher warps at 56 publishing through remote mbarrier arrivals instead of the cluster
+// barrier) ran 0.99 / 1.04 ms against this kernel's 0.83 / 0.63 (f32 / bf16): its finisher chain
+// on 4 warps was longer than the products.
 #pragma once
 
 #include <type_traits>
@@ -61,12 +66,10 @@ __host__ __device__ constexpr int c16_token_bytes(int channels) {
   return kC16N * (channels / kC16Ctas) * static_cast<int>(sizeof(T)) +
          8 * static_cast<int>(sizeof(T));
 }
-// Shared memory besides the ring: per-warp partials, the CTA's partials (3 buffers), pre, 128
-// floats of scratch (the warp-specialized kernel's token-`rank` row, sums of squares and a second
-// pre buffer), then 16
-// mbarriers (ring slots, partials published, partials read).
+// Shared memory besides the ring: per-warp partials, the CTA's partials (3 buffers), pre, then one
+// mbarrier per slot.
 constexpr int kC16Floats = kC16Warps * kC16Tok * kC16Row + 3 * kC16Tok * kC16Row + kC16Tok * kC16N;
-constexpr int kC16FixedBytes = 4 * (kC16Floats + 128) + 8 * 16;
+constexpr int kC16FixedBytes = 4 * kC16Floats + 8 * kC16MaxSlots;
 template <class T>
 constexpr int64_t c16_smem_bytes(int channels, int slots) {
   return int64_t{slots} * kC16Tok * c16_token_bytes<T>(channels) + kC16FixedBytes;
@@ -95,7 +98,7 @@ __device__ __forceinline__ void c16_split_fn(float v, uint32_t& big, uint32_t& s
   split_tf32(v, big, small);
 }
 
-template <class T, int KS, bool BULK>
+template <class T, int KS>
 __global__ void __launch_bounds__(kC16Threads, 1)
     collapse_cluster16_kernel(T* __restrict__ y, const T* __restrict__ x, C16Args a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -114,7 +117,7 @@ __global__ void __launch_bounds__(kC16Threads, 1)
   float* cpart = wpart + kC16Warps * kC16Tok * R;                      // [3][token][R]
   float* pres = cpart + 3 * kC16Tok * R;                               // [token][n]
   const uint32_t ring = cuda::smem_u32(c16_smem);
-  const uint32_t bars = cuda::smem_u32(pres + kC16Tok * kC16N + 64);
+  const uint32_t bars = cuda::smem_u32(pres + kC16Tok * kC16N);
 
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, tq = lane & 3;
@@ -125,7 +128,7 @@ __global__ void __launch_bounds__(kC16Threads, 1)
   const float scale0 = a.scale[0], scale1 = a.scale[1], scale2 = a.scale[2];
 
   if (tid == 0) {
-    for (int s = 0; s < S; ++s) cuda::mbar_init(bars + 8 * s, BULK ? 1 : kWork);
+    for (int s = 0; s < S; ++s) cuda::mbar_init(bars + 8 * s, 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   // fr[s][nt][j] = fn[nt * 8 + g][stream * C + c0 + half * CS / 2 + 8 s + 2 tq + j].
@@ -145,35 +148,24 @@ __global__ void __launch_bounds__(kC16Threads, 1)
   }
   __syncthreads();  // the mbarriers are initialized before any copy or wait
 
-  // The cluster's tile j into slot j % S (tail rows copy the last token; discarded). BULK: one
-  // bulk copy per token and stream; otherwise every thread copies 16-byte chunks with
-  // cp.async and its arrival on the slot's mbarrier follows its copies.
+  // The cluster's tile j into slot j % S by one bulk copy per token and stream (tail rows copy
+  // the last token; discarded). Every thread copying 16-byte chunks with cp.async instead, its
+  // arrival on the slot's mbarrier behind them, measured 4-6% slower (H100, 412e249 / a5cf54f).
   auto refill = [&](int64_t j) {
     const int s = static_cast<int>(j % S);
     const uint32_t bar = bars + 8 * s;
     const int64_t t0 = (cluster + j * ncl) * kC16Tok;
     if (warp == kC16Warps - 1) return;  // the releasing warp issues no copies
-    if constexpr (BULK) {
-      // Copy c = warp * 10 + lane for lanes 0-9, so no warp carries the issue alone. A copy may
-      // complete before thread 0 announces the bytes: the transaction count may go negative
-      // within a phase, and the phase cannot complete before thread 0's arrival.
-      static_assert(kC16Tok * kC16N <= 10 * (kC16Warps - 1), "10 copies per warp");
-      if (tid == 0) cuda::mbar_expect_tx(bar, kC16Tok * kC16N * kRowBytes);
-      if (const int c = warp * 10 + lane; lane < 10 && c < kC16Tok * kC16N) {
-        const int t = c / kC16N, i = c % kC16N;
-        const int64_t tok = min(t0 + t, a.tokens - 1);
-        cuda::bulk_load(ring + s * kSlotBytes + t * TB + i * kRowBytes,
-                        x + tok * a.x_st + i * a.x_si + c0, kRowBytes, bar);
-      }
-    } else {
-      for (int c = tid; c < kC16Tok * kC16N * kChunks; c += kWork) {
-        const int row = c / kChunks, ch = c - row * kChunks;
-        const int t = row / kC16N, i = row % kC16N;
-        const int64_t tok = min(t0 + t, a.tokens - 1);
-        cp_async16(c16_smem + s * kSlotBytes + t * TB + i * kRowBytes + ch * 16,
-                   x + tok * a.x_st + i * a.x_si + c0 + ch * VEC);
-      }
-      asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+    // Copy c = warp * 10 + lane for lanes 0-9, so no warp carries the issue alone. A copy may
+    // complete before thread 0 announces the bytes: the transaction count may go negative within
+    // a phase, and the phase cannot complete before thread 0's arrival.
+    static_assert(kC16Tok * kC16N <= 10 * (kC16Warps - 1), "10 copies per warp");
+    if (tid == 0) cuda::mbar_expect_tx(bar, kC16Tok * kC16N * kRowBytes);
+    if (const int c = warp * 10 + lane; lane < 10 && c < kC16Tok * kC16N) {
+      const int t = c / kC16N, i = c % kC16N;
+      const int64_t tok = min(t0 + t, a.tokens - 1);
+      cuda::bulk_load(ring + s * kSlotBytes + t * TB + i * kRowBytes,
+                      x + tok * a.x_st + i * a.x_si + c0, kRowBytes, bar);
     }
   };
   for (int64_t j = 0; j < min(static_cast<int64_t>(S), ntl); ++j) refill(j);
@@ -325,272 +317,6 @@ __global__ void __launch_bounds__(kC16Threads, 1)
     }
   }
   // No CTA leaves while a peer may still read its partials of the last tile.
-  cuda::cluster_arrive();
-  cuda::cluster_wait();
-#else
-  (void)y, (void)x, (void)a;
-#endif
-}
-
-// ---- the same with warp roles ----------------------------------------------------------------
-// The kernel above runs every phase of a tile on all warps between block barriers, so a tile costs
-// the sum of its phases (products, partial sums, the cluster's totals, the arrive's memory
-// barrier, y, the refill: H100 ncu at b1e80c3, 6 us a tile of which the products are 1.8). Here
-// 8 product warps only wait for tiles and run the products (fn in registers, setmaxnreg 224), and
-// 4 finisher warps (56 registers) take the rest a tile behind: sum the product warps' partials,
-// publish them to the cluster, total the previous tile's, write its coefficients and y, refill its
-// slot. The cluster barrier is replaced by mbarriers the peers arrive on remotely (`ready`: a
-// CTA's partials of a tile are published; `freed`: a peer has read them), so the product warps
-// never wait on the cluster. Finisher warp 0 publishes, signals and copies and makes no global
-// stores: a release waits for the thread's outstanding stores (MEMBAR.ALL.GPU + ERRBAR).
-constexpr int kC16WsThreads = 384;
-// setmaxnreg moves registers within what the launch allocated (168 a thread at 384 threads):
-// 256 x 224 + 128 x 56 = 384 x 168. A request beyond it never returns.
-constexpr int kC16MmaRegs = 224, kC16FinRegs = 56;
-static_assert(kC16Warps * 32 * kC16MmaRegs + (kC16WsThreads - kC16Warps * 32) * kC16FinRegs <=
-                  kC16WsThreads * (65536 / kC16WsThreads / 8 * 8),
-              "setmaxnreg within the launch's registers");
-// Named barriers (0 is __syncthreads); PresReady and SlotFree alternate between two ids by tile
-// parity, so an arrival for tile t + 2 can never join tile t's phase.
-enum : int {
-  kC16BarWpFull = 1,
-  kC16BarWpEmpty = 2,
-  kC16BarFin = 3,
-  kC16BarPresReady = 4,  // + tile % 2
-  kC16BarSlotFree = 6,   // + tile % 2
-};
-
-template <class T, int KS>
-__global__ void __launch_bounds__(kC16WsThreads, 1)
-    collapse_cluster16_ws_kernel(T* __restrict__ y, const T* __restrict__ x, C16Args a) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  __shared__ int c16_sm90a_body;  // static shared memory: the host's sign that this body exists
-  constexpr int CS = 16 * KS;
-  constexpr int kRowBytes = CS * static_cast<int>(sizeof(T));
-  constexpr int TB = kC16N * kRowBytes + 8 * static_cast<int>(sizeof(T));
-  constexpr int kSlotBytes = kC16Tok * TB;
-  constexpr int VEC = 16 / static_cast<int>(sizeof(T));
-  constexpr int kChunks = CS / VEC;  // 16-byte chunks per stream row of the slice
-  constexpr bool kSplitX = sizeof(T) == 4;
-  constexpr int R = kC16Row, kAll = kC16WsThreads, kFin = kC16WsThreads - kC16Warps * 32;
-  extern __shared__ __align__(128) unsigned char c16_smem[];
-  const int S = a.slots;
-  float* wpart = reinterpret_cast<float*>(c16_smem + S * kSlotBytes);  // [warp][token][R]
-  float* cpart = wpart + kC16Warps * kC16Tok * R;                      // [3][token][R]
-  float* pres = cpart + 3 * kC16Tok * R;                               // [token][n]
-  float* misc = pres + kC16Tok * kC16N;  // [0, 16): sums of squares; [16, 40): token rank's row
-  const uint32_t bars = cuda::smem_u32(misc + 128);
-  float* const presb[2] = {pres, misc + 64};  // pre of even / odd tiles
-  auto full = [&](int s) { return bars + 8 * s; };
-  auto ready = [&](int b) { return bars + 8 * (kC16MaxSlots + b); };
-  auto freed = [&](int b) { return bars + 8 * (kC16MaxSlots + 3 + b); };
-
-  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
-  const int g = lane >> 2, tq = lane & 3;
-  const int rank = static_cast<int>(cuda::cluster_rank());
-  const int64_t cluster = blockIdx.x / kC16Ctas, ncl = gridDim.x / kC16Ctas;
-  const int64_t ntl = (a.tiles - cluster + ncl - 1) / ncl;
-  const int64_t c0 = static_cast<int64_t>(rank) * CS;
-  if (tid == 0) {
-    *reinterpret_cast<volatile int*>(&c16_sm90a_body) = 1;
-    for (int s = 0; s < S; ++s) cuda::mbar_init(full(s), 1);
-    for (int b = 0; b < 3; ++b)
-      cuda::mbar_init(ready(b), kC16Ctas), cuda::mbar_init(freed(b), kC16Ctas);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
-  cuda::cluster_arrive();  // every CTA's mbarriers exist before a peer arrives on them
-  cuda::cluster_wait();
-
-  if (warp < kC16Warps) {  // ---- product warps
-    cuda::setmaxnreg_inc<kC16MmaRegs>();
-    const int stream = warp >> 1, half = warp & 1;
-    float fr[KS][3][2];
-    {
-      const float* f =
-          a.fn + static_cast<int64_t>(stream) * a.channels + c0 + half * (CS / 2) + 2 * tq;
-#pragma unroll
-      for (int nt = 0; nt < 3; ++nt)
-#pragma unroll
-        for (int s = 0; s < KS; ++s) {
-          const float2 v =
-              __ldg(reinterpret_cast<const float2*>(f + (nt * 8 + g) * a.fn_stride + 8 * s));
-          fr[s][nt][0] = v.x, fr[s][nt][1] = v.y;
-        }
-    }
-    for (int64_t j = 0; j <= ntl; ++j) {
-      if (j < ntl) {
-        const int s = static_cast<int>(j % S);
-        cuda::mbar_wait(full(s), static_cast<uint32_t>((j / S) & 1));
-        const unsigned char* xw = c16_smem + s * kSlotBytes + g * TB + stream * kRowBytes +
-                                  (half * (CS / 2) + 2 * tq) * static_cast<int>(sizeof(T));
-        float d[3][4] = {};
-        float ss0 = 0, ss1 = 0;
-#pragma unroll
-        for (int b = 0; b < KS / 2; ++b) {
-          float blk[3][4] = {};
-#pragma unroll
-          for (int u = 0; u < 2; ++u) {
-            const int st = 2 * b + u;
-            float lo0, lo1, hi0, hi1;
-            c16_pair<T>(xw + st * 8 * static_cast<int>(sizeof(T)), lo0, lo1);
-            c16_pair<T>(xw + 8 * TB + st * 8 * static_cast<int>(sizeof(T)), hi0, hi1);
-            ss0 = fmaf(lo0, lo0, ss0), ss0 = fmaf(lo1, lo1, ss0);
-            ss1 = fmaf(hi0, hi0, ss1), ss1 = fmaf(hi1, hi1, ss1);
-            uint32_t ab[4] = {__float_as_uint(lo0), __float_as_uint(hi0), __float_as_uint(lo1),
-                              __float_as_uint(hi1)};
-            uint32_t as[4] = {0, 0, 0, 0};
-            if constexpr (kSplitX) {
-              split_tf32(lo0, ab[0], as[0]);
-              split_tf32(hi0, ab[1], as[1]);
-              split_tf32(lo1, ab[2], as[2]);
-              split_tf32(hi1, ab[3], as[3]);
-            }
-#pragma unroll
-            for (int nt = 0; nt < 3; ++nt) {
-              uint32_t bb[2], bs[2];
-              c16_split_fn(fr[st][nt][0], bb[0], bs[0]);
-              c16_split_fn(fr[st][nt][1], bb[1], bs[1]);
-              if constexpr (kSplitX) mma_tf32_k8(blk[nt], as, bb);
-              mma_tf32_k8(blk[nt], ab, bs);
-              mma_tf32_k8(blk[nt], ab, bb);
-            }
-          }
-#pragma unroll
-          for (int nt = 0; nt < 3; ++nt)
-#pragma unroll
-            for (int v = 0; v < 4; ++v) d[nt][v] += blk[nt][v];
-        }
-        ss0 += __shfl_xor_sync(0xffffffffu, ss0, 1);
-        ss0 += __shfl_xor_sync(0xffffffffu, ss0, 2);
-        ss1 += __shfl_xor_sync(0xffffffffu, ss1, 1);
-        ss1 += __shfl_xor_sync(0xffffffffu, ss1, 2);
-        if (j >= 1) cuda::named_sync(kC16BarWpEmpty, kAll);  // the finishers have read tile j - 1's
-        float* wp = wpart + warp * kC16Tok * R;
-#pragma unroll
-        for (int nt = 0; nt < 3; ++nt) {
-          wp[g * R + nt * 8 + 2 * tq] = d[nt][0];
-          wp[g * R + nt * 8 + 2 * tq + 1] = d[nt][1];
-          wp[(g + 8) * R + nt * 8 + 2 * tq] = d[nt][2];
-          wp[(g + 8) * R + nt * 8 + 2 * tq + 1] = d[nt][3];
-        }
-        if (tq == 0) wp[g * R + kC16K] = ss0, wp[(g + 8) * R + kC16K] = ss1;
-        cuda::named_arrive(kC16BarWpFull, kAll);
-      }
-      if (j >= 1) {  // y of tile j - 1, once the finishers have its pre
-        const int64_t jt = j - 1, t0 = (cluster + jt * ncl) * kC16Tok;
-        const int pb = static_cast<int>(jt & 1);
-        cuda::named_sync(kC16BarPresReady + pb, kAll);
-        const T* xs = reinterpret_cast<const T*>(c16_smem + (jt % S) * kSlotBytes);
-        const float* pr = presb[pb];
-        for (int c = tid; c < kC16Tok * kChunks; c += kC16Warps * 32) {
-          const int tt = c / kChunks, q = c - tt * kChunks;
-          const int64_t tok = t0 + tt;
-          if (tok >= a.tokens) continue;
-          const T* xt = xs + tt * (TB / static_cast<int>(sizeof(T)));
-          float acc[VEC] = {};
-#pragma unroll
-          for (int i = 0; i < kC16N; ++i) {
-            float xv[VEC];
-            load_vec<T, VEC>(xt + i * CS + q * VEC, xv);
-            const float w = pr[tt * kC16N + i];
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) acc[e] = fmaf(w, xv[e], acc[e]);
-          }
-          store_vec<T, VEC>(y + tok * a.y_st + c0 + q * VEC, acc);
-        }
-        cuda::named_arrive(kC16BarSlotFree + pb, kAll);  // the slot and this pre buffer are free
-      }
-    }
-  } else {  // ---- finisher warps
-    cuda::setmaxnreg_dec<kC16FinRegs>();
-    const int f = tid - kC16Warps * 32, fw = f >> 5;  // fw 0: publishes, signals, copies
-    auto refill = [&](int64_t j) {                    // finisher warp 0
-      const int s = static_cast<int>(j % S);
-      if (lane == 0) cuda::mbar_expect_tx(full(s), kC16Tok * kC16N * kRowBytes);
-      __syncwarp();
-      const int64_t t0 = (cluster + j * ncl) * kC16Tok;
-      for (int c = lane; c < kC16Tok * kC16N; c += 32) {
-        const int t = c / kC16N, i = c % kC16N;
-        const int64_t tok = min(t0 + t, a.tokens - 1);  // tail rows: the last token, discarded
-        cuda::bulk_load(cuda::smem_u32(c16_smem) + s * kSlotBytes + t * TB + i * kRowBytes,
-                        x + tok * a.x_st + i * a.x_si + c0, kRowBytes, full(s));
-      }
-    };
-    if (fw == 0)
-      for (int64_t j = 0; j < min(static_cast<int64_t>(S), ntl); ++j) refill(j);
-    const float scale1 = a.scale[1], scale2 = a.scale[2], scale0 = a.scale[0];
-    for (int64_t j = 0; j < ntl; ++j) {
-      const int b = static_cast<int>(j % 3), pb = static_cast<int>(j & 1);
-      if (j >= 2) {  // tile j - 2's y is written: its slot takes tile j - 2 + S, pres[pb] is free
-        cuda::named_sync(kC16BarSlotFree + pb, kAll);
-        if (fw == 0 && j - 2 + S < ntl) refill(j - 2 + S);
-      }
-      // The product warps' partials of tile j -> this CTA's partials, published.
-      cuda::named_sync(kC16BarWpFull, kAll);
-      if (j >= 3) cuda::mbar_wait_cluster(freed(b), static_cast<uint32_t>((j / 3 - 1) & 1));
-      float* cp = cpart + b * kC16Tok * R;
-      for (int e = f; e < kC16Tok * (kC16K + 1); e += kFin) {
-        const int t = e / (kC16K + 1), v = e - t * (kC16K + 1);
-        float sum = 0;
-#pragma unroll
-        for (int w = 0; w < kC16Warps; ++w) sum += wpart[(w * kC16Tok + t) * R + v];
-        cp[t * R + v] = sum;
-      }
-      if (j + 1 < ntl) cuda::named_arrive(kC16BarWpEmpty, kAll);
-      cuda::named_sync(kC16BarFin, kFin);
-      if (fw == 0 && lane < kC16Ctas) cuda::mbar_arrive_cluster(cuda::cluster_map(ready(b), lane));
-      // The cluster's totals of tile j: pre for the product warps, coefficients of token rank.
-      const int64_t t0 = (cluster + j * ncl) * kC16Tok;
-      cuda::mbar_wait_cluster(ready(b), static_cast<uint32_t>((j / 3) & 1));
-      const uint32_t cpb = cuda::smem_u32(cp);
-      auto total = [&](int t, int k) {
-        float part[kC16Ctas];
-#pragma unroll
-        for (int r = 0; r < kC16Ctas; ++r)
-          part[r] = cuda::cluster_load(cuda::cluster_map(cpb + 4 * (t * R + k), r));
-        float sum = 0;
-#pragma unroll
-        for (int r = 0; r < kC16Ctas; ++r) sum += part[r];
-        return sum;
-      };
-      // 8 lanes a token: pre (lanes 0-3), the sum of squares (lane 4); lanes 5-7 of tokens 0-6
-      // total the other 20 logits of token `rank`.
-      const int t = f >> 3, v = f & 7;
-      float sum = 0;
-      if (v < kC16N) {
-        sum = total(t, v);
-      } else if (v == kC16N) {
-        sum = total(t, kC16K);
-        misc[t] = sum;
-      } else if (const int idx = t * 3 + v - (kC16N + 1); idx < kC16K - kC16N) {
-        misc[16 + kC16N + idx] = total(rank, kC16N + idx);
-      }
-      const float ss = __shfl_sync(0xffffffffu, sum, (lane & ~7) | kC16N);
-      if (v < kC16N) {
-        const float inv_rms = rsqrtf(ss * a.inv_flat + a.norm_eps);
-        const float pre = sigmoid(inv_rms * sum * scale0 + a.base[v]) + a.pre_eps;
-        presb[pb][t * kC16N + v] = pre;
-        if (t == rank) misc[16 + v] = pre;
-      }
-      cuda::named_sync(kC16BarFin, kFin);  // pre and the row written, every remote read returned
-      cuda::named_arrive(kC16BarPresReady + pb, kAll);
-      if (fw == 0) {
-        if (lane < kC16Ctas) cuda::mbar_arrive_cluster(cuda::cluster_map(freed(b), lane));
-      } else if (const int yt = f - 32; yt < kC16K && t0 + rank < a.tokens) {
-        float o = misc[16 + yt];  // pre as formed above
-        if (yt >= kC16N) {
-          const float inv_rms = rsqrtf(misc[rank] * a.inv_flat + a.norm_eps);
-          const float val = inv_rms * o * (yt < 2 * kC16N ? scale1 : scale2) + a.base[yt];
-          o = yt < 2 * kC16N ? 2.0f * sigmoid(val) : val;
-        }
-        a.co[(t0 + rank) * a.co_stride + yt] = o;
-      }
-    }
-    // The product warps' last two slot releases.
-    for (int64_t t = max(ntl - 2, int64_t{0}); t < ntl; ++t)
-      cuda::named_sync(kC16BarSlotFree + static_cast<int>(t & 1), kAll);
-  }
-  // No CTA leaves while a peer may still arrive on its mbarriers or read its partials.
   cuda::cluster_arrive();
   cuda::cluster_wait();
 #else

@@ -497,8 +497,7 @@ bool fits_collapse_cluster16(const MhcProblem& p, const DeviceCaps& caps) {
   if (p.channels != 1024 && p.channels != 2048 && p.channels != 4096) return false;
   return c16_slots<T>(p, caps) >= 3;
 }
-// MODE 0: every thread copies with cp.async, 1: bulk copies, 2: the warp-specialized kernel.
-template <class T, int MODE>
+template <class T>
 Status collapse_cluster16(const LaunchContext& ctx, const MhcProblem& p,
                           const MhcCollapseOp::Arguments& a) {
   constexpr std::string_view op = MhcCollapseOp::name;
@@ -522,21 +521,9 @@ Status collapse_cluster16(const LaunchContext& ctx, const MhcProblem& p,
   ca.inv_flat = static_cast<float>(1.0 / static_cast<double>(p.flat));
   ca.norm_eps = static_cast<float>(p.norm_eps), ca.pre_eps = static_cast<float>(p.pre_eps);
   ca.co = static_cast<float*>(a.coeffs.data);
-  constexpr bool kBulk = MODE == 1;
-  auto* kernel = MODE == 2            ? (p.channels == 4096   ? collapse_cluster16_ws_kernel<T, 16>
-                                         : p.channels == 2048 ? collapse_cluster16_ws_kernel<T, 8>
-                                                              : collapse_cluster16_ws_kernel<T, 4>)
-                 : p.channels == 4096 ? collapse_cluster16_kernel<T, 16, kBulk>
-                 : p.channels == 2048 ? collapse_cluster16_kernel<T, 8, kBulk>
-                                      : collapse_cluster16_kernel<T, 4, kBulk>;
-  if constexpr (MODE == 2) {  // an sm_90a body (setmaxnreg) is in this build: see the kernel
-    static const bool has_body = [&] {
-      cudaFuncAttributes fa{};
-      if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) return (void)cudaGetLastError(), false;
-      return fa.sharedSizeBytes > 0;
-    }();
-    if (!has_body) return collapse<T, true>(ctx, p, a);
-  }
+  auto* kernel = p.channels == 4096   ? collapse_cluster16_kernel<T, 16>
+                 : p.channels == 2048 ? collapse_cluster16_kernel<T, 8>
+                                      : collapse_cluster16_kernel<T, 4>;
   const size_t smem = static_cast<size_t>(c16_smem_bytes<T>(ca.channels, ca.slots));
   if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(smem));
@@ -550,7 +537,7 @@ Status collapse_cluster16(const LaunchContext& ctx, const MhcProblem& p,
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = kC16Ctas, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
   cudaLaunchConfig_t cfg = {};
-  cfg.blockDim = dim3(MODE == 2 ? kC16WsThreads : kC16Threads);
+  cfg.blockDim = dim3(kC16Threads);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = s;
   cfg.attrs = attr, cfg.numAttrs = 1;
@@ -857,29 +844,17 @@ bool register_mhc_cuda() {
                                   .fits = fits_collapse_cluster<D, true>,
                                   .workspace = ws_collapse,
                                   .launch = collapse_cluster<T, true, true>});
-  // One pass on 16-CTA clusters with fn in registers (n = 4, C in {1024, 2048, 4096}); pinned
-  // only until measured.
+  // One pass on 16-CTA clusters with fn in registers (n = 4, C in {1024, 2048, 4096}): the f32
+  // default where it fits (H100, 16384 x 4 x 4096: 0.815-0.831 ms against the split kernel's
+  // 0.906-0.907 in the same calls); for 16-bit data split-K stays ahead (0.633 against 0.539).
   register_kernel<MhcCollapseOp>({.sku = sku(MhcCollapseOp::name, DType::f32, kForwardTf32,
                                              "collapse_dynamic_cluster16_tf32", Arch::sm90),
-                                  .priority = 5,
+                                  .priority = wide ? 45 : 5,
                                   .fits = fits_collapse_cluster16<D>,
                                   .workspace = ws_collapse,
-                                  .launch = collapse_cluster16<T, 1>});
-  // The same with X copied by every thread in 16-byte cp.async chunks (A/B of the copy path).
-  register_kernel<MhcCollapseOp>({.sku = sku(MhcCollapseOp::name, DType::f32, kForwardTf32,
-                                             "collapse_dynamic_cluster16_cp_tf32", Arch::sm90),
-                                  .priority = 4,
-                                  .fits = fits_collapse_cluster16<D>,
-                                  .workspace = ws_collapse,
-                                  .launch = collapse_cluster16<T, 0>});
-  // Warp roles: product warps and finisher warps a tile apart (A/B against the two above).
-  register_kernel<MhcCollapseOp>({.sku = sku(MhcCollapseOp::name, DType::f32, kForwardTf32,
-                                             "collapse_dynamic_cluster16_ws_tf32", Arch::sm90),
-                                  .priority = 3,
-                                  .fits = fits_collapse_cluster16<D>,
-                                  .workspace = ws_collapse,
-                                  .launch = collapse_cluster16<T, 2>});
-  // Two passes over X with the logits on tensor cores (any arch with TF32 mma.sync): the default.
+                                  .launch = collapse_cluster16<T>});
+  // Two passes over X with the logits on tensor cores (any arch with TF32 mma.sync): the default
+  // elsewhere.
   register_kernel<MhcCollapseOp>(
       {.sku = sku(MhcCollapseOp::name, DType::f32, kForwardTf32, "collapse_split_tf32"),
        .priority = 40,

@@ -480,6 +480,7 @@ TEST_P(Mhc, DynamicCollapseKernelsMatchReference) {
       const SinkhornConfig sk = sinkhorn_variants()[static_cast<size_t>(vi++ % 4)];
       const MhcDescriptor d = desc(cs.t, cs.n, cs.c, dt, MhcH::dynamic_h, sk);
       const int64_t vec = 16 / (bits_of(dt) / 8), flat = cs.n * cs.c, k = (2 + cs.n) * cs.n;
+      const bool fits16 = sm90 && cs.n == 4 && (cs.c == 1024 || cs.c == 2048 || cs.c == 4096);
       // Inputs shared by every kernel of the case.
       TestTensor x = rand_dense(dt, {cs.t, cs.n, cs.c}, tg, rng);
       ParamSet w;
@@ -505,18 +506,14 @@ TEST_P(Mhc, DynamicCollapseKernelsMatchReference) {
       for (std::string_view pin : {std::string_view{}, std::string_view{"collapse"},
                                    std::string_view{"collapse_dynamic_cluster"},
                                    std::string_view{"collapse_dynamic_cluster_tf32"},
-                                   std::string_view{"collapse_dynamic_cluster16_tf32"},
-                                   std::string_view{"collapse_dynamic_cluster16_cp_tf32"},
-                                   std::string_view{"collapse_dynamic_cluster16_ws_tf32"}}) {
+                                   std::string_view{"collapse_dynamic_cluster16_tf32"}}) {
         // The cluster kernels serve sm_90 and 16-byte slices; the tensor-core one C % 128 == 0;
         // the 16-CTA one n = 4 and C in {1024, 2048, 4096}.
-        // The default, collapse_split_tf32, fits every dynamic shape (its logits fall back to CUDA
-        // cores where C % 16 != 0 or rows are unaligned).
+        // collapse_split_tf32 fits every dynamic shape (its logits fall back to CUDA cores where
+        // C % 16 != 0 or rows are unaligned).
         if (pin == "collapse_dynamic_cluster" && (!sm90 || cs.c % vec != 0)) continue;
         if (pin == "collapse_dynamic_cluster_tf32" && (!sm90 || cs.c % 128 != 0)) continue;
-        if (pin.starts_with("collapse_dynamic_cluster16") &&
-            (!sm90 || cs.n != 4 || (cs.c != 1024 && cs.c != 2048 && cs.c != 4096)))
-          continue;
+        if (pin == "collapse_dynamic_cluster16_tf32" && !fits16) continue;
         const PlanPreference pref =
             pin.empty() ? PlanPreference::fastest() : PlanPreference::kernel(pin);
         auto cp = MhcCollapsePlan::select(s, d, pref);
@@ -524,10 +521,12 @@ TEST_P(Mhc, DynamicCollapseKernelsMatchReference) {
         const MhcProblem& p = cp->problem();
         const std::string what =
             label(p, Layout::contiguous) + " kernel=" + std::string(cp->sku().name);
-        // The default follows the H100 measurements (docs/perf/mhc.md): split-K with its logits
-        // on tensor cores for every dynamic shape.
+        // The default follows the H100 measurements (docs/perf/mhc.md): the 16-CTA one-pass
+        // kernel for f32 where it fits, split-K with its logits on tensor cores elsewhere.
         if (pin.empty()) {
-          EXPECT_EQ(cp->sku().name, "collapse_split_tf32") << what;
+          EXPECT_EQ(cp->sku().name, dt == DType::f32 && fits16 ? "collapse_dynamic_cluster16_tf32"
+                                                               : "collapse_split_tf32")
+              << what;
         }
         ++kernels;
         y.set_bytes(ypoison);
