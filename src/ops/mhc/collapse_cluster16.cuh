@@ -47,18 +47,6 @@ constexpr int kC16MaxSlots = 8;
 static_assert(kC16Tok == kC16Ctas, "each rank writes the coefficient row of one token of a tile");
 static_assert(kC16Warps == 2 * kC16N, "two warps per stream");
 
-struct C16Args {
-  int64_t tokens = 0, tiles = 0;
-  int64_t x_st = 0, x_si = 0, y_st = 0, co_stride = 0;
-  int channels = 0, slots = 0;
-  const float* fn = nullptr;
-  int64_t fn_stride = 0;
-  const float* scale = nullptr;
-  const float* base = nullptr;
-  float inv_flat = 0, norm_eps = 0, pre_eps = 0;
-  float* co = nullptr;  // [tokens, K]: pre, post and the comb logits (Sinkhorn runs after)
-};
-
 // One token of a slot: n rows of the slice, then padding so that the 8 token rows a fragment load
 // touches fall in distinct banks (rows 8 words apart for 8-byte loads, 4 for 4-byte loads).
 template <class T>
@@ -100,7 +88,7 @@ __device__ __forceinline__ void c16_split_fn(float v, uint32_t& big, uint32_t& s
 
 template <class T, int KS>
 __global__ void __launch_bounds__(kC16Threads, 1)
-    collapse_cluster16_kernel(T* __restrict__ y, const T* __restrict__ x, C16Args a) {
+    collapse_cluster16_kernel(T* __restrict__ y, const T* __restrict__ x, DynArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int CS = 16 * KS;  // channels per stream in a CTA's slice (two warps of KS steps)
   constexpr int kRowBytes = CS * static_cast<int>(sizeof(T));

@@ -407,64 +407,106 @@ inline Status run_comb_sinkhorn(std::string_view op, cudaStream_t s, const MhcPr
   MHC_CHECK("comb_sinkhorn_kernel");
   return {};
 }
-template <class T, bool STAGGER, bool MMA = false>
-Status collapse_cluster(const LaunchContext& ctx, const MhcProblem& p,
-                        const MhcCollapseOp::Arguments& a) {
-  constexpr std::string_view op = MhcCollapseOp::name;
-  if (p.tokens == 0) return {};
-  const MhcParams& w = a.params;
-  // 16-byte copies of X and 16-byte fn loads. Other layouts take the split-K path (whose bits
-  // differ; the choice depends on alignment, never on the token count).
-  if (!vec_ok<T>(p.channels, {a.x.data, a.y.data}, {a.x.stride[0], a.x.stride[1], a.y.stride[0]}) ||
-      reinterpret_cast<uintptr_t>(w.fn.data) % 16 != 0 || w.fn.stride[0] % 4 != 0)
-    return collapse<T>(ctx, p, a);
-  const cudaStream_t s = cuda::stream_of(ctx);
-  const DynGeom<T> g = dyn_geom<T>(p, MMA);
-  auto* kernel = dyn_collapse_kernel<T, dyn_tpl<T>(), MMA>;
-  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(g.smem));
+// A launch of `ctas`-CTA clusters with `smem` bytes of dynamic shared memory, and how many such
+// clusters are resident at once: the GPCs decide, not sm_count / ctas (a cluster that does not
+// fit would run in a second wave). The count depends on the device and the shared-memory size
+// only, so it is cached under both in the caller's `cache` (the query costs host time per run);
+// 0 where none fits.
+struct ClusterLaunch {
+  cudaLaunchAttribute attr[1] = {};
+  cudaLaunchConfig_t cfg = {};
+  int64_t resident = 0;
+};
+template <class Kernel>
+Status cluster_launch(std::string_view op, const LaunchContext& ctx, Kernel kernel, int ctas,
+                      int threads, size_t smem, std::atomic<int64_t> (&cache)[16],
+                      ClusterLaunch& cl) {
+  cl.attr[0].id = cudaLaunchAttributeClusterDimension;
+  cl.attr[0].val.clusterDim.x = static_cast<unsigned>(ctas);
+  cl.attr[0].val.clusterDim.y = 1, cl.attr[0].val.clusterDim.z = 1;
+  cl.cfg.blockDim = dim3(static_cast<unsigned>(threads));
+  cl.cfg.dynamicSmemBytes = smem;
+  cl.cfg.stream = cuda::stream_of(ctx);
+  cl.cfg.attrs = cl.attr, cl.cfg.numAttrs = 1;
+  const int dev = ctx.stream.device();
+  const int64_t key = static_cast<int64_t>(smem) << 8;
+  cl.resident = 0;
+  if (dev >= 0 && dev < 16) {
+    const int64_t c = cache[dev].load(std::memory_order_relaxed);
+    if ((c & ~int64_t{0xff}) == key) cl.resident = c & 0xff;
+  }
+  if (cl.resident == 0) {
+    cl.cfg.gridDim = dim3(static_cast<unsigned>(ctas));  // the query's grid: one cluster
+    int n = 0;
+    if (cudaError_t e = cudaOccupancyMaxActiveClusters(&n, kernel, &cl.cfg); e != cudaSuccess)
+      return cuda::cuda_error(op, "cudaOccupancyMaxActiveClusters", e);
+    cl.resident = std::min(n, 255);
+    if (n > 0 && dev >= 0 && dev < 16)
+      cache[dev].store(key | cl.resident, std::memory_order_relaxed);
+  }
+  return {};
+}
+// Launches the persistent clusters (never more than one per tile), then finishes the comb rows
+// the kernel left as logits.
+template <class T, class Kernel>
+Status run_clusters(std::string_view op, const char* name, ClusterLaunch& cl, Kernel kernel,
+                    int ctas, const MhcProblem& p, const MhcCollapseOp::Arguments& a,
+                    const DynArgs& da) {
+  cl.cfg.gridDim = dim3(static_cast<unsigned>(std::min<int64_t>(cl.resident, da.tiles) * ctas));
+  if (cudaError_t e = cudaLaunchKernelEx(&cl.cfg, kernel, static_cast<T*>(a.y.data),
+                                         static_cast<const T*>(a.x.data), da);
       e != cudaSuccess)
-    return cuda::cuda_error(op, "dyn_collapse_kernel smem", e);
+    return cuda::cuda_error(op, name, e);
+  BARACUDA_TRY(cuda::check_launch(op, name));
+  return run_comb_sinkhorn(op, cl.cfg.stream, p, da);
+}
+// X and y in 16-byte vectors and fn rows aligned to `fn_floats` floats: the layouts the one-pass
+// cluster kernels read and write with vector accesses. Others take the split-K path (whose bits
+// differ; the choice depends on alignment, never on the token count).
+template <class T>
+bool cluster_layout_ok(const MhcProblem& p, const MhcCollapseOp::Arguments& a, int fn_floats) {
+  return vec_ok<T>(p.channels, {a.x.data, a.y.data},
+                   {a.x.stride[0], a.x.stride[1], a.y.stride[0]}) &&
+         reinterpret_cast<uintptr_t>(a.params.fn.data) % (4 * fn_floats) == 0 &&
+         a.params.fn.stride[0] % fn_floats == 0;
+}
+// The fields every one-pass cluster kernel reads, for tiles of `tile_tokens` tokens.
+inline DynArgs dyn_args(const MhcProblem& p, const MhcCollapseOp::Arguments& a,
+                        int64_t tile_tokens) {
+  const MhcParams& w = a.params;
   DynArgs da;
-  da.tokens = p.tokens, da.channels = p.channels, da.tiles = (p.tokens + g.m - 1) / g.m;
+  da.tokens = p.tokens, da.channels = p.channels;
+  da.tiles = (p.tokens + tile_tokens - 1) / tile_tokens;
   da.x_st = a.x.stride[0], da.x_si = a.x.stride[1], da.y_st = a.y.stride[0];
   da.co_stride = a.coeffs.stride[0];
   da.n = static_cast<int>(p.n), da.k = static_cast<int>(p.k);
-  da.q = static_cast<int>(g.q), da.pitch = static_cast<int>(g.pitch);
   da.fn = static_cast<const float*>(w.fn.data), da.fn_stride = w.fn.stride[0];
   da.scale = static_cast<const float*>(w.scale.data);
   da.base = static_cast<const float*>(w.base.data);
   da.inv_flat = static_cast<float>(1.0 / static_cast<double>(p.flat));
   da.norm_eps = static_cast<float>(p.norm_eps), da.pre_eps = static_cast<float>(p.pre_eps);
   da.co = static_cast<float*>(a.coeffs.data);
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = kDynCtas, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.blockDim = dim3(kDynThreads);
-  cfg.dynamicSmemBytes = g.smem;
-  cfg.stream = s;
-  cfg.attrs = attr, cfg.numAttrs = 1;
-  // Persistent clusters, as many as fit at once (the GPCs decide, not sm_count / 8: a cluster
-  // that does not fit would run in a second wave). The answer depends on the device and the
-  // shared-memory size only, so it is cached under both (the query costs host time per run).
+  return da;
+}
+template <class T, bool STAGGER, bool MMA = false>
+Status collapse_cluster(const LaunchContext& ctx, const MhcProblem& p,
+                        const MhcCollapseOp::Arguments& a) {
+  constexpr std::string_view op = MhcCollapseOp::name;
+  if (p.tokens == 0) return {};
+  if (!cluster_layout_ok<T>(p, a, 4)) return collapse<T>(ctx, p, a);  // 16-byte fn loads
+  const DynGeom<T> g = dyn_geom<T>(p, MMA);
+  auto* kernel = dyn_collapse_kernel<T, dyn_tpl<T>(), MMA>;
+  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(g.smem));
+      e != cudaSuccess)
+    return cuda::cuda_error(op, "dyn_collapse_kernel smem", e);
+  DynArgs da = dyn_args(p, a, g.m);
+  da.q = static_cast<int>(g.q), da.pitch = static_cast<int>(g.pitch);
   static std::atomic<int64_t> cache[16];
-  const int dev = ctx.stream.device();
-  const int64_t key = static_cast<int64_t>(g.smem) << 8;
-  int64_t clusters = 0;
-  if (dev >= 0 && dev < 16) {
-    const int64_t c = cache[dev].load(std::memory_order_relaxed);
-    if ((c & ~int64_t{0xff}) == key) clusters = c & 0xff;
-  }
-  if (clusters == 0) {
-    cfg.gridDim = dim3(kDynCtas);
-    int n_clusters = 0;
-    if (cudaError_t e = cudaOccupancyMaxActiveClusters(&n_clusters, kernel, &cfg); e != cudaSuccess)
-      return cuda::cuda_error(op, "cudaOccupancyMaxActiveClusters", e);
-    if (n_clusters < 1) return collapse<T>(ctx, p, a);
-    clusters = std::min(n_clusters, 255);
-    if (dev >= 0 && dev < 16) cache[dev].store(key | clusters, std::memory_order_relaxed);
-  }
+  ClusterLaunch cl;
+  BARACUDA_TRY(cluster_launch(op, ctx, kernel, kDynCtas, kDynThreads, g.smem, cache, cl));
+  if (cl.resident < 1) return collapse<T>(ctx, p, a);
+  const int64_t clusters = cl.resident;
   // A quarter of the time one CTA's tile takes to arrive when every SM loads at once (about
   // 23 bytes/ns per SM on an H100); only worth it when each cluster runs several tiles.
   if (STAGGER && da.tiles >= 2 * clusters)
@@ -472,17 +514,11 @@ Status collapse_cluster(const LaunchContext& ctx, const MhcProblem& p,
         std::min<int64_t>(g.m * p.n * (g.q * (16 / static_cast<int64_t>(sizeof(T))) / kDynCtas) *
                               static_cast<int64_t>(sizeof(T)) / 92,
                           50000));
-  cfg.gridDim = dim3(static_cast<unsigned>(std::min<int64_t>(clusters, da.tiles) * kDynCtas));
-  if (cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, static_cast<T*>(a.y.data),
-                                         static_cast<const T*>(a.x.data), da);
-      e != cudaSuccess)
-    return cuda::cuda_error(op, "dyn_collapse_kernel", e);
-  MHC_CHECK("dyn_collapse_kernel");
-  return run_comb_sinkhorn(op, s, p, da);
+  return run_clusters<T>(op, "dyn_collapse_kernel", cl, kernel, kDynCtas, p, a, da);
 }
 
-// ---- dynamic H collapse, one pass over X on 16-CTA clusters (collapse_cluster16.cuh)
-// ------------- Slots in the ring: as many tiles as the shared memory holds, up to kC16MaxSlots.
+// ---- dynamic H collapse, one pass over X on 16-CTA clusters (collapse_cluster16.cuh) ----------
+// Slots in the ring: as many tiles as the shared memory holds, up to kC16MaxSlots.
 template <class T>
 int64_t c16_slots(const MhcProblem& p, const DeviceCaps& caps) {
   const int64_t slot = kC16Tok * int64_t{c16_token_bytes<T>(static_cast<int>(p.channels))};
@@ -502,29 +538,14 @@ Status collapse_cluster16(const LaunchContext& ctx, const MhcProblem& p,
                           const MhcCollapseOp::Arguments& a) {
   constexpr std::string_view op = MhcCollapseOp::name;
   if (p.tokens == 0) return {};
-  const MhcParams& w = a.params;
-  // 16-byte bulk copies of X rows, 16-byte stores of y, 8-byte fn loads; other layouts take the
-  // split-K path (whose bits differ; the choice depends on alignment, never on the token count).
-  if (!vec_ok<T>(p.channels, {a.x.data, a.y.data}, {a.x.stride[0], a.x.stride[1], a.y.stride[0]}) ||
-      reinterpret_cast<uintptr_t>(w.fn.data) % 8 != 0 || w.fn.stride[0] % 2 != 0)
-    return collapse<T, true>(ctx, p, a);
-  const cudaStream_t s = cuda::stream_of(ctx);
-  C16Args ca;
-  ca.tokens = p.tokens, ca.tiles = (p.tokens + kC16Tok - 1) / kC16Tok;
-  ca.x_st = a.x.stride[0], ca.x_si = a.x.stride[1], ca.y_st = a.y.stride[0];
-  ca.co_stride = a.coeffs.stride[0];
-  ca.channels = static_cast<int>(p.channels);
-  ca.slots = static_cast<int>(c16_slots<T>(p, ctx.stream.caps()));
-  ca.fn = static_cast<const float*>(w.fn.data), ca.fn_stride = w.fn.stride[0];
-  ca.scale = static_cast<const float*>(w.scale.data);
-  ca.base = static_cast<const float*>(w.base.data);
-  ca.inv_flat = static_cast<float>(1.0 / static_cast<double>(p.flat));
-  ca.norm_eps = static_cast<float>(p.norm_eps), ca.pre_eps = static_cast<float>(p.pre_eps);
-  ca.co = static_cast<float*>(a.coeffs.data);
+  if (!cluster_layout_ok<T>(p, a, 2)) return collapse<T, true>(ctx, p, a);  // 8-byte fn loads
+  DynArgs da = dyn_args(p, a, kC16Tok);
+  da.slots = static_cast<int>(c16_slots<T>(p, ctx.stream.caps()));
   auto* kernel = p.channels == 4096   ? collapse_cluster16_kernel<T, 16>
                  : p.channels == 2048 ? collapse_cluster16_kernel<T, 8>
                                       : collapse_cluster16_kernel<T, 4>;
-  const size_t smem = static_cast<size_t>(c16_smem_bytes<T>(ca.channels, ca.slots));
+  const size_t smem =
+      static_cast<size_t>(c16_smem_bytes<T>(static_cast<int>(p.channels), da.slots));
   if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(smem));
       e != cudaSuccess)
@@ -533,41 +554,11 @@ Status collapse_cluster16(const LaunchContext& ctx, const MhcProblem& p,
           cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
       e != cudaSuccess)
     return cuda::cuda_error(op, "collapse_cluster16_kernel cluster size", e);
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = kC16Ctas, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.blockDim = dim3(kC16Threads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = s;
-  cfg.attrs = attr, cfg.numAttrs = 1;
-  // Persistent clusters, as many as fit at once (cached per device and shared-memory size).
   static std::atomic<int64_t> cache[16];
-  const int dev = ctx.stream.device();
-  const int64_t key = static_cast<int64_t>(smem) << 8;
-  int64_t clusters = 0;
-  if (dev >= 0 && dev < 16) {
-    const int64_t c = cache[dev].load(std::memory_order_relaxed);
-    if ((c & ~int64_t{0xff}) == key) clusters = c & 0xff;
-  }
-  if (clusters == 0) {
-    cfg.gridDim = dim3(kC16Ctas);  // the query's grid: one cluster
-    int n_clusters = 0;
-    if (cudaError_t e = cudaOccupancyMaxActiveClusters(&n_clusters, kernel, &cfg); e != cudaSuccess)
-      return cuda::cuda_error(op, "cudaOccupancyMaxActiveClusters", e);
-    if (n_clusters < 1) return collapse<T, true>(ctx, p, a);
-    clusters = std::min(n_clusters, 255);
-    if (dev >= 0 && dev < 16) cache[dev].store(key | clusters, std::memory_order_relaxed);
-  }
-  cfg.gridDim = dim3(static_cast<unsigned>(std::min<int64_t>(clusters, ca.tiles) * kC16Ctas));
-  if (cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, static_cast<T*>(a.y.data),
-                                         static_cast<const T*>(a.x.data), ca);
-      e != cudaSuccess)
-    return cuda::cuda_error(op, "collapse_cluster16_kernel", e);
-  MHC_CHECK("collapse_cluster16_kernel");
-  DynArgs da;
-  da.co = ca.co, da.co_stride = ca.co_stride, da.n = kC16N;
-  return run_comb_sinkhorn(op, s, p, da);
+  ClusterLaunch cl;
+  BARACUDA_TRY(cluster_launch(op, ctx, kernel, kC16Ctas, kC16Threads, smem, cache, cl));
+  if (cl.resident < 1) return collapse<T, true>(ctx, p, a);
+  return run_clusters<T>(op, "collapse_cluster16_kernel", cl, kernel, kC16Ctas, p, a, da);
 }
 
 // ---- expand
