@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -54,6 +55,23 @@ inline cudaError_t ensure_dynamic_smem(const void* kernel, size_t smem) {
       e != cudaSuccess)
     return e;
   have = smem;
+  return cudaSuccess;
+}
+
+// Allows a kernel clusters of more than 8 CTAs (sm_90's non-portable sizes) on the current
+// device, once per (device, kernel): the same driver-call economy as ensure_dynamic_smem.
+inline cudaError_t ensure_nonportable_clusters(const void* kernel) {
+  int device = 0;
+  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  static std::mutex mutex;
+  static std::set<std::pair<int, const void*>> allowed;
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (allowed.count({device, kernel})) return cudaSuccess;
+  if (const cudaError_t e =
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+      e != cudaSuccess)
+    return e;
+  allowed.insert({device, kernel});
   return cudaSuccess;
 }
 

@@ -407,11 +407,12 @@ inline Status run_comb_sinkhorn(std::string_view op, cudaStream_t s, const MhcPr
   MHC_CHECK("comb_sinkhorn_kernel");
   return {};
 }
-// A launch of `ctas`-CTA clusters with `smem` bytes of dynamic shared memory, and how many such
-// clusters are resident at once: the GPCs decide, not sm_count / ctas (a cluster that does not
-// fit would run in a second wave). The count depends on the device and the shared-memory size
-// only, so it is cached under both in the caller's `cache` (the query costs host time per run);
-// 0 where none fits.
+// A launch of `ctas`-CTA clusters with `smem` bytes of dynamic shared memory (the kernel's limit
+// raised once per device, core's ensure_dynamic_smem), and how many such clusters are resident at
+// once: the GPCs decide, not sm_count / ctas (a cluster that does not fit would run in a second
+// wave). The count depends on the device and the shared-memory size only, so it is cached under
+// both in the caller's `cache` (the query costs host time per run); 0 where none fits. Clusters of
+// more than 8 CTAs are allowed on the kernel (non-portable), once per device.
 struct ClusterLaunch {
   cudaLaunchAttribute attr[1] = {};
   cudaLaunchConfig_t cfg = {};
@@ -421,6 +422,13 @@ template <class Kernel>
 Status cluster_launch(std::string_view op, const LaunchContext& ctx, Kernel kernel, int ctas,
                       int threads, size_t smem, std::atomic<int64_t> (&cache)[16],
                       ClusterLaunch& cl) {
+  if (cudaError_t e = cuda::ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);
+      e != cudaSuccess)
+    return cuda::cuda_error(op, "cluster kernel: cudaFuncSetAttribute (shared memory)", e);
+  if (ctas > 8)
+    if (cudaError_t e = cuda::ensure_nonportable_clusters(reinterpret_cast<const void*>(kernel));
+        e != cudaSuccess)
+      return cuda::cuda_error(op, "cluster kernel: cudaFuncSetAttribute (cluster size)", e);
   cl.attr[0].id = cudaLaunchAttributeClusterDimension;
   cl.attr[0].val.clusterDim.x = static_cast<unsigned>(ctas);
   cl.attr[0].val.clusterDim.y = 1, cl.attr[0].val.clusterDim.z = 1;
@@ -496,10 +504,6 @@ Status collapse_cluster(const LaunchContext& ctx, const MhcProblem& p,
   if (!cluster_layout_ok<T>(p, a, 4)) return collapse<T>(ctx, p, a);  // 16-byte fn loads
   const DynGeom<T> g = dyn_geom<T>(p, MMA);
   auto* kernel = dyn_collapse_kernel<T, dyn_tpl<T>(), MMA>;
-  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(g.smem));
-      e != cudaSuccess)
-    return cuda::cuda_error(op, "dyn_collapse_kernel smem", e);
   DynArgs da = dyn_args(p, a, g.m);
   da.q = static_cast<int>(g.q), da.pitch = static_cast<int>(g.pitch);
   static std::atomic<int64_t> cache[16];
@@ -546,14 +550,6 @@ Status collapse_cluster16(const LaunchContext& ctx, const MhcProblem& p,
                                       : collapse_cluster16_kernel<T, 4>;
   const size_t smem =
       static_cast<size_t>(c16_smem_bytes<T>(static_cast<int>(p.channels), da.slots));
-  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(smem));
-      e != cudaSuccess)
-    return cuda::cuda_error(op, "collapse_cluster16_kernel smem", e);
-  if (cudaError_t e =
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-      e != cudaSuccess)
-    return cuda::cuda_error(op, "collapse_cluster16_kernel cluster size", e);
   static std::atomic<int64_t> cache[16];
   ClusterLaunch cl;
   BARACUDA_TRY(cluster_launch(op, ctx, kernel, kC16Ctas, kC16Threads, smem, cache, cl));
