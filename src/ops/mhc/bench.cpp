@@ -113,13 +113,16 @@ void run_case(const Stream& s, DType dt) {
     // tensor cores, collapse_split_tf32): split-K on CUDA cores ("<case>@collapse"), the one-pass
     // cluster kernel with and without its staggered start ("@collapse_dynamic_cluster",
     // "@collapse_dynamic_cluster_lockstep") and with its products on tensor cores
-    // ("@collapse_dynamic_cluster_tf32"), and the 16-CTA one with fn in registers
-    // ("@collapse_dynamic_cluster16_tf32"): the A/B rows.
+    // ("@collapse_dynamic_cluster_tf32"), and the 16-CTA ones with fn in registers
+    // ("@collapse_dynamic_cluster16_tf32", its partials pushed: "@collapse_dynamic_push16_tf32",
+    // "@collapse_dynamic_push32_tf32"): the A/B rows.
     for (std::string_view pin : {std::string_view{}, std::string_view{"collapse"},
                                  std::string_view{"collapse_dynamic_cluster"},
                                  std::string_view{"collapse_dynamic_cluster_lockstep"},
                                  std::string_view{"collapse_dynamic_cluster_tf32"},
-                                 std::string_view{"collapse_dynamic_cluster16_tf32"}}) {
+                                 std::string_view{"collapse_dynamic_cluster16_tf32"},
+                                 std::string_view{"collapse_dynamic_push16_tf32"},
+                                 std::string_view{"collapse_dynamic_push32_tf32"}}) {
       if (!pin.empty() && h == MhcH::static_h) continue;
       const std::string cname = pin.empty() ? nm0 : nm0 + "@" + std::string(pin);
       auto plan = MhcCollapsePlan::select(

@@ -86,18 +86,164 @@ __device__ __forceinline__ void c16_split_fn(float v, uint32_t& big, uint32_t& s
   split_tf32(v, big, small);
 }
 
+// Geometry of a slot's token rows for KS k-steps a warp (channels C = 256 KS): a CTA's slice holds
+// CS channels of each stream; a token is n rows of the slice plus padding (c16_token_bytes).
+template <class T, int KS>
+struct C16Geom {
+  static constexpr int CS = 16 * KS;
+  static constexpr int kRowBytes = CS * static_cast<int>(sizeof(T));
+  static constexpr int TB = kC16N * kRowBytes + 8 * static_cast<int>(sizeof(T));
+};
+
+// Warp w's products over its KS k-steps (stream w / 2, half w % 2 of the slice) for M m-tiles of 16
+// tokens of a slot, written to wp[token][R]: the 24 logits' partial dot products and the partial
+// sum of squares. MMA k index t is channel 2 t and k index t + 4 channel 2 t + 1 of a step (one 8-
+// byte (f32) or 4-byte (16-bit) shared load per token row and lane). Each pair of k-steps
+// accumulates on the tensor cores from zero and is added on the CUDA cores (short tensor-core
+// chains, as in mma_block16); the M m-tiles share each split of fn.
+template <class T, int KS, int M>
+__device__ __forceinline__ void c16_products(const unsigned char* slot, const float (&fr)[KS][3][2],
+                                             float (&d)[M][3][4], float (&ss)[M][2]) {
+  using G = C16Geom<T, KS>;
+  constexpr int E = static_cast<int>(sizeof(T));
+  constexpr bool kSplitX = E == 4;
+  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  const int g = lane >> 2, tq = lane & 3;
+  const unsigned char* xw =
+      slot + g * G::TB + (warp >> 1) * G::kRowBytes + ((warp & 1) * (G::CS / 2) + 2 * tq) * E;
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    ss[m][0] = ss[m][1] = 0;  // tokens g and g + 8 of the m-tile
+#pragma unroll
+    for (int nt = 0; nt < 3; ++nt) d[m][nt][0] = d[m][nt][1] = d[m][nt][2] = d[m][nt][3] = 0;
+  }
+#pragma unroll
+  for (int b = 0; b < KS / 2; ++b) {
+    float blk[M][3][4] = {};
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int st = 2 * b + u;
+      // a = {A[g][t], A[g + 8][t], A[g][t + 4], A[g + 8][t + 4]} of each m-tile.
+      uint32_t ab[M][4], as[M][4];
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        float lo0, lo1, hi0, hi1;
+        c16_pair<T>(xw + m * 16 * G::TB + st * 8 * E, lo0, lo1);
+        c16_pair<T>(xw + (m * 16 + 8) * G::TB + st * 8 * E, hi0, hi1);
+        ss[m][0] = fmaf(lo0, lo0, ss[m][0]), ss[m][0] = fmaf(lo1, lo1, ss[m][0]);
+        ss[m][1] = fmaf(hi0, hi0, ss[m][1]), ss[m][1] = fmaf(hi1, hi1, ss[m][1]);
+        ab[m][0] = __float_as_uint(lo0), ab[m][1] = __float_as_uint(hi0);
+        ab[m][2] = __float_as_uint(lo1), ab[m][3] = __float_as_uint(hi1);
+        as[m][0] = as[m][1] = as[m][2] = as[m][3] = 0;
+        if constexpr (kSplitX) {
+          split_tf32(lo0, ab[m][0], as[m][0]);
+          split_tf32(hi0, ab[m][1], as[m][1]);
+          split_tf32(lo1, ab[m][2], as[m][2]);
+          split_tf32(hi1, ab[m][3], as[m][3]);
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < 3; ++nt) {
+        uint32_t bb[2], bs[2];
+        c16_split_fn(fr[st][nt][0], bb[0], bs[0]);
+        c16_split_fn(fr[st][nt][1], bb[1], bs[1]);
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+          if constexpr (kSplitX) mma_tf32_k8(blk[m][nt], as[m], bb);
+          mma_tf32_k8(blk[m][nt], ab[m], bs);
+          mma_tf32_k8(blk[m][nt], ab[m], bb);
+        }
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+#pragma unroll
+      for (int nt = 0; nt < 3; ++nt)
+#pragma unroll
+        for (int v = 0; v < 4; ++v) d[m][nt][v] += blk[m][nt][v];
+  }
+}
+// The products' partials of a warp to wp[token][R] (kAdd: added to what is there).
+template <int M, bool kAdd = false>
+__device__ __forceinline__ void c16_store_partials(float* wp, float (&d)[M][3][4],
+                                                   float (&ss)[M][2]) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int g = lane >> 2, tq = lane & 3;
+  constexpr int R = kC16Row;
+  auto put = [](float& dst, float v) { dst = kAdd ? dst + v : v; };
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    // The 4 lanes of a token row hold interleaved quarters of its elements.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      ss[m][h] += __shfl_xor_sync(0xffffffffu, ss[m][h], 1);
+      ss[m][h] += __shfl_xor_sync(0xffffffffu, ss[m][h], 2);
+    }
+    float* w0 = wp + (m * 16 + g) * R;
+    float* w1 = w0 + 8 * R;
+#pragma unroll
+    for (int nt = 0; nt < 3; ++nt) {
+      put(w0[nt * 8 + 2 * tq], d[m][nt][0]), put(w0[nt * 8 + 2 * tq + 1], d[m][nt][1]);
+      put(w1[nt * 8 + 2 * tq], d[m][nt][2]), put(w1[nt * 8 + 2 * tq + 1], d[m][nt][3]);
+    }
+    if (tq == 0) put(w0[kC16K], ss[m][0]), put(w1[kC16K], ss[m][1]);
+  }
+}
+
+// fr[s][nt][j] = fn[nt * 8 + g][stream * C + c0 + half * CS / 2 + 8 s + 2 tq + j] for warp w's
+// stream w / 2 and half w % 2 of the slice starting at channel c0.
+template <int KS>
+__device__ __forceinline__ void c16_load_fn(const DynArgs& a, int64_t c0, float (&fr)[KS][3][2]) {
+  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  const int g = lane >> 2, tq = lane & 3;
+  const float* f =
+      a.fn + static_cast<int64_t>(warp >> 1) * a.channels + c0 + (warp & 1) * (8 * KS) + 2 * tq;
+#pragma unroll
+  for (int nt = 0; nt < 3; ++nt)
+#pragma unroll
+    for (int s = 0; s < KS; ++s) {
+      const float2 v =
+          __ldg(reinterpret_cast<const float2*>(f + (nt * 8 + g) * a.fn_stride + 8 * s));
+      fr[s][nt][0] = v.x, fr[s][nt][1] = v.y;
+    }
+}
+
+// y for the slice's channels of TOK tokens of a slot starting at token t0, with pres[token][n]:
+// threads first, first + step, ... of the CTA, 16-byte chunks.
+template <class T, int KS, int TOK>
+__device__ __forceinline__ void c16_collapse_rows(T* __restrict__ y, const unsigned char* slot,
+                                                  const float* pres, const DynArgs& a, int64_t t0,
+                                                  int64_t c0, int first, int step) {
+  using G = C16Geom<T, KS>;
+  constexpr int VEC = 16 / static_cast<int>(sizeof(T));
+  constexpr int kChunks = G::CS / VEC;  // 16-byte chunks per stream row of the slice
+  const T* xs = reinterpret_cast<const T*>(slot);
+  for (int c = first; c < TOK * kChunks; c += step) {
+    const int t = c / kChunks, q = c - t * kChunks;
+    const int64_t tok = t0 + t;
+    if (tok >= a.tokens) continue;
+    const T* xt = xs + t * (G::TB / static_cast<int>(sizeof(T)));
+    float acc[VEC] = {};
+#pragma unroll
+    for (int i = 0; i < kC16N; ++i) {
+      float v[VEC];
+      load_vec<T, VEC>(xt + i * G::CS + q * VEC, v);
+      const float w = pres[t * kC16N + i];
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) acc[e] = fmaf(w, v[e], acc[e]);
+    }
+    store_vec<T, VEC>(y + tok * a.y_st + c0 + q * VEC, acc);
+  }
+}
+
 template <class T, int KS>
 __global__ void __launch_bounds__(kC16Threads, 1)
     collapse_cluster16_kernel(T* __restrict__ y, const T* __restrict__ x, DynArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr int CS = 16 * KS;  // channels per stream in a CTA's slice (two warps of KS steps)
-  constexpr int kRowBytes = CS * static_cast<int>(sizeof(T));
-  constexpr int TB = kC16N * kRowBytes + 8 * static_cast<int>(sizeof(T));
+  using G = C16Geom<T, KS>;
+  constexpr int CS = G::CS, kRowBytes = G::kRowBytes, TB = G::TB;
   constexpr int kSlotBytes = kC16Tok * TB;
-  constexpr int VEC = 16 / static_cast<int>(sizeof(T));
-  constexpr bool kSplitX = sizeof(T) == 4;
   constexpr int R = kC16Row;
-  constexpr int kChunks = CS / VEC;        // 16-byte chunks per stream row of the slice
   constexpr int kWork = kC16Threads - 32;  // threads that copy X and write y
   extern __shared__ __align__(128) unsigned char c16_smem[];
   const int S = a.slots;
@@ -108,7 +254,6 @@ __global__ void __launch_bounds__(kC16Threads, 1)
   const uint32_t bars = cuda::smem_u32(pres + kC16Tok * kC16N);
 
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
-  const int g = lane >> 2, tq = lane & 3;
   const int rank = static_cast<int>(cuda::cluster_rank());
   const int64_t cluster = blockIdx.x / kC16Ctas, ncl = gridDim.x / kC16Ctas;
   const int64_t ntl = (a.tiles - cluster + ncl - 1) / ncl;  // this cluster's tiles (>= 1)
@@ -119,21 +264,8 @@ __global__ void __launch_bounds__(kC16Threads, 1)
     for (int s = 0; s < S; ++s) cuda::mbar_init(bars + 8 * s, 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  // fr[s][nt][j] = fn[nt * 8 + g][stream * C + c0 + half * CS / 2 + 8 s + 2 tq + j].
-  const int stream = warp >> 1, half = warp & 1;
   float fr[KS][3][2];
-  {
-    const float* f =
-        a.fn + static_cast<int64_t>(stream) * a.channels + c0 + half * (CS / 2) + 2 * tq;
-#pragma unroll
-    for (int nt = 0; nt < 3; ++nt)
-#pragma unroll
-      for (int s = 0; s < KS; ++s) {
-        const float2 v =
-            __ldg(reinterpret_cast<const float2*>(f + (nt * 8 + g) * a.fn_stride + 8 * s));
-        fr[s][nt][0] = v.x, fr[s][nt][1] = v.y;
-      }
-  }
+  c16_load_fn<KS>(a, c0, fr);
   __syncthreads();  // the mbarriers are initialized before any copy or wait
 
   // The cluster's tile j into slot j % S by one bulk copy per token and stream (tail rows copy
@@ -162,60 +294,11 @@ __global__ void __launch_bounds__(kC16Threads, 1)
     if (j < ntl) {
       const int s = static_cast<int>(j % S);
       cuda::mbar_wait(bars + 8 * s, static_cast<uint32_t>((j / S) & 1));
-      const unsigned char* xw = c16_smem + s * kSlotBytes + g * TB + stream * kRowBytes +
-                                (half * (CS / 2) + 2 * tq) * static_cast<int>(sizeof(T));
-      float d[3][4] = {};
-      float ss0 = 0, ss1 = 0;  // tokens g and g + 8
-#pragma unroll
-      for (int b = 0; b < KS / 2; ++b) {
-        float blk[3][4] = {};
-#pragma unroll
-        for (int u = 0; u < 2; ++u) {
-          const int st = 2 * b + u;
-          float lo0, lo1, hi0, hi1;
-          c16_pair<T>(xw + st * 8 * static_cast<int>(sizeof(T)), lo0, lo1);
-          c16_pair<T>(xw + 8 * TB + st * 8 * static_cast<int>(sizeof(T)), hi0, hi1);
-          ss0 = fmaf(lo0, lo0, ss0), ss0 = fmaf(lo1, lo1, ss0);
-          ss1 = fmaf(hi0, hi0, ss1), ss1 = fmaf(hi1, hi1, ss1);
-          // a = {A[g][t], A[g + 8][t], A[g][t + 4], A[g + 8][t + 4]}.
-          uint32_t ab[4] = {__float_as_uint(lo0), __float_as_uint(hi0), __float_as_uint(lo1),
-                            __float_as_uint(hi1)};
-          uint32_t as[4] = {0, 0, 0, 0};
-          if constexpr (kSplitX) {
-            split_tf32(lo0, ab[0], as[0]);
-            split_tf32(hi0, ab[1], as[1]);
-            split_tf32(lo1, ab[2], as[2]);
-            split_tf32(hi1, ab[3], as[3]);
-          }
-#pragma unroll
-          for (int nt = 0; nt < 3; ++nt) {
-            uint32_t bb[2], bs[2];
-            c16_split_fn(fr[st][nt][0], bb[0], bs[0]);
-            c16_split_fn(fr[st][nt][1], bb[1], bs[1]);
-            if constexpr (kSplitX) mma_tf32_k8(blk[nt], as, bb);
-            mma_tf32_k8(blk[nt], ab, bs);
-            mma_tf32_k8(blk[nt], ab, bb);
-          }
-        }
-#pragma unroll
-        for (int nt = 0; nt < 3; ++nt)
-#pragma unroll
-          for (int v = 0; v < 4; ++v) d[nt][v] += blk[nt][v];
+      {
+        float d[1][3][4], ss[1][2];
+        c16_products<T, KS, 1>(c16_smem + s * kSlotBytes, fr, d, ss);
+        c16_store_partials<1>(wpart + warp * kC16Tok * R, d, ss);
       }
-      // The 4 lanes of a token row hold interleaved quarters of its elements.
-      ss0 += __shfl_xor_sync(0xffffffffu, ss0, 1);
-      ss0 += __shfl_xor_sync(0xffffffffu, ss0, 2);
-      ss1 += __shfl_xor_sync(0xffffffffu, ss1, 1);
-      ss1 += __shfl_xor_sync(0xffffffffu, ss1, 2);
-      float* wp = wpart + warp * kC16Tok * R;
-#pragma unroll
-      for (int nt = 0; nt < 3; ++nt) {
-        wp[g * R + nt * 8 + 2 * tq] = d[nt][0];
-        wp[g * R + nt * 8 + 2 * tq + 1] = d[nt][1];
-        wp[(g + 8) * R + nt * 8 + 2 * tq] = d[nt][2];
-        wp[(g + 8) * R + nt * 8 + 2 * tq + 1] = d[nt][3];
-      }
-      if (tq == 0) wp[g * R + kC16K] = ss0, wp[(g + 8) * R + kC16K] = ss1;
       __syncthreads();
       float* cp = cpart + (j % 3) * kC16Tok * R;
       for (int e = tid; e < kC16Tok * (kC16K + 1); e += kC16Threads) {
@@ -280,31 +363,188 @@ __global__ void __launch_bounds__(kC16Threads, 1)
     }
     if (j >= 1) {
       if (co_at >= 0) a.co[co_at] = co_val;
-      // y for this CTA's channels: warps 0-6, 16-byte chunks.
-      if (warp < kC16Warps - 1) {
-        const T* xs = reinterpret_cast<const T*>(c16_smem + (jt % S) * kSlotBytes);
-        for (int c = tid; c < kC16Tok * kChunks; c += kWork) {
-          const int t = c / kChunks, q = c - t * kChunks;
-          const int64_t tok = t0 + t;
-          if (tok >= a.tokens) continue;
-          const T* xt = xs + t * (TB / static_cast<int>(sizeof(T)));
-          float acc[VEC] = {};
-#pragma unroll
-          for (int i = 0; i < kC16N; ++i) {
-            float v[VEC];
-            load_vec<T, VEC>(xt + i * CS + q * VEC, v);
-            const float w = pres[t * kC16N + i];
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) acc[e] = fmaf(w, v[e], acc[e]);
-          }
-          store_vec<T, VEC>(y + tok * a.y_st + c0 + q * VEC, acc);
-        }
-      }
+      // y for this CTA's channels: warps 0-6.
+      if (warp < kC16Warps - 1)
+        c16_collapse_rows<T, KS, kC16Tok>(y, c16_smem + (jt % S) * kSlotBytes, pres, a, t0, c0, tid,
+                                          kWork);
       __syncthreads();  // the slot and pres are free
       if (jt + S < ntl) refill(jt + S);
     }
   }
   // No CTA leaves while a peer may still read its partials of the last tile.
+  cuda::cluster_arrive();
+  cuda::cluster_wait();
+#else
+  (void)y, (void)x, (void)a;
+#endif
+}
+
+// ---- the same collapse with the partial sums pushed instead of pulled
+// ---------------------------- Rank r reduces the logits of tokens r + 16 m (m < M) of every tile:
+// each CTA pushes those rows of its partials into rank r's shared memory by st.async, which
+// completes on r's mbarrier, and r pushes each token's pre weights back to every CTA the same way.
+// No cluster barrier per tile: a CTA waits only on its own mbarriers, for data that is already on
+// its way. Rank r reduces tile j - 1 at the start of iteration j, before the products of tile j, so
+// the pre weights it sends arrive while every CTA runs its products; y of tile j - 1 follows them.
+//
+// Two exchange buffers suffice: a CTA pushes tile j's partials only after it has received tile
+// j - 2's pre weights from every rank, which each rank sends after reading tile j - 2's partials;
+// a rank pushes tile j's pre weights only after every CTA's partials of tile j came in, which each
+// CTA sends after its y of tile j - 2 read those weights. An mbarrier's next phase is armed by the
+// CTA that consumed the previous one; a push may land first (the transaction count goes negative,
+// the phase cannot complete before the arrival).
+//
+// M = 2 (32-token tiles, 16-bit X only: three slots of 32 tokens fill the shared memory) halves the
+// per-token cost of fn's splits, the exchange and the waits. The partials of warps 4-7 are then
+// added into those of warps 0-3 (one extra block barrier) so that the per-warp buffer fits.
+template <int M>
+struct C16Push {
+  static constexpr int TOK = 16 * M;
+  static constexpr int kPartWarps = M == 1 ? kC16Warps : kC16Warps / 2;
+  static constexpr int kFloats = kPartWarps * TOK * kC16Row    // per-warp partials
+                                 + 2 * M * kC16Ctas * kC16Row  // received partials [2][M][rank]
+                                 + 2 * TOK * kC16N;            // received pre weights [2][token]
+  static constexpr int kFixedBytes = 4 * kFloats + 8 * (kC16MaxSlots + 4);
+  static constexpr uint32_t kPartBytes = kC16Ctas * M * kC16Row * 4;  // a rank's partials phase
+  static constexpr uint32_t kPreBytes = TOK * kC16N * 4;              // a CTA's pre-weight phase
+};
+template <class T, int M>
+constexpr int64_t c16_push_smem_bytes(int channels, int slots) {
+  return int64_t{slots} * C16Push<M>::TOK * c16_token_bytes<T>(channels) + C16Push<M>::kFixedBytes;
+}
+
+template <class T, int KS, int M>
+__global__ void __launch_bounds__(kC16Threads, 1)
+    collapse_push16_kernel(T* __restrict__ y, const T* __restrict__ x, DynArgs a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using G = C16Geom<T, KS>;
+  using P = C16Push<M>;
+  constexpr int TOK = P::TOK, R = kC16Row, kQ = R / 4;  // float4 chunks per partial row
+  constexpr int kSlotBytes = TOK * G::TB;
+  extern __shared__ __align__(128) unsigned char c16_smem[];
+  const int S = a.slots;
+  float* wpart = reinterpret_cast<float*>(c16_smem + S * kSlotBytes);  // [part warp][token][R]
+  float* rbuf = wpart + P::kPartWarps * TOK * R;                       // [2][M][rank][R]
+  float* pbuf = rbuf + 2 * M * kC16Ctas * R;                           // [2][token][n]
+  const uint32_t ring = cuda::smem_u32(c16_smem);
+  const uint32_t bars = cuda::smem_u32(pbuf + 2 * TOK * kC16N);  // S slots, 2 partials, 2 pre
+  const uint32_t rbar0 = bars + 8 * S, pbar0 = rbar0 + 16;
+
+  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  const int rank = static_cast<int>(cuda::cluster_rank());
+  const int64_t cluster = blockIdx.x / kC16Ctas, ncl = gridDim.x / kC16Ctas;
+  const int64_t ntl = (a.tiles - cluster + ncl - 1) / ncl;  // this cluster's tiles (>= 1)
+  const int64_t c0 = static_cast<int64_t>(rank) * G::CS;
+
+  if (tid == 0) {
+    for (int s = 0; s < S; ++s) cuda::mbar_init(bars + 8 * s, 1);
+    for (int b = 0; b < 2; ++b)
+      cuda::mbar_init(rbar0 + 8 * b, 1), cuda::mbar_init(pbar0 + 8 * b, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    for (int b = 0; b < 2; ++b)  // tiles 0 and 1
+      cuda::mbar_expect_tx(rbar0 + 8 * b, P::kPartBytes),
+          cuda::mbar_expect_tx(pbar0 + 8 * b, P::kPreBytes);
+  }
+  float fr[KS][3][2];
+  c16_load_fn<KS>(a, c0, fr);
+  // Every CTA's mbarriers are initialized (and armed) before any push reaches them.
+  cuda::cluster_arrive();
+  cuda::cluster_wait();
+
+  // The cluster's tile j into slot j % S by one bulk copy per token and stream, 8 M copies a warp
+  // (tail rows copy the last token; discarded).
+  auto refill = [&](int64_t j) {
+    constexpr int kPer = TOK * kC16N / kC16Warps;
+    const int s = static_cast<int>(j % S);
+    const uint32_t bar = bars + 8 * s;
+    const int64_t t0 = (cluster + j * ncl) * TOK;
+    if (tid == 0) cuda::mbar_expect_tx(bar, TOK * kC16N * G::kRowBytes);
+    if (lane < kPer) {
+      const int c = warp * kPer + lane, t = c / kC16N, i = c % kC16N;
+      const int64_t tok = min(t0 + t, a.tokens - 1);
+      cuda::bulk_load(ring + s * kSlotBytes + t * G::TB + i * G::kRowBytes,
+                      x + tok * a.x_st + i * a.x_si + c0, G::kRowBytes, bar);
+    }
+  };
+  for (int64_t j = 0; j < min(static_cast<int64_t>(S), ntl); ++j) refill(j);
+
+  // Rank r's tokens r + 16 m of tile jt: the cluster's sums in rank order (deterministic), the
+  // coefficient row to global memory, the pre weights to every CTA. One warp; lane v sums value v.
+  auto reduce = [&](int64_t jt) {
+    const int b = static_cast<int>(jt & 1);
+    cuda::mbar_wait_cluster(rbar0 + 8 * b, static_cast<uint32_t>((jt >> 1) & 1));
+    const int64_t t0 = (cluster + jt * ncl) * TOK;
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const float* rb = rbuf + (b * M + m) * kC16Ctas * R;
+      float sum = 0;
+      if (lane <= kC16K)
+#pragma unroll
+        for (int r = 0; r < kC16Ctas; ++r) sum += rb[r * R + lane];
+      const float ss = __shfl_sync(0xffffffffu, sum, kC16K);
+      const float inv_rms = rsqrtf(ss * a.inv_flat + a.norm_eps);
+      const int k = lane < kC16K ? lane : 0;
+      const float v = inv_rms * sum * a.scale[k < kC16N ? 0 : k < 2 * kC16N ? 1 : 2] + a.base[k];
+      const float co = k < kC16N ? sigmoid(v) + a.pre_eps : k < 2 * kC16N ? 2.0f * sigmoid(v) : v;
+      const int t = m * 16 + rank;
+      if (lane < kC16K && t0 + t < a.tokens) a.co[(t0 + t) * a.co_stride + lane] = co;
+      const float4 pre =
+          make_float4(__shfl_sync(0xffffffffu, co, 0), __shfl_sync(0xffffffffu, co, 1),
+                      __shfl_sync(0xffffffffu, co, 2), __shfl_sync(0xffffffffu, co, 3));
+      if (lane < kC16Ctas) {
+        const uint32_t dst = cuda::smem_u32(pbuf + (b * TOK + t) * kC16N);
+        cuda::st_async16(cuda::cluster_map(dst, lane), pre, cuda::cluster_map(pbar0 + 8 * b, lane));
+      }
+    }
+    __syncwarp();  // every lane's reads of the buffer are done: it may take tile jt + 2
+    if (lane == 0 && jt + 2 < ntl) cuda::mbar_expect_tx(rbar0 + 8 * b, P::kPartBytes);
+  };
+
+  for (int64_t j = 0; j <= ntl; ++j) {
+    if (j >= 1 && warp == kC16Warps - 1) reduce(j - 1);
+    if (j < ntl) {
+      const int s = static_cast<int>(j % S), b = static_cast<int>(j & 1);
+      cuda::mbar_wait(bars + 8 * s, static_cast<uint32_t>((j / S) & 1));
+      const unsigned char* slot = c16_smem + s * kSlotBytes;
+      {
+        float d[M][3][4], ss[M][2];
+        c16_products<T, KS, M>(slot, fr, d, ss);
+        float* wp = wpart + (warp % P::kPartWarps) * TOK * R;
+        if (warp < P::kPartWarps) c16_store_partials<M>(wp, d, ss);
+        __syncthreads();
+        if constexpr (P::kPartWarps < kC16Warps) {
+          if (warp >= P::kPartWarps) c16_store_partials<M, true>(wp, d, ss);
+          __syncthreads();
+        }
+      }
+      // Token t's row (chunk q of 7 float4) summed over the warps in order, pushed to rank t % 16.
+      for (int e = tid; e < TOK * kQ; e += kC16Threads) {
+        const int t = e / kQ, q = e - t * kQ;
+        float4 sum = make_float4(0, 0, 0, 0);
+#pragma unroll
+        for (int w = 0; w < P::kPartWarps; ++w) {
+          const float4 v = *reinterpret_cast<const float4*>(wpart + (w * TOK + t) * R + 4 * q);
+          sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
+        }
+        const int to = t % kC16Ctas, m = t / kC16Ctas;
+        const uint32_t dst = cuda::smem_u32(rbuf + ((b * M + m) * kC16Ctas + rank) * R + 4 * q);
+        cuda::st_async16(cuda::cluster_map(dst, to), sum, cuda::cluster_map(rbar0 + 8 * b, to));
+      }
+      if (j == 0)
+        __syncthreads();  // later iterations pass the barrier below before wpart is rewritten
+    }
+    if (j >= 1) {
+      const int64_t jt = j - 1;
+      const int b = static_cast<int>(jt & 1);
+      cuda::mbar_wait_cluster(pbar0 + 8 * b, static_cast<uint32_t>((jt >> 1) & 1));
+      c16_collapse_rows<T, KS, TOK>(y, c16_smem + (jt % S) * kSlotBytes, pbuf + b * TOK * kC16N, a,
+                                    (cluster + jt * ncl) * TOK, c0, tid, kC16Threads);
+      __syncthreads();  // the slot and the pre-weight buffer are free
+      if (tid == 0 && jt + 2 < ntl) cuda::mbar_expect_tx(pbar0 + 8 * b, P::kPreBytes);
+      if (jt + S < ntl) refill(jt + S);
+    }
+  }
+  // No CTA leaves while a peer's pushes may still be on their way to it.
   cuda::cluster_arrive();
   cuda::cluster_wait();
 #else

@@ -557,6 +557,40 @@ Status collapse_cluster16(const LaunchContext& ctx, const MhcProblem& p,
   return run_clusters<T>(op, "collapse_cluster16_kernel", cl, kernel, kC16Ctas, p, a, da);
 }
 
+// The push-exchange form (collapse_push16_kernel): M m-tiles of 16 tokens a tile.
+template <class T, int M>
+int64_t c16_push_slots(const MhcProblem& p, const DeviceCaps& caps) {
+  const int64_t slot = C16Push<M>::TOK * int64_t{c16_token_bytes<T>(static_cast<int>(p.channels))};
+  return std::min<int64_t>(kC16MaxSlots,
+                           (caps.smem_per_block_optin - C16Push<M>::kFixedBytes) / slot);
+}
+template <DType D, int M>
+bool fits_collapse_push16(const MhcProblem& p, const DeviceCaps& caps) {
+  using T = cuda::device_t<D>;
+  if (p.h != MhcH::dynamic_h || caps.sm < 90 || p.n != kC16N) return false;
+  if (p.channels != 1024 && p.channels != 2048 && p.channels != 4096) return false;
+  return c16_push_slots<T, M>(p, caps) >= 3;
+}
+template <class T, int M>
+Status collapse_push16(const LaunchContext& ctx, const MhcProblem& p,
+                       const MhcCollapseOp::Arguments& a) {
+  constexpr std::string_view op = MhcCollapseOp::name;
+  if (p.tokens == 0) return {};
+  if (!cluster_layout_ok<T>(p, a, 2)) return collapse<T, true>(ctx, p, a);  // 8-byte fn loads
+  DynArgs da = dyn_args(p, a, C16Push<M>::TOK);
+  da.slots = static_cast<int>(c16_push_slots<T, M>(p, ctx.stream.caps()));
+  auto* kernel = p.channels == 4096   ? collapse_push16_kernel<T, 16, M>
+                 : p.channels == 2048 ? collapse_push16_kernel<T, 8, M>
+                                      : collapse_push16_kernel<T, 4, M>;
+  const size_t smem =
+      static_cast<size_t>(c16_push_smem_bytes<T, M>(static_cast<int>(p.channels), da.slots));
+  static std::atomic<int64_t> cache[16];
+  ClusterLaunch cl;
+  BARACUDA_TRY(cluster_launch(op, ctx, kernel, kC16Ctas, kC16Threads, smem, cache, cl));
+  if (cl.resident < 1) return collapse<T, true>(ctx, p, a);
+  return run_clusters<T>(op, "collapse_push16_kernel", cl, kernel, kC16Ctas, p, a, da);
+}
+
 // ---- expand
 // -------------------------------------------------------------------------------------------
 template <class T>
@@ -841,6 +875,21 @@ bool register_mhc_cuda() {
                                   .fits = fits_collapse_cluster16<D>,
                                   .workspace = ws_collapse,
                                   .launch = collapse_cluster16<T>});
+  // The same with the partials pushed to the reducing rank (st.async, per-CTA mbarriers, no
+  // cluster barrier); 16-token tiles, and 32-token tiles for 16-bit X.
+  register_kernel<MhcCollapseOp>({.sku = sku(MhcCollapseOp::name, DType::f32, kForwardTf32,
+                                             "collapse_dynamic_push16_tf32", Arch::sm90),
+                                  .priority = 4,
+                                  .fits = fits_collapse_push16<D, 1>,
+                                  .workspace = ws_collapse,
+                                  .launch = collapse_push16<T, 1>});
+  if constexpr (D != DType::f32)
+    register_kernel<MhcCollapseOp>({.sku = sku(MhcCollapseOp::name, DType::f32, kForwardTf32,
+                                               "collapse_dynamic_push32_tf32", Arch::sm90),
+                                    .priority = 3,
+                                    .fits = fits_collapse_push16<D, 2>,
+                                    .workspace = ws_collapse,
+                                    .launch = collapse_push16<T, 2>});
   // Two passes over X with the logits on tensor cores (any arch with TF32 mma.sync): the default.
   register_kernel<MhcCollapseOp>(
       {.sku = sku(MhcCollapseOp::name, DType::f32, kForwardTf32, "collapse_split_tf32"),

@@ -506,14 +506,18 @@ TEST_P(Mhc, DynamicCollapseKernelsMatchReference) {
       for (std::string_view pin : {std::string_view{}, std::string_view{"collapse"},
                                    std::string_view{"collapse_dynamic_cluster"},
                                    std::string_view{"collapse_dynamic_cluster_tf32"},
-                                   std::string_view{"collapse_dynamic_cluster16_tf32"}}) {
+                                   std::string_view{"collapse_dynamic_cluster16_tf32"},
+                                   std::string_view{"collapse_dynamic_push16_tf32"},
+                                   std::string_view{"collapse_dynamic_push32_tf32"}}) {
         // The cluster kernels serve sm_90 and 16-byte slices; the tensor-core one C % 128 == 0;
-        // the 16-CTA one n = 4 and C in {1024, 2048, 4096}.
+        // the 16-CTA ones n = 4 and C in {1024, 2048, 4096}, 32-token tiles 16-bit X.
         // collapse_split_tf32 fits every dynamic shape (its logits fall back to CUDA cores where
         // C % 16 != 0 or rows are unaligned).
         if (pin == "collapse_dynamic_cluster" && (!sm90 || cs.c % vec != 0)) continue;
         if (pin == "collapse_dynamic_cluster_tf32" && (!sm90 || cs.c % 128 != 0)) continue;
-        if (pin == "collapse_dynamic_cluster16_tf32" && !fits16) continue;
+        if (pin.starts_with("collapse_dynamic_cluster16") && !fits16) continue;
+        if (pin == "collapse_dynamic_push16_tf32" && !fits16) continue;
+        if (pin == "collapse_dynamic_push32_tf32" && (!fits16 || dt == DType::f32)) continue;
         const PlanPreference pref =
             pin.empty() ? PlanPreference::fastest() : PlanPreference::kernel(pin);
         auto cp = MhcCollapsePlan::select(s, d, pref);
