@@ -109,20 +109,20 @@ void run_case(const Stream& s, DType dt) {
       w.fn = cview(*fn, DType::f32, {K, n * C}, s), w.scale = cview(*scale, DType::f32, {3}, s);
       w.base = cview(*base, DType::f32, {K}, s);
     }
-    // Dynamic H also runs pinned to every other kernel (the default is split-K with its logits on
-    // tensor cores, collapse_split_tf32): split-K on CUDA cores ("<case>@collapse"), the one-pass
+    // Dynamic H also runs pinned to every other kernel (the default is the 16-CTA one-pass kernel,
+    // 32-token tiles for 16-bit X): split-K with its logits on tensor cores
+    // ("@collapse_split_tf32"), on CUDA cores ("<case>@collapse"), the one-pass
     // cluster kernel with and without its staggered start ("@collapse_dynamic_cluster",
     // "@collapse_dynamic_cluster_lockstep") and with its products on tensor cores
-    // ("@collapse_dynamic_cluster_tf32"), and the 16-CTA ones with fn in registers
-    // ("@collapse_dynamic_cluster16_tf32", its partials pushed: "@collapse_dynamic_push16_tf32",
-    // "@collapse_dynamic_push32_tf32"): the A/B rows.
-    for (std::string_view pin : {std::string_view{}, std::string_view{"collapse"},
-                                 std::string_view{"collapse_dynamic_cluster"},
-                                 std::string_view{"collapse_dynamic_cluster_lockstep"},
-                                 std::string_view{"collapse_dynamic_cluster_tf32"},
-                                 std::string_view{"collapse_dynamic_cluster16_tf32"},
-                                 std::string_view{"collapse_dynamic_push16_tf32"},
-                                 std::string_view{"collapse_dynamic_push32_tf32"}}) {
+    // ("@collapse_dynamic_cluster_tf32"), and the 16-CTA one with 16- and 32-token tiles
+    // ("@collapse_dynamic_push16_tf32", "@collapse_dynamic_push32_tf32"): the A/B rows.
+    for (std::string_view pin :
+         {std::string_view{}, std::string_view{"collapse_split_tf32"}, std::string_view{"collapse"},
+          std::string_view{"collapse_dynamic_cluster"},
+          std::string_view{"collapse_dynamic_cluster_lockstep"},
+          std::string_view{"collapse_dynamic_cluster_tf32"},
+          std::string_view{"collapse_dynamic_push16_tf32"},
+          std::string_view{"collapse_dynamic_push32_tf32"}}) {
       if (!pin.empty() && h == MhcH::static_h) continue;
       const std::string cname = pin.empty() ? nm0 : nm0 + "@" + std::string(pin);
       auto plan = MhcCollapsePlan::select(

@@ -522,42 +522,10 @@ Status collapse_cluster(const LaunchContext& ctx, const MhcProblem& p,
 }
 
 // ---- dynamic H collapse, one pass over X on 16-CTA clusters (collapse_cluster16.cuh) ----------
-// Slots in the ring: as many tiles as the shared memory holds, up to kC16MaxSlots.
-template <class T>
-int64_t c16_slots(const MhcProblem& p, const DeviceCaps& caps) {
-  const int64_t slot = kC16Tok * int64_t{c16_token_bytes<T>(static_cast<int>(p.channels))};
-  return std::min<int64_t>(kC16MaxSlots, (caps.smem_per_block_optin - kC16FixedBytes) / slot);
-}
-// n = 4 and C in {1024, 2048, 4096} (KS = C / 256 k-steps a warp, 6 KS fn registers a thread);
-// depends on (n, C, dtype) and the device only, never on the token count (bit-stability).
-template <DType D>
-bool fits_collapse_cluster16(const MhcProblem& p, const DeviceCaps& caps) {
-  using T = cuda::device_t<D>;
-  if (p.h != MhcH::dynamic_h || caps.sm < 90 || p.n != kC16N) return false;
-  if (p.channels != 1024 && p.channels != 2048 && p.channels != 4096) return false;
-  return c16_slots<T>(p, caps) >= 3;
-}
-template <class T>
-Status collapse_cluster16(const LaunchContext& ctx, const MhcProblem& p,
-                          const MhcCollapseOp::Arguments& a) {
-  constexpr std::string_view op = MhcCollapseOp::name;
-  if (p.tokens == 0) return {};
-  if (!cluster_layout_ok<T>(p, a, 2)) return collapse<T, true>(ctx, p, a);  // 8-byte fn loads
-  DynArgs da = dyn_args(p, a, kC16Tok);
-  da.slots = static_cast<int>(c16_slots<T>(p, ctx.stream.caps()));
-  auto* kernel = p.channels == 4096   ? collapse_cluster16_kernel<T, 16>
-                 : p.channels == 2048 ? collapse_cluster16_kernel<T, 8>
-                                      : collapse_cluster16_kernel<T, 4>;
-  const size_t smem =
-      static_cast<size_t>(c16_smem_bytes<T>(static_cast<int>(p.channels), da.slots));
-  static std::atomic<int64_t> cache[16];
-  ClusterLaunch cl;
-  BARACUDA_TRY(cluster_launch(op, ctx, kernel, kC16Ctas, kC16Threads, smem, cache, cl));
-  if (cl.resident < 1) return collapse<T, true>(ctx, p, a);
-  return run_clusters<T>(op, "collapse_cluster16_kernel", cl, kernel, kC16Ctas, p, a, da);
-}
-
-// The push-exchange form (collapse_push16_kernel): M m-tiles of 16 tokens a tile.
+// M m-tiles of 16 tokens a tile; slots in the ring: as many tiles as the shared memory holds, up
+// to kC16MaxSlots. n = 4 and C in {1024, 2048, 4096} (KS = C / 256 k-steps a warp, 6 KS fn
+// registers a thread); depends on (n, C, dtype) and the device only, never on the token count
+// (bit-stability).
 template <class T, int M>
 int64_t c16_push_slots(const MhcProblem& p, const DeviceCaps& caps) {
   const int64_t slot = C16Push<M>::TOK * int64_t{c16_token_bytes<T>(static_cast<int>(p.channels))};
@@ -838,8 +806,9 @@ bool register_mhc_cuda() {
                                   .workspace = ws_collapse,
                                   .launch = collapse<T>});
   // Dynamic H. Priorities follow the H100 measurements at 16384 x 4 x 4096 (docs/perf/mhc.md):
-  // split-K with its logits on tensor cores first (collapse_split_tf32, below, every dynamic
-  // shape: f32 0.907 ms, bf16 0.540 ms at 7f38974); then the one-pass sm_90 cluster kernels, tensor
+  // the one-pass 16-CTA kernels with fn in registers where they fit (below), then split-K with its
+  // logits on tensor cores (collapse_split_tf32, below, every dynamic shape: f32 0.907 ms, bf16
+  // 0.540 ms at 7f38974); then the one-pass sm_90 cluster kernels, tensor
   // cores where they fit (C % 128 == 0; f32 1.04 ms, bf16 0.66 ms), the CUDA-core one for 16-bit
   // data (bf16 1.17 ms against CUDA-core split-K's 1.62); for f32 CUDA-core split-K (1.77 ms)
   // over the CUDA-core cluster kernel (1.86). The split-K "collapse" stays registered for static
@@ -865,32 +834,25 @@ bool register_mhc_cuda() {
                                   .fits = fits_collapse_cluster<D, true>,
                                   .workspace = ws_collapse,
                                   .launch = collapse_cluster<T, true, true>});
-  // One pass on 16-CTA clusters with fn in registers (n = 4, C in {1024, 2048, 4096}). H100,
-  // 16384 x 4 x 4096: f32 0.815-0.831 ms against the split kernel's 0.906-0.907 in the same calls,
-  // bf16 0.633 against 0.539. Pinned only: the f32 default moves to it once the whole GPU suite
-  // has run with it as the default (the session that measured it ran out of device time first).
-  register_kernel<MhcCollapseOp>({.sku = sku(MhcCollapseOp::name, DType::f32, kForwardTf32,
-                                             "collapse_dynamic_cluster16_tf32", Arch::sm90),
-                                  .priority = 5,
-                                  .fits = fits_collapse_cluster16<D>,
-                                  .workspace = ws_collapse,
-                                  .launch = collapse_cluster16<T>});
-  // The same with the partials pushed to the reducing rank (st.async, per-CTA mbarriers, no
-  // cluster barrier); 16-token tiles, and 32-token tiles for 16-bit X.
+  // One pass on 16-CTA clusters with fn in registers and the partials pushed (n = 4, C in {1024,
+  // 2048, 4096}, sm_90): the default where it fits. H100, 16384 x 4 x 4096, b38d010: f32 0.705 ms
+  // (16-token tiles), bf16 0.520 (32-token tiles; 16-token 0.567) against the split kernel's
+  // 0.907 / 0.540 in the same call.
   register_kernel<MhcCollapseOp>({.sku = sku(MhcCollapseOp::name, DType::f32, kForwardTf32,
                                              "collapse_dynamic_push16_tf32", Arch::sm90),
-                                  .priority = 4,
+                                  .priority = wide ? 45 : 4,
                                   .fits = fits_collapse_push16<D, 1>,
                                   .workspace = ws_collapse,
                                   .launch = collapse_push16<T, 1>});
   if constexpr (D != DType::f32)
     register_kernel<MhcCollapseOp>({.sku = sku(MhcCollapseOp::name, DType::f32, kForwardTf32,
                                                "collapse_dynamic_push32_tf32", Arch::sm90),
-                                    .priority = 3,
+                                    .priority = 45,
                                     .fits = fits_collapse_push16<D, 2>,
                                     .workspace = ws_collapse,
                                     .launch = collapse_push16<T, 2>});
-  // Two passes over X with the logits on tensor cores (any arch with TF32 mma.sync): the default.
+  // Two passes over X with the logits on tensor cores (any arch with TF32 mma.sync): the default
+  // elsewhere.
   register_kernel<MhcCollapseOp>(
       {.sku = sku(MhcCollapseOp::name, DType::f32, kForwardTf32, "collapse_split_tf32"),
        .priority = 40,

@@ -506,7 +506,7 @@ TEST_P(Mhc, DynamicCollapseKernelsMatchReference) {
       for (std::string_view pin : {std::string_view{}, std::string_view{"collapse"},
                                    std::string_view{"collapse_dynamic_cluster"},
                                    std::string_view{"collapse_dynamic_cluster_tf32"},
-                                   std::string_view{"collapse_dynamic_cluster16_tf32"},
+                                   std::string_view{"collapse_split_tf32"},
                                    std::string_view{"collapse_dynamic_push16_tf32"},
                                    std::string_view{"collapse_dynamic_push32_tf32"}}) {
         // The cluster kernels serve sm_90 and 16-byte slices; the tensor-core one C % 128 == 0;
@@ -515,7 +515,6 @@ TEST_P(Mhc, DynamicCollapseKernelsMatchReference) {
         // C % 16 != 0 or rows are unaligned).
         if (pin == "collapse_dynamic_cluster" && (!sm90 || cs.c % vec != 0)) continue;
         if (pin == "collapse_dynamic_cluster_tf32" && (!sm90 || cs.c % 128 != 0)) continue;
-        if (pin.starts_with("collapse_dynamic_cluster16") && !fits16) continue;
         if (pin == "collapse_dynamic_push16_tf32" && !fits16) continue;
         if (pin == "collapse_dynamic_push32_tf32" && (!fits16 || dt == DType::f32)) continue;
         const PlanPreference pref =
@@ -525,11 +524,13 @@ TEST_P(Mhc, DynamicCollapseKernelsMatchReference) {
         const MhcProblem& p = cp->problem();
         const std::string what =
             label(p, Layout::contiguous) + " kernel=" + std::string(cp->sku().name);
-        // The default: split-K with its logits on tensor cores for every dynamic shape (the
-        // 16-CTA kernel, faster for f32 on the H100, is pinned only until a GPU run with it as
-        // the default; docs/perf/mhc.md).
+        // The default: the 16-CTA one-pass kernel where it fits (32-token tiles for 16-bit X),
+        // else split-K with its logits on tensor cores.
         if (pin.empty()) {
-          EXPECT_EQ(cp->sku().name, "collapse_split_tf32") << what;
+          const char* want = !fits16            ? "collapse_split_tf32"
+                             : dt == DType::f32 ? "collapse_dynamic_push16_tf32"
+                                                : "collapse_dynamic_push32_tf32";
+          EXPECT_EQ(cp->sku().name, want) << what;
         }
         ++kernels;
         y.set_bytes(ypoison);
