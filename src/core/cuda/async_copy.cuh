@@ -130,20 +130,6 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
         : "memory");
   } while (!done);
 }
-// The same wait ordering after writes other CTAs of the cluster made to this CTA's shared memory
-// (st_async into it, completing on this mbarrier).
-__device__ __forceinline__ void mbar_wait_cluster(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    BARACUDA_SM90_ASM(
-        "{\n.reg .pred p;\n"
-        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
-}
 // Bulk copy global -> shared (no tensor map), completing on an mbarrier's transaction count; size
 // and both addresses multiples of 16 bytes.
 __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes,
@@ -186,7 +172,7 @@ __device__ __forceinline__ float cluster_load(uint32_t addr) {
 }
 // 16 bytes into the shared memory of a CTA of the cluster (`addr`, `bar`: cluster_map'ped),
 // completing 16 bytes of transactions on that CTA's mbarrier `bar`: a push that needs no barrier
-// between the CTAs, the receiver waits on its own mbarrier (mbar_wait_cluster).
+// between the CTAs, the receiver waits on its own mbarrier (mbar_wait).
 __device__ __forceinline__ void st_async16(uint32_t addr, float4 v, uint32_t bar) {
   BARACUDA_SM90_ASM(
       "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, "

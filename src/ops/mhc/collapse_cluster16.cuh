@@ -84,10 +84,11 @@ struct C16Geom {
 // sum of squares. MMA k index t is channel 2 t and k index t + 4 channel 2 t + 1 of a step (one 8-
 // byte (f32) or 4-byte (16-bit) shared load per token row and lane). Each pair of k-steps
 // accumulates on the tensor cores from zero and is added on the CUDA cores (short tensor-core
-// chains, as in mma_block16); the M m-tiles share each split of fn.
-template <class T, int KS, int M>
+// chains, as in mma_block16); the M m-tiles share each split of fn. mid() runs a quarter of the way
+// through (work that waits on other CTAs, placed where it delays this warp least).
+template <class T, int KS, int M, class Mid>
 __device__ __forceinline__ void c16_products(const unsigned char* slot, const float (&fr)[KS][3][2],
-                                             float (&d)[M][3][4], float (&ss)[M][2]) {
+                                             float (&d)[M][3][4], float (&ss)[M][2], Mid&& mid) {
   using G = C16Geom<T, KS>;
   constexpr int E = static_cast<int>(sizeof(T));
   constexpr bool kSplitX = E == 4;
@@ -103,6 +104,7 @@ __device__ __forceinline__ void c16_products(const unsigned char* slot, const fl
   }
 #pragma unroll
   for (int b = 0; b < KS / 2; ++b) {
+    if (b == KS / 8) mid();
     float blk[M][3][4] = {};
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
@@ -193,25 +195,37 @@ __device__ __forceinline__ void c16_load_fn(const DynArgs& a, int64_t c0, float 
 }
 
 // y for the slice's channels of TOK tokens of a slot starting at token t0, with pres[token][n]:
-// threads first, first + step, ... of the CTA, 16-byte chunks.
+// every thread of the CTA, 16-byte chunks.
 template <class T, int KS, int TOK>
 __device__ __forceinline__ void c16_collapse_rows(T* __restrict__ y, const unsigned char* slot,
                                                   const float* pres, const DynArgs& a, int64_t t0,
-                                                  int64_t c0, int first, int step) {
+                                                  int64_t c0) {
   using G = C16Geom<T, KS>;
   constexpr int VEC = 16 / static_cast<int>(sizeof(T));
   constexpr int kChunks = G::CS / VEC;  // 16-byte chunks per stream row of the slice
-  const T* xs = reinterpret_cast<const T*>(slot);
-  for (int c = first; c < TOK * kChunks; c += step) {
+  constexpr int kIters = (TOK * kChunks + kC16Threads - 1) / kC16Threads;
+  // Every chunk's loads first: the shared-memory latency is paid once, not once per chunk.
+  uint4 raw[kIters][kC16N];
+#pragma unroll
+  for (int it = 0; it < kIters; ++it) {
+    const int c = static_cast<int>(threadIdx.x) + it * kC16Threads;
+    const int t = c / kChunks, q = c - t * kChunks;
+    if (c < TOK * kChunks)
+#pragma unroll
+      for (int i = 0; i < kC16N; ++i)
+        raw[it][i] = *reinterpret_cast<const uint4*>(slot + t * G::TB + i * G::kRowBytes + q * 16);
+  }
+#pragma unroll
+  for (int it = 0; it < kIters; ++it) {
+    const int c = static_cast<int>(threadIdx.x) + it * kC16Threads;
     const int t = c / kChunks, q = c - t * kChunks;
     const int64_t tok = t0 + t;
-    if (tok >= a.tokens) continue;
-    const T* xt = xs + t * (G::TB / static_cast<int>(sizeof(T)));
+    if (c >= TOK * kChunks || tok >= a.tokens) continue;
     float acc[VEC] = {};
 #pragma unroll
     for (int i = 0; i < kC16N; ++i) {
       float v[VEC];
-      load_vec<T, VEC>(xt + i * G::CS + q * VEC, v);
+      load_vec<T, VEC>(reinterpret_cast<const T*>(&raw[it][i]), v);
       const float w = pres[t * kC16N + i];
 #pragma unroll
       for (int e = 0; e < VEC; ++e) acc[e] = fmaf(w, v[e], acc[e]);
@@ -220,12 +234,12 @@ __device__ __forceinline__ void c16_collapse_rows(T* __restrict__ y, const unsig
   }
 }
 
-// ---- the kernel
-// ---------------------------------------------------------------------------------- Rank r reduces
-// the logits of tokens r + 16 m (m < M) of every tile. No cluster barrier per tile: a CTA waits
-// only on its own mbarriers, for data that is already on its way. Rank r reduces tile j - 1 at the
-// start of iteration j, before the products of tile j, so the pre weights it sends arrive while
-// every CTA runs its products; y of tile j - 1 follows them.
+// ---- the kernel ----------------------------------------------------------------------------
+//
+// Rank r reduces the logits of tokens r + 16 m (m < M) of every tile. No cluster barrier per tile:
+// a CTA waits only on its own mbarriers, for data that is already on its way. Rank r reduces tile
+// j - 1 during its products of tile j, so the pre weights it sends arrive while every CTA runs its
+// products; y of tile j - 1 follows them.
 //
 // Two exchange buffers suffice: a CTA pushes tile j's partials only after it has received tile
 // j - 2's pre weights from every rank, which each rank sends after reading tile j - 2's partials;
@@ -233,6 +247,10 @@ __device__ __forceinline__ void c16_collapse_rows(T* __restrict__ y, const unsig
 // CTA sends after its y of tile j - 2 read those weights. An mbarrier's next phase is armed by the
 // CTA that consumed the previous one; a push may land first (the transaction count goes negative,
 // the phase cannot complete before the arrival).
+// The waits on these mbarriers are the CTA-scope ones used for bulk copies, as CUTLASS's cluster
+// pipelines wait on mbarriers other CTAs signal: the data lands in the waiter's own shared memory.
+// A cluster-scope acquire also invalidates L1 (CCTL.IVALL), which turned every spill reload after
+// it into an L2 round trip (H100 profile, ede4cff).
 //
 // M = 2 (32-token tiles, 16-bit X only: three slots of 32 tokens fill the shared memory) halves the
 // per-token cost of fn's splits, the exchange and the waits. The partials of warps 4-7 are then
@@ -312,7 +330,7 @@ __global__ void __launch_bounds__(kC16Threads, 1)
   // coefficient row to global memory, the pre weights to every CTA. One warp; lane v sums value v.
   auto reduce = [&](int64_t jt) {
     const int b = static_cast<int>(jt & 1);
-    cuda::mbar_wait_cluster(rbar0 + 8 * b, static_cast<uint32_t>((jt >> 1) & 1));
+    cuda::mbar_wait(rbar0 + 8 * b, static_cast<uint32_t>((jt >> 1) & 1));
     const int64_t t0 = (cluster + jt * ncl) * TOK;
 #pragma unroll
     for (int m = 0; m < M; ++m) {
@@ -341,14 +359,20 @@ __global__ void __launch_bounds__(kC16Threads, 1)
   };
 
   for (int64_t j = 0; j <= ntl; ++j) {
-    if (j >= 1 && warp == kC16Warps - 1) reduce(j - 1);
+    // The last warp reduces tile j - 1 a quarter of the way through its products of tile j (at the
+    // start of an iteration it waited there for the slowest CTA's partials, and the whole CTA
+    // waited for it at the next block barrier: 15% of the stall samples, H100, ede4cff).
+    auto reduce_previous = [&] {
+      if (j >= 1 && warp == kC16Warps - 1) reduce(j - 1);
+    };
+    if (j == ntl) reduce_previous();
     if (j < ntl) {
       const int s = static_cast<int>(j % S), b = static_cast<int>(j & 1);
       cuda::mbar_wait(bars + 8 * s, static_cast<uint32_t>((j / S) & 1));
       const unsigned char* slot = c16_smem + s * kSlotBytes;
       {
         float d[M][3][4], ss[M][2];
-        c16_products<T, KS, M>(slot, fr, d, ss);
+        c16_products<T, KS, M>(slot, fr, d, ss, reduce_previous);
         float* wp = wpart + (warp % P::kPartWarps) * TOK * R;
         if (warp < P::kPartWarps) c16_store_partials<M>(wp, d, ss);
         __syncthreads();
@@ -376,9 +400,9 @@ __global__ void __launch_bounds__(kC16Threads, 1)
     if (j >= 1) {
       const int64_t jt = j - 1;
       const int b = static_cast<int>(jt & 1);
-      cuda::mbar_wait_cluster(pbar0 + 8 * b, static_cast<uint32_t>((jt >> 1) & 1));
+      cuda::mbar_wait(pbar0 + 8 * b, static_cast<uint32_t>((jt >> 1) & 1));
       c16_collapse_rows<T, KS, TOK>(y, c16_smem + (jt % S) * kSlotBytes, pbuf + b * TOK * kC16N, a,
-                                    (cluster + jt * ncl) * TOK, c0, tid, kC16Threads);
+                                    (cluster + jt * ncl) * TOK, c0);
       __syncthreads();  // the slot and the pre-weight buffer are free
       if (tid == 0 && jt + 2 < ntl) cuda::mbar_expect_tx(pbar0 + 8 * b, P::kPreBytes);
       if (jt + S < ntl) refill(jt + S);
