@@ -194,6 +194,23 @@ __device__ __forceinline__ void c16_load_fn(const DynArgs& a, int64_t c0, float 
     }
 }
 
+// 16 bytes of T from VEC floats, in registers.
+template <class T, int VEC = 16 / static_cast<int>(sizeof(T))>
+__device__ __forceinline__ uint4 c16_pack16(const float (&v)[VEC]) {
+  uint32_t w[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    if constexpr (sizeof(T) == 4) {
+      w[e] = __float_as_uint(v[e]);
+    } else {
+      const T lo = from_float<T>(v[2 * e]), hi = from_float<T>(v[2 * e + 1]);
+      w[e] = static_cast<uint32_t>(__builtin_bit_cast(uint16_t, lo)) |
+             (static_cast<uint32_t>(__builtin_bit_cast(uint16_t, hi)) << 16);
+    }
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 // y for the slice's channels of TOK tokens of a slot starting at token t0, with pres[token][n]:
 // every thread of the CTA, 16-byte chunks.
 template <class T, int KS, int TOK>
@@ -204,33 +221,44 @@ __device__ __forceinline__ void c16_collapse_rows(T* __restrict__ y, const unsig
   constexpr int VEC = 16 / static_cast<int>(sizeof(T));
   constexpr int kChunks = G::CS / VEC;  // 16-byte chunks per stream row of the slice
   constexpr int kIters = (TOK * kChunks + kC16Threads - 1) / kC16Threads;
-  // Every chunk's loads first: the shared-memory latency is paid once, not once per chunk.
-  uint4 raw[kIters][kC16N];
+  // The loads of kBatch chunks first: the shared-memory latency is paid once a batch, not once a
+  // chunk (two chunks a batch: four would hold 64 more registers beside fn's 96).
+  constexpr int kBatch = kIters < 2 ? kIters : 2;
+  static_assert(kIters % kBatch == 0);
 #pragma unroll
-  for (int it = 0; it < kIters; ++it) {
-    const int c = static_cast<int>(threadIdx.x) + it * kC16Threads;
-    const int t = c / kChunks, q = c - t * kChunks;
-    if (c < TOK * kChunks)
+  for (int i0 = 0; i0 < kIters; i0 += kBatch) {
+    uint4 raw[kBatch][kC16N];
 #pragma unroll
-      for (int i = 0; i < kC16N; ++i)
-        raw[it][i] = *reinterpret_cast<const uint4*>(slot + t * G::TB + i * G::kRowBytes + q * 16);
-  }
+    for (int u = 0; u < kBatch; ++u) {
+      const int c = static_cast<int>(threadIdx.x) + (i0 + u) * kC16Threads;
+      const int t = c / kChunks, q = c - t * kChunks;
+      if (c < TOK * kChunks)
 #pragma unroll
-  for (int it = 0; it < kIters; ++it) {
-    const int c = static_cast<int>(threadIdx.x) + it * kC16Threads;
-    const int t = c / kChunks, q = c - t * kChunks;
-    const int64_t tok = t0 + t;
-    if (c >= TOK * kChunks || tok >= a.tokens) continue;
-    float acc[VEC] = {};
-#pragma unroll
-    for (int i = 0; i < kC16N; ++i) {
-      float v[VEC];
-      load_vec<T, VEC>(reinterpret_cast<const T*>(&raw[it][i]), v);
-      const float w = pres[t * kC16N + i];
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) acc[e] = fmaf(w, v[e], acc[e]);
+        for (int i = 0; i < kC16N; ++i)
+          raw[u][i] = *reinterpret_cast<const uint4*>(slot + t * G::TB + i * G::kRowBytes + q * 16);
     }
-    store_vec<T, VEC>(y + tok * a.y_st + c0 + q * VEC, acc);
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int c = static_cast<int>(threadIdx.x) + (i0 + u) * kC16Threads;
+      const int t = c / kChunks, q = c - t * kChunks;
+      const int64_t tok = t0 + t;
+      if (c >= TOK * kChunks || tok >= a.tokens) continue;
+      float acc[VEC] = {};
+#pragma unroll
+      for (int i = 0; i < kC16N; ++i) {
+        float v[VEC];
+        load_vec<T, VEC>(reinterpret_cast<const T*>(&raw[u][i]), v);
+        const float w = pres[t * kC16N + i];
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) acc[e] = fmaf(w, v[e], acc[e]);
+      }
+      // One 16-byte store: the register allocator split store_vec's into four 4-byte ones here.
+      const uint4 w = c16_pack16<T>(acc);
+      asm volatile(
+          "st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(y + tok * a.y_st + c0 + q * VEC),
+          "r"(w.x), "r"(w.y), "r"(w.z), "r"(w.w)
+          : "memory");
+    }
   }
 }
 
@@ -311,9 +339,8 @@ __global__ void __launch_bounds__(kC16Threads, 1)
 
   // The cluster's tile j into slot j % S by one bulk copy per token and stream, 8 M copies a warp
   // (tail rows copy the last token; discarded).
-  auto refill = [&](int64_t j) {
+  auto refill = [&](int64_t j, int s) {  // s = j % S, kept by the caller (no division)
     constexpr int kPer = TOK * kC16N / kC16Warps;
-    const int s = static_cast<int>(j % S);
     const uint32_t bar = bars + 8 * s;
     const int64_t t0 = (cluster + j * ncl) * TOK;
     if (tid == 0) cuda::mbar_expect_tx(bar, TOK * kC16N * G::kRowBytes);
@@ -324,26 +351,35 @@ __global__ void __launch_bounds__(kC16Threads, 1)
                       x + tok * a.x_st + i * a.x_si + c0, G::kRowBytes, bar);
     }
   };
-  for (int64_t j = 0; j < min(static_cast<int64_t>(S), ntl); ++j) refill(j);
+  for (int j = 0; j < min(static_cast<int64_t>(S), ntl); ++j) refill(j, j);
 
-  // Rank r's tokens r + 16 m of tile jt: the cluster's sums in rank order (deterministic), the
-  // coefficient row to global memory, the pre weights to every CTA. One warp; lane v sums value v.
+  // Rank r's tokens r + 16 m of tile jt: the cluster's sums (a fixed tree over the ranks:
+  // deterministic), the coefficient row to global memory, the pre weights to every CTA. One warp;
+  // lane v sums value v. This chain runs inside the last warp's products, and the block waits for
+  // that warp at the next barrier: every load is issued first, the sums are a tree and the
+  // sigmoids use the fast exponential and division (a serial chain of 16 adds and the IEEE
+  // division's branches took ~1500 cycles a tile, H100 profile of 17fb94c).
   auto reduce = [&](int64_t jt) {
     const int b = static_cast<int>(jt & 1);
     cuda::mbar_wait(rbar0 + 8 * b, static_cast<uint32_t>((jt >> 1) & 1));
     const int64_t t0 = (cluster + jt * ncl) * TOK;
-#pragma unroll
+    const int v = min(lane, kC16K);  // lanes 25-31 repeat value 24 (unused)
+    const float sc = a.scale[v < kC16N ? 0 : v < 2 * kC16N ? 1 : 2], bs = a.base[min(v, kC16K - 1)];
+#pragma unroll 1
     for (int m = 0; m < M; ++m) {
-      const float* rb = rbuf + (b * M + m) * kC16Ctas * R;
-      float sum = 0;
-      if (lane <= kC16K)
+      const float* rb = rbuf + (b * M + m) * kC16Ctas * R + v;
+      float part[kC16Ctas];
 #pragma unroll
-        for (int r = 0; r < kC16Ctas; ++r) sum += rb[r * R + lane];
+      for (int r = 0; r < kC16Ctas; ++r) part[r] = rb[r * R];
+#pragma unroll
+      for (int h = 1; h < kC16Ctas; h *= 2)  // log2(16) levels, all indices static
+#pragma unroll
+        for (int r = 0; r < kC16Ctas; r += 2 * h) part[r] += part[r + h];
+      const float sum = part[0];
       const float ss = __shfl_sync(0xffffffffu, sum, kC16K);
-      const float inv_rms = rsqrtf(ss * a.inv_flat + a.norm_eps);
-      const int k = lane < kC16K ? lane : 0;
-      const float v = inv_rms * sum * a.scale[k < kC16N ? 0 : k < 2 * kC16N ? 1 : 2] + a.base[k];
-      const float co = k < kC16N ? sigmoid(v) + a.pre_eps : k < 2 * kC16N ? 2.0f * sigmoid(v) : v;
+      const float logit = rsqrtf(ss * a.inv_flat + a.norm_eps) * sum * sc + bs;
+      const float sg = __fdividef(1.0f, 1.0f + __expf(-logit));
+      const float co = v < kC16N ? sg + a.pre_eps : v < 2 * kC16N ? 2.0f * sg : logit;
       const int t = m * 16 + rank;
       if (lane < kC16K && t0 + t < a.tokens) a.co[(t0 + t) * a.co_stride + lane] = co;
       const float4 pre =
@@ -358,6 +394,8 @@ __global__ void __launch_bounds__(kC16Threads, 1)
     if (lane == 0 && jt + 2 < ntl) cuda::mbar_expect_tx(rbar0 + 8 * b, P::kPartBytes);
   };
 
+  int s = 0, sp = 0;    // slots of tiles j and j - 1
+  uint32_t parity = 0;  // of tile j's slot phase
   for (int64_t j = 0; j <= ntl; ++j) {
     // The last warp reduces tile j - 1 a quarter of the way through its products of tile j (at the
     // start of an iteration it waited there for the slowest CTA's partials, and the whole CTA
@@ -367,8 +405,8 @@ __global__ void __launch_bounds__(kC16Threads, 1)
     };
     if (j == ntl) reduce_previous();
     if (j < ntl) {
-      const int s = static_cast<int>(j % S), b = static_cast<int>(j & 1);
-      cuda::mbar_wait(bars + 8 * s, static_cast<uint32_t>((j / S) & 1));
+      const int b = static_cast<int>(j & 1);
+      cuda::mbar_wait(bars + 8 * s, parity);
       const unsigned char* slot = c16_smem + s * kSlotBytes;
       {
         float d[M][3][4], ss[M][2];
@@ -401,12 +439,14 @@ __global__ void __launch_bounds__(kC16Threads, 1)
       const int64_t jt = j - 1;
       const int b = static_cast<int>(jt & 1);
       cuda::mbar_wait(pbar0 + 8 * b, static_cast<uint32_t>((jt >> 1) & 1));
-      c16_collapse_rows<T, KS, TOK>(y, c16_smem + (jt % S) * kSlotBytes, pbuf + b * TOK * kC16N, a,
+      c16_collapse_rows<T, KS, TOK>(y, c16_smem + sp * kSlotBytes, pbuf + b * TOK * kC16N, a,
                                     (cluster + jt * ncl) * TOK, c0);
       __syncthreads();  // the slot and the pre-weight buffer are free
       if (tid == 0 && jt + 2 < ntl) cuda::mbar_expect_tx(pbar0 + 8 * b, P::kPreBytes);
-      if (jt + S < ntl) refill(jt + S);
+      if (jt + S < ntl) refill(jt + S, sp);
     }
+    sp = s;
+    if (++s == S) s = 0, parity ^= 1;
   }
   // No CTA leaves while a peer's pushes may still be on their way to it.
   cuda::cluster_arrive();
