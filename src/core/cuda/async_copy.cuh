@@ -140,6 +140,17 @@ __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_
       "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(bar)
       : "memory");
 }
+// Bulk tensor copy of a 3-d box (coordinates innermost first) global -> shared through a tensor
+// map (a __grid_constant__ kernel parameter), completing on an mbarrier; out-of-bounds elements
+// read as zeros and still count toward the transaction bytes.
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const void* map, uint32_t bar, int c0,
+                                            int c1, int c2) {
+  BARACUDA_SM90_ASM(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+      "[%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+}
 // This CTA's rank in its cluster.
 __device__ __forceinline__ uint32_t cluster_rank() {
   uint32_t r = 0;

@@ -29,6 +29,7 @@
 #include <type_traits>
 
 #include "core/cuda/mma.cuh"
+#include "core/cuda/tensor_map.cuh"
 #include "ops/mhc/kernels.cuh"
 
 namespace baracuda::mhc_cuda {
@@ -40,13 +41,6 @@ constexpr int kC16Row = 28;  // floats per token of partials: 24 logits, the sum
 constexpr int kC16MaxSlots = 8;
 static_assert(kC16Warps == 2 * kC16N, "two warps per stream");
 
-// One token of a slot: n rows of the slice, then padding so that the 8 token rows a fragment load
-// touches fall in distinct banks (rows 8 words apart for 8-byte loads, 4 for 4-byte loads).
-template <class T>
-__host__ __device__ constexpr int c16_token_bytes(int channels) {
-  return kC16N * (channels / kC16Ctas) * static_cast<int>(sizeof(T)) +
-         8 * static_cast<int>(sizeof(T));
-}
 // A lane's two consecutive elements of a token row, as f32.
 template <class T>
 __device__ __forceinline__ void c16_pair(const unsigned char* p, float& lo, float& hi) {
@@ -70,32 +64,53 @@ __device__ __forceinline__ void c16_split_fn(float v, uint32_t& big, uint32_t& s
   split_tf32(v, big, small);
 }
 
-// Geometry of a slot's token rows for KS k-steps a warp (channels C = 256 KS): a CTA's slice holds
-// CS channels of each stream; a token is n rows of the slice plus padding (c16_token_bytes).
-template <class T, int KS>
+// Geometry of a slot for KS k-steps a warp (channels C = 256 KS) and TOK tokens: a CTA's slice
+// holds CS channels of each stream. A slot is the boxes of the bulk tensor copies that fill it, one
+// per 128 bytes of the slice's channels: [box][stream][token][128 bytes], each 128-byte row stored
+// with the copy engine's 128-byte swizzle (16-byte chunk j of row r at chunk j ^ (r % 8)), so the
+// 8 token rows a fragment load touches fall in distinct banks without padding.
+template <class T, int KS, int TOK>
 struct C16Geom {
-  static constexpr int CS = 16 * KS;
-  static constexpr int kRowBytes = CS * static_cast<int>(sizeof(T));
-  static constexpr int TB = kC16N * kRowBytes + 8 * static_cast<int>(sizeof(T));
+  static constexpr int E = static_cast<int>(sizeof(T));
+  static constexpr int CS = 16 * KS, kTok = TOK;
+  static constexpr int kRowBytes = CS * E;        // a stream's slice row of one token
+  static constexpr int kBoxCh = 128 / E;          // channels of a box row
+  static constexpr int kBoxes = kRowBytes / 128;  // bulk tensor copies a tile
+  static constexpr int kBoxBytes = kC16N * TOK * 128;
+  static constexpr int kSlotBytes = kBoxes * kBoxBytes;
+  static_assert(kRowBytes % 128 == 0 && kBoxes <= kC16Warps, "one copy a warp");
+  // Byte offset of byte b of (stream i, token t)'s slice row.
+  __device__ static int at(int i, int t, int b) {
+    return (b >> 7) * kBoxBytes + ((i * TOK + t) << 7) + ((b & 127) ^ ((t & 7) << 4));
+  }
 };
 
 // Warp w's products over its KS k-steps (stream w / 2, half w % 2 of the slice) for M m-tiles of 16
 // tokens of a slot, written to wp[token][R]: the 24 logits' partial dot products and the partial
 // sum of squares. MMA k index t is channel 2 t and k index t + 4 channel 2 t + 1 of a step (one 8-
-// byte (f32) or 4-byte (16-bit) shared load per token row and lane). Each pair of k-steps
-// accumulates on the tensor cores from zero and is added on the CUDA cores (short tensor-core
-// chains, as in mma_block16); the M m-tiles share each split of fn. mid() runs a quarter of the way
-// through (work that waits on other CTAs, placed where it delays this warp least).
+// byte (f32) or 4-byte (16-bit) shared load per token row and lane, conflict-free by the swizzle).
+// Each pair of k-steps accumulates on the tensor cores from zero and is added on the CUDA cores
+// (short tensor-core chains, as in mma_block16); the M m-tiles share each split of fn. mid() runs a
+// quarter of the way through (work that waits on other CTAs, placed where it delays this warp
+// least).
 template <class T, int KS, int M, class Mid>
 __device__ __forceinline__ void c16_products(const unsigned char* slot, const float (&fr)[KS][3][2],
                                              float (&d)[M][3][4], float (&ss)[M][2], Mid&& mid) {
-  using G = C16Geom<T, KS>;
-  constexpr int E = static_cast<int>(sizeof(T));
+  using G = C16Geom<T, KS, 16 * M>;
+  constexpr int E = G::E;
   constexpr bool kSplitX = E == 4;
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
   const int g = lane >> 2, tq = lane & 3;
-  const unsigned char* xw =
-      slot + g * G::TB + (warp >> 1) * G::kRowBytes + ((warp & 1) * (G::CS / 2) + 2 * tq) * E;
+  // Row g of stream w / 2 in the first box; step st's bytes [h0 + 8 E st, + 8 E) of the slice row
+  // hold the lane's pair at 2 E tq. Token rows g, g + 8, g + 16, ... share r % 8 = g, so the
+  // swizzle of every load is the lane's constant `lx` XORed into the step's offset (their bits are
+  // disjoint: 2 E tq < 8 E).
+  const unsigned char* xw = slot + ((warp >> 1) * G::kTok + g) * 128;
+  const int h0 = (warp & 1) * (G::kRowBytes / 2), lx = (2 * E * tq) ^ (g << 4);
+  auto step_at = [&](int st) {
+    const int b = h0 + 8 * E * st;
+    return (b >> 7) * G::kBoxBytes + ((b & 127) ^ lx);
+  };
 #pragma unroll
   for (int m = 0; m < M; ++m) {
     ss[m][0] = ss[m][1] = 0;  // tokens g and g + 8 of the m-tile
@@ -114,8 +129,8 @@ __device__ __forceinline__ void c16_products(const unsigned char* slot, const fl
 #pragma unroll
       for (int m = 0; m < M; ++m) {
         float lo0, lo1, hi0, hi1;
-        c16_pair<T>(xw + m * 16 * G::TB + st * 8 * E, lo0, lo1);
-        c16_pair<T>(xw + (m * 16 + 8) * G::TB + st * 8 * E, hi0, hi1);
+        c16_pair<T>(xw + m * 16 * 128 + step_at(st), lo0, lo1);
+        c16_pair<T>(xw + (m * 16 + 8) * 128 + step_at(st), hi0, hi1);
         ss[m][0] = fmaf(lo0, lo0, ss[m][0]), ss[m][0] = fmaf(lo1, lo1, ss[m][0]);
         ss[m][1] = fmaf(hi0, hi0, ss[m][1]), ss[m][1] = fmaf(hi1, hi1, ss[m][1]);
         ab[m][0] = __float_as_uint(lo0), ab[m][1] = __float_as_uint(hi0);
@@ -217,7 +232,7 @@ template <class T, int KS, int TOK>
 __device__ __forceinline__ void c16_collapse_rows(T* __restrict__ y, const unsigned char* slot,
                                                   const float* pres, const DynArgs& a, int64_t t0,
                                                   int64_t c0) {
-  using G = C16Geom<T, KS>;
+  using G = C16Geom<T, KS, TOK>;
   constexpr int VEC = 16 / static_cast<int>(sizeof(T));
   constexpr int kChunks = G::CS / VEC;  // 16-byte chunks per stream row of the slice
   constexpr int kIters = (TOK * kChunks + kC16Threads - 1) / kC16Threads;
@@ -235,7 +250,7 @@ __device__ __forceinline__ void c16_collapse_rows(T* __restrict__ y, const unsig
       if (c < TOK * kChunks)
 #pragma unroll
         for (int i = 0; i < kC16N; ++i)
-          raw[u][i] = *reinterpret_cast<const uint4*>(slot + t * G::TB + i * G::kRowBytes + q * 16);
+          raw[u][i] = *reinterpret_cast<const uint4*>(slot + G::at(i, t, q * 16));
     }
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
@@ -290,24 +305,32 @@ struct C16Push {
   static constexpr int kFloats = kPartWarps * TOK * kC16Row    // per-warp partials
                                  + 2 * M * kC16Ctas * kC16Row  // received partials [2][M][rank]
                                  + 2 * TOK * kC16N;            // received pre weights [2][token]
-  static constexpr int kFixedBytes = 4 * kFloats + 8 * (kC16MaxSlots + 4);
+  static constexpr int kFixedBytes = 4 * kFloats + 8 * (kC16MaxSlots + 4) + 1024;
   static constexpr uint32_t kPartBytes = kC16Ctas * M * kC16Row * 4;  // a rank's partials phase
   static constexpr uint32_t kPreBytes = TOK * kC16N * 4;              // a CTA's pre-weight phase
 };
+// A slot: TOK tokens of n rows of the slice (C / 16 channels), no padding (the swizzle spreads the
+// banks).
 template <class T, int M>
-constexpr int64_t c16_push_smem_bytes(int channels, int slots) {
-  return int64_t{slots} * C16Push<M>::TOK * c16_token_bytes<T>(channels) + C16Push<M>::kFixedBytes;
+constexpr int64_t c16_push_slot_bytes(int64_t channels) {
+  return int64_t{C16Push<M>::TOK} * kC16N * (channels / kC16Ctas) * static_cast<int>(sizeof(T));
+}
+template <class T, int M>
+constexpr int64_t c16_push_smem_bytes(int64_t channels, int slots) {
+  return slots * c16_push_slot_bytes<T, M>(channels) + C16Push<M>::kFixedBytes;
 }
 
 template <class T, int KS, int M>
 __global__ void __launch_bounds__(kC16Threads, 1)
-    collapse_push16_kernel(T* __restrict__ y, const T* __restrict__ x, DynArgs a) {
+    collapse_push16_kernel(T* __restrict__ y, const __grid_constant__ CUtensorMap xmap, DynArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  using G = C16Geom<T, KS>;
   using P = C16Push<M>;
   constexpr int TOK = P::TOK, R = kC16Row, kQ = R / 4;  // float4 chunks per partial row
-  constexpr int kSlotBytes = TOK * G::TB;
-  extern __shared__ __align__(128) unsigned char c16_smem[];
+  using G = C16Geom<T, KS, TOK>;
+  constexpr int kSlotBytes = G::kSlotBytes;
+  // The swizzle works on 1024-byte atoms: the slots start on one (kFixedBytes holds the slack).
+  extern __shared__ __align__(1024) unsigned char c16_dyn[];
+  unsigned char* const c16_smem = c16_dyn + ((1024 - (cuda::smem_u32(c16_dyn) & 1023)) & 1023);
   const int S = a.slots;
   float* wpart = reinterpret_cast<float*>(c16_smem + S * kSlotBytes);  // [part warp][token][R]
   float* rbuf = wpart + P::kPartWarps * TOK * R;                       // [2][M][rank][R]
@@ -337,19 +360,15 @@ __global__ void __launch_bounds__(kC16Threads, 1)
   cuda::cluster_arrive();
   cuda::cluster_wait();
 
-  // The cluster's tile j into slot j % S by one bulk copy per token and stream, 8 M copies a warp
-  // (tail rows copy the last token; discarded).
+  // The cluster's tile j into slot j % S: one bulk tensor copy per box (128 bytes of each stream's
+  // slice rows for TOK tokens), one thread a warp. Tokens past the end read as zeros (discarded).
   auto refill = [&](int64_t j, int s) {  // s = j % S, kept by the caller (no division)
-    constexpr int kPer = TOK * kC16N / kC16Warps;
     const uint32_t bar = bars + 8 * s;
-    const int64_t t0 = (cluster + j * ncl) * TOK;
-    if (tid == 0) cuda::mbar_expect_tx(bar, TOK * kC16N * G::kRowBytes);
-    if (lane < kPer) {
-      const int c = warp * kPer + lane, t = c / kC16N, i = c % kC16N;
-      const int64_t tok = min(t0 + t, a.tokens - 1);
-      cuda::bulk_load(ring + s * kSlotBytes + t * G::TB + i * G::kRowBytes,
-                      x + tok * a.x_st + i * a.x_si + c0, G::kRowBytes, bar);
-    }
+    if (tid == 0) cuda::mbar_expect_tx(bar, kSlotBytes);
+    if (lane == 0 && warp < G::kBoxes)
+      cuda::tma_load_3d(ring + s * kSlotBytes + warp * G::kBoxBytes, &xmap, bar,
+                        static_cast<int>(c0) + warp * G::kBoxCh,
+                        static_cast<int>((cluster + j * ncl) * TOK), 0);
   };
   for (int j = 0; j < min(static_cast<int64_t>(S), ntl); ++j) refill(j, j);
 
@@ -452,7 +471,7 @@ __global__ void __launch_bounds__(kC16Threads, 1)
   cuda::cluster_arrive();
   cuda::cluster_wait();
 #else
-  (void)y, (void)x, (void)a;
+  (void)y, (void)xmap, (void)a;
 #endif
 }
 

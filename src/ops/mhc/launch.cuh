@@ -456,14 +456,12 @@ Status cluster_launch(std::string_view op, const LaunchContext& ctx, Kernel kern
 }
 // Launches the persistent clusters (never more than one per tile), then finishes the comb rows
 // the kernel left as logits.
-template <class T, class Kernel>
+template <class Kernel, class... Args>
 Status run_clusters(std::string_view op, const char* name, ClusterLaunch& cl, Kernel kernel,
-                    int ctas, const MhcProblem& p, const MhcCollapseOp::Arguments& a,
-                    const DynArgs& da) {
+                    const MhcProblem& p, const DynArgs& da, const Args&... args) {
+  const int64_t ctas = cl.attr[0].val.clusterDim.x;
   cl.cfg.gridDim = dim3(static_cast<unsigned>(std::min<int64_t>(cl.resident, da.tiles) * ctas));
-  if (cudaError_t e = cudaLaunchKernelEx(&cl.cfg, kernel, static_cast<T*>(a.y.data),
-                                         static_cast<const T*>(a.x.data), da);
-      e != cudaSuccess)
+  if (cudaError_t e = cudaLaunchKernelEx(&cl.cfg, kernel, args...); e != cudaSuccess)
     return cuda::cuda_error(op, name, e);
   BARACUDA_TRY(cuda::check_launch(op, name));
   return run_comb_sinkhorn(op, cl.cfg.stream, p, da);
@@ -518,7 +516,8 @@ Status collapse_cluster(const LaunchContext& ctx, const MhcProblem& p,
         std::min<int64_t>(g.m * p.n * (g.q * (16 / static_cast<int64_t>(sizeof(T))) / kDynCtas) *
                               static_cast<int64_t>(sizeof(T)) / 92,
                           50000));
-  return run_clusters<T>(op, "dyn_collapse_kernel", cl, kernel, kDynCtas, p, a, da);
+  return run_clusters(op, "dyn_collapse_kernel", cl, kernel, p, da, static_cast<T*>(a.y.data),
+                      static_cast<const T*>(a.x.data), da);
 }
 
 // ---- dynamic H collapse, one pass over X on 16-CTA clusters (collapse_cluster16.cuh) ----------
@@ -528,9 +527,8 @@ Status collapse_cluster(const LaunchContext& ctx, const MhcProblem& p,
 // (bit-stability).
 template <class T, int M>
 int64_t c16_push_slots(const MhcProblem& p, const DeviceCaps& caps) {
-  const int64_t slot = C16Push<M>::TOK * int64_t{c16_token_bytes<T>(static_cast<int>(p.channels))};
-  return std::min<int64_t>(kC16MaxSlots,
-                           (caps.smem_per_block_optin - C16Push<M>::kFixedBytes) / slot);
+  return std::min<int64_t>(kC16MaxSlots, (caps.smem_per_block_optin - C16Push<M>::kFixedBytes) /
+                                             c16_push_slot_bytes<T, M>(p.channels));
 }
 template <DType D, int M>
 bool fits_collapse_push16(const MhcProblem& p, const DeviceCaps& caps) {
@@ -550,13 +548,35 @@ Status collapse_push16(const LaunchContext& ctx, const MhcProblem& p,
   auto* kernel = p.channels == 4096   ? collapse_push16_kernel<T, 16, M>
                  : p.channels == 2048 ? collapse_push16_kernel<T, 8, M>
                                       : collapse_push16_kernel<T, 4, M>;
-  const size_t smem =
-      static_cast<size_t>(c16_push_smem_bytes<T, M>(static_cast<int>(p.channels), da.slots));
+  const size_t smem = static_cast<size_t>(c16_push_smem_bytes<T, M>(p.channels, da.slots));
+  // X as a 3-d tensor (channel, token, stream) read in boxes of 128 bytes x TOK tokens x n
+  // streams, 128-byte swizzled (C16Geom).
+  CUtensorMap xmap;
+  {
+    const auto encode = cuda::tensor_map_encode_fn();
+    constexpr int64_t E = sizeof(T);
+    const cuuint64_t dims[3] = {static_cast<cuuint64_t>(p.channels),
+                                static_cast<cuuint64_t>(p.tokens), kC16N};
+    const cuuint64_t strides[2] = {static_cast<cuuint64_t>(da.x_st * E),
+                                   static_cast<cuuint64_t>(da.x_si * E)};
+    const cuuint32_t box[3] = {128 / E, C16Push<M>::TOK, kC16N}, estr[3] = {1, 1, 1};
+    const CUtensorMapDataType dt = sizeof(T) == 4 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+                                   : std::is_same_v<T, __nv_bfloat16>
+                                       ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                       : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    if (!encode || p.tokens > INT32_MAX ||
+        encode(&xmap, dt, 3, const_cast<void*>(a.x.data), dims, strides, box, estr,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+               CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+      return collapse<T, true>(ctx, p, a);  // no tensor map for this X: the split kernel
+  }
   static std::atomic<int64_t> cache[16];
   ClusterLaunch cl;
   BARACUDA_TRY(cluster_launch(op, ctx, kernel, kC16Ctas, kC16Threads, smem, cache, cl));
   if (cl.resident < 1) return collapse<T, true>(ctx, p, a);
-  return run_clusters<T>(op, "collapse_push16_kernel", cl, kernel, kC16Ctas, p, a, da);
+  return run_clusters(op, "collapse_push16_kernel", cl, kernel, p, da, static_cast<T*>(a.y.data),
+                      xmap, da);
 }
 
 // ---- expand
