@@ -164,6 +164,92 @@ __device__ __forceinline__ void c16_products(const unsigned char* slot, const fl
         for (int v = 0; v < 4; ++v) d[m][nt][v] += blk[m][nt][v];
   }
 }
+// bf16 X: bf16 MMAs (m16n8k16) on X as it is, with fn held in registers as two bf16 parts (fn =
+// hi + lo to 16 bits of mantissa, ~1e-5 relative: inside the kernel's tf32 claim), so nothing is
+// split per tile and one MMA covers 16 channels where the 2xTF32 form needs two per 8. MMA k
+// indices 2 tq, 2 tq + 1 are channels 4 tq, 4 tq + 1 and k 2 tq + 8, 2 tq + 9 channels 4 tq + 2,
+// 4 tq + 3 of a 16-channel step: one 8-byte shared load per token row and lane.
+template <int KS>
+using C16FnBf16 = uint32_t[KS / 2][3][2][2];  // [step][n tile][lo, hi][b0, b1]
+template <int KS>
+__device__ __forceinline__ void c16_load_fn_bf16(const DynArgs& a, int64_t c0, C16FnBf16<KS>& fb) {
+  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  const int g = lane >> 2, tq = lane & 3;
+  const float* f =
+      a.fn + static_cast<int64_t>(warp >> 1) * a.channels + c0 + (warp & 1) * (8 * KS) + 4 * tq;
+#pragma unroll
+  for (int nt = 0; nt < 3; ++nt)
+#pragma unroll
+    for (int s = 0; s < KS / 2; ++s) {
+      const float* r = f + (nt * 8 + g) * a.fn_stride + 16 * s;
+      const float2 v01 = __ldg(reinterpret_cast<const float2*>(r));
+      const float2 v23 = __ldg(reinterpret_cast<const float2*>(r + 2));
+      const float v[4] = {v01.x, v01.y, v23.x, v23.y};
+      float hi[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) hi[e] = __bfloat162float(__float2bfloat16_rn(v[e]));
+      fb[s][nt][1][0] = cuda::pack2<__nv_bfloat16>(hi[0], hi[1]);
+      fb[s][nt][1][1] = cuda::pack2<__nv_bfloat16>(hi[2], hi[3]);
+      fb[s][nt][0][0] = cuda::pack2<__nv_bfloat16>(v[0] - hi[0], v[1] - hi[1]);
+      fb[s][nt][0][1] = cuda::pack2<__nv_bfloat16>(v[2] - hi[2], v[3] - hi[3]);
+    }
+}
+template <int KS, int M, class Mid>
+__device__ __forceinline__ void c16_products_bf16(const unsigned char* slot,
+                                                  const C16FnBf16<KS>& fb, float (&d)[M][3][4],
+                                                  float (&ss)[M][2], Mid&& mid) {
+  using G = C16Geom<__nv_bfloat16, KS, 16 * M>;
+  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  const int g = lane >> 2, tq = lane & 3;
+  const unsigned char* xw = slot + ((warp >> 1) * G::kTok + g) * 128;
+  const int h0 = (warp & 1) * (G::kRowBytes / 2), lx = (8 * tq) ^ (g << 4);
+  auto step_at = [&](int st) {  // 16 channels = 32 bytes a step
+    const int b = h0 + 32 * st;
+    return (b >> 7) * G::kBoxBytes + ((b & 127) ^ lx);
+  };
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    ss[m][0] = ss[m][1] = 0;
+#pragma unroll
+    for (int nt = 0; nt < 3; ++nt) d[m][nt][0] = d[m][nt][1] = d[m][nt][2] = d[m][nt][3] = 0;
+  }
+  auto sq = [](uint32_t w, float acc) {
+    const float lo = __uint_as_float(w << 16), hi = __uint_as_float(w & 0xffff0000u);
+    return fmaf(hi, hi, fmaf(lo, lo, acc));
+  };
+#pragma unroll
+  for (int b = 0; b < KS / 4; ++b) {
+    if (b == KS / 16) mid();
+    float blk[M][3][4] = {};
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int st = 2 * b + u;
+      uint32_t av[M][4];
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        const uint2 r0 = *reinterpret_cast<const uint2*>(xw + m * 16 * 128 + step_at(st));
+        const uint2 r1 = *reinterpret_cast<const uint2*>(xw + (m * 16 + 8) * 128 + step_at(st));
+        av[m][0] = r0.x, av[m][1] = r1.x, av[m][2] = r0.y, av[m][3] = r1.y;
+        ss[m][0] = sq(r0.y, sq(r0.x, ss[m][0]));
+        ss[m][1] = sq(r1.y, sq(r1.x, ss[m][1]));
+      }
+#pragma unroll
+      for (int nt = 0; nt < 3; ++nt)
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+          cuda::mma16816<__nv_bfloat16>(blk[m][nt], av[m], fb[st][nt][0][0], fb[st][nt][0][1]);
+          cuda::mma16816<__nv_bfloat16>(blk[m][nt], av[m], fb[st][nt][1][0], fb[st][nt][1][1]);
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+#pragma unroll
+      for (int nt = 0; nt < 3; ++nt)
+#pragma unroll
+        for (int v = 0; v < 4; ++v) d[m][nt][v] += blk[m][nt][v];
+  }
+}
+
 // The products' partials of a warp to wp[token][R] (kAdd: added to what is there).
 template <int M, bool kAdd = false>
 __device__ __forceinline__ void c16_store_partials(float* wp, float (&d)[M][3][4],
@@ -354,8 +440,12 @@ __global__ void __launch_bounds__(kC16Threads, 1)
       cuda::mbar_expect_tx(rbar0 + 8 * b, P::kPartBytes),
           cuda::mbar_expect_tx(pbar0 + 8 * b, P::kPreBytes);
   }
-  float fr[KS][3][2];
-  c16_load_fn<KS>(a, c0, fr);
+  constexpr bool kBf16Mma = std::is_same_v<T, __nv_bfloat16>;
+  std::conditional_t<kBf16Mma, C16FnBf16<KS>, float[KS][3][2]> fr;
+  if constexpr (kBf16Mma)
+    c16_load_fn_bf16<KS>(a, c0, fr);
+  else
+    c16_load_fn<KS>(a, c0, fr);
   // Every CTA's mbarriers are initialized (and armed) before any push reaches them.
   cuda::cluster_arrive();
   cuda::cluster_wait();
@@ -429,7 +519,10 @@ __global__ void __launch_bounds__(kC16Threads, 1)
       const unsigned char* slot = c16_smem + s * kSlotBytes;
       {
         float d[M][3][4], ss[M][2];
-        c16_products<T, KS, M>(slot, fr, d, ss, reduce_previous);
+        if constexpr (kBf16Mma)
+          c16_products_bf16<KS, M>(slot, fr, d, ss, reduce_previous);
+        else
+          c16_products<T, KS, M>(slot, fr, d, ss, reduce_previous);
         float* wp = wpart + (warp % P::kPartWarps) * TOK * R;
         if (warp < P::kPartWarps) c16_store_partials<M>(wp, d, ss);
         __syncthreads();

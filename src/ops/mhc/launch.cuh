@@ -855,19 +855,19 @@ bool register_mhc_cuda() {
                                   .workspace = ws_collapse,
                                   .launch = collapse_cluster<T, true, true>});
   // One pass on 16-CTA clusters with fn in registers and the partials pushed (n = 4, C in {1024,
-  // 2048, 4096}, sm_90): the default where it fits. H100, 16384 x 4 x 4096, b38d010: f32 0.705 ms
-  // (16-token tiles), bf16 0.520 (32-token tiles; 16-token 0.567) against the split kernel's
-  // 0.907 / 0.540 in the same call.
+  // 2048, 4096}, sm_90): the default where it fits. H100, 16384 x 4 x 4096, 266869d: f32
+  // 0.557-0.562 ms, bf16 0.406 with 16-token tiles (32-token tiles 0.483, their registers spill)
+  // against the split kernel's 0.907 / 0.540 in the same call.
   register_kernel<MhcCollapseOp>({.sku = sku(MhcCollapseOp::name, DType::f32, kForwardTf32,
                                              "collapse_dynamic_push16_tf32", Arch::sm90),
-                                  .priority = wide ? 45 : 4,
+                                  .priority = 45,
                                   .fits = fits_collapse_push16<D, 1>,
                                   .workspace = ws_collapse,
                                   .launch = collapse_push16<T, 1>});
   if constexpr (D != DType::f32)
     register_kernel<MhcCollapseOp>({.sku = sku(MhcCollapseOp::name, DType::f32, kForwardTf32,
                                                "collapse_dynamic_push32_tf32", Arch::sm90),
-                                    .priority = 45,
+                                    .priority = 4,
                                     .fits = fits_collapse_push16<D, 2>,
                                     .workspace = ws_collapse,
                                     .launch = collapse_push16<T, 2>});
