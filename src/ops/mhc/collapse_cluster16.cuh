@@ -90,10 +90,12 @@ struct C16Geom {
 // sum of squares. MMA k index t is channel 2 t and k index t + 4 channel 2 t + 1 of a step (one 8-
 // byte (f32) or 4-byte (16-bit) shared load per token row and lane, conflict-free by the swizzle).
 // Each pair of k-steps accumulates on the tensor cores from zero and is added on the CUDA cores
-// (short tensor-core chains, as in mma_block16); the M m-tiles share each split of fn.
-template <class T, int KS, int M>
+// (short tensor-core chains, as in mma_block16); the M m-tiles share each split of fn. mid() runs a
+// quarter of the way through (work that waits on other CTAs, placed where it delays this warp
+// least).
+template <class T, int KS, int M, class Mid>
 __device__ __forceinline__ void c16_products(const unsigned char* slot, const float (&fr)[KS][3][2],
-                                             float (&d)[M][3][4], float (&ss)[M][2]) {
+                                             float (&d)[M][3][4], float (&ss)[M][2], Mid&& mid) {
   using G = C16Geom<T, KS, 16 * M>;
   constexpr int E = G::E;
   constexpr bool kSplitX = E == 4;
@@ -117,6 +119,7 @@ __device__ __forceinline__ void c16_products(const unsigned char* slot, const fl
   }
 #pragma unroll
   for (int b = 0; b < KS / 2; ++b) {
+    if (b == KS / 8) mid();
     float blk[M][3][4] = {};
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
@@ -191,10 +194,10 @@ __device__ __forceinline__ void c16_load_fn_bf16(const DynArgs& a, int64_t c0, C
       fb[s][nt][0][1] = cuda::pack2<__nv_bfloat16>(v[2] - hi[2], v[3] - hi[3]);
     }
 }
-template <int KS, int M>
+template <int KS, int M, class Mid>
 __device__ __forceinline__ void c16_products_bf16(const unsigned char* slot,
                                                   const C16FnBf16<KS>& fb, float (&d)[M][3][4],
-                                                  float (&ss)[M][2]) {
+                                                  float (&ss)[M][2], Mid&& mid) {
   using G = C16Geom<__nv_bfloat16, KS, 16 * M>;
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
   const int g = lane >> 2, tq = lane & 3;
@@ -216,6 +219,7 @@ __device__ __forceinline__ void c16_products_bf16(const unsigned char* slot,
   };
 #pragma unroll
   for (int b = 0; b < KS / 4; ++b) {
+    if (b == KS / 16) mid();
     float blk[M][3][4] = {};
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
@@ -309,36 +313,37 @@ __device__ __forceinline__ uint4 c16_pack16(const float (&v)[VEC]) {
 }
 
 // y for the slice's channels of TOK tokens of a slot starting at token t0, with pres[token][n]:
-// threads 0 .. kThreads - 1 of the CTA, 16-byte chunks.
-template <class T, int KS, int TOK, int kThreads>
+// every thread of the CTA, 16-byte chunks.
+template <class T, int KS, int TOK>
 __device__ __forceinline__ void c16_collapse_rows(T* __restrict__ y, const unsigned char* slot,
                                                   const float* pres, const DynArgs& a, int64_t t0,
                                                   int64_t c0) {
   using G = C16Geom<T, KS, TOK>;
   constexpr int VEC = 16 / static_cast<int>(sizeof(T));
   constexpr int kChunks = G::CS / VEC;  // 16-byte chunks per stream row of the slice
-  constexpr int kIters = (TOK * kChunks + kThreads - 1) / kThreads;
+  constexpr int kIters = (TOK * kChunks + kC16Threads - 1) / kC16Threads;
   // The loads of kBatch chunks first: the shared-memory latency is paid once a batch, not once a
   // chunk (two chunks a batch: four would hold 64 more registers beside fn's 96).
   constexpr int kBatch = kIters < 2 ? kIters : 2;
+  static_assert(kIters % kBatch == 0);
 #pragma unroll
   for (int i0 = 0; i0 < kIters; i0 += kBatch) {
     uint4 raw[kBatch][kC16N];
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
-      const int c = static_cast<int>(threadIdx.x) + (i0 + u) * kThreads;
+      const int c = static_cast<int>(threadIdx.x) + (i0 + u) * kC16Threads;
       const int t = c / kChunks, q = c - t * kChunks;
-      if (i0 + u < kIters && c < TOK * kChunks)
+      if (c < TOK * kChunks)
 #pragma unroll
         for (int i = 0; i < kC16N; ++i)
           raw[u][i] = *reinterpret_cast<const uint4*>(slot + G::at(i, t, q * 16));
     }
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
-      const int c = static_cast<int>(threadIdx.x) + (i0 + u) * kThreads;
+      const int c = static_cast<int>(threadIdx.x) + (i0 + u) * kC16Threads;
       const int t = c / kChunks, q = c - t * kChunks;
       const int64_t tok = t0 + t;
-      if (i0 + u >= kIters || c >= TOK * kChunks || tok >= a.tokens) continue;
+      if (c >= TOK * kChunks || tok >= a.tokens) continue;
       float acc[VEC] = {};
 #pragma unroll
       for (int i = 0; i < kC16N; ++i) {
@@ -361,10 +366,9 @@ __device__ __forceinline__ void c16_collapse_rows(T* __restrict__ y, const unsig
 // ---- the kernel ----------------------------------------------------------------------------
 //
 // Rank r reduces the logits of tokens r + 16 m (m < M) of every tile. No cluster barrier per tile:
-// a CTA waits only on its own mbarriers, for data that is already on its way. In iteration j the
-// last warp of rank r reduces tile j as soon as every CTA has pushed it, while the other warps
-// write y of tile j - 1; the pre weights it sends arrive during every CTA's products of tile j + 1,
-// and y of tile j follows those.
+// a CTA waits only on its own mbarriers, for data that is already on its way. Rank r reduces tile
+// j - 1 during its products of tile j, so the pre weights it sends arrive while every CTA runs its
+// products; y of tile j - 1 follows them.
 //
 // Two exchange buffers suffice: a CTA pushes tile j's partials only after it has received tile
 // j - 2's pre weights from every rank, which each rank sends after reading tile j - 2's partials;
@@ -378,9 +382,8 @@ __device__ __forceinline__ void c16_collapse_rows(T* __restrict__ y, const unsig
 // it into an L2 round trip (H100 profile, ede4cff).
 //
 // M = 2 (32-token tiles, 16-bit X only: three slots of 32 tokens fill the shared memory) halves the
-// per-token cost of the exchange and the waits (and of fn's splits for f16). The partials of warps
-// 4-7 are then added into those of warps 0-3 (one extra block barrier) so that the per-warp buffer
-// fits.
+// per-token cost of fn's splits, the exchange and the waits. The partials of warps 4-7 are then
+// added into those of warps 0-3 (one extra block barrier) so that the per-warp buffer fits.
 template <int M>
 struct C16Push {
   static constexpr int TOK = 16 * M;
@@ -461,9 +464,10 @@ __global__ void __launch_bounds__(kC16Threads, 1)
 
   // Rank r's tokens r + 16 m of tile jt: the cluster's sums (a fixed tree over the ranks:
   // deterministic), the coefficient row to global memory, the pre weights to every CTA. One warp;
-  // lane v sums value v. Every load is issued first, the sums are a tree and the sigmoids use the
-  // fast exponential and division (a serial chain of 16 adds and the IEEE division's branches took
-  // ~1500 cycles a tile, H100 profile of 17fb94c).
+  // lane v sums value v. This chain runs inside the last warp's products, and the block waits for
+  // that warp at the next barrier: every load is issued first, the sums are a tree and the
+  // sigmoids use the fast exponential and division (a serial chain of 16 adds and the IEEE
+  // division's branches took ~1500 cycles a tile, H100 profile of 17fb94c).
   auto reduce = [&](int64_t jt) {
     const int b = static_cast<int>(jt & 1);
     cuda::mbar_wait(rbar0 + 8 * b, static_cast<uint32_t>((jt >> 1) & 1));
@@ -501,8 +505,14 @@ __global__ void __launch_bounds__(kC16Threads, 1)
 
   int s = 0, sp = 0;    // slots of tiles j and j - 1
   uint32_t parity = 0;  // of tile j's slot phase
-  constexpr int kReducer = kC16Warps - 1, kWriters = 32 * kReducer;
   for (int64_t j = 0; j <= ntl; ++j) {
+    // The last warp reduces tile j - 1 a quarter of the way through its products of tile j (at the
+    // start of an iteration it waited there for the slowest CTA's partials, and the whole CTA
+    // waited for it at the next block barrier: 15% of the stall samples, H100, ede4cff).
+    auto reduce_previous = [&] {
+      if (j >= 1 && warp == kC16Warps - 1) reduce(j - 1);
+    };
+    if (j == ntl) reduce_previous();
     if (j < ntl) {
       const int b = static_cast<int>(j & 1);
       cuda::mbar_wait(bars + 8 * s, parity);
@@ -510,9 +520,9 @@ __global__ void __launch_bounds__(kC16Threads, 1)
       {
         float d[M][3][4], ss[M][2];
         if constexpr (kBf16Mma)
-          c16_products_bf16<KS, M>(slot, fr, d, ss);
+          c16_products_bf16<KS, M>(slot, fr, d, ss, reduce_previous);
         else
-          c16_products<T, KS, M>(slot, fr, d, ss);
+          c16_products<T, KS, M>(slot, fr, d, ss, reduce_previous);
         float* wp = wpart + (warp % P::kPartWarps) * TOK * R;
         if (warp < P::kPartWarps) c16_store_partials<M>(wp, d, ss);
         __syncthreads();
@@ -534,24 +544,17 @@ __global__ void __launch_bounds__(kC16Threads, 1)
         const uint32_t dst = cuda::smem_u32(rbuf + ((b * M + m) * kC16Ctas + rank) * R + 4 * q);
         cuda::st_async16(cuda::cluster_map(dst, to), sum, cuda::cluster_map(rbar0 + 8 * b, to));
       }
+      if (j == 0)
+        __syncthreads();  // later iterations pass the barrier below before wpart is rewritten
     }
-    // The last warp reduces tile j (every CTA has just pushed its partials) while the others write
-    // y of tile j - 1; its pre weights then arrive during every CTA's products of tile j + 1.
-    // (Inside the products, the reduce's latency held the whole CTA at the next block barrier:
-    // 9-15% of the stall samples, H100 profiles of 17fb94c-ceef407.)
-    if (warp == kReducer) {
-      if (j < ntl) reduce(j);
-    } else if (j >= 1) {
+    if (j >= 1) {
       const int64_t jt = j - 1;
       const int b = static_cast<int>(jt & 1);
       cuda::mbar_wait(pbar0 + 8 * b, static_cast<uint32_t>((jt >> 1) & 1));
-      c16_collapse_rows<T, KS, TOK, kWriters>(y, c16_smem + sp * kSlotBytes, pbuf + b * TOK * kC16N,
-                                              a, (cluster + jt * ncl) * TOK, c0);
-    }
-    __syncthreads();  // tile j - 1's slot, its pre weights and the partials are free
-    if (j >= 1) {
-      const int64_t jt = j - 1;
-      if (tid == 0 && jt + 2 < ntl) cuda::mbar_expect_tx(pbar0 + 8 * (jt & 1), P::kPreBytes);
+      c16_collapse_rows<T, KS, TOK>(y, c16_smem + sp * kSlotBytes, pbuf + b * TOK * kC16N, a,
+                                    (cluster + jt * ncl) * TOK, c0);
+      __syncthreads();  // the slot and the pre-weight buffer are free
+      if (tid == 0 && jt + 2 < ntl) cuda::mbar_expect_tx(pbar0 + 8 * b, P::kPreBytes);
       if (jt + S < ntl) refill(jt + S, sp);
     }
     sp = s;
