@@ -73,7 +73,11 @@ struct BwdShape {
   static constexpr bool kSplitCols = D == 256;
   static constexpr int kKeys = kSplitCols ? 64 : 128;  // keys per CTA
   static constexpr int kRing = kSplitCols ? 2 : 3;     // Q / dY / lse2 / delta stages
-  static constexpr int kCols = kSplitCols ? 128 : D;   // dK / dV columns of a warpgroup
+  // Only the sm_90a kernel reads kCols (and BwdSmem's kK, kV): elsewhere nvcc flags them unused,
+  // and it ignores [[maybe_unused]] on a class template's static members.
+#if BARACUDA_FA3_DEVICE
+  static constexpr int kCols = kSplitCols ? 128 : D;  // dK / dV columns of a warpgroup
+#endif
 };
 
 template <int D>
@@ -84,9 +88,11 @@ struct BwdSmem : BwdShape<D> {
   static constexpr int kDsBytes = kKeys * kQRows * 2;  // dS^T, [key][query]
   static constexpr int kRowBytes = 2 * kQRows * 4;     // lse2 then delta of one step
   // kSplitCols: P^T passes between the warpgroups through kP (double-buffered, dS^T's layout).
-  static constexpr int kK = 0, kV = kKvBytes, kQ = 2 * kKvBytes, kDy = kQ + kRing * kQBytes,
-                       kDs = kDy + kRing * kQBytes, kP = kDs + 2 * kDsBytes,
-                       kRows = kP + (kSplitCols ? 2 * kDsBytes : 0);
+#if BARACUDA_FA3_DEVICE  // see BwdShape::kCols
+  static constexpr int kK = 0, kV = kKvBytes;
+#endif
+  static constexpr int kQ = 2 * kKvBytes, kDy = kQ + kRing * kQBytes, kDs = kDy + kRing * kQBytes,
+                       kP = kDs + 2 * kDsBytes, kRows = kP + (kSplitCols ? 2 * kDsBytes : 0);
   static constexpr int kStageBytes = kQRows * 64 * 4;  // one warpgroup's f32 dQ part
   static constexpr int kStage = kRows + kRing * kRowBytes;
   // D = 256 adds its dQ parts straight from registers (no room for staging).
@@ -116,6 +122,8 @@ struct BwdParams {
 struct BwdSeq {
   int q0, lq, k0, lk, off, tb;
 };
+
+#if BARACUDA_FA3_DEVICE
 __device__ __forceinline__ BwdSeq bwd_seq(const BwdParams& p, int b) {
   BwdSeq s{0, p.lq, 0, p.lk, 0, b};
   if (p.cu_q) {
@@ -126,7 +134,6 @@ __device__ __forceinline__ BwdSeq bwd_seq(const BwdParams& p, int b) {
   return s;
 }
 
-#if BARACUDA_FA3_DEVICE
 // An opaque copy: what is derived from it is not loop-invariant to the compiler, so the shared-
 // memory descriptors are recomputed per step (a few integer ops each) instead of ~40 of them being
 // hoisted out of the loop into registers the accumulators need (at D = 128 that spilled).
@@ -150,12 +157,6 @@ __device__ __forceinline__ void issue_rs(float (&acc)[D / 2], const uint32_t (&a
     Ops<T>::template rs<D>(acc, a[kk], desc_sw128(tile + kk * 16 * 128, kQRows * 128, 1024));
   wgmma_commit();
 }
-template <class T>
-__device__ __forceinline__ float2 unpack2(uint32_t w) {
-  T v[2];
-  memcpy(v, &w, 4);
-  return make_float2(static_cast<float>(v[0]), static_cast<float>(v[1]));
-}
 // Named barriers 2 and 3: one warpgroup.
 __device__ __forceinline__ void sync_warpgroup(int wg) {
   if (wg == 0)
@@ -168,6 +169,14 @@ __device__ __forceinline__ void sync_consumers() {
   asm volatile("bar.sync 1, 256;\n" ::: "memory");
 }
 #endif
+
+// Outside the sm_90a-only block: fa3_bwd_prep (plain CUDA, every target) uses it too.
+template <class T>
+__device__ __forceinline__ float2 unpack2(uint32_t w) {
+  T v[2];
+  memcpy(v, &w, 4);
+  return make_float2(static_cast<float>(v[0]), static_cast<float>(v[1]));
+}
 
 // The float4 slot (16 bytes) of thread `tid`'s float4 j in its warpgroup's 16 KB dQ part: j * 128
 // + tid, accumulator-fragment order (conflict-free stores). The accumulator chunk in global memory
@@ -817,7 +826,7 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
   if (ctx.workspace.bytes < lay.bytes)
     return Error::workspace_too_small(std::string(kWho) + ": workspace", lay.bytes,
                                       ctx.workspace.bytes);
-  if (!encode_fn())
+  if (!cuda::tensor_map_encode_fn())
     return Error::library(std::string(kWho) + ": cuTensorMapEncodeTiled is unavailable",
                           "cuda_driver", 0);
   const CUtensorMapDataType dt = std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16

@@ -18,6 +18,7 @@
 #include "core/cuda/async_copy.cuh"
 #include "core/cuda/launch.cuh"
 #include "core/cuda/mma.cuh"
+#include "core/cuda/tensor_map.cuh"
 #include "ops/attention_hopper/fa3_wgmma.cuh"
 
 // Device code only where wgmma exists (sm_90a); elsewhere kernels are empty and the host side
@@ -223,18 +224,6 @@ __device__ __forceinline__ SeqRows seq_rows(const int* cu_q, const int* cu_k, in
 }
 
 // ---- host ---------------------------------------------------------------------------------------
-PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
-                                         &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess)
-      f = nullptr;
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-  }();
-  return fn;
-}
 
 // A kernel's body exists only in an sm_90a cubin: a build without that target (or a plain sm_90
 // one) gets an empty kernel, which must never launch. The real bodies have static shared memory
@@ -409,11 +398,11 @@ Status make_map(std::string_view who, CUtensorMap* map, CUtensorMapDataType dt,
   const cuuint64_t strides[3] = {st(2), st(1), st(0)};
   const cuuint32_t box[4] = {static_cast<cuuint32_t>(row_bytes / elem_bytes), rows, 1, 1};
   const cuuint32_t estr[4] = {1, 1, 1, 1};
-  const CUresult r =
-      encode_fn()(map, dt, 4, const_cast<void*>(t.data), dims, strides, box, estr,
-                  CU_TENSOR_MAP_INTERLEAVE_NONE,
-                  row_bytes == 64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B,
-                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult r = cuda::tensor_map_encode_fn()(
+      map, dt, 4, const_cast<void*>(t.data), dims, strides, box, estr,
+      CU_TENSOR_MAP_INTERLEAVE_NONE,
+      row_bytes == 64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
     return Error::library(std::string(who) + ": cuTensorMapEncodeTiled failed", "cuda_driver",
                           static_cast<int64_t>(r));

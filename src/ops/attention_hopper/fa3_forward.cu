@@ -79,17 +79,18 @@ template <int D>
 constexpr int kKeysPerTile = D == 256 ? 64 : 128;
 constexpr int kConsumers = 2;                     // consumer warpgroups
 constexpr int kThreads = (kConsumers + 1) * 128;  // + the producer warpgroup
-constexpr int kProducerWarp = kConsumers * 4;     // its first warp issues the loads
+// [[maybe_unused]]: only the sm_90a device code reads these (other targets get empty kernels).
+[[maybe_unused]] constexpr int kProducerWarp = kConsumers * 4;  // its first warp issues the loads
 // setmaxnreg: the producer warpgroup gives registers back, the consumers take them
 // (128 * (24 + 2 * 240) <= 64K).
-constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+[[maybe_unused]] constexpr int kProducerRegs = 24, kConsumerRegs = 240;
 // mbarriers: the Q tile; per K/V stage (at most 3) "K full", "V full" (TMA transaction counts) and
 // "K empty", "V empty" (one arrive per consumer warp).
 constexpr int kMaxStages = 3;
-constexpr int kBarQ = 0, kBarKFull = 1, kBarVFull = kBarKFull + kMaxStages,
-              kBarKEmpty = kBarVFull + kMaxStages, kBarVEmpty = kBarKEmpty + kMaxStages,
-              kBarQEmpty = kBarVEmpty + kMaxStages,  // persistent variant: Q may be reloaded
-    kBars = kBarQEmpty + 1;
+constexpr int kBarQ [[maybe_unused]] = 0, kBarKFull = 1, kBarVFull = kBarKFull + kMaxStages,
+                    kBarKEmpty = kBarVFull + kMaxStages, kBarVEmpty = kBarKEmpty + kMaxStages,
+                    kBarQEmpty = kBarVEmpty + kMaxStages,  // persistent variant: Q may be reloaded
+    kBars [[maybe_unused]] = kBarQEmpty + 1;
 
 // The fp8 instantiations' element type: Q, K, V in e4m3, Y in TO (bf16 or f16). ElemOf<T> tells a
 // kernel template its input bytes and output type (16-bit T: both T).
@@ -114,7 +115,7 @@ constexpr int kQkRow = D* ElemOf<T>::kBytes < 128 ? D* ElemOf<T>::kBytes : 128;
 // fp8: P = 2^(s - max + kFp8PBias) in [0, 256], so that P's small values stay e4m3 normals (down
 // to 2^-14 of the row's largest instead of 2^-6) when rounded for the P V GEMM; l carries the same
 // factor, which O / l cancels and the LSE subtracts.
-constexpr int kFp8PBias = 8;
+[[maybe_unused]] constexpr int kFp8PBias = 8;
 // fp8 varlen: the V^T column where sequence b's keys start (packed start `start`), see fp8_vt_keys.
 __host__ __device__ inline int fp8_vt_start(int start, int b) {
   return ((start + 15) & ~15) + 144 * b;
@@ -215,11 +216,12 @@ enum Variant : int {
   kPersistent = 4,
   kLazyRescale = 5
 };
+
+#if BARACUDA_FA3_DEVICE
 constexpr int poly_groups(int v) {
   return v == kPoly2 ? 2 : v == kPoly3 ? 3 : 0;
 }
 
-#if BARACUDA_FA3_DEVICE
 template <class T, int D, int V>
 __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t sk0, uint32_t sv0,
                                         uint32_t so, const uint64_t* bars, const Tile& t, int w,
@@ -879,7 +881,7 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
   BARACUDA_TRY(check_layout(who, "k", k, E::kBytes));
   BARACUDA_TRY(check_layout(who, "v", v, E::kBytes));
   BARACUDA_TRY(check_layout(who, "y", y));
-  if (!encode_fn())
+  if (!cuda::tensor_map_encode_fn())
     return Error::library(std::string(who) + ": cuTensorMapEncodeTiled is unavailable",
                           "cuda_driver", 0);
   const CUtensorMapDataType dt = E::kFp8                     ? CU_TENSOR_MAP_DATA_TYPE_UINT8
