@@ -597,33 +597,12 @@ Status run_decode(const LaunchContext& ctx, const Params& p) {
   return cuda::check_launch(ForwardOp::name, "flash_decode");
 }
 
-// Programmatic dependent launch only where the combine's loaded binary has the griddepcontrol.wait
-// (sm_90+ code): launched early without it, the combine would race the decode grid.
+// A programmatic dependent launch where the combine's binary has its griddepcontrol.wait.
 template <class T>
 Status launch_decode_combine(const LaunchContext& ctx, const Params& p, int64_t rows) {
-  static const bool pdl = [] {
-    cudaFuncAttributes fa{};
-    return cudaFuncGetAttributes(&fa, flash_decode_combine<T>) == cudaSuccess &&
-           fa.binaryVersion >= 90;
-  }();
-  const auto blocks = static_cast<unsigned>(rows);  // one CTA per row
-  if (!pdl) {
-    flash_decode_combine<T><<<blocks, 128, 0, cuda::stream_of(ctx)>>>(p);
-    return cuda::check_launch(ForwardOp::name, "flash_decode_combine");
-  }
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(blocks);
-  cfg.blockDim = dim3(128);
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = cuda::stream_of(ctx);
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  if (const cudaError_t e = cudaLaunchKernelEx(&cfg, flash_decode_combine<T>, p); e != cudaSuccess)
-    return cuda::cuda_error(ForwardOp::name, "flash_decode_combine", e);
-  return cuda::check_launch(ForwardOp::name, "flash_decode_combine");
+  return cuda::launch_dependent<flash_decode_combine<T>>(ForwardOp::name, "flash_decode_combine",
+                                                         dim3(static_cast<unsigned>(rows)),
+                                                         dim3(128), cuda::stream_of(ctx), p);
 }
 
 template <class T, int kWaves = 1, bool kFused = false>

@@ -313,37 +313,36 @@ __device__ __forceinline__ uint4 c16_pack16(const float (&v)[VEC]) {
 }
 
 // y for the slice's channels of TOK tokens of a slot starting at token t0, with pres[token][n]:
-// every thread of the CTA, 16-byte chunks.
-template <class T, int KS, int TOK>
+// threads 0 .. kThreads - 1 of the CTA, 16-byte chunks.
+template <class T, int KS, int TOK, int kThreads>
 __device__ __forceinline__ void c16_collapse_rows(T* __restrict__ y, const unsigned char* slot,
                                                   const float* pres, const DynArgs& a, int64_t t0,
                                                   int64_t c0) {
   using G = C16Geom<T, KS, TOK>;
   constexpr int VEC = 16 / static_cast<int>(sizeof(T));
   constexpr int kChunks = G::CS / VEC;  // 16-byte chunks per stream row of the slice
-  constexpr int kIters = (TOK * kChunks + kC16Threads - 1) / kC16Threads;
+  constexpr int kIters = (TOK * kChunks + kThreads - 1) / kThreads;
   // The loads of kBatch chunks first: the shared-memory latency is paid once a batch, not once a
   // chunk (two chunks a batch: four would hold 64 more registers beside fn's 96).
   constexpr int kBatch = kIters < 2 ? kIters : 2;
-  static_assert(kIters % kBatch == 0);
 #pragma unroll
   for (int i0 = 0; i0 < kIters; i0 += kBatch) {
     uint4 raw[kBatch][kC16N];
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
-      const int c = static_cast<int>(threadIdx.x) + (i0 + u) * kC16Threads;
+      const int c = static_cast<int>(threadIdx.x) + (i0 + u) * kThreads;
       const int t = c / kChunks, q = c - t * kChunks;
-      if (c < TOK * kChunks)
+      if (i0 + u < kIters && c < TOK * kChunks)
 #pragma unroll
         for (int i = 0; i < kC16N; ++i)
           raw[u][i] = *reinterpret_cast<const uint4*>(slot + G::at(i, t, q * 16));
     }
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
-      const int c = static_cast<int>(threadIdx.x) + (i0 + u) * kC16Threads;
+      const int c = static_cast<int>(threadIdx.x) + (i0 + u) * kThreads;
       const int t = c / kChunks, q = c - t * kChunks;
       const int64_t tok = t0 + t;
-      if (c >= TOK * kChunks || tok >= a.tokens) continue;
+      if (i0 + u >= kIters || c >= TOK * kChunks || tok >= a.tokens) continue;
       float acc[VEC] = {};
 #pragma unroll
       for (int i = 0; i < kC16N; ++i) {
@@ -366,9 +365,10 @@ __device__ __forceinline__ void c16_collapse_rows(T* __restrict__ y, const unsig
 // ---- the kernel ----------------------------------------------------------------------------
 //
 // Rank r reduces the logits of tokens r + 16 m (m < M) of every tile. No cluster barrier per tile:
-// a CTA waits only on its own mbarriers, for data that is already on its way. Rank r reduces tile
-// j - 1 during its products of tile j, so the pre weights it sends arrive while every CTA runs its
-// products; y of tile j - 1 follows them.
+// a CTA waits only on its own mbarriers, for data that is already on its way. Rank r's last warp
+// reduces tile j - 1 during its products of tile j (or tile j right after its push, see
+// kReduceBesideY), so the pre weights it sends arrive while every CTA runs its products; y of the
+// tile follows them.
 //
 // Two exchange buffers suffice: a CTA pushes tile j's partials only after it has received tile
 // j - 2's pre weights from every rank, which each rank sends after reading tile j - 2's partials;
@@ -449,6 +449,9 @@ __global__ void __launch_bounds__(kC16Threads, 1)
   // Every CTA's mbarriers are initialized (and armed) before any push reaches them.
   cuda::cluster_arrive();
   cuda::cluster_wait();
+  // The comb Sinkhorn kernel that follows may become resident now (on the SMs no cluster holds)
+  // and wait for this grid there, instead of launching after it.
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 
   // The cluster's tile j into slot j % S: one bulk tensor copy per box (128 bytes of each stream's
   // slice rows for TOK tokens), one thread a warp. Tokens past the end read as zeros (discarded).
@@ -505,12 +508,17 @@ __global__ void __launch_bounds__(kC16Threads, 1)
 
   int s = 0, sp = 0;    // slots of tiles j and j - 1
   uint32_t parity = 0;  // of tile j's slot phase
+  // Where the last warp reduces: with 16-token tiles a quarter of the way through its products of
+  // tile j (tile j - 1, whose partials came in during the previous iteration); with 32-token tiles
+  // right after the push of tile j, while the other warps write y of tile j - 1. H100, same call
+  // (e4ef5ee): the first is faster at M = 1 (f32 0.557-0.563 vs 0.577-0.582 ms, bf16 0.324 vs
+  // 0.348), the second at M = 2 (bf16 0.307 vs 0.328), whose reduce is twice as long.
+  constexpr bool kReduceBesideY = M == 2;
+  constexpr int kReducer = kC16Warps - 1;
+  constexpr int kWriters = kReduceBesideY ? 32 * kReducer : kC16Threads;
   for (int64_t j = 0; j <= ntl; ++j) {
-    // The last warp reduces tile j - 1 a quarter of the way through its products of tile j (at the
-    // start of an iteration it waited there for the slowest CTA's partials, and the whole CTA
-    // waited for it at the next block barrier: 15% of the stall samples, H100, ede4cff).
     auto reduce_previous = [&] {
-      if (j >= 1 && warp == kC16Warps - 1) reduce(j - 1);
+      if (!kReduceBesideY && j >= 1 && warp == kReducer) reduce(j - 1);
     };
     if (j == ntl) reduce_previous();
     if (j < ntl) {
@@ -544,17 +552,20 @@ __global__ void __launch_bounds__(kC16Threads, 1)
         const uint32_t dst = cuda::smem_u32(rbuf + ((b * M + m) * kC16Ctas + rank) * R + 4 * q);
         cuda::st_async16(cuda::cluster_map(dst, to), sum, cuda::cluster_map(rbar0 + 8 * b, to));
       }
-      if (j == 0)
-        __syncthreads();  // later iterations pass the barrier below before wpart is rewritten
     }
-    if (j >= 1) {
+    if (kReduceBesideY && warp == kReducer) {
+      if (j < ntl) reduce(j);
+    } else if (j >= 1) {
       const int64_t jt = j - 1;
       const int b = static_cast<int>(jt & 1);
       cuda::mbar_wait(pbar0 + 8 * b, static_cast<uint32_t>((jt >> 1) & 1));
-      c16_collapse_rows<T, KS, TOK>(y, c16_smem + sp * kSlotBytes, pbuf + b * TOK * kC16N, a,
-                                    (cluster + jt * ncl) * TOK, c0);
-      __syncthreads();  // the slot and the pre-weight buffer are free
-      if (tid == 0 && jt + 2 < ntl) cuda::mbar_expect_tx(pbar0 + 8 * b, P::kPreBytes);
+      c16_collapse_rows<T, KS, TOK, kWriters>(y, c16_smem + sp * kSlotBytes, pbuf + b * TOK * kC16N,
+                                              a, (cluster + jt * ncl) * TOK, c0);
+    }
+    __syncthreads();  // tile j - 1's slot, its pre weights and the partials are free
+    if (j >= 1) {
+      const int64_t jt = j - 1;
+      if (tid == 0 && jt + 2 < ntl) cuda::mbar_expect_tx(pbar0 + 8 * (jt & 1), P::kPreBytes);
       if (jt + S < ntl) refill(jt + S, sp);
     }
     sp = s;
