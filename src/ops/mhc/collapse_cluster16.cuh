@@ -449,9 +449,6 @@ __global__ void __launch_bounds__(kC16Threads, 1)
   // Every CTA's mbarriers are initialized (and armed) before any push reaches them.
   cuda::cluster_arrive();
   cuda::cluster_wait();
-  // The comb Sinkhorn kernel that follows may become resident now (on the SMs no cluster holds)
-  // and wait for this grid there, instead of launching after it.
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 
   // The cluster's tile j into slot j % S: one bulk tensor copy per box (128 bytes of each stream's
   // slice rows for TOK tokens), one thread a warp. Tokens past the end read as zeros (discarded).

@@ -1058,10 +1058,6 @@ __global__ void __launch_bounds__(kCombWarps * 32)
 template <int N>
 __global__ void __launch_bounds__(64)
     comb_sinkhorn_regs_kernel(float* co, int64_t stride, int64_t rows, SinkhornParams sk) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // Launched early (cuda::launch_dependent): the collapse kernel's rows must be complete.
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
   constexpr int NN = N * N;
   const int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (r >= rows) return;

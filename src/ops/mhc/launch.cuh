@@ -394,10 +394,12 @@ bool fits_collapse_cluster(const MhcProblem& p, const DeviceCaps& caps) {
 // an element per lane where n * n <= 32 (same bits as the thread-per-row kernel).
 inline Status run_comb_sinkhorn(std::string_view op, cudaStream_t s, const MhcProblem& p,
                                 const DynArgs& da) {
-  if (p.n == 4)  // launched early, it waits for the collapse kernel inside (griddepcontrol)
-    return cuda::launch_dependent<comb_sinkhorn_regs_kernel<4>>(
-        op, "comb_sinkhorn_regs_kernel", dim3(blocks_for(p.tokens, 64)), dim3(64), s, da.co,
-        da.co_stride, p.tokens, sinkhorn_params(p.sinkhorn));
+  if (p.n == 4) {
+    comb_sinkhorn_regs_kernel<4><<<blocks_for(p.tokens, 64), 64, 0, s>>>(
+        da.co, da.co_stride, p.tokens, sinkhorn_params(p.sinkhorn));
+    MHC_CHECK("comb_sinkhorn_regs_kernel");
+    return {};
+  }
   if (p.n * p.n <= 32) {
     comb_sinkhorn_lanes_kernel<<<blocks_for(p.tokens, kCombWarps), kCombWarps * 32, 0, s>>>(
         da.co, da.co_stride, p.tokens, da.n, sinkhorn_params(p.sinkhorn));
