@@ -861,19 +861,21 @@ bool register_mhc_cuda() {
                                   .workspace = ws_collapse,
                                   .launch = collapse_cluster<T, true, true>});
   // One pass on 16-CTA clusters with fn in registers and the partials pushed (n = 4, C in {1024,
-  // 2048, 4096}, sm_90): the default where it fits. H100, 16384 x 4 x 4096, 266869d: f32
-  // 0.557-0.562 ms, bf16 0.406 with 16-token tiles (32-token tiles 0.483, their registers spill)
-  // against the split kernel's 0.907 / 0.540 in the same call.
+  // 2048, 4096}, sm_90): the default where it fits, 32-token tiles for bf16. H100, 16384 x 4 x
+  // 4096, e764cd8, two runs: f32 0.539-0.547 ms (16-token tiles), bf16 0.275-0.276 (32-token;
+  // 16-token 0.299-0.301) against the split kernel's 0.907 / 0.540 and one pass over X (the
+  // static collapse) 0.434 / 0.219. f16 keeps the 16-token tiles: its 32-token form spills.
+  constexpr bool kBf16 = D == DType::bf16;
   register_kernel<MhcCollapseOp>({.sku = sku(MhcCollapseOp::name, DType::f32, kForwardTf32,
                                              "collapse_dynamic_push16_tf32", Arch::sm90),
-                                  .priority = 45,
+                                  .priority = kBf16 ? 4 : 45,
                                   .fits = fits_collapse_push16<D, 1>,
                                   .workspace = ws_collapse,
                                   .launch = collapse_push16<T, 1>});
   if constexpr (D != DType::f32)
     register_kernel<MhcCollapseOp>({.sku = sku(MhcCollapseOp::name, DType::f32, kForwardTf32,
                                                "collapse_dynamic_push32_tf32", Arch::sm90),
-                                    .priority = 4,
+                                    .priority = kBf16 ? 45 : 3,
                                     .fits = fits_collapse_push16<D, 2>,
                                     .workspace = ws_collapse,
                                     .launch = collapse_push16<T, 2>});
