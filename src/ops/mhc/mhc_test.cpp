@@ -524,11 +524,13 @@ TEST_P(Mhc, DynamicCollapseKernelsMatchReference) {
         const MhcProblem& p = cp->problem();
         const std::string what =
             label(p, Layout::contiguous) + " kernel=" + std::string(cp->sku().name);
-        // The default: the 16-CTA one-pass kernel (16-token tiles) where it fits, else split-K
-        // with its logits on tensor cores.
+        // The default: the 16-CTA one-pass kernel where it fits (32-token tiles for bf16), else
+        // split-K with its logits on tensor cores.
         if (pin.empty()) {
-          EXPECT_EQ(cp->sku().name, fits16 ? "collapse_dynamic_push16_tf32" : "collapse_split_tf32")
-              << what;
+          const char* want = !fits16             ? "collapse_split_tf32"
+                             : dt == DType::bf16 ? "collapse_dynamic_push32_tf32"
+                                                 : "collapse_dynamic_push16_tf32";
+          EXPECT_EQ(cp->sku().name, want) << what;
         }
         ++kernels;
         y.set_bytes(ypoison);
