@@ -85,6 +85,17 @@ struct C16Geom {
   }
 };
 
+// The products' sums of M m-tiles (logits; squares of tokens g and g + 8) set to zero.
+template <int M>
+__device__ __forceinline__ void c16_clear(float (&d)[M][3][4], float (&ss)[M][2]) {
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    ss[m][0] = ss[m][1] = 0;
+#pragma unroll
+    for (int nt = 0; nt < 3; ++nt) d[m][nt][0] = d[m][nt][1] = d[m][nt][2] = d[m][nt][3] = 0;
+  }
+}
+
 // Warp w's products over its KS k-steps (stream w / 2, half w % 2 of the slice) for M m-tiles of 16
 // tokens of a slot, written to wp[token][R]: the 24 logits' partial dot products and the partial
 // sum of squares. MMA k index t is channel 2 t and k index t + 4 channel 2 t + 1 of a step (one 8-
@@ -111,12 +122,7 @@ __device__ __forceinline__ void c16_products(const unsigned char* slot, const fl
     const int b = h0 + 8 * E * st;
     return (b >> 7) * G::kBoxBytes + ((b & 127) ^ lx);
   };
-#pragma unroll
-  for (int m = 0; m < M; ++m) {
-    ss[m][0] = ss[m][1] = 0;  // tokens g and g + 8 of the m-tile
-#pragma unroll
-    for (int nt = 0; nt < 3; ++nt) d[m][nt][0] = d[m][nt][1] = d[m][nt][2] = d[m][nt][3] = 0;
-  }
+  c16_clear(d, ss);
 #pragma unroll
   for (int b = 0; b < KS / 2; ++b) {
     if (b == KS / 8) mid();
@@ -156,12 +162,7 @@ __device__ __forceinline__ void c16_products(const unsigned char* slot, const fl
         }
       }
     }
-#pragma unroll
-    for (int m = 0; m < M; ++m)
-#pragma unroll
-      for (int nt = 0; nt < 3; ++nt)
-#pragma unroll
-        for (int v = 0; v < 4; ++v) d[m][nt][v] += blk[m][nt][v];
+    add_blocks(d, blk);
   }
 }
 // bf16 X: bf16 MMAs (m16n8k16) on X as it is, with fn held in registers as two bf16 parts (fn =
@@ -207,12 +208,7 @@ __device__ __forceinline__ void c16_products_bf16(const unsigned char* slot,
     const int b = h0 + 32 * st;
     return (b >> 7) * G::kBoxBytes + ((b & 127) ^ lx);
   };
-#pragma unroll
-  for (int m = 0; m < M; ++m) {
-    ss[m][0] = ss[m][1] = 0;
-#pragma unroll
-    for (int nt = 0; nt < 3; ++nt) d[m][nt][0] = d[m][nt][1] = d[m][nt][2] = d[m][nt][3] = 0;
-  }
+  c16_clear(d, ss);
   auto sq = [](uint32_t w, float acc) {
     const float lo = __uint_as_float(w << 16), hi = __uint_as_float(w & 0xffff0000u);
     return fmaf(hi, hi, fmaf(lo, lo, acc));
@@ -241,12 +237,7 @@ __device__ __forceinline__ void c16_products_bf16(const unsigned char* slot,
           cuda::mma16816<__nv_bfloat16>(blk[m][nt], av[m], fb[st][nt][1][0], fb[st][nt][1][1]);
         }
     }
-#pragma unroll
-    for (int m = 0; m < M; ++m)
-#pragma unroll
-      for (int nt = 0; nt < 3; ++nt)
-#pragma unroll
-        for (int v = 0; v < 4; ++v) d[m][nt][v] += blk[m][nt][v];
+    add_blocks(d, blk);
   }
 }
 

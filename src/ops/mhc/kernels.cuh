@@ -559,6 +559,18 @@ __device__ __forceinline__ void split_tf32(float v, uint32_t& big, uint32_t& sma
   small = __float_as_uint(v - __uint_as_float(big));
 }
 
+// d += blk for a warp's MT m-tiles x 3 n-tiles of m16n8 accumulators: a block summed on the tensor
+// cores from zero, added to the long sum on the CUDA cores (IEEE adds; see mma_block16).
+template <int MT>
+__device__ __forceinline__ void add_blocks(float (&d)[MT][3][4], const float (&blk)[MT][3][4]) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < 3; ++nt)
+#pragma unroll
+      for (int v = 0; v < 4; ++v) d[mt][nt][v] += blk[mt][nt][v];
+}
+
 // One 16-element block of a warp's products on the tensor cores: d[mt][nt] += A B over the
 // block's 16 elements, where lane (g, t) holds av[mt][h][s] = A[row mt * 16 + h * 8 + g][element
 // 4 t + s] and bv[nt][s] = B[element 4 t + s][col nt * 8 + g] (each lane reads 4 consecutive
@@ -608,12 +620,7 @@ __device__ __forceinline__ void mma_block16(float (&d)[MT][3][4], const float (&
       }
     }
   }
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < 3; ++nt)
-#pragma unroll
-      for (int v = 0; v < 4; ++v) d[mt][nt][v] += blk[mt][nt][v];
+  add_blocks(d, blk);
 }
 
 // A block's fragments (the layout mma_block16 takes): bv[nt] = the float4 f_row(nt) returns (fn

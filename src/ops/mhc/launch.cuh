@@ -866,19 +866,18 @@ bool register_mhc_cuda() {
   // 16-token 0.299-0.301) against the split kernel's 0.907 / 0.540 and one pass over X (the
   // static collapse) 0.434 / 0.219. f16 keeps the 16-token tiles: its 32-token form spills.
   constexpr bool kBf16 = D == DType::bf16;
-  register_kernel<MhcCollapseOp>({.sku = sku(MhcCollapseOp::name, DType::f32, kForwardTf32,
-                                             "collapse_dynamic_push16_tf32", Arch::sm90),
-                                  .priority = kBf16 ? 4 : 45,
-                                  .fits = fits_collapse_push16<D, 1>,
-                                  .workspace = ws_collapse,
-                                  .launch = collapse_push16<T, 1>});
+  auto push = [&](auto m_tiles, std::string_view name, int priority) {
+    constexpr int M = decltype(m_tiles)::value;
+    register_kernel<MhcCollapseOp>(
+        {.sku = sku(MhcCollapseOp::name, DType::f32, kForwardTf32, name, Arch::sm90),
+         .priority = priority,
+         .fits = fits_collapse_push16<D, M>,
+         .workspace = ws_collapse,
+         .launch = collapse_push16<T, M>});
+  };
+  push(std::integral_constant<int, 1>{}, "collapse_dynamic_push16_tf32", kBf16 ? 4 : 45);
   if constexpr (D != DType::f32)
-    register_kernel<MhcCollapseOp>({.sku = sku(MhcCollapseOp::name, DType::f32, kForwardTf32,
-                                               "collapse_dynamic_push32_tf32", Arch::sm90),
-                                    .priority = kBf16 ? 45 : 3,
-                                    .fits = fits_collapse_push16<D, 2>,
-                                    .workspace = ws_collapse,
-                                    .launch = collapse_push16<T, 2>});
+    push(std::integral_constant<int, 2>{}, "collapse_dynamic_push32_tf32", kBf16 ? 45 : 3);
   // Two passes over X with the logits on tensor cores (any arch with TF32 mma.sync): the default
   // elsewhere.
   register_kernel<MhcCollapseOp>(
