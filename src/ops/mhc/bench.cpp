@@ -110,7 +110,7 @@ void run_case(const Stream& s, DType dt) {
       w.base = cview(*base, DType::f32, {K}, s);
     }
     // Dynamic H also runs pinned to every other kernel (the default is the 16-CTA one-pass kernel,
-    // 32-token tiles for 16-bit X): split-K with its logits on tensor cores
+    // 32-token tiles for bf16): split-K with its logits on tensor cores
     // ("@collapse_split_tf32"), on CUDA cores ("<case>@collapse"), the one-pass
     // cluster kernel with and without its staggered start ("@collapse_dynamic_cluster",
     // "@collapse_dynamic_cluster_lockstep") and with its products on tensor cores
