@@ -163,10 +163,6 @@ __device__ __forceinline__ uint32_t cluster_rank() {
 __device__ __forceinline__ void cluster_arrive() {
   BARACUDA_SM90_ASM("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
 }
-// The arrive without ordering: for threads whose writes another thread's release covers.
-__device__ __forceinline__ void cluster_arrive_relaxed() {
-  BARACUDA_SM90_ASM("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
-}
 __device__ __forceinline__ void cluster_wait() {
   BARACUDA_SM90_ASM("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
@@ -175,11 +171,6 @@ __device__ __forceinline__ uint32_t cluster_map(uint32_t addr, uint32_t rank) {
   uint32_t r = 0;
   BARACUDA_SM90_ASM("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
   return r;
-}
-__device__ __forceinline__ float cluster_load(uint32_t addr) {
-  float v = 0;
-  BARACUDA_SM90_ASM("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
-  return v;
 }
 // 16 bytes into the shared memory of a CTA of the cluster (`addr`, `bar`: cluster_map'ped),
 // completing 16 bytes of transactions on that CTA's mbarrier `bar`: a push that needs no barrier

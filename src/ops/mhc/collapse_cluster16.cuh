@@ -9,14 +9,15 @@
 //   C / 16) of every stream, so the collapse of its channels needs no other CTA's data, and only
 //   the partial sums (24 logits and the sum of squares a token) cross the cluster.
 // - fn's slice (24 x n C / 16 floats) is loaded once into registers (96 per thread at C = 4096):
-//   no fn traffic per tile. The tiles arrive by bulk copies into a ring of slots while the CTA
-//   works on the ones before.
+//   no fn traffic per tile. The tiles arrive by bulk tensor copies into a ring of slots while the
+//   CTA works on the ones before.
 // - Rank r reduces tokens r + 16 m of every tile: each CTA pushes those rows of its partials into
 //   rank r's shared memory by st.async, completing on r's mbarrier, and r pushes each token's pre
 //   weights back to every CTA the same way (collapse_push16_kernel below).
 //
-// Products: D[token][logit] = X[token][k] fn[logit][k] on m16n8k8 TF32 MMAs with the tokens as M
-// and the 24 logits as three n8 tiles; 3xTF32 for f32 X, 2xTF32 for 16-bit X (exact in TF32).
+// Products: D[token][logit] = X[token][k] fn[logit][k] with the tokens as M and the 24 logits as
+// three n8 tiles: m16n8k8 TF32 MMAs, 3xTF32 for f32 X and 2xTF32 for f16 X (exact in TF32); bf16
+// X on m16n8k16 bf16 MMAs with fn in two bf16 parts (c16_products_bf16).
 // Every sum has a fixed shape (warp, CTA rank order), independent of the token count and of a
 // token's slot: deterministic and bit-stable.
 //
@@ -373,8 +374,9 @@ __device__ __forceinline__ void c16_collapse_rows(T* __restrict__ y, const unsig
 // it into an L2 round trip (H100 profile, ede4cff).
 //
 // M = 2 (32-token tiles, 16-bit X only: three slots of 32 tokens fill the shared memory) halves the
-// per-token cost of fn's splits, the exchange and the waits. The partials of warps 4-7 are then
-// added into those of warps 0-3 (one extra block barrier) so that the per-warp buffer fits.
+// per-token cost of the exchange and the waits (and of fn's splits for f16). The partials of warps
+// 4-7 are then added into those of warps 0-3 (one extra block barrier) so that the per-warp buffer
+// fits.
 template <int M>
 struct C16Push {
   static constexpr int TOK = 16 * M;

@@ -513,7 +513,7 @@ struct DynArgs {
   int n = 0, k = 0;
   int q = 0;      // 16-byte chunks per stream row (C / VEC)
   int pitch = 0;  // shared-memory elements per token row
-  int slots = 0;  // collapse_cluster16_kernel: tiles in its ring
+  int slots = 0;  // collapse_push16_kernel: tiles in its ring
   const float* fn = nullptr;
   int64_t fn_stride = 0;
   const float* scale = nullptr;

@@ -390,8 +390,9 @@ bool fits_collapse_cluster(const MhcProblem& p, const DeviceCaps& caps) {
   return static_cast<int64_t>(dyn_geom<T>(p, MMA).smem) <= caps.smem_per_block_optin;
 }
 
-// The comb part of the coefficient rows the one-pass kernels leave as logits: Sinkhorn per row,
-// an element per lane where n * n <= 32 (same bits as the thread-per-row kernel).
+// The comb part of the coefficient rows the one-pass kernels leave as logits: Sinkhorn per row, in
+// one thread's registers for n = 4, an element per lane where n * n <= 32, else one thread per row
+// in shared memory (the same bits in all three).
 inline Status run_comb_sinkhorn(std::string_view op, cudaStream_t s, const MhcProblem& p,
                                 const DynArgs& da) {
   if (p.n == 4) {
