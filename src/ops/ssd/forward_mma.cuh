@@ -464,6 +464,9 @@ struct OuterArgs {
   const float* dtp;   // [B*H][Lpad]
   float* out;         // [B*H][nchunks][D][N]
   int64_t L, H, D, N, hpg, cs, nchunks, Lpad, hb;
+  // U_c only (else nullptr): exp(cum_t - cum_{cs-1}) a_t rounded to T, [B][L][H][D] (bwd_dx_hn's
+  // operand), stored by the blocks of the first n tile from the rows they stage anyway
+  T* hat = nullptr;
 };
 
 // One block of eight warps per (chunk, 64 columns d, 128 columns n, b, hb heads of one group);
@@ -519,10 +522,13 @@ __global__ void __launch_bounds__(fwd_mma::state::kThreads, 2)
   double cum_v[2], last_v = 0.0;
   float dt_v[2];
   int lh = 0, lj = 0;  // the next stage to load: head, stage
+  int sh = 0, sj = 0;  // the loaded stage's (the next store's)
+  T* const hat = blockIdx.y % tiles_n == 0 ? p.hat : nullptr;
   auto load = [&](int i) {
     if (i >= total) return;
     const int64_t ob = (b * p.H + h0 + lh) * p.Lpad + tb;
-    if constexpr (kToEnd) last_v = p.cum[ob + p.cs - 1];
+    if (kToEnd || hat != nullptr) last_v = p.cum[ob + p.cs - 1];
+    sh = lh, sj = lj;
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
       const int s = lj * kTile + xr + 32 * k;
@@ -549,6 +555,14 @@ __global__ void __launch_bounds__(fwd_mma::state::kThreads, 2)
       for (int q = 0; q < 4; ++q)
         ow[q] = cuda::pack2<T>(to_float(e[2 * q]) * w, to_float(e[2 * q + 1]) * w);
       *reinterpret_cast<uint4*>(Xs + slot * kTile * kLd16 + (xr + 32 * k) * kLd16 + xc) = o;
+      const int s = sj * kTile + xr + 32 * k;
+      if (hat != nullptr && s < K && d_in) {
+        const float w2 = expf(static_cast<float>(cum_v[k] - last_v));
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+          ow[q] = cuda::pack2<T>(to_float(e[2 * q]) * w2, to_float(e[2 * q + 1]) * w2);
+        *reinterpret_cast<uint4*>(hat + ((b * p.L + tb + s) * p.H + h0 + sh) * p.D + d0 + xc) = o;
+      }
     }
   };
 

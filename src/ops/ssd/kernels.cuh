@@ -1280,12 +1280,15 @@ struct BwdC : Fwd<T> {
   int64_t hb = 1;         // chunked_wmma_vec: heads per dB/dC block (a divisor of hpg, <= 8)
   int64_t bc_parts = 0;   // dB/dC partials per group that bwd_reduce_bc_kernel adds (hpg / hb)
   // workspace (Fwd's dtp, cum and st come first; st holds the states entering each chunk)
-  float* cbm;              // [B*G*nchunks][cs][cs]  C_t.B_s, lower tiles only
-  float* gst;              // [B*H*nchunks][D][N]    U_c, then the adjoint of the state leaving c
-  T* gst16;                // [B*H*nchunks][D][N]    16-bit T: the adjoint rounded to T, as the
-                           //                        mma.sync products take it (else nullptr)
-  T* st16;                 // [B*H*nchunks][D][N]    16-bit T, fastpass: st rounded to T (ditto)
-  float* dyp;              // [B][L][H][D]           dy * silu(z) (has_z only)
+  float* cbm;        // [B*G*nchunks][cs][cs]  C_t.B_s, lower tiles only
+  float* gst;        // [B*H*nchunks][D][N]    U_c, then the adjoint of the state leaving c
+  T* gst16;          // [B*H*nchunks][D][N]    16-bit T: the adjoint rounded to T, as the
+                     //                        mma.sync products take it (else nullptr)
+  T* st16;           // [B*H*nchunks][D][N]    16-bit T, fastpass: st rounded to T (ditto)
+  float* dyp;        // [B][L][H][D]           dy * silu(z) (has_z only)
+  T* dyh = nullptr;  // [B][L][H][D]           16-bit T: exp(cum_t - cum_last) dy'_t, by the U_c
+                     //                        mma kernel for bwd_dx_hn_kernel (else nullptr)
+  int* dx_rest = nullptr;  // one per bwd_dx_hn_kernel block: a head of it is left to dx_mma
   float *pdB, *pdC;        // [B][L][H][N]           per-head dB, dC
   float *pdv, *pE;         // [ntd][B*H][Lpad]       x_s.R_s and E_s, per tile of D
   float* pst;              // [ntn][B*H][Lpad]       C_t.(exp(cum_t) S0^T dy'_t), per tile of N
@@ -1905,6 +1908,7 @@ OuterArgs<T, S> outer_args_ustate(const BwdC<T>& p) {
   a.bm = p.Cm, a.cum = p.cum, a.dtp = p.dtp, a.out = p.gst;
   a.L = p.L, a.H = p.H, a.D = p.D, a.N = p.N, a.hpg = p.hpg, a.cs = p.cs;
   a.nchunks = p.nchunks, a.Lpad = p.Lpad, a.hb = p.hb_state;
+  a.hat = p.dyh;
   return a;
 }
 template <class T>
@@ -2316,6 +2320,28 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dx_heads_vec_kernel(BwdC<T> p
 // the hardware approximation (expf costs about twice the instructions, and this kernel is bound by
 // instruction issue), so dx matches chunked_wmma's to rounding, not bit for bit; it is
 // deterministic (fixed order, no atomics).
+// ---- dx with one operand shared by the heads of a group (chunked_mma_fastpass, 16-bit data).
+// With cum_last the chunk's padded end (as in dx_mma), es_s = exp(cum_last - cum_s) and
+// dyh_t = exp(cum_t - cum_last) dy'_t (rounded to T by the U_c kernel, which stages exp(cum_t)
+// dy'_t anyway),
+//   dx_s = v_s es_s (B_s . Gc^T + sum_{t >= s} CB_ts dyh_t) + D dy'_s,
+// so the A operand [B_s | CB^T_s.] is the same for every head: no weight is formed per head, and
+// the products are ldmatrix + mma only (dx_mma forms colf_t CB_ts per head and t, which left
+// mma.sync at 4% of its instructions). The factors stay in range while |cum_t - cum_last| log2(e)
+// <= kFactorSafe over the chunk (dyh <= 2^64 dy' in bf16, es >= 2^-64 in f32); a head past that is
+// left to dx_mma, which runs after this kernel on the blocks whose flag says so.
+template <class T>
+__device__ __forceinline__ bool dx_hat_unsafe(const double* cum, int K, int cs, int tid,
+                                              int nthreads) {
+  bool wide = false;
+  const double last = cum[cs - 1];  // = cum[K - 1] up to rounding (padding tokens add zeros)
+  for (int t = tid; t < K; t += nthreads) {
+    const float e = static_cast<float>((cum[t] - last) * fwd_mma::kLog2e);
+    wide = wide || !(fabsf(e) <= fwd_mma::kFactorSafe<T>);
+  }
+  return wide;
+}
+
 namespace dx_mma {
 constexpr int kWarps = 4, kThreadsDx = 32 * kWarps, kStages = 2;
 constexpr int kLdKM = 68;  // f32 tiles read [k][m|n]: rows 2q apart land 8q banks apart
@@ -2352,7 +2378,9 @@ bool dx_mma_fits(const BwdC<T>& p) {
          rows16(p.x) && rows16(p.dx) && (p.has_z || rows16(p.dy));
 }
 
-template <class T, bool kZ>  // kZ: dy' is the f32 dy * silu(z) workspace, else dy itself
+// kZ: dy' is the f32 dy * silu(z) workspace, else dy itself. kRest: after bwd_dx_hn_kernel (same
+// grid), only the blocks whose flag says it left a head, and only those heads' outputs.
+template <class T, bool kZ, bool kRest = false>
 __global__ void __launch_bounds__(dx_mma::kThreadsDx, 3) bwd_dx_mma_kernel(BwdC<T> p) {
   using namespace dx_mma;
   extern __shared__ __align__(16) unsigned char dxm_smem[];
@@ -2370,7 +2398,10 @@ __global__ void __launch_bounds__(dx_mma::kThreadsDx, 3) bwd_dx_mma_kernel(BwdC<
   const int64_t G = p.H / p.hpg, grp = h0 / p.hpg;
   const ChunkAt ch0 = chunk_at(p, c, b * p.H + h0);
   const int64_t K = ch0.K, tb = ch0.t_base;
-  if (s_lo >= K) return;                                            // uniform over the block
+  if (s_lo >= K) return;  // uniform over the block
+  if (kRest && p.dx_rest[(static_cast<int64_t>(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x +
+                         blockIdx.x] == 0)
+    return;
   const int nk = static_cast<int>((lay.bw + kTile - 1) / kTile);    // state-product stages
   const int nt = static_cast<int>((K - s_lo + kTile - 1) / kTile);  // t tiles t0 >= s_lo
   const int S = nk + nt, total = static_cast<int>(p.hb) * S;
@@ -2450,6 +2481,7 @@ __global__ void __launch_bounds__(dx_mma::kThreadsDx, 3) bwd_dx_mma_kernel(BwdC<
   float cl_s[2] = {0.0f, 0.0f}, rowf[2] = {1.0f, 1.0f}, eref = 1.0f;
   float es[2] = {0.0f, 0.0f}, v[2] = {0.0f, 0.0f}, xdot2[2] = {0.0f, 0.0f};
   bool direct = false;  // this head's weights in the direct form
+  bool mine = true;     // this head's outputs are this kernel's (else bwd_dx_hn_kernel's)
   // The C.B^T values of t tile t0 this lane's A fragments need: rows t0 + 16 kk + 2 q4 (+1, +8,
   // +9), columns srow; 8 consecutive s per row across a quad's neighbours (32-byte sectors).
   const int cs = static_cast<int>(p.cs);  // in-chunk offsets fit 32 bits (cs <= 256)
@@ -2513,6 +2545,9 @@ __global__ void __launch_bounds__(dx_mma::kThreadsDx, 3) bwd_dx_mma_kernel(BwdC<
                (in && t < s_lo32 + kTile && !(ref2 - c <= fwd_mma::kFactorSafe<T>));
       }
       direct = __syncthreads_or(wide);
+      if (kRest)
+        mine = __syncthreads_or(
+            dx_hat_unsafe<T>(cum_raw, K32, static_cast<int>(p.cs), tid, kThreadsDx));
       eref = direct ? 1.0f : expf(static_cast<float>(last - ref));
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
@@ -2600,6 +2635,7 @@ __global__ void __launch_bounds__(dx_mma::kThreadsDx, 3) bwd_dx_mma_kernel(BwdC<
       continue;
     }
     // The head's epilogue: dx = v acc + D dy', and the row sums pdv, pE.
+    if (!mine) continue;
     const int dcols = p.D - d0 < kTile ? static_cast<int>(p.D - d0) : kTile;
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
@@ -2630,6 +2666,296 @@ __global__ void __launch_bounds__(dx_mma::kThreadsDx, 3) bwd_dx_mma_kernel(BwdC<
     }
   }
   cp_async_wait<0>();
+}
+
+namespace dx_hn {
+constexpr int kWarps = 4, kThreadsHn = 32 * kWarps, kStages = 2;
+constexpr int kLd16 = 72;  // 16-bit 64-wide ring tiles: ldmatrix rows 144 B apart
+constexpr size_t kSlotBytes = sizeof(uint16_t) * kTile * kLd16;
+
+struct Layout {
+  int64_t bw, ldb, ldcb;                         // B tile width (N rounded to 16), pitches
+  size_t cum, dt, b_tile, cb_tile, ring, total;  // byte offsets (total: the size)
+};
+// The head scalars are double-buffered: a head's are loaded kStages - 1 stages ahead of its first,
+// which stays behind the setup of the head two before while 2 S > kStages - 1 (S >= 2 stages a
+// head). Two stages keep three blocks per SM; four (two blocks) measured 0.69 against 0.56 ms.
+__host__ __device__ inline Layout layout(int64_t N, int64_t cs) {
+  using fwd_mma::round16;
+  Layout l{};
+  l.bw = fwd_mma::k16(N), l.ldb = l.bw + 8, l.ldcb = cs + 8;
+  l.cum = 0;                                       // [2] the head's cum (f64), whole chunk
+  l.dt = l.cum + round16(sizeof(double) * 512);    // [2] its dt, whole chunk
+  l.b_tile = l.dt + round16(sizeof(float) * 512);  // B rows s, [s][n]
+  l.cb_tile = l.b_tile + round16(sizeof(uint16_t) * kTile * static_cast<size_t>(l.ldb));
+  l.ring = l.cb_tile + round16(sizeof(uint16_t) * kTile * static_cast<size_t>(l.ldcb));
+  l.total = l.ring + kSlotBytes * kStages;
+  return l;
+}
+}  // namespace dx_hn
+
+inline size_t dx_hn_smem_bytes(const ssd::Problem& p) {
+  return dx_hn::layout(p.state_dim, p.chunk_size).total;
+}
+
+// Same grid as bwd_dx_mma_kernel (chunk and 64-row s tile, 64 columns d, hb heads of one group);
+// warp w owns rows s_lo + 16 w .. + 15. Per head: the state stages (64 columns n of Gc each), then
+// the t tiles from s_lo (dyh rows); a head's scalars arrive with its first stage.
+// kZ: the skip term's dy' is the f32 dy * silu(z) workspace.
+// Every address is a per-thread base formed once plus per-head and per-stage offsets: formed per
+// 16-byte piece, the 64-bit index products were two thirds of the kernel's instructions (ncu).
+template <class T, bool kZ>
+__global__ void __launch_bounds__(dx_hn::kThreadsHn, 3) bwd_dx_hn_kernel(BwdC<T> p) {
+  using namespace dx_hn;
+  extern __shared__ __align__(16) unsigned char dxh_smem[];
+  const Layout lay = layout(p.N, p.cs);
+  double* cum_buf = reinterpret_cast<double*>(dxh_smem + lay.cum);
+  float* dt_buf = reinterpret_cast<float*>(dxh_smem + lay.dt);
+  T* Bs = reinterpret_cast<T*>(dxh_smem + lay.b_tile);
+  T* CBt = reinterpret_cast<T*>(dxh_smem + lay.cb_tile);  // [s - s_lo][t - s_lo]
+  unsigned char* ring = dxh_smem + lay.ring;
+
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, q4 = lane % 4;
+  const int64_t c = blockIdx.x / p.ntt, s_lo = (blockIdx.x % p.ntt) * kTile;
+  const int64_t d0 = blockIdx.y * int64_t{kTile};
+  const int64_t nhb = p.H / p.hb, b = blockIdx.z / nhb, h0 = (blockIdx.z % nhb) * p.hb;
+  const int64_t G = p.H / p.hpg, grp = h0 / p.hpg;
+  const ChunkAt ch0 = chunk_at(p, c, b * p.H + h0);
+  const int64_t K = ch0.K, tb = ch0.t_base;
+  int* flag = p.dx_rest + (static_cast<int64_t>(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x +
+              blockIdx.x;
+  if (s_lo >= K) {  // uniform over the block
+    if (tid == 0) *flag = 0;
+    return;
+  }
+  const int ldb = static_cast<int>(lay.ldb), ldcb = static_cast<int>(lay.ldcb);
+  const int nk = static_cast<int>((lay.bw + kTile - 1) / kTile);    // state stages
+  const int nt = static_cast<int>((K - s_lo + kTile - 1) / kTile);  // t tiles t0 >= s_lo
+  const int S = nk + nt, total = static_cast<int>(p.hb) * S;
+  const int s_lo32 = static_cast<int>(s_lo), K32 = static_cast<int>(K);
+  const int cs = static_cast<int>(p.cs), D32 = static_cast<int>(p.D), N32 = static_cast<int>(p.N);
+  const int d032 = static_cast<int>(d0);
+
+  // Copy pieces: this thread's rows r0 + 16 k (k < 4) of a 64-row stage, 8 columns from col8,
+  // from running pointers (a head's first piece, then a stage's step).
+  const int r0 = tid / 8, col8 = tid % 8 * 8;
+  const int64_t row16 = 16 * p.H * p.D;  // 16 tokens of dyh
+  const T* const dyh0 = p.dyh + ((b * p.L + tb + s_lo + r0) * p.H + h0) * p.D + d0 + col8;
+  const bool dyh_col = d032 + col8 < D32;
+  const int dyh_rows = K32 - s_lo32 - r0;  // rows r0 + t of the window that exist: t < this
+  const int64_t gc_head = p.nchunks * p.D * p.N;
+  const T* const gc0 =
+      p.gst16 + ((b * p.H + h0) * p.nchunks + c) * p.D * p.N + (d0 + r0) * p.N + col8;
+  const int gc_rows = D32 - d032 - r0;  // rows r0 + 16 k of Gc that exist: 16 k < this
+  const T *dyh_at = dyh0, *gc_at = gc0;
+  const double* cum_at = p.cum + (b * p.H + h0) * p.Lpad + tb;
+  const float* dt_at = p.dtp + (b * p.H + h0) * p.Lpad + tb;
+  int ih = 0, ij = 0;  // the next stage to issue: head, stage
+
+  auto issue = [&](int i) {
+    if (i >= total) return;
+    const int hi = ih, j = ij;
+    if (++ij == S) ij = 0, ++ih;
+    if (j == 0) {  // the head's cum and dt (the reader of this buffer, the setup of the head
+                   // two before, is behind barriers)
+      if (hi > 0) cum_at += p.Lpad, dt_at += p.Lpad;
+      double* cum = cum_buf + (hi % 2) * 256;
+      float* dts = dt_buf + (hi % 2) * 256;
+      for (int k = tid; k < cs / 2; k += kThreadsHn) cp_async16(cum + 2 * k, cum_at + 2 * k);
+      for (int k = tid; k < cs / 4; k += kThreadsHn) cp_async16(dts + 4 * k, dt_at + 4 * k);
+      gc_at = gc0 + hi * gc_head;
+      dyh_at = dyh0 + hi * p.D;
+    }
+    if (i == 0)  // the B rows s, once per block; columns [N, bw) zero for the last k16 step
+      for (int idx = tid; idx < kTile * (lay.bw / 8); idx += kThreadsHn) {
+        const int r = idx / static_cast<int>(lay.bw / 8),
+                  col = idx % static_cast<int>(lay.bw / 8) * 8;
+        const bool in = s_lo + r < K && col < p.N;
+        cp_async16(Bs + r * ldb + col, in ? &p.Bm.at(b, tb + s_lo + r, grp, col) : p.Bm.p,
+                   in ? 16 : 0);
+      }
+    T* dst = reinterpret_cast<T*>(ring + (i % kStages) * kSlotBytes) + r0 * kLd16 + col8;
+    if (j < nk) {  // Gc rows d0.., columns 64 j..
+      const bool cin = j * kTile + col8 < N32;
+      const T* src = gc_at;
+#pragma unroll
+      for (int k = 0; k < 4; ++k, src += 16 * N32) {
+        const bool in = cin && 16 * k < gc_rows;
+        cp_async16(dst + 16 * k * kLd16, in ? src : p.gst16, in ? 16 : 0);
+      }
+      gc_at += kTile;
+    } else {                            // dyh rows t0.., columns d0..
+      const int t0 = (j - nk) * kTile;  // from s_lo
+      const T* src = dyh_at;
+#pragma unroll
+      for (int k = 0; k < 4; ++k, src += row16) {
+        const bool in = dyh_col && t0 + 16 * k < dyh_rows;
+        cp_async16(dst + 16 * k * kLd16, in ? src : p.dyh, in ? 16 : 0);
+      }
+      dyh_at += 4 * row16;
+    }
+  };
+
+  // The first stage's copies fly while C.B^T is converted (kStages = 2: the prologue is one stage).
+  static_assert(kStages == 2);
+  issue(0);
+  cp_async_commit();
+  // C.B^T transposed into [s][t], rounded to T, zero where t < s or t >= K: the same for every
+  // head of the group (cbm holds the lower 64-tiles of [t][s]). Thread: rows r, r + 1.
+  {
+    const float* cbt = p.cbm + ((b * G + grp) * p.nchunks + c) * p.cs * p.cs;
+    const int r = (tid % 32) * 2, s = s_lo32 + r;
+    const float* src = cbt + s_lo32 * cs + s;
+#pragma unroll 16  // loads in flight together: the loop is latency-bound otherwise
+    for (int t = tid / 32; t < nt * kTile; t += kThreadsHn / 32) {
+      const int tt = s_lo32 + t;
+      float2 v = make_float2(0.0f, 0.0f);
+      if (tt < K32 && tt >= s) v = *reinterpret_cast<const float2*>(src + t * cs);
+      if (tt == s) v.y = 0.0f;  // (s + 1 > t)
+      CBt[r * ldcb + t] = from_float<T>(v.x);
+      CBt[(r + 1) * ldcb + t] = from_float<T>(v.y);
+    }
+  }
+
+  const int srow[2] = {s_lo32 + 16 * warp + g, s_lo32 + 16 * warp + g + 8};
+  // this lane's rows of x and dx at head h0, columns d0 + 2 q4 (+ 8 j8); + hi * stride for head hi
+  const T* xrow[2];
+  T* dxrow[2];
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    const int64_t s = srow[e] < K32 ? srow[e] : s_lo;  // rows past K are never read or written
+    xrow[e] = &p.x.at(b, tb + s, h0, d0 + 2 * q4);
+    dxrow[e] = &p.dx.at(b, tb + s, h0, d0 + 2 * q4);
+  }
+  float acc[8][4];
+  uint32_t xr[2][8];  // x at this lane's accumulator positions, as T pairs
+  // Loaded at the head's first stage for E_s and again at its next-to-last for the final row sums,
+  // so that the registers are free during the t tiles.
+  auto load_x = [&](int hi) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e)
+#pragma unroll
+      for (int j8 = 0; j8 < 8; ++j8)
+        xr[e][j8] =
+            srow[e] < K32 && d032 + 8 * j8 + 2 * q4 < D32
+                ? __ldg(reinterpret_cast<const unsigned int*>(xrow[e] + hi * p.x.s2 + 8 * j8))
+                : 0u;
+  };
+  float es[2] = {0.0f, 0.0f}, v[2] = {0.0f, 0.0f}, xdot2[2] = {0.0f, 0.0f};
+  bool skip = false, any_skip = false;  // this head left to dx_mma; any head of the block
+  auto row_dots = [&](float* out) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float part = 0.0f;
+#pragma unroll
+      for (int j8 = 0; j8 < 8; ++j8) {
+        const float2 xf = cuda::unpack2<T>(xr[e][j8]);
+        part = fmaf(xf.x, acc[j8][2 * e], part);
+        part = fmaf(xf.y, acc[j8][2 * e + 1], part);
+      }
+      part += __shfl_xor_sync(0xffffffffu, part, 1);
+      part += __shfl_xor_sync(0xffffffffu, part, 2);
+      out[e] = part;
+    }
+  };
+
+  int hi = 0, j = -1;  // the stage being computed: head, stage
+  for (int it = kStages - 1; it < total + kStages - 1; ++it) {
+    const int i = it - (kStages - 1);
+    if (i >= 0) {
+      cp_async_wait<kStages - 2>();
+      __syncthreads();  // stage i visible; every thread is done with slot (i - 1) % kStages
+    }
+    issue(it);
+    cp_async_commit();
+    if (i < 0) continue;
+    if (++j == S) j = 0, ++hi;
+    if (j == 0) {  // a new head
+      const double* cum = cum_buf + (hi % 2) * 256;
+      const float* dts = dt_buf + (hi % 2) * 256;
+      skip = __syncthreads_or(dx_hat_unsafe<T>(cum, K32, cs, tid, kThreadsHn));
+      any_skip = any_skip || skip;
+      const double last = cum[cs - 1];  // the U_c kernel's reference for dyh
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const bool in = srow[e] < K32;
+        es[e] = in ? expf(static_cast<float>(last - cum[srow[e]])) : 0.0f;
+        v[e] = in ? dts[srow[e]] : 0.0f;
+      }
+      if (!skip) load_x(hi);
+#pragma unroll
+      for (int j8 = 0; j8 < 8; ++j8)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[j8][e] = 0.0f;
+    }
+    if (skip) continue;
+    const T* slot = reinterpret_cast<const T*>(ring + (i % kStages) * kSlotBytes);
+    if (j < nk) {  // acc += B_s . Gc^T over n in [64 j, 64 j + 64)
+      const int left = (static_cast<int>(lay.bw) - j * kTile) / 16;
+      const int ksteps = left < 4 ? left : 4;
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        if (kk >= ksteps) break;
+        uint32_t a[4];
+        load_a_frag<T>(a, Bs, ldb, 16 * warp, j * kTile + 16 * kk, lane);
+        mma_k16_bnk<T>(acc, a, slot, kLd16, 16 * kk, lane);
+      }
+    } else {  // acc += CB^T . dyh over t tile qt; k steps wholly above this warp's rows skipped
+      const int qt = j - nk;
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        if (qt == 0 && kk < warp) continue;
+        uint32_t a[4];
+        load_a_frag<T>(a, CBt, ldcb, 16 * warp, qt * kTile + 16 * kk, lane);
+        mma_k16_bkn<T>(acc, a, slot, kLd16, 16 * kk, 0, lane);
+      }
+    }
+    if (j == nk - 1) row_dots(xdot2);  // x_s . (B_s Gc^T): E_s's part
+    if (j == S - 2) load_x(hi);
+    if (j != S - 1) continue;
+    float rows[2];
+    row_dots(rows);
+    const int64_t h = h0 + hi, bh = b * p.H + h;
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int s = srow[e];
+      if (s >= K32) continue;
+      const float f = v[e] * es[e];
+      T* dxr = dxrow[e] + hi * p.dx.s2;       // unit inner stride (dx_mma_fits)
+      if (!p.has_d && d032 + kTile <= D32) {  // the common case, without per-element branches
+#pragma unroll
+        for (int j8 = 0; j8 < 8; ++j8)
+          *reinterpret_cast<uint32_t*>(dxr + 8 * j8) =
+              cuda::pack2<T>(fmaf(f, acc[j8][2 * e], 0.0f), fmaf(f, acc[j8][2 * e + 1], 0.0f));
+      } else {
+#pragma unroll
+        for (int j8 = 0; j8 < 8; ++j8) {
+          const int dc = 8 * j8 + 2 * q4;
+          if (d032 + dc >= D32) continue;
+          float out[2];
+#pragma unroll
+          for (int u = 0; u < 2; ++u) {
+            float skip_term = 0.0f;
+            if (p.has_d) {
+              const int64_t d = d0 + dc + u;
+              const float dyp = kZ ? p.dyp[((b * p.L + tb + s) * p.H + h) * p.D + d]
+                                   : to_float(p.dy.at(b, tb + s, h, d));
+              skip_term = p.Dv.at(h, d) * dyp;
+            }
+            out[u] = fmaf(f, acc[j8][2 * e + u], skip_term);
+          }
+          *reinterpret_cast<uint32_t*>(dxr + 8 * j8) = cuda::pack2<T>(out[0], out[1]);
+        }
+      }
+      if (q4 == 0) {
+        const int64_t o = (blockIdx.y * p.B * p.H + bh) * p.Lpad + tb + s;
+        p.pdv[o] = es[e] * rows[e];
+        p.pE[o] = es[e] * v[e] * xdot2[e];
+      }
+    }
+  }
+  cp_async_wait<0>();
+  if (tid == 0) *flag = any_skip ? 1 : 0;
 }
 
 // Per-head dB for a (64 tokens s) x (64 columns n) tile.
@@ -4217,6 +4543,7 @@ Status backward_recurrent(const LaunchContext& ctx, const ssd::Problem& pr,
 // cum (f64) and chunk states, then the regions of BwdC in declaration order.
 struct BwdcLayout {
   int64_t cbm, gst, dyp, pdB, pdC, pdv, pE, pst, prow, pcol, pdA, pbias, pdD, dcb, gst16, st16;
+  int64_t dyh, dx_rest;  // 16-bit data: bwd_dx_hn_kernel's operand and its blocks' flags
   int64_t total;
 };
 inline BwdcLayout bwdc_layout(const ssd::Problem& p) {
@@ -4244,7 +4571,10 @@ inline BwdcLayout bwdc_layout(const ssd::Problem& p) {
   const int64_t states16 =
       round64(bits16 ? (bh * p.nchunks * p.head_dim * p.state_dim + 1) / 2 : 0);
   l.st16 = l.gst16 + states16;
-  l.total = l.st16 + states16;
+  l.dyh = l.st16 + states16;
+  l.dx_rest = l.dyh + round64(bits16 ? (tokens * p.head_dim + 1) / 2 : 0);
+  // one flag per dx block at most (hb >= 1 heads a block)
+  l.total = l.dx_rest + round64(bits16 ? p.nchunks * ntt * ntd * bh : 0);
   return l;
 }
 
@@ -4313,6 +4643,8 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
         ctx.stream.caps().smem_per_block_optin;
     state_mma = smem_ok && state_mma_fits(p);
     ustate_mma = smem_ok && ustate_mma_fits(p);
+    if constexpr (sizeof(T) == 2)  // U_c's kernel leaves bwd_dx_hn_kernel its operand
+      if (ustate_mma) p.dyh = reinterpret_cast<T*>(ws + l.dyh);
   }
   const auto bh = static_cast<unsigned>(bh64);
   const auto nc = static_cast<unsigned>(pr.nchunks);
@@ -4423,11 +4755,25 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
       // The mma.sync kernel where every operand it copies is 16-byte aligned; the WMMA kernel
       // (the same dx bits) for the rest.
       const size_t mma_smem = dx_mma_smem_bytes(pr);
-      if (dx_mma_fits(p) &&
-          static_cast<int64_t>(mma_smem) <= ctx.stream.caps().smem_per_block_optin) {
+      const int64_t optin = ctx.stream.caps().smem_per_block_optin;
+      if (dx_mma_fits(p) && static_cast<int64_t>(mma_smem) <= optin) {
         auto* kernel = p.has_z ? bwd_dx_mma_kernel<T, true> : bwd_dx_mma_kernel<T, false>;
-        BARACUDA_TRY(cuda::launch_with_smem(op, "bwd_dx_mma_kernel", kernel, grid,
-                                            dx_mma::kThreadsDx, mma_smem, st, p));
+        if (p.dyh != nullptr && static_cast<int64_t>(dx_hn_smem_bytes(pr)) <= optin) {
+          // The heads' shared-operand kernel, then dx_mma on the heads it left (their flags).
+          BwdC<T> flagged = p;
+          flagged.dx_rest = reinterpret_cast<int*>(ws + l.dx_rest);
+          auto* hn = p.has_z ? bwd_dx_hn_kernel<T, true> : bwd_dx_hn_kernel<T, false>;
+          BARACUDA_TRY(cuda::launch_with_smem(op, "bwd_dx_hn_kernel", hn, grid, dx_hn::kThreadsHn,
+                                              dx_hn_smem_bytes(pr), st, flagged));
+          clock.mark("dx_hn");
+          auto* rest =
+              p.has_z ? bwd_dx_mma_kernel<T, true, true> : bwd_dx_mma_kernel<T, false, true>;
+          BARACUDA_TRY(cuda::launch_with_smem(op, "bwd_dx_mma_kernel", rest, grid,
+                                              dx_mma::kThreadsDx, mma_smem, st, flagged));
+        } else {
+          BARACUDA_TRY(cuda::launch_with_smem(op, "bwd_dx_mma_kernel", kernel, grid,
+                                              dx_mma::kThreadsDx, mma_smem, st, p));
+        }
       } else {
         BARACUDA_TRY(cuda::launch_with_smem(op, "bwd_dx_heads_vec_kernel",
                                             bwd_dx_heads_vec_kernel<T>, grid, kThreads,

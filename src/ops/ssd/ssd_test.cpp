@@ -1676,6 +1676,9 @@ TEST_P(SsdPlans, BackwardMmaOnDevice) {
       EXPECT_TRUE(ran.has("chunk_state_mma") && ran.has("ustate_mma") && ran.has("dcb_mma") &&
                   ran.has("db_mma"));
       EXPECT_TRUE(ran.has(k.c.N > 64 ? "dc_mma" : "dc"));  // dC on mma.sync from N > 64 only
+      // dx: the heads' shared-operand kernel, then dx_mma on the heads whose decay it leaves
+      // (a_scale = 8 and the f16 cases hold such heads next to others in one block)
+      EXPECT_TRUE(ran.has("dx_hn") && ran.has("dx"));
     } else if (k.layout == Layout::contiguous) {
       EXPECT_TRUE(ran.has("chunk_state") && ran.has("ustate") && ran.has("dcb") && ran.has("db") &&
                   ran.has("dc"));
