@@ -10,9 +10,11 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <utility>
 
 #include "baracuda/core/plan.hpp"
@@ -75,6 +77,49 @@ inline cudaError_t ensure_nonportable_clusters(const void* kernel) {
   return cudaSuccess;
 }
 
+// The attributes of kernel as loaded on the current device (binaryVersion: the cubin's arch, which
+// differs between two GPUs of one process), queried once per (device, kernel); nullopt where the
+// query fails (its error cleared).
+inline std::optional<cudaFuncAttributes> func_attributes(const void* kernel) {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return std::nullopt;
+  }
+  static std::mutex mutex;
+  static std::map<std::pair<int, const void*>, std::optional<cudaFuncAttributes>> known;
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (const auto it = known.find({device, kernel}); it != known.end()) return it->second;
+  cudaFuncAttributes a{};
+  std::optional<cudaFuncAttributes> got;
+  if (cudaFuncGetAttributes(&a, kernel) == cudaSuccess)
+    got = a;
+  else
+    (void)cudaGetLastError();
+  known.emplace(std::make_pair(device, kernel), got);
+  return got;
+}
+
+// CTAs of kernel (threads each, smem bytes of dynamic shared memory) that one SM of the current
+// device holds at once, 0 where the calculator fails; computed once per (device, kernel, shape):
+// a per-process constant would be wrong for the second of two different GPUs.
+inline int blocks_per_sm(const void* kernel, int threads, size_t smem) {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 0;
+  static std::mutex mutex;
+  static std::map<std::tuple<int, const void*, int, size_t>, int> known;
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::make_tuple(device, kernel, threads, smem);
+  if (const auto it = known.find(key); it != known.end()) return it->second;
+  int n = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem) != cudaSuccess) {
+    (void)cudaGetLastError();  // a failed query leaves no error behind for the next launch
+    n = 0;
+  }
+  known.emplace(key, n);
+  return n;
+}
+
 // Launches kernel with smem bytes of dynamic shared memory (raising its limit where needed);
 // either failure names op and the kernel.
 template <class... Params, class... Args>
@@ -96,10 +141,8 @@ Status launch_with_smem(std::string_view op, std::string_view name, void (*kerne
 template <auto Kernel, class... Args>
 Status launch_dependent(std::string_view op, std::string_view name, dim3 grid, dim3 block,
                         cudaStream_t st, Args&&... args) {
-  static const bool pdl = [] {  // once per kernel
-    cudaFuncAttributes fa{};
-    return cudaFuncGetAttributes(&fa, Kernel) == cudaSuccess && fa.binaryVersion >= 90;
-  }();
+  const auto fa = func_attributes(reinterpret_cast<const void*>(Kernel));
+  const bool pdl = fa && fa->binaryVersion >= 90;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;

@@ -589,9 +589,10 @@ template <class T, int D, int MT, bool kFused>
 Status run_decode(const LaunchContext& ctx, const Params& p) {
   using Cfg = DecodeCfg<T, D, MT>;
   constexpr auto kernel = flash_decode<T, D, MT, kFused>;
-  static const cudaError_t attr = cudaFuncSetAttribute(
-      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Cfg::kSmem));
-  if (attr != cudaSuccess) return cuda::cuda_error(ForwardOp::name, "flash_decode smem", attr);
+  if (const cudaError_t e =
+          cuda::ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmem);
+      e != cudaSuccess)
+    return cuda::cuda_error(ForwardOp::name, "flash_decode smem", e);
   const auto blocks = static_cast<unsigned>(int64_t{p.batch} * p.heads_kv * p.splits);
   kernel<<<blocks, Cfg::kThreads, Cfg::kSmem, cuda::stream_of(ctx)>>>(p);
   return cuda::check_launch(ForwardOp::name, "flash_decode");

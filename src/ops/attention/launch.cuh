@@ -254,9 +254,10 @@ Status run_mma(const LaunchContext& ctx, const Params& p) {
   using Cfg = MmaCfg<T, D, S::kNW, S::kBN, S::kMT, S::kQReg, S::kOvl, S::kStr>;
   constexpr auto kernel = flash_fwd_mma<T, D, S::kNW, S::kBN, S::kMT, S::kQReg, S::kOvl, S::kStr,
                                         S::kPipe, S::kLateRefill>;
-  static const cudaError_t attr = cudaFuncSetAttribute(
-      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Cfg::kSmem));
-  if (attr != cudaSuccess) return cuda::cuda_error(ForwardOp::name, "flash_fwd_mma smem", attr);
+  if (const cudaError_t e =
+          cuda::ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmem);
+      e != cudaSuccess)
+    return cuda::cuda_error(ForwardOp::name, "flash_fwd_mma smem", e);
   const auto blocks =
       static_cast<unsigned>(int64_t{p.batch} * p.splits *
                             (p.pack ? p.heads_kv : p.heads_q * cuda::ceil_div(p.len_q, S::kRows)));
@@ -347,13 +348,13 @@ size_t bwd_mma_smem() {
   return std::max(BwdKvCfg<T, D, kBwdBQ>::kSmem, BwdQCfg<T, D, kBwdBN<D>>::kSmem);
 }
 
-// One launch of a backward kernel with its dynamic shared memory raised once.
+// One launch of a backward kernel with its dynamic shared memory raised (once per device).
 template <auto Kernel>
 Status launch_bwd_kernel(cudaStream_t stream, int64_t blocks, size_t smem, const Params& p,
                          const char* what) {
-  static const cudaError_t attr = cudaFuncSetAttribute(
-      Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-  if (attr != cudaSuccess) return cuda::cuda_error(BackwardOp::name, what, attr);
+  if (const cudaError_t e = cuda::ensure_dynamic_smem(reinterpret_cast<const void*>(Kernel), smem);
+      e != cudaSuccess)
+    return cuda::cuda_error(BackwardOp::name, what, e);
   if (blocks == 0) return {};
   Kernel<<<static_cast<unsigned>(blocks), 128, smem, stream>>>(p);
   return cuda::check_launch(BackwardOp::name, what);
@@ -441,17 +442,12 @@ Status run_bwd_fused(const LaunchContext& ctx, const Problem& pr, const Params& 
   const cudaStream_t stream = cuda::stream_of(ctx);
   using Cfg = BwdFusedCfg<T, D, BQ, kBulkDq>;
   constexpr auto kernel = flash_bwd_fused_mma<T, D, BQ, kBulkDq>;
-  static const cudaError_t attr = cudaFuncSetAttribute(
-      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Cfg::kSmem));
-  if (attr != cudaSuccess)
-    return cuda::cuda_error(BackwardOp::name, "flash_bwd_fused_mma smem", attr);
-  static const int per_sm = [] {
-    int n = 0;
-    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, 32 * Cfg::kWarps,
-                                                         Cfg::kSmem) == cudaSuccess
-               ? n
-               : 0;
-  }();
+  if (const cudaError_t e =
+          cuda::ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmem);
+      e != cudaSuccess)
+    return cuda::cuda_error(BackwardOp::name, "flash_bwd_fused_mma smem", e);
+  const int per_sm =
+      cuda::blocks_per_sm(reinterpret_cast<const void*>(kernel), 32 * Cfg::kWarps, Cfg::kSmem);
   const int64_t q_rows = int64_t{p.batch} * p.heads_q * p.len_q;
   const int64_t slots = std::min(int64_t{ctx.stream.caps().sm_count} * per_sm,
                                  bwd_fused_slots<kBQ64, kBulkDq>(pr, ctx.stream.caps()));

@@ -7,7 +7,6 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
-#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -228,31 +227,21 @@ __device__ __forceinline__ SeqRows seq_rows(const int* cu_q, const int* cu_k, in
 // A kernel's body exists only in an sm_90a cubin: a build without that target (or a plain sm_90
 // one) gets an empty kernel, which must never launch. The real bodies have static shared memory
 // (their barriers), the empty ones none.
+// (Per device: a process with an sm_90 and an sm_80 GPU loads a different cubin on each.)
 template <auto Kernel>
 bool has_sm90a_body() {
-  static const bool ok = [] {
-    cudaFuncAttributes a{};
-    if (cudaFuncGetAttributes(&a, Kernel) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return false;
-    }
-    return a.binaryVersion >= 90 && a.sharedSizeBytes > 0;
-  }();
-  return ok;
+  const auto a = cuda::func_attributes(reinterpret_cast<const void*>(Kernel));
+  return a && a->binaryVersion >= 90 && a->sharedSizeBytes > 0;
 }
 
-// Raises `Kernel`'s dynamic shared-memory limit to `bytes` on the stream's device, once per device.
+// Raises `Kernel`'s dynamic shared-memory limit to `bytes` on the current device (the stream's),
+// once per device and size (core's ensure_dynamic_smem).
 template <auto Kernel>
-Status raise_smem_limit_once(const LaunchContext& ctx, int bytes, std::string_view op,
-                             std::string_view what) {
-  static std::atomic<uint64_t> done{0};  // one bit per device
-  const uint64_t bit = uint64_t{1} << (ctx.stream.device() & 63);
-  if (done.load() & bit) return {};
-  if (cudaError_t e =
-          cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+Status raise_smem_limit_once(int bytes, std::string_view op, std::string_view what) {
+  if (const cudaError_t e = cuda::ensure_dynamic_smem(reinterpret_cast<const void*>(Kernel),
+                                                      static_cast<size_t>(bytes));
       e != cudaSuccess)
     return cuda::cuda_error(op, std::string(what) + ": shared memory limit", e);
-  done.fetch_or(bit);
   return {};
 }
 

@@ -936,8 +936,8 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
   p.batch = static_cast<int>(d.batch);
 
   constexpr int smem = launch_smem<T, D, V>();
-  BARACUDA_TRY((raise_smem_limit_once<fa3_fwd_kernel<T, D, V>>(
-      ctx, smem, attention::ForwardOp::name, "fa3_fwd_sm90a")));
+  BARACUDA_TRY((raise_smem_limit_once<fa3_fwd_kernel<T, D, V>>(smem, attention::ForwardOp::name,
+                                                               "fa3_fwd_sm90a")));
   // Persistent: one CTA per SM (129 KB of shared memory: one fits), each looping over work tiles.
   const int64_t n_work = int64_t{p.m_blocks} * d.heads_q * d.batch;
   const int sms = ctx.stream.caps().sm_count > 0 ? ctx.stream.caps().sm_count : 132;

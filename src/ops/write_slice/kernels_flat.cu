@@ -30,14 +30,8 @@ template <class V>
 Status launch_flat(const LaunchContext& ctx, std::string_view kernel, char* dst, const char* src,
                    FlatArgs a) {
   // One wave: as many blocks as fit on the chip at once (occupancy of this instantiation).
-  static const int per_sm = [] {
-    int n = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, copy_flat_kernel<V>, kFlatThreads, 0) !=
-            cudaSuccess ||
-        n < 1)
-      n = 1;
-    return n;
-  }();
+  const int per_sm = std::max(
+      cuda::blocks_per_sm(reinterpret_cast<const void*>(copy_flat_kernel<V>), kFlatThreads, 0), 1);
   const int64_t wave = int64_t{sm_count(ctx)} * per_sm;
   // Small windows get more blocks with one unit per thread (latency), large ones one wave.
   const int64_t blocks =
