@@ -32,6 +32,9 @@ struct Options {
   bool z = false, dt_bias = false, softplus = false, clamp = false, init = false, final = false;
   int64_t num_seqs = 0;
   double a_scale = 1.0;  // A drawn from [-2, -0.2] times this: > 1 decays faster, < 0 grows
+  // Even heads' A times 0.01, odd heads' times 8: heads on both sides of chunked_mma_fastpass's
+  // factoring bound in one block (its dx kernel leaves the fast-decaying ones to dx_mma)
+  bool a_spread = false;
 };
 
 ssd::Descriptor describe(int64_t b, int64_t l, int64_t h, int64_t d, int64_t n, int64_t g, DType t,
@@ -90,7 +93,7 @@ Tensor mv(const std::optional<TestTensor>& t) {
 }
 
 Tensors make_tensors(const ssd::Problem& p, Target target, Layout layout, Rng& rng,
-                     bool backward = false, double a_scale = 1.0) {
+                     bool backward = false, double a_scale = 1.0, bool a_spread = false) {
   Tensors t;
   auto make = [&](DType dt, std::vector<int64_t> shape, double lo, double hi) {
     auto tt = TestTensor::make(dt, std::move(shape), target, layout, &rng);
@@ -106,6 +109,11 @@ Tensors make_tensors(const ssd::Problem& p, Target target, Layout layout, Rng& r
                        : make(e, {p.batch, p.seqlen, p.heads}, 0.01, 0.4);
   t.A = make(DType::f32, {p.heads}, std::min(-2.0 * a_scale, -0.2 * a_scale),
              std::max(-2.0 * a_scale, -0.2 * a_scale));
+  if (a_spread) {
+    std::vector<double> a = t.A->values();
+    for (size_t h = 0; h < a.size(); ++h) a[h] *= h % 2 == 0 ? 0.01 : 8.0;
+    t.A->set_values(a);
+  }
   t.B = make(e, bcs, -1, 1);
   t.C = make(e, bcs, -1, 1);
   if (p.d_skip == ssd::DSkip::per_head) t.D = make(DType::f32, {p.heads}, -1, 1);
@@ -852,7 +860,7 @@ void run_forward(Target target, DType dtype, const FwdCase& c, Layout layout,
   auto plan = SsdForwardPlan::select(
       stream, describe(c.B, c.L, c.H, c.D, c.N, c.G, dtype, c.o, c.chunk), pref);
   ASSERT_TRUE(plan.ok()) << plan.error().to_string();
-  Tensors t = make_tensors(plan->problem(), target, layout, rng, false, c.o.a_scale);
+  Tensors t = make_tensors(plan->problem(), target, layout, rng, false, c.o.a_scale, c.o.a_spread);
   auto ws = workspace_for(plan->workspace_size(), target);
   BARACUDA_ASSERT_OK(ws);
   t.y->poison();
@@ -1116,7 +1124,8 @@ StageNames plan_stages(Target target, DType dtype, const Case& c, Layout layout,
   EXPECT_TRUE(plan.ok());
   if (!plan.ok()) return names;
   Rng rng;
-  Tensors t = make_tensors(plan->problem(), target, layout, rng, kBackward, c.o.a_scale);
+  Tensors t =
+      make_tensors(plan->problem(), target, layout, rng, kBackward, c.o.a_scale, c.o.a_spread);
   auto ws = workspace_for(plan->workspace_size(), target);
   EXPECT_TRUE(ws.ok());
   if (!ws.ok()) return names;
@@ -1305,7 +1314,7 @@ void run_backward(Target target, DType dtype, const BwdCase& c, Layout layout,
   auto plan = SsdBackwardPlan::select(
       stream, describe(c.B, c.L, c.H, c.D, c.N, c.G, dtype, c.o, c.chunk), pref);
   ASSERT_TRUE(plan.ok()) << plan.error().to_string();
-  Tensors t = make_tensors(plan->problem(), target, layout, rng, true, c.o.a_scale);
+  Tensors t = make_tensors(plan->problem(), target, layout, rng, true, c.o.a_scale, c.o.a_spread);
   auto ws = workspace_for(plan->workspace_size(), target);
   BARACUDA_ASSERT_OK(ws);
   std::vector<TestTensor*> outs = {&*t.dx, &*t.ddt, &*t.dA, &*t.dB, &*t.dC};
@@ -1664,6 +1673,10 @@ TEST_P(SsdPlans, BackwardMmaOnDevice) {
        {1, 200, 4, 64, 64, 1, 64, {.final = true, .a_scale = 8}},
        Layout::contiguous,
        true},
+      {DType::bf16,
+       {2, 300, 4, 64, 128, 1, 128, {.z = true, .final = true, .a_spread = true}},
+       Layout::contiguous,
+       true},  // one dx block holds heads of both kinds
       {DType::bf16, {1, 130, 2, 5, 6, 1, 64, states}, Layout::contiguous, false},  // N % 8 != 0
       {DType::bf16, {1, 2 * 256 + 5, 8, 64, 128, 1, 256, states}, Layout::padded, false},
       {DType::bf16, {1, 128, 2, 48, 40, 2, 128, all}, Layout::permuted, false},
@@ -1677,7 +1690,7 @@ TEST_P(SsdPlans, BackwardMmaOnDevice) {
                   ran.has("db_mma"));
       EXPECT_TRUE(ran.has(k.c.N > 64 ? "dc_mma" : "dc"));  // dC on mma.sync from N > 64 only
       // dx: the heads' shared-operand kernel, then dx_mma on the heads whose decay it leaves
-      // (a_scale = 8 and the f16 cases hold such heads next to others in one block)
+      // (all of them at a_scale = 8, some in the f16 cases, every other one with a_spread)
       EXPECT_TRUE(ran.has("dx_hn") && ran.has("dx"));
     } else if (k.layout == Layout::contiguous) {
       EXPECT_TRUE(ran.has("chunk_state") && ran.has("ustate") && ran.has("dcb") && ran.has("db") &&
