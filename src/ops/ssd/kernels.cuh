@@ -1289,6 +1289,8 @@ struct BwdC : Fwd<T> {
   T* dyh = nullptr;  // [B][L][H][D]           16-bit T: exp(cum_t - cum_last) dy'_t, by the U_c
                      //                        mma kernel for bwd_dx_hn_kernel (else nullptr)
   int* dx_rest = nullptr;  // one per bwd_dx_hn_kernel block: a head of it is left to dx_mma
+  T* cbt16 = nullptr;      // [B*G*nchunks][cs][cs] C.B^T transposed ([s][t]), rounded to T, zero
+                           //                        where t < s or t >= K; lower tiles (same use)
   float *pdB, *pdC;        // [B][L][H][N]           per-head dB, dC
   float *pdv, *pE;         // [ntd][B*H][Lpad]       x_s.R_s and E_s, per tile of D
   float* pst;              // [ntn][B*H][Lpad]       C_t.(exp(cum_t) S0^T dy'_t), per tile of N
@@ -2320,6 +2322,11 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dx_heads_vec_kernel(BwdC<T> p
 // the hardware approximation (expf costs about twice the instructions, and this kernel is bound by
 // instruction issue), so dx matches chunked_wmma's to rounding, not bit for bit; it is
 // deterministic (fixed order, no atomics).
+// Causal pairs of 64-token tiles (t tile >= s tile) in a chunk of ntt tiles.
+__host__ __device__ inline int64_t causal_pairs(int64_t ntt) {
+  return ntt * (ntt + 1) / 2;
+}
+
 // ---- dx with one operand shared by the heads of a group (chunked_mma_fastpass, 16-bit data).
 // With cum_last the chunk's padded end (as in dx_mma), es_s = exp(cum_last - cum_s) and
 // dyh_t = exp(cum_t - cum_last) dy'_t (rounded to T by the U_c kernel, which stages exp(cum_t)
@@ -2668,6 +2675,33 @@ __global__ void __launch_bounds__(dx_mma::kThreadsDx, 3) bwd_dx_mma_kernel(BwdC<
   cp_async_wait<0>();
 }
 
+// bwd_dx_hn_kernel's A operand, once per (chunk, group): C.B^T's lower 64 x 64 tiles transposed
+// and rounded to T (each dx block used to convert its rows itself, ten times over at H80 / hb 8,
+// in a latency-bound loop: 9% of its samples). One block per (chunk, tile pair, b * G + g).
+template <class T>
+__global__ void __launch_bounds__(256) bwd_cbt16_kernel(BwdC<T> p) {
+  __shared__ float tile[kTile][kTile + 1];
+  const int64_t npairs = causal_pairs(p.ntt), c = blockIdx.x / npairs;
+  int64_t it = 0, q = blockIdx.x % npairs;  // t tile it >= s tile q
+  while (q > it) q -= ++it;
+  const int t0 = static_cast<int>(it) * kTile, s0 = static_cast<int>(q) * kTile;
+  const int64_t tb = c * p.cs;
+  const int K = static_cast<int>(p.L - tb < p.cs ? p.L - tb : p.cs), cs = static_cast<int>(p.cs);
+  const int64_t base = (static_cast<int64_t>(blockIdx.y) * p.nchunks + c) * p.cs * p.cs;
+  const float* src = p.cbm + base;
+  for (int idx = threadIdx.x; idx < kTile * kTile; idx += 256) {
+    const int r = idx / kTile, col = idx % kTile, t = t0 + r, s = s0 + col;
+    tile[r][col] = t < K && t >= s ? src[t * cs + s] : 0.0f;
+  }
+  __syncthreads();
+  T* dst = p.cbt16 + base;
+  for (int idx = threadIdx.x; idx < kTile * kTile / 2; idx += 256) {
+    const int r = idx / (kTile / 2), col = idx % (kTile / 2) * 2;  // row s0 + r, columns t0 + col
+    *reinterpret_cast<uint32_t*>(dst + (s0 + r) * cs + t0 + col) =
+        cuda::pack2<T>(tile[col][r], tile[col + 1][r]);
+  }
+}
+
 namespace dx_hn {
 constexpr int kWarps = 4, kThreadsHn = 32 * kWarps, kStages = 2;
 constexpr int kLd16 = 72;  // 16-bit 64-wide ring tiles: ldmatrix rows 144 B apart
@@ -2796,26 +2830,19 @@ __global__ void __launch_bounds__(dx_hn::kThreadsHn, 3) bwd_dx_hn_kernel(BwdC<T>
     }
   };
 
-  // The first stage's copies fly while C.B^T is converted (kStages = 2: the prologue is one stage).
+  // The prologue (kStages = 2: one stage) with this block's rows of C.B^T (bwd_cbt16_kernel's
+  // [s][t] tiles, columns t >= s_lo) in the same copy group.
   static_assert(kStages == 2);
-  issue(0);
-  cp_async_commit();
-  // C.B^T transposed into [s][t], rounded to T, zero where t < s or t >= K: the same for every
-  // head of the group (cbm holds the lower 64-tiles of [t][s]). Thread: rows r, r + 1.
   {
-    const float* cbt = p.cbm + ((b * G + grp) * p.nchunks + c) * p.cs * p.cs;
-    const int r = (tid % 32) * 2, s = s_lo32 + r;
-    const float* src = cbt + s_lo32 * cs + s;
-#pragma unroll 16  // loads in flight together: the loop is latency-bound otherwise
-    for (int t = tid / 32; t < nt * kTile; t += kThreadsHn / 32) {
-      const int tt = s_lo32 + t;
-      float2 v = make_float2(0.0f, 0.0f);
-      if (tt < K32 && tt >= s) v = *reinterpret_cast<const float2*>(src + t * cs);
-      if (tt == s) v.y = 0.0f;  // (s + 1 > t)
-      CBt[r * ldcb + t] = from_float<T>(v.x);
-      CBt[(r + 1) * ldcb + t] = from_float<T>(v.y);
+    const T* cbt = p.cbt16 + ((b * G + grp) * p.nchunks + c) * p.cs * p.cs + s_lo32 * cs + s_lo32;
+    const int pieces = nt * (kTile / 8);  // 16-byte pieces per row
+    for (int idx = tid; idx < kTile * pieces; idx += kThreadsHn) {
+      const int r = idx / pieces, col = idx % pieces * 8;
+      cp_async16(CBt + r * ldcb + col, cbt + r * cs + col);
     }
   }
+  issue(0);
+  cp_async_commit();
 
   const int srow[2] = {s_lo32 + 16 * warp + g, s_lo32 + 16 * warp + g + 8};
   // this lane's rows of x and dx at head h0, columns d0 + 2 q4 (+ 8 j8); + hi * stride for head hi
@@ -3041,10 +3068,6 @@ __device__ __forceinline__ TileSrc<SA> dyp_src(const BwdC<T>& p, int64_t b, int6
     return tile_src(p.dyp + ((b * p.L + t) * p.H + h) * p.D, p.H * p.D, 1, rows, p.D);
   else
     return tile_src(&p.dy.at(b, t, h, 0), p.dy.s1, p.dy.s3, rows, p.D);
-}
-
-__host__ __device__ inline int64_t causal_pairs(int64_t ntt) {
-  return ntt * (ntt + 1) / 2;
 }
 
 // One block per (chunk, causal 64 x 64 tile pair (t, s), b, group), walking the group's heads in
@@ -4543,7 +4566,7 @@ Status backward_recurrent(const LaunchContext& ctx, const ssd::Problem& pr,
 // cum (f64) and chunk states, then the regions of BwdC in declaration order.
 struct BwdcLayout {
   int64_t cbm, gst, dyp, pdB, pdC, pdv, pE, pst, prow, pcol, pdA, pbias, pdD, dcb, gst16, st16;
-  int64_t dyh, dx_rest;  // 16-bit data: bwd_dx_hn_kernel's operand and its blocks' flags
+  int64_t dyh, dx_rest, cbt16;  // 16-bit data: bwd_dx_hn_kernel's operands and its blocks' flags
   int64_t total;
 };
 inline BwdcLayout bwdc_layout(const ssd::Problem& p) {
@@ -4574,7 +4597,10 @@ inline BwdcLayout bwdc_layout(const ssd::Problem& p) {
   l.dyh = l.st16 + states16;
   l.dx_rest = l.dyh + round64(bits16 ? (tokens * p.head_dim + 1) / 2 : 0);
   // one flag per dx block at most (hb >= 1 heads a block)
-  l.total = l.dx_rest + round64(bits16 ? p.nchunks * ntt * ntd * bh : 0);
+  l.cbt16 = l.dx_rest + round64(bits16 ? p.nchunks * ntt * ntd * bh : 0);
+  l.total =
+      l.cbt16 +
+      round64(bits16 ? (p.batch * p.ngroups * p.nchunks * p.chunk_size * p.chunk_size + 1) / 2 : 0);
   return l;
 }
 
@@ -4762,6 +4788,11 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
           // The heads' shared-operand kernel, then dx_mma on the heads it left (their flags).
           BwdC<T> flagged = p;
           flagged.dx_rest = reinterpret_cast<int*>(ws + l.dx_rest);
+          flagged.cbt16 = reinterpret_cast<T*>(ws + l.cbt16);
+          bwd_cbt16_kernel<T><<<dim3(static_cast<unsigned>(nc * causal_pairs(p.ntt)),
+                                     static_cast<unsigned>(pr.batch * pr.ngroups)),
+                                256, 0, st>>>(flagged);
+          BARACUDA_TRY(cuda::check_launch(op, "bwd_cbt16_kernel"));
           auto* hn = p.has_z ? bwd_dx_hn_kernel<T, true> : bwd_dx_hn_kernel<T, false>;
           BARACUDA_TRY(cuda::launch_with_smem(op, "bwd_dx_hn_kernel", hn, grid, dx_hn::kThreadsHn,
                                               dx_hn_smem_bytes(pr), st, flagged));
