@@ -2349,6 +2349,24 @@ __device__ __forceinline__ bool dx_hat_unsafe(const double* cum, int K, int cs, 
   return wide;
 }
 
+// A dx block's coordinates (grid: chunk and 64-row s tile, 64 columns d, hb heads of one group),
+// shared by bwd_dx_mma_kernel and bwd_dx_hn_kernel, whose grids are the same (the rest pass reads
+// the shared-operand pass's flag at `flat`).
+template <class T>
+struct DxBlock {
+  int64_t c, s_lo, d0, b, h0, G, grp, K, tb, flat;
+  __device__ __forceinline__ explicit DxBlock(const BwdC<T>& p) {
+    c = blockIdx.x / p.ntt, s_lo = (blockIdx.x % p.ntt) * kTile;
+    d0 = blockIdx.y * int64_t{kTile};
+    const int64_t nhb = p.H / p.hb;
+    b = blockIdx.z / nhb, h0 = (blockIdx.z % nhb) * p.hb;
+    G = p.H / p.hpg, grp = h0 / p.hpg;
+    const ChunkAt ch0 = chunk_at(p, c, b * p.H + h0);
+    K = ch0.K, tb = ch0.t_base;
+    flat = (static_cast<int64_t>(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+  }
+};
+
 namespace dx_mma {
 constexpr int kWarps = 4, kThreadsDx = 32 * kWarps, kStages = 2;
 constexpr int kLdKM = 68;  // f32 tiles read [k][m|n]: rows 2q apart land 8q banks apart
@@ -2399,16 +2417,11 @@ __global__ void __launch_bounds__(dx_mma::kThreadsDx, 3) bwd_dx_mma_kernel(BwdC<
   T* xs = reinterpret_cast<T*>(dxm_smem + lay.x_tiles);
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, q4 = lane % 4;
-  const int64_t c = blockIdx.x / p.ntt, s_lo = (blockIdx.x % p.ntt) * kTile;
-  const int64_t d0 = blockIdx.y * int64_t{kTile};
-  const int64_t nhb = p.H / p.hb, b = blockIdx.z / nhb, h0 = (blockIdx.z % nhb) * p.hb;
-  const int64_t G = p.H / p.hpg, grp = h0 / p.hpg;
-  const ChunkAt ch0 = chunk_at(p, c, b * p.H + h0);
-  const int64_t K = ch0.K, tb = ch0.t_base;
-  if (s_lo >= K) return;  // uniform over the block
-  if (kRest && p.dx_rest[(static_cast<int64_t>(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x +
-                         blockIdx.x] == 0)
-    return;
+  const DxBlock<T> blk(p);
+  const int64_t c = blk.c, s_lo = blk.s_lo, d0 = blk.d0, b = blk.b, h0 = blk.h0;
+  const int64_t G = blk.G, grp = blk.grp, K = blk.K, tb = blk.tb;
+  if (s_lo >= K) return;                                            // uniform over the block
+  if (kRest && p.dx_rest[blk.flat] == 0) return;                    // no head left to this pass
   const int nk = static_cast<int>((lay.bw + kTile - 1) / kTile);    // state-product stages
   const int nt = static_cast<int>((K - s_lo + kTile - 1) / kTile);  // t tiles t0 >= s_lo
   const int S = nk + nt, total = static_cast<int>(p.hb) * S;
@@ -2750,14 +2763,10 @@ __global__ void __launch_bounds__(dx_hn::kThreadsHn, 3) bwd_dx_hn_kernel(BwdC<T>
   unsigned char* ring = dxh_smem + lay.ring;
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, q4 = lane % 4;
-  const int64_t c = blockIdx.x / p.ntt, s_lo = (blockIdx.x % p.ntt) * kTile;
-  const int64_t d0 = blockIdx.y * int64_t{kTile};
-  const int64_t nhb = p.H / p.hb, b = blockIdx.z / nhb, h0 = (blockIdx.z % nhb) * p.hb;
-  const int64_t G = p.H / p.hpg, grp = h0 / p.hpg;
-  const ChunkAt ch0 = chunk_at(p, c, b * p.H + h0);
-  const int64_t K = ch0.K, tb = ch0.t_base;
-  int* flag = p.dx_rest + (static_cast<int64_t>(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x +
-              blockIdx.x;
+  const DxBlock<T> blk(p);
+  const int64_t c = blk.c, s_lo = blk.s_lo, d0 = blk.d0, b = blk.b, h0 = blk.h0;
+  const int64_t G = blk.G, grp = blk.grp, K = blk.K, tb = blk.tb;
+  int* flag = p.dx_rest + blk.flat;
   if (s_lo >= K) {  // uniform over the block
     if (tid == 0) *flag = 0;
     return;
