@@ -2896,15 +2896,11 @@ __global__ void __launch_bounds__(dx_hn::kThreadsHn, 3) bwd_dx_hn_kernel(BwdC<T>
   };
 
   int hi = 0, j = -1;  // the stage being computed: head, stage
-  for (int it = kStages - 1; it < total + kStages - 1; ++it) {
-    const int i = it - (kStages - 1);
-    if (i >= 0) {
-      cp_async_wait<kStages - 2>();
-      __syncthreads();  // stage i visible; every thread is done with slot (i - 1) % kStages
-    }
-    issue(it);
+  for (int i = 0; i < total; ++i) {
+    cp_async_wait<0>();
+    __syncthreads();  // stage i (at i = 0 also the C.B^T rows) visible; slot (i + 1) % 2 free
+    issue(i + 1);
     cp_async_commit();
-    if (i < 0) continue;
     if (++j == S) j = 0, ++hi;
     if (j == 0) {  // a new head
       const double* cum = cum_buf + (hi % 2) * 256;
