@@ -523,7 +523,8 @@ __global__ void __launch_bounds__(fwd_mma::state::kThreads, 2)
   float dt_v[2];
   int lh = 0, lj = 0;  // the next stage to load: head, stage
   int sh = 0, sj = 0;  // the loaded stage's (the next store's)
-  T* const hat = blockIdx.y % tiles_n == 0 ? p.hat : nullptr;
+  // (never for the states' kernel, kToEnd: its code stays as it was without one)
+  T* const hat = !kToEnd && blockIdx.y % tiles_n == 0 ? p.hat : nullptr;
   auto load = [&](int i) {
     if (i >= total) return;
     const int64_t ob = (b * p.H + h0 + lh) * p.Lpad + tb;
@@ -556,7 +557,7 @@ __global__ void __launch_bounds__(fwd_mma::state::kThreads, 2)
         ow[q] = cuda::pack2<T>(to_float(e[2 * q]) * w, to_float(e[2 * q + 1]) * w);
       *reinterpret_cast<uint4*>(Xs + slot * kTile * kLd16 + (xr + 32 * k) * kLd16 + xc) = o;
       const int s = sj * kTile + xr + 32 * k;
-      if (hat != nullptr && s < K && d_in) {
+      if (!kToEnd && hat != nullptr && s < K && d_in) {
         const float w2 = expf(static_cast<float>(cum_v[k] - last_v));
 #pragma unroll
         for (int q = 0; q < 4; ++q)
