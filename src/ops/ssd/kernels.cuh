@@ -1288,7 +1288,8 @@ struct BwdC : Fwd<T> {
   float* dyp;        // [B][L][H][D]           dy * silu(z) (has_z only)
   T* dyh = nullptr;  // [B][L][H][D]           16-bit T: exp(cum_t - cum_last) dy'_t, by the U_c
                      //                        mma kernel for bwd_dx_hn_kernel (else nullptr)
-  int* dx_rest = nullptr;  // one per bwd_dx_hn_kernel block: a head of it is left to dx_mma
+  int* dx_rest = nullptr;  // one per bwd_dx_hn_kernel block: bit hi set = its head hi is left to
+                           //                        bwd_dx_mma_kernel<.., kRest> (hb <= 8)
   T* cbt16 = nullptr;      // [B*G*nchunks][cs][cs] C.B^T transposed ([s][t]), rounded to T, zero
                            //                        where t < s or t >= K; lower tiles (same use)
   float *pdB, *pdC;        // [B][L][H][N]           per-head dB, dC
@@ -2309,19 +2310,6 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_dx_heads_vec_kernel(BwdC<T> p
   }
 }
 
-// chunked_wmma_vec's dx on mma.sync, for aligned operands (dx_mma_fits). One block of four warps
-// per (chunk, 64 tokens s, 64 columns d, b, hb heads of one group); warp w owns tokens
-// s_lo + 16 w .. + 15 and all 64 columns (eight m16n8 accumulator tiles in registers, no shared
-// staging of the accumulator). Per head the block runs a flat sequence of 64-deep stages:
-// ceil(N / 64) of the state product B_s . Gc^T (Gc as the reverse scan left it rounded to T,
-// gst16, read by ldmatrix), then one per t tile t0 >= s_lo of W . dy'. The Gc and dy' tiles (and
-// each head's x tile) stream through a kStages-deep cp.async ring that runs on
-// across head boundaries; the B tile is loaded once per block. W_ts = exp(cum_t - cum_s) CB_ts is
-// built in the A fragments straight from registers holding C.B^T, read from L2 one stage ahead.
-// The products round their operands to T and add in bwd_dx_kernel's order, but W's exponential is
-// the hardware approximation (expf costs about twice the instructions, and this kernel is bound by
-// instruction issue), so dx matches chunked_wmma's to rounding, not bit for bit; it is
-// deterministic (fixed order, no atomics).
 // Causal pairs of 64-token tiles (t tile >= s tile) in a chunk of ntt tiles.
 __host__ __device__ inline int64_t causal_pairs(int64_t ntt) {
   return ntt * (ntt + 1) / 2;
@@ -2336,7 +2324,7 @@ __host__ __device__ inline int64_t causal_pairs(int64_t ntt) {
 // the products are ldmatrix + mma only (dx_mma forms colf_t CB_ts per head and t, which left
 // mma.sync at 4% of its instructions). The factors stay in range while |cum_t - cum_last| log2(e)
 // <= kFactorSafe over the chunk (dyh <= 2^64 dy' in bf16, es >= 2^-64 in f32); a head past that is
-// left to dx_mma, which runs after this kernel on the blocks whose flag says so.
+// left to dx_mma, which runs after this kernel on the heads its block's mask names.
 template <class T>
 __device__ __forceinline__ bool dx_hat_unsafe(const double* cum, int K, int cs, int tid,
                                               int nthreads) {
@@ -2351,7 +2339,7 @@ __device__ __forceinline__ bool dx_hat_unsafe(const double* cum, int K, int cs, 
 
 // A dx block's coordinates (grid: chunk and 64-row s tile, 64 columns d, hb heads of one group),
 // shared by bwd_dx_mma_kernel and bwd_dx_hn_kernel, whose grids are the same (the rest pass reads
-// the shared-operand pass's flag at `flat`).
+// the shared-operand pass's head mask at `flat`).
 template <class T>
 struct DxBlock {
   int64_t c, s_lo, d0, b, h0, G, grp, K, tb, flat;
@@ -2367,6 +2355,19 @@ struct DxBlock {
   }
 };
 
+// chunked_wmma_vec's dx on mma.sync, for aligned operands (dx_mma_fits). One block of four warps
+// per (chunk, 64 tokens s, 64 columns d, b, hb heads of one group); warp w owns tokens
+// s_lo + 16 w .. + 15 and all 64 columns (eight m16n8 accumulator tiles in registers, no shared
+// staging of the accumulator). Per head the block runs a flat sequence of 64-deep stages:
+// ceil(N / 64) of the state product B_s . Gc^T (Gc as the reverse scan left it rounded to T,
+// gst16, read by ldmatrix), then one per t tile t0 >= s_lo of W . dy'. The Gc and dy' tiles (and
+// each head's x tile) stream through a kStages-deep cp.async ring that runs on
+// across head boundaries; the B tile is loaded once per block. W_ts = exp(cum_t - cum_s) CB_ts is
+// built in the A fragments straight from registers holding C.B^T, read from L2 one stage ahead.
+// The products round their operands to T and add in bwd_dx_kernel's order, but W's exponential is
+// the hardware approximation (expf costs about twice the instructions, and this kernel is bound by
+// instruction issue), so dx matches chunked_wmma's to rounding, not bit for bit; it is
+// deterministic (fixed order, no atomics).
 namespace dx_mma {
 constexpr int kWarps = 4, kThreadsDx = 32 * kWarps, kStages = 2;
 constexpr int kLdKM = 68;  // f32 tiles read [k][m|n]: rows 2q apart land 8q banks apart
@@ -2404,7 +2405,7 @@ bool dx_mma_fits(const BwdC<T>& p) {
 }
 
 // kZ: dy' is the f32 dy * silu(z) workspace, else dy itself. kRest: after bwd_dx_hn_kernel (same
-// grid), only the blocks whose flag says it left a head, and only those heads' outputs.
+// grid), only the heads its mask for the block names (the outputs of those heads only).
 template <class T, bool kZ, bool kRest = false>
 __global__ void __launch_bounds__(dx_mma::kThreadsDx, 3) bwd_dx_mma_kernel(BwdC<T> p) {
   using namespace dx_mma;
@@ -2420,8 +2421,9 @@ __global__ void __launch_bounds__(dx_mma::kThreadsDx, 3) bwd_dx_mma_kernel(BwdC<
   const DxBlock<T> blk(p);
   const int64_t c = blk.c, s_lo = blk.s_lo, d0 = blk.d0, b = blk.b, h0 = blk.h0;
   const int64_t G = blk.G, grp = blk.grp, K = blk.K, tb = blk.tb;
-  if (s_lo >= K) return;                                            // uniform over the block
-  if (kRest && p.dx_rest[blk.flat] == 0) return;                    // no head left to this pass
+  if (s_lo >= K) return;                             // uniform over the block
+  const int rest = kRest ? p.dx_rest[blk.flat] : 0;  // the heads left to this pass
+  if (kRest && rest == 0) return;
   const int nk = static_cast<int>((lay.bw + kTile - 1) / kTile);    // state-product stages
   const int nt = static_cast<int>((K - s_lo + kTile - 1) / kTile);  // t tiles t0 >= s_lo
   const int S = nk + nt, total = static_cast<int>(p.hb) * S;
@@ -2565,9 +2567,7 @@ __global__ void __launch_bounds__(dx_mma::kThreadsDx, 3) bwd_dx_mma_kernel(BwdC<
                (in && t < s_lo32 + kTile && !(ref2 - c <= fwd_mma::kFactorSafe<T>));
       }
       direct = __syncthreads_or(wide);
-      if (kRest)
-        mine = __syncthreads_or(
-            dx_hat_unsafe<T>(cum_raw, K32, static_cast<int>(p.cs), tid, kThreadsDx));
+      if (kRest) mine = (rest >> hi) & 1;
       eref = direct ? 1.0f : expf(static_cast<float>(last - ref));
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
@@ -2878,7 +2878,8 @@ __global__ void __launch_bounds__(dx_hn::kThreadsHn, 3) bwd_dx_hn_kernel(BwdC<T>
                 : 0u;
   };
   float es[2] = {0.0f, 0.0f}, v[2] = {0.0f, 0.0f}, xdot2[2] = {0.0f, 0.0f};
-  bool skip = false, any_skip = false;  // this head left to dx_mma; any head of the block
+  bool skip = false;   // this head left to dx_mma
+  int left_heads = 0;  // bit hi: head hi left to dx_mma
   auto row_dots = [&](float* out) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
@@ -2906,7 +2907,7 @@ __global__ void __launch_bounds__(dx_hn::kThreadsHn, 3) bwd_dx_hn_kernel(BwdC<T>
       const double* cum = cum_buf + (hi % 2) * 256;
       const float* dts = dt_buf + (hi % 2) * 256;
       skip = __syncthreads_or(dx_hat_unsafe<T>(cum, K32, cs, tid, kThreadsHn));
-      any_skip = any_skip || skip;
+      left_heads |= skip ? 1 << hi : 0;
       const double last = cum[cs - 1];  // the U_c kernel's reference for dyh
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
@@ -2987,7 +2988,7 @@ __global__ void __launch_bounds__(dx_hn::kThreadsHn, 3) bwd_dx_hn_kernel(BwdC<T>
     }
   }
   cp_async_wait<0>();
-  if (tid == 0) *flag = any_skip ? 1 : 0;
+  if (tid == 0) *flag = left_heads;
 }
 
 // Per-head dB for a (64 tokens s) x (64 columns n) tile.
@@ -4674,8 +4675,16 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
         ctx.stream.caps().smem_per_block_optin;
     state_mma = smem_ok && state_mma_fits(p);
     ustate_mma = smem_ok && ustate_mma_fits(p);
-    if constexpr (sizeof(T) == 2)  // U_c's kernel leaves bwd_dx_hn_kernel its operand
-      if (ustate_mma) p.dyh = reinterpret_cast<T*>(ws + l.dyh);
+    // bwd_dx_hn_kernel where dx runs on mma.sync and U_c's kernel can leave it its operand dyh
+    // (decided here: U_c's kernel writes dyh only when p.dyh is set)
+    if constexpr (sizeof(T) == 2)
+      if (ustate_mma && dx_mma_fits(p) &&
+          static_cast<int64_t>(dx_mma_smem_bytes(pr)) <= ctx.stream.caps().smem_per_block_optin &&
+          static_cast<int64_t>(dx_hn_smem_bytes(pr)) <= ctx.stream.caps().smem_per_block_optin) {
+        p.dyh = reinterpret_cast<T*>(ws + l.dyh);
+        p.dx_rest = reinterpret_cast<int*>(ws + l.dx_rest);
+        p.cbt16 = reinterpret_cast<T*>(ws + l.cbt16);
+      }
   }
   const auto bh = static_cast<unsigned>(bh64);
   const auto nc = static_cast<unsigned>(pr.nchunks);
@@ -4789,23 +4798,20 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
       const int64_t optin = ctx.stream.caps().smem_per_block_optin;
       if (dx_mma_fits(p) && static_cast<int64_t>(mma_smem) <= optin) {
         auto* kernel = p.has_z ? bwd_dx_mma_kernel<T, true> : bwd_dx_mma_kernel<T, false>;
-        if (p.dyh != nullptr && static_cast<int64_t>(dx_hn_smem_bytes(pr)) <= optin) {
-          // The heads' shared-operand kernel, then dx_mma on the heads it left (their flags).
-          BwdC<T> flagged = p;
-          flagged.dx_rest = reinterpret_cast<int*>(ws + l.dx_rest);
-          flagged.cbt16 = reinterpret_cast<T*>(ws + l.cbt16);
+        if (p.dyh != nullptr) {
+          // The heads' shared-operand kernel, then dx_mma on the heads it left (its masks).
           bwd_cbt16_kernel<T><<<dim3(static_cast<unsigned>(nc * causal_pairs(p.ntt)),
                                      static_cast<unsigned>(pr.batch * pr.ngroups)),
-                                256, 0, st>>>(flagged);
+                                256, 0, st>>>(p);
           BARACUDA_TRY(cuda::check_launch(op, "bwd_cbt16_kernel"));
           auto* hn = p.has_z ? bwd_dx_hn_kernel<T, true> : bwd_dx_hn_kernel<T, false>;
           BARACUDA_TRY(cuda::launch_with_smem(op, "bwd_dx_hn_kernel", hn, grid, dx_hn::kThreadsHn,
-                                              dx_hn_smem_bytes(pr), st, flagged));
+                                              dx_hn_smem_bytes(pr), st, p));
           clock.mark("dx_hn");
           auto* rest =
               p.has_z ? bwd_dx_mma_kernel<T, true, true> : bwd_dx_mma_kernel<T, false, true>;
           BARACUDA_TRY(cuda::launch_with_smem(op, "bwd_dx_mma_kernel", rest, grid,
-                                              dx_mma::kThreadsDx, mma_smem, st, flagged));
+                                              dx_mma::kThreadsDx, mma_smem, st, p));
         } else {
           BARACUDA_TRY(cuda::launch_with_smem(op, "bwd_dx_mma_kernel", kernel, grid,
                                               dx_mma::kThreadsDx, mma_smem, st, p));
