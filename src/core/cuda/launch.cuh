@@ -77,6 +77,18 @@ inline cudaError_t ensure_nonportable_clusters(const void* kernel) {
   return cudaSuccess;
 }
 
+// make(), computed once per key for the process (thread-safe): the cache behind the per-device
+// queries below, whose keys start with the device (one cache per call site: Make is its lambda).
+template <class Key, class Make>
+auto memoized(const Key& key, Make&& make) {
+  using Value = decltype(make());
+  static std::mutex mutex;
+  static std::map<Key, Value> known;
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (const auto it = known.find(key); it != known.end()) return it->second;
+  return known.emplace(key, make()).first->second;
+}
+
 // The attributes of kernel as loaded on the current device (binaryVersion: the cubin's arch, which
 // differs between two GPUs of one process), queried once per (device, kernel); nullopt where the
 // query fails (its error cleared).
@@ -86,18 +98,12 @@ inline std::optional<cudaFuncAttributes> func_attributes(const void* kernel) {
     (void)cudaGetLastError();
     return std::nullopt;
   }
-  static std::mutex mutex;
-  static std::map<std::pair<int, const void*>, std::optional<cudaFuncAttributes>> known;
-  const std::lock_guard<std::mutex> lock(mutex);
-  if (const auto it = known.find({device, kernel}); it != known.end()) return it->second;
-  cudaFuncAttributes a{};
-  std::optional<cudaFuncAttributes> got;
-  if (cudaFuncGetAttributes(&a, kernel) == cudaSuccess)
-    got = a;
-  else
+  return memoized(std::make_pair(device, kernel), [&]() -> std::optional<cudaFuncAttributes> {
+    cudaFuncAttributes a{};
+    if (cudaFuncGetAttributes(&a, kernel) == cudaSuccess) return a;
     (void)cudaGetLastError();
-  known.emplace(std::make_pair(device, kernel), got);
-  return got;
+    return std::nullopt;
+  });
 }
 
 // CTAs of kernel (threads each, smem bytes of dynamic shared memory) that one SM of the current
@@ -105,19 +111,17 @@ inline std::optional<cudaFuncAttributes> func_attributes(const void* kernel) {
 // a per-process constant would be wrong for the second of two different GPUs.
 inline int blocks_per_sm(const void* kernel, int threads, size_t smem) {
   int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return 0;
-  static std::mutex mutex;
-  static std::map<std::tuple<int, const void*, int, size_t>, int> known;
-  const std::lock_guard<std::mutex> lock(mutex);
-  const auto key = std::make_tuple(device, kernel, threads, smem);
-  if (const auto it = known.find(key); it != known.end()) return it->second;
-  int n = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem) != cudaSuccess) {
-    (void)cudaGetLastError();  // a failed query leaves no error behind for the next launch
-    n = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
   }
-  known.emplace(key, n);
-  return n;
+  return memoized(std::make_tuple(device, kernel, threads, smem), [&] {
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem) == cudaSuccess)
+      return n;
+    (void)cudaGetLastError();  // a failed query leaves no error behind for the next launch
+    return 0;
+  });
 }
 
 // Launches kernel with smem bytes of dynamic shared memory (raising its limit where needed);

@@ -589,13 +589,9 @@ template <class T, int D, int MT, bool kFused>
 Status run_decode(const LaunchContext& ctx, const Params& p) {
   using Cfg = DecodeCfg<T, D, MT>;
   constexpr auto kernel = flash_decode<T, D, MT, kFused>;
-  if (const cudaError_t e =
-          cuda::ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmem);
-      e != cudaSuccess)
-    return cuda::cuda_error(ForwardOp::name, "flash_decode smem", e);
   const auto blocks = static_cast<unsigned>(int64_t{p.batch} * p.heads_kv * p.splits);
-  kernel<<<blocks, Cfg::kThreads, Cfg::kSmem, cuda::stream_of(ctx)>>>(p);
-  return cuda::check_launch(ForwardOp::name, "flash_decode");
+  return cuda::launch_with_smem(ForwardOp::name, "flash_decode", kernel, blocks, Cfg::kThreads,
+                                Cfg::kSmem, cuda::stream_of(ctx), p);
 }
 
 // A programmatic dependent launch where the combine's binary has its griddepcontrol.wait.

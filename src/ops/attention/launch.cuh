@@ -254,15 +254,11 @@ Status run_mma(const LaunchContext& ctx, const Params& p) {
   using Cfg = MmaCfg<T, D, S::kNW, S::kBN, S::kMT, S::kQReg, S::kOvl, S::kStr>;
   constexpr auto kernel = flash_fwd_mma<T, D, S::kNW, S::kBN, S::kMT, S::kQReg, S::kOvl, S::kStr,
                                         S::kPipe, S::kLateRefill>;
-  if (const cudaError_t e =
-          cuda::ensure_dynamic_smem(reinterpret_cast<const void*>(kernel), Cfg::kSmem);
-      e != cudaSuccess)
-    return cuda::cuda_error(ForwardOp::name, "flash_fwd_mma smem", e);
   const auto blocks =
       static_cast<unsigned>(int64_t{p.batch} * p.splits *
                             (p.pack ? p.heads_kv : p.heads_q * cuda::ceil_div(p.len_q, S::kRows)));
-  kernel<<<blocks, Cfg::kThreads, Cfg::kSmem, cuda::stream_of(ctx)>>>(p);
-  return cuda::check_launch(ForwardOp::name, "flash_fwd_mma");
+  return cuda::launch_with_smem(ForwardOp::name, "flash_fwd_mma", kernel, blocks, Cfg::kThreads,
+                                Cfg::kSmem, cuda::stream_of(ctx), p);
 }
 
 template <class T, template <int> class Sh>
@@ -348,16 +344,13 @@ size_t bwd_mma_smem() {
   return std::max(BwdKvCfg<T, D, kBwdBQ>::kSmem, BwdQCfg<T, D, kBwdBN<D>>::kSmem);
 }
 
-// One launch of a backward kernel with its dynamic shared memory raised (once per device).
+// One launch of a backward kernel (its dynamic shared memory raised where needed).
 template <auto Kernel>
 Status launch_bwd_kernel(cudaStream_t stream, int64_t blocks, size_t smem, const Params& p,
                          const char* what) {
-  if (const cudaError_t e = cuda::ensure_dynamic_smem(reinterpret_cast<const void*>(Kernel), smem);
-      e != cudaSuccess)
-    return cuda::cuda_error(BackwardOp::name, what, e);
   if (blocks == 0) return {};
-  Kernel<<<static_cast<unsigned>(blocks), 128, smem, stream>>>(p);
-  return cuda::check_launch(BackwardOp::name, what);
+  return cuda::launch_with_smem(BackwardOp::name, what, Kernel, static_cast<unsigned>(blocks), 128,
+                                smem, stream, p);
 }
 
 template <class T, int D>

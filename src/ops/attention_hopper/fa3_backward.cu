@@ -170,14 +170,6 @@ __device__ __forceinline__ void sync_consumers() {
 }
 #endif
 
-// Outside the sm_90a-only block: fa3_bwd_prep (plain CUDA, every target) uses it too.
-template <class T>
-__device__ __forceinline__ float2 unpack2(uint32_t w) {
-  T v[2];
-  memcpy(v, &w, 4);
-  return make_float2(static_cast<float>(v[0]), static_cast<float>(v[1]));
-}
-
 // The float4 slot (16 bytes) of thread `tid`'s float4 j in its warpgroup's 16 KB dQ part: j * 128
 // + tid, accumulator-fragment order (conflict-free stores). The accumulator chunk in global memory
 // has the same order (fa3_bwd_post reads it). A per-warp order, each warp's 4 KB reduced behind
@@ -443,7 +435,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
           const float2 dl = ld_shared_f2(delta + (8 * j + cq) * 4);
 #pragma unroll
           for (int h2 = 0; h2 < 2; ++h2) {
-            const float2 pr = unpack2<T>(pa[j / 2][2 * (j % 2) + h2]);
+            const float2 pr = cuda::unpack2<T>(pa[j / 2][2 * (j % 2) + h2]);
             st[4 * j + 2 * h2] = pr.x * (st[4 * j + 2 * h2] - dl.x);
             st[4 * j + 2 * h2 + 1] = pr.y * (st[4 * j + 2 * h2 + 1] - dl.y);
           }
@@ -685,7 +677,7 @@ __global__ void __launch_bounds__(256) fa3_bwd_prep(const RowParams p) {
     memcpy(dw, &dyv, sizeof(V));
 #pragma unroll
     for (int e = 0; e < kPer / 2; ++e) {
-      const float2 a = unpack2<T>(yw[e]), c = unpack2<T>(dw[e]);
+      const float2 a = cuda::unpack2<T>(yw[e]), c = cuda::unpack2<T>(dw[e]);
       dot = fmaf(a.x, c.x, fmaf(a.y, c.y, dot));
     }
   }

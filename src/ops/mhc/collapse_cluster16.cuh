@@ -49,13 +49,8 @@ __device__ __forceinline__ void c16_pair(const unsigned char* p, float& lo, floa
     const float2 v = *reinterpret_cast<const float2*>(p);
     lo = v.x, hi = v.y;
   } else {
-    const uint32_t w = *reinterpret_cast<const uint32_t*>(p);
-    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-      lo = __uint_as_float(w << 16), hi = __uint_as_float(w & 0xffff0000u);
-    } else {
-      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w));
-      lo = f.x, hi = f.y;
-    }
+    const float2 f = cuda::unpack2<T>(*reinterpret_cast<const uint32_t*>(p));
+    lo = f.x, hi = f.y;
   }
 }
 // split_tf32 behind an opaque copy of v: fn's splits are loop-invariant, and hoisting all of them
