@@ -206,8 +206,8 @@ __device__ __forceinline__ void c16_products_bf16(const unsigned char* slot,
   };
   c16_clear(d, ss);
   auto sq = [](uint32_t w, float acc) {
-    const float lo = __uint_as_float(w << 16), hi = __uint_as_float(w & 0xffff0000u);
-    return fmaf(hi, hi, fmaf(lo, lo, acc));
+    const float2 f = cuda::unpack2<__nv_bfloat16>(w);
+    return fmaf(f.y, f.y, fmaf(f.x, f.x, acc));
   };
 #pragma unroll
   for (int b = 0; b < KS / 4; ++b) {
