@@ -234,17 +234,6 @@ bool has_sm90a_body() {
   return a && a->binaryVersion >= 90 && a->sharedSizeBytes > 0;
 }
 
-// Raises `Kernel`'s dynamic shared-memory limit to `bytes` on the current device (the stream's),
-// once per device and size (core's ensure_dynamic_smem).
-template <auto Kernel>
-Status raise_smem_limit_once(int bytes, std::string_view op, std::string_view what) {
-  if (const cudaError_t e = cuda::ensure_dynamic_smem(reinterpret_cast<const void*>(Kernel),
-                                                      static_cast<size_t>(bytes));
-      e != cudaSuccess)
-    return cuda::cuda_error(op, std::string(what) + ": shared memory limit", e);
-  return {};
-}
-
 // What our sm_90a kernels promise: operands in the 16-bit type (P, dS rounded to it before their
 // GEMMs; e4m3 for the fp8 forward, whose tensor cores sum each e4m3 product chain in a narrower
 // accumulator before the f32 registers take it: LSE rel_l2 ~1e-4 measured), f32 accumulation,

@@ -936,8 +936,6 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
   p.batch = static_cast<int>(d.batch);
 
   constexpr int smem = launch_smem<T, D, V>();
-  BARACUDA_TRY((raise_smem_limit_once<fa3_fwd_kernel<T, D, V>>(smem, attention::ForwardOp::name,
-                                                               "fa3_fwd_sm90a")));
   // Persistent: one CTA per SM (129 KB of shared memory: one fits), each looping over work tiles.
   const int64_t n_work = int64_t{p.m_blocks} * d.heads_q * d.batch;
   const int sms = ctx.stream.caps().sm_count > 0 ? ctx.stream.caps().sm_count : 132;
@@ -945,8 +943,9 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
                         ? dim3(static_cast<unsigned>(std::min<int64_t>(n_work, sms)))
                         : dim3(static_cast<unsigned>(p.m_blocks), static_cast<unsigned>(d.heads_q),
                                static_cast<unsigned>(d.batch));
-  fa3_fwd_kernel<T, D, V><<<grid, kThreads, smem, cuda::stream_of(ctx)>>>(tq, tk, tv, p);
-  return cuda::check_launch(attention::ForwardOp::name, "fa3_fwd_sm90a");
+  return cuda::launch_with_smem(attention::ForwardOp::name, "fa3_fwd_sm90a",
+                                fa3_fwd_kernel<T, D, V>, grid, kThreads, smem, cuda::stream_of(ctx),
+                                tq, tk, tv, p);
 }
 
 template <class T, int V>
