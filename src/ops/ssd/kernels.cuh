@@ -4797,7 +4797,6 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
       const size_t mma_smem = dx_mma_smem_bytes(pr);
       const int64_t optin = ctx.stream.caps().smem_per_block_optin;
       if (dx_mma_fits(p) && static_cast<int64_t>(mma_smem) <= optin) {
-        auto* kernel = p.has_z ? bwd_dx_mma_kernel<T, true> : bwd_dx_mma_kernel<T, false>;
         if (p.dyh != nullptr) {
           // The heads' shared-operand kernel, then dx_mma on the heads it left (its masks).
           bwd_cbt16_kernel<T><<<dim3(static_cast<unsigned>(nc * causal_pairs(p.ntt)),
@@ -4813,6 +4812,7 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
           BARACUDA_TRY(cuda::launch_with_smem(op, "bwd_dx_mma_kernel", rest, grid,
                                               dx_mma::kThreadsDx, mma_smem, st, p));
         } else {
+          auto* kernel = p.has_z ? bwd_dx_mma_kernel<T, true> : bwd_dx_mma_kernel<T, false>;
           BARACUDA_TRY(cuda::launch_with_smem(op, "bwd_dx_mma_kernel", kernel, grid,
                                               dx_mma::kThreadsDx, mma_smem, st, p));
         }
