@@ -219,8 +219,22 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   // time (L2 serializes same-address reductions): each starts its walk over the (head, query
   // block) steps at its own offset, spread evenly over the key blocks.
   const int rot = steps > 0 ? static_cast<int>(int64_t{blockIdx.x} * steps / gridDim.x) : 0;
-  auto step_head = [&](int t) { return hk * p.group + (t + rot) % steps / nm; };
-  auto step_row0 = [&](int t) { return (m_begin + (t + rot) % steps % nm) * kQRows; };
+  // A step's place in that walk: (query head of the group, query block), advanced a step at a
+  // time. Divisions per step cost the critical path: warp 0 works out the ring's next load between
+  // the per-step barrier and its warpgroup's dQ GEMM.
+  struct Pos {
+    int hh, m;
+  };
+  auto next_pos = [&](Pos q) {
+    if (++q.m == nm) {
+      q.m = 0;
+      if (++q.hh == p.group) q.hh = 0;
+    }
+    return q;
+  };
+  auto pos_head = [&](Pos q) { return hk * p.group + q.hh; };
+  auto pos_row0 = [&](Pos q) { return (m_begin + q.m) * kQRows; };
+  const Pos first = steps > 0 ? Pos{rot / nm, rot % nm} : Pos{0, 0};
 
   if (threadIdx.x == 0) {
     for (int i = 0; i < 1 + kRing; ++i) mbar_init(smem_u32(&bars[i]), 1);
@@ -228,8 +242,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   }
   __syncthreads();
 
-  auto load_step = [&](int t) {
-    const int s = t % kRing, h = step_head(t), m0 = step_row0(t);
+  auto load_step = [&](int t, Pos q) {
+    const int s = t % kRing, h = pos_head(q), m0 = pos_row0(q);
     const uint32_t bar = smem_u32(&bars[1 + s]);
     mbar_expect_tx(bar, 2 * S::kQBytes + S::kRowBytes);
     const int q_row = sq_.q0 + m0;
@@ -252,7 +266,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       tma_load_4d(base + S::kK + db * kKeys * 128, &tk, bar, db * 64, sq_.k0 + n0, hk, sq_.tb);
       tma_load_4d(base + S::kV + db * kKeys * 128, &tv, bar, db * 64, sq_.k0 + n0, hk, sq_.tb);
     }
-    for (int t = 0; t < min(steps, kRing); ++t) load_step(t);
+    Pos q = first;
+    for (int t = 0; t < min(steps, kRing); ++t, q = next_pos(q)) load_step(t, q);
   }
 
   float dv[kCols / 2], dk[kCols / 2];
@@ -300,10 +315,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   // below) are other sequences' rows: their probabilities are 0, but 0 * a non-finite value is
   // NaN in the GEMMs that read the tiles, so they are zeroed before the first GEMM. Each
   // warpgroup zeroes them before its own GEMMs (the other one may be writing the same zeros).
-  auto issue_s = [&](int t) {
+  auto issue_s = [&](int t, int m0) {
     mbar_wait(smem_u32(&bars[1 + t % kRing]), (t / kRing) & 1);
     if constexpr (kVarlen) {
-      const int valid = sq_.lq - step_row0(t);
+      const int valid = sq_.lq - m0;
       if (valid < kQRows) {
         const uint32_t sb = opaque(base);
         const int s = t % kRing, tid = static_cast<int>(threadIdx.x) % 128;
@@ -331,7 +346,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   // as the other head dims), each added into its accumulator chunk by vector atomics in the
   // chunk's fragment order (staged_slot); the next step's score GEMM is issued before the last
   // adds, so they run under it (the last step issues its own again, see below).
-  auto split_dq_and_next = [&](int t, int h, int m0, uint32_t ds, uint32_t sb) {
+  auto split_dq_and_next = [&](int t, int h, int m0, int m0_next, uint32_t ds, uint32_t sb) {
     const int tid = static_cast<int>(threadIdx.x) % 128;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -348,7 +363,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       fence_regs(dq);
       if (half == 1) {
         if (t + 1 < steps)
-          issue_s(t + 1);
+          issue_s(t + 1, m0_next);
         else
           issue_scores(t, st, sb, own_rows, own_tile);
       }
@@ -367,15 +382,24 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       fence_proxy_async();
       sync_consumers();
     }
-    issue_s(0);
+    issue_s(0, pos_row0(first));
     wgmma_wait<0>();
   }
 
   // Software-pipelined: step t + 1's S^T GEMM is issued once step t's dQ is staged, so the
   // tensor cores have it while this warpgroup adds dQ_t into the accumulator; dP^T_t is issued at
   // the top of step t and runs under P^T's exponentials.
+  Pos cur = first;
   for (int t = 0; t < steps; ++t) {
-    const int s = t % kRing, h = step_head(t), m0 = step_row0(t);
+    const int s = t % kRing, h = pos_head(cur), m0 = pos_row0(cur);
+    const Pos nxt = next_pos(cur);
+    // Step t + kRing - 1's place, for the load that refills step t - 1's stage.
+    auto ahead = [&] {
+      Pos q = nxt;
+#pragma unroll
+      for (int i = 2; i < kRing; ++i) q = next_pos(q);
+      return q;
+    };
     const uint32_t sb = opaque(base);
     const uint32_t sq = sb + S::kQ + s * S::kQBytes, sdy = sb + S::kDy + s * S::kQBytes;
     const uint32_t lse2 = sb + S::kRows + s * S::kRowBytes, delta = lse2 + kQRows * 4;
@@ -448,10 +472,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         asm volatile("bar.sync 5, 256;\n" ::: "memory");
         get(ds, dsa);
         // Warpgroup 1 is past dS^T_t, so both are past step t - 1: its stage is free.
-        if (threadIdx.x == 0 && t >= 1 && t + kRing - 1 < steps) load_step(t + kRing - 1);
+        if (threadIdx.x == 0 && t >= 1 && t + kRing - 1 < steps) load_step(t + kRing - 1, ahead());
       }
       issue_rs<T, kCols>(dk, dsa, sq + wg_cols);
-      split_dq_and_next(t, h, m0, ds, sb);
+      split_dq_and_next(t, h, m0, pos_row0(nxt), ds, sb);
     } else {
       float dpt[32];
       issue_scores(t, dpt, sb, S::kV, S::kDy);  // S^T_t is done (see the end of the step)
@@ -545,10 +569,12 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       // free once its previous bulk reduction has read it: the barrier publishes that too.
       if (!kSplit && threadIdx.x % 128 == 0) bulk_wait<0, true>();
       sync_consumers();
-      if (threadIdx.x == 0 && t >= 1 && t + kRing - 1 < steps) load_step(t + kRing - 1);
-
+      // The refill of stage (t - 1) % kRing: D = 256 here, the staged dQ below after its GEMM is
+      // issued (warp 0's share of that warpgroup-wide GEMM must not wait behind it).
+      const bool refill = threadIdx.x == 0 && t >= 1 && t + kRing - 1 < steps;
       if constexpr (kSplit) {
-        split_dq_and_next(t, h, m0, ds, sb);
+        if (refill) load_step(t + kRing - 1, ahead());
+        split_dq_and_next(t, h, m0, pos_row0(nxt), ds, sb);
       } else {
         float dq[32];
         wgmma_fence();
@@ -566,6 +592,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
                          kk > 0 ? 1 : 0);
         }
         wgmma_commit();
+        if (refill) load_step(t + kRing - 1, ahead());
         wgmma_wait<0>();  // dQ_t (and every older group) done
         fence_regs(dq);
         // dQ_t into the accumulator: this warpgroup's 64 x 64 f32 part, staged in shared memory in
@@ -587,7 +614,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
                          "f"(dq[4 * j]), "f"(dq[4 * j + 1]), "f"(dq[4 * j + 2]), "f"(dq[4 * j + 3])
                          : "memory");
           if (t + 1 < steps)
-            issue_s(t + 1);
+            issue_s(t + 1, pos_row0(nxt));
           else
             issue_scores(t, st, sb, S::kK, S::kQ);
           const int64_t chunk = chunk_of(h, m0);
@@ -600,6 +627,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     // S^T_{t+1} ran under the staging. Nothing may stay in flight across the loop's back edge:
     // ptxas then serializes every wgmma of the kernel (C7514 / C7515).
     wgmma_wait<0>();
+    cur = nxt;
   }
   fence_regs(dv);
   fence_regs(dk);
