@@ -219,9 +219,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   // time (L2 serializes same-address reductions): each starts its walk over the (head, query
   // block) steps at its own offset, spread evenly over the key blocks.
   const int rot = steps > 0 ? static_cast<int>(int64_t{blockIdx.x} * steps / gridDim.x) : 0;
-  // A step's place in that walk: (query head of the group, query block), advanced a step at a
-  // time. Divisions per step cost the critical path: warp 0 works out the ring's next load between
-  // the per-step barrier and its warpgroup's dQ GEMM.
+  // A step's place in that walk: (query head of the group, query block), advanced by increments
+  // rather than divided out per step, since the ring's refill (warp 0) and each step's head and
+  // block sit on the path to warpgroup-wide GEMMs.
   struct Pos {
     int hh, m;
   };
@@ -569,8 +569,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       // free once its previous bulk reduction has read it: the barrier publishes that too.
       if (!kSplit && threadIdx.x % 128 == 0) bulk_wait<0, true>();
       sync_consumers();
-      // The refill of stage (t - 1) % kRing: D = 256 here, the staged dQ below after its GEMM is
-      // issued (warp 0's share of that warpgroup-wide GEMM must not wait behind it).
+      // Refilling stage (t - 1) % kRing: at D = 256 here; with the staged dQ once its GEMM is
+      // issued, so that warp 0's share of that warpgroup-wide GEMM does not wait behind the load.
       const bool refill = threadIdx.x == 0 && t >= 1 && t + kRing - 1 < steps;
       if constexpr (kSplit) {
         if (refill) load_step(t + kRing - 1, ahead());
