@@ -46,9 +46,9 @@ std::string err_prefix(std::string_view arg) {
 Status check_strides(std::string_view arg, DType dtype, int rank, const Shape& shape,
                      const std::vector<int64_t>& given, bool is_dest, Shape* out) {
   if (given.empty()) {
+    // Dense strides still go through every check below: the span in bits (a dense view's element
+    // count fits in int64, its bits need not), and for sub-byte types the packing rule.
     *out = contiguous_strides(std::span<const int64_t>(shape.data(), rank));
-    if (!is_sub_byte(dtype)) return {};
-    // Dense sub-byte views only pack when every row is whole bytes; report it like any stride.
   } else {
     if (static_cast<int>(given.size()) != rank)
       return Error::invalid(err_prefix(arg) + ": " + to_string(given.size()) +
@@ -82,9 +82,9 @@ Status check_strides(std::string_view arg, DType dtype, int rank, const Shape& s
       last = 0;
       break;
     }
-    int64_t step = 0;
+    int64_t step = 0, elements = 0, bits = 0;
     if (!checked_mul(shape[d] - 1, (*out)[d], &step) || !checked_add(last, step, &last) ||
-        !checked_mul(last + 1, bits_of(dtype), &step))
+        !checked_add(last, 1, &elements) || !checked_mul(elements, bits_of(dtype), &bits))
       return Error::invalid(err_prefix(arg) + ": the view spans more than 2^63 bits");
   }
   if (!is_dest) return {};

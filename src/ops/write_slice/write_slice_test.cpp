@@ -583,6 +583,14 @@ TEST(WriteSliceErrors, DescriptorRules) {
          {"write_slice: dest_stride[0]=7: bin rows must start on a byte (a multiple of 8)"});
   d = basic(), d.dest_stride = {int64_t{1} << 62, 1};
   expect(d, inv, {"write_slice: dest_stride: the view spans more than 2^63 bits"});
+  // Dense strides are checked too: 2^62 one-byte elements are 2^65 bits (found by a fuzzer: the
+  // dense path skipped the span check and the path analysis overflowed).
+  d = basic(DType::boolean), d.dest_shape = {int64_t{1} << 62}, d.ranges = {{8, 9}},
+  d.source_shape = {1};
+  expect(d, inv, {"write_slice: dest_stride: the view spans more than 2^63 bits"});
+  // A span reaching INT64_MAX elements: its one-past-the-end count must not overflow either.
+  d = basic(), d.source_stride = {std::numeric_limits<int64_t>::max(), 1};
+  expect(d, inv, {"write_slice: source_stride: the view spans more than 2^63 bits"});
   d = basic(), d.dtype = static_cast<DType>(99);
   expect(d, inv, {"write_slice: dtype 99 is not in the element bank"});
 }
