@@ -155,6 +155,10 @@ TEST(Validate, TensorRules) {
   Tensor s4 = make_strided(storage.data(), DType::s4, shape, packed_strides, host);
   EXPECT_TRUE(fails_with(&validate::tensor("op", "y", s4, DType::s4, shape, host).error(),
                          ErrorKind::invalid_problem, {"not a multiple of 2"}));
+  // Empty sub-byte views have no rows to align: dense strides of [3, 0] are {1, 1}.
+  const int64_t empty_shape[] = {3, 0};
+  Tensor empty_s4 = make_tensor(storage.data(), DType::s4, empty_shape, host);
+  BARACUDA_EXPECT_OK(validate::tensor("op", "y", empty_s4, DType::s4, empty_shape, host));
   int64_t shape2[] = {4, 4};
   Tensor a = make_tensor(storage.data(), DType::f32, shape2, host);
   Tensor b = make_tensor(storage.data() + 8, DType::f32, shape2, host);

@@ -88,7 +88,9 @@ Status tensor(std::string_view op, std::string_view arg, const BasicTensor<Ptr>&
       return Error::invalid(prefix(op, arg) + "stride[" + std::to_string(i) +
                             "]=0 broadcasts, which is only legal for inputs");
   }
-  if (is_sub_byte(dtype) && t.rank > 0) {
+  // An empty view touches no byte, so it has no rows to align (a dense [.., L, 0] s4 view's
+  // strides treat the empty axis as 1, which the packing rule would otherwise refuse).
+  if (is_sub_byte(dtype) && t.rank > 0 && t.numel() > 0) {
     const int epb = elements_per_byte(dtype);
     if (t.shape[t.rank - 1] > 1 && t.stride[t.rank - 1] != 1)
       return Error::invalid(
