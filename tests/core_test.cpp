@@ -23,6 +23,10 @@ TEST(DType, InfoTableIsConsistent) {
   EXPECT_EQ(bits_of(DType::bin), 1);
   EXPECT_EQ(elements_per_byte(DType::bin), 8);
   EXPECT_FALSE(dtype_from_name("f128").has_value());
+  // A value past the bank (an integer cast to DType) is named, not read past the table.
+  EXPECT_EQ(name(static_cast<DType>(kDTypeCount)), "invalid");
+  EXPECT_EQ(name(static_cast<DType>(255)), "invalid");
+  EXPECT_FALSE(dtype_from_name("invalid").has_value());
 }
 
 TEST(DType, MiniFloatKnownValues) {

@@ -136,7 +136,12 @@ void write_bits(void* base, int bits, int64_t index, uint32_t value) {
 }  // namespace
 
 const DTypeInfo& info(DType t) {
-  return kInfo[static_cast<size_t>(t)];
+  // A value past the bank (an integer cast to DType) reads as "invalid", never past the table, so
+  // the error that refuses it can still print its name.
+  static constexpr DTypeInfo kInvalid{static_cast<DType>(kDTypeCount), "invalid", 8,
+                                      DTypeClass::integer, false};
+  const auto i = static_cast<size_t>(t);
+  return i < std::size(kInfo) ? kInfo[i] : kInvalid;
 }
 
 std::optional<DType> dtype_from_name(std::string_view n) {

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <iterator>
 #include <limits>
 #include <numeric>
 #include <sstream>
@@ -505,6 +506,40 @@ Comparison compare(const std::vector<double>& out, const std::vector<double>& re
       return ::testing::AssertionFailure()
              << "message \"" << e->message() << "\" lacks \"" << n << "\"";
   return ::testing::AssertionSuccess() << e->to_string();
+}
+
+int64_t edge_integer(Rng& rng) {
+  static constexpr int64_t kEdges[] = {0,
+                                       1,
+                                       -1,
+                                       2,
+                                       3,
+                                       8,
+                                       64,
+                                       255,
+                                       257,
+                                       (int64_t{1} << 31) - 1,
+                                       int64_t{1} << 31,
+                                       int64_t{1} << 32,
+                                       int64_t{1} << 40,
+                                       int64_t{1} << 62,
+                                       std::numeric_limits<int64_t>::max(),
+                                       std::numeric_limits<int64_t>::min(),
+                                       -(int64_t{1} << 40)};
+  if (rng.integer(0, 2) == 0) return rng.integer(0, 19);
+  return kEdges[static_cast<size_t>(rng.integer(0, static_cast<int64_t>(std::size(kEdges)) - 1))];
+}
+
+DType any_dtype(Rng& rng) {
+  return static_cast<DType>(rng.integer(0, kDTypeCount));
+}
+
+::testing::AssertionResult planned_or_names_op(const Error* e, std::string_view op) {
+  const std::string prefix = std::string(op) + ": ";
+  if (e->message().compare(0, prefix.size(), prefix) != 0 || e->message().size() <= prefix.size())
+    return ::testing::AssertionFailure()
+           << "the error does not name " << op << ": " << e->to_string();
+  return ::testing::AssertionSuccess();
 }
 
 // ---- demos

@@ -246,6 +246,21 @@ template <class T>
   return fails_with(&r.error(), kind, needles);
 }
 
+// ---- Descriptor fuzzing
+// Random descriptors thrown at select(): every one is planned or refused with a message that names
+// the op, and none may crash or overflow (the ASan + UBSan build in CI turns either into a
+// failure). An integer that is small most of the time and otherwise an edge a validator must
+// survive: 0,
+// +-1, powers of two around 2^31, 2^32, 2^40, 2^62, INT64_MAX, INT64_MIN, -2^40.
+int64_t edge_integer(Rng& rng);
+// A random element type, sometimes one past the bank (a value no enumerator names).
+DType any_dtype(Rng& rng);
+::testing::AssertionResult planned_or_names_op(const Error* error, std::string_view op);
+template <class T>
+::testing::AssertionResult planned_or_names_op(const Result<T>& r, std::string_view op) {
+  return r.ok() ? ::testing::AssertionSuccess() : planned_or_names_op(&r.error(), op);
+}
+
 // ---- The demo's case registry
 // --------------------------------------------------------------------- Each family registers a
 // demo that runs its plans on random data on a target and checks them against the reference;

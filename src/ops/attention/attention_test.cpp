@@ -536,6 +536,39 @@ const int64_t kDims[] = {32, 64, 80, 96, 128, 192, 256};
 const DType kTypes[] = {DType::f16, DType::bf16, DType::f32, DType::f64};
 
 // ---- Descriptor rules ---------------------------------------------------------------------------
+// Random descriptors, edges included: planned or refused naming the op, never a crash or overflow.
+TEST(AttentionRules, RandomDescriptorsArePlannedOrRefused) {
+  Rng rng;
+  const Stream cpu = Stream::cpu();
+  // Mostly plausible values (so that a fair share plans), edges a quarter of the time.
+  auto small_or_edge = [&] {
+    return rng.integer(0, 3) > 0 ? rng.integer(1, 9) : harness::edge_integer(rng);
+  };
+  int planned = 0;
+  for (int i = 0; i < 10000; ++i) {
+    Descriptor d;
+    d.dtype = rng.coin() ? DType::f32 : harness::any_dtype(rng);
+    d.batch = small_or_edge(), d.heads_q = small_or_edge(), d.heads_kv = small_or_edge();
+    if (rng.coin() && d.heads_kv > 0 && d.heads_kv < 10) d.heads_q = d.heads_kv * rng.integer(1, 4);
+    d.len_q = small_or_edge(), d.len_k = small_or_edge();
+    d.head_dim_qk = small_or_edge(), d.head_dim_v = small_or_edge();
+    if (rng.integer(0, 3) == 0) d.scale = rng.coin() ? -1.0 : std::nan("");
+    if (rng.integer(0, 3) == 0) d.softcap = rng.coin() ? -2.0 : 30.0;
+    d.mask = Mask{rng.integer(0, 3) > 0 ? -1 : harness::edge_integer(rng),
+                  rng.integer(0, 3) > 0 ? -1 : harness::edge_integer(rng),
+                  rng.coin() ? Diagonal::top_left : Diagonal::bottom_right};
+    d.varlen = rng.integer(0, 3) == 0;
+    d.total_q = small_or_edge(), d.total_k = small_or_edge();
+    if (rng.integer(0, 4) == 0) d.out_dtype = harness::any_dtype(rng);
+    const auto fwd = ForwardPlan::select(cpu, d);
+    ASSERT_TRUE(harness::planned_or_names_op(fwd, "attention_forward")) << "case " << i;
+    const auto bwd = BackwardPlan::select(cpu, d);
+    ASSERT_TRUE(harness::planned_or_names_op(bwd, "attention_backward")) << "case " << i;
+    planned += fwd.ok() ? 1 : 0;
+  }
+  EXPECT_GT(planned, 20);
+}
+
 TEST(AttentionRules, DescriptorErrorsNameTheRuleAndNumbers) {
   const Stream cpu = Stream::cpu();
   auto bad = [&](auto edit, ErrorKind kind, std::initializer_list<std::string_view> needles) {

@@ -722,6 +722,32 @@ TEST(GatedPlan, CudaStreamSelectsTheCudaKernel) {
   }
 }
 
+// Random descriptors, edges included: planned or refused naming the op, never a crash or overflow.
+TEST(GatedErrors, RandomDescriptorsArePlannedOrRefused) {
+  Rng rng;
+  const Stream cpu = Stream::cpu();
+  int planned = 0;
+  for (int i = 0; i < 20000; ++i) {
+    GatedDescriptor d;
+    d.gate = static_cast<Gate>(rng.integer(0, kGateCount));
+    d.input = static_cast<GatedInput>(rng.integer(0, 3));
+    d.dtype = harness::any_dtype(rng);
+    const int rank = static_cast<int>(rng.integer(0, 9));
+    for (int a = 0; a < rank; ++a)
+      d.shape.push_back(rng.coin() ? rng.integer(0, 8) : harness::edge_integer(rng));
+    d.split_dim = static_cast<int>(rng.integer(-10, 10));
+    d.gate_first = rng.coin();
+    if (rng.integer(0, 3) == 0) d.alpha = rng.coin() ? -1.0 : std::nan("");
+    if (rng.integer(0, 3) == 0) d.limit = rng.coin() ? 0.0 : HUGE_VAL;
+    const auto fwd = GatedForwardPlan::select(cpu, d);
+    ASSERT_TRUE(harness::planned_or_names_op(fwd, "gated_forward")) << "case " << i;
+    const auto bwd = GatedBackwardPlan::select(cpu, d);
+    ASSERT_TRUE(harness::planned_or_names_op(bwd, "gated_backward")) << "case " << i;
+    planned += fwd.ok() ? 1 : 0;
+  }
+  EXPECT_GT(planned, 100);
+}
+
 TEST(GatedErrors, DescriptorRules) {
   const Stream& cpu = harness::stream_for(Target::cpu);
   EXPECT_TRUE(fails_with(GatedForwardPlan::select(cpu, basic({})), ErrorKind::invalid_problem,

@@ -899,6 +899,43 @@ TEST(MhcReference, StaticForwardComposesFromCollapseAndExpand) {
 
 // ---- validation
 // -------------------------------------------------------------------------------------
+// Random descriptors, edges included: planned or refused naming the op, never a crash or overflow.
+TEST(MhcValidation, RandomDescriptorsArePlannedOrRefused) {
+  Rng rng;
+  const Stream cpu = Stream::cpu();
+  auto odd_double = [&] {
+    const double v[] = {0.0, -1.0, 1e-6, 0.5, 1.0, 1e300, HUGE_VAL, std::nan("")};
+    return v[rng.integer(0, 7)];
+  };
+  int planned = 0;
+  for (int i = 0; i < 10000; ++i) {
+    MhcDescriptor d;
+    d.tokens = harness::edge_integer(rng);
+    d.n = rng.coin() ? rng.integer(0, 70) : harness::edge_integer(rng);
+    d.channels = harness::edge_integer(rng);
+    d.dtype = harness::any_dtype(rng);
+    d.h = static_cast<MhcH>(rng.integer(0, 2));
+    d.sinkhorn.init = static_cast<SinkhornInit>(rng.integer(0, 2));
+    d.sinkhorn.first = static_cast<SinkhornFirst>(rng.integer(0, 2));
+    d.sinkhorn.iters = static_cast<int32_t>(rng.integer(-2, 1100));
+    if (rng.integer(0, 3) == 0) d.sinkhorn.eps = odd_double();
+    if (rng.integer(0, 3) == 0) d.pre_eps = odd_double();
+    if (rng.integer(0, 3) == 0) d.norm_eps = odd_double();
+    const auto a = MhcStaticForwardPlan::select(cpu, d);
+    ASSERT_TRUE(harness::planned_or_names_op(a, "mhc_static_forward")) << "case " << i;
+    const auto b = MhcCollapsePlan::select(cpu, d);
+    ASSERT_TRUE(harness::planned_or_names_op(b, MhcCollapseOp::name)) << "case " << i;
+    const auto c = MhcExpandPlan::select(cpu, d);
+    ASSERT_TRUE(harness::planned_or_names_op(c, MhcExpandOp::name)) << "case " << i;
+    const auto e = MhcExpandBackwardPlan::select(cpu, d);
+    ASSERT_TRUE(harness::planned_or_names_op(e, MhcExpandBackwardOp::name)) << "case " << i;
+    const auto f = MhcCollapseBackwardPlan::select(cpu, d);
+    ASSERT_TRUE(harness::planned_or_names_op(f, MhcCollapseBackwardOp::name)) << "case " << i;
+    planned += b.ok() ? 1 : 0;
+  }
+  EXPECT_GT(planned, 10);
+}
+
 TEST(MhcValidation, DescriptorRules) {
   const Stream cpu = Stream::cpu();
   auto bad = [&](auto edit) {

@@ -189,6 +189,44 @@ Result<Buffer> workspace_for(size_t bytes, Target target) {
 }
 
 // ---- validation: descriptor --------------------------------------------------------------------
+// Random descriptors, edges included: planned or refused naming the op, never a crash or overflow.
+TEST(SsdValidation, RandomDescriptorsArePlannedOrRefused) {
+  Rng rng;
+  const Stream cpu = Stream::cpu();
+  auto small_or_edge = [&] { return rng.coin() ? rng.integer(0, 9) : harness::edge_integer(rng); };
+  auto odd_float = [&] {
+    const float v[] = {0.f, -1.f, 1e-3f, 1.f, 1e30f, HUGE_VALF, std::nanf("")};
+    return v[rng.integer(0, 6)];
+  };
+  int planned = 0;
+  for (int i = 0; i < 10000; ++i) {
+    ssd::Descriptor d;
+    d.batch = small_or_edge(), d.seqlen = small_or_edge(), d.heads = small_or_edge();
+    d.head_dim = small_or_edge(), d.state_dim = small_or_edge(), d.ngroups = small_or_edge();
+    d.chunk_size = rng.coin() ? int64_t{64} << rng.integer(0, 2) : harness::edge_integer(rng);
+    d.dtype = harness::any_dtype(rng);
+    d.d_skip = static_cast<ssd::DSkip>(rng.integer(0, 3));
+    d.has_z = rng.coin(), d.has_dt_bias = rng.coin(), d.dt_softplus = rng.coin();
+    if (rng.integer(0, 3) == 0) d.dt_min = odd_float();
+    if (rng.integer(0, 3) == 0) d.dt_max = odd_float();
+    d.has_initial_states = rng.coin(), d.has_final_states = rng.coin();
+    d.num_seqs = rng.coin() ? 0 : small_or_edge();
+    const auto fwd = SsdForwardPlan::select(cpu, d);
+    ASSERT_TRUE(harness::planned_or_names_op(fwd, "ssd_forward")) << "case " << i;
+    const auto bwd = SsdBackwardPlan::select(cpu, d);
+    ASSERT_TRUE(harness::planned_or_names_op(bwd, "ssd_backward")) << "case " << i;
+    ssd::DecodeDescriptor e;
+    e.batch = small_or_edge(), e.heads = small_or_edge(), e.head_dim = small_or_edge();
+    e.state_dim = small_or_edge(), e.ngroups = small_or_edge(), e.dtype = d.dtype;
+    e.d_skip = d.d_skip, e.has_z = d.has_z, e.has_dt_bias = d.has_dt_bias;
+    e.dt_softplus = d.dt_softplus, e.dt_min = d.dt_min, e.dt_max = d.dt_max;
+    const auto dec = SsdDecodePlan::select(cpu, e);
+    ASSERT_TRUE(harness::planned_or_names_op(dec, "ssd_decode")) << "case " << i;
+    planned += fwd.ok() ? 1 : 0;
+  }
+  EXPECT_GT(planned, 10);
+}
+
 TEST(SsdValidation, DescriptorRules) {
   const Stream& cpu = harness::stream_for(Target::cpu);
   auto sel = [&](ssd::Descriptor d) { return SsdForwardPlan::select(cpu, d); };

@@ -595,6 +595,38 @@ TEST(WriteSliceErrors, DescriptorRules) {
   expect(d, inv, {"write_slice: dtype 99 is not in the element bank"});
 }
 
+// Random descriptors, edges included: each is planned or refused naming the op, never a crash or an
+// overflow (two overflows in the stride checks were found this way).
+TEST(WriteSliceErrors, RandomDescriptorsArePlannedOrRefused) {
+  Rng rng;
+  const Stream cpu = Stream::cpu();
+  auto small_or_edge = [&] { return rng.coin() ? rng.integer(0, 8) : harness::edge_integer(rng); };
+  int planned = 0;
+  for (int i = 0; i < 20000; ++i) {
+    WriteSliceOp::Descriptor d;
+    d.dtype = harness::any_dtype(rng);
+    const int rank = static_cast<int>(rng.integer(0, 9));
+    const int window_rank = rng.integer(0, 7) == 0 ? static_cast<int>(rng.integer(0, 9)) : rank;
+    for (int a = 0; a < rank; ++a) d.dest_shape.push_back(small_or_edge());
+    for (int a = 0; a < window_rank; ++a) {
+      const int64_t s = rng.coin() ? rng.integer(0, 4) : harness::edge_integer(rng);
+      int64_t e = harness::edge_integer(rng), extent = harness::edge_integer(rng);
+      if (rng.coin() && __builtin_add_overflow(s, rng.integer(0, 4), &e)) e = s;
+      if (rng.integer(0, 3) > 0 && __builtin_sub_overflow(e, s, &extent)) extent = 0;
+      d.ranges.push_back({s, e});
+      d.source_shape.push_back(extent);
+    }
+    if (rng.coin())
+      for (int a = 0; a < rank; ++a) d.dest_stride.push_back(small_or_edge());
+    if (rng.coin())
+      for (int a = 0; a < window_rank; ++a) d.source_stride.push_back(small_or_edge());
+    const auto plan = WriteSlicePlan::select(cpu, d);
+    ASSERT_TRUE(harness::planned_or_names_op(plan, "write_slice")) << "case " << i;
+    planned += plan.ok() ? 1 : 0;
+  }
+  EXPECT_GT(planned, 100);  // the generator reaches valid descriptors as well
+}
+
 class WriteSliceArgs : public ::testing::TestWithParam<Target> {};
 INSTANTIATE_TEST_SUITE_P(Targets, WriteSliceArgs, ::testing::ValuesIn(harness::all_targets()),
                          target_param_name);
@@ -754,6 +786,22 @@ TEST_P(KvAppend, DecodeShapesOnDevice) {
     check_kv_append(target, DType::bf16, DType::i32, 8, 16, 512, 128, T, Layout::contiguous, rng);
   check_kv_append(target, DType::s4, DType::i64, 4, 8, 300, 128, 3, Layout::padded, rng);
   check_kv_append(target, DType::c128, DType::i64, 3, 4, 64, 33, 5, Layout::permuted, rng);
+}
+
+TEST(KvAppendErrors, RandomDescriptorsArePlannedOrRefused) {
+  Rng rng;
+  const Stream cpu = Stream::cpu();
+  int planned = 0;
+  for (int i = 0; i < 20000; ++i) {
+    KvAppendOp::Descriptor d{harness::any_dtype(rng),    harness::edge_integer(rng),
+                             harness::edge_integer(rng), harness::edge_integer(rng),
+                             harness::edge_integer(rng), harness::edge_integer(rng),
+                             harness::any_dtype(rng)};
+    const auto plan = KvAppendPlan::select(cpu, d);
+    ASSERT_TRUE(harness::planned_or_names_op(plan, "kv_append")) << "case " << i;
+    planned += plan.ok() ? 1 : 0;
+  }
+  EXPECT_GT(planned, 10);
 }
 
 TEST(KvAppendErrors, DescriptorAndArgumentRules) {
