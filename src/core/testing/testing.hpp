@@ -260,6 +260,20 @@ template <class T>
 ::testing::AssertionResult planned_or_names_op(const Result<T>& r, std::string_view op) {
   return r.ok() ? ::testing::AssertionSuccess() : planned_or_names_op(&r.error(), op);
 }
+// select() of each of `Ops` (sharing one descriptor type) on `d`: every one plans or refuses
+// naming its op. Adds 1 to *planned when the first one plans.
+template <class... Ops, class D>
+::testing::AssertionResult plans_or_names_ops(const Stream& stream, const D& d, int* planned) {
+  ::testing::AssertionResult result = ::testing::AssertionSuccess();
+  int index = 0;
+  auto one = [&]<class Op>() {
+    const auto plan = Plan<Op>::select(stream, d);
+    if (index++ == 0 && plan.ok()) ++*planned;
+    if (result) result = planned_or_names_op(plan, Op::name);
+  };
+  (one.template operator()<Ops>(), ...);
+  return result;
+}
 
 // ---- The demo's case registry
 // --------------------------------------------------------------------- Each family registers a

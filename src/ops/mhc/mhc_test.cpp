@@ -921,17 +921,10 @@ TEST(MhcValidation, RandomDescriptorsArePlannedOrRefused) {
     if (rng.integer(0, 3) == 0) d.sinkhorn.eps = odd_double();
     if (rng.integer(0, 3) == 0) d.pre_eps = odd_double();
     if (rng.integer(0, 3) == 0) d.norm_eps = odd_double();
-    const auto a = MhcStaticForwardPlan::select(cpu, d);
-    ASSERT_TRUE(harness::planned_or_names_op(a, "mhc_static_forward")) << "case " << i;
-    const auto b = MhcCollapsePlan::select(cpu, d);
-    ASSERT_TRUE(harness::planned_or_names_op(b, MhcCollapseOp::name)) << "case " << i;
-    const auto c = MhcExpandPlan::select(cpu, d);
-    ASSERT_TRUE(harness::planned_or_names_op(c, MhcExpandOp::name)) << "case " << i;
-    const auto e = MhcExpandBackwardPlan::select(cpu, d);
-    ASSERT_TRUE(harness::planned_or_names_op(e, MhcExpandBackwardOp::name)) << "case " << i;
-    const auto f = MhcCollapseBackwardPlan::select(cpu, d);
-    ASSERT_TRUE(harness::planned_or_names_op(f, MhcCollapseBackwardOp::name)) << "case " << i;
-    planned += b.ok() ? 1 : 0;
+    ASSERT_TRUE(
+        (harness::plans_or_names_ops<MhcCollapseOp, MhcStaticForwardOp, MhcExpandOp,
+                                     MhcExpandBackwardOp, MhcCollapseBackwardOp>(cpu, d, &planned)))
+        << "case " << i;
   }
   EXPECT_GT(planned, 10);
 }
