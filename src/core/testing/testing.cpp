@@ -526,15 +526,18 @@ int64_t edge_integer(Rng& rng) {
                                        std::numeric_limits<int64_t>::max(),
                                        std::numeric_limits<int64_t>::min(),
                                        -(int64_t{1} << 40)};
-  if (rng.integer(0, 2) == 0) return rng.integer(0, 19);
   return kEdges[static_cast<size_t>(rng.integer(0, static_cast<int64_t>(std::size(kEdges)) - 1))];
+}
+
+int64_t small_or_edge(Rng& rng, int64_t small_max, int edge_percent) {
+  return rng.integer(1, 100) <= edge_percent ? edge_integer(rng) : rng.integer(0, small_max);
 }
 
 DType any_dtype(Rng& rng) {
   return static_cast<DType>(rng.integer(0, kDTypeCount));
 }
 
-::testing::AssertionResult planned_or_names_op(const Error* e, std::string_view op) {
+::testing::AssertionResult names_op(const Error* e, std::string_view op) {
   const std::string prefix = std::string(op) + ": ";
   if (e->message().compare(0, prefix.size(), prefix) != 0 || e->message().size() <= prefix.size())
     return ::testing::AssertionFailure()

@@ -249,27 +249,28 @@ template <class T>
 // ---- Descriptor fuzzing
 // Random descriptors thrown at select(): every one is planned or refused with a message that names
 // the op, and none may crash or overflow (the ASan + UBSan build in CI turns either into a
-// failure). An integer that is small most of the time and otherwise an edge a validator must
-// survive: 0,
-// +-1, powers of two around 2^31, 2^32, 2^40, 2^62, INT64_MAX, INT64_MIN, -2^40.
+// failure).
+// An edge a validator must survive: 0, +-1, small powers of two, 2^31 - 1, 2^31, 2^32, 2^40,
+// 2^62, INT64_MAX, INT64_MIN, -2^40.
 int64_t edge_integer(Rng& rng);
+// A value in [0, small_max], or (edge_percent of the time) an edge_integer.
+int64_t small_or_edge(Rng& rng, int64_t small_max, int edge_percent = 50);
 // A random element type, sometimes one past the bank (a value no enumerator names).
 DType any_dtype(Rng& rng);
-::testing::AssertionResult planned_or_names_op(const Error* error, std::string_view op);
-template <class T>
-::testing::AssertionResult planned_or_names_op(const Result<T>& r, std::string_view op) {
-  return r.ok() ? ::testing::AssertionSuccess() : planned_or_names_op(&r.error(), op);
-}
+// The error's message starts with "<op>: " and says something after it.
+::testing::AssertionResult names_op(const Error* error, std::string_view op);
 // select() of each of `Ops` (sharing one descriptor type) on `d`: every one plans or refuses
-// naming its op. Adds 1 to *planned when the first one plans.
+// naming its op. Adds 1 to *planned (when given) if the first one plans.
 template <class... Ops, class D>
-::testing::AssertionResult plans_or_names_ops(const Stream& stream, const D& d, int* planned) {
+::testing::AssertionResult plans_or_names_ops(const Stream& stream, const D& d,
+                                              int* planned = nullptr) {
   ::testing::AssertionResult result = ::testing::AssertionSuccess();
-  int index = 0;
+  bool first = true;
   auto one = [&]<class Op>() {
     const auto plan = Plan<Op>::select(stream, d);
-    if (index++ == 0 && plan.ok()) ++*planned;
-    if (result) result = planned_or_names_op(plan, Op::name);
+    if (first && planned != nullptr && plan.ok()) ++*planned;
+    first = false;
+    if (result && !plan.ok()) result = names_op(&plan.error(), Op::name);
   };
   (one.template operator()<Ops>(), ...);
   return result;
