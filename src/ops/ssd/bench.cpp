@@ -1,8 +1,9 @@
 // Benchmarks of the ssd family: the Mamba-2 2.7B layer shape (B=4 L=4096 H=80 D=64 N=128 G=1) and
 // a smaller one (B=8 L=2048 H=32 D=64 N=64 G=1), bf16, chunk 256, forward and backward, plus the
-// decode step on a state of 80 Mi f32 elements. First what `select` picks (fused_mma forward,
-// chunked_mma_fastpass backward), the forward at chunks 128 and 64 (case name + "_chunk<Q>"), then
-// A/B rows under the same case names: forward chunked_mma_fastpass, chunked_wmma_fastpass,
+// decode step on a state of 80 Mi f32 elements. First what `select` picks (fused_mma forward, its
+// walks cut into segments where that shortens the waves; chunked_mma_fastpass backward), the
+// forward uncut (fused_mma by name), the forward at chunks 128 and 64 (case name + "_chunk<Q>"),
+// then A/B rows under the same case names: forward chunked_mma_fastpass, chunked_wmma_fastpass,
 // chunked_wmma and chunked_wmma_vec, backward chunked_wmma_vec_fastpass, chunked_wmma_vec and
 // chunked_f32 on both shapes and the old recurrent_deterministic_f32 on the small one. peers.py
 // times the same case names on the mamba_ssm Triton kernels.
@@ -245,13 +246,15 @@ void bench_ssd(const Stream& s) {
   if (!only.empty()) {
     for (const Case& c : cases) run_prefill(s, c, only == "backward");
     if (only == "forward") {
+      for (const Case& c : cases) run_prefill(s, c, false, "fused_mma");
       forward_other_chunks(s, cases);
       for (const Case& c : cases) run_prefill(s, c, false, "chunked_mma_fastpass");
     }
     return;
   }
-  for (const Case& c : cases) run_prefill(s, c, false);  // fused_mma (bf16)
+  for (const Case& c : cases) run_prefill(s, c, false);  // fused_mma, cut where it pays (bf16)
   for (const Case& c : cases) run_prefill(s, c, true);   // chunked_mma_fastpass (bf16)
+  for (const Case& c : cases) run_prefill(s, c, false, "fused_mma");  // the walks uncut
   forward_other_chunks(s, cases);
   for (const Case& c : cases) run_prefill(s, c, false, "chunked_mma_fastpass");
   // A/B rows under the same case names: the forward with the WMMA products, without the fast

@@ -105,7 +105,18 @@ __global__ void __launch_bounds__(fused::kThreads, 1) ssd_fused_fwd_kernel(Fwd<T
   float* tot = reinterpret_cast<float*>(fused_smem + Lay::tot);
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, q4 = lane % 4;
-  const int64_t h = blockIdx.x, b = blockIdx.y, grp = h / p.hpg;
+  // The walk: (b, h) from the grid, or, cut into segments, (segment, b, h) from the block's ticket
+  // (segment-major, so a segment's predecessor holds a smaller ticket: it is running or done).
+  int64_t h = blockIdx.x, b = blockIdx.y, seg = 0, walk = 0;
+  if (p.segments > 1) {
+    const int64_t lin = cuda::block_ticket(p.ticket), walks = p.B * p.H;
+    seg = lin / walks, walk = lin % walks;
+    h = walk % p.H, b = walk / p.H;
+  }
+  const int64_t grp = h / p.hpg;
+  // This segment's chunks [c_lo, c_hi) (the whole walk when uncut).
+  const int64_t c_lo = p.segments > 1 ? seg * p.seg_chunks : 0;
+  const int64_t c_hi = p.segments > 1 ? min(p.nchunks, c_lo + p.seg_chunks) : p.nchunks;
   const int D = static_cast<int>(p.D), N = static_cast<int>(p.N);
   const float a2 = p.A.at(h) * static_cast<float>(fwd_mma::kLog2e);
   const float bias = p.has_bias ? p.bias.at(h) : 0.0f;
@@ -131,15 +142,30 @@ __global__ void __launch_bounds__(fused::kThreads, 1) ssd_fused_fwd_kernel(Fwd<T
     return tid < kQ && t < p.L ? to_float(p.dt.at(b, t, h)) : 0.0f;
   };
 
-  // The state: f32 in the update warps' accumulators, T in ss for C.S.
+  // The state: f32 in the update warps' accumulators, T in ss for C.S. A later segment takes the
+  // one its predecessor handed off (every thread its own accumulators, as float4s a warp-wide
+  // 512-byte run apart), bit for bit what the uncut walk carries.
   float st[kST][4];
+  auto handoff_at = [&](int64_t s, int j) {
+    return reinterpret_cast<float4*>(p.handoff) +
+           ((s * p.B * p.H + walk) * kST + j) * fused::kThreads + tid;
+  };
+  if (seg == 0) {
 #pragma unroll
-  for (int j = 0; j < kST; ++j)
+    for (int j = 0; j < kST; ++j)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int d = sd0 + g + 8 * (e / 2), n = sn0 + 8 * j + 2 * q4 + e % 2;
-      st[j][e] = p.has_init && d < D && n < N ? p.init.at(b, h, d, n) : 0.0f;
+      for (int e = 0; e < 4; ++e) {
+        const int d = sd0 + g + 8 * (e / 2), n = sn0 + 8 * j + 2 * q4 + e % 2;
+        st[j][e] = p.has_init && d < D && n < N ? p.init.at(b, h, d, n) : 0.0f;
+      }
+  } else {
+    cuda::await_block(p.ready + (seg - 1) * p.B * p.H + walk, 1u);
+#pragma unroll
+    for (int j = 0; j < kST; ++j) {
+      const float4 v = __ldcg(handoff_at(seg - 1, j));
+      st[j][0] = v.x, st[j][1] = v.y, st[j][2] = v.z, st[j][3] = v.w;
     }
+  }
   auto store_state_t = [&] {
 #pragma unroll
     for (int j = 0; j < kST; ++j)
@@ -150,15 +176,15 @@ __global__ void __launch_bounds__(fused::kThreads, 1) ssd_fused_fwd_kernel(Fwd<T
   };
   store_state_t();  // rows d >= D and columns n >= N stay zero: their x and B columns are zero
 
-  if (p.nchunks > 0) {
-    issue_c(0);
+  if (c_lo < c_hi) {
+    issue_c(c_lo);
     cuda::cp_async_commit();
-    issue_xb(0);
+    issue_xb(c_lo);
     cuda::cp_async_commit();
   }
-  float dt_raw = p.nchunks > 0 ? dt_of(0) : 0.0f;
+  float dt_raw = c_lo < c_hi ? dt_of(c_lo) : 0.0f;
 
-  for (int64_t c = 0; c < p.nchunks; ++c) {
+  for (int64_t c = c_lo; c < c_hi; ++c) {
     const int64_t t0 = c * kQ;
     const int K = rows_of(t0);  // tokens in this chunk
     // ---- scalars: v, cum (log2 units) by a block scan in a fixed order, the update weights
@@ -167,7 +193,7 @@ __global__ void __launch_bounds__(fused::kThreads, 1) ssd_fused_fwd_kernel(Fwd<T
       v = process_dt(dt_raw + bias, p.softplus, p.dt_min, p.dt_max).v;
       a = v * a2;
     }
-    if (c + 1 < p.nchunks) dt_raw = dt_of(c + 1);
+    if (c + 1 < c_hi) dt_raw = dt_of(c + 1);
     float run = a;
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
@@ -295,7 +321,7 @@ __global__ void __launch_bounds__(fused::kThreads, 1) ssd_fused_fwd_kernel(Fwd<T
       }
     }
     __syncthreads();  // every warp is done with C: the next chunk's comes in under the rest
-    if (c + 1 < p.nchunks) issue_c(c + 1);
+    if (c + 1 < c_hi) issue_c(c + 1);
     cuda::cp_async_commit();
 
     // ---- epilogue: y = acc + D x, times silu(z)
@@ -371,10 +397,17 @@ __global__ void __launch_bounds__(fused::kThreads, 1) ssd_fused_fwd_kernel(Fwd<T
     // The next chunk's C.S reads ss: every warp passed the barrier after this chunk's C.S.
     store_state_t();
     __syncthreads();  // x and B free, the new state copy visible
-    if (c + 1 < p.nchunks) issue_xb(c + 1);
+    if (c + 1 < c_hi) issue_xb(c + 1);
     cuda::cp_async_commit();
   }
   cuda::cp_async_wait<0>();
+  if (seg + 1 < p.segments) {  // hand the state to the next segment
+#pragma unroll
+    for (int j = 0; j < kST; ++j)
+      __stcg(handoff_at(seg, j), make_float4(st[j][0], st[j][1], st[j][2], st[j][3]));
+    cuda::publish_block(p.ready + seg * p.B * p.H + walk, 1u);
+    return;
+  }
   if (p.has_fin)
 #pragma unroll
     for (int j = 0; j < kST; ++j)
@@ -410,7 +443,8 @@ inline bool fused_ranked_ahead_fits(const ssd::Problem& p, const DeviceCaps& cap
 }
 template <class T, int kQ, int kN>
 Status launch_fused(const Fwd<T>& p, bool vec, cudaStream_t st) {
-  const dim3 grid(static_cast<unsigned>(p.H), static_cast<unsigned>(p.B));
+  const dim3 grid = p.segments > 1 ? dim3(static_cast<unsigned>(p.segments * p.B * p.H))
+                                   : dim3(static_cast<unsigned>(p.H), static_cast<unsigned>(p.B));
   return cuda::launch_with_smem(
       "ssd_forward", "ssd_fused_fwd_kernel",
       vec ? ssd_fused_fwd_kernel<T, kQ, kN, true> : ssd_fused_fwd_kernel<T, kQ, kN, false>, grid,
@@ -421,13 +455,53 @@ Status launch_fused(const Fwd<T>& p, bool vec, cudaStream_t st) {
   return p.N <= 64 ? launch_fused<T, kQ, 64>(p, vec, st) : launch_fused<T, kQ, 128>(p, vec, st);
 }
 
-template <class T>
+// How the registered entries cut the walks: never (fused_mma), by the wave rule
+// (fused_mma_ranked_ahead, the default), or into at least two segments (fused_mma_split, by name:
+// tests and A/B runs).
+enum class FusedCut { none, rule, forced };
+
+// Blocks that run at once: one per SM (255 registers x 256 threads, __launch_bounds__(256, 1)).
+template <FusedCut kCut>
+int fused_segment_count(const ssd::Problem& p, const DeviceCaps& caps) {
+  if constexpr (kCut == FusedCut::none) return 1;
+  return ssd_segments::fused_segments(p.batch * p.heads, p.nchunks, caps.sm_count,
+                                      kCut == FusedCut::forced ? 2 : 1);
+}
+// The workspace of a cut walk: the ticket and ready flags, then the handed-off states (room for
+// the N <= 128 instantiation's 32 floats a thread, 256-byte aligned).
+struct FusedLayout {
+  size_t flags_bytes, states_offset, total;
+};
+inline FusedLayout fused_layout(const ssd::Problem& p, int segments) {
+  if (segments <= 1) return {0, 0, 0};
+  const size_t handoffs = static_cast<size_t>(p.batch * p.heads) * (segments - 1);
+  const size_t flags = sizeof(unsigned) * (1 + handoffs);
+  const size_t at = (flags + 255) / 256 * 256;
+  return {flags, at, at + handoffs * fused::kThreads * 32 * sizeof(float)};
+}
+template <FusedCut kCut>
+size_t fused_workspace(const ssd::Problem& p, const DeviceCaps& caps) {
+  return fused_layout(p, fused_segment_count<kCut>(p, caps)).total;
+}
+
+template <class T, FusedCut kCut>
 Status forward_fused(const LaunchContext& ctx, const ssd::Problem& pr,
                      const SsdForwardOp::Arguments& a) {
   Fwd<T> p = forward_params<T>(pr, a);
   if (pr.batch * pr.heads == 0) return {};
   const cudaStream_t st = cuda::stream_of(ctx);
   StageClock clock("ssd_forward", "fused_mma", st);
+  p.segments = fused_segment_count<kCut>(pr, ctx.stream.caps());
+  if (p.segments > 1) {
+    const FusedLayout l = fused_layout(pr, p.segments);
+    auto* ws = static_cast<unsigned char*>(ctx.workspace.data);
+    p.seg_chunks = ssd_segments::chunks_per_segment(pr.nchunks, p.segments);
+    p.ticket = reinterpret_cast<unsigned*>(ws);
+    p.ready = p.ticket + 1;
+    p.handoff = reinterpret_cast<float*>(ws + l.states_offset);
+    BARACUDA_TRY(cuda::check("ssd_forward", "cudaMemsetAsync (fused_mma's segment flags)",
+                             cudaMemsetAsync(ws, 0, l.flags_bytes, st)));
+  }
   // 16-byte copies where every operand the kernel moves by vectors allows them (z goes by
   // elements either way; y by 4-byte pairs).
   const bool vec = pr.head_dim % 8 == 0 && pr.state_dim % 8 == 0 && rows16(p.x) && rows16(p.Bm) &&

@@ -45,6 +45,7 @@
 
 #include "baracuda/ops/ssd.hpp"
 #include "core/cuda/async_copy.cuh"
+#include "core/cuda/flags.cuh"
 #include "core/cuda/launch.cuh"
 #include "core/cuda/mma.cuh"
 
@@ -149,6 +150,13 @@ struct Fwd : Common<T> {
                          // values chunk_out's product rounds them to anyway
   int64_t hb = 1;        // chunked_mma_fastpass: heads per chunk_out block (divides hpg)
   int64_t hb_state = 1;  // and per chunk_state block
+  // fused_mma cut into segments (ssd_segments): chunks per segment, and in the workspace the
+  // ticket counter and one ready flag per handed-off state (zeroed before the launch) and the
+  // states themselves (f32, in the accumulator order of the kernel's threads).
+  int segments = 1;
+  int64_t seg_chunks = 0;
+  unsigned *ticket = nullptr, *ready = nullptr;
+  float* handoff = nullptr;
 };
 
 template <class T>
@@ -4923,6 +4931,7 @@ Status decode_launch(const LaunchContext& ctx, const ssd::DecodeProblem& pr,
 }  // namespace baracuda::ssd_cuda
 
 #include "ops/ssd/forward_fused.cuh"  // the one-pass forward (fused_mma)
+#include "ops/ssd/segments.hpp"
 
 namespace baracuda::ssd_cuda {
 
@@ -5020,14 +5029,24 @@ bool register_kernels() {
         .sku = scan_sku<E>("ssd_forward", "chunked", kTensorCorePrecision<E>, "fused_mma"),
         .priority = 28,
         .fits = fused_fits,
-        .launch = forward_fused<T>,
+        .launch = forward_fused<T, FusedCut::none>,
     });
+    // The default entry cuts the walks into segments where fewer, shorter waves win
+    // (ssd_segments::fused_segments); fused_mma_split always cuts them (tests, A/B runs).
     register_kernel<SsdForwardOp>({
         .sku = scan_sku<E>("ssd_forward", "chunked", kTensorCorePrecision<E>,
                            "fused_mma_ranked_ahead"),
         .priority = 33,
         .fits = fused_ranked_ahead_fits,
-        .launch = forward_fused<T>,
+        .workspace = fused_workspace<FusedCut::rule>,
+        .launch = forward_fused<T, FusedCut::rule>,
+    });
+    register_kernel<SsdForwardOp>({
+        .sku = scan_sku<E>("ssd_forward", "chunked", kTensorCorePrecision<E>, "fused_mma_split"),
+        .priority = 27,
+        .fits = fused_fits,
+        .workspace = fused_workspace<FusedCut::forced>,
+        .launch = forward_fused<T, FusedCut::forced>,
     });
     register_kernel<SsdForwardOp>({
         .sku = scan_sku<E>("ssd_forward", "chunked", kTensorCorePrecision<E>, "chunked_wmma"),

@@ -14,6 +14,7 @@
 #include "baracuda/ops/ssd.hpp"
 #include "core/testing/testing.hpp"
 #include "ops/ssd/reference.hpp"
+#include "ops/ssd/segments.hpp"
 
 namespace baracuda {
 namespace {
@@ -186,6 +187,46 @@ SsdBackwardOp::Arguments backward_args(const Tensors& t) {
 
 Result<Buffer> workspace_for(size_t bytes, Target target) {
   return harness::poisoned_workspace(std::max<size_t>(bytes, 1), harness::location_for(target));
+}
+
+// ---- fused_mma's segments (host rule) --------------------------------------------------------
+// The cut the default takes: five waves of 8 chunks instead of three of 16 at the Mamba-2 2.7B
+// shape on 132 SMs; never with fewer walks than slots (a later segment would wait); never an
+// empty segment, more segments than chunks or a grid past 2^31 blocks; forced cuts for tests.
+TEST(SsdSegments, RuleCutsOnlyWhereWavesShrink) {
+  using ssd_segments::fused_segments, ssd_segments::chunks_per_segment;
+  EXPECT_EQ(fused_segments(320, 16, 132), 2);   // B4 H80, L4096 / 256
+  EXPECT_EQ(fused_segments(256, 8, 132), 1);    // B8 H32, L2048 / 256: 2 x 8 = 4 x 4 + costs
+  EXPECT_EQ(fused_segments(264, 16, 132), 1);   // whole waves already
+  EXPECT_EQ(fused_segments(131, 64, 132), 1);   // fewer walks than slots
+  EXPECT_EQ(fused_segments(320, 1, 132), 1);    // one chunk
+  EXPECT_EQ(fused_segments(2, 64, 132, 2), 4);  // forced: as many as help, waits allowed
+  EXPECT_EQ(fused_segments(2, 2, 132, 2), 2);
+  EXPECT_EQ(fused_segments(int64_t{1} << 30, 16, 132, 2), 1);  // no 1-D grid of 2^31 blocks
+  EXPECT_EQ(fused_segments((int64_t{1} << 30) - 1, 16, 132, 2), 2);
+  EXPECT_EQ(chunks_per_segment(16, 2), 8);
+  EXPECT_EQ(chunks_per_segment(5, 4), 2);
+  EXPECT_EQ(chunks_per_segment(7, 1), 7);
+  Rng rng;
+  for (int i = 0; i < 20000; ++i) {
+    const int64_t walks = harness::small_or_edge(rng, 2000), nchunks = rng.integer(0, 70),
+                  slots = rng.integer(1, 300);
+    const int at_least = static_cast<int>(rng.integer(1, 2));
+    const int s = fused_segments(walks, nchunks, slots, at_least);
+    SCOPED_TRACE("walks=" + std::to_string(walks) + " nchunks=" + std::to_string(nchunks) +
+                 " slots=" + std::to_string(slots) + " at_least=" + std::to_string(at_least));
+    ASSERT_GE(s, 1);
+    ASSERT_LE(s, ssd_segments::kMaxSegments);
+    if (s == 1) continue;
+    ASSERT_LE(s, nchunks);
+    ASSERT_LT((s - 1) * chunks_per_segment(nchunks, s), nchunks);  // no empty segment
+    ASSERT_LT(walks * s, int64_t{1} << 31);                        // a 1-D grid
+    if (at_least == 1) {
+      ASSERT_GE(walks, slots);
+      const int64_t per = chunks_per_segment(nchunks, s);
+      ASSERT_LT((walks * s + slots - 1) / slots * per, (walks + slots - 1) / slots * nchunks);
+    }
+  }
 }
 
 // ---- validation: descriptor --------------------------------------------------------------------
@@ -922,6 +963,38 @@ void run_forward(Target target, DType dtype, const FwdCase& c, Layout layout,
   }
 }
 
+// fused_mma_split (the walks cut into segments, the state handed between them through the
+// workspace) against fused_mma (uncut) on the same inputs: y and the final states bit for bit, as
+// the cut form promises. Both plans' own outputs are poisoned first.
+void expect_split_equals_uncut(Target target, DType dtype, const FwdCase& c, Layout layout) {
+  Rng rng;
+  const Stream& stream = harness::stream_for(target);
+  const auto d = describe(c.B, c.L, c.H, c.D, c.N, c.G, dtype, c.o, c.chunk);
+  auto uncut = SsdForwardPlan::select(stream, d, PlanPreference::kernel("fused_mma"));
+  auto split = SsdForwardPlan::select(stream, d, PlanPreference::kernel("fused_mma_split"));
+  BARACUDA_ASSERT_OK(uncut);
+  BARACUDA_ASSERT_OK(split);
+  EXPECT_EQ(uncut->workspace_size(), 0u);
+  Tensors t = make_tensors(split->problem(), target, layout, rng, false, c.o.a_scale);
+  std::vector<std::vector<uint8_t>> outs[2];
+  for (int i = 0; i < 2; ++i) {
+    auto& plan = i == 0 ? uncut : split;
+    auto ws = workspace_for(plan->workspace_size(), target);
+    BARACUDA_ASSERT_OK(ws);
+    t.y->poison();
+    if (t.final_states) t.final_states->poison();
+    BARACUDA_ASSERT_OK(plan->run(stream, ws->as_workspace(), forward_args(t)));
+    BARACUDA_ASSERT_OK(stream.synchronize());
+    outs[i].push_back(t.y->bytes());
+    if (t.final_states) outs[i].push_back(t.final_states->bytes());
+  }
+  const std::string what = "L=" + std::to_string(c.L) + " chunk=" + std::to_string(c.chunk);
+  EXPECT_TRUE(harness::bytes_equal(outs[0][0], outs[1][0], what + " y, cut vs uncut"));
+  if (t.final_states) {
+    EXPECT_TRUE(harness::bytes_equal(outs[0][1], outs[1][1], what + " final_states, cut vs uncut"));
+  }
+}
+
 class SsdPlans : public ::testing::TestWithParam<Target> {};
 
 TEST_P(SsdPlans, ForwardEveryOptionLayoutAndDtype) {
@@ -1297,11 +1370,16 @@ TEST_P(SsdPlans, ForwardFusedOnDevice) {
           // 64 chunks of state carried in registers: no drift from the sequential reference
           {DType::bf16, {1, 16384, 2, 64, 128, 1, 256, states}, Layout::contiguous, true},
       });
+  const auto split = PlanPreference::kernel("fused_mma_split");
   for (const auto& k : cases) {
     SCOPED_TRACE(mma_case_label(k));
     run_forward(target, k.dtype, k.c, k.layout, true, fused);
     const StageNames ran = plan_stages<SsdForwardPlan>(target, k.dtype, k.c, k.layout, fused);
     EXPECT_TRUE(ran.has("fused"));
+    // The walks cut into 2-4 segments (fewer walks than SMs: later segments wait for earlier
+    // ones): the oracle, determinism, and bit for bit the uncut walk.
+    run_forward(target, k.dtype, k.c, k.layout, true, split);
+    expect_split_equals_uncut(target, k.dtype, k.c, k.layout);
   }
   // L = 0: no chunks; final_states = initial_states.
   run_forward(target, DType::bf16, {2, 0, 2, 4, 4, 1, 64, states}, Layout::contiguous, true, fused);
@@ -1313,6 +1391,17 @@ TEST_P(SsdPlans, ForwardFusedOnDevice) {
   auto wide = SsdForwardPlan::select(stream, describe(1, 64, sms, 64, 128, 1, DType::bf16, {}));
   BARACUDA_ASSERT_OK(wide);
   EXPECT_EQ(wide->sku().name, "fused_mma_ranked_ahead");
+  // More walks than SMs and 8 chunks: the default cuts them (a workspace for the hand-offs).
+  {
+    const FwdCase many{1, 8 * 64, sms + 1, 64, 128, 1, 64, states};
+    auto cut = SsdForwardPlan::select(
+        stream, describe(many.B, many.L, many.H, many.D, many.N, many.G, DType::bf16, many.o, 64));
+    BARACUDA_ASSERT_OK(cut);
+    EXPECT_EQ(cut->sku().name, "fused_mma_ranked_ahead");
+    EXPECT_GT(ssd_segments::fused_segments(sms + 1, 8, sms), 1);
+    EXPECT_GT(cut->workspace_size(), 0u);
+    run_forward(target, DType::bf16, many, Layout::contiguous, true);
+  }
   auto narrow =
       SsdForwardPlan::select(stream, describe(1, 64, sms - 1, 64, 128, 1, DType::bf16, {}));
   BARACUDA_ASSERT_OK(narrow);
