@@ -13,6 +13,8 @@
 // The three products per chunk on mma.sync with f32 accumulators; fixed order (deterministic).
 #pragma once
 
+#include "ops/ssd/segments.hpp"  // how the walks are cut
+
 namespace baracuda::ssd_cuda {
 
 namespace fused {

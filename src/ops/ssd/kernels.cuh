@@ -4931,7 +4931,6 @@ Status decode_launch(const LaunchContext& ctx, const ssd::DecodeProblem& pr,
 }  // namespace baracuda::ssd_cuda
 
 #include "ops/ssd/forward_fused.cuh"  // the one-pass forward (fused_mma)
-#include "ops/ssd/segments.hpp"
 
 namespace baracuda::ssd_cuda {
 
