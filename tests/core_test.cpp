@@ -133,6 +133,14 @@ TEST(Validate, TensorRules) {
   EXPECT_EQ(st.error().kind(), ErrorKind::buffer_too_small);
   EXPECT_EQ(st.error().needed(), 128u);
   EXPECT_EQ(st.error().got(), 100u);
+  // -1 means "what the view spans"; any other negative is refused, never read as "unchecked".
+  Tensor garbage = t;
+  garbage.buffer_bytes = -2;
+  EXPECT_TRUE(fails_with(&validate::tensor("op", "y", garbage, DType::f32, shape, host).error(),
+                         ErrorKind::invalid_problem, {"op: y: buffer_bytes=-2 is negative"}));
+  Tensor vouched = t;
+  vouched.buffer_bytes = -1;
+  BARACUDA_EXPECT_OK(validate::tensor("op", "y", vouched, DType::f32, shape, host));
   Tensor bcast = t;
   bcast.stride[0] = 0;
   EXPECT_TRUE(fails_with(&validate::tensor("op", "y", bcast, DType::f32, shape, host).error(),
@@ -152,6 +160,20 @@ TEST(Validate, TensorRules) {
   EXPECT_TRUE(fails_with(
       &validate::tensor("op", "y", misaligned, DType::f32, shape, host, {.align_bytes = 4}).error(),
       ErrorKind::misaligned_operand, {"4-byte aligned"}));
+  // Natural alignment always: an f32 view one byte into its buffer is refused without a rule.
+  Tensor odd = t;
+  odd.data = reinterpret_cast<char*>(storage.data()) + 1;
+  odd.buffer_bytes = 64 * 4 - 1;
+  EXPECT_TRUE(fails_with(&validate::tensor("op", "y", odd, DType::f32, shape, host).error(),
+                         ErrorKind::misaligned_operand, {"op: y: data", "is not 4-byte aligned"}));
+  const int64_t bytes_shape[] = {4, 8};
+  Tensor odd_u8 =
+      make_tensor(reinterpret_cast<char*>(storage.data()) + 1, DType::u8, bytes_shape, host, 100);
+  BARACUDA_EXPECT_OK(validate::tensor("op", "y", odd_u8, DType::u8, bytes_shape, host));
+  const int64_t pairs_shape[] = {2, 4};  // complex<float> is aligned to its float parts
+  Tensor odd_c64 = make_tensor(reinterpret_cast<char*>(storage.data()) + 4, DType::c64, pairs_shape,
+                               host, 64 * 4 - 4);
+  BARACUDA_EXPECT_OK(validate::tensor("op", "y", odd_c64, DType::c64, pairs_shape, host));
   EXPECT_TRUE(
       fails_with(&validate::tensor("op", "y", t, DType::f32, shape, Location::cuda(0)).error(),
                  ErrorKind::wrong_device, {"declared on host", "cuda:0"}));

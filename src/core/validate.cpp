@@ -1,5 +1,6 @@
 #include "baracuda/core/validate.hpp"
 
+#include <algorithm>
 #include <cstdint>
 #include <sstream>
 #include <string>
@@ -103,14 +104,23 @@ Status tensor(std::string_view op, std::string_view arg, const BasicTensor<Ptr>&
                               "]=" + std::to_string(t.stride[i]) + " is not a multiple of " +
                               std::to_string(epb));
   }
+  // -1 is the API's "exactly what the view spans"; any other negative is a caller's garbage and
+  // must not switch the extent check off.
+  if (t.buffer_bytes < -1)
+    return Error::invalid(prefix(op, arg) + "buffer_bytes=" + std::to_string(t.buffer_bytes) +
+                          " is negative (only -1, \"what the view spans\", is allowed)");
   if (rule.require_contiguous && !t.is_contiguous())
     return Error::invalid(prefix(op, arg) + "must be contiguous row-major, got " + describe(t));
   if (t.numel() == 0) return {};
   if (t.data == nullptr) return Error::invalid(prefix(op, arg) + "data is null");
-  if (rule.align_bytes > 1 &&
-      reinterpret_cast<uintptr_t>(t.data) % static_cast<uintptr_t>(rule.align_bytes) != 0)
+  // A typed pointer is aligned to its element (to a component for complex types: alignof of the
+  // C++ type), whatever the op asks on top: a device load of a misaligned element faults and
+  // leaves the CUDA context unusable, and a host one is undefined behaviour.
+  const int64_t natural = bits_of(dtype) < 8 ? 1 : bits_of(dtype) / (is_complex(dtype) ? 16 : 8);
+  const int64_t align = std::max<int64_t>(rule.align_bytes, natural);
+  if (align > 1 && reinterpret_cast<uintptr_t>(t.data) % static_cast<uintptr_t>(align) != 0)
     return Error::misaligned(prefix(op, arg) + "data " + hex(t.data) + " is not " +
-                             std::to_string(rule.align_bytes) + "-byte aligned");
+                             std::to_string(align) + "-byte aligned");
   const int64_t span = t.span_bytes();
   if (span == INT64_MAX)
     return Error::invalid(prefix(op, arg) + "view spans more than 2^63 bytes: " + describe(t));

@@ -95,6 +95,10 @@ struct Kernel {
   size_t (*workspace)(const typename Op::Problem&, const DeviceCaps&) = nullptr;  // null: none
   Status (*launch)(const LaunchContext&, const typename Op::Problem&,
                    const typename Op::Arguments&) = nullptr;
+  // The kernel's own argument rules on top of the op's (the alignment and strides its vector or
+  // TMA loads need): can_implement applies them, so a run that launch would refuse is refused
+  // before anything is enqueued. null: none.
+  Status (*check)(const typename Op::Problem&, const typename Op::Arguments&) = nullptr;
 };
 
 // ---- The global op matrix ----------------------------------------------------------------------
@@ -183,7 +187,8 @@ class Plan {
   // nothing; run() calls it too, so a run with bad arguments never writes.
   Status can_implement(const Arguments& args) const {
     const Location where = caps_.device < 0 ? Location::host() : Location::cuda(caps_.device);
-    return Op::check_arguments(problem_, args, where);
+    BARACUDA_TRY(Op::check_arguments(problem_, args, where));
+    return kernel_->check != nullptr ? kernel_->check(problem_, args) : Status{};
   }
   size_t workspace_size() const { return workspace_; }
   const KernelSku& sku() const { return kernel_->sku; }

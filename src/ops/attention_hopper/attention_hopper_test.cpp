@@ -949,8 +949,10 @@ void expect_misaligned_run_fails(PlanPreference pref, int misaligned,
   const Workspace_ ws = workspace_of(plan->workspace_size());
   const ConstTensor q = misaligned == 0 ? off.cview() : a.cview();
   const ConstTensor k = misaligned == 0 ? a.cview() : off.cview();
-  EXPECT_TRUE(fails_with(plan->run(gs, ws.get(), {q, k, v.cview(), y.view(), lse.view(), {}, {}}),
-                         ErrorKind::misaligned_operand, messages));
+  const attention::ForwardArguments args{q, k, v.cview(), y.view(), lse.view(), {}, {}};
+  // The kernel's rule is the plan's (Kernel::check): refused before anything is enqueued.
+  EXPECT_TRUE(fails_with(plan->can_implement(args), ErrorKind::misaligned_operand, messages));
+  EXPECT_TRUE(fails_with(plan->run(gs, ws.get(), args), ErrorKind::misaligned_operand, messages));
   BARACUDA_ASSERT_OK(gs.synchronize());
   EXPECT_TRUE(harness::bytes_equal(y_before, y.bytes(), "y"));
   EXPECT_TRUE(harness::bytes_equal(lse_before, lse.bytes(), "lse"));
@@ -1770,20 +1772,12 @@ TEST(AttentionFa3Gpu, BackwardMisalignedRunFailsWithoutWriting) {
   for (TestTensor* t : {&dq, &dk, &dv}) t->poison();
   const auto before = {dq.bytes(), dk.bytes(), dv.bytes()};
   const Workspace_ ws = workspace_of(plan->workspace_size());
-  EXPECT_TRUE(fails_with(plan->run(gs, ws.get(),
-                                   {q.cview(),
-                                    q.cview(),
-                                    q.cview(),
-                                    y.cview(),
-                                    off.cview(),
-                                    lse.cview(),
-                                    dq.view(),
-                                    dk.view(),
-                                    dv.view(),
-                                    {},
-                                    {}}),
-                         ErrorKind::misaligned_operand,
-                         {"attention_backward: fa3_bwd_sm90a: dy: data is not 16-byte aligned"}));
+  const attention::BackwardArguments args{q.cview(),   q.cview(),   q.cview(), y.cview(),
+                                          off.cview(), lse.cview(), dq.view(), dk.view(),
+                                          dv.view(),   {},          {}};
+  for (const Status& st : {plan->can_implement(args), plan->run(gs, ws.get(), args)})
+    EXPECT_TRUE(fails_with(st, ErrorKind::misaligned_operand,
+                           {"attention_backward: fa3_bwd_sm90a: dy: data is not 16-byte aligned"}));
   BARACUDA_ASSERT_OK(gs.synchronize());
   auto it = before.begin();
   for (TestTensor* t : {&dq, &dk, &dv}) EXPECT_TRUE(harness::bytes_equal(*it++, t->bytes(), "out"));

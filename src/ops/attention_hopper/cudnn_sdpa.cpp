@@ -542,13 +542,31 @@ void* w(const void* p) {
   return const_cast<void*>(p);
 }
 
-Status launch_forward(const LaunchContext& ctx, const Problem& p, const ForwardArguments& a) {
+// cuDNN's alignment and stride rules (cudnn_check_layout) on the run's tensors: the registry's
+// check, so that can_implement refuses what launch would. (Whether cuDNN builds a graph for an
+// accepted layout is only known when it tries: execute's own error says so.)
+Status check_forward(const Problem&, const ForwardArguments& a) {
   const std::string_view op = attention::ForwardOp::name;
   BARACUDA_TRY(cudnn_check_layout(op, "q", a.q, false));
   BARACUDA_TRY(cudnn_check_layout(op, "k", a.k, false));
   BARACUDA_TRY(cudnn_check_layout(op, "v", a.v, false));
   BARACUDA_TRY(cudnn_check_layout(op, "y", a.y, false));
+  return cudnn_check_layout(op, "lse", a.lse, true);
+}
+Status check_backward(const Problem&, const BackwardArguments& a) {
+  const std::string_view op = attention::BackwardOp::name;
+  const std::pair<const char*, ConstTensor> ins[] = {
+      {"q", a.q}, {"k", a.k}, {"v", a.v}, {"y", a.y}, {"dy", a.dy}};
+  for (const auto& [n, t] : ins) BARACUDA_TRY(cudnn_check_layout(op, n, t, false));
   BARACUDA_TRY(cudnn_check_layout(op, "lse", a.lse, true));
+  for (const auto& [n, t] : {std::pair{"dq", a.dq}, {"dk", a.dk}, {"dv", a.dv}})
+    BARACUDA_TRY(cudnn_check_layout(op, n, t, false));
+  return {};
+}
+
+Status launch_forward(const LaunchContext& ctx, const Problem& p, const ForwardArguments& a) {
+  const std::string_view op = attention::ForwardOp::name;
+  BARACUDA_TRY(check_forward(p, a));  // Plan::run has applied it; a direct launch may not
   Layout layout{{bhld_strides(a.q), bhld_strides(a.k), bhld_strides(a.v), bhld_strides(a.y),
                  lse_strides(as_const(a.lse))}};
   return execute(
@@ -560,12 +578,7 @@ Status launch_forward(const LaunchContext& ctx, const Problem& p, const ForwardA
 Status launch_backward(const LaunchContext& ctx, const Problem& p, const BackwardArguments& a,
                        Kind kind) {
   const std::string_view op = attention::BackwardOp::name;
-  const std::pair<const char*, ConstTensor> ins[] = {
-      {"q", a.q}, {"k", a.k}, {"v", a.v}, {"y", a.y}, {"dy", a.dy}};
-  for (const auto& [n, t] : ins) BARACUDA_TRY(cudnn_check_layout(op, n, t, false));
-  BARACUDA_TRY(cudnn_check_layout(op, "lse", a.lse, true));
-  for (const auto& [n, t] : {std::pair{"dq", a.dq}, {"dk", a.dk}, {"dv", a.dv}})
-    BARACUDA_TRY(cudnn_check_layout(op, n, t, false));
+  BARACUDA_TRY(check_backward(p, a));  // Plan::run has applied it; a direct launch may not
   // The graph always reads a packed LSE: the caller's when it is packed, else a copy in the
   // workspace tail (after cuDNN's own region).
   const std::array<int64_t, 4> packed{p.desc.heads_q * p.desc.len_q, p.desc.len_q, 1, 1};
@@ -651,36 +664,42 @@ bool register_all() {
                                 .priority = kCudnnAhead,
                                 .fits = fits_forward<true>,
                                 .workspace = ws_forward,
-                                .launch = launch_forward});
+                                .launch = launch_forward,
+                                .check = check_forward});
     register_kernel<ForwardOp>({.sku = sku(ForwardOp::name, "cudnn_sdpa_ranked_behind", true),
                                 .priority = kCudnnBehind,
                                 .fits = fits_forward<false>,
                                 .workspace = ws_forward,
-                                .launch = launch_forward});
+                                .launch = launch_forward,
+                                .check = check_forward});
     // cuDNN's default backward accumulates dQ with float atomics (not deterministic); its
     // deterministic algorithm is registered separately, one step lower.
     register_kernel<BackwardOp>({.sku = sku(BackwardOp::name, "cudnn_sdpa_bwd", false),
                                  .priority = kCudnnAhead,
                                  .fits = fits_backward<true, Kind::backward>,
                                  .workspace = ws_backward<Kind::backward>,
-                                 .launch = run_backward<Kind::backward>});
+                                 .launch = run_backward<Kind::backward>,
+                                 .check = check_backward});
     register_kernel<BackwardOp>({.sku = sku(BackwardOp::name, "cudnn_sdpa_bwd_deterministic", true),
                                  .priority = kCudnnAhead - 1,
                                  .fits = fits_backward<true, Kind::backward_deterministic>,
                                  .workspace = ws_backward<Kind::backward_deterministic>,
-                                 .launch = run_backward<Kind::backward_deterministic>});
+                                 .launch = run_backward<Kind::backward_deterministic>,
+                                 .check = check_backward});
     register_kernel<BackwardOp>(
         {.sku = sku(BackwardOp::name, "cudnn_sdpa_bwd_ranked_behind", false),
          .priority = kCudnnBehind,
          .fits = fits_backward<false, Kind::backward>,
          .workspace = ws_backward<Kind::backward>,
-         .launch = run_backward<Kind::backward>});
+         .launch = run_backward<Kind::backward>,
+         .check = check_backward});
     register_kernel<BackwardOp>(
         {.sku = sku(BackwardOp::name, "cudnn_sdpa_bwd_deterministic_ranked_behind", true),
          .priority = kCudnnBehind - 1,
          .fits = fits_backward<false, Kind::backward_deterministic>,
          .workspace = ws_backward<Kind::backward_deterministic>,
-         .launch = run_backward<Kind::backward_deterministic>});
+         .launch = run_backward<Kind::backward_deterministic>,
+         .check = check_backward});
   }
   return true;
 }

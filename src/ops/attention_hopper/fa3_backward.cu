@@ -825,6 +825,22 @@ size_t workspace(const Problem& pr, const DeviceCaps&) {
   return layout_of(pr).bytes;
 }
 
+// The TMA loads' and vector stores' layout rules (check_layout) on the run's views: the
+// registry's check, so that can_implement refuses what launch could not load.
+Status check_args(const Problem& pr, const BackwardArguments& a) {
+  const bool vl = pr.desc.varlen;
+  const std::pair<const char*, ConstTensor> views[] = {{"q", rows_view(a.q, vl)},
+                                                       {"k", rows_view(a.k, vl)},
+                                                       {"v", rows_view(a.v, vl)},
+                                                       {"y", rows_view(a.y, vl)},
+                                                       {"dy", rows_view(a.dy, vl)},
+                                                       {"dq", as_const(rows_view(a.dq, vl))},
+                                                       {"dk", as_const(rows_view(a.dk, vl))},
+                                                       {"dv", as_const(rows_view(a.dv, vl))}};
+  for (const auto& [name, t] : views) BARACUDA_TRY(check_layout(kWho, name, t));
+  return {};
+}
+
 template <class T, int D>
 Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArguments& a) {
   const auto& d = pr.desc;
@@ -834,14 +850,7 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
   const ConstTensor q = rows_view(a.q, vl), k = rows_view(a.k, vl), v = rows_view(a.v, vl),
                     y = rows_view(a.y, vl), dy = rows_view(a.dy, vl), lse = lse_view(a.lse, vl);
   const Tensor dq = rows_view(a.dq, vl), dk = rows_view(a.dk, vl), dv = rows_view(a.dv, vl);
-  BARACUDA_TRY(check_layout(kWho, "q", q));
-  BARACUDA_TRY(check_layout(kWho, "k", k));
-  BARACUDA_TRY(check_layout(kWho, "v", v));
-  BARACUDA_TRY(check_layout(kWho, "y", y));
-  BARACUDA_TRY(check_layout(kWho, "dy", dy));
-  BARACUDA_TRY(check_layout(kWho, "dq", dq));
-  BARACUDA_TRY(check_layout(kWho, "dk", dk));
-  BARACUDA_TRY(check_layout(kWho, "dv", dv));
+  BARACUDA_TRY(check_args(pr, a));  // Plan::run has applied it; a direct launch may not
   const Layout lay = layout_of(pr);
   if (ctx.workspace.bytes < lay.bytes)
     return Error::workspace_too_small(std::string(kWho) + ": workspace", lay.bytes,
@@ -956,7 +965,8 @@ bool register_one() {
          .priority = e.priority,
          .fits = e.fits,
          .workspace = workspace,
-         .launch = e.launch});
+         .launch = e.launch,
+         .check = check_args});
   return true;
 }
 

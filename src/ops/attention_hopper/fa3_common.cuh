@@ -348,8 +348,9 @@ Status check_layout(std::string_view who, std::string_view arg, const BasicTenso
                               ": the head dim must be unit-stride");
   for (int i = 0; i < 3; ++i) {
     if (t.shape[i] <= 1) continue;
-    const int64_t bytes = t.stride[i] * elem_bytes;
-    if (t.stride[i] <= 0 || bytes % 16 != 0 || bytes >= (int64_t{1} << 40))
+    int64_t bytes = 0;
+    if (t.stride[i] <= 0 || !checked_mul(t.stride[i], elem_bytes, &bytes) || bytes % 16 != 0 ||
+        bytes >= (int64_t{1} << 40))
       return Error::misaligned(op + std::string(arg) + ": stride[" + std::to_string(i) +
                                "]=" + std::to_string(t.stride[i]) +
                                " elements: TMA needs a positive multiple of 16 bytes");

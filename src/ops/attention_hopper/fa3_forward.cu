@@ -867,6 +867,19 @@ constexpr int launch_smem() {
                                                : 0);
 }
 
+// The TMA loads' layout rules (check_layout) on the run's views: the registry's check, so that
+// can_implement refuses what launch could not load. kFp8: e4m3 Q, K, V (1-byte elements).
+template <bool kFp8>
+Status check_args(const Problem& pr, const ForwardArguments& a) {
+  const std::string_view who = kFp8 ? kWhoFp8 : kWho;
+  const int in_bytes = kFp8 ? 1 : 2;
+  const bool vl = pr.desc.varlen;
+  BARACUDA_TRY(check_layout(who, "q", rows_view(a.q, vl), in_bytes));
+  BARACUDA_TRY(check_layout(who, "k", rows_view(a.k, vl), in_bytes));
+  BARACUDA_TRY(check_layout(who, "v", rows_view(a.v, vl), in_bytes));
+  return check_layout(who, "y", rows_view(a.y, vl));
+}
+
 template <class T, int D, int V>
 Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArguments& a) {
   using E = ElemOf<T>;
@@ -877,10 +890,7 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
   const ConstTensor q = rows_view(a.q, d.varlen), k = rows_view(a.k, d.varlen),
                     v = rows_view(a.v, d.varlen);
   const Tensor y = rows_view(a.y, d.varlen), lse = lse_view(a.lse, d.varlen);
-  BARACUDA_TRY(check_layout(who, "q", q, E::kBytes));
-  BARACUDA_TRY(check_layout(who, "k", k, E::kBytes));
-  BARACUDA_TRY(check_layout(who, "v", v, E::kBytes));
-  BARACUDA_TRY(check_layout(who, "y", y));
+  BARACUDA_TRY(check_args<E::kFp8>(pr, a));  // Plan::run has applied it; a direct launch may not
   if (!cuda::tensor_map_encode_fn())
     return Error::library(std::string(who) + ": cuTensorMapEncodeTiled is unavailable",
                           "cuda_driver", 0);
@@ -1018,29 +1028,35 @@ bool register_one() {
   register_kernel<attention::ForwardOp>({.sku = sku(kFa3Kernel),
                                          .priority = 0,
                                          .fits = fits<T, kPlain>,
-                                         .launch = launch<T, kPlain>});
+                                         .launch = launch<T, kPlain>,
+                                         .check = check_args<false>});
   register_kernel<attention::ForwardOp>({.sku = sku(kFa3PingpongKernel),
                                          .priority = -1,
                                          .fits = fits<T, kPingpong>,
-                                         .launch = launch<T, kPingpong>});
+                                         .launch = launch<T, kPingpong>,
+                                         .check = check_args<false>});
   register_kernel<attention::ForwardOp>({.sku = sku(kFa3Exp2Poly2Kernel),
                                          .priority = -2,
                                          .fits = fits<T, kPoly2>,
-                                         .launch = launch<T, kPoly2>});
+                                         .launch = launch<T, kPoly2>,
+                                         .check = check_args<false>});
   register_kernel<attention::ForwardOp>({.sku = sku(kFa3Exp2Poly3Kernel),
                                          .priority = -3,
                                          .fits = fits<T, kPoly3>,
-                                         .launch = launch<T, kPoly3>});
+                                         .launch = launch<T, kPoly3>,
+                                         .check = check_args<false>});
   register_kernel<attention::ForwardOp>({.sku = sku(kFa3PersistentKernel),
                                          .priority = -4,
                                          .fits = fits<T, kPersistent>,
-                                         .launch = launch<T, kPersistent>});
+                                         .launch = launch<T, kPersistent>,
+                                         .check = check_args<false>});
   // The plain schedule once more, above every other forward kernel but fitting only where the
   // measured selection table says it is the fastest candidate (cuDNN then ranks behind there).
   register_kernel<attention::ForwardOp>({.sku = sku(kFa3RankedAhead),
                                          .priority = kFa3Ahead,
                                          .fits = fits_ranked_ahead<T>,
-                                         .launch = launch<T, kPlain>});
+                                         .launch = launch<T, kPlain>,
+                                         .check = check_args<false>});
   return true;
 }
 
@@ -1072,7 +1088,8 @@ void register_fp8_out() {
                                            .priority = e.priority,
                                            .fits = e.fits,
                                            .workspace = fp8_workspace,
-                                           .launch = e.launch});
+                                           .launch = e.launch,
+                                           .check = check_args<true>});
 }
 bool register_fp8() {
   register_fp8_out<__nv_bfloat16>();
