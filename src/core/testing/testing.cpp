@@ -545,6 +545,77 @@ DType any_dtype(Rng& rng) {
   return ::testing::AssertionSuccess();
 }
 
+namespace {
+template <class Ptr>
+std::string mutate(Rng& rng, BasicTensor<Ptr>& v) {
+  const int rank = std::clamp(v.rank, 0, kMaxRank);
+  const auto axis = [&] { return rank > 0 ? static_cast<int>(rng.integer(0, rank - 1)) : 0; };
+  switch (rng.integer(0, 9)) {
+    case 0: {
+      v.dtype = any_dtype(rng);
+      return "dtype " + std::to_string(static_cast<int>(v.dtype));
+    }
+    case 1: {
+      const int r = static_cast<int>(rng.integer(-1, kMaxRank + 1));
+      for (int i = rank; i < std::min(r, kMaxRank); ++i)
+        v.shape[i] = rng.integer(0, 3), v.stride[i] = rng.integer(0, 3);
+      v.rank = r;
+      return "rank " + std::to_string(r);
+    }
+    case 2:
+    case 3: {
+      const int i = axis();
+      int64_t moved = 0;
+      if (!checked_add(v.shape[i], rng.integer(-1, 1), &moved)) moved = v.shape[i];
+      v.shape[i] = rng.coin() ? edge_integer(rng) : moved;
+      return "shape[" + std::to_string(i) + "]=" + std::to_string(v.shape[i]);
+    }
+    case 4:
+    case 5: {
+      const int i = axis();
+      int64_t twice = 0, next = 0;
+      if (!checked_mul(v.stride[i], 2, &twice)) twice = v.stride[i];
+      if (!checked_add(v.stride[i], 1, &next)) next = v.stride[i];
+      const int64_t choices[] = {edge_integer(rng), 0, twice, next};
+      v.stride[i] = choices[rng.integer(0, 3)];
+      return "stride[" + std::to_string(i) + "]=" + std::to_string(v.stride[i]);
+    }
+    case 6: {
+      const int64_t have = std::max<int64_t>(v.buffer_bytes, 0);
+      v.buffer_bytes = rng.coin() && have > 0 ? rng.integer(0, have - 1) : -rng.integer(2, 1000);
+      return "buffer_bytes=" + std::to_string(v.buffer_bytes);
+    }
+    case 7: {
+      if (rng.coin() || v.buffer_bytes < 1 || v.data == nullptr) {
+        v.data = nullptr;
+        return "data null";
+      }
+      v.data = reinterpret_cast<Ptr>(reinterpret_cast<uintptr_t>(v.data) + 1);
+      v.buffer_bytes -= 1;
+      return "data + 1 byte";
+    }
+    case 8: {
+      v.where = v.where.is_host() ? Location::cuda(static_cast<int>(rng.integer(0, 7)))
+                                  : Location::host();
+      return "placement " + to_string(v.where);
+    }
+    default: {  // several extents at once: a view of the right rank but another shape
+      for (int i = 0; i < rank; ++i)
+        if (int64_t moved = 0; rng.coin() && checked_add(v.shape[i], rng.integer(-2, 2), &moved))
+          v.shape[i] = std::max<int64_t>(0, moved);
+      return "shape jittered";
+    }
+  }
+}
+}  // namespace
+
+std::string mutate_view(Rng& rng, Tensor& v) {
+  return mutate(rng, v);
+}
+std::string mutate_view(Rng& rng, ConstTensor& v) {
+  return mutate(rng, v);
+}
+
 // ---- demos
 // ------------------------------------------------------------------------------------------
 namespace {

@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <random>
 #include <string>
@@ -274,6 +276,81 @@ template <class... Ops, class D>
   };
   (one.template operator()<Ops>(), ...);
   return result;
+}
+
+// ---- Argument fuzzing
+// Random argument mistakes thrown at a planned op: every mistake is refused by can_implement and
+// run alike with a message naming the op (and nothing written), or accepted by both and run (in
+// the ASan + UBSan build a read or write outside the real buffers then fails the test).
+//
+// One tensor argument of an op's Arguments: exactly one of `out` (written) / `in` (read) is set.
+struct ArgView {
+  std::string_view name;
+  Tensor* out = nullptr;
+  ConstTensor* in = nullptr;
+};
+// Changes one thing about a view: its dtype (out-of-bank values included), rank, an extent or a
+// stride (edges included), buffer_bytes (smaller, or a negative other than -1), data (null, or a
+// byte further on with one byte less behind it) or placement. Never claims more buffer than the
+// view had: a view validation accepts stays inside real memory. Returns what it did.
+std::string mutate_view(Rng& rng, Tensor& v);
+std::string mutate_view(Rng& rng, ConstTensor& v);
+// `iterations` times: a copy of `good` with one to three views (from `views(Args&)`, a
+// std::vector<ArgView>) changed; every view's buffer_bytes made explicit first (a view left at -1
+// would let a bad stride through unchecked, by the API's contract). `outputs` are the buffers the
+// op may write, poisoned before each try; a refused try must leave them as they were.
+// *accepted counts the tries both calls accepted. BARACUDA_FUZZ_TRACE=1 prints every try before
+// it runs (a crash ends the test before its assertion can say which try it was).
+template <class PlanT, class Args, class ViewsFn>
+::testing::AssertionResult fuzz_arguments(const Stream& stream, const PlanT& plan,
+                                          const Workspace& ws, const Args& good, ViewsFn views,
+                                          const std::vector<const TestTensor*>& outputs,
+                                          std::string_view op, Rng& rng, int iterations,
+                                          int* accepted = nullptr) {
+  Args base = good;
+  for (ArgView& v : views(base)) {
+    if (v.out && v.out->buffer_bytes < 0) v.out->buffer_bytes = v.out->span_bytes();
+    if (v.in && v.in->buffer_bytes < 0) v.in->buffer_bytes = v.in->span_bytes();
+  }
+  for (int it = 0; it < iterations; ++it) {
+    Args a = base;
+    std::vector<ArgView> vs = views(a);
+    if (vs.empty()) return ::testing::AssertionFailure() << op << ": no views to fuzz";
+    std::string what;
+    const int changes = static_cast<int>(rng.integer(1, 3));
+    for (int c = 0; c < changes; ++c) {
+      ArgView& v = vs[static_cast<size_t>(rng.integer(0, static_cast<int64_t>(vs.size()) - 1))];
+      what += std::string(v.name) + ": " +
+              (v.out ? mutate_view(rng, *v.out) : mutate_view(rng, *v.in)) + "; ";
+    }
+    std::vector<std::vector<uint8_t>> before;
+    for (const TestTensor* o : outputs) {
+      const_cast<TestTensor*>(o)->poison();
+      before.push_back(o->bytes());
+    }
+    if (std::getenv("BARACUDA_FUZZ_TRACE")) std::fprintf(stderr, "try %d: %s\n", it, what.c_str());
+    const Status checked = plan.can_implement(a);
+    const Status ran = plan.run(stream, ws, a);
+    const Status synced = stream.synchronize();
+    if (!synced.ok())
+      return ::testing::AssertionFailure()
+             << op << ": the stream failed after [" << what << "]: " << synced.error().to_string();
+    if (checked.ok() != ran.ok())
+      return ::testing::AssertionFailure()
+             << op << ": can_implement and run disagree on [" << what
+             << "]: " << (checked.ok() ? ran.error().to_string() : checked.error().to_string());
+    if (checked.ok()) {
+      if (accepted != nullptr) ++*accepted;
+      continue;
+    }
+    if (auto named = names_op(&checked.error(), op); !named) return named << " [" << what << "]";
+    if (auto named = names_op(&ran.error(), op); !named) return named << " [" << what << "]";
+    for (size_t i = 0; i < outputs.size(); ++i)
+      if (before[i] != outputs[i]->bytes())
+        return ::testing::AssertionFailure() << op << ": a refused run wrote output " << i << " ["
+                                             << what << "]: " << ran.error().to_string();
+  }
+  return ::testing::AssertionSuccess();
 }
 
 // ---- The demo's case registry

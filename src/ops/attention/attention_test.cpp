@@ -935,6 +935,88 @@ TEST(AttentionRules, MaskNames) {
   EXPECT_EQ(to_string(Mask::sliding_window(128, 0)), "window(128,0,bottom_right)");
 }
 
+// Random argument mistakes (harness::fuzz_arguments) on every target, forward and backward, GQA
+// with a causal mask, padded and varlen, f32 and bf16: refused naming the op with every output
+// untouched, or accepted and run inside the real buffers (ASan in CI).
+TEST_P(AttentionTest, RandomArgumentMistakes) {
+  using harness::ArgView;
+  const Target target = GetParam();
+  BARACUDA_SKIP_IF_UNAVAILABLE(target);
+  Rng rng;
+  const Stream& stream = harness::stream_for(target);
+  int accepted = 0;
+  for (bool varlen : {false, true})
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      Config c;
+      c.dtype = dtype, c.b = 2, c.hq = 4, c.hk = 2, c.lq = 5, c.lk = 7;
+      c.mask = Mask::causal_bottom_right();
+      if (varlen) c.cu_q = {0, 2, 5}, c.cu_k = {0, 3, 7};
+      SCOPED_TRACE(c.str());
+      const Problem p = problem_of(c);
+      const Shapes s = shapes_of(p);
+      const int r = s.rank_qkv;
+      auto mk = [&](const int64_t* d, int rank) {
+        auto x = make(dtype, vec(d, rank), target, Lay::padded, rng);
+        x->fill_random(rng);
+        return x;
+      };
+      auto q = mk(s.q, r), k = mk(s.k, r), v = mk(s.v, r), y = mk(s.y, r), dy = mk(s.y, r);
+      auto dq = mk(s.q, r), dk = mk(s.k, r), dv = mk(s.v, r);
+      auto lse = make(DType::f32, vec(s.lse, s.rank_lse), target, Lay::padded, rng);
+      auto cq = varlen ? seqlens(c.cu_q, target) : nullptr;
+      auto ck = varlen ? seqlens(c.cu_k, target) : nullptr;
+      const ConstTensor cuq = cq ? cq->cview() : ConstTensor{};
+      const ConstTensor cuk = ck ? ck->cview() : ConstTensor{};
+      auto fwd = ForwardPlan::select(stream, desc_of(c));
+      auto bwd = BackwardPlan::select(stream, desc_of(c));
+      BARACUDA_ASSERT_OK(fwd);
+      BARACUDA_ASSERT_OK(bwd);
+      std::unique_ptr<Buffer> fhold, bhold;
+      const Workspace fws = workspace_for(fwd->workspace_size(), target, fhold);
+      const Workspace bws = workspace_for(bwd->workspace_size(), target, bhold);
+      const ForwardArguments f{q->cview(),  k->cview(), v->cview(), y->view(),
+                               lse->view(), cuq,        cuk};
+      BARACUDA_ASSERT_OK(fwd->run(stream, fws, f));  // a real LSE for the backward's tries
+      const BackwardArguments b{q->cview(),  k->cview(),   v->cview(), y->cview(),
+                                dy->cview(), lse->cview(), dq->view(), dk->view(),
+                                dv->view(),  cuq,          cuk};
+      BARACUDA_ASSERT_OK(bwd->can_implement(b));
+      auto lse_copy = make(DType::f32, vec(s.lse, s.rank_lse), target, Lay::bhld, rng);
+      BackwardArguments bl = b;  // the backward reads a copy: the forward's tries poison lse
+      lse_copy->set_values(lse->values());
+      bl.lse = lse_copy->cview();
+      EXPECT_TRUE(harness::fuzz_arguments(
+          stream, *fwd, fws, f,
+          [](ForwardArguments& a) {
+            return std::vector<ArgView>{{"q", nullptr, &a.q},
+                                        {"k", nullptr, &a.k},
+                                        {"v", nullptr, &a.v},
+                                        {"y", &a.y, nullptr},
+                                        {"lse", &a.lse, nullptr},
+                                        {"cu_seqlens_q", nullptr, &a.cu_seqlens_q},
+                                        {"cu_seqlens_k", nullptr, &a.cu_seqlens_k}};
+          },
+          {y.get(), lse.get()}, "attention_forward", rng, 300, &accepted));
+      EXPECT_TRUE(harness::fuzz_arguments(
+          stream, *bwd, bws, bl,
+          [](BackwardArguments& a) {
+            return std::vector<ArgView>{{"q", nullptr, &a.q},
+                                        {"k", nullptr, &a.k},
+                                        {"v", nullptr, &a.v},
+                                        {"y", nullptr, &a.y},
+                                        {"dy", nullptr, &a.dy},
+                                        {"lse", nullptr, &a.lse},
+                                        {"dq", &a.dq, nullptr},
+                                        {"dk", &a.dk, nullptr},
+                                        {"dv", &a.dv, nullptr},
+                                        {"cu_seqlens_q", nullptr, &a.cu_seqlens_q},
+                                        {"cu_seqlens_k", nullptr, &a.cu_seqlens_k}};
+          },
+          {dq.get(), dk.get(), dv.get()}, "attention_backward", rng, 300, &accepted));
+    }
+  EXPECT_GT(accepted, 0);
+}
+
 // Every argument rule, on every target (host memory on the CUDA target is its own error).
 TEST_P(AttentionTest, ArgumentErrorsNeverWrite) {
   const Target target = GetParam();

@@ -989,6 +989,73 @@ TEST(GatedErrors, HostMemoryOnAGpuPlan) {
                          {"gated_forward: stream: plan was selected for cpu but run on cuda:0"}));
 }
 
+// Random argument mistakes (harness::fuzz_arguments) on every target, forward and backward, halves
+// and separate inputs, f32 and bf16: refused naming the op with the outputs untouched, or
+// accepted and run inside the real buffers (ASan in CI).
+class GatedArgs : public ::testing::TestWithParam<Target> {};
+INSTANTIATE_TEST_SUITE_P(Targets, GatedArgs, ::testing::ValuesIn(harness::all_targets()),
+                         [](const auto& i) { return harness::target_name(i.param); });
+
+TEST_P(GatedArgs, RandomArgumentMistakes) {
+  using harness::ArgView;
+  const Target target = GetParam();
+  BARACUDA_SKIP_IF_UNAVAILABLE(target);
+  const Stream& stream = harness::stream_for(target);
+  Rng rng;
+  int accepted = 0;
+  auto make = [&](DType t, std::vector<int64_t> shape) {
+    TestTensor x = TestTensor::make(t, std::move(shape), target, Layout::padded, &rng);
+    x.fill_random(rng);
+    return x;
+  };
+  for (DType dtype : {DType::f32, DType::bf16})
+    for (GatedInput input : {GatedInput::halves, GatedInput::separate}) {
+      SCOPED_TRACE(std::string(name(dtype)) + (input == GatedInput::separate ? " separate" : ""));
+      auto d = basic({3, 5, 8});
+      d.dtype = dtype, d.input = input;
+      const bool sep = input == GatedInput::separate;
+      TestTensor x = make(dtype, {3, 5, 8}), a = make(dtype, {3, 5, 4}), b = make(dtype, {3, 5, 4});
+      TestTensor y = make(dtype, {3, 5, 4}), dy = make(dtype, {3, 5, 4});
+      TestTensor dx = make(dtype, {3, 5, 8}), da = make(dtype, {3, 5, 4}),
+                 db = make(dtype, {3, 5, 4});
+      auto fwd = GatedForwardPlan::select(stream, d);
+      auto bwd = GatedBackwardPlan::select(stream, d);
+      BARACUDA_ASSERT_OK(fwd);
+      BARACUDA_ASSERT_OK(bwd);
+      GatedForwardOp::Arguments f{.y = y.view()};
+      GatedBackwardOp::Arguments g{.dy = dy.cview()};
+      if (sep) {
+        f.a = a.cview(), f.b = b.cview();
+        g.da = da.view(), g.db = db.view(), g.a = a.cview(), g.b = b.cview();
+      } else {
+        f.x = x.cview();
+        g.dx = dx.view(), g.x = x.cview();
+      }
+      BARACUDA_ASSERT_OK(fwd->can_implement(f));
+      BARACUDA_ASSERT_OK(bwd->can_implement(g));
+      EXPECT_TRUE(harness::fuzz_arguments(
+          stream, *fwd, Workspace::none(), f,
+          [](GatedForwardOp::Arguments& v) {
+            return std::vector<ArgView>{{"y", &v.y, nullptr},
+                                        {"x", nullptr, &v.x},
+                                        {"a", nullptr, &v.a},
+                                        {"b", nullptr, &v.b}};
+          },
+          {&y}, "gated_forward", rng, 800, &accepted));
+      EXPECT_TRUE(harness::fuzz_arguments(
+          stream, *bwd, Workspace::none(), g,
+          [](GatedBackwardOp::Arguments& v) {
+            return std::vector<ArgView>{{"dx", &v.dx, nullptr}, {"x", nullptr, &v.x},
+                                        {"dy", nullptr, &v.dy}, {"da", &v.da, nullptr},
+                                        {"db", &v.db, nullptr}, {"a", nullptr, &v.a},
+                                        {"b", nullptr, &v.b}};
+          },
+          sep ? std::vector<const TestTensor*>{&da, &db} : std::vector<const TestTensor*>{&dx},
+          "gated_backward", rng, 800, &accepted));
+    }
+  EXPECT_GT(accepted, 0);
+}
+
 // The views every backend walks: halves, interleaved and gate_first place a and b where the
 // header says, and collapsing a dense [M, 2N] split on the last axis leaves [M, N] rows.
 TEST(GatedViews, LayoutsAndCollapse) {

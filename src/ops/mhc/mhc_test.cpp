@@ -974,6 +974,67 @@ TEST(MhcValidation, DescriptorRules) {
 }
 
 // Argument rules, on every target (on CUDA also: host memory handed to a GPU plan).
+// Random argument mistakes (harness::fuzz_arguments) on every target: collapse (both H kinds,
+// every parameter tensor) and expand, bf16 and f32, padded layouts. Refused naming the op with the
+// outputs untouched, or accepted and run inside the real buffers (ASan in CI).
+TEST_P(Mhc, RandomArgumentMistakes) {
+  using harness::ArgView;
+  const Target tg = GetParam();
+  BARACUDA_SKIP_IF_UNAVAILABLE(tg);
+  Rng rng;
+  const Stream& s = harness::stream_for(tg);
+  int accepted = 0;
+  for (MhcH h : {MhcH::static_h, MhcH::dynamic_h})
+    for (DType dt : {DType::f32, DType::bf16}) {
+      const MhcDescriptor d = desc(3, 4, 16, dt, h);
+      auto cp = MhcCollapsePlan::select(s, d);
+      auto ep = MhcExpandPlan::select(s, d);
+      BARACUDA_ASSERT_OK(cp);
+      BARACUDA_ASSERT_OK(ep);
+      const MhcProblem& p = cp->problem();
+      SCOPED_TRACE(label(p, Layout::padded));
+      TestTensor x = rand_tensor(dt, {p.tokens, p.n, p.channels}, tg, Layout::padded, rng);
+      TestTensor f = rand_tensor(dt, {p.tokens, p.channels}, tg, Layout::padded, rng);
+      const ParamSet w = make_params(p, tg, rng);
+      TestTensor y = TestTensor::make(dt, {p.tokens, p.channels}, tg, Layout::padded, &rng);
+      TestTensor out = TestTensor::make(dt, {p.tokens, p.n, p.channels}, tg, Layout::padded, &rng);
+      TestTensor co = TestTensor::make(DType::f32, {p.rows, p.k}, tg, Layout::padded, &rng);
+      auto ws = harness::poisoned_workspace(
+          std::max<size_t>({cp->workspace_size(), ep->workspace_size(), 1}), s.memory_location());
+      BARACUDA_ASSERT_OK(ws);
+      const MhcCollapseOp::Arguments ca{y.view(), co.view(), x.cview(), w.view()};
+      BARACUDA_ASSERT_OK(cp->run(s, ws->as_workspace(), ca));  // real coefficients for expand
+      TestTensor co_in = TestTensor::make(DType::f32, {p.rows, p.k}, tg);
+      co_in.set_values(co.values());
+      const MhcExpandOp::Arguments xa{out.view(), x.cview(), f.cview(), co_in.cview()};
+      BARACUDA_ASSERT_OK(ep->can_implement(xa));
+      EXPECT_TRUE(harness::fuzz_arguments(
+          s, *cp, ws->as_workspace(), ca,
+          [](MhcCollapseOp::Arguments& a) {
+            return std::vector<ArgView>{{"y", &a.y, nullptr},
+                                        {"coeffs", &a.coeffs, nullptr},
+                                        {"x", nullptr, &a.x},
+                                        {"h_pre", nullptr, &a.params.h_pre},
+                                        {"h_post", nullptr, &a.params.h_post},
+                                        {"h_res", nullptr, &a.params.h_res},
+                                        {"fn", nullptr, &a.params.fn},
+                                        {"scale", nullptr, &a.params.scale},
+                                        {"base", nullptr, &a.params.base}};
+          },
+          {&y, &co}, "mhc_collapse", rng, 400, &accepted));
+      EXPECT_TRUE(harness::fuzz_arguments(
+          s, *ep, ws->as_workspace(), xa,
+          [](MhcExpandOp::Arguments& a) {
+            return std::vector<ArgView>{{"out", &a.out, nullptr},
+                                        {"x", nullptr, &a.x},
+                                        {"f", nullptr, &a.f},
+                                        {"coeffs", nullptr, &a.coeffs}};
+          },
+          {&out}, "mhc_expand", rng, 400, &accepted));
+    }
+  EXPECT_GT(accepted, 0);
+}
+
 TEST_P(Mhc, ArgumentRulesNeverWrite) {
   const Target tg = GetParam();
   BARACUDA_SKIP_IF_UNAVAILABLE(tg);

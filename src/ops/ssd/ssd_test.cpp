@@ -1019,6 +1019,101 @@ TEST_P(SsdPlans, ForwardEveryOptionLayoutAndDtype) {
     }
 }
 
+// Random argument mistakes (harness::fuzz_arguments) on every target, forward and backward with
+// every optional tensor present, padded and varlen: refused naming the op with every output
+// untouched, or accepted and run inside the real buffers (ASan in CI).
+TEST_P(SsdPlans, RandomArgumentMistakes) {
+  using harness::ArgView;
+  const Target target = GetParam();
+  BARACUDA_SKIP_IF_UNAVAILABLE(target);
+  Rng rng;
+  const Stream& stream = harness::stream_for(target);
+  int accepted = 0;
+  const Options all{.d_skip = ssd::DSkip::per_head,
+                    .z = true,
+                    .dt_bias = true,
+                    .softplus = true,
+                    .init = true,
+                    .final = true};
+  Options varlen = all;
+  varlen.num_seqs = 2;
+  for (const Options& o : {all, varlen})
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      SCOPED_TRACE(std::string(name(dtype)) + (o.num_seqs ? " varlen" : ""));
+      const auto d = describe(o.num_seqs ? 1 : 2, 9, 4, 8, 8, 2, dtype, o);
+      auto fwd = SsdForwardPlan::select(stream, d);
+      auto bwd = SsdBackwardPlan::select(stream, d);
+      BARACUDA_ASSERT_OK(fwd);
+      BARACUDA_ASSERT_OK(bwd);
+      Tensors t = make_tensors(fwd->problem(), target, Layout::padded, rng, false);
+      Tensors tb = make_tensors(bwd->problem(), target, Layout::padded, rng, true);
+      const auto outs = [](const Tensors& t, bool backward) {
+        std::vector<const TestTensor*> v;
+        auto add = [&](const std::optional<TestTensor>& x) {
+          if (x) v.push_back(&*x);
+        };
+        if (!backward) {
+          add(t.y), add(t.final_states);
+        } else {
+          for (const auto* x :
+               {&t.dx, &t.ddt, &t.dA, &t.dB, &t.dC, &t.dD, &t.dz, &t.ddt_bias, &t.d_init})
+            add(*x);
+        }
+        return v;
+      };
+      auto fws = workspace_for(fwd->workspace_size(), target);
+      auto bws = workspace_for(bwd->workspace_size(), target);
+      BARACUDA_ASSERT_OK(fws);
+      BARACUDA_ASSERT_OK(bws);
+      BARACUDA_ASSERT_OK(fwd->can_implement(forward_args(t)));
+      BARACUDA_ASSERT_OK(bwd->can_implement(backward_args(tb)));
+      EXPECT_TRUE(harness::fuzz_arguments(
+          stream, *fwd, fws->as_workspace(), forward_args(t),
+          [](SsdForwardOp::Arguments& a) {
+            return std::vector<ArgView>{{"y", &a.y, nullptr},
+                                        {"x", nullptr, &a.x},
+                                        {"dt", nullptr, &a.dt},
+                                        {"A", nullptr, &a.A},
+                                        {"B", nullptr, &a.B},
+                                        {"C", nullptr, &a.C},
+                                        {"D", nullptr, &a.D},
+                                        {"z", nullptr, &a.z},
+                                        {"dt_bias", nullptr, &a.dt_bias},
+                                        {"initial_states", nullptr, &a.initial_states},
+                                        {"cu_seqlens", nullptr, &a.cu_seqlens},
+                                        {"final_states", &a.final_states, nullptr}};
+          },
+          outs(t, false), "ssd_forward", rng, 400, &accepted));
+      EXPECT_TRUE(harness::fuzz_arguments(
+          stream, *bwd, bws->as_workspace(), backward_args(tb),
+          [](SsdBackwardOp::Arguments& a) {
+            return std::vector<ArgView>{{"x", nullptr, &a.x},
+                                        {"dt", nullptr, &a.dt},
+                                        {"A", nullptr, &a.A},
+                                        {"B", nullptr, &a.B},
+                                        {"C", nullptr, &a.C},
+                                        {"dy", nullptr, &a.dy},
+                                        {"D", nullptr, &a.D},
+                                        {"z", nullptr, &a.z},
+                                        {"dt_bias", nullptr, &a.dt_bias},
+                                        {"initial_states", nullptr, &a.initial_states},
+                                        {"cu_seqlens", nullptr, &a.cu_seqlens},
+                                        {"d_final_states", nullptr, &a.d_final_states},
+                                        {"dx", &a.dx, nullptr},
+                                        {"ddt", &a.ddt, nullptr},
+                                        {"dA", &a.dA, nullptr},
+                                        {"dB", &a.dB, nullptr},
+                                        {"dC", &a.dC, nullptr},
+                                        {"dD", &a.dD, nullptr},
+                                        {"dz", &a.dz, nullptr},
+                                        {"ddt_bias", &a.ddt_bias, nullptr},
+                                        {"d_initial_states", &a.d_initial_states, nullptr}};
+          },
+          outs(tb, true), "ssd_backward", rng, 400, &accepted));
+    }
+  EXPECT_GT(accepted, 0);
+}
+
 TEST_P(SsdPlans, ForwardEmptyAndSingleToken) {
   const Target target = GetParam();
   BARACUDA_SKIP_IF_UNAVAILABLE(target);

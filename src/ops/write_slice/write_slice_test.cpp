@@ -682,6 +682,38 @@ TEST_P(WriteSliceArgs, RejectsBadTensorsWithoutWriting) {
   EXPECT_TRUE(harness::bytes_equal(before, dest.bytes(), "dest after rejected runs"));
 }
 
+// Random argument mistakes (harness::fuzz_arguments) on every target: each is refused naming the
+// op with dest untouched, or accepted and run inside the real buffers (ASan in CI). Three element
+// widths (s4's packing rules, byte and 4-byte elements) and padded layouts.
+TEST_P(WriteSliceArgs, RandomArgumentMistakes) {
+  const Target target = GetParam();
+  BARACUDA_SKIP_IF_UNAVAILABLE(target);
+  Rng rng;
+  const Stream& stream = harness::stream_for(target);
+  int accepted = 0;
+  for (DType dtype : {DType::f32, DType::u8, DType::s4}) {
+    SCOPED_TRACE(std::string(name(dtype)));
+    auto dest = TestTensor::make(dtype, {5, 4, 16}, target, Layout::padded, &rng);
+    auto src = TestTensor::make(dtype, {2, 4, 8}, target, Layout::padded, &rng);
+    dest.fill_random(rng);
+    src.fill_random(rng);
+    auto plan = WriteSlicePlan::select(
+        stream,
+        WriteSliceOp::Descriptor::for_views(dest.view(), src.cview(), {{1, 3}, {0, 4}, {4, 12}}));
+    BARACUDA_ASSERT_OK(plan);
+    const WriteSliceOp::Arguments good{dest.view(), src.cview()};
+    BARACUDA_ASSERT_OK(plan->can_implement(good));
+    EXPECT_TRUE(harness::fuzz_arguments(
+        stream, *plan, Workspace::none(), good,
+        [](WriteSliceOp::Arguments& a) {
+          return std::vector<harness::ArgView>{{"dest", &a.dest, nullptr},
+                                               {"source", nullptr, &a.source}};
+        },
+        {&dest}, "write_slice", rng, 1500, &accepted));
+  }
+  EXPECT_GT(accepted, 0);  // some changes leave a valid call (a byte view moved by one byte)
+}
+
 // ---- kv_append
 // --------------------------------------------------------------------------------------
 class KvAppend : public ::testing::TestWithParam<Target> {};
@@ -855,6 +887,40 @@ TEST(KvAppendErrors, DescriptorAndArgumentRules) {
   a = ok, a.rejected.data = const_cast<void*>(a.positions.data), a.rejected.buffer_bytes = -1;
   expect(a, {"kv_append: rejected and positions overlap in memory"});
   EXPECT_TRUE(harness::bytes_equal(before, cache.bytes(), "cache after rejected runs"));
+}
+
+// Random argument mistakes (harness::fuzz_arguments) on every target: refused naming the op with
+// cache and rejected untouched, or accepted and run inside the real buffers (ASan in CI).
+TEST_P(KvAppend, RandomArgumentMistakes) {
+  const Target target = GetParam();
+  BARACUDA_SKIP_IF_UNAVAILABLE(target);
+  Rng rng;
+  const Stream& stream = harness::stream_for(target);
+  int accepted = 0;
+  for (DType dtype : {DType::bf16, DType::s4}) {
+    SCOPED_TRACE(std::string(name(dtype)));
+    auto plan = KvAppendPlan::select(stream, {dtype, 3, 2, 16, 8, 2, DType::i64});
+    BARACUDA_ASSERT_OK(plan);
+    auto cache = TestTensor::make(dtype, {3, 2, 16, 8}, target, Layout::padded, &rng);
+    auto src = TestTensor::make(dtype, {3, 2, 2, 8}, target, Layout::permuted, &rng);
+    auto pos = TestTensor::make(DType::i64, {3}, target);
+    auto rej = TestTensor::make(DType::i32, {3}, target);
+    cache.fill_random(rng);
+    src.fill_random(rng);
+    pos.set_values({0, 14, 15});  // the last row is out of range: reported, not written
+    const KvAppendOp::Arguments good{cache.view(), src.cview(), pos.cview(), rej.view()};
+    BARACUDA_ASSERT_OK(plan->can_implement(good));
+    EXPECT_TRUE(harness::fuzz_arguments(
+        stream, *plan, Workspace::none(), good,
+        [](KvAppendOp::Arguments& a) {
+          return std::vector<harness::ArgView>{{"cache", &a.cache, nullptr},
+                                               {"source", nullptr, &a.source},
+                                               {"positions", nullptr, &a.positions},
+                                               {"rejected", &a.rejected, nullptr}};
+        },
+        {&cache, &rej}, "kv_append", rng, 1500, &accepted));
+  }
+  EXPECT_GT(accepted, 0);
 }
 
 }  // namespace
