@@ -283,8 +283,11 @@ template <class... Ops, class D>
 // run alike with a message naming the op (and nothing written), or accepted by both and run (in
 // the ASan + UBSan build a read or write outside the real buffers then fails the test).
 //
-// One tensor argument of an op's Arguments: exactly one of `out` (written) / `in` (read) is set.
+// One tensor argument of an op's Arguments, by reference: written (a Tensor) or read (a
+// ConstTensor). `{"dq", a.dq}`.
 struct ArgView {
+  ArgView(std::string_view n, Tensor& t) : name(n), out(&t) {}
+  ArgView(std::string_view n, ConstTensor& t) : name(n), in(&t) {}
   std::string_view name;
   Tensor* out = nullptr;
   ConstTensor* in = nullptr;

@@ -991,29 +991,29 @@ TEST_P(AttentionTest, RandomArgumentMistakes) {
       EXPECT_TRUE(harness::fuzz_arguments(
           stream, *fwd, fws, f,
           [](ForwardArguments& a) {
-            return std::vector<ArgView>{{"q", nullptr, &a.q},
-                                        {"k", nullptr, &a.k},
-                                        {"v", nullptr, &a.v},
-                                        {"y", &a.y, nullptr},
-                                        {"lse", &a.lse, nullptr},
-                                        {"cu_seqlens_q", nullptr, &a.cu_seqlens_q},
-                                        {"cu_seqlens_k", nullptr, &a.cu_seqlens_k}};
+            return std::vector<ArgView>{{"q", a.q},
+                                        {"k", a.k},
+                                        {"v", a.v},
+                                        {"y", a.y},
+                                        {"lse", a.lse},
+                                        {"cu_seqlens_q", a.cu_seqlens_q},
+                                        {"cu_seqlens_k", a.cu_seqlens_k}};
           },
           {y.get(), lse.get()}, "attention_forward", rng, 300, &accepted));
       EXPECT_TRUE(harness::fuzz_arguments(
           stream, *bwd, bws, bl,
           [](BackwardArguments& a) {
-            return std::vector<ArgView>{{"q", nullptr, &a.q},
-                                        {"k", nullptr, &a.k},
-                                        {"v", nullptr, &a.v},
-                                        {"y", nullptr, &a.y},
-                                        {"dy", nullptr, &a.dy},
-                                        {"lse", nullptr, &a.lse},
-                                        {"dq", &a.dq, nullptr},
-                                        {"dk", &a.dk, nullptr},
-                                        {"dv", &a.dv, nullptr},
-                                        {"cu_seqlens_q", nullptr, &a.cu_seqlens_q},
-                                        {"cu_seqlens_k", nullptr, &a.cu_seqlens_k}};
+            return std::vector<ArgView>{{"q", a.q},
+                                        {"k", a.k},
+                                        {"v", a.v},
+                                        {"y", a.y},
+                                        {"dy", a.dy},
+                                        {"lse", a.lse},
+                                        {"dq", a.dq},
+                                        {"dk", a.dk},
+                                        {"dv", a.dv},
+                                        {"cu_seqlens_q", a.cu_seqlens_q},
+                                        {"cu_seqlens_k", a.cu_seqlens_k}};
           },
           {dq.get(), dk.get(), dv.get()}, "attention_backward", rng, 300, &accepted));
     }

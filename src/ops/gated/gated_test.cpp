@@ -1036,19 +1036,14 @@ TEST_P(GatedArgs, RandomArgumentMistakes) {
       EXPECT_TRUE(harness::fuzz_arguments(
           stream, *fwd, Workspace::none(), f,
           [](GatedForwardOp::Arguments& v) {
-            return std::vector<ArgView>{{"y", &v.y, nullptr},
-                                        {"x", nullptr, &v.x},
-                                        {"a", nullptr, &v.a},
-                                        {"b", nullptr, &v.b}};
+            return std::vector<ArgView>{{"y", v.y}, {"x", v.x}, {"a", v.a}, {"b", v.b}};
           },
           {&y}, "gated_forward", rng, 800, &accepted));
       EXPECT_TRUE(harness::fuzz_arguments(
           stream, *bwd, Workspace::none(), g,
           [](GatedBackwardOp::Arguments& v) {
-            return std::vector<ArgView>{{"dx", &v.dx, nullptr}, {"x", nullptr, &v.x},
-                                        {"dy", nullptr, &v.dy}, {"da", &v.da, nullptr},
-                                        {"db", &v.db, nullptr}, {"a", nullptr, &v.a},
-                                        {"b", nullptr, &v.b}};
+            return std::vector<ArgView>{{"dx", v.dx}, {"x", v.x}, {"dy", v.dy}, {"da", v.da},
+                                        {"db", v.db}, {"a", v.a}, {"b", v.b}};
           },
           sep ? std::vector<const TestTensor*>{&da, &db} : std::vector<const TestTensor*>{&dx},
           "gated_backward", rng, 800, &accepted));

@@ -1011,24 +1011,22 @@ TEST_P(Mhc, RandomArgumentMistakes) {
       EXPECT_TRUE(harness::fuzz_arguments(
           s, *cp, ws->as_workspace(), ca,
           [](MhcCollapseOp::Arguments& a) {
-            return std::vector<ArgView>{{"y", &a.y, nullptr},
-                                        {"coeffs", &a.coeffs, nullptr},
-                                        {"x", nullptr, &a.x},
-                                        {"h_pre", nullptr, &a.params.h_pre},
-                                        {"h_post", nullptr, &a.params.h_post},
-                                        {"h_res", nullptr, &a.params.h_res},
-                                        {"fn", nullptr, &a.params.fn},
-                                        {"scale", nullptr, &a.params.scale},
-                                        {"base", nullptr, &a.params.base}};
+            return std::vector<ArgView>{{"y", a.y},
+                                        {"coeffs", a.coeffs},
+                                        {"x", a.x},
+                                        {"h_pre", a.params.h_pre},
+                                        {"h_post", a.params.h_post},
+                                        {"h_res", a.params.h_res},
+                                        {"fn", a.params.fn},
+                                        {"scale", a.params.scale},
+                                        {"base", a.params.base}};
           },
           {&y, &co}, "mhc_collapse", rng, 400, &accepted));
       EXPECT_TRUE(harness::fuzz_arguments(
           s, *ep, ws->as_workspace(), xa,
           [](MhcExpandOp::Arguments& a) {
-            return std::vector<ArgView>{{"out", &a.out, nullptr},
-                                        {"x", nullptr, &a.x},
-                                        {"f", nullptr, &a.f},
-                                        {"coeffs", nullptr, &a.coeffs}};
+            return std::vector<ArgView>{
+                {"out", a.out}, {"x", a.x}, {"f", a.f}, {"coeffs", a.coeffs}};
           },
           {&out}, "mhc_expand", rng, 400, &accepted));
     }

@@ -706,8 +706,7 @@ TEST_P(WriteSliceArgs, RandomArgumentMistakes) {
     EXPECT_TRUE(harness::fuzz_arguments(
         stream, *plan, Workspace::none(), good,
         [](WriteSliceOp::Arguments& a) {
-          return std::vector<harness::ArgView>{{"dest", &a.dest, nullptr},
-                                               {"source", nullptr, &a.source}};
+          return std::vector<harness::ArgView>{{"dest", a.dest}, {"source", a.source}};
         },
         {&dest}, "write_slice", rng, 1500, &accepted));
   }
@@ -913,10 +912,10 @@ TEST_P(KvAppend, RandomArgumentMistakes) {
     EXPECT_TRUE(harness::fuzz_arguments(
         stream, *plan, Workspace::none(), good,
         [](KvAppendOp::Arguments& a) {
-          return std::vector<harness::ArgView>{{"cache", &a.cache, nullptr},
-                                               {"source", nullptr, &a.source},
-                                               {"positions", nullptr, &a.positions},
-                                               {"rejected", &a.rejected, nullptr}};
+          return std::vector<harness::ArgView>{{"cache", a.cache},
+                                               {"source", a.source},
+                                               {"positions", a.positions},
+                                               {"rejected", a.rejected}};
         },
         {&cache, &rej}, "kv_append", rng, 1500, &accepted));
   }
