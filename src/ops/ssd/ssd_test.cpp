@@ -1067,49 +1067,45 @@ TEST_P(SsdPlans, RandomArgumentMistakes) {
       BARACUDA_ASSERT_OK(bws);
       BARACUDA_ASSERT_OK(fwd->can_implement(forward_args(t)));
       BARACUDA_ASSERT_OK(bwd->can_implement(backward_args(tb)));
-      EXPECT_TRUE(harness::fuzz_arguments(
-          stream, *fwd, fws->as_workspace(), forward_args(t),
-          [](SsdForwardOp::Arguments& a) {
-            return std::vector<ArgView>{{"y", a.y},
-                                        {"x", a.x},
-                                        {"dt", a.dt},
-                                        {"A", a.A},
-                                        {"B", a.B},
-                                        {"C", a.C},
-                                        {"D", a.D},
-                                        {"z", a.z},
-                                        {"dt_bias", a.dt_bias},
-                                        {"initial_states", a.initial_states},
-                                        {"cu_seqlens", a.cu_seqlens},
-                                        {"final_states", a.final_states}};
-          },
-          outs(t, false), "ssd_forward", rng, 400, &accepted));
-      EXPECT_TRUE(harness::fuzz_arguments(
-          stream, *bwd, bws->as_workspace(), backward_args(tb),
-          [](SsdBackwardOp::Arguments& a) {
-            return std::vector<ArgView>{{"x", a.x},
-                                        {"dt", a.dt},
-                                        {"A", a.A},
-                                        {"B", a.B},
-                                        {"C", a.C},
-                                        {"dy", a.dy},
-                                        {"D", a.D},
-                                        {"z", a.z},
-                                        {"dt_bias", a.dt_bias},
-                                        {"initial_states", a.initial_states},
-                                        {"cu_seqlens", a.cu_seqlens},
-                                        {"d_final_states", a.d_final_states},
-                                        {"dx", a.dx},
-                                        {"ddt", a.ddt},
-                                        {"dA", a.dA},
-                                        {"dB", a.dB},
-                                        {"dC", a.dC},
-                                        {"dD", a.dD},
-                                        {"dz", a.dz},
-                                        {"ddt_bias", a.ddt_bias},
-                                        {"d_initial_states", a.d_initial_states}};
-          },
-          outs(tb, true), "ssd_backward", rng, 400, &accepted));
+      // The inputs both directions read (their Arguments name them alike), then each one's own.
+      auto inputs = [](auto& a) {
+        return std::vector<ArgView>{{"x", a.x},
+                                    {"dt", a.dt},
+                                    {"A", a.A},
+                                    {"B", a.B},
+                                    {"C", a.C},
+                                    {"D", a.D},
+                                    {"z", a.z},
+                                    {"dt_bias", a.dt_bias},
+                                    {"initial_states", a.initial_states},
+                                    {"cu_seqlens", a.cu_seqlens}};
+      };
+      auto forward_views = [&](SsdForwardOp::Arguments& a) {
+        auto v = inputs(a);
+        v.insert(v.end(), {{"y", a.y}, {"final_states", a.final_states}});
+        return v;
+      };
+      auto backward_views = [&](SsdBackwardOp::Arguments& a) {
+        auto v = inputs(a);
+        v.insert(v.end(), {{"dy", a.dy},
+                           {"d_final_states", a.d_final_states},
+                           {"dx", a.dx},
+                           {"ddt", a.ddt},
+                           {"dA", a.dA},
+                           {"dB", a.dB},
+                           {"dC", a.dC},
+                           {"dD", a.dD},
+                           {"dz", a.dz},
+                           {"ddt_bias", a.ddt_bias},
+                           {"d_initial_states", a.d_initial_states}});
+        return v;
+      };
+      EXPECT_TRUE(harness::fuzz_arguments(stream, *fwd, fws->as_workspace(), forward_args(t),
+                                          forward_views, outs(t, false), "ssd_forward", rng, 400,
+                                          &accepted));
+      EXPECT_TRUE(harness::fuzz_arguments(stream, *bwd, bws->as_workspace(), backward_args(tb),
+                                          backward_views, outs(tb, true), "ssd_backward", rng, 400,
+                                          &accepted));
     }
   EXPECT_GT(accepted, 0);
 }
