@@ -203,9 +203,12 @@ Status cudnn_check_layout(std::string_view op, std::string_view arg, const Basic
                                 num(t.stride[2]) + ": cudnn_sdpa needs unit-stride LSE rows");
     return {};
   }
+  // Every axis but the innermost (unit-stride by the family's rules) steps whole 16-byte vectors;
+  // a unit stride elsewhere (an as_strided view whose heads overlap) is no exception: cuDNN's
+  // vector loads and stores would fault on it (found by the GPU argument fuzzing).
   const int64_t elem = static_cast<int64_t>(bits_of(t.dtype) / 8);
-  for (int i = 0; i < t.rank; ++i) {
-    if (t.shape[i] <= 1 || t.stride[i] == 1) continue;
+  for (int i = 0; i + 1 < t.rank; ++i) {
+    if (t.shape[i] <= 1) continue;
     int64_t bytes = 0;
     if (!checked_mul(t.stride[i], elem, &bytes) || bytes % 16 != 0)
       return Error::misaligned(std::string(op) + ": " + std::string(arg) + ": stride[" + num(i) +
