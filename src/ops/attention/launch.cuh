@@ -474,11 +474,13 @@ Status run_bwd_fused(const LaunchContext& ctx, const Problem& pr, const Params& 
 // instead of the two deterministic passes.
 template <class T, int kRowsAt64 = 0, bool kBulkDq = false>
 Status launch_bwd_mma(const LaunchContext& ctx, const Problem& pr, const BackwardArguments& a) {
-  // cp.async needs 16-byte aligned rows; otherwise the SIMT kernels (same contract) run.
+  // cp.async needs 16-byte aligned rows, and so do attn_bwd_delta_vec's 16-byte loads of Y and dY
+  // (Y was missing here: a Y of odd row pitch faulted, found by the GPU argument fuzzing);
+  // otherwise the SIMT kernels (same contract) run.
   if (!rows_aligned(a.q, sizeof(T)) || !rows_aligned(a.k, sizeof(T)) ||
-      !rows_aligned(a.v, sizeof(T)) || !rows_aligned(a.dy, sizeof(T)) ||
-      !rows_aligned(a.dq, sizeof(T)) || !rows_aligned(a.dk, sizeof(T)) ||
-      !rows_aligned(a.dv, sizeof(T)))
+      !rows_aligned(a.v, sizeof(T)) || !rows_aligned(a.y, sizeof(T)) ||
+      !rows_aligned(a.dy, sizeof(T)) || !rows_aligned(a.dq, sizeof(T)) ||
+      !rows_aligned(a.dk, sizeof(T)) || !rows_aligned(a.dv, sizeof(T)))
     return launch_bwd_simt<T, float>(ctx, pr, a);
   const Params p = bwd_params(ctx, pr, a);
   const int64_t q_rows = int64_t{p.batch} * p.heads_q * p.len_q;
