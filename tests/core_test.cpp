@@ -141,6 +141,17 @@ TEST(Validate, TensorRules) {
   Tensor vouched = t;
   vouched.buffer_bytes = -1;
   BARACUDA_EXPECT_OK(validate::tensor("op", "y", vouched, DType::f32, shape, host));
+  // A written view must reach each element once; a read one may overlap itself (as_strided).
+  const int64_t rows3[] = {3, 4};
+  Tensor overlap = make_tensor(storage.data(), DType::f32, rows3, host, 64 * 4);
+  overlap.stride[0] = 2;  // rows 2 elements apart, 4 long: each row overlaps the next
+  EXPECT_TRUE(fails_with(&validate::tensor("op", "y", overlap, DType::f32, rows3, host).error(),
+                         ErrorKind::invalid_problem,
+                         {"op: y: the written view", "reaches some elements twice"}));
+  BARACUDA_EXPECT_OK(validate::tensor("op", "x", as_const(overlap), DType::f32, rows3, host));
+  Tensor interleaved = overlap;  // columns 3 apart, rows 1 apart: distinct but interleaved
+  interleaved.stride[0] = 1, interleaved.stride[1] = 3;
+  BARACUDA_EXPECT_OK(validate::tensor("op", "y", interleaved, DType::f32, rows3, host));
   Tensor bcast = t;
   bcast.stride[0] = 0;
   EXPECT_TRUE(fails_with(&validate::tensor("op", "y", bcast, DType::f32, shape, host).error(),

@@ -1,9 +1,12 @@
 #include "baracuda/core/validate.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <sstream>
 #include <string>
+#include <type_traits>
+#include <utility>
 
 #include "baracuda/core/stream.hpp"
 
@@ -44,6 +47,30 @@ Status placement(std::string_view op, std::string_view arg, const void* p, Locat
     return Error::wrong_device(prefix(op, arg) + "pointer " + hex(p) +
                                " lives on cuda:" + std::to_string(info.device) +
                                " but the plan runs on " + to_string(where));
+  return {};
+}
+
+// A view the op writes must not reach one element twice (two threads would race on it, and the
+// result would depend on their order): with the axes sorted by stride, each must step past all
+// that the smaller-stride axes span. Sufficient, and exact for dense tensors, their windows and
+// their permutations. Called after the span check, so the sums cannot overflow.
+template <class Ptr>
+Status distinct_elements(std::string_view op, std::string_view arg, const BasicTensor<Ptr>& t) {
+  std::array<std::pair<int64_t, int64_t>, kMaxRank> axes{};  // (stride, extent)
+  int n = 0;
+  for (int i = 0; i < std::min(t.rank, kMaxRank); ++i) {
+    if (t.shape[i] <= 1) continue;
+    int j = n++;  // insertion by stride (at most 8 axes)
+    for (; j > 0 && axes[j - 1].first > t.stride[i]; --j) axes[j] = axes[j - 1];
+    axes[j] = {t.stride[i], t.shape[i]};
+  }
+  int64_t reach = 0;  // the largest offset the smaller-stride axes reach
+  for (int i = 0; i < n; ++i) {
+    if (axes[i].first <= reach)
+      return Error::invalid(prefix(op, arg) + "the written view " + describe(t) +
+                            " reaches some elements twice (its axes overlap)");
+    reach += (axes[i].second - 1) * axes[i].first;
+  }
   return {};
 }
 
@@ -129,6 +156,9 @@ Status tensor(std::string_view op, std::string_view arg, const BasicTensor<Ptr>&
         prefix(op, arg) + "view " + describe(t) + " spans " + std::to_string(span) +
             " bytes but the buffer holds " + std::to_string(t.buffer_bytes),
         static_cast<uint64_t>(span), static_cast<uint64_t>(t.buffer_bytes));
+  // A writable view (Tensor) that may not broadcast is one the op writes.
+  if constexpr (std::is_same_v<Ptr, void*>)
+    if (!rule.allow_broadcast) BARACUDA_TRY(distinct_elements(op, arg, t));
   return placement(op, arg, t.data, t.where, where);
 }
 

@@ -20,6 +20,8 @@ Status shape(std::string_view op, std::string_view arg, std::span<const int64_t>
 //  - strides non-negative, layout legal for the dtype (sub-byte packing rule), stride 0 only
 //    where `allow_broadcast`;
 //  - the buffer holds every element the view can reach (BufferTooSmall{needed, got});
+//  - a written view (a Tensor without allow_broadcast) reaches each element once;
+//  - data aligned to the element (and to rule.align_bytes);
 //  - non-null data when the tensor is non-empty;
 //  - the declared location is `where`, and (with CUDA) the pointer really lives there.
 struct TensorRule {
