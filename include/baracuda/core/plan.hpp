@@ -97,7 +97,7 @@ struct Kernel {
                    const typename Op::Arguments&) = nullptr;
   // The kernel's own argument rules on top of the op's (the alignment and strides its vector or
   // TMA loads need): can_implement applies them, so a run that launch would refuse is refused
-  // before anything is enqueued. null: none.
+  // before anything is enqueued; launch may take them as given. null: none.
   Status (*check)(const typename Op::Problem&, const typename Op::Arguments&) = nullptr;
 };
 

@@ -307,7 +307,7 @@ std::string mutate_view(Rng& rng, ConstTensor& v);
 template <class PlanT, class Args, class ViewsFn>
 ::testing::AssertionResult fuzz_arguments(const Stream& stream, const PlanT& plan,
                                           const Workspace& ws, const Args& good, ViewsFn views,
-                                          const std::vector<const TestTensor*>& outputs,
+                                          const std::vector<TestTensor*>& outputs,
                                           std::string_view op, Rng& rng, int iterations,
                                           int* accepted = nullptr) {
   Args base = good;
@@ -327,8 +327,8 @@ template <class PlanT, class Args, class ViewsFn>
               (v.out ? mutate_view(rng, *v.out) : mutate_view(rng, *v.in)) + "; ";
     }
     std::vector<std::vector<uint8_t>> before;
-    for (const TestTensor* o : outputs) {
-      const_cast<TestTensor*>(o)->poison();
+    for (TestTensor* o : outputs) {
+      o->poison();
       before.push_back(o->bytes());
     }
     if (std::getenv("BARACUDA_FUZZ_TRACE")) std::fprintf(stderr, "try %d: %s\n", it, what.c_str());

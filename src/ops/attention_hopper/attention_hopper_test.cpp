@@ -739,6 +739,7 @@ void check_backward_kernel(const Case& c, const attention::Problem& p,
                                           {},
                                           {}};
   BARACUDA_ASSERT_OK(attention::BackwardOp::check_arguments(p, args, gs.memory_location()));
+  if (kern.check) BARACUDA_ASSERT_OK(kern.check(p, args));  // what Plan::run applies first
   std::vector<std::vector<uint8_t>> runs;
   for (int rep = 0; rep < 2; ++rep) {
     for (TestTensor* t : {&gdq, &gdk, &gdv}) t->poison();
@@ -796,6 +797,7 @@ void check_case(const Case& c, harness::Rng& rng) {
     const attention::ForwardArguments args{
         in.q.cview(), in.k.cview(), in.v.cview(), gy.view(), glse.view(), {}, {}};
     BARACUDA_ASSERT_OK(attention::ForwardOp::check_arguments(p, args, gs.memory_location()));
+    if (kern->check) BARACUDA_ASSERT_OK(kern->check(p, args));  // what Plan::run applies first
     std::vector<std::vector<uint8_t>> bytes;
     for (int rep = 0; rep < 2; ++rep) {
       gy.poison();

@@ -566,7 +566,6 @@ Status check_backward(const Problem&, const BackwardArguments& a) {
 
 Status launch_forward(const LaunchContext& ctx, const Problem& p, const ForwardArguments& a) {
   const std::string_view op = attention::ForwardOp::name;
-  BARACUDA_TRY(check_forward(p, a));  // Plan::run has applied it; a direct launch may not
   Layout layout{{bhld_strides(a.q), bhld_strides(a.k), bhld_strides(a.v), bhld_strides(a.y),
                  lse_strides(as_const(a.lse))}};
   return execute(
@@ -578,7 +577,6 @@ Status launch_forward(const LaunchContext& ctx, const Problem& p, const ForwardA
 Status launch_backward(const LaunchContext& ctx, const Problem& p, const BackwardArguments& a,
                        Kind kind) {
   const std::string_view op = attention::BackwardOp::name;
-  BARACUDA_TRY(check_backward(p, a));  // Plan::run has applied it; a direct launch may not
   // The graph always reads a packed LSE: the caller's when it is packed, else a copy in the
   // workspace tail (after cuDNN's own region).
   const std::array<int64_t, 4> packed{p.desc.heads_q * p.desc.len_q, p.desc.len_q, 1, 1};

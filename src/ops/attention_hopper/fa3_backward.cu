@@ -850,7 +850,6 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
   const ConstTensor q = rows_view(a.q, vl), k = rows_view(a.k, vl), v = rows_view(a.v, vl),
                     y = rows_view(a.y, vl), dy = rows_view(a.dy, vl), lse = lse_view(a.lse, vl);
   const Tensor dq = rows_view(a.dq, vl), dk = rows_view(a.dk, vl), dv = rows_view(a.dv, vl);
-  BARACUDA_TRY(check_args(pr, a));  // Plan::run has applied it; a direct launch may not
   const Layout lay = layout_of(pr);
   if (ctx.workspace.bytes < lay.bytes)
     return Error::workspace_too_small(std::string(kWho) + ": workspace", lay.bytes,

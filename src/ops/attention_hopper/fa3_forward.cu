@@ -890,7 +890,6 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
   const ConstTensor q = rows_view(a.q, d.varlen), k = rows_view(a.k, d.varlen),
                     v = rows_view(a.v, d.varlen);
   const Tensor y = rows_view(a.y, d.varlen), lse = lse_view(a.lse, d.varlen);
-  BARACUDA_TRY(check_args<E::kFp8>(pr, a));  // Plan::run has applied it; a direct launch may not
   if (!cuda::tensor_map_encode_fn())
     return Error::library(std::string(who) + ": cuTensorMapEncodeTiled is unavailable",
                           "cuda_driver", 0);

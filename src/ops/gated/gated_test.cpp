@@ -1045,7 +1045,7 @@ TEST_P(GatedArgs, RandomArgumentMistakes) {
             return std::vector<ArgView>{{"dx", v.dx}, {"x", v.x}, {"dy", v.dy}, {"da", v.da},
                                         {"db", v.db}, {"a", v.a}, {"b", v.b}};
           },
-          sep ? std::vector<const TestTensor*>{&da, &db} : std::vector<const TestTensor*>{&dx},
+          sep ? std::vector<TestTensor*>{&da, &db} : std::vector<TestTensor*>{&dx},
           "gated_backward", rng, 800, &accepted));
     }
   EXPECT_GT(accepted, 0);

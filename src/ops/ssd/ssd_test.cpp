@@ -1047,16 +1047,15 @@ TEST_P(SsdPlans, RandomArgumentMistakes) {
       BARACUDA_ASSERT_OK(bwd);
       Tensors t = make_tensors(fwd->problem(), target, Layout::padded, rng, false);
       Tensors tb = make_tensors(bwd->problem(), target, Layout::padded, rng, true);
-      const auto outs = [](const Tensors& t, bool backward) {
-        std::vector<const TestTensor*> v;
-        auto add = [&](const std::optional<TestTensor>& x) {
+      const auto outs = [](Tensors& t, bool backward) {
+        std::vector<TestTensor*> v;
+        auto add = [&](std::optional<TestTensor>& x) {
           if (x) v.push_back(&*x);
         };
         if (!backward) {
           add(t.y), add(t.final_states);
         } else {
-          for (const auto* x :
-               {&t.dx, &t.ddt, &t.dA, &t.dB, &t.dC, &t.dD, &t.dz, &t.ddt_bias, &t.d_init})
+          for (auto* x : {&t.dx, &t.ddt, &t.dA, &t.dB, &t.dC, &t.dD, &t.dz, &t.ddt_bias, &t.d_init})
             add(*x);
         }
         return v;
