@@ -337,6 +337,149 @@ TEST(Plan, RegistryListsEveryKernel) {
   EXPECT_EQ(found, 2);
 }
 
+// ---- A kernel with argument rules of its own, and the plan's fallback for views it refuses
+// ------- "dense" takes unit-stride views only (its Kernel::check); "general" takes any view the op
+// accepts. Each counts its launches, so a test sees which one ran.
+struct CheckedScaleOp : ScaleOp {
+  static constexpr std::string_view name = "test_checked_scale";
+  static Status check_arguments(const Problem& p, const Arguments& a, Location where) {
+    int64_t dims[] = {p.n};
+    BARACUDA_TRY(validate::tensor(name, "y", a.y, p.dtype, dims, where));
+    return validate::tensor(name, "x", a.x, p.dtype, dims, where);
+  }
+};
+int g_dense_runs = 0, g_general_runs = 0;
+Status checked_scale(const CheckedScaleOp::Problem& p, const CheckedScaleOp::Arguments& a) {
+  for (int64_t i = 0; i < p.n; ++i)
+    store_from_double(
+        static_cast<char*>(a.y.data) + i * a.y.stride[0] * 4, p.dtype, 0,
+        2.0 *
+            load_as_double(static_cast<const char*>(a.x.data) + i * a.x.stride[0] * 4, p.dtype, 0));
+  return {};
+}
+BARACUDA_REGISTER(register_kernel<CheckedScaleOp>({
+    .sku = {.category = "test",
+            .op = "test_checked_scale",
+            .element = DType::f32,
+            .precision = {MathPrecision::f64, DType::f64, true, true},
+            .name = "general"},
+    .priority = 0,
+    .workspace = [](const CheckedScaleOp::Problem&, const DeviceCaps&) -> size_t { return 128; },
+    .launch =
+        [](const LaunchContext&, const CheckedScaleOp::Problem& p,
+           const CheckedScaleOp::Arguments& a) {
+          ++g_general_runs;
+          return checked_scale(p, a);
+        },
+}));
+BARACUDA_REGISTER(register_kernel<CheckedScaleOp>({
+    .sku = {.category = "test",
+            .op = "test_checked_scale",
+            .element = DType::f32,
+            .precision = {MathPrecision::f32, DType::f32, true, false},
+            .name = "dense"},
+    .priority = 10,
+    .workspace = [](const CheckedScaleOp::Problem&, const DeviceCaps&) -> size_t { return 64; },
+    .launch =
+        [](const LaunchContext&, const CheckedScaleOp::Problem& p,
+           const CheckedScaleOp::Arguments& a) {
+          ++g_dense_runs;
+          return checked_scale(p, a);
+        },
+    .check = [](const CheckedScaleOp::Problem&, const CheckedScaleOp::Arguments& a) -> Status {
+      if (a.x.stride[0] != 1)
+        return Error::unsupported("test_checked_scale: dense: x: stride[0]=" +
+                                  std::to_string(a.x.stride[0]) + " is not 1");
+      return {};
+    },
+}));
+
+TEST(Plan, ViewsTheChosenKernelRefusesRunOnTheGeneralOne) {
+  const Stream cpu = Stream::cpu();
+  auto plan = Plan<CheckedScaleOp>::select(cpu, {4, DType::f32, false});
+  BARACUDA_ASSERT_OK(plan);
+  EXPECT_EQ(plan->sku().name, "dense");
+  ASSERT_NE(plan->fallback_sku(), nullptr);
+  EXPECT_EQ(plan->fallback_sku()->name, "general");
+  // What both keep: dense's f32 math and accumulator, general's determinism, neither's
+  // bit-stability.
+  const PrecisionGuarantee g = plan->precision_guarantee();
+  EXPECT_EQ(g.math, MathPrecision::f32);
+  EXPECT_EQ(g.accumulator, DType::f32);
+  EXPECT_TRUE(g.deterministic);
+  EXPECT_FALSE(g.bit_stable);
+  EXPECT_EQ(plan->workspace_size(), 128u);  // enough for either kernel
+
+  alignas(256) static char ws[128];
+  const float x[8] = {1, -1, 2, -2, 3, -3, 4, -4};
+  float y[4] = {-7, -7, -7, -7};
+  const int64_t dims[] = {4}, unit[] = {1}, two[] = {2};
+  const CheckedScaleOp::Arguments dense{make_tensor(y, DType::f32, dims),
+                                        make_tensor(static_cast<const void*>(x), DType::f32, dims)};
+  CheckedScaleOp::Arguments strided = dense;
+  strided.x = make_strided(static_cast<const void*>(x), DType::f32, dims, two);
+  strided.y = make_strided(y, DType::f32, dims, unit);
+
+  EXPECT_EQ(plan->sku(dense).name, "dense");
+  EXPECT_EQ(plan->workspace_size(dense), 64u);
+  g_dense_runs = g_general_runs = 0;
+  BARACUDA_ASSERT_OK(plan->run(cpu, {ws, 64, Location::host()}, dense));
+  EXPECT_EQ(g_dense_runs, 1);
+  EXPECT_EQ(y[1], -2.0f);
+
+  // The strided view breaks dense's rule but not the op's: accepted, and run on "general".
+  BARACUDA_EXPECT_OK(plan->can_implement(strided));
+  EXPECT_EQ(plan->sku(strided).name, "general");
+  EXPECT_EQ(plan->workspace_size(strided), 128u);
+  std::fill(y, y + 4, -7.0f);
+  EXPECT_TRUE(fails_with(plan->run(cpu, {ws, 64, Location::host()}, strided),
+                         ErrorKind::workspace_too_small,
+                         {"test_checked_scale: workspace: needs 128"}));
+  EXPECT_EQ(y[0], -7.0f);
+  BARACUDA_ASSERT_OK(plan->run(cpu, {ws, 128, Location::host()}, strided));
+  EXPECT_EQ(g_general_runs, 1);
+  EXPECT_EQ(g_dense_runs, 1);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(y[i], 2.0f * x[2 * i]) << i;
+
+  // Views the op itself refuses are refused whichever kernel would have run.
+  CheckedScaleOp::Arguments bad = strided;
+  bad.x.dtype = DType::f64;
+  EXPECT_TRUE(fails_with(plan->can_implement(bad), ErrorKind::invalid_problem,
+                         {"test_checked_scale: x: dtype f64, expected f32"}));
+  EXPECT_EQ(plan->workspace_size(bad), 0u);
+  EXPECT_EQ(plan->sku(bad).name, "dense");
+
+  // A pinned kernel is exactly that kernel: no fallback, its rule refuses the strided view.
+  auto pinned =
+      Plan<CheckedScaleOp>::select(cpu, {4, DType::f32, false}, PlanPreference::kernel("dense"));
+  BARACUDA_ASSERT_OK(pinned);
+  EXPECT_EQ(pinned->fallback_sku(), nullptr);
+  EXPECT_EQ(pinned->workspace_size(), 64u);
+  EXPECT_EQ(pinned->precision_guarantee().math, MathPrecision::f32);
+  EXPECT_TRUE(pinned->precision_guarantee().deterministic);
+  std::fill(y, y + 4, -7.0f);
+  EXPECT_TRUE(fails_with(pinned->can_implement(strided), ErrorKind::unsupported,
+                         {"test_checked_scale: dense: x: stride[0]=2 is not 1"}));
+  EXPECT_TRUE(fails_with(pinned->run(cpu, {ws, 128, Location::host()}, strided),
+                         ErrorKind::unsupported, {"stride[0]=2 is not 1"}));
+  EXPECT_EQ(y[0], -7.0f);
+  // A plan whose kernel has no rules of its own needs no fallback.
+  auto general =
+      Plan<CheckedScaleOp>::select(cpu, {4, DType::f32, false}, PlanPreference::kernel("general"));
+  BARACUDA_ASSERT_OK(general);
+  EXPECT_EQ(general->fallback_sku(), nullptr);
+}
+
+TEST(Plan, WeakestGuaranteeKeepsOnlyWhatBothPromise) {
+  const PrecisionGuarantee exact{}, bf16{MathPrecision::bf16, DType::f32, false, true};
+  const PrecisionGuarantee w = detail::weakest(exact, bf16);
+  EXPECT_EQ(w.math, MathPrecision::bf16);
+  EXPECT_EQ(w.accumulator, DType::f32);
+  EXPECT_FALSE(w.deterministic);
+  EXPECT_TRUE(w.bit_stable);
+  EXPECT_EQ(to_string(detail::weakest(bf16, exact)), to_string(w));
+}
+
 TEST(Stream, CpuStreamAndDeviceQueries) {
   const Stream s = Stream::cpu();
   EXPECT_TRUE(s.is_cpu());

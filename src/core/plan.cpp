@@ -1,5 +1,6 @@
 #include "baracuda/core/plan.hpp"
 
+#include <algorithm>
 #include <cstdint>
 #include <mutex>
 #include <string>
@@ -191,6 +192,13 @@ Status check_workspace(std::string_view op, size_t needed, const Workspace& ws,
     return Error::wrong_device(std::string(op) + ": workspace: lives on " + to_string(ws.where) +
                                " but the stream runs on " + to_string(stream.memory_location()));
   return {};
+}
+
+PrecisionGuarantee weakest(const PrecisionGuarantee& a, const PrecisionGuarantee& b) {
+  // MathPrecision lists the modes from the most precise to the least.
+  return {std::max(a.math, b.math),
+          bits_of(a.accumulator) <= bits_of(b.accumulator) ? a.accumulator : b.accumulator,
+          a.deterministic && b.deterministic, a.bit_stable && b.bit_stable};
 }
 
 }  // namespace detail

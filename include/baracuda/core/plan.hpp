@@ -13,6 +13,7 @@
 // dispatch switch: the table is the dispatch.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -37,6 +38,7 @@ std::string_view to_string(Arch a);
 bool arch_runs_on(Arch kernel_arch, const DeviceCaps& caps);
 
 // e4m3: operands rounded to fp8 E4M3 (e.g. attention's P before P V).
+// Listed from the most precise to the least (detail::weakest relies on the order).
 enum class MathPrecision : uint8_t { exact, f64, f32, tf32, f16, bf16, e4m3 };
 std::string_view to_string(MathPrecision m);
 
@@ -148,6 +150,9 @@ Error no_kernel_error(std::string_view op, DType element, const Stream& stream,
 Status check_run_target(std::string_view op, const DeviceCaps& plan_caps, const Stream& stream);
 Status check_workspace(std::string_view op, size_t needed, const Workspace& ws,
                        const Stream& stream);
+// The terms two kernels both keep: the less precise math, the narrower accumulator, determinism
+// and bit-stability only where both have them.
+PrecisionGuarantee weakest(const PrecisionGuarantee& a, const PrecisionGuarantee& b);
 }  // namespace detail
 
 template <class Op>
@@ -163,6 +168,8 @@ class Plan {
     if (!problem.ok()) return problem.error();
     const DType element = Op::element(problem.value());
     const Kernel<Op>* best = nullptr;
+    // The best candidate without argument rules of its own: it takes every view the op accepts.
+    const Kernel<Op>* general = nullptr;
     std::vector<KernelSku> same_element;
     for (const Kernel<Op>& k : KernelTable<Op>::instance().all()) {
       if (k.sku.element != element) continue;
@@ -173,42 +180,88 @@ class Plan {
       if (!on_target || !detail::preference_admits(pref, k.sku)) continue;
       if (k.fits && !k.fits(problem.value(), stream.caps())) continue;
       if (!best || k.priority > best->priority) best = &k;
+      if (!k.check && (!general || k.priority > general->priority)) general = &k;
     }
     if (!best) return detail::no_kernel_error(Op::name, element, stream, pref, same_element);
     Plan plan;
     plan.problem_ = std::move(problem).value();
     plan.kernel_ = best;
     plan.caps_ = stream.caps();
-    plan.workspace_ = best->workspace ? best->workspace(plan.problem_, plan.caps_) : 0;
+    plan.kernel_workspace_ = best->workspace ? best->workspace(plan.problem_, plan.caps_) : 0;
+    plan.precision_ = best->sku.precision;
+    // Views the chosen kernel's own rules refuse (Kernel::check: e.g. cuDNN's 16-byte row
+    // strides) still satisfy the op, so the plan runs them on the general candidate instead of
+    // failing a valid call. The workspace covers both; the guarantee is what both keep.
+    if (best->check && general) {
+      plan.fallback_ = general;
+      plan.fallback_workspace_ =
+          general->workspace ? general->workspace(plan.problem_, plan.caps_) : 0;
+      plan.precision_ = detail::weakest(best->sku.precision, general->sku.precision);
+    }
     return plan;
   }
 
   // Validates the tensors against the plan (shape, stride, dtype, extent, placement). Launches
   // nothing; run() calls it too, so a run with bad arguments never writes.
   Status can_implement(const Arguments& args) const {
-    const Location where = caps_.device < 0 ? Location::host() : Location::cuda(caps_.device);
-    BARACUDA_TRY(Op::check_arguments(problem_, args, where));
-    return kernel_->check != nullptr ? kernel_->check(problem_, args) : Status{};
+    const Result<const Kernel<Op>*> k = route(args);
+    if (!k.ok()) return k.error();
+    return {};
   }
-  size_t workspace_size() const { return workspace_; }
+  // Enough for every run of the plan, whichever of its kernels the views lead to.
+  size_t workspace_size() const { return std::max(kernel_workspace_, fallback_workspace_); }
+  // Exactly what run(args) needs (at most workspace_size()); 0 where can_implement(args) fails.
+  size_t workspace_size(const Arguments& args) const {
+    const Result<const Kernel<Op>*> k = route(args);
+    return !k.ok() ? 0 : k.value() == fallback_ ? fallback_workspace_ : kernel_workspace_;
+  }
+  // The kernel select() chose. With a fallback, views its rules refuse run on fallback_sku().
   const KernelSku& sku() const { return kernel_->sku; }
-  const PrecisionGuarantee& precision_guarantee() const { return kernel_->sku.precision; }
+  // The kernel run(args) launches (sku() where can_implement(args) fails).
+  const KernelSku& sku(const Arguments& args) const {
+    const Result<const Kernel<Op>*> k = route(args);
+    return k.ok() ? k.value()->sku : kernel_->sku;
+  }
+  const KernelSku* fallback_sku() const { return fallback_ ? &fallback_->sku : nullptr; }
+  // What every run of the plan promises (with a fallback: the weaker of the two kernels' terms).
+  const PrecisionGuarantee& precision_guarantee() const { return precision_; }
   const Problem& problem() const { return problem_; }
 
   // Never allocates, never synchronizes (on a CPU stream the work itself runs on this thread).
   Status run(const Stream& stream, Workspace workspace, const Arguments& args) const {
     BARACUDA_TRY(detail::check_run_target(Op::name, caps_, stream));
-    BARACUDA_TRY(detail::check_workspace(Op::name, workspace_, workspace, stream));
-    BARACUDA_TRY(can_implement(args));
-    return kernel_->launch(LaunchContext{stream, workspace}, problem_, args);
+    const Result<const Kernel<Op>*> k = route(args);
+    if (!k.ok()) {  // the workspace is judged first, as for any refused call
+      BARACUDA_TRY(detail::check_workspace(Op::name, workspace_size(), workspace, stream));
+      return k.error();
+    }
+    const Kernel<Op>& kernel = *k.value();
+    BARACUDA_TRY(detail::check_workspace(
+        Op::name, &kernel == fallback_ ? fallback_workspace_ : kernel_workspace_, workspace,
+        stream));
+    return kernel.launch(LaunchContext{stream, workspace}, problem_, args);
   }
 
  private:
   Plan() = default;
+  // The kernel these arguments run on, or why they are refused: the op's rules, then the chosen
+  // kernel's own, which send a view they refuse to the fallback where there is one.
+  Result<const Kernel<Op>*> route(const Arguments& args) const {
+    const Location where = caps_.device < 0 ? Location::host() : Location::cuda(caps_.device);
+    BARACUDA_TRY(Op::check_arguments(problem_, args, where));
+    if (!kernel_->check) return kernel_;
+    Status own = kernel_->check(problem_, args);
+    if (own.ok()) return kernel_;
+    if (fallback_) return fallback_;
+    return own.error();
+  }
+
   Problem problem_{};
   const Kernel<Op>* kernel_ = nullptr;
+  const Kernel<Op>* fallback_ = nullptr;  // set only when kernel_ has a check
   DeviceCaps caps_;
-  size_t workspace_ = 0;
+  size_t kernel_workspace_ = 0, fallback_workspace_ = 0;
+  PrecisionGuarantee precision_{};
 };
 
 }  // namespace baracuda

@@ -12,6 +12,7 @@
 // The float64 reference is bounded (see "The float64 oracle" below): every GPU test here finishes
 // in seconds; big shapes are checked on sampled rows plus whole-tensor checks.
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -1811,6 +1812,167 @@ TEST(AttentionFa3Gpu, DefaultBackwardPlanFollowsTheTable) {
 #endif
   }
   expect_default_follows_cudnn_and_bespoke_tables<attention::BackwardPlan>(desc, Pass::backward);
+}
+
+// ---- The default plan on views its kernel's own rules refuse -----------------------------------
+// Rows one element past a 16-byte pitch, starting one element into their buffers: valid attention
+// arguments (the family's rules), refused by cuDNN's and fa3's (Kernel::check). Under tables that
+// make cuDNN, then fa3, the default, the plan must run such views on the family's kernels (its
+// fallback) and aligned ones on its own kernel, each against the float64 reference.
+TestTensor odd_pitch_tensor(const Case& c, DType t, int64_t h, int64_t l, int64_t d) {
+  return TestTensor::with_strides(t, {c.b, h, l, d}, {h * l * (d + 1), l * (d + 1), d + 1, 1}, 1,
+                                  Target::cuda);
+}
+
+void expect_fallback_forward(const attention::ForwardPlan& plan, const Case& c, const CaseData& x,
+                             const GpuBackwardInputs& aligned) {
+  ASSERT_NE(plan.fallback_sku(), nullptr) << plan.sku().name;
+  const KernelSku fallback = *plan.fallback_sku();
+  EXPECT_EQ(fallback.backend, Backend::bespoke_cuda) << fallback.name;
+  EXPECT_EQ(to_string(plan.precision_guarantee()),
+            to_string(detail::weakest(plan.sku().precision, fallback.precision)));
+  TestTensor q = odd_pitch_tensor(c, c.t, c.hq, c.lq, c.d),
+             k = odd_pitch_tensor(c, c.t, c.hk, c.lk, c.d),
+             v = odd_pitch_tensor(c, c.t, c.hk, c.lk, c.d);
+  q.set_values(x.q.values());
+  k.set_values(x.k.values());
+  v.set_values(x.v.values());
+  const std::vector<double> vv = x.v.values();
+  for (bool odd : {false, true}) {
+    SCOPED_TRACE(odd ? "odd-pitch views" : "aligned views");
+    TestTensor y =
+        odd ? odd_pitch_tensor(c, c.t, c.hq, c.lq, c.d) : gpu_tensor(c, c.t, c.hq, c.lq, c.d);
+    TestTensor lse = gpu_lse(c);
+    const attention::ForwardArguments args{odd ? q.cview() : aligned.q.cview(),
+                                           odd ? k.cview() : aligned.k.cview(),
+                                           odd ? v.cview() : aligned.v.cview(),
+                                           y.view(),
+                                           lse.view(),
+                                           {},
+                                           {}};
+    BARACUDA_ASSERT_OK(plan.can_implement(args));
+    EXPECT_EQ(plan.sku(args).name, odd ? fallback.name : plan.sku().name);
+    EXPECT_LE(plan.workspace_size(args), plan.workspace_size());
+    const Workspace_ ws = workspace_of(plan.workspace_size(args));  // exactly what this run needs
+    run_twice_poisoned(plan, ws, args, y, lse);  // bitwise equal: both kernels are deterministic
+    check_forward_output(c, vv, y.values(), lse.values(), x.fwd, x.rows);
+  }
+}
+
+void expect_fallback_backward(const attention::BackwardPlan& plan, const Case& c, const CaseData& x,
+                              const GpuBackwardInputs& aligned) {
+  const Stream& gs = harness::stream_for(Target::cuda);
+  ASSERT_NE(plan.fallback_sku(), nullptr) << plan.sku().name;
+  const KernelSku fallback = *plan.fallback_sku();
+  EXPECT_EQ(fallback.backend, Backend::bespoke_cuda) << fallback.name;
+  EXPECT_EQ(plan.precision_guarantee().deterministic,
+            plan.sku().precision.deterministic && fallback.precision.deterministic);
+  TestTensor q = odd_pitch_tensor(c, c.t, c.hq, c.lq, c.d),
+             k = odd_pitch_tensor(c, c.t, c.hk, c.lk, c.d),
+             v = odd_pitch_tensor(c, c.t, c.hk, c.lk, c.d),
+             y = odd_pitch_tensor(c, c.t, c.hq, c.lq, c.d),
+             dy = odd_pitch_tensor(c, c.t, c.hq, c.lq, c.d);
+  q.set_values(x.q.values());
+  k.set_values(x.k.values());
+  v.set_values(x.v.values());
+  y.set_values(x.y_ref.values());
+  dy.set_values(x.dy.values());
+  for (bool odd : {false, true}) {
+    SCOPED_TRACE(odd ? "odd-pitch views" : "aligned views");
+    TestTensor dq = odd ? odd_pitch_tensor(c, c.t, c.hq, c.lq, c.d)
+                        : gpu_tensor(c, c.t, c.hq, c.lq, c.d),
+               dk = odd ? odd_pitch_tensor(c, c.t, c.hk, c.lk, c.d)
+                        : gpu_tensor(c, c.t, c.hk, c.lk, c.d),
+               dv = odd ? odd_pitch_tensor(c, c.t, c.hk, c.lk, c.d)
+                        : gpu_tensor(c, c.t, c.hk, c.lk, c.d);
+    const attention::BackwardArguments args{odd ? q.cview() : aligned.q.cview(),
+                                            odd ? k.cview() : aligned.k.cview(),
+                                            odd ? v.cview() : aligned.v.cview(),
+                                            odd ? y.cview() : aligned.y.cview(),
+                                            odd ? dy.cview() : aligned.dy.cview(),
+                                            aligned.lse.cview(),
+                                            dq.view(),
+                                            dk.view(),
+                                            dv.view(),
+                                            {},
+                                            {}};
+    BARACUDA_ASSERT_OK(plan.can_implement(args));
+    EXPECT_EQ(plan.sku(args).name, odd ? fallback.name : plan.sku().name);
+    const Workspace_ ws = workspace_of(plan.workspace_size(args));
+    std::vector<std::vector<uint8_t>> runs;
+    for (int rep = 0; rep < 2; ++rep) {
+      for (TestTensor* t : {&dq, &dk, &dv}) t->poison();
+      const auto q_before = dq.bytes(), k_before = dk.bytes(), v_before = dv.bytes();
+      BARACUDA_ASSERT_OK(plan.run(gs, ws.get(), args));
+      BARACUDA_ASSERT_OK(gs.synchronize());
+      EXPECT_TRUE(harness::close_to(dq.values(), x.grad.dq, c.t, Accuracy::reduction, "dq"));
+      EXPECT_TRUE(harness::close_to(dk.values(), x.grad.dk, c.t, Accuracy::reduction, "dk"));
+      EXPECT_TRUE(harness::close_to(dv.values(), x.grad.dv, c.t, Accuracy::reduction, "dv"));
+      EXPECT_TRUE(harness::untouched_outside(q_before, dq.bytes(), dq.bit_mask(), "dq"));
+      EXPECT_TRUE(harness::untouched_outside(k_before, dk.bytes(), dk.bit_mask(), "dk"));
+      EXPECT_TRUE(harness::untouched_outside(v_before, dv.bytes(), dv.bit_mask(), "dv"));
+      for (TestTensor* t : {&dq, &dk, &dv}) runs.push_back(t->bytes());
+    }
+    if (plan.precision_guarantee().deterministic) {
+      for (int i = 0; i < 3; ++i)
+        EXPECT_TRUE(harness::bytes_equal(runs[i], runs[i + 3], "backward run 1 vs run 2"));
+    }
+  }
+}
+
+TEST(AttentionHopperGpu, DefaultPlanRunsViewsItsKernelRefusesOnTheFamilyKernels) {
+  BARACUDA_SKIP_IF_UNAVAILABLE(Target::cuda);
+  const Stream& gs = harness::stream_for(Target::cuda);
+  harness::Rng rng;
+  const Case c{DType::bf16, 1, 4, 2, 200, 200, 128, Mask::causal_top_left(), false, false};
+  const Descriptor desc = desc_of(c, c.t);
+  const CaseData x = case_data(c, rng);
+  const GpuBackwardInputs aligned = upload_backward(c, x);
+  auto points = [](double cudnn, double bespoke, double fa3) {
+    return std::array<TablePoint, 2>{
+        TablePoint{DType::bf16, Pass::forward, 128, 512, true, cudnn, bespoke, fa3},
+        TablePoint{DType::bf16, Pass::backward, 128, 512, true, cudnn, bespoke, fa3}};
+  };
+  const auto fa3_wins = points(2, 1, 3);
+  int ran = 0;
+#if BARACUDA_HAVE_CUDNN_FRONTEND
+  {
+    const auto cudnn_wins = points(3, 1, 2);
+    SCOPED_TRACE("cuDNN the default");
+    const SelectionTableOverride o{cudnn_wins};
+    for (PlanPreference pref : {PlanPreference::fastest(), PlanPreference::deterministic()}) {
+      SCOPED_TRACE(to_string(pref));
+      auto fwd = attention::ForwardPlan::select(gs, desc, pref);
+      BARACUDA_ASSERT_OK(fwd);
+      EXPECT_EQ(fwd->sku().backend, Backend::cudnn) << fwd->sku().name;
+      expect_fallback_forward(*fwd, c, x, aligned);
+      auto bwd = attention::BackwardPlan::select(gs, desc, pref);
+      BARACUDA_ASSERT_OK(bwd);
+      EXPECT_EQ(bwd->sku().backend, Backend::cudnn) << bwd->sku().name;
+      expect_fallback_backward(*bwd, c, x, aligned);
+      // Pinned to cuDNN, the plan is cuDNN only: such views are refused, as before.
+      auto pinned = attention::ForwardPlan::select(gs, desc, PlanPreference::only(Backend::cudnn));
+      BARACUDA_ASSERT_OK(pinned);
+      EXPECT_EQ(pinned->fallback_sku(), nullptr);
+    }
+    ++ran;
+  }
+#endif
+  const auto* fa3 = fa3_kernel(DType::bf16);
+  if (fa3 && fa3->fits(problem_of(desc), gs.caps())) {
+    SCOPED_TRACE("fa3 the default");
+    const SelectionTableOverride o{fa3_wins};
+    auto fwd = attention::ForwardPlan::select(gs, desc);
+    BARACUDA_ASSERT_OK(fwd);
+    EXPECT_EQ(fwd->sku().name, kFa3RankedAhead);
+    expect_fallback_forward(*fwd, c, x, aligned);
+    auto bwd = attention::BackwardPlan::select(gs, desc);
+    BARACUDA_ASSERT_OK(bwd);
+    EXPECT_EQ(bwd->sku().name, kFa3BwdRankedAhead);
+    expect_fallback_backward(*bwd, c, x, aligned);
+    ++ran;
+  }
+  if (ran == 0) GTEST_SKIP() << "neither cuDNN nor fa3 is a default here (no frontend, no sm_90a)";
 }
 
 // ---- Varlen (packed sequences) on both sm_90a kernels -----------------------------------------
