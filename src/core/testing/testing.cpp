@@ -331,6 +331,7 @@ Tolerance tolerance(DType t, Accuracy a) {
   }
   const double f32_floor = 6e-8;  // 16-bit types compute in f32: their error never goes below it
   if (a == Accuracy::elementwise) return {4 * std::max(u, 1e-15), 8 * std::max(u, 1e-15), step};
+  if (a == Accuracy::derivative) return {8 * std::max(u, 1e-15), 16 * std::max(u, 1e-15), step};
   if (a == Accuracy::rounded_weights) return {u, 4 * u, step};
   const double floor = f32_floor * (t == DType::f64 || t == DType::c128 ? 1e-8 : 1.0);
   const double ur = std::max(u, floor);

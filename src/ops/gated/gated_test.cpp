@@ -181,7 +181,7 @@ void check_backward(Target target, Gate g, DType t, const Case& c, Rng& rng) {
   for (size_t k = 0; k < grads.size(); ++k) {
     after.push_back(grads[k].bytes());
     EXPECT_TRUE(harness::untouched_outside(before[k], after[k], grads[k].bit_mask(), "backward"));
-    EXPECT_TRUE(close_to(grads[k].values(), k == 0 ? ref : second_grad, t, Accuracy::elementwise,
+    EXPECT_TRUE(close_to(grads[k].values(), k == 0 ? ref : second_grad, t, Accuracy::derivative,
                          k == 0 ? (sep ? "backward da" : "backward dx") : "backward db"));
   }
   ASSERT_TRUE(plan->precision_guarantee().deterministic);
@@ -406,7 +406,8 @@ void check_pitched(Target target, DType t, Gate g, const PitchCase& c, bool back
   for (size_t k = 0; k < ts.out.size(); ++k) {
     first.push_back(ts.out[k].bytes());
     EXPECT_TRUE(harness::untouched_outside(before[k], first[k], ts.out[k].bit_mask(), "outputs"));
-    EXPECT_TRUE(close_to(ts.out[k].values(), k == 0 ? ref : second_grad, t, Accuracy::elementwise,
+    EXPECT_TRUE(close_to(ts.out[k].values(), k == 0 ? ref : second_grad, t,
+                         backward ? Accuracy::derivative : Accuracy::elementwise,
                          k == 0 ? "y / dx / da" : "db"));
   }
   // Deterministic: the same kernel again.
@@ -651,8 +652,8 @@ void check_f32_math(Rng& rng) {
       dbr.push_back(rb);
     }
     EXPECT_TRUE(close_to(y, yr, t, Accuracy::elementwise, "f32 math forward"));
-    EXPECT_TRUE(close_to(da, dar, t, Accuracy::elementwise, "f32 math da"));
-    EXPECT_TRUE(close_to(db, dbr, t, Accuracy::elementwise, "f32 math db"));
+    EXPECT_TRUE(close_to(da, dar, t, Accuracy::derivative, "f32 math da"));
+    EXPECT_TRUE(close_to(db, dbr, t, Accuracy::derivative, "f32 math db"));
   }
   // And the f64 instantiation is the reference's function to within a few roundings.
   const gated::GateParams<double> pd{1.702, 1.0};
