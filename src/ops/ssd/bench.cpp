@@ -100,10 +100,12 @@ double forward_flops(const Case& c) {
   return 2 * tokens * (c.G * tri * c.N + c.H * (tri * c.D + 2.0 * c.D * c.N));
 }
 
-// `kernel_pref`: empty for the plan `select` picks, else that kernel (A/B rows of one case).
+// `kernel_pref`: empty for the plan `select` picks, else that kernel, whose rows are named
+// "<case>@<kernel>" (A/B rows: the peers' ratio belongs to the default's row alone).
 void run_prefill(const Stream& s, const Case& c, bool backward, std::string_view kernel_pref = {}) {
   const std::string op = backward ? "ssd_backward" : "ssd_forward";
-  auto fail = [&](const Error& e) { bench::emit_error("ssd", op, c.name, e); };
+  const std::string row = kernel_pref.empty() ? c.name : c.name + "@" + std::string(kernel_pref);
+  auto fail = [&](const Error& e) { bench::emit_error("ssd", op, row, e); };
   const DType t = DType::bf16;
   Descriptor d{.batch = c.B,
                .seqlen = c.L,
@@ -143,7 +145,7 @@ void run_prefill(const Stream& s, const Case& c, bool backward, std::string_view
     kernel = plan->sku().name;
     bytes = eb * static_cast<double>(2 * nx + ndt + 2 * nbc) + 4.0 * c.H;
     if (timing.ok() && stages_requested())
-      emit_stages(s, op, c.name, kernel, [&] { return plan->run(s, ws->as_workspace(), args); });
+      emit_stages(s, op, row, kernel, [&] { return plan->run(s, ws->as_workspace(), args); });
   } else {
     auto plan = SsdBackwardPlan::select(s, d, pref);
     if (!plan.ok()) return fail(plan.error());
@@ -174,12 +176,12 @@ void run_prefill(const Stream& s, const Case& c, bool backward, std::string_view
     bytes = eb * static_cast<double>(4 * nx + 2 * ndt + 4 * nbc);
     flops *= 2;
     if (timing.ok() && stages_requested())
-      emit_stages(s, op, c.name, kernel, [&] { return plan->run(s, ws->as_workspace(), args); });
+      emit_stages(s, op, row, kernel, [&] { return plan->run(s, ws->as_workspace(), args); });
   }
   if (!timing.ok()) return fail(timing.error());
   bench::emit(s, {.family = "ssd",
                   .op = op,
-                  .name = c.name,
+                  .name = row,
                   .dtype = "bf16",
                   .kernel = kernel,
                   .ms = timing->median_ms,
@@ -257,7 +259,7 @@ void bench_ssd(const Stream& s) {
   for (const Case& c : cases) run_prefill(s, c, false, "fused_mma");  // the walks uncut
   forward_other_chunks(s, cases);
   for (const Case& c : cases) run_prefill(s, c, false, "chunked_mma_fastpass");
-  // A/B rows under the same case names: the forward with the WMMA products, without the fast
+  // A/B rows ("<case>@<kernel>"): the forward with the WMMA products, without the fast
   // inter-chunk pass, and with 16-byte operand staging (bitwise equal results); the backward
   // without the fast passes, on f32 SIMT tiles, and the old recurrent kernel on the small case
   // only (245 ms on the large one).
