@@ -337,9 +337,9 @@ TEST(Plan, RegistryListsEveryKernel) {
   EXPECT_EQ(found, 2);
 }
 
-// ---- A kernel with argument rules of its own, and the plan's fallback for views it refuses
-// ------- "dense" takes unit-stride views only (its Kernel::check); "general" takes any view the op
-// accepts. Each counts its launches, so a test sees which one ran.
+// ---- A kernel with argument rules of its own, and the plan's fallback ---------------------------
+// "dense" takes unit-stride views only (its Kernel::check); "general" takes any view the op
+// accepts. Each counts its launches (g_runs[kGeneral / kDense]), so a test sees which one ran.
 struct CheckedScaleOp : ScaleOp {
   static constexpr std::string_view name = "test_checked_scale";
   static Status check_arguments(const Problem& p, const Arguments& a, Location where) {
@@ -348,51 +348,46 @@ struct CheckedScaleOp : ScaleOp {
     return validate::tensor(name, "x", a.x, p.dtype, dims, where);
   }
 };
-int g_dense_runs = 0, g_general_runs = 0;
-Status checked_scale(const CheckedScaleOp::Problem& p, const CheckedScaleOp::Arguments& a) {
-  for (int64_t i = 0; i < p.n; ++i)
-    store_from_double(
-        static_cast<char*>(a.y.data) + i * a.y.stride[0] * 4, p.dtype, 0,
-        2.0 *
-            load_as_double(static_cast<const char*>(a.x.data) + i * a.x.stride[0] * 4, p.dtype, 0));
+constexpr int kGeneral = 0, kDense = 1;
+int g_runs[2] = {0, 0};
+template <int K>
+Status checked_scale(const LaunchContext&, const CheckedScaleOp::Problem& p,
+                     const CheckedScaleOp::Arguments& a) {
+  ++g_runs[K];
+  for (int64_t i = 0; i < p.n; ++i) {
+    const double x = load_as_double(a.x.data, p.dtype, i * a.x.stride[0]);
+    store_from_double(a.y.data, p.dtype, i * a.y.stride[0], 2.0 * x);
+  }
   return {};
 }
-BARACUDA_REGISTER(register_kernel<CheckedScaleOp>({
-    .sku = {.category = "test",
-            .op = "test_checked_scale",
-            .element = DType::f32,
-            .precision = {MathPrecision::f64, DType::f64, true, true},
-            .name = "general"},
-    .priority = 0,
-    .workspace = [](const CheckedScaleOp::Problem&, const DeviceCaps&) -> size_t { return 128; },
-    .launch =
-        [](const LaunchContext&, const CheckedScaleOp::Problem& p,
-           const CheckedScaleOp::Arguments& a) {
-          ++g_general_runs;
-          return checked_scale(p, a);
-        },
-}));
-BARACUDA_REGISTER(register_kernel<CheckedScaleOp>({
-    .sku = {.category = "test",
-            .op = "test_checked_scale",
-            .element = DType::f32,
-            .precision = {MathPrecision::f32, DType::f32, true, false},
-            .name = "dense"},
-    .priority = 10,
-    .workspace = [](const CheckedScaleOp::Problem&, const DeviceCaps&) -> size_t { return 64; },
-    .launch =
-        [](const LaunchContext&, const CheckedScaleOp::Problem& p,
-           const CheckedScaleOp::Arguments& a) {
-          ++g_dense_runs;
-          return checked_scale(p, a);
-        },
-    .check = [](const CheckedScaleOp::Problem&, const CheckedScaleOp::Arguments& a) -> Status {
-      if (a.x.stride[0] != 1)
-        return Error::unsupported("test_checked_scale: dense: x: stride[0]=" +
-                                  std::to_string(a.x.stride[0]) + " is not 1");
-      return {};
-    },
-}));
+template <int K>
+size_t checked_workspace(const CheckedScaleOp::Problem&, const DeviceCaps&) {
+  return K == kDense ? 64 : 128;
+}
+Status dense_rule(const CheckedScaleOp::Problem&, const CheckedScaleOp::Arguments& a) {
+  if (a.x.stride[0] != 1)
+    return Error::unsupported(
+        "test_checked_scale: dense: x: stride[0]=" + std::to_string(a.x.stride[0]) + " is not 1");
+  return {};
+}
+KernelSku checked_sku(std::string_view name, PrecisionGuarantee precision) {
+  return {.category = "test",
+          .op = "test_checked_scale",
+          .element = DType::f32,
+          .precision = precision,
+          .name = name};
+}
+BARACUDA_REGISTER(register_kernel<CheckedScaleOp>(
+    {.sku = checked_sku("general", {MathPrecision::f64, DType::f64, true, true}),
+     .priority = 0,
+     .workspace = checked_workspace<kGeneral>,
+     .launch = checked_scale<kGeneral>}));
+BARACUDA_REGISTER(register_kernel<CheckedScaleOp>(
+    {.sku = checked_sku("dense", {MathPrecision::f32, DType::f32, true, false}),
+     .priority = 10,
+     .workspace = checked_workspace<kDense>,
+     .launch = checked_scale<kDense>,
+     .check = dense_rule}));
 
 TEST(Plan, ViewsTheChosenKernelRefusesRunOnTheGeneralOne) {
   const Stream cpu = Stream::cpu();
@@ -422,9 +417,9 @@ TEST(Plan, ViewsTheChosenKernelRefusesRunOnTheGeneralOne) {
 
   EXPECT_EQ(plan->sku(dense).name, "dense");
   EXPECT_EQ(plan->workspace_size(dense), 64u);
-  g_dense_runs = g_general_runs = 0;
+  g_runs[kGeneral] = g_runs[kDense] = 0;
   BARACUDA_ASSERT_OK(plan->run(cpu, {ws, 64, Location::host()}, dense));
-  EXPECT_EQ(g_dense_runs, 1);
+  EXPECT_EQ(g_runs[kDense], 1);
   EXPECT_EQ(y[1], -2.0f);
 
   // The strided view breaks dense's rule but not the op's: accepted, and run on "general".
@@ -437,8 +432,8 @@ TEST(Plan, ViewsTheChosenKernelRefusesRunOnTheGeneralOne) {
                          {"test_checked_scale: workspace: needs 128"}));
   EXPECT_EQ(y[0], -7.0f);
   BARACUDA_ASSERT_OK(plan->run(cpu, {ws, 128, Location::host()}, strided));
-  EXPECT_EQ(g_general_runs, 1);
-  EXPECT_EQ(g_dense_runs, 1);
+  EXPECT_EQ(g_runs[kGeneral], 1);
+  EXPECT_EQ(g_runs[kDense], 1);
   for (int i = 0; i < 4; ++i) EXPECT_EQ(y[i], 2.0f * x[2 * i]) << i;
 
   // Views the op itself refuses are refused whichever kernel would have run.
