@@ -213,7 +213,7 @@ class Plan {
   // Exactly what run(args) needs (at most workspace_size()); 0 where can_implement(args) fails.
   size_t workspace_size(const Arguments& args) const {
     const Result<const Kernel<Op>*> k = route(args);
-    return !k.ok() ? 0 : k.value() == fallback_ ? fallback_workspace_ : kernel_workspace_;
+    return k.ok() ? workspace_of(*k.value()) : 0;
   }
   // The kernel select() chose. With a fallback, views its rules refuse run on fallback_sku().
   const KernelSku& sku() const { return kernel_->sku; }
@@ -236,9 +236,7 @@ class Plan {
       return k.error();
     }
     const Kernel<Op>& kernel = *k.value();
-    BARACUDA_TRY(detail::check_workspace(
-        Op::name, &kernel == fallback_ ? fallback_workspace_ : kernel_workspace_, workspace,
-        stream));
+    BARACUDA_TRY(detail::check_workspace(Op::name, workspace_of(kernel), workspace, stream));
     return kernel.launch(LaunchContext{stream, workspace}, problem_, args);
   }
 
@@ -254,6 +252,9 @@ class Plan {
     if (own.ok()) return kernel_;
     if (fallback_) return fallback_;
     return own.error();
+  }
+  size_t workspace_of(const Kernel<Op>& k) const {
+    return &k == fallback_ ? fallback_workspace_ : kernel_workspace_;
   }
 
   Problem problem_{};
