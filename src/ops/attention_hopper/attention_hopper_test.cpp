@@ -1823,6 +1823,18 @@ TestTensor odd_pitch_tensor(const Case& c, DType t, int64_t h, int64_t l, int64_
   return TestTensor::with_strides(t, {c.b, h, l, d}, {h * l * (d + 1), l * (d + 1), d + 1, 1}, 1,
                                   Target::cuda);
 }
+// The backward's inputs (forward: q, k, v) in odd-pitch views; LSE as upload_backward lays it.
+GpuBackwardInputs upload_odd_pitch(const Case& c, const CaseData& x) {
+  auto up = [&](const TestTensor& host, int64_t h, int64_t l) {
+    TestTensor g = odd_pitch_tensor(c, host.dtype(), h, l, c.d);
+    g.set_values(host.values());
+    return g;
+  };
+  GpuBackwardInputs g{up(x.q, c.hq, c.lq),  up(x.k, c.hk, c.lk),     up(x.v, c.hk, c.lk),
+                      up(x.dy, c.hq, c.lq), up(x.y_ref, c.hq, c.lq), gpu_lse(c)};
+  g.lse.set_values(x.lse_ref.values());
+  return g;
+}
 
 void expect_fallback_forward(const attention::ForwardPlan& plan, const Case& c, const CaseData& x,
                              const GpuBackwardInputs& aligned) {
@@ -1831,25 +1843,16 @@ void expect_fallback_forward(const attention::ForwardPlan& plan, const Case& c, 
   EXPECT_EQ(fallback.backend, Backend::bespoke_cuda) << fallback.name;
   EXPECT_EQ(to_string(plan.precision_guarantee()),
             to_string(detail::weakest(plan.sku().precision, fallback.precision)));
-  TestTensor q = odd_pitch_tensor(c, c.t, c.hq, c.lq, c.d),
-             k = odd_pitch_tensor(c, c.t, c.hk, c.lk, c.d),
-             v = odd_pitch_tensor(c, c.t, c.hk, c.lk, c.d);
-  q.set_values(x.q.values());
-  k.set_values(x.k.values());
-  v.set_values(x.v.values());
+  const GpuBackwardInputs odd_in = upload_odd_pitch(c, x);
   const std::vector<double> vv = x.v.values();
   for (bool odd : {false, true}) {
     SCOPED_TRACE(odd ? "odd-pitch views" : "aligned views");
     TestTensor y =
         odd ? odd_pitch_tensor(c, c.t, c.hq, c.lq, c.d) : gpu_tensor(c, c.t, c.hq, c.lq, c.d);
     TestTensor lse = gpu_lse(c);
-    const attention::ForwardArguments args{odd ? q.cview() : aligned.q.cview(),
-                                           odd ? k.cview() : aligned.k.cview(),
-                                           odd ? v.cview() : aligned.v.cview(),
-                                           y.view(),
-                                           lse.view(),
-                                           {},
-                                           {}};
+    const GpuBackwardInputs& in = odd ? odd_in : aligned;
+    const attention::ForwardArguments args{
+        in.q.cview(), in.k.cview(), in.v.cview(), y.view(), lse.view(), {}, {}};
     BARACUDA_ASSERT_OK(plan.can_implement(args));
     EXPECT_EQ(plan.sku(args).name, odd ? fallback.name : plan.sku().name);
     EXPECT_LE(plan.workspace_size(args), plan.workspace_size());
@@ -1867,16 +1870,7 @@ void expect_fallback_backward(const attention::BackwardPlan& plan, const Case& c
   EXPECT_EQ(fallback.backend, Backend::bespoke_cuda) << fallback.name;
   EXPECT_EQ(plan.precision_guarantee().deterministic,
             plan.sku().precision.deterministic && fallback.precision.deterministic);
-  TestTensor q = odd_pitch_tensor(c, c.t, c.hq, c.lq, c.d),
-             k = odd_pitch_tensor(c, c.t, c.hk, c.lk, c.d),
-             v = odd_pitch_tensor(c, c.t, c.hk, c.lk, c.d),
-             y = odd_pitch_tensor(c, c.t, c.hq, c.lq, c.d),
-             dy = odd_pitch_tensor(c, c.t, c.hq, c.lq, c.d);
-  q.set_values(x.q.values());
-  k.set_values(x.k.values());
-  v.set_values(x.v.values());
-  y.set_values(x.y_ref.values());
-  dy.set_values(x.dy.values());
+  const GpuBackwardInputs odd_in = upload_odd_pitch(c, x);
   for (bool odd : {false, true}) {
     SCOPED_TRACE(odd ? "odd-pitch views" : "aligned views");
     TestTensor dq = odd ? odd_pitch_tensor(c, c.t, c.hq, c.lq, c.d)
@@ -1885,11 +1879,12 @@ void expect_fallback_backward(const attention::BackwardPlan& plan, const Case& c
                         : gpu_tensor(c, c.t, c.hk, c.lk, c.d),
                dv = odd ? odd_pitch_tensor(c, c.t, c.hk, c.lk, c.d)
                         : gpu_tensor(c, c.t, c.hk, c.lk, c.d);
-    const attention::BackwardArguments args{odd ? q.cview() : aligned.q.cview(),
-                                            odd ? k.cview() : aligned.k.cview(),
-                                            odd ? v.cview() : aligned.v.cview(),
-                                            odd ? y.cview() : aligned.y.cview(),
-                                            odd ? dy.cview() : aligned.dy.cview(),
+    const GpuBackwardInputs& in = odd ? odd_in : aligned;
+    const attention::BackwardArguments args{in.q.cview(),
+                                            in.k.cview(),
+                                            in.v.cview(),
+                                            in.y.cview(),
+                                            in.dy.cview(),
                                             aligned.lse.cview(),
                                             dq.view(),
                                             dk.view(),
