@@ -2,9 +2,7 @@
 // a smaller one (B=8 L=2048 H=32 D=64 N=64 G=1), bf16, chunk 256, forward and backward, plus the
 // decode step on a state of 80 Mi f32 elements. First what `select` picks (fused_mma forward, its
 // walks cut into segments where that shortens the waves; chunked_mma_fastpass backward), the
-// forward uncut (fused_mma by name), both kinds of walk cut by the rule (fused_mma_ranked_ahead
-// forms C.B^T in every head's walk, fused_cb_mma_ranked_ahead reads it from the workspace, formed
-// once per group), the forward at chunks 128 and 64 (case name + "_chunk<Q>"),
+// forward uncut (fused_mma by name), the forward at chunks 128 and 64 (case name + "_chunk<Q>"),
 // then A/B rows under the same case names: forward chunked_mma_fastpass, chunked_wmma_fastpass,
 // chunked_wmma and chunked_wmma_vec, backward chunked_wmma_vec_fastpass, chunked_wmma_vec and
 // chunked_f32 on both shapes and the old recurrent_deterministic_f32 on the small one. peers.py
@@ -251,9 +249,6 @@ void bench_ssd(const Stream& s) {
     for (const Case& c : cases) run_prefill(s, c, only == "backward");
     if (only == "forward") {
       for (const Case& c : cases) run_prefill(s, c, false, "fused_mma");
-      for (const Case& c : cases) run_prefill(s, c, false, "fused_mma_ranked_ahead");
-      for (const Case& c : cases) run_prefill(s, c, false, "fused_cb_mma_ranked_ahead");
-      for (const Case& c : cases) run_prefill(s, c, false, "fused_cb_mma");
       forward_other_chunks(s, cases);
       for (const Case& c : cases) run_prefill(s, c, false, "chunked_mma_fastpass");
     }
@@ -262,9 +257,6 @@ void bench_ssd(const Stream& s) {
   for (const Case& c : cases) run_prefill(s, c, false);  // fused_mma, cut where it pays (bf16)
   for (const Case& c : cases) run_prefill(s, c, true);   // chunked_mma_fastpass (bf16)
   for (const Case& c : cases) run_prefill(s, c, false, "fused_mma");  // the walks uncut
-  // The walk that forms C.B^T itself and the one that reads it (whichever is not the default).
-  for (const Case& c : cases) run_prefill(s, c, false, "fused_mma_ranked_ahead");
-  for (const Case& c : cases) run_prefill(s, c, false, "fused_cb_mma_ranked_ahead");
   forward_other_chunks(s, cases);
   for (const Case& c : cases) run_prefill(s, c, false, "chunked_mma_fastpass");
   // A/B rows ("<case>@<kernel>"): the forward with the WMMA products, without the fast

@@ -18,30 +18,13 @@
 namespace baracuda::ssd_cuda {
 
 namespace fused {
+constexpr int kWarps = 8, kThreads = 32 * kWarps;
 constexpr int kD = 64;        // head_dim, padded: columns [D, 64) are zeros
-constexpr int kMaxN = 128;    // state_dim
 constexpr int kLdX = kD + 8;  // x rows 144 B apart: ldmatrix rows hit distinct banks
-// Warps per block: eight, or sixteen where C.B^T comes from the workspace and the chunk has at
-// least 8 row tiles (the y columns of a pair of row tiles split two or four ways: 128 registers a
-// thread suffice once no warp forms C.B^T, and twice the warps hide twice the latency).
-template <bool kCbIn, int kQ>
-inline constexpr int kWarpsOf = kCbIn&& kQ >= 128 ? 16 : 8;
-
-// C.B^T of one (batch row, group, chunk) in the workspace (fused_cb_mma): the chunk's lower 16 x 16
-// blocks (i, j <= i) in the order i (i + 1) / 2 + j, each as the m16n8 accumulators of two n8
-// tiles in a warp's lane order (lane l's eight floats at 8 l: tile 0 then tile 1), so that a warp
-// reads a block as one contiguous kilobyte, two 16-byte loads a lane.
-inline constexpr int kCbBlockFloats = 256;
-__host__ __device__ constexpr int cb_blocks(int q) {
-  return (q / 16) * (q / 16 + 1) / 2;
-}
-__host__ __device__ constexpr int tri(int i) {
-  return i * (i + 1) / 2;
-}
 
 // Shared memory of one block: the chunk's x, C and B rows, the state entering the chunk rounded
 // to T, and the chunk's per-token scalars. Byte offsets; every region 16-byte aligned.
-template <int kQ, int kN, int kWarps>
+template <int kQ, int kN>
 struct Smem {
   static constexpr int kLdN = kN + 8;  // 272 or 144 B rows
   static constexpr size_t x = 0;
@@ -59,7 +42,7 @@ struct Smem {
 // ld (token t0 + r of batch row b, third index i, columns [0, kW) with zeros past `cols` and past
 // the sequence). kVec: 16-byte cp.async pieces, one fixed column per thread and rows kRowStep
 // apart, from a pointer set up once (no per-piece index products); else element copies.
-template <class T, int kQ, int kW, bool kVec, int kThreads>
+template <class T, int kQ, int kW, bool kVec>
 struct RowLoader {
   static constexpr int kPieces = kVec ? kW / 8 : kW;  // per row
   static constexpr int kRowStep = kThreads / kPieces;
@@ -89,104 +72,29 @@ struct RowLoader {
     }
   }
 };
-
-// One 16 x 16 block of C.B^T as a warp's m16n8 accumulators of two n8 tiles: the row tile's C
-// as A fragments of every 16-deep k step (cf), B rows 16 j .. + 15 ([token][n] at pitch ld). The
-// k steps alternate between two accumulator chains (independent mma issue), added at the end.
-template <class T, int kN>
-__device__ __forceinline__ void cb_block(float (&out)[2][4], const uint32_t (&cf)[kN / 16][4],
-                                         const T* bs, int ld, int j, int lane) {
-  float part[2][2][4] = {};
-#pragma unroll
-  for (int k = 0; k < kN / 16; ++k) {
-    uint32_t b0, b1, b2, b3;  // B rows stored [s][n]: [n_out][k]
-    cuda::ldmatrix_x4(cuda::smem_u32(bs + (16 * j + lane % 8 + (lane / 16) * 8) * ld + 16 * k +
-                                     ((lane / 8) % 2) * 8),
-                      b0, b1, b2, b3);
-    cuda::mma16816<T>(part[k % 2][0], cf[k], b0, b1);
-    cuda::mma16816<T>(part[k % 2][1], cf[k], b2, b3);
-  }
-#pragma unroll
-  for (int n = 0; n < 2; ++n)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) out[n][e] = part[0][n][e] + part[1][n][e];
-}
 }  // namespace fused
 
-// C.B^T of every (batch row, group, chunk) for fused_cb_mma, in the fragment order above. A block
-// of eight warps per (half of a chunk's 16 x 16 blocks, chunk, group, batch row) copies the chunk's
-// C and B rows and forms its blocks a warp at a time, as fused_mma forms them in its walk (the same
-// helper, the same sums): every head of the group then reads them instead of forming them again.
-namespace fused {
-constexpr int kCbParts = 2;  // blocks per chunk: 128 at the 2.7B shape's 64 (row, chunk) pairs
-template <int kQ, int kN>
-inline constexpr size_t kCbSmem = 2 * sizeof(uint16_t) * kQ*(kN + 8);
-}  // namespace fused
-template <class T, int kQ, int kN, bool kVec>
-__global__ void __launch_bounds__(256) ssd_fused_cb_kernel(Fwd<T> p) {
-  using namespace fused;
-  constexpr int kLdN = kN + 8, kBlk = cb_blocks(kQ), kCbWarps = 8;
-  extern __shared__ __align__(16) unsigned char cb_smem[];
-  T* cs = reinterpret_cast<T*>(cb_smem);
-  T* bs = cs + kQ * kLdN;
-  const int64_t G = p.H / p.hpg;
-  int64_t lin = blockIdx.x;
-  const int part = static_cast<int>(lin % kCbParts);
-  lin /= kCbParts;
-  const int64_t c = lin % p.nchunks, grp = lin / p.nchunks % G, b = lin / p.nchunks / G;
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int64_t t0 = c * kQ;
-  const int rows = static_cast<int>(p.L - t0 < kQ ? p.L - t0 : kQ), N = static_cast<int>(p.N);
-  RowLoader<T, kQ, kN, kVec, 32 * kCbWarps>(p.Cm, b, grp, N, tid).load(cs, kLdN, t0, rows);
-  RowLoader<T, kQ, kN, kVec, 32 * kCbWarps>(p.Bm, b, grp, N, tid).load(bs, kLdN, t0, rows);
-  cuda::cp_async_commit();
-  cuda::cp_async_wait<0>();
-  __syncthreads();
-  float4* out = reinterpret_cast<float4*>(p.cb_frag) +
-                ((b * G + grp) * p.nchunks + c) * (kBlk * kCbBlockFloats / 4) + 2 * lane;
-  for (int q = part * kCbWarps + warp; q < kBlk; q += kCbWarps * kCbParts) {
-    int i = static_cast<int>((sqrtf(8.0f * q + 1.0f) - 1.0f) * 0.5f);
-    while (tri(i + 1) <= q) ++i;
-    while (tri(i) > q) --i;
-    uint32_t cf[kN / 16][4];
-#pragma unroll
-    for (int k = 0; k < kN / 16; ++k) load_a_frag<T>(cf[k], cs, kLdN, 16 * i, 16 * k, lane);
-    float acc[2][4];
-    cb_block<T, kN>(acc, cf, bs, kLdN, q - tri(i), lane);
-    float4* o = out + q * (kCbBlockFloats / 4);
-    o[0] = make_float4(acc[0][0], acc[0][1], acc[0][2], acc[0][3]);
-    o[1] = make_float4(acc[1][0], acc[1][1], acc[1][2], acc[1][3]);
-  }
-}
-
-// One block per (head h, batch row b), chunks in order. Warp roles:
+// One block of eight warps per (head h, batch row b), chunks in order. Warp roles:
 //  - y (C.S and W.x): the chunk's 16-row tiles go in pairs {i, kQ/16 - 1 - i} (equal causal
-//    work), each pair to warps / pairs warps splitting the 64 columns d;
-//  - the state update: warp w owns rows d 16 (w % 4) .. + 15 and a quarter of the warps' share of
-//    the N columns; its accumulators are the f32 state, carried from chunk to chunk.
+//    work), each pair to 8 / pairs warps splitting the 64 columns d;
+//  - the state update: warp w owns rows d 16 (w % 4) .. + 15 and half of the N columns; its
+//    accumulators are the f32 state, carried from chunk to chunk.
 // Per chunk: scalars (v, cum by a block scan), C.S into the y accumulators (scaled by exp(cum_t)),
-// W.x on top (W built in registers from C.B^T, one exponential per weight), the epilogue (D skip,
-// silu(z) gate, y stored), then the state update and its T copy for the next chunk's C.S. Loads
-// run one phase ahead: the next chunk's C under the epilogue and the state update, its x and B
-// under the next C.S.
-// C.B^T: kCbIn = false (fused_mma, eight warps): formed by mma from the shared rows, one block
-// ahead of its weights, for every head again. kCbIn = true (fused_cb_mma, sixteen warps at chunks
-// 128 and 256): read from the workspace (ssd_fused_cb_kernel, once per group), each warp streaming
-// its two row tiles' blocks kRing blocks ahead in registers; the update's x scaled in place once
-// by the block instead of by every warp that reads it.
-template <class T, int kQ, int kN, bool kVec, bool kCbIn>
-__global__ void __launch_bounds__(32 * fused::kWarpsOf<kCbIn, kQ>, 1)
-    ssd_fused_fwd_kernel(Fwd<T> p) {
+// W.x on top (C.B^T formed by mma from the shared rows, W built from its accumulators in
+// registers, one exponential per weight), the epilogue (D skip, silu(z) gate, y stored), then
+// the state update and its T copy for the next chunk's C.S. Loads run one phase ahead: the next
+// chunk's C under the epilogue and the state update, its x and B under the next C.S.
+template <class T, int kQ, int kN, bool kVec>
+__global__ void __launch_bounds__(fused::kThreads, 1) ssd_fused_fwd_kernel(Fwd<T> p) {
   using namespace fused;
-  constexpr int kWarps = kWarpsOf<kCbIn, kQ>, kThreads = 32 * kWarps;
-  using Lay = Smem<kQ, kN, kWarps>;
+  using Lay = Smem<kQ, kN>;
   constexpr int kLdN = Lay::kLdN;
-  constexpr int kR = kQ / 16;                            // 16-row tiles of a chunk
-  constexpr int kPairs = kR / 2;                         // balanced pairs of row tiles
-  constexpr int kWpp = kWarps / kPairs;                  // warps per pair: 1 .. 8
-  constexpr int kDW = kD / kWpp;                         // y columns per warp
-  constexpr int kYT = kDW / 8;                           // y n8 tiles per row tile
-  constexpr int kSN = kN / (kWarps / 4), kST = kSN / 8;  // state columns per warp, n8 tiles
+  constexpr int kR = kQ / 16;                 // 16-row tiles of a chunk
+  constexpr int kPairs = kR / 2;              // balanced pairs of row tiles
+  constexpr int kWpp = kWarps / kPairs;       // warps per pair: 1, 2, 4 (kQ = 256, 128, 64)
+  constexpr int kDW = kD / kWpp;              // y columns per warp
+  constexpr int kYT = kDW / 8;                // y n8 tiles per row tile
+  constexpr int kSN = kN / 2, kST = kSN / 8;  // state columns per warp, their n8 tiles
   static_assert(kPairs * kWpp == kWarps && kYT % 2 == 0 && kST % 2 == 0);
   extern __shared__ __align__(16) unsigned char fused_smem[];
   T* xs = reinterpret_cast<T*>(fused_smem + Lay::x);
@@ -222,9 +130,8 @@ __global__ void __launch_bounds__(32 * fused::kWarpsOf<kCbIn, kQ>, 1)
   // state roles
   const int sd0 = 16 * (warp % 4), sn0 = (warp / 4) * kSN;
 
-  const RowLoader<T, kQ, kN, kVec, kThreads> c_rows(p.Cm, b, grp, N, tid),
-      b_rows(p.Bm, b, grp, N, tid);
-  const RowLoader<T, kQ, kD, kVec, kThreads> x_rows(p.x, b, h, D, tid);
+  const RowLoader<T, kQ, kN, kVec> c_rows(p.Cm, b, grp, N, tid), b_rows(p.Bm, b, grp, N, tid);
+  const RowLoader<T, kQ, kD, kVec> x_rows(p.x, b, h, D, tid);
   auto rows_of = [&](int64_t t0) { return static_cast<int>(p.L - t0 < kQ ? p.L - t0 : kQ); };
   auto issue_c = [&](int64_t c) { c_rows.load(cs, kLdN, c * kQ, rows_of(c * kQ)); };
   auto issue_xb = [&](int64_t c) {
@@ -237,30 +144,13 @@ __global__ void __launch_bounds__(32 * fused::kWarpsOf<kCbIn, kQ>, 1)
     return tid < kQ && t < p.L ? to_float(p.dt.at(b, t, h)) : 0.0f;
   };
 
-  // kCbIn: this warp's C.B^T blocks as one stream of positions, row tile rt[0]'s blocks 0 .. rt[0]
-  // at positions 0 .. rt[0], padded to a multiple of kRing, then rt[1]'s: the block at position
-  // pos is consumed from ring slot pos % kRing, a compile-time index in both row tiles' loops.
-  constexpr int kRing = 4;
-  [[maybe_unused]] const int n0p = (rt[0] + kRing) / kRing * kRing;
-  const float4* cb_chunk = nullptr;  // this (b, group)'s blocks of the chunk, at this lane
-  [[maybe_unused]] auto cb_fetch = [&](float4(&slot)[2], int pos) {
-    const int q = pos <= rt[0]                       ? tri(rt[0]) + pos
-                  : pos >= n0p && pos - n0p <= rt[1] ? tri(rt[1]) + pos - n0p
-                                                     : -1;
-    if (q >= 0) {
-      slot[0] = __ldg(cb_chunk + q * (kCbBlockFloats / 4));
-      slot[1] = __ldg(cb_chunk + q * (kCbBlockFloats / 4) + 1);
-    }
-  };
-  [[maybe_unused]] float4 ring[kCbIn ? kRing : 1][2];
-
   // The state: f32 in the update warps' accumulators, T in ss for C.S. A later segment takes the
   // one its predecessor handed off (every thread its own accumulators, as float4s a warp-wide
   // 512-byte run apart), bit for bit what the uncut walk carries.
   float st[kST][4];
   auto handoff_at = [&](int64_t s, int j) {
-    return reinterpret_cast<float4*>(p.handoff) + ((s * p.B * p.H + walk) * kST + j) * kThreads +
-           tid;
+    return reinterpret_cast<float4*>(p.handoff) +
+           ((s * p.B * p.H + walk) * kST + j) * fused::kThreads + tid;
   };
   if (seg == 0) {
 #pragma unroll
@@ -299,14 +189,6 @@ __global__ void __launch_bounds__(32 * fused::kWarpsOf<kCbIn, kQ>, 1)
   for (int64_t c = c_lo; c < c_hi; ++c) {
     const int64_t t0 = c * kQ;
     const int K = rows_of(t0);  // tokens in this chunk
-    if constexpr (kCbIn) {      // the first blocks come in under the scan and C.S
-      cb_chunk =
-          reinterpret_cast<const float4*>(p.cb_frag) +
-          ((b * (p.H / p.hpg) + grp) * p.nchunks + c) * (cb_blocks(kQ) * kCbBlockFloats / 4) +
-          2 * lane;
-#pragma unroll
-      for (int u = 0; u < kRing; ++u) cb_fetch(ring[u], u);
-    }
     // ---- scalars: v, cum (log2 units) by a block scan in a fixed order, the update weights
     float v = 0.0f, a = 0.0f;
     if (tid < K) {
@@ -375,24 +257,50 @@ __global__ void __launch_bounds__(32 * fused::kWarpsOf<kCbIn, kQ>, 1)
     cuda::cp_async_wait<0>();  // x and B of this chunk
     __syncthreads();
 
-    // ---- y += sum_{s<=t} W_ts x_s, W_ts = exp(cum_t - cum_s) v_s CB_ts. The accumulators of a
-    // C.B^T block are the A fragment of W.x as they stand (the m16n8 C layout of two n8 tiles is
-    // the m16k16 A layout). wx_block(j, cb): block (rt[r], j) of W times x's rows 16 j .. + 15.
+    // ---- y += sum_{s<=t} W_ts x_s, W_ts = exp(cum_t - cum_s) v_s CB_ts. CB_ts = C_t . B_s is
+    // formed here, 16 x 16 per step from the shared C and B rows, and its accumulators are the
+    // A fragment of W.x as they stand (the m16n8 C layout of two n8 tiles is the m16k16 A layout).
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int i = rt[r];
       const int ta = 16 * i + g;
-      auto wx = [&]<bool kDiag>(int j, const float(&cb)[2][4]) {
+      uint32_t cf[kN / 16][4];  // this row tile's C, every k step
+#pragma unroll
+      for (int k = 0; k < kN / 16; ++k) load_a_frag<T>(cf[k], cs, kLdN, 16 * i, 16 * k, lane);
+      // CB block (i, j): two chains per n8 tile (even and odd k steps), added at the end.
+      auto cb_block = [&](int j, float(&out)[2][4]) {
+        float part[2][2][4] = {};
+#pragma unroll
+        for (int k = 0; k < kN / 16; ++k) {
+          uint32_t b0, b1, b2, b3;  // B rows s 16 j .. + 15 stored [s][n]: [n_out][k]
+          cuda::ldmatrix_x4(cuda::smem_u32(bs + (16 * j + lane % 8 + (lane / 16) * 8) * kLdN +
+                                           16 * k + ((lane / 8) % 2) * 8),
+                            b0, b1, b2, b3);
+          cuda::mma16816<T>(part[k % 2][0], cf[k], b0, b1);
+          cuda::mma16816<T>(part[k % 2][1], cf[k], b2, b3);
+        }
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) out[n][e] = part[0][n][e] + part[1][n][e];
+      };
+      float nxt[2][4];
+      cb_block(0, nxt);
+      for (int j = 0; j <= i; ++j) {
+        float cb[2][4];
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) cb[n][e] = nxt[n][e];
+        if (j < i) cb_block(j + 1, nxt);  // independent of this block's weights and W.x
         const int s = 16 * j + 2 * q4;
         const float2 cs0 = *reinterpret_cast<const float2*>(cum + s);
         const float2 cs8 = *reinterpret_cast<const float2*>(cum + s + 8);
         const float2 v0 = *reinterpret_cast<const float2*>(vv + s);
         const float2 v8 = *reinterpret_cast<const float2*>(vv + s + 8);
-        // weight of row ta + 8 u, column col (on the diagonal block kDiag, the mask s <= t; rows
-        // t >= K are never stored)
+        // weight of row ta + 8 u, column col (the mask: s <= t; rows t >= K are never stored)
         auto weight = [&](int u, float cs_, float v_, float cb_, int col) {
-          const float w = exp2_ftz(cl_t[r][u] - cs_) * v_ * cb_;
-          return !kDiag || col <= ta + 8 * u ? w : 0.0f;
+          return col <= ta + 8 * u ? exp2_ftz(cl_t[r][u] - cs_) * v_ * cb_ : 0.0f;
         };
         uint32_t af[4];
         af[0] = cuda::pack2<T>(weight(0, cs0.x, v0.x, cb[0][0], s),
@@ -411,44 +319,6 @@ __global__ void __launch_bounds__(32 * fused::kWarpsOf<kCbIn, kQ>, 1)
               b1, b2, b3);
           cuda::mma16816<T>(acc[r][2 * jp], af, b0, b1);
           cuda::mma16816<T>(acc[r][2 * jp + 1], af, b2, b3);
-        }
-      };
-      auto wx_block = [&](int j, const float(&cb)[2][4]) {
-        if (j == i)
-          wx.template operator()<true>(j, cb);
-        else
-          wx.template operator()<false>(j, cb);
-      };
-      if constexpr (kCbIn) {
-        const int pos0 = r == 0 ? 0 : n0p;  // the row tile's first stream position
-        const int end = r == 0 ? n0p : i + 1;
-        for (int jb = 0; jb < end; jb += kRing) {
-#pragma unroll
-          for (int u = 0; u < kRing; ++u) {
-            const int j = jb + u;
-            if (j <= i) {
-              const float cb[2][4] = {{ring[u][0].x, ring[u][0].y, ring[u][0].z, ring[u][0].w},
-                                      {ring[u][1].x, ring[u][1].y, ring[u][1].z, ring[u][1].w}};
-              wx_block(j, cb);
-            }
-            cb_fetch(ring[u], pos0 + j + kRing);
-          }
-        }
-      } else {
-        uint32_t cf[kN / 16][4];  // this row tile's C, every k step
-#pragma unroll
-        for (int k = 0; k < kN / 16; ++k) load_a_frag<T>(cf[k], cs, kLdN, 16 * i, 16 * k, lane);
-        float nxt[2][4];
-        cb_block<T, kN>(nxt, cf, bs, kLdN, 0, lane);
-        for (int j = 0; j <= i; ++j) {
-          float cb[2][4];
-#pragma unroll
-          for (int n = 0; n < 2; ++n)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) cb[n][e] = nxt[n][e];
-          // independent of this block's weights and W.x
-          if (j < i) cb_block<T, kN>(nxt, cf, bs, kLdN, j + 1, lane);
-          wx_block(j, cb);
         }
       }
     }
@@ -495,18 +365,6 @@ __global__ void __launch_bounds__(32 * fused::kWarpsOf<kCbIn, kQ>, 1)
       }
 
     // ---- S <- exp(cum_last) S + sum_s (w_s x_s)^T B_s, w_s = exp(cum_last - cum_s) v_s
-    if constexpr (kCbIn) {           // x_s <- w_s x_s in place, each row once (the same roundings)
-      if (p.has_d) __syncthreads();  // the epilogue's reads of x are done
-      constexpr int kPieces = kQ * kD / 8;
-#pragma unroll
-      for (int q = tid; q < kPieces; q += kThreads) {
-        T* piece = xs + (q / (kD / 8)) * kLdX + (q % (kD / 8)) * 8;
-        float f[8];
-        unpack8<T>(*reinterpret_cast<const uint4*>(piece), f);
-        store8<T>(piece, f, w3[q / (kD / 8)]);
-      }
-      __syncthreads();
-    }
     {
       const float decay = exp2_ftz(cum[kQ - 1]);
 #pragma unroll
@@ -519,15 +377,13 @@ __global__ void __launch_bounds__(32 * fused::kWarpsOf<kCbIn, kQ>, 1)
         cuda::ldmatrix_x4_trans(
             cuda::smem_u32(xs + (k0 + (mi / 2) * 8 + lane % 8) * kLdX + sd0 + (mi % 2) * 8), af[0],
             af[1], af[2], af[3]);
-        if constexpr (!kCbIn) {
-          const float2 wlo = *reinterpret_cast<const float2*>(w3 + k0 + 2 * q4);
-          const float2 whi = *reinterpret_cast<const float2*>(w3 + k0 + 2 * q4 + 8);
+        const float2 wlo = *reinterpret_cast<const float2*>(w3 + k0 + 2 * q4);
+        const float2 whi = *reinterpret_cast<const float2*>(w3 + k0 + 2 * q4 + 8);
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float2 w = e < 2 ? wlo : whi;
-            const T* xe = reinterpret_cast<const T*>(&af[e]);
-            af[e] = cuda::pack2<T>(to_float(xe[0]) * w.x, to_float(xe[1]) * w.y);
-          }
+        for (int e = 0; e < 4; ++e) {
+          const float2 w = e < 2 ? wlo : whi;
+          const T* xe = reinterpret_cast<const T*>(&af[e]);
+          af[e] = cuda::pack2<T>(to_float(xe[0]) * w.x, to_float(xe[1]) * w.y);
         }
 #pragma unroll
         for (int jp = 0; jp < kST / 2; ++jp) {
@@ -564,63 +420,41 @@ __global__ void __launch_bounds__(32 * fused::kWarpsOf<kCbIn, kQ>, 1)
       }
 }
 
-// Host side. Calls f.template operator()<kQ, kN>() with the instantiation for (chunk, N).
-template <class F>
-decltype(auto) with_fused_shape(int64_t chunk, int64_t n, F&& f) {
-  auto by_n = [&]<int kQ>() {
-    return n <= 64 ? f.template operator()<kQ, 64>() : f.template operator()<kQ, 128>();
+// Host side. The shared memory of the instantiation launch_fused picks for (chunk, N).
+inline size_t fused_smem_bytes(int64_t chunk, int64_t n) {
+  auto of = [&]<int kN>() {
+    return chunk == 256   ? fused::Smem<256, kN>::total
+           : chunk == 128 ? fused::Smem<128, kN>::total
+                          : fused::Smem<64, kN>::total;
   };
-  return chunk == 256   ? by_n.template operator()<256>()
-         : chunk == 128 ? by_n.template operator()<128>()
-                        : by_n.template operator()<64>();
+  return n <= 64 ? of.template operator()<64>() : of.template operator()<128>();
 }
-template <bool kCbIn>
-size_t fused_smem_bytes(int64_t chunk, int64_t n) {
-  // [&]: a lambda without captures would also convert to a function pointer (a warning here)
-  return with_fused_shape(chunk, n, [&]<int kQ, int kN>() {
-    return fused::Smem<kQ, kN, fused::kWarpsOf<kCbIn, kQ>>::total;
-  });
-}
-// What the fused kernel takes (16-bit data is the registration's business); with C.B^T from the
-// workspace also the 1-D grid of ssd_fused_cb_kernel.
-template <bool kCbIn>
-bool fused_fits(const ssd::Problem& p, const DeviceCaps& caps) {
-  if (p.varlen() || p.head_dim > fused::kD || p.state_dim > fused::kMaxN) return false;
+// What the fused kernel takes (16-bit data is the registration's business).
+inline bool fused_fits(const ssd::Problem& p, const DeviceCaps& caps) {
+  if (p.varlen() || p.head_dim > fused::kD || p.state_dim > 128) return false;
   if (p.batch > kMaxGridYZ || p.heads > (int64_t{1} << 31) - 1) return false;
-  if (kCbIn && p.batch * p.ngroups * p.nchunks > ((int64_t{1} << 31) - 1) / fused::kCbParts)
-    return false;
-  return static_cast<int64_t>(fused_smem_bytes<kCbIn>(p.chunk_size, p.state_dim)) <=
+  return static_cast<int64_t>(fused_smem_bytes(p.chunk_size, p.state_dim)) <=
          caps.smem_per_block_optin;
 }
 // Where it runs ahead of the multi-launch forward: a block per (b, h) and nothing else to spread
 // over the chunks, so it needs at least one block per SM. Below that the chunk-parallel
 // chunked_mma_fastpass keeps every SM busy (fused_mma's time is the chunk count times a chunk's
 // latency, about 13-16 us per 256-token chunk on the H200, whatever B * H is).
-template <bool kCbIn>
-bool fused_ranked_ahead_fits(const ssd::Problem& p, const DeviceCaps& caps) {
-  return fused_fits<kCbIn>(p, caps) && p.batch * p.heads >= caps.sm_count;
+inline bool fused_ranked_ahead_fits(const ssd::Problem& p, const DeviceCaps& caps) {
+  return fused_fits(p, caps) && p.batch * p.heads >= caps.sm_count;
 }
-template <class T>
-Status launch_fused_cb(const Fwd<T>& p, int64_t chunk, bool vec, cudaStream_t st) {
-  return with_fused_shape(chunk, p.N, [&]<int kQ, int kN>() {
-    const int64_t blocks = p.B * (p.H / p.hpg) * p.nchunks * fused::kCbParts;
-    return cuda::launch_with_smem(
-        "ssd_forward", "ssd_fused_cb_kernel",
-        vec ? ssd_fused_cb_kernel<T, kQ, kN, true> : ssd_fused_cb_kernel<T, kQ, kN, false>,
-        dim3(static_cast<unsigned>(blocks)), 256, fused::kCbSmem<kQ, kN>, st, p);
-  });
+template <class T, int kQ, int kN>
+Status launch_fused(const Fwd<T>& p, bool vec, cudaStream_t st) {
+  const dim3 grid = p.segments > 1 ? dim3(static_cast<unsigned>(p.segments * p.B * p.H))
+                                   : dim3(static_cast<unsigned>(p.H), static_cast<unsigned>(p.B));
+  return cuda::launch_with_smem(
+      "ssd_forward", "ssd_fused_fwd_kernel",
+      vec ? ssd_fused_fwd_kernel<T, kQ, kN, true> : ssd_fused_fwd_kernel<T, kQ, kN, false>, grid,
+      fused::kThreads, fused::Smem<kQ, kN>::total, st, p);
 }
-template <class T, bool kCbIn>
-Status launch_fused(const Fwd<T>& p, int64_t chunk, bool vec, cudaStream_t st) {
-  return with_fused_shape(chunk, p.N, [&]<int kQ, int kN>() {
-    constexpr int kWarps = fused::kWarpsOf<kCbIn, kQ>;
-    const dim3 grid = p.segments > 1 ? dim3(static_cast<unsigned>(p.segments * p.B * p.H))
-                                     : dim3(static_cast<unsigned>(p.H), static_cast<unsigned>(p.B));
-    return cuda::launch_with_smem("ssd_forward", "ssd_fused_fwd_kernel",
-                                  vec ? ssd_fused_fwd_kernel<T, kQ, kN, true, kCbIn>
-                                      : ssd_fused_fwd_kernel<T, kQ, kN, false, kCbIn>,
-                                  grid, 32 * kWarps, fused::Smem<kQ, kN, kWarps>::total, st, p);
-  });
+template <class T, int kQ>
+Status launch_fused(const Fwd<T>& p, bool vec, cudaStream_t st) {
+  return p.N <= 64 ? launch_fused<T, kQ, 64>(p, vec, st) : launch_fused<T, kQ, 128>(p, vec, st);
 }
 
 // How the registered entries cut the walks: never (fused_mma), by the wave rule
@@ -628,51 +462,41 @@ Status launch_fused(const Fwd<T>& p, int64_t chunk, bool vec, cudaStream_t st) {
 // tests and A/B runs).
 enum class FusedCut { none, rule, forced };
 
-// Blocks that run at once: one per SM (__launch_bounds__(threads, 1), the chunk's shared rows).
+// Blocks that run at once: one per SM (255 registers x 256 threads, __launch_bounds__(256, 1)).
 template <FusedCut kCut>
 int fused_segment_count(const ssd::Problem& p, const DeviceCaps& caps) {
   if constexpr (kCut == FusedCut::none) return 1;
   return ssd_segments::fused_segments(p.batch * p.heads, p.nchunks, caps.sm_count,
                                       kCut == FusedCut::forced ? 2 : 1);
 }
-// The workspace: for a cut walk the ticket and ready flags, then the handed-off states (room for a
-// 64 x 128 f32 state each); with C.B^T from the workspace its blocks (fused::cb_blocks per chunk,
-// per batch row and group). Regions 256-byte aligned.
+// The workspace of a cut walk: the ticket and ready flags, then the handed-off states (room for
+// the N <= 128 instantiation's 32 floats a thread, 256-byte aligned).
 struct FusedLayout {
-  size_t flags_bytes, states_offset, cb_offset, total;
+  size_t flags_bytes, states_offset, total;
 };
-inline FusedLayout fused_layout(const ssd::Problem& p, int segments, bool cb_in) {
-  auto align = [](size_t n) { return (n + 255) / 256 * 256; };
-  FusedLayout l{};
-  if (segments > 1) {
-    const size_t handoffs = static_cast<size_t>(p.batch * p.heads) * (segments - 1);
-    l.flags_bytes = sizeof(unsigned) * (1 + handoffs);
-    l.states_offset = align(l.flags_bytes);
-    l.total = align(l.states_offset + handoffs * fused::kD * fused::kMaxN * sizeof(float));
-  }
-  l.cb_offset = l.total;
-  if (cb_in)
-    l.total += static_cast<size_t>(p.batch * p.ngroups * p.nchunks) *
-               fused::cb_blocks(static_cast<int>(p.chunk_size)) * fused::kCbBlockFloats *
-               sizeof(float);
-  return l;
+inline FusedLayout fused_layout(const ssd::Problem& p, int segments) {
+  if (segments <= 1) return {0, 0, 0};
+  const size_t handoffs = static_cast<size_t>(p.batch * p.heads) * (segments - 1);
+  const size_t flags = sizeof(unsigned) * (1 + handoffs);
+  const size_t at = (flags + 255) / 256 * 256;
+  return {flags, at, at + handoffs * fused::kThreads * 32 * sizeof(float)};
 }
-template <FusedCut kCut, bool kCbIn>
+template <FusedCut kCut>
 size_t fused_workspace(const ssd::Problem& p, const DeviceCaps& caps) {
-  return fused_layout(p, fused_segment_count<kCut>(p, caps), kCbIn).total;
+  return fused_layout(p, fused_segment_count<kCut>(p, caps)).total;
 }
 
-template <class T, FusedCut kCut, bool kCbIn>
+template <class T, FusedCut kCut>
 Status forward_fused(const LaunchContext& ctx, const ssd::Problem& pr,
                      const SsdForwardOp::Arguments& a) {
   Fwd<T> p = forward_params<T>(pr, a);
   if (pr.batch * pr.heads == 0) return {};
   const cudaStream_t st = cuda::stream_of(ctx);
-  StageClock clock("ssd_forward", kCbIn ? "fused_cb_mma" : "fused_mma", st);
+  StageClock clock("ssd_forward", "fused_mma", st);
   p.segments = fused_segment_count<kCut>(pr, ctx.stream.caps());
-  const FusedLayout l = fused_layout(pr, p.segments, kCbIn);
-  auto* ws = static_cast<unsigned char*>(ctx.workspace.data);
   if (p.segments > 1) {
+    const FusedLayout l = fused_layout(pr, p.segments);
+    auto* ws = static_cast<unsigned char*>(ctx.workspace.data);
     p.seg_chunks = ssd_segments::chunks_per_segment(pr.nchunks, p.segments);
     p.ticket = reinterpret_cast<unsigned*>(ws);
     p.ready = p.ticket + 1;
@@ -684,12 +508,16 @@ Status forward_fused(const LaunchContext& ctx, const ssd::Problem& pr,
   // elements either way; y by 4-byte pairs).
   const bool vec = pr.head_dim % 8 == 0 && pr.state_dim % 8 == 0 && rows16(p.x) && rows16(p.Bm) &&
                    rows16(p.Cm) && rows16(p.y);
-  if (kCbIn) {
-    p.cb_frag = reinterpret_cast<float*>(ws + l.cb_offset);
-    BARACUDA_TRY(launch_fused_cb<T>(p, pr.chunk_size, vec, st));
-    clock.mark("cb");
+  switch (pr.chunk_size) {
+    case 64:
+      BARACUDA_TRY((launch_fused<T, 64>(p, vec, st)));
+      break;
+    case 128:
+      BARACUDA_TRY((launch_fused<T, 128>(p, vec, st)));
+      break;
+    default:
+      BARACUDA_TRY((launch_fused<T, 256>(p, vec, st)));
   }
-  BARACUDA_TRY((launch_fused<T, kCbIn>(p, pr.chunk_size, vec, st)));
   clock.mark("fused");
   return {};
 }

@@ -157,8 +157,6 @@ struct Fwd : Common<T> {
   int64_t seg_chunks = 0;
   unsigned *ticket = nullptr, *ready = nullptr;
   float* handoff = nullptr;
-  float* cb_frag =
-      nullptr;  // fused_cb_mma: C.B^T blocks in warp-fragment order (forward_fused.cuh)
 };
 
 template <class T>
@@ -5026,38 +5024,29 @@ bool register_kernels() {
     // as fused_mma_ranked_ahead where B * H fills the SMs: on the H200 0.755 vs 0.765 ms
     // (chunked_mma_fastpass) at B4 L4096 H80 D64 N128 and 0.208 vs 0.279 ms at B8 L2048 H32 D64
     // N64, bf16 chunk 256 (2026-11-26, docs/perf/ssd.md).
-    // The entries of each kind: the walks never cut, cut by the wave rule where B * H fills the SMs
-    // (ssd_segments::fused_segments), always cut (tests, A/B runs). fused_cb_mma: the same walk
-    // with C.B^T formed once per group by its own launch and read from the workspace (bitwise the
-    // same results). Names are string literals: a sku keeps views of them.
-    auto fused_entries = [&]<bool kCbIn>(std::string_view uncut, std::string_view ranked,
-                                         std::string_view split, int priority) {
-      register_kernel<SsdForwardOp>({
-          .sku = scan_sku<E>("ssd_forward", "chunked", kTensorCorePrecision<E>, uncut),
-          .priority = priority - 5,
-          .fits = fused_fits<kCbIn>,
-          .workspace = fused_workspace<FusedCut::none, kCbIn>,
-          .launch = forward_fused<T, FusedCut::none, kCbIn>,
-      });
-      register_kernel<SsdForwardOp>({
-          .sku = scan_sku<E>("ssd_forward", "chunked", kTensorCorePrecision<E>, ranked),
-          .priority = priority,
-          .fits = fused_ranked_ahead_fits<kCbIn>,
-          .workspace = fused_workspace<FusedCut::rule, kCbIn>,
-          .launch = forward_fused<T, FusedCut::rule, kCbIn>,
-      });
-      register_kernel<SsdForwardOp>({
-          .sku = scan_sku<E>("ssd_forward", "chunked", kTensorCorePrecision<E>, split),
-          .priority = priority - 6,
-          .fits = fused_fits<kCbIn>,
-          .workspace = fused_workspace<FusedCut::forced, kCbIn>,
-          .launch = forward_fused<T, FusedCut::forced, kCbIn>,
-      });
-    };
-    fused_entries.template operator()<false>("fused_mma", "fused_mma_ranked_ahead",
-                                             "fused_mma_split", 33);
-    fused_entries.template operator()<true>("fused_cb_mma", "fused_cb_mma_ranked_ahead",
-                                            "fused_cb_mma_split", 32);
+    register_kernel<SsdForwardOp>({
+        .sku = scan_sku<E>("ssd_forward", "chunked", kTensorCorePrecision<E>, "fused_mma"),
+        .priority = 28,
+        .fits = fused_fits,
+        .launch = forward_fused<T, FusedCut::none>,
+    });
+    // The default entry cuts the walks into segments where fewer, shorter waves win
+    // (ssd_segments::fused_segments); fused_mma_split always cuts them (tests, A/B runs).
+    register_kernel<SsdForwardOp>({
+        .sku = scan_sku<E>("ssd_forward", "chunked", kTensorCorePrecision<E>,
+                           "fused_mma_ranked_ahead"),
+        .priority = 33,
+        .fits = fused_ranked_ahead_fits,
+        .workspace = fused_workspace<FusedCut::rule>,
+        .launch = forward_fused<T, FusedCut::rule>,
+    });
+    register_kernel<SsdForwardOp>({
+        .sku = scan_sku<E>("ssd_forward", "chunked", kTensorCorePrecision<E>, "fused_mma_split"),
+        .priority = 27,
+        .fits = fused_fits,
+        .workspace = fused_workspace<FusedCut::forced>,
+        .launch = forward_fused<T, FusedCut::forced>,
+    });
     register_kernel<SsdForwardOp>({
         .sku = scan_sku<E>("ssd_forward", "chunked", kTensorCorePrecision<E>, "chunked_wmma"),
         .priority = 30,

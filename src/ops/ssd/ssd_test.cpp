@@ -966,21 +966,19 @@ void run_forward(Target target, DType dtype, const FwdCase& c, Layout layout,
 // fused_mma_split (the walks cut into segments, the state handed between them through the
 // workspace) against fused_mma (uncut) on the same inputs: y and the final states bit for bit, as
 // the cut form promises. Both plans' own outputs are poisoned first.
-// Two kernels that promise the same sums (a walk cut or not, C.B^T formed in the walk or read
-// from the workspace) give the same bytes on the same inputs.
-void expect_same_bits(Target target, DType dtype, const FwdCase& c, Layout layout,
-                      std::string_view kernel_a, std::string_view kernel_b) {
+void expect_split_equals_uncut(Target target, DType dtype, const FwdCase& c, Layout layout) {
   Rng rng;
   const Stream& stream = harness::stream_for(target);
   const auto d = describe(c.B, c.L, c.H, c.D, c.N, c.G, dtype, c.o, c.chunk);
-  auto plan_a = SsdForwardPlan::select(stream, d, PlanPreference::kernel(kernel_a));
-  auto plan_b = SsdForwardPlan::select(stream, d, PlanPreference::kernel(kernel_b));
-  BARACUDA_ASSERT_OK(plan_a);
-  BARACUDA_ASSERT_OK(plan_b);
-  Tensors t = make_tensors(plan_b->problem(), target, layout, rng, false, c.o.a_scale);
+  auto uncut = SsdForwardPlan::select(stream, d, PlanPreference::kernel("fused_mma"));
+  auto split = SsdForwardPlan::select(stream, d, PlanPreference::kernel("fused_mma_split"));
+  BARACUDA_ASSERT_OK(uncut);
+  BARACUDA_ASSERT_OK(split);
+  EXPECT_EQ(uncut->workspace_size(), 0u);
+  Tensors t = make_tensors(split->problem(), target, layout, rng, false, c.o.a_scale);
   std::vector<std::vector<uint8_t>> outs[2];
   for (int i = 0; i < 2; ++i) {
-    auto& plan = i == 0 ? plan_a : plan_b;
+    auto& plan = i == 0 ? uncut : split;
     auto ws = workspace_for(plan->workspace_size(), target);
     BARACUDA_ASSERT_OK(ws);
     t.y->poison();
@@ -990,11 +988,10 @@ void expect_same_bits(Target target, DType dtype, const FwdCase& c, Layout layou
     outs[i].push_back(t.y->bytes());
     if (t.final_states) outs[i].push_back(t.final_states->bytes());
   }
-  const std::string what = "L=" + std::to_string(c.L) + " chunk=" + std::to_string(c.chunk) + " " +
-                           std::string(kernel_b) + " vs " + std::string(kernel_a);
-  EXPECT_TRUE(harness::bytes_equal(outs[0][0], outs[1][0], what + ": y"));
+  const std::string what = "L=" + std::to_string(c.L) + " chunk=" + std::to_string(c.chunk);
+  EXPECT_TRUE(harness::bytes_equal(outs[0][0], outs[1][0], what + " y, cut vs uncut"));
   if (t.final_states) {
-    EXPECT_TRUE(harness::bytes_equal(outs[0][1], outs[1][1], what + ": final_states"));
+    EXPECT_TRUE(harness::bytes_equal(outs[0][1], outs[1][1], what + " final_states, cut vs uncut"));
   }
 }
 
@@ -1422,8 +1419,7 @@ TEST_P(SsdPlans, ForwardMmaOnDevice) {
 }
 
 // fused_mma: one block per (b, h) carrying the state across chunks, for head_dim <= 64 and
-// state_dim <= 128, and fused_cb_mma, the same walk reading C.B^T from the workspace. Against the
-// float64 oracle (every element, poisoned gaps, bitwise
+// state_dim <= 128. Against the float64 oracle (every element, poisoned gaps, bitwise
 // determinism) on shapes that hit its edges: each chunk length (its warp roles differ: one, two
 // or four warps per pair of row tiles), N below, at and between its two widths (24, 40, 64, 100,
 // 128), D below 64 (its zero columns), ragged last chunks, L = 1, L a multiple of the chunk,
@@ -1465,37 +1461,18 @@ TEST_P(SsdPlans, ForwardFusedOnDevice) {
           {DType::bf16, {1, 16384, 2, 64, 128, 1, 256, states}, Layout::contiguous, true},
       });
   const auto split = PlanPreference::kernel("fused_mma_split");
-  const auto fused_cb = PlanPreference::kernel("fused_cb_mma");
-  const auto cb_split = PlanPreference::kernel("fused_cb_mma_split");
   for (const auto& k : cases) {
     SCOPED_TRACE(mma_case_label(k));
     run_forward(target, k.dtype, k.c, k.layout, true, fused);
     const StageNames ran = plan_stages<SsdForwardPlan>(target, k.dtype, k.c, k.layout, fused);
     EXPECT_TRUE(ran.has("fused"));
-    EXPECT_FALSE(ran.has("cb"));
     // The walks cut into 2-4 segments (fewer walks than SMs: later segments wait for earlier
     // ones): the oracle, determinism, and bit for bit the uncut walk.
     run_forward(target, k.dtype, k.c, k.layout, true, split);
-    expect_same_bits(target, k.dtype, k.c, k.layout, "fused_mma", "fused_mma_split");
-    // C.B^T formed once per group by its own launch and read by every head's walk (sixteen warps
-    // at chunks 128 and 256): the oracle, and the same sums as the walk that forms it, cut or not.
-    run_forward(target, k.dtype, k.c, k.layout, true, fused_cb);
-    const StageNames ran_cb = plan_stages<SsdForwardPlan>(target, k.dtype, k.c, k.layout, fused_cb);
-    EXPECT_TRUE(ran_cb.has("cb") && ran_cb.has("fused"));
-    expect_same_bits(target, k.dtype, k.c, k.layout, "fused_mma", "fused_cb_mma");
-    run_forward(target, k.dtype, k.c, k.layout, true, cb_split);
-    expect_same_bits(target, k.dtype, k.c, k.layout, "fused_cb_mma", "fused_cb_mma_split");
-  }
-  {  // the walks that need no workspace
-    const auto d = describe(2, 300, 4, 64, 128, 1, DType::bf16, {}, 256);
-    auto uncut = SsdForwardPlan::select(harness::stream_for(target), d, fused);
-    BARACUDA_ASSERT_OK(uncut);
-    EXPECT_EQ(uncut->workspace_size(), 0u);
+    expect_split_equals_uncut(target, k.dtype, k.c, k.layout);
   }
   // L = 0: no chunks; final_states = initial_states.
   run_forward(target, DType::bf16, {2, 0, 2, 4, 4, 1, 64, states}, Layout::contiguous, true, fused);
-  run_forward(target, DType::bf16, {2, 0, 2, 4, 4, 1, 64, states}, Layout::contiguous, true,
-              fused_cb);
   // The default for 16-bit data where it fits and B * H gives every SM a block (the ranked-ahead
   // entry, same launch); below that the chunk-parallel forward. Not offered past its limits or
   // for varlen.
