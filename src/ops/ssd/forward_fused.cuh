@@ -32,8 +32,8 @@ struct Smem {
   static constexpr size_t b = c + sizeof(uint16_t) * kQ * kLdN;
   static constexpr size_t s = b + sizeof(uint16_t) * kQ * kLdN;
   static constexpr size_t cum = s + sizeof(uint16_t) * kD * kLdN;  // cum_t log2(e)
-  static constexpr size_t v = cum + sizeof(float) * kQ;            // v_t
-  static constexpr size_t w = v + sizeof(float) * kQ;              // exp(cum_last - cum_t) v_t
+  static constexpr size_t lv = cum + sizeof(float) * kQ;           // cum_t - log2(v_t)
+  static constexpr size_t w = lv + sizeof(float) * kQ;             // exp(cum_last - cum_t) v_t
   static constexpr size_t tot = w + sizeof(float) * kQ;            // the scan's warp totals
   static constexpr size_t total = tot + sizeof(float) * kWarps;
 };
@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(fused::kThreads, 1) ssd_fused_fwd_kernel(Fwd<T
   T* bs = reinterpret_cast<T*>(fused_smem + Lay::b);
   T* ss = reinterpret_cast<T*>(fused_smem + Lay::s);
   float* cum = reinterpret_cast<float*>(fused_smem + Lay::cum);
-  float* vv = reinterpret_cast<float*>(fused_smem + Lay::v);
+  float* cum_lv = reinterpret_cast<float*>(fused_smem + Lay::lv);
   float* w3 = reinterpret_cast<float*>(fused_smem + Lay::w);
   float* tot = reinterpret_cast<float*>(fused_smem + Lay::tot);
 
@@ -214,7 +214,8 @@ __global__ void __launch_bounds__(fused::kThreads, 1) ssd_fused_fwd_kernel(Fwd<T
     if (tid < kQ) {
       const float cl = before + run;  // equals `last` bit for bit at tid = kQ - 1
       cum[tid] = cl;
-      vv[tid] = v;
+      // v >= 0 (dt_min >= 0): v = 0 gives +inf and a zero weight, as v_s * exp(..) would
+      cum_lv[tid] = cl - log2_ftz(v);
       w3[tid] = v * exp2_ftz(last - cl);
     }
     cuda::cp_async_wait<1>();  // C of this chunk (its x and B may still be in flight)
@@ -284,33 +285,23 @@ __global__ void __launch_bounds__(fused::kThreads, 1) ssd_fused_fwd_kernel(Fwd<T
 #pragma unroll
           for (int e = 0; e < 4; ++e) out[n][e] = part[0][n][e] + part[1][n][e];
       };
-      float nxt[2][4];
-      cb_block(0, nxt);
-      for (int j = 0; j <= i; ++j) {
-        float cb[2][4];
-#pragma unroll
-        for (int n = 0; n < 2; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) cb[n][e] = nxt[n][e];
-        if (j < i) cb_block(j + 1, nxt);  // independent of this block's weights and W.x
+      // Block (i, j) of W times x's rows 16 j .. + 15. Only the diagonal block (kDiag) needs the
+      // mask s <= t: without it the off-diagonal blocks' weights are branch-free arithmetic
+      // (rows t >= K are never stored).
+      auto wx = [&]<bool kDiag>(int j, const float(&cb)[2][4]) {
         const int s = 16 * j + 2 * q4;
-        const float2 cs0 = *reinterpret_cast<const float2*>(cum + s);
-        const float2 cs8 = *reinterpret_cast<const float2*>(cum + s + 8);
-        const float2 v0 = *reinterpret_cast<const float2*>(vv + s);
-        const float2 v8 = *reinterpret_cast<const float2*>(vv + s + 8);
-        // weight of row ta + 8 u, column col (the mask: s <= t; rows t >= K are never stored)
-        auto weight = [&](int u, float cs_, float v_, float cb_, int col) {
-          return col <= ta + 8 * u ? exp2_ftz(cl_t[r][u] - cs_) * v_ * cb_ : 0.0f;
+        // v_s folded into the exponent: exp2(cum_t - (cum_s - log2 v_s)) = exp(..) v_s
+        const float2 c0 = *reinterpret_cast<const float2*>(cum_lv + s);
+        const float2 c8 = *reinterpret_cast<const float2*>(cum_lv + s + 8);
+        auto weight = [&](int u, float c_, float cb_, int col) {  // row ta + 8 u, column col
+          const float w = exp2_ftz(cl_t[r][u] - c_) * cb_;
+          return !kDiag || col <= ta + 8 * u ? w : 0.0f;
         };
         uint32_t af[4];
-        af[0] = cuda::pack2<T>(weight(0, cs0.x, v0.x, cb[0][0], s),
-                               weight(0, cs0.y, v0.y, cb[0][1], s + 1));
-        af[1] = cuda::pack2<T>(weight(1, cs0.x, v0.x, cb[0][2], s),
-                               weight(1, cs0.y, v0.y, cb[0][3], s + 1));
-        af[2] = cuda::pack2<T>(weight(0, cs8.x, v8.x, cb[1][0], s + 8),
-                               weight(0, cs8.y, v8.y, cb[1][1], s + 9));
-        af[3] = cuda::pack2<T>(weight(1, cs8.x, v8.x, cb[1][2], s + 8),
-                               weight(1, cs8.y, v8.y, cb[1][3], s + 9));
+        af[0] = cuda::pack2<T>(weight(0, c0.x, cb[0][0], s), weight(0, c0.y, cb[0][1], s + 1));
+        af[1] = cuda::pack2<T>(weight(1, c0.x, cb[0][2], s), weight(1, c0.y, cb[0][3], s + 1));
+        af[2] = cuda::pack2<T>(weight(0, c8.x, cb[1][0], s + 8), weight(0, c8.y, cb[1][1], s + 9));
+        af[3] = cuda::pack2<T>(weight(1, c8.x, cb[1][2], s + 8), weight(1, c8.y, cb[1][3], s + 9));
 #pragma unroll
         for (int jp = 0; jp < kYT / 2; ++jp) {
           uint32_t b0, b1, b2, b3;
@@ -319,6 +310,21 @@ __global__ void __launch_bounds__(fused::kThreads, 1) ssd_fused_fwd_kernel(Fwd<T
               b1, b2, b3);
           cuda::mma16816<T>(acc[r][2 * jp], af, b0, b1);
           cuda::mma16816<T>(acc[r][2 * jp + 1], af, b2, b3);
+        }
+      };
+      float nxt[2][4];
+      cb_block(0, nxt);
+      for (int j = 0; j <= i; ++j) {
+        float cb[2][4];
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) cb[n][e] = nxt[n][e];
+        if (j < i) {
+          cb_block(j + 1, nxt);  // independent of this block's weights and W.x
+          wx.template operator()<false>(j, cb);
+        } else {
+          wx.template operator()<true>(j, cb);
         }
       }
     }

@@ -174,6 +174,13 @@ __device__ __forceinline__ float exp2_ftz(float x) {
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
+// log2 by the hardware approximation (absolute error ~2^-22; 0 gives -inf), for factors folded
+// into an exponent that exp2_ftz then takes.
+__device__ __forceinline__ float log2_ftz(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
 
 // Register staging of 16-byte pieces: a read-only load (zeros where the piece lies outside), and
 // eight values rounded to T after a common scale as one 16-byte shared store.
