@@ -229,8 +229,8 @@ __global__ void __launch_bounds__(fused::kThreads, 1) ssd_fused_fwd_kernel(Fwd<T
       for (int j = 0; j < kYT; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[r][j][e] = 0.0f;
-#pragma unroll 2
-    for (int k0 = 0; k0 < kN; k0 += 16) {
+#pragma unroll 1
+    for (int k0 = 0; k0 < kN; k0 += 16) {  // not unrolled: smaller code, 0.7% faster (ssd.md)
       uint32_t bf[kYT][2];
 #pragma unroll
       for (int jp = 0; jp < kYT / 2; ++jp)
