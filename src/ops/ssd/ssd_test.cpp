@@ -1432,6 +1432,8 @@ TEST_P(SsdPlans, ForwardFusedOnDevice) {
   BARACUDA_SKIP_IF_UNAVAILABLE(target);
   const Options all = every_option(ssd::DSkip::per_head);
   const Options states{.init = true, .final = true};
+  const Options biased{.d_skip = ssd::DSkip::per_head, .dt_bias = true, .final = true};
+  const Options clamped{.dt_bias = true, .clamp = true, .final = true};
   const auto fused = PlanPreference::kernel("fused_mma");
   std::vector<MmaCase<FwdCase>> cases = forward_mma_edge_cases();
   cases.insert(
@@ -1459,6 +1461,10 @@ TEST_P(SsdPlans, ForwardFusedOnDevice) {
           {DType::bf16, {1, 261, 4, 48, 40, 2, 128, all}, Layout::permuted, true},
           // 64 chunks of state carried in registers: no drift from the sequential reference
           {DType::bf16, {1, 16384, 2, 64, 128, 1, 256, states}, Layout::contiguous, true},
+          // v_s enters the weights as log2(v_s) in the exponent: v = 0 where dt + dt_bias <= 0
+          // (no softplus, clamped at dt_min = 0: zero weights from log2(0) = -inf), and a clamp
+          {DType::bf16, {2, 300, 4, 64, 128, 1, 256, biased}, Layout::contiguous, true},
+          {DType::f16, {1, 300, 4, 64, 64, 1, 128, clamped}, Layout::contiguous, true},
       });
   const auto split = PlanPreference::kernel("fused_mma_split");
   for (const auto& k : cases) {
