@@ -708,6 +708,15 @@ CaseData case_data(const Case& c, harness::Rng& rng) {
 // The backward's inputs on the GPU in the case's layout.
 struct GpuBackwardInputs {
   TestTensor q, k, v, dy, y, lse;
+  // The backward's arguments over these inputs into dq / dk / dv (the LSE from `lse_from`: views of
+  // another row pitch share the aligned run's LSE, a dense [B, H, L] tensor either way).
+  attention::BackwardArguments args(TestTensor& dq, TestTensor& dk, TestTensor& dv,
+                                    const TestTensor* lse_from = nullptr) const {
+    return {q.cview(), k.cview(),  v.cview(),
+            y.cview(), dy.cview(), (lse_from ? *lse_from : lse).cview(),
+            dq.view(), dk.view(),  dv.view(),
+            {},        {}};
+  }
 };
 GpuBackwardInputs upload_backward(const Case& c, const CaseData& x) {
   GpuBackwardInputs g{upload(c, x.q, c.hq, c.lq, c.d),     upload(c, x.k, c.hk, c.lk, c.d),
@@ -728,17 +737,7 @@ void check_backward_kernel(const Case& c, const attention::Problem& p,
   TestTensor gdq = gpu_tensor(c, c.t, c.hq, c.lq, c.d), gdk = gpu_tensor(c, c.t, c.hk, c.lk, c.d),
              gdv = gpu_tensor(c, c.t, c.hk, c.lk, c.d);
   const Workspace_ ws = workspace_of(kern.workspace ? kern.workspace(p, gs.caps()) : 0);
-  const attention::BackwardArguments args{in.q.cview(),
-                                          in.k.cview(),
-                                          in.v.cview(),
-                                          in.y.cview(),
-                                          in.dy.cview(),
-                                          in.lse.cview(),
-                                          gdq.view(),
-                                          gdk.view(),
-                                          gdv.view(),
-                                          {},
-                                          {}};
+  const attention::BackwardArguments args = in.args(gdq, gdk, gdv);
   BARACUDA_ASSERT_OK(attention::BackwardOp::check_arguments(p, args, gs.memory_location()));
   if (kern.check) BARACUDA_ASSERT_OK(kern.check(p, args));  // what Plan::run applies first
   std::vector<std::vector<uint8_t>> runs;
@@ -1880,17 +1879,7 @@ void expect_fallback_backward(const attention::BackwardPlan& plan, const Case& c
                dv = odd ? odd_pitch_tensor(c, c.t, c.hk, c.lk, c.d)
                         : gpu_tensor(c, c.t, c.hk, c.lk, c.d);
     const GpuBackwardInputs& in = odd ? odd_in : aligned;
-    const attention::BackwardArguments args{in.q.cview(),
-                                            in.k.cview(),
-                                            in.v.cview(),
-                                            in.y.cview(),
-                                            in.dy.cview(),
-                                            aligned.lse.cview(),
-                                            dq.view(),
-                                            dk.view(),
-                                            dv.view(),
-                                            {},
-                                            {}};
+    const attention::BackwardArguments args = in.args(dq, dk, dv, &aligned.lse);
     BARACUDA_ASSERT_OK(plan.can_implement(args));
     EXPECT_EQ(plan.sku(args).name, odd ? fallback.name : plan.sku().name);
     const Workspace_ ws = workspace_of(plan.workspace_size(args));
