@@ -239,6 +239,16 @@ void forward_other_chunks(const Stream& s, std::span<const Case> cases) {
     }
 }
 
+// WIP: fused_wgmma_sm90a (chunk 128 only) as "<case>_chunk128@fused_wgmma_sm90a".
+void forward_wgmma_rows(const Stream& s, std::span<const Case> cases) {
+  for (const Case& c : cases) {
+    Case w = c;
+    w.Q = 128;
+    w.name += "_chunk128";
+    run_prefill(s, w, false, "fused_wgmma_sm90a");
+  }
+}
+
 void bench_ssd(const Stream& s) {
   const Case cases[] = {{"B4_L4096_H80_D64_N128_G1", 4, 4096, 80, 64, 128, 1, 256},
                         {"B8_L2048_H32_D64_N64_G1", 8, 2048, 32, 64, 64, 1, 256}};
@@ -249,6 +259,7 @@ void bench_ssd(const Stream& s) {
     for (const Case& c : cases) run_prefill(s, c, only == "backward");
     if (only == "forward") {
       for (const Case& c : cases) run_prefill(s, c, false, "fused_mma");
+      forward_wgmma_rows(s, cases);
       forward_other_chunks(s, cases);
       for (const Case& c : cases) run_prefill(s, c, false, "chunked_mma_fastpass");
     }
@@ -257,6 +268,7 @@ void bench_ssd(const Stream& s) {
   for (const Case& c : cases) run_prefill(s, c, false);  // fused_mma, cut where it pays (bf16)
   for (const Case& c : cases) run_prefill(s, c, true);   // chunked_mma_fastpass (bf16)
   for (const Case& c : cases) run_prefill(s, c, false, "fused_mma");  // the walks uncut
+  forward_wgmma_rows(s, cases);
   forward_other_chunks(s, cases);
   for (const Case& c : cases) run_prefill(s, c, false, "chunked_mma_fastpass");
   // A/B rows ("<case>@<kernel>"): the forward with the WMMA products, without the fast

@@ -4931,6 +4931,7 @@ Status decode_launch(const LaunchContext& ctx, const ssd::DecodeProblem& pr,
 }  // namespace baracuda::ssd_cuda
 
 #include "ops/ssd/forward_fused.cuh"  // the one-pass forward (fused_mma)
+#include "ops/ssd/forward_wgmma.cuh"  // WIP: the one-pass forward on wgmma (fused_wgmma_sm90a)
 
 namespace baracuda::ssd_cuda {
 
@@ -5040,6 +5041,17 @@ bool register_kernels() {
         .workspace = fused_workspace<FusedCut::rule>,
         .launch = forward_fused<T, FusedCut::rule>,
     });
+    // WIP (never run on a device): by name only.
+    {
+      KernelSku sku =
+          scan_sku<E>("ssd_forward", "chunked", kTensorCorePrecision<E>, "fused_wgmma_sm90a");
+      sku.arch = Arch::sm90a;
+      register_kernel<SsdForwardOp>({.sku = sku,
+                                     .priority = 0,
+                                     .fits = wgmma_fwd_fits<T>,
+                                     .launch = forward_wgmma<T>,
+                                     .check = wgmma_fwd_check<T>});
+    }
     register_kernel<SsdForwardOp>({
         .sku = scan_sku<E>("ssd_forward", "chunked", kTensorCorePrecision<E>, "fused_mma_split"),
         .priority = 27,

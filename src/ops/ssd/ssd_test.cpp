@@ -1513,6 +1513,60 @@ TEST_P(SsdPlans, ForwardFusedOnDevice) {
       SsdForwardPlan::select(stream, describe(1, 64, 2, 8, 8, 1, DType::f32, {}), fused).ok());
 }
 
+// fused_wgmma_sm90a (WIP): fused_mma's walk on warpgroup-wide products, chunk 128, head_dim <= 64,
+// state_dim <= 128 (multiples of 8), sm_90a. Against the float64 oracle on its edges: D and N
+// below their tile widths (zero columns), N <= 64, groups, every option, ragged and whole last
+// chunks, L = 1, decays that underflow (A x 8) and a growing state; views it cannot copy by
+// 16-byte pieces take the plan's fallback, pinned ones are refused with the rule named.
+TEST_P(SsdPlans, ForwardWgmmaOnDevice) {
+  const Target target = GetParam();
+  if (target == Target::cpu) GTEST_SKIP() << "device kernel (fused_wgmma_sm90a)";
+  BARACUDA_SKIP_IF_UNAVAILABLE(target);
+  const Stream& stream = harness::stream_for(target);
+  if (stream.caps().sm < 90) GTEST_SKIP() << "fused_wgmma_sm90a needs sm_90a";
+  const auto wgmma = PlanPreference::kernel("fused_wgmma_sm90a");
+  const Options all = every_option(ssd::DSkip::per_head);
+  const Options states{.init = true, .final = true};
+  const std::vector<MmaCase<FwdCase>> cases = {
+      {DType::bf16, {2, 300, 4, 64, 128, 1, 128, all}, Layout::contiguous, true},
+      {DType::bf16, {1, 256, 2, 64, 128, 1, 128, states}, Layout::contiguous, true},
+      {DType::f16, {2, 300, 4, 64, 64, 2, 128, {.final = true}}, Layout::contiguous, true},
+      {DType::bf16,
+       {1, 261, 6, 48, 40, 2, 128, {.d_skip = ssd::DSkip::per_channel, .z = true}},
+       Layout::contiguous,
+       true},
+      {DType::bf16, {3, 1, 2, 16, 16, 1, 128, states}, Layout::contiguous, true},
+      {DType::bf16,
+       {2, 300, 4, 64, 128, 1, 128, {.final = true, .a_scale = 8}},
+       Layout::contiguous,
+       true},
+      {DType::bf16,
+       {1, 200, 2, 64, 64, 1, 128, {.final = true, .a_scale = -0.5}},
+       Layout::contiguous,
+       true},
+      {DType::bf16, {1, 4096, 2, 64, 128, 1, 128, states}, Layout::contiguous, true},
+  };
+  for (const auto& k : cases) {
+    SCOPED_TRACE(mma_case_label(k));
+    run_forward(target, k.dtype, k.c, k.layout, true, wgmma);
+  }
+  // Rows the kernel cannot copy by 16-byte pieces (permuted: inner stride > 1): the default
+  // plan's fallback is not the wgmma kernel, a pinned plan refuses them.
+  const FwdCase odd{1, 200, 4, 48, 40, 2, 128, {}};
+  Rng rng;
+  auto pinned = SsdForwardPlan::select(
+      stream, describe(odd.B, odd.L, odd.H, odd.D, odd.N, odd.G, DType::bf16, odd.o, odd.chunk),
+      wgmma);
+  BARACUDA_ASSERT_OK(pinned);
+  Tensors t = make_tensors(pinned->problem(), target, Layout::permuted, rng);
+  auto ws = workspace_for(pinned->workspace_size(), target);
+  BARACUDA_ASSERT_OK(ws);
+  const Status refused = pinned->run(stream, ws->as_workspace(), forward_args(t));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.error().message().find("16-byte"), std::string::npos)
+      << refused.error().to_string();
+}
+
 TEST_P(SsdPlans, ForwardLongSequenceF32DoesNotDrift) {
   const Target target = GetParam();
   if (target == Target::cpu) GTEST_SKIP() << "L=16k runs on the device only (CPU time budget)";

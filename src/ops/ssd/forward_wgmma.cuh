@@ -1,0 +1,385 @@
+// WORK IN PROGRESS (branch wip/ssd-wgmma; compiled for sm_90a, never run on a device).
+//
+// fused_wgmma_sm90a: the one-pass forward of fused_mma (one block per (batch row, head) walking
+// the chunks with the state on chip) with its four products on warpgroup-wide tensor-core
+// instructions (wgmma), so that the tensor work is issued asynchronously, a few instructions per
+// product, instead of by two warps per scheduler in ~660 mma.sync each per chunk (fused_mma is
+// bound by those warps' dependency latency: docs/perf/ssd.md, thirtieth session).
+//
+// Shape: chunk 128, head_dim <= 64, state_dim <= 128 (both multiples of 8), 16-bit data with
+// 16-byte aligned rows and unit inner strides (Kernel::check; other views take the plan's
+// fallback). Two warpgroups: warpgroup g owns the chunk's rows 64 g .. 64 g + 63 of y, and the
+// state's columns n 64 g .. 64 g + 63.
+//
+// Per chunk (cum_t in log2 units, lv_s = cum_s - log2 v_s, w_s = v_s 2^(cum_last - cum_s)):
+//   CB  = C . B^T            (ss, K-major both: [t][n] and [s][n] tiles)          m64n128 x 8
+//   Y   = C . S^T            (ss, K-major both: C rows and the [d][n] state tile)  m64n64 x 8
+//   Y   = 2^cum_t Y + W . X  (W_ts = 2^(cum_t - lv_s) CB_ts on s <= t, rounded to T, from
+//                             registers; X [s][d] MN-major)                       m64n64 x 8
+//   y   = Y + D x, times silu(z)
+//   S   = 2^cum_last S + Xw^T . B  (Xw = w o X in shared memory; both MN-major)   m64n64 x 8
+// Tiles are stored as 64-column blocks of 128-byte rows with the 128-byte swizzle (16-byte chunk
+// index XOR row % 8), the layout wgmma's descriptors read; C, B and x are double-buffered by
+// cp.async one chunk ahead.
+#pragma once
+
+#include "ops/attention_hopper/fa3_wgmma.cuh"
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define BARACUDA_SSD_WGMMA_DEVICE 1
+#else
+#define BARACUDA_SSD_WGMMA_DEVICE 0
+#endif
+
+namespace baracuda::ssd_cuda {
+
+namespace fwd_wg {
+constexpr int kQ = 128, kD = 64, kN = 128, kThreads = 256;
+// Shared memory, byte offsets from a 1024-byte aligned base (a swizzle atom is 8 rows x 128 B).
+struct Smem {
+  static constexpr uint32_t kOp = kQ * kN * 2;  // a C or B tile: two 64-column blocks
+  static constexpr uint32_t kX = kQ * kD * 2;   // an x tile: one block
+  static constexpr uint32_t c = 0;              // C, two buffers
+  static constexpr uint32_t b = c + 2 * kOp;    // B, two buffers
+  static constexpr uint32_t x = b + 2 * kOp;    // x, two buffers
+  static constexpr uint32_t xw = x + 2 * kX;    // w o x of the current chunk
+  static constexpr uint32_t s = xw + kX;        // the state rounded to T, [d][n]
+  static constexpr uint32_t cum = s + kD * kN * 2;
+  static constexpr uint32_t lv = cum + 4 * kQ;
+  static constexpr uint32_t w = lv + 4 * kQ;
+  static constexpr uint32_t tot = w + 4 * kQ;
+  static constexpr uint32_t total = tot + 4 * 8;
+  static constexpr uint32_t request = total + 1024;  // room to align the base
+};
+// Byte offset of element (r, col) of a tile of `rows` rows stored as 64-column swizzled blocks.
+__host__ __device__ constexpr uint32_t swz(int rows, int r, int col) {
+  return static_cast<uint32_t>((col / 64) * rows * 128 + r * 128 +
+                               ((((col % 64) / 8) ^ (r % 8)) * 16) + (col % 8) * 2);
+}
+}  // namespace fwd_wg
+
+#if BARACUDA_SSD_WGMMA_DEVICE
+namespace fwd_wg {
+namespace fa3 = attention_hopper::fa3;
+__device__ __forceinline__ void fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wait_all() {
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void pin(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+__device__ __forceinline__ uint64_t desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(lbo >> 4) << 16) |
+         (static_cast<uint64_t>(sbo >> 4) << 32) | (uint64_t{1} << 62);
+}
+// K-major operand: rows [r0, r0 + 64 or 128) of a [rows][K] tile, the k16 step at column k.
+__device__ __forceinline__ uint64_t k_major(uint32_t tile, int rows, int r0, int k) {
+  return desc(tile + (k / 64) * rows * 128 + r0 * 128 + (k % 64) * 2, 16, 1024);
+}
+// MN-major operand: the k16 step at row k of a [K rows][MN] tile, MN columns from block cb.
+__device__ __forceinline__ uint64_t mn_major(uint32_t tile, int rows, int cb, int k) {
+  return desc(tile + cb * rows * 128 + k * 128, rows * 128, 1024);
+}
+template <class T>
+struct Wg {
+  static constexpr bool kHalf = std::is_same_v<T, __half>;
+  static __device__ __forceinline__ void ss128(float (&d)[64], uint64_t a, uint64_t b, int s) {
+    if constexpr (kHalf)
+      fa3::ss_m64n128k16_f16(d, a, b, s);
+    else
+      fa3::ss_m64n128k16_bf16(d, a, b, s);
+  }
+  static __device__ __forceinline__ void ss64(float (&d)[32], uint64_t a, uint64_t b, int s) {
+    if constexpr (kHalf)
+      fa3::ss_m64n64k16_f16(d, a, b, s);
+    else
+      fa3::ss_m64n64k16_bf16(d, a, b, s);
+  }
+  static __device__ __forceinline__ void tt64(float (&d)[32], uint64_t a, uint64_t b, int s) {
+    if constexpr (kHalf)
+      fa3::ss_tt_m64n64k16_f16(d, a, b, s);
+    else
+      fa3::ss_tt_m64n64k16_bf16(d, a, b, s);
+  }
+  static __device__ __forceinline__ void rs64(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
+    if constexpr (kHalf)
+      fa3::rs_m64n64k16_f16(d, a, b, 1);
+    else
+      fa3::rs_m64n64k16_bf16(d, a, b, 1);
+  }
+};
+}  // namespace fwd_wg
+#endif
+
+template <class T>
+__global__ void __launch_bounds__(fwd_wg::kThreads, 1) ssd_fused_wgmma_kernel(Fwd<T> p) {
+#if BARACUDA_SSD_WGMMA_DEVICE
+  using namespace fwd_wg;
+  using S = Smem;
+  extern __shared__ unsigned char wg_smem_raw[];
+  const uint32_t raw = cuda::smem_u32(wg_smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  unsigned char* gen = wg_smem_raw + (base - raw);  // the same bytes, generic pointer
+  float* cum = reinterpret_cast<float*>(gen + S::cum);
+  float* lv = reinterpret_cast<float*>(gen + S::lv);
+  float* w3 = reinterpret_cast<float*>(gen + S::w);
+  float* tot = reinterpret_cast<float*>(gen + S::tot);
+
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, wg = tid / 128, wl = warp % 4;
+  const int64_t h = blockIdx.x, b = blockIdx.y, grp = h / p.hpg;
+  const int D = static_cast<int>(p.D), N = static_cast<int>(p.N);
+  const float a2 = p.A.at(h) * static_cast<float>(fwd_mma::kLog2e);
+  const float bias = p.has_bias ? p.bias.at(h) : 0.0f;
+  // This thread's accumulator rows (of its warpgroup's 64) and the column offset in an n8 block.
+  const int r_lo = 16 * wl + lane / 4, cq = 2 * (lane % 4);
+
+  auto rows_of = [&](int64_t t0) { return static_cast<int>(p.L - t0 < kQ ? p.L - t0 : kQ); };
+  // Chunk c's C, B and x rows into buffer `buf` (16-byte pieces; zeros past the sequence and
+  // past N or D).
+  auto issue = [&](int64_t c, int buf) {
+    const int64_t t0 = c * kQ;
+    const int rows = rows_of(t0);
+    auto copy = [&](const V4<const T>& v, int64_t i, int cols, int width, uint32_t tile) {
+      const int pieces = kQ * width / 8;
+      for (int q = tid; q < pieces; q += fwd_wg::kThreads) {
+        const int r = q / (width / 8), col = (q % (width / 8)) * 8;
+        const bool in = r < rows && col < cols;
+        const T* src = in ? v.p + b * v.s0 + (t0 + r) * v.s1 + i * v.s2 + col : v.p;
+        const uint32_t dst = tile + swz(kQ, r, col);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                     "r"(in ? 16 : 0)
+                     : "memory");
+      }
+    };
+    copy(p.Cm, grp, N, kN, base + S::c + buf * S::kOp);
+    copy(p.Bm, grp, N, kN, base + S::b + buf * S::kOp);
+    copy(p.x, h, D, kD, base + S::x + buf * S::kX);
+  };
+  auto dt_of = [&](int64_t c) {
+    const int64_t t = c * kQ + tid;
+    return tid < kQ && t < p.L ? to_float(p.dt.at(b, t, h)) : 0.0f;
+  };
+
+  // The state: f32 in warpgroup wg's accumulators (rows d, columns n 64 wg ..), T in the [d][n]
+  // tile for C . S^T.
+  float st[32];
+  auto st_n = [&](int j, int e) { return 64 * wg + 8 * j + cq + e % 2; };
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int d = r_lo + 8 * (e / 2), n = st_n(j, e);
+      st[4 * j + e] = p.has_init && d < D && n < N ? p.init.at(b, h, d, n) : 0.0f;
+    }
+  auto store_state_t = [&] {
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const int d = r_lo + 8 * u, n = 64 * wg + 8 * j + cq;
+        *reinterpret_cast<uint32_t*>(gen + S::s + swz(kD, d, n)) =
+            cuda::pack2<T>(st[4 * j + 2 * u], st[4 * j + 2 * u + 1]);
+      }
+  };
+  store_state_t();
+
+  if (p.nchunks > 0) issue(0, 0);
+  cuda::cp_async_commit();
+  float dt_raw = p.nchunks > 0 ? dt_of(0) : 0.0f;
+
+  for (int64_t c = 0; c < p.nchunks; ++c) {
+    const int buf = static_cast<int>(c & 1);
+    const int64_t t0 = c * kQ;
+    const int K = rows_of(t0);
+    if (c + 1 < p.nchunks) issue(c + 1, buf ^ 1);
+    cuda::cp_async_commit();
+    // ---- scalars (tokens on threads 0 .. 127)
+    float v = 0.0f, a = 0.0f;
+    if (tid < K) {
+      v = process_dt(dt_raw + bias, p.softplus, p.dt_min, p.dt_max).v;
+      a = v * a2;
+    }
+    if (c + 1 < p.nchunks) dt_raw = dt_of(c + 1);
+    float run = a;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const float up = __shfl_up_sync(0xffffffffu, run, o);
+      if (lane >= o) run += up;
+    }
+    if (lane == 31) tot[warp] = run;
+    cuda::cp_async_wait<1>();  // this chunk's tiles (the next chunk's may be in flight)
+    cuda::fence_proxy_async();
+    __syncthreads();
+    if (tid < kQ) {
+      float before = 0.0f, last = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kQ / 32; ++w) {
+        before += w < warp ? tot[w] : 0.0f;
+        last += tot[w];
+      }
+      const float cl = before + run;
+      cum[tid] = cl;
+      lv[tid] = cl - log2_ftz(v);  // v = 0: +inf, a zero weight
+      w3[tid] = v * exp2_ftz(last - cl);
+    }
+    __syncthreads();
+
+    const uint32_t c_tile = base + S::c + buf * S::kOp, b_tile = base + S::b + buf * S::kOp,
+                   x_tile = base + S::x + buf * S::kX;
+    // ---- CB = C . B^T (this warpgroup's 64 rows, all 128 columns) and Y = C . S^T
+    float cb[64], y[32];
+    fence();
+#pragma unroll
+    for (int k = 0; k < kN; k += 16)
+      Wg<T>::ss128(cb, k_major(c_tile, kQ, 64 * wg, k), k_major(b_tile, kQ, 0, k), k > 0);
+#pragma unroll
+    for (int k = 0; k < kN; k += 16)
+      Wg<T>::ss64(y, k_major(c_tile, kQ, 64 * wg, k), k_major(base + S::s, kD, 0, k), k > 0);
+    commit();
+    wait_all();
+    pin(cb);
+    pin(y);
+    // ---- W in registers (the m64n128 accumulator layout is the A layout of its k16 steps)
+    float cl_t[2];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      cl_t[u] = cum[64 * wg + r_lo + 8 * u];
+      const float es = exp2_ftz(cl_t[u]);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) y[4 * j + 2 * u] *= es, y[4 * j + 2 * u + 1] *= es;
+    }
+    uint32_t wa[8][4];
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+      if (wg == 0 && kk >= 4) {  // columns past warpgroup 0's rows: masked
+        wa[kk][0] = wa[kk][1] = wa[kk][2] = wa[kk][3] = 0u;
+        continue;
+      }
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {  // q: (row half u = q % 2, column half q / 2)
+        const int u = q % 2, s = 16 * kk + 8 * (q / 2) + cq, t = 64 * wg + r_lo + 8 * u;
+        const float2 l2 = *reinterpret_cast<const float2*>(lv + s);
+        const int i = 8 * kk + 4 * (q / 2) + 2 * u;
+        const float w0 = s <= t ? exp2_ftz(cl_t[u] - l2.x) * cb[i] : 0.0f;
+        const float w1 = s + 1 <= t ? exp2_ftz(cl_t[u] - l2.y) * cb[i + 1] : 0.0f;
+        wa[kk][q] = cuda::pack2<T>(w0, w1);
+      }
+    }
+    // ---- Y += W . X (warpgroup 0's weights past column 63 are zeros: the same eight steps in both
+    // warpgroups, since a wgmma under a branch on the warpgroup is serialized by ptxas)
+    fence();
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) Wg<T>::rs64(y, wa[kk], mn_major(x_tile, kQ, 0, 16 * kk));
+    commit();
+    wait_all();
+    pin(y);
+    // ---- epilogue: y + D x, times silu(z)
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int t = 64 * wg + r_lo + 8 * u;
+      if (t >= K) continue;
+      const int64_t tok = t0 + t;
+      T* yr = p.y.p + b * p.y.s0 + tok * p.y.s1 + h * p.y.s2;
+      const T* xr = p.x.p + b * p.x.s0 + tok * p.x.s1 + h * p.x.s2;
+      const T* zr = p.has_z ? p.z.p + b * p.z.s0 + tok * p.z.s1 + h * p.z.s2 : nullptr;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int d = 8 * j + cq;
+        if (d >= D) continue;  // D % 8 == 0: d + 1 < D too
+        float o[2] = {y[4 * j + 2 * u], y[4 * j + 2 * u + 1]};
+        if (p.has_d) {
+          o[0] += p.Dv.p[h * p.Dv.s0 + d * p.Dv.s1] * to_float(xr[d]);
+          o[1] += p.Dv.p[h * p.Dv.s0 + (d + 1) * p.Dv.s1] * to_float(xr[d + 1]);
+        }
+        if (p.has_z) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float z = to_float(zr[(d + e) * p.z.s3]);
+            o[e] *= __fdividef(z, 1.0f + __expf(-z));
+          }
+        }
+        *reinterpret_cast<uint32_t*>(yr + d) = cuda::pack2<T>(o[0], o[1]);
+      }
+    }
+    // ---- Xw = w o x (a 16-byte chunk of a swizzled row stays in that row: no unswizzling)
+    for (int q = tid; q < kQ * kD / 8; q += fwd_wg::kThreads) {
+      const uint32_t off = static_cast<uint32_t>(q) * 16;
+      float f[8];
+      unpack8<T>(*reinterpret_cast<const uint4*>(gen + S::x + buf * S::kX + off), f);
+      store8<T>(reinterpret_cast<T*>(gen + S::xw + off), f, w3[q / 8]);
+    }
+    cuda::fence_proxy_async();
+    __syncthreads();  // Xw whole; every warpgroup done reading S (C . S^T) and x (W . X)
+    // ---- S = 2^cum_last S + Xw^T . B (this warpgroup's 64 columns of n)
+    const float decay = exp2_ftz(cum[kQ - 1]);
+#pragma unroll
+    for (int i = 0; i < 32; ++i) st[i] *= decay;
+    fence();
+#pragma unroll
+    for (int k = 0; k < kQ; k += 16)
+      Wg<T>::tt64(st, mn_major(base + S::xw, kQ, 0, k), mn_major(b_tile, kQ, wg, k), 1);
+    commit();
+    wait_all();
+    pin(st);
+    store_state_t();
+    cuda::fence_proxy_async();
+    __syncthreads();  // the new state tile visible; this chunk's buffers free
+  }
+  cuda::cp_async_wait<0>();
+  if (p.has_fin)
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int d = r_lo + 8 * (e / 2), n = st_n(j, e);
+        if (d < D && n < N) p.fin.at(b, h, d, n) = st[4 * j + e];
+      }
+#endif
+}
+
+// Host side. The views the kernel copies by 16-byte pieces and stores by pairs.
+template <class T>
+Status wgmma_fwd_check(const ssd::Problem& pr, const SsdForwardOp::Arguments& a) {
+  const Fwd<T> p = forward_params<T>(pr, a);
+  if (!(rows16(p.x) && rows16(p.Bm) && rows16(p.Cm) && rows16(p.y)))
+    return Error::misaligned(
+        "ssd_forward: fused_wgmma_sm90a: x, B, C and y need unit inner strides and 16-byte "
+        "aligned rows");
+  return {};
+}
+// Where this build holds the kernel's sm_90a body (an sm_80-only build compiles it empty).
+template <class T>
+bool wgmma_fwd_body() {
+  const auto a = cuda::func_attributes(reinterpret_cast<const void*>(ssd_fused_wgmma_kernel<T>));
+  return a && a->binaryVersion >= 90;
+}
+template <class T>
+bool wgmma_fwd_fits(const ssd::Problem& p, const DeviceCaps& caps) {
+  return caps.sm >= 90 && wgmma_fwd_body<T>() && !p.varlen() && p.chunk_size == fwd_wg::kQ &&
+         p.head_dim <= fwd_wg::kD && p.state_dim <= fwd_wg::kN && p.head_dim % 8 == 0 &&
+         p.state_dim % 8 == 0 && p.batch <= kMaxGridYZ && p.heads <= (int64_t{1} << 31) - 1 &&
+         static_cast<int64_t>(fwd_wg::Smem::request) <= caps.smem_per_block_optin;
+}
+template <class T>
+Status forward_wgmma(const LaunchContext& ctx, const ssd::Problem& pr,
+                     const SsdForwardOp::Arguments& a) {
+  Fwd<T> p = forward_params<T>(pr, a);
+  if (pr.batch * pr.heads == 0) return {};
+  const cudaStream_t st = cuda::stream_of(ctx);
+  StageClock clock("ssd_forward", "fused_wgmma_sm90a", st);
+  BARACUDA_TRY(
+      cuda::launch_with_smem("ssd_forward", "ssd_fused_wgmma_kernel", ssd_fused_wgmma_kernel<T>,
+                             dim3(static_cast<unsigned>(pr.heads), static_cast<unsigned>(pr.batch)),
+                             fwd_wg::kThreads, fwd_wg::Smem::request, st, p));
+  clock.mark("fused");
+  return {};
+}
+
+}  // namespace baracuda::ssd_cuda
