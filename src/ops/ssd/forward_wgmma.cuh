@@ -133,7 +133,17 @@ __global__ void __launch_bounds__(fwd_wg::kThreads, 1) ssd_fused_wgmma_kernel(Fw
   float* tot = reinterpret_cast<float*>(gen + S::tot);
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, wg = tid / 128, wl = warp % 4;
-  const int64_t h = blockIdx.x, b = blockIdx.y, grp = h / p.hpg;
+  // The walk: (b, h) from the grid, or, cut into segments, (segment, b, h) from the block's ticket
+  // (segment-major: a segment's predecessor holds a smaller ticket), as in fused_mma.
+  int64_t h = blockIdx.x, b = blockIdx.y, seg = 0, walk = 0;
+  if (p.segments > 1) {
+    const int64_t lin = cuda::block_ticket(p.ticket), walks = p.B * p.H;
+    seg = lin / walks, walk = lin % walks;
+    h = walk % p.H, b = walk / p.H;
+  }
+  const int64_t grp = h / p.hpg;
+  const int64_t c_lo = p.segments > 1 ? seg * p.seg_chunks : 0;
+  const int64_t c_hi = p.segments > 1 ? min(p.nchunks, c_lo + p.seg_chunks) : p.nchunks;
   const int D = static_cast<int>(p.D), N = static_cast<int>(p.N);
   const float a2 = p.A.at(h) * static_cast<float>(fwd_mma::kLog2e);
   const float bias = p.has_bias ? p.bias.at(h) : 0.0f;
@@ -169,15 +179,30 @@ __global__ void __launch_bounds__(fwd_wg::kThreads, 1) ssd_fused_wgmma_kernel(Fw
 
   // The state: f32 in warpgroup wg's accumulators (rows d, columns n 64 wg ..), T in the [d][n]
   // tile for C . S^T.
+  // A later segment takes the state its predecessor handed off (each thread its own
+  // accumulators as float4s, a 4 KB run per j), bit for bit what the uncut walk carries.
   float st[32];
   auto st_n = [&](int j, int e) { return 64 * wg + 8 * j + cq + e % 2; };
+  auto handoff_at = [&](int64_t sg, int j) {
+    return reinterpret_cast<float4*>(p.handoff) +
+           ((sg * p.B * p.H + walk) * 8 + j) * fwd_wg::kThreads + tid;
+  };
+  if (seg == 0) {
 #pragma unroll
-  for (int j = 0; j < 8; ++j)
+    for (int j = 0; j < 8; ++j)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int d = r_lo + 8 * (e / 2), n = st_n(j, e);
-      st[4 * j + e] = p.has_init && d < D && n < N ? p.init.at(b, h, d, n) : 0.0f;
+      for (int e = 0; e < 4; ++e) {
+        const int d = r_lo + 8 * (e / 2), n = st_n(j, e);
+        st[4 * j + e] = p.has_init && d < D && n < N ? p.init.at(b, h, d, n) : 0.0f;
+      }
+  } else {
+    cuda::await_block(p.ready + (seg - 1) * p.B * p.H + walk, 1u);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float4 v = __ldcg(handoff_at(seg - 1, j));
+      st[4 * j] = v.x, st[4 * j + 1] = v.y, st[4 * j + 2] = v.z, st[4 * j + 3] = v.w;
     }
+  }
   auto store_state_t = [&] {
 #pragma unroll
     for (int j = 0; j < 8; ++j)
@@ -190,15 +215,15 @@ __global__ void __launch_bounds__(fwd_wg::kThreads, 1) ssd_fused_wgmma_kernel(Fw
   };
   store_state_t();
 
-  if (p.nchunks > 0) issue(0, 0);
+  if (c_lo < c_hi) issue(c_lo, 0);
   cuda::cp_async_commit();
-  float dt_raw = p.nchunks > 0 ? dt_of(0) : 0.0f;
+  float dt_raw = c_lo < c_hi ? dt_of(c_lo) : 0.0f;
 
-  for (int64_t c = 0; c < p.nchunks; ++c) {
-    const int buf = static_cast<int>(c & 1);
+  for (int64_t c = c_lo; c < c_hi; ++c) {
+    const int buf = static_cast<int>((c - c_lo) & 1);
     const int64_t t0 = c * kQ;
     const int K = rows_of(t0);
-    if (c + 1 < p.nchunks) issue(c + 1, buf ^ 1);
+    if (c + 1 < c_hi) issue(c + 1, buf ^ 1);
     cuda::cp_async_commit();
     // ---- scalars (tokens on threads 0 .. 127)
     float v = 0.0f, a = 0.0f;
@@ -206,7 +231,7 @@ __global__ void __launch_bounds__(fwd_wg::kThreads, 1) ssd_fused_wgmma_kernel(Fw
       v = process_dt(dt_raw + bias, p.softplus, p.dt_min, p.dt_max).v;
       a = v * a2;
     }
-    if (c + 1 < p.nchunks) dt_raw = dt_of(c + 1);
+    if (c + 1 < c_hi) dt_raw = dt_of(c + 1);
     float run = a;
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
@@ -333,6 +358,14 @@ __global__ void __launch_bounds__(fwd_wg::kThreads, 1) ssd_fused_wgmma_kernel(Fw
     __syncthreads();  // the new state tile visible; this chunk's buffers free
   }
   cuda::cp_async_wait<0>();
+  if (seg + 1 < p.segments) {  // hand the state to the next segment
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      __stcg(handoff_at(seg, j),
+             make_float4(st[4 * j], st[4 * j + 1], st[4 * j + 2], st[4 * j + 3]));
+    cuda::publish_block(p.ready + seg * p.B * p.H + walk, 1u);
+    return;
+  }
   if (p.has_fin)
 #pragma unroll
     for (int j = 0; j < 8; ++j)
@@ -367,17 +400,32 @@ bool wgmma_fwd_fits(const ssd::Problem& p, const DeviceCaps& caps) {
          p.state_dim % 8 == 0 && p.batch <= kMaxGridYZ && p.heads <= (int64_t{1} << 31) - 1 &&
          static_cast<int64_t>(fwd_wg::Smem::request) <= caps.smem_per_block_optin;
 }
-template <class T>
+// The walks cut as fused_mma's are (one block per SM here too: the chunk's shared tiles), with the
+// same workspace layout (fused_layout: a 64 x 128 f32 state per hand-off).
+template <class T, FusedCut kCut>
 Status forward_wgmma(const LaunchContext& ctx, const ssd::Problem& pr,
                      const SsdForwardOp::Arguments& a) {
   Fwd<T> p = forward_params<T>(pr, a);
   if (pr.batch * pr.heads == 0) return {};
   const cudaStream_t st = cuda::stream_of(ctx);
   StageClock clock("ssd_forward", "fused_wgmma_sm90a", st);
-  BARACUDA_TRY(
-      cuda::launch_with_smem("ssd_forward", "ssd_fused_wgmma_kernel", ssd_fused_wgmma_kernel<T>,
-                             dim3(static_cast<unsigned>(pr.heads), static_cast<unsigned>(pr.batch)),
-                             fwd_wg::kThreads, fwd_wg::Smem::request, st, p));
+  p.segments = fused_segment_count<kCut>(pr, ctx.stream.caps());
+  if (p.segments > 1) {
+    const FusedLayout l = fused_layout(pr, p.segments);
+    auto* ws = static_cast<unsigned char*>(ctx.workspace.data);
+    p.seg_chunks = ssd_segments::chunks_per_segment(pr.nchunks, p.segments);
+    p.ticket = reinterpret_cast<unsigned*>(ws);
+    p.ready = p.ticket + 1;
+    p.handoff = reinterpret_cast<float*>(ws + l.states_offset);
+    BARACUDA_TRY(cuda::check("ssd_forward", "cudaMemsetAsync (fused_wgmma's segment flags)",
+                             cudaMemsetAsync(ws, 0, l.flags_bytes, st)));
+  }
+  const dim3 grid = p.segments > 1
+                        ? dim3(static_cast<unsigned>(p.segments * pr.batch * pr.heads))
+                        : dim3(static_cast<unsigned>(pr.heads), static_cast<unsigned>(pr.batch));
+  BARACUDA_TRY(cuda::launch_with_smem("ssd_forward", "ssd_fused_wgmma_kernel",
+                                      ssd_fused_wgmma_kernel<T>, grid, fwd_wg::kThreads,
+                                      fwd_wg::Smem::request, st, p));
   clock.mark("fused");
   return {};
 }

@@ -5041,7 +5041,8 @@ bool register_kernels() {
         .workspace = fused_workspace<FusedCut::rule>,
         .launch = forward_fused<T, FusedCut::rule>,
     });
-    // WIP (never run on a device): by name only.
+    // WIP (never run on a device): by name only; the walks cut by fused_mma's rule, or always
+    // (_split, for tests).
     {
       KernelSku sku =
           scan_sku<E>("ssd_forward", "chunked", kTensorCorePrecision<E>, "fused_wgmma_sm90a");
@@ -5049,7 +5050,15 @@ bool register_kernels() {
       register_kernel<SsdForwardOp>({.sku = sku,
                                      .priority = 0,
                                      .fits = wgmma_fwd_fits<T>,
-                                     .launch = forward_wgmma<T>,
+                                     .workspace = fused_workspace<FusedCut::rule>,
+                                     .launch = forward_wgmma<T, FusedCut::rule>,
+                                     .check = wgmma_fwd_check<T>});
+      sku.name = "fused_wgmma_sm90a_split";
+      register_kernel<SsdForwardOp>({.sku = sku,
+                                     .priority = -1,
+                                     .fits = wgmma_fwd_fits<T>,
+                                     .workspace = fused_workspace<FusedCut::forced>,
+                                     .launch = forward_wgmma<T, FusedCut::forced>,
                                      .check = wgmma_fwd_check<T>});
     }
     register_kernel<SsdForwardOp>({

@@ -966,15 +966,19 @@ void run_forward(Target target, DType dtype, const FwdCase& c, Layout layout,
 // fused_mma_split (the walks cut into segments, the state handed between them through the
 // workspace) against fused_mma (uncut) on the same inputs: y and the final states bit for bit, as
 // the cut form promises. Both plans' own outputs are poisoned first.
-void expect_split_equals_uncut(Target target, DType dtype, const FwdCase& c, Layout layout) {
+void expect_split_equals_uncut(Target target, DType dtype, const FwdCase& c, Layout layout,
+                               std::string_view uncut_name = "fused_mma",
+                               std::string_view split_name = "fused_mma_split") {
   Rng rng;
   const Stream& stream = harness::stream_for(target);
   const auto d = describe(c.B, c.L, c.H, c.D, c.N, c.G, dtype, c.o, c.chunk);
-  auto uncut = SsdForwardPlan::select(stream, d, PlanPreference::kernel("fused_mma"));
-  auto split = SsdForwardPlan::select(stream, d, PlanPreference::kernel("fused_mma_split"));
+  auto uncut = SsdForwardPlan::select(stream, d, PlanPreference::kernel(uncut_name));
+  auto split = SsdForwardPlan::select(stream, d, PlanPreference::kernel(split_name));
   BARACUDA_ASSERT_OK(uncut);
   BARACUDA_ASSERT_OK(split);
-  EXPECT_EQ(uncut->workspace_size(), 0u);
+  if (uncut->sku().name == "fused_mma") {
+    EXPECT_EQ(uncut->workspace_size(), 0u);
+  }
   Tensors t = make_tensors(split->problem(), target, layout, rng, false, c.o.a_scale);
   std::vector<std::vector<uint8_t>> outs[2];
   for (int i = 0; i < 2; ++i) {
@@ -1546,9 +1550,15 @@ TEST_P(SsdPlans, ForwardWgmmaOnDevice) {
        true},
       {DType::bf16, {1, 4096, 2, 64, 128, 1, 128, states}, Layout::contiguous, true},
   };
+  const auto split = PlanPreference::kernel("fused_wgmma_sm90a_split");
   for (const auto& k : cases) {
     SCOPED_TRACE(mma_case_label(k));
     run_forward(target, k.dtype, k.c, k.layout, true, wgmma);
+    // cut into 2-4 segments (fewer walks than SMs: later ones wait): the oracle, and bit for bit
+    // the walk the rule leaves uncut at these sizes
+    run_forward(target, k.dtype, k.c, k.layout, true, split);
+    expect_split_equals_uncut(target, k.dtype, k.c, k.layout, "fused_wgmma_sm90a",
+                              "fused_wgmma_sm90a_split");
   }
   // Rows the kernel cannot copy by 16-byte pieces (permuted: inner stride > 1): the default
   // plan's fallback is not the wgmma kernel, a pinned plan refuses them.
