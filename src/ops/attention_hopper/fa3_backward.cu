@@ -33,7 +33,7 @@
 //
 // Not deterministic: the bulk reductions (D = 256: the atomics) add each query block's dQ
 // contributions in whatever order the CTAs reach them. Supports what fa3_fwd_sm90a does
-// (shape_fits, check_layout), varlen included: the grids cover the longest sequence, every CTA or
+// (shape_fits, cuda::check_tma_rows), varlen included: the grids cover the longest sequence, every CTA or
 // row block reads its sequence's offsets from cu_seqlens (key CTAs past their sequence's keys
 // exit), the workspace keeps a [max Lq]-row slab per (sequence, query head), and the tiles' rows
 // past a sequence are zeroed in shared memory before the GEMMs read them (they belong to other
@@ -684,7 +684,7 @@ using LaneVec =
     std::conditional_t<D == 256, uint4, std::conditional_t<D == 128, uint2, uint32_t>>;  // 8, 4, 2
 
 // One warp per query row (grid: lq_pad / 8 x Hq x B, 8 warps a block); 16-byte-aligned rows
-// (check_layout), so each lane reads its D / 32 elements as one vector.
+// (cuda::check_tma_rows), so each lane reads its D / 32 elements as one vector.
 template <class T, int D>
 __global__ void __launch_bounds__(256) fa3_bwd_prep(const RowParams p) {
   const int row = static_cast<int>(blockIdx.x) * 8 + static_cast<int>(threadIdx.x) / 32;
@@ -825,7 +825,7 @@ size_t workspace(const Problem& pr, const DeviceCaps&) {
   return layout_of(pr).bytes;
 }
 
-// The TMA loads' and vector stores' layout rules (check_layout) on the run's views: the
+// The TMA loads' and vector stores' layout rules (cuda::check_tma_rows) on the run's views: the
 // registry's check, so that can_implement refuses what launch could not load.
 Status check_args(const Problem& pr, const BackwardArguments& a) {
   const bool vl = pr.desc.varlen;
@@ -837,7 +837,7 @@ Status check_args(const Problem& pr, const BackwardArguments& a) {
                                                        {"dq", as_const(rows_view(a.dq, vl))},
                                                        {"dk", as_const(rows_view(a.dk, vl))},
                                                        {"dv", as_const(rows_view(a.dv, vl))}};
-  for (const auto& [name, t] : views) BARACUDA_TRY(check_layout(kWho, name, t));
+  for (const auto& [name, t] : views) BARACUDA_TRY(cuda::check_tma_rows(kWho, name, t));
   return {};
 }
 
@@ -854,17 +854,14 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
   if (ctx.workspace.bytes < lay.bytes)
     return Error::workspace_too_small(std::string(kWho) + ": workspace", lay.bytes,
                                       ctx.workspace.bytes);
-  if (!cuda::tensor_map_encode_fn())
-    return Error::library(std::string(kWho) + ": cuTensorMapEncodeTiled is unavailable",
-                          "cuda_driver", 0);
   const CUtensorMapDataType dt = std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
                                                            : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   CUtensorMap tq, tk, tv, tdy;
-  BARACUDA_TRY(make_map(kWho, &tq, dt, q, kQRows));
+  BARACUDA_TRY(cuda::make_rows_map(kWho, &tq, dt, q, kQRows));
   constexpr int kKeys = BwdShape<D>::kKeys;
-  BARACUDA_TRY(make_map(kWho, &tk, dt, k, kKeys));
-  BARACUDA_TRY(make_map(kWho, &tv, dt, v, kKeys));
-  BARACUDA_TRY(make_map(kWho, &tdy, dt, dy, kQRows));
+  BARACUDA_TRY(cuda::make_rows_map(kWho, &tk, dt, k, kKeys));
+  BARACUDA_TRY(cuda::make_rows_map(kWho, &tv, dt, v, kKeys));
+  BARACUDA_TRY(cuda::make_rows_map(kWho, &tdy, dt, dy, kQRows));
 
   char* ws = static_cast<char*>(ctx.workspace.data) +
              (256 - reinterpret_cast<uintptr_t>(ctx.workspace.data) % 256) % 256;

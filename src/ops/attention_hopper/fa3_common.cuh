@@ -18,6 +18,7 @@
 #include "core/cuda/launch.cuh"
 #include "core/cuda/mma.cuh"
 #include "core/cuda/tensor_map.cuh"
+#include "core/cuda/wgmma.cuh"
 #include "ops/attention_hopper/fa3_wgmma.cuh"
 
 // Device code only where wgmma exists (sm_90a); elsewhere kernels are empty and the host side
@@ -39,34 +40,13 @@ using cuda::mbar_arrive;
 using cuda::mbar_expect_tx;
 using cuda::mbar_init;
 using cuda::mbar_wait;
-// 4-d tile load (coordinates innermost first: d, row, head, batch); out-of-bounds rows read 0.
-__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar,
-                                            int c0, int c1, int c2, int c3) {
-  asm volatile(
-      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
-      "[%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
-      : "memory");
-}
-__device__ __forceinline__ void wgmma_fence() {
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_commit() {
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
 using cuda::setmaxnreg_dec;
 using cuda::setmaxnreg_inc;
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-// Pins accumulator registers in program order around the asynchronous wgmma (the compiler must
-// not move their reads or writes across a fence or wait).
-template <int N>
-__device__ __forceinline__ void fence_regs(float (&r)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
-}
+using cuda::tma_load_4d;
+using cuda::wgmma_commit;
+using cuda::wgmma_fence;
+using cuda::wgmma_wait;
+using cuda::fence_regs;
 
 // 2^x (ex2.approx.ftz: 2^-inf = 0).
 __device__ __forceinline__ float fast_exp2(float x) {
@@ -123,12 +103,7 @@ __device__ __forceinline__ void zero_rows(uint32_t tile, int rows, int r0, int i
   }
 }
 
-// Shared-memory matrix descriptor of a swizzled tile (layout code 1: 128-byte swizzle, 2: 64-byte).
-__device__ __forceinline__ uint64_t desc_swizzled(uint32_t addr, uint32_t lbo, uint32_t sbo,
-                                                  uint64_t layout) {
-  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(lbo >> 4) << 16) |
-         (static_cast<uint64_t>(sbo >> 4) << 32) | (layout << 62);
-}
+using cuda::desc_swizzled;
 __device__ __forceinline__ uint64_t desc_sw128(uint32_t addr, uint32_t lbo, uint32_t sbo) {
   return desc_swizzled(addr, lbo, sbo, 1);
 }
@@ -333,59 +308,6 @@ void set_common_params(P& p, const attention::Problem& pr, const ConstTensor& cu
     p.cap_arg = static_cast<float>(pr.scale / d.softcap);
     p.cap_log2 = static_cast<float>(d.softcap * kLog2e);
   }
-}
-
-// TMA rules: 16-byte aligned base, unit-stride rows, every used stride a positive multiple of 16
-// bytes below 2^40 (elements of elem_bytes bytes: 2, or 1 for fp8).
-template <class Ptr>
-Status check_layout(std::string_view who, std::string_view arg, const BasicTensor<Ptr>& t,
-                    int elem_bytes = 2) {
-  const std::string op = std::string(who) + ": ";
-  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0)
-    return Error::misaligned(op + std::string(arg) + ": data is not 16-byte aligned");
-  if (t.stride[3] != 1 && t.shape[3] > 1)
-    return Error::unsupported(op + std::string(arg) + ": stride[3]=" + std::to_string(t.stride[3]) +
-                              ": the head dim must be unit-stride");
-  for (int i = 0; i < 3; ++i) {
-    if (t.shape[i] <= 1) continue;
-    int64_t bytes = 0;
-    if (t.stride[i] <= 0 || !checked_mul(t.stride[i], elem_bytes, &bytes) || bytes % 16 != 0 ||
-        bytes >= (int64_t{1} << 40))
-      return Error::misaligned(op + std::string(arg) + ": stride[" + std::to_string(i) +
-                               "]=" + std::to_string(t.stride[i]) +
-                               " elements: TMA needs a positive multiple of 16 bytes");
-  }
-  return {};
-}
-
-// A 4-d tensor map over a [B, H, L, D] tensor (dims innermost first: D, L, H, B), boxes of
-// `row_bytes` (128: 64 16-bit elements or 128 fp8; or 64) x `rows`, swizzled by row_bytes, zero
-// fill out of bounds.
-Status make_map(std::string_view who, CUtensorMap* map, CUtensorMapDataType dt,
-                const ConstTensor& t, uint32_t rows, int elem_bytes = 2, int row_bytes = 128) {
-  const cuuint64_t dims[4] = {
-      static_cast<cuuint64_t>(t.shape[3]), static_cast<cuuint64_t>(t.shape[2]),
-      static_cast<cuuint64_t>(t.shape[1]), static_cast<cuuint64_t>(t.shape[0])};
-  // Size-1 axes: any valid stride (theirs is never used); take one past the tensor's extent.
-  int64_t extent = 16;
-  for (int i = 0; i < 3; ++i)
-    if (t.shape[i] > 1) extent = std::max(extent, t.stride[i] * elem_bytes * t.shape[i]);
-  extent = (extent + 15) / 16 * 16;
-  auto st = [&](int i) {
-    return static_cast<cuuint64_t>(t.shape[i] > 1 ? t.stride[i] * elem_bytes : extent);
-  };
-  const cuuint64_t strides[3] = {st(2), st(1), st(0)};
-  const cuuint32_t box[4] = {static_cast<cuuint32_t>(row_bytes / elem_bytes), rows, 1, 1};
-  const cuuint32_t estr[4] = {1, 1, 1, 1};
-  const CUresult r = cuda::tensor_map_encode_fn()(
-      map, dt, 4, const_cast<void*>(t.data), dims, strides, box, estr,
-      CU_TENSOR_MAP_INTERLEAVE_NONE,
-      row_bytes == 64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B,
-      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
-    return Error::library(std::string(who) + ": cuTensorMapEncodeTiled failed", "cuda_driver",
-                          static_cast<int64_t>(r));
-  return {};
 }
 
 }  // namespace

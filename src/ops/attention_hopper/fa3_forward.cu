@@ -867,17 +867,17 @@ constexpr int launch_smem() {
                                                : 0);
 }
 
-// The TMA loads' layout rules (check_layout) on the run's views: the registry's check, so that
+// The TMA loads' layout rules (cuda::check_tma_rows) on the run's views: the registry's check, so that
 // can_implement refuses what launch could not load. kFp8: e4m3 Q, K, V (1-byte elements).
 template <bool kFp8>
 Status check_args(const Problem& pr, const ForwardArguments& a) {
   const std::string_view who = kFp8 ? kWhoFp8 : kWho;
   const int in_bytes = kFp8 ? 1 : 2;
   const bool vl = pr.desc.varlen;
-  BARACUDA_TRY(check_layout(who, "q", rows_view(a.q, vl), in_bytes));
-  BARACUDA_TRY(check_layout(who, "k", rows_view(a.k, vl), in_bytes));
-  BARACUDA_TRY(check_layout(who, "v", rows_view(a.v, vl), in_bytes));
-  return check_layout(who, "y", rows_view(a.y, vl));
+  BARACUDA_TRY(cuda::check_tma_rows(who, "q", rows_view(a.q, vl), in_bytes));
+  BARACUDA_TRY(cuda::check_tma_rows(who, "k", rows_view(a.k, vl), in_bytes));
+  BARACUDA_TRY(cuda::check_tma_rows(who, "v", rows_view(a.v, vl), in_bytes));
+  return cuda::check_tma_rows(who, "y", rows_view(a.y, vl));
 }
 
 template <class T, int D, int V>
@@ -890,15 +890,12 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
   const ConstTensor q = rows_view(a.q, d.varlen), k = rows_view(a.k, d.varlen),
                     v = rows_view(a.v, d.varlen);
   const Tensor y = rows_view(a.y, d.varlen), lse = lse_view(a.lse, d.varlen);
-  if (!cuda::tensor_map_encode_fn())
-    return Error::library(std::string(who) + ": cuTensorMapEncodeTiled is unavailable",
-                          "cuda_driver", 0);
   const CUtensorMapDataType dt = E::kFp8                     ? CU_TENSOR_MAP_DATA_TYPE_UINT8
                                  : std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
                                                              : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   CUtensorMap tq, tk, tv;
-  BARACUDA_TRY(make_map(who, &tq, dt, q, kBM, E::kBytes, kQkRow<T, D>));
-  BARACUDA_TRY(make_map(who, &tk, dt, k, kKeysPerTile<D>, E::kBytes, kQkRow<T, D>));
+  BARACUDA_TRY(cuda::make_rows_map(who, &tq, dt, q, kBM, E::kBytes, kQkRow<T, D>));
+  BARACUDA_TRY(cuda::make_rows_map(who, &tk, dt, k, kKeysPerTile<D>, E::kBytes, kQkRow<T, D>));
   if constexpr (E::kFp8) {
     // V^T into the workspace (same stream, so the kernel below sees it), then its map. Plan::run
     // has checked the workspace's size (fp8_workspace) and its 256-byte alignment.
@@ -923,9 +920,9 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
         make_tensor(static_cast<const void*>(vt), DType::e4m3, std::span<const int64_t>(vt_shape),
                     ctx.stream.memory_location());
     BARACUDA_TRY(
-        make_map(who, &tv, dt, vt_view, static_cast<uint32_t>(kDvOf<D>), 1, kKeysPerTile<D>));
+        cuda::make_rows_map(who, &tv, dt, vt_view, static_cast<uint32_t>(kDvOf<D>), 1, kKeysPerTile<D>));
   } else {
-    BARACUDA_TRY(make_map(who, &tv, dt, v, kKeysPerTile<D>));
+    BARACUDA_TRY(cuda::make_rows_map(who, &tv, dt, v, kKeysPerTile<D>));
   }
 
   Params p{};

@@ -19,10 +19,14 @@
 //   y   = Y + D x, times silu(z)
 //   S   = 2^cum_last S + Xw^T . B  (Xw = w o X in shared memory; both MN-major)   m64n64 x 8
 // Tiles are stored as 64-column blocks of 128-byte rows with the 128-byte swizzle (16-byte chunk
-// index XOR row % 8), the layout wgmma's descriptors read; C, B and x are double-buffered by
-// cp.async one chunk ahead.
+// index XOR row % 8), the layout wgmma's descriptors read and TMA's 128-byte swizzle writes: C, B
+// and x arrive by tensor-map copies (one thread, five boxes a chunk) one chunk ahead into double
+// buffers, completing on an mbarrier per buffer. (Per-thread cp.async copies, the first version,
+// cost half of the kernel's ~2700 instructions per warp and chunk in 64-bit address arithmetic.)
 #pragma once
 
+#include "core/cuda/tensor_map.cuh"
+#include "core/cuda/wgmma.cuh"
 #include "ops/attention_hopper/fa3_wgmma.cuh"
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -48,7 +52,8 @@ struct Smem {
   static constexpr uint32_t lv = cum + 4 * kQ;
   static constexpr uint32_t w = lv + 4 * kQ;
   static constexpr uint32_t tot = w + 4 * kQ;
-  static constexpr uint32_t total = tot + 4 * 8;
+  static constexpr uint32_t bar = tot + 4 * 8;  // the two buffers' mbarriers
+  static constexpr uint32_t total = bar + 2 * 8;
   static constexpr uint32_t request = total + 1024;  // room to align the base
 };
 // Byte offset of element (r, col) of a tile of `rows` rows stored as 64-column swizzled blocks.
@@ -61,23 +66,12 @@ __host__ __device__ constexpr uint32_t swz(int rows, int r, int col) {
 #if BARACUDA_SSD_WGMMA_DEVICE
 namespace fwd_wg {
 namespace fa3 = attention_hopper::fa3;
-__device__ __forceinline__ void fence() {
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void commit() {
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void wait_all() {
-  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void pin(float (&r)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
-}
+using cuda::fence_regs;
+using cuda::wgmma_commit;
+using cuda::wgmma_fence;
+__device__ __forceinline__ void wait_all() { cuda::wgmma_wait<0>(); }
 __device__ __forceinline__ uint64_t desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(lbo >> 4) << 16) |
-         (static_cast<uint64_t>(sbo >> 4) << 32) | (uint64_t{1} << 62);
+  return cuda::desc_swizzled(addr, lbo, sbo, 1);
 }
 // K-major operand: rows [r0, r0 + 64 or 128) of a [rows][K] tile, the k16 step at column k.
 __device__ __forceinline__ uint64_t k_major(uint32_t tile, int rows, int r0, int k) {
@@ -118,8 +112,13 @@ struct Wg {
 }  // namespace fwd_wg
 #endif
 
+// tc, tb: the [B, G, L, N] views of C and B; tx: the [B, H, L, D] view of x (make_rows_map boxes
+// of 64 columns x 128 rows).
 template <class T>
-__global__ void __launch_bounds__(fwd_wg::kThreads, 1) ssd_fused_wgmma_kernel(Fwd<T> p) {
+__global__ void __launch_bounds__(fwd_wg::kThreads, 1)
+    ssd_fused_wgmma_kernel(const __grid_constant__ CUtensorMap tc,
+                           const __grid_constant__ CUtensorMap tb,
+                           const __grid_constant__ CUtensorMap tx, Fwd<T> p) {
 #if BARACUDA_SSD_WGMMA_DEVICE
   using namespace fwd_wg;
   using S = Smem;
@@ -151,26 +150,19 @@ __global__ void __launch_bounds__(fwd_wg::kThreads, 1) ssd_fused_wgmma_kernel(Fw
   const int r_lo = 16 * wl + lane / 4, cq = 2 * (lane % 4);
 
   auto rows_of = [&](int64_t t0) { return static_cast<int>(p.L - t0 < kQ ? p.L - t0 : kQ); };
-  // Chunk c's C, B and x rows into buffer `buf` (16-byte pieces; zeros past the sequence and
-  // past N or D).
+  // Chunk c's C, B and x into buffer `buf` (rows past the sequence and columns past N or D read
+  // as zeros). N <= 64 takes one column block of C and B; the second stays zero (set below).
+  const int col_blocks = N > 64 ? 2 : 1;
+  const uint32_t tile_bytes = kQ * 128, chunk_bytes = (2 * col_blocks + 1) * tile_bytes;
   auto issue = [&](int64_t c, int buf) {
-    const int64_t t0 = c * kQ;
-    const int rows = rows_of(t0);
-    auto copy = [&](const V4<const T>& v, int64_t i, int cols, int width, uint32_t tile) {
-      const int pieces = kQ * width / 8;
-      for (int q = tid; q < pieces; q += fwd_wg::kThreads) {
-        const int r = q / (width / 8), col = (q % (width / 8)) * 8;
-        const bool in = r < rows && col < cols;
-        const T* src = in ? v.p + b * v.s0 + (t0 + r) * v.s1 + i * v.s2 + col : v.p;
-        const uint32_t dst = tile + swz(kQ, r, col);
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-                     "r"(in ? 16 : 0)
-                     : "memory");
-      }
-    };
-    copy(p.Cm, grp, N, kN, base + S::c + buf * S::kOp);
-    copy(p.Bm, grp, N, kN, base + S::b + buf * S::kOp);
-    copy(p.x, h, D, kD, base + S::x + buf * S::kX);
+    const uint32_t bar = base + S::bar + 8 * buf;
+    const int t0 = static_cast<int>(c * kQ), g = static_cast<int>(grp), bi = static_cast<int>(b);
+    cuda::mbar_expect_tx(bar, chunk_bytes);
+    for (int cb = 0; cb < col_blocks; ++cb) {
+      cuda::tma_load_4d(base + S::c + buf * S::kOp + cb * tile_bytes, &tc, bar, 64 * cb, t0, g, bi);
+      cuda::tma_load_4d(base + S::b + buf * S::kOp + cb * tile_bytes, &tb, bar, 64 * cb, t0, g, bi);
+    }
+    cuda::tma_load_4d(base + S::x + buf * S::kX, &tx, bar, 0, t0, static_cast<int>(h), bi);
   };
   auto dt_of = [&](int64_t c) {
     const int64_t t = c * kQ + tid;
@@ -214,17 +206,27 @@ __global__ void __launch_bounds__(fwd_wg::kThreads, 1) ssd_fused_wgmma_kernel(Fw
       }
   };
   store_state_t();
-
-  if (c_lo < c_hi) issue(c_lo, 0);
-  cuda::cp_async_commit();
+  if (col_blocks == 1)  // the unused halves of C and B: zeros once
+    for (int q = tid; q < 4 * kQ * 128 / 16; q += fwd_wg::kThreads) {
+      const uint32_t half = q / (kQ * 128 / 16), off = (q % (kQ * 128 / 16)) * 16;
+      *reinterpret_cast<uint4*>(gen + (half < 2 ? S::c : S::b) + (half % 2) * S::kOp +
+                                kQ * 128 + off) = make_uint4(0, 0, 0, 0);
+    }
+  if (tid == 0) {
+    cuda::mbar_init(base + S::bar, 1);
+    cuda::mbar_init(base + S::bar + 8, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  cuda::fence_proxy_async();  // the state tile and the zeros, before wgmma reads them
+  __syncthreads();
+  if (tid == 0 && c_lo < c_hi) issue(c_lo, 0);
   float dt_raw = c_lo < c_hi ? dt_of(c_lo) : 0.0f;
 
   for (int64_t c = c_lo; c < c_hi; ++c) {
     const int buf = static_cast<int>((c - c_lo) & 1);
     const int64_t t0 = c * kQ;
     const int K = rows_of(t0);
-    if (c + 1 < c_hi) issue(c + 1, buf ^ 1);
-    cuda::cp_async_commit();
+    if (tid == 0 && c + 1 < c_hi) issue(c + 1, buf ^ 1);  // that buffer's readers are done
     // ---- scalars (tokens on threads 0 .. 127)
     float v = 0.0f, a = 0.0f;
     if (tid < K) {
@@ -239,9 +241,7 @@ __global__ void __launch_bounds__(fwd_wg::kThreads, 1) ssd_fused_wgmma_kernel(Fw
       if (lane >= o) run += up;
     }
     if (lane == 31) tot[warp] = run;
-    cuda::cp_async_wait<1>();  // this chunk's tiles (the next chunk's may be in flight)
-    cuda::fence_proxy_async();
-    __syncthreads();
+    __syncthreads();  // tot[]
     if (tid < kQ) {
       float before = 0.0f, last = 0.0f;
 #pragma unroll
@@ -254,23 +254,24 @@ __global__ void __launch_bounds__(fwd_wg::kThreads, 1) ssd_fused_wgmma_kernel(Fw
       lv[tid] = cl - log2_ftz(v);  // v = 0: +inf, a zero weight
       w3[tid] = v * exp2_ftz(last - cl);
     }
-    __syncthreads();
+    __syncthreads();  // cum, lv, w3
+    cuda::mbar_wait(base + S::bar + 8 * buf, static_cast<uint32_t>((c - c_lo) >> 1) & 1u);
 
     const uint32_t c_tile = base + S::c + buf * S::kOp, b_tile = base + S::b + buf * S::kOp,
                    x_tile = base + S::x + buf * S::kX;
     // ---- CB = C . B^T (this warpgroup's 64 rows, all 128 columns) and Y = C . S^T
     float cb[64], y[32];
-    fence();
+    wgmma_fence();
 #pragma unroll
     for (int k = 0; k < kN; k += 16)
       Wg<T>::ss128(cb, k_major(c_tile, kQ, 64 * wg, k), k_major(b_tile, kQ, 0, k), k > 0);
 #pragma unroll
     for (int k = 0; k < kN; k += 16)
       Wg<T>::ss64(y, k_major(c_tile, kQ, 64 * wg, k), k_major(base + S::s, kD, 0, k), k > 0);
-    commit();
+    wgmma_commit();
     wait_all();
-    pin(cb);
-    pin(y);
+    fence_regs(cb);
+    fence_regs(y);
     // ---- W in registers (the m64n128 accumulator layout is the A layout of its k16 steps)
     float cl_t[2];
 #pragma unroll
@@ -280,31 +281,35 @@ __global__ void __launch_bounds__(fwd_wg::kThreads, 1) ssd_fused_wgmma_kernel(Fw
 #pragma unroll
       for (int j = 0; j < 8; ++j) y[4 * j + 2 * u] *= es, y[4 * j + 2 * u + 1] *= es;
     }
+    // The warp's 16 rows meet the causal diagonal in column block kd: blocks before it are whole,
+    // blocks after it zeros (no exponentials), only kd itself is masked.
+    const int kd = 4 * wg + wl;
     uint32_t wa[8][4];
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) {
-      if (wg == 0 && kk >= 4) {  // columns past warpgroup 0's rows: masked
+      if (kk > kd) {
         wa[kk][0] = wa[kk][1] = wa[kk][2] = wa[kk][3] = 0u;
         continue;
       }
+      const bool diag = kk == kd;
 #pragma unroll
       for (int q = 0; q < 4; ++q) {  // q: (row half u = q % 2, column half q / 2)
         const int u = q % 2, s = 16 * kk + 8 * (q / 2) + cq, t = 64 * wg + r_lo + 8 * u;
         const float2 l2 = *reinterpret_cast<const float2*>(lv + s);
         const int i = 8 * kk + 4 * (q / 2) + 2 * u;
-        const float w0 = s <= t ? exp2_ftz(cl_t[u] - l2.x) * cb[i] : 0.0f;
-        const float w1 = s + 1 <= t ? exp2_ftz(cl_t[u] - l2.y) * cb[i + 1] : 0.0f;
+        const float w0 = !diag || s <= t ? exp2_ftz(cl_t[u] - l2.x) * cb[i] : 0.0f;
+        const float w1 = !diag || s + 1 <= t ? exp2_ftz(cl_t[u] - l2.y) * cb[i + 1] : 0.0f;
         wa[kk][q] = cuda::pack2<T>(w0, w1);
       }
     }
     // ---- Y += W . X (warpgroup 0's weights past column 63 are zeros: the same eight steps in both
     // warpgroups, since a wgmma under a branch on the warpgroup is serialized by ptxas)
-    fence();
+    wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) Wg<T>::rs64(y, wa[kk], mn_major(x_tile, kQ, 0, 16 * kk));
-    commit();
+    wgmma_commit();
     wait_all();
-    pin(y);
+    fence_regs(y);
     // ---- epilogue: y + D x, times silu(z)
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
@@ -312,16 +317,17 @@ __global__ void __launch_bounds__(fwd_wg::kThreads, 1) ssd_fused_wgmma_kernel(Fw
       if (t >= K) continue;
       const int64_t tok = t0 + t;
       T* yr = p.y.p + b * p.y.s0 + tok * p.y.s1 + h * p.y.s2;
-      const T* xr = p.x.p + b * p.x.s0 + tok * p.x.s1 + h * p.x.s2;
       const T* zr = p.has_z ? p.z.p + b * p.z.s0 + tok * p.z.s1 + h * p.z.s2 : nullptr;
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const int d = 8 * j + cq;
         if (d >= D) continue;  // D % 8 == 0: d + 1 < D too
         float o[2] = {y[4 * j + 2 * u], y[4 * j + 2 * u + 1]};
-        if (p.has_d) {
-          o[0] += p.Dv.p[h * p.Dv.s0 + d * p.Dv.s1] * to_float(xr[d]);
-          o[1] += p.Dv.p[h * p.Dv.s0 + (d + 1) * p.Dv.s1] * to_float(xr[d + 1]);
+        if (p.has_d) {  // x from the chunk's shared tile, not global memory
+          const float2 xv = cuda::unpack2<T>(
+              *reinterpret_cast<const uint32_t*>(gen + S::x + buf * S::kX + swz(kQ, t, d)));
+          o[0] += p.Dv.p[h * p.Dv.s0 + d * p.Dv.s1] * xv.x;
+          o[1] += p.Dv.p[h * p.Dv.s0 + (d + 1) * p.Dv.s1] * xv.y;
         }
         if (p.has_z) {
 #pragma unroll
@@ -346,18 +352,17 @@ __global__ void __launch_bounds__(fwd_wg::kThreads, 1) ssd_fused_wgmma_kernel(Fw
     const float decay = exp2_ftz(cum[kQ - 1]);
 #pragma unroll
     for (int i = 0; i < 32; ++i) st[i] *= decay;
-    fence();
+    wgmma_fence();
 #pragma unroll
     for (int k = 0; k < kQ; k += 16)
       Wg<T>::tt64(st, mn_major(base + S::xw, kQ, 0, k), mn_major(b_tile, kQ, wg, k), 1);
-    commit();
+    wgmma_commit();
     wait_all();
-    pin(st);
+    fence_regs(st);
     store_state_t();
     cuda::fence_proxy_async();
     __syncthreads();  // the new state tile visible; this chunk's buffers free
   }
-  cuda::cp_async_wait<0>();
   if (seg + 1 < p.segments) {  // hand the state to the next segment
 #pragma unroll
     for (int j = 0; j < 8; ++j)
@@ -377,14 +382,22 @@ __global__ void __launch_bounds__(fwd_wg::kThreads, 1) ssd_fused_wgmma_kernel(Fw
 #endif
 }
 
-// Host side. The views the kernel copies by 16-byte pieces and stores by pairs.
+// Host side. x, B and C go by tensor maps over their [B, H or G, L, D or N] views (the sequence
+// axis as the box's rows); y is stored by 4-byte pairs.
+inline ConstTensor sequence_rows(ConstTensor t) {
+  std::swap(t.shape[1], t.shape[2]);
+  std::swap(t.stride[1], t.stride[2]);
+  return t;
+}
 template <class T>
 Status wgmma_fwd_check(const ssd::Problem& pr, const SsdForwardOp::Arguments& a) {
-  const Fwd<T> p = forward_params<T>(pr, a);
-  if (!(rows16(p.x) && rows16(p.Bm) && rows16(p.Cm) && rows16(p.y)))
-    return Error::misaligned(
-        "ssd_forward: fused_wgmma_sm90a: x, B, C and y need unit inner strides and 16-byte "
-        "aligned rows");
+  constexpr std::string_view who = "ssd_forward: fused_wgmma_sm90a";
+  BARACUDA_TRY(cuda::check_tma_rows(who, "x", sequence_rows(a.x)));
+  BARACUDA_TRY(cuda::check_tma_rows(who, "B", sequence_rows(a.B)));
+  BARACUDA_TRY(cuda::check_tma_rows(who, "C", sequence_rows(a.C)));
+  if (!rows16(forward_params<T>(pr, a).y))
+    return Error::misaligned(std::string(who) +
+                             ": y needs a unit inner stride and 16-byte aligned rows");
   return {};
 }
 // Where this build holds the kernel's sm_90a body (an sm_80-only build compiles it empty).
@@ -398,6 +411,7 @@ bool wgmma_fwd_fits(const ssd::Problem& p, const DeviceCaps& caps) {
   return caps.sm >= 90 && wgmma_fwd_body<T>() && !p.varlen() && p.chunk_size == fwd_wg::kQ &&
          p.head_dim <= fwd_wg::kD && p.state_dim <= fwd_wg::kN && p.head_dim % 8 == 0 &&
          p.state_dim % 8 == 0 && p.batch <= kMaxGridYZ && p.heads <= (int64_t{1} << 31) - 1 &&
+         p.seqlen + fwd_wg::kQ <= (int64_t{1} << 31) - 1 &&  // TMA's 32-bit coordinates
          static_cast<int64_t>(fwd_wg::Smem::request) <= caps.smem_per_block_optin;
 }
 // The walks cut as fused_mma's are (one block per SM here too: the chunk's shared tiles), with the
@@ -420,12 +434,19 @@ Status forward_wgmma(const LaunchContext& ctx, const ssd::Problem& pr,
     BARACUDA_TRY(cuda::check("ssd_forward", "cudaMemsetAsync (fused_wgmma's segment flags)",
                              cudaMemsetAsync(ws, 0, l.flags_bytes, st)));
   }
+  constexpr CUtensorMapDataType dt =
+      std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  constexpr std::string_view who = "ssd_forward: fused_wgmma_sm90a";
+  CUtensorMap tc, tb, tx;
+  BARACUDA_TRY(cuda::make_rows_map(who, &tc, dt, sequence_rows(a.C), fwd_wg::kQ));
+  BARACUDA_TRY(cuda::make_rows_map(who, &tb, dt, sequence_rows(a.B), fwd_wg::kQ));
+  BARACUDA_TRY(cuda::make_rows_map(who, &tx, dt, sequence_rows(a.x), fwd_wg::kQ));
   const dim3 grid = p.segments > 1
                         ? dim3(static_cast<unsigned>(p.segments * pr.batch * pr.heads))
                         : dim3(static_cast<unsigned>(pr.heads), static_cast<unsigned>(pr.batch));
   BARACUDA_TRY(cuda::launch_with_smem("ssd_forward", "ssd_fused_wgmma_kernel",
                                       ssd_fused_wgmma_kernel<T>, grid, fwd_wg::kThreads,
-                                      fwd_wg::Smem::request, st, p));
+                                      fwd_wg::Smem::request, st, tc, tb, tx, p));
   clock.mark("fused");
   return {};
 }

@@ -1560,8 +1560,8 @@ TEST_P(SsdPlans, ForwardWgmmaOnDevice) {
     expect_split_equals_uncut(target, k.dtype, k.c, k.layout, "fused_wgmma_sm90a",
                               "fused_wgmma_sm90a_split");
   }
-  // Rows the kernel cannot copy by 16-byte pieces (permuted: inner stride > 1): the default
-  // plan's fallback is not the wgmma kernel, a pinned plan refuses them.
+  // Rows its tensor maps cannot describe (permuted: inner stride > 1): the default plan's
+  // fallback is not the wgmma kernel, a pinned plan refuses them naming the first one, x.
   const FwdCase odd{1, 200, 4, 48, 40, 2, 128, {}};
   Rng rng;
   auto pinned = SsdForwardPlan::select(
@@ -1573,7 +1573,10 @@ TEST_P(SsdPlans, ForwardWgmmaOnDevice) {
   BARACUDA_ASSERT_OK(ws);
   const Status refused = pinned->run(stream, ws->as_workspace(), forward_args(t));
   ASSERT_FALSE(refused.ok());
-  EXPECT_NE(refused.error().message().find("16-byte"), std::string::npos)
+  EXPECT_NE(refused.error().message().find("ssd_forward: fused_wgmma_sm90a: x: stride[3]="),
+            std::string::npos)
+      << refused.error().to_string();
+  EXPECT_NE(refused.error().message().find("must be unit-stride"), std::string::npos)
       << refused.error().to_string();
 }
 
