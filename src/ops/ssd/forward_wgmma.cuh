@@ -48,7 +48,9 @@ struct Smem {
   static constexpr uint32_t x = b + 2 * kOp;    // x, two buffers
   static constexpr uint32_t xw = x + 2 * kX;    // w o x of the current chunk
   static constexpr uint32_t s = xw + kX;        // the state rounded to T, [d][n]
-  static constexpr uint32_t cum = s + kD * kN * 2;
+  static constexpr uint32_t y = s + kD * kN * 2;  // y staged for its store: a 64-row tile a warpgroup
+  static constexpr uint32_t dsk = y + kX;         // D of this head (f32, zeros past D)
+  static constexpr uint32_t cum = dsk + 4 * kD;
   static constexpr uint32_t lv = cum + 4 * kQ;
   static constexpr uint32_t w = lv + 4 * kQ;
   static constexpr uint32_t tot = w + 4 * kQ;
@@ -112,13 +114,14 @@ struct Wg {
 }  // namespace fwd_wg
 #endif
 
-// tc, tb: the [B, G, L, N] views of C and B; tx: the [B, H, L, D] view of x (make_rows_map boxes
-// of 64 columns x 128 rows).
+// tc, tb: the [B, G, L, N] views of C and B; tx, ty: the [B, H, L, D] views of x and y
+// (make_rows_map boxes of 64 columns x 128 rows, 64 rows for y).
 template <class T>
 __global__ void __launch_bounds__(fwd_wg::kThreads, 1)
     ssd_fused_wgmma_kernel(const __grid_constant__ CUtensorMap tc,
                            const __grid_constant__ CUtensorMap tb,
-                           const __grid_constant__ CUtensorMap tx, Fwd<T> p) {
+                           const __grid_constant__ CUtensorMap tx,
+                           const __grid_constant__ CUtensorMap ty, Fwd<T> p) {
 #if BARACUDA_SSD_WGMMA_DEVICE
   using namespace fwd_wg;
   using S = Smem;
@@ -164,9 +167,11 @@ __global__ void __launch_bounds__(fwd_wg::kThreads, 1)
     }
     cuda::tma_load_4d(base + S::x + buf * S::kX, &tx, bar, 0, t0, static_cast<int>(h), bi);
   };
+  // dt of chunk c's token tid, unconverted: loaded a chunk ahead, converted where it is used (a
+  // conversion next to the load would wait for it).
   auto dt_of = [&](int64_t c) {
     const int64_t t = c * kQ + tid;
-    return tid < kQ && t < p.L ? to_float(p.dt.at(b, t, h)) : 0.0f;
+    return tid < kQ && t < p.L ? p.dt.at(b, t, h) : from_float<T>(0.0f);
   };
 
   // The state: f32 in warpgroup wg's accumulators (rows d, columns n 64 wg ..), T in the [d][n]
@@ -212,6 +217,10 @@ __global__ void __launch_bounds__(fwd_wg::kThreads, 1)
       *reinterpret_cast<uint4*>(gen + (half < 2 ? S::c : S::b) + (half % 2) * S::kOp +
                                 kQ * 128 + off) = make_uint4(0, 0, 0, 0);
     }
+  if (tid < kD) {
+    float* dsk = reinterpret_cast<float*>(gen + S::dsk);
+    dsk[tid] = p.has_d && tid < D ? p.Dv.p[h * p.Dv.s0 + tid * p.Dv.s1] : 0.0f;
+  }
   if (tid == 0) {
     cuda::mbar_init(base + S::bar, 1);
     cuda::mbar_init(base + S::bar + 8, 1);
@@ -220,17 +229,19 @@ __global__ void __launch_bounds__(fwd_wg::kThreads, 1)
   cuda::fence_proxy_async();  // the state tile and the zeros, before wgmma reads them
   __syncthreads();
   if (tid == 0 && c_lo < c_hi) issue(c_lo, 0);
-  float dt_raw = c_lo < c_hi ? dt_of(c_lo) : 0.0f;
+  T dt_raw = c_lo < c_hi ? dt_of(c_lo) : from_float<T>(0.0f);
 
   for (int64_t c = c_lo; c < c_hi; ++c) {
     const int buf = static_cast<int>((c - c_lo) & 1);
     const int64_t t0 = c * kQ;
     const int K = rows_of(t0);
     if (tid == 0 && c + 1 < c_hi) issue(c + 1, buf ^ 1);  // that buffer's readers are done
+    if (tid % 128 == 0) cuda::bulk_wait<0, true>();  // the staged y may be rewritten (after the
+                                                     // barrier below)
     // ---- scalars (tokens on threads 0 .. 127)
     float v = 0.0f, a = 0.0f;
     if (tid < K) {
-      v = process_dt(dt_raw + bias, p.softplus, p.dt_min, p.dt_max).v;
+      v = process_dt(to_float(dt_raw) + bias, p.softplus, p.dt_min, p.dt_max).v;
       a = v * a2;
     }
     if (c + 1 < c_hi) dt_raw = dt_of(c + 1);
@@ -261,26 +272,22 @@ __global__ void __launch_bounds__(fwd_wg::kThreads, 1)
                    x_tile = base + S::x + buf * S::kX;
     // ---- CB = C . B^T (this warpgroup's 64 rows, all 128 columns) and Y = C . S^T
     float cb[64], y[32];
+    // (two groups: the weights need only C . B^T, so C . S^T runs under their exponentials)
     wgmma_fence();
 #pragma unroll
     for (int k = 0; k < kN; k += 16)
       Wg<T>::ss128(cb, k_major(c_tile, kQ, 64 * wg, k), k_major(b_tile, kQ, 0, k), k > 0);
+    wgmma_commit();
 #pragma unroll
     for (int k = 0; k < kN; k += 16)
       Wg<T>::ss64(y, k_major(c_tile, kQ, 64 * wg, k), k_major(base + S::s, kD, 0, k), k > 0);
     wgmma_commit();
-    wait_all();
+    cuda::wgmma_wait<1>();
     fence_regs(cb);
-    fence_regs(y);
     // ---- W in registers (the m64n128 accumulator layout is the A layout of its k16 steps)
     float cl_t[2];
 #pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      cl_t[u] = cum[64 * wg + r_lo + 8 * u];
-      const float es = exp2_ftz(cl_t[u]);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) y[4 * j + 2 * u] *= es, y[4 * j + 2 * u + 1] *= es;
-    }
+    for (int u = 0; u < 2; ++u) cl_t[u] = cum[64 * wg + r_lo + 8 * u];
     // The warp's 16 rows meet the causal diagonal in column block kd: blocks before it are whole,
     // blocks after it zeros (no exponentials), only kd itself is masked.
     const int kd = 4 * wg + wl;
@@ -302,6 +309,14 @@ __global__ void __launch_bounds__(fwd_wg::kThreads, 1)
         wa[kk][q] = cuda::pack2<T>(w0, w1);
       }
     }
+    wait_all();
+    fence_regs(y);
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const float es = exp2_ftz(cl_t[u]);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) y[4 * j + 2 * u] *= es, y[4 * j + 2 * u + 1] *= es;
+    }
     // ---- Y += W . X (warpgroup 0's weights past column 63 are zeros: the same eight steps in both
     // warpgroups, since a wgmma under a branch on the warpgroup is serialized by ptxas)
     wgmma_fence();
@@ -310,41 +325,53 @@ __global__ void __launch_bounds__(fwd_wg::kThreads, 1)
     wgmma_commit();
     wait_all();
     fence_regs(y);
-    // ---- epilogue: y + D x, times silu(z)
+    // ---- epilogue: y + D x, times silu(z), staged as this warpgroup's 64 x 64 swizzled tile and
+    // stored by one tensor-map copy (it clips the rows past the sequence and the columns past D)
+    const uint32_t y_stage = S::y + wg * (S::kX / 2);
+    const float* dsk = reinterpret_cast<const float*>(gen + S::dsk);
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
-      const int t = 64 * wg + r_lo + 8 * u;
-      if (t >= K) continue;
+      const int tl = r_lo + 8 * u, t = 64 * wg + tl;
       const int64_t tok = t0 + t;
-      T* yr = p.y.p + b * p.y.s0 + tok * p.y.s1 + h * p.y.s2;
-      const T* zr = p.has_z ? p.z.p + b * p.z.s0 + tok * p.z.s1 + h * p.z.s2 : nullptr;
+      const T* zr = p.has_z && t < K ? p.z.p + b * p.z.s0 + tok * p.z.s1 + h * p.z.s2 : nullptr;
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const int d = 8 * j + cq;
-        if (d >= D) continue;  // D % 8 == 0: d + 1 < D too
         float o[2] = {y[4 * j + 2 * u], y[4 * j + 2 * u + 1]};
-        if (p.has_d) {  // x from the chunk's shared tile, not global memory
+        if (p.has_d) {  // x from the chunk's shared tile
           const float2 xv = cuda::unpack2<T>(
               *reinterpret_cast<const uint32_t*>(gen + S::x + buf * S::kX + swz(kQ, t, d)));
-          o[0] += p.Dv.p[h * p.Dv.s0 + d * p.Dv.s1] * xv.x;
-          o[1] += p.Dv.p[h * p.Dv.s0 + (d + 1) * p.Dv.s1] * xv.y;
+          const float2 dv = *reinterpret_cast<const float2*>(dsk + d);
+          o[0] += dv.x * xv.x;
+          o[1] += dv.y * xv.y;
         }
-        if (p.has_z) {
+        if (zr != nullptr && d < D) {  // D % 8 == 0: d + 1 < D too
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const float z = to_float(zr[(d + e) * p.z.s3]);
             o[e] *= __fdividef(z, 1.0f + __expf(-z));
           }
         }
-        *reinterpret_cast<uint32_t*>(yr + d) = cuda::pack2<T>(o[0], o[1]);
+        *reinterpret_cast<uint32_t*>(gen + y_stage + swz(64, tl, d)) = cuda::pack2<T>(o[0], o[1]);
       }
     }
+    cuda::fence_proxy_async();
+    cuda::named_barrier_sync(1 + wg, 128);
+    if (tid % 128 == 0)
+      cuda::tma_store_4d(&ty, base + y_stage, 0, static_cast<int>(t0) + 64 * wg,
+                         static_cast<int>(h), static_cast<int>(b));
     // ---- Xw = w o x (a 16-byte chunk of a swizzled row stays in that row: no unswizzling)
+#pragma unroll
     for (int q = tid; q < kQ * kD / 8; q += fwd_wg::kThreads) {
       const uint32_t off = static_cast<uint32_t>(q) * 16;
-      float f[8];
-      unpack8<T>(*reinterpret_cast<const uint4*>(gen + S::x + buf * S::kX + off), f);
-      store8<T>(reinterpret_cast<T*>(gen + S::xw + off), f, w3[q / 8]);
+      const uint4 v = *reinterpret_cast<const uint4*>(gen + S::x + buf * S::kX + off);
+      const float w = w3[q / 8];
+      auto scaled = [&](uint32_t e) {
+        const float2 f = cuda::unpack2<T>(e);
+        return cuda::pack2<T>(f.x * w, f.y * w);
+      };
+      *reinterpret_cast<uint4*>(gen + S::xw + off) =
+          make_uint4(scaled(v.x), scaled(v.y), scaled(v.z), scaled(v.w));
     }
     cuda::fence_proxy_async();
     __syncthreads();  // Xw whole; every warpgroup done reading S (C . S^T) and x (W . X)
@@ -363,6 +390,7 @@ __global__ void __launch_bounds__(fwd_wg::kThreads, 1)
     cuda::fence_proxy_async();
     __syncthreads();  // the new state tile visible; this chunk's buffers free
   }
+  if (tid % 128 == 0) cuda::bulk_wait<0, false>();  // the last y store done with shared memory
   if (seg + 1 < p.segments) {  // hand the state to the next segment
 #pragma unroll
     for (int j = 0; j < 8; ++j)
@@ -382,23 +410,20 @@ __global__ void __launch_bounds__(fwd_wg::kThreads, 1)
 #endif
 }
 
-// Host side. x, B and C go by tensor maps over their [B, H or G, L, D or N] views (the sequence
-// axis as the box's rows); y is stored by 4-byte pairs.
+// Host side. x, B, C and y go by tensor maps over their [B, H or G, L, D or N] views (the
+// sequence axis as the box's rows).
 inline ConstTensor sequence_rows(ConstTensor t) {
   std::swap(t.shape[1], t.shape[2]);
   std::swap(t.stride[1], t.stride[2]);
   return t;
 }
 template <class T>
-Status wgmma_fwd_check(const ssd::Problem& pr, const SsdForwardOp::Arguments& a) {
+Status wgmma_fwd_check(const ssd::Problem&, const SsdForwardOp::Arguments& a) {
   constexpr std::string_view who = "ssd_forward: fused_wgmma_sm90a";
   BARACUDA_TRY(cuda::check_tma_rows(who, "x", sequence_rows(a.x)));
   BARACUDA_TRY(cuda::check_tma_rows(who, "B", sequence_rows(a.B)));
   BARACUDA_TRY(cuda::check_tma_rows(who, "C", sequence_rows(a.C)));
-  if (!rows16(forward_params<T>(pr, a).y))
-    return Error::misaligned(std::string(who) +
-                             ": y needs a unit inner stride and 16-byte aligned rows");
-  return {};
+  return cuda::check_tma_rows(who, "y", sequence_rows(as_const(a.y)));
 }
 // Where this build holds the kernel's sm_90a body (an sm_80-only build compiles it empty).
 template <class T>
@@ -441,12 +466,14 @@ Status forward_wgmma(const LaunchContext& ctx, const ssd::Problem& pr,
   BARACUDA_TRY(cuda::make_rows_map(who, &tc, dt, sequence_rows(a.C), fwd_wg::kQ));
   BARACUDA_TRY(cuda::make_rows_map(who, &tb, dt, sequence_rows(a.B), fwd_wg::kQ));
   BARACUDA_TRY(cuda::make_rows_map(who, &tx, dt, sequence_rows(a.x), fwd_wg::kQ));
+  CUtensorMap ty;
+  BARACUDA_TRY(cuda::make_rows_map(who, &ty, dt, sequence_rows(as_const(a.y)), fwd_wg::kQ / 2));
   const dim3 grid = p.segments > 1
                         ? dim3(static_cast<unsigned>(p.segments * pr.batch * pr.heads))
                         : dim3(static_cast<unsigned>(pr.heads), static_cast<unsigned>(pr.batch));
   BARACUDA_TRY(cuda::launch_with_smem("ssd_forward", "ssd_fused_wgmma_kernel",
                                       ssd_fused_wgmma_kernel<T>, grid, fwd_wg::kThreads,
-                                      fwd_wg::Smem::request, st, tc, tb, tx, p));
+                                      fwd_wg::Smem::request, st, tc, tb, tx, ty, p));
   clock.mark("fused");
   return {};
 }
