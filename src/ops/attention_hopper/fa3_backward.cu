@@ -33,10 +33,10 @@
 //
 // Not deterministic: the bulk reductions (D = 256: the atomics) add each query block's dQ
 // contributions in whatever order the CTAs reach them. Supports what fa3_fwd_sm90a does
-// (shape_fits, cuda::check_tma_rows), varlen included: the grids cover the longest sequence, every CTA or
-// row block reads its sequence's offsets from cu_seqlens (key CTAs past their sequence's keys
-// exit), the workspace keeps a [max Lq]-row slab per (sequence, query head), and the tiles' rows
-// past a sequence are zeroed in shared memory before the GEMMs read them (they belong to other
+// (shape_fits, cuda::check_tma_rows), varlen included: the grids cover the longest sequence, every
+// CTA or row block reads its sequence's offsets from cu_seqlens (key CTAs past their sequence's
+// keys exit), the workspace keeps a [max Lq]-row slab per (sequence, query head), and the tiles'
+// rows past a sequence are zeroed in shared memory before the GEMMs read them (they belong to other
 // sequences).
 #include <array>
 #include <atomic>

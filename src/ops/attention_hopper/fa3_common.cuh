@@ -36,6 +36,7 @@ using cuda::smem_u32;
 
 #if BARACUDA_FA3_DEVICE
 // ---- PTX helpers --------------------------------------------------------------------------------
+using cuda::fence_regs;
 using cuda::mbar_arrive;
 using cuda::mbar_expect_tx;
 using cuda::mbar_init;
@@ -46,7 +47,6 @@ using cuda::tma_load_4d;
 using cuda::wgmma_commit;
 using cuda::wgmma_fence;
 using cuda::wgmma_wait;
-using cuda::fence_regs;
 
 // 2^x (ex2.approx.ftz: 2^-inf = 0).
 __device__ __forceinline__ float fast_exp2(float x) {

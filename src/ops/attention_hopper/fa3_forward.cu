@@ -867,8 +867,8 @@ constexpr int launch_smem() {
                                                : 0);
 }
 
-// The TMA loads' layout rules (cuda::check_tma_rows) on the run's views: the registry's check, so that
-// can_implement refuses what launch could not load. kFp8: e4m3 Q, K, V (1-byte elements).
+// The TMA loads' layout rules (cuda::check_tma_rows) on the run's views: the registry's check, so
+// that can_implement refuses what launch could not load. kFp8: e4m3 Q, K, V (1-byte elements).
 template <bool kFp8>
 Status check_args(const Problem& pr, const ForwardArguments& a) {
   const std::string_view who = kFp8 ? kWhoFp8 : kWho;
@@ -919,8 +919,8 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
     const ConstTensor vt_view =
         make_tensor(static_cast<const void*>(vt), DType::e4m3, std::span<const int64_t>(vt_shape),
                     ctx.stream.memory_location());
-    BARACUDA_TRY(
-        cuda::make_rows_map(who, &tv, dt, vt_view, static_cast<uint32_t>(kDvOf<D>), 1, kKeysPerTile<D>));
+    BARACUDA_TRY(cuda::make_rows_map(who, &tv, dt, vt_view, static_cast<uint32_t>(kDvOf<D>), 1,
+                                     kKeysPerTile<D>));
   } else {
     BARACUDA_TRY(cuda::make_rows_map(who, &tv, dt, v, kKeysPerTile<D>));
   }

@@ -1,15 +1,14 @@
-// WORK IN PROGRESS (branch wip/ssd-wgmma; compiled for sm_90a, never run on a device).
-//
 // fused_wgmma_sm90a: the one-pass forward of fused_mma (one block per (batch row, head) walking
 // the chunks with the state on chip) with its four products on warpgroup-wide tensor-core
 // instructions (wgmma), so that the tensor work is issued asynchronously, a few instructions per
 // product, instead of by two warps per scheduler in ~660 mma.sync each per chunk (fused_mma is
-// bound by those warps' dependency latency: docs/perf/ssd.md, thirtieth session).
+// bound by those warps' dependency latency: docs/perf/ssd.md, thirtieth session). The default
+// forward for chunk 128 on sm_90a where B * H fills the SMs (kernels.cuh registers it).
 //
-// Shape: chunk 128, head_dim <= 64, state_dim <= 128 (both multiples of 8), 16-bit data with
-// 16-byte aligned rows and unit inner strides (Kernel::check; other views take the plan's
-// fallback). Two warpgroups: warpgroup g owns the chunk's rows 64 g .. 64 g + 63 of y, and the
-// state's columns n 64 g .. 64 g + 63.
+// Shape: chunk 128, head_dim <= 64, state_dim <= 128 (both multiples of 8), 16-bit data; x, B, C
+// and y views a tensor map can describe (Kernel::check: 16-byte aligned base and outer strides,
+// unit inner stride; other views take the plan's fallback). Two warpgroups: warpgroup g owns the
+// chunk's rows 64 g .. 64 g + 63 of y, and the state's columns n 64 g .. 64 g + 63.
 //
 // Per chunk (cum_t in log2 units, lv_s = cum_s - log2 v_s, w_s = v_s 2^(cum_last - cum_s)):
 //   CB  = C . B^T            (ss, K-major both: [t][n] and [s][n] tiles)          m64n128 x 8
@@ -21,8 +20,10 @@
 // Tiles are stored as 64-column blocks of 128-byte rows with the 128-byte swizzle (16-byte chunk
 // index XOR row % 8), the layout wgmma's descriptors read and TMA's 128-byte swizzle writes: C, B
 // and x arrive by tensor-map copies (one thread, five boxes a chunk) one chunk ahead into double
-// buffers, completing on an mbarrier per buffer. (Per-thread cp.async copies, the first version,
-// cost half of the kernel's ~2700 instructions per warp and chunk in 64-bit address arithmetic.)
+// buffers, completing on an mbarrier per buffer, and y leaves by one tensor-map store per
+// warpgroup from a staged tile. (Per-thread cp.async copies and per-element y stores, the first
+// version, cost over half of its ~2700 instructions per warp and chunk in address arithmetic:
+// 0.685 -> 0.376 ms at the 2.7B shape, docs/perf/ssd.md.)
 #pragma once
 
 #include "core/cuda/tensor_map.cuh"
@@ -48,8 +49,9 @@ struct Smem {
   static constexpr uint32_t x = b + 2 * kOp;    // x, two buffers
   static constexpr uint32_t xw = x + 2 * kX;    // w o x of the current chunk
   static constexpr uint32_t s = xw + kX;        // the state rounded to T, [d][n]
-  static constexpr uint32_t y = s + kD * kN * 2;  // y staged for its store: a 64-row tile a warpgroup
-  static constexpr uint32_t dsk = y + kX;         // D of this head (f32, zeros past D)
+  static constexpr uint32_t y =
+      s + kD * kN * 2;                     // y staged for its store: a 64-row tile a warpgroup
+  static constexpr uint32_t dsk = y + kX;  // D of this head (f32, zeros past D)
   static constexpr uint32_t cum = dsk + 4 * kD;
   static constexpr uint32_t lv = cum + 4 * kQ;
   static constexpr uint32_t w = lv + 4 * kQ;
@@ -71,7 +73,9 @@ namespace fa3 = attention_hopper::fa3;
 using cuda::fence_regs;
 using cuda::wgmma_commit;
 using cuda::wgmma_fence;
-__device__ __forceinline__ void wait_all() { cuda::wgmma_wait<0>(); }
+__device__ __forceinline__ void wait_all() {
+  cuda::wgmma_wait<0>();
+}
 __device__ __forceinline__ uint64_t desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
   return cuda::desc_swizzled(addr, lbo, sbo, 1);
 }
@@ -214,8 +218,8 @@ __global__ void __launch_bounds__(fwd_wg::kThreads, 1)
   if (col_blocks == 1)  // the unused halves of C and B: zeros once
     for (int q = tid; q < 4 * kQ * 128 / 16; q += fwd_wg::kThreads) {
       const uint32_t half = q / (kQ * 128 / 16), off = (q % (kQ * 128 / 16)) * 16;
-      *reinterpret_cast<uint4*>(gen + (half < 2 ? S::c : S::b) + (half % 2) * S::kOp +
-                                kQ * 128 + off) = make_uint4(0, 0, 0, 0);
+      *reinterpret_cast<uint4*>(gen + (half < 2 ? S::c : S::b) + (half % 2) * S::kOp + kQ * 128 +
+                                off) = make_uint4(0, 0, 0, 0);
     }
   if (tid < kD) {
     float* dsk = reinterpret_cast<float*>(gen + S::dsk);
@@ -236,8 +240,9 @@ __global__ void __launch_bounds__(fwd_wg::kThreads, 1)
     const int64_t t0 = c * kQ;
     const int K = rows_of(t0);
     if (tid == 0 && c + 1 < c_hi) issue(c + 1, buf ^ 1);  // that buffer's readers are done
-    if (tid % 128 == 0) cuda::bulk_wait<0, true>();  // the staged y may be rewritten (after the
-                                                     // barrier below)
+    if (tid % 128 == 0)
+      cuda::bulk_wait<0, true>();  // the staged y may be rewritten (after the
+                                   // barrier below)
     // ---- scalars (tokens on threads 0 .. 127)
     float v = 0.0f, a = 0.0f;
     if (tid < K) {
@@ -360,7 +365,7 @@ __global__ void __launch_bounds__(fwd_wg::kThreads, 1)
     if (tid % 128 == 0)
       cuda::tma_store_4d(&ty, base + y_stage, 0, static_cast<int>(t0) + 64 * wg,
                          static_cast<int>(h), static_cast<int>(b));
-    // ---- Xw = w o x (a 16-byte chunk of a swizzled row stays in that row: no unswizzling)
+      // ---- Xw = w o x (a 16-byte chunk of a swizzled row stays in that row: no unswizzling)
 #pragma unroll
     for (int q = tid; q < kQ * kD / 8; q += fwd_wg::kThreads) {
       const uint32_t off = static_cast<uint32_t>(q) * 16;
@@ -391,7 +396,7 @@ __global__ void __launch_bounds__(fwd_wg::kThreads, 1)
     __syncthreads();  // the new state tile visible; this chunk's buffers free
   }
   if (tid % 128 == 0) cuda::bulk_wait<0, false>();  // the last y store done with shared memory
-  if (seg + 1 < p.segments) {  // hand the state to the next segment
+  if (seg + 1 < p.segments) {                       // hand the state to the next segment
 #pragma unroll
     for (int j = 0; j < 8; ++j)
       __stcg(handoff_at(seg, j),
@@ -437,7 +442,14 @@ bool wgmma_fwd_fits(const ssd::Problem& p, const DeviceCaps& caps) {
          p.head_dim <= fwd_wg::kD && p.state_dim <= fwd_wg::kN && p.head_dim % 8 == 0 &&
          p.state_dim % 8 == 0 && p.batch <= kMaxGridYZ && p.heads <= (int64_t{1} << 31) - 1 &&
          p.seqlen + fwd_wg::kQ <= (int64_t{1} << 31) - 1 &&  // TMA's 32-bit coordinates
-         static_cast<int64_t>(fwd_wg::Smem::request) <= caps.smem_per_block_optin;
+         static_cast<int64_t>(fwd_wg::Smem::request) <= caps.smem_per_block_optin &&
+         cuda::tensor_map_encode_fn() != nullptr;
+}
+// The default where every SM gets a walk (below that the chunk-parallel forward wins: a walk's
+// time is its chunk count times a chunk's latency, as fused_mma's).
+template <class T>
+bool wgmma_ranked_ahead_fits(const ssd::Problem& p, const DeviceCaps& caps) {
+  return wgmma_fwd_fits<T>(p, caps) && p.batch * p.heads >= caps.sm_count;
 }
 // The walks cut as fused_mma's are (one block per SM here too: the chunk's shared tiles), with the
 // same workspace layout (fused_layout: a 64 x 128 f32 state per hand-off).
@@ -459,8 +471,8 @@ Status forward_wgmma(const LaunchContext& ctx, const ssd::Problem& pr,
     BARACUDA_TRY(cuda::check("ssd_forward", "cudaMemsetAsync (fused_wgmma's segment flags)",
                              cudaMemsetAsync(ws, 0, l.flags_bytes, st)));
   }
-  constexpr CUtensorMapDataType dt =
-      std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  constexpr CUtensorMapDataType dt = std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                                               : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   constexpr std::string_view who = "ssd_forward: fused_wgmma_sm90a";
   CUtensorMap tc, tb, tx;
   BARACUDA_TRY(cuda::make_rows_map(who, &tc, dt, sequence_rows(a.C), fwd_wg::kQ));

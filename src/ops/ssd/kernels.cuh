@@ -4931,7 +4931,7 @@ Status decode_launch(const LaunchContext& ctx, const ssd::DecodeProblem& pr,
 }  // namespace baracuda::ssd_cuda
 
 #include "ops/ssd/forward_fused.cuh"  // the one-pass forward (fused_mma)
-#include "ops/ssd/forward_wgmma.cuh"  // WIP: the one-pass forward on wgmma (fused_wgmma_sm90a)
+#include "ops/ssd/forward_wgmma.cuh"  // the one-pass forward on wgmma (fused_wgmma_sm90a)
 
 namespace baracuda::ssd_cuda {
 
@@ -5041,8 +5041,12 @@ bool register_kernels() {
         .workspace = fused_workspace<FusedCut::rule>,
         .launch = forward_fused<T, FusedCut::rule>,
     });
-    // WIP (never run on a device): by name only; the walks cut by fused_mma's rule, or always
-    // (_split, for tests).
+    // fused_mma's walk on wgmma with tensor-map copies (forward_wgmma.cuh; sm_90a, chunk 128,
+    // D <= 64, N <= 128): the default for chunk 128 where B * H fills the SMs (as
+    // fused_wgmma_sm90a_ranked_ahead; on the H200 0.376 vs 0.663 ms for fused_mma_ranked_ahead at
+    // B4 L4096 H80 D64 N128 bf16, 0.152 vs 0.209 at B8 L2048 H32 D64 N64, docs/perf/ssd.md), by
+    // name wherever it fits; the walks cut by fused_mma's rule, or always (_split, for tests).
+    // Views its tensor maps cannot describe run on the plan's fallback (fused_mma's entries).
     {
       KernelSku sku =
           scan_sku<E>("ssd_forward", "chunked", kTensorCorePrecision<E>, "fused_wgmma_sm90a");
@@ -5050,6 +5054,13 @@ bool register_kernels() {
       register_kernel<SsdForwardOp>({.sku = sku,
                                      .priority = 0,
                                      .fits = wgmma_fwd_fits<T>,
+                                     .workspace = fused_workspace<FusedCut::rule>,
+                                     .launch = forward_wgmma<T, FusedCut::rule>,
+                                     .check = wgmma_fwd_check<T>});
+      sku.name = "fused_wgmma_sm90a_ranked_ahead";
+      register_kernel<SsdForwardOp>({.sku = sku,
+                                     .priority = 34,
+                                     .fits = wgmma_ranked_ahead_fits<T>,
                                      .workspace = fused_workspace<FusedCut::rule>,
                                      .launch = forward_wgmma<T, FusedCut::rule>,
                                      .check = wgmma_fwd_check<T>});

@@ -1560,9 +1560,30 @@ TEST_P(SsdPlans, ForwardWgmmaOnDevice) {
     expect_split_equals_uncut(target, k.dtype, k.c, k.layout, "fused_wgmma_sm90a",
                               "fused_wgmma_sm90a_split");
   }
-  // Views its tensor maps cannot describe (permuted: inner stride > 1, a base off 16 bytes): the
-  // default plan's fallback is not the wgmma kernel, a pinned plan refuses them naming the first,
-  // x, and the rule.
+  // The default at chunk 128 where B * H gives every SM a walk, cut by the rule past that (a
+  // workspace for the hand-offs); below it the chunk-parallel forward. Views the tensor maps
+  // cannot describe run on its fallback, fused_mma's default entry.
+  const int64_t sms = stream.caps().sm_count;
+  {
+    const FwdCase many{1, 8 * 128, sms + 1, 64, 128, 1, 128, states};
+    const auto d =
+        describe(many.B, many.L, many.H, many.D, many.N, many.G, DType::bf16, many.o, many.chunk);
+    auto dflt = SsdForwardPlan::select(stream, d);
+    BARACUDA_ASSERT_OK(dflt);
+    EXPECT_EQ(dflt->sku().name, "fused_wgmma_sm90a_ranked_ahead");
+    ASSERT_NE(dflt->fallback_sku(), nullptr);
+    EXPECT_EQ(dflt->fallback_sku()->name, "fused_mma_ranked_ahead");
+    EXPECT_GT(ssd_segments::fused_segments(sms + 1, 8, sms), 1);
+    EXPECT_GT(dflt->workspace_size(), 0u);
+    run_forward(target, DType::bf16, many, Layout::contiguous, true);
+    run_forward(target, DType::bf16, many, Layout::permuted, true);
+    auto narrow =
+        SsdForwardPlan::select(stream, describe(1, 64, sms - 1, 64, 128, 1, DType::bf16, {}, 128));
+    BARACUDA_ASSERT_OK(narrow);
+    EXPECT_EQ(narrow->sku().name, "chunked_mma_fastpass");
+  }
+  // Views its tensor maps cannot describe (permuted: inner stride > 1, a base off 16 bytes): a
+  // pinned plan refuses them naming the first, x, and the rule.
   const FwdCase odd{1, 200, 4, 48, 40, 2, 128, {}};
   Rng rng;
   auto pinned = SsdForwardPlan::select(
@@ -1574,11 +1595,45 @@ TEST_P(SsdPlans, ForwardWgmmaOnDevice) {
   BARACUDA_ASSERT_OK(ws);
   const Status refused = pinned->run(stream, ws->as_workspace(), forward_args(t));
   ASSERT_FALSE(refused.ok());
+  // (Each of x, B, C, y lands aligned by chance with probability ~1/400; all four never do.)
   const std::string& why = refused.error().message();
-  EXPECT_EQ(why.rfind("ssd_forward: fused_wgmma_sm90a: x: ", 0), 0u) << why;
+  EXPECT_EQ(why.rfind("ssd_forward: fused_wgmma_sm90a: ", 0), 0u) << why;
   EXPECT_TRUE(why.find("data is not 16-byte aligned") != std::string::npos ||
-              why.find("must be unit-stride") != std::string::npos)
+              why.find("TMA needs a positive multiple of 16 bytes") != std::string::npos)
       << why;
+  // Strided views a tensor map does describe: x, B, C and y as slices of wider rows (as x, B and
+  // C cut from an input projection), 16-byte pitches; the gaps between the rows stay untouched.
+  {
+    const FwdCase c{2, 300, 4, 48, 40, 2, 128, {.final = true}};
+    auto plan = SsdForwardPlan::select(
+        stream, describe(c.B, c.L, c.H, c.D, c.N, c.G, DType::bf16, c.o, c.chunk), wgmma);
+    BARACUDA_ASSERT_OK(plan);
+    Tensors t = make_tensors(plan->problem(), target, Layout::contiguous, rng);
+    auto sliced = [&](int64_t inner, int64_t width, int64_t lead, bool fill) {
+      // [B, L, inner axis, width] inside rows of `lead` + inner * (width + 8) elements
+      const int64_t row = lead + inner * (width + 8);
+      TestTensor v = TestTensor::with_strides(DType::bf16, {c.B, c.L, inner, width},
+                                              {c.L * row, row, width + 8, 1}, lead, target);
+      if (fill) v.fill_random(rng, -1, 1);
+      return v;
+    };
+    t.x = sliced(c.H, c.D, 16, true);
+    t.B = sliced(c.G, c.N, 8, true);
+    t.C = sliced(c.G, c.N, 24, true);
+    t.y = sliced(c.H, c.D, 8, false);
+    t.y->poison();
+    const auto y_poisoned = t.y->bytes();
+    auto ws = workspace_for(plan->workspace_size(), target);
+    BARACUDA_ASSERT_OK(ws);
+    BARACUDA_ASSERT_OK(plan->run(stream, ws->as_workspace(), forward_args(t)));
+    BARACUDA_ASSERT_OK(stream.synchronize());
+    const auto ref = ssd::ref::forward(plan->problem(), t.inputs());
+    EXPECT_TRUE(close_to(t.y->values(), ref.y, DType::bf16, Accuracy::reduction, "sliced y"));
+    EXPECT_TRUE(
+        harness::untouched_outside(y_poisoned, t.y->bytes(), t.y->bit_mask(), "sliced y gaps"));
+    EXPECT_TRUE(close_to(t.final_states->values(), ref.final_states, DType::bf16,
+                         Accuracy::reduction, "sliced final_states"));
+  }
 }
 
 TEST_P(SsdPlans, ForwardLongSequenceF32DoesNotDrift) {
