@@ -10,7 +10,8 @@
 // unit inner stride; other views take the plan's fallback). Two warpgroups: warpgroup g owns the
 // chunk's rows 64 g .. 64 g + 63 of y, and the state's columns n 64 g .. 64 g + 63.
 //
-// Per chunk (cum_t in log2 units, lv_s = cum_s - log2 v_s, w_s = v_s 2^(cum_last - cum_s)):
+// Per chunk (cum_t in log2 units, lv_s = cum_s - log2 v_s, w_s = v_s 2^(cum_last - cum_s); warp
+// 0 forms the next chunk's while this chunk's first products run, so no barrier waits for them):
 //   CB  = C . B^T            (ss, K-major both: [t][n] and [s][n] tiles)          m64n128 x 8
 //   Y   = C . S^T            (ss, K-major both: C rows and the [d][n] state tile)  m64n64 x 8
 //   Y   = 2^cum_t Y + W . X  (W_ts = 2^(cum_t - lv_s) CB_ts on s <= t, rounded to T, from
@@ -52,11 +53,11 @@ struct Smem {
   static constexpr uint32_t y =
       s + kD * kN * 2;                     // y staged for its store: a 64-row tile a warpgroup
   static constexpr uint32_t dsk = y + kX;  // D of this head (f32, zeros past D)
+  // The chunk's scalars, two slots (warp 0 forms chunk c + 1's while chunk c is in flight).
   static constexpr uint32_t cum = dsk + 4 * kD;
-  static constexpr uint32_t lv = cum + 4 * kQ;
-  static constexpr uint32_t w = lv + 4 * kQ;
-  static constexpr uint32_t tot = w + 4 * kQ;
-  static constexpr uint32_t bar = tot + 4 * 8;  // the two buffers' mbarriers
+  static constexpr uint32_t lv = cum + 2 * 4 * kQ;
+  static constexpr uint32_t w = lv + 2 * 4 * kQ;
+  static constexpr uint32_t bar = w + 2 * 4 * kQ;  // the two buffers' mbarriers
   static constexpr uint32_t total = bar + 2 * 8;
   static constexpr uint32_t request = total + 1024;  // room to align the base
 };
@@ -133,10 +134,6 @@ __global__ void __launch_bounds__(fwd_wg::kThreads, 1)
   const uint32_t raw = cuda::smem_u32(wg_smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
   unsigned char* gen = wg_smem_raw + (base - raw);  // the same bytes, generic pointer
-  float* cum = reinterpret_cast<float*>(gen + S::cum);
-  float* lv = reinterpret_cast<float*>(gen + S::lv);
-  float* w3 = reinterpret_cast<float*>(gen + S::w);
-  float* tot = reinterpret_cast<float*>(gen + S::tot);
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, wg = tid / 128, wl = warp % 4;
   // The walk: (b, h) from the grid, or, cut into segments, (segment, b, h) from the block's ticket
@@ -171,11 +168,47 @@ __global__ void __launch_bounds__(fwd_wg::kThreads, 1)
     }
     cuda::tma_load_4d(base + S::x + buf * S::kX, &tx, bar, 0, t0, static_cast<int>(h), bi);
   };
-  // dt of chunk c's token tid, unconverted: loaded a chunk ahead, converted where it is used (a
-  // conversion next to the load would wait for it).
-  auto dt_of = [&](int64_t c) {
-    const int64_t t = c * kQ + tid;
-    return tid < kQ && t < p.L ? p.dt.at(b, t, h) : from_float<T>(0.0f);
+  // Chunk c's scalars, formed by warp 0 alone (lane l: tokens 4 l .. 4 l + 3) into slot `sl`:
+  // cum (log2 units, inclusive), lv = cum - log2 v (v = 0: +inf, a zero weight) and
+  // w = v 2^(cum_last - cum). Its dt arrives a chunk earlier, unconverted (a conversion next to
+  // the load would wait for it).
+  auto load_dt = [&](int64_t c, T(&raw)[4]) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int64_t t = c * kQ + 4 * lane + e;
+      raw[e] = t < p.L ? p.dt.at(b, t, h) : from_float<T>(0.0f);
+    }
+  };
+  auto form_scalars = [&](int64_t c, int sl, const T(&raw)[4]) {
+    float v[4], within[4], run = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const bool in = c * kQ + 4 * lane + e < p.L;
+      v[e] = in ? process_dt(to_float(raw[e]) + bias, p.softplus, p.dt_min, p.dt_max).v : 0.0f;
+      run += v[e] * a2;
+      within[e] = run;
+    }
+    float incl = run;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const float up = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += up;
+    }
+    const float before = __shfl_up_sync(0xffffffffu, incl, 1), last = __shfl_sync(~0u, incl, 31);
+    float4 cu, l4, w4;
+    float* cup = &cu.x;
+    float* lp = &l4.x;
+    float* wp = &w4.x;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float cl = (lane > 0 ? before : 0.0f) + within[e];
+      cup[e] = cl;
+      lp[e] = cl - log2_ftz(v[e]);
+      wp[e] = v[e] * exp2_ftz(last - cl);
+    }
+    reinterpret_cast<float4*>(gen + S::cum + sl * 4 * kQ)[lane] = cu;
+    reinterpret_cast<float4*>(gen + S::lv + sl * 4 * kQ)[lane] = l4;
+    reinterpret_cast<float4*>(gen + S::w + sl * 4 * kQ)[lane] = w4;
   };
 
   // The state: f32 in warpgroup wg's accumulators (rows d, columns n 64 wg ..), T in the [d][n]
@@ -233,44 +266,23 @@ __global__ void __launch_bounds__(fwd_wg::kThreads, 1)
   cuda::fence_proxy_async();  // the state tile and the zeros, before wgmma reads them
   __syncthreads();
   if (tid == 0 && c_lo < c_hi) issue(c_lo, 0);
-  T dt_raw = c_lo < c_hi ? dt_of(c_lo) : from_float<T>(0.0f);
+  T dt_next[4];  // warp 0: dt of the chunk after the one whose scalars it forms next
+  if (warp == 0 && c_lo < c_hi) {
+    load_dt(c_lo, dt_next);
+    form_scalars(c_lo, 0, dt_next);
+    if (c_lo + 1 < c_hi) load_dt(c_lo + 1, dt_next);
+  }
+  __syncthreads();  // slot 0's scalars
 
   for (int64_t c = c_lo; c < c_hi; ++c) {
     const int buf = static_cast<int>((c - c_lo) & 1);
     const int64_t t0 = c * kQ;
     const int K = rows_of(t0);
     if (tid == 0 && c + 1 < c_hi) issue(c + 1, buf ^ 1);  // that buffer's readers are done
-    if (tid % 128 == 0)
-      cuda::bulk_wait<0, true>();  // the staged y may be rewritten (after the
-                                   // barrier below)
-    // ---- scalars (tokens on threads 0 .. 127)
-    float v = 0.0f, a = 0.0f;
-    if (tid < K) {
-      v = process_dt(to_float(dt_raw) + bias, p.softplus, p.dt_min, p.dt_max).v;
-      a = v * a2;
-    }
-    if (c + 1 < c_hi) dt_raw = dt_of(c + 1);
-    float run = a;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const float up = __shfl_up_sync(0xffffffffu, run, o);
-      if (lane >= o) run += up;
-    }
-    if (lane == 31) tot[warp] = run;
-    __syncthreads();  // tot[]
-    if (tid < kQ) {
-      float before = 0.0f, last = 0.0f;
-#pragma unroll
-      for (int w = 0; w < kQ / 32; ++w) {
-        before += w < warp ? tot[w] : 0.0f;
-        last += tot[w];
-      }
-      const float cl = before + run;
-      cum[tid] = cl;
-      lv[tid] = cl - log2_ftz(v);  // v = 0: +inf, a zero weight
-      w3[tid] = v * exp2_ftz(last - cl);
-    }
-    __syncthreads();  // cum, lv, w3
+    const int sl = buf;  // this chunk's scalars (formed during the previous chunk)
+    const float* cum = reinterpret_cast<const float*>(gen + S::cum + sl * 4 * kQ);
+    const float* lv = reinterpret_cast<const float*>(gen + S::lv + sl * 4 * kQ);
+    const float* w3 = reinterpret_cast<const float*>(gen + S::w + sl * 4 * kQ);
     cuda::mbar_wait(base + S::bar + 8 * buf, static_cast<uint32_t>((c - c_lo) >> 1) & 1u);
 
     const uint32_t c_tile = base + S::c + buf * S::kOp, b_tile = base + S::b + buf * S::kOp,
@@ -287,6 +299,10 @@ __global__ void __launch_bounds__(fwd_wg::kThreads, 1)
     for (int k = 0; k < kN; k += 16)
       Wg<T>::ss64(y, k_major(c_tile, kQ, 64 * wg, k), k_major(base + S::s, kD, 0, k), k > 0);
     wgmma_commit();
+    if (warp == 0 && c + 1 < c_hi) {  // the next chunk's scalars, under the products
+      form_scalars(c + 1, sl ^ 1, dt_next);
+      if (c + 2 < c_hi) load_dt(c + 2, dt_next);
+    }
     cuda::wgmma_wait<1>();
     fence_regs(cb);
     // ---- W in registers (the m64n128 accumulator layout is the A layout of its k16 steps)
@@ -334,30 +350,39 @@ __global__ void __launch_bounds__(fwd_wg::kThreads, 1)
     // stored by one tensor-map copy (it clips the rows past the sequence and the columns past D)
     const uint32_t y_stage = S::y + wg * (S::kX / 2);
     const float* dsk = reinterpret_cast<const float*>(gen + S::dsk);
+    if (!p.has_d && !p.has_z) {  // straight-line: no branches over the optional terms' code
 #pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      const int tl = r_lo + 8 * u, t = 64 * wg + tl;
-      const int64_t tok = t0 + t;
-      const T* zr = p.has_z && t < K ? p.z.p + b * p.z.s0 + tok * p.z.s1 + h * p.z.s2 : nullptr;
+      for (int u = 0; u < 2; ++u)
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int d = 8 * j + cq;
-        float o[2] = {y[4 * j + 2 * u], y[4 * j + 2 * u + 1]};
-        if (p.has_d) {  // x from the chunk's shared tile
-          const float2 xv = cuda::unpack2<T>(
-              *reinterpret_cast<const uint32_t*>(gen + S::x + buf * S::kX + swz(kQ, t, d)));
-          const float2 dv = *reinterpret_cast<const float2*>(dsk + d);
-          o[0] += dv.x * xv.x;
-          o[1] += dv.y * xv.y;
-        }
-        if (zr != nullptr && d < D) {  // D % 8 == 0: d + 1 < D too
+        for (int j = 0; j < 8; ++j)
+          *reinterpret_cast<uint32_t*>(gen + y_stage + swz(64, r_lo + 8 * u, 8 * j + cq)) =
+              cuda::pack2<T>(y[4 * j + 2 * u], y[4 * j + 2 * u + 1]);
+    } else {
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float z = to_float(zr[(d + e) * p.z.s3]);
-            o[e] *= __fdividef(z, 1.0f + __expf(-z));
+      for (int u = 0; u < 2; ++u) {
+        const int tl = r_lo + 8 * u, t = 64 * wg + tl;
+        const int64_t tok = t0 + t;
+        const T* zr = p.has_z && t < K ? p.z.p + b * p.z.s0 + tok * p.z.s1 + h * p.z.s2 : nullptr;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const int d = 8 * j + cq;
+          float o[2] = {y[4 * j + 2 * u], y[4 * j + 2 * u + 1]};
+          if (p.has_d) {  // x from the chunk's shared tile
+            const float2 xv = cuda::unpack2<T>(
+                *reinterpret_cast<const uint32_t*>(gen + S::x + buf * S::kX + swz(kQ, t, d)));
+            const float2 dv = *reinterpret_cast<const float2*>(dsk + d);
+            o[0] += dv.x * xv.x;
+            o[1] += dv.y * xv.y;
           }
+          if (zr != nullptr && d < D) {  // D % 8 == 0: d + 1 < D too
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const float z = to_float(zr[(d + e) * p.z.s3]);
+              o[e] *= __fdividef(z, 1.0f + __expf(-z));
+            }
+          }
+          *reinterpret_cast<uint32_t*>(gen + y_stage + swz(64, tl, d)) = cuda::pack2<T>(o[0], o[1]);
         }
-        *reinterpret_cast<uint32_t*>(gen + y_stage + swz(64, tl, d)) = cuda::pack2<T>(o[0], o[1]);
       }
     }
     cuda::fence_proxy_async();
@@ -393,7 +418,8 @@ __global__ void __launch_bounds__(fwd_wg::kThreads, 1)
     fence_regs(st);
     store_state_t();
     cuda::fence_proxy_async();
-    __syncthreads();  // the new state tile visible; this chunk's buffers free
+    if (tid % 128 == 0) cuda::bulk_wait<0, true>();  // the y store has read its staged tile
+    __syncthreads();  // the new state tile visible; this chunk's buffers and staged y free
   }
   if (tid % 128 == 0) cuda::bulk_wait<0, false>();  // the last y store done with shared memory
   if (seg + 1 < p.segments) {                       // hand the state to the next segment
