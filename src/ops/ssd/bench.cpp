@@ -239,10 +239,11 @@ void forward_other_chunks(const Stream& s, std::span<const Case> cases) {
     }
 }
 
-// The previous default at chunk 128 (fused_mma cut by the rule; the default there is now
-// fused_wgmma_sm90a_ranked_ahead on sm_90a) as "<case>_chunk128@fused_mma_ranked_ahead".
-void forward_chunk128_mma_rows(const Stream& s, std::span<const Case> cases) {
+// fused_mma cut by the rule (the default at chunks 128 and 256 before fused_wgmma_sm90a took them
+// on sm_90a), as "<case>@fused_mma_ranked_ahead" and "<case>_chunk128@fused_mma_ranked_ahead".
+void forward_mma_rows(const Stream& s, std::span<const Case> cases) {
   for (const Case& c : cases) {
+    run_prefill(s, c, false, "fused_mma_ranked_ahead");
     Case w = c;
     w.Q = 128;
     w.name += "_chunk128";
@@ -261,16 +262,16 @@ void bench_ssd(const Stream& s) {
     if (only == "forward") {
       for (const Case& c : cases) run_prefill(s, c, false, "fused_mma");
       forward_other_chunks(s, cases);
-      forward_chunk128_mma_rows(s, cases);
+      forward_mma_rows(s, cases);
       for (const Case& c : cases) run_prefill(s, c, false, "chunked_mma_fastpass");
     }
     return;
   }
-  for (const Case& c : cases) run_prefill(s, c, false);  // fused_mma, cut where it pays (bf16)
-  for (const Case& c : cases) run_prefill(s, c, true);   // chunked_mma_fastpass (bf16)
+  for (const Case& c : cases) run_prefill(s, c, false);               // the default forward (bf16)
+  for (const Case& c : cases) run_prefill(s, c, true);                // chunked_mma_fastpass (bf16)
   for (const Case& c : cases) run_prefill(s, c, false, "fused_mma");  // the walks uncut
   forward_other_chunks(s, cases);
-  forward_chunk128_mma_rows(s, cases);
+  forward_mma_rows(s, cases);
   for (const Case& c : cases) run_prefill(s, c, false, "chunked_mma_fastpass");
   // A/B rows ("<case>@<kernel>"): the forward with the WMMA products, without the fast
   // inter-chunk pass, and with 16-byte operand staging (bitwise equal results); the backward

@@ -40,24 +40,29 @@
 namespace baracuda::ssd_cuda {
 
 namespace fwd_wg {
-constexpr int kQ = 128, kD = 64, kN = 128, kThreads = 256;
-// Shared memory, byte offsets from a 1024-byte aligned base (a swizzle atom is 8 rows x 128 B).
+constexpr int kD = 64, kN = 128, kThreads = 256, kHalf = 128;  // kHalf: rows of a TMA box
+// Shared memory for chunk kQ (128 or 256), byte offsets from a 1024-byte aligned base (a swizzle
+// atom is 8 rows x 128 B). Chunk 128: C, B and x double-buffered (a chunk ahead), y staged in its
+// own tile. Chunk 256: one buffer of each (228 KB would not hold two), each half of it (rows
+// 0-127, 128-255) on its own mbarrier and refilled as soon as its readers are done; the region
+// `xw` holds w o x of one half at a time and the staged y.
+template <int kQ>
 struct Smem {
+  static constexpr int kBufs = kQ == 128 ? 2 : 1;
   static constexpr uint32_t kOp = kQ * kN * 2;  // a C or B tile: two 64-column blocks
   static constexpr uint32_t kX = kQ * kD * 2;   // an x tile: one block
-  static constexpr uint32_t c = 0;              // C, two buffers
-  static constexpr uint32_t b = c + 2 * kOp;    // B, two buffers
-  static constexpr uint32_t x = b + 2 * kOp;    // x, two buffers
-  static constexpr uint32_t xw = x + 2 * kX;    // w o x of the current chunk
-  static constexpr uint32_t s = xw + kX;        // the state rounded to T, [d][n]
-  static constexpr uint32_t y =
-      s + kD * kN * 2;                     // y staged for its store: a 64-row tile a warpgroup
-  static constexpr uint32_t dsk = y + kX;  // D of this head (f32, zeros past D)
+  static constexpr uint32_t c = 0;
+  static constexpr uint32_t b = c + kBufs * kOp;
+  static constexpr uint32_t x = b + kBufs * kOp;
+  static constexpr uint32_t xw = x + kBufs * kX;  // 128 rows of w o x (chunk 256: two regions)
+  static constexpr uint32_t s = xw + (kQ == 128 ? kHalf : 2 * kHalf) * kD * 2;  // [d][n], T
+  static constexpr uint32_t y = s + kD * kN * 2;  // chunk 128: y staged, 64 rows a warpgroup
+  static constexpr uint32_t dsk = y + (kQ == 128 ? kHalf * kD * 2 : 0);  // D (f32, 0 past D)
   // The chunk's scalars, two slots (warp 0 forms chunk c + 1's while chunk c is in flight).
   static constexpr uint32_t cum = dsk + 4 * kD;
   static constexpr uint32_t lv = cum + 2 * 4 * kQ;
   static constexpr uint32_t w = lv + 2 * 4 * kQ;
-  static constexpr uint32_t bar = w + 2 * 4 * kQ;  // the two buffers' mbarriers
+  static constexpr uint32_t bar = w + 2 * 4 * kQ;  // two mbarriers: buffers, or halves
   static constexpr uint32_t total = bar + 2 * 8;
   static constexpr uint32_t request = total + 1024;  // room to align the base
 };
@@ -121,7 +126,7 @@ struct Wg {
 
 // tc, tb: the [B, G, L, N] views of C and B; tx, ty: the [B, H, L, D] views of x and y
 // (make_rows_map boxes of 64 columns x 128 rows, 64 rows for y).
-template <class T>
+template <class T, int kQ>
 __global__ void __launch_bounds__(fwd_wg::kThreads, 1)
     ssd_fused_wgmma_kernel(const __grid_constant__ CUtensorMap tc,
                            const __grid_constant__ CUtensorMap tb,
@@ -129,7 +134,8 @@ __global__ void __launch_bounds__(fwd_wg::kThreads, 1)
                            const __grid_constant__ CUtensorMap ty, Fwd<T> p) {
 #if BARACUDA_SSD_WGMMA_DEVICE
   using namespace fwd_wg;
-  using S = Smem;
+  using S = Smem<kQ>;
+  constexpr int kTok = kQ / 32;  // tokens a lane of warp 0 forms the scalars of
   extern __shared__ unsigned char wg_smem_raw[];
   const uint32_t raw = cuda::smem_u32(wg_smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
@@ -153,38 +159,46 @@ __global__ void __launch_bounds__(fwd_wg::kThreads, 1)
   // This thread's accumulator rows (of its warpgroup's 64) and the column offset in an n8 block.
   const int r_lo = 16 * wl + lane / 4, cq = 2 * (lane % 4);
 
-  auto rows_of = [&](int64_t t0) { return static_cast<int>(p.L - t0 < kQ ? p.L - t0 : kQ); };
-  // Chunk c's C, B and x into buffer `buf` (rows past the sequence and columns past N or D read
-  // as zeros). N <= 64 takes one column block of C and B; the second stays zero (set below).
+  // Rows [128 hf, 128 hf + 128) of chunk c's C, B and x into buffer `buf` (rows past the sequence
+  // and columns past N or D read as zeros), completing on `bar` with one arrival. N <= 64 takes
+  // one column block of C and B; the second stays zero (set below).
   const int col_blocks = N > 64 ? 2 : 1;
-  const uint32_t tile_bytes = kQ * 128, chunk_bytes = (2 * col_blocks + 1) * tile_bytes;
-  auto issue = [&](int64_t c, int buf) {
-    const uint32_t bar = base + S::bar + 8 * buf;
-    const int t0 = static_cast<int>(c * kQ), g = static_cast<int>(grp), bi = static_cast<int>(b);
-    cuda::mbar_expect_tx(bar, chunk_bytes);
+  constexpr uint32_t kBox = kHalf * 128;
+  const uint32_t half_bytes = (2 * col_blocks + 1) * kBox;
+  auto issue = [&](int64_t c, int buf, int hf, uint32_t bar) {
+    const int t0 = static_cast<int>(c * kQ) + kHalf * hf, g = static_cast<int>(grp),
+              bi = static_cast<int>(b);
+    const uint32_t row = hf * kBox;  // the half's first row within a column block
+    cuda::mbar_expect_tx(bar, half_bytes);
     for (int cb = 0; cb < col_blocks; ++cb) {
-      cuda::tma_load_4d(base + S::c + buf * S::kOp + cb * tile_bytes, &tc, bar, 64 * cb, t0, g, bi);
-      cuda::tma_load_4d(base + S::b + buf * S::kOp + cb * tile_bytes, &tb, bar, 64 * cb, t0, g, bi);
+      const uint32_t at = buf * S::kOp + cb * kQ * 128 + row;
+      cuda::tma_load_4d(base + S::c + at, &tc, bar, 64 * cb, t0, g, bi);
+      cuda::tma_load_4d(base + S::b + at, &tb, bar, 64 * cb, t0, g, bi);
     }
-    cuda::tma_load_4d(base + S::x + buf * S::kX, &tx, bar, 0, t0, static_cast<int>(h), bi);
+    cuda::tma_load_4d(base + S::x + buf * S::kX + row, &tx, bar, 0, t0, static_cast<int>(h), bi);
   };
-  // Chunk c's scalars, formed by warp 0 alone (lane l: tokens 4 l .. 4 l + 3) into slot `sl`:
-  // cum (log2 units, inclusive), lv = cum - log2 v (v = 0: +inf, a zero weight) and
+  // Chunk c's scalars, formed by warp 0 alone (lane l: tokens kTok l ..) into slot `sl`: cum
+  // (log2 units, inclusive), lv = cum - log2 v (v = 0: +inf, a zero weight) and
   // w = v 2^(cum_last - cum). Its dt arrives a chunk earlier, unconverted (a conversion next to
   // the load would wait for it).
-  auto load_dt = [&](int64_t c, T(&raw)[4]) {
+  // (two 16-bit values a register: at chunk 256 a lane holds eight)
+  auto load_dt = [&](int64_t c, uint32_t(&raw)[kTok / 2]) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int64_t t = c * kQ + 4 * lane + e;
-      raw[e] = t < p.L ? p.dt.at(b, t, h) : from_float<T>(0.0f);
+    for (int e = 0; e < kTok; e += 2) {
+      const int64_t t = c * kQ + kTok * lane + e;
+      auto bits = [&](int64_t u) -> uint32_t {  // 0 past the sequence (its v is 0 anyway)
+        return u < p.L ? *reinterpret_cast<const unsigned short*>(&p.dt.at(b, u, h)) : 0u;
+      };
+      raw[e / 2] = bits(t) | (bits(t + 1) << 16);
     }
   };
-  auto form_scalars = [&](int64_t c, int sl, const T(&raw)[4]) {
-    float v[4], within[4], run = 0.0f;
+  auto form_scalars = [&](int64_t c, int sl, const uint32_t(&raw)[kTok / 2]) {
+    float v[kTok], within[kTok], run = 0.0f;
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const bool in = c * kQ + 4 * lane + e < p.L;
-      v[e] = in ? process_dt(to_float(raw[e]) + bias, p.softplus, p.dt_min, p.dt_max).v : 0.0f;
+    for (int e = 0; e < kTok; ++e) {
+      const bool in = c * kQ + kTok * lane + e < p.L;
+      const float dt = e % 2 == 0 ? cuda::unpack2<T>(raw[e / 2]).x : cuda::unpack2<T>(raw[e / 2]).y;
+      v[e] = in ? process_dt(dt + bias, p.softplus, p.dt_min, p.dt_max).v : 0.0f;
       run += v[e] * a2;
       within[e] = run;
     }
@@ -195,20 +209,25 @@ __global__ void __launch_bounds__(fwd_wg::kThreads, 1)
       if (lane >= o) incl += up;
     }
     const float before = __shfl_up_sync(0xffffffffu, incl, 1), last = __shfl_sync(~0u, incl, 31);
-    float4 cu, l4, w4;
-    float* cup = &cu.x;
-    float* lp = &l4.x;
-    float* wp = &w4.x;
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float cl = (lane > 0 ? before : 0.0f) + within[e];
-      cup[e] = cl;
-      lp[e] = cl - log2_ftz(v[e]);
-      wp[e] = v[e] * exp2_ftz(last - cl);
+    for (int q = 0; q < kTok / 4; ++q) {
+      float4 cu, l4, w4;
+      float* cup = &cu.x;
+      float* lp = &l4.x;
+      float* wp = &w4.x;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = 4 * q + e;
+        const float cl = (lane > 0 ? before : 0.0f) + within[i];
+        cup[e] = cl;
+        lp[e] = cl - log2_ftz(v[i]);
+        wp[e] = v[i] * exp2_ftz(last - cl);
+      }
+      const int at = (kTok / 4) * lane + q;
+      reinterpret_cast<float4*>(gen + S::cum + sl * 4 * kQ)[at] = cu;
+      reinterpret_cast<float4*>(gen + S::lv + sl * 4 * kQ)[at] = l4;
+      reinterpret_cast<float4*>(gen + S::w + sl * 4 * kQ)[at] = w4;
     }
-    reinterpret_cast<float4*>(gen + S::cum + sl * 4 * kQ)[lane] = cu;
-    reinterpret_cast<float4*>(gen + S::lv + sl * 4 * kQ)[lane] = l4;
-    reinterpret_cast<float4*>(gen + S::w + sl * 4 * kQ)[lane] = w4;
   };
 
   // The state: f32 in warpgroup wg's accumulators (rows d, columns n 64 wg ..), T in the [d][n]
@@ -248,25 +267,36 @@ __global__ void __launch_bounds__(fwd_wg::kThreads, 1)
       }
   };
   store_state_t();
-  if (col_blocks == 1)  // the unused halves of C and B: zeros once
-    for (int q = tid; q < 4 * kQ * 128 / 16; q += fwd_wg::kThreads) {
-      const uint32_t half = q / (kQ * 128 / 16), off = (q % (kQ * 128 / 16)) * 16;
-      *reinterpret_cast<uint4*>(gen + (half < 2 ? S::c : S::b) + (half % 2) * S::kOp + kQ * 128 +
-                                off) = make_uint4(0, 0, 0, 0);
+  if (col_blocks == 1)  // the unused column blocks of C and B: zeros once
+    for (int q = tid; q < 2 * S::kBufs * kQ * 128 / 16; q += fwd_wg::kThreads) {
+      const int per = kQ * 128 / 16, tile = q / per, off = (q % per) * 16;
+      const uint32_t at = (tile % 2 == 0 ? S::c : S::b) + (tile / 2) * S::kOp + kQ * 128 + off;
+      *reinterpret_cast<uint4*>(gen + at) = make_uint4(0, 0, 0, 0);
     }
   if (tid < kD) {
     float* dsk = reinterpret_cast<float*>(gen + S::dsk);
     dsk[tid] = p.has_d && tid < D ? p.Dv.p[h * p.Dv.s0 + tid * p.Dv.s1] : 0.0f;
   }
+  const uint32_t bar0 = base + S::bar, bar1 = base + S::bar + 8;
   if (tid == 0) {
-    cuda::mbar_init(base + S::bar, 1);
-    cuda::mbar_init(base + S::bar + 8, 1);
+    // Chunk 128: bar0 / bar1 complete buffer 0 / 1. Chunk 256: rows 0-127 / 128-255 of the one
+    // buffer.
+    cuda::mbar_init(bar0, 1);
+    cuda::mbar_init(bar1, 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   cuda::fence_proxy_async();  // the state tile and the zeros, before wgmma reads them
   __syncthreads();
-  if (tid == 0 && c_lo < c_hi) issue(c_lo, 0);
-  T dt_next[4];  // warp 0: dt of the chunk after the one whose scalars it forms next
+  auto issue_chunk = [&](int64_t c, int buf) {
+    if constexpr (kQ == 128) {
+      issue(c, buf, 0, base + S::bar + 8 * buf);
+    } else {
+      issue(c, 0, 0, bar0);
+      issue(c, 0, 1, bar1);
+    }
+  };
+  if (tid == 0 && c_lo < c_hi) issue_chunk(c_lo, 0);
+  uint32_t dt_next[kTok / 2];  // warp 0: dt of the chunk after the one it forms scalars of next
   if (warp == 0 && c_lo < c_hi) {
     load_dt(c_lo, dt_next);
     form_scalars(c_lo, 0, dt_next);
@@ -274,152 +304,232 @@ __global__ void __launch_bounds__(fwd_wg::kThreads, 1)
   }
   __syncthreads();  // slot 0's scalars
 
+  const float* dsk = reinterpret_cast<const float*>(gen + S::dsk);
   for (int64_t c = c_lo; c < c_hi; ++c) {
-    const int buf = static_cast<int>((c - c_lo) & 1);
+    const int phase = static_cast<int>((c - c_lo) & 1);
+    const int buf = S::kBufs == 2 ? phase : 0;
     const int64_t t0 = c * kQ;
-    const int K = rows_of(t0);
-    if (tid == 0 && c + 1 < c_hi) issue(c + 1, buf ^ 1);  // that buffer's readers are done
-    const int sl = buf;  // this chunk's scalars (formed during the previous chunk)
+    const int K = static_cast<int>(p.L - t0 < kQ ? p.L - t0 : kQ);
+    if constexpr (kQ == 128)
+      if (tid == 0 && c + 1 < c_hi) issue_chunk(c + 1, buf ^ 1);  // that buffer's readers are done
+    const int sl = phase;  // this chunk's scalars (formed during the previous chunk)
     const float* cum = reinterpret_cast<const float*>(gen + S::cum + sl * 4 * kQ);
     const float* lv = reinterpret_cast<const float*>(gen + S::lv + sl * 4 * kQ);
     const float* w3 = reinterpret_cast<const float*>(gen + S::w + sl * 4 * kQ);
-    cuda::mbar_wait(base + S::bar + 8 * buf, static_cast<uint32_t>((c - c_lo) >> 1) & 1u);
-
     const uint32_t c_tile = base + S::c + buf * S::kOp, b_tile = base + S::b + buf * S::kOp,
                    x_tile = base + S::x + buf * S::kX;
-    // ---- CB = C . B^T (this warpgroup's 64 rows, all 128 columns) and Y = C . S^T
-    float cb[64], y[32];
+    // chunk 128: this buffer's k-th use (two per chunk pair); chunk 256: this chunk's halves
+    const uint32_t parity =
+        kQ == 128 ? static_cast<uint32_t>((c - c_lo) >> 1) & 1u : static_cast<uint32_t>(phase);
+
+    // The weights of rows [rh, rh + 128) (this warpgroup's 64 of them) against columns
+    // [sh, sh + 128), from cb = C . B^T of those blocks: whole (sh < rh) or causal (sh == rh).
+    // The warp's 16 rows meet the diagonal in column block kd: blocks before it are whole,
+    // blocks after it zeros (no exponentials), only kd itself is masked.
+    float cl_t[2];
+    auto weights = [&](uint32_t(&wa)[8][4], const float(&cb)[64], int sh, bool causal) {
+      const int kd = causal ? 4 * wg + wl : 8;
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) {
+        if (kk > kd) {
+          wa[kk][0] = wa[kk][1] = wa[kk][2] = wa[kk][3] = 0u;
+          continue;
+        }
+        const bool diag = kk == kd;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {  // q: (row half u = q % 2, column half q / 2)
+          const int u = q % 2, s = 16 * kk + 8 * (q / 2) + cq, t = 64 * wg + r_lo + 8 * u;
+          const float2 l2 = *reinterpret_cast<const float2*>(lv + sh + s);
+          const int i = 8 * kk + 4 * (q / 2) + 2 * u;
+          const float w0 = !diag || s <= t ? exp2_ftz(cl_t[u] - l2.x) * cb[i] : 0.0f;
+          const float w1 = !diag || s + 1 <= t ? exp2_ftz(cl_t[u] - l2.y) * cb[i + 1] : 0.0f;
+          wa[kk][q] = cuda::pack2<T>(w0, w1);
+        }
+      }
+    };
+    // y = C . S^T of rows [rh, rh + 128) scaled by 2^cum_t (after the C . S^T group's wait)
+    auto scale_y = [&](float(&y)[32]) {
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const float es = exp2_ftz(cl_t[u]);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) y[4 * j + 2 * u] *= es, y[4 * j + 2 * u + 1] *= es;
+      }
+    };
+    // y + D x, times silu(z), of rows [rh, rh + 128) staged as this warpgroup's 64 x 64 swizzled
+    // tile at `stage`, then stored by one tensor-map copy (it clips the rows past the sequence and
+    // the columns past D).
+    auto store_y = [&](const float(&y)[32], int rh, uint32_t stage) {
+      if (!p.has_d && !p.has_z) {  // straight-line: no branches over the optional terms' code
+#pragma unroll
+        for (int u = 0; u < 2; ++u)
+#pragma unroll
+          for (int j = 0; j < 8; ++j)
+            *reinterpret_cast<uint32_t*>(gen + stage + swz(64, r_lo + 8 * u, 8 * j + cq)) =
+                cuda::pack2<T>(y[4 * j + 2 * u], y[4 * j + 2 * u + 1]);
+      } else {
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          const int tl = r_lo + 8 * u, t = rh + 64 * wg + tl;
+          const int64_t tok = t0 + t;
+          const T* zr = p.has_z && t < K ? p.z.p + b * p.z.s0 + tok * p.z.s1 + h * p.z.s2 : nullptr;
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            const int d = 8 * j + cq;
+            float o[2] = {y[4 * j + 2 * u], y[4 * j + 2 * u + 1]};
+            if (p.has_d) {  // x from the chunk's shared tile
+              const float2 xv = cuda::unpack2<T>(
+                  *reinterpret_cast<const uint32_t*>(gen + S::x + buf * S::kX + swz(kQ, t, d)));
+              const float2 dv = *reinterpret_cast<const float2*>(dsk + d);
+              o[0] += dv.x * xv.x;
+              o[1] += dv.y * xv.y;
+            }
+            if (zr != nullptr && d < D) {  // D % 8 == 0: d + 1 < D too
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                const float z = to_float(zr[(d + e) * p.z.s3]);
+                o[e] *= __fdividef(z, 1.0f + __expf(-z));
+              }
+            }
+            *reinterpret_cast<uint32_t*>(gen + stage + swz(64, tl, d)) = cuda::pack2<T>(o[0], o[1]);
+          }
+        }
+      }
+      cuda::fence_proxy_async();
+      cuda::named_barrier_sync(1 + wg, 128);
+      if (tid % 128 == 0)
+        cuda::tma_store_4d(&ty, base + stage, 0, static_cast<int>(t0) + rh + 64 * wg,
+                           static_cast<int>(h), static_cast<int>(b));
+    };
+    // w o x of rows [sh, sh + 128) into the 128-row region at `to` (a 16-byte chunk of a swizzled
+    // row stays in that row: no unswizzling)
+    auto scale_x = [&](int sh, uint32_t to) {
+#pragma unroll
+      for (int q = tid; q < kHalf * kD / 8; q += fwd_wg::kThreads) {
+        const uint32_t off = static_cast<uint32_t>(q) * 16;
+        const uint4 v = *reinterpret_cast<const uint4*>(gen + S::x + buf * S::kX + sh * 128 + off);
+        const float w = w3[sh + q / 8];
+        auto scaled = [&](uint32_t e) {
+          const float2 f = cuda::unpack2<T>(e);
+          return cuda::pack2<T>(f.x * w, f.y * w);
+        };
+        *reinterpret_cast<uint4*>(gen + to + off) =
+            make_uint4(scaled(v.x), scaled(v.y), scaled(v.z), scaled(v.w));
+      }
+      cuda::fence_proxy_async();
+    };
+    // S += Xw^T . B over rows [sh, sh + 128) (this warpgroup's 64 columns of n), one group
+    auto update_state = [&](int sh, uint32_t xw) {
+      wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < kHalf; k += 16)
+        Wg<T>::tt64(st, mn_major(base + xw, kHalf, 0, k), mn_major(b_tile, kQ, wg, sh + k), 1);
+      wgmma_commit();
+    };
+    // ---- rows 0-127: CB = C . B^T (this warpgroup's 64 rows, columns 0-127) and Y = C . S^T
     // (two groups: the weights need only C . B^T, so C . S^T runs under their exponentials)
-    wgmma_fence();
+    cuda::mbar_wait(kQ == 128 ? base + S::bar + 8 * buf : bar0, parity);
+    float cb[64], y[32];
+    uint32_t wa[8][4];
+    auto products = [&](int rh) {  // C . B^T (columns 0-127) and C . S^T of rows [rh, rh + 128)
+      wgmma_fence();
 #pragma unroll
-    for (int k = 0; k < kN; k += 16)
-      Wg<T>::ss128(cb, k_major(c_tile, kQ, 64 * wg, k), k_major(b_tile, kQ, 0, k), k > 0);
-    wgmma_commit();
+      for (int k = 0; k < kN; k += 16)
+        Wg<T>::ss128(cb, k_major(c_tile, kQ, rh + 64 * wg, k), k_major(b_tile, kQ, 0, k), k > 0);
+      wgmma_commit();
 #pragma unroll
-    for (int k = 0; k < kN; k += 16)
-      Wg<T>::ss64(y, k_major(c_tile, kQ, 64 * wg, k), k_major(base + S::s, kD, 0, k), k > 0);
-    wgmma_commit();
+      for (int k = 0; k < kN; k += 16)
+        Wg<T>::ss64(y, k_major(c_tile, kQ, rh + 64 * wg, k), k_major(base + S::s, kD, 0, k), k > 0);
+      wgmma_commit();
+    };
+    auto times_x = [&](int sh) {  // Y += W . X over the columns [sh, sh + 128), one group
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) Wg<T>::rs64(y, wa[kk], mn_major(x_tile, kQ, 0, sh + 16 * kk));
+      wgmma_commit();
+    };
+    products(0);
     if (warp == 0 && c + 1 < c_hi) {  // the next chunk's scalars, under the products
       form_scalars(c + 1, sl ^ 1, dt_next);
       if (c + 2 < c_hi) load_dt(c + 2, dt_next);
     }
-    cuda::wgmma_wait<1>();
-    fence_regs(cb);
-    // ---- W in registers (the m64n128 accumulator layout is the A layout of its k16 steps)
-    float cl_t[2];
 #pragma unroll
     for (int u = 0; u < 2; ++u) cl_t[u] = cum[64 * wg + r_lo + 8 * u];
-    // The warp's 16 rows meet the causal diagonal in column block kd: blocks before it are whole,
-    // blocks after it zeros (no exponentials), only kd itself is masked.
-    const int kd = 4 * wg + wl;
-    uint32_t wa[8][4];
-#pragma unroll
-    for (int kk = 0; kk < 8; ++kk) {
-      if (kk > kd) {
-        wa[kk][0] = wa[kk][1] = wa[kk][2] = wa[kk][3] = 0u;
-        continue;
-      }
-      const bool diag = kk == kd;
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {  // q: (row half u = q % 2, column half q / 2)
-        const int u = q % 2, s = 16 * kk + 8 * (q / 2) + cq, t = 64 * wg + r_lo + 8 * u;
-        const float2 l2 = *reinterpret_cast<const float2*>(lv + s);
-        const int i = 8 * kk + 4 * (q / 2) + 2 * u;
-        const float w0 = !diag || s <= t ? exp2_ftz(cl_t[u] - l2.x) * cb[i] : 0.0f;
-        const float w1 = !diag || s + 1 <= t ? exp2_ftz(cl_t[u] - l2.y) * cb[i + 1] : 0.0f;
-        wa[kk][q] = cuda::pack2<T>(w0, w1);
-      }
-    }
+    cuda::wgmma_wait<1>();
+    fence_regs(cb);
+    weights(wa, cb, 0, true);
     wait_all();
     fence_regs(y);
-#pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      const float es = exp2_ftz(cl_t[u]);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) y[4 * j + 2 * u] *= es, y[4 * j + 2 * u + 1] *= es;
-    }
-    // ---- Y += W . X (warpgroup 0's weights past column 63 are zeros: the same eight steps in both
-    // warpgroups, since a wgmma under a branch on the warpgroup is serialized by ptxas)
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < 8; ++kk) Wg<T>::rs64(y, wa[kk], mn_major(x_tile, kQ, 0, 16 * kk));
-    wgmma_commit();
+    scale_y(y);
+    // (warpgroup 0's weights past column 63 are zeros: the same eight steps in both warpgroups,
+    // since a wgmma under a branch on the warpgroup is serialized by ptxas)
+    times_x(0);
     wait_all();
     fence_regs(y);
-    // ---- epilogue: y + D x, times silu(z), staged as this warpgroup's 64 x 64 swizzled tile and
-    // stored by one tensor-map copy (it clips the rows past the sequence and the columns past D)
-    const uint32_t y_stage = S::y + wg * (S::kX / 2);
-    const float* dsk = reinterpret_cast<const float*>(gen + S::dsk);
-    if (!p.has_d && !p.has_z) {  // straight-line: no branches over the optional terms' code
-#pragma unroll
-      for (int u = 0; u < 2; ++u)
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-          *reinterpret_cast<uint32_t*>(gen + y_stage + swz(64, r_lo + 8 * u, 8 * j + cq)) =
-              cuda::pack2<T>(y[4 * j + 2 * u], y[4 * j + 2 * u + 1]);
-    } else {
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        const int tl = r_lo + 8 * u, t = 64 * wg + tl;
-        const int64_t tok = t0 + t;
-        const T* zr = p.has_z && t < K ? p.z.p + b * p.z.s0 + tok * p.z.s1 + h * p.z.s2 : nullptr;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const int d = 8 * j + cq;
-          float o[2] = {y[4 * j + 2 * u], y[4 * j + 2 * u + 1]};
-          if (p.has_d) {  // x from the chunk's shared tile
-            const float2 xv = cuda::unpack2<T>(
-                *reinterpret_cast<const uint32_t*>(gen + S::x + buf * S::kX + swz(kQ, t, d)));
-            const float2 dv = *reinterpret_cast<const float2*>(dsk + d);
-            o[0] += dv.x * xv.x;
-            o[1] += dv.y * xv.y;
-          }
-          if (zr != nullptr && d < D) {  // D % 8 == 0: d + 1 < D too
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const float z = to_float(zr[(d + e) * p.z.s3]);
-              o[e] *= __fdividef(z, 1.0f + __expf(-z));
-            }
-          }
-          *reinterpret_cast<uint32_t*>(gen + y_stage + swz(64, tl, d)) = cuda::pack2<T>(o[0], o[1]);
-        }
-      }
-    }
-    cuda::fence_proxy_async();
-    cuda::named_barrier_sync(1 + wg, 128);
-    if (tid % 128 == 0)
-      cuda::tma_store_4d(&ty, base + y_stage, 0, static_cast<int>(t0) + 64 * wg,
-                         static_cast<int>(h), static_cast<int>(b));
-      // ---- Xw = w o x (a 16-byte chunk of a swizzled row stays in that row: no unswizzling)
-#pragma unroll
-    for (int q = tid; q < kQ * kD / 8; q += fwd_wg::kThreads) {
-      const uint32_t off = static_cast<uint32_t>(q) * 16;
-      const uint4 v = *reinterpret_cast<const uint4*>(gen + S::x + buf * S::kX + off);
-      const float w = w3[q / 8];
-      auto scaled = [&](uint32_t e) {
-        const float2 f = cuda::unpack2<T>(e);
-        return cuda::pack2<T>(f.x * w, f.y * w);
-      };
-      *reinterpret_cast<uint4*>(gen + S::xw + off) =
-          make_uint4(scaled(v.x), scaled(v.y), scaled(v.z), scaled(v.w));
-    }
-    cuda::fence_proxy_async();
-    __syncthreads();  // Xw whole; every warpgroup done reading S (C . S^T) and x (W . X)
-    // ---- S = 2^cum_last S + Xw^T . B (this warpgroup's 64 columns of n)
+    store_y(y, 0, kQ == 128 ? S::y + wg * (kHalf * kD) : S::xw + wg * (kHalf * kD));
+
     const float decay = exp2_ftz(cum[kQ - 1]);
+    if constexpr (kQ == 128) {
+      // ---- S = 2^cum_last S + Xw^T . B
+      scale_x(0, S::xw);
+      __syncthreads();  // Xw whole; every warpgroup done reading S (C . S^T) and x (W . X)
 #pragma unroll
-    for (int i = 0; i < 32; ++i) st[i] *= decay;
-    wgmma_fence();
+      for (int i = 0; i < 32; ++i) st[i] *= decay;
+      update_state(0, S::xw);
+      wait_all();
+      fence_regs(st);
+    } else {
+      // ---- rows 128-255: the cross block C1 . B0^T (whole weights against x0), C . S^T, then
+      // rows 0-127's share of the update (Xw0 in the second region), then C1 . B1^T (causal
+      // weights against x1), then the update's second half.
+      cuda::mbar_wait(bar1, parity);
+      products(kHalf);
 #pragma unroll
-    for (int k = 0; k < kQ; k += 16)
-      Wg<T>::tt64(st, mn_major(base + S::xw, kQ, 0, k), mn_major(b_tile, kQ, wg, k), 1);
-    wgmma_commit();
-    wait_all();
-    fence_regs(st);
+      for (int u = 0; u < 2; ++u) cl_t[u] = cum[kHalf + 64 * wg + r_lo + 8 * u];
+      cuda::wgmma_wait<1>();
+      fence_regs(cb);
+      weights(wa, cb, 0, false);
+      wait_all();
+      fence_regs(y);
+      scale_y(y);
+      times_x(0);
+      wait_all();
+      fence_regs(y);
+      scale_x(0, S::xw + kHalf * kD * 2);
+      __syncthreads();  // Xw0 whole
+#pragma unroll
+      for (int i = 0; i < 32; ++i) st[i] *= decay;
+      update_state(0, S::xw + kHalf * kD * 2);
+      wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < kN; k += 16)
+        Wg<T>::ss128(cb, k_major(c_tile, kQ, kHalf + 64 * wg, k), k_major(b_tile, kQ, kHalf, k),
+                     k > 0);
+      wgmma_commit();
+      wait_all();
+      fence_regs(cb);
+      fence_regs(st);
+      weights(wa, cb, kHalf, true);
+      times_x(kHalf);
+      wait_all();
+      fence_regs(y);
+      if (tid % 128 == 0) cuda::bulk_wait<0, true>();  // rows 0-127's store read its tile
+      cuda::named_barrier_sync(1 + wg, 128);
+      store_y(y, kHalf, S::xw + wg * (kHalf * kD));
+      __syncthreads();  // every warpgroup done with Xw0 (the update's first half), x0, B0, C
+      if (tid == 0 && c + 1 < c_hi) issue(c + 1, 0, 0, bar0);
+      scale_x(kHalf, S::xw + kHalf * kD * 2);
+      __syncthreads();  // Xw1 whole
+      update_state(kHalf, S::xw + kHalf * kD * 2);
+      wait_all();
+      fence_regs(st);
+    }
     store_state_t();
     cuda::fence_proxy_async();
     if (tid % 128 == 0) cuda::bulk_wait<0, true>();  // the y store has read its staged tile
     __syncthreads();  // the new state tile visible; this chunk's buffers and staged y free
+    if constexpr (kQ == 256)
+      if (tid == 0 && c + 1 < c_hi) issue(c + 1, 0, 1, bar1);
   }
   if (tid % 128 == 0) cuda::bulk_wait<0, false>();  // the last y store done with shared memory
   if (seg + 1 < p.segments) {                       // hand the state to the next segment
@@ -459,16 +569,20 @@ Status wgmma_fwd_check(const ssd::Problem&, const SsdForwardOp::Arguments& a) {
 // Where this build holds the kernel's sm_90a body (an sm_80-only build compiles it empty).
 template <class T>
 bool wgmma_fwd_body() {
-  const auto a = cuda::func_attributes(reinterpret_cast<const void*>(ssd_fused_wgmma_kernel<T>));
+  const auto a =
+      cuda::func_attributes(reinterpret_cast<const void*>(ssd_fused_wgmma_kernel<T, 128>));
   return a && a->binaryVersion >= 90;
 }
 template <class T>
 bool wgmma_fwd_fits(const ssd::Problem& p, const DeviceCaps& caps) {
-  return caps.sm >= 90 && wgmma_fwd_body<T>() && !p.varlen() && p.chunk_size == fwd_wg::kQ &&
-         p.head_dim <= fwd_wg::kD && p.state_dim <= fwd_wg::kN && p.head_dim % 8 == 0 &&
-         p.state_dim % 8 == 0 && p.batch <= kMaxGridYZ && p.heads <= (int64_t{1} << 31) - 1 &&
-         p.seqlen + fwd_wg::kQ <= (int64_t{1} << 31) - 1 &&  // TMA's 32-bit coordinates
-         static_cast<int64_t>(fwd_wg::Smem::request) <= caps.smem_per_block_optin &&
+  if (p.chunk_size != 128 && p.chunk_size != 256) return false;
+  const uint32_t smem =
+      p.chunk_size == 128 ? fwd_wg::Smem<128>::request : fwd_wg::Smem<256>::request;
+  return caps.sm >= 90 && wgmma_fwd_body<T>() && !p.varlen() && p.head_dim <= fwd_wg::kD &&
+         p.state_dim <= fwd_wg::kN && p.head_dim % 8 == 0 && p.state_dim % 8 == 0 &&
+         p.batch <= kMaxGridYZ && p.heads <= (int64_t{1} << 31) - 1 &&
+         p.seqlen + p.chunk_size <= (int64_t{1} << 31) - 1 &&  // TMA's 32-bit coordinates
+         static_cast<int64_t>(smem) <= caps.smem_per_block_optin &&
          cuda::tensor_map_encode_fn() != nullptr;
 }
 // The default where every SM gets a walk (below that the chunk-parallel forward wins: a walk's
@@ -501,17 +615,22 @@ Status forward_wgmma(const LaunchContext& ctx, const ssd::Problem& pr,
                                                                : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   constexpr std::string_view who = "ssd_forward: fused_wgmma_sm90a";
   CUtensorMap tc, tb, tx;
-  BARACUDA_TRY(cuda::make_rows_map(who, &tc, dt, sequence_rows(a.C), fwd_wg::kQ));
-  BARACUDA_TRY(cuda::make_rows_map(who, &tb, dt, sequence_rows(a.B), fwd_wg::kQ));
-  BARACUDA_TRY(cuda::make_rows_map(who, &tx, dt, sequence_rows(a.x), fwd_wg::kQ));
+  BARACUDA_TRY(cuda::make_rows_map(who, &tc, dt, sequence_rows(a.C), fwd_wg::kHalf));
+  BARACUDA_TRY(cuda::make_rows_map(who, &tb, dt, sequence_rows(a.B), fwd_wg::kHalf));
+  BARACUDA_TRY(cuda::make_rows_map(who, &tx, dt, sequence_rows(a.x), fwd_wg::kHalf));
   CUtensorMap ty;
-  BARACUDA_TRY(cuda::make_rows_map(who, &ty, dt, sequence_rows(as_const(a.y)), fwd_wg::kQ / 2));
+  BARACUDA_TRY(cuda::make_rows_map(who, &ty, dt, sequence_rows(as_const(a.y)), fwd_wg::kHalf / 2));
   const dim3 grid = p.segments > 1
                         ? dim3(static_cast<unsigned>(p.segments * pr.batch * pr.heads))
                         : dim3(static_cast<unsigned>(pr.heads), static_cast<unsigned>(pr.batch));
-  BARACUDA_TRY(cuda::launch_with_smem("ssd_forward", "ssd_fused_wgmma_kernel",
-                                      ssd_fused_wgmma_kernel<T>, grid, fwd_wg::kThreads,
-                                      fwd_wg::Smem::request, st, tc, tb, tx, ty, p));
+  if (pr.chunk_size == 128)
+    BARACUDA_TRY(cuda::launch_with_smem("ssd_forward", "ssd_fused_wgmma_kernel<128>",
+                                        ssd_fused_wgmma_kernel<T, 128>, grid, fwd_wg::kThreads,
+                                        fwd_wg::Smem<128>::request, st, tc, tb, tx, ty, p));
+  else
+    BARACUDA_TRY(cuda::launch_with_smem("ssd_forward", "ssd_fused_wgmma_kernel<256>",
+                                        ssd_fused_wgmma_kernel<T, 256>, grid, fwd_wg::kThreads,
+                                        fwd_wg::Smem<256>::request, st, tc, tb, tx, ty, p));
   clock.mark("fused");
   return {};
 }

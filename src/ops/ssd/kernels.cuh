@@ -5044,11 +5044,12 @@ bool register_kernels() {
         .workspace = fused_workspace<FusedCut::rule>,
         .launch = forward_fused<T, FusedCut::rule>,
     });
-    // fused_mma's walk on wgmma with tensor-map copies (forward_wgmma.cuh; sm_90a, chunk 128,
-    // D <= 64, N <= 128): the default for chunk 128 where B * H fills the SMs (as
-    // fused_wgmma_sm90a_ranked_ahead; on the H200 0.376 vs 0.663 ms for fused_mma_ranked_ahead at
-    // B4 L4096 H80 D64 N128 bf16, 0.152 vs 0.209 at B8 L2048 H32 D64 N64, docs/perf/ssd.md), by
-    // name wherever it fits; the walks cut by fused_mma's rule, or always (_split, for tests).
+    // fused_mma's walk on wgmma with tensor-map copies (forward_wgmma.cuh; sm_90a, chunk 128 or
+    // 256, D <= 64, N <= 128): the default there where B * H fills the SMs (as
+    // fused_wgmma_sm90a_ranked_ahead; on the H200 at chunk 128 0.289 vs 0.667 ms for
+    // fused_mma_ranked_ahead at B4 L4096 H80 D64 N128 bf16, 0.116 vs 0.210 at B8 L2048 H32 D64
+    // N64, docs/perf/ssd.md), by name wherever it fits; the walks cut by fused_mma's rule, or
+    // always (_split, for tests).
     // Views its tensor maps cannot describe run on the plan's fallback (fused_mma's entries).
     {
       KernelSku sku =

@@ -1549,6 +1549,20 @@ TEST_P(SsdPlans, ForwardWgmmaOnDevice) {
        Layout::contiguous,
        true},
       {DType::bf16, {1, 4096, 2, 64, 128, 1, 128, states}, Layout::contiguous, true},
+      // chunk 256: two halves a chunk, the cross-half block, the update in two parts
+      {DType::bf16, {2, 600, 4, 64, 128, 1, 256, all}, Layout::contiguous, true},
+      {DType::f16, {2, 300, 4, 64, 64, 2, 256, {.final = true}}, Layout::contiguous, true},
+      {DType::bf16,
+       {1, 261, 6, 48, 40, 2, 256, {.d_skip = ssd::DSkip::per_channel, .z = true}},
+       Layout::contiguous,
+       true},
+      {DType::bf16, {3, 1, 2, 16, 16, 1, 256, states}, Layout::contiguous, true},
+      {DType::bf16, {1, 129, 2, 64, 128, 1, 256, states}, Layout::contiguous, true},
+      {DType::bf16,
+       {2, 700, 4, 64, 128, 1, 256, {.final = true, .a_scale = 8}},
+       Layout::contiguous,
+       true},
+      {DType::bf16, {1, 4096, 2, 64, 128, 1, 256, states}, Layout::contiguous, true},
   };
   const auto split = PlanPreference::kernel("fused_wgmma_sm90a_split");
   for (const auto& k : cases) {
@@ -1564,8 +1578,9 @@ TEST_P(SsdPlans, ForwardWgmmaOnDevice) {
   // workspace for the hand-offs); below it the chunk-parallel forward. Views the tensor maps
   // cannot describe run on its fallback, fused_mma's default entry.
   const int64_t sms = stream.caps().sm_count;
-  {
-    const FwdCase many{1, 8 * 128, sms + 1, 64, 128, 1, 128, states};
+  for (int64_t chunk : {128, 256}) {
+    SCOPED_TRACE("default at chunk " + std::to_string(chunk));
+    const FwdCase many{1, 8 * chunk, sms + 1, 64, 128, 1, chunk, states};
     const auto d =
         describe(many.B, many.L, many.H, many.D, many.N, many.G, DType::bf16, many.o, many.chunk);
     auto dflt = SsdForwardPlan::select(stream, d);
@@ -1577,8 +1592,8 @@ TEST_P(SsdPlans, ForwardWgmmaOnDevice) {
     EXPECT_GT(dflt->workspace_size(), 0u);
     run_forward(target, DType::bf16, many, Layout::contiguous, true);
     run_forward(target, DType::bf16, many, Layout::permuted, true);
-    auto narrow =
-        SsdForwardPlan::select(stream, describe(1, 64, sms - 1, 64, 128, 1, DType::bf16, {}, 128));
+    auto narrow = SsdForwardPlan::select(
+        stream, describe(1, 64, sms - 1, 64, 128, 1, DType::bf16, {}, chunk));
     BARACUDA_ASSERT_OK(narrow);
     EXPECT_EQ(narrow->sku().name, "chunked_mma_fastpass");
   }
@@ -1603,8 +1618,8 @@ TEST_P(SsdPlans, ForwardWgmmaOnDevice) {
       << why;
   // Strided views a tensor map does describe: x, B, C and y as slices of wider rows (as x, B and
   // C cut from an input projection), 16-byte pitches; the gaps between the rows stay untouched.
-  {
-    const FwdCase c{2, 300, 4, 48, 40, 2, 128, {.final = true}};
+  for (int64_t chunk : {128, 256}) {
+    const FwdCase c{2, 300, 4, 48, 40, 2, chunk, {.final = true}};
     auto plan = SsdForwardPlan::select(
         stream, describe(c.B, c.L, c.H, c.D, c.N, c.G, DType::bf16, c.o, c.chunk), wgmma);
     BARACUDA_ASSERT_OK(plan);
