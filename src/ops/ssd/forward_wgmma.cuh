@@ -3,28 +3,33 @@
 // instructions (wgmma), so that the tensor work is issued asynchronously, a few instructions per
 // product, instead of by two warps per scheduler in ~660 mma.sync each per chunk (fused_mma is
 // bound by those warps' dependency latency: docs/perf/ssd.md, thirtieth session). The default
-// forward for chunk 128 on sm_90a where B * H fills the SMs (kernels.cuh registers it).
+// forward for chunks 128 and 256 on sm_90a where B * H fills the SMs (kernels.cuh registers it).
 //
-// Shape: chunk 128, head_dim <= 64, state_dim <= 128 (both multiples of 8), 16-bit data; x, B, C
-// and y views a tensor map can describe (Kernel::check: 16-byte aligned base and outer strides,
-// unit inner stride; other views take the plan's fallback). Two warpgroups: warpgroup g owns the
-// chunk's rows 64 g .. 64 g + 63 of y, and the state's columns n 64 g .. 64 g + 63.
+// Shape: chunk 128 or 256, head_dim <= 64, state_dim <= 128 (both multiples of 8), 16-bit data;
+// x, B, C and y views a tensor map can describe (Kernel::check: 16-byte aligned base and outer
+// strides, unit inner stride; other views take the plan's fallback). Two warpgroups: warpgroup g
+// owns rows 64 g .. 64 g + 63 of each 128-row half of the chunk's y, and the state's columns
+// n 64 g .. 64 g + 63.
 //
-// Per chunk (cum_t in log2 units, lv_s = cum_s - log2 v_s, w_s = v_s 2^(cum_last - cum_s); warp
-// 0 forms the next chunk's while this chunk's first products run, so no barrier waits for them):
+// Per 128 rows (cum_t in log2 units from the chunk's start, lv_s = cum_s - log2 v_s,
+// w_s = v_s 2^(cum_last - cum_s); warp 0 forms the next chunk's while this chunk's first products
+// run, so no barrier waits for them):
 //   CB  = C . B^T            (ss, K-major both: [t][n] and [s][n] tiles)          m64n128 x 8
 //   Y   = C . S^T            (ss, K-major both: C rows and the [d][n] state tile)  m64n64 x 8
 //   Y   = 2^cum_t Y + W . X  (W_ts = 2^(cum_t - lv_s) CB_ts on s <= t, rounded to T, from
 //                             registers; X [s][d] MN-major)                       m64n64 x 8
 //   y   = Y + D x, times silu(z)
 //   S   = 2^cum_last S + Xw^T . B  (Xw = w o X in shared memory; both MN-major)   m64n64 x 8
+// Chunk 256 adds, for rows 128-255, the cross-half block C1 . B0^T (whole weights, against x0)
+// and runs the update in two halves (K = 128 each), the first under C1 . B1^T.
 // Tiles are stored as 64-column blocks of 128-byte rows with the 128-byte swizzle (16-byte chunk
 // index XOR row % 8), the layout wgmma's descriptors read and TMA's 128-byte swizzle writes: C, B
-// and x arrive by tensor-map copies (one thread, five boxes a chunk) one chunk ahead into double
-// buffers, completing on an mbarrier per buffer, and y leaves by one tensor-map store per
-// warpgroup from a staged tile. (Per-thread cp.async copies and per-element y stores, the first
-// version, cost over half of its ~2700 instructions per warp and chunk in address arithmetic:
-// 0.685 -> 0.376 ms at the 2.7B shape, docs/perf/ssd.md.)
+// and x arrive by tensor-map copies (one thread, five boxes a half) into double buffers a chunk
+// ahead (chunk 128) or into one buffer whose halves are refilled as their readers finish (chunk
+// 256), completing on mbarriers, and y leaves by one tensor-map store per warpgroup from a staged
+// tile. (Per-thread cp.async copies and per-element y stores, the first version, cost over half of
+// its ~2700 instructions per warp and chunk in address arithmetic: 0.685 -> 0.376 ms at the 2.7B
+// shape, docs/perf/ssd.md.)
 #pragma once
 
 #include "core/cuda/tensor_map.cuh"

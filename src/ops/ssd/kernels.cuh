@@ -35,9 +35,9 @@
 // rounding, done once). fused_mma (16-bit forward, head_dim <= 64, state_dim <= 128; the
 // default there as fused_mma_ranked_ahead where B * H fills the SMs): one launch, one block per
 // (b, h) carrying the state across chunks (forward_fused.cuh). fused_wgmma_sm90a (16-bit forward,
-// chunk 128, sm_90a; the default at chunk 128 as fused_wgmma_sm90a_ranked_ahead where B * H fills
-// the SMs): the same walk on wgmma with tensor-map copies (forward_wgmma.cuh). ssd::StageSink
-// times every launch.
+// chunks 128 and 256, sm_90a; the default there as fused_wgmma_sm90a_ranked_ahead where B * H
+// fills the SMs): the same walk on wgmma with tensor-map copies (forward_wgmma.cuh).
+// ssd::StageSink times every launch.
 #pragma once
 
 #include <mma.h>
