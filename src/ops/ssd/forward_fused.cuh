@@ -79,6 +79,27 @@ struct RowLoader {
 //    work), each pair to 8 / pairs warps splitting the 64 columns d;
 //  - the state update: warp w owns rows d 16 (w % 4) .. + 15 and half of the N columns; its
 //    accumulators are the f32 state, carried from chunk to chunk.
+// The walk a block of a fused forward (fused_mma, fused_wgmma_sm90a) runs: (b, h) from the grid,
+// or, cut into segments, (segment, b, h) from the block's ticket (segment-major, so a segment's
+// predecessor holds a smaller ticket: it is running or done), and the segment's chunks
+// [c_lo, c_hi) (the whole walk when uncut). Call from every thread (the ticket is a barrier).
+struct FusedWalk {
+  int64_t h, b, seg, walk, grp, c_lo, c_hi;
+};
+template <class T>
+__device__ __forceinline__ FusedWalk fused_walk(const Fwd<T>& p) {
+  int64_t h = blockIdx.x, b = blockIdx.y, seg = 0, walk = 0;
+  if (p.segments > 1) {
+    const int64_t lin = cuda::block_ticket(p.ticket), walks = p.B * p.H;
+    seg = lin / walks, walk = lin % walks;
+    h = walk % p.H, b = walk / p.H;
+  }
+  const int64_t grp = h / p.hpg;
+  const int64_t c_lo = p.segments > 1 ? seg * p.seg_chunks : 0;
+  const int64_t c_hi = p.segments > 1 ? min(p.nchunks, c_lo + p.seg_chunks) : p.nchunks;
+  return {h, b, seg, walk, grp, c_lo, c_hi};
+}
+
 // Per chunk: scalars (v, cum by a block scan), C.S into the y accumulators (scaled by exp(cum_t)),
 // W.x on top (C.B^T formed by mma from the shared rows, W built from its accumulators in
 // registers, one exponential per weight), the epilogue (D skip, silu(z) gate, y stored), then
@@ -107,18 +128,7 @@ __global__ void __launch_bounds__(fused::kThreads, 1) ssd_fused_fwd_kernel(Fwd<T
   float* tot = reinterpret_cast<float*>(fused_smem + Lay::tot);
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, q4 = lane % 4;
-  // The walk: (b, h) from the grid, or, cut into segments, (segment, b, h) from the block's ticket
-  // (segment-major, so a segment's predecessor holds a smaller ticket: it is running or done).
-  int64_t h = blockIdx.x, b = blockIdx.y, seg = 0, walk = 0;
-  if (p.segments > 1) {
-    const int64_t lin = cuda::block_ticket(p.ticket), walks = p.B * p.H;
-    seg = lin / walks, walk = lin % walks;
-    h = walk % p.H, b = walk / p.H;
-  }
-  const int64_t grp = h / p.hpg;
-  // This segment's chunks [c_lo, c_hi) (the whole walk when uncut).
-  const int64_t c_lo = p.segments > 1 ? seg * p.seg_chunks : 0;
-  const int64_t c_hi = p.segments > 1 ? min(p.nchunks, c_lo + p.seg_chunks) : p.nchunks;
+  const auto [h, b, seg, walk, grp, c_lo, c_hi] = fused_walk(p);
   const int D = static_cast<int>(p.D), N = static_cast<int>(p.N);
   const float a2 = p.A.at(h) * static_cast<float>(fwd_mma::kLog2e);
   const float bias = p.has_bias ? p.bias.at(h) : 0.0f;
@@ -492,6 +502,24 @@ size_t fused_workspace(const ssd::Problem& p, const DeviceCaps& caps) {
   return fused_layout(p, fused_segment_count<kCut>(p, caps)).total;
 }
 
+// Cuts p's walks as kCut says: the segment count, and where a cut walk finds its ticket, ready
+// flags and hand-offs in the workspace (the flags zeroed on the stream). Shared by fused_mma and
+// fused_wgmma_sm90a (the same workspace layout).
+template <FusedCut kCut, class T>
+Status cut_walks(Fwd<T>& p, const LaunchContext& ctx, const ssd::Problem& pr,
+                 std::string_view what) {
+  p.segments = fused_segment_count<kCut>(pr, ctx.stream.caps());
+  if (p.segments <= 1) return {};
+  const FusedLayout l = fused_layout(pr, p.segments);
+  auto* ws = static_cast<unsigned char*>(ctx.workspace.data);
+  p.seg_chunks = ssd_segments::chunks_per_segment(pr.nchunks, p.segments);
+  p.ticket = reinterpret_cast<unsigned*>(ws);
+  p.ready = p.ticket + 1;
+  p.handoff = reinterpret_cast<float*>(ws + l.states_offset);
+  return cuda::check("ssd_forward", what,
+                     cudaMemsetAsync(ws, 0, l.flags_bytes, cuda::stream_of(ctx)));
+}
+
 template <class T, FusedCut kCut>
 Status forward_fused(const LaunchContext& ctx, const ssd::Problem& pr,
                      const SsdForwardOp::Arguments& a) {
@@ -499,17 +527,7 @@ Status forward_fused(const LaunchContext& ctx, const ssd::Problem& pr,
   if (pr.batch * pr.heads == 0) return {};
   const cudaStream_t st = cuda::stream_of(ctx);
   StageClock clock("ssd_forward", "fused_mma", st);
-  p.segments = fused_segment_count<kCut>(pr, ctx.stream.caps());
-  if (p.segments > 1) {
-    const FusedLayout l = fused_layout(pr, p.segments);
-    auto* ws = static_cast<unsigned char*>(ctx.workspace.data);
-    p.seg_chunks = ssd_segments::chunks_per_segment(pr.nchunks, p.segments);
-    p.ticket = reinterpret_cast<unsigned*>(ws);
-    p.ready = p.ticket + 1;
-    p.handoff = reinterpret_cast<float*>(ws + l.states_offset);
-    BARACUDA_TRY(cuda::check("ssd_forward", "cudaMemsetAsync (fused_mma's segment flags)",
-                             cudaMemsetAsync(ws, 0, l.flags_bytes, st)));
-  }
+  BARACUDA_TRY(cut_walks<kCut>(p, ctx, pr, "cudaMemsetAsync (fused_mma's segment flags)"));
   // 16-byte copies where every operand the kernel moves by vectors allows them (z goes by
   // elements either way; y by 4-byte pairs).
   const bool vec = pr.head_dim % 8 == 0 && pr.state_dim % 8 == 0 && rows16(p.x) && rows16(p.Bm) &&

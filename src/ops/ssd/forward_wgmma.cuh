@@ -147,17 +147,9 @@ __global__ void __launch_bounds__(fwd_wg::kThreads, 1)
   unsigned char* gen = wg_smem_raw + (base - raw);  // the same bytes, generic pointer
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, wg = tid / 128, wl = warp % 4;
-  // The walk: (b, h) from the grid, or, cut into segments, (segment, b, h) from the block's ticket
-  // (segment-major: a segment's predecessor holds a smaller ticket), as in fused_mma.
-  int64_t h = blockIdx.x, b = blockIdx.y, seg = 0, walk = 0;
-  if (p.segments > 1) {
-    const int64_t lin = cuda::block_ticket(p.ticket), walks = p.B * p.H;
-    seg = lin / walks, walk = lin % walks;
-    h = walk % p.H, b = walk / p.H;
-  }
-  const int64_t grp = h / p.hpg;
-  const int64_t c_lo = p.segments > 1 ? seg * p.seg_chunks : 0;
-  const int64_t c_hi = p.segments > 1 ? min(p.nchunks, c_lo + p.seg_chunks) : p.nchunks;
+  const FusedWalk fw = fused_walk(p);  // as fused_mma's
+  int64_t h = fw.h, b = fw.b, seg = fw.seg, walk = fw.walk;
+  const int64_t grp = fw.grp, c_lo = fw.c_lo, c_hi = fw.c_hi;
   const int D = static_cast<int>(p.D), N = static_cast<int>(p.N);
   const float a2 = p.A.at(h) * static_cast<float>(fwd_mma::kLog2e);
   const float bias = p.has_bias ? p.bias.at(h) : 0.0f;
@@ -469,24 +461,29 @@ __global__ void __launch_bounds__(fwd_wg::kThreads, 1)
       for (int kk = 0; kk < 8; ++kk) Wg<T>::rs64(y, wa[kk], mn_major(x_tile, kQ, 0, sh + 16 * kk));
       wgmma_commit();
     };
+    // After products(rh): y of rows [rh, rh + 128) from C . S^T and the weights against columns
+    // 0-127 (causal for rows 0-127, whole for rows 128-255) times x0. (Warpgroup 0's causal
+    // weights past column 63 are zeros: the same eight steps in both warpgroups, since a wgmma
+    // under a branch on the warpgroup is serialized by ptxas.)
+    auto against_first_half = [&](int rh) {
+#pragma unroll
+      for (int u = 0; u < 2; ++u) cl_t[u] = cum[rh + 64 * wg + r_lo + 8 * u];
+      cuda::wgmma_wait<1>();
+      fence_regs(cb);
+      weights(wa, cb, 0, rh == 0);
+      wait_all();
+      fence_regs(y);
+      scale_y(y);
+      times_x(0);
+      wait_all();
+      fence_regs(y);
+    };
     products(0);
     if (warp == 0 && c + 1 < c_hi) {  // the next chunk's scalars, under the products
       form_scalars(c + 1, sl ^ 1, dt_next);
       if (c + 2 < c_hi) load_dt(c + 2, dt_next);
     }
-#pragma unroll
-    for (int u = 0; u < 2; ++u) cl_t[u] = cum[64 * wg + r_lo + 8 * u];
-    cuda::wgmma_wait<1>();
-    fence_regs(cb);
-    weights(wa, cb, 0, true);
-    wait_all();
-    fence_regs(y);
-    scale_y(y);
-    // (warpgroup 0's weights past column 63 are zeros: the same eight steps in both warpgroups,
-    // since a wgmma under a branch on the warpgroup is serialized by ptxas)
-    times_x(0);
-    wait_all();
-    fence_regs(y);
+    against_first_half(0);
     store_y(y, 0, kQ == 128 ? S::y + wg * (kHalf * kD) : S::xw + wg * (kHalf * kD));
 
     const float decay = exp2_ftz(cum[kQ - 1]);
@@ -505,17 +502,7 @@ __global__ void __launch_bounds__(fwd_wg::kThreads, 1)
       // weights against x1), then the update's second half.
       cuda::mbar_wait(bar1, parity);
       products(kHalf);
-#pragma unroll
-      for (int u = 0; u < 2; ++u) cl_t[u] = cum[kHalf + 64 * wg + r_lo + 8 * u];
-      cuda::wgmma_wait<1>();
-      fence_regs(cb);
-      weights(wa, cb, 0, false);
-      wait_all();
-      fence_regs(y);
-      scale_y(y);
-      times_x(0);
-      wait_all();
-      fence_regs(y);
+      against_first_half(kHalf);
       scale_x(0, S::xw + kHalf * kD * 2);
       __syncthreads();  // Xw0 whole
 #pragma unroll
@@ -621,17 +608,7 @@ Status forward_wgmma(const LaunchContext& ctx, const ssd::Problem& pr,
   if (pr.batch * pr.heads == 0) return {};
   const cudaStream_t st = cuda::stream_of(ctx);
   StageClock clock("ssd_forward", "fused_wgmma_sm90a", st);
-  p.segments = fused_segment_count<kCut>(pr, ctx.stream.caps());
-  if (p.segments > 1) {
-    const FusedLayout l = fused_layout(pr, p.segments);
-    auto* ws = static_cast<unsigned char*>(ctx.workspace.data);
-    p.seg_chunks = ssd_segments::chunks_per_segment(pr.nchunks, p.segments);
-    p.ticket = reinterpret_cast<unsigned*>(ws);
-    p.ready = p.ticket + 1;
-    p.handoff = reinterpret_cast<float*>(ws + l.states_offset);
-    BARACUDA_TRY(cuda::check("ssd_forward", "cudaMemsetAsync (fused_wgmma's segment flags)",
-                             cudaMemsetAsync(ws, 0, l.flags_bytes, st)));
-  }
+  BARACUDA_TRY(cut_walks<kCut>(p, ctx, pr, "cudaMemsetAsync (fused_wgmma's segment flags)"));
   constexpr CUtensorMapDataType dt = std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
                                                                : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   constexpr std::string_view who = "ssd_forward: fused_wgmma_sm90a";

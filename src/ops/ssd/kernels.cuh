@@ -5052,29 +5052,31 @@ bool register_kernels() {
     // always (_split, for tests).
     // Views its tensor maps cannot describe run on the plan's fallback (fused_mma's entries).
     {
-      KernelSku sku =
-          scan_sku<E>("ssd_forward", "chunked", kTensorCorePrecision<E>, "fused_wgmma_sm90a");
-      sku.arch = Arch::sm90a;
-      register_kernel<SsdForwardOp>({.sku = sku,
-                                     .priority = 0,
-                                     .fits = wgmma_fwd_fits<T>,
-                                     .workspace = fused_workspace<FusedCut::rule>,
-                                     .launch = forward_wgmma<T, FusedCut::rule>,
-                                     .check = wgmma_fwd_check<T>});
-      sku.name = "fused_wgmma_sm90a_ranked_ahead";
-      register_kernel<SsdForwardOp>({.sku = sku,
-                                     .priority = 34,
-                                     .fits = wgmma_ranked_ahead_fits<T>,
-                                     .workspace = fused_workspace<FusedCut::rule>,
-                                     .launch = forward_wgmma<T, FusedCut::rule>,
-                                     .check = wgmma_fwd_check<T>});
-      sku.name = "fused_wgmma_sm90a_split";
-      register_kernel<SsdForwardOp>({.sku = sku,
-                                     .priority = -1,
-                                     .fits = wgmma_fwd_fits<T>,
-                                     .workspace = fused_workspace<FusedCut::forced>,
-                                     .launch = forward_wgmma<T, FusedCut::forced>,
-                                     .check = wgmma_fwd_check<T>});
+      struct Entry {
+        std::string_view name;
+        int priority;
+        bool (*fits)(const ssd::Problem&, const DeviceCaps&);
+        size_t (*workspace)(const ssd::Problem&, const DeviceCaps&);
+        Status (*launch)(const LaunchContext&, const ssd::Problem&, const SsdForwardOp::Arguments&);
+      };
+      const Entry entries[] = {
+          {"fused_wgmma_sm90a", 0, wgmma_fwd_fits<T>, fused_workspace<FusedCut::rule>,
+           forward_wgmma<T, FusedCut::rule>},
+          {"fused_wgmma_sm90a_ranked_ahead", 34, wgmma_ranked_ahead_fits<T>,
+           fused_workspace<FusedCut::rule>, forward_wgmma<T, FusedCut::rule>},
+          {"fused_wgmma_sm90a_split", -1, wgmma_fwd_fits<T>, fused_workspace<FusedCut::forced>,
+           forward_wgmma<T, FusedCut::forced>},
+      };
+      for (const Entry& e : entries) {
+        KernelSku sku = scan_sku<E>("ssd_forward", "chunked", kTensorCorePrecision<E>, e.name);
+        sku.arch = Arch::sm90a;
+        register_kernel<SsdForwardOp>({.sku = sku,
+                                       .priority = e.priority,
+                                       .fits = e.fits,
+                                       .workspace = e.workspace,
+                                       .launch = e.launch,
+                                       .check = wgmma_fwd_check<T>});
+      }
     }
     register_kernel<SsdForwardOp>({
         .sku = scan_sku<E>("ssd_forward", "chunked", kTensorCorePrecision<E>, "fused_mma_split"),
