@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call: Nsight Compute profiles of kernels launched by a family's benchmark, one report
 # per regex (the first launch whose mangled name matches it), with the details page, the raw
-# metrics and the per-SASS-line source counters (stall reasons by instruction) as text.
+# metrics and the per-SASS-line source counters (stall reasons by instruction) as text, summed by
+# scripts/sass_regions.py.
 #   scripts/profile.sh mhc 'collapse_cluster16_kernelIfLi16ELb1E' 'logits_mma_kernelIf'
 # Builds bench_<family> through scripts/gpu-family.sh (sm_90a) unless $BUILD_DIR has it. env:
 # NCU_SET (default full), NCU_TIMEOUT (seconds per report, default 200), BENCH_ENV (extra
@@ -40,6 +41,11 @@ for regex in "$@"; do
     >"$pages/$name.sass.csv" 2>&1
   grep -E "Duration|Throughput|Registers|Achieved Occupancy|Warp Cycles Per Issued" \
     "$pages/$name.details.txt" | head -20
+  # stall samples by opcode and by the code between synchronization points (SASS_PER: the unit
+  # to divide executed instructions by, e.g. warps x chunks)
+  python3 scripts/sass_regions.py "$pages/$name.sass.csv" --per "${SASS_PER:-1}" \
+    >"$pages/$name.regions.txt" 2>&1
+  sed -n '/^regions/,/^top/p' "$pages/$name.regions.txt" | head -40
 done
 tar czf "$OUT/profile.tgz" -C "$pages" .
 rm -rf "$pages"

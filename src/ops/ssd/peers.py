@@ -5,6 +5,8 @@
   /work/shared/notes/peers.md) and carry that folder to the GPU machine.
 - ssd_decode: the one-token state update in PyTorch eager and torch.compile (mamba_ssm's Triton
   selective_state_update does not launch under Triton 3.6).
+BARACUDA_SSD_ONLY=forward / backward (the bench's switch) keeps that direction's rows only (a
+quick same-call peer for A/B calls; the forward alone takes ~30 s instead of ~190 s).
 Standalone: python3 src/ops/ssd/peers.py"""
 import json
 import os
@@ -12,6 +14,7 @@ import sys
 
 import torch
 
+ONLY = os.environ.get("BARACUDA_SSD_ONLY", "")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 sys.path.insert(0, os.path.join(ROOT, ".peers"))
 
@@ -52,6 +55,8 @@ def prefill():
         Bm = (torch.rand(B, L, G, N, device=dev, generator=g) * 2 - 1).to(bf).requires_grad_()
         Cm = (torch.rand(B, L, G, N, device=dev, generator=g) * 2 - 1).to(bf).requires_grad_()
         inputs[name] = (x, dt, A, Bm, Cm, Q)
+        if ONLY == "backward":
+            continue
         with torch.no_grad():
             ms = bench(lambda: mamba_chunk_scan_combined(x, dt, A, Bm, Cm, Q))
         emit("ssd_forward", name, "mamba_ssm_triton", ms)
@@ -59,7 +64,7 @@ def prefill():
             with torch.no_grad():
                 ms = bench(lambda: mamba_chunk_scan_combined(x, dt, A, Bm, Cm, q))
             emit("ssd_forward", f"{name}_chunk{q}", "mamba_ssm_triton", ms)
-    for name, *_ in CASES:
+    for name, *_ in CASES if ONLY != "forward" else ():
         x, dt, A, Bm, Cm, Q = inputs[name]
         y = mamba_chunk_scan_combined(x, dt, A, Bm, Cm, Q)
         dy = torch.randn_like(y)
@@ -95,7 +100,8 @@ def decode():
 
 def run(ctx=None):
     prefill()
-    decode()
+    if not ONLY:
+        decode()
 
 
 if __name__ == "__main__":
