@@ -589,6 +589,7 @@ bool wgmma_fwd_fits(const ssd::Problem& p, const DeviceCaps& caps) {
   return caps.sm >= 90 && wgmma_fwd_body<T>() && !p.varlen() && p.head_dim <= fwd_wg::kD &&
          p.state_dim <= fwd_wg::kN && p.head_dim % 8 == 0 && p.state_dim % 8 == 0 &&
          p.batch <= kMaxGridYZ && p.heads <= (int64_t{1} << 31) - 1 &&
+         p.seqlen > 0 &&  // a tensor map has no empty axes (L = 0 takes fused_mma: S_out = S_in)
          p.seqlen + p.chunk_size <= (int64_t{1} << 31) - 1 &&  // TMA's 32-bit coordinates
          static_cast<int64_t>(smem) <= caps.smem_per_block_optin &&
          cuda::tensor_map_encode_fn() != nullptr;

@@ -1592,6 +1592,15 @@ TEST_P(SsdPlans, ForwardWgmmaOnDevice) {
     EXPECT_GT(dflt->workspace_size(), 0u);
     run_forward(target, DType::bf16, many, Layout::contiguous, true);
     run_forward(target, DType::bf16, many, Layout::permuted, true);
+    // L = 0 (no chunks: final_states = initial_states) is not the tensor maps' (no empty axes):
+    // the default takes fused_mma there.
+    const FwdCase empty{1, 0, sms + 1, 64, 128, 1, chunk, states};
+    auto none =
+        SsdForwardPlan::select(stream, describe(empty.B, empty.L, empty.H, empty.D, empty.N,
+                                                empty.G, DType::bf16, empty.o, empty.chunk));
+    BARACUDA_ASSERT_OK(none);
+    EXPECT_EQ(none->sku().name, "fused_mma_ranked_ahead");
+    run_forward(target, DType::bf16, empty, Layout::contiguous, true);
     auto narrow = SsdForwardPlan::select(
         stream, describe(1, 64, sms - 1, 64, 128, 1, DType::bf16, {}, chunk));
     BARACUDA_ASSERT_OK(narrow);
