@@ -75,11 +75,12 @@ Status check_strides(std::string_view arg, DType dtype, int rank, const Shape& s
                               ": " + std::string(name(dtype)) +
                               " rows must start on a byte (a multiple of " + to_string(epb) + ")");
   }
-  // The view's span must fit in int64 bytes.
+  // The view's span must fit in int64 bytes (an empty view spans nothing).
   int64_t last = 0;
+  bool empty = false;
   for (int d = 0; d < rank; ++d) {
     if (shape[d] == 0) {
-      last = 0;
+      last = 0, empty = true;
       break;
     }
     int64_t step = 0, elements = 0, bits = 0;
@@ -87,7 +88,9 @@ Status check_strides(std::string_view arg, DType dtype, int rank, const Shape& s
         !checked_add(last, 1, &elements) || !checked_mul(elements, bits_of(dtype), &bits))
       return Error::invalid(err_prefix(arg) + ": the view spans more than 2^63 bits");
   }
-  if (!is_dest) return {};
+  // An empty destination writes nothing, so it cannot overlap itself (and its strides were not
+  // bounded by a span, so the reach below could overflow).
+  if (!is_dest || empty) return {};
   // Non-self-overlap: sorted by stride, each axis must step past everything the inner ones reach.
   std::vector<int> axes;
   for (int d = 0; d < rank; ++d)

@@ -567,6 +567,12 @@ TEST(WriteSliceErrors, DescriptorRules) {
   expect(d, inv, {"write_slice: source_shape[0]=3, expected end - start = 2 for ranges[0]"});
   d = basic(), d.dest_stride = {8};
   expect(d, inv, {"write_slice: dest_stride: 1 entries for rank 2"});
+  // An empty destination with a huge stride elsewhere: nothing to write, nothing to overlap (its
+  // strides are not bounded by a span; seed 526703889 of RandomDescriptorsArePlannedOrRefused
+  // drew one and the overlap check's product overflowed under UBSan).
+  d = basic(), d.dest_shape = {0, 8}, d.dest_stride = {1, int64_t{1} << 62},
+  d.ranges = {{0, 0}, {0, 8}}, d.source_shape = {0, 8};
+  BARACUDA_EXPECT_OK(WriteSlicePlan::select(cpu, d));
   d = basic(), d.source_stride = {8, -1};
   expect(d, inv, {"write_slice: source_stride[1]=-1 is negative"});
   d = basic(), d.dest_stride = {0, 1};
