@@ -108,6 +108,11 @@ __device__ __forceinline__ void fence_proxy_async() {
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
   BARACUDA_SM90_ASM("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 }
+// Makes the mbarriers this thread initialized visible to the async proxy (TMA) and the cluster;
+// before the barrier that publishes them.
+__device__ __forceinline__ void mbar_init_fence() {
+  BARACUDA_SM90_ASM("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
 // The caller's arrival, announcing `bytes` of transactions (bulk copies) the phase waits for.
 __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
   BARACUDA_SM90_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),

@@ -19,7 +19,7 @@
 #include "core/cuda/mma.cuh"
 #include "core/cuda/tensor_map.cuh"
 #include "core/cuda/wgmma.cuh"
-#include "ops/attention_hopper/fa3_wgmma.cuh"
+#include "ops/attention_hopper/fa3_ops.cuh"
 
 // Device code only where wgmma exists (sm_90a); elsewhere kernels are empty and the host side
 // refuses to launch them (see has_sm90a_body()).
@@ -113,54 +113,6 @@ __device__ __forceinline__ uint64_t desc_k_major(uint32_t addr) {
   static_assert(kRow == 128 || kRow == 64);
   return desc_swizzled(addr, 16, 8 * kRow, kRow == 128 ? 1 : 2);
 }
-
-// The wgmma shapes by element type (bf16 or f16).
-template <class T>
-struct Ops {
-  static constexpr bool kHalf = std::is_same_v<T, __half>;
-  static __device__ __forceinline__ void ss128(float (&d)[64], uint64_t a, uint64_t b, int s) {
-    if constexpr (kHalf)
-      ss_m64n128k16_f16(d, a, b, s);
-    else
-      ss_m64n128k16_bf16(d, a, b, s);
-  }
-  static __device__ __forceinline__ void ss64(float (&d)[32], uint64_t a, uint64_t b, int s) {
-    if constexpr (kHalf)
-      ss_m64n64k16_f16(d, a, b, s);
-    else
-      ss_m64n64k16_bf16(d, a, b, s);
-  }
-  static __device__ __forceinline__ void tt64(float (&d)[32], uint64_t a, uint64_t b, int s) {
-    if constexpr (kHalf)
-      ss_tt_m64n64k16_f16(d, a, b, s);
-    else
-      ss_tt_m64n64k16_bf16(d, a, b, s);
-  }
-  // S = A B^T over N = 64 or 128 keys.
-  template <int N>
-  static __device__ __forceinline__ void ss(float (&d)[N / 2], uint64_t a, uint64_t b, int s) {
-    if constexpr (N == 64)
-      ss64(d, a, b, s);
-    else
-      ss128(d, a, b, s);
-  }
-  // D = 64, 128 or 256 columns, accumulating.
-  template <int D>
-  static __device__ __forceinline__ void rs(float (&d)[D / 2], const uint32_t (&a)[4], uint64_t b) {
-    if constexpr (kHalf && D == 64)
-      rs_m64n64k16_f16(d, a, b, 1);
-    else if constexpr (kHalf && D == 128)
-      rs_m64n128k16_f16(d, a, b, 1);
-    else if constexpr (kHalf)
-      rs_m64n256k16_f16(d, a, b, 1);
-    else if constexpr (D == 64)
-      rs_m64n64k16_bf16(d, a, b, 1);
-    else if constexpr (D == 128)
-      rs_m64n128k16_bf16(d, a, b, 1);
-    else
-      rs_m64n256k16_bf16(d, a, b, 1);
-  }
-};
 
 // An f32 accumulator fragment of an m64nN tile as the A fragments of N / 16 k16-steps (rounded to
 // the 16-bit type): accumulator columns [16 kk, 16 kk + 16) are k16-step kk's A columns, in the

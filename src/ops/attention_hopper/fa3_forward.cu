@@ -302,7 +302,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(smem_u32(&bars[kBarKEmpty + s]), kConsumers * 4);
       mbar_init(smem_u32(&bars[kBarVEmpty + s]), kConsumers * 4);
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    cuda::mbar_init_fence();
   }
   __syncthreads();
 

@@ -423,7 +423,7 @@ __global__ void __launch_bounds__(kC16Threads, 1)
     for (int s = 0; s < S; ++s) cuda::mbar_init(bars + 8 * s, 1);
     for (int b = 0; b < 2; ++b)
       cuda::mbar_init(rbar0 + 8 * b, 1), cuda::mbar_init(pbar0 + 8 * b, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    cuda::mbar_init_fence();
     for (int b = 0; b < 2; ++b)  // tiles 0 and 1
       cuda::mbar_expect_tx(rbar0 + 8 * b, P::kPartBytes),
           cuda::mbar_expect_tx(pbar0 + 8 * b, P::kPreBytes);

@@ -446,11 +446,15 @@ inline size_t fused_smem_bytes(int64_t chunk, int64_t n) {
   return n <= 64 ? of.template operator()<64>() : of.template operator()<128>();
 }
 // What the fused kernel takes (16-bit data is the registration's business).
+// The one-pass walks' shapes (fused_mma and fused_wgmma_sm90a): one block per (b, h) of a dense
+// batch on the grid, D <= 64 and N <= 128 so that a block holds the state on chip.
+inline bool fused_walk_fits(const ssd::Problem& p) {
+  return !p.varlen() && p.head_dim <= fused::kD && p.state_dim <= 128 && p.batch <= kMaxGridYZ &&
+         p.heads <= (int64_t{1} << 31) - 1;
+}
 inline bool fused_fits(const ssd::Problem& p, const DeviceCaps& caps) {
-  if (p.varlen() || p.head_dim > fused::kD || p.state_dim > 128) return false;
-  if (p.batch > kMaxGridYZ || p.heads > (int64_t{1} << 31) - 1) return false;
-  return static_cast<int64_t>(fused_smem_bytes(p.chunk_size, p.state_dim)) <=
-         caps.smem_per_block_optin;
+  const auto smem = static_cast<int64_t>(fused_smem_bytes(p.chunk_size, p.state_dim));
+  return fused_walk_fits(p) && smem <= caps.smem_per_block_optin;
 }
 // Where it runs ahead of the multi-launch forward: a block per (b, h) and nothing else to spread
 // over the chunks, so it needs at least one block per SM. Below that the chunk-parallel

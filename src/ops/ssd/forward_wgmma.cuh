@@ -34,7 +34,7 @@
 
 #include "core/cuda/tensor_map.cuh"
 #include "core/cuda/wgmma.cuh"
-#include "ops/attention_hopper/fa3_wgmma.cuh"
+#include "ops/attention_hopper/fa3_ops.cuh"
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define BARACUDA_SSD_WGMMA_DEVICE 1
@@ -98,34 +98,7 @@ __device__ __forceinline__ uint64_t k_major(uint32_t tile, int rows, int r0, int
 __device__ __forceinline__ uint64_t mn_major(uint32_t tile, int rows, int cb, int k) {
   return desc(tile + cb * rows * 128 + k * 128, rows * 128, 1024);
 }
-template <class T>
-struct Wg {
-  static constexpr bool kHalf = std::is_same_v<T, __half>;
-  static __device__ __forceinline__ void ss128(float (&d)[64], uint64_t a, uint64_t b, int s) {
-    if constexpr (kHalf)
-      fa3::ss_m64n128k16_f16(d, a, b, s);
-    else
-      fa3::ss_m64n128k16_bf16(d, a, b, s);
-  }
-  static __device__ __forceinline__ void ss64(float (&d)[32], uint64_t a, uint64_t b, int s) {
-    if constexpr (kHalf)
-      fa3::ss_m64n64k16_f16(d, a, b, s);
-    else
-      fa3::ss_m64n64k16_bf16(d, a, b, s);
-  }
-  static __device__ __forceinline__ void tt64(float (&d)[32], uint64_t a, uint64_t b, int s) {
-    if constexpr (kHalf)
-      fa3::ss_tt_m64n64k16_f16(d, a, b, s);
-    else
-      fa3::ss_tt_m64n64k16_bf16(d, a, b, s);
-  }
-  static __device__ __forceinline__ void rs64(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
-    if constexpr (kHalf)
-      fa3::rs_m64n64k16_f16(d, a, b, 1);
-    else
-      fa3::rs_m64n64k16_bf16(d, a, b, 1);
-  }
-};
+using fa3::Ops;
 }  // namespace fwd_wg
 #endif
 
@@ -296,7 +269,7 @@ __global__ void __launch_bounds__(fwd_wg::kThreads, 1)
     // buffer.
     cuda::mbar_init(bar0, 1);
     cuda::mbar_init(bar1, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    cuda::mbar_init_fence();
   }
   cuda::fence_proxy_async();  // the state tile and the zeros, before wgmma reads them
   __syncthreads();
@@ -436,7 +409,7 @@ __global__ void __launch_bounds__(fwd_wg::kThreads, 1)
       wgmma_fence();
 #pragma unroll
       for (int k = 0; k < kHalf; k += 16)
-        Wg<T>::tt64(st, mn_major(base + xw, kHalf, 0, k), mn_major(b_tile, kQ, wg, sh + k), 1);
+        Ops<T>::tt64(st, mn_major(base + xw, kHalf, 0, k), mn_major(b_tile, kQ, wg, sh + k), 1);
       wgmma_commit();
     };
     // ---- rows 0-127: CB = C . B^T (this warpgroup's 64 rows, columns 0-127) and Y = C . S^T
@@ -448,17 +421,19 @@ __global__ void __launch_bounds__(fwd_wg::kThreads, 1)
       wgmma_fence();
 #pragma unroll
       for (int k = 0; k < kN; k += 16)
-        Wg<T>::ss128(cb, k_major(c_tile, kQ, rh + 64 * wg, k), k_major(b_tile, kQ, 0, k), k > 0);
+        Ops<T>::ss128(cb, k_major(c_tile, kQ, rh + 64 * wg, k), k_major(b_tile, kQ, 0, k), k > 0);
       wgmma_commit();
 #pragma unroll
       for (int k = 0; k < kN; k += 16)
-        Wg<T>::ss64(y, k_major(c_tile, kQ, rh + 64 * wg, k), k_major(base + S::s, kD, 0, k), k > 0);
+        Ops<T>::ss64(y, k_major(c_tile, kQ, rh + 64 * wg, k), k_major(base + S::s, kD, 0, k),
+                     k > 0);
       wgmma_commit();
     };
     auto times_x = [&](int sh) {  // Y += W . X over the columns [sh, sh + 128), one group
       wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < 8; ++kk) Wg<T>::rs64(y, wa[kk], mn_major(x_tile, kQ, 0, sh + 16 * kk));
+      for (int kk = 0; kk < 8; ++kk)
+        Ops<T>::template rs<64>(y, wa[kk], mn_major(x_tile, kQ, 0, sh + 16 * kk));
       wgmma_commit();
     };
     // After products(rh): y of rows [rh, rh + 128) from C . S^T and the weights against columns
@@ -511,8 +486,8 @@ __global__ void __launch_bounds__(fwd_wg::kThreads, 1)
       wgmma_fence();
 #pragma unroll
       for (int k = 0; k < kN; k += 16)
-        Wg<T>::ss128(cb, k_major(c_tile, kQ, kHalf + 64 * wg, k), k_major(b_tile, kQ, kHalf, k),
-                     k > 0);
+        Ops<T>::ss128(cb, k_major(c_tile, kQ, kHalf + 64 * wg, k), k_major(b_tile, kQ, kHalf, k),
+                      k > 0);
       wgmma_commit();
       wait_all();
       fence_regs(cb);
@@ -586,9 +561,9 @@ bool wgmma_fwd_fits(const ssd::Problem& p, const DeviceCaps& caps) {
   if (p.chunk_size != 128 && p.chunk_size != 256) return false;
   const uint32_t smem =
       p.chunk_size == 128 ? fwd_wg::Smem<128>::request : fwd_wg::Smem<256>::request;
-  return caps.sm >= 90 && wgmma_fwd_body<T>() && !p.varlen() && p.head_dim <= fwd_wg::kD &&
-         p.state_dim <= fwd_wg::kN && p.head_dim % 8 == 0 && p.state_dim % 8 == 0 &&
-         p.batch <= kMaxGridYZ && p.heads <= (int64_t{1} << 31) - 1 &&
+  static_assert(fwd_wg::kD == fused::kD && fwd_wg::kN == 128);  // fused_walk_fits' limits
+  return caps.sm >= 90 && wgmma_fwd_body<T>() && fused_walk_fits(p) && p.head_dim % 8 == 0 &&
+         p.state_dim % 8 == 0 &&
          p.seqlen > 0 &&  // a tensor map has no empty axes (L = 0 takes fused_mma: S_out = S_in)
          p.seqlen + p.chunk_size <= (int64_t{1} << 31) - 1 &&  // TMA's 32-bit coordinates
          static_cast<int64_t>(smem) <= caps.smem_per_block_optin &&
@@ -622,14 +597,13 @@ Status forward_wgmma(const LaunchContext& ctx, const ssd::Problem& pr,
   const dim3 grid = p.segments > 1
                         ? dim3(static_cast<unsigned>(p.segments * pr.batch * pr.heads))
                         : dim3(static_cast<unsigned>(pr.heads), static_cast<unsigned>(pr.batch));
-  if (pr.chunk_size == 128)
-    BARACUDA_TRY(cuda::launch_with_smem("ssd_forward", "ssd_fused_wgmma_kernel<128>",
-                                        ssd_fused_wgmma_kernel<T, 128>, grid, fwd_wg::kThreads,
-                                        fwd_wg::Smem<128>::request, st, tc, tb, tx, ty, p));
-  else
-    BARACUDA_TRY(cuda::launch_with_smem("ssd_forward", "ssd_fused_wgmma_kernel<256>",
-                                        ssd_fused_wgmma_kernel<T, 256>, grid, fwd_wg::kThreads,
-                                        fwd_wg::Smem<256>::request, st, tc, tb, tx, ty, p));
+  auto launch = [&]<int kQ>() {
+    return cuda::launch_with_smem("ssd_forward", "ssd_fused_wgmma_kernel",
+                                  ssd_fused_wgmma_kernel<T, kQ>, grid, fwd_wg::kThreads,
+                                  fwd_wg::Smem<kQ>::request, st, tc, tb, tx, ty, p);
+  };
+  BARACUDA_TRY(pr.chunk_size == 128 ? launch.template operator()<128>()
+                                    : launch.template operator()<256>());
   clock.mark("fused");
   return {};
 }
