@@ -68,7 +68,8 @@ struct Smem {
   static constexpr uint32_t lv = cum + 2 * 4 * kQ;
   static constexpr uint32_t w = lv + 2 * 4 * kQ;
   static constexpr uint32_t bar = w + 2 * 4 * kQ;  // two mbarriers: buffers, or halves
-  static constexpr uint32_t total = bar + 2 * 8;
+  static constexpr uint32_t tot = bar + 2 * 8;     // chunk 256: the scalar warps' totals
+  static constexpr uint32_t total = tot + 2 * 4;
   static constexpr uint32_t request = total + 1024;  // room to align the base
 };
 // Byte offset of element (r, col) of a tile of `rows` rows stored as 64-column swizzled blocks.
@@ -113,7 +114,6 @@ __global__ void __launch_bounds__(fwd_wg::kThreads, 1)
 #if BARACUDA_SSD_WGMMA_DEVICE
   using namespace fwd_wg;
   using S = Smem<kQ>;
-  constexpr int kTok = kQ / 32;  // tokens a lane of warp 0 forms the scalars of
   extern __shared__ unsigned char wg_smem_raw[];
   const uint32_t raw = cuda::smem_u32(wg_smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
@@ -147,44 +147,27 @@ __global__ void __launch_bounds__(fwd_wg::kThreads, 1)
     }
     cuda::tma_load_4d(base + S::x + buf * S::kX + row, &tx, bar, 0, t0, static_cast<int>(h), bi);
   };
-  // Chunk c's scalars, formed by warp 0 alone (lane l: tokens kTok l ..) into slot `sl`: cum
-  // (log2 units, inclusive), lv = cum - log2 v (v = 0: +inf, a zero weight) and
-  // w = v 2^(cum_last - cum). Its dt arrives a chunk earlier, unconverted (a conversion next to
-  // the load would wait for it).
-  // Chunk 128 keeps each raw value in its own register. Chunk 256 (eight a lane) packs two a
-  // register, which waits for the loads where they are issued: measured on the H200 that wait
-  // cost chunk 128 25% (0.289 -> 0.362 ms at the 2.7B shape), so it is not taken there.
-  using DtRaw = std::conditional_t<kQ == 128, T, uint32_t>;
-  constexpr int kRaw = kQ == 128 ? kTok : kTok / 2;
-  auto load_dt = [&](int64_t c, DtRaw(&raw)[kRaw]) {
-    if constexpr (kQ == 128) {
+  // Chunk c's scalars, formed by warp 0 (and warp 1 at chunk 256, for tokens 128-255: lane l of
+  // scalar warp sw takes tokens 128 sw + 4 l .. + 3) into slot `sl`: cum (log2 units, inclusive),
+  // lv = cum - log2 v (v = 0: +inf, a zero weight) and w = v 2^(cum_last - cum). Their dt arrives
+  // a chunk earlier, unconverted, one value a register (a conversion or packing next to the load
+  // waits for it: packed pairs cost chunk 128 25% on the H200, 0.289 -> 0.362 ms).
+  constexpr int kScalarWarps = kQ / kHalf;
+  const int sw = kScalarWarps == 1 ? 0 : warp;  // this warp's token block, on scalar warps
+  const bool scalar_warp = kScalarWarps == 1 ? warp == 0 : warp < kScalarWarps;
+  auto load_dt = [&](int64_t c, T(&raw)[4]) {
 #pragma unroll
-      for (int e = 0; e < kTok; ++e) {
-        const int64_t t = c * kQ + kTok * lane + e;
-        raw[e] = t < p.L ? p.dt.at(b, t, h) : from_float<T>(0.0f);
-      }
-    } else {
-#pragma unroll
-      for (int e = 0; e < kTok; e += 2) {
-        const int64_t t = c * kQ + kTok * lane + e;
-        auto bits = [&](int64_t u) -> uint32_t {  // 0 past the sequence (its v is 0 anyway)
-          return u < p.L ? *reinterpret_cast<const unsigned short*>(&p.dt.at(b, u, h)) : 0u;
-        };
-        raw[e / 2] = bits(t) | (bits(t + 1) << 16);
-      }
+    for (int e = 0; e < 4; ++e) {
+      const int64_t t = c * kQ + kHalf * sw + 4 * lane + e;
+      raw[e] = t < p.L ? p.dt.at(b, t, h) : from_float<T>(0.0f);
     }
   };
-  auto form_scalars = [&](int64_t c, int sl, const DtRaw(&raw)[kRaw]) {
-    float v[kTok], within[kTok], run = 0.0f;
+  auto form_scalars = [&](int64_t c, int sl, const T(&raw)[4]) {
+    float v[4], within[4], run = 0.0f;
 #pragma unroll
-    for (int e = 0; e < kTok; ++e) {
-      const bool in = c * kQ + kTok * lane + e < p.L;
-      float dt;
-      if constexpr (kQ == 128)
-        dt = to_float(raw[e]);
-      else
-        dt = e % 2 == 0 ? cuda::unpack2<T>(raw[e / 2]).x : cuda::unpack2<T>(raw[e / 2]).y;
-      v[e] = in ? process_dt(dt + bias, p.softplus, p.dt_min, p.dt_max).v : 0.0f;
+    for (int e = 0; e < 4; ++e) {
+      const bool in = c * kQ + kHalf * sw + 4 * lane + e < p.L;
+      v[e] = in ? process_dt(to_float(raw[e]) + bias, p.softplus, p.dt_min, p.dt_max).v : 0.0f;
       run += v[e] * a2;
       within[e] = run;
     }
@@ -194,26 +177,31 @@ __global__ void __launch_bounds__(fwd_wg::kThreads, 1)
       const float up = __shfl_up_sync(0xffffffffu, incl, o);
       if (lane >= o) incl += up;
     }
-    const float before = __shfl_up_sync(0xffffffffu, incl, 1), last = __shfl_sync(~0u, incl, 31);
-#pragma unroll
-    for (int q = 0; q < kTok / 4; ++q) {
-      float4 cu, l4, w4;
-      float* cup = &cu.x;
-      float* lp = &l4.x;
-      float* wp = &w4.x;
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = 4 * q + e;
-        const float cl = (lane > 0 ? before : 0.0f) + within[i];
-        cup[e] = cl;
-        lp[e] = cl - log2_ftz(v[i]);
-        wp[e] = v[i] * exp2_ftz(last - cl);
-      }
-      const int at = (kTok / 4) * lane + q;
-      reinterpret_cast<float4*>(gen + S::cum + sl * 4 * kQ)[at] = cu;
-      reinterpret_cast<float4*>(gen + S::lv + sl * 4 * kQ)[at] = l4;
-      reinterpret_cast<float4*>(gen + S::w + sl * 4 * kQ)[at] = w4;
+    float before = __shfl_up_sync(0xffffffffu, incl, 1), last = __shfl_sync(~0u, incl, 31);
+    float offset = 0.0f;                // of this warp's block: the first block's total
+    if constexpr (kScalarWarps == 2) {  // the two blocks' totals through shared memory
+      float* tot = reinterpret_cast<float*>(gen + S::tot);
+      if (lane == 0) tot[sw] = last;
+      cuda::named_barrier_sync(3, 64);
+      offset = sw == 1 ? tot[0] : 0.0f;
+      last = tot[0] + tot[1];
     }
+    float4 cu, l4, w4;
+    float* cup = &cu.x;
+    float* lp = &l4.x;
+    float* wp = &w4.x;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float cl = (lane > 0 ? before : 0.0f) + within[e];
+      if constexpr (kScalarWarps == 2) cl += offset;
+      cup[e] = cl;
+      lp[e] = cl - log2_ftz(v[e]);
+      wp[e] = v[e] * exp2_ftz(last - cl);
+    }
+    const int at = 32 * sw + lane;
+    reinterpret_cast<float4*>(gen + S::cum + sl * 4 * kQ)[at] = cu;
+    reinterpret_cast<float4*>(gen + S::lv + sl * 4 * kQ)[at] = l4;
+    reinterpret_cast<float4*>(gen + S::w + sl * 4 * kQ)[at] = w4;
   };
 
   // The state: f32 in warpgroup wg's accumulators (rows d, columns n 64 wg ..), T in the [d][n]
@@ -282,8 +270,8 @@ __global__ void __launch_bounds__(fwd_wg::kThreads, 1)
     }
   };
   if (tid == 0 && c_lo < c_hi) issue_chunk(c_lo, 0);
-  DtRaw dt_next[kRaw];  // warp 0: dt of the chunk after the one it forms the scalars of next
-  if (warp == 0 && c_lo < c_hi) {
+  T dt_next[4];  // scalar warps: dt of the chunk after the one they form the scalars of next
+  if (scalar_warp && c_lo < c_hi) {
     load_dt(c_lo, dt_next);
     form_scalars(c_lo, 0, dt_next);
     if (c_lo + 1 < c_hi) load_dt(c_lo + 1, dt_next);
@@ -346,12 +334,18 @@ __global__ void __launch_bounds__(fwd_wg::kThreads, 1)
     // tile at `stage`, then stored by one tensor-map copy (it clips the rows past the sequence and
     // the columns past D).
     auto store_y = [&](const float(&y)[32], int rh, uint32_t stage) {
+      // swz(64, r, 8 j + cq) for this thread's rows r = r_lo (+ 8): the 16-byte chunk index j XOR
+      // r % 8 (= lane / 4) sits in bits 4-6, which the 1024-aligned stage, r * 128 and cq * 2
+      // leave clear, so one base serves every (u, j) by an XOR and an offset (the per-(u, j)
+      // addresses, hoisted, spilled at chunk 256).
+      const uint32_t stage_row = stage + r_lo * 128 + ((lane / 4) << 4) + cq * 2;
+      const uint32_t x_row = S::x + buf * S::kX + r_lo * 128 + ((lane / 4) << 4) + cq * 2;  // same
       if (!p.has_d && !p.has_z) {  // straight-line: no branches over the optional terms' code
 #pragma unroll
         for (int u = 0; u < 2; ++u)
 #pragma unroll
           for (int j = 0; j < 8; ++j)
-            *reinterpret_cast<uint32_t*>(gen + stage + swz(64, r_lo + 8 * u, 8 * j + cq)) =
+            *reinterpret_cast<uint32_t*>(gen + ((stage_row ^ (j << 4)) + 1024 * u)) =
                 cuda::pack2<T>(y[4 * j + 2 * u], y[4 * j + 2 * u + 1]);
       } else {
 #pragma unroll
@@ -365,7 +359,7 @@ __global__ void __launch_bounds__(fwd_wg::kThreads, 1)
             float o[2] = {y[4 * j + 2 * u], y[4 * j + 2 * u + 1]};
             if (p.has_d) {  // x from the chunk's shared tile
               const float2 xv = cuda::unpack2<T>(
-                  *reinterpret_cast<const uint32_t*>(gen + S::x + buf * S::kX + swz(kQ, t, d)));
+                  *reinterpret_cast<const uint32_t*>(gen + (x_row ^ (j << 4)) + (t - r_lo) * 128));
               const float2 dv = *reinterpret_cast<const float2*>(dsk + d);
               o[0] += dv.x * xv.x;
               o[1] += dv.y * xv.y;
@@ -377,7 +371,8 @@ __global__ void __launch_bounds__(fwd_wg::kThreads, 1)
                 o[e] *= __fdividef(z, 1.0f + __expf(-z));
               }
             }
-            *reinterpret_cast<uint32_t*>(gen + stage + swz(64, tl, d)) = cuda::pack2<T>(o[0], o[1]);
+            *reinterpret_cast<uint32_t*>(gen + ((stage_row ^ (j << 4)) + 1024 * u)) =
+                cuda::pack2<T>(o[0], o[1]);
           }
         }
       }
@@ -417,17 +412,25 @@ __global__ void __launch_bounds__(fwd_wg::kThreads, 1)
     cuda::mbar_wait(kQ == 128 ? base + S::bar + 8 * buf : bar0, parity);
     float cb[64], y[32];
     uint32_t wa[8][4];
-    auto products = [&](int rh) {  // C . B^T (columns 0-127) and C . S^T of rows [rh, rh + 128)
-      wgmma_fence();
+    // C . B^T (columns 0-127) and C . S^T of rows [rh, rh + 128), over K = N rounded up to 64
+    // (N <= 64: the zero half of the tiles is not multiplied)
+    auto products = [&](int rh) {
+      auto over = [&]<int kK>() {
+        wgmma_fence();
 #pragma unroll
-      for (int k = 0; k < kN; k += 16)
-        Ops<T>::ss128(cb, k_major(c_tile, kQ, rh + 64 * wg, k), k_major(b_tile, kQ, 0, k), k > 0);
-      wgmma_commit();
+        for (int k = 0; k < kK; k += 16)
+          Ops<T>::ss128(cb, k_major(c_tile, kQ, rh + 64 * wg, k), k_major(b_tile, kQ, 0, k), k > 0);
+        wgmma_commit();
 #pragma unroll
-      for (int k = 0; k < kN; k += 16)
-        Ops<T>::ss64(y, k_major(c_tile, kQ, rh + 64 * wg, k), k_major(base + S::s, kD, 0, k),
-                     k > 0);
-      wgmma_commit();
+        for (int k = 0; k < kK; k += 16)
+          Ops<T>::ss64(y, k_major(c_tile, kQ, rh + 64 * wg, k), k_major(base + S::s, kD, 0, k),
+                       k > 0);
+        wgmma_commit();
+      };
+      if (N <= 64)
+        over.template operator()<64>();
+      else
+        over.template operator()<kN>();
     };
     auto times_x = [&](int sh) {  // Y += W . X over the columns [sh, sh + 128), one group
       wgmma_fence();
@@ -454,7 +457,7 @@ __global__ void __launch_bounds__(fwd_wg::kThreads, 1)
       fence_regs(y);
     };
     products(0);
-    if (warp == 0 && c + 1 < c_hi) {  // the next chunk's scalars, under the products
+    if (scalar_warp && c + 1 < c_hi) {  // the next chunk's scalars, under the products
       form_scalars(c + 1, sl ^ 1, dt_next);
       if (c + 2 < c_hi) load_dt(c + 2, dt_next);
     }
@@ -483,12 +486,18 @@ __global__ void __launch_bounds__(fwd_wg::kThreads, 1)
 #pragma unroll
       for (int i = 0; i < 32; ++i) st[i] *= decay;
       update_state(0, S::xw + kHalf * kD * 2);
-      wgmma_fence();
+      auto diagonal = [&]<int kK>() {  // C1 . B1^T, over K = N rounded up to 64
+        wgmma_fence();
 #pragma unroll
-      for (int k = 0; k < kN; k += 16)
-        Ops<T>::ss128(cb, k_major(c_tile, kQ, kHalf + 64 * wg, k), k_major(b_tile, kQ, kHalf, k),
-                      k > 0);
-      wgmma_commit();
+        for (int k = 0; k < kK; k += 16)
+          Ops<T>::ss128(cb, k_major(c_tile, kQ, kHalf + 64 * wg, k), k_major(b_tile, kQ, kHalf, k),
+                        k > 0);
+        wgmma_commit();
+      };
+      if (N <= 64)
+        diagonal.template operator()<64>();
+      else
+        diagonal.template operator()<kN>();
       wait_all();
       fence_regs(cb);
       fence_regs(st);
