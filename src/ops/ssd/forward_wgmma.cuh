@@ -35,6 +35,7 @@
 #include "core/cuda/tensor_map.cuh"
 #include "core/cuda/wgmma.cuh"
 #include "ops/attention_hopper/fa3_ops.cuh"
+#include "ops/ssd/forward_fused.cuh"  // the walk it runs (fused_walk, cut_walks)
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define BARACUDA_SSD_WGMMA_DEVICE 1

@@ -4410,8 +4410,9 @@ class StageClock {
 // ---- launches
 // ------------------------------------------------------------------------------------
 // The registered name of a chunked launcher instantiation (StageClock rows carry it).
-template <bool kTC, bool kVec, bool kFast, bool kMma = false>
+template <bool kTC, bool kVec, bool kFast, bool kMma = false, bool kWalks = false>
 constexpr std::string_view chunked_name() {
+  if constexpr (kWalks) return "chunked_mma_walks_sm90a";
   if constexpr (kMma) return "chunked_mma_fastpass";
   if constexpr (!kTC) return kFast ? "chunked_f32_fastpass" : "chunked_f32";
   if constexpr (kVec) return kFast ? "chunked_wmma_vec_fastpass" : "chunked_wmma_vec";
@@ -4621,12 +4622,21 @@ inline BwdcLayout bwdc_layout(const ssd::Problem& p) {
   return l;
 }
 
+// The walks of chunked_mma_walks_sm90a (backward_walks.cuh, included below).
+template <class T, bool kRev>
+bool walk_views_ok(const BwdC<T>& p, const SsdBackwardOp::Arguments& a);
+template <class T, bool kRev>
+Status launch_state_walk(const BwdC<T>& p, const SsdBackwardOp::Arguments& a, cudaStream_t st);
+
 // kVec (tensor cores only): chunked_wmma_vec, the 16-byte operand staging. kFast: both
 // inter-chunk passes (the states' recompute and the reverse adjoint scan) by chunk_scan_kernel.
 // kMma (chunked_mma_fastpass, with kVec and kFast): the states' recompute and U_c
 // (chunk_outer_mma_kernel), dCB, dB and dC (bwd_dcb / db / dc_mma_kernel) on mma.sync where their
-// operands allow 16-byte copies.
-template <class T, bool kTC, bool kVec = false, bool kFast = false, bool kMma = false>
+// operands allow 16-byte copies. kWalks (chunked_mma_walks_sm90a, with kMma): the states' recompute
+// with its scan, and U_c with the adjoint scan, as walks on wgmma where the views allow tensor
+// maps (and, for the adjoint, without z); the kernels above elsewhere.
+template <class T, bool kTC, bool kVec = false, bool kFast = false, bool kMma = false,
+          bool kWalks = false>
 Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
                         const SsdBackwardOp::Arguments& a) {
   BwdC<T> p;
@@ -4669,9 +4679,15 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
   const cudaStream_t st = cuda::stream_of(ctx);
   constexpr std::string_view op = "ssd_backward";
   if (pr.heads == 0) return {};
-  StageClock clock(op, chunked_name<kTC, kVec, kFast, kMma>(), st);
+  StageClock clock(op, chunked_name<kTC, kVec, kFast, kMma, kWalks>(), st);
   const int64_t bh64 = pr.batch * pr.heads;
   bool state_mma = false, ustate_mma = false, db_on_mma = false, dc_on_mma = false;
+  bool state_walk = false, adjoint_walk = false;
+  if constexpr (kWalks) {
+    static_assert(kMma && sizeof(T) == 2);
+    state_walk = walk_views_ok<T, false>(p, a);
+    adjoint_walk = walk_views_ok<T, true>(p, a);
+  }
   if constexpr (kMma) {
     // dC on mma.sync where both warp halves of its 128 columns hold data: at N = 64 (B8 L2048 H32)
     // it measured 0.202 ms against the WMMA head blocks' 0.178 (one block of eight warps per SM,
@@ -4686,10 +4702,10 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
         ctx.stream.caps().smem_per_block_optin;
     state_mma = smem_ok && state_mma_fits(p);
     ustate_mma = smem_ok && ustate_mma_fits(p);
-    // bwd_dx_hn_kernel where dx runs on mma.sync and U_c's kernel can leave it its operand dyh
-    // (decided here: U_c's kernel writes dyh only when p.dyh is set)
+    // bwd_dx_hn_kernel where dx runs on mma.sync and U_c's kernel (or the adjoint walk) can leave
+    // it its operand dyh (decided here: they write dyh only when p.dyh is set)
     if constexpr (sizeof(T) == 2)
-      if (ustate_mma && dx_mma_fits(p) &&
+      if ((ustate_mma || adjoint_walk) && dx_mma_fits(p) &&
           static_cast<int64_t>(dx_mma_smem_bytes(pr)) <= ctx.stream.caps().smem_per_block_optin &&
           static_cast<int64_t>(dx_hn_smem_bytes(pr)) <= ctx.stream.caps().smem_per_block_optin) {
         p.dyh = reinterpret_cast<T*>(ws + l.dyh);
@@ -4708,34 +4724,39 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
     prep_kernel<T><<<dim3(nc, bh), cs, cs * sizeof(double), st>>>(fwd);
     BARACUDA_TRY(cuda::check_launch(op, "prep_kernel"));
     clock.mark("prep");
-    if constexpr (kMma) {
-      if (state_mma)
-        BARACUDA_TRY((launch_outer_mma<T, T, true>(outer_args_state(fwd), pr.batch, st, op)));
-      else
-        chunk_state_tc_vec_kernel<T><<<dim3(ntd * ntn, nc, bh), kTcThreads, 0, st>>>(fwd);
-    } else if constexpr (kTC)
-      (kVec ? chunk_state_tc_vec_kernel<T>
-            : chunk_state_tc_kernel<T>)<<<dim3(ntd * ntn, nc, bh), kTcThreads, 0, st>>>(fwd);
-    else
-      chunk_state_kernel<T><<<dim3(ntd * ntn, nc, bh), kThreads, 0, st>>>(fwd);
-    BARACUDA_TRY(cuda::check_launch(op, "chunk_state_kernel"));
-    clock.mark(state_mma ? "chunk_state_mma" : "chunk_state");
-    if constexpr (kFast) {
-      ChunkScan sa = chunk_scan_args(fwd, p.st);
-      sa.in = p.init, sa.has_in = p.has_init;  // no final_states here (p.has_fin is false)
-      if constexpr (sizeof(T) == 2) {
-        sa.st_copy = p.st16;
-        BARACUDA_TRY((launch_chunk_scan<false, float, T>(sa, st, op)));
-      } else {
-        BARACUDA_TRY(launch_chunk_scan<false>(sa, st, op));
-      }
+    if (state_walk) {
+      BARACUDA_TRY((launch_state_walk<T, false>(p, a, st)));
+      clock.mark("state_walk");
     } else {
-      state_pass_kernel<T>
-          <<<dim3(static_cast<unsigned>(cuda::ceil_div(pr.head_dim * pr.state_dim, 256)), bh), 256,
-             0, st>>>(fwd);
-      BARACUDA_TRY(cuda::check_launch(op, "state_pass_kernel"));
+      if constexpr (kMma) {
+        if (state_mma)
+          BARACUDA_TRY((launch_outer_mma<T, T, true>(outer_args_state(fwd), pr.batch, st, op)));
+        else
+          chunk_state_tc_vec_kernel<T><<<dim3(ntd * ntn, nc, bh), kTcThreads, 0, st>>>(fwd);
+      } else if constexpr (kTC)
+        (kVec ? chunk_state_tc_vec_kernel<T>
+              : chunk_state_tc_kernel<T>)<<<dim3(ntd * ntn, nc, bh), kTcThreads, 0, st>>>(fwd);
+      else
+        chunk_state_kernel<T><<<dim3(ntd * ntn, nc, bh), kThreads, 0, st>>>(fwd);
+      BARACUDA_TRY(cuda::check_launch(op, "chunk_state_kernel"));
+      clock.mark(state_mma ? "chunk_state_mma" : "chunk_state");
+      if constexpr (kFast) {
+        ChunkScan sa = chunk_scan_args(fwd, p.st);
+        sa.in = p.init, sa.has_in = p.has_init;  // no final_states here (p.has_fin is false)
+        if constexpr (sizeof(T) == 2) {
+          sa.st_copy = p.st16;
+          BARACUDA_TRY((launch_chunk_scan<false, float, T>(sa, st, op)));
+        } else {
+          BARACUDA_TRY(launch_chunk_scan<false>(sa, st, op));
+        }
+      } else {
+        state_pass_kernel<T>
+            <<<dim3(static_cast<unsigned>(cuda::ceil_div(pr.head_dim * pr.state_dim, 256)), bh),
+               256, 0, st>>>(fwd);
+        BARACUDA_TRY(cuda::check_launch(op, "state_pass_kernel"));
+      }
+      clock.mark("state_pass");
     }
-    clock.mark("state_pass");
     if constexpr (kVec)
       bwd_cb_vec_kernel<T>
           <<<dim3(nc * ntt * ntt, static_cast<unsigned>(pr.batch * pr.ngroups)), kThreads, 0, st>>>(
@@ -4754,9 +4775,9 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
       BARACUDA_TRY(cuda::check_launch(op, "bwd_gate_kernel"));
       clock.mark("gate");
     }
-    bool ustate_done = false;
+    bool ustate_done = adjoint_walk;  // the walk forms U_c itself
     if constexpr (kMma) {
-      if (ustate_mma) {
+      if (ustate_mma && !adjoint_walk) {
         if (p.has_z)
           BARACUDA_TRY((
               launch_outer_mma<T, float, false>(outer_args_ustate<T, float>(p), pr.batch, st, op)));
@@ -4772,10 +4793,15 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
       else
         bwd_ustate_kernel<T, kTC><<<dim3(ntd * ntn, nc, bh), kThreads, 0, st>>>(p);
     }
-    BARACUDA_TRY(cuda::check_launch(op, "bwd_ustate_kernel"));
-    clock.mark(ustate_done ? "ustate_mma" : "ustate");
+    if (!adjoint_walk) {
+      BARACUDA_TRY(cuda::check_launch(op, "bwd_ustate_kernel"));
+      clock.mark(ustate_mma ? "ustate_mma" : "ustate");
+    }
   }
-  if (bh64 > 0) {  // with L = 0 this is d_initial_states = d_final_states
+  if (adjoint_walk) {  // (the walks take L > 0 only)
+    BARACUDA_TRY((launch_state_walk<T, true>(p, a, st)));
+    clock.mark("adjoint_walk");
+  } else if (bh64 > 0) {  // with L = 0 this is d_initial_states = d_final_states
     if constexpr (kFast) {
       ChunkScan sa = chunk_scan_args<T>(p, p.gst);
       sa.in = p.dfin, sa.has_in = p.has_dfin, sa.out = p.dinit, sa.has_out = p.has_init;
@@ -4933,8 +4959,9 @@ Status decode_launch(const LaunchContext& ctx, const ssd::DecodeProblem& pr,
 
 }  // namespace baracuda::ssd_cuda
 
-#include "ops/ssd/forward_fused.cuh"  // the one-pass forward (fused_mma)
-#include "ops/ssd/forward_wgmma.cuh"  // the one-pass forward on wgmma (fused_wgmma_sm90a)
+#include "ops/ssd/backward_walks.cuh"  // the backward's inter-chunk passes on wgmma
+#include "ops/ssd/forward_fused.cuh"   // the one-pass forward (fused_mma)
+#include "ops/ssd/forward_wgmma.cuh"   // the one-pass forward on wgmma (fused_wgmma_sm90a)
 
 namespace baracuda::ssd_cuda {
 
@@ -5004,6 +5031,13 @@ inline bool chunked_fast_fits(const ssd::Problem& p, const DeviceCaps& caps) {
 template <class T>
 bool bc_heads_fast_fit(const ssd::Problem& p, const DeviceCaps& caps) {
   return bc_heads_fit<T>(p, caps) && chunk_scan_blocks(p) < (int64_t{1} << 31);
+}
+
+// chunked_mma_walks_sm90a's shapes; kFullGrid: only where B * H fills the SMs (its default).
+template <class T, bool kFullGrid>
+bool walks_fits_at(const ssd::Problem& p, const DeviceCaps& caps) {
+  return bc_heads_fast_fit<T>(p, caps) && walks_fit<T>(p, caps) &&
+         (!kFullGrid || p.batch * p.heads >= caps.sm_count);
 }
 
 template <DType E>
@@ -5201,6 +5235,28 @@ bool register_kernels() {
         .workspace = chunked_bwd_workspace,
         .launch = backward_chunked<T, true, true, true, true>,
     });
+    // chunked_mma_fastpass with its two inter-chunk passes (the states' recompute with its scan,
+    // U_c with the adjoint scan) as walks on wgmma, one block per (b, h) carrying the state
+    // (backward_walks.cuh; sm_90a, chunk 128 or 256, D <= 64, N <= 128): by name wherever it fits,
+    // the default (_full_grid) where B * H fills the SMs (below that a walk's chunk count times a
+    // piece's latency loses to the chunk-parallel kernels). Per walk, views a tensor map cannot
+    // describe (and z, for the adjoint) take chunked_mma_fastpass's kernels.
+    struct WalkEntry {
+      std::string_view name;
+      int priority;
+      bool (*fits)(const ssd::Problem&, const DeviceCaps&);
+    };
+    for (const WalkEntry& e :
+         {WalkEntry{"chunked_mma_walks_sm90a", 0, walks_fits_at<T, false>},
+          WalkEntry{"chunked_mma_walks_sm90a_full_grid", 34, walks_fits_at<T, true>}}) {
+      KernelSku sku = scan_sku<E>("ssd_backward", "chunked", kTensorCorePrecision<E>, e.name);
+      sku.arch = Arch::sm90a;
+      register_kernel<SsdBackwardOp>({.sku = sku,
+                                      .priority = e.priority,
+                                      .fits = e.fits,
+                                      .workspace = chunked_bwd_workspace,
+                                      .launch = backward_chunked<T, true, true, true, true, true>});
+    }
   }
   register_kernel<SsdDecodeOp>({
       .sku = scan_sku<E>("ssd_decode", "none", kF32Det, "decode_f32"),

@@ -2069,6 +2069,99 @@ TEST_P(SsdPlans, BackwardMmaOnDevice) {
   EXPECT_EQ(dflt->sku().name, "chunked_mma_fastpass");  // the default for 16-bit data
 }
 
+// chunked_mma_walks_sm90a (sm_90a): chunked_mma_fastpass with the states' recompute and the
+// adjoint scan as walks on wgmma (one block per (b, h) carrying the state). Against the float64
+// adjoint (every gradient, poisoned gaps, bitwise reruns) on: chunks 128 and 256 with ragged and
+// whole last chunks, L = 1, D and N below their tiles (zero columns), N <= 64 (warpgroup 1 on
+// zeros), groups, initial and final states, decays that overflow dx_hn's factors (a_scale = 8:
+// dyh past its range, those heads on dx_mma), f16; z keeps the chunk-parallel adjoint, views the
+// tensor maps cannot describe keep both; the stage names say which ran. Then the default where
+// B * H fills the SMs.
+TEST_P(SsdPlans, BackwardWalksOnDevice) {
+  const Target target = GetParam();
+  if (target == Target::cpu) GTEST_SKIP() << "device kernels (chunked_mma_walks_sm90a)";
+  BARACUDA_SKIP_IF_UNAVAILABLE(target);
+  const Stream& stream = harness::stream_for(target);
+  if (stream.caps().sm < 90) GTEST_SKIP() << "chunked_mma_walks_sm90a needs sm_90a";
+  const auto walks = PlanPreference::kernel("chunked_mma_walks_sm90a");
+  const Options states{.init = true, .final = true};
+  const Options no_gate{.d_skip = ssd::DSkip::per_channel,
+                        .dt_bias = true,
+                        .softplus = true,
+                        .init = true,
+                        .final = true};
+  struct WalkCase {
+    DType dtype;
+    BwdCase c;
+    Layout layout;
+    bool state_walk, adjoint_walk;
+  };
+  const WalkCase cases[] = {
+      {DType::bf16, {2, 300, 4, 64, 128, 1, 256, no_gate}, Layout::contiguous, true, true},
+      {DType::bf16, {1, 2 * 256, 8, 64, 128, 1, 256, states}, Layout::contiguous, true, true},
+      {DType::bf16, {2, 300, 4, 64, 128, 2, 128, no_gate}, Layout::contiguous, true, true},
+      {DType::f16, {2, 300, 4, 64, 64, 2, 128, states}, Layout::contiguous, true, true},
+      {DType::f16, {1, 700, 4, 64, 128, 1, 256, {.final = true}}, Layout::contiguous, true, true},
+      {DType::bf16, {1, 261, 6, 48, 40, 2, 256, states}, Layout::contiguous, true, true},
+      {DType::bf16, {3, 1, 2, 16, 16, 1, 128, states}, Layout::contiguous, true, true},
+      {DType::bf16,
+       {2, 600, 4, 64, 128, 1, 256, {.final = true, .a_scale = 8}},
+       Layout::contiguous,
+       true,
+       true},
+      {DType::bf16,
+       {2, 300, 4, 64, 128, 1, 128, {.z = true, .final = true, .a_spread = true}},
+       Layout::contiguous,
+       true,
+       false},
+      {DType::bf16, {1, 517, 8, 64, 128, 1, 256, states}, Layout::padded, false, false},
+      {DType::bf16, {1, 128, 2, 48, 40, 2, 128, states}, Layout::permuted, false, false},
+  };
+  for (const WalkCase& k : cases) {
+    SCOPED_TRACE(std::string(name(k.dtype)) + " " + harness::layout_name(k.layout) +
+                 " L=" + std::to_string(k.c.L) + " H=" + std::to_string(k.c.H) +
+                 " D=" + std::to_string(k.c.D) + " N=" + std::to_string(k.c.N) +
+                 " chunk=" + std::to_string(k.c.chunk));
+    run_backward(target, k.dtype, k.c, k.layout, walks);
+    const StageNames ran = plan_stages<SsdBackwardPlan>(target, k.dtype, k.c, k.layout, walks);
+    // each pass once, by a walk or by the chunk-parallel kernels (padded and permuted views
+    // almost always fail the tensor maps' 16-byte rules; which one ran is asserted on the dense
+    // ones)
+    const bool chunk_states = ran.has("chunk_state_mma") || ran.has("chunk_state");
+    EXPECT_NE(ran.has("state_walk"), chunk_states);
+    EXPECT_NE(ran.has("adjoint_walk"), ran.has("state_rev"));
+    if (k.layout == Layout::contiguous) {
+      EXPECT_EQ(ran.has("state_walk"), k.state_walk);
+      EXPECT_EQ(ran.has("adjoint_walk"), k.adjoint_walk);
+      EXPECT_TRUE(ran.has("dx_hn") && ran.has("dcb_mma"));
+    }
+  }
+  // The default where every SM gets a walk; below that chunked_mma_fastpass.
+  const int64_t sms = stream.caps().sm_count;
+  for (int64_t chunk : {128, 256}) {
+    SCOPED_TRACE("default at chunk " + std::to_string(chunk));
+    const BwdCase many{1, chunk + 3, sms + 1, 64, 128, 1, chunk, states};
+    auto dflt = SsdBackwardPlan::select(stream, describe(many.B, many.L, many.H, many.D, many.N,
+                                                         many.G, DType::bf16, many.o, many.chunk));
+    BARACUDA_ASSERT_OK(dflt);
+    EXPECT_EQ(dflt->sku().name, "chunked_mma_walks_sm90a_full_grid");
+    run_backward(target, DType::bf16, many, Layout::contiguous);
+    auto narrow = SsdBackwardPlan::select(
+        stream, describe(1, 64, sms - 1, 64, 128, 1, DType::bf16, {}, chunk));
+    BARACUDA_ASSERT_OK(narrow);
+    EXPECT_EQ(narrow->sku().name, "chunked_mma_fastpass");
+    // chunk 64 (no 128-row pieces) and L = 0 (no tensor map over an empty axis) are not its
+    auto empty = SsdBackwardPlan::select(
+        stream, describe(1, 0, sms + 1, 64, 128, 1, DType::bf16, states, chunk));
+    BARACUDA_ASSERT_OK(empty);
+    EXPECT_EQ(empty->sku().name, "chunked_mma_fastpass");
+  }
+  auto chunk64 = SsdBackwardPlan::select(
+      stream, describe(1, 300, sms + 1, 64, 128, 1, DType::bf16, states, 64));
+  BARACUDA_ASSERT_OK(chunk64);
+  EXPECT_EQ(chunk64->sku().name, "chunked_mma_fastpass");
+}
+
 TEST_P(SsdPlans, BackwardWmmaVecMatchesWmma) {
   const Target target = GetParam();
   if (target == Target::cpu) GTEST_SKIP() << "device kernels";
