@@ -3,22 +3,20 @@
 // the per-chunk products and the scan over chunks are one kernel and the per-chunk f32 values
 // (chunk_state's, U_c's) never make the round trip through memory.
 //
-//   forward (the states' recompute):  S <- 2^cum_last S + (w o x)^T . B,   w_s = v_s e^(last -
-//   cum_s)
-//                                      writes S entering chunk c to st (f32) and st16 (T)
-//   reverse (the adjoint scan):        G <- e^cum_last G + (w o dy)^T . C,  w_t = e^cum_t
-//                                      writes G leaving chunk c to gst (f32) and gst16 (T), the
-//                                      rows dyh_t = e^(cum_t - cum_last) dy_t (bwd_dx_hn's operand)
-//                                      and d_initial_states
+// The states' recompute, S <- e^cum_last S + (w o x)^T . B with w_s = v_s e^(cum_last - cum_s),
+// writes S entering chunk c to st16 (T) and, where a chunk-parallel kernel reads it, st (f32).
+// The adjoint scan, G <- e^cum_last G + (w o dy)^T . C with w_t = e^cum_t, writes G leaving
+// chunk c to gst16 (and gst, likewise), the rows dyh_t = e^(cum_t - cum_last) dy_t (bwd_dx_hn's
+// operand) and d_initial_states.
 //
 // The weights are chunk_outer_mma_kernel's (the same f32 expressions, rounded to T as its A
 // operand is); the sums run in f32 accumulators from the first chunk to the last instead of per
 // chunk and then across chunks, so the values equal chunked_mma_fastpass's to rounding.
 //
-// Per 128-token piece of a chunk (chunk 128: one, chunk 256: two): x (or dy) and B (or C) arrive
-// by tensor-map copies into a 48 KB stage (two stages, a piece ahead; two blocks per SM), every
-// thread scales half a row of x in place, and warpgroup g adds its 64 columns n of the product
-// (eight m64n64k16 steps, both operands MN-major). Shape: chunk 128 or 256, D <= 64, N <= 128
+// Per 64-token piece (a chunk of 128 or 256 is two or four): x (or dy) and B (or C) arrive by
+// tensor-map copies into one of three 24 KB stages, A = (w o x)^T is read transposed from the x
+// tile by ldmatrix and scaled in registers, and S += A . B runs as one or two m64n64k16 groups (B
+// MN-major). One warpgroup a block, three blocks an SM. Shape: chunk 128 or 256, D <= 64, N <= 128
 // (multiples of 8), 16-bit data, views a tensor map can describe (the launcher runs the
 // chunk-parallel kernels where one cannot).
 #pragma once
@@ -145,7 +143,8 @@ __global__ void __launch_bounds__(walk_wg::kThreads, 3)
     if (k == 0) {  // chunk c starts: S entering it (G leaving it) out, then the decay
       // from one element offset per row (d, cq) and constant offsets 64 cb + 8 j
       const int64_t at = (bh * p.nchunks + c) * p.D * p.N + r_lo * N + cq;
-      float* const o32 = (kRev ? p.gst : p.st) + at;
+      // (the f32 copy only where a chunk-parallel kernel reads it: walk_st32 / walk_gst32)
+      float* const o32 = (kRev ? p.walk_gst32 : p.walk_st32) ? (kRev ? p.gst : p.st) + at : nullptr;
       T* const o16 = (kRev ? p.gst16 : p.st16) + at;
 #pragma unroll
       for (int u = 0; u < 2; ++u) {
@@ -157,7 +156,8 @@ __global__ void __launch_bounds__(walk_wg::kThreads, 3)
             const int n = 64 * cb + 8 * j;
             if (n + cq < N) {  // N % 8 == 0: n + cq + 1 < N too
               const float s0 = st[cb][4 * j + 2 * u], s1 = st[cb][4 * j + 2 * u + 1];
-              *reinterpret_cast<float2*>(o32 + 8 * u * N + n) = make_float2(s0, s1);
+              if (o32 != nullptr)
+                *reinterpret_cast<float2*>(o32 + 8 * u * N + n) = make_float2(s0, s1);
               *reinterpret_cast<uint32_t*>(o16 + 8 * u * N + n) = cuda::pack2<T>(s0, s1);
             }
           }

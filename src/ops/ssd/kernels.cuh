@@ -1299,6 +1299,9 @@ struct BwdC : Fwd<T> {
   float* dyp;        // [B][L][H][D]           dy * silu(z) (has_z only)
   T* dyh = nullptr;  // [B][L][H][D]           16-bit T: exp(cum_t - cum_last) dy'_t, by the U_c
                      //                        mma kernel for bwd_dx_hn_kernel (else nullptr)
+  // chunked_mma_walks_sm90a: the finalize's <Gc, S0> from gst16 and st16, and whether the walks
+  // also write the f32 st / gst (only the chunk-parallel dB, dC and dx kernels still read them)
+  bool gs16 = false, walk_st32 = true, walk_gst32 = true;
   int* dx_rest = nullptr;  // one per bwd_dx_hn_kernel block: bit hi set = its head hi is left to
                            //                        bwd_dx_mma_kernel<.., kRest> (hb <= 8)
   T* cbt16 = nullptr;      // [B*G*nchunks][cs][cs] C.B^T transposed ([s][t]), rounded to T, zero
@@ -4093,7 +4096,13 @@ __global__ void __launch_bounds__(kThreads) bwd_finalize_kernel(BwdC<T> p) {
   const float* Gc = p.gst + (bh * p.nchunks + c) * p.D * p.N;
   const float* S0 = p.st + (bh * p.nchunks + c) * p.D * p.N;
   float gs = 0.0f, ek = 0.0f;
-  for (int64_t e = tid; e < p.D * p.N; e += kThreads) gs = fmaf(Gc[e], S0[e], gs);
+  if (p.gs16) {  // the rounded copies: half the bytes
+    const int64_t at = (bh * p.nchunks + c) * p.D * p.N;
+    for (int64_t e = tid; e < p.D * p.N; e += kThreads)
+      gs = fmaf(to_float(p.gst16[at + e]), to_float(p.st16[at + e]), gs);
+  } else {
+    for (int64_t e = tid; e < p.D * p.N; e += kThreads) gs = fmaf(Gc[e], S0[e], gs);
+  }
   if (tid < K)
     for (int64_t td = 0; td < p.ntd; ++td) ek += p.pE[(td * BH + bh) * p.Lpad + tb + tid];
   red[0][tid] = gs, red[1][tid] = ek;
@@ -4712,6 +4721,15 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
         p.dx_rest = reinterpret_cast<int*>(ws + l.dx_rest);
         p.cbt16 = reinterpret_cast<T*>(ws + l.cbt16);
       }
+  }
+  if constexpr (kWalks) {
+    // The finalize's <Gc, S0> from the 16-bit copies (half the bytes); the f32 states are then
+    // read only by the chunk-parallel dC (st) and dB / dx (gst) kernels, where those run.
+    const bool dx_on_mma = dx_mma_fits(p) && static_cast<int64_t>(dx_mma_smem_bytes(pr)) <=
+                                                 ctx.stream.caps().smem_per_block_optin;
+    p.gs16 = true;
+    p.walk_st32 = !dc_on_mma;
+    p.walk_gst32 = !(db_on_mma && dx_on_mma);
   }
   const auto bh = static_cast<unsigned>(bh64);
   const auto nc = static_cast<unsigned>(pr.nchunks);
