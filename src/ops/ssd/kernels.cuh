@@ -4724,11 +4724,12 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
   }
   if constexpr (kWalks) {
     // The finalize's <Gc, S0> from the 16-bit copies (half the bytes); the f32 states are then
-    // read only by the chunk-parallel dC (st) and dB / dx (gst) kernels, where those run.
+    // read only by the gate (st: the pre-gate y again, with z) and the chunk-parallel dC (st) and
+    // dB / dx (gst) kernels, where those run.
     const bool dx_on_mma = dx_mma_fits(p) && static_cast<int64_t>(dx_mma_smem_bytes(pr)) <=
                                                  ctx.stream.caps().smem_per_block_optin;
     p.gs16 = true;
-    p.walk_st32 = !dc_on_mma;
+    p.walk_st32 = pr.has_z || !dc_on_mma;
     p.walk_gst32 = !(db_on_mma && dx_on_mma);
   }
   const auto bh = static_cast<unsigned>(bh64);
