@@ -88,18 +88,20 @@ __global__ void __launch_bounds__(walk_wg::kThreads, 3)
   // (this thread's rows d = r_lo, r_lo + 8; N <= 64 leaves st[1] at zero).
   const int r_lo = 16 * warp + lane / 4, cq = 2 * (lane % 4);
   float st[2][32];
-  {
-    const V4<const float>& in = kRev ? p.dfin : p.init;
-    const bool has_in = kRev ? p.has_dfin : p.has_init;
+  auto each_state = [&](auto&& f) {  // f(accumulator, d, n) over this thread's 64
 #pragma unroll
     for (int cb = 0; cb < 2; ++cb)
 #pragma unroll
       for (int j = 0; j < 8; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int d = r_lo + 8 * (e / 2), n = 64 * cb + 8 * j + cq + e % 2;
-          st[cb][4 * j + e] = has_in && d < D && n < N ? in.at(b, h, d, n) : 0.0f;
-        }
+        for (int e = 0; e < 4; ++e)
+          f(st[cb][4 * j + e], r_lo + 8 * (e / 2), 64 * cb + 8 * j + cq + e % 2);
+  };
+  {
+    const V4<const float>& in = kRev ? p.dfin : p.init;
+    const bool has_in = kRev ? p.has_dfin : p.has_init;
+    each_state(
+        [&](float& s, int d, int n) { s = has_in && d < D && n < N ? in.at(b, h, d, n) : 0.0f; });
   }
 
   // Threads tid < kRows form token tid's weights of a piece, from scalars loaded a piece earlier
@@ -237,15 +239,9 @@ __global__ void __launch_bounds__(walk_wg::kThreads, 3)
     if (tid == 0 && i + kStages < pieces) issue(i + kStages);
   }
   if (kRev && p.has_init)  // what is left before the first chunk: d_initial_states
-#pragma unroll
-    for (int cb = 0; cb < 2; ++cb)
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int d = r_lo + 8 * (e / 2), n = 64 * cb + 8 * j + cq + e % 2;
-          if (d < D && n < N) p.dinit.at(b, h, d, n) = st[cb][4 * j + e];
-        }
+    each_state([&](float& s, int d, int n) {
+      if (d < D && n < N) p.dinit.at(b, h, d, n) = s;
+    });
 #endif
 }
 
