@@ -5258,8 +5258,10 @@ bool register_kernels() {
     // U_c with the adjoint scan) as walks on wgmma, one block per (b, h) carrying the state
     // (backward_walks.cuh; sm_90a, chunk 128 or 256, D <= 64, N <= 128): by name wherever it fits,
     // the default (_full_grid) where B * H fills the SMs (below that a walk's chunk count times a
-    // piece's latency loses to the chunk-parallel kernels). Per walk, views a tensor map cannot
-    // describe (and z, for the adjoint) take chunked_mma_fastpass's kernels.
+    // piece's latency loses to the chunk-parallel kernels): 2.047 vs 2.262 ms at B4 L4096 H80 D64
+    // N128 bf16 on the H200, 0.824 vs 0.865 at B8 L2048 H32 D64 N64 (docs/perf/ssd.md). Per walk,
+    // views a tensor map cannot describe (and z, for the adjoint) take chunked_mma_fastpass's
+    // kernels.
     struct WalkEntry {
       std::string_view name;
       int priority;
