@@ -4,17 +4,33 @@
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 #include "baracuda/core/status.hpp"
 #include "baracuda/core/tensor.hpp"
 
 namespace baracuda::cuda {
+
+// The encoder's element type of a device element type (float, __half or __nv_bfloat16).
+template <class T>
+constexpr CUtensorMapDataType tensor_map_dtype() {
+  if constexpr (std::is_same_v<T, float>) {
+    return CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
+  } else if constexpr (std::is_same_v<T, __half>) {
+    return CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  } else {
+    static_assert(std::is_same_v<T, __nv_bfloat16>, "a tensor map of float, __half or bf16");
+    return CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  }
+}
 
 // cuTensorMapEncodeTiled, or null where the driver lacks it (callers then take another kernel).
 inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encode_fn() {

@@ -854,8 +854,7 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
   if (ctx.workspace.bytes < lay.bytes)
     return Error::workspace_too_small(std::string(kWho) + ": workspace", lay.bytes,
                                       ctx.workspace.bytes);
-  const CUtensorMapDataType dt = std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
-                                                           : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  const CUtensorMapDataType dt = cuda::tensor_map_dtype<T>();
   CUtensorMap tq, tk, tv, tdy;
   BARACUDA_TRY(cuda::make_rows_map(kWho, &tq, dt, q, kQRows));
   constexpr int kKeys = BwdShape<D>::kKeys;

@@ -567,10 +567,7 @@ Status collapse_push16(const LaunchContext& ctx, const MhcProblem& p,
     const cuuint64_t strides[2] = {static_cast<cuuint64_t>(da.x_st * E),
                                    static_cast<cuuint64_t>(da.x_si * E)};
     const cuuint32_t box[3] = {128 / E, C16Push<M>::TOK, kC16N}, estr[3] = {1, 1, 1};
-    const CUtensorMapDataType dt = sizeof(T) == 4 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
-                                   : std::is_same_v<T, __nv_bfloat16>
-                                       ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                       : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    const CUtensorMapDataType dt = cuda::tensor_map_dtype<T>();
     if (!encode || p.tokens > INT32_MAX ||
         encode(&xmap, dt, 3, const_cast<void*>(a.x.data), dims, strides, box, estr,
                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,

@@ -256,28 +256,24 @@ bool walks_body() {
 // The shapes the walks take (the launcher still checks the views per walk).
 template <class T>
 bool walks_fit(const ssd::Problem& p, const DeviceCaps& caps) {
-  return caps.sm >= 90 && (p.chunk_size == 128 || p.chunk_size == 256) && p.head_dim <= 64 &&
-         p.state_dim <= 128 && p.head_dim % 8 == 0 && p.state_dim % 8 == 0 && p.seqlen > 0 &&
-         p.seqlen + p.chunk_size <= (int64_t{1} << 31) - 1 &&  // TMA's 32-bit coordinates
-         p.batch * p.heads <= (int64_t{1} << 31) - 1 &&
-         static_cast<int64_t>(walk_wg::Smem::request) <= caps.smem_per_block_optin &&
-         cuda::tensor_map_encode_fn() != nullptr && walks_body<T>();
+  return wgmma_walk_fits(p, caps, walk_wg::Smem::request) &&
+         p.batch * p.heads <= (int64_t{1} << 31) - 1 && walks_body<T>();
 }
 
 // Whether a walk can read the views by tensor maps (the reverse walk reads dy itself, so it
 // takes no gate: has_z keeps the chunk-parallel kernels).
+constexpr std::string_view kWalksWho = "ssd_backward: chunked_mma_walks_sm90a";
 template <class T, bool kRev>
 bool walk_views_ok(const BwdC<T>& p, const SsdBackwardOp::Arguments& a) {
-  constexpr std::string_view who = "ssd_backward: chunked_mma_walks_sm90a";
+  constexpr std::string_view who = kWalksWho;
   return !(kRev && p.has_z) &&
          cuda::check_tma_rows(who, kRev ? "dy" : "x", sequence_rows(kRev ? a.dy : a.x)).ok() &&
          cuda::check_tma_rows(who, kRev ? "C" : "B", sequence_rows(kRev ? a.C : a.B)).ok();
 }
 template <class T, bool kRev>
 Status launch_state_walk(const BwdC<T>& p, const SsdBackwardOp::Arguments& a, cudaStream_t st) {
-  constexpr std::string_view who = "ssd_backward: chunked_mma_walks_sm90a";
-  constexpr CUtensorMapDataType dt = std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
-                                                               : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  constexpr std::string_view who = kWalksWho;
+  constexpr CUtensorMapDataType dt = cuda::tensor_map_dtype<T>();
   CUtensorMap ta, tb;
   BARACUDA_TRY(cuda::make_rows_map(who, &ta, dt, sequence_rows(kRev ? a.dy : a.x), walk_wg::kRows));
   BARACUDA_TRY(cuda::make_rows_map(who, &tb, dt, sequence_rows(kRev ? a.C : a.B), walk_wg::kRows));

@@ -566,18 +566,23 @@ bool wgmma_fwd_body() {
       cuda::func_attributes(reinterpret_cast<const void*>(ssd_fused_wgmma_kernel<T, 128>));
   return a && a->binaryVersion >= 90;
 }
+// The shapes of the walks on wgmma (this forward and the backward's, backward_walks.cuh): sm_90,
+// chunk 128 or 256, head_dim <= 64 and state_dim <= 128 (multiples of 8), L > 0 (a tensor map has
+// no empty axes; L = 0 takes the other kernels: S_out = S_in) within TMA's 32-bit coordinates,
+// `smem` bytes of shared memory and the driver's tensor-map encoder.
+inline bool wgmma_walk_fits(const ssd::Problem& p, const DeviceCaps& caps, uint32_t smem) {
+  return caps.sm >= 90 && (p.chunk_size == 128 || p.chunk_size == 256) && p.head_dim <= 64 &&
+         p.state_dim <= 128 && p.head_dim % 8 == 0 && p.state_dim % 8 == 0 && p.seqlen > 0 &&
+         p.seqlen + p.chunk_size <= (int64_t{1} << 31) - 1 &&
+         static_cast<int64_t>(smem) <= caps.smem_per_block_optin &&
+         cuda::tensor_map_encode_fn() != nullptr;
+}
 template <class T>
 bool wgmma_fwd_fits(const ssd::Problem& p, const DeviceCaps& caps) {
-  if (p.chunk_size != 128 && p.chunk_size != 256) return false;
   const uint32_t smem =
       p.chunk_size == 128 ? fwd_wg::Smem<128>::request : fwd_wg::Smem<256>::request;
   static_assert(fwd_wg::kD == fused::kD && fwd_wg::kN == 128);  // fused_walk_fits' limits
-  return caps.sm >= 90 && wgmma_fwd_body<T>() && fused_walk_fits(p) && p.head_dim % 8 == 0 &&
-         p.state_dim % 8 == 0 &&
-         p.seqlen > 0 &&  // a tensor map has no empty axes (L = 0 takes fused_mma: S_out = S_in)
-         p.seqlen + p.chunk_size <= (int64_t{1} << 31) - 1 &&  // TMA's 32-bit coordinates
-         static_cast<int64_t>(smem) <= caps.smem_per_block_optin &&
-         cuda::tensor_map_encode_fn() != nullptr;
+  return wgmma_walk_fits(p, caps, smem) && fused_walk_fits(p) && wgmma_fwd_body<T>();
 }
 // The default where every SM gets a walk (below that the chunk-parallel forward wins: a walk's
 // time is its chunk count times a chunk's latency, as fused_mma's).
@@ -595,8 +600,7 @@ Status forward_wgmma(const LaunchContext& ctx, const ssd::Problem& pr,
   const cudaStream_t st = cuda::stream_of(ctx);
   StageClock clock("ssd_forward", "fused_wgmma_sm90a", st);
   BARACUDA_TRY(cut_walks<kCut>(p, ctx, pr, "cudaMemsetAsync (fused_wgmma's segment flags)"));
-  constexpr CUtensorMapDataType dt = std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
-                                                               : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  constexpr CUtensorMapDataType dt = cuda::tensor_map_dtype<T>();
   constexpr std::string_view who = "ssd_forward: fused_wgmma_sm90a";
   CUtensorMap tc, tb, tx;
   BARACUDA_TRY(cuda::make_rows_map(who, &tc, dt, sequence_rows(a.C), fwd_wg::kHalf));

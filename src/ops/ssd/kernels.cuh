@@ -4692,6 +4692,11 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
   const int64_t bh64 = pr.batch * pr.heads;
   bool state_mma = false, ustate_mma = false, db_on_mma = false, dc_on_mma = false;
   bool state_walk = false, adjoint_walk = false;
+  // dx on mma.sync where every operand it copies is 16-byte aligned (the WMMA kernel elsewhere)
+  const int64_t optin = ctx.stream.caps().smem_per_block_optin;
+  bool dx_on_mma = false;
+  if constexpr (kVec)
+    dx_on_mma = dx_mma_fits(p) && static_cast<int64_t>(dx_mma_smem_bytes(pr)) <= optin;
   if constexpr (kWalks) {
     static_assert(kMma && sizeof(T) == 2);
     state_walk = walk_views_ok<T, false>(p, a);
@@ -4702,21 +4707,18 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
     // it measured 0.202 ms against the WMMA head blocks' 0.178 (one block of eight warps per SM,
     // four of them idle); at N = 128 (B4 L4096 H80) 0.548 against 0.750.
     dc_on_mma = dc_mma_fits(p) && fwd_mma::k16(pr.state_dim) > 64 &&
-                static_cast<int64_t>(dc_mma::kSmem) <= ctx.stream.caps().smem_per_block_optin;
-    db_on_mma = db_mma_fits(p) &&
-                static_cast<int64_t>(db_mma::kSmem) <= ctx.stream.caps().smem_per_block_optin;
+                static_cast<int64_t>(dc_mma::kSmem) <= optin;
+    db_on_mma = db_mma_fits(p) && static_cast<int64_t>(db_mma::kSmem) <= optin;
     p.hb_state = heads_per_block(pr, 4);
     const bool smem_ok =
-        static_cast<int64_t>(fwd_mma::state::layout(pr.state_dim, pr.chunk_size).total) <=
-        ctx.stream.caps().smem_per_block_optin;
+        static_cast<int64_t>(fwd_mma::state::layout(pr.state_dim, pr.chunk_size).total) <= optin;
     state_mma = smem_ok && state_mma_fits(p);
     ustate_mma = smem_ok && ustate_mma_fits(p);
     // bwd_dx_hn_kernel where dx runs on mma.sync and U_c's kernel (or the adjoint walk) can leave
     // it its operand dyh (decided here: they write dyh only when p.dyh is set)
     if constexpr (sizeof(T) == 2)
-      if ((ustate_mma || adjoint_walk) && dx_mma_fits(p) &&
-          static_cast<int64_t>(dx_mma_smem_bytes(pr)) <= ctx.stream.caps().smem_per_block_optin &&
-          static_cast<int64_t>(dx_hn_smem_bytes(pr)) <= ctx.stream.caps().smem_per_block_optin) {
+      if ((ustate_mma || adjoint_walk) && dx_on_mma &&
+          static_cast<int64_t>(dx_hn_smem_bytes(pr)) <= optin) {
         p.dyh = reinterpret_cast<T*>(ws + l.dyh);
         p.dx_rest = reinterpret_cast<int*>(ws + l.dx_rest);
         p.cbt16 = reinterpret_cast<T*>(ws + l.cbt16);
@@ -4726,8 +4728,6 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
     // The finalize's <Gc, S0> from the 16-bit copies (half the bytes); the f32 states are then
     // read only by the gate (st: the pre-gate y again, with z) and the chunk-parallel dC (st) and
     // dB / dx (gst) kernels, where those run.
-    const bool dx_on_mma = dx_mma_fits(p) && static_cast<int64_t>(dx_mma_smem_bytes(pr)) <=
-                                                 ctx.stream.caps().smem_per_block_optin;
     p.gs16 = true;
     p.walk_st32 = pr.has_z || !dc_on_mma;
     p.walk_gst32 = !(db_on_mma && dx_on_mma);
@@ -4794,27 +4794,27 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
       BARACUDA_TRY(cuda::check_launch(op, "bwd_gate_kernel"));
       clock.mark("gate");
     }
-    bool ustate_done = adjoint_walk;  // the walk forms U_c itself
-    if constexpr (kMma) {
-      if (ustate_mma && !adjoint_walk) {
-        if (p.has_z)
-          BARACUDA_TRY((
-              launch_outer_mma<T, float, false>(outer_args_ustate<T, float>(p), pr.batch, st, op)));
-        else
-          BARACUDA_TRY(
-              (launch_outer_mma<T, T, false>(outer_args_ustate<T, T>(p), pr.batch, st, op)));
-        ustate_done = true;
+    if (!adjoint_walk) {  // U_c (the adjoint walk forms it itself)
+      bool ustate_done = false;
+      if constexpr (kMma) {
+        if (ustate_mma) {
+          if (p.has_z)
+            BARACUDA_TRY((launch_outer_mma<T, float, false>(outer_args_ustate<T, float>(p),
+                                                            pr.batch, st, op)));
+          else
+            BARACUDA_TRY(
+                (launch_outer_mma<T, T, false>(outer_args_ustate<T, T>(p), pr.batch, st, op)));
+          ustate_done = true;
+        }
       }
-    }
-    if (!ustate_done) {
-      if constexpr (kVec)
-        bwd_ustate_vec_kernel<T><<<dim3(ntd * ntn, nc, bh), kThreads, 0, st>>>(p);
-      else
-        bwd_ustate_kernel<T, kTC><<<dim3(ntd * ntn, nc, bh), kThreads, 0, st>>>(p);
-    }
-    if (!adjoint_walk) {
+      if (!ustate_done) {
+        if constexpr (kVec)
+          bwd_ustate_vec_kernel<T><<<dim3(ntd * ntn, nc, bh), kThreads, 0, st>>>(p);
+        else
+          bwd_ustate_kernel<T, kTC><<<dim3(ntd * ntn, nc, bh), kThreads, 0, st>>>(p);
+      }
       BARACUDA_TRY(cuda::check_launch(op, "bwd_ustate_kernel"));
-      clock.mark(ustate_mma ? "ustate_mma" : "ustate");
+      clock.mark(ustate_done ? "ustate_mma" : "ustate");
     }
   }
   if (adjoint_walk) {  // (the walks take L > 0 only)
@@ -4851,8 +4851,7 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
       // The mma.sync kernel where every operand it copies is 16-byte aligned; the WMMA kernel
       // (the same dx bits) for the rest.
       const size_t mma_smem = dx_mma_smem_bytes(pr);
-      const int64_t optin = ctx.stream.caps().smem_per_block_optin;
-      if (dx_mma_fits(p) && static_cast<int64_t>(mma_smem) <= optin) {
+      if (dx_on_mma) {
         if (p.dyh != nullptr) {
           // The heads' shared-operand kernel, then dx_mma on the heads it left (its masks).
           bwd_cbt16_kernel<T><<<dim3(static_cast<unsigned>(nc * causal_pairs(p.ntt)),
@@ -4888,8 +4887,7 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
       if constexpr (kMma) {
         const size_t smem =
             p.has_z ? dcb_mma::layout<true>().total : dcb_mma::layout<false>().total;
-        if (dcb_mma_fits(p) &&
-            static_cast<int64_t>(smem) <= ctx.stream.caps().smem_per_block_optin) {
+        if (dcb_mma_fits(p) && static_cast<int64_t>(smem) <= optin) {
           auto* kernel = p.has_z ? bwd_dcb_mma_kernel<T, true> : bwd_dcb_mma_kernel<T, false>;
           BARACUDA_TRY(cuda::launch_with_smem(op, "bwd_dcb_mma_kernel", kernel, dcb_grid,
                                               dcb_mma::kThreads, smem, st, p));
