@@ -4636,6 +4636,12 @@ template <class T, bool kRev>
 bool walk_views_ok(const BwdC<T>& p, const SsdBackwardOp::Arguments& a);
 template <class T, bool kRev>
 Status launch_state_walk(const BwdC<T>& p, const SsdBackwardOp::Arguments& a, cudaStream_t st);
+// Its dx on wgmma, two heads a product (backward_dx_wgmma.cuh; WIP, not run on a device).
+template <class T>
+bool dx_wg_ok(const BwdC<T>& p, const SsdBackwardOp::Arguments& a);
+template <class T>
+Status launch_dx_wg(const BwdC<T>& p, const SsdBackwardOp::Arguments& a, dim3 grid,
+                    cudaStream_t st);
 
 // kVec (tensor cores only): chunked_wmma_vec, the 16-byte operand staging. kFast: both
 // inter-chunk passes (the states' recompute and the reverse adjoint scan) by chunk_scan_kernel.
@@ -4858,10 +4864,17 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
                                      static_cast<unsigned>(pr.batch * pr.ngroups)),
                                 256, 0, st>>>(p);
           BARACUDA_TRY(cuda::check_launch(op, "bwd_cbt16_kernel"));
-          auto* hn = p.has_z ? bwd_dx_hn_kernel<T, true> : bwd_dx_hn_kernel<T, false>;
-          BARACUDA_TRY(cuda::launch_with_smem(op, "bwd_dx_hn_kernel", hn, grid, dx_hn::kThreadsHn,
-                                              dx_hn_smem_bytes(pr), st, p));
-          clock.mark("dx_hn");
+          bool on_wg = false;
+          if constexpr (kWalks) on_wg = dx_wg_ok(p, a);
+          if (on_wg) {
+            BARACUDA_TRY(launch_dx_wg(p, a, grid, st));
+            clock.mark("dx_wg");
+          } else {
+            auto* hn = p.has_z ? bwd_dx_hn_kernel<T, true> : bwd_dx_hn_kernel<T, false>;
+            BARACUDA_TRY(cuda::launch_with_smem(op, "bwd_dx_hn_kernel", hn, grid, dx_hn::kThreadsHn,
+                                                dx_hn_smem_bytes(pr), st, p));
+            clock.mark("dx_hn");
+          }
           auto* rest =
               p.has_z ? bwd_dx_mma_kernel<T, true, true> : bwd_dx_mma_kernel<T, false, true>;
           BARACUDA_TRY(cuda::launch_with_smem(op, "bwd_dx_mma_kernel", rest, grid,
@@ -4977,8 +4990,10 @@ Status decode_launch(const LaunchContext& ctx, const ssd::DecodeProblem& pr,
 }  // namespace baracuda::ssd_cuda
 
 #include "ops/ssd/backward_walks.cuh"  // the backward's inter-chunk passes on wgmma
-#include "ops/ssd/forward_fused.cuh"   // the one-pass forward (fused_mma)
-#include "ops/ssd/forward_wgmma.cuh"   // the one-pass forward on wgmma (fused_wgmma_sm90a)
+
+#include "ops/ssd/backward_dx_wgmma.cuh"  // its dx on wgmma (WIP)
+#include "ops/ssd/forward_fused.cuh"      // the one-pass forward (fused_mma)
+#include "ops/ssd/forward_wgmma.cuh"      // the one-pass forward on wgmma (fused_wgmma_sm90a)
 
 namespace baracuda::ssd_cuda {
 

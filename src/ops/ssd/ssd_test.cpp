@@ -2133,7 +2133,10 @@ TEST_P(SsdPlans, BackwardWalksOnDevice) {
     if (k.layout == Layout::contiguous) {
       EXPECT_EQ(ran.has("state_walk"), k.state_walk);
       EXPECT_EQ(ran.has("adjoint_walk"), k.adjoint_walk);
-      EXPECT_TRUE(ran.has("dx_hn") && ran.has("dcb_mma"));
+      // dx on wgmma where a block's heads pair up (hb: the largest divisor of H / G up to 8)
+      int64_t hb = 8;
+      while ((k.c.H / k.c.G) % hb != 0) --hb;
+      EXPECT_TRUE(ran.has(hb % 2 == 0 ? "dx_wg" : "dx_hn") && ran.has("dcb_mma"));
     }
   }
   // The default where every SM gets a walk; below that chunked_mma_fastpass.
