@@ -235,8 +235,7 @@ template <class T>
 Status launch_dx_wg(const BwdC<T>& p, const SsdBackwardOp::Arguments& a, dim3 grid,
                     cudaStream_t st) {
   constexpr std::string_view who = "ssd_backward: dx_wg";
-  constexpr CUtensorMapDataType dt = std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
-                                                               : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  constexpr CUtensorMapDataType dt = cuda::tensor_map_dtype<T>();
   const DType e = std::is_same_v<T, __half> ? DType::f16 : DType::bf16;
   auto view = [&](const void* data, int64_t d0, int64_t d1, int64_t d2, int64_t d3) {
     ConstTensor t;  // dense [d0, d1, d2, d3]
