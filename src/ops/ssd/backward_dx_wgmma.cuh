@@ -17,13 +17,15 @@
 namespace baracuda::ssd_cuda {
 
 namespace dx_wg {
-constexpr int kThreads = 128, kSlots = 3;
+constexpr int kThreads = 128, kSlots = 3, kMaxHeads = 8;
 constexpr uint32_t kTileBytes = 64 * 128;  // a [64 rows][64 columns] swizzled 16-bit tile
 struct Smem {
   static constexpr uint32_t bs = 0;                                // B_s: up to two k blocks
   static constexpr uint32_t cbt = bs + 2 * kTileBytes;             // CB^T: up to four t tiles
   static constexpr uint32_t ring = cbt + 4 * kTileBytes;           // kSlots stages, two tiles each
-  static constexpr uint32_t bar = ring + kSlots * 2 * kTileBytes;  // A tiles, then one a slot
+  static constexpr uint32_t fac = ring + kSlots * 2 * kTileBytes;  // (es, v): [head][64 rows]
+  static constexpr uint32_t mask = fac + kMaxHeads * 64 * 8;       // heads left to dx_mma
+  static constexpr uint32_t bar = mask + 8;                        // A tiles, then one a slot
   static constexpr uint32_t total = bar + (1 + kSlots) * 8;
   static constexpr uint32_t request = total + 1024;
 };
@@ -81,6 +83,7 @@ __global__ void __launch_bounds__(dx_wg::kThreads, 2)
     }
   };
   if (tid == 0) {
+    *reinterpret_cast<int*>(dxw_smem_raw + (base - raw) + W::mask) = 0;
     cuda::mbar_init(bar_a, 1);
     for (int s = 0; s < kSlots; ++s) cuda::mbar_init(base + W::bar + 8 * (1 + s), 1);
     cuda::mbar_init_fence();
@@ -98,12 +101,51 @@ __global__ void __launch_bounds__(dx_wg::kThreads, 2)
     for (int i = 0; i < kSlots && i < total; ++i) issue(i);
   }
 
+  // Every head's scalars at once, while the A tiles and the first stages are in flight: which
+  // heads exceed dx_hn's factor range (left to dx_mma) and the rows' (es, v). Per head and pair
+  // these were two dependent rounds of f64 loads and a block barrier each (40% of the samples).
+  const int hb = static_cast<int>(p.hb);
+  auto head_row = [&](int hi) { return (b * p.H + h0 + hi) * p.Lpad + tb; };
+  {
+    constexpr int kPer = dx_wg::kMaxHeads * 256 / dx_wg::kThreads;
+    const int cs_log2 = cs == 256 ? 8 : 7;  // chunks of 128 or 256 (the walks' entry)
+    double cum_t[kPer];
+#pragma unroll
+    for (int u = 0; u < kPer; ++u) {
+      const int k = tid + dx_wg::kThreads * u, hi = k >> cs_log2, t = k & (cs - 1);
+      cum_t[u] = hi < hb && t < K32 ? p.cum[head_row(hi) + t] : 0.0;
+    }
+    uint32_t wide = 0;
+#pragma unroll
+    for (int u = 0; u < kPer; ++u) {
+      const int k = tid + dx_wg::kThreads * u, hi = k >> cs_log2, t = k & (cs - 1);
+      if (hi >= hb || t >= K32) continue;
+      const double last = p.cum[head_row(hi) + cs - 1];  // = cum[K - 1] up to rounding
+      const float e = static_cast<float>((cum_t[u] - last) * fwd_mma::kLog2e);
+      if (!(fabsf(e) <= fwd_mma::kFactorSafe<T>)) wide |= 1u << hi;
+    }
+    wide = __reduce_or_sync(0xffffffffu, wide);
+    if (lane == 0 && wide != 0)
+      atomicOr(reinterpret_cast<unsigned*>(dxw_smem_raw + (base - raw) + W::mask), wide);
+    float2* fac = reinterpret_cast<float2*>(dxw_smem_raw + (base - raw) + W::fac);
+    for (int k = tid; k < hb * 64; k += dx_wg::kThreads) {
+      const int hi = k / 64, s = s_lo32 + k % 64;
+      const int64_t ob = head_row(hi);
+      const bool in = s < K32;
+      fac[k] = in ? make_float2(expf(static_cast<float>(p.cum[ob + cs - 1] - p.cum[ob + s])),
+                                p.dtp[ob + s])
+                  : make_float2(0.0f, 0.0f);
+    }
+  }
+  __syncthreads();
+  const int left_heads = *reinterpret_cast<const int*>(dxw_smem_raw + (base - raw) + W::mask);
+  const float2* fac = reinterpret_cast<const float2*>(dxw_smem_raw + (base - raw) + W::fac);
+
   // This thread's accumulator rows s = srow[e] and columns (head hh = j / 8, d = 8 (j % 8) + 2 q4).
   const int srow[2] = {s_lo32 + 16 * warp + g, s_lo32 + 16 * warp + g + 8};
   float acc[64];
   uint32_t xr[2][2][8];  // x at the accumulator positions of both heads, as T pairs
-  float es[2][2], v[2][2], xdot2[2][2];
-  int left_heads = 0;
+  float xdot2[2][2];
   auto row_dots = [&](float(&out)[2][2]) {
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh)
@@ -125,24 +167,17 @@ __global__ void __launch_bounds__(dx_wg::kThreads, 2)
   cuda::mbar_wait(bar_a, 0);
   int i = 0;
   for (int pi = 0; pi < pairs; ++pi) {
-    bool unsafe[2];
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-      const int64_t h = h0 + 2 * pi + hh, ob = (b * p.H + h) * p.Lpad + tb;
-      unsafe[hh] = __syncthreads_or(dx_hat_unsafe<T>(p.cum + ob, K32, cs, tid, dx_wg::kThreads));
-      left_heads |= unsafe[hh] ? 1 << (2 * pi + hh) : 0;
-      const double last = p.cum[ob + cs - 1];
+      const int64_t h = h0 + 2 * pi + hh;
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const bool in = srow[e] < K32;
-        es[hh][e] = in ? expf(static_cast<float>(last - p.cum[ob + srow[e]])) : 0.0f;
-        v[hh][e] = in ? p.dtp[ob + srow[e]] : 0.0f;
+        const T* xrow = &p.x.at(b, tb + (in ? srow[e] : 0), h, 0) + 2 * q4;  // unit inner stride
 #pragma unroll
         for (int j8 = 0; j8 < 8; ++j8)
-          xr[hh][e][j8] = in && 8 * j8 + 2 * q4 < D32
-                              ? __ldg(reinterpret_cast<const unsigned int*>(
-                                    &p.x.at(b, tb + srow[e], h, 8 * j8 + 2 * q4)))
-                              : 0u;
+          xr[hh][e][j8] =
+              in && 8 * j8 < D32 ? __ldg(reinterpret_cast<const unsigned int*>(xrow + 8 * j8)) : 0u;
       }
     }
 #pragma unroll
@@ -180,40 +215,53 @@ __global__ void __launch_bounds__(dx_wg::kThreads, 2)
       __syncthreads();  // every warp done with the slot
       if (tid == 0 && i + kSlots < total) issue(i + kSlots);
     }
-    // The pair's epilogue: dx = v es acc + D dy', and the per-token partials of both heads.
+    // The pair's epilogue: dx = v es acc + D dy', and the per-token partials of both heads. Row
+    // pointers once (the views have unit inner strides: dx_mma_fits), pairs of d per access.
     float rows[2][2];
     row_dots(rows);
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-      if (unsafe[hh]) continue;  // left to bwd_dx_mma_kernel<.., kRest>
-      const int64_t h = h0 + 2 * pi + hh, bh = b * p.H + h;
+      const int hi = 2 * pi + hh;
+      if (left_heads & (1 << hi)) continue;  // left to bwd_dx_mma_kernel<.., kRest>
+      const int64_t h = h0 + hi, bh = b * p.H + h;
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int s = srow[e];
         if (s >= K32) continue;
-        const float f = v[hh][e] * es[hh][e];
-        T* dxr = &p.dx.at(b, tb + s, h, 2 * q4);  // unit inner stride (dx_mma_fits)
+        const float2 ev = fac[hi * 64 + s - s_lo32];
+        const float f = ev.x * ev.y;
+        const int64_t t = tb + s;
+        T* dxr = &p.dx.at(b, t, h, 0) + 2 * q4;
+        if (p.has_d) {
+          const float* dyz = nullptr;
+          const T* dyr = nullptr;
+          if constexpr (kZ)
+            dyz = p.dyp + ((b * p.L + t) * p.H + h) * p.D + 2 * q4;
+          else
+            dyr = &p.dy.at(b, t, h, 0) + 2 * q4;
 #pragma unroll
-        for (int j8 = 0; j8 < 8; ++j8) {
-          const int d = 8 * j8 + 2 * q4;
-          if (d >= D32) continue;
-          float out[2];
-#pragma unroll
-          for (int u = 0; u < 2; ++u) {
-            float skip_term = 0.0f;
-            if (p.has_d) {
-              const float dyp = kZ ? p.dyp[((b * p.L + tb + s) * p.H + h) * p.D + d + u]
-                                   : to_float(p.dy.at(b, tb + s, h, d + u));
-              skip_term = p.Dv.at(h, d + u) * dyp;
-            }
-            out[u] = fmaf(f, acc[4 * (8 * hh + j8) + 2 * e + u], skip_term);
+          for (int j8 = 0; j8 < 8; ++j8) {
+            const int d = 8 * j8 + 2 * q4;
+            if (8 * j8 >= D32) break;
+            const float2 dyv =
+                kZ ? *reinterpret_cast<const float2*>(dyz + 8 * j8)
+                   : cuda::unpack2<T>(*reinterpret_cast<const uint32_t*>(dyr + 8 * j8));
+            const float o0 = fmaf(f, acc[4 * (8 * hh + j8) + 2 * e], p.Dv.at(h, d) * dyv.x);
+            const float o1 = fmaf(f, acc[4 * (8 * hh + j8) + 2 * e + 1], p.Dv.at(h, d + 1) * dyv.y);
+            *reinterpret_cast<uint32_t*>(dxr + 8 * j8) = cuda::pack2<T>(o0, o1);
           }
-          *reinterpret_cast<uint32_t*>(dxr + 8 * j8) = cuda::pack2<T>(out[0], out[1]);
+        } else {
+#pragma unroll
+          for (int j8 = 0; j8 < 8; ++j8) {
+            if (8 * j8 >= D32) break;
+            *reinterpret_cast<uint32_t*>(dxr + 8 * j8) = cuda::pack2<T>(
+                f * acc[4 * (8 * hh + j8) + 2 * e], f * acc[4 * (8 * hh + j8) + 2 * e + 1]);
+          }
         }
         if (q4 == 0) {
-          const int64_t o = (blockIdx.y * p.B * p.H + bh) * p.Lpad + tb + s;
-          p.pdv[o] = es[hh][e] * rows[hh][e];
-          p.pE[o] = es[hh][e] * v[hh][e] * xdot2[hh][e];
+          const int64_t o = (blockIdx.y * p.B * p.H + bh) * p.Lpad + t;
+          p.pdv[o] = ev.x * rows[hh][e];
+          p.pE[o] = f * xdot2[hh][e];
         }
       }
     }
@@ -227,7 +275,7 @@ __global__ void __launch_bounds__(dx_wg::kThreads, 2)
 // arrays always; B by the caller's strides).
 template <class T>
 bool dx_wg_ok(const BwdC<T>& p, const SsdBackwardOp::Arguments& a) {
-  return p.hb % 2 == 0 && p.dyh != nullptr && p.D <= 64 && p.N <= 128 &&
+  return p.hb % 2 == 0 && p.hb <= dx_wg::kMaxHeads && p.dyh != nullptr && p.D <= 64 && p.N <= 128 &&
          cuda::check_tma_rows("ssd_backward: dx_wg", "B", sequence_rows(a.B)).ok();
 }
 
