@@ -15,6 +15,22 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// Dynamic shared memory from its first 1024-byte boundary (128-byte swizzled tiles repeat every
+// 1024 bytes, and TMA / wgmma address them from such a boundary): the shared-window address for
+// the async proxies and the generic pointer to the same bytes. Request 1023 bytes more than used.
+struct AlignedSmem {
+  uint32_t addr;
+  unsigned char* ptr;
+  template <class U>
+  __device__ __forceinline__ U* at(uint32_t offset) const {
+    return reinterpret_cast<U*>(ptr + offset);
+  }
+};
+__device__ __forceinline__ AlignedSmem align_smem_1024(unsigned char* raw) {
+  const uint32_t a = smem_u32(raw), aligned = (a + 1023u) & ~1023u;
+  return {aligned, raw + (aligned - a)};
+}
+
 // Four 8x8 16-bit matrices; lane l gives the address of row l % 8 of matrix l / 8.
 __device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2,
                                             uint32_t& r3) {

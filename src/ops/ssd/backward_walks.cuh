@@ -55,9 +55,9 @@ __global__ void __launch_bounds__(walk_wg::kThreads, 3)
   using walk_wg::kStages;
   using W = walk_wg::Smem;
   extern __shared__ unsigned char walk_smem_raw[];
-  const uint32_t raw = cuda::smem_u32(walk_smem_raw);
-  const uint32_t base = (raw + 1023u) & ~1023u;
-  unsigned char* gen = walk_smem_raw + (base - raw);
+  const cuda::AlignedSmem sm = cuda::align_smem_1024(walk_smem_raw);
+  const uint32_t base = sm.addr;
+  unsigned char* gen = sm.ptr;
   float* const w_sm = reinterpret_cast<float*>(gen + W::w);
   float* const w2_sm = reinterpret_cast<float*>(gen + W::w2);
   float* const decay_sm = reinterpret_cast<float*>(gen + W::decay);

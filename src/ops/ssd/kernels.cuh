@@ -4636,7 +4636,7 @@ template <class T, bool kRev>
 bool walk_views_ok(const BwdC<T>& p, const SsdBackwardOp::Arguments& a);
 template <class T, bool kRev>
 Status launch_state_walk(const BwdC<T>& p, const SsdBackwardOp::Arguments& a, cudaStream_t st);
-// Its dx on wgmma, two heads a product (backward_dx_wgmma.cuh; WIP, not run on a device).
+// Its dx on wgmma, two heads a product (backward_dx_wgmma.cuh).
 template <class T>
 bool dx_wg_ok(const BwdC<T>& p, const SsdBackwardOp::Arguments& a);
 template <class T>
@@ -4991,7 +4991,7 @@ Status decode_launch(const LaunchContext& ctx, const ssd::DecodeProblem& pr,
 
 #include "ops/ssd/backward_walks.cuh"  // the backward's inter-chunk passes on wgmma
 
-#include "ops/ssd/backward_dx_wgmma.cuh"  // its dx on wgmma (WIP)
+#include "ops/ssd/backward_dx_wgmma.cuh"  // its dx on wgmma
 #include "ops/ssd/forward_fused.cuh"      // the one-pass forward (fused_mma)
 #include "ops/ssd/forward_wgmma.cuh"      // the one-pass forward on wgmma (fused_wgmma_sm90a)
 
