@@ -272,6 +272,16 @@ __global__ void __launch_bounds__(dx_wg::kThreads, 2)
 #endif
 }
 
+// A dense [d0, d1, d2, d3] view of a 16-bit workspace array, for a tensor map.
+template <class T>
+ConstTensor dense_view4(const void* data, int64_t d0, int64_t d1, int64_t d2, int64_t d3) {
+  ConstTensor t;
+  t.data = data, t.dtype = std::is_same_v<T, __half> ? DType::f16 : DType::bf16, t.rank = 4;
+  t.shape = {d0, d1, d2, d3};
+  t.stride = {d1 * d2 * d3, d2 * d3, d3, 1};
+  return t;
+}
+
 // Where the shared-operand dx runs on wgmma: the walks' shapes (checked by their entry), an even
 // hb (two heads a product) and dyh / gst16 / cbt16 / B views the tensor maps take (the workspace
 // arrays always; B by the caller's strides).
@@ -286,13 +296,8 @@ Status launch_dx_wg(const BwdC<T>& p, const SsdBackwardOp::Arguments& a, dim3 gr
                     cudaStream_t st) {
   constexpr std::string_view who = "ssd_backward: dx_wg";
   constexpr CUtensorMapDataType dt = cuda::tensor_map_dtype<T>();
-  const DType e = std::is_same_v<T, __half> ? DType::f16 : DType::bf16;
-  auto view = [&](const void* data, int64_t d0, int64_t d1, int64_t d2, int64_t d3) {
-    ConstTensor t;  // dense [d0, d1, d2, d3]
-    t.data = data, t.dtype = e, t.rank = 4;
-    t.shape = {d0, d1, d2, d3};
-    t.stride = {d1 * d2 * d3, d2 * d3, d3, 1};
-    return t;
+  auto view = [](const void* data, int64_t d0, int64_t d1, int64_t d2, int64_t d3) {
+    return dense_view4<T>(data, d0, d1, d2, d3);
   };
   DxWgMaps maps;
   BARACUDA_TRY(cuda::make_rows_map(who, &maps.b, dt, sequence_rows(a.B), 64));
