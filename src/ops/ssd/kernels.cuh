@@ -4642,11 +4642,11 @@ bool dx_wg_ok(const BwdC<T>& p, const SsdBackwardOp::Arguments& a);
 template <class T>
 Status launch_dx_wg(const BwdC<T>& p, const SsdBackwardOp::Arguments& a, dim3 grid,
                     cudaStream_t st);
-// Its dC on wgmma (backward_dc_wgmma.cuh).
-template <class T>
-bool dc_wg_ok(const BwdC<T>& p, const SsdBackwardOp::Arguments& a);
-template <class T>
-Status launch_dc_wg(const BwdC<T>& p, const SsdBackwardOp::Arguments& a, dim3 grid,
+// Its dB (kDB) and dC on wgmma (backward_bc_wgmma.cuh).
+template <class T, bool kDB>
+bool bc_wg_ok(const BwdC<T>& p, const SsdBackwardOp::Arguments& a);
+template <class T, bool kDB>
+Status launch_bc_wg(const BwdC<T>& p, const SsdBackwardOp::Arguments& a, dim3 grid,
                     cudaStream_t st);
 
 // kVec (tensor cores only): chunked_wmma_vec, the 16-byte operand staging. kFast: both
@@ -4703,7 +4703,7 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
   StageClock clock(op, chunked_name<kTC, kVec, kFast, kMma, kWalks>(), st);
   const int64_t bh64 = pr.batch * pr.heads;
   bool state_mma = false, ustate_mma = false, db_on_mma = false, dc_on_mma = false;
-  bool dc_on_wg = false;
+  bool db_on_wg = false, dc_on_wg = false;
   bool state_walk = false, adjoint_walk = false;
   // dx on mma.sync where every operand it copies is 16-byte aligned (the WMMA kernel elsewhere)
   const int64_t optin = ctx.stream.caps().smem_per_block_optin;
@@ -4722,7 +4722,7 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
     dc_on_mma = dc_mma_fits(p) && fwd_mma::k16(pr.state_dim) > 64 &&
                 static_cast<int64_t>(dc_mma::kSmem) <= optin;
     db_on_mma = db_mma_fits(p) && static_cast<int64_t>(db_mma::kSmem) <= optin;
-    if constexpr (kWalks) dc_on_wg = dc_wg_ok(p, a);
+    if constexpr (kWalks) db_on_wg = bc_wg_ok<T, true>(p, a), dc_on_wg = bc_wg_ok<T, false>(p, a);
     p.hb_state = heads_per_block(pr, 4);
     const bool smem_ok =
         static_cast<int64_t>(fwd_mma::state::layout(pr.state_dim, pr.chunk_size).total) <= optin;
@@ -4744,7 +4744,7 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
     // dB / dx (gst) kernels, where those run.
     p.gs16 = true;
     p.walk_st32 = pr.has_z || !(dc_on_mma || dc_on_wg);
-    p.walk_gst32 = !(db_on_mma && dx_on_mma);
+    p.walk_gst32 = !((db_on_mma || db_on_wg) && dx_on_mma);
   }
   const auto bh = static_cast<unsigned>(bh64);
   const auto nc = static_cast<unsigned>(pr.nchunks);
@@ -4918,7 +4918,9 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
       if (!dcb_on_mma) bwd_dcb_vec_kernel<T><<<dcb_grid, kThreads, 0, st>>>(p);
       BARACUDA_TRY(cuda::check_launch(op, "bwd_dcb_vec_kernel"));
       clock.mark(dcb_on_mma ? "dcb_mma" : "dcb");
-      if (db_on_mma) {
+      if (db_on_wg) {
+        BARACUDA_TRY((launch_bc_wg<T, true>(p, a, heads_grid(1), st)));
+      } else if (db_on_mma) {
         BARACUDA_TRY(cuda::launch_with_smem(op, "bwd_db_mma_kernel", bwd_db_mma_kernel<T>,
                                             heads_grid(mma_tiles_n), db_mma::kThreads,
                                             db_mma::kSmem, st, p));
@@ -4930,10 +4932,10 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
     } else
       bwd_db_kernel<T, kTC><<<dim3(nc * ntt, ntn, bh), kThreads, 0, st>>>(p);
     BARACUDA_TRY(cuda::check_launch(op, "bwd_db_kernel"));
-    clock.mark(db_on_mma ? "db_mma" : "db");
+    clock.mark(db_on_wg ? "db_wg" : db_on_mma ? "db_mma" : "db");
     if constexpr (kVec) {
       if (dc_on_wg) {
-        BARACUDA_TRY(launch_dc_wg(p, a, heads_grid(1), st));
+        BARACUDA_TRY((launch_bc_wg<T, false>(p, a, heads_grid(1), st)));
       } else if (dc_on_mma) {
         auto* kernel = p.has_z ? bwd_dc_mma_kernel<T, true> : bwd_dc_mma_kernel<T, false>;
         BARACUDA_TRY(cuda::launch_with_smem(op, "bwd_dc_mma_kernel", kernel,
@@ -5001,7 +5003,7 @@ Status decode_launch(const LaunchContext& ctx, const ssd::DecodeProblem& pr,
 
 #include "ops/ssd/backward_walks.cuh"  // the backward's inter-chunk passes on wgmma
 
-#include "ops/ssd/backward_dc_wgmma.cuh"  // its dC on wgmma
+#include "ops/ssd/backward_bc_wgmma.cuh"  // its dB and dC on wgmma
 #include "ops/ssd/backward_dx_wgmma.cuh"  // and dx
 #include "ops/ssd/forward_fused.cuh"      // the one-pass forward (fused_mma)
 #include "ops/ssd/forward_wgmma.cuh"      // the one-pass forward on wgmma (fused_wgmma_sm90a)
