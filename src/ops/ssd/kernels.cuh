@@ -3236,6 +3236,7 @@ template <bool kZ>
 constexpr size_t kSlotA = kZ ? sizeof(float) * kTile* kLdDy : sizeof(uint16_t) * kTile* kLd16;
 constexpr size_t kSlotB = sizeof(uint16_t) * kTile * kLd16;
 constexpr int kScalars = 5;  // per head: colf, rowf, cl at s, cl at t, dt at s (64 each)
+enum Scalar : int { kColf, kRowf, kClS, kClT, kDtS };
 struct Layout {
   size_t ring, slot, pc, scal, total;  // byte offsets and sizes
 };
@@ -3251,6 +3252,154 @@ __host__ __device__ inline Layout layout() {
 }
 }  // namespace dcb_mma
 
+// One head's part of dCB after its DX = dy'_t . x_s tile (acc): w = W_ts dt_s DX_ts,
+// P = w CB_ts; dCB += w, P's row sums to prow (rows from t_lo, those below K) and its column sums
+// to pc (this warp's 8 rows of partials a column, added by the caller after a barrier). The
+// accumulator layout is mma.sync's m16n8 tiles of a warp's 16 rows, which is also wgmma's
+// m64n64 layout, so bwd_dcb_mma_kernel and bwd_dcb_wg_kernel share it. One straight block per
+// (factored or direct, diagonal tile or not). Factored: w = rf_t u with u = colf_s DX_ts, so the
+// row sums take u CB_ts and rf_t once at the end, and dCB and the column sums one fma each.
+template <bool kZeroAcc>  // zero acc for the next head (mma.sync; wgmma overwrites it instead)
+__device__ __forceinline__ void dcb_head_epilogue(const float (*sc)[kTile],
+                                                  float (*pc)[dcb_mma::kLdP], float (&acc)[8][4],
+                                                  const float (&cbv)[8][4], float (&dcb)[8][4],
+                                                  bool direct, bool diag, int t_lo, int K, int warp,
+                                                  int lane, float* prow) {
+  using namespace dcb_mma;
+  const int g = lane / 4, q4 = lane % 4;
+  const int lrow[2] = {16 * warp + g, 16 * warp + g + 8};  // within the tile
+  float rs[2] = {0.0f, 0.0f};
+  auto epilogue = [&]<bool kDirect, bool kDiag>() {
+    float rf[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) rf[r] = kDirect ? 1.0f : sc[kRowf][lrow[r]];
+#pragma unroll
+    for (int j8 = 0; j8 < 8; ++j8) {
+      const int sl = 8 * j8 + 2 * q4;  // local column
+      const float2 cf = *reinterpret_cast<const float2*>(&sc[kColf][sl]);
+      float csum[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float u;
+          if constexpr (!kDirect)
+            u = (e ? cf.y : cf.x) * acc[j8][2 * r + e];
+          else
+            u = t_lo + lrow[r] < K ? exp2_ftz(sc[kClT][lrow[r]] - sc[kClS][sl + e]) *
+                                         sc[kDtS][sl + e] * acc[j8][2 * r + e]
+                                   : 0.0f;
+          if constexpr (kDiag)
+            if (sl + e > lrow[r]) u = 0.0f;  // s > t
+          const float pv = u * cbv[j8][2 * r + e];
+          rs[r] += pv;
+          csum[e] = fmaf(rf[r], pv, csum[e]);
+          dcb[j8][2 * r + e] = fmaf(rf[r], u, dcb[j8][2 * r + e]);
+          if constexpr (kZeroAcc) acc[j8][2 * r + e] = 0.0f;
+        }
+      *reinterpret_cast<float2*>(&pc[warp * 8 + g][sl]) = make_float2(csum[0], csum[1]);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) rs[r] *= rf[r];
+  };
+  if (direct)
+    diag ? epilogue.template operator()<true, true>() : epilogue.template operator()<true, false>();
+  else
+    diag ? epilogue.template operator()<false, true>()
+         : epilogue.template operator()<false, false>();
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    rs[r] += __shfl_xor_sync(0xffffffffu, rs[r], 1);
+    rs[r] += __shfl_xor_sync(0xffffffffu, rs[r], 2);
+    if (q4 == 0 && t_lo + lrow[r] < K) prow[lrow[r]] = rs[r];
+  }
+}
+
+// A dCB block (chunk, causal tile pair (t tile it, s tile q), b, group) and what both dCB
+// kernels do around their products: each head's factors into scal[buf] (threads 0-63 the
+// columns s, 64-127 the rows t; their inputs loaded a head earlier, so the loads' latency hides
+// under a head's products instead of stalling every warp at the barrier that publishes the
+// factors), the column sums of P from the warps' partials, C.B^T at the accumulator positions
+// and the block's dCB store.
+template <class T>
+struct DcbBlock {
+  int64_t c, it, q, b, grp, h0, BH, tb, cb_off;
+  int t_lo, s0, K, s_ref, cs, tid, k_own, tok;
+  bool diag;
+  struct HeadScalars {
+    double ref, cum;  // cum at s_ref, at this thread's token
+    float dt;         // dt at this thread's column s (threads 0-63)
+  };
+  __device__ DcbBlock(const BwdC<T>& p, int thread) : tid(thread) {
+    const int64_t npairs = causal_pairs(p.ntt);
+    c = blockIdx.x / npairs, it = 0, q = blockIdx.x % npairs;  // pair it (it + 1) / 2 + q, q <= it
+    while (q > it) q -= ++it;
+    const int64_t G = p.H / p.hpg;
+    b = blockIdx.y / G, grp = blockIdx.y % G, h0 = grp * p.hpg;
+    t_lo = static_cast<int>(it) * kTile, s0 = static_cast<int>(q) * kTile;
+    BH = p.B * p.H, tb = c * p.cs;
+    K = static_cast<int>(p.L - tb < p.cs ? p.L - tb : p.cs);
+    diag = it == q;
+    s_ref = min(s0 + kTile, K) - 1;
+    cb_off = ((b * G + grp) * p.nchunks + c) * p.cs * p.cs;
+    cs = static_cast<int>(p.cs);
+    k_own = tid % kTile, tok = tid < kTile ? s0 + k_own : t_lo + k_own;
+  }
+  __device__ HeadScalars head_scalars(const BwdC<T>& p, int64_t h) const {
+    const int64_t ob = (b * p.H + h) * p.Lpad + tb;
+    return {p.cum[ob + s_ref], p.cum[ob + tok], tid < kTile && tok < K ? p.dtp[ob + tok] : 0.0f};
+  }
+  // Returns whether this thread saw an exponent beyond kFactorSafe.
+  __device__ bool factors(const HeadScalars& hs, float (*sc)[kTile]) const {
+    using namespace dcb_mma;
+    const float ref = static_cast<float>(hs.ref * fwd_mma::kLog2e);
+    const float cl = static_cast<float>(hs.cum * fwd_mma::kLog2e);
+    const bool in = tok < K;
+    if (tid < kTile) {
+      sc[kClS][k_own] = cl, sc[kDtS][k_own] = hs.dt;
+      sc[kColf][k_own] = in ? exp2_ftz(ref - cl) * hs.dt : 0.0f;
+      return in && !(ref - cl <= fwd_mma::kFactorSafe<T>);
+    }
+    sc[kClT][k_own] = cl;
+    sc[kRowf][k_own] = in ? exp2_ftz(cl - ref) : 0.0f;
+    return in && !(cl - ref <= fwd_mma::kFactorSafe<T>);
+  }
+  // Head hh's column sums, after a barrier that follows its partials' writes.
+  __device__ void column_sums(const BwdC<T>& p, const float (*pc)[dcb_mma::kLdP], int hh) const {
+    if (tid < kTile && s0 + tid < K) {
+      float v = 0.0f;
+      for (int r = 0; r < dcb_mma::kWarps * 8; ++r) v += pc[r][tid];
+      p.pcol[(it * BH + b * p.H + h0 + hh) * p.Lpad + tb + s0 + tid] = v;
+    }
+  }
+  // C.B^T at the accumulator positions of this thread (rows t >= K: zeros, so P does not carry
+  // whatever those rows of the workspace hold).
+  __device__ void load_cb(const BwdC<T>& p, int warp, int lane, float (&cbv)[8][4]) const {
+    const int g = lane / 4, q4 = lane % 4;
+#pragma unroll
+    for (int j8 = 0; j8 < 8; ++j8)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = 16 * warp + g + 8 * r;
+        const float2 v = t_lo + row < K
+                             ? __ldg(reinterpret_cast<const float2*>(
+                                   p.cbm + cb_off + (t_lo + row) * cs + s0 + 8 * j8 + 2 * q4))
+                             : make_float2(0.0f, 0.0f);
+        cbv[j8][2 * r] = v.x, cbv[j8][2 * r + 1] = v.y;
+      }
+  }
+  __device__ void store_dcb(const BwdC<T>& p, int warp, int lane, const float (&dcb)[8][4]) const {
+    const int g = lane / 4, q4 = lane % 4;
+    float* dcbt = p.dcb + cb_off;
+#pragma unroll
+    for (int j8 = 0; j8 < 8; ++j8)
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        *reinterpret_cast<float2*>(dcbt + (t_lo + 16 * warp + g + 8 * r) * cs + s0 + 8 * j8 +
+                                   2 * q4) = make_float2(dcb[j8][2 * r], dcb[j8][2 * r + 1]);
+  }
+};
+
 template <class T>
 bool dcb_mma_fits(const BwdC<T>& p) {
   return mma_shape_fits(p) && rows16(p.x) && (p.has_z || rows16(p.dy));
@@ -3263,23 +3412,14 @@ __global__ void __launch_bounds__(dcb_mma::kThreads, 3) bwd_dcb_mma_kernel(BwdC<
   const Layout lay = layout<kZ>();
   float(*Pc)[kWarps * 8][kLdP] = reinterpret_cast<float(*)[kWarps * 8][kLdP]>(dcbm_smem + lay.pc);
   float(*scal)[kScalars][kTile] = reinterpret_cast<float(*)[kScalars][kTile]>(dcbm_smem + lay.scal);
-  enum { kColf, kRowf, kClS, kClT, kDtS };
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, q4 = lane % 4;
-  const int64_t npairs = causal_pairs(p.ntt), c = blockIdx.x / npairs;
-  int64_t it = 0, q = blockIdx.x % npairs;  // pair index it (it + 1) / 2 + q, q <= it
-  while (q > it) q -= ++it;
-  const int64_t G = p.H / p.hpg, b = blockIdx.y / G, grp = blockIdx.y % G, h0 = grp * p.hpg;
-  const int t_lo = static_cast<int>(it) * kTile, s0 = static_cast<int>(q) * kTile;
-  const int64_t BH = p.B * p.H, tb = c * p.cs;
-  const int K = static_cast<int>(p.L - tb < p.cs ? p.L - tb : p.cs);
+  const DcbBlock<T> blk(p, tid);
+  const int64_t b = blk.b, h0 = blk.h0, tb = blk.tb, BH = blk.BH, q = blk.q;
+  const int t_lo = blk.t_lo, s0 = blk.s0, K = blk.K;
   if (t_lo >= K) return;  // uniform over the block
-  const bool diag = it == q;
   const int nks = static_cast<int>((p.D + kTile - 1) / kTile);
   const int total = static_cast<int>(p.hpg) * nks;
-  const int s_ref = min(s0 + kTile, K) - 1;
-  const int64_t cb_off = ((b * G + grp) * p.nchunks + c) * p.cs * p.cs;
-  const int cs = static_cast<int>(p.cs);
 
   // ---- producer: stage i = (head, D slice) into ring slot i % kStages
   const int cr = tid / 8, cc = tid % 8 * 8;  // 16-bit tiles: rows cr + 16 k, 8 columns from cc
@@ -3319,59 +3459,12 @@ __global__ void __launch_bounds__(dcb_mma::kThreads, 3) bwd_dcb_mma_kernel(BwdC<
     if (++ij == nks) ij = 0, ++ih;
   };
 
-  // A head's factors into scal[buf]: threads 0-63 the columns s, 64-127 the rows t. Their inputs
-  // are loaded a head earlier (HeadScalars), so the loads' latency hides under a head's products
-  // instead of stalling every warp at the barrier that publishes the factors. Returns whether this
-  // thread saw an exponent beyond kFactorSafe.
-  struct HeadScalars {
-    double ref, cum;  // cum at s_ref, at this thread's token
-    float dt;         // dt at this thread's column s (threads 0-63)
-  };
-  const int k_own = tid % kTile, tok = tid < kTile ? s0 + k_own : t_lo + k_own;
-  auto head_scalars = [&](int64_t h) {
-    const int64_t ob = (b * p.H + h) * p.Lpad + tb;
-    return HeadScalars{p.cum[ob + s_ref], p.cum[ob + tok],
-                       tid < kTile && tok < K ? p.dtp[ob + tok] : 0.0f};
-  };
-  auto factors = [&](const HeadScalars& hs, int buf) {
-    const float ref = static_cast<float>(hs.ref * fwd_mma::kLog2e);
-    const float cl = static_cast<float>(hs.cum * fwd_mma::kLog2e);
-    const bool in = tok < K;
-    if (tid < kTile) {
-      scal[buf][kClS][k_own] = cl, scal[buf][kDtS][k_own] = hs.dt;
-      scal[buf][kColf][k_own] = in ? exp2_ftz(ref - cl) * hs.dt : 0.0f;
-      return in && !(ref - cl <= fwd_mma::kFactorSafe<T>);
-    }
-    scal[buf][kClT][k_own] = cl;
-    scal[buf][kRowf][k_own] = in ? exp2_ftz(cl - ref) : 0.0f;
-    return in && !(cl - ref <= fwd_mma::kFactorSafe<T>);
-  };
-  auto column_sums = [&](int hh) {  // after a barrier that follows head hh's Pc writes
-    if (tid < kTile && s0 + tid < K) {
-      float v = 0.0f;
-      for (int r = 0; r < kWarps * 8; ++r) v += Pc[hh & 1][r][tid];
-      p.pcol[(it * BH + b * p.H + h0 + hh) * p.Lpad + tb + s0 + tid] = v;
-    }
-  };
-
-  // ---- per-thread state: rows trow[r] = t_lo + 16 warp + g + 8 r, columns s0 + 8 j8 + 2 q4 + u
+  // ---- per-thread state: rows t_lo + 16 warp + g + 8 r, columns s0 + 8 j8 + 2 q4 + u
   const int lrow[2] = {16 * warp + g, 16 * warp + g + 8};  // within the tile
-  float acc[8][4], dcb[8][4], cbv[8][4];
-#pragma unroll
-  for (int j8 = 0; j8 < 8; ++j8)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      // rows t >= K: zeros (P must not carry whatever those rows of the workspace hold)
-      const float2 v = t_lo + lrow[r] < K
-                           ? __ldg(reinterpret_cast<const float2*>(
-                                 p.cbm + cb_off + (t_lo + lrow[r]) * cs + s0 + 8 * j8 + 2 * q4))
-                           : make_float2(0.0f, 0.0f);
-      cbv[j8][2 * r] = v.x, cbv[j8][2 * r + 1] = v.y;
-      acc[j8][2 * r] = acc[j8][2 * r + 1] = 0.0f;
-      dcb[j8][2 * r] = dcb[j8][2 * r + 1] = 0.0f;
-    }
-  bool direct = __syncthreads_or(factors(head_scalars(h0), 0));  // head 0's factors, published
-  HeadScalars next = head_scalars(p.hpg > 1 ? h0 + 1 : h0);      // head 1's inputs
+  float acc[8][4] = {}, dcb[8][4] = {}, cbv[8][4];
+  blk.load_cb(p, warp, lane, cbv);
+  bool direct = __syncthreads_or(blk.factors(blk.head_scalars(p, h0), scal[0]));  // head 0's
+  auto next = blk.head_scalars(p, p.hpg > 1 ? h0 + 1 : h0);                       // head 1's inputs
   bool direct_next = false, await_flag = false, my_flag = false;
 
   int hi = 0, j = 0;  // the stage being computed: head, D slice
@@ -3391,12 +3484,12 @@ __global__ void __launch_bounds__(dcb_mma::kThreads, 3) bwd_dcb_mma_kernel(BwdC<
     if (j == 0) {
       if (hi > 0) {
         direct = direct_next;
-        column_sums(hi - 1);
+        blk.column_sums(p, Pc[(hi - 1) & 1], hi - 1);
       }
       if (hi + 1 < p.hpg) {  // the next head's factors (its flag arrives at the next barrier)
-        my_flag = factors(next, (hi + 1) & 1);
+        my_flag = blk.factors(next, scal[(hi + 1) & 1]);
         await_flag = true;
-        if (hi + 2 < p.hpg) next = head_scalars(h0 + hi + 2);
+        if (hi + 2 < p.hpg) next = blk.head_scalars(p, h0 + hi + 2);
       }
     }
     // acc[t][s] += sum_d dy'[t][d] x[s][d] over this D slice (columns past D are zero)
@@ -3418,73 +3511,17 @@ __global__ void __launch_bounds__(dcb_mma::kThreads, 3) bwd_dcb_mma_kernel(BwdC<
       mma_k16_bnk<T>(acc, a, reinterpret_cast<const T*>(slot + kSlotA<kZ>), kLd16, 16 * kk, lane);
     }
     if (j == nks - 1) {
-      // Head hi's weights: w = W_ts dt_s DX_ts, P = w CB_ts; dCB += w, P's row and column sums.
-      const int buf = hi & 1;
-      const float(*sc)[kTile] = scal[buf];
-      float rs[2] = {0.0f, 0.0f};
-      // One straight block per (factored or direct, diagonal tile or not). Factored: w = rf_t u
-      // with u = colf_s DX_ts, so the row sums take u CB_ts and rf_t once at the end, and dCB and
-      // the column sums one fma each.
-      auto epilogue = [&]<bool kDirect, bool kDiag>() {
-        float rf[2];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) rf[r] = kDirect ? 1.0f : sc[kRowf][lrow[r]];
-#pragma unroll
-        for (int j8 = 0; j8 < 8; ++j8) {
-          const int sl = 8 * j8 + 2 * q4;  // local column
-          const float2 cf = *reinterpret_cast<const float2*>(&sc[kColf][sl]);
-          float csum[2] = {0.0f, 0.0f};
-#pragma unroll
-          for (int r = 0; r < 2; ++r)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              float u;
-              if constexpr (!kDirect)
-                u = (e ? cf.y : cf.x) * acc[j8][2 * r + e];
-              else
-                u = t_lo + lrow[r] < K ? exp2_ftz(sc[kClT][lrow[r]] - sc[kClS][sl + e]) *
-                                             sc[kDtS][sl + e] * acc[j8][2 * r + e]
-                                       : 0.0f;
-              if constexpr (kDiag)
-                if (sl + e > lrow[r]) u = 0.0f;  // s > t
-              const float pv = u * cbv[j8][2 * r + e];
-              rs[r] += pv;
-              csum[e] = fmaf(rf[r], pv, csum[e]);
-              dcb[j8][2 * r + e] = fmaf(rf[r], u, dcb[j8][2 * r + e]);
-              acc[j8][2 * r + e] = 0.0f;
-            }
-          *reinterpret_cast<float2*>(&Pc[buf][warp * 8 + g][sl]) = make_float2(csum[0], csum[1]);
-        }
-#pragma unroll
-        for (int r = 0; r < 2; ++r) rs[r] *= rf[r];
-      };
-      if (direct)
-        diag ? epilogue.template operator()<true, true>()
-             : epilogue.template operator()<true, false>();
-      else
-        diag ? epilogue.template operator()<false, true>()
-             : epilogue.template operator()<false, false>();
       const int64_t bh = b * p.H + h0 + hi;
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        rs[r] += __shfl_xor_sync(0xffffffffu, rs[r], 1);
-        rs[r] += __shfl_xor_sync(0xffffffffu, rs[r], 2);
-        if (q4 == 0 && t_lo + lrow[r] < K)
-          p.prow[(q * BH + bh) * p.Lpad + tb + t_lo + lrow[r]] = rs[r];
-      }
+      dcb_head_epilogue<true>(scal[hi & 1], Pc[hi & 1], acc, cbv, dcb, direct, blk.diag, t_lo, K,
+                              warp, lane, p.prow + (q * BH + bh) * p.Lpad + tb + t_lo);
     }
     if (++j == nks) j = 0, ++hi;
   }
   cp_async_wait<0>();
   __syncthreads();  // the last head's Pc
-  column_sums(static_cast<int>(p.hpg) - 1);
-  float* dcbt = p.dcb + cb_off;
-#pragma unroll
-  for (int j8 = 0; j8 < 8; ++j8)
-#pragma unroll
-    for (int r = 0; r < 2; ++r)
-      *reinterpret_cast<float2*>(dcbt + (t_lo + lrow[r]) * cs + s0 + 8 * j8 + 2 * q4) =
-          make_float2(dcb[j8][2 * r], dcb[j8][2 * r + 1]);
+  const int last = static_cast<int>(p.hpg) - 1;
+  blk.column_sums(p, Pc[last & 1], last);
+  blk.store_dcb(p, warp, lane, dcb);
 }
 
 // The dB / dC head blocks: one block per (chunk, 64 tokens, b, block of hb heads of one group)
@@ -4642,6 +4679,12 @@ bool dx_wg_ok(const BwdC<T>& p, const SsdBackwardOp::Arguments& a);
 template <class T>
 Status launch_dx_wg(const BwdC<T>& p, const SsdBackwardOp::Arguments& a, dim3 grid,
                     cudaStream_t st);
+// Its dCB on wgmma (backward_dcb_wgmma.cuh).
+template <class T>
+bool dcb_wg_ok(const BwdC<T>& p, const SsdBackwardOp::Arguments& a);
+template <class T>
+Status launch_dcb_wg(const BwdC<T>& p, const SsdBackwardOp::Arguments& a, dim3 grid,
+                     cudaStream_t st);
 // Its dB (kDB) and dC on wgmma (backward_bc_wgmma.cuh).
 template <class T, bool kDB>
 bool bc_wg_ok(const BwdC<T>& p, const SsdBackwardOp::Arguments& a);
@@ -4904,20 +4947,28 @@ Status backward_chunked(const LaunchContext& ctx, const ssd::Problem& pr,
     if constexpr (kVec) {
       const dim3 dcb_grid(static_cast<unsigned>(nc * causal_pairs(p.ntt)),
                           static_cast<unsigned>(pr.batch * pr.ngroups));
-      bool dcb_on_mma = false;
+      bool dcb_on_mma = false, dcb_on_wg = false;
+      if constexpr (kWalks) {
+        if (dcb_wg_ok(p, a)) {
+          BARACUDA_TRY(launch_dcb_wg(p, a, dcb_grid, st));
+          dcb_on_wg = true;
+        }
+      }
       if constexpr (kMma) {
         const size_t smem =
             p.has_z ? dcb_mma::layout<true>().total : dcb_mma::layout<false>().total;
-        if (dcb_mma_fits(p) && static_cast<int64_t>(smem) <= optin) {
+        if (!dcb_on_wg && dcb_mma_fits(p) && static_cast<int64_t>(smem) <= optin) {
           auto* kernel = p.has_z ? bwd_dcb_mma_kernel<T, true> : bwd_dcb_mma_kernel<T, false>;
           BARACUDA_TRY(cuda::launch_with_smem(op, "bwd_dcb_mma_kernel", kernel, dcb_grid,
                                               dcb_mma::kThreads, smem, st, p));
           dcb_on_mma = true;
         }
       }
-      if (!dcb_on_mma) bwd_dcb_vec_kernel<T><<<dcb_grid, kThreads, 0, st>>>(p);
-      BARACUDA_TRY(cuda::check_launch(op, "bwd_dcb_vec_kernel"));
-      clock.mark(dcb_on_mma ? "dcb_mma" : "dcb");
+      if (!dcb_on_wg && !dcb_on_mma) {
+        bwd_dcb_vec_kernel<T><<<dcb_grid, kThreads, 0, st>>>(p);
+        BARACUDA_TRY(cuda::check_launch(op, "bwd_dcb_vec_kernel"));
+      }
+      clock.mark(dcb_on_wg ? "dcb_wg" : dcb_on_mma ? "dcb_mma" : "dcb");
       if (db_on_wg) {
         BARACUDA_TRY((launch_bc_wg<T, true>(p, a, heads_grid(1), st)));
       } else if (db_on_mma) {
@@ -5003,10 +5054,11 @@ Status decode_launch(const LaunchContext& ctx, const ssd::DecodeProblem& pr,
 
 #include "ops/ssd/backward_walks.cuh"  // the backward's inter-chunk passes on wgmma
 
-#include "ops/ssd/backward_bc_wgmma.cuh"  // its dB and dC on wgmma
-#include "ops/ssd/backward_dx_wgmma.cuh"  // and dx
-#include "ops/ssd/forward_fused.cuh"      // the one-pass forward (fused_mma)
-#include "ops/ssd/forward_wgmma.cuh"      // the one-pass forward on wgmma (fused_wgmma_sm90a)
+#include "ops/ssd/backward_bc_wgmma.cuh"   // its dB and dC on wgmma
+#include "ops/ssd/backward_dcb_wgmma.cuh"  // dCB
+#include "ops/ssd/backward_dx_wgmma.cuh"   // and dx
+#include "ops/ssd/forward_fused.cuh"       // the one-pass forward (fused_mma)
+#include "ops/ssd/forward_wgmma.cuh"       // the one-pass forward on wgmma (fused_wgmma_sm90a)
 
 namespace baracuda::ssd_cuda {
 

@@ -2075,8 +2075,8 @@ TEST_P(SsdPlans, BackwardMmaOnDevice) {
 // whole last chunks, L = 1, D and N below their tiles (zero columns), N <= 64 (warpgroup 1 on
 // zeros), groups, initial and final states, decays that overflow dx_hn's factors (a_scale = 8:
 // dyh past its range, those heads on dx_mma), f16; z keeps the chunk-parallel adjoint (and dC off
-// wgmma; dB and dx stay on it), views the tensor maps cannot describe keep both; the stage names
-// say which ran. Then the default where B * H fills the SMs.
+// wgmma, dCB too; dB and dx stay on it), views the tensor maps cannot describe keep both; the stage
+// names say which ran. Then the default where B * H fills the SMs.
 TEST_P(SsdPlans, BackwardWalksOnDevice) {
   const Target target = GetParam();
   if (target == Target::cpu) GTEST_SKIP() << "device kernels (chunked_mma_walks_sm90a)";
@@ -2136,10 +2136,13 @@ TEST_P(SsdPlans, BackwardWalksOnDevice) {
       // dx on wgmma where a block's heads pair up (hb: the largest divisor of H / G up to 8)
       int64_t hb = 8;
       while ((k.c.H / k.c.G) % hb != 0) --hb;
-      EXPECT_TRUE(ran.has(hb % 2 == 0 ? "dx_wg" : "dx_hn") && ran.has("dcb_mma"));
-      // dB on wgmma; dC where dy' is dy itself (with z it is the f32 dy * silu(z) workspace)
+      EXPECT_TRUE(ran.has(hb % 2 == 0 ? "dx_wg" : "dx_hn"));
+      // dB on wgmma; dCB and dC where dy' is dy itself (with z it is the f32 dy * silu(z)
+      // workspace)
       EXPECT_TRUE(ran.has("db_wg"));
       EXPECT_EQ(ran.has("dc_wg"), !k.c.o.z);
+      EXPECT_EQ(ran.has("dcb_wg"), !k.c.o.z);
+      EXPECT_EQ(ran.has("dcb_mma"), k.c.o.z);
     }
   }
   // The default where every SM gets a walk; below that chunked_mma_fastpass.
