@@ -30,6 +30,12 @@ __device__ __forceinline__ AlignedSmem align_smem_1024(unsigned char* raw) {
   const uint32_t a = smem_u32(raw), aligned = (a + 1023u) & ~1023u;
   return {aligned, raw + (aligned - a)};
 }
+// The kernel's dynamic shared memory so aligned (every extern __shared__ array names the same
+// bytes; one name here spares each kernel its own).
+__device__ __forceinline__ AlignedSmem dynamic_smem_1024() {
+  extern __shared__ unsigned char baracuda_dynamic_smem[];
+  return align_smem_1024(baracuda_dynamic_smem);
+}
 
 // Four 8x8 16-bit matrices; lane l gives the address of row l % 8 of matrix l / 8.
 __device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2,

@@ -20,9 +20,9 @@
 namespace baracuda::ssd_cuda {
 
 namespace bc_wg {
+using fwd_wg::kTileBytes;
 constexpr int kThreads = 128, kSlots = 4, kMaxHeads = 8;
-constexpr uint32_t kTileBytes = 64 * 128;  // a [64 rows][64 columns] swizzled 16-bit tile
-template <int kNB>                         // 64-column blocks of n: 1 (N <= 64) or 2
+template <int kNB>  // 64-column blocks of n: 1 (N <= 64) or 2
 struct Smem {
   static constexpr uint32_t slot = (1 + kNB) * kTileBytes;  // the a tile, then kNB of state / rows
   static constexpr uint32_t w = kSlots * slot;              // w_r: [head][64 rows], f32
@@ -45,10 +45,8 @@ __global__ void __launch_bounds__(bc_wg::kThreads, 2)
   using namespace fwd_wg;
   using W = bc_wg::Smem<kNB>;
   using bc_wg::kSlots;
-  using bc_wg::kTileBytes;
   constexpr int kCols = 64 * kNB;
-  extern __shared__ unsigned char bcw_smem_raw[];
-  const cuda::AlignedSmem sm = cuda::align_smem_1024(bcw_smem_raw);
+  const cuda::AlignedSmem sm = cuda::dynamic_smem_1024();
   const uint32_t base = sm.addr;
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, q4 = lane % 4;
@@ -81,13 +79,7 @@ __global__ void __launch_bounds__(bc_wg::kThreads, 2)
                           static_cast<int>(b));
     }
   };
-  if (tid == 0) {
-    for (int s = 0; s < kSlots; ++s) cuda::mbar_init(base + W::bar + 8 * s, 1);
-    cuda::mbar_init_fence();
-  }
-  __syncthreads();
-  if (tid == 0)
-    for (int i = 0; i < kSlots && i < total; ++i) issue(i);
+  start_ring(base + W::bar, kSlots, total, issue);
   // Every head's row weights while the first stages are in flight.
   float* wsm = sm.at<float>(W::w);
   for (int k = tid; k < hb * 64; k += bc_wg::kThreads) {

@@ -13,8 +13,8 @@
 namespace baracuda::ssd_cuda {
 
 namespace dcb_wg {
+using fwd_wg::kTileBytes;
 constexpr int kThreads = 128, kSlots = 3;
-constexpr uint32_t kTileBytes = 64 * 128;  // a [64 rows][64 columns] swizzled 16-bit tile
 struct Smem {
   static constexpr uint32_t ring = 0;  // per slot: dy rows t, then x rows s
   static constexpr uint32_t pc = ring + kSlots * 2 * kTileBytes;  // column partials, two heads
@@ -35,22 +35,19 @@ __global__ void __launch_bounds__(dcb_wg::kThreads, 3)
     bwd_dcb_wg_kernel(const __grid_constant__ DcbWgMaps maps, BwdC<T> p) {
 #if BARACUDA_SSD_WGMMA_DEVICE
   using namespace fwd_wg;
-  using W = dcb_wg::Smem;
   using dcb_wg::kSlots;
-  using dcb_wg::kTileBytes;
-  extern __shared__ unsigned char dcbw_smem_raw[];
-  const cuda::AlignedSmem sm = cuda::align_smem_1024(dcbw_smem_raw);
+  const cuda::AlignedSmem sm = cuda::dynamic_smem_1024();
   const uint32_t base = sm.addr;
-  auto* Pc = sm.at<float[dcb_mma::kWarps * 8][dcb_mma::kLdP]>(W::pc);
-  auto* scal = sm.at<float[dcb_mma::kScalars][kTile]>(W::scal);
+  auto* Pc = sm.at<float[dcb_mma::kWarps * 8][dcb_mma::kLdP]>(dcb_wg::Smem::pc);
+  auto* scal = sm.at<float[dcb_mma::kScalars][kTile]>(dcb_wg::Smem::scal);
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const DcbBlock<T> blk(p, tid);
   const int64_t b = blk.b, h0 = blk.h0, tb = blk.tb;
   const int t_lo = blk.t_lo, K = blk.K, heads = static_cast<int>(p.hpg);
   if (t_lo >= K) return;  // uniform over the block
-  auto bar_at = [&](int i) { return base + W::bar + 8 * (i % kSlots); };
-  auto slot_at = [&](int i) { return base + W::ring + (i % kSlots) * 2 * kTileBytes; };
+  auto bar_at = [&](int i) { return base + dcb_wg::Smem::bar + 8 * (i % kSlots); };
+  auto slot_at = [&](int i) { return base + dcb_wg::Smem::ring + (i % kSlots) * 2 * kTileBytes; };
   auto issue = [&](int i) {  // head i's dy rows from t_lo and x rows from s0
     const int h = static_cast<int>(h0 + i);
     cuda::mbar_expect_tx(bar_at(i), 2 * kTileBytes);
@@ -59,13 +56,7 @@ __global__ void __launch_bounds__(dcb_wg::kThreads, 3)
     cuda::tma_load_4d(slot_at(i) + kTileBytes, &maps.x, bar_at(i), 0, static_cast<int>(tb + blk.s0),
                       h, static_cast<int>(b));
   };
-  if (tid == 0) {
-    for (int s = 0; s < kSlots; ++s) cuda::mbar_init(base + W::bar + 8 * s, 1);
-    cuda::mbar_init_fence();
-  }
-  __syncthreads();
-  if (tid == 0)
-    for (int i = 0; i < kSlots && i < heads; ++i) issue(i);
+  start_ring(base + dcb_wg::Smem::bar, kSlots, heads, issue);
 
   float acc[8][4], dcb[8][4] = {}, cbv[8][4];
   float(&acc_flat)[32] = reinterpret_cast<float(&)[32]>(acc);  // wgmma's view: the same layout

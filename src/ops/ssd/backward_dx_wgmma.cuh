@@ -19,8 +19,8 @@
 namespace baracuda::ssd_cuda {
 
 namespace dx_wg {
+using fwd_wg::kTileBytes;
 constexpr int kThreads = 128, kSlots = 3, kMaxHeads = 8;
-constexpr uint32_t kTileBytes = 64 * 128;  // a [64 rows][64 columns] swizzled 16-bit tile
 struct Smem {
   static constexpr uint32_t bs = 0;                                // B_s: up to two k blocks
   static constexpr uint32_t cbt = bs + 2 * kTileBytes;             // CB^T: up to four t tiles
@@ -46,9 +46,7 @@ __global__ void __launch_bounds__(dx_wg::kThreads, 2)
   using namespace fwd_wg;
   using W = dx_wg::Smem;
   using dx_wg::kSlots;
-  using dx_wg::kTileBytes;
-  extern __shared__ unsigned char dxw_smem_raw[];
-  const cuda::AlignedSmem sm = cuda::align_smem_1024(dxw_smem_raw);
+  const cuda::AlignedSmem sm = cuda::dynamic_smem_1024();
   const uint32_t base = sm.addr;
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, q4 = lane % 4;

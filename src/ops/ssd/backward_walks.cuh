@@ -54,8 +54,7 @@ __global__ void __launch_bounds__(walk_wg::kThreads, 3)
   using walk_wg::kRows;
   using walk_wg::kStages;
   using W = walk_wg::Smem;
-  extern __shared__ unsigned char walk_smem_raw[];
-  const cuda::AlignedSmem sm = cuda::align_smem_1024(walk_smem_raw);
+  const cuda::AlignedSmem sm = cuda::dynamic_smem_1024();
   const uint32_t base = sm.addr;
   unsigned char* gen = sm.ptr;
   float* const w_sm = reinterpret_cast<float*>(gen + W::w);

@@ -47,6 +47,7 @@ namespace baracuda::ssd_cuda {
 
 namespace fwd_wg {
 constexpr int kD = 64, kN = 128, kThreads = 256, kHalf = 128;  // kHalf: rows of a TMA box
+constexpr uint32_t kTileBytes = 64 * 128;  // a [64 rows][64 columns] swizzled 16-bit tile
 // Shared memory for chunk kQ (128 or 256), byte offsets from a 1024-byte aligned base (a swizzle
 // atom is 8 rows x 128 B). Chunk 128: C, B and x double-buffered (a chunk ahead), y staged in its
 // own tile. Chunk 256: one buffer of each (228 KB would not hold two), each half of it (rows
@@ -101,6 +102,18 @@ __device__ __forceinline__ uint64_t mn_major(uint32_t tile, int rows, int cb, in
   return desc(tile + cb * rows * 128 + k * 128, rows * 128, 1024);
 }
 using fa3::Ops;
+// The start of a ring of TMA stages: thread 0 sets up one mbarrier a slot (at bars, 8 bytes
+// apart) and, after the block barrier that publishes them, issues the first stages.
+template <class Issue>
+__device__ __forceinline__ void start_ring(uint32_t bars, int slots, int stages, Issue&& issue) {
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < slots; ++s) cuda::mbar_init(bars + 8 * s, 1);
+    cuda::mbar_init_fence();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0)
+    for (int i = 0; i < slots && i < stages; ++i) issue(i);
+}
 }  // namespace fwd_wg
 #endif
 
@@ -115,8 +128,7 @@ __global__ void __launch_bounds__(fwd_wg::kThreads, 1)
 #if BARACUDA_SSD_WGMMA_DEVICE
   using namespace fwd_wg;
   using S = Smem<kQ>;
-  extern __shared__ unsigned char wg_smem_raw[];
-  const cuda::AlignedSmem sm = cuda::align_smem_1024(wg_smem_raw);
+  const cuda::AlignedSmem sm = cuda::dynamic_smem_1024();
   const uint32_t base = sm.addr;
   unsigned char* gen = sm.ptr;
 
