@@ -128,9 +128,12 @@ __global__ void __launch_bounds__(fwd_wg::kThreads, 1)
 #if BARACUDA_SSD_WGMMA_DEVICE
   using namespace fwd_wg;
   using S = Smem<kQ>;
-  const cuda::AlignedSmem sm = cuda::dynamic_smem_1024();
-  const uint32_t base = sm.addr;
-  unsigned char* gen = sm.ptr;
+  // by hand, not cuda::dynamic_smem_1024(): through the helper ptxas allocates this kernel's
+  // registers differently, and the measured SASS is this one
+  extern __shared__ unsigned char wg_smem_raw[];
+  const uint32_t raw = cuda::smem_u32(wg_smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  unsigned char* gen = wg_smem_raw + (base - raw);
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, wg = tid / 128, wl = warp % 4;
   const FusedWalk fw = fused_walk(p);  // as fused_mma's
