@@ -5334,12 +5334,13 @@ bool register_kernels() {
     });
     // chunked_mma_fastpass with its two inter-chunk passes (the states' recompute with its scan,
     // U_c with the adjoint scan) as walks on wgmma, one block per (b, h) carrying the state
-    // (backward_walks.cuh; sm_90a, chunk 128 or 256, D <= 64, N <= 128): by name wherever it fits,
-    // the default (_full_grid) where B * H fills the SMs (below that a walk's chunk count times a
-    // piece's latency loses to the chunk-parallel kernels): 2.047 vs 2.262 ms at B4 L4096 H80 D64
-    // N128 bf16 on the H200, 0.824 vs 0.865 at B8 L2048 H32 D64 N64 (docs/perf/ssd.md). Per walk,
-    // views a tensor map cannot describe (and z, for the adjoint) take chunked_mma_fastpass's
-    // kernels.
+    // (backward_walks.cuh; sm_90a, chunk 128 or 256, D <= 64, N <= 128), and its dx, dCB, dB and
+    // dC products on wgmma (backward_dx / dcb / bc_wgmma.cuh): by name wherever it fits, the
+    // default (_full_grid) where B * H fills the SMs (below that a walk's chunk count times a
+    // piece's latency loses to the chunk-parallel kernels): 1.448 vs 2.258 ms at B4 L4096 H80 D64
+    // N128 bf16 on the H200, 0.544 vs 0.864 at B8 L2048 H32 D64 N64 (docs/perf/ssd.md). Per walk
+    // or product, views a tensor map cannot describe (and z, for the adjoint, dCB and dC) take
+    // chunked_mma_fastpass's kernels.
     struct WalkEntry {
       std::string_view name;
       int priority;
