@@ -6,7 +6,8 @@
 - ssd_decode: the one-token state update in PyTorch eager and torch.compile (mamba_ssm's Triton
   selective_state_update does not launch under Triton 3.6).
 BARACUDA_SSD_ONLY=forward / backward (the bench's switch) keeps that direction's rows only (a
-quick same-call peer for A/B calls; the forward alone takes ~30 s instead of ~190 s).
+quick same-call peer for A/B calls; the forward alone takes ~30 s instead of ~190 s); any other
+non-empty value (e.g. prefill) keeps both directions and skips the decode peers.
 Standalone: python3 src/ops/ssd/peers.py"""
 import json
 import os
