@@ -14,6 +14,8 @@
 // hb even. dx matches dx_hn's to rounding (another summation order), deterministic.
 #pragma once
 
+#include <array>
+
 #include "ops/ssd/forward_wgmma.cuh"  // its tile descriptors (fwd_wg)
 
 namespace baracuda::ssd_cuda {
@@ -273,11 +275,8 @@ __global__ void __launch_bounds__(dx_wg::kThreads, 2)
 // A dense [d0, d1, d2, d3] view of a 16-bit workspace array, for a tensor map.
 template <class T>
 ConstTensor dense_view4(const void* data, int64_t d0, int64_t d1, int64_t d2, int64_t d3) {
-  ConstTensor t;
-  t.data = data, t.dtype = std::is_same_v<T, __half> ? DType::f16 : DType::bf16, t.rank = 4;
-  t.shape = {d0, d1, d2, d3};
-  t.stride = {d1 * d2 * d3, d2 * d3, d3, 1};
-  return t;
+  const std::array<int64_t, 4> shape{d0, d1, d2, d3};
+  return make_tensor(data, std::is_same_v<T, __half> ? DType::f16 : DType::bf16, shape);
 }
 
 // Where the shared-operand dx runs on wgmma: the walks' shapes (checked by their entry), an even
