@@ -197,6 +197,31 @@ Result<Timing> time_it(const Stream& stream, const std::function<Status(int)>& f
   return Timing{ms[ms.size() / 2], ms.front(), ms.back(), reps};
 }
 
+Result<Timing> time_back_to_back(const Stream& stream, const std::function<Status()>& fn, int runs,
+                                 int rounds, int warmup) {
+  auto cs = static_cast<cudaStream_t>(stream.cuda_handle());
+  runs = std::max(runs, 1), rounds = std::max(rounds, 1);
+  for (int i = 0; i < warmup; ++i) BARACUDA_TRY(fn());
+  BARACUDA_TRY(cuda::check("bench", "warm-up", cudaStreamSynchronize(cs)));
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start), cudaEventCreate(&stop);
+  std::vector<double> ms;
+  Status st;
+  for (int r = 0; r < rounds && st.ok(); ++r) {
+    cudaEventRecord(start, cs);
+    for (int i = 0; i < runs && st.ok(); ++i) st = fn();
+    cudaEventRecord(stop, cs);
+    const Status sync = cuda::check("bench", "timed runs", cudaStreamSynchronize(cs));
+    if (st.ok()) st = sync;
+    float t = 0;
+    if (st.ok()) cudaEventElapsedTime(&t, start, stop), ms.push_back(double{t} / runs);
+  }
+  cudaEventDestroy(start), cudaEventDestroy(stop);
+  if (!st.ok()) return st.error();
+  std::sort(ms.begin(), ms.end());
+  return Timing{ms[ms.size() / 2], ms.front(), ms.back(), rounds};
+}
+
 Result<Buffer> random_buffer(const Stream& stream, DType t, int64_t count, uint64_t seed, double lo,
                              double hi) {
   const int64_t elems = std::max<int64_t>(count, 1);

@@ -35,6 +35,12 @@ struct Timing {
 // whose total exceeds the L2. A failing fn aborts the case with its error.
 Result<Timing> time_it(const Stream& stream, const std::function<Status(int rotation)>& fn,
                        int rotations = 1, int reps = 30, int warmup = 3);
+// Times `runs` calls of fn back to back between one event pair, `rounds` times (after `warmup`
+// untimed calls): the per-call time of a steady stream of launches (a decode step repeated over
+// layers), which per-call event pairs overstate where the call is a few microseconds of
+// launches. median_ms etc. are per call.
+Result<Timing> time_back_to_back(const Stream& stream, const std::function<Status()>& fn,
+                                 int runs = 200, int rounds = 5, int warmup = 3);
 // The value of environment variable `name`, empty where it is unset (the benches' run switches:
 // BARACUDA_COMMIT, BARACUDA_*_ONLY, ...).
 std::string_view env(const char* name);

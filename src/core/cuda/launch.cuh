@@ -139,19 +139,24 @@ Status launch_with_smem(std::string_view op, std::string_view name, void (*kerne
 // Launches a kernel that reads what the previous kernel on the stream wrote, as a programmatic
 // dependent launch where its loaded binary is sm_90+ code: that kernel must begin with
 // griddepcontrol.wait (which waits for the previous grid to complete and its writes to be
-// visible), and its CTAs may become resident while the previous kernel still runs (from the
-// previous kernel's griddepcontrol.launch_dependents on), hiding the launch latency. Elsewhere
-// (sm_80 binaries, whose wait is compiled out) an ordinary launch. Failures name op and kernel.
+// visible) before it touches global memory, and its CTAs may become resident while the previous
+// kernel still runs (from the previous kernel's griddepcontrol.launch_dependents on, or its end),
+// hiding the launch latency. Elsewhere (sm_80 binaries, whose wait is compiled out) an ordinary
+// launch. smem bytes of dynamic shared memory (its limit raised where needed). Failures name op
+// and kernel.
 template <auto Kernel, class... Args>
 Status launch_dependent(std::string_view op, std::string_view name, dim3 grid, dim3 block,
-                        cudaStream_t st, Args&&... args) {
-  const auto fa = func_attributes(reinterpret_cast<const void*>(Kernel));
+                        size_t smem, cudaStream_t st, Args&&... args) {
+  const void* fn = reinterpret_cast<const void*>(Kernel);
+  if (const cudaError_t e = ensure_dynamic_smem(fn, smem); e != cudaSuccess)
+    return cuda_error(op, std::string(name) + ": cudaFuncSetAttribute", e);
+  const auto fa = func_attributes(fn);
   const bool pdl = fa && fa->binaryVersion >= 90;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = 0, cfg.stream = st;
+  cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = st;
   cfg.attrs = attr, cfg.numAttrs = pdl ? 1 : 0;
   if (const cudaError_t e = cudaLaunchKernelEx(&cfg, Kernel, std::forward<Args>(args)...);
       e != cudaSuccess)

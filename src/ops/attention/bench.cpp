@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -174,13 +175,18 @@ void bench_all(const Stream& stream) {
   if (!kc.ok() || !vc.ok()) return;
   // The 4096-key row reads 1/8 of the bytes: its time is mostly the fixed cost (launch, pipeline
   // fill, warp merge, partial write, combine), which the 32k rows pay once as well.
+  // The _bhld row keeps each head's keys contiguous ([B, H, L, D] cache): the same bytes as the
+  // first row, read as long runs instead of 256-byte rows at the 2 KB pitch of the [B, L, H, D]
+  // one.
   struct DecodeCase {
     int64_t lq, lk;
     const char* name;
+    bool heads_outer = false;
   };
   for (const DecodeCase& dc : {DecodeCase{1, kL, "decode_b1_hq32_hk8_lk32768_d128"},
                                DecodeCase{4, kL, "decode_b1_hq32_hk8_lq4_lk32768_d128_causal"},
-                               DecodeCase{1, 4096, "decode_b1_hq32_hk8_lk4096_d128"}}) {
+                               DecodeCase{1, 4096, "decode_b1_hq32_hk8_lk4096_d128"},
+                               DecodeCase{1, kL, "decode_b1_hq32_hk8_lk32768_d128_bhld", true}}) {
     const int64_t lq = dc.lq, lk = dc.lk;
     const std::string name = dc.name;
     Descriptor d;
@@ -188,7 +194,10 @@ void bench_all(const Stream& stream) {
     d.len_k = lk, d.head_dim_qk = d.head_dim_v = kD;
     d.mask = Mask::causal_bottom_right();
     // The first lk rows of a kL-row cache (same strides).
-    const int64_t ks[] = {kB, kHk, lk, kD}, kst[] = {kL * kHk * kD, kD, kHk * kD, 1};
+    const int64_t ks[] = {kB, kHk, lk, kD};
+    const int64_t bhld[] = {kL * kHk * kD, kL * kD, kD, 1},
+                  blhd[] = {kL * kHk * kD, kD, kHk * kD, 1};
+    const std::span<const int64_t> kst(dc.heads_outer ? bhld : blhd);
     const ConstTensor tk = make_strided(static_cast<const void*>(kc->data()), DType::bf16, ks, kst,
                                         stream.memory_location());
     const ConstTensor tv = make_strided(static_cast<const void*>(vc->data()), DType::bf16, ks, kst,
@@ -216,10 +225,19 @@ void bench_all(const Stream& stream) {
         continue;
       }
       // Bytes: the KV cache read once (Q, Y and LSE are negligible); memory-bound, so no FLOPs.
+      const double kv_bytes = 2.0 * kB * lk * kHk * kD * 2;
       bench::emit(stream, {kFamily, "attention_decode", name, "bf16", std::string(fwd->sku().name),
-                           ft->median_ms, 2.0 * kB * lk * kHk * kD * 2, 0,
+                           ft->median_ms, kv_bytes, 0,
                            kn.empty() ? "default plan; % of copy bandwidth on KV bytes"
                                       : "A/B: kernel forced by name"});
+      if (!kn.empty()) continue;
+      // The default plan as a decode loop runs it: 200 steps back to back, one event pair.
+      auto steady = bench::time_back_to_back(
+          stream, [&] { return fwd->run(stream, ws->as_workspace(), fa); });
+      if (steady.ok())
+        bench::emit(stream, {kFamily, "attention_decode", name + "_back_to_back", "bf16",
+                             std::string(fwd->sku().name), steady->median_ms, kv_bytes, 0,
+                             "default plan, 200 runs between one event pair, per run"});
     }
   }
 }

@@ -64,9 +64,9 @@ struct Params {
   bool pack;  // GQA packing: a CTA's rows are (query head of the group, query) pairs
   float* o_part;
   float* lse_part;
-  // flash_decode_fused_sm80: one arrival word per (batch, K/V head) in the workspace and this
-  // launch's tag (high 40 bits; see decode.cuh)
-  unsigned long long* arrivals;
+  // flash_decode_fused_sm80: one flag word per (batch, K/V head, split) in the workspace and
+  // this launch's tag, the value a split raises its flag to (see decode.cuh)
+  unsigned long long* split_flags;
   unsigned long long tag;
   void* delta;  // backward workspace: dY.Y per row, [B * Hq * Lq]
 };

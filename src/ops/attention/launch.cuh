@@ -701,7 +701,7 @@ bool register_kernels() {
     // 68.1 us vs 56.7 us at Lk 32k).
     register_decode<E, 4, false>("flash_decode_w4_sm80", 29, mma);
     // flash_decode_sm80 with the split merge done by the last split of each (batch, K/V head)
-    // to finish (an arrival count per group in the workspace) instead of flash_decode_combine:
+    // to finish (a flag per split in the workspace) instead of flash_decode_combine:
     // no second launch, and each group's merge overlaps the other groups' streaming. Sums in
     // split order (deterministic). Splits keep >= 2 tiles instead of 4 (decode_splits'
     // kMinTiles). A/B only: the H100 measured it slower (63.9 vs 56.7 us at Lk 32k, 24.0 vs
