@@ -705,7 +705,9 @@ bool register_kernels() {
     // no second launch, and each group's merge overlaps the other groups' streaming. Sums in
     // split order (deterministic). Splits keep >= 2 tiles instead of 4 (decode_splits'
     // kMinTiles). A/B only: the H100 measured it slower (63.9 vs 56.7 us at Lk 32k, 24.0 vs
-    // 13.6 us at Lk 4096).
+    // 13.6 us at Lk 4096) with a CAS-counted arrival word; with per-split flags the H200 reads
+    // 46.2 vs 40.7-41.2 us at Lk 32k and 15.5 vs 15.0-16.3 us at Lk 4096 (317fc29): the last
+    // split's merge (flag round trips, then the partials) outlasts the combine kernel's.
     register_decode<E, 1, true>("flash_decode_fused_sm80", 28, mma);
     // Two passes (dQ per query block, dK/dV per key block; dK and dV apart at a padded head dim
     // of 256) in a fixed order: deterministic and independent of the batch; P and dS are rounded
