@@ -1,5 +1,6 @@
 // Block-to-block hand-offs inside one launch: a ticket that orders blocks by the time they start,
-// and ready flags published with release and awaited with acquire (GPU scope). A block may wait
+// ready flags published with release and awaited with acquire (GPU scope), and group flags that
+// tell the last block of a group it is last. A block may wait
 // only on blocks holding smaller tickets: those are already running, so the waits always end.
 // Include only from .cu files.
 #pragma once
@@ -43,6 +44,52 @@ __device__ __forceinline__ void await_block(const unsigned* flag, unsigned value
     }
   }
   __syncthreads();
+}
+
+// Raises this block's flag in a group of `count` blocks (flags[mine] = tag, after every thread's
+// stores) and reads the group's flags: true where all of them hold tag. For a merge by whichever
+// block of a group finishes last, with nothing to initialize: fence.sc between the raise and the
+// reads means that of any two blocks of a group at least one sees the other's flag, so the block
+// to raise last always gets true (two finishing together may both get true). With true, what the
+// others wrote before their raise is visible (read it with __ldcg). The tag must differ from
+// whatever the flags may hold before the launch (unique per launch, never the cleared value 0);
+// clear_flags resets a group once its readers are done. Needs a full first warp; call from every
+// thread; returns the same value in all.
+__device__ __forceinline__ bool raise_flag_and_see_all(unsigned long long* flags, int count,
+                                                       int mine, unsigned long long tag) {
+  __shared__ int all_raised;
+  __threadfence();  // this thread's stores, device-wide before the flag
+  __syncthreads();
+  if (threadIdx.x < 32 && threadIdx.y == 0 && threadIdx.z == 0) {
+    if (threadIdx.x == 0)
+      asm volatile("st.relaxed.gpu.global.u64 [%0], %1;\n" ::"l"(flags + mine), "l"(tag)
+                   : "memory");
+    asm volatile("fence.sc.gpu;\n" ::: "memory");
+    bool all = true;
+    for (int i = static_cast<int>(threadIdx.x); i < count; i += 32) {
+      unsigned long long seen;
+      asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];\n"
+                   : "=l"(seen)
+                   : "l"(flags + i)
+                   : "memory");
+      all &= seen == tag;
+    }
+    all = __all_sync(0xffffffffu, all);
+    if (all) __threadfence();  // acquire side: the others' stores are read after this
+    if (threadIdx.x == 0) all_raised = all;
+  }
+  __syncthreads();
+  return all_raised != 0;
+}
+
+// Clears a group's flags for the next launch, once every block that reads them is done with
+// them. Call from every thread.
+__device__ __forceinline__ void clear_flags(unsigned long long* flags, int count) {
+  const int threads = static_cast<int>(blockDim.x * blockDim.y * blockDim.z);
+  const int t =
+      static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
+  for (int i = t; i < count; i += threads)
+    asm volatile("st.relaxed.gpu.global.u64 [%0], %1;\n" ::"l"(flags + i), "l"(0ull) : "memory");
 }
 
 }  // namespace baracuda::cuda

@@ -38,17 +38,6 @@ struct DecodeCfg {
   static constexpr size_t kSmem = kQBytes + (kKvBytes > kMergeBytes ? kKvBytes : kMergeBytes);
 };
 
-// The fused tail's split flags: plain (relaxed) gpu-scope accesses that the fence.sc between
-// them orders; L1 never serves the load.
-__device__ __forceinline__ void st_relaxed_gpu(unsigned long long* a, unsigned long long v) {
-  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;\n" ::"l"(a), "l"(v) : "memory");
-}
-__device__ __forceinline__ unsigned long long ld_relaxed_gpu(const unsigned long long* a) {
-  unsigned long long v;
-  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];\n" : "=l"(v) : "l"(a) : "memory");
-  return v;
-}
-
 template <class T, int D, int MT, bool kFused = false>
 __global__ void __launch_bounds__(128) flash_decode(Params p) {
   using Cfg = DecodeCfg<T, D, MT>;
@@ -303,31 +292,14 @@ __global__ void __launch_bounds__(128) flash_decode(Params p) {
   if constexpr (kFused) {
     if (p.splits > 1) {
       // Last-split merge (flash_decode_fused_sm80): no second launch. Each split's CTA publishes
-      // its partials, then raises its own flag (one word per split, set to this launch's tag) and
-      // reads its group's flags: a CTA that sees every flag of its (batch, K/V head) raised merges
-      // the group's rows. No shared counter, so nothing to initialize and no contended atomics:
-      // fence.sc between a CTA's flag store and its flag loads means that of any two splits, at
-      // least one sees the other's flag, so the split to finish last always merges. Two splits
-      // finishing together may both merge; both read the same partials and sum them in split
-      // order, so they write the same bits. The workspace's contents are arbitrary, and a flag
-      // another launch left can only pass for this launch's if it equals the tag (never 0, unique
-      // per launch); the merging CTA clears the group's flags, so a replayed CUDA graph (same tag)
-      // starts from cleared flags as well.
-      __threadfence();  // this thread's partial stores, device-wide before the flag
-      __syncthreads();
-      __shared__ int s_last;
+      // its partials and raises its flag (one word per split, set to this launch's tag); a CTA
+      // that then sees every flag of its (batch, K/V head) raised merges the group's rows. No
+      // shared counter, so nothing to initialize and no contended atomics. Two splits finishing
+      // together may both merge; both read the same partials and sum them in split order, so
+      // they write the same bits. The merging CTA clears the group's flags, so a replayed CUDA
+      // graph (same tag) starts from cleared flags as well.
       unsigned long long* flags = p.split_flags + (int64_t{b} * p.heads_kv + hk) * p.splits;
-      if (warp == 0) {
-        if (lane == 0) st_relaxed_gpu(flags + split, p.tag);
-        asm volatile("fence.sc.gpu;\n" ::: "memory");
-        bool all = true;
-        for (int sp = lane; sp < p.splits; sp += 32) all &= ld_relaxed_gpu(flags + sp) == p.tag;
-        all = __all_sync(0xffffffffu, all);
-        if (all) __threadfence();  // acquire side: the others' partials are read after this
-        if (lane == 0) s_last = all;
-      }
-      __syncthreads();
-      if (!s_last) return;
+      if (!cuda::raise_flag_and_see_all(flags, p.splits, split, p.tag)) return;
       // Scratch over the K/V ring (the merge buffers above are done): per (split, row) weights.
       float* sWt = reinterpret_cast<float*>(sK);  // [splits][kRows]
       float* sCInv = sWt + p.splits * kRows;
@@ -384,8 +356,7 @@ __global__ void __launch_bounds__(128) flash_decode(Params p) {
         if (col == 0)
           static_cast<float*>(p.lse)[detail::lse_offset(p.sl, p.varlen, b, h, s.q0 + i)] = sCLse[r];
       }
-      // Every flag was read above (before the first barrier): clear them for the next launch.
-      for (int sp = threadIdx.x; sp < p.splits; sp += kNT) st_relaxed_gpu(flags + sp, 0ull);
+      cuda::clear_flags(flags, p.splits);  // every flag was read before the merge began
     }
   }
 }

@@ -21,6 +21,7 @@
 #include <type_traits>
 
 #include "core/cuda/async_copy.cuh"
+#include "core/cuda/flags.cuh"
 #include "core/cuda/launch.cuh"
 #include "core/cuda/mma.cuh"
 #include "ops/attention/common.hpp"
