@@ -175,6 +175,7 @@ void bench_all(const Stream& stream) {
   if (!kc.ok() || !vc.ok()) return;
   // The 4096-key row reads 1/8 of the bytes: its time is mostly the fixed cost (launch, pipeline
   // fill, warp merge, partial write, combine), which the 32k rows pay once as well.
+  // The _d64 row is the first row at head dim 64 (half the bytes, the same fixed cost).
   // The _bhld row keeps each head's keys contiguous ([B, H, L, D] cache): the same bytes as the
   // first row, read as long runs instead of 256-byte rows at the 2 KB pitch of the [B, L, H, D]
   // one.
@@ -182,28 +183,30 @@ void bench_all(const Stream& stream) {
     int64_t lq, lk;
     const char* name;
     bool heads_outer = false;
+    int64_t dim = kD;
   };
   for (const DecodeCase& dc : {DecodeCase{1, kL, "decode_b1_hq32_hk8_lk32768_d128"},
                                DecodeCase{4, kL, "decode_b1_hq32_hk8_lq4_lk32768_d128_causal"},
                                DecodeCase{1, 4096, "decode_b1_hq32_hk8_lk4096_d128"},
-                               DecodeCase{1, kL, "decode_b1_hq32_hk8_lk32768_d128_bhld", true}}) {
-    const int64_t lq = dc.lq, lk = dc.lk;
+                               DecodeCase{1, kL, "decode_b1_hq32_hk8_lk32768_d128_bhld", true},
+                               DecodeCase{1, kL, "decode_b1_hq32_hk8_lk32768_d64", false, 64}}) {
+    const int64_t lq = dc.lq, lk = dc.lk, dim = dc.dim;
     const std::string name = dc.name;
     Descriptor d;
     d.dtype = DType::bf16, d.batch = kB, d.heads_q = kHq, d.heads_kv = kHk, d.len_q = lq;
-    d.len_k = lk, d.head_dim_qk = d.head_dim_v = kD;
+    d.len_k = lk, d.head_dim_qk = d.head_dim_v = dim;
     d.mask = Mask::causal_bottom_right();
-    // The first lk rows of a kL-row cache (same strides).
-    const int64_t ks[] = {kB, kHk, lk, kD};
-    const int64_t bhld[] = {kL * kHk * kD, kL * kD, kD, 1},
-                  blhd[] = {kL * kHk * kD, kD, kHk * kD, 1};
+    // The first lk rows of a dense kL-row cache of this head dim (at the front of the buffers).
+    const int64_t ks[] = {kB, kHk, lk, dim};
+    const int64_t bhld[] = {kL * kHk * dim, kL * dim, dim, 1},
+                  blhd[] = {kL * kHk * dim, dim, kHk * dim, 1};
     const std::span<const int64_t> kst(dc.heads_outer ? bhld : blhd);
     const ConstTensor tk = make_strided(static_cast<const void*>(kc->data()), DType::bf16, ks, kst,
                                         stream.memory_location());
     const ConstTensor tv = make_strided(static_cast<const void*>(vc->data()), DType::bf16, ks, kst,
                                         stream.memory_location());
-    const Tensor tq = view4(q->data(), kB, kHq, lq, kD, stream, DType::bf16);
-    const Tensor ty = view4(y->data(), kB, kHq, lq, kD, stream, DType::bf16);
+    const Tensor tq = view4(q->data(), kB, kHq, lq, dim, stream, DType::bf16);
+    const Tensor ty = view4(y->data(), kB, kHq, lq, dim, stream, DType::bf16);
     const int64_t lse_shape[] = {kB, kHq, lq};
     const Tensor tl = make_tensor(lse->data(), DType::f32, lse_shape, stream.memory_location());
     const ForwardArguments fa{as_const(tq), tk, tv, ty, tl, {}, {}};
@@ -225,7 +228,7 @@ void bench_all(const Stream& stream) {
         continue;
       }
       // Bytes: the KV cache read once (Q, Y and LSE are negligible); memory-bound, so no FLOPs.
-      const double kv_bytes = 2.0 * kB * lk * kHk * kD * 2;
+      const double kv_bytes = 2.0 * kB * lk * kHk * dim * 2;
       bench::emit(stream, {kFamily, "attention_decode", name, "bf16", std::string(fwd->sku().name),
                            ft->median_ms, kv_bytes, 0,
                            kn.empty() ? "default plan; % of copy bandwidth on KV bytes"

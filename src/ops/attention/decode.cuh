@@ -4,11 +4,12 @@
 //  - One CTA per (batch, K/V head, key split) holds ALL query rows of the GQA group (group * Lq
 //    rows, padded to m16 tiles), so each K/V tile is read from memory once per group instead of
 //    once per query head.
-//  - Splits are chosen so that every SM runs as many resident CTAs as shared memory allows, in a
-//    single wave (flash_decode_sm80) or in about four (flash_decode_w4_sm80, A/B: shorter splits
-//    the block scheduler balances); each split owns a contiguous run of 64-key tiles.
-//  - K/V tiles are streamed with 16-byte cp.async, 2..4 stages deep (64 to 128 KB in flight per
-//    CTA): the memory system needs tens of KB in flight per SM to reach its bandwidth.
+//  - Splits are chosen so that every SM runs one CTA, in a single wave (flash_decode_sm80) or in
+//    about four (flash_decode_w4_sm80, A/B: shorter splits the block scheduler balances); each
+//    split owns a contiguous run of 64-key tiles.
+//  - K/V tiles are streamed with 16-byte cp.async, 2..4 stages deep (48 to 64 KB in flight per
+//    CTA): the memory system needs tens of KB in flight per SM to reach its bandwidth, and no
+//    more (see decode_splits).
 //  - All four warps compute: warp w takes keys [16w, 16w + 16) of every tile and keeps its own f32
 //    online softmax (m, l, O); the warps' states are merged through shared memory at the end in
 //    warp order, and the splits' normalized partials by flash_decode_combine in split order. Every
@@ -508,29 +509,41 @@ inline bool decode_fits(const Problem& pr, const DeviceCaps& caps) {
   return static_cast<int64_t>(decode_smem_of(pr)) <= caps.smem_per_block_optin;
 }
 
-// Splits: kWaves times as many CTAs as the SMs hold at once (shared memory is the limit), each
-// with at least 4 tiles so the partial write and the pipeline fill stay small next to its stream.
+// Splits: kWaves CTAs per SM, each with at least kMinTiles tiles so the partial write and the
+// pipeline fill stay small next to its stream.
+// One CTA per SM, although shared memory holds two or three: fewer, longer streams read faster.
+// H200, bf16, Lk 32k, 8 K/V heads, one event pair a run (back to back): d128 16 splits of 32
+// tiles on 128 SMs 39.97-40.13 us (38.06-38.23) against 32 splits of 16 tiles two to an SM
+// 40.96-41.31 us (39.40-39.49); Lq 4 causal 41.70-42.21 (40.08-40.18) against 42.69-43.39
+// (41.25-41.43); d64 (three to an SM before) 26.02-26.14 (24.15-24.22) against 27.65-28.29
+// (26.64-26.88). Not the in-flight bytes alone: a ring one stage deeper (96 KB in flight an SM
+// instead of 64) read 40.19-40.70 us (38.21-38.29), one stage shallower (32 KB) 45.95-46.02 us.
+// Where one CTA per SM would leave more than an eighth of the SMs idle (e.g. 96 K/V heads: one
+// split each on 96 of 132 SMs) the splits fill what shared memory holds, as before (not
+// measured against the one-per-SM count there).
 // kWaves = 1 (flash_decode_sm80): one wave, every split starts at once, but a CTA that starts or
 // streams late finishes late and nothing fills its slot. kWaves = 4 (flash_decode_w4_sm80): 4x
-// shorter splits that the block scheduler hands to slots as they free up, so SMs finish together,
-// at the price of 4x the partials (~2 MB for the bench shape), 4x the CTA prologues and a longer
-// combine. Which wins is a measurement (bench A/B rows).
-// kMinTiles = 2 (flash_decode_fused_sm80): short caches get twice the CTAs. The 4096-key bench
-// row (64 tiles, 8 K/V heads) ran 16 splits of 4 tiles = 128 CTAs on the H100's 264 slots at
-// 43% of copy bandwidth: half the SMs idle and each CTA's stream two round trips deep. With 2,
-// 32 splits of 2 tiles (both issued in the prologue) fill 256 slots. Caches long enough for one
-// wave (the 32k rows: 32 splits of 16 tiles) get the same splits either way.
+// shorter splits that the block scheduler hands to SMs as they free up, so SMs finish together,
+// at the price of 4x the partials, 4x the CTA prologues and a longer combine. Which wins is a
+// measurement (bench A/B rows).
+// kMinTiles = 2 (flash_decode_fused_sm80): short caches get up to twice the splits (Lk 2048:
+// 16 splits of 2 tiles against 8 of 4). Caches of 4096 keys and more get the same splits either
+// way (8 K/V heads on 132 SMs: 16).
 template <int kWaves = 1, int kMinTiles = 4>
 inline int decode_splits(const Problem& pr, const DeviceCaps& caps) {
   const Descriptor& d = pr.desc;
   const int64_t heads = d.batch * d.heads_kv;
   const int64_t tiles = cuda::ceil_div(d.len_k, int64_t{DecodeCfg<__nv_bfloat16, 64, 1>::kBN});
   if (heads == 0 || tiles < 8 || caps.sm_count <= 0) return 1;
-  // Shared memory per SM is the opt-in block limit plus the 1 KB the driver reserves per block.
-  const int64_t per_sm = std::clamp<int64_t>(
-      (caps.smem_per_block_optin + 1024) / static_cast<int64_t>(decode_smem_of(pr) + 1024), 1, 4);
-  const int64_t want =
-      std::min<int64_t>({int64_t{caps.sm_count} * per_sm * kWaves / heads, tiles / kMinTiles, 256});
+  const int64_t sms = int64_t{caps.sm_count} * kWaves;
+  int64_t want = sms / heads;
+  if (want * heads < sms - sms / 8) {
+    // Shared memory per SM is the opt-in block limit plus the 1 KB the driver reserves per block.
+    const int64_t per_sm = std::clamp<int64_t>(
+        (caps.smem_per_block_optin + 1024) / static_cast<int64_t>(decode_smem_of(pr) + 1024), 1, 4);
+    want = sms * per_sm / heads;
+  }
+  want = std::min<int64_t>({want, tiles / kMinTiles, 256});
   if (want <= 1) return 1;
   const int64_t per = cuda::ceil_div(tiles, want);
   return static_cast<int>(cuda::ceil_div(tiles, per));  // no split left empty when unmasked

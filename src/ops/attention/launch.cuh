@@ -697,8 +697,8 @@ bool register_kernels() {
     // Few query rows per K/V head (decode, speculative decoding): above the general kernel; that
     // one stays registered so PlanPreference::kernel("flash_fwd_mma_sm80") can A/B them.
     register_decode<E, 1, false>("flash_decode_sm80", 30, mma);
-    // The same kernel over 4x as many, 4x shorter splits (see decode_splits): A/B only (H100:
-    // 68.1 us vs 56.7 us at Lk 32k).
+    // The same kernel over 4x as many, 4x shorter splits (see decode_splits): A/B only (H100,
+    // when splits filled every CTA slot shared memory allowed: 68.1 us vs 56.7 us at Lk 32k).
     register_decode<E, 4, false>("flash_decode_w4_sm80", 29, mma);
     // flash_decode_sm80 with the split merge done by the last split of each (batch, K/V head)
     // to finish (a flag per split in the workspace) instead of flash_decode_combine:
@@ -706,8 +706,9 @@ bool register_kernels() {
     // split order (deterministic). Splits keep >= 2 tiles instead of 4 (decode_splits'
     // kMinTiles). A/B only: the H100 measured it slower (63.9 vs 56.7 us at Lk 32k, 24.0 vs
     // 13.6 us at Lk 4096) with a CAS-counted arrival word; with per-split flags the H200 reads
-    // 46.2 vs 40.7-41.2 us at Lk 32k and 15.5 vs 15.0-16.3 us at Lk 4096 (317fc29): the last
-    // split's merge (flag round trips, then the partials) outlasts the combine kernel's.
+    // 46.2 vs 40.7-41.2 us at Lk 32k and 15.5 vs 15.0-16.3 us at Lk 4096 (317fc29, 32 splits
+    // two CTAs an SM): the last split's merge (flag round trips, then the partials) outlasts the
+    // combine kernel's.
     register_decode<E, 1, true>("flash_decode_fused_sm80", 28, mma);
     // Two passes (dQ per query block, dK/dV per key block; dK and dV apart at a padded head dim
     // of 256) in a fixed order: deterministic and independent of the batch; P and dS are rounded
