@@ -14,6 +14,10 @@
 #include <utility>
 #include <vector>
 
+#if BARACUDA_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
 #include "baracuda/core/validate.hpp"
 #include "baracuda/ops/attention.hpp"
 #include "core/testing/testing.hpp"
@@ -1876,6 +1880,66 @@ TEST_P(AttentionTest, DecodeKernelOnDevice) {
     check_forward(target, c, Lay::bhld, std::nullopt, &kernel);
     EXPECT_EQ(kernel, "flash_fwd_mma_m16_sm80");  // D = 64: m16's d64 entry (launch.cuh)
   }
+}
+
+// A decode engine captures its step in a CUDA graph and replays it with the cache updated in
+// place: every replay must read the current K / V. The default plan's two launches are
+// programmatic dependent launches (edges of that kind in the graph), and the fused variant's
+// split flags are raised to a tag fixed at capture, so each of its replays relies on the merging
+// split having cleared them in the replay before.
+TEST_P(AttentionTest, DecodeReplaysInACudaGraph) {
+  const Target target = GetParam();
+  if (target == Target::cpu) GTEST_SKIP() << "CUDA graphs: the CUDA target only";
+  BARACUDA_SKIP_IF_UNAVAILABLE(target);
+#if BARACUDA_WITH_CUDA
+  Config c;
+  c.dtype = DType::bf16, c.b = 1, c.hq = 8, c.hk = 2, c.lq = 1, c.lk = 4000;
+  c.dk = c.dv = 128, c.mask = Mask::causal_bottom_right();
+  const Problem p = problem_of(c);
+  const Shapes s = shapes_of(p);
+  const int r = s.rank_qkv;
+  Rng rng;
+  auto q = make(c.dtype, vec(s.q, r), target, Lay::blhd, rng);
+  auto k = make(c.dtype, vec(s.k, r), target, Lay::blhd, rng);
+  auto v = make(c.dtype, vec(s.v, r), target, Lay::blhd, rng);
+  q->fill_random(rng, -2, 2);
+  const Stream& stream = harness::stream_for(target);
+  const auto cs = static_cast<cudaStream_t>(stream.cuda_handle());
+  for (const char* name :
+       {"flash_decode_sm80", "flash_decode_w4_sm80", "flash_decode_fused_sm80"}) {
+    SCOPED_TRACE(name);
+    auto y = make(c.dtype, vec(s.y, r), target, Lay::blhd, rng);
+    auto lse = make(p.lse_dtype, vec(s.lse, s.rank_lse), target, Lay::padded, rng);
+    const ForwardArguments args{q->cview(), k->cview(), v->cview(), y->view(), lse->view(), {}, {}};
+    auto plan = ForwardPlan::select(stream, desc_of(c), PlanPreference::kernel(name));
+    BARACUDA_ASSERT_OK(plan);
+    std::unique_ptr<Buffer> hold;
+    const Workspace ws = workspace_for(plan->workspace_size(), target, hold);
+    // Captured cold (the plan's first run), as an engine that captures at start-up would.
+    cudaGraph_t graph = nullptr;
+    ASSERT_EQ(cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    const Status st = plan->run(stream, ws, args);
+    const cudaError_t ended = cudaStreamEndCapture(cs, &graph);
+    ASSERT_TRUE(st.ok()) << st.error().to_string();
+    ASSERT_EQ(ended, cudaSuccess) << cudaGetErrorString(ended);
+    cudaGraphExec_t exec = nullptr;
+    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    for (int replay = 0; replay < 3; ++replay) {
+      SCOPED_TRACE("replay " + std::to_string(replay));
+      k->fill_random(rng, -2, 2);
+      v->fill_random(rng);
+      y->poison();
+      lse->poison();
+      ASSERT_EQ(cudaGraphLaunch(exec, cs), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(cs), cudaSuccess);
+      const auto ref = Oracle(c).forward(q->values(), k->values(), v->values());
+      EXPECT_TRUE(close_to(y->values(), ref.first, c.dtype, Accuracy::reduction, "y"));
+      EXPECT_TRUE(close_to(lse->values(), ref.second, p.lse_dtype, Accuracy::reduction, "lse"));
+    }
+    EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+    EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  }
+#endif
 }
 
 // Every tensor-core forward kernel by name (the default plan reaches only the highest priority one
