@@ -512,12 +512,13 @@ inline bool decode_fits(const Problem& pr, const DeviceCaps& caps) {
 // Splits: kWaves CTAs per SM, each with at least kMinTiles tiles so the partial write and the
 // pipeline fill stay small next to its stream.
 // One CTA per SM, although shared memory holds two or three: fewer, longer streams read faster.
-// H200, bf16, Lk 32k, 8 K/V heads, one event pair a run (back to back): d128 16 splits of 32
-// tiles on 128 SMs 39.97-40.13 us (38.06-38.23) against 32 splits of 16 tiles two to an SM
-// 40.96-41.31 us (39.40-39.49); Lq 4 causal 41.70-42.21 (40.08-40.18) against 42.69-43.39
-// (41.25-41.43); d64 (three to an SM before) 26.02-26.14 (24.15-24.22) against 27.65-28.29
-// (26.64-26.88). Not the in-flight bytes alone: a ring one stage deeper (96 KB in flight an SM
-// instead of 64) read 40.19-40.70 us (38.21-38.29), one stage shallower (32 KB) 45.95-46.02 us.
+// H200, bf16, Lk 32k, 8 K/V heads, one event pair a run (back to back), A/B entries in one call
+// (docs/perf/attention.md, thirty-fifth session): d128 16 splits of 32 tiles on 128 SMs
+// 39.97-40.13 us (38.06-38.23) against 32 splits of 16 tiles two to an SM 40.96-41.31 us
+// (39.40-39.49); Lq 4 causal 41.70-42.21 (40.08-40.18) against 42.69-43.39 (41.25-41.43); d64
+// (three to an SM before) 26.02-26.14 (24.15-24.22) against 27.65-28.29 (26.64-26.88). Not the
+// in-flight bytes alone: a ring one stage deeper (96 KB in flight an SM instead of 64) read
+// 40.19-40.70 us (38.21-38.29), one stage shallower (32 KB) 45.95-46.02 us.
 // Where one CTA per SM would leave more than an eighth of the SMs idle (e.g. 96 K/V heads: one
 // split each on 96 of 132 SMs) the splits fill what shared memory holds, as before (not
 // measured against the one-per-SM count there).

@@ -698,7 +698,8 @@ bool register_kernels() {
     // one stays registered so PlanPreference::kernel("flash_fwd_mma_sm80") can A/B them.
     register_decode<E, 1, false>("flash_decode_sm80", 30, mma);
     // The same kernel over 4x as many, 4x shorter splits (see decode_splits): A/B only (H100,
-    // when splits filled every CTA slot shared memory allowed: 68.1 us vs 56.7 us at Lk 32k).
+    // when splits filled every CTA slot shared memory allowed: 68.1 us vs 56.7 us at Lk 32k;
+    // H200 at df4dd96: 45.0-45.1 vs 40.2-40.6 us).
     register_decode<E, 4, false>("flash_decode_w4_sm80", 29, mma);
     // flash_decode_sm80 with the split merge done by the last split of each (batch, K/V head)
     // to finish (a flag per split in the workspace) instead of flash_decode_combine:
@@ -707,8 +708,10 @@ bool register_kernels() {
     // kMinTiles). A/B only: the H100 measured it slower (63.9 vs 56.7 us at Lk 32k, 24.0 vs
     // 13.6 us at Lk 4096) with a CAS-counted arrival word; with per-split flags the H200 reads
     // 46.2 vs 40.7-41.2 us at Lk 32k and 15.5 vs 15.0-16.3 us at Lk 4096 (317fc29, 32 splits
-    // two CTAs an SM): the last split's merge (flag round trips, then the partials) outlasts the
-    // combine kernel's.
+    // two CTAs an SM), 45.6-45.7 vs 40.2-40.6 us at Lk 32k with one CTA an SM (df4dd96): the
+    // last split's merge (flag round trips, then the partials) outlasts the combine kernel's. A
+    // third form, the combine launched early and awaiting per-split flags instead of the grid's
+    // completion, read 43.5-43.9 us there (measured, not kept).
     register_decode<E, 1, true>("flash_decode_fused_sm80", 28, mma);
     // Two passes (dQ per query block, dK/dV per key block; dK and dV apart at a padded head dim
     // of 256) in a fixed order: deterministic and independent of the batch; P and dS are rounded
