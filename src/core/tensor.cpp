@@ -7,13 +7,6 @@
 
 namespace baracuda {
 
-bool checked_mul(int64_t a, int64_t b, int64_t* out) {
-  return !__builtin_mul_overflow(a, b, out);
-}
-bool checked_add(int64_t a, int64_t b, int64_t* out) {
-  return !__builtin_add_overflow(a, b, out);
-}
-
 std::string to_string(Location l) {
   return l.is_host() ? std::string("host") : "cuda:" + std::to_string(l.device);
 }
