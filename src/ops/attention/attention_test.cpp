@@ -1851,6 +1851,15 @@ TEST_P(AttentionTest, DecodeKernelOnDevice) {
     check_forward_runs(target, c, Lay::bhld, runs);
     expect_names(runs);
   }
+  {  // 96 (batch, K/V head) pairs: one split each would idle a quarter of 132 SMs, so
+     // decode_splits falls back to the count that fills shared memory's slots (2 at d128)
+    Config c;
+    c.dtype = DType::bf16, c.b = 12, c.hq = 32, c.hk = 8, c.lq = 1, c.lk = 1000;
+    c.dk = c.dv = 128, c.mask = Mask::causal_bottom_right();
+    auto runs = both();
+    check_forward_runs(target, c, Lay::blhd, runs);
+    expect_names(runs);
+  }
   {  // the bench's decode shape selects it by default; each decode plan run twice gives the same
      // bits (the splits' partials merge in split order); the general kernel stays selectable
     Config c;
