@@ -34,9 +34,11 @@ bool BasicTensor<Ptr>::is_contiguous() const {
 
 template <class Ptr>
 int64_t BasicTensor<Ptr>::span_elements() const {
-  if (numel() == 0) return 0;
+  const int r = std::min(rank, kMaxRank);
+  for (int i = 0; i < r; ++i)
+    if (shape[i] <= 0) return 0;  // empty (numel() == 0), without numel()'s products
   int64_t last = 0;
-  for (int i = 0; i < std::min(rank, kMaxRank); ++i) {
+  for (int i = 0; i < r; ++i) {
     int64_t step = 0;
     if (!checked_mul(shape[i] - 1, stride[i], &step) || !checked_add(last, step, &last))
       return std::numeric_limits<int64_t>::max();
