@@ -222,6 +222,23 @@ Result<Timing> time_back_to_back(const Stream& stream, const std::function<Statu
   return Timing{ms[ms.size() / 2], ms.front(), ms.back(), rounds};
 }
 
+Result<Timing> time_host_enqueue(const Stream& stream, const std::function<Status()>& fn, int runs,
+                                 int rounds, int warmup) {
+  runs = std::max(runs, 1), rounds = std::max(rounds, 1);
+  for (int i = 0; i < warmup; ++i) BARACUDA_TRY(fn());
+  BARACUDA_TRY(stream.synchronize());
+  std::vector<double> ms;
+  for (int r = 0; r < rounds; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < runs; ++i) BARACUDA_TRY(fn());
+    const auto t1 = std::chrono::steady_clock::now();
+    BARACUDA_TRY(stream.synchronize());
+    ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count() / runs);
+  }
+  std::sort(ms.begin(), ms.end());
+  return Timing{ms[ms.size() / 2], ms.front(), ms.back(), rounds};
+}
+
 Result<Buffer> random_buffer(const Stream& stream, DType t, int64_t count, uint64_t seed, double lo,
                              double hi) {
   const int64_t elems = std::max<int64_t>(count, 1);

@@ -41,6 +41,12 @@ Result<Timing> time_it(const Stream& stream, const std::function<Status(int rota
 // launches. median_ms etc. are per call.
 Result<Timing> time_back_to_back(const Stream& stream, const std::function<Status()>& fn,
                                  int runs = 200, int rounds = 5, int warmup = 3);
+// The host's side of a call: the wall time of `runs` calls of fn (enqueueing only; the stream is
+// synchronized after each round, outside the timing), `rounds` times. Where a step is a few
+// microseconds of GPU work, this is what bounds a loop of them without CUDA graphs. median_ms
+// etc. are per call.
+Result<Timing> time_host_enqueue(const Stream& stream, const std::function<Status()>& fn,
+                                 int runs = 100, int rounds = 5, int warmup = 3);
 // The value of environment variable `name`, empty where it is unset (the benches' run switches:
 // BARACUDA_COMMIT, BARACUDA_*_ONLY, ...).
 std::string_view env(const char* name);

@@ -242,6 +242,15 @@ void bench_all(const Stream& stream) {
                              std::string(fwd->sku().name), steady->median_ms, kv_bytes, 0,
                              kn.empty() ? "default plan, 200 runs between one event pair, per run"
                                         : "A/B: 200 runs between one event pair, per run"});
+      if (!kn.empty()) continue;
+      // The host's time to enqueue one run (argument checks and launches): what bounds a decode
+      // loop without CUDA graphs where the GPU's part is shorter (the 4096-key row).
+      auto host = bench::time_host_enqueue(
+          stream, [&] { return fwd->run(stream, ws->as_workspace(), fa); });
+      if (host.ok())
+        bench::emit(stream, {kFamily, "attention_decode_host_enqueue", name, "bf16",
+                             std::string(fwd->sku().name), host->median_ms, 0, 0,
+                             "default plan: host wall time per run() call, 100 calls a round"});
     }
   }
 }
