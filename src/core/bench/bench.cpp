@@ -12,6 +12,7 @@
 #include <ctime>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/cuda/check.hpp"
@@ -145,6 +146,12 @@ std::vector<std::pair<std::string, BenchFn>>& bench_table() {
   return t;
 }
 
+// Median, fastest and slowest of the per-call times of `samples` timings (at least one).
+Timing summarize(std::vector<double> ms, int samples) {
+  std::sort(ms.begin(), ms.end());
+  return Timing{ms[ms.size() / 2], ms.front(), ms.back(), samples};
+}
+
 }  // namespace
 
 std::vector<std::pair<std::string, BenchFn>> registered_benches() {
@@ -193,8 +200,7 @@ Result<Timing> time_it(const Stream& stream, const std::function<Status(int)>& f
   }
   for (auto& e : ev) cudaEventDestroy(e);
   if (!sync.ok()) return sync.error();
-  std::sort(ms.begin(), ms.end());
-  return Timing{ms[ms.size() / 2], ms.front(), ms.back(), reps};
+  return summarize(std::move(ms), reps);
 }
 
 Result<Timing> time_back_to_back(const Stream& stream, const std::function<Status()>& fn, int runs,
@@ -218,8 +224,7 @@ Result<Timing> time_back_to_back(const Stream& stream, const std::function<Statu
   }
   cudaEventDestroy(start), cudaEventDestroy(stop);
   if (!st.ok()) return st.error();
-  std::sort(ms.begin(), ms.end());
-  return Timing{ms[ms.size() / 2], ms.front(), ms.back(), rounds};
+  return summarize(std::move(ms), rounds);
 }
 
 Result<Timing> time_host_enqueue(const Stream& stream, const std::function<Status()>& fn, int runs,
@@ -235,8 +240,7 @@ Result<Timing> time_host_enqueue(const Stream& stream, const std::function<Statu
     BARACUDA_TRY(stream.synchronize());
     ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count() / runs);
   }
-  std::sort(ms.begin(), ms.end());
-  return Timing{ms[ms.size() / 2], ms.front(), ms.back(), rounds};
+  return summarize(std::move(ms), rounds);
 }
 
 Result<Buffer> random_buffer(const Stream& stream, DType t, int64_t count, uint64_t seed, double lo,
