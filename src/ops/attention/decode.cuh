@@ -549,12 +549,22 @@ inline int decode_splits(const Problem& pr, const DeviceCaps& caps) {
   const int64_t per = cuda::ceil_div(tiles, want);
   return static_cast<int>(cuda::ceil_div(tiles, per));  // no split left empty when unmasked
 }
-// Partials (f32 rows + LSE per split and row), then for the fused variant one 8-byte flag
-// word per (batch, K/V head, split), 8-byte aligned.
-inline size_t decode_partial_bytes(const Problem& pr, int splits) {
+// The workspace of a run with `splits` splits: f32 partial rows and their LSEs per split and row,
+// then for the fused variant one 8-byte flag word per (batch, K/V head, split) from the first
+// 8-byte boundary after them. One place for the layout the plan sizes and the launch addresses.
+struct DecodeWorkspace {
+  size_t flags_offset = 0, bytes = 0;
+};
+template <bool kFused>
+DecodeWorkspace decode_workspace_layout(const Problem& pr, int splits) {
+  if (splits <= 1) return {};
   const Descriptor& d = pr.desc;
   const int64_t rows = d.batch * d.heads_q * d.len_q;
-  return static_cast<size_t>(splits * rows * (d.head_dim_v + 1)) * sizeof(float);
+  const auto part = static_cast<size_t>(splits * rows * (d.head_dim_v + 1)) * sizeof(float);
+  if (!kFused) return {part, part};
+  const size_t flags = (part + 7) / 8 * 8;
+  return {flags,
+          flags + sizeof(unsigned long long) * static_cast<size_t>(d.batch * d.heads_kv * splits)};
 }
 template <bool kFused>
 constexpr int decode_min_tiles() {
@@ -562,12 +572,9 @@ constexpr int decode_min_tiles() {
 }
 template <int kWaves = 1, bool kFused = false>
 size_t decode_workspace(const Problem& pr, const DeviceCaps& caps) {
-  const int splits = decode_splits<kWaves, decode_min_tiles<kFused>()>(pr, caps);
-  if (splits <= 1) return 0;
-  const size_t part = decode_partial_bytes(pr, splits);
-  if (!kFused) return part;
-  return (part + 7) / 8 * 8 + sizeof(unsigned long long) *
-                                  static_cast<size_t>(pr.desc.batch * pr.desc.heads_kv * splits);
+  return decode_workspace_layout<kFused>(
+             pr, decode_splits<kWaves, decode_min_tiles<kFused>()>(pr, caps))
+      .bytes;
 }
 
 // A tag per fused decode launch (the value its split flags are raised to): launch n gets n
@@ -610,16 +617,15 @@ Status launch_decode(const LaunchContext& ctx, const Problem& pr, const ForwardA
   if (rows == 0) return {};
   p.splits = decode_splits<kWaves, decode_min_tiles<kFused>()>(pr, ctx.stream.caps());
   if (p.splits > 1) {
-    const size_t need = decode_workspace<kWaves, kFused>(pr, ctx.stream.caps());
-    if (ctx.workspace.bytes < need)
+    const DecodeWorkspace ws = decode_workspace_layout<kFused>(pr, p.splits);
+    if (ctx.workspace.bytes < ws.bytes)
       return Error::workspace_too_small(std::string(ForwardOp::name) + ": decode split partials",
-                                        need, ctx.workspace.bytes);
+                                        ws.bytes, ctx.workspace.bytes);
     p.o_part = static_cast<float*>(ctx.workspace.data);
     p.lse_part = p.o_part + p.splits * rows * p.dim_v;
     if (kFused) {
-      const size_t part = (decode_partial_bytes(pr, p.splits) + 7) / 8 * 8;
       p.split_flags = reinterpret_cast<unsigned long long*>(
-          static_cast<unsigned char*>(ctx.workspace.data) + part);
+          static_cast<unsigned char*>(ctx.workspace.data) + ws.flags_offset);
       p.tag = next_decode_tag();
     }
   }
