@@ -890,9 +890,8 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
   const ConstTensor q = rows_view(a.q, d.varlen), k = rows_view(a.k, d.varlen),
                     v = rows_view(a.v, d.varlen);
   const Tensor y = rows_view(a.y, d.varlen), lse = lse_view(a.lse, d.varlen);
-  const CUtensorMapDataType dt = E::kFp8                     ? CU_TENSOR_MAP_DATA_TYPE_UINT8
-                                 : std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
-                                                             : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  CUtensorMapDataType dt = CU_TENSOR_MAP_DATA_TYPE_UINT8;  // e4m3 moves as bytes
+  if constexpr (!E::kFp8) dt = cuda::tensor_map_dtype<T>();
   CUtensorMap tq, tk, tv;
   BARACUDA_TRY(cuda::make_rows_map(who, &tq, dt, q, kBM, E::kBytes, kQkRow<T, D>));
   BARACUDA_TRY(cuda::make_rows_map(who, &tk, dt, k, kKeysPerTile<D>, E::kBytes, kQkRow<T, D>));
