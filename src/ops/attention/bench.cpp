@@ -179,35 +179,45 @@ void bench_all(const Stream& stream) {
   // The _bhld row keeps each head's keys contiguous ([B, H, L, D] cache): the same bytes as the
   // first row, read as long runs instead of 256-byte rows at the 2 KB pitch of the [B, L, H, D]
   // one.
+  // The _b12 / _b6 rows are batches of 96 / 48 (batch, K/V head) pairs, where one CTA per split
+  // on every SM does not divide evenly (decode_splits' other band); each sequence its own dense
+  // cache of lk rows.
   struct DecodeCase {
     int64_t lq, lk;
     const char* name;
     bool heads_outer = false;
     int64_t dim = kD;
+    int64_t batch = kB;
   };
-  for (const DecodeCase& dc : {DecodeCase{1, kL, "decode_b1_hq32_hk8_lk32768_d128"},
-                               DecodeCase{4, kL, "decode_b1_hq32_hk8_lq4_lk32768_d128_causal"},
-                               DecodeCase{1, 4096, "decode_b1_hq32_hk8_lk4096_d128"},
-                               DecodeCase{1, kL, "decode_b1_hq32_hk8_lk32768_d128_bhld", true},
-                               DecodeCase{1, kL, "decode_b1_hq32_hk8_lk32768_d64", false, 64}}) {
-    const int64_t lq = dc.lq, lk = dc.lk, dim = dc.dim;
+  for (const DecodeCase& dc :
+       {DecodeCase{1, kL, "decode_b1_hq32_hk8_lk32768_d128"},
+        DecodeCase{4, kL, "decode_b1_hq32_hk8_lq4_lk32768_d128_causal"},
+        DecodeCase{1, 4096, "decode_b1_hq32_hk8_lk4096_d128"},
+        DecodeCase{1, kL, "decode_b1_hq32_hk8_lk32768_d128_bhld", true},
+        DecodeCase{1, kL, "decode_b1_hq32_hk8_lk32768_d64", false, 64},
+        DecodeCase{1, 2048, "decode_b12_hq32_hk8_lk2048_d128", false, kD, 12},
+        DecodeCase{1, 4096, "decode_b6_hq32_hk8_lk4096_d128", false, kD, 6},
+        DecodeCase{1, 4096, "decode_b12_hq32_hk8_lk4096_d64", false, 64, 12}}) {
+    const int64_t lq = dc.lq, lk = dc.lk, dim = dc.dim, batch = dc.batch;
+    // Rows a sequence's cache holds: one sequence reads the first lk of kL (at the front of the
+    // buffers); a batch's caches are lk rows each, back to back.
+    const int64_t rows = batch == 1 ? kL : lk;
     const std::string name = dc.name;
     Descriptor d;
-    d.dtype = DType::bf16, d.batch = kB, d.heads_q = kHq, d.heads_kv = kHk, d.len_q = lq;
+    d.dtype = DType::bf16, d.batch = batch, d.heads_q = kHq, d.heads_kv = kHk, d.len_q = lq;
     d.len_k = lk, d.head_dim_qk = d.head_dim_v = dim;
     d.mask = Mask::causal_bottom_right();
-    // The first lk rows of a dense kL-row cache of this head dim (at the front of the buffers).
-    const int64_t ks[] = {kB, kHk, lk, dim};
-    const int64_t bhld[] = {kL * kHk * dim, kL * dim, dim, 1},
-                  blhd[] = {kL * kHk * dim, dim, kHk * dim, 1};
+    const int64_t ks[] = {batch, kHk, lk, dim};
+    const int64_t bhld[] = {rows * kHk * dim, rows * dim, dim, 1},
+                  blhd[] = {rows * kHk * dim, dim, kHk * dim, 1};
     const std::span<const int64_t> kst(dc.heads_outer ? bhld : blhd);
     const ConstTensor tk = make_strided(static_cast<const void*>(kc->data()), DType::bf16, ks, kst,
                                         stream.memory_location());
     const ConstTensor tv = make_strided(static_cast<const void*>(vc->data()), DType::bf16, ks, kst,
                                         stream.memory_location());
-    const Tensor tq = view4(q->data(), kB, kHq, lq, dim, stream, DType::bf16);
-    const Tensor ty = view4(y->data(), kB, kHq, lq, dim, stream, DType::bf16);
-    const int64_t lse_shape[] = {kB, kHq, lq};
+    const Tensor tq = view4(q->data(), batch, kHq, lq, dim, stream, DType::bf16);
+    const Tensor ty = view4(y->data(), batch, kHq, lq, dim, stream, DType::bf16);
+    const int64_t lse_shape[] = {batch, kHq, lq};
     const Tensor tl = make_tensor(lse->data(), DType::f32, lse_shape, stream.memory_location());
     const ForwardArguments fa{as_const(tq), tk, tv, ty, tl, {}, {}};
     for (const char* kernel : {"", "flash_decode_sm80", "flash_decode_w4_sm80",
@@ -228,7 +238,7 @@ void bench_all(const Stream& stream) {
         continue;
       }
       // Bytes: the KV cache read once (Q, Y and LSE are negligible); memory-bound, so no FLOPs.
-      const double kv_bytes = 2.0 * kB * lk * kHk * dim * 2;
+      const double kv_bytes = 2.0 * batch * lk * kHk * dim * 2;
       bench::emit(stream, {kFamily, "attention_decode", name, "bf16", std::string(fwd->sku().name),
                            ft->median_ms, kv_bytes, 0,
                            kn.empty() ? "default plan; % of copy bandwidth on KV bytes"
