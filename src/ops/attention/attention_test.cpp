@@ -1851,11 +1851,13 @@ TEST_P(AttentionTest, DecodeKernelOnDevice) {
     check_forward_runs(target, c, Lay::bhld, runs);
     expect_names(runs);
   }
-  {  // 96 (batch, K/V head) pairs: one split each would idle a quarter of 132 SMs, so
-     // decode_splits falls back to the count that fills shared memory's slots (2 at d128)
+  // 96 (batch, K/V head) pairs: one split each would idle a quarter of 132 SMs. At d64
+  // decode_splits then fills shared memory's slots (several splits, combined); at d128 it keeps
+  // one split per pair on 132 SMs (the output written by the decode kernel, no combine).
+  for (const int64_t dim : {64, 128}) {
     Config c;
     c.dtype = DType::bf16, c.b = 12, c.hq = 32, c.hk = 8, c.lq = 1, c.lk = 1000;
-    c.dk = c.dv = 128, c.mask = Mask::causal_bottom_right();
+    c.dk = c.dv = dim, c.mask = Mask::causal_bottom_right();
     auto runs = both();
     check_forward_runs(target, c, Lay::blhd, runs);
     expect_names(runs);
