@@ -1899,7 +1899,7 @@ TEST_P(AttentionTest, DecodeKernelOnDevice) {
 // split flags are raised to a tag fixed at capture. That the merging split clears them for the
 // next replay is not what this observes: with the clearing taken out (H200, 3566cb1 with
 // clear_flags removed) it still passed, since every split of a replay then merges and the last one,
-// merging current partials, writes last.
+// merging current partials, writes last. FusedDecodeClearsItsSplitFlags (below) observes it.
 TEST_P(AttentionTest, DecodeReplaysInACudaGraph) {
   const Target target = GetParam();
   if (target == Target::cpu) GTEST_SKIP() << "CUDA graphs: the CUDA target only";
@@ -1951,6 +1951,75 @@ TEST_P(AttentionTest, DecodeReplaysInACudaGraph) {
     }
     EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
     EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  }
+#endif
+}
+
+// The fused decode variant leaves every split flag it raised cleared (the merging split of each
+// (batch, K/V head) clears the group's flags), so a later launch or graph replay starts from
+// zeros whatever the workspace held before. White-box: the flags are the workspace's last
+// batch x K/V heads x splits 8-byte words (decode_workspace_layout, decode.cuh), and the split
+// count is the one whose layout gives the plan's workspace size. With the clearing taken out
+// (H200, bfbeead's tree) this fails, 84 of 84 flags raised, while DecodeReplaysInACudaGraph
+// passes.
+TEST_P(AttentionTest, FusedDecodeClearsItsSplitFlags) {
+  const Target target = GetParam();
+  if (target == Target::cpu) GTEST_SKIP() << "the fused decode kernel runs on the CUDA target only";
+  BARACUDA_SKIP_IF_UNAVAILABLE(target);
+#if BARACUDA_WITH_CUDA
+  Config c;
+  c.dtype = DType::bf16, c.b = 2, c.hq = 8, c.hk = 2, c.lq = 1, c.lk = 4000;
+  c.dk = c.dv = 128, c.mask = Mask::causal_bottom_right();
+  const Problem p = problem_of(c);
+  const Shapes s = shapes_of(p);
+  const int r = s.rank_qkv;
+  Rng rng;
+  auto q = make(c.dtype, vec(s.q, r), target, Lay::blhd, rng);
+  auto k = make(c.dtype, vec(s.k, r), target, Lay::blhd, rng);
+  auto v = make(c.dtype, vec(s.v, r), target, Lay::blhd, rng);
+  auto y = make(c.dtype, vec(s.y, r), target, Lay::blhd, rng);
+  auto lse = make(p.lse_dtype, vec(s.lse, s.rank_lse), target, Lay::padded, rng);
+  q->fill_random(rng, -2, 2);
+  const Stream& stream = harness::stream_for(target);
+  auto plan =
+      ForwardPlan::select(stream, desc_of(c), PlanPreference::kernel("flash_decode_fused_sm80"));
+  BARACUDA_ASSERT_OK(plan);
+  const size_t bytes = plan->workspace_size();
+  const auto rows = static_cast<size_t>(c.b * c.hq * c.lq),
+             groups = static_cast<size_t>(c.b * c.hk);
+  size_t splits = 0;
+  for (size_t n = 2; n <= 256 && splits == 0; ++n) {
+    const size_t partials = (n * rows * static_cast<size_t>(c.dv + 1) * sizeof(float) + 7) / 8 * 8;
+    if (partials + 8 * groups * n == bytes) splits = n;
+  }
+  ASSERT_GT(splits, 0u) << "no split count gives the fused plan's workspace of " << bytes
+                        << " bytes: the layout changed, update this test";
+  const size_t flag_bytes = 8 * groups * splits;
+  std::unique_ptr<Buffer> hold;
+  const Workspace ws = workspace_for(bytes, target, hold);
+  const ForwardArguments args{q->cview(), k->cview(), v->cview(), y->view(), lse->view(), {}, {}};
+  for (int round = 0; round < 3; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    // Stale flags and partials: every byte 0xff (never a launch's tag, which is a fresh value).
+    ASSERT_EQ(cudaMemset(ws.data, 0xff, bytes), cudaSuccess);
+    k->fill_random(rng, -2, 2);
+    v->fill_random(rng);
+    y->poison();
+    lse->poison();
+    const Status st = plan->run(stream, ws, args);
+    ASSERT_TRUE(st.ok()) << st.error().to_string();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto ref = Oracle(c).forward(q->values(), k->values(), v->values());
+    EXPECT_TRUE(close_to(y->values(), ref.first, c.dtype, Accuracy::reduction, "y"));
+    EXPECT_TRUE(close_to(lse->values(), ref.second, p.lse_dtype, Accuracy::reduction, "lse"));
+    std::vector<uint64_t> flags(flag_bytes / 8, 1);
+    ASSERT_EQ(
+        cudaMemcpy(flags.data(), static_cast<const unsigned char*>(ws.data) + bytes - flag_bytes,
+                   flag_bytes, cudaMemcpyDeviceToHost),
+        cudaSuccess);
+    size_t raised = 0;
+    for (const uint64_t f : flags) raised += f != 0;
+    EXPECT_EQ(raised, 0u) << "of " << flags.size() << " split flags (" << splits << " splits)";
   }
 #endif
 }
