@@ -64,8 +64,14 @@ def sweep():
 
 
 def decode():
-    b, hq, hk, lk, d = 1, 32, 8, 32768, 128
-    name = "decode_b1_hq32_hk8_lk32768_d128"
+    # (batch, keys, head dim): the bench_attention decode rows of one query token, same names.
+    for b, lk, d in ((1, 32768, 128), (1, 32768, 64), (12, 2048, 128), (6, 4096, 128),
+                     (12, 4096, 64)):
+        decode_case(b, 32, 8, lk, d, repeated_kv=(b, d) == (1, 128))
+
+
+def decode_case(b, hq, hk, lk, d, repeated_kv):
+    name = f"decode_b{b}_hq{hq}_hk{hk}_lk{lk}_d{d}"
     q = torch.randn(b, hq, 1, d, device="cuda", dtype=torch.bfloat16)
     # Cache in [B, L, H, D] memory, viewed as [B, H, L, D] (as bench.cpp does).
     k = torch.randn(b, lk, hk, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
@@ -78,6 +84,8 @@ def decode():
             emit("attention_decode", name, peer, ms, gbps=kv_bytes / ms / 1e6)
         except Exception as e:
             emit("attention_decode", name, peer, None, error=str(e)[:200])
+    if not repeated_kv:
+        return
     # Eager GQA by repeating K/V (what a framework without enable_gqa does).
     kr, vr = k.repeat_interleave(hq // hk, dim=1), v.repeat_interleave(hq // hk, dim=1)
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
