@@ -1893,6 +1893,51 @@ TEST_P(AttentionTest, DecodeKernelOnDevice) {
   }
 }
 
+#if BARACUDA_WITH_CUDA
+// The decode tests' problem over [B, L, H, D] caches: 8 query heads over 2 K/V heads, one query
+// token against 4000 keys, d128, bf16. Q is drawn once; refresh() draws K / V and poisons the
+// outputs before a run, matches_oracle() checks them against the float64 oracle.
+struct DecodeInputs {
+  Config c;
+  Problem p;
+  Shapes s;
+  std::unique_ptr<TestTensor> q, k, v, y, lse;
+
+  ForwardArguments args() const {
+    return {q->cview(), k->cview(), v->cview(), y->view(), lse->view(), {}, {}};
+  }
+  void refresh(Rng& rng) {
+    k->fill_random(rng, -2, 2);
+    v->fill_random(rng);
+    y->poison();
+    lse->poison();
+  }
+  void expect_matches_oracle() const {
+    const auto ref = Oracle(c).forward(q->values(), k->values(), v->values());
+    EXPECT_TRUE(close_to(y->values(), ref.first, c.dtype, Accuracy::reduction, "y"));
+    EXPECT_TRUE(close_to(lse->values(), ref.second, p.lse_dtype, Accuracy::reduction, "lse"));
+  }
+};
+DecodeInputs decode_inputs(int64_t batch, Target target, Rng& rng) {
+  Config c;
+  c.dtype = DType::bf16, c.b = batch, c.hq = 8, c.hk = 2, c.lq = 1, c.lk = 4000;
+  c.dk = c.dv = 128, c.mask = Mask::causal_bottom_right();
+  const Problem p = problem_of(c);
+  const Shapes s = shapes_of(p);
+  const int r = s.rank_qkv;
+  DecodeInputs in{c,
+                  p,
+                  s,
+                  make(c.dtype, vec(s.q, r), target, Lay::blhd, rng),
+                  make(c.dtype, vec(s.k, r), target, Lay::blhd, rng),
+                  make(c.dtype, vec(s.v, r), target, Lay::blhd, rng),
+                  make(c.dtype, vec(s.y, r), target, Lay::blhd, rng),
+                  make(p.lse_dtype, vec(s.lse, s.rank_lse), target, Lay::padded, rng)};
+  in.q->fill_random(rng, -2, 2);
+  return in;
+}
+#endif
+
 // A decode engine captures its step in a CUDA graph and replays it with the cache updated in
 // place: every replay must read the current K / V. The default plan's two launches are
 // programmatic dependent launches (edges of that kind in the graph), and the fused variant's
@@ -1905,33 +1950,21 @@ TEST_P(AttentionTest, DecodeReplaysInACudaGraph) {
   if (target == Target::cpu) GTEST_SKIP() << "CUDA graphs: the CUDA target only";
   BARACUDA_SKIP_IF_UNAVAILABLE(target);
 #if BARACUDA_WITH_CUDA
-  Config c;
-  c.dtype = DType::bf16, c.b = 1, c.hq = 8, c.hk = 2, c.lq = 1, c.lk = 4000;
-  c.dk = c.dv = 128, c.mask = Mask::causal_bottom_right();
-  const Problem p = problem_of(c);
-  const Shapes s = shapes_of(p);
-  const int r = s.rank_qkv;
   Rng rng;
-  auto q = make(c.dtype, vec(s.q, r), target, Lay::blhd, rng);
-  auto k = make(c.dtype, vec(s.k, r), target, Lay::blhd, rng);
-  auto v = make(c.dtype, vec(s.v, r), target, Lay::blhd, rng);
-  q->fill_random(rng, -2, 2);
+  DecodeInputs in = decode_inputs(1, target, rng);
   const Stream& stream = harness::stream_for(target);
   const auto cs = static_cast<cudaStream_t>(stream.cuda_handle());
   for (const char* name :
        {"flash_decode_sm80", "flash_decode_w4_sm80", "flash_decode_fused_sm80"}) {
     SCOPED_TRACE(name);
-    auto y = make(c.dtype, vec(s.y, r), target, Lay::blhd, rng);
-    auto lse = make(p.lse_dtype, vec(s.lse, s.rank_lse), target, Lay::padded, rng);
-    const ForwardArguments args{q->cview(), k->cview(), v->cview(), y->view(), lse->view(), {}, {}};
-    auto plan = ForwardPlan::select(stream, desc_of(c), PlanPreference::kernel(name));
+    auto plan = ForwardPlan::select(stream, desc_of(in.c), PlanPreference::kernel(name));
     BARACUDA_ASSERT_OK(plan);
     std::unique_ptr<Buffer> hold;
     const Workspace ws = workspace_for(plan->workspace_size(), target, hold);
     // Captured cold (the plan's first run), as an engine that captures at start-up would.
     cudaGraph_t graph = nullptr;
     ASSERT_EQ(cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-    const Status st = plan->run(stream, ws, args);
+    const Status st = plan->run(stream, ws, in.args());
     const cudaError_t ended = cudaStreamEndCapture(cs, &graph);
     ASSERT_TRUE(st.ok()) << st.error().to_string();
     ASSERT_EQ(ended, cudaSuccess) << cudaGetErrorString(ended);
@@ -1939,15 +1972,10 @@ TEST_P(AttentionTest, DecodeReplaysInACudaGraph) {
     ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
     for (int replay = 0; replay < 3; ++replay) {
       SCOPED_TRACE("replay " + std::to_string(replay));
-      k->fill_random(rng, -2, 2);
-      v->fill_random(rng);
-      y->poison();
-      lse->poison();
+      in.refresh(rng);
       ASSERT_EQ(cudaGraphLaunch(exec, cs), cudaSuccess);
       ASSERT_EQ(cudaStreamSynchronize(cs), cudaSuccess);
-      const auto ref = Oracle(c).forward(q->values(), k->values(), v->values());
-      EXPECT_TRUE(close_to(y->values(), ref.first, c.dtype, Accuracy::reduction, "y"));
-      EXPECT_TRUE(close_to(lse->values(), ref.second, p.lse_dtype, Accuracy::reduction, "lse"));
+      in.expect_matches_oracle();
     }
     EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
     EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
@@ -1967,19 +1995,9 @@ TEST_P(AttentionTest, FusedDecodeClearsItsSplitFlags) {
   if (target == Target::cpu) GTEST_SKIP() << "the fused decode kernel runs on the CUDA target only";
   BARACUDA_SKIP_IF_UNAVAILABLE(target);
 #if BARACUDA_WITH_CUDA
-  Config c;
-  c.dtype = DType::bf16, c.b = 2, c.hq = 8, c.hk = 2, c.lq = 1, c.lk = 4000;
-  c.dk = c.dv = 128, c.mask = Mask::causal_bottom_right();
-  const Problem p = problem_of(c);
-  const Shapes s = shapes_of(p);
-  const int r = s.rank_qkv;
   Rng rng;
-  auto q = make(c.dtype, vec(s.q, r), target, Lay::blhd, rng);
-  auto k = make(c.dtype, vec(s.k, r), target, Lay::blhd, rng);
-  auto v = make(c.dtype, vec(s.v, r), target, Lay::blhd, rng);
-  auto y = make(c.dtype, vec(s.y, r), target, Lay::blhd, rng);
-  auto lse = make(p.lse_dtype, vec(s.lse, s.rank_lse), target, Lay::padded, rng);
-  q->fill_random(rng, -2, 2);
+  DecodeInputs in = decode_inputs(2, target, rng);
+  const Config& c = in.c;
   const Stream& stream = harness::stream_for(target);
   auto plan =
       ForwardPlan::select(stream, desc_of(c), PlanPreference::kernel("flash_decode_fused_sm80"));
@@ -1997,21 +2015,15 @@ TEST_P(AttentionTest, FusedDecodeClearsItsSplitFlags) {
   const size_t flag_bytes = 8 * groups * splits;
   std::unique_ptr<Buffer> hold;
   const Workspace ws = workspace_for(bytes, target, hold);
-  const ForwardArguments args{q->cview(), k->cview(), v->cview(), y->view(), lse->view(), {}, {}};
   for (int round = 0; round < 3; ++round) {
     SCOPED_TRACE("round " + std::to_string(round));
     // Stale flags and partials: every byte 0xff (never a launch's tag, which is a fresh value).
     ASSERT_EQ(cudaMemset(ws.data, 0xff, bytes), cudaSuccess);
-    k->fill_random(rng, -2, 2);
-    v->fill_random(rng);
-    y->poison();
-    lse->poison();
-    const Status st = plan->run(stream, ws, args);
+    in.refresh(rng);
+    const Status st = plan->run(stream, ws, in.args());
     ASSERT_TRUE(st.ok()) << st.error().to_string();
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    const auto ref = Oracle(c).forward(q->values(), k->values(), v->values());
-    EXPECT_TRUE(close_to(y->values(), ref.first, c.dtype, Accuracy::reduction, "y"));
-    EXPECT_TRUE(close_to(lse->values(), ref.second, p.lse_dtype, Accuracy::reduction, "lse"));
+    in.expect_matches_oracle();
     std::vector<uint64_t> flags(flag_bytes / 8, 1);
     ASSERT_EQ(
         cudaMemcpy(flags.data(), static_cast<const unsigned char*>(ws.data) + bytes - flag_bytes,
