@@ -521,12 +521,13 @@ inline bool decode_fits(const Problem& pr, const DeviceCaps& caps) {
 // 40.19-40.70 us (38.21-38.29), one stage shallower (32 KB) 45.95-46.02 us.
 // Where one CTA per SM would leave more than an eighth of the SMs idle (e.g. 96 batch x K/V head
 // pairs: one split each on 96 of 132 SMs) the rule depends on the head dim. At d64 the splits
-// fill what shared memory holds (three CTAs an SM): the 64 KB-a-tile-pair stream of a lone d64
-// CTA is too slow to leave SMs idle (H200, 12 x 8 K/V heads, Lk 4096, thirty-sixth session:
-// three an SM, 4 splits 33.25-33.28 us against one an SM, 1 split 38.1 us). At d128 and d256 the
-// one-per-SM count stays, even a single split: no partials and no combine launch weigh more than
-// the idle SMs (same call, Lk 2048, a 4-stage ring: 1 split 30.2-30.3 us against 2 splits two an
-// SM 34.7-35.0; 6 x 8 heads, Lk 4096: 2 splits 33.2-33.5 against 5 splits 34.1-34.2).
+// fill what shared memory holds (three CTAs an SM): a lone d64 CTA, streaming 16 KB tile pairs,
+// reads too slowly to leave SMs idle (H200, 12 x 8 K/V heads, Lk 4096, thirty-sixth session:
+// three an SM, 4 splits, 32.8-33.3 us against one an SM with an 8-stage ring, 1 split, 38.1). At
+// d128 and d256 the one-per-SM count stays, even a single split: no partials and no combine
+// launch weigh more than the idle SMs (12 x 8 heads, Lk 2048: 1 split 30.5-30.9 us against 2
+// splits two an SM 34.7-35.0; 6 x 8 heads, Lk 4096: 2 splits 33.5-34.1 against 5 splits
+// 34.1-34.2).
 // kWaves = 1 (flash_decode_sm80): one wave, every split starts at once, but a CTA that starts or
 // streams late finishes late and nothing fills its slot. kWaves = 4 (flash_decode_w4_sm80): 4x
 // shorter splits that the block scheduler hands to SMs as they free up, so SMs finish together,
