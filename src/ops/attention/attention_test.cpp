@@ -1223,6 +1223,57 @@ TEST(AttentionTail, OnlyUnbandedPaddedProblemsTakeIt) {
 
 // The one-pass backward's stream-K tail: tail CTAs' runs cover every iteration of the tail's units
 // exactly once, in order, each at least two long, and the whole units fill whole waves before it.
+// The decode's split rule on the shapes it was measured on (132 SMs) and its invariants on random
+// ones: one split a slot, the slot filling only where asked (d64) and only where the groups leave
+// more than an eighth of the slots idle, at least min_tiles tiles a split, at most 256, none empty.
+TEST(AttentionDecodeSplits, FollowTheMeasuredRule) {
+  struct Case {
+    int64_t groups, tiles, slots;
+    bool fill;
+    int64_t per_sm, min_tiles;
+    int splits;
+  };
+  const Case cases[] = {
+      {8, 512, 132, false, 2, 4, 16},   // the bench's d128 row: 16 splits of 32 tiles on 128 SMs
+      {8, 512, 132, true, 3, 4, 16},    // d64: 128 of 132 SMs busy, no filling
+      {96, 32, 132, false, 2, 4, 1},    // b12 d128 Lk 2048: one split, no combine
+      {96, 64, 132, true, 3, 4, 4},     // b12 d64 Lk 4096: three CTAs an SM
+      {48, 64, 132, false, 2, 4, 2},    // b6 d128 Lk 4096
+      {48, 64, 132, true, 3, 4, 8},     // b6 d64: 396 / 48
+      {8, 64, 528, false, 2, 4, 16},    // w4 at Lk 4096: bounded by 4 tiles a split
+      {8, 32, 132, false, 2, 2, 16},    // the fused entry's 2-tile minimum at Lk 2048
+      {1, 513, 132, false, 1, 4, 103},  // 128 wanted, 5 tiles each: the last would be empty
+      {8, 7, 132, false, 2, 4, 1},      // under 8 tiles: never split
+      {100, 64, 132, true, 3, 4, 3},    // 32 idle SMs (more than an eighth): filled
+      {120, 64, 132, true, 3, 4, 1},    // 12 idle SMs: one split each
+      {0, 512, 132, false, 2, 4, 1},      {8, 512, 0, false, 2, 4, 1},
+      {1, 100000, 132, false, 1, 4, 132}, {1, 100000, 528, false, 1, 4, 256}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::Message() << c.groups << " groups of " << c.tiles << " tiles, "
+                                      << c.slots << " slots, fill " << c.fill);
+    EXPECT_EQ(detail::decode_split_count(c.groups, c.tiles, c.slots, c.fill, c.per_sm, c.min_tiles),
+              c.splits);
+  }
+  Rng rng;
+  for (int i = 0; i < 2000; ++i) {
+    const int64_t groups = rng.integer(1, 600), tiles = rng.integer(8, 5000);
+    const int64_t slots = 132 * rng.integer(1, 4), per_sm = rng.integer(1, 4);
+    const int64_t min_tiles = rng.integer(2, 4);
+    const bool fill = rng.coin();
+    const int n = detail::decode_split_count(groups, tiles, slots, fill, per_sm, min_tiles);
+    SCOPED_TRACE(::testing::Message() << groups << " groups of " << tiles << " tiles, " << slots
+                                      << " slots, fill " << fill << " x" << per_sm << ": " << n);
+    ASSERT_GE(n, 1);
+    ASSERT_LE(n, 256);
+    if (n == 1) continue;
+    const int64_t per = (tiles + n - 1) / n;
+    EXPECT_LT((n - 1) * per, tiles);  // the last split has tiles
+    EXPECT_GE(tiles / n, min_tiles);
+    const bool idle = slots / groups * groups < slots - slots / 8;
+    EXPECT_LE(n * groups, fill && idle ? slots * per_sm : slots);
+  }
+}
+
 TEST(AttentionTail, RunsCoverTheTailOnce) {
   struct Case {
     int64_t blocks, n_it, slots;

@@ -2,6 +2,7 @@
 // sees, and where rows live in padded or packed (varlen) tensors.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "baracuda/ops/attention.hpp"
@@ -130,6 +131,22 @@ BARACUDA_ATTN_HD bool tail_segment(const TailSplit& t, int64_t cta, int64_t k, i
   *unit = t.n_dp + at / t.n_it, *it_lo = at % t.n_it;
   *it_hi = *it_lo + (end - at < t.n_it - *it_lo ? end - at : t.n_it - *it_lo);
   return true;
+}
+
+// flash_decode's split count (decode_splits in decode.cuh says why, with the measurements):
+// `groups` (batch x K/V head) groups of `tiles` 64-key tiles over `slots` CTA slots (SMs x waves),
+// one split a slot; where that leaves more than an eighth of the slots idle and `fill` (d64), as
+// many as `per_sm` CTAs a slot fill instead. Each split keeps at least `min_tiles` tiles, at most
+// 256 splits, and the count is trimmed so that no split is left empty. 1: no split (no combine).
+inline int decode_split_count(int64_t groups, int64_t tiles, int64_t slots, bool fill,
+                              int64_t per_sm, int64_t min_tiles) {
+  if (groups <= 0 || tiles < 8 || slots <= 0) return 1;
+  int64_t want = slots / groups;
+  if (want * groups < slots - slots / 8 && fill) want = slots * per_sm / groups;
+  want = std::min<int64_t>({want, tiles / min_tiles, 256});
+  if (want <= 1) return 1;
+  const int64_t per = (tiles + want - 1) / want;
+  return static_cast<int>((tiles + per - 1) / per);
 }
 
 }  // namespace baracuda::attention::detail

@@ -539,21 +539,12 @@ inline bool decode_fits(const Problem& pr, const DeviceCaps& caps) {
 template <int kWaves = 1, int kMinTiles = 4>
 inline int decode_splits(const Problem& pr, const DeviceCaps& caps) {
   const Descriptor& d = pr.desc;
-  const int64_t heads = d.batch * d.heads_kv;
   const int64_t tiles = cuda::ceil_div(d.len_k, int64_t{DecodeCfg<__nv_bfloat16, 64, 1>::kBN});
-  if (heads == 0 || tiles < 8 || caps.sm_count <= 0) return 1;
-  const int64_t sms = int64_t{caps.sm_count} * kWaves;
-  int64_t want = sms / heads;
-  if (want * heads < sms - sms / 8 && decode_dim(pr) == 64) {
-    // Shared memory per SM is the opt-in block limit plus the 1 KB the driver reserves per block.
-    const int64_t per_sm = std::clamp<int64_t>(
-        (caps.smem_per_block_optin + 1024) / static_cast<int64_t>(decode_smem_of(pr) + 1024), 1, 4);
-    want = sms * per_sm / heads;
-  }
-  want = std::min<int64_t>({want, tiles / kMinTiles, 256});
-  if (want <= 1) return 1;
-  const int64_t per = cuda::ceil_div(tiles, want);
-  return static_cast<int>(cuda::ceil_div(tiles, per));  // no split left empty when unmasked
+  // Shared memory per SM is the opt-in block limit plus the 1 KB the driver reserves per block.
+  const int64_t per_sm = std::clamp<int64_t>(
+      (caps.smem_per_block_optin + 1024) / static_cast<int64_t>(decode_smem_of(pr) + 1024), 1, 4);
+  return detail::decode_split_count(d.batch * d.heads_kv, tiles, int64_t{caps.sm_count} * kWaves,
+                                    decode_dim(pr) == 64, per_sm, kMinTiles);
 }
 // The workspace of a run with `splits` splits: f32 partial rows and their LSEs per split and row,
 // then for the fused variant one 8-byte flag word per (batch, K/V head, split) from the first
