@@ -1221,8 +1221,6 @@ TEST(AttentionTail, OnlyUnbandedPaddedProblemsTakeIt) {
   EXPECT_EQ(detail::bwd_tail_split(pr, 128, 128).ctas, 0);  // 4096 blocks: 32 whole waves of 128
 }
 
-// The one-pass backward's stream-K tail: tail CTAs' runs cover every iteration of the tail's units
-// exactly once, in order, each at least two long, and the whole units fill whole waves before it.
 // The decode's split rule on the shapes it was measured on (132 SMs) and its invariants on random
 // ones: one split a slot, the slot filling only where asked (d64) and only where the groups leave
 // more than an eighth of the slots idle, at least min_tiles tiles a split, at most 256, none empty.
@@ -1274,6 +1272,8 @@ TEST(AttentionDecodeSplits, FollowTheMeasuredRule) {
   }
 }
 
+// The one-pass backward's stream-K tail: tail CTAs' runs cover every iteration of the tail's units
+// exactly once, in order, each at least two long, and the whole units fill whole waves before it.
 TEST(AttentionTail, RunsCoverTheTailOnce) {
   struct Case {
     int64_t blocks, n_it, slots;
