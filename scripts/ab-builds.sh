@@ -122,8 +122,11 @@ import collections, json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 t = collections.defaultdict(list)
 for r in rows:
-    if r.get("tflops"):
-        t[(r["name"], r["op"], r["kernel"], r["build"])].append(r["tflops"])
+    # TFLOP/s where the row counts FLOPs, GB/s where it only counts bytes (decode): higher is
+    # better either way, so the ratios read the same.
+    v = r.get("tflops") or r.get("gbps")
+    if v:
+        t[(r["name"], r["op"], r["kernel"], r["build"])].append(v)
 builds = sorted({k[3] for k in t}, key=lambda b: (b != "A", len(b), b))
 for key in sorted({k[:3] for k in t}):
     a = t.get(key + ("A",), [])

@@ -8,7 +8,7 @@
 #      (gtest filters), TEST_TIMEOUT / BENCH_TIMEOUT / PEERS_TIMEOUT / MEMCHECK_TIMEOUT (seconds,
 #      per family), CMAKE_ARGS (extra configure arguments), BUILD_TARGETS (kinds of target per
 #      family, default "test bench"; "bench" builds bench_<family> only), BUILD_DIR, JOBS (build
-#      jobs, default nproc).
+#      jobs, default nproc), ATTENTION_HOPPER=0 (see below).
 #      test_attention (family and Hopper backends, 65 tests) takes ~7 minutes on an H100: give it a
 #      call of its own with TEST_TIMEOUT=480, or split it with TEST_FILTER_attention.
 #      BARACUDA_COMMIT: the commit to stamp on the rows; pass it from the local checkout (the
@@ -36,7 +36,10 @@ has() { [[ " $STAGES " == *" $1 "* ]]; }
 
 . scripts/cudnn-env.sh
 dirs=$(IFS=';'; echo "${families[*]}")
-[[ " ${families[*]} " == *" attention "* ]] && dirs="$dirs;attention_hopper"
+# ATTENTION_HOPPER=0 leaves the sm_90a attention kernels out (a family-kernel A/B builds in half
+# the time without them).
+[[ " ${families[*]} " == *" attention "* ]] && [ "${ATTENTION_HOPPER:-1}" != 0 ] &&
+  dirs="$dirs;attention_hopper"
 
 stage "configure (${families[*]}, commit $BARACUDA_COMMIT)"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
