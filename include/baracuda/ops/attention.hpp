@@ -12,6 +12,15 @@
 //    [cu_seqlens_q[b], cu_seqlens_q[b+1]) of Q/Y and [cu_seqlens_k[b], cu_seqlens_k[b+1]) of K/V;
 //    cu_seqlens are i32 [B + 1]. len_q / len_k are then the maximum sequence lengths.
 //
+// Per-sequence key counts (forward only; FlashAttention's `seqused_k`, a decoding engine's cache
+// lengths): with Descriptor::seqused_k, ForwardArguments::seqused_k (i32 [B], on the plan's device)
+// says how many keys sequence b uses: K / V rows [0, seqused_k[b]) of its padded [.., Lk, ..]
+// cache, or the first seqused_k[b] rows of its packed range when varlen. Keys past that count do
+// not exist for the sequence (its bottom-right diagonal is aligned to the count, not to Lk), so a
+// KV cache `cache[B, H, Lmax, D]` filled to different lengths (write_slice's kv_append) is read in
+// place. Counts must lie in [0, Lk] (varlen: the sequence's key count); the CPU backend checks
+// them before writing, GPU kernels clamp them into that range (they cannot check without a sync).
+//
 // GQA / MQA: Hq is a multiple of Hk; query head h reads key/value head h / (Hq / Hk). A stride-0
 // head axis on K/V (broadcast) is legal as well.
 //
@@ -78,6 +87,8 @@ struct Descriptor {
   bool varlen = false;
   int64_t total_q = 0;  // varlen: rows of packed Q / Y
   int64_t total_k = 0;  // varlen: rows of packed K / V
+  // Forward only: ForwardArguments::seqused_k caps each sequence's keys (see the header comment).
+  bool seqused_k = false;
   // Y's dtype: unset or equal to dtype, except for e4m3 inputs (bf16 or f16; unset: bf16).
   std::optional<DType> out_dtype;
 };
@@ -99,6 +110,8 @@ struct ForwardArguments {
   ConstTensor cu_seqlens_q, cu_seqlens_k;  // varlen only: i32 [B + 1], on the plan's device
   // e4m3 only: f32 [1] dequantization scales on the plan's device (see the header comment).
   ConstTensor q_descale{}, k_descale{}, v_descale{};
+  // Descriptor::seqused_k only: i32 [B] on the plan's device, each sequence's key count.
+  ConstTensor seqused_k{};
 };
 
 struct ForwardOp {

@@ -66,6 +66,7 @@ struct Config {
   double softcap = 0;
   std::optional<double> scale;
   std::vector<int32_t> cu_q, cu_k;  // varlen when non-empty
+  std::vector<int32_t> used_k;      // seqused_k (each sequence's key count) when non-empty
   // Q and the even keys of K of order 1e19 (the odd keys stay small): those q . k overflow float to
   // +inf and the rest are ~1e20, so a soft-capped score must saturate at +-cap (the float64
   // reference's values) instead of turning NaN. bf16 / f32 only (f16 cannot hold 1e19).
@@ -77,6 +78,11 @@ struct Config {
                     std::to_string(dv) + " mask=" + to_string(mask) +
                     " cap=" + std::to_string(softcap);
     if (!cu_q.empty()) s += " varlen";
+    if (!used_k.empty()) {
+      s += " seqused_k=(";
+      for (size_t i = 0; i < used_k.size(); ++i) s += (i ? "," : "") + std::to_string(used_k[i]);
+      s += ")";
+    }
     if (huge_scores) s += " huge-scores";
     return s;
   }
@@ -92,6 +98,7 @@ Descriptor desc_of(const Config& c) {
     d.varlen = true;
     d.total_q = c.cu_q.back(), d.total_k = c.cu_k.back();
   }
+  d.seqused_k = !c.used_k.empty();
   return d;
 }
 
@@ -150,12 +157,12 @@ struct Oracle {
   Config c;  // dtype forced to f64
   Problem p;
   Shapes s;
-  std::vector<int32_t> cu_q, cu_k;
+  std::vector<int32_t> cu_q, cu_k, used_k;
   explicit Oracle(Config cfg) : c(std::move(cfg)) {
     c.dtype = DType::f64;
     p = problem_of(c);
     s = shapes_of(p);
-    cu_q = c.cu_q, cu_k = c.cu_k;
+    cu_q = c.cu_q, cu_k = c.cu_k, used_k = c.used_k;
   }
   ConstTensor cu(std::vector<int32_t>& v) {
     if (v.empty()) return {};
@@ -170,9 +177,10 @@ struct Oracle {
     Dense y = dense(vec(s.y, r)), lse = dense(vec(s.lse, s.rank_lse));
     auto plan = ForwardPlan::select(Stream::cpu(), desc_of(c));
     EXPECT_TRUE(plan.ok()) << plan.error().to_string();
-    auto st =
-        plan->run(Stream::cpu(), Workspace::none(),
-                  {dq.cview(), dk.cview(), dv.cview(), y.view(), lse.view(), cu(cu_q), cu(cu_k)});
+    ForwardArguments a{dq.cview(), dk.cview(), dv.cview(), y.view(),
+                       lse.view(), cu(cu_q),   cu(cu_k)};
+    a.seqused_k = cu(used_k);
+    auto st = plan->run(Stream::cpu(), Workspace::none(), a);
     EXPECT_TRUE(st.ok()) << st.error().to_string();
     return {y.data, lse.data};
   }
@@ -184,8 +192,9 @@ struct Oracle {
     const int r = s.rank_qkv;
     Dense dq = dense(vec(s.q, r), q), dk = dense(vec(s.k, r), k), dv = dense(vec(s.v, r), v);
     Dense y = dense(vec(s.y, r)), lse = dense(vec(s.lse, s.rank_lse));
-    const ForwardArguments a{dq.cview(), dk.cview(), dv.cview(), y.view(),
-                             lse.view(), cu(cu_q),   cu(cu_k)};
+    ForwardArguments a{dq.cview(), dk.cview(), dv.cview(), y.view(),
+                       lse.view(), cu(cu_q),   cu(cu_k)};
+    a.seqused_k = cu(used_k);
     std::vector<Status> st(blocks.size());
     parallel_for(static_cast<int64_t>(blocks.size()), [&](int64_t j) {
       const RowBlock& bk = blocks[j];
@@ -255,7 +264,7 @@ double backward_ops(const Config& c) {
          static_cast<double>(3 * c.dk + 2 * c.dv);
 }
 bool sampled(const Config& c, double ops) {
-  return c.cu_q.empty() && ops > kFullCheckOps;
+  return c.cu_q.empty() && c.used_k.empty() && ops > kFullCheckOps;
 }
 
 std::vector<RowBlock> sample_rows(const Config& c, Rng& rng) {
@@ -321,8 +330,9 @@ void check_forward_runs(Target target, const Config& c, Lay lay, std::vector<For
       if (static_cast<int64_t>(i) / c.dk % c.lk % 2 == 0) kv[i] = rng.uniform(1e19, 2e19);
     k->set_values(kv);
   }
-  std::unique_ptr<TestTensor> cu_q, cu_k;
+  std::unique_ptr<TestTensor> cu_q, cu_k, used_k;
   if (!c.cu_q.empty()) cu_q = seqlens(c.cu_q, target), cu_k = seqlens(c.cu_k, target);
+  if (!c.used_k.empty()) used_k = seqlens(c.used_k, target);
   // The reference, once: whole, or the sampled rows of a big problem.
   const bool big = sampled(c, forward_ops(c));
   std::vector<RowBlock> blocks;
@@ -346,6 +356,7 @@ void check_forward_runs(Target target, const Config& c, Lay lay, std::vector<For
     auto lse = make(p.lse_dtype, vec(s.lse, s.rank_lse), target, Lay::padded, rng);
     ForwardArguments args{q->cview(), k->cview(), v->cview(), y->view(), lse->view(), {}, {}};
     if (cu_q) args.cu_seqlens_q = cu_q->cview(), args.cu_seqlens_k = cu_k->cview();
+    if (used_k) args.seqused_k = used_k->cview();
     auto plan = ForwardPlan::select(stream, desc_of(c), run.preference.value_or(ours(target)));
     if (!plan.ok()) {
       ADD_FAILURE() << plan.error().to_string();
@@ -607,6 +618,13 @@ TEST(AttentionRules, DescriptorErrorsNameTheRuleAndNumbers) {
       {"out_dtype=f16 with dtype=f32", "Y has the inputs' dtype"});
   bad([](Descriptor& d) { d.dtype = DType::bf16, d.out_dtype = DType::f16; }, K::invalid_problem,
       {"out_dtype=f16 with dtype=bf16"});
+  // seqused_k: forward only.
+  Descriptor used = desc_of(Config{});
+  used.seqused_k = true;
+  BARACUDA_EXPECT_OK(ForwardPlan::select(cpu, used));
+  EXPECT_TRUE(
+      fails_with(BackwardPlan::select(cpu, used), K::unsupported,
+                 {"attention_backward: seqused_k: per-sequence key counts are forward only"}));
   // fp8: forward only, Y in bf16 or f16.
   Descriptor fp8 = desc_of(Config{});
   fp8.dtype = DType::e4m3;
@@ -1110,6 +1128,41 @@ TEST_P(AttentionTest, ArgumentErrorsNeverWrite) {
       vplan->can_implement({vq->cview(), vk->cview(), vv->cview(), vy->view(), vl->view(), {}, {}}),
       K::invalid_problem, {"attention_forward: cu_seqlens_q: rank 0"}));
 
+  // seqused_k: its counts only with the descriptor's flag, and then an i32 [B] on the device.
+  a = good;
+  a.seqused_k = vq->cview();
+  expect(a, K::invalid_problem,
+         {"attention_forward: seqused_k given but the descriptor's seqused_k is false"});
+  Config uc = c;
+  uc.used_k = {3};
+  auto uplan = ForwardPlan::select(stream, desc_of(uc));
+  BARACUDA_ASSERT_OK(uplan);
+  auto used = seqlens({3}, target), used2 = seqlens({3, 4}, target);
+  const int64_t one[] = {1};
+  auto used_f32 = mk(DType::f32, one, 1);
+  ForwardArguments u = good;
+  u.y = y->view();
+  auto expect_u = [&](const ForwardArguments& x, K kind,
+                      std::initializer_list<std::string_view> n) {
+    EXPECT_TRUE(fails_with(uplan->can_implement(x), kind, n));
+    EXPECT_TRUE(fails_with(uplan->run(stream, Workspace::none(), x), kind, n));
+  };
+  expect_u(u, K::invalid_problem, {"attention_forward: seqused_k: rank 0"});
+  u.seqused_k = used_f32->cview();
+  expect_u(u, K::invalid_problem, {"attention_forward: seqused_k: dtype f32, expected i32"});
+  u.seqused_k = used2->cview();
+  expect_u(u, K::invalid_problem, {"attention_forward: seqused_k: shape[0]=2, expected 1"});
+  u.seqused_k = used->cview();
+  BARACUDA_EXPECT_OK(uplan->can_implement(u));
+  if (target == Target::cuda) {
+    std::vector<int32_t> host_used = {3};
+    u.seqused_k =
+        make_tensor(static_cast<const void*>(host_used.data()), DType::i32, one, Location::host());
+    expect_u(u, K::wrong_device, {"attention_forward: seqused_k"});
+  }
+  EXPECT_TRUE(harness::untouched_outside(y_before, y->bytes(),
+                                         std::vector<uint8_t>(y_before.size() * 8, 0), "y"));
+
   auto bplan = BackwardPlan::select(stream, desc_of(c));
   BARACUDA_ASSERT_OK(bplan);
   auto dq = mk(DType::f32, s.q, 4), dk = mk(DType::f32, s.k, 4), dv = mk(DType::f32, s.v, 4);
@@ -1163,6 +1216,39 @@ TEST(AttentionRules, ReferenceRejectsBadSeqlens) {
   EXPECT_TRUE(fails_with(plan->run(Stream::cpu(), Workspace::none(), a), ErrorKind::invalid_problem,
                          {"cu_seqlens_k[0..1]=(0,8)", "max length (7)"}));
   EXPECT_TRUE(harness::bytes_equal(before, y->bytes(), "y untouched"));
+  // seqused_k counts past the sequence's keys (varlen: its packed range; padded: Lk) or negative.
+  ck = {0, 7, 9};
+  c.used_k = {7, 2};
+  auto uplan = ForwardPlan::select(Stream::cpu(), desc_of(c));
+  BARACUDA_ASSERT_OK(uplan);
+  std::vector<int32_t> used = {7, 3};
+  const int64_t nb[] = {2};
+  a.seqused_k = make_tensor(static_cast<const void*>(used.data()), DType::i32, nb);
+  EXPECT_TRUE(
+      fails_with(uplan->run(Stream::cpu(), Workspace::none(), a), ErrorKind::invalid_problem,
+                 {"attention_forward: seqused_k[1]=3: needs 0 <= count <= the sequence's 2 keys"}));
+  used = {-1, 2};
+  EXPECT_TRUE(fails_with(uplan->run(Stream::cpu(), Workspace::none(), a),
+                         ErrorKind::invalid_problem, {"seqused_k[0]=-1"}));
+  used = {7, 2};
+  BARACUDA_EXPECT_OK(uplan->run(Stream::cpu(), Workspace::none(), a));
+  c.cu_q.clear(), c.cu_k.clear(), c.used_k = {8};
+  c.b = 1, c.lq = 5, c.lk = 7;
+  const Shapes ps = shapes_of(problem_of(c));
+  auto pq = mk(DType::f32, ps.q, 4), pk = mk(DType::f32, ps.k, 4), pv = mk(DType::f32, ps.v, 4);
+  auto py = mk(DType::f32, ps.y, 4), pl = mk(DType::f32, ps.lse, 3);
+  auto pplan = ForwardPlan::select(Stream::cpu(), desc_of(c));
+  BARACUDA_ASSERT_OK(pplan);
+  py->poison();
+  const auto pbefore = py->bytes();
+  used = {8};
+  ForwardArguments pa{pq->cview(), pk->cview(), pv->cview(), py->view(), pl->view(), {}, {}};
+  const int64_t n1[] = {1};
+  pa.seqused_k = make_tensor(static_cast<const void*>(used.data()), DType::i32, n1);
+  EXPECT_TRUE(fails_with(pplan->run(Stream::cpu(), Workspace::none(), pa),
+                         ErrorKind::invalid_problem,
+                         {"seqused_k[0]=8: needs 0 <= count <= the sequence's 7 keys"}));
+  EXPECT_TRUE(harness::bytes_equal(pbefore, py->bytes(), "y untouched"));
 }
 
 // ---- The reference against hand-computed values
@@ -1435,6 +1521,72 @@ TEST(AttentionReference, GqaEqualsRepeatedHeads) {
   EXPECT_EQ(Oracle(g).forward(q, k, v), Oracle(m).forward(q, kr, vr));
 }
 
+// seqused_k: a sequence's first seqused_k[b] keys, and nothing past them, exactly as if its cache
+// held only those keys (a problem of its own with Lk = the count, bottom-right diagonal there);
+// padded caches and packed (varlen) ranges, counts of 0 (rows see no key), 1 and the whole length.
+TEST(AttentionReference, SequsedKEqualsSlicedCaches) {
+  Rng rng;
+  const int64_t hq = 4, hk = 2, dk = 5, dv = 3;
+  for (const Mask& mk : {Mask::none(), Mask::causal_bottom_right(), Mask::causal_top_left(),
+                         Mask::sliding_window(4, 1)})
+    for (bool varlen : {false, true}) {
+      Config c;
+      c.dtype = DType::f64, c.hq = hq, c.hk = hk, c.dk = dk, c.dv = dv, c.mask = mk;
+      std::vector<int64_t> q0, lq, k0, lk;  // each sequence's rows
+      if (varlen) {
+        c.cu_q = {0, 3, 4, 4, 9}, c.cu_k = {0, 12, 20, 25, 26}, c.used_k = {12, 0, 3, 1};
+        c.b = 4, c.lq = 5, c.lk = 12;
+        for (int64_t b = 0; b < c.b; ++b)
+          q0.push_back(c.cu_q[b]), lq.push_back(c.cu_q[b + 1] - c.cu_q[b]), k0.push_back(c.cu_k[b]),
+              lk.push_back(c.cu_k[b + 1] - c.cu_k[b]);
+      } else {
+        c.b = 4, c.lq = 3, c.lk = 11, c.used_k = {11, 0, 1, 6};
+        for (int64_t b = 0; b < c.b; ++b)
+          q0.push_back(0), lq.push_back(c.lq), k0.push_back(0), lk.push_back(c.lk);
+      }
+      SCOPED_TRACE(c.str());
+      Oracle o(c);
+      std::vector<double> q(harness::numel_of(vec(o.s.q, o.s.rank_qkv))),
+          k(harness::numel_of(vec(o.s.k, o.s.rank_qkv))),
+          v(harness::numel_of(vec(o.s.v, o.s.rank_qkv)));
+      for (auto* x : {&q, &k, &v})
+        for (double& e : *x) e = rng.uniform(-1, 1);
+      const auto [y, lse] = o.forward(q, k, v);
+      // Element offsets of (sequence b, head h, row i, column cc) in the full problem's tensors.
+      auto at = [&](int64_t b, int64_t heads, int64_t h, int64_t len, int64_t first, int64_t i,
+                    int64_t d, int64_t cc) {
+        return varlen ? ((first + i) * heads + h) * d + cc : ((b * heads + h) * len + i) * d + cc;
+      };
+      for (int64_t b = 0; b < c.b; ++b) {
+        Config one = c;
+        one.b = 1, one.lq = lq[b], one.lk = c.used_k[b];
+        one.cu_q.clear(), one.cu_k.clear(), one.used_k.clear();
+        std::vector<double> sq, sk, sv;
+        for (int64_t h = 0; h < hq; ++h)
+          for (int64_t i = 0; i < lq[b]; ++i)
+            for (int64_t cc = 0; cc < dk; ++cc)
+              sq.push_back(q[at(b, hq, h, c.lq, q0[b], i, dk, cc)]);
+        for (int64_t h = 0; h < hk; ++h)
+          for (int64_t j = 0; j < one.lk; ++j) {
+            for (int64_t cc = 0; cc < dk; ++cc)
+              sk.push_back(k[at(b, hk, h, c.lk, k0[b], j, dk, cc)]);
+            for (int64_t cc = 0; cc < dv; ++cc)
+              sv.push_back(v[at(b, hk, h, c.lk, k0[b], j, dv, cc)]);
+          }
+        const auto [ry, rl] = Oracle(one).forward(sq, sk, sv);
+        for (int64_t h = 0; h < hq; ++h)
+          for (int64_t i = 0; i < lq[b]; ++i) {
+            for (int64_t cc = 0; cc < dv; ++cc)
+              ASSERT_EQ(y[at(b, hq, h, c.lq, q0[b], i, dv, cc)], ry[(h * lq[b] + i) * dv + cc])
+                  << "y of sequence " << b << ", head " << h << ", row " << i;
+            const int64_t lo = varlen ? h * c.cu_q.back() + q0[b] + i : (b * hq + h) * c.lq + i;
+            ASSERT_EQ(lse[lo], rl[h * lq[b] + i])
+                << "lse of sequence " << b << ", head " << h << ", row " << i;
+          }
+      }
+    }
+}
+
 // The float64 backward against finite differences of the float64 forward, per mask and feature.
 TEST(AttentionReference, BackwardMatchesFiniteDifferences) {
   Rng rng;
@@ -1528,6 +1680,87 @@ TEST_P(AttentionTest, ForwardVarlen) {
     c.lq = 17, c.lk = 17;
     check_forward(target, c, n % 2 ? Lay::padded : Lay::bhld);
     ++n;
+  }
+}
+
+// seqused_k: each sequence reads only its first keys of a padded (or packed) cache. On the GPU
+// every family kernel that serves the shape runs it by name (the decode kernels, the tensor-core
+// forward shapes, the SIMT kernel at f32): counts of 0, 1, the whole cache and in between, GQA, the
+// masks whose diagonal moves with the count, Lq > count (rows that see no key).
+TEST_P(AttentionTest, ForwardSequsedK) {
+  const Target target = GetParam();
+  BARACUDA_SKIP_IF_UNAVAILABLE(target);
+  const bool gpu = target == Target::cuda;
+  auto runs_of = [&](std::vector<const char*> names) {
+    std::vector<ForwardRun> runs;
+    if (!gpu) names = {nullptr};  // the CPU backend: the reference plan
+    for (const char* n : names)
+      runs.push_back(n ? ForwardRun(PlanPreference::kernel(n)) : ForwardRun());
+    return runs;
+  };
+  auto expect_names = [&](const std::vector<ForwardRun>& runs, std::vector<const char*> names) {
+    if (!gpu) return;
+    ASSERT_EQ(runs.size(), names.size());
+    for (size_t j = 0; j < runs.size(); ++j) EXPECT_EQ(runs[j].kernel, names[j]);
+  };
+  const std::vector<const char*> decode = {"flash_decode_sm80", "flash_decode_w4_sm80",
+                                           "flash_decode_fused_sm80", "flash_fwd_mma_sm80",
+                                           "flash_fwd_mma_m16_sm80"};
+  const std::vector<const char*> mma = {"flash_fwd_mma_sm80",
+                                        "flash_fwd_mma_m16_sm80",
+                                        "flash_fwd_mma_m16w8_sm80",
+                                        "flash_fwd_mma_m32_sm80",
+                                        "flash_fwd_mma_ovl_sm80",
+                                        "flash_fwd_mma_m32s_sm80",
+                                        "flash_fwd_mma_m32s_straight_sm80"};
+  auto mma64 = mma;
+  mma64.push_back("flash_fwd_mma_m32s_n128_sm80");
+  mma64.push_back("flash_fwd_mma_m32s_n128m_sm80");
+  {  // decode against a cache filled to five lengths, the bench's GQA ratio
+    Config c;
+    c.dtype = DType::bf16, c.b = 5, c.hq = 8, c.hk = 2, c.lq = 1, c.lk = 1000, c.dk = c.dv = 128;
+    c.mask = Mask::causal_bottom_right(), c.used_k = {1000, 0, 1, 517, 64};
+    auto runs = runs_of(decode);
+    check_forward_runs(target, c, Lay::blhd, runs);
+    expect_names(runs, decode);
+  }
+  {  // speculative decoding: 4 queries, the first rows of the 2-key sequence see nothing
+    Config c;
+    c.dtype = DType::f16, c.b = 4, c.hq = 8, c.hk = 1, c.lq = 4, c.lk = 999, c.dk = c.dv = 64;
+    c.mask = Mask::causal_bottom_right(), c.used_k = {4, 300, 999, 2};
+    auto runs = runs_of(decode);
+    check_forward_runs(target, c, Lay::bhld, runs);
+    expect_names(runs, decode);
+  }
+  for (const Mask& mk : {Mask::none(), Mask::sliding_window(100, 30)}) {  // prefill shapes
+    Config c;
+    c.dtype = DType::bf16, c.b = 3, c.hq = 4, c.hk = 4, c.lq = 129, c.lk = 600, c.dk = c.dv = 64;
+    c.mask = mk, c.used_k = {600, 1, 333};
+    auto runs = runs_of(mma64);
+    check_forward_runs(target, c, Lay::blhd, runs);
+    expect_names(runs, mma64);
+  }
+  {  // packed sequences capped further: (1, 2, 0, 4) queries, (500 of 1000, 17, 0 of 483, 1) keys
+    Config c;
+    c.dtype = DType::bf16, c.b = 4, c.hq = 8, c.hk = 2, c.dk = c.dv = 128;
+    c.mask = Mask::causal_bottom_right();
+    c.cu_q = {0, 1, 3, 3, 7}, c.cu_k = {0, 1000, 1017, 1500, 1501}, c.lq = 4, c.lk = 1000;
+    c.used_k = {500, 17, 0, 1};
+    std::vector<const char*> names = decode;
+    names.insert(names.end(), mma.begin() + 2, mma.end());
+    auto runs = runs_of(names);
+    check_forward_runs(target, c, Lay::bhld, runs);
+    expect_names(runs, names);
+  }
+  {  // f32: the SIMT kernel (the family's default there)
+    Config c;
+    c.dtype = DType::f32, c.b = 3, c.hq = 4, c.hk = 2, c.lq = 6, c.lk = 40, c.dk = c.dv = 32;
+    c.mask = Mask::causal_bottom_right(), c.used_k = {40, 3, 0};
+    std::string kernel;
+    check_forward(target, c, Lay::padded, std::nullopt, &kernel);
+    if (gpu) {
+      EXPECT_EQ(kernel, "flash_fwd_simt");
+    }
   }
 }
 

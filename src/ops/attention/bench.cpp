@@ -182,12 +182,16 @@ void bench_all(const Stream& stream) {
   // The _b12 / _b6 rows are batches of 96 / 48 (batch, K/V head) pairs, where one CTA per split
   // on every SM does not divide evenly (decode_splits' other band); each sequence its own dense
   // cache of lk rows.
+  // The _ragged row is a serving batch: 16 caches of 2048 rows filled to different lengths
+  // (seqused_k, spread over [256, 2048]); its bytes and % of copy count the keys used only, and its
+  // time is the longest sequence's (the split plan is made on the host from the 2048-row bound).
   struct DecodeCase {
     int64_t lq, lk;
     const char* name;
     bool heads_outer = false;
     int64_t dim = kD;
     int64_t batch = kB;
+    bool ragged = false;
   };
   for (const DecodeCase& dc :
        {DecodeCase{1, kL, "decode_b1_hq32_hk8_lk32768_d128"},
@@ -197,7 +201,8 @@ void bench_all(const Stream& stream) {
         DecodeCase{1, kL, "decode_b1_hq32_hk8_lk32768_d64", false, 64},
         DecodeCase{1, 2048, "decode_b12_hq32_hk8_lk2048_d128", false, kD, 12},
         DecodeCase{1, 4096, "decode_b6_hq32_hk8_lk4096_d128", false, kD, 6},
-        DecodeCase{1, 4096, "decode_b12_hq32_hk8_lk4096_d64", false, 64, 12}}) {
+        DecodeCase{1, 4096, "decode_b12_hq32_hk8_lk4096_d64", false, 64, 12},
+        DecodeCase{1, 2048, "decode_b16_hq32_hk8_lk2048_d128_ragged", false, kD, 16, true}}) {
     const int64_t lq = dc.lq, lk = dc.lk, dim = dc.dim, batch = dc.batch;
     // Rows a sequence's cache holds: one sequence reads the first lk of kL (at the front of the
     // buffers); a batch's caches are lk rows each, back to back.
@@ -207,6 +212,18 @@ void bench_all(const Stream& stream) {
     d.dtype = DType::bf16, d.batch = batch, d.heads_q = kHq, d.heads_kv = kHk, d.len_q = lq;
     d.len_k = lk, d.head_dim_qk = d.head_dim_v = dim;
     d.mask = Mask::causal_bottom_right();
+    d.seqused_k = dc.ragged;
+    std::vector<int32_t> used(static_cast<size_t>(batch), static_cast<int32_t>(lk));
+    if (dc.ragged)  // spread over [256, 2048] by a formula peers.py repeats
+      for (int64_t b = 0; b < batch; ++b)
+        used[b] = static_cast<int32_t>(256 + (b * 997 + 331) % 1793);
+    int64_t keys = 0;  // the keys read: lk a sequence, or its count
+    for (int32_t u : used) keys += u;
+    auto used_dev = Buffer::allocate(used.size() * sizeof(int32_t), stream.memory_location());
+    if (!used_dev.ok() || !copy_bytes(used_dev->data(), used_dev->where(), used.data(),
+                                      Location::host(), used.size() * sizeof(int32_t))
+                               .ok())
+      return;
     const int64_t ks[] = {batch, kHk, lk, dim};
     const int64_t bhld[] = {rows * kHk * dim, rows * dim, dim, 1},
                   blhd[] = {rows * kHk * dim, dim, kHk * dim, 1};
@@ -219,7 +236,11 @@ void bench_all(const Stream& stream) {
     const Tensor ty = view4(y->data(), batch, kHq, lq, dim, stream, DType::bf16);
     const int64_t lse_shape[] = {batch, kHq, lq};
     const Tensor tl = make_tensor(lse->data(), DType::f32, lse_shape, stream.memory_location());
-    const ForwardArguments fa{as_const(tq), tk, tv, ty, tl, {}, {}};
+    ForwardArguments fa{as_const(tq), tk, tv, ty, tl, {}, {}};
+    const int64_t nb[] = {batch};
+    if (dc.ragged)
+      fa.seqused_k = make_tensor(static_cast<const void*>(used_dev->data()), DType::i32, nb,
+                                 stream.memory_location());
     for (const char* kernel : {"", "flash_decode_sm80", "flash_decode_w4_sm80",
                                "flash_decode_fused_sm80", "flash_fwd_mma_sm80"}) {
       const std::string_view kn(kernel);
@@ -238,7 +259,7 @@ void bench_all(const Stream& stream) {
         continue;
       }
       // Bytes: the KV cache read once (Q, Y and LSE are negligible); memory-bound, so no FLOPs.
-      const double kv_bytes = 2.0 * batch * lk * kHk * dim * 2;
+      const double kv_bytes = 2.0 * static_cast<double>(keys) * kHk * dim * 2;
       bench::emit(stream, {kFamily, "attention_decode", name, "bf16", std::string(fwd->sku().name),
                            ft->median_ms, kv_bytes, 0,
                            kn.empty() ? "default plan; % of copy bandwidth on KV bytes"

@@ -39,7 +39,8 @@ struct DecodeCfg {
   static constexpr size_t kSmem = kQBytes + (kKvBytes > kMergeBytes ? kKvBytes : kMergeBytes);
 };
 
-template <class T, int D, int MT, bool kFused = false>
+// kCounts: the launch has seqused_k counts (p.used_k; see seq_rows for why a template parameter).
+template <class T, int D, int MT, bool kFused = false, bool kCounts = false>
 __global__ void __launch_bounds__(128) flash_decode(Params p) {
   using Cfg = DecodeCfg<T, D, MT>;
   constexpr int kNT = Cfg::kThreads, kBN = Cfg::kBN, kRows = Cfg::kRows, kStages = Cfg::kStages;
@@ -64,7 +65,7 @@ __global__ void __launch_bounds__(128) flash_decode(Params p) {
   lin /= p.heads_kv;
   const int split = lin % p.splits;
   const int b = lin / p.splits;
-  const SeqRows s = seq_rows(p, b);
+  const SeqRows s = seq_rows<kCounts>(p, b);
   const int rows_total = p.group * s.lq;  // <= kRows (the kernel's fits predicate)
   if (rows_total == 0) return;            // flash_decode_combine skips these rows as well
   const int h_base = hk * p.group;
@@ -585,10 +586,10 @@ inline unsigned long long next_decode_tag() {
   return tag != 0 ? tag : 0x5bd1e9955bd1e995ull;
 }
 
-template <class T, int D, int MT, bool kFused>
+template <class T, int D, int MT, bool kFused, bool kCounts>
 Status run_decode(const LaunchContext& ctx, const Params& p) {
   using Cfg = DecodeCfg<T, D, MT>;
-  constexpr auto kernel = flash_decode<T, D, MT, kFused>;
+  constexpr auto kernel = flash_decode<T, D, MT, kFused, kCounts>;
   const auto blocks = static_cast<unsigned>(int64_t{p.batch} * p.heads_kv * p.splits);
   return cuda::launch_dependent<kernel>(ForwardOp::name, "flash_decode", dim3(blocks),
                                         dim3(Cfg::kThreads), Cfg::kSmem, cuda::stream_of(ctx), p);
@@ -627,14 +628,18 @@ Status launch_decode(const LaunchContext& ctx, const Problem& pr, const ForwardA
     }
   }
   const bool two = decode_rows(pr) > 16;
-  // The padded head dim and the m16 tiles of the group pick a launch shape (not a dtype dispatch).
+  // The padded head dim and the m16 tiles of the group pick a launch shape (not a dtype dispatch),
+  // seqused_k's counts the instance that reads them.
   const int dim = decode_dim(pr);
-  const Status st =
-      dim == 64
-          ? (two ? run_decode<T, 64, 2, kFused>(ctx, p) : run_decode<T, 64, 1, kFused>(ctx, p))
-      : dim == 128
-          ? (two ? run_decode<T, 128, 2, kFused>(ctx, p) : run_decode<T, 128, 1, kFused>(ctx, p))
-          : run_decode<T, 256, 1, kFused>(ctx, p);
+  auto run = [&](auto counts) {
+    constexpr bool kC = decltype(counts)::value;
+    return dim == 64    ? (two ? run_decode<T, 64, 2, kFused, kC>(ctx, p)
+                               : run_decode<T, 64, 1, kFused, kC>(ctx, p))
+           : dim == 128 ? (two ? run_decode<T, 128, 2, kFused, kC>(ctx, p)
+                               : run_decode<T, 128, 1, kFused, kC>(ctx, p))
+                        : run_decode<T, 256, 1, kFused, kC>(ctx, p);
+  };
+  const Status st = p.used_k ? run(std::true_type{}) : run(std::false_type{});
   if (!st.ok() || p.splits <= 1 || kFused) return st;  // fused: the last split merged
   return launch_decode_combine<T>(ctx, p, rows);
 }

@@ -22,6 +22,7 @@ inline Params fwd_params(const Problem& pr, const ForwardArguments& a) {
   p.cu_q = static_cast<const int32_t*>(a.cu_seqlens_q.data);
   p.cu_k = static_cast<const int32_t*>(a.cu_seqlens_k.data);
   if (!pr.desc.varlen) p.cu_q = p.cu_k = nullptr;
+  p.used_k = pr.desc.seqused_k ? static_cast<const int32_t*>(a.seqused_k.data) : nullptr;
   return p;
 }
 

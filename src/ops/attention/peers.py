@@ -68,6 +68,7 @@ def decode():
     for b, lk, d in ((1, 32768, 128), (1, 32768, 64), (12, 2048, 128), (6, 4096, 128),
                      (12, 4096, 64)):
         decode_case(b, 32, 8, lk, d, repeated_kv=(b, d) == (1, 128))
+    decode_ragged()
 
 
 def decode_case(b, hq, hk, lk, d, repeated_kv):
@@ -91,6 +92,28 @@ def decode_case(b, hq, hk, lk, d, repeated_kv):
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
         ms = bench(lambda: F.scaled_dot_product_attention(q, kr, vr))
     emit("attention_decode", name, "torch_sdpa_flash_repeated_kv", ms, gbps=kv_bytes / ms / 1e6)
+
+
+def decode_ragged(b=16, hq=32, hk=8, lk=2048, d=128):
+    """bench.cpp's _ragged row: 16 caches of 2048 rows filled to the same lengths (the same
+    formula), which SDPA can only take as a key mask over the whole cache (a boolean
+    [B, 1, 1, L]); bytes count the keys used, as bench.cpp does."""
+    name = f"decode_b{b}_hq{hq}_hk{hk}_lk{lk}_d{d}_ragged"
+    used = [256 + (i * 997 + 331) % 1793 for i in range(b)]
+    q = torch.randn(b, hq, 1, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(b, lk, hk, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    v = torch.randn(b, lk, hk, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    lengths = torch.tensor(used, device="cuda")
+    mask = (torch.arange(lk, device="cuda")[None, :] < lengths[:, None])[:, None, None, :]
+    kv_bytes = 2 * sum(used) * hk * d * 2
+    for peer, backend in BACKENDS.items():
+        try:
+            with sdpa_kernel(backend):
+                ms = bench(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                                                  enable_gqa=True))
+            emit("attention_decode", name, peer + "_masked", ms, gbps=kv_bytes / ms / 1e6)
+        except Exception as e:
+            emit("attention_decode", name, peer + "_masked", None, error=str(e)[:200])
 
 
 # Packed sequences of mixed lengths (bench_attention's attention_varlen rows, same names): SDPA

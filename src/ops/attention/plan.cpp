@@ -68,6 +68,9 @@ Result<Problem> make(std::string_view op, const Descriptor& d) {
   if (d.mask.left < -1 || d.mask.right < -1)
     return Error::invalid(o + ": mask=(" + num(d.mask.left) + "," + num(d.mask.right) +
                           "): window bounds must be >= 0, or -1 for unbounded");
+  if (d.seqused_k && op == BackwardOp::name)
+    return Error::unsupported(o + ": seqused_k: per-sequence key counts are forward only (the " +
+                              "backward takes whole sequences: varlen with cu_seqlens_k)");
   if (d.varlen) {
     if (d.len_q > d.total_q || d.len_k > d.total_k)
       return Error::invalid(o + ": varlen: max lengths (len_q=" + num(d.len_q) + ", len_k=" +
@@ -135,6 +138,19 @@ Status seqlens(std::string_view op, const Problem& p, const ConstTensor& cu_q,
                           {.require_contiguous = true});
 }
 
+// Descriptor::seqused_k's per-sequence key counts: i32 [B], contiguous, on the plan's device.
+Status seqused(std::string_view op, const Problem& p, const ConstTensor& used, Location where) {
+  if (!p.desc.seqused_k) {
+    if (used.data)
+      return Error::invalid(std::string(op) +
+                            ": seqused_k given but the descriptor's seqused_k is false");
+    return {};
+  }
+  const int64_t dims[] = {p.desc.batch};
+  return validate::tensor(op, "seqused_k", used, DType::i32, dims, where,
+                          {.require_contiguous = true});
+}
+
 }  // namespace
 
 std::string to_string(const Mask& m) {
@@ -186,6 +202,11 @@ Status ForwardOp::check_arguments(const Problem& p, const Arguments& a, Location
   BARACUDA_TRY(validate::tensor(name, "lse", a.lse, p.lse_dtype,
                                 std::span<const int64_t>(s.lse, s.rank_lse), where));
   BARACUDA_TRY(seqlens(name, p, a.cu_seqlens_q, a.cu_seqlens_k, where));
+  BARACUDA_TRY(seqused(name, p, a.seqused_k, where));
+  if (p.desc.seqused_k) {
+    BARACUDA_TRY(validate::no_overlap(name, "y", a.y, "seqused_k", a.seqused_k));
+    BARACUDA_TRY(validate::no_overlap(name, "lse", a.lse, "seqused_k", a.seqused_k));
+  }
   const std::pair<const char*, ConstTensor> descales[] = {
       {"q_descale", a.q_descale}, {"k_descale", a.k_descale}, {"v_descale", a.v_descale}};
   for (const auto& [what, t] : descales) {

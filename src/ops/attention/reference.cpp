@@ -21,10 +21,10 @@ struct Seq {
   int64_t q0 = 0, lq = 0, k0 = 0, lk = 0;  // first packed row (0 when padded) and lengths
 };
 
-// Sequence b's rows. With varlen the offsets come from host cu_seqlens, checked here because
-// the descriptor cannot know them.
-Result<Seq> sequence(std::string_view op, const Problem& p, const ConstTensor& cu_q,
-                     const ConstTensor& cu_k, int64_t b) {
+// Sequence b's rows before seqused_k. With varlen the offsets come from host cu_seqlens, checked
+// here because the descriptor cannot know them.
+Result<Seq> rows_of(std::string_view op, const Problem& p, const ConstTensor& cu_q,
+                    const ConstTensor& cu_k, int64_t b) {
   const Descriptor& d = p.desc;
   if (!d.varlen) return Seq{0, d.len_q, 0, d.len_k};
   const auto* cq = static_cast<const int32_t*>(cu_q.data);
@@ -43,6 +43,22 @@ Result<Seq> sequence(std::string_view op, const Problem& p, const ConstTensor& c
                             std::to_string(max_len) + ")");
   }
   return Seq{cq[b], cq[b + 1] - cq[b], ck[b], ck[b + 1] - ck[b]};
+}
+
+// Sequence b's rows. With varlen the offsets come from host cu_seqlens, and with seqused_k the
+// key count from a host array: checked here because the descriptor cannot know them.
+Result<Seq> sequence(std::string_view op, const Problem& p, const ConstTensor& cu_q,
+                     const ConstTensor& cu_k, int64_t b, const ConstTensor& used_k = {}) {
+  Result<Seq> r = rows_of(op, p, cu_q, cu_k, b);
+  if (!r.ok() || !p.desc.seqused_k) return r;
+  Seq s = r.value();
+  const int32_t used = static_cast<const int32_t*>(used_k.data)[b];
+  if (used < 0 || used > s.lk)
+    return Error::invalid(std::string(op) + ": seqused_k[" + std::to_string(b) +
+                          "]=" + std::to_string(used) + ": needs 0 <= count <= the sequence's " +
+                          std::to_string(s.lk) + " keys");
+  s.lk = used;
+  return s;
 }
 
 // Scores of one query row against its visible keys [lo, hi) (post scale and soft-cap), and the
@@ -121,10 +137,12 @@ void forward_rows(const Problem& p, const ForwardArguments& a, const Seq& sq, in
 Status forward(const LaunchContext&, const Problem& p, const ForwardArguments& a) {
   const Descriptor& d = p.desc;
   for (int64_t b = 0; b < d.batch; ++b)  // check every sequence before writing anything
-    if (auto r = sequence(ForwardOp::name, p, a.cu_seqlens_q, a.cu_seqlens_k, b); !r.ok())
+    if (auto r = sequence(ForwardOp::name, p, a.cu_seqlens_q, a.cu_seqlens_k, b, a.seqused_k);
+        !r.ok())
       return r.error();
   for (int64_t b = 0; b < d.batch; ++b) {
-    const Seq sq = sequence(ForwardOp::name, p, a.cu_seqlens_q, a.cu_seqlens_k, b).value();
+    const Seq sq =
+        sequence(ForwardOp::name, p, a.cu_seqlens_q, a.cu_seqlens_k, b, a.seqused_k).value();
     for (int64_t h = 0; h < d.heads_q; ++h) forward_rows(p, a, sq, b, h, 0, sq.lq);
   }
   return {};
@@ -236,7 +254,7 @@ Status detail::reference_forward_rows(const Problem& p, const ForwardArguments& 
   if (b < 0 || b >= p.desc.batch || h < 0 || h >= p.desc.heads_q)
     return Error::invalid(std::string(ForwardOp::name) + ": reference rows: (b=" +
                           std::to_string(b) + ", h=" + std::to_string(h) + ") out of range");
-  auto sq = sequence(ForwardOp::name, p, a.cu_seqlens_q, a.cu_seqlens_k, b);
+  auto sq = sequence(ForwardOp::name, p, a.cu_seqlens_q, a.cu_seqlens_k, b, a.seqused_k);
   if (!sq.ok()) return sq.error();
   const int64_t lq = sq.value().lq;
   forward_rows(p, a, sq.value(), b, h, std::clamp<int64_t>(i_begin, 0, lq),
