@@ -21,6 +21,15 @@
 // place. Counts must lie in [0, Lk] (varlen: the sequence's key count); the CPU backend checks
 // them before writing, GPU kernels clamp them into that range (they cannot check without a sync).
 //
+// Paged K / V (a serving engine's block-table cache, as vLLM and FlashInfer keep it; forward only,
+// not with varlen): with Descriptor::page_size > 0, K is a pool [pages, Hk, page_size, Dk] and V
+// [pages, Hk, page_size, Dv] (any outer strides, so [pages, page_size, Hk, D] memory too), and
+// ForwardArguments::block_table (i32 [B, ceil(Lk / page_size)], row-major, on the plan's device)
+// names the pages of each sequence: its key j is row j % page_size of page
+// block_table[b][j / page_size]. Lk is then the longest sequence, and seqused_k (when given) each
+// sequence's own count. Page numbers must lie in [0, pages); the CPU backend checks every entry a
+// sequence reads before writing, GPU kernels clamp them into that range.
+//
 // GQA / MQA: Hq is a multiple of Hk; query head h reads key/value head h / (Hq / Hk). A stride-0
 // head axis on K/V (broadcast) is legal as well.
 //
@@ -89,6 +98,10 @@ struct Descriptor {
   int64_t total_k = 0;  // varlen: rows of packed K / V
   // Forward only: ForwardArguments::seqused_k caps each sequence's keys (see the header comment).
   bool seqused_k = false;
+  // Forward only, paged K / V (see the header comment): rows a page holds (0: not paged) and the
+  // pages of the K / V pools.
+  int64_t page_size = 0;
+  int64_t pages = 0;
   // Y's dtype: unset or equal to dtype, except for e4m3 inputs (bf16 or f16; unset: bf16).
   std::optional<DType> out_dtype;
 };
@@ -112,6 +125,8 @@ struct ForwardArguments {
   ConstTensor q_descale{}, k_descale{}, v_descale{};
   // Descriptor::seqused_k only: i32 [B] on the plan's device, each sequence's key count.
   ConstTensor seqused_k{};
+  // Paged K / V only: i32 [B, ceil(Lk / page_size)], row-major, on the plan's device.
+  ConstTensor block_table{};
 };
 
 struct ForwardOp {
@@ -154,7 +169,8 @@ struct Shapes {
   int64_t q[4], k[4], v[4], y[4];
   int rank_lse = 3;  // 3 padded, 2 varlen
   int64_t lse[3];
-  int64_t cu_seqlens = 0;  // B + 1 when varlen
+  int64_t cu_seqlens = 0;           // B + 1 when varlen
+  int64_t block_table[2] = {0, 0};  // [B, pages a sequence can hold] when paged
 };
 Shapes shapes_of(const Problem& p);
 

@@ -65,8 +65,10 @@ struct Config {
   Mask mask{};
   double softcap = 0;
   std::optional<double> scale;
-  std::vector<int32_t> cu_q, cu_k;  // varlen when non-empty
-  std::vector<int32_t> used_k;      // seqused_k (each sequence's key count) when non-empty
+  std::vector<int32_t> cu_q, cu_k;   // varlen when non-empty
+  std::vector<int32_t> used_k;       // seqused_k (each sequence's key count) when non-empty
+  int64_t page_size = 0, pages = 0;  // paged K / V pools when page_size > 0 ...
+  std::vector<int32_t> table;        // ... and their block table [b, ceil(lk / page_size)]
   // Q and the even keys of K of order 1e19 (the odd keys stay small): those q . k overflow float to
   // +inf and the rest are ~1e20, so a soft-capped score must saturate at +-cap (the float64
   // reference's values) instead of turning NaN. bf16 / f32 only (f16 cannot hold 1e19).
@@ -78,6 +80,8 @@ struct Config {
                     std::to_string(dv) + " mask=" + to_string(mask) +
                     " cap=" + std::to_string(softcap);
     if (!cu_q.empty()) s += " varlen";
+    if (page_size > 0)
+      s += " paged(" + std::to_string(page_size) + " x " + std::to_string(pages) + ")";
     if (!used_k.empty()) {
       s += " seqused_k=(";
       for (size_t i = 0; i < used_k.size(); ++i) s += (i ? "," : "") + std::to_string(used_k[i]);
@@ -99,6 +103,7 @@ Descriptor desc_of(const Config& c) {
     d.total_q = c.cu_q.back(), d.total_k = c.cu_k.back();
   }
   d.seqused_k = !c.used_k.empty();
+  d.page_size = c.page_size, d.pages = c.pages;
   return d;
 }
 
@@ -157,12 +162,17 @@ struct Oracle {
   Config c;  // dtype forced to f64
   Problem p;
   Shapes s;
-  std::vector<int32_t> cu_q, cu_k, used_k;
+  std::vector<int32_t> cu_q, cu_k, used_k, table;
   explicit Oracle(Config cfg) : c(std::move(cfg)) {
     c.dtype = DType::f64;
     p = problem_of(c);
     s = shapes_of(p);
-    cu_q = c.cu_q, cu_k = c.cu_k, used_k = c.used_k;
+    cu_q = c.cu_q, cu_k = c.cu_k, used_k = c.used_k, table = c.table;
+  }
+  ConstTensor block_table() {
+    if (table.empty()) return {};
+    return make_tensor(static_cast<const void*>(table.data()), DType::i32,
+                       std::span<const int64_t>(s.block_table, 2));
   }
   ConstTensor cu(std::vector<int32_t>& v) {
     if (v.empty()) return {};
@@ -180,6 +190,7 @@ struct Oracle {
     ForwardArguments a{dq.cview(), dk.cview(), dv.cview(), y.view(),
                        lse.view(), cu(cu_q),   cu(cu_k)};
     a.seqused_k = cu(used_k);
+    a.block_table = block_table();
     auto st = plan->run(Stream::cpu(), Workspace::none(), a);
     EXPECT_TRUE(st.ok()) << st.error().to_string();
     return {y.data, lse.data};
@@ -195,6 +206,7 @@ struct Oracle {
     ForwardArguments a{dq.cview(), dk.cview(), dv.cview(), y.view(),
                        lse.view(), cu(cu_q),   cu(cu_k)};
     a.seqused_k = cu(used_k);
+    a.block_table = block_table();
     std::vector<Status> st(blocks.size());
     parallel_for(static_cast<int64_t>(blocks.size()), [&](int64_t j) {
       const RowBlock& bk = blocks[j];
@@ -264,7 +276,7 @@ double backward_ops(const Config& c) {
          static_cast<double>(3 * c.dk + 2 * c.dv);
 }
 bool sampled(const Config& c, double ops) {
-  return c.cu_q.empty() && c.used_k.empty() && ops > kFullCheckOps;
+  return c.cu_q.empty() && c.used_k.empty() && c.page_size == 0 && ops > kFullCheckOps;
 }
 
 std::vector<RowBlock> sample_rows(const Config& c, Rng& rng) {
@@ -330,9 +342,14 @@ void check_forward_runs(Target target, const Config& c, Lay lay, std::vector<For
       if (static_cast<int64_t>(i) / c.dk % c.lk % 2 == 0) kv[i] = rng.uniform(1e19, 2e19);
     k->set_values(kv);
   }
-  std::unique_ptr<TestTensor> cu_q, cu_k, used_k;
+  std::unique_ptr<TestTensor> cu_q, cu_k, used_k, table;
   if (!c.cu_q.empty()) cu_q = seqlens(c.cu_q, target), cu_k = seqlens(c.cu_k, target);
   if (!c.used_k.empty()) used_k = seqlens(c.used_k, target);
+  if (c.page_size > 0) {
+    table =
+        std::make_unique<TestTensor>(TestTensor::make(DType::i32, vec(s.block_table, 2), target));
+    table->set_values(std::vector<double>(c.table.begin(), c.table.end()));
+  }
   // The reference, once: whole, or the sampled rows of a big problem.
   const bool big = sampled(c, forward_ops(c));
   std::vector<RowBlock> blocks;
@@ -357,6 +374,7 @@ void check_forward_runs(Target target, const Config& c, Lay lay, std::vector<For
     ForwardArguments args{q->cview(), k->cview(), v->cview(), y->view(), lse->view(), {}, {}};
     if (cu_q) args.cu_seqlens_q = cu_q->cview(), args.cu_seqlens_k = cu_k->cview();
     if (used_k) args.seqused_k = used_k->cview();
+    if (table) args.block_table = table->cview();
     auto plan = ForwardPlan::select(stream, desc_of(c), run.preference.value_or(ours(target)));
     if (!plan.ok()) {
       ADD_FAILURE() << plan.error().to_string();
@@ -618,6 +636,23 @@ TEST(AttentionRules, DescriptorErrorsNameTheRuleAndNumbers) {
       {"out_dtype=f16 with dtype=f32", "Y has the inputs' dtype"});
   bad([](Descriptor& d) { d.dtype = DType::bf16, d.out_dtype = DType::f16; }, K::invalid_problem,
       {"out_dtype=f16 with dtype=bf16"});
+  // Paged K / V: sizes, padded Q only, forward only.
+  bad([](Descriptor& d) { d.page_size = -1; }, K::invalid_problem,
+      {"page_size=-1, pages=0: must be >= 0"});
+  bad([](Descriptor& d) { d.pages = 4; }, K::invalid_problem,
+      {"pages=4 with page_size=0: pages are only meaningful for paged K / V"});
+  Descriptor paged = desc_of(Config{});
+  paged.page_size = 4, paged.pages = 2;
+  BARACUDA_EXPECT_OK(ForwardPlan::select(cpu, paged));
+  EXPECT_TRUE(fails_with(BackwardPlan::select(cpu, paged), K::unsupported,
+                         {"attention_backward: page_size=4: paged K / V are forward only"}));
+  Descriptor paged_varlen = paged;
+  paged_varlen.varlen = true, paged_varlen.total_q = 5, paged_varlen.total_k = 7;
+  EXPECT_TRUE(fails_with(ForwardPlan::select(cpu, paged_varlen), K::invalid_problem,
+                         {"attention_forward: page_size=4 with varlen"}));
+  paged.pages = 0;
+  EXPECT_TRUE(fails_with(ForwardPlan::select(cpu, paged), K::invalid_problem,
+                         {"pages=0 with page_size=4 and len_k=7: the sequences' keys need pages"}));
   // seqused_k: forward only.
   Descriptor used = desc_of(Config{});
   used.seqused_k = true;
@@ -1142,23 +1177,60 @@ TEST_P(AttentionTest, ArgumentErrorsNeverWrite) {
   auto used_f32 = mk(DType::f32, one, 1);
   ForwardArguments u = good;
   u.y = y->view();
-  auto expect_u = [&](const ForwardArguments& x, K kind,
-                      std::initializer_list<std::string_view> n) {
-    EXPECT_TRUE(fails_with(uplan->can_implement(x), kind, n));
-    EXPECT_TRUE(fails_with(uplan->run(stream, Workspace::none(), x), kind, n));
+  // A rule of another plan (descriptor) than `plan`: refused by can_implement and by run.
+  auto expect_on = [&](const ForwardPlan& pl, const ForwardArguments& x, K kind,
+                       std::initializer_list<std::string_view> n) {
+    EXPECT_TRUE(fails_with(pl.can_implement(x), kind, n));
+    EXPECT_TRUE(fails_with(pl.run(stream, Workspace::none(), x), kind, n));
   };
-  expect_u(u, K::invalid_problem, {"attention_forward: seqused_k: rank 0"});
+  expect_on(*uplan, u, K::invalid_problem, {"attention_forward: seqused_k: rank 0"});
   u.seqused_k = used_f32->cview();
-  expect_u(u, K::invalid_problem, {"attention_forward: seqused_k: dtype f32, expected i32"});
+  expect_on(*uplan, u, K::invalid_problem,
+            {"attention_forward: seqused_k: dtype f32, expected i32"});
   u.seqused_k = used2->cview();
-  expect_u(u, K::invalid_problem, {"attention_forward: seqused_k: shape[0]=2, expected 1"});
+  expect_on(*uplan, u, K::invalid_problem,
+            {"attention_forward: seqused_k: shape[0]=2, expected 1"});
   u.seqused_k = used->cview();
   BARACUDA_EXPECT_OK(uplan->can_implement(u));
   if (target == Target::cuda) {
     std::vector<int32_t> host_used = {3};
     u.seqused_k =
         make_tensor(static_cast<const void*>(host_used.data()), DType::i32, one, Location::host());
-    expect_u(u, K::wrong_device, {"attention_forward: seqused_k"});
+    expect_on(*uplan, u, K::wrong_device, {"attention_forward: seqused_k"});
+  }
+  EXPECT_TRUE(harness::untouched_outside(y_before, y->bytes(),
+                                         std::vector<uint8_t>(y_before.size() * 8, 0), "y"));
+
+  // Paged K / V: the block table only with page_size, then an i32 [B, ceil(Lk / page_size)].
+  a = good;
+  a.block_table = used->cview();
+  expect(a, K::invalid_problem,
+         {"attention_forward: block_table given but the descriptor's page_size is 0"});
+  Config pc = c;
+  pc.page_size = 4, pc.pages = 3;  // Lk 7: two pages a sequence
+  const Shapes pshape = shapes_of(problem_of(pc));
+  auto pplan = ForwardPlan::select(stream, desc_of(pc));
+  BARACUDA_ASSERT_OK(pplan);
+  auto pk = mk(DType::f32, pshape.k, 4), pv = mk(DType::f32, pshape.v, 4);
+  auto table = std::make_unique<TestTensor>(TestTensor::make(DType::i32, {1, 2}, target));
+  table->set_values({2, 0});
+  auto table3 = std::make_unique<TestTensor>(TestTensor::make(DType::i32, {1, 3}, target));
+  ForwardArguments pa{q->cview(), pk->cview(), pv->cview(), y->view(), lse->view(), {}, {}};
+  expect_on(*pplan, pa, K::invalid_problem, {"attention_forward: block_table: rank 0"});
+  pa.block_table = table3->cview();
+  expect_on(*pplan, pa, K::invalid_problem,
+            {"attention_forward: block_table: shape[1]=3, expected 2"});
+  pa.block_table = table->cview();
+  pa.k = k->cview();  // a padded cache where the pool belongs
+  expect_on(*pplan, pa, K::invalid_problem, {"attention_forward: k: shape[0]=1, expected 3"});
+  pa.k = pk->cview();
+  BARACUDA_EXPECT_OK(pplan->can_implement(pa));
+  if (target == Target::cuda) {
+    std::vector<int32_t> host_table = {2, 0};
+    const int64_t t12[] = {1, 2};
+    pa.block_table =
+        make_tensor(static_cast<const void*>(host_table.data()), DType::i32, t12, Location::host());
+    expect_on(*pplan, pa, K::wrong_device, {"attention_forward: block_table"});
   }
   EXPECT_TRUE(harness::untouched_outside(y_before, y->bytes(),
                                          std::vector<uint8_t>(y_before.size() * 8, 0), "y"));
@@ -1249,6 +1321,31 @@ TEST(AttentionRules, ReferenceRejectsBadSeqlens) {
                          ErrorKind::invalid_problem,
                          {"seqused_k[0]=8: needs 0 <= count <= the sequence's 7 keys"}));
   EXPECT_TRUE(harness::bytes_equal(pbefore, py->bytes(), "y untouched"));
+  // Paged K / V: every page a sequence reads must be in the pools (only those it reads: a count
+  // of 4 keys reads one 4-key page, so the second entry may hold anything).
+  c.used_k.clear(), c.page_size = 4, c.pages = 2;
+  const Shapes gs = shapes_of(problem_of(c));
+  auto gk = mk(DType::f32, gs.k, 4), gv = mk(DType::f32, gs.v, 4);
+  auto gplan = ForwardPlan::select(Stream::cpu(), desc_of(c));
+  BARACUDA_ASSERT_OK(gplan);
+  std::vector<int32_t> pages = {1, 2};
+  const int64_t t12[] = {1, 2};
+  ForwardArguments ga{pq->cview(), gk->cview(), gv->cview(), py->view(), pl->view(), {}, {}};
+  ga.block_table = make_tensor(static_cast<const void*>(pages.data()), DType::i32, t12);
+  EXPECT_TRUE(fails_with(gplan->run(Stream::cpu(), Workspace::none(), ga),
+                         ErrorKind::invalid_problem,
+                         {"attention_forward: block_table[0][1]=2: needs 0 <= page < pages (2)"}));
+  pages = {-1, 0};
+  EXPECT_TRUE(fails_with(gplan->run(Stream::cpu(), Workspace::none(), ga),
+                         ErrorKind::invalid_problem, {"block_table[0][0]=-1"}));
+  EXPECT_TRUE(harness::bytes_equal(pbefore, py->bytes(), "y untouched"));
+  c.used_k = {4};
+  auto cplan = ForwardPlan::select(Stream::cpu(), desc_of(c));
+  BARACUDA_ASSERT_OK(cplan);
+  pages = {1, 99};
+  used = {4};
+  ga.seqused_k = make_tensor(static_cast<const void*>(used.data()), DType::i32, n1);
+  BARACUDA_EXPECT_OK(cplan->run(Stream::cpu(), Workspace::none(), ga));
 }
 
 // ---- The reference against hand-computed values
@@ -1521,6 +1618,58 @@ TEST(AttentionReference, GqaEqualsRepeatedHeads) {
   EXPECT_EQ(Oracle(g).forward(q, k, v), Oracle(m).forward(q, kr, vr));
 }
 
+// Paged K / V: a pool of `spare` more pages than the sequences hold, handed out in a random order
+// (the block table), so neighbouring keys of a sequence sit in unrelated pages.
+void page_config(Config& c, int64_t page_size, Rng& rng, int64_t spare = 3) {
+  const int64_t cols = (c.lk + page_size - 1) / page_size;
+  c.page_size = page_size, c.pages = c.b * cols + spare;
+  std::vector<int32_t> order(static_cast<size_t>(c.pages));
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
+  for (size_t i = order.size(); i > 1; --i)
+    std::swap(order[i - 1],
+              order[static_cast<size_t>(rng.integer(0, static_cast<int64_t>(i) - 1))]);
+  c.table.assign(order.begin(), order.begin() + c.b * cols);
+}
+
+// A paged cache is the padded cache its block table gathers: the reference over the pools equals,
+// bit for bit, the reference over [B, Hk, Lk, D] caches copied key by key from the pages the table
+// names (page sizes 1, 3, 16 and 64 against 37 keys, with and without seqused_k, four masks).
+TEST(AttentionReference, PagedEqualsGatheredCache) {
+  Rng rng;
+  for (const Mask& mk : {Mask::none(), Mask::causal_bottom_right(), Mask::causal_top_left(),
+                         Mask::sliding_window(4, 1)})
+    for (int64_t ps : {1, 3, 16, 64})
+      for (bool counts : {false, true}) {
+        Config c;
+        c.dtype = DType::f64, c.b = 3, c.hq = 4, c.hk = 2, c.lq = 2, c.lk = 37, c.dk = 5, c.dv = 3;
+        c.mask = mk;
+        if (counts) c.used_k = {37, 0, 20};
+        Config flat = c;  // the gathered caches
+        page_config(c, ps, rng);
+        SCOPED_TRACE(c.str());
+        Oracle o(c), of(flat);
+        std::vector<double> q(harness::numel_of(vec(o.s.q, 4))),
+            k(harness::numel_of(vec(o.s.k, 4))), v(harness::numel_of(vec(o.s.v, 4)));
+        for (auto* x : {&q, &k, &v})
+          for (double& e : *x) e = rng.uniform(-1, 1);
+        std::vector<double> fk(harness::numel_of(vec(of.s.k, 4))),
+            fv(harness::numel_of(vec(of.s.v, 4)));
+        const int64_t cols = o.s.block_table[1];
+        for (int64_t b = 0; b < c.b; ++b)
+          for (int64_t h = 0; h < c.hk; ++h)
+            for (int64_t j = 0; j < c.lk; ++j) {
+              const int64_t page = c.table[b * cols + j / ps], row = j % ps;
+              for (int64_t e = 0; e < c.dk; ++e)
+                fk[((b * c.hk + h) * c.lk + j) * c.dk + e] =
+                    k[((page * c.hk + h) * ps + row) * c.dk + e];
+              for (int64_t e = 0; e < c.dv; ++e)
+                fv[((b * c.hk + h) * c.lk + j) * c.dv + e] =
+                    v[((page * c.hk + h) * ps + row) * c.dv + e];
+            }
+        EXPECT_EQ(o.forward(q, k, v), of.forward(q, fk, fv));
+      }
+}
+
 // seqused_k: a sequence's first seqused_k[b] keys, and nothing past them, exactly as if its cache
 // held only those keys (a problem of its own with Lk = the count, bottom-right diagonal there);
 // padded caches and packed (varlen) ranges, counts of 0 (rows see no key), 1 and the whole length.
@@ -1683,6 +1832,23 @@ TEST_P(AttentionTest, ForwardVarlen) {
   }
 }
 
+// The tensor-core forward shapes a head dim can pin by name: m32s_n128 and m32s_n128m serve a
+// padded head dim of 64 only. (String literals: a PlanPreference keeps a view of the name.)
+std::vector<const char*> mma_forward_names(int64_t max_head_dim) {
+  std::vector<const char*> names = {"flash_fwd_mma_sm80",
+                                    "flash_fwd_mma_m16_sm80",
+                                    "flash_fwd_mma_m16w8_sm80",
+                                    "flash_fwd_mma_m32_sm80",
+                                    "flash_fwd_mma_ovl_sm80",
+                                    "flash_fwd_mma_m32s_sm80",
+                                    "flash_fwd_mma_m32s_straight_sm80"};
+  if (max_head_dim <= 64) {
+    names.push_back("flash_fwd_mma_m32s_n128_sm80");
+    names.push_back("flash_fwd_mma_m32s_n128m_sm80");
+  }
+  return names;
+}
+
 // seqused_k: each sequence reads only its first keys of a padded (or packed) cache. On the GPU
 // every family kernel that serves the shape runs it by name (the decode kernels, the tensor-core
 // forward shapes, the SIMT kernel at f32): counts of 0, 1, the whole cache and in between, GQA, the
@@ -1706,16 +1872,7 @@ TEST_P(AttentionTest, ForwardSequsedK) {
   const std::vector<const char*> decode = {"flash_decode_sm80", "flash_decode_w4_sm80",
                                            "flash_decode_fused_sm80", "flash_fwd_mma_sm80",
                                            "flash_fwd_mma_m16_sm80"};
-  const std::vector<const char*> mma = {"flash_fwd_mma_sm80",
-                                        "flash_fwd_mma_m16_sm80",
-                                        "flash_fwd_mma_m16w8_sm80",
-                                        "flash_fwd_mma_m32_sm80",
-                                        "flash_fwd_mma_ovl_sm80",
-                                        "flash_fwd_mma_m32s_sm80",
-                                        "flash_fwd_mma_m32s_straight_sm80"};
-  auto mma64 = mma;
-  mma64.push_back("flash_fwd_mma_m32s_n128_sm80");
-  mma64.push_back("flash_fwd_mma_m32s_n128m_sm80");
+  const std::vector<const char*> mma = mma_forward_names(128), mma64 = mma_forward_names(64);
   {  // decode against a cache filled to five lengths, the bench's GQA ratio
     Config c;
     c.dtype = DType::bf16, c.b = 5, c.hq = 8, c.hk = 2, c.lq = 1, c.lk = 1000, c.dk = c.dv = 128;
@@ -1761,6 +1918,80 @@ TEST_P(AttentionTest, ForwardSequsedK) {
     if (gpu) {
       EXPECT_EQ(kernel, "flash_fwd_simt");
     }
+  }
+}
+
+// Paged K / V: the pools' pages handed out at random. On the GPU every decode kernel by name and
+// the SIMT kernel read them (page sizes 7, 16, 64 and 256: rows that cross pages within a tile,
+// and tiles inside one page), with and without seqused_k; the tensor-core forwards refuse them.
+TEST_P(AttentionTest, ForwardPagedKv) {
+  const Target target = GetParam();
+  BARACUDA_SKIP_IF_UNAVAILABLE(target);
+  const bool gpu = target == Target::cuda;
+  Rng rng;
+  const std::vector<const char*> names = {"flash_decode_sm80", "flash_decode_w4_sm80",
+                                          "flash_decode_fused_sm80", "flash_fwd_simt"};
+  auto run_all = [&](const Config& c, Lay lay) {
+    std::vector<ForwardRun> runs;
+    if (gpu) {
+      for (const char* n : names) runs.push_back(ForwardRun(PlanPreference::kernel(n)));
+    } else {
+      runs.push_back(ForwardRun());
+    }
+    check_forward_runs(target, c, lay, runs);
+    if (gpu) {
+      ASSERT_EQ(runs.size(), names.size());
+      for (size_t j = 0; j < runs.size(); ++j) EXPECT_EQ(runs[j].kernel, names[j]);
+    }
+  };
+  {  // decode, 16-key pages ([pages, page_size, Hk, D] memory), cache lengths
+    Config c;
+    c.dtype = DType::bf16, c.b = 4, c.hq = 8, c.hk = 2, c.lq = 1, c.lk = 1000, c.dk = c.dv = 128;
+    c.mask = Mask::causal_bottom_right(), c.used_k = {1000, 0, 1, 517};
+    page_config(c, 16, rng);
+    run_all(c, Lay::blhd);
+  }
+  {  // speculative decoding over 64-key pages (a tile a page), every key used
+    Config c;
+    c.dtype = DType::f16, c.b = 3, c.hq = 8, c.hk = 1, c.lq = 4, c.lk = 999, c.dk = c.dv = 64;
+    c.mask = Mask::causal_bottom_right();
+    page_config(c, 64, rng);
+    run_all(c, Lay::bhld);
+  }
+  {  // 256-key pages at head dim 256, MQA
+    Config c;
+    c.dtype = DType::bf16, c.b = 2, c.hq = 8, c.hk = 1, c.lq = 1, c.lk = 1000, c.dk = c.dv = 256;
+    c.mask = Mask::none(), c.used_k = {700, 1000};
+    page_config(c, 256, rng);
+    run_all(c, Lay::blhd);
+  }
+  {  // 7-key pages, a head dim below its padded 128, a window
+    Config c;
+    c.dtype = DType::bf16, c.b = 2, c.hq = 4, c.hk = 2, c.lq = 3, c.lk = 300, c.dk = c.dv = 96;
+    c.mask = Mask::sliding_window(50, 0), c.used_k = {299, 41};
+    page_config(c, 7, rng);
+    run_all(c, Lay::bhld);
+  }
+  {  // f32: the SIMT kernel by default
+    Config c;
+    c.dtype = DType::f32, c.b = 3, c.hq = 4, c.hk = 2, c.lq = 5, c.lk = 40, c.dk = c.dv = 32;
+    c.mask = Mask::causal_bottom_right(), c.used_k = {40, 3, 0};
+    page_config(c, 5, rng);
+    std::string kernel;
+    check_forward(target, c, Lay::padded, std::nullopt, &kernel);
+    if (gpu) {
+      EXPECT_EQ(kernel, "flash_fwd_simt");
+    }
+  }
+  if (gpu) {  // the tensor-core forwards take padded or packed caches only
+    Config c;
+    c.dtype = DType::bf16, c.b = 2, c.hq = 8, c.hk = 2, c.lq = 1, c.lk = 256, c.dk = c.dv = 128;
+    page_config(c, 64, rng);
+    for (const char* n : mma_forward_names(128))
+      EXPECT_FALSE(
+          ForwardPlan::select(harness::stream_for(target), desc_of(c), PlanPreference::kernel(n))
+              .ok())
+          << n;
   }
 }
 
@@ -2327,22 +2558,7 @@ TEST_P(AttentionTest, ForwardKernelsByNameOnDevice) {
   const Target target = GetParam();
   if (target == Target::cpu) GTEST_SKIP() << "the tensor-core kernels run on the CUDA target only";
   BARACUDA_SKIP_IF_UNAVAILABLE(target);
-  // m32s_n128 and m32s_n128m serve a padded head dim of 64 only. (String literals: a PlanPreference
-  // keeps a view of the name.)
-  auto names_for = [](const Config& c) {
-    std::vector<const char*> names = {"flash_fwd_mma_sm80",
-                                      "flash_fwd_mma_m16_sm80",
-                                      "flash_fwd_mma_m16w8_sm80",
-                                      "flash_fwd_mma_m32_sm80",
-                                      "flash_fwd_mma_ovl_sm80",
-                                      "flash_fwd_mma_m32s_sm80",
-                                      "flash_fwd_mma_m32s_straight_sm80"};
-    if (std::max(c.dk, c.dv) <= 64) {
-      names.push_back("flash_fwd_mma_m32s_n128_sm80");
-      names.push_back("flash_fwd_mma_m32s_n128m_sm80");
-    }
-    return names;
-  };
+  auto names_for = [](const Config& c) { return mma_forward_names(std::max(c.dk, c.dv)); };
   auto all = [&](const Config& c) {
     std::vector<ForwardRun> runs;
     for (const char* name : names_for(c)) runs.push_back({PlanPreference::kernel(name)});

@@ -185,6 +185,8 @@ void bench_all(const Stream& stream) {
   // The _ragged row is a serving batch: 16 caches of 2048 rows filled to different lengths
   // (seqused_k, spread over [256, 2048]); its bytes and % of copy count the keys used only, and its
   // time is the longest sequence's (the split plan is made on the host from the 2048-row bound).
+  // The _paged64 / _paged16 rows are the same batch with its caches as 64- or 16-key pages of one
+  // pool, scattered by the block table: the same bytes as the _ragged row.
   struct DecodeCase {
     int64_t lq, lk;
     const char* name;
@@ -192,6 +194,7 @@ void bench_all(const Stream& stream) {
     int64_t dim = kD;
     int64_t batch = kB;
     bool ragged = false;
+    int64_t page_size = 0;  // > 0: the ragged caches as pages of one pool, in a scattered order
   };
   for (const DecodeCase& dc :
        {DecodeCase{1, kL, "decode_b1_hq32_hk8_lk32768_d128"},
@@ -202,7 +205,9 @@ void bench_all(const Stream& stream) {
         DecodeCase{1, 2048, "decode_b12_hq32_hk8_lk2048_d128", false, kD, 12},
         DecodeCase{1, 4096, "decode_b6_hq32_hk8_lk4096_d128", false, kD, 6},
         DecodeCase{1, 4096, "decode_b12_hq32_hk8_lk4096_d64", false, 64, 12},
-        DecodeCase{1, 2048, "decode_b16_hq32_hk8_lk2048_d128_ragged", false, kD, 16, true}}) {
+        DecodeCase{1, 2048, "decode_b16_hq32_hk8_lk2048_d128_ragged", false, kD, 16, true},
+        DecodeCase{1, 2048, "decode_b16_hq32_hk8_lk2048_d128_paged64", false, kD, 16, true, 64},
+        DecodeCase{1, 2048, "decode_b16_hq32_hk8_lk2048_d128_paged16", false, kD, 16, true, 16}}) {
     const int64_t lq = dc.lq, lk = dc.lk, dim = dc.dim, batch = dc.batch;
     // Rows a sequence's cache holds: one sequence reads the first lk of kL (at the front of the
     // buffers); a batch's caches are lk rows each, back to back.
@@ -213,6 +218,15 @@ void bench_all(const Stream& stream) {
     d.len_k = lk, d.head_dim_qk = d.head_dim_v = dim;
     d.mask = Mask::causal_bottom_right();
     d.seqused_k = dc.ragged;
+    // Paged rows: the buffers' kL rows as a pool of kL / page_size pages in [pages, page_size, Hk,
+    // D] memory (vLLM's layout), each sequence's pages scattered over it (page i of the table's
+    // row-major order is page 7919 i mod pages: a permutation, the count being a power of two).
+    const int64_t pages = dc.page_size > 0 ? kL / dc.page_size : 0;
+    const int64_t cols = dc.page_size > 0 ? lk / dc.page_size : 0;
+    d.page_size = dc.page_size, d.pages = pages;
+    std::vector<int32_t> table(static_cast<size_t>(batch * cols));
+    for (size_t i = 0; i < table.size(); ++i)
+      table[i] = static_cast<int32_t>((static_cast<int64_t>(i) * 7919) % pages);
     std::vector<int32_t> used(static_cast<size_t>(batch), static_cast<int32_t>(lk));
     if (dc.ragged)  // spread over [256, 2048] by a formula peers.py repeats
       for (int64_t b = 0; b < batch; ++b)
@@ -220,14 +234,22 @@ void bench_all(const Stream& stream) {
     int64_t keys = 0;  // the keys read: lk a sequence, or its count
     for (int32_t u : used) keys += u;
     auto used_dev = Buffer::allocate(used.size() * sizeof(int32_t), stream.memory_location());
-    if (!used_dev.ok() || !copy_bytes(used_dev->data(), used_dev->where(), used.data(),
-                                      Location::host(), used.size() * sizeof(int32_t))
-                               .ok())
+    auto table_dev = Buffer::allocate(std::max<size_t>(table.size(), 1) * sizeof(int32_t),
+                                      stream.memory_location());
+    if (!used_dev.ok() || !table_dev.ok() ||
+        !copy_bytes(used_dev->data(), used_dev->where(), used.data(), Location::host(),
+                    used.size() * sizeof(int32_t))
+             .ok() ||
+        !copy_bytes(table_dev->data(), table_dev->where(), table.data(), Location::host(),
+                    table.size() * sizeof(int32_t))
+             .ok())
       return;
-    const int64_t ks[] = {batch, kHk, lk, dim};
+    const int64_t ks_padded[] = {batch, kHk, lk, dim}, ks_pool[] = {pages, kHk, dc.page_size, dim};
+    const std::span<const int64_t> ks(dc.page_size > 0 ? ks_pool : ks_padded);
     const int64_t bhld[] = {rows * kHk * dim, rows * dim, dim, 1},
-                  blhd[] = {rows * kHk * dim, dim, kHk * dim, 1};
-    const std::span<const int64_t> kst(dc.heads_outer ? bhld : blhd);
+                  blhd[] = {rows * kHk * dim, dim, kHk * dim, 1},
+                  pool[] = {dc.page_size * kHk * dim, dim, kHk * dim, 1};
+    const std::span<const int64_t> kst(dc.page_size > 0 ? pool : dc.heads_outer ? bhld : blhd);
     const ConstTensor tk = make_strided(static_cast<const void*>(kc->data()), DType::bf16, ks, kst,
                                         stream.memory_location());
     const ConstTensor tv = make_strided(static_cast<const void*>(vc->data()), DType::bf16, ks, kst,
@@ -241,6 +263,10 @@ void bench_all(const Stream& stream) {
     if (dc.ragged)
       fa.seqused_k = make_tensor(static_cast<const void*>(used_dev->data()), DType::i32, nb,
                                  stream.memory_location());
+    const int64_t tshape[] = {batch, cols};
+    if (dc.page_size > 0)
+      fa.block_table = make_tensor(static_cast<const void*>(table_dev->data()), DType::i32, tshape,
+                                   stream.memory_location());
     for (const char* kernel : {"", "flash_decode_sm80", "flash_decode_w4_sm80",
                                "flash_decode_fused_sm80", "flash_fwd_mma_sm80"}) {
       const std::string_view kn(kernel);

@@ -42,6 +42,19 @@ BARACUDA_ATTN_HD int64_t row_offset(const int64_t* st, bool varlen, int64_t b, i
                                     int64_t row) {
   return varlen ? row * st[0] + h * st[1] : b * st[0] + h * st[1] + row * st[2];
 }
+// Paged K / V: the element offset of key j of head h of a sequence whose block-table row is
+// `table` (its page j / page_size holds the key at row j % page_size of a [pages, H, page_size, D]
+// pool with strides st). The page number is clamped into [0, pages): kernels cannot check the
+// table (the CPU reference checks it before it runs), and a bad entry must never read outside
+// the pool.
+// (Key indices, page sizes and counts are ints, as the descriptor's checks bound them: a 32-bit
+// division, where a 64-bit one is a call with a stack frame in device code.)
+BARACUDA_ATTN_HD int64_t paged_row_offset(const int64_t* st, const int32_t* table, int page_size,
+                                          int pages, int64_t h, int j) {
+  int page = table[j / page_size];
+  page = page < 0 ? 0 : page >= pages ? pages - 1 : page;
+  return page * st[0] + h * st[1] + (j % page_size) * st[2];
+}
 // The same for LSE: [B, Hq, Lq] padded, [Hq, Tq] varlen.
 BARACUDA_ATTN_HD int64_t lse_offset(const int64_t* st, bool varlen, int64_t b, int64_t h,
                                     int64_t row) {

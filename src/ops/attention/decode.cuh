@@ -39,8 +39,47 @@ struct DecodeCfg {
   static constexpr size_t kSmem = kQBytes + (kKvBytes > kMergeBytes ? kKvBytes : kMergeBytes);
 };
 
+// Paged K / V (detail::paged_row_offset): where row r of key tile t of a sequence with n keys
+// lives, as (page, row in the page); rows past n give (0, 0) (their chunks are zero-filled, and
+// the table has no entry for them).
+struct PageRow {
+  int page, row;
+};
+__device__ __forceinline__ PageRow page_row(const Params& p, const int32_t* pages_row, int key,
+                                            int n) {
+  if (key >= n) return {0, 0};
+  int page = pages_row[key / p.page_size];
+  page = page < 0 ? 0 : page >= p.pages ? p.pages - 1 : page;
+  return {page, key % p.page_size};
+}
+// Shared memory of the paged decode past a configuration's `smem` bytes: two tiles' (page, row)
+// entries, one per key row, from the next 16-byte boundary.
+constexpr size_t decode_page_ring_at(size_t smem) {
+  return (smem + 15) / 16 * 16;
+}
+constexpr size_t decode_paged_smem(size_t smem) {
+  return decode_page_ring_at(smem) + 2 * 64 * sizeof(PageRow);
+}
+
+// A key tile of the K and V pools into shared memory, each 16-byte chunk from its row's page:
+// `pg(r)` gives row r's (page, row); gk / gv point at the pools' head.
+template <class T, int ROWS, int D, int NT, class Pg>
+__device__ __forceinline__ void load_kv_paged(T* tk, T* tv, const T* gk, const T* gv,
+                                              const Params& p, int r0, int n, Pg pg) {
+  for (int c = threadIdx.x; c < ROWS * D / 8; c += NT) {
+    const int r = c / (D / 8), col = (c % (D / 8)) * 8;
+    const PageRow e = pg(r);
+    const bool in = r0 + r < n;
+    const bool ok_k = in && col < p.dim_qk, ok_v = in && col < p.dim_v;
+    const int64_t ko = e.page * p.sk[0] + e.row * p.sk[2], vo = e.page * p.sv[0] + e.row * p.sv[2];
+    cp_async16(smem_u32(tk + swz<D>(r, col)), ok_k ? gk + ko + col : gk, ok_k ? 16 : 0);
+    cp_async16(smem_u32(tv + swz<D>(r, col)), ok_v ? gv + vo + col : gv, ok_v ? 16 : 0);
+  }
+}
+
 // kCounts: the launch has seqused_k counts (p.used_k; see seq_rows for why a template parameter).
-template <class T, int D, int MT, bool kFused = false, bool kCounts = false>
+// kPaged: K / V are paged pools (p.block_table), the counts read where the launch has them.
+template <class T, int D, int MT, bool kFused = false, bool kCounts = false, bool kPaged = false>
 __global__ void __launch_bounds__(128) flash_decode(Params p) {
   using Cfg = DecodeCfg<T, D, MT>;
   constexpr int kNT = Cfg::kThreads, kBN = Cfg::kBN, kRows = Cfg::kRows, kStages = Cfg::kStages;
@@ -49,6 +88,9 @@ __global__ void __launch_bounds__(128) flash_decode(Params p) {
   T* sQ = reinterpret_cast<T*>(smem_raw);
   T* sK = sQ + kRows * D;
   T* sV = sK + kStages * kBN * D;
+  // Paged: the (page, row) entries of the next tiles to load, beyond the ring and merge buffers.
+  [[maybe_unused]] PageRow* sPg =
+      reinterpret_cast<PageRow*>(smem_raw + decode_page_ring_at(Cfg::kSmem));
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // Launched as a programmatic dependent launch: the CTAs may be resident before the previous
@@ -65,7 +107,7 @@ __global__ void __launch_bounds__(128) flash_decode(Params p) {
   lin /= p.heads_kv;
   const int split = lin % p.splits;
   const int b = lin / p.splits;
-  const SeqRows s = seq_rows<kCounts>(p, b);
+  const SeqRows s = seq_rows < kCounts || kPaged > (p, b);
   const int rows_total = p.group * s.lq;  // <= kRows (the kernel's fits predicate)
   if (rows_total == 0) return;            // flash_decode_combine skips these rows as well
   const int h_base = hk * p.group;
@@ -84,10 +126,21 @@ __global__ void __launch_bounds__(128) flash_decode(Params p) {
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, tq = lane % 4;
-  const T* gk = static_cast<const T*>(p.k) + detail::row_offset(p.sk, p.varlen, b, hk, s.k0);
-  const T* gv = static_cast<const T*>(p.v) + detail::row_offset(p.sv, p.varlen, b, hk, s.k0);
+  // K / V rows of the sequence's head (paged: the pools' head, rows found through the pages).
+  const T* gk = static_cast<const T*>(p.k) +
+                (kPaged ? hk * p.sk[1] : detail::row_offset(p.sk, p.varlen, b, hk, s.k0));
+  const T* gv = static_cast<const T*>(p.v) +
+                (kPaged ? hk * p.sv[1] : detail::row_offset(p.sv, p.varlen, b, hk, s.k0));
   const int64_t k_rs = p.varlen ? p.sk[0] : p.sk[2];
   const int64_t v_rs = p.varlen ? p.sv[0] : p.sv[2];
+  // Paged: the sequence's block-table row; `next_pg` is this thread's (page, row) entry (threads
+  // below kBN, one key row each) of the tile the next iteration loads, looked up an iteration
+  // ahead and stored to sPg at that iteration's top, so a table load is never waited for before a
+  // tile's copies go out (looked up at issue, the b16 paged row read 40% slower than its padded
+  // twin: H200, thirty-seventh session, call 6).
+  [[maybe_unused]] const int32_t* pages_row =
+      kPaged ? p.block_table + int64_t{b} * p.table_cols : nullptr;
+  [[maybe_unused]] PageRow next_pg{0, 0};
 
   // Q rows r = (query head h_base + r / Lq, query r % Lq); padding rows are zero.
   for (int c = threadIdx.x; c < kRows * D / 8; c += kNT) {
@@ -100,10 +153,22 @@ __global__ void __launch_bounds__(128) flash_decode(Params p) {
 #pragma unroll
   for (int st = 0; st < kStages - 1; ++st) {
     if (t_begin + st < t_end) {
-      load_tile<T, kBN, D, kNT>(sK + st * kBN * D, gk, k_rs, (t_begin + st) * kBN, s.lk, p.dim_qk);
-      load_tile<T, kBN, D, kNT>(sV + st * kBN * D, gv, v_rs, (t_begin + st) * kBN, s.lk, p.dim_v);
+      if constexpr (kPaged) {  // the first tiles look their pages up directly
+        const int r0 = (t_begin + st) * kBN;
+        load_kv_paged<T, kBN, D, kNT>(sK + st * kBN * D, sV + st * kBN * D, gk, gv, p, r0, s.lk,
+                                      [&](int r) { return page_row(p, pages_row, r0 + r, s.lk); });
+      } else {
+        load_tile<T, kBN, D, kNT>(sK + st * kBN * D, gk, k_rs, (t_begin + st) * kBN, s.lk,
+                                  p.dim_qk);
+        load_tile<T, kBN, D, kNT>(sV + st * kBN * D, gv, v_rs, (t_begin + st) * kBN, s.lk, p.dim_v);
+      }
     }
     cp_async_commit();
+  }
+  if constexpr (kPaged) {
+    const int tn = t_begin + kStages - 1;
+    if (tn < t_end && threadIdx.x < kBN)
+      next_pg = page_row(p, pages_row, tn * kBN + static_cast<int>(threadIdx.x), s.lk);
   }
 
   // This thread's fragment rows (mt, hf) -> mt * 16 + hf * 8 + g and their visible keys; padding
@@ -134,13 +199,24 @@ __global__ void __launch_bounds__(128) flash_decode(Params p) {
   const bool capped = p.softcap > 0;
 
   for (int t = t_begin; t < t_end; ++t) {
+    if constexpr (kPaged) {  // the entries of this iteration's tile to load (two-slot ring)
+      if (threadIdx.x < kBN) sPg[((t + kStages - 1) & 1) * kBN + threadIdx.x] = next_pg;
+    }
     cp_async_wait<kStages - 2>();  // tile t has landed for this thread ...
     __syncthreads();               // ... and for all; everyone is done with tile t - 1's stage
     {
       const int tn = t + kStages - 1, sn = (tn - t_begin) % kStages;
       if (tn < t_end) {
-        load_tile<T, kBN, D, kNT>(sK + sn * kBN * D, gk, k_rs, tn * kBN, s.lk, p.dim_qk);
-        load_tile<T, kBN, D, kNT>(sV + sn * kBN * D, gv, v_rs, tn * kBN, s.lk, p.dim_v);
+        if constexpr (kPaged) {
+          const PageRow* slot = sPg + (tn & 1) * kBN;
+          load_kv_paged<T, kBN, D, kNT>(sK + sn * kBN * D, sV + sn * kBN * D, gk, gv, p, tn * kBN,
+                                        s.lk, [&](int r) { return slot[r]; });
+          if (tn + 1 < t_end && threadIdx.x < kBN)
+            next_pg = page_row(p, pages_row, (tn + 1) * kBN + static_cast<int>(threadIdx.x), s.lk);
+        } else {
+          load_tile<T, kBN, D, kNT>(sK + sn * kBN * D, gk, k_rs, tn * kBN, s.lk, p.dim_qk);
+          load_tile<T, kBN, D, kNT>(sV + sn * kBN * D, gv, v_rs, tn * kBN, s.lk, p.dim_v);
+        }
       }
       cp_async_commit();
     }
@@ -489,14 +565,18 @@ constexpr size_t decode_smem() {
 }
 inline size_t decode_smem_of(const Problem& pr) {
   const bool two = decode_rows(pr) > 16;
+  size_t smem;
   switch (decode_dim(pr)) {
     case 64:
-      return two ? decode_smem<64, 2>() : decode_smem<64, 1>();
+      smem = two ? decode_smem<64, 2>() : decode_smem<64, 1>();
+      break;
     case 128:
-      return two ? decode_smem<128, 2>() : decode_smem<128, 1>();
+      smem = two ? decode_smem<128, 2>() : decode_smem<128, 1>();
+      break;
     default:
-      return decode_smem<256, 1>();
+      smem = decode_smem<256, 1>();
   }
+  return pr.desc.page_size > 0 ? decode_paged_smem(smem) : smem;
 }
 
 // Rows of the group fit one or two m16 tiles (two only up to D = 128, to stay in registers), and
@@ -586,13 +666,14 @@ inline unsigned long long next_decode_tag() {
   return tag != 0 ? tag : 0x5bd1e9955bd1e995ull;
 }
 
-template <class T, int D, int MT, bool kFused, bool kCounts>
+template <class T, int D, int MT, bool kFused, bool kCounts, bool kPaged>
 Status run_decode(const LaunchContext& ctx, const Params& p) {
   using Cfg = DecodeCfg<T, D, MT>;
-  constexpr auto kernel = flash_decode<T, D, MT, kFused, kCounts>;
+  constexpr auto kernel = flash_decode<T, D, MT, kFused, kCounts, kPaged>;
+  constexpr size_t kSmem = kPaged ? decode_paged_smem(Cfg::kSmem) : Cfg::kSmem;
   const auto blocks = static_cast<unsigned>(int64_t{p.batch} * p.heads_kv * p.splits);
   return cuda::launch_dependent<kernel>(ForwardOp::name, "flash_decode", dim3(blocks),
-                                        dim3(Cfg::kThreads), Cfg::kSmem, cuda::stream_of(ctx), p);
+                                        dim3(Cfg::kThreads), kSmem, cuda::stream_of(ctx), p);
 }
 
 // Both decode launches are programmatic dependent launches where the binary has the
@@ -629,17 +710,19 @@ Status launch_decode(const LaunchContext& ctx, const Problem& pr, const ForwardA
   }
   const bool two = decode_rows(pr) > 16;
   // The padded head dim and the m16 tiles of the group pick a launch shape (not a dtype dispatch),
-  // seqused_k's counts the instance that reads them.
+  // seqused_k's counts and paged K / V the instance that reads them.
   const int dim = decode_dim(pr);
-  auto run = [&](auto counts) {
-    constexpr bool kC = decltype(counts)::value;
-    return dim == 64    ? (two ? run_decode<T, 64, 2, kFused, kC>(ctx, p)
-                               : run_decode<T, 64, 1, kFused, kC>(ctx, p))
-           : dim == 128 ? (two ? run_decode<T, 128, 2, kFused, kC>(ctx, p)
-                               : run_decode<T, 128, 1, kFused, kC>(ctx, p))
-                        : run_decode<T, 256, 1, kFused, kC>(ctx, p);
+  auto run = [&](auto counts, auto paged) {
+    constexpr bool kC = decltype(counts)::value, kP = decltype(paged)::value;
+    return dim == 64    ? (two ? run_decode<T, 64, 2, kFused, kC, kP>(ctx, p)
+                               : run_decode<T, 64, 1, kFused, kC, kP>(ctx, p))
+           : dim == 128 ? (two ? run_decode<T, 128, 2, kFused, kC, kP>(ctx, p)
+                               : run_decode<T, 128, 1, kFused, kC, kP>(ctx, p))
+                        : run_decode<T, 256, 1, kFused, kC, kP>(ctx, p);
   };
-  const Status st = p.used_k ? run(std::true_type{}) : run(std::false_type{});
+  const Status st = p.block_table ? run(std::false_type{}, std::true_type{})
+                    : p.used_k    ? run(std::true_type{}, std::false_type{})
+                                  : run(std::false_type{}, std::false_type{});
   if (!st.ok() || p.splits <= 1 || kFused) return st;  // fused: the last split merged
   return launch_decode_combine<T>(ctx, p, rows);
 }

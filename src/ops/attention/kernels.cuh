@@ -71,6 +71,10 @@ struct Params {
   unsigned long long tag;
   void* delta;            // backward workspace: dY.Y per row, [B * Hq * Lq]
   const int32_t* used_k;  // seqused_k: each sequence's key count, null without
+  // Paged K / V (null when not paged): the block table [B, table_cols] and the pools' geometry
+  // (p.sk / p.sv are then the [pages, H, page_size, D] pools' strides).
+  const int32_t* block_table;
+  int table_cols, page_size, pages;
 };
 
 template <class Ptr>
@@ -183,6 +187,13 @@ __global__ void __launch_bounds__(128) flash_fwd_simt(Params p) {
   const A scale = static_cast<A>(std::is_same_v<A, double> ? p.scale_d : p.scale);
   const A cap = static_cast<A>(std::is_same_v<A, double> ? p.softcap_d : p.softcap);
   const T* q = static_cast<const T*>(p.q) + detail::row_offset(p.sq, p.varlen, b, h, s.q0 + i);
+  // Key j's row of K or V: padded or packed, or a page of the pools.
+  const int32_t* pages = p.block_table ? p.block_table + int64_t{b} * p.table_cols : nullptr;
+  auto key_row = [&](const int64_t* st, int64_t j) {
+    return pages
+               ? detail::paged_row_offset(st, pages, p.page_size, p.pages, hk, static_cast<int>(j))
+               : detail::row_offset(st, p.varlen, b, hk, s.k0 + j);
+  };
   A qr[kLaneElems], o[kLaneElems];
 #pragma unroll
   for (int u = 0; u < kLaneElems; ++u) {
@@ -194,8 +205,8 @@ __global__ void __launch_bounds__(128) flash_fwd_simt(Params p) {
   detail::visible_keys(p.band, i, s.lq, s.lk, &lo, &hi);
   A m = -INFINITY, l = 0;
   for (int64_t j = lo; j < hi; ++j) {
-    const T* kr = static_cast<const T*>(p.k) + detail::row_offset(p.sk, p.varlen, b, hk, s.k0 + j);
-    const T* vr = static_cast<const T*>(p.v) + detail::row_offset(p.sv, p.varlen, b, hk, s.k0 + j);
+    const T* kr = static_cast<const T*>(p.k) + key_row(p.sk, j);
+    const T* vr = static_cast<const T*>(p.v) + key_row(p.sv, j);
     A dot = 0;
 #pragma unroll
     for (int u = 0; u < kLaneElems; ++u) {

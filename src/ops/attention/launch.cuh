@@ -23,6 +23,12 @@ inline Params fwd_params(const Problem& pr, const ForwardArguments& a) {
   p.cu_k = static_cast<const int32_t*>(a.cu_seqlens_k.data);
   if (!pr.desc.varlen) p.cu_q = p.cu_k = nullptr;
   p.used_k = pr.desc.seqused_k ? static_cast<const int32_t*>(a.seqused_k.data) : nullptr;
+  if (pr.desc.page_size > 0) {
+    p.block_table = static_cast<const int32_t*>(a.block_table.data);
+    p.table_cols = static_cast<int>(shapes_of(pr).block_table[1]);
+    p.page_size = static_cast<int>(pr.desc.page_size);
+    p.pages = static_cast<int>(pr.desc.pages);
+  }
   return p;
 }
 
@@ -598,9 +604,10 @@ size_t fwd_mma_smem(const Problem& pr) {
 }
 // An entry's own rule, and only where the device grants its shared memory (e.g. m16w8's 160 KB at
 // D = 128 on a 99 KB sm_86 / sm_89 part), so select passes over it instead of run failing.
+// Paged K / V are read by the decode and SIMT kernels only.
 template <class T, template <int> class Sh, FitsFn kFits>
 bool fits_fwd_mma(const Problem& pr, const DeviceCaps& caps) {
-  return kFits(pr, caps) &&
+  return pr.desc.page_size == 0 && kFits(pr, caps) &&
          static_cast<int64_t>(fwd_mma_smem<T, Sh>(pr)) <= caps.smem_per_block_optin;
 }
 

@@ -68,6 +68,26 @@ Result<Problem> make(std::string_view op, const Descriptor& d) {
   if (d.mask.left < -1 || d.mask.right < -1)
     return Error::invalid(o + ": mask=(" + num(d.mask.left) + "," + num(d.mask.right) +
                           "): window bounds must be >= 0, or -1 for unbounded");
+  if (d.page_size < 0 || d.pages < 0)
+    return Error::invalid(o + ": page_size=" + num(d.page_size) + ", pages=" + num(d.pages) +
+                          ": must be >= 0 (page_size 0: K / V not paged)");
+  if (d.page_size == 0 && d.pages != 0)
+    return Error::invalid(o + ": pages=" + num(d.pages) +
+                          " with page_size=0: pages are only meaningful for paged K / V");
+  if (d.page_size > 0) {
+    if (op == BackwardOp::name)
+      return Error::unsupported(o + ": page_size=" + num(d.page_size) +
+                                ": paged K / V are forward only (the backward takes varlen)");
+    if (d.varlen)
+      return Error::invalid(o + ": page_size=" + num(d.page_size) +
+                            " with varlen: paged K / V take padded Q (a block table per sequence)");
+    if (d.pages == 0 && d.len_k > 0)
+      return Error::invalid(o + ": pages=0 with page_size=" + num(d.page_size) +
+                            " and len_k=" + num(d.len_k) + ": the sequences' keys need pages");
+    if (d.page_size > INT32_MAX || d.pages > INT32_MAX)
+      return Error::unsupported(o + ": page_size=" + num(d.page_size) + ", pages=" + num(d.pages) +
+                                ": each must fit 2^31-1");
+  }
   if (d.seqused_k && op == BackwardOp::name)
     return Error::unsupported(o + ": seqused_k: per-sequence key counts are forward only (the " +
                               "backward takes whole sequences: varlen with cu_seqlens_k)");
@@ -139,6 +159,20 @@ Status seqlens(std::string_view op, const Problem& p, const ConstTensor& cu_q,
 }
 
 // Descriptor::seqused_k's per-sequence key counts: i32 [B], contiguous, on the plan's device.
+// Paged K / V's block table: i32 [B, ceil(Lk / page_size)], row-major, on the plan's device.
+Status block_table(std::string_view op, const Problem& p, const ConstTensor& table,
+                   Location where) {
+  if (p.desc.page_size == 0) {
+    if (table.data)
+      return Error::invalid(std::string(op) +
+                            ": block_table given but the descriptor's page_size is 0 (not paged)");
+    return {};
+  }
+  const Shapes s = shapes_of(p);
+  return validate::tensor(op, "block_table", table, DType::i32, s.block_table, where,
+                          {.require_contiguous = true});
+}
+
 Status seqused(std::string_view op, const Problem& p, const ConstTensor& used, Location where) {
   if (!p.desc.seqused_k) {
     if (used.data)
@@ -181,6 +215,11 @@ Shapes shapes_of(const Problem& p) {
                   y[] = {d.batch, d.heads_q, d.len_q, d.head_dim_v};
     for (int i = 0; i < 4; ++i) s.q[i] = q[i], s.k[i] = k[i], s.v[i] = v[i], s.y[i] = y[i];
     s.lse[0] = d.batch, s.lse[1] = d.heads_q, s.lse[2] = d.len_q;
+    if (d.page_size > 0) {  // K / V are page pools; a block table row per sequence
+      s.k[0] = s.v[0] = d.pages, s.k[2] = s.v[2] = d.page_size;
+      s.block_table[0] = d.batch;
+      s.block_table[1] = (d.len_k + d.page_size - 1) / d.page_size;
+    }
   }
   return s;
 }
@@ -203,9 +242,11 @@ Status ForwardOp::check_arguments(const Problem& p, const Arguments& a, Location
                                 std::span<const int64_t>(s.lse, s.rank_lse), where));
   BARACUDA_TRY(seqlens(name, p, a.cu_seqlens_q, a.cu_seqlens_k, where));
   BARACUDA_TRY(seqused(name, p, a.seqused_k, where));
-  if (p.desc.seqused_k) {
-    BARACUDA_TRY(validate::no_overlap(name, "y", a.y, "seqused_k", a.seqused_k));
-    BARACUDA_TRY(validate::no_overlap(name, "lse", a.lse, "seqused_k", a.seqused_k));
+  BARACUDA_TRY(block_table(name, p, a.block_table, where));
+  for (auto [what, t] : {std::pair{"seqused_k", a.seqused_k}, {"block_table", a.block_table}}) {
+    if (!t.data) continue;
+    BARACUDA_TRY(validate::no_overlap(name, "y", a.y, what, t));
+    BARACUDA_TRY(validate::no_overlap(name, "lse", a.lse, what, t));
   }
   const std::pair<const char*, ConstTensor> descales[] = {
       {"q_descale", a.q_descale}, {"k_descale", a.k_descale}, {"v_descale", a.v_descale}};

@@ -19,6 +19,20 @@ using detail::row_offset;
 
 struct Seq {
   int64_t q0 = 0, lq = 0, k0 = 0, lk = 0;  // first packed row (0 when padded) and lengths
+  const int32_t* pages = nullptr;          // paged K / V: the sequence's block-table row
+};
+
+// Where a sequence's keys live in K or V (strides st): padded or packed rows, or pool pages.
+struct KeyRows {
+  const Problem& p;
+  const int64_t* st;
+  const Seq& s;
+  int64_t operator()(int64_t b, int64_t h, int64_t j) const {
+    return s.pages
+               ? detail::paged_row_offset(st, s.pages, static_cast<int>(p.desc.page_size),
+                                          static_cast<int>(p.desc.pages), h, static_cast<int>(j))
+               : row_offset(st, p.desc.varlen, b, h, s.k0 + j);
+  }
 };
 
 // Sequence b's rows before seqused_k. With varlen the offsets come from host cu_seqlens, checked
@@ -48,31 +62,43 @@ Result<Seq> rows_of(std::string_view op, const Problem& p, const ConstTensor& cu
 // Sequence b's rows. With varlen the offsets come from host cu_seqlens, and with seqused_k the
 // key count from a host array: checked here because the descriptor cannot know them.
 Result<Seq> sequence(std::string_view op, const Problem& p, const ConstTensor& cu_q,
-                     const ConstTensor& cu_k, int64_t b, const ConstTensor& used_k = {}) {
+                     const ConstTensor& cu_k, int64_t b, const ConstTensor& used_k = {},
+                     const ConstTensor& table = {}) {
   Result<Seq> r = rows_of(op, p, cu_q, cu_k, b);
-  if (!r.ok() || !p.desc.seqused_k) return r;
+  if (!r.ok()) return r;
   Seq s = r.value();
-  const int32_t used = static_cast<const int32_t*>(used_k.data)[b];
-  if (used < 0 || used > s.lk)
-    return Error::invalid(std::string(op) + ": seqused_k[" + std::to_string(b) +
-                          "]=" + std::to_string(used) + ": needs 0 <= count <= the sequence's " +
-                          std::to_string(s.lk) + " keys");
-  s.lk = used;
+  if (p.desc.seqused_k) {
+    const int32_t used = static_cast<const int32_t*>(used_k.data)[b];
+    if (used < 0 || used > s.lk)
+      return Error::invalid(std::string(op) + ": seqused_k[" + std::to_string(b) +
+                            "]=" + std::to_string(used) + ": needs 0 <= count <= the sequence's " +
+                            std::to_string(s.lk) + " keys");
+    s.lk = used;
+  }
+  if (p.desc.page_size > 0) {  // the pages holding the sequence's keys must be in the pools
+    const int64_t cols = shapes_of(p).block_table[1];
+    s.pages = static_cast<const int32_t*>(table.data) + b * cols;
+    for (int64_t c = 0; c * p.desc.page_size < s.lk; ++c)
+      if (s.pages[c] < 0 || s.pages[c] >= p.desc.pages)
+        return Error::invalid(std::string(op) + ": block_table[" + std::to_string(b) + "][" +
+                              std::to_string(c) + "]=" + std::to_string(s.pages[c]) +
+                              ": needs 0 <= page < pages (" + std::to_string(p.desc.pages) + ")");
+  }
   return s;
 }
 
 // Scores of one query row against its visible keys [lo, hi) (post scale and soft-cap), and the
 // derivative of each capped score w.r.t. the scaled raw score (1 without capping).
 // qk_descale: e4m3 inputs' q_descale * k_descale (1 otherwise).
-void scores(const Problem& p, const void* q, int64_t qo, const void* k, const int64_t* kst,
-            int64_t b, int64_t hk, const Seq& s, int64_t lo, int64_t hi, std::vector<double>& out,
+void scores(const Problem& p, const void* q, int64_t qo, const void* k, const KeyRows& keys,
+            int64_t b, int64_t hk, int64_t lo, int64_t hi, std::vector<double>& out,
             std::vector<double>& dcap, double qk_descale = 1) {
   const DType t = p.desc.dtype;
   const int64_t dk = p.desc.head_dim_qk;
   out.assign(hi - lo, 0.0);
   dcap.assign(hi - lo, 1.0);
   for (int64_t j = lo; j < hi; ++j) {
-    const int64_t ko = row_offset(kst, p.desc.varlen, b, hk, s.k0 + j);
+    const int64_t ko = keys(b, hk, j);
     double acc = 0;
     for (int64_t c = 0; c < dk; ++c)
       acc += load_as_double(q, t, qo + c) * load_as_double(k, t, ko + c);
@@ -119,10 +145,12 @@ void forward_rows(const Problem& p, const ForwardArguments& a, const Seq& sq, in
     std::fill(acc.begin(), acc.end(), 0.0);
     double lse = -std::numeric_limits<double>::infinity();
     if (lo < hi) {
-      scores(p, a.q.data, qo, a.k.data, a.k.stride.data(), b, hk, sq, lo, hi, s, dcap, qk_descale);
+      scores(p, a.q.data, qo, a.k.data, KeyRows{p, a.k.stride.data(), sq}, b, hk, lo, hi, s, dcap,
+             qk_descale);
       lse = softmax(s);
+      const KeyRows v_rows{p, a.v.stride.data(), sq};
       for (int64_t j = lo; j < hi; ++j) {
-        const int64_t vo = row_offset(a.v.stride.data(), d.varlen, b, hk, sq.k0 + j);
+        const int64_t vo = v_rows(b, hk, j);
         for (int64_t c = 0; c < d.head_dim_v; ++c)
           acc[c] += s[j - lo] * v_descale * load_as_double(a.v.data, t, vo + c);
       }
@@ -137,12 +165,14 @@ void forward_rows(const Problem& p, const ForwardArguments& a, const Seq& sq, in
 Status forward(const LaunchContext&, const Problem& p, const ForwardArguments& a) {
   const Descriptor& d = p.desc;
   for (int64_t b = 0; b < d.batch; ++b)  // check every sequence before writing anything
-    if (auto r = sequence(ForwardOp::name, p, a.cu_seqlens_q, a.cu_seqlens_k, b, a.seqused_k);
+    if (auto r = sequence(ForwardOp::name, p, a.cu_seqlens_q, a.cu_seqlens_k, b, a.seqused_k,
+                          a.block_table);
         !r.ok())
       return r.error();
   for (int64_t b = 0; b < d.batch; ++b) {
     const Seq sq =
-        sequence(ForwardOp::name, p, a.cu_seqlens_q, a.cu_seqlens_k, b, a.seqused_k).value();
+        sequence(ForwardOp::name, p, a.cu_seqlens_q, a.cu_seqlens_k, b, a.seqused_k, a.block_table)
+            .value();
     for (int64_t h = 0; h < d.heads_q; ++h) forward_rows(p, a, sq, b, h, 0, sq.lq);
   }
   return {};
@@ -174,7 +204,8 @@ Status backward(const LaunchContext&, const Problem& p, const BackwardArguments&
           if (lo < hi && std::isfinite(lse)) {
             // Like the kernels, the backward is defined from the saved Y and LSE: P = exp(S - LSE)
             // and delta = dY . Y (= sum_j P_j dP_j when Y and LSE are the forward's).
-            scores(p, a.q.data, qo, a.k.data, a.k.stride.data(), b, hk, sq, lo, hi, s, dcap);
+            scores(p, a.q.data, qo, a.k.data, KeyRows{p, a.k.stride.data(), sq}, b, hk, lo, hi, s,
+                   dcap);
             for (double& v : s) v = std::exp(v - lse);
             const int64_t yo = row_offset(a.y.stride.data(), d.varlen, b, h, sq.q0 + i);
             double delta = 0;
@@ -254,7 +285,8 @@ Status detail::reference_forward_rows(const Problem& p, const ForwardArguments& 
   if (b < 0 || b >= p.desc.batch || h < 0 || h >= p.desc.heads_q)
     return Error::invalid(std::string(ForwardOp::name) + ": reference rows: (b=" +
                           std::to_string(b) + ", h=" + std::to_string(h) + ") out of range");
-  auto sq = sequence(ForwardOp::name, p, a.cu_seqlens_q, a.cu_seqlens_k, b, a.seqused_k);
+  auto sq =
+      sequence(ForwardOp::name, p, a.cu_seqlens_q, a.cu_seqlens_k, b, a.seqused_k, a.block_table);
   if (!sq.ok()) return sq.error();
   const int64_t lq = sq.value().lq;
   forward_rows(p, a, sq.value(), b, h, std::clamp<int64_t>(i_begin, 0, lq),

@@ -85,8 +85,11 @@ TEST(AttentionCudnnRules, ScreenNamesWhyCudnnCannotTakeAProblem) {
   dv.head_dim_v = 60;
   Descriptor used = make_desc(DType::bf16, 2, 4, 4, 16, 16, 64);
   used.seqused_k = true;
+  Descriptor paged = make_desc(DType::bf16, 2, 4, 4, 16, 16, 64);
+  paged.page_size = 16, paged.pages = 2;
   const Refused cases[] = {
       {used, "seqused_k: per-sequence key counts are not wired to cuDNN"},
+      {paged, "page_size: paged K / V are not wired to cuDNN"},
       {make_desc(DType::f32, 1, 4, 4, 16, 16, 64), "dtype=f32: cuDNN SDPA takes bf16 or f16"},
       {varlen, "varlen: packed sequences"},
       {capped, "softcap: cuDNN SDPA has no logit soft-capping"},
@@ -410,17 +413,21 @@ TEST(AttentionCudnnRules, TableOverrideIsScopedAndNests) {
   }
 }
 
-// Per-sequence key counts (seqused_k) are not wired to fa3: such problems go to the family's
-// kernels (whose decode and tensor-core forwards read them), never to fa3 or cuDNN.
-TEST(AttentionFa3Rules, SequsedKProblemsAreNotFa3s) {
-  if (!fa3_kernel_registered()) GTEST_SKIP() << "built without CUDA: no fa3 kernel is registered";
+// Per-sequence key counts (seqused_k) and paged K / V are not wired to fa3: such problems go to
+// the family's kernels (whose decode kernels read both), never to fa3 or cuDNN.
+TEST(AttentionFa3Rules, CountsAndPagesAreNotFa3s) {
   DeviceCaps h100;
   h100.device = 0, h100.sm = 90, h100.sm_count = 132, h100.smem_per_block_optin = 227 * 1024;
-  Descriptor d = make_desc(DType::bf16, 2, 32, 8, 1, 4096, 128, Mask::causal_bottom_right());
-  EXPECT_TRUE(fa3_fits(problem_of(d), h100, Pass::forward));
-  d.seqused_k = true;
-  EXPECT_FALSE(fa3_fits(problem_of(d), h100, Pass::forward));
-  EXPECT_TRUE(cudnn_screen(problem_of(d)).has_value());
+  const Descriptor d = make_desc(DType::bf16, 2, 32, 8, 1, 4096, 128, Mask::causal_bottom_right());
+  if (!fa3_fits(problem_of(d), h100, Pass::forward))
+    GTEST_SKIP() << "no sm_90a fa3 body in this build: nothing for the counts to turn away";
+  Descriptor counted = d, paged = d;
+  counted.seqused_k = true;
+  paged.page_size = 64, paged.pages = 200;
+  for (const Descriptor& x : {counted, paged}) {
+    EXPECT_FALSE(fa3_fits(problem_of(x), h100, Pass::forward));
+    EXPECT_TRUE(cudnn_screen(problem_of(x)).has_value());
+  }
 }
 
 // ---- Registry -----------------------------------------------------------------------------------

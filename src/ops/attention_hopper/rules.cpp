@@ -27,6 +27,7 @@ std::optional<std::string> cudnn_screen(const attention::Problem& p) {
   if (d.varlen) return "varlen: packed sequences are not wired to cuDNN's ragged layout";
   // A sequence with no key (count 0) must give y = 0, lse = -inf, which cuDNN does not promise.
   if (d.seqused_k) return "seqused_k: per-sequence key counts are not wired to cuDNN";
+  if (d.page_size > 0) return "page_size: paged K / V are not wired to cuDNN";
   if (d.softcap > 0) return "softcap: cuDNN SDPA has no logit soft-capping";
   if (d.head_dim_qk % 8 != 0 || d.head_dim_v % 8 != 0)
     return "head_dim_qk=" + num(d.head_dim_qk) + ", head_dim_v=" + num(d.head_dim_v) +
