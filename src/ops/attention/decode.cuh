@@ -107,7 +107,7 @@ __global__ void __launch_bounds__(128) flash_decode(Params p) {
   lin /= p.heads_kv;
   const int split = lin % p.splits;
   const int b = lin / p.splits;
-  const SeqRows s = seq_rows < kCounts || kPaged > (p, b);
+  const SeqRows s = seq_rows<(kCounts || kPaged)>(p, b);
   const int rows_total = p.group * s.lq;  // <= kRows (the kernel's fits predicate)
   if (rows_total == 0) return;            // flash_decode_combine skips these rows as well
   const int h_base = hk * p.group;
