@@ -135,9 +135,11 @@ __global__ void __launch_bounds__(128) flash_decode(Params p) {
   const int64_t v_rs = p.varlen ? p.sv[0] : p.sv[2];
   // Paged: the sequence's block-table row; `next_pg` is this thread's (page, row) entry (threads
   // below kBN, one key row each) of the tile the next iteration loads, looked up an iteration
-  // ahead and stored to sPg at that iteration's top, so a table load is never waited for before a
-  // tile's copies go out (looked up at issue, the b16 paged row read 40% slower than its padded
-  // twin: H200, thirty-seventh session, call 6).
+  // ahead and stored to sPg at that iteration's top, so no table load is waited for before a
+  // tile's copies go out. H200, b16 ragged batch, thirty-seventh session: 16-key pages 134.7 us
+  // looked up at issue (call 6), 64.7 this way (call 7); 64-key pages 45.6 at issue (one lookup a
+  // tile, the plain tile load) against 60.8 this way (per-chunk addresses): not yet the padded
+  // twin's 32.5 either way (docs/perf/attention.md).
   [[maybe_unused]] const int32_t* pages_row =
       kPaged ? p.block_table + int64_t{b} * p.table_cols : nullptr;
   [[maybe_unused]] PageRow next_pg{0, 0};

@@ -158,7 +158,6 @@ Status seqlens(std::string_view op, const Problem& p, const ConstTensor& cu_q,
                           {.require_contiguous = true});
 }
 
-// Descriptor::seqused_k's per-sequence key counts: i32 [B], contiguous, on the plan's device.
 // Paged K / V's block table: i32 [B, ceil(Lk / page_size)], row-major, on the plan's device.
 Status block_table(std::string_view op, const Problem& p, const ConstTensor& table,
                    Location where) {
@@ -173,6 +172,7 @@ Status block_table(std::string_view op, const Problem& p, const ConstTensor& tab
                           {.require_contiguous = true});
 }
 
+// Descriptor::seqused_k's per-sequence key counts: i32 [B], contiguous, on the plan's device.
 Status seqused(std::string_view op, const Problem& p, const ConstTensor& used, Location where) {
   if (!p.desc.seqused_k) {
     if (used.data)
