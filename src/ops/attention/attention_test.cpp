@@ -137,6 +137,19 @@ std::unique_ptr<TestTensor> seqlens(const std::vector<int32_t>& cu, Target targe
   return t;
 }
 
+// Paged K / V: a pool of `spare` more pages than the sequences hold, handed out in a random order
+// (the block table), so neighbouring keys of a sequence sit in unrelated pages.
+void page_config(Config& c, int64_t page_size, Rng& rng, int64_t spare = 3) {
+  const int64_t cols = (c.lk + page_size - 1) / page_size;
+  c.page_size = page_size, c.pages = c.b * cols + spare;
+  std::vector<int32_t> order(static_cast<size_t>(c.pages));
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
+  for (size_t i = order.size(); i > 1; --i)
+    std::swap(order[i - 1],
+              order[static_cast<size_t>(rng.integer(0, static_cast<int64_t>(i) - 1))]);
+  c.table.assign(order.begin(), order.begin() + c.b * cols);
+}
+
 Workspace workspace_for(size_t bytes, Target target, std::unique_ptr<Buffer>& hold) {
   if (bytes == 0) return Workspace::none();
   auto b = harness::poisoned_workspace(bytes, harness::location_for(target));
@@ -995,6 +1008,20 @@ TEST(AttentionRules, MaskNames) {
 // Random argument mistakes (harness::fuzz_arguments) on every target, forward and backward, GQA
 // with a causal mask, batched and varlen, f32 and bf16: refused naming the op with every output
 // untouched, or accepted and run inside the real buffers (ASan in CI).
+// Every view of a forward's arguments, for the fuzzer (the optional ones too: a view given where
+// the descriptor has no use for it is a mistake of its own).
+std::vector<harness::ArgView> forward_views(ForwardArguments& a) {
+  return {{"q", a.q},
+          {"k", a.k},
+          {"v", a.v},
+          {"y", a.y},
+          {"lse", a.lse},
+          {"cu_seqlens_q", a.cu_seqlens_q},
+          {"cu_seqlens_k", a.cu_seqlens_k},
+          {"seqused_k", a.seqused_k},
+          {"block_table", a.block_table}};
+}
+
 TEST_P(AttentionTest, RandomArgumentMistakes) {
   using harness::ArgView;
   const Target target = GetParam();
@@ -1045,18 +1072,8 @@ TEST_P(AttentionTest, RandomArgumentMistakes) {
       BackwardArguments bl = b;  // the backward reads a copy: the forward's tries poison lse
       lse_copy->set_values(lse->values());
       bl.lse = lse_copy->cview();
-      EXPECT_TRUE(harness::fuzz_arguments(
-          stream, *fwd, fws, f,
-          [](ForwardArguments& a) {
-            return std::vector<ArgView>{{"q", a.q},
-                                        {"k", a.k},
-                                        {"v", a.v},
-                                        {"y", a.y},
-                                        {"lse", a.lse},
-                                        {"cu_seqlens_q", a.cu_seqlens_q},
-                                        {"cu_seqlens_k", a.cu_seqlens_k}};
-          },
-          {y.get(), lse.get()}, "attention_forward", rng, 300, &accepted));
+      EXPECT_TRUE(harness::fuzz_arguments(stream, *fwd, fws, f, forward_views, {y.get(), lse.get()},
+                                          "attention_forward", rng, 300, &accepted));
       EXPECT_TRUE(harness::fuzz_arguments(
           stream, *bwd, bws, bl,
           [](BackwardArguments& a) {
@@ -1074,6 +1091,35 @@ TEST_P(AttentionTest, RandomArgumentMistakes) {
           },
           {dq.get(), dk.get(), dv.get()}, "attention_backward", rng, 300, &accepted));
     }
+  {  // the forward's cache arguments: paged K / V with per-sequence counts
+    Config c;
+    c.dtype = DType::bf16, c.b = 2, c.hq = 4, c.hk = 2, c.lq = 3, c.lk = 7;
+    c.mask = Mask::causal_bottom_right(), c.used_k = {7, 2};
+    page_config(c, 4, rng);
+    SCOPED_TRACE(c.str());
+    const Problem p = problem_of(c);
+    const Shapes s = shapes_of(p);
+    auto mk = [&](DType t, const int64_t* d, int rank) {
+      auto x = make(t, vec(d, rank), target, Lay::padded, rng);
+      x->fill_random(rng);
+      return x;
+    };
+    auto q = mk(c.dtype, s.q, 4), k = mk(c.dtype, s.k, 4), v = mk(c.dtype, s.v, 4);
+    auto y = mk(c.dtype, s.y, 4), lse = mk(DType::f32, s.lse, 3);
+    auto used = seqlens(c.used_k, target);
+    auto table =
+        std::make_unique<TestTensor>(TestTensor::make(DType::i32, vec(s.block_table, 2), target));
+    table->set_values(std::vector<double>(c.table.begin(), c.table.end()));
+    auto fwd = ForwardPlan::select(stream, desc_of(c));
+    BARACUDA_ASSERT_OK(fwd);
+    std::unique_ptr<Buffer> hold;
+    const Workspace ws = workspace_for(fwd->workspace_size(), target, hold);
+    ForwardArguments f{q->cview(), k->cview(), v->cview(), y->view(), lse->view(), {}, {}};
+    f.seqused_k = used->cview(), f.block_table = table->cview();
+    BARACUDA_ASSERT_OK(fwd->run(stream, ws, f));
+    EXPECT_TRUE(harness::fuzz_arguments(stream, *fwd, ws, f, forward_views, {y.get(), lse.get()},
+                                        "attention_forward", rng, 300, &accepted));
+  }
   EXPECT_GT(accepted, 0);
 }
 
@@ -1616,19 +1662,6 @@ TEST(AttentionReference, GqaEqualsRepeatedHeads) {
     vr.insert(vr.end(), v.begin() + (h / 2) * 8, v.begin() + (h / 2 + 1) * 8);
   }
   EXPECT_EQ(Oracle(g).forward(q, k, v), Oracle(m).forward(q, kr, vr));
-}
-
-// Paged K / V: a pool of `spare` more pages than the sequences hold, handed out in a random order
-// (the block table), so neighbouring keys of a sequence sit in unrelated pages.
-void page_config(Config& c, int64_t page_size, Rng& rng, int64_t spare = 3) {
-  const int64_t cols = (c.lk + page_size - 1) / page_size;
-  c.page_size = page_size, c.pages = c.b * cols + spare;
-  std::vector<int32_t> order(static_cast<size_t>(c.pages));
-  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
-  for (size_t i = order.size(); i > 1; --i)
-    std::swap(order[i - 1],
-              order[static_cast<size_t>(rng.integer(0, static_cast<int64_t>(i) - 1))]);
-  c.table.assign(order.begin(), order.begin() + c.b * cols);
 }
 
 // A paged cache is the padded cache its block table gathers: the reference over the pools equals,
