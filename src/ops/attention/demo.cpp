@@ -1,6 +1,7 @@
 // The attention family's rows in baracuda-demo: forward (Y and LSE) and backward (dQ, dK, dV) in
-// bf16 and f32, causal and GQA/MQA, on random data, each output checked against the float64
-// reference (the family's reference plan on f64 host buffers) with the harness tolerance table.
+// bf16 and f32, causal and GQA/MQA, and a decode step over a paged KV cache filled to different
+// lengths, on random data, each output checked against the float64 reference (the family's
+// reference plan on f64 host buffers) with the harness tolerance table.
 #include <algorithm>
 #include <exception>
 #include <optional>
@@ -27,6 +28,7 @@ struct Case {
   DType dtype;
   int64_t b, hq, hk, lq, lk, d;
   Mask mask;
+  int64_t page_size = 0;  // > 0: a paged cache, each sequence filled to its own length
 };
 
 // Short mask names so the demo table stays aligned.
@@ -41,7 +43,7 @@ std::string describe(const Case& c) {
   return std::string(c.backward ? "bwd " : "fwd ") + std::string(name(c.dtype)) + " B" +
          std::to_string(c.b) + " Hq" + std::to_string(c.hq) + " Hk" + std::to_string(c.hk) + " L" +
          std::to_string(c.lq) + "x" + std::to_string(c.lk) + " D" + std::to_string(c.d) + " " +
-         mask_name(c.mask);
+         mask_name(c.mask) + (c.page_size > 0 ? " pg" + std::to_string(c.page_size) : "");
 }
 
 Descriptor descriptor(const Case& c, DType t) {
@@ -50,7 +52,25 @@ Descriptor descriptor(const Case& c, DType t) {
   d.batch = c.b, d.heads_q = c.hq, d.heads_kv = c.hk, d.len_q = c.lq, d.len_k = c.lk;
   d.head_dim_qk = c.d, d.head_dim_v = c.d;
   d.mask = c.mask;
+  if (c.page_size > 0) {  // the pool holds every sequence's pages, and the counts say how full
+    d.page_size = c.page_size, d.pages = c.b * ((c.lk + c.page_size - 1) / c.page_size);
+    d.seqused_k = true;
+  }
   return d;
+}
+
+// A paged case's cache: sequence b filled to lk - 7 b keys (at least 1), its pages handed out in
+// reverse order so that no sequence's pages are adjacent.
+struct PagedCache {
+  std::vector<int32_t> used, table;
+};
+PagedCache paged_cache(const Case& c) {
+  PagedCache pc;
+  const int64_t cols = (c.lk + c.page_size - 1) / c.page_size, pages = c.b * cols;
+  for (int64_t b = 0; b < c.b; ++b)
+    pc.used.push_back(static_cast<int32_t>(std::max<int64_t>(1, c.lk - 7 * b)));
+  for (int64_t i = 0; i < pages; ++i) pc.table.push_back(static_cast<int32_t>(pages - 1 - i));
+  return pc;
 }
 
 std::vector<int64_t> dims(const int64_t* d, int r) {
@@ -79,16 +99,21 @@ struct Oracle {
     s = shapes_of(*p);
     return ok_status();
   }
-  Result<std::pair<Vec, Vec>> forward(const Vec& q, const Vec& k, const Vec& v) {
+  Result<std::pair<Vec, Vec>> forward(const Vec& q, const Vec& k, const Vec& v,
+                                      const PagedCache* paged = nullptr) {
     const int r = s.rank_qkv;
     Dense tq(dims(s.q, r), q), tk(dims(s.k, r), k), tv(dims(s.v, r), v);
     Dense y(dims(s.y, r)), lse(dims(s.lse, s.rank_lse));
     auto plan = ForwardPlan::select(Stream::cpu(), desc);
     if (!plan.ok()) return plan.error();
-    if (auto st = plan->run(Stream::cpu(), Workspace::none(),
-                            {tq.cview(), tk.cview(), tv.cview(), y.view(), lse.view(), {}, {}});
-        !st.ok())
-      return st.error();
+    ForwardArguments a{tq.cview(), tk.cview(), tv.cview(), y.view(), lse.view(), {}, {}};
+    if (paged) {
+      const int64_t nb[] = {desc.batch};
+      a.seqused_k = make_tensor(static_cast<const void*>(paged->used.data()), DType::i32, nb);
+      a.block_table = make_tensor(static_cast<const void*>(paged->table.data()), DType::i32,
+                                  std::span<const int64_t>(s.block_table, 2));
+    }
+    if (auto st = plan->run(Stream::cpu(), Workspace::none(), a); !st.ok()) return st.error();
     return std::pair{std::move(y.data), std::move(lse.data)};
   }
   struct Grads {
@@ -149,19 +174,27 @@ DemoRow run_forward(Target target, const Case& c, Rng& rng) {
   q.fill_random(rng, -2, 2);
   k.fill_random(rng, -2, 2);
   v.fill_random(rng);
+  ForwardArguments args{q.cview(), k.cview(), v.cview(), y.view(), lse.view(), {}, {}};
+  std::optional<PagedCache> paged;
+  std::optional<TestTensor> used, table;
+  if (c.page_size > 0) {
+    paged = paged_cache(c);
+    used.emplace(mk(DType::i32, {c.b}));
+    used->set_values(Vec(paged->used.begin(), paged->used.end()));
+    table.emplace(mk(DType::i32, dims(s.block_table, 2)));
+    table->set_values(Vec(paged->table.begin(), paged->table.end()));
+    args.seqused_k = used->cview(), args.block_table = table->cview();
+  }
   Scratch scratch;
   auto ws = scratch.get(plan->workspace_size(), target);
   if (!ws.ok()) return harness::failed_row(row, ws.error());
   y.poison();
   lse.poison();
   (void)lse.bytes();  // waits for the uploads (pageable copies) before the non-blocking stream runs
-  if (auto st =
-          plan->run(stream, *ws, {q.cview(), k.cview(), v.cview(), y.view(), lse.view(), {}, {}});
-      !st.ok())
-    return harness::failed_row(row, st.error());
+  if (auto st = plan->run(stream, *ws, args); !st.ok()) return harness::failed_row(row, st.error());
   Oracle o(c);
   if (auto st = o.init(); !st.ok()) return harness::failed_row(row, st.error());
-  auto ref = o.forward(q.values(), k.values(), v.values());
+  auto ref = o.forward(q.values(), k.values(), v.values(), paged ? &*paged : nullptr);
   if (!ref.ok()) return harness::failed_row(row, ref.error());
   row.pass = true;
   harness::check_output(row, y.values(), ref->first, c.dtype, Accuracy::reduction, "y");
@@ -244,6 +277,8 @@ std::vector<DemoRow> attention_demo(Target target) {
       {false, DType::bf16, 1, 4, 4, 33, 33, 128, Mask::sliding_window(8, 0)},  // local window
       {true, DType::bf16, 1, 4, 2, 24, 40, 64, Mask::causal_bottom_right()},   // GQA 2, causal
       {true, DType::f32, 2, 2, 2, 17, 17, 32, Mask::none()},
+      // a decode step of 3 sequences over a 16-key-page cache filled to 300, 293 and 286 keys
+      {false, DType::bf16, 3, 8, 2, 1, 300, 128, Mask::causal_bottom_right(), 16},
   };
   std::vector<DemoRow> rows;
   for (const Case& c : cases) rows.push_back(run_case(target, c, rng));
