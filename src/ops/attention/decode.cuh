@@ -39,7 +39,7 @@ struct DecodeCfg {
   static constexpr size_t kSmem = kQBytes + (kKvBytes > kMergeBytes ? kKvBytes : kMergeBytes);
 };
 
-// Paged K / V (detail::paged_row_offset): where row r of key tile t of a sequence with n keys
+// Paged K / V (detail::page_of): where row r of key tile t of a sequence with n keys
 // lives, as (page, row in the page); rows past n give (0, 0) (their chunks are zero-filled, and
 // the table has no entry for them).
 struct PageRow {
@@ -48,9 +48,7 @@ struct PageRow {
 __device__ __forceinline__ PageRow page_row(const Params& p, const int32_t* pages_row, int key,
                                             int n) {
   if (key >= n) return {0, 0};
-  int page = pages_row[key / p.page_size];
-  page = page < 0 ? 0 : page >= p.pages ? p.pages - 1 : page;
-  return {page, key % p.page_size};
+  return {detail::page_of(pages_row, p.page_size, p.pages, key), key % p.page_size};
 }
 // Shared memory of the paged decode past a configuration's `smem` bytes: two tiles' (page, row)
 // entries, one per key row, from the next 16-byte boundary.
