@@ -60,8 +60,9 @@ constexpr size_t decode_paged_smem(size_t smem) {
 }
 
 // A key tile that one page holds whole (page_size a multiple of ROWS): the plain tile loads from
-// its first row `e`, one address and fixed strides (the per-chunk form below read the b16 row of
-// 64-key pages in 60.8 us against 45.6 for this one without the prefetch, call 7 / call 6).
+// its first row `e`, one address and fixed strides. H200, b16 ragged batch in 64-key pages, one
+// call interleaved (thirty-eighth session, call 1): 41.7-42.1 us a run against 60.8-61.4 for the
+// per-chunk form below; w4 36.9-37.2 against 43.2-43.7.
 template <class T, int ROWS, int D, int NT>
 __device__ __forceinline__ void load_kv_page_tile(T* tk, T* tv, const T* gk, const T* gv,
                                                   const Params& p, PageRow e, int r0, int n) {
