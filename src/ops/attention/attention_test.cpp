@@ -1998,6 +1998,37 @@ TEST_P(AttentionTest, ForwardPagedKv) {
     page_config(c, 256, rng);
     run_all(c, Lay::blhd);
   }
+  // The decode kernels stream table entries through a 32-entry register window for page sizes
+  // that tile the 64-key tiles evenly: long tables whose splits start mid-window, every tile a
+  // window of its own (2-key pages), pages of several tiles entered past their first row.
+  {  // 2-key pages: 32 entries a tile
+    Config c;
+    c.dtype = DType::bf16, c.b = 2, c.hq = 4, c.hk = 2, c.lq = 1, c.lk = 700, c.dk = c.dv = 64;
+    c.mask = Mask::none(), c.used_k = {700, 333};
+    page_config(c, 2, rng);
+    run_all(c, Lay::bhld);
+  }
+  {  // 32-key pages, 69 entries (the next window reloaded twice), a softcap
+    Config c;
+    c.dtype = DType::f16, c.b = 2, c.hq = 4, c.hk = 2, c.lq = 2, c.lk = 2200, c.dk = c.dv = 128;
+    c.mask = Mask::causal_bottom_right(), c.softcap = 30.f, c.used_k = {2199, 1100};
+    page_config(c, 32, rng);
+    run_all(c, Lay::blhd);
+  }
+  {  // 128-key pages (two tiles each), 32 query rows a K/V head (the two-tile kernels)
+    Config c;
+    c.dtype = DType::bf16, c.b = 1, c.hq = 8, c.hk = 1, c.lq = 4, c.lk = 4200, c.dk = c.dv = 128;
+    c.mask = Mask::causal_bottom_right(), c.used_k = {4200};
+    page_config(c, 128, rng);
+    run_all(c, Lay::bhld);
+  }
+  {  // 192-key pages: a multiple of the tile, not a power of two
+    Config c;
+    c.dtype = DType::bf16, c.b = 3, c.hq = 4, c.hk = 2, c.lq = 1, c.lk = 3000, c.dk = c.dv = 128;
+    c.mask = Mask::none(), c.used_k = {3000, 191, 2500};
+    page_config(c, 192, rng);
+    run_all(c, Lay::blhd);
+  }
   {  // 7-key pages, a head dim below its padded 128, a window
     Config c;
     c.dtype = DType::bf16, c.b = 2, c.hq = 4, c.hk = 2, c.lq = 3, c.lk = 300, c.dk = c.dv = 96;

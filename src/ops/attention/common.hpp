@@ -49,9 +49,11 @@ BARACUDA_ATTN_HD int64_t row_offset(const int64_t* st, bool varlen, int64_t b, i
 // the pool.
 // (Key indices, page sizes and counts are ints, as the descriptor's checks bound them: a 32-bit
 // division, where a 64-bit one is a call with a stack frame in device code.)
-BARACUDA_ATTN_HD int page_of(const int32_t* table, int page_size, int pages, int j) {
-  const int page = table[j / page_size];
+BARACUDA_ATTN_HD int clamp_page(int page, int pages) {
   return page < 0 ? 0 : page >= pages ? pages - 1 : page;
+}
+BARACUDA_ATTN_HD int page_of(const int32_t* table, int page_size, int pages, int j) {
+  return clamp_page(table[j / page_size], pages);
 }
 BARACUDA_ATTN_HD int64_t paged_row_offset(const int64_t* st, const int32_t* table, int page_size,
                                           int pages, int64_t h, int j) {

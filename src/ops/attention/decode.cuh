@@ -88,6 +88,51 @@ __device__ __forceinline__ void load_kv_paged(T* tk, T* tv, const T* gk, const T
   }
 }
 
+// A sequence's block-table entries streamed through registers, 32 to a warp: lane i holds entry
+// base + i of the window in use (`cur`) and base + 32 + i of the next (`nxt`, loaded a whole
+// window ahead), so a tile's pages come from a shuffle and no load is ever waited for. The
+// one-entry register prefetch before it (next_pg in flash_decode) was loaded right behind a
+// tile's copies and, read an iteration later, waited for them: b16 ragged batch in 64-key pages
+// 41.7-42.1 us a run against 32.5-33.0 for the same batch unpaged (H200, thirty-eighth session,
+// call 1). It serves page sizes that hold whole 64-key tiles or split one evenly (2..32, powers of
+// two), so a tile's entries never straddle a window; tiles must be loaded in order, by every
+// lane of the block (the shuffles).
+struct PageWindow {
+  // The sizes come from the kernel's parameters (constant bank operands) and the table row from
+  // the caller, not registers kept here: the fused two-tile d128 instance sits at the limit.
+  int base = 0, cur = 0, nxt = 0;
+
+  static __device__ bool serves(int page_size, int rows) {
+    return page_size % rows == 0 || (page_size >= 2 && rows % page_size == 0);
+  }
+  static __device__ int lane() { return static_cast<int>(threadIdx.x % 32); }
+  static __device__ int load(const Params& p, const int32_t* row, int e) {
+    return e < p.table_cols ? row[e] : 0;
+  }
+  __device__ void init(const Params& p, const int32_t* row, int first_key) {
+    base = first_key / p.page_size / 32 * 32;
+    cur = load(p, row, base + lane()), nxt = load(p, row, base + 32 + lane());
+  }
+  __device__ int page(const Params& p, int e) const {
+    return detail::clamp_page(__shfl_sync(0xffffffffu, cur, e % 32), p.pages);
+  }
+  // Key tile `tn` (rows tn * ROWS ...) of a sequence with n keys and table row `row` into tk / tv.
+  template <class T, int ROWS, int D, int NT>
+  __device__ void load_tile(T* tk, T* tv, const T* gk, const T* gv, const Params& p,
+                            const int32_t* row, int tn, int n) {
+    const int ps = p.page_size, r0 = tn * ROWS, e0 = r0 / ps;
+    if (e0 >= base + 32) base += 32, cur = nxt, nxt = load(p, row, base + 32 + lane());
+    if (ps >= ROWS) {
+      load_kv_page_tile<T, ROWS, D, NT>(tk, tv, gk, gv, p, PageRow{page(p, e0), r0 % ps}, r0, n);
+    } else {
+      const int shift = __ffs(ps) - 1;
+      load_kv_paged<T, ROWS, D, NT>(tk, tv, gk, gv, p, r0, n, [&](int r) {
+        return PageRow{page(p, e0 + (r >> shift)), r & (ps - 1)};
+      });
+    }
+  }
+};
+
 // kCounts: the launch has seqused_k counts (p.used_k; see seq_rows for why a template parameter).
 // kPaged: K / V are paged pools (p.block_table), the counts read where the launch has them.
 template <class T, int D, int MT, bool kFused = false, bool kCounts = false, bool kPaged = false>
@@ -144,19 +189,22 @@ __global__ void __launch_bounds__(128) flash_decode(Params p) {
                 (kPaged ? hk * p.sv[1] : detail::row_offset(p.sv, p.varlen, b, hk, s.k0));
   const int64_t k_rs = p.varlen ? p.sk[0] : p.sk[2];
   const int64_t v_rs = p.varlen ? p.sv[0] : p.sv[2];
-  // Paged: the sequence's block-table row; `next_pg` is this thread's (page, row) entry (threads
-  // below kBN, one key row each) of the tile the next iteration loads, looked up an iteration
-  // ahead and stored to sPg at that iteration's top, so no table load is waited for before a
-  // tile's copies go out. H200, b16 ragged batch, thirty-seventh session: 16-key pages 134.7 us
-  // looked up at issue (call 6), 64.7 this way (call 7); 64-key pages 45.6 at issue (one lookup a
-  // tile, the plain tile load) against 60.8 this way (per-chunk addresses): not yet the padded
-  // twin's 32.5 either way (docs/perf/attention.md).
+  // Paged: the sequence's block-table row. Where the page size is not windowed (below),
+  // `next_pg` is this thread's (page, row) entry (threads below kBN, one key row each) of the
+  // tile the next iteration loads, looked up an iteration ahead and stored to sPg at that
+  // iteration's top. H200, b16 ragged batch, thirty-seventh session: 16-key pages 134.7 us looked
+  // up at issue (call 6), 64.7 this way (call 7) (docs/perf/attention.md).
   [[maybe_unused]] const int32_t* pages_row =
       kPaged ? p.block_table + int64_t{b} * p.table_cols : nullptr;
   [[maybe_unused]] PageRow next_pg{0, 0};
-  // Pages holding whole tiles: every thread keeps the next tile's one (page, row) in `next_pg`
-  // (the same broadcast load) and no shared memory is involved.
-  [[maybe_unused]] const bool whole_tiles = kPaged && p.page_size % kBN == 0;
+  // Paged, page sizes a PageWindow serves: the table entries stream through registers; other
+  // sizes keep the shared-memory ring.
+  [[maybe_unused]] bool windowed = false;
+  [[maybe_unused]] PageWindow win;
+  if constexpr (kPaged) {
+    windowed = PageWindow::serves(p.page_size, kBN);
+    if (windowed && t_begin < t_end) win.init(p, pages_row, t_begin * kBN);
+  }
 
   // Q rows r = (query head h_base + r / Lq, query r % Lq); padding rows are zero.
   for (int c = threadIdx.x; c < kRows * D / 8; c += kNT) {
@@ -169,10 +217,15 @@ __global__ void __launch_bounds__(128) flash_decode(Params p) {
 #pragma unroll
   for (int st = 0; st < kStages - 1; ++st) {
     if (t_begin + st < t_end) {
-      if constexpr (kPaged) {  // the first tiles look their pages up directly
+      if constexpr (kPaged) {  // the ring's first tiles look their pages up directly
         const int r0 = (t_begin + st) * kBN;
-        load_kv_paged<T, kBN, D, kNT>(sK + st * kBN * D, sV + st * kBN * D, gk, gv, p, r0, s.lk,
-                                      [&](int r) { return page_row(p, pages_row, r0 + r, s.lk); });
+        if (windowed)
+          win.load_tile<T, kBN, D, kNT>(sK + st * kBN * D, sV + st * kBN * D, gk, gv, p, pages_row,
+                                        t_begin + st, s.lk);
+        else
+          load_kv_paged<T, kBN, D, kNT>(
+              sK + st * kBN * D, sV + st * kBN * D, gk, gv, p, r0, s.lk,
+              [&](int r) { return page_row(p, pages_row, r0 + r, s.lk); });
       } else {
         load_tile<T, kBN, D, kNT>(sK + st * kBN * D, gk, k_rs, (t_begin + st) * kBN, s.lk,
                                   p.dim_qk);
@@ -183,9 +236,8 @@ __global__ void __launch_bounds__(128) flash_decode(Params p) {
   }
   if constexpr (kPaged) {
     const int tn = t_begin + kStages - 1;
-    if (tn < t_end && (whole_tiles || threadIdx.x < kBN))
-      next_pg = page_row(p, pages_row, tn * kBN + (whole_tiles ? 0 : static_cast<int>(threadIdx.x)),
-                         s.lk);
+    if (tn < t_end && !windowed && threadIdx.x < kBN)
+      next_pg = page_row(p, pages_row, tn * kBN + static_cast<int>(threadIdx.x), s.lk);
   }
 
   // This thread's fragment rows (mt, hf) -> mt * 16 + hf * 8 + g and their visible keys; padding
@@ -217,7 +269,7 @@ __global__ void __launch_bounds__(128) flash_decode(Params p) {
 
   for (int t = t_begin; t < t_end; ++t) {
     if constexpr (kPaged) {  // the entries of this iteration's tile to load (two-slot ring)
-      if (!whole_tiles && threadIdx.x < kBN)
+      if (!windowed && threadIdx.x < kBN)
         sPg[((t + kStages - 1) & 1) * kBN + threadIdx.x] = next_pg;
     }
     cp_async_wait<kStages - 2>();  // tile t has landed for this thread ...
@@ -226,10 +278,9 @@ __global__ void __launch_bounds__(128) flash_decode(Params p) {
       const int tn = t + kStages - 1, sn = (tn - t_begin) % kStages;
       if (tn < t_end) {
         if constexpr (kPaged) {
-          if (whole_tiles) {
-            load_kv_page_tile<T, kBN, D, kNT>(sK + sn * kBN * D, sV + sn * kBN * D, gk, gv, p,
-                                              next_pg, tn * kBN, s.lk);
-            if (tn + 1 < t_end) next_pg = page_row(p, pages_row, (tn + 1) * kBN, s.lk);
+          if (windowed) {
+            win.load_tile<T, kBN, D, kNT>(sK + sn * kBN * D, sV + sn * kBN * D, gk, gv, p,
+                                          pages_row, tn, s.lk);
           } else {
             const PageRow* slot = sPg + (tn & 1) * kBN;
             load_kv_paged<T, kBN, D, kNT>(sK + sn * kBN * D, sV + sn * kBN * D, gk, gv, p, tn * kBN,
