@@ -186,7 +186,8 @@ void bench_all(const Stream& stream) {
   // (seqused_k, spread over [256, 2048]); its bytes and % of copy count the keys used only, and its
   // time is the longest sequence's (the split plan is made on the host from the 2048-row bound).
   // The _paged64 / _paged16 rows are the same batch with its caches as 64- or 16-key pages of one
-  // pool, scattered by the block table: the same bytes as the _ragged row.
+  // pool, scattered by the block table: the same bytes as the _ragged row. The b1 _paged64 row is
+  // the first row's cache as scattered 64-key pages.
   struct DecodeCase {
     int64_t lq, lk;
     const char* name;
@@ -207,7 +208,8 @@ void bench_all(const Stream& stream) {
         DecodeCase{1, 4096, "decode_b12_hq32_hk8_lk4096_d64", false, 64, 12},
         DecodeCase{1, 2048, "decode_b16_hq32_hk8_lk2048_d128_ragged", false, kD, 16, true},
         DecodeCase{1, 2048, "decode_b16_hq32_hk8_lk2048_d128_paged64", false, kD, 16, true, 64},
-        DecodeCase{1, 2048, "decode_b16_hq32_hk8_lk2048_d128_paged16", false, kD, 16, true, 16}}) {
+        DecodeCase{1, 2048, "decode_b16_hq32_hk8_lk2048_d128_paged16", false, kD, 16, true, 16},
+        DecodeCase{1, kL, "decode_b1_hq32_hk8_lk32768_d128_paged64", false, kD, 1, false, 64}}) {
     const int64_t lq = dc.lq, lk = dc.lk, dim = dc.dim, batch = dc.batch;
     // Rows a sequence's cache holds: one sequence reads the first lk of kL (at the front of the
     // buffers); a batch's caches are lk rows each, back to back.
