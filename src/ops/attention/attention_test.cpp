@@ -1450,6 +1450,25 @@ TEST(AttentionTail, OnlyUnbandedPaddedProblemsTakeIt) {
   EXPECT_EQ(detail::bwd_tail_split(pr, 128, 128).ctas, 0);  // 4096 blocks: 32 whole waves of 128
 }
 
+// Paged caches: four waves where the groups fill more than half the SMs (the measured b16 batch),
+// the kernel's own below that (the measured b1 cache) and for padded caches always.
+TEST(AttentionDecodeSplits, PagedBatchesTakeFourWaves) {
+  EXPECT_EQ(detail::decode_waves(1, true, 128, 132), 4);
+  EXPECT_EQ(detail::decode_waves(1, true, 8, 132), 1);
+  EXPECT_EQ(detail::decode_waves(1, true, 66, 132), 1);
+  EXPECT_EQ(detail::decode_waves(1, true, 67, 132), 4);
+  EXPECT_EQ(detail::decode_waves(1, false, 128, 132), 1);
+  EXPECT_EQ(detail::decode_waves(4, false, 8, 132), 4);
+  EXPECT_EQ(detail::decode_waves(4, true, 128, 132), 4);
+  // What the rule plans for the bench's rows (32 and 512 tiles, 4-tile minimum).
+  EXPECT_EQ(detail::decode_split_count(128, 32, 132 * detail::decode_waves(1, true, 128, 132),
+                                       false, 2, 4),
+            4);
+  EXPECT_EQ(
+      detail::decode_split_count(8, 512, 132 * detail::decode_waves(1, true, 8, 132), false, 2, 4),
+      16);
+}
+
 // The decode's split rule on the shapes it was measured on (132 SMs) and its invariants on random
 // ones: one split a slot, the slot filling only where asked (d64) and only where the groups leave
 // more than an eighth of the slots idle, at least min_tiles tiles a split, at most 256, none empty.

@@ -150,6 +150,18 @@ BARACUDA_ATTN_HD bool tail_segment(const TailSplit& t, int64_t cta, int64_t k, i
   return true;
 }
 
+// The CTA waves flash_decode's splits are planned for: the kernel's own (1, or 4 for the w4
+// entry), at least 4 for paged caches whose (batch, K/V head) groups alone give every other SM a
+// CTA. Such a batch would run one split a group, one lone CTA an SM streaming scattered pages;
+// four waves give each SM two resident to overlap them. A paged cache of few groups keeps its
+// long one-an-SM splits. H200, bf16 d128, thirty-eighth session, call 3 (the same kernel, the
+// split count alone): b16 ragged batch (128 groups) in 64-key pages 38.4-38.9 us a run with one
+// wave against 34.1-34.4 with four, in 16-key pages 63.9-64.6 against 43.8-44.2; b1 Lk 32k
+// (8 groups) in 64-key pages 42.2-42.5 with one wave against 47.3-47.5 with four.
+inline int64_t decode_waves(int64_t kernel_waves, bool paged, int64_t groups, int64_t sms) {
+  return paged && 2 * groups > sms ? std::max<int64_t>(kernel_waves, 4) : kernel_waves;
+}
+
 // flash_decode's split count (decode_splits in decode.cuh says why, with the measurements):
 // `groups` (batch x K/V head) groups of `tiles` 64-key tiles over `slots` CTA slots (SMs x waves),
 // one split a slot; where that leaves more than an eighth of the slots idle and `fill` (d64), as

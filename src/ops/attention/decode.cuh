@@ -690,6 +690,7 @@ inline bool decode_fits(const Problem& pr, const DeviceCaps& caps) {
 // shorter splits that the block scheduler hands to SMs as they free up, so SMs finish together,
 // at the price of 4x the partials, 4x the CTA prologues and a longer combine. Which wins is a
 // measurement (bench A/B rows).
+// Paged caches may take more waves than the kernel's (detail::decode_waves).
 // kMinTiles = 2 (flash_decode_fused_sm80): short caches get up to twice the splits (Lk 2048:
 // 16 splits of 2 tiles against 8 of 4). Caches of 4096 keys and more get the same splits either
 // way (8 K/V heads on 132 SMs: 16).
@@ -700,8 +701,10 @@ inline int decode_splits(const Problem& pr, const DeviceCaps& caps) {
   // Shared memory per SM is the opt-in block limit plus the 1 KB the driver reserves per block.
   const int64_t per_sm = std::clamp<int64_t>(
       (caps.smem_per_block_optin + 1024) / static_cast<int64_t>(decode_smem_of(pr) + 1024), 1, 4);
-  return detail::decode_split_count(d.batch * d.heads_kv, tiles, int64_t{caps.sm_count} * kWaves,
-                                    decode_dim(pr) == 64, per_sm, kMinTiles);
+  const int64_t groups = d.batch * d.heads_kv, sms = caps.sm_count;
+  return detail::decode_split_count(
+      groups, tiles, sms * detail::decode_waves(kWaves, d.page_size > 0, groups, sms),
+      decode_dim(pr) == 64, per_sm, kMinTiles);
 }
 // The workspace of a run with `splits` splits: f32 partial rows and their LSEs per split and row,
 // then for the fused variant one 8-byte flag word per (batch, K/V head, split) from the first
