@@ -2066,15 +2066,76 @@ TEST_P(AttentionTest, ForwardPagedKv) {
       EXPECT_EQ(kernel, "flash_fwd_simt");
     }
   }
-  if (gpu) {  // the tensor-core forwards take padded or packed caches only
+  // Prefill and chunked prefill against paged caches (more query rows a K/V head than the decode
+  // kernels take): the paged tensor-core forward by default, its page window at every page size
+  // it serves (sub-tile 8 / 16 / 32, whole 64-key tiles, two tiles a page) and the SIMT kernel.
+  auto run_prefill = [&](const Config& c, Lay lay) {
+    std::vector<ForwardRun> runs(1);
+    if (gpu) {
+      runs.push_back(ForwardRun(PlanPreference::kernel("flash_fwd_mma_paged_sm80")));
+      runs.push_back(ForwardRun(PlanPreference::kernel("flash_fwd_simt")));
+    }
+    check_forward_runs(target, c, lay, runs);
+    if (gpu) {
+      EXPECT_EQ(runs[0].kernel, "flash_fwd_mma_paged_sm80");
+      EXPECT_EQ(runs[1].kernel, "flash_fwd_mma_paged_sm80");
+      EXPECT_EQ(runs[2].kernel, "flash_fwd_simt");
+    }
+  };
+  {  // a prompt chunk against 64-key pages, cache lengths
+    Config c;
+    c.dtype = DType::bf16, c.b = 2, c.hq = 4, c.hk = 2, c.lq = 70, c.lk = 400, c.dk = c.dv = 128;
+    c.mask = Mask::causal_bottom_right(), c.used_k = {400, 255};
+    page_config(c, 64, rng);
+    run_prefill(c, Lay::blhd);
+  }
+  {  // 16-key pages at head dim 64, split keys (8 CTAs of rows), no GQA, no mask
+    Config c;
+    c.dtype = DType::f16, c.b = 1, c.hq = 4, c.hk = 4, c.lq = 65, c.lk = 700, c.dk = c.dv = 64;
+    c.mask = Mask::none();
+    page_config(c, 16, rng);
+    run_prefill(c, Lay::bhld);
+  }
+  {  // 8-key pages at head dim 256 (32-key tiles), top-left causal, a softcap, MQA
+    Config c;
+    c.dtype = DType::bf16, c.b = 2, c.hq = 4, c.hk = 1, c.lq = 70, c.lk = 500, c.dk = c.dv = 256;
+    c.mask = Mask::causal_top_left(), c.softcap = 20.f, c.used_k = {500, 321};
+    page_config(c, 8, rng);
+    run_prefill(c, Lay::blhd);
+  }
+  {  // 128-key pages (two tiles each), head dim 96 (padded 128), a sliding window
+    Config c;
+    c.dtype = DType::bf16, c.b = 2, c.hq = 4, c.hk = 2, c.lq = 65, c.lk = 600, c.dk = c.dv = 96;
+    c.mask = Mask::sliding_window(100, 0), c.used_k = {600, 90};
+    page_config(c, 128, rng);
+    run_prefill(c, Lay::bhld);
+  }
+  {  // 32-key pages, 40 query rows a K/V head (GQA packing: one CTA holds the group)
+    Config c;
+    c.dtype = DType::f16, c.b = 3, c.hq = 8, c.hk = 1, c.lq = 5, c.lk = 600, c.dk = c.dv = 128;
+    c.mask = Mask::causal_bottom_right(), c.used_k = {600, 5, 450};
+    page_config(c, 32, rng);
+    run_prefill(c, Lay::blhd);
+  }
+  if (gpu) {  // the other tensor-core forwards take padded or packed caches only; the paged one
+              // takes paged caches only, at the page sizes its window serves
     Config c;
     c.dtype = DType::bf16, c.b = 2, c.hq = 8, c.hk = 2, c.lq = 1, c.lk = 256, c.dk = c.dv = 128;
     page_config(c, 64, rng);
-    for (const char* n : mma_forward_names(128))
-      EXPECT_FALSE(
-          ForwardPlan::select(harness::stream_for(target), desc_of(c), PlanPreference::kernel(n))
-              .ok())
-          << n;
+    auto fits = [&](const Config& cc, const char* n) {
+      return ForwardPlan::select(harness::stream_for(target), desc_of(cc),
+                                 PlanPreference::kernel(n))
+          .ok();
+    };
+    for (const char* n : mma_forward_names(128)) EXPECT_FALSE(fits(c, n)) << n;
+    EXPECT_TRUE(fits(c, "flash_fwd_mma_paged_sm80"));
+    page_config(c, 7, rng);
+    EXPECT_FALSE(fits(c, "flash_fwd_mma_paged_sm80"));
+    page_config(c, 2, rng);  // 32 entries a 64-key tile: served
+    EXPECT_TRUE(fits(c, "flash_fwd_mma_paged_sm80"));
+    Config padded = c;
+    padded.page_size = padded.pages = 0, padded.table.clear();
+    EXPECT_FALSE(fits(padded, "flash_fwd_mma_paged_sm80"));
   }
 }
 

@@ -55,6 +55,13 @@ BARACUDA_ATTN_HD int clamp_page(int page, int pages) {
 BARACUDA_ATTN_HD int page_of(const int32_t* table, int page_size, int pages, int j) {
   return clamp_page(table[j / page_size], pages);
 }
+// Page sizes whose block-table entries a key tile of `rows` keys reads from one 32-entry register
+// window (kernels::PageWindow): pages holding whole tiles, or 2..32 to a tile (powers of two that
+// divide it, so a tile's entries never straddle two windows).
+BARACUDA_ATTN_HD bool page_window_serves(int page_size, int rows) {
+  return page_size > 0 && (page_size % rows == 0 ||
+                           (page_size >= 2 && rows % page_size == 0 && rows / page_size <= 32));
+}
 BARACUDA_ATTN_HD int64_t paged_row_offset(const int64_t* st, const int32_t* table, int page_size,
                                           int pages, int64_t h, int j) {
   return page_of(table, page_size, pages, j) * st[0] + h * st[1] + (j % page_size) * st[2];

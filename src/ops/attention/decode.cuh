@@ -39,17 +39,6 @@ struct DecodeCfg {
   static constexpr size_t kSmem = kQBytes + (kKvBytes > kMergeBytes ? kKvBytes : kMergeBytes);
 };
 
-// Paged K / V (detail::page_of): where row r of key tile t of a sequence with n keys
-// lives, as (page, row in the page); rows past n give (0, 0) (their chunks are zero-filled, and
-// the table has no entry for them).
-struct PageRow {
-  int page, row;
-};
-__device__ __forceinline__ PageRow page_row(const Params& p, const int32_t* pages_row, int key,
-                                            int n) {
-  if (key >= n) return {0, 0};
-  return {detail::page_of(pages_row, p.page_size, p.pages, key), key % p.page_size};
-}
 // Shared memory of the paged decode past a configuration's `smem` bytes: two tiles' (page, row)
 // entries, one per key row, from the next 16-byte boundary.
 constexpr size_t decode_page_ring_at(size_t smem) {
@@ -58,80 +47,6 @@ constexpr size_t decode_page_ring_at(size_t smem) {
 constexpr size_t decode_paged_smem(size_t smem) {
   return decode_page_ring_at(smem) + 2 * 64 * sizeof(PageRow);
 }
-
-// A key tile that one page holds whole (page_size a multiple of ROWS): the plain tile loads from
-// its first row `e`, one address and fixed strides. H200, b16 ragged batch in 64-key pages, one
-// call interleaved (thirty-eighth session, call 1): 41.7-42.1 us a run against 60.8-61.4 for the
-// per-chunk form below; w4 36.9-37.2 against 43.2-43.7.
-template <class T, int ROWS, int D, int NT>
-__device__ __forceinline__ void load_kv_page_tile(T* tk, T* tv, const T* gk, const T* gv,
-                                                  const Params& p, PageRow e, int r0, int n) {
-  load_tile<T, ROWS, D, NT>(tk, gk + e.page * p.sk[0] + e.row * p.sk[2], p.sk[2], 0, n - r0,
-                            p.dim_qk);
-  load_tile<T, ROWS, D, NT>(tv, gv + e.page * p.sv[0] + e.row * p.sv[2], p.sv[2], 0, n - r0,
-                            p.dim_v);
-}
-
-// A key tile of the K and V pools into shared memory, each 16-byte chunk from its row's page:
-// `pg(r)` gives row r's (page, row); gk / gv point at the pools' head.
-template <class T, int ROWS, int D, int NT, class Pg>
-__device__ __forceinline__ void load_kv_paged(T* tk, T* tv, const T* gk, const T* gv,
-                                              const Params& p, int r0, int n, Pg pg) {
-  for (int c = threadIdx.x; c < ROWS * D / 8; c += NT) {
-    const int r = c / (D / 8), col = (c % (D / 8)) * 8;
-    const PageRow e = pg(r);
-    const bool in = r0 + r < n;
-    const bool ok_k = in && col < p.dim_qk, ok_v = in && col < p.dim_v;
-    const int64_t ko = e.page * p.sk[0] + e.row * p.sk[2], vo = e.page * p.sv[0] + e.row * p.sv[2];
-    cp_async16(smem_u32(tk + swz<D>(r, col)), ok_k ? gk + ko + col : gk, ok_k ? 16 : 0);
-    cp_async16(smem_u32(tv + swz<D>(r, col)), ok_v ? gv + vo + col : gv, ok_v ? 16 : 0);
-  }
-}
-
-// A sequence's block-table entries streamed through registers, 32 to a warp: lane i holds entry
-// base + i of the window in use (`cur`) and base + 32 + i of the next (`nxt`, loaded a whole
-// window ahead), so a tile's pages come from a shuffle and no load is ever waited for. The
-// one-entry register prefetch before it (next_pg in flash_decode) was loaded right behind a
-// tile's copies and, read an iteration later, waited for them: b16 ragged batch in 64-key pages
-// 41.7-42.1 us a run against 32.5-33.0 for the same batch unpaged (H200, thirty-eighth session,
-// call 1). It serves page sizes that hold whole 64-key tiles or split one evenly (2..32, powers of
-// two), so a tile's entries never straddle a window; tiles must be loaded in order, by every
-// lane of the block (the shuffles).
-struct PageWindow {
-  // The sizes come from the kernel's parameters (constant bank operands) and the table row from
-  // the caller, not registers kept here: the fused two-tile d128 instance sits at the limit.
-  int base = 0, cur = 0, nxt = 0;
-
-  static __device__ bool serves(int page_size, int rows) {
-    return page_size % rows == 0 || (page_size >= 2 && rows % page_size == 0);
-  }
-  static __device__ int lane() { return static_cast<int>(threadIdx.x % 32); }
-  static __device__ int load(const Params& p, const int32_t* row, int e) {
-    return e < p.table_cols ? row[e] : 0;
-  }
-  __device__ void init(const Params& p, const int32_t* row, int first_key) {
-    base = first_key / p.page_size / 32 * 32;
-    cur = load(p, row, base + lane()), nxt = load(p, row, base + 32 + lane());
-  }
-  __device__ int page(const Params& p, int e) const {
-    return detail::clamp_page(__shfl_sync(0xffffffffu, cur, e % 32), p.pages);
-  }
-  // Key tile `tn` (rows tn * ROWS ...) of a sequence with n keys and table row `row` into tk / tv.
-  template <class T, int ROWS, int D, int NT>
-  __device__ void load_tile(T* tk, T* tv, const T* gk, const T* gv, const Params& p,
-                            const int32_t* row, int tn, int n) {
-    const int ps = p.page_size, r0 = tn * ROWS, e0 = r0 / ps;
-    if (e0 >= base + 32) base += 32, cur = nxt, nxt = load(p, row, base + 32 + lane());
-    if (ps >= ROWS) {
-      load_kv_page_tile<T, ROWS, D, NT>(tk, tv, gk, gv, p, PageRow{page(p, e0), r0 % ps}, r0, n);
-    } else {
-      const int shift = __ffs(ps) - 1;
-      load_kv_paged<T, ROWS, D, NT>(tk, tv, gk, gv, p, r0, n, [&](int r) {
-        return PageRow{page(p, e0 + (r >> shift)), r & (ps - 1)};
-      });
-    }
-  }
-};
 
 // kCounts: the launch has seqused_k counts (p.used_k; see seq_rows for why a template parameter).
 // kPaged: K / V are paged pools (p.block_table), the counts read where the launch has them.
@@ -202,7 +117,7 @@ __global__ void __launch_bounds__(128) flash_decode(Params p) {
   [[maybe_unused]] bool windowed = false;
   [[maybe_unused]] PageWindow win;
   if constexpr (kPaged) {
-    windowed = PageWindow::serves(p.page_size, kBN);
+    windowed = detail::page_window_serves(p.page_size, kBN);
     if (windowed && t_begin < t_end) win.init(p, pages_row, t_begin * kBN);
   }
 

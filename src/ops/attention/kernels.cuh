@@ -520,6 +520,88 @@ __device__ __forceinline__ void load_tile(T* tile, const T* base, const int64_t 
   }
 }
 
+// Paged K / V (detail::page_of): where row r of key tile t of a sequence with n keys
+// lives, as (page, row in the page); rows past n give (0, 0) (their chunks are zero-filled, and
+// the table has no entry for them).
+struct PageRow {
+  int page, row;
+};
+__device__ __forceinline__ PageRow page_row(const Params& p, const int32_t* pages_row, int key,
+                                            int n) {
+  if (key >= n) return {0, 0};
+  return {detail::page_of(pages_row, p.page_size, p.pages, key), key % p.page_size};
+}
+// A key tile that one page holds whole (page_size a multiple of ROWS): the plain tile loads from
+// its first row `e`, one address and fixed strides. H200, b16 ragged batch in 64-key pages, one
+// call interleaved (thirty-eighth session, call 1): 41.7-42.1 us a run against 60.8-61.4 for the
+// per-chunk form below; w4 36.9-37.2 against 43.2-43.7.
+template <class T, int ROWS, int D, int NT>
+__device__ __forceinline__ void load_kv_page_tile(T* tk, T* tv, const T* gk, const T* gv,
+                                                  const Params& p, PageRow e, int r0, int n) {
+  load_tile<T, ROWS, D, NT>(tk, gk + e.page * p.sk[0] + e.row * p.sk[2], p.sk[2], 0, n - r0,
+                            p.dim_qk);
+  load_tile<T, ROWS, D, NT>(tv, gv + e.page * p.sv[0] + e.row * p.sv[2], p.sv[2], 0, n - r0,
+                            p.dim_v);
+}
+
+// A key tile of the K and V pools into shared memory, each 16-byte chunk from its row's page:
+// `pg(r)` gives row r's (page, row); gk / gv point at the pools' head.
+template <class T, int ROWS, int D, int NT, class Pg>
+__device__ __forceinline__ void load_kv_paged(T* tk, T* tv, const T* gk, const T* gv,
+                                              const Params& p, int r0, int n, Pg pg) {
+  for (int c = threadIdx.x; c < ROWS * D / 8; c += NT) {
+    const int r = c / (D / 8), col = (c % (D / 8)) * 8;
+    const PageRow e = pg(r);
+    const bool in = r0 + r < n;
+    const bool ok_k = in && col < p.dim_qk, ok_v = in && col < p.dim_v;
+    const int64_t ko = e.page * p.sk[0] + e.row * p.sk[2], vo = e.page * p.sv[0] + e.row * p.sv[2];
+    cp_async16(smem_u32(tk + swz<D>(r, col)), ok_k ? gk + ko + col : gk, ok_k ? 16 : 0);
+    cp_async16(smem_u32(tv + swz<D>(r, col)), ok_v ? gv + vo + col : gv, ok_v ? 16 : 0);
+  }
+}
+
+// A sequence's block-table entries streamed through registers, 32 to a warp: lane i holds entry
+// base + i of the window in use (`cur`) and base + 32 + i of the next (`nxt`, loaded a whole
+// window ahead), so a tile's pages come from a shuffle and no load is ever waited for. The
+// one-entry register prefetch before it (the decode's, for 64-key pages) was loaded right behind
+// a tile's copies and, read an iteration later, waited for them: b16 ragged batch in 64-key pages
+// 41.7-42.1 us a run against 38.6-38.9 this way (H200, thirty-eighth session, call 2). It serves
+// the page sizes detail::page_window_serves names, so a tile's entries never straddle a window;
+// tiles must be loaded in order, by every lane of the block (the shuffles). The decode kernels and
+// the paged tensor-core forward read K / V through it.
+struct PageWindow {
+  // The sizes come from the kernel's parameters (constant bank operands) and the table row from
+  // the caller, not registers kept here: the fused two-tile d128 instance sits at the limit.
+  int base = 0, cur = 0, nxt = 0;
+
+  static __device__ int lane() { return static_cast<int>(threadIdx.x % 32); }
+  static __device__ int load(const Params& p, const int32_t* row, int e) {
+    return e < p.table_cols ? row[e] : 0;
+  }
+  __device__ void init(const Params& p, const int32_t* row, int first_key) {
+    base = first_key / p.page_size / 32 * 32;
+    cur = load(p, row, base + lane()), nxt = load(p, row, base + 32 + lane());
+  }
+  __device__ int page(const Params& p, int e) const {
+    return detail::clamp_page(__shfl_sync(0xffffffffu, cur, e % 32), p.pages);
+  }
+  // Key tile `tn` (rows tn * ROWS ...) of a sequence with n keys and table row `row` into tk / tv.
+  template <class T, int ROWS, int D, int NT>
+  __device__ void load_tile(T* tk, T* tv, const T* gk, const T* gv, const Params& p,
+                            const int32_t* row, int tn, int n) {
+    const int ps = p.page_size, r0 = tn * ROWS, e0 = r0 / ps;
+    if (e0 >= base + 32) base += 32, cur = nxt, nxt = load(p, row, base + 32 + lane());
+    if (ps >= ROWS) {
+      load_kv_page_tile<T, ROWS, D, NT>(tk, tv, gk, gv, p, PageRow{page(p, e0), r0 % ps}, r0, n);
+    } else {
+      const int shift = __ffs(ps) - 1;
+      load_kv_paged<T, ROWS, D, NT>(tk, tv, gk, gv, p, r0, n, [&](int r) {
+        return PageRow{page(p, e0 + (r >> shift)), r & (ps - 1)};
+      });
+    }
+  }
+};
+
 // Raw scores -> scaled (and soft-capped) scores in the exp2 domain, masked keys -inf. Each variant
 // is straight-line code: a per-element runtime branch (soft-cap on/off, mask needed or not) splits
 // the unrolled tile into hundreds of basic blocks, which keeps the scheduler from overlapping the
@@ -674,8 +756,10 @@ struct MmaCfg {
 // the ldmatrix just before them (short scoreboard: 12% of stall samples, 4% in FA2's loop, whose
 // HMMAs wait on the tensor pipe instead). LATE (a shape's kLateRefill in launch.cuh): each tile's K
 // / V stage refill is issued after its first Q K^T k-step instead of before it.
+// PAGED: K / V are page pools read through a PageWindow (p.block_table; page sizes
+// detail::page_window_serves names for BN-key tiles).
 template <class T, int D, int NW, int BN, int MT, bool QREG, bool OVL = false, int STR = 0,
-          bool PIPE = false, bool LATE = false>
+          bool PIPE = false, bool LATE = false, bool PAGED = false>
 __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
   using Cfg = MmaCfg<T, D, NW, BN, MT, QREG, OVL, STR>;
   static_assert(!(OVL && LATE), "the overlapped loop refills at the top");
@@ -731,10 +815,19 @@ __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
   // one behind a WARPSYNC (ptxas cannot tell the test is warp-uniform), 157 WARPSYNCs to 256 HMMAs
   // in m32s's loop, 9.6% of its issued instructions (ncu, H100, f7e34af).
   const bool active = w0 < rows_total;
-  const T* gk = static_cast<const T*>(p.k) + detail::row_offset(p.sk, p.varlen, b, hk, s.k0);
-  const T* gv = static_cast<const T*>(p.v) + detail::row_offset(p.sv, p.varlen, b, hk, s.k0);
+  // K / V rows of the sequence's head (paged: the pools' head, rows found through the pages).
+  const T* gk = static_cast<const T*>(p.k) +
+                (PAGED ? hk * p.sk[1] : detail::row_offset(p.sk, p.varlen, b, hk, s.k0));
+  const T* gv = static_cast<const T*>(p.v) +
+                (PAGED ? hk * p.sv[1] : detail::row_offset(p.sv, p.varlen, b, hk, s.k0));
   const int64_t k_rs = p.varlen ? p.sk[0] : p.sk[2];
   const int64_t v_rs = p.varlen ? p.sv[0] : p.sv[2];
+  [[maybe_unused]] const int32_t* pages_row =
+      PAGED ? p.block_table + int64_t{b} * p.table_cols : nullptr;
+  [[maybe_unused]] PageWindow win;
+  if constexpr (PAGED) {
+    if (t_begin < t_end) win.init(p, pages_row, t_begin * BN);
+  }
 
   // Q: rows [m0, m0 + kM) of one head, loaded like a K/V tile (one address per tile when whole);
   // packed GQA rows span heads and take the per-chunk path. The per-chunk path for every block
@@ -756,8 +849,13 @@ __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
 #pragma unroll
   for (int st = 0; st < kStages - 1; ++st) {
     if (t_begin + st < t_end) {
-      load_tile<T, BN, D, kNT>(sK + st * BN * D, gk, k_rs, (t_begin + st) * BN, s.lk, p.dim_qk);
-      load_tile<T, BN, D, kNT>(sV + st * BN * D, gv, v_rs, (t_begin + st) * BN, s.lk, p.dim_v);
+      if constexpr (PAGED) {
+        win.load_tile<T, BN, D, kNT>(sK + st * BN * D, sV + st * BN * D, gk, gv, p, pages_row,
+                                     t_begin + st, s.lk);
+      } else {
+        load_tile<T, BN, D, kNT>(sK + st * BN * D, gk, k_rs, (t_begin + st) * BN, s.lk, p.dim_qk);
+        load_tile<T, BN, D, kNT>(sV + st * BN * D, gv, v_rs, (t_begin + st) * BN, s.lk, p.dim_v);
+      }
     }
     cp_async_commit();
   }
@@ -881,8 +979,13 @@ __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
     auto refill = [&] {
       const int tn = t + kStages - 1, sn = (tn - t_begin) % kStages;
       if (tn < t_end) {
-        load_tile<T, BN, D, kNT>(sK + sn * BN * D, gk, k_rs, tn * BN, s.lk, p.dim_qk);
-        load_tile<T, BN, D, kNT>(sV + sn * BN * D, gv, v_rs, tn * BN, s.lk, p.dim_v);
+        if constexpr (PAGED) {
+          win.load_tile<T, BN, D, kNT>(sK + sn * BN * D, sV + sn * BN * D, gk, gv, p, pages_row, tn,
+                                       s.lk);
+        } else {
+          load_tile<T, BN, D, kNT>(sK + sn * BN * D, gk, k_rs, tn * BN, s.lk, p.dim_qk);
+          load_tile<T, BN, D, kNT>(sV + sn * BN * D, gv, v_rs, tn * BN, s.lk, p.dim_v);
+        }
       }
       cp_async_commit();
       refilled = true;

@@ -255,12 +255,12 @@ inline bool rows_aligned(const BasicTensor<Ptr>& t, size_t elem) {
   return true;
 }
 
-template <class T, int D, template <int> class Sh>
+template <class T, int D, template <int> class Sh, bool kPaged>
 Status run_mma(const LaunchContext& ctx, const Params& p) {
   using S = Sh<D>;
   using Cfg = MmaCfg<T, D, S::kNW, S::kBN, S::kMT, S::kQReg, S::kOvl, S::kStr>;
   constexpr auto kernel = flash_fwd_mma<T, D, S::kNW, S::kBN, S::kMT, S::kQReg, S::kOvl, S::kStr,
-                                        S::kPipe, S::kLateRefill>;
+                                        S::kPipe, S::kLateRefill, kPaged>;
   const auto blocks =
       static_cast<unsigned>(int64_t{p.batch} * p.splits *
                             (p.pack ? p.heads_kv : p.heads_q * cuda::ceil_div(p.len_q, S::kRows)));
@@ -268,7 +268,7 @@ Status run_mma(const LaunchContext& ctx, const Params& p) {
                                 Cfg::kSmem, cuda::stream_of(ctx), p);
 }
 
-template <class T, template <int> class Sh>
+template <class T, template <int> class Sh, bool kPaged = false>
 Status launch_fwd_mma(const LaunchContext& ctx, const Problem& pr, const ForwardArguments& a) {
   // A view whose rows are not 16-byte aligned cannot use cp.async: run the SIMT kernel instead
   // (same results contract; the tensor-core path is the fast path, not a different answer).
@@ -291,9 +291,9 @@ Status launch_fwd_mma(const LaunchContext& ctx, const Problem& pr, const Forward
   }
   // The padded head dim picks a launch shape (not a dtype dispatch).
   const int dim = mma_dim(pr);
-  const Status st = dim == 64    ? run_mma<T, 64, Sh>(ctx, p)
-                    : dim == 128 ? run_mma<T, 128, Sh>(ctx, p)
-                                 : run_mma<T, 256, Sh>(ctx, p);
+  const Status st = dim == 64    ? run_mma<T, 64, Sh, kPaged>(ctx, p)
+                    : dim == 128 ? run_mma<T, 128, Sh, kPaged>(ctx, p)
+                                 : run_mma<T, 256, Sh, kPaged>(ctx, p);
   if (!st.ok() || s.splits <= 1) return st;
   flash_fwd_combine<T><<<row_blocks(rows), 128, 0, cuda::stream_of(ctx)>>>(p);
   return cuda::check_launch(ForwardOp::name, "flash_fwd_combine");
@@ -604,23 +604,27 @@ size_t fwd_mma_smem(const Problem& pr) {
 }
 // An entry's own rule, and only where the device grants its shared memory (e.g. m16w8's 160 KB at
 // D = 128 on a 99 KB sm_86 / sm_89 part), so select passes over it instead of run failing.
-// Paged K / V are read by the decode and SIMT kernels only.
-template <class T, template <int> class Sh, FitsFn kFits>
+// Paged K / V: the kPaged entry alone, for the page sizes its tiles read through a PageWindow.
+template <class T, template <int> class Sh, FitsFn kFits, bool kPaged = false>
 bool fits_fwd_mma(const Problem& pr, const DeviceCaps& caps) {
-  return pr.desc.page_size == 0 && kFits(pr, caps) &&
-         static_cast<int64_t>(fwd_mma_smem<T, Sh>(pr)) <= caps.smem_per_block_optin;
+  if (!kFits(pr, caps) || static_cast<int64_t>(fwd_mma_smem<T, Sh>(pr)) > caps.smem_per_block_optin)
+    return false;
+  if constexpr (kPaged)
+    return pr.desc.page_size > 0 &&
+           detail::page_window_serves(static_cast<int>(pr.desc.page_size), mma_bn<Sh>(mma_dim(pr)));
+  return pr.desc.page_size == 0;
 }
 
 // One forward kernel template instantiation (a launch shape) as a table entry.
-template <DType E, template <int> class LaunchShape, FitsFn kFits>
+template <DType E, template <int> class LaunchShape, FitsFn kFits, bool kPaged = false>
 void register_fwd_mma(std::string_view name, int priority, PrecisionGuarantee precision) {
   using T = cuda::device_t<E>;
   register_kernel<ForwardOp>({
       .sku = family_sku<E>(ForwardOp::name, DType::f32, precision, name),
       .priority = priority,
-      .fits = fits_fwd_mma<T, LaunchShape, kFits>,
+      .fits = fits_fwd_mma<T, LaunchShape, kFits, kPaged>,
       .workspace = fwd_mma_workspace<LaunchShape>,
-      .launch = launch_fwd_mma<T, LaunchShape>,
+      .launch = launch_fwd_mma<T, LaunchShape, kPaged>,
   });
 }
 
@@ -702,6 +706,12 @@ bool register_kernels() {
                                                                     26, mma);
     register_fwd_mma<E, MmaShapeM32SStraight, fits_straight_default>(
         "flash_fwd_mma_m32s_straight_sm80", 25, mma);
+    // Paged K / V (prefill and chunked prefill against a block-table cache): m16's shape
+    // (MmaShape's at D = 256) with its K / V tiles read through a PageWindow. The m32s shapes
+    // spill there at D = 128 (sm_90a: straight 68 bytes, m32s 100, m32 44; m16 uses 232 registers,
+    // no spill). The only tensor-core forward for paged problems; the decode kernels rank above
+    // it where they fit (few query rows per K/V head), the SIMT kernel takes other page sizes.
+    register_fwd_mma<E, MmaShapeM16, fits_mma, true>("flash_fwd_mma_paged_sm80", 19, mma);
     // Few query rows per K/V head (decode, speculative decoding): above the general kernel; that
     // one stays registered so PlanPreference::kernel("flash_fwd_mma_sm80") can A/B them.
     register_decode<E, 1, false>("flash_decode_sm80", 30, mma);
