@@ -1450,6 +1450,19 @@ TEST(AttentionTail, OnlyUnbandedPaddedProblemsTakeIt) {
   EXPECT_EQ(detail::bwd_tail_split(pr, 128, 128).ctas, 0);  // 4096 blocks: 32 whole waves of 128
 }
 
+// The page sizes a key tile reads through one 32-entry register window: whole tiles, or 2..32
+// pages a tile.
+TEST(AttentionPageWindow, ServesTheSizesThatTileEvenly) {
+  for (int ps : {2, 4, 8, 16, 32, 64, 128, 192, 256, 1024})
+    EXPECT_TRUE(detail::page_window_serves(ps, 64)) << ps;
+  for (int ps : {0, 1, 3, 7, 24, 48, 96, 100})
+    EXPECT_FALSE(detail::page_window_serves(ps, 64)) << ps;
+  EXPECT_FALSE(detail::page_window_serves(2, 128));  // 64 entries a tile: two windows
+  EXPECT_TRUE(detail::page_window_serves(4, 128));
+  EXPECT_TRUE(detail::page_window_serves(8, 32));
+  EXPECT_TRUE(detail::page_window_serves(96, 32));
+}
+
 // Paged caches: four waves where the groups fill more than half the SMs (the measured b16 batch),
 // the kernel's own below that (the measured b1 cache) and for padded caches always.
 TEST(AttentionDecodeSplits, PagedBatchesTakeFourWaves) {

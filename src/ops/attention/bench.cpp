@@ -312,6 +312,80 @@ void bench_all(const Stream& stream) {
                              "default plan: host wall time per run() call, 100 calls a round"});
     }
   }
+  // Chunked prefill against a paged cache: 512 new tokens a sequence at the end of 4096-key caches
+  // (causal, bottom-right), 4 sequences, the cache as scattered 64- or 16-key pages
+  // (flash_fwd_mma_paged_sm80 by default) and, for the same problem, as a padded [B, L, H, D]
+  // cache (the padded default, and m16, the paged kernel's shape, by name). TFLOP/s on the
+  // visible keys.
+  {
+    constexpr int64_t kPB = 4, kPLq = 512, kPLk = 4096;
+    double visible = 0;  // keys the bottom-right band shows each query row, summed
+    for (int64_t i = 0; i < kPLq; ++i) visible += static_cast<double>(kPLk - kPLq + i + 1);
+    const double flops = 4.0 * kPB * kHq * kD * visible;
+    for (int64_t ps : {int64_t{64}, int64_t{16}, int64_t{0}}) {
+      const std::string name = "prefill_b4_hq32_hk8_lq512_lk4096_d128_" +
+                               (ps > 0 ? "paged" + std::to_string(ps) : std::string("padded"));
+      Descriptor d;
+      d.dtype = DType::bf16, d.batch = kPB, d.heads_q = kHq, d.heads_kv = kHk, d.len_q = kPLq;
+      d.len_k = kPLk, d.head_dim_qk = d.head_dim_v = kD;
+      d.mask = Mask::causal_bottom_right();
+      // The decode rows' pool (kL rows): padded, sequence b's cache is rows [b Lk, (b + 1) Lk);
+      // paged, kL / ps pages of which the table scatters B * Lk / ps (7919 i mod pages).
+      const int64_t pages = ps > 0 ? kL / ps : 0, cols = ps > 0 ? kPLk / ps : 0;
+      d.page_size = ps, d.pages = pages;
+      std::vector<int32_t> table(static_cast<size_t>(kPB * cols));
+      for (size_t i = 0; i < table.size(); ++i)
+        table[i] = static_cast<int32_t>((static_cast<int64_t>(i) * 7919) % pages);
+      auto table_dev = Buffer::allocate(std::max<size_t>(table.size(), 1) * sizeof(int32_t),
+                                        stream.memory_location());
+      if (!table_dev.ok() || !copy_bytes(table_dev->data(), table_dev->where(), table.data(),
+                                         Location::host(), table.size() * sizeof(int32_t))
+                                  .ok())
+        return;
+      const int64_t ks_padded[] = {kPB, kHk, kPLk, kD}, ks_pool[] = {pages, kHk, ps, kD};
+      const int64_t blhd[] = {kPLk * kHk * kD, kD, kHk * kD, 1},
+                    pool[] = {ps * kHk * kD, kD, kHk * kD, 1};
+      const std::span<const int64_t> ks(ps > 0 ? ks_pool : ks_padded), kst(ps > 0 ? pool : blhd);
+      const ConstTensor tk = make_strided(static_cast<const void*>(kc->data()), DType::bf16, ks,
+                                          kst, stream.memory_location());
+      const ConstTensor tv = make_strided(static_cast<const void*>(vc->data()), DType::bf16, ks,
+                                          kst, stream.memory_location());
+      const int64_t lse_shape[] = {kPB, kHq, kPLq};
+      ForwardArguments fa{as_const(view4(q->data(), kPB, kHq, kPLq, kD, stream, DType::bf16)),
+                          tk,
+                          tv,
+                          view4(y->data(), kPB, kHq, kPLq, kD, stream, DType::bf16),
+                          make_tensor(lse->data(), DType::f32, lse_shape, stream.memory_location()),
+                          {},
+                          {}};
+      const int64_t tshape[] = {kPB, cols};
+      if (ps > 0)
+        fa.block_table = make_tensor(static_cast<const void*>(table_dev->data()), DType::i32,
+                                     tshape, stream.memory_location());
+      std::vector<std::string_view> kernels = {""};
+      if (ps == 0) kernels.push_back("flash_fwd_mma_m16_sm80");
+      for (const std::string_view kn : kernels) {
+        auto fwd = ForwardPlan::select(
+            stream, d, kn.empty() ? PlanPreference::fastest() : PlanPreference::kernel(kn));
+        if (!fwd.ok()) {
+          bench::emit_error(kFamily, "attention_prefill", name, fwd.error());
+          continue;
+        }
+        Result<Buffer> ws =
+            Buffer::allocate(std::max<size_t>(fwd->workspace_size(), 16), stream.memory_location());
+        auto ft =
+            bench::time_it(stream, [&](int) { return fwd->run(stream, ws->as_workspace(), fa); });
+        if (!ft.ok()) {
+          bench::emit_error(kFamily, "attention_prefill", name, ft.error());
+          continue;
+        }
+        bench::emit(stream, {kFamily, "attention_prefill", name, "bf16",
+                             std::string(fwd->sku().name), ft->median_ms, 0, flops,
+                             kn.empty() ? "default plan; TFLOP/s on the visible keys"
+                                        : "A/B: kernel forced by name"});
+      }
+    }
+  }
 }
 
 [[maybe_unused]] const bool registered = bench::register_bench(kFamily, bench_all);

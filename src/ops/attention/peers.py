@@ -116,6 +116,28 @@ def decode_ragged(b=16, hq=32, hk=8, lk=2048, d=128):
             emit("attention_decode", name, peer + "_masked", None, error=str(e)[:200])
 
 
+def prefill(b=4, hq=32, hk=8, lq=512, lk=4096, d=128):
+    """bench.cpp's attention_prefill rows: 512 new tokens a sequence at the end of 4096-key caches
+    (causal, bottom-right: SDPA's causal_lower_right bias), the cache padded in [B, L, H, D] memory
+    (SDPA takes no block table) and repeated to the query heads outside the timing; TFLOP/s on
+    the visible keys, as bench.cpp counts them."""
+    from torch.nn.attention.bias import causal_lower_right
+    name = f"prefill_b{b}_hq{hq}_hk{hk}_lq{lq}_lk{lk}_d{d}_padded"
+    q = torch.randn(b, hq, lq, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(b, lk, hk, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    v = torch.randn(b, lk, hk, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    kr, vr = k.repeat_interleave(hq // hk, dim=1), v.repeat_interleave(hq // hk, dim=1)
+    bias = causal_lower_right(lq, lk)
+    flops = 4.0 * b * hq * d * sum(lk - lq + i + 1 for i in range(lq))
+    for peer, backend in BACKENDS.items():
+        try:
+            with sdpa_kernel(backend):
+                ms = bench(lambda: F.scaled_dot_product_attention(q, kr, vr, attn_mask=bias))
+            emit("attention_prefill", name, peer, ms, tflops=flops / ms / 1e9)
+        except Exception as e:
+            emit("attention_prefill", name, peer, None, error=str(e)[:200])
+
+
 # Packed sequences of mixed lengths (bench_attention's attention_varlen rows, same names): SDPA
 # on nested (jagged) tensors, each backend forced; d128, 16 heads, 16k tokens.
 VARLEN_LENGTHS = (512, 1024, 3072, 4096, 2048, 1536, 4096)
@@ -159,6 +181,7 @@ if __name__ == "__main__":
     FORWARD_ONLY = only == "forward"
     if only not in ("varlen", "forward", "backward"):
         decode()
+        prefill()
     if only not in ("decode", "varlen"):
         sweep()
     if only not in ("decode", "forward", "backward"):
