@@ -706,12 +706,16 @@ bool register_kernels() {
                                                                     26, mma);
     register_fwd_mma<E, MmaShapeM32SStraight, fits_straight_default>(
         "flash_fwd_mma_m32s_straight_sm80", 25, mma);
-    // Paged K / V (prefill and chunked prefill against a block-table cache): m16's shape
-    // (MmaShape's at D = 256) with its K / V tiles read through a PageWindow. The m32s shapes
-    // spill there at D = 128 (sm_90a: straight 68 bytes, m32s 100, m32 44; m16 uses 232 registers,
-    // no spill). The only tensor-core forward for paged problems; the decode kernels rank above
-    // it where they fit (few query rows per K/V head), the SIMT kernel takes other page sizes.
-    register_fwd_mma<E, MmaShapeM16, fits_mma, true>("flash_fwd_mma_paged_sm80", 19, mma);
+    // Paged K / V (prefill and chunked prefill against a block-table cache): the d128 default's
+    // shape (m32s_straight; MmaShape's at D = 256) with its K / V tiles read through a
+    // PageWindow. It spills 68 bytes at D = 128 (sm_90a; m16's shape, 232 registers, does not)
+    // and is faster anyway: H200, thirty-eighth session, call 5, b4 x 512-token chunks against
+    // 4096-key caches, d128, causal: 64-key pages 412-413 us (312 TFLOP/s) against 454-455 on
+    // m16's shape, 16-key pages 516 against 653; the same problem padded 363-366 us on
+    // m32s_straight. The only tensor-core forward for paged problems; the decode kernels rank
+    // above it where they fit (few query rows per K/V head), the SIMT kernel takes other page
+    // sizes.
+    register_fwd_mma<E, MmaShapeM32SStraight, fits_mma, true>("flash_fwd_mma_paged_sm80", 19, mma);
     // Few query rows per K/V head (decode, speculative decoding): above the general kernel; that
     // one stays registered so PlanPreference::kernel("flash_fwd_mma_sm80") can A/B them.
     register_decode<E, 1, false>("flash_decode_sm80", 30, mma);
