@@ -314,9 +314,9 @@ void bench_all(const Stream& stream) {
   }
   // Chunked prefill against a paged cache: 512 new tokens a sequence at the end of 4096-key caches
   // (causal, bottom-right), 4 sequences, the cache as scattered 64- or 16-key pages
-  // (flash_fwd_mma_paged_sm80 by default) and, for the same problem, as a padded [B, L, H, D]
-  // cache (the padded default, and m16, the paged kernel's shape, by name). TFLOP/s on the
-  // visible keys.
+  // (flash_fwd_mma_paged_sm80 by default, on m32s_straight's shape) and, for the same problem, as a
+  // padded [B, L, H, D] cache (the padded default, m32s_straight, and m16 by name, the shape the
+  // paged kernel had first). TFLOP/s on the visible keys.
   {
     constexpr int64_t kPB = 4, kPLq = 512, kPLk = 4096;
     double visible = 0;  // keys the bottom-right band shows each query row, summed
