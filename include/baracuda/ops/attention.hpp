@@ -28,7 +28,11 @@
 // names the pages of each sequence: its key j is row j % page_size of page
 // block_table[b][j / page_size]. Lk is then the longest sequence, and seqused_k (when given) each
 // sequence's own count. Page numbers must lie in [0, pages); the CPU backend checks every entry a
-// sequence reads before writing, GPU kernels clamp them into that range.
+// sequence reads before writing, GPU kernels clamp them into that range. On the GPU (f16 / bf16)
+// the decode kernels read any page size; prefill and chunked prefill run on tensor cores
+// (flash_fwd_mma_paged_sm80) where the page size is a multiple of the kernel's key tile (64 keys,
+// 32 at head dims over 128) or splits it into 2..32 pages (powers of two), on the SIMT kernel
+// otherwise. The fa3 and cuDNN backends do not take paged caches.
 //
 // GQA / MQA: Hq is a multiple of Hk; query head h reads key/value head h / (Hq / Hk). A stride-0
 // head axis on K/V (broadcast) is legal as well.
