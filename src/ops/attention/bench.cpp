@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <random>
 #include <span>
 #include <string>
@@ -21,6 +22,36 @@ constexpr const char* kFamily = "attention";
 Tensor view4(void* p, int64_t b, int64_t h, int64_t l, int64_t d, const Stream& s, DType t) {
   const int64_t shape[] = {b, h, l, d};
   return make_tensor(p, t, shape, s.memory_location());
+}
+
+// A forward plan for `d` (the one `kernel` names, the default when empty) timed on `fa`: the
+// plan and its workspace for more rows, and the median; an error row and nothing on failure.
+struct TimedForward {
+  ForwardPlan plan;
+  Buffer workspace;
+  double median_ms;
+};
+std::optional<TimedForward> time_forward(const Stream& stream, const Descriptor& d,
+                                         std::string_view kernel, const ForwardArguments& fa,
+                                         const char* op, const std::string& name) {
+  auto fwd = ForwardPlan::select(
+      stream, d, kernel.empty() ? PlanPreference::fastest() : PlanPreference::kernel(kernel));
+  if (!fwd.ok()) {
+    bench::emit_error(kFamily, op, name, fwd.error());
+    return std::nullopt;
+  }
+  Result<Buffer> ws =
+      Buffer::allocate(std::max<size_t>(fwd->workspace_size(), 16), stream.memory_location());
+  if (!ws.ok()) {
+    bench::emit_error(kFamily, op, name, ws.error());
+    return std::nullopt;
+  }
+  auto ft = bench::time_it(stream, [&](int) { return fwd->run(stream, ws->as_workspace(), fa); });
+  if (!ft.ok()) {
+    bench::emit_error(kFamily, op, name, ft.error());
+    return std::nullopt;
+  }
+  return TimedForward{std::move(fwd).value(), std::move(ws).value(), ft->median_ms};
 }
 
 void bench_all(const Stream& stream) {
@@ -272,24 +303,14 @@ void bench_all(const Stream& stream) {
     for (const char* kernel : {"", "flash_decode_sm80", "flash_decode_w4_sm80",
                                "flash_decode_fused_sm80", "flash_fwd_mma_sm80"}) {
       const std::string_view kn(kernel);
-      auto fwd = ForwardPlan::select(
-          stream, d, kn.empty() ? PlanPreference::fastest() : PlanPreference::kernel(kn));
-      if (!fwd.ok()) {
-        bench::emit_error(kFamily, "attention_decode", name, fwd.error());
-        continue;
-      }
-      Result<Buffer> ws =
-          Buffer::allocate(std::max<size_t>(fwd->workspace_size(), 16), stream.memory_location());
-      auto ft =
-          bench::time_it(stream, [&](int) { return fwd->run(stream, ws->as_workspace(), fa); });
-      if (!ft.ok()) {
-        bench::emit_error(kFamily, "attention_decode", name, ft.error());
-        continue;
-      }
+      auto timed = time_forward(stream, d, kn, fa, "attention_decode", name);
+      if (!timed) continue;
+      ForwardPlan* fwd = &timed->plan;
+      Buffer* ws = &timed->workspace;
       // Bytes: the KV cache read once (Q, Y and LSE are negligible); memory-bound, so no FLOPs.
       const double kv_bytes = 2.0 * static_cast<double>(keys) * kHk * dim * 2;
       bench::emit(stream, {kFamily, "attention_decode", name, "bf16", std::string(fwd->sku().name),
-                           ft->median_ms, kv_bytes, 0,
+                           timed->median_ms, kv_bytes, 0,
                            kn.empty() ? "default plan; % of copy bandwidth on KV bytes"
                                       : "A/B: kernel forced by name"});
       if (!kn.empty() && !kn.starts_with("flash_decode")) continue;
@@ -365,22 +386,10 @@ void bench_all(const Stream& stream) {
       std::vector<std::string_view> kernels = {""};
       if (ps == 0) kernels.push_back("flash_fwd_mma_m16_sm80");
       for (const std::string_view kn : kernels) {
-        auto fwd = ForwardPlan::select(
-            stream, d, kn.empty() ? PlanPreference::fastest() : PlanPreference::kernel(kn));
-        if (!fwd.ok()) {
-          bench::emit_error(kFamily, "attention_prefill", name, fwd.error());
-          continue;
-        }
-        Result<Buffer> ws =
-            Buffer::allocate(std::max<size_t>(fwd->workspace_size(), 16), stream.memory_location());
-        auto ft =
-            bench::time_it(stream, [&](int) { return fwd->run(stream, ws->as_workspace(), fa); });
-        if (!ft.ok()) {
-          bench::emit_error(kFamily, "attention_prefill", name, ft.error());
-          continue;
-        }
+        auto timed = time_forward(stream, d, kn, fa, "attention_prefill", name);
+        if (!timed) continue;
         bench::emit(stream, {kFamily, "attention_prefill", name, "bf16",
-                             std::string(fwd->sku().name), ft->median_ms, 0, flops,
+                             std::string(timed->plan.sku().name), timed->median_ms, 0, flops,
                              kn.empty() ? "default plan; TFLOP/s on the visible keys"
                                         : "A/B: kernel forced by name"});
       }

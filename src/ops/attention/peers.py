@@ -63,6 +63,18 @@ def sweep():
                 torch.cuda.empty_cache()
 
 
+def each_backend(op, name, run, **per_ms):
+    """Times run() under every SDPA backend and emits a row for each (or its error); per_ms maps
+    an extra field to the numerator that divides the milliseconds (e.g. gbps=bytes / 1e6)."""
+    for peer, backend in BACKENDS.items():
+        try:
+            with sdpa_kernel(backend):
+                ms = bench(run)
+            emit(op, name, peer, ms, **{k: v / ms for k, v in per_ms.items()})
+        except Exception as e:  # a backend that cannot run a case is reported, not hidden
+            emit(op, name, peer, None, error=str(e)[:200])
+
+
 def decode():
     # (batch, keys, head dim): the bench_attention decode rows of one query token, same names.
     for b, lk, d in ((1, 32768, 128), (1, 32768, 64), (12, 2048, 128), (6, 4096, 128),
@@ -78,13 +90,9 @@ def decode_case(b, hq, hk, lk, d, repeated_kv):
     k = torch.randn(b, lk, hk, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
     v = torch.randn(b, lk, hk, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
     kv_bytes = 2 * b * lk * hk * d * 2
-    for peer, backend in BACKENDS.items():
-        try:
-            with sdpa_kernel(backend):
-                ms = bench(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True))
-            emit("attention_decode", name, peer, ms, gbps=kv_bytes / ms / 1e6)
-        except Exception as e:
-            emit("attention_decode", name, peer, None, error=str(e)[:200])
+    each_backend("attention_decode", name,
+                 lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
+                 gbps=kv_bytes / 1e6)
     if not repeated_kv:
         return
     # Eager GQA by repeating K/V (what a framework without enable_gqa does).
@@ -129,13 +137,9 @@ def prefill(b=4, hq=32, hk=8, lq=512, lk=4096, d=128):
     kr, vr = k.repeat_interleave(hq // hk, dim=1), v.repeat_interleave(hq // hk, dim=1)
     bias = causal_lower_right(lq, lk)
     flops = 4.0 * b * hq * d * sum(lk - lq + i + 1 for i in range(lq))
-    for peer, backend in BACKENDS.items():
-        try:
-            with sdpa_kernel(backend):
-                ms = bench(lambda: F.scaled_dot_product_attention(q, kr, vr, attn_mask=bias))
-            emit("attention_prefill", name, peer, ms, tflops=flops / ms / 1e9)
-        except Exception as e:
-            emit("attention_prefill", name, peer, None, error=str(e)[:200])
+    each_backend("attention_prefill", name,
+                 lambda: F.scaled_dot_product_attention(q, kr, vr, attn_mask=bias),
+                 tflops=flops / 1e9)
 
 
 # Packed sequences of mixed lengths (bench_attention's attention_varlen rows, same names): SDPA
