@@ -87,21 +87,43 @@ Result<Seq> sequence(std::string_view op, const Problem& p, const ConstTensor& c
   return s;
 }
 
-// Scores of one query row against its visible keys [lo, hi) (post scale and soft-cap), and the
-// derivative of each capped score w.r.t. the scaled raw score (1 without capping).
+// Rows [first, last) of one head of a tensor as float64, row j's `dim` values at row(j): each
+// element is loaded (a dtype dispatch) once, where the loops below would load a key row again for
+// every query row that sees it. Exact conversions, so the sums are the same to the bit.
+struct RowsF64 {
+  std::vector<double> v;
+  int64_t first = 0, dim = 0;
+  const double* row(int64_t j) const { return v.data() + (j - first) * dim; }
+};
+template <class Offset>
+void load_rows(RowsF64& r, const void* data, DType t, int64_t dim, int64_t first, int64_t last,
+               Offset offset_of) {
+  r.first = first, r.dim = dim;
+  r.v.resize(static_cast<size_t>(std::max<int64_t>(last - first, 0) * dim));
+  for (int64_t j = first; j < last; ++j) {
+    const int64_t o = offset_of(j);
+    double* dst = r.v.data() + (j - first) * dim;
+    for (int64_t c = 0; c < dim; ++c) dst[c] = load_as_double(data, t, o + c);
+  }
+}
+void load_row(std::vector<double>& r, const void* data, DType t, int64_t offset, int64_t dim) {
+  r.resize(static_cast<size_t>(dim));
+  for (int64_t c = 0; c < dim; ++c) r[c] = load_as_double(data, t, offset + c);
+}
+
+// Scores of one query row `q` against its visible keys [lo, hi) of `k` (post scale and soft-cap),
+// and the derivative of each capped score w.r.t. the scaled raw score (1 without capping).
 // qk_descale: e4m3 inputs' q_descale * k_descale (1 otherwise).
-void scores(const Problem& p, const void* q, int64_t qo, const void* k, const KeyRows& keys,
-            int64_t b, int64_t hk, int64_t lo, int64_t hi, std::vector<double>& out,
-            std::vector<double>& dcap, double qk_descale = 1) {
-  const DType t = p.desc.dtype;
+void scores(const Problem& p, const std::vector<double>& q, const RowsF64& k, int64_t lo,
+            int64_t hi, std::vector<double>& out, std::vector<double>& dcap,
+            double qk_descale = 1) {
   const int64_t dk = p.desc.head_dim_qk;
   out.assign(hi - lo, 0.0);
   dcap.assign(hi - lo, 1.0);
   for (int64_t j = lo; j < hi; ++j) {
-    const int64_t ko = keys(b, hk, j);
+    const double* kr = k.row(j);
     double acc = 0;
-    for (int64_t c = 0; c < dk; ++c)
-      acc += load_as_double(q, t, qo + c) * load_as_double(k, t, ko + c);
+    for (int64_t c = 0; c < dk; ++c) acc += q[c] * kr[c];
     double v = acc * qk_descale * p.scale;
     if (p.desc.softcap > 0) {
       const double th = std::tanh(v / p.desc.softcap);
@@ -136,7 +158,20 @@ void forward_rows(const Problem& p, const ForwardArguments& a, const Seq& sq, in
   const int64_t hk = h / p.group;
   const double qk_descale = descale(p, a.q_descale) * descale(p, a.k_descale);
   const double v_descale = descale(p, a.v_descale);
-  std::vector<double> s, dcap, acc(d.head_dim_v);
+  // The keys any of the rows sees (each row's band within them), as float64 once.
+  int64_t k_first = sq.lk, k_last = 0;
+  for (int64_t i = i_begin; i < i_end; ++i) {
+    int64_t lo, hi;
+    detail::visible_keys(band, i, sq.lq, sq.lk, &lo, &hi);
+    if (lo < hi) k_first = std::min(k_first, lo), k_last = std::max(k_last, hi);
+  }
+  RowsF64 k_rows, v_rows;
+  const KeyRows k_at{p, a.k.stride.data(), sq}, v_at{p, a.v.stride.data(), sq};
+  load_rows(k_rows, a.k.data, t, d.head_dim_qk, k_first, k_last,
+            [&](int64_t j) { return k_at(b, hk, j); });
+  load_rows(v_rows, a.v.data, t, d.head_dim_v, k_first, k_last,
+            [&](int64_t j) { return v_at(b, hk, j); });
+  std::vector<double> q, s, dcap, acc(d.head_dim_v);
   for (int64_t i = i_begin; i < i_end; ++i) {
     int64_t lo, hi;
     detail::visible_keys(band, i, sq.lq, sq.lk, &lo, &hi);
@@ -145,14 +180,12 @@ void forward_rows(const Problem& p, const ForwardArguments& a, const Seq& sq, in
     std::fill(acc.begin(), acc.end(), 0.0);
     double lse = -std::numeric_limits<double>::infinity();
     if (lo < hi) {
-      scores(p, a.q.data, qo, a.k.data, KeyRows{p, a.k.stride.data(), sq}, b, hk, lo, hi, s, dcap,
-             qk_descale);
+      load_row(q, a.q.data, t, qo, d.head_dim_qk);
+      scores(p, q, k_rows, lo, hi, s, dcap, qk_descale);
       lse = softmax(s);
-      const KeyRows v_rows{p, a.v.stride.data(), sq};
       for (int64_t j = lo; j < hi; ++j) {
-        const int64_t vo = v_rows(b, hk, j);
-        for (int64_t c = 0; c < d.head_dim_v; ++c)
-          acc[c] += s[j - lo] * v_descale * load_as_double(a.v.data, t, vo + c);
+        const double* vr = v_rows.row(j);
+        for (int64_t c = 0; c < d.head_dim_v; ++c) acc[c] += s[j - lo] * v_descale * vr[c];
       }
     }
     for (int64_t c = 0; c < d.head_dim_v; ++c)
@@ -186,12 +219,19 @@ Status backward(const LaunchContext&, const Problem& p, const BackwardArguments&
   for (int64_t b = 0; b < d.batch; ++b)
     if (auto r = sequence(BackwardOp::name, p, a.cu_seqlens_q, a.cu_seqlens_k, b); !r.ok())
       return r.error();
-  std::vector<double> s, dcap, dp, dq(dk), gk, gv;
+  std::vector<double> s, dcap, dp, dq(dk), gk, gv, q, g, y;
+  RowsF64 k_rows, v_rows;
   for (int64_t b = 0; b < d.batch; ++b) {
     const Seq sq = sequence(BackwardOp::name, p, a.cu_seqlens_q, a.cu_seqlens_k, b).value();
     for (int64_t hk = 0; hk < d.heads_kv; ++hk) {
       gk.assign(sq.lk * dk, 0.0);  // dK, dV of this key head, summed over its query heads
       gv.assign(sq.lk * dv, 0.0);
+      load_rows(k_rows, a.k.data, t, dk, 0, sq.lk, [&](int64_t j) {
+        return row_offset(a.k.stride.data(), d.varlen, b, hk, sq.k0 + j);
+      });
+      load_rows(v_rows, a.v.data, t, dv, 0, sq.lk, [&](int64_t j) {
+        return row_offset(a.v.stride.data(), d.varlen, b, hk, sq.k0 + j);
+      });
       for (int64_t h = hk * p.group; h < (hk + 1) * p.group; ++h) {
         for (int64_t i = 0; i < sq.lq; ++i) {
           int64_t lo, hi;
@@ -204,32 +244,30 @@ Status backward(const LaunchContext&, const Problem& p, const BackwardArguments&
           if (lo < hi && std::isfinite(lse)) {
             // Like the kernels, the backward is defined from the saved Y and LSE: P = exp(S - LSE)
             // and delta = dY . Y (= sum_j P_j dP_j when Y and LSE are the forward's).
-            scores(p, a.q.data, qo, a.k.data, KeyRows{p, a.k.stride.data(), sq}, b, hk, lo, hi, s,
-                   dcap);
+            load_row(q, a.q.data, t, qo, dk);
+            load_row(g, a.dy.data, t, go, dv);
+            load_row(y, a.y.data, t, row_offset(a.y.stride.data(), d.varlen, b, h, sq.q0 + i), dv);
+            scores(p, q, k_rows, lo, hi, s, dcap);
             for (double& v : s) v = std::exp(v - lse);
-            const int64_t yo = row_offset(a.y.stride.data(), d.varlen, b, h, sq.q0 + i);
             double delta = 0;
-            for (int64_t c = 0; c < dv; ++c)
-              delta += load_as_double(a.dy.data, t, go + c) * load_as_double(a.y.data, t, yo + c);
+            for (int64_t c = 0; c < dv; ++c) delta += g[c] * y[c];
             dp.assign(hi - lo, 0.0);
             for (int64_t j = lo; j < hi; ++j) {
-              const int64_t vo = row_offset(a.v.stride.data(), d.varlen, b, hk, sq.k0 + j);
+              const double* vr = v_rows.row(j);
               double acc = 0;
-              for (int64_t c = 0; c < dv; ++c)
-                acc += load_as_double(a.dy.data, t, go + c) * load_as_double(a.v.data, t, vo + c);
+              for (int64_t c = 0; c < dv; ++c) acc += g[c] * vr[c];
               dp[j - lo] = acc;
             }
             for (int64_t j = lo; j < hi; ++j) {
               const double pj = s[j - lo];
               // d(score before capping, after scale) then chain through the scale to Q and K.
               const double ds = pj * (dp[j - lo] - delta) * dcap[j - lo] * p.scale;
-              const int64_t ko = row_offset(a.k.stride.data(), d.varlen, b, hk, sq.k0 + j);
+              const double* kr = k_rows.row(j);
               for (int64_t c = 0; c < dk; ++c) {
-                dq[c] += ds * load_as_double(a.k.data, t, ko + c);
-                gk[j * dk + c] += ds * load_as_double(a.q.data, t, qo + c);
+                dq[c] += ds * kr[c];
+                gk[j * dk + c] += ds * q[c];
               }
-              for (int64_t c = 0; c < dv; ++c)
-                gv[j * dv + c] += pj * load_as_double(a.dy.data, t, go + c);
+              for (int64_t c = 0; c < dv; ++c) gv[j * dv + c] += pj * g[c];
             }
           }
           const int64_t dqo = row_offset(a.dq.stride.data(), d.varlen, b, h, sq.q0 + i);
