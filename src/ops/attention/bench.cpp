@@ -25,7 +25,8 @@ Tensor view4(void* p, int64_t b, int64_t h, int64_t l, int64_t d, const Stream& 
 }
 
 // A forward plan for `d` (the one `kernel` names, the default when empty) timed on `fa`: the
-// plan and its workspace for more rows, and the median; an error row and nothing on failure.
+// plan and its workspace for more rows, and the median; an error row and nothing on failure
+// (no row where a pinned kernel does not serve the point and `unsupported_rows` is false).
 struct TimedForward {
   ForwardPlan plan;
   Buffer workspace;
@@ -33,11 +34,13 @@ struct TimedForward {
 };
 std::optional<TimedForward> time_forward(const Stream& stream, const Descriptor& d,
                                          std::string_view kernel, const ForwardArguments& fa,
-                                         const char* op, const std::string& name) {
+                                         const char* op, const std::string& name,
+                                         bool unsupported_rows = true) {
   auto fwd = ForwardPlan::select(
       stream, d, kernel.empty() ? PlanPreference::fastest() : PlanPreference::kernel(kernel));
   if (!fwd.ok()) {
-    bench::emit_error(kFamily, op, name, fwd.error());
+    if (unsupported_rows || fwd.error().kind() != ErrorKind::unsupported)
+      bench::emit_error(kFamily, op, name, fwd.error());
     return std::nullopt;
   }
   Result<Buffer> ws =
@@ -110,46 +113,23 @@ void bench_all(const Stream& stream) {
         const Tensor ty = view4(y->data(), batch, heads, len, dim, stream, t);
         const int64_t lse_shape[] = {batch, heads, len};
         const Tensor tl = make_tensor(lse->data(), DType::f32, lse_shape, stream.memory_location());
-        auto fwd = ForwardPlan::select(stream, d);
-        if (!fwd.ok()) {
-          bench::emit_error(kFamily, "attention_forward", name, fwd.error());
-          continue;
-        }
-        Result<Buffer> ws =
-            Buffer::allocate(std::max<size_t>(fwd->workspace_size(), 16), stream.memory_location());
         const ForwardArguments fa{as_const(tq), as_const(tk), as_const(tv), ty, tl, {}, {}};
-        auto ft =
-            bench::time_it(stream, [&](int) { return fwd->run(stream, ws->as_workspace(), fa); });
-        if (!ft.ok()) {
-          bench::emit_error(kFamily, "attention_forward", name, ft.error());
-          continue;
-        }
+        const auto fwd = time_forward(stream, d, "", fa, "attention_forward", name);
+        if (!fwd) continue;
         const double io = 4.0 * n * 2;  // Q, K, V read, Y written
         bench::emit(stream, {kFamily, "attention_forward", name, "bf16",
-                             std::string(fwd->sku().name), ft->median_ms, io, flops, ""});
+                             std::string(fwd->plan.sku().name), fwd->median_ms, io, flops, ""});
         // A/B rows: the other bespoke tensor-core forward kernels, forced by name.
         for (const char* alt :
              {"flash_fwd_mma_sm80", "flash_fwd_mma_m16_sm80", "flash_fwd_mma_m16w8_sm80",
               "flash_fwd_mma_m32_sm80", "flash_fwd_mma_ovl_sm80", "flash_fwd_mma_m32s_sm80",
               "flash_fwd_mma_m32s_straight_sm80", "flash_fwd_mma_m32s_n128_sm80",
               "flash_fwd_mma_m32s_n128m_sm80"}) {
-          if (fwd->sku().name == alt || backward_only || !ab_wanted(alt)) continue;
-          auto ap = ForwardPlan::select(stream, d, PlanPreference::kernel(alt));
-          if (!ap.ok()) {
-            // A kernel that does not serve this point (m32s_n128 beyond head dim 64, a shape over
-            // the device's shared memory) has no row; any other failure is reported.
-            if (ap.error().kind() == ErrorKind::unsupported) continue;
-            bench::emit_error(kFamily, "attention_forward", name, ap.error());
-            continue;
-          }
-          Result<Buffer> aws = Buffer::allocate(std::max<size_t>(ap->workspace_size(), 16),
-                                                stream.memory_location());
-          auto at =
-              bench::time_it(stream, [&](int) { return ap->run(stream, aws->as_workspace(), fa); });
-          if (!at.ok()) {
-            bench::emit_error(kFamily, "attention_forward", name, at.error());
-            continue;
-          }
+          if (fwd->plan.sku().name == alt || backward_only || !ab_wanted(alt)) continue;
+          // A kernel that does not serve this point (m32s_n128 beyond head dim 64, a shape over
+          // the device's shared memory) has no row; any other failure is reported.
+          const auto at = time_forward(stream, d, alt, fa, "attention_forward", name, false);
+          if (!at) continue;
           bench::emit(stream, {kFamily, "attention_forward", name, "bf16", alt, at->median_ms, io,
                                flops, "A/B: kernel forced by name"});
         }
