@@ -226,12 +226,9 @@ Status backward(const LaunchContext&, const Problem& p, const BackwardArguments&
     for (int64_t hk = 0; hk < d.heads_kv; ++hk) {
       gk.assign(sq.lk * dk, 0.0);  // dK, dV of this key head, summed over its query heads
       gv.assign(sq.lk * dv, 0.0);
-      load_rows(k_rows, a.k.data, t, dk, 0, sq.lk, [&](int64_t j) {
-        return row_offset(a.k.stride.data(), d.varlen, b, hk, sq.k0 + j);
-      });
-      load_rows(v_rows, a.v.data, t, dv, 0, sq.lk, [&](int64_t j) {
-        return row_offset(a.v.stride.data(), d.varlen, b, hk, sq.k0 + j);
-      });
+      const KeyRows k_at{p, a.k.stride.data(), sq}, v_at{p, a.v.stride.data(), sq};
+      load_rows(k_rows, a.k.data, t, dk, 0, sq.lk, [&](int64_t j) { return k_at(b, hk, j); });
+      load_rows(v_rows, a.v.data, t, dv, 0, sq.lk, [&](int64_t j) { return v_at(b, hk, j); });
       for (int64_t h = hk * p.group; h < (hk + 1) * p.group; ++h) {
         for (int64_t i = 0; i < sq.lq; ++i) {
           int64_t lo, hi;
