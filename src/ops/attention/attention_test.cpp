@@ -2061,6 +2061,13 @@ TEST_P(AttentionTest, ForwardPagedKv) {
     page_config(c, 192, rng);
     run_all(c, Lay::blhd);
   }
+  {  // 16-key pages at head dim 256
+    Config c;
+    c.dtype = DType::bf16, c.b = 2, c.hq = 4, c.hk = 2, c.lq = 1, c.lk = 300, c.dk = c.dv = 256;
+    c.mask = Mask::none(), c.used_k = {300, 77};
+    page_config(c, 16, rng);
+    run_all(c, Lay::blhd);
+  }
   {  // 7-key pages, a head dim below its padded 128, a window
     Config c;
     c.dtype = DType::bf16, c.b = 2, c.hq = 4, c.hk = 2, c.lq = 3, c.lk = 300, c.dk = c.dv = 96;
@@ -2122,6 +2129,20 @@ TEST_P(AttentionTest, ForwardPagedKv) {
     c.mask = Mask::sliding_window(100, 0), c.used_k = {600, 90};
     page_config(c, 128, rng);
     run_prefill(c, Lay::bhld);
+  }
+  {  // 32-key pages at head dim 256 (32-key tiles: a page a tile), 80 query rows a K/V head
+    Config c;
+    c.dtype = DType::bf16, c.b = 1, c.hq = 4, c.hk = 2, c.lq = 40, c.lk = 300, c.dk = c.dv = 256;
+    c.mask = Mask::causal_bottom_right();
+    page_config(c, 32, rng);
+    run_prefill(c, Lay::bhld);
+  }
+  {  // 16-key pages at head dim 256: two pages a 32-key tile
+    Config c;
+    c.dtype = DType::f16, c.b = 1, c.hq = 4, c.hk = 2, c.lq = 40, c.lk = 300, c.dk = c.dv = 256;
+    c.mask = Mask::none(), c.used_k = {250};
+    page_config(c, 16, rng);
+    run_prefill(c, Lay::blhd);
   }
   {  // 32-key pages, 40 query rows a K/V head (GQA packing: one CTA holds the group)
     Config c;

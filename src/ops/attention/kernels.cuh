@@ -575,6 +575,7 @@ struct PageWindow {
   int base = 0, cur = 0, nxt = 0;
 
   static __device__ int lane() { return static_cast<int>(threadIdx.x % 32); }
+  static __device__ int shift_of(int ps) { return __ffs(ps) - 1; }  // ps a power of two
   static __device__ int load(const Params& p, const int32_t* row, int e) {
     return e < p.table_cols ? row[e] : 0;
   }
@@ -593,6 +594,17 @@ struct PageWindow {
     if (e0 >= base + 32) base += 32, cur = nxt, nxt = load(p, row, base + 32 + lane());
     if (ps >= ROWS) {
       load_kv_page_tile<T, ROWS, D, NT>(tk, tv, gk, gv, p, PageRow{page(p, e0), r0 % ps}, r0, n);
+    } else if (ps % 16 == 0) {
+      // Pages of 16 or 32 keys: the tile as 16-row blocks, each one page's rows, through the plain
+      // tile load (one address a block; per chunk a constant stride) instead of a page lookup and
+      // two 64-bit products per chunk.
+#pragma unroll
+      for (int j = 0; j < ROWS / 16; ++j) {
+        const int rj = r0 + 16 * j;
+        load_kv_page_tile<T, 16, D, NT>(tk + 16 * j * D, tv + 16 * j * D, gk, gv, p,
+                                        PageRow{page(p, e0 + ((16 * j) >> shift_of(ps))), rj % ps},
+                                        rj, n);
+      }
     } else {
       const int shift = __ffs(ps) - 1;
       load_kv_paged<T, ROWS, D, NT>(tk, tv, gk, gv, p, r0, n, [&](int r) {
