@@ -171,6 +171,6 @@ if [ -n "${AB_TEST:-}" ] && [ -s "$tmp/best" ]; then
       bash scripts/gpu-family.sh attention) >"$OUT/ab_test.log" 2>&1
     grep -E "^test_attention rc=" "$OUT/ab_test.log" | head -1
     tar xzf "$tmp/out-test/logs.tgz" -O logs/test_attention.log 2>/dev/null |
-      grep -E "Failure|^\[  FAILED" -A3 | head -40 >>"$OUT/ab_test.log"
+      grep -E "Failure|^\[  FAILED" -A3 | head -40 >>"$OUT/ab_test.log" || true
   done
 fi
