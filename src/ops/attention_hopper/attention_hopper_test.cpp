@@ -413,21 +413,21 @@ TEST(AttentionCudnnRules, TableOverrideIsScopedAndNests) {
   }
 }
 
-// Per-sequence key counts (seqused_k) and paged K / V are not wired to fa3: such problems go to
-// the family's kernels (whose decode kernels read both), never to fa3 or cuDNN.
-TEST(AttentionFa3Rules, CountsAndPagesAreNotFa3s) {
+// Per-sequence key counts (seqused_k) reach fa3's forward; paged K / V are not wired to fa3: such
+// problems go to the family's kernels (whose decode kernels read both). cuDNN takes neither.
+TEST(AttentionFa3Rules, CountsAreFa3sPagesAreNot) {
   DeviceCaps h100;
   h100.device = 0, h100.sm = 90, h100.sm_count = 132, h100.smem_per_block_optin = 227 * 1024;
-  const Descriptor d = make_desc(DType::bf16, 2, 32, 8, 1, 4096, 128, Mask::causal_bottom_right());
-  if (!fa3_fits(problem_of(d), h100, Pass::forward))
-    GTEST_SKIP() << "no sm_90a fa3 body in this build: nothing for the counts to turn away";
+  const Descriptor d =
+      make_desc(DType::bf16, 2, 32, 8, 512, 4096, 128, Mask::causal_bottom_right());
   Descriptor counted = d, paged = d;
   counted.seqused_k = true;
   paged.page_size = 64, paged.pages = 200;
-  for (const Descriptor& x : {counted, paged}) {
-    EXPECT_FALSE(fa3_fits(problem_of(x), h100, Pass::forward));
-    EXPECT_TRUE(cudnn_screen(problem_of(x)).has_value());
-  }
+  for (const Descriptor& x : {counted, paged}) EXPECT_TRUE(cudnn_screen(problem_of(x)).has_value());
+  if (!fa3_fits(problem_of(d), h100, Pass::forward))
+    GTEST_SKIP() << "no sm_90a fa3 body in this build: the fa3 half of the rule is not decidable";
+  EXPECT_TRUE(fa3_fits(problem_of(counted), h100, Pass::forward));
+  EXPECT_FALSE(fa3_fits(problem_of(paged), h100, Pass::forward));
 }
 
 // ---- Registry -----------------------------------------------------------------------------------
@@ -1080,7 +1080,7 @@ TEST(AttentionFa3Registry, RegisteredBelowEveryOtherForwardWithTruthfulPrecision
   int found = 0;
   for (DType t : {DType::bf16, DType::f16}) {
     for (std::string_view name : {kFa3, kFa3Pingpong, kFa3Exp2Poly2Kernel, kFa3Exp2Poly3Kernel,
-                                  kFa3PersistentKernel, kFa3RankedAhead}) {
+                                  kFa3PersistentKernel, kFa3CountsKernel, kFa3RankedAhead}) {
       const auto* fa3 = fa3_kernel(t, name);
       if (!fa3) continue;  // CPU-only build
       ++found;
@@ -1088,7 +1088,7 @@ TEST(AttentionFa3Registry, RegisteredBelowEveryOtherForwardWithTruthfulPrecision
     }
   }
   if (found == 0) GTEST_SKIP() << "built without CUDA: fa3_fwd_sm90a is not registered";
-  EXPECT_EQ(found, 12);
+  EXPECT_EQ(found, 14);
 }
 
 // A deterministic forward plan run twice into poisoned Y / LSE: bytes outside them untouched each
@@ -1232,6 +1232,95 @@ void check_fa3_cases(const std::vector<Case>& cases, std::string_view kernel) {
               seconds_since(t0));
 }
 
+// Per-sequence key counts (seqused_k) on fa3: each sequence reads the first count keys of its
+// padded cache, whose rows past the count are NaN (a cache's unused rows may hold anything: the
+// kernel must neither score them nor let 0 * NaN into P V). Against the family's CPU plan in
+// float64 on the same values (whose counts AttentionReference.SequsedKEqualsSlicedCaches checks
+// against sliced caches); two GPU runs bitwise equal, the Y / LSE gaps untouched.
+TEST(AttentionFa3Gpu, SequsedKMatchesTheCpuPlan) {
+  FA3_SKIP_UNLESS_RUNNABLE();
+  harness::Rng rng;
+  struct CountedCase {
+    Case c;
+    std::vector<int32_t> used;
+  };
+  const std::vector<CountedCase> cases = {
+      // A prompt chunk against caches filled to three lengths (one empty), GQA 4, [B, L, H, D].
+      {{DType::bf16, 3, 8, 2, 300, 1000, 128, Mask::causal_bottom_right(), true, false},
+       {1000, 0, 333}},
+      // No mask, counts off the tile grid, padded rows.
+      {{DType::f16, 2, 4, 4, 129, 700, 64, Mask::none(), false, true}, {700, 65}},
+      // Head dim 256, top-left causal, a softcap, MQA, a one-key cache.
+      {{DType::bf16, 2, 4, 1, 70, 500, 256, Mask::causal_top_left(), false, false, true, 20.0},
+       {499, 1}},
+      // MLA's head dims and a window.
+      {{DType::bf16, 1, 4, 4, 200, 400, 192, Mask::sliding_window(50, 0), true, false, true, 0,
+        128},
+       {257}},
+  };
+  const Stream& cs = harness::stream_for(Target::cpu);
+  const Stream& gs = harness::stream_for(Target::cuda);
+  for (const CountedCase& cc : cases) {
+    const Case& c = cc.c;
+    SCOPED_TRACE(name_of(c));
+    Descriptor desc = desc_of(c, c.t);
+    desc.seqused_k = true;
+    TestTensor q = cpu_tensor(c.t, {c.b, c.hq, c.lq, c.d}, &rng);
+    TestTensor k = cpu_tensor(c.t, {c.b, c.hk, c.lk, c.d}, &rng);
+    TestTensor v = cpu_tensor(c.t, {c.b, c.hk, c.lk, vdim(c)}, &rng);
+    for (TestTensor* x : {&k, &v}) {
+      std::vector<double> vals = x->values();
+      const int64_t dim = x->shape()[3];
+      for (int64_t b = 0; b < c.b; ++b)
+        for (int64_t h = 0; h < c.hk; ++h)
+          for (int64_t l = cc.used[static_cast<size_t>(b)]; l < c.lk; ++l)
+            for (int64_t e = 0; e < dim; ++e)
+              vals[static_cast<size_t>(((b * c.hk + h) * c.lk + l) * dim + e)] =
+                  std::numeric_limits<double>::quiet_NaN();
+      x->set_values(vals);
+    }
+    const std::vector<double> counts(cc.used.begin(), cc.used.end());
+    TestTensor used = TestTensor::make(DType::i32, {c.b}, Target::cpu);
+    used.set_values(counts);
+
+    // The CPU plan's answer in float64, on the same values.
+    Descriptor desc64 = desc;
+    desc64.dtype = DType::f64;
+    auto f64_copy = [](const TestTensor& x) {
+      TestTensor y64 = TestTensor::make(DType::f64, x.shape(), Target::cpu);
+      y64.set_values(x.values());
+      return y64;
+    };
+    const TestTensor q64 = f64_copy(q), k64 = f64_copy(k), v64 = f64_copy(v);
+    TestTensor y = TestTensor::make(DType::f64, {c.b, c.hq, c.lq, vdim(c)}, Target::cpu);
+    TestTensor lse = TestTensor::make(DType::f64, {c.b, c.hq, c.lq}, Target::cpu);
+    auto ref_plan = attention::ForwardPlan::select(cs, desc64);
+    BARACUDA_ASSERT_OK(ref_plan);
+    attention::ForwardArguments ra{q64.cview(), k64.cview(), v64.cview(), y.view(),
+                                   lse.view(),  {},          {}};
+    ra.seqused_k = used.cview();
+    BARACUDA_ASSERT_OK(ref_plan->run(cs, Workspace::none(), ra));
+
+    auto plan = attention::ForwardPlan::select(gs, desc, PlanPreference::kernel(kFa3CountsKernel));
+    BARACUDA_ASSERT_OK(plan);
+    ASSERT_EQ(plan->sku().name, kFa3CountsKernel);
+    TestTensor gq = upload(c, q, c.hq, c.lq, c.d), gk = upload(c, k, c.hk, c.lk, c.d),
+               gv = upload(c, v, c.hk, c.lk, vdim(c));
+    TestTensor gused = TestTensor::make(DType::i32, {c.b}, Target::cuda);
+    gused.set_values(counts);
+    TestTensor gy = gpu_tensor(c, c.t, c.hq, c.lq, vdim(c));
+    TestTensor glse = gpu_lse(c);
+    const Workspace_ ws = workspace_of(plan->workspace_size());
+    attention::ForwardArguments args{gq.cview(),  gk.cview(), gv.cview(), gy.view(),
+                                     glse.view(), {},         {}};
+    args.seqused_k = gused.cview();
+    run_twice_poisoned(*plan, ws, args, gy, glse);
+    EXPECT_TRUE(harness::close_to(gy.values(), y.values(), c.t, Accuracy::reduction, "y"));
+    EXPECT_TRUE(
+        harness::close_to(glse.values(), lse.values(), DType::f32, Accuracy::reduction, "lse"));
+  }
+}
+
 // One TEST per kernel and size class, so a failing (or hanging) schedule is named by the filter.
 TEST(AttentionFa3Gpu, ForwardMatchesReference) {
   FA3_SKIP_UNLESS_RUNNABLE();
@@ -1287,6 +1376,14 @@ TEST(AttentionFa3Gpu, FitsExactlyWhatItSupports) {
     // The persistent variant: D = 64 only.
     EXPECT_EQ(fa3_kernel(d.dtype, kFa3PersistentKernel)->fits(problem_of(d), caps),
               plain && d.head_dim_qk == 64);
+    // Key counts: their own instance, and only it, wherever the plain schedule fits the problem.
+    Descriptor counted = d;
+    counted.seqused_k = true;
+    EXPECT_FALSE(fa3_kernel(d.dtype, kFa3CountsKernel)->fits(problem_of(d), caps));
+    EXPECT_EQ(fa3_kernel(d.dtype, kFa3CountsKernel)->fits(problem_of(counted), caps), plain);
+    for (std::string_view v :
+         {kFa3, kFa3Pingpong, kFa3Exp2Poly2Kernel, kFa3Exp2Poly3Kernel, kFa3PersistentKernel})
+      EXPECT_FALSE(fa3_kernel(d.dtype, v)->fits(problem_of(counted), caps)) << v;
     return plain;
   };
   EXPECT_TRUE(fits(make_desc(DType::bf16, 1, 8, 2, 77, 203, 64, Mask::causal_bottom_right())));

@@ -223,8 +223,9 @@ inline bool shape_fits(const attention::Problem& pr) {
   const auto& d = pr.desc;
   constexpr int64_t kMax = int64_t{1} << 30;
   if (d.varlen && (d.total_q >= kMax || d.total_k >= kMax)) return false;
-  // Per-sequence key counts and paged K / V: the family's kernels (not wired here).
-  if (d.seqused_k || d.page_size > 0) return false;
+  // Paged K / V: the family's kernels (not wired here). Per-sequence key counts (forward only, the
+  // backward never has them): the forward's tiles take each sequence's count as its key length.
+  if (d.page_size > 0) return false;
   // Diagonals and band bounds in int arithmetic (see band_bound).
   if (d.len_q + d.len_k >= kMax) return false;
   return std::isfinite(d.softcap) && d.batch >= 1 && d.batch <= 65535 && d.heads_q >= 1 &&

@@ -142,6 +142,7 @@ struct Params {
   int64_t sy[3];  // Y strides (elements) of the B, H, L axes (varlen: of the [1, H, T] view)
   int64_t sl[3];  // LSE strides of the B, H, L axes
   const int *cu_q, *cu_k;       // varlen: sequence offsets (null: padded)
+  const int* used_k;            // seqused_k: keys each sequence reads (null: all of them)
   int total_q, total_k;         // varlen: packed rows
   int lq, lk, group, m_blocks;  // lq / lk: the (maximum) lengths
   int heads, batch;             // query heads, batch (the persistent variant's work decomposition)
@@ -164,13 +165,16 @@ struct Tile {
   int m0, h, b, n_tiles;
   int tb, q0, k0, lq, lk, off, n_first;
 };
-template <int BN>
+template <int BN, bool kCounts = false>
 __device__ __forceinline__ Tile tile_at(const Params& p, int m_block, int h, int b) {
   Tile t{m_block * kBM, h, b, 0, b, 0, 0, p.lq, p.lk, 0, 0};
   if (p.cu_q) {
     const SeqRows s = seq_rows(p.cu_q, p.cu_k, b, p.lq, p.lk, p.total_q, p.total_k);
     t.tb = 0, t.q0 = s.q0, t.k0 = s.k0, t.lq = s.lq, t.lk = s.lk;
   }
+  // Key counts: the first count keys of the sequence, the diagonal aligned to them; clamped into
+  // [0, its keys] (the CPU backend checks them; a kernel cannot without a sync).
+  if constexpr (kCounts) t.lk = min(max(p.used_k[b], 0), t.lk);
   if (p.bottom_right) t.off = t.lk - t.lq;
   // Keys [n_begin, n_end) are visible to some row of the block.
   int n_end = t.m0 < t.lq ? t.lk : 0, n_begin = 0;
@@ -203,6 +207,10 @@ __device__ __forceinline__ Tile tile_of(const Params& p, int w) {
 //             in a buffer of its own. Short sequences (8 key tiles per CTA at L = 1024) spend a
 //             large share of a CTA's life in its prologue (TMA latency, first S with nothing to
 //             overlap) and epilogue; this hides the load part.
+//  kCounts:  kPlain reading per-sequence key counts (seqused_k): its own instance, since the
+//             count's load and the zeroing of the last V tile's unused rows, as a runtime branch
+//             in every instance, cost kPlain 2.5-3.6% at d128 / d64 L4096 and the exp2poly2of8
+//             variant 9% at d64 (H200, this session's call 2, three interleaved rounds).
 //  kLazyRescale: kPlain where a warp whose 16 rows' maxima did not move skips O's rescale (the
 //             factor is exactly 1 then; 64 multiplies a thread a key tile): the fp8 default
 //             (H100, 705370e, six interleaved rounds: +0.7-4.8% over kPlain at d128 L >= 4096).
@@ -214,7 +222,8 @@ enum Variant : int {
   kPoly2 = 2,
   kPoly3 = 3,
   kPersistent = 4,
-  kLazyRescale = 5
+  kLazyRescale = 5,
+  kCounts = 6
 };
 
 #if BARACUDA_FA3_DEVICE
@@ -313,10 +322,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int w_step = kPersistentV ? static_cast<int>(gridDim.x) : 1;
   auto tile = [&](int w) {
     // Non-persistent: heaviest (causal) query blocks first through blockIdx.x.
-    return kPersistentV
-               ? tile_of<S::kBn>(p, w)
-               : tile_at<S::kBn>(p, p.m_blocks - 1 - static_cast<int>(blockIdx.x),
-                                 static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z));
+    return kPersistentV ? tile_of<S::kBn>(p, w)
+                        : tile_at<S::kBn, V == kCounts>(
+                              p, p.m_blocks - 1 - static_cast<int>(blockIdx.x),
+                              static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z));
   };
   const int w0 = kPersistentV ? static_cast<int>(blockIdx.x) : 0;
   if (warp >= kProducerWarp) {
@@ -632,10 +641,11 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
     pack_p<T, kBN>(sc, pa);
     rescale();
     mbar_wait(smem_u32(&bars[kBarVFull + last]), (r_last / kSt) & 1);
-    // Varlen: the last tile's rows past the sequence are the next sequence's (or rows no sequence
-    // owns): P is 0 there, but 0 * a non-finite value is NaN, so they are zeroed first. Each
-    // warpgroup zeroes them before its own P V (the other one may be writing the same zeros).
-    if (!kFp8 && p.cu_q && (t.n_first + n_tiles) * kBN > t.lk) {
+    // Varlen or key counts: the last tile's rows past the sequence's keys are the next sequence's,
+    // rows no sequence owns, or a cache's unused rows: P is 0 there, but 0 * a non-finite value is
+    // NaN, so they are zeroed first. Each warpgroup zeroes them before its own P V (the other one
+    // may be writing the same zeros).
+    if (!kFp8 && (V == kCounts || p.cu_q) && (t.n_first + n_tiles) * kBN > t.lk) {
       zero_rows<DV>(sv0 + last * S::kVBytes, kBN, t.lk - (t.n_first + n_tiles - 1) * kBN,
                     static_cast<int>(threadIdx.x) % 128, 128);
       fence_proxy_async();
@@ -749,6 +759,8 @@ inline bool fwd_dims(const Problem& pr) {
 template <class T, int V>
 bool fits(const Problem& pr, const DeviceCaps& caps) {
   if (caps.device < 0 || caps.sm != 90 || !shape_fits(pr) || !fwd_dims(pr)) return false;
+  // Key counts run in their own instance (see Variant), and only there.
+  if (pr.desc.seqused_k != (V == kCounts)) return false;
   // The persistent variant numbers its work tiles (query blocks x heads x batch) in an int.
   // D = 64 only: at D = 128 ptxas spills it (36 bytes, a few per work tile, outside the key
   // loop) at the consumers' 240 registers, and the project builds no kernel that spills.
@@ -771,10 +783,11 @@ bool fits(const Problem& pr, const DeviceCaps& caps) {
   }
 }
 
-// The ranked-ahead entry: the plain schedule, only where the measured table picks fa3.
+// The ranked-ahead entry: the plain schedule (its counts instance for problems with key counts),
+// only where the measured table picks fa3.
 template <class T>
 bool fits_ranked_ahead(const Problem& pr, const DeviceCaps& caps) {
-  return fits<T, kPlain>(pr, caps) &&
+  return (pr.desc.seqused_k ? fits<T, kCounts>(pr, caps) : fits<T, kPlain>(pr, caps)) &&
          preferred_candidate(pr, Pass::forward, true) == Candidate::fa3;
 }
 
@@ -933,6 +946,7 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
   outer_strides(p.sy, y);
   outer_strides(p.sl, lse);
   set_common_params(p, pr, a.cu_seqlens_q, a.cu_seqlens_k);
+  p.used_k = V == kCounts ? static_cast<const int*>(a.seqused_k.data) : nullptr;
   p.lq = static_cast<int>(d.len_q);
   p.lk = static_cast<int>(d.len_k);
   p.group = static_cast<int>(pr.group);
@@ -975,14 +989,20 @@ Status launch(const LaunchContext& ctx, const Problem& pr, const ForwardArgument
   }
 }
 
+template <class T>
+Status launch_ranked_ahead(const LaunchContext& ctx, const Problem& pr, const ForwardArguments& a) {
+  return pr.desc.seqused_k ? launch<T, kCounts>(ctx, pr, a) : launch<T, kPlain>(ctx, pr, a);
+}
+
 // fp8: Dk = Dv in {64, 128, 256}, padded or varlen, Y in TO (one entry per output type and
 // schedule).
 template <class TO, int V>
 bool fits_fp8(const Problem& pr, const DeviceCaps& caps) {
   constexpr DType kOut = std::is_same_v<TO, __half> ? DType::f16 : DType::bf16;
   const int64_t dk = pr.desc.head_dim_qk;
+  // (Key counts: the transposed V copy would need the unused rows zeroed; not wired.)
   if (caps.device < 0 || caps.sm != 90 || !shape_fits(pr) || dk != pr.desc.head_dim_v ||
-      pr.y_dtype != kOut)
+      pr.y_dtype != kOut || pr.desc.seqused_k)
     return false;
   switch (dk) {
     case 64:
@@ -1045,12 +1065,17 @@ bool register_one() {
                                          .fits = fits<T, kPersistent>,
                                          .launch = launch<T, kPersistent>,
                                          .check = check_args<false>});
+  register_kernel<attention::ForwardOp>({.sku = sku(kFa3CountsKernel),
+                                         .priority = -5,
+                                         .fits = fits<T, kCounts>,
+                                         .launch = launch<T, kCounts>,
+                                         .check = check_args<false>});
   // The plain schedule once more, above every other forward kernel but fitting only where the
   // measured selection table says it is the fastest candidate (cuDNN then ranks behind there).
   register_kernel<attention::ForwardOp>({.sku = sku(kFa3RankedAhead),
                                          .priority = kFa3Ahead,
                                          .fits = fits_ranked_ahead<T>,
-                                         .launch = launch<T, kPlain>,
+                                         .launch = launch_ranked_ahead<T>,
                                          .check = check_args<false>});
   return true;
 }

@@ -185,8 +185,9 @@ bool pinned_fits(std::string_view name, const attention::Problem& p, const Devic
 }  // namespace
 
 bool fa3_fits(const attention::Problem& p, const DeviceCaps& caps, Pass pass) {
-  return pass == Pass::forward ? pinned_fits<attention::ForwardOp>(kFa3Kernel, p, caps)
-                               : pinned_fits<attention::BackwardOp>(kFa3BwdKernel, p, caps);
+  if (pass == Pass::backward) return pinned_fits<attention::BackwardOp>(kFa3BwdKernel, p, caps);
+  return pinned_fits<attention::ForwardOp>(p.desc.seqused_k ? kFa3CountsKernel : kFa3Kernel, p,
+                                           caps);
 }
 
 template <class Ptr>
