@@ -313,84 +313,95 @@ void bench_all(const Stream& stream) {
                              "default plan: host wall time per run() call, 100 calls a round"});
     }
   }
-  // Chunked prefill against a paged cache: 512 new tokens a sequence at the end of 4096-key caches
-  // (causal, bottom-right), 4 sequences, the cache as scattered 64- or 16-key pages
-  // (flash_fwd_mma_paged_sm80 by default, on m32s_straight's shape) and, for the same problem, as a
-  // padded [B, L, H, D] cache (the padded default, m32s_straight, and m16 by name, the shape the
-  // paged kernel had first), and as a padded cache of twice the capacity read through per-sequence
-  // key counts (seqused_k, each sequence's first 4096 rows). On sm_90a also fa3 by name (its counts
-  // instance for the counts row): the table's fa3 column was measured with Lq = Lk only. TFLOP/s on
-  // the visible keys.
+  // Chunked prefill: Lq new tokens a sequence at the end of 4096-key caches (causal, bottom-right),
+  // 4 sequences. The cache as a padded [B, L, H, D] cache and as one of twice the capacity read
+  // through per-sequence key counts (seqused_k, each sequence's first 4096 rows), for Lq from 32 to
+  // 2048; at Lq 512 also as scattered 64- or 16-key pages (flash_fwd_mma_paged_sm80 by default).
+  // A/B rows by name: m32s_straight (the family's prefill shape), m16 at Lq 512 (the paged
+  // kernel's first shape), and where they are built fa3 (its counts instance for counts) and
+  // cuDNN: the selection table's columns were measured with Lq = Lk only, so these rows are what
+  // the rule for a chunk against a longer cache stands on. TFLOP/s on the visible keys.
   {
-    constexpr int64_t kPB = 4, kPLq = 512, kPLk = 4096;
-    double visible = 0;  // keys the bottom-right band shows each query row, summed
-    for (int64_t i = 0; i < kPLq; ++i) visible += static_cast<double>(kPLk - kPLq + i + 1);
-    const double flops = 4.0 * kPB * kHq * kD * visible;
+    constexpr int64_t kPB = 4, kPLk = 4096;
     // Page size; 0: padded; kCounts: padded, 2 kPLk rows a sequence, kPLk of them counted.
     constexpr int64_t kCounts = -1;
-    for (int64_t ps : {int64_t{64}, int64_t{16}, int64_t{0}, kCounts}) {
-      const std::string name =
-          "prefill_b4_hq32_hk8_lq512_lk4096_d128_" + (ps > 0    ? "paged" + std::to_string(ps)
-                                                      : ps == 0 ? std::string("padded")
-                                                                : std::string("counts"));
-      const int64_t rows = ps == kCounts ? 2 * kPLk : kPLk;  // a sequence's cache rows
-      Descriptor d;
-      d.dtype = DType::bf16, d.batch = kPB, d.heads_q = kHq, d.heads_kv = kHk, d.len_q = kPLq;
-      d.len_k = rows, d.head_dim_qk = d.head_dim_v = kD;
-      d.seqused_k = ps == kCounts;
-      d.mask = Mask::causal_bottom_right();
-      // The decode rows' pool (kL rows): padded, sequence b's cache is rows [b Lk, (b + 1) Lk);
-      // paged, kL / ps pages of which the table scatters B * Lk / ps (7919 i mod pages).
-      static_assert(kPB * 2 * kPLk <= kL, "the counts row's caches fit the pool");
-      const int64_t pages = ps > 0 ? kL / ps : 0, cols = ps > 0 ? kPLk / ps : 0;
-      d.page_size = std::max<int64_t>(ps, 0), d.pages = pages;
-      // The block table (paged) or the key counts (counts row).
-      std::vector<int32_t> table(static_cast<size_t>(ps == kCounts ? kPB : kPB * cols));
-      for (size_t i = 0; i < table.size(); ++i)
-        table[i] = ps == kCounts ? static_cast<int32_t>(kPLk)
-                                 : static_cast<int32_t>((static_cast<int64_t>(i) * 7919) % pages);
-      auto table_dev = Buffer::allocate(std::max<size_t>(table.size(), 1) * sizeof(int32_t),
-                                        stream.memory_location());
-      if (!table_dev.ok() || !copy_bytes(table_dev->data(), table_dev->where(), table.data(),
-                                         Location::host(), table.size() * sizeof(int32_t))
-                                  .ok())
-        return;
-      const int64_t ks_padded[] = {kPB, kHk, rows, kD}, ks_pool[] = {pages, kHk, ps, kD};
-      const int64_t blhd[] = {rows * kHk * kD, kD, kHk * kD, 1},
-                    pool[] = {ps * kHk * kD, kD, kHk * kD, 1};
-      const std::span<const int64_t> ks(ps > 0 ? ks_pool : ks_padded), kst(ps > 0 ? pool : blhd);
-      const ConstTensor tk = make_strided(static_cast<const void*>(kc->data()), DType::bf16, ks,
-                                          kst, stream.memory_location());
-      const ConstTensor tv = make_strided(static_cast<const void*>(vc->data()), DType::bf16, ks,
-                                          kst, stream.memory_location());
-      const int64_t lse_shape[] = {kPB, kHq, kPLq};
-      ForwardArguments fa{as_const(view4(q->data(), kPB, kHq, kPLq, kD, stream, DType::bf16)),
-                          tk,
-                          tv,
-                          view4(y->data(), kPB, kHq, kPLq, kD, stream, DType::bf16),
-                          make_tensor(lse->data(), DType::f32, lse_shape, stream.memory_location()),
-                          {},
-                          {}};
-      const int64_t tshape[] = {kPB, cols};
-      const int64_t cshape[] = {kPB};
-      if (ps > 0)
-        fa.block_table = make_tensor(static_cast<const void*>(table_dev->data()), DType::i32,
-                                     tshape, stream.memory_location());
-      if (ps == kCounts)
-        fa.seqused_k = make_tensor(static_cast<const void*>(table_dev->data()), DType::i32, cshape,
-                                   stream.memory_location());
-      // A/B rows by name; the fa3 ones (attention_hopper's entries) only where they are built.
-      std::vector<std::string_view> kernels = {""};
-      if (ps == 0) kernels.insert(kernels.end(), {"flash_fwd_mma_m16_sm80", "fa3_fwd_sm90a"});
-      if (ps == kCounts) kernels.push_back("fa3_fwd_sm90a_seqused");
-      for (const std::string_view kn : kernels) {
-        auto timed =
-            time_forward(stream, d, kn, fa, "attention_prefill", name, !kn.starts_with("fa3_"));
-        if (!timed) continue;
-        bench::emit(stream, {kFamily, "attention_prefill", name, "bf16",
-                             std::string(timed->plan.sku().name), timed->median_ms, 0, flops,
-                             kn.empty() ? "default plan; TFLOP/s on the visible keys"
-                                        : "A/B: kernel forced by name"});
+    static_assert(kPB * 2 * kPLk <= kL, "the counts rows' caches fit the pool");
+    for (const int64_t lq : {32, 64, 128, 256, 512, 1024, 2048}) {
+      double visible = 0;  // keys the bottom-right band shows each query row, summed
+      for (int64_t i = 0; i < lq; ++i) visible += static_cast<double>(kPLk - lq + i + 1);
+      const double flops = 4.0 * kPB * kHq * kD * visible;
+      std::vector<int64_t> layouts = {0, kCounts};
+      if (lq == 512) layouts.insert(layouts.begin(), {64, 16});
+      for (const int64_t ps : layouts) {
+        const std::string name = "prefill_b4_hq32_hk8_lq" + std::to_string(lq) + "_lk4096_d128_" +
+                                 (ps > 0    ? "paged" + std::to_string(ps)
+                                  : ps == 0 ? std::string("padded")
+                                            : std::string("counts"));
+        const int64_t rows = ps == kCounts ? 2 * kPLk : kPLk;  // a sequence's cache rows
+        Descriptor d;
+        d.dtype = DType::bf16, d.batch = kPB, d.heads_q = kHq, d.heads_kv = kHk, d.len_q = lq;
+        d.len_k = rows, d.head_dim_qk = d.head_dim_v = kD;
+        d.seqused_k = ps == kCounts;
+        d.mask = Mask::causal_bottom_right();
+        // The decode rows' pool (kL rows): padded, sequence b's cache is rows [b rows, (b + 1)
+        // rows); paged, kL / ps pages of which the table scatters B * Lk / ps (7919 i mod pages).
+        const int64_t pages = ps > 0 ? kL / ps : 0, cols = ps > 0 ? kPLk / ps : 0;
+        d.page_size = std::max<int64_t>(ps, 0), d.pages = pages;
+        // The block table (paged) or the key counts (counts rows).
+        std::vector<int32_t> table(static_cast<size_t>(ps == kCounts ? kPB : kPB * cols));
+        for (size_t i = 0; i < table.size(); ++i)
+          table[i] = ps == kCounts ? static_cast<int32_t>(kPLk)
+                                   : static_cast<int32_t>((static_cast<int64_t>(i) * 7919) % pages);
+        auto table_dev = Buffer::allocate(std::max<size_t>(table.size(), 1) * sizeof(int32_t),
+                                          stream.memory_location());
+        if (!table_dev.ok() || !copy_bytes(table_dev->data(), table_dev->where(), table.data(),
+                                           Location::host(), table.size() * sizeof(int32_t))
+                                    .ok())
+          return;
+        const int64_t ks_padded[] = {kPB, kHk, rows, kD}, ks_pool[] = {pages, kHk, ps, kD};
+        const int64_t blhd[] = {rows * kHk * kD, kD, kHk * kD, 1},
+                      pool[] = {ps * kHk * kD, kD, kHk * kD, 1};
+        const std::span<const int64_t> ks(ps > 0 ? ks_pool : ks_padded), kst(ps > 0 ? pool : blhd);
+        const ConstTensor tk = make_strided(static_cast<const void*>(kc->data()), DType::bf16, ks,
+                                            kst, stream.memory_location());
+        const ConstTensor tv = make_strided(static_cast<const void*>(vc->data()), DType::bf16, ks,
+                                            kst, stream.memory_location());
+        const int64_t lse_shape[] = {kPB, kHq, lq};
+        ForwardArguments fa{
+            as_const(view4(q->data(), kPB, kHq, lq, kD, stream, DType::bf16)),
+            tk,
+            tv,
+            view4(y->data(), kPB, kHq, lq, kD, stream, DType::bf16),
+            make_tensor(lse->data(), DType::f32, lse_shape, stream.memory_location()),
+            {},
+            {}};
+        const int64_t tshape[] = {kPB, cols};
+        const int64_t cshape[] = {kPB};
+        if (ps > 0)
+          fa.block_table = make_tensor(static_cast<const void*>(table_dev->data()), DType::i32,
+                                       tshape, stream.memory_location());
+        if (ps == kCounts)
+          fa.seqused_k = make_tensor(static_cast<const void*>(table_dev->data()), DType::i32,
+                                     cshape, stream.memory_location());
+        // The default plan first; then the A/B kernels it did not pick. The sm_90a entries
+        // (attention_hopper's) leave no row where they are not built.
+        std::vector<std::string_view> kernels = {""};
+        if (ps <= 0) kernels.push_back("flash_fwd_mma_m32s_straight_sm80");
+        if (ps == 0 && lq == 512) kernels.push_back("flash_fwd_mma_m16_sm80");
+        if (ps == 0) kernels.insert(kernels.end(), {"fa3_fwd_sm90a", "cudnn_sdpa"});
+        if (ps == kCounts) kernels.push_back("fa3_fwd_sm90a_seqused");
+        std::string picked;
+        for (const std::string_view kn : kernels) {
+          if (!kn.empty() && kn == picked) continue;
+          const bool sm90 = kn.starts_with("fa3_") || kn.starts_with("cudnn_");
+          auto timed = time_forward(stream, d, kn, fa, "attention_prefill", name, !sm90);
+          if (!timed) continue;
+          if (kn.empty()) picked = timed->plan.sku().name;
+          bench::emit(stream, {kFamily, "attention_prefill", name, "bf16",
+                               std::string(timed->plan.sku().name), timed->median_ms, 0, flops,
+                               kn.empty() ? "default plan; TFLOP/s on the visible keys"
+                                          : "A/B: kernel forced by name"});
+        }
       }
     }
   }

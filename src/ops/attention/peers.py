@@ -125,8 +125,8 @@ def decode_ragged(b=16, hq=32, hk=8, lk=2048, d=128):
 
 
 def prefill(b=4, hq=32, hk=8, lq=512, lk=4096, d=128):
-    """bench.cpp's attention_prefill rows: 512 new tokens a sequence at the end of 4096-key caches
-    (causal, bottom-right: SDPA's causal_lower_right bias), the cache padded in [B, L, H, D] memory
+    """bench.cpp's attention_prefill padded rows: lq new tokens a sequence at the end of 4096-key
+    caches (causal, bottom-right: SDPA's causal_lower_right bias), the cache padded in [B, L, H, D] memory
     (SDPA takes no block table) and repeated to the query heads outside the timing; TFLOP/s on
     the visible keys, as bench.cpp counts them."""
     from torch.nn.attention.bias import causal_lower_right
@@ -185,7 +185,8 @@ if __name__ == "__main__":
     FORWARD_ONLY = only == "forward"
     if only not in ("varlen", "forward", "backward"):
         decode()
-        prefill()
+        for lq in (32, 64, 128, 256, 512, 1024, 2048):
+            prefill(lq=lq)
     if only not in ("decode", "varlen"):
         sweep()
     if only not in ("decode", "forward", "backward"):
