@@ -160,6 +160,12 @@ class SelectionTableOverride {
 // Forward problems with at most this many query rows are decode-shaped: the table (measured with
 // Lq = Lk) does not speak for them, and the family's decode kernel is the measured winner.
 inline constexpr int64_t kDecodeQueryRows = 16;
+// A forward chunk of at least this many query rows against a cache of about a table point's length
+// takes fa3's column as measured at the point (it kept its rate there from Lq 256 up); at least
+// kFa3ChunkRowsOverBespoke rows where the alternative is the family's kernels (fa3 led them from
+// Lq 32 up). See preferred_candidate.
+inline constexpr int64_t kFa3ChunkRows = 256;
+inline constexpr int64_t kFa3ChunkRowsOverBespoke = 32;
 
 // Priorities the cuDNN kernels register with. The attention family's bespoke kernels are expected
 // between kCudnnBehind and kCudnnAhead, so the table decides which of the two wins `fastest`.

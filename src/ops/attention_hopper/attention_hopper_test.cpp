@@ -255,17 +255,31 @@ TEST(AttentionCudnnRules, NearestMeasuredPointDecides) {
   EXPECT_EQ(preferred_candidate({}, problem_of(make_desc(DType::bf16, 1, 8, 8, 64, 64, 64)),
                                 Pass::forward, true),
             Candidate::cudnn);
-  // fa3's column counts only for Lq within 2x of the point's L (it was measured with Lq = Lk):
+  // fa3's column counts for Lq within 2x of the point's L (it was measured with Lq = Lk), or, in
+  // the forward, for a chunk of at least kFa3ChunkRows queries against a cache within 2x of the
+  // point's L (kFa3ChunkRowsOverBespoke where the family's kernels are the alternative):
   // decode-like problems keep the cuDNN/bespoke choice.
-  auto pick_qk = [&](int64_t lq, int64_t lk) {
-    return preferred_candidate(table, problem_of(make_desc(DType::bf16, 1, 8, 8, lq, lk, 128)),
-                               Pass::forward, true);
+  auto pick_qk = [&](int64_t lq, int64_t lk, Mask m = Mask::none(), Pass pass = Pass::forward) {
+    return preferred_candidate(table, problem_of(make_desc(DType::bf16, 1, 8, 8, lq, lk, 128, m)),
+                               pass, true);
   };
   EXPECT_EQ(pick_qk(4096, 4096), Candidate::fa3);
   EXPECT_EQ(pick_qk(2048, 4096), Candidate::fa3);
   EXPECT_EQ(pick_qk(8192, 4096), Candidate::fa3);
-  EXPECT_EQ(pick_qk(2047, 4096), Candidate::bespoke);
   EXPECT_EQ(pick_qk(1, 4096), Candidate::bespoke);
+  // d128 L4096 (no mask): bespoke ahead of cuDNN there, so fa3 from 32 query rows on.
+  EXPECT_EQ(pick_qk(2047, 4096), Candidate::fa3);
+  EXPECT_EQ(pick_qk(kFa3ChunkRowsOverBespoke, 4096), Candidate::fa3);
+  EXPECT_EQ(pick_qk(kFa3ChunkRowsOverBespoke, 2048), Candidate::fa3);  // a cache within 2x
+  EXPECT_EQ(pick_qk(kFa3ChunkRowsOverBespoke - 1, 4096), Candidate::bespoke);
+  EXPECT_EQ(pick_qk(kFa3ChunkRows, 1024), Candidate::bespoke);  // the cache 4x off the point
+  EXPECT_EQ(pick_qk(kFa3ChunkRows, 4096, Mask::none(), Pass::backward), Candidate::cudnn);
+  // d128 L16k causal: cuDNN ahead of bespoke, so fa3 from kFa3ChunkRows rows on.
+  const Mask br = Mask::causal_bottom_right();
+  EXPECT_EQ(pick_qk(kFa3ChunkRows, 16384, br), Candidate::fa3);
+  EXPECT_EQ(pick_qk(kFa3ChunkRows, 9000, br), Candidate::fa3);
+  EXPECT_EQ(pick_qk(kFa3ChunkRows - 1, 16384, br), Candidate::cudnn);
+  EXPECT_EQ(pick_qk(kFa3ChunkRowsOverBespoke, 16384, br), Candidate::cudnn);
   // Decode-shaped problems go to the family's kernels even with no table at all.
   EXPECT_EQ(preferred_candidate({}, problem_of(make_desc(DType::bf16, 1, 8, 8, 1, 4096, 128)),
                                 Pass::forward, true),
@@ -385,6 +399,22 @@ TEST(AttentionCudnnRules, ShippedTablePicksFa3WhereItWasFastest) {
       EXPECT_EQ(preferred_candidate(problem_of(packed), pass, true), Candidate::fa3);
       EXPECT_EQ(preferred_candidate(problem_of(packed), pass, false), Candidate::bespoke);
     }
+  }
+  // Chunked prefill (bench_attention's prefill rows: 4 sequences, 32 query heads, GQA 4, d128,
+  // bottom-right, Lq new rows against 4096-key caches). Padded: the causal L4096 point's pick,
+  // cuDNN (fa3 led it by 1-3% from Lq 256 up in those rows, 0.87x-1.0x below). With key counts
+  // (a cache of 8192 rows, cuDNN takes none): fa3 from 32 rows on (1.2-2.3x the family's kernels
+  // there), the family's decode kernels up to kDecodeQueryRows.
+  for (int64_t lq : {kDecodeQueryRows, int64_t{32}, int64_t{128}, int64_t{512}, int64_t{2048}}) {
+    SCOPED_TRACE("chunk Lq " + std::to_string(lq));
+    Descriptor chunk = make_desc(DType::bf16, 4, 32, 8, lq, 4096, 128, Mask::causal_bottom_right());
+    const bool decode = lq <= kDecodeQueryRows;
+    EXPECT_EQ(preferred_candidate(problem_of(chunk), Pass::forward, true),
+              decode ? Candidate::bespoke : Candidate::cudnn);
+    chunk.seqused_k = true, chunk.len_k = 8192;
+    EXPECT_EQ(preferred_candidate(problem_of(chunk), Pass::forward, true),
+              decode ? Candidate::bespoke : Candidate::fa3);
+    EXPECT_EQ(preferred_candidate(problem_of(chunk), Pass::forward, false), Candidate::bespoke);
   }
 }
 
@@ -1301,23 +1331,31 @@ TEST(AttentionFa3Gpu, SequsedKMatchesTheCpuPlan) {
     ra.seqused_k = used.cview();
     BARACUDA_ASSERT_OK(ref_plan->run(cs, Workspace::none(), ra));
 
-    auto plan = attention::ForwardPlan::select(gs, desc, PlanPreference::kernel(kFa3CountsKernel));
-    BARACUDA_ASSERT_OK(plan);
-    ASSERT_EQ(plan->sku().name, kFa3CountsKernel);
     TestTensor gq = upload(c, q, c.hq, c.lq, c.d), gk = upload(c, k, c.hk, c.lk, c.d),
                gv = upload(c, v, c.hk, c.lk, vdim(c));
     TestTensor gused = TestTensor::make(DType::i32, {c.b}, Target::cuda);
     gused.set_values(counts);
-    TestTensor gy = gpu_tensor(c, c.t, c.hq, c.lq, vdim(c));
-    TestTensor glse = gpu_lse(c);
-    const Workspace_ ws = workspace_of(plan->workspace_size());
-    attention::ForwardArguments args{gq.cview(),  gk.cview(), gv.cview(), gy.view(),
-                                     glse.view(), {},         {}};
-    args.seqused_k = gused.cview();
-    run_twice_poisoned(*plan, ws, args, gy, glse);
-    EXPECT_TRUE(harness::close_to(gy.values(), y.values(), c.t, Accuracy::reduction, "y"));
-    EXPECT_TRUE(
-        harness::close_to(glse.values(), lse.values(), DType::f32, Accuracy::reduction, "lse"));
+    // fa3's counts instance by name, then the default plan: for bf16 (the dtype the selection
+    // table measured) the ranked-ahead entry, which launches that instance for counted chunks.
+    for (const bool by_name : {true, false}) {
+      SCOPED_TRACE(by_name ? "by name" : "default plan");
+      auto plan = attention::ForwardPlan::select(
+          gs, desc, by_name ? PlanPreference::kernel(kFa3CountsKernel) : PlanPreference::fastest());
+      BARACUDA_ASSERT_OK(plan);
+      if (by_name || c.t == DType::bf16) {
+        ASSERT_EQ(plan->sku().name, by_name ? kFa3CountsKernel : kFa3RankedAhead);
+      }
+      TestTensor gy = gpu_tensor(c, c.t, c.hq, c.lq, vdim(c));
+      TestTensor glse = gpu_lse(c);
+      const Workspace_ ws = workspace_of(plan->workspace_size());
+      attention::ForwardArguments args{gq.cview(),  gk.cview(), gv.cview(), gy.view(),
+                                       glse.view(), {},         {}};
+      args.seqused_k = gused.cview();
+      run_twice_poisoned(*plan, ws, args, gy, glse);
+      EXPECT_TRUE(harness::close_to(gy.values(), y.values(), c.t, Accuracy::reduction, "y"));
+      EXPECT_TRUE(
+          harness::close_to(glse.values(), lse.values(), DType::f32, Accuracy::reduction, "lse"));
+    }
   }
 }
 

@@ -167,10 +167,20 @@ Candidate preferred_candidate(std::span<const TablePoint> table, const attention
     pick = Candidate::bespoke, tf = best->bespoke_tflops;
   // fa3 was measured with Lq = Lk, and its grid is one 128-row CTA per query block and head: a
   // problem with far fewer queries than the point (decode: Lq = 1 against thousands of keys) is
-  // not what that column measured, so fa3 is a candidate only with Lq within 2x of the point's L.
-  const bool fa3_like =
-      std::abs(std::log2(static_cast<double>(best->len)) -
-               std::log2(static_cast<double>(std::max<int64_t>(1, d.len_q)))) <= 1.0;
+  // not what that column measured, so fa3 is a candidate with Lq within 2x of the point's L, or
+  // as a chunk of queries against a cache of about the point's length (forward), where the
+  // chunked-prefill rows measured it (H200, 2026-11-29, 4 x 32 heads against 4096-key caches,
+  // d128, bottom-right causal, fa3 by name): from Lq 256 up it kept its Lq = Lk rate (614-635
+  // TFLOP/s) and led cuDNN by 1-3%; from Lq 32 up it led the family's kernels 1.2-2.3x; below
+  // Lq 256 cuDNN led it by up to 16% (cuDNN's time flat at 58.6-59.9 us for Lq 32-128).
+  auto log2_gap = [&](int64_t len) {
+    return std::abs(std::log2(static_cast<double>(best->len)) -
+                    std::log2(static_cast<double>(std::max<int64_t>(1, len))));
+  };
+  const bool chunk = pass == Pass::forward && log2_gap(d.len_k) <= 1.0 &&
+                     (d.len_q >= kFa3ChunkRows ||
+                      (d.len_q >= kFa3ChunkRowsOverBespoke && pick == Candidate::bespoke));
+  const bool fa3_like = log2_gap(d.len_q) <= 1.0 || chunk;
   if (fa3_runs && fa3_like && best->fa3_tflops > tf) pick = Candidate::fa3;
   return pick;
 }
