@@ -20,6 +20,8 @@
 // KV cache `cache[B, H, Lmax, D]` filled to different lengths (write_slice's kv_append) is read in
 // place. Counts must lie in [0, Lk] (varlen: the sequence's key count); the CPU backend checks
 // them before writing, GPU kernels clamp them into that range (they cannot check without a sync).
+// On sm_90a, fa3's forward reads them too (fa3_fwd_sm90a_seqused, the default for chunks of 32
+// query rows or more against such a cache); cuDNN does not.
 //
 // Paged K / V (a serving engine's block-table cache, as vLLM and FlashInfer keep it; forward only,
 // not with varlen): with Descriptor::page_size > 0, K is a pool [pages, Hk, page_size, Dk] and V
