@@ -135,10 +135,10 @@ Candidate preferred_candidate(std::span<const TablePoint> table, const attention
 // The same over selection_table().
 Candidate preferred_candidate(const attention::Problem& p, Pass pass, bool fa3_runs);
 
-// Whether the pass's fa3 kernel (fa3_fwd_sm90a, or fa3_fwd_sm90a_seqused for a problem with key
-// counts / fa3_bwd_sm90a: the entries pinned by name) fits
-// the problem on this device: false in a build without it (no CUDA, or no sm_90a code) and on any
-// GPU but sm_90.
+// Whether the pass's fa3 kernel (forward: fa3_fwd_sm90a, fa3_fwd_sm90a_paged for a paged problem,
+// fa3_fwd_sm90a_seqused for one with key counts; backward: fa3_bwd_sm90a; the entries pinned by
+// name) fits the problem on this device: false in a build without it (no CUDA, or no sm_90a code)
+// and on any GPU but sm_90.
 bool fa3_fits(const attention::Problem& p, const DeviceCaps& caps, Pass pass = Pass::forward);
 
 // For measurements and tests: while alive, select() follows `table` instead of the shipped one
@@ -172,18 +172,22 @@ inline constexpr int64_t kFa3ChunkRowsOverBespoke = 32;
 inline constexpr int kCudnnAhead = 1000;
 inline constexpr int kCudnnBehind = 1;
 
-// fa3_fwd_sm90a is registered seven times: the plain schedule, the pingpong one, two with part of
+// fa3_fwd_sm90a is registered eight times: the plain schedule, the pingpong one, two with part of
 // the softmax's exp2 on the FMA pipe (2 or 3 of every 8 column groups), a persistent one (one CTA
-// per SM looping over work tiles) and the plain one reading per-sequence key counts (seqused_k:
-// the only one that takes them), below every other forward kernel (reached by name: A/B, tests),
-// and the plain schedule (or its counts instance) once more as kFa3RankedAhead, above everything,
-// fitting only where the table picks fa3.
+// per SM looping over work tiles), the plain one reading per-sequence key counts (seqused_k) and
+// the plain one reading a paged K / V pool (with or without counts: the only ones that take
+// them), below every other forward kernel (reached by name: A/B, tests), and the plain schedule
+// (or its counts or paged instance) once more as kFa3RankedAhead, above everything, fitting only
+// where the table picks fa3.
 inline constexpr std::string_view kFa3Kernel = "fa3_fwd_sm90a";
 inline constexpr std::string_view kFa3PingpongKernel = "fa3_fwd_sm90a_pingpong";
 inline constexpr std::string_view kFa3Exp2Poly2Kernel = "fa3_fwd_sm90a_exp2poly2of8";
 inline constexpr std::string_view kFa3Exp2Poly3Kernel = "fa3_fwd_sm90a_exp2poly3of8";
 inline constexpr std::string_view kFa3PersistentKernel = "fa3_fwd_sm90a_persistent";
 inline constexpr std::string_view kFa3CountsKernel = "fa3_fwd_sm90a_seqused";
+// Paged pools: page sizes that are a multiple of the key tile (128 keys, 64 at head dim 256) or
+// powers of two from 8 that divide it.
+inline constexpr std::string_view kFa3PagedKernel = "fa3_fwd_sm90a_paged";
 inline constexpr std::string_view kFa3RankedAhead = "fa3_fwd_sm90a_ranked_ahead";
 // The fp8 forward (issue 8's stretch): e4m3 Q, K, V with per-tensor descales, Y in bf16 or f16,
 // Dk = Dv in {64, 128, 256}, padded or varlen layouts; V is transposed into the workspace first

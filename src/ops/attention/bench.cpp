@@ -318,9 +318,10 @@ void bench_all(const Stream& stream) {
   // through per-sequence key counts (seqused_k, each sequence's first 4096 rows), for Lq from 32 to
   // 2048; at Lq 512 also as scattered 64- or 16-key pages (flash_fwd_mma_paged_sm80 by default).
   // A/B rows by name: m32s_straight (the family's prefill shape), m16 at Lq 512 (the paged
-  // kernel's first shape), and where they are built fa3 (its counts instance for counts) and
-  // cuDNN: the selection table's columns were measured with Lq = Lk only, so these rows are what
-  // the rule for a chunk against a longer cache stands on. TFLOP/s on the visible keys.
+  // kernel's first shape), and where they are built fa3 (its counts / paged instance for counted /
+  // paged caches) and cuDNN: the selection table's columns were measured with Lq = Lk only, so
+  // these rows are what the rule for a chunk against a longer cache stands on. TFLOP/s on the
+  // visible keys.
   {
     constexpr int64_t kPB = 4, kPLk = 4096;
     // Page size; 0: padded; kCounts: padded, 2 kPLk rows a sequence, kPLk of them counted.
@@ -390,6 +391,7 @@ void bench_all(const Stream& stream) {
         if (ps == 0 && lq == 512) kernels.push_back("flash_fwd_mma_m16_sm80");
         if (ps == 0) kernels.insert(kernels.end(), {"fa3_fwd_sm90a", "cudnn_sdpa"});
         if (ps == kCounts) kernels.push_back("fa3_fwd_sm90a_seqused");
+        if (ps > 0) kernels.push_back("fa3_fwd_sm90a_paged");
         std::string picked;
         for (const std::string_view kn : kernels) {
           if (!kn.empty() && kn == picked) continue;

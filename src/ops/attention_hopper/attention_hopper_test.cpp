@@ -443,9 +443,9 @@ TEST(AttentionCudnnRules, TableOverrideIsScopedAndNests) {
   }
 }
 
-// Per-sequence key counts (seqused_k) reach fa3's forward; paged K / V are not wired to fa3: such
-// problems go to the family's kernels (whose decode kernels read both). cuDNN takes neither.
-TEST(AttentionFa3Rules, CountsAreFa3sPagesAreNot) {
+// Per-sequence key counts (seqused_k) and paged K / V (at the page sizes its producer loads) reach
+// fa3's forward; cuDNN takes neither.
+TEST(AttentionFa3Rules, CountsAndPagesAreFa3s) {
   DeviceCaps h100;
   h100.device = 0, h100.sm = 90, h100.sm_count = 132, h100.smem_per_block_optin = 227 * 1024;
   const Descriptor d =
@@ -457,7 +457,12 @@ TEST(AttentionFa3Rules, CountsAreFa3sPagesAreNot) {
   if (!fa3_fits(problem_of(d), h100, Pass::forward))
     GTEST_SKIP() << "no sm_90a fa3 body in this build: the fa3 half of the rule is not decidable";
   EXPECT_TRUE(fa3_fits(problem_of(counted), h100, Pass::forward));
+  EXPECT_TRUE(fa3_fits(problem_of(paged), h100, Pass::forward));
+  paged.seqused_k = true;
+  EXPECT_TRUE(fa3_fits(problem_of(paged), h100, Pass::forward));
+  paged.page_size = 48;  // splits a 128-key tile unevenly: the family's kernels
   EXPECT_FALSE(fa3_fits(problem_of(paged), h100, Pass::forward));
+  EXPECT_FALSE(fa3_fits(problem_of(paged), h100, Pass::backward));
 }
 
 // ---- Registry -----------------------------------------------------------------------------------
@@ -1109,8 +1114,9 @@ void expect_fa3_entry(const Kernel<Op>& fa3, DType t, std::string_view family_pr
 TEST(AttentionFa3Registry, RegisteredBelowEveryOtherForwardWithTruthfulPrecision) {
   int found = 0;
   for (DType t : {DType::bf16, DType::f16}) {
-    for (std::string_view name : {kFa3, kFa3Pingpong, kFa3Exp2Poly2Kernel, kFa3Exp2Poly3Kernel,
-                                  kFa3PersistentKernel, kFa3CountsKernel, kFa3RankedAhead}) {
+    for (std::string_view name :
+         {kFa3, kFa3Pingpong, kFa3Exp2Poly2Kernel, kFa3Exp2Poly3Kernel, kFa3PersistentKernel,
+          kFa3CountsKernel, kFa3PagedKernel, kFa3RankedAhead}) {
       const auto* fa3 = fa3_kernel(t, name);
       if (!fa3) continue;  // CPU-only build
       ++found;
@@ -1118,7 +1124,7 @@ TEST(AttentionFa3Registry, RegisteredBelowEveryOtherForwardWithTruthfulPrecision
     }
   }
   if (found == 0) GTEST_SKIP() << "built without CUDA: fa3_fwd_sm90a is not registered";
-  EXPECT_EQ(found, 14);
+  EXPECT_EQ(found, 16);
 }
 
 // A deterministic forward plan run twice into poisoned Y / LSE: bytes outside them untouched each
@@ -1359,6 +1365,146 @@ TEST(AttentionFa3Gpu, SequsedKMatchesTheCpuPlan) {
   }
 }
 
+// Paged K / V on fa3 (fa3_fwd_sm90a_paged): each sequence's keys in scattered pages of one pool
+// ([pages, Hk, page_size, D], in [pages, Hk, ps, D] or [pages, ps, Hk, D] memory per the case's
+// blhd), every page size class the producer loads (whole pages of one or more key tiles, pages
+// that split a tile into 2..16 boxes), with and without key counts. Every pool row no sequence
+// may read (unreferenced pages, rows past a sequence's keys) is NaN. Against the family's CPU
+// plan in float64 on the same pool and table (ForwardPagedKv checks that plan against padded
+// caches); by name and through the default plan; two GPU runs bitwise equal, gaps untouched.
+TEST(AttentionFa3Gpu, PagedMatchesTheCpuPlan) {
+  FA3_SKIP_UNLESS_RUNNABLE();
+  harness::Rng rng;
+  struct PagedCase {
+    Case c;
+    int64_t page_size;
+    std::vector<int32_t> used;  // empty: no key counts
+  };
+  const std::vector<PagedCase> cases = {
+      // A prompt chunk in 64-key pages (two boxes a 128-key tile), GQA 4, counts (one empty).
+      {{DType::bf16, 3, 8, 2, 300, 1000, 128, Mask::causal_bottom_right(), true, false},
+       64,
+       {1000, 0, 333}},
+      // 16-key pages (8 boxes a tile), no counts: the last page's rows past Lk are NaN.
+      {{DType::f16, 2, 4, 4, 129, 700, 64, Mask::none(), false, false}, 16, {}},
+      // 256-key pages (two tiles a page), top-left causal, a softcap, MQA.
+      {{DType::bf16, 2, 4, 1, 200, 900, 128, Mask::causal_top_left(), false, false, true, 20.0},
+       256,
+       {899, 1}},
+      // Head dim 256 (64-key tiles) in 8-key pages, counts.
+      {{DType::bf16, 2, 4, 2, 70, 500, 256, Mask::causal_bottom_right(), true, false},
+       8,
+       {500, 77}},
+      // MLA's head dims and a window, 128-key pages (a tile a page).
+      {{DType::bf16, 1, 4, 4, 200, 400, 192, Mask::sliding_window(50, 0), true, false, true, 0,
+        128},
+       128,
+       {}},
+  };
+  const Stream& cs = harness::stream_for(Target::cpu);
+  const Stream& gs = harness::stream_for(Target::cuda);
+  constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+  for (const PagedCase& pc : cases) {
+    const Case& c = pc.c;
+    const int64_t ps = pc.page_size, cols = (c.lk + ps - 1) / ps, pages = c.b * cols + 3;
+    SCOPED_TRACE(name_of(c) + " pages of " + std::to_string(ps));
+    Descriptor desc = desc_of(c, c.t);
+    desc.page_size = ps, desc.pages = pages, desc.seqused_k = !pc.used.empty();
+    // The table: a random permutation of the pool's pages (3 left unreferenced).
+    std::vector<double> order(static_cast<size_t>(pages));
+    for (int64_t i = 0; i < pages; ++i) order[static_cast<size_t>(i)] = static_cast<double>(i);
+    for (int64_t i = pages - 1; i > 0; --i)
+      std::swap(order[static_cast<size_t>(i)], order[static_cast<size_t>(rng.integer(0, i))]);
+    const std::vector<double> table(order.begin(), order.begin() + c.b * cols);
+    // Pool rows a sequence reads: keys [0, count) of its pages.
+    std::vector<char> visible(static_cast<size_t>(pages * ps), 0);
+    for (int64_t b = 0; b < c.b; ++b) {
+      const int64_t keys = pc.used.empty() ? c.lk : pc.used[static_cast<size_t>(b)];
+      for (int64_t j = 0; j < keys; ++j)
+        visible[static_cast<size_t>(
+            static_cast<int64_t>(table[static_cast<size_t>(b * cols + j / ps)]) * ps + j % ps)] = 1;
+    }
+    TestTensor q = cpu_tensor(c.t, {c.b, c.hq, c.lq, c.d}, &rng);
+    TestTensor k = cpu_tensor(c.t, {pages, c.hk, ps, c.d}, &rng);
+    TestTensor v = cpu_tensor(c.t, {pages, c.hk, ps, vdim(c)}, &rng);
+    for (TestTensor* x : {&k, &v}) {
+      std::vector<double> vals = x->values();
+      const int64_t dim = x->shape()[3];
+      for (int64_t pg = 0; pg < pages; ++pg)
+        for (int64_t h = 0; h < c.hk; ++h)
+          for (int64_t r = 0; r < ps; ++r)
+            if (!visible[static_cast<size_t>(pg * ps + r)])
+              for (int64_t e = 0; e < dim; ++e)
+                vals[static_cast<size_t>(((pg * c.hk + h) * ps + r) * dim + e)] = kNaN;
+      x->set_values(vals);
+    }
+    const std::vector<double> counts(pc.used.begin(), pc.used.end());
+    TestTensor ctable = TestTensor::make(DType::i32, {c.b, cols}, Target::cpu);
+    ctable.set_values(table);
+    TestTensor cused = TestTensor::make(DType::i32, {c.b}, Target::cpu);
+    if (desc.seqused_k) cused.set_values(counts);
+
+    // The CPU plan's answer in float64, on the same values.
+    Descriptor desc64 = desc;
+    desc64.dtype = DType::f64;
+    auto f64_copy = [](const TestTensor& x) {
+      TestTensor y64 = TestTensor::make(DType::f64, x.shape(), Target::cpu);
+      y64.set_values(x.values());
+      return y64;
+    };
+    const TestTensor q64 = f64_copy(q), k64 = f64_copy(k), v64 = f64_copy(v);
+    TestTensor y = TestTensor::make(DType::f64, {c.b, c.hq, c.lq, vdim(c)}, Target::cpu);
+    TestTensor lse = TestTensor::make(DType::f64, {c.b, c.hq, c.lq}, Target::cpu);
+    auto ref_plan = attention::ForwardPlan::select(cs, desc64);
+    BARACUDA_ASSERT_OK(ref_plan);
+    attention::ForwardArguments ra{q64.cview(), k64.cview(), v64.cview(), y.view(),
+                                   lse.view(),  {},          {}};
+    ra.block_table = ctable.cview();
+    if (desc.seqused_k) ra.seqused_k = cused.cview();
+    BARACUDA_ASSERT_OK(ref_plan->run(cs, Workspace::none(), ra));
+
+    TestTensor gq = upload(c, q, c.hq, c.lq, c.d);
+    auto pool = [&](const TestTensor& host) {
+      const int64_t dim = host.shape()[3];
+      const std::vector<int64_t> st =
+          c.blhd ? std::vector<int64_t>{ps * c.hk * dim, dim, c.hk * dim, 1}
+                 : std::vector<int64_t>{c.hk * ps * dim, ps * dim, dim, 1};
+      TestTensor g = TestTensor::with_strides(c.t, {pages, c.hk, ps, dim}, st, 0, Target::cuda);
+      g.set_values(host.values());
+      return g;
+    };
+    const TestTensor gk = pool(k), gv = pool(v);
+    TestTensor gtable = TestTensor::make(DType::i32, {c.b, cols}, Target::cuda);
+    gtable.set_values(table);
+    TestTensor gused = TestTensor::make(DType::i32, {c.b}, Target::cuda);
+    if (desc.seqused_k) gused.set_values(counts);
+    // fa3's paged instance by name, then the default plan (the ranked-ahead entry where the
+    // selection table picks fa3 for the problem).
+    const bool fa3_default =
+        preferred_candidate(problem_of(desc), Pass::forward, true) == Candidate::fa3;
+    for (const bool by_name : {true, false}) {
+      SCOPED_TRACE(by_name ? "by name" : "default plan");
+      auto plan = attention::ForwardPlan::select(
+          gs, desc, by_name ? PlanPreference::kernel(kFa3PagedKernel) : PlanPreference::fastest());
+      BARACUDA_ASSERT_OK(plan);
+      if (by_name || fa3_default) {
+        ASSERT_EQ(plan->sku().name, by_name ? kFa3PagedKernel : kFa3RankedAhead);
+      }
+      TestTensor gy = gpu_tensor(c, c.t, c.hq, c.lq, vdim(c));
+      TestTensor glse = gpu_lse(c);
+      const Workspace_ ws = workspace_of(plan->workspace_size());
+      attention::ForwardArguments args{gq.cview(),  gk.cview(), gv.cview(), gy.view(),
+                                       glse.view(), {},         {}};
+      args.block_table = gtable.cview();
+      if (desc.seqused_k) args.seqused_k = gused.cview();
+      run_twice_poisoned(*plan, ws, args, gy, glse);
+      EXPECT_TRUE(harness::close_to(gy.values(), y.values(), c.t, Accuracy::reduction, "y"));
+      EXPECT_TRUE(
+          harness::close_to(glse.values(), lse.values(), DType::f32, Accuracy::reduction, "lse"));
+    }
+  }
+}
+
 // One TEST per kernel and size class, so a failing (or hanging) schedule is named by the filter.
 TEST(AttentionFa3Gpu, ForwardMatchesReference) {
   FA3_SKIP_UNLESS_RUNNABLE();
@@ -1422,6 +1568,25 @@ TEST(AttentionFa3Gpu, FitsExactlyWhatItSupports) {
     for (std::string_view v :
          {kFa3, kFa3Pingpong, kFa3Exp2Poly2Kernel, kFa3Exp2Poly3Kernel, kFa3PersistentKernel})
       EXPECT_FALSE(fa3_kernel(d.dtype, v)->fits(problem_of(counted), caps)) << v;
+    // Paged pools: their own instance, and only it, at the page sizes its producer loads (whole
+    // key tiles, or powers of two from 8 that divide one: 128 keys, 64 at head dim 256), with or
+    // without counts; never with packed sequences.
+    const int64_t tile = d.head_dim_qk == 256 ? 64 : 128;
+    for (int64_t ps : {int64_t{4}, int64_t{8}, int64_t{16}, int64_t{48}, int64_t{64}, int64_t{96},
+                       tile, 2 * tile, 3 * tile}) {
+      for (const bool with_counts : {false, true}) {
+        Descriptor paged = d;
+        paged.page_size = ps, paged.pages = 1000, paged.seqused_k = with_counts;
+        const bool serves = ps % tile == 0 || (ps >= 8 && tile % ps == 0);
+        EXPECT_EQ(fa3_kernel(d.dtype, kFa3PagedKernel)->fits(problem_of(paged), caps),
+                  plain && !d.varlen && serves)
+            << ps;
+        for (std::string_view v : {kFa3, kFa3CountsKernel, kFa3Pingpong, kFa3Exp2Poly2Kernel,
+                                   kFa3Exp2Poly3Kernel, kFa3PersistentKernel})
+          EXPECT_FALSE(fa3_kernel(d.dtype, v)->fits(problem_of(paged), caps)) << v << " " << ps;
+      }
+    }
+    EXPECT_FALSE(fa3_kernel(d.dtype, kFa3PagedKernel)->fits(problem_of(d), caps));
     return plain;
   };
   EXPECT_TRUE(fits(make_desc(DType::bf16, 1, 8, 2, 77, 203, 64, Mask::causal_bottom_right())));

@@ -219,13 +219,14 @@ inline KernelSku fa3_sku(std::string_view op, DType e, PrecisionGuarantee prec,
 // 256}, the forward also Dk = 192 with Dv = 128): bf16/f16, any band mask (none, causal,
 // windows), soft-capping, padded or varlen (packed rows addressed as one [1, H, T, D] tensor, see
 // rows_view), grid-sized extents.
-inline bool shape_fits(const attention::Problem& pr) {
+inline bool shape_fits(const attention::Problem& pr, bool paged_ok = false) {
   const auto& d = pr.desc;
   constexpr int64_t kMax = int64_t{1} << 30;
   if (d.varlen && (d.total_q >= kMax || d.total_k >= kMax)) return false;
-  // Paged K / V: the family's kernels (not wired here). Per-sequence key counts (forward only, the
-  // backward never has them): the forward's tiles take each sequence's count as its key length.
-  if (d.page_size > 0) return false;
+  // Paged K / V: the forward's paged instance only (paged_ok; the backward never has pages), its
+  // pool's pages numbered in an int. Per-sequence key counts (forward only): the forward's tiles
+  // take each sequence's count as its key length.
+  if (d.page_size > 0 && (!paged_ok || d.pages >= kMax)) return false;
   // Diagonals and band bounds in int arithmetic (see band_bound).
   if (d.len_q + d.len_k >= kMax) return false;
   return std::isfinite(d.softcap) && d.batch >= 1 && d.batch <= 65535 && d.heads_q >= 1 &&

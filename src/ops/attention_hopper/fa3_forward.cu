@@ -155,6 +155,11 @@ struct Params {
   int softcap;
   float cap_arg, cap_log2;
   const float *q_descale, *k_descale, *v_descale;  // fp8 only: device scalars
+  // Paged K / V (kPaged): sequence b's key j is row j % page_size of pool page
+  // block_table[b * table_cols + j / page_size], pages in the pool. (Last: the other instances'
+  // parameter offsets, and with them their code, stay as they were.)
+  const int* block_table;
+  int table_cols, page_size, pages;
 };
 
 // One work tile: query rows [m0, m0 + kBM) of head h of sequence b, n_tiles key tiles from tile
@@ -165,7 +170,8 @@ struct Tile {
   int m0, h, b, n_tiles;
   int tb, q0, k0, lq, lk, off, n_first;
 };
-template <int BN, bool kCounts = false>
+// kCounts: the problem has key counts; kCountsIfGiven: it may have them (the paged instance).
+template <int BN, bool kCounts = false, bool kCountsIfGiven = false>
 __device__ __forceinline__ Tile tile_at(const Params& p, int m_block, int h, int b) {
   Tile t{m_block * kBM, h, b, 0, b, 0, 0, p.lq, p.lk, 0, 0};
   if (p.cu_q) {
@@ -174,7 +180,11 @@ __device__ __forceinline__ Tile tile_at(const Params& p, int m_block, int h, int
   }
   // Key counts: the first count keys of the sequence, the diagonal aligned to them; clamped into
   // [0, its keys] (the CPU backend checks them; a kernel cannot without a sync).
-  if constexpr (kCounts) t.lk = min(max(p.used_k[b], 0), t.lk);
+  if constexpr (kCounts) {
+    t.lk = min(max(p.used_k[b], 0), t.lk);
+  } else if constexpr (kCountsIfGiven) {
+    if (p.used_k) t.lk = min(max(p.used_k[b], 0), t.lk);
+  }
   if (p.bottom_right) t.off = t.lk - t.lq;
   // Keys [n_begin, n_end) are visible to some row of the block.
   int n_end = t.m0 < t.lq ? t.lk : 0, n_begin = 0;
@@ -211,6 +221,8 @@ __device__ __forceinline__ Tile tile_of(const Params& p, int w) {
 //             count's load and the zeroing of the last V tile's unused rows, as a runtime branch
 //             in every instance, cost kPlain 2.5-3.6% at d128 / d64 L4096 and the exp2poly2of8
 //             variant 9% at d64 (H200, this session's call 2, three interleaved rounds).
+//  kPaged:   kPlain reading K / V from a paged pool through the block table (and key counts where
+//             the problem has them): its producer issues one TMA box a page a tile spans.
 //  kLazyRescale: kPlain where a warp whose 16 rows' maxima did not move skips O's rescale (the
 //             factor is exactly 1 then; 64 multiplies a thread a key tile): the fp8 default
 //             (H100, 705370e, six interleaved rounds: +0.7-4.8% over kPlain at d128 L >= 4096).
@@ -223,7 +235,8 @@ enum Variant : int {
   kPoly3 = 3,
   kPersistent = 4,
   kLazyRescale = 5,
-  kCounts = 6
+  kCounts = 6,
+  kPaged = 7
 };
 
 #if BARACUDA_FA3_DEVICE
@@ -239,7 +252,29 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
 // The producer lane's loads for one work tile: Q (once "Q empty" shows the previous tile's S
 // GEMMs are done: only the persistent variant reloads it), then the tile's K / V tiles into the
 // ring from ring position it0 on.
-template <class T, int D>
+// Paged K / V: one K or V tile (kBn keys from sequence key j0 on, kBlocks column blocks of
+// kBlockBytes a row) from the pool's pages, a TMA box of min(page_size, kBn) rows for each page
+// the tile spans (fits: page sizes that are a multiple of kBn or powers of two from 8 that divide
+// it, so every box starts on a whole 8-row swizzle atom of the tile). Table entries are clamped
+// into [0, pages) like the family's kernels do; keys past the sequence's table row load page
+// `pages`, out of the map's bounds: zeros (their rows are masked, and zeroed before P V anyway).
+template <int kBn, int kBlocks, int kBlockBytes, int kCols>
+__device__ __forceinline__ void load_paged_tile(uint32_t dst, const CUtensorMap* map, uint32_t bar,
+                                                const Params& p, int b, int hk, int j0) {
+  const int box = min(p.page_size, kBn);
+  const int* row = p.block_table + static_cast<int64_t>(b) * p.table_cols;
+  for (int r = 0; r < kBn; r += box) {
+    const int idx = (j0 + r) / p.page_size;
+    const int page = idx < p.table_cols ? min(max(row[idx], 0), p.pages - 1) : p.pages;
+    const int in_page = j0 + r - idx * p.page_size;
+#pragma unroll
+    for (int db = 0; db < kBlocks; ++db)
+      tma_load_4d(dst + db * kBn * kBlockBytes + r * kBlockBytes, map, bar, db * kCols, in_page, hk,
+                  page);
+  }
+}
+
+template <class T, int D, int V>
 __device__ __forceinline__ void produce(const CUtensorMap* tq, const CUtensorMap* tk,
                                         const CUtensorMap* tv, const Params& p, const Tile& t,
                                         uint32_t sq, uint32_t sk0, uint32_t sv0,
@@ -263,10 +298,15 @@ __device__ __forceinline__ void produce(const CUtensorMap* tq, const CUtensorMap
     const uint32_t bk = smem_u32(&bars[kBarKFull + s]), bv = smem_u32(&bars[kBarVFull + s]);
     mbar_wait(smem_u32(&bars[kBarKEmpty + s]), free_parity);
     mbar_expect_tx(bk, S::kKBytes);
+    if constexpr (V == kPaged) {
+      load_paged_tile<S::kBn, kDB, kRow, kCols>(sk0 + s * S::kKBytes, tk, bk, p, t.tb, hk,
+                                                (t.n_first + n) * S::kBn);
+    } else {
 #pragma unroll
-    for (int db = 0; db < kDB; ++db)
-      tma_load_4d(sk0 + s * S::kKBytes + db * S::kBn * kRow, tk, bk, db * kCols,
-                  t.k0 + (t.n_first + n) * S::kBn, hk, t.tb);
+      for (int db = 0; db < kDB; ++db)
+        tma_load_4d(sk0 + s * S::kKBytes + db * S::kBn * kRow, tk, bk, db * kCols,
+                    t.k0 + (t.n_first + n) * S::kBn, hk, t.tb);
+    }
     mbar_wait(smem_u32(&bars[kBarVEmpty + s]), free_parity);
     mbar_expect_tx(bv, S::kVBytes);
     if constexpr (E::kFp8) {
@@ -274,6 +314,9 @@ __device__ __forceinline__ void produce(const CUtensorMap* tq, const CUtensorMap
       // varlen sequence's keys start at its own column (fp8_vt_start).
       const int c0 = p.cu_q ? fp8_vt_start(t.k0, t.b) : 0;
       tma_load_4d(sv0 + s * S::kVBytes, tv, bv, c0 + (t.n_first + n) * S::kBn, 0, hk, t.tb);
+    } else if constexpr (V == kPaged) {
+      load_paged_tile<S::kBn, kDBv, 128, kCols>(sv0 + s * S::kVBytes, tv, bv, p, t.tb, hk,
+                                                (t.n_first + n) * S::kBn);
     } else {
 #pragma unroll
       for (int db = 0; db < kDBv; ++db)
@@ -323,7 +366,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto tile = [&](int w) {
     // Non-persistent: heaviest (causal) query blocks first through blockIdx.x.
     return kPersistentV ? tile_of<S::kBn>(p, w)
-                        : tile_at<S::kBn, V == kCounts>(
+                        : tile_at<S::kBn, V == kCounts, V == kPaged>(
                               p, p.m_blocks - 1 - static_cast<int>(blockIdx.x),
                               static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z));
   };
@@ -335,7 +378,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int w = w0; w < n_work; w += w_step) {
         const Tile t = tile(w);
         if (t.n_tiles == 0) continue;
-        produce<T, D>(&tq, &tk, &tv, p, t, sq, sk0, sv0, bars, it, q_count);
+        produce<T, D, V>(&tq, &tk, &tv, p, t, sq, sk0, sv0, bars, it, q_count);
         it += t.n_tiles;
         ++q_count;
       }
@@ -645,7 +688,7 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
     // rows no sequence owns, or a cache's unused rows: P is 0 there, but 0 * a non-finite value is
     // NaN, so they are zeroed first. Each warpgroup zeroes them before its own P V (the other one
     // may be writing the same zeros).
-    if (!kFp8 && (V == kCounts || p.cu_q) && (t.n_first + n_tiles) * kBN > t.lk) {
+    if (!kFp8 && (V == kCounts || V == kPaged || p.cu_q) && (t.n_first + n_tiles) * kBN > t.lk) {
       zero_rows<DV>(sv0 + last * S::kVBytes, kBN, t.lk - (t.n_first + n_tiles - 1) * kBN,
                     static_cast<int>(threadIdx.x) % 128, 128);
       fence_proxy_async();
@@ -756,11 +799,25 @@ inline bool fwd_dims(const Problem& pr) {
   return (dk == dv && (dk == 64 || dk == 128 || dk == 256)) || (dk == 192 && dv == 128);
 }
 
+// The page sizes the paged instance loads (load_paged_tile): a multiple of the key tile, or a
+// power of two from 8 that divides it.
+inline bool paged_size_fits(int64_t page_size, int64_t key_tile) {
+  return page_size > 0 &&
+         (page_size % key_tile == 0 ||
+          (page_size >= 8 && key_tile % page_size == 0 && (page_size & (page_size - 1)) == 0));
+}
+
 template <class T, int V>
 bool fits(const Problem& pr, const DeviceCaps& caps) {
-  if (caps.device < 0 || caps.sm != 90 || !shape_fits(pr) || !fwd_dims(pr)) return false;
-  // Key counts run in their own instance (see Variant), and only there.
-  if (pr.desc.seqused_k != (V == kCounts)) return false;
+  const attention::Descriptor& d = pr.desc;
+  if (caps.device < 0 || caps.sm != 90 || !shape_fits(pr, V == kPaged) || !fwd_dims(pr))
+    return false;
+  // Paged caches run in their own instance (with or without key counts), key counts without pages
+  // in theirs (see Variant), and only there.
+  if ((d.page_size > 0) != (V == kPaged)) return false;
+  if (V != kPaged && d.seqused_k != (V == kCounts)) return false;
+  if (V == kPaged && (d.varlen || !paged_size_fits(d.page_size, d.head_dim_qk == 256 ? 64 : 128)))
+    return false;
   // The persistent variant numbers its work tiles (query blocks x heads x batch) in an int.
   // D = 64 only: at D = 128 ptxas spills it (36 bytes, a few per work tile, outside the key
   // loop) at the consumers' 240 registers, and the project builds no kernel that spills.
@@ -783,12 +840,14 @@ bool fits(const Problem& pr, const DeviceCaps& caps) {
   }
 }
 
-// The ranked-ahead entry: the plain schedule (its counts instance for problems with key counts),
-// only where the measured table picks fa3.
+// The ranked-ahead entry: the plain schedule (its paged or counts instance for problems with
+// pages or key counts), only where the measured table picks fa3.
 template <class T>
 bool fits_ranked_ahead(const Problem& pr, const DeviceCaps& caps) {
-  return (pr.desc.seqused_k ? fits<T, kCounts>(pr, caps) : fits<T, kPlain>(pr, caps)) &&
-         preferred_candidate(pr, Pass::forward, true) == Candidate::fa3;
+  const bool fit = pr.desc.page_size > 0 ? fits<T, kPaged>(pr, caps)
+                   : pr.desc.seqused_k   ? fits<T, kCounts>(pr, caps)
+                                         : fits<T, kPlain>(pr, caps);
+  return fit && preferred_candidate(pr, Pass::forward, true) == Candidate::fa3;
 }
 
 // Error prefix of the launch-time rules.
@@ -907,7 +966,11 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
   if constexpr (!E::kFp8) dt = cuda::tensor_map_dtype<T>();
   CUtensorMap tq, tk, tv;
   BARACUDA_TRY(cuda::make_rows_map(who, &tq, dt, q, kBM, E::kBytes, kQkRow<T, D>));
-  BARACUDA_TRY(cuda::make_rows_map(who, &tk, dt, k, kKeysPerTile<D>, E::kBytes, kQkRow<T, D>));
+  // Paged: the maps span the pool [pages, Hk, page_size, D], boxes of at most one page's rows.
+  const uint32_t kv_rows =
+      V == kPaged ? static_cast<uint32_t>(std::min<int64_t>(d.page_size, kKeysPerTile<D>))
+                  : static_cast<uint32_t>(kKeysPerTile<D>);
+  BARACUDA_TRY(cuda::make_rows_map(who, &tk, dt, k, kv_rows, E::kBytes, kQkRow<T, D>));
   if constexpr (E::kFp8) {
     // V^T into the workspace (same stream, so the kernel below sees it), then its map. Plan::run
     // has checked the workspace's size (fp8_workspace) and its 256-byte alignment.
@@ -934,7 +997,7 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
     BARACUDA_TRY(cuda::make_rows_map(who, &tv, dt, vt_view, static_cast<uint32_t>(kDvOf<D>), 1,
                                      kKeysPerTile<D>));
   } else {
-    BARACUDA_TRY(cuda::make_rows_map(who, &tv, dt, v, kKeysPerTile<D>));
+    BARACUDA_TRY(cuda::make_rows_map(who, &tv, dt, v, kv_rows));
   }
 
   Params p{};
@@ -946,7 +1009,15 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
   outer_strides(p.sy, y);
   outer_strides(p.sl, lse);
   set_common_params(p, pr, a.cu_seqlens_q, a.cu_seqlens_k);
-  p.used_k = V == kCounts ? static_cast<const int*>(a.seqused_k.data) : nullptr;
+  p.used_k = (V == kCounts || V == kPaged) && d.seqused_k
+                 ? static_cast<const int*>(a.seqused_k.data)
+                 : nullptr;
+  if constexpr (V == kPaged) {
+    p.block_table = static_cast<const int*>(a.block_table.data);
+    p.table_cols = static_cast<int>(a.block_table.shape[1]);
+    p.page_size = static_cast<int>(d.page_size);
+    p.pages = static_cast<int>(d.pages);
+  }
   p.lq = static_cast<int>(d.len_q);
   p.lk = static_cast<int>(d.len_k);
   p.group = static_cast<int>(pr.group);
@@ -991,7 +1062,9 @@ Status launch(const LaunchContext& ctx, const Problem& pr, const ForwardArgument
 
 template <class T>
 Status launch_ranked_ahead(const LaunchContext& ctx, const Problem& pr, const ForwardArguments& a) {
-  return pr.desc.seqused_k ? launch<T, kCounts>(ctx, pr, a) : launch<T, kPlain>(ctx, pr, a);
+  return pr.desc.page_size > 0 ? launch<T, kPaged>(ctx, pr, a)
+         : pr.desc.seqused_k   ? launch<T, kCounts>(ctx, pr, a)
+                               : launch<T, kPlain>(ctx, pr, a);
 }
 
 // fp8: Dk = Dv in {64, 128, 256}, padded or varlen, Y in TO (one entry per output type and
@@ -1069,6 +1142,11 @@ bool register_one() {
                                          .priority = -5,
                                          .fits = fits<T, kCounts>,
                                          .launch = launch<T, kCounts>,
+                                         .check = check_args<false>});
+  register_kernel<attention::ForwardOp>({.sku = sku(kFa3PagedKernel),
+                                         .priority = -6,
+                                         .fits = fits<T, kPaged>,
+                                         .launch = launch<T, kPaged>,
                                          .check = check_args<false>});
   // The plain schedule once more, above every other forward kernel but fitting only where the
   // measured selection table says it is the fastest candidate (cuDNN then ranks behind there).

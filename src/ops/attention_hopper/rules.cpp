@@ -196,8 +196,10 @@ bool pinned_fits(std::string_view name, const attention::Problem& p, const Devic
 
 bool fa3_fits(const attention::Problem& p, const DeviceCaps& caps, Pass pass) {
   if (pass == Pass::backward) return pinned_fits<attention::BackwardOp>(kFa3BwdKernel, p, caps);
-  return pinned_fits<attention::ForwardOp>(p.desc.seqused_k ? kFa3CountsKernel : kFa3Kernel, p,
-                                           caps);
+  const std::string_view fwd = p.desc.page_size > 0 ? kFa3PagedKernel
+                               : p.desc.seqused_k   ? kFa3CountsKernel
+                                                    : kFa3Kernel;
+  return pinned_fits<attention::ForwardOp>(fwd, p, caps);
 }
 
 template <class Ptr>
