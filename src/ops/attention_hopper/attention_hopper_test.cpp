@@ -1570,20 +1570,28 @@ TEST(AttentionFa3Gpu, FitsExactlyWhatItSupports) {
       EXPECT_FALSE(fa3_kernel(d.dtype, v)->fits(problem_of(counted), caps)) << v;
     // Paged pools: their own instance, and only it, at the page sizes its producer loads (whole
     // key tiles, or powers of two from 8 that divide one: 128 keys, 64 at head dim 256), with or
-    // without counts; never with packed sequences.
+    // without counts; the ranked-ahead entry only where a tile spans at most 8 pages. (Packed
+    // sequences take no pages: the family refuses such a descriptor before any kernel sees it.)
     const int64_t tile = d.head_dim_qk == 256 ? 64 : 128;
     for (int64_t ps : {int64_t{4}, int64_t{8}, int64_t{16}, int64_t{48}, int64_t{64}, int64_t{96},
                        tile, 2 * tile, 3 * tile}) {
       for (const bool with_counts : {false, true}) {
         Descriptor paged = d;
         paged.page_size = ps, paged.pages = 1000, paged.seqused_k = with_counts;
+        const auto made = attention::ForwardOp::make_problem(paged);
+        if (!made.ok()) {
+          EXPECT_TRUE(d.varlen) << made.error().to_string();
+          continue;
+        }
         const bool serves = ps % tile == 0 || (ps >= 8 && tile % ps == 0);
-        EXPECT_EQ(fa3_kernel(d.dtype, kFa3PagedKernel)->fits(problem_of(paged), caps),
-                  plain && !d.varlen && serves)
+        EXPECT_EQ(fa3_kernel(d.dtype, kFa3PagedKernel)->fits(made.value(), caps), plain && serves)
             << ps;
+        if (tile / ps > 8) {
+          EXPECT_FALSE(fa3_kernel(d.dtype, kFa3RankedAhead)->fits(made.value(), caps)) << ps;
+        }
         for (std::string_view v : {kFa3, kFa3CountsKernel, kFa3Pingpong, kFa3Exp2Poly2Kernel,
                                    kFa3Exp2Poly3Kernel, kFa3PersistentKernel})
-          EXPECT_FALSE(fa3_kernel(d.dtype, v)->fits(problem_of(paged), caps)) << v << " " << ps;
+          EXPECT_FALSE(fa3_kernel(d.dtype, v)->fits(made.value(), caps)) << v << " " << ps;
       }
     }
     EXPECT_FALSE(fa3_kernel(d.dtype, kFa3PagedKernel)->fits(problem_of(d), caps));
