@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <limits>
 #include <string>
 #include <thread>
@@ -1268,6 +1269,67 @@ void check_fa3_cases(const std::vector<Case>& cases, std::string_view kernel) {
               seconds_since(t0));
 }
 
+// The views fa3's instances take beyond check_fa3_case's (key counts, paged pools): the
+// arguments past Q, K, V, Y and LSE, set once on the CPU oracle's side and once on the GPU's.
+using SetExtras = std::function<void(attention::ForwardArguments&)>;
+
+// The family's CPU plan's answer in float64 on the values of q, k, v (shaped as desc says).
+struct CpuAnswer {
+  TestTensor y, lse;
+};
+CpuAnswer cpu_plan_answer(const Case& c, Descriptor desc, const TestTensor& q, const TestTensor& k,
+                          const TestTensor& v, const SetExtras& extras) {
+  const Stream& cs = harness::stream_for(Target::cpu);
+  desc.dtype = DType::f64;
+  auto f64_copy = [](const TestTensor& x) {
+    TestTensor y64 = TestTensor::make(DType::f64, x.shape(), Target::cpu);
+    y64.set_values(x.values());
+    return y64;
+  };
+  const TestTensor q64 = f64_copy(q), k64 = f64_copy(k), v64 = f64_copy(v);
+  CpuAnswer ans{TestTensor::make(DType::f64, {c.b, c.hq, c.lq, vdim(c)}, Target::cpu),
+                TestTensor::make(DType::f64, {c.b, c.hq, c.lq}, Target::cpu)};
+  auto plan = attention::ForwardPlan::select(cs, desc);
+  EXPECT_TRUE(plan.ok()) << plan.error().to_string();
+  if (!plan.ok()) return ans;
+  attention::ForwardArguments a{q64.cview(),    k64.cview(), v64.cview(), ans.y.view(),
+                                ans.lse.view(), {},          {}};
+  extras(a);
+  const Status st = plan->run(cs, Workspace::none(), a);
+  EXPECT_TRUE(st.ok()) << (st.ok() ? std::string() : st.error().to_string());
+  return ans;
+}
+
+// fa3's instance `kernel` by name, then the default plan (the ranked-ahead entry, which launches
+// that instance, wherever the selection table picks fa3 for the problem): each run twice into
+// poisoned Y / LSE (bitwise equal, gaps untouched) and compared with the CPU plan's answer.
+void check_by_name_and_default(const Case& c, const Descriptor& desc, std::string_view kernel,
+                               const TestTensor& gq, const TestTensor& gk, const TestTensor& gv,
+                               const SetExtras& extras, const CpuAnswer& ans) {
+  const Stream& gs = harness::stream_for(Target::cuda);
+  const bool fa3_default =
+      preferred_candidate(problem_of(desc), Pass::forward, true) == Candidate::fa3;
+  for (const bool by_name : {true, false}) {
+    SCOPED_TRACE(by_name ? "by name" : "default plan");
+    auto plan = attention::ForwardPlan::select(
+        gs, desc, by_name ? PlanPreference::kernel(kernel) : PlanPreference::fastest());
+    BARACUDA_ASSERT_OK(plan);
+    if (by_name || fa3_default) {
+      ASSERT_EQ(plan->sku().name, by_name ? kernel : kFa3RankedAhead);
+    }
+    TestTensor gy = gpu_tensor(c, c.t, c.hq, c.lq, vdim(c));
+    TestTensor glse = gpu_lse(c);
+    const Workspace_ ws = workspace_of(plan->workspace_size());
+    attention::ForwardArguments args{gq.cview(),  gk.cview(), gv.cview(), gy.view(),
+                                     glse.view(), {},         {}};
+    extras(args);
+    run_twice_poisoned(*plan, ws, args, gy, glse);
+    EXPECT_TRUE(harness::close_to(gy.values(), ans.y.values(), c.t, Accuracy::reduction, "y"));
+    EXPECT_TRUE(
+        harness::close_to(glse.values(), ans.lse.values(), DType::f32, Accuracy::reduction, "lse"));
+  }
+}
+
 // Per-sequence key counts (seqused_k) on fa3: each sequence reads the first count keys of its
 // padded cache, whose rows past the count are NaN (a cache's unused rows may hold anything: the
 // kernel must neither score them nor let 0 * NaN into P V). Against the family's CPU plan in
@@ -1294,8 +1356,6 @@ TEST(AttentionFa3Gpu, SequsedKMatchesTheCpuPlan) {
         128},
        {257}},
   };
-  const Stream& cs = harness::stream_for(Target::cpu);
-  const Stream& gs = harness::stream_for(Target::cuda);
   for (const CountedCase& cc : cases) {
     const Case& c = cc.c;
     SCOPED_TRACE(name_of(c));
@@ -1319,49 +1379,15 @@ TEST(AttentionFa3Gpu, SequsedKMatchesTheCpuPlan) {
     TestTensor used = TestTensor::make(DType::i32, {c.b}, Target::cpu);
     used.set_values(counts);
 
-    // The CPU plan's answer in float64, on the same values.
-    Descriptor desc64 = desc;
-    desc64.dtype = DType::f64;
-    auto f64_copy = [](const TestTensor& x) {
-      TestTensor y64 = TestTensor::make(DType::f64, x.shape(), Target::cpu);
-      y64.set_values(x.values());
-      return y64;
-    };
-    const TestTensor q64 = f64_copy(q), k64 = f64_copy(k), v64 = f64_copy(v);
-    TestTensor y = TestTensor::make(DType::f64, {c.b, c.hq, c.lq, vdim(c)}, Target::cpu);
-    TestTensor lse = TestTensor::make(DType::f64, {c.b, c.hq, c.lq}, Target::cpu);
-    auto ref_plan = attention::ForwardPlan::select(cs, desc64);
-    BARACUDA_ASSERT_OK(ref_plan);
-    attention::ForwardArguments ra{q64.cview(), k64.cview(), v64.cview(), y.view(),
-                                   lse.view(),  {},          {}};
-    ra.seqused_k = used.cview();
-    BARACUDA_ASSERT_OK(ref_plan->run(cs, Workspace::none(), ra));
-
+    const CpuAnswer ans = cpu_plan_answer(
+        c, desc, q, k, v, [&](attention::ForwardArguments& x) { x.seqused_k = used.cview(); });
     TestTensor gq = upload(c, q, c.hq, c.lq, c.d), gk = upload(c, k, c.hk, c.lk, c.d),
                gv = upload(c, v, c.hk, c.lk, vdim(c));
     TestTensor gused = TestTensor::make(DType::i32, {c.b}, Target::cuda);
     gused.set_values(counts);
-    // fa3's counts instance by name, then the default plan: for bf16 (the dtype the selection
-    // table measured) the ranked-ahead entry, which launches that instance for counted chunks.
-    for (const bool by_name : {true, false}) {
-      SCOPED_TRACE(by_name ? "by name" : "default plan");
-      auto plan = attention::ForwardPlan::select(
-          gs, desc, by_name ? PlanPreference::kernel(kFa3CountsKernel) : PlanPreference::fastest());
-      BARACUDA_ASSERT_OK(plan);
-      if (by_name || c.t == DType::bf16) {
-        ASSERT_EQ(plan->sku().name, by_name ? kFa3CountsKernel : kFa3RankedAhead);
-      }
-      TestTensor gy = gpu_tensor(c, c.t, c.hq, c.lq, vdim(c));
-      TestTensor glse = gpu_lse(c);
-      const Workspace_ ws = workspace_of(plan->workspace_size());
-      attention::ForwardArguments args{gq.cview(),  gk.cview(), gv.cview(), gy.view(),
-                                       glse.view(), {},         {}};
-      args.seqused_k = gused.cview();
-      run_twice_poisoned(*plan, ws, args, gy, glse);
-      EXPECT_TRUE(harness::close_to(gy.values(), y.values(), c.t, Accuracy::reduction, "y"));
-      EXPECT_TRUE(
-          harness::close_to(glse.values(), lse.values(), DType::f32, Accuracy::reduction, "lse"));
-    }
+    check_by_name_and_default(
+        c, desc, kFa3CountsKernel, gq, gk, gv,
+        [&](attention::ForwardArguments& x) { x.seqused_k = gused.cview(); }, ans);
   }
 }
 
@@ -1401,8 +1427,6 @@ TEST(AttentionFa3Gpu, PagedMatchesTheCpuPlan) {
        128,
        {}},
   };
-  const Stream& cs = harness::stream_for(Target::cpu);
-  const Stream& gs = harness::stream_for(Target::cuda);
   constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
   for (const PagedCase& pc : cases) {
     const Case& c = pc.c;
@@ -1444,24 +1468,10 @@ TEST(AttentionFa3Gpu, PagedMatchesTheCpuPlan) {
     TestTensor cused = TestTensor::make(DType::i32, {c.b}, Target::cpu);
     if (desc.seqused_k) cused.set_values(counts);
 
-    // The CPU plan's answer in float64, on the same values.
-    Descriptor desc64 = desc;
-    desc64.dtype = DType::f64;
-    auto f64_copy = [](const TestTensor& x) {
-      TestTensor y64 = TestTensor::make(DType::f64, x.shape(), Target::cpu);
-      y64.set_values(x.values());
-      return y64;
-    };
-    const TestTensor q64 = f64_copy(q), k64 = f64_copy(k), v64 = f64_copy(v);
-    TestTensor y = TestTensor::make(DType::f64, {c.b, c.hq, c.lq, vdim(c)}, Target::cpu);
-    TestTensor lse = TestTensor::make(DType::f64, {c.b, c.hq, c.lq}, Target::cpu);
-    auto ref_plan = attention::ForwardPlan::select(cs, desc64);
-    BARACUDA_ASSERT_OK(ref_plan);
-    attention::ForwardArguments ra{q64.cview(), k64.cview(), v64.cview(), y.view(),
-                                   lse.view(),  {},          {}};
-    ra.block_table = ctable.cview();
-    if (desc.seqused_k) ra.seqused_k = cused.cview();
-    BARACUDA_ASSERT_OK(ref_plan->run(cs, Workspace::none(), ra));
+    const CpuAnswer ans = cpu_plan_answer(c, desc, q, k, v, [&](attention::ForwardArguments& x) {
+      x.block_table = ctable.cview();
+      if (desc.seqused_k) x.seqused_k = cused.cview();
+    });
 
     TestTensor gq = upload(c, q, c.hq, c.lq, c.d);
     auto pool = [&](const TestTensor& host) {
@@ -1478,30 +1488,13 @@ TEST(AttentionFa3Gpu, PagedMatchesTheCpuPlan) {
     gtable.set_values(table);
     TestTensor gused = TestTensor::make(DType::i32, {c.b}, Target::cuda);
     if (desc.seqused_k) gused.set_values(counts);
-    // fa3's paged instance by name, then the default plan (the ranked-ahead entry where the
-    // selection table picks fa3 for the problem).
-    const bool fa3_default =
-        preferred_candidate(problem_of(desc), Pass::forward, true) == Candidate::fa3;
-    for (const bool by_name : {true, false}) {
-      SCOPED_TRACE(by_name ? "by name" : "default plan");
-      auto plan = attention::ForwardPlan::select(
-          gs, desc, by_name ? PlanPreference::kernel(kFa3PagedKernel) : PlanPreference::fastest());
-      BARACUDA_ASSERT_OK(plan);
-      if (by_name || fa3_default) {
-        ASSERT_EQ(plan->sku().name, by_name ? kFa3PagedKernel : kFa3RankedAhead);
-      }
-      TestTensor gy = gpu_tensor(c, c.t, c.hq, c.lq, vdim(c));
-      TestTensor glse = gpu_lse(c);
-      const Workspace_ ws = workspace_of(plan->workspace_size());
-      attention::ForwardArguments args{gq.cview(),  gk.cview(), gv.cview(), gy.view(),
-                                       glse.view(), {},         {}};
-      args.block_table = gtable.cview();
-      if (desc.seqused_k) args.seqused_k = gused.cview();
-      run_twice_poisoned(*plan, ws, args, gy, glse);
-      EXPECT_TRUE(harness::close_to(gy.values(), y.values(), c.t, Accuracy::reduction, "y"));
-      EXPECT_TRUE(
-          harness::close_to(glse.values(), lse.values(), DType::f32, Accuracy::reduction, "lse"));
-    }
+    check_by_name_and_default(
+        c, desc, kFa3PagedKernel, gq, gk, gv,
+        [&](attention::ForwardArguments& x) {
+          x.block_table = gtable.cview();
+          if (desc.seqused_k) x.seqused_k = gused.cview();
+        },
+        ans);
   }
 }
 

@@ -1105,61 +1105,43 @@ Status launch_fp8(const LaunchContext& ctx, const Problem& pr, const ForwardArgu
   }
 }
 
+// One registry entry of a schedule: its name, rank, fit rule and launch.
+struct Entry {
+  std::string_view name;
+  int priority;
+  bool (*fits)(const Problem&, const DeviceCaps&);
+  Status (*launch)(const LaunchContext&, const Problem&, const ForwardArguments&);
+};
+
 template <DType E>
 bool register_one() {
   using T = cuda::device_t<E>;
   // Softmax in f32 too; no atomics and no split, so runs repeat bit for bit.
   constexpr PrecisionGuarantee prec = fa3_precision(E, true);
-  auto sku = [&](std::string_view name) {
-    return fa3_sku(attention::ForwardOp::name, E, prec, name);
-  };
-  // Pinnable entries at priorities 0 to -4: below the family's kernels (10..30) and both cuDNN
+  // Pinnable entries at priorities 0 to -6: below the family's kernels (10..30) and both cuDNN
   // entries (1, 1000), so they never win `fastest` on their own; PlanPreference::kernel(name)
   // reaches them everywhere they fit (A/B, tests). The pingpong variant (the two consumer
   // warpgroups take turns issuing their wgmmas) is the A/B of the schedule; the exp2poly ones of
   // the MUFU offload (poly_exp2: the same precision claim, its error is far below P's rounding).
-  register_kernel<attention::ForwardOp>({.sku = sku(kFa3Kernel),
-                                         .priority = 0,
-                                         .fits = fits<T, kPlain>,
-                                         .launch = launch<T, kPlain>,
-                                         .check = check_args<false>});
-  register_kernel<attention::ForwardOp>({.sku = sku(kFa3PingpongKernel),
-                                         .priority = -1,
-                                         .fits = fits<T, kPingpong>,
-                                         .launch = launch<T, kPingpong>,
-                                         .check = check_args<false>});
-  register_kernel<attention::ForwardOp>({.sku = sku(kFa3Exp2Poly2Kernel),
-                                         .priority = -2,
-                                         .fits = fits<T, kPoly2>,
-                                         .launch = launch<T, kPoly2>,
-                                         .check = check_args<false>});
-  register_kernel<attention::ForwardOp>({.sku = sku(kFa3Exp2Poly3Kernel),
-                                         .priority = -3,
-                                         .fits = fits<T, kPoly3>,
-                                         .launch = launch<T, kPoly3>,
-                                         .check = check_args<false>});
-  register_kernel<attention::ForwardOp>({.sku = sku(kFa3PersistentKernel),
-                                         .priority = -4,
-                                         .fits = fits<T, kPersistent>,
-                                         .launch = launch<T, kPersistent>,
-                                         .check = check_args<false>});
-  register_kernel<attention::ForwardOp>({.sku = sku(kFa3CountsKernel),
-                                         .priority = -5,
-                                         .fits = fits<T, kCounts>,
-                                         .launch = launch<T, kCounts>,
-                                         .check = check_args<false>});
-  register_kernel<attention::ForwardOp>({.sku = sku(kFa3PagedKernel),
-                                         .priority = -6,
-                                         .fits = fits<T, kPaged>,
-                                         .launch = launch<T, kPaged>,
-                                         .check = check_args<false>});
-  // The plain schedule once more, above every other forward kernel but fitting only where the
-  // measured selection table says it is the fastest candidate (cuDNN then ranks behind there).
-  register_kernel<attention::ForwardOp>({.sku = sku(kFa3RankedAhead),
-                                         .priority = kFa3Ahead,
-                                         .fits = fits_ranked_ahead<T>,
-                                         .launch = launch_ranked_ahead<T>,
-                                         .check = check_args<false>});
+  // Last, the plain schedule (its counts or paged instance for such problems) once more, above
+  // every other forward kernel but fitting only where the measured selection table says it is
+  // the fastest candidate (cuDNN then ranks behind there).
+  const Entry entries[] = {
+      {kFa3Kernel, 0, fits<T, kPlain>, launch<T, kPlain>},
+      {kFa3PingpongKernel, -1, fits<T, kPingpong>, launch<T, kPingpong>},
+      {kFa3Exp2Poly2Kernel, -2, fits<T, kPoly2>, launch<T, kPoly2>},
+      {kFa3Exp2Poly3Kernel, -3, fits<T, kPoly3>, launch<T, kPoly3>},
+      {kFa3PersistentKernel, -4, fits<T, kPersistent>, launch<T, kPersistent>},
+      {kFa3CountsKernel, -5, fits<T, kCounts>, launch<T, kCounts>},
+      {kFa3PagedKernel, -6, fits<T, kPaged>, launch<T, kPaged>},
+      {kFa3RankedAhead, kFa3Ahead, fits_ranked_ahead<T>, launch_ranked_ahead<T>}};
+  for (const Entry& e : entries)
+    register_kernel<attention::ForwardOp>(
+        {.sku = fa3_sku(attention::ForwardOp::name, E, prec, e.name),
+         .priority = e.priority,
+         .fits = e.fits,
+         .launch = e.launch,
+         .check = check_args<false>});
   return true;
 }
 
@@ -1173,12 +1155,6 @@ BARACUDA_REGISTER(register_one<DType::f16>());
 // as at 16 bits).
 template <class TO>
 void register_fp8_out() {
-  struct Entry {
-    std::string_view name;
-    int priority;
-    bool (*fits)(const Problem&, const DeviceCaps&);
-    Status (*launch)(const LaunchContext&, const Problem&, const ForwardArguments&);
-  };
   const Entry entries[] = {
       {kFa3Fp8Kernel, kFa3Ahead, fits_fp8<TO, kLazyRescale>, launch_fp8<TO, kLazyRescale>},
       {kFa3Fp8PingpongKernel, 0, fits_fp8<TO, kPingpong>, launch_fp8<TO, kPingpong>},
