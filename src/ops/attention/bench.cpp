@@ -316,7 +316,7 @@ void bench_all(const Stream& stream) {
   // Chunked prefill: Lq new tokens a sequence at the end of 4096-key caches (causal, bottom-right),
   // 4 sequences. The cache as a padded [B, L, H, D] cache and as one of twice the capacity read
   // through per-sequence key counts (seqused_k, each sequence's first 4096 rows), for Lq from 32 to
-  // 2048; at Lq 512 also as scattered 64- or 16-key pages (flash_fwd_mma_paged_sm80 by default).
+  // 2048; at Lq 512 also as scattered 64-, 16- or 8-key pages.
   // A/B rows by name: m32s_straight (the family's prefill shape), m16 at Lq 512 (the paged
   // kernel's first shape), and where they are built fa3 (its counts / paged instance for counted /
   // paged caches) and cuDNN: the selection table's columns were measured with Lq = Lk only, so
@@ -332,7 +332,7 @@ void bench_all(const Stream& stream) {
       for (int64_t i = 0; i < lq; ++i) visible += static_cast<double>(kPLk - lq + i + 1);
       const double flops = 4.0 * kPB * kHq * kD * visible;
       std::vector<int64_t> layouts = {0, kCounts};
-      if (lq == 512) layouts.insert(layouts.begin(), {64, 16});
+      if (lq == 512) layouts.insert(layouts.begin(), {64, 16, 8});
       for (const int64_t ps : layouts) {
         const std::string name = "prefill_b4_hq32_hk8_lq" + std::to_string(lq) + "_lk4096_d128_" +
                                  (ps > 0    ? "paged" + std::to_string(ps)
