@@ -129,6 +129,13 @@ std::unique_ptr<TestTensor> make(DType t, const std::vector<int64_t>& shape, Tar
                                           : Layout::contiguous;
   return std::make_unique<TestTensor>(TestTensor::make(t, shape, target, l, &rng));
 }
+// The same, filled with random values: dims[0 .. rank) of a Shapes entry.
+std::unique_ptr<TestTensor> random_tensor(DType t, const int64_t* dims, int rank, Target target,
+                                          Lay lay, Rng& rng) {
+  auto x = make(t, vec(dims, rank), target, lay, rng);
+  x->fill_random(rng);
+  return x;
+}
 
 std::unique_ptr<TestTensor> seqlens(const std::vector<int32_t>& cu, Target target) {
   auto t = std::make_unique<TestTensor>(
@@ -1008,22 +1015,31 @@ TEST(AttentionRules, MaskNames) {
 // Random argument mistakes (harness::fuzz_arguments) on every target, forward and backward, GQA
 // with a causal mask, batched and varlen, f32 and bf16: refused naming the op with every output
 // untouched, or accepted and run inside the real buffers (ASan in CI).
-// Every view of a forward's arguments, for the fuzzer (the optional ones too: a view given where
-// the descriptor has no use for it is a mistake of its own).
-std::vector<harness::ArgView> forward_views(ForwardArguments& a) {
+// Every view of a pass's arguments, for the fuzzer (the optional ones too: a view given where
+// the descriptor has no use for it is a mistake of its own): the ones both passes name alike,
+// then each one's own.
+template <class Args>
+std::vector<harness::ArgView> shared_views(Args& a) {
   return {{"q", a.q},
           {"k", a.k},
           {"v", a.v},
           {"y", a.y},
           {"lse", a.lse},
           {"cu_seqlens_q", a.cu_seqlens_q},
-          {"cu_seqlens_k", a.cu_seqlens_k},
-          {"seqused_k", a.seqused_k},
-          {"block_table", a.block_table}};
+          {"cu_seqlens_k", a.cu_seqlens_k}};
+}
+std::vector<harness::ArgView> forward_views(ForwardArguments& a) {
+  std::vector<harness::ArgView> v = shared_views(a);
+  v.insert(v.end(), {{"seqused_k", a.seqused_k}, {"block_table", a.block_table}});
+  return v;
+}
+std::vector<harness::ArgView> backward_views(BackwardArguments& a) {
+  std::vector<harness::ArgView> v = shared_views(a);
+  v.insert(v.end(), {{"dy", a.dy}, {"dq", a.dq}, {"dk", a.dk}, {"dv", a.dv}});
+  return v;
 }
 
 TEST_P(AttentionTest, RandomArgumentMistakes) {
-  using harness::ArgView;
   const Target target = GetParam();
   BARACUDA_SKIP_IF_UNAVAILABLE(target);
   Rng rng;
@@ -1043,9 +1059,7 @@ TEST_P(AttentionTest, RandomArgumentMistakes) {
       // (Kernel::check), so the plan's fallback (the family's kernels) takes them, mutated or not.
       const Lay lay = Lay::padded;
       auto mk = [&](const int64_t* d, int rank) {
-        auto x = make(dtype, vec(d, rank), target, lay, rng);
-        x->fill_random(rng);
-        return x;
+        return random_tensor(dtype, d, rank, target, lay, rng);
       };
       auto q = mk(s.q, r), k = mk(s.k, r), v = mk(s.v, r), y = mk(s.y, r), dy = mk(s.y, r);
       auto dq = mk(s.q, r), dk = mk(s.k, r), dv = mk(s.v, r);
@@ -1074,22 +1088,9 @@ TEST_P(AttentionTest, RandomArgumentMistakes) {
       bl.lse = lse_copy->cview();
       EXPECT_TRUE(harness::fuzz_arguments(stream, *fwd, fws, f, forward_views, {y.get(), lse.get()},
                                           "attention_forward", rng, 300, &accepted));
-      EXPECT_TRUE(harness::fuzz_arguments(
-          stream, *bwd, bws, bl,
-          [](BackwardArguments& a) {
-            return std::vector<ArgView>{{"q", a.q},
-                                        {"k", a.k},
-                                        {"v", a.v},
-                                        {"y", a.y},
-                                        {"dy", a.dy},
-                                        {"lse", a.lse},
-                                        {"dq", a.dq},
-                                        {"dk", a.dk},
-                                        {"dv", a.dv},
-                                        {"cu_seqlens_q", a.cu_seqlens_q},
-                                        {"cu_seqlens_k", a.cu_seqlens_k}};
-          },
-          {dq.get(), dk.get(), dv.get()}, "attention_backward", rng, 300, &accepted));
+      EXPECT_TRUE(harness::fuzz_arguments(stream, *bwd, bws, bl, backward_views,
+                                          {dq.get(), dk.get(), dv.get()}, "attention_backward", rng,
+                                          300, &accepted));
     }
   {  // the forward's cache arguments: paged K / V with per-sequence counts
     Config c;
@@ -1100,9 +1101,7 @@ TEST_P(AttentionTest, RandomArgumentMistakes) {
     const Problem p = problem_of(c);
     const Shapes s = shapes_of(p);
     auto mk = [&](DType t, const int64_t* d, int rank) {
-      auto x = make(t, vec(d, rank), target, Lay::padded, rng);
-      x->fill_random(rng);
-      return x;
+      return random_tensor(t, d, rank, target, Lay::padded, rng);
     };
     auto q = mk(c.dtype, s.q, 4), k = mk(c.dtype, s.k, 4), v = mk(c.dtype, s.v, 4);
     auto y = mk(c.dtype, s.y, 4), lse = mk(DType::f32, s.lse, 3);
@@ -1133,9 +1132,7 @@ TEST_P(AttentionTest, ArgumentErrorsNeverWrite) {
   const Problem p = problem_of(c);
   const Shapes s = shapes_of(p);
   auto mk = [&](DType t, const int64_t* d, int r) {
-    auto x = make(t, vec(d, r), target, Lay::bhld, rng);
-    x->fill_random(rng);
-    return x;
+    return random_tensor(t, d, r, target, Lay::bhld, rng);
   };
   auto q = mk(DType::f32, s.q, 4), k = mk(DType::f32, s.k, 4), v = mk(DType::f32, s.v, 4);
   auto y = mk(DType::f32, s.y, 4), lse = mk(DType::f32, s.lse, 3);
@@ -1309,9 +1306,7 @@ TEST(AttentionRules, ReferenceRejectsBadSeqlens) {
   c.b = 2;
   const Shapes s = shapes_of(problem_of(c));
   auto mk = [&](DType t, const int64_t* d, int r) {
-    auto x = make(t, vec(d, r), Target::cpu, Lay::bhld, rng);
-    x->fill_random(rng);
-    return x;
+    return random_tensor(t, d, r, Target::cpu, Lay::bhld, rng);
   };
   auto q = mk(DType::f32, s.q, 3), k = mk(DType::f32, s.k, 3), v = mk(DType::f32, s.v, 3);
   auto y = mk(DType::f32, s.y, 3), lse = mk(DType::f32, s.lse, 2);

@@ -606,7 +606,7 @@ struct PageWindow {
                                         rj, n);
       }
     } else {
-      const int shift = __ffs(ps) - 1;
+      const int shift = shift_of(ps);
       load_kv_paged<T, ROWS, D, NT>(tk, tv, gk, gv, p, r0, n, [&](int r) {
         return PageRow{page(p, e0 + (r >> shift)), r & (ps - 1)};
       });

@@ -77,6 +77,10 @@ constexpr int kDvOf = D == 192 ? 128 : D;
 // Keys per tile: 128, 64 at D = 256 (O's 128 accumulator registers leave room for a 64-key S).
 template <int D>
 constexpr int kKeysPerTile = D == 256 ? 64 : 128;
+// The same for a problem's head dim, on the host.
+inline int64_t keys_per_tile(const Problem& pr) {
+  return pr.desc.head_dim_qk == 256 ? kKeysPerTile<256> : kKeysPerTile<128>;
+}
 constexpr int kConsumers = 2;                     // consumer warpgroups
 constexpr int kThreads = (kConsumers + 1) * 128;  // + the producer warpgroup
 // [[maybe_unused]]: only the sm_90a device code reads these (other targets get empty kernels).
@@ -816,8 +820,7 @@ bool fits(const Problem& pr, const DeviceCaps& caps) {
   // in theirs (see Variant), and only there.
   if ((d.page_size > 0) != (V == kPaged)) return false;
   if (V != kPaged && d.seqused_k != (V == kCounts)) return false;
-  if (V == kPaged && (d.varlen || !paged_size_fits(d.page_size, d.head_dim_qk == 256 ? 64 : 128)))
-    return false;
+  if (V == kPaged && (d.varlen || !paged_size_fits(d.page_size, keys_per_tile(pr)))) return false;
   // The persistent variant numbers its work tiles (query blocks x heads x batch) in an int.
   // D = 64 only: at D = 128 ptxas spills it (36 bytes, a few per work tile, outside the key
   // loop) at the consumers' 240 registers, and the project builds no kernel that spills.
@@ -847,9 +850,8 @@ bool fits(const Problem& pr, const DeviceCaps& caps) {
 // 64-key pages (2 a tile) but 1.01x in 16-key pages (8 a tile); 8-key pages were not measured.
 template <class T>
 bool fits_ranked_ahead(const Problem& pr, const DeviceCaps& caps) {
-  const int64_t tile = pr.desc.head_dim_qk == 256 ? 64 : 128;
   const bool fit = pr.desc.page_size > 0
-                       ? fits<T, kPaged>(pr, caps) && tile / pr.desc.page_size <= 8
+                       ? fits<T, kPaged>(pr, caps) && keys_per_tile(pr) / pr.desc.page_size <= 8
                    : pr.desc.seqused_k ? fits<T, kCounts>(pr, caps)
                                        : fits<T, kPlain>(pr, caps);
   return fit && preferred_candidate(pr, Pass::forward, true) == Candidate::fa3;
@@ -1019,7 +1021,7 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
                  : nullptr;
   if constexpr (V == kPaged) {
     p.block_table = static_cast<const int*>(a.block_table.data);
-    p.table_cols = static_cast<int>(a.block_table.shape[1]);
+    p.table_cols = static_cast<int>(attention::shapes_of(pr).block_table[1]);
     p.page_size = static_cast<int>(d.page_size);
     p.pages = static_cast<int>(d.pages);
   }
