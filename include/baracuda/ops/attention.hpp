@@ -45,7 +45,11 @@
 // Lk keys) has its diagonal at key d(i) = i (top-left alignment, PyTorch's `is_causal`) or at
 // d(i) = i + Lk - Lq (bottom-right alignment, FlashAttention's causal); key j is visible when
 // d(i) - left <= j <= d(i) + right (a negative bound means unbounded). Causal is right = 0.
-// Logit soft-capping replaces a score s by cap * tanh(s / cap) before the mask.
+// Logit soft-capping replaces a score s by cap * tanh(s / cap) before the mask. The family's
+// kernels evaluate tanh to ~2e-7 relative; the sm_90a fa3 kernels (the default on Hopper where
+// they fit) use the hardware tanh, 1.1e-5 relative at most (measured), so a capped score there
+// is off by up to cap x 1.1e-5, and the LSE by about as much. Pin the family's kernels
+// (PlanPreference::only(Backend::bespoke_cuda)) for the tighter bound, at ~1/4 of the speed.
 //
 // A query row that sees no key (fully masked, or Lk = 0) is defined: output 0, LSE -inf.
 // LSE is f32 (f64 for f64 problems, so the f64 backward keeps its precision).

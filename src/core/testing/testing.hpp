@@ -210,8 +210,11 @@ struct Comparison {
 };
 Comparison compare(const std::vector<double>& out, const std::vector<double>& ref,
                    double abs_floor = 0);
+// slack: an absolute error the kernel documents on top of the table's bound (an approximated
+// transcendental the dtype cannot know of); each |out - ref| is reduced by it, like abs_floor.
 ::testing::AssertionResult close_to(const std::vector<double>& out, const std::vector<double>& ref,
-                                    DType dtype, Accuracy acc, std::string_view what);
+                                    DType dtype, Accuracy acc, std::string_view what,
+                                    double slack = 0);
 // For sums of signed terms whose cancellation the norm bounds cannot see: every element i within
 // the reduction tolerance's max_abs factor of terms[i] = the sum of |term| that formed ref[i] (the
 // classic forward error bound of a long sum, |err| <= c u sum |x_k|).

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/testing/testing.hpp"
@@ -31,18 +32,31 @@ struct ForwardShape {
   Mask mask;
 };
 
+// An absolute allowance on a forward's LSE on top of its type's reduction bound, by the kernel that
+// ran: none for the family's kernels; for fa3's instances (names "fa3_..."), two approximations
+// that their precision guarantee's 16-bit math covers and f32's bound does not, both far below P's
+// rounding: the exp2-offload polynomial (a few 1e-6 on LSE) and soft-capping's tanh.approx.f32
+// (1.1e-5 relative at most over |x| < 9, measured on the H200), which puts a capped score up to
+// cap x 1.1e-5 off (a cap-20 d256 case's LSE came 3.2e-5 off against a bound of 2.3e-5). The
+// accurate tanh of the family's kernels cost fa3's capped forward 41% (docs/perf/attention.md,
+// fortieth session).
+inline double lse_slack(std::string_view kernel, double softcap) {
+  return kernel.starts_with("fa3_") ? 1e-5 + 1.2e-5 * softcap : 0.0;
+}
+
 // Y and LSE (logical order) against the reference ry / rl at the blocks' rows, every element of
 // them (the whole tensors when the blocks cover every row), then the checks over every row: every
 // Y element written, finite and inside V's range (Y is a convex combination of V rows, up to P's
 // rounding to the 16-bit type before P V: the weights then sum to 1 within a few 2^-8), rows that
 // see no key exactly 0 with LSE -inf, LSE finite wherever a row sees a key. vmax = max |V|.
-// fp8 (p_e4m3): P is rounded to e4m3 before P V, so Y is held to the rounded-weights bound of
-// e4m3 and the weights may sum to 1 within 2^-4.
+// lse_slack: see lse_slack above. fp8 (p_e4m3): P is rounded to e4m3 before P V, so Y is held to
+// the rounded-weights bound of e4m3 and the weights may sum to 1 within 2^-4.
 inline void expect_forward_outputs(const ForwardShape& s, DType y_dtype, DType lse_dtype,
                                    const std::vector<double>& ry, const std::vector<double>& rl,
                                    double vmax, const std::vector<double>& y,
                                    const std::vector<double>& lse,
-                                   const std::vector<RowBlock>& blocks, bool p_e4m3 = false) {
+                                   const std::vector<RowBlock>& blocks, bool p_e4m3 = false,
+                                   double lse_slack = 0) {
   const bool whole = rows_of(blocks) == s.b * s.hq * s.lq;
   std::vector<double> got_y, ref_y, got_l, ref_l;
   for (const RowBlock& bk : blocks)
@@ -57,7 +71,7 @@ inline void expect_forward_outputs(const ForwardShape& s, DType y_dtype, DType l
                         p_e4m3 ? harness::Accuracy::rounded_weights : harness::Accuracy::reduction,
                         whole ? "y" : "y (sampled rows)"));
   EXPECT_TRUE(harness::close_to(got_l, ref_l, lse_dtype, harness::Accuracy::reduction,
-                                whole ? "lse" : "lse (sampled rows)"));
+                                whole ? "lse" : "lse (sampled rows)", lse_slack));
   const double ybound = vmax * (1 + (p_e4m3 ? 1.0 / 16 : 1.0 / 32)) + 1e-6;
   const detail::Band band = detail::band_of(s.mask);
   int64_t bad_y = 0, bad_l = 0, first_y = -1, first_l = -1;

@@ -511,6 +511,7 @@ struct Case {
   bool must_fit = true;  // false: cuDNN may refuse it (then the plan must fall back, see below)
   double softcap = 0;    // > 0: logit soft-capping
   int64_t dv = 0;        // V / Y head dim when it differs from Q / K's (0: the same)
+  double scale = 0;      // > 0: the descriptor's scale (0: its default, 1 / sqrt(Dk))
 };
 int64_t vdim(const Case& c) {
   return c.dv > 0 ? c.dv : c.d;
@@ -521,6 +522,7 @@ Descriptor desc_of(const Case& c, DType t) {
   Descriptor d = make_desc(t, c.b, c.hq, c.hk, c.lq, c.lk, c.d, c.mask);
   d.softcap = c.softcap;
   d.head_dim_v = vdim(c);
+  if (c.scale > 0) d.scale = c.scale;
   return d;
 }
 
@@ -543,7 +545,8 @@ std::string name_of(const Case& c) {
          std::to_string(c.lk) + " D" + std::to_string(c.d) + " " + attention::to_string(c.mask) +
          (c.blhd ? " BLHD" : " BHLD") + (c.padded ? " padded" : "") +
          (c.softcap > 0 ? " cap" + std::to_string(c.softcap) : "") +
-         (c.dv > 0 ? " Dv" + std::to_string(c.dv) : "");
+         (c.dv > 0 ? " Dv" + std::to_string(c.dv) : "") +
+         (c.scale > 0 ? " scale" + std::to_string(c.scale) : "");
 }
 
 // A [B, H, L, D] tensor on the GPU in the case's memory order; padded: 16 more bytes per row and
@@ -1236,6 +1239,15 @@ std::vector<Case> fa3_cases() {
       {DType::bf16, 1, 4, 2, 300, 300, 128, Mask::none(), false, false, true, 30.0},
       {DType::f16, 1, 2, 2, 257, 513, 64, Mask::causal_bottom_right(), true, true, true, 50.0},
       {DType::bf16, 1, 2, 2, 200, 200, 256, Mask::sliding_window(64, 0), false, false, true, 20.0},
+      // Soft-capping's tanh at both ends: large caps (scores / cap near 0, where the tanh's error
+      // is multiplied by the cap; see attention::testing::lse_slack) and scores / cap near 1
+      // (scale 1 or 1/2: the capped logits span the cap).
+      {DType::bf16, 1, 4, 2, 300, 300, 128, Mask::none(), false, false, true, 100.0},
+      {DType::f16, 1, 2, 1, 200, 500, 256, Mask::causal_top_left(), true, true, true, 50.0},
+      {DType::bf16, 1, 4, 2, 300, 300, 128, Mask::none(), false, false, true, 5.0, 0, 1.0},
+      {DType::f16, 1, 2, 2, 257, 513, 64, Mask::causal_bottom_right(), true, true, true, 2.0, 0,
+       0.5},
+      {DType::bf16, 1, 2, 1, 200, 200, 256, Mask::none(), false, true, true, 8.0, 0, 1.0},
       // DeepSeek MLA prefill's head dims: Dk = 192, Dv = 128 (causal, GQA-free, both layouts).
       {DType::bf16, 1, 4, 4, 300, 300, 192, Mask::causal_bottom_right(), false, true, true, 0, 128},
       {DType::f16, 2, 2, 2, 77, 203, 192, Mask::none(), true, false, true, 0, 128},
@@ -2012,6 +2024,9 @@ std::vector<Case> fa3_bwd_cases() {
       {DType::f16, 2, 2, 2, 130, 130, 256, Mask::none(), false, true},
       {DType::bf16, 1, 2, 1, 300, 77, 256, Mask::causal_top_left(), false, true},
       {DType::f16, 1, 2, 2, 200, 260, 256, Mask::sliding_window(64, 0), true, false, true, 20.0},
+      // A large cap and scores near the cap (see fa3_cases): P and the LSE from one tanh.
+      {DType::bf16, 1, 4, 2, 300, 300, 128, Mask::none(), false, false, true, 100.0},
+      {DType::bf16, 1, 4, 2, 300, 300, 128, Mask::none(), false, false, true, 5.0, 0, 1.0},
   };
 }
 

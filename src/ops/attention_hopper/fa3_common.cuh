@@ -55,7 +55,11 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
-// tanh(x) (tanh.approx.f32: ~2^-11 relative, below the 16-bit rounding of P).
+// tanh(x) by tanh.approx.f32: 1.1e-5 relative at most over |x| < 9 (H200, every float of 10 bands;
+// the PTX manual's bound is 2^-11), so a capped score is off by up to cap x 1.1e-5: below P's
+// bf16 rounding for any cap under ~350 (f16's: ~45), past f32's bound on LSE for large caps (the
+// tests' lse_slack). The accurate form (cuda-core polynomial / exponential, the family's
+// tanh_fast) cost the capped forward 41% and the backward 20% (docs/perf/attention.md).
 __device__ __forceinline__ float fast_tanh(float x) {
   float y;
   asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
