@@ -21,7 +21,11 @@
 #      (then build test_attention in the B whose median ratio to A, over the rows timed in A, is
 #      highest, and run that filter there: one call measures the patches and tests the winner;
 #      its log lands in $OUT/ab_test.log; skipped when no B's median ratio exceeds 1 unless
-#      AB_TEST_ANY=1; AB_TEST_BUILD=<name> tests that build instead).
+#      AB_TEST_ANY=1; AB_TEST_BUILD=<name> tests that build instead), AB_ROUNDS_UNTIL=<seconds>
+#      (no new round starts once the script has run that long: the medians of the rounds done and
+#      AB_TEST still come back; a call that runs out of its 600 s mid-round returns neither. The
+#      fortieth session's call 3 lost its tests so: two builds' attention_features rows fit 2 of 3
+#      rounds in what the builds left of the call).
 # Rows land in $OUT/ab.jsonl with "build": "A" / "B" (or "B1", "B2", ...) and "round"; the medians
 # and each B's ratio to A are printed last.
 set -uo pipefail
@@ -102,6 +106,10 @@ bench() {  # <build index> <family> <only> <point>: its rows on stdout
 IFS=: read -r fam0 only0 pts0 _ <<<"${runs[0]}"
 bench 0 "$fam0" "$only0" "${pts0%%,*}" >/dev/null
 for r in $(seq 1 "${ROUNDS:-3}"); do
+  if [ -n "${AB_ROUNDS_UNTIL:-}" ] && [ "$SECONDS" -ge "$AB_ROUNDS_UNTIL" ]; then
+    echo "AB_ROUNDS_UNTIL=$AB_ROUNDS_UNTIL: stopped after $((r - 1)) rounds ($SECONDS s)"
+    break
+  fi
   for run in "${runs[@]}"; do
     IFS=: read -r fam only pts want <<<"$run"
     for point in ${pts//,/ }; do
