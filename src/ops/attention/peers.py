@@ -63,16 +63,17 @@ def sweep():
                 torch.cuda.empty_cache()
 
 
-def each_backend(op, name, run, **per_ms):
-    """Times run() under every SDPA backend and emits a row for each (or its error); per_ms maps
-    an extra field to the numerator that divides the milliseconds (e.g. gbps=bytes / 1e6)."""
+def each_backend(op, name, run, suffix="", **per_ms):
+    """Times run() under every SDPA backend and emits a row for each (or its error), the peer
+    named with `suffix` appended; per_ms maps an extra field to the numerator that divides the
+    milliseconds (e.g. gbps=bytes / 1e6)."""
     for peer, backend in BACKENDS.items():
         try:
             with sdpa_kernel(backend):
                 ms = bench(run)
-            emit(op, name, peer, ms, **{k: v / ms for k, v in per_ms.items()})
+            emit(op, name, peer + suffix, ms, **{k: v / ms for k, v in per_ms.items()})
         except Exception as e:  # a backend that cannot run a case is reported, not hidden
-            emit(op, name, peer, None, error=str(e)[:200])
+            emit(op, name, peer + suffix, None, error=str(e)[:200])
 
 
 def decode():
@@ -114,14 +115,9 @@ def decode_ragged(b=16, hq=32, hk=8, lk=2048, d=128):
     lengths = torch.tensor(used, device="cuda")
     mask = (torch.arange(lk, device="cuda")[None, :] < lengths[:, None])[:, None, None, :]
     kv_bytes = 2 * sum(used) * hk * d * 2
-    for peer, backend in BACKENDS.items():
-        try:
-            with sdpa_kernel(backend):
-                ms = bench(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
-                                                                  enable_gqa=True))
-            emit("attention_decode", name, peer + "_masked", ms, gbps=kv_bytes / ms / 1e6)
-        except Exception as e:
-            emit("attention_decode", name, peer + "_masked", None, error=str(e)[:200])
+    each_backend("attention_decode", name,
+                 lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True),
+                 suffix="_masked", gbps=kv_bytes / 1e6)
 
 
 def prefill(b=4, hq=32, hk=8, lq=512, lk=4096, d=128):

@@ -1335,8 +1335,8 @@ void check_by_name_and_default(const Case& c, const Descriptor& desc, std::strin
                                const TestTensor& gq, const TestTensor& gk, const TestTensor& gv,
                                const SetExtras& extras, const CpuAnswer& ans) {
   const Stream& gs = harness::stream_for(Target::cuda);
-  const bool fa3_default =
-      preferred_candidate(problem_of(desc), Pass::forward, true) == Candidate::fa3;
+  // The ranked-ahead entry's own answer (the table's pick and, for pages, its page bound).
+  const bool fa3_default = fa3_kernel(c.t, kFa3RankedAhead)->fits(problem_of(desc), gs.caps());
   for (const bool by_name : {true, false}) {
     SCOPED_TRACE(by_name ? "by name" : "default plan");
     auto plan = attention::ForwardPlan::select(
