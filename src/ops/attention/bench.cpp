@@ -77,7 +77,10 @@ void bench_all(const Stream& stream) {
   // BARACUDA_ATTENTION_ONLY=backward: the sweep's backward rows (and the default forward that
   // writes their Y / LSE) only, no forward A/B rows, no decode.
   // BARACUDA_ATTENTION_ONLY=forward: the sweep's forward rows (default and A/B) only.
-  const bool sweep = bench::env("BARACUDA_ATTENTION_ONLY") != "decode";
+  // BARACUDA_ATTENTION_ONLY=paged_prefill: the chunked-prefill rows in paged caches only (an A/B
+  // of the paged kernels in a minute).
+  const bool paged_prefill_only = bench::env("BARACUDA_ATTENTION_ONLY") == "paged_prefill";
+  const bool sweep = bench::env("BARACUDA_ATTENTION_ONLY") != "decode" && !paged_prefill_only;
   const bool backward_only = bench::env("BARACUDA_ATTENTION_ONLY") == "backward";
   const bool forward_only = bench::env("BARACUDA_ATTENTION_ONLY") == "forward";
   // BARACUDA_ATTN_SWEEP=d<D>_l<L>[_causal]: that one point (profiling and logging runs).
@@ -221,6 +224,7 @@ void bench_all(const Stream& stream) {
         DecodeCase{1, 2048, "decode_b16_hq32_hk8_lk2048_d128_paged64", false, kD, 16, true, 64},
         DecodeCase{1, 2048, "decode_b16_hq32_hk8_lk2048_d128_paged16", false, kD, 16, true, 16},
         DecodeCase{1, kL, "decode_b1_hq32_hk8_lk32768_d128_paged64", false, kD, 1, false, 64}}) {
+    if (paged_prefill_only) break;
     const int64_t lq = dc.lq, lk = dc.lk, dim = dc.dim, batch = dc.batch;
     // Rows a sequence's cache holds: one sequence reads the first lk of kL (at the front of the
     // buffers); a batch's caches are lk rows each, back to back.
@@ -316,7 +320,7 @@ void bench_all(const Stream& stream) {
   // Chunked prefill: Lq new tokens a sequence at the end of 4096-key caches (causal, bottom-right),
   // 4 sequences. The cache as a padded [B, L, H, D] cache and as one of twice the capacity read
   // through per-sequence key counts (seqused_k, each sequence's first 4096 rows), for Lq from 32 to
-  // 2048; at Lq 512 also as scattered 64-, 16- or 8-key pages.
+  // 2048; at Lq 512 also as scattered 64-, 32-, 16- or 8-key pages.
   // A/B rows by name: m32s_straight (the family's prefill shape), m16 at Lq 512 (the paged
   // kernel's first shape), and where they are built fa3 (its counts / paged instance for counted /
   // paged caches) and cuDNN: the selection table's columns were measured with Lq = Lk only, so
@@ -331,8 +335,9 @@ void bench_all(const Stream& stream) {
       double visible = 0;  // keys the bottom-right band shows each query row, summed
       for (int64_t i = 0; i < lq; ++i) visible += static_cast<double>(kPLk - lq + i + 1);
       const double flops = 4.0 * kPB * kHq * kD * visible;
-      std::vector<int64_t> layouts = {0, kCounts};
-      if (lq == 512) layouts.insert(layouts.begin(), {64, 16, 8});
+      std::vector<int64_t> layouts;
+      if (!paged_prefill_only) layouts = {0, kCounts};
+      if (lq == 512) layouts.insert(layouts.begin(), {64, 32, 16, 8});
       for (const int64_t ps : layouts) {
         const std::string name = "prefill_b4_hq32_hk8_lq" + std::to_string(lq) + "_lk4096_d128_" +
                                  (ps > 0    ? "paged" + std::to_string(ps)
@@ -391,7 +396,8 @@ void bench_all(const Stream& stream) {
         if (ps == 0 && lq == 512) kernels.push_back("flash_fwd_mma_m16_sm80");
         if (ps == 0) kernels.insert(kernels.end(), {"fa3_fwd_sm90a", "cudnn_sdpa"});
         if (ps == kCounts) kernels.push_back("fa3_fwd_sm90a_seqused");
-        if (ps > 0) kernels.push_back("fa3_fwd_sm90a_paged");
+        if (ps > 0)
+          kernels.insert(kernels.end(), {"fa3_fwd_sm90a_paged", "flash_fwd_mma_paged_sm80"});
         std::string picked;
         for (const std::string_view kn : kernels) {
           if (!kn.empty() && kn == picked) continue;
