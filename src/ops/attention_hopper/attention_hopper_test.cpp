@@ -1435,6 +1435,15 @@ TEST(AttentionFa3Gpu, PagedMatchesTheCpuPlan) {
     std::vector<int32_t> used;  // empty: no key counts
   };
   const std::vector<PagedCase> cases = {
+      // Head dim 128 in pages of fewer keys than a tile: the producer warpgroup's cp.async rows
+      // (kRowCopies) instead of TMA boxes. 16-key pages, counts (one past a page boundary, one
+      // inside the last tile), a softcap; 8-key pages of f16, both pool orders' other one, GQA 8,
+      // a window; 32-key pages, top-left causal, Lq > a tile's rows.
+      {{DType::bf16, 2, 8, 2, 257, 900, 128, Mask::causal_bottom_right(), false, false, true, 30.0},
+       16,
+       {900, 449}},
+      {{DType::f16, 1, 8, 1, 64, 333, 128, Mask::sliding_window(100, 0), true, false}, 8, {}},
+      {{DType::bf16, 2, 4, 4, 300, 640, 128, Mask::causal_top_left(), false, false}, 32, {640, 1}},
       // A prompt chunk in 64-key pages (two boxes a 128-key tile), GQA 4, counts (one empty).
       {{DType::bf16, 3, 8, 2, 300, 1000, 128, Mask::causal_bottom_right(), true, false},
        64,

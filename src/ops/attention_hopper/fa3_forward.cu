@@ -164,6 +164,10 @@ struct Params {
   // parameter offsets, and with them their code, stay as they were.)
   const int* block_table;
   int table_cols, page_size, pages;
+  // kPaged with pages of fewer keys than a tile (kRowCopies): the pools and their page / head / row
+  // strides in bytes, for the producer warpgroup's cp.async copies.
+  const uint8_t *k_pool, *v_pool;
+  int64_t sk[3], sv[3];
 };
 
 // One work tile: query rows [m0, m0 + kBM) of head h of sequence b, n_tiles key tiles from tile
@@ -278,6 +282,76 @@ __device__ __forceinline__ void load_paged_tile(uint32_t dst, const CUtensorMap*
   }
 }
 
+// Paged pools in pages of fewer keys than a tile, at D = 128 (kRowCopies): a K or V tile costs
+// one TMA box per page and 128-byte column block (32 in 16-key pages, 64 in 8-key pages), and the
+// rate fell with the box count, not the lookups (fortieth session, call 1: 64-key pages 523,
+// 16-key 271, 8-key 158 TFLOP/s; the whole warp looking the pages up: 11-14% slower). Instead the
+// producer warpgroup's 128 threads copy a tile's 128 rows with cp.async, thread r row r: one table
+// lookup a thread, its row's 16 chunks of 16 bytes written where the TMA box would put them
+// (column block c / 8, chunk c % 8 XOR r % 8: the 128-byte swizzle), zeros for keys past the
+// sequence's count or table row. Each thread's copies arrive on the stage's full barrier
+// (cp.async.mbarrier.arrive.noinc: the barrier counts the 128 threads), as CUTLASS's sm90 cp.async
+// mainloop feeds wgmma.
+template <int V, int D, class T>
+constexpr bool kRowCopies = V == kPaged&& D == 128 && !ElemOf<T>::kFp8;
+constexpr int kProducerThreads = 128;
+
+__device__ __forceinline__ void copy_row_chunk(uint32_t dst, const uint8_t* src, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void arrive_when_copied(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+// Row r of the tile of kBn = 128 keys from key j0 of sequence b (keys of them: lk), head hk, from
+// `pool` (strides st: page, head, row, bytes) into the tile at dst ([2][128 rows][128 bytes]).
+__device__ __forceinline__ void copy_paged_row(uint32_t dst, const uint8_t* pool,
+                                               const int64_t (&st)[3], const Params& p, int b,
+                                               int hk, int j0, int lk, int r) {
+  const int j = j0 + r, idx = j / p.page_size;
+  const bool real = j < lk && idx < p.table_cols;
+  const int page =
+      real ? min(max(p.block_table[static_cast<int64_t>(b) * p.table_cols + idx], 0), p.pages - 1)
+           : 0;
+  const uint8_t* src = pool + page * st[0] + hk * st[1] + (j - idx * p.page_size) * st[2];
+  const int bytes = real ? 16 : 0;  // 0: zeros, nothing read
+  const uint32_t row = dst + static_cast<uint32_t>(r) * 128;
+#pragma unroll
+  for (int c = 0; c < 16; ++c)
+    copy_row_chunk(row + (c / 8) * 128 * 128 + (((c % 8) ^ (r % 8)) << 4), src + c * 16, bytes);
+}
+
+// kRowCopies: every thread of the producer warpgroup (ptid 0..127) runs it; thread 0 loads Q by
+// TMA as produce() does.
+template <class T, int D, int V>
+__device__ __forceinline__ void produce_rows(const CUtensorMap* tq, const Params& p, const Tile& t,
+                                             uint32_t sq, uint32_t sk0, uint32_t sv0,
+                                             const uint64_t* bars, int it0, int q_count, int ptid) {
+  using S = Smem<D, ElemOf<T>::kBytes>;
+  constexpr int kSt = S::kStages;
+  constexpr int kRow = kQkRow<T, D>, kCols = kRow / ElemOf<T>::kBytes;
+  static_assert(S::kBn == kProducerThreads && kRow == 128 && D / kCols == 2);
+  const int hk = t.h / p.group;
+  if (ptid == 0) {
+    mbar_wait(smem_u32(&bars[kBarQEmpty]), (q_count & 1) ^ 1);
+    const uint32_t bq = smem_u32(&bars[kBarQ]);
+    mbar_expect_tx(bq, S::kQBytes);
+#pragma unroll
+    for (int db = 0; db < D / kCols; ++db)
+      tma_load_4d(sq + db * kBM * kRow, tq, bq, db * kCols, t.q0 + t.m0, t.h, t.tb);
+  }
+  for (int n = 0; n < t.n_tiles; ++n) {
+    const int s = (it0 + n) % kSt, j0 = (t.n_first + n) * S::kBn;
+    const uint32_t free_parity = (((it0 + n) / kSt) & 1) ^ 1;
+    mbar_wait(smem_u32(&bars[kBarKEmpty + s]), free_parity);
+    copy_paged_row(sk0 + s * S::kKBytes, p.k_pool, p.sk, p, t.tb, hk, j0, t.lk, ptid);
+    arrive_when_copied(smem_u32(&bars[kBarKFull + s]));
+    mbar_wait(smem_u32(&bars[kBarVEmpty + s]), free_parity);
+    copy_paged_row(sv0 + s * S::kVBytes, p.v_pool, p.sv, p, t.tb, hk, j0, t.lk, ptid);
+    arrive_when_copied(smem_u32(&bars[kBarVFull + s]));
+  }
+}
+
 template <class T, int D, int V>
 __device__ __forceinline__ void produce(const CUtensorMap* tq, const CUtensorMap* tk,
                                         const CUtensorMap* tv, const Params& p, const Tile& t,
@@ -352,9 +426,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) {
     mbar_init(smem_u32(&bars[kBarQ]), 1);
     mbar_init(smem_u32(&bars[kBarQEmpty]), kConsumers * 4);
+    // kRowCopies in small pages: every producer thread's copies arrive (produce_rows).
+    uint32_t full_arrivals = 1;
+    if constexpr (kRowCopies<V, D, T>)
+      if (p.page_size < S::kBn) full_arrivals = kProducerThreads;
     for (int s = 0; s < kSt; ++s) {
-      mbar_init(smem_u32(&bars[kBarKFull + s]), 1);
-      mbar_init(smem_u32(&bars[kBarVFull + s]), 1);
+      mbar_init(smem_u32(&bars[kBarKFull + s]), full_arrivals);
+      mbar_init(smem_u32(&bars[kBarVFull + s]), full_arrivals);
       mbar_init(smem_u32(&bars[kBarKEmpty + s]), kConsumers * 4);
       mbar_init(smem_u32(&bars[kBarVEmpty + s]), kConsumers * 4);
     }
@@ -377,6 +455,20 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int w0 = kPersistentV ? static_cast<int>(blockIdx.x) : 0;
   if (warp >= kProducerWarp) {
     setmaxnreg_dec<kProducerRegs>();
+    if constexpr (kRowCopies<V, D, T>) {
+      if (p.page_size < S::kBn) {
+        const int ptid = static_cast<int>(threadIdx.x) - kProducerWarp * 32;
+        int it = 0, q_count = 0;
+        for (int w = w0; w < n_work; w += w_step) {
+          const Tile t = tile(w);
+          if (t.n_tiles == 0) continue;
+          produce_rows<T, D, V>(&tq, p, t, sq, sk0, sv0, bars, it, q_count, ptid);
+          it += t.n_tiles;
+          ++q_count;
+        }
+        return;
+      }
+    }
     if (warp == kProducerWarp && lane == 0) {
       int it = 0, q_count = 0;
       for (int w = w0; w < n_work; w += w_step) {
@@ -1024,6 +1116,12 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
     p.table_cols = static_cast<int>(attention::shapes_of(pr).block_table[1]);
     p.page_size = static_cast<int>(d.page_size);
     p.pages = static_cast<int>(d.pages);
+    p.k_pool = static_cast<const uint8_t*>(k.data);
+    p.v_pool = static_cast<const uint8_t*>(v.data);
+    for (int i = 0; i < 3; ++i) {
+      p.sk[i] = k.stride[i] * E::kBytes;
+      p.sv[i] = v.stride[i] * E::kBytes;
+    }
   }
   p.lq = static_cast<int>(d.len_q);
   p.lk = static_cast<int>(d.len_k);
