@@ -1421,11 +1421,11 @@ TEST(AttentionFa3Gpu, SequsedKMatchesTheCpuPlan) {
 
 // Paged K / V on fa3 (fa3_fwd_sm90a_paged): each sequence's keys in scattered pages of one pool
 // ([pages, Hk, page_size, D], in [pages, Hk, ps, D] or [pages, ps, Hk, D] memory per the case's
-// blhd), every page size class the producer loads (whole pages of one or more key tiles, pages
-// that split a tile into 2..16 boxes), with and without key counts. Every pool row no sequence
-// may read (unreferenced pages, rows past a sequence's keys) is NaN. Against the family's CPU
-// plan in float64 on the same pool and table (ForwardPagedKv checks that plan against padded
-// caches); by name and through the default plan; two GPU runs bitwise equal, gaps untouched.
+// blhd), both ways the producer loads them (TMA boxes for pages of one or more key tiles; cp.async
+// rows for smaller pages, 8 to 64 keys, at every head dim), with and without key counts. Every pool
+// row no sequence may read (unreferenced pages, rows past a sequence's keys) is NaN. Against the
+// family's CPU plan in float64 on the same pool and table (ForwardPagedKv checks that plan against
+// padded caches); by name and through the default plan; two GPU runs bitwise equal, gaps untouched.
 TEST(AttentionFa3Gpu, PagedMatchesTheCpuPlan) {
   FA3_SKIP_UNLESS_RUNNABLE();
   harness::Rng rng;
@@ -1435,8 +1435,8 @@ TEST(AttentionFa3Gpu, PagedMatchesTheCpuPlan) {
     std::vector<int32_t> used;  // empty: no key counts
   };
   const std::vector<PagedCase> cases = {
-      // Head dim 128 in pages of fewer keys than a tile: the producer warpgroup's cp.async rows
-      // (kRowCopies) instead of TMA boxes. 16-key pages, counts (one past a page boundary, one
+      // Pages of fewer keys than a tile: the producer warpgroup's cp.async rows (kRowCopies)
+      // instead of TMA boxes. Head dim 128: 16-key pages, counts (one past a page boundary, one
       // inside the last tile), a softcap; 8-key pages of f16, both pool orders' other one, GQA 8,
       // a window; 32-key pages, top-left causal, Lq > a tile's rows.
       {{DType::bf16, 2, 8, 2, 257, 900, 128, Mask::causal_bottom_right(), false, false, true, 30.0},
@@ -1444,11 +1444,18 @@ TEST(AttentionFa3Gpu, PagedMatchesTheCpuPlan) {
        {900, 449}},
       {{DType::f16, 1, 8, 1, 64, 333, 128, Mask::sliding_window(100, 0), true, false}, 8, {}},
       {{DType::bf16, 2, 4, 4, 300, 640, 128, Mask::causal_top_left(), false, false}, 32, {640, 1}},
-      // A prompt chunk in 64-key pages (two boxes a 128-key tile), GQA 4, counts (one empty).
+      // The other head dims' row copies: MLA's (Dk 192: three column blocks of K, two of V) in
+      // 16-key pages with counts; 256 (64-key tiles: two threads a row) in 32-key pages.
+      {{DType::bf16, 2, 4, 4, 150, 500, 192, Mask::causal_bottom_right(), true, false, true, 0,
+        128},
+       16,
+       {500, 130}},
+      {{DType::f16, 1, 4, 2, 129, 333, 256, Mask::none(), false, false, true, 50.0}, 32, {}},
+      // A prompt chunk in 64-key pages (two a 128-key tile), GQA 4, counts (one empty).
       {{DType::bf16, 3, 8, 2, 300, 1000, 128, Mask::causal_bottom_right(), true, false},
        64,
        {1000, 0, 333}},
-      // 16-key pages (8 boxes a tile), no counts: the last page's rows past Lk are NaN.
+      // Head dim 64 in 16-key pages, no counts: the last page's rows past Lk are NaN.
       {{DType::f16, 2, 4, 4, 129, 700, 64, Mask::none(), false, false}, 16, {}},
       // 256-key pages (two tiles a page), top-left causal, a softcap, MQA.
       {{DType::bf16, 2, 4, 1, 200, 900, 128, Mask::causal_top_left(), false, false, true, 20.0},

@@ -230,7 +230,8 @@ __device__ __forceinline__ Tile tile_of(const Params& p, int w) {
 //             in every instance, cost kPlain 2.5-3.6% at d128 / d64 L4096 and the exp2poly2of8
 //             variant 9% at d64 (H200, this session's call 2, three interleaved rounds).
 //  kPaged:   kPlain reading K / V from a paged pool through the block table (and key counts where
-//             the problem has them): its producer issues one TMA box a page a tile spans.
+//             the problem has them): its producer issues one TMA box a page a tile spans, or,
+//             for pages of fewer keys than a tile, copies rows with its warpgroup's cp.async.
 //  kLazyRescale: kPlain where a warp whose 16 rows' maxima did not move skips O's rescale (the
 //             factor is exactly 1 then; 64 multiplies a thread a key tile): the fp8 default
 //             (H100, 705370e, six interleaved rounds: +0.7-4.8% over kPlain at d128 L >= 4096).
@@ -282,18 +283,19 @@ __device__ __forceinline__ void load_paged_tile(uint32_t dst, const CUtensorMap*
   }
 }
 
-// Paged pools in pages of fewer keys than a tile, at D = 128 (kRowCopies): a K or V tile costs
-// one TMA box per page and 128-byte column block (32 in 16-key pages, 64 in 8-key pages), and the
-// rate fell with the box count, not the lookups (fortieth session, call 1: 64-key pages 523,
-// 16-key 271, 8-key 158 TFLOP/s; the whole warp looking the pages up: 11-14% slower). Instead the
-// producer warpgroup's 128 threads copy a tile's 128 rows with cp.async, thread r row r: one table
-// lookup a thread, its row's 16 chunks of 16 bytes written where the TMA box would put them
-// (column block c / 8, chunk c % 8 XOR r % 8: the 128-byte swizzle), zeros for keys past the
+// Paged pools in pages of fewer keys than a tile, 16-bit (kRowCopies): a K or V tile costs one
+// TMA box per page and 128-byte column block (d128: 32 in 16-key pages, 64 in 8-key pages), and
+// the rate fell with the box count, not the lookups (fortieth session, call 1, d128: 64-key pages
+// 523, 16-key 271, 8-key 158 TFLOP/s; the whole warp looking the pages up: 11-14% slower).
+// Instead the producer warpgroup's 128 threads copy the tile's rows with cp.async, one thread a row
+// (two at D = 256, whose tiles have 64 rows, each half the row's column blocks): one table lookup
+// a thread, 16-byte chunks written where the TMA box would put them (column block c / 8 at kBn
+// rows of 128 bytes each, chunk c % 8 XOR row % 8: the 128-byte swizzle), zeros for keys past the
 // sequence's count or table row. Each thread's copies arrive on the stage's full barrier
 // (cp.async.mbarrier.arrive.noinc: the barrier counts the 128 threads), as CUTLASS's sm90 cp.async
 // mainloop feeds wgmma.
 template <int V, int D, class T>
-constexpr bool kRowCopies = V == kPaged&& D == 128 && !ElemOf<T>::kFp8;
+constexpr bool kRowCopies = V == kPaged && !ElemOf<T>::kFp8;
 constexpr int kProducerThreads = 128;
 
 __device__ __forceinline__ void copy_row_chunk(uint32_t dst, const uint8_t* src, int bytes) {
@@ -303,22 +305,29 @@ __device__ __forceinline__ void copy_row_chunk(uint32_t dst, const uint8_t* src,
 __device__ __forceinline__ void arrive_when_copied(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
-// Row r of the tile of kBn = 128 keys from key j0 of sequence b (keys of them: lk), head hk, from
-// `pool` (strides st: page, head, row, bytes) into the tile at dst ([2][128 rows][128 bytes]).
-__device__ __forceinline__ void copy_paged_row(uint32_t dst, const uint8_t* pool,
-                                               const int64_t (&st)[3], const Params& p, int b,
-                                               int hk, int j0, int lk, int r) {
+// This thread's part of a tile of kBn keys from key j0 of sequence b (keys of them: lk), head hk,
+// kBlocks column blocks of 128 bytes a row, from `pool` (strides st: page, head, row, in bytes)
+// into the tile at dst ([kBlocks][kBn rows][128 bytes], 128-byte swizzled).
+template <int kBn, int kBlocks>
+__device__ __forceinline__ void copy_paged_rows(uint32_t dst, const uint8_t* pool,
+                                                const int64_t (&st)[3], const Params& p, int b,
+                                                int hk, int j0, int lk, int ptid) {
+  constexpr int kPerRow = kProducerThreads / kBn;  // threads a row: 1, or 2 at D = 256
+  static_assert(kProducerThreads % kBn == 0 && kBlocks % kPerRow == 0);
+  constexpr int kMyBlocks = kBlocks / kPerRow;
+  const int r = ptid / kPerRow, b0 = ptid % kPerRow * kMyBlocks;
   const int j = j0 + r, idx = j / p.page_size;
   const bool real = j < lk && idx < p.table_cols;
   const int page =
       real ? min(max(p.block_table[static_cast<int64_t>(b) * p.table_cols + idx], 0), p.pages - 1)
            : 0;
-  const uint8_t* src = pool + page * st[0] + hk * st[1] + (j - idx * p.page_size) * st[2];
+  const uint8_t* src =
+      pool + page * st[0] + hk * st[1] + (j - idx * p.page_size) * st[2] + b0 * 128;
   const int bytes = real ? 16 : 0;  // 0: zeros, nothing read
-  const uint32_t row = dst + static_cast<uint32_t>(r) * 128;
+  const uint32_t row = dst + static_cast<uint32_t>(b0 * kBn + r) * 128;
 #pragma unroll
-  for (int c = 0; c < 16; ++c)
-    copy_row_chunk(row + (c / 8) * 128 * 128 + (((c % 8) ^ (r % 8)) << 4), src + c * 16, bytes);
+  for (int i = 0; i < kMyBlocks * 8; ++i)
+    copy_row_chunk(row + (i / 8) * kBn * 128 + (((i % 8) ^ (r % 8)) << 4), src + i * 16, bytes);
 }
 
 // kRowCopies: every thread of the producer warpgroup (ptid 0..127) runs it; thread 0 loads Q by
@@ -330,7 +339,7 @@ __device__ __forceinline__ void produce_rows(const CUtensorMap* tq, const Params
   using S = Smem<D, ElemOf<T>::kBytes>;
   constexpr int kSt = S::kStages;
   constexpr int kRow = kQkRow<T, D>, kCols = kRow / ElemOf<T>::kBytes;
-  static_assert(S::kBn == kProducerThreads && kRow == 128 && D / kCols == 2);
+  static_assert(kRow == 128, "16-bit rows of 64 elements and more: 128-byte blocks");
   const int hk = t.h / p.group;
   if (ptid == 0) {
     mbar_wait(smem_u32(&bars[kBarQEmpty]), (q_count & 1) ^ 1);
@@ -344,10 +353,12 @@ __device__ __forceinline__ void produce_rows(const CUtensorMap* tq, const Params
     const int s = (it0 + n) % kSt, j0 = (t.n_first + n) * S::kBn;
     const uint32_t free_parity = (((it0 + n) / kSt) & 1) ^ 1;
     mbar_wait(smem_u32(&bars[kBarKEmpty + s]), free_parity);
-    copy_paged_row(sk0 + s * S::kKBytes, p.k_pool, p.sk, p, t.tb, hk, j0, t.lk, ptid);
+    copy_paged_rows<S::kBn, D / kCols>(sk0 + s * S::kKBytes, p.k_pool, p.sk, p, t.tb, hk, j0, t.lk,
+                                       ptid);
     arrive_when_copied(smem_u32(&bars[kBarKFull + s]));
     mbar_wait(smem_u32(&bars[kBarVEmpty + s]), free_parity);
-    copy_paged_row(sv0 + s * S::kVBytes, p.v_pool, p.sv, p, t.tb, hk, j0, t.lk, ptid);
+    copy_paged_rows<S::kBn, kDvOf<D> / kCols>(sv0 + s * S::kVBytes, p.v_pool, p.sv, p, t.tb, hk, j0,
+                                              t.lk, ptid);
     arrive_when_copied(smem_u32(&bars[kBarVFull + s]));
   }
 }
