@@ -305,29 +305,39 @@ __device__ __forceinline__ void copy_row_chunk(uint32_t dst, const uint8_t* src,
 __device__ __forceinline__ void arrive_when_copied(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
-// This thread's part of a tile of kBn keys from key j0 of sequence b (keys of them: lk), head hk,
-// kBlocks column blocks of 128 bytes a row, from `pool` (strides st: page, head, row, in bytes)
-// into the tile at dst ([kBlocks][kBn rows][128 bytes], 128-byte swizzled).
+// A producer thread's row of a K / V tile (kBn keys from key j0 of sequence b, of which it has lk):
+// its pool page (-1: zeros, past the sequence's count or table row) and the row in that page.
+// Looked up once for the K and the V tile, before the ring's wait.
+struct PagedRow {
+  int page, in_page;
+};
+template <int kBn>
+__device__ __forceinline__ PagedRow paged_row(const Params& p, int b, int j0, int lk, int ptid) {
+  const int j = j0 + ptid / (kProducerThreads / kBn), idx = j / p.page_size;
+  if (j >= lk || idx >= p.table_cols) return {-1, 0};
+  return {min(max(p.block_table[static_cast<int64_t>(b) * p.table_cols + idx], 0), p.pages - 1),
+          j - idx * p.page_size};
+}
+// This thread's part of the tile at dst ([kBlocks][kBn rows][128 bytes], 128-byte swizzled):
+// row `pr` of head hk of `pool` (strides st: page, head, row, in bytes), all kBlocks column blocks
+// of 128 bytes, or half of them when two threads share a row (D = 256).
 template <int kBn, int kBlocks>
 __device__ __forceinline__ void copy_paged_rows(uint32_t dst, const uint8_t* pool,
-                                                const int64_t (&st)[3], const Params& p, int b,
-                                                int hk, int j0, int lk, int ptid) {
+                                                const int64_t (&st)[3], PagedRow pr, int hk,
+                                                int ptid) {
   constexpr int kPerRow = kProducerThreads / kBn;  // threads a row: 1, or 2 at D = 256
   static_assert(kProducerThreads % kBn == 0 && kBlocks % kPerRow == 0);
   constexpr int kMyBlocks = kBlocks / kPerRow;
   const int r = ptid / kPerRow, b0 = ptid % kPerRow * kMyBlocks;
-  const int j = j0 + r, idx = j / p.page_size;
-  const bool real = j < lk && idx < p.table_cols;
-  const int page =
-      real ? min(max(p.block_table[static_cast<int64_t>(b) * p.table_cols + idx], 0), p.pages - 1)
-           : 0;
-  const uint8_t* src =
-      pool + page * st[0] + hk * st[1] + (j - idx * p.page_size) * st[2] + b0 * 128;
-  const int bytes = real ? 16 : 0;  // 0: zeros, nothing read
-  const uint32_t row = dst + static_cast<uint32_t>(b0 * kBn + r) * 128;
+  const uint8_t* src = pool + max(pr.page, 0) * st[0] + hk * st[1] + pr.in_page * st[2] + b0 * 128;
+  const int bytes = pr.page >= 0 ? 16 : 0;  // 0: zeros, nothing read
+  // The row's 128-byte lines hold chunk c at c XOR row % 8. The lines start 128-byte aligned, so
+  // the XOR applies to the address (one register a row, where 8 hoisted offsets spilled the
+  // producer's 24), and a column block's 16 KB offset adds on top of it.
+  const uint32_t row = (dst + static_cast<uint32_t>(b0 * kBn + r) * 128) ^ ((r % 8) << 4);
 #pragma unroll
   for (int i = 0; i < kMyBlocks * 8; ++i)
-    copy_row_chunk(row + (i / 8) * kBn * 128 + (((i % 8) ^ (r % 8)) << 4), src + i * 16, bytes);
+    copy_row_chunk((row ^ ((i % 8) << 4)) + (i / 8) * kBn * 128, src + i * 16, bytes);
 }
 
 // kRowCopies: every thread of the producer warpgroup (ptid 0..127) runs it; thread 0 loads Q by
@@ -352,13 +362,12 @@ __device__ __forceinline__ void produce_rows(const CUtensorMap* tq, const Params
   for (int n = 0; n < t.n_tiles; ++n) {
     const int s = (it0 + n) % kSt, j0 = (t.n_first + n) * S::kBn;
     const uint32_t free_parity = (((it0 + n) / kSt) & 1) ^ 1;
+    const PagedRow pr = paged_row<S::kBn>(p, t.tb, j0, t.lk, ptid);
     mbar_wait(smem_u32(&bars[kBarKEmpty + s]), free_parity);
-    copy_paged_rows<S::kBn, D / kCols>(sk0 + s * S::kKBytes, p.k_pool, p.sk, p, t.tb, hk, j0, t.lk,
-                                       ptid);
+    copy_paged_rows<S::kBn, D / kCols>(sk0 + s * S::kKBytes, p.k_pool, p.sk, pr, hk, ptid);
     arrive_when_copied(smem_u32(&bars[kBarKFull + s]));
     mbar_wait(smem_u32(&bars[kBarVEmpty + s]), free_parity);
-    copy_paged_rows<S::kBn, kDvOf<D> / kCols>(sv0 + s * S::kVBytes, p.v_pool, p.sv, p, t.tb, hk, j0,
-                                              t.lk, ptid);
+    copy_paged_rows<S::kBn, kDvOf<D> / kCols>(sv0 + s * S::kVBytes, p.v_pool, p.sv, pr, hk, ptid);
     arrive_when_copied(smem_u32(&bars[kBarVFull + s]));
   }
 }
