@@ -957,9 +957,9 @@ bool fits(const Problem& pr, const DeviceCaps& caps) {
 
 // The ranked-ahead entry: the plain schedule (its paged or counts instance for problems with
 // pages or key counts), only where the measured table picks fa3. Paged: only where a key tile
-// spans at most 8 pages. The producer's lane looks each page up in turn: chunked prefill on the
-// H200 (4 x 512 rows against 4096 keys, d128) read 1.68x the family's paged kernel's rate in
-// 64-key pages (2 a tile) but 1.01x in 16-key pages (8 a tile); 8-key pages were not measured.
+// spans at most 8 pages, as measured with TMA boxes a page (chunked prefill on the H200, 4 x 512
+// rows against 4096 keys, d128: 1.68x the family's paged kernel's rate in 64-key pages, 1.01x in
+// 16-key pages, 0.65x in 8-key pages); the row copies (kRowCopies) are to be measured.
 template <class T>
 bool fits_ranked_ahead(const Problem& pr, const DeviceCaps& caps) {
   const bool fit = pr.desc.page_size > 0
