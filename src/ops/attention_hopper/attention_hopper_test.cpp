@@ -444,8 +444,8 @@ TEST(AttentionCudnnRules, TableOverrideIsScopedAndNests) {
   }
 }
 
-// Per-sequence key counts (seqused_k) and paged K / V (at the page sizes its producer loads) reach
-// fa3's forward; cuDNN takes neither.
+// Per-sequence key counts (seqused_k) and paged K / V (any page size) reach fa3's forward; cuDNN
+// takes neither.
 TEST(AttentionFa3Rules, CountsAndPagesAreFa3s) {
   DeviceCaps h100;
   h100.device = 0, h100.sm = 90, h100.sm_count = 132, h100.smem_per_block_optin = 227 * 1024;
@@ -461,9 +461,9 @@ TEST(AttentionFa3Rules, CountsAndPagesAreFa3s) {
   EXPECT_TRUE(fa3_fits(problem_of(paged), h100, Pass::forward));
   paged.seqused_k = true;
   EXPECT_TRUE(fa3_fits(problem_of(paged), h100, Pass::forward));
-  paged.page_size = 48;  // splits a 128-key tile unevenly: the family's kernels
-  EXPECT_FALSE(fa3_fits(problem_of(paged), h100, Pass::forward));
-  EXPECT_FALSE(fa3_fits(problem_of(paged), h100, Pass::backward));
+  paged.page_size = 48;  // splits a 128-key tile unevenly: copied as rows
+  EXPECT_TRUE(fa3_fits(problem_of(paged), h100, Pass::forward));
+  EXPECT_FALSE(fa3_fits(problem_of(paged), h100, Pass::backward));  // paged K / V: forward only
 }
 
 // ---- Registry -----------------------------------------------------------------------------------
@@ -1451,6 +1451,13 @@ TEST(AttentionFa3Gpu, PagedMatchesTheCpuPlan) {
        16,
        {500, 130}},
       {{DType::f16, 1, 4, 2, 129, 333, 256, Mask::none(), false, false, true, 50.0}, 32, {}},
+      // Pages that do not divide a tile or are not whole tiles: 48 keys at d128 (counts), 96 at
+      // d256 (64-key tiles: a page and a half a tile), 5 keys at d64.
+      {{DType::bf16, 2, 4, 2, 200, 700, 128, Mask::causal_bottom_right(), true, false},
+       48,
+       {700, 95}},
+      {{DType::f16, 1, 4, 4, 100, 400, 256, Mask::causal_top_left(), false, false}, 96, {}},
+      {{DType::bf16, 1, 2, 1, 70, 130, 64, Mask::none(), false, false}, 5, {}},
       // A prompt chunk in 64-key pages (two a 128-key tile), GQA 4, counts (one empty).
       {{DType::bf16, 3, 8, 2, 300, 1000, 128, Mask::causal_bottom_right(), true, false},
        64,
@@ -1605,9 +1612,9 @@ TEST(AttentionFa3Gpu, FitsExactlyWhatItSupports) {
     for (std::string_view v :
          {kFa3, kFa3Pingpong, kFa3Exp2Poly2Kernel, kFa3Exp2Poly3Kernel, kFa3PersistentKernel})
       EXPECT_FALSE(fa3_kernel(d.dtype, v)->fits(problem_of(counted), caps)) << v;
-    // Paged pools: their own instance, and only it, at the page sizes its producer loads (whole
-    // key tiles, or powers of two from 8 that divide one: 128 keys, 64 at head dim 256), with or
-    // without counts; the ranked-ahead entry only where a tile spans at most 8 pages. (Packed
+    // Paged pools: their own instance, and only it, at every page size (whole key tiles as TMA
+    // boxes, others as row copies), with or without counts; the ranked-ahead entry only where a
+    // tile spans at most 8 pages. (Packed
     // sequences take no pages: the family refuses such a descriptor before any kernel sees it.)
     const int64_t tile = d.head_dim_qk == 256 ? 64 : 128;
     for (int64_t ps : {int64_t{4}, int64_t{8}, int64_t{16}, int64_t{48}, int64_t{64}, int64_t{96},
@@ -1620,9 +1627,7 @@ TEST(AttentionFa3Gpu, FitsExactlyWhatItSupports) {
           EXPECT_TRUE(d.varlen) << made.error().to_string();
           continue;
         }
-        const bool serves = ps % tile == 0 || (ps >= 8 && tile % ps == 0);
-        EXPECT_EQ(fa3_kernel(d.dtype, kFa3PagedKernel)->fits(made.value(), caps), plain && serves)
-            << ps;
+        EXPECT_EQ(fa3_kernel(d.dtype, kFa3PagedKernel)->fits(made.value(), caps), plain) << ps;
         if (tile / ps > 8) {
           EXPECT_FALSE(fa3_kernel(d.dtype, kFa3RankedAhead)->fits(made.value(), caps)) << ps;
         }

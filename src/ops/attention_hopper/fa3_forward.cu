@@ -164,8 +164,8 @@ struct Params {
   // parameter offsets, and with them their code, stay as they were.)
   const int* block_table;
   int table_cols, page_size, pages;
-  // kPaged with pages of fewer keys than a tile (kRowCopies): the pools and their page / head / row
-  // strides in bytes, for the producer warpgroup's cp.async copies.
+  // kPaged in pages that are not whole key tiles (kRowCopies): the pools and their page / head /
+  // row strides in bytes, for the producer warpgroup's cp.async copies.
   const uint8_t *k_pool, *v_pool;
   int64_t sk[3], sv[3];
 };
@@ -231,7 +231,7 @@ __device__ __forceinline__ Tile tile_of(const Params& p, int w) {
 //             variant 9% at d64 (H200, this session's call 2, three interleaved rounds).
 //  kPaged:   kPlain reading K / V from a paged pool through the block table (and key counts where
 //             the problem has them): its producer issues one TMA box a page a tile spans, or,
-//             for pages of fewer keys than a tile, copies rows with its warpgroup's cp.async.
+//             for pages that are not whole key tiles, copies rows with its warpgroup's cp.async.
 //  kLazyRescale: kPlain where a warp whose 16 rows' maxima did not move skips O's rescale (the
 //             factor is exactly 1 then; 64 multiplies a thread a key tile): the fp8 default
 //             (H100, 705370e, six interleaved rounds: +0.7-4.8% over kPlain at d128 L >= 4096).
@@ -261,29 +261,26 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
 // The producer lane's loads for one work tile: Q (once "Q empty" shows the previous tile's S
 // GEMMs are done: only the persistent variant reloads it), then the tile's K / V tiles into the
 // ring from ring position it0 on.
-// Paged K / V: one K or V tile (kBn keys from sequence key j0 on, kBlocks column blocks of
-// kBlockBytes a row) from the pool's pages, a TMA box of min(page_size, kBn) rows for each page
-// the tile spans (fits: page sizes that are a multiple of kBn or powers of two from 8 that divide
-// it, so every box starts on a whole 8-row swizzle atom of the tile). Table entries are clamped
+// Paged K / V in pages of whole key tiles: one K or V tile (kBn keys from sequence key j0 on,
+// kBlocks column blocks of kBlockBytes a row) from the pool's pages, a TMA box of kBn rows for
+// each tile (other page sizes: copy_paged_rows). Table entries are clamped
 // into [0, pages) like the family's kernels do; keys past the sequence's table row load page
 // `pages`, out of the map's bounds: zeros (their rows are masked, and zeroed before P V anyway).
 template <int kBn, int kBlocks, int kBlockBytes, int kCols>
 __device__ __forceinline__ void load_paged_tile(uint32_t dst, const CUtensorMap* map, uint32_t bar,
                                                 const Params& p, int b, int hk, int j0) {
-  const int box = min(p.page_size, kBn);
-  const int* row = p.block_table + static_cast<int64_t>(b) * p.table_cols;
-  for (int r = 0; r < kBn; r += box) {
-    const int idx = (j0 + r) / p.page_size;
-    const int page = idx < p.table_cols ? min(max(row[idx], 0), p.pages - 1) : p.pages;
-    const int in_page = j0 + r - idx * p.page_size;
+  const int idx = j0 / p.page_size;
+  const int page =
+      idx < p.table_cols
+          ? min(max(p.block_table[static_cast<int64_t>(b) * p.table_cols + idx], 0), p.pages - 1)
+          : p.pages;
+  const int in_page = j0 - idx * p.page_size;
 #pragma unroll
-    for (int db = 0; db < kBlocks; ++db)
-      tma_load_4d(dst + db * kBn * kBlockBytes + r * kBlockBytes, map, bar, db * kCols, in_page, hk,
-                  page);
-  }
+  for (int db = 0; db < kBlocks; ++db)
+    tma_load_4d(dst + db * kBn * kBlockBytes, map, bar, db * kCols, in_page, hk, page);
 }
 
-// Paged pools in pages of fewer keys than a tile, 16-bit (kRowCopies): a K or V tile costs one
+// Paged pools in pages that are not whole key tiles (kRowCopies): a K or V tile costs one
 // TMA box per page and 128-byte column block (d128: 32 in 16-key pages, 64 in 8-key pages), and
 // the rate fell with the box count, not the lookups (fortieth session, call 1, d128: 64-key pages
 // 523, 16-key 271, 8-key 158 TFLOP/s; the whole warp looking the pages up: 11-14% slower).
@@ -446,10 +443,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) {
     mbar_init(smem_u32(&bars[kBarQ]), 1);
     mbar_init(smem_u32(&bars[kBarQEmpty]), kConsumers * 4);
-    // kRowCopies in small pages: every producer thread's copies arrive (produce_rows).
+    // kRowCopies where pages are not whole key tiles: every producer thread's copies arrive.
     uint32_t full_arrivals = 1;
     if constexpr (kRowCopies<V, D, T>)
-      if (p.page_size < S::kBn) full_arrivals = kProducerThreads;
+      if (p.page_size % S::kBn != 0) full_arrivals = kProducerThreads;
     for (int s = 0; s < kSt; ++s) {
       mbar_init(smem_u32(&bars[kBarKFull + s]), full_arrivals);
       mbar_init(smem_u32(&bars[kBarVFull + s]), full_arrivals);
@@ -476,7 +473,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (warp >= kProducerWarp) {
     setmaxnreg_dec<kProducerRegs>();
     if constexpr (kRowCopies<V, D, T>) {
-      if (p.page_size < S::kBn) {
+      if (p.page_size % S::kBn != 0) {
         const int ptid = static_cast<int>(threadIdx.x) - kProducerWarp * 32;
         int it = 0, q_count = 0;
         for (int w = w0; w < n_work; w += w_step) {
@@ -915,12 +912,11 @@ inline bool fwd_dims(const Problem& pr) {
   return (dk == dv && (dk == 64 || dk == 128 || dk == 256)) || (dk == 192 && dv == 128);
 }
 
-// The page sizes the paged instance loads (load_paged_tile): a multiple of the key tile, or a
-// power of two from 8 that divides it.
+// The page sizes the paged instance loads: any (16-bit only, as every paged problem is). Whole key
+// tiles a page (a multiple of kBn) go as TMA boxes (load_paged_tile), every other size as row
+// copies (copy_paged_rows), which look each row's page up and need no alignment of pages to tiles.
 inline bool paged_size_fits(int64_t page_size, int64_t key_tile) {
-  return page_size > 0 &&
-         (page_size % key_tile == 0 ||
-          (page_size >= 8 && key_tile % page_size == 0 && (page_size & (page_size - 1)) == 0));
+  return page_size > 0 && key_tile > 0;
 }
 
 template <class T, int V>
@@ -1085,7 +1081,8 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
   if constexpr (!E::kFp8) dt = cuda::tensor_map_dtype<T>();
   CUtensorMap tq, tk, tv;
   BARACUDA_TRY(cuda::make_rows_map(who, &tq, dt, q, kBM, E::kBytes, kQkRow<T, D>));
-  // Paged: the maps span the pool [pages, Hk, page_size, D], boxes of at most one page's rows.
+  // Paged: the maps span the pool [pages, Hk, page_size, D] (used where pages are whole key tiles;
+  // the row copies read the pool through Params).
   const uint32_t kv_rows =
       V == kPaged ? static_cast<uint32_t>(std::min<int64_t>(d.page_size, kKeysPerTile<D>))
                   : static_cast<uint32_t>(kKeysPerTile<D>);
