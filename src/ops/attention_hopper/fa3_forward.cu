@@ -280,11 +280,12 @@ __device__ __forceinline__ void load_paged_tile(uint32_t dst, const CUtensorMap*
     tma_load_4d(dst + db * kBn * kBlockBytes, map, bar, db * kCols, in_page, hk, page);
 }
 
-// Paged pools in pages that are not whole key tiles (kRowCopies): a K or V tile costs one
-// TMA box per page and 128-byte column block (d128: 32 in 16-key pages, 64 in 8-key pages), and
-// the rate fell with the box count, not the lookups (fortieth session, call 1, d128: 64-key pages
-// 523, 16-key 271, 8-key 158 TFLOP/s; the whole warp looking the pages up: 11-14% slower).
-// Instead the producer warpgroup's 128 threads copy the tile's rows with cp.async, one thread a row
+// Paged pools in pages that are not whole key tiles (kRowCopies). As TMA boxes, such a K or V
+// tile cost one box per page and 128-byte column block (d128: 32 in 16-key pages, 64 in 8-key
+// pages), and the rate fell with the box count, not the lookups (fortieth session, call 1, d128:
+// 64-key pages 523, 16-key 271, 8-key 158 TFLOP/s; the whole warp looking the pages up: 11-14%
+// slower). Instead the producer warpgroup's 128 threads copy the tile's rows with cp.async, one
+// thread a row
 // (two at D = 256, whose tiles have 64 rows, each half the row's column blocks): one table lookup
 // a thread, 16-byte chunks written where the TMA box would put them (column block c / 8 at kBn
 // rows of 128 bytes each, chunk c % 8 XOR row % 8: the 128-byte swizzle), zeros for keys past the
