@@ -285,13 +285,12 @@ __device__ __forceinline__ void load_paged_tile(uint32_t dst, const CUtensorMap*
 // pages), and the rate fell with the box count, not the lookups (fortieth session, call 1, d128:
 // 64-key pages 523, 16-key 271, 8-key 158 TFLOP/s; the whole warp looking the pages up: 11-14%
 // slower). Instead the producer warpgroup's 128 threads copy the tile's rows with cp.async, one
-// thread a row
-// (two at D = 256, whose tiles have 64 rows, each half the row's column blocks): one table lookup
-// a thread, 16-byte chunks written where the TMA box would put them (column block c / 8 at kBn
-// rows of 128 bytes each, chunk c % 8 XOR row % 8: the 128-byte swizzle), zeros for keys past the
-// sequence's count or table row. Each thread's copies arrive on the stage's full barrier
-// (cp.async.mbarrier.arrive.noinc: the barrier counts the 128 threads), as CUTLASS's sm90 cp.async
-// mainloop feeds wgmma.
+// thread a row (two at D = 256, whose tiles have 64 rows, each half the row's column blocks): one
+// table lookup a thread, 16-byte chunks written where the TMA box would put them (column block
+// c / 8 at kBn rows of 128 bytes each, chunk c % 8 XOR row % 8: the 128-byte swizzle), zeros for
+// keys past the sequence's count or table row. Each thread's copies arrive on the stage's full
+// barrier (cp.async.mbarrier.arrive.noinc: the barrier counts the 128 threads), as CUTLASS's sm90
+// cp.async mainloop feeds wgmma.
 template <int V, int D, class T>
 constexpr bool kRowCopies = V == kPaged && !ElemOf<T>::kFp8;
 constexpr int kProducerThreads = 128;
