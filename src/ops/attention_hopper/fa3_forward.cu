@@ -284,13 +284,12 @@ __device__ __forceinline__ void load_paged_tile(uint32_t dst, const CUtensorMap*
 // tile cost one box per page and 128-byte column block (d128: 32 in 16-key pages, 64 in 8-key
 // pages), and the rate fell with the box count, not the lookups (fortieth session, call 1, d128:
 // 64-key pages 523, 16-key 271, 8-key 158 TFLOP/s; the whole warp looking the pages up: 11-14%
-// slower). Instead the producer warpgroup's 128 threads copy the tile's rows with cp.async, one
-// thread a row (two at D = 256, whose tiles have 64 rows, each half the row's column blocks): one
-// table lookup a thread, 16-byte chunks written where the TMA box would put them (column block
-// c / 8 at kBn rows of 128 bytes each, chunk c % 8 XOR row % 8: the 128-byte swizzle), zeros for
-// keys past the sequence's count or table row. Each thread's copies arrive on the stage's full
-// barrier (cp.async.mbarrier.arrive.noinc: the barrier counts the 128 threads), as CUTLASS's sm90
-// cp.async mainloop feeds wgmma.
+// slower). Instead the producer warpgroup's 128 threads copy the tile's rows with cp.async, two
+// threads a row (kRowsAThread rows a thread): one table lookup a row, 16-byte chunks written where
+// the TMA box would put them (column block c / 8 at kBn rows of 128 bytes each, chunk c % 8 XOR
+// row % 8: the 128-byte swizzle), zeros for keys past the sequence's count or table row. Each
+// thread's copies arrive on the stage's full barrier (cp.async.mbarrier.arrive.noinc: the barrier
+// counts the 128 threads), as CUTLASS's sm90 cp.async mainloop feeds wgmma.
 template <int V, int D, class T>
 constexpr bool kRowCopies = V == kPaged && !ElemOf<T>::kFp8;
 constexpr int kProducerThreads = 128;
@@ -302,39 +301,51 @@ __device__ __forceinline__ void copy_row_chunk(uint32_t dst, const uint8_t* src,
 __device__ __forceinline__ void arrive_when_copied(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
-// A producer thread's row of a K / V tile (kBn keys from key j0 of sequence b, of which it has lk):
-// its pool page (-1: zeros, past the sequence's count or table row) and the row in that page.
-// Looked up once for the K and the V tile, before the ring's wait.
+// Two adjacent producer threads copy a row's even and odd 16-byte chunks, so each warp
+// instruction reads 16 rows' whole 32-byte sectors. (One thread a row read half of each sector an
+// instruction: L2 served every sector twice, and the copies ran at 309-323 TFLOP/s whatever the
+// page size, fortieth-first session's call 1.) A thread has kBn / 64 rows of a tile: ptid / 2 + 64
+// k.
+constexpr int kRowsAPass = kProducerThreads / 2;
+template <int kBn>
+constexpr int kRowsAThread = kBn / kRowsAPass;
+// A row of a K / V tile (kBn keys from key j0 of sequence b, of which it has lk): its pool page
+// (-1: zeros, past the sequence's count or table row) and the row in that page. Looked up once
+// for the K and the V tile, before the ring's wait.
 struct PagedRow {
   int page, in_page;
 };
-template <int kBn>
-__device__ __forceinline__ PagedRow paged_row(const Params& p, int b, int j0, int lk, int ptid) {
-  const int j = j0 + ptid / (kProducerThreads / kBn), idx = j / p.page_size;
+__device__ __forceinline__ PagedRow paged_row(const Params& p, int b, int j, int lk) {
+  const int idx = j / p.page_size;
   if (j >= lk || idx >= p.table_cols) return {-1, 0};
   return {min(max(p.block_table[static_cast<int64_t>(b) * p.table_cols + idx], 0), p.pages - 1),
           j - idx * p.page_size};
 }
-// This thread's part of the tile at dst ([kBlocks][kBn rows][128 bytes], 128-byte swizzled):
-// row `pr` of head hk of `pool` (strides st: page, head, row, in bytes), all kBlocks column blocks
-// of 128 bytes, or half of them when two threads share a row (D = 256).
+// This thread's part of the tile at dst ([kBlocks][kBn rows][128 bytes], 128-byte swizzled): of
+// its rows (pr) of head hk of `pool` (strides st: page, head, row, in bytes), the chunks of its
+// parity in every column block.
 template <int kBn, int kBlocks>
 __device__ __forceinline__ void copy_paged_rows(uint32_t dst, const uint8_t* pool,
-                                                const int64_t (&st)[3], PagedRow pr, int hk,
+                                                const int64_t (&st)[3],
+                                                const PagedRow (&pr)[kRowsAThread<kBn>], int hk,
                                                 int ptid) {
-  constexpr int kPerRow = kProducerThreads / kBn;  // threads a row: 1, or 2 at D = 256
-  static_assert(kProducerThreads % kBn == 0 && kBlocks % kPerRow == 0);
-  constexpr int kMyBlocks = kBlocks / kPerRow;
-  const int r = ptid / kPerRow, b0 = ptid % kPerRow * kMyBlocks;
-  const uint8_t* src = pool + max(pr.page, 0) * st[0] + hk * st[1] + pr.in_page * st[2] + b0 * 128;
-  const int bytes = pr.page >= 0 ? 16 : 0;  // 0: zeros, nothing read
-  // The row's 128-byte lines hold chunk c at c XOR row % 8. The lines start 128-byte aligned, so
-  // the XOR applies to the address (one register a row, where 8 hoisted offsets spilled the
-  // producer's 24), and a column block's 16 KB offset adds on top of it.
-  const uint32_t row = (dst + static_cast<uint32_t>(b0 * kBn + r) * 128) ^ ((r % 8) << 4);
+  static_assert(kBn % kRowsAPass == 0);
+  const int half = ptid % 2;
 #pragma unroll
-  for (int i = 0; i < kMyBlocks * 8; ++i)
-    copy_row_chunk((row ^ ((i % 8) << 4)) + (i / 8) * kBn * 128, src + i * 16, bytes);
+  for (int k = 0; k < kRowsAThread<kBn>; ++k) {
+    const int r = ptid / 2 + k * kRowsAPass;
+    const uint8_t* src =
+        pool + max(pr[k].page, 0) * st[0] + hk * st[1] + pr[k].in_page * st[2] + half * 16;
+    const int bytes = pr[k].page >= 0 ? 16 : 0;  // 0: zeros, nothing read
+    // The row's 128-byte lines hold chunk c at c XOR row % 8. The lines start 128-byte aligned, so
+    // the XOR applies to the address (one register a row, where 8 hoisted offsets spilled the
+    // producer's 24), and a column block's 16 KB offset adds on top of it.
+    const uint32_t row = (dst + static_cast<uint32_t>(r) * 128) ^ (((r % 8) ^ half) << 4);
+#pragma unroll
+    for (int i = 0; i < kBlocks * 4; ++i)
+      copy_row_chunk((row ^ ((i % 4) << 5)) + (i / 4) * kBn * 128,
+                     src + (i / 4) * 128 + (i % 4) * 32, bytes);
+  }
 }
 
 // kRowCopies: every thread of the producer warpgroup (ptid 0..127) runs it; thread 0 loads Q by
@@ -359,7 +370,10 @@ __device__ __forceinline__ void produce_rows(const CUtensorMap* tq, const Params
   for (int n = 0; n < t.n_tiles; ++n) {
     const int s = (it0 + n) % kSt, j0 = (t.n_first + n) * S::kBn;
     const uint32_t free_parity = (((it0 + n) / kSt) & 1) ^ 1;
-    const PagedRow pr = paged_row<S::kBn>(p, t.tb, j0, t.lk, ptid);
+    PagedRow pr[kRowsAThread<S::kBn>];
+#pragma unroll
+    for (int k = 0; k < kRowsAThread<S::kBn>; ++k)
+      pr[k] = paged_row(p, t.tb, j0 + ptid / 2 + k * kRowsAPass, t.lk);
     mbar_wait(smem_u32(&bars[kBarKEmpty + s]), free_parity);
     copy_paged_rows<S::kBn, D / kCols>(sk0 + s * S::kKBytes, p.k_pool, p.sk, pr, hk, ptid);
     arrive_when_copied(smem_u32(&bars[kBarKFull + s]));
