@@ -185,8 +185,8 @@ inline constexpr std::string_view kFa3Exp2Poly2Kernel = "fa3_fwd_sm90a_exp2poly2
 inline constexpr std::string_view kFa3Exp2Poly3Kernel = "fa3_fwd_sm90a_exp2poly3of8";
 inline constexpr std::string_view kFa3PersistentKernel = "fa3_fwd_sm90a_persistent";
 inline constexpr std::string_view kFa3CountsKernel = "fa3_fwd_sm90a_seqused";
-// Paged pools: any page size (pages of whole key tiles, 128 keys or 64 at head dim 256, load as
-// TMA boxes; others as rows copied by the producer warpgroup).
+// Paged pools: any page size (pages of a whole key tile or half of one, 128 keys or 64 at head dim
+// 256, load as TMA boxes; others as rows copied by the producer warpgroup).
 inline constexpr std::string_view kFa3PagedKernel = "fa3_fwd_sm90a_paged";
 inline constexpr std::string_view kFa3RankedAhead = "fa3_fwd_sm90a_ranked_ahead";
 // The fp8 forward (issue 8's stretch): e4m3 Q, K, V with per-tensor descales, Y in bf16 or f16,

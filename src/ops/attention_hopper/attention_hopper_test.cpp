@@ -1335,7 +1335,7 @@ void check_by_name_and_default(const Case& c, const Descriptor& desc, std::strin
                                const TestTensor& gq, const TestTensor& gk, const TestTensor& gv,
                                const SetExtras& extras, const CpuAnswer& ans) {
   const Stream& gs = harness::stream_for(Target::cuda);
-  // The ranked-ahead entry's own answer (the table's pick and, for pages, its page bound).
+  // The ranked-ahead entry's own answer (the table's pick).
   const bool fa3_default = fa3_kernel(c.t, kFa3RankedAhead)->fits(problem_of(desc), gs.caps());
   for (const bool by_name : {true, false}) {
     SCOPED_TRACE(by_name ? "by name" : "default plan");
@@ -1435,7 +1435,7 @@ TEST(AttentionFa3Gpu, PagedMatchesTheCpuPlan) {
     std::vector<int32_t> used;  // empty: no key counts
   };
   const std::vector<PagedCase> cases = {
-      // Pages of fewer keys than a tile: the producer warpgroup's cp.async rows (kRowCopies)
+      // Pages of fewer keys than half a tile: the producer warpgroup's cp.async rows (kRowCopies)
       // instead of TMA boxes. Head dim 128: 16-key pages, counts (one past a page boundary, one
       // inside the last tile), a softcap; 8-key pages of f16, both pool orders' other one, GQA 8,
       // a window; 32-key pages, top-left causal, Lq > a tile's rows.
@@ -1445,12 +1445,12 @@ TEST(AttentionFa3Gpu, PagedMatchesTheCpuPlan) {
       {{DType::f16, 1, 8, 1, 64, 333, 128, Mask::sliding_window(100, 0), true, false}, 8, {}},
       {{DType::bf16, 2, 4, 4, 300, 640, 128, Mask::causal_top_left(), false, false}, 32, {640, 1}},
       // The other head dims' row copies: MLA's (Dk 192: three column blocks of K, two of V) in
-      // 16-key pages with counts; 256 (64-key tiles: two threads a row) in 32-key pages.
+      // 16-key pages with counts; 256 (64-key tiles) in 16-key pages.
       {{DType::bf16, 2, 4, 4, 150, 500, 192, Mask::causal_bottom_right(), true, false, true, 0,
         128},
        16,
        {500, 130}},
-      {{DType::f16, 1, 4, 2, 129, 333, 256, Mask::none(), false, false, true, 50.0}, 32, {}},
+      {{DType::f16, 1, 4, 2, 129, 333, 256, Mask::none(), false, false, true, 50.0}, 16, {}},
       // Pages that do not divide a tile or are not whole tiles: 48 keys at d128 (counts), 96 at
       // d256 (64-key tiles: a page and a half a tile), 5 keys at d64.
       {{DType::bf16, 2, 4, 2, 200, 700, 128, Mask::causal_bottom_right(), true, false},
@@ -1458,10 +1458,14 @@ TEST(AttentionFa3Gpu, PagedMatchesTheCpuPlan) {
        {700, 95}},
       {{DType::f16, 1, 4, 4, 100, 400, 256, Mask::causal_top_left(), false, false}, 96, {}},
       {{DType::bf16, 1, 2, 1, 70, 130, 64, Mask::none(), false, false}, 5, {}},
-      // A prompt chunk in 64-key pages (two a 128-key tile), GQA 4, counts (one empty).
+      // A prompt chunk in 64-key pages (two a 128-key tile: TMA boxes), GQA 4, counts (one empty);
+      // head dim 256's half tiles (32-key pages).
       {{DType::bf16, 3, 8, 2, 300, 1000, 128, Mask::causal_bottom_right(), true, false},
        64,
        {1000, 0, 333}},
+      {{DType::bf16, 2, 4, 2, 130, 400, 256, Mask::causal_bottom_right(), false, false},
+       32,
+       {400, 77}},
       // Head dim 64 in 16-key pages, no counts: the last page's rows past Lk are NaN.
       {{DType::f16, 2, 4, 4, 129, 700, 64, Mask::none(), false, false}, 16, {}},
       // 256-key pages (two tiles a page), top-left causal, a softcap, MQA.
@@ -1612,9 +1616,9 @@ TEST(AttentionFa3Gpu, FitsExactlyWhatItSupports) {
     for (std::string_view v :
          {kFa3, kFa3Pingpong, kFa3Exp2Poly2Kernel, kFa3Exp2Poly3Kernel, kFa3PersistentKernel})
       EXPECT_FALSE(fa3_kernel(d.dtype, v)->fits(problem_of(counted), caps)) << v;
-    // Paged pools: their own instance, and only it, at every page size (whole key tiles as TMA
-    // boxes, others as row copies), with or without counts; the ranked-ahead entry only where a
-    // tile spans at most 8 pages. (Packed
+    // Paged pools: their own instance, and only it, at every page size (a whole key tile or half
+    // of one as TMA boxes, others as row copies), with or without counts; the ranked-ahead entry
+    // wherever the table picks fa3, whatever the page size. (Packed
     // sequences take no pages: the family refuses such a descriptor before any kernel sees it.)
     const int64_t tile = d.head_dim_qk == 256 ? 64 : 128;
     for (int64_t ps : {int64_t{4}, int64_t{8}, int64_t{16}, int64_t{48}, int64_t{64}, int64_t{96},
@@ -1628,9 +1632,12 @@ TEST(AttentionFa3Gpu, FitsExactlyWhatItSupports) {
           continue;
         }
         EXPECT_EQ(fa3_kernel(d.dtype, kFa3PagedKernel)->fits(made.value(), caps), plain) << ps;
-        if (tile / ps > 8) {
-          EXPECT_FALSE(fa3_kernel(d.dtype, kFa3RankedAhead)->fits(made.value(), caps)) << ps;
-        }
+        Descriptor whole_tiles = paged;
+        whole_tiles.page_size = tile;
+        EXPECT_EQ(fa3_kernel(d.dtype, kFa3RankedAhead)->fits(made.value(), caps),
+                  fa3_kernel(d.dtype, kFa3RankedAhead)
+                      ->fits(attention::ForwardOp::make_problem(whole_tiles).value(), caps))
+            << ps;
         for (std::string_view v : {kFa3, kFa3CountsKernel, kFa3Pingpong, kFa3Exp2Poly2Kernel,
                                    kFa3Exp2Poly3Kernel, kFa3PersistentKernel})
           EXPECT_FALSE(fa3_kernel(d.dtype, v)->fits(made.value(), caps)) << v << " " << ps;

@@ -164,8 +164,8 @@ struct Params {
   // parameter offsets, and with them their code, stay as they were.)
   const int* block_table;
   int table_cols, page_size, pages;
-  // kPaged in pages that are not whole key tiles (kRowCopies): the pools and their page / head /
-  // row strides in bytes, for the producer warpgroup's cp.async copies.
+  // kPaged in the pages that go as row copies (kRowCopies, !paged_boxes): the pools and their page
+  // / head / row strides in bytes, for the producer warpgroup's cp.async copies.
   const uint8_t *k_pool, *v_pool;
   int64_t sk[3], sv[3];
 };
@@ -231,7 +231,7 @@ __device__ __forceinline__ Tile tile_of(const Params& p, int w) {
 //             variant 9% at d64 (H200, this session's call 2, three interleaved rounds).
 //  kPaged:   kPlain reading K / V from a paged pool through the block table (and key counts where
 //             the problem has them): its producer issues one TMA box a page a tile spans, or,
-//             for pages that are not whole key tiles, copies rows with its warpgroup's cp.async.
+//             for other page sizes (paged_boxes), copies rows with its warpgroup's cp.async.
 //  kLazyRescale: kPlain where a warp whose 16 rows' maxima did not move skips O's rescale (the
 //             factor is exactly 1 then; 64 multiplies a thread a key tile): the fp8 default
 //             (H100, 705370e, six interleaved rounds: +0.7-4.8% over kPlain at d128 L >= 4096).
@@ -261,26 +261,41 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
 // The producer lane's loads for one work tile: Q (once "Q empty" shows the previous tile's S
 // GEMMs are done: only the persistent variant reloads it), then the tile's K / V tiles into the
 // ring from ring position it0 on.
-// Paged K / V in pages of whole key tiles: one K or V tile (kBn keys from sequence key j0 on,
-// kBlocks column blocks of kBlockBytes a row) from the pool's pages, a TMA box of kBn rows for
-// each tile (other page sizes: copy_paged_rows). Table entries are clamped
-// into [0, pages) like the family's kernels do; keys past the sequence's table row load page
-// `pages`, out of the map's bounds: zeros (their rows are masked, and zeroed before P V anyway).
+// Paged K / V in pages of whole key tiles or half of one (paged_boxes): one K or V tile (kBn keys
+// from sequence key j0 on, kBlocks column blocks of kBlockBytes a row) from the pool's pages, a TMA
+// box of min(page_size, kBn) rows for each page the tile spans (other page sizes:
+// copy_paged_rows). Table entries are clamped into [0, pages) like the family's kernels do; keys
+// past the sequence's table row load page `pages`, out of the map's bounds: zeros (their rows are
+// masked, and zeroed before P V anyway).
 template <int kBn, int kBlocks, int kBlockBytes, int kCols>
 __device__ __forceinline__ void load_paged_tile(uint32_t dst, const CUtensorMap* map, uint32_t bar,
                                                 const Params& p, int b, int hk, int j0) {
-  const int idx = j0 / p.page_size;
-  const int page =
-      idx < p.table_cols
-          ? min(max(p.block_table[static_cast<int64_t>(b) * p.table_cols + idx], 0), p.pages - 1)
-          : p.pages;
-  const int in_page = j0 - idx * p.page_size;
+  const int box = min(p.page_size, kBn);
+  const int* row = p.block_table + static_cast<int64_t>(b) * p.table_cols;
+  for (int r = 0; r < kBn; r += box) {
+    const int idx = (j0 + r) / p.page_size;
+    const int page = idx < p.table_cols ? min(max(row[idx], 0), p.pages - 1) : p.pages;
+    const int in_page = j0 + r - idx * p.page_size;
 #pragma unroll
-  for (int db = 0; db < kBlocks; ++db)
-    tma_load_4d(dst + db * kBn * kBlockBytes, map, bar, db * kCols, in_page, hk, page);
+    for (int db = 0; db < kBlocks; ++db)
+      tma_load_4d(dst + db * kBn * kBlockBytes + r * kBlockBytes, map, bar, db * kCols, in_page, hk,
+                  page);
+  }
 }
 
-// Paged pools in pages that are not whole key tiles (kRowCopies). As TMA boxes, such a K or V
+// Which page sizes go as TMA boxes (load_paged_tile) and which as row copies (copy_paged_rows).
+// Boxes cost the producer ~150 cycles each, one a page and 128-byte column block, and the rate fell
+// with their count; the row copies read at one rate whatever the page size (H200, chunked prefill
+// of 4 x 512 rows against 4096 keys, d128, TFLOP/s, forty-first session's calls 2-3):
+//   page keys     64     32     16      8
+//   boxes        523    433    274    159
+//   row copies   439    436    430    426
+// So boxes where a key tile spans one page or two, row copies for every other size.
+__host__ __device__ constexpr bool paged_boxes(int page_size, int key_tile) {
+  return page_size % key_tile == 0 || 2 * page_size == key_tile;
+}
+
+// Paged pools in the other page sizes (kRowCopies, !paged_boxes). As TMA boxes, a K or V
 // tile cost one box per page and 128-byte column block (d128: 32 in 16-key pages, 64 in 8-key
 // pages), and the rate fell with the box count, not the lookups (fortieth session, call 1, d128:
 // 64-key pages 523, 16-key 271, 8-key 158 TFLOP/s; the whole warp looking the pages up: 11-14%
@@ -457,10 +472,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) {
     mbar_init(smem_u32(&bars[kBarQ]), 1);
     mbar_init(smem_u32(&bars[kBarQEmpty]), kConsumers * 4);
-    // kRowCopies where pages are not whole key tiles: every producer thread's copies arrive.
+    // Row copies: every producer thread's copies arrive.
     uint32_t full_arrivals = 1;
     if constexpr (kRowCopies<V, D, T>)
-      if (p.page_size % S::kBn != 0) full_arrivals = kProducerThreads;
+      if (!paged_boxes(p.page_size, S::kBn)) full_arrivals = kProducerThreads;
     for (int s = 0; s < kSt; ++s) {
       mbar_init(smem_u32(&bars[kBarKFull + s]), full_arrivals);
       mbar_init(smem_u32(&bars[kBarVFull + s]), full_arrivals);
@@ -487,7 +502,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (warp >= kProducerWarp) {
     setmaxnreg_dec<kProducerRegs>();
     if constexpr (kRowCopies<V, D, T>) {
-      if (p.page_size % S::kBn != 0) {
+      if (!paged_boxes(p.page_size, S::kBn)) {
         const int ptid = static_cast<int>(threadIdx.x) - kProducerWarp * 32;
         int it = 0, q_count = 0;
         for (int w = w0; w < n_work; w += w_step) {
@@ -926,9 +941,8 @@ inline bool fwd_dims(const Problem& pr) {
   return (dk == dv && (dk == 64 || dk == 128 || dk == 256)) || (dk == 192 && dv == 128);
 }
 
-// The page sizes the paged instance loads: any (16-bit only, as every paged problem is). Whole key
-// tiles a page (a multiple of kBn) go as TMA boxes (load_paged_tile), every other size as row
-// copies (copy_paged_rows), which look each row's page up and need no alignment of pages to tiles.
+// The page sizes the paged instance loads: any (16-bit only, as every paged problem is): whole
+// key tiles or half of one as TMA boxes, every other size as row copies (paged_boxes).
 inline bool paged_size_fits(int64_t page_size, int64_t key_tile) {
   return page_size > 0 && key_tile > 0;
 }
@@ -966,16 +980,14 @@ bool fits(const Problem& pr, const DeviceCaps& caps) {
 }
 
 // The ranked-ahead entry: the plain schedule (its paged or counts instance for problems with
-// pages or key counts), only where the measured table picks fa3. Paged: only where a key tile
-// spans at most 8 pages, as measured with TMA boxes a page (chunked prefill on the H200, 4 x 512
-// rows against 4096 keys, d128: 1.68x the family's paged kernel's rate in 64-key pages, 1.01x in
-// 16-key pages, 0.65x in 8-key pages); the row copies (kRowCopies) are to be measured.
+// pages or key counts), only where the measured table picks fa3. Paged: every page size (chunked
+// prefill on the H200, 4 x 512 rows against 4096 keys, d128: 1.64-1.74x the family's paged
+// kernel's rate in 64-, 32-, 16- and 8-key pages, forty-first session's call 3).
 template <class T>
 bool fits_ranked_ahead(const Problem& pr, const DeviceCaps& caps) {
-  const bool fit = pr.desc.page_size > 0
-                       ? fits<T, kPaged>(pr, caps) && keys_per_tile(pr) / pr.desc.page_size <= 8
-                   : pr.desc.seqused_k ? fits<T, kCounts>(pr, caps)
-                                       : fits<T, kPlain>(pr, caps);
+  const bool fit = pr.desc.page_size > 0 ? fits<T, kPaged>(pr, caps)
+                   : pr.desc.seqused_k   ? fits<T, kCounts>(pr, caps)
+                                         : fits<T, kPlain>(pr, caps);
   return fit && preferred_candidate(pr, Pass::forward, true) == Candidate::fa3;
 }
 
