@@ -34,9 +34,8 @@
 // the decode kernels read any page size; prefill and chunked prefill run on tensor cores
 // (flash_fwd_mma_paged_sm80) where the page size is a multiple of the kernel's key tile (64 keys,
 // 32 at head dims over 128) or splits it into 2..32 pages (powers of two), on the SIMT kernel
-// otherwise. On sm_90a fa3's forward reads paged pools too (fa3_fwd_sm90a_paged: page sizes that
-// are whole 128-key tiles (64 at head dim 256) or powers of two from 8 that divide one; the
-// default for chunks of 32 query rows or more where a tile spans at most 8 pages). cuDNN does not.
+// otherwise. On sm_90a fa3's forward reads paged pools of any page size too (fa3_fwd_sm90a_paged;
+// the default for chunks of 32 query rows or more). cuDNN does not.
 //
 // GQA / MQA: Hq is a multiple of Hk; query head h reads key/value head h / (Hq / Hk). A stride-0
 // head axis on K/V (broadcast) is legal as well.
