@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <optional>
 #include <random>
 #include <span>
@@ -78,7 +79,8 @@ void bench_all(const Stream& stream) {
   // writes their Y / LSE) only, no forward A/B rows, no decode.
   // BARACUDA_ATTENTION_ONLY=forward: the sweep's forward rows (default and A/B) only.
   // BARACUDA_ATTENTION_ONLY=paged_prefill: the chunked-prefill rows in paged caches only (an A/B
-  // of the paged kernels in a minute).
+  // of the paged kernels in a minute); BARACUDA_ATTN_PAGE=<keys>: those of that page size only
+  // (a profiler's first paged launch is then that size's).
   const bool paged_prefill_only = bench::env("BARACUDA_ATTENTION_ONLY") == "paged_prefill";
   const bool sweep = bench::env("BARACUDA_ATTENTION_ONLY") != "decode" && !paged_prefill_only;
   const bool backward_only = bench::env("BARACUDA_ATTENTION_ONLY") == "backward";
@@ -338,6 +340,9 @@ void bench_all(const Stream& stream) {
       std::vector<int64_t> layouts;
       if (!paged_prefill_only) layouts = {0, kCounts};
       if (lq == 512) layouts.insert(layouts.begin(), {64, 32, 16, 8});
+      if (const long long page = std::atoll(std::string(bench::env("BARACUDA_ATTN_PAGE")).c_str());
+          page > 0)
+        std::erase_if(layouts, [&](int64_t ps) { return ps != page; });
       for (const int64_t ps : layouts) {
         const std::string name = "prefill_b4_hq32_hk8_lq" + std::to_string(lq) + "_lk4096_d128_" +
                                  (ps > 0    ? "paged" + std::to_string(ps)
