@@ -305,7 +305,7 @@ __host__ __device__ constexpr bool paged_boxes(int page_size, int key_tile) {
 // row % 8: the 128-byte swizzle), zeros for keys past the sequence's count or table row. Each
 // thread's copies arrive on the stage's full barrier (cp.async.mbarrier.arrive.noinc: the barrier
 // counts the 128 threads), as CUTLASS's sm90 cp.async mainloop feeds wgmma.
-template <int V, int D, class T>
+template <int V, class T>
 constexpr bool kRowCopies = V == kPaged && !ElemOf<T>::kFp8;
 constexpr int kProducerThreads = 128;
 
@@ -318,9 +318,9 @@ __device__ __forceinline__ void arrive_when_copied(uint32_t bar) {
 }
 // Two adjacent producer threads copy a row's even and odd 16-byte chunks, so each warp
 // instruction reads 16 rows' whole 32-byte sectors. (One thread a row read half of each sector an
-// instruction: L2 served every sector twice, and the copies ran at 309-323 TFLOP/s whatever the
-// page size, fortieth-first session's call 1.) A thread has kBn / 64 rows of a tile: ptid / 2 + 64
-// k.
+// instruction: L2 served every sector twice, and the copies ran at 308-324 TFLOP/s whatever the
+// page size, forty-first session's call 1.) Thread ptid copies rows ptid / 2 + 64 k of a tile,
+// k < kBn / 64.
 constexpr int kRowsAPass = kProducerThreads / 2;
 template <int kBn>
 constexpr int kRowsAThread = kBn / kRowsAPass;
@@ -474,7 +474,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     mbar_init(smem_u32(&bars[kBarQEmpty]), kConsumers * 4);
     // Row copies: every producer thread's copies arrive.
     uint32_t full_arrivals = 1;
-    if constexpr (kRowCopies<V, D, T>)
+    if constexpr (kRowCopies<V, T>)
       if (!paged_boxes(p.page_size, S::kBn)) full_arrivals = kProducerThreads;
     for (int s = 0; s < kSt; ++s) {
       mbar_init(smem_u32(&bars[kBarKFull + s]), full_arrivals);
@@ -501,7 +501,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int w0 = kPersistentV ? static_cast<int>(blockIdx.x) : 0;
   if (warp >= kProducerWarp) {
     setmaxnreg_dec<kProducerRegs>();
-    if constexpr (kRowCopies<V, D, T>) {
+    if constexpr (kRowCopies<V, T>) {
       if (!paged_boxes(p.page_size, S::kBn)) {
         const int ptid = static_cast<int>(threadIdx.x) - kProducerWarp * 32;
         int it = 0, q_count = 0;
