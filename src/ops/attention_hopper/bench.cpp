@@ -138,8 +138,11 @@ std::string cudnn_note(const Stream& s, const attention::Descriptor& d, Pass pas
 }
 
 void sweep(const Stream& stream) {
-  // BARACUDA_ATTENTION_ONLY=decode (the attention family's decode-only runs) skips this sweep.
-  if (bench::env("BARACUDA_ATTENTION_ONLY") == "decode") return;
+  // BARACUDA_ATTENTION_ONLY=decode / paged_prefill (the attention family's decode-only and
+  // paged-prefill-only runs) skip this sweep.
+  if (bench::env("BARACUDA_ATTENTION_ONLY") == "decode" ||
+      bench::env("BARACUDA_ATTENTION_ONLY") == "paged_prefill")
+    return;
   const SelectionTableOverride raw_candidates{std::span<const TablePoint>{}};
   harness::Rng rng(20261122);
   const int64_t n = kTokens * kHidden;
