@@ -23,8 +23,8 @@
 // On sm_90a, fa3's forward reads them too (fa3_fwd_sm90a_seqused, the default for chunks of 32
 // query rows or more against such a cache); cuDNN does not.
 //
-// Paged K / V (a serving engine's block-table cache, as vLLM and FlashInfer keep it; forward only,
-// not with varlen): with Descriptor::page_size > 0, K is a pool [pages, Hk, page_size, Dk] and V
+// Paged K / V (a serving engine's block-table cache, as vLLM and FlashInfer keep it; forward only):
+// with Descriptor::page_size > 0, K is a pool [pages, Hk, page_size, Dk] and V
 // [pages, Hk, page_size, Dv] (any outer strides, so [pages, page_size, Hk, D] memory too), and
 // ForwardArguments::block_table (i32 [B, ceil(Lk / page_size)], row-major, on the plan's device)
 // names the pages of each sequence: its key j is row j % page_size of page
@@ -36,6 +36,11 @@
 // 32 at head dims over 128) or splits it into 2..32 pages (powers of two), on the SIMT kernel
 // otherwise. On sm_90a fa3's forward reads paged pools of any page size too (fa3_fwd_sm90a_paged;
 // the default for chunks of 32 query rows or more). cuDNN does not.
+// Paged with varlen (a serving engine's batch of prompt chunks of different lengths against their
+// caches, FlashAttention's varlen call with a block table): Q / Y / LSE packed as varlen's, K / V
+// the pools; cu_seqlens_k's differences are the sequences' key counts (seqused_k, when given,
+// caps them), total_k their sum; no K / V tensor has total_k rows. The CPU backend runs it; no GPU
+// kernel takes it yet (select says so).
 //
 // GQA / MQA: Hq is a multiple of Hk; query head h reads key/value head h / (Hq / Hk). A stride-0
 // head axis on K/V (broadcast) is legal as well.
@@ -176,7 +181,8 @@ using BackwardPlan = Plan<BackwardOp>;
 // Shapes of each argument for a problem (what check_arguments expects); tests and callers use
 // these to allocate.
 struct Shapes {
-  int rank_qkv = 4;  // 4 padded, 3 varlen
+  int rank_qkv = 4;  // Q / Y (and K / V unless paged): 4 padded, 3 varlen
+  int rank_kv = 4;   // K / V: rank_qkv, or 4 for paged pools (also with varlen)
   int64_t q[4], k[4], v[4], y[4];
   int rank_lse = 3;  // 3 padded, 2 varlen
   int64_t lse[3];

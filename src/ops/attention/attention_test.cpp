@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -203,7 +204,8 @@ struct Oracle {
                                                               const std::vector<double>& k,
                                                               const std::vector<double>& v) {
     const int r = s.rank_qkv;
-    Dense dq = dense(vec(s.q, r), q), dk = dense(vec(s.k, r), k), dv = dense(vec(s.v, r), v);
+    Dense dq = dense(vec(s.q, r), q), dk = dense(vec(s.k, s.rank_kv), k),
+          dv = dense(vec(s.v, s.rank_kv), v);
     Dense y = dense(vec(s.y, r)), lse = dense(vec(s.lse, s.rank_lse));
     auto plan = ForwardPlan::select(Stream::cpu(), desc_of(c));
     EXPECT_TRUE(plan.ok()) << plan.error().to_string();
@@ -221,7 +223,8 @@ struct Oracle {
       const std::vector<double>& q, const std::vector<double>& k, const std::vector<double>& v,
       const std::vector<RowBlock>& blocks) {
     const int r = s.rank_qkv;
-    Dense dq = dense(vec(s.q, r), q), dk = dense(vec(s.k, r), k), dv = dense(vec(s.v, r), v);
+    Dense dq = dense(vec(s.q, r), q), dk = dense(vec(s.k, s.rank_kv), k),
+          dv = dense(vec(s.v, s.rank_kv), v);
     Dense y = dense(vec(s.y, r)), lse = dense(vec(s.lse, s.rank_lse));
     ForwardArguments a{dq.cview(), dk.cview(), dv.cview(), y.view(),
                        lse.view(), cu(cu_q),   cu(cu_k)};
@@ -352,8 +355,8 @@ void check_forward_runs(Target target, const Config& c, Lay lay, std::vector<For
   const Shapes s = shapes_of(p);
   const int r = s.rank_qkv;
   auto q = make(c.dtype, vec(s.q, r), target, lay, rng);
-  auto k = make(c.dtype, vec(s.k, r), target, lay, rng);
-  auto v = make(c.dtype, vec(s.v, r), target, lay, rng);
+  auto k = make(c.dtype, vec(s.k, s.rank_kv), target, lay, rng);
+  auto v = make(c.dtype, vec(s.v, s.rank_kv), target, lay, rng);
   q->fill_random(rng, -2, 2);
   k->fill_random(rng, -2, 2);
   v->fill_random(rng);
@@ -513,8 +516,8 @@ std::vector<uint8_t> check_backward(Target target, const Config& c, Lay lay,
   const Shapes s = shapes_of(p);
   const int r = s.rank_qkv;
   auto q = make(c.dtype, vec(s.q, r), target, lay, rng);
-  auto k = make(c.dtype, vec(s.k, r), target, lay, rng);
-  auto v = make(c.dtype, vec(s.v, r), target, lay, rng);
+  auto k = make(c.dtype, vec(s.k, s.rank_kv), target, lay, rng);
+  auto v = make(c.dtype, vec(s.v, s.rank_kv), target, lay, rng);
   auto y = make(c.dtype, vec(s.y, r), target, lay, rng);
   auto dy = make(c.dtype, vec(s.y, r), target, lay, rng);
   auto lse = make(p.lse_dtype, vec(s.lse, s.rank_lse), target, Lay::padded, rng);
@@ -660,7 +663,7 @@ TEST(AttentionRules, DescriptorErrorsNameTheRuleAndNumbers) {
       {"out_dtype=f16 with dtype=f32", "Y has the inputs' dtype"});
   bad([](Descriptor& d) { d.dtype = DType::bf16, d.out_dtype = DType::f16; }, K::invalid_problem,
       {"out_dtype=f16 with dtype=bf16"});
-  // Paged K / V: sizes, padded Q only, forward only.
+  // Paged K / V: sizes, forward only.
   bad([](Descriptor& d) { d.page_size = -1; }, K::invalid_problem,
       {"page_size=-1, pages=0: must be >= 0"});
   bad([](Descriptor& d) { d.pages = 4; }, K::invalid_problem,
@@ -670,10 +673,11 @@ TEST(AttentionRules, DescriptorErrorsNameTheRuleAndNumbers) {
   BARACUDA_EXPECT_OK(ForwardPlan::select(cpu, paged));
   EXPECT_TRUE(fails_with(BackwardPlan::select(cpu, paged), K::unsupported,
                          {"attention_backward: page_size=4: paged K / V are forward only"}));
-  Descriptor paged_varlen = paged;
+  Descriptor paged_varlen = paged;  // packed queries against paged caches: the CPU backend's
   paged_varlen.varlen = true, paged_varlen.total_q = 5, paged_varlen.total_k = 7;
-  EXPECT_TRUE(fails_with(ForwardPlan::select(cpu, paged_varlen), K::invalid_problem,
-                         {"attention_forward: page_size=4 with varlen"}));
+  BARACUDA_EXPECT_OK(ForwardPlan::select(cpu, paged_varlen));
+  EXPECT_TRUE(fails_with(BackwardPlan::select(cpu, paged_varlen), K::unsupported,
+                         {"attention_backward: page_size=4: paged K / V are forward only"}));
   paged.pages = 0;
   EXPECT_TRUE(fails_with(ForwardPlan::select(cpu, paged), K::invalid_problem,
                          {"pages=0 with page_size=4 and len_k=7: the sequences' keys need pages"}));
@@ -2173,6 +2177,109 @@ TEST_P(AttentionTest, ForwardPagedKv) {
     Config padded = c;
     padded.page_size = padded.pages = 0, padded.table.clear();
     EXPECT_FALSE(fits(padded, "flash_fwd_mma_paged_sm80"));
+  }
+}
+
+// Packed queries against paged caches (a serving engine's batch of prompt chunks of different
+// lengths: FlashAttention's varlen call with a block table). The CPU backend must answer, bit for
+// bit, what it answers for the same batch with each sequence's keys gathered out of its pages into
+// packed K / V: the two read the keys through different addressing (pool pages against packed
+// rows). No GPU kernel takes the problem yet: select on the GPU names none.
+TEST_P(AttentionTest, ForwardPagedVarlen) {
+  const Target target = GetParam();
+  BARACUDA_SKIP_IF_UNAVAILABLE(target);
+  Rng rng;
+  struct PagedVarlenCase {
+    DType t;
+    int64_t hq, hk, d, page_size;
+    Mask mask;
+    double softcap;
+    std::vector<int32_t> lens_q, lens_k, used_k;  // used_k empty: no seqused_k
+  };
+  const std::vector<PagedVarlenCase> cases = {
+      // prompt chunks at the ends of their caches, GQA 2, 16-key pages
+      {DType::bf16, 4, 2, 64, 16, Mask::causal_bottom_right(), 0, {5, 1, 17}, {40, 3, 100}, {}},
+      // an empty chunk and an empty cache, 7-key pages, a softcap, MQA
+      {DType::f32, 2, 1, 32, 7, Mask::none(), 20, {3, 0, 9, 2}, {10, 5, 0, 33}, {}},
+      // key counts below the sequences' lengths, whole 64-key pages, top-left causal
+      {DType::f16, 4, 4, 128, 64, Mask::causal_top_left(), 0, {30, 2}, {130, 64}, {100, 64}},
+      // a window, 5-key pages, counts of 0 and all
+      {DType::f64, 2, 2, 16, 5, Mask::sliding_window(6, 0), 0, {4, 8, 3}, {12, 20, 9}, {12, 0, 9}},
+  };
+  for (const PagedVarlenCase& pc : cases) {
+    Config c;
+    c.dtype = pc.t, c.b = static_cast<int64_t>(pc.lens_q.size()), c.hq = pc.hq, c.hk = pc.hk;
+    c.dk = c.dv = pc.d, c.mask = pc.mask, c.softcap = pc.softcap, c.used_k = pc.used_k;
+    c.cu_q = {0}, c.cu_k = {0};
+    for (size_t b = 0; b < pc.lens_q.size(); ++b) {
+      c.cu_q.push_back(c.cu_q.back() + pc.lens_q[b]);
+      c.cu_k.push_back(c.cu_k.back() + pc.lens_k[b]);
+    }
+    c.lq = *std::max_element(pc.lens_q.begin(), pc.lens_q.end());
+    c.lk = *std::max_element(pc.lens_k.begin(), pc.lens_k.end());
+    const Config packed = c;
+    page_config(c, pc.page_size, rng);
+    SCOPED_TRACE(c.str() + " on " + harness::target_name(target));
+    if (target != Target::cpu) {
+      const auto plan = ForwardPlan::select(harness::stream_for(target), desc_of(c));
+      EXPECT_TRUE(fails_with(plan, ErrorKind::unsupported, {"no kernel"}));
+      continue;
+    }
+    const Shapes s = shapes_of(problem_of(c)), sp = shapes_of(problem_of(packed));
+    ASSERT_EQ(s.rank_kv, 4);
+    ASSERT_EQ(sp.rank_kv, 3);
+    auto q = random_tensor(c.dtype, s.q, 3, Target::cpu, Lay::bhld, rng);
+    auto k_pool = random_tensor(c.dtype, s.k, 4, Target::cpu, Lay::blhd, rng);
+    auto v_pool = random_tensor(c.dtype, s.v, 4, Target::cpu, Lay::bhld, rng);
+    // Sequence b's key j: row j % page_size of page table[b][j / page_size], into packed row
+    // cu_k[b] + j.
+    const int64_t cols = s.block_table[1], ps = c.page_size, hk = c.hk, d = c.dk;
+    auto gather = [&](const TestTensor& pool, const int64_t* dims) {
+      const std::vector<double> pv = pool.values();  // [pages][Hk][page_size][D]
+      std::vector<double> out(static_cast<size_t>(dims[0] * dims[1] * dims[2]));
+      for (int64_t b = 0; b < c.b; ++b)
+        for (int64_t j = 0; j < pc.lens_k[static_cast<size_t>(b)]; ++j) {
+          const int64_t page = c.table[static_cast<size_t>(b * cols + j / ps)];
+          for (int64_t h = 0; h < hk; ++h)
+            for (int64_t x = 0; x < d; ++x)
+              out[static_cast<size_t>(((c.cu_k[static_cast<size_t>(b)] + j) * hk + h) * d + x)] =
+                  pv[static_cast<size_t>(((page * hk + h) * ps + j % ps) * d + x)];
+        }
+      auto t = std::make_unique<TestTensor>(TestTensor::make(c.dtype, vec(dims, 3), Target::cpu));
+      t->set_values(out);
+      return t;
+    };
+    auto k_packed = gather(*k_pool, sp.k), v_packed = gather(*v_pool, sp.v);
+    auto cu_q = seqlens(c.cu_q, Target::cpu), cu_k = seqlens(c.cu_k, Target::cpu);
+    std::unique_ptr<TestTensor> used_k;
+    if (!c.used_k.empty()) used_k = seqlens(c.used_k, Target::cpu);
+    TestTensor table = TestTensor::make(DType::i32, vec(s.block_table, 2), Target::cpu);
+    table.set_values(std::vector<double>(c.table.begin(), c.table.end()));
+    auto run = [&](const Config& cc, const TestTensor& k, const TestTensor& v) {
+      const Shapes sh = shapes_of(problem_of(cc));
+      auto y = make(cc.dtype, vec(sh.y, 3), Target::cpu, Lay::padded, rng);
+      auto lse = make(problem_of(cc).lse_dtype, vec(sh.lse, 2), Target::cpu, Lay::padded, rng);
+      y->poison(), lse->poison();
+      const std::vector<uint8_t> y_before = y->bytes(), lse_before = lse->bytes();
+      ForwardArguments a{q->cview(),  k.cview(),     v.cview(),    y->view(),
+                         lse->view(), cu_q->cview(), cu_k->cview()};
+      if (used_k) a.seqused_k = used_k->cview();
+      if (cc.page_size > 0) a.block_table = table.cview();
+      auto plan = ForwardPlan::select(Stream::cpu(), desc_of(cc));
+      BARACUDA_EXPECT_OK(plan);
+      if (plan.ok()) BARACUDA_EXPECT_OK(plan->run(Stream::cpu(), Workspace::none(), a));
+      EXPECT_TRUE(harness::untouched_outside(y_before, y->bytes(), y->bit_mask(), "y gaps"));
+      EXPECT_TRUE(
+          harness::untouched_outside(lse_before, lse->bytes(), lse->bit_mask(), "lse gaps"));
+      // Logical values (the padded layouts' gaps differ between the two runs), as bytes.
+      std::vector<double> vals = y->values(), lv = lse->values();
+      vals.insert(vals.end(), lv.begin(), lv.end());
+      std::vector<uint8_t> out(vals.size() * sizeof(double));
+      std::memcpy(out.data(), vals.data(), out.size());
+      return out;
+    };
+    EXPECT_TRUE(harness::bytes_equal(run(c, *k_pool, *v_pool), run(packed, *k_packed, *v_packed),
+                                     "paged against gathered keys"));
   }
 }
 

@@ -78,9 +78,6 @@ Result<Problem> make(std::string_view op, const Descriptor& d) {
     if (op == BackwardOp::name)
       return Error::unsupported(o + ": page_size=" + num(d.page_size) +
                                 ": paged K / V are forward only (the backward takes varlen)");
-    if (d.varlen)
-      return Error::invalid(o + ": page_size=" + num(d.page_size) +
-                            " with varlen: paged K / V take padded Q (a block table per sequence)");
     if (d.pages == 0 && d.len_k > 0)
       return Error::invalid(o + ": pages=0 with page_size=" + num(d.page_size) +
                             " and len_k=" + num(d.len_k) + ": the sequences' keys need pages");
@@ -121,8 +118,10 @@ Result<Problem> make(std::string_view op, const Descriptor& d) {
   p.group = d.heads_kv > 0 ? d.heads_q / d.heads_kv : 1;
   p.lse_dtype = d.dtype == DType::f64 ? DType::f64 : DType::f32;
   const Shapes s = shapes_of(p);
-  for (auto [what, dims] : {std::pair{"q", s.q}, {"k", s.k}, {"v", s.v}, {"y", s.y}})
+  for (auto [what, dims] : {std::pair{"q", s.q}, {"y", s.y}})
     BARACUDA_TRY(validate::shape(op, what, std::span<const int64_t>(dims, s.rank_qkv)));
+  for (auto [what, dims] : {std::pair{"k", s.k}, {"v", s.v}})
+    BARACUDA_TRY(validate::shape(op, what, std::span<const int64_t>(dims, s.rank_kv)));
   BARACUDA_TRY(validate::shape(op, "lse", std::span<const int64_t>(s.lse, s.rank_lse)));
   return p;
 }
@@ -206,6 +205,7 @@ Shapes shapes_of(const Problem& p) {
                   y[] = {d.total_q, d.heads_q, d.head_dim_v};
     for (int i = 0; i < 3; ++i) s.q[i] = q[i], s.k[i] = k[i], s.v[i] = v[i], s.y[i] = y[i];
     s.q[3] = s.k[3] = s.v[3] = s.y[3] = 0;
+    s.rank_kv = 3;
     s.lse[0] = d.heads_q, s.lse[1] = d.total_q, s.lse[2] = 0;
     s.cu_seqlens = d.batch + 1;
   } else {
@@ -215,11 +215,14 @@ Shapes shapes_of(const Problem& p) {
                   y[] = {d.batch, d.heads_q, d.len_q, d.head_dim_v};
     for (int i = 0; i < 4; ++i) s.q[i] = q[i], s.k[i] = k[i], s.v[i] = v[i], s.y[i] = y[i];
     s.lse[0] = d.batch, s.lse[1] = d.heads_q, s.lse[2] = d.len_q;
-    if (d.page_size > 0) {  // K / V are page pools; a block table row per sequence
-      s.k[0] = s.v[0] = d.pages, s.k[2] = s.v[2] = d.page_size;
-      s.block_table[0] = d.batch;
-      s.block_table[1] = (d.len_k + d.page_size - 1) / d.page_size;
-    }
+  }
+  if (d.page_size > 0) {  // K / V are page pools; a block table row per sequence
+    const int64_t k[] = {d.pages, d.heads_kv, d.page_size, d.head_dim_qk},
+                  v[] = {d.pages, d.heads_kv, d.page_size, d.head_dim_v};
+    for (int i = 0; i < 4; ++i) s.k[i] = k[i], s.v[i] = v[i];
+    s.rank_kv = 4;
+    s.block_table[0] = d.batch;
+    s.block_table[1] = (d.len_k + d.page_size - 1) / d.page_size;
   }
   return s;
 }
@@ -235,8 +238,8 @@ Status ForwardOp::check_arguments(const Problem& p, const Arguments& a, Location
   const Shapes s = shapes_of(p);
   const int r = s.rank_qkv;
   BARACUDA_TRY(qkv_tensor(name, "q", a.q, p, s.q, r, where, true));
-  BARACUDA_TRY(qkv_tensor(name, "k", a.k, p, s.k, r, where, true));
-  BARACUDA_TRY(qkv_tensor(name, "v", a.v, p, s.v, r, where, true));
+  BARACUDA_TRY(qkv_tensor(name, "k", a.k, p, s.k, s.rank_kv, where, true));
+  BARACUDA_TRY(qkv_tensor(name, "v", a.v, p, s.v, s.rank_kv, where, true));
   BARACUDA_TRY(qkv_tensor(name, "y", a.y, p, s.y, r, where, false, p.y_dtype));
   BARACUDA_TRY(validate::tensor(name, "lse", a.lse, p.lse_dtype,
                                 std::span<const int64_t>(s.lse, s.rank_lse), where));
@@ -274,8 +277,8 @@ Status BackwardOp::check_arguments(const Problem& p, const Arguments& a, Locatio
   const Shapes s = shapes_of(p);
   const int r = s.rank_qkv;
   BARACUDA_TRY(qkv_tensor(name, "q", a.q, p, s.q, r, where, true));
-  BARACUDA_TRY(qkv_tensor(name, "k", a.k, p, s.k, r, where, true));
-  BARACUDA_TRY(qkv_tensor(name, "v", a.v, p, s.v, r, where, true));
+  BARACUDA_TRY(qkv_tensor(name, "k", a.k, p, s.k, s.rank_kv, where, true));
+  BARACUDA_TRY(qkv_tensor(name, "v", a.v, p, s.v, s.rank_kv, where, true));
   BARACUDA_TRY(qkv_tensor(name, "y", a.y, p, s.y, r, where, true));
   BARACUDA_TRY(qkv_tensor(name, "dy", a.dy, p, s.y, r, where, true));
   BARACUDA_TRY(validate::tensor(name, "lse", a.lse, p.lse_dtype,
