@@ -77,10 +77,6 @@ constexpr int kDvOf = D == 192 ? 128 : D;
 // Keys per tile: 128, 64 at D = 256 (O's 128 accumulator registers leave room for a 64-key S).
 template <int D>
 constexpr int kKeysPerTile = D == 256 ? 64 : 128;
-// The same for a problem's head dim, on the host.
-inline int64_t keys_per_tile(const Problem& pr) {
-  return pr.desc.head_dim_qk == 256 ? kKeysPerTile<256> : kKeysPerTile<128>;
-}
 constexpr int kConsumers = 2;                     // consumer warpgroups
 constexpr int kThreads = (kConsumers + 1) * 128;  // + the producer warpgroup
 // [[maybe_unused]]: only the sm_90a device code reads these (other targets get empty kernels).
@@ -941,12 +937,6 @@ inline bool fwd_dims(const Problem& pr) {
   return (dk == dv && (dk == 64 || dk == 128 || dk == 256)) || (dk == 192 && dv == 128);
 }
 
-// The page sizes the paged instance loads: any (16-bit only, as every paged problem is): whole
-// key tiles or half of one as TMA boxes, every other size as row copies (paged_boxes).
-inline bool paged_size_fits(int64_t page_size, int64_t key_tile) {
-  return page_size > 0 && key_tile > 0;
-}
-
 template <class T, int V>
 bool fits(const Problem& pr, const DeviceCaps& caps) {
   const attention::Descriptor& d = pr.desc;
@@ -956,7 +946,9 @@ bool fits(const Problem& pr, const DeviceCaps& caps) {
   // in theirs (see Variant), and only there.
   if ((d.page_size > 0) != (V == kPaged)) return false;
   if (V != kPaged && d.seqused_k != (V == kCounts)) return false;
-  if (V == kPaged && (d.varlen || !paged_size_fits(d.page_size, keys_per_tile(pr)))) return false;
+  // Every page size (whole key tiles or half of one as TMA boxes, other sizes as row copies:
+  // paged_boxes); packed queries against pages not yet.
+  if (V == kPaged && d.varlen) return false;
   // The persistent variant numbers its work tiles (query blocks x heads x batch) in an int.
   // D = 64 only: at D = 128 ptxas spills it (36 bytes, a few per work tile, outside the key
   // loop) at the consumers' 240 registers, and the project builds no kernel that spills.
