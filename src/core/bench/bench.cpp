@@ -24,6 +24,13 @@ std::string_view env(const char* name) {
   return v == nullptr ? std::string_view{} : std::string_view(v);
 }
 
+int64_t env_positive(const char* name, int64_t fallback) {
+  const std::string v(env(name));
+  char* end = nullptr;
+  const long long n = v.empty() ? 0 : std::strtoll(v.c_str(), &end, 10);
+  return n > 0 && end != nullptr && *end == '\0' ? static_cast<int64_t>(n) : fallback;
+}
+
 std::vector<std::string> env_list(const char* name) {
   std::vector<std::string> items;
   for (std::string_view rest = env(name); !rest.empty();) {

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <optional>
 #include <random>
 #include <span>
@@ -340,8 +339,7 @@ void bench_all(const Stream& stream) {
       std::vector<int64_t> layouts;
       if (!paged_prefill_only) layouts = {0, kCounts};
       if (lq == 512) layouts.insert(layouts.begin(), {64, 32, 16, 8});
-      if (const long long page = std::atoll(std::string(bench::env("BARACUDA_ATTN_PAGE")).c_str());
-          page > 0)
+      if (const int64_t page = bench::env_positive("BARACUDA_ATTN_PAGE", 0); page > 0)
         std::erase_if(layouts, [&](int64_t ps) { return ps != page; });
       for (const int64_t ps : layouts) {
         const std::string name = "prefill_b4_hq32_hk8_lq" + std::to_string(lq) + "_lk4096_d128_" +

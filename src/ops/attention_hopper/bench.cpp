@@ -478,8 +478,7 @@ void fp8_sweep(const Stream& stream) {
   std::vector<std::string> ab_kernels = bench::env_list("BARACUDA_AB");
   if (ab_kernels.size() == 1) ab_kernels.clear();  // one name is no comparison: the sweep runs
   const bool ab_mode = !ab_kernels.empty();
-  const int rounds_env = std::atoi(std::string(bench::env("BARACUDA_AB_ROUNDS")).c_str());
-  const int rounds = rounds_env > 0 ? rounds_env : 6;
+  const int rounds = static_cast<int>(bench::env_positive("BARACUDA_AB_ROUNDS", 6));
   const std::vector<int64_t> lens = !ab_mode
                                         ? std::vector<int64_t>{512, 1024, 2048, 4096, 8192, 16384}
                                         : std::vector<int64_t>{4096, 8192, 16384};
