@@ -150,12 +150,7 @@ std::unique_ptr<TestTensor> seqlens(const std::vector<int32_t>& cu, Target targe
 void page_config(Config& c, int64_t page_size, Rng& rng, int64_t spare = 3) {
   const int64_t cols = (c.lk + page_size - 1) / page_size;
   c.page_size = page_size, c.pages = c.b * cols + spare;
-  std::vector<int32_t> order(static_cast<size_t>(c.pages));
-  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
-  for (size_t i = order.size(); i > 1; --i)
-    std::swap(order[i - 1],
-              order[static_cast<size_t>(rng.integer(0, static_cast<int64_t>(i) - 1))]);
-  c.table.assign(order.begin(), order.begin() + c.b * cols);
+  c.table = attention::testing::scattered_pages(c.pages, c.b * cols, rng);
 }
 
 Workspace workspace_for(size_t bytes, Target target, std::unique_ptr<Buffer>& hold) {

@@ -15,6 +15,19 @@
 
 namespace baracuda::attention::testing {
 
+// A block table for paged K / V tests: `entries` page numbers drawn without repetition from a
+// pool of `pages`, in a random order, so neighbouring keys of a sequence sit in unrelated pages
+// and the pool's other pages stay unreferenced.
+inline std::vector<int32_t> scattered_pages(int64_t pages, int64_t entries, harness::Rng& rng) {
+  std::vector<int32_t> order(static_cast<size_t>(pages));
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
+  for (size_t i = order.size(); i > 1; --i)
+    std::swap(order[i - 1],
+              order[static_cast<size_t>(rng.integer(0, static_cast<int64_t>(i) - 1))]);
+  order.resize(static_cast<size_t>(entries));
+  return order;
+}
+
 // Query rows [i0, i1) of query head h of batch b.
 struct RowBlock {
   int64_t b, h, i0, i1;

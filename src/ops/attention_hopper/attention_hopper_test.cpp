@@ -1490,12 +1490,10 @@ TEST(AttentionFa3Gpu, PagedMatchesTheCpuPlan) {
     SCOPED_TRACE(name_of(c) + " pages of " + std::to_string(ps));
     Descriptor desc = desc_of(c, c.t);
     desc.page_size = ps, desc.pages = pages, desc.seqused_k = !pc.used.empty();
-    // The table: a random permutation of the pool's pages (3 left unreferenced).
-    std::vector<double> order(static_cast<size_t>(pages));
-    for (int64_t i = 0; i < pages; ++i) order[static_cast<size_t>(i)] = static_cast<double>(i);
-    for (int64_t i = pages - 1; i > 0; --i)
-      std::swap(order[static_cast<size_t>(i)], order[static_cast<size_t>(rng.integer(0, i))]);
-    const std::vector<double> table(order.begin(), order.begin() + c.b * cols);
+    // The table: the pool's pages in a random order (3 left unreferenced).
+    const std::vector<int32_t> pages_of =
+        attention::testing::scattered_pages(pages, c.b * cols, rng);
+    const std::vector<double> table(pages_of.begin(), pages_of.end());
     // Pool rows a sequence reads: keys [0, count) of its pages.
     std::vector<char> visible(static_cast<size_t>(pages * ps), 0);
     for (int64_t b = 0; b < c.b; ++b) {
