@@ -2179,7 +2179,9 @@ TEST_P(AttentionTest, ForwardPagedKv) {
 // lengths: FlashAttention's varlen call with a block table). The CPU backend must answer, bit for
 // bit, what it answers for the same batch with each sequence's keys gathered out of its pages into
 // packed K / V: the two read the keys through different addressing (pool pages against packed
-// rows). No GPU kernel takes the problem yet: select on the GPU names none.
+// rows). On the GPU every kernel that takes the problem runs it against that CPU answer: the SIMT
+// kernel always, the paged tensor-core forward in 16- to 64-key pages, the decode kernels for a
+// few query rows a K/V head, fa3's paged instance where the build has it.
 TEST_P(AttentionTest, ForwardPagedVarlen) {
   const Target target = GetParam();
   BARACUDA_SKIP_IF_UNAVAILABLE(target);
@@ -2200,6 +2202,19 @@ TEST_P(AttentionTest, ForwardPagedVarlen) {
       {DType::f16, 4, 4, 128, 64, Mask::causal_top_left(), 0, {30, 2}, {130, 64}, {100, 64}},
       // a window, 5-key pages, counts of 0 and all
       {DType::f64, 2, 2, 16, 5, Mask::sliding_window(6, 0), 0, {4, 8, 3}, {12, 20, 9}, {12, 0, 9}},
+      // decode-sized chunks (speculative tokens), 32-key pages, GQA 4
+      {DType::bf16, 8, 2, 128, 32, Mask::causal_bottom_right(), 0, {1, 2, 1}, {300, 47, 0}, {}},
+      // a 130-row chunk at head dim 128 in 16-key pages (fa3's row copies), counts
+      {DType::bf16,
+       8,
+       2,
+       128,
+       16,
+       Mask::causal_bottom_right(),
+       0,
+       {130, 7},
+       {600, 200},
+       {599, 200}},
   };
   for (const PagedVarlenCase& pc : cases) {
     Config c;
@@ -2216,8 +2231,28 @@ TEST_P(AttentionTest, ForwardPagedVarlen) {
     page_config(c, pc.page_size, rng);
     SCOPED_TRACE(c.str() + " on " + harness::target_name(target));
     if (target != Target::cpu) {
-      const auto plan = ForwardPlan::select(harness::stream_for(target), desc_of(c));
-      EXPECT_TRUE(fails_with(plan, ErrorKind::unsupported, {"no kernel"}));
+      const bool wide = c.dtype == DType::f16 || c.dtype == DType::bf16;
+      const int64_t rows = c.lq * (c.hq / c.hk);  // query rows a K/V head
+      const std::vector<std::pair<const char*, bool>> kernels = {
+          {"flash_fwd_simt", true},
+          {"flash_fwd_mma_paged_sm80", wide && c.page_size >= 16 && c.page_size <= 64},
+          {"flash_decode_sm80", wide && rows <= 16},
+          {"fa3_fwd_sm90a_paged", false}};  // where the build has it (attention_hopper's tests)
+      std::vector<ForwardRun> runs(1);      // the default plan
+      std::vector<std::string> names = {""};
+      for (const auto& [name, must] : kernels) {
+        const bool fits = ForwardPlan::select(harness::stream_for(target), desc_of(c),
+                                              PlanPreference::kernel(name))
+                              .ok();
+        if (must) {
+          EXPECT_TRUE(fits) << name;
+        }
+        if (!fits) continue;
+        runs.push_back(ForwardRun(PlanPreference::kernel(name)));
+        names.push_back(name);
+      }
+      check_forward_runs(target, c, Lay::bhld, runs);
+      for (size_t j = 1; j < runs.size(); ++j) EXPECT_EQ(runs[j].kernel, names[j]);
       continue;
     }
     const Shapes s = shapes_of(problem_of(c)), sp = shapes_of(problem_of(packed));

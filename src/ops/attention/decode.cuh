@@ -575,7 +575,6 @@ inline size_t decode_smem_of(const Problem& pr) {
 // 99 KB).
 inline bool decode_fits(const Problem& pr, const DeviceCaps& caps) {
   const Descriptor& d = pr.desc;
-  if (!not_paged_varlen(pr, caps)) return false;
   if (d.head_dim_qk % 8 != 0 || d.head_dim_v % 8 != 0) return false;
   if (d.len_q > kDecodeMaxLq || pr.group * d.len_q > 32) return false;
   if (pr.group * d.len_q > 16 && decode_dim(pr) > 128) return false;

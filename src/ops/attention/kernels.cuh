@@ -82,12 +82,6 @@ inline void strides3(const BasicTensor<Ptr>& t, int64_t* s) {
   for (int i = 0; i < 3; ++i) s[i] = i < t.rank - 1 ? t.stride[i] : 0;
 }
 
-// Paged pools with varlen queries: the CPU backend runs them; the GPU kernels have not yet been
-// run on such a problem, so they leave it (select names no kernel) until a device run checks them.
-inline bool not_paged_varlen(const Problem& pr, const DeviceCaps&) {
-  return !(pr.desc.varlen && pr.desc.page_size > 0);
-}
-
 inline Params make_params(const Problem& p) {
   const Descriptor& d = p.desc;
   Params k{};

@@ -610,7 +610,7 @@ bool fits_fwd_mma(const Problem& pr, const DeviceCaps& caps) {
   if (!kFits(pr, caps) || static_cast<int64_t>(fwd_mma_smem<T, Sh>(pr)) > caps.smem_per_block_optin)
     return false;
   if constexpr (kPaged)
-    return pr.desc.page_size > 0 && !pr.desc.varlen &&
+    return pr.desc.page_size > 0 &&
            detail::page_window_serves(static_cast<int>(pr.desc.page_size), mma_bn<Sh>(mma_dim(pr)));
   return pr.desc.page_size == 0;
 }
@@ -655,7 +655,6 @@ bool register_kernels() {
   register_kernel<ForwardOp>({
       .sku = family_sku<E>(ForwardOp::name, acc, simt, "flash_fwd_simt"),
       .priority = 10,
-      .fits = not_paged_varlen,
       .launch = launch_fwd_simt<T, A>,
   });
   register_kernel<BackwardOp>({

@@ -1617,8 +1617,7 @@ TEST(AttentionFa3Gpu, FitsExactlyWhatItSupports) {
       EXPECT_FALSE(fa3_kernel(d.dtype, v)->fits(problem_of(counted), caps)) << v;
     // Paged pools: their own instance, and only it, at every page size (a whole key tile or half
     // of one as TMA boxes, others as row copies), with or without counts; the ranked-ahead entry
-    // wherever the table picks fa3, whatever the page size. Packed (varlen) queries against pages:
-    // not yet on the GPU (the CPU backend runs them).
+    // wherever the table picks fa3, whatever the page size; packed (varlen) queries too.
     const int64_t tile = d.head_dim_qk == 256 ? 64 : 128;
     for (int64_t ps : {int64_t{4}, int64_t{8}, int64_t{16}, int64_t{48}, int64_t{64}, int64_t{96},
                        tile, 2 * tile, 3 * tile}) {
@@ -1628,9 +1627,7 @@ TEST(AttentionFa3Gpu, FitsExactlyWhatItSupports) {
         const auto made = attention::ForwardOp::make_problem(paged);
         EXPECT_TRUE(made.ok()) << made.error().to_string();
         if (!made.ok()) continue;
-        EXPECT_EQ(fa3_kernel(d.dtype, kFa3PagedKernel)->fits(made.value(), caps),
-                  plain && !d.varlen)
-            << ps;
+        EXPECT_EQ(fa3_kernel(d.dtype, kFa3PagedKernel)->fits(made.value(), caps), plain) << ps;
         Descriptor whole_tiles = paged;
         whole_tiles.page_size = tile;
         EXPECT_EQ(fa3_kernel(d.dtype, kFa3RankedAhead)->fits(made.value(), caps),

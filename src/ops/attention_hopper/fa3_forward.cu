@@ -389,7 +389,7 @@ __device__ __forceinline__ void produce_rows(const CUtensorMap* tq, const Params
     PagedRow pr[kRowsAThread<S::kBn>];
 #pragma unroll
     for (int k = 0; k < kRowsAThread<S::kBn>; ++k)
-      pr[k] = paged_row(p, t.tb, j0 + ptid / 2 + k * kRowsAPass, t.lk);
+      pr[k] = paged_row(p, t.b, j0 + ptid / 2 + k * kRowsAPass, t.lk);
     mbar_wait(smem_u32(&bars[(key ? kBarKEmpty : kBarVEmpty) + s]), ((r / kSt) & 1) ^ 1);
     if (key)
       copy_paged_rows<S::kBn, D / kCols>(sk0 + s * S::kKBytes, p.k_pool, p.sk, pr, hk, ptid);
@@ -432,7 +432,7 @@ __device__ __forceinline__ void produce(const CUtensorMap* tq, const CUtensorMap
     mbar_wait(smem_u32(&bars[kBarKEmpty + s]), ((r / kSt) & 1) ^ 1);
     mbar_expect_tx(bk, S::kKBytes);
     if constexpr (V == kPaged) {
-      load_paged_tile<S::kBn, kDB, kRow, kCols>(sk0 + s * S::kKBytes, tk, bk, p, t.tb, hk,
+      load_paged_tile<S::kBn, kDB, kRow, kCols>(sk0 + s * S::kKBytes, tk, bk, p, t.b, hk,
                                                 (t.n_first + n) * S::kBn);
     } else {
 #pragma unroll
@@ -452,7 +452,7 @@ __device__ __forceinline__ void produce(const CUtensorMap* tq, const CUtensorMap
       const int c0 = p.cu_q ? fp8_vt_start(t.k0, t.b) : 0;
       tma_load_4d(sv0 + s * S::kVBytes, tv, bv, c0 + (t.n_first + n) * S::kBn, 0, hk, t.tb);
     } else if constexpr (V == kPaged) {
-      load_paged_tile<S::kBn, kDBv, 128, kCols>(sv0 + s * S::kVBytes, tv, bv, p, t.tb, hk,
+      load_paged_tile<S::kBn, kDBv, 128, kCols>(sv0 + s * S::kVBytes, tv, bv, p, t.b, hk,
                                                 (t.n_first + n) * S::kBn);
     } else {
 #pragma unroll
@@ -975,9 +975,6 @@ bool fits(const Problem& pr, const DeviceCaps& caps) {
   // in theirs (see Variant), and only there.
   if ((d.page_size > 0) != (V == kPaged)) return false;
   if (V != kPaged && d.seqused_k != (V == kCounts)) return false;
-  // Every page size (whole key tiles or half of one as TMA boxes, other sizes as row copies:
-  // paged_boxes); packed queries against pages not yet.
-  if (V == kPaged && d.varlen) return false;
   // The persistent variant numbers its work tiles (query blocks x heads x batch) in an int.
   // D = 64 only: at D = 128 ptxas spills it (36 bytes, a few per work tile, outside the key
   // loop) at the consumers' 240 registers, and the project builds no kernel that spills.
@@ -1107,10 +1104,10 @@ template <bool kFp8>
 Status check_args(const Problem& pr, const ForwardArguments& a) {
   const std::string_view who = kFp8 ? kWhoFp8 : kWho;
   const int in_bytes = kFp8 ? 1 : 2;
-  const bool vl = pr.desc.varlen;
+  const bool vl = pr.desc.varlen, kv_vl = vl && pr.desc.page_size == 0;  // pools stay rank 4
   BARACUDA_TRY(cuda::check_tma_rows(who, "q", rows_view(a.q, vl), in_bytes));
-  BARACUDA_TRY(cuda::check_tma_rows(who, "k", rows_view(a.k, vl), in_bytes));
-  BARACUDA_TRY(cuda::check_tma_rows(who, "v", rows_view(a.v, vl), in_bytes));
+  BARACUDA_TRY(cuda::check_tma_rows(who, "k", rows_view(a.k, kv_vl), in_bytes));
+  BARACUDA_TRY(cuda::check_tma_rows(who, "v", rows_view(a.v, kv_vl), in_bytes));
   return cuda::check_tma_rows(who, "y", rows_view(a.y, vl));
 }
 
@@ -1121,8 +1118,10 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
   const std::string_view who = E::kFp8 ? kWhoFp8 : kWho;
   if (!body_compiled<T, D, V>())
     return Error::unsupported(std::string(who) + ": this build has no sm_90a code for the kernel");
-  const ConstTensor q = rows_view(a.q, d.varlen), k = rows_view(a.k, d.varlen),
-                    v = rows_view(a.v, d.varlen);
+  // Paged pools keep their rank-4 [pages, Hk, page_size, D] view with varlen queries too.
+  const bool kv_varlen = d.varlen && d.page_size == 0;
+  const ConstTensor q = rows_view(a.q, d.varlen), k = rows_view(a.k, kv_varlen),
+                    v = rows_view(a.v, kv_varlen);
   const Tensor y = rows_view(a.y, d.varlen), lse = lse_view(a.lse, d.varlen);
   CUtensorMapDataType dt = CU_TENSOR_MAP_DATA_TYPE_UINT8;  // e4m3 moves as bytes
   if constexpr (!E::kFp8) dt = cuda::tensor_map_dtype<T>();
