@@ -39,8 +39,9 @@
 // Paged with varlen (a serving engine's batch of prompt chunks of different lengths against their
 // caches, FlashAttention's varlen call with a block table): Q / Y / LSE packed as varlen's, K / V
 // the pools; cu_seqlens_k's differences are the sequences' key counts (seqused_k, when given,
-// caps them), total_k their sum; no K / V tensor has total_k rows. The CPU backend runs it; no GPU
-// kernel takes it yet (select says so).
+// caps them), total_k their sum; no K / V tensor has total_k rows. Every backend that reads paged
+// pools runs it: the CPU backend, the GPU's decode, paged tensor-core and SIMT kernels, and fa3's
+// paged instance on sm_90a.
 //
 // GQA / MQA: Hq is a multiple of Hk; query head h reads key/value head h / (Hq / Hk). A stride-0
 // head axis on K/V (broadcast) is legal as well.
