@@ -80,8 +80,12 @@ void bench_all(const Stream& stream) {
   // BARACUDA_ATTENTION_ONLY=paged_prefill: the chunked-prefill rows in paged caches only (an A/B
   // of the paged kernels in a minute); BARACUDA_ATTN_PAGE=<keys>: those of that page size only
   // (a profiler's first paged launch is then that size's).
+  // BARACUDA_ATTENTION_ONLY=prefill: every chunked-prefill row (padded, counted and paged caches),
+  // no sweep, no decode.
   const bool paged_prefill_only = bench::env("BARACUDA_ATTENTION_ONLY") == "paged_prefill";
-  const bool sweep = bench::env("BARACUDA_ATTENTION_ONLY") != "decode" && !paged_prefill_only;
+  const bool prefill_only =
+      paged_prefill_only || bench::env("BARACUDA_ATTENTION_ONLY") == "prefill";
+  const bool sweep = bench::env("BARACUDA_ATTENTION_ONLY") != "decode" && !prefill_only;
   const bool backward_only = bench::env("BARACUDA_ATTENTION_ONLY") == "backward";
   const bool forward_only = bench::env("BARACUDA_ATTENTION_ONLY") == "forward";
   // BARACUDA_ATTN_SWEEP=d<D>_l<L>[_causal]: that one point (profiling and logging runs).
@@ -225,7 +229,7 @@ void bench_all(const Stream& stream) {
         DecodeCase{1, 2048, "decode_b16_hq32_hk8_lk2048_d128_paged64", false, kD, 16, true, 64},
         DecodeCase{1, 2048, "decode_b16_hq32_hk8_lk2048_d128_paged16", false, kD, 16, true, 16},
         DecodeCase{1, kL, "decode_b1_hq32_hk8_lk32768_d128_paged64", false, kD, 1, false, 64}}) {
-    if (paged_prefill_only) break;
+    if (prefill_only) break;
     const int64_t lq = dc.lq, lk = dc.lk, dim = dc.dim, batch = dc.batch;
     // Rows a sequence's cache holds: one sequence reads the first lk of kL (at the front of the
     // buffers); a batch's caches are lk rows each, back to back.
