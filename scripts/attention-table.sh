@@ -5,6 +5,8 @@
 # turns its table points into $OUT/selection_table.hpp (copy it over
 # src/ops/attention_hopper/selection_table.hpp, then clang-format it).
 #   BARACUDA_COMMIT=<sha> bash scripts/attention-table.sh
+# TABLE=chunks measures the chunk points only (bench_attention attention_chunks: chunked prefill,
+# Lq < Lk) and keeps the shipped table's Lq = Lk points (make_table.py --base).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -13,7 +15,11 @@ STAGES=none bash scripts/gpu-family.sh attention >"$OUT/table_build.log" 2>&1 ||
 bench="${BUILD_DIR:-build-family}/apps/bench_attention"
 [ -x "$bench" ] || { echo "build failed: see $OUT/table_build.log"; exit 1; }
 . scripts/cudnn-env.sh
-"$bench" attention_hopper >"$OUT/table_run.jsonl"
+sweep=attention_hopper
+[ "${TABLE:-sweep}" = chunks ] && sweep=attention_chunks
+"$bench" "$sweep" >"$OUT/table_run.jsonl"
+# The shipped table's points of the kind this run does not measure stay (make_table.py --base).
 python3 src/ops/attention_hopper/make_table.py "$OUT/table_run.jsonl" \
+  --base src/ops/attention_hopper/selection_table.hpp \
   --commit "${BARACUDA_COMMIT:-unknown}" --date "$(date +%F)" >"$OUT/selection_table.hpp"
 echo "table: $OUT/selection_table.hpp ($(grep -c 'DType::' "$OUT/selection_table.hpp") points)"

@@ -106,22 +106,28 @@ std::string_view to_string(Candidate c);
 
 // One measured point: every candidate timed on the same device in the same run
 // (bench_attention attention_hopper prints these rows as {"table_point": ...} lines).
+// Chunk points (len_q > 0, forward): a chunk of len_q queries at the end of len keys (GQA 4,
+// causal bottom-right where causal), the shape of chunked prefill against a KV cache, which the
+// Lq = Lk sweep does not measure.
 struct TablePoint {
   DType dtype;
   Pass pass;
   int64_t head_dim;  // Dk (= Dv in the sweep)
-  int64_t len;       // L = Lq = Lk of the sweep
+  int64_t len;       // L = Lq = Lk of the sweep; chunk points: Lk
   bool causal;
   double cudnn_tflops;
   double bespoke_tflops;  // 0: the bespoke kernel did not run at this point
   double fa3_tflops = 0;  // fa3_fwd_sm90a / fa3_bwd_sm90a; 0: not measured or did not run
+  int64_t len_q = 0;      // chunk points: Lq; 0: a point of the Lq = Lk sweep
 };
 // The table select() follows: the shipped one (selection_table.hpp) unless a
 // SelectionTableOverride is alive.
 std::span<const TablePoint> selection_table();
 std::string_view selection_table_provenance();  // device, date, commit of the measurement
 
-// The candidate the table says is fastest for this problem: the nearest measured point of the
+// The candidate the table says is fastest for this problem. A forward chunk (Lq < Lk) within 2x of
+// a chunk point in head dim, Lq and Lk (the nearest one of its dtype and causality) takes that
+// point's fastest runnable column. Otherwise: the nearest measured point of the
 // same dtype, pass and causality (head dim first, then log-distance in max(Lq, Lk)), and there the
 // largest TFLOP/s among cuDNN, the bespoke kernel and (where `fa3_runs`: the pass's fa3 kernel
 // fits this problem on this device, and where Lq is within 2x of the point's L: the column was

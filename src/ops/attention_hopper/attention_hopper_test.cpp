@@ -320,6 +320,47 @@ TEST(AttentionCudnnRules, NearestMeasuredPointDecides) {
   EXPECT_EQ(preferred_candidate(table, window, Pass::backward, false), Candidate::bespoke);
 }
 
+// Chunk points (len_q > 0) decide forward chunks within 2x of one in head dim, Lq and Lk; the
+// Lq = Lk points decide the rest as before, and chunk points never speak for them.
+TEST(AttentionCudnnRules, ChunkPointsDecideChunks) {
+  const Mask br = Mask::causal_bottom_right();
+  const TablePoint table[] = {
+      // The Lq = Lk sweep: cuDNN ahead at d128 L4096 causal.
+      {DType::bf16, Pass::forward, 128, 4096, true, 590.0, 250.0, 580.0},
+      {DType::bf16, Pass::backward, 128, 4096, true, 460.0, 230.0, 420.0},
+      // Chunks against 4096 keys: cuDNN ahead at Lq 64, fa3 at Lq 512.
+      {DType::bf16, Pass::forward, 128, 4096, true, 290.0, 135.0, 250.0, 64},
+      {DType::bf16, Pass::forward, 128, 4096, true, 611.0, 350.0, 629.0, 512},
+  };
+  auto pick = [&](int64_t lq, int64_t lk, int64_t d = 128, Mask m = Mask::causal_bottom_right(),
+                  bool fa3_runs = true, Pass pass = Pass::forward) {
+    return preferred_candidate(table, problem_of(make_desc(DType::bf16, 1, 8, 8, lq, lk, d, m)),
+                               pass, fa3_runs);
+  };
+  EXPECT_EQ(pick(512, 4096), Candidate::fa3);
+  EXPECT_EQ(pick(512, 4096, 128, br, false), Candidate::cudnn);
+  EXPECT_EQ(pick(1024, 8192), Candidate::fa3);  // 2x off in both lengths
+  EXPECT_EQ(pick(300, 4096), Candidate::fa3);   // nearer 512 than 64 on a log scale
+  EXPECT_EQ(pick(64, 4096), Candidate::cudnn);
+  EXPECT_EQ(pick(100, 4096), Candidate::cudnn);     // nearer 64
+  EXPECT_EQ(pick(96, 4096, 96), Candidate::cudnn);  // head dim 96: log2 within 1 of 128
+  // Off every chunk point: the Lq = Lk rule (cuDNN at d128 L4096 causal; fa3 not a chunk there).
+  EXPECT_EQ(pick(512, 16384), Candidate::cudnn);     // Lk 4x off
+  EXPECT_EQ(pick(2048, 4096), Candidate::cudnn);     // Lq 4x off 512
+  EXPECT_EQ(pick(512, 4096, 64), Candidate::cudnn);  // head dim 2x off
+  EXPECT_EQ(pick(4096, 4096), Candidate::cudnn);     // Lq = Lk: never a chunk point
+  EXPECT_EQ(pick(512, 4096, 128, br, true, Pass::backward), Candidate::cudnn);
+  EXPECT_EQ(pick(512, 4096, 128, Mask::none()), Candidate::cudnn);  // no non-causal point: cuDNN
+  // Where cuDNN does not run (soft-capping): the chunk point's bespoke and fa3 columns.
+  Descriptor capped = make_desc(DType::bf16, 1, 8, 8, 64, 4096, 128, br);
+  capped.softcap = 30;
+  EXPECT_EQ(preferred_candidate(table, problem_of(capped), Pass::forward, true), Candidate::fa3);
+  EXPECT_EQ(preferred_candidate(table, problem_of(capped), Pass::forward, false),
+            Candidate::bespoke);
+  // Decode-shaped problems stay with the family's kernels.
+  EXPECT_EQ(pick(kDecodeQueryRows, 4096), Candidate::bespoke);
+}
+
 // The candidate the table's own columns make fastest at a point (what select must follow).
 Candidate fastest_at(const TablePoint& t, bool fa3_runs) {
   Candidate c = Candidate::cudnn;
@@ -338,10 +379,18 @@ TEST(AttentionCudnnRules, ShippedTableIsWellFormed) {
     EXPECT_GT(t.cudnn_tflops, 0.0);
     EXPECT_GE(t.bespoke_tflops, 0.0);
     EXPECT_GE(t.fa3_tflops, 0.0);
+    // Chunk points: forward chunks shorter than their cache, longer than a decode.
+    if (t.len_q > 0) {
+      EXPECT_EQ(t.pass, Pass::forward);
+      EXPECT_LT(t.len_q, t.len);
+      EXPECT_GT(t.len_q, kDecodeQueryRows);
+    }
     // The shipped table agrees with itself at its own points, with and without fa3.
-    const Mask m = t.causal ? Mask::causal_top_left() : Mask::none();
-    const attention::Problem p =
-        problem_of(make_desc(t.dtype, 1, 8, 8, t.len, t.len, t.head_dim, m));
+    const Mask m = !t.causal     ? Mask::none()
+                   : t.len_q > 0 ? Mask::causal_bottom_right()
+                                 : Mask::causal_top_left();
+    const attention::Problem p = problem_of(
+        make_desc(t.dtype, 1, 8, 8, t.len_q > 0 ? t.len_q : t.len, t.len, t.head_dim, m));
     for (bool fa3_runs : {false, true})
       EXPECT_EQ(preferred_candidate(p, t.pass, fa3_runs), fastest_at(t, fa3_runs))
           << "D" << t.head_dim << " L" << t.len << (t.causal ? " causal" : "");

@@ -138,10 +138,11 @@ std::string cudnn_note(const Stream& s, const attention::Descriptor& d, Pass pas
 }
 
 void sweep(const Stream& stream) {
-  // BARACUDA_ATTENTION_ONLY=decode / paged_prefill (the attention family's decode-only and
-  // paged-prefill-only runs) skip this sweep.
+  // BARACUDA_ATTENTION_ONLY=decode / paged_prefill / prefill (the attention family's decode-only
+  // and prefill-only runs) skip this sweep.
   if (bench::env("BARACUDA_ATTENTION_ONLY") == "decode" ||
-      bench::env("BARACUDA_ATTENTION_ONLY") == "paged_prefill")
+      bench::env("BARACUDA_ATTENTION_ONLY") == "paged_prefill" ||
+      bench::env("BARACUDA_ATTENTION_ONLY") == "prefill")
     return;
   const SelectionTableOverride raw_candidates{std::span<const TablePoint>{}};
   harness::Rng rng(20261122);
@@ -544,12 +545,84 @@ void fp8_sweep(const Stream& stream) {
       }
 }
 
+// Chunk points of the selection table (bench_attention attention_chunks): chunked prefill, 4
+// sequences x 32 query heads (GQA 4), a chunk of Lq new rows at the end of Lk-key caches, causal
+// bottom-right, head dims 64 / 128 / 256, Lk 4096 and 16384, Lq 32 .. Lk / 2. cuDNN, the bespoke
+// kernels (under an empty table, as the sweep) and fa3_fwd_sm90a timed back to back; one
+// {"table_point": ...} line a point with its "len_q", which make_table.py turns into the table's
+// chunk points (the Lq = Lk sweep measures neither fa3's nor cuDNN's chunk rate). TFLOP/s on the
+// visible keys.
+void chunk_sweep(const Stream& stream) {
+  const SelectionTableOverride raw_candidates{std::span<const TablePoint>{}};
+  constexpr int64_t kB = 4, kHq = 32, kHk = 8, kMaxLk = 16384, kMaxLq = 8192, kMaxD = 256;
+  harness::Rng rng(20261130);
+  auto make = [&](int64_t elems) {
+    auto t = harness::TestTensor::make(DType::bf16, {elems}, harness::Target::cuda);
+    t.fill_random(rng);
+    return t;
+  };
+  const harness::TestTensor q = make(kB * kHq * kMaxLq * kMaxD),
+                            k = make(kB * kHk * kMaxLk * kMaxD),
+                            v = make(kB * kHk * kMaxLk * kMaxD);
+  auto y = Buffer::allocate(kB * kHq * kMaxLq * kMaxD * 2, Location::cuda(0));
+  auto lse = Buffer::allocate(kB * kHq * kMaxLq * 4, Location::cuda(0));
+  if (!y.ok()) return bench::emit_error("attention", "setup", "alloc", y.error());
+  if (!lse.ok()) return bench::emit_error("attention", "setup", "alloc", lse.error());
+  for (int64_t d : {64, 128, 256})
+    for (int64_t lk : {int64_t{4096}, kMaxLk})
+      for (int64_t lq = 32; lq <= lk / 2 && lq <= kMaxLq; lq *= 2) {
+        attention::Descriptor desc = sweep_desc(DType::bf16, kB, kHq, lq, d, true);
+        desc.heads_kv = kHk, desc.len_k = lk;
+        desc.mask = attention::Mask::causal_bottom_right();
+        const std::string name = "chunk_b4_hq32_hk8_lq" + std::to_string(lq) + "_lk" +
+                                 std::to_string(lk) + "_d" + std::to_string(d);
+        double visible = 0;  // keys the bottom-right band shows each query row, summed
+        for (int64_t i = 0; i < lq; ++i) visible += static_cast<double>(lk - lq + i + 1);
+        const double flops = 4.0 * kB * kHq * d * visible;
+        const double bytes = 2.0 * (2 * kB * kHq * lq * d + 2 * kB * kHk * lk * d);
+        const int64_t lse_dims[] = {kB, kHq, lq};
+        const attention::ForwardArguments fa{
+            as_const(view4(q.view().data, kB, kHq, lq, d)),
+            as_const(view4(k.view().data, kB, kHk, lk, d)),
+            as_const(view4(v.view().data, kB, kHk, lk, d)),
+            view4(y->data(), kB, kHq, lq, d),
+            make_tensor(lse->data(), DType::f32, lse_dims, Location::cuda(0)),
+            {},
+            {}};
+        double tf[3] = {0, 0, 0};  // cuDNN, bespoke, fa3
+        const std::pair<const char*, PlanPreference> candidates[] = {
+            {"cudnn", PlanPreference::only(Backend::cudnn)},
+            {"bespoke", PlanPreference::only(Backend::bespoke_cuda)},
+            {"fa3_sm90a", PlanPreference::kernel(kFa3Kernel)}};
+        for (int c = 0; c < 3; ++c) {
+          auto fp = attention::ForwardPlan::select(stream, desc, candidates[c].second);
+          if (!fp.ok()) {
+            bench::emit_error("attention", "attention_prefill", name + "/" + candidates[c].first,
+                              fp.error());
+            continue;
+          }
+          tf[c] = time_forward(
+              stream, name, *fp, fa, bytes, flops,
+              c == 0 ? cudnn_note(stream, desc, Pass::forward) : std::string(candidates[c].first));
+        }
+        std::printf(
+            "{\"table_point\": {\"dtype\": \"bf16\", \"pass\": \"forward\", \"head_dim\": %lld, "
+            "\"len\": %lld, \"len_q\": %lld, \"causal\": true, \"cudnn_tflops\": %.1f, "
+            "\"bespoke_tflops\": %.1f, \"fa3_tflops\": %.1f, \"device\": \"%s\"}}\n",
+            static_cast<long long>(d), static_cast<long long>(lk), static_cast<long long>(lq),
+            tf[0], tf[1], tf[2], stream.caps().name.c_str());
+        std::fflush(stdout);
+      }
+}
+
 [[maybe_unused]] const bool registered = bench::register_bench("attention_hopper", sweep);
 [[maybe_unused]] const bool registered_fp8 = bench::register_bench("attention_fp8", fp8_sweep);
 [[maybe_unused]] const bool registered_features =
     bench::register_bench("attention_features", feature_sweep);
 [[maybe_unused]] const bool registered_varlen =
     bench::register_bench("attention_varlen", varlen_sweep);
+[[maybe_unused]] const bool registered_chunks =
+    bench::register_bench("attention_chunks", chunk_sweep);
 
 }  // namespace
 }  // namespace baracuda::attention_hopper

@@ -139,19 +139,6 @@ Candidate preferred_candidate(std::span<const TablePoint> table, const attention
   // forward of such a problem stays with the family's kernels.
   if (pass == Pass::forward && d.len_q <= kDecodeQueryRows) return Candidate::bespoke;
   const bool causal = d.mask.right == 0;
-  const double len = static_cast<double>(std::max<int64_t>(1, std::max(d.len_q, d.len_k)));
-  const TablePoint* best = nullptr;
-  double best_cost = 0;
-  for (const TablePoint& t : table) {
-    if (t.dtype != d.dtype || t.pass != pass || t.causal != causal) continue;
-    // Head dim dominates (a different tile shape), then the length band on a log scale.
-    const double cost =
-        std::abs(std::log2(static_cast<double>(t.head_dim)) -
-                 std::log2(static_cast<double>(std::max<int64_t>(1, d.head_dim_qk)))) *
-            100.0 +
-        std::abs(std::log2(static_cast<double>(t.len)) - std::log2(len));
-    if (!best || cost < best_cost) best = &t, best_cost = cost;
-  }
   // Problems cuDNN is not given (cudnn_screen: packed sequences, soft-capping, a left bound
   // without a right one, ...) rank the others (varlen: by the point of its longest sequence).
   // Nor a banded backward with a left bound: cuDNN's backward does not skip the key blocks a
@@ -159,12 +146,45 @@ Candidate preferred_candidate(std::span<const TablePoint> table, const attention
   // the bespoke kernel's 179; its forward skipped them, 488 against fa3's 465).
   const bool cudnn_runs =
       !cudnn_screen(p).has_value() && !(pass == Pass::backward && d.mask.left >= 0);
+  auto gap = [](int64_t a, int64_t b) {
+    return std::abs(std::log2(static_cast<double>(std::max<int64_t>(1, a))) -
+                    std::log2(static_cast<double>(std::max<int64_t>(1, b))));
+  };
+  // Strictly faster to displace cuDNN (then bespoke, then fa3): a tie keeps the incumbent.
+  auto fastest = [&](const TablePoint& t, bool fa3_ok) {
+    Candidate pick = Candidate::cudnn;
+    double tf = t.cudnn_tflops;
+    if (!cudnn_runs || t.bespoke_tflops > tf) pick = Candidate::bespoke, tf = t.bespoke_tflops;
+    if (fa3_ok && t.fa3_tflops > tf) pick = Candidate::fa3;
+    return pick;
+  };
+  // A chunk against a longer cache: the nearest chunk point, where one lies within 2x in head dim
+  // and both lengths (the Lq = Lk points below measured neither fa3's nor cuDNN's chunk rate).
+  if (pass == Pass::forward && d.len_q < d.len_k) {
+    const TablePoint* chunk = nullptr;
+    double chunk_cost = 0;
+    for (const TablePoint& t : table) {
+      if (t.len_q <= 0 || t.dtype != d.dtype || t.pass != pass || t.causal != causal) continue;
+      const double cost =
+          gap(t.head_dim, d.head_dim_qk) * 100.0 + gap(t.len, d.len_k) + gap(t.len_q, d.len_q);
+      if (!chunk || cost < chunk_cost) chunk = &t, chunk_cost = cost;
+    }
+    if (chunk && gap(chunk->head_dim, d.head_dim_qk) < 1.0 && gap(chunk->len, d.len_k) <= 1.0 &&
+        gap(chunk->len_q, d.len_q) <= 1.0)
+      return fastest(*chunk, fa3_runs);
+  }
+  const TablePoint* best = nullptr;
+  double best_cost = 0;
+  for (const TablePoint& t : table) {
+    if (t.len_q > 0 || t.dtype != d.dtype || t.pass != pass || t.causal != causal) continue;
+    // Head dim dominates (a different tile shape), then the length band on a log scale.
+    const double cost =
+        gap(t.head_dim, d.head_dim_qk) * 100.0 + gap(t.len, std::max(d.len_q, d.len_k));
+    if (!best || cost < best_cost) best = &t, best_cost = cost;
+  }
   if (!best) return cudnn_runs ? Candidate::cudnn : Candidate::bespoke;
-  // Strictly faster to displace cuDNN (then bespoke): a tie keeps the incumbent.
-  Candidate pick = Candidate::cudnn;
-  double tf = best->cudnn_tflops;
-  if (!cudnn_runs || best->bespoke_tflops > tf)
-    pick = Candidate::bespoke, tf = best->bespoke_tflops;
+  Candidate pick = fastest(*best, false);
+  const double tf = pick == Candidate::cudnn ? best->cudnn_tflops : best->bespoke_tflops;
   // fa3 was measured with Lq = Lk, and its grid is one 128-row CTA per query block and head: a
   // problem with far fewer queries than the point (decode: Lq = 1 against thousands of keys) is
   // not what that column measured, so fa3 is a candidate with Lq within 2x of the point's L, or
@@ -173,14 +193,11 @@ Candidate preferred_candidate(std::span<const TablePoint> table, const attention
   // d128, bottom-right causal, fa3 by name): from Lq 256 up it kept its Lq = Lk rate (614-635
   // TFLOP/s) and led cuDNN by 1-3%; from Lq 32 up it led the family's kernels 1.2-2.3x; below
   // Lq 256 cuDNN led it by up to 16% (cuDNN's time flat at 58.6-59.9 us for Lq 32-128).
-  auto log2_gap = [&](int64_t len) {
-    return std::abs(std::log2(static_cast<double>(best->len)) -
-                    std::log2(static_cast<double>(std::max<int64_t>(1, len))));
-  };
-  const bool chunk = pass == Pass::forward && log2_gap(d.len_k) <= 1.0 &&
+  // (Where the table has chunk points near the problem, they decided above.)
+  const bool chunk = pass == Pass::forward && gap(best->len, d.len_k) <= 1.0 &&
                      (d.len_q >= kFa3ChunkRows ||
                       (d.len_q >= kFa3ChunkRowsOverBespoke && pick == Candidate::bespoke));
-  const bool fa3_like = log2_gap(d.len_q) <= 1.0 || chunk;
+  const bool fa3_like = gap(best->len, d.len_q) <= 1.0 || chunk;
   if (fa3_runs && fa3_like && best->fa3_tflops > tf) pick = Candidate::fa3;
   return pick;
 }
