@@ -13,6 +13,7 @@
 
 #include "baracuda/ops/attention.hpp"
 #include "core/bench/bench.hpp"
+#include "ops/attention/common.hpp"
 
 namespace baracuda::attention {
 namespace {
@@ -82,12 +83,11 @@ void bench_all(const Stream& stream) {
   // (a profiler's first paged launch is then that size's).
   // BARACUDA_ATTENTION_ONLY=prefill: every chunked-prefill row (padded, counted and paged caches),
   // no sweep, no decode.
-  const bool paged_prefill_only = bench::env("BARACUDA_ATTENTION_ONLY") == "paged_prefill";
-  const bool prefill_only =
-      paged_prefill_only || bench::env("BARACUDA_ATTENTION_ONLY") == "prefill";
-  const bool sweep = bench::env("BARACUDA_ATTENTION_ONLY") != "decode" && !prefill_only;
-  const bool backward_only = bench::env("BARACUDA_ATTENTION_ONLY") == "backward";
-  const bool forward_only = bench::env("BARACUDA_ATTENTION_ONLY") == "forward";
+  const std::string_view only = bench::env("BARACUDA_ATTENTION_ONLY");
+  const bool paged_prefill_only = only == "paged_prefill";
+  const bool prefill_only = paged_prefill_only || only == "prefill";
+  const bool sweep = only != "decode" && !prefill_only;
+  const bool backward_only = only == "backward", forward_only = only == "forward";
   // BARACUDA_ATTN_SWEEP=d<D>_l<L>[_causal]: that one point (profiling and logging runs).
   const std::string sweep_env{bench::env("BARACUDA_ATTN_SWEEP")};
   long long only_d = 0, only_l = 0;
@@ -337,9 +337,9 @@ void bench_all(const Stream& stream) {
     constexpr int64_t kCounts = -1;
     static_assert(kPB * 2 * kPLk <= kL, "the counts rows' caches fit the pool");
     for (const int64_t lq : {32, 64, 128, 256, 512, 1024, 2048}) {
-      double visible = 0;  // keys the bottom-right band shows each query row, summed
-      for (int64_t i = 0; i < lq; ++i) visible += static_cast<double>(kPLk - lq + i + 1);
-      const double flops = 4.0 * kPB * kHq * kD * visible;
+      const double flops =
+          4.0 * kPB * kHq * kD *
+          detail::visible_key_total(detail::band_of(Mask::causal_bottom_right()), lq, kPLk);
       std::vector<int64_t> layouts;
       if (!paged_prefill_only) layouts = {0, kCounts};
       if (lq == 512) layouts.insert(layouts.begin(), {64, 32, 16, 8});

@@ -36,6 +36,18 @@ BARACUDA_ATTN_HD void visible_keys(const Band& b, int64_t i, int64_t lq, int64_t
   *hi = h;
 }
 
+// The keys visible to each of lq query rows, summed over the rows: a banded problem's work (the
+// benches' FLOP counts: 4 x heads x D per visible key of a row).
+inline double visible_key_total(const Band& b, int64_t lq, int64_t lk) {
+  double total = 0;
+  for (int64_t i = 0; i < lq; ++i) {
+    int64_t lo = 0, hi = 0;
+    visible_keys(b, i, lq, lk, &lo, &hi);
+    if (hi > lo) total += static_cast<double>(hi - lo);
+  }
+  return total;
+}
+
 // Element offset of row `row` (sequence-relative when padded, absolute when varlen) of head h of
 // batch b in a Q/K/V/Y-shaped tensor with strides st.
 BARACUDA_ATTN_HD int64_t row_offset(const int64_t* st, bool varlen, int64_t b, int64_t h,

@@ -140,10 +140,8 @@ std::string cudnn_note(const Stream& s, const attention::Descriptor& d, Pass pas
 void sweep(const Stream& stream) {
   // BARACUDA_ATTENTION_ONLY=decode / paged_prefill / prefill (the attention family's decode-only
   // and prefill-only runs) skip this sweep.
-  if (bench::env("BARACUDA_ATTENTION_ONLY") == "decode" ||
-      bench::env("BARACUDA_ATTENTION_ONLY") == "paged_prefill" ||
-      bench::env("BARACUDA_ATTENTION_ONLY") == "prefill")
-    return;
+  const std::string_view only = bench::env("BARACUDA_ATTENTION_ONLY");
+  if (only == "decode" || only == "paged_prefill" || only == "prefill") return;
   const SelectionTableOverride raw_candidates{std::span<const TablePoint>{}};
   harness::Rng rng(20261122);
   const int64_t n = kTokens * kHidden;
@@ -179,9 +177,9 @@ void sweep(const Stream& stream) {
   }
   // BARACUDA_ATTENTION_ONLY=backward: cuDNN (forward and backward) and fa3_bwd_sm90a only, for
   // backward A/B runs.
-  const bool backward_only = bench::env("BARACUDA_ATTENTION_ONLY") == "backward";
+  const bool backward_only = only == "backward";
   // BARACUDA_ATTENTION_ONLY=forward: the forward rows only (forward A/B runs).
-  const bool forward_only = bench::env("BARACUDA_ATTENTION_ONLY") == "forward";
+  const bool forward_only = only == "forward";
   std::vector<int64_t> lens = quick ? std::vector<int64_t>{1024, 4096, 16384}
                                     : std::vector<int64_t>{512, 1024, 2048, 4096, 8192, 16384};
   // Head dim 256 too (not in the FlashAttention papers' sweep): the selection table's d256 rows.
@@ -576,9 +574,9 @@ void chunk_sweep(const Stream& stream) {
         desc.mask = attention::Mask::causal_bottom_right();
         const std::string name = "chunk_b4_hq32_hk8_lq" + std::to_string(lq) + "_lk" +
                                  std::to_string(lk) + "_d" + std::to_string(d);
-        double visible = 0;  // keys the bottom-right band shows each query row, summed
-        for (int64_t i = 0; i < lq; ++i) visible += static_cast<double>(lk - lq + i + 1);
-        const double flops = 4.0 * kB * kHq * d * visible;
+        const double flops =
+            4.0 * kB * kHq * d *
+            attention::detail::visible_key_total(attention::detail::band_of(desc.mask), lq, lk);
         const double bytes = 2.0 * (2 * kB * kHq * lq * d + 2 * kB * kHk * lk * d);
         const int64_t lse_dims[] = {kB, kHq, lq};
         const attention::ForwardArguments fa{

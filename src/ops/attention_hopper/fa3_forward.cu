@@ -1106,7 +1106,8 @@ template <bool kFp8>
 Status check_args(const Problem& pr, const ForwardArguments& a) {
   const std::string_view who = kFp8 ? kWhoFp8 : kWho;
   const int in_bytes = kFp8 ? 1 : 2;
-  const bool vl = pr.desc.varlen, kv_vl = vl && pr.desc.page_size == 0;  // pools stay rank 4
+  // K / V as packed rows only where they are (varlen without pages: rank 3); pools stay rank 4.
+  const bool vl = pr.desc.varlen, kv_vl = attention::shapes_of(pr).rank_kv == 3;
   BARACUDA_TRY(cuda::check_tma_rows(who, "q", rows_view(a.q, vl), in_bytes));
   BARACUDA_TRY(cuda::check_tma_rows(who, "k", rows_view(a.k, kv_vl), in_bytes));
   BARACUDA_TRY(cuda::check_tma_rows(who, "v", rows_view(a.v, kv_vl), in_bytes));
@@ -1121,7 +1122,7 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
   if (!body_compiled<T, D, V>())
     return Error::unsupported(std::string(who) + ": this build has no sm_90a code for the kernel");
   // Paged pools keep their rank-4 [pages, Hk, page_size, D] view with varlen queries too.
-  const bool kv_varlen = d.varlen && d.page_size == 0;
+  const bool kv_varlen = attention::shapes_of(pr).rank_kv == 3;
   const ConstTensor q = rows_view(a.q, d.varlen), k = rows_view(a.k, kv_varlen),
                     v = rows_view(a.v, kv_varlen);
   const Tensor y = rows_view(a.y, d.varlen), lse = lse_view(a.lse, d.varlen);
