@@ -194,6 +194,11 @@ inline constexpr std::string_view kFa3CountsKernel = "fa3_fwd_sm90a_seqused";
 // Paged pools: any page size (pages of a whole key tile or half of one, 128 keys or 64 at head dim
 // 256, load as TMA boxes; others as rows copied by the producer warpgroup).
 inline constexpr std::string_view kFa3PagedKernel = "fa3_fwd_sm90a_paged";
+// Short query chunks against long caches (speculative decoding, small prefill chunks): a CTA's
+// 128 rows are the group's query heads times 128 / group queries (GQA packing, group 2..16 a power
+// of two), and the keys split across CTAs where the grid would not fill the GPU, merged by the
+// decode's combine. Padded Q, head dims 64 and 128, key counts where given. By name only.
+inline constexpr std::string_view kFa3PackedKernel = "fa3_fwd_sm90a_packed";
 inline constexpr std::string_view kFa3RankedAhead = "fa3_fwd_sm90a_ranked_ahead";
 // The fp8 forward (issue 8's stretch): e4m3 Q, K, V with per-tensor descales, Y in bf16 or f16,
 // Dk = Dv in {64, 128, 256}, padded or varlen layouts; V is transposed into the workspace first

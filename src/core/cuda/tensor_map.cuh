@@ -71,11 +71,12 @@ Status check_tma_rows(std::string_view who, std::string_view arg, const BasicTen
 }
 
 // A 4-d tensor map over a [P, Q, R, C] view checked by check_tma_rows (dims innermost first: C,
-// R, Q, P), boxes of `row_bytes` (128 or 64) x `rows` along R, swizzled by row_bytes, zeros out
-// of bounds. Attention passes [B, H, L, D]; a [B, L, H, D] tensor goes as its permuted view.
+// R, Q, P), boxes of `row_bytes` (128 or 64) x `rows` along R x `heads` along Q (landing as
+// `heads` blocks of `rows` rows), swizzled by row_bytes, zeros out of bounds. Attention passes
+// [B, H, L, D]; a [B, L, H, D] tensor goes as its permuted view.
 inline Status make_rows_map(std::string_view who, CUtensorMap* map, CUtensorMapDataType dt,
                             const ConstTensor& t, uint32_t rows, int elem_bytes = 2,
-                            int row_bytes = 128) {
+                            int row_bytes = 128, uint32_t heads = 1) {
   if (!tensor_map_encode_fn())
     return Error::library(std::string(who) + ": cuTensorMapEncodeTiled is unavailable",
                           "cuda_driver", 0);
@@ -91,7 +92,7 @@ inline Status make_rows_map(std::string_view who, CUtensorMap* map, CUtensorMapD
     return static_cast<cuuint64_t>(t.shape[i] > 1 ? t.stride[i] * elem_bytes : extent);
   };
   const cuuint64_t strides[3] = {st(2), st(1), st(0)};
-  const cuuint32_t box[4] = {static_cast<cuuint32_t>(row_bytes / elem_bytes), rows, 1, 1};
+  const cuuint32_t box[4] = {static_cast<cuuint32_t>(row_bytes / elem_bytes), rows, heads, 1};
   const cuuint32_t estr[4] = {1, 1, 1, 1};
   const CUresult r = tensor_map_encode_fn()(
       map, dt, 4, const_cast<void*>(t.data), dims, strides, box, estr,

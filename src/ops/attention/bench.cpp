@@ -403,6 +403,8 @@ void bench_all(const Stream& stream) {
         if (ps == 0 && lq == 512) kernels.push_back("flash_fwd_mma_m16_sm80");
         if (ps == 0) kernels.insert(kernels.end(), {"fa3_fwd_sm90a", "cudnn_sdpa"});
         if (ps == kCounts) kernels.push_back("fa3_fwd_sm90a_seqused");
+        // GQA packing (4 query heads a tile) with split keys: the chunks shorter than a tile.
+        if (ps <= 0 && lq <= 256) kernels.push_back("fa3_fwd_sm90a_packed");
         if (ps > 0)
           kernels.insert(kernels.end(), {"fa3_fwd_sm90a_paged", "flash_fwd_mma_paged_sm80"});
         std::string picked;

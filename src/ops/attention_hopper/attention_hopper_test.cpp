@@ -1469,6 +1469,104 @@ TEST(AttentionFa3Gpu, SequsedKMatchesTheCpuPlan) {
   }
 }
 
+// GQA packing on fa3 (kFa3PackedKernel, by name): a tile's 128 rows are 128 / group queries of each
+// of the group's query heads, and the keys split across CTAs where the grid is small (merged by the
+// decode's combine). Cases span groups 2 to 16, splits 1 to 6 (packed_splits: a case's note), every
+// mask, both layouts, padded rows, a softcap and key counts (rows past a count NaN, one sequence's
+// cache empty): each against the CPU plan's float64 answer, twice bitwise, gaps untouched.
+TEST(AttentionFa3Gpu, PackedMatchesTheCpuPlan) {
+  FA3_SKIP_UNLESS_RUNNABLE();
+  harness::Rng rng;
+  struct PackedCase {
+    Case c;
+    std::vector<int32_t> used;  // empty: no key counts
+  };
+  const std::vector<PackedCase> cases = {
+      // A 32-token chunk at the end of a 1000-key cache, GQA 4, [B, L, H, D]: 2 splits.
+      {{DType::bf16, 1, 8, 2, 32, 1000, 128, Mask::causal_bottom_right(), true, false}, {}},
+      // Speculative decoding's few tokens, GQA 8, no mask, padded rows: 1 split.
+      {{DType::f16, 2, 8, 1, 5, 700, 64, Mask::none(), false, true}, {}},
+      // Query blocks past one (64 queries a head), GQA 2, top-left causal: 1 split.
+      {{DType::bf16, 3, 16, 8, 100, 333, 128, Mask::causal_top_left(), false, false}, {}},
+      // GQA 16 (8 queries a head), a window, 3000 keys: 6 splits.
+      {{DType::bf16, 1, 16, 1, 7, 3000, 64, Mask::sliding_window(64, 0), true, false}, {}},
+      // Three query blocks of 32, GQA 4, 2048 keys: 4 splits, the last block ragged.
+      {{DType::bf16, 1, 8, 2, 70, 2048, 128, Mask::causal_bottom_right(), false, true}, {}},
+      // Key counts (one cache empty), GQA 4: 2 splits.
+      {{DType::bf16, 3, 8, 2, 40, 1000, 128, Mask::causal_bottom_right(), true, false},
+       {1000, 0, 333}},
+      // Key counts off the tile grid with a softcap, GQA 2, f16: 1 split.
+      {{DType::f16, 1, 4, 2, 130, 500, 64, Mask::none(), true, false, true, 30.0}, {257}},
+  };
+  for (const PackedCase& pc : cases) {
+    const Case& c = pc.c;
+    SCOPED_TRACE(name_of(c) + (pc.used.empty() ? "" : " counted"));
+    Descriptor desc = desc_of(c, c.t);
+    desc.seqused_k = !pc.used.empty();
+    TestTensor q = cpu_tensor(c.t, {c.b, c.hq, c.lq, c.d}, &rng);
+    TestTensor k = cpu_tensor(c.t, {c.b, c.hk, c.lk, c.d}, &rng);
+    TestTensor v = cpu_tensor(c.t, {c.b, c.hk, c.lk, vdim(c)}, &rng);
+    if (!pc.used.empty()) {
+      for (TestTensor* x : {&k, &v}) {
+        std::vector<double> vals = x->values();
+        const int64_t dim = x->shape()[3];
+        for (int64_t b = 0; b < c.b; ++b)
+          for (int64_t h = 0; h < c.hk; ++h)
+            for (int64_t l = pc.used[static_cast<size_t>(b)]; l < c.lk; ++l)
+              for (int64_t e = 0; e < dim; ++e)
+                vals[static_cast<size_t>(((b * c.hk + h) * c.lk + l) * dim + e)] =
+                    std::numeric_limits<double>::quiet_NaN();
+        x->set_values(vals);
+      }
+    }
+    const std::vector<double> counts(pc.used.begin(), pc.used.end());
+    TestTensor used = TestTensor::make(DType::i32, {std::max<int64_t>(c.b, 1)}, Target::cpu);
+    TestTensor gused = TestTensor::make(DType::i32, {std::max<int64_t>(c.b, 1)}, Target::cuda);
+    if (!pc.used.empty()) {
+      used.set_values(counts);
+      gused.set_values(counts);
+    }
+    auto with_counts = [&](const TestTensor& u) {
+      return [&, counted = !pc.used.empty()](attention::ForwardArguments& x) {
+        if (counted) x.seqused_k = u.cview();
+      };
+    };
+    const CpuAnswer ans = cpu_plan_answer(c, desc, q, k, v, with_counts(used));
+    TestTensor gq = upload(c, q, c.hq, c.lq, c.d), gk = upload(c, k, c.hk, c.lk, c.d),
+               gv = upload(c, v, c.hk, c.lk, vdim(c));
+    check_by_name_and_default(c, desc, kFa3PackedKernel, gq, gk, gv, with_counts(gused), ans);
+  }
+}
+
+// What the packed instance takes: groups 2 to 16 in powers of two, padded Q, head dims 64 and
+// 128, with or without key counts; not paged pools, varlen, other groups or head dims.
+TEST(AttentionFa3Gpu, PackedFitsGroupsOfTwoToSixteen) {
+  FA3_SKIP_UNLESS_RUNNABLE();
+  const DeviceCaps caps = harness::stream_for(Target::cuda).caps();
+  const auto* packed = fa3_kernel(DType::bf16, kFa3PackedKernel);
+  ASSERT_NE(packed, nullptr);
+  auto fits = [&](int64_t hq, int64_t hk, int64_t d) {
+    return packed->fits(problem_of(make_desc(DType::bf16, 2, hq, hk, 32, 4096, d)), caps);
+  };
+  for (int64_t g : {2, 4, 8, 16}) {
+    EXPECT_TRUE(fits(8 * g, 8, 128)) << g;
+    EXPECT_TRUE(fits(g, 1, 64)) << g;
+    EXPECT_FALSE(fits(g, 1, 256)) << g;
+  }
+  EXPECT_FALSE(fits(8, 8, 128));   // group 1: the plain instance
+  EXPECT_FALSE(fits(24, 8, 128));  // group 3
+  EXPECT_FALSE(fits(32, 1, 128));  // group 32: 4 rows a head, under one swizzle atom
+  Descriptor counted = make_desc(DType::bf16, 2, 32, 8, 32, 4096, 128);
+  counted.seqused_k = true;
+  EXPECT_TRUE(packed->fits(problem_of(counted), caps));
+  Descriptor paged = counted;
+  paged.page_size = 64;
+  paged.pages = 128;
+  const auto made = attention::ForwardOp::make_problem(paged);
+  ASSERT_TRUE(made.ok()) << made.error().to_string();
+  EXPECT_FALSE(packed->fits(made.value(), caps));
+}
+
 // Paged K / V on fa3 (fa3_fwd_sm90a_paged): each sequence's keys in scattered pages of one pool
 // ([pages, Hk, page_size, D], in [pages, Hk, ps, D] or [pages, ps, Hk, D] memory per the case's
 // blhd), both ways the producer loads them (TMA boxes for pages of one or more key tiles; cp.async
