@@ -1408,6 +1408,20 @@ void check_by_name_and_default(const Case& c, const Descriptor& desc, std::strin
   }
 }
 
+// A cache's rows past each sequence's key count set to NaN (a [B, Hk, Lk, D] CPU tensor): a kernel
+// that scores one, or lets 0 * NaN into P V, shows.
+void poison_past_counts(TestTensor& x, const std::vector<int32_t>& used) {
+  std::vector<double> vals = x.values();
+  const int64_t hk = x.shape()[1], lk = x.shape()[2], dim = x.shape()[3];
+  for (int64_t b = 0; b < x.shape()[0]; ++b)
+    for (int64_t h = 0; h < hk; ++h)
+      for (int64_t l = std::max<int64_t>(used[static_cast<size_t>(b)], 0); l < lk; ++l)
+        for (int64_t e = 0; e < dim; ++e)
+          vals[static_cast<size_t>(((b * hk + h) * lk + l) * dim + e)] =
+              std::numeric_limits<double>::quiet_NaN();
+  x.set_values(vals);
+}
+
 // Per-sequence key counts (seqused_k) on fa3: each sequence reads the first count keys of its
 // padded cache, whose rows past the count are NaN (a cache's unused rows may hold anything: the
 // kernel must neither score them nor let 0 * NaN into P V). Against the family's CPU plan in
@@ -1442,17 +1456,7 @@ TEST(AttentionFa3Gpu, SequsedKMatchesTheCpuPlan) {
     TestTensor q = cpu_tensor(c.t, {c.b, c.hq, c.lq, c.d}, &rng);
     TestTensor k = cpu_tensor(c.t, {c.b, c.hk, c.lk, c.d}, &rng);
     TestTensor v = cpu_tensor(c.t, {c.b, c.hk, c.lk, vdim(c)}, &rng);
-    for (TestTensor* x : {&k, &v}) {
-      std::vector<double> vals = x->values();
-      const int64_t dim = x->shape()[3];
-      for (int64_t b = 0; b < c.b; ++b)
-        for (int64_t h = 0; h < c.hk; ++h)
-          for (int64_t l = cc.used[static_cast<size_t>(b)]; l < c.lk; ++l)
-            for (int64_t e = 0; e < dim; ++e)
-              vals[static_cast<size_t>(((b * c.hk + h) * c.lk + l) * dim + e)] =
-                  std::numeric_limits<double>::quiet_NaN();
-      x->set_values(vals);
-    }
+    for (TestTensor* x : {&k, &v}) poison_past_counts(*x, cc.used);
     const std::vector<double> counts(cc.used.begin(), cc.used.end());
     TestTensor used = TestTensor::make(DType::i32, {c.b}, Target::cpu);
     used.set_values(counts);
@@ -1506,19 +1510,8 @@ TEST(AttentionFa3Gpu, PackedMatchesTheCpuPlan) {
     TestTensor q = cpu_tensor(c.t, {c.b, c.hq, c.lq, c.d}, &rng);
     TestTensor k = cpu_tensor(c.t, {c.b, c.hk, c.lk, c.d}, &rng);
     TestTensor v = cpu_tensor(c.t, {c.b, c.hk, c.lk, vdim(c)}, &rng);
-    if (!pc.used.empty()) {
-      for (TestTensor* x : {&k, &v}) {
-        std::vector<double> vals = x->values();
-        const int64_t dim = x->shape()[3];
-        for (int64_t b = 0; b < c.b; ++b)
-          for (int64_t h = 0; h < c.hk; ++h)
-            for (int64_t l = pc.used[static_cast<size_t>(b)]; l < c.lk; ++l)
-              for (int64_t e = 0; e < dim; ++e)
-                vals[static_cast<size_t>(((b * c.hk + h) * c.lk + l) * dim + e)] =
-                    std::numeric_limits<double>::quiet_NaN();
-        x->set_values(vals);
-      }
-    }
+    if (!pc.used.empty())
+      for (TestTensor* x : {&k, &v}) poison_past_counts(*x, pc.used);
     const std::vector<double> counts(pc.used.begin(), pc.used.end());
     TestTensor used = TestTensor::make(DType::i32, {std::max<int64_t>(c.b, 1)}, Target::cpu);
     TestTensor gused = TestTensor::make(DType::i32, {std::max<int64_t>(c.b, 1)}, Target::cuda);
