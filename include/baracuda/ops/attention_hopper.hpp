@@ -199,6 +199,8 @@ inline constexpr std::string_view kFa3PagedKernel = "fa3_fwd_sm90a_paged";
 // of two), and the keys split across CTAs where the grid would not fill the GPU, merged by the
 // decode's combine. Padded Q, head dims 64 and 128, key counts where given. By name only.
 inline constexpr std::string_view kFa3PackedKernel = "fa3_fwd_sm90a_packed";
+// The same over paged K / V pools (any page size, as fa3_fwd_sm90a_paged reads them).
+inline constexpr std::string_view kFa3PackedPagedKernel = "fa3_fwd_sm90a_packed_paged";
 inline constexpr std::string_view kFa3RankedAhead = "fa3_fwd_sm90a_ranked_ahead";
 // The fp8 forward (issue 8's stretch): e4m3 Q, K, V with per-tensor descales, Y in bf16 or f16,
 // Dk = Dv in {64, 128, 256}, padded or varlen layouts; V is transposed into the workspace first

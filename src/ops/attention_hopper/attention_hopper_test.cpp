@@ -1558,6 +1558,85 @@ TEST(AttentionFa3Gpu, PackedFitsGroupsOfTwoToSixteen) {
   const auto made = attention::ForwardOp::make_problem(paged);
   ASSERT_TRUE(made.ok()) << made.error().to_string();
   EXPECT_FALSE(packed->fits(made.value(), caps));
+  const auto* packed_paged = fa3_kernel(DType::bf16, kFa3PackedPagedKernel);
+  ASSERT_NE(packed_paged, nullptr);
+  EXPECT_TRUE(packed_paged->fits(made.value(), caps));
+  EXPECT_FALSE(packed_paged->fits(problem_of(counted), caps));
+}
+
+// A paged case: K / V as a pool of pages in a random order (3 unreferenced; every row no sequence
+// reads NaN), the block table, key counts where given; `kernel` by name (and the default plan)
+// against the CPU plan's answer.
+struct PagedCase {
+  Case c;
+  int64_t page_size;
+  std::vector<int32_t> used;  // empty: no key counts
+};
+void check_paged_case(const PagedCase& pc, std::string_view kernel, harness::Rng& rng) {
+  constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+  const Case& c = pc.c;
+  const int64_t ps = pc.page_size, cols = (c.lk + ps - 1) / ps, pages = c.b * cols + 3;
+  SCOPED_TRACE(name_of(c) + " pages of " + std::to_string(ps));
+  Descriptor desc = desc_of(c, c.t);
+  desc.page_size = ps, desc.pages = pages, desc.seqused_k = !pc.used.empty();
+  // The table: the pool's pages in a random order (3 left unreferenced).
+  const std::vector<int32_t> pages_of = attention::testing::scattered_pages(pages, c.b * cols, rng);
+  const std::vector<double> table(pages_of.begin(), pages_of.end());
+  // Pool rows a sequence reads: keys [0, count) of its pages.
+  std::vector<char> visible(static_cast<size_t>(pages * ps), 0);
+  for (int64_t b = 0; b < c.b; ++b) {
+    const int64_t keys = pc.used.empty() ? c.lk : pc.used[static_cast<size_t>(b)];
+    for (int64_t j = 0; j < keys; ++j)
+      visible[static_cast<size_t>(
+          static_cast<int64_t>(table[static_cast<size_t>(b * cols + j / ps)]) * ps + j % ps)] = 1;
+  }
+  TestTensor q = cpu_tensor(c.t, {c.b, c.hq, c.lq, c.d}, &rng);
+  TestTensor k = cpu_tensor(c.t, {pages, c.hk, ps, c.d}, &rng);
+  TestTensor v = cpu_tensor(c.t, {pages, c.hk, ps, vdim(c)}, &rng);
+  for (TestTensor* x : {&k, &v}) {
+    std::vector<double> vals = x->values();
+    const int64_t dim = x->shape()[3];
+    for (int64_t pg = 0; pg < pages; ++pg)
+      for (int64_t h = 0; h < c.hk; ++h)
+        for (int64_t r = 0; r < ps; ++r)
+          if (!visible[static_cast<size_t>(pg * ps + r)])
+            for (int64_t e = 0; e < dim; ++e)
+              vals[static_cast<size_t>(((pg * c.hk + h) * ps + r) * dim + e)] = kNaN;
+    x->set_values(vals);
+  }
+  const std::vector<double> counts(pc.used.begin(), pc.used.end());
+  TestTensor ctable = TestTensor::make(DType::i32, {c.b, cols}, Target::cpu);
+  ctable.set_values(table);
+  TestTensor cused = TestTensor::make(DType::i32, {c.b}, Target::cpu);
+  if (desc.seqused_k) cused.set_values(counts);
+
+  const CpuAnswer ans = cpu_plan_answer(c, desc, q, k, v, [&](attention::ForwardArguments& x) {
+    x.block_table = ctable.cview();
+    if (desc.seqused_k) x.seqused_k = cused.cview();
+  });
+
+  TestTensor gq = upload(c, q, c.hq, c.lq, c.d);
+  auto pool = [&](const TestTensor& host) {
+    const int64_t dim = host.shape()[3];
+    const std::vector<int64_t> st = c.blhd
+                                        ? std::vector<int64_t>{ps * c.hk * dim, dim, c.hk * dim, 1}
+                                        : std::vector<int64_t>{c.hk * ps * dim, ps * dim, dim, 1};
+    TestTensor g = TestTensor::with_strides(c.t, {pages, c.hk, ps, dim}, st, 0, Target::cuda);
+    g.set_values(host.values());
+    return g;
+  };
+  const TestTensor gk = pool(k), gv = pool(v);
+  TestTensor gtable = TestTensor::make(DType::i32, {c.b, cols}, Target::cuda);
+  gtable.set_values(table);
+  TestTensor gused = TestTensor::make(DType::i32, {c.b}, Target::cuda);
+  if (desc.seqused_k) gused.set_values(counts);
+  check_by_name_and_default(
+      c, desc, kernel, gq, gk, gv,
+      [&](attention::ForwardArguments& x) {
+        x.block_table = gtable.cview();
+        if (desc.seqused_k) x.seqused_k = gused.cview();
+      },
+      ans);
 }
 
 // Paged K / V on fa3 (fa3_fwd_sm90a_paged): each sequence's keys in scattered pages of one pool
@@ -1570,11 +1649,6 @@ TEST(AttentionFa3Gpu, PackedFitsGroupsOfTwoToSixteen) {
 TEST(AttentionFa3Gpu, PagedMatchesTheCpuPlan) {
   FA3_SKIP_UNLESS_RUNNABLE();
   harness::Rng rng;
-  struct PagedCase {
-    Case c;
-    int64_t page_size;
-    std::vector<int32_t> used;  // empty: no key counts
-  };
   const std::vector<PagedCase> cases = {
       // Pages of fewer keys than half a tile: the producer warpgroup's cp.async rows (kRowCopies)
       // instead of TMA boxes. Head dim 128: 16-key pages, counts (one past a page boundary, one
@@ -1623,73 +1697,28 @@ TEST(AttentionFa3Gpu, PagedMatchesTheCpuPlan) {
        128,
        {}},
   };
-  constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-  for (const PagedCase& pc : cases) {
-    const Case& c = pc.c;
-    const int64_t ps = pc.page_size, cols = (c.lk + ps - 1) / ps, pages = c.b * cols + 3;
-    SCOPED_TRACE(name_of(c) + " pages of " + std::to_string(ps));
-    Descriptor desc = desc_of(c, c.t);
-    desc.page_size = ps, desc.pages = pages, desc.seqused_k = !pc.used.empty();
-    // The table: the pool's pages in a random order (3 left unreferenced).
-    const std::vector<int32_t> pages_of =
-        attention::testing::scattered_pages(pages, c.b * cols, rng);
-    const std::vector<double> table(pages_of.begin(), pages_of.end());
-    // Pool rows a sequence reads: keys [0, count) of its pages.
-    std::vector<char> visible(static_cast<size_t>(pages * ps), 0);
-    for (int64_t b = 0; b < c.b; ++b) {
-      const int64_t keys = pc.used.empty() ? c.lk : pc.used[static_cast<size_t>(b)];
-      for (int64_t j = 0; j < keys; ++j)
-        visible[static_cast<size_t>(
-            static_cast<int64_t>(table[static_cast<size_t>(b * cols + j / ps)]) * ps + j % ps)] = 1;
-    }
-    TestTensor q = cpu_tensor(c.t, {c.b, c.hq, c.lq, c.d}, &rng);
-    TestTensor k = cpu_tensor(c.t, {pages, c.hk, ps, c.d}, &rng);
-    TestTensor v = cpu_tensor(c.t, {pages, c.hk, ps, vdim(c)}, &rng);
-    for (TestTensor* x : {&k, &v}) {
-      std::vector<double> vals = x->values();
-      const int64_t dim = x->shape()[3];
-      for (int64_t pg = 0; pg < pages; ++pg)
-        for (int64_t h = 0; h < c.hk; ++h)
-          for (int64_t r = 0; r < ps; ++r)
-            if (!visible[static_cast<size_t>(pg * ps + r)])
-              for (int64_t e = 0; e < dim; ++e)
-                vals[static_cast<size_t>(((pg * c.hk + h) * ps + r) * dim + e)] = kNaN;
-      x->set_values(vals);
-    }
-    const std::vector<double> counts(pc.used.begin(), pc.used.end());
-    TestTensor ctable = TestTensor::make(DType::i32, {c.b, cols}, Target::cpu);
-    ctable.set_values(table);
-    TestTensor cused = TestTensor::make(DType::i32, {c.b}, Target::cpu);
-    if (desc.seqused_k) cused.set_values(counts);
+  for (const PagedCase& pc : cases) check_paged_case(pc, kFa3PagedKernel, rng);
+}
 
-    const CpuAnswer ans = cpu_plan_answer(c, desc, q, k, v, [&](attention::ForwardArguments& x) {
-      x.block_table = ctable.cview();
-      if (desc.seqused_k) x.seqused_k = cused.cview();
-    });
-
-    TestTensor gq = upload(c, q, c.hq, c.lq, c.d);
-    auto pool = [&](const TestTensor& host) {
-      const int64_t dim = host.shape()[3];
-      const std::vector<int64_t> st =
-          c.blhd ? std::vector<int64_t>{ps * c.hk * dim, dim, c.hk * dim, 1}
-                 : std::vector<int64_t>{c.hk * ps * dim, ps * dim, dim, 1};
-      TestTensor g = TestTensor::with_strides(c.t, {pages, c.hk, ps, dim}, st, 0, Target::cuda);
-      g.set_values(host.values());
-      return g;
-    };
-    const TestTensor gk = pool(k), gv = pool(v);
-    TestTensor gtable = TestTensor::make(DType::i32, {c.b, cols}, Target::cuda);
-    gtable.set_values(table);
-    TestTensor gused = TestTensor::make(DType::i32, {c.b}, Target::cuda);
-    if (desc.seqused_k) gused.set_values(counts);
-    check_by_name_and_default(
-        c, desc, kFa3PagedKernel, gq, gk, gv,
-        [&](attention::ForwardArguments& x) {
-          x.block_table = gtable.cview();
-          if (desc.seqused_k) x.seqused_k = gused.cview();
-        },
-        ans);
-  }
+// GQA packing over paged pools (kFa3PackedPagedKernel): the packed tiles' Q with the paged
+// instance's K / V producers, TMA boxes (64-key pages: half a tile) and cp.async row copies (16-
+// and 8-key pages), counts with an empty cache, 1 to 4 splits.
+TEST(AttentionFa3Gpu, PackedPagedMatchesTheCpuPlan) {
+  FA3_SKIP_UNLESS_RUNNABLE();
+  harness::Rng rng;
+  const std::vector<PagedCase> cases = {
+      // A 32-token chunk, GQA 4, 64-key pages, counts (one cache empty): 2 splits.
+      {{DType::bf16, 3, 8, 2, 32, 1000, 128, Mask::causal_bottom_right(), true, false},
+       64,
+       {1000, 0, 333}},
+      // Speculative decoding's 6 tokens, GQA 8, 16-key pages of f16, head dim 64: 4 splits.
+      {{DType::f16, 1, 8, 1, 6, 2000, 64, Mask::causal_bottom_right(), false, false}, 16, {}},
+      // GQA 2 (64 queries a head), 8-key pages, a window and a softcap: 1 split.
+      {{DType::bf16, 2, 4, 2, 100, 500, 128, Mask::sliding_window(40, 0), true, false, true, 25.0},
+       8,
+       {500, 77}},
+  };
+  for (const PagedCase& pc : cases) check_paged_case(pc, kFa3PackedPagedKernel, rng);
 }
 
 // One TEST per kernel and size class, so a failing (or hanging) schedule is named by the filter.

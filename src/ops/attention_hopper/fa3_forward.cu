@@ -261,6 +261,7 @@ __device__ __forceinline__ Tile tile_of(const Params& p, int w) {
 //             queries each) with the keys split across CTAs where the grid would not fill the GPU
 //             (tile_packed; the decode's combine merges the splits), key counts where given. For
 //             chunks shorter than a tile: at Lq 32 a plain tile holds 32 rows of 128.
+//  kPackedPaged: kPacked reading K / V as kPaged does.
 //  kLazyRescale: kPlain where a warp whose 16 rows' maxima did not move skips O's rescale (the
 //             factor is exactly 1 then; 64 multiplies a thread a key tile): the fp8 default
 //             (H100, 705370e, six interleaved rounds: +0.7-4.8% over kPlain at d128 L >= 4096).
@@ -275,8 +276,16 @@ enum Variant : int {
   kLazyRescale = 5,
   kCounts = 6,
   kPaged = 7,
-  kPacked = 8
+  kPacked = 8,
+  kPackedPaged = 9
 };
+// The instances that read paged pools, and those that pack GQA groups (kPackedPaged does both).
+constexpr bool paged_v(int v) {
+  return v == kPaged || v == kPackedPaged;
+}
+constexpr bool packed_v(int v) {
+  return v == kPacked || v == kPackedPaged;
+}
 
 #if BARACUDA_FA3_DEVICE
 constexpr int poly_groups(int v) {
@@ -338,7 +347,7 @@ __host__ __device__ constexpr bool paged_boxes(int page_size, int key_tile) {
 // thread's copies arrive on the stage's full barrier (cp.async.mbarrier.arrive.noinc: the barrier
 // counts the 128 threads), as CUTLASS's sm90 cp.async mainloop feeds wgmma.
 template <int V, class T>
-constexpr bool kRowCopies = V == kPaged && !ElemOf<T>::kFp8;
+constexpr bool kRowCopies = paged_v(V) && !ElemOf<T>::kFp8;
 constexpr int kProducerThreads = 128;
 
 __device__ __forceinline__ void copy_row_chunk(uint32_t dst, const uint8_t* src, int bytes) {
@@ -467,7 +476,7 @@ __device__ __forceinline__ void produce(const CUtensorMap* tq, const CUtensorMap
     const uint32_t bk = smem_u32(&bars[kBarKFull + s]);
     mbar_wait(smem_u32(&bars[kBarKEmpty + s]), ((r / kSt) & 1) ^ 1);
     mbar_expect_tx(bk, S::kKBytes);
-    if constexpr (V == kPaged) {
+    if constexpr (paged_v(V)) {
       load_paged_tile<S::kBn, kDB, kRow, kCols>(sk0 + s * S::kKBytes, tk, bk, p, t.b, hk,
                                                 (t.n_first + n) * S::kBn);
     } else {
@@ -487,7 +496,7 @@ __device__ __forceinline__ void produce(const CUtensorMap* tq, const CUtensorMap
       // varlen sequence's keys start at its own column (fp8_vt_start).
       const int c0 = p.cu_q ? fp8_vt_start(t.k0, t.b) : 0;
       tma_load_4d(sv0 + s * S::kVBytes, tv, bv, c0 + (t.n_first + n) * S::kBn, 0, hk, t.tb);
-    } else if constexpr (V == kPaged) {
+    } else if constexpr (paged_v(V)) {
       load_paged_tile<S::kBn, kDBv, 128, kCols>(sv0 + s * S::kVBytes, tv, bv, p, t.b, hk,
                                                 (t.n_first + n) * S::kBn);
     } else {
@@ -497,7 +506,7 @@ __device__ __forceinline__ void produce(const CUtensorMap* tq, const CUtensorMap
                     t.k0 + (t.n_first + n) * S::kBn, hk, t.tb);
     }
   };
-  if constexpr (V == kPaged) {
+  if constexpr (paged_v(V)) {
     if (t.n_tiles > 0) load_k(0);
     for (int n = 0; n < t.n_tiles; ++n) {
       if (n + 1 < t.n_tiles) load_k(n + 1);
@@ -555,7 +564,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto tile = [&](int w) {
     // Non-persistent: heaviest (causal) query blocks first through blockIdx.x.
     return kPersistentV ? tile_of<S::kBn>(p, w)
-           : V == kPacked
+           : packed_v(V)
                ? tile_packed<S::kBn>(p, static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y),
                                      static_cast<int>(blockIdx.z))
                : tile_at<S::kBn, V == kCounts, V == kPaged>(
@@ -804,7 +813,7 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
   // This thread's tile rows: tr0 and tr0 + 8; tile row r is query m0 + (r & q_mask) (kPacked: of
   // query head t.h + (r >> rows_log2); other variants: all of head t.h).
   const int tr0 = wg * 64 + wl * 16 + lane / 4;
-  const int q_mask = V == kPacked ? (1 << p.rows_log2) - 1 : ~0;
+  const int q_mask = packed_v(V) ? (1 << p.rows_log2) - 1 : ~0;
   const int cq = 2 * (lane % 4);  // first column of each 8-column accumulator group
   float o[DV / 2];
 #pragma unroll
@@ -814,7 +823,7 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int64_t d =
-        (V == kPacked ? int64_t{m0 + ((tr0 + 8 * i) & q_mask)} : int64_t{m0 + tr0} + 8 * i) +
+        (packed_v(V) ? int64_t{m0 + ((tr0 + 8 * i) & q_mask)} : int64_t{m0 + tr0} + 8 * i) +
         t.off;  // the row's diagonal
     band.hi[i] = p.right >= 0 ? static_cast<int>(min(int64_t{t.lk}, d + p.right + 1)) : t.lk;
     band.lo[i] = p.left >= 0 ? static_cast<int>(max(int64_t{-1}, d - p.left)) : 0;
@@ -822,7 +831,7 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
   // Tiles inside [mask_lo, mask_hi) need no masking for any row of this warpgroup.
   // (Its rows' queries: wg_d0 - t.off and the wg_span after it.)
   const int64_t wg_d0 = int64_t{m0} + ((wg * 64) & q_mask) + t.off;
-  const int wg_span = V == kPacked ? min(64, q_mask + 1) - 1 : 63;
+  const int wg_span = packed_v(V) ? min(64, q_mask + 1) - 1 : 63;
   band.mask_hi = p.right >= 0 ? static_cast<int>(min(int64_t{t.lk}, wg_d0 + p.right + 1)) : t.lk;
   band.mask_lo = p.left >= 0 ? static_cast<int>(max(int64_t{0}, wg_d0 + wg_span - p.left)) : 0;
   const uint32_t q_base = sq + wg * 64 * kQkRow<T, D>;
@@ -901,7 +910,7 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
     // rows no sequence owns, or a cache's unused rows: P is 0 there, but 0 * a non-finite value is
     // NaN, so they are zeroed first. Each warpgroup zeroes them before its own P V (the other one
     // may be writing the same zeros).
-    if (!kFp8 && (V == kCounts || V == kPaged || V == kPacked || p.cu_q) &&
+    if (!kFp8 && (V == kCounts || paged_v(V) || packed_v(V) || p.cu_q) &&
         (t.n_first + n_tiles) * kBN > t.lk) {
       zero_rows<DV>(sv0 + last * S::kVBytes, kBN, t.lk - (t.n_first + n_tiles - 1) * kBN,
                     static_cast<int>(threadIdx.x) % 128, 128);
@@ -942,7 +951,7 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
   }
   const int h = te.h, b = te.tb, m0e = te.m0, q0 = te.q0, lq = te.lq;
   // kPacked with split keys: this split's normalized rows, [splits, B, Hq, Lq] in the workspace.
-  const bool to_parts = V == kPacked && p.splits > 1;
+  const bool to_parts = packed_v(V) && p.splits > 1;
   auto part_row = [&](int head, int row) {
     return (static_cast<int64_t>(blockIdx.x) % p.splits * p.batch + b) * p.heads * p.lq +
            int64_t{head} * p.lq + row;
@@ -958,8 +967,8 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
     float m = m_run[i];
     if constexpr (kFp8) inv[i] *= *p.v_descale, m -= kFp8PBias;
     const int tr = wg * 64 + wl * 16 + lane / 4 + 8 * i;
-    const int row = V == kPacked ? m0e + (tr & q_mask) : m0e + wg * 64 + wl * 16 + lane / 4 + 8 * i;
-    const int head = V == kPacked ? h + (tr >> p.rows_log2) : h;
+    const int row = packed_v(V) ? m0e + (tr & q_mask) : m0e + wg * 64 + wl * 16 + lane / 4 + 8 * i;
+    const int head = packed_v(V) ? h + (tr >> p.rows_log2) : h;
     if (row < lq && lane % 4 == 0) {
       const float lse = l > 0.f ? m * kLn2 + logf(l) : -INFINITY;
       if (to_parts)
@@ -968,7 +977,7 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
         p.lse[b * p.sl[0] + head * p.sl[1] + (q0 + row) * p.sl[2]] = lse;
     }
   }
-  if constexpr (V == kPacked) {
+  if constexpr (packed_v(V)) {
     if (to_parts) {  // f32 rows straight from the accumulators (Y's 16 bits would round them)
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
@@ -1005,9 +1014,9 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
   for (int it = 0; it < 64 * kChunks / 128; ++it) {
     const int idx = it * 128 + tid;
     const int r = idx / kChunks, cc = idx % kChunks;
-    const int tr = wg * 64 + r, row = V == kPacked ? m0e + (tr & q_mask) : m0e + wg * 64 + r;
+    const int tr = wg * 64 + r, row = packed_v(V) ? m0e + (tr & q_mask) : m0e + wg * 64 + r;
     if (row >= lq) continue;
-    const int head = V == kPacked ? h + (tr >> p.rows_log2) : h;
+    const int head = packed_v(V) ? h + (tr >> p.rows_log2) : h;
     const uint32_t addr = o_base + (cc / 8) * kBM * 128 + r * 128 + (((cc % 8) ^ (r % 8)) * 16);
     uint4 v;
     asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
@@ -1043,15 +1052,15 @@ inline bool fwd_dims(const Problem& pr) {
 template <class T, int V>
 bool fits(const Problem& pr, const DeviceCaps& caps) {
   const attention::Descriptor& d = pr.desc;
-  if (caps.device < 0 || caps.sm != 90 || !shape_fits(pr, V == kPaged) || !fwd_dims(pr))
+  if (caps.device < 0 || caps.sm != 90 || !shape_fits(pr, paged_v(V)) || !fwd_dims(pr))
     return false;
   // Paged caches run in their own instance (with or without key counts), key counts without pages
   // in theirs (see Variant), and only there.
-  if ((d.page_size > 0) != (V == kPaged)) return false;
-  if (V != kPaged && V != kPacked && d.seqused_k != (V == kCounts)) return false;
+  if ((d.page_size > 0) != paged_v(V)) return false;
+  if (!paged_v(V) && !packed_v(V) && d.seqused_k != (V == kCounts)) return false;
   // kPacked: padded Q (one tensor map box spans the group's heads), a group of 2..16 (a power of
   // two: 128 / group rows of each head, at least one 8-row swizzle atom), head dims 64 and 128.
-  if constexpr (V == kPacked) {
+  if constexpr (packed_v(V)) {
     if (d.varlen || pr.group < 2 || pr.group > 16 || (pr.group & (pr.group - 1)) != 0 ||
         (d.head_dim_qk != 64 && d.head_dim_qk != 128))
       return false;
@@ -1064,7 +1073,7 @@ bool fits(const Problem& pr, const DeviceCaps& caps) {
         pr.desc.head_dim_qk != 64)
       return false;
     return body_compiled<T, 64, V>();
-  } else if constexpr (V == kPacked) {
+  } else if constexpr (packed_v(V)) {
     return pr.desc.head_dim_qk == 64 ? body_compiled<T, 64, V>() : body_compiled<T, 128, V>();
   } else {
     switch (pr.desc.head_dim_qk) {
@@ -1232,14 +1241,14 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
   if constexpr (!E::kFp8) dt = cuda::tensor_map_dtype<T>();
   CUtensorMap tq, tk, tv;
   // kPacked: a box of 128 / group rows of each of the group's heads.
-  const uint32_t q_heads = V == kPacked ? static_cast<uint32_t>(pr.group) : 1;
+  const uint32_t q_heads = packed_v(V) ? static_cast<uint32_t>(pr.group) : 1;
   BARACUDA_TRY(
       cuda::make_rows_map(who, &tq, dt, q, kBM / q_heads, E::kBytes, kQkRow<T, D>, q_heads));
   // Paged: the maps span the pool [pages, Hk, page_size, D] (used where pages are whole key tiles;
   // the row copies read the pool through Params).
   const uint32_t kv_rows =
-      V == kPaged ? static_cast<uint32_t>(std::min<int64_t>(d.page_size, kKeysPerTile<D>))
-                  : static_cast<uint32_t>(kKeysPerTile<D>);
+      paged_v(V) ? static_cast<uint32_t>(std::min<int64_t>(d.page_size, kKeysPerTile<D>))
+                 : static_cast<uint32_t>(kKeysPerTile<D>);
   BARACUDA_TRY(cuda::make_rows_map(who, &tk, dt, k, kv_rows, E::kBytes, kQkRow<T, D>));
   if constexpr (E::kFp8) {
     // V^T into the workspace (same stream, so the kernel below sees it), then its map. Plan::run
@@ -1279,10 +1288,10 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
   outer_strides(p.sy, y);
   outer_strides(p.sl, lse);
   set_common_params(p, pr, a.cu_seqlens_q, a.cu_seqlens_k);
-  p.used_k = (V == kCounts || V == kPaged || V == kPacked) && d.seqused_k
+  p.used_k = (V == kCounts || paged_v(V) || packed_v(V)) && d.seqused_k
                  ? static_cast<const int*>(a.seqused_k.data)
                  : nullptr;
-  if constexpr (V == kPaged) {
+  if constexpr (paged_v(V)) {
     p.block_table = static_cast<const int*>(a.block_table.data);
     p.table_cols = static_cast<int>(attention::shapes_of(pr).block_table[1]);
     p.page_size = static_cast<int>(d.page_size);
@@ -1301,7 +1310,7 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
   p.heads = static_cast<int>(d.heads_q);
   p.batch = static_cast<int>(d.batch);
   p.splits = 1;
-  if constexpr (V == kPacked) {
+  if constexpr (packed_v(V)) {
     const int rows = kBM / p.group;
     p.rows_log2 = std::countr_zero(static_cast<unsigned>(rows));
     p.m_blocks = static_cast<int>((d.len_q + rows - 1) / rows);
@@ -1321,7 +1330,7 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
   const int64_t n_work = int64_t{p.m_blocks} * d.heads_q * d.batch;
   const int sms = ctx.stream.caps().sm_count > 0 ? ctx.stream.caps().sm_count : 132;
   const dim3 grid = V == kPersistent ? dim3(static_cast<unsigned>(std::min<int64_t>(n_work, sms)))
-                    : V == kPacked
+                    : packed_v(V)
                         ? dim3(static_cast<unsigned>(p.m_blocks * p.splits),
                                static_cast<unsigned>(d.heads_kv), static_cast<unsigned>(d.batch))
                         : dim3(static_cast<unsigned>(p.m_blocks), static_cast<unsigned>(d.heads_q),
@@ -1329,7 +1338,7 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
   BARACUDA_TRY(cuda::launch_with_smem(attention::ForwardOp::name, "fa3_fwd_sm90a",
                                       fa3_fwd_kernel<T, D, V>, grid, kThreads, smem,
                                       cuda::stream_of(ctx), tq, tk, tv, p));
-  if constexpr (V == kPacked) {
+  if constexpr (packed_v(V)) {
     if (p.splits > 1) {  // the splits' rows merged in split order (deterministic), as the decode's
       attention::kernels::Params kp = attention::kernels::fwd_params(pr, a);
       kp.splits = p.splits, kp.o_part = p.o_part, kp.lse_part = p.lse_part;
@@ -1342,7 +1351,7 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
 
 template <class T, int V>
 Status launch(const LaunchContext& ctx, const Problem& pr, const ForwardArguments& a) {
-  if constexpr (V == kPacked) {  // D = 64 or 128 (see fits)
+  if constexpr (packed_v(V)) {  // D = 64 or 128 (see fits)
     return pr.desc.head_dim_qk == 64 ? launch_d<T, 64, V>(ctx, pr, a)
                                      : launch_d<T, 128, V>(ctx, pr, a);
   } else if constexpr (V == kPersistent) {  // D = 64 only (see fits)
@@ -1437,6 +1446,7 @@ bool register_one() {
       {kFa3CountsKernel, -5, fits<T, kCounts>, launch<T, kCounts>},
       {kFa3PagedKernel, -6, fits<T, kPaged>, launch<T, kPaged>},
       {kFa3PackedKernel, -7, fits<T, kPacked>, launch<T, kPacked>, packed_workspace},
+      {kFa3PackedPagedKernel, -8, fits<T, kPackedPaged>, launch<T, kPackedPaged>, packed_workspace},
       {kFa3RankedAhead, kFa3Ahead, fits_ranked_ahead<T>, launch_ranked_ahead<T>}};
   for (const Entry& e : entries)
     register_kernel<attention::ForwardOp>(
