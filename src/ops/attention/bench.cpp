@@ -325,8 +325,8 @@ void bench_all(const Stream& stream) {
   // Chunked prefill: Lq new tokens a sequence at the end of 4096-key caches (causal, bottom-right),
   // 4 sequences. The cache as a padded [B, L, H, D] cache and as one of twice the capacity read
   // through per-sequence key counts (seqused_k, each sequence's first 4096 rows), for Lq from 32 to
-  // 2048; at Lq 512 also as scattered 64-, 32-, 16- or 8-key pages.
-  // A/B rows by name: m32s_straight (the family's prefill shape), m16 at Lq 512 (the paged
+  // 2048; at Lq 512 also as scattered 64-, 32-, 16- or 8-key pages, at Lq 32 as 64- or 16-key
+  // pages. A/B rows by name: m32s_straight (the family's prefill shape), m16 at Lq 512 (the paged
   // kernel's first shape), and where they are built fa3 (its counts / paged instance for counted /
   // paged caches) and cuDNN: the selection table's columns were measured with Lq = Lk only, so
   // these rows are what the rule for a chunk against a longer cache stands on. TFLOP/s on the
@@ -343,6 +343,7 @@ void bench_all(const Stream& stream) {
       std::vector<int64_t> layouts;
       if (!paged_prefill_only) layouts = {0, kCounts};
       if (lq == 512) layouts.insert(layouts.begin(), {64, 32, 16, 8});
+      if (lq == 32) layouts.insert(layouts.begin(), {64, 16});  // short chunks in pages
       if (const int64_t page = bench::env_positive("BARACUDA_ATTN_PAGE", 0); page > 0)
         std::erase_if(layouts, [&](int64_t ps) { return ps != page; });
       for (const int64_t ps : layouts) {
@@ -405,6 +406,7 @@ void bench_all(const Stream& stream) {
         if (ps == kCounts) kernels.push_back("fa3_fwd_sm90a_seqused");
         // GQA packing (4 query heads a tile) with split keys: the chunks shorter than a tile.
         if (ps <= 0 && lq <= 256) kernels.push_back("fa3_fwd_sm90a_packed");
+        if (ps > 0 && lq <= 256) kernels.push_back("fa3_fwd_sm90a_packed_paged");
         if (ps > 0)
           kernels.insert(kernels.end(), {"fa3_fwd_sm90a_paged", "flash_fwd_mma_paged_sm80"});
         std::string picked;
