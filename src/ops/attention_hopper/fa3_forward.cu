@@ -216,6 +216,10 @@ template <int BN>
 __device__ __forceinline__ Tile tile_packed(const Params& p, int bx, int hk, int b) {
   const int rows = 1 << p.rows_log2, split = bx % p.splits;
   Tile t{(p.m_blocks - 1 - bx / p.splits) * rows, hk * p.group, b, 0, b, 0, 0, p.lq, p.lk, 0, 0};
+  if (p.cu_q) {  // varlen: as tile_at
+    const SeqRows s = seq_rows(p.cu_q, p.cu_k, b, p.lq, p.lk, p.total_q, p.total_k);
+    t.tb = 0, t.q0 = s.q0, t.k0 = s.k0, t.lq = s.lq, t.lk = s.lk;
+  }
   if (p.used_k) t.lk = min(max(p.used_k[b], 0), t.lk);
   if (p.bottom_right) t.off = t.lk - t.lq;
   int n_end = t.m0 < t.lq ? t.lk : 0, n_begin = 0;
@@ -946,14 +950,17 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
   } else if (p.cu_q) {
     int bx;
     asm volatile("mov.b32 %0, %1;\n" : "=r"(bx) : "r"(static_cast<int>(blockIdx.x)));
-    te = tile_at<kBN>(p, p.m_blocks - 1 - bx, static_cast<int>(blockIdx.y),
-                      static_cast<int>(blockIdx.z));
+    if constexpr (packed_v(V))
+      te = tile_packed<kBN>(p, bx, static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z));
+    else
+      te = tile_at<kBN>(p, p.m_blocks - 1 - bx, static_cast<int>(blockIdx.y),
+                        static_cast<int>(blockIdx.z));
   }
   const int h = te.h, b = te.tb, m0e = te.m0, q0 = te.q0, lq = te.lq;
   // kPacked with split keys: this split's normalized rows, [splits, B, Hq, Lq] in the workspace.
   const bool to_parts = packed_v(V) && p.splits > 1;
-  auto part_row = [&](int head, int row) {
-    return (static_cast<int64_t>(blockIdx.x) % p.splits * p.batch + b) * p.heads * p.lq +
+  auto part_row = [&](int head, int row) {  // sequence te.b's row (varlen: te.tb is 0)
+    return (static_cast<int64_t>(blockIdx.x) % p.splits * p.batch + te.b) * p.heads * p.lq +
            int64_t{head} * p.lq + row;
   };
   constexpr float kLn2 = 0.693147180559945309f;
@@ -1058,10 +1065,10 @@ bool fits(const Problem& pr, const DeviceCaps& caps) {
   // in theirs (see Variant), and only there.
   if ((d.page_size > 0) != paged_v(V)) return false;
   if (!paged_v(V) && !packed_v(V) && d.seqused_k != (V == kCounts)) return false;
-  // kPacked: padded Q (one tensor map box spans the group's heads), a group of 2..16 (a power of
-  // two: 128 / group rows of each head, at least one 8-row swizzle atom), head dims 64 and 128.
+  // kPacked: a group of 2..16 (a power of two: 128 / group rows of each head, at least one 8-row
+  // swizzle atom), head dims 64 and 128.
   if constexpr (packed_v(V)) {
-    if (d.varlen || pr.group < 2 || pr.group > 16 || (pr.group & (pr.group - 1)) != 0 ||
+    if (pr.group < 2 || pr.group > 16 || (pr.group & (pr.group - 1)) != 0 ||
         (d.head_dim_qk != 64 && d.head_dim_qk != 128))
       return false;
   }
