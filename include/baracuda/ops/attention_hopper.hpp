@@ -195,7 +195,7 @@ inline constexpr std::string_view kFa3CountsKernel = "fa3_fwd_sm90a_seqused";
 // 256, load as TMA boxes; others as rows copied by the producer warpgroup).
 inline constexpr std::string_view kFa3PagedKernel = "fa3_fwd_sm90a_paged";
 // Short query chunks against long caches (speculative decoding, small prefill chunks): a CTA's
-// 128 rows are the group's query heads times 128 / group queries (GQA packing, group 2..16 a power
+// 128 rows are the group's query heads times 128 / group queries (GQA packing, group 1..16 a power
 // of two), and the keys split across CTAs where the grid would not fill the GPU, merged by the
 // decode's combine. Padded or varlen Q, head dims 64 and 128, key counts where given. By
 // name only.

@@ -1475,7 +1475,7 @@ TEST(AttentionFa3Gpu, SequsedKMatchesTheCpuPlan) {
 
 // GQA packing on fa3 (kFa3PackedKernel, by name): a tile's 128 rows are 128 / group queries of each
 // of the group's query heads, and the keys split across CTAs where the grid is small (merged by the
-// decode's combine). Cases span groups 2 to 16, splits 1 to 6 (packed_splits: a case's note), every
+// decode's combine). Cases span groups 1 to 16, splits 1 to 6 (packed_splits: a case's note), every
 // mask, both layouts, padded rows, a softcap and key counts (rows past a count NaN, one sequence's
 // cache empty): each against the CPU plan's float64 answer, twice bitwise, gaps untouched.
 TEST(AttentionFa3Gpu, PackedMatchesTheCpuPlan) {
@@ -1496,6 +1496,9 @@ TEST(AttentionFa3Gpu, PackedMatchesTheCpuPlan) {
       {{DType::bf16, 1, 16, 1, 7, 3000, 64, Mask::sliding_window(64, 0), true, false}, {}},
       // Three query blocks of 32, GQA 4, 2048 keys: 4 splits, the last block ragged.
       {{DType::bf16, 1, 8, 2, 70, 2048, 128, Mask::causal_bottom_right(), false, true}, {}},
+      // Group 1 (the key split alone): one sequence, 4 heads, a 100-row chunk of 3000 keys: 6
+      // splits.
+      {{DType::bf16, 1, 4, 4, 100, 3000, 128, Mask::causal_bottom_right(), false, false}, {}},
       // Key counts (one cache empty), GQA 4: 2 splits.
       {{DType::bf16, 3, 8, 2, 40, 1000, 128, Mask::causal_bottom_right(), true, false},
        {1000, 0, 333}},
@@ -1531,9 +1534,9 @@ TEST(AttentionFa3Gpu, PackedMatchesTheCpuPlan) {
   }
 }
 
-// What the packed instance takes: groups 2 to 16 in powers of two, padded Q, head dims 64 and
-// 128, with or without key counts; not paged pools, varlen, other groups or head dims.
-TEST(AttentionFa3Gpu, PackedFitsGroupsOfTwoToSixteen) {
+// What the packed instance takes: groups 1 to 16 in powers of two, head dims 64 and 128, with or
+// without key counts; not paged pools (its paged twin takes those), other groups or head dims.
+TEST(AttentionFa3Gpu, PackedFitsGroupsOfOneToSixteen) {
   FA3_SKIP_UNLESS_RUNNABLE();
   const DeviceCaps caps = harness::stream_for(Target::cuda).caps();
   const auto* packed = fa3_kernel(DType::bf16, kFa3PackedKernel);
@@ -1541,12 +1544,11 @@ TEST(AttentionFa3Gpu, PackedFitsGroupsOfTwoToSixteen) {
   auto fits = [&](int64_t hq, int64_t hk, int64_t d) {
     return packed->fits(problem_of(make_desc(DType::bf16, 2, hq, hk, 32, 4096, d)), caps);
   };
-  for (int64_t g : {2, 4, 8, 16}) {
+  for (int64_t g : {1, 2, 4, 8, 16}) {
     EXPECT_TRUE(fits(8 * g, 8, 128)) << g;
     EXPECT_TRUE(fits(g, 1, 64)) << g;
     EXPECT_FALSE(fits(g, 1, 256)) << g;
   }
-  EXPECT_FALSE(fits(8, 8, 128));   // group 1: the plain instance
   EXPECT_FALSE(fits(24, 8, 128));  // group 3
   EXPECT_FALSE(fits(32, 1, 128));  // group 32: 4 rows a head, under one swizzle atom
   Descriptor counted = make_desc(DType::bf16, 2, 32, 8, 32, 4096, 128);
@@ -2686,7 +2688,7 @@ void check_varlen_case(const VarlenCase& c, harness::Rng& rng) {
   std::vector<std::string_view> fwd = {kFa3, kFa3Pingpong, kFa3Exp2Poly2Kernel,
                                        kFa3Exp2Poly3Kernel};
   if (c.d == 64) fwd.push_back(kFa3PersistentKernel);
-  // GQA packing where the group fits it (2..16, head dims 64 / 128).
+  // GQA packing where the group fits it (1..16, head dims 64 / 128).
   if (const auto* packed = fa3_kernel(c.t, kFa3PackedKernel); packed && packed->fits(p, gs.caps()))
     fwd.push_back(kFa3PackedKernel);
   const bool fa3_default = preferred_candidate(p, Pass::forward, true) == Candidate::fa3;

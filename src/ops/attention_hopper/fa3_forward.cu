@@ -1065,10 +1065,11 @@ bool fits(const Problem& pr, const DeviceCaps& caps) {
   // in theirs (see Variant), and only there.
   if ((d.page_size > 0) != paged_v(V)) return false;
   if (!paged_v(V) && !packed_v(V) && d.seqused_k != (V == kCounts)) return false;
-  // kPacked: a group of 2..16 (a power of two: 128 / group rows of each head, at least one 8-row
-  // swizzle atom), head dims 64 and 128.
+  // kPacked: a group of 1..16 (a power of two: 128 / group rows of each head, at least one 8-row
+  // swizzle atom; group 1 is the key split alone, for chunks of few sequences and heads), head
+  // dims 64 and 128.
   if constexpr (packed_v(V)) {
-    if (pr.group < 2 || pr.group > 16 || (pr.group & (pr.group - 1)) != 0 ||
+    if (pr.group < 1 || pr.group > 16 || (pr.group & (pr.group - 1)) != 0 ||
         (d.head_dim_qk != 64 && d.head_dim_qk != 128))
       return false;
   }
