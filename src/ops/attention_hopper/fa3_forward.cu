@@ -814,10 +814,11 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
   constexpr int kBN = S::kBn;
   constexpr int DV = kDvOf<D>;
   const int wg = warp / 4, wl = warp % 4;
-  const int row0 = m0 + wg * 64 + wl * 16 + lane / 4;  // this thread's rows: row0 and row0 + 8
-  // kPacked: tile row r is query m0 + (r & q_mask) of query head t.h + (r >> rows_log2). The other
-  // variants keep their own expressions below (written so, ptxas scheduled their key loop
-  // differently and the plain kernel lost 3-13%: H200, 2026-11-30, call 2).
+  // This thread's rows: row0 and row0 + 8. kPacked: tile rows; tile row r is query m0 + (r &
+  // q_mask) of query head t.h + (r >> rows_log2). Each form keeps its own expressions: in a shared
+  // form ptxas scheduled the plain kernel's key loop differently and it lost 3-13% (H200,
+  // 2026-11-30).
+  const int row0 = packed_v(V) ? wg * 64 + wl * 16 + lane / 4 : m0 + wg * 64 + wl * 16 + lane / 4;
   const int q_mask = packed_v(V) ? (1 << p.rows_log2) - 1 : ~0;
   const int cq = 2 * (lane % 4);  // first column of each 8-column accumulator group
   float o[DV / 2];
@@ -827,17 +828,16 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
   RowBand band;  // keys [lo, hi) are visible to the row
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    int64_t d = int64_t{row0} + 8 * i + t.off;  // the row's diagonal
-    if constexpr (packed_v(V)) d = int64_t{m0} + ((row0 - m0 + 8 * i) & q_mask) + t.off;
+    const int64_t d = packed_v(V) ? int64_t{m0 + ((row0 + 8 * i) & q_mask)} + t.off
+                                  : int64_t{row0} + 8 * i + t.off;  // the row's diagonal
     band.hi[i] = p.right >= 0 ? static_cast<int>(min(int64_t{t.lk}, d + p.right + 1)) : t.lk;
     band.lo[i] = p.left >= 0 ? static_cast<int>(max(int64_t{-1}, d - p.left)) : 0;
   }
   // Tiles inside [mask_lo, mask_hi) need no masking for any row of this warpgroup.
   // (Its rows' queries: wg_d0 - t.off and the wg_span after it.)
-  int64_t wg_d0 = int64_t{m0} + wg * 64 + t.off;
-  int wg_span = 63;
-  if constexpr (packed_v(V))
-    wg_d0 = int64_t{m0} + ((wg * 64) & q_mask) + t.off, wg_span = min(64, q_mask + 1) - 1;
+  const int64_t wg_d0 =
+      packed_v(V) ? int64_t{m0} + ((wg * 64) & q_mask) + t.off : int64_t{m0} + wg * 64 + t.off;
+  const int wg_span = packed_v(V) ? min(64, q_mask + 1) - 1 : 63;
   band.mask_hi = p.right >= 0 ? static_cast<int>(min(int64_t{t.lk}, wg_d0 + p.right + 1)) : t.lk;
   band.mask_lo = p.left >= 0 ? static_cast<int>(max(int64_t{0}, wg_d0 + wg_span - p.left)) : 0;
   const uint32_t q_base = sq + wg * 64 * kQkRow<T, D>;
@@ -976,7 +976,7 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
     inv[i] = l > 0.f ? 1.f / l : 0.f;
     float m = m_run[i];
     if constexpr (kFp8) inv[i] *= *p.v_descale, m -= kFp8PBias;
-    const int tr = row0e - m0e + 8 * i;  // the tile row
+    const int tr = wg * 64 + wl * 16 + lane / 4 + 8 * i;
     const int row = packed_v(V) ? m0e + (tr & q_mask) : row0e + 8 * i;
     const int head = packed_v(V) ? h + (tr >> p.rows_log2) : h;
     if (row < lq && lane % 4 == 0) {
