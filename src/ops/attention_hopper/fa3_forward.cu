@@ -63,7 +63,7 @@
 #include "baracuda/ops/attention.hpp"
 #include "baracuda/ops/attention_hopper.hpp"
 #include "core/cuda/launch.cuh"
-#include "ops/attention/launch.cuh"  // kPacked's split merge: the decode's combine
+#include "ops/attention/launch.cuh"  // kPacked's split merge: flash_rows_combine
 #include "ops/attention_hopper/fa3_common.cuh"
 
 namespace baracuda::attention_hopper::fa3 {
@@ -1350,11 +1350,11 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
                                       fa3_fwd_kernel<T, D, V>, grid, kThreads, smem,
                                       cuda::stream_of(ctx), tq, tk, tv, p));
   if constexpr (packed_v(V)) {
-    if (p.splits > 1) {  // the splits' rows merged in split order (deterministic), as the decode's
+    if (p.splits > 1) {  // the splits' rows merged in split order (deterministic), a warp a row
       attention::kernels::Params kp = attention::kernels::fwd_params(pr, a);
       kp.splits = p.splits, kp.o_part = p.o_part, kp.lse_part = p.lse_part;
-      return attention::kernels::launch_decode_combine<T>(ctx, kp,
-                                                          int64_t{d.batch} * d.heads_q * d.len_q);
+      return attention::kernels::launch_rows_combine<T>(ctx, kp,
+                                                        int64_t{d.batch} * d.heads_q * d.len_q);
     }
   }
   return {};
