@@ -172,6 +172,17 @@ inline constexpr int64_t kDecodeQueryRows = 16;
 // Lq 32 up). See preferred_candidate.
 inline constexpr int64_t kFa3ChunkRows = 256;
 inline constexpr int64_t kFa3ChunkRowsOverBespoke = 32;
+// A forward chunk of more than kDecodeQueryRows and at most kFa3PackedChunkRows query rows against
+// a longer cache, bf16 / f16, Dk = Dv = 128, GQA group 2..16 (a power of two): fa3's packed
+// instance (kFa3PackedKernel, or kFa3PackedPagedKernel over paged K / V) runs it, and fa3 is the
+// candidate wherever its kernels fit (preferred_candidate; the ranked-ahead entry then launches
+// the packed instance). Measured on the H200 (2026-11-30, 4 x 32 query heads in groups of 4
+// against 4096-key caches, causal bottom-right): packed 267-271 / 391-396 / 574-576 TFLOP/s at
+// Lq 32 / 64 / 128 against cuDNN's 146-148 / 292-294 / 560-562 and plain fa3's 124-128 /
+// 246-255 / 471-476; at Lq 256 plain fa3 led (612 against 604). Head dim 64 and group 1 are not
+// measured yet: they keep the table's pick.
+inline constexpr int64_t kFa3PackedChunkRows = 128;
+bool fa3_packs(const attention::Problem& p);
 
 // Priorities the cuDNN kernels register with. The attention family's bespoke kernels are expected
 // between kCudnnBehind and kCudnnAhead, so the table decides which of the two wins `fastest`.
@@ -183,8 +194,8 @@ inline constexpr int kCudnnBehind = 1;
 // per SM looping over work tiles), the plain one reading per-sequence key counts (seqused_k) and
 // the plain one reading a paged K / V pool (with or without counts: the only ones that take
 // them), below every other forward kernel (reached by name: A/B, tests), and the plain schedule
-// (or its counts or paged instance) once more as kFa3RankedAhead, above everything, fitting only
-// where the table picks fa3.
+// (or its counts or paged instance; the packed ones where fa3_packs) once more as kFa3RankedAhead,
+// above everything, fitting only where the table picks fa3.
 inline constexpr std::string_view kFa3Kernel = "fa3_fwd_sm90a";
 inline constexpr std::string_view kFa3PingpongKernel = "fa3_fwd_sm90a_pingpong";
 inline constexpr std::string_view kFa3Exp2Poly2Kernel = "fa3_fwd_sm90a_exp2poly2of8";
@@ -197,8 +208,8 @@ inline constexpr std::string_view kFa3PagedKernel = "fa3_fwd_sm90a_paged";
 // Short query chunks against long caches (speculative decoding, small prefill chunks): a CTA's
 // 128 rows are the group's query heads times 128 / group queries (GQA packing, group 1..16 a power
 // of two), and the keys split across CTAs where the grid would not fill the GPU, merged by the
-// decode's combine. Padded or varlen Q, head dims 64 and 128, key counts where given. By
-// name only.
+// rows combine (flash_rows_combine, in split order). Padded or varlen Q, head dims 64 and 128, key
+// counts where given. By name, and through kFa3RankedAhead where fa3_packs.
 inline constexpr std::string_view kFa3PackedKernel = "fa3_fwd_sm90a_packed";
 // The same over paged K / V pools (any page size, as fa3_fwd_sm90a_paged reads them).
 inline constexpr std::string_view kFa3PackedPagedKernel = "fa3_fwd_sm90a_packed_paged";

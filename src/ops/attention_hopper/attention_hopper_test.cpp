@@ -361,6 +361,38 @@ TEST(AttentionCudnnRules, ChunkPointsDecideChunks) {
   EXPECT_EQ(pick(kDecodeQueryRows, 4096), Candidate::bespoke);
 }
 
+// Short chunks of a GQA group go to fa3 (its packed instance) wherever fa3 runs, ahead of any
+// table point: bf16 / f16, Dk = Dv = 128, groups 2..16 that are powers of two, more rows than a
+// decode and at most kFa3PackedChunkRows, fewer than the cache's keys.
+TEST(AttentionCudnnRules, ShortGqaChunksGoToFa3Packed) {
+  auto chunk = [](int64_t hq, int64_t hk, int64_t lq, int64_t lk, int64_t d = 128,
+                  DType t = DType::bf16) {
+    return problem_of(make_desc(t, 4, hq, hk, lq, lk, d, Mask::causal_bottom_right()));
+  };
+  EXPECT_TRUE(fa3_packs(chunk(32, 8, 32, 4096)));
+  EXPECT_TRUE(fa3_packs(chunk(32, 8, kDecodeQueryRows + 1, 4096)));
+  EXPECT_TRUE(fa3_packs(chunk(32, 8, kFa3PackedChunkRows, 4096)));
+  EXPECT_TRUE(fa3_packs(chunk(32, 2, 64, 4096, 128, DType::f16)));  // group 16
+  EXPECT_TRUE(fa3_packs(chunk(16, 8, 64, 4096)));                   // group 2
+  EXPECT_FALSE(fa3_packs(chunk(32, 8, kDecodeQueryRows, 4096)));    // a decode
+  EXPECT_FALSE(fa3_packs(chunk(32, 8, kFa3PackedChunkRows + 1, 4096)));
+  EXPECT_FALSE(fa3_packs(chunk(32, 8, 64, 64)));        // not a chunk of a longer cache
+  EXPECT_FALSE(fa3_packs(chunk(32, 8, 64, 4096, 64)));  // head dim 64: not measured
+  EXPECT_FALSE(fa3_packs(chunk(32, 32, 64, 4096)));     // group 1
+  EXPECT_FALSE(fa3_packs(chunk(24, 8, 64, 4096)));      // group 3
+  EXPECT_FALSE(fa3_packs(chunk(32, 1, 64, 4096)));      // group 32
+  EXPECT_FALSE(fa3_packs(chunk(32, 8, 64, 4096, 128, DType::f32)));
+  // Ahead of every table (the empty one ranks cuDNN first), forward only, where fa3 runs.
+  const std::span<const TablePoint> empty{};
+  const attention::Problem p = chunk(32, 8, 64, 4096);
+  EXPECT_EQ(preferred_candidate(empty, p, Pass::forward, true), Candidate::fa3);
+  EXPECT_EQ(preferred_candidate(p, Pass::forward, true), Candidate::fa3);
+  EXPECT_EQ(preferred_candidate(empty, p, Pass::forward, false), Candidate::cudnn);
+  EXPECT_EQ(preferred_candidate(empty, p, Pass::backward, true), Candidate::cudnn);
+  EXPECT_EQ(preferred_candidate(empty, chunk(32, 32, 64, 4096), Pass::forward, true),
+            Candidate::cudnn);
+}
+
 // The candidate the table's own columns make fastest at a point (what select must follow).
 Candidate fastest_at(const TablePoint& t, bool fa3_runs) {
   Candidate c = Candidate::cudnn;

@@ -1106,9 +1106,12 @@ bool fits(const Problem& pr, const DeviceCaps& caps) {
 // kernel's rate in 64-, 32-, 16- and 8-key pages, forty-first session's call 3).
 template <class T>
 bool fits_ranked_ahead(const Problem& pr, const DeviceCaps& caps) {
-  const bool fit = pr.desc.page_size > 0 ? fits<T, kPaged>(pr, caps)
-                   : pr.desc.seqused_k   ? fits<T, kCounts>(pr, caps)
-                                         : fits<T, kPlain>(pr, caps);
+  const bool paged = pr.desc.page_size > 0;
+  const bool fit = fa3_packs(pr)
+                       ? (paged ? fits<T, kPackedPaged>(pr, caps) : fits<T, kPacked>(pr, caps))
+                   : paged             ? fits<T, kPaged>(pr, caps)
+                   : pr.desc.seqused_k ? fits<T, kCounts>(pr, caps)
+                                       : fits<T, kPlain>(pr, caps);
   return fit && preferred_candidate(pr, Pass::forward, true) == Candidate::fa3;
 }
 
@@ -1131,6 +1134,11 @@ size_t packed_workspace(const Problem& pr, const DeviceCaps& caps) {
   const auto& d = pr.desc;
   return static_cast<size_t>(splits * d.batch * d.heads_q * d.len_q * (d.head_dim_v + 1)) *
          sizeof(float);
+}
+
+// The ranked-ahead entry's: the packed instance's split partials where it launches that one.
+size_t ranked_ahead_workspace(const Problem& pr, const DeviceCaps& caps) {
+  return fa3_packs(pr) ? packed_workspace(pr, caps) : 0;
 }
 
 // Error prefix of the launch-time rules.
@@ -1387,6 +1395,9 @@ Status launch(const LaunchContext& ctx, const Problem& pr, const ForwardArgument
 
 template <class T>
 Status launch_ranked_ahead(const LaunchContext& ctx, const Problem& pr, const ForwardArguments& a) {
+  if (fa3_packs(pr))
+    return pr.desc.page_size > 0 ? launch<T, kPackedPaged>(ctx, pr, a)
+                                 : launch<T, kPacked>(ctx, pr, a);
   return pr.desc.page_size > 0 ? launch<T, kPaged>(ctx, pr, a)
          : pr.desc.seqused_k   ? launch<T, kCounts>(ctx, pr, a)
                                : launch<T, kPlain>(ctx, pr, a);
@@ -1458,7 +1469,8 @@ bool register_one() {
       {kFa3PagedKernel, -6, fits<T, kPaged>, launch<T, kPaged>},
       {kFa3PackedKernel, -7, fits<T, kPacked>, launch<T, kPacked>, packed_workspace},
       {kFa3PackedPagedKernel, -8, fits<T, kPackedPaged>, launch<T, kPackedPaged>, packed_workspace},
-      {kFa3RankedAhead, kFa3Ahead, fits_ranked_ahead<T>, launch_ranked_ahead<T>}};
+      {kFa3RankedAhead, kFa3Ahead, fits_ranked_ahead<T>, launch_ranked_ahead<T>,
+       ranked_ahead_workspace}};
   for (const Entry& e : entries)
     register_kernel<attention::ForwardOp>(
         {.sku = fa3_sku(attention::ForwardOp::name, E, prec, e.name),

@@ -126,6 +126,13 @@ std::string_view to_string(Candidate c) {
   return "?";
 }
 
+bool fa3_packs(const attention::Problem& p) {
+  const attention::Descriptor& d = p.desc;
+  return (d.dtype == DType::bf16 || d.dtype == DType::f16) && d.len_q > kDecodeQueryRows &&
+         d.len_q <= kFa3PackedChunkRows && d.len_q < d.len_k && d.head_dim_qk == 128 &&
+         d.head_dim_v == 128 && p.group >= 2 && p.group <= 16 && (p.group & (p.group - 1)) == 0;
+}
+
 Candidate preferred_candidate(const attention::Problem& p, Pass pass, bool fa3_runs) {
   return preferred_candidate(selection_table(), p, pass, fa3_runs);
 }
@@ -138,6 +145,9 @@ Candidate preferred_candidate(std::span<const TablePoint> table, const attention
   // GQA 4, d128; 59 vs 385 us at Lq 4 causal; 14 vs 64 us at Lk 4096; H100, 2026-11-23), so the
   // forward of such a problem stays with the family's kernels.
   if (pass == Pass::forward && d.len_q <= kDecodeQueryRows) return Candidate::bespoke;
+  // Short chunks of a GQA group: fa3's packed instance fills the 128-row tile with the group's
+  // heads and splits the keys (1.02-1.85x cuDNN, 1.2-2.1x plain fa3: see kFa3PackedChunkRows).
+  if (pass == Pass::forward && fa3_runs && fa3_packs(p)) return Candidate::fa3;
   const bool causal = d.mask.right == 0;
   // Problems cuDNN is not given (cudnn_screen: packed sequences, soft-capping, a left bound
   // without a right one, ...) rank the others (varlen: by the point of its longest sequence).
