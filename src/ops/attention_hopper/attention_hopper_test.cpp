@@ -483,16 +483,19 @@ TEST(AttentionCudnnRules, ShippedTablePicksFa3WhereItWasFastest) {
     }
   }
   // Chunked prefill (bench_attention's prefill rows: 4 sequences, 32 query heads, GQA 4, d128,
-  // bottom-right, Lq new rows against 4096-key caches). Padded: the causal L4096 point's pick,
-  // cuDNN (fa3 led it by 1-3% from Lq 256 up in those rows, 0.87x-1.0x below). With key counts
-  // (a cache of 8192 rows, cuDNN takes none): fa3 from 32 rows on (1.2-2.3x the family's kernels
-  // there), the family's decode kernels up to kDecodeQueryRows.
+  // bottom-right, Lq new rows against 4096-key caches). Padded: fa3's packed instance up to
+  // kFa3PackedChunkRows (fa3_packs), then the causal L4096 point's pick, cuDNN (fa3 led it by 1-3%
+  // from Lq 256 up in those rows). With key counts (a cache of 8192 rows, cuDNN takes none): fa3
+  // from 32 rows on (1.2-2.3x the family's kernels there), the family's decode kernels up to
+  // kDecodeQueryRows.
   for (int64_t lq : {kDecodeQueryRows, int64_t{32}, int64_t{128}, int64_t{512}, int64_t{2048}}) {
     SCOPED_TRACE("chunk Lq " + std::to_string(lq));
     Descriptor chunk = make_desc(DType::bf16, 4, 32, 8, lq, 4096, 128, Mask::causal_bottom_right());
     const bool decode = lq <= kDecodeQueryRows;
     EXPECT_EQ(preferred_candidate(problem_of(chunk), Pass::forward, true),
-              decode ? Candidate::bespoke : Candidate::cudnn);
+              decode                      ? Candidate::bespoke
+              : lq <= kFa3PackedChunkRows ? Candidate::fa3
+                                          : Candidate::cudnn);
     chunk.seqused_k = true, chunk.len_k = 8192;
     EXPECT_EQ(preferred_candidate(problem_of(chunk), Pass::forward, true),
               decode ? Candidate::bespoke : Candidate::fa3);
