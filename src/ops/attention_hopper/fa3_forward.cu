@@ -263,7 +263,7 @@ __device__ __forceinline__ Tile tile_of(const Params& p, int w) {
 //             for other page sizes (paged_boxes), copies rows with its warpgroup's cp.async.
 //  kPacked:  kPlain over GQA-packed rows (the group's query heads share a tile: 128 / group
 //             queries each) with the keys split across CTAs where the grid would not fill the GPU
-//             (tile_packed; the decode's combine merges the splits), key counts where given. For
+//             (tile_packed; flash_rows_combine merges the splits), key counts where given. For
 //             chunks shorter than a tile: at Lq 32 a plain tile holds 32 rows of 128.
 //  kPackedPaged: kPacked reading K / V as kPaged does.
 //  kLazyRescale: kPlain where a warp whose 16 rows' maxima did not move skips O's rescale (the
