@@ -37,8 +37,13 @@ std::optional<TimedForward> time_forward(const Stream& stream, const Descriptor&
                                          std::string_view kernel, const ForwardArguments& fa,
                                          const char* op, const std::string& name,
                                          bool unsupported_rows = true) {
-  auto fwd = ForwardPlan::select(
-      stream, d, kernel.empty() ? PlanPreference::fastest() : PlanPreference::kernel(kernel));
+  // cuDNN by backend: its entry named "cudnn_sdpa" fits only where the table ranks it first (the
+  // other one is "cudnn_sdpa_ranked_behind"), so by name it vanished from the rows another kernel
+  // wins (the short chunks, H200 2026-11-30 call 5).
+  auto fwd = ForwardPlan::select(stream, d,
+                                 kernel.empty()           ? PlanPreference::fastest()
+                                 : kernel == "cudnn_sdpa" ? PlanPreference::only(Backend::cudnn)
+                                                          : PlanPreference::kernel(kernel));
   if (!fwd.ok()) {
     if (unsupported_rows || fwd.error().kind() != ErrorKind::unsupported)
       bench::emit_error(kFamily, op, name, fwd.error());
