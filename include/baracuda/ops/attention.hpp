@@ -21,7 +21,8 @@
 // place. Counts must lie in [0, Lk] (varlen: the sequence's key count); the CPU backend checks
 // them before writing, GPU kernels clamp them into that range (they cannot check without a sync).
 // On sm_90a, fa3's forward reads them too (fa3_fwd_sm90a_seqused, the default for chunks of 32
-// query rows or more against such a cache); cuDNN does not.
+// query rows or more against such a cache; fa3_fwd_sm90a_packed for chunks of 17-128 rows of a GQA
+// group at head dim 128, see attention_hopper::fa3_packs); cuDNN does not.
 //
 // Paged K / V (a serving engine's block-table cache, as vLLM and FlashInfer keep it; forward only):
 // with Descriptor::page_size > 0, K is a pool [pages, Hk, page_size, Dk] and V
@@ -35,7 +36,8 @@
 // (flash_fwd_mma_paged_sm80) where the page size is a multiple of the kernel's key tile (64 keys,
 // 32 at head dims over 128) or splits it into 2..32 pages (powers of two), on the SIMT kernel
 // otherwise. On sm_90a fa3's forward reads paged pools of any page size too (fa3_fwd_sm90a_paged;
-// the default for chunks of 32 query rows or more). cuDNN does not.
+// the default for chunks of 32 query rows or more; fa3_fwd_sm90a_packed_paged where
+// attention_hopper::fa3_packs). cuDNN does not.
 // Paged with varlen (a serving engine's batch of prompt chunks of different lengths against their
 // caches, FlashAttention's varlen call with a block table): Q / Y / LSE packed as varlen's, K / V
 // the pools; cu_seqlens_k's differences are the sequences' key counts (seqused_k, when given,
