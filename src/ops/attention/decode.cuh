@@ -430,6 +430,48 @@ __global__ void __launch_bounds__(128) flash_decode(Params p) {
   }
 }
 
+// A merge kernel's first step. Launched early (programmatic dependent launch): wait for the split
+// kernel to complete and its partials to be visible; a no-op when launched normally. The next
+// kernel on the stream may get resident meanwhile (it waits for this grid in its own
+// griddepcontrol.wait, if it was launched as a dependent at all).
+__device__ __forceinline__ void await_split_partials() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+// acc += w * one split's partial row, the lane's float4 columns 4 lane and 128 + 4 lane of dv.
+__device__ __forceinline__ void add_split_row(float4 (&acc)[2], float w, const float* src, int lane,
+                                              int dv) {
+#pragma unroll
+  for (int u = 0; u < 2; ++u) {
+    const int c = 4 * lane + 128 * u;
+    if (c < dv) {
+      const float4 x = *reinterpret_cast<const float4*>(src + c);
+      acc[u].x += w * x.x, acc[u].y += w * x.y, acc[u].z += w * x.z, acc[u].w += w * x.w;
+    }
+  }
+}
+// A merged row out: Y = acc / wsum (zeros where no split saw a key), LSE = mx + log(wsum) (-inf
+// there) from lane 0; row q of head h of sequence b.
+template <class T>
+__device__ __forceinline__ void store_merged_row(const Params& p, int b, int h, int q, int lane,
+                                                 int dv, const float4 (&acc)[2], float wsum,
+                                                 float mx) {
+  T* y = static_cast<T*>(p.out) + detail::row_offset(p.sy, p.varlen, b, h, q);
+  const float inv = wsum > 0 ? 1.f / wsum : 0.f;
+#pragma unroll
+  for (int u = 0; u < 2; ++u) {
+    const int c = 4 * lane + 128 * u;
+    if (c < dv)
+      *reinterpret_cast<uint2*>(y + c) = make_uint2(pack2<T>(acc[u].x * inv, acc[u].y * inv),
+                                                    pack2<T>(acc[u].z * inv, acc[u].w * inv));
+  }
+  if (lane == 0)
+    static_cast<float*>(p.lse)[detail::lse_offset(p.sl, p.varlen, b, h, q)] =
+        wsum > 0 ? mx + logf(wsum) : -INFINITY;
+}
+
 // Merges the splits of each row (one CTA of four warps per row): y = sum_s w_s o_s / sum_s w_s
 // with w_s = exp(lse_s - max), lse = max + log(sum_s w_s). Latency, not bandwidth, bounds it (a
 // few hundred KB in total, 32 rows for the bench shape), so the loads of every split are issued
@@ -441,14 +483,7 @@ __global__ void __launch_bounds__(128) flash_decode(Params p) {
 // deterministic.
 template <class T>
 __global__ void __launch_bounds__(128) flash_decode_combine(Params p) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // Launched early (programmatic dependent launch): wait for flash_decode to complete and its
-  // partials to be visible. A no-op when launched normally. The next kernel on the stream may
-  // get resident meanwhile (it waits for this grid in its own griddepcontrol.wait, if it was
-  // launched as a dependent at all).
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
+  await_split_partials();
   constexpr int kNW = 4;
   __shared__ float4 s_acc[kNW][2][32];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -501,15 +536,7 @@ __global__ void __launch_bounds__(128) flash_decode_combine(Params p) {
 #pragma unroll 8
     for (int sp = warp + kNW * kEarly; sp < p.splits; sp += kNW) {
       const float w = expf(p.lse_part[sp * rows + row] - mx);
-      const float* src = p.o_part + (sp * rows + row) * dv;
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        const int c = 4 * lane + 128 * u;
-        if (c < dv) {
-          const float4 x = *reinterpret_cast<const float4*>(src + c);
-          acc[u].x += w * x.x, acc[u].y += w * x.y, acc[u].z += w * x.z, acc[u].w += w * x.w;
-        }
-      }
+      add_split_row(acc, w, p.o_part + (sp * rows + row) * dv, lane, dv);
     }
   }
 #pragma unroll
@@ -525,18 +552,7 @@ __global__ void __launch_bounds__(128) flash_decode_combine(Params p) {
       const float4 x = s_acc[w][u][lane];
       acc[u].x += x.x, acc[u].y += x.y, acc[u].z += x.z, acc[u].w += x.w;
     }
-  T* y = static_cast<T*>(p.out) + detail::row_offset(p.sy, p.varlen, b, h, s.q0 + i);
-  const float inv = wsum > 0 ? 1.f / wsum : 0.f;
-#pragma unroll
-  for (int u = 0; u < 2; ++u) {
-    const int c = 4 * lane + 128 * u;
-    if (c < dv)
-      *reinterpret_cast<uint2*>(y + c) = make_uint2(pack2<T>(acc[u].x * inv, acc[u].y * inv),
-                                                    pack2<T>(acc[u].z * inv, acc[u].w * inv));
-  }
-  if (lane == 0)
-    static_cast<float*>(p.lse)[detail::lse_offset(p.sl, p.varlen, b, h, s.q0 + i)] =
-        wsum > 0 ? mx + logf(wsum) : -INFINITY;
+  store_merged_row<T>(p, b, h, s.q0 + i, lane, dv, acc, wsum, mx);
 }
 
 // The split merge for many rows of few splits (fa3's packed chunks: thousands of rows, at most 16
@@ -546,10 +562,7 @@ __global__ void __launch_bounds__(128) flash_decode_combine(Params p) {
 // weight sum itself, adding the splits in order as the accumulators do: deterministic.
 template <class T>
 __global__ void __launch_bounds__(256) flash_rows_combine(Params p) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
+  await_split_partials();
   const int lane = threadIdx.x % 32;
   const int64_t rows = int64_t{p.batch} * p.heads_q * p.len_q;
   const int64_t row = int64_t{blockIdx.x} * 8 + threadIdx.x / 32;  // uniform per warp
@@ -571,29 +584,10 @@ __global__ void __launch_bounds__(256) flash_rows_combine(Params p) {
     for (int sp = 0; sp < p.splits; ++sp) {
       const float w = expf(p.lse_part[sp * rows + row] - mx);
       wsum += w;
-      const float* src = p.o_part + (sp * rows + row) * dv;
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        const int c = 4 * lane + 128 * u;
-        if (c < dv) {
-          const float4 x = *reinterpret_cast<const float4*>(src + c);
-          acc[u].x += w * x.x, acc[u].y += w * x.y, acc[u].z += w * x.z, acc[u].w += w * x.w;
-        }
-      }
+      add_split_row(acc, w, p.o_part + (sp * rows + row) * dv, lane, dv);
     }
   }
-  T* y = static_cast<T*>(p.out) + detail::row_offset(p.sy, p.varlen, b, h, s.q0 + i);
-  const float inv = wsum > 0 ? 1.f / wsum : 0.f;
-#pragma unroll
-  for (int u = 0; u < 2; ++u) {
-    const int c = 4 * lane + 128 * u;
-    if (c < dv)
-      *reinterpret_cast<uint2*>(y + c) = make_uint2(pack2<T>(acc[u].x * inv, acc[u].y * inv),
-                                                    pack2<T>(acc[u].z * inv, acc[u].w * inv));
-  }
-  if (lane == 0)
-    static_cast<float*>(p.lse)[detail::lse_offset(p.sl, p.varlen, b, h, s.q0 + i)] =
-        wsum > 0 ? mx + logf(wsum) : -INFINITY;
+  store_merged_row<T>(p, b, h, s.q0 + i, lane, dv, acc, wsum, mx);
 }
 
 // ---- host side ----------------------------------------------------------------------------------
