@@ -175,12 +175,12 @@ inline constexpr int64_t kFa3ChunkRowsOverBespoke = 32;
 // A forward chunk of more than kDecodeQueryRows and at most kFa3PackedChunkRows query rows against
 // a longer cache, bf16 / f16, Dk = Dv = 128, GQA group 2..16 (a power of two): fa3's packed
 // instance (kFa3PackedKernel, or kFa3PackedPagedKernel over paged K / V) runs it, and fa3 is the
-// candidate wherever its kernels fit (preferred_candidate; the ranked-ahead entry then launches
-// the packed instance). Measured on the H200 (2026-11-30, 4 x 32 query heads in groups of 4
-// against 4096-key caches, causal bottom-right): packed 267-271 / 391-396 / 574-576 TFLOP/s at
-// Lq 32 / 64 / 128 against cuDNN's 146-148 / 292-294 / 560-562 and plain fa3's 124-128 /
-// 246-255 / 471-476; at Lq 256 plain fa3 led (612 against 604). Head dim 64 and group 1 are not
-// measured yet: they keep the table's pick.
+// candidate wherever its kernels fit (preferred_candidate, over any table but an empty one; the
+// ranked-ahead entry then launches the packed instance). Measured on the H200 (2026-11-30, 4 x 32
+// query heads in groups of 4 against 4096-key caches, causal bottom-right): packed 267-271 /
+// 391-396 / 574-576 TFLOP/s at Lq 32 / 64 / 128 against cuDNN's 146-148 / 292-294 / 560-562 and
+// plain fa3's 124-128 / 246-255 / 471-476; at Lq 256 plain fa3 led (612 against 604). Head dim 64
+// and group 1 are not measured yet: they keep the table's pick.
 inline constexpr int64_t kFa3PackedChunkRows = 128;
 bool fa3_packs(const attention::Problem& p);
 

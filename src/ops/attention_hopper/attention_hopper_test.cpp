@@ -382,15 +382,19 @@ TEST(AttentionCudnnRules, ShortGqaChunksGoToFa3Packed) {
   EXPECT_FALSE(fa3_packs(chunk(24, 8, 64, 4096)));      // group 3
   EXPECT_FALSE(fa3_packs(chunk(32, 1, 64, 4096)));      // group 32
   EXPECT_FALSE(fa3_packs(chunk(32, 8, 64, 4096, 128, DType::f32)));
-  // Ahead of every table (the empty one ranks cuDNN first), forward only, where fa3 runs.
+  // Ahead of the table's points (one that ranks cuDNN first at the chunk's point), forward only,
+  // where fa3 runs; not under an empty table (the benches' override: cuDNN everywhere).
+  const TablePoint cudnn_wins[] = {
+      {DType::bf16, Pass::forward, 128, 4096, true, 600, 100, 500, 64}};
   const std::span<const TablePoint> empty{};
   const attention::Problem p = chunk(32, 8, 64, 4096);
-  EXPECT_EQ(preferred_candidate(empty, p, Pass::forward, true), Candidate::fa3);
+  EXPECT_EQ(preferred_candidate(cudnn_wins, p, Pass::forward, true), Candidate::fa3);
   EXPECT_EQ(preferred_candidate(p, Pass::forward, true), Candidate::fa3);
-  EXPECT_EQ(preferred_candidate(empty, p, Pass::forward, false), Candidate::cudnn);
-  EXPECT_EQ(preferred_candidate(empty, p, Pass::backward, true), Candidate::cudnn);
-  EXPECT_EQ(preferred_candidate(empty, chunk(32, 32, 64, 4096), Pass::forward, true),
+  EXPECT_EQ(preferred_candidate(cudnn_wins, p, Pass::forward, false), Candidate::cudnn);
+  EXPECT_EQ(preferred_candidate(cudnn_wins, p, Pass::backward, true), Candidate::cudnn);
+  EXPECT_EQ(preferred_candidate(cudnn_wins, chunk(32, 32, 64, 4096), Pass::forward, true),
             Candidate::cudnn);
+  EXPECT_EQ(preferred_candidate(empty, p, Pass::forward, true), Candidate::cudnn);
 }
 
 // The candidate the table's own columns make fastest at a point (what select must follow).

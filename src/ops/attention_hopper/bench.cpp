@@ -613,6 +613,77 @@ void chunk_sweep(const Stream& stream) {
       }
 }
 
+// Short chunks of a GQA group (bench_attention attention_packed): where fa3's packed instance
+// (fa3_packs' rule) leads, beyond the one shape it was measured on (4 x 32 query heads in groups of
+// 4, d128, 4096-key caches). 4 sequences x 32 query heads in groups of 1, 2, 4, 8, 16, head dims
+// 64 and 128 (BARACUDA_PACKED_D=<d>: one of them), Lk 4096 and 16384 (groups of 1: 4096 only, the
+// inputs stay at 2 x 268 MB), Lq 17 .. 256, causal bottom-right. Per point: the default plan, the
+// packed and plain fa3 instances by name, cuDNN and the bespoke kernels by backend (the latter
+// under an empty table, so fa3's ranked-ahead entry does not answer for them). TFLOP/s on the
+// visible keys.
+void packed_sweep(const Stream& stream) {
+  constexpr int64_t kB = 4, kHq = 32, kMaxLq = 256, kMaxD = 128, kMaxKv = kB * 16 * 16384 * kMaxD;
+  harness::Rng rng(20261130);
+  auto make = [&](int64_t elems) {
+    auto t = harness::TestTensor::make(DType::bf16, {elems}, harness::Target::cuda);
+    t.fill_random(rng);
+    return t;
+  };
+  const harness::TestTensor q = make(kB * kHq * kMaxLq * kMaxD), k = make(kMaxKv), v = make(kMaxKv);
+  auto y = Buffer::allocate(kB * kHq * kMaxLq * kMaxD * 2, Location::cuda(0));
+  auto lse = Buffer::allocate(kB * kHq * kMaxLq * 4, Location::cuda(0));
+  if (!y.ok()) return bench::emit_error("attention", "setup", "alloc", y.error());
+  if (!lse.ok()) return bench::emit_error("attention", "setup", "alloc", lse.error());
+  const int64_t only_d = bench::env_positive("BARACUDA_PACKED_D", 0);
+  for (int64_t d : {64, 128})
+    for (int64_t group : {1, 2, 4, 8, 16})
+      for (int64_t lk : {int64_t{4096}, int64_t{16384}})
+        for (int64_t lq : {17, 32, 64, 128, 256}) {
+          const int64_t hk = kHq / group;
+          if ((only_d > 0 && d != only_d) || kB * hk * lk * d > kMaxKv) continue;
+          attention::Descriptor desc = sweep_desc(DType::bf16, kB, kHq, lq, d, true);
+          desc.heads_kv = hk, desc.len_k = lk;
+          desc.mask = attention::Mask::causal_bottom_right();
+          const std::string name = "packed_b4_hq32_hk" + std::to_string(hk) + "_lq" +
+                                   std::to_string(lq) + "_lk" + std::to_string(lk) + "_d" +
+                                   std::to_string(d);
+          const double flops =
+              4.0 * kB * kHq * d *
+              attention::detail::visible_key_total(attention::detail::band_of(desc.mask), lq, lk);
+          const double bytes = 2.0 * (2 * kB * kHq * lq * d + 2 * kB * hk * lk * d);
+          const int64_t lse_dims[] = {kB, kHq, lq};
+          const attention::ForwardArguments fa{
+              as_const(view4(q.view().data, kB, kHq, lq, d)),
+              as_const(view4(k.view().data, kB, hk, lk, d)),
+              as_const(view4(v.view().data, kB, hk, lk, d)),
+              view4(y->data(), kB, kHq, lq, d),
+              make_tensor(lse->data(), DType::f32, lse_dims, Location::cuda(0)),
+              {},
+              {}};
+          const std::pair<const char*, PlanPreference> candidates[] = {
+              {"default plan", PlanPreference::fastest()},
+              {"fa3 packed by name", PlanPreference::kernel(kFa3PackedKernel)},
+              {"fa3 by name", PlanPreference::kernel(kFa3Kernel)},
+              {"cudnn", PlanPreference::only(Backend::cudnn)},
+              {"bespoke", PlanPreference::only(Backend::bespoke_cuda)}};
+          for (const auto& [note, pref] : candidates) {
+            const bool bespoke =
+                pref.kind == PlanPreference::Kind::backend && pref.backend == Backend::bespoke_cuda;
+            auto fp = [&] {
+              const std::span<const TablePoint> none{};
+              std::optional<SelectionTableOverride> raw;
+              if (bespoke) raw.emplace(none);
+              return attention::ForwardPlan::select(stream, desc, pref);
+            }();
+            if (!fp.ok()) {
+              bench::emit_error("attention", "attention_chunk", name + "/" + note, fp.error());
+              continue;
+            }
+            time_forward(stream, name, *fp, fa, bytes, flops, note);
+          }
+        }
+}
+
 [[maybe_unused]] const bool registered = bench::register_bench("attention_hopper", sweep);
 [[maybe_unused]] const bool registered_fp8 = bench::register_bench("attention_fp8", fp8_sweep);
 [[maybe_unused]] const bool registered_features =
@@ -621,6 +692,8 @@ void chunk_sweep(const Stream& stream) {
     bench::register_bench("attention_varlen", varlen_sweep);
 [[maybe_unused]] const bool registered_chunks =
     bench::register_bench("attention_chunks", chunk_sweep);
+[[maybe_unused]] const bool registered_packed =
+    bench::register_bench("attention_packed", packed_sweep);
 
 }  // namespace
 }  // namespace baracuda::attention_hopper

@@ -147,7 +147,9 @@ Candidate preferred_candidate(std::span<const TablePoint> table, const attention
   if (pass == Pass::forward && d.len_q <= kDecodeQueryRows) return Candidate::bespoke;
   // Short chunks of a GQA group: fa3's packed instance fills the 128-row tile with the group's
   // heads and splits the keys (1.02-1.85x cuDNN, 1.2-2.1x plain fa3: see kFa3PackedChunkRows).
-  if (pass == Pass::forward && fa3_runs && fa3_packs(p)) return Candidate::fa3;
+  // A measurement, so an empty table (the benches' override: each column its candidate alone)
+  // leaves it out like the table's own points.
+  if (pass == Pass::forward && fa3_runs && !table.empty() && fa3_packs(p)) return Candidate::fa3;
   const bool causal = d.mask.right == 0;
   // Problems cuDNN is not given (cudnn_screen: packed sequences, soft-capping, a left bound
   // without a right one, ...) rank the others (varlen: by the point of its longest sequence).
