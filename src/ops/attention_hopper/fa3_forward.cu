@@ -170,7 +170,7 @@ struct Params {
   // kPacked: a tile's rows are 2^rows_log2 queries of each of the group's query heads (head-major:
   // tile row r is query r % 2^rows_log2 of head r >> rows_log2 of the group), its keys split in
   // `splits` ranges (blockIdx.x % splits); with splits > 1 each writes its normalized O and LSE
-  // rows into o_part / lse_part ([splits, B, Hq, Lq] rows, the decode combine's layout).
+  // rows into o_part / lse_part ([splits, B, Hq, Lq] rows, the split merges' layout).
   int rows_log2, splits;
   float *o_part, *lse_part;
 };
