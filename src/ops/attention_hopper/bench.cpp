@@ -543,6 +543,63 @@ void fp8_sweep(const Stream& stream) {
       }
 }
 
+// The chunk benches' inputs: 4 sequences x 32 query heads, Q / K / V random bf16 filled once (the
+// largest point's extents), Y and LSE to write.
+constexpr int64_t kChunkB = 4, kChunkHq = 32;
+struct ChunkInputs {
+  harness::TestTensor q, k, v;
+  Buffer y, lse;
+};
+std::optional<ChunkInputs> chunk_inputs(int64_t max_lq, int64_t kv_elems, int64_t max_d) {
+  harness::Rng rng(20261130);
+  auto make = [&](int64_t elems) {
+    auto t = harness::TestTensor::make(DType::bf16, {elems}, harness::Target::cuda);
+    t.fill_random(rng);
+    return t;
+  };
+  auto q = make(kChunkB * kChunkHq * max_lq * max_d), k = make(kv_elems), v = make(kv_elems);
+  auto y = Buffer::allocate(kChunkB * kChunkHq * max_lq * max_d * 2, Location::cuda(0));
+  auto lse = Buffer::allocate(kChunkB * kChunkHq * max_lq * 4, Location::cuda(0));
+  for (const Result<Buffer>* b : {&y, &lse}) {
+    if (!b->ok()) {
+      bench::emit_error("attention", "setup", "alloc", b->error());
+      return std::nullopt;
+    }
+  }
+  return ChunkInputs{std::move(q), std::move(k), std::move(v), std::move(y).value(),
+                     std::move(lse).value()};
+}
+// One chunk: lq new rows of each sequence at the end of lk keys of hk K / V heads (causal
+// bottom-right), its row name, FLOPs on the visible keys and bytes (Q, Y, K, V once).
+struct ChunkPoint {
+  attention::Descriptor desc;
+  std::string name;
+  double flops, bytes;
+  attention::ForwardArguments fa;
+};
+ChunkPoint chunk_point(ChunkInputs& in, std::string_view prefix, int64_t hk, int64_t lq, int64_t lk,
+                       int64_t d) {
+  constexpr int64_t kB = kChunkB, kHq = kChunkHq;
+  ChunkPoint c;
+  c.desc = sweep_desc(DType::bf16, kB, kHq, lq, d, true);
+  c.desc.heads_kv = hk, c.desc.len_k = lk;
+  c.desc.mask = attention::Mask::causal_bottom_right();
+  c.name = std::string(prefix) + "_b4_hq32_hk" + std::to_string(hk) + "_lq" + std::to_string(lq) +
+           "_lk" + std::to_string(lk) + "_d" + std::to_string(d);
+  c.flops = 4.0 * kB * kHq * d *
+            attention::detail::visible_key_total(attention::detail::band_of(c.desc.mask), lq, lk);
+  c.bytes = 2.0 * (2 * kB * kHq * lq * d + 2 * kB * hk * lk * d);
+  const int64_t lse_dims[] = {kB, kHq, lq};
+  c.fa = {as_const(view4(in.q.view().data, kB, kHq, lq, d)),
+          as_const(view4(in.k.view().data, kB, hk, lk, d)),
+          as_const(view4(in.v.view().data, kB, hk, lk, d)),
+          view4(in.y.data(), kB, kHq, lq, d),
+          make_tensor(in.lse.data(), DType::f32, lse_dims, Location::cuda(0)),
+          {},
+          {}};
+  return c;
+}
+
 // Chunk points of the selection table (bench_attention attention_chunks): chunked prefill, 4
 // sequences x 32 query heads (GQA 4), a chunk of Lq new rows at the end of Lk-key caches, causal
 // bottom-right, head dims 64 / 128 / 256, Lk 4096 and 16384, Lq 32 .. min(Lk / 2, 4096) (inputs
@@ -552,56 +609,28 @@ void fp8_sweep(const Stream& stream) {
 // cuDNN's chunk rate). TFLOP/s on the visible keys.
 void chunk_sweep(const Stream& stream) {
   const SelectionTableOverride raw_candidates{std::span<const TablePoint>{}};
-  constexpr int64_t kB = 4, kHq = 32, kHk = 8, kMaxLk = 16384, kMaxLq = 4096, kMaxD = 256;
-  harness::Rng rng(20261130);
-  auto make = [&](int64_t elems) {
-    auto t = harness::TestTensor::make(DType::bf16, {elems}, harness::Target::cuda);
-    t.fill_random(rng);
-    return t;
-  };
-  const harness::TestTensor q = make(kB * kHq * kMaxLq * kMaxD),
-                            k = make(kB * kHk * kMaxLk * kMaxD),
-                            v = make(kB * kHk * kMaxLk * kMaxD);
-  auto y = Buffer::allocate(kB * kHq * kMaxLq * kMaxD * 2, Location::cuda(0));
-  auto lse = Buffer::allocate(kB * kHq * kMaxLq * 4, Location::cuda(0));
-  if (!y.ok()) return bench::emit_error("attention", "setup", "alloc", y.error());
-  if (!lse.ok()) return bench::emit_error("attention", "setup", "alloc", lse.error());
+  constexpr int64_t kHk = 8, kMaxLk = 16384, kMaxLq = 4096, kMaxD = 256;
+  auto in = chunk_inputs(kMaxLq, kChunkB * kHk * kMaxLk * kMaxD, kMaxD);
+  if (!in) return;
   for (int64_t d : {64, 128, 256})
     for (int64_t lk : {int64_t{4096}, kMaxLk})
       for (int64_t lq = 32; lq <= lk / 2 && lq <= kMaxLq; lq *= 2) {
-        attention::Descriptor desc = sweep_desc(DType::bf16, kB, kHq, lq, d, true);
-        desc.heads_kv = kHk, desc.len_k = lk;
-        desc.mask = attention::Mask::causal_bottom_right();
-        const std::string name = "chunk_b4_hq32_hk8_lq" + std::to_string(lq) + "_lk" +
-                                 std::to_string(lk) + "_d" + std::to_string(d);
-        const double flops =
-            4.0 * kB * kHq * d *
-            attention::detail::visible_key_total(attention::detail::band_of(desc.mask), lq, lk);
-        const double bytes = 2.0 * (2 * kB * kHq * lq * d + 2 * kB * kHk * lk * d);
-        const int64_t lse_dims[] = {kB, kHq, lq};
-        const attention::ForwardArguments fa{
-            as_const(view4(q.view().data, kB, kHq, lq, d)),
-            as_const(view4(k.view().data, kB, kHk, lk, d)),
-            as_const(view4(v.view().data, kB, kHk, lk, d)),
-            view4(y->data(), kB, kHq, lq, d),
-            make_tensor(lse->data(), DType::f32, lse_dims, Location::cuda(0)),
-            {},
-            {}};
+        const ChunkPoint c = chunk_point(*in, "chunk", kHk, lq, lk, d);
         double tf[3] = {0, 0, 0};  // cuDNN, bespoke, fa3
         const std::pair<const char*, PlanPreference> candidates[] = {
             {"cudnn", PlanPreference::only(Backend::cudnn)},
             {"bespoke", PlanPreference::only(Backend::bespoke_cuda)},
             {"fa3_sm90a", PlanPreference::kernel(kFa3Kernel)}};
-        for (int c = 0; c < 3; ++c) {
-          auto fp = attention::ForwardPlan::select(stream, desc, candidates[c].second);
+        for (int i = 0; i < 3; ++i) {
+          auto fp = attention::ForwardPlan::select(stream, c.desc, candidates[i].second);
           if (!fp.ok()) {
-            bench::emit_error("attention", "attention_prefill", name + "/" + candidates[c].first,
+            bench::emit_error("attention", "attention_prefill", c.name + "/" + candidates[i].first,
                               fp.error());
             continue;
           }
-          tf[c] = time_forward(
-              stream, name, *fp, fa, bytes, flops,
-              c == 0 ? cudnn_note(stream, desc, Pass::forward) : std::string(candidates[c].first));
+          tf[i] = time_forward(stream, c.name, *fp, c.fa, c.bytes, c.flops,
+                               i == 0 ? cudnn_note(stream, c.desc, Pass::forward)
+                                      : std::string(candidates[i].first));
         }
         std::printf(
             "{\"table_point\": {\"dtype\": \"bf16\", \"pass\": \"forward\", \"head_dim\": %lld, "
@@ -622,44 +651,17 @@ void chunk_sweep(const Stream& stream) {
 // under an empty table, so fa3's ranked-ahead entry does not answer for them). TFLOP/s on the
 // visible keys.
 void packed_sweep(const Stream& stream) {
-  constexpr int64_t kB = 4, kHq = 32, kMaxLq = 256, kMaxD = 128, kMaxKv = kB * 16 * 16384 * kMaxD;
-  harness::Rng rng(20261130);
-  auto make = [&](int64_t elems) {
-    auto t = harness::TestTensor::make(DType::bf16, {elems}, harness::Target::cuda);
-    t.fill_random(rng);
-    return t;
-  };
-  const harness::TestTensor q = make(kB * kHq * kMaxLq * kMaxD), k = make(kMaxKv), v = make(kMaxKv);
-  auto y = Buffer::allocate(kB * kHq * kMaxLq * kMaxD * 2, Location::cuda(0));
-  auto lse = Buffer::allocate(kB * kHq * kMaxLq * 4, Location::cuda(0));
-  if (!y.ok()) return bench::emit_error("attention", "setup", "alloc", y.error());
-  if (!lse.ok()) return bench::emit_error("attention", "setup", "alloc", lse.error());
+  constexpr int64_t kMaxLq = 256, kMaxD = 128, kMaxKv = kChunkB * 16 * 16384 * kMaxD;
+  auto in = chunk_inputs(kMaxLq, kMaxKv, kMaxD);
+  if (!in) return;
   const int64_t only_d = bench::env_positive("BARACUDA_PACKED_D", 0);
   for (int64_t d : {64, 128})
     for (int64_t group : {1, 2, 4, 8, 16})
       for (int64_t lk : {int64_t{4096}, int64_t{16384}})
         for (int64_t lq : {17, 32, 64, 128, 256}) {
-          const int64_t hk = kHq / group;
-          if ((only_d > 0 && d != only_d) || kB * hk * lk * d > kMaxKv) continue;
-          attention::Descriptor desc = sweep_desc(DType::bf16, kB, kHq, lq, d, true);
-          desc.heads_kv = hk, desc.len_k = lk;
-          desc.mask = attention::Mask::causal_bottom_right();
-          const std::string name = "packed_b4_hq32_hk" + std::to_string(hk) + "_lq" +
-                                   std::to_string(lq) + "_lk" + std::to_string(lk) + "_d" +
-                                   std::to_string(d);
-          const double flops =
-              4.0 * kB * kHq * d *
-              attention::detail::visible_key_total(attention::detail::band_of(desc.mask), lq, lk);
-          const double bytes = 2.0 * (2 * kB * kHq * lq * d + 2 * kB * hk * lk * d);
-          const int64_t lse_dims[] = {kB, kHq, lq};
-          const attention::ForwardArguments fa{
-              as_const(view4(q.view().data, kB, kHq, lq, d)),
-              as_const(view4(k.view().data, kB, hk, lk, d)),
-              as_const(view4(v.view().data, kB, hk, lk, d)),
-              view4(y->data(), kB, kHq, lq, d),
-              make_tensor(lse->data(), DType::f32, lse_dims, Location::cuda(0)),
-              {},
-              {}};
+          const int64_t hk = kChunkHq / group;
+          if ((only_d > 0 && d != only_d) || kChunkB * hk * lk * d > kMaxKv) continue;
+          const ChunkPoint c = chunk_point(*in, "packed", hk, lq, lk, d);
           const std::pair<const char*, PlanPreference> candidates[] = {
               {"default plan", PlanPreference::fastest()},
               {"fa3 packed by name", PlanPreference::kernel(kFa3PackedKernel)},
@@ -673,13 +675,13 @@ void packed_sweep(const Stream& stream) {
               const std::span<const TablePoint> none{};
               std::optional<SelectionTableOverride> raw;
               if (bespoke) raw.emplace(none);
-              return attention::ForwardPlan::select(stream, desc, pref);
+              return attention::ForwardPlan::select(stream, c.desc, pref);
             }();
             if (!fp.ok()) {
-              bench::emit_error("attention", "attention_chunk", name + "/" + note, fp.error());
+              bench::emit_error("attention", "attention_chunk", c.name + "/" + note, fp.error());
               continue;
             }
-            time_forward(stream, name, *fp, fa, bytes, flops, note);
+            time_forward(stream, c.name, *fp, c.fa, c.bytes, c.flops, note);
           }
         }
 }
