@@ -440,6 +440,25 @@ __device__ __forceinline__ void await_split_partials() {
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
 }
+// Merged row `row` of the [B, Hq, Lq] rows: its sequence, query head and query.
+struct MergedRow {
+  int b, h, i;
+};
+__device__ __forceinline__ MergedRow merged_row(const Params& p, int64_t row) {
+  const int i = static_cast<int>(row % p.len_q);
+  const int h = static_cast<int>((row / p.len_q) % p.heads_q);
+  return {static_cast<int>(row / (int64_t{p.len_q} * p.heads_q)), h, i};
+}
+// The largest of a row's split LSEs, in every lane of the warp (lanes own splits, then a fixed
+// shuffle tree).
+__device__ __forceinline__ float split_lse_max(const Params& p, int64_t rows, int64_t row,
+                                               int lane) {
+  float mx = -INFINITY;
+  for (int sp = lane; sp < p.splits; sp += 32) mx = fmaxf(mx, p.lse_part[sp * rows + row]);
+#pragma unroll
+  for (int o2 = 16; o2 > 0; o2 >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o2));
+  return mx;
+}
 // acc += w * one split's partial row, the lane's float4 columns 4 lane and 128 + 4 lane of dv.
 __device__ __forceinline__ void add_split_row(float4 (&acc)[2], float w, const float* src, int lane,
                                               int dv) {
@@ -488,9 +507,7 @@ __global__ void __launch_bounds__(128) flash_decode_combine(Params p) {
   __shared__ float4 s_acc[kNW][2][32];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t row = blockIdx.x;  // uniform per CTA: the early returns below skip no barrier
-  const int i = static_cast<int>(row % p.len_q);
-  const int h = static_cast<int>((row / p.len_q) % p.heads_q);
-  const int b = static_cast<int>(row / (int64_t{p.len_q} * p.heads_q));
+  const auto [b, h, i] = merged_row(p, row);
   if (b >= p.batch) return;
   const SeqRows s = seq_rows(p, b);
   if (i >= s.lq) return;
@@ -513,10 +530,7 @@ __global__ void __launch_bounds__(128) flash_decode_combine(Params p) {
                                             : make_float4(0.f, 0.f, 0.f, 0.f);
     }
   }
-  float mx = -INFINITY;
-  for (int sp = lane; sp < p.splits; sp += 32) mx = fmaxf(mx, p.lse_part[sp * rows + row]);
-#pragma unroll
-  for (int o2 = 16; o2 > 0; o2 >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o2));
+  const float mx = split_lse_max(p, rows, row, lane);
   float4 acc[2] = {make_float4(0.f, 0.f, 0.f, 0.f), make_float4(0.f, 0.f, 0.f, 0.f)};
   float wsum = 0.f;
   // Splits in increasing order per warp: the early ones from registers, then the rest.
@@ -567,16 +581,11 @@ __global__ void __launch_bounds__(256) flash_rows_combine(Params p) {
   const int64_t rows = int64_t{p.batch} * p.heads_q * p.len_q;
   const int64_t row = int64_t{blockIdx.x} * 8 + threadIdx.x / 32;  // uniform per warp
   if (row >= rows) return;
-  const int i = static_cast<int>(row % p.len_q);
-  const int h = static_cast<int>((row / p.len_q) % p.heads_q);
-  const int b = static_cast<int>(row / (int64_t{p.len_q} * p.heads_q));
+  const auto [b, h, i] = merged_row(p, row);
   const SeqRows s = seq_rows(p, b);
   if (i >= s.lq) return;
   const int dv = p.dim_v;  // a multiple of 8, at most 256
-  float mx = -INFINITY;
-  for (int sp = lane; sp < p.splits; sp += 32) mx = fmaxf(mx, p.lse_part[sp * rows + row]);
-#pragma unroll
-  for (int o2 = 16; o2 > 0; o2 >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o2));
+  const float mx = split_lse_max(p, rows, row, lane);
   float4 acc[2] = {make_float4(0.f, 0.f, 0.f, 0.f), make_float4(0.f, 0.f, 0.f, 0.f)};
   float wsum = 0.f;
   if (mx > -INFINITY) {

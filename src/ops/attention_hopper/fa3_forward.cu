@@ -1104,15 +1104,23 @@ bool fits(const Problem& pr, const DeviceCaps& caps) {
 // pages or key counts), only where the measured table picks fa3. Paged: every page size (chunked
 // prefill on the H200, 4 x 512 rows against 4096 keys, d128: 1.64-1.74x the family's paged
 // kernel's rate in 64-, 32-, 16- and 8-key pages, forty-first session's call 3).
+// The instance the ranked-ahead entry stands for on this problem, handed to f as a
+// std::integral_constant: the packed ones where fa3_packs, else the paged, counts or plain one.
+template <class F>
+decltype(auto) with_ranked_variant(const Problem& pr, F&& f) {
+  using std::integral_constant;
+  const bool paged = pr.desc.page_size > 0;
+  if (fa3_packs(pr))
+    return paged ? f(integral_constant<int, kPackedPaged>{}) : f(integral_constant<int, kPacked>{});
+  return paged               ? f(integral_constant<int, kPaged>{})
+         : pr.desc.seqused_k ? f(integral_constant<int, kCounts>{})
+                             : f(integral_constant<int, kPlain>{});
+}
+
 template <class T>
 bool fits_ranked_ahead(const Problem& pr, const DeviceCaps& caps) {
-  const bool paged = pr.desc.page_size > 0;
-  const bool fit = fa3_packs(pr)
-                       ? (paged ? fits<T, kPackedPaged>(pr, caps) : fits<T, kPacked>(pr, caps))
-                   : paged             ? fits<T, kPaged>(pr, caps)
-                   : pr.desc.seqused_k ? fits<T, kCounts>(pr, caps)
-                                       : fits<T, kPlain>(pr, caps);
-  return fit && preferred_candidate(pr, Pass::forward, true) == Candidate::fa3;
+  return with_ranked_variant(pr, [&](auto v) { return fits<T, decltype(v)::value>(pr, caps); }) &&
+         preferred_candidate(pr, Pass::forward, true) == Candidate::fa3;
 }
 
 // kPacked's key splits: enough CTAs (query blocks x K / V heads x batch, times the splits) for one
@@ -1127,18 +1135,17 @@ inline int packed_splits(const Problem& pr, const DeviceCaps& caps) {
   return static_cast<int>(
       std::clamp<int64_t>(std::min(sms / std::max<int64_t>(blocks, 1), tiles / 4), 1, 16));
 }
-// The splits' f32 rows and their LSE ([splits, B, Hq, Lq] each), where kPacked splits the keys.
+// The splits' f32 rows and their LSE ([splits, B, Hq, Lq] each: the split merges' layout), where
+// kPacked splits the keys.
 size_t packed_workspace(const Problem& pr, const DeviceCaps& caps) {
-  const int splits = packed_splits(pr, caps);
-  if (splits <= 1) return 0;
-  const auto& d = pr.desc;
-  return static_cast<size_t>(splits * d.batch * d.heads_q * d.len_q * (d.head_dim_v + 1)) *
-         sizeof(float);
+  return attention::kernels::decode_workspace_layout<false>(pr, packed_splits(pr, caps)).bytes;
 }
 
 // The ranked-ahead entry's: the packed instance's split partials where it launches that one.
 size_t ranked_ahead_workspace(const Problem& pr, const DeviceCaps& caps) {
-  return fa3_packs(pr) ? packed_workspace(pr, caps) : 0;
+  return with_ranked_variant(pr, [&](auto v) {
+    return packed_v(decltype(v)::value) ? packed_workspace(pr, caps) : size_t{0};
+  });
 }
 
 // Error prefix of the launch-time rules.
@@ -1395,12 +1402,7 @@ Status launch(const LaunchContext& ctx, const Problem& pr, const ForwardArgument
 
 template <class T>
 Status launch_ranked_ahead(const LaunchContext& ctx, const Problem& pr, const ForwardArguments& a) {
-  if (fa3_packs(pr))
-    return pr.desc.page_size > 0 ? launch<T, kPackedPaged>(ctx, pr, a)
-                                 : launch<T, kPacked>(ctx, pr, a);
-  return pr.desc.page_size > 0 ? launch<T, kPaged>(ctx, pr, a)
-         : pr.desc.seqused_k   ? launch<T, kCounts>(ctx, pr, a)
-                               : launch<T, kPlain>(ctx, pr, a);
+  return with_ranked_variant(pr, [&](auto v) { return launch<T, decltype(v)::value>(ctx, pr, a); });
 }
 
 // fp8: Dk = Dv in {64, 128, 256}, padded or varlen, Y in TO (one entry per output type and
