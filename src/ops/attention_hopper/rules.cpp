@@ -170,30 +170,33 @@ Candidate preferred_candidate(std::span<const TablePoint> table, const attention
     if (fa3_ok && t.fa3_tflops > tf) pick = Candidate::fa3;
     return pick;
   };
+  // The point of this dtype, pass and causality (chunk points or Lq = Lk ones) of least cost.
+  auto nearest = [&](bool chunk_points, auto cost) {
+    const TablePoint* best = nullptr;
+    double best_cost = 0;
+    for (const TablePoint& t : table) {
+      if ((t.len_q > 0) != chunk_points || t.dtype != d.dtype || t.pass != pass ||
+          t.causal != causal)
+        continue;
+      const double c = cost(t);
+      if (!best || c < best_cost) best = &t, best_cost = c;
+    }
+    return best;
+  };
   // A chunk against a longer cache: the nearest chunk point, where one lies within 2x in head dim
   // and both lengths (the Lq = Lk points below measured neither fa3's nor cuDNN's chunk rate).
   if (pass == Pass::forward && d.len_q < d.len_k) {
-    const TablePoint* chunk = nullptr;
-    double chunk_cost = 0;
-    for (const TablePoint& t : table) {
-      if (t.len_q <= 0 || t.dtype != d.dtype || t.pass != pass || t.causal != causal) continue;
-      const double cost =
-          gap(t.head_dim, d.head_dim_qk) * 100.0 + gap(t.len, d.len_k) + gap(t.len_q, d.len_q);
-      if (!chunk || cost < chunk_cost) chunk = &t, chunk_cost = cost;
-    }
+    const TablePoint* chunk = nearest(true, [&](const TablePoint& t) {
+      return gap(t.head_dim, d.head_dim_qk) * 100.0 + gap(t.len, d.len_k) + gap(t.len_q, d.len_q);
+    });
     if (chunk && gap(chunk->head_dim, d.head_dim_qk) < 1.0 && gap(chunk->len, d.len_k) <= 1.0 &&
         gap(chunk->len_q, d.len_q) <= 1.0)
       return fastest(*chunk, fa3_runs);
   }
-  const TablePoint* best = nullptr;
-  double best_cost = 0;
-  for (const TablePoint& t : table) {
-    if (t.len_q > 0 || t.dtype != d.dtype || t.pass != pass || t.causal != causal) continue;
-    // Head dim dominates (a different tile shape), then the length band on a log scale.
-    const double cost =
-        gap(t.head_dim, d.head_dim_qk) * 100.0 + gap(t.len, std::max(d.len_q, d.len_k));
-    if (!best || cost < best_cost) best = &t, best_cost = cost;
-  }
+  // Head dim dominates (a different tile shape), then the length band on a log scale.
+  const TablePoint* best = nearest(false, [&](const TablePoint& t) {
+    return gap(t.head_dim, d.head_dim_qk) * 100.0 + gap(t.len, std::max(d.len_q, d.len_k));
+  });
   if (!best) return cudnn_runs ? Candidate::cudnn : Candidate::bespoke;
   Candidate pick = fastest(*best, false);
   const double tf = pick == Candidate::cudnn ? best->cudnn_tflops : best->bespoke_tflops;
