@@ -172,16 +172,28 @@ inline constexpr int64_t kDecodeQueryRows = 16;
 // Lq 32 up). See preferred_candidate.
 inline constexpr int64_t kFa3ChunkRows = 256;
 inline constexpr int64_t kFa3ChunkRowsOverBespoke = 32;
-// A forward chunk of more than kDecodeQueryRows and at most kFa3PackedChunkRows query rows against
-// a longer cache, bf16 / f16, Dk = Dv = 128, GQA group 2..16 (a power of two): fa3's packed
+// A forward chunk of more than kDecodeQueryRows query rows (at most fa3_packed_chunk_rows) against
+// a longer cache, bf16 / f16, Dk = Dv = 64 or 128, GQA group 2..16 (a power of two): fa3's packed
 // instance (kFa3PackedKernel, or kFa3PackedPagedKernel over paged K / V) runs it, and fa3 is the
 // candidate wherever its kernels fit (preferred_candidate, over any table but an empty one; the
-// ranked-ahead entry then launches the packed instance). Measured on the H200 (2026-11-30, 4 x 32
-// query heads in groups of 4 against 4096-key caches, causal bottom-right): packed 267-271 /
-// 391-396 / 574-576 TFLOP/s at Lq 32 / 64 / 128 against cuDNN's 146-148 / 292-294 / 560-562 and
-// plain fa3's 124-128 / 246-255 / 471-476; at Lq 256 plain fa3 led (612 against 604). Head dim 64
-// and group 1 are not measured yet: they keep the table's pick.
+// ranked-ahead entry then launches the packed instance). Measured on the H200 (`bench_attention
+// attention_packed`, 2026-11-30: 4 sequences x 32 query heads in groups of 1-16, causal
+// bottom-right, Lq 17-256 new rows against 4096- and 16384-key caches; docs/perf/attention.md,
+// forty-fourth session):
+// - d128: up to kFa3PackedChunkRows rows 1.00-3.8x the best of cuDNN, plain fa3 and the family's
+//   kernels in groups 2-16 (Lq 32, group 4, 4096 keys: 263 TFLOP/s against cuDNN's 148); at Lq 256
+//   plain fa3 led against 4096 keys (600-632 against 599-623) and the packed one against 16384
+//   (673-709 against 613-708): kFa3PackedLongCacheRows from kFa3PackedLongCacheKeys keys on;
+// - d64: up to kFa3PackedChunkRowsD64 rows 1.1-3.2x the best other in groups 2-16 (Lq 32, group
+//   4, 16384 keys: 312 against cuDNN's 119); from Lq 128 cuDNN led (382-470 against 338-404);
+// - group 1 (the key split alone): cuDNN from 0.3% behind to 5% ahead of both fa3 instances at
+//   d128, 12-18% ahead at d64: the table's pick.
 inline constexpr int64_t kFa3PackedChunkRows = 128;
+inline constexpr int64_t kFa3PackedChunkRowsD64 = 64;
+inline constexpr int64_t kFa3PackedLongCacheRows = 256;
+inline constexpr int64_t kFa3PackedLongCacheKeys = 16384;
+// The most query rows fa3_packs takes at this head dim (Dk = Dv) and cache length; 0 where none.
+int64_t fa3_packed_chunk_rows(int64_t head_dim, int64_t len_k);
 bool fa3_packs(const attention::Problem& p);
 
 // Priorities the cuDNN kernels register with. The attention family's bespoke kernels are expected

@@ -362,8 +362,9 @@ TEST(AttentionCudnnRules, ChunkPointsDecideChunks) {
 }
 
 // Short chunks of a GQA group go to fa3 (its packed instance) wherever fa3 runs, ahead of any
-// table point: bf16 / f16, Dk = Dv = 128, groups 2..16 that are powers of two, more rows than a
-// decode and at most kFa3PackedChunkRows, fewer than the cache's keys.
+// table point: bf16 / f16, Dk = Dv = 64 or 128, groups 2..16 that are powers of two, more rows than
+// a decode and at most fa3_packed_chunk_rows (d128: kFa3PackedChunkRows, kFa3PackedLongCacheRows
+// from kFa3PackedLongCacheKeys keys on; d64: kFa3PackedChunkRowsD64), fewer than the cache's keys.
 TEST(AttentionCudnnRules, ShortGqaChunksGoToFa3Packed) {
   auto chunk = [](int64_t hq, int64_t hk, int64_t lq, int64_t lk, int64_t d = 128,
                   DType t = DType::bf16) {
@@ -376,12 +377,26 @@ TEST(AttentionCudnnRules, ShortGqaChunksGoToFa3Packed) {
   EXPECT_TRUE(fa3_packs(chunk(16, 8, 64, 4096)));                   // group 2
   EXPECT_FALSE(fa3_packs(chunk(32, 8, kDecodeQueryRows, 4096)));    // a decode
   EXPECT_FALSE(fa3_packs(chunk(32, 8, kFa3PackedChunkRows + 1, 4096)));
-  EXPECT_FALSE(fa3_packs(chunk(32, 8, 64, 64)));        // not a chunk of a longer cache
-  EXPECT_FALSE(fa3_packs(chunk(32, 8, 64, 4096, 64)));  // head dim 64: not measured
-  EXPECT_FALSE(fa3_packs(chunk(32, 32, 64, 4096)));     // group 1
-  EXPECT_FALSE(fa3_packs(chunk(24, 8, 64, 4096)));      // group 3
-  EXPECT_FALSE(fa3_packs(chunk(32, 1, 64, 4096)));      // group 32
+  EXPECT_FALSE(fa3_packs(chunk(32, 8, 64, 64)));  // not a chunk of a longer cache
+  // Against long caches at d128, more rows.
+  EXPECT_TRUE(fa3_packs(chunk(32, 8, kFa3PackedLongCacheRows, kFa3PackedLongCacheKeys)));
+  EXPECT_TRUE(fa3_packs(chunk(32, 4, kFa3PackedChunkRows + 1, 32768)));
+  EXPECT_FALSE(fa3_packs(chunk(32, 8, kFa3PackedLongCacheRows + 1, kFa3PackedLongCacheKeys)));
+  EXPECT_FALSE(fa3_packs(chunk(32, 8, kFa3PackedChunkRows + 1, kFa3PackedLongCacheKeys - 1)));
+  // Head dim 64: fewer rows, whatever the cache.
+  EXPECT_TRUE(fa3_packs(chunk(32, 8, kFa3PackedChunkRowsD64, 4096, 64)));
+  EXPECT_TRUE(fa3_packs(chunk(32, 16, 17, 16384, 64, DType::f16)));
+  EXPECT_FALSE(fa3_packs(chunk(32, 8, kFa3PackedChunkRowsD64 + 1, 4096, 64)));
+  EXPECT_FALSE(fa3_packs(chunk(32, 8, kFa3PackedChunkRowsD64 + 1, 32768, 64)));
+  EXPECT_FALSE(fa3_packs(chunk(32, 8, 64, 4096, 256)));  // head dim 256: not measured
+  EXPECT_FALSE(fa3_packs(chunk(32, 8, 64, 4096, 96)));   // not an fa3 head dim
+  EXPECT_FALSE(fa3_packs(chunk(32, 32, 64, 4096)));      // group 1
+  EXPECT_FALSE(fa3_packs(chunk(24, 8, 64, 4096)));       // group 3
+  EXPECT_FALSE(fa3_packs(chunk(32, 1, 64, 4096)));       // group 32
   EXPECT_FALSE(fa3_packs(chunk(32, 8, 64, 4096, 128, DType::f32)));
+  attention::Problem mixed = chunk(32, 8, 64, 4096);
+  mixed.desc.head_dim_v = 64;  // Dk != Dv
+  EXPECT_FALSE(fa3_packs(mixed));
   // Ahead of the table's points (one that ranks cuDNN first at the chunk's point), forward only,
   // where fa3 runs; not under an empty table (the benches' override: cuDNN everywhere).
   const TablePoint cudnn_wins[] = {
@@ -1522,7 +1537,8 @@ TEST(AttentionFa3Gpu, PackedMatchesTheCpuPlan) {
   harness::Rng rng;
   struct PackedCase {
     Case c;
-    std::vector<int32_t> used;  // empty: no key counts
+    std::vector<int32_t> used;   // empty: no key counts
+    bool default_packs = false;  // fa3_packs: the default plan is the ranked-ahead packed instance
   };
   const std::vector<PackedCase> cases = {
       // A 32-token chunk at the end of a 1000-key cache, GQA 4, [B, L, H, D]: 2 splits.
@@ -1543,12 +1559,25 @@ TEST(AttentionFa3Gpu, PackedMatchesTheCpuPlan) {
        {1000, 0, 333}},
       // Key counts off the tile grid with a softcap, GQA 2, f16: 1 split.
       {{DType::f16, 1, 4, 2, 130, 500, 64, Mask::none(), true, false, true, 30.0}, {257}},
+      // Where fa3_packs sends the default plan (the ranked-ahead entry) to the packed instance:
+      // d64, a 48-row chunk, GQA 4; d128, 200 rows (more than kFa3PackedChunkRows) against a
+      // kFa3PackedLongCacheKeys-key cache, GQA 4.
+      {{DType::bf16, 2, 8, 2, 48, 1500, 64, Mask::causal_bottom_right(), false, true}, {}, true},
+      {{DType::bf16, 1, 4, 1, 200, kFa3PackedLongCacheKeys, 128, Mask::causal_bottom_right(), true,
+        false},
+       {},
+       true},
   };
   for (const PackedCase& pc : cases) {
     const Case& c = pc.c;
     SCOPED_TRACE(name_of(c) + (pc.used.empty() ? "" : " counted"));
     Descriptor desc = desc_of(c, c.t);
     desc.seqused_k = !pc.used.empty();
+    if (pc.default_packs) {
+      EXPECT_TRUE(fa3_packs(problem_of(desc)));
+      EXPECT_TRUE(fa3_kernel(c.t, kFa3RankedAhead)
+                      ->fits(problem_of(desc), harness::stream_for(Target::cuda).caps()));
+    }
     TestTensor q = cpu_tensor(c.t, {c.b, c.hq, c.lq, c.d}, &rng);
     TestTensor k = cpu_tensor(c.t, {c.b, c.hk, c.lk, c.d}, &rng);
     TestTensor v = cpu_tensor(c.t, {c.b, c.hk, c.lk, vdim(c)}, &rng);

@@ -126,11 +126,17 @@ std::string_view to_string(Candidate c) {
   return "?";
 }
 
+int64_t fa3_packed_chunk_rows(int64_t head_dim, int64_t len_k) {
+  if (head_dim == 64) return kFa3PackedChunkRowsD64;
+  if (head_dim != 128) return 0;
+  return len_k >= kFa3PackedLongCacheKeys ? kFa3PackedLongCacheRows : kFa3PackedChunkRows;
+}
+
 bool fa3_packs(const attention::Problem& p) {
   const attention::Descriptor& d = p.desc;
-  return (d.dtype == DType::bf16 || d.dtype == DType::f16) && d.len_q > kDecodeQueryRows &&
-         d.len_q <= kFa3PackedChunkRows && d.len_q < d.len_k && d.head_dim_qk == 128 &&
-         d.head_dim_v == 128 && p.group >= 2 && p.group <= 16 && (p.group & (p.group - 1)) == 0;
+  return (d.dtype == DType::bf16 || d.dtype == DType::f16) && d.head_dim_qk == d.head_dim_v &&
+         d.len_q > kDecodeQueryRows && d.len_q <= fa3_packed_chunk_rows(d.head_dim_qk, d.len_k) &&
+         d.len_q < d.len_k && p.group >= 2 && p.group <= 16 && (p.group & (p.group - 1)) == 0;
 }
 
 Candidate preferred_candidate(const attention::Problem& p, Pass pass, bool fa3_runs) {
@@ -146,7 +152,7 @@ Candidate preferred_candidate(std::span<const TablePoint> table, const attention
   // forward of such a problem stays with the family's kernels.
   if (pass == Pass::forward && d.len_q <= kDecodeQueryRows) return Candidate::bespoke;
   // Short chunks of a GQA group: fa3's packed instance fills the 128-row tile with the group's
-  // heads and splits the keys (1.02-1.85x cuDNN, 1.2-2.1x plain fa3: see kFa3PackedChunkRows).
+  // heads and splits the keys (up to 3.8x the best other candidate: see kFa3PackedChunkRows).
   // A measurement, so an empty table (the benches' override: each column its candidate alone)
   // leaves it out like the table's own points.
   if (pass == Pass::forward && fa3_runs && !table.empty() && fa3_packs(p)) return Candidate::fa3;
