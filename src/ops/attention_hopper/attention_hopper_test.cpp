@@ -332,12 +332,18 @@ TEST(AttentionCudnnRules, ChunkPointsDecideChunks) {
       {DType::bf16, Pass::forward, 128, 4096, true, 290.0, 135.0, 250.0, 64},
       {DType::bf16, Pass::forward, 128, 4096, true, 611.0, 350.0, 629.0, 512},
   };
+  // GQA groups of 3 (fa3_packs takes powers of two, which would answer ahead of the table).
   auto pick = [&](int64_t lq, int64_t lk, int64_t d = 128, Mask m = Mask::causal_bottom_right(),
                   bool fa3_runs = true, Pass pass = Pass::forward) {
-    return preferred_candidate(table, problem_of(make_desc(DType::bf16, 1, 8, 8, lq, lk, d, m)),
+    return preferred_candidate(table, problem_of(make_desc(DType::bf16, 1, 6, 2, lq, lk, d, m)),
                                pass, fa3_runs);
   };
   EXPECT_EQ(pick(512, 4096), Candidate::fa3);
+  // Without a group (the points' order is a group's): the Lq = Lk points, cuDNN.
+  EXPECT_EQ(
+      preferred_candidate(table, problem_of(make_desc(DType::bf16, 1, 8, 8, 512, 4096, 128, br)),
+                          Pass::forward, true),
+      Candidate::cudnn);
   EXPECT_EQ(pick(512, 4096, 128, br, false), Candidate::cudnn);
   EXPECT_EQ(pick(1024, 8192), Candidate::fa3);  // 2x off in both lengths
   EXPECT_EQ(pick(300, 4096), Candidate::fa3);   // nearer 512 than 64 on a log scale
@@ -352,7 +358,7 @@ TEST(AttentionCudnnRules, ChunkPointsDecideChunks) {
   EXPECT_EQ(pick(512, 4096, 128, br, true, Pass::backward), Candidate::cudnn);
   EXPECT_EQ(pick(512, 4096, 128, Mask::none()), Candidate::cudnn);  // no non-causal point: cuDNN
   // Where cuDNN does not run (soft-capping): the chunk point's bespoke and fa3 columns.
-  Descriptor capped = make_desc(DType::bf16, 1, 8, 8, 64, 4096, 128, br);
+  Descriptor capped = make_desc(DType::bf16, 1, 6, 2, 64, 4096, 128, br);
   capped.softcap = 30;
   EXPECT_EQ(preferred_candidate(table, problem_of(capped), Pass::forward, true), Candidate::fa3);
   EXPECT_EQ(preferred_candidate(table, problem_of(capped), Pass::forward, false),
@@ -436,15 +442,18 @@ TEST(AttentionCudnnRules, ShippedTableIsWellFormed) {
       EXPECT_LT(t.len_q, t.len);
       EXPECT_GT(t.len_q, kDecodeQueryRows);
     }
-    // The shipped table agrees with itself at its own points, with and without fa3.
-    const Mask m = !t.causal     ? Mask::none()
-                   : t.len_q > 0 ? Mask::causal_bottom_right()
-                                 : Mask::causal_top_left();
+    // The shipped table agrees with itself at its own points, with and without fa3 (chunk points
+    // in the GQA group of 4 they were measured in, where fa3_packs answers first where it holds).
+    const bool chunk = t.len_q > 0;
+    const Mask m = !t.causal ? Mask::none()
+                   : chunk   ? Mask::causal_bottom_right()
+                             : Mask::causal_top_left();
     const attention::Problem p = problem_of(
-        make_desc(t.dtype, 1, 8, 8, t.len_q > 0 ? t.len_q : t.len, t.len, t.head_dim, m));
+        make_desc(t.dtype, 1, 8, chunk ? 2 : 8, chunk ? t.len_q : t.len, t.len, t.head_dim, m));
     for (bool fa3_runs : {false, true})
-      EXPECT_EQ(preferred_candidate(p, t.pass, fa3_runs), fastest_at(t, fa3_runs))
-          << "D" << t.head_dim << " L" << t.len << (t.causal ? " causal" : "");
+      EXPECT_EQ(preferred_candidate(p, t.pass, fa3_runs),
+                fa3_runs && fa3_packs(p) ? Candidate::fa3 : fastest_at(t, fa3_runs))
+          << "D" << t.head_dim << " L" << t.len << " Lq " << t.len_q << (t.causal ? " causal" : "");
   }
 }
 
@@ -502,22 +511,34 @@ TEST(AttentionCudnnRules, ShippedTablePicksFa3WhereItWasFastest) {
     }
   }
   // Chunked prefill (bench_attention's prefill rows: 4 sequences, 32 query heads, GQA 4, d128,
-  // bottom-right, Lq new rows against 4096-key caches). Padded: fa3's packed instance up to
-  // kFa3PackedChunkRows (fa3_packs), then the causal L4096 point's pick, cuDNN (fa3 led it by 1-3%
-  // from Lq 256 up in those rows). With key counts (a cache of 8192 rows, cuDNN takes none): fa3
-  // from 32 rows on (1.2-2.3x the family's kernels there), the family's decode kernels up to
-  // kDecodeQueryRows.
-  for (int64_t lq : {kDecodeQueryRows, int64_t{32}, int64_t{128}, int64_t{512}, int64_t{2048}}) {
-    SCOPED_TRACE("chunk Lq " + std::to_string(lq));
-    Descriptor chunk = make_desc(DType::bf16, 4, 32, 8, lq, 4096, 128, Mask::causal_bottom_right());
-    const bool decode = lq <= kDecodeQueryRows;
+  // bottom-right, Lq new rows against 4096- or 16384-key caches). Padded: fa3's packed instance up
+  // to fa3_packed_chunk_rows (fa3_packs), then the shipped chunk points' pick (H200, fa3a567,
+  // TFLOP/s): against 4096 keys fa3 at Lq 256 and 512 (617.0 / 621.5 against cuDNN's 600.6 /
+  // 611.2), cuDNN at 2048 (629.5 against 628.5); against 16384 keys cuDNN at 512 (674.1 against
+  // 665.0), fa3 at 2048 (659.0 against 597.4). With key counts (caches of twice the keys, cuDNN
+  // takes none): fa3 from 32 rows on (1.4-2.6x the family's kernels at the points), the family's
+  // decode kernels up to kDecodeQueryRows.
+  struct ChunkPick {
+    int64_t lq, lk;
+    Candidate padded;
+  };
+  const ChunkPick chunks[] = {{kDecodeQueryRows, 4096, Candidate::bespoke},
+                              {32, 4096, Candidate::fa3},
+                              {128, 4096, Candidate::fa3},
+                              {256, 4096, Candidate::fa3},
+                              {512, 4096, Candidate::fa3},
+                              {2048, 4096, Candidate::cudnn},
+                              {256, 16384, Candidate::fa3},
+                              {512, 16384, Candidate::cudnn},
+                              {2048, 16384, Candidate::fa3}};
+  for (const ChunkPick& c : chunks) {
+    SCOPED_TRACE("chunk Lq " + std::to_string(c.lq) + " Lk " + std::to_string(c.lk));
+    Descriptor chunk =
+        make_desc(DType::bf16, 4, 32, 8, c.lq, c.lk, 128, Mask::causal_bottom_right());
+    EXPECT_EQ(preferred_candidate(problem_of(chunk), Pass::forward, true), c.padded);
+    chunk.seqused_k = true, chunk.len_k = 2 * c.lk;
     EXPECT_EQ(preferred_candidate(problem_of(chunk), Pass::forward, true),
-              decode                      ? Candidate::bespoke
-              : lq <= kFa3PackedChunkRows ? Candidate::fa3
-                                          : Candidate::cudnn);
-    chunk.seqused_k = true, chunk.len_k = 8192;
-    EXPECT_EQ(preferred_candidate(problem_of(chunk), Pass::forward, true),
-              decode ? Candidate::bespoke : Candidate::fa3);
+              c.lq <= kDecodeQueryRows ? Candidate::bespoke : Candidate::fa3);
     EXPECT_EQ(preferred_candidate(problem_of(chunk), Pass::forward, false), Candidate::bespoke);
   }
 }

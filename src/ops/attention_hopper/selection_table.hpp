@@ -11,10 +11,12 @@
 namespace baracuda::attention_hopper::detail {
 
 inline constexpr std::string_view kSelectionProvenance =
-    "NVIDIA H100 80GB HBM3, cuDNN 9.19.0, 2026-11-26, commit 4befacd, bench_attention (TFLOP/s, "
-    "median of CUDA-event timings)";
+    "chunk points: NVIDIA H200, cuDNN 9.19.0, 2026-11-30, commit fa3a567, bench_attention "
+    "(TFLOP/s, median of CUDA-event timings); Lq = Lk points: NVIDIA H100 80GB HBM3, cuDNN 9.19.0, "
+    "2026-11-26, commit 4befacd, bench_attention (TFLOP/s, median of CUDA-event timings)";
 
-// dtype, pass, head dim, L (= Lq = Lk), causal, cuDNN, bespoke, fa3 TFLOP/s (0: not run)
+// dtype, pass, head dim, L (= Lq = Lk; chunk points: Lk), causal, cuDNN, bespoke, fa3 TFLOP/s
+// (0: not run)[, chunk points: Lq]
 inline constexpr TablePoint kSelectionPoints[] = {
     {DType::bf16, Pass::forward, 64, 512, false, 388.3, 205.0, 258.9},
     {DType::bf16, Pass::backward, 64, 512, false, 253.6, 165.6, 211.5},
@@ -88,6 +90,51 @@ inline constexpr TablePoint kSelectionPoints[] = {
     {DType::bf16, Pass::backward, 256, 16384, false, 372.2, 80.8, 390.6},
     {DType::bf16, Pass::forward, 256, 16384, true, 620.8, 237.8, 664.2},
     {DType::bf16, Pass::backward, 256, 16384, true, 379.4, 83.5, 394.5},
+    {DType::bf16, Pass::forward, 64, 4096, true, 98.5, 125.4, 86.9, 32},
+    {DType::bf16, Pass::forward, 64, 4096, true, 195.7, 100.7, 172.3, 64},
+    {DType::bf16, Pass::forward, 64, 4096, true, 381.9, 171.1, 337.1, 128},
+    {DType::bf16, Pass::forward, 64, 4096, true, 413.0, 296.5, 345.4, 256},
+    {DType::bf16, Pass::forward, 64, 4096, true, 424.7, 305.2, 371.4, 512},
+    {DType::bf16, Pass::forward, 64, 4096, true, 430.0, 317.6, 378.4, 1024},
+    {DType::bf16, Pass::forward, 64, 4096, true, 437.7, 323.0, 381.9, 2048},
+    {DType::bf16, Pass::forward, 64, 16384, true, 117.6, 183.9, 96.6, 32},
+    {DType::bf16, Pass::forward, 64, 16384, true, 235.0, 146.9, 191.5, 64},
+    {DType::bf16, Pass::forward, 64, 16384, true, 456.3, 271.9, 381.4, 128},
+    {DType::bf16, Pass::forward, 64, 16384, true, 466.3, 328.8, 386.9, 256},
+    {DType::bf16, Pass::forward, 64, 16384, true, 471.7, 333.9, 420.1, 512},
+    {DType::bf16, Pass::forward, 64, 16384, true, 472.1, 338.4, 421.0, 1024},
+    {DType::bf16, Pass::forward, 64, 16384, true, 472.2, 337.1, 432.9, 2048},
+    {DType::bf16, Pass::forward, 64, 16384, true, 463.6, 337.6, 437.7, 4096},
+    {DType::bf16, Pass::forward, 128, 4096, true, 146.9, 106.7, 127.2, 32},
+    {DType::bf16, Pass::forward, 128, 4096, true, 293.2, 134.5, 254.2, 64},
+    {DType::bf16, Pass::forward, 128, 4096, true, 563.8, 202.9, 529.3, 128},
+    {DType::bf16, Pass::forward, 128, 4096, true, 600.6, 344.6, 617.0, 256},
+    {DType::bf16, Pass::forward, 128, 4096, true, 611.2, 348.4, 621.5, 512},
+    {DType::bf16, Pass::forward, 128, 4096, true, 619.8, 353.7, 622.4, 1024},
+    {DType::bf16, Pass::forward, 128, 4096, true, 629.5, 365.5, 628.5, 2048},
+    {DType::bf16, Pass::forward, 128, 16384, true, 168.1, 231.8, 135.6, 32},
+    {DType::bf16, Pass::forward, 128, 16384, true, 335.4, 171.2, 270.9, 64},
+    {DType::bf16, Pass::forward, 128, 16384, true, 644.5, 283.8, 518.8, 128},
+    {DType::bf16, Pass::forward, 128, 16384, true, 666.2, 367.6, 684.0, 256},
+    {DType::bf16, Pass::forward, 128, 16384, true, 674.1, 340.3, 665.0, 512},
+    {DType::bf16, Pass::forward, 128, 16384, true, 657.8, 367.3, 637.8, 1024},
+    {DType::bf16, Pass::forward, 128, 16384, true, 597.4, 380.8, 659.0, 2048},
+    {DType::bf16, Pass::forward, 128, 16384, true, 603.3, 379.0, 606.9, 4096},
+    {DType::bf16, Pass::forward, 256, 4096, true, 172.6, 88.7, 162.9, 32},
+    {DType::bf16, Pass::forward, 256, 4096, true, 340.8, 137.8, 321.1, 64},
+    {DType::bf16, Pass::forward, 256, 4096, true, 651.5, 205.9, 611.0, 128},
+    {DType::bf16, Pass::forward, 256, 4096, true, 683.7, 212.1, 645.6, 256},
+    {DType::bf16, Pass::forward, 256, 4096, true, 692.2, 217.0, 665.9, 512},
+    {DType::bf16, Pass::forward, 256, 4096, true, 691.3, 194.9, 678.7, 1024},
+    {DType::bf16, Pass::forward, 256, 4096, true, 694.4, 216.5, 686.3, 2048},
+    {DType::bf16, Pass::forward, 256, 16384, true, 173.2, 101.4, 172.6, 32},
+    {DType::bf16, Pass::forward, 256, 16384, true, 371.8, 172.0, 345.0, 64},
+    {DType::bf16, Pass::forward, 256, 16384, true, 711.9, 220.5, 663.6, 128},
+    {DType::bf16, Pass::forward, 256, 16384, true, 733.3, 220.2, 688.6, 256},
+    {DType::bf16, Pass::forward, 256, 16384, true, 702.8, 223.6, 675.9, 512},
+    {DType::bf16, Pass::forward, 256, 16384, true, 732.4, 230.4, 682.3, 1024},
+    {DType::bf16, Pass::forward, 256, 16384, true, 654.1, 231.4, 637.5, 2048},
+    {DType::bf16, Pass::forward, 256, 16384, true, 662.3, 232.8, 636.4, 4096},
 };
 inline constexpr std::span<const TablePoint> kSelectionTable{kSelectionPoints};
 
