@@ -516,8 +516,9 @@ TEST(AttentionCudnnRules, ShippedTablePicksFa3WhereItWasFastest) {
   // TFLOP/s): against 4096 keys fa3 at Lq 256 and 512 (617.0 / 621.5 against cuDNN's 600.6 /
   // 611.2), cuDNN at 2048 (629.5 against 628.5); against 16384 keys cuDNN at 512 (674.1 against
   // 665.0), fa3 at 2048 (659.0 against 597.4). With key counts (caches of twice the keys, cuDNN
-  // takes none): fa3 from 32 rows on (1.4-2.6x the family's kernels at the points), the family's
-  // decode kernels up to kDecodeQueryRows.
+  // takes none): fa3 from 32 rows on (the packed instance up to its rows, then plain fa3 at
+  // 1.6-2.6x the family's kernels at the points), the family's decode kernels up to
+  // kDecodeQueryRows.
   struct ChunkPick {
     int64_t lq, lk;
     Candidate padded;
