@@ -1,11 +1,16 @@
 // Tests of the core machinery: element bank, tensors, validation rules, streams, the kernel
 // registry and the Plan life cycle (using a tiny op defined here).
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <mutex>
+#include <set>
+#include <thread>
 
 #include "baracuda/core/plan.hpp"
 #include "baracuda/core/validate.hpp"
+#include "core/cpu/parallel.hpp"
 #include "core/testing/testing.hpp"
 
 namespace baracuda {
@@ -667,6 +672,40 @@ TEST(Harness, WindowBitMaskIsExactForSubByteWindows) {
   EXPECT_EQ(mask[static_cast<size_t>(row1_bit + 3 * 4)], 1);
   EXPECT_EQ(mask[static_cast<size_t>(row1_bit + 3 * 4 - 1)], 0);
   EXPECT_EQ(mask[static_cast<size_t>(row1_bit + 6 * 4)], 0);
+}
+
+// cpu::parallel_for runs every index exactly once, on at most the threads asked (one: the calling
+// thread alone), and max_threads() is the host's cores unless set.
+TEST(CpuParallel, EveryIndexOnceOnAtMostTheThreadsAsked) {
+  constexpr int64_t kN = 1000;
+  for (int64_t threads : {int64_t{1}, int64_t{3}, int64_t{16}}) {
+    SCOPED_TRACE("threads " + std::to_string(threads));
+    std::vector<std::atomic<int>> runs(kN);
+    std::mutex m;
+    std::set<std::thread::id> ids;
+    cpu::parallel_for(
+        kN,
+        [&](int64_t i) {
+          runs[static_cast<size_t>(i)]++;
+          const std::lock_guard<std::mutex> lock(m);
+          ids.insert(std::this_thread::get_id());
+        },
+        threads);
+    for (int64_t i = 0; i < kN; ++i) ASSERT_EQ(runs[static_cast<size_t>(i)].load(), 1) << i;
+    EXPECT_LE(static_cast<int64_t>(ids.size()), threads);
+    if (threads == 1) {
+      EXPECT_EQ(*ids.begin(), std::this_thread::get_id());
+    }
+  }
+  const int64_t cores = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  EXPECT_EQ(cpu::max_threads(), cores);
+  cpu::set_max_threads(5);
+  EXPECT_EQ(cpu::max_threads(), 5);
+  cpu::set_max_threads(0);
+  EXPECT_EQ(cpu::max_threads(), cores);
+  int calls = 0;
+  cpu::parallel_for(0, [&](int64_t) { ++calls; });  // nothing to do: no call, no thread
+  EXPECT_EQ(calls, 0);
 }
 
 }  // namespace

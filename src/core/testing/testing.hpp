@@ -7,7 +7,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -15,7 +14,6 @@
 #include <random>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <vector>
 
 #include "baracuda/core/dtype.hpp"
@@ -23,23 +21,13 @@
 #include "baracuda/core/status.hpp"
 #include "baracuda/core/stream.hpp"
 #include "baracuda/core/tensor.hpp"
+#include "core/cpu/parallel.hpp"
 
 namespace baracuda::harness {
 
-// fn(0) .. fn(n - 1) on up to hardware_concurrency threads: float64 references are single-threaded
-// and slices of them (rows, heads) are independent with disjoint outputs.
-template <class Fn>
-void parallel_for(int64_t n, Fn fn) {
-  const int64_t workers =
-      std::min<int64_t>(n, std::max<int64_t>(1, std::thread::hardware_concurrency()));
-  std::atomic<int64_t> next{0};
-  std::vector<std::thread> pool;
-  for (int64_t w = 0; w < workers; ++w)
-    pool.emplace_back([&] {
-      for (int64_t i = next++; i < n; i = next++) fn(i);
-    });
-  for (auto& t : pool) t.join();
-}
+// float64 references are single-threaded and slices of them (rows, heads) are independent with
+// disjoint outputs: the tests spread them over the host's cores.
+using cpu::parallel_for;
 
 // ---- Seeds
 // --------------------------------------------------------------------------------------- The run's

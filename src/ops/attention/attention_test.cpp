@@ -21,6 +21,7 @@
 
 #include "baracuda/core/validate.hpp"
 #include "baracuda/ops/attention.hpp"
+#include "core/cpu/parallel.hpp"
 #include "core/testing/testing.hpp"
 #include "ops/attention/common.hpp"
 #include "ops/attention/reference.hpp"
@@ -1677,6 +1678,47 @@ TEST(AttentionReference, HandComputedCases) {
 }
 
 // GQA: query heads of a group read the same K/V head, identical to repeating K/V per head.
+// The CPU backend spreads its heads over threads (forward: (sequence, query head); backward:
+// (sequence, K / V head)), each whole on one thread: one thread and seven give the same bits, and
+// the forward equals the row-block reference run head by head. A problem above the backend's
+// single-thread bound (~4M multiply-adds), GQA 3, varlen, causal bottom-right, a soft-cap.
+TEST(AttentionReference, CpuBackendBitsDoNotDependOnItsThreads) {
+  Rng rng;
+  Config c;
+  c.dtype = DType::f64, c.b = 3, c.hq = 6, c.hk = 2, c.lq = 90, c.lk = 200, c.dk = 48, c.dv = 40;
+  c.mask = Mask::causal_bottom_right(), c.softcap = 20;
+  c.cu_q = {0, 90, 131, 200}, c.cu_k = {0, 200, 317, 500};
+  Oracle o(c);
+  std::vector<double> q(harness::numel_of(vec(o.s.q, o.s.rank_qkv))),
+      k(harness::numel_of(vec(o.s.k, o.s.rank_qkv))),
+      v(harness::numel_of(vec(o.s.v, o.s.rank_qkv))),
+      dy(harness::numel_of(vec(o.s.y, o.s.rank_qkv)));
+  for (auto* x : {&q, &k, &v, &dy})
+    for (double& e : *x) e = rng.uniform(-1, 1);
+  struct Run {
+    std::pair<std::vector<double>, std::vector<double>> fwd;
+    Oracle::Grads grads;
+  };
+  auto run_on = [&](int64_t threads) {
+    cpu::set_max_threads(threads);
+    Run r{o.forward(q, k, v), {}};
+    r.grads = o.backward(q, k, v, r.fwd.first, dy, r.fwd.second);
+    cpu::set_max_threads(0);
+    return r;
+  };
+  const Run one = run_on(1), seven = run_on(7);
+  EXPECT_EQ(one.fwd, seven.fwd);
+  EXPECT_EQ(one.grads.dq, seven.grads.dq);
+  EXPECT_EQ(one.grads.dk, seven.grads.dk);
+  EXPECT_EQ(one.grads.dv, seven.grads.dv);
+  std::vector<RowBlock> heads;
+  for (int64_t b = 0; b < c.b; ++b)
+    for (int64_t h = 0; h < c.hq; ++h) heads.push_back({b, h, 0, c.lq});
+  EXPECT_EQ(o.forward_rows(q, k, v, heads), seven.fwd);
+  // Not a test that cannot fail: the outputs are real numbers, not the zeros they start as.
+  EXPECT_GT(std::abs(seven.grads.dk[7]) + std::abs(seven.fwd.first[5]), 0.0);
+}
+
 TEST(AttentionReference, GqaEqualsRepeatedHeads) {
   Rng rng;
   Config g;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "baracuda/ops/attention.hpp"
+#include "core/cpu/parallel.hpp"
 #include "ops/attention/common.hpp"
 #include "ops/attention/reference.hpp"
 
@@ -195,90 +196,122 @@ void forward_rows(const Problem& p, const ForwardArguments& a, const Seq& sq, in
   }
 }
 
+// Every sequence's rows, all checked before anything is written.
+template <class Args>
+Result<std::vector<Seq>> sequences(std::string_view op, const Problem& p, const Args& a,
+                                   const ConstTensor& used_k = {}, const ConstTensor& table = {}) {
+  std::vector<Seq> out;
+  out.reserve(static_cast<size_t>(p.desc.batch));
+  for (int64_t b = 0; b < p.desc.batch; ++b) {
+    auto r = sequence(op, p, a.cu_seqlens_q, a.cu_seqlens_k, b, used_k, table);
+    if (!r.ok()) return r.error();
+    out.push_back(r.value());
+  }
+  return out;
+}
+
+// Threads for a pass over `seqs` (0: the host's cores). The heads are independent with disjoint
+// outputs and each runs whole on one thread (cpu::parallel_for), so the bits do not depend on the
+// count; below ~4M multiply-adds a thread's start-up would cost more than it saves.
+int64_t threads_for(const Problem& p, const std::vector<Seq>& seqs) {
+  double work = 0;
+  for (const Seq& s : seqs)
+    work += static_cast<double>(s.lq) * static_cast<double>(s.lk) *
+            static_cast<double>(p.desc.head_dim_qk + p.desc.head_dim_v);
+  return work * static_cast<double>(p.desc.heads_q) < 4e6 ? 1 : 0;
+}
+
 Status forward(const LaunchContext&, const Problem& p, const ForwardArguments& a) {
   const Descriptor& d = p.desc;
-  for (int64_t b = 0; b < d.batch; ++b)  // check every sequence before writing anything
-    if (auto r = sequence(ForwardOp::name, p, a.cu_seqlens_q, a.cu_seqlens_k, b, a.seqused_k,
-                          a.block_table);
-        !r.ok())
-      return r.error();
-  for (int64_t b = 0; b < d.batch; ++b) {
-    const Seq sq =
-        sequence(ForwardOp::name, p, a.cu_seqlens_q, a.cu_seqlens_k, b, a.seqused_k, a.block_table)
-            .value();
-    for (int64_t h = 0; h < d.heads_q; ++h) forward_rows(p, a, sq, b, h, 0, sq.lq);
-  }
+  auto seqs = sequences(ForwardOp::name, p, a, a.seqused_k, a.block_table);
+  if (!seqs.ok()) return seqs.error();
+  const std::vector<Seq>& sq = seqs.value();
+  cpu::parallel_for(
+      d.batch * d.heads_q,
+      [&](int64_t i) {
+        const int64_t b = i / d.heads_q, h = i % d.heads_q;
+        forward_rows(p, a, sq[static_cast<size_t>(b)], b, h, 0, sq[static_cast<size_t>(b)].lq);
+      },
+      threads_for(p, sq));
   return {};
 }
 
-Status backward(const LaunchContext&, const Problem& p, const BackwardArguments& a) {
+// dK, dV of key head hk of sequence b (summed over its query heads) and those heads' dQ.
+void backward_head(const Problem& p, const BackwardArguments& a, const Seq& sq, int64_t b,
+                   int64_t hk) {
   const Descriptor& d = p.desc;
   const DType t = d.dtype;
   const Band band = detail::band_of(d.mask);
   const int64_t dk = d.head_dim_qk, dv = d.head_dim_v;
-  for (int64_t b = 0; b < d.batch; ++b)
-    if (auto r = sequence(BackwardOp::name, p, a.cu_seqlens_q, a.cu_seqlens_k, b); !r.ok())
-      return r.error();
   std::vector<double> s, dcap, dp, dq(dk), gk, gv, q, g, y;
   RowsF64 k_rows, v_rows;
-  for (int64_t b = 0; b < d.batch; ++b) {
-    const Seq sq = sequence(BackwardOp::name, p, a.cu_seqlens_q, a.cu_seqlens_k, b).value();
-    for (int64_t hk = 0; hk < d.heads_kv; ++hk) {
-      gk.assign(sq.lk * dk, 0.0);  // dK, dV of this key head, summed over its query heads
-      gv.assign(sq.lk * dv, 0.0);
-      const KeyRows k_at{p, a.k.stride.data(), sq}, v_at{p, a.v.stride.data(), sq};
-      load_rows(k_rows, a.k.data, t, dk, 0, sq.lk, [&](int64_t j) { return k_at(b, hk, j); });
-      load_rows(v_rows, a.v.data, t, dv, 0, sq.lk, [&](int64_t j) { return v_at(b, hk, j); });
-      for (int64_t h = hk * p.group; h < (hk + 1) * p.group; ++h) {
-        for (int64_t i = 0; i < sq.lq; ++i) {
-          int64_t lo, hi;
-          detail::visible_keys(band, i, sq.lq, sq.lk, &lo, &hi);
-          const int64_t qo = row_offset(a.q.stride.data(), d.varlen, b, h, sq.q0 + i);
-          const int64_t go = row_offset(a.dy.stride.data(), d.varlen, b, h, sq.q0 + i);
-          std::fill(dq.begin(), dq.end(), 0.0);
-          const double lse = load_as_double(
-              a.lse.data, p.lse_dtype, lse_offset(a.lse.stride.data(), d.varlen, b, h, sq.q0 + i));
-          if (lo < hi && std::isfinite(lse)) {
-            // Like the kernels, the backward is defined from the saved Y and LSE: P = exp(S - LSE)
-            // and delta = dY . Y (= sum_j P_j dP_j when Y and LSE are the forward's).
-            load_row(q, a.q.data, t, qo, dk);
-            load_row(g, a.dy.data, t, go, dv);
-            load_row(y, a.y.data, t, row_offset(a.y.stride.data(), d.varlen, b, h, sq.q0 + i), dv);
-            scores(p, q, k_rows, lo, hi, s, dcap);
-            for (double& v : s) v = std::exp(v - lse);
-            double delta = 0;
-            for (int64_t c = 0; c < dv; ++c) delta += g[c] * y[c];
-            dp.assign(hi - lo, 0.0);
-            for (int64_t j = lo; j < hi; ++j) {
-              const double* vr = v_rows.row(j);
-              double acc = 0;
-              for (int64_t c = 0; c < dv; ++c) acc += g[c] * vr[c];
-              dp[j - lo] = acc;
-            }
-            for (int64_t j = lo; j < hi; ++j) {
-              const double pj = s[j - lo];
-              // d(score before capping, after scale) then chain through the scale to Q and K.
-              const double ds = pj * (dp[j - lo] - delta) * dcap[j - lo] * p.scale;
-              const double* kr = k_rows.row(j);
-              for (int64_t c = 0; c < dk; ++c) {
-                dq[c] += ds * kr[c];
-                gk[j * dk + c] += ds * q[c];
-              }
-              for (int64_t c = 0; c < dv; ++c) gv[j * dv + c] += pj * g[c];
-            }
+  gk.assign(sq.lk * dk, 0.0);  // dK, dV of this key head, summed over its query heads
+  gv.assign(sq.lk * dv, 0.0);
+  const KeyRows k_at{p, a.k.stride.data(), sq}, v_at{p, a.v.stride.data(), sq};
+  load_rows(k_rows, a.k.data, t, dk, 0, sq.lk, [&](int64_t j) { return k_at(b, hk, j); });
+  load_rows(v_rows, a.v.data, t, dv, 0, sq.lk, [&](int64_t j) { return v_at(b, hk, j); });
+  for (int64_t h = hk * p.group; h < (hk + 1) * p.group; ++h) {
+    for (int64_t i = 0; i < sq.lq; ++i) {
+      int64_t lo, hi;
+      detail::visible_keys(band, i, sq.lq, sq.lk, &lo, &hi);
+      const int64_t qo = row_offset(a.q.stride.data(), d.varlen, b, h, sq.q0 + i);
+      const int64_t go = row_offset(a.dy.stride.data(), d.varlen, b, h, sq.q0 + i);
+      std::fill(dq.begin(), dq.end(), 0.0);
+      const double lse = load_as_double(a.lse.data, p.lse_dtype,
+                                        lse_offset(a.lse.stride.data(), d.varlen, b, h, sq.q0 + i));
+      if (lo < hi && std::isfinite(lse)) {
+        // Like the kernels, the backward is defined from the saved Y and LSE: P = exp(S - LSE)
+        // and delta = dY . Y (= sum_j P_j dP_j when Y and LSE are the forward's).
+        load_row(q, a.q.data, t, qo, dk);
+        load_row(g, a.dy.data, t, go, dv);
+        load_row(y, a.y.data, t, row_offset(a.y.stride.data(), d.varlen, b, h, sq.q0 + i), dv);
+        scores(p, q, k_rows, lo, hi, s, dcap);
+        for (double& v : s) v = std::exp(v - lse);
+        double delta = 0;
+        for (int64_t c = 0; c < dv; ++c) delta += g[c] * y[c];
+        dp.assign(hi - lo, 0.0);
+        for (int64_t j = lo; j < hi; ++j) {
+          const double* vr = v_rows.row(j);
+          double acc = 0;
+          for (int64_t c = 0; c < dv; ++c) acc += g[c] * vr[c];
+          dp[j - lo] = acc;
+        }
+        for (int64_t j = lo; j < hi; ++j) {
+          const double pj = s[j - lo];
+          // d(score before capping, after scale) then chain through the scale to Q and K.
+          const double ds = pj * (dp[j - lo] - delta) * dcap[j - lo] * p.scale;
+          const double* kr = k_rows.row(j);
+          for (int64_t c = 0; c < dk; ++c) {
+            dq[c] += ds * kr[c];
+            gk[j * dk + c] += ds * q[c];
           }
-          const int64_t dqo = row_offset(a.dq.stride.data(), d.varlen, b, h, sq.q0 + i);
-          for (int64_t c = 0; c < dk; ++c) store_from_double(a.dq.data, t, dqo + c, dq[c]);
+          for (int64_t c = 0; c < dv; ++c) gv[j * dv + c] += pj * g[c];
         }
       }
-      for (int64_t j = 0; j < sq.lk; ++j) {
-        const int64_t ko = row_offset(a.dk.stride.data(), d.varlen, b, hk, sq.k0 + j);
-        const int64_t vo = row_offset(a.dv.stride.data(), d.varlen, b, hk, sq.k0 + j);
-        for (int64_t c = 0; c < dk; ++c) store_from_double(a.dk.data, t, ko + c, gk[j * dk + c]);
-        for (int64_t c = 0; c < dv; ++c) store_from_double(a.dv.data, t, vo + c, gv[j * dv + c]);
-      }
+      const int64_t dqo = row_offset(a.dq.stride.data(), d.varlen, b, h, sq.q0 + i);
+      for (int64_t c = 0; c < dk; ++c) store_from_double(a.dq.data, t, dqo + c, dq[c]);
     }
   }
+  for (int64_t j = 0; j < sq.lk; ++j) {
+    const int64_t ko = row_offset(a.dk.stride.data(), d.varlen, b, hk, sq.k0 + j);
+    const int64_t vo = row_offset(a.dv.stride.data(), d.varlen, b, hk, sq.k0 + j);
+    for (int64_t c = 0; c < dk; ++c) store_from_double(a.dk.data, t, ko + c, gk[j * dk + c]);
+    for (int64_t c = 0; c < dv; ++c) store_from_double(a.dv.data, t, vo + c, gv[j * dv + c]);
+  }
+}
+
+Status backward(const LaunchContext&, const Problem& p, const BackwardArguments& a) {
+  const Descriptor& d = p.desc;
+  auto seqs = sequences(BackwardOp::name, p, a);
+  if (!seqs.ok()) return seqs.error();
+  const std::vector<Seq>& sq = seqs.value();
+  cpu::parallel_for(
+      d.batch * d.heads_kv,
+      [&](int64_t i) {
+        const int64_t b = i / d.heads_kv;
+        backward_head(p, a, sq[static_cast<size_t>(b)], b, i % d.heads_kv);
+      },
+      threads_for(p, sq));
   return {};
 }
 

@@ -1,0 +1,38 @@
+// Host-side parallelism for the CPU backends and the tests' float64 references.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <thread>
+#include <vector>
+
+namespace baracuda::cpu {
+
+// The most threads a parallel_for without a count of its own takes: the host's cores, unless set
+// (set_max_threads(0) restores that). Process-wide; the tests pin it to compare thread counts.
+int64_t max_threads();
+void set_max_threads(int64_t n);
+
+// fn(0) .. fn(n - 1) on up to `threads` threads (0: max_threads()). Each index runs whole on one
+// thread, so a caller whose indices write disjoint outputs and keep their own scratch gets the
+// same bits whatever the thread count: the CPU backends keep their determinism and bit-stability.
+template <class Fn>
+void parallel_for(int64_t n, Fn fn, int64_t threads = 0) {
+  if (threads <= 0) threads = max_threads();
+  const int64_t workers = std::min<int64_t>(n, threads);
+  if (workers <= 1) {
+    for (int64_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  std::atomic<int64_t> next{0};
+  std::vector<std::thread> pool;
+  pool.reserve(static_cast<size_t>(workers));
+  for (int64_t w = 0; w < workers; ++w)
+    pool.emplace_back([&] {
+      for (int64_t i = next++; i < n; i = next++) fn(i);
+    });
+  for (auto& t : pool) t.join();
+}
+
+}  // namespace baracuda::cpu
