@@ -191,11 +191,11 @@ Candidate preferred_candidate(std::span<const TablePoint> table, const attention
   };
   // A chunk of a GQA group against a longer cache: the nearest chunk point, where one lies within
   // 2x in head dim and both lengths (the Lq = Lk points below measured neither fa3's nor cuDNN's
-  // chunk rate). The chunk points were measured in groups of 4, which the family's kernels and
-  // fa3 exploit and cuDNN does not; without a group their order differs (bench_attention
-  // attention_packed, H200, 2026-11-30, 4096 keys: the family's kernels 0.81x cuDNN at d64 Lq 32
-  // where the group-4 point has them 1.27x; cuDNN ahead of plain fa3 at d128 Lq 256, 570.8 against
-  // 558.9, where the point has fa3 617.0 against 600.6), so those rank by the Lq = Lk points.
+  // chunk rate). The chunk points were measured in groups of 4, and the candidates' order depends
+  // on the group (bench_attention attention_packed, H200, 2026-11-30, 4096 keys, in groups of 1:
+  // the family's kernels 0.81x cuDNN at d64 Lq 32 where the group-4 point has them 1.27x; cuDNN
+  // ahead of plain fa3 at d128 Lq 256, 570.8 against 558.9, where the point has fa3 617.0 against
+  // 600.6), so ungrouped problems rank by the Lq = Lk points.
   if (pass == Pass::forward && d.len_q < d.len_k && p.group >= 2) {
     const TablePoint* chunk = nearest(true, [&](const TablePoint& t) {
       return gap(t.head_dim, d.head_dim_qk) * 100.0 + gap(t.len, d.len_k) + gap(t.len_q, d.len_q);
