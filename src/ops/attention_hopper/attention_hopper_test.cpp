@@ -253,6 +253,16 @@ TEST(AttentionCudnnRules, NearestMeasuredPointDecides) {
   EXPECT_EQ(pick(128, 4096, Mask::none(), Pass::backward, false), Candidate::cudnn);      // no fa3
   EXPECT_EQ(pick(128, 4096, Mask::causal_top_left(), Pass::backward), Candidate::cudnn);  // none
   EXPECT_EQ(pick(128, 4096, Mask::none(), Pass::forward, true, DType::f16), Candidate::cudnn);
+  // f16 points (bench_attention with BARACUDA_ATTN_DTYPE=f16) decide for f16 problems alone.
+  const TablePoint with_f16[] = {
+      {DType::bf16, Pass::forward, 128, 4096, false, 600.0, 100.0, 500.0},
+      {DType::f16, Pass::forward, 128, 4096, false, 600.0, 100.0, 650.0}};
+  for (DType t : {DType::bf16, DType::f16})
+    EXPECT_EQ(preferred_candidate(with_f16,
+                                  problem_of(make_desc(t, 1, 8, 8, 4096, 4096, 128, Mask::none())),
+                                  Pass::forward, true),
+              t == DType::f16 ? Candidate::fa3 : Candidate::cudnn)
+        << name(t);
   EXPECT_EQ(preferred_candidate({}, problem_of(make_desc(DType::bf16, 1, 8, 8, 64, 64, 64)),
                                 Pass::forward, true),
             Candidate::cudnn);

@@ -56,9 +56,16 @@ struct Buffers {
   Buffer y, lse, dq, dk, dv;
 };
 
-Tensor view4(void* p, int64_t b, int64_t h, int64_t l, int64_t d) {
+Tensor view4(void* p, int64_t b, int64_t h, int64_t l, int64_t d, DType t = DType::bf16) {
   const int64_t dims[] = {b, h, l, d};
-  return make_tensor(p, DType::bf16, dims, Location::cuda(0));
+  return make_tensor(p, t, dims, Location::cuda(0));
+}
+
+// The element type of the table sweeps (attention_hopper, attention_chunks) and attention_packed:
+// bf16, or f16 with BARACUDA_ATTN_DTYPE=f16, so that the selection table can carry f16 points of
+// its own (without them an f16 problem ranks cuDNN first wherever cuDNN runs).
+DType sweep_dtype() {
+  return bench::env("BARACUDA_ATTN_DTYPE") == "f16" ? DType::f16 : DType::bf16;
 }
 
 struct Measured {
@@ -114,15 +121,16 @@ double time_forward(const Stream& stream, const std::string& name, const attenti
 double time_backward(const Stream& stream, const std::string& name,
                      const attention::ForwardPlan& fwd, const attention::ForwardArguments& fa,
                      const attention::BackwardPlan& bp, const attention::BackwardArguments& ba,
-                     double bytes, double flops, const std::string& note) {
+                     double bytes, double flops, const std::string& note,
+                     std::string_view dtype = "bf16") {
   auto fws = Buffer::allocate(std::max<size_t>(fwd.workspace_size(), 16), Location::cuda(0));
   auto bws = Buffer::allocate(std::max<size_t>(bp.workspace_size(), 16), Location::cuda(0));
   if (!fwd.run(stream, fws->as_workspace(), fa).ok()) return 0.0;
   const Measured m =
       time_case(stream, [&](int) { return bp.run(stream, bws->as_workspace(), ba); });
-  return m.ok
-             ? emit_row(stream, "attention_backward", name, bp.sku().name, m.ms, bytes, flops, note)
-             : 0.0;
+  return m.ok ? emit_row(stream, "attention_backward", name, bp.sku().name, m.ms, bytes, flops,
+                         note, dtype)
+              : 0.0;
 }
 
 // A cuDNN row's note: the configuration that runs, and how many select() timed to pick it.
@@ -145,8 +153,10 @@ void sweep(const Stream& stream) {
   const SelectionTableOverride raw_candidates{std::span<const TablePoint>{}};
   harness::Rng rng(20261122);
   const int64_t n = kTokens * kHidden;
+  const DType dt = sweep_dtype();
+  const std::string dt_name(name(dt));
   auto make = [&] {
-    auto t = harness::TestTensor::make(DType::bf16, {n}, harness::Target::cuda);
+    auto t = harness::TestTensor::make(dt, {n}, harness::Target::cuda);
     t.fill_random(rng);
     return t;
   };
@@ -189,18 +199,19 @@ void sweep(const Stream& stream) {
         if (only_d > 0 && (d != only_d || l != only_l || causal)) continue;
         const int64_t h = only_h > 0 ? only_h : kHidden / d,
                       batch = only_b > 0 ? only_b : kTokens / l;
-        const attention::Descriptor desc = sweep_desc(DType::bf16, batch, h, l, d, causal);
+        const attention::Descriptor desc = sweep_desc(dt, batch, h, l, d, causal);
         const std::string name = case_name(batch, h, l, d, causal);
         const double fwd_flops = 4.0 * batch * h * l * l * d * (causal ? 0.5 : 1.0);
         const double tensor_bytes = static_cast<double>(n) * 2;
         const double lse_bytes = static_cast<double>(batch * h * l) * 4;
-        const Tensor q = view4(b.q.view().data, batch, h, l, d),
-                     k = view4(b.k.view().data, batch, h, l, d),
-                     v = view4(b.v.view().data, batch, h, l, d),
-                     dy = view4(b.dy.view().data, batch, h, l, d),
-                     y = view4(b.y.data(), batch, h, l, d), dq = view4(b.dq.data(), batch, h, l, d),
-                     dk = view4(b.dk.data(), batch, h, l, d),
-                     dv = view4(b.dv.data(), batch, h, l, d);
+        const Tensor q = view4(b.q.view().data, batch, h, l, d, dt),
+                     k = view4(b.k.view().data, batch, h, l, d, dt),
+                     v = view4(b.v.view().data, batch, h, l, d, dt),
+                     dy = view4(b.dy.view().data, batch, h, l, d, dt),
+                     y = view4(b.y.data(), batch, h, l, d, dt),
+                     dq = view4(b.dq.data(), batch, h, l, d, dt),
+                     dk = view4(b.dk.data(), batch, h, l, d, dt),
+                     dv = view4(b.dv.data(), batch, h, l, d, dt);
         const int64_t lse_dims[] = {batch, h, l};
         const Tensor lse = make_tensor(b.lse.data(), DType::f32, lse_dims, Location::cuda(0));
         const attention::ForwardArguments fa{as_const(q), as_const(k), as_const(v), y, lse, {}, {}};
@@ -216,11 +227,12 @@ void sweep(const Stream& stream) {
         const double fwd_bytes = 4 * tensor_bytes + lse_bytes,
                      bwd_bytes = 8 * tensor_bytes + lse_bytes;
         auto time_fwd = [&](const attention::ForwardPlan& fp, const std::string& note) {
-          return time_forward(stream, name, fp, fa, fwd_bytes, fwd_flops, note);
+          return time_forward(stream, name, fp, fa, fwd_bytes, fwd_flops, note, dt_name);
         };
         auto time_bwd = [&](const attention::ForwardPlan& fwd, const attention::BackwardPlan& bp,
                             const std::string& note) {
-          return time_backward(stream, name, fwd, fa, bp, ba, bwd_bytes, 2.5 * fwd_flops, note);
+          return time_backward(stream, name, fwd, fa, bp, ba, bwd_bytes, 2.5 * fwd_flops, note,
+                               dt_name);
         };
         // The default plan is timed by the attention family's own bench (same names).
         const Variant variants[] = {{"cudnn", PlanPreference::only(Backend::cudnn)},
@@ -279,10 +291,10 @@ void sweep(const Stream& stream) {
         for (int pass = 0; pass < 2; ++pass) {
           const double* tf = pass == 0 ? fwd_tf : bwd_tf;
           std::printf(
-              "{\"table_point\": {\"dtype\": \"bf16\", \"pass\": \"%s\", \"head_dim\": %lld, "
+              "{\"table_point\": {\"dtype\": \"%s\", \"pass\": \"%s\", \"head_dim\": %lld, "
               "\"len\": %lld, \"causal\": %s, \"cudnn_tflops\": %.1f, \"bespoke_tflops\": %.1f, "
               "\"fa3_tflops\": %.1f, \"device\": \"%s\"}}\n",
-              pass == 0 ? "forward" : "backward", static_cast<long long>(d),
+              dt_name.c_str(), pass == 0 ? "forward" : "backward", static_cast<long long>(d),
               static_cast<long long>(l), causal ? "true" : "false", tf[0], tf[1],
               pass == 0 ? fa3_tf : fa3_bwd_tf, stream.caps().name.c_str());
           std::fflush(stdout);
@@ -549,11 +561,13 @@ constexpr int64_t kChunkB = 4, kChunkHq = 32;
 struct ChunkInputs {
   harness::TestTensor q, k, v;
   Buffer y, lse;
+  DType dtype;  // sweep_dtype(): Q, K, V and Y
 };
 std::optional<ChunkInputs> chunk_inputs(int64_t max_lq, int64_t kv_elems, int64_t max_d) {
   harness::Rng rng(20261130);
+  const DType dt = sweep_dtype();
   auto make = [&](int64_t elems) {
-    auto t = harness::TestTensor::make(DType::bf16, {elems}, harness::Target::cuda);
+    auto t = harness::TestTensor::make(dt, {elems}, harness::Target::cuda);
     t.fill_random(rng);
     return t;
   };
@@ -566,8 +580,8 @@ std::optional<ChunkInputs> chunk_inputs(int64_t max_lq, int64_t kv_elems, int64_
       return std::nullopt;
     }
   }
-  return ChunkInputs{std::move(q), std::move(k), std::move(v), std::move(y).value(),
-                     std::move(lse).value()};
+  return ChunkInputs{std::move(q),         std::move(k),           std::move(v),
+                     std::move(y).value(), std::move(lse).value(), dt};
 }
 // One chunk: lq new rows of each sequence at the end of lk keys of hk K / V heads (causal
 // bottom-right), its row name, FLOPs on the visible keys and bytes (Q, Y, K, V once).
@@ -581,7 +595,7 @@ ChunkPoint chunk_point(ChunkInputs& in, std::string_view prefix, int64_t hk, int
                        int64_t d) {
   constexpr int64_t kB = kChunkB, kHq = kChunkHq;
   ChunkPoint c;
-  c.desc = sweep_desc(DType::bf16, kB, kHq, lq, d, true);
+  c.desc = sweep_desc(in.dtype, kB, kHq, lq, d, true);
   c.desc.heads_kv = hk, c.desc.len_k = lk;
   c.desc.mask = attention::Mask::causal_bottom_right();
   c.name = std::string(prefix) + "_b4_hq32_hk" + std::to_string(hk) + "_lq" + std::to_string(lq) +
@@ -590,10 +604,10 @@ ChunkPoint chunk_point(ChunkInputs& in, std::string_view prefix, int64_t hk, int
             attention::detail::visible_key_total(attention::detail::band_of(c.desc.mask), lq, lk);
   c.bytes = 2.0 * (2 * kB * kHq * lq * d + 2 * kB * hk * lk * d);
   const int64_t lse_dims[] = {kB, kHq, lq};
-  c.fa = {as_const(view4(in.q.view().data, kB, kHq, lq, d)),
-          as_const(view4(in.k.view().data, kB, hk, lk, d)),
-          as_const(view4(in.v.view().data, kB, hk, lk, d)),
-          view4(in.y.data(), kB, kHq, lq, d),
+  c.fa = {as_const(view4(in.q.view().data, kB, kHq, lq, d, in.dtype)),
+          as_const(view4(in.k.view().data, kB, hk, lk, d, in.dtype)),
+          as_const(view4(in.v.view().data, kB, hk, lk, d, in.dtype)),
+          view4(in.y.data(), kB, kHq, lq, d, in.dtype),
           make_tensor(in.lse.data(), DType::f32, lse_dims, Location::cuda(0)),
           {},
           {}};
@@ -628,16 +642,18 @@ void chunk_sweep(const Stream& stream) {
                               fp.error());
             continue;
           }
-          tf[i] = time_forward(stream, c.name, *fp, c.fa, c.bytes, c.flops,
-                               i == 0 ? cudnn_note(stream, c.desc, Pass::forward)
-                                      : std::string(candidates[i].first));
+          tf[i] = time_forward(
+              stream, c.name, *fp, c.fa, c.bytes, c.flops,
+              i == 0 ? cudnn_note(stream, c.desc, Pass::forward) : std::string(candidates[i].first),
+              name(in->dtype));
         }
         std::printf(
-            "{\"table_point\": {\"dtype\": \"bf16\", \"pass\": \"forward\", \"head_dim\": %lld, "
+            "{\"table_point\": {\"dtype\": \"%s\", \"pass\": \"forward\", \"head_dim\": %lld, "
             "\"len\": %lld, \"len_q\": %lld, \"causal\": true, \"cudnn_tflops\": %.1f, "
             "\"bespoke_tflops\": %.1f, \"fa3_tflops\": %.1f, \"device\": \"%s\"}}\n",
-            static_cast<long long>(d), static_cast<long long>(lk), static_cast<long long>(lq),
-            tf[0], tf[1], tf[2], stream.caps().name.c_str());
+            std::string(name(in->dtype)).c_str(), static_cast<long long>(d),
+            static_cast<long long>(lk), static_cast<long long>(lq), tf[0], tf[1], tf[2],
+            stream.caps().name.c_str());
         std::fflush(stdout);
       }
 }
@@ -681,7 +697,7 @@ void packed_sweep(const Stream& stream) {
               bench::emit_error("attention", "attention_chunk", c.name + "/" + note, fp.error());
               continue;
             }
-            time_forward(stream, c.name, *fp, c.fa, c.bytes, c.flops, note);
+            time_forward(stream, c.name, *fp, c.fa, c.bytes, c.flops, note, name(in->dtype));
           }
         }
 }
