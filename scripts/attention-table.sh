@@ -8,7 +8,8 @@
 # TABLE=chunks measures the chunk points only (bench_attention attention_chunks: chunked prefill,
 # Lq < Lk) and keeps the shipped table's Lq = Lk points (make_table.py --base).
 # BARACUDA_ATTN_DTYPE=f16 measures f16 points (either kind), kept beside the shipped bf16 ones: an
-# f16 problem ranks by f16 points only, and (outside fa3_packs) cuDNN first where the table has none.
+# f16 problem ranks by f16 points only, and (outside fa3_packs) cuDNN first where the table has
+# none.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
