@@ -1819,6 +1819,11 @@ TEST(AttentionFa3Gpu, PackedPagedMatchesTheCpuPlan) {
       {{DType::bf16, 2, 4, 2, 100, 500, 128, Mask::sliding_window(40, 0), true, false, true, 25.0},
        8,
        {500, 77}},
+      // fa3_packs at head dim 64 (the default plan's packed instance too): a 40-token chunk, GQA
+      // 4, 32-key pages, counts.
+      {{DType::bf16, 2, 8, 2, 40, 1200, 64, Mask::causal_bottom_right(), false, false},
+       32,
+       {1200, 555}},
   };
   for (const PagedCase& pc : cases) check_paged_case(pc, kFa3PackedPagedKernel, rng);
 }
