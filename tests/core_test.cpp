@@ -675,7 +675,7 @@ TEST(Harness, WindowBitMaskIsExactForSubByteWindows) {
 }
 
 // cpu::parallel_for runs every index exactly once, on at most the threads asked (one: the calling
-// thread alone), and max_threads() is the host's cores unless set.
+// thread alone), and cpu_threads() is the host's cores unless set.
 TEST(CpuParallel, EveryIndexOnceOnAtMostTheThreadsAsked) {
   constexpr int64_t kN = 1000;
   for (int64_t threads : {int64_t{1}, int64_t{3}, int64_t{16}}) {
@@ -698,11 +698,11 @@ TEST(CpuParallel, EveryIndexOnceOnAtMostTheThreadsAsked) {
     }
   }
   const int64_t cores = std::max<int64_t>(1, std::thread::hardware_concurrency());
-  EXPECT_EQ(cpu::max_threads(), cores);
-  cpu::set_max_threads(5);
-  EXPECT_EQ(cpu::max_threads(), 5);
-  cpu::set_max_threads(0);
-  EXPECT_EQ(cpu::max_threads(), cores);
+  EXPECT_EQ(cpu_threads(), cores);
+  set_cpu_threads(5);
+  EXPECT_EQ(cpu_threads(), 5);
+  set_cpu_threads(0);
+  EXPECT_EQ(cpu_threads(), cores);
   int calls = 0;
   cpu::parallel_for(0, [&](int64_t) { ++calls; });  // nothing to do: no call, no thread
   EXPECT_EQ(calls, 0);

@@ -25,6 +25,13 @@ struct DeviceCaps {
   std::string name = "cpu";
 };
 
+// The most threads a plan on a CPU stream spreads its work over: the host's cores unless set
+// (set_cpu_threads(0) restores that). Process-wide. A plan's bits do not depend on it: the CPU
+// backends split work only into slices with outputs of their own, each computed whole on one
+// thread.
+int64_t cpu_threads();
+void set_cpu_threads(int64_t n);
+
 // True when this build has CUDA support and at least one device is visible.
 bool cuda_available();
 int cuda_device_count();

@@ -7,19 +7,17 @@
 #include <thread>
 #include <vector>
 
+#include "baracuda/core/stream.hpp"
+
 namespace baracuda::cpu {
 
-// The most threads a parallel_for without a count of its own takes: the host's cores, unless set
-// (set_max_threads(0) restores that). Process-wide; the tests pin it to compare thread counts.
-int64_t max_threads();
-void set_max_threads(int64_t n);
-
-// fn(0) .. fn(n - 1) on up to `threads` threads (0: max_threads()). Each index runs whole on one
-// thread, so a caller whose indices write disjoint outputs and keep their own scratch gets the
-// same bits whatever the thread count: the CPU backends keep their determinism and bit-stability.
+// fn(0) .. fn(n - 1) on up to `threads` threads (0: cpu_threads(), the caller's cap). Each index
+// runs whole on one thread, so a caller whose indices write disjoint outputs and keep their own
+// scratch gets the same bits whatever the thread count: the CPU backends keep their determinism and
+// bit-stability.
 template <class Fn>
 void parallel_for(int64_t n, Fn fn, int64_t threads = 0) {
-  if (threads <= 0) threads = max_threads();
+  if (threads <= 0) threads = cpu_threads();
   const int64_t workers = std::min<int64_t>(n, threads);
   if (workers <= 1) {
     for (int64_t i = 0; i < n; ++i) fn(i);

@@ -21,7 +21,6 @@
 
 #include "baracuda/core/validate.hpp"
 #include "baracuda/ops/attention.hpp"
-#include "core/cpu/parallel.hpp"
 #include "core/testing/testing.hpp"
 #include "ops/attention/common.hpp"
 #include "ops/attention/reference.hpp"
@@ -1700,10 +1699,10 @@ TEST(AttentionReference, CpuBackendBitsDoNotDependOnItsThreads) {
     Oracle::Grads grads;
   };
   auto run_on = [&](int64_t threads) {
-    cpu::set_max_threads(threads);
+    set_cpu_threads(threads);
     Run r{o.forward(q, k, v), {}};
     r.grads = o.backward(q, k, v, r.fwd.first, dy, r.fwd.second);
-    cpu::set_max_threads(0);
+    set_cpu_threads(0);
     return r;
   };
   const Run one = run_on(1), seven = run_on(7);
