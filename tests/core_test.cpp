@@ -706,6 +706,14 @@ TEST(CpuParallel, EveryIndexOnceOnAtMostTheThreadsAsked) {
   int calls = 0;
   cpu::parallel_for(0, [&](int64_t) { ++calls; });  // nothing to do: no call, no thread
   EXPECT_EQ(calls, 0);
+  // A slice's exception reaches the caller, as without threads.
+  EXPECT_THROW(cpu::parallel_for(
+                   100,
+                   [](int64_t i) {
+                     if (i == 37) throw std::bad_alloc();
+                   },
+                   4),
+               std::bad_alloc);
 }
 
 }  // namespace
