@@ -762,8 +762,8 @@ Status launch_decode(const LaunchContext& ctx, const Problem& pr, const ForwardA
     if (ctx.workspace.bytes < ws.bytes)
       return Error::workspace_too_small(std::string(ForwardOp::name) + ": decode split partials",
                                         ws.bytes, ctx.workspace.bytes);
-    p.o_part = static_cast<float*>(ctx.workspace.data);
-    p.lse_part = p.o_part + p.splits * rows * p.dim_v;
+    const SplitParts parts = split_parts(ctx.workspace.data, p.splits, rows, p.dim_v);
+    p.o_part = parts.o, p.lse_part = parts.lse;
     if (kFused) {
       p.split_flags = reinterpret_cast<unsigned long long*>(
           static_cast<unsigned char*>(ctx.workspace.data) + ws.flags_offset);

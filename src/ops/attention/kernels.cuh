@@ -77,6 +77,17 @@ struct Params {
   int table_cols, page_size, pages;
 };
 
+// The split partials in a workspace of `splits` x `rows` rows (the split-K forward's, the decode's
+// and fa3's packed instance's, all sized splits x rows x (Dv + 1) floats): the f32 O rows
+// [splits, rows, Dv], then their LSEs [splits, rows].
+struct SplitParts {
+  float *o, *lse;
+};
+inline SplitParts split_parts(void* workspace, int64_t splits, int64_t rows, int64_t dv) {
+  float* o = static_cast<float*>(workspace);
+  return {o, o + splits * rows * dv};
+}
+
 template <class Ptr>
 inline void strides3(const BasicTensor<Ptr>& t, int64_t* s) {
   for (int i = 0; i < 3; ++i) s[i] = i < t.rank - 1 ? t.stride[i] : 0;

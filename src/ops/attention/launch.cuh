@@ -286,8 +286,8 @@ Status launch_fwd_mma(const LaunchContext& ctx, const Problem& pr, const Forward
       return Error::workspace_too_small(std::string(ForwardOp::name) + ": split-K partials",
                                         fwd_mma_workspace<Sh>(pr, ctx.stream.caps()),
                                         ctx.workspace.bytes);
-    p.o_part = static_cast<float*>(ctx.workspace.data);
-    p.lse_part = p.o_part + s.splits * rows * p.dim_v;
+    const SplitParts parts = split_parts(ctx.workspace.data, s.splits, rows, p.dim_v);
+    p.o_part = parts.o, p.lse_part = parts.lse;
   }
   // The padded head dim picks a launch shape (not a dtype dispatch).
   const int dim = mma_dim(pr);

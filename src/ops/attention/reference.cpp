@@ -210,7 +210,7 @@ Result<std::vector<Seq>> sequences(std::string_view op, const Problem& p, const 
   return out;
 }
 
-// Threads for a pass over `seqs` (0: the host's cores). The heads are independent with disjoint
+// Threads for a pass over `seqs` (0: cpu_threads()). The heads are independent with disjoint
 // outputs and each runs whole on one thread (cpu::parallel_for), so the bits do not depend on the
 // count; below ~4M multiply-adds a thread's start-up would cost more than it saves.
 int64_t threads_for(const Problem& p, const std::vector<Seq>& seqs) {

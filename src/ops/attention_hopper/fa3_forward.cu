@@ -1342,12 +1342,13 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
     p.m_blocks = static_cast<int>((d.len_q + rows - 1) / rows);
     p.splits = packed_splits(pr, ctx.stream.caps());
     if (p.splits > 1) {
-      const size_t need = packed_workspace(pr, ctx.stream.caps());
+      const size_t need = attention::kernels::decode_workspace_layout<false>(pr, p.splits).bytes;
       if (ctx.workspace.bytes < need)
         return Error::workspace_too_small(std::string(who) + "_packed: split partials", need,
                                           ctx.workspace.bytes);
-      p.o_part = static_cast<float*>(ctx.workspace.data);
-      p.lse_part = p.o_part + int64_t{p.splits} * d.batch * d.heads_q * d.len_q * d.head_dim_v;
+      const auto parts = attention::kernels::split_parts(
+          ctx.workspace.data, p.splits, int64_t{d.batch} * d.heads_q * d.len_q, d.head_dim_v);
+      p.o_part = parts.o, p.lse_part = parts.lse;
     }
   }
 
