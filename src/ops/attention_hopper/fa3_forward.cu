@@ -128,9 +128,10 @@ __host__ __device__ inline int fp8_vt_start(int start, int b) {
 // [rows][D bytes]; V arrives transposed ([D][BN keys], see fp8_transpose_v), and O is staged for
 // the epilogue in a buffer of its own (Q's cannot hold 16-bit O): 73 / 145 / 193 KB at D = 64 /
 // 128 / 256.
-template <int D, int kEB = 2>
+template <int D, int kEB = 2, int kStagesAsked = 0>
 struct Smem {
-  static constexpr int kStages = kEB == 1 || D == 64 ? 3 : 2;  // K/V ring (D = 128: 160 KB in all)
+  // K/V ring stages (D = 128: 160 KB in all at 2); kStagesAsked > 0 overrides.
+  static constexpr int kStages = kStagesAsked > 0 ? kStagesAsked : kEB == 1 || D == 64 ? 3 : 2;
   static constexpr int kBn = kKeysPerTile<D>;
   static constexpr int kQBytes = kBM * D * kEB;
   static constexpr int kKBytes = kBn * D * kEB;         // one K tile
@@ -291,6 +292,13 @@ constexpr bool packed_v(int v) {
   return v == kPacked || v == kPackedPaged;
 }
 
+// An instance's shared memory. The paged instance at D = 128 takes a third K / V stage: its copies'
+// latency, not L2 bandwidth, set its rate (forty-first session's call 6). 224 KB of ring and Q + 1
+// KB of alignment slack + 144 static bytes (barriers, a word per consumer warp) fit the 227 KB a
+// block may take, whether or not the 1 KB the driver reserves a block counts in the static bytes.
+template <class T, int D, int V>
+using SmemOf = Smem<D, ElemOf<T>::kBytes, V == kPaged && D == 128 && !ElemOf<T>::kFp8 ? 3 : 0>;
+
 #if BARACUDA_FA3_DEVICE
 constexpr int poly_groups(int v) {
   return v == kPoly2 ? 2 : v == kPoly3 ? 3 : 0;
@@ -414,7 +422,7 @@ template <class T, int D, int V>
 __device__ __forceinline__ void produce_rows(const CUtensorMap* tq, const Params& p, const Tile& t,
                                              uint32_t sq, uint32_t sk0, uint32_t sv0,
                                              const uint64_t* bars, int it0, int q_count, int ptid) {
-  using S = Smem<D, ElemOf<T>::kBytes>;
+  using S = SmemOf<T, D, V>;
   constexpr int kSt = S::kStages;
   constexpr int kRow = kQkRow<T, D>, kCols = kRow / ElemOf<T>::kBytes;
   static_assert(kRow == 128, "16-bit rows of 64 elements and more: 128-byte blocks");
@@ -459,7 +467,7 @@ __device__ __forceinline__ void produce(const CUtensorMap* tq, const CUtensorMap
                                         uint32_t sq, uint32_t sk0, uint32_t sv0,
                                         const uint64_t* bars, int it0, int q_count) {
   using E = ElemOf<T>;
-  using S = Smem<D, E::kBytes>;
+  using S = SmemOf<T, D, V>;
   constexpr int kSt = S::kStages;
   constexpr int kRow = kQkRow<T, D>;
   constexpr int kCols = kRow / E::kBytes;                  // elements per column block
@@ -530,10 +538,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     fa3_fwd_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                    const __grid_constant__ CUtensorMap tv, const Params p) {
 #if BARACUDA_FA3_DEVICE
-  using S = Smem<D, ElemOf<T>::kBytes>;
+  using S = SmemOf<T, D, V>;
   constexpr int kSt = S::kStages;
   extern __shared__ uint8_t smem_raw[];
-  __shared__ alignas(8) uint64_t bars[kBars + kConsumers * 128 / 2];  // + consumer scratch
+  __shared__ alignas(8) uint64_t bars[kBars + kConsumers * 2];  // + a word per consumer warp
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
                                              ~static_cast<uintptr_t>(1023));
   const uint32_t sq = smem_u32(smem);
@@ -809,7 +817,7 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
   using E = ElemOf<T>;
   using TO = typename E::Out;
   constexpr bool kFp8 = E::kFp8;
-  using S = Smem<D, E::kBytes>;
+  using S = SmemOf<T, D, V>;
   constexpr int kSt = S::kStages;
   constexpr int kBN = S::kBn;
   constexpr int DV = kDvOf<D>;
@@ -843,8 +851,9 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
   const uint32_t q_base = sq + wg * 64 * kQkRow<T, D>;
   float qk_descale = 1.f;  // fp8: the scores' dequantization
   if constexpr (kFp8) qk_descale = *p.q_descale * *p.k_descale;
-  // One word per consumer thread after the barriers (see the loop).
-  const uint32_t scratch = smem_u32(&bars[kBars]) + (static_cast<uint32_t>(threadIdx.x) * 4);
+  // One word per consumer warp after the barriers (see the loop): the store only pins the order,
+  // whichever lane's value lands. (A word per thread took 1 KB, which the third stage needs.)
+  const uint32_t scratch = smem_u32(&bars[kBars]) + static_cast<uint32_t>(warp) * 4;
 
   if (n_tiles > 0) {
     float sc[kBN / 2];
@@ -1231,7 +1240,7 @@ __global__ void __launch_bounds__(256) fp8_transpose_v(const TransposeParams p) 
 // variant (Q's shape, D = 64: 129 KB) and fp8 (16-bit O, Q's buffer is too small: 145 KB).
 template <class T, int D, int V>
 constexpr int launch_smem() {
-  using S = Smem<D, ElemOf<T>::kBytes>;
+  using S = SmemOf<T, D, V>;
   return S::kLaunchBytes + (ElemOf<T>::kFp8    ? kBM * kDvOf<D> * 2
                             : V == kPersistent ? S::kQBytes
                                                : 0);
