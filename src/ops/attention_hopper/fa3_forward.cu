@@ -297,7 +297,15 @@ constexpr bool packed_v(int v) {
 // KB of alignment slack + 144 static bytes (barriers, a word per consumer warp) fit the 227 KB a
 // block may take, whether or not the 1 KB the driver reserves a block counts in the static bytes.
 template <class T, int D, int V>
-using SmemOf = Smem<D, ElemOf<T>::kBytes, V == kPaged && D == 128 && !ElemOf<T>::kFp8 ? 3 : 0>;
+constexpr bool third_stage_v = (V == kPaged) && D == 128 && !ElemOf<T>::kFp8;
+template <class T, int D, int V>
+using SmemOf = Smem<D, ElemOf<T>::kBytes, third_stage_v<T, D, V> ? 3 : 0>;
+// The softmax-pinning scratch after the barriers, in 8-byte words: a word per consumer warp where
+// the third stage needs the room, else a word per consumer thread (the other instances keep the
+// layout they were measured with: moving their scratch made ptxas reschedule them, 2-18% slower in
+// the forty-fourth session's call 2).
+template <class T, int D, int V>
+constexpr int kScratchWords = third_stage_v<T, D, V> ? kConsumers * 2 : kConsumers * 128 / 2;
 
 #if BARACUDA_FA3_DEVICE
 constexpr int poly_groups(int v) {
@@ -541,7 +549,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   using S = SmemOf<T, D, V>;
   constexpr int kSt = S::kStages;
   extern __shared__ uint8_t smem_raw[];
-  __shared__ alignas(8) uint64_t bars[kBars + kConsumers * 2];  // + a word per consumer warp
+  __shared__ alignas(8) uint64_t bars[kBars + kScratchWords<T, D, V>];  // + consumer scratch
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
                                              ~static_cast<uintptr_t>(1023));
   const uint32_t sq = smem_u32(smem);
@@ -851,9 +859,11 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
   const uint32_t q_base = sq + wg * 64 * kQkRow<T, D>;
   float qk_descale = 1.f;  // fp8: the scores' dequantization
   if constexpr (kFp8) qk_descale = *p.q_descale * *p.k_descale;
-  // One word per consumer warp after the barriers (see the loop): the store only pins the order,
-  // whichever lane's value lands. (A word per thread took 1 KB, which the third stage needs.)
-  const uint32_t scratch = smem_u32(&bars[kBars]) + static_cast<uint32_t>(warp) * 4;
+  // One word per consumer thread after the barriers (see the loop), or per consumer warp where
+  // the third stage takes the room (kScratchWords): the store only pins the order, whichever
+  // lane's value lands.
+  const uint32_t scratch = smem_u32(&bars[kBars]) +
+                           static_cast<uint32_t>(third_stage_v<T, D, V> ? warp : threadIdx.x) * 4;
 
   if (n_tiles > 0) {
     float sc[kBN / 2];
