@@ -11,9 +11,11 @@
 namespace baracuda::attention_hopper::detail {
 
 inline constexpr std::string_view kSelectionProvenance =
-    "chunk points: NVIDIA H200, cuDNN 9.19.0, 2026-11-30, commit fa3a567, bench_attention "
+    "f16 chunk points: NVIDIA H200, cuDNN 9.19.0, 2026-11-30, commit 95651e0, bench_attention "
     "(TFLOP/s, median of CUDA-event timings); Lq = Lk points: NVIDIA H100 80GB HBM3, cuDNN 9.19.0, "
-    "2026-11-26, commit 4befacd, bench_attention (TFLOP/s, median of CUDA-event timings)";
+    "2026-11-26, commit 4befacd, bench_attention (TFLOP/s, median of CUDA-event timings); chunk "
+    "points: NVIDIA H200, cuDNN 9.19.0, 2026-11-30, commit fa3a567, bench_attention (TFLOP/s, "
+    "median of CUDA-event timings)";
 
 // dtype, pass, head dim, L (= Lq = Lk; chunk points: Lk), causal, cuDNN, bespoke, fa3 TFLOP/s
 // (0: not run)[, chunk points: Lq]
@@ -135,6 +137,51 @@ inline constexpr TablePoint kSelectionPoints[] = {
     {DType::bf16, Pass::forward, 256, 16384, true, 732.4, 230.4, 682.3, 1024},
     {DType::bf16, Pass::forward, 256, 16384, true, 654.1, 231.4, 637.5, 2048},
     {DType::bf16, Pass::forward, 256, 16384, true, 662.3, 232.8, 636.4, 4096},
+    {DType::f16, Pass::forward, 64, 4096, true, 98.8, 126.0, 86.9, 32},
+    {DType::f16, Pass::forward, 64, 4096, true, 195.7, 100.7, 172.2, 64},
+    {DType::f16, Pass::forward, 64, 4096, true, 386.1, 171.6, 337.7, 128},
+    {DType::f16, Pass::forward, 64, 4096, true, 412.8, 296.2, 347.1, 256},
+    {DType::f16, Pass::forward, 64, 4096, true, 424.6, 305.2, 370.0, 512},
+    {DType::f16, Pass::forward, 64, 4096, true, 430.7, 317.8, 377.4, 1024},
+    {DType::f16, Pass::forward, 64, 4096, true, 436.8, 320.3, 376.5, 2048},
+    {DType::f16, Pass::forward, 64, 16384, true, 117.8, 183.7, 97.0, 32},
+    {DType::f16, Pass::forward, 64, 16384, true, 234.8, 147.2, 192.0, 64},
+    {DType::f16, Pass::forward, 64, 16384, true, 454.9, 270.7, 378.9, 128},
+    {DType::f16, Pass::forward, 64, 16384, true, 465.8, 328.7, 386.2, 256},
+    {DType::f16, Pass::forward, 64, 16384, true, 470.5, 319.6, 401.2, 512},
+    {DType::f16, Pass::forward, 64, 16384, true, 472.2, 317.0, 411.0, 1024},
+    {DType::f16, Pass::forward, 64, 16384, true, 452.6, 320.3, 422.2, 2048},
+    {DType::f16, Pass::forward, 64, 16384, true, 443.6, 331.6, 421.1, 4096},
+    {DType::f16, Pass::forward, 128, 4096, true, 146.9, 106.5, 128.9, 32},
+    {DType::f16, Pass::forward, 128, 4096, true, 290.6, 134.6, 259.7, 64},
+    {DType::f16, Pass::forward, 128, 4096, true, 548.0, 202.7, 511.7, 128},
+    {DType::f16, Pass::forward, 128, 4096, true, 586.1, 346.0, 602.2, 256},
+    {DType::f16, Pass::forward, 128, 4096, true, 598.8, 353.2, 612.3, 512},
+    {DType::f16, Pass::forward, 128, 4096, true, 599.9, 360.9, 612.6, 1024},
+    {DType::f16, Pass::forward, 128, 4096, true, 604.6, 322.7, 572.9, 2048},
+    {DType::f16, Pass::forward, 128, 16384, true, 167.3, 230.1, 140.0, 32},
+    {DType::f16, Pass::forward, 128, 16384, true, 327.4, 171.6, 269.7, 64},
+    {DType::f16, Pass::forward, 128, 16384, true, 612.7, 283.7, 504.2, 128},
+    {DType::f16, Pass::forward, 128, 16384, true, 634.6, 384.0, 672.0, 256},
+    {DType::f16, Pass::forward, 128, 16384, true, 635.4, 362.4, 656.7, 512},
+    {DType::f16, Pass::forward, 128, 16384, true, 565.0, 364.9, 615.7, 1024},
+    {DType::f16, Pass::forward, 128, 16384, true, 572.0, 371.7, 596.6, 2048},
+    {DType::f16, Pass::forward, 128, 16384, true, 574.7, 367.7, 568.1, 4096},
+    {DType::f16, Pass::forward, 256, 4096, true, 170.6, 89.3, 160.8, 32},
+    {DType::f16, Pass::forward, 256, 4096, true, 332.8, 138.9, 315.0, 64},
+    {DType::f16, Pass::forward, 256, 4096, true, 633.8, 207.0, 592.0, 128},
+    {DType::f16, Pass::forward, 256, 4096, true, 660.4, 211.8, 622.8, 256},
+    {DType::f16, Pass::forward, 256, 4096, true, 665.7, 205.3, 639.7, 512},
+    {DType::f16, Pass::forward, 256, 4096, true, 654.6, 185.5, 645.1, 1024},
+    {DType::f16, Pass::forward, 256, 4096, true, 663.0, 214.4, 648.2, 2048},
+    {DType::f16, Pass::forward, 256, 16384, true, 179.2, 102.4, 172.7, 32},
+    {DType::f16, Pass::forward, 256, 16384, true, 357.3, 171.6, 335.9, 64},
+    {DType::f16, Pass::forward, 256, 16384, true, 672.4, 220.8, 634.5, 128},
+    {DType::f16, Pass::forward, 256, 16384, true, 699.1, 217.2, 656.9, 256},
+    {DType::f16, Pass::forward, 256, 16384, true, 703.8, 226.9, 637.2, 512},
+    {DType::f16, Pass::forward, 256, 16384, true, 675.5, 229.8, 612.5, 1024},
+    {DType::f16, Pass::forward, 256, 16384, true, 621.2, 231.0, 614.7, 2048},
+    {DType::f16, Pass::forward, 256, 16384, true, 615.6, 228.8, 600.3, 4096},
 };
 inline constexpr std::span<const TablePoint> kSelectionTable{kSelectionPoints};
 
