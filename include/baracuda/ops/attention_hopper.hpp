@@ -172,14 +172,14 @@ inline constexpr int64_t kDecodeQueryRows = 16;
 // Lq 32 up). See preferred_candidate.
 inline constexpr int64_t kFa3ChunkRows = 256;
 inline constexpr int64_t kFa3ChunkRowsOverBespoke = 32;
-// A forward chunk of more than kDecodeQueryRows query rows (at most fa3_packed_chunk_rows) against
-// a longer cache, bf16 / f16, Dk = Dv = 64 or 128, GQA group 2..16 (a power of two): fa3's packed
-// instance (kFa3PackedKernel, or kFa3PackedPagedKernel over paged K / V) runs it, and fa3 is the
-// candidate wherever its kernels fit (preferred_candidate, over any table but an empty one; the
-// ranked-ahead entry then launches the packed instance). Measured on the H200 (`bench_attention
-// attention_packed`, 2026-11-30: 4 sequences x 32 query heads in groups of 1-16, causal
-// bottom-right, Lq 17-256 new rows against 4096- and 16384-key caches; docs/perf/attention.md,
-// forty-fourth session):
+// A forward chunk of more than kDecodeQueryRows query rows (or fewer, filling kFa3PackedDecodeRows
+// of a tile with its group; at most fa3_packed_chunk_rows) against a longer cache, bf16 / f16, Dk =
+// Dv = 64 or 128, GQA group 2..16 (a power of two): fa3's packed instance (kFa3PackedKernel, or
+// kFa3PackedPagedKernel over paged K / V) runs it, and fa3 is the candidate wherever its kernels
+// fit (preferred_candidate, over any table but an empty one; the ranked-ahead entry then launches
+// the packed instance). Measured on the H200 (`bench_attention attention_packed`, 2026-11-30: 4
+// sequences x 32 query heads in groups of 1-16, causal bottom-right, Lq 17-256 new rows against
+// 4096- and 16384-key caches; docs/perf/attention.md, forty-fourth session):
 // - d128: up to kFa3PackedChunkRows rows 1.00-3.8x the best of cuDNN, plain fa3 and the family's
 //   kernels in groups 2-16 (Lq 32, group 4, 4096 keys: 263 TFLOP/s against cuDNN's 148); at Lq 256
 //   plain fa3 led against 4096 keys (600-632 against 599-623) and the packed one against 16384
@@ -192,6 +192,15 @@ inline constexpr int64_t kFa3PackedChunkRows = 128;
 inline constexpr int64_t kFa3PackedChunkRowsD64 = 64;
 inline constexpr int64_t kFa3PackedLongCacheRows = 256;
 inline constexpr int64_t kFa3PackedLongCacheKeys = 16384;
+// Decode-shaped forwards (at most kDecodeQueryRows query rows) whose group fills at least this many
+// of the packed tile's rows (group x Lq: speculative decoding's few tokens in a GQA group) take the
+// packed instance too. Measured on the H200 (`bench_attention attention_packed`, 2026-11-30, Lq 4 /
+// 8 / 16, groups 1-16, d64 / d128, 4096 and 16384 keys; docs/perf/attention.md, forty-fifth
+// session): from 32 rows the packed instance took 0.13-1.004x the time of the family's decode and
+// short-row kernels (group 8, Lq 8, d128, 16384 keys: 45.5 us against 89.5; group 16, Lq 16:
+// 40.7 against 310.7; group 8, Lq 4, 16384 keys: 45.0 against 44.8), at 16 rows and fewer
+// 0.98-1.26x (group 4, Lq 4, d64, 4096 keys: 21.1 us against the split-K decode's 17.8).
+inline constexpr int64_t kFa3PackedDecodeRows = 32;
 // The most query rows fa3_packs takes at this head dim (Dk = Dv) and cache length; 0 where none.
 int64_t fa3_packed_chunk_rows(int64_t head_dim, int64_t len_k);
 bool fa3_packs(const attention::Problem& p);

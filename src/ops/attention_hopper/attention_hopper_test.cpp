@@ -391,7 +391,15 @@ TEST(AttentionCudnnRules, ShortGqaChunksGoToFa3Packed) {
   EXPECT_TRUE(fa3_packs(chunk(32, 8, kFa3PackedChunkRows, 4096)));
   EXPECT_TRUE(fa3_packs(chunk(32, 2, 64, 4096, 128, DType::f16)));  // group 16
   EXPECT_TRUE(fa3_packs(chunk(16, 8, 64, 4096)));                   // group 2
-  EXPECT_FALSE(fa3_packs(chunk(32, 8, kDecodeQueryRows, 4096)));    // a decode
+  // Decodes: where the group fills kFa3PackedDecodeRows of a tile (group x Lq), not below.
+  EXPECT_TRUE(fa3_packs(chunk(32, 8, kDecodeQueryRows, 4096)));
+  EXPECT_TRUE(fa3_packs(chunk(32, 8, kFa3PackedDecodeRows / 4, 4096)));
+  EXPECT_TRUE(fa3_packs(chunk(32, 2, kFa3PackedDecodeRows / 16, 16384, 64)));
+  EXPECT_TRUE(fa3_packs(chunk(16, 8, kFa3PackedDecodeRows / 2, 4096, 64, DType::f16)));
+  EXPECT_FALSE(fa3_packs(chunk(32, 8, kFa3PackedDecodeRows / 4 - 1, 4096)));
+  EXPECT_FALSE(fa3_packs(chunk(32, 2, 1, 16384)));  // group 16, one row
+  EXPECT_FALSE(fa3_packs(chunk(16, 8, kFa3PackedDecodeRows / 2 - 1, 4096)));
+  EXPECT_FALSE(fa3_packs(chunk(32, 32, kDecodeQueryRows, 4096)));  // group 1
   EXPECT_FALSE(fa3_packs(chunk(32, 8, kFa3PackedChunkRows + 1, 4096)));
   EXPECT_FALSE(fa3_packs(chunk(32, 8, 64, 64)));  // not a chunk of a longer cache
   // Against long caches at d128, more rows.
@@ -522,18 +530,20 @@ TEST(AttentionCudnnRules, ShippedTablePicksFa3WhereItWasFastest) {
   }
   // Chunked prefill (bench_attention's prefill rows: 4 sequences, 32 query heads, GQA 4, d128,
   // bottom-right, Lq new rows against 4096- or 16384-key caches). Padded: fa3's packed instance up
-  // to fa3_packed_chunk_rows (fa3_packs), then the shipped chunk points' pick (H200, fa3a567,
+  // to fa3_packed_chunk_rows (fa3_packs; from Lq 8, where the group of 4 fills
+  // kFa3PackedDecodeRows of a tile), then the shipped chunk points' pick (H200, fa3a567,
   // TFLOP/s): against 4096 keys fa3 at Lq 256 and 512 (617.0 / 621.5 against cuDNN's 600.6 /
   // 611.2), cuDNN at 2048 (629.5 against 628.5); against 16384 keys cuDNN at 512 (674.1 against
   // 665.0), fa3 at 2048 (659.0 against 597.4). With key counts (caches of twice the keys, cuDNN
-  // takes none): fa3 from 32 rows on (the packed instance up to its rows, then plain fa3 at
-  // 1.6-2.6x the family's kernels at the points), the family's decode kernels up to
-  // kDecodeQueryRows.
+  // takes none): fa3 from Lq 8 on (the packed instance up to its rows, then plain fa3 at
+  // 1.6-2.6x the family's kernels at the points), the family's decode kernels below.
   struct ChunkPick {
     int64_t lq, lk;
     Candidate padded;
   };
-  const ChunkPick chunks[] = {{kDecodeQueryRows, 4096, Candidate::bespoke},
+  const ChunkPick chunks[] = {{kFa3PackedDecodeRows / 4 - 1, 4096, Candidate::bespoke},
+                              {kFa3PackedDecodeRows / 4, 4096, Candidate::fa3},
+                              {kDecodeQueryRows, 16384, Candidate::fa3},
                               {32, 4096, Candidate::fa3},
                               {128, 4096, Candidate::fa3},
                               {256, 4096, Candidate::fa3},
@@ -549,7 +559,7 @@ TEST(AttentionCudnnRules, ShippedTablePicksFa3WhereItWasFastest) {
     EXPECT_EQ(preferred_candidate(problem_of(chunk), Pass::forward, true), c.padded);
     chunk.seqused_k = true, chunk.len_k = 2 * c.lk;
     EXPECT_EQ(preferred_candidate(problem_of(chunk), Pass::forward, true),
-              c.lq <= kDecodeQueryRows ? Candidate::bespoke : Candidate::fa3);
+              4 * c.lq < kFa3PackedDecodeRows ? Candidate::bespoke : Candidate::fa3);
     EXPECT_EQ(preferred_candidate(problem_of(chunk), Pass::forward, false), Candidate::bespoke);
   }
 }
@@ -1599,6 +1609,12 @@ TEST(AttentionFa3Gpu, PackedMatchesTheCpuPlan) {
         false},
        {},
        true},
+      // Decodes whose group fills kFa3PackedDecodeRows of a tile (the default plan packs them):
+      // 8 tokens in a group of 4 with key counts; 2 tokens in a group of 16, f16, d64, padded rows.
+      {{DType::bf16, 2, 8, 2, 8, 3000, 128, Mask::causal_bottom_right(), false, false},
+       {3000, 1111},
+       true},
+      {{DType::f16, 2, 16, 1, 2, 2500, 64, Mask::causal_bottom_right(), true, true}, {}, true},
   };
   for (const PackedCase& pc : cases) {
     const Case& c = pc.c;

@@ -661,22 +661,25 @@ void chunk_sweep(const Stream& stream) {
 // Short chunks of a GQA group (bench_attention attention_packed): where fa3's packed instance
 // leads, the measurement behind fa3_packs' bounds (fa3_packed_chunk_rows). 4 sequences x 32 query
 // heads in groups of 1, 2, 4, 8, 16, head dims 64 and 128 (BARACUDA_PACKED_D=<d>: one of them), Lk
-// 4096 and 16384 (groups of 1: 4096 only, the inputs stay at 2 x 268 MB), Lq 4 .. 256 (4 / 8 / 16:
-// speculative decoding's few tokens, where the decode kernels answer today: kDecodeQueryRows),
-// causal bottom-right. Per point: the default plan, the packed and plain fa3 instances by name,
-// cuDNN and the bespoke kernels by backend (the latter under an empty table, so fa3's ranked-ahead
-// entry does not answer for them). TFLOP/s on the visible keys.
+// 4096 and 16384 (groups of 1: 4096 only, the inputs stay at 2 x 268 MB), Lq 1 .. 256 (1 to 16:
+// decode and speculative decoding's few tokens, kFa3PackedDecodeRows' measurement;
+// BARACUDA_PACKED_MAX_LQ=<n>: those up to n alone), causal bottom-right. Per point: the default
+// plan, the packed and plain fa3 instances by name, cuDNN and the bespoke kernels by backend (the
+// latter under an empty table, so fa3's ranked-ahead entry does not answer for them). TFLOP/s on
+// the visible keys.
 void packed_sweep(const Stream& stream) {
   constexpr int64_t kMaxLq = 256, kMaxD = 128, kMaxKv = kChunkB * 16 * 16384 * kMaxD;
   auto in = chunk_inputs(kMaxLq, kMaxKv, kMaxD);
   if (!in) return;
   const int64_t only_d = bench::env_positive("BARACUDA_PACKED_D", 0);
+  const int64_t max_lq = bench::env_positive("BARACUDA_PACKED_MAX_LQ", kMaxLq);
   for (int64_t d : {64, 128})
     for (int64_t group : {1, 2, 4, 8, 16})
       for (int64_t lk : {int64_t{4096}, int64_t{16384}})
-        for (int64_t lq : {4, 8, 16, 17, 32, 64, 128, 256}) {
+        for (int64_t lq : {1, 2, 4, 8, 16, 17, 32, 64, 128, 256}) {
           const int64_t hk = kChunkHq / group;
-          if ((only_d > 0 && d != only_d) || kChunkB * hk * lk * d > kMaxKv) continue;
+          if ((only_d > 0 && d != only_d) || lq > max_lq || kChunkB * hk * lk * d > kMaxKv)
+            continue;
           const ChunkPoint c = chunk_point(*in, "packed", hk, lq, lk, d);
           const std::pair<const char*, PlanPreference> candidates[] = {
               {"default plan", PlanPreference::fastest()},

@@ -135,8 +135,9 @@ int64_t fa3_packed_chunk_rows(int64_t head_dim, int64_t len_k) {
 bool fa3_packs(const attention::Problem& p) {
   const attention::Descriptor& d = p.desc;
   return (d.dtype == DType::bf16 || d.dtype == DType::f16) && d.head_dim_qk == d.head_dim_v &&
-         d.len_q > kDecodeQueryRows && d.len_q <= fa3_packed_chunk_rows(d.head_dim_qk, d.len_k) &&
-         d.len_q < d.len_k && p.group >= 2 && p.group <= 16 && (p.group & (p.group - 1)) == 0;
+         (d.len_q > kDecodeQueryRows || p.group * d.len_q >= kFa3PackedDecodeRows) &&
+         d.len_q <= fa3_packed_chunk_rows(d.head_dim_qk, d.len_k) && d.len_q < d.len_k &&
+         p.group >= 2 && p.group <= 16 && (p.group & (p.group - 1)) == 0;
 }
 
 Candidate preferred_candidate(const attention::Problem& p, Pass pass, bool fa3_runs) {
@@ -146,16 +147,17 @@ Candidate preferred_candidate(const attention::Problem& p, Pass pass, bool fa3_r
 Candidate preferred_candidate(std::span<const TablePoint> table, const attention::Problem& p,
                               Pass pass, bool fa3_runs) {
   const attention::Descriptor& d = p.desc;
-  // Decode (a few query rows against a long cache) is not what the table measured (Lq = Lk): the
-  // family's split-K decode kernel took 57 us where cuDNN took 545 us (Lq 1, Lk 32k, 32 heads,
-  // GQA 4, d128; 59 vs 385 us at Lq 4 causal; 14 vs 64 us at Lk 4096; H100, 2026-11-23), so the
-  // forward of such a problem stays with the family's kernels.
-  if (pass == Pass::forward && d.len_q <= kDecodeQueryRows) return Candidate::bespoke;
-  // Short chunks of a GQA group: fa3's packed instance fills the 128-row tile with the group's
-  // heads and splits the keys (up to 3.8x the best other candidate: see kFa3PackedChunkRows).
-  // A measurement, so an empty table (the benches' override: each column its candidate alone)
-  // leaves it out like the table's own points.
+  // Short chunks of a GQA group, and decodes whose group fills kFa3PackedDecodeRows of a tile:
+  // fa3's packed instance fills the 128-row tile with the group's heads and splits the keys (up to
+  // 3.8x the best other candidate: see kFa3PackedChunkRows, kFa3PackedDecodeRows). A measurement,
+  // so an empty table (the benches' override: each column its candidate alone) leaves it out like
+  // the table's own points.
   if (pass == Pass::forward && fa3_runs && !table.empty() && fa3_packs(p)) return Candidate::fa3;
+  // Other decodes (a few query rows against a long cache) are not what the table measured (Lq =
+  // Lk): the family's split-K decode kernel took 57 us where cuDNN took 545 us (Lq 1, Lk 32k, 32
+  // heads, GQA 4, d128; 59 vs 385 us at Lq 4 causal; 14 vs 64 us at Lk 4096; H100, 2026-11-23),
+  // so the forward of such a problem stays with the family's kernels.
+  if (pass == Pass::forward && d.len_q <= kDecodeQueryRows) return Candidate::bespoke;
   const bool causal = d.mask.right == 0;
   // Problems cuDNN is not given (cudnn_screen: packed sequences, soft-capping, a left bound
   // without a right one, ...) rank the others (varlen: by the point of its longest sequence).
