@@ -192,15 +192,18 @@ inline constexpr int64_t kFa3PackedChunkRows = 128;
 inline constexpr int64_t kFa3PackedChunkRowsD64 = 64;
 inline constexpr int64_t kFa3PackedLongCacheRows = 256;
 inline constexpr int64_t kFa3PackedLongCacheKeys = 16384;
-// Decode-shaped forwards (at most kDecodeQueryRows query rows) whose group fills at least this many
-// of the packed tile's rows (group x Lq: speculative decoding's few tokens in a GQA group) take the
-// packed instance too. Measured on the H200 (`bench_attention attention_packed`, 2026-11-30, Lq 4 /
-// 8 / 16, groups 1-16, d64 / d128, 4096 and 16384 keys; docs/perf/attention.md, forty-fifth
-// session): from 32 rows the packed instance took 0.13-1.004x the time of the family's decode and
-// short-row kernels (group 8, Lq 8, d128, 16384 keys: 45.5 us against 89.5; group 16, Lq 16:
-// 40.7 against 310.7; group 8, Lq 4, 16384 keys: 45.0 against 44.8), at 16 rows and fewer
-// 0.98-1.26x (group 4, Lq 4, d64, 4096 keys: 21.1 us against the split-K decode's 17.8).
+// Decode-shaped forwards (at most kDecodeQueryRows query rows, at least kFa3PackedDecodeMinLq)
+// whose group fills at least kFa3PackedDecodeRows of the packed tile's rows (group x Lq:
+// speculative decoding's few tokens in a GQA group) take the packed instance too. Measured on the
+// H200 (`bench_attention attention_packed`, 2026-11-30, Lq 1-16, groups 1-16, d64 / d128, 4096
+// and 16384 keys; docs/perf/attention.md, forty-fifth session): from 32 rows and Lq 4 the packed
+// instance took 0.13-1.004x the time of the family's decode and short-row kernels (group 8, Lq 8,
+// d128, 16384 keys: 45.5 us against 89.5; group 16, Lq 16: 40.7 against 310.7; group 8, Lq 4,
+// 16384 keys: 45.0 against 44.8); at 16 rows and fewer 0.98-1.26x (group 4, Lq 4, d64, 4096 keys:
+// 21.1 us against the split-K decode's 17.8), and at Lq 2 in a group of 16 (32 rows) 1.05-1.21x
+// (d64, 4096 keys: 17.2 us against 14.2): the decode kernel holds 32 rows.
 inline constexpr int64_t kFa3PackedDecodeRows = 32;
+inline constexpr int64_t kFa3PackedDecodeMinLq = 4;
 // The most query rows fa3_packs takes at this head dim (Dk = Dv) and cache length; 0 where none.
 int64_t fa3_packed_chunk_rows(int64_t head_dim, int64_t len_k);
 bool fa3_packs(const attention::Problem& p);

@@ -391,13 +391,17 @@ TEST(AttentionCudnnRules, ShortGqaChunksGoToFa3Packed) {
   EXPECT_TRUE(fa3_packs(chunk(32, 8, kFa3PackedChunkRows, 4096)));
   EXPECT_TRUE(fa3_packs(chunk(32, 2, 64, 4096, 128, DType::f16)));  // group 16
   EXPECT_TRUE(fa3_packs(chunk(16, 8, 64, 4096)));                   // group 2
-  // Decodes: where the group fills kFa3PackedDecodeRows of a tile (group x Lq), not below.
+  // Decodes: where the group fills kFa3PackedDecodeRows of a tile (group x Lq) from
+  // kFa3PackedDecodeMinLq rows on, not below.
   EXPECT_TRUE(fa3_packs(chunk(32, 8, kDecodeQueryRows, 4096)));
   EXPECT_TRUE(fa3_packs(chunk(32, 8, kFa3PackedDecodeRows / 4, 4096)));
-  EXPECT_TRUE(fa3_packs(chunk(32, 2, kFa3PackedDecodeRows / 16, 16384, 64)));
+  EXPECT_TRUE(fa3_packs(chunk(32, 4, kFa3PackedDecodeMinLq, 16384, 64)));  // group 8
+  EXPECT_TRUE(fa3_packs(chunk(32, 2, kFa3PackedDecodeMinLq, 4096)));       // group 16
   EXPECT_TRUE(fa3_packs(chunk(16, 8, kFa3PackedDecodeRows / 2, 4096, 64, DType::f16)));
   EXPECT_FALSE(fa3_packs(chunk(32, 8, kFa3PackedDecodeRows / 4 - 1, 4096)));
-  EXPECT_FALSE(fa3_packs(chunk(32, 2, 1, 16384)));  // group 16, one row
+  EXPECT_FALSE(fa3_packs(chunk(32, 2, kFa3PackedDecodeMinLq - 1, 4096)));  // 48 rows, 3 a head
+  EXPECT_FALSE(fa3_packs(chunk(32, 2, 2, 16384, 64)));                     // 32 rows, 2 a head
+  EXPECT_FALSE(fa3_packs(chunk(32, 2, 1, 16384)));                         // group 16, one row
   EXPECT_FALSE(fa3_packs(chunk(16, 8, kFa3PackedDecodeRows / 2 - 1, 4096)));
   EXPECT_FALSE(fa3_packs(chunk(32, 32, kDecodeQueryRows, 4096)));  // group 1
   EXPECT_FALSE(fa3_packs(chunk(32, 8, kFa3PackedChunkRows + 1, 4096)));
@@ -1610,11 +1614,11 @@ TEST(AttentionFa3Gpu, PackedMatchesTheCpuPlan) {
        {},
        true},
       // Decodes whose group fills kFa3PackedDecodeRows of a tile (the default plan packs them):
-      // 8 tokens in a group of 4 with key counts; 2 tokens in a group of 16, f16, d64, padded rows.
+      // 8 tokens in a group of 4 with key counts; 4 tokens in a group of 8, f16, d64, padded rows.
       {{DType::bf16, 2, 8, 2, 8, 3000, 128, Mask::causal_bottom_right(), false, false},
        {3000, 1111},
        true},
-      {{DType::f16, 2, 16, 1, 2, 2500, 64, Mask::causal_bottom_right(), true, true}, {}, true},
+      {{DType::f16, 2, 8, 1, 4, 2500, 64, Mask::causal_bottom_right(), true, true}, {}, true},
   };
   for (const PackedCase& pc : cases) {
     const Case& c = pc.c;

@@ -135,7 +135,8 @@ int64_t fa3_packed_chunk_rows(int64_t head_dim, int64_t len_k) {
 bool fa3_packs(const attention::Problem& p) {
   const attention::Descriptor& d = p.desc;
   return (d.dtype == DType::bf16 || d.dtype == DType::f16) && d.head_dim_qk == d.head_dim_v &&
-         (d.len_q > kDecodeQueryRows || p.group * d.len_q >= kFa3PackedDecodeRows) &&
+         (d.len_q > kDecodeQueryRows ||
+          (d.len_q >= kFa3PackedDecodeMinLq && p.group * d.len_q >= kFa3PackedDecodeRows)) &&
          d.len_q <= fa3_packed_chunk_rows(d.head_dim_qk, d.len_k) && d.len_q < d.len_k &&
          p.group >= 2 && p.group <= 16 && (p.group & (p.group - 1)) == 0;
 }

@@ -11,11 +11,12 @@
 namespace baracuda::attention_hopper::detail {
 
 inline constexpr std::string_view kSelectionProvenance =
-    "f16 chunk points: NVIDIA H200, cuDNN 9.19.0, 2026-11-30, commit 95651e0, bench_attention "
+    "f16 Lq = Lk points: NVIDIA H200, cuDNN 9.19.0, 2026-11-30, commit d6a3b03, bench_attention "
     "(TFLOP/s, median of CUDA-event timings); Lq = Lk points: NVIDIA H100 80GB HBM3, cuDNN 9.19.0, "
     "2026-11-26, commit 4befacd, bench_attention (TFLOP/s, median of CUDA-event timings); chunk "
     "points: NVIDIA H200, cuDNN 9.19.0, 2026-11-30, commit fa3a567, bench_attention (TFLOP/s, "
-    "median of CUDA-event timings)";
+    "median of CUDA-event timings); f16 chunk points: NVIDIA H200, cuDNN 9.19.0, 2026-11-30, "
+    "commit 95651e0, bench_attention (TFLOP/s, median of CUDA-event timings)";
 
 // dtype, pass, head dim, L (= Lq = Lk; chunk points: Lk), causal, cuDNN, bespoke, fa3 TFLOP/s
 // (0: not run)[, chunk points: Lq]
@@ -182,6 +183,78 @@ inline constexpr TablePoint kSelectionPoints[] = {
     {DType::f16, Pass::forward, 256, 16384, true, 675.5, 229.8, 612.5, 1024},
     {DType::f16, Pass::forward, 256, 16384, true, 621.2, 231.0, 614.7, 2048},
     {DType::f16, Pass::forward, 256, 16384, true, 615.6, 228.8, 600.3, 4096},
+    {DType::f16, Pass::forward, 64, 512, false, 384.9, 266.4, 259.1},
+    {DType::f16, Pass::backward, 64, 512, false, 279.5, 185.9, 232.2},
+    {DType::f16, Pass::forward, 64, 512, true, 259.9, 165.8, 163.2},
+    {DType::f16, Pass::backward, 64, 512, true, 170.2, 128.7, 146.2},
+    {DType::f16, Pass::forward, 64, 1024, false, 430.6, 301.3, 326.8},
+    {DType::f16, Pass::backward, 64, 1024, false, 372.2, 217.0, 282.1},
+    {DType::f16, Pass::forward, 64, 1024, true, 336.9, 227.5, 236.6},
+    {DType::f16, Pass::backward, 64, 1024, true, 251.9, 176.6, 215.3},
+    {DType::f16, Pass::forward, 64, 2048, false, 458.5, 285.3, 378.9},
+    {DType::f16, Pass::backward, 64, 2048, false, 427.4, 246.8, 316.4},
+    {DType::f16, Pass::forward, 64, 2048, true, 394.3, 262.4, 308.1},
+    {DType::f16, Pass::backward, 64, 2048, true, 326.9, 208.1, 264.1},
+    {DType::f16, Pass::forward, 64, 4096, false, 474.6, 309.0, 412.0},
+    {DType::f16, Pass::backward, 64, 4096, false, 411.3, 265.6, 350.3},
+    {DType::f16, Pass::forward, 64, 4096, true, 432.7, 283.9, 359.2},
+    {DType::f16, Pass::backward, 64, 4096, true, 386.6, 241.1, 307.0},
+    {DType::f16, Pass::forward, 64, 8192, false, 482.8, 327.1, 423.2},
+    {DType::f16, Pass::backward, 64, 8192, false, 424.7, 273.8, 361.5},
+    {DType::f16, Pass::forward, 64, 8192, true, 455.0, 308.4, 385.9},
+    {DType::f16, Pass::backward, 64, 8192, true, 389.7, 252.9, 347.0},
+    {DType::f16, Pass::forward, 64, 16384, false, 440.1, 331.2, 409.8},
+    {DType::f16, Pass::backward, 64, 16384, false, 432.0, 273.4, 367.4},
+    {DType::f16, Pass::forward, 64, 16384, true, 436.0, 316.0, 403.0},
+    {DType::f16, Pass::backward, 64, 16384, true, 416.3, 260.3, 361.8},
+    {DType::f16, Pass::forward, 128, 512, false, 508.0, 296.5, 397.8},
+    {DType::f16, Pass::backward, 128, 512, false, 338.8, 198.9, 298.9},
+    {DType::f16, Pass::forward, 128, 512, true, 331.5, 193.2, 247.0},
+    {DType::f16, Pass::backward, 128, 512, true, 213.2, 135.9, 194.4},
+    {DType::f16, Pass::forward, 128, 1024, false, 586.2, 294.0, 472.5},
+    {DType::f16, Pass::backward, 128, 1024, false, 435.2, 223.3, 376.2},
+    {DType::f16, Pass::forward, 128, 1024, true, 435.3, 248.7, 361.8},
+    {DType::f16, Pass::backward, 128, 1024, true, 312.3, 184.4, 274.1},
+    {DType::f16, Pass::forward, 128, 2048, false, 628.0, 302.4, 593.9},
+    {DType::f16, Pass::backward, 128, 2048, false, 505.4, 268.8, 419.7},
+    {DType::f16, Pass::forward, 128, 2048, true, 511.1, 318.0, 470.7},
+    {DType::f16, Pass::backward, 128, 2048, true, 402.0, 210.9, 342.3},
+    {DType::f16, Pass::forward, 128, 4096, false, 646.9, 337.0, 639.7},
+    {DType::f16, Pass::backward, 128, 4096, false, 492.0, 291.5, 465.0},
+    {DType::f16, Pass::forward, 128, 4096, true, 561.9, 296.8, 556.1},
+    {DType::f16, Pass::backward, 128, 4096, true, 441.5, 256.6, 403.8},
+    {DType::f16, Pass::forward, 128, 8192, false, 656.7, 361.5, 639.4},
+    {DType::f16, Pass::backward, 128, 8192, false, 510.0, 298.7, 488.8},
+    {DType::f16, Pass::forward, 128, 8192, true, 591.6, 333.0, 612.0},
+    {DType::f16, Pass::backward, 128, 8192, true, 472.1, 275.4, 454.9},
+    {DType::f16, Pass::forward, 128, 16384, false, 599.6, 370.5, 565.9},
+    {DType::f16, Pass::backward, 128, 16384, false, 519.1, 297.2, 492.3},
+    {DType::f16, Pass::forward, 128, 16384, true, 610.7, 355.8, 633.8},
+    {DType::f16, Pass::backward, 128, 16384, true, 498.4, 286.2, 494.7},
+    {DType::f16, Pass::forward, 256, 512, false, 514.9, 180.1, 459.5},
+    {DType::f16, Pass::backward, 256, 512, false, 242.5, 69.8, 252.4},
+    {DType::f16, Pass::forward, 256, 512, true, 338.2, 137.3, 293.0},
+    {DType::f16, Pass::backward, 256, 512, true, 178.7, 57.7, 175.6},
+    {DType::f16, Pass::forward, 256, 1024, false, 609.4, 198.0, 564.2},
+    {DType::f16, Pass::backward, 256, 1024, false, 308.8, 74.3, 300.1},
+    {DType::f16, Pass::forward, 256, 1024, true, 444.6, 165.0, 399.5},
+    {DType::f16, Pass::backward, 256, 1024, true, 250.9, 68.5, 246.3},
+    {DType::f16, Pass::forward, 256, 2048, false, 666.2, 185.6, 632.5},
+    {DType::f16, Pass::backward, 256, 2048, false, 341.6, 77.7, 343.2},
+    {DType::f16, Pass::forward, 256, 2048, true, 524.7, 180.6, 496.2},
+    {DType::f16, Pass::backward, 256, 2048, true, 312.4, 74.6, 285.6},
+    {DType::f16, Pass::forward, 256, 4096, false, 693.3, 212.1, 672.5},
+    {DType::f16, Pass::backward, 256, 4096, false, 357.7, 79.2, 370.0},
+    {DType::f16, Pass::forward, 256, 4096, true, 576.4, 199.5, 568.8},
+    {DType::f16, Pass::backward, 256, 4096, true, 354.4, 78.4, 338.0},
+    {DType::f16, Pass::forward, 256, 8192, false, 705.9, 225.9, 694.8},
+    {DType::f16, Pass::backward, 256, 8192, false, 346.7, 80.6, 381.2},
+    {DType::f16, Pass::forward, 256, 8192, true, 606.5, 216.4, 619.6},
+    {DType::f16, Pass::backward, 256, 8192, true, 360.2, 80.3, 375.2},
+    {DType::f16, Pass::forward, 256, 16384, false, 706.0, 230.3, 705.6},
+    {DType::f16, Pass::backward, 256, 16384, false, 348.6, 78.7, 384.8},
+    {DType::f16, Pass::forward, 256, 16384, true, 625.8, 230.6, 674.5},
+    {DType::f16, Pass::backward, 256, 16384, true, 361.5, 81.0, 388.0},
 };
 inline constexpr std::span<const TablePoint> kSelectionTable{kSelectionPoints};
 
