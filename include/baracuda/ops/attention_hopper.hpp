@@ -164,7 +164,8 @@ class SelectionTableOverride {
 };
 
 // Forward problems with at most this many query rows are decode-shaped: the table (measured with
-// Lq = Lk) does not speak for them, and the family's decode kernel is the measured winner.
+// Lq = Lk) does not speak for them, and the family's decode kernel is the measured winner except
+// where fa3_packs (kFa3PackedDecodeRows).
 inline constexpr int64_t kDecodeQueryRows = 16;
 // A forward chunk of at least this many query rows against a cache of about a table point's length
 // takes fa3's column as measured at the point (it kept its rate there from Lq 256 up); at least
