@@ -173,14 +173,15 @@ inline constexpr int64_t kDecodeQueryRows = 16;
 // Lq 32 up). See preferred_candidate.
 inline constexpr int64_t kFa3ChunkRows = 256;
 inline constexpr int64_t kFa3ChunkRowsOverBespoke = 32;
-// A forward chunk of more than kDecodeQueryRows query rows (or fewer, filling kFa3PackedDecodeRows
-// of a tile with its group; at most fa3_packed_chunk_rows) against a longer cache, bf16 / f16, Dk =
-// Dv = 64 or 128, GQA group 2..16 (a power of two): fa3's packed instance (kFa3PackedKernel, or
-// kFa3PackedPagedKernel over paged K / V) runs it, and fa3 is the candidate wherever its kernels
-// fit (preferred_candidate, over any table but an empty one; the ranked-ahead entry then launches
-// the packed instance). Measured on the H200 (`bench_attention attention_packed`, 2026-11-30: 4
-// sequences x 32 query heads in groups of 1-16, causal bottom-right, Lq 17-256 new rows against
-// 4096- and 16384-key caches; docs/perf/attention.md, forty-fourth session):
+// A forward chunk of more than kDecodeQueryRows query rows (or from kFa3PackedDecodeMinLq rows,
+// filling kFa3PackedDecodeRows of a tile with its group; at most fa3_packed_chunk_rows) against a
+// longer cache, bf16 / f16, Dk = Dv = 64 or 128, GQA group 2..16 (a power of two): fa3's packed
+// instance (kFa3PackedKernel, or kFa3PackedPagedKernel over paged K / V) runs it, and fa3 is the
+// candidate wherever its kernels fit (preferred_candidate, over any table but an empty one; the
+// ranked-ahead entry then launches the packed instance). Measured on the H200 (`bench_attention
+// attention_packed`, 2026-11-30: 4 sequences x 32 query heads in groups of 1-16, causal
+// bottom-right, Lq 17-256 new rows against 4096- and 16384-key caches; docs/perf/attention.md,
+// forty-fourth session):
 // - d128: up to kFa3PackedChunkRows rows 1.00-3.8x the best of cuDNN, plain fa3 and the family's
 //   kernels in groups 2-16 (Lq 32, group 4, 4096 keys: 263 TFLOP/s against cuDNN's 148); at Lq 256
 //   plain fa3 led against 4096 keys (600-632 against 599-623) and the packed one against 16384
