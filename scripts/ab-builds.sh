@@ -27,7 +27,10 @@
 #      fortieth session's call 3 lost its tests so: two builds' attention_features rows fit 2 of 3
 #      rounds in what the builds left of the call).
 # Rows land in $OUT/ab.jsonl with "build": "A" / "B" (or "B1", "B2", ...) and "round"; the medians
-# and each B's ratio to A are printed last.
+# and each B's ratio to A are printed last. $OUT gets four files (ab.jsonl, ab_build.log,
+# ab_run.err, ab_test.log) and a device call returns at most 8: a command that writes more beside
+# them (further benches from build-ab) should bundle them (the forty-fifth session's call 1 lost
+# its ninth file).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 onto=0
