@@ -662,7 +662,8 @@ void chunk_sweep(const Stream& stream) {
 // leads, the measurement behind fa3_packs' bounds (fa3_packed_chunk_rows). 4 sequences x 32 query
 // heads in groups of 1, 2, 4, 8, 16, head dims 64 and 128 (BARACUDA_PACKED_D=<d>: one of them), Lk
 // 4096 and 16384 (groups of 1: 4096 only, the inputs stay at 2 x 268 MB), Lq 1 .. 256 (1 to 16:
-// decode and speculative decoding's few tokens, kFa3PackedDecodeRows' measurement;
+// decode and speculative decoding's few tokens, kFa3PackedDecodeRows' measurement; Lq 3 in a group
+// of 16 is 48 rows, more than the decode kernel holds, fewer than kFa3PackedDecodeMinLq asks;
 // BARACUDA_PACKED_MAX_LQ=<n>: those up to n alone), causal bottom-right. Per point: the default
 // plan, the packed and plain fa3 instances by name, cuDNN and the bespoke kernels by backend (the
 // latter under an empty table, so fa3's ranked-ahead entry does not answer for them). TFLOP/s on
@@ -676,7 +677,7 @@ void packed_sweep(const Stream& stream) {
   for (int64_t d : {64, 128})
     for (int64_t group : {1, 2, 4, 8, 16})
       for (int64_t lk : {int64_t{4096}, int64_t{16384}})
-        for (int64_t lq : {1, 2, 4, 8, 16, 17, 32, 64, 128, 256}) {
+        for (int64_t lq : {1, 2, 3, 4, 8, 16, 17, 32, 64, 128, 256}) {
           const int64_t hk = kChunkHq / group;
           if ((only_d > 0 && d != only_d) || lq > max_lq || kChunkB * hk * lk * d > kMaxKv)
             continue;
