@@ -13,6 +13,7 @@
 // ranked-ahead entry where the table picks fa3). BARACUDA_ATTN_SWEEP=quick limits the sweep to L in
 // {1024, 4096, 16384}, BARACUDA_ATTN_SWEEP=d128_l4096 to one non-causal point.
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -563,7 +564,8 @@ struct ChunkInputs {
   Buffer y, lse;
   DType dtype;  // sweep_dtype(): Q, K, V and Y
 };
-std::optional<ChunkInputs> chunk_inputs(int64_t max_lq, int64_t kv_elems, int64_t max_d) {
+std::optional<ChunkInputs> chunk_inputs(int64_t max_lq, int64_t kv_elems, int64_t max_d,
+                                        int64_t batch = kChunkB) {
   harness::Rng rng(20261130);
   const DType dt = sweep_dtype();
   auto make = [&](int64_t elems) {
@@ -571,9 +573,9 @@ std::optional<ChunkInputs> chunk_inputs(int64_t max_lq, int64_t kv_elems, int64_
     t.fill_random(rng);
     return t;
   };
-  auto q = make(kChunkB * kChunkHq * max_lq * max_d), k = make(kv_elems), v = make(kv_elems);
-  auto y = Buffer::allocate(kChunkB * kChunkHq * max_lq * max_d * 2, Location::cuda(0));
-  auto lse = Buffer::allocate(kChunkB * kChunkHq * max_lq * 4, Location::cuda(0));
+  auto q = make(batch * kChunkHq * max_lq * max_d), k = make(kv_elems), v = make(kv_elems);
+  auto y = Buffer::allocate(batch * kChunkHq * max_lq * max_d * 2, Location::cuda(0));
+  auto lse = Buffer::allocate(batch * kChunkHq * max_lq * 4, Location::cuda(0));
   for (const Result<Buffer>* b : {&y, &lse}) {
     if (!b->ok()) {
       bench::emit_error("attention", "setup", "alloc", b->error());
@@ -592,14 +594,14 @@ struct ChunkPoint {
   attention::ForwardArguments fa;
 };
 ChunkPoint chunk_point(ChunkInputs& in, std::string_view prefix, int64_t hk, int64_t lq, int64_t lk,
-                       int64_t d) {
-  constexpr int64_t kB = kChunkB, kHq = kChunkHq;
+                       int64_t d, int64_t kB = kChunkB) {
+  constexpr int64_t kHq = kChunkHq;
   ChunkPoint c;
   c.desc = sweep_desc(in.dtype, kB, kHq, lq, d, true);
   c.desc.heads_kv = hk, c.desc.len_k = lk;
   c.desc.mask = attention::Mask::causal_bottom_right();
-  c.name = std::string(prefix) + "_b4_hq32_hk" + std::to_string(hk) + "_lq" + std::to_string(lq) +
-           "_lk" + std::to_string(lk) + "_d" + std::to_string(d);
+  c.name = std::string(prefix) + "_b" + std::to_string(kB) + "_hq32_hk" + std::to_string(hk) +
+           "_lq" + std::to_string(lq) + "_lk" + std::to_string(lk) + "_d" + std::to_string(d);
   c.flops = 4.0 * kB * kHq * d *
             attention::detail::visible_key_total(attention::detail::band_of(c.desc.mask), lq, lk);
   c.bytes = 2.0 * (2 * kB * kHq * lq * d + 2 * kB * hk * lk * d);
@@ -659,29 +661,36 @@ void chunk_sweep(const Stream& stream) {
 }
 
 // Short chunks of a GQA group (bench_attention attention_packed): where fa3's packed instance
-// leads, the measurement behind fa3_packs' bounds (fa3_packed_chunk_rows). 4 sequences x 32 query
-// heads in groups of 1, 2, 4, 8, 16, head dims 64 and 128 (BARACUDA_PACKED_D=<d>: one of them), Lk
-// 4096 and 16384 (groups of 1: 4096 only, the inputs stay at 2 x 268 MB), Lq 1 .. 256 (1 to 16:
-// decode and speculative decoding's few tokens, kFa3PackedDecodeRows' measurement; Lq 3 in a group
-// of 16 is 48 rows, more than the decode kernel holds, fewer than kFa3PackedDecodeMinLq asks;
-// BARACUDA_PACKED_MAX_LQ=<n>: those up to n alone), causal bottom-right. Per point: the default
-// plan, the packed and plain fa3 instances by name, cuDNN and the bespoke kernels by backend (the
-// latter under an empty table, so fa3's ranked-ahead entry does not answer for them). TFLOP/s on
-// the visible keys.
+// leads, the measurement behind fa3_packs' bounds (fa3_packed_chunk_rows, kFa3PackedDecodeRows).
+// 4 sequences x 32 query heads in groups of 1, 2, 4, 8, 16, head dims 64 and 128
+// (BARACUDA_PACKED_D=<d>: one of them), Lk 4096 and 16384 (groups of 1: 4096 only, the inputs stay
+// at 2 x 268 MB), Lq 1 .. 256 (1 to 16: decode and speculative decoding's few tokens; Lq 3 in a
+// group of 16 is 48 rows, more than the decode kernel holds, fewer than kFa3PackedDecodeMinLq
+// asks; BARACUDA_PACKED_MAX_LQ=<n>: those up to n alone), causal bottom-right.
+// BARACUDA_PACKED_B=<b>: b sequences (a serving batch: whether the bounds measured on 4 hold where
+// the grid is full). Per point: the default plan, the packed and plain fa3 instances by name, cuDNN
+// and the bespoke kernels by backend (the latter under an empty table, so fa3's ranked-ahead entry
+// does not answer for them). TFLOP/s on the visible keys.
 void packed_sweep(const Stream& stream) {
-  constexpr int64_t kMaxLq = 256, kMaxD = 128, kMaxKv = kChunkB * 16 * 16384 * kMaxD;
-  auto in = chunk_inputs(kMaxLq, kMaxKv, kMaxD);
-  if (!in) return;
+  constexpr int64_t kMaxLq = 256, kMaxD = 128;
   const int64_t only_d = bench::env_positive("BARACUDA_PACKED_D", 0);
   const int64_t max_lq = bench::env_positive("BARACUDA_PACKED_MAX_LQ", kMaxLq);
+  // A serving batch (BARACUDA_PACKED_B=<b>, e.g. 64): shorter caches, 1024 and 4096 keys, so the
+  // inputs stay within b x 16 x 4096 x 128 elements (groups of 1: 1024 keys only).
+  const int64_t batch = bench::env_positive("BARACUDA_PACKED_B", kChunkB);
+  const bool serving = batch != kChunkB;
+  const int64_t kv_cap = batch * 16 * (serving ? 4096 : 16384) * kMaxD;
+  const std::array<int64_t, 2> lks =
+      serving ? std::array<int64_t, 2>{1024, 4096} : std::array<int64_t, 2>{4096, 16384};
+  auto in = chunk_inputs(kMaxLq, kv_cap, kMaxD, batch);
+  if (!in) return;
   for (int64_t d : {64, 128})
     for (int64_t group : {1, 2, 4, 8, 16})
-      for (int64_t lk : {int64_t{4096}, int64_t{16384}})
+      for (int64_t lk : lks)
         for (int64_t lq : {1, 2, 3, 4, 8, 16, 17, 32, 64, 128, 256}) {
           const int64_t hk = kChunkHq / group;
-          if ((only_d > 0 && d != only_d) || lq > max_lq || kChunkB * hk * lk * d > kMaxKv)
-            continue;
-          const ChunkPoint c = chunk_point(*in, "packed", hk, lq, lk, d);
+          if ((only_d > 0 && d != only_d) || lq > max_lq || batch * hk * lk * d > kv_cap) continue;
+          const ChunkPoint c = chunk_point(*in, "packed", hk, lq, lk, d, batch);
           const std::pair<const char*, PlanPreference> candidates[] = {
               {"default plan", PlanPreference::fastest()},
               {"fa3 packed by name", PlanPreference::kernel(kFa3PackedKernel)},
