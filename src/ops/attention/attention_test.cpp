@@ -1676,7 +1676,6 @@ TEST(AttentionReference, HandComputedCases) {
   EXPECT_EQ(yw, (std::vector<double>{2, 3, 6}));
 }
 
-// GQA: query heads of a group read the same K/V head, identical to repeating K/V per head.
 // The CPU backend spreads its heads over threads (forward: (sequence, query head); backward:
 // (sequence, K / V head)), each whole on one thread: one thread and seven give the same bits, and
 // the forward equals the row-block reference run head by head. A problem above the backend's
@@ -1718,6 +1717,7 @@ TEST(AttentionReference, CpuBackendBitsDoNotDependOnItsThreads) {
   EXPECT_GT(std::abs(seven.grads.dk[7]) + std::abs(seven.fwd.first[5]), 0.0);
 }
 
+// GQA: query heads of a group read the same K/V head, identical to repeating K/V per head.
 TEST(AttentionReference, GqaEqualsRepeatedHeads) {
   Rng rng;
   Config g;

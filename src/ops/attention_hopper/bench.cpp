@@ -556,8 +556,8 @@ void fp8_sweep(const Stream& stream) {
       }
 }
 
-// The chunk benches' inputs: 4 sequences x 32 query heads, Q / K / V random bf16 filled once (the
-// largest point's extents), Y and LSE to write.
+// The chunk benches' inputs: `batch` sequences x 32 query heads, Q / K / V random in sweep_dtype()
+// filled once (the largest point's extents), Y and LSE to write.
 constexpr int64_t kChunkB = 4, kChunkHq = 32;
 struct ChunkInputs {
   harness::TestTensor q, k, v;

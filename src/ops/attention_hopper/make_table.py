@@ -75,7 +75,7 @@ if a.base:
             if line.strip().startswith("{DType::") and kind_of(line.strip()) not in measured]
     old = "".join(re.findall(r'"([^"]*)"', re.search(
         r'kSelectionProvenance =\s*((?:"[^"]*"\s*)+);', text).group(1)))
-    kept_kinds = sorted({kind_of(r.strip()) for r in kept}, key=lambda k: (k[0], k[1]))
+    kept_kinds = sorted({kind_of(r.strip()) for r in kept})
     # The base's provenance per kind: its "<kind>: <run>" segments, or one run for all of them.
     labels = {label((t, c)) for t in ("bf16", "f16") for c in (False, True)}
     parts = {}
@@ -84,7 +84,7 @@ if a.base:
         if sep and lab in labels:
             parts[lab] = run
     if kept:
-        segs = [f"{label(k)}: {provenance}" for k in sorted(measured, key=lambda k: (k[0], k[1]))]
+        segs = [f"{label(k)}: {provenance}" for k in sorted(measured)]
         segs += [f"{label(k)}: {parts.get(label(k), old)}" for k in kept_kinds]
         provenance = "; ".join(segs)
     rows = kept + rows
