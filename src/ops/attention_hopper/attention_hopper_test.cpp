@@ -1619,6 +1619,11 @@ TEST(AttentionFa3Gpu, PackedMatchesTheCpuPlan) {
        {3000, 1111},
        true},
       {{DType::f16, 2, 8, 1, 4, 2500, 64, Mask::causal_bottom_right(), true, true}, {}, true},
+      // Head dim 256 (64-key tiles; by name only): 6 tokens in a group of 8 against 1500 keys,
+      // [B, L, H, D]; a 50-row chunk in a group of 2 with key counts and a softcap, f16.
+      {{DType::bf16, 2, 8, 1, 6, 1500, 256, Mask::causal_bottom_right(), true, false}, {}},
+      {{DType::f16, 2, 4, 2, 50, 900, 256, Mask::causal_bottom_right(), false, true, true, 20.0},
+       {900, 321}},
   };
   for (const PackedCase& pc : cases) {
     const Case& c = pc.c;
@@ -1667,8 +1672,12 @@ TEST(AttentionFa3Gpu, PackedFitsGroupsOfOneToSixteen) {
   for (int64_t g : {1, 2, 4, 8, 16}) {
     EXPECT_TRUE(fits(8 * g, 8, 128)) << g;
     EXPECT_TRUE(fits(g, 1, 64)) << g;
-    EXPECT_FALSE(fits(g, 1, 256)) << g;
+    EXPECT_TRUE(fits(2 * g, 2, 256)) << g;
   }
+  // MLA's Dk 192 / Dv 128 stays with the plain instances.
+  Descriptor mla = make_desc(DType::bf16, 2, 32, 8, 32, 4096, 192);
+  mla.head_dim_v = 128;
+  EXPECT_FALSE(packed->fits(problem_of(mla), caps));
   EXPECT_FALSE(fits(24, 8, 128));  // group 3
   EXPECT_FALSE(fits(32, 1, 128));  // group 32: 4 rows a head, under one swizzle atom
   Descriptor counted = make_desc(DType::bf16, 2, 32, 8, 32, 4096, 128);
@@ -1844,6 +1853,12 @@ TEST(AttentionFa3Gpu, PackedPagedMatchesTheCpuPlan) {
       {{DType::bf16, 2, 8, 2, 40, 1200, 64, Mask::causal_bottom_right(), false, false},
        32,
        {1200, 555}},
+      // Head dim 256: 12 tokens, GQA 4, 16-key pages (row copies), counts.
+      {{DType::bf16, 2, 8, 2, 12, 700, 256, Mask::causal_bottom_right(), false, false},
+       16,
+       {700, 250}},
+      // Head dim 256, 64-key pages (whole tiles as TMA boxes), f16, GQA 2, 40 rows.
+      {{DType::f16, 1, 4, 2, 40, 1000, 256, Mask::causal_bottom_right(), true, false}, 64, {}},
   };
   for (const PagedCase& pc : cases) check_paged_case(pc, kFa3PackedPagedKernel, rng);
 }

@@ -663,33 +663,35 @@ void chunk_sweep(const Stream& stream) {
 // Short chunks of a GQA group (bench_attention attention_packed): where fa3's packed instance
 // leads, the measurement behind fa3_packs' bounds (fa3_packed_chunk_rows, kFa3PackedDecodeRows).
 // 4 sequences x 32 query heads in groups of 1, 2, 4, 8, 16, head dims 64 and 128
-// (BARACUDA_PACKED_D=<d>: one of them), Lk 4096 and 16384 (groups of 1: 4096 only, the inputs stay
-// at 2 x 268 MB), Lq 1 .. 256 (1 to 16: decode and speculative decoding's few tokens; Lq 3 in a
-// group of 16 is 48 rows, more than the decode kernel holds, fewer than kFa3PackedDecodeMinLq
-// asks; BARACUDA_PACKED_MAX_LQ=<n>: those up to n alone), causal bottom-right.
-// BARACUDA_PACKED_B=<b>: b sequences (a serving batch: whether the bounds measured on 4 hold where
-// the grid is full). Per point: the default plan, the packed and plain fa3 instances by name, cuDNN
-// and the bespoke kernels by backend (the latter under an empty table, so fa3's ranked-ahead entry
-// does not answer for them). TFLOP/s on the visible keys.
+// (BARACUDA_PACKED_D=<d>: one of them, or 256, which runs only when asked), Lk 4096 and 16384
+// (groups of 1: 4096 only, the inputs stay at 2 x 268 MB), Lq 1 .. 256 (1 to 16: decode and
+// speculative decoding's few tokens; Lq 3 in a group of 16 is 48 rows, more than the decode kernel
+// holds, fewer than kFa3PackedDecodeMinLq asks; BARACUDA_PACKED_MAX_LQ=<n>: those up to n alone),
+// causal bottom-right. BARACUDA_PACKED_B=<b>: b sequences (a serving batch: whether the bounds
+// measured on 4 hold where the grid is full). Per point: the default plan, the packed and plain fa3
+// instances by name, cuDNN and the bespoke kernels by backend (the latter under an empty table, so
+// fa3's ranked-ahead entry does not answer for them). TFLOP/s on the visible keys.
 void packed_sweep(const Stream& stream) {
-  constexpr int64_t kMaxLq = 256, kMaxD = 128;
+  constexpr int64_t kMaxLq = 256;
   const int64_t only_d = bench::env_positive("BARACUDA_PACKED_D", 0);
+  const int64_t max_d = only_d == 256 ? 256 : 128;
   const int64_t max_lq = bench::env_positive("BARACUDA_PACKED_MAX_LQ", kMaxLq);
   // A serving batch (BARACUDA_PACKED_B=<b>, e.g. 64): shorter caches, 1024 and 4096 keys, so the
   // inputs stay within b x 16 x 4096 x 128 elements (groups of 1: 1024 keys only).
   const int64_t batch = bench::env_positive("BARACUDA_PACKED_B", kChunkB);
   const bool serving = batch != kChunkB;
-  const int64_t kv_cap = batch * 16 * (serving ? 4096 : 16384) * kMaxD;
+  const int64_t kv_cap = batch * 16 * (serving ? 4096 : 16384) * max_d;
   const std::array<int64_t, 2> lks =
       serving ? std::array<int64_t, 2>{1024, 4096} : std::array<int64_t, 2>{4096, 16384};
-  auto in = chunk_inputs(kMaxLq, kv_cap, kMaxD, batch);
+  auto in = chunk_inputs(kMaxLq, kv_cap, max_d, batch);
   if (!in) return;
-  for (int64_t d : {64, 128})
+  for (int64_t d : {64, 128, 256})
     for (int64_t group : {1, 2, 4, 8, 16})
       for (int64_t lk : lks)
         for (int64_t lq : {1, 2, 3, 4, 8, 16, 17, 32, 64, 128, 256}) {
           const int64_t hk = kChunkHq / group;
-          if ((only_d > 0 && d != only_d) || lq > max_lq || batch * hk * lk * d > kv_cap) continue;
+          if ((only_d > 0 ? d != only_d : d > 128) || lq > max_lq || batch * hk * lk * d > kv_cap)
+            continue;
           const ChunkPoint c = chunk_point(*in, "packed", hk, lq, lk, d, batch);
           const std::pair<const char*, PlanPreference> candidates[] = {
               {"default plan", PlanPreference::fastest()},

@@ -1091,11 +1091,11 @@ bool fits(const Problem& pr, const DeviceCaps& caps) {
   if ((d.page_size > 0) != paged_v(V)) return false;
   if (!paged_v(V) && !packed_v(V) && d.seqused_k != (V == kCounts)) return false;
   // kPacked: a group of 1..16 (a power of two: 128 / group rows of each head, at least one 8-row
-  // swizzle atom; group 1 is the key split alone, for chunks of few sequences and heads), head
-  // dims 64 and 128.
+  // swizzle atom; group 1 is the key split alone, for chunks of few sequences and heads), Dk = Dv
+  // (not MLA's 192 / 128).
   if constexpr (packed_v(V)) {
     if (pr.group < 1 || pr.group > 16 || (pr.group & (pr.group - 1)) != 0 ||
-        (d.head_dim_qk != 64 && d.head_dim_qk != 128))
+        d.head_dim_qk != d.head_dim_v)
       return false;
   }
   // The persistent variant numbers its work tiles (query blocks x heads x batch) in an int.
@@ -1107,7 +1107,14 @@ bool fits(const Problem& pr, const DeviceCaps& caps) {
       return false;
     return body_compiled<T, 64, V>();
   } else if constexpr (packed_v(V)) {
-    return pr.desc.head_dim_qk == 64 ? body_compiled<T, 64, V>() : body_compiled<T, 128, V>();
+    switch (pr.desc.head_dim_qk) {
+      case 64:
+        return body_compiled<T, 64, V>();
+      case 128:
+        return body_compiled<T, 128, V>();
+      default:
+        return body_compiled<T, 256, V>();
+    }
   } else {
     switch (pr.desc.head_dim_qk) {
       case 64:
@@ -1400,9 +1407,15 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
 
 template <class T, int V>
 Status launch(const LaunchContext& ctx, const Problem& pr, const ForwardArguments& a) {
-  if constexpr (packed_v(V)) {  // D = 64 or 128 (see fits)
-    return pr.desc.head_dim_qk == 64 ? launch_d<T, 64, V>(ctx, pr, a)
-                                     : launch_d<T, 128, V>(ctx, pr, a);
+  if constexpr (packed_v(V)) {  // Dk = Dv (see fits)
+    switch (pr.desc.head_dim_qk) {
+      case 64:
+        return launch_d<T, 64, V>(ctx, pr, a);
+      case 128:
+        return launch_d<T, 128, V>(ctx, pr, a);
+      default:
+        return launch_d<T, 256, V>(ctx, pr, a);
+    }
   } else if constexpr (V == kPersistent) {  // D = 64 only (see fits)
     if (pr.desc.head_dim_qk != 64)
       return Error::unsupported(std::string(attention::ForwardOp::name) +
