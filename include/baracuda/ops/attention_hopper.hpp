@@ -173,15 +173,14 @@ inline constexpr int64_t kDecodeQueryRows = 16;
 // Lq 32 up). See preferred_candidate.
 inline constexpr int64_t kFa3ChunkRows = 256;
 inline constexpr int64_t kFa3ChunkRowsOverBespoke = 32;
-// A forward chunk of more than kDecodeQueryRows query rows (or from kFa3PackedDecodeMinLq rows,
-// filling kFa3PackedDecodeRows of a tile with its group; at most fa3_packed_chunk_rows) against a
-// longer cache, bf16 / f16, Dk = Dv = 64 or 128, GQA group 2..16 (a power of two): fa3's packed
-// instance (kFa3PackedKernel, or kFa3PackedPagedKernel over paged K / V) runs it, and fa3 is the
-// candidate wherever its kernels fit (preferred_candidate, over any table but an empty one; the
-// ranked-ahead entry then launches the packed instance). Measured on the H200 (`bench_attention
-// attention_packed`, 2026-11-30: 4 sequences x 32 query heads in groups of 1-16, causal
-// bottom-right, Lq 17-256 new rows against 4096- and 16384-key caches; docs/perf/attention.md,
-// forty-fourth session):
+// A forward chunk of more than kDecodeQueryRows query rows (or a decode-shaped one, see
+// kFa3PackedDecodeRows; at most fa3_packed_chunk_rows) against a longer cache, bf16 / f16, Dk = Dv
+// = 64, 128 or 256, GQA group 2..16 (a power of two): fa3's packed instance (kFa3PackedKernel, or
+// kFa3PackedPagedKernel over paged K / V) runs it, and fa3 is the candidate wherever its kernels
+// fit (preferred_candidate, over any table but an empty one; the ranked-ahead entry then launches
+// the packed instance). Measured on the H200 (`bench_attention attention_packed`, 2026-11-30: 4
+// sequences x 32 query heads in groups of 1-16, causal bottom-right, Lq 17-256 new rows against
+// 4096- and 16384-key caches; docs/perf/attention.md, forty-fourth session):
 // - d128: up to kFa3PackedChunkRows rows 1.00-3.8x the best of cuDNN, plain fa3 and the family's
 //   kernels in groups 2-16 (Lq 32, group 4, 4096 keys: 263 TFLOP/s against cuDNN's 148); at Lq 256
 //   plain fa3 led against 4096 keys (600-632 against 599-623) and the packed one against 16384
@@ -189,23 +188,37 @@ inline constexpr int64_t kFa3ChunkRowsOverBespoke = 32;
 // - d64: up to kFa3PackedChunkRowsD64 rows 1.1-3.2x the best other in groups 2-16 (Lq 32, group
 //   4, 16384 keys: 312 against cuDNN's 119); from Lq 128 cuDNN led (382-470 against 338-404);
 // - group 1 (the key split alone): cuDNN from 0.3% behind to 5% ahead of both fa3 instances at
-//   d128, 12-18% ahead at d64: the table's pick.
+//   d128, 12-18% ahead at d64: the table's pick;
+// - d256 (forty-sixth session, same sweep): up to kFa3PackedChunkRowsD256 rows 1.19-3.8x the best
+//   other in groups 2-16 (Lq 32, group 8, 16384 keys: 121.5 us against cuDNN's 362.2); from Lq 128
+//   cuDNN led (group 4, 4096 keys: 104.7 us against 112.2).
 inline constexpr int64_t kFa3PackedChunkRows = 128;
 inline constexpr int64_t kFa3PackedChunkRowsD64 = 64;
+inline constexpr int64_t kFa3PackedChunkRowsD256 = 64;
 inline constexpr int64_t kFa3PackedLongCacheRows = 256;
 inline constexpr int64_t kFa3PackedLongCacheKeys = 16384;
-// Decode-shaped forwards (at most kDecodeQueryRows query rows, at least kFa3PackedDecodeMinLq)
-// whose group fills at least kFa3PackedDecodeRows of the packed tile's rows (group x Lq:
-// speculative decoding's few tokens in a GQA group) take the packed instance too. Measured on the
-// H200 (`bench_attention attention_packed`, 2026-11-30, Lq 1-16, groups 1-16, d64 / d128, 4096
-// and 16384 keys; docs/perf/attention.md, forty-fifth session): from 32 rows and Lq 4 the packed
-// instance took 0.13-1.004x the time of the family's decode and short-row kernels (group 8, Lq 8,
-// d128, 16384 keys: 45.5 us against 89.5; group 16, Lq 16: 40.7 against 310.7; group 8, Lq 4,
-// 16384 keys: 45.0 against 44.8); at 16 rows and fewer 0.98-1.26x (group 4, Lq 4, d64, 4096 keys:
-// 21.1 us against the split-K decode's 17.8), and at Lq 2 in a group of 16 (32 rows) 1.05-1.21x
-// (d64, 4096 keys: 17.2 us against 14.2): the decode kernel holds 32 rows.
+// Decode-shaped forwards (at most kDecodeQueryRows query rows: speculative decoding's few tokens
+// in a GQA group) take the packed instance where it measured faster than the family's decode and
+// short-row kernels (H200, `bench_attention attention_packed`, groups 1-16, Lq 1-16, 4 sequences
+// against 4096 / 16384 keys and 64 against 1024 / 4096; docs/perf/attention.md, forty-fifth and
+// forty-sixth sessions). The rows are group x Lq:
+// - d64 / d128: more than kFa3PackedDecodeRows, the rows the decode kernel holds (past them the
+//   family's m16 kernel answered: Lq 3 in a group of 16, 48 rows, 1.22-2.67x the packed time), or
+//   exactly that many from kFa3PackedDecodeMinLq tokens on (group 8, Lq 4, 16384 keys: 44.7 us
+//   against 45.3; at Lq 2 in a group of 16 the decode kernel led, 14.1 against 17.1 at 4096 keys);
+// - d256: every decode but a single token in a group of 16 (the decode kernel holds 16 rows at
+//   d256 and led there, 20.5 us against 24.6 at 4096 keys; from 2 rows the packed instance took
+//   0.10-0.96x its time or the family's);
+// - but where the grid is full without splitting the keys (more than kFa3PackedDecodeMaxKvHeads
+//   sequences x K/V heads) only from a whole tile of rows (kFa3PackedTileRows): with 64 sequences
+//   of 4-16 K/V heads the family's kernels took 0.70-0.98x the packed time at 24-64 rows (group 8,
+//   Lq 4, d64, 4096 keys: 71.3 us against 96.9) and the packed instance 0.70-0.92x theirs at 128
+//   (group 8, Lq 16, d128, 4096 keys: 143.8 us against 205.5); at 128 K/V heads (group 16) it led
+//   from 48 rows (1.22-1.95x). d256 was measured on 4 sequences only; the limit holds there too.
 inline constexpr int64_t kFa3PackedDecodeRows = 32;
 inline constexpr int64_t kFa3PackedDecodeMinLq = 4;
+inline constexpr int64_t kFa3PackedDecodeMaxKvHeads = 128;
+inline constexpr int64_t kFa3PackedTileRows = 128;
 // The most query rows fa3_packs takes at this head dim (Dk = Dv) and cache length; 0 where none.
 int64_t fa3_packed_chunk_rows(int64_t head_dim, int64_t len_k);
 bool fa3_packs(const attention::Problem& p);

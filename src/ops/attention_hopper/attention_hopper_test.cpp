@@ -378,9 +378,10 @@ TEST(AttentionCudnnRules, ChunkPointsDecideChunks) {
 }
 
 // Short chunks of a GQA group go to fa3 (its packed instance) wherever fa3 runs, ahead of any
-// table point: bf16 / f16, Dk = Dv = 64 or 128, groups 2..16 that are powers of two, more rows than
-// a decode and at most fa3_packed_chunk_rows (d128: kFa3PackedChunkRows, kFa3PackedLongCacheRows
-// from kFa3PackedLongCacheKeys keys on; d64: kFa3PackedChunkRowsD64), fewer than the cache's keys.
+// table point: bf16 / f16, Dk = Dv = 64, 128 or 256, groups 2..16 that are powers of two, more rows
+// than a decode (or a decode by kFa3PackedDecodeRows' rules) and at most fa3_packed_chunk_rows
+// (d128: kFa3PackedChunkRows, kFa3PackedLongCacheRows from kFa3PackedLongCacheKeys keys on; d64:
+// kFa3PackedChunkRowsD64; d256: kFa3PackedChunkRowsD256), fewer than the cache's keys.
 TEST(AttentionCudnnRules, ShortGqaChunksGoToFa3Packed) {
   auto chunk = [](int64_t hq, int64_t hk, int64_t lq, int64_t lk, int64_t d = 128,
                   DType t = DType::bf16) {
@@ -399,9 +400,10 @@ TEST(AttentionCudnnRules, ShortGqaChunksGoToFa3Packed) {
   EXPECT_TRUE(fa3_packs(chunk(32, 2, kFa3PackedDecodeMinLq, 4096)));       // group 16
   EXPECT_TRUE(fa3_packs(chunk(16, 8, kFa3PackedDecodeRows / 2, 4096, 64, DType::f16)));
   EXPECT_FALSE(fa3_packs(chunk(32, 8, kFa3PackedDecodeRows / 4 - 1, 4096)));
-  EXPECT_FALSE(fa3_packs(chunk(32, 2, kFa3PackedDecodeMinLq - 1, 4096)));  // 48 rows, 3 a head
-  EXPECT_FALSE(fa3_packs(chunk(32, 2, 2, 16384, 64)));                     // 32 rows, 2 a head
-  EXPECT_FALSE(fa3_packs(chunk(32, 2, 1, 16384)));                         // group 16, one row
+  // Past the decode kernel's kFa3PackedDecodeRows, from fewer tokens: 48 rows, 3 a head.
+  EXPECT_TRUE(fa3_packs(chunk(32, 2, kFa3PackedDecodeMinLq - 1, 4096)));
+  EXPECT_FALSE(fa3_packs(chunk(32, 2, 2, 16384, 64)));  // 32 rows, 2 a head
+  EXPECT_FALSE(fa3_packs(chunk(32, 2, 1, 16384)));      // group 16, one row
   EXPECT_FALSE(fa3_packs(chunk(16, 8, kFa3PackedDecodeRows / 2 - 1, 4096)));
   EXPECT_FALSE(fa3_packs(chunk(32, 32, kDecodeQueryRows, 4096)));  // group 1
   EXPECT_FALSE(fa3_packs(chunk(32, 8, kFa3PackedChunkRows + 1, 4096)));
@@ -416,11 +418,31 @@ TEST(AttentionCudnnRules, ShortGqaChunksGoToFa3Packed) {
   EXPECT_TRUE(fa3_packs(chunk(32, 16, 17, 16384, 64, DType::f16)));
   EXPECT_FALSE(fa3_packs(chunk(32, 8, kFa3PackedChunkRowsD64 + 1, 4096, 64)));
   EXPECT_FALSE(fa3_packs(chunk(32, 8, kFa3PackedChunkRowsD64 + 1, 32768, 64)));
-  EXPECT_FALSE(fa3_packs(chunk(32, 8, 64, 4096, 256)));  // head dim 256: not measured
-  EXPECT_FALSE(fa3_packs(chunk(32, 8, 64, 4096, 96)));   // not an fa3 head dim
-  EXPECT_FALSE(fa3_packs(chunk(32, 32, 64, 4096)));      // group 1
-  EXPECT_FALSE(fa3_packs(chunk(24, 8, 64, 4096)));       // group 3
-  EXPECT_FALSE(fa3_packs(chunk(32, 1, 64, 4096)));       // group 32
+  // Head dim 256: up to kFa3PackedChunkRowsD256 rows; every decode but one token in a group of 16.
+  EXPECT_TRUE(fa3_packs(chunk(32, 8, kFa3PackedChunkRowsD256, 4096, 256)));
+  EXPECT_FALSE(fa3_packs(chunk(32, 8, kFa3PackedChunkRowsD256 + 1, 16384, 256)));
+  EXPECT_TRUE(fa3_packs(chunk(32, 16, 1, 4096, 256, DType::f16)));  // group 2, 2 rows
+  EXPECT_TRUE(fa3_packs(chunk(32, 4, 1, 16384, 256)));              // group 8
+  EXPECT_TRUE(fa3_packs(chunk(32, 2, 2, 4096, 256)));               // group 16, 32 rows
+  EXPECT_FALSE(fa3_packs(chunk(32, 2, 1, 4096, 256)));              // group 16, one token
+  EXPECT_FALSE(fa3_packs(chunk(32, 32, 4, 4096, 256)));             // group 1
+  // A serving batch (64 sequences): where sequences x K/V heads fill the grid (more than
+  // kFa3PackedDecodeMaxKvHeads), decodes pack only from a whole tile of rows; chunks as before.
+  auto serving = [](int64_t hq, int64_t hk, int64_t lq, int64_t d = 128) {
+    return problem_of(make_desc(DType::bf16, 64, hq, hk, lq, 4096, d, Mask::causal_bottom_right()));
+  };
+  ASSERT_EQ(64 * 2, kFa3PackedDecodeMaxKvHeads);
+  EXPECT_FALSE(fa3_packs(serving(32, 4, kFa3PackedDecodeMinLq)));  // group 8: 256 K/V heads
+  EXPECT_FALSE(fa3_packs(serving(32, 4, kFa3PackedTileRows / 8 - 1, 64)));
+  EXPECT_TRUE(fa3_packs(serving(32, 4, kFa3PackedTileRows / 8)));  // a whole tile
+  EXPECT_TRUE(fa3_packs(serving(32, 4, kDecodeQueryRows + 1)));    // a chunk
+  EXPECT_TRUE(fa3_packs(serving(32, 2, 3)));                       // group 16: 128 K/V heads
+  EXPECT_FALSE(fa3_packs(serving(64, 4, 3)));                      // group 16: 256 K/V heads
+  EXPECT_FALSE(fa3_packs(serving(32, 4, 2, 256)));
+  EXPECT_FALSE(fa3_packs(chunk(32, 8, 64, 4096, 96)));  // not an fa3 head dim
+  EXPECT_FALSE(fa3_packs(chunk(32, 32, 64, 4096)));     // group 1
+  EXPECT_FALSE(fa3_packs(chunk(24, 8, 64, 4096)));      // group 3
+  EXPECT_FALSE(fa3_packs(chunk(32, 1, 64, 4096)));      // group 32
   EXPECT_FALSE(fa3_packs(chunk(32, 8, 64, 4096, 128, DType::f32)));
   attention::Problem mixed = chunk(32, 8, 64, 4096);
   mixed.desc.head_dim_v = 64;  // Dk != Dv
@@ -1619,11 +1641,14 @@ TEST(AttentionFa3Gpu, PackedMatchesTheCpuPlan) {
        {3000, 1111},
        true},
       {{DType::f16, 2, 8, 1, 4, 2500, 64, Mask::causal_bottom_right(), true, true}, {}, true},
-      // Head dim 256 (64-key tiles; by name only): 6 tokens in a group of 8 against 1500 keys,
-      // [B, L, H, D]; a 50-row chunk in a group of 2 with key counts and a softcap, f16.
-      {{DType::bf16, 2, 8, 1, 6, 1500, 256, Mask::causal_bottom_right(), true, false}, {}},
+      // Head dim 256 (64-key tiles), where fa3_packs too: 6 tokens in a group of 8 against 1500
+      // keys, [B, L, H, D]; a 50-row chunk in a group of 2 with key counts and a softcap, f16.
+      {{DType::bf16, 2, 8, 1, 6, 1500, 256, Mask::causal_bottom_right(), true, false}, {}, true},
       {{DType::f16, 2, 4, 2, 50, 900, 256, Mask::causal_bottom_right(), false, true, true, 20.0},
-       {900, 321}},
+       {900, 321},
+       true},
+      // Lq 3 in a group of 16 (48 rows: past the decode kernel's 32), d128.
+      {{DType::bf16, 1, 16, 1, 3, 2000, 128, Mask::causal_bottom_right(), false, false}, {}, true},
   };
   for (const PackedCase& pc : cases) {
     const Case& c = pc.c;
@@ -1659,8 +1684,8 @@ TEST(AttentionFa3Gpu, PackedMatchesTheCpuPlan) {
   }
 }
 
-// What the packed instance takes: groups 1 to 16 in powers of two, head dims 64 and 128, with or
-// without key counts; not paged pools (its paged twin takes those), other groups or head dims.
+// What the packed instance takes: groups 1 to 16 in powers of two, head dims 64, 128 and 256, with
+// or without key counts; not paged pools (its paged twin takes those), other groups or head dims.
 TEST(AttentionFa3Gpu, PackedFitsGroupsOfOneToSixteen) {
   FA3_SKIP_UNLESS_RUNNABLE();
   const DeviceCaps caps = harness::stream_for(Target::cuda).caps();

@@ -127,18 +127,31 @@ std::string_view to_string(Candidate c) {
 }
 
 int64_t fa3_packed_chunk_rows(int64_t head_dim, int64_t len_k) {
-  if (head_dim == 64) return kFa3PackedChunkRowsD64;
-  if (head_dim != 128) return 0;
-  return len_k >= kFa3PackedLongCacheKeys ? kFa3PackedLongCacheRows : kFa3PackedChunkRows;
+  switch (head_dim) {
+    case 64:
+      return kFa3PackedChunkRowsD64;
+    case 128:
+      return len_k >= kFa3PackedLongCacheKeys ? kFa3PackedLongCacheRows : kFa3PackedChunkRows;
+    case 256:
+      return kFa3PackedChunkRowsD256;
+    default:
+      return 0;
+  }
 }
 
 bool fa3_packs(const attention::Problem& p) {
   const attention::Descriptor& d = p.desc;
-  return (d.dtype == DType::bf16 || d.dtype == DType::f16) && d.head_dim_qk == d.head_dim_v &&
-         (d.len_q > kDecodeQueryRows ||
-          (d.len_q >= kFa3PackedDecodeMinLq && p.group * d.len_q >= kFa3PackedDecodeRows)) &&
-         d.len_q <= fa3_packed_chunk_rows(d.head_dim_qk, d.len_k) && d.len_q < d.len_k &&
-         p.group >= 2 && p.group <= 16 && (p.group & (p.group - 1)) == 0;
+  if ((d.dtype != DType::bf16 && d.dtype != DType::f16) || d.head_dim_qk != d.head_dim_v ||
+      p.group < 2 || p.group > 16 || (p.group & (p.group - 1)) != 0 || d.len_q >= d.len_k ||
+      d.len_q > fa3_packed_chunk_rows(d.head_dim_qk, d.len_k))
+    return false;
+  if (d.len_q > kDecodeQueryRows) return true;
+  // Decode-shaped: see kFa3PackedDecodeRows.
+  const int64_t rows = p.group * d.len_q;
+  if (rows < kFa3PackedTileRows && d.batch * d.heads_kv > kFa3PackedDecodeMaxKvHeads) return false;
+  if (d.head_dim_qk == 256) return !(p.group == 16 && d.len_q == 1);
+  return rows > kFa3PackedDecodeRows ||
+         (rows == kFa3PackedDecodeRows && d.len_q >= kFa3PackedDecodeMinLq);
 }
 
 Candidate preferred_candidate(const attention::Problem& p, Pass pass, bool fa3_runs) {
@@ -148,9 +161,9 @@ Candidate preferred_candidate(const attention::Problem& p, Pass pass, bool fa3_r
 Candidate preferred_candidate(std::span<const TablePoint> table, const attention::Problem& p,
                               Pass pass, bool fa3_runs) {
   const attention::Descriptor& d = p.desc;
-  // Short chunks of a GQA group, and decodes whose group fills kFa3PackedDecodeRows of a tile:
-  // fa3's packed instance fills the 128-row tile with the group's heads and splits the keys (up to
-  // 3.8x the best other candidate: see kFa3PackedChunkRows, kFa3PackedDecodeRows). A measurement,
+  // Short chunks of a GQA group, and the decodes of kFa3PackedDecodeRows' rules: fa3's packed
+  // instance fills the 128-row tile with the group's heads and splits the keys (up to 10x the best
+  // other candidate: see kFa3PackedChunkRows, kFa3PackedDecodeRows). A measurement,
   // so an empty table (the benches' override: each column its candidate alone) leaves it out like
   // the table's own points.
   if (pass == Pass::forward && fa3_runs && !table.empty() && fa3_packs(p)) return Candidate::fa3;
