@@ -2962,6 +2962,21 @@ TEST_P(AttentionTest, ForwardKernelsByNameOnDevice) {
   auto runs64 = all(v64);
   check_forward_runs(target, v64, Lay::bhld, runs64);
   expect_names(v64, runs64);
+  // GQA packing over several blocks (a head's rows fill less than a block, the group's more than
+  // one): a group of 16 with 16 rows a head, causal bottom-right; varlen chunks of 5 and 35 rows
+  // (and an empty one) in a group of 8, so blocks cross heads at different rows per sequence.
+  Config g16;
+  g16.dtype = DType::bf16, g16.b = 2, g16.hq = 32, g16.hk = 2, g16.lq = 16, g16.lk = 3000;
+  g16.dk = g16.dv = 128, g16.mask = Mask::causal_bottom_right();
+  auto runs16 = all(g16);
+  check_forward_runs(target, g16, Lay::blhd, runs16);
+  expect_names(g16, runs16);
+  Config g8 = v64;
+  g8.dtype = DType::f16, g8.hq = 16, g8.hk = 2, g8.mask = Mask::sliding_window(300, 0);
+  g8.cu_q = {0, 5, 5, 40}, g8.cu_k = {0, 900, 1000, 2100}, g8.lq = 35, g8.lk = 1100;
+  auto runs8 = all(g8);
+  check_forward_runs(target, g8, Lay::bhld, runs8);
+  expect_names(g8, runs8);
 }
 
 }  // namespace

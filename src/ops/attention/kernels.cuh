@@ -795,10 +795,10 @@ __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
   int* sBounds = reinterpret_cast<int*>(sV + kStages * BN * D);  // [kM][2] when kBoundsSmem
 
   // Block -> (m-block, head and split, batch) in grid_place's order; heads of a group are adjacent
-  // so they share K/V in L2. With GQA packing (decode: group * Lq <= kM) a block owns all query
-  // heads of one K/V head, its rows r being (head h0 + r / Lq, query r % Lq), so the K/V tiles are
-  // read once per group.
-  const int m_blocks = p.pack ? 1 : (p.len_q + kM - 1) / kM;
+  // so they share K/V in L2. With GQA packing (a head's rows fill less than a block: decode, short
+  // chunks) the group's rows r of one K/V head are (head h0 + r / Lq, query r % Lq), kM of them a
+  // block, so the K/V tiles are read once per kM rows of the group instead of once per head.
+  const int m_blocks = (p.pack ? p.group * p.len_q + kM - 1 : p.len_q + kM - 1) / kM;
   const int grid_heads = p.pack ? p.heads_kv : p.heads_q;
   const GridPlace at =
       grid_place(static_cast<int>(blockIdx.x), m_blocks, grid_heads * p.splits, p.band);
@@ -814,8 +814,12 @@ __global__ void __launch_bounds__(32 * NW) flash_fwd_mma(Params p) {
   // Query head and query index of a block row.
   auto head_of = [&](int r) { return p.pack ? h_base + r / s.lq : h_base; };
   auto query_of = [&](int r) { return p.pack ? r % s.lq : r; };
-  const int i_first = p.pack ? 0 : m0;
-  const int i_last = p.pack ? s.lq - 1 : min(m0 + kM, s.lq) - 1;
+  // The block's query range: a packed block whose rows cross a head boundary holds queries from
+  // both ends of the sequence.
+  const int r_last = min(m0 + kM, rows_total) - 1;
+  const bool crosses = p.pack && m0 / s.lq != r_last / s.lq;
+  const int i_first = crosses ? 0 : query_of(m0);
+  const int i_last = crosses ? s.lq - 1 : query_of(r_last);
   int64_t lo0, hi0, lo1, hi1;
   detail::visible_keys(p.band, i_first, s.lq, s.lk, &lo0, &hi0);
   detail::visible_keys(p.band, i_last, s.lq, s.lk, &lo1, &hi1);

@@ -212,19 +212,26 @@ inline int mma_rows(int d) {
 struct Split {
   int splits = 1, tiles_per_split = 0;
 };
-// GQA packing (one block per K/V head holding every query head of its group) when the whole group
-// of query rows fits one block: decode and short chunks.
+// GQA packing (a block's rows are the query heads of one K/V head times their queries) where a
+// head's rows fill less than a block: decode and short chunks. A group of 16 with 16 rows a head
+// takes 4 full 64-row blocks that each stream the K/V head once, instead of 16 quarter-full ones.
 template <template <int> class Sh>
 inline bool fwd_pack(const Problem& pr) {
-  return pr.group > 1 && pr.desc.len_q * pr.group <= mma_rows<Sh>(mma_dim(pr));
+  return pr.group > 1 && pr.desc.len_q < mma_rows<Sh>(mma_dim(pr));
+}
+// Query blocks per (batch, head of the grid): packed, per K/V head over its group's rows.
+template <template <int> class Sh>
+inline int64_t fwd_blocks(const Problem& pr) {
+  const Descriptor& d = pr.desc;
+  const int rows = mma_rows<Sh>(mma_dim(pr));
+  return fwd_pack<Sh>(pr) ? d.batch * d.heads_kv * cuda::ceil_div(d.len_q * pr.group, rows)
+                          : d.batch * d.heads_q * cuda::ceil_div(d.len_q, rows);
 }
 template <template <int> class Sh>
 inline Split fwd_split(const Problem& pr, const DeviceCaps& caps) {
   const Descriptor& d = pr.desc;
   const int bn = mma_bn<Sh>(mma_dim(pr));
-  const int64_t blocks =
-      fwd_pack<Sh>(pr) ? d.batch * d.heads_kv
-                       : d.batch * d.heads_q * cuda::ceil_div(d.len_q, mma_rows<Sh>(mma_dim(pr)));
+  const int64_t blocks = fwd_blocks<Sh>(pr);
   const int64_t tiles = cuda::ceil_div(d.len_k, bn);
   Split s;
   s.tiles_per_split = static_cast<int>(tiles);
@@ -261,9 +268,10 @@ Status run_mma(const LaunchContext& ctx, const Params& p) {
   using Cfg = MmaCfg<T, D, S::kNW, S::kBN, S::kMT, S::kQReg, S::kOvl, S::kStr>;
   constexpr auto kernel = flash_fwd_mma<T, D, S::kNW, S::kBN, S::kMT, S::kQReg, S::kOvl, S::kStr,
                                         S::kPipe, S::kLateRefill, kPaged>;
-  const auto blocks =
-      static_cast<unsigned>(int64_t{p.batch} * p.splits *
-                            (p.pack ? p.heads_kv : p.heads_q * cuda::ceil_div(p.len_q, S::kRows)));
+  const auto blocks = static_cast<unsigned>(
+      int64_t{p.batch} * p.splits *
+      (p.pack ? p.heads_kv * cuda::ceil_div(int64_t{p.len_q} * p.group, S::kRows)
+              : p.heads_q * cuda::ceil_div(p.len_q, S::kRows)));
   return cuda::launch_with_smem(ForwardOp::name, "flash_fwd_mma", kernel, blocks, Cfg::kThreads,
                                 Cfg::kSmem, cuda::stream_of(ctx), p);
 }
