@@ -248,7 +248,7 @@ inline constexpr std::string_view kFa3PagedKernel = "fa3_fwd_sm90a_paged";
 // 128 rows are the group's query heads times 128 / group queries (GQA packing, group 1..16 a power
 // of two), and the keys split across CTAs where the grid would not fill the GPU, merged by the
 // rows combine (flash_rows_combine, in split order). Padded or varlen Q, Dk = Dv = 64, 128 or 256,
-// key counts where given. By name, and through kFa3RankedAhead where fa3_packs (d64 / d128).
+// key counts where given. By name, and through kFa3RankedAhead where fa3_packs.
 inline constexpr std::string_view kFa3PackedKernel = "fa3_fwd_sm90a_packed";
 // The same over paged K / V pools (any page size, as fa3_fwd_sm90a_paged reads them).
 inline constexpr std::string_view kFa3PackedPagedKernel = "fa3_fwd_sm90a_packed_paged";

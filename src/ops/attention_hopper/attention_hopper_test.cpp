@@ -2853,7 +2853,7 @@ void check_varlen_case(const VarlenCase& c, harness::Rng& rng) {
   std::vector<std::string_view> fwd = {kFa3, kFa3Pingpong, kFa3Exp2Poly2Kernel,
                                        kFa3Exp2Poly3Kernel};
   if (c.d == 64) fwd.push_back(kFa3PersistentKernel);
-  // GQA packing where the group fits it (1..16, head dims 64 / 128).
+  // GQA packing where the group fits it (1..16, Dk = Dv).
   if (const auto* packed = fa3_kernel(c.t, kFa3PackedKernel); packed && packed->fits(p, gs.caps()))
     fwd.push_back(kFa3PackedKernel);
   const bool fa3_default = preferred_candidate(p, Pass::forward, true) == Candidate::fa3;

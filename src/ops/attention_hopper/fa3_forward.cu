@@ -1081,6 +1081,18 @@ inline bool fwd_dims(const Problem& pr) {
   return (dk == dv && (dk == 64 || dk == 128 || dk == 256)) || (dk == 192 && dv == 128);
 }
 
+// f(std::integral_constant<int, D>) for the instantiation of head dim Dk (fwd_dims: 64, 128, 192
+// or 256). The packed instances have no D = 192 (they take Dk = Dv alone, see fits), so none is
+// instantiated for them.
+template <int V, class F>
+auto with_dim(int64_t dk, F&& f) {
+  if (dk == 64) return f(std::integral_constant<int, 64>{});
+  if (dk == 128) return f(std::integral_constant<int, 128>{});
+  if constexpr (!packed_v(V))
+    if (dk == 192) return f(std::integral_constant<int, 192>{});
+  return f(std::integral_constant<int, 256>{});
+}
+
 template <class T, int V>
 bool fits(const Problem& pr, const DeviceCaps& caps) {
   const attention::Descriptor& d = pr.desc;
@@ -1106,26 +1118,9 @@ bool fits(const Problem& pr, const DeviceCaps& caps) {
         pr.desc.head_dim_qk != 64)
       return false;
     return body_compiled<T, 64, V>();
-  } else if constexpr (packed_v(V)) {
-    switch (pr.desc.head_dim_qk) {
-      case 64:
-        return body_compiled<T, 64, V>();
-      case 128:
-        return body_compiled<T, 128, V>();
-      default:
-        return body_compiled<T, 256, V>();
-    }
   } else {
-    switch (pr.desc.head_dim_qk) {
-      case 64:
-        return body_compiled<T, 64, V>();
-      case 128:
-        return body_compiled<T, 128, V>();
-      case 192:
-        return body_compiled<T, 192, V>();
-      default:
-        return body_compiled<T, 256, V>();
-    }
+    return with_dim<V>(pr.desc.head_dim_qk,
+                       [](auto dim) { return body_compiled<T, decltype(dim)::value, V>(); });
   }
 }
 
@@ -1407,32 +1402,15 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
 
 template <class T, int V>
 Status launch(const LaunchContext& ctx, const Problem& pr, const ForwardArguments& a) {
-  if constexpr (packed_v(V)) {  // Dk = Dv (see fits)
-    switch (pr.desc.head_dim_qk) {
-      case 64:
-        return launch_d<T, 64, V>(ctx, pr, a);
-      case 128:
-        return launch_d<T, 128, V>(ctx, pr, a);
-      default:
-        return launch_d<T, 256, V>(ctx, pr, a);
-    }
-  } else if constexpr (V == kPersistent) {  // D = 64 only (see fits)
+  if constexpr (V == kPersistent) {  // D = 64 only (see fits)
     if (pr.desc.head_dim_qk != 64)
       return Error::unsupported(std::string(attention::ForwardOp::name) +
                                 ": fa3_fwd_sm90a_persistent: head_dim=" +
                                 std::to_string(pr.desc.head_dim_qk) + ": D = 64 only");
     return launch_d<T, 64, V>(ctx, pr, a);
   } else {
-    switch (pr.desc.head_dim_qk) {
-      case 64:
-        return launch_d<T, 64, V>(ctx, pr, a);
-      case 128:
-        return launch_d<T, 128, V>(ctx, pr, a);
-      case 192:
-        return launch_d<T, 192, V>(ctx, pr, a);
-      default:
-        return launch_d<T, 256, V>(ctx, pr, a);
-    }
+    return with_dim<V>(pr.desc.head_dim_qk,
+                       [&](auto dim) { return launch_d<T, decltype(dim)::value, V>(ctx, pr, a); });
   }
 }
 
