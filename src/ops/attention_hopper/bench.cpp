@@ -557,33 +557,32 @@ void fp8_sweep(const Stream& stream) {
 }
 
 // The chunk benches' inputs: `batch` sequences x 32 query heads, Q / K / V random in sweep_dtype()
-// filled once (the largest point's extents), Y and LSE to write.
+// filled once (the largest point's extents) by bench::random_buffer (a host block tiled over the
+// buffer: filling each element on the host took minutes at 64 sequences of d256, the forty-sixth
+// session's call 6), Y and LSE to write.
 constexpr int64_t kChunkB = 4, kChunkHq = 32;
 struct ChunkInputs {
-  harness::TestTensor q, k, v;
-  Buffer y, lse;
+  Buffer q, k, v, y, lse;
   DType dtype;  // sweep_dtype(): Q, K, V and Y
 };
-std::optional<ChunkInputs> chunk_inputs(int64_t max_lq, int64_t kv_elems, int64_t max_d,
-                                        int64_t batch = kChunkB) {
-  harness::Rng rng(20261130);
+std::optional<ChunkInputs> chunk_inputs(const Stream& stream, int64_t max_lq, int64_t kv_elems,
+                                        int64_t max_d, int64_t batch = kChunkB) {
   const DType dt = sweep_dtype();
-  auto make = [&](int64_t elems) {
-    auto t = harness::TestTensor::make(dt, {elems}, harness::Target::cuda);
-    t.fill_random(rng);
-    return t;
-  };
-  auto q = make(batch * kChunkHq * max_lq * max_d), k = make(kv_elems), v = make(kv_elems);
-  auto y = Buffer::allocate(batch * kChunkHq * max_lq * max_d * 2, Location::cuda(0));
-  auto lse = Buffer::allocate(batch * kChunkHq * max_lq * 4, Location::cuda(0));
-  for (const Result<Buffer>* b : {&y, &lse}) {
-    if (!b->ok()) {
-      bench::emit_error("attention", "setup", "alloc", b->error());
+  const int64_t q_elems = batch * kChunkHq * max_lq * max_d;
+  Result<Buffer> bufs[] = {bench::random_buffer(stream, dt, q_elems, 20261130),
+                           bench::random_buffer(stream, dt, kv_elems, 20261131),
+                           bench::random_buffer(stream, dt, kv_elems, 20261132),
+                           Buffer::allocate(q_elems * 2, Location::cuda(0)),
+                           Buffer::allocate(batch * kChunkHq * max_lq * 4, Location::cuda(0))};
+  for (const Result<Buffer>& b : bufs) {
+    if (!b.ok()) {
+      bench::emit_error("attention", "setup", "alloc", b.error());
       return std::nullopt;
     }
   }
-  return ChunkInputs{std::move(q),         std::move(k),           std::move(v),
-                     std::move(y).value(), std::move(lse).value(), dt};
+  return ChunkInputs{std::move(bufs[0]).value(), std::move(bufs[1]).value(),
+                     std::move(bufs[2]).value(), std::move(bufs[3]).value(),
+                     std::move(bufs[4]).value(), dt};
 }
 // One chunk: lq new rows of each sequence at the end of lk keys of hk K / V heads (causal
 // bottom-right), its row name, FLOPs on the visible keys and bytes (Q, Y, K, V once).
@@ -606,9 +605,9 @@ ChunkPoint chunk_point(ChunkInputs& in, std::string_view prefix, int64_t hk, int
             attention::detail::visible_key_total(attention::detail::band_of(c.desc.mask), lq, lk);
   c.bytes = 2.0 * (2 * kB * kHq * lq * d + 2 * kB * hk * lk * d);
   const int64_t lse_dims[] = {kB, kHq, lq};
-  c.fa = {as_const(view4(in.q.view().data, kB, kHq, lq, d, in.dtype)),
-          as_const(view4(in.k.view().data, kB, hk, lk, d, in.dtype)),
-          as_const(view4(in.v.view().data, kB, hk, lk, d, in.dtype)),
+  c.fa = {as_const(view4(in.q.data(), kB, kHq, lq, d, in.dtype)),
+          as_const(view4(in.k.data(), kB, hk, lk, d, in.dtype)),
+          as_const(view4(in.v.data(), kB, hk, lk, d, in.dtype)),
           view4(in.y.data(), kB, kHq, lq, d, in.dtype),
           make_tensor(in.lse.data(), DType::f32, lse_dims, Location::cuda(0)),
           {},
@@ -618,15 +617,15 @@ ChunkPoint chunk_point(ChunkInputs& in, std::string_view prefix, int64_t hk, int
 
 // Chunk points of the selection table (bench_attention attention_chunks): chunked prefill, 4
 // sequences x 32 query heads (GQA 4), a chunk of Lq new rows at the end of Lk-key caches, causal
-// bottom-right, head dims 64 / 128 / 256, Lk 4096 and 16384, Lq 32 .. min(Lk / 2, 4096) (inputs
-// filled on the host: ~1 GB). cuDNN, the bespoke kernels (under an empty table, as the sweep) and
-// fa3_fwd_sm90a timed back to back; one {"table_point": ...} line a point with its "len_q", which
-// make_table.py turns into the table's chunk points (the Lq = Lk sweep measures neither fa3's nor
-// cuDNN's chunk rate). TFLOP/s on the visible keys.
+// bottom-right, head dims 64 / 128 / 256, Lk 4096 and 16384, Lq 32 .. min(Lk / 2, 4096) (~1 GB of
+// inputs). cuDNN, the bespoke kernels (under an empty table, as the sweep) and fa3_fwd_sm90a timed
+// back to back; one {"table_point": ...} line a point with its "len_q", which make_table.py turns
+// into the table's chunk points (the Lq = Lk sweep measures neither fa3's nor cuDNN's chunk rate).
+// TFLOP/s on the visible keys.
 void chunk_sweep(const Stream& stream) {
   const SelectionTableOverride raw_candidates{std::span<const TablePoint>{}};
   constexpr int64_t kHk = 8, kMaxLk = 16384, kMaxLq = 4096, kMaxD = 256;
-  auto in = chunk_inputs(kMaxLq, kChunkB * kHk * kMaxLk * kMaxD, kMaxD);
+  auto in = chunk_inputs(stream, kMaxLq, kChunkB * kHk * kMaxLk * kMaxD, kMaxD);
   if (!in) return;
   for (int64_t d : {64, 128, 256})
     for (int64_t lk : {int64_t{4096}, kMaxLk})
@@ -683,7 +682,7 @@ void packed_sweep(const Stream& stream) {
   const int64_t kv_cap = batch * 16 * (serving ? 4096 : 16384) * max_d;
   const std::array<int64_t, 2> lks =
       serving ? std::array<int64_t, 2>{1024, 4096} : std::array<int64_t, 2>{4096, 16384};
-  auto in = chunk_inputs(kMaxLq, kv_cap, max_d, batch);
+  auto in = chunk_inputs(stream, kMaxLq, kv_cap, max_d, batch);
   if (!in) return;
   for (int64_t d : {64, 128, 256})
     for (int64_t group : {1, 2, 4, 8, 16})
