@@ -22,8 +22,8 @@
 // them before writing, GPU kernels clamp them into that range (they cannot check without a sync).
 // On sm_90a, fa3's forward reads them too (fa3_fwd_sm90a_seqused, the default for chunks of 32
 // query rows or more against such a cache; fa3_fwd_sm90a_packed for short chunks of a GQA group:
-// 17-64 rows at head dim 64, 17-128 at 128 (17-256 against 16384 keys or more), and 4-16 rows
-// where the group's heads fill 32 rows of its tile (speculative decoding), see
+// 17-64 rows at head dims 64 and 256, 17-128 at 128 (17-256 against 16384 keys or more), and
+// decodes of a group by the rules of kFa3PackedDecodeRows (speculative decoding), see
 // attention_hopper::fa3_packs); cuDNN does not.
 //
 // Paged K / V (a serving engine's block-table cache, as vLLM and FlashInfer keep it; forward only):

@@ -262,18 +262,16 @@ inline bool rows_aligned(const BasicTensor<Ptr>& t, size_t elem) {
   return true;
 }
 
+// `blocks`: fwd_blocks x the splits.
 template <class T, int D, template <int> class Sh, bool kPaged>
-Status run_mma(const LaunchContext& ctx, const Params& p) {
+Status run_mma(const LaunchContext& ctx, const Params& p, int64_t blocks) {
   using S = Sh<D>;
   using Cfg = MmaCfg<T, D, S::kNW, S::kBN, S::kMT, S::kQReg, S::kOvl, S::kStr>;
   constexpr auto kernel = flash_fwd_mma<T, D, S::kNW, S::kBN, S::kMT, S::kQReg, S::kOvl, S::kStr,
                                         S::kPipe, S::kLateRefill, kPaged>;
-  const auto blocks = static_cast<unsigned>(
-      int64_t{p.batch} * p.splits *
-      (p.pack ? p.heads_kv * cuda::ceil_div(int64_t{p.len_q} * p.group, S::kRows)
-              : p.heads_q * cuda::ceil_div(p.len_q, S::kRows)));
-  return cuda::launch_with_smem(ForwardOp::name, "flash_fwd_mma", kernel, blocks, Cfg::kThreads,
-                                Cfg::kSmem, cuda::stream_of(ctx), p);
+  return cuda::launch_with_smem(ForwardOp::name, "flash_fwd_mma", kernel,
+                                static_cast<unsigned>(blocks), Cfg::kThreads, Cfg::kSmem,
+                                cuda::stream_of(ctx), p);
 }
 
 template <class T, template <int> class Sh, bool kPaged = false>
@@ -299,9 +297,10 @@ Status launch_fwd_mma(const LaunchContext& ctx, const Problem& pr, const Forward
   }
   // The padded head dim picks a launch shape (not a dtype dispatch).
   const int dim = mma_dim(pr);
-  const Status st = dim == 64    ? run_mma<T, 64, Sh, kPaged>(ctx, p)
-                    : dim == 128 ? run_mma<T, 128, Sh, kPaged>(ctx, p)
-                                 : run_mma<T, 256, Sh, kPaged>(ctx, p);
+  const int64_t blocks = fwd_blocks<Sh>(pr) * s.splits;
+  const Status st = dim == 64    ? run_mma<T, 64, Sh, kPaged>(ctx, p, blocks)
+                    : dim == 128 ? run_mma<T, 128, Sh, kPaged>(ctx, p, blocks)
+                                 : run_mma<T, 256, Sh, kPaged>(ctx, p, blocks);
   if (!st.ok() || s.splits <= 1) return st;
   flash_fwd_combine<T><<<row_blocks(rows), 128, 0, cuda::stream_of(ctx)>>>(p);
   return cuda::check_launch(ForwardOp::name, "flash_fwd_combine");
