@@ -65,6 +65,11 @@ struct CudnnTuning {
 // nullopt: no graph was built for it (or this build has no cuDNN frontend).
 std::optional<CudnnTuning> cudnn_tuning(const attention::Problem& p, Pass pass, bool deterministic,
                                         int device);
+// cuDNN's message where it refused the graph of this problem's canonical layout when select()
+// asked (an only(Backend::cudnn) select then names no kernel; benches print this beside it).
+// nullopt: a graph was built, none was asked for yet, or this build has no cuDNN frontend.
+std::optional<std::string> cudnn_refusal(const attention::Problem& p, Pass pass, bool deterministic,
+                                         int device);
 
 // cudnnGetVersion() of the cuDNN this process loaded (e.g. 91900), which may differ from the
 // headers it was built with: the loader picks the first libcudnn.so.9 on its path. The engines,
@@ -165,7 +170,7 @@ class SelectionTableOverride {
 
 // Forward problems with at most this many query rows are decode-shaped: the table (measured with
 // Lq = Lk) does not speak for them, and the family's decode kernel is the measured winner except
-// where fa3_packs (kFa3PackedDecodeRows).
+// where fa3_packs (kFa3PackedDecodeRows) or fa3_decodes_wide_heads.
 inline constexpr int64_t kDecodeQueryRows = 16;
 // A forward chunk of at least this many query rows against a cache of about a table point's length
 // takes fa3's column as measured at the point (it kept its rate there from Lq 256 up); at least
@@ -206,22 +211,36 @@ inline constexpr int64_t kFa3PackedLongCacheKeys = 16384;
 //   family's m16 kernel answered: Lq 3 in a group of 16, 48 rows, 1.22-2.67x the packed time), or
 //   exactly that many from kFa3PackedDecodeMinLq tokens on (group 8, Lq 4, 16384 keys: 44.7 us
 //   against 45.3; at Lq 2 in a group of 16 the decode kernel led, 14.1 against 17.1 at 4096 keys);
-// - d256: every decode but a single token in a group of 16 (the decode kernel holds 16 rows at
-//   d256 and led there, 20.5 us against 24.6 at 4096 keys; from 2 rows the packed instance took
-//   0.10-0.96x its time or the family's);
 // - but where the grid is full without splitting the keys (more than kFa3PackedDecodeMaxKvHeads
 //   sequences x K/V heads) only from a whole tile of rows (kFa3PackedTileRows): with 64 sequences
 //   of 4-16 K/V heads the family's kernels took 0.70-0.98x the packed time at 24-64 rows (group 8,
 //   Lq 4, d64, 4096 keys: 71.3 us against 96.9) and the packed instance 0.70-0.92x theirs at 128
 //   (group 8, Lq 16, d128, 4096 keys: 143.8 us against 205.5); at 128 K/V heads (group 16) it led
-//   from 48 rows (1.22-1.95x). d256 was measured on 4 sequences only; the limit holds there too.
+//   from 48 rows (1.22-1.95x);
+// - d256, whatever the grid: every decode but a single token in a group of 16 over fewer than
+//   kFa3PackedD256SingleTokenKeyRows keys in all (sequences x K/V heads x keys). The decode kernel
+//   holds one 16-row tile at d256: on 4 sequences the packed instance took 0.10-0.96x its time or
+//   the family's from 2 rows a group, and 1.20x at one token in a group of 16 against 4096 keys
+//   (24.6 us against 20.5; 0.95x against 16384); on 64 sequences against 1024 / 4096 keys
+//   0.70-0.96x at every decode of groups 2-16 (group 2, Lq 4, 1024 keys: 289.3 us against 371.3;
+//   group 16, Lq 1, 4096 keys: 140.1 against 159.0), the full-grid limit above notwithstanding
+//   (forty-seventh session).
 inline constexpr int64_t kFa3PackedDecodeRows = 32;
 inline constexpr int64_t kFa3PackedDecodeMinLq = 4;
 inline constexpr int64_t kFa3PackedDecodeMaxKvHeads = 128;
 inline constexpr int64_t kFa3PackedTileRows = 128;
+inline constexpr int64_t kFa3PackedD256SingleTokenKeyRows = 65536;
 // The most query rows fa3_packs takes at this head dim (Dk = Dv) and cache length; 0 where none.
 int64_t fa3_packed_chunk_rows(int64_t head_dim, int64_t len_k);
 bool fa3_packs(const attention::Problem& p);
+// Decode-shaped forwards of plain multi-head attention (group 1) with 256-wide heads (Dk = Dv =
+// 256, bf16 / f16, fewer rows than keys): fa3's plain instance is the candidate wherever it runs,
+// as fa3_packs' problems are (it splits the keys; the family's decode kernel holds one 16-row tile
+// at d256). Measured on the H200 (`bench_attention attention_packed`, Lq 1-16): 64 sequences x 32
+// heads against 1024 keys, fa3 533-556 us against the decode kernel's 603-686 (cuDNN built no
+// graph there); 4 sequences against 4096 keys, fa3 139 us against 156-159 (cuDNN 129 from Lq 2, 273
+// at Lq 1).
+bool fa3_decodes_wide_heads(const attention::Problem& p);
 
 // Priorities the cuDNN kernels register with. The attention family's bespoke kernels are expected
 // between kCudnnBehind and kCudnnAhead, so the table decides which of the two wins `fastest`.

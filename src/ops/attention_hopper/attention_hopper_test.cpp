@@ -418,7 +418,8 @@ TEST(AttentionCudnnRules, ShortGqaChunksGoToFa3Packed) {
   EXPECT_TRUE(fa3_packs(chunk(32, 16, 17, 16384, 64, DType::f16)));
   EXPECT_FALSE(fa3_packs(chunk(32, 8, kFa3PackedChunkRowsD64 + 1, 4096, 64)));
   EXPECT_FALSE(fa3_packs(chunk(32, 8, kFa3PackedChunkRowsD64 + 1, 32768, 64)));
-  // Head dim 256: up to kFa3PackedChunkRowsD256 rows; every decode but one token in a group of 16.
+  // Head dim 256: up to kFa3PackedChunkRowsD256 rows; every decode but one token in a group of 16
+  // over fewer than kFa3PackedD256SingleTokenKeyRows keys in all.
   EXPECT_TRUE(fa3_packs(chunk(32, 8, kFa3PackedChunkRowsD256, 4096, 256)));
   EXPECT_FALSE(fa3_packs(chunk(32, 8, kFa3PackedChunkRowsD256 + 1, 16384, 256)));
   EXPECT_TRUE(fa3_packs(chunk(32, 16, 1, 4096, 256, DType::f16)));  // group 2, 2 rows
@@ -426,8 +427,17 @@ TEST(AttentionCudnnRules, ShortGqaChunksGoToFa3Packed) {
   EXPECT_TRUE(fa3_packs(chunk(32, 2, 2, 4096, 256)));               // group 16, 32 rows
   EXPECT_FALSE(fa3_packs(chunk(32, 2, 1, 4096, 256)));              // group 16, one token
   EXPECT_FALSE(fa3_packs(chunk(32, 32, 4, 4096, 256)));             // group 1
+  auto d256_token = [](int64_t b, int64_t lk) {  // one token a head in a group of 16
+    return problem_of(make_desc(DType::bf16, b, 32, 2, 1, lk, 256, Mask::causal_bottom_right()));
+  };
+  ASSERT_EQ(8 * 2 * 4096, kFa3PackedD256SingleTokenKeyRows);
+  EXPECT_TRUE(fa3_packs(d256_token(8, 4096)));
+  EXPECT_FALSE(fa3_packs(d256_token(8, 4095)));
+  EXPECT_TRUE(fa3_packs(d256_token(4, 16384)));
+  EXPECT_TRUE(fa3_packs(d256_token(64, 1024)));
   // A serving batch (64 sequences): where sequences x K/V heads fill the grid (more than
-  // kFa3PackedDecodeMaxKvHeads), decodes pack only from a whole tile of rows; chunks as before.
+  // kFa3PackedDecodeMaxKvHeads), decodes pack only from a whole tile of rows (but at d256);
+  // chunks as before.
   auto serving = [](int64_t hq, int64_t hk, int64_t lq, int64_t d = 128) {
     return problem_of(make_desc(DType::bf16, 64, hq, hk, lq, 4096, d, Mask::causal_bottom_right()));
   };
@@ -438,11 +448,12 @@ TEST(AttentionCudnnRules, ShortGqaChunksGoToFa3Packed) {
   EXPECT_TRUE(fa3_packs(serving(32, 4, kDecodeQueryRows + 1)));    // a chunk
   EXPECT_TRUE(fa3_packs(serving(32, 2, 3)));                       // group 16: 128 K/V heads
   EXPECT_FALSE(fa3_packs(serving(64, 4, 3)));                      // group 16: 256 K/V heads
-  EXPECT_FALSE(fa3_packs(serving(32, 4, 2, 256)));
-  EXPECT_FALSE(fa3_packs(chunk(32, 8, 64, 4096, 96)));  // not an fa3 head dim
-  EXPECT_FALSE(fa3_packs(chunk(32, 32, 64, 4096)));     // group 1
-  EXPECT_FALSE(fa3_packs(chunk(24, 8, 64, 4096)));      // group 3
-  EXPECT_FALSE(fa3_packs(chunk(32, 1, 64, 4096)));      // group 32
+  EXPECT_TRUE(fa3_packs(serving(32, 4, 2, 256)));                  // 256 K/V heads, 16 rows
+  EXPECT_TRUE(fa3_packs(serving(32, 16, 1, 256)));                 // 1024 K/V heads, 2 rows
+  EXPECT_FALSE(fa3_packs(chunk(32, 8, 64, 4096, 96)));             // not an fa3 head dim
+  EXPECT_FALSE(fa3_packs(chunk(32, 32, 64, 4096)));                // group 1
+  EXPECT_FALSE(fa3_packs(chunk(24, 8, 64, 4096)));                 // group 3
+  EXPECT_FALSE(fa3_packs(chunk(32, 1, 64, 4096)));                 // group 32
   EXPECT_FALSE(fa3_packs(chunk(32, 8, 64, 4096, 128, DType::f32)));
   attention::Problem mixed = chunk(32, 8, 64, 4096);
   mixed.desc.head_dim_v = 64;  // Dk != Dv
@@ -460,6 +471,37 @@ TEST(AttentionCudnnRules, ShortGqaChunksGoToFa3Packed) {
   EXPECT_EQ(preferred_candidate(cudnn_wins, chunk(32, 32, 64, 4096), Pass::forward, true),
             Candidate::cudnn);
   EXPECT_EQ(preferred_candidate(empty, p, Pass::forward, true), Candidate::cudnn);
+}
+
+// Decodes of 256-wide heads in groups of 1 (plain multi-head attention) go to fa3's plain instance
+// wherever it runs, ahead of the table and of the family's decode kernel: bf16 / f16, Dk = Dv =
+// 256, at most kDecodeQueryRows rows, fewer than the keys; not other head dims, groups, dtypes,
+// longer chunks, nor under an empty table or where fa3 does not run.
+TEST(AttentionCudnnRules, WideHeadDecodesGoToFa3) {
+  auto decode = [](int64_t b, int64_t hk, int64_t lq, int64_t lk, int64_t d = 256,
+                   DType t = DType::bf16) {
+    return problem_of(make_desc(t, b, 32, hk, lq, lk, d, Mask::causal_bottom_right()));
+  };
+  EXPECT_TRUE(fa3_decodes_wide_heads(decode(4, 32, 1, 4096)));
+  EXPECT_TRUE(fa3_decodes_wide_heads(decode(64, 32, kDecodeQueryRows, 1024, 256, DType::f16)));
+  EXPECT_FALSE(fa3_decodes_wide_heads(decode(4, 32, kDecodeQueryRows + 1, 4096)));
+  EXPECT_FALSE(fa3_decodes_wide_heads(decode(4, 32, 8, 8)));  // as many rows as keys
+  EXPECT_FALSE(fa3_decodes_wide_heads(decode(4, 32, 1, 4096, 128)));
+  EXPECT_FALSE(fa3_decodes_wide_heads(decode(4, 16, 1, 4096)));  // group 2: fa3_packs' case
+  EXPECT_FALSE(fa3_decodes_wide_heads(decode(4, 32, 1, 4096, 256, DType::f32)));
+  attention::Problem mixed = decode(4, 32, 1, 4096);
+  mixed.desc.head_dim_v = 128;
+  EXPECT_FALSE(fa3_decodes_wide_heads(mixed));
+  const TablePoint cudnn_wins[] = {
+      {DType::bf16, Pass::forward, 256, 4096, true, 600, 100, 500, 64}};
+  const std::span<const TablePoint> empty{};
+  const attention::Problem p = decode(4, 32, 2, 4096);
+  EXPECT_EQ(preferred_candidate(cudnn_wins, p, Pass::forward, true), Candidate::fa3);
+  EXPECT_EQ(preferred_candidate(p, Pass::forward, true), Candidate::fa3);
+  EXPECT_EQ(preferred_candidate(p, Pass::forward, false), Candidate::bespoke);
+  EXPECT_EQ(preferred_candidate(empty, p, Pass::forward, true), Candidate::bespoke);
+  EXPECT_EQ(preferred_candidate(decode(4, 32, 2, 4096, 128), Pass::forward, true),
+            Candidate::bespoke);
 }
 
 // The candidate the table's own columns make fastest at a point (what select must follow).
@@ -537,12 +579,14 @@ TEST(AttentionCudnnRules, ShippedTablePicksFa3WhereItWasFastest) {
     EXPECT_EQ(preferred_candidate(p, Pass::forward, false), Candidate::cudnn);
     EXPECT_EQ(preferred_candidate(p, Pass::backward, true), pt.backward);
     EXPECT_EQ(preferred_candidate(p, Pass::backward, false), Candidate::cudnn);
-    // Decode against the same keys: the family's decode kernel, never fa3 or cuDNN; its backward
-    // follows the table's non-causal point (cuDNN at every length).
+    // Decode against the same keys: the family's decode kernel, never cuDNN, and fa3 only with
+    // 256-wide heads (fa3_decodes_wide_heads); its backward follows the table's non-causal point
+    // (cuDNN at every length).
     for (int64_t lq : {int64_t{1}, int64_t{4}, kDecodeQueryRows}) {
       const attention::Problem decode =
           problem_of(make_desc(DType::bf16, 16, 2048 / pt.d, 2048 / pt.d, lq, pt.l, pt.d));
-      EXPECT_EQ(preferred_candidate(decode, Pass::forward, true), Candidate::bespoke);
+      EXPECT_EQ(preferred_candidate(decode, Pass::forward, true),
+                pt.d == 256 ? Candidate::fa3 : Candidate::bespoke);
       EXPECT_EQ(preferred_candidate(decode, Pass::forward, false), Candidate::bespoke);
       EXPECT_EQ(preferred_candidate(decode, Pass::backward, true), Candidate::cudnn);
     }
@@ -1681,6 +1725,37 @@ TEST(AttentionFa3Gpu, PackedMatchesTheCpuPlan) {
     TestTensor gq = upload(c, q, c.hq, c.lq, c.d), gk = upload(c, k, c.hk, c.lk, c.d),
                gv = upload(c, v, c.hk, c.lk, vdim(c));
     check_by_name_and_default(c, desc, kFa3PackedKernel, gq, gk, gv, with_counts(gused), ans);
+  }
+}
+
+// Decodes of 256-wide heads in groups of 1 (fa3_decodes_wide_heads): the default plan is the
+// ranked-ahead entry (fa3's plain instance, the keys split), equal to it by name, against the CPU
+// plan's float64 answer, twice bitwise, gaps untouched.
+TEST(AttentionFa3Gpu, WideHeadDecodesMatchTheCpuPlan) {
+  FA3_SKIP_UNLESS_RUNNABLE();
+  harness::Rng rng;
+  const std::vector<Case> cases = {
+      // One token a sequence against 1500 keys, [B, L, H, D].
+      {DType::bf16, 2, 4, 4, 1, 1500, 256, Mask::causal_bottom_right(), true, false},
+      // Speculative decoding's 5 tokens, f16, padded rows, 777 keys.
+      {DType::f16, 3, 2, 2, 5, 777, 256, Mask::causal_bottom_right(), false, true},
+      // 16 tokens, no mask, a softcap.
+      {DType::bf16, 1, 4, 4, kDecodeQueryRows, 2100, 256, Mask::none(), false, false, true, 30.0},
+  };
+  const DeviceCaps caps = harness::stream_for(Target::cuda).caps();
+  for (const Case& c : cases) {
+    SCOPED_TRACE(name_of(c));
+    const Descriptor desc = desc_of(c, c.t);
+    EXPECT_TRUE(fa3_decodes_wide_heads(problem_of(desc)));
+    EXPECT_TRUE(fa3_kernel(c.t, kFa3RankedAhead)->fits(problem_of(desc), caps));
+    TestTensor q = cpu_tensor(c.t, {c.b, c.hq, c.lq, c.d}, &rng);
+    TestTensor k = cpu_tensor(c.t, {c.b, c.hk, c.lk, c.d}, &rng);
+    TestTensor v = cpu_tensor(c.t, {c.b, c.hk, c.lk, vdim(c)}, &rng);
+    const CpuAnswer ans = cpu_plan_answer(c, desc, q, k, v, [](attention::ForwardArguments&) {});
+    TestTensor gq = upload(c, q, c.hq, c.lq, c.d), gk = upload(c, k, c.hk, c.lk, c.d),
+               gv = upload(c, v, c.hk, c.lk, vdim(c));
+    check_by_name_and_default(
+        c, desc, kFa3Kernel, gq, gk, gv, [](attention::ForwardArguments&) {}, ans);
   }
 }
 

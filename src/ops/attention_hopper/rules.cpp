@@ -95,6 +95,9 @@ bool cudnn_tunes(const attention::Problem& p) {
 std::optional<CudnnTuning> cudnn_tuning(const attention::Problem&, Pass, bool, int) {
   return std::nullopt;
 }
+std::optional<std::string> cudnn_refusal(const attention::Problem&, Pass, bool, int) {
+  return std::nullopt;
+}
 std::optional<int64_t> cudnn_loaded_version() {
   return std::nullopt;
 }
@@ -139,6 +142,12 @@ int64_t fa3_packed_chunk_rows(int64_t head_dim, int64_t len_k) {
   }
 }
 
+bool fa3_decodes_wide_heads(const attention::Problem& p) {
+  const attention::Descriptor& d = p.desc;
+  return p.group == 1 && d.len_q <= kDecodeQueryRows && d.len_q < d.len_k && d.head_dim_qk == 256 &&
+         d.head_dim_v == 256 && (d.dtype == DType::bf16 || d.dtype == DType::f16);
+}
+
 bool fa3_packs(const attention::Problem& p) {
   const attention::Descriptor& d = p.desc;
   if ((d.dtype != DType::bf16 && d.dtype != DType::f16) || d.head_dim_qk != d.head_dim_v ||
@@ -147,9 +156,11 @@ bool fa3_packs(const attention::Problem& p) {
     return false;
   if (d.len_q > kDecodeQueryRows) return true;
   // Decode-shaped: see kFa3PackedDecodeRows.
+  if (d.head_dim_qk == 256)
+    return !(p.group == 16 && d.len_q == 1 &&
+             d.batch * d.heads_kv * d.len_k < kFa3PackedD256SingleTokenKeyRows);
   const int64_t rows = p.group * d.len_q;
   if (rows < kFa3PackedTileRows && d.batch * d.heads_kv > kFa3PackedDecodeMaxKvHeads) return false;
-  if (d.head_dim_qk == 256) return !(p.group == 16 && d.len_q == 1);
   return rows > kFa3PackedDecodeRows ||
          (rows == kFa3PackedDecodeRows && d.len_q >= kFa3PackedDecodeMinLq);
 }
@@ -163,10 +174,13 @@ Candidate preferred_candidate(std::span<const TablePoint> table, const attention
   const attention::Descriptor& d = p.desc;
   // Short chunks of a GQA group, and the decodes of kFa3PackedDecodeRows' rules: fa3's packed
   // instance fills the 128-row tile with the group's heads and splits the keys (up to 10x the best
-  // other candidate: see kFa3PackedChunkRows, kFa3PackedDecodeRows). A measurement,
+  // other candidate: see kFa3PackedChunkRows, kFa3PackedDecodeRows); decodes of 256-wide heads in
+  // groups of 1 take its plain instance (fa3_decodes_wide_heads). A measurement,
   // so an empty table (the benches' override: each column its candidate alone) leaves it out like
   // the table's own points.
-  if (pass == Pass::forward && fa3_runs && !table.empty() && fa3_packs(p)) return Candidate::fa3;
+  if (pass == Pass::forward && fa3_runs && !table.empty() &&
+      (fa3_packs(p) || fa3_decodes_wide_heads(p)))
+    return Candidate::fa3;
   // Other decodes (a few query rows against a long cache) are not what the table measured (Lq =
   // Lk): the family's split-K decode kernel took 57 us where cuDNN took 545 us (Lq 1, Lk 32k, 32
   // heads, GQA 4, d128; 59 vs 385 us at Lq 4 causal; 14 vs 64 us at Lk 4096; H100, 2026-11-23),
