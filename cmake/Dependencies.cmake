@@ -12,8 +12,12 @@ if(BARACUDA_WITH_CUDA AND EXISTS "${BARACUDA_CUTLASS_INCLUDE}/cutlass/cutlass.h"
   set(BARACUDA_HAVE_CUTLASS ON)
 endif()
 
+# OFF: build without cuDNN even where it is installed (the selection rules' fallbacks for a
+# machine without it are tested so).
+option(BARACUDA_WITH_CUDNN "Use cuDNN (and its frontend) where found" ON)
 set(BARACUDA_HAVE_CUDNN OFF)
-if(BARACUDA_WITH_CUDA)
+set(BARACUDA_HAVE_CUDNN_FRONTEND OFF)
+if(BARACUDA_WITH_CUDA AND BARACUDA_WITH_CUDNN)
   # A changed CUDNN_ROOT must find again: the cached paths would keep the old library.
   if(NOT "${CUDNN_ROOT}" STREQUAL "${_BARACUDA_CUDNN_ROOT_FOUND}")
     unset(CUDNN_INCLUDE_DIR CACHE)
@@ -38,4 +42,4 @@ if(BARACUDA_WITH_CUDA)
     endif()
   endif()
 endif()
-message(STATUS "baracuda: CUDA=${BARACUDA_WITH_CUDA} CUTLASS=${BARACUDA_HAVE_CUTLASS} cuDNN=${BARACUDA_HAVE_CUDNN}")
+message(STATUS "baracuda: CUDA=${BARACUDA_WITH_CUDA} CUTLASS=${BARACUDA_HAVE_CUTLASS} cuDNN=${BARACUDA_HAVE_CUDNN} cuDNN frontend=${BARACUDA_HAVE_CUDNN_FRONTEND}")

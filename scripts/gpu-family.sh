@@ -46,6 +46,9 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 cmake -S . -B "$B" -G Ninja -DCMAKE_CUDA_ARCHITECTURES=${ARCHS:-90a} "-DBARACUDA_FAMILY_DIRS=$dirs" \
   ${CUDNN_ROOT:+-DCUDNN_ROOT=$CUDNN_ROOT} ${CMAKE_ARGS:-} >"$L/build.log" 2>&1 ||
   { tail -30 "$L/build.log"; exit 1; }
+# Which optional libraries the build found: without the frontend's headers (carry
+# third_party/cudnn_frontend/include) the attention benches have no cuDNN column.
+grep -h "baracuda: CUDA=" "$L/build.log" | tail -1
 targets=()
 for f in "${families[@]}"; do
   for kind in ${BUILD_TARGETS:-test bench}; do targets+=("${kind}_$f"); done

@@ -65,11 +65,6 @@ struct CudnnTuning {
 // nullopt: no graph was built for it (or this build has no cuDNN frontend).
 std::optional<CudnnTuning> cudnn_tuning(const attention::Problem& p, Pass pass, bool deterministic,
                                         int device);
-// cuDNN's message where it refused the graph of this problem's canonical layout when select()
-// asked (an only(Backend::cudnn) select then names no kernel; benches print this beside it).
-// nullopt: a graph was built, none was asked for yet, or this build has no cuDNN frontend.
-std::optional<std::string> cudnn_refusal(const attention::Problem& p, Pass pass, bool deterministic,
-                                         int device);
 
 // cudnnGetVersion() of the cuDNN this process loaded (e.g. 91900), which may differ from the
 // headers it was built with: the loader picks the first libcudnn.so.9 on its path. The engines,
@@ -141,10 +136,22 @@ std::string_view selection_table_provenance();  // device, date, commit of the m
 // table has no point for the dtype/pass (the fastest peer measured through PyTorch). Problems
 // cuDNN is not given (cudnn_screen: varlen, soft-capping, ...) rank bespoke and fa3 only (varlen:
 // at the point of the longest sequence), and default to bespoke.
+// `cudnn_runs` false: rank as if cuDNN were not built (see candidate_here).
 Candidate preferred_candidate(std::span<const TablePoint> table, const attention::Problem& p,
-                              Pass pass, bool fa3_runs);
+                              Pass pass, bool fa3_runs, bool cudnn_runs = true);
 // The same over selection_table().
-Candidate preferred_candidate(const attention::Problem& p, Pass pass, bool fa3_runs);
+Candidate preferred_candidate(const attention::Problem& p, Pass pass, bool fa3_runs,
+                              bool cudnn_runs = true);
+// Whether cuDNN's kernel for the pass (forward, or the non-deterministic backward) builds a graph
+// for this problem on this device: false in a build without the cuDNN frontend and where cuDNN
+// refuses the problem or cannot load. Builds (and caches) the graph: ask only where it matters.
+bool cudnn_serves(const attention::Problem& p, Pass pass, const DeviceCaps& caps);
+// The candidate the fa3 kernels' ranked-ahead entries follow (fa3 runs): the table's, or where it
+// names cuDNN and cuDNN does not serve the problem here, the table's pick among the others (the
+// registry would otherwise fall through to the family's kernels whatever fa3's column says:
+// groups of 1 at d256, Lq 17-256 new rows, 4-64 sequences, ran there 1.0-3.0x fa3's time in a
+// build without the frontend, forty-seventh session).
+Candidate candidate_here(const attention::Problem& p, Pass pass, const DeviceCaps& caps);
 
 // Whether the pass's fa3 kernel (forward: fa3_fwd_sm90a, fa3_fwd_sm90a_paged for a paged problem,
 // fa3_fwd_sm90a_seqused for one with key counts; backward: fa3_bwd_sm90a; the entries pinned by

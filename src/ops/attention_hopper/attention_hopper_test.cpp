@@ -504,6 +504,28 @@ TEST(AttentionCudnnRules, WideHeadDecodesGoToFa3) {
             Candidate::bespoke);
 }
 
+// Where the table names cuDNN and cuDNN does not serve the problem (not built, refused, no device),
+// the fa3 entries follow the table's pick among the others (candidate_here), not the registry's
+// fall-through to the family's kernels: fa3 where its column beats the family's at the point.
+TEST(AttentionCudnnRules, WithoutCudnnTheTableRanksTheOthers) {
+  const attention::Problem p =
+      problem_of(make_desc(DType::bf16, 1, 4, 4, 512, 512, 128, Mask::causal_top_left()));
+  const TablePoint fa3_second[] = {{DType::bf16, Pass::forward, 128, 512, true, 300, 100, 200},
+                                   {DType::bf16, Pass::backward, 128, 512, true, 300, 100, 200}};
+  const TablePoint bespoke_second[] = {{DType::bf16, Pass::forward, 128, 512, true, 300, 200, 100}};
+  EXPECT_EQ(preferred_candidate(fa3_second, p, Pass::forward, true), Candidate::cudnn);
+  EXPECT_EQ(preferred_candidate(fa3_second, p, Pass::forward, true, false), Candidate::fa3);
+  EXPECT_EQ(preferred_candidate(fa3_second, p, Pass::backward, true, false), Candidate::fa3);
+  EXPECT_EQ(preferred_candidate(fa3_second, p, Pass::forward, false, false), Candidate::bespoke);
+  EXPECT_EQ(preferred_candidate(bespoke_second, p, Pass::forward, true, false), Candidate::bespoke);
+  // A CPU device's caps: cuDNN never serves there, so candidate_here ranks without it.
+  const DeviceCaps cpu = harness::stream_for(Target::cpu).caps();
+  EXPECT_FALSE(cudnn_serves(p, Pass::forward, cpu));
+  const SelectionTableOverride o{fa3_second};
+  EXPECT_EQ(candidate_here(p, Pass::forward, cpu), Candidate::fa3);
+  EXPECT_EQ(candidate_here(p, Pass::backward, cpu), Candidate::fa3);
+}
+
 // The candidate the table's own columns make fastest at a point (what select must follow).
 Candidate fastest_at(const TablePoint& t, bool fa3_runs) {
   Candidate c = Candidate::cudnn;
@@ -2158,6 +2180,54 @@ TEST(AttentionFa3Gpu, DefaultPlanFollowsTheTable) {
 #endif
   }
   expect_default_follows_cudnn_and_bespoke_tables<attention::ForwardPlan>(desc, Pass::forward);
+}
+
+// Where the table ranks cuDNN first and fa3 second: the default plan is cuDNN's where it serves the
+// problem (a build with the frontend), else fa3's ranked-ahead entry (a build without it:
+// -DBARACUDA_WITH_CUDNN=OFF), equal bit for bit to fa3 by name; never the family's kernels.
+TEST(AttentionFa3Gpu, DefaultPlanSkipsCudnnWhereItDoesNotServe) {
+  FA3_SKIP_UNLESS_RUNNABLE();
+  const Stream& gs = harness::stream_for(Target::cuda);
+  const Case c{DType::bf16, 1, 4, 2, 300, 300, 128, Mask::causal_top_left(), false, false};
+  const Descriptor desc = desc_of(c, c.t);
+  const TablePoint fa3_second[] = {{DType::bf16, Pass::forward, 128, 512, true, 3, 1, 2}};
+  const SelectionTableOverride o{fa3_second};
+  const bool serves = cudnn_serves(problem_of(desc), Pass::forward, gs.caps());
+#if BARACUDA_HAVE_CUDNN_FRONTEND
+  EXPECT_TRUE(serves);
+#else
+  EXPECT_FALSE(serves);
+#endif
+  auto def = attention::ForwardPlan::select(gs, desc);
+  BARACUDA_ASSERT_OK(def);
+  if (serves) {
+    EXPECT_EQ(def->sku().backend, Backend::cudnn) << def->sku().name;
+    return;
+  }
+  EXPECT_EQ(def->sku().name, kFa3RankedAhead);
+  auto pinned = attention::ForwardPlan::select(gs, desc, PlanPreference::kernel(kFa3));
+  BARACUDA_ASSERT_OK(pinned);
+  harness::Rng rng;
+  TestTensor q = gpu_tensor(c, c.t, c.hq, c.lq, c.d), k = gpu_tensor(c, c.t, c.hk, c.lk, c.d),
+             v = gpu_tensor(c, c.t, c.hk, c.lk, c.d);
+  q.fill_random(rng);
+  k.fill_random(rng);
+  v.fill_random(rng);
+  std::vector<std::vector<uint8_t>> out;
+  for (auto* plan : {&*def, &*pinned}) {
+    TestTensor y = gpu_tensor(c, c.t, c.hq, c.lq, c.d);
+    TestTensor lse = gpu_lse(c);
+    y.poison();
+    lse.poison();
+    const Workspace_ ws = workspace_of(plan->workspace_size());
+    BARACUDA_ASSERT_OK(
+        plan->run(gs, ws.get(), {q.cview(), k.cview(), v.cview(), y.view(), lse.view(), {}, {}}));
+    BARACUDA_ASSERT_OK(gs.synchronize());
+    out.push_back(y.bytes());
+    out.push_back(lse.bytes());
+  }
+  EXPECT_TRUE(harness::bytes_equal(out[0], out[2], "y: ranked-ahead vs pinned"));
+  EXPECT_TRUE(harness::bytes_equal(out[1], out[3], "lse: ranked-ahead vs pinned"));
 }
 
 TEST(AttentionFa3Gpu, MisalignedRunFailsWithoutWriting) {

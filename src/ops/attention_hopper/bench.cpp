@@ -146,18 +146,6 @@ std::string cudnn_note(const Stream& s, const attention::Descriptor& d, Pass pas
          (t->timed > 0 ? " (tuned over " + std::to_string(t->timed) + ")" : "");
 }
 
-// A column's select() error row; the cuDNN column's carries cuDNN's own message where it refused
-// the problem's graph (select() alone says no kernel fits).
-void emit_select_error(const Stream& s, const char* op, const std::string& name,
-                       const attention::Descriptor& d, const Error& e, bool cudnn) {
-  std::optional<std::string> why;
-  if (auto p = attention::ForwardOp::make_problem(d); cudnn && p.ok())
-    why = cudnn_refusal(*p, Pass::forward, false, s.device());
-  bench::emit_error(
-      "attention", op, name,
-      why ? Error::unsupported(e.message() + "; cuDNN refused the graph: " + *why) : e);
-}
-
 void sweep(const Stream& stream) {
   // BARACUDA_ATTENTION_ONLY=decode / paged_prefill / prefill (the attention family's decode-only
   // and prefill-only runs) skip this sweep.
@@ -651,8 +639,8 @@ void chunk_sweep(const Stream& stream) {
         for (int i = 0; i < 3; ++i) {
           auto fp = attention::ForwardPlan::select(stream, c.desc, candidates[i].second);
           if (!fp.ok()) {
-            emit_select_error(stream, "attention_prefill", c.name + "/" + candidates[i].first,
-                              c.desc, fp.error(), i == 0);
+            bench::emit_error("attention", "attention_prefill", c.name + "/" + candidates[i].first,
+                              fp.error());
             continue;
           }
           tf[i] = time_forward(
@@ -720,9 +708,7 @@ void packed_sweep(const Stream& stream) {
               return attention::ForwardPlan::select(stream, c.desc, pref);
             }();
             if (!fp.ok()) {
-              emit_select_error(
-                  stream, "attention_chunk", c.name + "/" + note, c.desc, fp.error(),
-                  pref.kind == PlanPreference::Kind::backend && pref.backend == Backend::cudnn);
+              bench::emit_error("attention", "attention_chunk", c.name + "/" + note, fp.error());
               continue;
             }
             time_forward(stream, c.name, *fp, c.fa, c.bytes, c.flops, note, name(in->dtype));

@@ -703,20 +703,6 @@ bool register_all() {
 }
 BARACUDA_REGISTER(register_all());
 
-// The cached graph entry of the problem's canonical layout, under the state's lock; null where
-// none was built or asked for.
-template <class F>
-auto with_canonical_entry(const attention::Problem& p, Pass pass, bool deterministic, int device,
-                          F f) {
-  const Kind kind = pass == Pass::forward ? Kind::forward
-                    : deterministic       ? Kind::backward_deterministic
-                                          : Kind::backward;
-  std::lock_guard lock(state().mu);
-  const auto& graphs = state().graphs;
-  const auto it = graphs.find(key_of(p, kind, device, canonical_layout(p, kind, true)));
-  return f(it == graphs.end() ? nullptr : it->second.get());
-}
-
 }  // namespace
 
 std::optional<int64_t> cudnn_loaded_version() {
@@ -725,20 +711,18 @@ std::optional<int64_t> cudnn_loaded_version() {
 
 std::optional<CudnnTuning> cudnn_tuning(const attention::Problem& p, Pass pass, bool deterministic,
                                         int device) {
-  return with_canonical_entry(p, pass, deterministic, device,
-                              [](const auto* e) -> std::optional<CudnnTuning> {
-                                if (!e || !e->graph) return std::nullopt;
-                                return CudnnTuning{e->timed, e->plan};
-                              });
+  const Kind kind = pass == Pass::forward ? Kind::forward
+                    : deterministic       ? Kind::backward_deterministic
+                                          : Kind::backward;
+  std::lock_guard lock(state().mu);
+  const auto& graphs = state().graphs;
+  const auto it = graphs.find(key_of(p, kind, device, canonical_layout(p, kind, true)));
+  if (it == graphs.end() || !it->second->graph) return std::nullopt;
+  return CudnnTuning{it->second->timed, it->second->plan};
 }
 
-std::optional<std::string> cudnn_refusal(const attention::Problem& p, Pass pass, bool deterministic,
-                                         int device) {
-  return with_canonical_entry(p, pass, deterministic, device,
-                              [](const auto* e) -> std::optional<std::string> {
-                                if (!e || e->graph) return std::nullopt;
-                                return e->why;
-                              });
+bool cudnn_serves(const attention::Problem& p, Pass pass, const DeviceCaps& caps) {
+  return fits_kind(p, caps, pass == Pass::forward ? Kind::forward : Kind::backward);
 }
 
 }  // namespace baracuda::attention_hopper

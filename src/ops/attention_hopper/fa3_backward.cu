@@ -815,10 +815,11 @@ bool fits(const Problem& pr, const DeviceCaps& caps) {
   }
 }
 
-// The ranked-ahead entry: only where the measured table picks fa3 for the backward.
+// The ranked-ahead entry: only where the measured table picks fa3 for the backward (among the
+// candidates that serve the problem here: candidate_here).
 template <class T>
 bool fits_ranked_ahead(const Problem& pr, const DeviceCaps& caps) {
-  return fits<T>(pr, caps) && preferred_candidate(pr, Pass::backward, true) == Candidate::fa3;
+  return fits<T>(pr, caps) && candidate_here(pr, Pass::backward, caps) == Candidate::fa3;
 }
 
 size_t workspace(const Problem& pr, const DeviceCaps&) {

@@ -1125,9 +1125,10 @@ bool fits(const Problem& pr, const DeviceCaps& caps) {
 }
 
 // The ranked-ahead entry: the plain schedule (its paged or counts instance for problems with
-// pages or key counts), only where the measured table picks fa3. Paged: every page size (chunked
-// prefill on the H200, 4 x 512 rows against 4096 keys, d128: 1.64-1.74x the family's paged
-// kernel's rate in 64-, 32-, 16- and 8-key pages, forty-first session's call 3).
+// pages or key counts), only where the measured table picks fa3 among the candidates that serve
+// the problem here (candidate_here). Paged: every page size (chunked prefill on the H200, 4 x 512
+// rows against 4096 keys, d128: 1.64-1.74x the family's paged kernel's rate in 64-, 32-, 16- and
+// 8-key pages, forty-first session's call 3).
 // The instance the ranked-ahead entry stands for on this problem, handed to f as a
 // std::integral_constant: the packed ones where fa3_packs, else the paged, counts or plain one.
 template <class F>
@@ -1144,7 +1145,7 @@ decltype(auto) with_ranked_variant(const Problem& pr, F&& f) {
 template <class T>
 bool fits_ranked_ahead(const Problem& pr, const DeviceCaps& caps) {
   return with_ranked_variant(pr, [&](auto v) { return fits<T, decltype(v)::value>(pr, caps); }) &&
-         preferred_candidate(pr, Pass::forward, true) == Candidate::fa3;
+         candidate_here(pr, Pass::forward, caps) == Candidate::fa3;
 }
 
 // kPacked's key splits: enough CTAs (query blocks x K / V heads x batch, times the splits) for one

@@ -95,8 +95,8 @@ bool cudnn_tunes(const attention::Problem& p) {
 std::optional<CudnnTuning> cudnn_tuning(const attention::Problem&, Pass, bool, int) {
   return std::nullopt;
 }
-std::optional<std::string> cudnn_refusal(const attention::Problem&, Pass, bool, int) {
-  return std::nullopt;
+bool cudnn_serves(const attention::Problem&, Pass, const DeviceCaps&) {
+  return false;
 }
 std::optional<int64_t> cudnn_loaded_version() {
   return std::nullopt;
@@ -165,12 +165,19 @@ bool fa3_packs(const attention::Problem& p) {
          (rows == kFa3PackedDecodeRows && d.len_q >= kFa3PackedDecodeMinLq);
 }
 
-Candidate preferred_candidate(const attention::Problem& p, Pass pass, bool fa3_runs) {
-  return preferred_candidate(selection_table(), p, pass, fa3_runs);
+Candidate preferred_candidate(const attention::Problem& p, Pass pass, bool fa3_runs,
+                              bool cudnn_runs) {
+  return preferred_candidate(selection_table(), p, pass, fa3_runs, cudnn_runs);
+}
+
+Candidate candidate_here(const attention::Problem& p, Pass pass, const DeviceCaps& caps) {
+  const Candidate c = preferred_candidate(p, pass, true);
+  if (c != Candidate::cudnn || cudnn_serves(p, pass, caps)) return c;
+  return preferred_candidate(p, pass, true, false);
 }
 
 Candidate preferred_candidate(std::span<const TablePoint> table, const attention::Problem& p,
-                              Pass pass, bool fa3_runs) {
+                              Pass pass, bool fa3_runs, bool cudnn_built) {
   const attention::Descriptor& d = p.desc;
   // Short chunks of a GQA group, and the decodes of kFa3PackedDecodeRows' rules: fa3's packed
   // instance fills the 128-row tile with the group's heads and splits the keys (up to 10x the best
@@ -193,7 +200,7 @@ Candidate preferred_candidate(std::span<const TablePoint> table, const attention
   // sliding window excludes (H200, d128 L8192, window (1023, 0): 59 TFLOP/s against fa3's 264 and
   // the bespoke kernel's 179; its forward skipped them, 488 against fa3's 465).
   const bool cudnn_runs =
-      !cudnn_screen(p).has_value() && !(pass == Pass::backward && d.mask.left >= 0);
+      cudnn_built && !cudnn_screen(p).has_value() && !(pass == Pass::backward && d.mask.left >= 0);
   auto gap = [](int64_t a, int64_t b) {
     return std::abs(std::log2(static_cast<double>(std::max<int64_t>(1, a))) -
                     std::log2(static_cast<double>(std::max<int64_t>(1, b))));
