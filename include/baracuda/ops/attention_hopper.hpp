@@ -177,7 +177,7 @@ class SelectionTableOverride {
 
 // Forward problems with at most this many query rows are decode-shaped: the table (measured with
 // Lq = Lk) does not speak for them, and the family's decode kernel is the measured winner except
-// where fa3_packs (kFa3PackedDecodeRows) or fa3_decodes_wide_heads.
+// where fa3_packs (kFa3PackedDecodeRows) or wide_head_decode.
 inline constexpr int64_t kDecodeQueryRows = 16;
 // A forward chunk of at least this many query rows against a cache of about a table point's length
 // takes fa3's column as measured at the point (it kept its rate there from Lq 256 up); at least
@@ -241,13 +241,14 @@ inline constexpr int64_t kFa3PackedD256SingleTokenKeyRows = 65536;
 int64_t fa3_packed_chunk_rows(int64_t head_dim, int64_t len_k);
 bool fa3_packs(const attention::Problem& p);
 // Decode-shaped forwards of plain multi-head attention (group 1) with 256-wide heads (Dk = Dv =
-// 256, bf16 / f16, fewer rows than keys): fa3's plain instance is the candidate wherever it runs,
-// as fa3_packs' problems are (it splits the keys; the family's decode kernel holds one 16-row tile
-// at d256). Measured on the H200 (`bench_attention attention_packed`, Lq 1-16): 64 sequences x 32
-// heads against 1024 keys, fa3 533-556 us against the decode kernel's 603-686 (cuDNN built no
-// graph there); 4 sequences against 4096 keys, fa3 139 us against 156-159 (cuDNN 129 from Lq 2, 273
-// at Lq 1).
-bool fa3_decodes_wide_heads(const attention::Problem& p);
+// 256, bf16 / f16, fewer rows than keys), where fa3 runs: not the family's decode kernel (it holds
+// one 16-row tile at d256) but fa3's plain instance for one token and cuDNN from 2 (fa3 where
+// cuDNN does not serve the problem: candidate_here). Measured on the H200 (`bench_attention
+// attention_packed`, Lq 1-16, forty-seventh session), 4 sequences x 32 heads against 4096 keys /
+// 16 and 64 against 1024: the decode kernel 154.5-156.6 / 158.7-169.9 / 603.9-689.2 us, fa3
+// 137.0-137.8 / 141.5-143.4 / 533.1-549.4, cuDNN 273.6 / 273.5 / 1071.2 at Lq 1 and 128.3-129.1 /
+// 130.3-133.7 / 487.8-515.0 from Lq 2.
+bool wide_head_decode(const attention::Problem& p);
 
 // Priorities the cuDNN kernels register with. The attention family's bespoke kernels are expected
 // between kCudnnBehind and kCudnnAhead, so the table decides which of the two wins `fastest`.

@@ -473,32 +473,45 @@ TEST(AttentionCudnnRules, ShortGqaChunksGoToFa3Packed) {
   EXPECT_EQ(preferred_candidate(empty, p, Pass::forward, true), Candidate::cudnn);
 }
 
-// Decodes of 256-wide heads in groups of 1 (plain multi-head attention) go to fa3's plain instance
-// wherever it runs, ahead of the table and of the family's decode kernel: bf16 / f16, Dk = Dv =
-// 256, at most kDecodeQueryRows rows, fewer than the keys; not other head dims, groups, dtypes,
-// longer chunks, nor under an empty table or where fa3 does not run.
-TEST(AttentionCudnnRules, WideHeadDecodesGoToFa3) {
+// Decodes of 256-wide heads in groups of 1 (plain multi-head attention) leave the family's decode
+// kernel wherever fa3 runs, ahead of the table: one token to fa3's plain instance, from 2 to cuDNN
+// (fa3 where cuDNN is not built or not given the problem); bf16 / f16, Dk = Dv = 256, at most
+// kDecodeQueryRows rows, fewer than the keys; not other head dims, groups, dtypes, longer chunks,
+// nor under an empty table or where fa3 does not run.
+TEST(AttentionCudnnRules, WideHeadDecodesGoToFa3OrCudnn) {
   auto decode = [](int64_t b, int64_t hk, int64_t lq, int64_t lk, int64_t d = 256,
                    DType t = DType::bf16) {
     return problem_of(make_desc(t, b, 32, hk, lq, lk, d, Mask::causal_bottom_right()));
   };
-  EXPECT_TRUE(fa3_decodes_wide_heads(decode(4, 32, 1, 4096)));
-  EXPECT_TRUE(fa3_decodes_wide_heads(decode(64, 32, kDecodeQueryRows, 1024, 256, DType::f16)));
-  EXPECT_FALSE(fa3_decodes_wide_heads(decode(4, 32, kDecodeQueryRows + 1, 4096)));
-  EXPECT_FALSE(fa3_decodes_wide_heads(decode(4, 32, 8, 8)));  // as many rows as keys
-  EXPECT_FALSE(fa3_decodes_wide_heads(decode(4, 32, 1, 4096, 128)));
-  EXPECT_FALSE(fa3_decodes_wide_heads(decode(4, 16, 1, 4096)));  // group 2: fa3_packs' case
-  EXPECT_FALSE(fa3_decodes_wide_heads(decode(4, 32, 1, 4096, 256, DType::f32)));
+  EXPECT_TRUE(wide_head_decode(decode(4, 32, 1, 4096)));
+  EXPECT_TRUE(wide_head_decode(decode(64, 32, kDecodeQueryRows, 1024, 256, DType::f16)));
+  EXPECT_FALSE(wide_head_decode(decode(4, 32, kDecodeQueryRows + 1, 4096)));
+  EXPECT_FALSE(wide_head_decode(decode(4, 32, 8, 8)));  // as many rows as keys
+  EXPECT_FALSE(wide_head_decode(decode(4, 32, 1, 4096, 128)));
+  EXPECT_FALSE(wide_head_decode(decode(4, 16, 1, 4096)));  // group 2: fa3_packs' case
+  EXPECT_FALSE(wide_head_decode(decode(4, 32, 1, 4096, 256, DType::f32)));
   attention::Problem mixed = decode(4, 32, 1, 4096);
   mixed.desc.head_dim_v = 128;
-  EXPECT_FALSE(fa3_decodes_wide_heads(mixed));
+  EXPECT_FALSE(wide_head_decode(mixed));
   const TablePoint cudnn_wins[] = {
       {DType::bf16, Pass::forward, 256, 4096, true, 600, 100, 500, 64}};
   const std::span<const TablePoint> empty{};
+  const TablePoint fa3_wins[] = {{DType::bf16, Pass::forward, 256, 4096, true, 100, 200, 500, 64}};
+  const attention::Problem one = decode(4, 32, 1, 4096);
+  EXPECT_EQ(preferred_candidate(cudnn_wins, one, Pass::forward, true), Candidate::fa3);
+  EXPECT_EQ(preferred_candidate(one, Pass::forward, true), Candidate::fa3);
+  EXPECT_EQ(preferred_candidate(one, Pass::forward, false), Candidate::bespoke);
   const attention::Problem p = decode(4, 32, 2, 4096);
-  EXPECT_EQ(preferred_candidate(cudnn_wins, p, Pass::forward, true), Candidate::fa3);
-  EXPECT_EQ(preferred_candidate(p, Pass::forward, true), Candidate::fa3);
+  EXPECT_EQ(preferred_candidate(fa3_wins, p, Pass::forward, true), Candidate::cudnn);
+  EXPECT_EQ(preferred_candidate(p, Pass::forward, true), Candidate::cudnn);
+  EXPECT_EQ(preferred_candidate(p, Pass::forward, true, false), Candidate::fa3);
   EXPECT_EQ(preferred_candidate(p, Pass::forward, false), Candidate::bespoke);
+  attention::Problem capped = p;  // cuDNN is not given soft-capping
+  capped.desc.softcap = 30.0;
+  EXPECT_EQ(preferred_candidate(capped, Pass::forward, true), Candidate::fa3);
+  // Where cuDNN does not serve (a CPU device's caps): fa3.
+  EXPECT_EQ(candidate_here(p, Pass::forward, harness::stream_for(Target::cpu).caps()),
+            Candidate::fa3);
   EXPECT_EQ(preferred_candidate(empty, p, Pass::forward, true), Candidate::bespoke);
   EXPECT_EQ(preferred_candidate(decode(4, 32, 2, 4096, 128), Pass::forward, true),
             Candidate::bespoke);
@@ -601,14 +614,15 @@ TEST(AttentionCudnnRules, ShippedTablePicksFa3WhereItWasFastest) {
     EXPECT_EQ(preferred_candidate(p, Pass::forward, false), Candidate::cudnn);
     EXPECT_EQ(preferred_candidate(p, Pass::backward, true), pt.backward);
     EXPECT_EQ(preferred_candidate(p, Pass::backward, false), Candidate::cudnn);
-    // Decode against the same keys: the family's decode kernel, never cuDNN, and fa3 only with
-    // 256-wide heads (fa3_decodes_wide_heads); its backward follows the table's non-causal point
-    // (cuDNN at every length).
+    // Decode against the same keys: the family's decode kernel, but with 256-wide heads
+    // (wide_head_decode: fa3 for one token, cuDNN from 2); its backward follows the table's
+    // non-causal point (cuDNN at every length).
     for (int64_t lq : {int64_t{1}, int64_t{4}, kDecodeQueryRows}) {
       const attention::Problem decode =
           problem_of(make_desc(DType::bf16, 16, 2048 / pt.d, 2048 / pt.d, lq, pt.l, pt.d));
-      EXPECT_EQ(preferred_candidate(decode, Pass::forward, true),
-                pt.d == 256 ? Candidate::fa3 : Candidate::bespoke);
+      EXPECT_EQ(preferred_candidate(decode, Pass::forward, true), pt.d != 256 ? Candidate::bespoke
+                                                                  : lq == 1   ? Candidate::fa3
+                                                                              : Candidate::cudnn);
       EXPECT_EQ(preferred_candidate(decode, Pass::forward, false), Candidate::bespoke);
       EXPECT_EQ(preferred_candidate(decode, Pass::backward, true), Candidate::cudnn);
     }
@@ -1750,9 +1764,10 @@ TEST(AttentionFa3Gpu, PackedMatchesTheCpuPlan) {
   }
 }
 
-// Decodes of 256-wide heads in groups of 1 (fa3_decodes_wide_heads): the default plan is the
-// ranked-ahead entry (fa3's plain instance, the keys split), equal to it by name, against the CPU
-// plan's float64 answer, twice bitwise, gaps untouched.
+// Decodes of 256-wide heads in groups of 1 (wide_head_decode): the default plan is fa3's
+// ranked-ahead entry (its plain instance, the keys split) for one token or where cuDNN does not
+// serve the problem (soft-capping; a build without cuDNN), cuDNN's otherwise; fa3 by name and the
+// default plan against the CPU plan's float64 answer, twice bitwise, gaps untouched.
 TEST(AttentionFa3Gpu, WideHeadDecodesMatchTheCpuPlan) {
   FA3_SKIP_UNLESS_RUNNABLE();
   harness::Rng rng;
@@ -1764,12 +1779,18 @@ TEST(AttentionFa3Gpu, WideHeadDecodesMatchTheCpuPlan) {
       // 16 tokens, no mask, a softcap.
       {DType::bf16, 1, 4, 4, kDecodeQueryRows, 2100, 256, Mask::none(), false, false, true, 30.0},
   };
-  const DeviceCaps caps = harness::stream_for(Target::cuda).caps();
+  const Stream& gs = harness::stream_for(Target::cuda);
   for (const Case& c : cases) {
     SCOPED_TRACE(name_of(c));
     const Descriptor desc = desc_of(c, c.t);
-    EXPECT_TRUE(fa3_decodes_wide_heads(problem_of(desc)));
-    EXPECT_TRUE(fa3_kernel(c.t, kFa3RankedAhead)->fits(problem_of(desc), caps));
+    const attention::Problem pr = problem_of(desc);
+    EXPECT_TRUE(wide_head_decode(pr));
+    const bool cudnn_first =
+        c.lq > 1 && !cudnn_screen(pr).has_value() && cudnn_serves(pr, Pass::forward, gs.caps());
+    EXPECT_EQ(fa3_kernel(c.t, kFa3RankedAhead)->fits(pr, gs.caps()), !cudnn_first);
+    auto def = attention::ForwardPlan::select(gs, desc);
+    BARACUDA_ASSERT_OK(def);
+    EXPECT_EQ(def->sku().backend == Backend::cudnn, cudnn_first) << def->sku().name;
     TestTensor q = cpu_tensor(c.t, {c.b, c.hq, c.lq, c.d}, &rng);
     TestTensor k = cpu_tensor(c.t, {c.b, c.hk, c.lk, c.d}, &rng);
     TestTensor v = cpu_tensor(c.t, {c.b, c.hk, c.lk, vdim(c)}, &rng);

@@ -142,7 +142,7 @@ int64_t fa3_packed_chunk_rows(int64_t head_dim, int64_t len_k) {
   }
 }
 
-bool fa3_decodes_wide_heads(const attention::Problem& p) {
+bool wide_head_decode(const attention::Problem& p) {
   const attention::Descriptor& d = p.desc;
   return p.group == 1 && d.len_q <= kDecodeQueryRows && d.len_q < d.len_k && d.head_dim_qk == 256 &&
          d.head_dim_v == 256 && (d.dtype == DType::bf16 || d.dtype == DType::f16);
@@ -179,21 +179,6 @@ Candidate candidate_here(const attention::Problem& p, Pass pass, const DeviceCap
 Candidate preferred_candidate(std::span<const TablePoint> table, const attention::Problem& p,
                               Pass pass, bool fa3_runs, bool cudnn_built) {
   const attention::Descriptor& d = p.desc;
-  // Short chunks of a GQA group, and the decodes of kFa3PackedDecodeRows' rules: fa3's packed
-  // instance fills the 128-row tile with the group's heads and splits the keys (up to 10x the best
-  // other candidate: see kFa3PackedChunkRows, kFa3PackedDecodeRows); decodes of 256-wide heads in
-  // groups of 1 take its plain instance (fa3_decodes_wide_heads). A measurement,
-  // so an empty table (the benches' override: each column its candidate alone) leaves it out like
-  // the table's own points.
-  if (pass == Pass::forward && fa3_runs && !table.empty() &&
-      (fa3_packs(p) || fa3_decodes_wide_heads(p)))
-    return Candidate::fa3;
-  // Other decodes (a few query rows against a long cache) are not what the table measured (Lq =
-  // Lk): the family's split-K decode kernel took 57 us where cuDNN took 545 us (Lq 1, Lk 32k, 32
-  // heads, GQA 4, d128; 59 vs 385 us at Lq 4 causal; 14 vs 64 us at Lk 4096; H100, 2026-11-23),
-  // so the forward of such a problem stays with the family's kernels.
-  if (pass == Pass::forward && d.len_q <= kDecodeQueryRows) return Candidate::bespoke;
-  const bool causal = d.mask.right == 0;
   // Problems cuDNN is not given (cudnn_screen: packed sequences, soft-capping, a left bound
   // without a right one, ...) rank the others (varlen: by the point of its longest sequence).
   // Nor a banded backward with a left bound: cuDNN's backward does not skip the key blocks a
@@ -201,6 +186,22 @@ Candidate preferred_candidate(std::span<const TablePoint> table, const attention
   // the bespoke kernel's 179; its forward skipped them, 488 against fa3's 465).
   const bool cudnn_runs =
       cudnn_built && !cudnn_screen(p).has_value() && !(pass == Pass::backward && d.mask.left >= 0);
+  // Short chunks of a GQA group, and the decodes of kFa3PackedDecodeRows' rules: fa3's packed
+  // instance fills the 128-row tile with the group's heads and splits the keys (up to 10x the best
+  // other candidate: see kFa3PackedChunkRows, kFa3PackedDecodeRows); decodes of 256-wide heads in
+  // groups of 1 take its plain instance or cuDNN (wide_head_decode). Measurements, so an empty
+  // table (the benches' override: each column its candidate alone) leaves them out like the
+  // table's own points.
+  if (pass == Pass::forward && fa3_runs && !table.empty()) {
+    if (fa3_packs(p)) return Candidate::fa3;
+    if (wide_head_decode(p)) return d.len_q > 1 && cudnn_runs ? Candidate::cudnn : Candidate::fa3;
+  }
+  // Other decodes (a few query rows against a long cache) are not what the table measured (Lq =
+  // Lk): the family's split-K decode kernel took 57 us where cuDNN took 545 us (Lq 1, Lk 32k, 32
+  // heads, GQA 4, d128; 59 vs 385 us at Lq 4 causal; 14 vs 64 us at Lk 4096; H100, 2026-11-23),
+  // so the forward of such a problem stays with the family's kernels.
+  if (pass == Pass::forward && d.len_q <= kDecodeQueryRows) return Candidate::bespoke;
+  const bool causal = d.mask.right == 0;
   auto gap = [](int64_t a, int64_t b) {
     return std::abs(std::log2(static_cast<double>(std::max<int64_t>(1, a))) -
                     std::log2(static_cast<double>(std::max<int64_t>(1, b))));
