@@ -2118,11 +2118,13 @@ TEST(AttentionFa3Gpu, FitsExactlyWhatItSupports) {
   varlen.total_q = varlen.total_k = 32;
   EXPECT_TRUE(fits(varlen));
   EXPECT_FALSE(fits(make_desc(DType::bf16, 1, 4, 4, 16, 0, 64)));  // no keys
-  // The default plan is fa3 (its ranked-ahead entry) exactly where the shipped table picks it.
+  // The default plan is fa3 (its ranked-ahead entry) exactly where the shipped table picks it
+  // among the candidates that serve the problem here (candidate_here: without cuDNN, fa3 against
+  // the family's kernels).
   const Descriptor big = make_desc(DType::bf16, 2, 16, 16, 4096, 4096, 128);
   auto def = attention::ForwardPlan::select(harness::stream_for(Target::cuda), big);
   BARACUDA_ASSERT_OK(def);
-  const bool fa3_wins = preferred_candidate(problem_of(big), Pass::forward, true) == Candidate::fa3;
+  const bool fa3_wins = candidate_here(problem_of(big), Pass::forward, caps) == Candidate::fa3;
   EXPECT_EQ(def->sku().name == kFa3RankedAhead, fa3_wins) << def->sku().name;
   EXPECT_NE(def->sku().name, kFa3);
   EXPECT_NE(def->sku().name, kFa3Pingpong);
@@ -3028,7 +3030,7 @@ void check_varlen_case(const VarlenCase& c, harness::Rng& rng) {
   // GQA packing where the group fits it (1..16, Dk = Dv).
   if (const auto* packed = fa3_kernel(c.t, kFa3PackedKernel); packed && packed->fits(p, gs.caps()))
     fwd.push_back(kFa3PackedKernel);
-  const bool fa3_default = preferred_candidate(p, Pass::forward, true) == Candidate::fa3;
+  const bool fa3_default = candidate_here(p, Pass::forward, gs.caps()) == Candidate::fa3;
   fwd.push_back({});  // the default plan
   for (std::string_view name : fwd) {
     SCOPED_TRACE(name.empty() ? std::string("default plan") : std::string(name));
