@@ -226,12 +226,13 @@ inline constexpr int64_t kFa3PackedLongCacheKeys = 16384;
 //   from 48 rows (1.22-1.95x);
 // - d256, whatever the grid: every decode but a single token in a group of 16 over fewer than
 //   kFa3PackedD256SingleTokenKeyRows keys in all (sequences x K/V heads x keys). The decode kernel
-//   holds one 16-row tile at d256: on 4 sequences the packed instance took 0.10-0.96x its time or
-//   the family's from 2 rows a group, and 1.20x at one token in a group of 16 against 4096 keys
-//   (24.6 us against 20.5; 0.95x against 16384); on 64 sequences against 1024 / 4096 keys
-//   0.70-0.96x at every decode of groups 2-16 (group 2, Lq 4, 1024 keys: 289.3 us against 371.3;
-//   group 16, Lq 1, 4096 keys: 140.1 against 159.0), the full-grid limit above notwithstanding
-//   (forty-seventh session).
+//   holds one 16-row tile at d256; the packed instance took 0.27-0.98x its time (or the family's
+//   m16 / general kernel's) at every other decode of groups 2-16 on 4, 16 and 64 sequences against
+//   4096 / 16384, 1024 / 4096 and 1024 / 4096 keys (forty-seventh session, call 4: group 2, Lq 4,
+//   64 sequences, 1024 keys 278.2 us against 334.0). One token in a group of 16 (call 2): the
+//   decode kernel led at 16384-32768 key rows (4 sequences x 4096 keys: 20.4 us against 24.4; 16
+//   x 1024: 21.8 against 24.6), the packed instance from 65536 (8 x 4096: 30.7 against 32.6; 32 x
+//   1024: 29.5 against 35.6) up (64 x 4096: 140.5 against 158.8).
 inline constexpr int64_t kFa3PackedDecodeRows = 32;
 inline constexpr int64_t kFa3PackedDecodeMinLq = 4;
 inline constexpr int64_t kFa3PackedDecodeMaxKvHeads = 128;
@@ -244,8 +245,8 @@ bool fa3_packs(const attention::Problem& p);
 // 256, bf16 / f16, fewer rows than keys), where fa3 runs: not the family's decode kernel (it holds
 // one 16-row tile at d256) but fa3's plain instance for one token and cuDNN from 2 (fa3 where
 // cuDNN does not serve the problem: candidate_here). Measured on the H200 (`bench_attention
-// attention_packed`, Lq 1-16, forty-seventh session), 4 sequences x 32 heads against 4096 keys /
-// 16 and 64 against 1024: the decode kernel 154.5-156.6 / 158.7-169.9 / 603.9-689.2 us, fa3
+// attention_packed`, Lq 1-16, forty-seventh session, call 3), 4 sequences x 32 heads against 4096
+// keys / 16 and 64 against 1024: the decode kernel 154.5-156.6 / 158.7-169.9 / 603.9-689.2 us, fa3
 // 137.0-137.8 / 141.5-143.4 / 533.1-549.4, cuDNN 273.6 / 273.5 / 1071.2 at Lq 1 and 128.3-129.1 /
 // 130.3-133.7 / 487.8-515.0 from Lq 2.
 bool wide_head_decode(const attention::Problem& p);
@@ -261,7 +262,8 @@ inline constexpr int kCudnnBehind = 1;
 // the plain one reading a paged K / V pool (with or without counts: the only ones that take
 // them), below every other forward kernel (reached by name: A/B, tests), and the plain schedule
 // (or its counts or paged instance; the packed ones where fa3_packs) once more as kFa3RankedAhead,
-// above everything, fitting only where the table picks fa3.
+// above everything, fitting only where the table picks fa3 among the candidates that serve the
+// problem here (candidate_here).
 inline constexpr std::string_view kFa3Kernel = "fa3_fwd_sm90a";
 inline constexpr std::string_view kFa3PingpongKernel = "fa3_fwd_sm90a_pingpong";
 inline constexpr std::string_view kFa3Exp2Poly2Kernel = "fa3_fwd_sm90a_exp2poly2of8";
