@@ -2156,6 +2156,37 @@ void expect_default_follows_cudnn_and_bespoke_tables(const Descriptor& desc, Pas
   }
 }
 
+// `plan` (a default plan that chose fa3's ranked-ahead entry) and fa3 pinned by name on the same
+// random inputs, outputs poisoned first: the same bits (the entry runs the plain kernel).
+void expect_same_bits_as_pinned_fa3(const Case& c, const Descriptor& desc,
+                                    const attention::ForwardPlan& plan) {
+  const Stream& gs = harness::stream_for(Target::cuda);
+  auto pinned = attention::ForwardPlan::select(gs, desc, PlanPreference::kernel(kFa3));
+  BARACUDA_ASSERT_OK(pinned);
+  harness::Rng rng;
+  TestTensor q = gpu_tensor(c, c.t, c.hq, c.lq, c.d), k = gpu_tensor(c, c.t, c.hk, c.lk, c.d),
+             v = gpu_tensor(c, c.t, c.hk, c.lk, c.d);
+  q.fill_random(rng);
+  k.fill_random(rng);
+  v.fill_random(rng);
+  std::vector<std::vector<uint8_t>> out;
+  const attention::ForwardPlan& by_name = *pinned;
+  for (const attention::ForwardPlan* p : {&plan, &by_name}) {
+    TestTensor y = gpu_tensor(c, c.t, c.hq, c.lq, c.d);
+    TestTensor lse = gpu_lse(c);
+    y.poison();
+    lse.poison();
+    const Workspace_ ws = workspace_of(p->workspace_size());
+    BARACUDA_ASSERT_OK(
+        p->run(gs, ws.get(), {q.cview(), k.cview(), v.cview(), y.view(), lse.view(), {}, {}}));
+    BARACUDA_ASSERT_OK(gs.synchronize());
+    out.push_back(y.bytes());
+    out.push_back(lse.bytes());
+  }
+  EXPECT_TRUE(harness::bytes_equal(out[0], out[2], "y: ranked-ahead vs pinned"));
+  EXPECT_TRUE(harness::bytes_equal(out[1], out[3], "lse: ranked-ahead vs pinned"));
+}
+
 // The default plan under tables that make each candidate fastest: fa3's ranked-ahead entry where
 // fa3 wins (and it is the plain kernel: bit-identical to the pinned one), cuDNN or the family's
 // kernel elsewhere, and the table's cuDNN/bespoke choice where fa3 cannot run (D = 96).
@@ -2174,29 +2205,7 @@ TEST(AttentionFa3Gpu, DefaultPlanFollowsTheTable) {
     BARACUDA_ASSERT_OK(def);
     EXPECT_EQ(def->sku().name, kFa3RankedAhead);
     EXPECT_TRUE(def->precision_guarantee().deterministic);
-    auto pinned = attention::ForwardPlan::select(gs, desc, PlanPreference::kernel(kFa3));
-    BARACUDA_ASSERT_OK(pinned);
-    harness::Rng rng;
-    TestTensor q = gpu_tensor(c, c.t, c.hq, c.lq, c.d), k = gpu_tensor(c, c.t, c.hk, c.lk, c.d),
-               v = gpu_tensor(c, c.t, c.hk, c.lk, c.d);
-    q.fill_random(rng);
-    k.fill_random(rng);
-    v.fill_random(rng);
-    std::vector<std::vector<uint8_t>> out;
-    for (auto* plan : {&*def, &*pinned}) {
-      TestTensor y = gpu_tensor(c, c.t, c.hq, c.lq, c.d);
-      TestTensor lse = gpu_lse(c);
-      y.poison();
-      lse.poison();
-      const Workspace_ ws = workspace_of(plan->workspace_size());
-      BARACUDA_ASSERT_OK(
-          plan->run(gs, ws.get(), {q.cview(), k.cview(), v.cview(), y.view(), lse.view(), {}, {}}));
-      BARACUDA_ASSERT_OK(gs.synchronize());
-      out.push_back(y.bytes());
-      out.push_back(lse.bytes());
-    }
-    EXPECT_TRUE(harness::bytes_equal(out[0], out[2], "y: ranked-ahead vs pinned"));
-    EXPECT_TRUE(harness::bytes_equal(out[1], out[3], "lse: ranked-ahead vs pinned"));
+    expect_same_bits_as_pinned_fa3(c, desc, *def);
     // D = 96: fa3 cannot run, so the table's cuDNN/bespoke columns decide (a tie: cuDNN).
     const Descriptor d96 = make_desc(c.t, c.b, c.hq, c.hk, c.lq, c.lk, 96, c.mask);
     auto other = attention::ForwardPlan::select(gs, d96);
@@ -2233,29 +2242,7 @@ TEST(AttentionFa3Gpu, DefaultPlanSkipsCudnnWhereItDoesNotServe) {
     return;
   }
   EXPECT_EQ(def->sku().name, kFa3RankedAhead);
-  auto pinned = attention::ForwardPlan::select(gs, desc, PlanPreference::kernel(kFa3));
-  BARACUDA_ASSERT_OK(pinned);
-  harness::Rng rng;
-  TestTensor q = gpu_tensor(c, c.t, c.hq, c.lq, c.d), k = gpu_tensor(c, c.t, c.hk, c.lk, c.d),
-             v = gpu_tensor(c, c.t, c.hk, c.lk, c.d);
-  q.fill_random(rng);
-  k.fill_random(rng);
-  v.fill_random(rng);
-  std::vector<std::vector<uint8_t>> out;
-  for (auto* plan : {&*def, &*pinned}) {
-    TestTensor y = gpu_tensor(c, c.t, c.hq, c.lq, c.d);
-    TestTensor lse = gpu_lse(c);
-    y.poison();
-    lse.poison();
-    const Workspace_ ws = workspace_of(plan->workspace_size());
-    BARACUDA_ASSERT_OK(
-        plan->run(gs, ws.get(), {q.cview(), k.cview(), v.cview(), y.view(), lse.view(), {}, {}}));
-    BARACUDA_ASSERT_OK(gs.synchronize());
-    out.push_back(y.bytes());
-    out.push_back(lse.bytes());
-  }
-  EXPECT_TRUE(harness::bytes_equal(out[0], out[2], "y: ranked-ahead vs pinned"));
-  EXPECT_TRUE(harness::bytes_equal(out[1], out[3], "lse: ranked-ahead vs pinned"));
+  expect_same_bits_as_pinned_fa3(c, desc, *def);
 }
 
 TEST(AttentionFa3Gpu, MisalignedRunFailsWithoutWriting) {
