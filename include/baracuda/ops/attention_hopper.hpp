@@ -142,15 +142,17 @@ Candidate preferred_candidate(std::span<const TablePoint> table, const attention
 // The same over selection_table().
 Candidate preferred_candidate(const attention::Problem& p, Pass pass, bool fa3_runs,
                               bool cudnn_runs = true);
-// Whether cuDNN's kernel for the pass (forward, or the non-deterministic backward) builds a graph
-// for this problem on this device: false in a build without the cuDNN frontend and where cuDNN
-// refuses the problem or cannot load. Builds (and caches) the graph: ask only where it matters.
-bool cudnn_serves(const attention::Problem& p, Pass pass, const DeviceCaps& caps);
+// Whether cuDNN is here to serve the problem: this build has the cuDNN frontend, the device is one
+// cuDNN's SDPA runs on (a GPU from sm_80) and cudnn_screen gives cuDNN the problem. Builds no
+// graph: a select() that ends on another backend (only(bespoke_cuda), the fa3 entries' own checks)
+// must not pay for cuDNN's graphs or its tuning, so a graph cuDNN refuses for a problem it is given
+// still falls through to the registry's next entry.
+bool cudnn_serves(const attention::Problem& p, const DeviceCaps& caps);
 // The candidate the fa3 kernels' ranked-ahead entries follow (fa3 runs): the table's, or where it
-// names cuDNN and cuDNN does not serve the problem here, the table's pick among the others (the
-// registry would otherwise fall through to the family's kernels whatever fa3's column says:
-// groups of 1 at d256, Lq 17-256 new rows, 4-64 sequences, ran there 1.0-3.0x fa3's time in a
-// build without the frontend, forty-seventh session).
+// names cuDNN and cuDNN does not serve the problem here (cudnn_serves), the table's pick among the
+// others (the registry would otherwise fall through to the family's kernels whatever fa3's column
+// says: groups of 1 at d256, Lq 17-256 new rows, 4-64 sequences, ran there 1.0-3.0x fa3's time in
+// a build without the frontend, forty-seventh session).
 Candidate candidate_here(const attention::Problem& p, Pass pass, const DeviceCaps& caps);
 
 // Whether the pass's fa3 kernel (forward: fa3_fwd_sm90a, fa3_fwd_sm90a_paged for a paged problem,

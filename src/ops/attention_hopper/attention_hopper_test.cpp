@@ -533,7 +533,7 @@ TEST(AttentionCudnnRules, WithoutCudnnTheTableRanksTheOthers) {
   EXPECT_EQ(preferred_candidate(bespoke_second, p, Pass::forward, true, false), Candidate::bespoke);
   // A CPU device's caps: cuDNN never serves there, so candidate_here ranks without it.
   const DeviceCaps cpu = harness::stream_for(Target::cpu).caps();
-  EXPECT_FALSE(cudnn_serves(p, Pass::forward, cpu));
+  EXPECT_FALSE(cudnn_serves(p, cpu));
   const SelectionTableOverride o{fa3_second};
   EXPECT_EQ(candidate_here(p, Pass::forward, cpu), Candidate::fa3);
   EXPECT_EQ(candidate_here(p, Pass::backward, cpu), Candidate::fa3);
@@ -1785,8 +1785,7 @@ TEST(AttentionFa3Gpu, WideHeadDecodesMatchTheCpuPlan) {
     const Descriptor desc = desc_of(c, c.t);
     const attention::Problem pr = problem_of(desc);
     EXPECT_TRUE(wide_head_decode(pr));
-    const bool cudnn_first =
-        c.lq > 1 && !cudnn_screen(pr).has_value() && cudnn_serves(pr, Pass::forward, gs.caps());
+    const bool cudnn_first = c.lq > 1 && cudnn_serves(pr, gs.caps());
     EXPECT_EQ(fa3_kernel(c.t, kFa3RankedAhead)->fits(pr, gs.caps()), !cudnn_first);
     auto def = attention::ForwardPlan::select(gs, desc);
     BARACUDA_ASSERT_OK(def);
@@ -2229,7 +2228,7 @@ TEST(AttentionFa3Gpu, DefaultPlanSkipsCudnnWhereItDoesNotServe) {
   const Descriptor desc = desc_of(c, c.t);
   const TablePoint fa3_second[] = {{DType::bf16, Pass::forward, 128, 512, true, 3, 1, 2}};
   const SelectionTableOverride o{fa3_second};
-  const bool serves = cudnn_serves(problem_of(desc), Pass::forward, gs.caps());
+  const bool serves = cudnn_serves(problem_of(desc), gs.caps());
 #if BARACUDA_HAVE_CUDNN_FRONTEND
   EXPECT_TRUE(serves);
 #else

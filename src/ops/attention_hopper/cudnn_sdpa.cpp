@@ -435,7 +435,7 @@ std::shared_ptr<Entry> graph_locked(const Problem& p, const Key& key, bool repla
 // graph needs more is refused in launch with workspace_too_small). Other layouts build on first
 // use.
 bool fits_kind(const Problem& p, const DeviceCaps& caps, Kind kind) {
-  if (caps.device < 0 || caps.sm < 80 || cudnn_screen(p)) return false;
+  if (!cudnn_serves(p, caps)) return false;
   std::lock_guard lock(state().mu);
   return graph_locked(p, key_of(p, kind, caps.device, canonical_layout(p, kind, true)))->graph !=
          nullptr;
@@ -721,8 +721,8 @@ std::optional<CudnnTuning> cudnn_tuning(const attention::Problem& p, Pass pass, 
   return CudnnTuning{it->second->timed, it->second->plan};
 }
 
-bool cudnn_serves(const attention::Problem& p, Pass pass, const DeviceCaps& caps) {
-  return fits_kind(p, caps, pass == Pass::forward ? Kind::forward : Kind::backward);
+bool cudnn_serves(const attention::Problem& p, const DeviceCaps& caps) {
+  return caps.device >= 0 && caps.sm >= 80 && !cudnn_screen(p).has_value();
 }
 
 }  // namespace baracuda::attention_hopper

@@ -95,7 +95,7 @@ bool cudnn_tunes(const attention::Problem& p) {
 std::optional<CudnnTuning> cudnn_tuning(const attention::Problem&, Pass, bool, int) {
   return std::nullopt;
 }
-bool cudnn_serves(const attention::Problem&, Pass, const DeviceCaps&) {
+bool cudnn_serves(const attention::Problem&, const DeviceCaps&) {
   return false;
 }
 std::optional<int64_t> cudnn_loaded_version() {
@@ -172,7 +172,7 @@ Candidate preferred_candidate(const attention::Problem& p, Pass pass, bool fa3_r
 
 Candidate candidate_here(const attention::Problem& p, Pass pass, const DeviceCaps& caps) {
   const Candidate c = preferred_candidate(p, pass, true);
-  if (c != Candidate::cudnn || cudnn_serves(p, pass, caps)) return c;
+  if (c != Candidate::cudnn || cudnn_serves(p, caps)) return c;
   return preferred_candidate(p, pass, true, false);
 }
 
