@@ -136,12 +136,12 @@ std::string_view selection_table_provenance();  // device, date, commit of the m
 // table has no point for the dtype/pass (the fastest peer measured through PyTorch). Problems
 // cuDNN is not given (cudnn_screen: varlen, soft-capping, ...) rank bespoke and fa3 only (varlen:
 // at the point of the longest sequence), and default to bespoke.
-// `cudnn_runs` false: rank as if cuDNN were not built (see candidate_here).
+// `cudnn_built` false: rank as if cuDNN were not built (see candidate_here).
 Candidate preferred_candidate(std::span<const TablePoint> table, const attention::Problem& p,
-                              Pass pass, bool fa3_runs, bool cudnn_runs = true);
+                              Pass pass, bool fa3_runs, bool cudnn_built = true);
 // The same over selection_table().
 Candidate preferred_candidate(const attention::Problem& p, Pass pass, bool fa3_runs,
-                              bool cudnn_runs = true);
+                              bool cudnn_built = true);
 // Whether cuDNN is here to serve the problem: this build has the cuDNN frontend, the device is one
 // cuDNN's SDPA runs on (a GPU from sm_80) and cudnn_screen gives cuDNN the problem. Builds no
 // graph: a select() that ends on another backend (only(bespoke_cuda), the fa3 entries' own checks)

@@ -166,8 +166,8 @@ bool fa3_packs(const attention::Problem& p) {
 }
 
 Candidate preferred_candidate(const attention::Problem& p, Pass pass, bool fa3_runs,
-                              bool cudnn_runs) {
-  return preferred_candidate(selection_table(), p, pass, fa3_runs, cudnn_runs);
+                              bool cudnn_built) {
+  return preferred_candidate(selection_table(), p, pass, fa3_runs, cudnn_built);
 }
 
 Candidate candidate_here(const attention::Problem& p, Pass pass, const DeviceCaps& caps) {
