@@ -260,6 +260,10 @@ BARACUDA_REGISTER(register_kernel<ScaleOp>({
       return p.needs_workspace ? 64 : 0;
     },
     .launch = scale_cpu,
+    .refusal = [](const ScaleOp::Problem& p, const DeviceCaps&) -> std::optional<std::string> {
+      if (p.n > 0) return std::nullopt;
+      return "n=" + std::to_string(p.n) + ": it takes n > 0";
+    },
 }));
 
 TEST(Plan, SelectsHighestPriorityThatFitsAndHonoursPreference) {
@@ -293,10 +297,20 @@ TEST(Plan, KernelPreferencePinsOneKernelOnlyWhereItFits) {
                                     PlanPreference::kernel("fast_nondeterministic"));
   BARACUDA_ASSERT_OK(fast);
   EXPECT_EQ(fast->sku().name, "fast_nondeterministic");
-  // Pinning never overrides a predicate: the fast kernel does not fit n = 0.
-  EXPECT_TRUE(fails_with(Plan<ScaleOp>::select(cpu, {0, DType::f32, false},
-                                               PlanPreference::kernel("fast_nondeterministic")),
-                         ErrorKind::unsupported, {"preference=kernel=fast_nondeterministic"}));
+  // Pinning never overrides a predicate: the fast kernel does not fit n = 0, and the error quotes
+  // its refusal.
+  EXPECT_TRUE(fails_with(
+      Plan<ScaleOp>::select(cpu, {0, DType::f32, false},
+                            PlanPreference::kernel("fast_nondeterministic")),
+      ErrorKind::unsupported,
+      {"preference=kernel=fast_nondeterministic", "refused by fast_nondeterministic: n=0"}));
+  // Only the kernels the preference admits are asked why: a backend without kernels here says
+  // nothing of the fast kernel's refusal.
+  auto other =
+      Plan<ScaleOp>::select(cpu, {0, DType::f32, false}, PlanPreference::only(Backend::cudnn));
+  ASSERT_FALSE(other.ok());
+  EXPECT_EQ(other.error().message().find("refused by"), std::string::npos)
+      << other.error().message();
   EXPECT_TRUE(fails_with(
       Plan<ScaleOp>::select(cpu, {8, DType::f32, false}, PlanPreference::kernel("no_such_kernel")),
       ErrorKind::unsupported, {"preference=kernel=no_such_kernel"}));

@@ -149,7 +149,8 @@ bool preference_admits(const PlanPreference& pref, const KernelSku& sku) {
 }
 
 Error no_kernel_error(std::string_view op, DType element, const Stream& stream,
-                      const PlanPreference& pref, const std::vector<KernelSku>& candidates) {
+                      const PlanPreference& pref, const std::vector<KernelSku>& candidates,
+                      const std::vector<std::string>& refusals) {
   std::string target = stream.is_cpu() ? std::string("cpu")
                                        : "cuda:" + std::to_string(stream.device()) + " (sm_" +
                                              std::to_string(stream.caps().sm) + ")";
@@ -157,6 +158,7 @@ Error no_kernel_error(std::string_view op, DType element, const Stream& stream,
                     " on " + target + " with preference=" + to_string(pref);
   if (pref.kind == PlanPreference::Kind::reference && stream.is_cuda())
     msg += " (the reference backend runs on CPU streams only)";
+  for (const auto& r : refusals) msg += "; refused by " + r;
   if (candidates.empty()) {
     msg += "; no kernel is registered for this element type";
   } else {

@@ -101,6 +101,10 @@ struct Kernel {
   // TMA loads need): can_implement applies them, so a run that launch would refuse is refused
   // before anything is enqueued; launch may take them as given. null: none.
   Status (*check)(const typename Op::Problem&, const typename Op::Arguments&) = nullptr;
+  // Why `fits` refuses a problem, where the kernel can say more than its name (a library's own
+  // rules): select's error quotes it when nothing fits the preference. nullopt: no refusal to
+  // report (e.g. a rank-ordering entry that steps aside for its twin). null: none said.
+  std::optional<std::string> (*refusal)(const typename Op::Problem&, const DeviceCaps&) = nullptr;
 };
 
 // ---- The global op matrix ----------------------------------------------------------------------
@@ -145,8 +149,10 @@ bool register_kernel(const Kernel<Op>& k) {
 
 namespace detail {
 bool preference_admits(const PlanPreference& pref, const KernelSku& sku);
+// `refusals`: "<kernel>: <why>" of the kernels the preference admitted whose fits refused.
 Error no_kernel_error(std::string_view op, DType element, const Stream& stream,
-                      const PlanPreference& pref, const std::vector<KernelSku>& candidates);
+                      const PlanPreference& pref, const std::vector<KernelSku>& candidates,
+                      const std::vector<std::string>& refusals = {});
 Status check_run_target(std::string_view op, const DeviceCaps& plan_caps, const Stream& stream);
 Status check_workspace(std::string_view op, size_t needed, const Workspace& ws,
                        const Stream& stream);
@@ -171,18 +177,29 @@ class Plan {
     // The best candidate without argument rules of its own: it takes every view the op accepts.
     const Kernel<Op>* general = nullptr;
     std::vector<KernelSku> same_element;
-    for (const Kernel<Op>& k : KernelTable<Op>::instance().all()) {
-      if (k.sku.element != element) continue;
-      same_element.push_back(k.sku);
+    auto admitted = [&](const Kernel<Op>& k) {
       const bool on_target = stream.is_cpu() ? k.sku.backend == Backend::cpu_reference
                                              : (k.sku.backend != Backend::cpu_reference &&
                                                 arch_runs_on(k.sku.arch, stream.caps()));
-      if (!on_target || !detail::preference_admits(pref, k.sku)) continue;
+      return on_target && detail::preference_admits(pref, k.sku);
+    };
+    for (const Kernel<Op>& k : KernelTable<Op>::instance().all()) {
+      if (k.sku.element != element) continue;
+      same_element.push_back(k.sku);
+      if (!admitted(k)) continue;
       if (k.fits && !k.fits(problem.value(), stream.caps())) continue;
       if (!best || k.priority > best->priority) best = &k;
       if (!k.check && (!general || k.priority > general->priority)) general = &k;
     }
-    if (!best) return detail::no_kernel_error(Op::name, element, stream, pref, same_element);
+    if (!best) {
+      // The error path only: ask the admitted kernels that can say why they refused.
+      std::vector<std::string> refusals;
+      for (const Kernel<Op>& k : KernelTable<Op>::instance().all())
+        if (k.sku.element == element && k.refusal && admitted(k))
+          if (auto why = k.refusal(problem.value(), stream.caps()))
+            refusals.push_back(std::string(k.sku.name) + ": " + *why);
+      return detail::no_kernel_error(Op::name, element, stream, pref, same_element, refusals);
+    }
     Plan plan;
     plan.problem_ = std::move(problem).value();
     plan.kernel_ = best;

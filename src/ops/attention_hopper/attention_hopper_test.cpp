@@ -125,6 +125,46 @@ TEST(AttentionCudnnRules, ScreenNamesWhyCudnnCannotTakeAProblem) {
   }
 }
 
+// select's error under only(Backend::cudnn) quotes why cuDNN took nothing: the ranked-behind
+// entries' refusal gives cudnn_screen's rule, the missing GPU, or cuDNN's graph message; nothing
+// where no graph was asked for (asking builds none). A build with the cuDNN frontend (CI's CUDA
+// build), on the host: the screen answers before any device work.
+#if BARACUDA_HAVE_CUDNN_FRONTEND
+template <class Op>
+const Kernel<Op>* kernel_named(std::string_view name, DType t) {
+  for (const auto& k : KernelTable<Op>::instance().all())
+    if (k.sku.name == name && k.sku.element == t) return &k;
+  return nullptr;
+}
+TEST(AttentionCudnnRules, RefusalQuotesTheRule) {
+  DeviceCaps gpu;
+  gpu.device = 0, gpu.sm = 90;
+  const auto* fwd = kernel_named<attention::ForwardOp>("cudnn_sdpa_ranked_behind", DType::bf16);
+  const auto* ahead = kernel_named<attention::ForwardOp>("cudnn_sdpa", DType::bf16);
+  const auto* bwd =
+      kernel_named<attention::BackwardOp>("cudnn_sdpa_bwd_deterministic_ranked_behind", DType::f16);
+  ASSERT_TRUE(fwd && ahead && bwd);
+  ASSERT_TRUE(fwd->refusal && bwd->refusal);
+  EXPECT_FALSE(ahead->refusal);  // quoted once, by its twin
+  Descriptor capped = make_desc(DType::bf16, 1, 4, 4, 16, 16, 64);
+  capped.softcap = 30;
+  const auto why = fwd->refusal(problem_of(capped), gpu);
+  ASSERT_TRUE(why.has_value());
+  EXPECT_NE(why->find("softcap: cuDNN SDPA has no logit soft-capping"), std::string::npos) << *why;
+  Descriptor varlen = make_desc(DType::f16, 2, 4, 4, 16, 16, 64);
+  varlen.varlen = true;
+  varlen.total_q = varlen.total_k = 32;
+  const auto bwhy = bwd->refusal(problem_of(varlen), gpu);
+  ASSERT_TRUE(bwhy.has_value());
+  EXPECT_NE(bwhy->find("varlen"), std::string::npos) << *bwhy;
+  const attention::Problem plain = problem_of(make_desc(DType::bf16, 1, 4, 4, 16, 16, 64));
+  const auto host = fwd->refusal(plain, DeviceCaps{});
+  ASSERT_TRUE(host.has_value());
+  EXPECT_NE(host->find("GPUs from sm_80"), std::string::npos) << *host;
+  EXPECT_FALSE(fwd->refusal(plain, gpu).has_value());
+}
+#endif
+
 TEST(AttentionCudnnRules, TuningTakesShortProblemsWithWorkAndScratchToSpare) {
   // The sweep's short points (where the heuristics' first choice measured below PyTorch's).
   const attention::Problem sweep_point =
@@ -2242,6 +2282,24 @@ TEST(AttentionFa3Gpu, DefaultPlanSkipsCudnnWhereItDoesNotServe) {
   }
   EXPECT_EQ(def->sku().name, kFa3RankedAhead);
   expect_same_bits_as_pinned_fa3(c, desc, *def);
+}
+
+// On the GPU: only(Backend::cudnn) for a problem cuDNN is not given fails with cuDNN's rule in
+// the message (the ranked-behind entry's refusal), forward and backward.
+TEST(AttentionFa3Gpu, CudnnOnlySelectSaysWhyNot) {
+#if !BARACUDA_HAVE_CUDNN_FRONTEND
+  GTEST_SKIP() << "built without the cuDNN frontend: no cuDNN kernel to refuse";
+#endif
+  BARACUDA_SKIP_IF_UNAVAILABLE(Target::cuda);
+  const Stream& gs = harness::stream_for(Target::cuda);
+  Descriptor capped = make_desc(DType::bf16, 1, 4, 4, 64, 64, 64);
+  capped.softcap = 30;
+  EXPECT_TRUE(
+      fails_with(attention::ForwardPlan::select(gs, capped, PlanPreference::only(Backend::cudnn)),
+                 ErrorKind::unsupported, {"refused by cudnn_sdpa_ranked_behind: softcap"}));
+  EXPECT_TRUE(
+      fails_with(attention::BackwardPlan::select(gs, capped, PlanPreference::only(Backend::cudnn)),
+                 ErrorKind::unsupported, {"refused by cudnn_sdpa_bwd_ranked_behind: softcap"}));
 }
 
 TEST(AttentionFa3Gpu, MisalignedRunFailsWithoutWriting) {

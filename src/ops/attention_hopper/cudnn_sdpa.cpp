@@ -623,6 +623,20 @@ bool fits_backward(const Problem& p, const DeviceCaps& c) {
   const bool ahead = preferred_candidate(p, Pass::backward, fa3) == Candidate::cudnn;
   return ahead == Ahead && fits_kind(p, c, K);
 }
+// Why cuDNN takes no problem of the pass (select's error under only(Backend::cudnn)): the rule
+// cudnn_screen applies, no GPU it runs on, or cuDNN's own message where it refused the graph.
+// nullopt where a graph was built (an entry stepped aside for its twin by the table's ranking).
+// Registered on the ranked-behind entries only, so the error quotes it once.
+template <Kind K>
+std::optional<std::string> refusal(const Problem& p, const DeviceCaps& c) {
+  if (auto why = cudnn_screen(p)) return why;
+  if (c.device < 0 || c.sm < 80) return std::string("cuDNN's SDPA runs on GPUs from sm_80");
+  std::lock_guard lock(state().mu);
+  const auto& graphs = state().graphs;
+  const auto it = graphs.find(key_of(p, K, c.device, canonical_layout(p, K, true)));
+  if (it == graphs.end() || it->second->graph) return std::nullopt;
+  return "cuDNN refused the graph: " + it->second->why;
+}
 size_t ws_forward(const Problem& p, const DeviceCaps& c) {
   return workspace_kind(p, c, Kind::forward);
 }
@@ -669,7 +683,8 @@ bool register_all() {
                                 .fits = fits_forward<false>,
                                 .workspace = ws_forward,
                                 .launch = launch_forward,
-                                .check = check_forward});
+                                .check = check_forward,
+                                .refusal = refusal<Kind::forward>});
     // cuDNN's default backward accumulates dQ with float atomics (not deterministic); its
     // deterministic algorithm is registered separately, one step lower.
     register_kernel<BackwardOp>({.sku = sku(BackwardOp::name, "cudnn_sdpa_bwd", false),
@@ -690,14 +705,16 @@ bool register_all() {
          .fits = fits_backward<false, Kind::backward>,
          .workspace = ws_backward<Kind::backward>,
          .launch = run_backward<Kind::backward>,
-         .check = check_backward});
+         .check = check_backward,
+         .refusal = refusal<Kind::backward>});
     register_kernel<BackwardOp>(
         {.sku = sku(BackwardOp::name, "cudnn_sdpa_bwd_deterministic_ranked_behind", true),
          .priority = kCudnnBehind - 1,
          .fits = fits_backward<false, Kind::backward_deterministic>,
          .workspace = ws_backward<Kind::backward_deterministic>,
          .launch = run_backward<Kind::backward_deterministic>,
-         .check = check_backward});
+         .check = check_backward,
+         .refusal = refusal<Kind::backward_deterministic>});
   }
   return true;
 }
