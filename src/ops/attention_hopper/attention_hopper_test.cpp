@@ -65,10 +65,16 @@ attention::Problem problem_of(const Descriptor& d) {
   return p.value();
 }
 
+// The registered kernel of `Op` with this name and element type (null: none).
+template <class Op>
+const Kernel<Op>* kernel_named(std::string_view name, DType t) {
+  for (const auto& k : KernelTable<Op>::instance().all())
+    if (k.sku.name == name && k.sku.element == t) return &k;
+  return nullptr;
+}
+
 bool fa3_kernel_registered() {
-  for (const auto& k : KernelTable<attention::ForwardOp>::instance().all())
-    if (k.sku.name == kFa3Kernel) return true;
-  return false;
+  return kernel_named<attention::ForwardOp>(kFa3Kernel, DType::bf16) != nullptr;
 }
 
 // ---- Host rules ---------------------------------------------------------------------------------
@@ -130,12 +136,6 @@ TEST(AttentionCudnnRules, ScreenNamesWhyCudnnCannotTakeAProblem) {
 // where no graph was asked for (asking builds none). A build with the cuDNN frontend (CI's CUDA
 // build), on the host: the screen answers before any device work.
 #if BARACUDA_HAVE_CUDNN_FRONTEND
-template <class Op>
-const Kernel<Op>* kernel_named(std::string_view name, DType t) {
-  for (const auto& k : KernelTable<Op>::instance().all())
-    if (k.sku.name == name && k.sku.element == t) return &k;
-  return nullptr;
-}
 TEST(AttentionCudnnRules, RefusalQuotesTheRule) {
   DeviceCaps gpu;
   gpu.device = 0, gpu.sm = 90;
@@ -1392,9 +1392,7 @@ constexpr std::string_view kFa3 = kFa3Kernel;
 constexpr std::string_view kFa3Pingpong = kFa3PingpongKernel;
 
 const Kernel<attention::ForwardOp>* fa3_kernel(DType t, std::string_view name = kFa3) {
-  for (const auto& k : KernelTable<attention::ForwardOp>::instance().all())
-    if (k.sku.name == name && k.sku.element == t) return &k;
-  return nullptr;
+  return kernel_named<attention::ForwardOp>(name, t);
 }
 
 // One of our sm_90a entries: arch, backend and precision as claimed (16-bit operands, f32
@@ -2185,6 +2183,7 @@ void expect_default_follows_cudnn_and_bespoke_tables(const Descriptor& desc, Pas
     BARACUDA_ASSERT_OK(def);
     if (table == &bespoke_wins) {
       EXPECT_EQ(def->sku().backend, Backend::bespoke_cuda) << def->sku().name;
+      EXPECT_FALSE(def->sku().name.starts_with("fa3_")) << def->sku().name;
     } else {
 #if BARACUDA_HAVE_CUDNN_FRONTEND
       EXPECT_EQ(def->sku().backend, Backend::cudnn) << def->sku().name;
@@ -2565,9 +2564,7 @@ TEST(AttentionFa3Gpu, Fp8MisalignedRunFailsWithoutWriting) {
 // ---- The sm_90a backward (fa3_bwd_sm90a) -------------------------------------------------------
 const Kernel<attention::BackwardOp>* fa3_bwd_kernel(DType t,
                                                     std::string_view name = kFa3BwdKernel) {
-  for (const auto& k : KernelTable<attention::BackwardOp>::instance().all())
-    if (k.sku.name == name && k.sku.element == t) return &k;
-  return nullptr;
+  return kernel_named<attention::BackwardOp>(name, t);
 }
 
 TEST(AttentionFa3Registry, BackwardRankedByTheTableAndNotDeterministic) {

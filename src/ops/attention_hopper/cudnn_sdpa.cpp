@@ -430,6 +430,16 @@ std::shared_ptr<Entry> graph_locked(const Problem& p, const Key& key, bool repla
   return e;
 }
 
+// f(the cached entry of the problem's canonical layout for `kind` on `device`, or null where none
+// was asked for), under the state's lock; builds nothing.
+template <class F>
+auto with_cached_entry(const Problem& p, Kind kind, int device, F&& f) {
+  std::lock_guard lock(state().mu);
+  const auto& graphs = state().graphs;
+  const auto it = graphs.find(key_of(p, kind, device, canonical_layout(p, kind, true)));
+  return f(it == graphs.end() ? nullptr : it->second.get());
+}
+
 // The graph of the canonical [B, H, L, D] layout decides whether the kernel fits and sets the
 // plan's workspace (cuDNN's SDPA workspace follows the shapes, not the strides; a layout whose
 // graph needs more is refused in launch with workspace_too_small). Other layouts build on first
@@ -630,12 +640,11 @@ bool fits_backward(const Problem& p, const DeviceCaps& c) {
 template <Kind K>
 std::optional<std::string> refusal(const Problem& p, const DeviceCaps& c) {
   if (auto why = cudnn_screen(p)) return why;
-  if (c.device < 0 || c.sm < 80) return std::string("cuDNN's SDPA runs on GPUs from sm_80");
-  std::lock_guard lock(state().mu);
-  const auto& graphs = state().graphs;
-  const auto it = graphs.find(key_of(p, K, c.device, canonical_layout(p, K, true)));
-  if (it == graphs.end() || it->second->graph) return std::nullopt;
-  return "cuDNN refused the graph: " + it->second->why;
+  if (!cudnn_serves(p, c)) return std::string("cuDNN's SDPA runs on GPUs from sm_80");
+  return with_cached_entry(p, K, c.device, [](const Entry* e) -> std::optional<std::string> {
+    if (!e || e->graph) return std::nullopt;
+    return "cuDNN refused the graph: " + e->why;
+  });
 }
 size_t ws_forward(const Problem& p, const DeviceCaps& c) {
   return workspace_kind(p, c, Kind::forward);
@@ -731,11 +740,10 @@ std::optional<CudnnTuning> cudnn_tuning(const attention::Problem& p, Pass pass, 
   const Kind kind = pass == Pass::forward ? Kind::forward
                     : deterministic       ? Kind::backward_deterministic
                                           : Kind::backward;
-  std::lock_guard lock(state().mu);
-  const auto& graphs = state().graphs;
-  const auto it = graphs.find(key_of(p, kind, device, canonical_layout(p, kind, true)));
-  if (it == graphs.end() || !it->second->graph) return std::nullopt;
-  return CudnnTuning{it->second->timed, it->second->plan};
+  return with_cached_entry(p, kind, device, [](const Entry* e) -> std::optional<CudnnTuning> {
+    if (!e || !e->graph) return std::nullopt;
+    return CudnnTuning{e->timed, e->plan};
+  });
 }
 
 bool cudnn_serves(const attention::Problem& p, const DeviceCaps& caps) {

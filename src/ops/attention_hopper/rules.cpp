@@ -184,8 +184,11 @@ Candidate preferred_candidate(std::span<const TablePoint> table, const attention
   // Nor a banded backward with a left bound: cuDNN's backward does not skip the key blocks a
   // sliding window excludes (H200, d128 L8192, window (1023, 0): 59 TFLOP/s against fa3's 264 and
   // the bespoke kernel's 179; its forward skipped them, 488 against fa3's 465).
-  const bool cudnn_runs =
-      cudnn_built && !cudnn_screen(p).has_value() && !(pass == Pass::backward && d.mask.left >= 0);
+  // (A lambda: the decodes that return before asking skip cudnn_screen's message.)
+  auto cudnn_takes = [&] {
+    return cudnn_built && !cudnn_screen(p).has_value() &&
+           !(pass == Pass::backward && d.mask.left >= 0);
+  };
   // Short chunks of a GQA group, and the decodes of kFa3PackedDecodeRows' rules: fa3's packed
   // instance fills the 128-row tile with the group's heads and splits the keys (up to 10x the best
   // other candidate: see kFa3PackedChunkRows, kFa3PackedDecodeRows); decodes of 256-wide heads in
@@ -194,13 +197,15 @@ Candidate preferred_candidate(std::span<const TablePoint> table, const attention
   // table's own points.
   if (pass == Pass::forward && fa3_runs && !table.empty()) {
     if (fa3_packs(p)) return Candidate::fa3;
-    if (wide_head_decode(p)) return d.len_q > 1 && cudnn_runs ? Candidate::cudnn : Candidate::fa3;
+    if (wide_head_decode(p))
+      return d.len_q > 1 && cudnn_takes() ? Candidate::cudnn : Candidate::fa3;
   }
   // Other decodes (a few query rows against a long cache) are not what the table measured (Lq =
   // Lk): the family's split-K decode kernel took 57 us where cuDNN took 545 us (Lq 1, Lk 32k, 32
   // heads, GQA 4, d128; 59 vs 385 us at Lq 4 causal; 14 vs 64 us at Lk 4096; H100, 2026-11-23),
   // so the forward of such a problem stays with the family's kernels.
   if (pass == Pass::forward && d.len_q <= kDecodeQueryRows) return Candidate::bespoke;
+  const bool cudnn_runs = cudnn_takes();
   const bool causal = d.mask.right == 0;
   auto gap = [](int64_t a, int64_t b) {
     return std::abs(std::log2(static_cast<double>(std::max<int64_t>(1, a))) -
