@@ -184,9 +184,13 @@ inline constexpr int64_t kDecodeQueryRows = 16;
 // A forward chunk of at least this many query rows against a cache of about a table point's length
 // takes fa3's column as measured at the point (it kept its rate there from Lq 256 up); at least
 // kFa3ChunkRowsOverBespoke rows where the alternative is the family's kernels (fa3 led them from
-// Lq 32 up). See preferred_candidate.
+// Lq 32 up at d128), every chunk longer than a decode at d256 (kFa3ChunkRowsOverBespokeD256: fa3
+// ahead of them at every Lq, groups of 1, 4 x 32 heads against 4096 keys, a build without cuDNN,
+// H200, 2026-11-30: Lq 17 139.4 us against 188.5, Lq 32 140.3 against 195.0). See
+// preferred_candidate.
 inline constexpr int64_t kFa3ChunkRows = 256;
 inline constexpr int64_t kFa3ChunkRowsOverBespoke = 32;
+inline constexpr int64_t kFa3ChunkRowsOverBespokeD256 = kDecodeQueryRows + 1;
 // A forward chunk of more than kDecodeQueryRows query rows (or a decode-shaped one, see
 // kFa3PackedDecodeRows; at most fa3_packed_chunk_rows) against a longer cache, bf16 / f16, Dk = Dv
 // = 64, 128 or 256, GQA group 2..16 (a power of two): fa3's packed instance (kFa3PackedKernel, or

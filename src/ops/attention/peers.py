@@ -36,9 +36,12 @@ def bench(fn):
 
 def sweep():
     tokens, hidden = 16384, 2048
-    for dim in (64, 128):
+    # BARACUDA_ATTN_SWEEP=short: bench_attention attention_hopper's short points (L 128 / 256,
+    # head dims 64-256) instead of the FlashAttention papers' sweep.
+    short = os.environ.get("BARACUDA_ATTN_SWEEP") == "short"
+    for dim in (64, 128, 256) if short else (64, 128):
         heads = hidden // dim
-        for length in (512, 1024, 2048, 4096, 8192, 16384):
+        for length in (128, 256) if short else (512, 1024, 2048, 4096, 8192, 16384):
             batch = tokens // length
             for causal in (False, True):
                 name = f"b{batch}_h{heads}_l{length}_d{dim}" + ("_causal" if causal else "")

@@ -571,6 +571,18 @@ TEST(AttentionCudnnRules, WithoutCudnnTheTableRanksTheOthers) {
   EXPECT_EQ(preferred_candidate(fa3_second, p, Pass::backward, true, false), Candidate::fa3);
   EXPECT_EQ(preferred_candidate(fa3_second, p, Pass::forward, false, false), Candidate::bespoke);
   EXPECT_EQ(preferred_candidate(bespoke_second, p, Pass::forward, true, false), Candidate::bespoke);
+  // Chunks of groups of 1 just past a decode against the shipped table, without cuDNN: fa3 over
+  // the family's kernels from kFa3ChunkRowsOverBespokeD256 rows at d256, from
+  // kFa3ChunkRowsOverBespoke at d128.
+  const Mask br = Mask::causal_bottom_right();
+  auto chunk_of = [&](int64_t lq, int64_t dim) {
+    return preferred_candidate(problem_of(make_desc(DType::bf16, 4, 32, 32, lq, 4096, dim, br)),
+                               Pass::forward, true, false);
+  };
+  EXPECT_EQ(chunk_of(kFa3ChunkRowsOverBespokeD256, 256), Candidate::fa3);
+  EXPECT_EQ(chunk_of(kFa3ChunkRowsOverBespoke - 1, 256), Candidate::fa3);
+  EXPECT_EQ(chunk_of(kFa3ChunkRowsOverBespoke - 1, 128), Candidate::bespoke);
+  EXPECT_EQ(chunk_of(kFa3ChunkRowsOverBespoke, 128), Candidate::fa3);
   // A CPU device's caps: cuDNN never serves there, so candidate_here ranks without it.
   const DeviceCaps cpu = harness::stream_for(Target::cpu).caps();
   EXPECT_FALSE(cudnn_serves(p, cpu));

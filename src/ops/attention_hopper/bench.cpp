@@ -151,6 +151,8 @@ void sweep(const Stream& stream) {
   // and prefill-only runs) skip this sweep.
   const std::string_view only = bench::env("BARACUDA_ATTENTION_ONLY");
   if (only == "decode" || only == "paged_prefill" || only == "prefill") return;
+  // The candidates' columns run under an empty table; the default plan's rows under this one.
+  const std::span<const TablePoint> shipped = selection_table();
   const SelectionTableOverride raw_candidates{std::span<const TablePoint>{}};
   harness::Rng rng(20261122);
   const int64_t n = kTokens * kHidden;
@@ -167,10 +169,11 @@ void sweep(const Stream& stream) {
   Buffers b{make(),       make(),       make(),
             make(),       alloc(n * 2), alloc(kTokens * 32 * 4 * 2),
             alloc(n * 2), alloc(n * 2), alloc(n * 2)};
-  // BARACUDA_ATTN_SWEEP: "quick" (L in {1024, 4096, 16384}), "d<D>_l<L>" (that one non-causal
-  // point: profiling runs), anything else the whole sweep.
+  // BARACUDA_ATTN_SWEEP: "quick" (L in {1024, 4096, 16384}), "short" (L in {128, 256}: 64 and
+  // 128 sequences of the 16k tokens, where the table has no point), "d<D>_l<L>" (that one
+  // non-causal point: profiling runs), anything else the whole sweep.
   const std::string sweep_env{bench::env("BARACUDA_ATTN_SWEEP")};
-  const bool quick = sweep_env == "quick";
+  const bool quick = sweep_env == "quick", short_lens = sweep_env == "short";
   long long only_d = 0, only_l = 0;
   if (std::sscanf(sweep_env.c_str(), "d%lld_l%lld", &only_d, &only_l) != 2) only_d = only_l = 0;
   // BARACUDA_ATTN_BH="<B>,<H>" with a one-point sweep: that batch and head count instead of the
@@ -192,7 +195,9 @@ void sweep(const Stream& stream) {
   // BARACUDA_ATTENTION_ONLY=forward: the forward rows only (forward A/B runs).
   const bool forward_only = only == "forward";
   std::vector<int64_t> lens = quick ? std::vector<int64_t>{1024, 4096, 16384}
-                                    : std::vector<int64_t>{512, 1024, 2048, 4096, 8192, 16384};
+                              : short_lens
+                                  ? std::vector<int64_t>{128, 256}
+                                  : std::vector<int64_t>{512, 1024, 2048, 4096, 8192, 16384};
   // Head dim 256 too (not in the FlashAttention papers' sweep): the selection table's d256 rows.
   for (int64_t d : {64, 128, 256})
     for (int64_t l : lens)
@@ -288,6 +293,18 @@ void sweep(const Stream& stream) {
             fa3_bwd_tf = time_bwd(*def_fwd, *bp, "fa3_sm90a");
           else
             bench::emit_error("attention", "attention_backward", name + "/fa3_sm90a", bp.error());
+        }
+        // The default plan (note "default plan") where the attention family's bench does not
+        // time it under the same name (its sweep: bf16, d64 / d128, L >= 512).
+        if (dt != DType::bf16 || d == 256 || l < 512) {
+          const SelectionTableOverride shipped_table{shipped};
+          auto fp = attention::ForwardPlan::select(stream, desc);
+          auto bp = attention::BackwardPlan::select(stream, desc);
+          if (fp.ok() && !backward_only) time_fwd(*fp, "default plan");
+          if (fp.ok() && bp.ok() && !forward_only) time_bwd(*fp, *bp, "default plan");
+          if (!fp.ok() || !bp.ok())
+            bench::emit_error("attention", "attention_default", name,
+                              fp.ok() ? bp.error() : fp.error());
         }
         for (int pass = 0; pass < 2; ++pass) {
           const double* tf = pass == 0 ? fwd_tf : bwd_tf;

@@ -263,9 +263,11 @@ Candidate preferred_candidate(std::span<const TablePoint> table, const attention
   // TFLOP/s) and led cuDNN by 1-3%; from Lq 32 up it led the family's kernels 1.2-2.3x; below
   // Lq 256 cuDNN led it by up to 16% (cuDNN's time flat at 58.6-59.9 us for Lq 32-128).
   // (Where the table has chunk points near the problem, they decided above.)
-  const bool chunk = pass == Pass::forward && gap(best->len, d.len_k) <= 1.0 &&
-                     (d.len_q >= kFa3ChunkRows ||
-                      (d.len_q >= kFa3ChunkRowsOverBespoke && pick == Candidate::bespoke));
+  const int64_t over_bespoke =
+      d.head_dim_qk == 256 ? kFa3ChunkRowsOverBespokeD256 : kFa3ChunkRowsOverBespoke;
+  const bool chunk =
+      pass == Pass::forward && gap(best->len, d.len_k) <= 1.0 &&
+      (d.len_q >= kFa3ChunkRows || (d.len_q >= over_bespoke && pick == Candidate::bespoke));
   const bool fa3_like = gap(best->len, d.len_q) <= 1.0 || chunk;
   if (fa3_runs && fa3_like && best->fa3_tflops > tf) pick = Candidate::fa3;
   return pick;
