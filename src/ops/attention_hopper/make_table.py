@@ -4,11 +4,12 @@ Usage: make_table.py bench.jsonl --commit <sha> --date <YYYY-MM-DD> [--cudnn <re
            [--base selection_table.hpp] > selection_table.hpp
 
 Points with a "len_q" are chunk points (Lq queries against len keys, bench_attention
-attention_chunks); the others are the Lq = Lk sweep's. A point's kind is its dtype and which of the
-two it is. With --base, the base header's points of the kinds the input does not measure are kept
-(a bf16 chunk run keeps the bf16 sweep's points and every f16 point, and so on), each kind with its
-own provenance ("<kind>: <run>; <kind>: <run>", a kind named "chunk points" or "Lq = Lk points",
-prefixed by its dtype unless bf16).
+attention_chunks); the others are the Lq = Lk sweep's, "short" below L 512 (BARACUDA_ATTN_SWEEP=short:
+the FlashAttention papers' sweep starts at 512). A point's kind is its dtype and which of the three
+it is. With --base, the base header's points of the kinds the input does not measure are kept (a
+bf16 chunk run keeps the bf16 sweep's points and every f16 point, a short run the whole sweep's,
+and so on), each kind with its own provenance ("<kind>: <run>; <kind>: <run>", a kind named "chunk
+points", "Lq = Lk points" or "short Lq = Lk points", prefixed by its dtype unless bf16).
 
 Each point carries the TFLOP/s of the three candidates timed back to back in one run: cuDNN, the
 attention family's bespoke kernel and our sm_90a kernel (fa3_fwd_sm90a forward, fa3_bwd_sm90a
@@ -58,14 +59,20 @@ provenance = (f"{device}, cuDNN {a.cudnn}, {a.date}, commit {a.commit}, bench_at
               "median of CUDA-event timings)")
 
 
+SHORT_BELOW = 512  # the FlashAttention papers' sweep's shortest L
+
+
 def kind_of(row):
-    """(dtype, chunk point?) of a generated row: chunk rows carry a ninth field, the Lq."""
-    return (re.match(r"\{DType::(\w+),", row).group(1), row.count(",") == 9)
+    """(dtype, chunk point?, short Lq = Lk point?) of a generated row: chunk rows carry a ninth
+    field, the Lq; the fifth is L."""
+    fields = row.strip("{},").split(", ")
+    chunk = len(fields) == 9
+    return (fields[0].split("::")[1], chunk, not chunk and int(fields[3]) < SHORT_BELOW)
 
 
 def label(kind):
     return ("" if kind[0] == "bf16" else kind[0] + " ") + (
-        "chunk points" if kind[1] else "Lq = Lk points")
+        "chunk points" if kind[1] else "short Lq = Lk points" if kind[2] else "Lq = Lk points")
 
 
 if a.base:
@@ -77,7 +84,8 @@ if a.base:
         r'kSelectionProvenance =\s*((?:"[^"]*"\s*)+);', text).group(1)))
     kept_kinds = sorted({kind_of(r.strip()) for r in kept})
     # The base's provenance per kind: its "<kind>: <run>" segments, or one run for all of them.
-    labels = {label((t, c)) for t in ("bf16", "f16") for c in (False, True)}
+    labels = {label((t, c, short)) for t in ("bf16", "f16") for c in (False, True)
+              for short in (False, True) if not (c and short)}
     parts = {}
     for seg in old.split("; "):
         lab, sep, run = seg.partition(": ")

@@ -51,8 +51,10 @@ def check(cond, what):
 
 
 def kind(row):
-    """A row's (dtype, chunk point?): the kinds a run replaces one at a time."""
-    return (row.split(",")[0].split("::")[1], row.count(",") == 9)
+    """A row's (dtype, chunk point?, short Lq = Lk point?): the kinds a run replaces one at a
+    time."""
+    fields = row.strip("{},").split(", ")
+    return (fields[0].split("::")[1], len(fields) == 9, len(fields) == 8 and int(fields[3]) < 512)
 
 
 def segments(text):
@@ -63,7 +65,7 @@ with tempfile.TemporaryDirectory() as tmp:
     base = open(shipped).read()
     out, path = generate([point(128, 4096, 64, 290.0, 250.0), point(128, 4096, 512, 611.0, 629.0)],
                          shipped, tmp)
-    kept = [r for r in rows(base) if kind(r) != ("bf16", True)]
+    kept = [r for r in rows(base) if kind(r) != ("bf16", True, False)]
     check(rows(out)[:len(kept)] == kept, "a chunk run must keep the other kinds' rows")
     check(rows(out)[len(kept):] == [
         "{DType::bf16, Pass::forward, 128, 4096, true, 290.0, 300.0, 250.0, 64},",
@@ -80,7 +82,7 @@ with tempfile.TemporaryDirectory() as tmp:
           and len(segments(twice)) == len(segments(out)),
           "a second chunk run must not nest the provenances: " + provenance(twice))
     f16, _ = generate([point(128, 4096, 0, 500.0, 520.0, "f16")], shipped, tmp, "f16.hpp")
-    check(rows(f16) == [r for r in rows(base) if kind(r) != ("f16", False)] +
+    check(rows(f16) == [r for r in rows(base) if kind(r) != ("f16", False, False)] +
           ["{DType::f16, Pass::forward, 128, 4096, true, 500.0, 300.0, 520.0},"],
           "an f16 run must keep every other kind's point and add its own: %s" % rows(f16)[-3:])
     check(segments(f16)[0].startswith("f16 Lq = Lk points: GPU X") and
@@ -88,7 +90,21 @@ with tempfile.TemporaryDirectory() as tmp:
                                     {"f16 Lq = Lk points"}),
           "the f16 run's provenance: " + provenance(f16))
     again, _ = generate([point(64, 512, 0, 400.0, 300.0)], path, tmp)
-    check(rows(again) == [r for r in rows(out) if kind(r) != ("bf16", False)] + [
+    check(rows(again) == [r for r in rows(out) if kind(r) != ("bf16", False, False)] + [
         "{DType::bf16, Pass::forward, 64, 512, true, 400.0, 300.0, 300.0},"],
         "a sweep run must keep the chunk points and replace the sweep's: %s" % rows(again)[-3:])
+    # A short run (L 128 / 256) adds its own kind: the whole sweep's points stay, and a later sweep
+    # run keeps the short ones.
+    # (`path` holds `again` now: generate's default name.)
+    short, short_path = generate([point(128, 256, 0, 230.0, 150.0)], path, tmp, "short.hpp")
+    check(rows(short) == rows(again) + ["{DType::bf16, Pass::forward, 128, 256, true, 230.0, 300.0, "
+                                      "150.0},"],
+          "a short run must keep every other point: %s" % rows(short)[-3:])
+    check(segments(short)[0].startswith("short Lq = Lk points: GPU X") and
+          len(segments(short)) == len(segments(again)) + 1,
+          "the short run's provenance: " + provenance(short))
+    sweep, _ = generate([point(64, 512, 0, 400.0, 300.0)], short_path, tmp, "sweep.hpp")
+    check([r for r in rows(sweep) if kind(r)[2]] == [r for r in rows(short) if kind(r)[2]] and
+          any(seg.startswith("short Lq = Lk points: GPU X") for seg in segments(sweep)),
+          "a sweep run must keep the short points and their provenance: " + provenance(sweep))
 print("make_table_test: ok")

@@ -11,12 +11,14 @@
 namespace baracuda::attention_hopper::detail {
 
 inline constexpr std::string_view kSelectionProvenance =
-    "f16 Lq = Lk points: NVIDIA H200, cuDNN 9.19.0, 2026-11-30, commit d6a3b03, bench_attention "
+    "short Lq = Lk points: NVIDIA H200, cuDNN 9.19.0, 2026-11-30, commit a96ede0, bench_attention "
     "(TFLOP/s, median of CUDA-event timings); Lq = Lk points: NVIDIA H100 80GB HBM3, cuDNN 9.19.0, "
     "2026-11-26, commit 4befacd, bench_attention (TFLOP/s, median of CUDA-event timings); chunk "
     "points: NVIDIA H200, cuDNN 9.19.0, 2026-11-30, commit fa3a567, bench_attention (TFLOP/s, "
-    "median of CUDA-event timings); f16 chunk points: NVIDIA H200, cuDNN 9.19.0, 2026-11-30, "
-    "commit 95651e0, bench_attention (TFLOP/s, median of CUDA-event timings)";
+    "median of CUDA-event timings); f16 Lq = Lk points: NVIDIA H200, cuDNN 9.19.0, 2026-11-30, "
+    "commit d6a3b03, bench_attention (TFLOP/s, median of CUDA-event timings); f16 chunk points: "
+    "NVIDIA H200, cuDNN 9.19.0, 2026-11-30, commit 95651e0, bench_attention (TFLOP/s, median of "
+    "CUDA-event timings)";
 
 // dtype, pass, head dim, L (= Lq = Lk; chunk points: Lk), causal, cuDNN, bespoke, fa3 TFLOP/s
 // (0: not run)[, chunk points: Lq]
@@ -255,6 +257,30 @@ inline constexpr TablePoint kSelectionPoints[] = {
     {DType::f16, Pass::backward, 256, 16384, false, 348.6, 78.7, 384.8},
     {DType::f16, Pass::forward, 256, 16384, true, 625.8, 230.6, 674.5},
     {DType::f16, Pass::backward, 256, 16384, true, 361.5, 81.0, 388.0},
+    {DType::bf16, Pass::forward, 64, 128, false, 238.2, 143.9, 122.6},
+    {DType::bf16, Pass::backward, 64, 128, false, 117.5, 95.7, 98.0},
+    {DType::bf16, Pass::forward, 64, 128, true, 109.3, 67.3, 56.8},
+    {DType::bf16, Pass::backward, 64, 128, true, 56.1, 47.1, 48.6},
+    {DType::bf16, Pass::forward, 64, 256, false, 325.1, 207.4, 188.7},
+    {DType::bf16, Pass::backward, 64, 256, false, 199.6, 140.9, 160.2},
+    {DType::bf16, Pass::forward, 64, 256, true, 181.9, 106.3, 102.1},
+    {DType::bf16, Pass::backward, 64, 256, true, 104.1, 83.8, 89.1},
+    {DType::bf16, Pass::forward, 128, 128, false, 243.1, 172.0, 176.8},
+    {DType::bf16, Pass::backward, 128, 128, false, 129.7, 100.7, 123.1},
+    {DType::bf16, Pass::forward, 128, 128, true, 121.1, 81.5, 83.5},
+    {DType::bf16, Pass::backward, 128, 128, true, 64.0, 50.7, 61.4},
+    {DType::bf16, Pass::forward, 128, 256, false, 419.4, 241.0, 277.7},
+    {DType::bf16, Pass::backward, 128, 256, false, 230.8, 150.8, 209.6},
+    {DType::bf16, Pass::forward, 128, 256, true, 234.6, 130.2, 151.4},
+    {DType::bf16, Pass::backward, 128, 256, true, 126.6, 89.2, 115.1},
+    {DType::bf16, Pass::forward, 256, 128, false, 238.6, 124.3, 208.3},
+    {DType::bf16, Pass::backward, 256, 128, false, 122.3, 52.1, 113.1},
+    {DType::bf16, Pass::forward, 256, 128, true, 118.4, 71.3, 104.7},
+    {DType::bf16, Pass::backward, 256, 128, true, 62.5, 31.8, 61.6},
+    {DType::bf16, Pass::forward, 256, 256, false, 401.2, 156.9, 326.6},
+    {DType::bf16, Pass::backward, 256, 256, false, 183.1, 63.0, 179.9},
+    {DType::bf16, Pass::forward, 256, 256, true, 226.3, 105.4, 190.0},
+    {DType::bf16, Pass::backward, 256, 256, true, 111.4, 45.4, 111.1},
 };
 inline constexpr std::span<const TablePoint> kSelectionTable{kSelectionPoints};
 
