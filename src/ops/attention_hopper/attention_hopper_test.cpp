@@ -630,27 +630,29 @@ TEST(AttentionCudnnRules, ShippedTableIsWellFormed) {
   }
 }
 
-// The short points (L 128 / 256, bf16, H200, a96ede0: 16k tokens as 128 / 64 sequences, hidden
-// 2048): cuDNN led both passes at all 24, e.g. the backward at d128 L256 causal 126.6 TFLOP/s
+// The short points (L 128 / 256, H200: 16k tokens as 128 / 64 sequences, hidden 2048; bf16 at
+// a96ede0, f16 at 6070077): cuDNN led both passes at all 24 of each dtype (f16's d256 L256 causal
+// backward a tie, which keeps cuDNN), e.g. the bf16 backward at d128 L256 causal 126.6 TFLOP/s
 // against fa3's 115.1, where the L512 point (fa3 172.2 against 171.3) had picked fa3 (372.8 us
-// against cuDNN's 339.3). Without cuDNN: the family's kernels for the d64 forward (143.9 against
-// fa3's 122.6 at L128), fa3 for every other (d256 L128 forward 208.3 against 124.3).
+// against cuDNN's 339.3). Without cuDNN: the family's kernels for the d64 forward (bf16 143.9
+// against fa3's 122.6 at L128), fa3 for every other (d256 L128 forward 208.3 against 124.3).
 TEST(AttentionCudnnRules, ShippedTableShortPoints) {
-  for (int64_t d : {64, 128, 256})
-    for (int64_t l : {128, 256})
-      for (bool causal : {false, true}) {
-        const Mask m = causal ? Mask::causal_top_left() : Mask::none();
-        const attention::Problem p =
-            problem_of(make_desc(DType::bf16, 16384 / l, 2048 / d, 2048 / d, l, l, d, m));
-        SCOPED_TRACE("D" + std::to_string(d) + " L" + std::to_string(l) +
-                     (causal ? " causal" : ""));
-        for (Pass pass : {Pass::forward, Pass::backward}) {
-          EXPECT_EQ(preferred_candidate(p, pass, true), Candidate::cudnn);
-          EXPECT_EQ(preferred_candidate(p, pass, true, false),
-                    pass == Pass::forward && d == 64 ? Candidate::bespoke : Candidate::fa3);
-          EXPECT_EQ(preferred_candidate(p, pass, false, false), Candidate::bespoke);
+  for (DType t : {DType::bf16, DType::f16})
+    for (int64_t d : {64, 128, 256})
+      for (int64_t l : {128, 256})
+        for (bool causal : {false, true}) {
+          const Mask m = causal ? Mask::causal_top_left() : Mask::none();
+          const attention::Problem p =
+              problem_of(make_desc(t, 16384 / l, 2048 / d, 2048 / d, l, l, d, m));
+          SCOPED_TRACE(std::string(name(t)) + " D" + std::to_string(d) + " L" + std::to_string(l) +
+                       (causal ? " causal" : ""));
+          for (Pass pass : {Pass::forward, Pass::backward}) {
+            EXPECT_EQ(preferred_candidate(p, pass, true), Candidate::cudnn);
+            EXPECT_EQ(preferred_candidate(p, pass, true, false),
+                      pass == Pass::forward && d == 64 ? Candidate::bespoke : Candidate::fa3);
+            EXPECT_EQ(preferred_candidate(p, pass, false, false), Candidate::bespoke);
+          }
         }
-      }
 }
 
 // The shipped run (H100, cuDNN 9.19.0, 2026-11-26, 4befacd): fa3 is picked exactly where it beat

@@ -11,14 +11,15 @@
 namespace baracuda::attention_hopper::detail {
 
 inline constexpr std::string_view kSelectionProvenance =
-    "short Lq = Lk points: NVIDIA H200, cuDNN 9.19.0, 2026-11-30, commit a96ede0, bench_attention "
-    "(TFLOP/s, median of CUDA-event timings); Lq = Lk points: NVIDIA H100 80GB HBM3, cuDNN 9.19.0, "
-    "2026-11-26, commit 4befacd, bench_attention (TFLOP/s, median of CUDA-event timings); chunk "
-    "points: NVIDIA H200, cuDNN 9.19.0, 2026-11-30, commit fa3a567, bench_attention (TFLOP/s, "
-    "median of CUDA-event timings); f16 Lq = Lk points: NVIDIA H200, cuDNN 9.19.0, 2026-11-30, "
-    "commit d6a3b03, bench_attention (TFLOP/s, median of CUDA-event timings); f16 chunk points: "
-    "NVIDIA H200, cuDNN 9.19.0, 2026-11-30, commit 95651e0, bench_attention (TFLOP/s, median of "
-    "CUDA-event timings)";
+    "f16 short Lq = Lk points: NVIDIA H200, cuDNN 9.19.0, 2026-11-30, commit 6070077, "
+    "bench_attention (TFLOP/s, median of CUDA-event timings); Lq = Lk points: NVIDIA H100 80GB "
+    "HBM3, cuDNN 9.19.0, 2026-11-26, commit 4befacd, bench_attention (TFLOP/s, median of "
+    "CUDA-event timings); short Lq = Lk points: NVIDIA H200, cuDNN 9.19.0, 2026-11-30, commit "
+    "a96ede0, bench_attention (TFLOP/s, median of CUDA-event timings); chunk points: NVIDIA H200, "
+    "cuDNN 9.19.0, 2026-11-30, commit fa3a567, bench_attention (TFLOP/s, median of CUDA-event "
+    "timings); f16 Lq = Lk points: NVIDIA H200, cuDNN 9.19.0, 2026-11-30, commit d6a3b03, "
+    "bench_attention (TFLOP/s, median of CUDA-event timings); f16 chunk points: NVIDIA H200, cuDNN "
+    "9.19.0, 2026-11-30, commit 95651e0, bench_attention (TFLOP/s, median of CUDA-event timings)";
 
 // dtype, pass, head dim, L (= Lq = Lk; chunk points: Lk), causal, cuDNN, bespoke, fa3 TFLOP/s
 // (0: not run)[, chunk points: Lq]
@@ -281,6 +282,30 @@ inline constexpr TablePoint kSelectionPoints[] = {
     {DType::bf16, Pass::backward, 256, 256, false, 183.1, 63.0, 179.9},
     {DType::bf16, Pass::forward, 256, 256, true, 226.3, 105.4, 190.0},
     {DType::bf16, Pass::backward, 256, 256, true, 111.4, 45.4, 111.1},
+    {DType::f16, Pass::forward, 64, 128, false, 237.2, 142.0, 120.3},
+    {DType::f16, Pass::backward, 64, 128, false, 116.3, 95.3, 97.0},
+    {DType::f16, Pass::forward, 64, 128, true, 108.6, 66.5, 56.0},
+    {DType::f16, Pass::backward, 64, 128, true, 55.5, 46.7, 48.1},
+    {DType::f16, Pass::forward, 64, 256, false, 324.4, 206.0, 185.1},
+    {DType::f16, Pass::backward, 64, 256, false, 196.2, 139.8, 159.0},
+    {DType::f16, Pass::forward, 64, 256, true, 180.3, 106.1, 100.7},
+    {DType::f16, Pass::backward, 64, 256, true, 102.7, 83.3, 88.1},
+    {DType::f16, Pass::forward, 128, 128, false, 244.9, 170.6, 174.5},
+    {DType::f16, Pass::backward, 128, 128, false, 128.7, 99.7, 122.1},
+    {DType::f16, Pass::forward, 128, 128, true, 121.6, 81.3, 82.4},
+    {DType::f16, Pass::backward, 128, 128, true, 63.6, 50.0, 60.9},
+    {DType::f16, Pass::forward, 128, 256, false, 427.3, 240.0, 274.8},
+    {DType::f16, Pass::backward, 128, 256, false, 229.6, 149.7, 207.7},
+    {DType::f16, Pass::forward, 128, 256, true, 235.5, 129.6, 149.3},
+    {DType::f16, Pass::backward, 128, 256, true, 125.3, 88.6, 114.2},
+    {DType::f16, Pass::forward, 256, 128, false, 238.6, 123.8, 207.4},
+    {DType::f16, Pass::backward, 256, 128, false, 121.3, 51.7, 112.4},
+    {DType::f16, Pass::forward, 256, 128, true, 118.5, 70.6, 104.7},
+    {DType::f16, Pass::backward, 256, 128, true, 62.1, 31.5, 61.2},
+    {DType::f16, Pass::forward, 256, 256, false, 400.4, 155.5, 324.5},
+    {DType::f16, Pass::backward, 256, 256, false, 179.2, 62.4, 178.4},
+    {DType::f16, Pass::forward, 256, 256, true, 226.8, 104.8, 188.5},
+    {DType::f16, Pass::backward, 256, 256, true, 110.2, 45.1, 110.2},
 };
 inline constexpr std::span<const TablePoint> kSelectionTable{kSelectionPoints};
 
