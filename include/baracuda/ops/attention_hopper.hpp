@@ -182,15 +182,20 @@ class SelectionTableOverride {
 // where fa3_packs (kFa3PackedDecodeRows) or wide_head_decode.
 inline constexpr int64_t kDecodeQueryRows = 16;
 // A forward chunk of at least this many query rows against a cache of about a table point's length
-// takes fa3's column as measured at the point (it kept its rate there from Lq 256 up); at least
-// kFa3ChunkRowsOverBespoke rows where the alternative is the family's kernels (fa3 led them from
-// Lq 32 up at d128), every chunk longer than a decode at d256 (kFa3ChunkRowsOverBespokeD256: fa3
-// ahead of them at every Lq, groups of 1, 4 x 32 heads against 4096 keys, a build without cuDNN,
-// H200, 2026-11-30: Lq 17 139.4 us against 188.5, Lq 32 140.3 against 195.0). See
-// preferred_candidate.
+// takes fa3's column as measured at the point (it kept its rate there from Lq 256 up); from
+// fa3_chunk_rows_over_bespoke rows where the alternative is the family's kernels (a build without
+// cuDNN, or a problem cuDNN is not given). See preferred_candidate.
 inline constexpr int64_t kFa3ChunkRows = 256;
-inline constexpr int64_t kFa3ChunkRowsOverBespoke = 32;
-inline constexpr int64_t kFa3ChunkRowsOverBespokeD256 = kDecodeQueryRows + 1;
+// Against the family's kernels fa3 took every chunk longer than a decode (groups of 1, 4 x 32
+// heads, causal bottom-right, a build without cuDNN, H200, 2026-11-30, a96ede0), 4096 keys: Lq 17
+// d64 50.0 us against 53.9, d128 72.0 against 91.7, d256 139.4 against 188.5; but at d64 against
+// 16384 keys the family's kernel led at Lq 17 and 32 (150.3 / 152.4 us against fa3's 180.2 /
+// 182.0) and tied at 64 (184.6 against 183.6): kFa3ChunkRowsOverBespokeD64LongCache rows from
+// kFa3ChunkLongCacheKeysD64 keys.
+inline constexpr int64_t kFa3ChunkRowsOverBespoke = kDecodeQueryRows + 1;
+inline constexpr int64_t kFa3ChunkRowsOverBespokeD64LongCache = 64;
+inline constexpr int64_t kFa3ChunkLongCacheKeysD64 = 8192;
+int64_t fa3_chunk_rows_over_bespoke(int64_t head_dim, int64_t len_k);
 // A forward chunk of more than kDecodeQueryRows query rows (or a decode-shaped one, see
 // kFa3PackedDecodeRows; at most fa3_packed_chunk_rows) against a longer cache, bf16 / f16, Dk = Dv
 // = 64, 128 or 256, GQA group 2..16 (a power of two): fa3's packed instance (kFa3PackedKernel, or

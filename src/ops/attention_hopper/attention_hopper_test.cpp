@@ -318,7 +318,8 @@ TEST(AttentionCudnnRules, NearestMeasuredPointDecides) {
   EXPECT_EQ(pick_qk(2048, 4096), Candidate::fa3);
   EXPECT_EQ(pick_qk(8192, 4096), Candidate::fa3);
   EXPECT_EQ(pick_qk(1, 4096), Candidate::bespoke);
-  // d128 L4096 (no mask): bespoke ahead of cuDNN there, so fa3 from 32 query rows on.
+  // d128 L4096 (no mask): bespoke ahead of cuDNN there, so fa3 from kFa3ChunkRowsOverBespoke query
+  // rows on (just past a decode).
   EXPECT_EQ(pick_qk(2047, 4096), Candidate::fa3);
   EXPECT_EQ(pick_qk(kFa3ChunkRowsOverBespoke, 4096), Candidate::fa3);
   EXPECT_EQ(pick_qk(kFa3ChunkRowsOverBespoke, 2048), Candidate::fa3);  // a cache within 2x
@@ -572,17 +573,24 @@ TEST(AttentionCudnnRules, WithoutCudnnTheTableRanksTheOthers) {
   EXPECT_EQ(preferred_candidate(fa3_second, p, Pass::forward, false, false), Candidate::bespoke);
   EXPECT_EQ(preferred_candidate(bespoke_second, p, Pass::forward, true, false), Candidate::bespoke);
   // Chunks of groups of 1 just past a decode against the shipped table, without cuDNN: fa3 over
-  // the family's kernels from kFa3ChunkRowsOverBespokeD256 rows at d256, from
-  // kFa3ChunkRowsOverBespoke at d128.
+  // the family's kernels from kFa3ChunkRowsOverBespoke rows, but from
+  // kFa3ChunkRowsOverBespokeD64LongCache at d64 against long caches.
   const Mask br = Mask::causal_bottom_right();
-  auto chunk_of = [&](int64_t lq, int64_t dim) {
-    return preferred_candidate(problem_of(make_desc(DType::bf16, 4, 32, 32, lq, 4096, dim, br)),
+  auto chunk_of = [&](int64_t lq, int64_t lk, int64_t dim) {
+    return preferred_candidate(problem_of(make_desc(DType::bf16, 4, 32, 32, lq, lk, dim, br)),
                                Pass::forward, true, false);
   };
-  EXPECT_EQ(chunk_of(kFa3ChunkRowsOverBespokeD256, 256), Candidate::fa3);
-  EXPECT_EQ(chunk_of(kFa3ChunkRowsOverBespoke - 1, 256), Candidate::fa3);
-  EXPECT_EQ(chunk_of(kFa3ChunkRowsOverBespoke - 1, 128), Candidate::bespoke);
-  EXPECT_EQ(chunk_of(kFa3ChunkRowsOverBespoke, 128), Candidate::fa3);
+  for (int64_t dim : {64, 128, 256}) {
+    EXPECT_EQ(chunk_of(kFa3ChunkRowsOverBespoke, 4096, dim), Candidate::fa3) << dim;
+    // A decode: the family's kernels, but fa3 for 256-wide heads (wide_head_decode).
+    EXPECT_EQ(chunk_of(kFa3ChunkRowsOverBespoke - 1, 4096, dim),
+              dim == 256 ? Candidate::fa3 : Candidate::bespoke)
+        << dim;
+  }
+  EXPECT_EQ(chunk_of(kFa3ChunkRowsOverBespoke, 16384, 128), Candidate::fa3);
+  EXPECT_EQ(chunk_of(kFa3ChunkRowsOverBespoke, kFa3ChunkLongCacheKeysD64, 64), Candidate::fa3);
+  EXPECT_EQ(chunk_of(kFa3ChunkRowsOverBespokeD64LongCache - 1, 16384, 64), Candidate::bespoke);
+  EXPECT_EQ(chunk_of(kFa3ChunkRowsOverBespokeD64LongCache, 16384, 64), Candidate::fa3);
   // A CPU device's caps: cuDNN never serves there, so candidate_here ranks without it.
   const DeviceCaps cpu = harness::stream_for(Target::cpu).caps();
   EXPECT_FALSE(cudnn_serves(p, cpu));

@@ -690,7 +690,9 @@ void chunk_sweep(const Stream& stream) {
 void packed_sweep(const Stream& stream) {
   constexpr int64_t kMaxLq = 256;
   const int64_t only_d = bench::env_positive("BARACUDA_PACKED_D", 0);
-  const int64_t max_d = only_d == 256 ? 256 : 128;
+  // One head dim alone (BARACUDA_PACKED_D) gets room for its groups of 1 against the long cache
+  // (d128: 4 x 32 heads x 16384 keys), which the whole sweep's 128-wide inputs leave out.
+  const int64_t max_d = only_d > 0 ? 256 : 128;
   const int64_t max_lq = bench::env_positive("BARACUDA_PACKED_MAX_LQ", kMaxLq);
   // A serving batch (BARACUDA_PACKED_B=<b>, e.g. 64): shorter caches, 1024 and 4096 keys, so the
   // inputs stay within b x 16 x 4096 x 128 elements (groups of 1: 1024 keys only).

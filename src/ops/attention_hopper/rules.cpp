@@ -142,6 +142,11 @@ int64_t fa3_packed_chunk_rows(int64_t head_dim, int64_t len_k) {
   }
 }
 
+int64_t fa3_chunk_rows_over_bespoke(int64_t head_dim, int64_t len_k) {
+  return head_dim <= 64 && len_k > kFa3ChunkLongCacheKeysD64 ? kFa3ChunkRowsOverBespokeD64LongCache
+                                                             : kFa3ChunkRowsOverBespoke;
+}
+
 bool wide_head_decode(const attention::Problem& p) {
   const attention::Descriptor& d = p.desc;
   return p.group == 1 && d.len_q <= kDecodeQueryRows && d.len_q < d.len_k && d.head_dim_qk == 256 &&
@@ -260,14 +265,14 @@ Candidate preferred_candidate(std::span<const TablePoint> table, const attention
   // as a chunk of queries against a cache of about the point's length (forward), where the
   // chunked-prefill rows measured it (H200, 2026-11-29, 4 x 32 heads against 4096-key caches,
   // d128, bottom-right causal, fa3 by name): from Lq 256 up it kept its Lq = Lk rate (614-635
-  // TFLOP/s) and led cuDNN by 1-3%; from Lq 32 up it led the family's kernels 1.2-2.3x; below
-  // Lq 256 cuDNN led it by up to 16% (cuDNN's time flat at 58.6-59.9 us for Lq 32-128).
-  // (Where the table has chunk points near the problem, they decided above.)
-  const int64_t over_bespoke =
-      d.head_dim_qk == 256 ? kFa3ChunkRowsOverBespokeD256 : kFa3ChunkRowsOverBespoke;
-  const bool chunk =
-      pass == Pass::forward && gap(best->len, d.len_k) <= 1.0 &&
-      (d.len_q >= kFa3ChunkRows || (d.len_q >= over_bespoke && pick == Candidate::bespoke));
+  // TFLOP/s) and led cuDNN by 1-3%; from Lq 32 up it led the family's kernels 1.2-2.3x (and
+  // from Lq 17 in groups of 1: fa3_chunk_rows_over_bespoke); below Lq 256 cuDNN led it by up to
+  // 16% (cuDNN's time flat at 58.6-59.9 us for Lq 32-128). (Where the table has chunk points near
+  // the problem, they decided above.)
+  const bool chunk = pass == Pass::forward && gap(best->len, d.len_k) <= 1.0 &&
+                     (d.len_q >= kFa3ChunkRows ||
+                      (pick == Candidate::bespoke &&
+                       d.len_q >= fa3_chunk_rows_over_bespoke(d.head_dim_qk, d.len_k)));
   const bool fa3_like = gap(best->len, d.len_q) <= 1.0 || chunk;
   if (fa3_runs && fa3_like && best->fa3_tflops > tf) pick = Candidate::fa3;
   return pick;
