@@ -96,6 +96,12 @@ if has memcheck; then
 fi
 stage report
 python3 scripts/report.py "$OUT/bench.jsonl" "$OUT/peers.jsonl" >"$OUT/report.md" 2>&1
+# Each default plan against the fastest plan timed beside it (and the fastest peer).
+if [ -s "$OUT/bench.jsonl" ]; then
+  peers=()
+  [ -s "$OUT/peers.jsonl" ] && peers=(--peers "$OUT/peers.jsonl")
+  python3 scripts/default_vs_fastest.py "$OUT/bench.jsonl" "${peers[@]}" >>"$summary" 2>&1
+fi
 echo "== summary"
 cat "$summary"
 cut -c1-220 "$OUT/report.md"

@@ -1,0 +1,44 @@
+#!/usr/bin/env python3
+"""default_vs_fastest.py on made-up rows: the default row is the "default plan" or un-noted one,
+the ratio is against the fastest row of the same case (op, name, dtype), cases past --over are
+listed with the row that beat the default, and the fastest peer's time is over the default's.
+Run by ctest (default_vs_fastest)."""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from default_vs_fastest import summarize  # noqa: E402
+
+
+def row(name, ms, note, kernel="k", op="attention_forward", dtype="bf16"):
+    return {"op": op, "name": name, "dtype": dtype, "ms": ms, "note": note, "kernel": kernel}
+
+
+def check(cond, what):
+    if not cond:
+        sys.exit("default_vs_fastest_test: " + what)
+
+
+ours = [
+    row("a", 1.0, "default plan", "fa3"), row("a", 0.8, "fa3 packed by name", "fa3_packed"),
+    row("b", 2.0, "", "cudnn"), row("b", 2.1, "A/B: kernel forced by name", "mma"),
+    row("b", 4.0, "default plan", "x", dtype="f16"), row("b", 3.0, "bespoke", "y", dtype="f16"),
+    row("c", 5.0, "bespoke"),  # no default row: not a case
+    {"op": "attention_forward", "name": "a", "error": "unsupported"},
+]
+peers = [{"op": "attention_forward", "name": "b", "peer": "torch", "ms": 2.2},
+         {"op": "attention_forward", "name": "b", "peer": "slow", "ms": 9.0},
+         {"op": "attention_forward", "name": "b", "peer": "f16 only", "ms": 3.6, "dtype": "f16"}]
+lines = summarize(ours, peers, 1.02)
+check(lines[0].startswith("attention_forward: 3 cases, default / fastest median 1.250, max 1.333"),
+      "the op's line: " + lines[0])
+# b bf16: the un-typed peer's 2.2 over 2.0; b f16: the f16 peer's 3.6 over 4.0.
+check(lines[0].endswith("fastest peer / default 0.900-1.100 over 2 cases"),
+      "the peer ratios: " + lines[0])
+check(lines[1].startswith("  1.333 b f16: default x 4000.0 us, fastest bespoke (y) 3000.0 us"),
+      "the worst case first: " + lines[1])
+check(lines[2].startswith("  1.250 a bf16: default fa3") and "fa3 packed by name" in lines[2],
+      "then the next: " + lines[2])
+check(len(lines) == 3, "b bf16 (the default is the fastest) is not listed: %s" % lines)
+check(summarize([row("a", 1.0, "bespoke")], [], 1.02) == [], "no default rows: no lines")
+print("default_vs_fastest_test: ok")
