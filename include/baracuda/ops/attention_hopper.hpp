@@ -187,11 +187,11 @@ inline constexpr int64_t kDecodeQueryRows = 16;
 // cuDNN, or a problem cuDNN is not given). See preferred_candidate.
 inline constexpr int64_t kFa3ChunkRows = 256;
 // Against the family's kernels fa3 took every chunk longer than a decode (groups of 1, 4 x 32
-// heads, causal bottom-right, a build without cuDNN, H200, 2026-11-30, a96ede0), 4096 keys: Lq 17
-// d64 50.0 us against 53.9, d128 72.0 against 91.7, d256 139.4 against 188.5; but at d64 against
-// 16384 keys the family's kernel led at Lq 17 and 32 (150.3 / 152.4 us against fa3's 180.2 /
-// 182.0) and tied at 64 (184.6 against 183.6): kFa3ChunkRowsOverBespokeD64LongCache rows from
-// kFa3ChunkLongCacheKeysD64 keys.
+// heads, causal bottom-right, a build without cuDNN, H200, 2026-11-30, e221e2f for d256, a96ede0
+// for the others), 4096 keys: Lq 17 d64 50.0 us against 53.9, d128 72.0 against 91.7, d256 139.4
+// against 188.4; but at d64 against 16384 keys the family's kernel led at Lq 17 and 32 (150.3 /
+// 152.4 us against fa3's 180.2 / 182.0) and tied at 64 (184.6 against 183.6):
+// kFa3ChunkRowsOverBespokeD64LongCache rows from kFa3ChunkLongCacheKeysD64 keys.
 inline constexpr int64_t kFa3ChunkRowsOverBespoke = kDecodeQueryRows + 1;
 inline constexpr int64_t kFa3ChunkRowsOverBespokeD64LongCache = 64;
 inline constexpr int64_t kFa3ChunkLongCacheKeysD64 = 8192;

@@ -169,9 +169,9 @@ void sweep(const Stream& stream) {
   Buffers b{make(),       make(),       make(),
             make(),       alloc(n * 2), alloc(kTokens * 32 * 4 * 2),
             alloc(n * 2), alloc(n * 2), alloc(n * 2)};
-  // BARACUDA_ATTN_SWEEP: "quick" (L in {1024, 4096, 16384}), "short" (L in {128, 256}: 64 and
-  // 128 sequences of the 16k tokens, where the table has no point), "d<D>_l<L>" (that one
-  // non-causal point: profiling runs), anything else the whole sweep.
+  // BARACUDA_ATTN_SWEEP: "quick" (L in {1024, 4096, 16384}), "short" (L in {128, 256}: 128 and
+  // 64 sequences of the 16k tokens, the table's short points below the sweep's L512), "d<D>_l<L>"
+  // (that one non-causal point: profiling runs), anything else the whole sweep.
   const std::string sweep_env{bench::env("BARACUDA_ATTN_SWEEP")};
   const bool quick = sweep_env == "quick", short_lens = sweep_env == "short";
   long long only_d = 0, only_l = 0;
