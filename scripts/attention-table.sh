@@ -6,7 +6,8 @@
 # src/ops/attention_hopper/selection_table.hpp, then clang-format it).
 #   BARACUDA_COMMIT=<sha> bash scripts/attention-table.sh
 # TABLE=chunks measures the chunk points only (bench_attention attention_chunks: chunked prefill,
-# Lq < Lk) and keeps the shipped table's Lq = Lk points (make_table.py --base).
+# Lq < Lk) and keeps the shipped table's Lq = Lk points (make_table.py --base); TABLE=short the
+# short Lq = Lk points only (L 128 / 256, BARACUDA_ATTN_SWEEP=short), keeping the others.
 # BARACUDA_ATTN_DTYPE=f16 measures f16 points (either kind), kept beside the shipped bf16 ones: an
 # f16 problem ranks by f16 points only, and (outside fa3_packs) cuDNN first where the table has
 # none.
@@ -20,6 +21,7 @@ bench="${BUILD_DIR:-build-family}/apps/bench_attention"
 . scripts/cudnn-env.sh
 sweep=attention_hopper
 [ "${TABLE:-sweep}" = chunks ] && sweep=attention_chunks
+[ "${TABLE:-sweep}" = short ] && export BARACUDA_ATTN_SWEEP=short
 "$bench" "$sweep" >"$OUT/table_run.jsonl"
 # The shipped table's points of the kind this run does not measure stay (make_table.py --base).
 python3 src/ops/attention_hopper/make_table.py "$OUT/table_run.jsonl" \
