@@ -13,7 +13,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
-half=$(($(nproc) / 2))
+cores=$(nproc)
+half=$((cores > 1 ? cores / 2 : 1))
 run_tree() {  # <build dir> <out subdir> <gtest filter> [cmake args]
   local stages=test
   [ "$3" = - ] && stages=none

@@ -680,13 +680,14 @@ void chunk_sweep(const Stream& stream) {
 // leads, the measurement behind fa3_packs' bounds (fa3_packed_chunk_rows, kFa3PackedDecodeRows).
 // 4 sequences x 32 query heads in groups of 1, 2, 4, 8, 16, head dims 64 and 128
 // (BARACUDA_PACKED_D=<d>: one of them, or 256, which runs only when asked), Lk 4096 and 16384
-// (groups of 1: 4096 only, the inputs stay at 2 x 268 MB), Lq 1 .. 256 (1 to 16: decode and
-// speculative decoding's few tokens; Lq 3 in a group of 16 is 48 rows, more than the decode kernel
-// holds, fewer than kFa3PackedDecodeMinLq asks; BARACUDA_PACKED_MAX_LQ=<n>: those up to n alone),
-// causal bottom-right. BARACUDA_PACKED_B=<b>: b sequences (a serving batch: whether the bounds
-// measured on 4 hold where the grid is full). Per point: the default plan, the packed and plain fa3
-// instances by name, cuDNN and the bespoke kernels by backend (the latter under an empty table, so
-// fa3's ranked-ahead entry does not answer for them). TFLOP/s on the visible keys.
+// (groups of 1 at 16384 keys only where BARACUDA_PACKED_D asks for d64 or d128 alone: room),
+// Lq 1 .. 256 (1 to 16: decode and speculative decoding's few tokens; Lq 3 in a group of 16 is 48
+// rows, more than the decode kernel holds, fewer than kFa3PackedDecodeMinLq asks;
+// BARACUDA_PACKED_MAX_LQ=<n>: those up to n alone), causal bottom-right. BARACUDA_PACKED_B=<b>: b
+// sequences (a serving batch: whether the bounds measured on 4 hold where the grid is full). Per
+// point: the default plan, the packed and plain fa3 instances by name, cuDNN and the bespoke
+// kernels by backend (the latter under an empty table, so fa3's ranked-ahead entry does not answer
+// for them). TFLOP/s on the visible keys.
 void packed_sweep(const Stream& stream) {
   constexpr int64_t kMaxLq = 256;
   const int64_t only_d = bench::env_positive("BARACUDA_PACKED_D", 0);
