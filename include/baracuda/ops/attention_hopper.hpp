@@ -252,6 +252,19 @@ inline constexpr int64_t kFa3PackedD256SingleTokenKeyRows = 65536;
 // The most query rows fa3_packs takes at this head dim (Dk = Dv) and cache length; 0 where none.
 int64_t fa3_packed_chunk_rows(int64_t head_dim, int64_t len_k);
 bool fa3_packs(const attention::Problem& p);
+// Where fa3 is the pick (the table's, or candidate_here without cuDNN) for a chunk in a group of 1
+// against a long cache, its packed instance (the key split alone) ran faster than the plain one
+// by name (4 sequences x 32 heads, 16384 keys, causal bottom-right, H200, forty-eighth session's
+// call 4): d128 Lq 17 / 32 / 64 253.5 / 256.0 / 257.9 us against 269.3 / 282.6 / 275.7, d64 Lq 64
+// 171.5 against 179.4 (d64 takes fa3 from Lq 64 there: fa3_chunk_rows_over_bespoke). At 4096 keys
+// the two were within 2%.
+inline constexpr int64_t kFa3PackedUngroupedMaxRows = 64;
+bool fa3_packs_ungrouped(const attention::Problem& p);
+// Short sequences (every length up to kFa3PersistentMaxLen, one or two key tiles a work tile),
+// where fa3 is the pick: its persistent variant (one CTA an SM looping over the work tiles, the
+// next tile's loads under this one's epilogue) in place of the plain one.
+inline constexpr int64_t kFa3PersistentMaxLen = 256;
+bool fa3_persists(const attention::Problem& p);
 // Decode-shaped forwards of plain multi-head attention (group 1) with 256-wide heads (Dk = Dv =
 // 256, bf16 / f16, fewer rows than keys), where fa3 runs: not the family's decode kernel (it holds
 // one 16-row tile at d256) but fa3's plain instance for one token and cuDNN from 2 (fa3 where
@@ -293,6 +306,10 @@ inline constexpr std::string_view kFa3PackedKernel = "fa3_fwd_sm90a_packed";
 // The same over paged K / V pools (any page size, as fa3_fwd_sm90a_paged reads them).
 inline constexpr std::string_view kFa3PackedPagedKernel = "fa3_fwd_sm90a_packed_paged";
 inline constexpr std::string_view kFa3RankedAhead = "fa3_fwd_sm90a_ranked_ahead";
+// The instance kFa3RankedAhead launches for a problem, as the name that pins it: the packed ones
+// where fa3_packs (unpaged: fa3_packs_ungrouped too), the persistent one where fa3_persists, else
+// the paged, counts or plain one. Bit for bit the same outputs; the bench's fa3 column times it.
+std::string_view fa3_ranked_forward_kernel(const attention::Problem& p);
 // The fp8 forward (issue 8's stretch): e4m3 Q, K, V with per-tensor descales, Y in bf16 or f16,
 // Dk = Dv in {64, 128, 256}, padded or varlen layouts; V is transposed into the workspace first
 // (8-bit wgmma reads both operands K-major). The only GPU kernel of element e4m3.

@@ -514,6 +514,60 @@ TEST(AttentionCudnnRules, ShortGqaChunksGoToFa3Packed) {
   EXPECT_EQ(preferred_candidate(empty, p, Pass::forward, true), Candidate::cudnn);
 }
 
+// The instance fa3's ranked-ahead entry launches (fa3_ranked_forward_kernel): packed where
+// fa3_packs, and for chunks of 17..kFa3PackedUngroupedMaxRows rows in groups of 1 against caches of
+// kFa3PackedLongCacheKeys or more (unpaged, d64 / d128); persistent for padded sequences of at most
+// kFa3PersistentMaxLen queries and keys (d64 / d128, no pages, key counts or varlen); else the
+// paged, counts or plain instance. The rule picks an instance only: whether fa3 runs at all is the
+// table's (candidate_here).
+TEST(AttentionCudnnRules, RankedAheadInstanceByShape) {
+  auto problem = [](int64_t hq, int64_t hk, int64_t lq, int64_t lk, int64_t d = 128,
+                    DType t = DType::bf16) {
+    return problem_of(make_desc(t, 4, hq, hk, lq, lk, d, Mask::causal_bottom_right()));
+  };
+  const int64_t long_cache = kFa3PackedLongCacheKeys, rows = kFa3PackedUngroupedMaxRows;
+  // Groups of 1 against long caches.
+  EXPECT_TRUE(fa3_packs_ungrouped(problem(32, 32, kDecodeQueryRows + 1, long_cache)));
+  EXPECT_TRUE(fa3_packs_ungrouped(problem(32, 32, rows, long_cache, 64, DType::f16)));
+  EXPECT_TRUE(fa3_packs_ungrouped(problem(32, 32, rows, 2 * long_cache)));
+  EXPECT_FALSE(fa3_packs_ungrouped(problem(32, 32, rows + 1, long_cache)));
+  EXPECT_FALSE(fa3_packs_ungrouped(problem(32, 32, kDecodeQueryRows, long_cache)));
+  EXPECT_FALSE(fa3_packs_ungrouped(problem(32, 32, 32, long_cache - 1)));
+  EXPECT_FALSE(fa3_packs_ungrouped(problem(32, 8, 32, long_cache)));        // group 4
+  EXPECT_FALSE(fa3_packs_ungrouped(problem(32, 32, 32, long_cache, 256)));  // not measured
+  EXPECT_FALSE(fa3_packs_ungrouped(problem(32, 32, 32, long_cache, 128, DType::f32)));
+  // Short sequences.
+  const int64_t short_len = kFa3PersistentMaxLen;
+  EXPECT_TRUE(fa3_persists(problem(16, 16, short_len, short_len)));
+  EXPECT_TRUE(fa3_persists(problem(32, 8, 128, 128, 64, DType::f16)));
+  EXPECT_TRUE(fa3_persists(problem(16, 16, 17, 200)));
+  EXPECT_FALSE(fa3_persists(problem(16, 16, short_len + 1, short_len + 1)));
+  EXPECT_FALSE(fa3_persists(problem(16, 16, 128, short_len + 1)));
+  EXPECT_FALSE(fa3_persists(problem(16, 16, 128, 128, 256)));
+  EXPECT_FALSE(fa3_persists(problem(16, 16, 128, 128, 96)));
+  attention::Problem mla = problem(16, 16, 128, 128, 192);
+  mla.desc.head_dim_v = 128;
+  EXPECT_FALSE(fa3_persists(mla));
+  EXPECT_FALSE(fa3_persists(problem(16, 16, 128, 128, 128, DType::f32)));
+  Descriptor counted = make_desc(DType::bf16, 4, 16, 16, 128, 128, 128);
+  counted.seqused_k = true;
+  EXPECT_FALSE(fa3_persists(problem_of(counted)));
+  Descriptor paged = make_desc(DType::bf16, 4, 16, 16, 128, 128, 128);
+  paged.page_size = 64, paged.pages = 64;
+  const auto paged_problem = attention::ForwardOp::make_problem(paged);
+  BARACUDA_ASSERT_OK(paged_problem);
+  EXPECT_FALSE(fa3_persists(paged_problem.value()));
+  // The names, in the rule's order.
+  EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 8, 32, 4096)), kFa3PackedKernel);
+  EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, 32, long_cache)), kFa3PackedKernel);
+  EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 8, 32, 128)), kFa3PackedKernel);  // fa3_packs
+  EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, 128, 128)), kFa3PersistentKernel);
+  EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, 512, 512)), kFa3Kernel);
+  EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, 32, 4096)), kFa3Kernel);
+  EXPECT_EQ(fa3_ranked_forward_kernel(problem_of(counted)), kFa3CountsKernel);
+  EXPECT_EQ(fa3_ranked_forward_kernel(paged_problem.value()), kFa3PagedKernel);
+}
+
 // Decodes of 256-wide heads in groups of 1 (plain multi-head attention) leave the family's decode
 // kernel wherever fa3 runs, ahead of the table: one token to fa3's plain instance, from 2 to cuDNN
 // (fa3 where cuDNN is not built or not given the problem); bf16 / f16, Dk = Dv = 256, at most
@@ -2120,16 +2174,22 @@ TEST(AttentionFa3Gpu, Exp2Poly3of8MatchesReference) {
   FA3_SKIP_UNLESS_RUNNABLE();
   check_fa3_cases(all_fa3_cases(), kFa3Exp2Poly3Kernel);
 }
-// The persistent variant (D = 64 only): every D = 64 case of both lists, plus grids of several
-// work tiles per CTA (ring and Q reloads across tiles, empty tiles mixed in, both masks).
+// The persistent variant (D = 64 and 128): every such case of both lists (MLA's 192 / 128 is not
+// one), plus grids of several work tiles per CTA (ring and Q reloads across tiles, empty tiles
+// mixed in, both masks, short sequences of one key tile a work tile).
 TEST(AttentionFa3Gpu, PersistentMatchesReference) {
   FA3_SKIP_UNLESS_RUNNABLE();
   std::vector<Case> cases;
   for (const Case& c : all_fa3_cases())
-    if (c.d == 64) cases.push_back(c);
-  cases.push_back({DType::bf16, 4, 16, 4, 1000, 1000, 64, Mask::causal_bottom_right(), true, true});
-  cases.push_back({DType::f16, 16, 16, 16, 256, 300, 64, Mask::none(), false, false});
-  cases.push_back({DType::bf16, 8, 16, 8, 300, 200, 64, Mask::causal_bottom_right(), false, true});
+    if ((c.d == 64 || c.d == 128) && vdim(c) == c.d) cases.push_back(c);
+  for (int64_t d : {64, 128}) {
+    cases.push_back(
+        {DType::bf16, 4, 16, 4, 1000, 1000, d, Mask::causal_bottom_right(), true, true});
+    cases.push_back({DType::f16, 16, 16, 16, 256, 300, d, Mask::none(), false, false});
+    cases.push_back({DType::bf16, 8, 16, 8, 300, 200, d, Mask::causal_bottom_right(), false, true});
+    cases.push_back({DType::bf16, 64, 16, 16, 128, 128, d, Mask::none(), false, false});
+    cases.push_back({DType::f16, 40, 8, 2, 200, 200, d, Mask::causal_top_left(), true, false});
+  }
   check_fa3_cases(cases, kFa3PersistentKernel);
 }
 
@@ -2140,9 +2200,10 @@ TEST(AttentionFa3Gpu, FitsExactlyWhatItSupports) {
     const bool plain = fa3_kernel(d.dtype)->fits(problem_of(d), caps);
     for (std::string_view v : {kFa3Pingpong, kFa3Exp2Poly2Kernel, kFa3Exp2Poly3Kernel})
       EXPECT_EQ(fa3_kernel(d.dtype, v)->fits(problem_of(d), caps), plain) << v;
-    // The persistent variant: D = 64 only.
-    EXPECT_EQ(fa3_kernel(d.dtype, kFa3PersistentKernel)->fits(problem_of(d), caps),
-              plain && d.head_dim_qk == 64);
+    // The persistent variant: Dk = Dv = 64 or 128.
+    EXPECT_EQ(
+        fa3_kernel(d.dtype, kFa3PersistentKernel)->fits(problem_of(d), caps),
+        plain && d.head_dim_qk == d.head_dim_v && (d.head_dim_qk == 64 || d.head_dim_qk == 128));
     // Key counts: their own instance, and only it, wherever the plain schedule fits the problem.
     Descriptor counted = d;
     counted.seqused_k = true;
@@ -2239,12 +2300,15 @@ void expect_default_follows_cudnn_and_bespoke_tables(const Descriptor& desc, Pas
   }
 }
 
-// `plan` (a default plan that chose fa3's ranked-ahead entry) and fa3 pinned by name on the same
-// random inputs, outputs poisoned first: the same bits (the entry runs the plain kernel).
+// `plan` (a default plan that chose fa3's ranked-ahead entry) and the instance it stands for
+// (fa3_ranked_forward_kernel) pinned by name on the same random inputs, outputs poisoned first:
+// the same bits.
 void expect_same_bits_as_pinned_fa3(const Case& c, const Descriptor& desc,
                                     const attention::ForwardPlan& plan) {
   const Stream& gs = harness::stream_for(Target::cuda);
-  auto pinned = attention::ForwardPlan::select(gs, desc, PlanPreference::kernel(kFa3));
+  const std::string_view stand_in = fa3_ranked_forward_kernel(problem_of(desc));
+  SCOPED_TRACE(std::string(stand_in));
+  auto pinned = attention::ForwardPlan::select(gs, desc, PlanPreference::kernel(stand_in));
   BARACUDA_ASSERT_OK(pinned);
   harness::Rng rng;
   TestTensor q = gpu_tensor(c, c.t, c.hq, c.lq, c.d), k = gpu_tensor(c, c.t, c.hk, c.lk, c.d),
@@ -2300,6 +2364,48 @@ TEST(AttentionFa3Gpu, DefaultPlanFollowsTheTable) {
   }
   expect_default_follows_cudnn_and_bespoke_tables<attention::ForwardPlan>(desc, Pass::forward,
                                                                           kFa3RankedAhead);
+}
+
+// The ranked-ahead entry's other instances, under tables that make fa3 the pick: the persistent
+// one for short sequences (d64 / d128, both masks) and the packed one for a chunk in a group of 1
+// against a long cache; bit for bit the instance pinned by name (whose own tests check it against
+// the float64 reference: PersistentMatchesReference, the packed suites).
+TEST(AttentionFa3Gpu, DefaultPlanLaunchesTheRankedInstance) {
+  FA3_SKIP_UNLESS_RUNNABLE();
+  const Stream& gs = harness::stream_for(Target::cuda);
+  struct Route {
+    Case c;
+    std::string_view instance;
+  };
+  const Route routes[] = {
+      {{DType::bf16, 8, 16, 16, 128, 128, 128, Mask::none(), false, false}, kFa3PersistentKernel},
+      {{DType::f16, 4, 8, 2, 256, 256, 64, Mask::causal_top_left(), true, false},
+       kFa3PersistentKernel},
+      {{DType::bf16, 2, 4, 4, 200, 150, 128, Mask::causal_bottom_right(), false, true},
+       kFa3PersistentKernel},
+      {{DType::bf16, 1, 4, 4, 32, kFa3PackedLongCacheKeys, 128, Mask::causal_bottom_right(), false,
+        false},
+       kFa3PackedKernel},
+      {{DType::f16, 1, 2, 2, kFa3PackedUngroupedMaxRows, kFa3PackedLongCacheKeys, 64,
+        Mask::causal_bottom_right(), true, false},
+       kFa3PackedKernel}};
+  for (const Route& r : routes) {
+    const Case& c = r.c;
+    SCOPED_TRACE(std::string(r.instance) + " lq=" + std::to_string(c.lq) +
+                 " lk=" + std::to_string(c.lk) + " d=" + std::to_string(c.d));
+    const Descriptor desc = desc_of(c, c.t);
+    EXPECT_EQ(fa3_ranked_forward_kernel(problem_of(desc)), r.instance);
+    // fa3 ahead of cuDNN and the family's kernels at the nearest point of the problem's kind.
+    const bool causal = c.mask.right == 0;
+    const TablePoint fa3_wins[] = {
+        {c.t, Pass::forward, c.d, std::max(c.lq, c.lk), causal, 1, 2, 3}};
+    const SelectionTableOverride o{fa3_wins};
+    auto def = attention::ForwardPlan::select(gs, desc);
+    BARACUDA_ASSERT_OK(def);
+    EXPECT_EQ(def->sku().name, kFa3RankedAhead);
+    EXPECT_TRUE(def->precision_guarantee().deterministic);
+    expect_same_bits_as_pinned_fa3(c, desc, *def);
+  }
 }
 
 // Where the table ranks cuDNN first and fa3 second: the default plan is cuDNN's where it serves the
@@ -3112,7 +3218,7 @@ void check_varlen_case(const VarlenCase& c, harness::Rng& rng) {
   // Every forward schedule, pinned, run twice (bitwise equal), then the default plan.
   std::vector<std::string_view> fwd = {kFa3, kFa3Pingpong, kFa3Exp2Poly2Kernel,
                                        kFa3Exp2Poly3Kernel};
-  if (c.d == 64) fwd.push_back(kFa3PersistentKernel);
+  if (c.d == 64 || c.d == 128) fwd.push_back(kFa3PersistentKernel);
   // GQA packing where the group fits it (1..16, Dk = Dv).
   if (const auto* packed = fa3_kernel(c.t, kFa3PackedKernel); packed && packed->fits(p, gs.caps()))
     fwd.push_back(kFa3PackedKernel);

@@ -170,10 +170,19 @@ void sweep(const Stream& stream) {
             make(),       alloc(n * 2), alloc(kTokens * 32 * 4 * 2),
             alloc(n * 2), alloc(n * 2), alloc(n * 2)};
   // BARACUDA_ATTN_SWEEP: "quick" (L in {1024, 4096, 16384}), "short" (L in {128, 256}: 128 and
-  // 64 sequences of the 16k tokens, the table's short points below the sweep's L512), "d<D>_l<L>"
-  // (that one non-causal point: profiling runs), anything else the whole sweep.
+  // 64 sequences of the 16k tokens, the table's short points below the sweep's L512), "l<L>,<L>.."
+  // (those lengths, 16k tokens each: where a schedule stops paying), "d<D>_l<L>" (that one
+  // non-causal point: profiling runs), anything else the whole sweep.
   const std::string sweep_env{bench::env("BARACUDA_ATTN_SWEEP")};
   const bool quick = sweep_env == "quick", short_lens = sweep_env == "short";
+  std::vector<int64_t> listed_lens;
+  if (sweep_env.starts_with("l"))
+    for (size_t at = 1; at < sweep_env.size();) {
+      const size_t comma = std::min(sweep_env.find(',', at), sweep_env.size());
+      const long long l = std::atoll(sweep_env.substr(at, comma - at).c_str());
+      if (l >= 16 && l <= 16384 && kTokens % l == 0) listed_lens.push_back(l);
+      at = comma + 1;
+    }
   long long only_d = 0, only_l = 0;
   if (std::sscanf(sweep_env.c_str(), "d%lld_l%lld", &only_d, &only_l) != 2) only_d = only_l = 0;
   // BARACUDA_ATTN_BH="<B>,<H>" with a one-point sweep: that batch and head count instead of the
@@ -194,7 +203,8 @@ void sweep(const Stream& stream) {
   const bool backward_only = only == "backward";
   // BARACUDA_ATTENTION_ONLY=forward: the forward rows only (forward A/B runs).
   const bool forward_only = only == "forward";
-  std::vector<int64_t> lens = quick ? std::vector<int64_t>{1024, 4096, 16384}
+  std::vector<int64_t> lens = !listed_lens.empty() ? listed_lens
+                              : quick              ? std::vector<int64_t>{1024, 4096, 16384}
                               : short_lens
                                   ? std::vector<int64_t>{128, 256}
                                   : std::vector<int64_t>{512, 1024, 2048, 4096, 8192, 16384};
@@ -266,13 +276,18 @@ void sweep(const Stream& stream) {
         }
         // Our sm_90a forward pinned by name, both schedules (forward only): same case name, notes
         // "fa3_sm90a" / "fa3_sm90a_pingpong", so they line up with the cudnn / bespoke rows. The
-        // plain schedule is the table's fa3 column (the one with a ranked-ahead entry).
+        // table's fa3 column is the instance the ranked-ahead entry launches here
+        // (fa3_ranked_forward_kernel: the plain schedule, or the persistent one for short
+        // sequences).
         double fa3_tf = 0;
+        const auto problem = attention::ForwardOp::make_problem(desc);
+        const std::string_view stand_in =
+            problem.ok() ? fa3_ranked_forward_kernel(problem.value()) : kFa3Kernel;
         // The exp2-offload variants: notes "fa3_sm90a_exp2poly2of8" / "fa3_sm90a_exp2poly3of8".
-        // The persistent variant (D = 64 only): note "fa3_sm90a_persistent".
+        // The persistent variant (D = 64, 128): note "fa3_sm90a_persistent".
         for (std::string_view fa3 : {kFa3Kernel, kFa3PingpongKernel, kFa3Exp2Poly2Kernel,
                                      kFa3Exp2Poly3Kernel, kFa3PersistentKernel}) {
-          if ((fa3 == kFa3PersistentKernel && d != 64) || backward_only) continue;
+          if ((fa3 == kFa3PersistentKernel && d > 128) || backward_only) continue;
           const std::string note = "fa3_sm90a" + std::string(fa3.substr(kFa3Kernel.size()));
           auto fp = attention::ForwardPlan::select(stream, desc, PlanPreference::kernel(fa3));
           if (!fp.ok()) {
@@ -280,7 +295,7 @@ void sweep(const Stream& stream) {
             continue;
           }
           const double tf = time_fwd(*fp, note);
-          if (fa3 == kFa3Kernel) fa3_tf = tf;
+          if (fa3 == stand_in) fa3_tf = tf;
         }
         // Our sm_90a backward pinned by name (note "fa3_sm90a"), on the outputs of the default
         // forward plan: the table's fa3 column.

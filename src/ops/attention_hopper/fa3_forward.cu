@@ -247,14 +247,13 @@ __device__ __forceinline__ Tile tile_of(const Params& p, int w) {
 //  kPingpong: + the two consumer warpgroups take turns issuing their wgmmas.
 //  kPoly2/3:  kPlain with 2 (3) of every 8 column groups' exp2 computed on the FMA pipe
 //             (poly_exp2) instead of the MUFU: 25% (37.5%) of the softmax's exponentials.
-//  kPersistent: (D = 64 only) kPlain with one CTA per SM looping over (query block, head, batch)
-//             work tiles,
-//             heaviest query blocks first: the producer loads the next tile's Q and K/V (the ring
-//             continues across tiles; Q is reloaded once both consumer warpgroups' last S GEMM
-//             of a tile is done, "Q empty") while the consumers run the epilogue, which stages O
-//             in a buffer of its own. Short sequences (8 key tiles per CTA at L = 1024) spend a
-//             large share of a CTA's life in its prologue (TMA latency, first S with nothing to
-//             overlap) and epilogue; this hides the load part.
+//  kPersistent: (D = 64, 128: persistent_dim) kPlain with one CTA per SM looping over (query
+//             block, head, batch) work tiles, heaviest query blocks first: the producer loads the
+//             next tile's Q and K/V (the ring continues across tiles; Q is reloaded once both
+//             consumer warpgroups' last S GEMM of a tile is done, "Q empty") while the consumers
+//             run the epilogue, which stages O in a buffer of its own. Short sequences (8 key tiles
+//             per CTA at L = 1024) spend a large share of a CTA's life in its prologue (TMA
+//             latency, first S with nothing to overlap) and epilogue; this hides the load part.
 //  kCounts:  kPlain reading per-sequence key counts (seqused_k): its own instance, since the
 //             count's load and the zeroing of the last V tile's unused rows, as a runtime branch
 //             in every instance, cost kPlain 2.5-3.6% at d128 / d64 L4096 and the exp2poly2of8
@@ -1070,6 +1069,13 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
 #endif  // BARACUDA_FA3_DEVICE
 
 // ---- host ---------------------------------------------------------------------------------------
+// The persistent variant's head dims: Dk = Dv = 64 or 128. Its O staging buffer (kQBytes more)
+// leaves D = 256 no room, and MLA's 192 / 128 is not instantiated. (D = 128 spilled 36 bytes at
+// the consumers' 240 registers when the variant was written; the current tree compiles it with
+// none, as D = 64: ptxas -v, CUDA 13.0.)
+constexpr bool persistent_dim(int64_t dk, int64_t dv) {
+  return dk == dv && (dk == 64 || dk == 128);
+}
 template <class T, int D, int V>
 bool body_compiled() {
   return has_sm90a_body<fa3_fwd_kernel<T, D, V>>();
@@ -1111,35 +1117,34 @@ bool fits(const Problem& pr, const DeviceCaps& caps) {
       return false;
   }
   // The persistent variant numbers its work tiles (query blocks x heads x batch) in an int.
-  // D = 64 only: at D = 128 ptxas spills it (36 bytes, a few per work tile, outside the key
-  // loop) at the consumers' 240 registers, and the project builds no kernel that spills.
+  // D = 64 and 128 (persistent_dim): its O staging buffer leaves no room for D = 256's tiles.
   if constexpr (V == kPersistent) {
     if ((pr.desc.len_q + kBM - 1) / kBM * pr.desc.heads_q * pr.desc.batch >= (int64_t{1} << 31) ||
-        pr.desc.head_dim_qk != 64)
+        !persistent_dim(pr.desc.head_dim_qk, pr.desc.head_dim_v))
       return false;
-    return body_compiled<T, 64, V>();
+    return pr.desc.head_dim_qk == 64 ? body_compiled<T, 64, V>() : body_compiled<T, 128, V>();
   } else {
     return with_dim<V>(pr.desc.head_dim_qk,
                        [](auto dim) { return body_compiled<T, decltype(dim)::value, V>(); });
   }
 }
 
-// The ranked-ahead entry: the plain schedule (its paged or counts instance for problems with
-// pages or key counts), only where the measured table picks fa3 among the candidates that serve
-// the problem here (candidate_here). Paged: every page size (chunked prefill on the H200, 4 x 512
-// rows against 4096 keys, d128: 1.64-1.74x the family's paged kernel's rate in 64-, 32-, 16- and
-// 8-key pages, forty-first session's call 3).
-// The instance the ranked-ahead entry stands for on this problem, handed to f as a
-// std::integral_constant: the packed ones where fa3_packs, else the paged, counts or plain one.
+// The ranked-ahead entry: the instance fa3_ranked_forward_kernel names (the plain schedule, or its
+// packed, persistent, paged or counts instance), only where the measured table picks fa3 among the
+// candidates that serve the problem here (candidate_here). Paged: every page size (chunked prefill
+// on the H200, 4 x 512 rows against 4096 keys, d128: 1.64-1.74x the family's paged kernel's rate
+// in 64-, 32-, 16- and 8-key pages, forty-first session's call 3).
+// That instance, handed to f as a std::integral_constant.
 template <class F>
 decltype(auto) with_ranked_variant(const Problem& pr, F&& f) {
   using std::integral_constant;
-  const bool paged = pr.desc.page_size > 0;
-  if (fa3_packs(pr))
-    return paged ? f(integral_constant<int, kPackedPaged>{}) : f(integral_constant<int, kPacked>{});
-  return paged               ? f(integral_constant<int, kPaged>{})
-         : pr.desc.seqused_k ? f(integral_constant<int, kCounts>{})
-                             : f(integral_constant<int, kPlain>{});
+  const std::string_view k = fa3_ranked_forward_kernel(pr);
+  if (k == kFa3PackedPagedKernel) return f(integral_constant<int, kPackedPaged>{});
+  if (k == kFa3PackedKernel) return f(integral_constant<int, kPacked>{});
+  if (k == kFa3PersistentKernel) return f(integral_constant<int, kPersistent>{});
+  if (k == kFa3PagedKernel) return f(integral_constant<int, kPaged>{});
+  if (k == kFa3CountsKernel) return f(integral_constant<int, kCounts>{});
+  return f(integral_constant<int, kPlain>{});
 }
 
 template <class T>
@@ -1403,12 +1408,13 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
 
 template <class T, int V>
 Status launch(const LaunchContext& ctx, const Problem& pr, const ForwardArguments& a) {
-  if constexpr (V == kPersistent) {  // D = 64 only (see fits)
-    if (pr.desc.head_dim_qk != 64)
+  if constexpr (V == kPersistent) {  // D = 64, 128 (see fits)
+    if (!persistent_dim(pr.desc.head_dim_qk, pr.desc.head_dim_v))
       return Error::unsupported(std::string(attention::ForwardOp::name) +
                                 ": fa3_fwd_sm90a_persistent: head_dim=" +
-                                std::to_string(pr.desc.head_dim_qk) + ": D = 64 only");
-    return launch_d<T, 64, V>(ctx, pr, a);
+                                std::to_string(pr.desc.head_dim_qk) + ": D = 64 or 128 only");
+    return pr.desc.head_dim_qk == 64 ? launch_d<T, 64, V>(ctx, pr, a)
+                                     : launch_d<T, 128, V>(ctx, pr, a);
   } else {
     return with_dim<V>(pr.desc.head_dim_qk,
                        [&](auto dim) { return launch_d<T, decltype(dim)::value, V>(ctx, pr, a); });
