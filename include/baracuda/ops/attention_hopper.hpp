@@ -260,10 +260,17 @@ bool fa3_packs(const attention::Problem& p);
 // the two were within 2%.
 inline constexpr int64_t kFa3PackedUngroupedMaxRows = 64;
 bool fa3_packs_ungrouped(const attention::Problem& p);
-// Short sequences (every length up to kFa3PersistentMaxLen, one or two key tiles a work tile),
-// where fa3 is the pick: its persistent variant (one CTA an SM looping over the work tiles, the
-// next tile's loads under this one's epilogue) in place of the plain one.
+// Short sequences, where fa3 is the pick: its persistent variant (one CTA an SM looping over the
+// work tiles, the next tile's loads under this one's epilogue) in place of the plain one, for
+// padded problems of Lq and Lk up to kFa3PersistentMaxLen (one or two key tiles a work tile), up
+// to kFa3PersistentMaxLenFewTiles at d64 or with a causal bound (right = 0). Measured (H200, 16k
+// tokens as B x L, hidden 2048, bf16, a build without cuDNN, forty-ninth session's call 1; plain
+// -> persistent, us): d128 L128 97.6 -> 74.8 (causal 103.8 -> 81.9), L256 125.1 -> 109.7 (114.9
+// -> 100.7), L512 causal 138.8 -> 132.2 but non-causal 171.4 -> 176.0; d64 L128 142.7 -> 100.3,
+// L256 184.8 -> 151.4, L512 264.4 -> 244.5 (causal 209.7 -> 189.8); L1024 non-causal lost at both
+// (d128 262.6 -> 309.1, d64 413.1 -> 431.1), causal gained 1-3%.
 inline constexpr int64_t kFa3PersistentMaxLen = 256;
+inline constexpr int64_t kFa3PersistentMaxLenFewTiles = 512;
 bool fa3_persists(const attention::Problem& p);
 // Decode-shaped forwards of plain multi-head attention (group 1) with 256-wide heads (Dk = Dv =
 // 256, bf16 / f16, fewer rows than keys), where fa3 runs: not the family's decode kernel (it holds

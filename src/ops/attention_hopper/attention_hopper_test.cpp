@@ -517,7 +517,8 @@ TEST(AttentionCudnnRules, ShortGqaChunksGoToFa3Packed) {
 // The instance fa3's ranked-ahead entry launches (fa3_ranked_forward_kernel): packed where
 // fa3_packs, and for chunks of 17..kFa3PackedUngroupedMaxRows rows in groups of 1 against caches of
 // kFa3PackedLongCacheKeys or more (unpaged, d64 / d128); persistent for padded sequences of at most
-// kFa3PersistentMaxLen queries and keys (d64 / d128, no pages, key counts or varlen); else the
+// kFa3PersistentMaxLen queries and keys, kFa3PersistentMaxLenFewTiles at d64 or causal (d64 /
+// d128, no pages, key counts or varlen); else the
 // paged, counts or plain instance. The rule picks an instance only: whether fa3 runs at all is the
 // table's (candidate_here).
 TEST(AttentionCudnnRules, RankedAheadInstanceByShape) {
@@ -541,8 +542,18 @@ TEST(AttentionCudnnRules, RankedAheadInstanceByShape) {
   EXPECT_TRUE(fa3_persists(problem(16, 16, short_len, short_len)));
   EXPECT_TRUE(fa3_persists(problem(32, 8, 128, 128, 64, DType::f16)));
   EXPECT_TRUE(fa3_persists(problem(16, 16, 17, 200)));
-  EXPECT_FALSE(fa3_persists(problem(16, 16, short_len + 1, short_len + 1)));
-  EXPECT_FALSE(fa3_persists(problem(16, 16, 128, short_len + 1)));
+  const int64_t few_tiles = kFa3PersistentMaxLenFewTiles;
+  auto unmasked = [](int64_t l, int64_t d) {
+    return problem_of(make_desc(DType::bf16, 4, 16, 16, l, l, d));
+  };
+  EXPECT_TRUE(fa3_persists(unmasked(short_len, 128)));
+  EXPECT_FALSE(fa3_persists(unmasked(short_len + 1, 128)));
+  EXPECT_TRUE(fa3_persists(unmasked(few_tiles, 64)));
+  EXPECT_FALSE(fa3_persists(unmasked(few_tiles + 1, 64)));
+  EXPECT_TRUE(fa3_persists(problem(16, 16, few_tiles, few_tiles)));  // causal d128
+  EXPECT_TRUE(fa3_persists(problem(16, 16, 128, few_tiles)));
+  EXPECT_FALSE(fa3_persists(problem(16, 16, few_tiles + 1, few_tiles + 1)));
+  EXPECT_FALSE(fa3_persists(problem(16, 16, 128, few_tiles + 1)));
   EXPECT_FALSE(fa3_persists(problem(16, 16, 128, 128, 256)));
   EXPECT_FALSE(fa3_persists(problem(16, 16, 128, 128, 96)));
   attention::Problem mla = problem(16, 16, 128, 128, 192);
@@ -562,7 +573,9 @@ TEST(AttentionCudnnRules, RankedAheadInstanceByShape) {
   EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, 32, long_cache)), kFa3PackedKernel);
   EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 8, 32, 128)), kFa3PackedKernel);  // fa3_packs
   EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, 128, 128)), kFa3PersistentKernel);
-  EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, 512, 512)), kFa3Kernel);
+  EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, 512, 512)), kFa3PersistentKernel);
+  EXPECT_EQ(fa3_ranked_forward_kernel(unmasked(512, 128)), kFa3Kernel);
+  EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, 1024, 1024, 64)), kFa3Kernel);
   EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, 32, 4096)), kFa3Kernel);
   EXPECT_EQ(fa3_ranked_forward_kernel(problem_of(counted)), kFa3CountsKernel);
   EXPECT_EQ(fa3_ranked_forward_kernel(paged_problem.value()), kFa3PagedKernel);
@@ -693,11 +706,13 @@ TEST(AttentionCudnnRules, ShippedTableIsWellFormed) {
 }
 
 // The short points (L 128 / 256, H200: 16k tokens as 128 / 64 sequences, hidden 2048; bf16 at
-// a96ede0, f16 at 6070077): cuDNN led both passes at all 24 of each dtype (f16's d256 L256 causal
-// backward a tie, which keeps cuDNN), e.g. the bf16 backward at d128 L256 causal 126.6 TFLOP/s
-// against fa3's 115.1, where the L512 point (fa3 172.2 against 171.3) had picked fa3 (372.8 us
-// against cuDNN's 339.3). Without cuDNN: the family's kernels for the d64 forward (bf16 143.9
-// against fa3's 122.6 at L128), fa3 for every other (d256 L128 forward 208.3 against 124.3).
+// e7593d2, f16 at 6070077): cuDNN led both passes at all 24 of each dtype (f16's d256 L256 causal
+// backward a tie, which keeps cuDNN), e.g. the bf16 backward at d128 L256 causal 125.3 TFLOP/s
+// against fa3's 114.1, where the L512 point (fa3 172.2 against 171.3) had picked fa3 (372.8 us
+// against cuDNN's 339.3 at a96ede0). Without cuDNN fa3 everywhere: its forward column is the
+// persistent variant's since e7593d2 (fa3_persists; bf16 d64 L128 172.1 TFLOP/s against the
+// family's 141.8), and f16's d64 forward, measured with the plain one (120.3 against 142.0), keeps
+// the family's kernels.
 TEST(AttentionCudnnRules, ShippedTableShortPoints) {
   for (DType t : {DType::bf16, DType::f16})
     for (int64_t d : {64, 128, 256})
@@ -711,7 +726,8 @@ TEST(AttentionCudnnRules, ShippedTableShortPoints) {
           for (Pass pass : {Pass::forward, Pass::backward}) {
             EXPECT_EQ(preferred_candidate(p, pass, true), Candidate::cudnn);
             EXPECT_EQ(preferred_candidate(p, pass, true, false),
-                      pass == Pass::forward && d == 64 ? Candidate::bespoke : Candidate::fa3);
+                      t == DType::f16 && pass == Pass::forward && d == 64 ? Candidate::bespoke
+                                                                          : Candidate::fa3);
             EXPECT_EQ(preferred_candidate(p, pass, false, false), Candidate::bespoke);
           }
         }

@@ -1,6 +1,7 @@
 // Host-side rules of the cuDNN attention backend and the fa3 kernels: what cuDNN can take, which
 // candidate the measured table prefers, and the layout rules checked before a launch. No CUDA or
 // cuDNN here, so the CPU build tests all of it.
+#include <algorithm>
 #include <atomic>
 #include <cinttypes>
 #include <cmath>
@@ -180,9 +181,12 @@ bool fa3_packs_ungrouped(const attention::Problem& p) {
 
 bool fa3_persists(const attention::Problem& p) {
   const attention::Descriptor& d = p.desc;
+  const int64_t len = std::max(d.len_q, d.len_k);
+  const bool few_tiles = d.head_dim_qk == 64 || d.mask.right == 0;
   return (d.dtype == DType::bf16 || d.dtype == DType::f16) && d.head_dim_qk == d.head_dim_v &&
          (d.head_dim_qk == 64 || d.head_dim_qk == 128) && !d.varlen && !d.seqused_k &&
-         d.page_size == 0 && d.len_q <= kFa3PersistentMaxLen && d.len_k <= kFa3PersistentMaxLen;
+         d.page_size == 0 &&
+         (len <= kFa3PersistentMaxLen || (few_tiles && len <= kFa3PersistentMaxLenFewTiles));
 }
 
 std::string_view fa3_ranked_forward_kernel(const attention::Problem& p) {

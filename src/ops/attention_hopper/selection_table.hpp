@@ -11,15 +11,15 @@
 namespace baracuda::attention_hopper::detail {
 
 inline constexpr std::string_view kSelectionProvenance =
-    "f16 short Lq = Lk points: NVIDIA H200, cuDNN 9.19.0, 2026-11-30, commit 6070077, "
-    "bench_attention (TFLOP/s, median of CUDA-event timings); Lq = Lk points: NVIDIA H100 80GB "
-    "HBM3, cuDNN 9.19.0, 2026-11-26, commit 4befacd, bench_attention (TFLOP/s, median of "
-    "CUDA-event timings); short Lq = Lk points: NVIDIA H200, cuDNN 9.19.0, 2026-11-30, commit "
-    "a96ede0, bench_attention (TFLOP/s, median of CUDA-event timings); chunk points: NVIDIA H200, "
-    "cuDNN 9.19.0, 2026-11-30, commit fa3a567, bench_attention (TFLOP/s, median of CUDA-event "
-    "timings); f16 Lq = Lk points: NVIDIA H200, cuDNN 9.19.0, 2026-11-30, commit d6a3b03, "
-    "bench_attention (TFLOP/s, median of CUDA-event timings); f16 chunk points: NVIDIA H200, cuDNN "
-    "9.19.0, 2026-11-30, commit 95651e0, bench_attention (TFLOP/s, median of CUDA-event timings)";
+    "short Lq = Lk points: NVIDIA H200, cuDNN 9.19.0, 2026-11-30, commit e7593d2, bench_attention "
+    "(TFLOP/s, median of CUDA-event timings); Lq = Lk points: NVIDIA H100 80GB HBM3, cuDNN 9.19.0, "
+    "2026-11-26, commit 4befacd, bench_attention (TFLOP/s, median of CUDA-event timings); chunk "
+    "points: NVIDIA H200, cuDNN 9.19.0, 2026-11-30, commit fa3a567, bench_attention (TFLOP/s, "
+    "median of CUDA-event timings); f16 Lq = Lk points: NVIDIA H200, cuDNN 9.19.0, 2026-11-30, "
+    "commit d6a3b03, bench_attention (TFLOP/s, median of CUDA-event timings); f16 short Lq = Lk "
+    "points: NVIDIA H200, cuDNN 9.19.0, 2026-11-30, commit 6070077, bench_attention (TFLOP/s, "
+    "median of CUDA-event timings); f16 chunk points: NVIDIA H200, cuDNN 9.19.0, 2026-11-30, "
+    "commit 95651e0, bench_attention (TFLOP/s, median of CUDA-event timings)";
 
 // dtype, pass, head dim, L (= Lq = Lk; chunk points: Lk), causal, cuDNN, bespoke, fa3 TFLOP/s
 // (0: not run)[, chunk points: Lq]
@@ -258,30 +258,6 @@ inline constexpr TablePoint kSelectionPoints[] = {
     {DType::f16, Pass::backward, 256, 16384, false, 348.6, 78.7, 384.8},
     {DType::f16, Pass::forward, 256, 16384, true, 625.8, 230.6, 674.5},
     {DType::f16, Pass::backward, 256, 16384, true, 361.5, 81.0, 388.0},
-    {DType::bf16, Pass::forward, 64, 128, false, 238.2, 143.9, 122.6},
-    {DType::bf16, Pass::backward, 64, 128, false, 117.5, 95.7, 98.0},
-    {DType::bf16, Pass::forward, 64, 128, true, 109.3, 67.3, 56.8},
-    {DType::bf16, Pass::backward, 64, 128, true, 56.1, 47.1, 48.6},
-    {DType::bf16, Pass::forward, 64, 256, false, 325.1, 207.4, 188.7},
-    {DType::bf16, Pass::backward, 64, 256, false, 199.6, 140.9, 160.2},
-    {DType::bf16, Pass::forward, 64, 256, true, 181.9, 106.3, 102.1},
-    {DType::bf16, Pass::backward, 64, 256, true, 104.1, 83.8, 89.1},
-    {DType::bf16, Pass::forward, 128, 128, false, 243.1, 172.0, 176.8},
-    {DType::bf16, Pass::backward, 128, 128, false, 129.7, 100.7, 123.1},
-    {DType::bf16, Pass::forward, 128, 128, true, 121.1, 81.5, 83.5},
-    {DType::bf16, Pass::backward, 128, 128, true, 64.0, 50.7, 61.4},
-    {DType::bf16, Pass::forward, 128, 256, false, 419.4, 241.0, 277.7},
-    {DType::bf16, Pass::backward, 128, 256, false, 230.8, 150.8, 209.6},
-    {DType::bf16, Pass::forward, 128, 256, true, 234.6, 130.2, 151.4},
-    {DType::bf16, Pass::backward, 128, 256, true, 126.6, 89.2, 115.1},
-    {DType::bf16, Pass::forward, 256, 128, false, 238.6, 124.3, 208.3},
-    {DType::bf16, Pass::backward, 256, 128, false, 122.3, 52.1, 113.1},
-    {DType::bf16, Pass::forward, 256, 128, true, 118.4, 71.3, 104.7},
-    {DType::bf16, Pass::backward, 256, 128, true, 62.5, 31.8, 61.6},
-    {DType::bf16, Pass::forward, 256, 256, false, 401.2, 156.9, 326.6},
-    {DType::bf16, Pass::backward, 256, 256, false, 183.1, 63.0, 179.9},
-    {DType::bf16, Pass::forward, 256, 256, true, 226.3, 105.4, 190.0},
-    {DType::bf16, Pass::backward, 256, 256, true, 111.4, 45.4, 111.1},
     {DType::f16, Pass::forward, 64, 128, false, 237.2, 142.0, 120.3},
     {DType::f16, Pass::backward, 64, 128, false, 116.3, 95.3, 97.0},
     {DType::f16, Pass::forward, 64, 128, true, 108.6, 66.5, 56.0},
@@ -306,6 +282,30 @@ inline constexpr TablePoint kSelectionPoints[] = {
     {DType::f16, Pass::backward, 256, 256, false, 179.2, 62.4, 178.4},
     {DType::f16, Pass::forward, 256, 256, true, 226.8, 104.8, 188.5},
     {DType::f16, Pass::backward, 256, 256, true, 110.2, 45.1, 110.2},
+    {DType::bf16, Pass::forward, 64, 128, false, 237.7, 141.8, 172.1},
+    {DType::bf16, Pass::backward, 64, 128, false, 116.8, 95.0, 96.8},
+    {DType::bf16, Pass::forward, 64, 128, true, 108.5, 66.7, 76.6},
+    {DType::bf16, Pass::backward, 64, 128, true, 55.5, 46.7, 48.1},
+    {DType::bf16, Pass::forward, 64, 256, false, 324.8, 206.3, 227.9},
+    {DType::bf16, Pass::backward, 64, 256, false, 196.9, 139.7, 158.9},
+    {DType::bf16, Pass::forward, 64, 256, true, 180.1, 105.7, 122.8},
+    {DType::bf16, Pass::backward, 64, 256, true, 102.7, 83.2, 88.3},
+    {DType::bf16, Pass::forward, 128, 128, false, 245.8, 171.5, 229.0},
+    {DType::bf16, Pass::backward, 128, 128, false, 128.7, 99.8, 122.1},
+    {DType::bf16, Pass::forward, 128, 128, true, 121.2, 81.5, 105.6},
+    {DType::bf16, Pass::backward, 128, 128, true, 63.8, 50.2, 60.9},
+    {DType::bf16, Pass::forward, 128, 256, false, 432.4, 239.8, 307.3},
+    {DType::bf16, Pass::backward, 128, 256, false, 229.4, 149.5, 207.4},
+    {DType::bf16, Pass::forward, 128, 256, true, 236.2, 129.1, 166.6},
+    {DType::bf16, Pass::backward, 128, 256, true, 125.3, 88.6, 114.1},
+    {DType::bf16, Pass::forward, 256, 128, false, 238.9, 122.9, 207.3},
+    {DType::bf16, Pass::backward, 256, 128, false, 121.5, 51.9, 112.4},
+    {DType::bf16, Pass::forward, 256, 128, true, 119.0, 70.7, 104.1},
+    {DType::bf16, Pass::backward, 256, 128, true, 62.2, 31.5, 61.4},
+    {DType::bf16, Pass::forward, 256, 256, false, 404.1, 155.5, 326.1},
+    {DType::bf16, Pass::backward, 256, 256, false, 180.1, 62.6, 178.6},
+    {DType::bf16, Pass::forward, 256, 256, true, 226.8, 104.8, 188.8},
+    {DType::bf16, Pass::backward, 256, 256, true, 110.4, 45.0, 110.4},
 };
 inline constexpr std::span<const TablePoint> kSelectionTable{kSelectionPoints};
 
