@@ -2383,7 +2383,8 @@ TEST(AttentionFa3Gpu, DefaultPlanFollowsTheTable) {
 }
 
 // The ranked-ahead entry's other instances, under tables that make fa3 the pick: the persistent
-// one for short sequences (d64 / d128, both masks) and the packed one for a chunk in a group of 1
+// one for short sequences (d64 / d128, both masks, up to L512 where fa3_persists takes it) and the
+// packed one for a chunk in a group of 1
 // against a long cache; bit for bit the instance pinned by name (whose own tests check it against
 // the float64 reference: PersistentMatchesReference, the packed suites).
 TEST(AttentionFa3Gpu, DefaultPlanLaunchesTheRankedInstance) {
@@ -2398,6 +2399,12 @@ TEST(AttentionFa3Gpu, DefaultPlanLaunchesTheRankedInstance) {
       {{DType::f16, 4, 8, 2, 256, 256, 64, Mask::causal_top_left(), true, false},
        kFa3PersistentKernel},
       {{DType::bf16, 2, 4, 4, 200, 150, 128, Mask::causal_bottom_right(), false, true},
+       kFa3PersistentKernel},
+      {{DType::bf16, 2, 4, 2, kFa3PersistentMaxLenFewTiles, kFa3PersistentMaxLenFewTiles, 64,
+        Mask::none(), false, false},
+       kFa3PersistentKernel},
+      {{DType::f16, 1, 4, 4, 300, kFa3PersistentMaxLenFewTiles, 128, Mask::causal_bottom_right(),
+        false, false},
        kFa3PersistentKernel},
       {{DType::bf16, 1, 4, 4, 32, kFa3PackedLongCacheKeys, 128, Mask::causal_bottom_right(), false,
         false},
