@@ -706,13 +706,12 @@ TEST(AttentionCudnnRules, ShippedTableIsWellFormed) {
 }
 
 // The short points (L 128 / 256, H200: 16k tokens as 128 / 64 sequences, hidden 2048; bf16 at
-// e7593d2, f16 at 6070077): cuDNN led both passes at all 24 of each dtype (f16's d256 L256 causal
-// backward a tie, which keeps cuDNN), e.g. the bf16 backward at d128 L256 causal 125.3 TFLOP/s
-// against fa3's 114.1, where the L512 point (fa3 172.2 against 171.3) had picked fa3 (372.8 us
-// against cuDNN's 339.3 at a96ede0). Without cuDNN fa3 everywhere: its forward column is the
-// persistent variant's since e7593d2 (fa3_persists; bf16 d64 L128 172.1 TFLOP/s against the
-// family's 141.8), and f16's d64 forward, measured with the plain one (120.3 against 142.0), keeps
-// the family's kernels.
+// e7593d2, f16 at d0bff76): cuDNN led both passes at all 24 of each dtype, e.g. the bf16 backward
+// at d128 L256 causal 125.3 TFLOP/s against fa3's 114.1, where the L512 point (fa3 172.2 against
+// 171.3) had picked fa3 (372.8 us against cuDNN's 339.3 at a96ede0). Without cuDNN fa3 at every
+// point: its forward column is the persistent variant's since e7593d2 (fa3_persists; d64 L128
+// bf16 172.1 TFLOP/s, f16 170.9, against the family's 141.8 / 142.5, which led the plain
+// instance's 122.6 / 120.3 at a96ede0 / 6070077).
 TEST(AttentionCudnnRules, ShippedTableShortPoints) {
   for (DType t : {DType::bf16, DType::f16})
     for (int64_t d : {64, 128, 256})
@@ -725,9 +724,7 @@ TEST(AttentionCudnnRules, ShippedTableShortPoints) {
                        (causal ? " causal" : ""));
           for (Pass pass : {Pass::forward, Pass::backward}) {
             EXPECT_EQ(preferred_candidate(p, pass, true), Candidate::cudnn);
-            EXPECT_EQ(preferred_candidate(p, pass, true, false),
-                      t == DType::f16 && pass == Pass::forward && d == 64 ? Candidate::bespoke
-                                                                          : Candidate::fa3);
+            EXPECT_EQ(preferred_candidate(p, pass, true, false), Candidate::fa3);
             EXPECT_EQ(preferred_candidate(p, pass, false, false), Candidate::bespoke);
           }
         }

@@ -11,15 +11,15 @@
 namespace baracuda::attention_hopper::detail {
 
 inline constexpr std::string_view kSelectionProvenance =
-    "short Lq = Lk points: NVIDIA H200, cuDNN 9.19.0, 2026-11-30, commit e7593d2, bench_attention "
-    "(TFLOP/s, median of CUDA-event timings); Lq = Lk points: NVIDIA H100 80GB HBM3, cuDNN 9.19.0, "
-    "2026-11-26, commit 4befacd, bench_attention (TFLOP/s, median of CUDA-event timings); chunk "
-    "points: NVIDIA H200, cuDNN 9.19.0, 2026-11-30, commit fa3a567, bench_attention (TFLOP/s, "
-    "median of CUDA-event timings); f16 Lq = Lk points: NVIDIA H200, cuDNN 9.19.0, 2026-11-30, "
-    "commit d6a3b03, bench_attention (TFLOP/s, median of CUDA-event timings); f16 short Lq = Lk "
-    "points: NVIDIA H200, cuDNN 9.19.0, 2026-11-30, commit 6070077, bench_attention (TFLOP/s, "
-    "median of CUDA-event timings); f16 chunk points: NVIDIA H200, cuDNN 9.19.0, 2026-11-30, "
-    "commit 95651e0, bench_attention (TFLOP/s, median of CUDA-event timings)";
+    "f16 short Lq = Lk points: NVIDIA H200, cuDNN 9.19.0, 2026-11-30, commit d0bff76, "
+    "bench_attention (TFLOP/s, median of CUDA-event timings); Lq = Lk points: NVIDIA H100 80GB "
+    "HBM3, cuDNN 9.19.0, 2026-11-26, commit 4befacd, bench_attention (TFLOP/s, median of "
+    "CUDA-event timings); short Lq = Lk points: NVIDIA H200, cuDNN 9.19.0, 2026-11-30, commit "
+    "e7593d2, bench_attention (TFLOP/s, median of CUDA-event timings); chunk points: NVIDIA H200, "
+    "cuDNN 9.19.0, 2026-11-30, commit fa3a567, bench_attention (TFLOP/s, median of CUDA-event "
+    "timings); f16 Lq = Lk points: NVIDIA H200, cuDNN 9.19.0, 2026-11-30, commit d6a3b03, "
+    "bench_attention (TFLOP/s, median of CUDA-event timings); f16 chunk points: NVIDIA H200, cuDNN "
+    "9.19.0, 2026-11-30, commit 95651e0, bench_attention (TFLOP/s, median of CUDA-event timings)";
 
 // dtype, pass, head dim, L (= Lq = Lk; chunk points: Lk), causal, cuDNN, bespoke, fa3 TFLOP/s
 // (0: not run)[, chunk points: Lq]
@@ -258,30 +258,6 @@ inline constexpr TablePoint kSelectionPoints[] = {
     {DType::f16, Pass::backward, 256, 16384, false, 348.6, 78.7, 384.8},
     {DType::f16, Pass::forward, 256, 16384, true, 625.8, 230.6, 674.5},
     {DType::f16, Pass::backward, 256, 16384, true, 361.5, 81.0, 388.0},
-    {DType::f16, Pass::forward, 64, 128, false, 237.2, 142.0, 120.3},
-    {DType::f16, Pass::backward, 64, 128, false, 116.3, 95.3, 97.0},
-    {DType::f16, Pass::forward, 64, 128, true, 108.6, 66.5, 56.0},
-    {DType::f16, Pass::backward, 64, 128, true, 55.5, 46.7, 48.1},
-    {DType::f16, Pass::forward, 64, 256, false, 324.4, 206.0, 185.1},
-    {DType::f16, Pass::backward, 64, 256, false, 196.2, 139.8, 159.0},
-    {DType::f16, Pass::forward, 64, 256, true, 180.3, 106.1, 100.7},
-    {DType::f16, Pass::backward, 64, 256, true, 102.7, 83.3, 88.1},
-    {DType::f16, Pass::forward, 128, 128, false, 244.9, 170.6, 174.5},
-    {DType::f16, Pass::backward, 128, 128, false, 128.7, 99.7, 122.1},
-    {DType::f16, Pass::forward, 128, 128, true, 121.6, 81.3, 82.4},
-    {DType::f16, Pass::backward, 128, 128, true, 63.6, 50.0, 60.9},
-    {DType::f16, Pass::forward, 128, 256, false, 427.3, 240.0, 274.8},
-    {DType::f16, Pass::backward, 128, 256, false, 229.6, 149.7, 207.7},
-    {DType::f16, Pass::forward, 128, 256, true, 235.5, 129.6, 149.3},
-    {DType::f16, Pass::backward, 128, 256, true, 125.3, 88.6, 114.2},
-    {DType::f16, Pass::forward, 256, 128, false, 238.6, 123.8, 207.4},
-    {DType::f16, Pass::backward, 256, 128, false, 121.3, 51.7, 112.4},
-    {DType::f16, Pass::forward, 256, 128, true, 118.5, 70.6, 104.7},
-    {DType::f16, Pass::backward, 256, 128, true, 62.1, 31.5, 61.2},
-    {DType::f16, Pass::forward, 256, 256, false, 400.4, 155.5, 324.5},
-    {DType::f16, Pass::backward, 256, 256, false, 179.2, 62.4, 178.4},
-    {DType::f16, Pass::forward, 256, 256, true, 226.8, 104.8, 188.5},
-    {DType::f16, Pass::backward, 256, 256, true, 110.2, 45.1, 110.2},
     {DType::bf16, Pass::forward, 64, 128, false, 237.7, 141.8, 172.1},
     {DType::bf16, Pass::backward, 64, 128, false, 116.8, 95.0, 96.8},
     {DType::bf16, Pass::forward, 64, 128, true, 108.5, 66.7, 76.6},
@@ -306,6 +282,30 @@ inline constexpr TablePoint kSelectionPoints[] = {
     {DType::bf16, Pass::backward, 256, 256, false, 180.1, 62.6, 178.6},
     {DType::bf16, Pass::forward, 256, 256, true, 226.8, 104.8, 188.8},
     {DType::bf16, Pass::backward, 256, 256, true, 110.4, 45.0, 110.4},
+    {DType::f16, Pass::forward, 64, 128, false, 236.6, 142.5, 170.9},
+    {DType::f16, Pass::backward, 64, 128, false, 116.9, 95.3, 97.5},
+    {DType::f16, Pass::forward, 64, 128, true, 108.9, 67.4, 76.5},
+    {DType::f16, Pass::backward, 64, 128, true, 55.9, 47.0, 48.4},
+    {DType::f16, Pass::forward, 64, 256, false, 325.9, 208.4, 228.0},
+    {DType::f16, Pass::backward, 64, 256, false, 199.2, 140.7, 160.3},
+    {DType::f16, Pass::forward, 64, 256, true, 181.8, 106.6, 122.7},
+    {DType::f16, Pass::backward, 64, 256, true, 103.7, 83.7, 89.0},
+    {DType::f16, Pass::forward, 128, 128, false, 243.7, 171.9, 227.6},
+    {DType::f16, Pass::backward, 128, 128, false, 129.3, 100.4, 123.2},
+    {DType::f16, Pass::forward, 128, 128, true, 120.8, 81.8, 105.4},
+    {DType::f16, Pass::backward, 128, 128, true, 63.9, 50.4, 61.3},
+    {DType::f16, Pass::forward, 128, 256, false, 419.1, 241.2, 304.0},
+    {DType::f16, Pass::backward, 128, 256, false, 230.6, 150.8, 209.5},
+    {DType::f16, Pass::forward, 128, 256, true, 234.6, 129.9, 165.2},
+    {DType::f16, Pass::backward, 128, 256, true, 126.0, 88.9, 114.8},
+    {DType::f16, Pass::forward, 256, 128, false, 235.4, 124.4, 209.0},
+    {DType::f16, Pass::backward, 256, 128, false, 122.2, 52.2, 112.8},
+    {DType::f16, Pass::forward, 256, 128, true, 117.5, 71.2, 104.8},
+    {DType::f16, Pass::backward, 256, 128, true, 62.4, 31.8, 61.5},
+    {DType::f16, Pass::forward, 256, 256, false, 398.9, 156.8, 327.0},
+    {DType::f16, Pass::backward, 256, 256, false, 182.9, 63.1, 179.7},
+    {DType::f16, Pass::forward, 256, 256, true, 225.0, 105.5, 189.7},
+    {DType::f16, Pass::backward, 256, 256, true, 111.2, 45.4, 110.8},
 };
 inline constexpr std::span<const TablePoint> kSelectionTable{kSelectionPoints};
 
