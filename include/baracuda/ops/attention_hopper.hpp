@@ -131,12 +131,21 @@ std::string_view selection_table_provenance();  // device, date, commit of the m
 // same dtype, pass and causality (head dim first, then log-distance in max(Lq, Lk)), and there the
 // largest TFLOP/s among cuDNN, the bespoke kernel and (where `fa3_runs`: the pass's fa3 kernel
 // fits this problem on this device, and where Lq is within 2x of the point's L: the column was
-// measured with Lq = Lk, so decode-like problems never go to fa3 on its strength) fa3; ties go to
-// cuDNN, then bespoke. Candidate::cudnn when the
+// measured with Lq = Lk, so decode-like problems never go to fa3 on its strength) fa3; a column
+// displaces the one before it (cuDNN, then bespoke, then fa3) only when it leads by more than
+// kTableLeadMargin, so ties go to cuDNN, then bespoke. Candidate::cudnn when the
 // table has no point for the dtype/pass (the fastest peer measured through PyTorch). Problems
 // cuDNN is not given (cudnn_screen: varlen, soft-capping, ...) rank bespoke and fa3 only (varlen:
 // at the point of the longest sequence), and default to bespoke.
 // `cudnn_built` false: rank as if cuDNN were not built (see candidate_here).
+// A lead the table's run-to-run spread covers is not a lead (the card runs at its power cap, and
+// one kernel's rate moves 1-3% between rounds of a call). The bf16 Lq = Lk points' backward at
+// d128 L512 causal had fa3 at 172.2 TFLOP/s against cuDNN's 171.3 (H100, 4befacd): on the H200
+// (forty-ninth session's call 3) the default plan's fa3 took 442.7 us where PyTorch's cuDNN took
+// 403.4 (0.91x). A 1% margin moves that point and three others whose lead was under it (chunk
+// points d128 Lq 1024 / 4096 keys, 0.4%, and Lq 4096 / 16384 keys, 0.6%; f16 d256 L2048 backward,
+// 0.5%) to cuDNN.
+inline constexpr double kTableLeadMargin = 0.01;
 Candidate preferred_candidate(std::span<const TablePoint> table, const attention::Problem& p,
                               Pass pass, bool fa3_runs, bool cudnn_built = true);
 // The same over selection_table().

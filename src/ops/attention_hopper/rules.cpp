@@ -243,12 +243,17 @@ Candidate preferred_candidate(std::span<const TablePoint> table, const attention
     return std::abs(std::log2(static_cast<double>(std::max<int64_t>(1, a))) -
                     std::log2(static_cast<double>(std::max<int64_t>(1, b))));
   };
-  // Strictly faster to displace cuDNN (then bespoke, then fa3): a tie keeps the incumbent.
+  // Faster by more than kTableLeadMargin to displace cuDNN (then bespoke, then fa3): a tie, or a
+  // lead within the runs' spread, keeps the incumbent.
+  auto leads = [](double tflops, double incumbent) {
+    return tflops > incumbent * (1.0 + kTableLeadMargin);
+  };
   auto fastest = [&](const TablePoint& t, bool fa3_ok) {
     Candidate pick = Candidate::cudnn;
     double tf = t.cudnn_tflops;
-    if (!cudnn_runs || t.bespoke_tflops > tf) pick = Candidate::bespoke, tf = t.bespoke_tflops;
-    if (fa3_ok && t.fa3_tflops > tf) pick = Candidate::fa3;
+    if (!cudnn_runs || leads(t.bespoke_tflops, tf))
+      pick = Candidate::bespoke, tf = t.bespoke_tflops;
+    if (fa3_ok && leads(t.fa3_tflops, tf)) pick = Candidate::fa3;
     return pick;
   };
   // The point of this dtype, pass and causality (chunk points or Lq = Lk ones) of least cost.
@@ -301,7 +306,7 @@ Candidate preferred_candidate(std::span<const TablePoint> table, const attention
                       (pick == Candidate::bespoke &&
                        d.len_q >= fa3_chunk_rows_over_bespoke(d.head_dim_qk, d.len_k)));
   const bool fa3_like = gap(best->len, d.len_q) <= 1.0 || chunk;
-  if (fa3_runs && fa3_like && best->fa3_tflops > tf) pick = Candidate::fa3;
+  if (fa3_runs && fa3_like && leads(best->fa3_tflops, tf)) pick = Candidate::fa3;
   return pick;
 }
 
