@@ -2376,6 +2376,19 @@ void expect_same_bits_as_pinned_fa3(const Case& c, const Descriptor& desc,
   EXPECT_TRUE(harness::bytes_equal(out[1], out[3], "lse: ranked-ahead vs pinned"));
 }
 
+// Under `table`, the default plan for `c` is fa3's ranked-ahead entry, deterministic, and bit for
+// bit the instance it stands for.
+void expect_default_is_ranked_ahead(const Case& c, std::span<const TablePoint> table) {
+  const Stream& gs = harness::stream_for(Target::cuda);
+  const Descriptor desc = desc_of(c, c.t);
+  const SelectionTableOverride o{table};
+  auto def = attention::ForwardPlan::select(gs, desc);
+  BARACUDA_ASSERT_OK(def);
+  EXPECT_EQ(def->sku().name, kFa3RankedAhead);
+  EXPECT_TRUE(def->precision_guarantee().deterministic);
+  expect_same_bits_as_pinned_fa3(c, desc, *def);
+}
+
 // The default plan under tables that make each candidate fastest: fa3's ranked-ahead entry where
 // fa3 wins (and it is the plain kernel: bit-identical to the pinned one), cuDNN or the family's
 // kernel elsewhere, and the table's cuDNN/bespoke choice where fa3 cannot run (D = 96).
@@ -2388,13 +2401,9 @@ TEST(AttentionFa3Gpu, DefaultPlanFollowsTheTable) {
     return TablePoint{DType::bf16, Pass::forward, 128, 512, true, cudnn, bespoke, fa3};
   };
   const TablePoint fa3_wins[] = {table_for(1, 1, 2)};
+  expect_default_is_ranked_ahead(c, fa3_wins);
   {
     const SelectionTableOverride o{fa3_wins};
-    auto def = attention::ForwardPlan::select(gs, desc);
-    BARACUDA_ASSERT_OK(def);
-    EXPECT_EQ(def->sku().name, kFa3RankedAhead);
-    EXPECT_TRUE(def->precision_guarantee().deterministic);
-    expect_same_bits_as_pinned_fa3(c, desc, *def);
     // D = 96: fa3 cannot run, so the table's cuDNN/bespoke columns decide (a tie: cuDNN).
     const Descriptor d96 = make_desc(c.t, c.b, c.hq, c.hk, c.lq, c.lk, 96, c.mask);
     auto other = attention::ForwardPlan::select(gs, d96);
@@ -2415,7 +2424,6 @@ TEST(AttentionFa3Gpu, DefaultPlanFollowsTheTable) {
 // the float64 reference: PersistentMatchesReference, the packed suites).
 TEST(AttentionFa3Gpu, DefaultPlanLaunchesTheRankedInstance) {
   FA3_SKIP_UNLESS_RUNNABLE();
-  const Stream& gs = harness::stream_for(Target::cuda);
   struct Route {
     Case c;
     std::string_view instance;
@@ -2442,18 +2450,12 @@ TEST(AttentionFa3Gpu, DefaultPlanLaunchesTheRankedInstance) {
     const Case& c = r.c;
     SCOPED_TRACE(std::string(r.instance) + " lq=" + std::to_string(c.lq) +
                  " lk=" + std::to_string(c.lk) + " d=" + std::to_string(c.d));
-    const Descriptor desc = desc_of(c, c.t);
-    EXPECT_EQ(fa3_ranked_forward_kernel(problem_of(desc)), r.instance);
+    EXPECT_EQ(fa3_ranked_forward_kernel(problem_of(desc_of(c, c.t))), r.instance);
     // fa3 ahead of cuDNN and the family's kernels at the nearest point of the problem's kind.
     const bool causal = c.mask.right == 0;
     const TablePoint fa3_wins[] = {
         {c.t, Pass::forward, c.d, std::max(c.lq, c.lk), causal, 1, 2, 3}};
-    const SelectionTableOverride o{fa3_wins};
-    auto def = attention::ForwardPlan::select(gs, desc);
-    BARACUDA_ASSERT_OK(def);
-    EXPECT_EQ(def->sku().name, kFa3RankedAhead);
-    EXPECT_TRUE(def->precision_guarantee().deterministic);
-    expect_same_bits_as_pinned_fa3(c, desc, *def);
+    expect_default_is_ranked_ahead(c, fa3_wins);
   }
 }
 
