@@ -265,8 +265,9 @@ bool fa3_packs(const attention::Problem& p);
 // against a long cache, its packed instance (the key split alone) ran faster than the plain one
 // by name (4 sequences x 32 heads, 16384 keys, causal bottom-right, H200, forty-eighth session's
 // call 4): d128 Lq 17 / 32 / 64 253.5 / 256.0 / 257.9 us against 269.3 / 282.6 / 275.7, d64 Lq 64
-// 171.5 against 179.4 (d64 takes fa3 from Lq 64 there: fa3_chunk_rows_over_bespoke). At 4096 keys
-// the two were within 2%.
+// 171.5 against 179.4 (d64 takes fa3 from Lq 64 there: fa3_chunk_rows_over_bespoke); as the
+// default plan's instance (forty-ninth session's call 1) 252.7 / 253.6 / 253.8 against 267.4 /
+// 266.1 / 276.9. At 4096 keys the two were within 2%.
 inline constexpr int64_t kFa3PackedUngroupedMaxRows = 64;
 bool fa3_packs_ungrouped(const attention::Problem& p);
 // Short sequences, where fa3 is the pick: its persistent variant (one CTA an SM looping over the
