@@ -10,7 +10,8 @@ benches) or carrying no note (the family benches' own rows); every other row of 
 is a candidate (a kernel forced by name, a backend, an A/B variant). Per op it prints the number of
 cases, the median and the largest default / fastest ratio, the cases past --over with the row that
 beat the default, and, where peers.py timed the case, the fastest peer's time over the default's
-(> 1: ours is faster)."""
+(> 1: ours is faster), with the cases where a peer beat the default by more than --over listed
+too ("peer" lines)."""
 import argparse
 import json
 import statistics
@@ -78,6 +79,11 @@ def summarize(ours, peers, over):
             lines.append(f"  {ratio:.3f} {name} {dtype}: default {default[2]} "
                          f"{default[1] * 1e3:.1f} us, fastest {fastest[3]} ({fastest[2]}) "
                          f"{fastest[1] * 1e3:.1f} us")
+        behind = [i for i in items if i[5] is not None and i[5] * over < 1.0]
+        for _, name, dtype, default, _, vs, peer_name in sorted(behind, key=lambda i: i[5]):
+            lines.append(f"  peer {vs:.3f} {name} {dtype}: default {default[2]} "
+                         f"{default[1] * 1e3:.1f} us, fastest peer {peer_name} "
+                         f"{vs * default[1] * 1e3:.1f} us")
     return lines
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """default_vs_fastest.py on made-up rows: the default row is the "default plan" or un-noted one,
 the ratio is against the fastest row of the same case (op, name, dtype), cases past --over are
-listed with the row that beat the default, and the fastest peer's time is over the default's.
+listed with the row that beat the default, the fastest peer's time is over the default's, and the
+cases a peer won by more than --over are listed.
 Run by ctest (default_vs_fastest)."""
 import os
 import sys
@@ -39,6 +40,12 @@ check(lines[1].startswith("  1.333 b f16: default x 4000.0 us, fastest bespoke (
       "the worst case first: " + lines[1])
 check(lines[2].startswith("  1.250 a bf16: default fa3") and "fa3 packed by name" in lines[2],
       "then the next: " + lines[2])
-check(len(lines) == 3, "b bf16 (the default is the fastest) is not listed: %s" % lines)
+# b f16: the peer's 3.6 us beat the default's 4.0 by more than --over; b bf16's peer did not.
+check(lines[3] == "  peer 0.900 b f16: default x 4000.0 us, fastest peer f16 only 3600.0 us",
+      "the case a peer won: %s" % lines[3:])
+check(len(lines) == 4, "b bf16 (the default is the fastest, ahead of its peer) is not listed: %s"
+      % lines)
+check(len(summarize(ours, peers, 1.5)) == 1, "within --over 1.5 nothing listed: %s"
+      % summarize(ours, peers, 1.5))
 check(summarize([row("a", 1.0, "bespoke")], [], 1.02) == [], "no default rows: no lines")
 print("default_vs_fastest_test: ok")
