@@ -267,7 +267,8 @@ bool fa3_packs(const attention::Problem& p);
 // call 4): d128 Lq 17 / 32 / 64 253.5 / 256.0 / 257.9 us against 269.3 / 282.6 / 275.7, d64 Lq 64
 // 171.5 against 179.4 (d64 takes fa3 from Lq 64 there: fa3_chunk_rows_over_bespoke); as the
 // default plan's instance (forty-ninth session's call 1) 252.7 / 253.6 / 253.8 against 267.4 /
-// 266.1 / 276.9. At 4096 keys the two were within 2%.
+// 266.1 / 276.9. At 4096 keys the two were within 2%. Padded problems without key counts or
+// pages, as measured.
 inline constexpr int64_t kFa3PackedUngroupedMaxRows = 64;
 bool fa3_packs_ungrouped(const attention::Problem& p);
 // Short sequences, where fa3 is the pick: its persistent variant (one CTA an SM looping over the
@@ -324,7 +325,7 @@ inline constexpr std::string_view kFa3PackedKernel = "fa3_fwd_sm90a_packed";
 inline constexpr std::string_view kFa3PackedPagedKernel = "fa3_fwd_sm90a_packed_paged";
 inline constexpr std::string_view kFa3RankedAhead = "fa3_fwd_sm90a_ranked_ahead";
 // The instance kFa3RankedAhead launches for a problem, as the name that pins it: the packed ones
-// where fa3_packs (unpaged: fa3_packs_ungrouped too), the persistent one where fa3_persists, else
+// where fa3_packs (and fa3_packs_ungrouped), the persistent one where fa3_persists, else
 // the paged, counts or plain one. Bit for bit the same outputs; the bench's fa3 column times it.
 std::string_view fa3_ranked_forward_kernel(const attention::Problem& p);
 // The fp8 forward (issue 8's stretch): e4m3 Q, K, V with per-tensor descales, Y in bf16 or f16,

@@ -542,12 +542,12 @@ TEST(AttentionCudnnRules, ShortGqaChunksGoToFa3Packed) {
 }
 
 // The instance fa3's ranked-ahead entry launches (fa3_ranked_forward_kernel): packed where
-// fa3_packs, and for chunks of 17..kFa3PackedUngroupedMaxRows rows in groups of 1 against caches of
-// kFa3PackedLongCacheKeys or more (unpaged, d64 / d128); persistent for padded sequences of at most
-// kFa3PersistentMaxLen queries and keys, kFa3PersistentMaxLenFewTiles at d64 or causal (d64 /
-// d128, no pages, key counts or varlen); else the
-// paged, counts or plain instance. The rule picks an instance only: whether fa3 runs at all is the
-// table's (candidate_here).
+// fa3_packs, and for chunks of 17..kFa3PackedUngroupedMaxRows rows in groups of 1 against caches
+// of kFa3PackedLongCacheKeys or more (padded, no counts or pages, d64 / d128); persistent for
+// padded sequences of at most kFa3PersistentMaxLen queries and keys, kFa3PersistentMaxLenFewTiles
+// at d64 or causal (d64 / d128, no pages, key counts or varlen); else the paged, counts or plain
+// instance. The rule picks an instance only: whether fa3 runs at all is the table's
+// (candidate_here).
 TEST(AttentionCudnnRules, RankedAheadInstanceByShape) {
   auto problem = [](int64_t hq, int64_t hk, int64_t lq, int64_t lk, int64_t d = 128,
                     DType t = DType::bf16) {
@@ -564,6 +564,12 @@ TEST(AttentionCudnnRules, RankedAheadInstanceByShape) {
   EXPECT_FALSE(fa3_packs_ungrouped(problem(32, 8, 32, long_cache)));        // group 4
   EXPECT_FALSE(fa3_packs_ungrouped(problem(32, 32, 32, long_cache, 256)));  // not measured
   EXPECT_FALSE(fa3_packs_ungrouped(problem(32, 32, 32, long_cache, 128, DType::f32)));
+  for (int what = 0; what < 2; ++what) {  // key counts, packed sequences: not measured
+    Descriptor other = make_desc(DType::bf16, 4, 32, 32, 32, long_cache, 128);
+    if (what == 0) other.seqused_k = true;
+    if (what == 1) other.varlen = true, other.total_q = 4 * 32, other.total_k = 4 * long_cache;
+    EXPECT_FALSE(fa3_packs_ungrouped(problem_of(other))) << what;
+  }
   // Short sequences.
   const int64_t short_len = kFa3PersistentMaxLen;
   EXPECT_TRUE(fa3_persists(problem(16, 16, short_len, short_len)));

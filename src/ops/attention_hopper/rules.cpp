@@ -175,8 +175,8 @@ bool fa3_packs_ungrouped(const attention::Problem& p) {
   const attention::Descriptor& d = p.desc;
   return p.group == 1 && (d.dtype == DType::bf16 || d.dtype == DType::f16) &&
          d.head_dim_qk == d.head_dim_v && (d.head_dim_qk == 64 || d.head_dim_qk == 128) &&
-         d.len_q > kDecodeQueryRows && d.len_q <= kFa3PackedUngroupedMaxRows &&
-         d.len_k >= kFa3PackedLongCacheKeys;
+         !d.varlen && !d.seqused_k && d.page_size == 0 && d.len_q > kDecodeQueryRows &&
+         d.len_q <= kFa3PackedUngroupedMaxRows && d.len_k >= kFa3PackedLongCacheKeys;
 }
 
 bool fa3_persists(const attention::Problem& p) {
@@ -192,7 +192,7 @@ bool fa3_persists(const attention::Problem& p) {
 std::string_view fa3_ranked_forward_kernel(const attention::Problem& p) {
   const bool paged = p.desc.page_size > 0;
   if (fa3_packs(p)) return paged ? kFa3PackedPagedKernel : kFa3PackedKernel;
-  if (!paged && fa3_packs_ungrouped(p)) return kFa3PackedKernel;
+  if (fa3_packs_ungrouped(p)) return kFa3PackedKernel;  // never paged
   if (fa3_persists(p)) return kFa3PersistentKernel;
   return paged ? kFa3PagedKernel : p.desc.seqused_k ? kFa3CountsKernel : kFa3Kernel;
 }
