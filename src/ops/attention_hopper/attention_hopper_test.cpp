@@ -826,10 +826,12 @@ TEST(AttentionCudnnRules, ShippedTablePicksFa3WhereItWasFastest) {
   // to fa3_packed_chunk_rows (fa3_packs; from Lq 8, where the group of 4 fills
   // kFa3PackedDecodeRows of a tile), then the shipped chunk points' pick (H200, fa3a567,
   // TFLOP/s): against 4096 keys fa3 at Lq 256 and 512 (617.0 / 621.5 against cuDNN's 600.6 /
-  // 611.2), cuDNN at 2048 (629.5 against 628.5); against 16384 keys cuDNN at 512 (674.1 against
-  // 665.0), fa3 at 2048 (659.0 against 597.4). With key counts (caches of twice the keys, cuDNN
-  // takes none): fa3 from Lq 8 on (the packed instance up to its rows, then plain fa3 at
-  // 1.6-2.6x the family's kernels at the points), the family's decode kernels below.
+  // 611.2), cuDNN at 1024 (622.4 against 619.8: a lead within kTableLeadMargin) and 2048 (629.5
+  // against 628.5); against 16384 keys cuDNN at 512 (674.1 against 665.0), fa3 at 2048 (659.0
+  // against 597.4), cuDNN at 4096 (606.9 against 603.3, within the margin). With key counts (caches
+  // of twice the keys, cuDNN takes none): fa3 from Lq 8 on (the packed instance up to its rows,
+  // then plain fa3 at 1.6-2.6x the family's kernels at the points), the family's decode kernels
+  // below.
   struct ChunkPick {
     int64_t lq, lk;
     Candidate padded;
@@ -841,10 +843,12 @@ TEST(AttentionCudnnRules, ShippedTablePicksFa3WhereItWasFastest) {
                               {128, 4096, Candidate::fa3},
                               {256, 4096, Candidate::fa3},
                               {512, 4096, Candidate::fa3},
+                              {1024, 4096, Candidate::cudnn},  // fa3's 0.4%: kTableLeadMargin
                               {2048, 4096, Candidate::cudnn},
                               {256, 16384, Candidate::fa3},
                               {512, 16384, Candidate::cudnn},
-                              {2048, 16384, Candidate::fa3}};
+                              {2048, 16384, Candidate::fa3},
+                              {4096, 16384, Candidate::cudnn}};  // fa3's 0.6%
   for (const ChunkPick& c : chunks) {
     SCOPED_TRACE("chunk Lq " + std::to_string(c.lq) + " Lk " + std::to_string(c.lk));
     Descriptor chunk =
