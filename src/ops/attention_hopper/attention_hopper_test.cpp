@@ -2400,8 +2400,8 @@ void expect_default_is_ranked_ahead(const Case& c, std::span<const TablePoint> t
 }
 
 // The default plan under tables that make each candidate fastest: fa3's ranked-ahead entry where
-// fa3 wins (and it is the plain kernel: bit-identical to the pinned one), cuDNN or the family's
-// kernel elsewhere, and the table's cuDNN/bespoke choice where fa3 cannot run (D = 96).
+// fa3 wins (bit-identical to the instance it stands for, here the persistent one), cuDNN or the
+// family's kernel elsewhere, and the table's cuDNN/bespoke choice where fa3 cannot run (D = 96).
 TEST(AttentionFa3Gpu, DefaultPlanFollowsTheTable) {
   FA3_SKIP_UNLESS_RUNNABLE();
   const Stream& gs = harness::stream_for(Target::cuda);
@@ -2429,9 +2429,9 @@ TEST(AttentionFa3Gpu, DefaultPlanFollowsTheTable) {
 
 // The ranked-ahead entry's other instances, under tables that make fa3 the pick: the persistent
 // one for short sequences (d64 / d128, both masks, up to L512 where fa3_persists takes it) and the
-// packed one for a chunk in a group of 1
-// against a long cache; bit for bit the instance pinned by name (whose own tests check it against
-// the float64 reference: PersistentMatchesReference, the packed suites).
+// packed one for a chunk in a group of 1 against a long cache, the plain one past those shapes;
+// bit for bit the instance pinned by name (whose own tests check it against the float64
+// reference: PersistentMatchesReference, the packed suites, ForwardMatchesReference).
 TEST(AttentionFa3Gpu, DefaultPlanLaunchesTheRankedInstance) {
   FA3_SKIP_UNLESS_RUNNABLE();
   struct Route {
@@ -2455,7 +2455,12 @@ TEST(AttentionFa3Gpu, DefaultPlanLaunchesTheRankedInstance) {
        kFa3PackedKernel},
       {{DType::f16, 1, 2, 2, kFa3PackedUngroupedMaxRows, kFa3PackedLongCacheKeys, 64,
         Mask::causal_bottom_right(), true, false},
-       kFa3PackedKernel}};
+       kFa3PackedKernel},
+      // Past fa3_persists' lengths: the plain instance.
+      {{DType::bf16, 1, 4, 2, 300, 300, 128, Mask::none(), false, false}, kFa3Kernel},
+      {{DType::bf16, 1, 4, 4, kFa3PersistentMaxLenFewTiles + 88, kFa3PersistentMaxLenFewTiles + 88,
+        64, Mask::causal_top_left(), false, false},
+       kFa3Kernel}};
   for (const Route& r : routes) {
     const Case& c = r.c;
     SCOPED_TRACE(std::string(r.instance) + " lq=" + std::to_string(c.lq) +
@@ -2471,7 +2476,8 @@ TEST(AttentionFa3Gpu, DefaultPlanLaunchesTheRankedInstance) {
 
 // Where the table ranks cuDNN first and fa3 second: the default plan is cuDNN's where it serves the
 // problem (a build with the frontend), else fa3's ranked-ahead entry (a build without it:
-// -DBARACUDA_WITH_CUDNN=OFF), equal bit for bit to fa3 by name; never the family's kernels.
+// -DBARACUDA_WITH_CUDNN=OFF), equal bit for bit to its instance by name; never the family's
+// kernels.
 TEST(AttentionFa3Gpu, DefaultPlanSkipsCudnnWhereItDoesNotServe) {
   FA3_SKIP_UNLESS_RUNNABLE();
   const Stream& gs = harness::stream_for(Target::cuda);
