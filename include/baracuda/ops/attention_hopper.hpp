@@ -283,6 +283,11 @@ bool fa3_packs_ungrouped(const attention::Problem& p);
 inline constexpr int64_t kFa3PersistentMaxLen = 256;
 inline constexpr int64_t kFa3PersistentMaxLenFewTiles = 512;
 bool fa3_persists(const attention::Problem& p);
+// The persistent variant's head dims (its fits, launch and fa3_persists): Dk = Dv = 64 or 128. Its
+// O staging buffer leaves D = 256 no room, and MLA's 192 / 128 is not instantiated.
+constexpr bool fa3_persistent_dims(int64_t dk, int64_t dv) {
+  return dk == dv && (dk == 64 || dk == 128);
+}
 // Decode-shaped forwards of plain multi-head attention (group 1) with 256-wide heads (Dk = Dv =
 // 256, bf16 / f16, fewer rows than keys), where fa3 runs: not the family's decode kernel (it holds
 // one 16-row tile at d256) but fa3's plain instance for one token and cuDNN from 2 (fa3 where

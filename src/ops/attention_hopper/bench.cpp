@@ -287,7 +287,8 @@ void sweep(const Stream& stream) {
         // The persistent variant (D = 64, 128): note "fa3_sm90a_persistent".
         for (std::string_view fa3 : {kFa3Kernel, kFa3PingpongKernel, kFa3Exp2Poly2Kernel,
                                      kFa3Exp2Poly3Kernel, kFa3PersistentKernel}) {
-          if ((fa3 == kFa3PersistentKernel && d > 128) || backward_only) continue;
+          if ((fa3 == kFa3PersistentKernel && !fa3_persistent_dims(d, d)) || backward_only)
+            continue;
           const std::string note = "fa3_sm90a" + std::string(fa3.substr(kFa3Kernel.size()));
           auto fp = attention::ForwardPlan::select(stream, desc, PlanPreference::kernel(fa3));
           if (!fp.ok()) {

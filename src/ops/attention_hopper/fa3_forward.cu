@@ -247,7 +247,7 @@ __device__ __forceinline__ Tile tile_of(const Params& p, int w) {
 //  kPingpong: + the two consumer warpgroups take turns issuing their wgmmas.
 //  kPoly2/3:  kPlain with 2 (3) of every 8 column groups' exp2 computed on the FMA pipe
 //             (poly_exp2) instead of the MUFU: 25% (37.5%) of the softmax's exponentials.
-//  kPersistent: (D = 64, 128: persistent_dim) kPlain with one CTA per SM looping over (query
+//  kPersistent: (D = 64, 128: fa3_persistent_dims) kPlain with one CTA per SM looping over (query
 //             block, head, batch) work tiles, heaviest query blocks first: the producer loads the
 //             next tile's Q and K/V (the ring continues across tiles; Q is reloaded once both
 //             consumer warpgroups' last S GEMM of a tile is done, "Q empty") while the consumers
@@ -1069,13 +1069,6 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
 #endif  // BARACUDA_FA3_DEVICE
 
 // ---- host ---------------------------------------------------------------------------------------
-// The persistent variant's head dims: Dk = Dv = 64 or 128. Its O staging buffer (kQBytes more)
-// leaves D = 256 no room, and MLA's 192 / 128 is not instantiated. (D = 128 spilled 36 bytes at
-// the consumers' 240 registers when the variant was written; the current tree compiles it with
-// none, as D = 64: ptxas -v, CUDA 13.0.)
-constexpr bool persistent_dim(int64_t dk, int64_t dv) {
-  return dk == dv && (dk == 64 || dk == 128);
-}
 template <class T, int D, int V>
 bool body_compiled() {
   return has_sm90a_body<fa3_fwd_kernel<T, D, V>>();
@@ -1117,10 +1110,12 @@ bool fits(const Problem& pr, const DeviceCaps& caps) {
       return false;
   }
   // The persistent variant numbers its work tiles (query blocks x heads x batch) in an int.
-  // D = 64 and 128 (persistent_dim): its O staging buffer leaves no room for D = 256's tiles.
+  // D = 64 and 128 (fa3_persistent_dims). (D = 128 spilled 36 bytes at the consumers' 240
+  // registers when the variant was written; the current tree compiles it with none, as D = 64:
+  // ptxas -v, CUDA 13.0.)
   if constexpr (V == kPersistent) {
     if ((pr.desc.len_q + kBM - 1) / kBM * pr.desc.heads_q * pr.desc.batch >= (int64_t{1} << 31) ||
-        !persistent_dim(pr.desc.head_dim_qk, pr.desc.head_dim_v))
+        !fa3_persistent_dims(pr.desc.head_dim_qk, pr.desc.head_dim_v))
       return false;
     return pr.desc.head_dim_qk == 64 ? body_compiled<T, 64, V>() : body_compiled<T, 128, V>();
   } else {
@@ -1409,7 +1404,7 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
 template <class T, int V>
 Status launch(const LaunchContext& ctx, const Problem& pr, const ForwardArguments& a) {
   if constexpr (V == kPersistent) {  // D = 64, 128 (see fits)
-    if (!persistent_dim(pr.desc.head_dim_qk, pr.desc.head_dim_v))
+    if (!fa3_persistent_dims(pr.desc.head_dim_qk, pr.desc.head_dim_v))
       return Error::unsupported(std::string(attention::ForwardOp::name) +
                                 ": fa3_fwd_sm90a_persistent: head_dim=" +
                                 std::to_string(pr.desc.head_dim_qk) + ": D = 64 or 128 only");

@@ -171,11 +171,19 @@ bool fa3_packs(const attention::Problem& p) {
          (rows == kFa3PackedDecodeRows && d.len_q >= kFa3PackedDecodeMinLq);
 }
 
+namespace {
+// What fa3's instance rules below were measured on: bf16 / f16, Dk = Dv = 64 or 128, padded
+// tensors without key counts or pages.
+bool measured_instance_shape(const attention::Descriptor& d) {
+  return (d.dtype == DType::bf16 || d.dtype == DType::f16) &&
+         fa3_persistent_dims(d.head_dim_qk, d.head_dim_v) && !d.varlen && !d.seqused_k &&
+         d.page_size == 0;
+}
+}  // namespace
+
 bool fa3_packs_ungrouped(const attention::Problem& p) {
   const attention::Descriptor& d = p.desc;
-  return p.group == 1 && (d.dtype == DType::bf16 || d.dtype == DType::f16) &&
-         d.head_dim_qk == d.head_dim_v && (d.head_dim_qk == 64 || d.head_dim_qk == 128) &&
-         !d.varlen && !d.seqused_k && d.page_size == 0 && d.len_q > kDecodeQueryRows &&
+  return p.group == 1 && measured_instance_shape(d) && d.len_q > kDecodeQueryRows &&
          d.len_q <= kFa3PackedUngroupedMaxRows && d.len_k >= kFa3PackedLongCacheKeys;
 }
 
@@ -183,9 +191,7 @@ bool fa3_persists(const attention::Problem& p) {
   const attention::Descriptor& d = p.desc;
   const int64_t len = std::max(d.len_q, d.len_k);
   const bool few_tiles = d.head_dim_qk == 64 || d.mask.right == 0;
-  return (d.dtype == DType::bf16 || d.dtype == DType::f16) && d.head_dim_qk == d.head_dim_v &&
-         (d.head_dim_qk == 64 || d.head_dim_qk == 128) && !d.varlen && !d.seqused_k &&
-         d.page_size == 0 &&
+  return measured_instance_shape(d) &&
          (len <= kFa3PersistentMaxLen || (few_tiles && len <= kFa3PersistentMaxLenFewTiles));
 }
 
