@@ -287,6 +287,16 @@ TEST(Plan, SelectsHighestPriorityThatFitsAndHonoursPreference) {
       ErrorKind::unsupported, {"preference=backend=cudnn", "reference(cpu_reference"}));
 }
 
+TEST(Plan, KernelTableFindsAnEntryByNameAndElement) {
+  const auto& table = KernelTable<ScaleOp>::instance();
+  const Kernel<ScaleOp>* fast = table.find("fast_nondeterministic", DType::f32);
+  ASSERT_NE(fast, nullptr);
+  EXPECT_EQ(fast->sku.name, "fast_nondeterministic");
+  EXPECT_EQ(fast->priority, 10);
+  EXPECT_EQ(table.find("fast_nondeterministic", DType::f64), nullptr);  // no f64 entry
+  EXPECT_EQ(table.find("no_such_kernel", DType::f32), nullptr);
+}
+
 TEST(Plan, KernelPreferencePinsOneKernelOnlyWhereItFits) {
   const Stream cpu = Stream::cpu();
   auto pinned =

@@ -130,6 +130,12 @@ class KernelTable {
   void add(const Kernel<Op>& k) { kernels_.push_back(k); }
   // A deque keeps every entry's address stable: plans point at their kernel's entry.
   const std::deque<Kernel<Op>>& all() const { return kernels_; }
+  // The first entry registered under this name for this element type (null: none).
+  const Kernel<Op>* find(std::string_view name, DType element) const {
+    for (const Kernel<Op>& k : kernels_)
+      if (k.sku.name == name && k.sku.element == element) return &k;
+    return nullptr;
+  }
 
  private:
   KernelTable() { detail::register_table(Op::name, &list); }

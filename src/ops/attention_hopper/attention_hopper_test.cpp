@@ -65,16 +65,8 @@ attention::Problem problem_of(const Descriptor& d) {
   return p.value();
 }
 
-// The registered kernel of `Op` with this name and element type (null: none).
-template <class Op>
-const Kernel<Op>* kernel_named(std::string_view name, DType t) {
-  for (const auto& k : KernelTable<Op>::instance().all())
-    if (k.sku.name == name && k.sku.element == t) return &k;
-  return nullptr;
-}
-
 bool fa3_kernel_registered() {
-  return kernel_named<attention::ForwardOp>(kFa3Kernel, DType::bf16) != nullptr;
+  return KernelTable<attention::ForwardOp>::instance().find(kFa3Kernel, DType::bf16) != nullptr;
 }
 
 // ---- Host rules ---------------------------------------------------------------------------------
@@ -139,10 +131,11 @@ TEST(AttentionCudnnRules, ScreenNamesWhyCudnnCannotTakeAProblem) {
 TEST(AttentionCudnnRules, RefusalQuotesTheRule) {
   DeviceCaps gpu;
   gpu.device = 0, gpu.sm = 90;
-  const auto* fwd = kernel_named<attention::ForwardOp>("cudnn_sdpa_ranked_behind", DType::bf16);
-  const auto* ahead = kernel_named<attention::ForwardOp>("cudnn_sdpa", DType::bf16);
-  const auto* bwd =
-      kernel_named<attention::BackwardOp>("cudnn_sdpa_bwd_deterministic_ranked_behind", DType::f16);
+  const auto* fwd =
+      KernelTable<attention::ForwardOp>::instance().find("cudnn_sdpa_ranked_behind", DType::bf16);
+  const auto* ahead = KernelTable<attention::ForwardOp>::instance().find("cudnn_sdpa", DType::bf16);
+  const auto* bwd = KernelTable<attention::BackwardOp>::instance().find(
+      "cudnn_sdpa_bwd_deterministic_ranked_behind", DType::f16);
   ASSERT_TRUE(fwd && ahead && bwd);
   ASSERT_TRUE(fwd->refusal && bwd->refusal);
   EXPECT_FALSE(ahead->refusal);  // quoted once, by its twin
@@ -1543,7 +1536,7 @@ constexpr std::string_view kFa3 = kFa3Kernel;
 constexpr std::string_view kFa3Pingpong = kFa3PingpongKernel;
 
 const Kernel<attention::ForwardOp>* fa3_kernel(DType t, std::string_view name = kFa3) {
-  return kernel_named<attention::ForwardOp>(name, t);
+  return KernelTable<attention::ForwardOp>::instance().find(name, t);
 }
 
 // One of our sm_90a entries: arch, backend and precision as claimed (16-bit operands, f32
@@ -2782,7 +2775,7 @@ TEST(AttentionFa3Gpu, Fp8MisalignedRunFailsWithoutWriting) {
 // ---- The sm_90a backward (fa3_bwd_sm90a) -------------------------------------------------------
 const Kernel<attention::BackwardOp>* fa3_bwd_kernel(DType t,
                                                     std::string_view name = kFa3BwdKernel) {
-  return kernel_named<attention::BackwardOp>(name, t);
+  return KernelTable<attention::BackwardOp>::instance().find(name, t);
 }
 
 TEST(AttentionFa3Registry, BackwardRankedByTheTableAndNotDeterministic) {

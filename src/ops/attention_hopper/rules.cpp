@@ -319,9 +319,8 @@ Candidate preferred_candidate(std::span<const TablePoint> table, const attention
 namespace {
 template <class Op>
 bool pinned_fits(std::string_view name, const attention::Problem& p, const DeviceCaps& caps) {
-  for (const auto& k : KernelTable<Op>::instance().all())
-    if (k.sku.name == name && k.sku.element == p.desc.dtype) return !k.fits || k.fits(p, caps);
-  return false;  // not registered: a build without CUDA
+  const Kernel<Op>* k = KernelTable<Op>::instance().find(name, p.desc.dtype);
+  return k && (!k->fits || k->fits(p, caps));  // none registered: a build without CUDA
 }
 }  // namespace
 
