@@ -82,27 +82,6 @@ __device__ __forceinline__ bool raise_flag_and_see_all(unsigned long long* flags
   return all_raised != 0;
 }
 
-// A work pool shared by a group of blocks, counted in one 64-bit word with nothing to initialize
-// before the launch: the high half holds the launch's tag, the low half the units claimed so far.
-// adopt_pool makes the word this launch's (tag, 0) unless it already holds the tag (a block of
-// the group got there first); call it from one thread before that thread's first claim. The tag
-// must be unique per launch and nonzero in the high half; clear the word (clear_flags) once the
-// group is done (e.g. zero it in a kernel ordered after the group's), so a replayed launch (same
-// tag) starts over.
-__device__ __forceinline__ void adopt_pool(unsigned long long* word, unsigned long long tag_high) {
-  unsigned long long seen = atomicAdd(word, 0ull);
-  while ((seen & 0xffffffff00000000ull) != tag_high) {
-    const unsigned long long prev = atomicCAS(word, seen, tag_high);
-    if (prev == seen) break;
-    seen = prev;
-  }
-}
-// Claims `n` units of an adopted pool: the index of the first (the units are counted, not
-// bounded: an index past the pool's size means it is empty).
-__device__ __forceinline__ unsigned claim_units(unsigned long long* word, unsigned n) {
-  return static_cast<unsigned>(atomicAdd(word, static_cast<unsigned long long>(n)));
-}
-
 // Clears a group's flags for the next launch, once every block that reads them is done with
 // them. Call from every thread.
 __device__ __forceinline__ void clear_flags(unsigned long long* flags, int count) {

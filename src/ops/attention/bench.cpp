@@ -294,9 +294,8 @@ void bench_all(const Stream& stream) {
     if (dc.page_size > 0)
       fa.block_table = make_tensor(static_cast<const void*>(table_dev->data()), DType::i32, tshape,
                                    stream.memory_location());
-    for (const char* kernel :
-         {"", "flash_decode_sm80", "flash_decode_w4_sm80", "flash_decode_fused_sm80",
-          "flash_decode_steal_sm80", "flash_fwd_mma_sm80"}) {
+    for (const char* kernel : {"", "flash_decode_sm80", "flash_decode_w4_sm80",
+                               "flash_decode_fused_sm80", "flash_fwd_mma_sm80"}) {
       const std::string_view kn(kernel);
       auto timed = time_forward(stream, d, kn, fa, "attention_decode", name);
       if (!timed) continue;

@@ -48,23 +48,10 @@ constexpr size_t decode_paged_smem(size_t smem) {
   return decode_page_ring_at(smem) + 2 * 64 * sizeof(PageRow);
 }
 
-// Shared memory of the pool-claiming decode past a configuration's `smem` bytes: the tile of each
-// ring stage and the last claimed chunk (ints).
-constexpr size_t decode_steal_smem(size_t smem, int stages) {
-  return decode_page_ring_at(smem) + sizeof(int) * (static_cast<size_t>(stages) + 1);
-}
-
 // kCounts: the launch has seqused_k counts (p.used_k; see seq_rows for why a template parameter).
 // kPaged: K / V are paged pools (p.block_table), the counts read where the launch has them.
-// kSteal (flash_decode_steal_sm80, not with kPaged / kFused): a split streams its own run of
-// three quarters of its share, then claims chunks of the (batch, K/V head)'s remaining tiles from
-// a pool counted in p.pool_words, so splits on SMs that read faster take more of them (the
-// thirty-fourth session's trace: CTAs of one wave end 25.8-33.5 us into a 40 us run, by SM). Which
-// tiles a split sums depends on timing: not deterministic.
-template <class T, int D, int MT, bool kFused = false, bool kCounts = false, bool kPaged = false,
-          bool kSteal = false>
+template <class T, int D, int MT, bool kFused = false, bool kCounts = false, bool kPaged = false>
 __global__ void __launch_bounds__(128) flash_decode(Params p) {
-  static_assert(!(kSteal && (kPaged || kFused)), "the pool claims plain or counted K / V runs");
   using Cfg = DecodeCfg<T, D, MT>;
   constexpr int kNT = Cfg::kThreads, kBN = Cfg::kBN, kRows = Cfg::kRows, kStages = Cfg::kStages;
   constexpr int kNW = Cfg::kNW, kLd = Cfg::kLd;
@@ -105,26 +92,8 @@ __global__ void __launch_bounds__(128) flash_decode(Params p) {
   const int key_end = static_cast<int>(max(hi1, lo0));
   const int vt_begin = static_cast<int>(lo0 / kBN), vt_end = (key_end + kBN - 1) / kBN;
   const int per = (vt_end - vt_begin + p.splits - 1) / p.splits;
-  int t_begin = min(vt_end, vt_begin + split * per);
-  int t_end = min(vt_end, t_begin + per);
-  // kSteal: the split's own run, the pool [pool_begin, vt_end) in chunks of `chunk` tiles, and the
-  // issue cursor every thread keeps alike: the run being loaded [it, it_end), a claimed chunk
-  // queued behind it [qb, qe), and the age in iterations of thread 0's claim in flight (0: none).
-  // The own run covers the ring's prologue, so a claim is always back before the ring needs it.
-  [[maybe_unused]] int pool_begin = vt_end, chunk = 1, qb = 0, qe = 0, claim_age = 0;
-  [[maybe_unused]] unsigned claimed = 0;  // thread 0
-  [[maybe_unused]] unsigned long long* pool_word = nullptr;
-  [[maybe_unused]] int* sTile = reinterpret_cast<int*>(smem_raw + decode_page_ring_at(Cfg::kSmem));
-  if constexpr (kSteal) {
-    const int own = (vt_end - vt_begin) * 3 / (4 * p.splits);
-    if (p.splits > 1 && own >= kStages) {
-      pool_begin = vt_begin + own * p.splits;
-      chunk = max(1, min(8, (vt_end - pool_begin) / (2 * p.splits)));
-      t_begin = vt_begin + split * own, t_end = t_begin + own;
-      pool_word = p.pool_words + int64_t{b} * p.heads_kv + hk;
-    }
-  }
-  [[maybe_unused]] int it = t_begin, it_end = t_end;
+  const int t_begin = min(vt_end, vt_begin + split * per);
+  const int t_end = min(vt_end, t_begin + per);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, tq = lane % 4;
@@ -162,14 +131,7 @@ __global__ void __launch_bounds__(128) flash_decode(Params p) {
   }
 #pragma unroll
   for (int st = 0; st < kStages - 1; ++st) {
-    if constexpr (kSteal) {
-      const int tn = it < it_end ? it++ : -1;
-      if (threadIdx.x == 0) sTile[st] = tn;
-      if (tn >= 0) {
-        load_tile<T, kBN, D, kNT>(sK + st * kBN * D, gk, k_rs, tn * kBN, s.lk, p.dim_qk);
-        load_tile<T, kBN, D, kNT>(sV + st * kBN * D, gv, v_rs, tn * kBN, s.lk, p.dim_v);
-      }
-    } else if (t_begin + st < t_end) {
+    if (t_begin + st < t_end) {
       if constexpr (kPaged) {  // the ring's first tiles look their pages up directly
         const int r0 = (t_begin + st) * kBN;
         if (windowed)
@@ -187,10 +149,6 @@ __global__ void __launch_bounds__(128) flash_decode(Params p) {
     }
     cp_async_commit();
   }
-  // The pool word becomes this launch's while the prologue's tiles are in flight.
-  if constexpr (kSteal)
-    if (pool_word && threadIdx.x == 0)
-      cuda::adopt_pool(pool_word, ((p.tag & 0xffffffffull) | 1ull) << 32);
   if constexpr (kPaged) {
     const int tn = t_begin + kStages - 1;
     if (tn < t_end && !windowed && threadIdx.x < kBN)
@@ -224,54 +182,16 @@ __global__ void __launch_bounds__(128) flash_decode(Params p) {
   const float sl2 = p.scale * log2e;
   const bool capped = p.softcap > 0;
 
-  // Iteration j consumes ring stage j % kStages: tile t_begin + j, or with kSteal the tile the
-  // cursor put there (-1: the run and the pool are spent).
-  for (int j = 0;; ++j) {
-    int t = t_begin + j;
-    if constexpr (!kSteal) {
-      if (t >= t_end) break;
-    }
+  for (int t = t_begin; t < t_end; ++t) {
     if constexpr (kPaged) {  // the entries of this iteration's tile to load (two-slot ring)
       if (!windowed && threadIdx.x < kBN)
         sPg[((t + kStages - 1) & 1) * kBN + threadIdx.x] = next_pg;
     }
-    // kSteal: thread 0 publishes its claim two iterations after issuing it (its latency hidden
-    // behind them), or now where the cursor's run is spent.
-    constexpr int kClaimLead = 3;
-    [[maybe_unused]] const bool publish =
-        kSteal && claim_age > 0 && (claim_age >= kClaimLead || it == it_end);
-    if constexpr (kSteal)
-      if (publish && threadIdx.x == 0) sTile[kStages] = pool_begin + static_cast<int>(claimed);
     cp_async_wait<kStages - 2>();  // tile t has landed for this thread ...
     __syncthreads();               // ... and for all; everyone is done with tile t - 1's stage
-    if constexpr (kSteal) {
-      t = sTile[j % kStages];
-      if (publish) {
-        const int c = sTile[kStages];
-        claim_age = 0;
-        if (c < vt_end)
-          qb = c, qe = min(c + chunk, vt_end);
-        else
-          pool_word = nullptr;  // spent: no more claims
-      }
-      if (t < 0) break;
-    }
     {
-      const int sn = (j + kStages - 1) % kStages;
-      int tn = t + kStages - 1;
-      if constexpr (kSteal) {
-        if (it == it_end && qb < qe) it = qb, it_end = qe, qb = qe;
-        tn = it < it_end ? it++ : -1;
-        if (threadIdx.x == 0) sTile[sn] = tn;
-        if (claim_age > 0) {
-          ++claim_age;
-        } else if (pool_word && qb == qe && it_end - it <= kClaimLead) {
-          if (threadIdx.x == 0)
-            claimed = cuda::claim_units(pool_word, static_cast<unsigned>(chunk));
-          claim_age = 1;
-        }
-      }
-      if (kSteal ? tn >= 0 : tn < t_end) {
+      const int tn = t + kStages - 1, sn = (tn - t_begin) % kStages;
+      if (tn < t_end) {
         if constexpr (kPaged) {
           if (windowed) {
             win.load_tile<T, kBN, D, kNT>(sK + sn * kBN * D, sV + sn * kBN * D, gk, gv, p,
@@ -291,7 +211,7 @@ __global__ void __launch_bounds__(128) flash_decode(Params p) {
       }
       cp_async_commit();
     }
-    const int stage = j % kStages;
+    const int stage = (t - t_begin) % kStages;
     const T* tK = sK + stage * kBN * D;
     const T* tV = sV + stage * kBN * D;
     const int kw = warp * 16;                       // this warp's keys within the tile
@@ -583,10 +503,6 @@ __device__ __forceinline__ void store_merged_row(const Params& p, int b, int h, 
 template <class T>
 __global__ void __launch_bounds__(128) flash_decode_combine(Params p) {
   await_split_partials();
-  // The split grid is done with its pool words: cleared for the next launch (a replayed graph
-  // reuses the tag). One word a (batch, K/V head); there are at least as many rows.
-  if (p.pool_words && threadIdx.x == 0 && blockIdx.x < int64_t{p.batch} * p.heads_kv)
-    p.pool_words[blockIdx.x] = 0;
   constexpr int kNW = 4;
   __shared__ float4 s_acc[kNW][2][32];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -766,38 +682,31 @@ inline int decode_splits(const Problem& pr, const DeviceCaps& caps) {
       decode_dim(pr) == 64, per_sm, kMinTiles);
 }
 // The workspace of a run with `splits` splits: f32 partial rows and their LSEs per split and row,
-// then for the fused variant one 8-byte flag word per (batch, K/V head, split), for the
-// pool-claiming one a pool word per (batch, K/V head), from the first 8-byte boundary after them.
-// One place for the layout the plan sizes and the launch addresses.
+// then for the fused variant one 8-byte flag word per (batch, K/V head, split) from the first
+// 8-byte boundary after them. One place for the layout the plan sizes and the launch addresses.
 struct DecodeWorkspace {
   size_t flags_offset = 0, bytes = 0;
 };
-template <bool kFused, bool kSteal = false>
+template <bool kFused>
 DecodeWorkspace decode_workspace_layout(const Problem& pr, int splits) {
   if (splits <= 1) return {};
   const Descriptor& d = pr.desc;
   const int64_t rows = d.batch * d.heads_q * d.len_q;
   const auto part = static_cast<size_t>(splits * rows * (d.head_dim_v + 1)) * sizeof(float);
-  if (!kFused && !kSteal) return {part, part};
+  if (!kFused) return {part, part};
   const size_t flags = (part + 7) / 8 * 8;
-  const int64_t words = d.batch * d.heads_kv * (kFused ? splits : 1);
-  return {flags, flags + sizeof(unsigned long long) * static_cast<size_t>(words)};
+  return {flags,
+          flags + sizeof(unsigned long long) * static_cast<size_t>(d.batch * d.heads_kv * splits)};
 }
 template <bool kFused>
 constexpr int decode_min_tiles() {
   return kFused ? 2 : 4;
 }
-template <int kWaves = 1, bool kFused = false, bool kSteal = false>
+template <int kWaves = 1, bool kFused = false>
 size_t decode_workspace(const Problem& pr, const DeviceCaps& caps) {
-  return decode_workspace_layout<kFused, kSteal>(
+  return decode_workspace_layout<kFused>(
              pr, decode_splits<kWaves, decode_min_tiles<kFused>()>(pr, caps))
       .bytes;
-}
-// The pool-claiming decode: plain or counted K / V (not paged), with its cursor's shared memory.
-inline bool decode_steal_fits(const Problem& pr, const DeviceCaps& caps) {
-  return pr.desc.page_size == 0 && decode_fits(pr, caps) &&
-         static_cast<int64_t>(decode_steal_smem(decode_smem_of(pr), 4)) <=
-             caps.smem_per_block_optin;
 }
 
 // A tag per fused decode launch (the value its split flags are raised to): launch n gets n
@@ -811,13 +720,11 @@ inline unsigned long long next_decode_tag() {
   return tag != 0 ? tag : 0x5bd1e9955bd1e995ull;
 }
 
-template <class T, int D, int MT, bool kFused, bool kCounts, bool kPaged, bool kSteal>
+template <class T, int D, int MT, bool kFused, bool kCounts, bool kPaged>
 Status run_decode(const LaunchContext& ctx, const Params& p) {
   using Cfg = DecodeCfg<T, D, MT>;
-  constexpr auto kernel = flash_decode<T, D, MT, kFused, kCounts, kPaged, kSteal>;
-  constexpr size_t kSmem = kPaged   ? decode_paged_smem(Cfg::kSmem)
-                           : kSteal ? decode_steal_smem(Cfg::kSmem, Cfg::kStages)
-                                    : Cfg::kSmem;
+  constexpr auto kernel = flash_decode<T, D, MT, kFused, kCounts, kPaged>;
+  constexpr size_t kSmem = kPaged ? decode_paged_smem(Cfg::kSmem) : Cfg::kSmem;
   const auto blocks = static_cast<unsigned>(int64_t{p.batch} * p.heads_kv * p.splits);
   return cuda::launch_dependent<kernel>(ForwardOp::name, "flash_decode", dim3(blocks),
                                         dim3(Cfg::kThreads), kSmem, cuda::stream_of(ctx), p);
@@ -840,7 +747,7 @@ Status launch_rows_combine(const LaunchContext& ctx, const Params& p, int64_t ro
                                                        dim3(256), 0, cuda::stream_of(ctx), p);
 }
 
-template <class T, int kWaves = 1, bool kFused = false, bool kSteal = false>
+template <class T, int kWaves = 1, bool kFused = false>
 Status launch_decode(const LaunchContext& ctx, const Problem& pr, const ForwardArguments& a) {
   // cp.async needs 16-byte aligned rows; otherwise the SIMT kernel runs (same contract).
   if (!rows_aligned(a.q, sizeof(T)) || !rows_aligned(a.k, sizeof(T)) ||
@@ -851,17 +758,17 @@ Status launch_decode(const LaunchContext& ctx, const Problem& pr, const ForwardA
   if (rows == 0) return {};
   p.splits = decode_splits<kWaves, decode_min_tiles<kFused>()>(pr, ctx.stream.caps());
   if (p.splits > 1) {
-    const DecodeWorkspace ws = decode_workspace_layout<kFused, kSteal>(pr, p.splits);
+    const DecodeWorkspace ws = decode_workspace_layout<kFused>(pr, p.splits);
     if (ctx.workspace.bytes < ws.bytes)
       return Error::workspace_too_small(std::string(ForwardOp::name) + ": decode split partials",
                                         ws.bytes, ctx.workspace.bytes);
     const SplitParts parts = split_parts(ctx.workspace.data, p.splits, rows, p.dim_v);
     p.o_part = parts.o, p.lse_part = parts.lse;
-    auto* words = reinterpret_cast<unsigned long long*>(
-        static_cast<unsigned char*>(ctx.workspace.data) + ws.flags_offset);
-    if (kFused) p.split_flags = words;
-    if (kSteal) p.pool_words = words;
-    if (kFused || kSteal) p.tag = next_decode_tag();
+    if (kFused) {
+      p.split_flags = reinterpret_cast<unsigned long long*>(
+          static_cast<unsigned char*>(ctx.workspace.data) + ws.flags_offset);
+      p.tag = next_decode_tag();
+    }
   }
   const bool two = decode_rows(pr) > 16;
   // The padded head dim and the m16 tiles of the group pick a launch shape (not a dtype dispatch),
@@ -869,21 +776,15 @@ Status launch_decode(const LaunchContext& ctx, const Problem& pr, const ForwardA
   const int dim = decode_dim(pr);
   auto run = [&](auto counts, auto paged) {
     constexpr bool kC = decltype(counts)::value, kP = decltype(paged)::value;
-    return dim == 64    ? (two ? run_decode<T, 64, 2, kFused, kC, kP, kSteal>(ctx, p)
-                               : run_decode<T, 64, 1, kFused, kC, kP, kSteal>(ctx, p))
-           : dim == 128 ? (two ? run_decode<T, 128, 2, kFused, kC, kP, kSteal>(ctx, p)
-                               : run_decode<T, 128, 1, kFused, kC, kP, kSteal>(ctx, p))
-                        : run_decode<T, 256, 1, kFused, kC, kP, kSteal>(ctx, p);
+    return dim == 64    ? (two ? run_decode<T, 64, 2, kFused, kC, kP>(ctx, p)
+                               : run_decode<T, 64, 1, kFused, kC, kP>(ctx, p))
+           : dim == 128 ? (two ? run_decode<T, 128, 2, kFused, kC, kP>(ctx, p)
+                               : run_decode<T, 128, 1, kFused, kC, kP>(ctx, p))
+                        : run_decode<T, 256, 1, kFused, kC, kP>(ctx, p);
   };
-  const Status st = [&]() -> Status {
-    if constexpr (kSteal)  // never paged (decode_steal_fits)
-      return p.used_k ? run(std::true_type{}, std::false_type{})
-                      : run(std::false_type{}, std::false_type{});
-    else
-      return p.block_table ? run(std::false_type{}, std::true_type{})
-             : p.used_k    ? run(std::true_type{}, std::false_type{})
-                           : run(std::false_type{}, std::false_type{});
-  }();
+  const Status st = p.block_table ? run(std::false_type{}, std::true_type{})
+                    : p.used_k    ? run(std::true_type{}, std::false_type{})
+                                  : run(std::false_type{}, std::false_type{});
   if (!st.ok() || p.splits <= 1 || kFused) return st;  // fused: the last split merged
   return launch_decode_combine<T>(ctx, p, rows);
 }

@@ -69,9 +69,6 @@ struct Params {
   // this launch's tag, the value a split raises its flag to (see decode.cuh)
   unsigned long long* split_flags;
   unsigned long long tag;
-  // flash_decode_steal_sm80: one pool word per (batch, K/V head) in the workspace (null in other
-  // launches), adopted with the low half of `tag` and cleared by flash_decode_combine
-  unsigned long long* pool_words;
   void* delta;            // backward workspace: dY.Y per row, [B * Hq * Lq]
   const int32_t* used_k;  // seqused_k: each sequence's key count, null without
   // Paged K / V (null when not paged): the block table [B, table_cols] and the pools' geometry

@@ -635,16 +635,16 @@ void register_fwd_mma(std::string_view name, int priority, PrecisionGuarantee pr
   });
 }
 
-// One decode variant (split multiplier, fused merge, pool claims) as a table entry.
-template <DType E, int kWaves, bool kFused, bool kSteal = false>
+// One decode variant (split multiplier, fused merge) as a table entry.
+template <DType E, int kWaves, bool kFused>
 void register_decode(std::string_view name, int priority, PrecisionGuarantee precision) {
   using T = cuda::device_t<E>;
   register_kernel<ForwardOp>({
       .sku = family_sku<E>(ForwardOp::name, DType::f32, precision, name),
       .priority = priority,
-      .fits = kSteal ? decode_steal_fits : decode_fits,
-      .workspace = decode_workspace<kWaves, kFused, kSteal>,
-      .launch = launch_decode<T, kWaves, kFused, kSteal>,
+      .fits = decode_fits,
+      .workspace = decode_workspace<kWaves, kFused>,
+      .launch = launch_decode<T, kWaves, kFused>,
   });
 }
 
@@ -742,12 +742,6 @@ bool register_kernels() {
     // third form, the combine launched early and awaiting per-split flags instead of the grid's
     // completion, read 43.5-43.9 us there (measured, not kept).
     register_decode<E, 1, true>("flash_decode_fused_sm80", 28, mma);
-    // flash_decode_sm80 whose splits claim the last quarter of each (batch, K/V head)'s tiles in
-    // chunks as they get there (decode.cuh, kSteal): the splits on faster-reading SMs take more,
-    // so the wave ends together. Which tiles a split sums depends on timing, so it promises no
-    // determinism and a deterministic preference skips it. A/B until measured.
-    register_decode<E, 1, false, true>("flash_decode_steal_sm80", 27,
-                                       PrecisionGuarantee{mma.math, mma.accumulator, false, false});
     // Two passes (dQ per query block, dK/dV per key block; dK and dV apart at a padded head dim
     // of 256) in a fixed order: deterministic and independent of the batch; P and dS are rounded
     // to the 16-bit type for the tensor cores. Head dims up to 256 where the device grants the
