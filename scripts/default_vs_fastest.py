@@ -6,7 +6,7 @@ JSON lines instead of by eye.
 usage: default_vs_fastest.py bench.jsonl [more.jsonl ...] [--peers peers.jsonl ...] [--over 1.02]
 
 A case is (op, name, dtype). Its default row is the one noted "default plan" (the attention_hopper
-benches) or carrying no note (the family benches' own rows); every other row of ours on the case
+benches, or a note that starts so) or carrying no note (the family benches' own rows); every other row of ours on the case
 is a candidate (a kernel forced by name, a backend, an A/B variant). Per op it prints the number of
 cases, the median and the largest default / fastest ratio, the cases past --over with the row that
 beat the default, and, where peers.py timed the case, the fastest peer's time over the default's
@@ -41,7 +41,8 @@ def summarize(ours, peers, over):
             continue
         key = (r["op"], r["name"], r.get("dtype", ""))
         note = r.get("note") or ""
-        role = "default" if note in ("", "default plan") else "candidate"
+        # The decode rows say more after it ("default plan; % of copy bandwidth on KV bytes").
+        role = "default" if note == "" or note.startswith("default plan") else "candidate"
         label = note or r.get("kernel", "")
         cases.setdefault(key, []).append((role, r["ms"], r.get("kernel", ""), label))
     best_peer = {}

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""default_vs_fastest.py on made-up rows: the default row is the "default plan" or un-noted one,
-the ratio is against the fastest row of the same case (op, name, dtype), cases past --over are
-listed with the row that beat the default, the fastest peer's time is over the default's, and the
+"""default_vs_fastest.py on made-up rows: the default row is the un-noted one or the one whose note
+starts with "default plan", the ratio is against the fastest row of the same case (op, name,
+dtype), cases past --over are listed with the row that beat the default, the fastest peer's time is over the default's, and the
 cases a peer won by more than --over are listed.
 Run by ctest (default_vs_fastest)."""
 import os
@@ -48,4 +48,10 @@ check(len(lines) == 4, "b bf16 (the default is the fastest, ahead of its peer) i
 check(len(summarize(ours, peers, 1.5)) == 1, "within --over 1.5 nothing listed: %s"
       % summarize(ours, peers, 1.5))
 check(summarize([row("a", 1.0, "bespoke")], [], 1.02) == [], "no default rows: no lines")
+# The decode rows' default note says more after "default plan"; an A/B note naming it is not one.
+decode = [row("d", 1.0, "default plan; % of copy bandwidth on KV bytes", "dec", "attention_decode"),
+          row("d", 1.1, "A/B: kernel forced by name", "w4", "attention_decode")]
+check(summarize(decode, [], 1.02) == [
+    "attention_decode: 1 cases, default / fastest median 1.000, max 1.000"],
+      "a default note with more after it: %s" % summarize(decode, [], 1.02))
 print("default_vs_fastest_test: ok")
