@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """default_vs_fastest.py on made-up rows: the default row is the un-noted one or the one whose note
 starts with "default plan", the ratio is against the fastest row of the same case (op, name,
-dtype), cases past --over are listed with the row that beat the default, the fastest peer's time is over the default's, and the
-cases a peer won by more than --over are listed.
+dtype), cases past --over are listed with the row that beat the default, the fastest peer's time
+is over the default's, and the cases a peer won by more than --over are listed.
 Run by ctest (default_vs_fastest)."""
 import os
 import sys
