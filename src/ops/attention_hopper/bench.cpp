@@ -754,9 +754,10 @@ void packed_sweep(const Stream& stream) {
 
 // BARACUDA_CUDNN_TUNING=off: the cuDNN backend runs the heuristics' first configuration (as
 // PyTorch's SDPA does) instead of timing every one in select(), for every bench of this binary:
-// an A/B of the tuning against the heuristics (e.g. the d64 L512 backward, 2-3% behind PyTorch's
-// cuDNN on the same release in the forty-ninth session). (A constant-initialized atomic: safe to
-// set during static initialization.)
+// an A/B of the tuning against the heuristics (the d64 L512 backward, 2-3% behind PyTorch's cuDNN
+// on the same release in the forty-ninth session, runs the same engine either way: fiftieth
+// session, docs/perf/attention.md). (A constant-initialized atomic: safe to set during static
+// initialization.)
 [[maybe_unused]] const bool tuning_env = [] {
   if (bench::env("BARACUDA_CUDNN_TUNING") == "off") set_cudnn_tuning_mode(CudnnTuningMode::off);
   return true;
