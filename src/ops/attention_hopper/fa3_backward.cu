@@ -146,15 +146,26 @@ __device__ __forceinline__ float2 ld_shared_f2(uint32_t addr) {
   asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr));
   return v;
 }
+// The descriptor of `tile + off` from d0 = desc_sw128(tile, ...) by one add: the descriptor's low
+// 14 bits are the address >> 4, and shared-memory addresses stay below 2^18, so the offset never
+// carries out of them. Deriving each wgmma's descriptors afresh (mask, shift, or per operand) put
+// ~10 uniform instructions between consecutive wgmmas; with the add, two (see the kernel's kFresh).
+template <bool kFresh>
+__device__ __forceinline__ uint64_t desc_off(uint64_t d0, uint32_t tile, uint32_t off, uint32_t lbo,
+                                             uint32_t sbo) {
+  return kFresh ? desc_sw128(tile + off, lbo, sbo) : d0 + (off >> 4);
+}
 // acc += A B, one commit group: A (64 rows x 64, the k16 fragments of an accumulator, pack_a)
 // from registers, B = one step's Q or dY tile ([64 queries][D], MN-major).
-template <class T, int D>
+template <class T, int D, bool kFresh>
 __device__ __forceinline__ void issue_rs(float (&acc)[D / 2], const uint32_t (&a)[4][4],
                                          uint32_t tile) {
+  const uint64_t d0 = desc_sw128(tile, kQRows * 128, 1024);
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk)
-    Ops<T>::template rs<D>(acc, a[kk], desc_sw128(tile + kk * 16 * 128, kQRows * 128, 1024));
+    Ops<T>::template rs<D>(acc, a[kk],
+                           desc_off<kFresh>(d0, tile, kk * 16 * 128, kQRows * 128, 1024));
   wgmma_commit();
 }
 // Named barriers 2 and 3: one warpgroup.
@@ -199,7 +210,15 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   const int n0 = static_cast<int>(blockIdx.x) * kKeys, hk = static_cast<int>(blockIdx.y),
             b = static_cast<int>(blockIdx.z);
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  const int wg = warp / 4, wl = warp % 4;
+  // D = 64, 128: the warpgroup broadcast from lane 0, so that the compiler knows it is warp-uniform
+  // and derives the wgmma descriptors in uniform registers (computed per thread, every descriptor
+  // crossed over with an R2UR: d128 L4096 / L8192 2.5% slower), and each wgmma's descriptors one
+  // add from the GEMM's first (desc_off: d64 L4096 4% faster, d128 the same). D = 256 keeps
+  // both derived per thread and afresh: the incremental descriptors ran 3.3% slower there (389
+  // against 403 TFLOP/s at L4096); the uniform index alone was not measured there. H200,
+  // 2026-11-30.
+  constexpr bool kFresh = D == 256;
+  const int wg = kFresh ? warp / 4 : __shfl_sync(0xffffffffu, warp / 4, 0), wl = warp % 4;
   const int cq = 2 * (lane % 4);  // first column of each 8-column accumulator group
 
   // The CTA's sequence; a varlen CTA past its sequence's keys has nothing to write.
@@ -301,13 +320,14 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   auto issue_scores = [&](int t, float(&acc)[32], uint32_t sb, int rows_at, int tile) {
     const int s = t % kRing;
     const uint32_t rows = sb + rows_at + wg_key * 128, tile_base = sb + tile + s * S::kQBytes;
+    const uint64_t da = desc_sw128(rows, 16, 1024), db = desc_sw128(tile_base, 16, 1024);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const uint32_t koff = (kk / 4) * kKeys * 128 + (kk % 4) * 32;
       const uint32_t qoff = (kk / 4) * kQRows * 128 + (kk % 4) * 32;
-      Ops<T>::ss64(acc, desc_sw128(rows + koff, 16, 1024), desc_sw128(tile_base + qoff, 16, 1024),
-                   kk > 0 ? 1 : 0);
+      Ops<T>::ss64(acc, desc_off<kFresh>(da, rows, koff, 16, 1024),
+                   desc_off<kFresh>(db, tile_base, qoff, 16, 1024), kk > 0 ? 1 : 0);
     }
     wgmma_commit();
   };
@@ -351,13 +371,14 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int cb = 2 * wg + half;  // 64-column block of dQ and K
+      const uint32_t kb = sb + S::kK + cb * kKeys * 128;
+      const uint64_t da = desc_sw128(ds, 8192, 1024), db = desc_sw128(kb, 8192, 1024);
       float dq[32];
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk)
-        Ops<T>::tt64(dq, desc_sw128(ds + kk * 16 * 128, 8192, 1024),
-                     desc_sw128(sb + S::kK + cb * kKeys * 128 + kk * 16 * 128, 8192, 1024),
-                     kk > 0 ? 1 : 0);
+        Ops<T>::tt64(dq, desc_off<kFresh>(da, ds, kk * 16 * 128, 8192, 1024),
+                     desc_off<kFresh>(db, kb, kk * 16 * 128, 8192, 1024), kk > 0 ? 1 : 0);
       wgmma_commit();
       wgmma_wait<0>();
       fence_regs(dq);
@@ -451,7 +472,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         asm volatile("bar.sync 4, 256;\n" ::: "memory");
         get(pt, pa);
       }
-      issue_rs<T, kCols>(dv, pa, sdy + wg_cols);
+      issue_rs<T, kCols, kFresh>(dv, pa, sdy + wg_cols);
       if (wg == 1) {
         // dS^T = P^T (dP^T - delta), P^T as warpgroup 0 rounded it.
 #pragma unroll
@@ -474,7 +495,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         // Warpgroup 1 is past dS^T_t, so both are past step t - 1: its stage is free.
         if (threadIdx.x == 0 && t >= 1 && t + kRing - 1 < steps) load_step(t + kRing - 1, ahead());
       }
-      issue_rs<T, kCols>(dk, dsa, sq + wg_cols);
+      issue_rs<T, kCols, kFresh>(dk, dsa, sq + wg_cols);
       split_dq_and_next(t, h, m0, pos_row0(nxt), ds, sb);
     } else {
       float dpt[32];
@@ -536,7 +557,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       } else {
         probabilities(std::false_type{});
       }
-      issue_rs<T, kCols>(dv, pa, sdy + wg_cols);
+      issue_rs<T, kCols, kFresh>(dv, pa, sdy + wg_cols);
       wgmma_wait<1>();  // dP^T done; dV may still run
       fence_regs(dpt);
 
@@ -550,7 +571,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       }
       uint32_t dsa[4][4];
       pack_a<T, 64>(dpt, dsa);
-      issue_rs<T, kCols>(dk, dsa, sq + wg_cols);
+      issue_rs<T, kCols, kFresh>(dk, dsa, sq + wg_cols);
 
       // dS^T into shared memory ([key][query], 128-byte rows, 128-byte swizzle) for dQ = dS K.
       const uint32_t ds = sb + S::kDs + (t & 1) * S::kDsBytes;
@@ -576,21 +597,18 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         if (refill) load_step(t + kRing - 1, ahead());
         split_dq_and_next(t, h, m0, pos_row0(nxt), ds, sb);
       } else {
+        // D = 128: this warpgroup's 64 columns of K over all 128 keys (the CTA's dS^T);
+        // D = 64: all columns over its own 64 keys (its rows of dS^T and K).
+        constexpr int kDqKeys = D == 128 ? kKeys : 64;
+        const uint32_t da_at = ds + (D == 128 ? 0 : wg * 64 * 128),
+                       db_at = sb + S::kK + wg * kDqKeys * 128;
+        const uint64_t da = desc_sw128(da_at, 8192, 1024), db = desc_sw128(db_at, 8192, 1024);
         float dq[32];
         wgmma_fence();
-        if constexpr (D == 128) {
 #pragma unroll
-          for (int kk = 0; kk < kKeys / 16; ++kk)
-            Ops<T>::tt64(dq, desc_sw128(ds + kk * 16 * 128, 8192, 1024),
-                         desc_sw128(sb + S::kK + wg * kKeys * 128 + kk * 16 * 128, 8192, 1024),
-                         kk > 0 ? 1 : 0);
-        } else {
-#pragma unroll
-          for (int kk = 0; kk < 4; ++kk)
-            Ops<T>::tt64(dq, desc_sw128(ds + (wg * 64 + kk * 16) * 128, 8192, 1024),
-                         desc_sw128(sb + S::kK + (wg * 64 + kk * 16) * 128, 8192, 1024),
-                         kk > 0 ? 1 : 0);
-        }
+        for (int kk = 0; kk < kDqKeys / 16; ++kk)
+          Ops<T>::tt64(dq, desc_off<kFresh>(da, da_at, kk * 16 * 128, 8192, 1024),
+                       desc_off<kFresh>(db, db_at, kk * 16 * 128, 8192, 1024), kk > 0 ? 1 : 0);
         wgmma_commit();
         if (refill) load_step(t + kRing - 1, ahead());
         wgmma_wait<0>();  // dQ_t (and every older group) done
