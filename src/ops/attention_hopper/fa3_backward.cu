@@ -210,15 +210,14 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   const int n0 = static_cast<int>(blockIdx.x) * kKeys, hk = static_cast<int>(blockIdx.y),
             b = static_cast<int>(blockIdx.z);
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  // D = 64, 128: the warpgroup broadcast from lane 0, so that the compiler knows it is warp-uniform
-  // and derives the wgmma descriptors in uniform registers (computed per thread, every descriptor
-  // crossed over with an R2UR: d128 L4096 / L8192 2.5% slower), and each wgmma's descriptors one
-  // add from the GEMM's first (desc_off: d64 L4096 4% faster, d128 the same). D = 256 keeps
-  // both derived per thread and afresh: the incremental descriptors ran 3.3% slower there (389
-  // against 403 TFLOP/s at L4096); the uniform index alone was not measured there. H200,
-  // 2026-11-30.
+  // The warpgroup broadcast from lane 0, so that the compiler knows it is warp-uniform and derives
+  // the wgmma descriptors in uniform registers (computed per thread, every descriptor crossed over
+  // with an R2UR: d128 L4096 / L8192 2.5% slower, d256 L4096 3.1% slower). D = 64, 128: each
+  // wgmma's descriptors one add from the GEMM's first (desc_off: d64 L4096 4% faster, d128 the
+  // same); D = 256 derives them afresh: the increments ran 3.3% slower there (389 against 403
+  // TFLOP/s at L4096). H200, 2026-11-30.
   constexpr bool kFresh = D == 256;
-  const int wg = kFresh ? warp / 4 : __shfl_sync(0xffffffffu, warp / 4, 0), wl = warp % 4;
+  const int wg = __shfl_sync(0xffffffffu, warp / 4, 0), wl = warp % 4;
   const int cq = 2 * (lane % 4);  // first column of each 8-column accumulator group
 
   // The CTA's sequence; a varlen CTA past its sequence's keys has nothing to write.
