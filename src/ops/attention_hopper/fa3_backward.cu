@@ -146,14 +146,12 @@ __device__ __forceinline__ float2 ld_shared_f2(uint32_t addr) {
   asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr));
   return v;
 }
-// The descriptor of `tile + off` from d0 = desc_sw128(tile, ...) by one add: the descriptor's low
-// 14 bits are the address >> 4, and shared-memory addresses stay below 2^18, so the offset never
-// carries out of them. Deriving each wgmma's descriptors afresh (mask, shift, or per operand) put
-// ~10 uniform instructions between consecutive wgmmas; with the add, two (see the kernel's kFresh).
+// The descriptor of `tile + off`: from d0 = desc_sw128(tile, ...) by one add (desc_plus), or
+// afresh where kFresh (the kernel's D = 256, where the adds measured slower).
 template <bool kFresh>
 __device__ __forceinline__ uint64_t desc_off(uint64_t d0, uint32_t tile, uint32_t off, uint32_t lbo,
                                              uint32_t sbo) {
-  return kFresh ? desc_sw128(tile + off, lbo, sbo) : d0 + (off >> 4);
+  return kFresh ? desc_sw128(tile + off, lbo, sbo) : desc_plus(d0, off);
 }
 // acc += A B, one commit group: A (64 rows x 64, the k16 fragments of an accumulator, pack_a)
 // from registers, B = one step's Q or dY tile ([64 queries][D], MN-major).

@@ -117,6 +117,13 @@ __device__ __forceinline__ uint64_t desc_k_major(uint32_t addr) {
   static_assert(kRow == 128 || kRow == 64);
   return desc_swizzled(addr, 16, 8 * kRow, kRow == 128 ? 1 : 2);
 }
+// The descriptor of the operand `bytes` past the one `desc` describes, by one add: the low 14 bits
+// are the address >> 4 and shared-memory addresses stay below 2^18, so the offset never carries out
+// of them. Consecutive wgmmas then sit two instructions apart instead of a fresh descriptor's mask,
+// shift and or per operand.
+__device__ __forceinline__ uint64_t desc_plus(uint64_t desc, uint32_t bytes) {
+  return desc + (bytes >> 4);
+}
 
 // An f32 accumulator fragment of an m64nN tile as the A fragments of N / 16 k16-steps (rounded to
 // the 16-bit type): accumulator columns [16 kk, 16 kk + 16) are k16-step kk's A columns, in the

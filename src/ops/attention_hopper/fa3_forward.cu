@@ -773,15 +773,14 @@ __device__ __forceinline__ void rs_e4m3(float (&d)[N / 2], const uint32_t (&a)[4
 template <class T, int D, int kBN = kKeysPerTile<D>>
 __device__ __forceinline__ void issue_s(float (&sc)[kBN / 2], uint32_t q_base, uint32_t k_base) {
   constexpr int kRow = kQkRow<T, D>, kSteps = kRow / 32;  // k steps per swizzled row
-  // Each wgmma's descriptors one add from the first's (the address field, addr >> 4 in the low 14
-  // bits, cannot carry below 2^18): two instructions between wgmmas instead of a fresh descriptor's
-  // mask, shift and or per operand (H200, 2026-11-30: d64 L4096 410 -> 428 TFLOP/s, d128 the same).
+  // Each wgmma's descriptors one add from the first's (desc_plus; H200, 2026-11-30: d64 L4096 410
+  // -> 428 TFLOP/s, d128 the same).
   const uint64_t da0 = desc_k_major<kRow>(q_base), db0 = desc_k_major<kRow>(k_base);
 #pragma unroll
   for (int kk = 0; kk < D * ElemOf<T>::kBytes / 32; ++kk) {
     const uint32_t koff = (kk % kSteps) * 32;  // k step inside a swizzled row
-    const uint64_t da = da0 + (((kk / kSteps) * kBM * kRow + koff) >> 4);
-    const uint64_t dbk = db0 + (((kk / kSteps) * kBN * kRow + koff) >> 4);
+    const uint64_t da = desc_plus(da0, (kk / kSteps) * kBM * kRow + koff);
+    const uint64_t dbk = desc_plus(db0, (kk / kSteps) * kBN * kRow + koff);
     if constexpr (ElemOf<T>::kFp8)
       ss_e4m3<kBN>(sc, da, dbk, kk > 0 ? 1 : 0);
     else
@@ -798,12 +797,12 @@ __device__ __forceinline__ void issue_pv(float (&o)[D / 2], const uint32_t (&pa)
   if constexpr (ElemOf<T>::kFp8) {
     const uint64_t d0 = desc_k_major<kBN>(v_base);
 #pragma unroll
-    for (int kk = 0; kk < kBN / 32; ++kk) rs_e4m3<D>(o, pa[kk], d0 + (kk * 32 >> 4));
+    for (int kk = 0; kk < kBN / 32; ++kk) rs_e4m3<D>(o, pa[kk], desc_plus(d0, kk * 32));
   } else {
     const uint64_t d0 = desc_sw128(v_base, kBN * 128, 1024);
 #pragma unroll
     for (int kk = 0; kk < kBN / 16; ++kk)
-      Ops<T>::template rs<D>(o, pa[kk], d0 + (kk * 16 * 128 >> 4));
+      Ops<T>::template rs<D>(o, pa[kk], desc_plus(d0, kk * 16 * 128));
   }
   wgmma_commit();
 }
