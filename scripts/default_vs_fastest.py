@@ -7,11 +7,11 @@ usage: default_vs_fastest.py bench.jsonl [more.jsonl ...] [--peers peers.jsonl .
 
 A case is (op, name, dtype). Its default row is the one noted "default plan" (the attention_hopper
 benches, or a note that starts so) or carrying no note (the family benches' own rows); every other
-row of ours on the case is a candidate (a kernel forced by name, a backend, an A/B variant). Per op it prints the number of
-cases, the median and the largest default / fastest ratio, the cases past --over with the row that
-beat the default, and, where peers.py timed the case, the fastest peer's time over the default's
-(> 1: ours is faster), with the cases where a peer beat the default by more than --over listed
-too ("peer" lines)."""
+row of ours on the case is a candidate (a kernel forced by name, a backend, an A/B variant). Per op
+it prints the number of cases, the median and the largest default / fastest ratio, the cases past
+--over with the row that beat the default, and, where peers.py timed the case, the fastest peer's
+time over the default's (> 1: ours is faster), with the cases where a peer beat the default by more
+than --over listed too ("peer" lines)."""
 import argparse
 import json
 import statistics
