@@ -283,6 +283,15 @@ bool fa3_packs_ungrouped(const attention::Problem& p);
 inline constexpr int64_t kFa3PersistentMaxLen = 256;
 inline constexpr int64_t kFa3PersistentMaxLenFewTiles = 512;
 bool fa3_persists(const attention::Problem& p);
+// Head dim 64 from kFa3WideMinRows query rows on, where fa3 runs: its 192-row instance
+// (kFa3WideKernel) in place of the plain one. Measured (H200, bf16, 16k tokens as B x L, 32 heads,
+// fifty-third session's call 1, two runs, TFLOP/s plain -> wide): L2048 400 -> 430-444 (causal
+// 316-317 -> 340-341), L4096 428 -> 456-464 (375-376 -> 384-387), L8192 439-442 -> 513-514
+// (407-410 -> 466), L16384 444 -> 510-517 (434-439 -> 489-492). Shorter, causal rows lost (L1024
+// 241-243 -> 229, L512 163 -> 161-162) where unmasked ones gained 6% (L512 274 -> 291, L1024 347 ->
+// 366; cuDNN leads both by 15-30%). Padded problems without key counts or pages, as measured.
+inline constexpr int64_t kFa3WideMinRows = 2048;
+bool fa3_widens(const attention::Problem& p);
 // The persistent variant's head dims (its fits, launch and fa3_persists): Dk = Dv = 64 or 128. Its
 // O staging buffer leaves D = 256 no room, and MLA's 192 / 128 is not instantiated.
 constexpr bool fa3_persistent_dims(int64_t dk, int64_t dv) {
@@ -303,14 +312,14 @@ bool wide_head_decode(const attention::Problem& p);
 inline constexpr int kCudnnAhead = 1000;
 inline constexpr int kCudnnBehind = 1;
 
-// fa3_fwd_sm90a is registered eight times: the plain schedule, the pingpong one, two with part of
-// the softmax's exp2 on the FMA pipe (2 or 3 of every 8 column groups), a persistent one (one CTA
-// per SM looping over work tiles), the plain one reading per-sequence key counts (seqused_k) and
-// the plain one reading a paged K / V pool (with or without counts: the only ones that take
-// them), below every other forward kernel (reached by name: A/B, tests), and the plain schedule
-// (or its counts or paged instance; the packed ones where fa3_packs) once more as kFa3RankedAhead,
-// above everything, fitting only where the table picks fa3 among the candidates that serve the
-// problem here (candidate_here).
+// fa3_fwd_sm90a is registered once per schedule or instance below: the plain schedule, the
+// pingpong one, two with part of the softmax's exp2 on the FMA pipe (2 or 3 of every 8 column
+// groups), a persistent one (one CTA per SM looping over work tiles), the plain one reading
+// per-sequence key counts (seqused_k), the plain one reading a paged K / V pool (with or without
+// counts: the only ones that take them), the GQA-packed ones and the 192-row one, below every
+// other forward kernel (reached by name: A/B, tests); and once more as kFa3RankedAhead (the
+// instance fa3_ranked_forward_kernel names), above everything, fitting only where the table picks
+// fa3 among the candidates that serve the problem here (candidate_here).
 inline constexpr std::string_view kFa3Kernel = "fa3_fwd_sm90a";
 inline constexpr std::string_view kFa3PingpongKernel = "fa3_fwd_sm90a_pingpong";
 inline constexpr std::string_view kFa3Exp2Poly2Kernel = "fa3_fwd_sm90a_exp2poly2of8";
@@ -328,10 +337,15 @@ inline constexpr std::string_view kFa3PagedKernel = "fa3_fwd_sm90a_paged";
 inline constexpr std::string_view kFa3PackedKernel = "fa3_fwd_sm90a_packed";
 // The same over paged K / V pools (any page size, as fa3_fwd_sm90a_paged reads them).
 inline constexpr std::string_view kFa3PackedPagedKernel = "fa3_fwd_sm90a_packed_paged";
+// Head dim 64 on 192-row tiles (three consumer warpgroups, FlashAttention-3's d64 tile): the plain
+// schedule otherwise, with everything it takes but Dk = Dv = 64 alone. By name, and through
+// kFa3RankedAhead where fa3_widens.
+inline constexpr std::string_view kFa3WideKernel = "fa3_fwd_sm90a_m192";
 inline constexpr std::string_view kFa3RankedAhead = "fa3_fwd_sm90a_ranked_ahead";
 // The instance kFa3RankedAhead launches for a problem, as the name that pins it: the packed ones
-// where fa3_packs (and fa3_packs_ungrouped), the persistent one where fa3_persists, else
-// the paged, counts or plain one. Bit for bit the same outputs; the bench's fa3 column times it.
+// where fa3_packs (and fa3_packs_ungrouped), the persistent one where fa3_persists, the wide one
+// where fa3_widens, else the paged, counts or plain one. Bit for bit the same outputs; the bench's
+// fa3 column times it.
 std::string_view fa3_ranked_forward_kernel(const attention::Problem& p);
 // The fp8 forward (issue 8's stretch): e4m3 Q, K, V with per-tensor descales, Y in bf16 or f16,
 // Dk = Dv in {64, 128, 256}, padded or varlen layouts; V is transposed into the workspace first

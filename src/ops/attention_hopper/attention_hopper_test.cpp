@@ -538,8 +538,9 @@ TEST(AttentionCudnnRules, ShortGqaChunksGoToFa3Packed) {
 // fa3_packs, and for chunks of 17..kFa3PackedUngroupedMaxRows rows in groups of 1 against caches
 // of kFa3PackedLongCacheKeys or more (padded, no counts or pages, d64 / d128); persistent for
 // padded sequences of at most kFa3PersistentMaxLen queries and keys, kFa3PersistentMaxLenFewTiles
-// at d64 or causal (d64 / d128, no pages, key counts or varlen); else the paged, counts or plain
-// instance. The rule picks an instance only: whether fa3 runs at all is the table's
+// at d64 or causal (d64 / d128, no pages, key counts or varlen); the 192-row one at d64 from
+// kFa3WideMinRows query rows (the same shapes); else the paged, counts or plain instance. The rule
+// picks an instance only: whether fa3 runs at all is the table's
 // (candidate_here).
 TEST(AttentionCudnnRules, RankedAheadInstanceByShape) {
   auto problem = [](int64_t hq, int64_t hk, int64_t lq, int64_t lk, int64_t d = 128,
@@ -594,6 +595,21 @@ TEST(AttentionCudnnRules, RankedAheadInstanceByShape) {
   const auto paged_problem = attention::ForwardOp::make_problem(paged);
   BARACUDA_ASSERT_OK(paged_problem);
   EXPECT_FALSE(fa3_persists(paged_problem.value()));
+  // Head dim 64 from kFa3WideMinRows query rows on (both masks, any group, either dtype), padded
+  // without key counts or pages.
+  const int64_t wide = kFa3WideMinRows;
+  EXPECT_TRUE(fa3_widens(problem(32, 32, wide, wide, 64)));
+  EXPECT_TRUE(fa3_widens(problem(32, 8, wide, 4 * wide, 64, DType::f16)));
+  EXPECT_TRUE(fa3_widens(unmasked(4 * wide, 64)));
+  EXPECT_FALSE(fa3_widens(problem(32, 32, wide - 1, wide, 64)));
+  EXPECT_FALSE(fa3_widens(unmasked(wide, 128)));
+  EXPECT_FALSE(fa3_widens(problem(32, 32, wide, wide, 64, DType::f32)));
+  Descriptor wide_counted = make_desc(DType::bf16, 4, 16, 16, wide, wide, 64);
+  wide_counted.seqused_k = true;
+  EXPECT_FALSE(fa3_widens(problem_of(wide_counted)));
+  Descriptor wide_packed = make_desc(DType::bf16, 4, 16, 16, wide, wide, 64);
+  wide_packed.varlen = true, wide_packed.total_q = 4 * wide, wide_packed.total_k = 4 * wide;
+  EXPECT_FALSE(fa3_widens(problem_of(wide_packed)));
   // The names, in the rule's order.
   EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 8, 32, 4096)), kFa3PackedKernel);
   EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, 32, long_cache)), kFa3PackedKernel);
@@ -602,6 +618,8 @@ TEST(AttentionCudnnRules, RankedAheadInstanceByShape) {
   EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, 512, 512)), kFa3PersistentKernel);
   EXPECT_EQ(fa3_ranked_forward_kernel(unmasked(512, 128)), kFa3Kernel);
   EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, 1024, 1024, 64)), kFa3Kernel);
+  EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, wide, wide, 64)), kFa3WideKernel);
+  EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, wide, wide)), kFa3Kernel);  // d128
   EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, 32, 4096)), kFa3Kernel);
   EXPECT_EQ(fa3_ranked_forward_kernel(problem_of(counted)), kFa3CountsKernel);
   EXPECT_EQ(fa3_ranked_forward_kernel(paged_problem.value()), kFa3PagedKernel);
@@ -1571,7 +1589,7 @@ TEST(AttentionFa3Registry, RegisteredBelowEveryOtherForwardWithTruthfulPrecision
   for (DType t : {DType::bf16, DType::f16}) {
     for (std::string_view name :
          {kFa3, kFa3Pingpong, kFa3Exp2Poly2Kernel, kFa3Exp2Poly3Kernel, kFa3PersistentKernel,
-          kFa3CountsKernel, kFa3PagedKernel, kFa3RankedAhead}) {
+          kFa3CountsKernel, kFa3PagedKernel, kFa3WideKernel, kFa3RankedAhead}) {
       const auto* fa3 = fa3_kernel(t, name);
       if (!fa3) continue;  // CPU-only build
       ++found;
@@ -1579,7 +1597,7 @@ TEST(AttentionFa3Registry, RegisteredBelowEveryOtherForwardWithTruthfulPrecision
     }
   }
   if (found == 0) GTEST_SKIP() << "built without CUDA: fa3_fwd_sm90a is not registered";
-  EXPECT_EQ(found, 16);
+  EXPECT_EQ(found, 18);
 }
 
 // A deterministic forward plan run twice into poisoned Y / LSE: bytes outside them untouched each
@@ -2239,6 +2257,23 @@ TEST(AttentionFa3Gpu, PersistentMatchesReference) {
   }
   check_fa3_cases(cases, kFa3PersistentKernel);
 }
+// The 192-row tiles (D = 64): every D = 64 case of both lists, plus lengths on either side of
+// whole 192-row blocks (191, 192, 193, 385: a last block of 1 row or 191), every mask, both
+// layouts, GQA, more blocks than SMs.
+TEST(AttentionFa3Gpu, WideTilesMatchReference) {
+  FA3_SKIP_UNLESS_RUNNABLE();
+  std::vector<Case> cases;
+  for (const Case& c : all_fa3_cases())
+    if (c.d == 64 && vdim(c) == 64) cases.push_back(c);
+  cases.push_back({DType::bf16, 1, 4, 2, 191, 191, 64, Mask::none(), false, true});
+  cases.push_back({DType::f16, 2, 2, 2, 192, 192, 64, Mask::causal_top_left(), true, false});
+  cases.push_back({DType::bf16, 1, 2, 1, 193, 400, 64, Mask::causal_bottom_right(), false, false});
+  cases.push_back({DType::f16, 1, 4, 4, 385, 385, 64, Mask::sliding_window(70, 20), true, true});
+  cases.push_back(
+      {DType::bf16, 2, 40, 10, 384, 384, 64, Mask::causal_bottom_right(), false, false});
+  cases.push_back({DType::bf16, 1, 2, 2, 600, 300, 64, Mask::none(), false, false, true, 30.0});
+  check_fa3_cases(cases, kFa3WideKernel);
+}
 
 TEST(AttentionFa3Gpu, FitsExactlyWhatItSupports) {
   FA3_SKIP_UNLESS_RUNNABLE();
@@ -2247,6 +2282,9 @@ TEST(AttentionFa3Gpu, FitsExactlyWhatItSupports) {
     const bool plain = fa3_kernel(d.dtype)->fits(problem_of(d), caps);
     for (std::string_view v : {kFa3Pingpong, kFa3Exp2Poly2Kernel, kFa3Exp2Poly3Kernel})
       EXPECT_EQ(fa3_kernel(d.dtype, v)->fits(problem_of(d), caps), plain) << v;
+    // The 192-row tiles: Dk = Dv = 64.
+    EXPECT_EQ(fa3_kernel(d.dtype, kFa3WideKernel)->fits(problem_of(d), caps),
+              plain && d.head_dim_qk == 64 && d.head_dim_v == 64);
     // The persistent variant: Dk = Dv = 64 or 128.
     EXPECT_EQ(
         fa3_kernel(d.dtype, kFa3PersistentKernel)->fits(problem_of(d), caps),
@@ -2256,8 +2294,8 @@ TEST(AttentionFa3Gpu, FitsExactlyWhatItSupports) {
     counted.seqused_k = true;
     EXPECT_FALSE(fa3_kernel(d.dtype, kFa3CountsKernel)->fits(problem_of(d), caps));
     EXPECT_EQ(fa3_kernel(d.dtype, kFa3CountsKernel)->fits(problem_of(counted), caps), plain);
-    for (std::string_view v :
-         {kFa3, kFa3Pingpong, kFa3Exp2Poly2Kernel, kFa3Exp2Poly3Kernel, kFa3PersistentKernel})
+    for (std::string_view v : {kFa3, kFa3Pingpong, kFa3Exp2Poly2Kernel, kFa3Exp2Poly3Kernel,
+                               kFa3PersistentKernel, kFa3WideKernel})
       EXPECT_FALSE(fa3_kernel(d.dtype, v)->fits(problem_of(counted), caps)) << v;
     // Paged pools: their own instance, and only it, at every page size (a whole key tile or half
     // of one as TMA boxes, others as row copies), with or without counts; the ranked-ahead entry
@@ -2279,7 +2317,7 @@ TEST(AttentionFa3Gpu, FitsExactlyWhatItSupports) {
                       ->fits(attention::ForwardOp::make_problem(whole_tiles).value(), caps))
             << ps;
         for (std::string_view v : {kFa3, kFa3CountsKernel, kFa3Pingpong, kFa3Exp2Poly2Kernel,
-                                   kFa3Exp2Poly3Kernel, kFa3PersistentKernel})
+                                   kFa3Exp2Poly3Kernel, kFa3PersistentKernel, kFa3WideKernel})
           EXPECT_FALSE(fa3_kernel(d.dtype, v)->fits(made.value(), caps)) << v << " " << ps;
       }
     }
@@ -2423,10 +2461,12 @@ TEST(AttentionFa3Gpu, DefaultPlanFollowsTheTable) {
 }
 
 // The ranked-ahead entry's other instances, under tables that make fa3 the pick: the persistent
-// one for short sequences (d64 / d128, both masks, up to L512 where fa3_persists takes it) and the
-// packed one for a chunk in a group of 1 against a long cache, the plain one past those shapes;
+// one for short sequences (d64 / d128, both masks, up to L512 where fa3_persists takes it), the
+// packed one for a chunk in a group of 1 against a long cache, the 192-row one at d64 from
+// kFa3WideMinRows rows, the plain one past those shapes;
 // bit for bit the instance pinned by name (whose own tests check it against the float64
-// reference: PersistentMatchesReference, the packed suites, ForwardMatchesReference).
+// reference: PersistentMatchesReference, the packed suites, WideTilesMatchReference,
+// ForwardMatchesReference).
 TEST(AttentionFa3Gpu, DefaultPlanLaunchesTheRankedInstance) {
   FA3_SKIP_UNLESS_RUNNABLE();
   struct Route {
@@ -2451,6 +2491,12 @@ TEST(AttentionFa3Gpu, DefaultPlanLaunchesTheRankedInstance) {
       {{DType::f16, 1, 2, 2, kFa3PackedUngroupedMaxRows, kFa3PackedLongCacheKeys, 64,
         Mask::causal_bottom_right(), true, false},
        kFa3PackedKernel},
+      // d64 from kFa3WideMinRows rows: the 192-row instance.
+      {{DType::bf16, 1, 4, 2, kFa3WideMinRows, kFa3WideMinRows, 64, Mask::none(), false, false},
+       kFa3WideKernel},
+      {{DType::f16, 1, 2, 2, kFa3WideMinRows + 77, kFa3WideMinRows + 300, 64,
+        Mask::causal_bottom_right(), true, true},
+       kFa3WideKernel},
       // Past fa3_persists' lengths: the plain instance.
       {{DType::bf16, 1, 4, 2, 300, 300, 128, Mask::none(), false, false}, kFa3Kernel},
       {{DType::bf16, 1, 4, 4, kFa3PersistentMaxLenFewTiles + 88, kFa3PersistentMaxLenFewTiles + 88,
@@ -3281,6 +3327,7 @@ void check_varlen_case(const VarlenCase& c, harness::Rng& rng) {
   std::vector<std::string_view> fwd = {kFa3, kFa3Pingpong, kFa3Exp2Poly2Kernel,
                                        kFa3Exp2Poly3Kernel};
   if (c.d == 64 || c.d == 128) fwd.push_back(kFa3PersistentKernel);
+  if (c.d == 64) fwd.push_back(kFa3WideKernel);
   // GQA packing where the group fits it (1..16, Dk = Dv).
   if (const auto* packed = fa3_kernel(c.t, kFa3PackedKernel); packed && packed->fits(p, gs.caps()))
     fwd.push_back(kFa3PackedKernel);

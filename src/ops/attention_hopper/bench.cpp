@@ -172,7 +172,8 @@ void sweep(const Stream& stream) {
   // BARACUDA_ATTN_SWEEP: "quick" (L in {1024, 4096, 16384}), "short" (L in {128, 256}: 128 and
   // 64 sequences of the 16k tokens, the table's short points below the sweep's L512), "l<L>,<L>.."
   // (those lengths, 16k tokens each: where a schedule stops paying), "d<D>_l<L>" (that one
-  // non-causal point: profiling runs), anything else the whole sweep.
+  // non-causal point: profiling runs), "d<D>" (every length and mask at that head dim: A/B of one
+  // head dim's schedules), anything else the whole sweep.
   const std::string sweep_env{bench::env("BARACUDA_ATTN_SWEEP")};
   const bool quick = sweep_env == "quick", short_lens = sweep_env == "short";
   std::vector<int64_t> listed_lens;
@@ -185,6 +186,8 @@ void sweep(const Stream& stream) {
     }
   long long only_d = 0, only_l = 0;
   if (std::sscanf(sweep_env.c_str(), "d%lld_l%lld", &only_d, &only_l) != 2) only_d = only_l = 0;
+  long long dim_only = 0;
+  if (only_d > 0 || std::sscanf(sweep_env.c_str(), "d%lld", &dim_only) != 1) dim_only = 0;
   // BARACUDA_ATTN_BH="<B>,<H>" with a one-point sweep: that batch and head count instead of the
   // sweep's 16k tokens x hidden 2048 (e.g. a grid of whole waves of CTAs against a ragged one),
   // within the buffers allocated here.
@@ -212,7 +215,9 @@ void sweep(const Stream& stream) {
   for (int64_t d : {64, 128, 256})
     for (int64_t l : lens)
       for (bool causal : {false, true}) {
-        if (only_d > 0 && (d != only_d || l != only_l || causal)) continue;
+        if ((only_d > 0 && (d != only_d || l != only_l || causal)) ||
+            (dim_only > 0 && d != dim_only))
+          continue;
         const int64_t h = only_h > 0 ? only_h : kHidden / d,
                       batch = only_b > 0 ? only_b : kTokens / l;
         const attention::Descriptor desc = sweep_desc(dt, batch, h, l, d, causal);
@@ -284,10 +289,12 @@ void sweep(const Stream& stream) {
         const std::string_view stand_in =
             problem.ok() ? fa3_ranked_forward_kernel(problem.value()) : kFa3Kernel;
         // The exp2-offload variants: notes "fa3_sm90a_exp2poly2of8" / "fa3_sm90a_exp2poly3of8".
-        // The persistent variant (D = 64, 128): note "fa3_sm90a_persistent".
+        // The persistent variant (D = 64, 128): note "fa3_sm90a_persistent"; the 192-row tiles
+        // (D = 64): "fa3_sm90a_m192".
         for (std::string_view fa3 : {kFa3Kernel, kFa3PingpongKernel, kFa3Exp2Poly2Kernel,
-                                     kFa3Exp2Poly3Kernel, kFa3PersistentKernel}) {
-          if ((fa3 == kFa3PersistentKernel && !fa3_persistent_dims(d, d)) || backward_only)
+                                     kFa3Exp2Poly3Kernel, kFa3PersistentKernel, kFa3WideKernel}) {
+          if ((fa3 == kFa3PersistentKernel && !fa3_persistent_dims(d, d)) ||
+              (fa3 == kFa3WideKernel && d != 64) || backward_only)
             continue;
           const std::string note = "fa3_sm90a" + std::string(fa3.substr(kFa3Kernel.size()));
           auto fp = attention::ForwardPlan::select(stream, desc, PlanPreference::kernel(fa3));

@@ -1,11 +1,10 @@
 // fa3_fwd_sm90a: our own Hopper (sm_90a) attention forward in the FlashAttention-3 style (issue 8,
-// part 2), registered into attention::ForwardOp's table six times: "fa3_fwd_sm90a",
-// "fa3_fwd_sm90a_pingpong", "fa3_fwd_sm90a_exp2poly2of8", "fa3_fwd_sm90a_exp2poly3of8" and
-// "fa3_fwd_sm90a_persistent" (variants of one template, see Variant; reached by name), and
+// part 2), registered into attention::ForwardOp's table once per Variant of one template
+// ("fa3_fwd_sm90a", "fa3_fwd_sm90a_pingpong", ... "fa3_fwd_sm90a_m192"; reached by name), and as
 // "fa3_fwd_sm90a_ranked_ahead" (the plain one where the measured selection table,
 // selection_table.hpp, says it is the fastest candidate: the default plan there).
 //
-// Design (one CTA per 128 query rows of one (batch, query head)):
+// Design (one CTA per 128 query rows of one (batch, query head); kWide: 192, three consumers):
 //  - 3 warpgroups (384 threads): warpgroups 0 and 1 are consumers (64 query rows each), warpgroup
 //    2 the producer (setmaxnreg: 24 registers for it, 240 for the consumers); one lane of it issues
 //    every TMA load (cp.async.bulk.tensor.4d): the Q tile once, then K / V tiles of 128 keys into a
@@ -72,7 +71,8 @@ namespace {
 using attention::ForwardArguments;
 using attention::Problem;
 
-constexpr int kBM = 128;  // query rows per CTA (two consumer warpgroups of 64)
+// Query rows per CTA: 64 per consumer warpgroup, two of them (the wide instance, kWide: three).
+constexpr int kBM = 128;
 // Head dims: an instantiation's D is Dk (Q, K); Dv = D except for D = 192, the instantiation of
 // DeepSeek's multi-head latent attention prefill (Dk = 192: 128 + 64 rotary, Dv = 128).
 template <int D>
@@ -80,13 +80,9 @@ constexpr int kDvOf = D == 192 ? 128 : D;
 // Keys per tile: 128, 64 at D = 256 (O's 128 accumulator registers leave room for a 64-key S).
 template <int D>
 constexpr int kKeysPerTile = D == 256 ? 64 : 128;
-constexpr int kConsumers = 2;                     // consumer warpgroups
-constexpr int kThreads = (kConsumers + 1) * 128;  // + the producer warpgroup
-// [[maybe_unused]]: only the sm_90a device code reads these (other targets get empty kernels).
-[[maybe_unused]] constexpr int kProducerWarp = kConsumers * 4;  // its first warp issues the loads
 // setmaxnreg: the producer warpgroup gives registers back, the consumers take them
-// (128 * (24 + 2 * 240) <= 64K).
-[[maybe_unused]] constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+// (128 * (24 + 2 * 240) <= 64K; three consumers: 128 * (24 + 3 * 160)).
+[[maybe_unused]] constexpr int kProducerRegs = 24;
 // mbarriers: the Q tile; per K/V stage (at most 3) "K full", "V full" (TMA transaction counts) and
 // "K empty", "V empty" (one arrive per consumer warp).
 constexpr int kMaxStages = 3;
@@ -128,12 +124,12 @@ __host__ __device__ inline int fp8_vt_start(int start, int b) {
 // [rows][D bytes]; V arrives transposed ([D][BN keys], see fp8_transpose_v), and O is staged for
 // the epilogue in a buffer of its own (Q's cannot hold 16-bit O): 73 / 145 / 193 KB at D = 64 /
 // 128 / 256.
-template <int D, int kEB = 2, int kStagesAsked = 0>
+template <int D, int kEB = 2, int kStagesAsked = 0, int kRows = kBM>
 struct Smem {
   // K/V ring stages (D = 128: 160 KB in all at 2); kStagesAsked > 0 overrides.
   static constexpr int kStages = kStagesAsked > 0 ? kStagesAsked : kEB == 1 || D == 64 ? 3 : 2;
   static constexpr int kBn = kKeysPerTile<D>;
-  static constexpr int kQBytes = kBM * D * kEB;
+  static constexpr int kQBytes = kRows * D * kEB;
   static constexpr int kKBytes = kBn * D * kEB;         // one K tile
   static constexpr int kVBytes = kBn * kDvOf<D> * kEB;  // one V tile
   static constexpr int kBytes = kQBytes + kStages * (kKBytes + kVBytes);
@@ -176,18 +172,19 @@ struct Params {
   float *o_part, *lse_part;
 };
 
-// One work tile: query rows [m0, m0 + kBM) of head h of sequence b, n_tiles key tiles from tile
-// n_first on (a band's left bound skips the ones before). The sequence's rows start at packed row
-// q0 (keys: k0) of tensor batch tb (varlen: 0, q0 / k0 from cu_seqlens; padded: b, q0 = k0 = 0);
-// lq / lk its lengths, off its diagonal offset.
+// One work tile: query rows [m0, m0 + the CTA's rows) of head h of sequence b, n_tiles key tiles
+// from tile n_first on (a band's left bound skips the ones before). The sequence's rows start at
+// packed row q0 (keys: k0) of tensor batch tb (varlen: 0, q0 / k0 from cu_seqlens; padded: b, q0 =
+// k0 = 0); lq / lk its lengths, off its diagonal offset.
 struct Tile {
   int m0, h, b, n_tiles;
   int tb, q0, k0, lq, lk, off, n_first;
 };
 // kCounts: the problem has key counts; kCountsIfGiven: it may have them (the paged instance).
-template <int BN, bool kCounts = false, bool kCountsIfGiven = false>
+// kRows: the query rows of the instance's CTA.
+template <int BN, bool kCounts = false, bool kCountsIfGiven = false, int kRows = kBM>
 __device__ __forceinline__ Tile tile_at(const Params& p, int m_block, int h, int b) {
-  Tile t{m_block * kBM, h, b, 0, b, 0, 0, p.lq, p.lk, 0, 0};
+  Tile t{m_block * kRows, h, b, 0, b, 0, 0, p.lq, p.lk, 0, 0};
   if (p.cu_q) {
     const SeqRows s = seq_rows(p.cu_q, p.cu_k, b, p.lq, p.lk, p.total_q, p.total_k);
     t.tb = 0, t.q0 = s.q0, t.k0 = s.k0, t.lq = s.lq, t.lk = s.lk;
@@ -203,7 +200,7 @@ __device__ __forceinline__ Tile tile_at(const Params& p, int m_block, int h, int
   // Keys [n_begin, n_end) are visible to some row of the block.
   int n_end = t.m0 < t.lq ? t.lk : 0, n_begin = 0;
   const int64_t d0 = int64_t{t.m0} + t.off;  // the block's first diagonal
-  if (p.right >= 0) n_end = static_cast<int>(min(int64_t{n_end}, d0 + kBM + p.right));
+  if (p.right >= 0) n_end = static_cast<int>(min(int64_t{n_end}, d0 + kRows + p.right));
   if (p.left >= 0) n_begin = static_cast<int>(min(int64_t{t.lk}, max(int64_t{0}, d0 - p.left)));
   t.n_first = n_begin / BN;
   t.n_tiles = n_end > n_begin ? (n_end + BN - 1) / BN - t.n_first : 0;
@@ -266,6 +263,10 @@ __device__ __forceinline__ Tile tile_of(const Params& p, int w) {
 //             (tile_packed; flash_rows_combine merges the splits), key counts where given. For
 //             chunks shorter than a tile: at Lq 32 a plain tile holds 32 rows of 128.
 //  kPackedPaged: kPacked reading K / V as kPaged does.
+//  kWide:    (D = 64, 16-bit) kPlain with three consumer warpgroups: 192 query rows a CTA at 160
+//             registers a consumer thread (FlashAttention-3's d64 tile). At D = 64 the S GEMM and
+//             the P V GEMM are half of D = 128's, the softmax is not: a third warpgroup's softmax
+//             and GEMMs interleave with the other two's, and a K / V tile serves 1.5x the rows.
 //  kLazyRescale: kPlain where a warp whose 16 rows' maxima did not move skips O's rescale (the
 //             factor is exactly 1 then; 64 multiplies a thread a key tile): the fp8 default
 //             (H100, 705370e, six interleaved rounds: +0.7-4.8% over kPlain at d128 L >= 4096).
@@ -281,8 +282,23 @@ enum Variant : int {
   kCounts = 6,
   kPaged = 7,
   kPacked = 8,
-  kPackedPaged = 9
+  kPackedPaged = 9,
+  kWide = 10
 };
+// An instance's consumer warpgroups (64 query rows each), its CTA's query rows and threads (+ the
+// producer warpgroup), and the registers setmaxnreg gives a consumer thread.
+constexpr int consumers_of(int v) {
+  return v == kWide ? 3 : 2;
+}
+constexpr int rows_of(int v) {
+  return 64 * consumers_of(v);
+}
+constexpr int threads_of(int v) {
+  return (consumers_of(v) + 1) * 128;
+}
+[[maybe_unused]] constexpr int consumer_regs(int v) {
+  return v == kWide ? 160 : 240;
+}
 // The instances that read paged pools, and those that pack GQA groups (kPackedPaged does both).
 constexpr bool paged_v(int v) {
   return v == kPaged || v == kPackedPaged;
@@ -301,13 +317,14 @@ constexpr bool packed_v(int v) {
 template <class T, int D, int V>
 constexpr bool third_stage_v = (V == kPaged) && D == 128 && !ElemOf<T>::kFp8;
 template <class T, int D, int V>
-using SmemOf = Smem<D, ElemOf<T>::kBytes, third_stage_v<T, D, V> ? 3 : 0>;
+using SmemOf = Smem<D, ElemOf<T>::kBytes, third_stage_v<T, D, V> ? 3 : 0, rows_of(V)>;
 // The softmax-pinning scratch after the barriers, in 8-byte words: a word per consumer warp where
 // the third stage needs the room, else a word per consumer thread (the other instances keep the
 // layout they were measured with: moving their scratch made ptxas reschedule them, 2-18% slower in
 // the forty-fourth session's call 2).
 template <class T, int D, int V>
-constexpr int kScratchWords = third_stage_v<T, D, V> ? kConsumers * 2 : kConsumers * 128 / 2;
+constexpr int kScratchWords = third_stage_v<T, D, V> ? consumers_of(V) * 2
+                                                     : consumers_of(V) * 128 / 2;
 
 #if BARACUDA_FA3_DEVICE
 constexpr int poly_groups(int v) {
@@ -443,7 +460,7 @@ __device__ __forceinline__ void produce_rows(const CUtensorMap* tq, const Params
     mbar_expect_tx(bq, S::kQBytes);
 #pragma unroll
     for (int db = 0; db < D / kCols; ++db)
-      tma_load_4d(sq + db * kBM * kRow, tq, bq, db * kCols, t.q0 + t.m0, t.h, t.tb);
+      tma_load_4d(sq + db * rows_of(V) * kRow, tq, bq, db * kCols, t.q0 + t.m0, t.h, t.tb);
   }
   // K one tile ahead of V, the order the consumers take them in (S_n = Q K_n before P_{n-1}
   // V_{n-1}): copied K then V a tile, K_{n+1} waited behind V_n's free stage, and the consumers
@@ -488,7 +505,7 @@ __device__ __forceinline__ void produce(const CUtensorMap* tq, const CUtensorMap
   mbar_expect_tx(bq, S::kQBytes);
 #pragma unroll
   for (int db = 0; db < kDB; ++db)
-    tma_load_4d(sq + db * kBM * kRow, tq, bq, db * kCols, t.q0 + t.m0, t.h, t.tb);
+    tma_load_4d(sq + db * rows_of(V) * kRow, tq, bq, db * kCols, t.q0 + t.m0, t.h, t.tb);
   // Paged boxes load K one tile ahead of V, the order the consumers take them in (S_n = Q K_n
   // before P_{n-1} V_{n-1}), so K_{n+1} does not wait behind V_n's free stage: 64-key pages
   // 522 -> 584 TFLOP/s (forty-second session's call 1). The unpaged kernels keep K_n, V_n: the same
@@ -544,7 +561,7 @@ __device__ __forceinline__ void produce(const CUtensorMap* tq, const CUtensorMap
 #endif  // BARACUDA_FA3_DEVICE
 
 template <class T, int D, int V>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(threads_of(V), 1)
     fa3_fwd_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                    const __grid_constant__ CUtensorMap tv, const Params p) {
 #if BARACUDA_FA3_DEVICE
@@ -563,7 +580,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   if (threadIdx.x == 0) {
     mbar_init(smem_u32(&bars[kBarQ]), 1);
-    mbar_init(smem_u32(&bars[kBarQEmpty]), kConsumers * 4);
+    mbar_init(smem_u32(&bars[kBarQEmpty]), consumers_of(V) * 4);
     // Row copies: every producer thread's copies arrive.
     uint32_t full_arrivals = 1;
     if constexpr (kRowCopies<V, T>)
@@ -571,8 +588,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int s = 0; s < kSt; ++s) {
       mbar_init(smem_u32(&bars[kBarKFull + s]), full_arrivals);
       mbar_init(smem_u32(&bars[kBarVFull + s]), full_arrivals);
-      mbar_init(smem_u32(&bars[kBarKEmpty + s]), kConsumers * 4);
-      mbar_init(smem_u32(&bars[kBarVEmpty + s]), kConsumers * 4);
+      mbar_init(smem_u32(&bars[kBarKEmpty + s]), consumers_of(V) * 4);
+      mbar_init(smem_u32(&bars[kBarVEmpty + s]), consumers_of(V) * 4);
     }
     cuda::mbar_init_fence();
   }
@@ -589,11 +606,12 @@ __global__ void __launch_bounds__(kThreads, 1)
            : packed_v(V)
                ? tile_packed<S::kBn>(p, static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y),
                                      static_cast<int>(blockIdx.z))
-               : tile_at<S::kBn, V == kCounts, V == kPaged>(
+               : tile_at<S::kBn, V == kCounts, V == kPaged, rows_of(V)>(
                      p, p.m_blocks - 1 - static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y),
                      static_cast<int>(blockIdx.z));
   };
   const int w0 = kPersistentV ? static_cast<int>(blockIdx.x) : 0;
+  constexpr int kProducerWarp = consumers_of(V) * 4;  // its first warp issues the loads
   if (warp >= kProducerWarp) {
     setmaxnreg_dec<kProducerRegs>();
     if constexpr (kRowCopies<V, T>) {
@@ -621,7 +639,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   } else {
-    setmaxnreg_inc<kConsumerRegs>();
+    setmaxnreg_inc<consumer_regs(V)>();
     int it = 0, q_count = 0;
     for (int w = w0; w < n_work; w += w_step) {
       const Tile t = tile(w);
@@ -653,6 +671,20 @@ __device__ __forceinline__ void turn_pass(int wg) {
   else
     asm volatile("bar.arrive 3, 256;\n" ::: "memory");
 }
+
+// A barrier of consumer warpgroup wg's 128 threads alone: named barriers 1, 2 and, with three
+// consumers, 5 (3 and 4 are the pingpong turns'). A macro, not a function: with the compare inside
+// a function the compiler folded wg's division differently and ptxas scheduled every two-consumer
+// instance anew; this way they compile to the code they were measured with.
+#define FA3_WG_SYNC(kCons, wg)                         \
+  do {                                                 \
+    if ((wg) == 0)                                     \
+      asm volatile("bar.sync 1, 128;\n" ::: "memory"); \
+    else if ((kCons) == 2 || (wg) == 1)                \
+      asm volatile("bar.sync 2, 128;\n" ::: "memory"); \
+    else                                               \
+      asm volatile("bar.sync 5, 128;\n" ::: "memory"); \
+  } while (0)
 
 // The columns each of a thread's two rows sees ([lo, hi)) and the range of tile starts that needs
 // no masking for any row of its warpgroup (c0 >= mask_lo and c0 + BN <= mask_hi).
@@ -769,8 +801,8 @@ __device__ __forceinline__ void rs_e4m3(float (&d)[N / 2], const uint32_t (&a)[4
 }
 
 // S = Q K^T: one wgmma per 32 bytes of the head dim (a k16 step of 16-bit data, k32 of fp8),
-// four per 128-byte swizzle row.
-template <class T, int D, int kBN = kKeysPerTile<D>>
+// four per 128-byte swizzle row. kRows: the Q tile's rows (a column block's).
+template <class T, int D, int kBN = kKeysPerTile<D>, int kRows = kBM>
 __device__ __forceinline__ void issue_s(float (&sc)[kBN / 2], uint32_t q_base, uint32_t k_base) {
   constexpr int kRow = kQkRow<T, D>, kSteps = kRow / 32;  // k steps per swizzled row
   // Each wgmma's descriptors one add from the first's (desc_plus; H200, 2026-11-30: d64 L4096 410
@@ -779,7 +811,7 @@ __device__ __forceinline__ void issue_s(float (&sc)[kBN / 2], uint32_t q_base, u
 #pragma unroll
   for (int kk = 0; kk < D * ElemOf<T>::kBytes / 32; ++kk) {
     const uint32_t koff = (kk % kSteps) * 32;  // k step inside a swizzled row
-    const uint64_t da = desc_plus(da0, (kk / kSteps) * kBM * kRow + koff);
+    const uint64_t da = desc_plus(da0, (kk / kSteps) * kRows * kRow + koff);
     const uint64_t dbk = desc_plus(db0, (kk / kSteps) * kBN * kRow + koff);
     if constexpr (ElemOf<T>::kFp8)
       ss_e4m3<kBN>(sc, da, dbk, kk > 0 ? 1 : 0);
@@ -833,6 +865,7 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
   constexpr int kSt = S::kStages;
   constexpr int kBN = S::kBn;
   constexpr int DV = kDvOf<D>;
+  constexpr int kRows = rows_of(V);
   const int wg = warp / 4, wl = warp % 4;
   // This thread's rows: row0 and row0 + 8. kPacked: tile rows; tile row r is query m0 + (r &
   // q_mask) of query head t.h + (r >> rows_log2). Each form keeps its own expressions: in a shared
@@ -880,7 +913,7 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
     mbar_wait(smem_u32(&bars[kBarKFull + s0]), (it0 / kSt) & 1);
     if (PP) turn_wait(wg);
     wgmma_fence();
-    issue_s<T, D>(sc, q_base, sk0 + s0 * S::kKBytes);
+    issue_s<T, D, kBN, kRows>(sc, q_base, sk0 + s0 * S::kKBytes);
     if (PP) turn_pass(wg);
     wgmma_wait<0>();
     fence_regs(sc);
@@ -908,7 +941,7 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
         turn_wait(wg);
       }
       wgmma_fence();
-      issue_s<T, D>(sc, q_base, sk0 + s * S::kKBytes);
+      issue_s<T, D, kBN, kRows>(sc, q_base, sk0 + s * S::kKBytes);
       rescale();
       if (!PP) mbar_wait(smem_u32(&bars[kBarVFull + sp]), ((r - 1) / kSt) & 1);
       fence_regs(o);
@@ -944,10 +977,7 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
       zero_rows<DV>(sv0 + last * S::kVBytes, kBN, t.lk - (t.n_first + n_tiles - 1) * kBN,
                     static_cast<int>(threadIdx.x) % 128, 128);
       fence_proxy_async();
-      if (wg == 0)
-        asm volatile("bar.sync 1, 128;\n" ::: "memory");
-      else
-        asm volatile("bar.sync 2, 128;\n" ::: "memory");
+      FA3_WG_SYNC(consumers_of(V), wg);
     }
     if (PP) turn_wait(wg);
     fence_regs(o);
@@ -978,8 +1008,8 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
     if constexpr (packed_v(V))
       te = tile_packed<kBN>(p, bx, static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z));
     else
-      te = tile_at<kBN>(p, p.m_blocks - 1 - bx, static_cast<int>(blockIdx.y),
-                        static_cast<int>(blockIdx.z));
+      te = tile_at<kBN, false, false, kRows>(p, p.m_blocks - 1 - bx, static_cast<int>(blockIdx.y),
+                                             static_cast<int>(blockIdx.z));
   }
   const int h = te.h, b = te.tb, m0e = te.m0, q0 = te.q0, lq = te.lq;
   const int row0e = m0e + wg * 64 + wl * 16 + lane / 4;
@@ -1032,15 +1062,12 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
     for (int i = 0; i < 2; ++i) {
       const int r = r_wg + 8 * i;
       const uint32_t addr =
-          o_base + (j / 8) * kBM * 128 + r * 128 + (((j % 8) ^ (r % 8)) * 16) + cq * 2;
+          o_base + (j / 8) * kRows * 128 + r * 128 + (((j % 8) ^ (r % 8)) * 16) + cq * 2;
       const uint32_t v = cuda::pack2<TO>(o[4 * j + 2 * i] * inv[i], o[4 * j + 2 * i + 1] * inv[i]);
       asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
     }
-  // This warpgroup only (named barriers 1 and 2).
-  if (wg == 0)
-    asm volatile("bar.sync 1, 128;\n" ::: "memory");
-  else
-    asm volatile("bar.sync 2, 128;\n" ::: "memory");
+  // This warpgroup only.
+  FA3_WG_SYNC(consumers_of(V), wg);
   const int tid = static_cast<int>(threadIdx.x) % 128;
   constexpr int kChunks = DV / 8;  // 16-byte chunks per row
 #pragma unroll
@@ -1050,7 +1077,7 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
     const int tr = wg * 64 + r, row = packed_v(V) ? m0e + (tr & q_mask) : m0e + wg * 64 + r;
     if (row >= lq) continue;
     const int head = packed_v(V) ? h + (tr >> p.rows_log2) : h;
-    const uint32_t addr = o_base + (cc / 8) * kBM * 128 + r * 128 + (((cc % 8) ^ (r % 8)) * 16);
+    const uint32_t addr = o_base + (cc / 8) * kRows * 128 + r * 128 + (((cc % 8) ^ (r % 8)) * 16);
     uint4 v;
     asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
@@ -1061,13 +1088,9 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
   }
   // The persistent variant's next tile writes the O buffer again: every thread of the warpgroup
   // must have read its rows first.
-  if (kPersistentV) {
-    if (wg == 0)
-      asm volatile("bar.sync 1, 128;\n" ::: "memory");
-    else
-      asm volatile("bar.sync 2, 128;\n" ::: "memory");
-  }
+  if (kPersistentV) FA3_WG_SYNC(consumers_of(V), wg);
 }
+#undef FA3_WG_SYNC
 #endif  // BARACUDA_FA3_DEVICE
 
 // ---- host ---------------------------------------------------------------------------------------
@@ -1120,6 +1143,8 @@ bool fits(const Problem& pr, const DeviceCaps& caps) {
         !fa3_persistent_dims(pr.desc.head_dim_qk, pr.desc.head_dim_v))
       return false;
     return pr.desc.head_dim_qk == 64 ? body_compiled<T, 64, V>() : body_compiled<T, 128, V>();
+  } else if constexpr (V == kWide) {  // D = 64 alone (its 160 registers hold D = 64's O and S)
+    return pr.desc.head_dim_qk == 64 && pr.desc.head_dim_v == 64 && body_compiled<T, 64, V>();
   } else {
     return with_dim<V>(pr.desc.head_dim_qk,
                        [](auto dim) { return body_compiled<T, decltype(dim)::value, V>(); });
@@ -1127,11 +1152,11 @@ bool fits(const Problem& pr, const DeviceCaps& caps) {
 }
 
 // The ranked-ahead entry: the instance fa3_ranked_forward_kernel names (the plain schedule, or its
-// packed, persistent, paged or counts instance), only where the measured table picks fa3 among the
-// candidates that serve the problem here (candidate_here). Paged: every page size (chunked prefill
-// on the H200, 4 x 512 rows against 4096 keys, d128: 1.64-1.74x the family's paged kernel's rate
-// in 64-, 32-, 16- and 8-key pages, forty-first session's call 3).
-// That instance, handed to f as a std::integral_constant.
+// packed, persistent, wide, paged or counts instance), only where the measured table picks fa3
+// among the candidates that serve the problem here (candidate_here). Paged: every page size
+// (chunked prefill on the H200, 4 x 512 rows against 4096 keys, d128: 1.64-1.74x the family's paged
+// kernel's rate in 64-, 32-, 16- and 8-key pages, forty-first session's call 3). That instance,
+// handed to f as a std::integral_constant.
 template <class F>
 decltype(auto) with_ranked_variant(const Problem& pr, F&& f) {
   using std::integral_constant;
@@ -1139,6 +1164,7 @@ decltype(auto) with_ranked_variant(const Problem& pr, F&& f) {
   if (k == kFa3PackedPagedKernel) return f(integral_constant<int, kPackedPaged>{});
   if (k == kFa3PackedKernel) return f(integral_constant<int, kPacked>{});
   if (k == kFa3PersistentKernel) return f(integral_constant<int, kPersistent>{});
+  if (k == kFa3WideKernel) return f(integral_constant<int, kWide>{});
   if (k == kFa3PagedKernel) return f(integral_constant<int, kPaged>{});
   if (k == kFa3CountsKernel) return f(integral_constant<int, kCounts>{});
   return f(integral_constant<int, kPlain>{});
@@ -1296,7 +1322,7 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
   // kPacked: a box of 128 / group rows of each of the group's heads.
   const uint32_t q_heads = packed_v(V) ? static_cast<uint32_t>(pr.group) : 1;
   BARACUDA_TRY(
-      cuda::make_rows_map(who, &tq, dt, q, kBM / q_heads, E::kBytes, kQkRow<T, D>, q_heads));
+      cuda::make_rows_map(who, &tq, dt, q, rows_of(V) / q_heads, E::kBytes, kQkRow<T, D>, q_heads));
   // Paged: the maps span the pool [pages, Hk, page_size, D] (used where pages are whole key tiles;
   // the row copies read the pool through Params).
   const uint32_t kv_rows =
@@ -1359,7 +1385,7 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
   p.lq = static_cast<int>(d.len_q);
   p.lk = static_cast<int>(d.len_k);
   p.group = static_cast<int>(pr.group);
-  p.m_blocks = static_cast<int>((d.len_q + kBM - 1) / kBM);
+  p.m_blocks = static_cast<int>((d.len_q + rows_of(V) - 1) / rows_of(V));
   p.heads = static_cast<int>(d.heads_q);
   p.batch = static_cast<int>(d.batch);
   p.splits = 1;
@@ -1390,7 +1416,7 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
                         : dim3(static_cast<unsigned>(p.m_blocks), static_cast<unsigned>(d.heads_q),
                                static_cast<unsigned>(d.batch));
   BARACUDA_TRY(cuda::launch_with_smem(attention::ForwardOp::name, "fa3_fwd_sm90a",
-                                      fa3_fwd_kernel<T, D, V>, grid, kThreads, smem,
+                                      fa3_fwd_kernel<T, D, V>, grid, threads_of(V), smem,
                                       cuda::stream_of(ctx), tq, tk, tv, p));
   if constexpr (packed_v(V)) {
     if (p.splits > 1) {  // the splits' rows merged in split order (deterministic), a warp a row
@@ -1412,6 +1438,12 @@ Status launch(const LaunchContext& ctx, const Problem& pr, const ForwardArgument
                                 std::to_string(pr.desc.head_dim_qk) + ": D = 64 or 128 only");
     return pr.desc.head_dim_qk == 64 ? launch_d<T, 64, V>(ctx, pr, a)
                                      : launch_d<T, 128, V>(ctx, pr, a);
+  } else if constexpr (V == kWide) {  // D = 64 (see fits)
+    if (pr.desc.head_dim_qk != 64 || pr.desc.head_dim_v != 64)
+      return Error::unsupported(std::string(attention::ForwardOp::name) +
+                                ": fa3_fwd_sm90a_m192: head_dim=" +
+                                std::to_string(pr.desc.head_dim_qk) + ": D = 64 only");
+    return launch_d<T, 64, V>(ctx, pr, a);
   } else {
     return with_dim<V>(pr.desc.head_dim_qk,
                        [&](auto dim) { return launch_d<T, decltype(dim)::value, V>(ctx, pr, a); });
@@ -1489,6 +1521,7 @@ bool register_one() {
       {kFa3PagedKernel, -6, fits<T, kPaged>, launch<T, kPaged>},
       {kFa3PackedKernel, -7, fits<T, kPacked>, launch<T, kPacked>, packed_workspace},
       {kFa3PackedPagedKernel, -8, fits<T, kPackedPaged>, launch<T, kPackedPaged>, packed_workspace},
+      {kFa3WideKernel, -9, fits<T, kWide>, launch<T, kWide>},
       {kFa3RankedAhead, kFa3Ahead, fits_ranked_ahead<T>, launch_ranked_ahead<T>,
        ranked_ahead_workspace}};
   for (const Entry& e : entries)

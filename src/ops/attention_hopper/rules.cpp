@@ -195,11 +195,17 @@ bool fa3_persists(const attention::Problem& p) {
          (len <= kFa3PersistentMaxLen || (few_tiles && len <= kFa3PersistentMaxLenFewTiles));
 }
 
+bool fa3_widens(const attention::Problem& p) {
+  const attention::Descriptor& d = p.desc;
+  return measured_instance_shape(d) && d.head_dim_qk == 64 && d.len_q >= kFa3WideMinRows;
+}
+
 std::string_view fa3_ranked_forward_kernel(const attention::Problem& p) {
   const bool paged = p.desc.page_size > 0;
   if (fa3_packs(p)) return paged ? kFa3PackedPagedKernel : kFa3PackedKernel;
   if (fa3_packs_ungrouped(p)) return kFa3PackedKernel;  // never paged
   if (fa3_persists(p)) return kFa3PersistentKernel;
+  if (fa3_widens(p)) return kFa3WideKernel;
   return paged ? kFa3PagedKernel : p.desc.seqused_k ? kFa3CountsKernel : kFa3Kernel;
 }
 
