@@ -658,10 +658,10 @@ ChunkPoint chunk_point(ChunkInputs& in, std::string_view prefix, int64_t hk, int
 // Chunk points of the selection table (bench_attention attention_chunks): chunked prefill, 4
 // sequences x 32 query heads (GQA 4), a chunk of Lq new rows at the end of Lk-key caches, causal
 // bottom-right, head dims 64 / 128 / 256, Lk 4096 and 16384, Lq 32 .. min(Lk / 2, 4096) (~1 GB of
-// inputs). cuDNN, the bespoke kernels (under an empty table, as the sweep) and fa3_fwd_sm90a timed
-// back to back; one {"table_point": ...} line a point with its "len_q", which make_table.py turns
-// into the table's chunk points (the Lq = Lk sweep measures neither fa3's nor cuDNN's chunk rate).
-// TFLOP/s on the visible keys.
+// inputs). cuDNN, the bespoke kernels (under an empty table, as the sweep) and fa3_fwd_sm90a (the
+// ranked-ahead entry's instance) timed back to back; one {"table_point": ...} line a point with its
+// "len_q", which make_table.py turns into the table's chunk points (the Lq = Lk sweep measures
+// neither fa3's nor cuDNN's chunk rate). TFLOP/s on the visible keys.
 void chunk_sweep(const Stream& stream) {
   const SelectionTableOverride raw_candidates{std::span<const TablePoint>{}};
   constexpr int64_t kHk = 8, kMaxLk = 16384, kMaxLq = 4096, kMaxD = 256;
@@ -672,10 +672,15 @@ void chunk_sweep(const Stream& stream) {
       for (int64_t lq = 32; lq <= lk / 2 && lq <= kMaxLq; lq *= 2) {
         const ChunkPoint c = chunk_point(*in, "chunk", kHk, lq, lk, d);
         double tf[3] = {0, 0, 0};  // cuDNN, bespoke, fa3
+        // fa3's column: the instance its ranked-ahead entry launches here, as in the sweep (the
+        // packed one for short chunks, the 192-row one at d64 from kFa3WideMinRows rows).
+        const auto problem = attention::ForwardOp::make_problem(c.desc);
+        const std::string_view fa3 =
+            problem.ok() ? fa3_ranked_forward_kernel(problem.value()) : kFa3Kernel;
         const std::pair<const char*, PlanPreference> candidates[] = {
             {"cudnn", PlanPreference::only(Backend::cudnn)},
             {"bespoke", PlanPreference::only(Backend::bespoke_cuda)},
-            {"fa3_sm90a", PlanPreference::kernel(kFa3Kernel)}};
+            {"fa3_sm90a", PlanPreference::kernel(fa3)}};
         for (int i = 0; i < 3; ++i) {
           auto fp = attention::ForwardPlan::select(stream, c.desc, candidates[i].second);
           if (!fp.ok()) {
