@@ -839,14 +839,13 @@ TEST(AttentionCudnnRules, ShippedTablePicksFa3WhereItWasFastest) {
   // Chunked prefill (bench_attention's prefill rows: 4 sequences, 32 query heads, GQA 4, d128,
   // bottom-right, Lq new rows against 4096- or 16384-key caches). Padded: fa3's packed instance up
   // to fa3_packed_chunk_rows (fa3_packs; from Lq 8, where the group of 4 fills
-  // kFa3PackedDecodeRows of a tile), then the shipped chunk points' pick (H200, fa3a567,
-  // TFLOP/s): against 4096 keys fa3 at Lq 256 and 512 (617.0 / 621.5 against cuDNN's 600.6 /
-  // 611.2), cuDNN at 1024 (622.4 against 619.8: a lead within kTableLeadMargin) and 2048 (629.5
-  // against 628.5); against 16384 keys cuDNN at 512 (674.1 against 665.0), fa3 at 2048 (659.0
-  // against 597.4), cuDNN at 4096 (606.9 against 603.3, within the margin). With key counts (caches
-  // of twice the keys, cuDNN takes none): fa3 from Lq 8 on (the packed instance up to its rows,
-  // then plain fa3 at 1.6-2.6x the family's kernels at the points), the family's decode kernels
-  // below.
+  // kFa3PackedDecodeRows of a tile), then the shipped chunk points' pick (H200, cb2572a,
+  // TFLOP/s): against 4096 keys fa3 at Lq 256, 512 and 1024 (614.3 / 625.9 / 628.1 against cuDNN's
+  // 595.0 / 609.1 / 614.3), cuDNN at 2048 (619.5 against 606.1); against 16384 keys fa3 at 512
+  // (681.1 against 656.0) and 2048 (615.4 against 601.5), cuDNN at 4096 (604.5 against 599.1).
+  // With key counts (caches of twice the keys, cuDNN takes none): fa3 from Lq 8 on (the packed
+  // instance up to its rows, then plain fa3 at 1.6-2.6x the family's kernels at the points), the
+  // family's decode kernels below.
   struct ChunkPick {
     int64_t lq, lk;
     Candidate padded;
@@ -858,12 +857,12 @@ TEST(AttentionCudnnRules, ShippedTablePicksFa3WhereItWasFastest) {
                               {128, 4096, Candidate::fa3},
                               {256, 4096, Candidate::fa3},
                               {512, 4096, Candidate::fa3},
-                              {1024, 4096, Candidate::cudnn},  // fa3's 0.4%: kTableLeadMargin
+                              {1024, 4096, Candidate::fa3},
                               {2048, 4096, Candidate::cudnn},
                               {256, 16384, Candidate::fa3},
-                              {512, 16384, Candidate::cudnn},
+                              {512, 16384, Candidate::fa3},
                               {2048, 16384, Candidate::fa3},
-                              {4096, 16384, Candidate::cudnn}};  // fa3's 0.6%
+                              {4096, 16384, Candidate::cudnn}};
   for (const ChunkPick& c : chunks) {
     SCOPED_TRACE("chunk Lq " + std::to_string(c.lq) + " Lk " + std::to_string(c.lk));
     Descriptor chunk =
