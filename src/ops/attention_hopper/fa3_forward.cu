@@ -29,7 +29,8 @@
 //  - Epilogue: O / l staged through the warpgroup's own rows of the Q tile (same swizzle), then
 //    16-byte row stores; LSE = m ln2 + ln(l) (f32); Y = 0, LSE = -inf for rows that see no key.
 // Tiles: BM = 128 (2 x 64), BN = 128 (D = 256: 64); shared memory 113 KB (D = 64) / 161 KB
-// (D = 128) / 193 KB (D = 256) / 209 KB (Dk = 192, Dv = 128).
+// (D = 128) / 193 KB (D = 256) / 209 KB (Dk = 192, Dv = 128). kWide (D = 64): BM = 192 (3 x 64),
+// 512 threads, consumers at 160 registers, 121 KB.
 //
 // Supports: bf16 and f16, Dk = Dv in {64, 128, 256} and Dk = 192 with Dv = 128 (DeepSeek MLA
 // prefill; the D = 192 instantiation, see kDvOf), any band mask (none, causal, sliding windows;
