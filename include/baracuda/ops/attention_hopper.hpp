@@ -289,7 +289,7 @@ bool fa3_persists(const attention::Problem& p);
 // 316-317 -> 340-341), L4096 428 -> 456-464 (375-376 -> 384-387), L8192 439-442 -> 513-514
 // (407-410 -> 466), L16384 444 -> 510-517 (434-439 -> 489-492). Shorter, causal rows lost (L1024
 // 241-243 -> 229, L512 163 -> 161-162) where unmasked ones gained 6% (L512 274 -> 291, L1024 347 ->
-// 366; cuDNN leads both by 15-30%). Padded problems without key counts or pages, as measured.
+// 366; cuDNN leads both by 18-33%). Padded problems without key counts or pages, as measured.
 inline constexpr int64_t kFa3WideMinRows = 2048;
 bool fa3_widens(const attention::Problem& p);
 // The persistent variant's head dims (its fits, launch and fa3_persists): Dk = Dv = 64 or 128. Its
