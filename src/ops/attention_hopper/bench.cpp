@@ -134,6 +134,13 @@ double time_backward(const Stream& stream, const std::string& name,
               : 0.0;
 }
 
+// fa3's column in the selection table: the instance its ranked-ahead entry launches for the problem
+// (fa3_ranked_forward_kernel), the plain schedule where the descriptor makes none.
+std::string_view fa3_table_instance(const attention::Descriptor& d) {
+  const auto p = attention::ForwardOp::make_problem(d);
+  return p.ok() ? fa3_ranked_forward_kernel(p.value()) : kFa3Kernel;
+}
+
 // A cuDNN row's note: the configuration that runs, and how many select() timed to pick it.
 std::string cudnn_note(const Stream& s, const attention::Descriptor& d, Pass pass) {
   auto p = attention::ForwardOp::make_problem(d);
@@ -282,12 +289,10 @@ void sweep(const Stream& stream) {
         // Our sm_90a forward pinned by name, both schedules (forward only): same case name, notes
         // "fa3_sm90a" / "fa3_sm90a_pingpong", so they line up with the cudnn / bespoke rows. The
         // table's fa3 column is the instance the ranked-ahead entry launches here
-        // (fa3_ranked_forward_kernel: the plain schedule, or the persistent one for short
-        // sequences).
+        // (fa3_table_instance: the plain schedule, the persistent one for short sequences, the
+        // 192-row one for long d64 ones).
         double fa3_tf = 0;
-        const auto problem = attention::ForwardOp::make_problem(desc);
-        const std::string_view stand_in =
-            problem.ok() ? fa3_ranked_forward_kernel(problem.value()) : kFa3Kernel;
+        const std::string_view stand_in = fa3_table_instance(desc);
         // The exp2-offload variants: notes "fa3_sm90a_exp2poly2of8" / "fa3_sm90a_exp2poly3of8".
         // The persistent variant (D = 64, 128): note "fa3_sm90a_persistent"; the 192-row tiles
         // (D = 64): "fa3_sm90a_m192".
@@ -672,11 +677,8 @@ void chunk_sweep(const Stream& stream) {
       for (int64_t lq = 32; lq <= lk / 2 && lq <= kMaxLq; lq *= 2) {
         const ChunkPoint c = chunk_point(*in, "chunk", kHk, lq, lk, d);
         double tf[3] = {0, 0, 0};  // cuDNN, bespoke, fa3
-        // fa3's column: the instance its ranked-ahead entry launches here, as in the sweep (the
-        // packed one for short chunks, the 192-row one at d64 from kFa3WideMinRows rows).
-        const auto problem = attention::ForwardOp::make_problem(c.desc);
-        const std::string_view fa3 =
-            problem.ok() ? fa3_ranked_forward_kernel(problem.value()) : kFa3Kernel;
+        // fa3's column as in the sweep (here also the packed instance for short chunks).
+        const std::string_view fa3 = fa3_table_instance(c.desc);
         const std::pair<const char*, PlanPreference> candidates[] = {
             {"cudnn", PlanPreference::only(Backend::cudnn)},
             {"bespoke", PlanPreference::only(Backend::bespoke_cuda)},
