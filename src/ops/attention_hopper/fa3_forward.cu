@@ -72,8 +72,10 @@ namespace {
 using attention::ForwardArguments;
 using attention::Problem;
 
-// Query rows per CTA: 64 per consumer warpgroup, two of them (the wide instance, kWide: three).
-constexpr int kBM = 128;
+// Query rows per consumer warpgroup, and per CTA of two of them: every instance's but the wide one
+// (kWide: three, see rows_of).
+constexpr int kWgRows = 64;
+constexpr int kBM = 2 * kWgRows;
 // Head dims: an instantiation's D is Dk (Q, K); Dv = D except for D = 192, the instantiation of
 // DeepSeek's multi-head latent attention prefill (Dk = 192: 128 + 64 rotary, Dv = 128).
 template <int D>
@@ -286,13 +288,13 @@ enum Variant : int {
   kPackedPaged = 9,
   kWide = 10
 };
-// An instance's consumer warpgroups (64 query rows each), its CTA's query rows and threads (+ the
-// producer warpgroup), and the registers setmaxnreg gives a consumer thread.
+// An instance's consumer warpgroups (kWgRows query rows each), its CTA's query rows and threads (+
+// the producer warpgroup), and the registers setmaxnreg gives a consumer thread.
 constexpr int consumers_of(int v) {
   return v == kWide ? 3 : 2;
 }
 constexpr int rows_of(int v) {
-  return 64 * consumers_of(v);
+  return kWgRows * consumers_of(v);
 }
 constexpr int threads_of(int v) {
   return (consumers_of(v) + 1) * 128;
@@ -1140,7 +1142,8 @@ bool fits(const Problem& pr, const DeviceCaps& caps) {
   // registers when the variant was written; the current tree compiles it with none, as D = 64:
   // ptxas -v, CUDA 13.0.)
   if constexpr (V == kPersistent) {
-    if ((pr.desc.len_q + kBM - 1) / kBM * pr.desc.heads_q * pr.desc.batch >= (int64_t{1} << 31) ||
+    if ((pr.desc.len_q + rows_of(V) - 1) / rows_of(V) * pr.desc.heads_q * pr.desc.batch >=
+            (int64_t{1} << 31) ||
         !fa3_persistent_dims(pr.desc.head_dim_qk, pr.desc.head_dim_v))
       return false;
     return pr.desc.head_dim_qk == 64 ? body_compiled<T, 64, V>() : body_compiled<T, 128, V>();
@@ -1182,7 +1185,7 @@ bool fits_ranked_ahead(const Problem& pr, const DeviceCaps& caps) {
 // trip weigh against a shorter one), at most 16. 1: no split, Y written directly.
 inline int packed_splits(const Problem& pr, const DeviceCaps& caps) {
   const auto& d = pr.desc;
-  const int64_t rows = kBM / std::max<int64_t>(pr.group, 1);
+  const int64_t rows = rows_of(kPacked) / std::max<int64_t>(pr.group, 1);
   const int64_t blocks = (d.len_q + rows - 1) / rows * d.heads_kv * d.batch;
   const int64_t tiles = (d.len_k + kKeysPerTile<128> - 1) / kKeysPerTile<128>;
   const int64_t sms = caps.sm_count > 0 ? caps.sm_count : 132;
@@ -1286,7 +1289,7 @@ __global__ void __launch_bounds__(256) fp8_transpose_v(const TransposeParams p) 
 template <class T, int D, int V>
 constexpr int launch_smem() {
   using S = SmemOf<T, D, V>;
-  return S::kLaunchBytes + (ElemOf<T>::kFp8    ? kBM * kDvOf<D> * 2
+  return S::kLaunchBytes + (ElemOf<T>::kFp8    ? rows_of(V) * kDvOf<D> * 2
                             : V == kPersistent ? S::kQBytes
                                                : 0);
 }
@@ -1391,7 +1394,7 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
   p.batch = static_cast<int>(d.batch);
   p.splits = 1;
   if constexpr (packed_v(V)) {
-    const int rows = kBM / p.group;
+    const int rows = rows_of(V) / p.group;
     p.rows_log2 = std::countr_zero(static_cast<unsigned>(rows));
     p.m_blocks = static_cast<int>((d.len_q + rows - 1) / rows);
     p.splits = packed_splits(pr, ctx.stream.caps());
