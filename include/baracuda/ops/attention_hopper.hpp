@@ -366,6 +366,8 @@ inline constexpr int kFa3Ahead = kCudnnAhead + 1;
 // picks fa3 for the backward.
 inline constexpr std::string_view kFa3BwdKernel = "fa3_bwd_sm90a";
 inline constexpr std::string_view kFa3BwdRankedAhead = "fa3_bwd_sm90a_ranked_ahead";
+// The same at D = 64 with three warpgroups over 192 keys a CTA (two over 128 otherwise). By name.
+inline constexpr std::string_view kFa3BwdK192Kernel = "fa3_bwd_sm90a_k192";
 
 // ---- Launch-time rules of the cuDNN kernels -----------------------------------------------------
 // cuDNN reads 16-byte vectors: every Q/K/V/Y/dY/dQ/dK/dV pointer 16-byte aligned and every

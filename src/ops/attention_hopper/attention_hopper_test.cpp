@@ -2830,7 +2830,7 @@ const Kernel<attention::BackwardOp>* fa3_bwd_kernel(DType t,
 TEST(AttentionFa3Registry, BackwardRankedByTheTableAndNotDeterministic) {
   int found = 0;
   for (DType t : {DType::bf16, DType::f16})
-    for (std::string_view name : {kFa3BwdKernel, kFa3BwdRankedAhead}) {
+    for (std::string_view name : {kFa3BwdKernel, kFa3BwdK192Kernel, kFa3BwdRankedAhead}) {
       const auto* fa3 = fa3_bwd_kernel(t, name);
       if (!fa3) continue;  // CPU-only build
       ++found;
@@ -2838,7 +2838,7 @@ TEST(AttentionFa3Registry, BackwardRankedByTheTableAndNotDeterministic) {
       expect_fa3_entry(*fa3, t, kFa3BwdKernel, name == kFa3BwdRankedAhead, false);
     }
   if (found == 0) GTEST_SKIP() << "built without CUDA: fa3_bwd_sm90a is not registered";
-  EXPECT_EQ(found, 4);
+  EXPECT_EQ(found, 6);
 }
 
 std::vector<Case> fa3_bwd_cases() {
@@ -2909,6 +2909,45 @@ TEST(AttentionFa3Gpu, BackwardMatchesReference) {
     check_backward_kernel(c, p, *fa3_bwd_kernel(c.t, kFa3BwdKernel), x.grad, in);
   }
   std::printf("[ fa3 bwd  ] %zu cases, %.2f s\n", fa3_bwd_cases().size(), seconds_since(t0));
+}
+
+// The three-warpgroup kernel (192 keys a CTA, D = 64, no soft-capping): every such case above,
+// and key counts around whole CTAs of 192 (a partial last CTA, exactly one or two, one key past)
+// under GQA, causal alignments and a window.
+TEST(AttentionFa3Gpu, BackwardK192MatchesReference) {
+  FA3_BWD_SKIP_UNLESS_RUNNABLE();
+  std::vector<Case> cases;
+  for (const Case& c : fa3_bwd_cases())
+    if (c.d == 64 && c.softcap == 0) cases.push_back(c);
+  cases.push_back({DType::bf16, 1, 4, 2, 191, 191, 64, Mask::none(), false, false});
+  cases.push_back({DType::f16, 2, 2, 2, 192, 192, 64, Mask::causal_top_left(), true, false});
+  cases.push_back({DType::bf16, 1, 4, 1, 300, 193, 64, Mask::causal_bottom_right(), false, true});
+  cases.push_back({DType::bf16, 1, 2, 2, 384, 384, 64, Mask::none(), false, false});
+  cases.push_back({DType::f16, 1, 6, 2, 385, 577, 64, Mask::sliding_window(150, 20), true, true});
+  cases.push_back({DType::bf16, 2, 4, 4, 640, 500, 64, Mask::none(), false, false});
+  harness::Rng rng;
+  const Stream& gs = harness::stream_for(Target::cuda);
+  for (const Case& c : cases) {
+    SCOPED_TRACE(name_of(c));
+    const Descriptor desc = desc_of(c, c.t);
+    const attention::Problem p = problem_of(desc);
+    auto plan =
+        attention::BackwardPlan::select(gs, desc, PlanPreference::kernel(kFa3BwdK192Kernel));
+    BARACUDA_ASSERT_OK(plan);
+    ASSERT_EQ(plan->sku().name, kFa3BwdK192Kernel);
+    EXPECT_FALSE(plan->precision_guarantee().deterministic);
+    const CaseData x = case_data(c, rng);
+    const GpuBackwardInputs in = upload_backward(c, x);
+    check_backward_kernel(c, p, *fa3_bwd_kernel(c.t, kFa3BwdK192Kernel), x.grad, in);
+  }
+  // Other head dims and soft-capping are refused by name.
+  const Descriptor d128 = make_desc(DType::bf16, 1, 2, 2, 256, 256, 128);
+  EXPECT_FALSE(
+      attention::BackwardPlan::select(gs, d128, PlanPreference::kernel(kFa3BwdK192Kernel)).ok());
+  const Case capped{DType::bf16, 1, 2, 2, 256, 256, 64, Mask::none(), false, false, true, 30.0};
+  EXPECT_FALSE(attention::BackwardPlan::select(gs, desc_of(capped, DType::bf16),
+                                               PlanPreference::kernel(kFa3BwdK192Kernel))
+                   .ok());
 }
 
 TEST(AttentionFa3Gpu, BackwardFitsWhatTheForwardFitsAndNeverServesDeterministic) {
@@ -3380,34 +3419,39 @@ void check_varlen_case(const VarlenCase& c, harness::Rng& rng) {
           spare_rows_untouched({lv.begin() + h * tq, lv.begin() + (h + 1) * tq}, oq, 1, "lse"));
   }
 
-  // The backward pinned by name (not deterministic: each run checked on its own).
-  auto bplan = attention::BackwardPlan::select(gs, desc, PlanPreference::kernel(kFa3BwdKernel));
-  BARACUDA_ASSERT_OK(bplan);
-  ASSERT_EQ(bplan->sku().name, kFa3BwdKernel);
-  TestTensor dq = packed_gpu(c, c.t, tq, c.hq), dk = packed_gpu(c, c.t, tk, c.hk),
-             dv = packed_gpu(c, c.t, tk, c.hk);
-  const Workspace_ bws = workspace_of(bplan->workspace_size());
-  for (int rep = 0; rep < 2; ++rep) {
-    for (TestTensor* t : {&dq, &dk, &dv}) t->poison();
-    const auto q_before = dq.bytes(), k_before = dk.bytes(), v_before = dv.bytes();
-    BARACUDA_ASSERT_OK(bplan->run(
-        gs, bws.get(),
-        {gq_in.cview(), gk_in.cview(), gv_in.cview(), gy_in.cview(), gdy.cview(), glse_in.cview(),
-         dq.view(), dk.view(), dv.view(), gcu_q.cview(), gcu_k.cview()}));
-    BARACUDA_ASSERT_OK(gs.synchronize());
-    const auto dqv = dq.values(), dkv = dk.values(), dvv = dv.values();
-    EXPECT_TRUE(harness::close_to(owned_rows(dqv, oq, c.hq * c.d), owned_rows(gq, oq, c.hq * c.d),
-                                  c.t, Accuracy::reduction, "dq"));
-    EXPECT_TRUE(harness::close_to(owned_rows(dkv, ok, c.hk * c.d), owned_rows(gk, ok, c.hk * c.d),
-                                  c.t, Accuracy::reduction, "dk"));
-    EXPECT_TRUE(harness::close_to(owned_rows(dvv, ok, c.hk * c.d), owned_rows(gv, ok, c.hk * c.d),
-                                  c.t, Accuracy::reduction, "dv"));
-    EXPECT_TRUE(spare_rows_untouched(dqv, oq, c.hq * c.d, "dq"));
-    EXPECT_TRUE(spare_rows_untouched(dkv, ok, c.hk * c.d, "dk"));
-    EXPECT_TRUE(spare_rows_untouched(dvv, ok, c.hk * c.d, "dv"));
-    EXPECT_TRUE(harness::untouched_outside(q_before, dq.bytes(), dq.bit_mask(), "dq gaps"));
-    EXPECT_TRUE(harness::untouched_outside(k_before, dk.bytes(), dk.bit_mask(), "dk gaps"));
-    EXPECT_TRUE(harness::untouched_outside(v_before, dv.bytes(), dv.bit_mask(), "dv gaps"));
+  // The backward pinned by name (not deterministic: each run checked on its own); at D = 64 the
+  // three-warpgroup kernel too.
+  for (std::string_view bname : {kFa3BwdKernel, kFa3BwdK192Kernel}) {
+    if (bname == kFa3BwdK192Kernel && (c.d != 64 || c.softcap > 0)) continue;
+    SCOPED_TRACE(std::string(bname));
+    auto bplan = attention::BackwardPlan::select(gs, desc, PlanPreference::kernel(bname));
+    BARACUDA_ASSERT_OK(bplan);
+    ASSERT_EQ(bplan->sku().name, bname);
+    TestTensor dq = packed_gpu(c, c.t, tq, c.hq), dk = packed_gpu(c, c.t, tk, c.hk),
+               dv = packed_gpu(c, c.t, tk, c.hk);
+    const Workspace_ bws = workspace_of(bplan->workspace_size());
+    for (int rep = 0; rep < 2; ++rep) {
+      for (TestTensor* t : {&dq, &dk, &dv}) t->poison();
+      const auto q_before = dq.bytes(), k_before = dk.bytes(), v_before = dv.bytes();
+      BARACUDA_ASSERT_OK(bplan->run(
+          gs, bws.get(),
+          {gq_in.cview(), gk_in.cview(), gv_in.cview(), gy_in.cview(), gdy.cview(), glse_in.cview(),
+           dq.view(), dk.view(), dv.view(), gcu_q.cview(), gcu_k.cview()}));
+      BARACUDA_ASSERT_OK(gs.synchronize());
+      const auto dqv = dq.values(), dkv = dk.values(), dvv = dv.values();
+      EXPECT_TRUE(harness::close_to(owned_rows(dqv, oq, c.hq * c.d), owned_rows(gq, oq, c.hq * c.d),
+                                    c.t, Accuracy::reduction, "dq"));
+      EXPECT_TRUE(harness::close_to(owned_rows(dkv, ok, c.hk * c.d), owned_rows(gk, ok, c.hk * c.d),
+                                    c.t, Accuracy::reduction, "dk"));
+      EXPECT_TRUE(harness::close_to(owned_rows(dvv, ok, c.hk * c.d), owned_rows(gv, ok, c.hk * c.d),
+                                    c.t, Accuracy::reduction, "dv"));
+      EXPECT_TRUE(spare_rows_untouched(dqv, oq, c.hq * c.d, "dq"));
+      EXPECT_TRUE(spare_rows_untouched(dkv, ok, c.hk * c.d, "dk"));
+      EXPECT_TRUE(spare_rows_untouched(dvv, ok, c.hk * c.d, "dv"));
+      EXPECT_TRUE(harness::untouched_outside(q_before, dq.bytes(), dq.bit_mask(), "dq gaps"));
+      EXPECT_TRUE(harness::untouched_outside(k_before, dk.bytes(), dk.bit_mask(), "dk gaps"));
+      EXPECT_TRUE(harness::untouched_outside(v_before, dv.bytes(), dv.bit_mask(), "dv gaps"));
+    }
   }
 }
 

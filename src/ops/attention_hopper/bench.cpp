@@ -321,6 +321,16 @@ void sweep(const Stream& stream) {
             fa3_bwd_tf = time_bwd(*def_fwd, *bp, "fa3_sm90a");
           else
             bench::emit_error("attention", "attention_backward", name + "/fa3_sm90a", bp.error());
+          // D = 64: the three-warpgroup kernel too (note "fa3_sm90a_k192").
+          if (d == 64) {
+            auto wide = attention::BackwardPlan::select(stream, desc,
+                                                        PlanPreference::kernel(kFa3BwdK192Kernel));
+            if (wide.ok())
+              time_bwd(*def_fwd, *wide, "fa3_sm90a_k192");
+            else
+              bench::emit_error("attention", "attention_backward", name + "/fa3_sm90a_k192",
+                                wide.error());
+          }
         }
         // The default plan (note "default plan") where the attention family's bench does not
         // time it under the same name (its sweep: bf16, d64 / d128, L >= 512).

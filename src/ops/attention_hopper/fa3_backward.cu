@@ -57,7 +57,6 @@ using attention::BackwardArguments;
 using attention::Problem;
 
 constexpr int kQRows = 64;  // query rows per step
-constexpr int kBwdThreads = 256;
 
 // How a CTA's two warpgroups share the work, per head dim. D = 64, 128: 128 keys per CTA, each
 // warpgroup owning 64 of them (all head-dim columns of their dK and dV). D = 256: one warpgroup's
@@ -67,12 +66,15 @@ constexpr int kBwdThreads = 256;
 // all 256 columns), and they trade P^T and dS^T through shared memory (kExchange in the kernel;
 // soft-capped problems, which would need a second traded tile, have both warpgroups form both:
 // 1.4x the tensor work). Tiles (K, V 32 KB; Q, dY 32 KB a stage) leave room for a two-stage ring
-// in 227 KB.
-template <int D>
+// in 227 KB. W = 3 (D = 64 alone, fa3_bwd_sm90a_k192): three warpgroups and 192 keys a CTA, so
+// that a third warpgroup's GEMMs run while the other two form probabilities (the forward's 192-row
+// tiles at D = 64: +16%); 168 registers a thread.
+template <int D, int W = 2>
 struct BwdShape {
   static constexpr bool kSplitCols = D == 256;
-  static constexpr int kKeys = kSplitCols ? 64 : 128;  // keys per CTA
-  static constexpr int kRing = kSplitCols ? 2 : 3;     // Q / dY / lse2 / delta stages
+  static constexpr int kThreads = 128 * W;
+  static constexpr int kKeys = kSplitCols ? 64 : 64 * W;  // keys per CTA
+  static constexpr int kRing = kSplitCols ? 2 : 3;        // Q / dY / lse2 / delta stages
   // Only the sm_90a kernel reads kCols (and BwdSmem's kK, kV): elsewhere nvcc flags them unused,
   // and it ignores [[maybe_unused]] on a class template's static members.
 #if BARACUDA_FA3_DEVICE
@@ -80,9 +82,9 @@ struct BwdShape {
 #endif
 };
 
-template <int D>
-struct BwdSmem : BwdShape<D> {
-  using BwdShape<D>::kKeys, BwdShape<D>::kRing, BwdShape<D>::kSplitCols;
+template <int D, int W = 2>
+struct BwdSmem : BwdShape<D, W> {
+  using BwdShape<D, W>::kKeys, BwdShape<D, W>::kRing, BwdShape<D, W>::kSplitCols;
   static constexpr int kKvBytes = kKeys * D * 2;       // the K or the V tile
   static constexpr int kQBytes = kQRows * D * 2;       // one step's Q or dY tile
   static constexpr int kDsBytes = kKeys * kQRows * 2;  // dS^T, [key][query]
@@ -96,7 +98,7 @@ struct BwdSmem : BwdShape<D> {
   static constexpr int kStageBytes = kQRows * 64 * 4;  // one warpgroup's f32 dQ part
   static constexpr int kStage = kRows + kRing * kRowBytes;
   // D = 256 adds its dQ parts straight from registers (no room for staging).
-  static constexpr int kBytes = kStage + (kSplitCols ? 0 : 2 * kStageBytes);
+  static constexpr int kBytes = kStage + (kSplitCols ? 0 : W * kStageBytes);
   static constexpr int kLaunchBytes = kBytes + 1024;  // + alignment slack for 1024-byte atoms
 };
 
@@ -166,16 +168,23 @@ __device__ __forceinline__ void issue_rs(float (&acc)[D / 2], const uint32_t (&a
                            desc_off<kFresh>(d0, tile, kk * 16 * 128, kQRows * 128, 1024));
   wgmma_commit();
 }
-// Named barriers 2 and 3: one warpgroup.
+// Named barriers 2, 3 (and 6 where W = 3): one warpgroup.
+template <int W>
 __device__ __forceinline__ void sync_warpgroup(int wg) {
   if (wg == 0)
     asm volatile("bar.sync 2, 128;\n" ::: "memory");
-  else
+  else if (W == 2 || wg == 1)
     asm volatile("bar.sync 3, 128;\n" ::: "memory");
+  else
+    asm volatile("bar.sync 6, 128;\n" ::: "memory");
 }
-// Named barrier 1 over both warpgroups.
+// Named barrier 1 over every warpgroup.
+template <int W>
 __device__ __forceinline__ void sync_consumers() {
-  asm volatile("bar.sync 1, 256;\n" ::: "memory");
+  if constexpr (W == 2)
+    asm volatile("bar.sync 1, 256;\n" ::: "memory");
+  else
+    asm volatile("bar.sync 1, 384;\n" ::: "memory");
 }
 #endif
 
@@ -189,14 +198,15 @@ __host__ __device__ constexpr int staged_slot(int j, int tid) {
 }
 
 // kCap: soft-capping; kVarlen: packed sequences (the tiles' rows past a sequence are zeroed).
-// Each in an instantiation of its own, so the plain padded kernel's step carries neither.
-template <class T, int D, bool kCap, bool kVarlen>
-__global__ void __launch_bounds__(kBwdThreads, 1)
+// Each in an instantiation of its own, so the plain padded kernel's step carries neither. W: the
+// consumer warpgroups (BwdShape).
+template <class T, int D, bool kCap, bool kVarlen, int W = 2>
+__global__ void __launch_bounds__(BwdShape<D, W>::kThreads, 1)
     fa3_bwd_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                    const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdy,
                    const BwdParams p) {
 #if BARACUDA_FA3_DEVICE
-  using S = BwdSmem<D>;
+  using S = BwdSmem<D, W>;
   constexpr int kDB = D / 64;  // 64-column blocks per row
   constexpr int kKeys = S::kKeys, kRing = S::kRing, kCols = S::kCols;
   constexpr bool kSplit = S::kSplitCols;
@@ -310,6 +320,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   // memory (1.4x less tensor work; P^T enters dS^T rounded to the 16-bit type, as it enters dV).
   // Soft-capping would need a second exchanged tile (P^T and P^T (1 - tanh^2)): no room.
   constexpr bool kExchange = kSplit && !kCap;
+  // kLean (W = 3, 168 registers a thread; not soft-capped): P^T packed as it is formed and dS^T
+  // formed from the packed P^T, as kExchange does, so that S^T's 32 registers die before dP^T's
+  // are read (with them live as well ptxas serialized every wgmma: C7512).
+  constexpr bool kLean = W == 3 && !kCap;
   const int own_rows = kExchange && wg == 1 ? S::kV : S::kK;
   const int own_tile = kExchange && wg == 1 ? S::kDy : S::kQ;
   // `sb` is the shared-memory base through opaque() (see there); the A operand is this
@@ -342,7 +356,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         zero_rows<D>(sb + S::kQ + s * S::kQBytes, kQRows, valid, tid, 128);
         zero_rows<D>(sb + S::kDy + s * S::kQBytes, kQRows, valid, tid, 128);
         fence_proxy_async();
-        sync_warpgroup(wg);
+        sync_warpgroup<W>(wg);
       }
     }
     issue_scores(t, st, opaque(base), own_rows, own_tile);
@@ -395,10 +409,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   if (steps > 0) {
     mbar_wait(smem_u32(&bars[0]), 0);
     if (kVarlen && n0 + kKeys > lk) {
-      zero_rows<D>(base + S::kK, kKeys, lk - n0, static_cast<int>(threadIdx.x), kBwdThreads);
-      zero_rows<D>(base + S::kV, kKeys, lk - n0, static_cast<int>(threadIdx.x), kBwdThreads);
+      zero_rows<D>(base + S::kK, kKeys, lk - n0, static_cast<int>(threadIdx.x), S::kThreads);
+      zero_rows<D>(base + S::kV, kKeys, lk - n0, static_cast<int>(threadIdx.x), S::kThreads);
       fence_proxy_async();
-      sync_consumers();
+      sync_consumers<W>();
     }
     issue_s(0, pos_row0(first));
     wgmma_wait<0>();
@@ -535,6 +549,20 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
             pa[j / 2][2 * (j % 2)] = cuda::pack2<T>(v[0], v[1]);
             pa[j / 2][2 * (j % 2) + 1] = cuda::pack2<T>(v[2], v[3]);
           }
+        } else if constexpr (kLean) {
+          // Packed as formed: st's registers free one column group at a time.
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            const float2 l = ld_shared_f2(lse2 + (8 * j + cq) * 4);
+            float v[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              v[e] = fast_exp2(fmaf(st[4 * j + e], p.scale_log2, -((e & 1) ? l.y : l.x)));
+              if constexpr (kMasked) v[e] = hidden(j, e) ? 0.f : v[e];
+            }
+            pa[j / 2][2 * (j % 2)] = cuda::pack2<T>(v[0], v[1]);
+            pa[j / 2][2 * (j % 2) + 1] = cuda::pack2<T>(v[2], v[3]);
+          }
         } else {
 #pragma unroll
           for (int j = 0; j < 8; ++j) {
@@ -558,13 +586,22 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       wgmma_wait<1>();  // dP^T done; dV may still run
       fence_regs(dpt);
 
-      // dS^T = P^T (dP^T - delta), then dK += dS^T Q.
+      // dS^T = P^T (dP^T - delta), then dK += dS^T Q. kLean: P^T as rounded for dV.
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const float2 dl = ld_shared_f2(delta + (8 * j + cq) * 4);
+        if constexpr (kLean) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
-          dpt[4 * j + e] = st[4 * j + e] * (dpt[4 * j + e] - ((e & 1) ? dl.y : dl.x));
+          for (int h2 = 0; h2 < 2; ++h2) {
+            const float2 pr = cuda::unpack2<T>(pa[j / 2][2 * (j % 2) + h2]);
+            dpt[4 * j + 2 * h2] = pr.x * (dpt[4 * j + 2 * h2] - dl.x);
+            dpt[4 * j + 2 * h2 + 1] = pr.y * (dpt[4 * j + 2 * h2 + 1] - dl.y);
+          }
+        } else {
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            dpt[4 * j + e] = st[4 * j + e] * (dpt[4 * j + e] - ((e & 1) ? dl.y : dl.x));
+        }
       }
       uint32_t dsa[4][4];
       pack_a<T, 64>(dpt, dsa);
@@ -586,7 +623,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       // stage (t - 1) % kRing is free for step t + kRing - 1. Each warpgroup's dQ staging buffer is
       // free once its previous bulk reduction has read it: the barrier publishes that too.
       if (!kSplit && threadIdx.x % 128 == 0) bulk_wait<0, true>();
-      sync_consumers();
+      sync_consumers<W>();
       // Refilling stage (t - 1) % kRing: at D = 256 here; with the staged dQ once its GEMM is
       // issued, so that warp 0's share of that warpgroup-wide GEMM does not wait behind the load.
       const bool refill = threadIdx.x == 0 && t >= 1 && t + kRing - 1 < steps;
@@ -634,7 +671,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
             issue_scores(t, st, sb, S::kK, S::kQ);
           const int64_t chunk = chunk_of(h, m0);
           fence_proxy_async();
-          sync_warpgroup(wg);
+          sync_warpgroup<W>(wg);
           if (tid == 0) bulk_reduce_add_f32(p.acc + chunk * (kQRows * 64), stage, S::kStageBytes);
         }
       }
@@ -857,10 +894,10 @@ Status check_args(const Problem& pr, const BackwardArguments& a) {
   return {};
 }
 
-template <class T, int D>
+template <class T, int D, int W = 2>
 Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArguments& a) {
   const auto& d = pr.desc;
-  if (!has_sm90a_body<fa3_bwd_kernel<T, D, false, false>>())
+  if (!has_sm90a_body<fa3_bwd_kernel<T, D, false, false, W>>())
     return Error::unsupported(std::string(kWho) + ": this build has no sm_90a code for the kernel");
   const bool vl = d.varlen;
   const ConstTensor q = rows_view(a.q, vl), k = rows_view(a.k, vl), v = rows_view(a.v, vl),
@@ -873,7 +910,7 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
   const CUtensorMapDataType dt = cuda::tensor_map_dtype<T>();
   CUtensorMap tq, tk, tv, tdy;
   BARACUDA_TRY(cuda::make_rows_map(kWho, &tq, dt, q, kQRows));
-  constexpr int kKeys = BwdShape<D>::kKeys;
+  constexpr int kKeys = BwdShape<D, W>::kKeys;
   BARACUDA_TRY(cuda::make_rows_map(kWho, &tk, dt, k, kKeys));
   BARACUDA_TRY(cuda::make_rows_map(kWho, &tv, dt, v, kKeys));
   BARACUDA_TRY(cuda::make_rows_map(kWho, &tdy, dt, dy, kQRows));
@@ -917,11 +954,13 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
   p.heads_q = rp.heads_q;
   p.scale = rp.scale;
 
-  constexpr int smem = BwdSmem<D>::kLaunchBytes;
-  // Soft-capping and varlen in instantiations of their own (see the kernel).
+  constexpr int smem = BwdSmem<D, W>::kLaunchBytes;
+  // Soft-capping and varlen in instantiations of their own (see the kernel). W = 3 has no
+  // soft-capped instances (launch_k192 refuses the cap: in 168 registers its wgmmas serialize).
+  constexpr bool kCaps = W == 2;
   constexpr std::array kernels = {
-      fa3_bwd_kernel<T, D, false, false>, fa3_bwd_kernel<T, D, true, false>,
-      fa3_bwd_kernel<T, D, false, true>, fa3_bwd_kernel<T, D, true, true>};
+      fa3_bwd_kernel<T, D, false, false, W>, fa3_bwd_kernel<T, D, kCaps, false, W>,
+      fa3_bwd_kernel<T, D, false, true, W>, fa3_bwd_kernel<T, D, kCaps, true, W>};
   const auto kernel = kernels[(p.softcap ? 1 : 0) + (vl ? 2 : 0)];
   const cudaStream_t st = cuda::stream_of(ctx);
   const dim3 rows_grid(static_cast<unsigned>(rp.lq_pad / 8), static_cast<unsigned>(d.heads_q),
@@ -931,7 +970,7 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
   const dim3 grid(static_cast<unsigned>((d.len_k + kKeys - 1) / kKeys),
                   static_cast<unsigned>(d.heads_kv), static_cast<unsigned>(d.batch));
   BARACUDA_TRY(cuda::launch_with_smem(attention::BackwardOp::name, "fa3_bwd_sm90a", kernel, grid,
-                                      kBwdThreads, smem, st, tq, tk, tv, tdy, p));
+                                      BwdShape<D, W>::kThreads, smem, st, tq, tk, tv, tdy, p));
   const dim3 post_grid(static_cast<unsigned>(rp.lq_pad / kQRows * (D / 64)),
                        static_cast<unsigned>(d.heads_q), static_cast<unsigned>(d.batch));
   fa3_bwd_post<T, D><<<post_grid, 128, 0, st>>>(rp);
@@ -950,6 +989,24 @@ Status launch(const LaunchContext& ctx, const Problem& pr, const BackwardArgumen
   }
 }
 
+// The three-warpgroup kernel (192 keys a CTA): D = 64 without soft-capping alone.
+template <class T>
+bool fits_k192(const Problem& pr, const DeviceCaps& caps) {
+  return pr.desc.head_dim_qk == 64 && pr.desc.softcap <= 0 && fits<T>(pr, caps) &&
+         has_sm90a_body<fa3_bwd_kernel<T, 64, false, false, 3>>();
+}
+template <class T>
+Status launch_k192(const LaunchContext& ctx, const Problem& pr, const BackwardArguments& a) {
+  if (pr.desc.softcap > 0)
+    return Error::unsupported(std::string(attention::BackwardOp::name) +
+                              ": fa3_bwd_sm90a_k192: softcap: not served (use fa3_bwd_sm90a)");
+  if (pr.desc.head_dim_qk != 64)
+    return Error::unsupported(
+        std::string(attention::BackwardOp::name) +
+        ": fa3_bwd_sm90a_k192: head_dim=" + std::to_string(pr.desc.head_dim_qk) + ": D = 64 only");
+  return launch_d<T, 64, 3>(ctx, pr, a);
+}
+
 // One table of entries per element type. Not deterministic: dQ is summed by bulk reduce-adds in
 // L2 in arrival order.
 template <DType E>
@@ -965,6 +1022,8 @@ bool register_one() {
       // Pinnable below the family's kernels and every cuDNN entry: it never wins `fastest` on
       // its own; PlanPreference::kernel(kFa3BwdKernel) reaches it where it fits.
       {kFa3BwdKernel, -2, fits<T>, launch<T>},
+      // Three warpgroups over 192 keys a CTA (D = 64): by name.
+      {kFa3BwdK192Kernel, -3, fits_k192<T>, launch_k192<T>},
       // The plain kernel above every other backward kernel, fitting only where the measured
       // selection table says it is the fastest candidate (cuDNN's non-deterministic entry then
       // ranks behind).
