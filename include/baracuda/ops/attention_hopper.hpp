@@ -366,8 +366,21 @@ inline constexpr int kFa3Ahead = kCudnnAhead + 1;
 // picks fa3 for the backward.
 inline constexpr std::string_view kFa3BwdKernel = "fa3_bwd_sm90a";
 inline constexpr std::string_view kFa3BwdRankedAhead = "fa3_bwd_sm90a_ranked_ahead";
-// The same at D = 64 with three warpgroups over 192 keys a CTA (two over 128 otherwise). By name.
+// The same at D = 64 with three warpgroups over 192 keys a CTA (two over 128 otherwise), no
+// soft-capping. By name, and through kFa3BwdRankedAhead where fa3_bwd_widens.
 inline constexpr std::string_view kFa3BwdK192Kernel = "fa3_bwd_sm90a_k192";
+// Head dim 64 without soft-capping from kFa3BwdWideMinKeys keys on, where fa3's backward runs: the
+// three-warpgroup kernel in place of the two-warpgroup one. Measured (H200, bf16, 16k tokens as B x
+// L, 32 heads, fifty-fourth session's call 3, medians of 4 runs, TFLOP/s two -> three
+// warpgroups): L2048 346.0 -> 366.1 (causal 291.9 -> 301.6), L4096 380.1 -> 390.6 (336.0 ->
+// 357.6), L8192 398.5 -> 420.9 (375.4 -> 388.3), L16384 404.9 -> 418.4 (399.5 -> 410.0); shorter
+// rows lost (L1024 306.6 -> 295.4, causal 221.5 -> 222.2; L512 236.8 -> 229.8). cuDNN stays ahead
+// at every one of these points (0.89-0.96x), so the table picks fa3 for none of them on the H200:
+// the rule serves where cuDNN does not run.
+inline constexpr int64_t kFa3BwdWideMinKeys = 2048;
+bool fa3_bwd_widens(const attention::Problem& p);
+// The kernel kFa3BwdRankedAhead launches for a problem, as the name that pins it.
+std::string_view fa3_ranked_backward_kernel(const attention::Problem& p);
 
 // ---- Launch-time rules of the cuDNN kernels -----------------------------------------------------
 // cuDNN reads 16-byte vectors: every Q/K/V/Y/dY/dQ/dK/dV pointer 16-byte aligned and every

@@ -140,6 +140,11 @@ std::string_view fa3_table_instance(const attention::Descriptor& d) {
   const auto p = attention::ForwardOp::make_problem(d);
   return p.ok() ? fa3_ranked_forward_kernel(p.value()) : kFa3Kernel;
 }
+// The same for the backward (fa3_ranked_backward_kernel).
+std::string_view fa3_table_bwd_instance(const attention::Descriptor& d) {
+  const auto p = attention::BackwardOp::make_problem(d);
+  return p.ok() ? fa3_ranked_backward_kernel(p.value()) : kFa3BwdKernel;
+}
 
 // A cuDNN row's note: the configuration that runs, and how many select() timed to pick it.
 std::string cudnn_note(const Stream& s, const attention::Descriptor& d, Pass pass) {
@@ -311,17 +316,18 @@ void sweep(const Stream& stream) {
           if (fa3 == stand_in) fa3_tf = tf;
         }
         // Our sm_90a backward pinned by name (note "fa3_sm90a"), on the outputs of the default
-        // forward plan: the table's fa3 column.
+        // forward plan: the table's fa3 column, the instance the ranked-ahead entry launches.
         double fa3_bwd_tf = 0;
         if (auto def_fwd = attention::ForwardPlan::select(stream, desc);
             def_fwd.ok() && !forward_only) {
-          auto bp =
-              attention::BackwardPlan::select(stream, desc, PlanPreference::kernel(kFa3BwdKernel));
+          auto bp = attention::BackwardPlan::select(
+              stream, desc, PlanPreference::kernel(fa3_table_bwd_instance(desc)));
           if (bp.ok())
             fa3_bwd_tf = time_bwd(*def_fwd, *bp, "fa3_sm90a");
           else
             bench::emit_error("attention", "attention_backward", name + "/fa3_sm90a", bp.error());
-          // D = 64: the three-warpgroup kernel too (note "fa3_sm90a_k192").
+          // D = 64: the three-warpgroup kernel by name too (note "fa3_sm90a_k192"; the table's
+          // column above where fa3_bwd_widens).
           if (d == 64) {
             auto wide = attention::BackwardPlan::select(stream, desc,
                                                         PlanPreference::kernel(kFa3BwdK192Kernel));

@@ -867,13 +867,6 @@ bool fits(const Problem& pr, const DeviceCaps& caps) {
   }
 }
 
-// The ranked-ahead entry: only where the measured table picks fa3 for the backward (among the
-// candidates that serve the problem here: candidate_here).
-template <class T>
-bool fits_ranked_ahead(const Problem& pr, const DeviceCaps& caps) {
-  return fits<T>(pr, caps) && candidate_here(pr, Pass::backward, caps) == Candidate::fa3;
-}
-
 size_t workspace(const Problem& pr, const DeviceCaps&) {
   return layout_of(pr).bytes;
 }
@@ -1007,6 +1000,19 @@ Status launch_k192(const LaunchContext& ctx, const Problem& pr, const BackwardAr
   return launch_d<T, 64, 3>(ctx, pr, a);
 }
 
+// The ranked-ahead entry: fa3_ranked_backward_kernel's kernel, only where the measured table picks
+// fa3 for the backward (among the candidates that serve the problem here: candidate_here).
+template <class T>
+bool fits_ranked_ahead(const Problem& pr, const DeviceCaps& caps) {
+  return (fa3_bwd_widens(pr) ? fits_k192<T>(pr, caps) : fits<T>(pr, caps)) &&
+         candidate_here(pr, Pass::backward, caps) == Candidate::fa3;
+}
+template <class T>
+Status launch_ranked_ahead(const LaunchContext& ctx, const Problem& pr,
+                           const BackwardArguments& a) {
+  return fa3_bwd_widens(pr) ? launch_k192<T>(ctx, pr, a) : launch<T>(ctx, pr, a);
+}
+
 // One table of entries per element type. Not deterministic: dQ is summed by bulk reduce-adds in
 // L2 in arrival order.
 template <DType E>
@@ -1024,10 +1030,10 @@ bool register_one() {
       {kFa3BwdKernel, -2, fits<T>, launch<T>},
       // Three warpgroups over 192 keys a CTA (D = 64): by name.
       {kFa3BwdK192Kernel, -3, fits_k192<T>, launch_k192<T>},
-      // The plain kernel above every other backward kernel, fitting only where the measured
-      // selection table says it is the fastest candidate (cuDNN's non-deterministic entry then
-      // ranks behind).
-      {kFa3BwdRankedAhead, kFa3Ahead, fits_ranked_ahead<T>, launch<T>},
+      // fa3_ranked_backward_kernel's kernel above every other backward kernel, fitting only where
+      // the measured selection table says fa3 is the fastest candidate (cuDNN's non-deterministic
+      // entry then ranks behind).
+      {kFa3BwdRankedAhead, kFa3Ahead, fits_ranked_ahead<T>, launch_ranked_ahead<T>},
   };
   for (const Entry& e : entries)
     register_kernel<attention::BackwardOp>(
