@@ -361,9 +361,9 @@ inline constexpr std::string_view kFa3Fp8EagerRescaleKernel = "fa3_fwd_fp8_sm90a
 inline constexpr int kFa3Ahead = kCudnnAhead + 1;
 
 // Our sm_90a backward (fa3_backward.cu): dQ accumulated by float reductions in L2 in arrival
-// order (not deterministic). Registered twice like the forward: below every other backward kernel
-// (reached by name), and as kFa3BwdRankedAhead above everything, fitting only where the table
-// picks fa3 for the backward.
+// order (not deterministic). Registered like the forward: below every other backward kernel
+// (reached by name; kFa3BwdK192Kernel below), and as kFa3BwdRankedAhead above everything, fitting
+// only where the table picks fa3 for the backward.
 inline constexpr std::string_view kFa3BwdKernel = "fa3_bwd_sm90a";
 inline constexpr std::string_view kFa3BwdRankedAhead = "fa3_bwd_sm90a_ranked_ahead";
 // The same at D = 64 with three warpgroups over 192 keys a CTA (two over 128 otherwise), no

@@ -1,16 +1,17 @@
 // fa3_bwd_sm90a: our own Hopper (sm_90a) attention backward (issue 8, part 2), registered into
-// attention::BackwardOp's table twice: by name below every other backward kernel
-// (PlanPreference::kernel(kFa3BwdKernel)), and as fa3_bwd_sm90a_ranked_ahead above everything,
-// fitting only where the measured selection table (selection_table.hpp) picks fa3.
+// attention::BackwardOp's table by name below every other backward kernel
+// (PlanPreference::kernel(kFa3BwdKernel); fa3_bwd_sm90a_k192: D = 64 on three warpgroups, see
+// BwdShape), and as fa3_bwd_sm90a_ranked_ahead above everything, fitting only where the measured
+// selection table (selection_table.hpp) picks fa3 and launching fa3_ranked_backward_kernel's one.
 //
 // Three launches on the caller's stream:
 //  1. prep: per query row, delta = rowsum(dY * Y) and lse2 = LSE * log2(e) (+inf for a row that
 //     sees no key or lies past Lq, so its probabilities come out 0 without a branch), both f32 in
 //     the workspace, padded to whole 64-row blocks; the f32 dQ accumulator is zeroed.
-//  2. main: one CTA per 128 keys (D = 256: 64, see BwdShape) of one (batch, key head), looping
-//     over the query blocks (64 rows) of every query head of its group, so dK and dV stay in
-//     registers and are stored once (the group's sum, no atomics). Two warpgroups, each owning 64
-//     of the keys (D = 256: all 64 keys, 128 of the head-dim columns each):
+//  2. main: one CTA per 128 keys (D = 256: 64; k192: 192, see BwdShape) of one (batch, key head),
+//     looping over the query blocks (64 rows) of every query head of its group, so dK and dV stay
+//     in registers and are stored once (the group's sum, no atomics). Two warpgroups (k192: three),
+//     each owning 64 of the keys (D = 256: all 64 keys, 128 of the head-dim columns each):
 //       S^T  = K Q^T        wgmma m64n64k16, both operands K-major from shared memory
 //       dP^T = V dY^T       the same
 //       P^T  = 2^(S^T * scale * log2(e) - lse2[q])       (masked keys: 0)
@@ -25,7 +26,7 @@
 //                           D = 256: warpgroup w takes columns [128 w, 128 w + 128), 64 at a
 //                           time, added from registers by vector atomics (no room to stage).
 //     Q, dY, lse2 and delta of a query block arrive by TMA / bulk copy into a 3-stage ring,
-//     issued by one thread once both warpgroups are past the block that used the stage last
+//     issued by one thread once every warpgroup is past the block that used the stage last
 //     (the per-block barrier that also publishes dS^T); dS^T is double-buffered.
 //  3. post: dQ = scale * accumulator, rounded to the 16-bit type, into the caller's strides. The
 //     accumulator is [B, Hq, query block, D / 64, 64 x 64 in accumulator-fragment order].
