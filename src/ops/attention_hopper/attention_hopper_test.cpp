@@ -2917,25 +2917,32 @@ std::vector<Case> fa3_bwd_cases() {
       GTEST_SKIP() << "fa3_bwd_sm90a does not run here (needs sm_90 and a build with sm_90a)"; \
   } while (0)
 
-TEST(AttentionFa3Gpu, BackwardMatchesReference) {
-  FA3_BWD_SKIP_UNLESS_RUNNABLE();
-  harness::Rng rng;
+// Each case through the backward kernel `name` pinned by name, against the float64 reference.
+void check_pinned_backward(const std::vector<Case>& cases, std::string_view name,
+                           harness::Rng& rng) {
   const Stream& gs = harness::stream_for(Target::cuda);
   const auto t0 = std::chrono::steady_clock::now();
-  for (const Case& c : fa3_bwd_cases()) {
+  for (const Case& c : cases) {
     SCOPED_TRACE(name_of(c));
     const Descriptor desc = desc_of(c, c.t);
     const attention::Problem p = problem_of(desc);
     // The plan pinned by name reaches it and tells the truth about determinism.
-    auto plan = attention::BackwardPlan::select(gs, desc, PlanPreference::kernel(kFa3BwdKernel));
+    auto plan = attention::BackwardPlan::select(gs, desc, PlanPreference::kernel(name));
     BARACUDA_ASSERT_OK(plan);
-    ASSERT_EQ(plan->sku().name, kFa3BwdKernel);
+    ASSERT_EQ(plan->sku().name, name);
     EXPECT_FALSE(plan->precision_guarantee().deterministic);
     const CaseData x = case_data(c, rng);
     const GpuBackwardInputs in = upload_backward(c, x);
-    check_backward_kernel(c, p, *fa3_bwd_kernel(c.t, kFa3BwdKernel), x.grad, in);
+    check_backward_kernel(c, p, *fa3_bwd_kernel(c.t, name), x.grad, in);
   }
-  std::printf("[ fa3 bwd  ] %zu cases, %.2f s\n", fa3_bwd_cases().size(), seconds_since(t0));
+  std::printf("[ %s ] %zu cases, %.2f s\n", std::string(name).c_str(), cases.size(),
+              seconds_since(t0));
+}
+
+TEST(AttentionFa3Gpu, BackwardMatchesReference) {
+  FA3_BWD_SKIP_UNLESS_RUNNABLE();
+  harness::Rng rng;
+  check_pinned_backward(fa3_bwd_cases(), kFa3BwdKernel, rng);
 }
 
 // The three-warpgroup kernel (192 keys a CTA, D = 64, no soft-capping): every such case above,
@@ -2953,20 +2960,8 @@ TEST(AttentionFa3Gpu, BackwardK192MatchesReference) {
   cases.push_back({DType::f16, 1, 6, 2, 385, 577, 64, Mask::sliding_window(150, 20), true, true});
   cases.push_back({DType::bf16, 2, 4, 4, 640, 500, 64, Mask::none(), false, false});
   harness::Rng rng;
+  check_pinned_backward(cases, kFa3BwdK192Kernel, rng);
   const Stream& gs = harness::stream_for(Target::cuda);
-  for (const Case& c : cases) {
-    SCOPED_TRACE(name_of(c));
-    const Descriptor desc = desc_of(c, c.t);
-    const attention::Problem p = problem_of(desc);
-    auto plan =
-        attention::BackwardPlan::select(gs, desc, PlanPreference::kernel(kFa3BwdK192Kernel));
-    BARACUDA_ASSERT_OK(plan);
-    ASSERT_EQ(plan->sku().name, kFa3BwdK192Kernel);
-    EXPECT_FALSE(plan->precision_guarantee().deterministic);
-    const CaseData x = case_data(c, rng);
-    const GpuBackwardInputs in = upload_backward(c, x);
-    check_backward_kernel(c, p, *fa3_bwd_kernel(c.t, kFa3BwdK192Kernel), x.grad, in);
-  }
   // The ranked-ahead entry launches it where fa3_bwd_widens (under a table that picks fa3 there).
   {
     const TablePoint fa3_wins[] = {

@@ -534,32 +534,25 @@ __global__ void __launch_bounds__(BwdShape<D, W>::kThreads, 1)
       // unmasked one, most steps of a long row, is exponentials alone.
       auto probabilities = [&](auto masked_tag) {
         constexpr bool kMasked = decltype(masked_tag)::value;
-        if constexpr (kCap) {
-          // Soft-capped: P packed for dV as it is formed, so st can hold P (1 - tanh^2).
+        if constexpr (kCap || kLean) {
+          // P packed for dV as it is formed: soft-capped, so that st can hold P (1 - tanh^2);
+          // kLean, so that st's registers free one column group at a time.
 #pragma unroll
           for (int j = 0; j < 8; ++j) {
             const float2 l = ld_shared_f2(lse2 + (8 * j + cq) * 4);
             float v[4];
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-              const float th = fast_tanh(st[4 * j + e] * p.cap_arg);
-              v[e] = fast_exp2(fmaf(th, p.cap_log2, -((e & 1) ? l.y : l.x)));
-              if constexpr (kMasked) v[e] = hidden(j, e) ? 0.f : v[e];
-              st[4 * j + e] = v[e] * fmaf(-th, th, 1.f);
-            }
-            pa[j / 2][2 * (j % 2)] = cuda::pack2<T>(v[0], v[1]);
-            pa[j / 2][2 * (j % 2) + 1] = cuda::pack2<T>(v[2], v[3]);
-          }
-        } else if constexpr (kLean) {
-          // Packed as formed: st's registers free one column group at a time.
-#pragma unroll
-          for (int j = 0; j < 8; ++j) {
-            const float2 l = ld_shared_f2(lse2 + (8 * j + cq) * 4);
-            float v[4];
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              v[e] = fast_exp2(fmaf(st[4 * j + e], p.scale_log2, -((e & 1) ? l.y : l.x)));
-              if constexpr (kMasked) v[e] = hidden(j, e) ? 0.f : v[e];
+              const float lse = (e & 1) ? l.y : l.x;
+              if constexpr (kCap) {
+                const float th = fast_tanh(st[4 * j + e] * p.cap_arg);
+                v[e] = fast_exp2(fmaf(th, p.cap_log2, -lse));
+                if constexpr (kMasked) v[e] = hidden(j, e) ? 0.f : v[e];
+                st[4 * j + e] = v[e] * fmaf(-th, th, 1.f);
+              } else {
+                v[e] = fast_exp2(fmaf(st[4 * j + e], p.scale_log2, -lse));
+                if constexpr (kMasked) v[e] = hidden(j, e) ? 0.f : v[e];
+              }
             }
             pa[j / 2][2 * (j % 2)] = cuda::pack2<T>(v[0], v[1]);
             pa[j / 2][2 * (j % 2) + 1] = cuda::pack2<T>(v[2], v[3]);
