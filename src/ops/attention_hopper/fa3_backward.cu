@@ -69,7 +69,7 @@ constexpr int kQRows = 64;  // query rows per step
 // 1.4x the tensor work). Tiles (K, V 32 KB; Q, dY 32 KB a stage) leave room for a two-stage ring
 // in 227 KB. W = 3 (D = 64 alone, fa3_bwd_sm90a_k192): three warpgroups and 192 keys a CTA, so
 // that a third warpgroup's GEMMs run while the other two form probabilities (the forward's 192-row
-// tiles at D = 64: +16%); 168 registers a thread.
+// tiles at D = 64: +7-17%); 168 registers a thread.
 template <int D, int W = 2>
 struct BwdShape {
   static constexpr bool kSplitCols = D == 256;
