@@ -996,15 +996,19 @@ Status launch_k192(const LaunchContext& ctx, const Problem& pr, const BackwardAr
 
 // The ranked-ahead entry: fa3_ranked_backward_kernel's kernel, only where the measured table picks
 // fa3 for the backward (among the candidates that serve the problem here: candidate_here).
+// The kernel is picked by its name, as the forward's with_ranked_variant does: the name the bench
+// pins for the table's column is the one that launches.
 template <class T>
 bool fits_ranked_ahead(const Problem& pr, const DeviceCaps& caps) {
-  return (fa3_bwd_widens(pr) ? fits_k192<T>(pr, caps) : fits<T>(pr, caps)) &&
+  const bool k192 = fa3_ranked_backward_kernel(pr) == kFa3BwdK192Kernel;
+  return (k192 ? fits_k192<T>(pr, caps) : fits<T>(pr, caps)) &&
          candidate_here(pr, Pass::backward, caps) == Candidate::fa3;
 }
 template <class T>
 Status launch_ranked_ahead(const LaunchContext& ctx, const Problem& pr,
                            const BackwardArguments& a) {
-  return fa3_bwd_widens(pr) ? launch_k192<T>(ctx, pr, a) : launch<T>(ctx, pr, a);
+  return fa3_ranked_backward_kernel(pr) == kFa3BwdK192Kernel ? launch_k192<T>(ctx, pr, a)
+                                                             : launch<T>(ctx, pr, a);
 }
 
 // One table of entries per element type. Not deterministic: dQ is summed by bulk reduce-adds in
