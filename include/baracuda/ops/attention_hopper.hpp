@@ -369,6 +369,9 @@ inline constexpr std::string_view kFa3BwdRankedAhead = "fa3_bwd_sm90a_ranked_ahe
 // The same at D = 64 with three warpgroups over 192 keys a CTA (two over 128 otherwise), no
 // soft-capping. By name, and through kFa3BwdRankedAhead where fa3_bwd_widens.
 inline constexpr std::string_view kFa3BwdK192Kernel = "fa3_bwd_sm90a_k192";
+// D = 64 with 128 query rows a step (two warpgroups over 128 keys; FlashAttention-3's d64 tile), no
+// soft-capping. By name (an A/B candidate).
+inline constexpr std::string_view kFa3BwdQ128Kernel = "fa3_bwd_sm90a_q128";
 // Head dim 64 without soft-capping from kFa3BwdWideMinKeys keys on, where fa3's backward runs: the
 // three-warpgroup kernel in place of the two-warpgroup one. Measured (H200, bf16, 16k tokens as B x
 // L, 32 heads, fifty-fourth session's call 3, medians of 4 runs, TFLOP/s two -> three

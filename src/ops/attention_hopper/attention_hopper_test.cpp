@@ -2857,7 +2857,8 @@ const Kernel<attention::BackwardOp>* fa3_bwd_kernel(DType t,
 TEST(AttentionFa3Registry, BackwardRankedByTheTableAndNotDeterministic) {
   int found = 0;
   for (DType t : {DType::bf16, DType::f16})
-    for (std::string_view name : {kFa3BwdKernel, kFa3BwdK192Kernel, kFa3BwdRankedAhead}) {
+    for (std::string_view name :
+         {kFa3BwdKernel, kFa3BwdK192Kernel, kFa3BwdQ128Kernel, kFa3BwdRankedAhead}) {
       const auto* fa3 = fa3_bwd_kernel(t, name);
       if (!fa3) continue;  // CPU-only build
       ++found;
@@ -2865,7 +2866,7 @@ TEST(AttentionFa3Registry, BackwardRankedByTheTableAndNotDeterministic) {
       expect_fa3_entry(*fa3, t, kFa3BwdKernel, name == kFa3BwdRankedAhead, false);
     }
   if (found == 0) GTEST_SKIP() << "built without CUDA: fa3_bwd_sm90a is not registered";
-  EXPECT_EQ(found, 6);
+  EXPECT_EQ(found, 8);
 }
 
 std::vector<Case> fa3_bwd_cases() {
@@ -2987,6 +2988,26 @@ TEST(AttentionFa3Gpu, BackwardK192MatchesReference) {
   EXPECT_FALSE(attention::BackwardPlan::select(gs, desc_of(capped, DType::bf16),
                                                PlanPreference::kernel(kFa3BwdK192Kernel))
                    .ok());
+}
+
+// 128 query rows a step (D = 64, no soft-capping): every such case of the list, and query counts
+// around whole steps of 128 (one short, exactly one, one past, two less one, a window and GQA).
+TEST(AttentionFa3Gpu, BackwardQ128MatchesReference) {
+  FA3_BWD_SKIP_UNLESS_RUNNABLE();
+  std::vector<Case> cases;
+  for (const Case& c : fa3_bwd_cases())
+    if (c.d == 64 && c.softcap == 0) cases.push_back(c);
+  cases.push_back({DType::bf16, 1, 4, 2, 127, 300, 64, Mask::none(), false, false});
+  cases.push_back({DType::f16, 2, 2, 2, 128, 128, 64, Mask::causal_top_left(), true, false});
+  cases.push_back({DType::bf16, 1, 4, 1, 129, 257, 64, Mask::causal_bottom_right(), false, true});
+  cases.push_back({DType::bf16, 1, 2, 2, 255, 255, 64, Mask::none(), true, true});
+  cases.push_back({DType::f16, 1, 6, 2, 513, 385, 64, Mask::sliding_window(150, 20), true, true});
+  harness::Rng rng;
+  check_pinned_backward(cases, kFa3BwdQ128Kernel, rng);
+  const Stream& gs = harness::stream_for(Target::cuda);
+  const Descriptor d128 = make_desc(DType::bf16, 1, 2, 2, 256, 256, 128);
+  EXPECT_FALSE(
+      attention::BackwardPlan::select(gs, d128, PlanPreference::kernel(kFa3BwdQ128Kernel)).ok());
 }
 
 TEST(AttentionFa3Gpu, BackwardFitsWhatTheForwardFitsAndNeverServesDeterministic) {
@@ -3460,8 +3481,8 @@ void check_varlen_case(const VarlenCase& c, harness::Rng& rng) {
 
   // The backward pinned by name (not deterministic: each run checked on its own); at D = 64 the
   // three-warpgroup kernel too.
-  for (std::string_view bname : {kFa3BwdKernel, kFa3BwdK192Kernel}) {
-    if (bname == kFa3BwdK192Kernel && (c.d != 64 || c.softcap > 0)) continue;
+  for (std::string_view bname : {kFa3BwdKernel, kFa3BwdK192Kernel, kFa3BwdQ128Kernel}) {
+    if (bname != kFa3BwdKernel && (c.d != 64 || c.softcap > 0)) continue;
     SCOPED_TRACE(std::string(bname));
     auto bplan = attention::BackwardPlan::select(gs, desc, PlanPreference::kernel(bname));
     BARACUDA_ASSERT_OK(bplan);

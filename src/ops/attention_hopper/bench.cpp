@@ -327,15 +327,15 @@ void sweep(const Stream& stream) {
           else
             bench::emit_error("attention", "attention_backward", name + "/fa3_sm90a", bp.error());
           // D = 64: the three-warpgroup kernel by name too (note "fa3_sm90a_k192"; the table's
-          // column above where fa3_bwd_widens).
-          if (d == 64) {
-            auto wide = attention::BackwardPlan::select(stream, desc,
-                                                        PlanPreference::kernel(kFa3BwdK192Kernel));
-            if (wide.ok())
-              time_bwd(*def_fwd, *wide, "fa3_sm90a_k192");
+          // column above where fa3_bwd_widens), and the 128-row steps (note "fa3_sm90a_q128").
+          for (std::string_view k : {kFa3BwdK192Kernel, kFa3BwdQ128Kernel}) {
+            if (d != 64) break;
+            const std::string note = "fa3_sm90a" + std::string(k.substr(kFa3BwdKernel.size()));
+            auto plan = attention::BackwardPlan::select(stream, desc, PlanPreference::kernel(k));
+            if (plan.ok())
+              time_bwd(*def_fwd, *plan, note);
             else
-              bench::emit_error("attention", "attention_backward", name + "/fa3_sm90a_k192",
-                                wide.error());
+              bench::emit_error("attention", "attention_backward", name + "/" + note, plan.error());
           }
         }
         // The default plan (note "default plan") where the attention family's bench does not

@@ -57,7 +57,9 @@ namespace {
 using attention::BackwardArguments;
 using attention::Problem;
 
-constexpr int kQRows = 64;  // query rows per step
+// Query rows of a dQ accumulator chunk, of prep / post's row blocks, and of a step but in
+// fa3_bwd_sm90a_q128 (BwdShape's kQRows).
+constexpr int kChunkRows = 64;
 
 // How a CTA's two warpgroups share the work, per head dim. D = 64, 128: 128 keys per CTA, each
 // warpgroup owning 64 of them (all head-dim columns of their dK and dV). D = 256: one warpgroup's
@@ -70,12 +72,14 @@ constexpr int kQRows = 64;  // query rows per step
 // in 227 KB. W = 3 (D = 64 alone, fa3_bwd_sm90a_k192): three warpgroups and 192 keys a CTA, so
 // that a third warpgroup's GEMMs run while the other two form probabilities (the forward's 192-row
 // tiles at D = 64: +7-17%); 168 registers a thread.
-template <int D, int W = 2>
+template <int D, int W = 2, int Q = 64>
 struct BwdShape {
   static constexpr bool kSplitCols = D == 256;
   static constexpr int kThreads = 128 * W;
   static constexpr int kKeys = kSplitCols ? 64 : 64 * W;  // keys per CTA
-  static constexpr int kRing = kSplitCols ? 2 : 3;        // Q / dY / lse2 / delta stages
+  static constexpr int kQRows = Q;                        // query rows per step
+  // Q / dY / lse2 / delta stages (Q = 128: two, for dS^T's 64 KB)
+  static constexpr int kRing = kSplitCols || Q == 128 ? 2 : 3;
   // Only the sm_90a kernel reads kCols (and BwdSmem's kK, kV): elsewhere nvcc flags them unused,
   // and it ignores [[maybe_unused]] on a class template's static members.
 #if BARACUDA_FA3_DEVICE
@@ -83,9 +87,10 @@ struct BwdShape {
 #endif
 };
 
-template <int D, int W = 2>
-struct BwdSmem : BwdShape<D, W> {
-  using BwdShape<D, W>::kKeys, BwdShape<D, W>::kRing, BwdShape<D, W>::kSplitCols;
+template <int D, int W = 2, int Q = 64>
+struct BwdSmem : BwdShape<D, W, Q> {
+  using BwdShape<D, W, Q>::kKeys, BwdShape<D, W, Q>::kRing, BwdShape<D, W, Q>::kSplitCols,
+      BwdShape<D, W, Q>::kQRows;
   static constexpr int kKvBytes = kKeys * D * 2;       // the K or the V tile
   static constexpr int kQBytes = kQRows * D * 2;       // one step's Q or dY tile
   static constexpr int kDsBytes = kKeys * kQRows * 2;  // dS^T, [key][query]
@@ -96,7 +101,7 @@ struct BwdSmem : BwdShape<D, W> {
 #endif
   static constexpr int kQ = 2 * kKvBytes, kDy = kQ + kRing * kQBytes, kDs = kDy + kRing * kQBytes,
                        kP = kDs + 2 * kDsBytes, kRows = kP + (kSplitCols ? 2 * kDsBytes : 0);
-  static constexpr int kStageBytes = kQRows * 64 * 4;  // one warpgroup's f32 dQ part
+  static constexpr int kStageBytes = kChunkRows * 64 * 4;  // one warpgroup's f32 dQ part
   static constexpr int kStage = kRows + kRing * kRowBytes;
   // D = 256 adds its dQ parts straight from registers (no room for staging).
   static constexpr int kBytes = kStage + (kSplitCols ? 0 : W * kStageBytes);
@@ -156,17 +161,16 @@ __device__ __forceinline__ uint64_t desc_off(uint64_t d0, uint32_t tile, uint32_
                                              uint32_t sbo) {
   return kFresh ? desc_sw128(tile + off, lbo, sbo) : desc_plus(d0, off);
 }
-// acc += A B, one commit group: A (64 rows x 64, the k16 fragments of an accumulator, pack_a)
-// from registers, B = one step's Q or dY tile ([64 queries][D], MN-major).
-template <class T, int D, bool kFresh>
-__device__ __forceinline__ void issue_rs(float (&acc)[D / 2], const uint32_t (&a)[4][4],
+// acc += A B, one commit group: A (64 rows x Q, the k16 fragments of an accumulator, pack_a)
+// from registers, B = one step's Q or dY tile ([Q queries][D], MN-major).
+template <class T, int D, bool kFresh, int Q = 64>
+__device__ __forceinline__ void issue_rs(float (&acc)[D / 2], const uint32_t (&a)[Q / 16][4],
                                          uint32_t tile) {
-  const uint64_t d0 = desc_sw128(tile, kQRows * 128, 1024);
+  const uint64_t d0 = desc_sw128(tile, Q * 128, 1024);
   wgmma_fence();
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk)
-    Ops<T>::template rs<D>(acc, a[kk],
-                           desc_off<kFresh>(d0, tile, kk * 16 * 128, kQRows * 128, 1024));
+  for (int kk = 0; kk < Q / 16; ++kk)
+    Ops<T>::template rs<D>(acc, a[kk], desc_off<kFresh>(d0, tile, kk * 16 * 128, Q * 128, 1024));
   wgmma_commit();
 }
 // Named barriers 2, 3 (and 6 where W = 3): one warpgroup.
@@ -201,15 +205,15 @@ __host__ __device__ constexpr int staged_slot(int j, int tid) {
 // kCap: soft-capping; kVarlen: packed sequences (the tiles' rows past a sequence are zeroed).
 // Each in an instantiation of its own, so the plain padded kernel's step carries neither. W: the
 // consumer warpgroups (BwdShape).
-template <class T, int D, bool kCap, bool kVarlen, int W = 2>
-__global__ void __launch_bounds__(BwdShape<D, W>::kThreads, 1)
+template <class T, int D, bool kCap, bool kVarlen, int W = 2, int Q = 64>
+__global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
     fa3_bwd_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                    const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdy,
                    const BwdParams p) {
 #if BARACUDA_FA3_DEVICE
-  using S = BwdSmem<D, W>;
+  using S = BwdSmem<D, W, Q>;
   constexpr int kDB = D / 64;  // 64-column blocks per row
-  constexpr int kKeys = S::kKeys, kRing = S::kRing, kCols = S::kCols;
+  constexpr int kKeys = S::kKeys, kRing = S::kRing, kCols = S::kCols, kQRows = S::kQRows;
   constexpr bool kSplit = S::kSplitCols;
   extern __shared__ uint8_t smem_raw[];
   __shared__ alignas(8) uint64_t bars[1 + kRing];  // K/V, then one per ring stage
@@ -315,7 +319,7 @@ __global__ void __launch_bounds__(BwdShape<D, W>::kThreads, 1)
   const int left_lim = p.left >= 0 ? -p.left : -kUnbounded;
   // S^T = K Q^T (once the step's stage has landed) and dP^T = V dY^T of step t: this
   // warpgroup's 64 keys x the step's 64 queries, one commit group each.
-  float st[32];
+  float st[kQRows / 2];
   // kExchange (D = 256 without soft-capping): instead of both warpgroups forming S^T and dP^T,
   // warpgroup 0 forms S^T and P^T, warpgroup 1 dP^T, and they trade P^T and dS^T through shared
   // memory (1.4x less tensor work; P^T enters dS^T rounded to the 16-bit type, as it enters dV).
@@ -324,12 +328,12 @@ __global__ void __launch_bounds__(BwdShape<D, W>::kThreads, 1)
   // kLean (W = 3, 168 registers a thread; not soft-capped): P^T packed as it is formed and dS^T
   // formed from the packed P^T, as kExchange does, so that S^T's 32 registers die before dP^T's
   // are read (with them live as well ptxas serialized every wgmma: C7512).
-  constexpr bool kLean = W == 3 && !kCap;
+  constexpr bool kLean = (W == 3 || Q == 128) && !kCap;
   const int own_rows = kExchange && wg == 1 ? S::kV : S::kK;
   const int own_tile = kExchange && wg == 1 ? S::kDy : S::kQ;
   // `sb` is the shared-memory base through opaque() (see there); the A operand is this
   // warpgroup's 64 rows of K (`rows` = S::kK) or V (S::kV), B the step's Q or dY tile.
-  auto issue_scores = [&](int t, float(&acc)[32], uint32_t sb, int rows_at, int tile) {
+  auto issue_scores = [&](int t, float(&acc)[kQRows / 2], uint32_t sb, int rows_at, int tile) {
     const int s = t % kRing;
     const uint32_t rows = sb + rows_at + wg_key * 128, tile_base = sb + tile + s * S::kQBytes;
     const uint64_t da = desc_sw128(rows, 16, 1024), db = desc_sw128(tile_base, 16, 1024);
@@ -338,8 +342,8 @@ __global__ void __launch_bounds__(BwdShape<D, W>::kThreads, 1)
     for (int kk = 0; kk < D / 16; ++kk) {
       const uint32_t koff = (kk / 4) * kKeys * 128 + (kk % 4) * 32;
       const uint32_t qoff = (kk / 4) * kQRows * 128 + (kk % 4) * 32;
-      Ops<T>::ss64(acc, desc_off<kFresh>(da, rows, koff, 16, 1024),
-                   desc_off<kFresh>(db, tile_base, qoff, 16, 1024), kk > 0 ? 1 : 0);
+      Ops<T>::template ss<kQRows>(acc, desc_off<kFresh>(da, rows, koff, 16, 1024),
+                                  desc_off<kFresh>(db, tile_base, qoff, 16, 1024), kk > 0 ? 1 : 0);
     }
     wgmma_commit();
   };
@@ -365,14 +369,15 @@ __global__ void __launch_bounds__(BwdShape<D, W>::kThreads, 1)
   // This warpgroup's accumulator chunk for query head h, query rows from m0: (batch, head,
   // query block, 64-column part).
   auto chunk_of = [&](int h, int m0) {
-    return ((int64_t{b} * p.heads_q + h) * (p.lq_pad / kQRows) + m0 / kQRows) * (D / 64) +
+    return ((int64_t{b} * p.heads_q + h) * (p.lq_pad / kChunkRows) + m0 / kChunkRows) * (D / 64) +
            (D == 128 ? wg : 0);
   };
   // Where this thread's word x of k16 step kk of an accumulator-layout 64 x 64 tile lives in a
   // [key][query] tile (dS^T, P^T: 128-byte rows, 128-byte swizzle).
   auto tile_addr = [&](uint32_t tile, int kk, int x) {
     const int r = wg_key + wl * 16 + lane / 4 + 8 * (x & 1), chunk = 2 * kk + (x >> 1);
-    return tile + r * 128 + ((chunk ^ (r % 8)) * 16) + cq * 2;
+    // Q = 128: queries 64 c on in 128-byte column block c (kKeys rows each).
+    return tile + (chunk / 8) * (kKeys * 128) + r * 128 + (((chunk % 8) ^ (r % 8)) * 16) + cq * 2;
   };
   // kSplit: dQ = dS K for this warpgroup's 128 columns, 64 at a time (32 accumulator registers,
   // as the other head dims), each added into its accumulator chunk by vector atomics in the
@@ -400,7 +405,7 @@ __global__ void __launch_bounds__(BwdShape<D, W>::kThreads, 1)
         else
           issue_scores(t, st, sb, own_rows, own_tile);
       }
-      float4* chunk = reinterpret_cast<float4*>(p.acc + (chunk_of(h, m0) + cb) * (kQRows * 64));
+      float4* chunk = reinterpret_cast<float4*>(p.acc + (chunk_of(h, m0) + cb) * (kChunkRows * 64));
 #pragma unroll
       for (int j = 0; j < 8; ++j)
         atomicAdd(chunk + staged_slot(j, tid),
@@ -510,7 +515,7 @@ __global__ void __launch_bounds__(BwdShape<D, W>::kThreads, 1)
       issue_rs<T, kCols, kFresh>(dk, dsa, sq + wg_cols);
       split_dq_and_next(t, h, m0, pos_row0(nxt), ds, sb);
     } else {
-      float dpt[32];
+      float dpt[kQRows / 2];
       issue_scores(t, dpt, sb, S::kV, S::kDy);  // S^T_t is done (see the end of the step)
       fence_regs(st);
 
@@ -529,7 +534,7 @@ __global__ void __launch_bounds__(BwdShape<D, W>::kThreads, 1)
         const int rel = rel0 - 8 * j + (8 * (e >> 1) - (e & 1));
         return ((e >> 1) ? past1 : past0) | (rel > right_lim) | (rel < left_lim);
       };
-      uint32_t pa[4][4];
+      uint32_t pa[kQRows / 16][4];
       // Two straight-line copies of the loop (the branch on `masked` is uniform over the CTA): the
       // unmasked one, most steps of a long row, is exponentials alone.
       auto probabilities = [&](auto masked_tag) {
@@ -538,7 +543,7 @@ __global__ void __launch_bounds__(BwdShape<D, W>::kThreads, 1)
           // P packed for dV as it is formed: soft-capped, so that st can hold P (1 - tanh^2);
           // kLean, so that st's registers free one column group at a time.
 #pragma unroll
-          for (int j = 0; j < 8; ++j) {
+          for (int j = 0; j < kQRows / 8; ++j) {
             const float2 l = ld_shared_f2(lse2 + (8 * j + cq) * 4);
             float v[4];
 #pragma unroll
@@ -559,7 +564,7 @@ __global__ void __launch_bounds__(BwdShape<D, W>::kThreads, 1)
           }
         } else {
 #pragma unroll
-          for (int j = 0; j < 8; ++j) {
+          for (int j = 0; j < kQRows / 8; ++j) {
             const float2 l = ld_shared_f2(lse2 + (8 * j + cq) * 4);
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
@@ -568,7 +573,7 @@ __global__ void __launch_bounds__(BwdShape<D, W>::kThreads, 1)
               st[4 * j + e] = v;
             }
           }
-          pack_a<T, 64>(st, pa);
+          pack_a<T, kQRows>(st, pa);
         }
       };
       if (masked) {
@@ -576,13 +581,13 @@ __global__ void __launch_bounds__(BwdShape<D, W>::kThreads, 1)
       } else {
         probabilities(std::false_type{});
       }
-      issue_rs<T, kCols, kFresh>(dv, pa, sdy + wg_cols);
+      issue_rs<T, kCols, kFresh, kQRows>(dv, pa, sdy + wg_cols);
       wgmma_wait<1>();  // dP^T done; dV may still run
       fence_regs(dpt);
 
       // dS^T = P^T (dP^T - delta), then dK += dS^T Q. kLean: P^T as rounded for dV.
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
+      for (int j = 0; j < kQRows / 8; ++j) {
         const float2 dl = ld_shared_f2(delta + (8 * j + cq) * 4);
         if constexpr (kLean) {
 #pragma unroll
@@ -597,14 +602,14 @@ __global__ void __launch_bounds__(BwdShape<D, W>::kThreads, 1)
             dpt[4 * j + e] = st[4 * j + e] * (dpt[4 * j + e] - ((e & 1) ? dl.y : dl.x));
         }
       }
-      uint32_t dsa[4][4];
-      pack_a<T, 64>(dpt, dsa);
-      issue_rs<T, kCols, kFresh>(dk, dsa, sq + wg_cols);
+      uint32_t dsa[kQRows / 16][4];
+      pack_a<T, kQRows>(dpt, dsa);
+      issue_rs<T, kCols, kFresh, kQRows>(dk, dsa, sq + wg_cols);
 
       // dS^T into shared memory ([key][query], 128-byte rows, 128-byte swizzle) for dQ = dS K.
       const uint32_t ds = sb + S::kDs + (t & 1) * S::kDsBytes;
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk)
+      for (int kk = 0; kk < kQRows / 16; ++kk)
 #pragma unroll
         for (int x = 0; x < 4; ++x) {
           // kSplit: both warpgroups hold the same dS^T; each stores half of its queries.
@@ -626,10 +631,14 @@ __global__ void __launch_bounds__(BwdShape<D, W>::kThreads, 1)
         split_dq_and_next(t, h, m0, pos_row0(nxt), ds, sb);
       } else {
         // D = 128: this warpgroup's 64 columns of K over all 128 keys (the CTA's dS^T);
-        // D = 64: all columns over its own 64 keys (its rows of dS^T and K).
-        constexpr int kDqKeys = D == 128 ? kKeys : 64;
-        const uint32_t da_at = ds + (D == 128 ? 0 : wg * 64 * 128),
-                       db_at = sb + S::kK + wg * kDqKeys * 128;
+        // D = 64: all columns over its own 64 keys (its rows of dS^T and K); Q = 128: all columns
+        // for its 64 of the step's queries (dS^T's column block wg) over all 128 keys.
+        constexpr bool kQ128 = kQRows == 128;
+        constexpr int kDqKeys = D == 128 || kQ128 ? kKeys : 64;
+        const uint32_t da_at = ds + (D == 128 ? 0
+                                     : kQ128  ? wg * kKeys * 128
+                                              : wg * 64 * 128),
+                       db_at = sb + S::kK + (kQ128 ? 0 : wg * kDqKeys * 128);
         const uint64_t da = desc_sw128(da_at, 8192, 1024), db = desc_sw128(db_at, 8192, 1024);
         float dq[32];
         wgmma_fence();
@@ -663,10 +672,11 @@ __global__ void __launch_bounds__(BwdShape<D, W>::kThreads, 1)
             issue_s(t + 1, pos_row0(nxt));
           else
             issue_scores(t, st, sb, S::kK, S::kQ);
-          const int64_t chunk = chunk_of(h, m0);
+          const int64_t chunk = chunk_of(h, m0 + (kQ128 ? wg * kChunkRows : 0));
           fence_proxy_async();
           sync_warpgroup<W>(wg);
-          if (tid == 0) bulk_reduce_add_f32(p.acc + chunk * (kQRows * 64), stage, S::kStageBytes);
+          if (tid == 0)
+            bulk_reduce_add_f32(p.acc + chunk * (kChunkRows * 64), stage, S::kStageBytes);
         }
       }
     }
@@ -788,14 +798,14 @@ __global__ void __launch_bounds__(128) fa3_bwd_post(const RowParams p) {
   constexpr int kParts = D / 64;
   // 64 rows of 32 words; a pitch of 36 words keeps both the fragment-order writes (lane l at bank
   // l) and the 16-byte row reads conflict-free.
-  __shared__ alignas(16) uint32_t tile[kQRows][36];
+  __shared__ alignas(16) uint32_t tile[kChunkRows][36];
   const int part = static_cast<int>(blockIdx.x) % kParts,
             m_blk = static_cast<int>(blockIdx.x) / kParts;
   const int h = static_cast<int>(blockIdx.y), b = static_cast<int>(blockIdx.z);
   const int tid = static_cast<int>(threadIdx.x), lane = tid % 32;
   const int64_t chunk =
-      ((int64_t{b} * p.heads_q + h) * (p.lq_pad / kQRows) + m_blk) * kParts + part;
-  const float4* src = reinterpret_cast<const float4*>(p.acc + chunk * (kQRows * 64));
+      ((int64_t{b} * p.heads_q + h) * (p.lq_pad / kChunkRows) + m_blk) * kParts + part;
+  const float4* src = reinterpret_cast<const float4*>(p.acc + chunk * (kChunkRows * 64));
   const int r0 = (tid / 32) * 16 + lane / 4;
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
@@ -809,7 +819,7 @@ __global__ void __launch_bounds__(128) fa3_bwd_post(const RowParams p) {
 #pragma unroll
   for (int it = 0; it < 4; ++it) {
     const int idx = it * 128 + tid, r = idx / 8, c = idx % 8;
-    const int row = m_blk * kQRows + r;
+    const int row = m_blk * kChunkRows + r;
     if (row >= sq.lq) continue;
     const uint4 v = *reinterpret_cast<const uint4*>(&tile[r][4 * c]);
     T* dq = static_cast<T*>(p.dq) + sq.tb * p.sdq[0] + h * p.sdq[1] + (sq.q0 + row) * p.sdq[2] +
@@ -821,8 +831,11 @@ __global__ void __launch_bounds__(128) fa3_bwd_post(const RowParams p) {
 // ---- host ---------------------------------------------------------------------------------------
 constexpr std::string_view kWho = "attention_backward: fa3_bwd_sm90a";
 
+// The workspace's rows per (sequence, query head): whole steps of every instance (q128's 128
+// rows), so that a step's lse2 / delta load stays inside them.
 int64_t padded_rows(const Problem& pr) {
-  return (pr.desc.len_q + kQRows - 1) / kQRows * kQRows;
+  constexpr int64_t kPad = 128;
+  return (pr.desc.len_q + kPad - 1) / kPad * kPad;
 }
 
 // Workspace: the f32 dQ accumulator, then lse2 and delta, each 256-byte aligned from the first
@@ -850,7 +863,7 @@ bool fits(const Problem& pr, const DeviceCaps& caps) {
     return false;
   // A CTA's steps (query blocks x the group's query heads) and their rotated index (t + rot <
   // 2 steps) are ints; the grid's y / z carry key heads and batch (shape_fits bounds them).
-  if (padded_rows(pr) / kQRows * pr.group >= (int64_t{1} << 30)) return false;
+  if (padded_rows(pr) / kChunkRows * pr.group >= (int64_t{1} << 30)) return false;
   switch (pr.desc.head_dim_qk) {
     case 64:
       return has_sm90a_body<fa3_bwd_kernel<T, 64, false, false>>();
@@ -881,10 +894,10 @@ Status check_args(const Problem& pr, const BackwardArguments& a) {
   return {};
 }
 
-template <class T, int D, int W = 2>
+template <class T, int D, int W = 2, int Q = 64>
 Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArguments& a) {
   const auto& d = pr.desc;
-  if (!has_sm90a_body<fa3_bwd_kernel<T, D, false, false, W>>())
+  if (!has_sm90a_body<fa3_bwd_kernel<T, D, false, false, W, Q>>())
     return Error::unsupported(std::string(kWho) + ": this build has no sm_90a code for the kernel");
   const bool vl = d.varlen;
   const ConstTensor q = rows_view(a.q, vl), k = rows_view(a.k, vl), v = rows_view(a.v, vl),
@@ -896,11 +909,11 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
                                       ctx.workspace.bytes);
   const CUtensorMapDataType dt = cuda::tensor_map_dtype<T>();
   CUtensorMap tq, tk, tv, tdy;
-  BARACUDA_TRY(cuda::make_rows_map(kWho, &tq, dt, q, kQRows));
-  constexpr int kKeys = BwdShape<D, W>::kKeys;
+  BARACUDA_TRY(cuda::make_rows_map(kWho, &tq, dt, q, BwdShape<D, W, Q>::kQRows));
+  constexpr int kKeys = BwdShape<D, W, Q>::kKeys;
   BARACUDA_TRY(cuda::make_rows_map(kWho, &tk, dt, k, kKeys));
   BARACUDA_TRY(cuda::make_rows_map(kWho, &tv, dt, v, kKeys));
-  BARACUDA_TRY(cuda::make_rows_map(kWho, &tdy, dt, dy, kQRows));
+  BARACUDA_TRY(cuda::make_rows_map(kWho, &tdy, dt, dy, BwdShape<D, W, Q>::kQRows));
 
   char* ws = static_cast<char*>(ctx.workspace.data) +
              (256 - reinterpret_cast<uintptr_t>(ctx.workspace.data) % 256) % 256;
@@ -941,13 +954,13 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
   p.heads_q = rp.heads_q;
   p.scale = rp.scale;
 
-  constexpr int smem = BwdSmem<D, W>::kLaunchBytes;
+  constexpr int smem = BwdSmem<D, W, Q>::kLaunchBytes;
   // Soft-capping and varlen in instantiations of their own (see the kernel). W = 3 has no
   // soft-capped instances (launch_k192 refuses the cap: in 168 registers its wgmmas serialize).
-  constexpr bool kCaps = W == 2;
+  constexpr bool kCaps = W == 2 && Q == 64;
   constexpr std::array kernels = {
-      fa3_bwd_kernel<T, D, false, false, W>, fa3_bwd_kernel<T, D, kCaps, false, W>,
-      fa3_bwd_kernel<T, D, false, true, W>, fa3_bwd_kernel<T, D, kCaps, true, W>};
+      fa3_bwd_kernel<T, D, false, false, W, Q>, fa3_bwd_kernel<T, D, kCaps, false, W, Q>,
+      fa3_bwd_kernel<T, D, false, true, W, Q>, fa3_bwd_kernel<T, D, kCaps, true, W, Q>};
   const auto kernel = kernels[(p.softcap ? 1 : 0) + (vl ? 2 : 0)];
   const cudaStream_t st = cuda::stream_of(ctx);
   const dim3 rows_grid(static_cast<unsigned>(rp.lq_pad / 8), static_cast<unsigned>(d.heads_q),
@@ -957,8 +970,8 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
   const dim3 grid(static_cast<unsigned>((d.len_k + kKeys - 1) / kKeys),
                   static_cast<unsigned>(d.heads_kv), static_cast<unsigned>(d.batch));
   BARACUDA_TRY(cuda::launch_with_smem(attention::BackwardOp::name, "fa3_bwd_sm90a", kernel, grid,
-                                      BwdShape<D, W>::kThreads, smem, st, tq, tk, tv, tdy, p));
-  const dim3 post_grid(static_cast<unsigned>(rp.lq_pad / kQRows * (D / 64)),
+                                      BwdShape<D, W, Q>::kThreads, smem, st, tq, tk, tv, tdy, p));
+  const dim3 post_grid(static_cast<unsigned>(rp.lq_pad / kChunkRows * (D / 64)),
                        static_cast<unsigned>(d.heads_q), static_cast<unsigned>(d.batch));
   fa3_bwd_post<T, D><<<post_grid, 128, 0, st>>>(rp);
   return cuda::check_launch(attention::BackwardOp::name, "fa3_bwd_sm90a post");
@@ -992,6 +1005,21 @@ Status launch_k192(const LaunchContext& ctx, const Problem& pr, const BackwardAr
         std::string(attention::BackwardOp::name) +
         ": fa3_bwd_sm90a_k192: head_dim=" + std::to_string(pr.desc.head_dim_qk) + ": D = 64 only");
   return launch_d<T, 64, 3>(ctx, pr, a);
+}
+
+// 128 query rows a step (FlashAttention-3's d64 tile): D = 64 without soft-capping alone. An A/B
+// candidate, by name.
+template <class T>
+bool fits_q128(const Problem& pr, const DeviceCaps& caps) {
+  return pr.desc.head_dim_qk == 64 && pr.desc.softcap <= 0 && fits<T>(pr, caps) &&
+         has_sm90a_body<fa3_bwd_kernel<T, 64, false, false, 2, 128>>();
+}
+template <class T>
+Status launch_q128(const LaunchContext& ctx, const Problem& pr, const BackwardArguments& a) {
+  if (pr.desc.softcap > 0 || pr.desc.head_dim_qk != 64)
+    return Error::unsupported(std::string(attention::BackwardOp::name) +
+                              ": fa3_bwd_sm90a_q128: D = 64 without soft-capping only");
+  return launch_d<T, 64, 2, 128>(ctx, pr, a);
 }
 
 // The ranked-ahead entry: fa3_ranked_backward_kernel's kernel, only where the measured table picks
@@ -1028,6 +1056,7 @@ bool register_one() {
       {kFa3BwdKernel, -2, fits<T>, launch<T>},
       // Three warpgroups over 192 keys a CTA (D = 64): by name.
       {kFa3BwdK192Kernel, -3, fits_k192<T>, launch_k192<T>},
+      {kFa3BwdQ128Kernel, -4, fits_q128<T>, launch_q128<T>},
       // fa3_ranked_backward_kernel's kernel above every other backward kernel, fitting only where
       // the measured selection table says fa3 is the fastest candidate (cuDNN's non-deterministic
       // entry then ranks behind).
