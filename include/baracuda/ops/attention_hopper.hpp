@@ -362,25 +362,26 @@ inline constexpr int kFa3Ahead = kCudnnAhead + 1;
 
 // Our sm_90a backward (fa3_backward.cu): dQ accumulated by float reductions in L2 in arrival
 // order (not deterministic). Registered like the forward: below every other backward kernel
-// (reached by name; kFa3BwdK192Kernel below), and as kFa3BwdRankedAhead above everything, fitting
-// only where the table picks fa3 for the backward.
+// (reached by name; the D = 64 instances below too), and as kFa3BwdRankedAhead above everything,
+// fitting only where the table picks fa3 for the backward.
 inline constexpr std::string_view kFa3BwdKernel = "fa3_bwd_sm90a";
 inline constexpr std::string_view kFa3BwdRankedAhead = "fa3_bwd_sm90a_ranked_ahead";
 // The same at D = 64 with three warpgroups over 192 keys a CTA (two over 128 otherwise), no
-// soft-capping. By name, and through kFa3BwdRankedAhead where fa3_bwd_widens.
+// soft-capping. By name: kFa3BwdQ128Kernel was faster at every point both were timed at.
 inline constexpr std::string_view kFa3BwdK192Kernel = "fa3_bwd_sm90a_k192";
 // D = 64 with 128 query rows a step (two warpgroups over 128 keys; FlashAttention-3's d64 tile), no
-// soft-capping. By name (an A/B candidate).
+// soft-capping. By name, and through kFa3BwdRankedAhead where fa3_bwd_widens.
 inline constexpr std::string_view kFa3BwdQ128Kernel = "fa3_bwd_sm90a_q128";
-// Head dim 64 without soft-capping from kFa3BwdWideMinKeys keys on, where fa3's backward runs: the
-// three-warpgroup kernel in place of the two-warpgroup one. Measured (H200, bf16, 16k tokens as B x
-// L, 32 heads, fifty-fourth session's call 3, medians of 4 runs, TFLOP/s two -> three
-// warpgroups): L2048 346.0 -> 366.1 (causal 291.9 -> 301.6), L4096 380.1 -> 390.6 (336.0 ->
-// 357.6), L8192 398.5 -> 420.9 (375.4 -> 388.3), L16384 404.9 -> 418.4 (399.5 -> 410.0); shorter
-// rows lost (L1024 306.6 -> 295.4, causal 221.5 -> 222.2; L512 236.8 -> 229.8). cuDNN stays ahead
-// at every one of these points (0.89-0.96x), so the table picks fa3 for none of them on the H200:
-// the rule serves where cuDNN does not run.
-inline constexpr int64_t kFa3BwdWideMinKeys = 2048;
+// Head dim 64 without soft-capping from kFa3BwdWideMinRows query rows on, where fa3's backward
+// runs: the 128-row steps in place of the 64-row ones. Measured (H200, bf16, 16k tokens as B x L,
+// 32 heads, fifty-fifth session's call 1, medians of 3 runs, TFLOP/s of the kernel fa3 ran
+// before (64-row steps: two warpgroups below L2048, three from it) -> 128-row steps (cuDNN)):
+// L512 236.3 -> 255.3 (276.9), L1024 306.4 -> 333.3 (371.2), L2048 360.9 -> 388.7 (425.8),
+// L4096 393.4 -> 429.6 (433.1), L8192 423.9 -> 430.6 (444.1), L16384 419.7 -> 460.5 (455.6);
+// causal 148.7 / 220.8 / 299.9 / 351.9 / 391.1 / 415.2 -> 157.3 / 237.8 / 315.1 / 376.6 / 420.8 /
+// 417.6 (169.3 / 250.3 / 327.9 / 386.7 / 409.6 / 434.1). Shorter query counts were not measured
+// (a step of 128 rows pads more of them).
+inline constexpr int64_t kFa3BwdWideMinRows = 512;
 bool fa3_bwd_widens(const attention::Problem& p);
 // The kernel kFa3BwdRankedAhead launches for a problem, as the name that pins it.
 std::string_view fa3_ranked_backward_kernel(const attention::Problem& p);

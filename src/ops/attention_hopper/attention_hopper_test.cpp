@@ -625,30 +625,31 @@ TEST(AttentionCudnnRules, RankedAheadInstanceByShape) {
   EXPECT_EQ(fa3_ranked_forward_kernel(paged_problem.value()), kFa3PagedKernel);
 }
 
-// The backward's ranked-ahead kernel (fa3_ranked_backward_kernel): the three-warpgroup one at
-// head dim 64 from kFa3BwdWideMinKeys keys on (either mask, any group, bf16 / f16, padded or
-// packed), not soft-capped; the two-warpgroup one otherwise.
+// The backward's ranked-ahead kernel (fa3_ranked_backward_kernel): the 128-row steps at head dim
+// 64 from kFa3BwdWideMinRows query rows on (any key count, either mask, any group, bf16 / f16,
+// padded or packed), not soft-capped; the plain kernel otherwise.
 TEST(AttentionCudnnRules, RankedAheadBackwardByShape) {
-  const int64_t keys = kFa3BwdWideMinKeys;
+  const int64_t rows = kFa3BwdWideMinRows;
   auto problem = [](int64_t hk, int64_t lq, int64_t lk, int64_t d = 64, DType t = DType::bf16,
                     Mask m = Mask::causal_bottom_right()) {
     return problem_of(make_desc(t, 2, 16, hk, lq, lk, d, m));
   };
-  EXPECT_TRUE(fa3_bwd_widens(problem(16, keys, keys)));
-  EXPECT_TRUE(fa3_bwd_widens(problem(4, 64, 4 * keys, 64, DType::f16, Mask::none())));
-  EXPECT_FALSE(fa3_bwd_widens(problem(16, 4 * keys, keys - 1)));
-  EXPECT_FALSE(fa3_bwd_widens(problem(16, keys, keys, 128)));
-  EXPECT_FALSE(fa3_bwd_widens(problem(16, keys, keys, 256)));
-  EXPECT_FALSE(fa3_bwd_widens(problem(16, keys, keys, 64, DType::f32)));
-  Descriptor capped = make_desc(DType::bf16, 2, 16, 16, keys, keys, 64);
+  EXPECT_TRUE(fa3_bwd_widens(problem(16, rows, rows)));
+  EXPECT_TRUE(fa3_bwd_widens(problem(4, rows, 64, 64, DType::f16, Mask::none())));
+  EXPECT_TRUE(fa3_bwd_widens(problem(1, 8 * rows, 8 * rows, 64, DType::f16)));
+  EXPECT_FALSE(fa3_bwd_widens(problem(16, rows - 1, 4 * rows)));
+  EXPECT_FALSE(fa3_bwd_widens(problem(16, rows, rows, 128)));
+  EXPECT_FALSE(fa3_bwd_widens(problem(16, rows, rows, 256)));
+  EXPECT_FALSE(fa3_bwd_widens(problem(16, rows, rows, 64, DType::f32)));
+  Descriptor capped = make_desc(DType::bf16, 2, 16, 16, rows, rows, 64);
   capped.softcap = 30;
   EXPECT_FALSE(fa3_bwd_widens(problem_of(capped)));
-  Descriptor packed = make_desc(DType::bf16, 2, 16, 16, keys, keys, 64);
-  packed.varlen = true, packed.total_q = 2 * keys, packed.total_k = 2 * keys;
+  Descriptor packed = make_desc(DType::bf16, 2, 16, 16, rows, rows, 64);
+  packed.varlen = true, packed.total_q = 2 * rows, packed.total_k = 2 * rows;
   EXPECT_TRUE(fa3_bwd_widens(problem_of(packed)));
-  EXPECT_EQ(fa3_ranked_backward_kernel(problem(16, keys, keys)), kFa3BwdK192Kernel);
-  EXPECT_EQ(fa3_ranked_backward_kernel(problem(16, keys, keys - 1)), kFa3BwdKernel);
-  EXPECT_EQ(fa3_ranked_backward_kernel(problem(16, keys, keys, 128)), kFa3BwdKernel);
+  EXPECT_EQ(fa3_ranked_backward_kernel(problem(16, rows, rows)), kFa3BwdQ128Kernel);
+  EXPECT_EQ(fa3_ranked_backward_kernel(problem(16, rows - 1, rows)), kFa3BwdKernel);
+  EXPECT_EQ(fa3_ranked_backward_kernel(problem(16, rows, rows, 128)), kFa3BwdKernel);
   EXPECT_EQ(fa3_ranked_backward_kernel(problem_of(capped)), kFa3BwdKernel);
 }
 
@@ -2963,23 +2964,6 @@ TEST(AttentionFa3Gpu, BackwardK192MatchesReference) {
   harness::Rng rng;
   check_pinned_backward(cases, kFa3BwdK192Kernel, rng);
   const Stream& gs = harness::stream_for(Target::cuda);
-  // The ranked-ahead entry launches it where fa3_bwd_widens (under a table that picks fa3 there).
-  {
-    const TablePoint fa3_wins[] = {
-        {DType::bf16, Pass::backward, 64, kFa3BwdWideMinKeys, false, 2, 1, 3}};
-    const SelectionTableOverride o{fa3_wins};
-    const Case c{DType::bf16,  1,     2,    1, kFa3BwdWideMinKeys, kFa3BwdWideMinKeys, 64,
-                 Mask::none(), false, false};
-    SCOPED_TRACE("ranked ahead: " + name_of(c));
-    const attention::Problem p = problem_of(desc_of(c, c.t));
-    ASSERT_EQ(fa3_ranked_backward_kernel(p), kFa3BwdK192Kernel);
-    auto def = attention::BackwardPlan::select(gs, desc_of(c, c.t));
-    BARACUDA_ASSERT_OK(def);
-    ASSERT_EQ(def->sku().name, kFa3BwdRankedAhead);
-    const CaseData x = case_data(c, rng);
-    const GpuBackwardInputs in = upload_backward(c, x);
-    check_backward_kernel(c, p, *fa3_bwd_kernel(c.t, kFa3BwdRankedAhead), x.grad, in);
-  }
   // Other head dims and soft-capping are refused by name.
   const Descriptor d128 = make_desc(DType::bf16, 1, 2, 2, 256, 256, 128);
   EXPECT_FALSE(
@@ -3005,6 +2989,23 @@ TEST(AttentionFa3Gpu, BackwardQ128MatchesReference) {
   harness::Rng rng;
   check_pinned_backward(cases, kFa3BwdQ128Kernel, rng);
   const Stream& gs = harness::stream_for(Target::cuda);
+  // The ranked-ahead entry launches it where fa3_bwd_widens (under a table that picks fa3 there).
+  {
+    const TablePoint fa3_wins[] = {
+        {DType::bf16, Pass::backward, 64, kFa3BwdWideMinRows, false, 2, 1, 3}};
+    const SelectionTableOverride o{fa3_wins};
+    const Case c{DType::bf16,  1,     2,    1, kFa3BwdWideMinRows, kFa3BwdWideMinRows, 64,
+                 Mask::none(), false, false};
+    SCOPED_TRACE("ranked ahead: " + name_of(c));
+    const attention::Problem p = problem_of(desc_of(c, c.t));
+    ASSERT_EQ(fa3_ranked_backward_kernel(p), kFa3BwdQ128Kernel);
+    auto def = attention::BackwardPlan::select(gs, desc_of(c, c.t));
+    BARACUDA_ASSERT_OK(def);
+    ASSERT_EQ(def->sku().name, kFa3BwdRankedAhead);
+    const CaseData x = case_data(c, rng);
+    const GpuBackwardInputs in = upload_backward(c, x);
+    check_backward_kernel(c, p, *fa3_bwd_kernel(c.t, kFa3BwdRankedAhead), x.grad, in);
+  }
   const Descriptor d128 = make_desc(DType::bf16, 1, 2, 2, 256, 256, 128);
   EXPECT_FALSE(
       attention::BackwardPlan::select(gs, d128, PlanPreference::kernel(kFa3BwdQ128Kernel)).ok());

@@ -1,17 +1,19 @@
 // fa3_bwd_sm90a: our own Hopper (sm_90a) attention backward (issue 8, part 2), registered into
 // attention::BackwardOp's table by name below every other backward kernel
-// (PlanPreference::kernel(kFa3BwdKernel); fa3_bwd_sm90a_k192: D = 64 on three warpgroups, see
-// BwdShape), and as fa3_bwd_sm90a_ranked_ahead above everything, fitting only where the measured
-// selection table (selection_table.hpp) picks fa3 and launching fa3_ranked_backward_kernel's one.
+// (PlanPreference::kernel(kFa3BwdKernel); at D = 64 also fa3_bwd_sm90a_k192, three warpgroups,
+// and fa3_bwd_sm90a_q128, 128 query rows a step, see BwdShape), and as fa3_bwd_sm90a_ranked_ahead
+// above everything, fitting only where the measured selection table (selection_table.hpp) picks
+// fa3 and launching fa3_ranked_backward_kernel's one (q128 where fa3_bwd_widens).
 //
 // Three launches on the caller's stream:
 //  1. prep: per query row, delta = rowsum(dY * Y) and lse2 = LSE * log2(e) (+inf for a row that
 //     sees no key or lies past Lq, so its probabilities come out 0 without a branch), both f32 in
-//     the workspace, padded to whole 64-row blocks; the f32 dQ accumulator is zeroed.
+//     the workspace, padded to whole 128-row blocks; the f32 dQ accumulator is zeroed.
 //  2. main: one CTA per 128 keys (D = 256: 64; k192: 192, see BwdShape) of one (batch, key head),
-//     looping over the query blocks (64 rows) of every query head of its group, so dK and dV stay
-//     in registers and are stored once (the group's sum, no atomics). Two warpgroups (k192: three),
-//     each owning 64 of the keys (D = 256: all 64 keys, 128 of the head-dim columns each):
+//     looping over the query blocks (64 rows; q128: 128) of every query head of its group, so dK
+//     and dV stay in registers and are stored once (the group's sum, no atomics). Two warpgroups
+//     (k192: three), each owning 64 of the keys (D = 256: all 64 keys, 128 of the head-dim columns
+//     each):
 //       S^T  = K Q^T        wgmma m64n64k16, both operands K-major from shared memory
 //       dP^T = V dY^T       the same
 //       P^T  = 2^(S^T * scale * log2(e) - lse2[q])       (masked keys: 0)
@@ -1007,8 +1009,8 @@ Status launch_k192(const LaunchContext& ctx, const Problem& pr, const BackwardAr
   return launch_d<T, 64, 3>(ctx, pr, a);
 }
 
-// 128 query rows a step (FlashAttention-3's d64 tile): D = 64 without soft-capping alone. An A/B
-// candidate, by name.
+// 128 query rows a step (FlashAttention-3's d64 tile): D = 64 without soft-capping alone. By name,
+// and the ranked-ahead entry's kernel where fa3_bwd_widens.
 template <class T>
 bool fits_q128(const Problem& pr, const DeviceCaps& caps) {
   return pr.desc.head_dim_qk == 64 && pr.desc.softcap <= 0 && fits<T>(pr, caps) &&
@@ -1026,17 +1028,33 @@ Status launch_q128(const LaunchContext& ctx, const Problem& pr, const BackwardAr
 // fa3 for the backward (among the candidates that serve the problem here: candidate_here).
 // The kernel is picked by its name, as the forward's with_ranked_variant does: the name the bench
 // pins for the table's column is the one that launches.
+// The kernels by name, in the order of their (falling) priorities below.
+template <class T>
+struct Instance {
+  std::string_view name;
+  bool (*fits)(const Problem&, const DeviceCaps&);
+  Status (*launch)(const LaunchContext&, const Problem&, const BackwardArguments&);
+};
+template <class T>
+constexpr Instance<T> kInstances[] = {{kFa3BwdKernel, fits<T>, launch<T>},
+                                      {kFa3BwdK192Kernel, fits_k192<T>, launch_k192<T>},
+                                      {kFa3BwdQ128Kernel, fits_q128<T>, launch_q128<T>}};
+template <class T>
+const Instance<T>& ranked_instance(const Problem& pr) {
+  const std::string_view name = fa3_ranked_backward_kernel(pr);
+  for (const Instance<T>& i : kInstances<T>)
+    if (i.name == name) return i;
+  return kInstances<T>[0];
+}
 template <class T>
 bool fits_ranked_ahead(const Problem& pr, const DeviceCaps& caps) {
-  const bool k192 = fa3_ranked_backward_kernel(pr) == kFa3BwdK192Kernel;
-  return (k192 ? fits_k192<T>(pr, caps) : fits<T>(pr, caps)) &&
+  return ranked_instance<T>(pr).fits(pr, caps) &&
          candidate_here(pr, Pass::backward, caps) == Candidate::fa3;
 }
 template <class T>
 Status launch_ranked_ahead(const LaunchContext& ctx, const Problem& pr,
                            const BackwardArguments& a) {
-  return fa3_ranked_backward_kernel(pr) == kFa3BwdK192Kernel ? launch_k192<T>(ctx, pr, a)
-                                                             : launch<T>(ctx, pr, a);
+  return ranked_instance<T>(pr).launch(ctx, pr, a);
 }
 
 // One table of entries per element type. Not deterministic: dQ is summed by bulk reduce-adds in
@@ -1044,32 +1062,23 @@ Status launch_ranked_ahead(const LaunchContext& ctx, const Problem& pr,
 template <DType E>
 bool register_one() {
   using T = cuda::device_t<E>;
-  struct Entry {
-    std::string_view name;
-    int priority;
-    bool (*fits)(const Problem&, const DeviceCaps&);
-    Status (*launch)(const LaunchContext&, const Problem&, const BackwardArguments&);
-  };
-  const Entry entries[] = {
-      // Pinnable below the family's kernels and every cuDNN entry: it never wins `fastest` on
-      // its own; PlanPreference::kernel(kFa3BwdKernel) reaches it where it fits.
-      {kFa3BwdKernel, -2, fits<T>, launch<T>},
-      // Three warpgroups over 192 keys a CTA (D = 64): by name.
-      {kFa3BwdK192Kernel, -3, fits_k192<T>, launch_k192<T>},
-      {kFa3BwdQ128Kernel, -4, fits_q128<T>, launch_q128<T>},
-      // fa3_ranked_backward_kernel's kernel above every other backward kernel, fitting only where
-      // the measured selection table says fa3 is the fastest candidate (cuDNN's non-deterministic
-      // entry then ranks behind).
-      {kFa3BwdRankedAhead, kFa3Ahead, fits_ranked_ahead<T>, launch_ranked_ahead<T>},
-  };
-  for (const Entry& e : entries)
+  auto add = [](std::string_view name, int priority, auto fits_fn, auto launch_fn) {
     register_kernel<attention::BackwardOp>(
-        {.sku = fa3_sku(attention::BackwardOp::name, E, fa3_precision(E, false), e.name),
-         .priority = e.priority,
-         .fits = e.fits,
+        {.sku = fa3_sku(attention::BackwardOp::name, E, fa3_precision(E, false), name),
+         .priority = priority,
+         .fits = fits_fn,
          .workspace = workspace,
-         .launch = e.launch,
+         .launch = launch_fn,
          .check = check_args});
+  };
+  // Pinnable below the family's kernels and every cuDNN entry (-2, -3, ...): they never win
+  // `fastest` on their own; PlanPreference::kernel(name) reaches each where it fits.
+  int priority = -2;
+  for (const Instance<T>& i : kInstances<T>) add(i.name, priority--, i.fits, i.launch);
+  // fa3_ranked_backward_kernel's kernel above every other backward kernel, fitting only where the
+  // measured selection table says fa3 is the fastest candidate (cuDNN's non-deterministic entry
+  // then ranks behind).
+  add(kFa3BwdRankedAhead, kFa3Ahead, fits_ranked_ahead<T>, launch_ranked_ahead<T>);
   return true;
 }
 

@@ -212,11 +212,11 @@ std::string_view fa3_ranked_forward_kernel(const attention::Problem& p) {
 bool fa3_bwd_widens(const attention::Problem& p) {
   const attention::Descriptor& d = p.desc;
   return (d.dtype == DType::bf16 || d.dtype == DType::f16) && d.head_dim_qk == 64 &&
-         d.head_dim_v == 64 && d.softcap <= 0 && d.len_k >= kFa3BwdWideMinKeys;
+         d.head_dim_v == 64 && d.softcap <= 0 && d.len_q >= kFa3BwdWideMinRows;
 }
 
 std::string_view fa3_ranked_backward_kernel(const attention::Problem& p) {
-  return fa3_bwd_widens(p) ? kFa3BwdK192Kernel : kFa3BwdKernel;
+  return fa3_bwd_widens(p) ? kFa3BwdQ128Kernel : kFa3BwdKernel;
 }
 
 Candidate preferred_candidate(const attention::Problem& p, Pass pass, bool fa3_runs,
