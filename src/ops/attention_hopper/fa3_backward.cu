@@ -736,58 +736,72 @@ __device__ __forceinline__ RowSeq row_seq(const RowParams& p, int b) {
   return {s.start, s.len, 0};
 }
 
-// Elements per lane of a warp-wide row of D elements, as one vector load.
+// A row of Y and dY is D / 8 lanes' 16-byte vectors (16-byte-aligned rows: cuda::check_tma_rows);
+// each warp takes kPrepRowsPerWarp consecutive rows, 32 / (D / 8) of them at a time, with every
+// load issued before the first sum so that 2 * kPrepSteps vectors a lane are in flight (one row a
+// warp with one 4-byte load a lane each ran prep at 2.5 TB/s; it moves Y, dY and the zeroed
+// accumulator, 4 bytes for each of theirs).
 template <int D>
-using LaneVec =
-    std::conditional_t<D == 256, uint4, std::conditional_t<D == 128, uint2, uint32_t>>;  // 8, 4, 2
+struct PrepShape {
+  static constexpr int kLanesPerRow = D / 8;
+  static constexpr int kRowsAtOnce = 32 / kLanesPerRow;
+  static constexpr int kSteps = 4;
+  static constexpr int kRowsPerWarp = kRowsAtOnce * kSteps;
+  static constexpr int kRowsPerBlock = 8 * kRowsPerWarp;  // 256 threads (D = 64: 128 rows)
+};
 
-// One warp per query row (grid: lq_pad / 8 x Hq x B, 8 warps a block); 16-byte-aligned rows
-// (cuda::check_tma_rows), so each lane reads its D / 32 elements as one vector.
+// Grid: lq_pad / kRowsPerBlock x Hq x B (lq_pad is a multiple of 128, so of every kRowsPerBlock).
 template <class T, int D>
 __global__ void __launch_bounds__(256) fa3_bwd_prep(const RowParams p) {
-  const int row = static_cast<int>(blockIdx.x) * 8 + static_cast<int>(threadIdx.x) / 32;
-  const int lane = static_cast<int>(threadIdx.x) % 32, h = static_cast<int>(blockIdx.y),
-            b = static_cast<int>(blockIdx.z);
-  if (row >= p.lq_pad) return;
+  using S = PrepShape<D>;
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int h = static_cast<int>(blockIdx.y), b = static_cast<int>(blockIdx.z);
+  const int first = static_cast<int>(blockIdx.x) * S::kRowsPerBlock + warp * S::kRowsPerWarp;
+  const int sub = lane / S::kLanesPerRow, col = lane % S::kLanesPerRow;
   const RowSeq sq = row_seq(p, b);
-  const int64_t at = sq.q0 + row;  // the row in the tensors
-  constexpr int kPer = D / 32;     // elements per lane, contiguous
-  using V = LaneVec<D>;
-  float dot = 0.f;
-  if (row < sq.lq) {
-    const T* y = static_cast<const T*>(p.y) + sq.tb * p.sy[0] + h * p.sy[1] + at * p.sy[2];
-    const T* dy = static_cast<const T*>(p.dy) + sq.tb * p.sdy[0] + h * p.sdy[1] + at * p.sdy[2];
-    const V yv = reinterpret_cast<const V*>(y)[lane], dyv = reinterpret_cast<const V*>(dy)[lane];
-    uint32_t yw[kPer / 2], dw[kPer / 2];
-    memcpy(yw, &yv, sizeof(V));
-    memcpy(dw, &dyv, sizeof(V));
+  uint4 yv[S::kSteps], dyv[S::kSteps];
 #pragma unroll
-    for (int e = 0; e < kPer / 2; ++e) {
+  for (int i = 0; i < S::kSteps; ++i) {
+    const int row = first + i * S::kRowsAtOnce + sub;
+    yv[i] = dyv[i] = make_uint4(0, 0, 0, 0);
+    if (row < sq.lq) {
+      const int64_t at = sq.q0 + row;  // the row in the tensors
+      const T* y = static_cast<const T*>(p.y) + sq.tb * p.sy[0] + h * p.sy[1] + at * p.sy[2];
+      const T* dy = static_cast<const T*>(p.dy) + sq.tb * p.sdy[0] + h * p.sdy[1] + at * p.sdy[2];
+      yv[i] = reinterpret_cast<const uint4*>(y)[col];
+      dyv[i] = reinterpret_cast<const uint4*>(dy)[col];
+    }
+  }
+  // The accumulator (whatever its order inside a chunk) is B * Hq * lq_pad * D floats: this warp
+  // zeroes its rows' piece, which is contiguous.
+  const int64_t r0 = (int64_t{b} * p.heads_q + h) * p.lq_pad + first;
+  float4* acc = reinterpret_cast<float4*>(p.acc + r0 * D);
+#pragma unroll
+  for (int j = 0; j < S::kRowsPerWarp * D / 4 / 32; ++j)
+    acc[j * 32 + lane] = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int i = 0; i < S::kSteps; ++i) {
+    const uint32_t* yw = reinterpret_cast<const uint32_t*>(&yv[i]);
+    const uint32_t* dw = reinterpret_cast<const uint32_t*>(&dyv[i]);
+    float dot = 0.f;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
       const float2 a = cuda::unpack2<T>(yw[e]), c = cuda::unpack2<T>(dw[e]);
       dot = fmaf(a.x, c.x, fmaf(a.y, c.y, dot));
     }
-  }
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-  const int64_t r = (int64_t{b} * p.heads_q + h) * p.lq_pad + row;
-  if (lane == 0) {
-    float l2 = INFINITY;  // past Lq, or a row that sees no key: every probability 0
-    if (row < sq.lq) {
-      const float l = p.lse[sq.tb * p.sl[0] + h * p.sl[1] + at * p.sl[2]];
-      if (l != -INFINITY) l2 = l * 1.4426950408889634f;
+    for (int o = S::kLanesPerRow / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+    const int row = first + i * S::kRowsAtOnce + sub;
+    if (col == 0) {
+      float l2 = INFINITY;  // past Lq, or a row that sees no key: every probability 0
+      if (row < sq.lq) {
+        const float l = p.lse[sq.tb * p.sl[0] + h * p.sl[1] + (sq.q0 + row) * p.sl[2]];
+        if (l != -INFINITY) l2 = l * 1.4426950408889634f;
+      }
+      p.lse2[r0 + i * S::kRowsAtOnce + sub] = l2;
+      p.delta[r0 + i * S::kRowsAtOnce + sub] = dot;
     }
-    p.lse2[r] = l2;
-    p.delta[r] = dot;
   }
-  // The accumulator (whatever its order inside a chunk) is B * Hq * lq_pad * D floats: this
-  // warp zeroes the row-sized piece r.
-  if constexpr (D == 256) {
-    reinterpret_cast<float4*>(p.acc + r * D)[lane] = make_float4(0.f, 0.f, 0.f, 0.f);
-    reinterpret_cast<float4*>(p.acc + r * D)[lane + 32] = make_float4(0.f, 0.f, 0.f, 0.f);
-  } else if constexpr (D == 128)
-    reinterpret_cast<float4*>(p.acc + r * D)[lane] = make_float4(0.f, 0.f, 0.f, 0.f);
-  else
-    reinterpret_cast<float2*>(p.acc + r * D)[lane] = make_float2(0.f, 0.f);
 }
 
 // One 128-thread block per accumulator chunk: (batch, query head, 64-row query block, 64-column
@@ -965,8 +979,8 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
       fa3_bwd_kernel<T, D, false, true, W, Q>, fa3_bwd_kernel<T, D, kCaps, true, W, Q>};
   const auto kernel = kernels[(p.softcap ? 1 : 0) + (vl ? 2 : 0)];
   const cudaStream_t st = cuda::stream_of(ctx);
-  const dim3 rows_grid(static_cast<unsigned>(rp.lq_pad / 8), static_cast<unsigned>(d.heads_q),
-                       static_cast<unsigned>(d.batch));
+  const dim3 rows_grid(static_cast<unsigned>(rp.lq_pad / PrepShape<D>::kRowsPerBlock),
+                       static_cast<unsigned>(d.heads_q), static_cast<unsigned>(d.batch));
   fa3_bwd_prep<T, D><<<rows_grid, 256, 0, st>>>(rp);
   BARACUDA_TRY(cuda::check_launch(attention::BackwardOp::name, "fa3_bwd_sm90a prep"));
   const dim3 grid(static_cast<unsigned>((d.len_k + kKeys - 1) / kKeys),
