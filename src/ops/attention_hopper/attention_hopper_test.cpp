@@ -2947,49 +2947,63 @@ TEST(AttentionFa3Gpu, BackwardMatchesReference) {
   check_pinned_backward(fa3_bwd_cases(), kFa3BwdKernel, rng);
 }
 
-// The three-warpgroup kernel (192 keys a CTA, D = 64, no soft-capping): every such case above,
-// and key counts around whole CTAs of 192 (a partial last CTA, exactly one or two, one key past)
-// under GQA, causal alignments and a window.
-TEST(AttentionFa3Gpu, BackwardK192MatchesReference) {
-  FA3_BWD_SKIP_UNLESS_RUNNABLE();
+// Shapes around each D = 64 instance's tiles. k192 (192 keys a CTA): key counts around whole CTAs
+// (a partial last CTA, exactly one or two, one key past) under GQA, causal alignments and a window.
+// q128 (128 query rows a step): a window and GQA, and query counts around whole steps (one short,
+// one past, exactly one, two less one).
+struct InstanceCase {
+  std::string_view kernel;
+  Case c;
+};
+const InstanceCase kD64InstanceCases[] = {
+    {kFa3BwdK192Kernel, {DType::bf16, 1, 4, 2, 191, 191, 64, Mask::none(), false, false}},
+    {kFa3BwdK192Kernel, {DType::f16, 2, 2, 2, 192, 192, 64, Mask::causal_top_left(), true, false}},
+    {kFa3BwdK192Kernel,
+     {DType::bf16, 1, 4, 1, 300, 193, 64, Mask::causal_bottom_right(), false, true}},
+    {kFa3BwdK192Kernel, {DType::bf16, 1, 2, 2, 384, 384, 64, Mask::none(), false, false}},
+    {kFa3BwdK192Kernel,
+     {DType::f16, 1, 6, 2, 385, 577, 64, Mask::sliding_window(150, 20), true, true}},
+    {kFa3BwdK192Kernel, {DType::bf16, 2, 4, 4, 640, 500, 64, Mask::none(), false, false}},
+    {kFa3BwdQ128Kernel,
+     {DType::f16, 1, 6, 2, 513, 385, 64, Mask::sliding_window(150, 20), true, true}},
+    {kFa3BwdQ128Kernel, {DType::bf16, 1, 4, 2, 127, 300, 64, Mask::none(), false, false}},
+    {kFa3BwdQ128Kernel,
+     {DType::bf16, 1, 4, 1, 129, 257, 64, Mask::causal_bottom_right(), false, true}},
+    {kFa3BwdQ128Kernel, {DType::f16, 2, 2, 2, 128, 128, 64, Mask::causal_top_left(), true, false}},
+    {kFa3BwdQ128Kernel, {DType::bf16, 1, 2, 2, 255, 255, 64, Mask::none(), true, true}},
+};
+
+// A D = 64 kernel that takes no soft-capping, by name: every such case of fa3_bwd_cases() and its
+// kD64InstanceCases against the reference; other head dims and soft-capping refused.
+void check_d64_uncapped_backward(std::string_view kernel, harness::Rng& rng) {
   std::vector<Case> cases;
   for (const Case& c : fa3_bwd_cases())
     if (c.d == 64 && c.softcap == 0) cases.push_back(c);
-  cases.push_back({DType::bf16, 1, 4, 2, 191, 191, 64, Mask::none(), false, false});
-  cases.push_back({DType::f16, 2, 2, 2, 192, 192, 64, Mask::causal_top_left(), true, false});
-  cases.push_back({DType::bf16, 1, 4, 1, 300, 193, 64, Mask::causal_bottom_right(), false, true});
-  cases.push_back({DType::bf16, 1, 2, 2, 384, 384, 64, Mask::none(), false, false});
-  cases.push_back({DType::f16, 1, 6, 2, 385, 577, 64, Mask::sliding_window(150, 20), true, true});
-  cases.push_back({DType::bf16, 2, 4, 4, 640, 500, 64, Mask::none(), false, false});
-  harness::Rng rng;
-  check_pinned_backward(cases, kFa3BwdK192Kernel, rng);
+  for (const InstanceCase& e : kD64InstanceCases)
+    if (e.kernel == kernel) cases.push_back(e.c);
+  check_pinned_backward(cases, kernel, rng);
   const Stream& gs = harness::stream_for(Target::cuda);
-  // Other head dims and soft-capping are refused by name.
   const Descriptor d128 = make_desc(DType::bf16, 1, 2, 2, 256, 256, 128);
-  EXPECT_FALSE(
-      attention::BackwardPlan::select(gs, d128, PlanPreference::kernel(kFa3BwdK192Kernel)).ok());
+  EXPECT_FALSE(attention::BackwardPlan::select(gs, d128, PlanPreference::kernel(kernel)).ok());
   const Case capped{DType::bf16, 1, 2, 2, 256, 256, 64, Mask::none(), false, false, true, 30.0};
   EXPECT_FALSE(attention::BackwardPlan::select(gs, desc_of(capped, DType::bf16),
-                                               PlanPreference::kernel(kFa3BwdK192Kernel))
+                                               PlanPreference::kernel(kernel))
                    .ok());
 }
 
-// 128 query rows a step (D = 64, no soft-capping): every such case of the list, and query counts
-// around whole steps of 128 (one short, exactly one, one past, two less one, a window and GQA).
+TEST(AttentionFa3Gpu, BackwardK192MatchesReference) {
+  FA3_BWD_SKIP_UNLESS_RUNNABLE();
+  harness::Rng rng;
+  check_d64_uncapped_backward(kFa3BwdK192Kernel, rng);
+}
+
+// And the ranked-ahead entry, which launches q128 where fa3_bwd_widens.
 TEST(AttentionFa3Gpu, BackwardQ128MatchesReference) {
   FA3_BWD_SKIP_UNLESS_RUNNABLE();
-  std::vector<Case> cases;
-  for (const Case& c : fa3_bwd_cases())
-    if (c.d == 64 && c.softcap == 0) cases.push_back(c);
-  cases.push_back({DType::bf16, 1, 4, 2, 127, 300, 64, Mask::none(), false, false});
-  cases.push_back({DType::f16, 2, 2, 2, 128, 128, 64, Mask::causal_top_left(), true, false});
-  cases.push_back({DType::bf16, 1, 4, 1, 129, 257, 64, Mask::causal_bottom_right(), false, true});
-  cases.push_back({DType::bf16, 1, 2, 2, 255, 255, 64, Mask::none(), true, true});
-  cases.push_back({DType::f16, 1, 6, 2, 513, 385, 64, Mask::sliding_window(150, 20), true, true});
   harness::Rng rng;
-  check_pinned_backward(cases, kFa3BwdQ128Kernel, rng);
+  check_d64_uncapped_backward(kFa3BwdQ128Kernel, rng);
   const Stream& gs = harness::stream_for(Target::cuda);
-  // The ranked-ahead entry launches it where fa3_bwd_widens (under a table that picks fa3 there).
+  // Under a table that picks fa3 there.
   {
     const TablePoint fa3_wins[] = {
         {DType::bf16, Pass::backward, 64, kFa3BwdWideMinRows, false, 2, 1, 3}};
@@ -3006,9 +3020,6 @@ TEST(AttentionFa3Gpu, BackwardQ128MatchesReference) {
     const GpuBackwardInputs in = upload_backward(c, x);
     check_backward_kernel(c, p, *fa3_bwd_kernel(c.t, kFa3BwdRankedAhead), x.grad, in);
   }
-  const Descriptor d128 = make_desc(DType::bf16, 1, 2, 2, 256, 256, 128);
-  EXPECT_FALSE(
-      attention::BackwardPlan::select(gs, d128, PlanPreference::kernel(kFa3BwdQ128Kernel)).ok());
 }
 
 TEST(AttentionFa3Gpu, BackwardFitsWhatTheForwardFitsAndNeverServesDeterministic) {
