@@ -379,9 +379,10 @@ inline constexpr std::string_view kFa3BwdQ128Kernel = "fa3_bwd_sm90a_q128";
 // L512 236.3 -> 255.3 (276.9), L1024 306.4 -> 333.3 (371.2), L2048 360.9 -> 388.7 (425.8),
 // L4096 393.4 -> 429.6 (433.1), L8192 423.9 -> 430.6 (444.1), L16384 419.7 -> 460.5 (455.6);
 // causal 148.7 / 220.8 / 299.9 / 351.9 / 391.1 / 415.2 -> 157.3 / 237.8 / 315.1 / 376.6 / 420.8 /
-// 417.6 (169.3 / 250.3 / 327.9 / 386.7 / 409.6 / 434.1). Shorter query counts were not measured
-// (a step of 128 rows pads more of them).
-inline constexpr int64_t kFa3BwdWideMinRows = 512;
+// 417.6 (169.3 / 250.3 / 327.9 / 386.7 / 409.6 / 434.1). Shorter (call 5, one run, 64-row ->
+// 128-row steps): L256 176.3 -> 189.5 (causal 98.6 -> 103.3), L128 109.0 -> 109.9 (54.0 -> 54.9),
+// a tie; below 256 rows a sequence of more than one step pads up to 127 rows more.
+inline constexpr int64_t kFa3BwdWideMinRows = 256;
 bool fa3_bwd_widens(const attention::Problem& p);
 // The kernel kFa3BwdRankedAhead launches for a problem, as the name that pins it.
 std::string_view fa3_ranked_backward_kernel(const attention::Problem& p);
