@@ -320,8 +320,9 @@ void sweep(const Stream& stream) {
         double fa3_bwd_tf = 0;
         if (auto def_fwd = attention::ForwardPlan::select(stream, desc);
             def_fwd.ok() && !forward_only) {
-          auto bp = attention::BackwardPlan::select(
-              stream, desc, PlanPreference::kernel(fa3_table_bwd_instance(desc)));
+          const std::string_view bwd_column = fa3_table_bwd_instance(desc);
+          auto bp =
+              attention::BackwardPlan::select(stream, desc, PlanPreference::kernel(bwd_column));
           if (bp.ok())
             fa3_bwd_tf = time_bwd(*def_fwd, *bp, "fa3_sm90a");
           else
@@ -330,7 +331,7 @@ void sweep(const Stream& stream) {
           // "fa3_sm90a_k192", "fa3_sm90a_q128"), where the table's column above is not that one.
           for (std::string_view k : {kFa3BwdK192Kernel, kFa3BwdQ128Kernel}) {
             if (d != 64) break;
-            if (k == fa3_table_bwd_instance(desc)) continue;
+            if (k == bwd_column) continue;
             const std::string note = "fa3_sm90a" + std::string(k.substr(kFa3BwdKernel.size()));
             auto plan = attention::BackwardPlan::select(stream, desc, PlanPreference::kernel(k));
             if (plan.ok())

@@ -851,7 +851,7 @@ constexpr std::string_view kWho = "attention_backward: fa3_bwd_sm90a";
 // The workspace's rows per (sequence, query head): whole steps of every instance (q128's 128
 // rows), so that a step's lse2 / delta load stays inside them.
 int64_t padded_rows(const Problem& pr) {
-  constexpr int64_t kPad = 128;
+  constexpr int64_t kPad = BwdShape<64, 2, 128>::kQRows;
   return (pr.desc.len_q + kPad - 1) / kPad * kPad;
 }
 
@@ -972,8 +972,8 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
   p.scale = rp.scale;
 
   constexpr int smem = BwdSmem<D, W, Q>::kLaunchBytes;
-  // Soft-capping and varlen in instantiations of their own (see the kernel). W = 3 has no
-  // soft-capped instances (launch_k192 refuses the cap: in 168 registers its wgmmas serialize).
+  // Soft-capping and varlen in instantiations of their own (see the kernel). The D = 64 instances
+  // (W = 3, Q = 128) have no soft-capped ones (launch_d64 refuses the cap).
   constexpr bool kCaps = W == 2 && Q == 64;
   constexpr std::array kernels = {
       fa3_bwd_kernel<T, D, false, false, W, Q>, fa3_bwd_kernel<T, D, kCaps, false, W, Q>,
@@ -1006,37 +1006,27 @@ Status launch(const LaunchContext& ctx, const Problem& pr, const BackwardArgumen
   }
 }
 
-// The three-warpgroup kernel (192 keys a CTA): D = 64 without soft-capping alone.
-template <class T>
-bool fits_k192(const Problem& pr, const DeviceCaps& caps) {
+// The D = 64 instances: three warpgroups over 192 keys a CTA (W = 3, fa3_bwd_sm90a_k192), or 128
+// query rows a step (Q = 128, fa3_bwd_sm90a_q128, FlashAttention-3's d64 tile; the ranked-ahead
+// entry's kernel where fa3_bwd_widens). D = 64 without soft-capping alone (k192's wgmmas serialize
+// in 168 registers with soft-capping's extra tile; neither has capped instances).
+template <int W, int Q>
+constexpr std::string_view kD64Name = W == 3 ? kFa3BwdK192Kernel : kFa3BwdQ128Kernel;
+template <class T, int W, int Q>
+bool fits_d64(const Problem& pr, const DeviceCaps& caps) {
   return pr.desc.head_dim_qk == 64 && pr.desc.softcap <= 0 && fits<T>(pr, caps) &&
-         has_sm90a_body<fa3_bwd_kernel<T, 64, false, false, 3>>();
+         has_sm90a_body<fa3_bwd_kernel<T, 64, false, false, W, Q>>();
 }
-template <class T>
-Status launch_k192(const LaunchContext& ctx, const Problem& pr, const BackwardArguments& a) {
+template <class T, int W, int Q>
+Status launch_d64(const LaunchContext& ctx, const Problem& pr, const BackwardArguments& a) {
+  const std::string who =
+      std::string(attention::BackwardOp::name) + ": " + std::string(kD64Name<W, Q>);
   if (pr.desc.softcap > 0)
-    return Error::unsupported(std::string(attention::BackwardOp::name) +
-                              ": fa3_bwd_sm90a_k192: softcap: not served (use fa3_bwd_sm90a)");
+    return Error::unsupported(who + ": softcap: not served (use fa3_bwd_sm90a)");
   if (pr.desc.head_dim_qk != 64)
-    return Error::unsupported(
-        std::string(attention::BackwardOp::name) +
-        ": fa3_bwd_sm90a_k192: head_dim=" + std::to_string(pr.desc.head_dim_qk) + ": D = 64 only");
-  return launch_d<T, 64, 3>(ctx, pr, a);
-}
-
-// 128 query rows a step (FlashAttention-3's d64 tile): D = 64 without soft-capping alone. By name,
-// and the ranked-ahead entry's kernel where fa3_bwd_widens.
-template <class T>
-bool fits_q128(const Problem& pr, const DeviceCaps& caps) {
-  return pr.desc.head_dim_qk == 64 && pr.desc.softcap <= 0 && fits<T>(pr, caps) &&
-         has_sm90a_body<fa3_bwd_kernel<T, 64, false, false, 2, 128>>();
-}
-template <class T>
-Status launch_q128(const LaunchContext& ctx, const Problem& pr, const BackwardArguments& a) {
-  if (pr.desc.softcap > 0 || pr.desc.head_dim_qk != 64)
-    return Error::unsupported(std::string(attention::BackwardOp::name) +
-                              ": fa3_bwd_sm90a_q128: D = 64 without soft-capping only");
-  return launch_d<T, 64, 2, 128>(ctx, pr, a);
+    return Error::unsupported(who + ": head_dim=" + std::to_string(pr.desc.head_dim_qk) +
+                              ": D = 64 only");
+  return launch_d<T, 64, W, Q>(ctx, pr, a);
 }
 
 // The kernels by name, in the order of their (falling) priorities in register_one.
@@ -1047,8 +1037,8 @@ struct Instance {
 };
 template <class T>
 constexpr Instance kInstances[] = {{kFa3BwdKernel, fits<T>, launch<T>},
-                                   {kFa3BwdK192Kernel, fits_k192<T>, launch_k192<T>},
-                                   {kFa3BwdQ128Kernel, fits_q128<T>, launch_q128<T>}};
+                                   {kD64Name<3, 64>, fits_d64<T, 3, 64>, launch_d64<T, 3, 64>},
+                                   {kD64Name<2, 128>, fits_d64<T, 2, 128>, launch_d64<T, 2, 128>}};
 
 // The ranked-ahead entry: fa3_ranked_backward_kernel's kernel, only where the measured table picks
 // fa3 for the backward (among the candidates that serve the problem here: candidate_here).
