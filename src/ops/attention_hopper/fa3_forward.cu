@@ -1,8 +1,9 @@
 // fa3_fwd_sm90a: our own Hopper (sm_90a) attention forward in the FlashAttention-3 style (issue 8,
 // part 2), registered into attention::ForwardOp's table once per Variant of one template
 // ("fa3_fwd_sm90a", "fa3_fwd_sm90a_pingpong", ... "fa3_fwd_sm90a_m192"; reached by name), and as
-// "fa3_fwd_sm90a_ranked_ahead" (the plain one where the measured selection table,
-// selection_table.hpp, says it is the fastest candidate: the default plan there).
+// "fa3_fwd_sm90a_ranked_ahead" (the instance fa3_ranked_forward_kernel names for the problem,
+// where the measured selection table, selection_table.hpp, says fa3 is the fastest candidate: the
+// default plan there).
 //
 // Design (one CTA per 128 query rows of one (batch, query head); kWide: 192, three consumers):
 //  - 3 warpgroups (384 threads): warpgroups 0 and 1 are consumers (64 query rows each), warpgroup
