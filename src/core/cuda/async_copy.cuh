@@ -76,6 +76,19 @@ __device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t src, ui
   __trap();
 #endif
 }
+// Bulk copy shared -> global (no tensor map) as its own bulk group: size and both addresses
+// multiples of 16 bytes; bulk_wait<0, true> before the source is rewritten or the CTA exits.
+__device__ __forceinline__ void bulk_store(void* dst, uint32_t src, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n"
+      "cp.async.bulk.commit_group;\n" ::"l"(reinterpret_cast<uint64_t>(dst)),
+      "r"(src), "r"(bytes)
+      : "memory");
+#else
+  __trap();
+#endif
+}
 // Until at most N of this thread's bulk groups are incomplete: kSourceRead, until their shared-
 // memory sources have been read (the buffer may be rewritten); otherwise until their writes are
 // done.

@@ -11,9 +11,9 @@
 //     the workspace, padded to whole 128-row blocks; the f32 dQ accumulator is zeroed.
 //  2. main: one CTA per 128 keys (D = 256: 64; k192: 192, see BwdShape) of one (batch, key head),
 //     looping over the query blocks (64 rows; q128: 128) of every query head of its group, so dK
-//     and dV stay in registers and are stored once (the group's sum, no atomics). Two warpgroups
-//     (k192: three), each owning 64 of the keys (D = 256: all 64 keys, 128 of the head-dim columns
-//     each):
+//     and dV stay in registers and are stored once (the group's sum, no atomics; staged in shared
+//     memory and copied out a row per bulk copy). Two warpgroups (k192: three), each owning 64 of
+//     the keys (D = 256: all 64 keys, 128 of the head-dim columns each):
 //       S^T  = K Q^T        wgmma m64n64k16, both operands K-major from shared memory
 //       dP^T = V dY^T       the same
 //       P^T  = 2^(S^T * scale * log2(e) - lse2[q])       (masked keys: 0)
@@ -691,22 +691,41 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
   fence_regs(dk);
   if (!kSplit && threadIdx.x % 128 == 0) bulk_wait<0, false>();  // the last reduction landed
 
-    // Epilogue: dV and scale * dK, rows past Lk skipped (zero where no query saw the key).
+  // Epilogue: dV and scale * dK through shared memory, then one bulk copy a row (rows past Lk
+  // skipped; zero where no query saw the key). Storing the accumulators straight to global memory
+  // took 64 4-byte stores a thread (D = 128: 128) into half-used sectors, with every warp of the
+  // CTA waiting on the store queue and then on the stores' drain at exit: about a tenth of the d64
+  // L1024 kernel's warp time in ncu (H200). K, V and the Q / dY ring are free once every
+  // warpgroup is past its last GEMM; each warpgroup stages its dV then its dK tile there, rows
+  // padded by 16 bytes so that a store's 8 rows fall in distinct banks.
+  constexpr int kPitch = kCols * 2 + 16, kOutTile = 64 * kPitch;
+  static_assert(2 * W * kOutTile <= S::kDs, "the staged dK / dV must fit in K, V and the ring");
+  sync_consumers<W>();
+  {
+    const uint32_t out_v = base + 2 * wg * kOutTile, out_k = out_v + kOutTile;
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int key = key0 + 8 * i;
-    if (key >= lk) continue;
-    const int64_t row = sq_.k0 + key;
-    const int c0 = kSplit ? wg * kCols : 0;  // this warpgroup's first column
-    T* dvr = static_cast<T*>(p.dv) + sq_.tb * p.sdv[0] + hk * p.sdv[1] + row * p.sdv[2] + c0 + cq;
-    T* dkr = static_cast<T*>(p.dk) + sq_.tb * p.sdk[0] + hk * p.sdk[1] + row * p.sdk[2] + c0 + cq;
+    for (int i = 0; i < 2; ++i) {
+      const uint32_t row = static_cast<uint32_t>(wl * 16 + lane / 4 + 8 * i) * kPitch + cq * 2;
 #pragma unroll
-    for (int j = 0; j < kCols / 8; ++j) {
-      const uint32_t v = cuda::pack2<T>(dv[4 * j + 2 * i], dv[4 * j + 2 * i + 1]);
-      const uint32_t k =
-          cuda::pack2<T>(dk[4 * j + 2 * i] * p.scale, dk[4 * j + 2 * i + 1] * p.scale);
-      *reinterpret_cast<uint32_t*>(dvr + 8 * j) = v;
-      *reinterpret_cast<uint32_t*>(dkr + 8 * j) = k;
+      for (int j = 0; j < kCols / 8; ++j) {
+        const uint32_t v = cuda::pack2<T>(dv[4 * j + 2 * i], dv[4 * j + 2 * i + 1]);
+        const uint32_t k =
+            cuda::pack2<T>(dk[4 * j + 2 * i] * p.scale, dk[4 * j + 2 * i + 1] * p.scale);
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(out_v + row + j * 16), "r"(v) : "memory");
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(out_k + row + j * 16), "r"(k) : "memory");
+      }
+    }
+    fence_proxy_async();
+    sync_warpgroup<W>(wg);
+    // Thread tid of the warpgroup copies row tid % 64 of its dV (tid < 64) or dK tile.
+    const int tid = static_cast<int>(threadIdx.x) % 128, r = tid % 64, key = n0 + wg_key + r;
+    if (key < lk) {
+      const bool is_k = tid >= 64;
+      const int64_t* sd = is_k ? p.sdk : p.sdv;
+      T* dst = static_cast<T*>(is_k ? p.dk : p.dv) + sq_.tb * sd[0] + hk * sd[1] +
+               (sq_.k0 + key) * sd[2] + (kSplit ? wg * kCols : 0);
+      bulk_store(dst, (is_k ? out_k : out_v) + r * kPitch, kCols * 2);
+      bulk_wait<0, true>();  // the tile is read: shared memory may be released
     }
   }
 #endif  // BARACUDA_FA3_DEVICE

@@ -70,6 +70,7 @@ using cuda::bulk_load;
 // The bulk reduction, its waits and the proxy fence live in core (the family's fused backward
 // uses them too).
 using cuda::bulk_reduce_add_f32;
+using cuda::bulk_store;
 using cuda::bulk_wait;
 using cuda::fence_proxy_async;
 
