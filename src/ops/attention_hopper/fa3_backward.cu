@@ -217,8 +217,14 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
   constexpr int kDB = D / 64;  // 64-column blocks per row
   constexpr int kKeys = S::kKeys, kRing = S::kRing, kCols = S::kCols, kQRows = S::kQRows;
   constexpr bool kSplit = S::kSplitCols;
+  // q128 (two stages): each stage refilled at the top of the step after the one that read it (see
+  // there). The three-stage instances refill after the dQ GEMM: k192 ran 4-10% slower with the
+  // early refill (d64, H200, 2026-11-30).
+  constexpr bool kEarlyRefill = kQRows == 128;
   extern __shared__ uint8_t smem_raw[];
-  __shared__ alignas(8) uint64_t bars[1 + kRing];  // K/V, then one per ring stage
+  // K/V, then one per ring stage, then (kEarlyRefill) one per stage that warpgroup 1 arrives on
+  // once its GEMMs of the stage's step are done.
+  __shared__ alignas(8) uint64_t bars[1 + kRing + (kEarlyRefill ? kRing : 0)];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
                                              ~static_cast<uintptr_t>(1023));
   const uint32_t base = smem_u32(smem);
@@ -271,6 +277,8 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
 
   if (threadIdx.x == 0) {
     for (int i = 0; i < 1 + kRing; ++i) mbar_init(smem_u32(&bars[i]), 1);
+    if constexpr (kEarlyRefill)
+      for (int i = 1 + kRing; i < 1 + 2 * kRing; ++i) mbar_init(smem_u32(&bars[i]), W - 1);
     cuda::mbar_init_fence();
   }
   __syncthreads();
@@ -519,6 +527,17 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
     } else {
       float dpt[kQRows / 2];
       issue_scores(t, dpt, sb, S::kV, S::kDy);  // S^T_t is done (see the end of the step)
+      // kEarlyRefill: stage (t - 1) % kRing is refilled here, at the top of step t, once the other
+      // warpgroup reports its GEMMs of step t - 1 done (this one's are), a whole step before step
+      // t + 1 reads it. Refilled after the dQ GEMM of step t, step t + 1's load had only the
+      // GEMMs' drain to land in: ncu had its wait at 4% of the warps' time (d64 L2048); q128 ran
+      // 2-6% faster at every d64 point with it (H200, 2026-11-30).
+      if constexpr (kEarlyRefill) {
+        if (threadIdx.x == 0 && t >= 1 && t + kRing - 1 < steps) {
+          mbar_wait(smem_u32(&bars[1 + kRing + (t - 1) % kRing]), ((t - 1) / kRing) & 1);
+          load_step(t + kRing - 1, ahead());
+        }
+      }
       fence_regs(st);
 
       // P^T (column c is query m0 + c) as the A fragments of dV += P^T dY (pack_a's order), and in
@@ -649,8 +668,10 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
           Ops<T>::tt64(dq, desc_off<kFresh>(da, da_at, kk * 16 * 128, 8192, 1024),
                        desc_off<kFresh>(db, db_at, kk * 16 * 128, 8192, 1024), kk > 0 ? 1 : 0);
         wgmma_commit();
-        if (refill) load_step(t + kRing - 1, ahead());
+        if (!kEarlyRefill && refill) load_step(t + kRing - 1, ahead());
         wgmma_wait<0>();  // dQ_t (and every older group) done
+        if (kEarlyRefill && wg > 0 && threadIdx.x % 128 == 0)
+          mbar_arrive(smem_u32(&bars[1 + kRing + s]));
         fence_regs(dq);
         // dQ_t into the accumulator: this warpgroup's 64 x 64 f32 part, staged in shared memory in
         // accumulator-fragment order (conflict-free stores; see staged_slot), then bulk
