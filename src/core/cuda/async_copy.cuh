@@ -76,19 +76,6 @@ __device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t src, ui
   __trap();
 #endif
 }
-// Bulk copy shared -> global (no tensor map) as its own bulk group: size and both addresses
-// multiples of 16 bytes; bulk_wait<0, true> before the source is rewritten or the CTA exits.
-__device__ __forceinline__ void bulk_store(void* dst, uint32_t src, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n"
-      "cp.async.bulk.commit_group;\n" ::"l"(reinterpret_cast<uint64_t>(dst)),
-      "r"(src), "r"(bytes)
-      : "memory");
-#else
-  __trap();
-#endif
-}
 // Until at most N of this thread's bulk groups are incomplete: kSourceRead, until their shared-
 // memory sources have been read (the buffer may be rewritten); otherwise until their writes are
 // done.
@@ -176,6 +163,15 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const void* map, uint3
       "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
       "[%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+      : "memory");
+}
+// Bulk copy shared -> global (no tensor map) as its own bulk group: size and both addresses
+// multiples of 16 bytes; bulk_wait<0, true> before the source is rewritten or the CTA exits.
+__device__ __forceinline__ void bulk_store(void* dst, uint32_t src, uint32_t bytes) {
+  BARACUDA_SM90_ASM(
+      "cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n"
+      "cp.async.bulk.commit_group;\n" ::"l"(reinterpret_cast<uint64_t>(dst)),
+      "r"(src), "r"(bytes)
       : "memory");
 }
 // Bulk tensor copy of a 4-d box shared -> global through a tensor map, as its own bulk group
