@@ -531,7 +531,7 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
       // warpgroup reports its GEMMs of step t - 1 done (this one's are), a whole step before step
       // t + 1 reads it. Refilled after the dQ GEMM of step t, step t + 1's load had only the
       // GEMMs' drain to land in: ncu had its wait at 4% of the warps' time (d64 L2048); q128 ran
-      // 2-6% faster at every d64 point with it (H200, 2026-11-30).
+      // 1-6% faster at every d64 point with it (H200, 2026-11-30).
       if constexpr (kEarlyRefill) {
         if (threadIdx.x == 0 && t >= 1 && t + kRing - 1 < steps) {
           mbar_wait(smem_u32(&bars[1 + kRing + (t - 1) % kRing]), ((t - 1) / kRing) & 1);
