@@ -3,9 +3,13 @@
 stall samples and executed instructions by opcode, the top instructions by samples, and the
 kernel cut into regions at its synchronization points (barriers, mbarrier waits, wgmma arrive /
 wait), each with its share of the samples and instructions per unit of work.
-  scripts/sass_regions.py profile_0.sass.csv [--per N]
+  scripts/sass_regions.py profile_0.sass.csv [--per N] [--launches N]
 --per N divides executed instruction counts by N (e.g. warps x chunks, to read instructions per
-warp and chunk); default 1."""
+warp and chunk); default 1. --launches N (warps per CTA x CTAs) also groups the samples by how
+many times each instruction ran per warp: about 1.0 is a CTA's prologue and epilogue, the step
+count its main loop, fractions the code a few threads or warps run, so a CTA's fixed costs read
+apart from its per-step ones (how the fa3 backward's dK / dV stores showed up, fifty-seventh
+session)."""
 import argparse
 import collections
 import csv
@@ -26,6 +30,7 @@ def main():
     ap.add_argument("csv")
     ap.add_argument("--per", type=float, default=1.0)
     ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--launches", type=float, default=0.0)
     a = ap.parse_args()
     rows = list(csv.reader(open(a.csv)))
     start = next((i for i, r in enumerate(rows) if len(r) > 3 and r[0] == "Address"), None)
@@ -62,6 +67,22 @@ def main():
                       f"{acc_e / a.per:9.1f} instructions  ends {src.strip()[:48]}")
             acc_s = acc_e = 0.0
             first = r[0]
+
+    if a.launches > 0:
+        stall_cols = [k for k in col if k.startswith("stall_") and "(Not" not in k]
+        groups = collections.defaultdict(lambda: [0.0, 0.0, collections.Counter()])
+        for r in data:
+            runs = number(r[executed]) / a.launches
+            key = "never" if runs == 0 else f"x{runs:.2f}" if runs < 1.5 else f"x{runs:.1f}"
+            g = groups[key]
+            g[0] += number(r[samples])
+            g[1] += number(r[executed])
+            for k in stall_cols:
+                g[2][k[6:]] += number(r[col[k]])
+        print("by runs per warp (samples %, top stalls):")
+        for key, (smp, _, stalls) in sorted(groups.items(), key=lambda kv: -kv[1][0])[:12]:
+            top = ", ".join(f"{k} {100 * v / total:.1f}%" for k, v in stalls.most_common(3))
+            print(f"  {key:8s} {100 * smp / total:5.1f}%  {top}")
 
     print(f"top {a.top} instructions by samples (address, samples, executed / per, source):")
     for r in sorted(data, key=lambda r: -number(r[samples]))[:a.top]:
