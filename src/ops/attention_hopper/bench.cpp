@@ -330,8 +330,7 @@ void sweep(const Stream& stream) {
           // D = 64: the three-warpgroup kernel and the 128-row steps by name too (notes
           // "fa3_sm90a_k192", "fa3_sm90a_q128"), where the table's column above is not that one.
           for (std::string_view k : {kFa3BwdK192Kernel, kFa3BwdQ128Kernel}) {
-            if (d != 64) break;
-            if (k == bwd_column) continue;
+            if (d != 64 || k == bwd_column) continue;
             const std::string note = "fa3_sm90a" + std::string(k.substr(kFa3BwdKernel.size()));
             auto plan = attention::BackwardPlan::select(stream, desc, PlanPreference::kernel(k));
             if (plan.ok())

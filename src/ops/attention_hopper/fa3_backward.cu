@@ -645,7 +645,8 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
       if (!kSplit && threadIdx.x % 128 == 0) bulk_wait<0, true>();
       sync_consumers<W>();
       // Refilling stage (t - 1) % kRing: at D = 256 here; with the staged dQ once its GEMM is
-      // issued, so that warp 0's share of that warpgroup-wide GEMM does not wait behind the load.
+      // issued, so that warp 0's share of that warpgroup-wide GEMM does not wait behind the load
+      // (q128: at the top of the step instead, see kEarlyRefill).
       const bool refill = threadIdx.x == 0 && t >= 1 && t + kRing - 1 < steps;
       if constexpr (kSplit) {
         if (refill) load_step(t + kRing - 1, ahead());
