@@ -803,16 +803,17 @@ TEST(AttentionCudnnRules, ShippedTableShortPoints) {
         }
 }
 
-// The shipped run (H200, cuDNN 9.19.0, 2026-11-30, ca5656a): fa3 is picked exactly where it beat
+// The shipped run (H200, cuDNN 9.19.0, 2026-11-30, 1347ca5): fa3 is picked exactly where it beat
 // cuDNN in that run by more than kTableLeadMargin (forward: D = 64 non-causal at L8192 and L16384
-// and causal at L16384, its 192-row instance, by 2.7-6.1%, not L8192 causal; D = 128 at L8192 both
-// masks and L16384 causal (not L16384 non-causal: cuDNN 684.2 against 645.7 here, 623.9 against
-// 708.3 in the run before: the card at its power cap); D = 256 causal at L8192 and both masks at
-// L16384; backward: D = 64 causal at L4096 / L8192 / L16384 and non-causal at L16384, its 128-row
-// steps, by 1.7-5.2% (non-causal L4096 / L8192 by 0.8% / -0.6%: cuDNN); D = 128 at L16384 causal;
-// D = 256 non-causal at L512 / L1024 / L4096 / L8192 / L16384 and causal at L8192 / L16384), cuDNN
-// at every other measured point, and never without fa3. Varlen problems (no cuDNN) get fa3
-// wherever it runs (it beat the bespoke kernels at every point, both passes, every head dim).
+// and causal at L16384, its 192-row instance, by 3.3-11.0%, not L8192 causal (-0.3%); D = 128
+// causal at L8192 and L16384 (not L8192 non-causal: fa3 636.3 against 684.9 here, 684.7 against
+// 677.9 in the run before: the card at its power cap; not L16384 non-causal, +0.4%); D = 256
+// causal at L8192 and L16384; backward: D = 64, its 128-row steps, at L512 and L16384 both masks,
+// causal at L1024 / L2048 / L4096 / L8192, by 1.0-6.6% (non-causal L4096 / L8192 by 0.8% / 0.5%:
+// cuDNN); D = 128 causal at L512 and L16384 (L1024 causal and L8192 both masks within the margin);
+// D = 256 at every point but L2048 / L4096 causal, 1.1-18.5%), cuDNN at every other measured
+// point, and never without fa3. Varlen problems (no cuDNN) get fa3 wherever it runs (it beat the
+// bespoke kernels at every point, both passes, every head dim).
 TEST(AttentionCudnnRules, ShippedTablePicksFa3WhereItWasFastest) {
   struct Point {
     int64_t d, l;
