@@ -803,17 +803,15 @@ TEST(AttentionCudnnRules, ShippedTableShortPoints) {
         }
 }
 
-// The shipped run (H200, cuDNN 9.19.0, 2026-11-30, 1347ca5): fa3 is picked exactly where it beat
+// The shipped run (H200, cuDNN 9.19.0, 2026-11-30, 435b2e6): fa3 is picked exactly where it beat
 // cuDNN in that run by more than kTableLeadMargin (forward: D = 64 non-causal at L8192 and L16384
-// and causal at L16384, its 192-row instance, by 3.3-11.0%, not L8192 causal (-0.3%); D = 128
-// causal at L8192 and L16384 (not L8192 non-causal: fa3 636.3 against 684.9 here, 684.7 against
-// 677.9 in the run before: the card at its power cap; not L16384 non-causal, +0.4%); D = 256
-// causal at L8192 and L16384; backward: D = 64, its 128-row steps, at L512 and L16384 both masks,
-// causal at L1024 / L2048 / L4096 / L8192, by 1.0-6.6% (non-causal L4096 / L8192 by 0.8% / 0.5%:
-// cuDNN); D = 128 causal at L512 and L16384 (L1024 causal and L8192 both masks within the margin);
-// D = 256 at every point but L2048 / L4096 causal, 1.1-18.5%), cuDNN at every other measured
-// point, and never without fa3. Varlen problems (no cuDNN) get fa3 wherever it runs (it beat the
-// bespoke kernels at every point, both passes, every head dim).
+// and causal at L16384, its 192-row instance, by 4.9-12.8%, not L8192 causal (+0.7%); D = 128 at
+// L8192 and L16384, both masks, by 1.2-12.0%; D = 256 causal at L8192 and L16384; backward: D = 64,
+// its 128-row steps, at every length from L512, both masks, by 1.9-9.0%; D = 128 causal at L512 and
+// L16384 and non-causal at L8192 (L1024 causal within the margin); D = 256 at every point but
+// L2048 / L4096 causal, 3.4-18.0%), cuDNN at every other measured point, and never without fa3.
+// Varlen problems (no cuDNN) get fa3 wherever it runs (it beat the bespoke kernels at every point,
+// both passes, every head dim).
 TEST(AttentionCudnnRules, ShippedTablePicksFa3WhereItWasFastest) {
   struct Point {
     int64_t d, l;
@@ -822,17 +820,17 @@ TEST(AttentionCudnnRules, ShippedTablePicksFa3WhereItWasFastest) {
   };
   constexpr Candidate kFa3 = Candidate::fa3, kCudnn = Candidate::cudnn;
   const Point points[] = {
-      {128, 8192, false, kCudnn, kCudnn}, {128, 8192, true, kFa3, kCudnn},
-      {128, 16384, true, kFa3, kFa3},     {128, 16384, false, kCudnn, kCudnn},
+      {128, 8192, false, kFa3, kFa3},     {128, 8192, true, kFa3, kCudnn},
+      {128, 16384, true, kFa3, kFa3},     {128, 16384, false, kFa3, kCudnn},
       {128, 4096, false, kCudnn, kCudnn}, {128, 4096, true, kCudnn, kCudnn},
       {128, 1024, false, kCudnn, kCudnn}, {128, 1024, true, kCudnn, kCudnn},
       {128, 512, true, kCudnn, kFa3},     {128, 2048, true, kCudnn, kCudnn},
-      {64, 4096, false, kCudnn, kCudnn},  {64, 4096, true, kCudnn, kFa3},
-      {64, 8192, false, kFa3, kCudnn},    {64, 8192, true, kCudnn, kFa3},
+      {64, 4096, false, kCudnn, kFa3},    {64, 4096, true, kCudnn, kFa3},
+      {64, 8192, false, kFa3, kFa3},      {64, 8192, true, kCudnn, kFa3},
       {64, 16384, false, kFa3, kFa3},     {64, 16384, true, kFa3, kFa3},
-      {64, 1024, false, kCudnn, kCudnn},  {64, 512, true, kCudnn, kFa3},
+      {64, 1024, false, kCudnn, kFa3},    {64, 512, true, kCudnn, kFa3},
       {64, 512, false, kCudnn, kFa3},     {64, 1024, true, kCudnn, kFa3},
-      {64, 2048, true, kCudnn, kFa3},     {64, 2048, false, kCudnn, kCudnn},
+      {64, 2048, true, kCudnn, kFa3},     {64, 2048, false, kCudnn, kFa3},
       {256, 16384, true, kFa3, kFa3},     {256, 8192, true, kFa3, kFa3},
       {256, 16384, false, kCudnn, kFa3},  {256, 8192, false, kCudnn, kFa3},
       {256, 4096, false, kCudnn, kFa3},   {256, 4096, true, kCudnn, kCudnn},
