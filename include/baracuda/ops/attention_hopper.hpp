@@ -273,15 +273,17 @@ inline constexpr int64_t kFa3PackedUngroupedMaxRows = 64;
 bool fa3_packs_ungrouped(const attention::Problem& p);
 // Short sequences, where fa3 is the pick: its persistent variant (one CTA an SM looping over the
 // work tiles, the next tile's loads under this one's epilogue) in place of the plain one, for
-// padded problems of Lq and Lk up to kFa3PersistentMaxLen (one or two key tiles a work tile), up
+// padded problems of Lq and Lk up to kFa3PersistentMaxLen (up to four key tiles a work tile), up
 // to kFa3PersistentMaxLenFewTiles at d64 or with a causal bound (right = 0). Measured (H200, 16k
-// tokens as B x L, hidden 2048, bf16, a build without cuDNN, forty-ninth session's call 1; plain
-// -> persistent, us): d128 L128 97.6 -> 74.8 (causal 103.8 -> 81.9), L256 125.1 -> 109.7 (114.9
-// -> 100.7), L512 causal 138.8 -> 132.2 but non-causal 171.4 -> 176.0; d64 L128 142.7 -> 100.3,
-// L256 184.8 -> 151.4, L512 264.4 -> 244.5 (causal 209.7 -> 189.8); L1024 non-causal lost at both
-// (d128 262.6 -> 309.1, d64 413.1 -> 431.1), causal gained 1-3%.
-inline constexpr int64_t kFa3PersistentMaxLen = 256;
-inline constexpr int64_t kFa3PersistentMaxLenFewTiles = 512;
+// tokens as B x L, hidden 2048, bf16, fifty-eighth session's call 3, one run, TFLOP/s plain ->
+// persistent): d128 L128 178.0 -> 225.4 (causal 83.8 -> 104.0), L256 281.6 -> 324.5 (152.3 ->
+// 175.0), L512 409.5 -> 435.9 (252.7 -> 280.9), L1024 causal 373.5 -> 376.6; d64 L128 125.3 ->
+// 154.8 (55.6 -> 69.2), L256 193.1 -> 228.0 (100.0 -> 119.8), L512 274.4 -> 292.2 (163.2 ->
+// 185.1), L1024 348.4 -> 356.0 (240.9 -> 261.5). From L2048 (d128: L1024) non-causal the plain
+// kernel (or d64's 192-row one) leads: d128 L1024 531.7 against 507.3, d64 L2048 400.8 / 447.0
+// against 376.9.
+inline constexpr int64_t kFa3PersistentMaxLen = 512;
+inline constexpr int64_t kFa3PersistentMaxLenFewTiles = 1024;
 bool fa3_persists(const attention::Problem& p);
 // Head dim 64 from kFa3WideMinRows query rows on, where fa3 runs: its 192-row instance
 // (kFa3WideKernel) in place of the plain one. Measured (H200, bf16, 16k tokens as B x L, 32 heads,
@@ -296,6 +298,33 @@ bool fa3_widens(const attention::Problem& p);
 // O staging buffer leaves D = 256 no room, and MLA's 192 / 128 is not instantiated.
 constexpr bool fa3_persistent_dims(int64_t dk, int64_t dv) {
   return dk == dv && (dk == 64 || dk == 128);
+}
+// The persistent variant's walk over its work tiles (query block m of head bh of the B x Hq
+// heads), in sections of `section` consecutive heads: a section's heaviest query blocks (the last
+// ones, under a causal bound) of every head first, then the next block down, then the next
+// section. The CTAs running at once then read the K / V of one section's heads, which fit in L2
+// together (fa3_section_heads). Walking all B x Hq heads at once, each head's K / V came from DRAM
+// again for each of its query blocks once B x Hq x Lk outgrew L2: the variant ran 4-20% slower
+// than the plain kernel from L1024 (H200, 16k tokens as B x L, hidden 2048).
+struct Fa3WorkTile {
+  int m_block, bh;
+};
+constexpr Fa3WorkTile fa3_work_tile(int w, int m_blocks, int bh_count, int section) {
+  const int first = w / (section * m_blocks) * section;
+  const int heads = bh_count - first < section ? bh_count - first : section;
+  const int r = w - first * m_blocks;
+  return {m_blocks - 1 - r / heads, first + r % heads};
+}
+// A section's share of L2: 32 MiB of the H100's / H200's 50 (room left for the Q and Y streams).
+inline constexpr int64_t kFa3SectionL2Bytes = int64_t{32} << 20;
+// The heads a section spans: those whose K / V (Lk x (Dk + Dv) elements a K / V head, shared by
+// `group` query heads) fit in kFa3SectionL2Bytes, whole groups, at least one group, at most all.
+constexpr int fa3_section_heads(int64_t lk, int64_t dk, int64_t dv, int64_t elem_bytes,
+                                int64_t group, int64_t bh_count) {
+  const int64_t kv_head = lk * (dk + dv) * elem_bytes;
+  const int64_t groups =
+      kv_head > 0 && kFa3SectionL2Bytes / kv_head > 1 ? kFa3SectionL2Bytes / kv_head : 1;
+  return static_cast<int>(groups * group < bh_count ? groups * group : bh_count);
 }
 // Decode-shaped forwards of plain multi-head attention (group 1) with 256-wide heads (Dk = Dv =
 // 256, bf16 / f16, fewer rows than keys), where fa3 runs: not the family's decode kernel (it holds

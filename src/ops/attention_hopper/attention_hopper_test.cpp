@@ -534,6 +534,43 @@ TEST(AttentionCudnnRules, ShortGqaChunksGoToFa3Packed) {
   EXPECT_EQ(preferred_candidate(empty, p, Pass::forward, true), Candidate::cudnn);
 }
 
+// The persistent forward's walk (fa3_work_tile): every (query block, head) tile exactly once for
+// any section size, whole sections in order, and inside a section the heaviest query block of each
+// of its heads before any lighter one. fa3_section_heads: whole groups of query heads whose K / V
+// fit in kFa3SectionL2Bytes, at least one group, at most every head.
+TEST(AttentionCudnnRules, PersistentWalkCoversEveryTileOnceBySection) {
+  for (int m_blocks : {1, 2, 5, 8})
+    for (int bh_count : {1, 3, 16, 40})
+      for (int section : {1, 2, 7, 16, 40}) {
+        if (section > bh_count) continue;
+        SCOPED_TRACE("m_blocks " + std::to_string(m_blocks) + " heads " + std::to_string(bh_count) +
+                     " section " + std::to_string(section));
+        std::vector<int> seen(static_cast<size_t>(m_blocks * bh_count), 0);
+        int last_section = 0, last_m = m_blocks;
+        for (int w = 0; w < m_blocks * bh_count; ++w) {
+          const Fa3WorkTile t = fa3_work_tile(w, m_blocks, bh_count, section);
+          ASSERT_GE(t.m_block, 0);
+          ASSERT_LT(t.m_block, m_blocks);
+          ASSERT_GE(t.bh, 0);
+          ASSERT_LT(t.bh, bh_count);
+          ++seen[static_cast<size_t>(t.m_block * bh_count + t.bh)];
+          const int sec = t.bh / section;
+          ASSERT_GE(sec, last_section);  // sections in order, never revisited
+          if (sec != last_section) last_m = m_blocks;
+          ASSERT_LE(t.m_block, last_m);  // heaviest blocks of the section first
+          last_section = sec, last_m = t.m_block;
+        }
+        for (int c : seen) EXPECT_EQ(c, 1);
+      }
+  const int64_t budget = kFa3SectionL2Bytes;
+  // d128 bf16 at L1024: 512 KiB a K / V head, 64 of them; GQA 4 counts query heads.
+  EXPECT_EQ(fa3_section_heads(1024, 128, 128, 2, 1, 256), budget / (1024 * 256 * 2));
+  EXPECT_EQ(fa3_section_heads(1024, 128, 128, 2, 4, 1024), 4 * (budget / (1024 * 256 * 2)));
+  EXPECT_EQ(fa3_section_heads(1024, 128, 128, 2, 1, 16), 16);             // at most every head
+  EXPECT_EQ(fa3_section_heads(int64_t{1} << 20, 128, 128, 2, 8, 64), 8);  // at least a group
+  EXPECT_EQ(fa3_section_heads(512, 64, 64, 1, 2, 4096) % 2, 0);           // whole groups
+}
+
 // The instance fa3's ranked-ahead entry launches (fa3_ranked_forward_kernel): packed where
 // fa3_packs, and for chunks of 17..kFa3PackedUngroupedMaxRows rows in groups of 1 against caches
 // of kFa3PackedLongCacheKeys or more (padded, no counts or pages, d64 / d128); persistent for
@@ -615,9 +652,11 @@ TEST(AttentionCudnnRules, RankedAheadInstanceByShape) {
   EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, 32, long_cache)), kFa3PackedKernel);
   EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 8, 32, 128)), kFa3PackedKernel);  // fa3_packs
   EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, 128, 128)), kFa3PersistentKernel);
-  EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, 512, 512)), kFa3PersistentKernel);
-  EXPECT_EQ(fa3_ranked_forward_kernel(unmasked(512, 128)), kFa3Kernel);
-  EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, 1024, 1024, 64)), kFa3Kernel);
+  EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, 1024, 1024)), kFa3PersistentKernel);
+  EXPECT_EQ(fa3_ranked_forward_kernel(unmasked(512, 128)), kFa3PersistentKernel);
+  EXPECT_EQ(fa3_ranked_forward_kernel(unmasked(1024, 128)), kFa3Kernel);
+  EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, 1024, 1024, 64)), kFa3PersistentKernel);
+  EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, 2048, 2048)), kFa3Kernel);
   EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, wide, wide, 64)), kFa3WideKernel);
   EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, wide, wide)), kFa3Kernel);  // d128
   EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, 32, 4096)), kFa3Kernel);
@@ -2288,6 +2327,11 @@ TEST(AttentionFa3Gpu, PersistentMatchesReference) {
     cases.push_back({DType::bf16, 64, 16, 16, 128, 128, d, Mask::none(), false, false});
     cases.push_back({DType::f16, 40, 8, 2, 200, 200, d, Mask::causal_top_left(), true, false});
   }
+  // Several sections of work tiles (fa3_section_heads: 8 K / V heads of 16384 d64 keys, 4 of d128,
+  // in kFa3SectionL2Bytes), the last one partial, both masks.
+  cases.push_back({DType::bf16, 1, 9, 9, 130, 16384, 64, Mask::none(), false, false});
+  cases.push_back(
+      {DType::bf16, 1, 6, 6, 160, 16384, 128, Mask::causal_bottom_right(), true, false});
   check_fa3_cases(cases, kFa3PersistentKernel);
 }
 // The 192-row tiles (D = 64): every D = 64 case of both lists, plus lengths on either side of

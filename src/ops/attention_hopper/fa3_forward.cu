@@ -174,6 +174,7 @@ struct Params {
   // rows into o_part / lse_part ([splits, B, Hq, Lq] rows, the split merges' layout).
   int rows_log2, splits;
   float *o_part, *lse_part;
+  int section_heads;  // kPersistent: the heads of a section of work tiles (fa3_work_tile)
 };
 
 // One work tile: query rows [m0, m0 + the CTA's rows) of head h of sequence b, n_tiles key tiles
@@ -234,13 +235,12 @@ __device__ __forceinline__ Tile tile_packed(const Params& p, int bx, int hk, int
   t.n_tiles = max(0, min(all - split * share, share));
   return t;
 }
-// Persistent variant: work index w in [0, m_blocks * heads * batch), heaviest (causal) query
-// blocks of every head first.
+// Persistent variant: work index w in [0, m_blocks * heads * batch), in sections of heads whose
+// K / V share L2, heaviest (causal) query blocks of a section first (fa3_work_tile).
 template <int BN>
 __device__ __forceinline__ Tile tile_of(const Params& p, int w) {
-  const int bh_count = p.heads * p.batch;
-  const int bh = w % bh_count;
-  return tile_at<BN>(p, p.m_blocks - 1 - w / bh_count, bh % p.heads, bh / p.heads);
+  const Fa3WorkTile wt = fa3_work_tile(w, p.m_blocks, p.heads * p.batch, p.section_heads);
+  return tile_at<BN>(p, wt.m_block, wt.bh % p.heads, wt.bh / p.heads);
 }
 
 // Variants of the one kernel template, registered by name for A/B (fa3_fwd_sm90a*):
@@ -249,7 +249,8 @@ __device__ __forceinline__ Tile tile_of(const Params& p, int w) {
 //  kPoly2/3:  kPlain with 2 (3) of every 8 column groups' exp2 computed on the FMA pipe
 //             (poly_exp2) instead of the MUFU: 25% (37.5%) of the softmax's exponentials.
 //  kPersistent: (D = 64, 128: fa3_persistent_dims) kPlain with one CTA per SM looping over (query
-//             block, head, batch) work tiles, heaviest query blocks first: the producer loads the
+//             block, head, batch) work tiles in sections of heads whose K / V fit in L2 together,
+//             heaviest query blocks of a section first (fa3_work_tile): the producer loads the
 //             next tile's Q and K/V (the ring continues across tiles; Q is reloaded once both
 //             consumer warpgroups' last S GEMM of a tile is done, "Q empty") while the consumers
 //             run the epilogue, which stages O in a buffer of its own. Short sequences (8 key tiles
@@ -859,6 +860,11 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
                                         int it0, int q_count, int warp, int lane) {
   const int m0 = t.m0, n_tiles = t.n_tiles;
   constexpr bool kPersistentV = V == kPersistent;
+  // The persistent variant's ring position carries over from the previous work tile: broadcast
+  // from lane 0, so that the compiler knows it is warp-uniform and keeps the stages' wgmma
+  // descriptors in uniform registers (per thread, each crossed over with an R2UR between the
+  // wgmmas of a GEMM).
+  if constexpr (kPersistentV) it0 = __shfl_sync(0xffffffffu, it0, 0);
   constexpr bool PP = V == kPingpong;
   constexpr int kPoly = poly_groups(V);
   constexpr bool kLazy = V == kLazyRescale;
@@ -1393,6 +1399,8 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
   p.m_blocks = static_cast<int>((d.len_q + rows_of(V) - 1) / rows_of(V));
   p.heads = static_cast<int>(d.heads_q);
   p.batch = static_cast<int>(d.batch);
+  p.section_heads = fa3_section_heads(d.len_k, d.head_dim_qk, d.head_dim_v, ElemOf<T>::kBytes,
+                                      pr.group, d.batch * d.heads_q);
   p.splits = 1;
   if constexpr (packed_v(V)) {
     const int rows = rows_of(V) / p.group;
