@@ -817,13 +817,13 @@ TEST(AttentionCudnnRules, ShippedTableIsWellFormed) {
   }
 }
 
-// The short points (L 128 / 256, H200: 16k tokens as 128 / 64 sequences, hidden 2048; bf16 at
-// e7593d2, f16 at d0bff76): cuDNN led both passes at all 24 of each dtype, e.g. the bf16 backward
-// at d128 L256 causal 125.3 TFLOP/s against fa3's 114.1, where the L512 point (fa3 172.2 against
-// 171.3) had picked fa3 (372.8 us against cuDNN's 339.3 at a96ede0). Without cuDNN fa3 at every
-// point: its forward column is the persistent variant's since e7593d2 (fa3_persists; d64 L128
-// bf16 172.1 TFLOP/s, f16 170.9, against the family's 141.8 / 142.5, which led the plain
-// instance's 122.6 / 120.3 at a96ede0 / 6070077).
+// The short points (L 128 / 256, H200: 16k tokens as 128 / 64 sequences, hidden 2048; bf16 and
+// f16 at 5de200a): cuDNN leads every forward (fa3's column is the persistent variant's,
+// fa3_persists: d128 L256 323.9 TFLOP/s bf16 against cuDNN's 434.5) and the d64 non-causal
+// backward (fa3 0.97 / 0.995x at L128 / L256); fa3's backward leads the rest, by 1.3-11.9% (bf16
+// d64 L128 causal 56.3 against 55.6, d256 L256 200.8 against 179.5): the backward's 128-row d64
+// steps and staged epilogue (fifty-fifth to fifty-seventh sessions) had not been measured here
+// before. Without cuDNN fa3 at every point; without fa3 the family's kernels.
 TEST(AttentionCudnnRules, ShippedTableShortPoints) {
   for (DType t : {DType::bf16, DType::f16})
     for (int64_t d : {64, 128, 256})
@@ -834,23 +834,25 @@ TEST(AttentionCudnnRules, ShippedTableShortPoints) {
               problem_of(make_desc(t, 16384 / l, 2048 / d, 2048 / d, l, l, d, m));
           SCOPED_TRACE(std::string(name(t)) + " D" + std::to_string(d) + " L" + std::to_string(l) +
                        (causal ? " causal" : ""));
+          EXPECT_EQ(preferred_candidate(p, Pass::forward, true), Candidate::cudnn);
+          EXPECT_EQ(preferred_candidate(p, Pass::backward, true),
+                    d == 64 && !causal ? Candidate::cudnn : Candidate::fa3);
           for (Pass pass : {Pass::forward, Pass::backward}) {
-            EXPECT_EQ(preferred_candidate(p, pass, true), Candidate::cudnn);
             EXPECT_EQ(preferred_candidate(p, pass, true, false), Candidate::fa3);
             EXPECT_EQ(preferred_candidate(p, pass, false, false), Candidate::bespoke);
           }
         }
 }
 
-// The shipped run (H200, cuDNN 9.19.0, 2026-11-30, 435b2e6): fa3 is picked exactly where it beat
-// cuDNN in that run by more than kTableLeadMargin (forward: D = 64 non-causal at L8192 and L16384
-// and causal at L16384, its 192-row instance, by 4.9-12.8%, not L8192 causal (+0.7%); D = 128 at
-// L8192 and L16384, both masks, by 1.2-12.0%; D = 256 causal at L8192 and L16384; backward: D = 64,
-// its 128-row steps, at every length from L512, both masks, by 1.9-9.0%; D = 128 causal at L512 and
-// L16384 and non-causal at L8192 (L1024 causal within the margin); D = 256 at every point but
-// L2048 / L4096 causal, 3.4-18.0%), cuDNN at every other measured point, and never without fa3.
-// Varlen problems (no cuDNN) get fa3 wherever it runs (it beat the bespoke kernels at every point,
-// both passes, every head dim).
+// The shipped run (H200, cuDNN 9.19.0, 2026-11-30, 5de200a): fa3 is picked exactly where it beat
+// cuDNN in that run by more than kTableLeadMargin (forward: D = 64 non-causal from L4096 and causal
+// from L8192, its 192-row instance, by 1.6-10.2%; D = 128 causal at L8192 and L16384, by 3.4 /
+// 6.6% (non-causal 0.997 / 1.001: cuDNN); D = 256 causal at L8192 and L16384; backward: D = 64,
+// its 128-row steps, at every length from L512 but L2048 non-causal (1.001: within the margin), by
+// 1.5-8.8%; D = 128 causal at L512, L8192 and L16384 and non-causal from L4096, by 1.1-2.5%;
+// D = 256 at every point but L2048 (0.988 / 1.007 causal), by 1.4-17.7%), cuDNN at every other
+// measured point, and never without fa3. Varlen problems (no cuDNN) get fa3 wherever it runs (it
+// beat the bespoke kernels at every point, both passes, every head dim).
 TEST(AttentionCudnnRules, ShippedTablePicksFa3WhereItWasFastest) {
   struct Point {
     int64_t d, l;
@@ -859,23 +861,23 @@ TEST(AttentionCudnnRules, ShippedTablePicksFa3WhereItWasFastest) {
   };
   constexpr Candidate kFa3 = Candidate::fa3, kCudnn = Candidate::cudnn;
   const Point points[] = {
-      {128, 8192, false, kFa3, kFa3},     {128, 8192, true, kFa3, kCudnn},
-      {128, 16384, true, kFa3, kFa3},     {128, 16384, false, kFa3, kCudnn},
-      {128, 4096, false, kCudnn, kCudnn}, {128, 4096, true, kCudnn, kCudnn},
+      {128, 8192, false, kCudnn, kFa3},   {128, 8192, true, kFa3, kFa3},
+      {128, 16384, true, kFa3, kFa3},     {128, 16384, false, kCudnn, kFa3},
+      {128, 4096, false, kCudnn, kFa3},   {128, 4096, true, kCudnn, kCudnn},
       {128, 1024, false, kCudnn, kCudnn}, {128, 1024, true, kCudnn, kCudnn},
       {128, 512, true, kCudnn, kFa3},     {128, 2048, true, kCudnn, kCudnn},
-      {64, 4096, false, kCudnn, kFa3},    {64, 4096, true, kCudnn, kFa3},
-      {64, 8192, false, kFa3, kFa3},      {64, 8192, true, kCudnn, kFa3},
+      {64, 4096, false, kFa3, kFa3},      {64, 4096, true, kCudnn, kFa3},
+      {64, 8192, false, kFa3, kFa3},      {64, 8192, true, kFa3, kFa3},
       {64, 16384, false, kFa3, kFa3},     {64, 16384, true, kFa3, kFa3},
       {64, 1024, false, kCudnn, kFa3},    {64, 512, true, kCudnn, kFa3},
       {64, 512, false, kCudnn, kFa3},     {64, 1024, true, kCudnn, kFa3},
-      {64, 2048, true, kCudnn, kFa3},     {64, 2048, false, kCudnn, kFa3},
+      {64, 2048, true, kCudnn, kFa3},     {64, 2048, false, kCudnn, kCudnn},
       {256, 16384, true, kFa3, kFa3},     {256, 8192, true, kFa3, kFa3},
       {256, 16384, false, kCudnn, kFa3},  {256, 8192, false, kCudnn, kFa3},
-      {256, 4096, false, kCudnn, kFa3},   {256, 4096, true, kCudnn, kCudnn},
+      {256, 4096, false, kCudnn, kFa3},   {256, 4096, true, kCudnn, kFa3},
       {256, 512, false, kCudnn, kFa3},    {256, 1024, false, kCudnn, kFa3},
       {256, 512, true, kCudnn, kFa3},     {256, 1024, true, kCudnn, kFa3},
-      {256, 2048, false, kCudnn, kFa3},   {256, 2048, true, kCudnn, kCudnn},
+      {256, 2048, false, kCudnn, kCudnn}, {256, 2048, true, kCudnn, kCudnn},
   };
   for (const Point& pt : points) {
     const Mask m = pt.causal ? Mask::causal_top_left() : Mask::none();
@@ -2538,7 +2540,7 @@ TEST(AttentionFa3Gpu, DefaultPlanFollowsTheTable) {
 }
 
 // The ranked-ahead entry's other instances, under tables that make fa3 the pick: the persistent
-// one for short sequences (d64 / d128, both masks, up to L512 where fa3_persists takes it), the
+// one for short sequences (d64 / d128, both masks, up to the lengths fa3_persists takes), the
 // packed one for a chunk in a group of 1 against a long cache, the 192-row one at d64 from
 // kFa3WideMinRows rows, the plain one past those shapes;
 // bit for bit the instance pinned by name (whose own tests check it against the float64
@@ -2575,7 +2577,9 @@ TEST(AttentionFa3Gpu, DefaultPlanLaunchesTheRankedInstance) {
         Mask::causal_bottom_right(), true, true},
        kFa3WideKernel},
       // Past fa3_persists' lengths: the plain instance.
-      {{DType::bf16, 1, 4, 2, 300, 300, 128, Mask::none(), false, false}, kFa3Kernel},
+      {{DType::bf16, 1, 4, 2, kFa3PersistentMaxLen + 88, kFa3PersistentMaxLen + 88, 128,
+        Mask::none(), false, false},
+       kFa3Kernel},
       {{DType::bf16, 1, 4, 4, kFa3PersistentMaxLenFewTiles + 88, kFa3PersistentMaxLenFewTiles + 88,
         64, Mask::causal_top_left(), false, false},
        kFa3Kernel}};
