@@ -304,8 +304,9 @@ constexpr bool fa3_persistent_dims(int64_t dk, int64_t dv) {
 // ones, under a causal bound) of every head first, then the next block down, then the next
 // section. The CTAs running at once then read the K / V of one section's heads, which fit in L2
 // together (fa3_section_heads). Walking all B x Hq heads at once, each head's K / V came from DRAM
-// again for each of its query blocks once B x Hq x Lk outgrew L2: the variant ran 4-20% slower
-// than the plain kernel from L1024 (H200, 16k tokens as B x L, hidden 2048).
+// again for each of its query blocks once B x Hq x Lk outgrew L2: the sections ran 1.10-1.19x
+// that walk at d128 L512-16384 non-causal, 1.01-1.06x at d64 (d128 causal from L4096 0.96-0.99x;
+// H200, 16k tokens as B x L, hidden 2048, fifty-eighth session's call 3).
 struct Fa3WorkTile {
   int m_block, bh;
 };
