@@ -11,7 +11,15 @@
 namespace baracuda::attention_hopper::detail {
 
 inline constexpr std::string_view kSelectionProvenance =
-    "Lq = Lk points: NVIDIA H200, cuDNN 9.19.0, 2026-11-30, commit 5de200a, bench_attention (TFLOP/s, median of CUDA-event timings); chunk points: NVIDIA H200, cuDNN 9.19.0, 2026-11-30, commit cb2572a, bench_attention (TFLOP/s, median of CUDA-event timings); f16 chunk points: NVIDIA H200, cuDNN 9.19.0, 2026-11-30, commit cb2572a, bench_attention (TFLOP/s, median of CUDA-event timings); f16 Lq = Lk points: NVIDIA H200, cuDNN 9.19.0, 2026-11-30, commit 435b2e6, bench_attention (TFLOP/s, median of CUDA-event timings); short Lq = Lk points: NVIDIA H200, cuDNN 9.19.0, 2026-11-30, commit 5de200a, bench_attention (TFLOP/s, median of CUDA-event timings); f16 short Lq = Lk points: NVIDIA H200, cuDNN 9.19.0, 2026-11-30, commit 5de200a, bench_attention (TFLOP/s, median of CUDA-event timings)";
+    "Lq = Lk points: NVIDIA H200, cuDNN 9.19.0, 2026-11-30, commit 5de200a, bench_attention "
+    "(TFLOP/s, median of CUDA-event timings); chunk points: NVIDIA H200, cuDNN 9.19.0, 2026-11-30, "
+    "commit cb2572a, bench_attention (TFLOP/s, median of CUDA-event timings); f16 chunk points: "
+    "NVIDIA H200, cuDNN 9.19.0, 2026-11-30, commit cb2572a, bench_attention (TFLOP/s, median of "
+    "CUDA-event timings); f16 Lq = Lk points: NVIDIA H200, cuDNN 9.19.0, 2026-11-30, commit "
+    "435b2e6, bench_attention (TFLOP/s, median of CUDA-event timings); short Lq = Lk points: "
+    "NVIDIA H200, cuDNN 9.19.0, 2026-11-30, commit 5de200a, bench_attention (TFLOP/s, median of "
+    "CUDA-event timings); f16 short Lq = Lk points: NVIDIA H200, cuDNN 9.19.0, 2026-11-30, commit "
+    "5de200a, bench_attention (TFLOP/s, median of CUDA-event timings)";
 
 // dtype, pass, head dim, L (= Lq = Lk; chunk points: Lk), causal, cuDNN, bespoke, fa3 TFLOP/s
 // (0: not run)[, chunk points: Lq]
