@@ -568,7 +568,8 @@ TEST(AttentionCudnnRules, PersistentWalkCoversEveryTileOnceBySection) {
   EXPECT_EQ(fa3_section_heads(1024, 128, 128, 2, 4, 1024), 4 * (budget / (1024 * 256 * 2)));
   EXPECT_EQ(fa3_section_heads(1024, 128, 128, 2, 1, 16), 16);             // at most every head
   EXPECT_EQ(fa3_section_heads(int64_t{1} << 20, 128, 128, 2, 8, 64), 8);  // at least a group
-  EXPECT_EQ(fa3_section_heads(512, 64, 64, 1, 2, 4096) % 2, 0);           // whole groups
+  // Whole groups: 64 KiB a K / V head (fp8, d64, L512), 512 of them, so 1024 query heads of GQA 2.
+  EXPECT_EQ(fa3_section_heads(512, 64, 64, 1, 2, 4096), 2 * (budget / (512 * 128)));
 }
 
 // The instance fa3's ranked-ahead entry launches (fa3_ranked_forward_kernel): packed where
