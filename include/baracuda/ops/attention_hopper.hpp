@@ -273,17 +273,16 @@ inline constexpr int64_t kFa3PackedUngroupedMaxRows = 64;
 bool fa3_packs_ungrouped(const attention::Problem& p);
 // Short sequences, where fa3 is the pick: its persistent variant (one CTA an SM looping over the
 // work tiles, the next tile's loads under this one's epilogue) in place of the plain one, for
-// padded problems of Lq and Lk up to kFa3PersistentMaxLen (up to four key tiles a work tile), up
-// to kFa3PersistentMaxLenFewTiles at d64 or with a causal bound (right = 0). Measured (H200, 16k
-// tokens as B x L, hidden 2048, bf16, fifty-eighth session's call 3, one run, TFLOP/s plain ->
-// persistent): d128 L128 178.0 -> 225.4 (causal 83.8 -> 104.0), L256 281.6 -> 324.5 (152.3 ->
-// 175.0), L512 409.5 -> 435.9 (252.7 -> 280.9), L1024 causal 373.5 -> 376.6; d64 L128 125.3 ->
+// padded problems of Lq and Lk up to kFa3PersistentMaxLen (up to eight key tiles a work tile).
+// Measured (H200, 16k tokens as B x L, hidden 2048, bf16, TFLOP/s plain -> persistent): fifty-
+// eighth session's call 3, d128 L128 178.0 -> 225.4 (causal 83.8 -> 104.0), L256 281.6 -> 324.5
+// (152.3 -> 175.0), L512 causal 252.7 -> 280.9, L1024 causal 373.5 -> 376.6; d64 L128 125.3 ->
 // 154.8 (55.6 -> 69.2), L256 193.1 -> 228.0 (100.0 -> 119.8), L512 274.4 -> 292.2 (163.2 ->
-// 185.1), L1024 348.4 -> 356.0 (240.9 -> 261.5). From L2048 (d128: L1024) non-causal the plain
-// kernel (or d64's 192-row one) leads: d128 L1024 531.7 against 507.3, d64 L2048 400.8 / 447.0
-// against 376.9.
-inline constexpr int64_t kFa3PersistentMaxLen = 512;
-inline constexpr int64_t kFa3PersistentMaxLenFewTiles = 1024;
+// 185.1), L1024 348.4 -> 356.0 (240.9 -> 261.5); unbanded d128 with one-group sections
+// (fa3_section_heads; fifty-ninth session's call 1, one run) L512 412.3 -> 468.2, L1024 530.0 ->
+// 550.9. From L2048 the plain kernel (or d64's 192-row one) leads: d128 616.1 against 576.1
+// (causal 493.7 against 448.3), d64 400.8 / 447.0 against 376.9.
+inline constexpr int64_t kFa3PersistentMaxLen = 1024;
 bool fa3_persists(const attention::Problem& p);
 // Head dim 64 from kFa3WideMinRows query rows on, where fa3 runs: its 192-row instance
 // (kFa3WideKernel) in place of the plain one. Measured (H200, bf16, 16k tokens as B x L, 32 heads,
@@ -302,11 +301,7 @@ constexpr bool fa3_persistent_dims(int64_t dk, int64_t dv) {
 // The persistent variant's walk over its work tiles (query block m of head bh of the B x Hq
 // heads), in sections of `section` consecutive heads: a section's heaviest query blocks (the last
 // ones, under a causal bound) of every head first, then the next block down, then the next
-// section. The CTAs running at once then read the K / V of one section's heads, which fit in L2
-// together (fa3_section_heads). Walking all B x Hq heads at once, each head's K / V came from DRAM
-// again for each of its query blocks once B x Hq x Lk outgrew L2: the sections ran 1.10-1.19x
-// that walk at d128 L512-16384 non-causal, 1.01-1.06x at d64 (d128 causal from L4096 0.96-0.99x;
-// H200, 16k tokens as B x L, hidden 2048, fifty-eighth session's call 3).
+// section. A section of one head is the plain kernel's launch order, query block fastest.
 struct Fa3WorkTile {
   int m_block, bh;
 };
@@ -316,15 +311,29 @@ constexpr Fa3WorkTile fa3_work_tile(int w, int m_blocks, int bh_count, int secti
   const int r = w - first * m_blocks;
   return {m_blocks - 1 - r / heads, first + r % heads};
 }
-// A section's share of L2: 32 MiB of the H100's / H200's 50 (room left for the Q and Y streams).
+// A banded section's share of L2: 32 MiB of the H100's / H200's 50 (room for the Q and Y streams).
 inline constexpr int64_t kFa3SectionL2Bytes = int64_t{32} << 20;
-// The heads a section spans: those whose K / V (Lk x (Dk + Dv) elements a K / V head, shared by
-// `group` query heads) fit in kFa3SectionL2Bytes, whole groups, at least one group, at most all.
+// The heads a section spans.
+// - Unbanded (every query block sees every key: work tiles of one weight): one group of query
+//   heads, so that the CTAs running at once share the K / V of about SMs / m_blocks heads, as the
+//   plain kernel's do. Sections of every head whose K / V fit in kFa3SectionL2Bytes had the 132
+//   CTAs read up to 32 MiB of K / V at once, from DRAM again for each round of query blocks (d128
+//   L2048: 624 MB read from DRAM a launch against 201 MB, the Q / K / V bytes; 489 against 447 us,
+//   ncu). One group ran 1.09 / 1.11 / 1.04 / 1.01 / 1.03 / 1.06x those sections at d128 L512-
+//   16384, 0.99-1.03x at d64 (H200, 16k tokens as B x L, hidden 2048, fifty-ninth session's call
+//   1, one run each).
+// - Banded (causal: a block's weight grows with its index): the heads whose K / V fit in
+//   kFa3SectionL2Bytes, whole groups, at least one group, at most all, so that the heaviest blocks
+//   of many heads go first and the CTAs, which stride the walk by the grid, end together. One group
+//   lost 11-24% there at L512 / L1024 (d128 causal 280.6 -> 215.8, 371.3 -> 331.6; d64 186.6 ->
+//   141.3, 261.8 -> 211.5; same call).
 constexpr int fa3_section_heads(int64_t lk, int64_t dk, int64_t dv, int64_t elem_bytes,
-                                int64_t group, int64_t bh_count) {
+                                int64_t group, int64_t bh_count, bool banded) {
   const int64_t kv_head = lk * (dk + dv) * elem_bytes;
-  const int64_t groups =
-      kv_head > 0 && kFa3SectionL2Bytes / kv_head > 1 ? kFa3SectionL2Bytes / kv_head : 1;
+  const int64_t groups = !banded ? 1
+                         : kv_head > 0 && kFa3SectionL2Bytes / kv_head > 1
+                             ? kFa3SectionL2Bytes / kv_head
+                             : 1;
   return static_cast<int>(groups * group < bh_count ? groups * group : bh_count);
 }
 // Decode-shaped forwards of plain multi-head attention (group 1) with 256-wide heads (Dk = Dv =

@@ -536,8 +536,8 @@ TEST(AttentionCudnnRules, ShortGqaChunksGoToFa3Packed) {
 
 // The persistent forward's walk (fa3_work_tile): every (query block, head) tile exactly once for
 // any section size, whole sections in order, and inside a section the heaviest query block of each
-// of its heads before any lighter one. fa3_section_heads: whole groups of query heads whose K / V
-// fit in kFa3SectionL2Bytes, at least one group, at most every head.
+// of its heads before any lighter one. fa3_section_heads: banded, whole groups of query heads whose
+// K / V fit in kFa3SectionL2Bytes, at least one group, at most every head; unbanded, one group.
 TEST(AttentionCudnnRules, PersistentWalkCoversEveryTileOnceBySection) {
   for (int m_blocks : {1, 2, 5, 8})
     for (int bh_count : {1, 3, 16, 40})
@@ -563,20 +563,24 @@ TEST(AttentionCudnnRules, PersistentWalkCoversEveryTileOnceBySection) {
         for (int c : seen) EXPECT_EQ(c, 1);
       }
   const int64_t budget = kFa3SectionL2Bytes;
-  // d128 bf16 at L1024: 512 KiB a K / V head, 64 of them; GQA 4 counts query heads.
-  EXPECT_EQ(fa3_section_heads(1024, 128, 128, 2, 1, 256), budget / (1024 * 256 * 2));
-  EXPECT_EQ(fa3_section_heads(1024, 128, 128, 2, 4, 1024), 4 * (budget / (1024 * 256 * 2)));
-  EXPECT_EQ(fa3_section_heads(1024, 128, 128, 2, 1, 16), 16);             // at most every head
-  EXPECT_EQ(fa3_section_heads(int64_t{1} << 20, 128, 128, 2, 8, 64), 8);  // at least a group
+  // Banded: d128 bf16 at L1024, 512 KiB a K / V head, 64 of them; GQA 4 counts query heads.
+  EXPECT_EQ(fa3_section_heads(1024, 128, 128, 2, 1, 256, true), budget / (1024 * 256 * 2));
+  EXPECT_EQ(fa3_section_heads(1024, 128, 128, 2, 4, 1024, true), 4 * (budget / (1024 * 256 * 2)));
+  EXPECT_EQ(fa3_section_heads(1024, 128, 128, 2, 1, 16, true), 16);             // every head
+  EXPECT_EQ(fa3_section_heads(int64_t{1} << 20, 128, 128, 2, 8, 64, true), 8);  // a group
   // Whole groups: 64 KiB a K / V head (fp8, d64, L512), 512 of them, so 1024 query heads of GQA 2.
-  EXPECT_EQ(fa3_section_heads(512, 64, 64, 1, 2, 4096), 2 * (budget / (512 * 128)));
+  EXPECT_EQ(fa3_section_heads(512, 64, 64, 1, 2, 4096, true), 2 * (budget / (512 * 128)));
+  // Unbanded: one group, at most every head.
+  EXPECT_EQ(fa3_section_heads(1024, 128, 128, 2, 1, 256, false), 1);
+  EXPECT_EQ(fa3_section_heads(512, 64, 64, 1, 2, 4096, false), 2);
+  EXPECT_EQ(fa3_section_heads(1024, 128, 128, 2, 8, 4, false), 4);
 }
 
 // The instance fa3's ranked-ahead entry launches (fa3_ranked_forward_kernel): packed where
 // fa3_packs, and for chunks of 17..kFa3PackedUngroupedMaxRows rows in groups of 1 against caches
 // of kFa3PackedLongCacheKeys or more (padded, no counts or pages, d64 / d128); persistent for
-// padded sequences of at most kFa3PersistentMaxLen queries and keys, kFa3PersistentMaxLenFewTiles
-// at d64 or causal (d64 / d128, no pages, key counts or varlen); the 192-row one at d64 from
+// padded sequences of at most kFa3PersistentMaxLen queries and keys (d64 / d128, no pages, key
+// counts or varlen); the 192-row one at d64 from
 // kFa3WideMinRows query rows (the same shapes); else the paged, counts or plain instance. The rule
 // picks an instance only: whether fa3 runs at all is the table's
 // (candidate_here).
@@ -607,18 +611,18 @@ TEST(AttentionCudnnRules, RankedAheadInstanceByShape) {
   EXPECT_TRUE(fa3_persists(problem(16, 16, short_len, short_len)));
   EXPECT_TRUE(fa3_persists(problem(32, 8, 128, 128, 64, DType::f16)));
   EXPECT_TRUE(fa3_persists(problem(16, 16, 17, 200)));
-  const int64_t few_tiles = kFa3PersistentMaxLenFewTiles;
   auto unmasked = [](int64_t l, int64_t d) {
     return problem_of(make_desc(DType::bf16, 4, 16, 16, l, l, d));
   };
-  EXPECT_TRUE(fa3_persists(unmasked(short_len, 128)));
-  EXPECT_FALSE(fa3_persists(unmasked(short_len + 1, 128)));
-  EXPECT_TRUE(fa3_persists(unmasked(few_tiles, 64)));
-  EXPECT_FALSE(fa3_persists(unmasked(few_tiles + 1, 64)));
-  EXPECT_TRUE(fa3_persists(problem(16, 16, few_tiles, few_tiles)));  // causal d128
-  EXPECT_TRUE(fa3_persists(problem(16, 16, 128, few_tiles)));
-  EXPECT_FALSE(fa3_persists(problem(16, 16, few_tiles + 1, few_tiles + 1)));
-  EXPECT_FALSE(fa3_persists(problem(16, 16, 128, few_tiles + 1)));
+  for (int64_t d : {64, 128}) {
+    EXPECT_TRUE(fa3_persists(unmasked(short_len, d))) << d;
+    EXPECT_FALSE(fa3_persists(unmasked(short_len + 1, d))) << d;
+    EXPECT_TRUE(fa3_persists(problem(16, 16, short_len, short_len, d))) << d;  // causal
+    EXPECT_FALSE(fa3_persists(problem(16, 16, short_len + 1, short_len + 1, d))) << d;
+  }
+  EXPECT_TRUE(fa3_persists(problem(16, 16, 128, short_len)));
+  EXPECT_FALSE(fa3_persists(problem(16, 16, 128, short_len + 1)));
+  EXPECT_FALSE(fa3_persists(problem(16, 16, short_len + 1, 128)));
   EXPECT_FALSE(fa3_persists(problem(16, 16, 128, 128, 256)));
   EXPECT_FALSE(fa3_persists(problem(16, 16, 128, 128, 96)));
   attention::Problem mla = problem(16, 16, 128, 128, 192);
@@ -654,8 +658,8 @@ TEST(AttentionCudnnRules, RankedAheadInstanceByShape) {
   EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 8, 32, 128)), kFa3PackedKernel);  // fa3_packs
   EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, 128, 128)), kFa3PersistentKernel);
   EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, 1024, 1024)), kFa3PersistentKernel);
-  EXPECT_EQ(fa3_ranked_forward_kernel(unmasked(512, 128)), kFa3PersistentKernel);
-  EXPECT_EQ(fa3_ranked_forward_kernel(unmasked(1024, 128)), kFa3Kernel);
+  EXPECT_EQ(fa3_ranked_forward_kernel(unmasked(1024, 128)), kFa3PersistentKernel);
+  EXPECT_EQ(fa3_ranked_forward_kernel(unmasked(2048, 128)), kFa3Kernel);
   EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, 1024, 1024, 64)), kFa3PersistentKernel);
   EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, 2048, 2048)), kFa3Kernel);
   EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, wide, wide, 64)), kFa3WideKernel);
@@ -2330,8 +2334,10 @@ TEST(AttentionFa3Gpu, PersistentMatchesReference) {
     cases.push_back({DType::bf16, 64, 16, 16, 128, 128, d, Mask::none(), false, false});
     cases.push_back({DType::f16, 40, 8, 2, 200, 200, d, Mask::causal_top_left(), true, false});
   }
-  // Several sections of work tiles (fa3_section_heads: 8 K / V heads of 16384 d64 keys, 4 of d128,
-  // in kFa3SectionL2Bytes), the last one partial, both masks.
+  // Several banded sections of work tiles (fa3_section_heads: 8 K / V heads of 16384 d64 keys, 4
+  // of d128, in kFa3SectionL2Bytes), the last one partial; unbanded, one head a section.
+  cases.push_back(
+      {DType::bf16, 1, 9, 9, 130, 16384, 64, Mask::causal_bottom_right(), false, false});
   cases.push_back({DType::bf16, 1, 9, 9, 130, 16384, 64, Mask::none(), false, false});
   cases.push_back(
       {DType::bf16, 1, 6, 6, 160, 16384, 128, Mask::causal_bottom_right(), true, false});
@@ -2559,11 +2565,14 @@ TEST(AttentionFa3Gpu, DefaultPlanLaunchesTheRankedInstance) {
        kFa3PersistentKernel},
       {{DType::bf16, 2, 4, 4, 200, 150, 128, Mask::causal_bottom_right(), false, true},
        kFa3PersistentKernel},
-      {{DType::bf16, 2, 4, 2, kFa3PersistentMaxLenFewTiles, kFa3PersistentMaxLenFewTiles, 64,
-        Mask::none(), false, false},
+      {{DType::bf16, 2, 4, 2, kFa3PersistentMaxLen, kFa3PersistentMaxLen, 64, Mask::none(), false,
+        false},
        kFa3PersistentKernel},
-      {{DType::f16, 1, 4, 4, 300, kFa3PersistentMaxLenFewTiles, 128, Mask::causal_bottom_right(),
-        false, false},
+      {{DType::bf16, 2, 4, 4, kFa3PersistentMaxLen - 24, kFa3PersistentMaxLen, 128, Mask::none(),
+        true, false},
+       kFa3PersistentKernel},
+      {{DType::f16, 1, 4, 4, 300, kFa3PersistentMaxLen, 128, Mask::causal_bottom_right(), false,
+        false},
        kFa3PersistentKernel},
       {{DType::bf16, 1, 4, 4, 32, kFa3PackedLongCacheKeys, 128, Mask::causal_bottom_right(), false,
         false},
@@ -2581,8 +2590,8 @@ TEST(AttentionFa3Gpu, DefaultPlanLaunchesTheRankedInstance) {
       {{DType::bf16, 1, 4, 2, kFa3PersistentMaxLen + 88, kFa3PersistentMaxLen + 88, 128,
         Mask::none(), false, false},
        kFa3Kernel},
-      {{DType::bf16, 1, 4, 4, kFa3PersistentMaxLenFewTiles + 88, kFa3PersistentMaxLenFewTiles + 88,
-        64, Mask::causal_top_left(), false, false},
+      {{DType::bf16, 1, 4, 4, kFa3PersistentMaxLen + 88, kFa3PersistentMaxLen + 88, 64,
+        Mask::causal_top_left(), false, false},
        kFa3Kernel}};
   for (const Route& r : routes) {
     const Case& c = r.c;

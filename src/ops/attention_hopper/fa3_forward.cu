@@ -235,8 +235,9 @@ __device__ __forceinline__ Tile tile_packed(const Params& p, int bx, int hk, int
   t.n_tiles = max(0, min(all - split * share, share));
   return t;
 }
-// Persistent variant: work index w in [0, m_blocks * heads * batch), in sections of heads whose
-// K / V share L2, heaviest (causal) query blocks of a section first (fa3_work_tile).
+// Persistent variant: work index w in [0, m_blocks * heads * batch), in sections of heads
+// (fa3_section_heads: one group unbanded, those whose K / V share L2 banded), heaviest (causal)
+// query blocks of a section first (fa3_work_tile).
 template <int BN>
 __device__ __forceinline__ Tile tile_of(const Params& p, int w) {
   const Fa3WorkTile wt = fa3_work_tile(w, p.m_blocks, p.heads * p.batch, p.section_heads);
@@ -1400,7 +1401,7 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
   p.heads = static_cast<int>(d.heads_q);
   p.batch = static_cast<int>(d.batch);
   p.section_heads = fa3_section_heads(d.len_k, d.head_dim_qk, d.head_dim_v, ElemOf<T>::kBytes,
-                                      pr.group, d.batch * d.heads_q);
+                                      pr.group, d.batch * d.heads_q, p.left >= 0 || p.right >= 0);
   p.splits = 1;
   if constexpr (packed_v(V)) {
     const int rows = rows_of(V) / p.group;

@@ -189,10 +189,7 @@ bool fa3_packs_ungrouped(const attention::Problem& p) {
 
 bool fa3_persists(const attention::Problem& p) {
   const attention::Descriptor& d = p.desc;
-  const int64_t len = std::max(d.len_q, d.len_k);
-  const bool few_tiles = d.head_dim_qk == 64 || d.mask.right == 0;
-  return measured_instance_shape(d) &&
-         (len <= kFa3PersistentMaxLen || (few_tiles && len <= kFa3PersistentMaxLenFewTiles));
+  return measured_instance_shape(d) && std::max(d.len_q, d.len_k) <= kFa3PersistentMaxLen;
 }
 
 bool fa3_widens(const attention::Problem& p) {
