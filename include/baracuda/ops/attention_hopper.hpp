@@ -279,9 +279,10 @@ bool fa3_packs_ungrouped(const attention::Problem& p);
 // (152.3 -> 175.0), L512 causal 252.7 -> 280.9, L1024 causal 373.5 -> 376.6; d64 L128 125.3 ->
 // 154.8 (55.6 -> 69.2), L256 193.1 -> 228.0 (100.0 -> 119.8), L512 274.4 -> 292.2 (163.2 ->
 // 185.1), L1024 348.4 -> 356.0 (240.9 -> 261.5); unbanded d128 with one-group sections
-// (fa3_section_heads; fifty-ninth session's call 1, one run) L512 412.3 -> 468.2, L1024 530.0 ->
-// 550.9. From L2048 the plain kernel (or d64's 192-row one) leads: d128 616.1 against 576.1
-// (causal 493.7 against 448.3), d64 400.8 / 447.0 against 376.9.
+// (fa3_section_heads; fifty-ninth session's call 2, f4409d7, two runs) L512 406.9-408.7 ->
+// 461.7-462.6, L1024 530.8-532.0 -> 536.2-567.4. From L2048 the plain kernel (or d64's 192-row
+// one) leads: d128 615.6-623.0 against 577.5-577.8 (call 2; causal 493.7 against 448.3, call 1),
+// d64 400.8 / 447.0 against 376.9.
 inline constexpr int64_t kFa3PersistentMaxLen = 1024;
 bool fa3_persists(const attention::Problem& p);
 // Head dim 64 from kFa3WideMinRows query rows on, where fa3 runs: its 192-row instance

@@ -750,7 +750,7 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
     // The last dQ reduction is waited for here, after the stores are issued, so that no warpgroup
     // waits for its L2 round trip at the barrier before the staging (its source, the dQ stage,
     // lies past the staged tiles). Every other thread only waits for its row's read: shared
-    // memory may then be released. Waiting before the barrier cost 1.7-3.1% at L512 / L1024, d64
+    // memory may then be released. Waiting before the barrier cost 1.5-3.1% at L512 / L1024, d64
     // and d128, and nothing measurable from L2048 (H200, fifty-ninth session's call 2).
     if (!kSplit && tid == 0)
       bulk_wait<0, false>();
