@@ -580,10 +580,9 @@ TEST(AttentionCudnnRules, PersistentWalkCoversEveryTileOnceBySection) {
 // fa3_packs, and for chunks of 17..kFa3PackedUngroupedMaxRows rows in groups of 1 against caches
 // of kFa3PackedLongCacheKeys or more (padded, no counts or pages, d64 / d128); persistent for
 // padded sequences of at most kFa3PersistentMaxLen queries and keys (d64 / d128, no pages, key
-// counts or varlen); the 192-row one at d64 from
-// kFa3WideMinRows query rows (the same shapes); else the paged, counts or plain instance. The rule
-// picks an instance only: whether fa3 runs at all is the table's
-// (candidate_here).
+// counts or varlen); the 192-row one at d64 from kFa3WideMinRows query rows (the same shapes);
+// else the paged, counts or plain instance. The rule picks an instance only: whether fa3 runs at
+// all is the table's (candidate_here).
 TEST(AttentionCudnnRules, RankedAheadInstanceByShape) {
   auto problem = [](int64_t hq, int64_t hk, int64_t lq, int64_t lk, int64_t d = 128,
                     DType t = DType::bf16) {

@@ -250,11 +250,12 @@ __device__ __forceinline__ Tile tile_of(const Params& p, int w) {
 //  kPoly2/3:  kPlain with 2 (3) of every 8 column groups' exp2 computed on the FMA pipe
 //             (poly_exp2) instead of the MUFU: 25% (37.5%) of the softmax's exponentials.
 //  kPersistent: (D = 64, 128: fa3_persistent_dims) kPlain with one CTA per SM looping over (query
-//             block, head, batch) work tiles in sections of heads whose K / V fit in L2 together,
-//             heaviest query blocks of a section first (fa3_work_tile): the producer loads the
-//             next tile's Q and K/V (the ring continues across tiles; Q is reloaded once both
-//             consumer warpgroups' last S GEMM of a tile is done, "Q empty") while the consumers
-//             run the epilogue, which stages O in a buffer of its own. Short sequences (8 key tiles
+//             block, head, batch) work tiles in sections of heads (fa3_section_heads: one
+//             group unbanded, banded those whose K / V fit in L2 together), heaviest query blocks
+//             of a section first (fa3_work_tile): the producer loads the next tile's Q and K/V
+//             (the ring continues across tiles; Q is reloaded once both consumer warpgroups' last
+//             S GEMM of a tile is done, "Q empty") while the consumers run the epilogue, which
+//             stages O in a buffer of its own. Short sequences (8 key tiles
 //             per CTA at L = 1024) spend a large share of a CTA's life in its prologue (TMA
 //             latency, first S with nothing to overlap) and epilogue; this hides the load part.
 //  kCounts:  kPlain reading per-sequence key counts (seqused_k): its own instance, since the
