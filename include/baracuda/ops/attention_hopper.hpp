@@ -312,6 +312,45 @@ constexpr Fa3WorkTile fa3_work_tile(int w, int m_blocks, int bh_count, int secti
   const int r = w - first * m_blocks;
   return {m_blocks - 1 - r / heads, first + r % heads};
 }
+// n / d for 0 <= n < 2^31 and 1 <= d < 2^31 by a multiply-high and a shift (the round-up method
+// of Granlund & Montgomery with p = 31 + ceil(log2 d): mul = ceil(2^p / d) < 2^32, exact for n <
+// 2^31). The persistent forward's consumers compute their work tile's coordinates on their
+// critical path twice a tile; GPUs have no integer divider (a 32-bit `/` is ~25 instructions
+// through the float reciprocal, on the vector pipe only).
+struct Fa3Div {
+  uint32_t d = 1, mul = 0, shr = 0;  // d == 1: the quotient is n
+};
+constexpr Fa3Div fa3_div(int64_t d) {
+  if (d <= 1) return {};
+  uint32_t l = 0;  // ceil(log2 d)
+  while ((int64_t{1} << l) < d) ++l;
+  const uint64_t ud = static_cast<uint64_t>(d);
+  return {static_cast<uint32_t>(d),
+          static_cast<uint32_t>(((uint64_t{1} << (31 + l)) + ud - 1) / ud), l - 1};
+}
+constexpr int fa3_quot(int n, const Fa3Div& v) {
+  return v.d == 1 ? n
+                  : static_cast<int>(
+                        static_cast<uint32_t>((uint64_t{static_cast<uint32_t>(n)} * v.mul) >> 32) >>
+                        v.shr);
+}
+// fa3_work_tile's divisors for one launch: the tiles of a section, the heads of a whole section
+// and of the last (partial) one.
+struct Fa3WalkDivs {
+  Fa3Div section_tiles, section, last_section;
+};
+constexpr Fa3WalkDivs fa3_walk_divs(int m_blocks, int bh_count, int section) {
+  const int last = bh_count % section == 0 ? section : bh_count % section;
+  return {fa3_div(int64_t{section} * m_blocks), fa3_div(section), fa3_div(last)};
+}
+// fa3_work_tile by the divisors above (the kernel's form; the same tiles).
+constexpr Fa3WorkTile fa3_work_tile_by(int w, int m_blocks, int bh_count, const Fa3WalkDivs& v) {
+  const int section = static_cast<int>(v.section.d);
+  const int first = fa3_quot(w, v.section_tiles) * section;
+  const Fa3Div& heads = bh_count - first < section ? v.last_section : v.section;
+  const int r = w - first * m_blocks, q = fa3_quot(r, heads);
+  return {m_blocks - 1 - q, first + r - q * static_cast<int>(heads.d)};
+}
 // A banded section's share of L2: 32 MiB of the H100's / H200's 50 (room for the Q and Y streams).
 inline constexpr int64_t kFa3SectionL2Bytes = int64_t{32} << 20;
 // The heads a section spans.

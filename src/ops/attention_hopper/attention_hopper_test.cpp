@@ -549,6 +549,10 @@ TEST(AttentionCudnnRules, PersistentWalkCoversEveryTileOnceBySection) {
         int last_section = 0, last_m = m_blocks;
         for (int w = 0; w < m_blocks * bh_count; ++w) {
           const Fa3WorkTile t = fa3_work_tile(w, m_blocks, bh_count, section);
+          const Fa3WorkTile by =
+              fa3_work_tile_by(w, m_blocks, bh_count, fa3_walk_divs(m_blocks, bh_count, section));
+          ASSERT_EQ(by.m_block, t.m_block) << w;  // the kernel's form: the same tile
+          ASSERT_EQ(by.bh, t.bh) << w;
           ASSERT_GE(t.m_block, 0);
           ASSERT_LT(t.m_block, m_blocks);
           ASSERT_GE(t.bh, 0);
@@ -574,6 +578,29 @@ TEST(AttentionCudnnRules, PersistentWalkCoversEveryTileOnceBySection) {
   EXPECT_EQ(fa3_section_heads(1024, 128, 128, 2, 1, 256, false), 1);
   EXPECT_EQ(fa3_section_heads(512, 64, 64, 1, 2, 4096, false), 2);
   EXPECT_EQ(fa3_section_heads(1024, 128, 128, 2, 8, 4, false), 4);
+}
+
+// fa3_quot (n / d by a multiply-high and a shift) against `/` for divisors 1..4096 and around
+// every power of two up to 2^31 - 1, dividends around multiples of them and up to 2^31 - 1.
+TEST(AttentionCudnnRules, WorkTileDivisionIsExact) {
+  std::vector<int64_t> divisors;
+  for (int64_t d = 1; d <= 4096; ++d) divisors.push_back(d);
+  for (int k = 12; k <= 31; ++k)
+    for (int64_t e : {-3, -1, 0, 1, 3})
+      if (const int64_t d = (int64_t{1} << k) + e; d >= 1 && d < (int64_t{1} << 31))
+        divisors.push_back(d);
+  const int64_t top = (int64_t{1} << 31) - 1;
+  for (int64_t d : divisors) {
+    const Fa3Div v = fa3_div(d);
+    std::vector<int64_t> ns = {0,   1,       d - 1,   d,           d + 1,
+                               top, top - 1, top - d, top / d * d, top / d * d - 1};
+    for (int64_t q : {int64_t{2}, int64_t{7}, int64_t{1000}, top / d / 2, top / d})
+      for (int64_t e : {-1, 0, 1}) ns.push_back(q * d + e);
+    for (int64_t n : ns) {
+      if (n < 0 || n > top) continue;
+      ASSERT_EQ(fa3_quot(static_cast<int>(n), v), n / d) << n << " / " << d;
+    }
+  }
 }
 
 // The instance fa3's ranked-ahead entry launches (fa3_ranked_forward_kernel): packed where

@@ -175,6 +175,8 @@ struct Params {
   int rows_log2, splits;
   float *o_part, *lse_part;
   int section_heads;  // kPersistent: the heads of a section of work tiles (fa3_work_tile)
+  Fa3WalkDivs walk;   // kPersistent: its divisors (fa3_work_tile_by)
+  Fa3Div heads_div;   // kPersistent: by `heads`
 };
 
 // One work tile: query rows [m0, m0 + the CTA's rows) of head h of sequence b, n_tiles key tiles
@@ -240,8 +242,9 @@ __device__ __forceinline__ Tile tile_packed(const Params& p, int bx, int hk, int
 // query blocks of a section first (fa3_work_tile).
 template <int BN>
 __device__ __forceinline__ Tile tile_of(const Params& p, int w) {
-  const Fa3WorkTile wt = fa3_work_tile(w, p.m_blocks, p.heads * p.batch, p.section_heads);
-  return tile_at<BN>(p, wt.m_block, wt.bh % p.heads, wt.bh / p.heads);
+  const Fa3WorkTile wt = fa3_work_tile_by(w, p.m_blocks, p.heads * p.batch, p.walk);
+  const int b = fa3_quot(wt.bh, p.heads_div);
+  return tile_at<BN>(p, wt.m_block, wt.bh - b * p.heads, b);
 }
 
 // Variants of the one kernel template, registered by name for A/B (fa3_fwd_sm90a*):
@@ -1403,6 +1406,8 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
   p.batch = static_cast<int>(d.batch);
   p.section_heads = fa3_section_heads(d.len_k, d.head_dim_qk, d.head_dim_v, ElemOf<T>::kBytes,
                                       pr.group, d.batch * d.heads_q, p.left >= 0 || p.right >= 0);
+  p.walk = fa3_walk_divs(p.m_blocks, p.heads * p.batch, p.section_heads);
+  p.heads_div = fa3_div(p.heads);
   p.splits = 1;
   if constexpr (packed_v(V)) {
     const int rows = rows_of(V) / p.group;
