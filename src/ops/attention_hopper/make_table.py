@@ -58,8 +58,11 @@ for p in points:
     rows.append("    {DType::%s, Pass::%s, %d, %d, %s, %.1f, %.1f, %.1f%s}," % (
         p["dtype"], p["pass"], p["head_dim"], p["len"], "true" if p["causal"] else "false",
         p["cudnn_tflops"], p["bespoke_tflops"], p.get("fa3_tflops", 0.0), chunk))
+# BARACUDA_ATTN_ROUNDS: a point's rates are medians over that many interleaved rounds.
+rounds = max([p.get("rounds", 1) for p in points] or [1])
 provenance = (f"{device}, cuDNN {a.cudnn}, {a.date}, commit {a.commit}, bench_attention (TFLOP/s, "
-              "median of CUDA-event timings)")
+              "median of CUDA-event timings" +
+              (f", median of {rounds} interleaved rounds" if rounds > 1 else "") + ")")
 
 
 SHORT_BELOW = 512  # the FlashAttention papers' sweep's shortest L
