@@ -8,6 +8,7 @@
 # TABLE=chunks measures the chunk points only (bench_attention attention_chunks: chunked prefill,
 # Lq < Lk) and keeps the shipped table's Lq = Lk points (make_table.py --base); TABLE=short the
 # short Lq = Lk points only (L 128 / 256, BARACUDA_ATTN_SWEEP=short), keeping the others.
+# RUNS=<n> runs the bench n times and merges them (default 2, chunks 1).
 # BARACUDA_ATTN_DTYPE=f16 measures f16 points (either kind), kept beside the shipped bf16 ones: an
 # f16 problem ranks by f16 points only, and (outside fa3_packs) cuDNN first where the table has
 # none.
@@ -25,9 +26,17 @@ sweep=attention_hopper
 export BARACUDA_ATTN_ROUNDS=${BARACUDA_ATTN_ROUNDS:-3}
 [ "${TABLE:-sweep}" = chunks ] && sweep=attention_chunks
 [ "${TABLE:-sweep}" = short ] && export BARACUDA_ATTN_SWEEP=short
-"$bench" "$sweep" >"$OUT/table_run.jsonl"
+# RUNS processes (default 2; chunks 1), merged point by point into their medians: two runs of the
+# bf16 sweep in 3 rounds each disagreed on 8 of 72 picks (H200, sixtieth session).
+runs=${RUNS:-2}
+[ "${TABLE:-sweep}" = chunks ] && runs=${RUNS:-1}
+files=()
+for r in $(seq 1 "$runs"); do
+  "$bench" "$sweep" >"$OUT/table_run$r.jsonl"
+  files+=("$OUT/table_run$r.jsonl")
+done
 # The shipped table's points of the kind this run does not measure stay (make_table.py --base).
-python3 src/ops/attention_hopper/make_table.py "$OUT/table_run.jsonl" \
+python3 src/ops/attention_hopper/make_table.py "${files[@]}" \
   --base src/ops/attention_hopper/selection_table.hpp \
   --commit "${BARACUDA_COMMIT:-unknown}" --date "$(date +%F)" >"$OUT/selection_table.hpp"
 echo "table: $OUT/selection_table.hpp ($(grep -c 'DType::' "$OUT/selection_table.hpp") points)"

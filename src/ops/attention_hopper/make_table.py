@@ -17,7 +17,8 @@ lines only.
 Each point carries the TFLOP/s of the three candidates timed back to back in one run: cuDNN, the
 attention family's bespoke kernel and our sm_90a kernel (fa3_fwd_sm90a forward, fa3_bwd_sm90a
 backward); a missing or 0 fa3_tflops means fa3 did not run there, and select() never picks it at
-that point."""
+that point. Files that measure the same points (runs of one kind given together) merge: each
+column the median of the runs."""
 import argparse
 import json
 import re
@@ -52,6 +53,34 @@ if a.cudnn is None:
     if len(releases) > 1:
         sys.exit("make_table.py: the run's cuDNN rows name several releases: %s" % sorted(releases))
     a.cudnn = releases.pop() if releases else "unknown"
+# Several runs of the same points (files of one kind given together): each column the median of
+# the runs' rates, in the first run's order. Two runs of the bf16 sweep in 3 rounds each disagreed
+# on 8 of 72 picks at the H200's power cap (sixtieth session), so a table may merge more than one. A
+# column 0 in any run (did not run there) stays 0.
+COLUMNS = ("cudnn_tflops", "bespoke_tflops", "fa3_tflops")
+
+
+def point_key(p):
+    return (p["dtype"], p["pass"], p["head_dim"], p["len"], p["causal"], p.get("len_q", 0))
+
+
+def median(values):
+    v = sorted(values)
+    return v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
+
+
+runs_of = {}
+for p in points:
+    runs_of.setdefault(point_key(p), []).append(p)
+runs = max([len(v) for v in runs_of.values()] or [1])
+merged_points = []
+for same in runs_of.values():
+    p = dict(same[0])
+    for c in COLUMNS:
+        values = [q.get(c, 0.0) for q in same]
+        p[c] = 0.0 if min(values) <= 0 else median(values)
+    merged_points.append(p)
+points = merged_points
 rows = []
 for p in points:
     chunk = ", %d" % p["len_q"] if p.get("len_q", 0) > 0 else ""
@@ -62,7 +91,8 @@ for p in points:
 rounds = max([p.get("rounds", 1) for p in points] or [1])
 provenance = (f"{device}, cuDNN {a.cudnn}, {a.date}, commit {a.commit}, bench_attention (TFLOP/s, "
               "median of CUDA-event timings" +
-              (f", median of {rounds} interleaved rounds" if rounds > 1 else "") + ")")
+              (f", median of {rounds} interleaved rounds" if rounds > 1 else "") +
+              (f", median of {runs} runs" if runs > 1 else "") + ")")
 
 
 SHORT_BELOW = 512  # the FlashAttention papers' sweep's shortest L

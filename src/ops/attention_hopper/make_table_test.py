@@ -3,7 +3,7 @@
 provenance) and puts its chunk points where the base's were (last when it had none); a sweep run on
 that output keeps the chunk points and replaces the sweep's in place; runs of one kind after another
 keep one provenance a kind (no nesting), named in the order of the points; a run of one dtype keeps
-every point of the other. Written against the shipped table, whatever kinds it holds. Run by ctest
+every point of the other; several runs of the same points merge into their medians. Written against the shipped table, whatever kinds it holds. Run by ctest
 (make_table)."""
 import json
 import os
@@ -146,4 +146,21 @@ with tempfile.TemporaryDirectory() as tmp:
                         "device": "GPU X"})
         same, _ = generate(pts, shipped, tmp, "same.hpp")
         check(rows(same) == rows(base), "the same sweep again must give the same lines")
+    # Runs of the same points merged: each column the median of the runs (the mean of two), in
+    # the first run's order; a column that did not run (0) in one of them stays 0; the provenance
+    # counts the runs.
+    runs = [point(128, 256, 0, 230.0, 150.0), point(64, 256, 0, 200.0, 180.0),
+            point(128, 256, 0, 240.0, 0.0), point(64, 256, 0, 210.0, 190.0),
+            point(128, 256, 0, 250.0, 170.0), point(64, 256, 0, 260.0, 220.0)]
+    merged, _ = generate(runs, shipped, tmp, "merged.hpp")
+    check([r for r in rows(merged) if kind(r) == ("bf16", False, True)] == [
+        "{DType::bf16, Pass::forward, 128, 256, true, 240.0, 300.0, 0.0},",
+        "{DType::bf16, Pass::forward, 64, 256, true, 210.0, 300.0, 190.0},"],
+        "runs of the same points must merge into their medians")
+    check(any(seg.startswith("short Lq = Lk points: GPU X") and "median of 3 runs" in seg
+              for seg in segments(merged)), "the merged provenance: " + provenance(merged))
+    two, _ = generate(runs[:4], shipped, tmp, "two.hpp")
+    check([r for r in rows(two) if kind(r) == ("bf16", False, True)][1] ==
+          "{DType::bf16, Pass::forward, 64, 256, true, 205.0, 300.0, 185.0},",
+          "two runs merge into their mean")
 print("make_table_test: ok")
