@@ -299,19 +299,6 @@ bool fa3_widens(const attention::Problem& p);
 constexpr bool fa3_persistent_dims(int64_t dk, int64_t dv) {
   return dk == dv && (dk == 64 || dk == 128);
 }
-// The persistent variant's walk over its work tiles (query block m of head bh of the B x Hq
-// heads), in sections of `section` consecutive heads: a section's heaviest query blocks (the last
-// ones, under a causal bound) of every head first, then the next block down, then the next
-// section. A section of one head is the plain kernel's launch order, query block fastest.
-struct Fa3WorkTile {
-  int m_block, bh;
-};
-constexpr Fa3WorkTile fa3_work_tile(int w, int m_blocks, int bh_count, int section) {
-  const int first = w / (section * m_blocks) * section;
-  const int heads = bh_count - first < section ? bh_count - first : section;
-  const int r = w - first * m_blocks;
-  return {m_blocks - 1 - r / heads, first + r % heads};
-}
 // n / d for 0 <= n < 2^31 and 1 <= d < 2^31 by a multiply-high and a shift (the round-up method
 // of Granlund & Montgomery with p = 31 + ceil(log2 d): mul = ceil(2^p / d) < 2^32, exact for n <
 // 2^31). The persistent forward's consumers compute their work tile's coordinates on their
@@ -334,8 +321,8 @@ constexpr int fa3_quot(int n, const Fa3Div& v) {
                         static_cast<uint32_t>((uint64_t{static_cast<uint32_t>(n)} * v.mul) >> 32) >>
                         v.shr);
 }
-// fa3_work_tile's divisors for one launch: the tiles of a section, the heads of a whole section
-// and of the last (partial) one.
+// The persistent variant's walk's divisors for one launch (fa3_work_tile): the tiles of a section,
+// the heads of a whole section (the section size) and of the last (partial) one.
 struct Fa3WalkDivs {
   Fa3Div section_tiles, section, last_section;
 };
@@ -343,8 +330,15 @@ constexpr Fa3WalkDivs fa3_walk_divs(int m_blocks, int bh_count, int section) {
   const int last = bh_count % section == 0 ? section : bh_count % section;
   return {fa3_div(int64_t{section} * m_blocks), fa3_div(section), fa3_div(last)};
 }
-// fa3_work_tile by the divisors above (the kernel's form; the same tiles).
-constexpr Fa3WorkTile fa3_work_tile_by(int w, int m_blocks, int bh_count, const Fa3WalkDivs& v) {
+// The persistent variant's walk over its work tiles (query block m of head bh of the B x Hq
+// heads), in sections of `section` consecutive heads: a section's heaviest query blocks (the last
+// ones, under a causal bound) of every head first, then the next block down, then the next
+// section. A section of one head is the plain kernel's launch order, query block fastest. Work
+// tile w of m_blocks x bh_count, by fa3_walk_divs(m_blocks, bh_count, section).
+struct Fa3WorkTile {
+  int m_block, bh;
+};
+constexpr Fa3WorkTile fa3_work_tile(int w, int m_blocks, int bh_count, const Fa3WalkDivs& v) {
   const int section = static_cast<int>(v.section.d);
   const int first = fa3_quot(w, v.section_tiles) * section;
   const Fa3Div& heads = bh_count - first < section ? v.last_section : v.section;

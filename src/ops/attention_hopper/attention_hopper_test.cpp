@@ -534,6 +534,15 @@ TEST(AttentionCudnnRules, ShortGqaChunksGoToFa3Packed) {
   EXPECT_EQ(preferred_candidate(empty, p, Pass::forward, true), Candidate::cudnn);
 }
 
+// The persistent forward's walk written with plain divisions: fa3_work_tile (the kernel's
+// multiply-high form) must give the same tile for every work index.
+Fa3WorkTile walk_by_division(int w, int m_blocks, int bh_count, int section) {
+  const int first = w / (section * m_blocks) * section;
+  const int heads = bh_count - first < section ? bh_count - first : section;
+  const int r = w - first * m_blocks;
+  return {m_blocks - 1 - r / heads, first + r % heads};
+}
+
 // The persistent forward's walk (fa3_work_tile): every (query block, head) tile exactly once for
 // any section size, whole sections in order, and inside a section the heaviest query block of each
 // of its heads before any lighter one. fa3_section_heads: banded, whole groups of query heads whose
@@ -548,11 +557,11 @@ TEST(AttentionCudnnRules, PersistentWalkCoversEveryTileOnceBySection) {
         std::vector<int> seen(static_cast<size_t>(m_blocks * bh_count), 0);
         int last_section = 0, last_m = m_blocks;
         for (int w = 0; w < m_blocks * bh_count; ++w) {
-          const Fa3WorkTile t = fa3_work_tile(w, m_blocks, bh_count, section);
-          const Fa3WorkTile by =
-              fa3_work_tile_by(w, m_blocks, bh_count, fa3_walk_divs(m_blocks, bh_count, section));
-          ASSERT_EQ(by.m_block, t.m_block) << w;  // the kernel's form: the same tile
-          ASSERT_EQ(by.bh, t.bh) << w;
+          const Fa3WorkTile t =
+              fa3_work_tile(w, m_blocks, bh_count, fa3_walk_divs(m_blocks, bh_count, section));
+          const Fa3WorkTile ref = walk_by_division(w, m_blocks, bh_count, section);
+          ASSERT_EQ(t.m_block, ref.m_block) << w;
+          ASSERT_EQ(t.bh, ref.bh) << w;
           ASSERT_GE(t.m_block, 0);
           ASSERT_LT(t.m_block, m_blocks);
           ASSERT_GE(t.bh, 0);

@@ -174,8 +174,8 @@ struct Params {
   // rows into o_part / lse_part ([splits, B, Hq, Lq] rows, the split merges' layout).
   int rows_log2, splits;
   float *o_part, *lse_part;
-  int section_heads;  // kPersistent: the heads of a section of work tiles (fa3_work_tile)
-  Fa3WalkDivs walk;   // kPersistent: its divisors (fa3_work_tile_by)
+  int section_heads;  // kPersistent: the heads of a section of work tiles (fa3_section_heads)
+  Fa3WalkDivs walk;   // kPersistent: the walk by those sections (fa3_work_tile)
   Fa3Div heads_div;   // kPersistent: by `heads`
 };
 
@@ -242,7 +242,7 @@ __device__ __forceinline__ Tile tile_packed(const Params& p, int bx, int hk, int
 // query blocks of a section first (fa3_work_tile).
 template <int BN>
 __device__ __forceinline__ Tile tile_of(const Params& p, int w) {
-  const Fa3WorkTile wt = fa3_work_tile_by(w, p.m_blocks, p.heads * p.batch, p.walk);
+  const Fa3WorkTile wt = fa3_work_tile(w, p.m_blocks, p.heads * p.batch, p.walk);
   const int b = fa3_quot(wt.bh, p.heads_div);
   return tile_at<BN>(p, wt.m_block, wt.bh - b * p.heads, b);
 }
