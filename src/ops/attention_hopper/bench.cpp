@@ -308,9 +308,20 @@ void sweep(const Stream& stream) {
         const Variant variants[] = {{"cudnn", PlanPreference::only(Backend::cudnn)},
                                     {"bespoke", PlanPreference::only(Backend::bespoke_cuda)}};
         double fwd_tf[2] = {0, 0}, bwd_tf[2] = {0, 0};
-        // Each table column timed again (the row's note given), for the rounds above:
+        // Each table column timed again (its row's note + the round's), for the rounds above:
         // [forward, backward][cuDNN, bespoke, fa3].
         std::function<double(const std::string&)> again[2][3];
+        auto again_fwd = [&time_fwd](const attention::ForwardPlan& fp, const std::string& note) {
+          return [&time_fwd, fp, note](const std::string& round) {
+            return time_fwd(fp, note + round);
+          };
+        };
+        auto again_bwd = [&time_bwd](const attention::ForwardPlan& fp,
+                                     const attention::BackwardPlan& bp, const std::string& note) {
+          return [&time_bwd, fp, bp, note](const std::string& round) {
+            return time_bwd(fp, bp, note + round);
+          };
+        };
         for (int vi = 0; vi < (backward_only ? 1 : 2); ++vi) {
           const Variant& var = variants[vi];
           auto fp = attention::ForwardPlan::select(stream, desc, var.pref);
@@ -323,9 +334,7 @@ void sweep(const Stream& stream) {
           const std::string fwd_note =
               cudnn ? cudnn_note(stream, desc, Pass::forward) : std::string(var.label);
           fwd_tf[vi] = time_fwd(*fp, fwd_note);
-          again[0][vi] = [&time_fwd, plan = *fp, fwd_note](const std::string& round) {
-            return time_fwd(plan, fwd_note + round);
-          };
+          again[0][vi] = again_fwd(*fp, fwd_note);
           if (forward_only) continue;
           if (!bp.ok()) {
             bench::emit_error("attention", "attention_backward", name + "/" + var.label,
@@ -336,9 +345,7 @@ void sweep(const Stream& stream) {
           const std::string bwd_note =
               cudnn ? cudnn_note(stream, desc, Pass::backward) : std::string(var.label);
           bwd_tf[vi] = time_bwd(*fp, *bp, bwd_note);
-          again[1][vi] = [&time_bwd, fwd = *fp, plan = *bp, bwd_note](const std::string& round) {
-            return time_bwd(fwd, plan, bwd_note + round);
-          };
+          again[1][vi] = again_bwd(*fp, *bp, bwd_note);
         }
         // Our sm_90a forward pinned by name, both schedules (forward only): same case name, notes
         // "fa3_sm90a" / "fa3_sm90a_pingpong", so they line up with the cudnn / bespoke rows. The
@@ -364,9 +371,7 @@ void sweep(const Stream& stream) {
           const double tf = time_fwd(*fp, note);
           if (fa3 == stand_in) {
             fa3_tf = tf;
-            again[0][2] = [&time_fwd, plan = *fp, note](const std::string& round) {
-              return time_fwd(plan, note + round);
-            };
+            again[0][2] = again_fwd(*fp, note);
           }
         }
         // Our sm_90a backward pinned by name (note "fa3_sm90a"), on the outputs of the default
@@ -379,9 +384,7 @@ void sweep(const Stream& stream) {
               attention::BackwardPlan::select(stream, desc, PlanPreference::kernel(bwd_column));
           if (bp.ok()) {
             fa3_bwd_tf = time_bwd(*def_fwd, *bp, "fa3_sm90a");
-            again[1][2] = [&time_bwd, fwd = *def_fwd, plan = *bp](const std::string& round) {
-              return time_bwd(fwd, plan, "fa3_sm90a" + round);
-            };
+            again[1][2] = again_bwd(*def_fwd, *bp, "fa3_sm90a");
           } else
             bench::emit_error("attention", "attention_backward", name + "/fa3_sm90a", bp.error());
           // D = 64: the three-warpgroup kernel and the 128-row steps by name too (notes
