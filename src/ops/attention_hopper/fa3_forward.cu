@@ -174,9 +174,13 @@ struct Params {
   // rows into o_part / lse_part ([splits, B, Hq, Lq] rows, the split merges' layout).
   int rows_log2, splits;
   float *o_part, *lse_part;
-  int section_heads;  // kPersistent: the heads of a section of work tiles (fa3_section_heads)
-  Fa3WalkDivs walk;   // kPersistent: the walk by those sections (fa3_work_tile)
-  Fa3Div heads_div;   // kPersistent: by `heads`
+  // kPersistent: the heads of a section of work tiles (fa3_section_heads). Only the host reads it
+  // (into `walk`), but it stays: without it the parameter block's layout moves, ptxas allocates
+  // the 4 persistent instances' registers differently (same instructions), and the d64 one ran
+  // 1.5-5.7% slower at L512 / L1024, in both orders of an A/B (H200, 2026-12-01).
+  int section_heads;
+  Fa3WalkDivs walk;  // kPersistent: the walk by those sections (fa3_work_tile)
+  Fa3Div heads_div;  // kPersistent: by `heads`
 };
 
 // One work tile: query rows [m0, m0 + the CTA's rows) of head h of sequence b, n_tiles key tiles
