@@ -1408,10 +1408,12 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
   p.m_blocks = static_cast<int>((d.len_q + rows_of(V) - 1) / rows_of(V));
   p.heads = static_cast<int>(d.heads_q);
   p.batch = static_cast<int>(d.batch);
-  p.section_heads = fa3_section_heads(d.len_k, d.head_dim_qk, d.head_dim_v, ElemOf<T>::kBytes,
-                                      pr.group, d.batch * d.heads_q, p.left >= 0 || p.right >= 0);
-  p.walk = fa3_walk_divs(p.m_blocks, p.heads * p.batch, p.section_heads);
-  p.heads_div = fa3_div(p.heads);
+  if constexpr (V == kPersistent) {  // the walk's divisors: only its tile_of reads them
+    p.section_heads = fa3_section_heads(d.len_k, d.head_dim_qk, d.head_dim_v, ElemOf<T>::kBytes,
+                                        pr.group, d.batch * d.heads_q, p.left >= 0 || p.right >= 0);
+    p.walk = fa3_walk_divs(p.m_blocks, p.heads * p.batch, p.section_heads);
+    p.heads_div = fa3_div(p.heads);
+  }
   p.splits = 1;
   if constexpr (packed_v(V)) {
     const int rows = rows_of(V) / p.group;
