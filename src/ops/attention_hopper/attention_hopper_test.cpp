@@ -858,12 +858,11 @@ TEST(AttentionCudnnRules, ShippedTableIsWellFormed) {
 }
 
 // The short points (L 128 / 256, H200: 16k tokens as 128 / 64 sequences, hidden 2048; bf16 and
-// f16 at 8f99f7e): cuDNN leads every forward (fa3's column is the persistent variant's,
-// fa3_persists: d128 L256 350.7 TFLOP/s bf16 against cuDNN's 434.5) and the d64 L128 non-causal
-// backward (fa3 0.985 / 0.987x bf16 / f16); fa3's backward leads the rest, by 2.9-11.9% (bf16 d64
-// L128 causal 57.3 against 55.7, d256 L256 200.8 against 179.4); d64 L256 non-causal moved to fa3
-// in this run (1.029 / 1.031x; 0.995x at 5de200a, before the backward's later dQ wait). Without
-// cuDNN fa3 at every point; without fa3 the family's kernels.
+// f16 at 9eb646c, each the median of 2 runs of 3 rounds): cuDNN leads every forward (fa3's column
+// is the persistent variant's, fa3_persists: d128 L256 360.8 TFLOP/s bf16 against cuDNN's 432.9)
+// and the d64 L128 non-causal backward (fa3 0.987 / 0.988x bf16 / f16); fa3's backward leads the
+// rest, by 2.6-11.9% (bf16 d64 L128 causal 57.3 against 55.7, d256 L256 201.0 against 179.7).
+// Without cuDNN fa3 at every point; without fa3 the family's kernels.
 TEST(AttentionCudnnRules, ShippedTableShortPoints) {
   for (DType t : {DType::bf16, DType::f16})
     for (int64_t d : {64, 128, 256})

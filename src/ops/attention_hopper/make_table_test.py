@@ -3,8 +3,8 @@
 provenance) and puts its chunk points where the base's were (last when it had none); a sweep run on
 that output keeps the chunk points and replaces the sweep's in place; runs of one kind after another
 keep one provenance a kind (no nesting), named in the order of the points; a run of one dtype keeps
-every point of the other; several runs of the same points merge into their medians. Written against the shipped table, whatever kinds it holds. Run by ctest
-(make_table)."""
+every point of the other; several runs of the same points merge into their medians. Written against
+the shipped table, whatever kinds it holds. Run by ctest (make_table)."""
 import json
 import os
 import re
