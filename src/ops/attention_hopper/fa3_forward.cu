@@ -885,7 +885,10 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
   constexpr int kBN = S::kBn;
   constexpr int DV = kDvOf<D>;
   constexpr int kRows = rows_of(V);
-  const int wg = warp / 4, wl = warp % 4;
+  // The warpgroup broadcast from lane 0, so that the compiler knows it is warp-uniform and builds
+  // the S GEMM's Q descriptors in uniform registers (per thread, each crossed over with an R2UR
+  // pair before its wgmma, as the backward's were before it broadcast its index).
+  const int wg = __shfl_sync(0xffffffffu, warp / 4, 0), wl = warp % 4;
   // This thread's rows: row0 and row0 + 8. kPacked: tile rows; tile row r is query m0 + (r &
   // q_mask) of query head t.h + (r >> rows_log2). Each form keeps its own expressions: in a shared
   // form ptxas scheduled the plain kernel's key loop differently and it lost 3-13% (H200,
