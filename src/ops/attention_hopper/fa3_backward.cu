@@ -438,7 +438,7 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
   // tensor cores have it while this warpgroup adds dQ_t into the accumulator; dP^T_t is issued at
   // the top of step t and runs under P^T's exponentials.
   // This thread's lse2 / delta words in stage 0 (kExchange reads them its own way).
-  const uint32_t rows_at = kExchange ? 0u : opaque(base + S::kRows + cq * 4);
+  const uint32_t row_stats_at = kExchange ? 0u : opaque(base + S::kRows + cq * 4);
   Pos cur = first;
   for (int t = 0; t < steps; ++t) {
     const int s = t % kRing, h = pos_head(cur), m0 = pos_row0(cur);
@@ -572,7 +572,7 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
           // kLean, so that st's registers free one column group at a time.
 #pragma unroll
           for (int j = 0; j < kQRows / 8; ++j) {
-            const float2 l = ld_shared_f2(rows_at + row_off + 8 * j * 4);
+            const float2 l = ld_shared_f2(row_stats_at + row_off + 8 * j * 4);
             float v[4];
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
@@ -593,7 +593,7 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
         } else {
 #pragma unroll
           for (int j = 0; j < kQRows / 8; ++j) {
-            const float2 l = ld_shared_f2(rows_at + row_off + 8 * j * 4);
+            const float2 l = ld_shared_f2(row_stats_at + row_off + 8 * j * 4);
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
               float v = fast_exp2(fmaf(st[4 * j + e], p.scale_log2, -((e & 1) ? l.y : l.x)));
@@ -616,7 +616,7 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
       // dS^T = P^T (dP^T - delta), then dK += dS^T Q. kLean: P^T as rounded for dV.
 #pragma unroll
       for (int j = 0; j < kQRows / 8; ++j) {
-        const float2 dl = ld_shared_f2(rows_at + row_off + (kQRows + 8 * j) * 4);
+        const float2 dl = ld_shared_f2(row_stats_at + row_off + (kQRows + 8 * j) * 4);
         if constexpr (kLean) {
 #pragma unroll
           for (int h2 = 0; h2 < 2; ++h2) {
