@@ -12,29 +12,74 @@
 # BARACUDA_ATTN_DTYPE=f16 measures f16 points (either kind), kept beside the shipped bf16 ones: an
 # f16 problem ranks by f16 points only, and (outside fa3_packs) cuDNN first where the table has
 # none.
+# Several kinds in one call: TABLE and DTYPES take lists (TABLE="sweep short" DTYPES="bf16 f16").
+# Each (dtype, kind) is a job of RUNS processes; the jobs split into one queue a GPU (GPUS, default
+# every GPU nvidia-smi lists), the queues side by side, each pinned to its GPU. A dtype's points are
+# compared on one GPU (its jobs are next to each other in the split), so a machine of two GPUs
+# measures both dtypes in the time of one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
-STAGES=none bash scripts/gpu-family.sh attention >"$OUT/table_build.log" 2>&1 || true
-bench="${BUILD_DIR:-build-family}/apps/bench_attention"
-[ -x "$bench" ] || { echo "build failed: see $OUT/table_build.log"; exit 1; }
+# BENCH=<bench_attention> uses a binary built before and skips the build.
+if [ -n "${BENCH:-}" ]; then
+  bench=$BENCH
+else
+  STAGES=none bash scripts/gpu-family.sh attention >"$OUT/table_build.log" 2>&1 || true
+  bench="${BUILD_DIR:-build-family}/apps/bench_attention"
+fi
+[ -x "$bench" ] || { echo "no bench_attention at $bench: see $OUT/table_build.log"; exit 1; }
 . scripts/cudnn-env.sh
-sweep=attention_hopper
 # Lq = Lk points: each the median of 3 rounds of the columns in alternating order, so that the
 # clock's fall under the power cap as the run heats does not favour the column timed first.
 export BARACUDA_ATTN_ROUNDS=${BARACUDA_ATTN_ROUNDS:-3}
-[ "${TABLE:-sweep}" = chunks ] && sweep=attention_chunks
-[ "${TABLE:-sweep}" = short ] && export BARACUDA_ATTN_SWEEP=short
-# RUNS processes (default 2; chunks 1), merged point by point into their medians: two runs of the
-# bf16 sweep in 3 rounds each disagreed on 8 of 72 picks (H200, sixtieth session).
-runs=${RUNS:-2}
-[ "${TABLE:-sweep}" = chunks ] && runs=${RUNS:-1}
-files=()
-for r in $(seq 1 "$runs"); do
-  "$bench" "$sweep" >"$OUT/table_run$r.jsonl"
-  files+=("$OUT/table_run$r.jsonl")
+kinds=(${TABLE:-sweep})
+dtypes=(${DTYPES:-${BARACUDA_ATTN_DTYPE:-bf16}})
+jobs=()
+for dt in "${dtypes[@]}"; do
+  for k in "${kinds[@]}"; do
+    case $k in sweep | short | chunks) jobs+=("$dt:$k") ;; *) echo "TABLE: unknown kind $k"; exit 2 ;; esac
+  done
 done
+# The GPUs: CUDA_VISIBLE_DEVICES' list where the caller set one, else every GPU nvidia-smi lists;
+# GPUS=<n> takes the first n of them.
+if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
+  ids=(${CUDA_VISIBLE_DEVICES//,/ })
+else
+  ids=($(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null || true))
+fi
+[ "${#ids[@]}" -ge 1 ] || ids=(0)
+gpus=${GPUS:-${#ids[@]}}
+[ "$gpus" -le "${#ids[@]}" ] || gpus=${#ids[@]}
+[ "$gpus" -le "${#jobs[@]}" ] || gpus=${#jobs[@]}
+# One job: RUNS processes (default 2; chunks 1), later merged point by point into their medians:
+# two runs of the bf16 sweep in 3 rounds each disagreed on 8 of 72 picks (H200, sixtieth session).
+runs_of() { if [ "$1" = chunks ]; then echo "${RUNS:-1}"; else echo "${RUNS:-2}"; fi; }
+run_job() {  # gpu dtype kind
+  local sweep=attention_hopper only=()
+  [ "$3" = chunks ] && sweep=attention_chunks
+  [ "$3" = short ] && only=(BARACUDA_ATTN_SWEEP=short)
+  for r in $(seq 1 "$(runs_of "$3")"); do
+    env CUDA_VISIBLE_DEVICES="$1" BARACUDA_ATTN_DTYPE="$2" "${only[@]}" "$bench" "$sweep" \
+      >"$OUT/table_$2_$3_run$r.jsonl"
+  done
+}
+files=()
+for j in "${jobs[@]}"; do
+  for r in $(seq 1 "$(runs_of "${j#*:}")"); do files+=("$OUT/table_${j%%:*}_${j#*:}_run$r.jsonl"); done
+done
+# Job i goes to GPU i * gpus / jobs: contiguous blocks, so one dtype's kinds share a GPU.
+for g in $(seq 0 $((gpus - 1))); do
+  (
+    for i in "${!jobs[@]}"; do
+      [ $((i * gpus / ${#jobs[@]})) = "$g" ] || continue
+      run_job "${ids[$g]}" "${jobs[$i]%%:*}" "${jobs[$i]#*:}"
+    done
+  ) &
+done
+failed=0
+for g in $(seq 1 "$gpus"); do wait -n || failed=1; done
+[ $failed = 0 ] || { echo "a bench run failed"; exit 1; }
 # The shipped table's points of the kind this run does not measure stay (make_table.py --base).
 python3 src/ops/attention_hopper/make_table.py "${files[@]}" \
   --base src/ops/attention_hopper/selection_table.hpp \

@@ -17,7 +17,7 @@ except Exception:
 EOF
 )
 if [ -z "$cudnn_lib_dir" ]; then
-  cudnn_lib_dir=$(python3 -c "import nvidia.cudnn, os; print(os.path.dirname(nvidia.cudnn.__file__) + '/lib')" 2>/dev/null)
+  cudnn_lib_dir=$(python3 -c "import nvidia.cudnn, os; print(os.path.dirname(nvidia.cudnn.__file__) + '/lib')" 2>/dev/null || true)
 fi
 CUDNN_ROOT=""
 if [ -n "$cudnn_lib_dir" ] && [ -d "$cudnn_lib_dir" ]; then
