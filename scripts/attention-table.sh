@@ -64,10 +64,6 @@ run_job() {  # gpu dtype kind
       >"$OUT/table_$2_$3_run$r.jsonl"
   done
 }
-files=()
-for j in "${jobs[@]}"; do
-  for r in $(seq 1 "$(runs_of "${j#*:}")"); do files+=("$OUT/table_${j%%:*}_${j#*:}_run$r.jsonl"); done
-done
 # Job i goes to GPU i * gpus / jobs: contiguous blocks, so one dtype's kinds share a GPU.
 for g in $(seq 0 $((gpus - 1))); do
   (
@@ -80,8 +76,17 @@ done
 failed=0
 for g in $(seq 1 "$gpus"); do wait -n || failed=1; done
 [ $failed = 0 ] || { echo "a bench run failed"; exit 1; }
-# The shipped table's points of the kind this run does not measure stay (make_table.py --base).
-python3 src/ops/attention_hopper/make_table.py "${files[@]}" \
-  --base src/ops/attention_hopper/selection_table.hpp \
-  --commit "${BARACUDA_COMMIT:-unknown}" --date "$(date +%F)" >"$OUT/selection_table.hpp"
+# The shipped table's points of the kinds this run does not measure stay (make_table.py --base).
+# One make_table.py pass a job, each on the previous pass's header: a pass writes one provenance
+# for the kinds it measures, so each kind's names its own runs (a chunk job's 1 beside a sweep's 2).
+table=src/ops/attention_hopper/selection_table.hpp
+for i in "${!jobs[@]}"; do
+  j=${jobs[$i]} files=()
+  for r in $(seq 1 "$(runs_of "${j#*:}")"); do files+=("$OUT/table_${j%%:*}_${j#*:}_run$r.jsonl"); done
+  python3 src/ops/attention_hopper/make_table.py "${files[@]}" --base "$table" \
+    --commit "${BARACUDA_COMMIT:-unknown}" --date "$(date +%F)" >"$OUT/selection_table.pass$i.hpp"
+  table=$OUT/selection_table.pass$i.hpp
+done
+mv "$table" "$OUT/selection_table.hpp"
+rm -f "$OUT"/selection_table.pass*.hpp
 echo "table: $OUT/selection_table.hpp ($(grep -c 'DType::' "$OUT/selection_table.hpp") points)"

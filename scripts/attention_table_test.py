@@ -2,7 +2,8 @@
 """attention-table.sh's jobs, run against a stand-in bench (BENCH=, so nothing is built and no GPU
 is needed): each (dtype, kind) job runs RUNS processes on one GPU, the jobs split into contiguous
 blocks, one queue a GPU, the queues side by side; the runs merge into one header that replaces the
-measured kinds and keeps the shipped table's others; a failed run fails the script and writes no
+measured kinds and keeps the shipped table's others, each measured kind's provenance naming its own
+runs; a failed run fails the script and writes no
 header; an unknown kind is refused. Run by ctest (attention_table)."""
 import os
 import re
@@ -44,6 +45,11 @@ def kind_of(row):
     f = row.strip("{},").split(", ")
     chunk = len(f) == 9
     return (f[0].split("::")[1], "chunks" if chunk else "short" if int(f[3]) < 512 else "sweep")
+
+
+def provenance(text):
+    return "".join(re.findall(r'"([^"]*)"', re.search(
+        r'kSelectionProvenance =\s*((?:"[^"]*"\s*)+);', text).group(1)))
 
 
 def run(tmp, name, **env):
@@ -98,7 +104,7 @@ with tempfile.TemporaryDirectory() as tmp:
         check(len(new) == 16, f"two GPUs: {len(new)} measured points, expected 16")
         # Runs 1 and 2 report cuDNN 310 and 320: the merged point is their median, 315.
         check(all(", 315.0, 100.0, 400.0}" in x for x in new), "two GPUs: runs not merged: " + new[0])
-        check("commit c0ffee" in text and "median of 2 runs" in text,
+        check("commit c0ffee" in provenance(text) and "median of 2 runs" in provenance(text),
               "two GPUs: provenance lacks the commit or the runs")
     else:
         failures.append("two GPUs: no header written")
@@ -121,6 +127,14 @@ with tempfile.TemporaryDirectory() as tmp:
               "one GPU: the f16 chunk / short points are not the run's")
         check([x for x in got if kind_of(x)[0] == "bf16"] ==
               [x for x in base_rows if kind_of(x)[0] == "bf16"], "one GPU: bf16 points changed")
+        # Each kind's provenance names its own runs: the chunk job ran once, the short one twice.
+        segs = dict(seg.partition(": ")[::2] for seg in provenance(text).split("; "))
+        check("commit c0ffee" in segs.get("f16 chunk points", "") and
+              "median of 2 runs" not in segs.get("f16 chunk points", ""),
+              "one GPU: the chunk points' provenance: " + segs.get("f16 chunk points", ""))
+        check("commit c0ffee" in segs.get("f16 short Lq = Lk points", "") and
+              "median of 2 runs" in segs.get("f16 short Lq = Lk points", ""),
+              "one GPU: the short points' provenance: " + segs.get("f16 short Lq = Lk points", ""))
     else:
         failures.append("one GPU: no header written")
 
