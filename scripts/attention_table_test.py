@@ -3,8 +3,8 @@
 is needed): each (dtype, kind) job runs RUNS processes on one GPU, the jobs split into contiguous
 blocks, one queue a GPU, the queues side by side; the runs merge into one header that replaces the
 measured kinds and keeps the shipped table's others, each measured kind's provenance naming its own
-runs; a failed run fails the script and writes no
-header; an unknown kind is refused. Run by ctest (attention_table)."""
+runs; a failed run fails the script and writes no header; an unknown kind is refused. Run by ctest
+(attention_table)."""
 import os
 import re
 import subprocess
