@@ -9,10 +9,9 @@
 //  - 3 warpgroups (384 threads): warpgroups 0 and 1 are consumers (64 query rows each), warpgroup
 //    2 the producer (setmaxnreg: 24 registers for it, 240 for the consumers); one lane of it issues
 //    every TMA load (cp.async.bulk.tensor.4d): the Q tile once, then K / V tiles of 128 keys into a
-//    shared-memory ring of 3 (D = 64; D = 128 plain and paged) or 2 (other D = 128) stages. Each
-//    stage has "K full" / "V full" (transaction-count mbarriers) and "K empty" / "V empty" barriers
-//    (one arrive per consumer warp once its wgmmas that read the tile have completed), so K is
-//    recycled a GEMM earlier.
+//    shared-memory ring of 3 (D = 64) or 2 (D = 128) stages. Each stage has "K full" / "V full"
+//    (transaction-count mbarriers) and "K empty" / "V empty" barriers (one arrive per consumer
+//    warp once its wgmmas that read the tile have completed), so K is recycled a GEMM earlier.
 //  - Tiles in shared memory are what TMA writes with 128-byte swizzle: a [rows][D] tile is stored
 //    as D/64 column blocks of [rows][64] elements (128-byte rows, 1024-byte 8-row swizzle atoms).
 //  - S = Q K^T: wgmma m64n128k16 (D = 256: m64n64k16), both operands from shared memory, K-major
@@ -31,8 +30,8 @@
 //  - Epilogue: O / l staged through the warpgroup's own rows of the Q tile (same swizzle), then
 //    16-byte row stores; LSE = m ln2 + ln(l) (f32); Y = 0, LSE = -inf for rows that see no key.
 // Tiles: BM = 128 (2 x 64), BN = 128 (D = 256: 64); shared memory 113 KB (D = 64) / 161 KB
-// (D = 128; 225 KB plain and paged) / 193 KB (D = 256) / 209 KB (Dk = 192, Dv = 128). kWide (D =
-// 64): BM = 192 (3 x 64), 512 threads, consumers at 160 registers, 121 KB.
+// (D = 128) / 193 KB (D = 256) / 209 KB (Dk = 192, Dv = 128). kWide (D = 64): BM = 192 (3 x 64),
+// 512 threads, consumers at 160 registers, 121 KB.
 //
 // Supports: bf16 and f16, Dk = Dv in {64, 128, 256} and Dk = 192 with Dv = 128 (DeepSeek MLA
 // prefill; the D = 192 instantiation, see kDvOf), any band mask (none, causal, sliding windows;
@@ -323,18 +322,18 @@ constexpr bool packed_v(int v) {
 }
 
 // An instance's shared memory. The paged instance at D = 128 takes a third K / V stage: its copies'
-// latency, not L2 bandwidth, set its rate (forty-first session's call 6). Measured on the H200
-// (chunked prefill, Lq 512 against 4096 keys, GQA 4, medians of 3 rounds): 8- / 16- / 32- / 64-key
-// pages +0.8 / +0.9 / +1.7 / +0.6% (forty-fifth session's call 1; every round of 32- and 64-key
-// pages ahead), +1-5% in the forty-fourth session's call 2. So does the plain one (the Lq = Lk
-// default from L2048): +0.6-1.5% at each d128 L512-L4096 row, causal or not, where cuDNN's rows
-// in the same processes moved at most 0.1% (H200, sixty-third session, A B B A; L8192 / L16384
-// inside the spread the 700 W cap gives them). No other instance's SASS moves with it. 224 KB of
-// ring and Q + 1 KB of alignment slack + 144 static bytes (barriers, a word per consumer warp) fit
-// the 227 KB a block may take, whether or not the 1 KB the driver reserves a block counts in the
-// static bytes.
+// latency, not L2 bandwidth, set its rate (forty-first session's call 6). 224 KB of ring and Q + 1
+// KB of alignment slack + 144 static bytes (barriers, a word per consumer warp) fit the 227 KB a
+// block may take, whether or not the 1 KB the driver reserves a block counts in the static bytes.
+// Measured on the H200 (chunked prefill, Lq 512 against 4096 keys, GQA 4, medians of 3 rounds):
+// 8- / 16- / 32- / 64-key pages +0.8 / +0.9 / +1.7 / +0.6% (forty-fifth session's call 1; every
+// round of 32- and 64-key pages ahead), +1-5% in the forty-fourth session's call 2. The plain
+// instance with it (sixty-third session, H200, the two rings in one binary, alternated): +0.2-1.7%
+// at L512-L2048, level at L4096 / L16384, and 3-5% behind at d128 L8192 in two of three
+// comparisons (+0.8% in the third): its gains fall where the persistent instance or cuDNN is the
+// default, and the one default it moves (L8192, fa3 1.02x cuDNN) it may lose: two stages stay.
 template <class T, int D, int V>
-constexpr bool third_stage_v = (V == kPaged || V == kPlain) && D == 128 && !ElemOf<T>::kFp8;
+constexpr bool third_stage_v = (V == kPaged) && D == 128 && !ElemOf<T>::kFp8;
 template <class T, int D, int V>
 using SmemOf = Smem<D, ElemOf<T>::kBytes, third_stage_v<T, D, V> ? 3 : 0, rows_of(V)>;
 // The softmax-pinning scratch after the barriers, in 8-byte words: a word per consumer warp where
