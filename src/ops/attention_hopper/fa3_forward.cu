@@ -1095,21 +1095,30 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
   // This warpgroup only.
   FA3_WG_SYNC(consumers_of(V), wg);
   const int tid = static_cast<int>(threadIdx.x) % 128;
-  constexpr int kChunks = DV / 8;  // 16-byte chunks per row
+  constexpr int kChunks = DV / 8;                    // 16-byte chunks per row
+  constexpr int kRowsAPass = 128 / kChunks;          // rows the warpgroup stores a pass
+  const int r0 = tid / kChunks, cc = tid % kChunks;  // this thread's first row and its chunk
+  // Unpacked tiles: one pointer to this thread's first chunk, kRowsAPass rows further each pass.
+  // Each chunk's own 64-bit offset products were ~28 instructions a chunk, 8 chunks a thread, a
+  // third of the epilogue's 416 instructions a warp (ncu, persistent d128 L512), where a short
+  // sequence's tensor cores wait for every consumer warp.
+  TO* const y_first = static_cast<TO*>(p.y) + b * p.sy[0] + h * p.sy[1] +
+                      (q0 + m0e + wg * 64 + r0) * p.sy[2] + cc * 8;
 #pragma unroll
-  for (int it = 0; it < 64 * kChunks / 128; ++it) {
-    const int idx = it * 128 + tid;
-    const int r = idx / kChunks, cc = idx % kChunks;
+  for (int it = 0; it < 64 / kRowsAPass; ++it) {
+    const int r = r0 + it * kRowsAPass;
     const int tr = wg * 64 + r, row = packed_v(V) ? m0e + (tr & q_mask) : m0e + wg * 64 + r;
     if (row >= lq) continue;
     const int head = packed_v(V) ? h + (tr >> p.rows_log2) : h;
-    const uint32_t addr = o_base + (cc / 8) * kRows * 128 + r * 128 + (((cc % 8) ^ (r % 8)) * 16);
+    const uint32_t addr = o_base + (cc / 8) * kRows * 128 + r * 128 + (((cc % 8) ^ (r & 7)) * 16);
     uint4 v;
     asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                  : "r"(addr)
                  : "memory");
-    TO* dst = static_cast<TO*>(p.y) + b * p.sy[0] + head * p.sy[1] + (q0 + row) * p.sy[2] + cc * 8;
+    TO* dst = packed_v(V) ? static_cast<TO*>(p.y) + b * p.sy[0] + head * p.sy[1] +
+                                (q0 + row) * p.sy[2] + cc * 8
+                          : y_first + it * kRowsAPass * p.sy[2];
     *reinterpret_cast<uint4*>(dst) = v;
   }
   // The persistent variant's next tile writes the O buffer again: every thread of the warpgroup
