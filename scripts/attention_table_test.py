@@ -6,7 +6,6 @@ measured kinds and keeps the shipped table's others, each measured kind's proven
 runs; a failed run fails the script and writes no header; an unknown kind is refused. Run by ctest
 (attention_table)."""
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -14,7 +13,10 @@ import tempfile
 here = os.path.dirname(os.path.abspath(__file__))
 root = os.path.dirname(here)
 script = os.path.join(here, "attention-table.sh")
-shipped = os.path.join(root, "src", "ops", "attention_hopper", "selection_table.hpp")
+tools = os.path.join(root, "src", "ops", "attention_hopper")
+shipped = os.path.join(tools, "selection_table.hpp")
+sys.path.insert(0, tools)
+from table_text import point_rows as rows, provenance  # noqa: E402
 
 # The stand-in: logs its GPU, dtype, sweep and start / end times, then prints two table points
 # per pass; the n-th run of a (dtype, kind) reports cuDNN at 300 + 10 n so that merged medians
@@ -37,19 +39,10 @@ echo "end $CUDA_VISIBLE_DEVICES $dt $kind $(date +%s.%N)" >> "$LOGDIR/log"
 """
 
 
-def rows(text):
-    return [line.strip() for line in text.splitlines() if line.strip().startswith("{DType::")]
-
-
 def kind_of(row):
     f = row.strip("{},").split(", ")
     chunk = len(f) == 9
     return (f[0].split("::")[1], "chunks" if chunk else "short" if int(f[3]) < 512 else "sweep")
-
-
-def provenance(text):
-    return "".join(re.findall(r'"([^"]*)"', re.search(
-        r'kSelectionProvenance =\s*((?:"[^"]*"\s*)+);', text).group(1)))
 
 
 def run(tmp, name, **env):

@@ -21,8 +21,9 @@ that point. Files that measure the same points (runs of one kind given together)
 column the median of the runs."""
 import argparse
 import json
-import re
 import sys
+
+from table_text import point_rows, provenance as provenance_of
 
 ap = argparse.ArgumentParser()
 ap.add_argument("files", nargs="*")
@@ -114,9 +115,8 @@ def label(kind):
 if a.base:
     measured = {kind_of(r.strip()) for r in rows}
     text = open(a.base).read()
-    base_rows = [line.rstrip() for line in text.splitlines() if line.strip().startswith("{DType::")]
-    old = "".join(re.findall(r'"([^"]*)"', re.search(
-        r'kSelectionProvenance =\s*((?:"[^"]*"\s*)+);', text).group(1)))
+    base_rows = ["    " + r for r in point_rows(text)]  # indented as this script writes them
+    old = provenance_of(text)
     # The base's provenance per kind: its "<kind>: <run>" segments, or one run for all of them.
     labels = {label((t, c, short)) for t in ("bf16", "f16") for c in (False, True)
               for short in (False, True) if not (c and short)}

@@ -7,22 +7,14 @@ every point of the other; several runs of the same points merge into their media
 the shipped table, whatever kinds it holds. Run by ctest (make_table)."""
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
 
+from table_text import point_rows as rows, provenance
+
 here = os.path.dirname(os.path.abspath(__file__))
 tool, shipped = os.path.join(here, "make_table.py"), os.path.join(here, "selection_table.hpp")
-
-
-def rows(text):
-    return [line.strip() for line in text.splitlines() if line.strip().startswith("{DType::")]
-
-
-def provenance(text):
-    return "".join(re.findall(r'"([^"]*)"', re.search(
-        r'kSelectionProvenance =\s*((?:"[^"]*"\s*)+);', text).group(1)))
 
 
 def generate(points, base, tmp, name="table.hpp"):
