@@ -16,7 +16,7 @@ script = os.path.join(here, "attention-table.sh")
 tools = os.path.join(root, "src", "ops", "attention_hopper")
 shipped = os.path.join(tools, "selection_table.hpp")
 sys.path.insert(0, tools)
-from table_text import point_rows as rows, provenance  # noqa: E402
+from table_text import point_rows as rows, provenance, row_kind  # noqa: E402
 
 # The stand-in: logs its GPU, dtype, sweep and start / end times, then prints two table points
 # per pass; the n-th run of a (dtype, kind) reports cuDNN at 300 + 10 n so that merged medians
@@ -40,9 +40,9 @@ echo "end $CUDA_VISIBLE_DEVICES $dt $kind $(date +%s.%N)" >> "$LOGDIR/log"
 
 
 def kind_of(row):
-    f = row.strip("{},").split(", ")
-    chunk = len(f) == 9
-    return (f[0].split("::")[1], "chunks" if chunk else "short" if int(f[3]) < 512 else "sweep")
+    """row_kind named as the script's TABLE kinds: (dtype, "sweep" | "short" | "chunks")."""
+    dtype, chunk, short = row_kind(row)
+    return (dtype, "chunks" if chunk else "short" if short else "sweep")
 
 
 def run(tmp, name, **env):

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tempfile
 
-from table_text import point_rows as rows, provenance
+from table_text import point_rows as rows, provenance, row_kind as kind
 
 here = os.path.dirname(os.path.abspath(__file__))
 tool, shipped = os.path.join(here, "make_table.py"), os.path.join(here, "selection_table.hpp")
@@ -41,13 +41,6 @@ def point(d, lk, lq, cudnn, fa3, dtype="bf16"):
 def check(cond, what):
     if not cond:
         sys.exit("make_table_test: " + what)
-
-
-def kind(row):
-    """A row's (dtype, chunk point?, short Lq = Lk point?): the kinds a run replaces one at a
-    time."""
-    fields = row.strip("{},").split(", ")
-    return (fields[0].split("::")[1], len(fields) == 9, len(fields) == 8 and int(fields[3]) < 512)
 
 
 def segments(text):
