@@ -343,6 +343,30 @@ using SmemOf = Smem<D, ElemOf<T>::kBytes, third_stage_v<T, D, V> ? 3 : 0, rows_o
 template <class T, int D, int V>
 constexpr int kScratchWords = third_stage_v<T, D, V> ? consumers_of(V) * 2
                                                      : consumers_of(V) * 128 / 2;
+// The persistent variant at D = 64 loads its next work tile's Q during this tile's GEMMs into a
+// second Q buffer (after the O staging buffer), with "full" and "empty" barriers of its own after
+// the scratch words (so the other instances' layout is unchanged), and each tile's first K / V
+// before its Q: d64 L128-L1024 +3-12% (H200, sixty-sixth session). At D = 128 neither paid (the
+// K / V order alone 0.997x, with the second Q buffer, 225 KB, 0.94-1.01x): one buffer, Q first.
+template <int D, int V>
+constexpr int kQBuffers = V == kPersistent&& D == 64 ? 2 : 1;
+struct QSlot {
+  uint32_t at;
+  int full, empty;
+  uint32_t phase;
+};
+template <class T, int D, int V>
+__device__ __forceinline__ QSlot q_slot(uint32_t sq, int q_count) {
+  using S = SmemOf<T, D, V>;
+  if constexpr (kQBuffers<D, V> == 2) {
+    constexpr int kFull1 = kBars + kScratchWords<T, D, V>;
+    const bool odd = q_count & 1;
+    return {odd ? sq + S::kBytes + S::kQBytes : sq, odd ? kFull1 : kBarQ,
+            odd ? kFull1 + 1 : kBarQEmpty, static_cast<uint32_t>(q_count >> 1) & 1};
+  } else {
+    return {sq, kBarQ, kBarQEmpty, static_cast<uint32_t>(q_count) & 1};
+  }
+}
 
 #if BARACUDA_FA3_DEVICE
 constexpr int poly_groups(int v) {
@@ -518,12 +542,18 @@ __device__ __forceinline__ void produce(const CUtensorMap* tq, const CUtensorMap
   constexpr int kCols = kRow / E::kBytes;                  // elements per column block
   constexpr int kDB = D / kCols, kDBv = kDvOf<D> / kCols;  // column blocks per Q / K and V row
   const int hk = t.h / p.group;
-  mbar_wait(smem_u32(&bars[kBarQEmpty]), (q_count & 1) ^ 1);
-  const uint32_t bq = smem_u32(&bars[kBarQ]);
-  mbar_expect_tx(bq, S::kQBytes);
+  auto load_q = [&] {
+    const QSlot q = q_slot<T, D, V>(sq, q_count);
+    mbar_wait(smem_u32(&bars[q.empty]), q.phase ^ 1);
+    const uint32_t bq = smem_u32(&bars[q.full]);
+    mbar_expect_tx(bq, S::kQBytes);
 #pragma unroll
-  for (int db = 0; db < kDB; ++db)
-    tma_load_4d(sq + db * rows_of(V) * kRow, tq, bq, db * kCols, t.q0 + t.m0, t.h, t.tb);
+    for (int db = 0; db < kDB; ++db)
+      tma_load_4d(q.at + db * rows_of(V) * kRow, tq, bq, db * kCols, t.q0 + t.m0, t.h, t.tb);
+  };
+  // Two Q buffers (kQBuffers): the ring's stages for the tile's first keys load first, as they
+  // free earlier than the Q buffer two tiles back (one buffer: Q first, as measured).
+  if constexpr (kQBuffers<D, V> == 1) load_q();
   // Paged boxes load K one tile ahead of V, the order the consumers take them in (S_n = Q K_n
   // before P_{n-1} V_{n-1}), so K_{n+1} does not wait behind V_n's free stage: 64-key pages
   // 522 -> 584 TFLOP/s (forty-second session's call 1). The unpaged kernels keep K_n, V_n: the same
@@ -569,6 +599,14 @@ __device__ __forceinline__ void produce(const CUtensorMap* tq, const CUtensorMap
       if (n + 1 < t.n_tiles) load_k(n + 1);
       load_v(n);
     }
+  } else if constexpr (kQBuffers<D, V> == 2) {
+    load_k(0);  // a persistent work tile has keys (the walk skips the others)
+    load_v(0);
+    load_q();
+    for (int n = 1; n < t.n_tiles; ++n) {
+      load_k(n);
+      load_v(n);
+    }
   } else {
     for (int n = 0; n < t.n_tiles; ++n) {
       load_k(n);
@@ -586,7 +624,8 @@ __global__ void __launch_bounds__(threads_of(V), 1)
   using S = SmemOf<T, D, V>;
   constexpr int kSt = S::kStages;
   extern __shared__ uint8_t smem_raw[];
-  __shared__ alignas(8) uint64_t bars[kBars + kScratchWords<T, D, V>];  // + consumer scratch
+  // + consumer scratch, + the persistent variant's second Q buffer's two barriers
+  __shared__ alignas(8) uint64_t bars[kBars + kScratchWords<T, D, V> + 2 * (kQBuffers<D, V> - 1)];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
                                              ~static_cast<uintptr_t>(1023));
   const uint32_t sq = smem_u32(smem);
@@ -599,6 +638,11 @@ __global__ void __launch_bounds__(threads_of(V), 1)
   if (threadIdx.x == 0) {
     mbar_init(smem_u32(&bars[kBarQ]), 1);
     mbar_init(smem_u32(&bars[kBarQEmpty]), consumers_of(V) * 4);
+    if constexpr (kQBuffers<D, V> == 2) {
+      const QSlot q1 = q_slot<T, D, V>(sq, 1);
+      mbar_init(smem_u32(&bars[q1.full]), 1);
+      mbar_init(smem_u32(&bars[q1.empty]), consumers_of(V) * 4);
+    }
     // Row copies: every producer thread's copies arrive.
     uint32_t full_arrivals = 1;
     if constexpr (kRowCopies<V, T>)
@@ -919,7 +963,8 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
   const int wg_span = packed_v(V) ? min(64, q_mask + 1) - 1 : 63;
   band.mask_hi = p.right >= 0 ? static_cast<int>(min(int64_t{t.lk}, wg_d0 + p.right + 1)) : t.lk;
   band.mask_lo = p.left >= 0 ? static_cast<int>(max(int64_t{0}, wg_d0 + wg_span - p.left)) : 0;
-  const uint32_t q_base = sq + wg * 64 * kQkRow<T, D>;
+  const QSlot qs = q_slot<T, D, V>(sq, q_count);
+  const uint32_t q_base = qs.at + wg * 64 * kQkRow<T, D>;
   float qk_descale = 1.f;  // fp8: the scores' dequantization
   if constexpr (kFp8) qk_descale = *p.q_descale * *p.k_descale;
   // One word per consumer thread after the barriers (see the loop), or per consumer warp where
@@ -935,7 +980,7 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
     if (PP && wg == 1) turn_pass(1);  // warpgroup 0 goes first
     // Ring position r = it0 + n: stage r % kSt, phase (r / kSt) & 1.
     const int s0 = it0 % kSt;
-    mbar_wait(smem_u32(&bars[kBarQ]), q_count & 1);
+    mbar_wait(smem_u32(&bars[qs.full]), qs.phase);
     mbar_wait(smem_u32(&bars[kBarKFull + s0]), (it0 / kSt) & 1);
     if (PP) turn_wait(wg);
     wgmma_fence();
@@ -989,7 +1034,7 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
     }
     // Every S GEMM of the tile is done (the loop's last wait<1>, or the first tile's wait<0>):
     // the persistent variant's producer may load the next tile's Q.
-    if (kPersistentV) release(bars, kBarQEmpty, lane);
+    if (kPersistentV) release(bars, qs.empty, lane);
     const int r_last = it0 + n_tiles - 1, last = r_last % kSt;
     pack_p<T, kBN>(sc, pa);
     rescale();
@@ -1322,12 +1367,13 @@ __global__ void __launch_bounds__(256) fp8_transpose_v(const TransposeParams p) 
 }
 
 // What an instantiation launches with: + the O staging buffer after the ring for the persistent
-// variant (Q's shape, D = 64: 129 KB) and fp8 (16-bit O, Q's buffer is too small: 145 KB).
+// variant (Q's shape; D = 64 and its second Q buffer: 145 KB, D = 128: 193 KB) and fp8 (16-bit O,
+// Q's buffer is too small: 145 KB).
 template <class T, int D, int V>
 constexpr int launch_smem() {
   using S = SmemOf<T, D, V>;
   return S::kLaunchBytes + (ElemOf<T>::kFp8    ? rows_of(V) * kDvOf<D> * 2
-                            : V == kPersistent ? S::kQBytes
+                            : V == kPersistent ? kQBuffers<D, V> * S::kQBytes  // O staging (+ Q)
                                                : 0);
 }
 
@@ -1453,7 +1499,8 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
   }
 
   constexpr int smem = launch_smem<T, D, V>();
-  // Persistent: one CTA per SM (129 KB of shared memory: one fits), each looping over work tiles.
+  // Persistent: one CTA per SM (145 / 193 KB of shared memory at D = 64 / 128), each looping over
+  // work tiles.
   const int64_t n_work = int64_t{p.m_blocks} * d.heads_q * d.batch;
   const int sms = ctx.stream.caps().sm_count > 0 ? ctx.stream.caps().sm_count : 132;
   const dim3 grid = V == kPersistent ? dim3(static_cast<unsigned>(std::min<int64_t>(n_work, sms)))
