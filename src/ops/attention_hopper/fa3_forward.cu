@@ -349,7 +349,7 @@ constexpr int kScratchWords = third_stage_v<T, D, V> ? consumers_of(V) * 2
 // before its Q: d64 L128-L1024 +3-12% (H200, sixty-sixth session). At D = 128 neither paid (the
 // K / V order alone 0.997x, with the second Q buffer, 225 KB, 0.94-1.01x): one buffer, Q first.
 template <int D, int V>
-constexpr int kQBuffers = V == kPersistent&& D == 64 ? 2 : 1;
+constexpr int kQBuffers = (V == kPersistent && D == 64) ? 2 : 1;
 struct QSlot {
   uint32_t at;
   int full, empty;
