@@ -347,7 +347,7 @@ constexpr int kScratchWords = third_stage_v<T, D, V> ? consumers_of(V) * 2
 // second Q buffer (after the O staging buffer), with "full" and "empty" barriers of its own after
 // the scratch words (so the other instances' layout is unchanged), and each tile's first K / V
 // before its Q: d64 L128-L1024 +3-12% (H200, sixty-sixth session). At D = 128 neither paid (the
-// K / V order alone 0.997x, with the second Q buffer, 225 KB, 0.94-1.01x): one buffer, Q first.
+// K / V order alone 0.998x, with the second Q buffer, 225 KB, 0.94-1.01x): one buffer, Q first.
 template <int D, int V>
 constexpr int kQBuffers = (V == kPersistent && D == 64) ? 2 : 1;
 struct QSlot {
@@ -551,8 +551,9 @@ __device__ __forceinline__ void produce(const CUtensorMap* tq, const CUtensorMap
     for (int db = 0; db < kDB; ++db)
       tma_load_4d(q.at + db * rows_of(V) * kRow, tq, bq, db * kCols, t.q0 + t.m0, t.h, t.tb);
   };
-  // Two Q buffers (kQBuffers): the ring's stages for the tile's first keys load first, as they
-  // free earlier than the Q buffer two tiles back (one buffer: Q first, as measured).
+  // Two Q buffers (kQBuffers): the tile's first K / V load first. Where work tiles have one key
+  // tile (short sequences, the rows this variant serves best) their ring stages free a tile before
+  // the Q buffer does; the order was measured with the second buffer (one buffer: Q first).
   if constexpr (kQBuffers<D, V> == 1) load_q();
   // Paged boxes load K one tile ahead of V, the order the consumers take them in (S_n = Q K_n
   // before P_{n-1} V_{n-1}), so K_{n+1} does not wait behind V_n's free stage: 64-key pages
