@@ -433,7 +433,7 @@ inline constexpr std::string_view kFa3Fp8Exp2Poly3Kernel = "fa3_fwd_fp8_sm90a_ex
 inline constexpr std::string_view kFa3Fp8EagerRescaleKernel = "fa3_fwd_fp8_sm90a_eagerrescale";
 inline constexpr int kFa3Ahead = kCudnnAhead + 1;
 
-// Our sm_90a backward (fa3_backward.cu): dQ accumulated by float reductions in L2 in arrival
+// Our sm_90a backward (fa3_backward.cuh): dQ accumulated by float reductions in L2 in arrival
 // order (not deterministic). Registered like the forward: below every other backward kernel
 // (reached by name; the D = 64 instances below too), and as kFa3BwdRankedAhead above everything,
 // fitting only where the table picks fa3 for the backward.

@@ -1,4 +1,4 @@
-// Shared by our sm_90a attention kernels (fa3_forward.cu, fa3_backward.cu): the PTX wrappers
+// Shared by our sm_90a attention kernels (fa3_forward.cuh, fa3_backward.cuh): the PTX wrappers
 // (mbarriers, TMA, wgmma issue / wait, shared-memory matrix descriptors), the element-type table
 // of wgmma shapes, and the host rules both kernels follow (problem shapes, TMA layouts, tensor
 // maps, whether this build holds an sm_90a body).

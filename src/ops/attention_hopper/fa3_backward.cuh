@@ -41,6 +41,11 @@
 // keys exit), the workspace keeps a [max Lq]-row slab per (sequence, query head), and the tiles'
 // rows past a sequence are zeroed in shared memory before the GEMMs read them (they belong to other
 // sequences).
+//
+// This header holds the templates; fa3_backward_bf16.cu and fa3_backward_f16.cu instantiate and
+// register them per element type (translation units that compile in parallel). Everything here has
+// internal linkage, one copy per unit.
+#pragma once
 #include <array>
 #include <atomic>
 #include <cmath>
@@ -905,7 +910,7 @@ constexpr std::string_view kWho = "attention_backward: fa3_bwd_sm90a";
 
 // The workspace's rows per (sequence, query head): whole steps of every instance (q128's 128
 // rows), so that a step's lse2 / delta load stays inside them.
-int64_t padded_rows(const Problem& pr) {
+inline int64_t padded_rows(const Problem& pr) {
   constexpr int64_t kPad = BwdShape<64, 2, 128>::kQRows;
   return (pr.desc.len_q + kPad - 1) / kPad * kPad;
 }
@@ -915,7 +920,7 @@ int64_t padded_rows(const Problem& pr) {
 struct Layout {
   size_t acc = 0, lse2 = 0, delta = 0, bytes = 0;
 };
-Layout layout_of(const Problem& pr) {
+inline Layout layout_of(const Problem& pr) {
   const auto& d = pr.desc;
   const size_t rows = static_cast<size_t>(d.batch * d.heads_q * padded_rows(pr));
   auto up = [](size_t x) { return (x + 255) / 256 * 256; };
@@ -946,13 +951,13 @@ bool fits(const Problem& pr, const DeviceCaps& caps) {
   }
 }
 
-size_t workspace(const Problem& pr, const DeviceCaps&) {
+inline size_t workspace(const Problem& pr, const DeviceCaps&) {
   return layout_of(pr).bytes;
 }
 
 // The TMA loads' and vector stores' layout rules (cuda::check_tma_rows) on the run's views: the
 // registry's check, so that can_implement refuses what launch could not load.
-Status check_args(const Problem& pr, const BackwardArguments& a) {
+inline Status check_args(const Problem& pr, const BackwardArguments& a) {
   const bool vl = pr.desc.varlen;
   const std::pair<const char*, ConstTensor> views[] = {{"q", rows_view(a.q, vl)},
                                                        {"k", rows_view(a.k, vl)},
@@ -1141,9 +1146,6 @@ bool register_one() {
   add(kFa3BwdRankedAhead, kFa3Ahead, fits_ranked_ahead<T>, launch_ranked_ahead<T>);
   return true;
 }
-
-BARACUDA_REGISTER(register_one<DType::bf16>());
-BARACUDA_REGISTER(register_one<DType::f16>());
 
 }  // namespace
 }  // namespace baracuda::attention_hopper::fa3

@@ -1,0 +1,6 @@
+// The fa3 backward's f16 instances (fa3_backward.cuh).
+#include "ops/attention_hopper/fa3_backward.cuh"
+
+namespace baracuda::attention_hopper::fa3 {
+BARACUDA_REGISTER(register_one<DType::f16>());
+}  // namespace baracuda::attention_hopper::fa3

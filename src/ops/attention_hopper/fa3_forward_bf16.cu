@@ -1,0 +1,6 @@
+// The fa3 forward's bf16 instances (fa3_forward.cuh).
+#include "ops/attention_hopper/fa3_forward.cuh"
+
+namespace baracuda::attention_hopper::fa3 {
+BARACUDA_REGISTER(register_one<DType::bf16>());
+}  // namespace baracuda::attention_hopper::fa3
