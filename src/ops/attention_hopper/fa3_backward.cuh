@@ -42,27 +42,21 @@
 // rows past a sequence are zeroed in shared memory before the GEMMs read them (they belong to other
 // sequences).
 //
-// This header holds the templates; fa3_backward_bf16.cu and fa3_backward_f16.cu instantiate and
-// register them per element type (translation units that compile in parallel). Everything here has
-// internal linkage, one copy per unit.
+// Instantiated by fa3_backward_bf16.cu and fa3_backward_f16.cu (see fa3_forward.cuh on the units).
 #pragma once
 #include <array>
-#include <atomic>
 #include <cmath>
 #include <limits>
 #include <string>
 #include <type_traits>
 
-#include "baracuda/ops/attention.hpp"
 #include "baracuda/ops/attention_hopper.hpp"
-#include "core/cuda/launch.cuh"
 #include "ops/attention_hopper/fa3_common.cuh"
 
 namespace baracuda::attention_hopper::fa3 {
 namespace {
 
 using attention::BackwardArguments;
-using attention::Problem;
 
 // Query rows of a dQ accumulator chunk, of prep / post's row blocks, and of a step but in
 // fa3_bwd_sm90a_q128 (BwdShape's kQRows).

@@ -32,6 +32,7 @@
 namespace baracuda::attention_hopper::fa3 {
 namespace {
 
+using attention::Problem;
 using cuda::smem_u32;
 
 #if BARACUDA_FA3_DEVICE

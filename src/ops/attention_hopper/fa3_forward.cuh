@@ -57,16 +57,13 @@
 #pragma once
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <bit>
 #include <cmath>
 #include <limits>
 #include <string>
 #include <type_traits>
 
-#include "baracuda/ops/attention.hpp"
 #include "baracuda/ops/attention_hopper.hpp"
-#include "core/cuda/launch.cuh"
 #include "ops/attention/launch.cuh"  // kPacked's split merge: flash_rows_combine
 #include "ops/attention_hopper/fa3_common.cuh"
 
@@ -74,7 +71,6 @@ namespace baracuda::attention_hopper::fa3 {
 namespace {
 
 using attention::ForwardArguments;
-using attention::Problem;
 
 // Query rows per consumer warpgroup, and per CTA of two of them: every instance's but the wide one
 // (kWide: three, see rows_of).
