@@ -13,7 +13,8 @@
 // column is its candidate alone whatever the shipped table says (otherwise
 // only(Backend::bespoke_cuda) would reach fa3's ranked-ahead entry where the table picks fa3).
 // BARACUDA_ATTN_SWEEP=quick limits the sweep to L in {1024, 4096, 16384},
-// BARACUDA_ATTN_SWEEP=d128_l4096 to one non-causal point.
+// BARACUDA_ATTN_SWEEP=d128_l4096 to one non-causal point; BARACUDA_ATTN_FA3_ONLY (below) to some
+// fa3 instances and the cuDNN control.
 #include <algorithm>
 #include <array>
 #include <cstdio>
@@ -255,6 +256,15 @@ void sweep(const Stream& stream) {
   // slower than one timed first at the same clock state (sixtieth session, nvidia-smi beside the
   // rows); alternation gives every column the same mix of states.
   const int rounds = static_cast<int>(bench::env_positive("BARACUDA_ATTN_ROUNDS", 1));
+  // BARACUDA_ATTN_FA3_ONLY=<kernel names> (forward A/B runs of some fa3 instances): those fa3
+  // instances and cuDNN (the control) alone, so that a device call fits more repetitions. Neither
+  // the family's kernel nor the default plan is timed, and no table_point line is printed (its
+  // columns would be missing).
+  const std::vector<std::string> fa3_only = bench::env_list("BARACUDA_ATTN_FA3_ONLY");
+  const bool fa3_filtered = !fa3_only.empty();
+  auto fa3_wanted = [&](std::string_view k) {
+    return !fa3_filtered || std::find(fa3_only.begin(), fa3_only.end(), k) != fa3_only.end();
+  };
   std::vector<int64_t> lens = !listed_lens.empty() ? listed_lens
                               : quick              ? std::vector<int64_t>{1024, 4096, 16384}
                               : short_lens
@@ -322,7 +332,7 @@ void sweep(const Stream& stream) {
             return time_bwd(fp, bp, note + round);
           };
         };
-        for (int vi = 0; vi < (backward_only ? 1 : 2); ++vi) {
+        for (int vi = 0; vi < (backward_only || fa3_filtered ? 1 : 2); ++vi) {
           const Variant& var = variants[vi];
           auto fp = attention::ForwardPlan::select(stream, desc, var.pref);
           auto bp = attention::BackwardPlan::select(stream, desc, var.pref);
@@ -360,7 +370,7 @@ void sweep(const Stream& stream) {
         for (std::string_view fa3 : {kFa3Kernel, kFa3PingpongKernel, kFa3Exp2Poly2Kernel,
                                      kFa3Exp2Poly3Kernel, kFa3PersistentKernel, kFa3WideKernel}) {
           if ((fa3 == kFa3PersistentKernel && !fa3_persistent_dims(d, d)) ||
-              (fa3 == kFa3WideKernel && d != 64) || backward_only)
+              (fa3 == kFa3WideKernel && d != 64) || backward_only || !fa3_wanted(fa3))
             continue;
           const std::string note = "fa3_sm90a" + std::string(fa3.substr(kFa3Kernel.size()));
           auto fp = attention::ForwardPlan::select(stream, desc, PlanPreference::kernel(fa3));
@@ -378,7 +388,7 @@ void sweep(const Stream& stream) {
         // forward plan: the table's fa3 column, the instance the ranked-ahead entry launches.
         double fa3_bwd_tf = 0;
         if (auto def_fwd = attention::ForwardPlan::select(stream, desc);
-            def_fwd.ok() && !forward_only) {
+            def_fwd.ok() && !forward_only && !fa3_filtered) {
           const std::string_view bwd_column = fa3_table_bwd_instance(desc);
           auto bp =
               attention::BackwardPlan::select(stream, desc, PlanPreference::kernel(bwd_column));
@@ -401,7 +411,7 @@ void sweep(const Stream& stream) {
         }
         // The default plan (note "default plan") where the attention family's bench does not
         // time it under the same name (its sweep: bf16, d64 / d128, L >= 512).
-        if (dt != DType::bf16 || d == 256 || l < 512) {
+        if ((dt != DType::bf16 || d == 256 || l < 512) && !fa3_filtered) {
           const SelectionTableOverride shipped_table{shipped};
           auto fp = attention::ForwardPlan::select(stream, desc);
           auto bp = attention::BackwardPlan::select(stream, desc);
@@ -413,6 +423,7 @@ void sweep(const Stream& stream) {
         }
         double column_tf[2][3] = {{fwd_tf[0], fwd_tf[1], fa3_tf},
                                   {bwd_tf[0], bwd_tf[1], fa3_bwd_tf}};
+        if (fa3_filtered) continue;
         if (rounds > 1) column_tf_over_rounds(again, column_tf, rounds);
         for (int pass = 0; pass < 2; ++pass) {
           const double* tf = column_tf[pass];
