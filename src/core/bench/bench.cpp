@@ -41,6 +41,10 @@ std::vector<std::string> env_list(const char* name) {
   return items;
 }
 
+bool env_list_selects(const std::vector<std::string>& list, std::string_view name) {
+  return list.empty() || std::find(list.begin(), list.end(), name) != list.end();
+}
+
 namespace {
 
 std::string json_escape(const std::string& s) {

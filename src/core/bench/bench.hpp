@@ -52,6 +52,9 @@ Result<Timing> time_host_enqueue(const Stream& stream, const std::function<Statu
 std::string_view env(const char* name);
 // Its comma-separated items (empty ones dropped): the benches' kernel lists (BARACUDA_AB, ...).
 std::vector<std::string> env_list(const char* name);
+// Whether a kernel list from env_list (BARACUDA_ATTN_KERNELS, ...) selects `name`: every name
+// where the list is empty (the variable unset).
+bool env_list_selects(const std::vector<std::string>& list, std::string_view name);
 // Its value as a positive integer; `fallback` where it is unset, not a whole number or not
 // positive (the benches' counts and sizes: BARACUDA_AB_ROUNDS, BARACUDA_ATTN_PAGE, ...).
 int64_t env_positive(const char* name, int64_t fallback);

@@ -101,9 +101,7 @@ void bench_all(const Stream& stream) {
   // BARACUDA_ATTN_KERNELS=<name>[,<name>...]: only these A/B rows (a profiler then sees their
   // launches first).
   const std::vector<std::string> kernels_env = bench::env_list("BARACUDA_ATTN_KERNELS");
-  auto ab_wanted = [&](std::string_view k) {
-    return kernels_env.empty() || std::ranges::find(kernels_env, k) != kernels_env.end();
-  };
+  auto ab_wanted = [&](std::string_view k) { return bench::env_list_selects(kernels_env, k); };
   for (int64_t dim : {64, 128}) {
     if (!sweep) break;
     const int64_t heads = kHidden / dim;

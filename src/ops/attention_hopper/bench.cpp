@@ -13,7 +13,7 @@
 // column is its candidate alone whatever the shipped table says (otherwise
 // only(Backend::bespoke_cuda) would reach fa3's ranked-ahead entry where the table picks fa3).
 // BARACUDA_ATTN_SWEEP=quick limits the sweep to L in {1024, 4096, 16384},
-// BARACUDA_ATTN_SWEEP=d128_l4096 to one non-causal point; BARACUDA_ATTN_FA3_ONLY (below) to some
+// BARACUDA_ATTN_SWEEP=d128_l4096 to one non-causal point; BARACUDA_ATTN_KERNELS (below) to some
 // fa3 instances and the cuDNN control.
 #include <algorithm>
 #include <array>
@@ -256,15 +256,13 @@ void sweep(const Stream& stream) {
   // slower than one timed first at the same clock state (sixtieth session, nvidia-smi beside the
   // rows); alternation gives every column the same mix of states.
   const int rounds = static_cast<int>(bench::env_positive("BARACUDA_ATTN_ROUNDS", 1));
-  // BARACUDA_ATTN_FA3_ONLY=<kernel names> (forward A/B runs of some fa3 instances): those fa3
-  // instances and cuDNN (the control) alone, so that a device call fits more repetitions. Neither
-  // the family's kernel nor the default plan is timed, and no table_point line is printed (its
-  // columns would be missing).
-  const std::vector<std::string> fa3_only = bench::env_list("BARACUDA_ATTN_FA3_ONLY");
-  const bool fa3_filtered = !fa3_only.empty();
-  auto fa3_wanted = [&](std::string_view k) {
-    return !fa3_filtered || std::find(fa3_only.begin(), fa3_only.end(), k) != fa3_only.end();
-  };
+  // BARACUDA_ATTN_KERNELS=<fa3 kernel names> (A/B runs of some fa3 forward instances, as the
+  // family's bench reads it and scripts/ab-builds.sh's AB_KERNELS sets it): those fa3 instances and
+  // cuDNN (the control) alone, so that a device call fits more repetitions. Neither the family's
+  // kernel nor the default plan is timed, and no table_point line is printed (its columns would be
+  // missing).
+  const std::vector<std::string> kernels_env = bench::env_list("BARACUDA_ATTN_KERNELS");
+  const bool fa3_filtered = !kernels_env.empty();
   std::vector<int64_t> lens = !listed_lens.empty() ? listed_lens
                               : quick              ? std::vector<int64_t>{1024, 4096, 16384}
                               : short_lens
@@ -370,7 +368,8 @@ void sweep(const Stream& stream) {
         for (std::string_view fa3 : {kFa3Kernel, kFa3PingpongKernel, kFa3Exp2Poly2Kernel,
                                      kFa3Exp2Poly3Kernel, kFa3PersistentKernel, kFa3WideKernel}) {
           if ((fa3 == kFa3PersistentKernel && !fa3_persistent_dims(d, d)) ||
-              (fa3 == kFa3WideKernel && d != 64) || backward_only || !fa3_wanted(fa3))
+              (fa3 == kFa3WideKernel && d != 64) || backward_only ||
+              !bench::env_list_selects(kernels_env, fa3))
             continue;
           const std::string note = "fa3_sm90a" + std::string(fa3.substr(kFa3Kernel.size()));
           auto fp = attention::ForwardPlan::select(stream, desc, PlanPreference::kernel(fa3));
