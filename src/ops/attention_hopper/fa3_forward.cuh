@@ -28,7 +28,8 @@
 //    also makes the two consumer warpgroups take turns issuing (named barriers), so one's GEMMs
 //    cover the other's softmax.
 //  - Epilogue: O / l staged through the warpgroup's own rows of the Q tile (same swizzle), then
-//    16-byte row stores; LSE = m ln2 + ln(l) (f32); Y = 0, LSE = -inf for rows that see no key.
+//    16-byte row stores (the persistent variant: a buffer of its own, TMA stores); LSE =
+//    m ln2 + ln(l) (f32); Y = 0, LSE = -inf for rows that see no key.
 // Tiles: BM = 128 (2 x 64), BN = 128 (D = 256: 64); shared memory 113 KB (D = 64) / 161 KB
 // (D = 128) / 193 KB (D = 256) / 209 KB (Dk = 192, Dv = 128). kWide (D = 64): BM = 192 (3 x 64),
 // 512 threads, consumers at 160 registers, 121 KB.
@@ -375,7 +376,8 @@ constexpr int poly_groups(int v) {
 template <class T, int D, int V>
 __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t sk0, uint32_t sv0,
                                         uint32_t so, const uint64_t* bars, const Tile& t, int w,
-                                        int it0, int q_count, int warp, int lane);
+                                        int it0, int q_count, int warp, int lane,
+                                        const CUtensorMap* ty);
 
 // The producer lane's loads for one work tile: Q (once "Q empty" shows the previous tile's S
 // GEMMs are done: only the persistent variant reloads it), then the tile's K / V tiles into the
@@ -619,7 +621,8 @@ __device__ __forceinline__ void produce(const CUtensorMap* tq, const CUtensorMap
 template <class T, int D, int V>
 __global__ void __launch_bounds__(threads_of(V), 1)
     fa3_fwd_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-                   const __grid_constant__ CUtensorMap tv, const Params p) {
+                   const __grid_constant__ CUtensorMap tv, const Params p,
+                   const __grid_constant__ CUtensorMap ty) {
 #if BARACUDA_FA3_DEVICE
   using S = SmemOf<T, D, V>;
   constexpr int kSt = S::kStages;
@@ -705,11 +708,14 @@ __global__ void __launch_bounds__(threads_of(V), 1)
     int it = 0, q_count = 0;
     for (int w = w0; w < n_work; w += w_step) {
       const Tile t = tile(w);
-      consume<T, D, V>(p, sq, sk0, sv0, so, bars, t, w, it, q_count, warp, lane);
+      consume<T, D, V>(p, sq, sk0, sv0, so, bars, t, w, it, q_count, warp, lane, &ty);
       if (t.n_tiles == 0) continue;
       it += t.n_tiles;
       ++q_count;
     }
+    // The last tile's Y stores read the O buffer after their issue: not past the CTA's exit.
+    if constexpr (kPersistentV)
+      if (threadIdx.x % 128 == 0) cuda::bulk_wait<0, true>();
   }
 #endif  // BARACUDA_FA3_DEVICE
 }
@@ -914,7 +920,8 @@ __device__ __forceinline__ void release(const uint64_t* bars, int which, int lan
 template <class T, int D, int V>
 __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t sk0, uint32_t sv0,
                                         uint32_t so, const uint64_t* bars, const Tile& t, int w,
-                                        int it0, int q_count, int warp, int lane) {
+                                        int it0, int q_count, int warp, int lane,
+                                        const CUtensorMap* ty) {
   const int m0 = t.m0, n_tiles = t.n_tiles;
   constexpr bool kPersistentV = V == kPersistent;
   // The persistent variant's ring position carries over from the previous work tile: broadcast
@@ -1062,7 +1069,8 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
 
   // ---- epilogue: O / l through this warpgroup's own rows of the Q tile (its S wgmmas are all
   // done; the persistent variant: of the O buffer, Q is the next tile's already) in the same
-  // 128-byte-swizzled layout, then 16-byte coalesced stores of whole rows ----
+  // 128-byte-swizzled layout, then 16-byte coalesced stores of whole rows (the persistent
+  // variant: TMA stores of the buffer, below) ----
   const uint32_t o_base = (kPersistentV || kFp8 ? so : sq) + wg * 64 * 128;
   // The persistent variant recomputes its tile from the work index through an opaque move, so
   // that the row / head / batch offsets are not kept live across the key loop (ptxas hoisted them
@@ -1131,6 +1139,15 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
       return;
     }
   }
+  const int tid = static_cast<int>(threadIdx.x) % 128;
+  // The persistent variant writes the O buffer once the previous tile's Y stores have read it:
+  // the TMA stores (their issuing thread waits) and the thread stores (every thread has passed
+  // the barrier after its reads). Waiting here, not after the stores, leaves them this tile's
+  // key loop to drain.
+  if constexpr (kPersistentV) {
+    if (tid == 0) cuda::bulk_wait<0, true>();
+    FA3_WG_SYNC(consumers_of(V), wg);
+  }
   const int r_wg = wl * 16 + lane / 4;  // row within the warpgroup's 64
 #pragma unroll
   for (int j = 0; j < DV / 8; ++j)
@@ -1142,9 +1159,24 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
       const uint32_t v = cuda::pack2<TO>(o[4 * j + 2 * i] * inv[i], o[4 * j + 2 * i + 1] * inv[i]);
       asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
     }
+  // The persistent variant's rows leave by TMA stores (64 x 64 boxes, one thread issues them;
+  // rows past the tensor are not written), so its warps skip the thread stores' address and row
+  // arithmetic: d128 L256-L1024 +0.5-5%, d64 -1.5..+6% (H200, sixty-seventh session). Not where
+  // a varlen sequence ends inside the warpgroup's rows: those belong to the next sequence.
+  if constexpr (kPersistentV) {
+    if (!p.cu_q || m0e + wg * 64 + 64 <= lq) {
+      cuda::fence_proxy_async();  // this thread's O stores, visible to the TMA unit
+      FA3_WG_SYNC(consumers_of(V), wg);
+      if (tid == 0) {
+#pragma unroll
+        for (int cb = 0; cb < DV / 64; ++cb)
+          cuda::tma_store_4d(ty, o_base + cb * kRows * 128, cb * 64, q0 + m0e + wg * 64, h, b);
+      }
+      return;
+    }
+  }
   // This warpgroup only.
   FA3_WG_SYNC(consumers_of(V), wg);
-  const int tid = static_cast<int>(threadIdx.x) % 128;
   constexpr int kChunks = DV / 8;                    // 16-byte chunks per row
   constexpr int kRowsAPass = 128 / kChunks;          // rows the warpgroup stores a pass
   const int r0 = tid / kChunks, cc = tid % kChunks;  // this thread's first row and its chunk
@@ -1171,9 +1203,6 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
                           : y_first + it * kRowsAPass * p.sy[2];
     *reinterpret_cast<uint4*>(dst) = v;
   }
-  // The persistent variant's next tile writes the O buffer again: every thread of the warpgroup
-  // must have read its rows first.
-  if (kPersistentV) FA3_WG_SYNC(consumers_of(V), wg);
 }
 #undef FA3_WG_SYNC
 #endif  // BARACUDA_FA3_DEVICE
@@ -1445,6 +1474,11 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
     BARACUDA_TRY(cuda::make_rows_map(who, &tv, dt, v, kv_rows));
   }
 
+  // The persistent variant stores Y by TMA (its consumers' epilogue): 64 x 64 boxes of Y's type.
+  CUtensorMap ty{};
+  if constexpr (V == kPersistent)
+    BARACUDA_TRY(
+        cuda::make_rows_map(who, &ty, cuda::tensor_map_dtype<typename E::Out>(), as_const(y), 64));
   Params p{};
   p.y = y.data;
   p.q_descale = static_cast<const float*>(a.q_descale.data);
@@ -1511,7 +1545,7 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
                                static_cast<unsigned>(d.batch));
   BARACUDA_TRY(cuda::launch_with_smem(attention::ForwardOp::name, "fa3_fwd_sm90a",
                                       fa3_fwd_kernel<T, D, V>, grid, threads_of(V), smem,
-                                      cuda::stream_of(ctx), tq, tk, tv, p));
+                                      cuda::stream_of(ctx), tq, tk, tv, p, ty));
   if constexpr (packed_v(V)) {
     if (p.splits > 1) {  // the splits' rows merged in split order (deterministic), a warp a row
       attention::kernels::Params kp = attention::kernels::fwd_params(pr, a);
