@@ -2357,13 +2357,21 @@ TEST(AttentionFa3Gpu, Exp2Poly3of8MatchesReference) {
   check_fa3_cases(all_fa3_cases(), kFa3Exp2Poly3Kernel);
 }
 // The persistent variant (D = 64 and 128): every such case of both lists (MLA's 192 / 128 is not
-// one), plus grids of several work tiles per CTA (ring and Q reloads across tiles, empty tiles
-// mixed in, both masks, short sequences of one key tile a work tile).
+// one); its grids of several work tiles a CTA are the next test's.
 TEST(AttentionFa3Gpu, PersistentMatchesReference) {
   FA3_SKIP_UNLESS_RUNNABLE();
   std::vector<Case> cases;
   for (const Case& c : all_fa3_cases())
     if ((c.d == 64 || c.d == 128) && vdim(c) == c.d) cases.push_back(c);
+  check_fa3_cases(cases, kFa3PersistentKernel);
+}
+// Grids of several work tiles a CTA: the ring, both Q buffers (D = 64) and the O buffer reused
+// across tiles (its TMA stores drained a tile later), keyless tiles mixed in, both masks, short
+// sequences of one key tile a work tile. A test of its own so that compute-sanitizer's racecheck
+// and synccheck, which run it many times slower, fit a device call.
+TEST(AttentionFa3Gpu, PersistentWalksManyTiles) {
+  FA3_SKIP_UNLESS_RUNNABLE();
+  std::vector<Case> cases;
   for (int64_t d : {64, 128}) {
     cases.push_back(
         {DType::bf16, 4, 16, 4, 1000, 1000, d, Mask::causal_bottom_right(), true, true});
