@@ -21,11 +21,20 @@
 #      (then build test_attention in the B whose median ratio to A, over the rows timed in A, is
 #      highest, and run that filter there: one call measures the patches and tests the winner;
 #      its log lands in $OUT/ab_test.log; skipped when no B's median ratio exceeds 1 unless
-#      AB_TEST_ANY=1; AB_TEST_BUILD=<name> tests that build instead), AB_ROUNDS_UNTIL=<seconds>
+#      AB_TEST_ANY=1; AB_TEST_BUILD=<name> tests that build instead; AB_TEST_FIRST=1 tests it, or
+#      the last B, right after the builds, before any round, so that the rounds cannot leave the
+#      tests no time: the sixty-seventh session lost two calls' tests so), AB_DEADLINE=<seconds>
+#      (the time the caller's own timeout leaves the script: the tests' time box shrinks to end
+#      10 s before it, so a test run cut short still reports the tests that passed or failed, on
+#      stdout and in ab_test.log, instead of being killed with the script), AB_ROUNDS_UNTIL=<seconds>
 #      (no new round starts once the script has run that long: the medians of the rounds done and
 #      AB_TEST still come back; a call that runs out of its 600 s mid-round returns neither. The
 #      fortieth session's call 3 lost its tests so: two builds' attention_features rows fit 2 of 3
 #      rounds in what the builds left of the call).
+# A point may join several sweep values with '+' (one bench process times them all, e.g.
+# "attention_hopper:forward:l128+256+512+1024", BARACUDA_ATTN_SWEEP=l128,256,512,1024): each
+# process pays the bench's start (context, ceilings, cuDNN's load) once; the sixty-seventh
+# session's one-length processes took ~19 s each.
 # Rows land in $OUT/ab.jsonl with "build": "A" / "B" (or "B1", "B2", ...) and "round"; the medians
 # and each B's ratio to A are printed last. $OUT gets four files (ab.jsonl, ab_build.log,
 # ab_run.err, ab_test.log) and a device call returns at most 8: a command that writes more beside
@@ -100,12 +109,40 @@ done
 # Runs: family:only:points[:builds] (see the header).
 runs=(${AB_RUNS:-"${AB_FAMILY:-attention}:${AB_ONLY:-backward}:$(echo ${AB_POINTS:-d64_l4096 d128_l8192} | tr ' ' ,)"})
 bench() {  # <build index> <family> <only> <point>: its rows on stdout
-  BARACUDA_ATTENTION_ONLY=$3 BARACUDA_ATTN_SWEEP=$4 \
+  BARACUDA_ATTENTION_ONLY=$3 BARACUDA_ATTN_SWEEP=${4//+/,} \
     BARACUDA_ATTN_KERNELS=${AB_KERNELS:-} "${dirs[$1]}/apps/bench_attention" "$2" \
     2>>"$OUT/ab_run.err"
 }
 # One untimed pass first: the first process on a rested card read low (call 3 of the nineteenth
 # session: A's first round 226.5 against 250.3, 250.3 after), and that process was always A's.
+# test_attention in build <name> with the AB_TEST filter, inside AB_DEADLINE when it is set.
+run_tests() {
+  local i limit log
+  for i in "${!names[@]}"; do
+    [ "${names[$i]}" = "$1" ] || continue
+    # Built first, so that the time box below is the tests' alone.
+    (cd "${trees[$i]}" && OUT="$tmp/out-test-build" BUILD_DIR=${dirs[$i]} BUILD_TARGETS=test \
+      STAGES=none bash scripts/gpu-family.sh attention) >"$OUT/ab_test.log" 2>&1
+    limit=${TEST_TIMEOUT:-240}
+    if [ -n "${AB_DEADLINE:-}" ]; then
+      limit=$((AB_DEADLINE - SECONDS - 10 < limit ? AB_DEADLINE - SECONDS - 10 : limit))
+      [ "$limit" -ge 30 ] || { echo "AB_DEADLINE=$AB_DEADLINE: no time left for the tests"; return; }
+    fi
+    echo "== test_attention in $1 (--gtest_filter=$AB_TEST, ${limit} s)"
+    (cd "${trees[$i]}" && OUT="$tmp/out-test" BUILD_DIR=${dirs[$i]} BUILD_TARGETS=test \
+      STAGES=test TEST_TIMEOUT=$limit TEST_FILTER_attention="$AB_TEST" \
+      bash scripts/gpu-family.sh attention) >>"$OUT/ab_test.log" 2>&1
+    grep -E "^test_attention rc=" "$OUT/ab_test.log" | head -1
+    log=$(tar xzf "$tmp/out-test/logs.tgz" -O logs/test_attention.log 2>/dev/null)
+    grep -E "base seed|^\[ +(OK|FAILED) +\]" <<<"$log" | head -60 | tee -a "$OUT/ab_test.log"
+    grep -E "Failure" -A3 <<<"$log" | head -40 >>"$OUT/ab_test.log" || true
+  done
+}
+tested=0
+if [ -n "${AB_TEST:-}" ] && [ "${AB_TEST_FIRST:-0}" = 1 ]; then
+  run_tests "${AB_TEST_BUILD:-${names[-1]}}"
+  tested=1
+fi
 IFS=: read -r fam0 only0 pts0 _ <<<"${runs[0]}"
 bench 0 "$fam0" "$only0" "${pts0%%,*}" >/dev/null
 for r in $(seq 1 "${ROUNDS:-3}"); do
@@ -172,16 +209,6 @@ if score:
 PY
 # AB_TEST_BUILD=<name>: test that build whatever the ratios say.
 [ -z "${AB_TEST_BUILD:-}" ] || echo "$AB_TEST_BUILD" >"$tmp/best"
-if [ -n "${AB_TEST:-}" ] && [ -s "$tmp/best" ]; then
-  best=$(cat "$tmp/best")
-  for i in "${!names[@]}"; do
-    [ "${names[$i]}" = "$best" ] || continue
-    echo "== test_attention in $best (--gtest_filter=$AB_TEST)"
-    (cd "${trees[$i]}" && OUT="$tmp/out-test" BUILD_DIR=${dirs[$i]} BUILD_TARGETS=test \
-      STAGES=test TEST_TIMEOUT=${TEST_TIMEOUT:-240} TEST_FILTER_attention="$AB_TEST" \
-      bash scripts/gpu-family.sh attention) >"$OUT/ab_test.log" 2>&1
-    grep -E "^test_attention rc=" "$OUT/ab_test.log" | head -1
-    tar xzf "$tmp/out-test/logs.tgz" -O logs/test_attention.log 2>/dev/null |
-      grep -E "Failure|^\[  FAILED" -A3 | head -40 >>"$OUT/ab_test.log" || true
-  done
+if [ -n "${AB_TEST:-}" ] && [ $tested = 0 ] && [ -s "$tmp/best" ]; then
+  run_tests "$(cat "$tmp/best")"
 fi
