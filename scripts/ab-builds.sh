@@ -31,10 +31,10 @@
 #      AB_TEST still come back; a call that runs out of its 600 s mid-round returns neither. The
 #      fortieth session's call 3 lost its tests so: two builds' attention_features rows fit 2 of 3
 #      rounds in what the builds left of the call).
-# A point may join several sweep values with '+' (one bench process times them all, e.g.
-# "attention_hopper:forward:l128+256+512+1024", BARACUDA_ATTN_SWEEP=l128,256,512,1024): each
-# process pays the bench's start (context, ceilings, cuDNN's load) once; the sixty-seventh
-# session's one-length processes took ~19 s each.
+# A point may join the hopper bench's lengths with '+' (its l<L>,<L> sweep; e.g.
+# "attention_hopper:forward:l128+256+512+1024" runs BARACUDA_ATTN_SWEEP=l128,256,512,1024 in one
+# process), so the bench's start (context, ceilings, cuDNN's load) is paid once for them all; the
+# sixty-seventh session's one-length processes took ~19 s each.
 # Rows land in $OUT/ab.jsonl with "build": "A" / "B" (or "B1", "B2", ...) and "round"; the medians
 # and each B's ratio to A are printed last. $OUT gets four files (ab.jsonl, ab_build.log,
 # ab_run.err, ab_test.log) and a device call returns at most 8: a command that writes more beside
