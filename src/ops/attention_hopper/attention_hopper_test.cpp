@@ -883,16 +883,16 @@ TEST(AttentionCudnnRules, ShippedTableShortPoints) {
         }
 }
 
-// The shipped run (H200, cuDNN 9.19.0, 2026-12-01, 29c805f, each point the median of 2 runs of 3
+// The shipped run (H200, cuDNN 9.19.0, 2026-12-01, 6f2695b, each point the median of 2 runs of 3
 // rounds of the columns in alternating order): fa3 is picked exactly where it beat cuDNN there by
 // more than kTableLeadMargin (forward: D = 64 non-causal from L2048 and causal from L8192, its
-// 192-row instance, by 2.8-14.7%; D = 128 non-causal from L4096 and causal from L8192, by
-// 1.7-15.5% (causal L4096 0.981, non-causal L1024 / L2048 0.961 / 0.929); D = 256 non-causal at
-// L8192 (1.025; L16384 0.993) and causal from L4096, by 2.3-15.6%; backward: D = 64, its 128-row
-// steps, at every length from L512, by 4.3-11.6%; D = 128 non-causal at L512 and from L4096,
-// causal at every point but L2048 (0.960), by 1.4-5.5% (non-causal L1024 / L2048 0.947 / 0.958);
-// D = 256 at every point, by 1.2-18.0%), cuDNN at every other measured point, and never without
-// fa3.
+// 192-row instance, by 5.5-18.5% (causal L4096 0.985); D = 128 non-causal at L1024 and from L8192
+// and causal from L4096, by 1.3-7.5% (non-causal L2048 / L4096 0.939 / 0.982); D = 256 non-causal
+// from L8192 (L4096 1.008, inside the margin) and causal from L4096, by 2.7-17.9%; backward: D =
+// 64, its 128-row steps, at every length from L512, by 4.2-11.4%; D = 128 non-causal at L512 and
+// from L4096, causal at every point but L2048 (0.983), by 1.0-5.9% (non-causal L1024 / L2048 0.959
+// / 0.983); D = 256 at every point, by 1.4-17.5%), cuDNN at every other measured point, and never
+// without fa3.
 // Varlen problems (no cuDNN) get fa3 wherever it runs (it beat the bespoke kernels at every point,
 // both passes, every head dim).
 TEST(AttentionCudnnRules, ShippedTablePicksFa3WhereItWasFastest) {
