@@ -616,9 +616,9 @@ TEST(AttentionCudnnRules, WorkTileDivisionIsExact) {
 // fa3_packs, and for chunks of 17..kFa3PackedUngroupedMaxRows rows in groups of 1 against caches
 // of kFa3PackedLongCacheKeys or more (padded, no counts or pages, d64 / d128); persistent for
 // padded sequences of at most kFa3PersistentMaxLen queries and keys (d64 / d128, no pages, key
-// counts or varlen); the 192-row one at d64 from kFa3WideMinRows query rows (the same shapes);
-// else the paged, counts or plain instance. The rule picks an instance only: whether fa3 runs at
-// all is the table's (candidate_here).
+// counts or varlen; d128 unmasked ones up to kFa3PersistentUnmaskedD128MaxLen); the 192-row one at
+// d64 from kFa3WideMinRows query rows (the same shapes); else the paged, counts or plain instance.
+// The rule picks an instance only: whether fa3 runs at all is the table's (candidate_here).
 TEST(AttentionCudnnRules, RankedAheadInstanceByShape) {
   auto problem = [](int64_t hq, int64_t hk, int64_t lq, int64_t lk, int64_t d = 128,
                     DType t = DType::bf16) {
@@ -651,10 +651,23 @@ TEST(AttentionCudnnRules, RankedAheadInstanceByShape) {
   };
   for (int64_t d : {64, 128}) {
     EXPECT_TRUE(fa3_persists(unmasked(short_len, d))) << d;
-    EXPECT_FALSE(fa3_persists(unmasked(short_len + 1, d))) << d;
+    EXPECT_EQ(fa3_persists(unmasked(short_len + 1, d)), d == 128) << d;
     EXPECT_TRUE(fa3_persists(problem(16, 16, short_len, short_len, d))) << d;  // causal
     EXPECT_FALSE(fa3_persists(problem(16, 16, short_len + 1, short_len + 1, d))) << d;
   }
+  // D = 128 unmasked: up to kFa3PersistentUnmaskedD128MaxLen (either dtype, any Lq / Lk under it).
+  const int64_t unmasked_len = kFa3PersistentUnmaskedD128MaxLen;
+  EXPECT_TRUE(fa3_persists(unmasked(unmasked_len, 128)));
+  EXPECT_FALSE(fa3_persists(unmasked(unmasked_len + 1, 128)));
+  EXPECT_FALSE(fa3_persists(unmasked(unmasked_len, 64)));
+  EXPECT_FALSE(fa3_persists(problem(16, 16, unmasked_len, unmasked_len)));  // causal
+  EXPECT_FALSE(fa3_persists(problem(16, 16, short_len + 1, short_len + 1)));
+  EXPECT_FALSE(fa3_persists(problem_of(make_desc(DType::bf16, 4, 16, 16, unmasked_len, unmasked_len,
+                                                 128, Mask::sliding_window(256, 256)))));
+  EXPECT_TRUE(fa3_persists(
+      problem_of(make_desc(DType::f16, 4, 32, 8, 128, unmasked_len, 128, Mask::none()))));
+  EXPECT_FALSE(fa3_persists(
+      problem_of(make_desc(DType::bf16, 4, 16, 16, 128, unmasked_len + 1, 128, Mask::none()))));
   EXPECT_TRUE(fa3_persists(problem(16, 16, 128, short_len)));
   EXPECT_FALSE(fa3_persists(problem(16, 16, 128, short_len + 1)));
   EXPECT_FALSE(fa3_persists(problem(16, 16, short_len + 1, 128)));
@@ -694,7 +707,8 @@ TEST(AttentionCudnnRules, RankedAheadInstanceByShape) {
   EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, 128, 128)), kFa3PersistentKernel);
   EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, 1024, 1024)), kFa3PersistentKernel);
   EXPECT_EQ(fa3_ranked_forward_kernel(unmasked(1024, 128)), kFa3PersistentKernel);
-  EXPECT_EQ(fa3_ranked_forward_kernel(unmasked(2048, 128)), kFa3Kernel);
+  EXPECT_EQ(fa3_ranked_forward_kernel(unmasked(2048, 128)), kFa3PersistentKernel);
+  EXPECT_EQ(fa3_ranked_forward_kernel(unmasked(4096, 128)), kFa3Kernel);
   EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, 1024, 1024, 64)), kFa3PersistentKernel);
   EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, 2048, 2048)), kFa3Kernel);
   EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, wide, wide, 64)), kFa3WideKernel);
@@ -2593,7 +2607,8 @@ TEST(AttentionFa3Gpu, DefaultPlanFollowsTheTable) {
 }
 
 // The ranked-ahead entry's other instances, under tables that make fa3 the pick: the persistent
-// one for short sequences (d64 / d128, both masks, up to the lengths fa3_persists takes), the
+// one for short sequences (d64 / d128, both masks, up to the lengths fa3_persists takes; d128
+// unmasked ones up to twice as long), the
 // packed one for a chunk in a group of 1 against a long cache, the 192-row one at d64 from
 // kFa3WideMinRows rows, the plain one past those shapes;
 // bit for bit the instance pinned by name (whose own tests check it against the float64
@@ -2632,9 +2647,18 @@ TEST(AttentionFa3Gpu, DefaultPlanLaunchesTheRankedInstance) {
       {{DType::f16, 1, 2, 2, kFa3WideMinRows + 77, kFa3WideMinRows + 300, 64,
         Mask::causal_bottom_right(), true, true},
        kFa3WideKernel},
-      // Past fa3_persists' lengths: the plain instance.
+      // D = 128 unmasked: persistent up to kFa3PersistentUnmaskedD128MaxLen.
       {{DType::bf16, 1, 4, 2, kFa3PersistentMaxLen + 88, kFa3PersistentMaxLen + 88, 128,
         Mask::none(), false, false},
+       kFa3PersistentKernel},
+      {{DType::f16, 1, 4, 4, 500, kFa3PersistentUnmaskedD128MaxLen, 128, Mask::none(), true, false},
+       kFa3PersistentKernel},
+      // Past fa3_persists' lengths: the plain instance.
+      {{DType::bf16, 1, 4, 2, kFa3PersistentUnmaskedD128MaxLen + 88,
+        kFa3PersistentUnmaskedD128MaxLen + 88, 128, Mask::none(), false, false},
+       kFa3Kernel},
+      {{DType::bf16, 1, 4, 4, kFa3PersistentMaxLen + 88, kFa3PersistentMaxLen + 88, 128,
+        Mask::causal_bottom_right(), false, false},
        kFa3Kernel},
       {{DType::bf16, 1, 4, 4, kFa3PersistentMaxLen + 88, kFa3PersistentMaxLen + 88, 64,
         Mask::causal_top_left(), false, false},

@@ -189,7 +189,10 @@ bool fa3_packs_ungrouped(const attention::Problem& p) {
 
 bool fa3_persists(const attention::Problem& p) {
   const attention::Descriptor& d = p.desc;
-  return measured_instance_shape(d) && std::max(d.len_q, d.len_k) <= kFa3PersistentMaxLen;
+  const int64_t longest = std::max(d.len_q, d.len_k);
+  return measured_instance_shape(d) &&
+         (longest <= kFa3PersistentMaxLen || (d.head_dim_qk == 128 && d.mask.is_none() &&
+                                              longest <= kFa3PersistentUnmaskedD128MaxLen));
 }
 
 bool fa3_widens(const attention::Problem& p) {
