@@ -12,6 +12,11 @@
 # BARACUDA_ATTN_DTYPE=f16 measures f16 points (either kind), kept beside the shipped bf16 ones: an
 # f16 problem ranks by f16 points only, and (outside fa3_packs) cuDNN first where the table has
 # none.
+# TABLE_TESTS=1: then builds test_attention with the new table in the tree's place (copied over
+# TABLE_DEST, default the shipped header: on the GPU machine that is its copy of the tree) and runs
+# the tests that read the table (TABLE_TEST_FILTER), so that one call measures the table and tests
+# it as built; the script's status is the tests' ($OUT/table_tests.log; the shipped-picks check
+# fails, naming them, where picks moved). TEST_BIN=<test_attention> runs a binary built before.
 # Several kinds in one call: TABLE and DTYPES take lists (TABLE="sweep short" DTYPES="bf16 f16").
 # Each (dtype, kind) is a job of RUNS processes; the jobs split into one queue a GPU (GPUS, default
 # every GPU nvidia-smi lists), the queues side by side, each pinned to its GPU. A dtype's points are
@@ -93,3 +98,21 @@ done
 mv "$table" "$OUT/selection_table.hpp"
 rm -f "$OUT"/selection_table.pass*.hpp
 echo "table: $OUT/selection_table.hpp ($(grep -c 'DType::' "$OUT/selection_table.hpp") points)"
+[ "${TABLE_TESTS:-0}" = 1 ] || exit 0
+cp "$OUT/selection_table.hpp" "${TABLE_DEST:-src/ops/attention_hopper/selection_table.hpp}"
+tests=${TEST_BIN:-}
+if [ -z "$tests" ]; then
+  BUILD_TARGETS=test STAGES=none bash scripts/gpu-family.sh attention \
+    >"$OUT/table_tests_build.log" 2>&1 || true
+  tests="${BUILD_DIR:-build-family}/tests/test_attention"
+fi
+[ -x "$tests" ] || { echo "no test_attention at $tests: see $OUT/table_tests_build.log"; exit 1; }
+selection_tests='AttentionCudnnRules.*:AttentionCudnnGpu.SelectionFollowsTheMeasuredTable'
+selection_tests+=':AttentionFa3Gpu.DefaultPlan*:AttentionFa3Gpu.DefaultBackwardPlanFollowsTheTable'
+selection_tests+=':AttentionHopperGpu.*'
+status=0
+"$tests" --gtest_filter="${TABLE_TEST_FILTER:-$selection_tests}" >"$OUT/table_tests.log" 2>&1 ||
+  status=$?
+grep -E '^\[  (PASSED|FAILED)  \]|base seed' "$OUT/table_tests.log" || true
+echo "table tests: exit $status ($OUT/table_tests.log)"
+exit $status

@@ -145,6 +145,26 @@ with tempfile.TemporaryDirectory() as tmp:
     check(r.returncode == 2 and "unknown kind shrot" in r.stdout and not log,
           f"unknown kind: exit {r.returncode}, {r.stdout.strip()!r}, {len(log)} runs")
 
+    # TABLE_TESTS=1: the new header goes to TABLE_DEST and the tests run once on it; their exit
+    # status is the script's. The stand-in test binary records its filter and the header it saw.
+    tests = os.path.join(tmp, "test_attention")
+    with open(tests, "w") as f:
+        f.write('#!/usr/bin/env bash\necho "$1" > "$TESTLOG"; cp "$TABLE_DEST" "$TESTLOG.hpp"\n'
+                'echo "[  FAILED  ] 1 test, listed below:"; exit "${TEST_EXIT:-0}"\n')
+    os.chmod(tests, 0o755)
+    for want in (0, 1):
+        dest, testlog = os.path.join(tmp, f"dest{want}.hpp"), os.path.join(tmp, f"tests{want}.log")
+        r, log, text = run(tmp, f"tests{want}", CUDA_VISIBLE_DEVICES="0", TABLE="short",
+                           TABLE_TESTS="1", TEST_BIN=tests, TABLE_DEST=dest, TESTLOG=testlog,
+                           TEST_EXIT=str(want))
+        check(r.returncode == want, f"table tests: exit {r.returncode}, expected {want}: {r.stdout}")
+        check(os.path.exists(testlog) and "SelectionFollowsTheMeasuredTable" in open(testlog).read(),
+              "table tests: the selection filter was not run")
+        check(text is not None and os.path.exists(testlog + ".hpp") and
+              open(testlog + ".hpp").read() == text, "table tests: they did not see the new header")
+        check("[  FAILED  ]" in r.stdout and f"exit {want}" in r.stdout,
+              f"table tests: their result was not printed: {r.stdout!r}")
+
 for f in failures:
     print("FAIL:", f)
 print("attention_table_test:", "FAILED" if failures else "passed", f"({len(failures)} failures)")
