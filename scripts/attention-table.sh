@@ -3,7 +3,8 @@
 # attention family (scripts/gpu-family.sh, no stages), runs `bench_attention attention_hopper`
 # (cuDNN, the bespoke kernels and fa3 at every point of the sweep, on the cuDNN PyTorch loads) and
 # turns its table points into $OUT/selection_table.hpp (copy it over
-# src/ops/attention_hopper/selection_table.hpp, then clang-format it).
+# src/ops/attention_hopper/selection_table.hpp, then clang-format it); the runs' rows and the build
+# logs come back packed in $OUT/table_runs.tgz.
 #   BARACUDA_COMMIT=<sha> bash scripts/attention-table.sh
 # TABLE=chunks measures the chunk points only (bench_attention attention_chunks: chunked prefill,
 # Lq < Lk) and keeps the shipped table's Lq = Lk points (make_table.py --base); TABLE=short the
@@ -32,8 +33,9 @@ if [ -n "${BENCH:-}" ]; then
 else
   # bench_attention alone (BUILD_TARGETS=bench): test_attention, which the table does not run,
   # took another 23-27 s of 16 cores beside it (sixty-seventh session).
-  BUILD_TARGETS=${BUILD_TARGETS:-bench} STAGES=none bash scripts/gpu-family.sh attention \
-    >"$OUT/table_build.log" 2>&1 || true
+  # Its logs and (empty) report in a folder of their own, packed with the runs below.
+  OUT="$OUT/table_logs" BUILD_TARGETS=${BUILD_TARGETS:-bench} STAGES=none \
+    bash scripts/gpu-family.sh attention >"$OUT/table_build.log" 2>&1 || true
   bench="${BUILD_DIR:-build-family}/apps/bench_attention"
 fi
 [ -x "$bench" ] || { echo "no bench_attention at $bench: see $OUT/table_build.log"; exit 1; }
@@ -98,15 +100,30 @@ done
 mv "$table" "$OUT/selection_table.hpp"
 rm -f "$OUT"/selection_table.pass*.hpp
 echo "table: $OUT/selection_table.hpp ($(grep -c 'DType::' "$OUT/selection_table.hpp") points)"
-[ "${TABLE_TESTS:-0}" = 1 ] || exit 0
+# The GPU machine returns at most 8 files from $OUT: the runs and build logs go back as one
+# table_runs.tgz (the sixty-eighth session lost a run's file to that limit).
+pack_runs() {
+  local parts=()
+  for x in "$OUT"/table_*_run*.jsonl "$OUT"/table_build.log "$OUT"/table_tests_build.log \
+    "$OUT"/table_logs; do
+    [ -e "$x" ] && parts+=("$(basename "$x")")
+  done
+  [ "${#parts[@]}" = 0 ] || { tar czf "$OUT/table_runs.tgz" -C "$OUT" "${parts[@]}" &&
+    (cd "$OUT" && rm -rf "${parts[@]}"); }
+}
+[ "${TABLE_TESTS:-0}" = 1 ] || { pack_runs; exit 0; }
 cp "$OUT/selection_table.hpp" "${TABLE_DEST:-src/ops/attention_hopper/selection_table.hpp}"
 tests=${TEST_BIN:-}
 if [ -z "$tests" ]; then
-  BUILD_TARGETS=test STAGES=none bash scripts/gpu-family.sh attention \
+  OUT="$OUT/table_logs" BUILD_TARGETS=test STAGES=none bash scripts/gpu-family.sh attention \
     >"$OUT/table_tests_build.log" 2>&1 || true
   tests="${BUILD_DIR:-build-family}/tests/test_attention"
 fi
-[ -x "$tests" ] || { echo "no test_attention at $tests: see $OUT/table_tests_build.log"; exit 1; }
+[ -x "$tests" ] || {
+  echo "no test_attention at $tests: see table_tests_build.log in $OUT/table_runs.tgz"
+  pack_runs
+  exit 1
+}
 selection_tests='AttentionCudnnRules.*:AttentionCudnnGpu.SelectionFollowsTheMeasuredTable'
 selection_tests+=':AttentionFa3Gpu.DefaultPlan*:AttentionFa3Gpu.DefaultBackwardPlanFollowsTheTable'
 selection_tests+=':AttentionHopperGpu.*'
@@ -115,4 +132,5 @@ status=0
   status=$?
 grep -E '^\[  (PASSED|FAILED)  \]|base seed' "$OUT/table_tests.log" || true
 echo "table tests: exit $status ($OUT/table_tests.log)"
+pack_runs
 exit $status

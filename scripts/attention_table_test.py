@@ -8,6 +8,7 @@ runs; a failed run fails the script and writes no header; an unknown kind is ref
 import os
 import subprocess
 import sys
+import tarfile
 import tempfile
 
 here = os.path.dirname(os.path.abspath(__file__))
@@ -102,6 +103,18 @@ with tempfile.TemporaryDirectory() as tmp:
     else:
         failures.append("two GPUs: no header written")
 
+    # The runs go back packed (the GPU machine returns at most 8 files): one table_runs.tgz
+    # holding each run's output, beside the header.
+    out = os.path.join(tmp, "two", "out")
+    left = sorted(os.listdir(out)) if os.path.isdir(out) else []
+    check(left == ["selection_table.hpp", "table_runs.tgz"], f"two GPUs: $OUT holds {left}")
+    if "table_runs.tgz" in left:
+        with tarfile.open(os.path.join(out, "table_runs.tgz")) as tgz:
+            packed = sorted(tgz.getnames())
+        check(packed == sorted(f"table_{d}_{k}_run{r}.jsonl" for d in ("bf16", "f16")
+                               for k in ("sweep", "short") for r in (1, 2)),
+              f"two GPUs: table_runs.tgz holds {packed}")
+
     # One GPU (the caller's CUDA_VISIBLE_DEVICES), one dtype from BARACUDA_ATTN_DTYPE: every job
     # in turn, chunks once by default.
     r, log, text = run(tmp, "one", CUDA_VISIBLE_DEVICES="7", BARACUDA_ATTN_DTYPE="f16",
@@ -164,6 +177,10 @@ with tempfile.TemporaryDirectory() as tmp:
               open(testlog + ".hpp").read() == text, "table tests: they did not see the new header")
         check("[  FAILED  ]" in r.stdout and f"exit {want}" in r.stdout,
               f"table tests: their result was not printed: {r.stdout!r}")
+        out = os.path.join(tmp, f"tests{want}", "out")
+        left = sorted(os.listdir(out)) if os.path.isdir(out) else []
+        check(left == ["selection_table.hpp", "table_runs.tgz", "table_tests.log"],
+              f"table tests: $OUT holds {left}")
 
 for f in failures:
     print("FAIL:", f)
