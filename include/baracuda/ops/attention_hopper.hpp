@@ -285,8 +285,9 @@ bool fa3_packs_ungrouped(const attention::Problem& p);
 // d64 400.8 / 447.0 against 376.9.
 inline constexpr int64_t kFa3PersistentMaxLen = 1024;
 // Since the persistent variant stores O by TMA (a116eb0) it also leads the plain one at d128
-// unmasked up to L2048 (H200, sixty-eighth session, 0a199d1, three processes, each point plain
-// then persistent, TFLOP/s): L2048 634.3-634.9 -> 645.8-669.8 (cuDNN 651.3-652.1 in the same
+// unmasked up to L2048 (H200, bf16, sixty-eighth session, 0a199d1, three processes, each point
+// plain then persistent, TFLOP/s; f16 problems take the same rule, not timed against the plain
+// instance): L2048 634.3-634.9 -> 645.8-669.8 (cuDNN 651.3-652.1 in the same
 // processes); not causal L2048 (507.1-507.3 -> 489.9-495.9), nor L4096 (653.7-682.3 -> 609.4-690.8,
 // causal 585.6-595.1 -> 519.5-546.4), nor d64 at L2048, where the 192-row instance leads
 // unmasked (469.4-476.6 against 422.5-426.3).
