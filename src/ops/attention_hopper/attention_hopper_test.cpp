@@ -2373,6 +2373,8 @@ TEST(AttentionFa3Gpu, Exp2Poly3of8MatchesReference) {
 }
 // The persistent variant (D = 64 and 128): every such case of both lists (MLA's 192 / 128 is not
 // one); its grids of several work tiles a CTA are the next test's.
+// Its banded cases (right bound) run the instance's causal form (kHalfTiles: half key tiles on the
+// diagonal and at short tails), the others its unbanded one.
 TEST(AttentionFa3Gpu, PersistentMatchesReference) {
   FA3_SKIP_UNLESS_RUNNABLE();
   std::vector<Case> cases;

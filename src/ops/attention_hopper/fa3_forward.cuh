@@ -368,12 +368,24 @@ __device__ __forceinline__ QSlot q_slot(uint32_t sq, int q_count) {
   }
 }
 
+// The causal form of an instance (fa3_fwd_kernel's kHalf, launched for bands with a right bound):
+// a warpgroup runs a key tile's S and P V GEMMs over its first half only where none of its rows
+// sees a key past it (the causal diagonal's upper rows; a tail of at most half a tile). The
+// persistent instance alone: its short causal tiles are mostly diagonal (H200, sixty-ninth
+// session's call 3, on 7661994, B / A medians of 3 interleaved rounds: d64 causal L128-L2048
+// +2.5-7.7%, d128 +0.2-2.1%), while the same code in unbanded problems lost 1-2% at d128 (d64
+// L128 7.9%), and the plain instance's long causal rows did not gain (call 2: d128 L2048-L8192
+// 0.988-1.007). Its unbanded form keeps the SASS it had. 16-bit 128-key tiles (a 64-key wgmma),
+// D = 64 and 128.
+template <class T, int D, int V>
+constexpr bool kHalfTiles = V == kPersistent && !ElemOf<T>::kFp8 && (D == 64 || D == 128);
+
 #if BARACUDA_FA3_DEVICE
 constexpr int poly_groups(int v) {
   return v == kPoly2 ? 2 : v == kPoly3 ? 3 : 0;
 }
 
-template <class T, int D, int V>
+template <class T, int D, int V, bool kHalf>
 __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t sk0, uint32_t sv0,
                                         uint32_t so, const uint64_t* bars, const Tile& t, int w,
                                         int it0, int q_count, int warp, int lane,
@@ -618,7 +630,7 @@ __device__ __forceinline__ void produce(const CUtensorMap* tq, const CUtensorMap
 }
 #endif  // BARACUDA_FA3_DEVICE
 
-template <class T, int D, int V>
+template <class T, int D, int V, bool kHalf = false>
 __global__ void __launch_bounds__(threads_of(V), 1)
     fa3_fwd_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                    const __grid_constant__ CUtensorMap tv, const Params p,
@@ -708,7 +720,7 @@ __global__ void __launch_bounds__(threads_of(V), 1)
     int it = 0, q_count = 0;
     for (int w = w0; w < n_work; w += w_step) {
       const Tile t = tile(w);
-      consume<T, D, V>(p, sq, sk0, sv0, so, bars, t, w, it, q_count, warp, lane, &ty);
+      consume<T, D, V, kHalf>(p, sq, sk0, sv0, so, bars, t, w, it, q_count, warp, lane, &ty);
       if (t.n_tiles == 0) continue;
       it += t.n_tiles;
       ++q_count;
@@ -760,6 +772,13 @@ struct RowBand {
   int lo[2], hi[2];
   int mask_lo, mask_hi;
 };
+
+// The first N elements of an array (the P fragments of a half tile).
+template <int N, class E, int M>
+__device__ __forceinline__ E (&half_tile(E (&a)[M]))[N] {
+  static_assert(N <= M);
+  return reinterpret_cast<E(&)[N]>(a);
+}
 
 // Soft-caps (where asked) and masks one S tile (key tail, band), updates the running max / sum of
 // the thread's two rows and turns the scores into unnormalized probabilities 2^(s * scale *
@@ -870,8 +889,11 @@ __device__ __forceinline__ void rs_e4m3(float (&d)[N / 2], const uint32_t (&a)[4
 
 // S = Q K^T: one wgmma per 32 bytes of the head dim (a k16 step of 16-bit data, k32 of fp8),
 // four per 128-byte swizzle row. kRows: the Q tile's rows (a column block's).
-template <class T, int D, int kBN = kKeysPerTile<D>, int kRows = kBM>
-__device__ __forceinline__ void issue_s(float (&sc)[kBN / 2], uint32_t q_base, uint32_t k_base) {
+// kN < kBN: the tile's first kN keys only, into the accumulator's first kN / 2 registers (a wgmma's
+// accumulator for N columns is the first N / 2 registers of a wider one's).
+template <class T, int D, int kBN = kKeysPerTile<D>, int kRows = kBM, int kN = kBN>
+__device__ __forceinline__ void issue_s(float (&sc)[kN / 2], uint32_t q_base, uint32_t k_base) {
+  static_assert(kN == kBN || (kN == kBN / 2 && !ElemOf<T>::kFp8));
   constexpr int kRow = kQkRow<T, D>, kSteps = kRow / 32;  // k steps per swizzled row
   // Each wgmma's descriptors one add from the first's (desc_plus; H200, 2026-11-30: d64 L4096 410
   // -> 428 TFLOP/s, d128 the same).
@@ -884,16 +906,17 @@ __device__ __forceinline__ void issue_s(float (&sc)[kBN / 2], uint32_t q_base, u
     if constexpr (ElemOf<T>::kFp8)
       ss_e4m3<kBN>(sc, da, dbk, kk > 0 ? 1 : 0);
     else
-      Ops<T>::template ss<kBN>(sc, da, dbk, kk > 0 ? 1 : 0);
+      Ops<T>::template ss<kN>(sc, da, dbk, kk > 0 ? 1 : 0);
   }
   wgmma_commit();
 }
 
 // O += P V: 16-bit V MN-major ([keys][D] as loaded); fp8 V^T K-major ([D][keys], rows of the tile's
-// BN keys: 128 bytes, or 64 at D = 256).
-template <class T, int D, int kBN = kKeysPerTile<D>>
+// BN keys: 128 bytes, or 64 at D = 256). kKeys < kBN: the tile's first kKeys keys only.
+template <class T, int D, int kBN = kKeysPerTile<D>, int kKeys = kBN>
 __device__ __forceinline__ void issue_pv(float (&o)[D / 2], const uint32_t (&pa)[kBN / 16][4],
                                          uint32_t v_base) {
+  static_assert(kKeys == kBN || (kKeys == kBN / 2 && !ElemOf<T>::kFp8));
   if constexpr (ElemOf<T>::kFp8) {
     const uint64_t d0 = desc_k_major<kBN>(v_base);
 #pragma unroll
@@ -901,10 +924,43 @@ __device__ __forceinline__ void issue_pv(float (&o)[D / 2], const uint32_t (&pa)
   } else {
     const uint64_t d0 = desc_sw128(v_base, kBN * 128, 1024);
 #pragma unroll
-    for (int kk = 0; kk < kBN / 16; ++kk)
+    for (int kk = 0; kk < kKeys / 16; ++kk)
       Ops<T>::template rs<D>(o, pa[kk], desc_plus(d0, kk * 16 * 128));
   }
   wgmma_commit();
+}
+
+// A key tile's S and P V GEMMs (the fence before them included), over its first half only where
+// `half` (the causal form, kHalfTiles) into sh, an array of its own: the half tile's softmax and P
+// work there (an accumulator inside sc's registers made ptxas serialize the wgmmas, C7511). Each
+// branch fences its own wgmmas: with the fence before the branch ptxas fenced both again itself
+// (C7519).
+template <class T, int D, bool kH, int kBN, int kRows>
+__device__ __forceinline__ void issue_s_tile(float (&sc)[kBN / 2], float (&sh)[kBN / 4],
+                                             uint32_t q_base, uint32_t k_base, bool half) {
+  if constexpr (kH) {
+    if (half) {
+      wgmma_fence();
+      issue_s<T, D, kBN, kRows, kBN / 2>(sh, q_base, k_base);
+      return;
+    }
+  }
+  wgmma_fence();
+  issue_s<T, D, kBN, kRows>(sc, q_base, k_base);
+}
+template <class T, int D, bool kH, int kBN>
+__device__ __forceinline__ void issue_pv_tile(float (&o)[kDvOf<D> / 2],
+                                              const uint32_t (&pa)[kBN / 16][4], uint32_t v_base,
+                                              bool half) {
+  if constexpr (kH) {
+    if (half) {
+      wgmma_fence();
+      issue_pv<T, kDvOf<D>, kBN, kBN / 2>(o, pa, v_base);
+      return;
+    }
+  }
+  wgmma_fence();
+  issue_pv<T, kDvOf<D>, kBN>(o, pa, v_base);
 }
 
 // One arrive per warp on a stage's "empty" barrier, once the warp's wgmmas reading it are done.
@@ -917,7 +973,7 @@ __device__ __forceinline__ void release(const uint64_t* bars, int which, int lan
 // tile n-1's softmax factor while it runs, issue O += P_{n-1} V_{n-1}, wait for S_n only and run
 // tile n's softmax while P V runs on the tensor cores (FlashAttention-3's intra-warpgroup
 // overlap). Then the epilogue.
-template <class T, int D, int V>
+template <class T, int D, int V, bool kHalf>
 __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t sk0, uint32_t sv0,
                                         uint32_t so, const uint64_t* bars, const Tile& t, int w,
                                         int it0, int q_count, int warp, int lane,
@@ -930,6 +986,7 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
   // wgmmas of a GEMM).
   if constexpr (kPersistentV) it0 = __shfl_sync(0xffffffffu, it0, 0);
   constexpr bool PP = V == kPingpong;
+  constexpr bool kH = kHalf && kHalfTiles<T, D, V>;  // the causal form's half tiles
   constexpr int kPoly = poly_groups(V);
   constexpr bool kLazy = V == kLazyRescale;
   using E = ElemOf<T>;
@@ -970,6 +1027,14 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
   const int wg_span = packed_v(V) ? min(64, q_mask + 1) - 1 : 63;
   band.mask_hi = p.right >= 0 ? static_cast<int>(min(int64_t{t.lk}, wg_d0 + p.right + 1)) : t.lk;
   band.mask_lo = p.left >= 0 ? static_cast<int>(max(int64_t{0}, wg_d0 + wg_span - p.left)) : 0;
+  // No row of this warpgroup sees a key in the second half of the tile's last key tile (the causal
+  // diagonal's upper rows; a tail of at most kBN / 2 keys): in the causal form (kH) that tile's S
+  // GEMM, softmax and P V GEMM run over its first half.
+  bool half_last = false;
+  if constexpr (kH) {
+    const int64_t seen = p.right >= 0 ? min(int64_t{t.lk}, wg_d0 + wg_span + p.right + 1) : t.lk;
+    half_last = t.n_tiles > 0 && seen <= int64_t{t.n_first + t.n_tiles - 1} * kBN + kBN / 2;
+  }
   const QSlot qs = q_slot<T, D, V>(sq, q_count);
   const uint32_t q_base = qs.at + wg * 64 * kQkRow<T, D>;
   float qk_descale = 1.f;  // fp8: the scores' dequantization
@@ -982,89 +1047,138 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
 
   if (n_tiles > 0) {
     float sc[kBN / 2];
+    float sh[kBN / 4];  // a half tile's scores (kH)
     uint32_t pa[kBN / 16][4];
     float corr[2];
+    // A key tile's softmax (from its first key c0) and P; half: over its first half only.
+    auto softmax_of = [&](int c0, auto half) {
+      if constexpr (decltype(half)::value)
+        softmax_tile<kPoly, kBN / 2, kFp8, kLazy>(sh, p, c0, band, cq, m_run, l_run, corr,
+                                                  qk_descale);
+      else
+        softmax_tile<kPoly, kBN, kFp8, kLazy>(sc, p, c0, band, cq, m_run, l_run, corr, qk_descale);
+    };
+    auto pack_of = [&](auto half) {
+      if constexpr (decltype(half)::value)
+        pack_p<T, kBN / 2>(sh, half_tile<kBN / 32>(pa));
+      else
+        pack_p<T, kBN>(sc, pa);
+    };
+    // Varlen or key counts: the last tile's rows past the sequence's keys are the next sequence's,
+    // rows no sequence owns, or a cache's unused rows: P is 0 there, but 0 * a non-finite value is
+    // NaN, so they are zeroed first. Each warpgroup zeroes them before its own P V (the other one
+    // may be writing the same zeros).
+    auto zero_tail = [&](int last) {
+      if (!kFp8 && (V == kCounts || paged_v(V) || packed_v(V) || p.cu_q) &&
+          (t.n_first + n_tiles) * kBN > t.lk) {
+        zero_rows<DV>(sv0 + last * S::kVBytes, kBN, t.lk - (t.n_first + n_tiles - 1) * kBN,
+                      static_cast<int>(threadIdx.x) % 128, 128);
+        fence_proxy_async();
+        FA3_WG_SYNC(consumers_of(V), wg);
+      }
+    };
     if (PP && wg == 1) turn_pass(1);  // warpgroup 0 goes first
     // Ring position r = it0 + n: stage r % kSt, phase (r / kSt) & 1.
     const int s0 = it0 % kSt;
     mbar_wait(smem_u32(&bars[qs.full]), qs.phase);
     mbar_wait(smem_u32(&bars[kBarKFull + s0]), (it0 / kSt) & 1);
-    if (PP) turn_wait(wg);
-    wgmma_fence();
-    issue_s<T, D, kBN, kRows>(sc, q_base, sk0 + s0 * S::kKBytes);
-    if (PP) turn_pass(wg);
-    wgmma_wait<0>();
-    fence_regs(sc);
-    release(bars, kBarKEmpty + s0, lane);
-    softmax_tile<kPoly, kBN, kFp8, kLazy>(sc, p, t.n_first * kBN, band, cq, m_run, l_run, corr,
-                                          qk_descale);  // O is 0: no rescale
-    // O *= corr (the factor of the latest softmax), issued while S_n runs on the tensor cores.
-    auto rescale = [&] {
-      if (kLazy && __all_sync(0xffffffffu, corr[0] == 1.f && corr[1] == 1.f)) return;
-#pragma unroll
-      for (int j = 0; j < DV / 8; ++j) {
-        o[4 * j + 0] *= corr[0];
-        o[4 * j + 1] *= corr[0];
-        o[4 * j + 2] *= corr[1];
-        o[4 * j + 3] *= corr[1];
+    // The only key tile, over its first half: a block of its own (as a branch around the first S
+    // GEMM, ptxas serialized the persistent instance's wgmmas, C7515).
+    const bool only_half = half_last && n_tiles == 1;
+    if constexpr (kH) {
+      if (only_half) {
+        issue_s_tile<T, D, kH, kBN, kRows>(sc, sh, q_base, sk0 + s0 * S::kKBytes, true);
+        wgmma_wait<0>();
+        fence_regs(sh);
+        release(bars, kBarKEmpty + s0, lane);
+        softmax_of(t.n_first * kBN, std::true_type{});  // O is 0: no rescale
+        if (kPersistentV) release(bars, qs.empty, lane);
+        pack_of(std::true_type{});
+        mbar_wait(smem_u32(&bars[kBarVFull + s0]), (it0 / kSt) & 1);
+        zero_tail(s0);
+        fence_regs(o);
+        issue_pv_tile<T, D, kH, kBN>(o, pa, sv0 + s0 * S::kVBytes, true);
+        wgmma_wait<0>();
+        fence_regs(o);
+        release(bars, kBarVEmpty + s0, lane);
       }
-    };
-    for (int n = 1; n < n_tiles; ++n) {
-      const int r = it0 + n;
-      const int s = r % kSt, sp = (r - 1) % kSt;
-      pack_p<T, kBN>(sc, pa);
-      mbar_wait(smem_u32(&bars[kBarKFull + s]), (r / kSt) & 1);
-      if (PP) {  // wait for the data before taking the turn
-        mbar_wait(smem_u32(&bars[kBarVFull + sp]), ((r - 1) / kSt) & 1);
-        turn_wait(wg);
-      }
-      wgmma_fence();
-      issue_s<T, D, kBN, kRows>(sc, q_base, sk0 + s * S::kKBytes);
-      rescale();
-      if (!PP) mbar_wait(smem_u32(&bars[kBarVFull + sp]), ((r - 1) / kSt) & 1);
-      fence_regs(o);
-      wgmma_fence();
-      issue_pv<T, DV, kBN>(o, pa, sv0 + sp * S::kVBytes);
+    }
+    if (!only_half) {
+      if (PP) turn_wait(wg);
+      issue_s_tile<T, D, kH, kBN, kRows>(sc, sh, q_base, sk0 + s0 * S::kKBytes, false);
       if (PP) turn_pass(wg);
-      wgmma_wait<1>();  // S_n done; P_{n-1} V_{n-1} may still run
+      wgmma_wait<0>();
       fence_regs(sc);
-      release(bars, kBarKEmpty + s, lane);
-      softmax_tile<kPoly, kBN, kFp8, kLazy>(sc, p, (t.n_first + n) * kBN, band, cq, m_run, l_run,
-                                            corr, qk_descale);
-      // Keep the softmax ahead of the wait: ptxas schedules the wait (WARPGROUP.DEPBAR) at the
-      // top of the block and the softmax after it, losing the overlap with P V. A shared-memory
-      // store of a value that depends on every exp2 of the tile pins them before the wait.
-      asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(scratch), "f"(l_run[0] + l_run[1]) : "memory");
+      release(bars, kBarKEmpty + s0, lane);
+      softmax_of(t.n_first * kBN, std::false_type{});  // O is 0: no rescale
+      // O *= corr (the factor of the latest softmax), issued while S_n runs on the tensor cores.
+      auto rescale = [&] {
+        if (kLazy && __all_sync(0xffffffffu, corr[0] == 1.f && corr[1] == 1.f)) return;
+#pragma unroll
+        for (int j = 0; j < DV / 8; ++j) {
+          o[4 * j + 0] *= corr[0];
+          o[4 * j + 1] *= corr[0];
+          o[4 * j + 2] *= corr[1];
+          o[4 * j + 3] *= corr[1];
+        }
+      };
+      // One key tile n >= 1; half: its first half only (see half_last).
+      auto key_tile = [&](int n, auto half) {
+        const int r = it0 + n;
+        const int s = r % kSt, sp = (r - 1) % kSt;
+        pack_of(std::false_type{});
+        mbar_wait(smem_u32(&bars[kBarKFull + s]), (r / kSt) & 1);
+        if (PP) {  // wait for the data before taking the turn
+          mbar_wait(smem_u32(&bars[kBarVFull + sp]), ((r - 1) / kSt) & 1);
+          turn_wait(wg);
+        }
+        issue_s_tile<T, D, kH, kBN, kRows>(sc, sh, q_base, sk0 + s * S::kKBytes,
+                                           decltype(half)::value);
+        rescale();
+        if (!PP) mbar_wait(smem_u32(&bars[kBarVFull + sp]), ((r - 1) / kSt) & 1);
+        fence_regs(o);
+        wgmma_fence();
+        issue_pv<T, DV, kBN>(o, pa, sv0 + sp * S::kVBytes);
+        if (PP) turn_pass(wg);
+        wgmma_wait<1>();  // S_n done; P_{n-1} V_{n-1} may still run
+        if constexpr (decltype(half)::value)
+          fence_regs(sh);
+        else
+          fence_regs(sc);
+        release(bars, kBarKEmpty + s, lane);
+        softmax_of((t.n_first + n) * kBN, half);
+        // Keep the softmax ahead of the wait: ptxas schedules the wait (WARPGROUP.DEPBAR) at the
+        // top of the block and the softmax after it, losing the overlap with P V. A shared-memory
+        // store of a value that depends on every exp2 of the tile pins them before the wait.
+        asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(scratch), "f"(l_run[0] + l_run[1])
+                     : "memory");
+        wgmma_wait<0>();
+        fence_regs(o);
+        release(bars, kBarVEmpty + sp, lane);
+      };
+      const int n_whole = half_last ? n_tiles - 1 : n_tiles;
+      for (int n = 1; n < n_whole; ++n) key_tile(n, std::false_type{});
+      if constexpr (kH)
+        if (half_last && n_tiles > 1) key_tile(n_tiles - 1, std::true_type{});
+      // Every S GEMM of the tile is done (the loop's last wait<1>, or the first tile's wait<0>):
+      // the persistent variant's producer may load the next tile's Q.
+      if (kPersistentV) release(bars, qs.empty, lane);
+      const int r_last = it0 + n_tiles - 1, last = r_last % kSt;
+      if (kH && half_last)
+        pack_of(std::true_type{});
+      else
+        pack_of(std::false_type{});
+      rescale();
+      mbar_wait(smem_u32(&bars[kBarVFull + last]), (r_last / kSt) & 1);
+      zero_tail(last);
+      if (PP) turn_wait(wg);
+      fence_regs(o);
+      issue_pv_tile<T, D, kH, kBN>(o, pa, sv0 + last * S::kVBytes, half_last);
+      if (PP && wg == 0) turn_pass(0);  // warpgroup 1's last turn hands over to no one
       wgmma_wait<0>();
       fence_regs(o);
-      release(bars, kBarVEmpty + sp, lane);
+      release(bars, kBarVEmpty + last, lane);
     }
-    // Every S GEMM of the tile is done (the loop's last wait<1>, or the first tile's wait<0>):
-    // the persistent variant's producer may load the next tile's Q.
-    if (kPersistentV) release(bars, qs.empty, lane);
-    const int r_last = it0 + n_tiles - 1, last = r_last % kSt;
-    pack_p<T, kBN>(sc, pa);
-    rescale();
-    mbar_wait(smem_u32(&bars[kBarVFull + last]), (r_last / kSt) & 1);
-    // Varlen or key counts: the last tile's rows past the sequence's keys are the next sequence's,
-    // rows no sequence owns, or a cache's unused rows: P is 0 there, but 0 * a non-finite value is
-    // NaN, so they are zeroed first. Each warpgroup zeroes them before its own P V (the other one
-    // may be writing the same zeros).
-    if (!kFp8 && (V == kCounts || paged_v(V) || packed_v(V) || p.cu_q) &&
-        (t.n_first + n_tiles) * kBN > t.lk) {
-      zero_rows<DV>(sv0 + last * S::kVBytes, kBN, t.lk - (t.n_first + n_tiles - 1) * kBN,
-                    static_cast<int>(threadIdx.x) % 128, 128);
-      fence_proxy_async();
-      FA3_WG_SYNC(consumers_of(V), wg);
-    }
-    if (PP) turn_wait(wg);
-    fence_regs(o);
-    wgmma_fence();
-    issue_pv<T, DV, kBN>(o, pa, sv0 + last * S::kVBytes);
-    if (PP && wg == 0) turn_pass(0);  // warpgroup 1's last turn hands over to no one
-    wgmma_wait<0>();
-    fence_regs(o);
-    release(bars, kBarVEmpty + last, lane);
   }
 
   // ---- epilogue: O / l through this warpgroup's own rows of the Q tile (its S wgmmas are all
@@ -1543,9 +1657,13 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
                                static_cast<unsigned>(d.heads_kv), static_cast<unsigned>(d.batch))
                         : dim3(static_cast<unsigned>(p.m_blocks), static_cast<unsigned>(d.heads_q),
                                static_cast<unsigned>(d.batch));
-  BARACUDA_TRY(cuda::launch_with_smem(attention::ForwardOp::name, "fa3_fwd_sm90a",
-                                      fa3_fwd_kernel<T, D, V>, grid, threads_of(V), smem,
-                                      cuda::stream_of(ctx), tq, tk, tv, p, ty));
+  // Bands with a right bound (causal) take the instance's causal form where it has one.
+  auto kernel = fa3_fwd_kernel<T, D, V, false>;
+  if constexpr (kHalfTiles<T, D, V>)
+    if (p.right >= 0) kernel = fa3_fwd_kernel<T, D, V, true>;
+  BARACUDA_TRY(cuda::launch_with_smem(attention::ForwardOp::name, "fa3_fwd_sm90a", kernel, grid,
+                                      threads_of(V), smem, cuda::stream_of(ctx), tq, tk, tv, p,
+                                      ty));
   if constexpr (packed_v(V)) {
     if (p.splits > 1) {  // the splits' rows merged in split order (deterministic), a warp a row
       attention::kernels::Params kp = attention::kernels::fwd_params(pr, a);
