@@ -292,6 +292,14 @@ inline constexpr int64_t kFa3PersistentMaxLen = 1024;
 // causal 585.6-595.1 -> 519.5-546.4), nor d64 at L2048, where the 192-row instance leads
 // unmasked (469.4-476.6 against 422.5-426.3).
 inline constexpr int64_t kFa3PersistentUnmaskedD128MaxLen = 2048;
+// Since the persistent variant has a causal form (half key tiles on the diagonal, 4dd3805) it also
+// leads at d64 causal up to L2048, where the 192-row instance (from kFa3WideMinRows rows) or the
+// plain one ran (H200, bf16, sixty-ninth session): L2048 392.7 against the 192-row 356.8 (call 5,
+// one process, persistent timed first; cuDNN 396.4) and 391.5 against the plain 335.2 (calls 3 and
+// 2, medians of 3 rounds), L1024 325.8 against the plain 256.6; not by enough at causal L4096
+// (430.0 against 423.0, call 5). Causal masks (right bound 0, no left bound), either diagonal;
+// measured at Lq = Lk.
+inline constexpr int64_t kFa3PersistentCausalD64MaxLen = 2048;
 bool fa3_persists(const attention::Problem& p);
 // Head dim 64 from kFa3WideMinRows query rows on, where fa3 runs: its 192-row instance
 // (kFa3WideKernel) in place of the plain one. Measured (H200, bf16, 16k tokens as B x L, 32 heads,

@@ -653,8 +653,19 @@ TEST(AttentionCudnnRules, RankedAheadInstanceByShape) {
     EXPECT_TRUE(fa3_persists(unmasked(short_len, d))) << d;
     EXPECT_EQ(fa3_persists(unmasked(short_len + 1, d)), d == 128) << d;
     EXPECT_TRUE(fa3_persists(problem(16, 16, short_len, short_len, d))) << d;  // causal
-    EXPECT_FALSE(fa3_persists(problem(16, 16, short_len + 1, short_len + 1, d))) << d;
+    EXPECT_EQ(fa3_persists(problem(16, 16, short_len + 1, short_len + 1, d)), d == 64) << d;
   }
+  // D = 64 causal: up to kFa3PersistentCausalD64MaxLen (either diagonal, either dtype; not a
+  // window with a left bound, nor unmasked).
+  const int64_t causal_len = kFa3PersistentCausalD64MaxLen;
+  EXPECT_TRUE(fa3_persists(problem(16, 16, causal_len, causal_len, 64)));
+  EXPECT_TRUE(fa3_persists(problem(32, 8, 300, causal_len, 64, DType::f16)));
+  EXPECT_TRUE(fa3_persists(problem_of(
+      make_desc(DType::bf16, 4, 16, 16, causal_len, causal_len, 64, Mask::causal_top_left()))));
+  EXPECT_FALSE(fa3_persists(problem(16, 16, causal_len + 1, causal_len + 1, 64)));
+  EXPECT_FALSE(fa3_persists(problem(16, 16, 128, causal_len + 1, 64)));
+  EXPECT_FALSE(fa3_persists(problem_of(make_desc(DType::bf16, 4, 16, 16, causal_len, causal_len, 64,
+                                                 Mask::sliding_window(256, 0)))));
   // D = 128 unmasked: up to kFa3PersistentUnmaskedD128MaxLen (either dtype, any Lq / Lk under it).
   const int64_t unmasked_len = kFa3PersistentUnmaskedD128MaxLen;
   EXPECT_TRUE(fa3_persists(unmasked(unmasked_len, 128)));
@@ -710,7 +721,11 @@ TEST(AttentionCudnnRules, RankedAheadInstanceByShape) {
   EXPECT_EQ(fa3_ranked_forward_kernel(unmasked(4096, 128)), kFa3Kernel);
   EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, 1024, 1024, 64)), kFa3PersistentKernel);
   EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, 2048, 2048)), kFa3Kernel);
-  EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, wide, wide, 64)), kFa3WideKernel);
+  EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, wide, wide, 64)),
+            wide <= causal_len ? kFa3PersistentKernel : kFa3WideKernel);
+  EXPECT_EQ(fa3_ranked_forward_kernel(unmasked(wide, 64)), kFa3WideKernel);
+  EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, causal_len + 1, causal_len + 1, 64)),
+            kFa3WideKernel);
   EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, wide, wide)), kFa3Kernel);  // d128
   EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, 32, 4096)), kFa3Kernel);
   EXPECT_EQ(fa3_ranked_forward_kernel(problem_of(counted)), kFa3CountsKernel);
@@ -2664,8 +2679,15 @@ TEST(AttentionFa3Gpu, DefaultPlanLaunchesTheRankedInstance) {
         Mask::causal_bottom_right(), false, false},
        kFa3Kernel},
       {{DType::bf16, 1, 4, 4, kFa3PersistentMaxLen + 88, kFa3PersistentMaxLen + 88, 64,
+        Mask::sliding_window(300, 0), false, false},
+       kFa3Kernel},
+      // D = 64 causal: persistent up to kFa3PersistentCausalD64MaxLen.
+      {{DType::bf16, 1, 4, 4, kFa3PersistentMaxLen + 88, kFa3PersistentMaxLen + 88, 64,
         Mask::causal_top_left(), false, false},
-       kFa3Kernel}};
+       kFa3PersistentKernel},
+      {{DType::f16, 1, 4, 2, kFa3PersistentCausalD64MaxLen, kFa3PersistentCausalD64MaxLen, 64,
+        Mask::causal_bottom_right(), true, false},
+       kFa3PersistentKernel}};
   for (const Route& r : routes) {
     const Case& c = r.c;
     SCOPED_TRACE(std::string(r.instance) + " lq=" + std::to_string(c.lq) +

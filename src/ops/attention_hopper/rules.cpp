@@ -190,9 +190,12 @@ bool fa3_packs_ungrouped(const attention::Problem& p) {
 bool fa3_persists(const attention::Problem& p) {
   const attention::Descriptor& d = p.desc;
   const int64_t longest = std::max(d.len_q, d.len_k);
+  const bool causal = d.mask.right == 0 && d.mask.left < 0;
   return measured_instance_shape(d) &&
-         (longest <= kFa3PersistentMaxLen || (d.head_dim_qk == 128 && d.mask.is_none() &&
-                                              longest <= kFa3PersistentUnmaskedD128MaxLen));
+         (longest <= kFa3PersistentMaxLen ||
+          (d.head_dim_qk == 128 && d.mask.is_none() &&
+           longest <= kFa3PersistentUnmaskedD128MaxLen) ||
+          (d.head_dim_qk == 64 && causal && longest <= kFa3PersistentCausalD64MaxLen));
 }
 
 bool fa3_widens(const attention::Problem& p) {
