@@ -889,8 +889,7 @@ __device__ __forceinline__ void rs_e4m3(float (&d)[N / 2], const uint32_t (&a)[4
 
 // S = Q K^T: one wgmma per 32 bytes of the head dim (a k16 step of 16-bit data, k32 of fp8),
 // four per 128-byte swizzle row. kRows: the Q tile's rows (a column block's).
-// kN < kBN: the tile's first kN keys only, into the accumulator's first kN / 2 registers (a wgmma's
-// accumulator for N columns is the first N / 2 registers of a wider one's).
+// kN < kBN: the tile's first kN keys only (an accumulator of kN / 2 registers a thread).
 template <class T, int D, int kBN = kKeysPerTile<D>, int kRows = kBM, int kN = kBN>
 __device__ __forceinline__ void issue_s(float (&sc)[kN / 2], uint32_t q_base, uint32_t k_base) {
   static_assert(kN == kBN || (kN == kBN / 2 && !ElemOf<T>::kFp8));
