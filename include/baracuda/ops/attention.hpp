@@ -98,6 +98,8 @@ struct Mask {
     return {left, right, d};
   }
   bool is_none() const { return left < 0 && right < 0; }
+  // Causal of either diagonal: no key after it, every key before it.
+  bool is_causal() const { return left < 0 && right == 0; }
   bool operator==(const Mask&) const = default;
 };
 std::string to_string(const Mask& m);  // "none", "causal_top_left", "window(128,0,bottom_right)"

@@ -1022,6 +1022,12 @@ TEST(AttentionRules, MaskNames) {
   EXPECT_EQ(to_string(Mask::causal_top_left()), "causal_top_left");
   EXPECT_EQ(to_string(Mask::causal_bottom_right()), "causal_bottom_right");
   EXPECT_EQ(to_string(Mask::sliding_window(128, 0)), "window(128,0,bottom_right)");
+  EXPECT_TRUE(Mask::causal_top_left().is_causal());
+  EXPECT_TRUE(Mask::causal_bottom_right().is_causal());
+  EXPECT_TRUE(Mask::sliding_window(-1, 0, Diagonal::top_left).is_causal());
+  EXPECT_FALSE(Mask::none().is_causal());
+  EXPECT_FALSE(Mask::sliding_window(128, 0).is_causal());
+  EXPECT_FALSE(Mask::sliding_window(-1, 3).is_causal());
 }
 
 // Random argument mistakes (harness::fuzz_arguments) on every target, forward and backward, GQA

@@ -189,7 +189,7 @@ Status seqused(std::string_view op, const Problem& p, const ConstTensor& used, L
 std::string to_string(const Mask& m) {
   if (m.is_none()) return "none";
   const char* diag = m.diagonal == Diagonal::top_left ? "top_left" : "bottom_right";
-  if (m.left < 0 && m.right == 0) return std::string("causal_") + diag;
+  if (m.is_causal()) return std::string("causal_") + diag;
   return "window(" + num(m.left) + "," + num(m.right) + "," + diag + ")";
 }
 

@@ -82,8 +82,7 @@ bool cudnn_tunes(const attention::Problem& p) {
                hk = static_cast<double>(d.heads_kv), lq = static_cast<double>(d.len_q),
                lk = static_cast<double>(d.len_k), dk = static_cast<double>(d.head_dim_qk),
                dv = static_cast<double>(d.head_dim_v);
-  const bool causal = d.mask.right == 0 && d.mask.left < 0;
-  const double flops = 4.0 * b * hq * lq * lk * dk * (causal ? 0.5 : 1.0);
+  const double flops = 4.0 * b * hq * lq * lk * dk * (d.mask.is_causal() ? 0.5 : 1.0);
   if (mode == CudnnTuningMode::by_size && flops < kCudnnTuneMinFlops) return false;
   // The backward's scratch (the larger pass): Q, dQ, Y, dY, K, dK, V, dV in 16 bits, LSE in f32;
   // each configuration's own workspace is checked once they are built.
@@ -190,12 +189,11 @@ bool fa3_packs_ungrouped(const attention::Problem& p) {
 bool fa3_persists(const attention::Problem& p) {
   const attention::Descriptor& d = p.desc;
   const int64_t longest = std::max(d.len_q, d.len_k);
-  const bool causal = d.mask.right == 0 && d.mask.left < 0;
   return measured_instance_shape(d) &&
          (longest <= kFa3PersistentMaxLen ||
           (d.head_dim_qk == 128 && d.mask.is_none() &&
            longest <= kFa3PersistentUnmaskedD128MaxLen) ||
-          (d.head_dim_qk == 64 && causal && longest <= kFa3PersistentCausalD64MaxLen));
+          (d.head_dim_qk == 64 && d.mask.is_causal() && longest <= kFa3PersistentCausalD64MaxLen));
 }
 
 bool fa3_widens(const attention::Problem& p) {
