@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <numeric>
 #include <optional>
 #include <span>
 #include <string>
@@ -297,9 +298,11 @@ inline constexpr int64_t kFa3PersistentUnmaskedD128MaxLen = 2048;
 // plain one ran (H200, bf16, sixty-ninth session): L2048 392.7 against the 192-row 356.8 (call 5,
 // one process, persistent timed first; cuDNN 396.4) and 391.5 against the plain 335.2 (calls 3 and
 // 2, medians of 3 rounds), L1024 325.8 against the plain 256.6; not by enough at causal L4096
-// (430.0 against 423.0, call 5). Causal masks (right bound 0, no left bound), either diagonal;
-// measured at Lq = Lk.
-inline constexpr int64_t kFa3PersistentCausalD64MaxLen = 2048;
+// (430.0 against 423.0, call 5). Since its banded sections turn every CTA through every query block
+// (fa3_section_heads, seventieth session) it leads at d128 causal up to L2048 too: L2048
+// 539.6-543.5 against the plain 509.2-509.9 (call 3, two processes each; cuDNN 533.7). Causal masks
+// (right bound 0, no left bound), either diagonal; measured at Lq = Lk.
+inline constexpr int64_t kFa3PersistentCausalMaxLen = 2048;
 bool fa3_persists(const attention::Problem& p);
 // Head dim 64 from kFa3WideMinRows query rows on, where fa3 runs: its 192-row instance
 // (kFa3WideKernel) in place of the plain one. Measured (H200, bf16, 16k tokens as B x L, 32 heads,
@@ -361,30 +364,47 @@ constexpr Fa3WorkTile fa3_work_tile(int w, int m_blocks, int bh_count, const Fa3
   const int r = w - first * m_blocks, q = fa3_quot(r, heads);
   return {m_blocks - 1 - q, first + r - q * static_cast<int>(heads.d)};
 }
-// A banded section's share of L2: 32 MiB of the H100's / H200's 50 (room for the Q and Y streams).
-inline constexpr int64_t kFa3SectionL2Bytes = int64_t{32} << 20;
-// The heads a section spans.
+// The heads a section spans, for a launch of `ctas` CTAs over m_blocks x bh_count work tiles.
 // - Unbanded (every query block sees every key: work tiles of one weight): one group of query
 //   heads, so that the CTAs running at once share the K / V of about SMs / m_blocks heads, as the
-//   plain kernel's do. Sections of every head whose K / V fit in kFa3SectionL2Bytes had the 132
-//   CTAs read up to 32 MiB of K / V at once, from DRAM again for each round of query blocks (d128
+//   plain kernel's do. Sections of every head whose K / V fit in 32 MiB of L2 had the 132 CTAs
+//   read up to 32 MiB of K / V at once, from DRAM again for each round of query blocks (d128
 //   L2048: 624 MB read from DRAM a launch against 201 MB, the Q / K / V bytes; 489 against 447 us,
 //   ncu). One group ran 1.09 / 1.11 / 1.04 / 1.01 / 1.03 / 1.06x those sections at d128 L512-
 //   16384, 0.99-1.03x at d64 (H200, 16k tokens as B x L, hidden 2048, fifty-ninth session's call
 //   1, one run each).
-// - Banded (causal: a block's weight grows with its index): the heads whose K / V fit in
-//   kFa3SectionL2Bytes, whole groups, at least one group, at most all, so that the heaviest blocks
-//   of many heads go first and the CTAs, which stride the walk by the grid, end together. One group
-//   lost 11-24% there at L512 / L1024 (d128 causal 280.6 -> 215.8, 371.3 -> 331.6; d64 186.6 ->
-//   141.3, 261.8 -> 211.5; same call).
-constexpr int fa3_section_heads(int64_t lk, int64_t dk, int64_t dv, int64_t elem_bytes,
-                                int64_t group, int64_t bh_count, bool banded) {
-  const int64_t kv_head = lk * (dk + dv) * elem_bytes;
-  const int64_t groups = !banded ? 1
-                         : kv_head > 0 && kFa3SectionL2Bytes / kv_head > 1
-                             ? kFa3SectionL2Bytes / kv_head
-                             : 1;
-  return static_cast<int>(groups * group < bh_count ? groups * group : bh_count);
+// - Banded (causal: a block's weight grows with its index): CTA c runs tiles c, c + ctas, ... of
+//   the walk, so its query block moves by (ctas mod section tiles) / section blocks a round. The
+//   fewest heads (whole groups or not: consecutive sections run together) for which that is a
+//   whole number of blocks coprime to m_blocks, so that every CTA turns through every query block
+//   of a section, heaviest to lightest, once in m_blocks rounds (the CTAs end together), while the
+//   few heads in flight keep their K / V in L2 between their blocks (132 CTAs: 4 heads at any
+//   power-of-two m_blocks up to 32). Where none of up to kFa3SectionMaxHeads heads does, a round
+//   of CTAs' heads (`ctas`: exactly a block a round, but a round between a head's blocks). One
+//   group lost 11-24% (fifty-ninth session: at 132 CTAs each CTA kept the query block of its index
+//   mod m_blocks). Sections of the heads whose K / V fit in 32 MiB (the rule until the seventieth
+//   session) turned the CTAs' blocks but read a head's K / V from DRAM again a section later, and
+//   sections of 8 heads turn a block only every second round (half of L2048's 16 blocks in its 15.5
+//   rounds). H200, bf16, 16k tokens as B x L, hidden 2048, TFLOP/s, medians of two processes
+//   (seventieth session's call 3), d128 causal L256 / L512 / L1024 / L2048: 32 MiB 190.6 / 313.7 /
+//   413.5 / 497.4, 8 heads 217.6 / 339.8 / 441.4 / 397.3, this rule (4) 220.5 / 340.9 / 465.4 /
+//   541.6 (cuDNN 233.8 / 344.6 / 451.6 / 533.7); d64 causal +0.7-2.4% over 32 MiB.
+inline constexpr int64_t kFa3SectionMaxHeads = 64;
+constexpr int fa3_section_heads(int64_t group, int64_t bh_count, int64_t m_blocks, int64_t ctas,
+                                bool banded) {
+  int64_t heads = group < 1 ? 1 : group;
+  if (banded && m_blocks > 1) {
+    ctas = ctas < 1 ? 1 : ctas;
+    heads = ctas;
+    for (int64_t s = 1; s <= kFa3SectionMaxHeads; ++s) {
+      const int64_t step = ctas % (s * m_blocks);
+      if (step % s == 0 && std::gcd(step / s, m_blocks) == 1) {
+        heads = s;
+        break;
+      }
+    }
+  }
+  return static_cast<int>(heads < bh_count ? heads : bh_count);
 }
 // Decode-shaped forwards of plain multi-head attention (group 1) with 256-wide heads (Dk = Dv =
 // 256, bf16 / f16, fewer rows than keys), where fa3 runs: not the family's decode kernel (it holds

@@ -21,6 +21,7 @@
 #include <limits>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "baracuda/ops/attention.hpp"
@@ -545,8 +546,8 @@ Fa3WorkTile walk_by_division(int w, int m_blocks, int bh_count, int section) {
 
 // The persistent forward's walk (fa3_work_tile): every (query block, head) tile exactly once for
 // any section size, whole sections in order, and inside a section the heaviest query block of each
-// of its heads before any lighter one. fa3_section_heads: banded, whole groups of query heads whose
-// K / V fit in kFa3SectionL2Bytes, at least one group, at most every head; unbanded, one group.
+// of its heads before any lighter one. fa3_section_heads: banded, the fewest heads that turn every
+// CTA's query block by a whole number of blocks coprime to m_blocks a round; unbanded, one group.
 TEST(AttentionCudnnRules, PersistentWalkCoversEveryTileOnceBySection) {
   for (int m_blocks : {1, 2, 5, 8})
     for (int bh_count : {1, 3, 16, 40})
@@ -575,18 +576,38 @@ TEST(AttentionCudnnRules, PersistentWalkCoversEveryTileOnceBySection) {
         }
         for (int c : seen) EXPECT_EQ(c, 1);
       }
-  const int64_t budget = kFa3SectionL2Bytes;
-  // Banded: d128 bf16 at L1024, 512 KiB a K / V head, 64 of them; GQA 4 counts query heads.
-  EXPECT_EQ(fa3_section_heads(1024, 128, 128, 2, 1, 256, true), budget / (1024 * 256 * 2));
-  EXPECT_EQ(fa3_section_heads(1024, 128, 128, 2, 4, 1024, true), 4 * (budget / (1024 * 256 * 2)));
-  EXPECT_EQ(fa3_section_heads(1024, 128, 128, 2, 1, 16, true), 16);             // every head
-  EXPECT_EQ(fa3_section_heads(int64_t{1} << 20, 128, 128, 2, 8, 64, true), 8);  // a group
-  // Whole groups: 64 KiB a K / V head (fp8, d64, L512), 512 of them, so 1024 query heads of GQA 2.
-  EXPECT_EQ(fa3_section_heads(512, 64, 64, 1, 2, 4096, true), 2 * (budget / (512 * 128)));
-  // Unbanded: one group, at most every head.
-  EXPECT_EQ(fa3_section_heads(1024, 128, 128, 2, 1, 256, false), 1);
-  EXPECT_EQ(fa3_section_heads(512, 64, 64, 1, 2, 4096, false), 2);
-  EXPECT_EQ(fa3_section_heads(1024, 128, 128, 2, 8, 4, false), 4);
+  // Banded, 132 CTAs: 4 heads turn every CTA's query block by one a round at any power-of-two
+  // m_blocks (132 mod 4 m = 4); GQA does not change it; fewer heads than that, all of them.
+  for (int64_t m : {2, 4, 8, 16, 32}) EXPECT_EQ(fa3_section_heads(1, 1024, m, 132, true), 4) << m;
+  EXPECT_EQ(fa3_section_heads(8, 1024, 4, 132, true), 4);
+  EXPECT_EQ(fa3_section_heads(1, 3, 4, 12, true), 3);
+  // 114 CTAs (an H100 PCIe): 2 heads (114 mod 4 m = 2); 3 query blocks at 132: 3 heads (132 mod 9
+  // = 6, two blocks a round), where 1 and 2 leave every CTA on one block.
+  EXPECT_EQ(fa3_section_heads(1, 1024, 4, 114, true), 2);
+  EXPECT_EQ(fa3_section_heads(1, 1024, 3, 132, true), 3);
+  // 128 CTAs, 4 blocks: no section of up to kFa3SectionMaxHeads heads turns the blocks by a whole
+  // number coprime to 4, so a round of heads (128: one block a round).
+  EXPECT_EQ(fa3_section_heads(1, 1024, 4, 128, true), 128);
+  // One query block a head, or unbanded: one group, at most every head.
+  EXPECT_EQ(fa3_section_heads(2, 1024, 1, 132, true), 2);
+  EXPECT_EQ(fa3_section_heads(1, 256, 8, 132, false), 1);
+  EXPECT_EQ(fa3_section_heads(2, 4096, 4, 132, false), 2);
+  EXPECT_EQ(fa3_section_heads(8, 4, 8, 32, false), 4);
+  // The load this balances: the static stride over the walk, simulated (a tile weighs its query
+  // block's index + 1, its key tiles under a causal bound at Lq = Lk).
+  for (int64_t ctas : {132, 114, 128, 78})
+    for (int m : {2, 3, 4, 8, 16}) {
+      const int bh = 4096 / m, section = fa3_section_heads(1, bh, m, ctas, true);
+      const Fa3WalkDivs v = fa3_walk_divs(m, bh, section);
+      std::vector<int64_t> weight(static_cast<size_t>(ctas), 0);
+      for (int w = 0; w < m * bh; ++w)
+        weight[static_cast<size_t>(w % ctas)] += fa3_work_tile(w, m, bh, v).m_block + 1;
+      // The busiest CTA within 6% of the mean (a tile more than others where ctas does not divide
+      // the tiles, part of a turn at the end); one head a section: 11-88% over it.
+      const double mean = (m + 1) / 2.0 * m * bh / static_cast<double>(ctas);
+      EXPECT_LE(static_cast<double>(*std::max_element(weight.begin(), weight.end())), 1.06 * mean)
+          << "ctas " << ctas << " m " << m << " section " << section;
+    }
 }
 
 // fa3_quot (n / d by a multiply-high and a shift) against `/` for divisors 1..4096 and around
@@ -652,26 +673,30 @@ TEST(AttentionCudnnRules, RankedAheadInstanceByShape) {
   for (int64_t d : {64, 128}) {
     EXPECT_TRUE(fa3_persists(unmasked(short_len, d))) << d;
     EXPECT_EQ(fa3_persists(unmasked(short_len + 1, d)), d == 128) << d;
-    EXPECT_TRUE(fa3_persists(problem(16, 16, short_len, short_len, d))) << d;  // causal
-    EXPECT_EQ(fa3_persists(problem(16, 16, short_len + 1, short_len + 1, d)), d == 64) << d;
+    EXPECT_TRUE(fa3_persists(problem(16, 16, short_len, short_len, d))) << d;          // causal
+    EXPECT_TRUE(fa3_persists(problem(16, 16, short_len + 1, short_len + 1, d))) << d;  // causal
   }
-  // D = 64 causal: up to kFa3PersistentCausalD64MaxLen (either diagonal, either dtype; not a
-  // window with a left bound, nor unmasked).
-  const int64_t causal_len = kFa3PersistentCausalD64MaxLen;
-  EXPECT_TRUE(fa3_persists(problem(16, 16, causal_len, causal_len, 64)));
-  EXPECT_TRUE(fa3_persists(problem(32, 8, 300, causal_len, 64, DType::f16)));
-  EXPECT_TRUE(fa3_persists(problem_of(
-      make_desc(DType::bf16, 4, 16, 16, causal_len, causal_len, 64, Mask::causal_top_left()))));
-  EXPECT_FALSE(fa3_persists(problem(16, 16, causal_len + 1, causal_len + 1, 64)));
-  EXPECT_FALSE(fa3_persists(problem(16, 16, 128, causal_len + 1, 64)));
-  EXPECT_FALSE(fa3_persists(problem_of(make_desc(DType::bf16, 4, 16, 16, causal_len, causal_len, 64,
-                                                 Mask::sliding_window(256, 0)))));
+  // Causal, D = 64 and 128: up to kFa3PersistentCausalMaxLen (either diagonal, either dtype; not a
+  // window with a left bound, nor unmasked at D = 64).
+  const int64_t causal_len = kFa3PersistentCausalMaxLen;
+  for (int64_t d : {64, 128}) {
+    EXPECT_TRUE(fa3_persists(problem(16, 16, causal_len, causal_len, d))) << d;
+    EXPECT_TRUE(fa3_persists(problem(32, 8, 300, causal_len, d, DType::f16))) << d;
+    EXPECT_TRUE(fa3_persists(problem_of(
+        make_desc(DType::bf16, 4, 16, 16, causal_len, causal_len, d, Mask::causal_top_left()))))
+        << d;
+    EXPECT_FALSE(fa3_persists(problem(16, 16, causal_len + 1, causal_len + 1, d))) << d;
+    EXPECT_FALSE(fa3_persists(problem(16, 16, 128, causal_len + 1, d))) << d;
+    EXPECT_FALSE(fa3_persists(problem_of(make_desc(DType::bf16, 4, 16, 16, causal_len, causal_len,
+                                                   d, Mask::sliding_window(256, 0)))))
+        << d;
+  }
   // D = 128 unmasked: up to kFa3PersistentUnmaskedD128MaxLen (either dtype, any Lq / Lk under it).
   const int64_t unmasked_len = kFa3PersistentUnmaskedD128MaxLen;
   EXPECT_TRUE(fa3_persists(unmasked(unmasked_len, 128)));
   EXPECT_FALSE(fa3_persists(unmasked(unmasked_len + 1, 128)));
   EXPECT_FALSE(fa3_persists(unmasked(unmasked_len, 64)));
-  EXPECT_FALSE(fa3_persists(problem(16, 16, unmasked_len, unmasked_len)));  // causal
+  EXPECT_FALSE(fa3_persists(problem(16, 16, unmasked_len + 1, unmasked_len + 1)));  // causal
   EXPECT_FALSE(fa3_persists(problem_of(make_desc(DType::bf16, 4, 16, 16, unmasked_len, unmasked_len,
                                                  128, Mask::sliding_window(256, 256)))));
   EXPECT_TRUE(fa3_persists(
@@ -679,8 +704,13 @@ TEST(AttentionCudnnRules, RankedAheadInstanceByShape) {
   EXPECT_FALSE(fa3_persists(
       problem_of(make_desc(DType::bf16, 4, 16, 16, 128, unmasked_len + 1, 128, Mask::none()))));
   EXPECT_TRUE(fa3_persists(problem(16, 16, 128, short_len)));
-  EXPECT_FALSE(fa3_persists(problem(16, 16, 128, short_len + 1)));
-  EXPECT_FALSE(fa3_persists(problem(16, 16, short_len + 1, 128)));
+  // Either side past the short lengths, for a band that no longer rule takes (a left bound).
+  for (auto [lq, lk] : {std::pair<int64_t, int64_t>{128, short_len + 1}, {short_len + 1, 128}})
+    EXPECT_FALSE(fa3_persists(
+        problem_of(make_desc(DType::bf16, 4, 16, 16, lq, lk, 128, Mask::sliding_window(256, 0)))))
+        << lq << " " << lk;
+  EXPECT_TRUE(fa3_persists(problem_of(
+      make_desc(DType::bf16, 4, 16, 16, 128, short_len, 128, Mask::sliding_window(256, 0)))));
   EXPECT_FALSE(fa3_persists(problem(16, 16, 128, 128, 256)));
   EXPECT_FALSE(fa3_persists(problem(16, 16, 128, 128, 96)));
   attention::Problem mla = problem(16, 16, 128, 128, 192);
@@ -720,13 +750,16 @@ TEST(AttentionCudnnRules, RankedAheadInstanceByShape) {
   EXPECT_EQ(fa3_ranked_forward_kernel(unmasked(2048, 128)), kFa3PersistentKernel);
   EXPECT_EQ(fa3_ranked_forward_kernel(unmasked(4096, 128)), kFa3Kernel);
   EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, 1024, 1024, 64)), kFa3PersistentKernel);
-  EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, 2048, 2048)), kFa3Kernel);
+  EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, causal_len, causal_len)),
+            kFa3PersistentKernel);
+  EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, causal_len + 1, causal_len + 1)), kFa3Kernel);
   EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, wide, wide, 64)),
             wide <= causal_len ? kFa3PersistentKernel : kFa3WideKernel);
   EXPECT_EQ(fa3_ranked_forward_kernel(unmasked(wide, 64)), kFa3WideKernel);
   EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, causal_len + 1, causal_len + 1, 64)),
             kFa3WideKernel);
-  EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, wide, wide)), kFa3Kernel);  // d128
+  EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, wide, wide)),  // d128
+            wide <= causal_len ? kFa3PersistentKernel : kFa3Kernel);
   EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, 32, 4096)), kFa3Kernel);
   EXPECT_EQ(fa3_ranked_forward_kernel(problem_of(counted)), kFa3CountsKernel);
   EXPECT_EQ(fa3_ranked_forward_kernel(paged_problem.value()), kFa3PagedKernel);
@@ -2410,8 +2443,8 @@ TEST(AttentionFa3Gpu, PersistentWalksManyTiles) {
     cases.push_back({DType::bf16, 64, 16, 16, 128, 128, d, Mask::none(), false, false});
     cases.push_back({DType::f16, 40, 8, 2, 200, 200, d, Mask::causal_top_left(), true, false});
   }
-  // Several banded sections of work tiles (fa3_section_heads: 8 K / V heads of 16384 d64 keys, 4
-  // of d128, in kFa3SectionL2Bytes), the last one partial; unbanded, one head a section.
+  // Several banded sections of work tiles (fa3_section_heads: 2 heads at 18 CTAs, 4 at 12), the
+  // last one partial; unbanded, one head a section.
   cases.push_back(
       {DType::bf16, 1, 9, 9, 130, 16384, 64, Mask::causal_bottom_right(), false, false});
   cases.push_back({DType::bf16, 1, 9, 9, 130, 16384, 64, Mask::none(), false, false});
@@ -2673,18 +2706,24 @@ TEST(AttentionFa3Gpu, DefaultPlanLaunchesTheRankedInstance) {
       {{DType::bf16, 1, 4, 2, kFa3PersistentUnmaskedD128MaxLen + 88,
         kFa3PersistentUnmaskedD128MaxLen + 88, 128, Mask::none(), false, false},
        kFa3Kernel},
-      {{DType::bf16, 1, 4, 4, kFa3PersistentMaxLen + 88, kFa3PersistentMaxLen + 88, 128,
+      {{DType::bf16, 1, 4, 4, kFa3PersistentCausalMaxLen + 88, kFa3PersistentCausalMaxLen + 88, 128,
         Mask::causal_bottom_right(), false, false},
        kFa3Kernel},
       {{DType::bf16, 1, 4, 4, kFa3PersistentMaxLen + 88, kFa3PersistentMaxLen + 88, 64,
         Mask::sliding_window(300, 0), false, false},
        kFa3Kernel},
-      // D = 64 causal: persistent up to kFa3PersistentCausalD64MaxLen.
+      // Causal, D = 64 and 128: persistent up to kFa3PersistentCausalMaxLen.
       {{DType::bf16, 1, 4, 4, kFa3PersistentMaxLen + 88, kFa3PersistentMaxLen + 88, 64,
         Mask::causal_top_left(), false, false},
        kFa3PersistentKernel},
-      {{DType::f16, 1, 4, 2, kFa3PersistentCausalD64MaxLen, kFa3PersistentCausalD64MaxLen, 64,
+      {{DType::f16, 1, 4, 2, kFa3PersistentCausalMaxLen, kFa3PersistentCausalMaxLen, 64,
         Mask::causal_bottom_right(), true, false},
+       kFa3PersistentKernel},
+      {{DType::bf16, 1, 4, 4, kFa3PersistentMaxLen + 88, kFa3PersistentMaxLen + 88, 128,
+        Mask::causal_bottom_right(), false, false},
+       kFa3PersistentKernel},
+      {{DType::f16, 2, 4, 2, kFa3PersistentCausalMaxLen, kFa3PersistentCausalMaxLen, 128,
+        Mask::causal_top_left(), true, true},
        kFa3PersistentKernel}};
   for (const Route& r : routes) {
     const Case& c = r.c;

@@ -242,8 +242,8 @@ __device__ __forceinline__ Tile tile_packed(const Params& p, int bx, int hk, int
   return t;
 }
 // Persistent variant: work index w in [0, m_blocks * heads * batch), in sections of heads
-// (fa3_section_heads: one group unbanded, those whose K / V share L2 banded), heaviest (causal)
-// query blocks of a section first (fa3_work_tile).
+// (fa3_section_heads: one group unbanded; banded, the fewest groups that turn every CTA through
+// every query block), heaviest (causal) query blocks of a section first (fa3_work_tile).
 template <int BN>
 __device__ __forceinline__ Tile tile_of(const Params& p, int w) {
   const Fa3WorkTile wt = fa3_work_tile(w, p.m_blocks, p.heads * p.batch, p.walk);
@@ -258,7 +258,7 @@ __device__ __forceinline__ Tile tile_of(const Params& p, int w) {
 //             (poly_exp2) instead of the MUFU: 25% (37.5%) of the softmax's exponentials.
 //  kPersistent: (D = 64, 128: fa3_persistent_dims) kPlain with one CTA per SM looping over (query
 //             block, head, batch) work tiles in sections of heads (fa3_section_heads: one
-//             group unbanded, banded those whose K / V fit in L2 together), heaviest query blocks
+//             group unbanded, banded the fewest that turn each CTA's blocks), heaviest query blocks
 //             of a section first (fa3_work_tile): the producer loads the next tile's Q and K/V
 //             (the ring continues across tiles; Q is reloaded once both consumer warpgroups' last
 //             S GEMM of a tile is done, "Q empty") while the consumers run the epilogue, which
@@ -1622,9 +1622,14 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
   p.m_blocks = static_cast<int>((d.len_q + rows_of(V) - 1) / rows_of(V));
   p.heads = static_cast<int>(d.heads_q);
   p.batch = static_cast<int>(d.batch);
+  // Persistent: one CTA per SM (145 / 193 KB of shared memory at D = 64 / 128), each looping over
+  // work tiles.
+  const int64_t n_work = int64_t{p.m_blocks} * d.heads_q * d.batch;
+  const int sms = ctx.stream.caps().sm_count > 0 ? ctx.stream.caps().sm_count : 132;
   if constexpr (V == kPersistent) {  // the walk's divisors: only its tile_of reads them
-    p.section_heads = fa3_section_heads(d.len_k, d.head_dim_qk, d.head_dim_v, ElemOf<T>::kBytes,
-                                        pr.group, d.batch * d.heads_q, p.left >= 0 || p.right >= 0);
+    p.section_heads =
+        fa3_section_heads(pr.group, d.batch * d.heads_q, p.m_blocks, std::min<int64_t>(n_work, sms),
+                          p.left >= 0 || p.right >= 0);
     p.walk = fa3_walk_divs(p.m_blocks, p.heads * p.batch, p.section_heads);
     p.heads_div = fa3_div(p.heads);
   }
@@ -1646,10 +1651,6 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
   }
 
   constexpr int smem = launch_smem<T, D, V>();
-  // Persistent: one CTA per SM (145 / 193 KB of shared memory at D = 64 / 128), each looping over
-  // work tiles.
-  const int64_t n_work = int64_t{p.m_blocks} * d.heads_q * d.batch;
-  const int sms = ctx.stream.caps().sm_count > 0 ? ctx.stream.caps().sm_count : 132;
   const dim3 grid = V == kPersistent ? dim3(static_cast<unsigned>(std::min<int64_t>(n_work, sms)))
                     : packed_v(V)
                         ? dim3(static_cast<unsigned>(p.m_blocks * p.splits),

@@ -193,7 +193,7 @@ bool fa3_persists(const attention::Problem& p) {
          (longest <= kFa3PersistentMaxLen ||
           (d.head_dim_qk == 128 && d.mask.is_none() &&
            longest <= kFa3PersistentUnmaskedD128MaxLen) ||
-          (d.head_dim_qk == 64 && d.mask.is_causal() && longest <= kFa3PersistentCausalD64MaxLen));
+          (d.mask.is_causal() && longest <= kFa3PersistentCausalMaxLen));
 }
 
 bool fa3_widens(const attention::Problem& p) {
