@@ -300,7 +300,7 @@ inline constexpr int64_t kFa3PersistentUnmaskedD128MaxLen = 2048;
 // 2, medians of 3 rounds), L1024 325.8 against the plain 256.6; not by enough at causal L4096
 // (430.0 against 423.0, call 5). Since its banded sections turn every CTA through every query block
 // (fa3_section_heads, seventieth session) it leads at d128 causal up to L2048 too: L2048
-// 539.6-543.5 against the plain 509.2-509.9 (call 3, two processes each; cuDNN 533.7). Causal masks
+// 539.6-543.5 against the plain 509.2-509.9 (call 3, two processes each; cuDNN 533.5). Causal masks
 // (right bound 0, no left bound), either diagonal; measured at Lq = Lk.
 inline constexpr int64_t kFa3PersistentCausalMaxLen = 2048;
 bool fa3_persists(const attention::Problem& p);
@@ -388,7 +388,7 @@ constexpr Fa3WorkTile fa3_work_tile(int w, int m_blocks, int bh_count, const Fa3
 //   rounds). H200, bf16, 16k tokens as B x L, hidden 2048, TFLOP/s, medians of two processes
 //   (seventieth session's call 3), d128 causal L256 / L512 / L1024 / L2048: 32 MiB 190.6 / 313.7 /
 //   413.5 / 497.4, 8 heads 217.6 / 339.8 / 441.4 / 397.3, this rule (4) 220.5 / 340.9 / 465.4 /
-//   541.6 (cuDNN 233.8 / 344.6 / 451.6 / 533.7); d64 causal +0.7-2.4% over 32 MiB.
+//   541.6 (cuDNN 233.8 / 344.6 / 451.2 / 533.5); d64 causal +0.7-2.4% over 32 MiB.
 inline constexpr int64_t kFa3SectionMaxHeads = 64;
 constexpr int fa3_section_heads(int64_t group, int64_t bh_count, int64_t m_blocks, int64_t ctas,
                                 bool banded) {
