@@ -637,8 +637,9 @@ TEST(AttentionCudnnRules, WorkTileDivisionIsExact) {
 // fa3_packs, and for chunks of 17..kFa3PackedUngroupedMaxRows rows in groups of 1 against caches
 // of kFa3PackedLongCacheKeys or more (padded, no counts or pages, d64 / d128); persistent for
 // padded sequences of at most kFa3PersistentMaxLen queries and keys (d64 / d128, no pages, key
-// counts or varlen; d128 unmasked ones up to kFa3PersistentUnmaskedD128MaxLen); the 192-row one at
-// d64 from kFa3WideMinRows query rows (the same shapes); else the paged, counts or plain instance.
+// counts or varlen; d128 unmasked ones up to kFa3PersistentUnmaskedD128MaxLen, causal ones up to
+// kFa3PersistentCausalMaxLen); the 192-row one at d64 from kFa3WideMinRows query rows (the same
+// shapes); else the paged, counts or plain instance.
 // The rule picks an instance only: whether fa3 runs at all is the table's (candidate_here).
 TEST(AttentionCudnnRules, RankedAheadInstanceByShape) {
   auto problem = [](int64_t hq, int64_t hk, int64_t lq, int64_t lk, int64_t d = 128,
@@ -704,7 +705,7 @@ TEST(AttentionCudnnRules, RankedAheadInstanceByShape) {
   EXPECT_FALSE(fa3_persists(
       problem_of(make_desc(DType::bf16, 4, 16, 16, 128, unmasked_len + 1, 128, Mask::none()))));
   EXPECT_TRUE(fa3_persists(problem(16, 16, 128, short_len)));
-  // Either side past the short lengths, for a band that no longer rule takes (a left bound).
+  // Either side past the short lengths, under a band none of the longer rules takes (a left bound).
   for (auto [lq, lk] : {std::pair<int64_t, int64_t>{128, short_len + 1}, {short_len + 1, 128}})
     EXPECT_FALSE(fa3_persists(
         problem_of(make_desc(DType::bf16, 4, 16, 16, lq, lk, 128, Mask::sliding_window(256, 0)))))
@@ -2656,10 +2657,10 @@ TEST(AttentionFa3Gpu, DefaultPlanFollowsTheTable) {
 }
 
 // The ranked-ahead entry's other instances, under tables that make fa3 the pick: the persistent
-// one for short sequences (d64 / d128, both masks, up to the lengths fa3_persists takes; d128
-// unmasked ones up to twice as long), the
-// packed one for a chunk in a group of 1 against a long cache, the 192-row one at d64 from
-// kFa3WideMinRows rows, the plain one past those shapes;
+// one for short sequences (d64 / d128, both masks, up to the lengths fa3_persists takes), for d128
+// unmasked ones up to kFa3PersistentUnmaskedD128MaxLen and causal ones of either head dim up to
+// kFa3PersistentCausalMaxLen, the packed one for a chunk in a group of 1 against a long cache, the
+// 192-row one at d64 from kFa3WideMinRows rows, the plain one past those shapes;
 // bit for bit the instance pinned by name (whose own tests check it against the float64
 // reference: PersistentMatchesReference, the packed suites, WideTilesMatchReference,
 // ForwardMatchesReference).

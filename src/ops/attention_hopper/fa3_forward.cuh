@@ -1626,10 +1626,10 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
   // work tiles.
   const int64_t n_work = int64_t{p.m_blocks} * d.heads_q * d.batch;
   const int sms = ctx.stream.caps().sm_count > 0 ? ctx.stream.caps().sm_count : 132;
+  const int64_t persistent_ctas = std::min<int64_t>(n_work, sms);
   if constexpr (V == kPersistent) {  // the walk's divisors: only its tile_of reads them
-    p.section_heads =
-        fa3_section_heads(pr.group, d.batch * d.heads_q, p.m_blocks, std::min<int64_t>(n_work, sms),
-                          p.left >= 0 || p.right >= 0);
+    p.section_heads = fa3_section_heads(pr.group, d.batch * d.heads_q, p.m_blocks, persistent_ctas,
+                                        p.left >= 0 || p.right >= 0);
     p.walk = fa3_walk_divs(p.m_blocks, p.heads * p.batch, p.section_heads);
     p.heads_div = fa3_div(p.heads);
   }
@@ -1651,7 +1651,7 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
   }
 
   constexpr int smem = launch_smem<T, D, V>();
-  const dim3 grid = V == kPersistent ? dim3(static_cast<unsigned>(std::min<int64_t>(n_work, sms)))
+  const dim3 grid = V == kPersistent ? dim3(static_cast<unsigned>(persistent_ctas))
                     : packed_v(V)
                         ? dim3(static_cast<unsigned>(p.m_blocks * p.splits),
                                static_cast<unsigned>(d.heads_kv), static_cast<unsigned>(d.batch))
