@@ -303,6 +303,14 @@ inline constexpr int64_t kFa3PersistentUnmaskedD128MaxLen = 2048;
 // 539.6-543.5 against the plain 509.2-509.9 (call 3, two processes each; cuDNN 533.5). Causal masks
 // (right bound 0, no left bound), either diagonal; measured at Lq = Lk.
 inline constexpr int64_t kFa3PersistentCausalMaxLen = 2048;
+// Since its paired walk (fa3_walks_in_pairs, seventy-first session) the persistent variant leads at
+// causal L4096 too, both head dims (H200, bf16, 16k tokens as B x L, TFLOP/s): d128 621.7 / 611.3
+// against the plain instance's 597.5 / 604.2 (calls 1 / 2, two processes each; cuDNN 586.0 /
+// 593.1), d64 435.8 against the plain 395.8 and the 192-row instance's 423.0 (sixty-ninth
+// session's call 5); not d128 at L8192 (590.7 / 581.9 against 614.5 / 644.7). So causal problems of
+// more than kFa3PersistentCausalMaxLen query rows persist up to this many queries and keys: long
+// query sequences, as measured (chunks of fewer rows against longer caches keep their instances).
+inline constexpr int64_t kFa3PersistentPairedCausalMaxLen = 4096;
 bool fa3_persists(const attention::Problem& p);
 // Head dim 64 from kFa3WideMinRows query rows on, where fa3 runs: its 192-row instance
 // (kFa3WideKernel) in place of the plain one. Measured (H200, bf16, 16k tokens as B x L, 32 heads,
@@ -363,6 +371,50 @@ constexpr Fa3WorkTile fa3_work_tile(int w, int m_blocks, int bh_count, const Fa3
   const Fa3Div& heads = bh_count - first < section ? v.last_section : v.section;
   const int r = w - first * m_blocks, q = fa3_quot(r, heads);
   return {m_blocks - 1 - q, first + r - q * static_cast<int>(heads.d)};
+}
+// The persistent variant's paired walk, for banded problems where a CTA runs no more work tiles
+// than a head has query blocks (fa3_walks_in_pairs: long causal sequences over few heads). There
+// the sections leave a CTA's tiles an uneven mix of heavy and light blocks (the busiest CTA 1.5x
+// the mean at 16k tokens, d128 L4096, 132 CTAs, simulated), and even where they balance (L2048:
+// within 3%) the pairs measured faster (a head's K / V read again a round later, from L2).
+// A head's heavy blocks (m_blocks - 1 - j, j < m_blocks / 2) in heavy order i = head * m_blocks / 2
+// + j; rounds in pairs: round 2r runs heavy tiles r * ctas + c, round 2r + 1 their light
+// complements (block j) on the same CTAs c, so every CTA's pair weighs m_blocks + 1 key tiles and
+// a head's K / V are read again a round later. The heavy tiles past whole round pairs, then their
+// complements, then (odd m_blocks) every head's middle block.
+struct Fa3PairWalk {
+  Fa3Div ctas, half;  // the grid; m_blocks / 2, a head's heavy blocks
+  int paired, rest;   // tiles in whole round pairs; heavy tiles past them
+};
+constexpr Fa3PairWalk fa3_pair_walk(int m_blocks, int bh_count, int ctas) {
+  const int64_t heavy = int64_t{bh_count} * (m_blocks / 2), whole = heavy / ctas * ctas;
+  return {fa3_div(ctas), fa3_div(m_blocks / 2), static_cast<int>(2 * whole),
+          static_cast<int>(heavy - whole)};
+}
+constexpr Fa3WorkTile fa3_pair_tile(int w, int m_blocks, const Fa3PairWalk& v) {
+  int i = 0;  // the heavy tile w is, or whose complement it is
+  bool light = false;
+  if (w < v.paired) {
+    const int ctas = static_cast<int>(v.ctas.d), k = fa3_quot(w, v.ctas);
+    i = (k >> 1) * ctas + w - k * ctas, light = (k & 1) != 0;
+  } else {
+    const int r = w - v.paired;
+    if (r >= 2 * v.rest) return {m_blocks / 2, r - 2 * v.rest};  // odd m_blocks: the middles
+    light = r >= v.rest, i = v.paired / 2 + r - (light ? v.rest : 0);
+  }
+  const int h = fa3_quot(i, v.half), j = i - h * static_cast<int>(v.half.d);
+  return {light ? j : m_blocks - 1 - j, h};
+}
+// Paired where the launch has no more rounds of the grid than a head has query blocks. Measured
+// (H200, bf16, 16k tokens as B x L, hidden 2048, 132 CTAs, seventy-first session, the persistent
+// instance by name, TFLOP/s sections -> paired, both walks forced on one build): causal d128 L2048
+// (16 blocks, 15.5 rounds) 533.4 -> 561.4 (medians of 3 processes; cuDNN 535.6), L4096 425.5 ->
+// 621.7, L8192 472.5 -> 590.7, L16384 534.8 -> 582.3 (2 processes); d64 L4096 (32 blocks, 31
+// rounds) 427.9 -> 435.8. With more rounds than blocks it lost: d128 L1024 457.6 -> 451.0, L512
+// 338.2 -> 309.9, d64 L1024 326.9 -> 313.9, L512 244.1 -> 209.3; d64 L2048 (31 rounds, 16
+// blocks) even, 391.1 -> 391.7.
+constexpr bool fa3_walks_in_pairs(int64_t m_blocks, int64_t n_work, int64_t ctas, bool banded) {
+  return banded && m_blocks > 1 && n_work <= m_blocks * ctas;
 }
 // The heads a section spans, for a launch of `ctas` CTAs over m_blocks x bh_count work tiles.
 // - Unbanded (every query block sees every key: work tiles of one weight): one group of query

@@ -610,6 +610,65 @@ TEST(AttentionCudnnRules, PersistentWalkCoversEveryTileOnceBySection) {
     }
 }
 
+// The paired walk (fa3_pair_tile): every (query block, head) tile exactly once at any grid, whole
+// round pairs of a heavy tile and its complement on one CTA; and the load it balances where the
+// sections cannot (fewer rounds than blocks: fa3_walks_in_pairs).
+TEST(AttentionCudnnRules, PairedWalkCoversEveryTileOnceAndBalances) {
+  for (int m_blocks : {2, 3, 4, 7, 16, 33})
+    for (int bh_count : {1, 3, 16, 40})
+      for (int ctas : {1, 5, 16, 132}) {
+        const int n = m_blocks * bh_count;
+        if (ctas > n) continue;
+        SCOPED_TRACE("m_blocks " + std::to_string(m_blocks) + " heads " + std::to_string(bh_count) +
+                     " ctas " + std::to_string(ctas));
+        const Fa3PairWalk v = fa3_pair_walk(m_blocks, bh_count, ctas);
+        std::vector<int> seen(static_cast<size_t>(n), 0);
+        for (int w = 0; w < n; ++w) {
+          const Fa3WorkTile t = fa3_pair_tile(w, m_blocks, v);
+          ASSERT_GE(t.m_block, 0);
+          ASSERT_LT(t.m_block, m_blocks);
+          ASSERT_GE(t.bh, 0);
+          ASSERT_LT(t.bh, bh_count);
+          ++seen[static_cast<size_t>(t.m_block * bh_count + t.bh)];
+          if (w < v.paired && (w / ctas) % 2 == 1) {  // the complement of the tile a round before
+            const Fa3WorkTile heavy = fa3_pair_tile(w - ctas, m_blocks, v);
+            EXPECT_EQ(t.bh, heavy.bh) << w;
+            EXPECT_EQ(t.m_block + heavy.m_block, m_blocks - 1) << w;
+          }
+        }
+        for (int c : seen) EXPECT_EQ(c, 1);
+      }
+  // 16k tokens as B x L at d128 (16 heads), 132 CTAs: sections from L4096 on leave the busiest CTA
+  // 16-53% over the mean; paired, within 7%.
+  for (int64_t l : {4096, 8192, 16384}) {
+    const int m = static_cast<int>(l / 128), bh = static_cast<int>(16384 / l * 16), ctas = 132;
+    ASSERT_TRUE(fa3_walks_in_pairs(m, int64_t{m} * bh, ctas, true)) << l;
+    const Fa3PairWalk v = fa3_pair_walk(m, bh, ctas);
+    const Fa3WalkDivs sections = fa3_walk_divs(m, bh, fa3_section_heads(1, bh, m, ctas, true));
+    std::vector<int64_t> paired(ctas, 0), by_section(ctas, 0);
+    for (int w = 0; w < m * bh; ++w) {
+      paired[static_cast<size_t>(w % ctas)] += fa3_pair_tile(w, m, v).m_block + 1;
+      by_section[static_cast<size_t>(w % ctas)] += fa3_work_tile(w, m, bh, sections).m_block + 1;
+    }
+    const double mean = (m + 1) / 2.0 * m * bh / ctas;
+    EXPECT_LE(static_cast<double>(*std::max_element(paired.begin(), paired.end())), 1.07 * mean)
+        << l;
+    EXPECT_GT(static_cast<double>(*std::max_element(by_section.begin(), by_section.end())),
+              1.15 * mean)
+        << l;
+  }
+  // No more rounds than blocks: L2048's 16 blocks in 15.5 rounds pair, L1024's 8 in 15.5 and d64
+  // L2048's 16 in 31 do not; nor unmasked problems or one block.
+  EXPECT_TRUE(fa3_walks_in_pairs(16, 16 * 128, 132, true));
+  EXPECT_TRUE(fa3_walks_in_pairs(16, 16 * 132, 132, true));
+  EXPECT_FALSE(fa3_walks_in_pairs(16, 16 * 132 + 1, 132, true));
+  EXPECT_FALSE(fa3_walks_in_pairs(8, 8 * 256, 132, true));
+  EXPECT_FALSE(fa3_walks_in_pairs(16, 16 * 256, 132, true));
+  EXPECT_TRUE(fa3_walks_in_pairs(32, 32 * 64, 132, true));
+  EXPECT_FALSE(fa3_walks_in_pairs(32, 32 * 64, 132, false));
+  EXPECT_FALSE(fa3_walks_in_pairs(1, 16, 16, true));
+}
+
 // fa3_quot (n / d by a multiply-high and a shift) against `/` for divisors 1..4096 and around
 // every power of two up to 2^31 - 1, dividends around multiples of them and up to 2^31 - 1.
 TEST(AttentionCudnnRules, WorkTileDivisionIsExact) {
@@ -638,9 +697,10 @@ TEST(AttentionCudnnRules, WorkTileDivisionIsExact) {
 // of kFa3PackedLongCacheKeys or more (padded, no counts or pages, d64 / d128); persistent for
 // padded sequences of at most kFa3PersistentMaxLen queries and keys (d64 / d128, no pages, key
 // counts or varlen; d128 unmasked ones up to kFa3PersistentUnmaskedD128MaxLen, causal ones up to
-// kFa3PersistentCausalMaxLen); the 192-row one at d64 from kFa3WideMinRows query rows (the same
-// shapes); else the paged, counts or plain instance.
-// The rule picks an instance only: whether fa3 runs at all is the table's (candidate_here).
+// kFa3PersistentCausalMaxLen, or with more query rows than that up to
+// kFa3PersistentPairedCausalMaxLen); the 192-row one at d64 from kFa3WideMinRows query rows (the
+// same shapes); else the paged, counts or plain instance. The rule picks an instance only: whether
+// fa3 runs at all is the table's (candidate_here).
 TEST(AttentionCudnnRules, RankedAheadInstanceByShape) {
   auto problem = [](int64_t hq, int64_t hk, int64_t lq, int64_t lk, int64_t d = 128,
                     DType t = DType::bf16) {
@@ -691,13 +751,28 @@ TEST(AttentionCudnnRules, RankedAheadInstanceByShape) {
     EXPECT_FALSE(fa3_persists(problem_of(make_desc(DType::bf16, 4, 16, 16, causal_len, causal_len,
                                                    d, Mask::sliding_window(256, 0)))))
         << d;
+    // Past it, more than causal_len query rows up to kFa3PersistentPairedCausalMaxLen (the paired
+    // walk's lengths); not chunks of fewer rows against longer caches.
+    const int64_t paired_len = kFa3PersistentPairedCausalMaxLen;
+    EXPECT_TRUE(fa3_persists(problem(16, 16, paired_len, paired_len, d))) << d;
+    EXPECT_TRUE(fa3_persists(problem(32, 8, causal_len + 1, paired_len, d, DType::f16))) << d;
+    EXPECT_TRUE(fa3_persists(problem_of(
+        make_desc(DType::bf16, 4, 16, 16, paired_len, causal_len, d, Mask::causal_top_left()))))
+        << d;
+    EXPECT_FALSE(fa3_persists(problem(16, 16, causal_len, paired_len, d))) << d;
+    EXPECT_FALSE(fa3_persists(problem(16, 16, paired_len + 1, paired_len + 1, d))) << d;
+    EXPECT_FALSE(fa3_persists(problem(16, 16, causal_len + 1, paired_len + 1, d))) << d;
+    EXPECT_FALSE(fa3_persists(problem_of(make_desc(DType::bf16, 4, 16, 16, paired_len, paired_len,
+                                                   d, Mask::sliding_window(paired_len, 0)))))
+        << d;
   }
   // D = 128 unmasked: up to kFa3PersistentUnmaskedD128MaxLen (either dtype, any Lq / Lk under it).
   const int64_t unmasked_len = kFa3PersistentUnmaskedD128MaxLen;
   EXPECT_TRUE(fa3_persists(unmasked(unmasked_len, 128)));
   EXPECT_FALSE(fa3_persists(unmasked(unmasked_len + 1, 128)));
   EXPECT_FALSE(fa3_persists(unmasked(unmasked_len, 64)));
-  EXPECT_FALSE(fa3_persists(problem(16, 16, unmasked_len + 1, unmasked_len + 1)));  // causal
+  // Causal past the unmasked bound: long query sequences to kFa3PersistentPairedCausalMaxLen.
+  EXPECT_TRUE(fa3_persists(problem(16, 16, unmasked_len + 1, unmasked_len + 1)));
   EXPECT_FALSE(fa3_persists(problem_of(make_desc(DType::bf16, 4, 16, 16, unmasked_len, unmasked_len,
                                                  128, Mask::sliding_window(256, 256)))));
   EXPECT_TRUE(fa3_persists(
@@ -753,11 +828,16 @@ TEST(AttentionCudnnRules, RankedAheadInstanceByShape) {
   EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, 1024, 1024, 64)), kFa3PersistentKernel);
   EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, causal_len, causal_len)),
             kFa3PersistentKernel);
-  EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, causal_len + 1, causal_len + 1)), kFa3Kernel);
+  EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, causal_len + 1, causal_len + 1)),
+            kFa3PersistentKernel);
+  const int64_t paired_len = kFa3PersistentPairedCausalMaxLen;
+  EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, paired_len, paired_len, 64)),
+            kFa3PersistentKernel);
+  EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, paired_len + 1, paired_len + 1)), kFa3Kernel);
   EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, wide, wide, 64)),
             wide <= causal_len ? kFa3PersistentKernel : kFa3WideKernel);
   EXPECT_EQ(fa3_ranked_forward_kernel(unmasked(wide, 64)), kFa3WideKernel);
-  EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, causal_len + 1, causal_len + 1, 64)),
+  EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, paired_len + 1, paired_len + 1, 64)),
             kFa3WideKernel);
   EXPECT_EQ(fa3_ranked_forward_kernel(problem(32, 32, wide, wide)),  // d128
             wide <= causal_len ? kFa3PersistentKernel : kFa3Kernel);
@@ -2451,6 +2531,9 @@ TEST(AttentionFa3Gpu, PersistentWalksManyTiles) {
   cases.push_back({DType::bf16, 1, 9, 9, 130, 16384, 64, Mask::none(), false, false});
   cases.push_back(
       {DType::bf16, 1, 6, 6, 160, 16384, 128, Mask::causal_bottom_right(), true, false});
+  // The paired walk (fa3_walks_in_pairs at 132 SMs: 340 tiles of 5 blocks in 2.6 rounds): whole
+  // round pairs, heavy tiles past them and their complements, every head's middle block; GQA.
+  cases.push_back({DType::bf16, 2, 34, 17, 600, 600, 64, Mask::causal_top_left(), false, true});
   check_fa3_cases(cases, kFa3PersistentKernel);
 }
 // The 192-row tiles (D = 64): every D = 64 case of both lists, plus lengths on either side of
@@ -2659,11 +2742,11 @@ TEST(AttentionFa3Gpu, DefaultPlanFollowsTheTable) {
 // The ranked-ahead entry's other instances, under tables that make fa3 the pick: the persistent
 // one for short sequences (d64 / d128, both masks, up to the lengths fa3_persists takes), for d128
 // unmasked ones up to kFa3PersistentUnmaskedD128MaxLen and causal ones of either head dim up to
-// kFa3PersistentCausalMaxLen, the packed one for a chunk in a group of 1 against a long cache, the
-// 192-row one at d64 from kFa3WideMinRows rows, the plain one past those shapes;
-// bit for bit the instance pinned by name (whose own tests check it against the float64
-// reference: PersistentMatchesReference, the packed suites, WideTilesMatchReference,
-// ForwardMatchesReference).
+// kFa3PersistentCausalMaxLen (longer query sequences to kFa3PersistentPairedCausalMaxLen), the
+// packed one for a chunk in a group of 1 against a long cache, the 192-row one at d64 from
+// kFa3WideMinRows rows, the plain one past those shapes; bit for bit the instance pinned by name
+// (whose own tests check it against the float64 reference: PersistentMatchesReference, the packed
+// suites, WideTilesMatchReference, ForwardMatchesReference).
 TEST(AttentionFa3Gpu, DefaultPlanLaunchesTheRankedInstance) {
   FA3_SKIP_UNLESS_RUNNABLE();
   struct Route {
@@ -2694,8 +2777,8 @@ TEST(AttentionFa3Gpu, DefaultPlanLaunchesTheRankedInstance) {
       // d64 from kFa3WideMinRows rows: the 192-row instance.
       {{DType::bf16, 1, 4, 2, kFa3WideMinRows, kFa3WideMinRows, 64, Mask::none(), false, false},
        kFa3WideKernel},
-      {{DType::f16, 1, 2, 2, kFa3WideMinRows + 77, kFa3WideMinRows + 300, 64,
-        Mask::causal_bottom_right(), true, true},
+      {{DType::f16, 1, 2, 2, kFa3PersistentPairedCausalMaxLen + 77,
+        kFa3PersistentPairedCausalMaxLen + 300, 64, Mask::causal_bottom_right(), true, true},
        kFa3WideKernel},
       // D = 128 unmasked: persistent up to kFa3PersistentUnmaskedD128MaxLen.
       {{DType::bf16, 1, 4, 2, kFa3PersistentMaxLen + 88, kFa3PersistentMaxLen + 88, 128,
@@ -2707,8 +2790,8 @@ TEST(AttentionFa3Gpu, DefaultPlanLaunchesTheRankedInstance) {
       {{DType::bf16, 1, 4, 2, kFa3PersistentUnmaskedD128MaxLen + 88,
         kFa3PersistentUnmaskedD128MaxLen + 88, 128, Mask::none(), false, false},
        kFa3Kernel},
-      {{DType::bf16, 1, 4, 4, kFa3PersistentCausalMaxLen + 88, kFa3PersistentCausalMaxLen + 88, 128,
-        Mask::causal_bottom_right(), false, false},
+      {{DType::bf16, 1, 4, 4, kFa3PersistentPairedCausalMaxLen + 88,
+        kFa3PersistentPairedCausalMaxLen + 88, 128, Mask::causal_bottom_right(), false, false},
        kFa3Kernel},
       {{DType::bf16, 1, 4, 4, kFa3PersistentMaxLen + 88, kFa3PersistentMaxLen + 88, 64,
         Mask::sliding_window(300, 0), false, false},
@@ -2725,6 +2808,13 @@ TEST(AttentionFa3Gpu, DefaultPlanLaunchesTheRankedInstance) {
        kFa3PersistentKernel},
       {{DType::f16, 2, 4, 2, kFa3PersistentCausalMaxLen, kFa3PersistentCausalMaxLen, 128,
         Mask::causal_top_left(), true, true},
+       kFa3PersistentKernel},
+      // Longer causal query sequences, to kFa3PersistentPairedCausalMaxLen: persistent, paired.
+      {{DType::bf16, 2, 4, 4, kFa3PersistentPairedCausalMaxLen, kFa3PersistentPairedCausalMaxLen,
+        64, Mask::causal_top_left(), false, true},
+       kFa3PersistentKernel},
+      {{DType::f16, 1, 4, 2, kFa3PersistentCausalMaxLen + 99, kFa3PersistentPairedCausalMaxLen, 128,
+        Mask::causal_bottom_right(), true, false},
        kFa3PersistentKernel}};
   for (const Route& r : routes) {
     const Case& c = r.c;

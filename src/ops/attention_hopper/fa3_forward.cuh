@@ -181,6 +181,10 @@ struct Params {
   int section_heads;
   Fa3WalkDivs walk;  // kPersistent: the walk by those sections (fa3_work_tile)
   Fa3Div heads_div;  // kPersistent: by `heads`
+  // kPersistent, fa3_walks_in_pairs: the paired walk (fa3_pair_tile) in place of the sections'.
+  // (Last, so that no other field moves.)
+  int walk_pairs;
+  Fa3PairWalk pairs;
 };
 
 // One work tile: query rows [m0, m0 + the CTA's rows) of head h of sequence b, n_tiles key tiles
@@ -246,7 +250,8 @@ __device__ __forceinline__ Tile tile_packed(const Params& p, int bx, int hk, int
 // every query block), heaviest (causal) query blocks of a section first (fa3_work_tile).
 template <int BN>
 __device__ __forceinline__ Tile tile_of(const Params& p, int w) {
-  const Fa3WorkTile wt = fa3_work_tile(w, p.m_blocks, p.heads * p.batch, p.walk);
+  const Fa3WorkTile wt = p.walk_pairs ? fa3_pair_tile(w, p.m_blocks, p.pairs)
+                                      : fa3_work_tile(w, p.m_blocks, p.heads * p.batch, p.walk);
   const int b = fa3_quot(wt.bh, p.heads_div);
   return tile_at<BN>(p, wt.m_block, wt.bh - b * p.heads, b);
 }
@@ -1631,6 +1636,9 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
     p.section_heads = fa3_section_heads(pr.group, d.batch * d.heads_q, p.m_blocks, persistent_ctas,
                                         p.left >= 0 || p.right >= 0);
     p.walk = fa3_walk_divs(p.m_blocks, p.heads * p.batch, p.section_heads);
+    p.walk_pairs =
+        fa3_walks_in_pairs(p.m_blocks, n_work, persistent_ctas, p.left >= 0 || p.right >= 0);
+    p.pairs = fa3_pair_walk(p.m_blocks, p.heads * p.batch, static_cast<int>(persistent_ctas));
     p.heads_div = fa3_div(p.heads);
   }
   p.splits = 1;

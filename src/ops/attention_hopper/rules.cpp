@@ -193,7 +193,9 @@ bool fa3_persists(const attention::Problem& p) {
          (longest <= kFa3PersistentMaxLen ||
           (d.head_dim_qk == 128 && d.mask.is_none() &&
            longest <= kFa3PersistentUnmaskedD128MaxLen) ||
-          (d.mask.is_causal() && longest <= kFa3PersistentCausalMaxLen));
+          (d.mask.is_causal() && (longest <= kFa3PersistentCausalMaxLen ||
+                                  (d.len_q > kFa3PersistentCausalMaxLen &&
+                                   longest <= kFa3PersistentPairedCausalMaxLen))));
 }
 
 bool fa3_widens(const attention::Problem& p) {
