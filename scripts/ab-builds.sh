@@ -12,7 +12,8 @@
 # env: AB_ONLY (BARACUDA_ATTENTION_ONLY of every run: forward | backward; default backward),
 #      AB_POINTS (BARACUDA_ATTN_SWEEP points; default "d64_l4096 d128_l8192"), AB_KERNELS
 #      (BARACUDA_ATTN_KERNELS: the A/B rows to time), ROUNDS (default 3), AB_DRY=1 (prepare the
-#      trees and stop: checks the patches on a machine without a GPU), AB_FAMILY (the
+#      trees, compile their attention host C++ and stop: checks the patches on a machine without a
+#      GPU; run it before every A/B call), AB_FAMILY (the
 #      bench_attention family: attention (default) or attention_hopper), AB_RUNS (several kinds of
 #      rows in one call: space-separated family:only:point,point[:build,build], e.g.
 #      "attention:forward:d128_l512 attention_hopper:backward:d128_l4096:A,B1"; each item's points
@@ -83,7 +84,24 @@ else
   done
 fi
 if [ "${AB_DRY:-0}" = 1 ]; then
-  echo "dry run: every patch applies; trees ${trees[*]}"
+  # The attention families' host C++ too, in every tree (g++ syntax pass, ~10 s a tree): a patch
+  # that applies can still leave a tree that does not build (the seventy-first session's A tree
+  # kept rules.cpp's use of a constant the reversed header no longer declared, and its call built
+  # nothing). The .cu files' host passes are not checked here.
+  cxx_failed=0
+  for t in "${trees[@]}"; do
+    for f in "$t"/src/ops/attention/*.cpp "$t"/src/ops/attention_hopper/*.cpp; do
+      # The test files build only for AB_TEST.
+      [[ $f != *_test.cpp || -n ${AB_TEST:-} ]] || continue
+      g++ -std=c++20 -fsyntax-only -Wall -Wextra -Werror -Wno-unused-parameter \
+        -DBARACUDA_WITH_CUDA=1 -DBARACUDA_HAVE_CUDNN_FRONTEND=1 -I"$t/include" -I"$t/src" \
+        -isystem /usr/local/cuda/include -isystem "$root/third_party/cudnn_frontend/include" \
+        -isystem "$root/third_party/googletest/googletest/include" "$f" ||
+        { echo "does not compile: $f"; cxx_failed=1; }
+    done
+  done
+  [ $cxx_failed = 0 ] || exit 1
+  echo "dry run: every patch applies and the attention host C++ compiles; trees ${trees[*]}"
   exit 0
 fi
 # Each built the way every GPU script builds (scripts/gpu-family.sh, bench_attention only), all at
