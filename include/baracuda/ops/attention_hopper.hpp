@@ -372,8 +372,9 @@ constexpr Fa3WorkTile fa3_work_tile(int w, int m_blocks, int bh_count, const Fa3
   const int r = w - first * m_blocks, q = fa3_quot(r, heads);
   return {m_blocks - 1 - q, first + r - q * static_cast<int>(heads.d)};
 }
-// The persistent variant's paired walk, for banded problems where a CTA runs no more work tiles
-// than a head has query blocks (fa3_walks_in_pairs: long causal sequences over few heads). There
+// The persistent variant's paired walk, for causal problems where a CTA runs no more work tiles
+// than a head has query blocks (fa3_walks_in_pairs: long causal sequences over few heads; an
+// instance of its own, the causal form's, so that the others keep their SASS). There
 // the sections leave a CTA's tiles an uneven mix of heavy and light blocks (the busiest CTA 1.5x
 // the mean at 16k tokens, d128 L4096, 132 CTAs, simulated), and even where they balance (L2048:
 // within 3%) the pairs measured faster (a head's K / V read again a round later, from L2).

@@ -181,8 +181,10 @@ struct Params {
   int section_heads;
   Fa3WalkDivs walk;  // kPersistent: the walk by those sections (fa3_work_tile)
   Fa3Div heads_div;  // kPersistent: by `heads`
-  // kPersistent, fa3_walks_in_pairs: the paired walk (fa3_pair_tile) in place of the sections'.
-  // (Last, so that no other field moves.)
+  // kPersistent, fa3_walks_in_pairs: the paired walk (fa3_pair_tile) in place of the sections',
+  // in an instance of its own (kPairs; the host reads walk_pairs to launch it), so that the others
+  // keep the SASS they had: with the choice a runtime branch, ptxas scheduled the key loop of
+  // every persistent instance anew. (Last, so that no other field moves.)
   int walk_pairs;
   Fa3PairWalk pairs;
 };
@@ -247,11 +249,16 @@ __device__ __forceinline__ Tile tile_packed(const Params& p, int bx, int hk, int
 }
 // Persistent variant: work index w in [0, m_blocks * heads * batch), in sections of heads
 // (fa3_section_heads: one group unbanded; banded, the fewest groups that turn every CTA through
-// every query block), heaviest (causal) query blocks of a section first (fa3_work_tile).
-template <int BN>
+// every query block), heaviest (causal) query blocks of a section first (fa3_work_tile); or, in
+// the instance compiled for it (kPairs), in pairs of a heavy tile and its complement
+// (fa3_pair_tile).
+template <int BN, bool kPairs>
 __device__ __forceinline__ Tile tile_of(const Params& p, int w) {
-  const Fa3WorkTile wt = p.walk_pairs ? fa3_pair_tile(w, p.m_blocks, p.pairs)
-                                      : fa3_work_tile(w, p.m_blocks, p.heads * p.batch, p.walk);
+  Fa3WorkTile wt;
+  if constexpr (kPairs)
+    wt = fa3_pair_tile(w, p.m_blocks, p.pairs);
+  else
+    wt = fa3_work_tile(w, p.m_blocks, p.heads * p.batch, p.walk);
   const int b = fa3_quot(wt.bh, p.heads_div);
   return tile_at<BN>(p, wt.m_block, wt.bh - b * p.heads, b);
 }
@@ -390,7 +397,7 @@ constexpr int poly_groups(int v) {
   return v == kPoly2 ? 2 : v == kPoly3 ? 3 : 0;
 }
 
-template <class T, int D, int V, bool kHalf>
+template <class T, int D, int V, bool kHalf, bool kPairs>
 __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t sk0, uint32_t sv0,
                                         uint32_t so, const uint64_t* bars, const Tile& t, int w,
                                         int it0, int q_count, int warp, int lane,
@@ -635,7 +642,7 @@ __device__ __forceinline__ void produce(const CUtensorMap* tq, const CUtensorMap
 }
 #endif  // BARACUDA_FA3_DEVICE
 
-template <class T, int D, int V, bool kHalf = false>
+template <class T, int D, int V, bool kHalf = false, bool kPairs = false>
 __global__ void __launch_bounds__(threads_of(V), 1)
     fa3_fwd_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                    const __grid_constant__ CUtensorMap tv, const Params p,
@@ -684,7 +691,7 @@ __global__ void __launch_bounds__(threads_of(V), 1)
   const int w_step = kPersistentV ? static_cast<int>(gridDim.x) : 1;
   auto tile = [&](int w) {
     // Non-persistent: heaviest (causal) query blocks first through blockIdx.x.
-    return kPersistentV ? tile_of<S::kBn>(p, w)
+    return kPersistentV ? tile_of<S::kBn, kPairs>(p, w)
            : packed_v(V)
                ? tile_packed<S::kBn>(p, static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y),
                                      static_cast<int>(blockIdx.z))
@@ -725,7 +732,8 @@ __global__ void __launch_bounds__(threads_of(V), 1)
     int it = 0, q_count = 0;
     for (int w = w0; w < n_work; w += w_step) {
       const Tile t = tile(w);
-      consume<T, D, V, kHalf>(p, sq, sk0, sv0, so, bars, t, w, it, q_count, warp, lane, &ty);
+      consume<T, D, V, kHalf, kPairs>(p, sq, sk0, sv0, so, bars, t, w, it, q_count, warp, lane,
+                                      &ty);
       if (t.n_tiles == 0) continue;
       it += t.n_tiles;
       ++q_count;
@@ -977,7 +985,7 @@ __device__ __forceinline__ void release(const uint64_t* bars, int which, int lan
 // tile n-1's softmax factor while it runs, issue O += P_{n-1} V_{n-1}, wait for S_n only and run
 // tile n's softmax while P V runs on the tensor cores (FlashAttention-3's intra-warpgroup
 // overlap). Then the epilogue.
-template <class T, int D, int V, bool kHalf>
+template <class T, int D, int V, bool kHalf, bool kPairs>
 __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t sk0, uint32_t sv0,
                                         uint32_t so, const uint64_t* bars, const Tile& t, int w,
                                         int it0, int q_count, int warp, int lane,
@@ -1198,7 +1206,7 @@ __device__ __forceinline__ void consume(const Params& p, uint32_t sq, uint32_t s
   if (kPersistentV) {
     int wo;
     asm volatile("mov.b32 %0, %1;\n" : "=r"(wo) : "r"(w));
-    te = tile_of<kBN>(p, wo);
+    te = tile_of<kBN, kPairs>(p, wo);
   } else if (p.cu_q) {
     int bx;
     asm volatile("mov.b32 %0, %1;\n" : "=r"(bx) : "r"(static_cast<int>(blockIdx.x)));
@@ -1636,8 +1644,9 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
     p.section_heads = fa3_section_heads(pr.group, d.batch * d.heads_q, p.m_blocks, persistent_ctas,
                                         p.left >= 0 || p.right >= 0);
     p.walk = fa3_walk_divs(p.m_blocks, p.heads * p.batch, p.section_heads);
-    p.walk_pairs =
-        fa3_walks_in_pairs(p.m_blocks, n_work, persistent_ctas, p.left >= 0 || p.right >= 0);
+    // Bands with a right bound (causal) only: the paired instance is the causal form's.
+    p.walk_pairs = kHalfTiles<T, D, V> && p.right >= 0 &&
+                   fa3_walks_in_pairs(p.m_blocks, n_work, persistent_ctas, true);
     p.pairs = fa3_pair_walk(p.m_blocks, p.heads * p.batch, static_cast<int>(persistent_ctas));
     p.heads_div = fa3_div(p.heads);
   }
@@ -1668,7 +1677,8 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
   // Bands with a right bound (causal) take the instance's causal form where it has one.
   auto kernel = fa3_fwd_kernel<T, D, V, false>;
   if constexpr (kHalfTiles<T, D, V>)
-    if (p.right >= 0) kernel = fa3_fwd_kernel<T, D, V, true>;
+    if (p.right >= 0)
+      kernel = p.walk_pairs ? fa3_fwd_kernel<T, D, V, true, true> : fa3_fwd_kernel<T, D, V, true>;
   BARACUDA_TRY(cuda::launch_with_smem(attention::ForwardOp::name, "fa3_fwd_sm90a", kernel, grid,
                                       threads_of(V), smem, cuda::stream_of(ctx), tq, tk, tv, p,
                                       ty));
