@@ -667,6 +667,18 @@ TEST(AttentionCudnnRules, PairedWalkCoversEveryTileOnceAndBalances) {
   EXPECT_TRUE(fa3_walks_in_pairs(32, 32 * 64, 132, true));
   EXPECT_FALSE(fa3_walks_in_pairs(32, 32 * 64, 132, false));
   EXPECT_FALSE(fa3_walks_in_pairs(1, 16, 16, true));
+  // PersistentWalksManyTiles' paired cases (m_blocks, tiles, grid = min(tiles, 132)) and
+  // DefaultPlanLaunchesTheRankedInstance's paired routes pair at 132 SMs, so that every paired
+  // instance (dtype x head dim) runs there.
+  EXPECT_TRUE(fa3_walks_in_pairs(5, 5 * 68, 132, true));      // bf16 d64, L600, 68 heads
+  EXPECT_TRUE(fa3_walks_in_pairs(3, 3 * 132, 132, true));     // bf16 d128, L300, 132 heads
+  EXPECT_TRUE(fa3_walks_in_pairs(4, 4 * 72, 132, true));      // f16 d64, L450, 72 heads
+  EXPECT_TRUE(fa3_walks_in_pairs(32, 32 * 8, 132, true));     // route: bf16 d64 L4096, 8 heads
+  EXPECT_TRUE(fa3_walks_in_pairs(17, 17 * 4, 17 * 4, true));  // route: f16 d128 Lq 2147, 4 heads
+  EXPECT_GT(fa3_pair_walk(5, 68, 132).paired, 0);
+  EXPECT_GT(fa3_pair_walk(5, 68, 132).rest, 0);
+  EXPECT_GT(fa3_pair_walk(3, 132, 132).paired, 0);
+  EXPECT_GT(fa3_pair_walk(4, 72, 132).rest, 0);
 }
 
 // fa3_quot (n / d by a multiply-high and a shift) against `/` for divisors 1..4096 and around
@@ -2531,9 +2543,14 @@ TEST(AttentionFa3Gpu, PersistentWalksManyTiles) {
   cases.push_back({DType::bf16, 1, 9, 9, 130, 16384, 64, Mask::none(), false, false});
   cases.push_back(
       {DType::bf16, 1, 6, 6, 160, 16384, 128, Mask::causal_bottom_right(), true, false});
-  // The paired walk (fa3_walks_in_pairs at 132 SMs: 340 tiles of 5 blocks in 2.6 rounds): whole
-  // round pairs, heavy tiles past them and their complements, every head's middle block; GQA.
+  // The paired instances (fa3_walks_in_pairs at 132 SMs; PairedWalkCoversEveryTileOnceAndBalances
+  // checks that these shapes pair there), one a dtype and head dim: whole round pairs, heavy tiles
+  // past them and their complements, every head's middle block. bf16 d64: 340 tiles of 5 blocks in
+  // 2.6 rounds, GQA; bf16 d128: 396 tiles of 3 blocks in 3 rounds (the rule's bound); f16 d64: 288
+  // tiles of 4 blocks. (f16 d128 pairs in DefaultPlanLaunchesTheRankedInstance's routes.)
   cases.push_back({DType::bf16, 2, 34, 17, 600, 600, 64, Mask::causal_top_left(), false, true});
+  cases.push_back({DType::bf16, 4, 33, 11, 300, 300, 128, Mask::causal_top_left(), true, false});
+  cases.push_back({DType::f16, 3, 24, 24, 450, 450, 64, Mask::causal_bottom_right(), true, true});
   check_fa3_cases(cases, kFa3PersistentKernel);
 }
 // The 192-row tiles (D = 64): every D = 64 case of both lists, plus lengths on either side of
