@@ -1057,9 +1057,9 @@ TEST(AttentionCudnnRules, ShippedTablePicksFa3WhereItWasFastest) {
   };
   constexpr Candidate kFa3 = Candidate::fa3, kCudnn = Candidate::cudnn;
   const Point points[] = {
-      {128, 8192, false, kFa3, kFa3},     {128, 8192, true, kFa3, kFa3},
+      {128, 8192, false, kCudnn, kFa3},   {128, 8192, true, kFa3, kFa3},
       {128, 16384, true, kFa3, kFa3},     {128, 16384, false, kFa3, kFa3},
-      {128, 4096, false, kFa3, kFa3},     {128, 4096, true, kFa3, kCudnn},
+      {128, 4096, false, kCudnn, kFa3},   {128, 4096, true, kFa3, kCudnn},
       {128, 1024, false, kCudnn, kCudnn}, {128, 1024, true, kFa3, kFa3},
       {128, 512, true, kCudnn, kFa3},     {128, 2048, true, kFa3, kCudnn},
       {64, 4096, false, kFa3, kFa3},      {64, 4096, true, kCudnn, kFa3},
@@ -1070,11 +1070,11 @@ TEST(AttentionCudnnRules, ShippedTablePicksFa3WhereItWasFastest) {
       {64, 2048, true, kCudnn, kFa3},     {64, 2048, false, kFa3, kFa3},
       {256, 16384, true, kFa3, kFa3},     {256, 8192, true, kFa3, kFa3},
       {256, 16384, false, kFa3, kFa3},    {256, 8192, false, kFa3, kFa3},
-      {256, 4096, false, kFa3, kFa3},     {256, 4096, true, kFa3, kCudnn},
+      {256, 4096, false, kCudnn, kFa3},   {256, 4096, true, kFa3, kCudnn},
       {256, 512, false, kCudnn, kFa3},    {256, 1024, false, kCudnn, kFa3},
       {256, 512, true, kCudnn, kFa3},     {256, 1024, true, kCudnn, kFa3},
-      {256, 2048, false, kCudnn, kFa3},   {256, 2048, true, kCudnn, kCudnn},
-      {128, 512, false, kCudnn, kFa3},    {128, 2048, false, kCudnn, kCudnn},
+      {256, 2048, false, kCudnn, kFa3},   {256, 2048, true, kCudnn, kFa3},
+      {128, 512, false, kCudnn, kFa3},    {128, 2048, false, kFa3, kCudnn},
   };
   for (const Point& pt : points) {
     const Mask m = pt.causal ? Mask::causal_top_left() : Mask::none();
