@@ -1037,18 +1037,21 @@ TEST(AttentionCudnnRules, ShippedTableShortPoints) {
         }
 }
 
-// The shipped run (H200, cuDNN 9.19.0, 2026-12-01, e0f669d, each point the median of 2 runs of 3
-// rounds of the columns in alternating order; the f16 points are 4fbb3a9's): fa3 is picked exactly
-// where it beat cuDNN there by more than kTableLeadMargin (forward: D = 64 non-causal from L2048
-// and causal from L8192, its 192-row instance, by 4.7-15.2% (causal L2048 / L4096 0.993 / 0.986);
-// D = 128 non-causal from L4096 and causal from L1024, by 1.5-10.4% (non-causal L1024 / L2048
-// 0.980 / 0.954, the persistent instance, 1.032 / 1.028 in 513980c's run; causal L512 0.979); D =
-// 256 from L4096, by 1.3-16.6% (L2048 0.980, causal 0.975); backward: D = 64 at every point but
-// non-causal L128 (0.989), by 2.7-11.8%; D = 128 at every point but non-causal L1024 / L2048
-// (0.966 / 0.946) and causal L2048 / L4096 (0.965 / 1.001), by 1.5-11.0%; D = 256 at every point
-// but causal L2048 / L4096 (0.977 / 1.005), by 4.3-18.0%), cuDNN at every other measured point,
-// and never without fa3. Varlen problems (no cuDNN) get fa3 wherever it runs (it beat the bespoke
-// kernels at every point, both passes, every head dim).
+// The shipped run (H200, cuDNN 9.19.0, 2026-12-01, 74c0f49, each point the median of 3 runs of 3
+// rounds of the columns in alternating order; the f16 points 68964ea's, the same kernels, 2 runs):
+// fa3 is picked exactly where it beat cuDNN there by more than kTableLeadMargin. bf16 forward: D =
+// 64 non-causal from L2048 (its 192-row instance) and causal from L8192, by 4.0-14.8% (causal L2048
+// / L4096 0.994 / 0.997); D = 128 causal from L1024 but L2048 (1.007, inside the margin) and
+// non-causal at L2048 and L16384, by 1.8-11.5% (non-causal L1024 / L4096 / L8192 0.995 / 1.001 /
+// 0.974: even within the runs' spread, 0.945-1.026 at L8192); D = 256 causal from L4096 and
+// non-causal from L8192, by 1.4-20.8% (non-causal L4096 1.005). bf16 backward: D = 64 at every
+// point but non-causal L128 (0.989), by 2.7-11.4%; D = 128 at every point but non-causal L1024 /
+// L2048 (0.964 / 0.957) and causal L2048 (0.979), by 1.3-11.0%; D = 256 at every point but causal
+// L2048 / L4096 (0.995 / 0.985), by 4.7-18.0%. f16 forward: D = 64 from L2048, causal too (the
+// persistent causal forms: 1.024 / 1.084 at L2048 / L4096, 0.895 / 0.983 in 4fbb3a9's run); D = 128
+// from L1024 but non-causal L8192 (1.009); D = 256 non-causal L4096 and L16384, causal from L4096.
+// cuDNN at every other measured point, and never without fa3. Varlen problems (no cuDNN) get fa3
+// wherever it runs (it beat the bespoke kernels at every point, both passes, every head dim).
 TEST(AttentionCudnnRules, ShippedTablePicksFa3WhereItWasFastest) {
   struct Point {
     int64_t d, l;
@@ -1059,9 +1062,9 @@ TEST(AttentionCudnnRules, ShippedTablePicksFa3WhereItWasFastest) {
   const Point points[] = {
       {128, 8192, false, kCudnn, kFa3},   {128, 8192, true, kFa3, kFa3},
       {128, 16384, true, kFa3, kFa3},     {128, 16384, false, kFa3, kFa3},
-      {128, 4096, false, kCudnn, kFa3},   {128, 4096, true, kFa3, kCudnn},
+      {128, 4096, false, kCudnn, kFa3},   {128, 4096, true, kFa3, kFa3},
       {128, 1024, false, kCudnn, kCudnn}, {128, 1024, true, kFa3, kFa3},
-      {128, 512, true, kCudnn, kFa3},     {128, 2048, true, kFa3, kCudnn},
+      {128, 512, true, kCudnn, kFa3},     {128, 2048, true, kCudnn, kCudnn},
       {64, 4096, false, kFa3, kFa3},      {64, 4096, true, kCudnn, kFa3},
       {64, 8192, false, kFa3, kFa3},      {64, 8192, true, kFa3, kFa3},
       {64, 16384, false, kFa3, kFa3},     {64, 16384, true, kFa3, kFa3},
@@ -1073,7 +1076,7 @@ TEST(AttentionCudnnRules, ShippedTablePicksFa3WhereItWasFastest) {
       {256, 4096, false, kCudnn, kFa3},   {256, 4096, true, kFa3, kCudnn},
       {256, 512, false, kCudnn, kFa3},    {256, 1024, false, kCudnn, kFa3},
       {256, 512, true, kCudnn, kFa3},     {256, 1024, true, kCudnn, kFa3},
-      {256, 2048, false, kCudnn, kFa3},   {256, 2048, true, kCudnn, kFa3},
+      {256, 2048, false, kCudnn, kFa3},   {256, 2048, true, kCudnn, kCudnn},
       {128, 512, false, kCudnn, kFa3},    {128, 2048, false, kFa3, kCudnn},
   };
   for (const Point& pt : points) {
@@ -1105,6 +1108,23 @@ TEST(AttentionCudnnRules, ShippedTablePicksFa3WhereItWasFastest) {
       EXPECT_EQ(preferred_candidate(problem_of(packed), pass, true), Candidate::fa3);
       EXPECT_EQ(preferred_candidate(problem_of(packed), pass, false), Candidate::bespoke);
     }
+  }
+  // f16: the forward points the persistent causal forms moved to fa3, and their neighbours.
+  const Point f16_points[] = {
+      {64, 1024, true, kCudnn, kFa3},   {64, 2048, true, kFa3, kFa3},
+      {64, 4096, true, kFa3, kFa3},     {128, 512, true, kCudnn, kFa3},
+      {128, 1024, true, kFa3, kCudnn},  {128, 2048, true, kFa3, kCudnn},
+      {128, 8192, false, kCudnn, kFa3}, {256, 4096, false, kFa3, kFa3},
+      {256, 8192, false, kCudnn, kFa3}, {256, 2048, true, kCudnn, kCudnn},
+  };
+  for (const Point& pt : f16_points) {
+    const Mask m = pt.causal ? Mask::causal_top_left() : Mask::none();
+    const attention::Problem p = problem_of(
+        make_desc(DType::f16, 16384 / pt.l, 2048 / pt.d, 2048 / pt.d, pt.l, pt.l, pt.d, m));
+    SCOPED_TRACE("f16 D" + std::to_string(pt.d) + " L" + std::to_string(pt.l) +
+                 (pt.causal ? " causal" : ""));
+    EXPECT_EQ(preferred_candidate(p, Pass::forward, true), pt.forward);
+    EXPECT_EQ(preferred_candidate(p, Pass::backward, true), pt.backward);
   }
   // Chunked prefill (bench_attention's prefill rows: 4 sequences, 32 query heads, GQA 4, d128,
   // bottom-right, Lq new rows against 4096- or 16384-key caches). Padded: fa3's packed instance up
