@@ -1057,38 +1057,48 @@ TEST(AttentionCudnnRules, ShippedTablePicksFa3WhereItWasFastest) {
     int64_t d, l;
     bool causal;
     Candidate forward, backward;
+    DType type = DType::bf16;
   };
   constexpr Candidate kFa3 = Candidate::fa3, kCudnn = Candidate::cudnn;
+  constexpr DType kF16 = DType::f16;
+  // The f16 rows (last): the forward points the persistent causal forms moved to fa3, and their
+  // neighbours.
   const Point points[] = {
-      {128, 8192, false, kCudnn, kFa3},   {128, 8192, true, kFa3, kFa3},
-      {128, 16384, true, kFa3, kFa3},     {128, 16384, false, kFa3, kFa3},
-      {128, 4096, false, kCudnn, kFa3},   {128, 4096, true, kFa3, kFa3},
-      {128, 1024, false, kCudnn, kCudnn}, {128, 1024, true, kFa3, kFa3},
-      {128, 512, true, kCudnn, kFa3},     {128, 2048, true, kCudnn, kCudnn},
-      {64, 4096, false, kFa3, kFa3},      {64, 4096, true, kCudnn, kFa3},
-      {64, 8192, false, kFa3, kFa3},      {64, 8192, true, kFa3, kFa3},
-      {64, 16384, false, kFa3, kFa3},     {64, 16384, true, kFa3, kFa3},
-      {64, 1024, false, kCudnn, kFa3},    {64, 512, true, kCudnn, kFa3},
-      {64, 512, false, kCudnn, kFa3},     {64, 1024, true, kCudnn, kFa3},
-      {64, 2048, true, kCudnn, kFa3},     {64, 2048, false, kFa3, kFa3},
-      {256, 16384, true, kFa3, kFa3},     {256, 8192, true, kFa3, kFa3},
-      {256, 16384, false, kFa3, kFa3},    {256, 8192, false, kFa3, kFa3},
-      {256, 4096, false, kCudnn, kFa3},   {256, 4096, true, kFa3, kCudnn},
-      {256, 512, false, kCudnn, kFa3},    {256, 1024, false, kCudnn, kFa3},
-      {256, 512, true, kCudnn, kFa3},     {256, 1024, true, kCudnn, kFa3},
-      {256, 2048, false, kCudnn, kFa3},   {256, 2048, true, kCudnn, kCudnn},
-      {128, 512, false, kCudnn, kFa3},    {128, 2048, false, kFa3, kCudnn},
+      {128, 8192, false, kCudnn, kFa3},       {128, 8192, true, kFa3, kFa3},
+      {128, 16384, true, kFa3, kFa3},         {128, 16384, false, kFa3, kFa3},
+      {128, 4096, false, kCudnn, kFa3},       {128, 4096, true, kFa3, kFa3},
+      {128, 1024, false, kCudnn, kCudnn},     {128, 1024, true, kFa3, kFa3},
+      {128, 512, true, kCudnn, kFa3},         {128, 2048, true, kCudnn, kCudnn},
+      {64, 4096, false, kFa3, kFa3},          {64, 4096, true, kCudnn, kFa3},
+      {64, 8192, false, kFa3, kFa3},          {64, 8192, true, kFa3, kFa3},
+      {64, 16384, false, kFa3, kFa3},         {64, 16384, true, kFa3, kFa3},
+      {64, 1024, false, kCudnn, kFa3},        {64, 512, true, kCudnn, kFa3},
+      {64, 512, false, kCudnn, kFa3},         {64, 1024, true, kCudnn, kFa3},
+      {64, 2048, true, kCudnn, kFa3},         {64, 2048, false, kFa3, kFa3},
+      {256, 16384, true, kFa3, kFa3},         {256, 8192, true, kFa3, kFa3},
+      {256, 16384, false, kFa3, kFa3},        {256, 8192, false, kFa3, kFa3},
+      {256, 4096, false, kCudnn, kFa3},       {256, 4096, true, kFa3, kCudnn},
+      {256, 512, false, kCudnn, kFa3},        {256, 1024, false, kCudnn, kFa3},
+      {256, 512, true, kCudnn, kFa3},         {256, 1024, true, kCudnn, kFa3},
+      {256, 2048, false, kCudnn, kFa3},       {256, 2048, true, kCudnn, kCudnn},
+      {128, 512, false, kCudnn, kFa3},        {128, 2048, false, kFa3, kCudnn},
+      {64, 1024, true, kCudnn, kFa3, kF16},   {64, 2048, true, kFa3, kFa3, kF16},
+      {64, 4096, true, kFa3, kFa3, kF16},     {128, 512, true, kCudnn, kFa3, kF16},
+      {128, 1024, true, kFa3, kCudnn, kF16},  {128, 2048, true, kFa3, kCudnn, kF16},
+      {128, 8192, false, kCudnn, kFa3, kF16}, {256, 4096, false, kFa3, kFa3, kF16},
+      {256, 8192, false, kCudnn, kFa3, kF16}, {256, 2048, true, kCudnn, kCudnn, kF16},
   };
   for (const Point& pt : points) {
     const Mask m = pt.causal ? Mask::causal_top_left() : Mask::none();
-    const attention::Problem p = problem_of(
-        make_desc(DType::bf16, 16384 / pt.l, 2048 / pt.d, 2048 / pt.d, pt.l, pt.l, pt.d, m));
-    SCOPED_TRACE("D" + std::to_string(pt.d) + " L" + std::to_string(pt.l) +
-                 (pt.causal ? " causal" : ""));
+    const attention::Problem p =
+        problem_of(make_desc(pt.type, 16384 / pt.l, 2048 / pt.d, 2048 / pt.d, pt.l, pt.l, pt.d, m));
+    SCOPED_TRACE(std::string(pt.type == kF16 ? "f16 " : "") + "D" + std::to_string(pt.d) + " L" +
+                 std::to_string(pt.l) + (pt.causal ? " causal" : ""));
     EXPECT_EQ(preferred_candidate(p, Pass::forward, true), pt.forward);
     EXPECT_EQ(preferred_candidate(p, Pass::forward, false), Candidate::cudnn);
     EXPECT_EQ(preferred_candidate(p, Pass::backward, true), pt.backward);
     EXPECT_EQ(preferred_candidate(p, Pass::backward, false), Candidate::cudnn);
+    if (pt.type != DType::bf16) continue;  // decode and varlen below: the bf16 points'
     // Decode against the same keys: the family's decode kernel, but with 256-wide heads
     // (wide_head_decode: fa3 for one token, cuDNN from 2); its backward follows the table's
     // non-causal point (cuDNN at every length).
@@ -1108,23 +1118,6 @@ TEST(AttentionCudnnRules, ShippedTablePicksFa3WhereItWasFastest) {
       EXPECT_EQ(preferred_candidate(problem_of(packed), pass, true), Candidate::fa3);
       EXPECT_EQ(preferred_candidate(problem_of(packed), pass, false), Candidate::bespoke);
     }
-  }
-  // f16: the forward points the persistent causal forms moved to fa3, and their neighbours.
-  const Point f16_points[] = {
-      {64, 1024, true, kCudnn, kFa3},   {64, 2048, true, kFa3, kFa3},
-      {64, 4096, true, kFa3, kFa3},     {128, 512, true, kCudnn, kFa3},
-      {128, 1024, true, kFa3, kCudnn},  {128, 2048, true, kFa3, kCudnn},
-      {128, 8192, false, kCudnn, kFa3}, {256, 4096, false, kFa3, kFa3},
-      {256, 8192, false, kCudnn, kFa3}, {256, 2048, true, kCudnn, kCudnn},
-  };
-  for (const Point& pt : f16_points) {
-    const Mask m = pt.causal ? Mask::causal_top_left() : Mask::none();
-    const attention::Problem p = problem_of(
-        make_desc(DType::f16, 16384 / pt.l, 2048 / pt.d, 2048 / pt.d, pt.l, pt.l, pt.d, m));
-    SCOPED_TRACE("f16 D" + std::to_string(pt.d) + " L" + std::to_string(pt.l) +
-                 (pt.causal ? " causal" : ""));
-    EXPECT_EQ(preferred_candidate(p, Pass::forward, true), pt.forward);
-    EXPECT_EQ(preferred_candidate(p, Pass::backward, true), pt.backward);
   }
   // Chunked prefill (bench_attention's prefill rows: 4 sequences, 32 query heads, GQA 4, d128,
   // bottom-right, Lq new rows against 4096- or 16384-key caches). Padded: fa3's packed instance up
