@@ -1012,11 +1012,12 @@ TEST(AttentionCudnnRules, ShippedTableIsWellFormed) {
 }
 
 // The short points (L 128 / 256, H200: 16k tokens as 128 / 64 sequences, hidden 2048; bf16 and
-// f16 at aced984, each the median of 2 runs of 3 rounds): cuDNN leads every forward (fa3's column
-// is the persistent variant's, fa3_persists, at 0.79-0.98x: d128 L256 393.6 TFLOP/s bf16 against
-// cuDNN's 429.7) and the d64 L128 non-causal backward (fa3 0.989 / 0.990x bf16 / f16); fa3's
-// backward leads the rest, by 2.4-11.0% (bf16 d64 L128 causal 57.5 against 56.0, d256 L256 201.8
-// against 182.6). Without cuDNN fa3 at every point; without fa3 the family's kernels.
+// f16 at 6c47e03, each the median of 2 runs of 3 rounds): cuDNN leads every forward (fa3's column
+// is the persistent variant's, fa3_persists, at 0.83-0.995x: d128 L256 393.2 TFLOP/s bf16 against
+// cuDNN's 431.0; its causal form lifted causal L256 from 0.80x at aced984 to 0.94x) and the d64
+// L128 non-causal backward (fa3 0.987 / 0.991x bf16 / f16); fa3's backward leads the rest, by
+// 2.7-11.8% (bf16 d64 L128 causal 57.0 against 55.5, d256 L256 200.8 against 179.6). Without cuDNN
+// fa3 at every point; without fa3 the family's kernels.
 TEST(AttentionCudnnRules, ShippedTableShortPoints) {
   for (DType t : {DType::bf16, DType::f16})
     for (int64_t d : {64, 128, 256})
