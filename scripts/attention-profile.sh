@@ -8,9 +8,11 @@
 # bench_attention with BARACUDA_ATTN_SWEEP and BARACUDA_ATTN_KERNELS, its first launch) against
 # PyTorch SDPA's flash backend (FlashAttention-2). env: KERNELS (ncu regex of ours, default
 # flash_fwd_mma), PEER (torch_sdpa_flash | torch_sdpa_cudnn), NCU_SET (default full), PASS (forward
-# | backward: flash_bwd_fused against FA2's backward kernel). Reports (.ncu-rep) and their text
-# pages land in $OUT. Clocks are left as found (--clock-control none): the card's settings are not
-# ours to change.
+# | backward: flash_bwd_fused against FA2's backward kernel), BENCH_FAMILY (bench_attention's
+# family, default attention; attention_hopper profiles an fa3 forward instance, e.g.
+# FAMILY_KERNEL=fa3_fwd_sm90a_persistent KERNELS=fa3_fwd PEER=torch_sdpa_cudnn, at non-causal
+# points only). Reports (.ncu-rep) and their text pages land in $OUT. Clocks are left as found
+# (--clock-control none): the card's settings are not ours to change.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -44,7 +46,7 @@ ncu_run() {  # <report name> <kernel regex> <command...>
 for point in "$@"; do
   BARACUDA_ATTENTION_ONLY=$PASS BARACUDA_ATTN_SWEEP=$point \
     BARACUDA_ATTN_KERNELS=${FAMILY_KERNEL:-flash_fwd_mma_m32s_n128m_sm80} \
-    ncu_run "ours_$point" "$KERNELS" "$B/apps/bench_attention" attention
+    ncu_run "ours_$point" "$KERNELS" "$B/apps/bench_attention" "${BENCH_FAMILY:-attention}"
   d=${point#d}
   d=${d%%_*}
   l=${point#*_l}
