@@ -182,11 +182,12 @@ struct Params {
   Fa3WalkDivs walk;  // kPersistent: the walk by those sections (fa3_work_tile)
   Fa3Div heads_div;  // kPersistent: by `heads`
   // kPersistent, fa3_walks_in_pairs: the paired walk (fa3_pair_tile) in place of the sections',
-  // in an instance of its own (kPairs; the host reads walk_pairs to launch it), so that the others
-  // keep the SASS they had: with the choice a runtime branch, ptxas scheduled the key loop of
-  // every persistent instance anew. (Last, so that no other field moves.)
-  int walk_pairs;
-  Fa3PairWalk pairs;
+  // in an instance of its own (kPairs, which the host launches where the walk pairs), so that the
+  // others keep the SASS they had: with the choice a runtime branch, ptxas scheduled the key loop
+  // of every persistent instance anew. (Last, so that no other field moves; 8-byte aligned, as
+  // where a host-only flag stood before it, so that ptxas reads its fields in pairs and the paired
+  // instances keep their SASS.)
+  alignas(8) Fa3PairWalk pairs;
 };
 
 // One work tile: query rows [m0, m0 + the CTA's rows) of head h of sequence b, n_tiles key tiles
@@ -1640,14 +1641,16 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
   const int64_t n_work = int64_t{p.m_blocks} * d.heads_q * d.batch;
   const int sms = ctx.stream.caps().sm_count > 0 ? ctx.stream.caps().sm_count : 132;
   const int64_t persistent_ctas = std::min<int64_t>(n_work, sms);
+  bool walk_pairs = false;  // the causal form's paired instance (kPairs) in place of its sections
   if constexpr (V == kPersistent) {  // the walk's divisors: only its tile_of reads them
     p.section_heads = fa3_section_heads(pr.group, d.batch * d.heads_q, p.m_blocks, persistent_ctas,
                                         p.left >= 0 || p.right >= 0);
     p.walk = fa3_walk_divs(p.m_blocks, p.heads * p.batch, p.section_heads);
     // Bands with a right bound (causal) only: the paired instance is the causal form's.
-    p.walk_pairs = kHalfTiles<T, D, V> && p.right >= 0 &&
-                   fa3_walks_in_pairs(p.m_blocks, n_work, persistent_ctas, true);
-    p.pairs = fa3_pair_walk(p.m_blocks, p.heads * p.batch, static_cast<int>(persistent_ctas));
+    walk_pairs = kHalfTiles<T, D, V> && p.right >= 0 &&
+                 fa3_walks_in_pairs(p.m_blocks, n_work, persistent_ctas, true);
+    if (walk_pairs)
+      p.pairs = fa3_pair_walk(p.m_blocks, p.heads * p.batch, static_cast<int>(persistent_ctas));
     p.heads_div = fa3_div(p.heads);
   }
   p.splits = 1;
@@ -1678,7 +1681,7 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
   auto kernel = fa3_fwd_kernel<T, D, V, false>;
   if constexpr (kHalfTiles<T, D, V>)
     if (p.right >= 0)
-      kernel = p.walk_pairs ? fa3_fwd_kernel<T, D, V, true, true> : fa3_fwd_kernel<T, D, V, true>;
+      kernel = walk_pairs ? fa3_fwd_kernel<T, D, V, true, true> : fa3_fwd_kernel<T, D, V, true>;
   BARACUDA_TRY(cuda::launch_with_smem(attention::ForwardOp::name, "fa3_fwd_sm90a", kernel, grid,
                                       threads_of(V), smem, cuda::stream_of(ctx), tq, tk, tv, p,
                                       ty));
