@@ -3186,6 +3186,19 @@ TEST(AttentionFa3Registry, BackwardRankedByTheTableAndNotDeterministic) {
   EXPECT_EQ(found, 8);
 }
 
+// The deterministic instance: by name below every other backward kernel, and deterministic.
+TEST(AttentionFa3Registry, DeterministicBackwardIsPinnableAndDeterministic) {
+  int found = 0;
+  for (DType t : {DType::bf16, DType::f16}) {
+    const auto* det = fa3_bwd_kernel(t, kFa3BwdDeterministicKernel);
+    if (!det) continue;  // CPU-only build
+    ++found;
+    expect_fa3_entry(*det, t, kFa3BwdKernel, false, true);
+  }
+  if (found == 0) GTEST_SKIP() << "built without CUDA: fa3_bwd_sm90a is not registered";
+  EXPECT_EQ(found, 2);
+}
+
 std::vector<Case> fa3_bwd_cases() {
   return {
       {DType::bf16, 2, 4, 4, 128, 128, 64, Mask::none(), false, false},
@@ -3236,6 +3249,8 @@ std::vector<Case> fa3_bwd_cases() {
   } while (0)
 
 // Each case through the backward kernel `name` pinned by name, against the float64 reference.
+// Only kFa3BwdDeterministicKernel claims determinism (check_backward_kernel then compares its two
+// runs bitwise).
 void check_pinned_backward(const std::vector<Case>& cases, std::string_view name,
                            harness::Rng& rng) {
   const Stream& gs = harness::stream_for(Target::cuda);
@@ -3248,7 +3263,7 @@ void check_pinned_backward(const std::vector<Case>& cases, std::string_view name
     auto plan = attention::BackwardPlan::select(gs, desc, PlanPreference::kernel(name));
     BARACUDA_ASSERT_OK(plan);
     ASSERT_EQ(plan->sku().name, name);
-    EXPECT_FALSE(plan->precision_guarantee().deterministic);
+    EXPECT_EQ(plan->precision_guarantee().deterministic, name == kFa3BwdDeterministicKernel);
     const CaseData x = case_data(c, rng);
     const GpuBackwardInputs in = upload_backward(c, x);
     check_backward_kernel(c, p, *fa3_bwd_kernel(c.t, name), x.grad, in);
@@ -3261,6 +3276,34 @@ TEST(AttentionFa3Gpu, BackwardMatchesReference) {
   FA3_BWD_SKIP_UNLESS_RUNNABLE();
   harness::Rng rng;
   check_pinned_backward(fa3_bwd_cases(), kFa3BwdKernel, rng);
+}
+
+// The deterministic instance on every D = 64 / 128 case of fa3_bwd_cases() (soft-capping, varlen
+// aside, included) and on chunks that many key blocks add into one after another: 16 and 24 key
+// blocks a head over every query block, causal walks of several lengths a key block (each chunk's
+// run of adders starting at its diagonal), a window with both bounds. Two runs each, bitwise
+// equal; D = 256 and 96 refused by name.
+TEST(AttentionFa3Gpu, DeterministicBackwardMatchesReferenceAndRepeatsBitwise) {
+  FA3_BWD_SKIP_UNLESS_RUNNABLE();
+  harness::Rng rng;
+  std::vector<Case> cases;
+  for (const Case& c : fa3_bwd_cases())
+    if (c.d == 64 || c.d == 128) cases.push_back(c);
+  for (const Case& c : std::initializer_list<Case>{
+           {DType::bf16, 1, 4, 2, 1024, 3072, 64, Mask::none(), false, false},
+           {DType::f16, 2, 2, 2, 1500, 1500, 64, Mask::causal_top_left(), false, false},
+           {DType::bf16, 1, 4, 4, 2000, 1800, 128, Mask::causal_bottom_right(), true, false},
+           {DType::bf16, 1, 2, 1, 1100, 1300, 128, Mask::sliding_window(300, 200), false, true},
+       })
+    cases.push_back(c);
+  check_pinned_backward(cases, kFa3BwdDeterministicKernel, rng);
+  const Stream& gs = harness::stream_for(Target::cuda);
+  for (int64_t dim : {256, 96}) {
+    const auto plan =
+        attention::BackwardPlan::select(gs, make_desc(DType::bf16, 1, 2, 2, 256, 256, dim),
+                                        PlanPreference::kernel(kFa3BwdDeterministicKernel));
+    EXPECT_FALSE(plan.ok()) << "D " << dim;
+  }
 }
 
 // Shapes around each D = 64 instance's tiles. k192 (192 keys a CTA): key counts around whole CTAs
@@ -3807,17 +3850,23 @@ void check_varlen_case(const VarlenCase& c, harness::Rng& rng) {
           spare_rows_untouched({lv.begin() + h * tq, lv.begin() + (h + 1) * tq}, oq, 1, "lse"));
   }
 
-  // The backward pinned by name (not deterministic: each run checked on its own); at D = 64 without
-  // soft-capping the three-warpgroup kernel and the 128-row steps too.
-  for (std::string_view bname : {kFa3BwdKernel, kFa3BwdK192Kernel, kFa3BwdQ128Kernel}) {
-    if (bname != kFa3BwdKernel && (c.d != 64 || c.softcap > 0)) continue;
+  // The backward pinned by name (each run checked on its own); at D = 64 without soft-capping the
+  // three-warpgroup kernel and the 128-row steps too; at D = 64 / 128 the deterministic instance,
+  // whose two runs must also be bitwise equal.
+  for (std::string_view bname :
+       {kFa3BwdKernel, kFa3BwdK192Kernel, kFa3BwdQ128Kernel, kFa3BwdDeterministicKernel}) {
+    const bool det = bname == kFa3BwdDeterministicKernel;
+    if (det ? c.d != 64 && c.d != 128 : bname != kFa3BwdKernel && (c.d != 64 || c.softcap > 0))
+      continue;
     SCOPED_TRACE(std::string(bname));
     auto bplan = attention::BackwardPlan::select(gs, desc, PlanPreference::kernel(bname));
     BARACUDA_ASSERT_OK(bplan);
     ASSERT_EQ(bplan->sku().name, bname);
     TestTensor dq = packed_gpu(c, c.t, tq, c.hq), dk = packed_gpu(c, c.t, tk, c.hk),
                dv = packed_gpu(c, c.t, tk, c.hk);
+    EXPECT_EQ(bplan->precision_guarantee().deterministic, det);
     const Workspace_ bws = workspace_of(bplan->workspace_size());
+    std::vector<std::vector<uint8_t>> runs;
     for (int rep = 0; rep < 2; ++rep) {
       for (TestTensor* t : {&dq, &dk, &dv}) t->poison();
       const auto q_before = dq.bytes(), k_before = dk.bytes(), v_before = dv.bytes();
@@ -3839,6 +3888,11 @@ void check_varlen_case(const VarlenCase& c, harness::Rng& rng) {
       EXPECT_TRUE(harness::untouched_outside(q_before, dq.bytes(), dq.bit_mask(), "dq gaps"));
       EXPECT_TRUE(harness::untouched_outside(k_before, dk.bytes(), dk.bit_mask(), "dk gaps"));
       EXPECT_TRUE(harness::untouched_outside(v_before, dv.bytes(), dv.bit_mask(), "dv gaps"));
+      for (TestTensor* t : {&dq, &dk, &dv}) runs.push_back(t->bytes());
+    }
+    if (det) {
+      for (int i = 0; i < 3; ++i)
+        EXPECT_TRUE(harness::bytes_equal(runs[i], runs[i + 3], "backward run 1 vs run 2"));
     }
   }
 }

@@ -35,12 +35,13 @@
 // dK = scale * sum dS^T Q is scaled in the main kernel's epilogue.
 //
 // Not deterministic: the bulk reductions (D = 256: the atomics) add each query block's dQ
-// contributions in whatever order the CTAs reach them. Supports what fa3_fwd_sm90a does
-// (shape_fits, cuda::check_tma_rows), varlen included: the grids cover the longest sequence, every
-// CTA or row block reads its sequence's offsets from cu_seqlens (key CTAs past their sequence's
-// keys exit), the workspace keeps a [max Lq]-row slab per (sequence, query head), and the tiles'
-// rows past a sequence are zeroed in shared memory before the GEMMs read them (they belong to other
-// sequences).
+// contributions in whatever order the CTAs reach them. fa3_bwd_sm90a_deterministic (D = 64, 128;
+// kDet in the kernel) adds them in a fixed order instead, each CTA waiting its turn per chunk.
+// Supports what fa3_fwd_sm90a does (shape_fits, cuda::check_tma_rows), varlen included: the grids
+// cover the longest sequence, every CTA or row block reads its sequence's offsets from cu_seqlens
+// (key CTAs past their sequence's keys exit), the workspace keeps a [max Lq]-row slab per
+// (sequence, query head), and the tiles' rows past a sequence are zeroed in shared memory before
+// the GEMMs read them (they belong to other sequences).
 //
 // Instantiated by fa3_backward_bf16.cu and fa3_backward_f16.cu (see fa3_forward.cuh on the units).
 #pragma once
@@ -124,6 +125,11 @@ struct BwdParams {
   float scale_log2, scale;
   int softcap;              // scores capped as cap * tanh(s * scale / cap)
   float cap_arg, cap_log2;  // scale / cap, cap * log2(e)
+  // fa3_bwd_sm90a_deterministic (kDet): per accumulator chunk, the contributions added so far
+  // (prep zeroes them), and the counter that hands out CTA tickets. Last, so that the other
+  // kernels' parameter offsets stay where they were.
+  int* det_flags;
+  int* det_ticket;
 };
 
 // The sequence a CTA or row block works on: its packed row offsets (padded: 0), lengths, diagonal
@@ -149,6 +155,23 @@ __device__ __forceinline__ BwdSeq bwd_seq(const BwdParams& p, int b) {
 __device__ __forceinline__ uint32_t opaque(uint32_t x) {
   asm volatile("mov.b32 %0, %0;\n" : "+r"(x));
   return x;
+}
+// kDet's ordering of the chunks' adds (see fa3_bwd_kernel): until `want` adds into the chunk have
+// been counted, then the reduction that follows (async proxy) after the count's acquire; and the
+// count raised once this thread's bulk reductions are complete (their writes done in L2).
+__device__ __forceinline__ void det_wait(const int* count, int want) {
+  for (;;) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(count) : "memory");
+    if (v >= want) break;
+    __nanosleep(32);
+  }
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
+__device__ __forceinline__ void det_signal(int* count) {
+  bulk_wait<0, false>();
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+  asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(count) : "memory");
 }
 __device__ __forceinline__ float2 ld_shared_f2(uint32_t addr) {
   float2 v;
@@ -206,7 +229,18 @@ __host__ __device__ constexpr int staged_slot(int j, int tid) {
 // kCap: soft-capping; kVarlen: packed sequences (the tiles' rows past a sequence are zeroed).
 // Each in an instantiation of its own, so the plain padded kernel's step carries neither. W: the
 // consumer warpgroups (BwdShape).
-template <class T, int D, bool kCap, bool kVarlen, int W = 2, int Q = 64>
+// kDet (fa3_bwd_sm90a_deterministic; W = 2, Q = 64, D = 64 or 128): dQ's adds into each
+// accumulator chunk in one fixed order, so that reruns are bitwise equal. A CTA's (key block, key
+// head, batch) comes from a ticket taken at its start, key blocks in falling order within a head,
+// and a CTA adds into a chunk only once every CTA of a higher key block that adds into it has (the
+// chunk's count in det_flags, waited for by the reducing thread). So a CTA waits only on CTAs
+// that started before it: progress does not depend on the order in which the hardware launches
+// CTAs or on how many are resident. Falling key blocks suit the band masks: a causal CTA of a
+// higher key block starts its walk at a later query block and reaches every shared one first. The
+// walk is not rotated (rot = 0): the CTAs of a head visit the chunks in the same order, one after
+// another. At D = 64 warpgroup 0 forms dQ over all 128 keys (one add a chunk per CTA) and
+// warpgroup 1 none.
+template <class T, int D, bool kCap, bool kVarlen, int W = 2, int Q = 64, bool kDet = false>
 __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
     fa3_bwd_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                    const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdy,
@@ -227,8 +261,19 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
                                              ~static_cast<uintptr_t>(1023));
   const uint32_t base = smem_u32(smem);
-  const int n0 = static_cast<int>(blockIdx.x) * kKeys, hk = static_cast<int>(blockIdx.y),
-            b = static_cast<int>(blockIdx.z);
+  static_assert(!kDet || (W == 2 && kQRows == 64 && !kSplit), "kDet: D = 64 or 128, W = 2, Q = 64");
+  int kb = static_cast<int>(blockIdx.x), hk = static_cast<int>(blockIdx.y),
+      b = static_cast<int>(blockIdx.z);
+  if constexpr (kDet) {
+    __shared__ int ticket;
+    if (threadIdx.x == 0) ticket = atomicAdd(p.det_ticket, 1);
+    __syncthreads();
+    const int g = static_cast<int>(gridDim.x), per_batch = g * static_cast<int>(gridDim.y);
+    kb = g - 1 - ticket % g;
+    hk = ticket % per_batch / g;
+    b = ticket / per_batch;
+  }
+  const int n0 = kb * kKeys;
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   // The warpgroup broadcast from lane 0, so that the compiler knows it is warp-uniform and derives
   // the wgmma descriptors in uniform registers (computed per thread, every descriptor crossed over
@@ -256,7 +301,9 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
   // The CTAs of one key head run side by side and would add into the same dQ chunk at the same
   // time (L2 serializes same-address reductions): each starts its walk over the (head, query
   // block) steps at its own offset, spread evenly over the key blocks.
-  const int rot = steps > 0 ? static_cast<int>(int64_t{blockIdx.x} * steps / gridDim.x) : 0;
+  // (kDet: not rotated, see there.)
+  const int rot =
+      !kDet && steps > 0 ? static_cast<int>(int64_t{blockIdx.x} * steps / gridDim.x) : 0;
   // A step's place in that walk: (query head of the group, query block), advanced by increments
   // rather than divided out per step, since the ring's refill (warp 0) and each step's head and
   // block sit on the path to warpgroup-wide GEMMs.
@@ -438,6 +485,19 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
   // the top of step t and runs under P^T's exponentials.
   // This thread's lse2 / delta words in stage 0 (kExchange reads them its own way).
   const uint32_t row_stats_at = kExchange ? 0u : opaque(base + S::kRows + cq * 4);
+  // kDet: the adds into the chunk of query rows m0.. that come before this CTA's, one from each
+  // higher key block whose walk holds that query block (a contiguous run from this one: a key
+  // block's first query block rises with it, see m_begin, and its last does too). The reducing
+  // thread's chunk whose add is still to be counted (-1: none).
+  auto det_before = [&](int m0) {
+    int hi = (lk + kKeys - 1) / kKeys - 1;
+    if (p.right >= 0) {
+      const int64_t lim = int64_t{m0} + kQRows + off + p.right - 1;
+      hi = lim < 0 ? kb : static_cast<int>(min(int64_t{hi}, lim / kKeys));
+    }
+    return max(hi, kb) - kb;
+  };
+  int64_t det_pending = -1;
   Pos cur = first;
   for (int t = 0; t < steps; ++t) {
     const int s = t % kRing, h = pos_head(cur), m0 = pos_row0(cur);
@@ -609,6 +669,15 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
         probabilities(std::false_type{});
       }
       issue_rs<T, kCols, kFresh, kQRows>(dv, pa, sdy + wg_cols);
+      // kDet: step t - 1's add counted here, the probabilities' time after it was issued, rather
+      // than at the step's barrier below (the next key block's CTA waits for the count). Measured
+      // the same either way (H200, seventy-fourth session): the chain's pace is not set here.
+      if constexpr (kDet) {
+        if (threadIdx.x % 128 == 0 && det_pending >= 0) {
+          det_signal(p.det_flags + det_pending);
+          det_pending = -1;
+        }
+      }
       wgmma_wait<1>();  // dP^T done; dV may still run
       fence_regs(dpt);
 
@@ -648,7 +717,14 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
       // Both warpgroups' dS^T are written, and both are past step t - 1 (its wgmmas waited for):
       // stage (t - 1) % kRing is free for step t + kRing - 1. Each warpgroup's dQ staging buffer is
       // free once its previous bulk reduction has read it: the barrier publishes that too.
-      if (!kSplit && threadIdx.x % 128 == 0) bulk_wait<0, true>();
+      if (!kSplit && threadIdx.x % 128 == 0) {
+        if constexpr (kDet) {
+          if (det_pending >= 0) det_signal(p.det_flags + det_pending);
+          det_pending = -1;
+        } else {
+          bulk_wait<0, true>();
+        }
+      }
       sync_consumers<W>();
       // Refilling stage (t - 1) % kRing: at D = 256 here; with the staged dQ once its GEMM is
       // issued, so that warp 0's share of that warpgroup-wide GEMM does not wait behind the load
@@ -661,52 +737,67 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
         // D = 128: this warpgroup's 64 columns of K over all 128 keys (the CTA's dS^T);
         // D = 64: all columns over its own 64 keys (its rows of dS^T and K); Q = 128: all columns
         // for its 64 of the step's queries (dS^T's column block wg) over all 128 keys.
-        constexpr bool kQ128 = kQRows == 128;
-        constexpr int kDqKeys = D == 128 || kQ128 ? kKeys : 64;
-        const uint32_t da_at = ds + (D == 128 ? 0
-                                     : kQ128  ? wg * kKeys * 128
-                                              : wg * 64 * 128),
-                       db_at = sb + S::kK + (kQ128 ? 0 : wg * kDqKeys * 128);
-        const uint64_t da = desc_sw128(da_at, 8192, 1024), db = desc_sw128(db_at, 8192, 1024);
-        float dq[32];
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kDqKeys / 16; ++kk)
-          Ops<T>::tt64(dq, desc_off<kFresh>(da, da_at, kk * 16 * 128, 8192, 1024),
-                       desc_off<kFresh>(db, db_at, kk * 16 * 128, 8192, 1024), kk > 0 ? 1 : 0);
-        wgmma_commit();
-        if (!kEarlyRefill && refill) load_step(t + kRing - 1, ahead());
-        wgmma_wait<0>();  // dQ_t (and every older group) done
-        if (kEarlyRefill && wg > 0 && threadIdx.x % 128 == 0)
-          mbar_arrive(smem_u32(&bars[1 + kRing + s]));
-        fence_regs(dq);
-        // dQ_t into the accumulator: this warpgroup's 64 x 64 f32 part, staged in shared memory in
-        // accumulator-fragment order (conflict-free stores; see staged_slot), then bulk
-        // reduce-adds. D = 64: both warpgroups add into the same chunk. S^T_{t+1} is issued between
-        // the staging stores and the proxy fence that waits for them, so the stores land while it
-        // issues (the fence was the largest stall in ncu when S^T_{t+1} went first, behind the dQ
-        // GEMM: H100, d128 L4096 476 -> 504 TFLOP/s in one call, d64 unchanged). The last step
-        // issues its own S^T again (its stage is still resident): an S^T GEMM on every path keeps
-        // the accumulator registers' definitions unconditional, which ptxas needs to keep the
-        // wgmmas asynchronous.
-        {
-          const int tid = static_cast<int>(threadIdx.x) % 128;
-          const uint32_t stage = sb + S::kStage + wg * S::kStageBytes;
-#pragma unroll
-          for (int j = 0; j < 8; ++j)
-            asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(
-                             stage + staged_slot(j, tid) * 16),
-                         "f"(dq[4 * j]), "f"(dq[4 * j + 1]), "f"(dq[4 * j + 2]), "f"(dq[4 * j + 3])
-                         : "memory");
+        // kDet at D = 64: warpgroup 0 over all 128 keys, as D = 128 (see the kernel).
+        constexpr bool kQ128 = kQRows == 128, kDetD64 = kDet && D == 64;
+        constexpr int kDqKeys = D == 128 || kQ128 || kDetD64 ? kKeys : 64;
+        const uint32_t da_at = ds + (D == 128 || kDetD64 ? 0
+                                     : kQ128             ? wg * kKeys * 128
+                                                         : wg * 64 * 128),
+                       db_at = sb + S::kK + (kQ128 || kDetD64 ? 0 : wg * kDqKeys * 128);
+        if (kDetD64 && wg == 1) {
+          // kDet at D = 64: no dQ here (warpgroup 0 forms it over all 128 keys).
           if (t + 1 < steps)
             issue_s(t + 1, pos_row0(nxt));
           else
             issue_scores(t, st, sb, S::kK, S::kQ);
-          const int64_t chunk = chunk_of(h, m0 + (kQ128 ? wg * kChunkRows : 0));
-          fence_proxy_async();
-          sync_warpgroup<W>(wg);
-          if (tid == 0)
-            bulk_reduce_add_f32(p.acc + chunk * (kChunkRows * 64), stage, S::kStageBytes);
+        } else {
+          const uint64_t da = desc_sw128(da_at, 8192, 1024), db = desc_sw128(db_at, 8192, 1024);
+          float dq[32];
+          wgmma_fence();
+#pragma unroll
+          for (int kk = 0; kk < kDqKeys / 16; ++kk)
+            Ops<T>::tt64(dq, desc_off<kFresh>(da, da_at, kk * 16 * 128, 8192, 1024),
+                         desc_off<kFresh>(db, db_at, kk * 16 * 128, 8192, 1024), kk > 0 ? 1 : 0);
+          wgmma_commit();
+          if (!kEarlyRefill && refill) load_step(t + kRing - 1, ahead());
+          wgmma_wait<0>();  // dQ_t (and every older group) done
+          if (kEarlyRefill && wg > 0 && threadIdx.x % 128 == 0)
+            mbar_arrive(smem_u32(&bars[1 + kRing + s]));
+          fence_regs(dq);
+          // dQ_t into the accumulator: this warpgroup's 64 x 64 f32 part, staged in shared memory
+          // in accumulator-fragment order (conflict-free stores; see staged_slot), then bulk
+          // reduce-adds. D = 64: both warpgroups add into the same chunk. S^T_{t+1} is issued
+          // between the staging stores and the proxy fence that waits for them, so the stores land
+          // while it issues (the fence was the largest stall in ncu when S^T_{t+1} went first,
+          // behind the dQ GEMM: H100, d128 L4096 476 -> 504 TFLOP/s in one call, d64 unchanged).
+          // The last step issues its own S^T again (its stage is still resident): an S^T GEMM on
+          // every path keeps the accumulator registers' definitions unconditional, which ptxas
+          // needs to keep the wgmmas asynchronous.
+          {
+            const int tid = static_cast<int>(threadIdx.x) % 128;
+            const uint32_t stage = sb + S::kStage + wg * S::kStageBytes;
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+              asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                               stage + staged_slot(j, tid) * 16),
+                           "f"(dq[4 * j]), "f"(dq[4 * j + 1]), "f"(dq[4 * j + 2]),
+                           "f"(dq[4 * j + 3])
+                           : "memory");
+            if (t + 1 < steps)
+              issue_s(t + 1, pos_row0(nxt));
+            else
+              issue_scores(t, st, sb, S::kK, S::kQ);
+            const int64_t chunk = chunk_of(h, m0 + (kQ128 ? wg * kChunkRows : 0));
+            fence_proxy_async();
+            sync_warpgroup<W>(wg);
+            if (tid == 0) {
+              if constexpr (kDet) {
+                det_wait(p.det_flags + chunk, det_before(m0));
+                det_pending = chunk;
+              }
+              bulk_reduce_add_f32(p.acc + chunk * (kChunkRows * 64), stage, S::kStageBytes);
+            }
+          }
         }
       }
     }
@@ -758,10 +849,14 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
     // lies past the staged tiles). Every other thread only waits for its row's read: shared
     // memory may then be released. Waiting before the barrier cost 1.5-3.1% at L512 / L1024, d64
     // and d128, and nothing measurable from L2048 (H200, fifty-ninth session's call 2).
-    if (!kSplit && tid == 0)
+    if (!kSplit && tid == 0) {
+      if constexpr (kDet) {
+        if (det_pending >= 0) det_signal(p.det_flags + det_pending);
+      }
       bulk_wait<0, false>();
-    else
+    } else {
       bulk_wait<0, true>();
+    }
   }
 #endif  // BARACUDA_FA3_DEVICE
 }
@@ -778,6 +873,8 @@ struct RowParams {
   int total_q;
   int lq, lq_pad, heads_q;
   float scale;
+  int* det_flags;  // kDet: the chunks' add counts, zeroed here (null otherwise)
+  int* det_ticket;
 };
 
 // Sequence b's query rows: packed rows [q0, q0 + lq) of tensor batch tb (the main kernel's rule).
@@ -806,11 +903,20 @@ struct PrepShape {
 };
 
 // Grid: lq_pad / kRowsPerBlock x Hq x B (lq_pad is a multiple of 128, so of every kRowsPerBlock).
-template <class T, int D>
+// kDet: each block also zeroes its chunks' add counts, and the first the ticket counter.
+template <class T, int D, bool kDet = false>
 __global__ void __launch_bounds__(256) fa3_bwd_prep(const RowParams p) {
   using S = PrepShape<D>;
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int h = static_cast<int>(blockIdx.y), b = static_cast<int>(blockIdx.z);
+  if constexpr (kDet) {
+    constexpr int kCounts = S::kRowsPerBlock / kChunkRows * (D / 64);
+    const int64_t c0 = ((int64_t{b} * p.heads_q + h) * (p.lq_pad / kChunkRows) +
+                        int64_t{blockIdx.x} * (S::kRowsPerBlock / kChunkRows)) *
+                       (D / 64);
+    if (threadIdx.x < kCounts) p.det_flags[c0 + threadIdx.x] = 0;
+    if (blockIdx.x == 0 && h == 0 && b == 0 && threadIdx.x == 0) *p.det_ticket = 0;
+  }
   const int first = static_cast<int>(blockIdx.x) * S::kRowsPerBlock + warp * S::kRowsPerWarp;
   const int sub = lane / S::kLanesPerRow, col = lane % S::kLanesPerRow;
   const RowSeq sq = row_seq(p, b);
@@ -911,10 +1017,11 @@ inline int64_t padded_rows(const Problem& pr) {
 
 // Workspace: the f32 dQ accumulator, then lse2 and delta, each 256-byte aligned from the first
 // 256-byte boundary of the caller's buffer (256 bytes of slack are asked for).
+// kDet: then the chunks' add counts (one int a 64-row, 64-column chunk) and the ticket counter.
 struct Layout {
-  size_t acc = 0, lse2 = 0, delta = 0, bytes = 0;
+  size_t acc = 0, lse2 = 0, delta = 0, det_flags = 0, det_ticket = 0, bytes = 0;
 };
-inline Layout layout_of(const Problem& pr) {
+inline Layout layout_of(const Problem& pr, bool det = false) {
   const auto& d = pr.desc;
   const size_t rows = static_cast<size_t>(d.batch * d.heads_q * padded_rows(pr));
   auto up = [](size_t x) { return (x + 255) / 256 * 256; };
@@ -922,7 +1029,9 @@ inline Layout layout_of(const Problem& pr) {
   l.acc = 0;
   l.lse2 = up(rows * static_cast<size_t>(d.head_dim_qk) * 4);
   l.delta = l.lse2 + up(rows * 4);
-  l.bytes = l.delta + up(rows * 4) + 256;
+  l.det_flags = l.det_ticket = l.delta + up(rows * 4);
+  if (det) l.det_ticket = l.det_flags + up(rows / kChunkRows * (d.head_dim_qk / 64) * 4);
+  l.bytes = l.det_ticket + (det ? 256 : 0) + 256;
   return l;
 }
 
@@ -948,6 +1057,9 @@ bool fits(const Problem& pr, const DeviceCaps& caps) {
 inline size_t workspace(const Problem& pr, const DeviceCaps&) {
   return layout_of(pr).bytes;
 }
+inline size_t workspace_det(const Problem& pr, const DeviceCaps&) {
+  return layout_of(pr, true).bytes;
+}
 
 // The TMA loads' and vector stores' layout rules (cuda::check_tma_rows) on the run's views: the
 // registry's check, so that can_implement refuses what launch could not load.
@@ -965,16 +1077,16 @@ inline Status check_args(const Problem& pr, const BackwardArguments& a) {
   return {};
 }
 
-template <class T, int D, int W = 2, int Q = 64>
+template <class T, int D, int W = 2, int Q = 64, bool kDet = false>
 Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArguments& a) {
   const auto& d = pr.desc;
-  if (!has_sm90a_body<fa3_bwd_kernel<T, D, false, false, W, Q>>())
+  if (!has_sm90a_body<fa3_bwd_kernel<T, D, false, false, W, Q, kDet>>())
     return Error::unsupported(std::string(kWho) + ": this build has no sm_90a code for the kernel");
   const bool vl = d.varlen;
   const ConstTensor q = rows_view(a.q, vl), k = rows_view(a.k, vl), v = rows_view(a.v, vl),
                     y = rows_view(a.y, vl), dy = rows_view(a.dy, vl), lse = lse_view(a.lse, vl);
   const Tensor dq = rows_view(a.dq, vl), dk = rows_view(a.dk, vl), dv = rows_view(a.dv, vl);
-  const Layout lay = layout_of(pr);
+  const Layout lay = layout_of(pr, kDet);
   if (ctx.workspace.bytes < lay.bytes)
     return Error::workspace_too_small(std::string(kWho) + ": workspace", lay.bytes,
                                       ctx.workspace.bytes);
@@ -1008,6 +1120,10 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
   rp.lq_pad = static_cast<int>(padded_rows(pr));
   rp.heads_q = static_cast<int>(d.heads_q);
   rp.scale = static_cast<float>(pr.scale);
+  if (kDet) {
+    rp.det_flags = reinterpret_cast<int*>(ws + lay.det_flags);
+    rp.det_ticket = reinterpret_cast<int*>(ws + lay.det_ticket);
+  }
 
   BwdParams p{};
   p.dk = dk.data;
@@ -1024,19 +1140,22 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
   p.group = static_cast<int>(pr.group);
   p.heads_q = rp.heads_q;
   p.scale = rp.scale;
+  p.det_flags = rp.det_flags;
+  p.det_ticket = rp.det_ticket;
 
   constexpr int smem = BwdSmem<D, W, Q>::kLaunchBytes;
   // Soft-capping and varlen in instantiations of their own (see the kernel). The D = 64 instances
   // (W = 3, Q = 128) have no soft-capped ones (launch_d64 refuses the cap).
   constexpr bool kCaps = W == 2 && Q == 64;
-  constexpr std::array kernels = {
-      fa3_bwd_kernel<T, D, false, false, W, Q>, fa3_bwd_kernel<T, D, kCaps, false, W, Q>,
-      fa3_bwd_kernel<T, D, false, true, W, Q>, fa3_bwd_kernel<T, D, kCaps, true, W, Q>};
+  constexpr std::array kernels = {fa3_bwd_kernel<T, D, false, false, W, Q, kDet>,
+                                  fa3_bwd_kernel<T, D, kCaps, false, W, Q, kDet>,
+                                  fa3_bwd_kernel<T, D, false, true, W, Q, kDet>,
+                                  fa3_bwd_kernel<T, D, kCaps, true, W, Q, kDet>};
   const auto kernel = kernels[(p.softcap ? 1 : 0) + (vl ? 2 : 0)];
   const cudaStream_t st = cuda::stream_of(ctx);
   const dim3 rows_grid(static_cast<unsigned>(rp.lq_pad / PrepShape<D>::kRowsPerBlock),
                        static_cast<unsigned>(d.heads_q), static_cast<unsigned>(d.batch));
-  fa3_bwd_prep<T, D><<<rows_grid, 256, 0, st>>>(rp);
+  fa3_bwd_prep<T, D, kDet><<<rows_grid, 256, 0, st>>>(rp);
   BARACUDA_TRY(cuda::check_launch(attention::BackwardOp::name, "fa3_bwd_sm90a prep"));
   const dim3 grid(static_cast<unsigned>((d.len_k + kKeys - 1) / kKeys),
                   static_cast<unsigned>(d.heads_kv), static_cast<unsigned>(d.batch));
@@ -1081,6 +1200,22 @@ Status launch_d64(const LaunchContext& ctx, const Problem& pr, const BackwardArg
     return Error::unsupported(who + ": head_dim=" + std::to_string(pr.desc.head_dim_qk) +
                               ": D = 64 only");
   return launch_d<T, 64, W, Q>(ctx, pr, a);
+}
+
+// fa3_bwd_sm90a_deterministic: D = 64 and 128, everything fa3_bwd_sm90a takes there.
+template <class T>
+bool fits_det(const Problem& pr, const DeviceCaps& caps) {
+  const int64_t dim = pr.desc.head_dim_qk;
+  return (dim == 64 || dim == 128) && fits<T>(pr, caps) &&
+         has_sm90a_body<fa3_bwd_kernel<T, 64, false, false, 2, 64, true>>();
+}
+template <class T>
+Status launch_det(const LaunchContext& ctx, const Problem& pr, const BackwardArguments& a) {
+  if (pr.desc.head_dim_qk == 64) return launch_d<T, 64, 2, 64, true>(ctx, pr, a);
+  if (pr.desc.head_dim_qk == 128) return launch_d<T, 128, 2, 64, true>(ctx, pr, a);
+  return Error::unsupported(
+      std::string(attention::BackwardOp::name) + ": " + std::string(kFa3BwdDeterministicKernel) +
+      ": head_dim=" + std::to_string(pr.desc.head_dim_qk) + ": D = 64 or 128 only");
 }
 
 // The kernels by name, in the order of their (falling) priorities in register_one.
@@ -1134,6 +1269,16 @@ bool register_one() {
   // `fastest` on their own; PlanPreference::kernel(name) reaches each where it fits.
   int priority = -2;
   for (const Instance& i : kInstances<T>) add(i.name, priority--, i.fits, i.launch);
+  // The deterministic instance, by name (its place among the deterministic entries is measured
+  // first: docs/perf/attention_hopper.md, seventy-fourth session).
+  register_kernel<attention::BackwardOp>(
+      {.sku = fa3_sku(attention::BackwardOp::name, E, fa3_precision(E, true),
+                      kFa3BwdDeterministicKernel),
+       .priority = priority--,
+       .fits = fits_det<T>,
+       .workspace = workspace_det,
+       .launch = launch_det<T>,
+       .check = check_args});
   // fa3_ranked_backward_kernel's kernel above every other backward kernel, fitting only where the
   // measured selection table says fa3 is the fastest candidate (cuDNN's non-deterministic entry
   // then ranks behind).
