@@ -99,6 +99,17 @@ __device__ __forceinline__ void fence_proxy_async() {
 #endif
 }
 
+// The same between this thread's generic-proxy global accesses and its async-proxy ones (bulk
+// reductions): e.g. a flag read with acquire before a bulk reduction into what the flag guards, or
+// a completed bulk reduction before the release that publishes it.
+__device__ __forceinline__ void fence_proxy_async_global() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+#else
+  __trap();
+#endif
+}
+
 // ---- sm_90 mbarriers, bulk copies and thread-block clusters ----------------------------------
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define BARACUDA_SM90_ASM(...) asm volatile(__VA_ARGS__)

@@ -46,6 +46,23 @@ __device__ __forceinline__ void await_block(const unsigned* flag, unsigned value
   __syncthreads();
 }
 
+// The same hand-off by one thread, for a count that only rises (several publishers, each adding 1):
+// this thread alone polls until *count >= value, and what the publishers wrote before their raise
+// is visible to it (to the rest of its block only after a barrier).
+__device__ __forceinline__ void await_count(const unsigned* count, unsigned value) {
+  unsigned seen, pause = 32;
+  for (;;) {
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(seen) : "l"(count) : "memory");
+    if (seen >= value) break;
+    __nanosleep(pause);
+    pause = pause < 1024 ? 2 * pause : pause;
+  }
+}
+// Adds 1 to the count after this thread's earlier writes (release, GPU scope).
+__device__ __forceinline__ void raise_count(unsigned* count) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(count) : "memory");
+}
+
 // Raises this block's flag in a group of `count` blocks (flags[mine] = tag, after every thread's
 // stores) and reads the group's flags: true where all of them hold tag. For a merge by whichever
 // block of a group finishes last, with nothing to initialize: fence.sc between the raise and the

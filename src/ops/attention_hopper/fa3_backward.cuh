@@ -52,6 +52,7 @@
 #include <type_traits>
 
 #include "baracuda/ops/attention_hopper.hpp"
+#include "core/cuda/flags.cuh"
 #include "ops/attention_hopper/fa3_common.cuh"
 
 namespace baracuda::attention_hopper::fa3 {
@@ -128,8 +129,8 @@ struct BwdParams {
   // fa3_bwd_sm90a_deterministic (kDet): per accumulator chunk, the contributions added so far
   // (prep zeroes them), and the counter that hands out CTA tickets. Last, so that the other
   // kernels' parameter offsets stay where they were.
-  int* det_flags;
-  int* det_ticket;
+  unsigned* det_counts;
+  unsigned* det_ticket;
 };
 
 // The sequence a CTA or row block works on: its packed row offsets (padded: 0), lengths, diagonal
@@ -156,22 +157,17 @@ __device__ __forceinline__ uint32_t opaque(uint32_t x) {
   asm volatile("mov.b32 %0, %0;\n" : "+r"(x));
   return x;
 }
-// kDet's ordering of the chunks' adds (see fa3_bwd_kernel): until `want` adds into the chunk have
-// been counted, then the reduction that follows (async proxy) after the count's acquire; and the
-// count raised once this thread's bulk reductions are complete (their writes done in L2).
-__device__ __forceinline__ void det_wait(const int* count, int want) {
-  for (;;) {
-    int v;
-    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(count) : "memory");
-    if (v >= want) break;
-    __nanosleep(32);
-  }
-  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+// kDet's ordering of a chunk's adds (see fa3_bwd_kernel; core/cuda/flags.cuh's count hand-off):
+// until `want` earlier adds are counted, then this thread's bulk reduction (async proxy) after the
+// count's acquire; and the count raised once this thread's bulk reductions have completed.
+__device__ __forceinline__ void det_await_turn(const unsigned* count, unsigned want) {
+  cuda::await_count(count, want);
+  cuda::fence_proxy_async_global();
 }
-__device__ __forceinline__ void det_signal(int* count) {
+__device__ __forceinline__ void det_count_add(unsigned* count) {
   bulk_wait<0, false>();
-  asm volatile("fence.proxy.async.global;\n" ::: "memory");
-  asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(count) : "memory");
+  cuda::fence_proxy_async_global();
+  cuda::raise_count(count);
 }
 __device__ __forceinline__ float2 ld_shared_f2(uint32_t addr) {
   float2 v;
@@ -233,7 +229,7 @@ __host__ __device__ constexpr int staged_slot(int j, int tid) {
 // accumulator chunk in one fixed order, so that reruns are bitwise equal. A CTA's (key block, key
 // head, batch) comes from a ticket taken at its start, key blocks in falling order within a head,
 // and a CTA adds into a chunk only once every CTA of a higher key block that adds into it has (the
-// chunk's count in det_flags, waited for by the reducing thread). So a CTA waits only on CTAs
+// chunk's count in det_counts, waited for by the reducing thread). So a CTA waits only on CTAs
 // that started before it: progress does not depend on the order in which the hardware launches
 // CTAs or on how many are resident. Falling key blocks suit the band masks: a causal CTA of a
 // higher key block starts its walk at a later query block and reaches every shared one first. The
@@ -265,9 +261,7 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
   int kb = static_cast<int>(blockIdx.x), hk = static_cast<int>(blockIdx.y),
       b = static_cast<int>(blockIdx.z);
   if constexpr (kDet) {
-    __shared__ int ticket;
-    if (threadIdx.x == 0) ticket = atomicAdd(p.det_ticket, 1);
-    __syncthreads();
+    const int ticket = static_cast<int>(cuda::block_ticket(p.det_ticket));
     const int g = static_cast<int>(gridDim.x), per_batch = g * static_cast<int>(gridDim.y);
     kb = g - 1 - ticket % g;
     hk = ticket % per_batch / g;
@@ -495,7 +489,7 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
       const int64_t lim = int64_t{m0} + kQRows + off + p.right - 1;
       hi = lim < 0 ? kb : static_cast<int>(min(int64_t{hi}, lim / kKeys));
     }
-    return max(hi, kb) - kb;
+    return static_cast<unsigned>(max(hi, kb) - kb);
   };
   int64_t det_pending = -1;
   Pos cur = first;
@@ -674,7 +668,7 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
       // the same either way (H200, seventy-fourth session): the chain's pace is not set here.
       if constexpr (kDet) {
         if (threadIdx.x % 128 == 0 && det_pending >= 0) {
-          det_signal(p.det_flags + det_pending);
+          det_count_add(p.det_counts + det_pending);
           det_pending = -1;
         }
       }
@@ -717,14 +711,8 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
       // Both warpgroups' dS^T are written, and both are past step t - 1 (its wgmmas waited for):
       // stage (t - 1) % kRing is free for step t + kRing - 1. Each warpgroup's dQ staging buffer is
       // free once its previous bulk reduction has read it: the barrier publishes that too.
-      if (!kSplit && threadIdx.x % 128 == 0) {
-        if constexpr (kDet) {
-          if (det_pending >= 0) det_signal(p.det_flags + det_pending);
-          det_pending = -1;
-        } else {
-          bulk_wait<0, true>();
-        }
-      }
+      // (kDet: that reduction completed when its add was counted, at dV's issue above.)
+      if (!kDet && !kSplit && threadIdx.x % 128 == 0) bulk_wait<0, true>();
       sync_consumers<W>();
       // Refilling stage (t - 1) % kRing: at D = 256 here; with the staged dQ once its GEMM is
       // issued, so that warp 0's share of that warpgroup-wide GEMM does not wait behind the load
@@ -792,7 +780,7 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
             sync_warpgroup<W>(wg);
             if (tid == 0) {
               if constexpr (kDet) {
-                det_wait(p.det_flags + chunk, det_before(m0));
+                det_await_turn(p.det_counts + chunk, det_before(m0));
                 det_pending = chunk;
               }
               bulk_reduce_add_f32(p.acc + chunk * (kChunkRows * 64), stage, S::kStageBytes);
@@ -851,7 +839,7 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
     // and d128, and nothing measurable from L2048 (H200, fifty-ninth session's call 2).
     if (!kSplit && tid == 0) {
       if constexpr (kDet) {
-        if (det_pending >= 0) det_signal(p.det_flags + det_pending);
+        if (det_pending >= 0) det_count_add(p.det_counts + det_pending);
       }
       bulk_wait<0, false>();
     } else {
@@ -873,8 +861,8 @@ struct RowParams {
   int total_q;
   int lq, lq_pad, heads_q;
   float scale;
-  int* det_flags;  // kDet: the chunks' add counts, zeroed here (null otherwise)
-  int* det_ticket;
+  unsigned* det_counts;  // kDet: the chunks' add counts, zeroed here (null otherwise)
+  unsigned* det_ticket;
 };
 
 // Sequence b's query rows: packed rows [q0, q0 + lq) of tensor batch tb (the main kernel's rule).
@@ -914,8 +902,8 @@ __global__ void __launch_bounds__(256) fa3_bwd_prep(const RowParams p) {
     const int64_t c0 = ((int64_t{b} * p.heads_q + h) * (p.lq_pad / kChunkRows) +
                         int64_t{blockIdx.x} * (S::kRowsPerBlock / kChunkRows)) *
                        (D / 64);
-    if (threadIdx.x < kCounts) p.det_flags[c0 + threadIdx.x] = 0;
-    if (blockIdx.x == 0 && h == 0 && b == 0 && threadIdx.x == 0) *p.det_ticket = 0;
+    if (threadIdx.x < kCounts) p.det_counts[c0 + threadIdx.x] = 0u;
+    if (blockIdx.x == 0 && h == 0 && b == 0 && threadIdx.x == 0) *p.det_ticket = 0u;
   }
   const int first = static_cast<int>(blockIdx.x) * S::kRowsPerBlock + warp * S::kRowsPerWarp;
   const int sub = lane / S::kLanesPerRow, col = lane % S::kLanesPerRow;
@@ -1019,7 +1007,7 @@ inline int64_t padded_rows(const Problem& pr) {
 // 256-byte boundary of the caller's buffer (256 bytes of slack are asked for).
 // kDet: then the chunks' add counts (one int a 64-row, 64-column chunk) and the ticket counter.
 struct Layout {
-  size_t acc = 0, lse2 = 0, delta = 0, det_flags = 0, det_ticket = 0, bytes = 0;
+  size_t acc = 0, lse2 = 0, delta = 0, det_counts = 0, det_ticket = 0, bytes = 0;
 };
 inline Layout layout_of(const Problem& pr, bool det = false) {
   const auto& d = pr.desc;
@@ -1029,8 +1017,8 @@ inline Layout layout_of(const Problem& pr, bool det = false) {
   l.acc = 0;
   l.lse2 = up(rows * static_cast<size_t>(d.head_dim_qk) * 4);
   l.delta = l.lse2 + up(rows * 4);
-  l.det_flags = l.det_ticket = l.delta + up(rows * 4);
-  if (det) l.det_ticket = l.det_flags + up(rows / kChunkRows * (d.head_dim_qk / 64) * 4);
+  l.det_counts = l.det_ticket = l.delta + up(rows * 4);
+  if (det) l.det_ticket = l.det_counts + up(rows / kChunkRows * (d.head_dim_qk / 64) * 4);
   l.bytes = l.det_ticket + (det ? 256 : 0) + 256;
   return l;
 }
@@ -1121,8 +1109,8 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
   rp.heads_q = static_cast<int>(d.heads_q);
   rp.scale = static_cast<float>(pr.scale);
   if (kDet) {
-    rp.det_flags = reinterpret_cast<int*>(ws + lay.det_flags);
-    rp.det_ticket = reinterpret_cast<int*>(ws + lay.det_ticket);
+    rp.det_counts = reinterpret_cast<unsigned*>(ws + lay.det_counts);
+    rp.det_ticket = reinterpret_cast<unsigned*>(ws + lay.det_ticket);
   }
 
   BwdParams p{};
@@ -1140,7 +1128,7 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
   p.group = static_cast<int>(pr.group);
   p.heads_q = rp.heads_q;
   p.scale = rp.scale;
-  p.det_flags = rp.det_flags;
+  p.det_counts = rp.det_counts;
   p.det_ticket = rp.det_ticket;
 
   constexpr int smem = BwdSmem<D, W, Q>::kLaunchBytes;
