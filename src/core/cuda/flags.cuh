@@ -48,14 +48,17 @@ __device__ __forceinline__ void await_block(const unsigned* flag, unsigned value
 
 // The same hand-off by one thread, for a count that only rises (several publishers, each adding 1):
 // this thread alone polls until *count >= value, and what the publishers wrote before their raise
-// is visible to it (to the rest of its block only after a barrier).
-__device__ __forceinline__ void await_count(const unsigned* count, unsigned value) {
+// is visible to it (to the rest of its block only after a barrier). The pause between polls doubles
+// from 32 ns up to max_pause_ns: a waiter whose turn comes within a microsecond or so keeps it at
+// 32 (a longer sleep is time it trails by).
+__device__ __forceinline__ void await_count(const unsigned* count, unsigned value,
+                                            unsigned max_pause_ns = 1024) {
   unsigned seen, pause = 32;
   for (;;) {
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(seen) : "l"(count) : "memory");
     if (seen >= value) break;
     __nanosleep(pause);
-    pause = pause < 1024 ? 2 * pause : pause;
+    pause = pause < max_pause_ns ? 2 * pause : pause;
   }
 }
 // Adds 1 to the count after this thread's earlier writes (release, GPU scope).
