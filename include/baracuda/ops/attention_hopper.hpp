@@ -536,8 +536,9 @@ inline constexpr std::string_view kFa3BwdK192Kernel = "fa3_bwd_sm90a_k192";
 inline constexpr std::string_view kFa3BwdQ128Kernel = "fa3_bwd_sm90a_q128";
 // D = 64 and 128 with dQ's adds in a fixed order (bitwise-equal reruns; precision_guarantee says
 // deterministic): each 64-row chunk of the dQ accumulator takes its key blocks' adds one after
-// another, highest key block first, each CTA waiting for the count of those before it
-// (fa3_backward.cuh, kDet). By name.
+// another, highest key block first, each CTA waiting for the count of those before it; unmasked
+// problems rotate the walks over two accumulators, each with that order (fa3_backward.cuh, kDet).
+// By name.
 inline constexpr std::string_view kFa3BwdDeterministicKernel = "fa3_bwd_sm90a_deterministic";
 // Head dim 64 without soft-capping from kFa3BwdWideMinRows query rows on, where fa3's backward
 // runs: the 128-row steps in place of the 64-row ones. Measured (H200, bf16, 16k tokens as B x L,

@@ -48,22 +48,30 @@ __device__ __forceinline__ void await_block(const unsigned* flag, unsigned value
 
 // The same hand-off by one thread, for a count that only rises (several publishers, each adding 1):
 // this thread alone polls until *count >= value, and what the publishers wrote before their raise
-// is visible to it (to the rest of its block only after a barrier). The pause between polls doubles
-// from 32 ns up to max_pause_ns: a waiter whose turn comes within a microsecond or so keeps it at
-// 32 (a longer sleep is time it trails by).
-__device__ __forceinline__ void await_count(const unsigned* count, unsigned value,
+// is visible to it (to the rest of its block only after a barrier). peek_count is one reading
+// (acquire, GPU scope); await_count starts from one taken earlier (`seen`), so that the load's
+// round trip to L2 (about 300 ns, H200) passes under other work and a count already high enough
+// costs nothing. The pause between polls doubles from 32 ns up to max_pause_ns: a waiter whose
+// turn comes within a microsecond or so keeps it at 32 (a longer sleep is time it trails by).
+__device__ __forceinline__ unsigned peek_count(const unsigned* count) {
+  unsigned seen;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(seen) : "l"(count) : "memory");
+  return seen;
+}
+__device__ __forceinline__ void await_count(const unsigned* count, unsigned value, unsigned seen,
                                             unsigned max_pause_ns = 1024) {
-  unsigned seen, pause = 32;
-  for (;;) {
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(seen) : "l"(count) : "memory");
-    if (seen >= value) break;
+  for (unsigned pause = 32; seen < value; seen = peek_count(count)) {
     __nanosleep(pause);
     pause = pause < max_pause_ns ? 2 * pause : pause;
   }
 }
-// Adds 1 to the count after this thread's earlier writes (release, GPU scope).
-__device__ __forceinline__ void raise_count(unsigned* count) {
-  asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(count) : "memory");
+// Adds 1 to the count, relaxed (no MEMBAR.ALL.GPU), for a publisher whose writes are bulk async
+// reductions it has waited to complete (cp.async.bulk.wait_group without .read) and fenced into the
+// generic proxy: they are performed in L2, where every SM's later access to them is, before this
+// add is issued. The PTX memory model asks a release (red.release.gpu) even so; see where it is
+// used for what that cost.
+__device__ __forceinline__ void raise_count_after_completion(unsigned* count) {
+  asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;\n" ::"l"(count) : "memory");
 }
 
 // Raises this block's flag in a group of `count` blocks (flags[mine] = tag, after every thread's

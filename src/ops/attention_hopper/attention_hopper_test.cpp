@@ -1549,7 +1549,7 @@ GpuBackwardInputs upload_backward(const Case& c, const CaseData& x) {
 // claims determinism.
 void check_backward_kernel(const Case& c, const attention::Problem& p,
                            const Kernel<attention::BackwardOp>& kern, const Grads& ref,
-                           const GpuBackwardInputs& in) {
+                           const GpuBackwardInputs& in, int reps = 2) {
   SCOPED_TRACE(std::string(kern.sku.name));
   const Stream& gs = harness::stream_for(Target::cuda);
   TestTensor gdq = gpu_tensor(c, c.t, c.hq, c.lq, c.d), gdk = gpu_tensor(c, c.t, c.hk, c.lk, c.d),
@@ -1559,7 +1559,7 @@ void check_backward_kernel(const Case& c, const attention::Problem& p,
   BARACUDA_ASSERT_OK(attention::BackwardOp::check_arguments(p, args, gs.memory_location()));
   if (kern.check) BARACUDA_ASSERT_OK(kern.check(p, args));  // what Plan::run applies first
   std::vector<std::vector<uint8_t>> runs;
-  for (int rep = 0; rep < 2; ++rep) {
+  for (int rep = 0; rep < reps; ++rep) {
     for (TestTensor* t : {&gdq, &gdk, &gdv}) t->poison();
     const auto q_before = gdq.bytes(), k_before = gdk.bytes(), v_before = gdv.bytes();
     BARACUDA_ASSERT_OK(kern.launch(LaunchContext{gs, ws.get()}, p, args));
@@ -1573,8 +1573,8 @@ void check_backward_kernel(const Case& c, const attention::Problem& p,
     for (TestTensor* t : {&gdq, &gdk, &gdv}) runs.push_back(t->bytes());
   }
   if (kern.sku.precision.deterministic) {
-    for (int i = 0; i < 3; ++i)
-      EXPECT_TRUE(harness::bytes_equal(runs[i], runs[i + 3], "backward run 1 vs run 2"));
+    for (size_t i = 3; i < runs.size(); ++i)
+      EXPECT_TRUE(harness::bytes_equal(runs[i % 3], runs[i], "backward run 1 vs a later run"));
   }
 }
 
@@ -3251,8 +3251,8 @@ std::vector<Case> fa3_bwd_cases() {
 // Each case through the backward kernel `name` pinned by name, against the float64 reference.
 // Only kFa3BwdDeterministicKernel claims determinism (check_backward_kernel then compares its two
 // runs bitwise).
-void check_pinned_backward(const std::vector<Case>& cases, std::string_view name,
-                           harness::Rng& rng) {
+void check_pinned_backward(const std::vector<Case>& cases, std::string_view name, harness::Rng& rng,
+                           int reps = 2) {
   const Stream& gs = harness::stream_for(Target::cuda);
   const auto t0 = std::chrono::steady_clock::now();
   for (const Case& c : cases) {
@@ -3266,7 +3266,7 @@ void check_pinned_backward(const std::vector<Case>& cases, std::string_view name
     EXPECT_EQ(plan->precision_guarantee().deterministic, name == kFa3BwdDeterministicKernel);
     const CaseData x = case_data(c, rng);
     const GpuBackwardInputs in = upload_backward(c, x);
-    check_backward_kernel(c, p, *fa3_bwd_kernel(c.t, name), x.grad, in);
+    check_backward_kernel(c, p, *fa3_bwd_kernel(c.t, name), x.grad, in, reps);
   }
   std::printf("[ %s ] %zu cases, %.2f s\n", std::string(name).c_str(), cases.size(),
               seconds_since(t0));
@@ -3281,8 +3281,11 @@ TEST(AttentionFa3Gpu, BackwardMatchesReference) {
 // The deterministic instance on every D = 64 / 128 case of fa3_bwd_cases() (soft-capping, varlen
 // aside, included) and on chunks that many key blocks add into one after another: 16 and 24 key
 // blocks a head over every query block, causal walks of several lengths a key block (each chunk's
-// run of adders starting at its diagonal), a window with both bounds. Two runs each, bitwise
-// equal; D = 256 and 96 refused by name.
+// run of adders starting at its diagonal), a window with both bounds. Unmasked walks rotate over
+// two accumulators: far more query blocks than key blocks (a chunk's adders many steps apart),
+// fewer (several key blocks starting their walks at the same place), GQA walks over four heads, and
+// a window wider than the problem (unmasked, so rotated). Two runs each, bitwise equal; D = 256
+// and 96 refused by name.
 TEST(AttentionFa3Gpu, DeterministicBackwardMatchesReferenceAndRepeatsBitwise) {
   FA3_BWD_SKIP_UNLESS_RUNNABLE();
   harness::Rng rng;
@@ -3294,6 +3297,10 @@ TEST(AttentionFa3Gpu, DeterministicBackwardMatchesReferenceAndRepeatsBitwise) {
            {DType::f16, 2, 2, 2, 1500, 1500, 64, Mask::causal_top_left(), false, false},
            {DType::bf16, 1, 4, 4, 2000, 1800, 128, Mask::causal_bottom_right(), true, false},
            {DType::bf16, 1, 2, 1, 1100, 1300, 128, Mask::sliding_window(300, 200), false, true},
+           {DType::bf16, 1, 2, 2, 3000, 300, 128, Mask::none(), false, true},
+           {DType::f16, 1, 4, 1, 100, 2000, 64, Mask::none(), true, false},
+           {DType::bf16, 2, 8, 2, 700, 1900, 128, Mask::none(), false, false},
+           {DType::bf16, 1, 2, 2, 700, 900, 64, Mask::sliding_window(2000, 2000), false, false},
        })
     cases.push_back(c);
   check_pinned_backward(cases, kFa3BwdDeterministicKernel, rng);
@@ -3304,6 +3311,18 @@ TEST(AttentionFa3Gpu, DeterministicBackwardMatchesReferenceAndRepeatsBitwise) {
                                         PlanPreference::kernel(kFa3BwdDeterministicKernel));
     EXPECT_FALSE(plan.ok()) << "D " << dim;
   }
+}
+
+// The deterministic instance's order under repetition: 16 runs each of long chains (16 key blocks
+// a chunk, rotated over GQA walks; causal walks of 24 key blocks), every run bitwise equal to the
+// first (and each against the reference).
+TEST(AttentionFa3Gpu, DeterministicBackwardRepeatsBitwiseManyTimes) {
+  FA3_BWD_SKIP_UNLESS_RUNNABLE();
+  harness::Rng rng;
+  check_pinned_backward(
+      {{DType::bf16, 1, 4, 2, 1024, 2048, 128, Mask::none(), false, false},
+       {DType::f16, 1, 2, 2, 3072, 3072, 64, Mask::causal_top_left(), true, false}},
+      kFa3BwdDeterministicKernel, rng, 16);
 }
 
 // Shapes around each D = 64 instance's tiles. k192 (192 keys a CTA): key counts around whole CTAs

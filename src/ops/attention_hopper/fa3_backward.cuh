@@ -131,6 +131,9 @@ struct BwdParams {
   // kernels' parameter offsets stay where they were.
   unsigned* det_counts;
   unsigned* det_ticket;
+  // kDet on unmasked problems: the walks rotate, adding into two accumulators (acc's second half)
+  // with a set of counts each (det_counts' second half).
+  int det_rotated;
 };
 
 // The sequence a CTA or row block works on: its packed row offsets (padded: 0), lengths, diagonal
@@ -158,18 +161,23 @@ __device__ __forceinline__ uint32_t opaque(uint32_t x) {
   return x;
 }
 // kDet's ordering of a chunk's adds (see fa3_bwd_kernel; core/cuda/flags.cuh's count hand-off):
-// until `want` earlier adds are counted, then this thread's bulk reduction (async proxy) after the
-// count's acquire; and the count raised once this thread's bulk reductions have completed.
-// Polled every 32 ns: with the pause doubling to 1 us (await_count's default) the unmasked points
-// from L2048 ran 4.8-9.5% slower, d64 and d128 (H200, seventy-fourth session, calls 5 / 6).
-__device__ __forceinline__ void det_await_turn(const unsigned* count, unsigned want) {
-  cuda::await_count(count, want, 32);
+// until `want` earlier adds are counted (from `seen`, a reading taken a part of the step earlier),
+// then this thread's bulk reduction (async proxy) after the count's acquire; and the count raised
+// once this thread's bulk reductions have completed. Polled every 32 ns: with the pause doubling
+// to 1 us (await_count's default) the unmasked points from L2048 ran 4.8-9.5% slower, d64 and
+// d128 (H200, seventy-fourth session, calls 5 / 6).
+__device__ __forceinline__ void det_await_turn(const unsigned* count, unsigned want,
+                                               unsigned seen) {
+  cuda::await_count(count, want, seen, 32);
   cuda::fence_proxy_async_global();
 }
+// The raise is relaxed (raise_count_after_completion): the release's MEMBAR.ALL.GPU cost 8-16% of
+// the backward at every sweep point, d64 and d128, here and at dV's issue alike (H200,
+// seventy-fifth session, calls 3-5); the wait for completion here costs nothing measurable.
 __device__ __forceinline__ void det_count_add(unsigned* count) {
   bulk_wait<0, false>();
   cuda::fence_proxy_async_global();
-  cuda::raise_count(count);
+  cuda::raise_count_after_completion(count);
 }
 __device__ __forceinline__ float2 ld_shared_f2(uint32_t addr) {
   float2 v;
@@ -234,10 +242,17 @@ __host__ __device__ constexpr int staged_slot(int j, int tid) {
 // chunk's count in det_counts, waited for by the reducing thread). So a CTA waits only on CTAs
 // that started before it: progress does not depend on the order in which the hardware launches
 // CTAs or on how many are resident. Falling key blocks suit the band masks: a causal CTA of a
-// higher key block starts its walk at a later query block and reaches every shared one first. The
-// walk is not rotated (rot = 0): the CTAs of a head visit the chunks in the same order, one after
-// another. At D = 64 warpgroup 0 forms dQ over all 128 keys (one add a chunk per CTA) and
-// warpgroup 1 none.
+// higher key block starts its walk at a later query block and reaches every shared one first, two
+// steps ahead of the next. Unmasked walks (det_rotated) rotate as the other instances' do, which
+// puts a higher key block's CTA at a chunk two steps (the rotation's spacing) before the next one
+// too, but a chunk's first visitor is then a middle key block: the adds a CTA makes before its walk
+// wraps go into the accumulator's first half, those after into its second, and within each the
+// visitors come in falling key-block order (see det_want), so a CTA still waits only on CTAs of
+// earlier tickets; post sums the halves. (Unrotated, the CTAs of a head walk the chunks in the same
+// order, one after another, each waiting at every chunk for the one before.) The count of a
+// step's chunk is read before its dQ GEMM and awaited (usually: checked) once dQ is staged; the
+// step's add is counted when the next one is issued, long completed by then. At D = 64 warpgroup
+// 0 forms dQ over all 128 keys (one add a chunk per CTA) and warpgroup 1 none.
 template <class T, int D, bool kCap, bool kVarlen, int W = 2, int Q = 64, bool kDet = false>
 __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
     fa3_bwd_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
@@ -297,9 +312,12 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
   // The CTAs of one key head run side by side and would add into the same dQ chunk at the same
   // time (L2 serializes same-address reductions): each starts its walk over the (head, query
   // block) steps at its own offset, spread evenly over the key blocks.
-  // (kDet: not rotated, see there.)
+  // (kDet: only unmasked walks, see there.)
+  const bool rotates = !kDet || p.det_rotated;
   const int rot =
-      !kDet && steps > 0 ? static_cast<int>(int64_t{blockIdx.x} * steps / gridDim.x) : 0;
+      rotates && steps > 0
+          ? static_cast<int>((kDet ? int64_t{kb} : int64_t{blockIdx.x}) * steps / gridDim.x)
+          : 0;
   // A step's place in that walk: (query head of the group, query block), advanced by increments
   // rather than divided out per step, since the ring's refill (warp 0) and each step's head and
   // block sit on the path to warpgroup-wide GEMMs.
@@ -493,7 +511,25 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
     }
     return static_cast<unsigned>(max(hi, kb) - kb);
   };
-  int64_t det_pending = -1;
+  // Rotated (det_rotated; unmasked: every CTA of the sequence walks the same positions, key block k
+  // from rot(k) = k * steps / gridDim.x on): the visitors of position pos before their walks wrap
+  // are the key blocks k with rot(k) <= pos, after it the rest; this CTA's predecessors are the
+  // higher key blocks of its part (in 32 bits: see det_rotates). Step t's count and accumulator
+  // chunk: those of the second half once the walk has wrapped.
+  const int64_t det_chunks = int64_t{gridDim.z} * p.heads_q * (p.lq_pad / kChunkRows) * (D / 64);
+  auto det_want = [&](int t, Pos q, int m0) {
+    if (!p.det_rotated) return det_before(m0);
+    const int blocks = (lk + kKeys - 1) / kKeys;
+    if (t >= steps - rot) return static_cast<unsigned>(blocks - 1 - kb);
+    const unsigned pos = static_cast<unsigned>(q.hh * nm + q.m),
+                   last = ((pos + 1) * gridDim.x - 1) / static_cast<unsigned>(steps);
+    return min(last, static_cast<unsigned>(blocks - 1)) - static_cast<unsigned>(kb);
+  };
+  // The reducing thread's chunk (an index into det_counts and into the accumulator's chunks) whose
+  // add is still to be counted (-1: none); this step's chunk, the adds it waits for, and its count
+  // as last read.
+  int64_t det_pending = -1, det_at = 0;
+  unsigned det_need = 0, det_seen = 0;
   Pos cur = first;
   for (int t = 0; t < steps; ++t) {
     const int s = t % kRing, h = pos_head(cur), m0 = pos_row0(cur);
@@ -665,15 +701,6 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
         probabilities(std::false_type{});
       }
       issue_rs<T, kCols, kFresh, kQRows>(dv, pa, sdy + wg_cols);
-      // kDet: step t - 1's add counted here, the probabilities' time after it was issued, rather
-      // than at the step's barrier below (the next key block's CTA waits for the count). Measured
-      // the same either way (H200, seventy-fourth session): the chain's pace is not set here.
-      if constexpr (kDet) {
-        if (threadIdx.x % 128 == 0 && det_pending >= 0) {
-          det_count_add(p.det_counts + det_pending);
-          det_pending = -1;
-        }
-      }
       wgmma_wait<1>();  // dP^T done; dV may still run
       fence_regs(dpt);
 
@@ -713,9 +740,18 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
       // Both warpgroups' dS^T are written, and both are past step t - 1 (its wgmmas waited for):
       // stage (t - 1) % kRing is free for step t + kRing - 1. Each warpgroup's dQ staging buffer is
       // free once its previous bulk reduction has read it: the barrier publishes that too.
-      // (kDet: that reduction completed when its add was counted, at dV's issue above.)
-      if (!kDet && !kSplit && threadIdx.x % 128 == 0) bulk_wait<0, true>();
+      if (!kSplit && threadIdx.x % 128 == 0) bulk_wait<0, true>();
       sync_consumers<W>();
+      // kDet: this step's count read now, under the dQ GEMM, and awaited once dQ is staged (the
+      // load's round trip, about 300 ns, was a tenth of the d128 step where it was read there:
+      // H200, seventy-fifth session's trace).
+      if constexpr (kDet) {
+        if (threadIdx.x % 128 == 0 && (D == 128 || wg == 0)) {
+          det_at = chunk_of(h, m0) + (t >= steps - rot ? det_chunks : 0);
+          det_need = det_want(t, cur, m0);
+          det_seen = cuda::peek_count(p.det_counts + det_at);
+        }
+      }
       // Refilling stage (t - 1) % kRing: at D = 256 here; with the staged dQ once its GEMM is
       // issued, so that warp 0's share of that warpgroup-wide GEMM does not wait behind the load
       // (q128: at the top of the step instead, see kEarlyRefill).
@@ -781,11 +817,16 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
             fence_proxy_async();
             sync_warpgroup<W>(wg);
             if (tid == 0) {
+              int64_t at = chunk;
               if constexpr (kDet) {
-                det_await_turn(p.det_counts + chunk, det_before(m0));
-                det_pending = chunk;
+                // The previous step's add, counted now that it has long completed (counted at dV's
+                // issue, half a step after it, the wait for completion and the release took 10-20%
+                // of the kernel's time in the seventy-fifth session's trace).
+                if (det_pending >= 0) det_count_add(p.det_counts + det_pending);
+                det_await_turn(p.det_counts + det_at, det_need, det_seen);
+                det_pending = at = det_at;
               }
-              bulk_reduce_add_f32(p.acc + chunk * (kChunkRows * 64), stage, S::kStageBytes);
+              bulk_reduce_add_f32(p.acc + at * (kChunkRows * 64), stage, S::kStageBytes);
             }
           }
         }
@@ -865,6 +906,7 @@ struct RowParams {
   float scale;
   unsigned* det_counts;  // kDet: the chunks' add counts, zeroed here (null otherwise)
   unsigned* det_ticket;
+  int det_rotated;  // kDet: two accumulators and two sets of counts, each half of its buffer
 };
 
 // Sequence b's query rows: packed rows [q0, q0 + lq) of tensor batch tb (the main kernel's rule).
@@ -893,7 +935,8 @@ struct PrepShape {
 };
 
 // Grid: lq_pad / kRowsPerBlock x Hq x B (lq_pad is a multiple of 128, so of every kRowsPerBlock).
-// kDet: each block also zeroes its chunks' add counts, and the first the ticket counter.
+// kDet: each block also zeroes its chunks' add counts, and the first the ticket counter
+// (det_rotated: both accumulators' pieces and both counts).
 template <class T, int D, bool kDet = false>
 __global__ void __launch_bounds__(256) fa3_bwd_prep(const RowParams p) {
   using S = PrepShape<D>;
@@ -904,7 +947,11 @@ __global__ void __launch_bounds__(256) fa3_bwd_prep(const RowParams p) {
     const int64_t c0 = ((int64_t{b} * p.heads_q + h) * (p.lq_pad / kChunkRows) +
                         int64_t{blockIdx.x} * (S::kRowsPerBlock / kChunkRows)) *
                        (D / 64);
-    if (threadIdx.x < kCounts) p.det_counts[c0 + threadIdx.x] = 0u;
+    const int64_t chunks = int64_t{gridDim.z} * p.heads_q * (p.lq_pad / kChunkRows) * (D / 64);
+    if (threadIdx.x < kCounts) {
+      p.det_counts[c0 + threadIdx.x] = 0u;
+      if (p.det_rotated) p.det_counts[chunks + c0 + threadIdx.x] = 0u;
+    }
     if (blockIdx.x == 0 && h == 0 && b == 0 && threadIdx.x == 0) *p.det_ticket = 0u;
   }
   const int first = static_cast<int>(blockIdx.x) * S::kRowsPerBlock + warp * S::kRowsPerWarp;
@@ -930,6 +977,12 @@ __global__ void __launch_bounds__(256) fa3_bwd_prep(const RowParams p) {
 #pragma unroll
   for (int j = 0; j < S::kRowsPerWarp * D / 4 / 32; ++j)
     acc[j * 32 + lane] = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (kDet && p.det_rotated) {  // and the second accumulator's piece
+    float4* acc2 = acc + int64_t{gridDim.z} * p.heads_q * p.lq_pad * (D / 4);
+#pragma unroll
+    for (int j = 0; j < S::kRowsPerWarp * D / 4 / 32; ++j)
+      acc2[j * 32 + lane] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
 #pragma unroll
   for (int i = 0; i < S::kSteps; ++i) {
     const uint32_t* yw = reinterpret_cast<const uint32_t*>(&yv[i]);
@@ -960,7 +1013,8 @@ __global__ void __launch_bounds__(256) fa3_bwd_prep(const RowParams p) {
 // rows 16 (i / 32) + (i % 32) / 4 (+ 8 for the float4's second pair), columns 8 j + 2 (i % 4)
 // (+ 1). The part goes through shared memory as 16-bit rows so that dQ is written in whole
 // 128-byte rows.
-template <class T, int D>
+// kDet with det_rotated: the sum of the accumulator's two halves (in that order).
+template <class T, int D, bool kDet = false>
 __global__ void __launch_bounds__(128) fa3_bwd_post(const RowParams p) {
   constexpr int kParts = D / 64;
   // 64 rows of 32 words; a pitch of 36 words keeps both the fragment-order writes (lane l at bank
@@ -976,7 +1030,12 @@ __global__ void __launch_bounds__(128) fa3_bwd_post(const RowParams p) {
   const int r0 = (tid / 32) * 16 + lane / 4;
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
-    const float4 v = src[staged_slot(j, tid)];
+    float4 v = src[staged_slot(j, tid)];
+    if (kDet && p.det_rotated) {
+      const float4 w =
+          src[int64_t{gridDim.z} * p.heads_q * p.lq_pad * (D / 4) + staged_slot(j, tid)];
+      v = make_float4(v.x + w.x, v.y + w.y, v.z + w.z, v.w + w.w);
+    }
     tile[r0][4 * j + lane % 4] = cuda::pack2<T>(v.x * p.scale, v.y * p.scale);
     tile[r0 + 8][4 * j + lane % 4] = cuda::pack2<T>(v.z * p.scale, v.w * p.scale);
   }
@@ -1005,22 +1064,36 @@ inline int64_t padded_rows(const Problem& pr) {
   return (pr.desc.len_q + kPad - 1) / kPad * kPad;
 }
 
+// fa3_bwd_sm90a_deterministic rotates the walks of unmasked problems (see the kernel), with two
+// accumulators and two sets of counts.
+// The kernel's rule for a step's predecessors there is 32-bit: (a walk's steps) x (key blocks)
+// below 2^31, which any workspace that fits a GPU keeps.
+inline bool det_rotates(const Problem& pr) {
+  const auto& d = pr.desc;
+  const int64_t steps = (d.len_q + kChunkRows - 1) / kChunkRows * pr.group,
+                blocks = (d.len_k + 127) / 128;
+  return band_bound(d.mask.left, d) < 0 && band_bound(d.mask.right, d) < 0 &&
+         steps * blocks < (int64_t{1} << 31);
+}
+
 // Workspace: the f32 dQ accumulator, then lse2 and delta, each 256-byte aligned from the first
 // 256-byte boundary of the caller's buffer (256 bytes of slack are asked for).
-// kDet: then the chunks' add counts (one int a 64-row, 64-column chunk) and the ticket counter.
+// kDet: then the chunks' add counts (one int a 64-row, 64-column chunk) and the ticket counter;
+// where the walks rotate, the accumulator and the counts twice over.
 struct Layout {
   size_t acc = 0, lse2 = 0, delta = 0, det_counts = 0, det_ticket = 0, bytes = 0;
 };
 inline Layout layout_of(const Problem& pr, bool det = false) {
   const auto& d = pr.desc;
   const size_t rows = static_cast<size_t>(d.batch * d.heads_q * padded_rows(pr));
+  const size_t halves = det && det_rotates(pr) ? 2 : 1;
   auto up = [](size_t x) { return (x + 255) / 256 * 256; };
   Layout l;
   l.acc = 0;
-  l.lse2 = up(rows * static_cast<size_t>(d.head_dim_qk) * 4);
+  l.lse2 = up(halves * rows * static_cast<size_t>(d.head_dim_qk) * 4);
   l.delta = l.lse2 + up(rows * 4);
   l.det_counts = l.det_ticket = l.delta + up(rows * 4);
-  if (det) l.det_ticket = l.det_counts + up(rows / kChunkRows * (d.head_dim_qk / 64) * 4);
+  if (det) l.det_ticket = l.det_counts + up(halves * rows / kChunkRows * (d.head_dim_qk / 64) * 4);
   l.bytes = l.det_ticket + (det ? 256 : 0) + 256;
   return l;
 }
@@ -1113,6 +1186,7 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
   if (kDet) {
     rp.det_counts = reinterpret_cast<unsigned*>(ws + lay.det_counts);
     rp.det_ticket = reinterpret_cast<unsigned*>(ws + lay.det_ticket);
+    rp.det_rotated = det_rotates(pr) ? 1 : 0;
   }
 
   BwdParams p{};
@@ -1132,6 +1206,7 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
   p.scale = rp.scale;
   p.det_counts = rp.det_counts;
   p.det_ticket = rp.det_ticket;
+  p.det_rotated = rp.det_rotated;
 
   constexpr int smem = BwdSmem<D, W, Q>::kLaunchBytes;
   // Soft-capping and varlen in instantiations of their own (see the kernel). The D = 64 instances
@@ -1153,7 +1228,7 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
                                       BwdShape<D, W, Q>::kThreads, smem, st, tq, tk, tv, tdy, p));
   const dim3 post_grid(static_cast<unsigned>(rp.lq_pad / kChunkRows * (D / 64)),
                        static_cast<unsigned>(d.heads_q), static_cast<unsigned>(d.batch));
-  fa3_bwd_post<T, D><<<post_grid, 128, 0, st>>>(rp);
+  fa3_bwd_post<T, D, kDet><<<post_grid, 128, 0, st>>>(rp);
   return cuda::check_launch(attention::BackwardOp::name, "fa3_bwd_sm90a post");
 }
 
