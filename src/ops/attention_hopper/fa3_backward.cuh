@@ -171,9 +171,9 @@ __device__ __forceinline__ void det_await_turn(const unsigned* count, unsigned w
   cuda::await_count(count, want, seen, 32);
   cuda::fence_proxy_async_global();
 }
-// The raise is relaxed (raise_count_after_completion): the release's MEMBAR.ALL.GPU cost 8-16% of
-// the backward at every sweep point, d64 and d128, here and at dV's issue alike (H200,
-// seventy-fifth session, calls 3-5); the wait for completion here costs nothing measurable.
+// The raise is relaxed (raise_count_after_completion): the release's MEMBAR.ALL.GPU took 3-15% of
+// the backward's time at the sweep's 24 points, d64 and d128, here and at dV's issue alike (H200,
+// seventy-fifth session, calls 3-5); the wait for completion here is within the spread.
 __device__ __forceinline__ void det_count_add(unsigned* count) {
   bulk_wait<0, false>();
   cuda::fence_proxy_async_global();
