@@ -520,7 +520,9 @@ inline constexpr std::string_view kFa3Fp8Exp2Poly3Kernel = "fa3_fwd_fp8_sm90a_ex
 // The default fp8 schedule skips O's rescale where no row of a warp moved its max (exact); this
 // one rescales every tile (fa3_fwd_sm90a's plain schedule over e4m3).
 inline constexpr std::string_view kFa3Fp8EagerRescaleKernel = "fa3_fwd_fp8_sm90a_eagerrescale";
-inline constexpr int kFa3Ahead = kCudnnAhead + 1;
+// Above cuDNN's ranked-ahead entries; kFa3DetAhead (the deterministic backward's ranked entry)
+// sits between the two.
+inline constexpr int kFa3Ahead = kCudnnAhead + 2;
 
 // Our sm_90a backward (fa3_backward.cuh): dQ accumulated by float reductions in L2 in arrival
 // order (not deterministic). Registered like the forward: below every other backward kernel
@@ -540,6 +542,22 @@ inline constexpr std::string_view kFa3BwdQ128Kernel = "fa3_bwd_sm90a_q128";
 // problems rotate the walks over two accumulators, each with that order (fa3_backward.cuh, kDet).
 // By name.
 inline constexpr std::string_view kFa3BwdDeterministicKernel = "fa3_bwd_sm90a_deterministic";
+// The same kernel once more, for PlanPreference::deterministic(): fitting only where it leads
+// cuDNN's deterministic algorithm (fa3_det_leads) and the table picks fa3 for the backward, at
+// kFa3DetAhead, above cuDNN's deterministic entries (kCudnnAhead - 1 where the table ranks cuDNN
+// ahead of the family's kernels, kCudnnBehind - 1 behind them) and the family's. Wherever it fits,
+// fa3's ranked-ahead entry (kFa3Ahead, not deterministic) fits too: `fastest` never gets it.
+inline constexpr std::string_view kFa3BwdDeterministicRanked = "fa3_bwd_sm90a_deterministic_ranked";
+inline constexpr int kFa3DetAhead = kCudnnAhead + 1;
+// Where fa3_bwd_sm90a_deterministic leads cuDNN's deterministic backward: bf16, Dk = Dv = 64, no
+// band bound inside the problem, no soft-capping, padded, one query head a key head, from
+// kFa3DetLeadsMinRows query and key rows. Measured (H200, bf16, 16k tokens as B x L, 32 heads,
+// seventy-fifth session's call 6, TFLOP/s ours / cuDNN's deterministic): L1024 278.0 / 263.3,
+// L2048 326.1 / 272.2, L4096 348.8 / 278.9, L8192 364.9 / 279.8, L16384 374.6 / 278.6; causal
+// 0.87-1.04x and d128 0.77-1.00x (left to cuDNN), L1024 a thin lead (1.02-1.06x over calls 3-6).
+// f16, GQA, packed sequences and Lq != Lk are not measured yet.
+inline constexpr int64_t kFa3DetLeadsMinRows = 2048;
+bool fa3_det_leads(const attention::Problem& p);
 // Head dim 64 without soft-capping from kFa3BwdWideMinRows query rows on, where fa3's backward
 // runs: the 128-row steps in place of the 64-row ones. Measured (H200, bf16, 16k tokens as B x L,
 // 32 heads, fifty-fifth session's call 1, medians of 3 runs, TFLOP/s of the kernel fa3 ran

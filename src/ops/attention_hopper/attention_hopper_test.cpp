@@ -886,6 +886,36 @@ TEST(AttentionCudnnRules, RankedAheadBackwardByShape) {
   EXPECT_EQ(fa3_ranked_backward_kernel(problem_of(capped)), kFa3BwdKernel);
 }
 
+// Where the deterministic backward's ranked entry may fit (fa3_det_leads): bf16 at head dim 64,
+// unmasked (a window wider than the problem is no band), MHA, padded, no soft-capping, from
+// kFa3DetLeadsMinRows query and key rows; anything else stays with cuDNN's deterministic algorithm.
+TEST(AttentionCudnnRules, DeterministicBackwardLeadsWhereMeasured) {
+  const int64_t rows = kFa3DetLeadsMinRows;
+  auto problem = [](int64_t lq, int64_t lk, int64_t hk = 16, int64_t d = 64, DType t = DType::bf16,
+                    Mask m = Mask::none()) {
+    return problem_of(make_desc(t, 2, 16, hk, lq, lk, d, m));
+  };
+  EXPECT_TRUE(fa3_det_leads(problem(rows, rows)));
+  EXPECT_TRUE(fa3_det_leads(problem(8 * rows, 8 * rows)));
+  EXPECT_TRUE(fa3_det_leads(problem(rows, 4 * rows)));
+  EXPECT_TRUE(fa3_det_leads(
+      problem(rows, rows, 16, 64, DType::bf16, Mask::sliding_window(2 * rows, 2 * rows))));
+  EXPECT_FALSE(fa3_det_leads(problem(rows - 1, rows)));
+  EXPECT_FALSE(fa3_det_leads(problem(rows, rows - 1)));
+  EXPECT_FALSE(fa3_det_leads(problem(rows, rows, 8)));  // GQA
+  EXPECT_FALSE(fa3_det_leads(problem(rows, rows, 16, 128)));
+  EXPECT_FALSE(fa3_det_leads(problem(rows, rows, 16, 64, DType::f16)));
+  EXPECT_FALSE(fa3_det_leads(problem(rows, rows, 16, 64, DType::bf16, Mask::causal_top_left())));
+  EXPECT_FALSE(fa3_det_leads(
+      problem(rows, rows, 16, 64, DType::bf16, Mask::sliding_window(2 * rows - 1, -1))));
+  Descriptor capped = make_desc(DType::bf16, 2, 16, 16, rows, rows, 64);
+  capped.softcap = 30;
+  EXPECT_FALSE(fa3_det_leads(problem_of(capped)));
+  Descriptor packed = make_desc(DType::bf16, 2, 16, 16, rows, rows, 64);
+  packed.varlen = true, packed.total_q = 2 * rows, packed.total_k = 2 * rows;
+  EXPECT_FALSE(fa3_det_leads(problem_of(packed)));
+}
+
 // Decodes of 256-wide heads in groups of 1 (plain multi-head attention) leave the family's decode
 // kernel wherever fa3 runs, ahead of the table: one token to fa3's plain instance, from 2 to cuDNN
 // (fa3 where cuDNN is not built or not given the problem); bf16 / f16, Dk = Dv = 256, at most
@@ -3186,6 +3216,31 @@ TEST(AttentionFa3Registry, BackwardRankedByTheTableAndNotDeterministic) {
   EXPECT_EQ(found, 8);
 }
 
+// The deterministic instance's ranked entry: deterministic, above every other deterministic
+// backward entry (cuDNN's ranked-ahead one included) and below fa3's ranked-ahead entry, which
+// fits wherever it does.
+TEST(AttentionFa3Registry, DeterministicRankedEntryBetweenCudnnAndFa3) {
+  int found = 0;
+  for (DType t : {DType::bf16, DType::f16}) {
+    const auto* ranked = fa3_bwd_kernel(t, kFa3BwdDeterministicRanked);
+    if (!ranked) continue;  // CPU-only build
+    ++found;
+    EXPECT_TRUE(ranked->sku.precision.deterministic);
+    EXPECT_EQ(ranked->sku.arch, Arch::sm90a);
+    EXPECT_EQ(ranked->priority, kFa3DetAhead);
+    const auto* ahead = fa3_bwd_kernel(t, kFa3BwdRankedAhead);
+    ASSERT_NE(ahead, nullptr);
+    EXPECT_LT(ranked->priority, ahead->priority);
+    for (const auto& k : KernelTable<attention::BackwardOp>::instance().all()) {
+      if (k.sku.element == t && k.sku.precision.deterministic && k.sku.name != ranked->sku.name) {
+        EXPECT_GT(ranked->priority, k.priority) << k.sku.name;
+      }
+    }
+  }
+  if (found == 0) GTEST_SKIP() << "built without CUDA: fa3_bwd_sm90a is not registered";
+  EXPECT_EQ(found, 2);
+}
+
 // The deterministic instance: by name below every other backward kernel, and deterministic.
 TEST(AttentionFa3Registry, DeterministicBackwardIsPinnableAndDeterministic) {
   int found = 0;
@@ -3263,7 +3318,8 @@ void check_pinned_backward(const std::vector<Case>& cases, std::string_view name
     auto plan = attention::BackwardPlan::select(gs, desc, PlanPreference::kernel(name));
     BARACUDA_ASSERT_OK(plan);
     ASSERT_EQ(plan->sku().name, name);
-    EXPECT_EQ(plan->precision_guarantee().deterministic, name == kFa3BwdDeterministicKernel);
+    EXPECT_EQ(plan->precision_guarantee().deterministic,
+              name.find("deterministic") != std::string_view::npos);
     const CaseData x = case_data(c, rng);
     const GpuBackwardInputs in = upload_backward(c, x);
     check_backward_kernel(c, p, *fa3_bwd_kernel(c.t, name), x.grad, in, reps);
@@ -3323,6 +3379,54 @@ TEST(AttentionFa3Gpu, DeterministicBackwardRepeatsBitwiseManyTimes) {
       {{DType::bf16, 1, 4, 2, 1024, 2048, 128, Mask::none(), false, false},
        {DType::f16, 1, 2, 2, 3072, 3072, 64, Mask::causal_top_left(), true, false}},
       kFa3BwdDeterministicKernel, rng, 16);
+}
+
+// PlanPreference::deterministic() takes the ranked entry where fa3_det_leads and the table picks
+// fa3 (`fastest` then still takes fa3's non-deterministic entry), and not where the table picks
+// cuDNN or the rule does not hold; the ranked entry against the reference, 4 bitwise runs.
+TEST(AttentionFa3Gpu, DeterministicPreferenceTakesFa3WhereItLeads) {
+  FA3_BWD_SKIP_UNLESS_RUNNABLE();
+  const Stream& gs = harness::stream_for(Target::cuda);
+  const int64_t rows = kFa3DetLeadsMinRows;
+  const Case c{DType::bf16, 1, 2, 2, rows, rows, 64, Mask::none(), false, false};
+  const Descriptor desc = desc_of(c, c.t);
+  auto table_for = [&](double cudnn, double fa3) {
+    return std::array<TablePoint, 1>{
+        TablePoint{DType::bf16, Pass::backward, 64, rows, false, cudnn, 1, fa3}};
+  };
+  {
+    const auto fa3_wins = table_for(2, 3);
+    const SelectionTableOverride o{fa3_wins};
+    auto det = attention::BackwardPlan::select(gs, desc, PlanPreference::deterministic());
+    BARACUDA_ASSERT_OK(det);
+    EXPECT_EQ(det->sku().name, kFa3BwdDeterministicRanked);
+    EXPECT_TRUE(det->precision_guarantee().deterministic);
+    auto fastest = attention::BackwardPlan::select(gs, desc);
+    BARACUDA_ASSERT_OK(fastest);
+    EXPECT_EQ(fastest->sku().name, kFa3BwdRankedAhead);
+    for (const Descriptor& other :
+         {desc_of({DType::f16, 1, 2, 2, rows, rows, 64, Mask::none(), false, false}, DType::f16),
+          desc_of({DType::bf16, 1, 2, 2, rows, rows, 128, Mask::none(), false, false}, DType::bf16),
+          desc_of({DType::bf16, 1, 2, 2, rows, rows, 64, Mask::causal_top_left(), false, false},
+                  DType::bf16)}) {
+      auto p = attention::BackwardPlan::select(gs, other, PlanPreference::deterministic());
+      BARACUDA_ASSERT_OK(p);
+      EXPECT_NE(p->sku().name, kFa3BwdDeterministicRanked);
+      EXPECT_TRUE(p->precision_guarantee().deterministic);
+    }
+    harness::Rng rng;
+    check_pinned_backward({c}, kFa3BwdDeterministicRanked, rng, 4);
+  }
+#if BARACUDA_HAVE_CUDNN_FRONTEND
+  {
+    const auto cudnn_wins = table_for(3, 2);
+    const SelectionTableOverride o{cudnn_wins};
+    auto det = attention::BackwardPlan::select(gs, desc, PlanPreference::deterministic());
+    BARACUDA_ASSERT_OK(det);
+    EXPECT_NE(det->sku().name, kFa3BwdDeterministicRanked);
+    EXPECT_TRUE(det->precision_guarantee().deterministic);
+  }
+#endif
 }
 
 // Shapes around each D = 64 instance's tiles. k192 (192 keys a CTA): key counts around whole CTAs

@@ -1274,6 +1274,13 @@ bool fits_det(const Problem& pr, const DeviceCaps& caps) {
   return (dim == 64 || dim == 128) && fits<T>(pr, caps) &&
          has_sm90a_body<fa3_bwd_kernel<T, 64, false, false, 2, 64, true>>();
 }
+// Its ranked entry: where it leads cuDNN's deterministic algorithm and the table picks fa3 (so
+// that fa3's ranked-ahead entry, above it, fits too).
+template <class T>
+bool fits_det_ranked(const Problem& pr, const DeviceCaps& caps) {
+  return fa3_det_leads(pr) && fits_det<T>(pr, caps) &&
+         candidate_here(pr, Pass::backward, caps) == Candidate::fa3;
+}
 template <class T>
 Status launch_det(const LaunchContext& ctx, const Problem& pr, const BackwardArguments& a) {
   if (pr.desc.head_dim_qk == 64) return launch_d<T, 64, 2, 64, true>(ctx, pr, a);
@@ -1341,6 +1348,16 @@ bool register_one() {
                       kFa3BwdDeterministicKernel),
        .priority = priority--,
        .fits = fits_det<T>,
+       .workspace = workspace_det,
+       .launch = launch_det<T>,
+       .check = check_args});
+  // The deterministic instance for PlanPreference::deterministic() where it leads (see
+  // kFa3BwdDeterministicRanked).
+  register_kernel<attention::BackwardOp>(
+      {.sku = fa3_sku(attention::BackwardOp::name, E, fa3_precision(E, true),
+                      kFa3BwdDeterministicRanked),
+       .priority = kFa3DetAhead,
+       .fits = fits_det_ranked<T>,
        .workspace = workspace_det,
        .launch = launch_det<T>,
        .check = check_args});

@@ -218,6 +218,15 @@ bool fa3_bwd_widens(const attention::Problem& p) {
          d.head_dim_v == 64 && d.softcap <= 0 && d.len_q >= kFa3BwdWideMinRows;
 }
 
+bool fa3_det_leads(const attention::Problem& p) {
+  const attention::Descriptor& d = p.desc;
+  // A bound at or past Lq + Lk reaches every key (the kernels' band_bound): unmasked.
+  auto unbounded = [&](int64_t bound) { return bound < 0 || bound >= d.len_q + d.len_k; };
+  return d.dtype == DType::bf16 && d.head_dim_qk == 64 && d.head_dim_v == 64 && d.softcap <= 0 &&
+         !d.varlen && p.group == 1 && unbounded(d.mask.left) && unbounded(d.mask.right) &&
+         d.len_q >= kFa3DetLeadsMinRows && d.len_k >= kFa3DetLeadsMinRows;
+}
+
 std::string_view fa3_ranked_backward_kernel(const attention::Problem& p) {
   return fa3_bwd_widens(p) ? kFa3BwdQ128Kernel : kFa3BwdKernel;
 }
