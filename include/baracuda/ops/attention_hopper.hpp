@@ -550,7 +550,7 @@ inline constexpr std::string_view kFa3BwdDeterministicKernel = "fa3_bwd_sm90a_de
 inline constexpr std::string_view kFa3BwdDeterministicRanked = "fa3_bwd_sm90a_deterministic_ranked";
 inline constexpr int kFa3DetAhead = kCudnnAhead + 1;
 // Where fa3_bwd_sm90a_deterministic leads cuDNN's deterministic backward: bf16, Dk = Dv = 64, no
-// band bound inside the problem, no soft-capping, padded, one query head a key head, from
+// mask, no soft-capping, padded, one query head a key head, from
 // kFa3DetLeadsMinRows query and key rows. Measured (H200, bf16, 16k tokens as B x L, 32 heads,
 // seventy-fifth session's call 6, TFLOP/s ours / cuDNN's deterministic): L1024 278.0 / 263.3,
 // L2048 326.1 / 272.2, L4096 348.8 / 278.9, L8192 364.9 / 279.8, L16384 374.6 / 278.6; causal

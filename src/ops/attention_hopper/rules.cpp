@@ -220,11 +220,9 @@ bool fa3_bwd_widens(const attention::Problem& p) {
 
 bool fa3_det_leads(const attention::Problem& p) {
   const attention::Descriptor& d = p.desc;
-  // A bound at or past Lq + Lk reaches every key (the kernels' band_bound): unmasked.
-  auto unbounded = [&](int64_t bound) { return bound < 0 || bound >= d.len_q + d.len_k; };
   return d.dtype == DType::bf16 && d.head_dim_qk == 64 && d.head_dim_v == 64 && d.softcap <= 0 &&
-         !d.varlen && p.group == 1 && unbounded(d.mask.left) && unbounded(d.mask.right) &&
-         d.len_q >= kFa3DetLeadsMinRows && d.len_k >= kFa3DetLeadsMinRows;
+         !d.varlen && p.group == 1 && d.mask.is_none() && d.len_q >= kFa3DetLeadsMinRows &&
+         d.len_k >= kFa3DetLeadsMinRows;
 }
 
 std::string_view fa3_ranked_backward_kernel(const attention::Problem& p) {
