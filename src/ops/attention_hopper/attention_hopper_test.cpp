@@ -858,6 +858,19 @@ TEST(AttentionCudnnRules, RankedAheadInstanceByShape) {
   EXPECT_EQ(fa3_ranked_forward_kernel(paged_problem.value()), kFa3PagedKernel);
 }
 
+// bf16 MHA problems at head dim 64 with `rows` query and key rows a sequence: soft-capped, and
+// packed (two sequences), as the backward's instance rules see them.
+attention::Problem capped_d64(int64_t rows) {
+  Descriptor d = make_desc(DType::bf16, 2, 16, 16, rows, rows, 64);
+  d.softcap = 30;
+  return problem_of(d);
+}
+attention::Problem packed_d64(int64_t rows) {
+  Descriptor d = make_desc(DType::bf16, 2, 16, 16, rows, rows, 64);
+  d.varlen = true, d.total_q = 2 * rows, d.total_k = 2 * rows;
+  return problem_of(d);
+}
+
 // The backward's ranked-ahead kernel (fa3_ranked_backward_kernel): the 128-row steps at head dim
 // 64 from kFa3BwdWideMinRows query rows on (any key count, either mask, any group, bf16 / f16,
 // padded or packed), not soft-capped; the plain kernel otherwise.
@@ -874,16 +887,12 @@ TEST(AttentionCudnnRules, RankedAheadBackwardByShape) {
   EXPECT_FALSE(fa3_bwd_widens(problem(16, rows, rows, 128)));
   EXPECT_FALSE(fa3_bwd_widens(problem(16, rows, rows, 256)));
   EXPECT_FALSE(fa3_bwd_widens(problem(16, rows, rows, 64, DType::f32)));
-  Descriptor capped = make_desc(DType::bf16, 2, 16, 16, rows, rows, 64);
-  capped.softcap = 30;
-  EXPECT_FALSE(fa3_bwd_widens(problem_of(capped)));
-  Descriptor packed = make_desc(DType::bf16, 2, 16, 16, rows, rows, 64);
-  packed.varlen = true, packed.total_q = 2 * rows, packed.total_k = 2 * rows;
-  EXPECT_TRUE(fa3_bwd_widens(problem_of(packed)));
+  EXPECT_FALSE(fa3_bwd_widens(capped_d64(rows)));
+  EXPECT_TRUE(fa3_bwd_widens(packed_d64(rows)));
   EXPECT_EQ(fa3_ranked_backward_kernel(problem(16, rows, rows)), kFa3BwdQ128Kernel);
   EXPECT_EQ(fa3_ranked_backward_kernel(problem(16, rows - 1, rows)), kFa3BwdKernel);
   EXPECT_EQ(fa3_ranked_backward_kernel(problem(16, rows, rows, 128)), kFa3BwdKernel);
-  EXPECT_EQ(fa3_ranked_backward_kernel(problem_of(capped)), kFa3BwdKernel);
+  EXPECT_EQ(fa3_ranked_backward_kernel(capped_d64(rows)), kFa3BwdKernel);
 }
 
 // Where the deterministic backward's ranked entry may fit (fa3_det_leads): bf16 at head dim 64,
@@ -908,12 +917,8 @@ TEST(AttentionCudnnRules, DeterministicBackwardLeadsWhereMeasured) {
   EXPECT_FALSE(fa3_det_leads(problem(rows, rows, 16, 64, DType::bf16, Mask::causal_top_left())));
   EXPECT_FALSE(fa3_det_leads(
       problem(rows, rows, 16, 64, DType::bf16, Mask::sliding_window(2 * rows - 1, -1))));
-  Descriptor capped = make_desc(DType::bf16, 2, 16, 16, rows, rows, 64);
-  capped.softcap = 30;
-  EXPECT_FALSE(fa3_det_leads(problem_of(capped)));
-  Descriptor packed = make_desc(DType::bf16, 2, 16, 16, rows, rows, 64);
-  packed.varlen = true, packed.total_q = 2 * rows, packed.total_k = 2 * rows;
-  EXPECT_FALSE(fa3_det_leads(problem_of(packed)));
+  EXPECT_FALSE(fa3_det_leads(capped_d64(rows)));
+  EXPECT_FALSE(fa3_det_leads(packed_d64(rows)));
 }
 
 // Decodes of 256-wide heads in groups of 1 (plain multi-head attention) leave the family's decode
@@ -3216,32 +3221,9 @@ TEST(AttentionFa3Registry, BackwardRankedByTheTableAndNotDeterministic) {
   EXPECT_EQ(found, 8);
 }
 
-// The deterministic instance's ranked entry: deterministic, above every other deterministic
-// backward entry (cuDNN's ranked-ahead one included) and below fa3's ranked-ahead entry, which
-// fits wherever it does.
-TEST(AttentionFa3Registry, DeterministicRankedEntryBetweenCudnnAndFa3) {
-  int found = 0;
-  for (DType t : {DType::bf16, DType::f16}) {
-    const auto* ranked = fa3_bwd_kernel(t, kFa3BwdDeterministicRanked);
-    if (!ranked) continue;  // CPU-only build
-    ++found;
-    EXPECT_TRUE(ranked->sku.precision.deterministic);
-    EXPECT_EQ(ranked->sku.arch, Arch::sm90a);
-    EXPECT_EQ(ranked->priority, kFa3DetAhead);
-    const auto* ahead = fa3_bwd_kernel(t, kFa3BwdRankedAhead);
-    ASSERT_NE(ahead, nullptr);
-    EXPECT_LT(ranked->priority, ahead->priority);
-    for (const auto& k : KernelTable<attention::BackwardOp>::instance().all()) {
-      if (k.sku.element == t && k.sku.precision.deterministic && k.sku.name != ranked->sku.name) {
-        EXPECT_GT(ranked->priority, k.priority) << k.sku.name;
-      }
-    }
-  }
-  if (found == 0) GTEST_SKIP() << "built without CUDA: fa3_bwd_sm90a is not registered";
-  EXPECT_EQ(found, 2);
-}
-
-// The deterministic instance: by name below every other backward kernel, and deterministic.
+// The deterministic instance: by name below every other backward kernel, and deterministic. Its
+// ranked entry: deterministic too, above every other deterministic backward entry (cuDNN's
+// ranked-ahead one included) and below fa3's ranked-ahead entry, which fits wherever it does.
 TEST(AttentionFa3Registry, DeterministicBackwardIsPinnableAndDeterministic) {
   int found = 0;
   for (DType t : {DType::bf16, DType::f16}) {
@@ -3249,6 +3231,18 @@ TEST(AttentionFa3Registry, DeterministicBackwardIsPinnableAndDeterministic) {
     if (!det) continue;  // CPU-only build
     ++found;
     expect_fa3_entry(*det, t, kFa3BwdKernel, false, true);
+    const auto* ranked = fa3_bwd_kernel(t, kFa3BwdDeterministicRanked);
+    const auto* ahead = fa3_bwd_kernel(t, kFa3BwdRankedAhead);
+    ASSERT_TRUE(ranked && ahead);
+    EXPECT_TRUE(ranked->sku.precision.deterministic);
+    EXPECT_EQ(ranked->sku.arch, Arch::sm90a);
+    EXPECT_EQ(ranked->priority, kFa3DetAhead);
+    EXPECT_LT(ranked->priority, ahead->priority);
+    for (const auto& k : KernelTable<attention::BackwardOp>::instance().all()) {
+      if (k.sku.element == t && k.sku.precision.deterministic && k.sku.name != ranked->sku.name) {
+        EXPECT_GT(ranked->priority, k.priority) << k.sku.name;
+      }
+    }
   }
   if (found == 0) GTEST_SKIP() << "built without CUDA: fa3_bwd_sm90a is not registered";
   EXPECT_EQ(found, 2);
@@ -3394,13 +3388,20 @@ TEST(AttentionFa3Gpu, DeterministicPreferenceTakesFa3WhereItLeads) {
     return std::array<TablePoint, 1>{
         TablePoint{DType::bf16, Pass::backward, 64, rows, false, cudnn, 1, fa3}};
   };
+  // The kernel of the deterministic plan for d, which must exist and be deterministic.
+  auto det_kernel = [&](const Descriptor& d) {
+    auto plan = attention::BackwardPlan::select(gs, d, PlanPreference::deterministic());
+    if (!plan.ok()) {
+      ADD_FAILURE() << "no deterministic plan for D" << d.head_dim_qk;
+      return std::string();
+    }
+    EXPECT_TRUE(plan->precision_guarantee().deterministic) << plan->sku().name;
+    return std::string(plan->sku().name);
+  };
   {
     const auto fa3_wins = table_for(2, 3);
     const SelectionTableOverride o{fa3_wins};
-    auto det = attention::BackwardPlan::select(gs, desc, PlanPreference::deterministic());
-    BARACUDA_ASSERT_OK(det);
-    EXPECT_EQ(det->sku().name, kFa3BwdDeterministicRanked);
-    EXPECT_TRUE(det->precision_guarantee().deterministic);
+    EXPECT_EQ(det_kernel(desc), kFa3BwdDeterministicRanked);
     auto fastest = attention::BackwardPlan::select(gs, desc);
     BARACUDA_ASSERT_OK(fastest);
     EXPECT_EQ(fastest->sku().name, kFa3BwdRankedAhead);
@@ -3408,12 +3409,8 @@ TEST(AttentionFa3Gpu, DeterministicPreferenceTakesFa3WhereItLeads) {
          {desc_of({DType::f16, 1, 2, 2, rows, rows, 64, Mask::none(), false, false}, DType::f16),
           desc_of({DType::bf16, 1, 2, 2, rows, rows, 128, Mask::none(), false, false}, DType::bf16),
           desc_of({DType::bf16, 1, 2, 2, rows, rows, 64, Mask::causal_top_left(), false, false},
-                  DType::bf16)}) {
-      auto p = attention::BackwardPlan::select(gs, other, PlanPreference::deterministic());
-      BARACUDA_ASSERT_OK(p);
-      EXPECT_NE(p->sku().name, kFa3BwdDeterministicRanked);
-      EXPECT_TRUE(p->precision_guarantee().deterministic);
-    }
+                  DType::bf16)})
+      EXPECT_NE(det_kernel(other), kFa3BwdDeterministicRanked);
     harness::Rng rng;
     check_pinned_backward({c}, kFa3BwdDeterministicRanked, rng, 4);
   }
@@ -3421,10 +3418,7 @@ TEST(AttentionFa3Gpu, DeterministicPreferenceTakesFa3WhereItLeads) {
   {
     const auto cudnn_wins = table_for(3, 2);
     const SelectionTableOverride o{cudnn_wins};
-    auto det = attention::BackwardPlan::select(gs, desc, PlanPreference::deterministic());
-    BARACUDA_ASSERT_OK(det);
-    EXPECT_NE(det->sku().name, kFa3BwdDeterministicRanked);
-    EXPECT_TRUE(det->precision_guarantee().deterministic);
+    EXPECT_NE(det_kernel(desc), kFa3BwdDeterministicRanked);
   }
 #endif
 }
