@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "baracuda/ops/attention.hpp"
+#include "baracuda/ops/attention_hopper.hpp"
 #include "core/bench/bench.hpp"
 #include "ops/attention/common.hpp"
 
@@ -162,7 +163,7 @@ void bench_all(const Stream& stream) {
         // what a user who asks for bitwise reruns gets. The sm_90a deterministic instance by name
         // only where BARACUDA_ATTN_KERNELS names it (it runs on Hopper builds alone).
         constexpr std::string_view kDeterministic = "deterministic",
-                                   kFa3Deterministic = "fa3_bwd_sm90a_deterministic";
+                                   kFa3Deterministic = attention_hopper::kFa3BwdDeterministicKernel;
         const char* const bwd_alts[] = {"",
                                         "flash_bwd_fused_sm80",
                                         "flash_bwd_fused_bulk_sm80",

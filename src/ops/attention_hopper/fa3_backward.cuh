@@ -136,6 +136,14 @@ struct BwdParams {
   int det_rotated;
 };
 
+// The dQ accumulator's chunks (batch, query head, 64-row block, 64-column part), from any of the
+// backward's three grids (gridDim.z is the batch in each): where the deterministic instance's
+// second half of the accumulator, and of its counts, starts.
+template <int D, class P>
+__device__ __forceinline__ int64_t acc_chunks(const P& p) {
+  return int64_t{gridDim.z} * p.heads_q * (p.lq_pad / kChunkRows) * (D / 64);
+}
+
 // The sequence a CTA or row block works on: its packed row offsets (padded: 0), lengths, diagonal
 // offset and tensor batch coordinate (varlen: 0).
 struct BwdSeq {
@@ -516,7 +524,7 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
   // are the key blocks k with rot(k) <= pos, after it the rest; this CTA's predecessors are the
   // higher key blocks of its part (in 32 bits: see det_rotates). Step t's count and accumulator
   // chunk: those of the second half once the walk has wrapped.
-  const int64_t det_chunks = int64_t{gridDim.z} * p.heads_q * (p.lq_pad / kChunkRows) * (D / 64);
+  const int64_t det_chunks = acc_chunks<D>(p);
   auto det_want = [&](int t, Pos q, int m0) {
     if (!p.det_rotated) return det_before(m0);
     const int blocks = (lk + kKeys - 1) / kKeys;
@@ -947,10 +955,9 @@ __global__ void __launch_bounds__(256) fa3_bwd_prep(const RowParams p) {
     const int64_t c0 = ((int64_t{b} * p.heads_q + h) * (p.lq_pad / kChunkRows) +
                         int64_t{blockIdx.x} * (S::kRowsPerBlock / kChunkRows)) *
                        (D / 64);
-    const int64_t chunks = int64_t{gridDim.z} * p.heads_q * (p.lq_pad / kChunkRows) * (D / 64);
     if (threadIdx.x < kCounts) {
       p.det_counts[c0 + threadIdx.x] = 0u;
-      if (p.det_rotated) p.det_counts[chunks + c0 + threadIdx.x] = 0u;
+      if (p.det_rotated) p.det_counts[acc_chunks<D>(p) + c0 + threadIdx.x] = 0u;
     }
     if (blockIdx.x == 0 && h == 0 && b == 0 && threadIdx.x == 0) *p.det_ticket = 0u;
   }
@@ -978,7 +985,7 @@ __global__ void __launch_bounds__(256) fa3_bwd_prep(const RowParams p) {
   for (int j = 0; j < S::kRowsPerWarp * D / 4 / 32; ++j)
     acc[j * 32 + lane] = make_float4(0.f, 0.f, 0.f, 0.f);
   if (kDet && p.det_rotated) {  // and the second accumulator's piece
-    float4* acc2 = acc + int64_t{gridDim.z} * p.heads_q * p.lq_pad * (D / 4);
+    float4* acc2 = acc + acc_chunks<D>(p) * (kChunkRows * 64 / 4);
 #pragma unroll
     for (int j = 0; j < S::kRowsPerWarp * D / 4 / 32; ++j)
       acc2[j * 32 + lane] = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -1032,8 +1039,7 @@ __global__ void __launch_bounds__(128) fa3_bwd_post(const RowParams p) {
   for (int j = 0; j < 8; ++j) {
     float4 v = src[staged_slot(j, tid)];
     if (kDet && p.det_rotated) {
-      const float4 w =
-          src[int64_t{gridDim.z} * p.heads_q * p.lq_pad * (D / 4) + staged_slot(j, tid)];
+      const float4 w = src[acc_chunks<D>(p) * (kChunkRows * 64 / 4) + staged_slot(j, tid)];
       v = make_float4(v.x + w.x, v.y + w.y, v.z + w.z, v.w + w.w);
     }
     tile[r0][4 * j + lane % 4] = cuda::pack2<T>(v.x * p.scale, v.y * p.scale);
