@@ -68,11 +68,17 @@ void bench_all(const Stream& stream) {
   std::mt19937 gen(7);
   constexpr int64_t kTokens = 16384, kHidden = 2048;
   const int64_t n = kTokens * kHidden;
+  // BARACUDA_ATTN_DTYPE=f16: the sweep in f16, and no other rows (the decode and prefill rows read
+  // these buffers as bf16). BARACUDA_ATTN_GROUP=<g>: the sweep with g query heads per K/V head
+  // (names end in _hk<heads>), where the deterministic preference's rule has to be measured too.
+  const DType t = bench::env("BARACUDA_ATTN_DTYPE") == "f16" ? DType::f16 : DType::bf16;
+  const std::string type_name = t == DType::f16 ? "f16" : "bf16";
+  const std::string group_env{bench::env("BARACUDA_ATTN_GROUP")};
+  const int64_t group = group_env.empty() ? 1 : std::max(1, std::atoi(group_env.c_str()));
   // One set of buffers serves every sweep point (each has 16k tokens x 2048).
-  auto q = bench::random_buffer(stream, DType::bf16, n, gen()),
-       k = bench::random_buffer(stream, DType::bf16, n, gen()),
-       v = bench::random_buffer(stream, DType::bf16, n, gen()),
-       dy = bench::random_buffer(stream, DType::bf16, n, gen());
+  auto q = bench::random_buffer(stream, t, n, gen()), k = bench::random_buffer(stream, t, n, gen()),
+       v = bench::random_buffer(stream, t, n, gen()),
+       dy = bench::random_buffer(stream, t, n, gen());
   auto y = Buffer::allocate(n * 2, stream.memory_location());
   auto dq = Buffer::allocate(n * 2, stream.memory_location());
   auto dk = Buffer::allocate(n * 2, stream.memory_location());
@@ -110,26 +116,28 @@ void bench_all(const Stream& stream) {
       const int64_t batch = kTokens / len;
       for (bool causal : {false, true}) {
         if (only_d > 0 && (dim != only_d || len != only_l || causal != only_causal)) continue;
+        const int64_t heads_kv = heads / group;
         const std::string name = "b" + std::to_string(batch) + "_h" + std::to_string(heads) + "_l" +
                                  std::to_string(len) + "_d" + std::to_string(dim) +
-                                 (causal ? "_causal" : "");
+                                 (causal ? "_causal" : "") +
+                                 (group > 1 ? "_hk" + std::to_string(heads_kv) : "");
         Descriptor d;
-        d.dtype = DType::bf16, d.batch = batch, d.heads_q = d.heads_kv = heads;
+        d.dtype = t, d.batch = batch, d.heads_q = heads, d.heads_kv = heads_kv;
         d.len_q = d.len_k = len, d.head_dim_qk = d.head_dim_v = dim;
         d.mask = causal ? Mask::causal_top_left() : Mask::none();
         const double flops = 4.0 * batch * heads * len * len * dim * (causal ? 0.5 : 1.0);
-        const DType t = DType::bf16;
         const Tensor tq = view4(q->data(), batch, heads, len, dim, stream, t);
-        const Tensor tk = view4(k->data(), batch, heads, len, dim, stream, t);
-        const Tensor tv = view4(v->data(), batch, heads, len, dim, stream, t);
+        const Tensor tk = view4(k->data(), batch, heads_kv, len, dim, stream, t);
+        const Tensor tv = view4(v->data(), batch, heads_kv, len, dim, stream, t);
         const Tensor ty = view4(y->data(), batch, heads, len, dim, stream, t);
         const int64_t lse_shape[] = {batch, heads, len};
         const Tensor tl = make_tensor(lse->data(), DType::f32, lse_shape, stream.memory_location());
         const ForwardArguments fa{as_const(tq), as_const(tk), as_const(tv), ty, tl, {}, {}};
         const auto fwd = time_forward(stream, d, "", fa, "attention_forward", name);
         if (!fwd) continue;
-        const double io = 4.0 * n * 2;  // Q, K, V read, Y written
-        bench::emit(stream, {kFamily, "attention_forward", name, "bf16",
+        const double kv_bytes = 2.0 * n * 2 / group;
+        const double io = 2.0 * n * 2 + kv_bytes;  // Q, K, V read, Y written
+        bench::emit(stream, {kFamily, "attention_forward", name, type_name,
                              std::string(fwd->plan.sku().name), fwd->median_ms, io, flops, ""});
         // A/B rows: the other bespoke tensor-core forward kernels, forced by name.
         for (const char* alt :
@@ -142,8 +150,8 @@ void bench_all(const Stream& stream) {
           // the device's shared memory) has no row; any other failure is reported.
           const auto at = time_forward(stream, d, alt, fa, "attention_forward", name, false);
           if (!at) continue;
-          bench::emit(stream, {kFamily, "attention_forward", name, "bf16", alt, at->median_ms, io,
-                               flops, "A/B: kernel forced by name"});
+          bench::emit(stream, {kFamily, "attention_forward", name, type_name, alt, at->median_ms,
+                               io, flops, "A/B: kernel forced by name"});
         }
         const BackwardArguments ba{as_const(tq),
                                    as_const(tk),
@@ -152,34 +160,42 @@ void bench_all(const Stream& stream) {
                                    as_const(view4(dy->data(), batch, heads, len, dim, stream, t)),
                                    as_const(tl),
                                    view4(dq->data(), batch, heads, len, dim, stream, t),
-                                   view4(dk->data(), batch, heads, len, dim, stream, t),
-                                   view4(dv->data(), batch, heads, len, dim, stream, t),
+                                   view4(dk->data(), batch, heads_kv, len, dim, stream, t),
+                                   view4(dv->data(), batch, heads_kv, len, dim, stream, t),
                                    {},
                                    {}};
         if (forward_only) continue;
         // The default backward plan, then (A/B rows) the family's tensor-core backward kernels
         // forced by name: the one-pass kernel and the deterministic two passes; and the plan that
         // PlanPreference::deterministic() selects (row note "deterministic preference"), which is
-        // what a user who asks for bitwise reruns gets. The sm_90a deterministic instance by name
-        // only where BARACUDA_ATTN_KERNELS names it (it runs on Hopper builds alone).
+        // what a user who asks for bitwise reruns gets. The sm_90a deterministic instance and
+        // cuDNN's deterministic algorithm by name only where BARACUDA_ATTN_KERNELS names them
+        // (Hopper builds with cuDNN alone): the two the preference ranks by fa3_det_leads.
         constexpr std::string_view kDeterministic = "deterministic",
-                                   kFa3Deterministic = attention_hopper::kFa3BwdDeterministicKernel;
+                                   kFa3Deterministic = attention_hopper::kFa3BwdDeterministicKernel,
+                                   kCudnnDeterministic = "cudnn_sdpa_bwd_deterministic";
         const char* const bwd_alts[] = {"",
                                         "flash_bwd_fused_sm80",
                                         "flash_bwd_fused_bulk_sm80",
                                         "flash_bwd_fused_q64_sm80",
                                         "flash_bwd_mma_sm80",
                                         kDeterministic.data(),
-                                        kFa3Deterministic.data()};
+                                        kFa3Deterministic.data(),
+                                        kCudnnDeterministic.data()};
         std::string default_bwd;
         for (const char* alt : bwd_alts) {
           const bool pinned = *alt != '\0', by_preference = alt == kDeterministic;
           if (pinned && !ab_wanted(alt)) continue;
-          if (alt == kFa3Deterministic && kernels_env.empty()) continue;
+          if ((alt == kFa3Deterministic || alt == kCudnnDeterministic) && kernels_env.empty())
+            continue;
           auto bwd = BackwardPlan::select(stream, d,
                                           by_preference ? PlanPreference::deterministic()
                                           : pinned      ? PlanPreference::kernel(alt)
                                                         : PlanPreference::fastest());
+          // cuDNN's entries come in pairs, one fitting where the table ranks cuDNN first.
+          if (alt == kCudnnDeterministic && !bwd.ok())
+            bwd = BackwardPlan::select(
+                stream, d, PlanPreference::kernel("cudnn_sdpa_bwd_deterministic_ranked_behind"));
           if (!bwd.ok()) {
             bench::emit_error(kFamily, "attention_backward", name, bwd.error());
             continue;
@@ -195,8 +211,8 @@ void bench_all(const Stream& stream) {
             continue;
           }
           bench::emit(stream,
-                      {kFamily, "attention_backward", name, "bf16", std::string(bwd->sku().name),
-                       bt->median_ms, 8.0 * n * 2, 2.5 * flops,
+                      {kFamily, "attention_backward", name, type_name, std::string(bwd->sku().name),
+                       bt->median_ms, 4.0 * n * 2 + 2 * kv_bytes, 2.5 * flops,
                        by_preference ? "deterministic preference"
                        : pinned      ? "A/B: kernel forced by name"
                                      : ""});
@@ -207,7 +223,7 @@ void bench_all(const Stream& stream) {
   // Decode: few query tokens per sequence against a 32k-token KV cache, [B, L, H, D] cache layout.
   // Lq = 1 is plain decode; Lq = 4 is speculative decoding (causal bottom-right). Each case runs
   // the default plan, then every bespoke kernel by name (A/B rows: same case, kernel column).
-  if (backward_only || forward_only) return;
+  if (backward_only || forward_only || t != DType::bf16 || group > 1) return;
   constexpr int64_t kB = 1, kHq = 32, kHk = 8, kL = 32768, kD = 128;
   auto kc = bench::random_buffer(stream, DType::bf16, kB * kL * kHk * kD, gen());
   auto vc = bench::random_buffer(stream, DType::bf16, kB * kL * kHk * kD, gen());
