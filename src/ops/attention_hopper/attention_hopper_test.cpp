@@ -4020,6 +4020,10 @@ std::vector<VarlenCase> varlen_cases() {
   return {
       // An empty sequence, one of a single row, a 300-row one over three query / key blocks.
       {DType::bf16, 4, 2, 64, Mask::none(), {70, 0, 300, 1}, {130, 17, 300, 1}, 5, 0},
+      // Unmasked GQA with a sequence of queries and no keys (Y and dQ 0), sequences of more key
+      // blocks than the longest query one: the deterministic backward's rotated walks, whose
+      // accumulators prep leaves unzeroed.
+      {DType::bf16, 4, 2, 128, Mask::none(), {300, 90, 200}, {260, 0, 700}, 3, 0},
       // Lq > Lk bottom-right (rows that see no key: Y 0, LSE -inf, dQ 0), MQA, padded rows.
       {DType::f16, 4, 1, 128, Mask::causal_bottom_right(), {200, 5, 129}, {100, 300, 129}, 3, 8},
       {DType::bf16, 2, 2, 128, Mask::causal_top_left(), {1, 257, 64}, {1, 257, 63}, 0, 8},

@@ -834,7 +834,12 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
                 det_await_turn(p.det_counts + det_at, det_need, det_seen);
                 det_pending = at = det_at;
               }
-              bulk_reduce_add_f32(p.acc + at * (kChunkRows * 64), stage, S::kStageBytes);
+              // kDet: a chunk's first adder stores its part (prep zeroes no rotated accumulator,
+              // and a store needs no line from DRAM that a reduce-add into a cold chunk reads).
+              if (kDet && det_need == 0)
+                bulk_store(p.acc + at * (kChunkRows * 64), stage, S::kStageBytes);
+              else
+                bulk_reduce_add_f32(p.acc + at * (kChunkRows * 64), stage, S::kStageBytes);
             }
           }
         }
@@ -915,6 +920,10 @@ struct RowParams {
   unsigned* det_counts;  // kDet: the chunks' add counts, zeroed here (null otherwise)
   unsigned* det_ticket;
   int det_rotated;  // kDet: two accumulators and two sets of counts, each half of its buffer
+  // det_rotated's post: which chunks a walk reached (see fa3_bwd_post). The key sequences (varlen:
+  // cu_k, else null), the longest, the query heads a key head and the main grid's key blocks.
+  const int* cu_k;
+  int total_k, lk, group, key_blocks;
 };
 
 // Sequence b's query rows: packed rows [q0, q0 + lq) of tensor batch tb (the main kernel's rule).
@@ -944,7 +953,7 @@ struct PrepShape {
 
 // Grid: lq_pad / kRowsPerBlock x Hq x B (lq_pad is a multiple of 128, so of every kRowsPerBlock).
 // kDet: each block also zeroes its chunks' add counts, and the first the ticket counter
-// (det_rotated: both accumulators' pieces and both counts).
+// (det_rotated: both sets of counts, and no accumulator: see fa3_bwd_post).
 template <class T, int D, bool kDet = false>
 __global__ void __launch_bounds__(256) fa3_bwd_prep(const RowParams p) {
   using S = PrepShape<D>;
@@ -980,15 +989,12 @@ __global__ void __launch_bounds__(256) fa3_bwd_prep(const RowParams p) {
   // The accumulator (whatever its order inside a chunk) is B * Hq * lq_pad * D floats: this warp
   // zeroes its rows' piece, which is contiguous.
   const int64_t r0 = (int64_t{b} * p.heads_q + h) * p.lq_pad + first;
-  float4* acc = reinterpret_cast<float4*>(p.acc + r0 * D);
-#pragma unroll
-  for (int j = 0; j < S::kRowsPerWarp * D / 4 / 32; ++j)
-    acc[j * 32 + lane] = make_float4(0.f, 0.f, 0.f, 0.f);
-  if (kDet && p.det_rotated) {  // and the second accumulator's piece
-    float4* acc2 = acc + acc_chunks<D>(p) * (kChunkRows * 64 / 4);
+  // (kDet with det_rotated: none; every chunk post reads was stored by its first adder.)
+  if (!kDet || !p.det_rotated) {
+    float4* acc = reinterpret_cast<float4*>(p.acc + r0 * D);
 #pragma unroll
     for (int j = 0; j < S::kRowsPerWarp * D / 4 / 32; ++j)
-      acc2[j * 32 + lane] = make_float4(0.f, 0.f, 0.f, 0.f);
+      acc[j * 32 + lane] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
 #pragma unroll
   for (int i = 0; i < S::kSteps; ++i) {
@@ -1020,7 +1026,10 @@ __global__ void __launch_bounds__(256) fa3_bwd_prep(const RowParams p) {
 // rows 16 (i / 32) + (i % 32) / 4 (+ 8 for the float4's second pair), columns 8 j + 2 (i % 4)
 // (+ 1). The part goes through shared memory as 16-bit rows so that dQ is written in whole
 // 128-byte rows.
-// kDet with det_rotated: the sum of the accumulator's two halves (in that order).
+// kDet with det_rotated: the sum of the accumulator's two halves (in that order), neither zeroed by
+// prep: the first half holds every position of a sequence with keys (key block 0's walk starts at
+// position 0), the second the positions before the highest key block's rotation, rot(g - 1) =
+// (g - 1) steps / key_blocks (the walks that wrap past them); a sequence without keys has dQ 0.
 template <class T, int D, bool kDet = false>
 __global__ void __launch_bounds__(128) fa3_bwd_post(const RowParams p) {
   constexpr int kParts = D / 64;
@@ -1035,10 +1044,19 @@ __global__ void __launch_bounds__(128) fa3_bwd_post(const RowParams p) {
       ((int64_t{b} * p.heads_q + h) * (p.lq_pad / kChunkRows) + m_blk) * kParts + part;
   const float4* src = reinterpret_cast<const float4*>(p.acc + chunk * (kChunkRows * 64));
   const int r0 = (tid / 32) * 16 + lane / 4;
+  bool first = true, second = false;
+  if (kDet && p.det_rotated) {
+    const RowSeq sq = row_seq(p, b);
+    const int lk = p.cu_k ? seq_span(p.cu_k, b, p.lk, p.total_k).len : p.lk;
+    const int g = (lk + 127) / 128, nm = (sq.lq + kChunkRows - 1) / kChunkRows;
+    const int64_t steps = int64_t{nm} * p.group, pos = int64_t{h % p.group} * nm + m_blk;
+    first = g > 0;
+    second = g > 0 && pos < (g - 1) * steps / p.key_blocks;
+  }
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
-    float4 v = src[staged_slot(j, tid)];
-    if (kDet && p.det_rotated) {
+    float4 v = first ? src[staged_slot(j, tid)] : make_float4(0.f, 0.f, 0.f, 0.f);
+    if (kDet && p.det_rotated && second) {
       const float4 w = src[acc_chunks<D>(p) * (kChunkRows * 64 / 4) + staged_slot(j, tid)];
       v = make_float4(v.x + w.x, v.y + w.y, v.z + w.z, v.w + w.w);
     }
@@ -1193,6 +1211,11 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
     rp.det_counts = reinterpret_cast<unsigned*>(ws + lay.det_counts);
     rp.det_ticket = reinterpret_cast<unsigned*>(ws + lay.det_ticket);
     rp.det_rotated = det_rotates(pr) ? 1 : 0;
+    rp.cu_k = vl ? static_cast<const int*>(a.cu_seqlens_k.data) : nullptr;
+    rp.total_k = vl ? static_cast<int>(d.total_k) : 0;
+    rp.lk = static_cast<int>(d.len_k);
+    rp.group = static_cast<int>(pr.group);
+    rp.key_blocks = static_cast<int>((d.len_k + kKeys - 1) / kKeys);
   }
 
   BwdParams p{};
