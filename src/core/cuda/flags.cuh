@@ -1,8 +1,8 @@
 // Block-to-block hand-offs inside one launch: a ticket that orders blocks by the time they start,
-// ready flags published with release and awaited with acquire (GPU scope), and group flags that
-// tell the last block of a group it is last. A block may wait
-// only on blocks holding smaller tickets: those are already running, so the waits always end.
-// Include only from .cu files.
+// ready flags published with release and awaited with acquire (GPU scope), relaxed counts that put
+// bulk reductions in a fixed order, and group flags that tell the last block of a group it is last.
+// A block may wait only on blocks holding smaller tickets: those are already running, so the waits
+// always end. Include only from .cu files.
 #pragma once
 
 #include <cstdint>
@@ -46,16 +46,22 @@ __device__ __forceinline__ void await_block(const unsigned* flag, unsigned value
   __syncthreads();
 }
 
-// The same hand-off by one thread, for a count that only rises (several publishers, each adding 1):
-// this thread alone polls until *count >= value, and what the publishers wrote before their raise
-// is visible to it (to the rest of its block only after a barrier). peek_count is one reading
-// (acquire, GPU scope); await_count starts from one taken earlier (`seen`), so that the load's
-// round trip to L2 (about 300 ns, H200) passes under other work and a count already high enough
-// costs nothing. The pause between polls doubles from 32 ns up to max_pause_ns: a waiter whose
-// turn comes within a microsecond or so keeps it at 32 (a longer sleep is time it trails by).
+// A count that only rises, for bulk async reductions into one buffer made in a fixed order: each
+// publisher adds 1 once its own reductions have completed (raise_count_after_completion), and the
+// next one polls until *count >= value before it issues its own. Every access is relaxed (GPU
+// scope): the reductions are performed in L2, where every later one to the buffer is, before the
+// count is even raised, and the waiter reads nothing the publishers wrote, so neither the release's
+// MEMBAR.ALL.GPU nor the acquire's L1 invalidation (CCTL.IVALL, which waits for the load) orders
+// anything that is not ordered already. The PTX memory model asks for both; fa3_backward.cuh
+// says what each cost. A waiter that reads the publishers' data needs await_block instead.
+// peek_count is one reading; await_count starts from one taken earlier (`seen`): the load's round
+// trip to L2 (about 300 ns, H200) stalls nothing until its value is used, and a count already
+// high enough costs nothing then. The pause between polls doubles from 32 ns up to max_pause_ns:
+// a waiter whose turn comes within a microsecond or so keeps it at 32 (a longer sleep is time it
+// trails by).
 __device__ __forceinline__ unsigned peek_count(const unsigned* count) {
   unsigned seen;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(seen) : "l"(count) : "memory");
+  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];\n" : "=r"(seen) : "l"(count) : "memory");
   return seen;
 }
 __device__ __forceinline__ void await_count(const unsigned* count, unsigned value, unsigned seen,
@@ -65,11 +71,6 @@ __device__ __forceinline__ void await_count(const unsigned* count, unsigned valu
     pause = pause < max_pause_ns ? 2 * pause : pause;
   }
 }
-// Adds 1 to the count, relaxed (no MEMBAR.ALL.GPU), for a publisher whose writes are bulk async
-// reductions it has waited to complete (cp.async.bulk.wait_group without .read) and fenced into the
-// generic proxy: they are performed in L2, where every SM's later access to them is, before this
-// add is issued. The PTX memory model asks a release (red.release.gpu) even so; see where it is
-// used for what that cost.
 __device__ __forceinline__ void raise_count_after_completion(unsigned* count) {
   asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;\n" ::"l"(count) : "memory");
 }

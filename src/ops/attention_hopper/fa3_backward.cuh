@@ -170,8 +170,8 @@ __device__ __forceinline__ uint32_t opaque(uint32_t x) {
 }
 // kDet's ordering of a chunk's adds (see fa3_bwd_kernel; core/cuda/flags.cuh's count hand-off):
 // until `want` earlier adds are counted (from `seen`, a reading taken a part of the step earlier),
-// then this thread's bulk reduction (async proxy) after the count's acquire; and the count raised
-// once this thread's bulk reductions have completed. Polled every 32 ns: with the pause doubling
+// then this thread's bulk reduction (async proxy); and the count raised once this thread's bulk
+// reductions have completed. Polled every 32 ns: with the pause doubling
 // to 1 us (await_count's default) the unmasked points from L2048 ran 4.8-9.5% slower, d64 and
 // d128 (H200, seventy-fourth session, calls 5 / 6).
 __device__ __forceinline__ void det_await_turn(const unsigned* count, unsigned want,
@@ -750,16 +750,6 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
       // free once its previous bulk reduction has read it: the barrier publishes that too.
       if (!kSplit && threadIdx.x % 128 == 0) bulk_wait<0, true>();
       sync_consumers<W>();
-      // kDet: this step's count read now, under the dQ GEMM, and awaited once dQ is staged (the
-      // load's round trip, about 300 ns, was a tenth of the d128 step where it was read there:
-      // H200, seventy-fifth session's trace).
-      if constexpr (kDet) {
-        if (threadIdx.x % 128 == 0 && (D == 128 || wg == 0)) {
-          det_at = chunk_of(h, m0) + (t >= steps - rot ? det_chunks : 0);
-          det_need = det_want(t, cur, m0);
-          det_seen = cuda::peek_count(p.det_counts + det_at);
-        }
-      }
       // Refilling stage (t - 1) % kRing: at D = 256 here; with the staged dQ once its GEMM is
       // issued, so that warp 0's share of that warpgroup-wide GEMM does not wait behind the load
       // (q128: at the top of the step instead, see kEarlyRefill).
@@ -793,6 +783,19 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
             Ops<T>::tt64(dq, desc_off<kFresh>(da, da_at, kk * 16 * 128, 8192, 1024),
                          desc_off<kFresh>(db, db_at, kk * 16 * 128, 8192, 1024), kk > 0 ? 1 : 0);
           wgmma_commit();
+          // kDet: this step's count read under the dQ GEMM and awaited once dQ is staged (the
+          // load's round trip, about 300 ns, was a tenth of the d128 step where it was read there:
+          // H200, seventy-fifth session's trace). After the GEMM's issue, not before: the
+          // predecessor rule's arithmetic and the load's issue held warp 0 back, and with it the
+          // warpgroup-wide GEMM (ncu, d128 L4096: its first wgmma's stall samples 17x the
+          // non-deterministic kernel's with the reading before it, 44x with an acquire reading).
+          if constexpr (kDet) {
+            if (threadIdx.x % 128 == 0) {
+              det_at = chunk_of(h, m0) + (t >= steps - rot ? det_chunks : 0);
+              det_need = det_want(t, cur, m0);
+              det_seen = cuda::peek_count(p.det_counts + det_at);
+            }
+          }
           if (!kEarlyRefill && refill) load_step(t + kRing - 1, ahead());
           wgmma_wait<0>();  // dQ_t (and every older group) done
           if (kEarlyRefill && wg > 0 && threadIdx.x % 128 == 0)
