@@ -549,14 +549,25 @@ inline constexpr std::string_view kFa3BwdDeterministicKernel = "fa3_bwd_sm90a_de
 // fa3's ranked-ahead entry (kFa3Ahead, not deterministic) fits too: `fastest` never gets it.
 inline constexpr std::string_view kFa3BwdDeterministicRanked = "fa3_bwd_sm90a_deterministic_ranked";
 inline constexpr int kFa3DetAhead = kCudnnAhead + 1;
-// Where fa3_bwd_sm90a_deterministic leads cuDNN's deterministic backward: bf16, Dk = Dv = 64, no
-// mask, no soft-capping, padded, one query head a key head, from
-// kFa3DetLeadsMinRows query and key rows. Measured (H200, bf16, 16k tokens as B x L, 32 heads,
-// seventy-fifth session's call 6, TFLOP/s ours / cuDNN's deterministic): L1024 278.0 / 263.3,
-// L2048 326.1 / 272.2, L4096 348.8 / 278.9, L8192 364.9 / 279.8, L16384 374.6 / 278.6; causal
-// 0.87-1.04x and d128 0.77-1.00x (left to cuDNN), L1024 a thin lead (1.02-1.06x over calls 3-6).
-// f16, GQA, packed sequences and Lq != Lk are not measured yet.
-inline constexpr int64_t kFa3DetLeadsMinRows = 2048;
+// Where fa3_bwd_sm90a_deterministic leads cuDNN's deterministic backward (fa3_det_leads): bf16 or
+// f16, Dk = Dv, no soft-capping, padded, and one of these rows: its head dim, no mask or causal
+// (then Lq = Lk, the only shape measured), up to max_group query heads a key head, from min_rows
+// query and key rows. Measured (H200, 16k tokens as B x L, 2048 hidden, TFLOP/s ours / cuDNN's
+// deterministic, seventy-sixth session's call 4 unless named): d64 L512 271.3 / 228.0, L16384
+// 433.9 / 287.9 (f16 271.5 / 227.7, 422.9 / 287.7; groups of 4 312.7 / 218.4, 425.9 / 291.5;
+// groups of 8, call 3, 302.9 / 225.9, 372.5 / 293.4); d64 causal L512 175.4 / 178.7, L1024
+// 253.1 / 237.0, L16384 418.3 / 330.5 (groups of 4 from L512 202.9 / 167.3; groups of 8 0.90-0.98x
+// in call 3); d128 L1024 438.4 / 422.9 (1.04x, f16 1.04x), L2048 515.0 / 475.6, L16384 545.3 /
+// 484.0; d128 causal L1024 0.97x, L2048 418.6 / 391.8, L16384 520.5 / 451.2. Left to cuDNN: d128
+// in groups (groups of 4 0.95-1.06x), shorter problems, packed sequences.
+struct DetLead {
+  int64_t head_dim;
+  bool causal;
+  int64_t max_group;
+  int64_t min_rows;
+};
+inline constexpr DetLead kFa3DetLeads[] = {
+    {64, false, 8, 512}, {64, true, 4, 1024}, {128, false, 1, 2048}, {128, true, 1, 2048}};
 bool fa3_det_leads(const attention::Problem& p);
 // Head dim 64 without soft-capping from kFa3BwdWideMinRows query rows on, where fa3's backward
 // runs: the 128-row steps in place of the 64-row ones. Measured (H200, bf16, 16k tokens as B x L,

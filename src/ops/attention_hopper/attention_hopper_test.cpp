@@ -895,28 +895,40 @@ TEST(AttentionCudnnRules, RankedAheadBackwardByShape) {
   EXPECT_EQ(fa3_ranked_backward_kernel(capped_d64(rows)), kFa3BwdKernel);
 }
 
-// Where the deterministic backward's ranked entry may fit (fa3_det_leads): bf16 at head dim 64,
-// no mask, MHA, padded, no soft-capping, from kFa3DetLeadsMinRows query and key rows; anything
-// else (a window too, even one wider than the problem) stays with cuDNN's deterministic algorithm.
+// Where the deterministic backward's ranked entry may fit (fa3_det_leads): bf16 or f16, padded, no
+// soft-capping, and a row of kFa3DetLeads (head dim, no mask or causal with Lq = Lk, the largest
+// group, the fewest rows); anything else (a window too, even one wider than the problem) stays
+// with cuDNN's deterministic algorithm.
 TEST(AttentionCudnnRules, DeterministicBackwardLeadsWhereMeasured) {
-  const int64_t rows = kFa3DetLeadsMinRows;
-  auto problem = [](int64_t lq, int64_t lk, int64_t hk = 16, int64_t d = 64, DType t = DType::bf16,
-                    Mask m = Mask::none()) {
-    return problem_of(make_desc(t, 2, 16, hk, lq, lk, d, m));
+  auto problem = [](const DetLead& lead, int64_t lq, int64_t lk, int64_t group,
+                    DType t = DType::bf16) {
+    const Mask m = lead.causal ? Mask::causal_top_left() : Mask::none();
+    return problem_of(make_desc(t, 2, 16, 16 / group, lq, lk, lead.head_dim, m));
   };
-  EXPECT_TRUE(fa3_det_leads(problem(rows, rows)));
-  EXPECT_TRUE(fa3_det_leads(problem(8 * rows, 8 * rows)));
-  EXPECT_TRUE(fa3_det_leads(problem(rows, 4 * rows)));
-  EXPECT_FALSE(fa3_det_leads(
-      problem(rows, rows, 16, 64, DType::bf16, Mask::sliding_window(2 * rows, 2 * rows))));
-  EXPECT_FALSE(fa3_det_leads(problem(rows - 1, rows)));
-  EXPECT_FALSE(fa3_det_leads(problem(rows, rows - 1)));
-  EXPECT_FALSE(fa3_det_leads(problem(rows, rows, 8)));  // GQA
-  EXPECT_FALSE(fa3_det_leads(problem(rows, rows, 16, 128)));
-  EXPECT_FALSE(fa3_det_leads(problem(rows, rows, 16, 64, DType::f16)));
-  EXPECT_FALSE(fa3_det_leads(problem(rows, rows, 16, 64, DType::bf16, Mask::causal_top_left())));
-  EXPECT_FALSE(fa3_det_leads(
-      problem(rows, rows, 16, 64, DType::bf16, Mask::sliding_window(2 * rows - 1, -1))));
+  for (const DetLead& lead : kFa3DetLeads) {
+    SCOPED_TRACE("d" + std::to_string(lead.head_dim) + (lead.causal ? " causal" : ""));
+    const int64_t rows = lead.min_rows, group = lead.max_group;
+    EXPECT_TRUE(fa3_det_leads(problem(lead, rows, rows, 1)));
+    EXPECT_TRUE(fa3_det_leads(problem(lead, rows, rows, group)));
+    EXPECT_TRUE(fa3_det_leads(problem(lead, 32 * rows, 32 * rows, group, DType::f16)));
+    EXPECT_FALSE(fa3_det_leads(problem(lead, rows - 1, rows - 1, 1)));
+    EXPECT_FALSE(fa3_det_leads(problem(lead, rows, rows, 2 * group)));
+    EXPECT_FALSE(fa3_det_leads(problem(lead, rows, rows, 1, DType::f32)));
+    // Lq != Lk: unmasked from min_rows each; causal never (not measured).
+    EXPECT_EQ(fa3_det_leads(problem(lead, rows, 4 * rows, 1)), !lead.causal);
+    EXPECT_FALSE(fa3_det_leads(problem(lead, rows - 1, 4 * rows, 1)));
+  }
+  const int64_t rows = 4096;
+  auto d64 = [&](Mask m, int64_t d = 64, int64_t dv = 64) {
+    Descriptor desc = make_desc(DType::bf16, 2, 16, 16, rows, rows, d, m);
+    desc.head_dim_v = dv;
+    return problem_of(desc);
+  };
+  EXPECT_TRUE(fa3_det_leads(d64(Mask::causal_bottom_right())));
+  EXPECT_FALSE(fa3_det_leads(d64(Mask::sliding_window(2 * rows, 2 * rows))));
+  EXPECT_FALSE(fa3_det_leads(d64(Mask::sliding_window(2 * rows - 1, -1))));
+  EXPECT_FALSE(fa3_det_leads(d64(Mask::none(), 256, 256)));
+  EXPECT_FALSE(fa3_det_leads(d64(Mask::none(), 64, 128)));
   EXPECT_FALSE(fa3_det_leads(capped_d64(rows)));
   EXPECT_FALSE(fa3_det_leads(packed_d64(rows)));
 }
@@ -3381,44 +3393,56 @@ TEST(AttentionFa3Gpu, DeterministicBackwardRepeatsBitwiseManyTimes) {
 TEST(AttentionFa3Gpu, DeterministicPreferenceTakesFa3WhereItLeads) {
   FA3_BWD_SKIP_UNLESS_RUNNABLE();
   const Stream& gs = harness::stream_for(Target::cuda);
-  const int64_t rows = kFa3DetLeadsMinRows;
-  const Case c{DType::bf16, 1, 2, 2, rows, rows, 64, Mask::none(), false, false};
-  const Descriptor desc = desc_of(c, c.t);
-  auto table_for = [&](double cudnn, double fa3) {
-    return std::array<TablePoint, 1>{
-        TablePoint{DType::bf16, Pass::backward, 64, rows, false, cudnn, 1, fa3}};
+  auto at = [](const DetLead& lead, int64_t hq, int64_t hk, int64_t l, DType t = DType::bf16) {
+    const Mask m = lead.causal ? Mask::causal_top_left() : Mask::none();
+    return Case{t, 1, hq, hk, l, l, lead.head_dim, m, false, false};
   };
-  // The kernel of the deterministic plan for d, which must exist and be deterministic.
-  auto det_kernel = [&](const Descriptor& d) {
-    auto plan = attention::BackwardPlan::select(gs, d, PlanPreference::deterministic());
+  // Under a table where fa3 is the fastest candidate at every row's least rows, or where cuDNN
+  // is: one point per dtype and row.
+  auto table_for = [&](double cudnn, double fa3) {
+    std::vector<TablePoint> points;
+    for (DType t : {DType::bf16, DType::f16})
+      for (const DetLead& lead : kFa3DetLeads)
+        points.push_back(
+            {t, Pass::backward, lead.head_dim, lead.min_rows, lead.causal, cudnn, 1, fa3});
+    return points;
+  };
+  // The kernel of the deterministic plan for c, which must exist and be deterministic.
+  auto det_kernel = [&](const Case& c) {
+    auto plan =
+        attention::BackwardPlan::select(gs, desc_of(c, c.t), PlanPreference::deterministic());
     if (!plan.ok()) {
-      ADD_FAILURE() << "no deterministic plan for D" << d.head_dim_qk;
+      ADD_FAILURE() << "no deterministic plan for " << name_of(c);
       return std::string();
     }
     EXPECT_TRUE(plan->precision_guarantee().deterministic) << plan->sku().name;
     return std::string(plan->sku().name);
   };
+  // Each row at its least rows in its largest group (f16 on the first), and a problem just
+  // outside it: half the rows, or twice the group.
+  std::vector<Case> leads, others;
+  for (const DetLead& lead : kFa3DetLeads) {
+    const int64_t g = lead.max_group, rows = lead.min_rows;
+    leads.push_back(at(lead, g, 1, rows, leads.empty() ? DType::f16 : DType::bf16));
+    others.push_back(at(lead, g, 1, rows / 2));
+    others.push_back(at(lead, 2 * g, 1, rows));
+  }
   {
     const auto fa3_wins = table_for(2, 3);
     const SelectionTableOverride o{fa3_wins};
-    EXPECT_EQ(det_kernel(desc), kFa3BwdDeterministicRanked);
-    auto fastest = attention::BackwardPlan::select(gs, desc);
+    auto fastest = attention::BackwardPlan::select(gs, desc_of(leads[1], leads[1].t));
     BARACUDA_ASSERT_OK(fastest);
     EXPECT_EQ(fastest->sku().name, kFa3BwdRankedAhead);
-    for (const Descriptor& other :
-         {desc_of({DType::f16, 1, 2, 2, rows, rows, 64, Mask::none(), false, false}, DType::f16),
-          desc_of({DType::bf16, 1, 2, 2, rows, rows, 128, Mask::none(), false, false}, DType::bf16),
-          desc_of({DType::bf16, 1, 2, 2, rows, rows, 64, Mask::causal_top_left(), false, false},
-                  DType::bf16)})
-      EXPECT_NE(det_kernel(other), kFa3BwdDeterministicRanked);
+    for (const Case& c : leads) EXPECT_EQ(det_kernel(c), kFa3BwdDeterministicRanked) << name_of(c);
+    for (const Case& c : others) EXPECT_NE(det_kernel(c), kFa3BwdDeterministicRanked) << name_of(c);
     harness::Rng rng;
-    check_pinned_backward({c}, kFa3BwdDeterministicRanked, rng, 4);
+    check_pinned_backward(leads, kFa3BwdDeterministicRanked, rng, 4);
   }
 #if BARACUDA_HAVE_CUDNN_FRONTEND
   {
     const auto cudnn_wins = table_for(3, 2);
     const SelectionTableOverride o{cudnn_wins};
-    EXPECT_NE(det_kernel(desc), kFa3BwdDeterministicRanked);
+    for (const Case& c : leads) EXPECT_NE(det_kernel(c), kFa3BwdDeterministicRanked) << name_of(c);
   }
 #endif
 }

@@ -220,9 +220,16 @@ bool fa3_bwd_widens(const attention::Problem& p) {
 
 bool fa3_det_leads(const attention::Problem& p) {
   const attention::Descriptor& d = p.desc;
-  return d.dtype == DType::bf16 && d.head_dim_qk == 64 && d.head_dim_v == 64 && d.softcap <= 0 &&
-         !d.varlen && p.group == 1 && d.mask.is_none() && d.len_q >= kFa3DetLeadsMinRows &&
-         d.len_k >= kFa3DetLeadsMinRows;
+  if ((d.dtype != DType::bf16 && d.dtype != DType::f16) || d.head_dim_v != d.head_dim_qk ||
+      d.softcap > 0 || d.varlen || !(d.mask.is_none() || d.mask.is_causal()))
+    return false;
+  const bool causal = d.mask.is_causal();
+  if (causal && d.len_q != d.len_k) return false;
+  for (const DetLead& lead : kFa3DetLeads)
+    if (lead.head_dim == d.head_dim_qk && lead.causal == causal && p.group <= lead.max_group &&
+        d.len_q >= lead.min_rows && d.len_k >= lead.min_rows)
+      return true;
+  return false;
 }
 
 std::string_view fa3_ranked_backward_kernel(const attention::Problem& p) {
