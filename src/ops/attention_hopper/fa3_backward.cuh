@@ -258,7 +258,7 @@ __host__ __device__ constexpr int staged_slot(int j, int tid) {
 // visitors come in falling key-block order (see det_want), so a CTA still waits only on CTAs of
 // earlier tickets; post sums the halves. (Unrotated, the CTAs of a head walk the chunks in the same
 // order, one after another, each waiting at every chunk for the one before.) The count of a
-// step's chunk is read before its dQ GEMM and awaited (usually: checked) once dQ is staged; the
+// step's chunk is read under its dQ GEMM and awaited (usually: checked) once dQ is staged; the
 // step's add is counted when the next one is issued, long completed by then. At D = 64 warpgroup
 // 0 forms dQ over all 128 keys (one add a chunk per CTA) and warpgroup 1 none.
 template <class T, int D, bool kCap, bool kVarlen, int W = 2, int Q = 64, bool kDet = false>
