@@ -171,9 +171,9 @@ __device__ __forceinline__ uint32_t opaque(uint32_t x) {
 // kDet's ordering of a chunk's adds (see fa3_bwd_kernel; core/cuda/flags.cuh's count hand-off):
 // until `want` earlier adds are counted (from `seen`, a reading taken a part of the step earlier),
 // then this thread's bulk reduction (async proxy); and the count raised once this thread's bulk
-// reductions have completed. Polled every 32 ns: with the pause doubling
-// to 1 us (await_count's default) the unmasked points from L2048 ran 4.8-9.5% slower, d64 and
-// d128 (H200, seventy-fourth session, calls 5 / 6).
+// reductions have completed. Polled every 32 ns: with the pause doubling to 1 us (await_count's
+// default) the unmasked points from L2048 ran 4.8-9.5% slower, d64 and d128 (H200,
+// seventy-fourth session, calls 5 / 6).
 __device__ __forceinline__ void det_await_turn(const unsigned* count, unsigned want,
                                                unsigned seen) {
   cuda::await_count(count, want, seen, 32);
