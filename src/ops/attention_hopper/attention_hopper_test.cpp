@@ -3390,23 +3390,55 @@ TEST(AttentionFa3Gpu, DeterministicBackwardRepeatsBitwiseManyTimes) {
 // PlanPreference::deterministic() takes the ranked entry where fa3_det_leads and the table picks
 // fa3 (`fastest` then still takes fa3's non-deterministic entry), and not where the table picks
 // cuDNN or the rule does not hold; the ranked entry against the reference, 4 bitwise runs.
+// The deterministic preference's selection cases: each kFa3DetLeads row at its least rows in its
+// largest group (f16 on the first row) leads; a problem just outside a row (half the rows, or twice
+// the group) does not. The override tables put a point per dtype and row at the row's least rows,
+// with fa3 or cuDNN the fastest candidate there.
+struct DetLeadCases {
+  std::vector<Case> leads, others;
+};
+DetLeadCases det_lead_cases() {
+  auto at = [](const DetLead& lead, int64_t hq, int64_t l, DType t = DType::bf16) {
+    const Mask m = lead.causal ? Mask::causal_top_left() : Mask::none();
+    return Case{t, 1, hq, 1, l, l, lead.head_dim, m, false, false};
+  };
+  DetLeadCases cases;
+  for (const DetLead& lead : kFa3DetLeads) {
+    const int64_t g = lead.max_group, rows = lead.min_rows;
+    cases.leads.push_back(at(lead, g, rows, cases.leads.empty() ? DType::f16 : DType::bf16));
+    cases.others.push_back(at(lead, g, rows / 2));
+    cases.others.push_back(at(lead, 2 * g, rows));
+  }
+  return cases;
+}
+std::vector<TablePoint> det_lead_table(double cudnn, double fa3) {
+  std::vector<TablePoint> points;
+  for (DType t : {DType::bf16, DType::f16})
+    for (const DetLead& lead : kFa3DetLeads)
+      points.push_back(
+          {t, Pass::backward, lead.head_dim, lead.min_rows, lead.causal, cudnn, 1, fa3});
+  return points;
+}
+
+// On the host, what the GPU test below relies on: under the fa3 table fa3 is the candidate at
+// every case (within 2x of a point, where the table counts fa3's column), so that fa3_det_leads
+// alone decides; under the cuDNN table cuDNN is.
+TEST(AttentionCudnnRules, DeterministicLeadCasesLieWithinTheTablesReach) {
+  const DetLeadCases cases = det_lead_cases();
+  const auto fa3_wins = det_lead_table(2, 3), cudnn_wins = det_lead_table(3, 2);
+  for (const auto* list : {&cases.leads, &cases.others})
+    for (const Case& c : *list) {
+      SCOPED_TRACE(name_of(c));
+      const attention::Problem p = problem_of(desc_of(c, c.t));
+      EXPECT_EQ(fa3_det_leads(p), list == &cases.leads);
+      EXPECT_EQ(preferred_candidate(fa3_wins, p, Pass::backward, true), Candidate::fa3);
+      EXPECT_EQ(preferred_candidate(cudnn_wins, p, Pass::backward, true), Candidate::cudnn);
+    }
+}
+
 TEST(AttentionFa3Gpu, DeterministicPreferenceTakesFa3WhereItLeads) {
   FA3_BWD_SKIP_UNLESS_RUNNABLE();
   const Stream& gs = harness::stream_for(Target::cuda);
-  auto at = [](const DetLead& lead, int64_t hq, int64_t hk, int64_t l, DType t = DType::bf16) {
-    const Mask m = lead.causal ? Mask::causal_top_left() : Mask::none();
-    return Case{t, 1, hq, hk, l, l, lead.head_dim, m, false, false};
-  };
-  // Under a table where fa3 is the fastest candidate at every row's least rows, or where cuDNN
-  // is: one point per dtype and row.
-  auto table_for = [&](double cudnn, double fa3) {
-    std::vector<TablePoint> points;
-    for (DType t : {DType::bf16, DType::f16})
-      for (const DetLead& lead : kFa3DetLeads)
-        points.push_back(
-            {t, Pass::backward, lead.head_dim, lead.min_rows, lead.causal, cudnn, 1, fa3});
-    return points;
-  };
   // The kernel of the deterministic plan for c, which must exist and be deterministic.
   auto det_kernel = [&](const Case& c) {
     auto plan =
@@ -3418,31 +3450,27 @@ TEST(AttentionFa3Gpu, DeterministicPreferenceTakesFa3WhereItLeads) {
     EXPECT_TRUE(plan->precision_guarantee().deterministic) << plan->sku().name;
     return std::string(plan->sku().name);
   };
-  // Each row at its least rows in its largest group (f16 on the first), and a problem just
-  // outside it: half the rows, or twice the group.
-  std::vector<Case> leads, others;
-  for (const DetLead& lead : kFa3DetLeads) {
-    const int64_t g = lead.max_group, rows = lead.min_rows;
-    leads.push_back(at(lead, g, 1, rows, leads.empty() ? DType::f16 : DType::bf16));
-    others.push_back(at(lead, g, 1, rows / 2));
-    others.push_back(at(lead, 2 * g, 1, rows));
-  }
+  const DetLeadCases cases = det_lead_cases();
   {
-    const auto fa3_wins = table_for(2, 3);
+    const auto fa3_wins = det_lead_table(2, 3);
     const SelectionTableOverride o{fa3_wins};
-    auto fastest = attention::BackwardPlan::select(gs, desc_of(leads[1], leads[1].t));
+    const Case& c = cases.leads[1];
+    auto fastest = attention::BackwardPlan::select(gs, desc_of(c, c.t));
     BARACUDA_ASSERT_OK(fastest);
     EXPECT_EQ(fastest->sku().name, kFa3BwdRankedAhead);
-    for (const Case& c : leads) EXPECT_EQ(det_kernel(c), kFa3BwdDeterministicRanked) << name_of(c);
-    for (const Case& c : others) EXPECT_NE(det_kernel(c), kFa3BwdDeterministicRanked) << name_of(c);
+    for (const Case& lead : cases.leads)
+      EXPECT_EQ(det_kernel(lead), kFa3BwdDeterministicRanked) << name_of(lead);
+    for (const Case& other : cases.others)
+      EXPECT_NE(det_kernel(other), kFa3BwdDeterministicRanked) << name_of(other);
     harness::Rng rng;
-    check_pinned_backward(leads, kFa3BwdDeterministicRanked, rng, 4);
+    check_pinned_backward(cases.leads, kFa3BwdDeterministicRanked, rng, 4);
   }
 #if BARACUDA_HAVE_CUDNN_FRONTEND
   {
-    const auto cudnn_wins = table_for(3, 2);
+    const auto cudnn_wins = det_lead_table(3, 2);
     const SelectionTableOverride o{cudnn_wins};
-    for (const Case& c : leads) EXPECT_NE(det_kernel(c), kFa3BwdDeterministicRanked) << name_of(c);
+    for (const Case& lead : cases.leads)
+      EXPECT_NE(det_kernel(lead), kFa3BwdDeterministicRanked) << name_of(lead);
   }
 #endif
 }
