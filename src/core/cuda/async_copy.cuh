@@ -100,8 +100,8 @@ __device__ __forceinline__ void fence_proxy_async() {
 }
 
 // The same between this thread's generic-proxy global accesses and its async-proxy ones (bulk
-// reductions): e.g. a flag read with acquire before a bulk reduction into what the flag guards, or
-// a completed bulk reduction before the release that publishes it.
+// reductions): e.g. a count read before the bulk reduction it lets through, or a completed bulk
+// reduction before the count's raise (core/cuda/flags.cuh's count hand-off).
 __device__ __forceinline__ void fence_proxy_async_global() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("fence.proxy.async.global;\n" ::: "memory");

@@ -90,6 +90,17 @@ struct BwdShape {
 #endif
 };
 
+// The deterministic instance's keys a CTA (W = 2, at D = 64 and 128 alike).
+inline constexpr int kDetKeys = BwdShape<64>::kKeys;
+static_assert(BwdShape<128>::kKeys == kDetKeys);
+
+// Where key block kb of key_blocks starts its walk over `steps` (query head, query block)
+// positions: the rotation that spreads a key head's CTAs over the dQ chunks. The deterministic
+// post reads it too (which positions a walk reaches only after wrapping).
+__host__ __device__ constexpr int64_t walk_start(int64_t kb, int64_t steps, int64_t key_blocks) {
+  return kb * steps / key_blocks;
+}
+
 template <int D, int W = 2, int Q = 64>
 struct BwdSmem : BwdShape<D, W, Q> {
   using BwdShape<D, W, Q>::kKeys, BwdShape<D, W, Q>::kRing, BwdShape<D, W, Q>::kSplitCols,
@@ -324,7 +335,7 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
   const bool rotates = !kDet || p.det_rotated;
   const int rot =
       rotates && steps > 0
-          ? static_cast<int>((kDet ? int64_t{kb} : int64_t{blockIdx.x}) * steps / gridDim.x)
+          ? static_cast<int>(walk_start(kDet ? int64_t{kb} : int64_t{blockIdx.x}, steps, gridDim.x))
           : 0;
   // A step's place in that walk: (query head of the group, query block), advanced by increments
   // rather than divided out per step, since the ring's refill (warp 0) and each step's head and
@@ -924,9 +935,9 @@ struct RowParams {
   unsigned* det_ticket;
   int det_rotated;  // kDet: two accumulators and two sets of counts, each half of its buffer
   // det_rotated's post: which chunks a walk reached (see fa3_bwd_post). The key sequences (varlen:
-  // cu_k, else null), the longest, the query heads a key head and the main grid's key blocks.
+  // cu_k, else null), the longest (the main grid's key blocks) and the query heads a key head.
   const int* cu_k;
-  int total_k, lk, group, key_blocks;
+  int total_k, lk, group;
 };
 
 // Sequence b's query rows: packed rows [q0, q0 + lq) of tensor batch tb (the main kernel's rule).
@@ -1051,10 +1062,10 @@ __global__ void __launch_bounds__(128) fa3_bwd_post(const RowParams p) {
   if (kDet && p.det_rotated) {
     const RowSeq sq = row_seq(p, b);
     const int lk = p.cu_k ? seq_span(p.cu_k, b, p.lk, p.total_k).len : p.lk;
-    const int g = (lk + 127) / 128, nm = (sq.lq + kChunkRows - 1) / kChunkRows;
+    const int g = (lk + kDetKeys - 1) / kDetKeys, nm = (sq.lq + kChunkRows - 1) / kChunkRows;
     const int64_t steps = int64_t{nm} * p.group, pos = int64_t{h % p.group} * nm + m_blk;
     first = g > 0;
-    second = g > 0 && pos < (g - 1) * steps / p.key_blocks;
+    second = g > 0 && pos < walk_start(g - 1, steps, (p.lk + kDetKeys - 1) / kDetKeys);
   }
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
@@ -1098,7 +1109,7 @@ inline int64_t padded_rows(const Problem& pr) {
 inline bool det_rotates(const Problem& pr) {
   const auto& d = pr.desc;
   const int64_t steps = (d.len_q + kChunkRows - 1) / kChunkRows * pr.group,
-                blocks = (d.len_k + 127) / 128;
+                blocks = (d.len_k + kDetKeys - 1) / kDetKeys;
   return band_bound(d.mask.left, d) < 0 && band_bound(d.mask.right, d) < 0 &&
          steps * blocks < (int64_t{1} << 31);
 }
@@ -1218,7 +1229,6 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
     rp.total_k = vl ? static_cast<int>(d.total_k) : 0;
     rp.lk = static_cast<int>(d.len_k);
     rp.group = static_cast<int>(pr.group);
-    rp.key_blocks = static_cast<int>((d.len_k + kKeys - 1) / kKeys);
   }
 
   BwdParams p{};
