@@ -75,6 +75,7 @@ run_job() {  # gpu dtype kind
   done
 }
 # Job i goes to GPU i * gpus / jobs: contiguous blocks, so one dtype's kinds share a GPU.
+queues=()
 for g in $(seq 0 $((gpus - 1))); do
   (
     for i in "${!jobs[@]}"; do
@@ -82,9 +83,13 @@ for g in $(seq 0 $((gpus - 1))); do
       run_job "${ids[$g]}" "${jobs[$i]%%:*}" "${jobs[$i]#*:}"
     done
   ) &
+  queues+=($!)
 done
+# Each queue waited for by its pid: `wait -n` returned 127 (no job) about once in 1000 when two
+# subshells ended together (bash 5.2; attention_table's "two GPUs" case failed so in CI,
+# 2026-12-01), failing a run in which nothing had failed.
 failed=0
-for g in $(seq 1 "$gpus"); do wait -n || failed=1; done
+for q in "${queues[@]}"; do wait "$q" || failed=1; done
 [ $failed = 0 ] || { echo "a bench run failed"; exit 1; }
 # The shipped table's points of the kinds this run does not measure stay (make_table.py --base).
 # One make_table.py pass a job, each on the previous pass's header: a pass writes one provenance
