@@ -100,10 +100,13 @@ void bench_all(const Stream& stream) {
   const bool prefill_only = paged_prefill_only || only == "prefill";
   const bool sweep = only != "decode" && !prefill_only;
   const bool backward_only = only == "backward", forward_only = only == "forward";
-  // BARACUDA_ATTN_SWEEP=d<D>_l<L>[_causal]: that one point (profiling and logging runs).
+  // BARACUDA_ATTN_SWEEP=d<D>_l<L>[_causal]: that one point (profiling and logging runs);
+  // BARACUDA_ATTN_SWEEP=d<D>: that head dim's points.
   const std::string sweep_env{bench::env("BARACUDA_ATTN_SWEEP")};
   long long only_d = 0, only_l = 0;
-  if (std::sscanf(sweep_env.c_str(), "d%lld_l%lld", &only_d, &only_l) != 2) only_d = only_l = 0;
+  const int sweep_fields = std::sscanf(sweep_env.c_str(), "d%lld_l%lld", &only_d, &only_l);
+  if (sweep_fields < 1) only_d = 0;
+  if (sweep_fields < 2) only_l = 0;
   const bool only_causal = sweep_env.ends_with("_causal");
   // BARACUDA_ATTN_KERNELS=<name>[,<name>...]: only these A/B rows (a profiler then sees their
   // launches first).
@@ -115,7 +118,9 @@ void bench_all(const Stream& stream) {
     for (int64_t len : {512, 1024, 2048, 4096, 8192, 16384}) {
       const int64_t batch = kTokens / len;
       for (bool causal : {false, true}) {
-        if (only_d > 0 && (dim != only_d || len != only_l || causal != only_causal)) continue;
+        if (only_d > 0 &&
+            (dim != only_d || (only_l > 0 && (len != only_l || causal != only_causal))))
+          continue;
         const int64_t heads_kv = heads / group;
         const std::string name = "b" + std::to_string(batch) + "_h" + std::to_string(heads) + "_l" +
                                  std::to_string(len) + "_d" + std::to_string(dim) +
@@ -170,10 +175,14 @@ void bench_all(const Stream& stream) {
         // PlanPreference::deterministic() selects (row note "deterministic preference"), which is
         // what a user who asks for bitwise reruns gets. The sm_90a deterministic instance and
         // cuDNN's deterministic algorithm by name only where BARACUDA_ATTN_KERNELS names them
-        // (Hopper builds with cuDNN alone): the two the preference ranks by fa3_det_leads.
+        // (Hopper builds with cuDNN alone): the two the preference ranks by fa3_det_leads. Likewise
+        // the two the default plan ranks: the sm_90a default instance and cuDNN's default
+        // algorithm (each measured where the table picks the other).
         constexpr std::string_view kDeterministic = "deterministic",
                                    kFa3Deterministic = attention_hopper::kFa3BwdDeterministicKernel,
-                                   kCudnnDeterministic = "cudnn_sdpa_bwd_deterministic";
+                                   kCudnnDeterministic = "cudnn_sdpa_bwd_deterministic",
+                                   kFa3 = attention_hopper::kFa3BwdKernel,
+                                   kCudnn = "cudnn_sdpa_bwd";
         const char* const bwd_alts[] = {"",
                                         "flash_bwd_fused_sm80",
                                         "flash_bwd_fused_bulk_sm80",
@@ -181,21 +190,23 @@ void bench_all(const Stream& stream) {
                                         "flash_bwd_mma_sm80",
                                         kDeterministic.data(),
                                         kFa3Deterministic.data(),
-                                        kCudnnDeterministic.data()};
+                                        kCudnnDeterministic.data(),
+                                        kFa3.data(),
+                                        kCudnn.data()};
         std::string default_bwd;
         for (const char* alt : bwd_alts) {
           const bool pinned = *alt != '\0', by_preference = alt == kDeterministic;
           if (pinned && !ab_wanted(alt)) continue;
-          if ((alt == kFa3Deterministic || alt == kCudnnDeterministic) && kernels_env.empty())
-            continue;
+          const bool cudnn = alt == kCudnnDeterministic || alt == kCudnn;
+          if ((cudnn || alt == kFa3Deterministic || alt == kFa3) && kernels_env.empty()) continue;
           auto bwd = BackwardPlan::select(stream, d,
                                           by_preference ? PlanPreference::deterministic()
                                           : pinned      ? PlanPreference::kernel(alt)
                                                         : PlanPreference::fastest());
           // cuDNN's entries come in pairs, one fitting where the table ranks cuDNN first.
-          if (alt == kCudnnDeterministic && !bwd.ok())
-            bwd = BackwardPlan::select(
-                stream, d, PlanPreference::kernel("cudnn_sdpa_bwd_deterministic_ranked_behind"));
+          if (cudnn && !bwd.ok())
+            bwd = BackwardPlan::select(stream, d,
+                                       PlanPreference::kernel(std::string(alt) + "_ranked_behind"));
           if (!bwd.ok()) {
             bench::emit_error(kFamily, "attention_backward", name, bwd.error());
             continue;
