@@ -551,24 +551,60 @@ inline constexpr std::string_view kFa3BwdDeterministicRanked = "fa3_bwd_sm90a_de
 inline constexpr int kFa3DetAhead = kCudnnAhead + 1;
 // Where fa3_bwd_sm90a_deterministic leads cuDNN's deterministic backward (fa3_det_leads): bf16 or
 // f16, Dk = Dv, no soft-capping, padded, and one of these rows: its head dim, no mask or causal
-// (then Lq = Lk, the only shape measured), up to max_group query heads a key head, from min_rows
-// query and key rows. Measured (H200, 16k tokens as B x L, 2048 hidden, TFLOP/s ours / cuDNN's
-// deterministic, seventy-sixth session's call 4 unless named): d64 L512 271.3 / 228.0, L16384
-// 433.9 / 287.9 (f16 271.5 / 227.7, 422.9 / 287.7; groups of 4 312.7 / 218.4, 425.9 / 291.5;
+// (then Lq = Lk, the only shape measured), min_group to max_group query heads a key head, from
+// min_rows query and key rows. Measured (H200, 16k tokens as B x L, 2048 hidden, TFLOP/s ours /
+// cuDNN's deterministic, seventy-sixth session's call 4 unless named): d64 L512 271.3 / 228.0,
+// L16384 433.9 / 287.9 (f16 271.5 / 227.7, 422.9 / 287.7; groups of 4 312.7 / 218.4, 425.9 / 291.5;
 // groups of 8, call 3, 302.9 / 225.9, 372.5 / 293.4); d64 causal L512 175.4 / 178.7, L1024
 // 253.1 / 237.0, L16384 418.3 / 330.5 (groups of 4 from L512 202.9 / 167.3; groups of 8 0.90-0.98x
 // in call 3); d128 L1024 438.4 / 422.9 (1.04x, f16 1.04x), L2048 515.0 / 475.6, L16384 545.3 /
-// 484.0; d128 causal L1024 0.97x, L2048 418.6 / 391.8, L16384 520.5 / 451.2. Left to cuDNN: d128
-// in groups (groups of 4 0.95-1.06x), shorter problems, packed sequences.
+// 484.0; d128 causal L1024 0.97x, L2048 418.6 / 391.8, L16384 520.5 / 451.2. d128 unmasked in
+// groups since 959fbbe's rotation (seventy-seventh session's call 3; groups of 2 in call 2, before
+// it): groups of 2 L512 373.3 / 322.2, L16384 558.6 / 492.6; of 4 L512 419.6 / 331.4, L1024 503.0
+// / 409.9, L16384 554.4 / 486.1; of 8 435.0 / 338.5, 515.1 / 413.2, 558.9 / 489.3; of 16 447.6 /
+// 339.6, 522.9 / 414.7, 561.8 / 491.9 (ungrouped L512 341.0 / 346.5). Left to cuDNN: d128 causal
+// in groups (groups of 4 0.96-1.04x up to L2048, 0.87-0.97x from L4096), shorter problems, packed
+// sequences.
 struct DetLead {
   int64_t head_dim;
   bool causal;
-  int64_t max_group;
+  int64_t min_group, max_group;
   int64_t min_rows;
 };
-inline constexpr DetLead kFa3DetLeads[] = {
-    {64, false, 8, 512}, {64, true, 4, 1024}, {128, false, 1, 2048}, {128, true, 1, 2048}};
+inline constexpr DetLead kFa3DetLeads[] = {{64, false, 1, 8, 512},
+                                           {64, true, 1, 4, 1024},
+                                           {128, false, 1, 1, 2048},
+                                           {128, false, 2, 16, 512},
+                                           {128, true, 1, 1, 2048}};
 bool fa3_det_leads(const attention::Problem& p);
+// The default backward in GQA groups, where the table's Lq = Lk points (one query head a key head)
+// mislead: a grouped_backward_pick that matches the problem decides between fa3 and cuDNN in place
+// of the table (where its candidate runs). bf16 or f16, Dk = Dv = head_dim, no soft-capping,
+// padded, Lq = Lk from min_rows to max_rows, no mask or causal, at least min_group query heads a
+// key head. Measured (H200, bf16, 16k tokens as B x L, 16 query heads, TFLOP/s fa3 / cuDNN by name
+// in one process, seventy-seventh session's call 3, after 959fbbe's walk rotation): unmasked d128
+// in groups of 4 / 8 / 16, L512 396.6 / 321.2, 407.6 / 321.8, 416.6 / 322.8; L1024 (where the
+// table has cuDNN) 483.7 / 429.4, 496.1 / 430.8, 504.0 / 431.4; L2048 551.3 / 512.7, 552.0 /
+// 513.1, 554.6 / 514.0; L16384 563.6 / 541.9, 563.6 / 542.0, 560.3 / 534.4 (groups of 2, call 2,
+// before the rotation: L1024 475.3 / 422.9, L2048 544.0 / 509.8). Causal d128 in groups of 8
+// (16), a key head's CTAs walk 8 (16) query heads each, the lowest key block's the longest walk:
+// L1024 248.1 / 295.4 (229.5 / 295.3), L4096 354.7 / 474.9 (291.1 / 476.6), L8192 377.5 / 521.8
+// (299.2 / 529.4), L16384 535.3 / 534.3 (311.1 / 586.2); in groups of 4 the table's picks stand
+// (fa3 ahead at L512 / L1024 / L16384; cuDNN by 6-8% at L4096 / L8192, 438.4 / 465.5 and 447.9 /
+// 485.9, where the default plan's own fa3 row, timed first, read 441.8 and 491.4).
+struct GroupedBackwardPick {
+  int64_t head_dim;
+  bool causal;
+  int64_t min_group;
+  int64_t min_rows, max_rows;
+  Candidate pick;
+};
+inline constexpr GroupedBackwardPick kGroupedBackwardPicks[] = {
+    {128, false, 2, 512, int64_t{1} << 40, Candidate::fa3},
+    {128, true, 16, 1024, int64_t{1} << 40, Candidate::cudnn},
+    {128, true, 8, 1024, 8192, Candidate::cudnn}};
+// The first row of kGroupedBackwardPicks that matches the problem; none outside them.
+std::optional<Candidate> grouped_backward_pick(const attention::Problem& p);
 // Head dim 64 without soft-capping from kFa3BwdWideMinRows query rows on, where fa3's backward
 // runs: the 128-row steps in place of the 64-row ones. Measured (H200, bf16, 16k tokens as B x L,
 // 32 heads, fifty-fifth session's call 1, medians of 3 runs, TFLOP/s of the kernel fa3 ran

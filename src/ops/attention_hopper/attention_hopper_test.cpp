@@ -895,28 +895,43 @@ TEST(AttentionCudnnRules, RankedAheadBackwardByShape) {
   EXPECT_EQ(fa3_ranked_backward_kernel(capped_d64(rows)), kFa3BwdKernel);
 }
 
+// A group larger than every kFa3DetLeads row of this one's head dim and mask takes: outside them
+// all at any length.
+int64_t det_group_beyond(const DetLead& lead) {
+  int64_t largest = 1;
+  for (const DetLead& row : kFa3DetLeads)
+    if (row.head_dim == lead.head_dim && row.causal == lead.causal)
+      largest = std::max(largest, row.max_group);
+  return 2 * largest;
+}
+
 // Where the deterministic backward's ranked entry may fit (fa3_det_leads): bf16 or f16, padded, no
-// soft-capping, and a row of kFa3DetLeads (head dim, no mask or causal with Lq = Lk, the largest
-// group, the fewest rows); anything else (a window too, even one wider than the problem) stays
-// with cuDNN's deterministic algorithm.
+// soft-capping, and a row of kFa3DetLeads (head dim, no mask or causal with Lq = Lk, the group's
+// range, the fewest rows); anything else (a window too, even one wider than the problem) stays
+// with cuDNN's deterministic algorithm. (The rows of a head dim and mask are laid out so that one
+// row's group just below its range, or one row short, falls outside the others too.)
 TEST(AttentionCudnnRules, DeterministicBackwardLeadsWhereMeasured) {
   auto problem = [](const DetLead& lead, int64_t lq, int64_t lk, int64_t group,
                     DType t = DType::bf16) {
     const Mask m = lead.causal ? Mask::causal_top_left() : Mask::none();
-    return problem_of(make_desc(t, 2, 16, 16 / group, lq, lk, lead.head_dim, m));
+    return problem_of(make_desc(t, 2, 64, 64 / group, lq, lk, lead.head_dim, m));
   };
   for (const DetLead& lead : kFa3DetLeads) {
-    SCOPED_TRACE("d" + std::to_string(lead.head_dim) + (lead.causal ? " causal" : ""));
-    const int64_t rows = lead.min_rows, group = lead.max_group;
-    EXPECT_TRUE(fa3_det_leads(problem(lead, rows, rows, 1)));
-    EXPECT_TRUE(fa3_det_leads(problem(lead, rows, rows, group)));
-    EXPECT_TRUE(fa3_det_leads(problem(lead, 32 * rows, 32 * rows, group, DType::f16)));
-    EXPECT_FALSE(fa3_det_leads(problem(lead, rows - 1, rows - 1, 1)));
-    EXPECT_FALSE(fa3_det_leads(problem(lead, rows, rows, 2 * group)));
-    EXPECT_FALSE(fa3_det_leads(problem(lead, rows, rows, 1, DType::f32)));
+    SCOPED_TRACE("d" + std::to_string(lead.head_dim) + (lead.causal ? " causal" : "") +
+                 " groups from " + std::to_string(lead.min_group));
+    const int64_t rows = lead.min_rows, low = lead.min_group, high = lead.max_group;
+    EXPECT_TRUE(fa3_det_leads(problem(lead, rows, rows, low)));
+    EXPECT_TRUE(fa3_det_leads(problem(lead, rows, rows, high)));
+    EXPECT_TRUE(fa3_det_leads(problem(lead, 32 * rows, 32 * rows, high, DType::f16)));
+    EXPECT_FALSE(fa3_det_leads(problem(lead, rows - 1, rows - 1, low)));
+    EXPECT_FALSE(fa3_det_leads(problem(lead, rows, rows, det_group_beyond(lead))));
+    if (low > 1) {
+      EXPECT_FALSE(fa3_det_leads(problem(lead, rows, rows, low - 1)));
+    }
+    EXPECT_FALSE(fa3_det_leads(problem(lead, rows, rows, low, DType::f32)));
     // Lq != Lk: unmasked from min_rows each; causal never (not measured).
-    EXPECT_EQ(fa3_det_leads(problem(lead, rows, 4 * rows, 1)), !lead.causal);
-    EXPECT_FALSE(fa3_det_leads(problem(lead, rows - 1, 4 * rows, 1)));
+    EXPECT_EQ(fa3_det_leads(problem(lead, rows, 4 * rows, low)), !lead.causal);
+    EXPECT_FALSE(fa3_det_leads(problem(lead, rows - 1, 4 * rows, low)));
   }
   const int64_t rows = 4096;
   auto d64 = [&](Mask m, int64_t d = 64, int64_t dv = 64) {
@@ -931,6 +946,68 @@ TEST(AttentionCudnnRules, DeterministicBackwardLeadsWhereMeasured) {
   EXPECT_FALSE(fa3_det_leads(d64(Mask::none(), 64, 128)));
   EXPECT_FALSE(fa3_det_leads(capped_d64(rows)));
   EXPECT_FALSE(fa3_det_leads(packed_d64(rows)));
+}
+
+// The default backward in GQA groups (grouped_backward_pick): each kGroupedBackwardPicks row at its
+// least group and rows (and at its most rows, f16) picks its candidate; below its rows, in a
+// smaller group, past its rows or outside its shape (d64, f32, soft-capped, packed, Lq != Lk, a
+// window) no row does. Over the shipped table the row decides ahead of the Lq = Lk points, where
+// its candidate runs, and not under an empty table.
+TEST(AttentionCudnnRules, GroupedBackwardPicksWhereMeasured) {
+  auto desc = [](int64_t d, bool causal, int64_t group, int64_t l, DType t = DType::bf16) {
+    return make_desc(t, 1, 64, 64 / group, l, l, d,
+                     causal ? Mask::causal_top_left() : Mask::none());
+  };
+  auto pick = [&](int64_t d, bool causal, int64_t group, int64_t l, DType t = DType::bf16) {
+    return grouped_backward_pick(problem_of(desc(d, causal, group, l, t)));
+  };
+  for (const GroupedBackwardPick& row : kGroupedBackwardPicks) {
+    SCOPED_TRACE("d" + std::to_string(row.head_dim) + (row.causal ? " causal" : "") +
+                 " groups from " + std::to_string(row.min_group));
+    const int64_t most = std::min<int64_t>(row.max_rows, 16384);
+    EXPECT_EQ(pick(row.head_dim, row.causal, row.min_group, row.min_rows), row.pick);
+    EXPECT_EQ(pick(row.head_dim, row.causal, 32, most, DType::f16), row.pick);
+    EXPECT_EQ(pick(row.head_dim, row.causal, row.min_group, row.min_rows / 2), std::nullopt);
+    EXPECT_EQ(pick(row.head_dim, row.causal, 1, row.min_rows), std::nullopt);
+    EXPECT_EQ(pick(64, row.causal, row.min_group, row.min_rows), std::nullopt);
+    EXPECT_EQ(pick(row.head_dim, row.causal, row.min_group, row.min_rows, DType::f32),
+              std::nullopt);
+  }
+  // Groups of 8 causal up to 8192 rows, of 16 beyond; groups of 4 causal: the table.
+  EXPECT_EQ(pick(128, true, 8, 16384), std::nullopt);
+  EXPECT_EQ(pick(128, true, 16, 16384), Candidate::cudnn);
+  EXPECT_EQ(pick(128, true, 4, 4096), std::nullopt);
+  Descriptor d = desc(128, false, 4, 2048);
+  d.softcap = 30;
+  EXPECT_EQ(grouped_backward_pick(problem_of(d)), std::nullopt);
+  d = desc(128, false, 4, 2048);
+  d.varlen = true, d.total_q = d.total_k = 2048;
+  EXPECT_EQ(grouped_backward_pick(problem_of(d)), std::nullopt);
+  d = desc(128, false, 4, 2048);
+  d.len_k = 4096;
+  EXPECT_EQ(grouped_backward_pick(problem_of(d)), std::nullopt);
+  d = desc(128, false, 16, 2048);
+  d.mask = Mask::sliding_window(4096, 0);
+  EXPECT_EQ(grouped_backward_pick(problem_of(d)), std::nullopt);
+  d.mask = Mask::causal_bottom_right();
+  EXPECT_EQ(grouped_backward_pick(problem_of(d)), Candidate::cudnn);
+
+  // Over the shipped table: ungrouped d128 L1024 unmasked goes to cuDNN (the table's point),
+  // grouped to fa3; d128 L4096 causal to fa3 ungrouped and in groups of 4, to cuDNN in groups of
+  // 16 (fa3 where cuDNN is not built); an empty table keeps no row.
+  auto shipped = [&](int64_t group, bool causal, int64_t l, bool cudnn_built = true) {
+    return preferred_candidate(problem_of(desc(128, causal, group, l)), Pass::backward, true,
+                               cudnn_built);
+  };
+  EXPECT_EQ(shipped(1, false, 1024), Candidate::cudnn);
+  EXPECT_EQ(shipped(4, false, 1024), Candidate::fa3);
+  EXPECT_EQ(shipped(1, true, 4096), Candidate::fa3);
+  EXPECT_EQ(shipped(4, true, 4096), Candidate::fa3);
+  EXPECT_EQ(shipped(16, true, 4096), Candidate::cudnn);
+  EXPECT_EQ(shipped(16, true, 4096, false), Candidate::fa3);
+  const attention::Problem grouped = problem_of(desc(128, false, 4, 1024));
+  EXPECT_EQ(preferred_candidate({}, grouped, Pass::backward, true), Candidate::cudnn);
+  EXPECT_EQ(preferred_candidate({}, grouped, Pass::backward, false), Candidate::cudnn);
 }
 
 // Decodes of 256-wide heads in groups of 1 (plain multi-head attention) leave the family's decode
@@ -3391,9 +3468,10 @@ TEST(AttentionFa3Gpu, DeterministicBackwardRepeatsBitwiseManyTimes) {
 // fa3 (`fastest` then still takes fa3's non-deterministic entry), and not where the table picks
 // cuDNN or the rule does not hold; the ranked entry against the reference, 4 bitwise runs.
 // The deterministic preference's selection cases: each kFa3DetLeads row at its least rows in its
-// largest group (f16 on the first row) leads; a problem just outside a row (half the rows, or twice
-// the group) does not. The override tables put a point per dtype and row at the row's least rows,
-// with fa3 or cuDNN the fastest candidate there.
+// largest group (f16 on the first row) leads; a problem just outside a row (half the rows, a group
+// beyond every row of its head dim and mask, or one below the row's range) does not. The override
+// tables put a point per dtype and row at the row's least rows, with fa3 or cuDNN the fastest
+// candidate there.
 struct DetLeadCases {
   std::vector<Case> leads, others;
 };
@@ -3407,7 +3485,8 @@ DetLeadCases det_lead_cases() {
     const int64_t g = lead.max_group, rows = lead.min_rows;
     cases.leads.push_back(at(lead, g, rows, cases.leads.empty() ? DType::f16 : DType::bf16));
     cases.others.push_back(at(lead, g, rows / 2));
-    cases.others.push_back(at(lead, 2 * g, rows));
+    cases.others.push_back(at(lead, det_group_beyond(lead), rows));
+    if (lead.min_group > 1) cases.others.push_back(at(lead, lead.min_group - 1, rows));
   }
   return cases;
 }
@@ -3422,18 +3501,25 @@ std::vector<TablePoint> det_lead_table(double cudnn, double fa3) {
 
 // On the host, what the GPU test below relies on: under the fa3 table fa3 is the candidate at
 // every case (within 2x of a point, where the table counts fa3's column), so that fa3_det_leads
-// alone decides; under the cuDNN table cuDNN is.
+// alone decides; under the cuDNN table cuDNN is, except where a grouped row decides instead
+// (grouped_backward_pick: d128 unmasked in groups goes to fa3 under any table).
 TEST(AttentionCudnnRules, DeterministicLeadCasesLieWithinTheTablesReach) {
   const DetLeadCases cases = det_lead_cases();
   const auto fa3_wins = det_lead_table(2, 3), cudnn_wins = det_lead_table(3, 2);
+  int grouped = 0;
   for (const auto* list : {&cases.leads, &cases.others})
     for (const Case& c : *list) {
       SCOPED_TRACE(name_of(c));
       const attention::Problem p = problem_of(desc_of(c, c.t));
       EXPECT_EQ(fa3_det_leads(p), list == &cases.leads);
-      EXPECT_EQ(preferred_candidate(fa3_wins, p, Pass::backward, true), Candidate::fa3);
-      EXPECT_EQ(preferred_candidate(cudnn_wins, p, Pass::backward, true), Candidate::cudnn);
+      const std::optional<Candidate> rows = grouped_backward_pick(p);
+      grouped += rows.has_value();
+      EXPECT_EQ(preferred_candidate(fa3_wins, p, Pass::backward, true),
+                rows.value_or(Candidate::fa3));
+      EXPECT_EQ(preferred_candidate(cudnn_wins, p, Pass::backward, true),
+                rows.value_or(Candidate::cudnn));
     }
+  EXPECT_GT(grouped, 0);  // the d128 grouped row's lead is among the cases
 }
 
 TEST(AttentionFa3Gpu, DeterministicPreferenceTakesFa3WhereItLeads) {
@@ -3469,8 +3555,11 @@ TEST(AttentionFa3Gpu, DeterministicPreferenceTakesFa3WhereItLeads) {
   {
     const auto cudnn_wins = det_lead_table(3, 2);
     const SelectionTableOverride o{cudnn_wins};
-    for (const Case& lead : cases.leads)
-      EXPECT_NE(det_kernel(lead), kFa3BwdDeterministicRanked) << name_of(lead);
+    for (const Case& lead : cases.leads) {
+      // A grouped row that picks fa3 decides ahead of the table.
+      const bool fa3 = grouped_backward_pick(problem_of(desc_of(lead, lead.t))) == Candidate::fa3;
+      EXPECT_EQ(det_kernel(lead) == kFa3BwdDeterministicRanked, fa3) << name_of(lead);
+    }
   }
 #endif
 }
@@ -3640,6 +3729,33 @@ TEST(AttentionFa3Gpu, DefaultBackwardPlanFollowsTheTable) {
   }
   expect_default_follows_cudnn_and_bespoke_tables<attention::BackwardPlan>(desc, Pass::backward,
                                                                            kFa3BwdRankedAhead);
+}
+
+// In GQA groups the default backward follows kGroupedBackwardPicks ahead of the shipped table: d128
+// unmasked in groups of 4 at L1024 (a cuDNN point of the table) takes fa3's ranked entry, and the
+// deterministic preference fa3's deterministic one there (kFa3DetLeads' grouped row), each against
+// the reference; causal in groups of 16 takes cuDNN where it is built.
+TEST(AttentionFa3Gpu, DefaultGroupedBackwardFollowsTheMeasuredRows) {
+  FA3_BWD_SKIP_UNLESS_RUNNABLE();
+  const Stream& gs = harness::stream_for(Target::cuda);
+  const Case grouped{DType::bf16, 1, 16, 4, 1024, 1024, 128, Mask::none(), false, false};
+  auto def = attention::BackwardPlan::select(gs, desc_of(grouped, grouped.t));
+  BARACUDA_ASSERT_OK(def);
+  EXPECT_EQ(def->sku().name, kFa3BwdRankedAhead);
+  auto det = attention::BackwardPlan::select(gs, desc_of(grouped, grouped.t),
+                                             PlanPreference::deterministic());
+  BARACUDA_ASSERT_OK(det);
+  EXPECT_EQ(det->sku().name, kFa3BwdDeterministicRanked);
+  EXPECT_TRUE(det->precision_guarantee().deterministic);
+  harness::Rng rng;
+  check_pinned_backward({grouped}, kFa3BwdRankedAhead, rng);
+  check_pinned_backward({grouped}, kFa3BwdDeterministicRanked, rng, 2);
+#if BARACUDA_HAVE_CUDNN_FRONTEND
+  auto causal = attention::BackwardPlan::select(
+      gs, make_desc(DType::bf16, 1, 16, 1, 1024, 1024, 128, Mask::causal_top_left()));
+  BARACUDA_ASSERT_OK(causal);
+  EXPECT_EQ(causal->sku().backend, Backend::cudnn) << causal->sku().name;
+#endif
 }
 
 // ---- The default plan on views its kernel's own rules refuse -----------------------------------

@@ -226,10 +226,23 @@ bool fa3_det_leads(const attention::Problem& p) {
   const bool causal = d.mask.is_causal();
   if (causal && d.len_q != d.len_k) return false;
   for (const DetLead& lead : kFa3DetLeads)
-    if (lead.head_dim == d.head_dim_qk && lead.causal == causal && p.group <= lead.max_group &&
-        d.len_q >= lead.min_rows && d.len_k >= lead.min_rows)
+    if (lead.head_dim == d.head_dim_qk && lead.causal == causal && p.group >= lead.min_group &&
+        p.group <= lead.max_group && d.len_q >= lead.min_rows && d.len_k >= lead.min_rows)
       return true;
   return false;
+}
+
+std::optional<Candidate> grouped_backward_pick(const attention::Problem& p) {
+  const attention::Descriptor& d = p.desc;
+  if ((d.dtype != DType::bf16 && d.dtype != DType::f16) || d.head_dim_v != d.head_dim_qk ||
+      d.softcap > 0 || d.varlen || d.seqused_k || d.page_size > 0 || d.len_q != d.len_k ||
+      !(d.mask.is_none() || d.mask.is_causal()))
+    return std::nullopt;
+  for (const GroupedBackwardPick& g : kGroupedBackwardPicks)
+    if (g.head_dim == d.head_dim_qk && g.causal == d.mask.is_causal() && p.group >= g.min_group &&
+        d.len_q >= g.min_rows && d.len_q <= g.max_rows)
+      return g.pick;
+  return std::nullopt;
 }
 
 std::string_view fa3_ranked_backward_kernel(const attention::Problem& p) {
@@ -277,6 +290,13 @@ Candidate preferred_candidate(std::span<const TablePoint> table, const attention
   // so the forward of such a problem stays with the family's kernels.
   if (pass == Pass::forward && d.len_q <= kDecodeQueryRows) return Candidate::bespoke;
   const bool cudnn_runs = cudnn_takes();
+  // The backward in GQA groups, where the Lq = Lk points (ungrouped) mislead: measured rows
+  // (kGroupedBackwardPicks), where their candidate runs; likewise left out under an empty table.
+  if (pass == Pass::backward && !table.empty()) {
+    const std::optional<Candidate> grouped = grouped_backward_pick(p);
+    if (grouped == Candidate::fa3 && fa3_runs) return Candidate::fa3;
+    if (grouped == Candidate::cudnn && cudnn_runs) return Candidate::cudnn;
+  }
   const bool causal = d.mask.right == 0;
   auto gap = [](int64_t a, int64_t b) {
     return std::abs(std::log2(static_cast<double>(std::max<int64_t>(1, a))) -
