@@ -578,31 +578,47 @@ inline constexpr DetLead kFa3DetLeads[] = {{64, false, 1, 8, 512},
                                            {128, true, 1, 1, 2048}};
 bool fa3_det_leads(const attention::Problem& p);
 // The default backward in GQA groups, where the table's Lq = Lk points (one query head a key head)
-// mislead: a grouped_backward_pick that matches the problem decides between fa3 and cuDNN in place
-// of the table (where its candidate runs). bf16 or f16, Dk = Dv = head_dim, no soft-capping,
+// mislead: a kGroupedBackwardPicks row that matches the problem decides between fa3 and cuDNN in
+// place of the table (where its candidate runs). bf16 or f16, Dk = Dv = head_dim, no soft-capping,
 // padded, Lq = Lk from min_rows to max_rows, no mask or causal, at least min_group query heads a
-// key head. Measured (H200, bf16, 16k tokens as B x L, 16 query heads, TFLOP/s fa3 / cuDNN by name
-// in one process, seventy-seventh session's call 3, after 959fbbe's walk rotation): unmasked d128
-// in groups of 4 / 8 / 16, L512 396.6 / 321.2, 407.6 / 321.8, 416.6 / 322.8; L1024 (where the
-// table has cuDNN) 483.7 / 429.4, 496.1 / 430.8, 504.0 / 431.4; L2048 551.3 / 512.7, 552.0 /
-// 513.1, 554.6 / 514.0; L16384 563.6 / 541.9, 563.6 / 542.0, 560.3 / 534.4 (groups of 2, call 2,
-// before the rotation: L1024 475.3 / 422.9, L2048 544.0 / 509.8). Causal d128 in groups of 8
-// (16), a key head's CTAs walk 8 (16) query heads each, the lowest key block's the longest walk:
-// L1024 248.1 / 295.4 (229.5 / 295.3), L4096 354.7 / 474.9 (291.1 / 476.6), L8192 377.5 / 521.8
-// (299.2 / 529.4), L16384 535.3 / 534.3 (311.1 / 586.2); in groups of 4 the table's picks stand
-// (fa3 ahead at L512 / L1024 / L16384; cuDNN by 6-8% at L4096 / L8192, 438.4 / 465.5 and 447.9 /
-// 485.9, where the default plan's own fa3 row, timed first, read 441.8 and 491.4).
+// key head and at most max_key_rows key rows over all key heads (B x Hk x Lk). Measured (H200,
+// bf16, TFLOP/s fa3 / cuDNN by name in one process, after 959fbbe's walk rotation; 16k tokens as B
+// x L unless named; hidden 2048: 16 query heads at d128, 32 at d64; seventy-seventh session's
+// calls 3-5):
+// - d128 unmasked, fa3 from L512 in groups of 2 to 16 at 4k, 16k and 64k tokens: 1.00-1.30x (in
+//   groups of 4 / 8 / 16 at 16k, L512 396.6 / 321.2, 407.6 / 321.8, 416.6 / 322.8; L1024, where
+//   the table has cuDNN, 483.7 / 429.4, 496.1 / 430.8, 504.0 / 431.4; L2048 551.3 / 512.7, 552.0
+//   / 513.1, 554.6 / 514.0; L16384 563.6 / 541.9, 563.6 / 542.0, 560.3 / 534.4; at 4k tokens in
+//   groups of 2 L512 335.7 / 271.6, L4096 569.6 / 537.3; at 64k in groups of 16 L1024 478.5 /
+//   413.9, L16384 550.4 / 534.0).
+// - d128 causal in groups of 8 or more from L1024 to cuDNN: a key head's CTAs each walk the group's
+//   query heads, the lowest key block's walk the longest. 16k tokens, groups of 8: L1024 248.1 /
+//   295.4, L4096 354.7 / 474.9, L8192 377.5 / 521.8, L16384 (one sequence) 535.3 / 534.3; of 16:
+//   229.5 / 295.3, 291.1 / 476.6, 299.2 / 529.4, 311.1 / 586.2; 64k tokens, of 8: L1024 312.5 /
+//   315.8, L4096 424.5 / 474.5, L16384 490.4 / 515.6; of 16: L1024 274.3 / 316.4, L16384 464.0 /
+//   517.1.
+// - d128 causal in smaller groups from L2048 with at most 32k key rows to cuDNN (too few key heads
+//   to balance the longest walks; at L2048 the table has cuDNN already): 4k tokens, groups of 2
+//   L4096 351.8 / 383.6, of 4 288.8 / 383.6; with more key rows the table's picks stand (16k
+//   tokens, groups of 4: fa3 ahead at L512 / L1024 / L16384, cuDNN by 3-7% at L4096 / L8192, 442.5
+//   / 472.9 and 491.6 / 506.7; groups of 2: L4096 468.4 / 447.3).
+// - d64 causal in groups of 16 from L2048 to L8192 to cuDNN: L2048 281.7 / 317.9, L4096 321.3 /
+//   376.3, L8192 355.7 / 417.6 (L1024 239.5 / 238.6, L16384 513.1 / 438.2; in groups of 8 fa3
+//   leads at every length, L4096 398.3 / 378.9).
 struct GroupedBackwardPick {
   int64_t head_dim;
   bool causal;
   int64_t min_group;
   int64_t min_rows, max_rows;
+  int64_t max_key_rows;
   Candidate pick;
 };
+inline constexpr int64_t kNoBound = int64_t{1} << 62;
 inline constexpr GroupedBackwardPick kGroupedBackwardPicks[] = {
-    {128, false, 2, 512, int64_t{1} << 40, Candidate::fa3},
-    {128, true, 16, 1024, int64_t{1} << 40, Candidate::cudnn},
-    {128, true, 8, 1024, 8192, Candidate::cudnn}};
+    {128, false, 2, 512, kNoBound, kNoBound, Candidate::fa3},
+    {128, true, 8, 1024, kNoBound, kNoBound, Candidate::cudnn},
+    {128, true, 2, 2048, kNoBound, 32768, Candidate::cudnn},
+    {64, true, 16, 2048, 8192, kNoBound, Candidate::cudnn}};
 // The first row of kGroupedBackwardPicks that matches the problem; none outside them.
 std::optional<Candidate> grouped_backward_pick(const attention::Problem& p);
 // Head dim 64 without soft-capping from kFa3BwdWideMinRows query rows on, where fa3's backward

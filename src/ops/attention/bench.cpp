@@ -67,7 +67,10 @@ std::optional<TimedForward> time_forward(const Stream& stream, const Descriptor&
 void bench_all(const Stream& stream) {
   std::mt19937 gen(7);
   constexpr int64_t kTokens = 16384, kHidden = 2048;
-  const int64_t n = kTokens * kHidden;
+  // BARACUDA_ATTN_TOKENS=<t>: the sweep at t tokens (B x L; lengths beyond t skipped) in place of
+  // 16k, where the backward's balance over the SMs depends on B x heads as well as on the group.
+  const int64_t tokens = bench::env_positive("BARACUDA_ATTN_TOKENS", kTokens);
+  const int64_t alloc = std::max(tokens, kTokens) * kHidden;
   // BARACUDA_ATTN_DTYPE=f16: the sweep in f16, and no other rows (the decode and prefill rows read
   // these buffers as bf16). BARACUDA_ATTN_GROUP=<g>: the sweep with g query heads per K/V head
   // (names end in _hk<heads>), where the deterministic preference's rule has to be measured too.
@@ -75,15 +78,17 @@ void bench_all(const Stream& stream) {
   const std::string type_name = t == DType::f16 ? "f16" : "bf16";
   const std::string group_env{bench::env("BARACUDA_ATTN_GROUP")};
   const int64_t group = group_env.empty() ? 1 : std::max(1, std::atoi(group_env.c_str()));
-  // One set of buffers serves every sweep point (each has 16k tokens x 2048).
-  auto q = bench::random_buffer(stream, t, n, gen()), k = bench::random_buffer(stream, t, n, gen()),
-       v = bench::random_buffer(stream, t, n, gen()),
-       dy = bench::random_buffer(stream, t, n, gen());
-  auto y = Buffer::allocate(n * 2, stream.memory_location());
-  auto dq = Buffer::allocate(n * 2, stream.memory_location());
-  auto dk = Buffer::allocate(n * 2, stream.memory_location());
-  auto dv = Buffer::allocate(n * 2, stream.memory_location());
-  auto lse = Buffer::allocate(kTokens * 32 * 4, stream.memory_location());
+  // One set of buffers serves every sweep point (16k tokens x 2048, or BARACUDA_ATTN_TOKENS' count
+  // where larger).
+  auto q = bench::random_buffer(stream, t, alloc, gen()),
+       k = bench::random_buffer(stream, t, alloc, gen()),
+       v = bench::random_buffer(stream, t, alloc, gen()),
+       dy = bench::random_buffer(stream, t, alloc, gen());
+  auto y = Buffer::allocate(alloc * 2, stream.memory_location());
+  auto dq = Buffer::allocate(alloc * 2, stream.memory_location());
+  auto dk = Buffer::allocate(alloc * 2, stream.memory_location());
+  auto dv = Buffer::allocate(alloc * 2, stream.memory_location());
+  auto lse = Buffer::allocate(alloc / kHidden * 32 * 4, stream.memory_location());
   for (auto* b : {&q, &k, &v, &dy, &y, &dq, &dk, &dv, &lse})
     if (!b->ok()) return bench::emit_error(kFamily, "setup", "alloc", b->error());
   // BARACUDA_ATTENTION_ONLY=decode skips the prefill sweep (a decode A/B run in seconds).
@@ -116,7 +121,8 @@ void bench_all(const Stream& stream) {
     if (!sweep) break;
     const int64_t heads = kHidden / dim;
     for (int64_t len : {512, 1024, 2048, 4096, 8192, 16384}) {
-      const int64_t batch = kTokens / len;
+      const int64_t batch = tokens / len;
+      if (batch == 0) continue;
       for (bool causal : {false, true}) {
         if (only_d > 0 &&
             (dim != only_d || (only_l > 0 && (len != only_l || causal != only_causal))))
@@ -131,6 +137,7 @@ void bench_all(const Stream& stream) {
         d.len_q = d.len_k = len, d.head_dim_qk = d.head_dim_v = dim;
         d.mask = causal ? Mask::causal_top_left() : Mask::none();
         const double flops = 4.0 * batch * heads * len * len * dim * (causal ? 0.5 : 1.0);
+        const int64_t n = batch * len * kHidden;  // elements of Q (= Y, dY)
         const Tensor tq = view4(q->data(), batch, heads, len, dim, stream, t);
         const Tensor tk = view4(k->data(), batch, heads_kv, len, dim, stream, t);
         const Tensor tv = view4(v->data(), batch, heads_kv, len, dim, stream, t);

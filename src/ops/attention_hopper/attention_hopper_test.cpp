@@ -948,56 +948,76 @@ TEST(AttentionCudnnRules, DeterministicBackwardLeadsWhereMeasured) {
   EXPECT_FALSE(fa3_det_leads(packed_d64(rows)));
 }
 
-// The default backward in GQA groups (grouped_backward_pick): each kGroupedBackwardPicks row at its
-// least group and rows (and at its most rows, f16) picks its candidate; below its rows, in a
-// smaller group, past its rows or outside its shape (d64, f32, soft-capped, packed, Lq != Lk, a
-// window) no row does. Over the shipped table the row decides ahead of the Lq = Lk points, where
-// its candidate runs, and not under an empty table.
+// The default backward in GQA groups (grouped_backward_pick): each kGroupedBackwardPicks row picks
+// its candidate inside it (its least group and rows, at its most rows, in f16); with fewer rows, a
+// smaller group, more rows or key rows than it takes, or outside its shape (d256, which no row
+// names; f32, soft-capped, packed, Lq != Lk, a window) no row does (the rows are laid out so that
+// one row's near outside lies outside the others). Over the shipped table a row decides
+// ahead of the Lq = Lk points, where its candidate runs, and not under an empty table.
 TEST(AttentionCudnnRules, GroupedBackwardPicksWhereMeasured) {
-  auto desc = [](int64_t d, bool causal, int64_t group, int64_t l, DType t = DType::bf16) {
-    return make_desc(t, 1, 64, 64 / group, l, l, d,
+  // b sequences of l rows, hq query heads in groups of `group`.
+  auto desc = [](int64_t d, bool causal, int64_t group, int64_t l, int64_t b, int64_t hq,
+                 DType t = DType::bf16) {
+    return make_desc(t, b, hq, hq / group, l, l, d,
                      causal ? Mask::causal_top_left() : Mask::none());
   };
-  auto pick = [&](int64_t d, bool causal, int64_t group, int64_t l, DType t = DType::bf16) {
-    return grouped_backward_pick(problem_of(desc(d, causal, group, l, t)));
+  auto pick = [&](int64_t d, bool causal, int64_t group, int64_t l, int64_t b, int64_t hq,
+                  DType t = DType::bf16) {
+    return grouped_backward_pick(problem_of(desc(d, causal, group, l, b, hq, t)));
   };
   for (const GroupedBackwardPick& row : kGroupedBackwardPicks) {
     SCOPED_TRACE("d" + std::to_string(row.head_dim) + (row.causal ? " causal" : "") +
                  " groups from " + std::to_string(row.min_group));
-    const int64_t most = std::min<int64_t>(row.max_rows, 16384);
-    EXPECT_EQ(pick(row.head_dim, row.causal, row.min_group, row.min_rows), row.pick);
-    EXPECT_EQ(pick(row.head_dim, row.causal, 32, most, DType::f16), row.pick);
-    EXPECT_EQ(pick(row.head_dim, row.causal, row.min_group, row.min_rows / 2), std::nullopt);
-    EXPECT_EQ(pick(row.head_dim, row.causal, 1, row.min_rows), std::nullopt);
-    EXPECT_EQ(pick(64, row.causal, row.min_group, row.min_rows), std::nullopt);
-    EXPECT_EQ(pick(row.head_dim, row.causal, row.min_group, row.min_rows, DType::f32),
-              std::nullopt);
+    const int64_t d = row.head_dim, g = row.min_group, l = row.min_rows;
+    // One sequence, up to 4 key heads, within the row's key rows.
+    const int64_t hk = std::clamp<int64_t>(row.max_key_rows / l, 1, 4);
+    EXPECT_EQ(pick(d, row.causal, g, l, 1, g * hk), row.pick);
+    EXPECT_EQ(pick(d, row.causal, g, l, 1, g * hk, DType::f16), row.pick);
+    EXPECT_EQ(pick(d, row.causal, g, l / 2, 1, g * hk), std::nullopt);
+    EXPECT_EQ(pick(d, row.causal, g / 2, l, 1, g / 2 * hk), std::nullopt);
+    EXPECT_EQ(pick(d, row.causal, g, l, 1, g * hk, DType::f32), std::nullopt);
+    EXPECT_EQ(pick(256, row.causal, g, l, 1, g * hk), std::nullopt);
+    if (row.max_rows < kNoBound) {
+      EXPECT_EQ(pick(d, row.causal, g, row.max_rows, 1, g), row.pick);
+      EXPECT_EQ(pick(d, row.causal, g, 2 * row.max_rows, 1, g), std::nullopt);
+    }
+    if (row.max_key_rows < kNoBound) {
+      const int64_t most = row.max_key_rows / l;  // key heads at the bound
+      EXPECT_EQ(pick(d, row.causal, g, l, 1, g * most), row.pick);
+      EXPECT_EQ(pick(d, row.causal, g, l, 1, g * (most + 1)), std::nullopt);
+      EXPECT_EQ(pick(d, row.causal, g, l, 2, g * most), std::nullopt);
+    }
   }
-  // Groups of 8 causal up to 8192 rows, of 16 beyond; groups of 4 causal: the table.
-  EXPECT_EQ(pick(128, true, 8, 16384), std::nullopt);
-  EXPECT_EQ(pick(128, true, 16, 16384), Candidate::cudnn);
-  EXPECT_EQ(pick(128, true, 4, 4096), std::nullopt);
-  Descriptor d = desc(128, false, 4, 2048);
+  // The sweep's shapes (16k tokens, 16 query heads at d128, 32 at d64): causal d128 in groups of 4
+  // at L4096 keeps the table (64k key rows) but not as one sequence (16k key rows); in groups of 8
+  // cuDNN up to one sequence of L16384; d64 in groups of 16 cuDNN to L8192 only.
+  EXPECT_EQ(pick(128, true, 4, 4096, 4, 16), std::nullopt);
+  EXPECT_EQ(pick(128, true, 4, 4096, 1, 16), Candidate::cudnn);
+  EXPECT_EQ(pick(128, true, 8, 16384, 1, 16), Candidate::cudnn);
+  EXPECT_EQ(pick(64, true, 16, 8192, 2, 32), Candidate::cudnn);
+  EXPECT_EQ(pick(64, true, 16, 16384, 1, 32), std::nullopt);
+  EXPECT_EQ(pick(64, false, 16, 4096, 4, 32), std::nullopt);
+  Descriptor d = desc(128, false, 4, 2048, 8, 16);
   d.softcap = 30;
   EXPECT_EQ(grouped_backward_pick(problem_of(d)), std::nullopt);
-  d = desc(128, false, 4, 2048);
-  d.varlen = true, d.total_q = d.total_k = 2048;
+  d = desc(128, false, 4, 2048, 8, 16);
+  d.varlen = true, d.total_q = d.total_k = 8 * 2048;
   EXPECT_EQ(grouped_backward_pick(problem_of(d)), std::nullopt);
-  d = desc(128, false, 4, 2048);
+  d = desc(128, false, 4, 2048, 8, 16);
   d.len_k = 4096;
   EXPECT_EQ(grouped_backward_pick(problem_of(d)), std::nullopt);
-  d = desc(128, false, 16, 2048);
+  d = desc(128, false, 16, 2048, 8, 16);
   d.mask = Mask::sliding_window(4096, 0);
   EXPECT_EQ(grouped_backward_pick(problem_of(d)), std::nullopt);
   d.mask = Mask::causal_bottom_right();
   EXPECT_EQ(grouped_backward_pick(problem_of(d)), Candidate::cudnn);
 
-  // Over the shipped table: ungrouped d128 L1024 unmasked goes to cuDNN (the table's point),
-  // grouped to fa3; d128 L4096 causal to fa3 ungrouped and in groups of 4, to cuDNN in groups of
-  // 16 (fa3 where cuDNN is not built); an empty table keeps no row.
+  // Over the shipped table (16k tokens): d128 L1024 unmasked goes to cuDNN ungrouped (the table's
+  // point), to fa3 in groups; d128 L4096 causal to fa3 ungrouped and in groups of 4, to cuDNN in
+  // groups of 16 (fa3 where cuDNN is not built); an empty table keeps no row.
   auto shipped = [&](int64_t group, bool causal, int64_t l, bool cudnn_built = true) {
-    return preferred_candidate(problem_of(desc(128, causal, group, l)), Pass::backward, true,
-                               cudnn_built);
+    return preferred_candidate(problem_of(desc(128, causal, group, l, 16384 / l, 16)),
+                               Pass::backward, true, cudnn_built);
   };
   EXPECT_EQ(shipped(1, false, 1024), Candidate::cudnn);
   EXPECT_EQ(shipped(4, false, 1024), Candidate::fa3);
@@ -1005,7 +1025,7 @@ TEST(AttentionCudnnRules, GroupedBackwardPicksWhereMeasured) {
   EXPECT_EQ(shipped(4, true, 4096), Candidate::fa3);
   EXPECT_EQ(shipped(16, true, 4096), Candidate::cudnn);
   EXPECT_EQ(shipped(16, true, 4096, false), Candidate::fa3);
-  const attention::Problem grouped = problem_of(desc(128, false, 4, 1024));
+  const attention::Problem grouped = problem_of(desc(128, false, 4, 1024, 16, 16));
   EXPECT_EQ(preferred_candidate({}, grouped, Pass::backward, true), Candidate::cudnn);
   EXPECT_EQ(preferred_candidate({}, grouped, Pass::backward, false), Candidate::cudnn);
 }

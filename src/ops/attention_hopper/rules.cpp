@@ -238,9 +238,11 @@ std::optional<Candidate> grouped_backward_pick(const attention::Problem& p) {
       d.softcap > 0 || d.varlen || d.seqused_k || d.page_size > 0 || d.len_q != d.len_k ||
       !(d.mask.is_none() || d.mask.is_causal()))
     return std::nullopt;
+  // K's rows: a validated problem's element counts fit in int64 ("overflows int64" otherwise).
+  const int64_t key_rows = d.batch * d.heads_kv * d.len_k;
   for (const GroupedBackwardPick& g : kGroupedBackwardPicks)
     if (g.head_dim == d.head_dim_qk && g.causal == d.mask.is_causal() && p.group >= g.min_group &&
-        d.len_q >= g.min_rows && d.len_q <= g.max_rows)
+        d.len_q >= g.min_rows && d.len_q <= g.max_rows && key_rows <= g.max_key_rows)
       return g.pick;
   return std::nullopt;
 }
