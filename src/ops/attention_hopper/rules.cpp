@@ -218,11 +218,18 @@ bool fa3_bwd_widens(const attention::Problem& p) {
          d.head_dim_v == 64 && d.softcap <= 0 && d.len_q >= kFa3BwdWideMinRows;
 }
 
+namespace {
+// What the backward's measured rows (kFa3DetLeads, kGroupedBackwardPicks) were taken on: bf16 /
+// f16, Dk = Dv, no soft-capping, padded, no mask or causal (a backward has no pages or key counts).
+bool measured_backward_shape(const attention::Descriptor& d) {
+  return (d.dtype == DType::bf16 || d.dtype == DType::f16) && d.head_dim_v == d.head_dim_qk &&
+         d.softcap <= 0 && !d.varlen && (d.mask.is_none() || d.mask.is_causal());
+}
+}  // namespace
+
 bool fa3_det_leads(const attention::Problem& p) {
   const attention::Descriptor& d = p.desc;
-  if ((d.dtype != DType::bf16 && d.dtype != DType::f16) || d.head_dim_v != d.head_dim_qk ||
-      d.softcap > 0 || d.varlen || !(d.mask.is_none() || d.mask.is_causal()))
-    return false;
+  if (!measured_backward_shape(d)) return false;
   const bool causal = d.mask.is_causal();
   if (causal && d.len_q != d.len_k) return false;
   for (const DetLead& lead : kFa3DetLeads)
@@ -234,10 +241,7 @@ bool fa3_det_leads(const attention::Problem& p) {
 
 std::optional<Candidate> grouped_backward_pick(const attention::Problem& p) {
   const attention::Descriptor& d = p.desc;
-  if ((d.dtype != DType::bf16 && d.dtype != DType::f16) || d.head_dim_v != d.head_dim_qk ||
-      d.softcap > 0 || d.varlen || d.seqused_k || d.page_size > 0 || d.len_q != d.len_k ||
-      !(d.mask.is_none() || d.mask.is_causal()))
-    return std::nullopt;
+  if (!measured_backward_shape(d) || d.len_q != d.len_k) return std::nullopt;
   // K's rows: a validated problem's element counts fit in int64 ("overflows int64" otherwise).
   const int64_t key_rows = d.batch * d.heads_kv * d.len_k;
   for (const GroupedBackwardPick& g : kGroupedBackwardPicks)
