@@ -542,6 +542,10 @@ inline constexpr std::string_view kFa3BwdQ128Kernel = "fa3_bwd_sm90a_q128";
 // problems rotate the walks over two accumulators, each with that order (fa3_backward.cuh, kDet).
 // By name.
 inline constexpr std::string_view kFa3BwdDeterministicKernel = "fa3_bwd_sm90a_deterministic";
+// The instance fa3_ranked_backward_kernel names, its grid's blocks taken key block first (every
+// batch's and key head's longest causal walks in the first wave; fa3_backward.cuh, heavy_first).
+// Not deterministic; by name, for measurement against the ranked instance.
+inline constexpr std::string_view kFa3BwdHeavyFirstKernel = "fa3_bwd_sm90a_heavy_first";
 // The same kernel once more, for PlanPreference::deterministic(): fitting only where it leads
 // cuDNN's deterministic algorithm (fa3_det_leads) and the table picks fa3 for the backward, at
 // kFa3DetAhead, above cuDNN's deterministic entries (kCudnnAhead - 1 where the table ranks cuDNN

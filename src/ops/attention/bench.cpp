@@ -189,6 +189,7 @@ void bench_all(const Stream& stream) {
                                    kFa3Deterministic = attention_hopper::kFa3BwdDeterministicKernel,
                                    kCudnnDeterministic = "cudnn_sdpa_bwd_deterministic",
                                    kFa3 = attention_hopper::kFa3BwdKernel,
+                                   kFa3HeavyFirst = attention_hopper::kFa3BwdHeavyFirstKernel,
                                    kCudnn = "cudnn_sdpa_bwd";
         const char* const bwd_alts[] = {"",
                                         "flash_bwd_fused_sm80",
@@ -199,13 +200,16 @@ void bench_all(const Stream& stream) {
                                         kFa3Deterministic.data(),
                                         kCudnnDeterministic.data(),
                                         kFa3.data(),
+                                        kFa3HeavyFirst.data(),
                                         kCudnn.data()};
         std::string default_bwd;
         for (const char* alt : bwd_alts) {
           const bool pinned = *alt != '\0', by_preference = alt == kDeterministic;
           if (pinned && !ab_wanted(alt)) continue;
           const bool cudnn = alt == kCudnnDeterministic || alt == kCudnn;
-          if ((cudnn || alt == kFa3Deterministic || alt == kFa3) && kernels_env.empty()) continue;
+          if ((cudnn || alt == kFa3Deterministic || alt == kFa3 || alt == kFa3HeavyFirst) &&
+              kernels_env.empty())
+            continue;
           auto bwd = BackwardPlan::select(stream, d,
                                           by_preference ? PlanPreference::deterministic()
                                           : pinned      ? PlanPreference::kernel(alt)

@@ -3318,8 +3318,8 @@ const Kernel<attention::BackwardOp>* fa3_bwd_kernel(DType t,
 TEST(AttentionFa3Registry, BackwardRankedByTheTableAndNotDeterministic) {
   int found = 0;
   for (DType t : {DType::bf16, DType::f16})
-    for (std::string_view name :
-         {kFa3BwdKernel, kFa3BwdK192Kernel, kFa3BwdQ128Kernel, kFa3BwdRankedAhead}) {
+    for (std::string_view name : {kFa3BwdKernel, kFa3BwdK192Kernel, kFa3BwdQ128Kernel,
+                                  kFa3BwdHeavyFirstKernel, kFa3BwdRankedAhead}) {
       const auto* fa3 = fa3_bwd_kernel(t, name);
       if (!fa3) continue;  // CPU-only build
       ++found;
@@ -3327,7 +3327,7 @@ TEST(AttentionFa3Registry, BackwardRankedByTheTableAndNotDeterministic) {
       expect_fa3_entry(*fa3, t, kFa3BwdKernel, name == kFa3BwdRankedAhead, false);
     }
   if (found == 0) GTEST_SKIP() << "built without CUDA: fa3_bwd_sm90a is not registered";
-  EXPECT_EQ(found, 8);
+  EXPECT_EQ(found, 10);
 }
 
 // The deterministic instance: by name below every other backward kernel, and deterministic. Its
@@ -3632,6 +3632,19 @@ TEST(AttentionFa3Gpu, BackwardK192MatchesReference) {
   FA3_BWD_SKIP_UNLESS_RUNNABLE();
   harness::Rng rng;
   check_d64_uncapped_backward(kFa3BwdK192Kernel, rng);
+}
+
+// The ranked instance with its grid key block first: every fa3_bwd_cases() case (q128 where
+// fa3_bwd_widens, the plain kernel otherwise, varlen and soft-capping included) and causal GQA
+// problems over several batches and key heads, whose blocks the order remaps.
+TEST(AttentionFa3Gpu, HeavyFirstBackwardMatchesReference) {
+  FA3_BWD_SKIP_UNLESS_RUNNABLE();
+  harness::Rng rng;
+  std::vector<Case> cases = fa3_bwd_cases();
+  cases.push_back({DType::bf16, 3, 8, 2, 700, 700, 128, Mask::causal_top_left(), false, false});
+  cases.push_back({DType::f16, 2, 8, 1, 600, 900, 64, Mask::causal_bottom_right(), true, false});
+  cases.push_back({DType::bf16, 2, 4, 4, 500, 500, 256, Mask::causal_top_left(), false, false});
+  check_pinned_backward(cases, kFa3BwdHeavyFirstKernel, rng);
 }
 
 // And the ranked-ahead entry, which launches q128 where fa3_bwd_widens.

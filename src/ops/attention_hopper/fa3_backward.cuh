@@ -151,6 +151,10 @@ struct BwdParams {
   // kDet on unmasked problems: the walks rotate, adding into two accumulators (acc's second half)
   // with a set of counts each (det_counts' second half).
   int det_rotated;
+  // fa3_bwd_sm90a_heavy_first (not kDet): the grid's blocks taken key block first, so that every
+  // (batch, key head)'s lowest key blocks (a causal problem's longest walks) start in the first
+  // wave instead of when SMs free up behind the earlier heads' whole rows of key blocks.
+  int heavy_first;
 };
 
 // The dQ accumulator's chunks (batch, query head, 64-row block, 64-column part), from any of the
@@ -308,6 +312,14 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
     kb = g - 1 - ticket % g;
     hk = ticket % per_batch / g;
     b = ticket / per_batch;
+  } else if (p.heavy_first) {
+    // The hardware hands out blocks in x, y, z order: read that order as (batch, key head)
+    // fastest, key block slowest.
+    const uint64_t heads = gridDim.y, pairs = heads * gridDim.z,
+                   linear = blockIdx.x + uint64_t{gridDim.x} * (blockIdx.y + heads * blockIdx.z);
+    kb = static_cast<int>(linear / pairs);
+    hk = static_cast<int>(linear % pairs % heads);
+    b = static_cast<int>(linear % pairs / heads);
   }
   const int n0 = kb * kKeys;
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
@@ -339,10 +351,7 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
   // block) steps at its own offset, spread evenly over the key blocks.
   // (kDet: only unmasked walks, see there.)
   const bool rotates = !kDet || p.det_rotated;
-  const int rot =
-      rotates && steps > 0
-          ? static_cast<int>(walk_start(kDet ? int64_t{kb} : int64_t{blockIdx.x}, nm, gridDim.x))
-          : 0;
+  const int rot = rotates && steps > 0 ? static_cast<int>(walk_start(kb, nm, gridDim.x)) : 0;
   // A step's place in that walk: (query head of the group, query block), advanced by increments
   // rather than divided out per step, since the ring's refill (warp 0) and each step's head and
   // block sit on the path to warpgroup-wide GEMMs.
@@ -1185,8 +1194,11 @@ inline Status check_args(const Problem& pr, const BackwardArguments& a) {
   return {};
 }
 
+// heavy_first: the grid's blocks key block first (BwdParams::heavy_first;
+// fa3_bwd_sm90a_heavy_first).
 template <class T, int D, int W = 2, int Q = 64, bool kDet = false>
-Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArguments& a) {
+Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArguments& a,
+                bool heavy_first = false) {
   const auto& d = pr.desc;
   if (!has_sm90a_body<fa3_bwd_kernel<T, D, false, false, W, Q, kDet>>())
     return Error::unsupported(std::string(kWho) + ": this build has no sm_90a code for the kernel");
@@ -1256,6 +1268,7 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
   p.det_counts = rp.det_counts;
   p.det_ticket = rp.det_ticket;
   p.det_rotated = rp.det_rotated;
+  p.heavy_first = heavy_first && !kDet ? 1 : 0;
 
   constexpr int smem = BwdSmem<D, W, Q>::kLaunchBytes;
   // Soft-capping and varlen in instantiations of their own (see the kernel). The D = 64 instances
@@ -1371,6 +1384,24 @@ Status launch_ranked_ahead(const LaunchContext& ctx, const Problem& pr,
                            const BackwardArguments& a) {
   return ranked_instance<T>(pr).launch(ctx, pr, a);
 }
+// fa3_bwd_sm90a_heavy_first: the ranked instance with its grid taken key block first, by name.
+template <class T>
+bool fits_heavy_first(const Problem& pr, const DeviceCaps& caps) {
+  return ranked_instance<T>(pr).fits(pr, caps);
+}
+template <class T>
+Status launch_heavy_first(const LaunchContext& ctx, const Problem& pr, const BackwardArguments& a) {
+  if (fa3_ranked_backward_kernel(pr) == kFa3BwdQ128Kernel)
+    return launch_d<T, 64, 2, 128>(ctx, pr, a, true);
+  switch (pr.desc.head_dim_qk) {
+    case 64:
+      return launch_d<T, 64>(ctx, pr, a, true);
+    case 128:
+      return launch_d<T, 128>(ctx, pr, a, true);
+    default:
+      return launch_d<T, 256>(ctx, pr, a, true);
+  }
+}
 
 // One table of entries per element type. Not deterministic: dQ is summed by bulk reduce-adds in
 // L2 in arrival order.
@@ -1400,6 +1431,8 @@ bool register_one() {
        .workspace = workspace_det,
        .launch = launch_det<T>,
        .check = check_args});
+  // The ranked instance with its grid key block first, by name (for measurement).
+  add(kFa3BwdHeavyFirstKernel, priority--, fits_heavy_first<T>, launch_heavy_first<T>);
   // The deterministic instance for PlanPreference::deterministic() where it leads (see
   // kFa3BwdDeterministicRanked).
   register_kernel<attention::BackwardOp>(
