@@ -546,6 +546,11 @@ inline constexpr std::string_view kFa3BwdDeterministicKernel = "fa3_bwd_sm90a_de
 // batch's and key head's longest causal walks in the first wave; fa3_backward.cuh, heavy_first).
 // Not deterministic; by name, for measurement against the ranked instance.
 inline constexpr std::string_view kFa3BwdHeavyFirstKernel = "fa3_bwd_sm90a_heavy_first";
+// The same instance with each key block's walk over the group's query heads split over CTAs where
+// that balances a banded problem's walks (D = 64 / 128, padded; fa3_backward.cuh, head_parts),
+// dK and dV summed from f32 shares in part order. Not deterministic (dQ as fa3_bwd_sm90a's); by
+// name, for measurement.
+inline constexpr std::string_view kFa3BwdHeadSplitKernel = "fa3_bwd_sm90a_head_split";
 // The same kernel once more, for PlanPreference::deterministic(): fitting only where it leads
 // cuDNN's deterministic algorithm (fa3_det_leads) and the table picks fa3 for the backward, at
 // kFa3DetAhead, above cuDNN's deterministic entries (kCudnnAhead - 1 where the table ranks cuDNN

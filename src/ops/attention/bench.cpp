@@ -190,6 +190,7 @@ void bench_all(const Stream& stream) {
                                    kCudnnDeterministic = "cudnn_sdpa_bwd_deterministic",
                                    kFa3 = attention_hopper::kFa3BwdKernel,
                                    kFa3HeavyFirst = attention_hopper::kFa3BwdHeavyFirstKernel,
+                                   kFa3HeadSplit = attention_hopper::kFa3BwdHeadSplitKernel,
                                    kCudnn = "cudnn_sdpa_bwd";
         const char* const bwd_alts[] = {"",
                                         "flash_bwd_fused_sm80",
@@ -201,13 +202,15 @@ void bench_all(const Stream& stream) {
                                         kCudnnDeterministic.data(),
                                         kFa3.data(),
                                         kFa3HeavyFirst.data(),
+                                        kFa3HeadSplit.data(),
                                         kCudnn.data()};
         std::string default_bwd;
         for (const char* alt : bwd_alts) {
           const bool pinned = *alt != '\0', by_preference = alt == kDeterministic;
           if (pinned && !ab_wanted(alt)) continue;
           const bool cudnn = alt == kCudnnDeterministic || alt == kCudnn;
-          if ((cudnn || alt == kFa3Deterministic || alt == kFa3 || alt == kFa3HeavyFirst) &&
+          if ((cudnn || alt == kFa3Deterministic || alt == kFa3 || alt == kFa3HeavyFirst ||
+               alt == kFa3HeadSplit) &&
               kernels_env.empty())
             continue;
           auto bwd = BackwardPlan::select(stream, d,

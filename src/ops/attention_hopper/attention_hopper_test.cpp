@@ -3319,7 +3319,8 @@ TEST(AttentionFa3Registry, BackwardRankedByTheTableAndNotDeterministic) {
   int found = 0;
   for (DType t : {DType::bf16, DType::f16})
     for (std::string_view name : {kFa3BwdKernel, kFa3BwdK192Kernel, kFa3BwdQ128Kernel,
-                                  kFa3BwdHeavyFirstKernel, kFa3BwdRankedAhead}) {
+                                  kFa3BwdHeavyFirstKernel, kFa3BwdHeadSplitKernel,
+                                  kFa3BwdRankedAhead}) {
       const auto* fa3 = fa3_bwd_kernel(t, name);
       if (!fa3) continue;  // CPU-only build
       ++found;
@@ -3327,7 +3328,7 @@ TEST(AttentionFa3Registry, BackwardRankedByTheTableAndNotDeterministic) {
       expect_fa3_entry(*fa3, t, kFa3BwdKernel, name == kFa3BwdRankedAhead, false);
     }
   if (found == 0) GTEST_SKIP() << "built without CUDA: fa3_bwd_sm90a is not registered";
-  EXPECT_EQ(found, 10);
+  EXPECT_EQ(found, 12);
 }
 
 // The deterministic instance: by name below every other backward kernel, and deterministic. Its
@@ -3645,6 +3646,38 @@ TEST(AttentionFa3Gpu, HeavyFirstBackwardMatchesReference) {
   cases.push_back({DType::f16, 2, 8, 1, 600, 900, 64, Mask::causal_bottom_right(), true, false});
   cases.push_back({DType::bf16, 2, 4, 4, 500, 500, 256, Mask::causal_top_left(), false, false});
   check_pinned_backward(cases, kFa3BwdHeavyFirstKernel, rng);
+}
+
+// The ranked instance with each key block's walk split over the group's heads: causal and windowed
+// GQA problems small enough that head_parts splits them (its workspace, the f32 shares, larger
+// than the unsplit instance's), over both head dims (q128 where fa3_bwd_widens), both diagonals,
+// several batches and key heads, odd lengths, both memory orders, padded rows (whose gaps the sum
+// must leave untouched) and soft-capping; then every fa3_bwd_cases() case, most of which it runs
+// unsplit (MHA, unmasked, varlen, D = 256).
+TEST(AttentionFa3Gpu, HeadSplitBackwardMatchesReference) {
+  FA3_BWD_SKIP_UNLESS_RUNNABLE();
+  harness::Rng rng;
+  const Stream& gs = harness::stream_for(Target::cuda);
+  const std::vector<Case> split = {
+      {DType::bf16, 1, 8, 1, 1000, 1000, 128, Mask::causal_top_left(), false, false},
+      {DType::f16, 2, 8, 2, 700, 900, 128, Mask::causal_bottom_right(), true, true},
+      {DType::bf16, 3, 16, 1, 333, 333, 64, Mask::causal_top_left(), false, false},
+      {DType::bf16, 1, 4, 2, 1500, 1200, 64, Mask::causal_top_left(), false, true},
+      {DType::f16, 2, 4, 1, 800, 800, 128, Mask::sliding_window(200, 50), false, false},
+      {DType::bf16, 1, 8, 4, 517, 517, 128, Mask::causal_top_left(), false, false, true, 30.0},
+  };
+  for (const Case& c : split) {
+    SCOPED_TRACE(name_of(c));
+    const Descriptor desc = desc_of(c, c.t);
+    auto whole = attention::BackwardPlan::select(gs, desc, PlanPreference::kernel(kFa3BwdKernel));
+    auto parts =
+        attention::BackwardPlan::select(gs, desc, PlanPreference::kernel(kFa3BwdHeadSplitKernel));
+    BARACUDA_ASSERT_OK(whole);
+    BARACUDA_ASSERT_OK(parts);
+    EXPECT_GT(parts->workspace_size(), whole->workspace_size()) << "head_parts did not split it";
+  }
+  check_pinned_backward(split, kFa3BwdHeadSplitKernel, rng);
+  check_pinned_backward(fa3_bwd_cases(), kFa3BwdHeadSplitKernel, rng);
 }
 
 // And the ranked-ahead entry, which launches q128 where fa3_bwd_widens.

@@ -155,6 +155,14 @@ struct BwdParams {
   // (batch, key head)'s lowest key blocks (a causal problem's longest walks) start in the first
   // wave instead of when SMs free up behind the earlier heads' whole rows of key blocks.
   int heavy_first;
+  // fa3_bwd_sm90a_head_split (not kDet, D = 64 / 128, padded): each key block's walk over the
+  // group's query heads split over head_parts CTAs (grid x: key block major, part minor), so that
+  // a causal problem's longest walks, a whole group's rows, no longer outlast a single wave. Each
+  // part stores its dK (scaled) and dV in f32 to kv_part ([part][B][Hk][Lk][D], dK's then dV's,
+  // kv_part_stride floats apart); fa3_bwd_kv_post sums the parts in order.
+  int head_parts;
+  float* kv_part;
+  int64_t kv_part_stride;
 };
 
 // The dQ accumulator's chunks (batch, query head, 64-row block, 64-column part), from any of the
@@ -306,6 +314,10 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
   static_assert(!kDet || (W == 2 && kQRows == 64 && !kSplit), "kDet: D = 64 or 128, W = 2, Q = 64");
   int kb = static_cast<int>(blockIdx.x), hk = static_cast<int>(blockIdx.y),
       b = static_cast<int>(blockIdx.z);
+  // head_parts: the CTA's share of the group's query heads (part of parts); key_blocks: the grid's
+  // key blocks.
+  const int parts = kDet ? 1 : p.head_parts;
+  const int key_blocks = kDet ? static_cast<int>(gridDim.x) : static_cast<int>(gridDim.x) / parts;
   if constexpr (kDet) {
     const int ticket = static_cast<int>(cuda::block_ticket(p.det_ticket));
     const int g = static_cast<int>(gridDim.x), per_batch = g * static_cast<int>(gridDim.y);
@@ -321,6 +333,8 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
     hk = static_cast<int>(linear % pairs % heads);
     b = static_cast<int>(linear % pairs / heads);
   }
+  const int part = kDet ? 0 : kb % parts, part_heads = kDet ? p.group : p.group / parts;
+  if constexpr (!kDet) kb /= parts;
   const int n0 = kb * kKeys;
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   // The warpgroup broadcast from lane 0, so that the compiler knows it is warp-uniform and derives
@@ -345,13 +359,13 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
                         min(int64_t{sq_.lq}, max(int64_t{0}, int64_t{n0} + kKeys - off + p.left)))
                   : sq_.lq;
   const int nm = max(0, (m_rows + kQRows - 1) / kQRows - m_begin);
-  const int steps = nm * p.group;
+  const int steps = nm * part_heads;
   // The CTAs of one key head run side by side and would add into the same dQ chunk at the same
   // time (L2 serializes same-address reductions): each starts its walk over the (head, query
   // block) steps at its own offset, spread evenly over the key blocks.
   // (kDet: only unmasked walks, see there.)
   const bool rotates = !kDet || p.det_rotated;
-  const int rot = rotates && steps > 0 ? static_cast<int>(walk_start(kb, nm, gridDim.x)) : 0;
+  const int rot = rotates && steps > 0 ? static_cast<int>(walk_start(kb, nm, key_blocks)) : 0;
   // A step's place in that walk: (query head of the group, query block), advanced by increments
   // rather than divided out per step, since the ring's refill (warp 0) and each step's head and
   // block sit on the path to warpgroup-wide GEMMs.
@@ -361,11 +375,11 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
   auto next_pos = [&](Pos q) {
     if (++q.m == nm) {
       q.m = 0;
-      if (++q.hh == p.group) q.hh = 0;
+      if (++q.hh == part_heads) q.hh = 0;
     }
     return q;
   };
-  auto pos_head = [&](Pos q) { return hk * p.group + q.hh; };
+  auto pos_head = [&](Pos q) { return hk * p.group + part * part_heads + q.hh; };
   auto pos_row0 = [&](Pos q) { return (m_begin + q.m) * kQRows; };
   const Pos first = steps > 0 ? Pos{rot / nm, rot % nm} : Pos{0, 0};
 
@@ -882,6 +896,29 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
   fence_regs(dv);
   fence_regs(dk);
 
+  if constexpr (!kDet && !kSplit) {
+    if (parts > 1) {
+      // head_parts: this part's f32 share of dK (scaled) and dV, stored straight from the
+      // accumulators (a lane quad writes whole 32-byte sectors); fa3_bwd_kv_post sums the parts.
+      const int64_t rows = (int64_t{b} * gridDim.y + hk) * p.lk;
+      float* const pk = p.kv_part + part * p.kv_part_stride;
+      float* const pv = p.kv_part + (parts + part) * p.kv_part_stride;
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        if (i == 0 ? past0 : past1) continue;
+        const int64_t at = (rows + key0 + 8 * i) * D + cq;
+#pragma unroll
+        for (int j = 0; j < kCols / 8; ++j) {
+          *reinterpret_cast<float2*>(pv + at + j * 8) =
+              make_float2(dv[4 * j + 2 * i], dv[4 * j + 2 * i + 1]);
+          *reinterpret_cast<float2*>(pk + at + j * 8) =
+              make_float2(dk[4 * j + 2 * i] * p.scale, dk[4 * j + 2 * i + 1] * p.scale);
+        }
+      }
+      bulk_wait<0, true>();  // the last dQ reduction's read of its stage
+      return;
+    }
+  }
   // Epilogue: dV and scale * dK through shared memory, then one bulk copy a row (rows past Lk
   // skipped; zero where no query saw the key). Storing the accumulators straight to global memory
   // took 64 4-byte stores a thread (D = 128: 128) into half-used sectors, with every warp of the
@@ -1108,6 +1145,43 @@ __global__ void __launch_bounds__(128) fa3_bwd_post(const RowParams p) {
   }
 }
 
+// head_parts' sum (BwdParams::head_parts): dK and dV, each element the parts' f32 shares added in
+// part order (the bits do not depend on which part finished first) and rounded once. A thread
+// takes 8 columns (16 bytes out) of a row of dK and of dV.
+struct KvPostParams {
+  const float* part;  // [2][parts][B][Hk][Lk][D]: dK's shares, then dV's
+  int64_t part_stride;
+  int parts;
+  void *dk, *dv;
+  int64_t sdk[3], sdv[3];
+  int lk, heads_k;
+};
+template <class T, int D>
+__global__ void __launch_bounds__(256) fa3_bwd_kv_post(const KvPostParams p) {
+  constexpr int kPieces = D / 8, kRows = 256 / kPieces;
+  const int piece = static_cast<int>(threadIdx.x) % kPieces,
+            r = static_cast<int>(blockIdx.x) * kRows + static_cast<int>(threadIdx.x) / kPieces;
+  const int hk = static_cast<int>(blockIdx.y), b = static_cast<int>(blockIdx.z);
+  if (r >= p.lk) return;
+  const int64_t at = ((int64_t{b} * p.heads_k + hk) * p.lk + r) * D + piece * 8;
+#pragma unroll
+  for (int which = 0; which < 2; ++which) {
+    float sum[8] = {};
+    for (int q = 0; q < p.parts; ++q) {
+      const float4* src =
+          reinterpret_cast<const float4*>(p.part + (which * p.parts + q) * p.part_stride + at);
+      const float4 lo = src[0], hi = src[1];
+      sum[0] += lo.x, sum[1] += lo.y, sum[2] += lo.z, sum[3] += lo.w;
+      sum[4] += hi.x, sum[5] += hi.y, sum[6] += hi.z, sum[7] += hi.w;
+    }
+    const uint4 out = make_uint4(cuda::pack2<T>(sum[0], sum[1]), cuda::pack2<T>(sum[2], sum[3]),
+                                 cuda::pack2<T>(sum[4], sum[5]), cuda::pack2<T>(sum[6], sum[7]));
+    const int64_t* sd = which ? p.sdv : p.sdk;
+    T* dst = static_cast<T*>(which ? p.dv : p.dk) + b * sd[0] + hk * sd[1] + r * sd[2] + piece * 8;
+    *reinterpret_cast<uint4*>(dst) = out;
+  }
+}
+
 // ---- host ---------------------------------------------------------------------------------------
 constexpr std::string_view kWho = "attention_backward: fa3_bwd_sm90a";
 
@@ -1134,10 +1208,15 @@ inline bool det_rotates(const Problem& pr) {
 // 256-byte boundary of the caller's buffer (256 bytes of slack are asked for).
 // kDet: then the chunks' add counts (one int a 64-row, 64-column chunk) and the ticket counter;
 // where the walks rotate, the accumulator and the counts twice over.
+// head_parts > 1: then dK's and dV's f32 shares (KvPostParams::part).
 struct Layout {
-  size_t acc = 0, lse2 = 0, delta = 0, det_counts = 0, det_ticket = 0, bytes = 0;
+  size_t acc = 0, lse2 = 0, delta = 0, det_counts = 0, det_ticket = 0, kv_part = 0, bytes = 0;
 };
-inline Layout layout_of(const Problem& pr, bool det = false) {
+inline size_t kv_part_floats(const Problem& pr) {
+  const auto& d = pr.desc;
+  return static_cast<size_t>(d.batch * d.heads_kv * d.len_k * d.head_dim_qk);
+}
+inline Layout layout_of(const Problem& pr, bool det = false, int head_parts = 1) {
   const auto& d = pr.desc;
   const size_t rows = static_cast<size_t>(d.batch * d.heads_q * padded_rows(pr));
   const size_t halves = det && det_rotates(pr) ? 2 : 1;
@@ -1148,8 +1227,47 @@ inline Layout layout_of(const Problem& pr, bool det = false) {
   l.delta = l.lse2 + up(rows * 4);
   l.det_counts = l.det_ticket = l.delta + up(rows * 4);
   if (det) l.det_ticket = l.det_counts + up(halves * rows / kChunkRows * (d.head_dim_qk / 64) * 4);
-  l.bytes = l.det_ticket + (det ? 256 : 0) + 256;
+  l.kv_part = l.det_ticket + (det ? 256 : 0);
+  const size_t kv = head_parts > 1 ? 2 * static_cast<size_t>(head_parts) * kv_part_floats(pr) : 0;
+  l.bytes = l.kv_part + up(kv * 4) + 256;
   return l;
+}
+
+// fa3_bwd_sm90a_head_split's parts (BwdParams::head_parts): the power of two dividing the group
+// (at most 8) that minimizes an estimate of the grid's time in steps: the work spread over the SMs
+// with about 4 steps more a CTA (its K / V load, the ring's fill, the f32 stores), plus half the
+// longest walk (a list schedule ends between the spread and the spread plus its longest job),
+// each doubling taken only for a 3% gain. Walks of one length (no band) gain nothing but a
+// wave's rounding from splitting: 1; varlen and D = 256: 1 (not served).
+inline int head_parts(const Problem& pr, const DeviceCaps& caps, int keys, int q_rows) {
+  const auto& d = pr.desc;
+  const int left = band_bound(d.mask.left, d), right = band_bound(d.mask.right, d);
+  if (d.varlen || d.head_dim_qk > 128 || pr.group < 2 || (left < 0 && right < 0) ||
+      caps.sm_count <= 0)
+    return 1;
+  const int64_t off = d.mask.diagonal == attention::Diagonal::bottom_right ? d.len_k - d.len_q : 0;
+  const int64_t blocks = (d.len_k + keys - 1) / keys;
+  int64_t total = 0, longest = 0;
+  for (int64_t kb = 0; kb < blocks; ++kb) {  // the kernel's m_begin and nm
+    const int64_t n0 = kb * keys,
+                  begin = right >= 0 ? std::max<int64_t>(0, n0 - off - right) / q_rows : 0,
+                  rows = left >= 0 ? std::min(d.len_q, std::max<int64_t>(0, n0 + keys - off + left))
+                                   : d.len_q,
+                  nm = std::max<int64_t>(0, (rows + q_rows - 1) / q_rows - begin);
+    total += nm;
+    longest = std::max(longest, nm);
+  }
+  const double ctas = static_cast<double>(d.batch * d.heads_kv * blocks),
+               work = static_cast<double>(total) * static_cast<double>(pr.group) *
+                      static_cast<double>(d.batch * d.heads_kv),
+               walk = static_cast<double>(longest * pr.group), sms = caps.sm_count;
+  int best = 1;
+  double best_est = (work + 4 * ctas) / sms + walk / 2;
+  for (int parts = 2; parts <= 8 && pr.group % parts == 0; parts *= 2) {
+    const double est = (work + 4 * ctas * parts) / sms + walk / (2 * parts);
+    if (est < 0.97 * best_est) best = parts, best_est = est;
+  }
+  return best;
 }
 
 template <class T>
@@ -1194,11 +1312,13 @@ inline Status check_args(const Problem& pr, const BackwardArguments& a) {
   return {};
 }
 
-// heavy_first: the grid's blocks key block first (BwdParams::heavy_first;
-// fa3_bwd_sm90a_heavy_first).
+// The grid's order and split (the by-name instances' BwdParams::heavy_first, head_parts).
+struct Schedule {
+  bool heavy_first = false, head_split = false;
+};
 template <class T, int D, int W = 2, int Q = 64, bool kDet = false>
 Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArguments& a,
-                bool heavy_first = false) {
+                Schedule sched = {}) {
   const auto& d = pr.desc;
   if (!has_sm90a_body<fa3_bwd_kernel<T, D, false, false, W, Q, kDet>>())
     return Error::unsupported(std::string(kWho) + ": this build has no sm_90a code for the kernel");
@@ -1206,14 +1326,18 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
   const ConstTensor q = rows_view(a.q, vl), k = rows_view(a.k, vl), v = rows_view(a.v, vl),
                     y = rows_view(a.y, vl), dy = rows_view(a.dy, vl), lse = lse_view(a.lse, vl);
   const Tensor dq = rows_view(a.dq, vl), dk = rows_view(a.dk, vl), dv = rows_view(a.dv, vl);
-  const Layout lay = layout_of(pr, kDet);
+  constexpr int kKeys = BwdShape<D, W, Q>::kKeys;
+  const int parts =
+      sched.head_split && !kDet && !BwdShape<D, W, Q>::kSplitCols
+          ? head_parts(pr, ctx.stream.caps(), kKeys, BwdShape<D, W, Q>::kQRows)
+          : 1;
+  const Layout lay = layout_of(pr, kDet, parts);
   if (ctx.workspace.bytes < lay.bytes)
     return Error::workspace_too_small(std::string(kWho) + ": workspace", lay.bytes,
                                       ctx.workspace.bytes);
   const CUtensorMapDataType dt = cuda::tensor_map_dtype<T>();
   CUtensorMap tq, tk, tv, tdy;
   BARACUDA_TRY(cuda::make_rows_map(kWho, &tq, dt, q, BwdShape<D, W, Q>::kQRows));
-  constexpr int kKeys = BwdShape<D, W, Q>::kKeys;
   BARACUDA_TRY(cuda::make_rows_map(kWho, &tk, dt, k, kKeys));
   BARACUDA_TRY(cuda::make_rows_map(kWho, &tv, dt, v, kKeys));
   BARACUDA_TRY(cuda::make_rows_map(kWho, &tdy, dt, dy, BwdShape<D, W, Q>::kQRows));
@@ -1268,7 +1392,10 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
   p.det_counts = rp.det_counts;
   p.det_ticket = rp.det_ticket;
   p.det_rotated = rp.det_rotated;
-  p.heavy_first = heavy_first && !kDet ? 1 : 0;
+  p.heavy_first = sched.heavy_first && !kDet ? 1 : 0;
+  p.head_parts = parts;
+  p.kv_part = parts > 1 ? reinterpret_cast<float*>(ws + lay.kv_part) : nullptr;
+  p.kv_part_stride = static_cast<int64_t>(kv_part_floats(pr));
 
   constexpr int smem = BwdSmem<D, W, Q>::kLaunchBytes;
   // Soft-capping and varlen in instantiations of their own (see the kernel). The D = 64 instances
@@ -1284,10 +1411,27 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
                        static_cast<unsigned>(d.heads_q), static_cast<unsigned>(d.batch));
   fa3_bwd_prep<T, D, kDet><<<rows_grid, 256, 0, st>>>(rp);
   BARACUDA_TRY(cuda::check_launch(attention::BackwardOp::name, "fa3_bwd_sm90a prep"));
-  const dim3 grid(static_cast<unsigned>((d.len_k + kKeys - 1) / kKeys),
+  const dim3 grid(static_cast<unsigned>((d.len_k + kKeys - 1) / kKeys * parts),
                   static_cast<unsigned>(d.heads_kv), static_cast<unsigned>(d.batch));
   BARACUDA_TRY(cuda::launch_with_smem(attention::BackwardOp::name, "fa3_bwd_sm90a", kernel, grid,
                                       BwdShape<D, W, Q>::kThreads, smem, st, tq, tk, tv, tdy, p));
+  if (parts > 1) {
+    KvPostParams kp{};
+    kp.part = p.kv_part;
+    kp.part_stride = p.kv_part_stride;
+    kp.parts = parts;
+    kp.dk = dk.data;
+    kp.dv = dv.data;
+    outer_strides(kp.sdk, dk);
+    outer_strides(kp.sdv, dv);
+    kp.lk = p.lk;
+    kp.heads_k = static_cast<int>(d.heads_kv);
+    constexpr int kRows = 256 / (D / 8);
+    const dim3 kv_grid(static_cast<unsigned>((d.len_k + kRows - 1) / kRows),
+                       static_cast<unsigned>(d.heads_kv), static_cast<unsigned>(d.batch));
+    fa3_bwd_kv_post<T, D><<<kv_grid, 256, 0, st>>>(kp);
+    BARACUDA_TRY(cuda::check_launch(attention::BackwardOp::name, "fa3_bwd_sm90a kv post"));
+  }
   const dim3 post_grid(static_cast<unsigned>(rp.lq_pad / kChunkRows * (D / 64)),
                        static_cast<unsigned>(d.heads_q), static_cast<unsigned>(d.batch));
   fa3_bwd_post<T, D, kDet><<<post_grid, 128, 0, st>>>(rp);
@@ -1384,23 +1528,31 @@ Status launch_ranked_ahead(const LaunchContext& ctx, const Problem& pr,
                            const BackwardArguments& a) {
   return ranked_instance<T>(pr).launch(ctx, pr, a);
 }
-// fa3_bwd_sm90a_heavy_first: the ranked instance with its grid taken key block first, by name.
+// The ranked instance under another schedule, by name (fa3_bwd_sm90a_heavy_first,
+// fa3_bwd_sm90a_head_split): the same kernels, the grid taken key block first or split.
 template <class T>
-bool fits_heavy_first(const Problem& pr, const DeviceCaps& caps) {
+bool fits_scheduled(const Problem& pr, const DeviceCaps& caps) {
   return ranked_instance<T>(pr).fits(pr, caps);
 }
-template <class T>
-Status launch_heavy_first(const LaunchContext& ctx, const Problem& pr, const BackwardArguments& a) {
+template <class T, Schedule kSched>
+Status launch_scheduled(const LaunchContext& ctx, const Problem& pr, const BackwardArguments& a) {
   if (fa3_ranked_backward_kernel(pr) == kFa3BwdQ128Kernel)
-    return launch_d<T, 64, 2, 128>(ctx, pr, a, true);
+    return launch_d<T, 64, 2, 128>(ctx, pr, a, kSched);
   switch (pr.desc.head_dim_qk) {
     case 64:
-      return launch_d<T, 64>(ctx, pr, a, true);
+      return launch_d<T, 64>(ctx, pr, a, kSched);
     case 128:
-      return launch_d<T, 128>(ctx, pr, a, true);
+      return launch_d<T, 128>(ctx, pr, a, kSched);
     default:
-      return launch_d<T, 256>(ctx, pr, a, true);
+      return launch_d<T, 256>(ctx, pr, a, kSched);
   }
+}
+// Its workspace: the f32 shares where the grid splits.
+template <class T>
+size_t workspace_scheduled(const Problem& pr, const DeviceCaps& caps) {
+  // (Every instance head_parts splits takes 128 keys a CTA.)
+  const int q_rows = fa3_ranked_backward_kernel(pr) == kFa3BwdQ128Kernel ? 128 : 64;
+  return layout_of(pr, false, head_parts(pr, caps, 128, q_rows)).bytes;
 }
 
 // One table of entries per element type. Not deterministic: dQ is summed by bulk reduce-adds in
@@ -1431,8 +1583,18 @@ bool register_one() {
        .workspace = workspace_det,
        .launch = launch_det<T>,
        .check = check_args});
-  // The ranked instance with its grid key block first, by name (for measurement).
-  add(kFa3BwdHeavyFirstKernel, priority--, fits_heavy_first<T>, launch_heavy_first<T>);
+  // The ranked instance with its grid key block first, or split over the group's heads, by name
+  // (for measurement).
+  add(kFa3BwdHeavyFirstKernel, priority--, fits_scheduled<T>,
+      launch_scheduled<T, Schedule{.heavy_first = true}>);
+  register_kernel<attention::BackwardOp>(
+      {.sku = fa3_sku(attention::BackwardOp::name, E, fa3_precision(E, false),
+                      kFa3BwdHeadSplitKernel),
+       .priority = priority--,
+       .fits = fits_scheduled<T>,
+       .workspace = workspace_scheduled<T>,
+       .launch = launch_scheduled<T, Schedule{.head_split = true}>,
+       .check = check_args});
   // The deterministic instance for PlanPreference::deterministic() where it leads (see
   // kFa3BwdDeterministicRanked).
   register_kernel<attention::BackwardOp>(
