@@ -106,7 +106,7 @@ void bench_all(const Stream& stream) {
   const bool sweep = only != "decode" && !prefill_only;
   const bool backward_only = only == "backward", forward_only = only == "forward";
   // BARACUDA_ATTN_SWEEP=d<D>_l<L>[_causal]: that one point (profiling and logging runs);
-  // BARACUDA_ATTN_SWEEP=d<D>: that head dim's points.
+  // BARACUDA_ATTN_SWEEP=d<D>[_causal]: that head dim's points (only its causal ones).
   const std::string sweep_env{bench::env("BARACUDA_ATTN_SWEEP")};
   long long only_d = 0, only_l = 0;
   const int sweep_fields = std::sscanf(sweep_env.c_str(), "d%lld_l%lld", &only_d, &only_l);
@@ -124,8 +124,8 @@ void bench_all(const Stream& stream) {
       const int64_t batch = tokens / len;
       if (batch == 0) continue;
       for (bool causal : {false, true}) {
-        if (only_d > 0 &&
-            (dim != only_d || (only_l > 0 && (len != only_l || causal != only_causal))))
+        if (only_d > 0 && (dim != only_d || (only_l > 0 && len != only_l) ||
+                           ((only_l > 0 || only_causal) && causal != only_causal)))
           continue;
         const int64_t heads_kv = heads / group;
         const std::string name = "b" + std::to_string(batch) + "_h" + std::to_string(heads) + "_l" +
