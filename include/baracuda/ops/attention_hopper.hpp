@@ -551,6 +551,9 @@ inline constexpr std::string_view kFa3BwdHeavyFirstKernel = "fa3_bwd_sm90a_heavy
 // dK and dV summed from f32 shares in part order. Not deterministic (dQ as fa3_bwd_sm90a's); by
 // name, for measurement.
 inline constexpr std::string_view kFa3BwdHeadSplitKernel = "fa3_bwd_sm90a_head_split";
+// Both: split, and the split grid taken key block first. By name, for measurement.
+inline constexpr std::string_view kFa3BwdHeadSplitHeavyFirstKernel =
+    "fa3_bwd_sm90a_head_split_heavy_first";
 // The same kernel once more, for PlanPreference::deterministic(): fitting only where it leads
 // cuDNN's deterministic algorithm (fa3_det_leads) and the table picks fa3 for the backward, at
 // kFa3DetAhead, above cuDNN's deterministic entries (kCudnnAhead - 1 where the table ranks cuDNN

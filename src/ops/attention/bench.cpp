@@ -191,6 +191,8 @@ void bench_all(const Stream& stream) {
                                    kFa3 = attention_hopper::kFa3BwdKernel,
                                    kFa3HeavyFirst = attention_hopper::kFa3BwdHeavyFirstKernel,
                                    kFa3HeadSplit = attention_hopper::kFa3BwdHeadSplitKernel,
+                                   kFa3HeadSplitHeavyFirst =
+                                       attention_hopper::kFa3BwdHeadSplitHeavyFirstKernel,
                                    kCudnn = "cudnn_sdpa_bwd";
         const char* const bwd_alts[] = {"",
                                         "flash_bwd_fused_sm80",
@@ -203,6 +205,7 @@ void bench_all(const Stream& stream) {
                                         kFa3.data(),
                                         kFa3HeavyFirst.data(),
                                         kFa3HeadSplit.data(),
+                                        kFa3HeadSplitHeavyFirst.data(),
                                         kCudnn.data()};
         std::string default_bwd;
         for (const char* alt : bwd_alts) {
@@ -210,7 +213,7 @@ void bench_all(const Stream& stream) {
           if (pinned && !ab_wanted(alt)) continue;
           const bool cudnn = alt == kCudnnDeterministic || alt == kCudnn;
           if ((cudnn || alt == kFa3Deterministic || alt == kFa3 || alt == kFa3HeavyFirst ||
-               alt == kFa3HeadSplit) &&
+               alt == kFa3HeadSplit || alt == kFa3HeadSplitHeavyFirst) &&
               kernels_env.empty())
             continue;
           auto bwd = BackwardPlan::select(stream, d,

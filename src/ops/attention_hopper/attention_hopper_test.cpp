@@ -3320,7 +3320,7 @@ TEST(AttentionFa3Registry, BackwardRankedByTheTableAndNotDeterministic) {
   for (DType t : {DType::bf16, DType::f16})
     for (std::string_view name : {kFa3BwdKernel, kFa3BwdK192Kernel, kFa3BwdQ128Kernel,
                                   kFa3BwdHeavyFirstKernel, kFa3BwdHeadSplitKernel,
-                                  kFa3BwdRankedAhead}) {
+                                  kFa3BwdHeadSplitHeavyFirstKernel, kFa3BwdRankedAhead}) {
       const auto* fa3 = fa3_bwd_kernel(t, name);
       if (!fa3) continue;  // CPU-only build
       ++found;
@@ -3328,7 +3328,7 @@ TEST(AttentionFa3Registry, BackwardRankedByTheTableAndNotDeterministic) {
       expect_fa3_entry(*fa3, t, kFa3BwdKernel, name == kFa3BwdRankedAhead, false);
     }
   if (found == 0) GTEST_SKIP() << "built without CUDA: fa3_bwd_sm90a is not registered";
-  EXPECT_EQ(found, 12);
+  EXPECT_EQ(found, 14);
 }
 
 // The deterministic instance: by name below every other backward kernel, and deterministic. Its
@@ -3677,6 +3677,7 @@ TEST(AttentionFa3Gpu, HeadSplitBackwardMatchesReference) {
     EXPECT_GT(parts->workspace_size(), whole->workspace_size()) << "head_parts did not split it";
   }
   check_pinned_backward(split, kFa3BwdHeadSplitKernel, rng);
+  check_pinned_backward(split, kFa3BwdHeadSplitHeavyFirstKernel, rng);
   check_pinned_backward(fa3_bwd_cases(), kFa3BwdHeadSplitKernel, rng);
 }
 

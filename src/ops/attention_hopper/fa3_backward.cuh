@@ -45,11 +45,15 @@
 //
 // Instantiated by fa3_backward_bf16.cu and fa3_backward_f16.cu (see fa3_forward.cuh on the units).
 #pragma once
+#include <algorithm>
 #include <array>
 #include <cmath>
+#include <functional>
 #include <limits>
+#include <queue>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "baracuda/ops/attention_hopper.hpp"
 #include "core/cuda/flags.cuh"
@@ -1233,40 +1237,66 @@ inline Layout layout_of(const Problem& pr, bool det = false, int head_parts = 1)
   return l;
 }
 
-// fa3_bwd_sm90a_head_split's parts (BwdParams::head_parts): the power of two dividing the group
-// (at most 8) that minimizes an estimate of the grid's time in steps: the work spread over the SMs
-// with about 4 steps more a CTA (its K / V load, the ring's fill, the f32 stores), plus half the
-// longest walk (a list schedule ends between the spread and the spread plus its longest job),
-// each doubling taken only for a 3% gain. Walks of one length (no band) gain nothing but a
-// wave's rounding from splitting: 1; varlen and D = 256: 1 (not served).
+// head_parts: how many CTAs share each key block's walk over the group's query heads (BwdParams::
+// head_parts). A power of two dividing the group, at most 8, by the grid's time in steps under a
+// list schedule (the CTAs in launch order, each to the SM that frees first): a CTA takes its walk's
+// steps plus kCtaSteps (its K / V load, the ring's fill and drain), a split one kSplitCtaSteps
+// (also its f32 shares' round trip through DRAM); each doubling taken only for a 3% shorter grid.
+// The model only sees the walks' lengths: a causal problem's longest walks, a whole group's rows,
+// outlast a wave or two (d128 groups of 16, 16k tokens: fa3 at 0.49-0.57x its MHA speed). With 8
+// waves or more the tail is a small share: 1. Varlen and D = 256: 1 (not served). Memoized (one
+// problem a thread): run() asks again each launch.
+inline constexpr double kCtaSteps = 3, kSplitCtaSteps = 8;
 inline int head_parts(const Problem& pr, const DeviceCaps& caps, int keys, int q_rows) {
   const auto& d = pr.desc;
+  if (d.varlen || d.head_dim_qk > 128 || pr.group < 2 || caps.sm_count <= 0) return 1;
   const int left = band_bound(d.mask.left, d), right = band_bound(d.mask.right, d);
-  if (d.varlen || d.head_dim_qk > 128 || pr.group < 2 || (left < 0 && right < 0) ||
-      caps.sm_count <= 0)
-    return 1;
+  const int64_t blocks = (d.len_k + keys - 1) / keys, pairs = d.batch * d.heads_kv;
+  if (pairs * blocks >= 8 * int64_t{caps.sm_count}) return 1;
+  struct Memo {
+    int64_t key[11];
+    int parts;
+  };
+  thread_local Memo memo{{-1}, 1};
+  const int64_t key[11] = {d.batch,     d.heads_kv,     pr.group,
+                           d.len_q,     d.len_k,        left,
+                           right,       static_cast<int64_t>(d.mask.diagonal),
+                           caps.sm_count, keys,         q_rows};
+  if (std::equal(key, key + 11, memo.key)) return memo.parts;
+  // Each key block's walk (the kernel's m_begin and nm), in steps of a query block.
   const int64_t off = d.mask.diagonal == attention::Diagonal::bottom_right ? d.len_k - d.len_q : 0;
-  const int64_t blocks = (d.len_k + keys - 1) / keys;
-  int64_t total = 0, longest = 0;
-  for (int64_t kb = 0; kb < blocks; ++kb) {  // the kernel's m_begin and nm
+  std::vector<double> walk(static_cast<size_t>(blocks));
+  for (int64_t kb = 0; kb < blocks; ++kb) {
     const int64_t n0 = kb * keys,
                   begin = right >= 0 ? std::max<int64_t>(0, n0 - off - right) / q_rows : 0,
                   rows = left >= 0 ? std::min(d.len_q, std::max<int64_t>(0, n0 + keys - off + left))
-                                   : d.len_q,
-                  nm = std::max<int64_t>(0, (rows + q_rows - 1) / q_rows - begin);
-    total += nm;
-    longest = std::max(longest, nm);
+                                   : d.len_q;
+    walk[static_cast<size_t>(kb)] =
+        static_cast<double>(std::max<int64_t>(0, (rows + q_rows - 1) / q_rows - begin) * pr.group);
   }
-  const double ctas = static_cast<double>(d.batch * d.heads_kv * blocks),
-               work = static_cast<double>(total) * static_cast<double>(pr.group) *
-                      static_cast<double>(d.batch * d.heads_kv),
-               walk = static_cast<double>(longest * pr.group), sms = caps.sm_count;
+  auto grid_steps = [&](int parts) {
+    std::priority_queue<double, std::vector<double>, std::greater<double>> free_at(
+        std::greater<double>{}, std::vector<double>(static_cast<size_t>(caps.sm_count), 0.0));
+    double end = 0;
+    const double extra = parts > 1 ? kSplitCtaSteps : kCtaSteps;
+    for (int64_t pair = 0; pair < pairs; ++pair)
+      for (const double w : walk)
+        for (int part = 0; part < parts; ++part) {
+          const double t = free_at.top() + w / parts + extra;
+          free_at.pop();
+          free_at.push(t);
+          end = std::max(end, t);
+        }
+    return end;
+  };
   int best = 1;
-  double best_est = (work + 4 * ctas) / sms + walk / 2;
+  double best_steps = grid_steps(1);
   for (int parts = 2; parts <= 8 && pr.group % parts == 0; parts *= 2) {
-    const double est = (work + 4 * ctas * parts) / sms + walk / (2 * parts);
-    if (est < 0.97 * best_est) best = parts, best_est = est;
+    const double steps = grid_steps(parts);
+    if (steps < 0.97 * best_steps) best = parts, best_steps = steps;
   }
+  std::copy(key, key + 11, memo.key);
+  memo.parts = best;
   return best;
 }
 
@@ -1523,11 +1553,6 @@ bool fits_ranked_ahead(const Problem& pr, const DeviceCaps& caps) {
   return ranked_instance<T>(pr).fits(pr, caps) &&
          candidate_here(pr, Pass::backward, caps) == Candidate::fa3;
 }
-template <class T>
-Status launch_ranked_ahead(const LaunchContext& ctx, const Problem& pr,
-                           const BackwardArguments& a) {
-  return ranked_instance<T>(pr).launch(ctx, pr, a);
-}
 // The ranked instance under another schedule, by name (fa3_bwd_sm90a_heavy_first,
 // fa3_bwd_sm90a_head_split): the same kernels, the grid taken key block first or split.
 template <class T>
@@ -1548,11 +1573,16 @@ Status launch_scheduled(const LaunchContext& ctx, const Problem& pr, const Backw
   }
 }
 // Its workspace: the f32 shares where the grid splits.
-template <class T>
-size_t workspace_scheduled(const Problem& pr, const DeviceCaps& caps) {
+inline size_t workspace_scheduled(const Problem& pr, const DeviceCaps& caps) {
   // (Every instance head_parts splits takes 128 keys a CTA.)
   const int q_rows = fa3_ranked_backward_kernel(pr) == kFa3BwdQ128Kernel ? 128 : 64;
   return layout_of(pr, false, head_parts(pr, caps, 128, q_rows)).bytes;
+}
+// The ranked-ahead entry launches the ranked instance with its walks split where head_parts says.
+template <class T>
+Status launch_ranked_ahead(const LaunchContext& ctx, const Problem& pr,
+                           const BackwardArguments& a) {
+  return launch_scheduled<T, Schedule{.head_split = true}>(ctx, pr, a);
 }
 
 // One table of entries per element type. Not deterministic: dQ is summed by bulk reduce-adds in
@@ -1587,14 +1617,19 @@ bool register_one() {
   // (for measurement).
   add(kFa3BwdHeavyFirstKernel, priority--, fits_scheduled<T>,
       launch_scheduled<T, Schedule{.heavy_first = true}>);
-  register_kernel<attention::BackwardOp>(
-      {.sku = fa3_sku(attention::BackwardOp::name, E, fa3_precision(E, false),
-                      kFa3BwdHeadSplitKernel),
-       .priority = priority--,
-       .fits = fits_scheduled<T>,
-       .workspace = workspace_scheduled<T>,
-       .launch = launch_scheduled<T, Schedule{.head_split = true}>,
-       .check = check_args});
+  auto add_split = [&](std::string_view name, int at, auto fits_fn, auto launch_fn) {
+    register_kernel<attention::BackwardOp>(
+        {.sku = fa3_sku(attention::BackwardOp::name, E, fa3_precision(E, false), name),
+         .priority = at,
+         .fits = fits_fn,
+         .workspace = workspace_scheduled,
+         .launch = launch_fn,
+         .check = check_args});
+  };
+  add_split(kFa3BwdHeadSplitKernel, priority--, fits_scheduled<T>,
+            launch_scheduled<T, Schedule{.head_split = true}>);
+  add_split(kFa3BwdHeadSplitHeavyFirstKernel, priority--, fits_scheduled<T>,
+            launch_scheduled<T, Schedule{.heavy_first = true, .head_split = true}>);
   // The deterministic instance for PlanPreference::deterministic() where it leads (see
   // kFa3BwdDeterministicRanked).
   register_kernel<attention::BackwardOp>(
@@ -1608,7 +1643,7 @@ bool register_one() {
   // fa3_ranked_backward_kernel's kernel above every other backward kernel, fitting only where the
   // measured selection table says fa3 is the fastest candidate (cuDNN's non-deterministic entry
   // then ranks behind).
-  add(kFa3BwdRankedAhead, kFa3Ahead, fits_ranked_ahead<T>, launch_ranked_ahead<T>);
+  add_split(kFa3BwdRankedAhead, kFa3Ahead, fits_ranked_ahead<T>, launch_ranked_ahead<T>);
   return true;
 }
 
