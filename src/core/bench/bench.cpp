@@ -214,6 +214,36 @@ Result<Timing> time_it(const Stream& stream, const std::function<Status(int)>& f
   return summarize(std::move(ms), reps);
 }
 
+std::vector<Result<Timing>> time_interleaved(const Stream& stream,
+                                             const std::vector<std::function<Status()>>& fns,
+                                             int rounds, int reps) {
+  const size_t n = fns.size();
+  std::vector<std::vector<double>> ms(n);
+  std::vector<Status> failed(n);
+  for (int r = 0; r < std::max(rounds, 1); ++r)
+    for (size_t k = 0; k < n; ++k) {
+      const size_t i = (static_cast<size_t>(r) + k) % n;
+      if (!failed[i].ok()) continue;
+      auto t = time_it(stream, [&](int) { return fns[i](); }, 1, reps, 1);
+      if (!t.ok()) {
+        failed[i] = t.error();
+        continue;
+      }
+      // The round's median stands for the round (time_it keeps no samples).
+      ms[i].push_back(t->median_ms);
+    }
+  std::vector<Result<Timing>> out;
+  for (size_t i = 0; i < n; ++i) {
+    if (!failed[i].ok())
+      out.emplace_back(failed[i].error());
+    else {
+      const int samples = static_cast<int>(ms[i].size()) * reps;
+      out.emplace_back(summarize(std::move(ms[i]), samples));
+    }
+  }
+  return out;
+}
+
 Result<Timing> time_back_to_back(const Stream& stream, const std::function<Status()>& fn, int runs,
                                  int rounds, int warmup) {
   auto cs = static_cast<cudaStream_t>(stream.cuda_handle());

@@ -35,6 +35,14 @@ struct Timing {
 // whose total exceeds the L2. A failing fn aborts the case with its error.
 Result<Timing> time_it(const Stream& stream, const std::function<Status(int rotation)>& fn,
                        int rotations = 1, int reps = 30, int warmup = 3);
+// Times several candidates for one case alike: `rounds` rounds, each timing every fn `reps` times
+// (after one untimed call), the first fn of round r being fns[r % n], so that no candidate always
+// runs first (on the H200 a row timed after others read up to 0.86x of the same kernel timed
+// first, at the attention backward's long points). Each fn's Timing pools its samples of every
+// round; a failing fn ends with its error and the others go on.
+std::vector<Result<Timing>> time_interleaved(const Stream& stream,
+                                             const std::vector<std::function<Status()>>& fns,
+                                             int rounds = 5, int reps = 4);
 // Times `runs` calls of fn back to back between one event pair, `rounds` times (after `warmup`
 // untimed calls): the per-call time of a steady stream of launches (a decode step repeated over
 // layers), which per-call event pairs overstate where the call is a few microseconds of

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <optional>
 #include <random>
 #include <span>
@@ -207,6 +208,14 @@ void bench_all(const Stream& stream) {
                                         kFa3HeadSplit.data(),
                                         kFa3HeadSplitHeavyFirst.data(),
                                         kCudnn.data()};
+        // Every row's plan first, then all timed in interleaved rounds (bench::time_interleaved).
+        struct Row {
+          const char* alt;
+          BackwardPlan plan;
+          Buffer ws;
+          bool pinned, by_preference;
+        };
+        std::vector<Row> rows;
         std::string default_bwd;
         for (const char* alt : bwd_alts) {
           const bool pinned = *alt != '\0', by_preference = alt == kDeterministic;
@@ -232,18 +241,28 @@ void bench_all(const Stream& stream) {
           if (pinned && !by_preference && default_bwd == alt) continue;
           Result<Buffer> bws = Buffer::allocate(std::max<size_t>(bwd->workspace_size(), 16),
                                                 stream.memory_location());
-          auto bt = bench::time_it(
-              stream, [&](int) { return bwd->run(stream, bws->as_workspace(), ba); }, 1, 10, 2);
-          if (!bt.ok()) {
-            bench::emit_error(kFamily, "attention_backward", name, bt.error());
+          if (!bws.ok()) {
+            bench::emit_error(kFamily, "attention_backward", name, bws.error());
             continue;
           }
-          bench::emit(stream,
-                      {kFamily, "attention_backward", name, type_name, std::string(bwd->sku().name),
-                       bt->median_ms, 4.0 * n * 2 + 2 * kv_bytes, 2.5 * flops,
-                       by_preference ? "deterministic preference"
-                       : pinned      ? "A/B: kernel forced by name"
-                                     : ""});
+          rows.push_back({alt, std::move(*bwd), std::move(*bws), pinned, by_preference});
+        }
+        std::vector<std::function<Status()>> runs;
+        for (Row& r : rows)
+          runs.push_back([&] { return r.plan.run(stream, r.ws.as_workspace(), ba); });
+        const auto times = bench::time_interleaved(stream, runs);
+        for (size_t i = 0; i < rows.size(); ++i) {
+          const Row& r = rows[i];
+          if (!times[i].ok()) {
+            bench::emit_error(kFamily, "attention_backward", name, times[i].error());
+            continue;
+          }
+          bench::emit(stream, {kFamily, "attention_backward", name, type_name,
+                               std::string(r.plan.sku().name), times[i]->median_ms,
+                               4.0 * n * 2 + 2 * kv_bytes, 2.5 * flops,
+                               r.by_preference ? "deterministic preference"
+                               : r.pinned      ? "A/B: kernel forced by name"
+                                               : ""});
         }
       }
     }
