@@ -603,20 +603,19 @@ bool fa3_det_leads(const attention::Problem& p);
 //   / 513.1, 554.6 / 514.0; L16384 563.6 / 541.9, 563.6 / 542.0, 560.3 / 534.4; at 4k tokens in
 //   groups of 2 L512 335.7 / 271.6, L4096 569.6 / 537.3; at 64k in groups of 16 L1024 478.5 /
 //   413.9, L16384 550.4 / 534.0).
-// - d128 causal in groups of 8 or more from L1024 to cuDNN: a key head's CTAs each walk the group's
-//   query heads, the lowest key block's walk the longest. 16k tokens, groups of 8: L1024 248.1 /
-//   295.4, L4096 354.7 / 474.9, L8192 377.5 / 521.8, L16384 (one sequence) 535.3 / 534.3; of 16:
-//   229.5 / 295.3, 291.1 / 476.6, 299.2 / 529.4, 311.1 / 586.2; 64k tokens, of 8: L1024 312.5 /
-//   315.8, L4096 424.5 / 474.5, L16384 490.4 / 515.6; of 16: L1024 274.3 / 316.4, L16384 464.0 /
-//   517.1.
-// - d128 causal in smaller groups from L2048 with at most 32k key rows to cuDNN (too few key heads
-//   to balance the longest walks; at L2048 the table has cuDNN already): 4k tokens, groups of 2
-//   L4096 351.8 / 383.6, of 4 288.8 / 383.6; with more key rows the table's picks stand (16k
-//   tokens, groups of 4: fa3 ahead at L512 / L1024 / L16384, cuDNN by 3-7% at L4096 / L8192, 442.5
-//   / 472.9 and 491.6 / 506.7; groups of 2: L4096 468.4 / 447.3).
-// - d64 causal in groups of 16 from L2048 to L8192 to cuDNN: L2048 281.7 / 317.9, L4096 321.3 /
-//   376.3, L8192 355.7 / 417.6 (L1024 239.5 / 238.6, L16384 513.1 / 438.2; in groups of 8 fa3
-//   leads at every length, L4096 398.3 / 378.9).
+// - d128 causal in groups of 2 to 16 from L512, fa3 with its walks split over the group's heads
+//   (fa3_bwd_sm90a_head_split's rule, the ranked entry's since the seventy-eighth session): at 16k
+//   tokens, rows timed in interleaved rounds (call 4, fa3 ranked / cuDNN): groups of 2 L512 237.3 /
+//   189.9, L2048 (the table: cuDNN) 422.5 / 390.1, L8192 486.3 / 489.1, L16384 544.8 / 521.8; of 4
+//   L2048 380.0 / 377.2, L4096 435.2 / 443.8, L8192 529.1 / 481.6; of 8 L512 192.7 / 195.3, L1024
+//   299.8 / 296.9, L2048 413.4 / 383.5, L4096 501.6 / 446.9, L8192 531.6 / 470.2, L16384 505.7 /
+//   498.2; of 16 L512 186.1 / 195.5, L1024 307.5 / 296.7, L4096 527.3 / 463.6, L16384 552.0 /
+//   500.6; at 4k tokens in groups of 4 / 8 L4096 469.7 / 386.6 and 507.0 / 387.7 (L1024 230.9 /
+//   235.8, 222.4 / 236.6); at 64k in groups of 8 1.01-1.06x from L1024 to L8192, L16384 489.6 /
+//   522.2. Before the split cuDNN led from L1024 in groups of 8 or more (fa3 0.49-0.84x) and
+//   with at most 32k key rows from L2048 (4k tokens, groups of 4 L4096 0.75x).
+// - d64 causal: the table's picks in any group (fa3; in groups of 16 from L2048 to L8192 fa3
+//   split 372.1 / 316.3, 455.2 / 369.6, 483.9 / 387.9, where cuDNN led the unsplit kernel).
 struct GroupedBackwardPick {
   int64_t head_dim;
   bool causal;
@@ -628,9 +627,7 @@ struct GroupedBackwardPick {
 inline constexpr int64_t kNoBound = int64_t{1} << 62;
 inline constexpr GroupedBackwardPick kGroupedBackwardPicks[] = {
     {128, false, 2, 512, kNoBound, kNoBound, Candidate::fa3},
-    {128, true, 8, 1024, kNoBound, kNoBound, Candidate::cudnn},
-    {128, true, 2, 2048, kNoBound, 32768, Candidate::cudnn},
-    {64, true, 16, 2048, 8192, kNoBound, Candidate::cudnn}};
+    {128, true, 2, 512, kNoBound, kNoBound, Candidate::fa3}};
 // The first row of kGroupedBackwardPicks that matches the problem; none outside them.
 std::optional<Candidate> grouped_backward_pick(const attention::Problem& p);
 // Head dim 64 without soft-capping from kFa3BwdWideMinRows query rows on, where fa3's backward

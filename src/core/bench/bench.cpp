@@ -224,7 +224,8 @@ std::vector<Result<Timing>> time_interleaved(const Stream& stream,
     for (size_t k = 0; k < n; ++k) {
       const size_t i = (static_cast<size_t>(r) + k) % n;
       if (!failed[i].ok()) continue;
-      auto t = time_it(stream, [&](int) { return fns[i](); }, 1, reps, 1);
+      auto t = time_it(
+          stream, [&](int) { return fns[i](); }, 1, reps, 1);
       if (!t.ok()) {
         failed[i] = t.error();
         continue;

@@ -988,14 +988,14 @@ TEST(AttentionCudnnRules, GroupedBackwardPicksWhereMeasured) {
       EXPECT_EQ(pick(d, row.causal, g, l, 2, g * most), std::nullopt);
     }
   }
-  // The sweep's shapes (16k tokens, 16 query heads at d128, 32 at d64): causal d128 in groups of 4
-  // at L4096 keeps the table (64k key rows) but not as one sequence (16k key rows); in groups of 8
-  // cuDNN up to one sequence of L16384; d64 in groups of 16 cuDNN to L8192 only.
-  EXPECT_EQ(pick(128, true, 4, 4096, 4, 16), std::nullopt);
-  EXPECT_EQ(pick(128, true, 4, 4096, 1, 16), Candidate::cudnn);
-  EXPECT_EQ(pick(128, true, 8, 16384, 1, 16), Candidate::cudnn);
-  EXPECT_EQ(pick(64, true, 16, 8192, 2, 32), Candidate::cudnn);
-  EXPECT_EQ(pick(64, true, 16, 16384, 1, 32), std::nullopt);
+  // The sweep's shapes (16k tokens, 16 query heads at d128, 32 at d64): causal d128 in any group
+  // from L512 to fa3, one sequence or many; d64 keeps the table in any group.
+  EXPECT_EQ(pick(128, true, 4, 4096, 4, 16), Candidate::fa3);
+  EXPECT_EQ(pick(128, true, 4, 4096, 1, 16), Candidate::fa3);
+  EXPECT_EQ(pick(128, true, 8, 16384, 1, 16), Candidate::fa3);
+  EXPECT_EQ(pick(128, true, 16, 256, 64, 16), std::nullopt);
+  EXPECT_EQ(pick(128, true, 1, 4096, 4, 16), std::nullopt);
+  EXPECT_EQ(pick(64, true, 16, 8192, 2, 32), std::nullopt);
   EXPECT_EQ(pick(64, false, 16, 4096, 4, 32), std::nullopt);
   Descriptor d = desc(128, false, 4, 2048, 8, 16);
   d.softcap = 30;
@@ -1010,21 +1010,21 @@ TEST(AttentionCudnnRules, GroupedBackwardPicksWhereMeasured) {
   d.mask = Mask::sliding_window(4096, 0);
   EXPECT_EQ(grouped_backward_pick(problem_of(d)), std::nullopt);
   d.mask = Mask::causal_bottom_right();
-  EXPECT_EQ(grouped_backward_pick(problem_of(d)), Candidate::cudnn);
+  EXPECT_EQ(grouped_backward_pick(problem_of(d)), Candidate::fa3);
 
   // Over the shipped table (16k tokens): d128 L1024 unmasked goes to cuDNN ungrouped (the table's
-  // point), to fa3 in groups; d128 L4096 causal to fa3 ungrouped and in groups of 4, to cuDNN in
-  // groups of 16 (fa3 where cuDNN is not built); an empty table keeps no row.
+  // point; fa3 where cuDNN is not built), to fa3 in groups; d128 L2048 causal to cuDNN ungrouped
+  // (the table's point), to fa3 in groups of 2 and 16; an empty table keeps no row.
   auto shipped = [&](int64_t group, bool causal, int64_t l, bool cudnn_built = true) {
     return preferred_candidate(problem_of(desc(128, causal, group, l, 16384 / l, 16)),
                                Pass::backward, true, cudnn_built);
   };
   EXPECT_EQ(shipped(1, false, 1024), Candidate::cudnn);
+  EXPECT_EQ(shipped(1, false, 1024, false), Candidate::fa3);
   EXPECT_EQ(shipped(4, false, 1024), Candidate::fa3);
-  EXPECT_EQ(shipped(1, true, 4096), Candidate::fa3);
-  EXPECT_EQ(shipped(4, true, 4096), Candidate::fa3);
-  EXPECT_EQ(shipped(16, true, 4096), Candidate::cudnn);
-  EXPECT_EQ(shipped(16, true, 4096, false), Candidate::fa3);
+  EXPECT_EQ(shipped(1, true, 2048), Candidate::cudnn);
+  EXPECT_EQ(shipped(2, true, 2048), Candidate::fa3);
+  EXPECT_EQ(shipped(16, true, 2048), Candidate::fa3);
   const attention::Problem grouped = problem_of(desc(128, false, 4, 1024, 16, 16));
   EXPECT_EQ(preferred_candidate({}, grouped, Pass::backward, true), Candidate::cudnn);
   EXPECT_EQ(preferred_candidate({}, grouped, Pass::backward, false), Candidate::cudnn);
@@ -3318,9 +3318,9 @@ const Kernel<attention::BackwardOp>* fa3_bwd_kernel(DType t,
 TEST(AttentionFa3Registry, BackwardRankedByTheTableAndNotDeterministic) {
   int found = 0;
   for (DType t : {DType::bf16, DType::f16})
-    for (std::string_view name : {kFa3BwdKernel, kFa3BwdK192Kernel, kFa3BwdQ128Kernel,
-                                  kFa3BwdHeavyFirstKernel, kFa3BwdHeadSplitKernel,
-                                  kFa3BwdHeadSplitHeavyFirstKernel, kFa3BwdRankedAhead}) {
+    for (std::string_view name :
+         {kFa3BwdKernel, kFa3BwdK192Kernel, kFa3BwdQ128Kernel, kFa3BwdHeavyFirstKernel,
+          kFa3BwdHeadSplitKernel, kFa3BwdHeadSplitHeavyFirstKernel, kFa3BwdRankedAhead}) {
       const auto* fa3 = fa3_bwd_kernel(t, name);
       if (!fa3) continue;  // CPU-only build
       ++found;
@@ -3801,7 +3801,7 @@ TEST(AttentionFa3Gpu, DefaultBackwardPlanFollowsTheTable) {
 // In GQA groups the default backward follows kGroupedBackwardPicks ahead of the shipped table: d128
 // unmasked in groups of 4 at L1024 (a cuDNN point of the table) takes fa3's ranked entry, and the
 // deterministic preference fa3's deterministic one there (kFa3DetLeads' grouped row), each against
-// the reference; causal in groups of 16 takes cuDNN where it is built.
+// the reference; causal in groups of 16 takes the ranked entry too, split over the group's heads.
 TEST(AttentionFa3Gpu, DefaultGroupedBackwardFollowsTheMeasuredRows) {
   FA3_BWD_SKIP_UNLESS_RUNNABLE();
   const Stream& gs = harness::stream_for(Target::cuda);
@@ -3817,12 +3817,17 @@ TEST(AttentionFa3Gpu, DefaultGroupedBackwardFollowsTheMeasuredRows) {
   harness::Rng rng;
   check_pinned_backward({grouped}, kFa3BwdRankedAhead, rng);
   check_pinned_backward({grouped}, kFa3BwdDeterministicRanked, rng, 2);
-#if BARACUDA_HAVE_CUDNN_FRONTEND
-  auto causal = attention::BackwardPlan::select(
-      gs, make_desc(DType::bf16, 1, 16, 1, 1024, 1024, 128, Mask::causal_top_left()));
-  BARACUDA_ASSERT_OK(causal);
-  EXPECT_EQ(causal->sku().backend, Backend::cudnn) << causal->sku().name;
-#endif
+  // Causal in groups of 16: the ranked entry, its walks split over the group's heads (its workspace
+  // holding the f32 shares: larger than the unsplit kernel's).
+  const Case causal{DType::bf16, 1, 16, 1, 1024, 1024, 128, Mask::causal_top_left(), false, false};
+  auto split = attention::BackwardPlan::select(gs, desc_of(causal, causal.t));
+  BARACUDA_ASSERT_OK(split);
+  EXPECT_EQ(split->sku().name, kFa3BwdRankedAhead);
+  auto whole = attention::BackwardPlan::select(gs, desc_of(causal, causal.t),
+                                               PlanPreference::kernel(kFa3BwdKernel));
+  BARACUDA_ASSERT_OK(whole);
+  EXPECT_GT(split->workspace_size(), whole->workspace_size());
+  check_pinned_backward({causal}, kFa3BwdRankedAhead, rng);
 }
 
 // ---- The default plan on views its kernel's own rules refuse -----------------------------------

@@ -1258,10 +1258,10 @@ inline int head_parts(const Problem& pr, const DeviceCaps& caps, int keys, int q
     int parts;
   };
   thread_local Memo memo{{-1}, 1};
-  const int64_t key[11] = {d.batch,     d.heads_kv,     pr.group,
-                           d.len_q,     d.len_k,        left,
-                           right,       static_cast<int64_t>(d.mask.diagonal),
-                           caps.sm_count, keys,         q_rows};
+  const int64_t key[11] = {
+      d.batch,       d.heads_kv, pr.group, d.len_q,
+      d.len_k,       left,       right,    static_cast<int64_t>(d.mask.diagonal),
+      caps.sm_count, keys,       q_rows};
   if (std::equal(key, key + 11, memo.key)) return memo.parts;
   // Each key block's walk (the kernel's m_begin and nm), in steps of a query block.
   const int64_t off = d.mask.diagonal == attention::Diagonal::bottom_right ? d.len_k - d.len_q : 0;
@@ -1357,10 +1357,9 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
                     y = rows_view(a.y, vl), dy = rows_view(a.dy, vl), lse = lse_view(a.lse, vl);
   const Tensor dq = rows_view(a.dq, vl), dk = rows_view(a.dk, vl), dv = rows_view(a.dv, vl);
   constexpr int kKeys = BwdShape<D, W, Q>::kKeys;
-  const int parts =
-      sched.head_split && !kDet && !BwdShape<D, W, Q>::kSplitCols
-          ? head_parts(pr, ctx.stream.caps(), kKeys, BwdShape<D, W, Q>::kQRows)
-          : 1;
+  const int parts = sched.head_split && !kDet && !BwdShape<D, W, Q>::kSplitCols
+                        ? head_parts(pr, ctx.stream.caps(), kKeys, BwdShape<D, W, Q>::kQRows)
+                        : 1;
   const Layout lay = layout_of(pr, kDet, parts);
   if (ctx.workspace.bytes < lay.bytes)
     return Error::workspace_too_small(std::string(kWho) + ": workspace", lay.bytes,
