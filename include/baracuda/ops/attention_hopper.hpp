@@ -630,6 +630,19 @@ inline constexpr GroupedBackwardPick kGroupedBackwardPicks[] = {
     {128, true, 2, 512, kNoBound, kNoBound, Candidate::fa3}};
 // The first row of kGroupedBackwardPicks that matches the problem; none outside them.
 std::optional<Candidate> grouped_backward_pick(const attention::Problem& p);
+// fa3's backward: how many CTAs share each key block's walk over the group's query heads
+// (fa3_backward.cuh, BwdParams::head_parts; the ranked entry and fa3_bwd_sm90a_head_split), for a
+// kernel of `keys` keys a CTA and `q_rows` query rows a step on sm_count SMs. A power of two
+// dividing the group, at most 8, by the grid's time in steps under a list schedule (the CTAs in
+// launch order, each to the SM that frees first): a CTA takes its walk's steps plus
+// kFa3BwdCtaSteps (its K / V load, the ring's fill and drain), a split one kFa3BwdSplitCtaSteps
+// (also its f32 shares' round trip through DRAM); each doubling taken only for a 3% shorter grid.
+// The model sees the walks' lengths only: a causal problem's longest walks, a whole group's rows,
+// outlast a wave or two (d128 causal in groups of 16, 16k tokens: unsplit fa3 at 0.49-0.57x its
+// MHA speed, H200). With 8 waves or more the tail is a small share: 1; also 1 for MHA, varlen and
+// head dims above 128 (not served). Memoized, one problem a thread: run() asks each launch.
+inline constexpr double kFa3BwdCtaSteps = 3, kFa3BwdSplitCtaSteps = 8;
+int fa3_bwd_head_parts(const attention::Problem& p, int sm_count, int keys, int q_rows);
 // Head dim 64 without soft-capping from kFa3BwdWideMinRows query rows on, where fa3's backward
 // runs: the 128-row steps in place of the 64-row ones. Measured (H200, bf16, 16k tokens as B x L,
 // 32 heads, fifty-fifth session's call 1, medians of 3 runs, TFLOP/s of the kernel fa3 ran

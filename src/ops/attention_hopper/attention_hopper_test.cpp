@@ -1030,6 +1030,41 @@ TEST(AttentionCudnnRules, GroupedBackwardPicksWhereMeasured) {
   EXPECT_EQ(preferred_candidate({}, grouped, Pass::backward, false), Candidate::cudnn);
 }
 
+// fa3's backward splits each key block's walk over the group's heads where its list-schedule model
+// of the grid (132 SMs, 128 keys a CTA, 64 query rows a step) finds a 3% shorter grid: a causal
+// group of 16 in 8 CTAs into 8 parts, one sequence of L4096 unmasked (32 CTAs) into 4; the sweep's
+// causal d128 shapes at 16k tokens into 4 in groups of 8 at L2048 and of 16 at L4096, one sequence
+// of L16384 in groups of 2 not at all; parts always a power of two dividing the group (a group of
+// 6 into 2, of 3 never); nothing for MHA, varlen, D = 256, from 8 waves of CTAs, or on one SM (the
+// memo keyed by the SM count too).
+TEST(AttentionCudnnRules, BackwardHeadSplitByTheGridModel) {
+  auto parts = [](int64_t b, int64_t hq, int64_t hk, int64_t l, Mask m, int sms = 132,
+                  int64_t d = 128) {
+    return fa3_bwd_head_parts(problem_of(make_desc(DType::bf16, b, hq, hk, l, l, d, m)), sms, 128,
+                              64);
+  };
+  const Mask causal = Mask::causal_top_left();
+  EXPECT_EQ(parts(1, 16, 1, 1024, causal), 8);
+  EXPECT_EQ(parts(1, 16, 1, 1024, causal), 8);  // memoized
+  EXPECT_EQ(parts(1, 16, 1, 4096, Mask::none()), 4);
+  EXPECT_EQ(parts(4, 16, 1, 4096, causal), 4);
+  EXPECT_EQ(parts(8, 16, 2, 2048, causal), 4);
+  EXPECT_EQ(parts(1, 16, 8, 16384, causal), 1);
+  EXPECT_EQ(parts(1, 12, 2, 2048, causal), 2);
+  EXPECT_EQ(parts(1, 6, 2, 2048, causal), 1);
+  EXPECT_EQ(parts(1, 16, 16, 1024, causal), 1);           // MHA
+  EXPECT_EQ(parts(64, 16, 2, 1024, causal), 1);           // 1024 CTAs: simulated, no gain
+  EXPECT_EQ(parts(128, 16, 2, 1024, causal), 1);          // 2048 CTAs: 8 waves or more
+  EXPECT_EQ(parts(1, 16, 1, 1024, causal, 1), 1);         // one SM
+  EXPECT_EQ(parts(1, 16, 1, 1024, causal, 132, 256), 1);  // D = 256
+  Descriptor v = make_desc(DType::bf16, 1, 16, 1, 1024, 1024, 128, causal);
+  v.varlen = true, v.total_q = v.total_k = 1024;
+  EXPECT_EQ(fa3_bwd_head_parts(problem_of(v), 132, 128, 64), 1);
+  EXPECT_EQ(fa3_bwd_head_parts(
+                problem_of(make_desc(DType::bf16, 1, 16, 1, 1024, 1024, 128, causal)), 0, 128, 64),
+            1);
+}
+
 // Decodes of 256-wide heads in groups of 1 (plain multi-head attention) leave the family's decode
 // kernel wherever fa3 runs, ahead of the table: one token to fa3's plain instance, from 2 to cuDNN
 // (fa3 where cuDNN is not built or not given the problem); bf16 / f16, Dk = Dv = 256, at most

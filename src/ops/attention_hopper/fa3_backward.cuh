@@ -45,15 +45,11 @@
 //
 // Instantiated by fa3_backward_bf16.cu and fa3_backward_f16.cu (see fa3_forward.cuh on the units).
 #pragma once
-#include <algorithm>
 #include <array>
 #include <cmath>
-#include <functional>
 #include <limits>
-#include <queue>
 #include <string>
 #include <type_traits>
-#include <vector>
 
 #include "baracuda/ops/attention_hopper.hpp"
 #include "core/cuda/flags.cuh"
@@ -1237,69 +1233,6 @@ inline Layout layout_of(const Problem& pr, bool det = false, int head_parts = 1)
   return l;
 }
 
-// head_parts: how many CTAs share each key block's walk over the group's query heads (BwdParams::
-// head_parts). A power of two dividing the group, at most 8, by the grid's time in steps under a
-// list schedule (the CTAs in launch order, each to the SM that frees first): a CTA takes its walk's
-// steps plus kCtaSteps (its K / V load, the ring's fill and drain), a split one kSplitCtaSteps
-// (also its f32 shares' round trip through DRAM); each doubling taken only for a 3% shorter grid.
-// The model only sees the walks' lengths: a causal problem's longest walks, a whole group's rows,
-// outlast a wave or two (d128 groups of 16, 16k tokens: fa3 at 0.49-0.57x its MHA speed). With 8
-// waves or more the tail is a small share: 1. Varlen and D = 256: 1 (not served). Memoized (one
-// problem a thread): run() asks again each launch.
-inline constexpr double kCtaSteps = 3, kSplitCtaSteps = 8;
-inline int head_parts(const Problem& pr, const DeviceCaps& caps, int keys, int q_rows) {
-  const auto& d = pr.desc;
-  if (d.varlen || d.head_dim_qk > 128 || pr.group < 2 || caps.sm_count <= 0) return 1;
-  const int left = band_bound(d.mask.left, d), right = band_bound(d.mask.right, d);
-  const int64_t blocks = (d.len_k + keys - 1) / keys, pairs = d.batch * d.heads_kv;
-  if (pairs * blocks >= 8 * int64_t{caps.sm_count}) return 1;
-  struct Memo {
-    int64_t key[11];
-    int parts;
-  };
-  thread_local Memo memo{{-1}, 1};
-  const int64_t key[11] = {
-      d.batch,       d.heads_kv, pr.group, d.len_q,
-      d.len_k,       left,       right,    static_cast<int64_t>(d.mask.diagonal),
-      caps.sm_count, keys,       q_rows};
-  if (std::equal(key, key + 11, memo.key)) return memo.parts;
-  // Each key block's walk (the kernel's m_begin and nm), in steps of a query block.
-  const int64_t off = d.mask.diagonal == attention::Diagonal::bottom_right ? d.len_k - d.len_q : 0;
-  std::vector<double> walk(static_cast<size_t>(blocks));
-  for (int64_t kb = 0; kb < blocks; ++kb) {
-    const int64_t n0 = kb * keys,
-                  begin = right >= 0 ? std::max<int64_t>(0, n0 - off - right) / q_rows : 0,
-                  rows = left >= 0 ? std::min(d.len_q, std::max<int64_t>(0, n0 + keys - off + left))
-                                   : d.len_q;
-    walk[static_cast<size_t>(kb)] =
-        static_cast<double>(std::max<int64_t>(0, (rows + q_rows - 1) / q_rows - begin) * pr.group);
-  }
-  auto grid_steps = [&](int parts) {
-    std::priority_queue<double, std::vector<double>, std::greater<double>> free_at(
-        std::greater<double>{}, std::vector<double>(static_cast<size_t>(caps.sm_count), 0.0));
-    double end = 0;
-    const double extra = parts > 1 ? kSplitCtaSteps : kCtaSteps;
-    for (int64_t pair = 0; pair < pairs; ++pair)
-      for (const double w : walk)
-        for (int part = 0; part < parts; ++part) {
-          const double t = free_at.top() + w / parts + extra;
-          free_at.pop();
-          free_at.push(t);
-          end = std::max(end, t);
-        }
-    return end;
-  };
-  int best = 1;
-  double best_steps = grid_steps(1);
-  for (int parts = 2; parts <= 8 && pr.group % parts == 0; parts *= 2) {
-    const double steps = grid_steps(parts);
-    if (steps < 0.97 * best_steps) best = parts, best_steps = steps;
-  }
-  std::copy(key, key + 11, memo.key);
-  memo.parts = best;
-  return best;
-}
-
 template <class T>
 bool fits(const Problem& pr, const DeviceCaps& caps) {
   if (caps.device < 0 || caps.sm != 90 || !shape_fits(pr) ||
@@ -1357,9 +1290,10 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
                     y = rows_view(a.y, vl), dy = rows_view(a.dy, vl), lse = lse_view(a.lse, vl);
   const Tensor dq = rows_view(a.dq, vl), dk = rows_view(a.dk, vl), dv = rows_view(a.dv, vl);
   constexpr int kKeys = BwdShape<D, W, Q>::kKeys;
-  const int parts = sched.head_split && !kDet && !BwdShape<D, W, Q>::kSplitCols
-                        ? head_parts(pr, ctx.stream.caps(), kKeys, BwdShape<D, W, Q>::kQRows)
-                        : 1;
+  const int parts =
+      sched.head_split && !kDet && !BwdShape<D, W, Q>::kSplitCols
+          ? fa3_bwd_head_parts(pr, ctx.stream.caps().sm_count, kKeys, BwdShape<D, W, Q>::kQRows)
+          : 1;
   const Layout lay = layout_of(pr, kDet, parts);
   if (ctx.workspace.bytes < lay.bytes)
     return Error::workspace_too_small(std::string(kWho) + ": workspace", lay.bytes,
@@ -1575,7 +1509,7 @@ Status launch_scheduled(const LaunchContext& ctx, const Problem& pr, const Backw
 inline size_t workspace_scheduled(const Problem& pr, const DeviceCaps& caps) {
   // (Every instance head_parts splits takes 128 keys a CTA.)
   const int q_rows = fa3_ranked_backward_kernel(pr) == kFa3BwdQ128Kernel ? 128 : 64;
-  return layout_of(pr, false, head_parts(pr, caps, 128, q_rows)).bytes;
+  return layout_of(pr, false, fa3_bwd_head_parts(pr, caps.sm_count, 128, q_rows)).bytes;
 }
 // The ranked-ahead entry launches the ranked instance with its walks split where head_parts says.
 template <class T>

@@ -6,7 +6,10 @@
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
+#include <functional>
+#include <queue>
 #include <string>
+#include <vector>
 
 #include "baracuda/ops/attention_hopper.hpp"
 #include "ops/attention/common.hpp"
@@ -249,6 +252,61 @@ std::optional<Candidate> grouped_backward_pick(const attention::Problem& p) {
         d.len_q >= g.min_rows && d.len_q <= g.max_rows && key_rows <= g.max_key_rows)
       return g.pick;
   return std::nullopt;
+}
+
+int fa3_bwd_head_parts(const attention::Problem& p, int sm_count, int keys, int q_rows) {
+  const attention::Descriptor& d = p.desc;
+  if (d.varlen || d.head_dim_qk > 128 || p.group < 2 || sm_count <= 0 || keys <= 0 || q_rows <= 0)
+    return 1;
+  const int64_t blocks = (d.len_k + keys - 1) / keys, pairs = d.batch * d.heads_kv;
+  if (pairs * blocks >= 8 * int64_t{sm_count}) return 1;
+  // The kernels' band (fa3_common.cuh's band_bound): a bound that reaches every key is none (-1).
+  auto bound = [&](int64_t b) { return b < 0 || b >= d.len_q + d.len_k ? int64_t{-1} : b; };
+  const int64_t left = bound(d.mask.left), right = bound(d.mask.right);
+  struct Memo {
+    int64_t key[11];
+    int parts;
+  };
+  thread_local Memo memo{{-1}, 1};
+  const int64_t key[11] = {d.batch,  d.heads_kv, p.group, d.len_q,
+                           d.len_k,  left,       right,   static_cast<int64_t>(d.mask.diagonal),
+                           sm_count, keys,       q_rows};
+  if (std::equal(key, key + 11, memo.key)) return memo.parts;
+  // Each key block's walk in steps (the kernel's m_begin and nm, times the group's heads).
+  const int64_t off = d.mask.diagonal == attention::Diagonal::bottom_right ? d.len_k - d.len_q : 0;
+  std::vector<double> walk(static_cast<size_t>(blocks));
+  for (int64_t kb = 0; kb < blocks; ++kb) {
+    const int64_t n0 = kb * keys,
+                  begin = right >= 0 ? std::max<int64_t>(0, n0 - off - right) / q_rows : 0,
+                  rows = left >= 0 ? std::min(d.len_q, std::max<int64_t>(0, n0 + keys - off + left))
+                                   : d.len_q;
+    walk[static_cast<size_t>(kb)] =
+        static_cast<double>(std::max<int64_t>(0, (rows + q_rows - 1) / q_rows - begin) * p.group);
+  }
+  auto grid_steps = [&](int parts) {
+    std::priority_queue<double, std::vector<double>, std::greater<double>> free_at(
+        std::greater<double>{}, std::vector<double>(static_cast<size_t>(sm_count), 0.0));
+    double end = 0;
+    const double extra = parts > 1 ? kFa3BwdSplitCtaSteps : kFa3BwdCtaSteps;
+    for (int64_t pair = 0; pair < pairs; ++pair)
+      for (const double w : walk)
+        for (int part = 0; part < parts; ++part) {
+          const double t = free_at.top() + w / parts + extra;
+          free_at.pop();
+          free_at.push(t);
+          end = std::max(end, t);
+        }
+    return end;
+  };
+  int best = 1;
+  double best_steps = grid_steps(1);
+  for (int parts = 2; parts <= 8 && p.group % parts == 0; parts *= 2) {
+    const double steps = grid_steps(parts);
+    if (steps < 0.97 * best_steps) best = parts, best_steps = steps;
+  }
+  std::copy(key, key + 11, memo.key);
+  memo.parts = best;
+  return best;
 }
 
 std::string_view fa3_ranked_backward_kernel(const attention::Problem& p) {
