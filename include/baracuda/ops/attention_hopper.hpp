@@ -527,7 +527,8 @@ inline constexpr int kFa3Ahead = kCudnnAhead + 2;
 // Our sm_90a backward (fa3_backward.cuh): dQ accumulated by float reductions in L2 in arrival
 // order (not deterministic). Registered like the forward: below every other backward kernel
 // (reached by name; the D = 64 instances below too), and as kFa3BwdRankedAhead above everything,
-// fitting only where the table picks fa3 for the backward.
+// fitting only where the table picks fa3 for the backward, its walks split over a GQA group's
+// heads where that balances the grid (fa3_bwd_head_parts).
 inline constexpr std::string_view kFa3BwdKernel = "fa3_bwd_sm90a";
 inline constexpr std::string_view kFa3BwdRankedAhead = "fa3_bwd_sm90a_ranked_ahead";
 // The same at D = 64 with three warpgroups over 192 keys a CTA (two over 128 otherwise), no
@@ -547,9 +548,9 @@ inline constexpr std::string_view kFa3BwdDeterministicKernel = "fa3_bwd_sm90a_de
 // Not deterministic; by name, for measurement against the ranked instance.
 inline constexpr std::string_view kFa3BwdHeavyFirstKernel = "fa3_bwd_sm90a_heavy_first";
 // The same instance with each key block's walk over the group's query heads split over CTAs where
-// that balances a banded problem's walks (D = 64 / 128, padded; fa3_backward.cuh, head_parts),
-// dK and dV summed from f32 shares in part order. Not deterministic (dQ as fa3_bwd_sm90a's); by
-// name, for measurement.
+// the grid model finds that faster (fa3_bwd_head_parts; D = 64 / 128, padded), dK and dV summed
+// from f32 shares in part order. Not deterministic (dQ as fa3_bwd_sm90a's); by name. The ranked
+// entry (kFa3BwdRankedAhead) launches the same.
 inline constexpr std::string_view kFa3BwdHeadSplitKernel = "fa3_bwd_sm90a_head_split";
 // Both: split, and the split grid taken key block first. By name, for measurement.
 inline constexpr std::string_view kFa3BwdHeadSplitHeavyFirstKernel =

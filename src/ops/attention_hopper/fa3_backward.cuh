@@ -155,9 +155,10 @@ struct BwdParams {
   // (batch, key head)'s lowest key blocks (a causal problem's longest walks) start in the first
   // wave instead of when SMs free up behind the earlier heads' whole rows of key blocks.
   int heavy_first;
-  // fa3_bwd_sm90a_head_split (not kDet, D = 64 / 128, padded): each key block's walk over the
-  // group's query heads split over head_parts CTAs (grid x: key block major, part minor), so that
-  // a causal problem's longest walks, a whole group's rows, no longer outlast a single wave. Each
+  // The ranked entry and fa3_bwd_sm90a_head_split (not kDet, D = 64 / 128, padded): each key
+  // block's walk over the group's query heads split over head_parts CTAs (fa3_bwd_head_parts; grid
+  // x: key block major, part minor), so that a causal problem's longest walks, a whole group's
+  // rows, no longer outlast a wave or two. Each
   // part stores its dK (scaled) and dV in f32 to kv_part ([part][B][Hk][Lk][D], dK's then dV's,
   // kv_part_stride floats apart); fa3_bwd_kv_post sums the parts in order.
   int head_parts;
@@ -1275,7 +1276,8 @@ inline Status check_args(const Problem& pr, const BackwardArguments& a) {
   return {};
 }
 
-// The grid's order and split (the by-name instances' BwdParams::heavy_first, head_parts).
+// The grid's order and split (BwdParams::heavy_first, head_parts): the ranked entry splits, the
+// by-name instances below take either or both.
 struct Schedule {
   bool heavy_first = false, head_split = false;
 };
@@ -1486,8 +1488,8 @@ bool fits_ranked_ahead(const Problem& pr, const DeviceCaps& caps) {
   return ranked_instance<T>(pr).fits(pr, caps) &&
          candidate_here(pr, Pass::backward, caps) == Candidate::fa3;
 }
-// The ranked instance under another schedule, by name (fa3_bwd_sm90a_heavy_first,
-// fa3_bwd_sm90a_head_split): the same kernels, the grid taken key block first or split.
+// The ranked instance under a schedule (fa3_bwd_sm90a_heavy_first, fa3_bwd_sm90a_head_split, both,
+// and the ranked entry's split): the same kernels, the grid taken key block first or split.
 template <class T>
 bool fits_scheduled(const Problem& pr, const DeviceCaps& caps) {
   return ranked_instance<T>(pr).fits(pr, caps);
@@ -1511,7 +1513,9 @@ inline size_t workspace_scheduled(const Problem& pr, const DeviceCaps& caps) {
   const int q_rows = fa3_ranked_backward_kernel(pr) == kFa3BwdQ128Kernel ? 128 : 64;
   return layout_of(pr, false, fa3_bwd_head_parts(pr, caps.sm_count, 128, q_rows)).bytes;
 }
-// The ranked-ahead entry launches the ranked instance with its walks split where head_parts says.
+// The ranked-ahead entry launches the ranked instance with its walks split where
+// fa3_bwd_head_parts says (1.01-1.31x cuDNN in GQA groups where cuDNN led the unsplit kernel, see
+// kGroupedBackwardPicks).
 template <class T>
 Status launch_ranked_ahead(const LaunchContext& ctx, const Problem& pr,
                            const BackwardArguments& a) {
