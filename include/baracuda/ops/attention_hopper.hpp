@@ -613,7 +613,7 @@ bool fa3_det_leads(const attention::Problem& p);
 //   498.2; of 16 L512 186.1 / 195.5, L1024 307.5 / 296.7, L4096 527.3 / 463.6, L16384 552.0 /
 //   500.6; at 4k tokens in groups of 4 / 8 L4096 469.7 / 386.6 and 507.0 / 387.7 (L1024 230.9 /
 //   235.8, 222.4 / 236.6); at 64k in groups of 8 1.01-1.06x from L1024 to L8192, L16384 489.6 /
-//   522.2. Before the split cuDNN led from L1024 in groups of 8 or more (fa3 0.49-0.84x) and
+//   522.2. Before the split cuDNN led from L1024 in groups of 8 or more (fa3 0.39-0.84x) and
 //   with at most 32k key rows from L2048 (4k tokens, groups of 4 L4096 0.75x).
 // - d64 causal: the table's picks in any group (fa3; in groups of 16 from L2048 to L8192 fa3
 //   split 372.1 / 316.3, 455.2 / 369.6, 483.9 / 387.9, where cuDNN led the unsplit kernel).
