@@ -1527,60 +1527,41 @@ Status launch_ranked_ahead(const LaunchContext& ctx, const Problem& pr,
 template <DType E>
 bool register_one() {
   using T = cuda::device_t<E>;
-  auto add = [](std::string_view name, int priority, auto fits_fn, auto launch_fn) {
+  auto add = [](std::string_view name, int priority, bool deterministic, auto fits_fn,
+                auto workspace_fn, auto launch_fn) {
     register_kernel<attention::BackwardOp>(
-        {.sku = fa3_sku(attention::BackwardOp::name, E, fa3_precision(E, false), name),
+        {.sku = fa3_sku(attention::BackwardOp::name, E, fa3_precision(E, deterministic), name),
          .priority = priority,
          .fits = fits_fn,
-         .workspace = workspace,
+         .workspace = workspace_fn,
          .launch = launch_fn,
          .check = check_args});
   };
   // Pinnable below the family's kernels and every cuDNN entry (-2, -3, ...): they never win
   // `fastest` on their own; PlanPreference::kernel(name) reaches each where it fits.
   int priority = -2;
-  for (const Instance& i : kInstances<T>) add(i.name, priority--, i.fits, i.launch);
+  for (const Instance& i : kInstances<T>)
+    add(i.name, priority--, false, i.fits, workspace, i.launch);
   // The deterministic instance, by name (its place among the deterministic entries is measured
   // first: docs/perf/attention_hopper.md, seventy-fourth session).
-  register_kernel<attention::BackwardOp>(
-      {.sku = fa3_sku(attention::BackwardOp::name, E, fa3_precision(E, true),
-                      kFa3BwdDeterministicKernel),
-       .priority = priority--,
-       .fits = fits_det<T>,
-       .workspace = workspace_det,
-       .launch = launch_det<T>,
-       .check = check_args});
-  // The ranked instance with its grid key block first, or split over the group's heads, by name
-  // (for measurement).
-  add(kFa3BwdHeavyFirstKernel, priority--, fits_scheduled<T>,
+  add(kFa3BwdDeterministicKernel, priority--, true, fits_det<T>, workspace_det, launch_det<T>);
+  // The ranked instance with its grid key block first, split over the group's heads, or both, by
+  // name (for measurement; the ranked entry below splits).
+  add(kFa3BwdHeavyFirstKernel, priority--, false, fits_scheduled<T>, workspace,
       launch_scheduled<T, Schedule{.heavy_first = true}>);
-  auto add_split = [&](std::string_view name, int at, auto fits_fn, auto launch_fn) {
-    register_kernel<attention::BackwardOp>(
-        {.sku = fa3_sku(attention::BackwardOp::name, E, fa3_precision(E, false), name),
-         .priority = at,
-         .fits = fits_fn,
-         .workspace = workspace_scheduled,
-         .launch = launch_fn,
-         .check = check_args});
-  };
-  add_split(kFa3BwdHeadSplitKernel, priority--, fits_scheduled<T>,
-            launch_scheduled<T, Schedule{.head_split = true}>);
-  add_split(kFa3BwdHeadSplitHeavyFirstKernel, priority--, fits_scheduled<T>,
-            launch_scheduled<T, Schedule{.heavy_first = true, .head_split = true}>);
+  add(kFa3BwdHeadSplitKernel, priority--, false, fits_scheduled<T>, workspace_scheduled,
+      launch_scheduled<T, Schedule{.head_split = true}>);
+  add(kFa3BwdHeadSplitHeavyFirstKernel, priority--, false, fits_scheduled<T>, workspace_scheduled,
+      launch_scheduled<T, Schedule{.heavy_first = true, .head_split = true}>);
   // The deterministic instance for PlanPreference::deterministic() where it leads (see
   // kFa3BwdDeterministicRanked).
-  register_kernel<attention::BackwardOp>(
-      {.sku = fa3_sku(attention::BackwardOp::name, E, fa3_precision(E, true),
-                      kFa3BwdDeterministicRanked),
-       .priority = kFa3DetAhead,
-       .fits = fits_det_ranked<T>,
-       .workspace = workspace_det,
-       .launch = launch_det<T>,
-       .check = check_args});
+  add(kFa3BwdDeterministicRanked, kFa3DetAhead, true, fits_det_ranked<T>, workspace_det,
+      launch_det<T>);
   // fa3_ranked_backward_kernel's kernel above every other backward kernel, fitting only where the
   // measured selection table says fa3 is the fastest candidate (cuDNN's non-deterministic entry
   // then ranks behind).
-  add_split(kFa3BwdRankedAhead, kFa3Ahead, fits_ranked_ahead<T>, launch_ranked_ahead<T>);
+  add(kFa3BwdRankedAhead, kFa3Ahead, false, fits_ranked_ahead<T>, workspace_scheduled,
+      launch_ranked_ahead<T>);
   return true;
 }
 
