@@ -555,6 +555,10 @@ inline constexpr std::string_view kFa3BwdHeadSplitKernel = "fa3_bwd_sm90a_head_s
 // Both: split, and the split grid taken key block first. By name, for measurement.
 inline constexpr std::string_view kFa3BwdHeadSplitHeavyFirstKernel =
     "fa3_bwd_sm90a_head_split_heavy_first";
+// The split with 2, 4 or 8 parts whatever the model says (where that divides the group), by name:
+// one bench run times every split of a point, to fit the model's per-CTA costs.
+inline constexpr std::string_view kFa3BwdHeadSplitPartsKernels[] = {
+    "fa3_bwd_sm90a_head_split_x2", "fa3_bwd_sm90a_head_split_x4", "fa3_bwd_sm90a_head_split_x8"};
 // The same kernel once more, for PlanPreference::deterministic(): fitting only where it leads
 // cuDNN's deterministic algorithm (fa3_det_leads) and the table picks fa3 for the backward, at
 // kFa3DetAhead, above cuDNN's deterministic entries (kCudnnAhead - 1 where the table ranks cuDNN

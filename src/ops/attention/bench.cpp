@@ -207,6 +207,9 @@ void bench_all(const Stream& stream) {
                                         kFa3HeavyFirst.data(),
                                         kFa3HeadSplit.data(),
                                         kFa3HeadSplitHeavyFirst.data(),
+                                        attention_hopper::kFa3BwdHeadSplitPartsKernels[0].data(),
+                                        attention_hopper::kFa3BwdHeadSplitPartsKernels[1].data(),
+                                        attention_hopper::kFa3BwdHeadSplitPartsKernels[2].data(),
                                         kCudnn.data()};
         // Every row's plan first, then all timed in interleaved rounds (bench::time_interleaved).
         struct Row {
@@ -221,10 +224,8 @@ void bench_all(const Stream& stream) {
           const bool pinned = *alt != '\0', by_preference = alt == kDeterministic;
           if (pinned && !ab_wanted(alt)) continue;
           const bool cudnn = alt == kCudnnDeterministic || alt == kCudnn;
-          if ((cudnn || alt == kFa3Deterministic || alt == kFa3 || alt == kFa3HeavyFirst ||
-               alt == kFa3HeadSplit || alt == kFa3HeadSplitHeavyFirst) &&
-              kernels_env.empty())
-            continue;
+          // cuDNN's and fa3's entries by name only where BARACUDA_ATTN_KERNELS names them.
+          if ((cudnn || std::string_view(alt).starts_with(kFa3)) && kernels_env.empty()) continue;
           auto bwd = BackwardPlan::select(stream, d,
                                           by_preference ? PlanPreference::deterministic()
                                           : pinned      ? PlanPreference::kernel(alt)

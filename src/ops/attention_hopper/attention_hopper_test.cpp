@@ -3355,7 +3355,8 @@ TEST(AttentionFa3Registry, BackwardRankedByTheTableAndNotDeterministic) {
   for (DType t : {DType::bf16, DType::f16})
     for (std::string_view name :
          {kFa3BwdKernel, kFa3BwdK192Kernel, kFa3BwdQ128Kernel, kFa3BwdHeavyFirstKernel,
-          kFa3BwdHeadSplitKernel, kFa3BwdHeadSplitHeavyFirstKernel, kFa3BwdRankedAhead}) {
+          kFa3BwdHeadSplitKernel, kFa3BwdHeadSplitHeavyFirstKernel, kFa3BwdHeadSplitPartsKernels[0],
+          kFa3BwdHeadSplitPartsKernels[1], kFa3BwdHeadSplitPartsKernels[2], kFa3BwdRankedAhead}) {
       const auto* fa3 = fa3_bwd_kernel(t, name);
       if (!fa3) continue;  // CPU-only build
       ++found;
@@ -3363,7 +3364,7 @@ TEST(AttentionFa3Registry, BackwardRankedByTheTableAndNotDeterministic) {
       expect_fa3_entry(*fa3, t, kFa3BwdKernel, name == kFa3BwdRankedAhead, false);
     }
   if (found == 0) GTEST_SKIP() << "built without CUDA: fa3_bwd_sm90a is not registered";
-  EXPECT_EQ(found, 14);
+  EXPECT_EQ(found, 20);
 }
 
 // The deterministic instance: by name below every other backward kernel, and deterministic. Its
@@ -3688,7 +3689,8 @@ TEST(AttentionFa3Gpu, HeavyFirstBackwardMatchesReference) {
 // than the unsplit instance's), over both head dims (q128 where fa3_bwd_widens), both diagonals,
 // several batches and key heads, odd lengths, both memory orders, padded rows (whose gaps the sum
 // must leave untouched) and soft-capping; then every fa3_bwd_cases() case, most of which it runs
-// unsplit (MHA, unmasked, varlen, D = 256).
+// unsplit (MHA, unmasked, varlen, D = 256). The instances of 2, 4 and 8 parts by force run the
+// split cases whose group they divide and refuse the others.
 TEST(AttentionFa3Gpu, HeadSplitBackwardMatchesReference) {
   FA3_BWD_SKIP_UNLESS_RUNNABLE();
   harness::Rng rng;
@@ -3713,6 +3715,22 @@ TEST(AttentionFa3Gpu, HeadSplitBackwardMatchesReference) {
   }
   check_pinned_backward(split, kFa3BwdHeadSplitKernel, rng);
   check_pinned_backward(split, kFa3BwdHeadSplitHeavyFirstKernel, rng);
+  // The forced splits (_x2 / _x4 / _x8) on the cases whose group they divide; refused elsewhere.
+  for (int i = 0; i < 3; ++i) {
+    const int64_t parts = int64_t{2} << i;
+    std::vector<Case> fit;
+    for (const Case& c : split) {
+      if (c.hq / c.hk % parts == 0) {
+        fit.push_back(c);
+        continue;
+      }
+      EXPECT_FALSE(attention::BackwardPlan::select(
+                       gs, desc_of(c, c.t), PlanPreference::kernel(kFa3BwdHeadSplitPartsKernels[i]))
+                       .ok())
+          << name_of(c) << ": " << kFa3BwdHeadSplitPartsKernels[i];
+    }
+    check_pinned_backward(fit, kFa3BwdHeadSplitPartsKernels[i], rng);
+  }
   check_pinned_backward(fa3_bwd_cases(), kFa3BwdHeadSplitKernel, rng);
 }
 

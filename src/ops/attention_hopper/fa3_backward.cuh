@@ -1280,6 +1280,7 @@ inline Status check_args(const Problem& pr, const BackwardArguments& a) {
 // by-name instances below take either or both.
 struct Schedule {
   bool heavy_first = false, head_split = false;
+  int parts = 0;  // > 0 (head_split): that many parts, by name for measurement; 0: the model's
 };
 template <class T, int D, int W = 2, int Q = 64, bool kDet = false>
 Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArguments& a,
@@ -1292,10 +1293,10 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
                     y = rows_view(a.y, vl), dy = rows_view(a.dy, vl), lse = lse_view(a.lse, vl);
   const Tensor dq = rows_view(a.dq, vl), dk = rows_view(a.dk, vl), dv = rows_view(a.dv, vl);
   constexpr int kKeys = BwdShape<D, W, Q>::kKeys;
-  const int parts =
-      sched.head_split && !kDet && !BwdShape<D, W, Q>::kSplitCols
-          ? fa3_bwd_head_parts(pr, ctx.stream.caps().sm_count, kKeys, BwdShape<D, W, Q>::kQRows)
-          : 1;
+  const int parts = !sched.head_split || kDet || BwdShape<D, W, Q>::kSplitCols ? 1
+                    : sched.parts > 0                                          ? sched.parts
+                                      : fa3_bwd_head_parts(pr, ctx.stream.caps().sm_count, kKeys,
+                                                           BwdShape<D, W, Q>::kQRows);
   const Layout lay = layout_of(pr, kDet, parts);
   if (ctx.workspace.bytes < lay.bytes)
     return Error::workspace_too_small(std::string(kWho) + ": workspace", lay.bytes,
@@ -1513,6 +1514,17 @@ inline size_t workspace_scheduled(const Problem& pr, const DeviceCaps& caps) {
   const int q_rows = fa3_ranked_backward_kernel(pr) == kFa3BwdQ128Kernel ? 128 : 64;
   return layout_of(pr, false, fa3_bwd_head_parts(pr, caps.sm_count, 128, q_rows)).bytes;
 }
+// fa3_bwd_sm90a_head_split_x<P>: P parts whatever the model says (where P divides the group; D = 64
+// / 128, padded), so that one bench run times every split at each point.
+template <class T, int P>
+bool fits_parts(const Problem& pr, const DeviceCaps& caps) {
+  return pr.group % P == 0 && pr.desc.head_dim_qk <= 128 && !pr.desc.varlen &&
+         fits_scheduled<T>(pr, caps);
+}
+template <int P>
+size_t workspace_parts(const Problem& pr, const DeviceCaps&) {
+  return layout_of(pr, false, P).bytes;
+}
 // The ranked-ahead entry launches the ranked instance with its walks split where
 // fa3_bwd_head_parts says (1.01-1.31x cuDNN in GQA groups where cuDNN led the unsplit kernel, see
 // kGroupedBackwardPicks).
@@ -1553,6 +1565,12 @@ bool register_one() {
       launch_scheduled<T, Schedule{.head_split = true}>);
   add(kFa3BwdHeadSplitHeavyFirstKernel, priority--, false, fits_scheduled<T>, workspace_scheduled,
       launch_scheduled<T, Schedule{.heavy_first = true, .head_split = true}>);
+  add(kFa3BwdHeadSplitPartsKernels[0], priority--, false, fits_parts<T, 2>, workspace_parts<2>,
+      launch_scheduled<T, Schedule{.head_split = true, .parts = 2}>);
+  add(kFa3BwdHeadSplitPartsKernels[1], priority--, false, fits_parts<T, 4>, workspace_parts<4>,
+      launch_scheduled<T, Schedule{.head_split = true, .parts = 4}>);
+  add(kFa3BwdHeadSplitPartsKernels[2], priority--, false, fits_parts<T, 8>, workspace_parts<8>,
+      launch_scheduled<T, Schedule{.head_split = true, .parts = 8}>);
   // The deterministic instance for PlanPreference::deterministic() where it leads (see
   // kFa3BwdDeterministicRanked).
   add(kFa3BwdDeterministicRanked, kFa3DetAhead, true, fits_det_ranked<T>, workspace_det,
