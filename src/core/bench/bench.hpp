@@ -37,9 +37,10 @@ Result<Timing> time_it(const Stream& stream, const std::function<Status(int rota
                        int rotations = 1, int reps = 30, int warmup = 3);
 // Times several candidates for one case alike: `rounds` rounds, each timing every fn `reps` times
 // (after one untimed call), the first fn of round r being fns[r % n], so that no candidate always
-// runs first (on the H200 a row timed after others read up to 0.86x of the same kernel timed
-// first, at the attention backward's long points). Each fn's Timing pools its samples of every
-// round; a failing fn ends with its error and the others go on.
+// runs first (on the H200 a row timed after others read down to 0.88x of the same kernel timed
+// first, at the attention backward's long points). Each fn's Timing is over its rounds' medians
+// (median, min, max; reps counts every timed call); a failing fn ends with its error and the
+// others go on.
 std::vector<Result<Timing>> time_interleaved(const Stream& stream,
                                              const std::vector<std::function<Status()>>& fns,
                                              int rounds = 5, int reps = 4);

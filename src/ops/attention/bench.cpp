@@ -213,7 +213,6 @@ void bench_all(const Stream& stream) {
                                         kCudnn.data()};
         // Every row's plan first, then all timed in interleaved rounds (bench::time_interleaved).
         struct Row {
-          const char* alt;
           BackwardPlan plan;
           Buffer ws;
           bool pinned, by_preference;
@@ -246,7 +245,7 @@ void bench_all(const Stream& stream) {
             bench::emit_error(kFamily, "attention_backward", name, bws.error());
             continue;
           }
-          rows.push_back({alt, std::move(*bwd), std::move(*bws), pinned, by_preference});
+          rows.push_back({std::move(*bwd), std::move(*bws), pinned, by_preference});
         }
         std::vector<std::function<Status()>> runs;
         for (Row& r : rows)
