@@ -3696,11 +3696,17 @@ TEST(AttentionFa3Gpu, HeadSplitBackwardMatchesReference) {
   harness::Rng rng;
   const Stream& gs = harness::stream_for(Target::cuda);
   const std::vector<Case> split = {
+      // One key head of 8 query heads, 8 key blocks: 8 parts of one head each.
       {DType::bf16, 1, 8, 1, 1000, 1000, 128, Mask::causal_top_left(), false, false},
+      // Lq < Lk bottom-right, [B, L, H, D], padded rows (the f32 sum must leave the gaps).
       {DType::f16, 2, 8, 2, 700, 900, 128, Mask::causal_bottom_right(), true, true},
+      // d64 (q128 steps), a group of 16, a short ragged tail.
       {DType::bf16, 3, 16, 1, 333, 333, 64, Mask::causal_top_left(), false, false},
+      // Lq > Lk top-left: the last query rows see every key.
       {DType::bf16, 1, 4, 2, 1500, 1200, 64, Mask::causal_top_left(), false, true},
+      // A window with both bounds: walks of about one length, short.
       {DType::f16, 2, 4, 1, 800, 800, 128, Mask::sliding_window(200, 50), false, false},
+      // Soft-capping, groups of 2.
       {DType::bf16, 1, 8, 4, 517, 517, 128, Mask::causal_top_left(), false, false, true, 30.0},
   };
   for (const Case& c : split) {
