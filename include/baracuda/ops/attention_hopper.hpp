@@ -646,8 +646,22 @@ std::optional<Candidate> grouped_backward_pick(const attention::Problem& p);
 // outlast a wave or two (d128 causal in groups of 16, 16k tokens: unsplit fa3 at 0.49-0.57x its
 // MHA speed, H200). With 8 waves or more the tail is a small share: 1; also 1 for MHA, varlen and
 // head dims above 128 (not served). Memoized, one problem a thread: run() asks each launch.
-inline constexpr double kFa3BwdCtaSteps = 3, kFa3BwdSplitCtaSteps = 8;
-int fa3_bwd_head_parts(const attention::Problem& p, int sm_count, int keys, int q_rows);
+// The same model times the grid taken key block first (heavy_first: every (batch, key head)'s
+// longest walks in the first wave) and takes that order where it is kFa3BwdHeavyFirstGain times
+// shorter. Measured (H200, d128 / d64 causal, rows in interleaved rounds, seventy-eighth session's
+// call 4, the split with and without heavy first by name): where the model gave 1.41-1.54 it ran
+// 1.11-1.42x (groups of 8 at L512, d64 in groups of 16 at L512, 4k tokens in groups of 2 at L512 /
+// L1024 / L2048); at 1.05-1.25 it ran 0.77-1.15x, losing mostly at L512 / L1024 and at 64k tokens,
+// where its wave reads more heads' Q / dY than L2 holds; below, 0.72-1.07x.
+inline constexpr double kFa3BwdCtaSteps = 3, kFa3BwdSplitCtaSteps = 8, kFa3BwdHeavyFirstGain = 1.4;
+struct Fa3BwdGrid {
+  int parts = 1;
+  bool heavy_first = false;
+};
+Fa3BwdGrid fa3_bwd_grid(const attention::Problem& p, int sm_count, int keys, int q_rows);
+inline int fa3_bwd_head_parts(const attention::Problem& p, int sm_count, int keys, int q_rows) {
+  return fa3_bwd_grid(p, sm_count, keys, q_rows).parts;
+}
 // Head dim 64 without soft-capping from kFa3BwdWideMinRows query rows on, where fa3's backward
 // runs: the 128-row steps in place of the 64-row ones. Measured (H200, bf16, 16k tokens as B x L,
 // 32 heads, fifty-fifth session's call 1, medians of 3 runs, TFLOP/s of the kernel fa3 ran

@@ -1281,6 +1281,7 @@ inline Status check_args(const Problem& pr, const BackwardArguments& a) {
 struct Schedule {
   bool heavy_first = false, head_split = false;
   int parts = 0;  // > 0 (head_split): that many parts, by name for measurement; 0: the model's
+  bool model_order = false;  // heavy_first where the model says (fa3_bwd_grid; the ranked entry)
 };
 template <class T, int D, int W = 2, int Q = 64, bool kDet = false>
 Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArguments& a,
@@ -1293,10 +1294,12 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
                     y = rows_view(a.y, vl), dy = rows_view(a.dy, vl), lse = lse_view(a.lse, vl);
   const Tensor dq = rows_view(a.dq, vl), dk = rows_view(a.dk, vl), dv = rows_view(a.dv, vl);
   constexpr int kKeys = BwdShape<D, W, Q>::kKeys;
-  const int parts = !sched.head_split || kDet || BwdShape<D, W, Q>::kSplitCols ? 1
-                    : sched.parts > 0                                          ? sched.parts
-                                      : fa3_bwd_head_parts(pr, ctx.stream.caps().sm_count, kKeys,
-                                                           BwdShape<D, W, Q>::kQRows);
+  const bool splits = sched.head_split && !kDet && !BwdShape<D, W, Q>::kSplitCols;
+  const Fa3BwdGrid model =
+      splits ? fa3_bwd_grid(pr, ctx.stream.caps().sm_count, kKeys, BwdShape<D, W, Q>::kQRows)
+             : Fa3BwdGrid{};
+  const int parts = !splits ? 1 : sched.parts > 0 ? sched.parts : model.parts;
+  const bool heavy_first = sched.heavy_first || (sched.model_order && model.heavy_first);
   const Layout lay = layout_of(pr, kDet, parts);
   if (ctx.workspace.bytes < lay.bytes)
     return Error::workspace_too_small(std::string(kWho) + ": workspace", lay.bytes,
@@ -1358,7 +1361,7 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
   p.det_counts = rp.det_counts;
   p.det_ticket = rp.det_ticket;
   p.det_rotated = rp.det_rotated;
-  p.heavy_first = sched.heavy_first && !kDet ? 1 : 0;
+  p.heavy_first = heavy_first && !kDet ? 1 : 0;
   p.head_parts = parts;
   p.kv_part = parts > 1 ? reinterpret_cast<float*>(ws + lay.kv_part) : nullptr;
   p.kv_part_stride = static_cast<int64_t>(kv_part_floats(pr));
@@ -1525,13 +1528,13 @@ template <int P>
 size_t workspace_parts(const Problem& pr, const DeviceCaps&) {
   return layout_of(pr, false, P).bytes;
 }
-// The ranked-ahead entry launches the ranked instance with its walks split where
-// fa3_bwd_head_parts says (1.01-1.31x cuDNN in GQA groups where cuDNN led the unsplit kernel, see
-// kGroupedBackwardPicks).
+// The ranked-ahead entry launches the ranked instance with its walks split, and its grid taken key
+// block first, where fa3_bwd_grid says (1.01-1.31x cuDNN in GQA groups where cuDNN led the unsplit
+// kernel, see kGroupedBackwardPicks; heavy first 1.11-1.42x the split alone where it is taken).
 template <class T>
 Status launch_ranked_ahead(const LaunchContext& ctx, const Problem& pr,
                            const BackwardArguments& a) {
-  return launch_scheduled<T, Schedule{.head_split = true}>(ctx, pr, a);
+  return launch_scheduled<T, Schedule{.head_split = true, .model_order = true}>(ctx, pr, a);
 }
 
 // One table of entries per element type. Not deterministic: dQ is summed by bulk reduce-adds in

@@ -254,24 +254,24 @@ std::optional<Candidate> grouped_backward_pick(const attention::Problem& p) {
   return std::nullopt;
 }
 
-int fa3_bwd_head_parts(const attention::Problem& p, int sm_count, int keys, int q_rows) {
+Fa3BwdGrid fa3_bwd_grid(const attention::Problem& p, int sm_count, int keys, int q_rows) {
   const attention::Descriptor& d = p.desc;
   if (d.varlen || d.head_dim_qk > 128 || p.group < 2 || sm_count <= 0 || keys <= 0 || q_rows <= 0)
-    return 1;
+    return {};
   const int64_t blocks = (d.len_k + keys - 1) / keys, pairs = d.batch * d.heads_kv;
-  if (pairs * blocks >= 8 * int64_t{sm_count}) return 1;
+  if (pairs * blocks >= 8 * int64_t{sm_count}) return {};
   // The kernels' band (fa3_common.cuh's band_bound): a bound that reaches every key is none (-1).
   auto bound = [&](int64_t b) { return b < 0 || b >= d.len_q + d.len_k ? int64_t{-1} : b; };
   const int64_t left = bound(d.mask.left), right = bound(d.mask.right);
   struct Memo {
     int64_t key[11];
-    int parts;
+    Fa3BwdGrid grid;
   };
-  thread_local Memo memo{{-1}, 1};
+  thread_local Memo memo{{-1}, {}};
   const int64_t key[11] = {d.batch,  d.heads_kv, p.group, d.len_q,
                            d.len_k,  left,       right,   static_cast<int64_t>(d.mask.diagonal),
                            sm_count, keys,       q_rows};
-  if (std::equal(key, key + 11, memo.key)) return memo.parts;
+  if (std::equal(key, key + 11, memo.key)) return memo.grid;
   // Each key block's walk in steps (the kernel's m_begin and nm, times the group's heads).
   const int64_t off = d.mask.diagonal == attention::Diagonal::bottom_right ? d.len_k - d.len_q : 0;
   std::vector<double> walk(static_cast<size_t>(blocks));
@@ -283,30 +283,39 @@ int fa3_bwd_head_parts(const attention::Problem& p, int sm_count, int keys, int 
     walk[static_cast<size_t>(kb)] =
         static_cast<double>(std::max<int64_t>(0, (rows + q_rows - 1) / q_rows - begin) * p.group);
   }
-  auto grid_steps = [&](int parts) {
+  // The grid's time: its CTAs in launch order (heavy_first: key block major, then part, then
+  // (batch, key head); otherwise (batch, key head) major, then key block, then part).
+  auto grid_steps = [&](int parts, bool heavy_first) {
     std::priority_queue<double, std::vector<double>, std::greater<double>> free_at(
         std::greater<double>{}, std::vector<double>(static_cast<size_t>(sm_count), 0.0));
     double end = 0;
     const double extra = parts > 1 ? kFa3BwdSplitCtaSteps : kFa3BwdCtaSteps;
-    for (int64_t pair = 0; pair < pairs; ++pair)
+    auto place = [&](double w) {
+      const double t = free_at.top() + w / parts + extra;
+      free_at.pop();
+      free_at.push(t);
+      end = std::max(end, t);
+    };
+    if (heavy_first) {
       for (const double w : walk)
-        for (int part = 0; part < parts; ++part) {
-          const double t = free_at.top() + w / parts + extra;
-          free_at.pop();
-          free_at.push(t);
-          end = std::max(end, t);
-        }
+        for (int64_t i = 0; i < pairs * parts; ++i) place(w);
+    } else {
+      for (int64_t pair = 0; pair < pairs; ++pair)
+        for (const double w : walk)
+          for (int part = 0; part < parts; ++part) place(w);
+    }
     return end;
   };
-  int best = 1;
-  double best_steps = grid_steps(1);
+  Fa3BwdGrid grid;
+  double best_steps = grid_steps(1, false);
   for (int parts = 2; parts <= 8 && p.group % parts == 0; parts *= 2) {
-    const double steps = grid_steps(parts);
-    if (steps < 0.97 * best_steps) best = parts, best_steps = steps;
+    const double steps = grid_steps(parts, false);
+    if (steps < 0.97 * best_steps) grid.parts = parts, best_steps = steps;
   }
+  grid.heavy_first = best_steps >= kFa3BwdHeavyFirstGain * grid_steps(grid.parts, true);
   std::copy(key, key + 11, memo.key);
-  memo.parts = best;
-  return best;
+  memo.grid = grid;
+  return grid;
 }
 
 std::string_view fa3_ranked_backward_kernel(const attention::Problem& p) {
