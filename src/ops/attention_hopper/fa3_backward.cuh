@@ -1407,15 +1407,17 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
   return cuda::check_launch(attention::BackwardOp::name, "fa3_bwd_sm90a post");
 }
 
-template <class T>
+// fa3_bwd_sm90a's instance of the head dim (64-row steps), under a schedule (the plain entry's:
+// none).
+template <class T, Schedule kSched = Schedule{}>
 Status launch(const LaunchContext& ctx, const Problem& pr, const BackwardArguments& a) {
   switch (pr.desc.head_dim_qk) {
     case 64:
-      return launch_d<T, 64>(ctx, pr, a);
+      return launch_d<T, 64>(ctx, pr, a, kSched);
     case 128:
-      return launch_d<T, 128>(ctx, pr, a);
+      return launch_d<T, 128>(ctx, pr, a, kSched);
     default:
-      return launch_d<T, 256>(ctx, pr, a);
+      return launch_d<T, 256>(ctx, pr, a, kSched);
   }
 }
 
@@ -1502,14 +1504,7 @@ template <class T, Schedule kSched>
 Status launch_scheduled(const LaunchContext& ctx, const Problem& pr, const BackwardArguments& a) {
   if (fa3_ranked_backward_kernel(pr) == kFa3BwdQ128Kernel)
     return launch_d<T, 64, 2, 128>(ctx, pr, a, kSched);
-  switch (pr.desc.head_dim_qk) {
-    case 64:
-      return launch_d<T, 64>(ctx, pr, a, kSched);
-    case 128:
-      return launch_d<T, 128>(ctx, pr, a, kSched);
-    default:
-      return launch_d<T, 256>(ctx, pr, a, kSched);
-  }
+  return launch<T, kSched>(ctx, pr, a);
 }
 // Its workspace: the f32 shares where the grid splits.
 inline size_t workspace_scheduled(const Problem& pr, const DeviceCaps& caps) {
