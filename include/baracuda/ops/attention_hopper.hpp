@@ -641,19 +641,27 @@ std::optional<Candidate> grouped_backward_pick(const attention::Problem& p);
 // dividing the group, at most 8, by the grid's time in steps under a list schedule (the CTAs in
 // launch order, each to the SM that frees first): a CTA takes its walk's steps plus
 // kFa3BwdCtaSteps (its K / V load, the ring's fill and drain), a split one kFa3BwdSplitCtaSteps
-// (also its f32 shares' round trip through DRAM); each doubling taken only for a 3% shorter grid.
-// The model sees the walks' lengths only: a causal problem's longest walks, a whole group's rows,
-// outlast a wave or two (d128 causal in groups of 16, 16k tokens: unsplit fa3 at 0.49-0.57x its
-// MHA speed, H200). With 8 waves or more the tail is a small share: 1; also 1 for MHA, varlen and
-// head dims above 128 (not served). Memoized, one problem a thread: run() asks each launch.
-// The same model times the grid taken key block first (heavy_first: every (batch, key head)'s
-// longest walks in the first wave) and takes that order where it is kFa3BwdHeavyFirstGain times
-// shorter. Measured (H200, d128 / d64 causal, rows in interleaved rounds, seventy-eighth session's
-// call 4, the split with and without heavy first by name): where the model gave 1.41-1.54 it ran
-// 1.11-1.42x (groups of 8 at L512, d64 in groups of 16 at L512, 4k tokens in groups of 2 at L512 /
-// L1024 / L2048); at 1.05-1.25 it ran 0.77-1.15x, losing mostly at L512 / L1024 and at 64k tokens,
-// where its wave reads more heads' Q / dY than L2 holds; below, 0.72-1.07x.
-inline constexpr double kFa3BwdCtaSteps = 3, kFa3BwdSplitCtaSteps = 8, kFa3BwdHeavyFirstGain = 1.4;
+// (also its f32 shares' round trip through DRAM); each doubling taken only for a grid
+// kFa3BwdSplitMargin as long. The model sees the walks' lengths only: a causal problem's longest
+// walks, a whole group's rows, outlast a wave or two (d128 causal in groups of 16, 16k tokens:
+// unsplit fa3 at 0.49-0.57x its MHA speed, H200). With 8 waves or more the tail is a small share:
+// 1; also 1 for MHA, varlen and head dims above 128 (not served). Memoized, one problem a thread:
+// run() asks each launch. The split's costs are fitted on every split of 30 causal d128 points
+// (H200, seventy-ninth session's call 1, rows in interleaved rounds, `_x2` / `_x4` / `_x8` by
+// name): with 4 steps and a 2% margin the model's parts ran within 3% of the best split at all
+// 30 (summed shortfall 9%; with the earlier 8 steps and 3%, 57%, seven points 5-12% behind: groups
+// of 8 / 16 at L512 / L1024, 4k tokens in groups of 8 at L1024), and it keeps the 64k-token groups
+// of 8 at L16384 whole (2 parts ran 0.89x there).
+// The same model times the unsplit grid taken key block first (heavy_first: every (batch, key
+// head)'s longest walks in the first wave; the walks stay whole) and takes it where it is
+// kFa3BwdHeavyFirstGain times shorter than the best split in launch order. Measured (H200,
+// seventy-eighth and seventy-ninth sessions, interleaved rounds): where that gain is 1.30-1.48
+// heavy first ran 1.0-1.41x the best split (4k tokens in groups of 2 at L512-L4096, groups of 8
+// at L512, d64 in groups of 16 at L512); every point below 1.3 that it lost (0.77-0.96x: groups of
+// 4 at L512, of 8 / 16 from L1024, 4k tokens in groups of 8 at L1024; and 64k tokens, where its
+// wave reads more heads' Q / dY than L2 holds) modelled 1.25 or less.
+inline constexpr double kFa3BwdCtaSteps = 3, kFa3BwdSplitCtaSteps = 4, kFa3BwdSplitMargin = 0.98,
+                        kFa3BwdHeavyFirstGain = 1.28;
 struct Fa3BwdGrid {
   int parts = 1;
   bool heavy_first = false;

@@ -1031,15 +1031,15 @@ TEST(AttentionCudnnRules, GroupedBackwardPicksWhereMeasured) {
 }
 
 // fa3's backward splits each key block's walk over the group's heads where its list-schedule model
-// of the grid (132 SMs, 128 keys a CTA, 64 query rows a step) finds a 3% shorter grid: a causal
+// of the grid (132 SMs, 128 keys a CTA, 64 query rows a step) finds a 2% shorter grid: a causal
 // group of 16 in 8 CTAs into 8 parts, one sequence of L4096 unmasked (32 CTAs) into 4; the sweep's
-// causal d128 shapes at 16k tokens into 4 in groups of 8 at L2048 and of 16 at L4096, one sequence
-// of L16384 in groups of 2 not at all; parts always a power of two dividing the group (a group of
-// 6 into 2, of 3 never); nothing for MHA, varlen, D = 256, from 8 waves of CTAs, or on one SM (the
-// memo keyed by the SM count too). The grid key block first where the model finds it 1.4x
-// shorter: the measured wins (groups of 8 at L512, 4k tokens in groups of 2 at L512-L2048), not
-// the losses (groups of 4 at L512, 64k tokens in groups of 8 at L2048) nor where the split alone
-// balances (one sequence of L4096 in groups of 2, groups of 16 at L4096), unmasked or MHA.
+// causal d128 shapes at 16k tokens into 4 in groups of 8 at L1024 / L2048 and of 16 at L4096, one
+// sequence of L16384 in groups of 2 not at all; parts always a power of two dividing the group (a
+// group of 6 into 2, of 3 never); nothing for MHA, varlen, D = 256, from 8 waves of CTAs, or on one
+// SM (the memo keyed by the SM count too). The unsplit grid key block first where the model finds
+// it 1.28x shorter than the best split: the measured wins (groups of 8 at L512, 4k tokens in groups
+// of 2 at L512-L4096), not the losses (groups of 4 at L512, of 8 at L1024, 64k tokens in groups of
+// 8 at L2048) nor where the split alone balances (groups of 16 at L4096), unmasked or MHA.
 TEST(AttentionCudnnRules, BackwardHeadSplitByTheGridModel) {
   auto parts = [](int64_t b, int64_t hq, int64_t hk, int64_t l, Mask m, int sms = 132,
                   int64_t d = 128) {
@@ -1052,6 +1052,7 @@ TEST(AttentionCudnnRules, BackwardHeadSplitByTheGridModel) {
   EXPECT_EQ(parts(1, 16, 1, 4096, Mask::none()), 4);
   EXPECT_EQ(parts(4, 16, 1, 4096, causal), 4);
   EXPECT_EQ(parts(8, 16, 2, 2048, causal), 4);
+  EXPECT_EQ(parts(16, 16, 2, 1024, causal), 4);
   EXPECT_EQ(parts(1, 16, 8, 16384, causal), 1);
   EXPECT_EQ(parts(1, 12, 2, 2048, causal), 2);
   EXPECT_EQ(parts(1, 6, 2, 2048, causal), 1);
@@ -1074,7 +1075,10 @@ TEST(AttentionCudnnRules, BackwardHeadSplitByTheGridModel) {
   EXPECT_TRUE(heavy(8, 16, 8, 512, causal).heavy_first);
   EXPECT_TRUE(heavy(4, 16, 8, 1024, causal).heavy_first);
   EXPECT_TRUE(heavy(2, 16, 8, 2048, causal).heavy_first);
-  EXPECT_FALSE(heavy(1, 16, 8, 4096, causal).heavy_first);
+  EXPECT_TRUE(heavy(1, 16, 8, 4096, causal).heavy_first);
+  EXPECT_EQ(heavy(1, 16, 8, 4096, causal).parts, 1);
+  EXPECT_FALSE(heavy(16, 16, 2, 1024, causal).heavy_first);
+  EXPECT_EQ(heavy(16, 16, 2, 1024, causal).parts, 4);
   EXPECT_FALSE(heavy(32, 16, 4, 512, causal).heavy_first);
   EXPECT_FALSE(heavy(32, 16, 2, 2048, causal).heavy_first);
   EXPECT_FALSE(heavy(4, 16, 1, 4096, causal).heavy_first);

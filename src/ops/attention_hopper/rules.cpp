@@ -310,9 +310,9 @@ Fa3BwdGrid fa3_bwd_grid(const attention::Problem& p, int sm_count, int keys, int
   double best_steps = grid_steps(1, false);
   for (int parts = 2; parts <= 8 && p.group % parts == 0; parts *= 2) {
     const double steps = grid_steps(parts, false);
-    if (steps < 0.97 * best_steps) grid.parts = parts, best_steps = steps;
+    if (steps < kFa3BwdSplitMargin * best_steps) grid.parts = parts, best_steps = steps;
   }
-  grid.heavy_first = best_steps >= kFa3BwdHeavyFirstGain * grid_steps(grid.parts, true);
+  if (best_steps >= kFa3BwdHeavyFirstGain * grid_steps(1, true)) grid = {1, true};
   std::copy(key, key + 11, memo.key);
   memo.grid = grid;
   return grid;
