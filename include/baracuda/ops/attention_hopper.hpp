@@ -543,6 +543,11 @@ inline constexpr std::string_view kFa3BwdQ128Kernel = "fa3_bwd_sm90a_q128";
 // problems rotate the walks over two accumulators, each with that order (fa3_backward.cuh, kDet).
 // By name.
 inline constexpr std::string_view kFa3BwdDeterministicKernel = "fa3_bwd_sm90a_deterministic";
+// The same with each key block's walk split over the group's heads where fa3_bwd_head_parts says
+// (dK / dV from f32 shares summed in part order), by name, for measurement against cuDNN's
+// deterministic algorithm on causal GQA problems.
+inline constexpr std::string_view kFa3BwdDeterministicHeadSplitKernel =
+    "fa3_bwd_sm90a_deterministic_head_split";
 // The instance fa3_ranked_backward_kernel names, its grid's blocks taken key block first (every
 // batch's and key head's longest causal walks in the first wave; fa3_backward.cuh, heavy_first).
 // Not deterministic; by name, for measurement against the ranked instance.

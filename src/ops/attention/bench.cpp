@@ -195,22 +195,24 @@ void bench_all(const Stream& stream) {
                                    kFa3HeadSplitHeavyFirst =
                                        attention_hopper::kFa3BwdHeadSplitHeavyFirstKernel,
                                    kCudnn = "cudnn_sdpa_bwd";
-        const char* const bwd_alts[] = {"",
-                                        "flash_bwd_fused_sm80",
-                                        "flash_bwd_fused_bulk_sm80",
-                                        "flash_bwd_fused_q64_sm80",
-                                        "flash_bwd_mma_sm80",
-                                        kDeterministic.data(),
-                                        kFa3Deterministic.data(),
-                                        kCudnnDeterministic.data(),
-                                        kFa3.data(),
-                                        kFa3HeavyFirst.data(),
-                                        kFa3HeadSplit.data(),
-                                        kFa3HeadSplitHeavyFirst.data(),
-                                        attention_hopper::kFa3BwdHeadSplitPartsKernels[0].data(),
-                                        attention_hopper::kFa3BwdHeadSplitPartsKernels[1].data(),
-                                        attention_hopper::kFa3BwdHeadSplitPartsKernels[2].data(),
-                                        kCudnn.data()};
+        const char* const bwd_alts[] = {
+            "",
+            "flash_bwd_fused_sm80",
+            "flash_bwd_fused_bulk_sm80",
+            "flash_bwd_fused_q64_sm80",
+            "flash_bwd_mma_sm80",
+            kDeterministic.data(),
+            kFa3Deterministic.data(),
+            attention_hopper::kFa3BwdDeterministicHeadSplitKernel.data(),
+            kCudnnDeterministic.data(),
+            kFa3.data(),
+            kFa3HeavyFirst.data(),
+            kFa3HeadSplit.data(),
+            kFa3HeadSplitHeavyFirst.data(),
+            attention_hopper::kFa3BwdHeadSplitPartsKernels[0].data(),
+            attention_hopper::kFa3BwdHeadSplitPartsKernels[1].data(),
+            attention_hopper::kFa3BwdHeadSplitPartsKernels[2].data(),
+            kCudnn.data()};
         // Every row's plan first, then all timed in interleaved rounds (bench::time_interleaved).
         struct Row {
           BackwardPlan plan;

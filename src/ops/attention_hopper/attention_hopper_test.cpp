@@ -3398,6 +3398,9 @@ TEST(AttentionFa3Registry, DeterministicBackwardIsPinnableAndDeterministic) {
     if (!det) continue;  // CPU-only build
     ++found;
     expect_fa3_entry(*det, t, kFa3BwdKernel, false, true);
+    const auto* split = fa3_bwd_kernel(t, kFa3BwdDeterministicHeadSplitKernel);
+    ASSERT_TRUE(split);
+    expect_fa3_entry(*split, t, kFa3BwdKernel, false, true);
     const auto* ranked = fa3_bwd_kernel(t, kFa3BwdDeterministicRanked);
     const auto* ahead = fa3_bwd_kernel(t, kFa3BwdRankedAhead);
     ASSERT_TRUE(ranked && ahead);
@@ -3705,18 +3708,11 @@ TEST(AttentionFa3Gpu, HeavyFirstBackwardMatchesReference) {
   check_pinned_backward(cases, kFa3BwdHeavyFirstKernel, rng);
 }
 
-// The ranked instance with each key block's walk split over the group's heads: causal and windowed
-// GQA problems small enough that head_parts splits them (its workspace, the f32 shares, larger
-// than the unsplit instance's), over both head dims (q128 where fa3_bwd_widens), both diagonals,
-// several batches and key heads, odd lengths, both memory orders, padded rows (whose gaps the sum
-// must leave untouched) and soft-capping; then every fa3_bwd_cases() case, most of which it runs
-// unsplit (MHA, unmasked, varlen, D = 256). The instances of 2, 4 and 8 parts by force run the
-// split cases whose group they divide and refuse the others.
-TEST(AttentionFa3Gpu, HeadSplitBackwardMatchesReference) {
-  FA3_BWD_SKIP_UNLESS_RUNNABLE();
-  harness::Rng rng;
-  const Stream& gs = harness::stream_for(Target::cuda);
-  const std::vector<Case> split = {
+// GQA problems small enough that fa3_bwd_head_parts splits them: causal and windowed, both head
+// dims, both diagonals, several batches and key heads, odd lengths, both memory orders, padded
+// rows and soft-capping.
+std::vector<Case> head_split_cases() {
+  return {
       // One key head of 8 query heads, 8 key blocks: 8 parts of one head each.
       {DType::bf16, 1, 8, 1, 1000, 1000, 128, Mask::causal_top_left(), false, false},
       // Lq < Lk bottom-right, [B, L, H, D], padded rows (the f32 sum must leave the gaps).
@@ -3730,6 +3726,20 @@ TEST(AttentionFa3Gpu, HeadSplitBackwardMatchesReference) {
       // Soft-capping, groups of 2.
       {DType::bf16, 1, 8, 4, 517, 517, 128, Mask::causal_top_left(), false, false, true, 30.0},
   };
+}
+
+// The ranked instance with each key block's walk split over the group's heads: causal and windowed
+// GQA problems small enough that head_parts splits them (its workspace, the f32 shares, larger
+// than the unsplit instance's), over both head dims (q128 where fa3_bwd_widens), both diagonals,
+// several batches and key heads, odd lengths, both memory orders, padded rows (whose gaps the sum
+// must leave untouched) and soft-capping; then every fa3_bwd_cases() case, most of which it runs
+// unsplit (MHA, unmasked, varlen, D = 256). The instances of 2, 4 and 8 parts by force run the
+// split cases whose group they divide and refuse the others.
+TEST(AttentionFa3Gpu, HeadSplitBackwardMatchesReference) {
+  FA3_BWD_SKIP_UNLESS_RUNNABLE();
+  harness::Rng rng;
+  const Stream& gs = harness::stream_for(Target::cuda);
+  const std::vector<Case> split = head_split_cases();
   for (const Case& c : split) {
     SCOPED_TRACE(name_of(c));
     const Descriptor desc = desc_of(c, c.t);
@@ -3759,6 +3769,31 @@ TEST(AttentionFa3Gpu, HeadSplitBackwardMatchesReference) {
     check_pinned_backward(fit, kFa3BwdHeadSplitPartsKernels[i], rng);
   }
   check_pinned_backward(fa3_bwd_cases(), kFa3BwdHeadSplitKernel, rng);
+}
+
+// The deterministic instance split over the group's heads: the split cases (their workspace larger
+// than the unsplit deterministic instance's) and unmasked GQA walks, which rotate over two
+// accumulators within each part's walk (8 parts of a group of 16 over 8 key blocks; 2 parts of a
+// group of 4 with more query blocks than key blocks); each against the reference and rerun
+// bitwise.
+TEST(AttentionFa3Gpu, DeterministicHeadSplitBackwardMatchesReferenceAndRepeatsBitwise) {
+  FA3_BWD_SKIP_UNLESS_RUNNABLE();
+  harness::Rng rng;
+  const Stream& gs = harness::stream_for(Target::cuda);
+  std::vector<Case> cases = head_split_cases();
+  cases.push_back({DType::bf16, 1, 16, 1, 1024, 1024, 128, Mask::none(), false, false});
+  cases.push_back({DType::f16, 1, 8, 2, 1100, 600, 64, Mask::none(), true, false});
+  for (const Case& c : cases) {
+    SCOPED_TRACE(name_of(c));
+    auto whole = attention::BackwardPlan::select(
+        gs, desc_of(c, c.t), PlanPreference::kernel(kFa3BwdDeterministicKernel));
+    auto parts = attention::BackwardPlan::select(
+        gs, desc_of(c, c.t), PlanPreference::kernel(kFa3BwdDeterministicHeadSplitKernel));
+    BARACUDA_ASSERT_OK(whole);
+    BARACUDA_ASSERT_OK(parts);
+    EXPECT_GT(parts->workspace_size(), whole->workspace_size()) << "head_parts did not split it";
+  }
+  check_pinned_backward(cases, kFa3BwdDeterministicHeadSplitKernel, rng, 3);
 }
 
 // And the ranked-ahead entry, which launches q128 where fa3_bwd_widens.

@@ -317,8 +317,8 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
       b = static_cast<int>(blockIdx.z);
   // head_parts: the CTA's share of the group's query heads (part of parts); key_blocks: the grid's
   // key blocks.
-  const int parts = kDet ? 1 : p.head_parts;
-  const int key_blocks = kDet ? static_cast<int>(gridDim.x) : static_cast<int>(gridDim.x) / parts;
+  const int parts = p.head_parts;
+  const int key_blocks = static_cast<int>(gridDim.x) / parts;
   if constexpr (kDet) {
     const int ticket = static_cast<int>(cuda::block_ticket(p.det_ticket));
     const int g = static_cast<int>(gridDim.x), per_batch = g * static_cast<int>(gridDim.y);
@@ -334,8 +334,10 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
     hk = static_cast<int>(linear % pairs % heads);
     b = static_cast<int>(linear % pairs / heads);
   }
-  const int part = kDet ? 0 : kb % parts, part_heads = kDet ? p.group : p.group / parts;
-  if constexpr (!kDet) kb /= parts;
+  // (kDet: a ticket's x falls with the ticket, so that a key block's parts follow every part of
+  // the higher key blocks, which each add before it into the chunks of its heads.)
+  const int part = kb % parts, part_heads = p.group / parts;
+  kb /= parts;
   const int n0 = kb * kKeys;
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   // The warpgroup broadcast from lane 0, so that the compiler knows it is warp-uniform and derives
@@ -571,7 +573,8 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
     const int blocks = (lk + kKeys - 1) / kKeys;
     if (t >= steps - rot) return static_cast<unsigned>(blocks - 1 - kb);
     const unsigned pos = static_cast<unsigned>(q.hh * nm + q.m),
-                   last = ((pos + 1) * gridDim.x - 1) / static_cast<unsigned>(nm);
+                   last = ((pos + 1) * static_cast<unsigned>(key_blocks) - 1) /
+                          static_cast<unsigned>(nm);
     return min(last, static_cast<unsigned>(blocks - 1)) - static_cast<unsigned>(kb);
   };
   // The reducing thread's chunk (an index into det_counts and into the accumulator's chunks) whose
@@ -897,7 +900,7 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
   fence_regs(dv);
   fence_regs(dk);
 
-  if constexpr (!kDet && !kSplit) {
+  if constexpr (!kSplit) {
     if (parts > 1) {
       // head_parts: this part's f32 share of dK (scaled) and dV, stored straight from the
       // accumulators (a lane quad writes whole 32-byte sectors); fa3_bwd_kv_post sums the parts.
@@ -916,7 +919,15 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
               make_float2(dk[4 * j + 2 * i] * p.scale, dk[4 * j + 2 * i + 1] * p.scale);
         }
       }
-      bulk_wait<0, true>();  // the last dQ reduction's read of its stage
+      // The last dQ reduction (kDet: counted) as the staged path waits for it.
+      if (threadIdx.x % 128 == 0) {
+        if constexpr (kDet) {
+          if (det_pending >= 0) det_count_add(p.det_counts + det_pending);
+        }
+        bulk_wait<0, false>();
+      } else {
+        bulk_wait<0, true>();
+      }
       return;
     }
   }
@@ -991,6 +1002,7 @@ struct RowParams {
   // cu_k, else null), the longest (the main grid's key blocks) and the query heads a key head.
   const int* cu_k;
   int total_k, lk, group;
+  int head_parts;  // the main grid's split of each walk (BwdParams::head_parts): a part's walk
 };
 
 // Sequence b's query rows: packed rows [q0, q0 + lq) of tensor batch tb (the main kernel's rule).
@@ -1096,8 +1108,8 @@ __global__ void __launch_bounds__(256) fa3_bwd_prep(const RowParams p) {
 // kDet with det_rotated: the sum of the accumulator's two halves (in that order), neither zeroed by
 // prep: the first half holds every position of a sequence with keys (key block 0's walk starts at
 // position 0), the second the positions before the highest key block's rotation, rot(g - 1) =
-// (g - 1) nm / key_blocks (the walks that wrap past them; query blocks of the group's first head
-// only); a sequence without keys has dQ 0.
+// (g - 1) nm / key_blocks (the walks that wrap past them; query blocks of the first head of each
+// part's walk only, BwdParams::head_parts); a sequence without keys has dQ 0.
 template <class T, int D, bool kDet = false>
 __global__ void __launch_bounds__(128) fa3_bwd_post(const RowParams p) {
   constexpr int kParts = D / 64;
@@ -1117,7 +1129,7 @@ __global__ void __launch_bounds__(128) fa3_bwd_post(const RowParams p) {
     const RowSeq sq = row_seq(p, b);
     const int lk = p.cu_k ? seq_span(p.cu_k, b, p.lk, p.total_k).len : p.lk;
     const int g = (lk + kDetKeys - 1) / kDetKeys, nm = (sq.lq + kChunkRows - 1) / kChunkRows;
-    const int64_t pos = int64_t{h % p.group} * nm + m_blk;
+    const int64_t pos = int64_t{h % (p.group / p.head_parts)} * nm + m_blk;  // in its part's walk
     first = g > 0;
     second = g > 0 && pos < walk_start(g - 1, nm, (p.lk + kDetKeys - 1) / kDetKeys);
   }
@@ -1294,7 +1306,8 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
                     y = rows_view(a.y, vl), dy = rows_view(a.dy, vl), lse = lse_view(a.lse, vl);
   const Tensor dq = rows_view(a.dq, vl), dk = rows_view(a.dk, vl), dv = rows_view(a.dv, vl);
   constexpr int kKeys = BwdShape<D, W, Q>::kKeys;
-  const bool splits = sched.head_split && !kDet && !BwdShape<D, W, Q>::kSplitCols;
+  // (kDet splits too: fa3_bwd_sm90a_deterministic_head_split; its order stays the tickets'.)
+  const bool splits = sched.head_split && !BwdShape<D, W, Q>::kSplitCols;
   const Fa3BwdGrid model =
       splits ? fa3_bwd_grid(pr, ctx.stream.caps().sm_count, kKeys, BwdShape<D, W, Q>::kQRows)
              : Fa3BwdGrid{};
@@ -1341,6 +1354,7 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
     rp.total_k = vl ? static_cast<int>(d.total_k) : 0;
     rp.lk = static_cast<int>(d.len_k);
     rp.group = static_cast<int>(pr.group);
+    rp.head_parts = parts;
   }
 
   BwdParams p{};
@@ -1458,13 +1472,20 @@ bool fits_det_ranked(const Problem& pr, const DeviceCaps& caps) {
   return fa3_det_leads(pr) && fits_det<T>(pr, caps) &&
          candidate_here(pr, Pass::backward, caps) == Candidate::fa3;
 }
-template <class T>
+// fa3_bwd_sm90a_deterministic, and under a head split its _head_split instance (a key block's parts
+// after every part of the higher key blocks in ticket order, by name).
+template <class T, Schedule kSched = Schedule{}>
 Status launch_det(const LaunchContext& ctx, const Problem& pr, const BackwardArguments& a) {
-  if (pr.desc.head_dim_qk == 64) return launch_d<T, 64, 2, 64, true>(ctx, pr, a);
-  if (pr.desc.head_dim_qk == 128) return launch_d<T, 128, 2, 64, true>(ctx, pr, a);
-  return Error::unsupported(
-      std::string(attention::BackwardOp::name) + ": " + std::string(kFa3BwdDeterministicKernel) +
-      ": head_dim=" + std::to_string(pr.desc.head_dim_qk) + ": D = 64 or 128 only");
+  if (pr.desc.head_dim_qk == 64) return launch_d<T, 64, 2, 64, true>(ctx, pr, a, kSched);
+  if (pr.desc.head_dim_qk == 128) return launch_d<T, 128, 2, 64, true>(ctx, pr, a, kSched);
+  const std::string_view name =
+      kSched.head_split ? kFa3BwdDeterministicHeadSplitKernel : kFa3BwdDeterministicKernel;
+  return Error::unsupported(std::string(attention::BackwardOp::name) + ": " + std::string(name) +
+                            ": head_dim=" + std::to_string(pr.desc.head_dim_qk) +
+                            ": D = 64 or 128 only");
+}
+inline size_t workspace_det_split(const Problem& pr, const DeviceCaps& caps) {
+  return layout_of(pr, true, fa3_bwd_head_parts(pr, caps.sm_count, 128, 64)).bytes;
 }
 
 // The kernels by name, in the order of their (falling) priorities in register_one.
@@ -1555,6 +1576,8 @@ bool register_one() {
   // The deterministic instance, by name (its place among the deterministic entries is measured
   // first: docs/perf/attention_hopper.md, seventy-fourth session).
   add(kFa3BwdDeterministicKernel, priority--, true, fits_det<T>, workspace_det, launch_det<T>);
+  add(kFa3BwdDeterministicHeadSplitKernel, priority--, true, fits_det<T>, workspace_det_split,
+      launch_det<T, Schedule{.head_split = true}>);
   // The ranked instance with its grid key block first, split over the group's heads, or both, by
   // name (for measurement; the ranked entry below splits).
   add(kFa3BwdHeavyFirstKernel, priority--, false, fits_scheduled<T>, workspace,
