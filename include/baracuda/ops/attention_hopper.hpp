@@ -544,8 +544,11 @@ inline constexpr std::string_view kFa3BwdQ128Kernel = "fa3_bwd_sm90a_q128";
 // By name.
 inline constexpr std::string_view kFa3BwdDeterministicKernel = "fa3_bwd_sm90a_deterministic";
 // The same with each key block's walk split over the group's heads where fa3_bwd_head_parts says
-// (dK / dV from f32 shares summed in part order), by name, for measurement against cuDNN's
-// deterministic algorithm on causal GQA problems.
+// (dK / dV from f32 shares summed in part order; a key block's parts take their tickets after
+// every part of the higher key blocks, so each dQ chunk's adds keep their falling order), by name.
+// Bitwise-equal reruns as the unsplit instance; at or above its speed at every point measured
+// (within the rounds' 3% where it does not split; 1.1-2.2x in causal groups of 8 / 16 from L1024,
+// seventy-ninth session: 4k tokens in groups of 8 at L4096 341.1 against 155.4).
 inline constexpr std::string_view kFa3BwdDeterministicHeadSplitKernel =
     "fa3_bwd_sm90a_deterministic_head_split";
 // The instance fa3_ranked_backward_kernel names, its grid's blocks taken key block first (every
@@ -564,9 +567,9 @@ inline constexpr std::string_view kFa3BwdHeadSplitHeavyFirstKernel =
 // one bench run times every split of a point, to fit the model's per-CTA costs.
 inline constexpr std::string_view kFa3BwdHeadSplitPartsKernels[] = {
     "fa3_bwd_sm90a_head_split_x2", "fa3_bwd_sm90a_head_split_x4", "fa3_bwd_sm90a_head_split_x8"};
-// The same kernel once more, for PlanPreference::deterministic(): fitting only where it leads
-// cuDNN's deterministic algorithm (fa3_det_leads) and the table picks fa3 for the backward, at
-// kFa3DetAhead, above cuDNN's deterministic entries (kCudnnAhead - 1 where the table ranks cuDNN
+// The split deterministic kernel once more, for PlanPreference::deterministic(): fitting where it
+// leads cuDNN's deterministic algorithm (fa3_det_leads) and the table picks fa3 for the backward,
+// at kFa3DetAhead, above cuDNN's deterministic entries (kCudnnAhead - 1 where the table ranks cuDNN
 // ahead of the family's kernels, kCudnnBehind - 1 behind them) and the family's. Wherever it fits,
 // fa3's ranked-ahead entry (kFa3Ahead, not deterministic) fits too: `fastest` never gets it.
 inline constexpr std::string_view kFa3BwdDeterministicRanked = "fa3_bwd_sm90a_deterministic_ranked";
@@ -574,30 +577,38 @@ inline constexpr int kFa3DetAhead = kCudnnAhead + 1;
 // Where fa3_bwd_sm90a_deterministic leads cuDNN's deterministic backward (fa3_det_leads): bf16 or
 // f16, Dk = Dv, no soft-capping, padded, and one of these rows: its head dim, no mask or causal
 // (then Lq = Lk, the only shape measured), min_group to max_group query heads a key head, from
-// min_rows query and key rows. Measured (H200, 16k tokens as B x L, 2048 hidden, TFLOP/s ours /
-// cuDNN's deterministic, seventy-sixth session's call 4 unless named): d64 L512 271.3 / 228.0,
-// L16384 433.9 / 287.9 (f16 271.5 / 227.7, 422.9 / 287.7; groups of 4 312.7 / 218.4, 425.9 / 291.5;
-// groups of 8, call 3, 302.9 / 225.9, 372.5 / 293.4); d64 causal L512 175.4 / 178.7, L1024
-// 253.1 / 237.0, L16384 418.3 / 330.5 (groups of 4 from L512 202.9 / 167.3; groups of 8 0.90-0.98x
-// in call 3); d128 L1024 438.4 / 422.9 (1.04x, f16 1.04x), L2048 515.0 / 475.6, L16384 545.3 /
-// 484.0; d128 causal L1024 0.97x, L2048 418.6 / 391.8, L16384 520.5 / 451.2. d128 unmasked in
-// groups since 959fbbe's rotation (seventy-seventh session's call 3; groups of 2 in call 2, before
-// it): groups of 2 L512 373.3 / 322.2, L16384 558.6 / 492.6; of 4 L512 419.6 / 331.4, L1024 503.0
-// / 409.9, L16384 554.4 / 486.1; of 8 435.0 / 338.5, 515.1 / 413.2, 558.9 / 489.3; of 16 447.6 /
-// 339.6, 522.9 / 414.7, 561.8 / 491.9 (ungrouped L512 341.0 / 346.5). Left to cuDNN: d128 causal
-// in groups (groups of 4 0.96-1.04x up to L2048, 0.87-0.97x from L4096), shorter problems, packed
-// sequences.
+// min_rows to max_rows query and key rows. Measured (H200, 16k tokens as B x L, 2048 hidden,
+// TFLOP/s ours / cuDNN's deterministic, seventy-sixth session's call 4 unless named): d64 L512
+// 271.3 / 228.0, L16384 433.9 / 287.9 (f16 271.5 / 227.7, 422.9 / 287.7; groups of 4 312.7 /
+// 218.4, 425.9 / 291.5; groups of 8, call 3, 302.9 / 225.9, 372.5 / 293.4); d64 causal L512 175.4
+// / 178.7, L1024 253.1 / 237.0, L16384 418.3 / 330.5 (groups of 4 from L512 202.9 / 167.3; groups
+// of 8 0.90-0.98x in call 3); d128 L1024 438.4 / 422.9 (1.04x, f16 1.04x), L2048 515.0 / 475.6,
+// L16384 545.3 / 484.0; d128 causal L1024 0.97x, L2048 418.6 / 391.8, L16384 520.5 / 451.2. d128
+// unmasked in groups since 959fbbe's rotation (seventy-seventh session's call 3; groups of 2 in
+// call 2, before it): groups of 2 L512 373.3 / 322.2, L16384 558.6 / 492.6; of 4 L512 419.6 /
+// 331.4, L1024 503.0 / 409.9, L16384 554.4 / 486.1; of 8 435.0 / 338.5, 515.1 / 413.2, 558.9 /
+// 489.3; of 16 447.6 / 339.6, 522.9 / 414.7, 561.8 / 491.9 (ungrouped L512 341.0 / 346.5). d128
+// causal in groups, the walks split where fa3_bwd_grid says (the ranked entry's launch, by name
+// fa3_bwd_sm90a_deterministic_head_split; seventy-ninth session's calls 2 and 3, interleaved
+// rounds): groups of 2 (call 3; unsplit there but at L8192) L512 237.5 / 216.9, L2048 420.1 /
+// 372.6, L16384 491.4 / 458.9 (1.07-1.13x at all six); of 4 L2048 400.0 / 383.8 and 393.7 / 379.5,
+// L4096 463.2 / 414.6 and 429.3 / 399.1, L8192 480.8 / 443.1 and 468.0 / 431.1; of 8 L2048 400.6 /
+// 386.4 and 396.8 / 383.0, L4096 460.0 / 425.6 and 456.2 / 425.7 (4k tokens 1.08 / 1.02x). Left to
+// cuDNN: d128 causal in groups elsewhere (groups of 4 / 8 0.92-1.04x up to L1024, at L16384 0.90 /
+// 0.75x, groups of 8 at L8192 0.93x; groups of 16 0.74-1.02x from L2048, the chunks' ordered
+// adders a long chain where a key head has 16 query heads), shorter problems, packed sequences.
+// No bound on a measured row's length (kFa3DetLeads, kGroupedBackwardPicks).
+inline constexpr int64_t kNoBound = int64_t{1} << 62;
 struct DetLead {
   int64_t head_dim;
   bool causal;
   int64_t min_group, max_group;
-  int64_t min_rows;
+  int64_t min_rows, max_rows = kNoBound;
 };
-inline constexpr DetLead kFa3DetLeads[] = {{64, false, 1, 8, 512},
-                                           {64, true, 1, 4, 1024},
-                                           {128, false, 1, 1, 2048},
-                                           {128, false, 2, 16, 512},
-                                           {128, true, 1, 1, 2048}};
+inline constexpr DetLead kFa3DetLeads[] = {
+    {64, false, 1, 8, 512},        {64, true, 1, 4, 1024},       {128, false, 1, 1, 2048},
+    {128, false, 2, 16, 512},      {128, true, 1, 1, 2048},      {128, true, 2, 2, 512},
+    {128, true, 4, 4, 2048, 8192}, {128, true, 8, 8, 2048, 4096}};
 bool fa3_det_leads(const attention::Problem& p);
 // The default backward in GQA groups, where the table's Lq = Lk points (one query head a key head)
 // mislead: a kGroupedBackwardPicks row that matches the problem decides between fa3 and cuDNN in
@@ -634,7 +645,6 @@ struct GroupedBackwardPick {
   int64_t max_key_rows;
   Candidate pick;
 };
-inline constexpr int64_t kNoBound = int64_t{1} << 62;
 inline constexpr GroupedBackwardPick kGroupedBackwardPicks[] = {
     {128, false, 2, 512, kNoBound, kNoBound, Candidate::fa3},
     {128, true, 2, 512, kNoBound, kNoBound, Candidate::fa3}};

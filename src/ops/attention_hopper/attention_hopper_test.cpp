@@ -907,14 +907,15 @@ int64_t det_group_beyond(const DetLead& lead) {
 
 // Where the deterministic backward's ranked entry may fit (fa3_det_leads): bf16 or f16, padded, no
 // soft-capping, and a row of kFa3DetLeads (head dim, no mask or causal with Lq = Lk, the group's
-// range, the fewest rows); anything else (a window too, even one wider than the problem) stays
-// with cuDNN's deterministic algorithm. (The rows of a head dim and mask are laid out so that one
-// row's group just below its range, or one row short, falls outside the others too.)
+// range, the fewest rows to the most); anything else (a window too, even one wider than the
+// problem) stays with cuDNN's deterministic algorithm. (The rows of a head dim and mask are laid
+// out so that one row's group just below its range, or one row short or long, falls outside the
+// others too.)
 TEST(AttentionCudnnRules, DeterministicBackwardLeadsWhereMeasured) {
   auto problem = [](const DetLead& lead, int64_t lq, int64_t lk, int64_t group,
                     DType t = DType::bf16) {
     const Mask m = lead.causal ? Mask::causal_top_left() : Mask::none();
-    return problem_of(make_desc(t, 2, 64, 64 / group, lq, lk, lead.head_dim, m));
+    return problem_of(make_desc(t, 2, 2 * group, 2, lq, lk, lead.head_dim, m));
   };
   for (const DetLead& lead : kFa3DetLeads) {
     SCOPED_TRACE("d" + std::to_string(lead.head_dim) + (lead.causal ? " causal" : "") +
@@ -922,8 +923,12 @@ TEST(AttentionCudnnRules, DeterministicBackwardLeadsWhereMeasured) {
     const int64_t rows = lead.min_rows, low = lead.min_group, high = lead.max_group;
     EXPECT_TRUE(fa3_det_leads(problem(lead, rows, rows, low)));
     EXPECT_TRUE(fa3_det_leads(problem(lead, rows, rows, high)));
-    EXPECT_TRUE(fa3_det_leads(problem(lead, 32 * rows, 32 * rows, high, DType::f16)));
+    const int64_t longest = std::min(32 * rows, lead.max_rows);
+    EXPECT_TRUE(fa3_det_leads(problem(lead, longest, longest, high, DType::f16)));
     EXPECT_FALSE(fa3_det_leads(problem(lead, rows - 1, rows - 1, low)));
+    if (lead.max_rows != kNoBound) {
+      EXPECT_FALSE(fa3_det_leads(problem(lead, lead.max_rows + 1, lead.max_rows + 1, low)));
+    }
     EXPECT_FALSE(fa3_det_leads(problem(lead, rows, rows, det_group_beyond(lead))));
     if (low > 1) {
       EXPECT_FALSE(fa3_det_leads(problem(lead, rows, rows, low - 1)));
@@ -3549,10 +3554,10 @@ TEST(AttentionFa3Gpu, DeterministicBackwardRepeatsBitwiseManyTimes) {
 // fa3 (`fastest` then still takes fa3's non-deterministic entry), and not where the table picks
 // cuDNN or the rule does not hold; the ranked entry against the reference, 4 bitwise runs.
 // The deterministic preference's selection cases: each kFa3DetLeads row at its least rows in its
-// largest group (f16 on the first row) leads; a problem just outside a row (half the rows, a group
-// beyond every row of its head dim and mask, or one below the row's range) does not. The override
-// tables put a point per dtype and row at the row's least rows, with fa3 or cuDNN the fastest
-// candidate there.
+// largest group (f16 on the first row) leads; a problem just outside a row (half the rows, one row
+// beyond its most where bounded, a group beyond every row of its head dim and mask, or one below
+// the row's range) does not. The override tables put a point per dtype and row at the row's least
+// rows (and its most where bounded), with fa3 or cuDNN the fastest candidate there.
 struct DetLeadCases {
   std::vector<Case> leads, others;
 };
@@ -3566,6 +3571,7 @@ DetLeadCases det_lead_cases() {
     const int64_t g = lead.max_group, rows = lead.min_rows;
     cases.leads.push_back(at(lead, g, rows, cases.leads.empty() ? DType::f16 : DType::bf16));
     cases.others.push_back(at(lead, g, rows / 2));
+    if (lead.max_rows != kNoBound) cases.others.push_back(at(lead, g, lead.max_rows + 1));
     cases.others.push_back(at(lead, det_group_beyond(lead), rows));
     if (lead.min_group > 1) cases.others.push_back(at(lead, lead.min_group - 1, rows));
   }
@@ -3575,8 +3581,9 @@ std::vector<TablePoint> det_lead_table(double cudnn, double fa3) {
   std::vector<TablePoint> points;
   for (DType t : {DType::bf16, DType::f16})
     for (const DetLead& lead : kFa3DetLeads)
-      points.push_back(
-          {t, Pass::backward, lead.head_dim, lead.min_rows, lead.causal, cudnn, 1, fa3});
+      for (int64_t rows : {lead.min_rows, lead.max_rows})
+        if (rows != kNoBound)
+          points.push_back({t, Pass::backward, lead.head_dim, rows, lead.causal, cudnn, 1, fa3});
   return points;
 }
 

@@ -1593,9 +1593,10 @@ bool register_one() {
   add(kFa3BwdHeadSplitPartsKernels[2], priority--, false, fits_parts<T, 8>, workspace_parts<8>,
       launch_scheduled<T, Schedule{.head_split = true, .parts = 8}>);
   // The deterministic instance for PlanPreference::deterministic() where it leads (see
-  // kFa3BwdDeterministicRanked).
-  add(kFa3BwdDeterministicRanked, kFa3DetAhead, true, fits_det_ranked<T>, workspace_det,
-      launch_det<T>);
+  // kFa3BwdDeterministicRanked), its walks split where the grid model says (as by name above: at
+  // or above the unsplit instance's speed at every point measured).
+  add(kFa3BwdDeterministicRanked, kFa3DetAhead, true, fits_det_ranked<T>, workspace_det_split,
+      launch_det<T, Schedule{.head_split = true}>);
   // fa3_ranked_backward_kernel's kernel above every other backward kernel, fitting only where the
   // measured selection table says fa3 is the fastest candidate (cuDNN's non-deterministic entry
   // then ranks behind).

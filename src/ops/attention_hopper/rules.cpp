@@ -237,7 +237,8 @@ bool fa3_det_leads(const attention::Problem& p) {
   if (causal && d.len_q != d.len_k) return false;
   for (const DetLead& lead : kFa3DetLeads)
     if (lead.head_dim == d.head_dim_qk && lead.causal == causal && p.group >= lead.min_group &&
-        p.group <= lead.max_group && d.len_q >= lead.min_rows && d.len_k >= lead.min_rows)
+        p.group <= lead.max_group && d.len_q >= lead.min_rows && d.len_k >= lead.min_rows &&
+        d.len_q <= lead.max_rows && d.len_k <= lead.max_rows)
       return true;
   return false;
 }
