@@ -547,7 +547,7 @@ inline constexpr std::string_view kFa3BwdDeterministicKernel = "fa3_bwd_sm90a_de
 // (dK / dV from f32 shares summed in part order; a key block's parts take their tickets after
 // every part of the higher key blocks, so each dQ chunk's adds keep their falling order), by name.
 // Bitwise-equal reruns as the unsplit instance; at or above its speed at every point measured
-// (within the rounds' 3% where it does not split; 1.1-2.2x in causal groups of 8 / 16 from L1024,
+// (within the rounds' 3% where it does not split; 1.07-2.2x in causal groups of 8 / 16 from L1024,
 // seventy-ninth session: 4k tokens in groups of 8 at L4096 341.1 against 155.4).
 inline constexpr std::string_view kFa3BwdDeterministicHeadSplitKernel =
     "fa3_bwd_sm90a_deterministic_head_split";
