@@ -675,15 +675,24 @@ std::optional<Candidate> grouped_backward_pick(const attention::Problem& p);
 // at L512, d64 in groups of 16 at L512); every point below 1.3 that it lost (0.77-0.96x: groups of
 // 4 at L512, of 8 / 16 from L1024, 4k tokens in groups of 8 at L1024; and 64k tokens, where its
 // wave reads more heads' Q / dY than L2 holds) modelled 1.25 or less.
+// Where every query head's Q and dY fit in l2_bytes (a wave taken key block first reads them from
+// many heads at once: from L2 then, not DRAM), the split grid itself is taken key block first
+// where that models kFa3BwdResidentHeavyFirstGain times shorter. Measured (H200, 60 MiB of L2,
+// seventy-ninth session's call 2, interleaved rounds, by name): at 4k tokens (Q and dY 32 MiB)
+// every point of gain 1.12-1.15 ran 1.00-1.12x the split alone (groups of 4 at L1024 / L2048,
+// groups of 8 at L1024, d64 in groups of 8 at L1024 / L2048), those of gain 1.0 0.98-1.0x; at 16k
+// / 64k tokens (128 / 512 MiB) points of gain 1.05-1.17 ran 0.72-1.06x.
 inline constexpr double kFa3BwdCtaSteps = 3, kFa3BwdSplitCtaSteps = 4, kFa3BwdSplitMargin = 0.98,
-                        kFa3BwdHeavyFirstGain = 1.28;
+                        kFa3BwdHeavyFirstGain = 1.28, kFa3BwdResidentHeavyFirstGain = 1.1;
 struct Fa3BwdGrid {
   int parts = 1;
   bool heavy_first = false;
 };
-Fa3BwdGrid fa3_bwd_grid(const attention::Problem& p, int sm_count, int keys, int q_rows);
+Fa3BwdGrid fa3_bwd_grid(const attention::Problem& p, int sm_count, int keys, int q_rows,
+                        int64_t l2_bytes);
+// (The parts do not depend on the L2.)
 inline int fa3_bwd_head_parts(const attention::Problem& p, int sm_count, int keys, int q_rows) {
-  return fa3_bwd_grid(p, sm_count, keys, q_rows).parts;
+  return fa3_bwd_grid(p, sm_count, keys, q_rows, 0).parts;
 }
 // Head dim 64 without soft-capping from kFa3BwdWideMinRows query rows on, where fa3's backward
 // runs: the 128-row steps in place of the 64-row ones. Measured (H200, bf16, 16k tokens as B x L,

@@ -1308,8 +1308,9 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
   constexpr int kKeys = BwdShape<D, W, Q>::kKeys;
   // (kDet splits too: fa3_bwd_sm90a_deterministic_head_split; its order stays the tickets'.)
   const bool splits = sched.head_split && !BwdShape<D, W, Q>::kSplitCols;
+  const DeviceCaps& caps = ctx.stream.caps();
   const Fa3BwdGrid model =
-      splits ? fa3_bwd_grid(pr, ctx.stream.caps().sm_count, kKeys, BwdShape<D, W, Q>::kQRows)
+      splits ? fa3_bwd_grid(pr, caps.sm_count, kKeys, BwdShape<D, W, Q>::kQRows, caps.l2_bytes)
              : Fa3BwdGrid{};
   const int parts = !splits ? 1 : sched.parts > 0 ? sched.parts : model.parts;
   const bool heavy_first = sched.heavy_first || (sched.model_order && model.heavy_first);

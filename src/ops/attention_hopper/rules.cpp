@@ -255,7 +255,8 @@ std::optional<Candidate> grouped_backward_pick(const attention::Problem& p) {
   return std::nullopt;
 }
 
-Fa3BwdGrid fa3_bwd_grid(const attention::Problem& p, int sm_count, int keys, int q_rows) {
+Fa3BwdGrid fa3_bwd_grid(const attention::Problem& p, int sm_count, int keys, int q_rows,
+                        int64_t l2_bytes) {
   const attention::Descriptor& d = p.desc;
   if (d.varlen || d.head_dim_qk > 128 || p.group < 2 || sm_count <= 0 || keys <= 0 || q_rows <= 0)
     return {};
@@ -265,14 +266,15 @@ Fa3BwdGrid fa3_bwd_grid(const attention::Problem& p, int sm_count, int keys, int
   auto bound = [&](int64_t b) { return b < 0 || b >= d.len_q + d.len_k ? int64_t{-1} : b; };
   const int64_t left = bound(d.mask.left), right = bound(d.mask.right);
   struct Memo {
-    int64_t key[11];
+    int64_t key[13];
     Fa3BwdGrid grid;
   };
   thread_local Memo memo{{-1}, {}};
-  const int64_t key[11] = {d.batch,  d.heads_kv, p.group, d.len_q,
-                           d.len_k,  left,       right,   static_cast<int64_t>(d.mask.diagonal),
-                           sm_count, keys,       q_rows};
-  if (std::equal(key, key + 11, memo.key)) return memo.grid;
+  const int64_t diagonal = static_cast<int64_t>(d.mask.diagonal),
+                row_bits = d.head_dim_qk * bits_of(d.dtype);
+  const int64_t key[13] = {d.batch,  d.heads_kv, p.group, d.len_q, d.len_k,  left,    right,
+                           diagonal, sm_count,   keys,    q_rows,  l2_bytes, row_bits};
+  if (std::equal(key, key + 13, memo.key)) return memo.grid;
   // Each key block's walk in steps (the kernel's m_begin and nm, times the group's heads).
   const int64_t off = d.mask.diagonal == attention::Diagonal::bottom_right ? d.len_k - d.len_q : 0;
   std::vector<double> walk(static_cast<size_t>(blocks));
@@ -313,8 +315,15 @@ Fa3BwdGrid fa3_bwd_grid(const attention::Problem& p, int sm_count, int keys, int
     const double steps = grid_steps(parts, false);
     if (steps < kFa3BwdSplitMargin * best_steps) grid.parts = parts, best_steps = steps;
   }
-  if (best_steps >= kFa3BwdHeavyFirstGain * grid_steps(1, true)) grid = {1, true};
-  std::copy(key, key + 11, memo.key);
+  // Q and dY of every query head (what a wave taken key block first reads from many heads at once)
+  // held in L2: heavy first over the split too, for a smaller modelled gain.
+  const int64_t q_dy_bytes = 2 * d.batch * d.heads_q * d.len_q * row_bits / 8;
+  if (best_steps >= kFa3BwdHeavyFirstGain * grid_steps(1, true))
+    grid = {1, true};
+  else if (q_dy_bytes <= l2_bytes &&
+           best_steps >= kFa3BwdResidentHeavyFirstGain * grid_steps(grid.parts, true))
+    grid.heavy_first = true;
+  std::copy(key, key + 13, memo.key);
   memo.grid = grid;
   return grid;
 }
