@@ -684,15 +684,19 @@ std::optional<Candidate> grouped_backward_pick(const attention::Problem& p);
 // / 64k tokens (128 / 512 MiB) points of gain 1.05-1.17 ran 0.72-1.06x.
 inline constexpr double kFa3BwdCtaSteps = 3, kFa3BwdSplitCtaSteps = 4, kFa3BwdSplitMargin = 0.98,
                         kFa3BwdHeavyFirstGain = 1.28, kFa3BwdResidentHeavyFirstGain = 1.1;
+// split: the best split with the grid in launch order (the split entries by name, the
+// deterministic instance); parts and heavy_first: the ranked entry's grid (parts 1 where heavy
+// first keeps the walks whole, else split).
 struct Fa3BwdGrid {
   int parts = 1;
   bool heavy_first = false;
+  int split = 1;
 };
 Fa3BwdGrid fa3_bwd_grid(const attention::Problem& p, int sm_count, int keys, int q_rows,
                         int64_t l2_bytes);
-// (The parts do not depend on the L2.)
+// The best split in launch order (Fa3BwdGrid::split; it does not depend on the L2).
 inline int fa3_bwd_head_parts(const attention::Problem& p, int sm_count, int keys, int q_rows) {
-  return fa3_bwd_grid(p, sm_count, keys, q_rows, 0).parts;
+  return fa3_bwd_grid(p, sm_count, keys, q_rows, 0).split;
 }
 // Head dim 64 without soft-capping from kFa3BwdWideMinRows query rows on, where fa3's backward
 // runs: the 128-row steps in place of the 64-row ones. Measured (H200, bf16, 16k tokens as B x L,

@@ -1312,7 +1312,10 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
   const Fa3BwdGrid model =
       splits ? fa3_bwd_grid(pr, caps.sm_count, kKeys, BwdShape<D, W, Q>::kQRows, caps.l2_bytes)
              : Fa3BwdGrid{};
-  const int parts = !splits ? 1 : sched.parts > 0 ? sched.parts : model.parts;
+  const int parts = !splits             ? 1
+                    : sched.parts > 0   ? sched.parts
+                    : sched.model_order ? model.parts
+                                        : model.split;
   const bool heavy_first = sched.heavy_first || (sched.model_order && model.heavy_first);
   const Layout lay = layout_of(pr, kDet, parts);
   if (ctx.workspace.bytes < lay.bytes)
@@ -1486,7 +1489,7 @@ Status launch_det(const LaunchContext& ctx, const Problem& pr, const BackwardArg
                             ": D = 64 or 128 only");
 }
 inline size_t workspace_det_split(const Problem& pr, const DeviceCaps& caps) {
-  return layout_of(pr, true, fa3_bwd_head_parts(pr, caps.sm_count, 128, 64)).bytes;
+  return layout_of(pr, true, fa3_bwd_head_parts(pr, caps.sm_count, kDetKeys, 64)).bytes;
 }
 
 // The kernels by name, in the order of their (falling) priorities in register_one.
@@ -1528,11 +1531,14 @@ Status launch_scheduled(const LaunchContext& ctx, const Problem& pr, const Backw
     return launch_d<T, 64, 2, 128>(ctx, pr, a, kSched);
   return launch<T, kSched>(ctx, pr, a);
 }
-// Its workspace: the f32 shares where the grid splits.
-inline size_t workspace_scheduled(const Problem& pr, const DeviceCaps& caps) {
+// Its workspace: the f32 shares where the grid splits (kRanked: the ranked entry's grid, unsplit
+// where heavy first keeps the walks whole; else the best split in launch order).
+template <bool kRanked = false>
+size_t workspace_scheduled(const Problem& pr, const DeviceCaps& caps) {
   // (Every instance head_parts splits takes 128 keys a CTA.)
   const int q_rows = fa3_ranked_backward_kernel(pr) == kFa3BwdQ128Kernel ? 128 : 64;
-  return layout_of(pr, false, fa3_bwd_head_parts(pr, caps.sm_count, 128, q_rows)).bytes;
+  const Fa3BwdGrid grid = fa3_bwd_grid(pr, caps.sm_count, 128, q_rows, caps.l2_bytes);
+  return layout_of(pr, false, kRanked ? grid.parts : grid.split).bytes;
 }
 // fa3_bwd_sm90a_head_split_x<P>: P parts whatever the model says (where P divides the group; D = 64
 // / 128, padded), so that one bench run times every split at each point.
@@ -1583,9 +1589,9 @@ bool register_one() {
   // name (for measurement; the ranked entry below splits).
   add(kFa3BwdHeavyFirstKernel, priority--, false, fits_scheduled<T>, workspace,
       launch_scheduled<T, Schedule{.heavy_first = true}>);
-  add(kFa3BwdHeadSplitKernel, priority--, false, fits_scheduled<T>, workspace_scheduled,
+  add(kFa3BwdHeadSplitKernel, priority--, false, fits_scheduled<T>, workspace_scheduled<>,
       launch_scheduled<T, Schedule{.head_split = true}>);
-  add(kFa3BwdHeadSplitHeavyFirstKernel, priority--, false, fits_scheduled<T>, workspace_scheduled,
+  add(kFa3BwdHeadSplitHeavyFirstKernel, priority--, false, fits_scheduled<T>, workspace_scheduled<>,
       launch_scheduled<T, Schedule{.heavy_first = true, .head_split = true}>);
   add(kFa3BwdHeadSplitPartsKernels[0], priority--, false, fits_parts<T, 2>, workspace_parts<2>,
       launch_scheduled<T, Schedule{.head_split = true, .parts = 2}>);
@@ -1601,7 +1607,7 @@ bool register_one() {
   // fa3_ranked_backward_kernel's kernel above every other backward kernel, fitting only where the
   // measured selection table says fa3 is the fastest candidate (cuDNN's non-deterministic entry
   // then ranks behind).
-  add(kFa3BwdRankedAhead, kFa3Ahead, false, fits_ranked_ahead<T>, workspace_scheduled,
+  add(kFa3BwdRankedAhead, kFa3Ahead, false, fits_ranked_ahead<T>, workspace_scheduled<true>,
       launch_ranked_ahead<T>);
   return true;
 }

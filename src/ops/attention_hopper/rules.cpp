@@ -318,8 +318,9 @@ Fa3BwdGrid fa3_bwd_grid(const attention::Problem& p, int sm_count, int keys, int
   // Q and dY of every query head (what a wave taken key block first reads from many heads at once)
   // held in L2: heavy first over the split too, for a smaller modelled gain.
   const int64_t q_dy_bytes = 2 * d.batch * d.heads_q * d.len_q * row_bits / 8;
+  grid.split = grid.parts;
   if (best_steps >= kFa3BwdHeavyFirstGain * grid_steps(1, true))
-    grid = {1, true};
+    grid.parts = 1, grid.heavy_first = true;
   else if (q_dy_bytes <= l2_bytes &&
            best_steps >= kFa3BwdResidentHeavyFirstGain * grid_steps(grid.parts, true))
     grid.heavy_first = true;
