@@ -27,18 +27,16 @@ Tensor view4(void* p, int64_t b, int64_t h, int64_t l, int64_t d, const Stream& 
   return make_tensor(p, t, shape, s.memory_location());
 }
 
-// A forward plan for `d` (the one `kernel` names, the default when empty) timed on `fa`: the
-// plan and its workspace for more rows, and the median; an error row and nothing on failure
-// (no row where a pinned kernel does not serve the point and `unsupported_rows` is false).
-struct TimedForward {
+// A forward plan for `d` (the one `kernel` names, the default when empty) and its workspace; an
+// error row and nothing on failure (no row where a pinned kernel does not serve the point and
+// `unsupported_rows` is false).
+struct PlannedForward {
   ForwardPlan plan;
   Buffer workspace;
-  double median_ms;
 };
-std::optional<TimedForward> time_forward(const Stream& stream, const Descriptor& d,
-                                         std::string_view kernel, const ForwardArguments& fa,
-                                         const char* op, const std::string& name,
-                                         bool unsupported_rows = true) {
+std::optional<PlannedForward> plan_forward(const Stream& stream, const Descriptor& d,
+                                           std::string_view kernel, const char* op,
+                                           const std::string& name, bool unsupported_rows = true) {
   // cuDNN by backend: its entry named "cudnn_sdpa" fits only where the table ranks it first (the
   // other one is "cudnn_sdpa_ranked_behind"), so by name it vanished from the rows another kernel
   // wins (the short chunks, H200 2026-11-30 call 5).
@@ -57,12 +55,31 @@ std::optional<TimedForward> time_forward(const Stream& stream, const Descriptor&
     bench::emit_error(kFamily, op, name, ws.error());
     return std::nullopt;
   }
-  auto ft = bench::time_it(stream, [&](int) { return fwd->run(stream, ws->as_workspace(), fa); });
-  if (!ft.ok()) {
-    bench::emit_error(kFamily, op, name, ft.error());
-    return std::nullopt;
+  return PlannedForward{std::move(fwd).value(), std::move(ws).value()};
+}
+
+// A point's forward plans timed on `fa` in interleaved rounds (bench::time_interleaved, 5 rounds
+// of 6 calls: as many timed calls as bench::time_it's), so that no row pays for its place in the
+// sequence: each plan's median, or nothing and an error row.
+std::vector<std::optional<double>> time_forward_rows(const Stream& stream,
+                                                     std::vector<PlannedForward>& rows,
+                                                     const ForwardArguments& fa, const char* op,
+                                                     const std::string& name) {
+  std::vector<std::function<Status()>> runs;
+  for (PlannedForward& r : rows)
+    runs.push_back(
+        [&stream, &r, &fa] { return r.plan.run(stream, r.workspace.as_workspace(), fa); });
+  const auto times = bench::time_interleaved(stream, runs, 5, 6);
+  std::vector<std::optional<double>> medians;
+  for (const auto& t : times) {
+    if (t.ok()) {
+      medians.emplace_back(t->median_ms);
+    } else {
+      bench::emit_error(kFamily, op, name, t.error());
+      medians.emplace_back();
+    }
   }
-  return TimedForward{std::move(fwd).value(), std::move(ws).value(), ft->median_ms};
+  return medians;
 }
 
 void bench_all(const Stream& stream) {
@@ -146,26 +163,35 @@ void bench_all(const Stream& stream) {
         const int64_t lse_shape[] = {batch, heads, len};
         const Tensor tl = make_tensor(lse->data(), DType::f32, lse_shape, stream.memory_location());
         const ForwardArguments fa{as_const(tq), as_const(tk), as_const(tv), ty, tl, {}, {}};
-        const auto fwd = time_forward(stream, d, "", fa, "attention_forward", name);
-        if (!fwd) continue;
-        const double kv_bytes = 2.0 * n * 2 / group;
-        const double io = 2.0 * n * 2 + kv_bytes;  // Q, K, V read, Y written
-        bench::emit(stream, {kFamily, "attention_forward", name, type_name,
-                             std::string(fwd->plan.sku().name), fwd->median_ms, io, flops, ""});
-        // A/B rows: the other bespoke tensor-core forward kernels, forced by name.
+        // The default plan, then (A/B rows) the other bespoke tensor-core forward kernels forced
+        // by name, all timed in interleaved rounds.
+        std::vector<PlannedForward> fwd_rows;
+        if (auto fwd = plan_forward(stream, d, "", "attention_forward", name))
+          fwd_rows.push_back(std::move(*fwd));
+        else
+          continue;
+        const std::string default_fwd(fwd_rows[0].plan.sku().name);
         for (const char* alt :
              {"flash_fwd_mma_sm80", "flash_fwd_mma_m16_sm80", "flash_fwd_mma_m16w8_sm80",
               "flash_fwd_mma_m32_sm80", "flash_fwd_mma_ovl_sm80", "flash_fwd_mma_m32s_sm80",
               "flash_fwd_mma_m32s_straight_sm80", "flash_fwd_mma_m32s_n128_sm80",
               "flash_fwd_mma_m32s_n128m_sm80"}) {
-          if (fwd->plan.sku().name == alt || backward_only || !ab_wanted(alt)) continue;
+          if (default_fwd == alt || backward_only || !ab_wanted(alt)) continue;
           // A kernel that does not serve this point (m32s_n128 beyond head dim 64, a shape over
           // the device's shared memory) has no row; any other failure is reported.
-          const auto at = time_forward(stream, d, alt, fa, "attention_forward", name, false);
-          if (!at) continue;
-          bench::emit(stream, {kFamily, "attention_forward", name, type_name, alt, at->median_ms,
-                               io, flops, "A/B: kernel forced by name"});
+          if (auto at = plan_forward(stream, d, alt, "attention_forward", name, false))
+            fwd_rows.push_back(std::move(*at));
         }
+        // (Every row writes Y and LSE, which the backward rows below read: the same values.)
+        const auto fwd_ms = time_forward_rows(stream, fwd_rows, fa, "attention_forward", name);
+        if (!fwd_ms[0]) continue;
+        const double kv_bytes = 2.0 * n * 2 / group;
+        const double io = 2.0 * n * 2 + kv_bytes;  // Q, K, V read, Y written
+        for (size_t i = 0; i < fwd_rows.size(); ++i)
+          if (fwd_ms[i])
+            bench::emit(stream, {kFamily, "attention_forward", name, type_name,
+                                 std::string(fwd_rows[i].plan.sku().name), *fwd_ms[i], io, flops,
+                                 i == 0 ? "" : "A/B: kernel forced by name"});
         const BackwardArguments ba{as_const(tq),
                                    as_const(tk),
                                    as_const(tv),
@@ -374,17 +400,26 @@ void bench_all(const Stream& stream) {
     if (dc.page_size > 0)
       fa.block_table = make_tensor(static_cast<const void*>(table_dev->data()), DType::i32, tshape,
                                    stream.memory_location());
-    for (const char* kernel : {"", "flash_decode_sm80", "flash_decode_w4_sm80",
-                               "flash_decode_fused_sm80", "flash_fwd_mma_sm80"}) {
-      const std::string_view kn(kernel);
-      auto timed = time_forward(stream, d, kn, fa, "attention_decode", name);
-      if (!timed) continue;
-      ForwardPlan* fwd = &timed->plan;
-      Buffer* ws = &timed->workspace;
+    // The default plan and every bespoke kernel by name, timed in interleaved rounds; then each
+    // decode kernel's steady loop (and the default's host enqueue) on its own.
+    std::vector<std::string_view> names;
+    std::vector<PlannedForward> plans;
+    for (const std::string_view kn : {"", "flash_decode_sm80", "flash_decode_w4_sm80",
+                                      "flash_decode_fused_sm80", "flash_fwd_mma_sm80"})
+      if (auto planned = plan_forward(stream, d, kn, "attention_decode", name)) {
+        names.push_back(kn);
+        plans.push_back(std::move(*planned));
+      }
+    const auto medians = time_forward_rows(stream, plans, fa, "attention_decode", name);
+    for (size_t i = 0; i < plans.size(); ++i) {
+      if (!medians[i]) continue;
+      const std::string_view kn = names[i];
+      ForwardPlan* fwd = &plans[i].plan;
+      Buffer* ws = &plans[i].workspace;
       // Bytes: the KV cache read once (Q, Y and LSE are negligible); memory-bound, so no FLOPs.
       const double kv_bytes = 2.0 * static_cast<double>(keys) * kHk * dim * 2;
       bench::emit(stream, {kFamily, "attention_decode", name, "bf16", std::string(fwd->sku().name),
-                           timed->median_ms, kv_bytes, 0,
+                           *medians[i], kv_bytes, 0,
                            kn.empty() ? "default plan; % of copy bandwidth on KV bytes"
                                       : "A/B: kernel forced by name"});
       if (!kn.empty() && !kn.starts_with("flash_decode")) continue;
@@ -494,18 +529,26 @@ void bench_all(const Stream& stream) {
         if (ps > 0 && lq <= 256) kernels.push_back("fa3_fwd_sm90a_packed_paged");
         if (ps > 0)
           kernels.insert(kernels.end(), {"fa3_fwd_sm90a_paged", "flash_fwd_mma_paged_sm80"});
+        // Every row's plan first, then all timed in interleaved rounds.
         std::string picked;
+        std::vector<std::string_view> names;
+        std::vector<PlannedForward> plans;
         for (const std::string_view kn : kernels) {
           if (!kn.empty() && kn == picked) continue;
           const bool sm90 = kn.starts_with("fa3_") || kn.starts_with("cudnn_");
-          auto timed = time_forward(stream, d, kn, fa, "attention_prefill", name, !sm90);
-          if (!timed) continue;
-          if (kn.empty()) picked = timed->plan.sku().name;
-          bench::emit(stream, {kFamily, "attention_prefill", name, "bf16",
-                               std::string(timed->plan.sku().name), timed->median_ms, 0, flops,
-                               kn.empty() ? "default plan; TFLOP/s on the visible keys"
-                                          : "A/B: kernel forced by name"});
+          auto planned = plan_forward(stream, d, kn, "attention_prefill", name, !sm90);
+          if (!planned) continue;
+          if (kn.empty()) picked = planned->plan.sku().name;
+          names.push_back(kn);
+          plans.push_back(std::move(*planned));
         }
+        const auto medians = time_forward_rows(stream, plans, fa, "attention_prefill", name);
+        for (size_t i = 0; i < plans.size(); ++i)
+          if (medians[i])
+            bench::emit(stream, {kFamily, "attention_prefill", name, "bf16",
+                                 std::string(plans[i].plan.sku().name), *medians[i], 0, flops,
+                                 names[i].empty() ? "default plan; TFLOP/s on the visible keys"
+                                                  : "A/B: kernel forced by name"});
       }
     }
   }
