@@ -698,6 +698,19 @@ Fa3BwdGrid fa3_bwd_grid(const attention::Problem& p, int sm_count, int keys, int
 inline int fa3_bwd_head_parts(const attention::Problem& p, int sm_count, int keys, int q_rows) {
   return fa3_bwd_grid(p, sm_count, keys, q_rows, 0).split;
 }
+// The deterministic instance's split (fa3_bwd_sm90a_deterministic_head_split and the ranked
+// deterministic entry): its ordered dQ adds make a CTA wait at a chunk until the chunk's previous
+// adder (the next higher key block, an earlier ticket) has counted its add, so the split that
+// balances the grid in launch order (fa3_bwd_grid) can leave the last key heads' longest walks,
+// the last tickets, waiting in the tail. Where the walks do not rotate (a band or causal mask), the
+// same list schedule with those waits decides (a CTA's adds count as it issues its next step);
+// rotated walks (no mask) take fa3_bwd_grid's split. A discrete-event Python model of the same
+// (seventy-ninth session) put the deterministic split at 0.63-0.78x the default split in causal
+// groups of 4-16 from L4096 at 16k tokens, as measured there (0.66-0.82x), and finds more parts
+// better there (groups of 16 at L8192: 8 parts 1.39x the 2 that fa3_bwd_grid gives). Memoized, one
+// problem a thread.
+int fa3_bwd_det_parts(const attention::Problem& p, int sm_count, int keys, int q_rows,
+                      bool rotated);
 // Head dim 64 without soft-capping from kFa3BwdWideMinRows query rows on, where fa3's backward
 // runs: the 128-row steps in place of the 64-row ones. Measured (H200, bf16, 16k tokens as B x L,
 // 32 heads, fifty-fifth session's call 1, medians of 3 runs, TFLOP/s of the kernel fa3 ran

@@ -1118,6 +1118,38 @@ TEST(AttentionCudnnRules, BackwardHeadSplitByTheGridModel) {
   EXPECT_FALSE(heavy(2, 16, 2, 2048, causal, kL2).heavy_first);
 }
 
+// The deterministic instance's split (fa3_bwd_det_parts): the same list schedule with the ordered
+// adds' waits. In causal groups at 16k tokens it splits more than the in-order model where the
+// last key heads' longest walks, the last tickets, would wait in the tail (groups of 16 at L8192:
+// 8 parts, not 2; of 8 and 4 at L16384: 8 and 4, not 1), the same where nothing waits (4k tokens
+// in groups of 2 at L512: 1; groups of 16 at L1024: 8); rotated walks (no mask) take the in-order
+// split; nothing for MHA or varlen.
+TEST(AttentionCudnnRules, DeterministicSplitByTheOrderedGridModel) {
+  auto det = [](int64_t b, int64_t hk, int64_t l, Mask m = Mask::causal_top_left(),
+                bool rotated = false) {
+    return fa3_bwd_det_parts(problem_of(make_desc(DType::bf16, b, 16, hk, l, l, 128, m)), 132, 128,
+                             64, rotated);
+  };
+  auto in_order = [](int64_t b, int64_t hk, int64_t l, Mask m = Mask::causal_top_left()) {
+    return fa3_bwd_head_parts(problem_of(make_desc(DType::bf16, b, 16, hk, l, l, 128, m)), 132, 128,
+                              64);
+  };
+  EXPECT_EQ(det(2, 1, 8192), 8);
+  EXPECT_EQ(det(2, 1, 8192), 8);  // memoized
+  EXPECT_EQ(in_order(2, 1, 8192), 2);
+  EXPECT_EQ(det(1, 2, 16384), 8);
+  EXPECT_EQ(in_order(1, 2, 16384), 1);
+  EXPECT_EQ(det(1, 4, 16384), 4);
+  EXPECT_EQ(det(8, 8, 512), 1);
+  EXPECT_EQ(det(16, 1, 1024), 8);
+  EXPECT_EQ(det(16, 1, 1024), in_order(16, 1, 1024));
+  EXPECT_EQ(det(1, 1, 4096, Mask::none(), true), in_order(1, 1, 4096, Mask::none()));
+  EXPECT_EQ(det(2, 16, 8192), 1);  // MHA
+  Descriptor v = make_desc(DType::bf16, 1, 16, 1, 1024, 1024, 128, Mask::causal_top_left());
+  v.varlen = true, v.total_q = v.total_k = 1024;
+  EXPECT_EQ(fa3_bwd_det_parts(problem_of(v), 132, 128, 64, false), 1);
+}
+
 // Decodes of 256-wide heads in groups of 1 (plain multi-head attention) leave the family's decode
 // kernel wherever fa3 runs, ahead of the table: one token to fa3's plain instance, from 2 to cuDNN
 // (fa3 where cuDNN is not built or not given the problem); bf16 / f16, Dk = Dv = 256, at most

@@ -1306,14 +1306,16 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
                     y = rows_view(a.y, vl), dy = rows_view(a.dy, vl), lse = lse_view(a.lse, vl);
   const Tensor dq = rows_view(a.dq, vl), dk = rows_view(a.dk, vl), dv = rows_view(a.dv, vl);
   constexpr int kKeys = BwdShape<D, W, Q>::kKeys;
-  // (kDet splits too: fa3_bwd_sm90a_deterministic_head_split; its order stays the tickets'.)
+  // (kDet splits too, by its own model: fa3_bwd_det_parts; its order stays the tickets'.)
   const bool splits = sched.head_split && !BwdShape<D, W, Q>::kSplitCols;
   const DeviceCaps& caps = ctx.stream.caps();
-  const Fa3BwdGrid model =
-      splits ? fa3_bwd_grid(pr, caps.sm_count, kKeys, BwdShape<D, W, Q>::kQRows, caps.l2_bytes)
-             : Fa3BwdGrid{};
-  const int parts = !splits             ? 1
-                    : sched.parts > 0   ? sched.parts
+  constexpr int kQRows = BwdShape<D, W, Q>::kQRows;
+  const Fa3BwdGrid model = splits && !kDet
+                               ? fa3_bwd_grid(pr, caps.sm_count, kKeys, kQRows, caps.l2_bytes)
+                               : Fa3BwdGrid{};
+  const int parts = !splits           ? 1
+                    : sched.parts > 0 ? sched.parts
+                    : kDet ? fa3_bwd_det_parts(pr, caps.sm_count, kKeys, kQRows, det_rotates(pr))
                     : sched.model_order ? model.parts
                                         : model.split;
   const bool heavy_first = sched.heavy_first || (sched.model_order && model.heavy_first);
@@ -1489,7 +1491,8 @@ Status launch_det(const LaunchContext& ctx, const Problem& pr, const BackwardArg
                             ": D = 64 or 128 only");
 }
 inline size_t workspace_det_split(const Problem& pr, const DeviceCaps& caps) {
-  return layout_of(pr, true, fa3_bwd_head_parts(pr, caps.sm_count, kDetKeys, 64)).bytes;
+  return layout_of(pr, true, fa3_bwd_det_parts(pr, caps.sm_count, kDetKeys, 64, det_rotates(pr)))
+      .bytes;
 }
 
 // The kernels by name, in the order of their (falling) priorities in register_one.

@@ -9,6 +9,7 @@
 #include <functional>
 #include <queue>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "baracuda/ops/attention_hopper.hpp"
@@ -327,6 +328,81 @@ Fa3BwdGrid fa3_bwd_grid(const attention::Problem& p, int sm_count, int keys, int
   std::copy(key, key + 13, memo.key);
   memo.grid = grid;
   return grid;
+}
+
+int fa3_bwd_det_parts(const attention::Problem& p, int sm_count, int keys, int q_rows,
+                      bool rotated) {
+  const Fa3BwdGrid in_order = fa3_bwd_grid(p, sm_count, keys, q_rows, 0);
+  const attention::Descriptor& d = p.desc;
+  const int64_t blocks = (d.len_k + keys - 1) / keys, pairs = d.batch * d.heads_kv;
+  if (rotated || d.varlen || d.head_dim_qk > 128 || p.group < 2 || sm_count <= 0 || keys <= 0 ||
+      q_rows <= 0 || pairs * blocks >= 8 * int64_t{sm_count})
+    return in_order.split;
+  auto bound = [&](int64_t b) { return b < 0 || b >= d.len_q + d.len_k ? int64_t{-1} : b; };
+  const int64_t left = bound(d.mask.left), right = bound(d.mask.right);
+  struct Memo {
+    int64_t key[10];
+    int parts;
+  };
+  thread_local Memo memo{{-1}, 1};
+  const int64_t key[10] = {d.batch, d.heads_kv,
+                           p.group, d.len_q,
+                           d.len_k, left,
+                           right,   sm_count,
+                           keys,    static_cast<int64_t>(d.mask.diagonal) * 65536 + q_rows};
+  if (std::equal(key, key + 10, memo.key)) return memo.parts;
+  // Each key block's query blocks [begin, end) (the kernel's m_begin and nm).
+  const int64_t off = d.mask.diagonal == attention::Diagonal::bottom_right ? d.len_k - d.len_q : 0;
+  const int64_t row_blocks = (d.len_q + q_rows - 1) / q_rows;
+  std::vector<std::pair<int64_t, int64_t>> span(static_cast<size_t>(blocks));
+  for (int64_t kb = 0; kb < blocks; ++kb) {
+    const int64_t n0 = kb * keys,
+                  begin = right >= 0 ? std::max<int64_t>(0, n0 - off - right) / q_rows : 0,
+                  rows = left >= 0 ? std::min(d.len_q, std::max<int64_t>(0, n0 + keys - off + left))
+                                   : d.len_q;
+    span[static_cast<size_t>(kb)] = {begin, std::max(begin, (rows + q_rows - 1) / q_rows)};
+  }
+  // The grid's time with the ordered adds: CTAs by ticket (batch and key head major, key blocks
+  // falling), each to the SM that frees first, walking its heads' query blocks one step each; a
+  // step waits until the chunk's previous adder (the next higher key block that sees it, an
+  // earlier ticket) has counted its add, which it does as it issues its next step.
+  auto grid_steps = [&](int parts) {
+    std::priority_queue<double, std::vector<double>, std::greater<double>> free_at(
+        std::greater<double>{}, std::vector<double>(static_cast<size_t>(sm_count), 0.0));
+    std::vector<double> counted(static_cast<size_t>(pairs * p.group * row_blocks), 0.0);
+    const double extra = (parts > 1 ? kFa3BwdSplitCtaSteps : kFa3BwdCtaSteps) / 2;
+    const int64_t heads = p.group / parts;
+    double end = 0;
+    for (int64_t pair = 0; pair < pairs; ++pair)
+      for (int64_t kb = blocks - 1; kb >= 0; --kb)
+        for (int64_t part = parts - 1; part >= 0; --part) {
+          double t = free_at.top() + extra;
+          free_at.pop();
+          double* pending = nullptr;
+          const auto [begin, stop] = span[static_cast<size_t>(kb)];
+          for (int64_t h = part * heads; h < (part + 1) * heads; ++h)
+            for (int64_t m = begin; m < stop; ++m) {
+              double& chunk = counted[static_cast<size_t>((pair * p.group + h) * row_blocks + m)];
+              t = std::max(t, chunk) + 1;
+              if (pending) *pending = t;
+              pending = &chunk;
+            }
+          if (pending) *pending = t;
+          t += extra;
+          free_at.push(t);
+          end = std::max(end, t);
+        }
+    return end;
+  };
+  int parts = 1;
+  double best_steps = grid_steps(1);
+  for (int n = 2; n <= 8 && p.group % n == 0; n *= 2) {
+    const double steps = grid_steps(n);
+    if (steps < kFa3BwdSplitMargin * best_steps) parts = n, best_steps = steps;
+  }
+  std::copy(key, key + 10, memo.key);
+  memo.parts = parts;
+  return parts;
 }
 
 std::string_view fa3_ranked_backward_kernel(const attention::Problem& p) {
