@@ -256,16 +256,45 @@ std::optional<Candidate> grouped_backward_pick(const attention::Problem& p) {
   return std::nullopt;
 }
 
+namespace {
+// What the backward grid models see of a problem: its (batch, key head) pairs, and each key
+// block's walk as the query blocks [begin, end) it visits (the kernels' m_begin and nm, under
+// fa3_common.cuh's band rule: a bound that reaches every key is none, -1). Empty (no blocks) where
+// no model applies: varlen, head dims above 128, MHA, no SMs, or 8 waves of CTAs and more.
+struct GridWalks {
+  int64_t pairs = 0, left = -1, right = -1;
+  std::vector<std::pair<int64_t, int64_t>> spans;
+};
+GridWalks grid_walks(const attention::Problem& p, int sm_count, int keys, int q_rows) {
+  const attention::Descriptor& d = p.desc;
+  GridWalks w;
+  if (d.varlen || d.head_dim_qk > 128 || p.group < 2 || sm_count <= 0 || keys <= 0 || q_rows <= 0)
+    return w;
+  const int64_t blocks = (d.len_k + keys - 1) / keys;
+  w.pairs = d.batch * d.heads_kv;
+  if (w.pairs * blocks >= 8 * int64_t{sm_count}) return w;
+  auto bound = [&](int64_t b) { return b < 0 || b >= d.len_q + d.len_k ? int64_t{-1} : b; };
+  w.left = bound(d.mask.left), w.right = bound(d.mask.right);
+  const int64_t off = d.mask.diagonal == attention::Diagonal::bottom_right ? d.len_k - d.len_q : 0;
+  w.spans.resize(static_cast<size_t>(blocks));
+  for (int64_t kb = 0; kb < blocks; ++kb) {
+    const int64_t n0 = kb * keys,
+                  begin = w.right >= 0 ? std::max<int64_t>(0, n0 - off - w.right) / q_rows : 0,
+                  rows = w.left >= 0
+                             ? std::min(d.len_q, std::max<int64_t>(0, n0 + keys - off + w.left))
+                             : d.len_q;
+    w.spans[static_cast<size_t>(kb)] = {begin, std::max(begin, (rows + q_rows - 1) / q_rows)};
+  }
+  return w;
+}
+}  // namespace
+
 Fa3BwdGrid fa3_bwd_grid(const attention::Problem& p, int sm_count, int keys, int q_rows,
                         int64_t l2_bytes) {
   const attention::Descriptor& d = p.desc;
-  if (d.varlen || d.head_dim_qk > 128 || p.group < 2 || sm_count <= 0 || keys <= 0 || q_rows <= 0)
-    return {};
-  const int64_t blocks = (d.len_k + keys - 1) / keys, pairs = d.batch * d.heads_kv;
-  if (pairs * blocks >= 8 * int64_t{sm_count}) return {};
-  // The kernels' band (fa3_common.cuh's band_bound): a bound that reaches every key is none (-1).
-  auto bound = [&](int64_t b) { return b < 0 || b >= d.len_q + d.len_k ? int64_t{-1} : b; };
-  const int64_t left = bound(d.mask.left), right = bound(d.mask.right);
+  const GridWalks walks = grid_walks(p, sm_count, keys, q_rows);
+  if (walks.spans.empty()) return {};
+  const int64_t pairs = walks.pairs, left = walks.left, right = walks.right;
   struct Memo {
     int64_t key[13];
     Fa3BwdGrid grid;
@@ -276,17 +305,10 @@ Fa3BwdGrid fa3_bwd_grid(const attention::Problem& p, int sm_count, int keys, int
   const int64_t key[13] = {d.batch,  d.heads_kv, p.group, d.len_q, d.len_k,  left,    right,
                            diagonal, sm_count,   keys,    q_rows,  l2_bytes, row_bits};
   if (std::equal(key, key + 13, memo.key)) return memo.grid;
-  // Each key block's walk in steps (the kernel's m_begin and nm, times the group's heads).
-  const int64_t off = d.mask.diagonal == attention::Diagonal::bottom_right ? d.len_k - d.len_q : 0;
-  std::vector<double> walk(static_cast<size_t>(blocks));
-  for (int64_t kb = 0; kb < blocks; ++kb) {
-    const int64_t n0 = kb * keys,
-                  begin = right >= 0 ? std::max<int64_t>(0, n0 - off - right) / q_rows : 0,
-                  rows = left >= 0 ? std::min(d.len_q, std::max<int64_t>(0, n0 + keys - off + left))
-                                   : d.len_q;
-    walk[static_cast<size_t>(kb)] =
-        static_cast<double>(std::max<int64_t>(0, (rows + q_rows - 1) / q_rows - begin) * p.group);
-  }
+  // Each key block's walk in steps (its query blocks times the group's heads).
+  std::vector<double> walk;
+  for (const auto& [begin, end] : walks.spans)
+    walk.push_back(static_cast<double>((end - begin) * p.group));
   // The grid's time: its CTAs in launch order (heavy_first: key block major, then part, then
   // (batch, key head); otherwise (batch, key head) major, then key block, then part).
   auto grid_steps = [&](int parts, bool heavy_first) {
@@ -332,36 +354,22 @@ Fa3BwdGrid fa3_bwd_grid(const attention::Problem& p, int sm_count, int keys, int
 
 int fa3_bwd_det_parts(const attention::Problem& p, int sm_count, int keys, int q_rows,
                       bool rotated) {
-  const Fa3BwdGrid in_order = fa3_bwd_grid(p, sm_count, keys, q_rows, 0);
   const attention::Descriptor& d = p.desc;
-  const int64_t blocks = (d.len_k + keys - 1) / keys, pairs = d.batch * d.heads_kv;
-  if (rotated || d.varlen || d.head_dim_qk > 128 || p.group < 2 || sm_count <= 0 || keys <= 0 ||
-      q_rows <= 0 || pairs * blocks >= 8 * int64_t{sm_count})
-    return in_order.split;
-  auto bound = [&](int64_t b) { return b < 0 || b >= d.len_q + d.len_k ? int64_t{-1} : b; };
-  const int64_t left = bound(d.mask.left), right = bound(d.mask.right);
+  const GridWalks walks = grid_walks(p, sm_count, keys, q_rows);
+  if (rotated || walks.spans.empty()) return fa3_bwd_grid(p, sm_count, keys, q_rows, 0).split;
+  const int64_t pairs = walks.pairs, blocks = static_cast<int64_t>(walks.spans.size());
   struct Memo {
     int64_t key[10];
     int parts;
   };
   thread_local Memo memo{{-1}, 1};
-  const int64_t key[10] = {d.batch, d.heads_kv,
-                           p.group, d.len_q,
-                           d.len_k, left,
-                           right,   sm_count,
-                           keys,    static_cast<int64_t>(d.mask.diagonal) * 65536 + q_rows};
+  const int64_t key[10] = {d.batch,     d.heads_kv,
+                           p.group,     d.len_q,
+                           d.len_k,     walks.left,
+                           walks.right, static_cast<int64_t>(d.mask.diagonal),
+                           sm_count,    int64_t{keys} * 65536 + q_rows};
   if (std::equal(key, key + 10, memo.key)) return memo.parts;
-  // Each key block's query blocks [begin, end) (the kernel's m_begin and nm).
-  const int64_t off = d.mask.diagonal == attention::Diagonal::bottom_right ? d.len_k - d.len_q : 0;
   const int64_t row_blocks = (d.len_q + q_rows - 1) / q_rows;
-  std::vector<std::pair<int64_t, int64_t>> span(static_cast<size_t>(blocks));
-  for (int64_t kb = 0; kb < blocks; ++kb) {
-    const int64_t n0 = kb * keys,
-                  begin = right >= 0 ? std::max<int64_t>(0, n0 - off - right) / q_rows : 0,
-                  rows = left >= 0 ? std::min(d.len_q, std::max<int64_t>(0, n0 + keys - off + left))
-                                   : d.len_q;
-    span[static_cast<size_t>(kb)] = {begin, std::max(begin, (rows + q_rows - 1) / q_rows)};
-  }
   // The grid's time with the ordered adds: CTAs by ticket (batch and key head major, key blocks
   // falling), each to the SM that frees first, walking its heads' query blocks one step each; a
   // step waits until the chunk's previous adder (the next higher key block that sees it, an
@@ -379,7 +387,7 @@ int fa3_bwd_det_parts(const attention::Problem& p, int sm_count, int keys, int q
           double t = free_at.top() + extra;
           free_at.pop();
           double* pending = nullptr;
-          const auto [begin, stop] = span[static_cast<size_t>(kb)];
+          const auto [begin, stop] = walks.spans[static_cast<size_t>(kb)];
           for (int64_t h = part * heads; h < (part + 1) * heads; ++h)
             for (int64_t m = begin; m < stop; ++m) {
               double& chunk = counted[static_cast<size_t>((pair * p.group + h) * row_blocks + m)];
