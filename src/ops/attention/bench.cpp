@@ -58,18 +58,18 @@ std::optional<PlannedForward> plan_forward(const Stream& stream, const Descripto
   return PlannedForward{std::move(fwd).value(), std::move(ws).value()};
 }
 
-// A point's forward plans timed on `fa` in interleaved rounds (bench::time_interleaved, 5 rounds
-// of 6 calls: as many timed calls as bench::time_it's), so that no row pays for its place in the
+// A point's plans (rows with a plan and its workspace) timed on `args` in interleaved rounds
+// (bench::time_interleaved, 5 rounds of `reps` calls), so that no row pays for its place in the
 // sequence: each plan's median, or nothing and an error row.
-std::vector<std::optional<double>> time_forward_rows(const Stream& stream,
-                                                     std::vector<PlannedForward>& rows,
-                                                     const ForwardArguments& fa, const char* op,
-                                                     const std::string& name) {
+template <class Row, class Arguments>
+std::vector<std::optional<double>> time_rows(const Stream& stream, std::vector<Row>& rows,
+                                             const Arguments& args, const char* op,
+                                             const std::string& name, int reps) {
   std::vector<std::function<Status()>> runs;
-  for (PlannedForward& r : rows)
+  for (Row& r : rows)
     runs.push_back(
-        [&stream, &r, &fa] { return r.plan.run(stream, r.workspace.as_workspace(), fa); });
-  const auto times = bench::time_interleaved(stream, runs, 5, 6);
+        [&stream, &r, &args] { return r.plan.run(stream, r.workspace.as_workspace(), args); });
+  const auto times = bench::time_interleaved(stream, runs, 5, reps);
   std::vector<std::optional<double>> medians;
   for (const auto& t : times) {
     if (t.ok()) {
@@ -80,6 +80,13 @@ std::vector<std::optional<double>> time_forward_rows(const Stream& stream,
     }
   }
   return medians;
+}
+// The forward rows: 6 calls a round, as many timed calls as bench::time_it's 30.
+std::vector<std::optional<double>> time_forward_rows(const Stream& stream,
+                                                     std::vector<PlannedForward>& rows,
+                                                     const ForwardArguments& fa, const char* op,
+                                                     const std::string& name) {
+  return time_rows(stream, rows, fa, op, name, 6);
 }
 
 void bench_all(const Stream& stream) {
@@ -242,7 +249,7 @@ void bench_all(const Stream& stream) {
         // Every row's plan first, then all timed in interleaved rounds (bench::time_interleaved).
         struct Row {
           BackwardPlan plan;
-          Buffer ws;
+          Buffer workspace;
           bool pinned, by_preference;
         };
         std::vector<Row> rows;
@@ -275,18 +282,12 @@ void bench_all(const Stream& stream) {
           }
           rows.push_back({std::move(*bwd), std::move(*bws), pinned, by_preference});
         }
-        std::vector<std::function<Status()>> runs;
-        for (Row& r : rows)
-          runs.push_back([&] { return r.plan.run(stream, r.ws.as_workspace(), ba); });
-        const auto times = bench::time_interleaved(stream, runs);
+        const auto times = time_rows(stream, rows, ba, "attention_backward", name, 4);
         for (size_t i = 0; i < rows.size(); ++i) {
           const Row& r = rows[i];
-          if (!times[i].ok()) {
-            bench::emit_error(kFamily, "attention_backward", name, times[i].error());
-            continue;
-          }
+          if (!times[i]) continue;
           bench::emit(stream, {kFamily, "attention_backward", name, type_name,
-                               std::string(r.plan.sku().name), times[i]->median_ms,
+                               std::string(r.plan.sku().name), *times[i],
                                4.0 * n * 2 + 2 * kv_bytes, 2.5 * flops,
                                r.by_preference ? "deterministic preference"
                                : r.pinned      ? "A/B: kernel forced by name"
