@@ -1305,11 +1305,10 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
   const ConstTensor q = rows_view(a.q, vl), k = rows_view(a.k, vl), v = rows_view(a.v, vl),
                     y = rows_view(a.y, vl), dy = rows_view(a.dy, vl), lse = lse_view(a.lse, vl);
   const Tensor dq = rows_view(a.dq, vl), dk = rows_view(a.dk, vl), dv = rows_view(a.dv, vl);
-  constexpr int kKeys = BwdShape<D, W, Q>::kKeys;
+  constexpr int kKeys = BwdShape<D, W, Q>::kKeys, kQRows = BwdShape<D, W, Q>::kQRows;
   // (kDet splits too, by its own model: fa3_bwd_det_parts; its order stays the tickets'.)
   const bool splits = sched.head_split && !BwdShape<D, W, Q>::kSplitCols;
   const DeviceCaps& caps = ctx.stream.caps();
-  constexpr int kQRows = BwdShape<D, W, Q>::kQRows;
   const Fa3BwdGrid model = splits && !kDet
                                ? fa3_bwd_grid(pr, caps.sm_count, kKeys, kQRows, caps.l2_bytes)
                                : Fa3BwdGrid{};
@@ -1325,10 +1324,10 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
                                       ctx.workspace.bytes);
   const CUtensorMapDataType dt = cuda::tensor_map_dtype<T>();
   CUtensorMap tq, tk, tv, tdy;
-  BARACUDA_TRY(cuda::make_rows_map(kWho, &tq, dt, q, BwdShape<D, W, Q>::kQRows));
+  BARACUDA_TRY(cuda::make_rows_map(kWho, &tq, dt, q, kQRows));
   BARACUDA_TRY(cuda::make_rows_map(kWho, &tk, dt, k, kKeys));
   BARACUDA_TRY(cuda::make_rows_map(kWho, &tv, dt, v, kKeys));
-  BARACUDA_TRY(cuda::make_rows_map(kWho, &tdy, dt, dy, BwdShape<D, W, Q>::kQRows));
+  BARACUDA_TRY(cuda::make_rows_map(kWho, &tdy, dt, dy, kQRows));
 
   char* ws = static_cast<char*>(ctx.workspace.data) +
              (256 - reinterpret_cast<uintptr_t>(ctx.workspace.data) % 256) % 256;

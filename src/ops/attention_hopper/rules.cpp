@@ -287,6 +287,41 @@ GridWalks grid_walks(const attention::Problem& p, int sm_count, int keys, int q_
   }
   return w;
 }
+
+// The SMs under a list schedule: each CTA, in launch order, to the SM that frees first.
+class ListSchedule {
+ public:
+  explicit ListSchedule(int sm_count)
+      : free_at_(std::greater<double>{}, std::vector<double>(static_cast<size_t>(sm_count), 0.0)) {}
+  // The time the next CTA starts (its SM taken until finish()).
+  double start() {
+    const double t = free_at_.top();
+    free_at_.pop();
+    return t;
+  }
+  void finish(double t) {
+    free_at_.push(t);
+    end_ = std::max(end_, t);
+  }
+  double end() const { return end_; }
+
+ private:
+  std::priority_queue<double, std::vector<double>, std::greater<double>> free_at_;
+  double end_ = 0;
+};
+
+// The parts a group splits into (powers of two dividing it, at most 8) under a grid time, each
+// doubling taken only for a grid kFa3BwdSplitMargin as long; and that time.
+template <class StepsFn>
+std::pair<int, double> best_split(int64_t group, StepsFn&& steps_of) {
+  int parts = 1;
+  double best = steps_of(1);
+  for (int n = 2; n <= 8 && group % n == 0; n *= 2) {
+    const double steps = steps_of(n);
+    if (steps < kFa3BwdSplitMargin * best) parts = n, best = steps;
+  }
+  return {parts, best};
+}
 }  // namespace
 
 Fa3BwdGrid fa3_bwd_grid(const attention::Problem& p, int sm_count, int keys, int q_rows,
@@ -312,16 +347,9 @@ Fa3BwdGrid fa3_bwd_grid(const attention::Problem& p, int sm_count, int keys, int
   // The grid's time: its CTAs in launch order (heavy_first: key block major, then part, then
   // (batch, key head); otherwise (batch, key head) major, then key block, then part).
   auto grid_steps = [&](int parts, bool heavy_first) {
-    std::priority_queue<double, std::vector<double>, std::greater<double>> free_at(
-        std::greater<double>{}, std::vector<double>(static_cast<size_t>(sm_count), 0.0));
-    double end = 0;
+    ListSchedule sms(sm_count);
     const double extra = parts > 1 ? kFa3BwdSplitCtaSteps : kFa3BwdCtaSteps;
-    auto place = [&](double w) {
-      const double t = free_at.top() + w / parts + extra;
-      free_at.pop();
-      free_at.push(t);
-      end = std::max(end, t);
-    };
+    auto place = [&](double w) { sms.finish(sms.start() + w / parts + extra); };
     if (heavy_first) {
       for (const double w : walk)
         for (int64_t i = 0; i < pairs * parts; ++i) place(w);
@@ -330,14 +358,11 @@ Fa3BwdGrid fa3_bwd_grid(const attention::Problem& p, int sm_count, int keys, int
         for (const double w : walk)
           for (int part = 0; part < parts; ++part) place(w);
     }
-    return end;
+    return sms.end();
   };
   Fa3BwdGrid grid;
-  double best_steps = grid_steps(1, false);
-  for (int parts = 2; parts <= 8 && p.group % parts == 0; parts *= 2) {
-    const double steps = grid_steps(parts, false);
-    if (steps < kFa3BwdSplitMargin * best_steps) grid.parts = parts, best_steps = steps;
-  }
+  const auto [parts, best_steps] = best_split(p.group, [&](int n) { return grid_steps(n, false); });
+  grid.parts = parts;
   // Q and dY of every query head (what a wave taken key block first reads from many heads at once)
   // held in L2: heavy first over the split too, for a smaller modelled gain.
   const int64_t q_dy_bytes = 2 * d.batch * d.heads_q * d.len_q * row_bits / 8;
@@ -375,17 +400,14 @@ int fa3_bwd_det_parts(const attention::Problem& p, int sm_count, int keys, int q
   // step waits until the chunk's previous adder (the next higher key block that sees it, an
   // earlier ticket) has counted its add, which it does as it issues its next step.
   auto grid_steps = [&](int parts) {
-    std::priority_queue<double, std::vector<double>, std::greater<double>> free_at(
-        std::greater<double>{}, std::vector<double>(static_cast<size_t>(sm_count), 0.0));
+    ListSchedule sms(sm_count);
     std::vector<double> counted(static_cast<size_t>(pairs * p.group * row_blocks), 0.0);
     const double extra = (parts > 1 ? kFa3BwdSplitCtaSteps : kFa3BwdCtaSteps) / 2;
     const int64_t heads = p.group / parts;
-    double end = 0;
     for (int64_t pair = 0; pair < pairs; ++pair)
       for (int64_t kb = blocks - 1; kb >= 0; --kb)
         for (int64_t part = parts - 1; part >= 0; --part) {
-          double t = free_at.top() + extra;
-          free_at.pop();
+          double t = sms.start() + extra;
           double* pending = nullptr;
           const auto [begin, stop] = walks.spans[static_cast<size_t>(kb)];
           for (int64_t h = part * heads; h < (part + 1) * heads; ++h)
@@ -396,18 +418,11 @@ int fa3_bwd_det_parts(const attention::Problem& p, int sm_count, int keys, int q
               pending = &chunk;
             }
           if (pending) *pending = t;
-          t += extra;
-          free_at.push(t);
-          end = std::max(end, t);
+          sms.finish(t + extra);
         }
-    return end;
+    return sms.end();
   };
-  int parts = 1;
-  double best_steps = grid_steps(1);
-  for (int n = 2; n <= 8 && p.group % n == 0; n *= 2) {
-    const double steps = grid_steps(n);
-    if (steps < kFa3BwdSplitMargin * best_steps) parts = n, best_steps = steps;
-  }
+  const int parts = best_split(p.group, grid_steps).first;
   std::copy(key, key + 10, memo.key);
   memo.parts = parts;
   return parts;
