@@ -237,6 +237,7 @@ void bench_all(const Stream& stream) {
             kDeterministic.data(),
             kFa3Deterministic.data(),
             attention_hopper::kFa3BwdDeterministicHeadSplitKernel.data(),
+            attention_hopper::kFa3BwdDeterministicHeavyFirstKernel.data(),
             kCudnnDeterministic.data(),
             kFa3.data(),
             kFa3HeavyFirst.data(),

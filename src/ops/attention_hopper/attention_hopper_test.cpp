@@ -3462,9 +3462,12 @@ TEST(AttentionFa3Registry, DeterministicBackwardIsPinnableAndDeterministic) {
     if (!det) continue;  // CPU-only build
     ++found;
     expect_fa3_entry(*det, t, kFa3BwdKernel, false, true);
-    const auto* split = fa3_bwd_kernel(t, kFa3BwdDeterministicHeadSplitKernel);
-    ASSERT_TRUE(split);
-    expect_fa3_entry(*split, t, kFa3BwdKernel, false, true);
+    for (std::string_view name :
+         {kFa3BwdDeterministicHeadSplitKernel, kFa3BwdDeterministicHeavyFirstKernel}) {
+      const auto* split = fa3_bwd_kernel(t, name);
+      ASSERT_TRUE(split) << name;
+      expect_fa3_entry(*split, t, kFa3BwdKernel, false, true);
+    }
     const auto* ranked = fa3_bwd_kernel(t, kFa3BwdDeterministicRanked);
     const auto* ahead = fa3_bwd_kernel(t, kFa3BwdRankedAhead);
     ASSERT_TRUE(ranked && ahead);
@@ -3860,6 +3863,12 @@ TEST(AttentionFa3Gpu, DeterministicHeadSplitBackwardMatchesReferenceAndRepeatsBi
     EXPECT_GT(parts->workspace_size(), whole->workspace_size()) << "head_parts did not split it";
   }
   check_pinned_backward(cases, kFa3BwdDeterministicHeadSplitKernel, rng, 3);
+  // The heaviest walks first (rising adds where the walks do not rotate): the same cases and the
+  // deterministic instance's own, three runs bitwise each.
+  std::vector<Case> more = cases;
+  for (const Case& c : fa3_bwd_cases())
+    if (c.d == 64 || c.d == 128) more.push_back(c);
+  check_pinned_backward(more, kFa3BwdDeterministicHeavyFirstKernel, rng, 3);
 }
 
 // And the ranked-ahead entry, which launches q128 where fa3_bwd_widens.

@@ -291,6 +291,11 @@ __host__ __device__ constexpr int staged_slot(int j, int tid) {
 // step's chunk is read under its dQ GEMM and awaited (usually: checked) once dQ is staged; the
 // step's add is counted when the next one is issued, long completed by then. At D = 64 warpgroup
 // 0 forms dQ over all 128 keys (one add a chunk per CTA) and warpgroup 1 none.
+// With heavy_first on unrotated walks (fa3_bwd_sm90a_deterministic_heavy_first) the order turns
+// over: tickets rise through the key blocks (the longest causal walks first), each chunk takes
+// its adds lowest key block first, and each CTA walks its heads query block by query block from
+// the last, so that the key blocks of a head reach a shared chunk at the same step of their walks
+// and a CTA still waits only on CTAs of earlier tickets.
 template <class T, int D, bool kCap, bool kVarlen, int W = 2, int Q = 64, bool kDet = false>
 __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
     fa3_bwd_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
@@ -319,12 +324,25 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
   // key blocks.
   const int parts = p.head_parts;
   const int key_blocks = static_cast<int>(gridDim.x) / parts;
+  // kDet with heavy_first (unrotated walks only): tickets key block major, rising, (batch, key
+  // head) fastest, each chunk's adds in rising key-block order (see det_before), the walks query
+  // block major and falling, so that every key block of a head reaches a shared chunk at the same
+  // step of its walk and the longest walks start first.
+  bool det_rising = false;
+  if constexpr (kDet) det_rising = p.heavy_first != 0;
   if constexpr (kDet) {
     const int ticket = static_cast<int>(cuda::block_ticket(p.det_ticket));
-    const int g = static_cast<int>(gridDim.x), per_batch = g * static_cast<int>(gridDim.y);
-    kb = g - 1 - ticket % g;
-    hk = ticket % per_batch / g;
-    b = ticket / per_batch;
+    if (det_rising) {
+      const int pairs = static_cast<int>(gridDim.y * gridDim.z);
+      kb = ticket / pairs;
+      hk = ticket % pairs % static_cast<int>(gridDim.y);
+      b = ticket % pairs / static_cast<int>(gridDim.y);
+    } else {
+      const int g = static_cast<int>(gridDim.x), per_batch = g * static_cast<int>(gridDim.y);
+      kb = g - 1 - ticket % g;
+      hk = ticket % per_batch / g;
+      b = ticket / per_batch;
+    }
   } else if (p.heavy_first) {
     // The hardware hands out blocks in x, y, z order: read that order as (batch, key head)
     // fastest, key block slowest.
@@ -376,6 +394,12 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
     int hh, m;
   };
   auto next_pos = [&](Pos q) {
+    if constexpr (kDet) {
+      if (det_rising) {
+        if (++q.hh == part_heads) q.hh = 0, --q.m;
+        return q;
+      }
+    }
     if (++q.m == nm) {
       q.m = 0;
       if (++q.hh == part_heads) q.hh = 0;
@@ -384,7 +408,7 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
   };
   auto pos_head = [&](Pos q) { return hk * p.group + part * part_heads + q.hh; };
   auto pos_row0 = [&](Pos q) { return (m_begin + q.m) * kQRows; };
-  const Pos first = steps > 0 ? Pos{rot / nm, rot % nm} : Pos{0, 0};
+  const Pos first = steps > 0 ? (det_rising ? Pos{0, nm - 1} : Pos{rot / nm, rot % nm}) : Pos{0, 0};
 
   if (threadIdx.x == 0) {
     for (int i = 0; i < 1 + kRing; ++i) mbar_init(smem_u32(&bars[i]), 1);
@@ -555,6 +579,12 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
   // block's first query block rises with it, see m_begin, and its last does too). The reducing
   // thread's chunk whose add is still to be counted (-1: none).
   auto det_before = [&](int m0) {
+    if (det_rising) {
+      // The lower key blocks that see the chunk: from the one holding its first row's first key.
+      const int64_t first_key = int64_t{m0} + off - p.left;
+      const int lo = p.left < 0 || first_key <= 0 ? 0 : static_cast<int>(first_key / kKeys);
+      return static_cast<unsigned>(kb - min(lo, kb));
+    }
     int hi = (lk + kKeys - 1) / kKeys - 1;
     if (p.right >= 0) {
       const int64_t lim = int64_t{m0} + kQRows + off + p.right - 1;
@@ -1380,7 +1410,8 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
   p.det_counts = rp.det_counts;
   p.det_ticket = rp.det_ticket;
   p.det_rotated = rp.det_rotated;
-  p.heavy_first = heavy_first && !kDet ? 1 : 0;
+  // (kDet: heavy_first is the rising order, for unrotated walks only.)
+  p.heavy_first = heavy_first && !(kDet && rp.det_rotated) ? 1 : 0;
   p.head_parts = parts;
   p.kv_part = parts > 1 ? reinterpret_cast<float*>(ws + lay.kv_part) : nullptr;
   p.kv_part_stride = static_cast<int64_t>(kv_part_floats(pr));
@@ -1483,8 +1514,9 @@ template <class T, Schedule kSched = Schedule{}>
 Status launch_det(const LaunchContext& ctx, const Problem& pr, const BackwardArguments& a) {
   if (pr.desc.head_dim_qk == 64) return launch_d<T, 64, 2, 64, true>(ctx, pr, a, kSched);
   if (pr.desc.head_dim_qk == 128) return launch_d<T, 128, 2, 64, true>(ctx, pr, a, kSched);
-  const std::string_view name =
-      kSched.head_split ? kFa3BwdDeterministicHeadSplitKernel : kFa3BwdDeterministicKernel;
+  const std::string_view name = kSched.heavy_first  ? kFa3BwdDeterministicHeavyFirstKernel
+                                : kSched.head_split ? kFa3BwdDeterministicHeadSplitKernel
+                                                    : kFa3BwdDeterministicKernel;
   return Error::unsupported(std::string(attention::BackwardOp::name) + ": " + std::string(name) +
                             ": head_dim=" + std::to_string(pr.desc.head_dim_qk) +
                             ": D = 64 or 128 only");
@@ -1587,6 +1619,8 @@ bool register_one() {
   add(kFa3BwdDeterministicKernel, priority--, true, fits_det<T>, workspace_det, launch_det<T>);
   add(kFa3BwdDeterministicHeadSplitKernel, priority--, true, fits_det<T>, workspace_det_split,
       launch_det<T, Schedule{.head_split = true}>);
+  add(kFa3BwdDeterministicHeavyFirstKernel, priority--, true, fits_det<T>, workspace_det_split,
+      launch_det<T, Schedule{.heavy_first = true, .head_split = true}>);
   // The ranked instance with its grid key block first, split over the group's heads, or both, by
   // name (for measurement; the ranked entry below splits).
   add(kFa3BwdHeavyFirstKernel, priority--, false, fits_scheduled<T>, workspace,
