@@ -718,8 +718,10 @@ inline int fa3_bwd_head_parts(const attention::Problem& p, int sm_count, int key
 // groups of 4-16 from L4096 at 16k tokens, as measured there (0.66-0.82x), and finds more parts
 // better there (groups of 16 at L8192: 8 parts 1.39x the 2 that fa3_bwd_grid gives). Memoized, one
 // problem a thread.
-int fa3_bwd_det_parts(const attention::Problem& p, int sm_count, int keys, int q_rows,
-                      bool rotated);
+// rising: fa3_bwd_sm90a_deterministic_heavy_first's order (tickets rising through the key blocks,
+// walks query block major from the last).
+int fa3_bwd_det_parts(const attention::Problem& p, int sm_count, int keys, int q_rows, bool rotated,
+                      bool rising = false);
 // Head dim 64 without soft-capping from kFa3BwdWideMinRows query rows on, where fa3's backward
 // runs: the 128-row steps in place of the 64-row ones. Measured (H200, bf16, 16k tokens as B x L,
 // 32 heads, fifty-fifth session's call 1, medians of 3 runs, TFLOP/s of the kernel fa3 ran

@@ -1344,7 +1344,8 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
                                : Fa3BwdGrid{};
   const int parts = !splits           ? 1
                     : sched.parts > 0 ? sched.parts
-                    : kDet ? fa3_bwd_det_parts(pr, caps.sm_count, kKeys, kQRows, det_rotates(pr))
+                    : kDet ? fa3_bwd_det_parts(pr, caps.sm_count, kKeys, kQRows, det_rotates(pr),
+                                               sched.heavy_first)
                     : sched.model_order ? model.parts
                                         : model.split;
   const bool heavy_first = sched.heavy_first || (sched.model_order && model.heavy_first);
@@ -1521,9 +1522,10 @@ Status launch_det(const LaunchContext& ctx, const Problem& pr, const BackwardArg
                             ": head_dim=" + std::to_string(pr.desc.head_dim_qk) +
                             ": D = 64 or 128 only");
 }
-inline size_t workspace_det_split(const Problem& pr, const DeviceCaps& caps) {
-  return layout_of(pr, true, fa3_bwd_det_parts(pr, caps.sm_count, kDetKeys, 64, det_rotates(pr)))
-      .bytes;
+template <bool kRising = false>
+size_t workspace_det_split(const Problem& pr, const DeviceCaps& caps) {
+  const int parts = fa3_bwd_det_parts(pr, caps.sm_count, kDetKeys, 64, det_rotates(pr), kRising);
+  return layout_of(pr, true, parts).bytes;
 }
 
 // The kernels by name, in the order of their (falling) priorities in register_one.
@@ -1617,10 +1619,10 @@ bool register_one() {
   // The deterministic instance, by name (its place among the deterministic entries is measured
   // first: docs/perf/attention_hopper.md, seventy-fourth session).
   add(kFa3BwdDeterministicKernel, priority--, true, fits_det<T>, workspace_det, launch_det<T>);
-  add(kFa3BwdDeterministicHeadSplitKernel, priority--, true, fits_det<T>, workspace_det_split,
+  add(kFa3BwdDeterministicHeadSplitKernel, priority--, true, fits_det<T>, workspace_det_split<>,
       launch_det<T, Schedule{.head_split = true}>);
-  add(kFa3BwdDeterministicHeavyFirstKernel, priority--, true, fits_det<T>, workspace_det_split,
-      launch_det<T, Schedule{.heavy_first = true, .head_split = true}>);
+  add(kFa3BwdDeterministicHeavyFirstKernel, priority--, true, fits_det<T>,
+      workspace_det_split<true>, launch_det<T, Schedule{.heavy_first = true, .head_split = true}>);
   // The ranked instance with its grid key block first, split over the group's heads, or both, by
   // name (for measurement; the ranked entry below splits).
   add(kFa3BwdHeavyFirstKernel, priority--, false, fits_scheduled<T>, workspace,
@@ -1638,7 +1640,7 @@ bool register_one() {
   // The deterministic instance for PlanPreference::deterministic() where it leads (see
   // kFa3BwdDeterministicRanked), its walks split where the grid model says (as by name above: at
   // or above the unsplit instance's speed at every point measured).
-  add(kFa3BwdDeterministicRanked, kFa3DetAhead, true, fits_det_ranked<T>, workspace_det_split,
+  add(kFa3BwdDeterministicRanked, kFa3DetAhead, true, fits_det_ranked<T>, workspace_det_split<>,
       launch_det<T, Schedule{.head_split = true}>);
   // fa3_ranked_backward_kernel's kernel above every other backward kernel, fitting only where the
   // measured selection table says fa3 is the fastest candidate (cuDNN's non-deterministic entry

@@ -377,53 +377,67 @@ Fa3BwdGrid fa3_bwd_grid(const attention::Problem& p, int sm_count, int keys, int
   return grid;
 }
 
-int fa3_bwd_det_parts(const attention::Problem& p, int sm_count, int keys, int q_rows,
-                      bool rotated) {
+int fa3_bwd_det_parts(const attention::Problem& p, int sm_count, int keys, int q_rows, bool rotated,
+                      bool rising) {
   const attention::Descriptor& d = p.desc;
   const GridWalks walks = grid_walks(p, sm_count, keys, q_rows);
   if (rotated || walks.spans.empty()) return fa3_bwd_grid(p, sm_count, keys, q_rows, 0).split;
   const int64_t pairs = walks.pairs, blocks = static_cast<int64_t>(walks.spans.size());
   struct Memo {
-    int64_t key[10];
+    int64_t key[11];
     int parts;
   };
   thread_local Memo memo{{-1}, 1};
-  const int64_t key[10] = {d.batch,     d.heads_kv,
-                           p.group,     d.len_q,
-                           d.len_k,     walks.left,
-                           walks.right, static_cast<int64_t>(d.mask.diagonal),
-                           sm_count,    int64_t{keys} * 65536 + q_rows};
-  if (std::equal(key, key + 10, memo.key)) return memo.parts;
+  const int64_t key[11] = {d.batch,       d.heads_kv,
+                           p.group,       d.len_q,
+                           d.len_k,       walks.left,
+                           walks.right,   static_cast<int64_t>(d.mask.diagonal),
+                           sm_count,      int64_t{keys} * 65536 + q_rows,
+                           rising ? 1 : 0};
+  if (std::equal(key, key + 11, memo.key)) return memo.parts;
   const int64_t row_blocks = (d.len_q + q_rows - 1) / q_rows;
-  // The grid's time with the ordered adds: CTAs by ticket (batch and key head major, key blocks
-  // falling), each to the SM that frees first, walking its heads' query blocks one step each; a
-  // step waits until the chunk's previous adder (the next higher key block that sees it, an
-  // earlier ticket) has counted its add, which it does as it issues its next step.
+  // The grid's time with the ordered adds: CTAs by ticket, each to the SM that frees first, walking
+  // its heads' query blocks one step each; a step waits until the chunk's previous adder (an
+  // earlier ticket) has counted its add, which it does as it issues its next step. Falling: tickets
+  // batch and key head major, key blocks falling, walks head major; rising: key blocks rising and
+  // major, walks query block major from the last.
   auto grid_steps = [&](int parts) {
     ListSchedule sms(sm_count);
     std::vector<double> counted(static_cast<size_t>(pairs * p.group * row_blocks), 0.0);
     const double extra = (parts > 1 ? kFa3BwdSplitCtaSteps : kFa3BwdCtaSteps) / 2;
     const int64_t heads = p.group / parts;
-    for (int64_t pair = 0; pair < pairs; ++pair)
-      for (int64_t kb = blocks - 1; kb >= 0; --kb)
-        for (int64_t part = parts - 1; part >= 0; --part) {
-          double t = sms.start() + extra;
-          double* pending = nullptr;
-          const auto [begin, stop] = walks.spans[static_cast<size_t>(kb)];
-          for (int64_t h = part * heads; h < (part + 1) * heads; ++h)
-            for (int64_t m = begin; m < stop; ++m) {
-              double& chunk = counted[static_cast<size_t>((pair * p.group + h) * row_blocks + m)];
-              t = std::max(t, chunk) + 1;
-              if (pending) *pending = t;
-              pending = &chunk;
-            }
-          if (pending) *pending = t;
-          sms.finish(t + extra);
-        }
+    auto run_cta = [&](int64_t pair, int64_t kb, int64_t part) {
+      double t = sms.start() + extra;
+      double* pending = nullptr;
+      auto step = [&](int64_t h, int64_t m) {
+        double& chunk = counted[static_cast<size_t>((pair * p.group + h) * row_blocks + m)];
+        t = std::max(t, chunk) + 1;
+        if (pending) *pending = t;
+        pending = &chunk;
+      };
+      const auto [begin, stop] = walks.spans[static_cast<size_t>(kb)];
+      const int64_t h0 = part * heads;
+      if (rising) {
+        for (int64_t m = stop - 1; m >= begin; --m)
+          for (int64_t h = h0; h < h0 + heads; ++h) step(h, m);
+      } else {
+        for (int64_t h = h0; h < h0 + heads; ++h)
+          for (int64_t m = begin; m < stop; ++m) step(h, m);
+      }
+      if (pending) *pending = t;
+      sms.finish(t + extra);
+    };
+    if (rising) {
+      for (int64_t x = 0; x < blocks * parts; ++x)
+        for (int64_t pair = 0; pair < pairs; ++pair) run_cta(pair, x / parts, x % parts);
+    } else {
+      for (int64_t pair = 0; pair < pairs; ++pair)
+        for (int64_t x = blocks * parts - 1; x >= 0; --x) run_cta(pair, x / parts, x % parts);
+    }
     return sms.end();
   };
   const int parts = best_split(p.group, grid_steps).first;
-  std::copy(key, key + 10, memo.key);
+  std::copy(key, key + 11, memo.key);
   memo.parts = parts;
   return parts;
 }
