@@ -1145,6 +1145,17 @@ TEST(AttentionCudnnRules, DeterministicSplitByTheOrderedGridModel) {
   EXPECT_EQ(det(16, 1, 1024), in_order(16, 1, 1024));
   EXPECT_EQ(det(1, 1, 4096, Mask::none(), true), in_order(1, 1, 4096, Mask::none()));
   EXPECT_EQ(det(2, 16, 8192), 1);  // MHA
+  // In the rising order (fa3_bwd_sm90a_deterministic_heavy_first) the key blocks of a head move in
+  // step, so fewer parts balance the grid: groups of 16 at L1024 / L16384 2 / 4, of 4 at L16384 1.
+  auto rising = [](int64_t b, int64_t hk, int64_t l) {
+    return fa3_bwd_det_parts(
+        problem_of(make_desc(DType::bf16, b, 16, hk, l, l, 128, Mask::causal_top_left())), 132, 128,
+        64, false, true);
+  };
+  EXPECT_EQ(rising(16, 1, 1024), 2);
+  EXPECT_EQ(rising(1, 1, 16384), 4);
+  EXPECT_EQ(rising(1, 4, 16384), 1);
+  EXPECT_EQ(det(16, 1, 1024), 8);  // the falling order's memo entry is not the rising one's
   Descriptor v = make_desc(DType::bf16, 1, 16, 1, 1024, 1024, 128, Mask::causal_top_left());
   v.varlen = true, v.total_q = v.total_k = 1024;
   EXPECT_EQ(fa3_bwd_det_parts(problem_of(v), 132, 128, 64, false), 1);
