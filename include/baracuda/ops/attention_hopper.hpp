@@ -551,13 +551,16 @@ inline constexpr std::string_view kFa3BwdDeterministicKernel = "fa3_bwd_sm90a_de
 // seventy-ninth session: 4k tokens in groups of 8 at L4096 341.1 against 155.4).
 inline constexpr std::string_view kFa3BwdDeterministicHeadSplitKernel =
     "fa3_bwd_sm90a_deterministic_head_split";
-// The same split with the heaviest walks first (next/det-rising, by name, for measurement): where
-// the walks do not rotate (a causal or band mask), tickets go key block major and rising, each dQ
-// chunk takes its adds in rising key-block order, and each CTA walks its heads query block by
-// query block from the last, so that the key blocks of a head reach a shared chunk at the same
-// step; unmasked problems run as the split above. A list-schedule model with the adds' waits has
-// it 1.06-1.22x faster than the falling order in causal groups of 2-16 at 16k tokens (seventy-ninth
-// session), before the L2 sharing that a key-block-major wave gives up. Not yet run on the GPU.
+// The same split with the heaviest walks first (by name; the ranked deterministic entry's order
+// where kFa3DetRising says): where the walks do not rotate (a causal or band mask), tickets go key
+// block major and rising, each dQ chunk takes its adds in rising key-block order, and each CTA
+// walks its heads query block by query block from the last, so that the key blocks of a head
+// reach a shared chunk at the same step; unmasked problems run as the split above. Its parts from
+// fa3_bwd_det_parts in this order. Measured (H200, eightieth session, interleaved rounds): 1.1-1.4x
+// the falling order in causal groups of 8 / 16 from L2048 at 16k tokens, and in places ahead of
+// the non-deterministic ranked entry itself (groups of 8 / 16 at L512 243.9 / 215.0, 234.7 /
+// 210.4; groups of 4 at L2048 435.6 / 388.0); behind the falling order with short walks in small
+// groups (groups of 2 at L1024 274.0 / 333.4) and with many heads' Q / dY a wave (64k tokens).
 inline constexpr std::string_view kFa3BwdDeterministicHeavyFirstKernel =
     "fa3_bwd_sm90a_deterministic_heavy_first";
 // The instance fa3_ranked_backward_kernel names, its grid's blocks taken key block first (every
@@ -572,6 +575,12 @@ inline constexpr std::string_view kFa3BwdHeadSplitKernel = "fa3_bwd_sm90a_head_s
 // Both: split, and the split grid taken key block first. By name, for measurement.
 inline constexpr std::string_view kFa3BwdHeadSplitHeavyFirstKernel =
     "fa3_bwd_sm90a_head_split_heavy_first";
+// The split grid key block first with the deterministic rising order's walks (each CTA over its
+// heads query block by query block from the last, unrotated: the key blocks of a head read the
+// same Q / dY tiles at the same step), its parts the best split of that grid (Fa3BwdGrid::
+// split_heavy_first). Not deterministic (dQ as fa3_bwd_sm90a's); by name, for measurement against
+// the deterministic instance in that order, which ran ahead of the ranked entry in causal groups.
+inline constexpr std::string_view kFa3BwdFallingKernel = "fa3_bwd_sm90a_falling";
 // The split with 2, 4 or 8 parts whatever the model says (where that divides the group), by name:
 // one bench run times every split of a point, to fit the model's per-CTA costs.
 inline constexpr std::string_view kFa3BwdHeadSplitPartsKernels[] = {
@@ -580,7 +589,8 @@ inline constexpr std::string_view kFa3BwdHeadSplitPartsKernels[] = {
 // leads cuDNN's deterministic algorithm (fa3_det_leads) and the table picks fa3 for the backward,
 // at kFa3DetAhead, above cuDNN's deterministic entries (kCudnnAhead - 1 where the table ranks cuDNN
 // ahead of the family's kernels, kCudnnBehind - 1 behind them) and the family's. Wherever it fits,
-// fa3's ranked-ahead entry (kFa3Ahead, not deterministic) fits too: `fastest` never gets it.
+// fa3's ranked-ahead entry (kFa3Ahead, not deterministic) fits too: `fastest` never gets it. Its
+// split runs in the rising order where kFa3DetRising says, else as _head_split's.
 inline constexpr std::string_view kFa3BwdDeterministicRanked = "fa3_bwd_sm90a_deterministic_ranked";
 inline constexpr int kFa3DetAhead = kCudnnAhead + 1;
 // Where fa3_bwd_sm90a_deterministic leads cuDNN's deterministic backward (fa3_det_leads): bf16 or
@@ -602,23 +612,65 @@ inline constexpr int kFa3DetAhead = kCudnnAhead + 1;
 // rounds): groups of 2 (call 3; unsplit there but at L8192) L512 237.5 / 216.9, L2048 420.1 /
 // 372.6, L16384 491.4 / 458.9 (1.07-1.13x at all six); of 4 L2048 400.0 / 383.8 and 393.7 / 379.5,
 // L4096 463.2 / 414.6 and 429.3 / 399.1, L8192 480.8 / 443.1 and 468.0 / 431.1; of 8 L2048 400.6 /
-// 386.4 and 396.8 / 383.0, L4096 460.0 / 425.6 and 456.2 / 425.7 (4k tokens 1.08 / 1.02x). Left to
-// cuDNN: d128 causal in groups elsewhere (groups of 4 / 8 0.92-1.04x up to L1024, at L16384 0.90 /
-// 0.75x, groups of 8 at L8192 0.93x; groups of 16 0.74-1.02x from L2048, the chunks' ordered
-// adders a long chain where a key head has 16 query heads), shorter problems, packed sequences.
+// 386.4 and 396.8 / 383.0, L4096 460.0 / 425.6 and 456.2 / 425.7 (4k tokens 1.08 / 1.02x). Before
+// the rising order cuDNN led the falling split in groups of 4 / 8 at L16384 (0.90 / 0.75x) and in
+// groups of 16 from L2048 (0.74-1.02x); see below. Left to cuDNN: shorter problems, packed
+// sequences, d128 causal at 64k tokens in groups of 8 / 16 up to L4096.
 // No bound on a measured row's length (kFa3DetLeads, kGroupedBackwardPicks).
 inline constexpr int64_t kNoBound = int64_t{1} << 62;
+// Eightieth session (call 2, interleaved rounds, H200): the deterministic split in its rising order
+// where kFa3DetRising says (fa3_bwd_sm90a_deterministic_heavy_first) against cuDNN's deterministic
+// algorithm, d128 causal at 16k tokens: groups of 4 L512 232.8 / 223.6 (falling), L1024 317.6 /
+// 308.6, L2048 435.6 / 382.9, L16384 551.9 / 451.2; of 8 L512 243.9 / 227.2, L4096 472.9 / 413.0,
+// L16384 528.4 / 449.4; of 16 L512 234.7 / 229.5 (call 1: 233.1 / 229.5), L1024 330.9 / 312.5,
+// L8192 524.5 / 433.5; at 4k tokens in groups of 2-16 1.05-1.39x; at 64k tokens in groups of 8 /
+// 16 from L8192 1.06-1.12x (L512-L4096 0.87-1.05x: left to cuDNN, max_key_rows). d64 causal in
+// groups of 4 / 16 at 16k tokens: 1.17-1.27x at every length (L2048 351.1 / 275.4 and 339.0 /
+// 278.8); d128 causal in groups of 8 in f16 1.07-1.22x.
+// Also at most max_key_rows key rows over all key heads (B x Hk x Lk).
 struct DetLead {
   int64_t head_dim;
   bool causal;
   int64_t min_group, max_group;
   int64_t min_rows, max_rows = kNoBound;
+  int64_t max_key_rows = kNoBound;
 };
-inline constexpr DetLead kFa3DetLeads[] = {
-    {64, false, 1, 8, 512},        {64, true, 1, 4, 1024},       {128, false, 1, 1, 2048},
-    {128, false, 2, 16, 512},      {128, true, 1, 1, 2048},      {128, true, 2, 2, 512},
-    {128, true, 4, 4, 2048, 8192}, {128, true, 8, 8, 2048, 4096}};
-bool fa3_det_leads(const attention::Problem& p);
+inline constexpr DetLead kFa3DetLeads[] = {{64, false, 1, 8, 512},
+                                           {64, true, 1, 4, 1024},
+                                           {64, true, 2, 16, 512, kNoBound, 131072},
+                                           {128, false, 1, 1, 2048},
+                                           {128, false, 2, 16, 512},
+                                           {128, true, 1, 1, 2048},
+                                           {128, true, 2, 2, 512},
+                                           {128, true, 4, 4, 512, kNoBound, 65536},
+                                           {128, true, 8, 16, 512, kNoBound, 32768},
+                                           {128, true, 8, 16, 8192}};
+// The first row of kFa3DetLeads that matches the problem (nullptr: none).
+const DetLead* fa3_det_lead(const attention::Problem& p);
+inline bool fa3_det_leads(const attention::Problem& p) {
+  return fa3_det_lead(p) != nullptr;
+}
+// Where the deterministic split runs in its rising order (the ranked deterministic entry; by name
+// fa3_bwd_sm90a_deterministic_heavy_first): causal, Lq = Lk, a row's head dim, group range, from
+// min_rows and at most max_key_rows key rows. Measured (H200, eightieth session's call 2,
+// interleaved rounds, TFLOP/s rising / falling, 16k tokens unless named): d128 in groups of 2
+// L2048 427.1 / 402.1, L16384 571.4 / 521.2 (L1024 274.0 / 333.4); at 4k tokens in groups of 2
+// from L512 199.6 / 177.3; in groups of 4 L1024 317.6 / 313.4, L4096 498.1 / 437.9 (L512 218.5 /
+// 232.8); of 8 / 16 from L512 (243.9 / 214.7, 234.7 / 215.8; L16384 528.4 / 416.8, 531.1 /
+// 385.9); ungrouped L8192 525.6 / 495.4 (L2048 310.6 / 404.5); 64k tokens in groups of 8 / 16
+// from L8192 (L16384 490.2 / 441.4, 486.9 / 395.2; L2048 348.0 / 404.0, 370.1 / 393.5); d64 in
+// groups of 4 from L2048 (351.1 / 314.5; L512 198.1 / 200.9), of 16 from L512 (217.5 / 187.4).
+struct DetRising {
+  int64_t head_dim;
+  int64_t min_group, max_group;
+  int64_t min_rows;
+  int64_t max_key_rows = kNoBound;
+};
+inline constexpr DetRising kFa3DetRising[] = {{64, 4, 4, 2048},          {64, 8, 16, 512},
+                                              {128, 1, 1, 8192},         {128, 2, 2, 512, 32768},
+                                              {128, 2, 2, 2048, 131072}, {128, 4, 4, 1024, 65536},
+                                              {128, 8, 16, 512, 32768},  {128, 8, 16, 8192}};
+bool fa3_det_rising(const attention::Problem& p);
 // The default backward in GQA groups, where the table's Lq = Lk points (one query head a key head)
 // mislead: a kGroupedBackwardPicks row that matches the problem decides between fa3 and cuDNN in
 // place of the table (where its candidate runs). bf16 or f16, Dk = Dv = head_dim, no soft-capping,
@@ -659,6 +711,26 @@ inline constexpr GroupedBackwardPick kGroupedBackwardPicks[] = {
     {128, true, 2, 512, kNoBound, kNoBound, Candidate::fa3}};
 // The first row of kGroupedBackwardPicks that matches the problem; none outside them.
 std::optional<Candidate> grouped_backward_pick(const attention::Problem& p);
+// Where fa3's ranked backward entry walks as fa3_bwd_sm90a_falling does (its split grid key block
+// first, each CTA's walks query block major from the last) in place of fa3_bwd_grid's schedule:
+// causal, Lq = Lk, bf16 / f16 as kGroupedBackwardPicks, a row's head dim, group range and length
+// range, at most max_key_rows key rows (B x Hk x Lk). Measured (H200, eightieth session's call 2,
+// interleaved rounds, TFLOP/s falling / the ranked entry before): d128 causal at 4k tokens in
+// groups of 4 L1024 283.0 / 239.8, L2048 398.0 / 358.8, L4096 500.9 / 466.4 (L512 178.8 / 184.9);
+// of 8 L1024 285.7 / 246.0, L2048 407.3 / 368.4, L4096 508.6 / 504.2; d64 causal at 16k tokens in
+// groups of 4 L2048 402.2 / 371.3, L4096 455.4 / 408.1, L8192 492.8 / 464.4 (L1024 0.87x, L16384
+// 0.99x); of 16 L512 231.2 / 218.2, L1024 321.6 / 295.5, L2048 392.8 / 371.7 (from L4096
+// 1.00x). Elsewhere within 0.96-1.03x or behind (0.75-0.90x: ungrouped up to L2048, 64k tokens,
+// groups of 2 up to L1024).
+struct FallingPick {
+  int64_t head_dim;
+  int64_t min_group, max_group;
+  int64_t min_rows, max_rows;
+  int64_t max_key_rows;
+};
+inline constexpr FallingPick kFa3BwdFallingPicks[] = {
+    {128, 4, 8, 1024, 4096, 16384}, {64, 4, 4, 2048, 8192, 131072}, {64, 16, 16, 512, 2048, 32768}};
+bool fa3_bwd_falls(const attention::Problem& p);
 // fa3's backward: how many CTAs share each key block's walk over the group's query heads
 // (fa3_backward.cuh, BwdParams::head_parts; the ranked entry and fa3_bwd_sm90a_head_split), for a
 // kernel of `keys` keys a CTA and `q_rows` query rows a step on sm_count SMs. A power of two
@@ -700,6 +772,7 @@ struct Fa3BwdGrid {
   int parts = 1;
   bool heavy_first = false;
   int split = 1;
+  int split_heavy_first = 1;  // the best split of the grid taken key block first
 };
 Fa3BwdGrid fa3_bwd_grid(const attention::Problem& p, int sm_count, int keys, int q_rows,
                         int64_t l2_bytes);

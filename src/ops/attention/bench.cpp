@@ -243,6 +243,7 @@ void bench_all(const Stream& stream) {
             kFa3HeavyFirst.data(),
             kFa3HeadSplit.data(),
             kFa3HeadSplitHeavyFirst.data(),
+            attention_hopper::kFa3BwdFallingKernel.data(),
             attention_hopper::kFa3BwdHeadSplitPartsKernels[0].data(),
             attention_hopper::kFa3BwdHeadSplitPartsKernels[1].data(),
             attention_hopper::kFa3BwdHeadSplitPartsKernels[2].data(),

@@ -908,37 +908,62 @@ int64_t det_group_beyond(const DetLead& lead) {
 
 // Where the deterministic backward's ranked entry may fit (fa3_det_leads): bf16 or f16, padded, no
 // soft-capping, and a row of kFa3DetLeads (head dim, no mask or causal with Lq = Lk, the group's
-// range, the fewest rows to the most); anything else (a window too, even one wider than the
-// problem) stays with cuDNN's deterministic algorithm. (The rows of a head dim and mask are laid
-// out so that one row's group just below its range, or one row short or long, falls outside the
-// others too.)
+// range, the fewest rows to the most, the most key rows); anything else (a window too, even one
+// wider than the problem) stays with cuDNN's deterministic algorithm. Each row takes its own
+// corners and not their near outside (which another row may take: fa3_det_lead names the row);
+// the sweep's shapes where cuDNN's algorithm led stay with it.
 TEST(AttentionCudnnRules, DeterministicBackwardLeadsWhereMeasured) {
+  // Two sequences, two key heads (4 x Lk key rows), or `kh` key heads of one sequence.
   auto problem = [](const DetLead& lead, int64_t lq, int64_t lk, int64_t group,
-                    DType t = DType::bf16) {
+                    DType t = DType::bf16, int64_t kh = 0) {
     const Mask m = lead.causal ? Mask::causal_top_left() : Mask::none();
-    return problem_of(make_desc(t, 2, 2 * group, 2, lq, lk, lead.head_dim, m));
+    const int64_t b = kh > 0 ? 1 : 2, hk = kh > 0 ? kh : 2;
+    return problem_of(make_desc(t, b, hk * group, hk, lq, lk, lead.head_dim, m));
   };
+  auto row = [](const attention::Problem& p) { return fa3_det_lead(p); };
   for (const DetLead& lead : kFa3DetLeads) {
     SCOPED_TRACE("d" + std::to_string(lead.head_dim) + (lead.causal ? " causal" : "") +
-                 " groups from " + std::to_string(lead.min_group));
+                 " groups from " + std::to_string(lead.min_group) + " rows from " +
+                 std::to_string(lead.min_rows));
     const int64_t rows = lead.min_rows, low = lead.min_group, high = lead.max_group;
+    // Inside: a row may sit below an earlier one of wider reach, so inside points only lead.
     EXPECT_TRUE(fa3_det_leads(problem(lead, rows, rows, low)));
     EXPECT_TRUE(fa3_det_leads(problem(lead, rows, rows, high)));
-    const int64_t longest = std::min(32 * rows, lead.max_rows);
+    const int64_t longest = std::min({32 * rows, lead.max_rows, lead.max_key_rows / 4});
     EXPECT_TRUE(fa3_det_leads(problem(lead, longest, longest, high, DType::f16)));
-    EXPECT_FALSE(fa3_det_leads(problem(lead, rows - 1, rows - 1, low)));
+    EXPECT_NE(row(problem(lead, rows - 1, rows - 1, low)), &lead);
     if (lead.max_rows != kNoBound) {
-      EXPECT_FALSE(fa3_det_leads(problem(lead, lead.max_rows + 1, lead.max_rows + 1, low)));
+      EXPECT_NE(row(problem(lead, lead.max_rows + 1, lead.max_rows + 1, low)), &lead);
+    }
+    if (lead.max_key_rows != kNoBound) {
+      const int64_t heads = lead.max_key_rows / rows;  // key heads at the bound
+      EXPECT_EQ(row(problem(lead, rows, rows, low, DType::bf16, heads)), &lead);
+      EXPECT_NE(row(problem(lead, rows, rows, low, DType::bf16, heads + 1)), &lead);
     }
     EXPECT_FALSE(fa3_det_leads(problem(lead, rows, rows, det_group_beyond(lead))));
     if (low > 1) {
-      EXPECT_FALSE(fa3_det_leads(problem(lead, rows, rows, low - 1)));
+      EXPECT_NE(row(problem(lead, rows, rows, low - 1)), &lead);
     }
     EXPECT_FALSE(fa3_det_leads(problem(lead, rows, rows, low, DType::f32)));
     // Lq != Lk: unmasked from min_rows each; causal never (not measured).
     EXPECT_EQ(fa3_det_leads(problem(lead, rows, 4 * rows, low)), !lead.causal);
-    EXPECT_FALSE(fa3_det_leads(problem(lead, rows - 1, 4 * rows, low)));
+    EXPECT_NE(row(problem(lead, rows - 1, 4 * rows, low)), &lead);
   }
+  // The sweep's shapes (16 query heads at d128, 32 at d64; B x L tokens) where cuDNN's algorithm
+  // led (eightieth session, call 2): d128 causal at 64k tokens in groups of 8 / 16 up to L4096.
+  auto sweep = [](int64_t d, int64_t group, int64_t l, int64_t tokens) {
+    const int64_t hq = d == 64 ? 32 : 16;
+    return problem_of(
+        make_desc(DType::bf16, tokens / l, hq, hq / group, l, l, d, Mask::causal_top_left()));
+  };
+  for (int64_t group : {8, 16})
+    for (int64_t l : {512, 1024, 2048, 4096}) {
+      EXPECT_FALSE(fa3_det_leads(sweep(128, group, l, 65536))) << group << " " << l;
+      EXPECT_TRUE(fa3_det_leads(sweep(128, group, l, 16384))) << group << " " << l;
+    }
+  EXPECT_TRUE(fa3_det_leads(sweep(128, 8, 8192, 65536)));
+  EXPECT_TRUE(fa3_det_leads(sweep(64, 16, 512, 16384)));
+  EXPECT_TRUE(fa3_det_leads(sweep(64, 4, 512, 16384)));
   const int64_t rows = 4096;
   auto d64 = [&](Mask m, int64_t d = 64, int64_t dv = 64) {
     Descriptor desc = make_desc(DType::bf16, 2, 16, 16, rows, rows, d, m);
@@ -952,6 +977,58 @@ TEST(AttentionCudnnRules, DeterministicBackwardLeadsWhereMeasured) {
   EXPECT_FALSE(fa3_det_leads(d64(Mask::none(), 64, 128)));
   EXPECT_FALSE(fa3_det_leads(capped_d64(rows)));
   EXPECT_FALSE(fa3_det_leads(packed_d64(rows)));
+}
+
+// The deterministic split's order (fa3_det_rising) and the default's falling walks
+// (fa3_bwd_falls) at the sweep's shapes (16 query heads at d128, 32 at d64; B x L tokens), as
+// measured in the eightieth session's call 2; neither outside their shape (unmasked, f32, Lq !=
+// Lk, a window, d256).
+TEST(AttentionCudnnRules, BackwardWalkOrdersWhereMeasured) {
+  auto sweep = [](int64_t d, int64_t group, int64_t l, int64_t tokens,
+                  Mask m = Mask::causal_top_left(), DType t = DType::bf16) {
+    const int64_t hq = d == 64 ? 32 : 16;
+    return problem_of(make_desc(t, tokens / l, hq, hq / group, l, l, d, m));
+  };
+  struct Point {
+    int64_t d, group, l, tokens;
+    bool rising, falls;
+  };
+  const Point points[] = {{128, 2, 512, 16384, false, false},  {128, 2, 1024, 16384, false, false},
+                          {128, 2, 2048, 16384, true, false},  {128, 2, 16384, 16384, true, false},
+                          {128, 2, 512, 4096, true, false},    {128, 4, 512, 16384, false, false},
+                          {128, 4, 1024, 16384, true, false},  {128, 4, 8192, 16384, true, false},
+                          {128, 8, 512, 16384, true, false},   {128, 16, 4096, 16384, true, false},
+                          {128, 1, 2048, 16384, false, false}, {128, 1, 8192, 16384, true, false},
+                          {128, 8, 2048, 65536, false, false}, {128, 16, 8192, 65536, true, false},
+                          {128, 4, 512, 4096, false, false},   {128, 4, 1024, 4096, true, true},
+                          {128, 4, 4096, 4096, true, true},    {128, 8, 2048, 4096, true, true},
+                          {128, 8, 512, 4096, true, false},    {128, 16, 1024, 4096, true, false},
+                          {128, 2, 1024, 4096, true, false},   {64, 4, 1024, 16384, false, false},
+                          {64, 4, 2048, 16384, true, true},    {64, 4, 16384, 16384, true, false},
+                          {64, 16, 512, 16384, true, true},    {64, 16, 4096, 16384, true, false},
+                          {64, 2, 4096, 16384, false, false}};
+  for (const Point& pt : points) {
+    SCOPED_TRACE("d" + std::to_string(pt.d) + " groups of " + std::to_string(pt.group) + " L" +
+                 std::to_string(pt.l) + " " + std::to_string(pt.tokens) + " tokens");
+    EXPECT_EQ(fa3_det_rising(sweep(pt.d, pt.group, pt.l, pt.tokens)), pt.rising);
+    EXPECT_EQ(fa3_bwd_falls(sweep(pt.d, pt.group, pt.l, pt.tokens)), pt.falls);
+    EXPECT_EQ(
+        fa3_bwd_falls(sweep(pt.d, pt.group, pt.l, pt.tokens, Mask::causal_top_left(), DType::f16)),
+        pt.falls);
+    for (const attention::Problem& p :
+         {sweep(pt.d, pt.group, pt.l, pt.tokens, Mask::none()),
+          sweep(pt.d, pt.group, pt.l, pt.tokens, Mask::causal_top_left(), DType::f32),
+          sweep(pt.d, pt.group, pt.l, pt.tokens, Mask::sliding_window(pt.l / 2, 0)),
+          sweep(256, pt.group, pt.l, pt.tokens)}) {
+      EXPECT_FALSE(fa3_det_rising(p));
+      EXPECT_FALSE(fa3_bwd_falls(p));
+    }
+  }
+  // Lq != Lk.
+  const attention::Problem chunk =
+      problem_of(make_desc(DType::bf16, 1, 16, 4, 1024, 2048, 128, Mask::causal_bottom_right()));
+  EXPECT_FALSE(fa3_det_rising(chunk));
+  EXPECT_FALSE(fa3_bwd_falls(chunk));
 }
 
 // The default backward in GQA groups (grouped_backward_pick): each kGroupedBackwardPicks row picks
@@ -3451,8 +3528,9 @@ TEST(AttentionFa3Registry, BackwardRankedByTheTableAndNotDeterministic) {
   for (DType t : {DType::bf16, DType::f16})
     for (std::string_view name :
          {kFa3BwdKernel, kFa3BwdK192Kernel, kFa3BwdQ128Kernel, kFa3BwdHeavyFirstKernel,
-          kFa3BwdHeadSplitKernel, kFa3BwdHeadSplitHeavyFirstKernel, kFa3BwdHeadSplitPartsKernels[0],
-          kFa3BwdHeadSplitPartsKernels[1], kFa3BwdHeadSplitPartsKernels[2], kFa3BwdRankedAhead}) {
+          kFa3BwdHeadSplitKernel, kFa3BwdHeadSplitHeavyFirstKernel, kFa3BwdFallingKernel,
+          kFa3BwdHeadSplitPartsKernels[0], kFa3BwdHeadSplitPartsKernels[1],
+          kFa3BwdHeadSplitPartsKernels[2], kFa3BwdRankedAhead}) {
       const auto* fa3 = fa3_bwd_kernel(t, name);
       if (!fa3) continue;  // CPU-only build
       ++found;
@@ -3460,7 +3538,7 @@ TEST(AttentionFa3Registry, BackwardRankedByTheTableAndNotDeterministic) {
       expect_fa3_entry(*fa3, t, kFa3BwdKernel, name == kFa3BwdRankedAhead, false);
     }
   if (found == 0) GTEST_SKIP() << "built without CUDA: fa3_bwd_sm90a is not registered";
-  EXPECT_EQ(found, 20);
+  EXPECT_EQ(found, 22);
 }
 
 // The deterministic instance: by name below every other backward kernel, and deterministic. Its
@@ -3631,8 +3709,11 @@ TEST(AttentionFa3Gpu, DeterministicBackwardRepeatsBitwiseManyTimes) {
 // beyond its most where bounded, a group beyond every row of its head dim and mask, or one below
 // the row's range) does not. The override tables put a point per dtype and row at the row's least
 // rows (and its most where bounded), with fa3 or cuDNN the fastest candidate there.
+// `run`: the leads whose float64 reference stays cheap (up to 16 heads of 2048 x 2048), which
+// run against it; a row's least rows above that (64k-token rows from L8192) is checked by its
+// selection alone, its kernel by the smaller leads.
 struct DetLeadCases {
-  std::vector<Case> leads, others;
+  std::vector<Case> leads, others, run;
 };
 DetLeadCases det_lead_cases() {
   auto at = [](const DetLead& lead, int64_t hq, int64_t l, DType t = DType::bf16) {
@@ -3643,10 +3724,13 @@ DetLeadCases det_lead_cases() {
   for (const DetLead& lead : kFa3DetLeads) {
     const int64_t g = lead.max_group, rows = lead.min_rows;
     cases.leads.push_back(at(lead, g, rows, cases.leads.empty() ? DType::f16 : DType::bf16));
-    cases.others.push_back(at(lead, g, rows / 2));
-    if (lead.max_rows != kNoBound) cases.others.push_back(at(lead, g, lead.max_rows + 1));
-    cases.others.push_back(at(lead, det_group_beyond(lead), rows));
-    if (lead.min_group > 1) cases.others.push_back(at(lead, lead.min_group - 1, rows));
+    if (g * rows * rows <= 16 * 2048 * 2048) cases.run.push_back(cases.leads.back());
+    // Near a row's outside, where no other row reaches.
+    std::vector<Case> near = {at(lead, g, rows / 2), at(lead, det_group_beyond(lead), rows)};
+    if (lead.max_rows != kNoBound) near.push_back(at(lead, g, lead.max_rows + 1));
+    if (lead.min_group > 1) near.push_back(at(lead, lead.min_group - 1, rows));
+    for (const Case& c : near)
+      if (!fa3_det_leads(problem_of(desc_of(c, c.t)))) cases.others.push_back(c);
   }
   return cases;
 }
@@ -3710,7 +3794,7 @@ TEST(AttentionFa3Gpu, DeterministicPreferenceTakesFa3WhereItLeads) {
     for (const Case& other : cases.others)
       EXPECT_NE(det_kernel(other), kFa3BwdDeterministicRanked) << name_of(other);
     harness::Rng rng;
-    check_pinned_backward(cases.leads, kFa3BwdDeterministicRanked, rng, 4);
+    check_pinned_backward(cases.run, kFa3BwdDeterministicRanked, rng, 4);
   }
 #if BARACUDA_HAVE_CUDNN_FRONTEND
   {
@@ -3832,6 +3916,9 @@ TEST(AttentionFa3Gpu, HeadSplitBackwardMatchesReference) {
   }
   check_pinned_backward(split, kFa3BwdHeadSplitKernel, rng);
   check_pinned_backward(split, kFa3BwdHeadSplitHeavyFirstKernel, rng);
+  // Falling walks (every masked and unmasked case, split or whole by its model).
+  check_pinned_backward(split, kFa3BwdFallingKernel, rng);
+  check_pinned_backward(fa3_bwd_cases(), kFa3BwdFallingKernel, rng);
   // The forced splits (_x2 / _x4 / _x8) on the cases whose group they divide; refused elsewhere.
   for (int i = 0; i < 3; ++i) {
     const int64_t parts = int64_t{2} << i;
@@ -4029,6 +4116,23 @@ TEST(AttentionFa3Gpu, DefaultGroupedBackwardFollowsTheMeasuredRows) {
   BARACUDA_ASSERT_OK(whole);
   EXPECT_GT(split->workspace_size(), whole->workspace_size());
   check_pinned_backward({causal}, kFa3BwdRankedAhead, rng);
+  // Where kFa3BwdFallingPicks says (d128 causal in groups of 4 at L1024, few key rows; d64 in
+  // groups of 16 at L512): the ranked entry with fa3_bwd_sm90a_falling's walks and workspace.
+  const std::vector<Case> falls = {
+      {DType::bf16, 1, 8, 2, 1024, 1024, 128, Mask::causal_top_left(), false, false},
+      {DType::f16, 1, 16, 1, 512, 512, 64, Mask::causal_top_left(), false, false}};
+  for (const Case& c : falls) {
+    SCOPED_TRACE(name_of(c));
+    ASSERT_TRUE(fa3_bwd_falls(problem_of(desc_of(c, c.t))));
+    auto ranked = attention::BackwardPlan::select(gs, desc_of(c, c.t),
+                                                  PlanPreference::kernel(kFa3BwdRankedAhead));
+    auto falling = attention::BackwardPlan::select(gs, desc_of(c, c.t),
+                                                   PlanPreference::kernel(kFa3BwdFallingKernel));
+    BARACUDA_ASSERT_OK(ranked);
+    BARACUDA_ASSERT_OK(falling);
+    EXPECT_EQ(ranked->workspace_size(), falling->workspace_size());
+  }
+  check_pinned_backward(falls, kFa3BwdRankedAhead, rng);
 }
 
 // ---- The default plan on views its kernel's own rules refuse -----------------------------------

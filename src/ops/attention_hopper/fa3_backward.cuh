@@ -164,6 +164,10 @@ struct BwdParams {
   int head_parts;
   float* kv_part;
   int64_t kv_part_stride;
+  // Each CTA walks its heads query block by query block from the last, none rotated: kDet's rising
+  // order (fa3_bwd_sm90a_deterministic_heavy_first) and fa3_bwd_sm90a_falling (not kDet, with
+  // heavy_first), where every key block of a head reads the same Q / dY tiles at the same step.
+  int falling_walks;
 };
 
 // The dQ accumulator's chunks (batch, query head, 64-row block, 64-column part), from any of the
@@ -324,15 +328,14 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
   // key blocks.
   const int parts = p.head_parts;
   const int key_blocks = static_cast<int>(gridDim.x) / parts;
-  // kDet with heavy_first (unrotated walks only): tickets key block major, rising, (batch, key
-  // head) fastest, each chunk's adds in rising key-block order (see det_before), the walks query
-  // block major and falling, so that every key block of a head reaches a shared chunk at the same
-  // step of its walk and the longest walks start first.
-  bool det_rising = false;
-  if constexpr (kDet) det_rising = p.heavy_first != 0;
+  // kDet with falling walks (unrotated walks only): tickets key block major, rising, (batch, key
+  // head) fastest, each chunk's adds in rising key-block order (see det_before), so that every key
+  // block of a head reaches a shared chunk at the same step of its walk and the longest walks
+  // start first.
+  const bool falling = p.falling_walks != 0;
   if constexpr (kDet) {
     const int ticket = static_cast<int>(cuda::block_ticket(p.det_ticket));
-    if (det_rising) {
+    if (falling) {
       const int pairs = static_cast<int>(gridDim.y * gridDim.z);
       kb = ticket / pairs;
       hk = ticket % pairs % static_cast<int>(gridDim.y);
@@ -394,11 +397,9 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
     int hh, m;
   };
   auto next_pos = [&](Pos q) {
-    if constexpr (kDet) {
-      if (det_rising) {
-        if (++q.hh == part_heads) q.hh = 0, --q.m;
-        return q;
-      }
+    if (falling) {
+      if (++q.hh == part_heads) q.hh = 0, --q.m;
+      return q;
     }
     if (++q.m == nm) {
       q.m = 0;
@@ -408,7 +409,7 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
   };
   auto pos_head = [&](Pos q) { return hk * p.group + part * part_heads + q.hh; };
   auto pos_row0 = [&](Pos q) { return (m_begin + q.m) * kQRows; };
-  const Pos first = steps > 0 ? (det_rising ? Pos{0, nm - 1} : Pos{rot / nm, rot % nm}) : Pos{0, 0};
+  const Pos first = steps > 0 ? (falling ? Pos{0, nm - 1} : Pos{rot / nm, rot % nm}) : Pos{0, 0};
 
   if (threadIdx.x == 0) {
     for (int i = 0; i < 1 + kRing; ++i) mbar_init(smem_u32(&bars[i]), 1);
@@ -579,7 +580,7 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
   // block's first query block rises with it, see m_begin, and its last does too). The reducing
   // thread's chunk whose add is still to be counted (-1: none).
   auto det_before = [&](int m0) {
-    if (det_rising) {
+    if (falling) {
       // The lower key blocks that see the chunk: from the one holding its first row's first key.
       const int64_t first_key = int64_t{m0} + off - p.left;
       const int lo = p.left < 0 || first_key <= 0 ? 0 : static_cast<int>(first_key / kKeys);
@@ -1324,6 +1325,9 @@ struct Schedule {
   bool heavy_first = false, head_split = false;
   int parts = 0;  // > 0 (head_split): that many parts, by name for measurement; 0: the model's
   bool model_order = false;  // heavy_first where the model says (fa3_bwd_grid; the ranked entry)
+  // Not kDet, with heavy_first: walks query block major from the last (BwdParams::falling_walks),
+  // the best split of the grid taken key block first (Fa3BwdGrid::split_heavy_first).
+  bool falling = false;
 };
 template <class T, int D, int W = 2, int Q = 64, bool kDet = false>
 Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArguments& a,
@@ -1347,6 +1351,7 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
                     : kDet ? fa3_bwd_det_parts(pr, caps.sm_count, kKeys, kQRows, det_rotates(pr),
                                                sched.heavy_first)
                     : sched.model_order ? model.parts
+                    : sched.falling     ? model.split_heavy_first
                                         : model.split;
   const bool heavy_first = sched.heavy_first || (sched.model_order && model.heavy_first);
   const Layout lay = layout_of(pr, kDet, parts);
@@ -1411,8 +1416,9 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
   p.det_counts = rp.det_counts;
   p.det_ticket = rp.det_ticket;
   p.det_rotated = rp.det_rotated;
-  // (kDet: heavy_first is the rising order, for unrotated walks only.)
+  // (kDet: heavy_first is the rising order, its walks falling, for unrotated walks only.)
   p.heavy_first = heavy_first && !(kDet && rp.det_rotated) ? 1 : 0;
+  p.falling_walks = kDet ? p.heavy_first : sched.falling && heavy_first ? 1 : 0;
   p.head_parts = parts;
   p.kv_part = parts > 1 ? reinterpret_cast<float*>(ws + lay.kv_part) : nullptr;
   p.kv_part_stride = static_cast<int64_t>(kv_part_floats(pr));
@@ -1522,10 +1528,24 @@ Status launch_det(const LaunchContext& ctx, const Problem& pr, const BackwardArg
                             ": head_dim=" + std::to_string(pr.desc.head_dim_qk) +
                             ": D = 64 or 128 only");
 }
+inline size_t det_split_bytes(const Problem& pr, const DeviceCaps& caps, bool rising) {
+  const int parts = fa3_bwd_det_parts(pr, caps.sm_count, kDetKeys, 64, det_rotates(pr), rising);
+  return layout_of(pr, true, parts).bytes;
+}
 template <bool kRising = false>
 size_t workspace_det_split(const Problem& pr, const DeviceCaps& caps) {
-  const int parts = fa3_bwd_det_parts(pr, caps.sm_count, kDetKeys, 64, det_rotates(pr), kRising);
-  return layout_of(pr, true, parts).bytes;
+  return det_split_bytes(pr, caps, kRising);
+}
+// The ranked deterministic entry: the split in its rising order where kFa3DetRising says, else
+// falling.
+inline size_t workspace_det_ranked(const Problem& pr, const DeviceCaps& caps) {
+  return det_split_bytes(pr, caps, fa3_det_rising(pr));
+}
+template <class T>
+Status launch_det_ranked(const LaunchContext& ctx, const Problem& pr, const BackwardArguments& a) {
+  if (fa3_det_rising(pr))
+    return launch_det<T, Schedule{.heavy_first = true, .head_split = true}>(ctx, pr, a);
+  return launch_det<T, Schedule{.head_split = true}>(ctx, pr, a);
 }
 
 // The kernels by name, in the order of their (falling) priorities in register_one.
@@ -1569,12 +1589,17 @@ Status launch_scheduled(const LaunchContext& ctx, const Problem& pr, const Backw
 }
 // Its workspace: the f32 shares where the grid splits (kRanked: the ranked entry's grid, unsplit
 // where heavy first keeps the walks whole; else the best split in launch order).
-template <bool kRanked = false>
+template <bool kRanked = false, bool kFalling = false>
 size_t workspace_scheduled(const Problem& pr, const DeviceCaps& caps) {
   // (Every instance head_parts splits takes 128 keys a CTA.)
   const int q_rows = fa3_ranked_backward_kernel(pr) == kFa3BwdQ128Kernel ? 128 : 64;
   const Fa3BwdGrid grid = fa3_bwd_grid(pr, caps.sm_count, 128, q_rows, caps.l2_bytes);
-  return layout_of(pr, false, kRanked ? grid.parts : grid.split).bytes;
+  const bool falling = kFalling || (kRanked && fa3_bwd_falls(pr));
+  return layout_of(pr, false,
+                   falling   ? grid.split_heavy_first
+                   : kRanked ? grid.parts
+                             : grid.split)
+      .bytes;
 }
 // fa3_bwd_sm90a_head_split_x<P>: P parts whatever the model says (where P divides the group; D = 64
 // / 128, padded), so that one bench run times every split at each point.
@@ -1589,10 +1614,14 @@ size_t workspace_parts(const Problem& pr, const DeviceCaps&) {
 }
 // The ranked-ahead entry launches the ranked instance with its walks split, and its grid taken key
 // block first, where fa3_bwd_grid says (1.01-1.31x cuDNN in GQA groups where cuDNN led the unsplit
-// kernel, see kGroupedBackwardPicks; heavy first 1.11-1.42x the split alone where it is taken).
+// kernel, see kGroupedBackwardPicks; heavy first 1.11-1.42x the split alone where it is taken);
+// with fa3_bwd_sm90a_falling's walks where kFa3BwdFallingPicks says.
 template <class T>
 Status launch_ranked_ahead(const LaunchContext& ctx, const Problem& pr,
                            const BackwardArguments& a) {
+  if (fa3_bwd_falls(pr))
+    return launch_scheduled<T, Schedule{.heavy_first = true, .head_split = true, .falling = true}>(
+        ctx, pr, a);
   return launch_scheduled<T, Schedule{.head_split = true, .model_order = true}>(ctx, pr, a);
 }
 
@@ -1631,6 +1660,8 @@ bool register_one() {
       launch_scheduled<T, Schedule{.head_split = true}>);
   add(kFa3BwdHeadSplitHeavyFirstKernel, priority--, false, fits_scheduled<T>, workspace_scheduled<>,
       launch_scheduled<T, Schedule{.heavy_first = true, .head_split = true}>);
+  add(kFa3BwdFallingKernel, priority--, false, fits_scheduled<T>, workspace_scheduled<false, true>,
+      launch_scheduled<T, Schedule{.heavy_first = true, .head_split = true, .falling = true}>);
   add(kFa3BwdHeadSplitPartsKernels[0], priority--, false, fits_parts<T, 2>, workspace_parts<2>,
       launch_scheduled<T, Schedule{.head_split = true, .parts = 2}>);
   add(kFa3BwdHeadSplitPartsKernels[1], priority--, false, fits_parts<T, 4>, workspace_parts<4>,
@@ -1639,9 +1670,10 @@ bool register_one() {
       launch_scheduled<T, Schedule{.head_split = true, .parts = 8}>);
   // The deterministic instance for PlanPreference::deterministic() where it leads (see
   // kFa3BwdDeterministicRanked), its walks split where the grid model says (as by name above: at
-  // or above the unsplit instance's speed at every point measured).
-  add(kFa3BwdDeterministicRanked, kFa3DetAhead, true, fits_det_ranked<T>, workspace_det_split<>,
-      launch_det<T, Schedule{.head_split = true}>);
+  // or above the unsplit instance's speed at every point measured), in the rising order where
+  // kFa3DetRising says.
+  add(kFa3BwdDeterministicRanked, kFa3DetAhead, true, fits_det_ranked<T>, workspace_det_ranked,
+      launch_det_ranked<T>);
   // fa3_ranked_backward_kernel's kernel above every other backward kernel, fitting only where the
   // measured selection table says fa3 is the fastest candidate (cuDNN's non-deterministic entry
   // then ranks behind).

@@ -223,35 +223,67 @@ bool fa3_bwd_widens(const attention::Problem& p) {
 }
 
 namespace {
-// What the backward's measured rows (kFa3DetLeads, kGroupedBackwardPicks) were taken on: bf16 /
-// f16, Dk = Dv, no soft-capping, padded, no mask or causal (a backward has no pages or key counts).
+// What the backward's measured rows (kFa3DetLeads, kGroupedBackwardPicks, ...) were taken on: bf16
+// / f16, Dk = Dv, no soft-capping, padded, no mask or causal (a backward has no pages or key
+// counts).
 bool measured_backward_shape(const attention::Descriptor& d) {
   return (d.dtype == DType::bf16 || d.dtype == DType::f16) && d.head_dim_v == d.head_dim_qk &&
          d.softcap <= 0 && !d.varlen && (d.mask.is_none() || d.mask.is_causal());
 }
 }  // namespace
 
-bool fa3_det_leads(const attention::Problem& p) {
+namespace {
+// Lq = Lk problems of the measured backward shape (causal ones only where `causal`), and their
+// key rows over all key heads (a validated problem's element counts fit in int64: "overflows
+// int64" otherwise).
+std::optional<int64_t> measured_key_rows(const attention::Descriptor& d, bool causal_only) {
+  if (!measured_backward_shape(d) || d.len_q != d.len_k || (causal_only && !d.mask.is_causal()))
+    return std::nullopt;
+  return d.batch * d.heads_kv * d.len_k;
+}
+}  // namespace
+
+const DetLead* fa3_det_lead(const attention::Problem& p) {
   const attention::Descriptor& d = p.desc;
-  if (!measured_backward_shape(d)) return false;
+  if (!measured_backward_shape(d)) return nullptr;
   const bool causal = d.mask.is_causal();
-  if (causal && d.len_q != d.len_k) return false;
+  if (causal && d.len_q != d.len_k) return nullptr;
+  const int64_t key_rows = d.batch * d.heads_kv * d.len_k;
   for (const DetLead& lead : kFa3DetLeads)
     if (lead.head_dim == d.head_dim_qk && lead.causal == causal && p.group >= lead.min_group &&
         p.group <= lead.max_group && d.len_q >= lead.min_rows && d.len_k >= lead.min_rows &&
-        d.len_q <= lead.max_rows && d.len_k <= lead.max_rows)
+        d.len_q <= lead.max_rows && d.len_k <= lead.max_rows && key_rows <= lead.max_key_rows)
+      return &lead;
+  return nullptr;
+}
+
+bool fa3_det_rising(const attention::Problem& p) {
+  const std::optional<int64_t> key_rows = measured_key_rows(p.desc, true);
+  if (!key_rows) return false;
+  for (const DetRising& r : kFa3DetRising)
+    if (r.head_dim == p.desc.head_dim_qk && p.group >= r.min_group && p.group <= r.max_group &&
+        p.desc.len_q >= r.min_rows && *key_rows <= r.max_key_rows)
+      return true;
+  return false;
+}
+
+bool fa3_bwd_falls(const attention::Problem& p) {
+  const std::optional<int64_t> key_rows = measured_key_rows(p.desc, true);
+  if (!key_rows) return false;
+  for (const FallingPick& f : kFa3BwdFallingPicks)
+    if (f.head_dim == p.desc.head_dim_qk && p.group >= f.min_group && p.group <= f.max_group &&
+        p.desc.len_q >= f.min_rows && p.desc.len_q <= f.max_rows && *key_rows <= f.max_key_rows)
       return true;
   return false;
 }
 
 std::optional<Candidate> grouped_backward_pick(const attention::Problem& p) {
+  const std::optional<int64_t> key_rows = measured_key_rows(p.desc, false);
+  if (!key_rows) return std::nullopt;
   const attention::Descriptor& d = p.desc;
-  if (!measured_backward_shape(d) || d.len_q != d.len_k) return std::nullopt;
-  // K's rows: a validated problem's element counts fit in int64 ("overflows int64" otherwise).
-  const int64_t key_rows = d.batch * d.heads_kv * d.len_k;
   for (const GroupedBackwardPick& g : kGroupedBackwardPicks)
     if (g.head_dim == d.head_dim_qk && g.causal == d.mask.is_causal() && p.group >= g.min_group &&
-        d.len_q >= g.min_rows && d.len_q <= g.max_rows && key_rows <= g.max_key_rows)
+        d.len_q >= g.min_rows && d.len_q <= g.max_rows && *key_rows <= g.max_key_rows)
       return g.pick;
   return std::nullopt;
 }
@@ -367,6 +399,7 @@ Fa3BwdGrid fa3_bwd_grid(const attention::Problem& p, int sm_count, int keys, int
   // held in L2: heavy first over the split too, for a smaller modelled gain.
   const int64_t q_dy_bytes = 2 * d.batch * d.heads_q * d.len_q * row_bits / 8;
   grid.split = grid.parts;
+  grid.split_heavy_first = best_split(p.group, [&](int n) { return grid_steps(n, true); }).first;
   if (best_steps >= kFa3BwdHeavyFirstGain * grid_steps(1, true))
     grid.parts = 1, grid.heavy_first = true;
   else if (q_dy_bytes <= l2_bytes &&
