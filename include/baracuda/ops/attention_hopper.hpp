@@ -650,6 +650,14 @@ const DetLead* fa3_det_lead(const attention::Problem& p);
 inline bool fa3_det_leads(const attention::Problem& p) {
   return fa3_det_lead(p) != nullptr;
 }
+// A range of causal Lq = Lk problems (kFa3DetRising, kFa3BwdFallingPicks): a head dim, min_group
+// to max_group query heads a key head, min_rows to max_rows rows, at most max_key_rows key rows.
+struct CausalRows {
+  int64_t head_dim;
+  int64_t min_group, max_group;
+  int64_t min_rows, max_rows = kNoBound;
+  int64_t max_key_rows = kNoBound;
+};
 // Where the deterministic split runs in its rising order (the ranked deterministic entry; by name
 // fa3_bwd_sm90a_deterministic_heavy_first): causal, Lq = Lk, a row's head dim, group range, from
 // min_rows and at most max_key_rows key rows. Measured (H200, eightieth session's call 2,
@@ -660,16 +668,14 @@ inline bool fa3_det_leads(const attention::Problem& p) {
 // 385.9); ungrouped L8192 525.6 / 495.4 (L2048 310.6 / 404.5); 64k tokens in groups of 8 / 16
 // from L8192 (L16384 490.2 / 441.4, 486.9 / 395.2; L2048 348.0 / 404.0, 370.1 / 393.5); d64 in
 // groups of 4 from L2048 (351.1 / 314.5; L512 198.1 / 200.9), of 16 from L512 (217.5 / 187.4).
-struct DetRising {
-  int64_t head_dim;
-  int64_t min_group, max_group;
-  int64_t min_rows;
-  int64_t max_key_rows = kNoBound;
-};
-inline constexpr DetRising kFa3DetRising[] = {{64, 4, 4, 2048},          {64, 8, 16, 512},
-                                              {128, 1, 1, 8192},         {128, 2, 2, 512, 32768},
-                                              {128, 2, 2, 2048, 131072}, {128, 4, 4, 1024, 65536},
-                                              {128, 8, 16, 512, 32768},  {128, 8, 16, 8192}};
+inline constexpr CausalRows kFa3DetRising[] = {{64, 4, 4, 2048},
+                                               {64, 8, 16, 512},
+                                               {128, 1, 1, 8192},
+                                               {128, 2, 2, 512, kNoBound, 32768},
+                                               {128, 2, 2, 2048, kNoBound, 131072},
+                                               {128, 4, 4, 1024, kNoBound, 65536},
+                                               {128, 8, 16, 512, kNoBound, 32768},
+                                               {128, 8, 16, 8192}};
 bool fa3_det_rising(const attention::Problem& p);
 // The default backward in GQA groups, where the table's Lq = Lk points (one query head a key head)
 // mislead: a kGroupedBackwardPicks row that matches the problem decides between fa3 and cuDNN in
@@ -722,13 +728,7 @@ std::optional<Candidate> grouped_backward_pick(const attention::Problem& p);
 // 0.99x); of 16 L512 231.2 / 218.2, L1024 321.6 / 295.5, L2048 392.8 / 371.7 (from L4096
 // 1.00x). Elsewhere within 0.96-1.03x or behind (0.75-0.90x: ungrouped up to L2048, 64k tokens,
 // groups of 2 up to L1024).
-struct FallingPick {
-  int64_t head_dim;
-  int64_t min_group, max_group;
-  int64_t min_rows, max_rows;
-  int64_t max_key_rows;
-};
-inline constexpr FallingPick kFa3BwdFallingPicks[] = {
+inline constexpr CausalRows kFa3BwdFallingPicks[] = {
     {128, 4, 8, 1024, 4096, 16384}, {64, 4, 4, 2048, 8192, 131072}, {64, 16, 16, 512, 2048, 32768}};
 bool fa3_bwd_falls(const attention::Problem& p);
 // fa3's backward: how many CTAs share each key block's walk over the group's query heads

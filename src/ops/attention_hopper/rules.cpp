@@ -257,24 +257,24 @@ const DetLead* fa3_det_lead(const attention::Problem& p) {
   return nullptr;
 }
 
-bool fa3_det_rising(const attention::Problem& p) {
+namespace {
+bool in_causal_rows(const attention::Problem& p, std::span<const CausalRows> rows) {
   const std::optional<int64_t> key_rows = measured_key_rows(p.desc, true);
   if (!key_rows) return false;
-  for (const DetRising& r : kFa3DetRising)
+  for (const CausalRows& r : rows)
     if (r.head_dim == p.desc.head_dim_qk && p.group >= r.min_group && p.group <= r.max_group &&
-        p.desc.len_q >= r.min_rows && *key_rows <= r.max_key_rows)
+        p.desc.len_q >= r.min_rows && p.desc.len_q <= r.max_rows && *key_rows <= r.max_key_rows)
       return true;
   return false;
 }
+}  // namespace
+
+bool fa3_det_rising(const attention::Problem& p) {
+  return in_causal_rows(p, kFa3DetRising);
+}
 
 bool fa3_bwd_falls(const attention::Problem& p) {
-  const std::optional<int64_t> key_rows = measured_key_rows(p.desc, true);
-  if (!key_rows) return false;
-  for (const FallingPick& f : kFa3BwdFallingPicks)
-    if (f.head_dim == p.desc.head_dim_qk && p.group >= f.min_group && p.group <= f.max_group &&
-        p.desc.len_q >= f.min_rows && p.desc.len_q <= f.max_rows && *key_rows <= f.max_key_rows)
-      return true;
-  return false;
+  return in_causal_rows(p, kFa3BwdFallingPicks);
 }
 
 std::optional<Candidate> grouped_backward_pick(const attention::Problem& p) {
