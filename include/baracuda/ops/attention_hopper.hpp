@@ -556,11 +556,12 @@ inline constexpr std::string_view kFa3BwdDeterministicHeadSplitKernel =
 // block major and rising, each dQ chunk takes its adds in rising key-block order, and each CTA
 // walks its heads query block by query block from the last, so that the key blocks of a head
 // reach a shared chunk at the same step; unmasked problems run as the split above. Its parts from
-// fa3_bwd_det_parts in this order. Measured (H200, eightieth session, interleaved rounds): 1.1-1.4x
-// the falling order in causal groups of 8 / 16 from L2048 at 16k tokens, and in places ahead of
-// the non-deterministic ranked entry itself (groups of 8 / 16 at L512 243.9 / 215.0, 234.7 /
-// 210.4; groups of 4 at L2048 435.6 / 388.0); behind the falling order with short walks in small
-// groups (groups of 2 at L1024 274.0 / 333.4) and with many heads' Q / dY a wave (64k tokens).
+// fa3_bwd_det_parts in this order. Measured (H200, eightieth session, interleaved
+// rounds): 1.06-1.38x the falling order in causal groups of 8 / 16 from L2048 at 16k tokens, and in
+// places ahead of the non-deterministic ranked entry itself (groups of 8 / 16 at L512 243.9 /
+// 215.0, 234.7 / 210.4; groups of 4 at L2048 435.6 / 388.0); behind the falling order with short
+// walks in small groups (groups of 2 at L1024 274.0 / 333.4) and with many heads' Q / dY a wave
+// (64k tokens).
 inline constexpr std::string_view kFa3BwdDeterministicHeavyFirstKernel =
     "fa3_bwd_sm90a_deterministic_heavy_first";
 // The instance fa3_ranked_backward_kernel names, its grid's blocks taken key block first (every
