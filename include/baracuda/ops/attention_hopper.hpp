@@ -742,7 +742,7 @@ bool fa3_bwd_falls(const attention::Problem& p);
 // kFa3BwdSplitMargin as long. The model sees the walks' lengths only: a causal problem's longest
 // walks, a whole group's rows, outlast a wave or two (d128 causal in groups of 16, 16k tokens:
 // unsplit fa3 at 0.49-0.57x its MHA speed, H200). With 8 waves or more the tail is a small share:
-// 1; also 1 for MHA, varlen and head dims above 128 (not served). Memoized, one problem a thread:
+// 1; also 1 for MHA, varlen and head dims above 128 (not served). Memoized, 16 problems a thread:
 // run() asks each launch. The split's costs are fitted on every split of 30 causal d128 points
 // (H200, seventy-ninth session's call 1, rows in interleaved rounds, `_x2` / `_x4` / `_x8` by
 // name): with 4 steps and a 2% margin the model's parts ran within 3% of the best split at all
@@ -790,8 +790,8 @@ inline int fa3_bwd_head_parts(const attention::Problem& p, int sm_count, int key
 // rotated walks (no mask) take fa3_bwd_grid's split. A discrete-event Python model of the same
 // (seventy-ninth session) put the deterministic split at 0.63-0.78x the default split in causal
 // groups of 4-16 from L4096 at 16k tokens, as measured there (0.66-0.82x), and finds more parts
-// better there (groups of 16 at L8192: 8 parts 1.39x the 2 that fa3_bwd_grid gives). Memoized, one
-// problem a thread.
+// better there (groups of 16 at L8192: 8 parts 1.39x the 2 that fa3_bwd_grid gives). Memoized, 16
+// problems a thread.
 // rising: fa3_bwd_sm90a_deterministic_heavy_first's order (tickets rising through the key blocks,
 // walks query block major from the last).
 int fa3_bwd_det_parts(const attention::Problem& p, int sm_count, int keys, int q_rows, bool rotated,

@@ -1238,6 +1238,39 @@ TEST(AttentionCudnnRules, DeterministicSplitByTheOrderedGridModel) {
   EXPECT_EQ(fa3_bwd_det_parts(problem_of(v), 132, 128, 64, false), 1);
 }
 
+// The grid models remember recent problems (run() asks at every launch): asked again, in another
+// order, after 20 other shapes and with more remembered than fit, each answers as when first
+// asked, the grid model's whole answer and the ordered-adds model's parts.
+TEST(AttentionCudnnRules, GridModelsAnswerAlikeWhenAskedAgain) {
+  std::vector<attention::Problem> problems;
+  for (int64_t hk : {1, 2, 4})
+    for (int64_t l : {512, 1024, 2048, 4096, 8192, 16384, 700})
+      problems.push_back(
+          problem_of(make_desc(DType::bf16, std::max<int64_t>(1, 16384 / l), 16, hk, l, l, 128,
+                               hk == 2 ? Mask::causal_bottom_right() : Mask::causal_top_left())));
+  struct Answer {
+    Fa3BwdGrid grid;
+    int falling, rising;
+  };
+  std::vector<Answer> first;
+  for (const attention::Problem& p : problems)
+    first.push_back({fa3_bwd_grid(p, 132, 128, 64, int64_t{60} << 20),
+                     fa3_bwd_det_parts(p, 132, 128, 64, false),
+                     fa3_bwd_det_parts(p, 132, 128, 64, false, true)});
+  for (int pass = 0; pass < 2; ++pass)
+    for (size_t j = problems.size(); j-- > 0;) {
+      const size_t i = pass == 0 ? j : (j * 5) % problems.size();
+      SCOPED_TRACE("problem " + std::to_string(i));
+      const Fa3BwdGrid g = fa3_bwd_grid(problems[i], 132, 128, 64, int64_t{60} << 20);
+      EXPECT_EQ(g.parts, first[i].grid.parts);
+      EXPECT_EQ(g.heavy_first, first[i].grid.heavy_first);
+      EXPECT_EQ(g.split, first[i].grid.split);
+      EXPECT_EQ(g.split_heavy_first, first[i].grid.split_heavy_first);
+      EXPECT_EQ(fa3_bwd_det_parts(problems[i], 132, 128, 64, false), first[i].falling);
+      EXPECT_EQ(fa3_bwd_det_parts(problems[i], 132, 128, 64, false, true), first[i].rising);
+    }
+}
+
 // Decodes of 256-wide heads in groups of 1 (plain multi-head attention) leave the family's decode
 // kernel wherever fa3 runs, ahead of the table: one token to fa3's plain instance, from 2 to cuDNN
 // (fa3 where cuDNN is not built or not given the problem); bf16 / f16, Dk = Dv = 256, at most
