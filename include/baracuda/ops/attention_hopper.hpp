@@ -593,6 +593,11 @@ inline constexpr std::string_view kFa3BwdHeadSplitPartsKernels[] = {
 // fa3's ranked-ahead entry (kFa3Ahead, not deterministic) fits too: `fastest` never gets it. Its
 // split runs in the rising order where kFa3DetRising says, else as _head_split's.
 inline constexpr std::string_view kFa3BwdDeterministicRanked = "fa3_bwd_sm90a_deterministic_ranked";
+// The same launch as the default backward where kFa3BwdDeterministicPicks says (the table picking
+// fa3), at kFa3DetDefaultAhead, above fa3's ranked-ahead entry: `fastest` and `deterministic()`
+// both take it there.
+inline constexpr std::string_view kFa3BwdDeterministicAhead = "fa3_bwd_sm90a_deterministic_ahead";
+inline constexpr int kFa3DetDefaultAhead = kCudnnAhead + 3;
 inline constexpr int kFa3DetAhead = kCudnnAhead + 1;
 // Where fa3_bwd_sm90a_deterministic leads cuDNN's deterministic backward (fa3_det_leads): bf16 or
 // f16, Dk = Dv, no soft-capping, padded, and one of these rows: its head dim, no mask or causal
@@ -658,6 +663,7 @@ struct CausalRows {
   int64_t min_group, max_group;
   int64_t min_rows, max_rows = kNoBound;
   int64_t max_key_rows = kNoBound;
+  int64_t min_key_rows = 0;
 };
 // Where the deterministic split runs in its rising order (the ranked deterministic entry; by name
 // fa3_bwd_sm90a_deterministic_heavy_first): causal, Lq = Lk, a row's head dim, group range, from
@@ -732,6 +738,23 @@ std::optional<Candidate> grouped_backward_pick(const attention::Problem& p);
 inline constexpr CausalRows kFa3BwdFallingPicks[] = {
     {128, 4, 8, 1024, 4096, 16384}, {64, 4, 4, 2048, 8192, 131072}, {64, 16, 16, 512, 2048, 32768}};
 bool fa3_bwd_falls(const attention::Problem& p);
+// The deterministic split as the default backward (kFa3BwdDeterministicAhead): where its rising
+// order ran ahead of the ranked entry in each of the eightieth session's three calls (H200,
+// interleaved rounds, TFLOP/s rising / ranked, calls 1 / 2 / 3): d128 causal at 16k tokens in
+// groups of 8 at L512 240.7 / 212.3, 243.9 / 215.0, 243.7 / 214.5 and L1024 340.7 / 313.5, 339.9 /
+// 311.6, 339.8 / 311.2; of 16 at L512 233.1 / 208.2, 234.7 / 210.4, 235.8 / 211.0 and L1024 331.2 /
+// 317.3, 330.9 / 314.6, 331.8 / 316.3; of 4 at L2048 428.7 / 392.7, 435.6 / 388.0, 427.8 / 380.9
+// and L4096 516.2 / 472.1, 498.1 / 465.4, 499.2 / 455.5; of 2 at L4096 / L8192 (calls 2 / 3)
+// 508.1 / 457.0, 503.9 / 450.2 and 546.3 / 505.6, 541.1 / 501.4; of 16 at L8192 / L16384 556.5 /
+// 507.9, 524.5 / 489.0, 524.4 / 508.3 and 581.9 / 517.5, 531.1 / 509.4, 540.0 / 508.5. Not at 4k
+// tokens (0.89-1.05x: min_key_rows) nor at 64k (0.84-0.97x: max_key_rows). A deterministic default
+// there costs nothing: precision_guarantee() says so.
+inline constexpr CausalRows kFa3BwdDeterministicPicks[] = {
+    {128, 8, 16, 512, 1024, 32768, 16384},
+    {128, 4, 4, 2048, 4096, 65536, 65536},
+    {128, 2, 2, 4096, 8192, 131072, 131072},
+    {128, 16, 16, 8192, 16384, 16384, 16384}};
+bool fa3_bwd_deterministic_default(const attention::Problem& p);
 // fa3's backward: how many CTAs share each key block's walk over the group's query heads
 // (fa3_backward.cuh, BwdParams::head_parts; the ranked entry and fa3_bwd_sm90a_head_split), for a
 // kernel of `keys` keys a CTA and `q_rows` query rows a step on sm_count SMs. A power of two

@@ -1029,6 +1029,35 @@ TEST(AttentionCudnnRules, BackwardWalkOrdersWhereMeasured) {
       problem_of(make_desc(DType::bf16, 1, 16, 4, 1024, 2048, 128, Mask::causal_bottom_right()));
   EXPECT_FALSE(fa3_det_rising(chunk));
   EXPECT_FALSE(fa3_bwd_falls(chunk));
+  EXPECT_FALSE(fa3_bwd_deterministic_default(chunk));
+  // The deterministic default (kFa3BwdDeterministicPicks): d128 causal at 16k tokens only, and
+  // never outside the rising order's rows.
+  struct Default {
+    int64_t group, l, tokens;
+    bool det;
+  };
+  const Default defaults[] = {
+      {8, 512, 16384, true},    {8, 1024, 16384, true},   {8, 2048, 16384, false},
+      {16, 512, 16384, true},   {16, 4096, 16384, false}, {16, 8192, 16384, true},
+      {16, 16384, 16384, true}, {4, 1024, 16384, false},  {4, 2048, 16384, true},
+      {4, 4096, 16384, true},   {4, 8192, 16384, false},  {2, 2048, 16384, false},
+      {2, 4096, 16384, true},   {2, 8192, 16384, true},   {2, 16384, 16384, false},
+      {8, 512, 4096, false},    {4, 2048, 4096, false},   {2, 4096, 4096, false},
+      {8, 512, 65536, false},   {16, 8192, 65536, false}};
+  for (const Default& pt : defaults) {
+    SCOPED_TRACE("groups of " + std::to_string(pt.group) + " L" + std::to_string(pt.l) + " " +
+                 std::to_string(pt.tokens) + " tokens");
+    const attention::Problem p = sweep(128, pt.group, pt.l, pt.tokens);
+    EXPECT_EQ(fa3_bwd_deterministic_default(p), pt.det);
+    if (pt.det) {
+      EXPECT_TRUE(fa3_det_rising(p));
+      EXPECT_TRUE(fa3_det_leads(p));
+    }
+    EXPECT_FALSE(
+        fa3_bwd_deterministic_default(sweep(128, pt.group, pt.l, pt.tokens, Mask::none())));
+    EXPECT_FALSE(fa3_bwd_deterministic_default(
+        sweep(128, pt.group, pt.l, pt.tokens, Mask::causal_top_left(), DType::f32)));
+  }
 }
 
 // The default backward in GQA groups (grouped_backward_pick): each kGroupedBackwardPicks row picks
@@ -3597,8 +3626,15 @@ TEST(AttentionFa3Registry, DeterministicBackwardIsPinnableAndDeterministic) {
     EXPECT_EQ(ranked->sku.arch, Arch::sm90a);
     EXPECT_EQ(ranked->priority, kFa3DetAhead);
     EXPECT_LT(ranked->priority, ahead->priority);
+    // The deterministic default entry: above fa3's ranked-ahead one, deterministic.
+    const auto* det_default = fa3_bwd_kernel(t, kFa3BwdDeterministicAhead);
+    ASSERT_TRUE(det_default);
+    EXPECT_TRUE(det_default->sku.precision.deterministic);
+    EXPECT_EQ(det_default->priority, kFa3DetDefaultAhead);
+    EXPECT_GT(det_default->priority, ahead->priority);
     for (const auto& k : KernelTable<attention::BackwardOp>::instance().all()) {
-      if (k.sku.element == t && k.sku.precision.deterministic && k.sku.name != ranked->sku.name) {
+      if (k.sku.element == t && k.sku.precision.deterministic && k.sku.name != ranked->sku.name &&
+          k.sku.name != det_default->sku.name) {
         EXPECT_GT(ranked->priority, k.priority) << k.sku.name;
       }
     }
@@ -4166,6 +4202,68 @@ TEST(AttentionFa3Gpu, DefaultGroupedBackwardFollowsTheMeasuredRows) {
     EXPECT_EQ(ranked->workspace_size(), falling->workspace_size());
   }
   check_pinned_backward(falls, kFa3BwdRankedAhead, rng);
+}
+
+// The default backward where kFa3BwdDeterministicPicks says (16k-token sweep points, too large
+// for the float64 reference): kFa3BwdDeterministicAhead, deterministic, also under
+// deterministic(); two runs into poisoned outputs bitwise equal, and within the reduction
+// tolerance of fa3's ranked entry (reference-tested on smaller cases) on the same inputs, Y and
+// LSE from the GPU forward.
+TEST(AttentionFa3Gpu, DefaultBackwardIsDeterministicWhereItsRowsSay) {
+  FA3_BWD_SKIP_UNLESS_RUNNABLE();
+  const Stream& gs = harness::stream_for(Target::cuda);
+  harness::Rng rng;
+  const std::vector<Case> cases = {
+      {DType::bf16, 32, 16, 2, 512, 512, 128, Mask::causal_top_left(), false, false},
+      {DType::f16, 8, 16, 4, 2048, 2048, 128, Mask::causal_top_left(), false, false}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(name_of(c));
+    const Descriptor desc = desc_of(c, c.t);
+    const attention::Problem p = problem_of(desc);
+    ASSERT_TRUE(fa3_bwd_deterministic_default(p));
+    auto def = attention::BackwardPlan::select(gs, desc);
+    auto det = attention::BackwardPlan::select(gs, desc, PlanPreference::deterministic());
+    auto ranked =
+        attention::BackwardPlan::select(gs, desc, PlanPreference::kernel(kFa3BwdRankedAhead));
+    auto fwd = attention::ForwardPlan::select(gs, desc);
+    BARACUDA_ASSERT_OK(def);
+    BARACUDA_ASSERT_OK(det);
+    BARACUDA_ASSERT_OK(ranked);
+    BARACUDA_ASSERT_OK(fwd);
+    EXPECT_EQ(def->sku().name, kFa3BwdDeterministicAhead);
+    EXPECT_EQ(det->sku().name, kFa3BwdDeterministicAhead);
+    EXPECT_TRUE(def->precision_guarantee().deterministic);
+    const GpuBackwardInputs in{
+        upload(c, cpu_tensor(c.t, {c.b, c.hq, c.lq, c.d}, &rng), c.hq, c.lq, c.d),
+        upload(c, cpu_tensor(c.t, {c.b, c.hk, c.lk, c.d}, &rng), c.hk, c.lk, c.d),
+        upload(c, cpu_tensor(c.t, {c.b, c.hk, c.lk, c.d}, &rng), c.hk, c.lk, c.d),
+        upload(c, cpu_tensor(c.t, {c.b, c.hq, c.lq, c.d}, &rng), c.hq, c.lq, c.d),
+        gpu_tensor(c, c.t, c.hq, c.lq, c.d),
+        gpu_lse(c)};
+    const Workspace_ fws = workspace_of(fwd->workspace_size());
+    BARACUDA_ASSERT_OK(
+        fwd->run(gs, fws.get(),
+                 {in.q.cview(), in.k.cview(), in.v.cview(), in.y.view(), in.lse.view(), {}, {}}));
+    TestTensor dq = gpu_tensor(c, c.t, c.hq, c.lq, c.d), dk = gpu_tensor(c, c.t, c.hk, c.lk, c.d),
+               dv = gpu_tensor(c, c.t, c.hk, c.lk, c.d);
+    // dQ, dK, dV of one plan's run into poisoned outputs.
+    auto run = [&](const attention::BackwardPlan& plan) {
+      const Workspace_ ws = workspace_of(plan.workspace_size());
+      for (TestTensor* t : {&dq, &dk, &dv}) t->poison();
+      EXPECT_TRUE(plan.run(gs, ws.get(), in.args(dq, dk, dv)).ok());
+      EXPECT_TRUE(gs.synchronize().ok());
+      return std::array{dq.bytes(), dk.bytes(), dv.bytes()};
+    };
+    const auto first = run(*def), second = run(*def);
+    for (int i = 0; i < 3; ++i)
+      EXPECT_TRUE(harness::bytes_equal(first[static_cast<size_t>(i)],
+                                       second[static_cast<size_t>(i)], "run 1 vs run 2"));
+    const std::vector<double> det_dq = dq.values(), det_dk = dk.values(), det_dv = dv.values();
+    run(*ranked);
+    EXPECT_TRUE(harness::close_to(det_dq, dq.values(), c.t, Accuracy::reduction, "dq"));
+    EXPECT_TRUE(harness::close_to(det_dk, dk.values(), c.t, Accuracy::reduction, "dk"));
+    EXPECT_TRUE(harness::close_to(det_dv, dv.values(), c.t, Accuracy::reduction, "dv"));
+  }
 }
 
 // ---- The default plan on views its kernel's own rules refuse -----------------------------------

@@ -1548,6 +1548,13 @@ Status launch_det_ranked(const LaunchContext& ctx, const Problem& pr, const Back
   return launch_det<T, Schedule{.head_split = true}>(ctx, pr, a);
 }
 
+// Its default entry: where kFa3BwdDeterministicPicks says and the table picks fa3.
+template <class T>
+bool fits_det_default(const Problem& pr, const DeviceCaps& caps) {
+  return fa3_bwd_deterministic_default(pr) && fits_det<T>(pr, caps) &&
+         candidate_here(pr, Pass::backward, caps) == Candidate::fa3;
+}
+
 // The kernels by name, in the order of their (falling) priorities in register_one.
 struct Instance {
   std::string_view name;
@@ -1674,9 +1681,13 @@ bool register_one() {
   // kFa3DetRising says.
   add(kFa3BwdDeterministicRanked, kFa3DetAhead, true, fits_det_ranked<T>, workspace_det_ranked,
       launch_det_ranked<T>);
-  // fa3_ranked_backward_kernel's kernel above every other backward kernel, fitting only where the
-  // measured selection table says fa3 is the fastest candidate (cuDNN's non-deterministic entry
-  // then ranks behind).
+  // The same where its rising order ran ahead of the ranked entry (kFa3BwdDeterministicPicks):
+  // above it, so the default backward there is deterministic.
+  add(kFa3BwdDeterministicAhead, kFa3DetDefaultAhead, true, fits_det_default<T>,
+      workspace_det_ranked, launch_det_ranked<T>);
+  // fa3_ranked_backward_kernel's kernel above every other backward kernel but the deterministic
+  // default entry above, fitting only where the measured selection table says fa3 is the fastest
+  // candidate (cuDNN's non-deterministic entry then ranks behind).
   add(kFa3BwdRankedAhead, kFa3Ahead, false, fits_ranked_ahead<T>, workspace_scheduled<true>,
       launch_ranked_ahead<T>);
   return true;

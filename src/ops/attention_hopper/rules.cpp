@@ -264,7 +264,8 @@ bool in_causal_rows(const attention::Problem& p, std::span<const CausalRows> row
   if (!key_rows) return false;
   for (const CausalRows& r : rows)
     if (r.head_dim == p.desc.head_dim_qk && p.group >= r.min_group && p.group <= r.max_group &&
-        p.desc.len_q >= r.min_rows && p.desc.len_q <= r.max_rows && *key_rows <= r.max_key_rows)
+        p.desc.len_q >= r.min_rows && p.desc.len_q <= r.max_rows && *key_rows <= r.max_key_rows &&
+        *key_rows >= r.min_key_rows)
       return true;
   return false;
 }
@@ -276,6 +277,10 @@ bool fa3_det_rising(const attention::Problem& p) {
 
 bool fa3_bwd_falls(const attention::Problem& p) {
   return in_causal_rows(p, kFa3BwdFallingPicks);
+}
+
+bool fa3_bwd_deterministic_default(const attention::Problem& p) {
+  return in_causal_rows(p, kFa3BwdDeterministicPicks);
 }
 
 std::optional<Candidate> grouped_backward_pick(const attention::Problem& p) {
