@@ -411,6 +411,12 @@ BARACUDA_REGISTER(register_kernel<CheckedScaleOp>(
      .priority = 0,
      .workspace = checked_workspace<kGeneral>,
      .launch = checked_scale<kGeneral>}));
+// Ranked above "general" but racy: a deterministic plan does not fall back to it.
+BARACUDA_REGISTER(register_kernel<CheckedScaleOp>(
+    {.sku = checked_sku("general_racy", {MathPrecision::f64, DType::f64, false, false}),
+     .priority = 5,
+     .workspace = checked_workspace<kGeneral>,
+     .launch = checked_scale<kGeneral>}));
 BARACUDA_REGISTER(register_kernel<CheckedScaleOp>(
     {.sku = checked_sku("dense", {MathPrecision::f32, DType::f32, true, false}),
      .priority = 10,
@@ -424,9 +430,9 @@ TEST(Plan, ViewsTheChosenKernelRefusesRunOnTheGeneralOne) {
   BARACUDA_ASSERT_OK(plan);
   EXPECT_EQ(plan->sku().name, "dense");
   ASSERT_NE(plan->fallback_sku(), nullptr);
+  // "general", not the higher-ranked "general_racy": dense is deterministic, and so is the plan.
   EXPECT_EQ(plan->fallback_sku()->name, "general");
-  // What both keep: dense's f32 math and accumulator, general's determinism, neither's
-  // bit-stability.
+  // What both keep: dense's f32 math and accumulator, determinism, neither's bit-stability.
   const PrecisionGuarantee g = plan->precision_guarantee();
   EXPECT_EQ(g.math, MathPrecision::f32);
   EXPECT_EQ(g.accumulator, DType::f32);

@@ -181,7 +181,10 @@ class Plan {
     const DType element = Op::element(problem.value());
     const Kernel<Op>* best = nullptr;
     // The best candidate without argument rules of its own: it takes every view the op accepts.
+    // Of those, the best deterministic one too: a deterministic choice falls back to it, so that
+    // a view the chosen kernel refuses does not cost the plan its determinism.
     const Kernel<Op>* general = nullptr;
+    const Kernel<Op>* general_deterministic = nullptr;
     std::vector<KernelSku> same_element;
     auto admitted = [&](const Kernel<Op>& k) {
       const bool on_target = stream.is_cpu() ? k.sku.backend == Backend::cpu_reference
@@ -195,8 +198,14 @@ class Plan {
       if (!admitted(k)) continue;
       if (k.fits && !k.fits(problem.value(), stream.caps())) continue;
       if (!best || k.priority > best->priority) best = &k;
-      if (!k.check && (!general || k.priority > general->priority)) general = &k;
+      if (k.check) continue;
+      if (!general || k.priority > general->priority) general = &k;
+      if (k.sku.precision.deterministic &&
+          (!general_deterministic || k.priority > general_deterministic->priority))
+        general_deterministic = &k;
     }
+    if (best && best->sku.precision.deterministic && general_deterministic)
+      general = general_deterministic;
     if (!best) {
       // The error path only: ask the admitted kernels that can say why they refused.
       std::vector<std::string> refusals;
