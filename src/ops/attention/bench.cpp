@@ -218,7 +218,8 @@ void bench_all(const Stream& stream) {
         // cuDNN's deterministic algorithm by name only where BARACUDA_ATTN_KERNELS names them
         // (Hopper builds with cuDNN alone): the two the preference ranks by fa3_det_leads. Likewise
         // the two the default plan ranks: the sm_90a default instance and cuDNN's default
-        // algorithm (each measured where the table picks the other).
+        // algorithm (each measured where the table picks the other), and fa3's non-deterministic
+        // ranked entry (measured where the deterministic one is the default).
         constexpr std::string_view kDeterministic = "deterministic",
                                    kFa3Deterministic = attention_hopper::kFa3BwdDeterministicKernel,
                                    kCudnnDeterministic = "cudnn_sdpa_bwd_deterministic",
@@ -240,6 +241,7 @@ void bench_all(const Stream& stream) {
             attention_hopper::kFa3BwdDeterministicHeavyFirstKernel.data(),
             kCudnnDeterministic.data(),
             kFa3.data(),
+            attention_hopper::kFa3BwdRankedAhead.data(),
             kFa3HeavyFirst.data(),
             kFa3HeadSplit.data(),
             kFa3HeadSplitHeavyFirst.data(),

@@ -4233,6 +4233,9 @@ TEST(AttentionFa3Gpu, DefaultBackwardIsDeterministicWhereItsRowsSay) {
     EXPECT_EQ(def->sku().name, kFa3BwdDeterministicAhead);
     EXPECT_EQ(det->sku().name, kFa3BwdDeterministicAhead);
     EXPECT_TRUE(def->precision_guarantee().deterministic);
+    // Views fa3 refuses run on a general kernel that keeps the promise (Plan::select).
+    ASSERT_NE(def->fallback_sku(), nullptr);
+    EXPECT_TRUE(def->fallback_sku()->precision.deterministic) << def->fallback_sku()->name;
     const GpuBackwardInputs in{
         upload(c, cpu_tensor(c.t, {c.b, c.hq, c.lq, c.d}, &rng), c.hq, c.lq, c.d),
         upload(c, cpu_tensor(c.t, {c.b, c.hk, c.lk, c.d}, &rng), c.hk, c.lk, c.d),
