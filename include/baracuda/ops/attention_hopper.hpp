@@ -748,12 +748,17 @@ bool fa3_bwd_falls(const attention::Problem& p);
 // 508.1 / 457.0, 503.9 / 450.2 and 546.3 / 505.6, 541.1 / 501.4; of 16 at L8192 / L16384 556.5 /
 // 507.9, 524.5 / 489.0, 524.4 / 508.3 and 581.9 / 517.5, 531.1 / 509.4, 540.0 / 508.5. Not at 4k
 // tokens (0.89-1.05x: min_key_rows) nor at 64k (0.84-0.97x: max_key_rows). A deterministic default
-// there costs nothing: precision_guarantee() says so.
+// there costs nothing: precision_guarantee() says so. Eighty-first session (calls 1, 2, 4 with the
+// eightieth's calls 2 / 3): the default there ran 1.04-1.13x the ranked entry in the same rounds
+// (groups of 8 at L512 242.4 / 214.9, in f16 242.8 / 215.6); also ahead in each of three calls,
+// hence the two single-point rows: groups of 4 at L512 (the falling split, not rising there)
+// 232.9 / 220.7, 232.8 / 221.7, 232.8 / 221.5; of 8 at L2048 (rising) 416.7 / 397.1, in f16 421.0
+// / 399.5, 409.1 / 387.9 by name. Not at d64 (0.80-0.95x the ranked entry in groups of 2-16), nor
+// groups of 4 at L1024 (1.02-1.03x, within the spread).
 inline constexpr CausalRows kFa3BwdDeterministicPicks[] = {
-    {128, 8, 16, 512, 1024, 32768, 16384},
-    {128, 4, 4, 2048, 4096, 65536, 65536},
-    {128, 2, 2, 4096, 8192, 131072, 131072},
-    {128, 16, 16, 8192, 16384, 16384, 16384}};
+    {128, 8, 16, 512, 1024, 32768, 16384},   {128, 4, 4, 512, 512, 65536, 65536},
+    {128, 8, 8, 2048, 2048, 32768, 32768},   {128, 4, 4, 2048, 4096, 65536, 65536},
+    {128, 2, 2, 4096, 8192, 131072, 131072}, {128, 16, 16, 8192, 16384, 16384, 16384}};
 bool fa3_bwd_deterministic_default(const attention::Problem& p);
 // fa3's backward: how many CTAs share each key block's walk over the group's query heads
 // (fa3_backward.cuh, BwdParams::head_parts; the ranked entry and fa3_bwd_sm90a_head_split), for a

@@ -1030,14 +1030,16 @@ TEST(AttentionCudnnRules, BackwardWalkOrdersWhereMeasured) {
   EXPECT_FALSE(fa3_det_rising(chunk));
   EXPECT_FALSE(fa3_bwd_falls(chunk));
   EXPECT_FALSE(fa3_bwd_deterministic_default(chunk));
-  // The deterministic default (kFa3BwdDeterministicPicks): d128 causal at 16k tokens only, and
-  // never outside the rising order's rows.
+  // The deterministic default (kFa3BwdDeterministicPicks): d128 causal at 16k tokens only, at
+  // the measured points and not their neighbours.
   struct Default {
     int64_t group, l, tokens;
     bool det;
   };
   const Default defaults[] = {
-      {8, 512, 16384, true},    {8, 1024, 16384, true},   {8, 2048, 16384, false},
+      {8, 512, 16384, true},    {8, 1024, 16384, true},   {8, 2048, 16384, true},
+      {8, 4096, 16384, false},  {16, 2048, 16384, false}, {4, 512, 16384, true},
+      {4, 512, 4096, false},    {8, 2048, 65536, false},  {8, 2048, 4096, false},
       {16, 512, 16384, true},   {16, 4096, 16384, false}, {16, 8192, 16384, true},
       {16, 16384, 16384, true}, {4, 1024, 16384, false},  {4, 2048, 16384, true},
       {4, 4096, 16384, true},   {4, 8192, 16384, false},  {2, 2048, 16384, false},
@@ -1049,8 +1051,9 @@ TEST(AttentionCudnnRules, BackwardWalkOrdersWhereMeasured) {
                  std::to_string(pt.tokens) + " tokens");
     const attention::Problem p = sweep(128, pt.group, pt.l, pt.tokens);
     EXPECT_EQ(fa3_bwd_deterministic_default(p), pt.det);
+    // Rising wherever kFa3DetRising says, and only groups of 4 at L512 take the falling split.
     if (pt.det) {
-      EXPECT_TRUE(fa3_det_rising(p));
+      EXPECT_EQ(fa3_det_rising(p), !(pt.group == 4 && pt.l == 512));
       EXPECT_TRUE(fa3_det_leads(p));
     }
     EXPECT_FALSE(
