@@ -656,8 +656,9 @@ const DetLead* fa3_det_lead(const attention::Problem& p);
 inline bool fa3_det_leads(const attention::Problem& p) {
   return fa3_det_lead(p) != nullptr;
 }
-// A range of causal Lq = Lk problems (kFa3DetRising, kFa3BwdFallingPicks): a head dim, min_group
-// to max_group query heads a key head, min_rows to max_rows rows, at most max_key_rows key rows.
+// A range of causal Lq = Lk problems (kFa3DetRising, kFa3BwdFallingPicks,
+// kFa3BwdDeterministicPicks): a head dim, min_group to max_group query heads a key head, min_rows
+// to max_rows rows, min_key_rows to max_key_rows key rows (B x Hk x Lk).
 struct CausalRows {
   int64_t head_dim;
   int64_t min_group, max_group;
