@@ -754,7 +754,7 @@ bool fa3_bwd_falls(const attention::Problem& p);
 // (groups of 8 at L512 242.4 / 214.9, in f16 242.8 / 215.6); also ahead in each of three calls,
 // hence the two single-point rows: groups of 4 at L512 (the falling split, not rising there)
 // 232.9 / 220.7, 232.8 / 221.7, 232.8 / 221.5; of 8 at L2048 (rising) 416.7 / 397.1, in f16 421.0
-// / 399.5, 409.1 / 387.9 by name. Not at d64 (0.80-0.95x the ranked entry in groups of 2-16), nor
+// / 399.5, 409.1 / 387.9 by name. Not at d64 (0.80-1.00x the ranked entry in groups of 2-16), nor
 // groups of 4 at L1024 (1.02-1.03x, within the spread).
 inline constexpr CausalRows kFa3BwdDeterministicPicks[] = {
     {128, 8, 16, 512, 1024, 32768, 16384},   {128, 4, 4, 512, 512, 65536, 65536},
