@@ -295,35 +295,40 @@ std::optional<Candidate> grouped_backward_pick(const attention::Problem& p) {
 }
 
 namespace {
-// What the backward grid models see of a problem: its (batch, key head) pairs, and each key
-// block's walk as the query blocks [begin, end) it visits (the kernels' m_begin and nm, under
-// fa3_common.cuh's band rule: a bound that reaches every key is none, -1). Empty (no blocks) where
-// no model applies: varlen, head dims above 128, MHA, no SMs, or 8 waves of CTAs and more.
-struct GridWalks {
-  int64_t pairs = 0, left = -1, right = -1;
-  std::vector<std::pair<int64_t, int64_t>> spans;
+// What the backward grid models see of a problem: its (batch, key head) pairs, its key blocks and
+// the band's bounds (fa3_common.cuh's band rule: a bound that reaches every key is none, -1); no
+// blocks where no model applies: varlen, head dims above 128, MHA, no SMs, or 8 waves of CTAs and
+// more. Cheap (the models' memo keys); walk_spans has the walks themselves.
+struct GridShape {
+  int64_t pairs = 0, blocks = 0, left = -1, right = -1;
 };
-GridWalks grid_walks(const attention::Problem& p, int sm_count, int keys, int q_rows) {
+GridShape grid_shape(const attention::Problem& p, int sm_count, int keys, int q_rows) {
   const attention::Descriptor& d = p.desc;
-  GridWalks w;
+  GridShape g;
   if (d.varlen || d.head_dim_qk > 128 || p.group < 2 || sm_count <= 0 || keys <= 0 || q_rows <= 0)
-    return w;
-  const int64_t blocks = (d.len_k + keys - 1) / keys;
-  w.pairs = d.batch * d.heads_kv;
-  if (w.pairs * blocks >= 8 * int64_t{sm_count}) return w;
+    return g;
+  const int64_t blocks = (d.len_k + keys - 1) / keys, pairs = d.batch * d.heads_kv;
+  if (pairs * blocks >= 8 * int64_t{sm_count}) return g;
   auto bound = [&](int64_t b) { return b < 0 || b >= d.len_q + d.len_k ? int64_t{-1} : b; };
-  w.left = bound(d.mask.left), w.right = bound(d.mask.right);
+  g.pairs = pairs, g.blocks = blocks;
+  g.left = bound(d.mask.left), g.right = bound(d.mask.right);
+  return g;
+}
+// Each key block's walk as the query blocks [begin, end) it visits (the kernels' m_begin and nm).
+std::vector<std::pair<int64_t, int64_t>> walk_spans(const attention::Problem& p, const GridShape& g,
+                                                    int keys, int q_rows) {
+  const attention::Descriptor& d = p.desc;
   const int64_t off = d.mask.diagonal == attention::Diagonal::bottom_right ? d.len_k - d.len_q : 0;
-  w.spans.resize(static_cast<size_t>(blocks));
-  for (int64_t kb = 0; kb < blocks; ++kb) {
+  std::vector<std::pair<int64_t, int64_t>> spans(static_cast<size_t>(g.blocks));
+  for (int64_t kb = 0; kb < g.blocks; ++kb) {
     const int64_t n0 = kb * keys,
-                  begin = w.right >= 0 ? std::max<int64_t>(0, n0 - off - w.right) / q_rows : 0,
-                  rows = w.left >= 0
-                             ? std::min(d.len_q, std::max<int64_t>(0, n0 + keys - off + w.left))
+                  begin = g.right >= 0 ? std::max<int64_t>(0, n0 - off - g.right) / q_rows : 0,
+                  rows = g.left >= 0
+                             ? std::min(d.len_q, std::max<int64_t>(0, n0 + keys - off + g.left))
                              : d.len_q;
-    w.spans[static_cast<size_t>(kb)] = {begin, std::max(begin, (rows + q_rows - 1) / q_rows)};
+    spans[static_cast<size_t>(kb)] = {begin, std::max(begin, (rows + q_rows - 1) / q_rows)};
   }
-  return w;
+  return spans;
 }
 
 // The SMs under a list schedule: each CTA, in launch order, to the SM that frees first.
@@ -396,9 +401,9 @@ std::pair<int, double> best_split(int64_t group, StepsFn&& steps_of) {
 Fa3BwdGrid fa3_bwd_grid(const attention::Problem& p, int sm_count, int keys, int q_rows,
                         int64_t l2_bytes) {
   const attention::Descriptor& d = p.desc;
-  const GridWalks walks = grid_walks(p, sm_count, keys, q_rows);
-  if (walks.spans.empty()) return {};
-  const int64_t pairs = walks.pairs, left = walks.left, right = walks.right;
+  const GridShape shape = grid_shape(p, sm_count, keys, q_rows);
+  if (shape.blocks == 0) return {};
+  const int64_t pairs = shape.pairs, left = shape.left, right = shape.right;
   thread_local RecentAnswers<13, Fa3BwdGrid> memo;
   const int64_t diagonal = static_cast<int64_t>(d.mask.diagonal),
                 row_bits = d.head_dim_qk * bits_of(d.dtype);
@@ -408,7 +413,7 @@ Fa3BwdGrid fa3_bwd_grid(const attention::Problem& p, int sm_count, int keys, int
   if (const Fa3BwdGrid* known = memo.find(key)) return *known;
   // Each key block's walk in steps (its query blocks times the group's heads).
   std::vector<double> walk;
-  for (const auto& [begin, end] : walks.spans)
+  for (const auto& [begin, end] : walk_spans(p, shape, keys, q_rows))
     walk.push_back(static_cast<double>((end - begin) * p.group));
   // The grid's time: its CTAs in launch order (heavy_first: key block major, then part, then
   // (batch, key head); otherwise (batch, key head) major, then key block, then part).
@@ -445,17 +450,18 @@ Fa3BwdGrid fa3_bwd_grid(const attention::Problem& p, int sm_count, int keys, int
 int fa3_bwd_det_parts(const attention::Problem& p, int sm_count, int keys, int q_rows, bool rotated,
                       bool rising) {
   const attention::Descriptor& d = p.desc;
-  const GridWalks walks = grid_walks(p, sm_count, keys, q_rows);
-  if (rotated || walks.spans.empty()) return fa3_bwd_grid(p, sm_count, keys, q_rows, 0).split;
-  const int64_t pairs = walks.pairs, blocks = static_cast<int64_t>(walks.spans.size());
+  const GridShape shape = grid_shape(p, sm_count, keys, q_rows);
+  if (rotated || shape.blocks == 0) return fa3_bwd_grid(p, sm_count, keys, q_rows, 0).split;
+  const int64_t pairs = shape.pairs, blocks = shape.blocks;
   thread_local RecentAnswers<11, int> memo;
   const std::array<int64_t, 11> key = {d.batch,       d.heads_kv,
                                        p.group,       d.len_q,
-                                       d.len_k,       walks.left,
-                                       walks.right,   static_cast<int64_t>(d.mask.diagonal),
+                                       d.len_k,       shape.left,
+                                       shape.right,   static_cast<int64_t>(d.mask.diagonal),
                                        sm_count,      int64_t{keys} * 65536 + q_rows,
                                        rising ? 1 : 0};
   if (const int* known = memo.find(key)) return *known;
+  const auto spans = walk_spans(p, shape, keys, q_rows);
   const int64_t row_blocks = (d.len_q + q_rows - 1) / q_rows;
   // The grid's time with the ordered adds: CTAs by ticket, each to the SM that frees first, walking
   // its heads' query blocks one step each; a step waits until the chunk's previous adder (an
@@ -476,7 +482,7 @@ int fa3_bwd_det_parts(const attention::Problem& p, int sm_count, int keys, int q
         if (pending) *pending = t;
         pending = &chunk;
       };
-      const auto [begin, stop] = walks.spans[static_cast<size_t>(kb)];
+      const auto [begin, stop] = spans[static_cast<size_t>(kb)];
       const int64_t h0 = part * heads;
       if (rising) {
         for (int64_t m = stop - 1; m >= begin; --m)
