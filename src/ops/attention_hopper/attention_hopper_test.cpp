@@ -906,6 +906,14 @@ int64_t det_group_beyond(const DetLead& lead) {
   return 2 * largest;
 }
 
+// A point of the bench's sweep (hidden 2048: 16 query heads at d128, 32 at d64; B x L tokens) in
+// groups of `group`.
+attention::Problem sweep(int64_t d, int64_t group, int64_t l, int64_t tokens,
+                         Mask m = Mask::causal_top_left(), DType t = DType::bf16) {
+  const int64_t hq = d == 64 ? 32 : 16;
+  return problem_of(make_desc(t, tokens / l, hq, hq / group, l, l, d, m));
+}
+
 // Where the deterministic backward's ranked entry may fit (fa3_det_leads): bf16 or f16, padded, no
 // soft-capping, and a row of kFa3DetLeads (head dim, no mask or causal with Lq = Lk, the group's
 // range, the fewest rows to the most, the most key rows); anything else (a window too, even one
@@ -951,11 +959,6 @@ TEST(AttentionCudnnRules, DeterministicBackwardLeadsWhereMeasured) {
   }
   // The sweep's shapes (16 query heads at d128, 32 at d64; B x L tokens) where cuDNN's algorithm
   // led (eightieth session, call 2): d128 causal at 64k tokens in groups of 8 / 16 up to L4096.
-  auto sweep = [](int64_t d, int64_t group, int64_t l, int64_t tokens) {
-    const int64_t hq = d == 64 ? 32 : 16;
-    return problem_of(
-        make_desc(DType::bf16, tokens / l, hq, hq / group, l, l, d, Mask::causal_top_left()));
-  };
   for (int64_t group : {8, 16})
     for (int64_t l : {512, 1024, 2048, 4096}) {
       EXPECT_FALSE(fa3_det_leads(sweep(128, group, l, 65536))) << group << " " << l;
@@ -984,11 +987,6 @@ TEST(AttentionCudnnRules, DeterministicBackwardLeadsWhereMeasured) {
 // measured in the eightieth session's call 2; neither outside their shape (unmasked, f32, Lq !=
 // Lk, a window, d256).
 TEST(AttentionCudnnRules, BackwardWalkOrdersWhereMeasured) {
-  auto sweep = [](int64_t d, int64_t group, int64_t l, int64_t tokens,
-                  Mask m = Mask::causal_top_left(), DType t = DType::bf16) {
-    const int64_t hq = d == 64 ? 32 : 16;
-    return problem_of(make_desc(t, tokens / l, hq, hq / group, l, l, d, m));
-  };
   struct Point {
     int64_t d, group, l, tokens;
     bool rising, falls;
