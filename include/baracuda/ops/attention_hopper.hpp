@@ -473,6 +473,9 @@ bool wide_head_decode(const attention::Problem& p);
 // between kCudnnBehind and kCudnnAhead, so the table decides which of the two wins `fastest`.
 inline constexpr int kCudnnAhead = 1000;
 inline constexpr int kCudnnBehind = 1;
+// cuDNN's deterministic algorithm where the table ranks cuDNN ahead: below fa3's ranked
+// deterministic entry (kFa3DetAhead), which takes the points where fa3's leads it.
+inline constexpr int kCudnnDeterministicAhead = kCudnnAhead - 2;
 
 // fa3_fwd_sm90a is registered once per schedule or instance below: the plain schedule, the
 // pingpong one, two with part of the softmax's exp2 on the FMA pipe (2 or 3 of every 8 column
@@ -520,8 +523,8 @@ inline constexpr std::string_view kFa3Fp8Exp2Poly3Kernel = "fa3_fwd_fp8_sm90a_ex
 // The default fp8 schedule skips O's rescale where no row of a warp moved its max (exact); this
 // one rescales every tile (fa3_fwd_sm90a's plain schedule over e4m3).
 inline constexpr std::string_view kFa3Fp8EagerRescaleKernel = "fa3_fwd_fp8_sm90a_eagerrescale";
-// Above cuDNN's ranked-ahead entries; kFa3DetAhead (the deterministic backward's ranked entry)
-// sits between the two.
+// Above cuDNN's ranked-ahead entries (kFa3DetAhead, the deterministic backward's ranked entry,
+// sits below cuDNN's non-deterministic one).
 inline constexpr int kFa3Ahead = kCudnnAhead + 2;
 
 // Our sm_90a backward (fa3_backward.cuh): dQ accumulated by float reductions in L2 in arrival
@@ -587,18 +590,19 @@ inline constexpr std::string_view kFa3BwdFallingKernel = "fa3_bwd_sm90a_falling"
 inline constexpr std::string_view kFa3BwdHeadSplitPartsKernels[] = {
     "fa3_bwd_sm90a_head_split_x2", "fa3_bwd_sm90a_head_split_x4", "fa3_bwd_sm90a_head_split_x8"};
 // The split deterministic kernel once more, for PlanPreference::deterministic(): fitting where it
-// leads cuDNN's deterministic algorithm (fa3_det_leads) and the table picks fa3 for the backward,
-// at kFa3DetAhead, above cuDNN's deterministic entries (kCudnnAhead - 1 where the table ranks cuDNN
-// ahead of the family's kernels, kCudnnBehind - 1 behind them) and the family's. Wherever it fits,
-// fa3's ranked-ahead entry (kFa3Ahead, not deterministic) fits too: `fastest` never gets it. Its
-// split runs in the rising order where kFa3DetRising says, else as _head_split's.
+// leads cuDNN's deterministic algorithm (fa3_det_leads) and the table picks fa3 or cuDNN for the
+// backward (not the family's kernels, which rank below it), at kFa3DetAhead: above cuDNN's
+// deterministic entries (kCudnnDeterministicAhead, kCudnnBehind - 1) and the family's, below
+// cuDNN's non-deterministic one (kCudnnAhead) and fa3's ranked-ahead one (kFa3Ahead), one of which
+// fits wherever it does (cuDNN's where its graph builds): `fastest` never gets it. Its split runs
+// in the rising order where kFa3DetRising says, else as _head_split's.
 inline constexpr std::string_view kFa3BwdDeterministicRanked = "fa3_bwd_sm90a_deterministic_ranked";
 // The same launch as the default backward where kFa3BwdDeterministicPicks says (the table picking
 // fa3), at kFa3DetDefaultAhead, above fa3's ranked-ahead entry: `fastest` and `deterministic()`
 // both take it there.
 inline constexpr std::string_view kFa3BwdDeterministicAhead = "fa3_bwd_sm90a_deterministic_ahead";
 inline constexpr int kFa3DetDefaultAhead = kCudnnAhead + 3;
-inline constexpr int kFa3DetAhead = kCudnnAhead + 1;
+inline constexpr int kFa3DetAhead = kCudnnAhead - 1;
 // Where fa3_bwd_sm90a_deterministic leads cuDNN's deterministic backward (fa3_det_leads): bf16 or
 // f16, Dk = Dv, no soft-capping, padded, and one of these rows: its head dim, no mask or causal
 // (then Lq = Lk, the only shape measured), min_group to max_group query heads a key head, from
@@ -712,6 +716,10 @@ bool fa3_det_rising(const attention::Problem& p);
 //   with at most 32k key rows from L2048 (4k tokens, groups of 4 L4096 0.75x).
 // - d64 causal: the table's picks in any group (fa3; in groups of 16 from L2048 to L8192 fa3
 //   split 372.1 / 316.3, 455.2 / 369.6, 483.9 / 387.9, where cuDNN led the unsplit kernel).
+// - d128 causal in groups of 16 at L16384 from 64k key rows (64k tokens): cuDNN, 1.07x fa3's best
+//   walk in the eighty-first session (507.4 against 473.7 / 477.0 rising; 0.96x and 0.89x in the
+//   seventy-ninth and eightieth), where the deterministic preference keeps fa3's deterministic
+//   split (kFa3DetAhead fits under cuDNN's table points too). At least min_key_rows key rows.
 struct GroupedBackwardPick {
   int64_t head_dim;
   bool causal;
@@ -719,8 +727,10 @@ struct GroupedBackwardPick {
   int64_t min_rows, max_rows;
   int64_t max_key_rows;
   Candidate pick;
+  int64_t min_key_rows = 0;
 };
 inline constexpr GroupedBackwardPick kGroupedBackwardPicks[] = {
+    {128, true, 16, 16384, 16384, kNoBound, Candidate::cudnn, 65536},
     {128, false, 2, 512, kNoBound, kNoBound, Candidate::fa3},
     {128, true, 2, 512, kNoBound, kNoBound, Candidate::fa3}};
 // The first row of kGroupedBackwardPicks that matches the problem; none outside them.

@@ -1079,6 +1079,8 @@ TEST(AttentionCudnnRules, GroupedBackwardPicksWhereMeasured) {
     return grouped_backward_pick(problem_of(desc(d, causal, group, l, b, hq, t)));
   };
   for (const GroupedBackwardPick& row : kGroupedBackwardPicks) {
+    // A row with a key-row floor lies inside a wider row: its outside is that row's (below).
+    if (row.min_key_rows > 0) continue;
     SCOPED_TRACE("d" + std::to_string(row.head_dim) + (row.causal ? " causal" : "") +
                  " groups from " + std::to_string(row.min_group));
     const int64_t d = row.head_dim, g = row.min_group, l = row.min_rows;
@@ -1101,6 +1103,17 @@ TEST(AttentionCudnnRules, GroupedBackwardPicksWhereMeasured) {
       EXPECT_EQ(pick(d, row.causal, g, l, 2, g * most), std::nullopt);
     }
   }
+  // d128 causal in groups of 16 at L16384 from 64k key rows: cuDNN, in bf16 and f16, one sequence
+  // of 4 key heads or 4 of one; below 64k key rows, at L8192 or in groups of 8, fa3's row.
+  EXPECT_EQ(pick(128, true, 16, 16384, 4, 16), Candidate::cudnn);
+  EXPECT_EQ(pick(128, true, 16, 16384, 4, 16, DType::f16), Candidate::cudnn);
+  EXPECT_EQ(pick(128, true, 16, 16384, 1, 64), Candidate::cudnn);
+  EXPECT_EQ(pick(128, true, 16, 16384, 2, 16), Candidate::fa3);
+  EXPECT_EQ(pick(128, true, 16, 16384, 1, 16), Candidate::fa3);
+  EXPECT_EQ(pick(128, true, 16, 8192, 8, 16), Candidate::fa3);
+  EXPECT_EQ(pick(128, true, 8, 16384, 4, 16), Candidate::fa3);
+  EXPECT_EQ(pick(128, false, 16, 16384, 4, 16), Candidate::fa3);
+  EXPECT_EQ(pick(128, true, 16, 16384, 4, 16, DType::f32), std::nullopt);
   // The sweep's shapes (16k tokens, 16 query heads at d128, 32 at d64): causal d128 in any group
   // from L512 to fa3, one sequence or many; d64 keeps the table in any group.
   EXPECT_EQ(pick(128, true, 4, 4096, 4, 16), Candidate::fa3);
@@ -1138,6 +1151,11 @@ TEST(AttentionCudnnRules, GroupedBackwardPicksWhereMeasured) {
   EXPECT_EQ(shipped(1, true, 2048), Candidate::cudnn);
   EXPECT_EQ(shipped(2, true, 2048), Candidate::fa3);
   EXPECT_EQ(shipped(16, true, 2048), Candidate::fa3);
+  // At 64k tokens in groups of 16 at L16384 the grouped row gives the backward to cuDNN, where it
+  // runs (fa3 without it).
+  const attention::Problem long_mqa = problem_of(desc(128, true, 16, 16384, 4, 16));
+  EXPECT_EQ(preferred_candidate(long_mqa, Pass::backward, true), Candidate::cudnn);
+  EXPECT_EQ(preferred_candidate(long_mqa, Pass::backward, true, false), Candidate::fa3);
   const attention::Problem grouped = problem_of(desc(128, false, 4, 1024, 16, 16));
   EXPECT_EQ(preferred_candidate({}, grouped, Pass::backward, true), Candidate::cudnn);
   EXPECT_EQ(preferred_candidate({}, grouped, Pass::backward, false), Candidate::cudnn);
@@ -3627,6 +3645,9 @@ TEST(AttentionFa3Registry, DeterministicBackwardIsPinnableAndDeterministic) {
     EXPECT_EQ(ranked->sku.arch, Arch::sm90a);
     EXPECT_EQ(ranked->priority, kFa3DetAhead);
     EXPECT_LT(ranked->priority, ahead->priority);
+    // Below cuDNN's non-deterministic entry too, so that `fastest` keeps cuDNN where the table
+    // picks it and the ranked entry fits as well.
+    EXPECT_LT(ranked->priority, kCudnnAhead);
     // The deterministic default entry: above fa3's ranked-ahead one, deterministic.
     const auto* det_default = fa3_bwd_kernel(t, kFa3BwdDeterministicAhead);
     ASSERT_TRUE(det_default);
@@ -3772,8 +3793,8 @@ TEST(AttentionFa3Gpu, DeterministicBackwardRepeatsBitwiseManyTimes) {
 }
 
 // PlanPreference::deterministic() takes the ranked entry where fa3_det_leads and the table picks
-// fa3 (`fastest` then still takes fa3's non-deterministic entry), and not where the table picks
-// cuDNN or the rule does not hold; the ranked entry against the reference, 4 bitwise runs.
+// fa3 or cuDNN (`fastest` then still takes fa3's or cuDNN's non-deterministic entry), and not where
+// the rule does not hold; the ranked entry against the reference, 4 bitwise runs.
 // The deterministic preference's selection cases: each kFa3DetLeads row at its least rows in its
 // largest group (f16 on the first row) leads; a problem just outside a row (half the rows, one row
 // beyond its most where bounded, a group beyond every row of its head dim and mask, or one below
@@ -3870,11 +3891,19 @@ TEST(AttentionFa3Gpu, DeterministicPreferenceTakesFa3WhereItLeads) {
   {
     const auto cudnn_wins = det_lead_table(3, 2);
     const SelectionTableOverride o{cudnn_wins};
+    // Where the table picks cuDNN the deterministic preference still takes fa3's ranked entry
+    // wherever it leads (kFa3DetAhead, between cuDNN's two entries), and `fastest` cuDNN's
+    // non-deterministic one (fa3's where a grouped row picks fa3 ahead of the table).
     for (const Case& lead : cases.leads) {
-      // A grouped row that picks fa3 decides ahead of the table.
+      SCOPED_TRACE(name_of(lead));
+      EXPECT_EQ(det_kernel(lead), kFa3BwdDeterministicRanked);
       const bool fa3 = grouped_backward_pick(problem_of(desc_of(lead, lead.t))) == Candidate::fa3;
-      EXPECT_EQ(det_kernel(lead) == kFa3BwdDeterministicRanked, fa3) << name_of(lead);
+      auto fastest = attention::BackwardPlan::select(gs, desc_of(lead, lead.t));
+      BARACUDA_ASSERT_OK(fastest);
+      EXPECT_EQ(fastest->sku().name, fa3 ? kFa3BwdRankedAhead : "cudnn_sdpa_bwd");
     }
+    for (const Case& other : cases.others)
+      EXPECT_NE(det_kernel(other), kFa3BwdDeterministicRanked) << name_of(other);
   }
 #endif
 }

@@ -695,7 +695,8 @@ bool register_all() {
                                 .check = check_forward,
                                 .refusal = refusal<Kind::forward>});
     // cuDNN's default backward accumulates dQ with float atomics (not deterministic); its
-    // deterministic algorithm is registered separately, one step lower.
+    // deterministic algorithm is registered separately, lower (kCudnnDeterministicAhead: fa3's
+    // ranked deterministic entry sits between the two).
     register_kernel<BackwardOp>({.sku = sku(BackwardOp::name, "cudnn_sdpa_bwd", false),
                                  .priority = kCudnnAhead,
                                  .fits = fits_backward<true, Kind::backward>,
@@ -703,7 +704,7 @@ bool register_all() {
                                  .launch = run_backward<Kind::backward>,
                                  .check = check_backward});
     register_kernel<BackwardOp>({.sku = sku(BackwardOp::name, "cudnn_sdpa_bwd_deterministic", true),
-                                 .priority = kCudnnAhead - 1,
+                                 .priority = kCudnnDeterministicAhead,
                                  .fits = fits_backward<true, Kind::backward_deterministic>,
                                  .workspace = ws_backward<Kind::backward_deterministic>,
                                  .launch = run_backward<Kind::backward_deterministic>,

@@ -1508,12 +1508,12 @@ bool fits_det(const Problem& pr, const DeviceCaps& caps) {
   return (dim == 64 || dim == 128) && fits<T>(pr, caps) &&
          has_sm90a_body<fa3_bwd_kernel<T, 64, false, false, 2, 64, true>>();
 }
-// Its ranked entry: where it leads cuDNN's deterministic algorithm and the table picks fa3 (so
-// that fa3's ranked-ahead entry, above it, fits too).
+// Its ranked entry: where it leads cuDNN's deterministic algorithm and the table picks fa3 or
+// cuDNN (so that fa3's ranked-ahead entry or cuDNN's, above it, fits too).
 template <class T>
 bool fits_det_ranked(const Problem& pr, const DeviceCaps& caps) {
   return fa3_det_leads(pr) && fits_det<T>(pr, caps) &&
-         candidate_here(pr, Pass::backward, caps) == Candidate::fa3;
+         candidate_here(pr, Pass::backward, caps) != Candidate::bespoke;
 }
 // fa3_bwd_sm90a_deterministic, and under a head split its _head_split instance (a key block's parts
 // after every part of the higher key blocks in ticket order, by name).

@@ -289,7 +289,8 @@ std::optional<Candidate> grouped_backward_pick(const attention::Problem& p) {
   const attention::Descriptor& d = p.desc;
   for (const GroupedBackwardPick& g : kGroupedBackwardPicks)
     if (g.head_dim == d.head_dim_qk && g.causal == d.mask.is_causal() && p.group >= g.min_group &&
-        d.len_q >= g.min_rows && d.len_q <= g.max_rows && *key_rows <= g.max_key_rows)
+        d.len_q >= g.min_rows && d.len_q <= g.max_rows && *key_rows <= g.max_key_rows &&
+        *key_rows >= g.min_key_rows)
       return g.pick;
   return std::nullopt;
 }
