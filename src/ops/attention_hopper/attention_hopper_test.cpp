@@ -4234,11 +4234,13 @@ TEST(AttentionFa3Gpu, DefaultGroupedBackwardFollowsTheMeasuredRows) {
   check_pinned_backward(falls, kFa3BwdRankedAhead, rng);
 }
 
+TestTensor odd_pitch_tensor(const Case& c, DType t, int64_t h, int64_t l, int64_t d);
+
 // The default backward where kFa3BwdDeterministicPicks says (16k-token sweep points, too large
 // for the float64 reference): kFa3BwdDeterministicAhead, deterministic, also under
 // deterministic(); two runs into poisoned outputs bitwise equal, and within the reduction
 // tolerance of fa3's ranked entry (reference-tested on smaller cases) on the same inputs, Y and
-// LSE from the GPU forward.
+// LSE from the GPU forward; and its fallback's runs of odd-pitch views (deterministic too).
 TEST(AttentionFa3Gpu, DefaultBackwardIsDeterministicWhereItsRowsSay) {
   FA3_BWD_SKIP_UNLESS_RUNNABLE();
   const Stream& gs = harness::stream_for(Target::cuda);
@@ -4296,6 +4298,40 @@ TEST(AttentionFa3Gpu, DefaultBackwardIsDeterministicWhereItsRowsSay) {
     EXPECT_TRUE(harness::close_to(det_dq, dq.values(), c.t, Accuracy::reduction, "dq"));
     EXPECT_TRUE(harness::close_to(det_dk, dk.values(), c.t, Accuracy::reduction, "dk"));
     EXPECT_TRUE(harness::close_to(det_dv, dv.values(), c.t, Accuracy::reduction, "dv"));
+    // The same problem in odd-pitch views, which fa3's TMA rules refuse: the plan's deterministic
+    // fallback runs them, twice bitwise equal, within tolerance of the aligned run, the views' gaps
+    // untouched (first case only: the fallback is the sm_80 kernel).
+    if (&c != &cases.front()) continue;
+    auto odd = [&](const TestTensor& g, int64_t h, int64_t l) {
+      TestTensor o = odd_pitch_tensor(c, c.t, h, l, c.d);
+      o.set_values(g.values());
+      return o;
+    };
+    const GpuBackwardInputs odd_in{odd(in.q, c.hq, c.lq), odd(in.k, c.hk, c.lk),
+                                   odd(in.v, c.hk, c.lk), odd(in.dy, c.hq, c.lq),
+                                   odd(in.y, c.hq, c.lq), gpu_lse(c)};
+    TestTensor odq = odd_pitch_tensor(c, c.t, c.hq, c.lq, c.d),
+               odk = odd_pitch_tensor(c, c.t, c.hk, c.lk, c.d),
+               odv = odd_pitch_tensor(c, c.t, c.hk, c.lk, c.d);
+    const attention::BackwardArguments odd_args = odd_in.args(odq, odk, odv, &in.lse);
+    EXPECT_EQ(def->sku(odd_args).name, def->fallback_sku()->name);
+    const Workspace_ ows = workspace_of(def->workspace_size(odd_args));
+    std::vector<std::vector<uint8_t>> odd_runs;
+    for (int rep = 0; rep < 2; ++rep) {
+      for (TestTensor* t : {&odq, &odk, &odv}) t->poison();
+      const auto q_before = odq.bytes(), k_before = odk.bytes(), v_before = odv.bytes();
+      BARACUDA_ASSERT_OK(def->run(gs, ows.get(), odd_args));
+      BARACUDA_ASSERT_OK(gs.synchronize());
+      EXPECT_TRUE(harness::untouched_outside(q_before, odq.bytes(), odq.bit_mask(), "dq"));
+      EXPECT_TRUE(harness::untouched_outside(k_before, odk.bytes(), odk.bit_mask(), "dk"));
+      EXPECT_TRUE(harness::untouched_outside(v_before, odv.bytes(), odv.bit_mask(), "dv"));
+      for (TestTensor* t : {&odq, &odk, &odv}) odd_runs.push_back(t->bytes());
+    }
+    for (size_t i = 0; i < 3; ++i)
+      EXPECT_TRUE(harness::bytes_equal(odd_runs[i], odd_runs[i + 3], "fallback run 1 vs run 2"));
+    EXPECT_TRUE(harness::close_to(det_dq, odq.values(), c.t, Accuracy::reduction, "odd dq"));
+    EXPECT_TRUE(harness::close_to(det_dk, odk.values(), c.t, Accuracy::reduction, "odd dk"));
+    EXPECT_TRUE(harness::close_to(det_dv, odv.values(), c.t, Accuracy::reduction, "odd dv"));
   }
 }
 
