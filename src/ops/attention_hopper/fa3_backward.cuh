@@ -1099,8 +1099,10 @@ __global__ void __launch_bounds__(256) fa3_bwd_prep(const RowParams p) {
   // The accumulator (whatever its order inside a chunk) is B * Hq * lq_pad * D floats: this warp
   // zeroes its rows' piece, which is contiguous.
   const int64_t r0 = (int64_t{b} * p.heads_q + h) * p.lq_pad + first;
-  // (kDet with det_rotated: none; every chunk post reads was stored by its first adder.)
-  if (!kDet || !p.det_rotated) {
+  // (kDet: none. A chunk's first adder stores, and post reads no chunk that nothing added into:
+  // it takes the chunk's count, or the rotated walks' positions. Zeroing it here cost a write of
+  // the whole f32 accumulator, which the adds' stores then replace.)
+  if constexpr (!kDet) {
     float4* acc = reinterpret_cast<float4*>(p.acc + r0 * D);
 #pragma unroll
     for (int j = 0; j < S::kRowsPerWarp * D / 4 / 32; ++j)
@@ -1156,6 +1158,10 @@ __global__ void __launch_bounds__(128) fa3_bwd_post(const RowParams p) {
   const float4* src = reinterpret_cast<const float4*>(p.acc + chunk * (kChunkRows * 64));
   const int r0 = (tid / 32) * 16 + lane / 4;
   bool first = true, second = false;
+  // kDet: prep zeroes no accumulator, so a chunk without adds (rows that see no key: a
+  // bottom-right mask with Lq > Lk, a window, a sequence without keys) is read as 0, by its count
+  // of adds where the walks do not rotate.
+  if (kDet && !p.det_rotated) first = p.det_counts[chunk] != 0u;
   if (kDet && p.det_rotated) {
     const RowSeq sq = row_seq(p, b);
     const int lk = p.cu_k ? seq_span(p.cu_k, b, p.lk, p.total_k).len : p.lk;
