@@ -598,8 +598,8 @@ inline constexpr std::string_view kFa3BwdHeadSplitPartsKernels[] = {
 // in the rising order where kFa3DetRising says, else as _head_split's.
 inline constexpr std::string_view kFa3BwdDeterministicRanked = "fa3_bwd_sm90a_deterministic_ranked";
 // The same launch as the default backward where kFa3BwdDeterministicPicks says (the table picking
-// fa3), at kFa3DetDefaultAhead, above fa3's ranked-ahead entry: `fastest` and `deterministic()`
-// both take it there.
+// fa3 or cuDNN: its rows were measured against both), at kFa3DetDefaultAhead, above fa3's
+// ranked-ahead entry and cuDNN's: `fastest` and `deterministic()` both take it there.
 inline constexpr std::string_view kFa3BwdDeterministicAhead = "fa3_bwd_sm90a_deterministic_ahead";
 inline constexpr int kFa3DetDefaultAhead = kCudnnAhead + 3;
 inline constexpr int kFa3DetAhead = kCudnnAhead - 1;
@@ -625,7 +625,8 @@ inline constexpr int kFa3DetAhead = kCudnnAhead - 1;
 // 386.4 and 396.8 / 383.0, L4096 460.0 / 425.6 and 456.2 / 425.7 (4k tokens 1.08 / 1.02x). Before
 // the rising order cuDNN led the falling split in groups of 4 / 8 at L16384 (0.90 / 0.75x) and in
 // groups of 16 from L2048 (0.74-1.02x); see below. Left to cuDNN: shorter problems, packed
-// sequences, d128 causal at 64k tokens in groups of 8 / 16 up to L4096.
+// sequences (and until the eighty-second session d128 causal at 64k tokens in groups of 8 / 16 up
+// to L4096: see below).
 // No bound on a measured row's length (kFa3DetLeads, kGroupedBackwardPicks).
 inline constexpr int64_t kNoBound = int64_t{1} << 62;
 // Eightieth session (call 2, interleaved rounds, H200): the deterministic split in its rising order
@@ -637,6 +638,11 @@ inline constexpr int64_t kNoBound = int64_t{1} << 62;
 // 16 from L8192 1.06-1.12x (L512-L4096 0.87-1.05x: left to cuDNN, max_key_rows). d64 causal in
 // groups of 4 / 16 at 16k tokens: 1.17-1.27x at every length (L2048 351.1 / 275.4 and 339.0 /
 // 278.8); d128 causal in groups of 8 in f16 1.07-1.22x.
+// Eighty-second session (call 3, interleaved rounds, after a788e1d stopped zeroing the f32 dQ
+// accumulator): at 64k tokens the split (falling there) now leads cuDNN's deterministic algorithm
+// in groups of 8 from L512 (273.3 / 241.4, L1024 332.0 / 315.6, L2048 407.6 / 373.7, L4096 445.8
+// / 397.7) and of 16 (262.8 / 254.9, L1024 318.2 / 319.3, L2048 402.1 / 374.4, L4096 415.6 /
+// 399.8): the groups-of-8-to-16 row has no key-row bound since.
 // Also at most max_key_rows key rows over all key heads (B x Hk x Lk).
 struct DetLead {
   int64_t head_dim;
@@ -653,8 +659,7 @@ inline constexpr DetLead kFa3DetLeads[] = {{64, false, 1, 8, 512},
                                            {128, true, 1, 1, 2048},
                                            {128, true, 2, 2, 512},
                                            {128, true, 4, 4, 512, kNoBound, 65536},
-                                           {128, true, 8, 16, 512, kNoBound, 32768},
-                                           {128, true, 8, 16, 8192}};
+                                           {128, true, 8, 16, 512}};
 // The first row of kFa3DetLeads that matches the problem (nullptr: none).
 const DetLead* fa3_det_lead(const attention::Problem& p);
 inline bool fa3_det_leads(const attention::Problem& p) {
@@ -766,10 +771,23 @@ bool fa3_bwd_falls(const attention::Problem& p);
 // 232.9 / 220.7, 232.8 / 221.7, 232.8 / 221.5; of 8 at L2048 (rising) 416.7 / 397.1, in f16 421.0
 // / 399.5, 409.1 / 387.9 by name. Not at d64 (0.80-1.00x the ranked entry in groups of 2-16), nor
 // groups of 4 at L1024 (1.02-1.03x, within the spread).
+// Eighty-second session, after a788e1d (the split's prep no longer zeroes the f32 dQ accumulator:
+// 1.13x to 1.25x the ranked entry in groups of 8 at L512), calls 2 / 3 (two processes in call 3),
+// TFLOP/s the split as the ranked deterministic entry / the ranked entry (cuDNN where the table
+// picks it): groups of 2 at L512 256.1 / 236.0, 257.8 / 236.4, L1024 342.7 / 327.3, 344.3 /
+// 329.4, L2048 444.9 / 417.8, 431.6 / 383.8; of 4 at L1024 336.0 / 308.4, 336.7 / 308.1, 337.9 /
+// 309.9; ungrouped at L2048 over cuDNN 439.0 / 419.0, 437.0 / 411.9 (429.4 / 419.0 in a third
+// process) and L8192 533.5 / 505.8, 524.4 / 501.2, 522.2 / 491.6; at 64k tokens in groups of 8 /
+// 16 (the falling split) L512 273.3 / 224.2, 262.8 / 215.2 and L1024 332.0 / 304.3, 318.2 /
+// 301.2 (320.6 rising); at 4k tokens in groups of 8 / 16 at L512 190.7 / 172.5, 191.6 / 176.1.
+// Within 1.03x or behind: groups of 2 at L16384 (1.02x), of 4 from L8192 (1.02-1.03x), of 8 from
+// L4096 (0.98-1.02x), of 16 at L2048 / L4096 (1.01-1.02x, 0.95x), ungrouped L4096 (0.93-1.03x),
+// L16384 (0.98x), 4k tokens from L1024, d64 (0.80-0.95x, but groups of 16 at L512 1.02x).
 inline constexpr CausalRows kFa3BwdDeterministicPicks[] = {
-    {128, 8, 16, 512, 1024, 32768, 16384},   {128, 4, 4, 512, 512, 65536, 65536},
-    {128, 8, 8, 2048, 2048, 32768, 32768},   {128, 4, 4, 2048, 4096, 65536, 65536},
-    {128, 2, 2, 4096, 8192, 131072, 131072}, {128, 16, 16, 8192, 16384, 16384, 16384}};
+    {128, 8, 16, 512, 1024, 131072, 16384},  {128, 8, 16, 512, 512, 8192, 4096},
+    {128, 8, 8, 2048, 2048, 32768, 32768},   {128, 4, 4, 512, 4096, 65536, 65536},
+    {128, 2, 2, 512, 8192, 131072, 131072},  {128, 16, 16, 8192, 16384, 16384, 16384},
+    {128, 1, 1, 2048, 2048, 262144, 262144}, {128, 1, 1, 8192, 8192, 262144, 262144}};
 bool fa3_bwd_deterministic_default(const attention::Problem& p);
 // fa3's backward: how many CTAs share each key block's walk over the group's query heads
 // (fa3_backward.cuh, BwdParams::head_parts; the ranked entry and fa3_bwd_sm90a_head_split), for a

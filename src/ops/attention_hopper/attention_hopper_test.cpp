@@ -957,13 +957,12 @@ TEST(AttentionCudnnRules, DeterministicBackwardLeadsWhereMeasured) {
     EXPECT_EQ(fa3_det_leads(problem(lead, rows, 4 * rows, low)), !lead.causal);
     EXPECT_NE(row(problem(lead, rows - 1, 4 * rows, low)), &lead);
   }
-  // The sweep's shapes (16 query heads at d128, 32 at d64; B x L tokens) where cuDNN's algorithm
-  // led (eightieth session, call 2): d128 causal at 64k tokens in groups of 8 / 16 up to L4096.
+  // The sweep's d128 causal shapes (16 query heads; B x L tokens) in groups of 8 / 16 at 4k to 64k
+  // tokens: fa3's since the eighty-second session (cuDNN's at 64k up to L4096 before).
   for (int64_t group : {8, 16})
-    for (int64_t l : {512, 1024, 2048, 4096}) {
-      EXPECT_FALSE(fa3_det_leads(sweep(128, group, l, 65536))) << group << " " << l;
-      EXPECT_TRUE(fa3_det_leads(sweep(128, group, l, 16384))) << group << " " << l;
-    }
+    for (int64_t l : {512, 1024, 2048, 4096})
+      for (int64_t tokens : {4096, 16384, 65536})
+        EXPECT_TRUE(fa3_det_leads(sweep(128, group, l, tokens))) << group << " " << l;
   EXPECT_TRUE(fa3_det_leads(sweep(128, 8, 8192, 65536)));
   EXPECT_TRUE(fa3_det_leads(sweep(64, 16, 512, 16384)));
   EXPECT_TRUE(fa3_det_leads(sweep(64, 4, 512, 16384)));
@@ -1028,30 +1027,35 @@ TEST(AttentionCudnnRules, BackwardWalkOrdersWhereMeasured) {
   EXPECT_FALSE(fa3_det_rising(chunk));
   EXPECT_FALSE(fa3_bwd_falls(chunk));
   EXPECT_FALSE(fa3_bwd_deterministic_default(chunk));
-  // The deterministic default (kFa3BwdDeterministicPicks): d128 causal at 16k tokens only, at
-  // the measured points and not their neighbours.
+  // The deterministic default (kFa3BwdDeterministicPicks): d128 causal at the measured points of
+  // the 4k, 16k and 64k token sweeps and not their neighbours, in the order kFa3DetRising says.
   struct Default {
     int64_t group, l, tokens;
-    bool det;
+    bool det, rising = false;
   };
   const Default defaults[] = {
-      {8, 512, 16384, true},    {8, 1024, 16384, true},   {8, 2048, 16384, true},
-      {8, 4096, 16384, false},  {16, 2048, 16384, false}, {4, 512, 16384, true},
-      {4, 512, 4096, false},    {8, 2048, 65536, false},  {8, 2048, 4096, false},
-      {16, 512, 16384, true},   {16, 4096, 16384, false}, {16, 8192, 16384, true},
-      {16, 16384, 16384, true}, {4, 1024, 16384, false},  {4, 2048, 16384, true},
-      {4, 4096, 16384, true},   {4, 8192, 16384, false},  {2, 2048, 16384, false},
-      {2, 4096, 16384, true},   {2, 8192, 16384, true},   {2, 16384, 16384, false},
-      {8, 512, 4096, false},    {4, 2048, 4096, false},   {2, 4096, 4096, false},
-      {8, 512, 65536, false},   {16, 8192, 65536, false}};
+      {8, 512, 16384, true, true},  {8, 1024, 16384, true, true},  {8, 2048, 16384, true, true},
+      {8, 4096, 16384, false},      {16, 2048, 16384, false},      {4, 512, 16384, true},
+      {4, 1024, 16384, true, true}, {4, 2048, 16384, true, true},  {4, 4096, 16384, true, true},
+      {4, 8192, 16384, false},      {16, 512, 16384, true, true},  {16, 1024, 16384, true, true},
+      {16, 4096, 16384, false},     {16, 8192, 16384, true, true}, {16, 16384, 16384, true, true},
+      {2, 512, 16384, true},        {2, 1024, 16384, true},        {2, 2048, 16384, true, true},
+      {2, 4096, 16384, true, true}, {2, 8192, 16384, true, true},  {2, 16384, 16384, false},
+      {1, 512, 16384, false},       {1, 1024, 16384, false},       {1, 2048, 16384, true},
+      {1, 4096, 16384, false},      {1, 8192, 16384, true, true},  {1, 16384, 16384, false},
+      {8, 512, 4096, true, true},   {16, 512, 4096, true, true},   {8, 1024, 4096, false},
+      {16, 1024, 4096, false},      {4, 512, 4096, false},         {4, 2048, 4096, false},
+      {2, 4096, 4096, false},       {1, 2048, 4096, false},        {8, 512, 65536, true},
+      {8, 1024, 65536, true},       {16, 512, 65536, true},        {16, 1024, 65536, true},
+      {8, 2048, 65536, false},      {16, 8192, 65536, false},      {2, 512, 65536, false},
+      {1, 8192, 65536, false},      {8, 512, 131072, false}};
   for (const Default& pt : defaults) {
     SCOPED_TRACE("groups of " + std::to_string(pt.group) + " L" + std::to_string(pt.l) + " " +
                  std::to_string(pt.tokens) + " tokens");
     const attention::Problem p = sweep(128, pt.group, pt.l, pt.tokens);
     EXPECT_EQ(fa3_bwd_deterministic_default(p), pt.det);
-    // Rising wherever kFa3DetRising says, and only groups of 4 at L512 take the falling split.
     if (pt.det) {
-      EXPECT_EQ(fa3_det_rising(p), !(pt.group == 4 && pt.l == 512));
+      EXPECT_EQ(fa3_det_rising(p), pt.rising);
       EXPECT_TRUE(fa3_det_leads(p));
     }
     EXPECT_FALSE(
@@ -2163,7 +2167,10 @@ TEST(AttentionCudnnGpu, SelectionFollowsTheMeasuredTable) {
         // no bespoke kernel fits (its entry is ranked behind them).
         auto check = [&](Backend got, Pass pass, const std::string& sku) {
           const Candidate want = preferred_candidate(p, pass, fa3_fits(p, gs.caps(), pass));
-          if (want == Candidate::cudnn) {
+          if (pass == Pass::backward && want != Candidate::bespoke &&
+              fa3_bwd_deterministic_default(p)) {
+            EXPECT_EQ(sku, kFa3BwdDeterministicAhead);  // kFa3BwdDeterministicPicks' point
+          } else if (want == Candidate::cudnn) {
             EXPECT_EQ(got, Backend::cudnn) << sku;
           } else if (want == Candidate::fa3) {
             EXPECT_EQ(sku, pass == Pass::forward ? kFa3RankedAhead : kFa3BwdRankedAhead);
@@ -3801,8 +3808,8 @@ TEST(AttentionFa3Gpu, DeterministicBackwardRepeatsBitwiseManyTimes) {
 // the row's range) does not. The override tables put a point per dtype and row at the row's least
 // rows (and its most where bounded), with fa3 or cuDNN the fastest candidate there.
 // `run`: the leads whose float64 reference stays cheap (up to 16 heads of 2048 x 2048), which
-// run against it; a row's least rows above that (64k-token rows from L8192) is checked by its
-// selection alone, its kernel by the smaller leads.
+// run against it; a row's least rows above that would be checked by its selection alone, its
+// kernel by the smaller leads.
 struct DetLeadCases {
   std::vector<Case> leads, others, run;
 };
@@ -4239,15 +4246,18 @@ TestTensor odd_pitch_tensor(const Case& c, DType t, int64_t h, int64_t l, int64_
 // The default backward where kFa3BwdDeterministicPicks says (16k-token sweep points, too large
 // for the float64 reference): kFa3BwdDeterministicAhead, deterministic, also under
 // deterministic(); two runs into poisoned outputs bitwise equal, and within the reduction
-// tolerance of fa3's ranked entry (reference-tested on smaller cases) on the same inputs, Y and
-// LSE from the GPU forward; and its fallback's runs of odd-pitch views (deterministic too).
+// tolerance of fa3_bwd_sm90a by name (reference-tested on smaller cases) on the same inputs, Y and
+// LSE from the GPU forward; and its fallback's runs of odd-pitch views (deterministic too). The
+// cases: groups of 8 (rising), of 4 in f16, and ungrouped at L2048, where the table picks cuDNN
+// (falling).
 TEST(AttentionFa3Gpu, DefaultBackwardIsDeterministicWhereItsRowsSay) {
   FA3_BWD_SKIP_UNLESS_RUNNABLE();
   const Stream& gs = harness::stream_for(Target::cuda);
   harness::Rng rng;
   const std::vector<Case> cases = {
       {DType::bf16, 32, 16, 2, 512, 512, 128, Mask::causal_top_left(), false, false},
-      {DType::f16, 8, 16, 4, 2048, 2048, 128, Mask::causal_top_left(), false, false}};
+      {DType::f16, 8, 16, 4, 2048, 2048, 128, Mask::causal_top_left(), false, false},
+      {DType::bf16, 8, 16, 16, 2048, 2048, 128, Mask::causal_top_left(), false, false}};
   for (const Case& c : cases) {
     SCOPED_TRACE(name_of(c));
     const Descriptor desc = desc_of(c, c.t);
@@ -4255,12 +4265,11 @@ TEST(AttentionFa3Gpu, DefaultBackwardIsDeterministicWhereItsRowsSay) {
     ASSERT_TRUE(fa3_bwd_deterministic_default(p));
     auto def = attention::BackwardPlan::select(gs, desc);
     auto det = attention::BackwardPlan::select(gs, desc, PlanPreference::deterministic());
-    auto ranked =
-        attention::BackwardPlan::select(gs, desc, PlanPreference::kernel(kFa3BwdRankedAhead));
+    auto whole = attention::BackwardPlan::select(gs, desc, PlanPreference::kernel(kFa3BwdKernel));
     auto fwd = attention::ForwardPlan::select(gs, desc);
     BARACUDA_ASSERT_OK(def);
     BARACUDA_ASSERT_OK(det);
-    BARACUDA_ASSERT_OK(ranked);
+    BARACUDA_ASSERT_OK(whole);
     BARACUDA_ASSERT_OK(fwd);
     EXPECT_EQ(def->sku().name, kFa3BwdDeterministicAhead);
     EXPECT_EQ(det->sku().name, kFa3BwdDeterministicAhead);
@@ -4294,7 +4303,7 @@ TEST(AttentionFa3Gpu, DefaultBackwardIsDeterministicWhereItsRowsSay) {
       EXPECT_TRUE(harness::bytes_equal(first[static_cast<size_t>(i)],
                                        second[static_cast<size_t>(i)], "run 1 vs run 2"));
     const std::vector<double> det_dq = dq.values(), det_dk = dk.values(), det_dv = dv.values();
-    run(*ranked);
+    run(*whole);
     EXPECT_TRUE(harness::close_to(det_dq, dq.values(), c.t, Accuracy::reduction, "dq"));
     EXPECT_TRUE(harness::close_to(det_dk, dk.values(), c.t, Accuracy::reduction, "dk"));
     EXPECT_TRUE(harness::close_to(det_dv, dv.values(), c.t, Accuracy::reduction, "dv"));

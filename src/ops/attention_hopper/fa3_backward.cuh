@@ -1554,11 +1554,12 @@ Status launch_det_ranked(const LaunchContext& ctx, const Problem& pr, const Back
   return launch_det<T, Schedule{.head_split = true}>(ctx, pr, a);
 }
 
-// Its default entry: where kFa3BwdDeterministicPicks says and the table picks fa3.
+// Its default entry: where kFa3BwdDeterministicPicks says and the table picks fa3 or cuDNN (the
+// rows were measured against whichever it picks; not over the family's kernels, never measured).
 template <class T>
 bool fits_det_default(const Problem& pr, const DeviceCaps& caps) {
   return fa3_bwd_deterministic_default(pr) && fits_det<T>(pr, caps) &&
-         candidate_here(pr, Pass::backward, caps) == Candidate::fa3;
+         candidate_here(pr, Pass::backward, caps) != Candidate::bespoke;
 }
 
 // The kernels by name, in the order of their (falling) priorities in register_one.
