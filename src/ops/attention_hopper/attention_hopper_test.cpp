@@ -1107,26 +1107,37 @@ TEST(AttentionCudnnRules, GroupedBackwardPicksWhereMeasured) {
       EXPECT_EQ(pick(d, row.causal, g, l, 2, g * most), std::nullopt);
     }
   }
-  // d128 causal in groups of 16 at L16384 from 64k key rows: cuDNN, in bf16 and f16, one sequence
-  // of 4 key heads or 4 of one; below 64k key rows, at L8192 or in groups of 8, fa3's row.
-  EXPECT_EQ(pick(128, true, 16, 16384, 4, 16), Candidate::cudnn);
-  EXPECT_EQ(pick(128, true, 16, 16384, 4, 16, DType::f16), Candidate::cudnn);
-  EXPECT_EQ(pick(128, true, 16, 16384, 1, 64), Candidate::cudnn);
-  EXPECT_EQ(pick(128, true, 16, 16384, 2, 16), Candidate::fa3);
-  EXPECT_EQ(pick(128, true, 16, 16384, 1, 16), Candidate::fa3);
-  EXPECT_EQ(pick(128, true, 16, 8192, 8, 16), Candidate::fa3);
-  EXPECT_EQ(pick(128, true, 8, 16384, 4, 16), Candidate::fa3);
-  EXPECT_EQ(pick(128, false, 16, 16384, 4, 16), Candidate::fa3);
-  EXPECT_EQ(pick(128, true, 16, 16384, 4, 16, DType::f32), std::nullopt);
-  // The sweep's shapes (16k tokens, 16 query heads at d128, 32 at d64): causal d128 in any group
-  // from L512 to fa3, one sequence or many; d64 keeps the table in any group.
-  EXPECT_EQ(pick(128, true, 4, 4096, 4, 16), Candidate::fa3);
-  EXPECT_EQ(pick(128, true, 4, 4096, 1, 16), Candidate::fa3);
-  EXPECT_EQ(pick(128, true, 8, 16384, 1, 16), Candidate::fa3);
-  EXPECT_EQ(pick(128, true, 16, 256, 64, 16), std::nullopt);
-  EXPECT_EQ(pick(128, true, 1, 4096, 4, 16), std::nullopt);
-  EXPECT_EQ(pick(64, true, 16, 8192, 2, 32), std::nullopt);
-  EXPECT_EQ(pick(64, false, 16, 4096, 4, 32), std::nullopt);
+  // Points of the sweep's shapes (16 query heads at d128, 32 at d64; b sequences): d128 causal in
+  // groups of 16 at L16384 from 64k key rows to cuDNN, in bf16 and f16, one sequence of 4 key heads
+  // or 4 of one (below 64k key rows, at L8192 or in groups of 8, fa3's row); at 16k tokens causal
+  // d128 in any group from L512 to fa3, one sequence or many; d64 keeps the table in any group.
+  struct Point {
+    int64_t d;
+    bool causal;
+    int64_t group, l, b, hq;
+    std::optional<Candidate> want;
+    DType t = DType::bf16;
+  };
+  const Point points[] = {{128, true, 16, 16384, 4, 16, Candidate::cudnn},
+                          {128, true, 16, 16384, 4, 16, Candidate::cudnn, DType::f16},
+                          {128, true, 16, 16384, 1, 64, Candidate::cudnn},
+                          {128, true, 16, 16384, 2, 16, Candidate::fa3},
+                          {128, true, 16, 16384, 1, 16, Candidate::fa3},
+                          {128, true, 16, 8192, 8, 16, Candidate::fa3},
+                          {128, true, 8, 16384, 4, 16, Candidate::fa3},
+                          {128, false, 16, 16384, 4, 16, Candidate::fa3},
+                          {128, true, 16, 16384, 4, 16, std::nullopt, DType::f32},
+                          {128, true, 4, 4096, 4, 16, Candidate::fa3},
+                          {128, true, 4, 4096, 1, 16, Candidate::fa3},
+                          {128, true, 8, 16384, 1, 16, Candidate::fa3},
+                          {128, true, 16, 256, 64, 16, std::nullopt},
+                          {128, true, 1, 4096, 4, 16, std::nullopt},
+                          {64, true, 16, 8192, 2, 32, std::nullopt},
+                          {64, false, 16, 4096, 4, 32, std::nullopt}};
+  for (const Point& pt : points)
+    EXPECT_EQ(pick(pt.d, pt.causal, pt.group, pt.l, pt.b, pt.hq, pt.t), pt.want)
+        << "d" << pt.d << (pt.causal ? " causal" : "") << " groups of " << pt.group << " L" << pt.l
+        << " b" << pt.b << " hq" << pt.hq << " " << name(pt.t);
   Descriptor d = desc(128, false, 4, 2048, 8, 16);
   d.softcap = 30;
   EXPECT_EQ(grouped_backward_pick(problem_of(d)), std::nullopt);
