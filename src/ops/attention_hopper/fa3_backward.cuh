@@ -1062,8 +1062,8 @@ struct PrepShape {
 };
 
 // Grid: lq_pad / kRowsPerBlock x Hq x B (lq_pad is a multiple of 128, so of every kRowsPerBlock).
-// kDet: each block also zeroes its chunks' add counts, and the first the ticket counter
-// (det_rotated: both sets of counts, and no accumulator: see fa3_bwd_post).
+// kDet: each block also zeroes its chunks' add counts (det_rotated: both sets), and the first the
+// ticket counter; no accumulator (see fa3_bwd_post).
 template <class T, int D, bool kDet = false>
 __global__ void __launch_bounds__(256) fa3_bwd_prep(const RowParams p) {
   using S = PrepShape<D>;
@@ -1138,11 +1138,12 @@ __global__ void __launch_bounds__(256) fa3_bwd_prep(const RowParams p) {
 // rows 16 (i / 32) + (i % 32) / 4 (+ 8 for the float4's second pair), columns 8 j + 2 (i % 4)
 // (+ 1). The part goes through shared memory as 16-bit rows so that dQ is written in whole
 // 128-byte rows.
-// kDet with det_rotated: the sum of the accumulator's two halves (in that order), neither zeroed by
-// prep: the first half holds every position of a sequence with keys (key block 0's walk starts at
-// position 0), the second the positions before the highest key block's rotation, rot(g - 1) =
-// (g - 1) nm / key_blocks (the walks that wrap past them; query blocks of the first head of each
-// part's walk only, BwdParams::head_parts); a sequence without keys has dQ 0.
+// kDet: prep zeroes no accumulator. Unrotated walks: a chunk with a count of 0 reads as 0.
+// det_rotated: the sum of the accumulator's two halves (in that order): the first half holds every
+// position of a sequence with keys (key block 0's walk starts at position 0), the second the
+// positions before the highest key block's rotation, rot(g - 1) = (g - 1) nm / key_blocks (the
+// walks that wrap past them; query blocks of the first head of each part's walk only,
+// BwdParams::head_parts); a sequence without keys has dQ 0.
 template <class T, int D, bool kDet = false>
 __global__ void __launch_bounds__(128) fa3_bwd_post(const RowParams p) {
   constexpr int kParts = D / 64;
@@ -1158,9 +1159,8 @@ __global__ void __launch_bounds__(128) fa3_bwd_post(const RowParams p) {
   const float4* src = reinterpret_cast<const float4*>(p.acc + chunk * (kChunkRows * 64));
   const int r0 = (tid / 32) * 16 + lane / 4;
   bool first = true, second = false;
-  // kDet: prep zeroes no accumulator, so a chunk without adds (rows that see no key: a
-  // bottom-right mask with Lq > Lk, a window, a sequence without keys) is read as 0, by its count
-  // of adds where the walks do not rotate.
+  // A chunk nothing added into (rows that see no key: a bottom-right mask with Lq > Lk, a window,
+  // a sequence without keys) holds whatever the workspace held.
   if (kDet && !p.det_rotated) first = p.det_counts[chunk] != 0u;
   if (kDet && p.det_rotated) {
     const RowSeq sq = row_seq(p, b);
