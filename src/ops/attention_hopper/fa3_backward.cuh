@@ -1335,6 +1335,19 @@ struct Schedule {
   // the best split of the grid taken key block first (Fa3BwdGrid::split_heavy_first).
   bool falling = false;
 };
+// The parts a non-deterministic schedule splits each walk into under the grid model: the launch
+// and its workspace both ask here, so they agree.
+constexpr int scheduled_parts(const Fa3BwdGrid& model, const Schedule& s) {
+  return s.parts > 0     ? s.parts
+         : s.model_order ? model.parts
+         : s.falling     ? model.split_heavy_first
+                         : model.split;
+}
+// The ranked-ahead entry's two schedules: fa3_bwd_sm90a_falling's walks where kFa3BwdFallingPicks
+// says, else the model's order and split.
+inline constexpr Schedule kFallingSchedule{
+    .heavy_first = true, .head_split = true, .falling = true};
+inline constexpr Schedule kRankedSchedule{.head_split = true, .model_order = true};
 template <class T, int D, int W = 2, int Q = 64, bool kDet = false>
 Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArguments& a,
                 Schedule sched = {}) {
@@ -1356,9 +1369,7 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
                     : sched.parts > 0 ? sched.parts
                     : kDet ? fa3_bwd_det_parts(pr, caps.sm_count, kKeys, kQRows, det_rotates(pr),
                                                sched.heavy_first)
-                    : sched.model_order ? model.parts
-                    : sched.falling     ? model.split_heavy_first
-                                        : model.split;
+                           : scheduled_parts(model, sched);
   const bool heavy_first = sched.heavy_first || (sched.model_order && model.heavy_first);
   const Layout lay = layout_of(pr, kDet, parts);
   if (ctx.workspace.bytes < lay.bytes)
@@ -1514,12 +1525,17 @@ bool fits_det(const Problem& pr, const DeviceCaps& caps) {
   return (dim == 64 || dim == 128) && fits<T>(pr, caps) &&
          has_sm90a_body<fa3_bwd_kernel<T, 64, false, false, 2, 64, true>>();
 }
-// Its ranked entry: where it leads cuDNN's deterministic algorithm and the table picks fa3 or
-// cuDNN (so that fa3's ranked-ahead entry or cuDNN's, above it, fits too).
+// Where its entries below may fit: the table picks fa3 or cuDNN here (their rows were measured
+// against whichever it picks; never over the family's kernels).
+template <class T>
+bool fits_det_over_table(const Problem& pr, const DeviceCaps& caps) {
+  return fits_det<T>(pr, caps) && candidate_here(pr, Pass::backward, caps) != Candidate::bespoke;
+}
+// Its ranked entry: where it leads cuDNN's deterministic algorithm (fa3's ranked-ahead entry or
+// cuDNN's, above it, fits there too).
 template <class T>
 bool fits_det_ranked(const Problem& pr, const DeviceCaps& caps) {
-  return fa3_det_leads(pr) && fits_det<T>(pr, caps) &&
-         candidate_here(pr, Pass::backward, caps) != Candidate::bespoke;
+  return fa3_det_leads(pr) && fits_det_over_table<T>(pr, caps);
 }
 // fa3_bwd_sm90a_deterministic, and under a head split its _head_split instance (a key block's parts
 // after every part of the higher key blocks in ticket order, by name).
@@ -1554,12 +1570,10 @@ Status launch_det_ranked(const LaunchContext& ctx, const Problem& pr, const Back
   return launch_det<T, Schedule{.head_split = true}>(ctx, pr, a);
 }
 
-// Its default entry: where kFa3BwdDeterministicPicks says and the table picks fa3 or cuDNN (the
-// rows were measured against whichever it picks; not over the family's kernels, never measured).
+// Its default entry: where kFa3BwdDeterministicPicks says.
 template <class T>
 bool fits_det_default(const Problem& pr, const DeviceCaps& caps) {
-  return fa3_bwd_deterministic_default(pr) && fits_det<T>(pr, caps) &&
-         candidate_here(pr, Pass::backward, caps) != Candidate::bespoke;
+  return fa3_bwd_deterministic_default(pr) && fits_det_over_table<T>(pr, caps);
 }
 
 // The kernels by name, in the order of their (falling) priorities in register_one.
@@ -1601,19 +1615,13 @@ Status launch_scheduled(const LaunchContext& ctx, const Problem& pr, const Backw
     return launch_d<T, 64, 2, 128>(ctx, pr, a, kSched);
   return launch<T, kSched>(ctx, pr, a);
 }
-// Its workspace: the f32 shares where the grid splits (kRanked: the ranked entry's grid, unsplit
-// where heavy first keeps the walks whole; else the best split in launch order).
-template <bool kRanked = false, bool kFalling = false>
+// Its workspace: the f32 shares where the schedule splits the grid (scheduled_parts).
+template <Schedule kSched>
 size_t workspace_scheduled(const Problem& pr, const DeviceCaps& caps) {
   // (Every instance head_parts splits takes 128 keys a CTA.)
   const int q_rows = fa3_ranked_backward_kernel(pr) == kFa3BwdQ128Kernel ? 128 : 64;
   const Fa3BwdGrid grid = fa3_bwd_grid(pr, caps.sm_count, 128, q_rows, caps.l2_bytes);
-  const bool falling = kFalling || (kRanked && fa3_bwd_falls(pr));
-  return layout_of(pr, false,
-                   falling   ? grid.split_heavy_first
-                   : kRanked ? grid.parts
-                             : grid.split)
-      .bytes;
+  return layout_of(pr, false, scheduled_parts(grid, kSched)).bytes;
 }
 // fa3_bwd_sm90a_head_split_x<P>: P parts whatever the model says (where P divides the group; D = 64
 // / 128, padded), so that one bench run times every split at each point.
@@ -1633,10 +1641,12 @@ size_t workspace_parts(const Problem& pr, const DeviceCaps&) {
 template <class T>
 Status launch_ranked_ahead(const LaunchContext& ctx, const Problem& pr,
                            const BackwardArguments& a) {
-  if (fa3_bwd_falls(pr))
-    return launch_scheduled<T, Schedule{.heavy_first = true, .head_split = true, .falling = true}>(
-        ctx, pr, a);
-  return launch_scheduled<T, Schedule{.head_split = true, .model_order = true}>(ctx, pr, a);
+  if (fa3_bwd_falls(pr)) return launch_scheduled<T, kFallingSchedule>(ctx, pr, a);
+  return launch_scheduled<T, kRankedSchedule>(ctx, pr, a);
+}
+inline size_t workspace_ranked_ahead(const Problem& pr, const DeviceCaps& caps) {
+  if (fa3_bwd_falls(pr)) return workspace_scheduled<kFallingSchedule>(pr, caps);
+  return workspace_scheduled<kRankedSchedule>(pr, caps);
 }
 
 // One table of entries per element type. Not deterministic: dQ is summed by bulk reduce-adds in
@@ -1670,12 +1680,14 @@ bool register_one() {
   // name (for measurement; the ranked entry below splits).
   add(kFa3BwdHeavyFirstKernel, priority--, false, fits_scheduled<T>, workspace,
       launch_scheduled<T, Schedule{.heavy_first = true}>);
-  add(kFa3BwdHeadSplitKernel, priority--, false, fits_scheduled<T>, workspace_scheduled<>,
-      launch_scheduled<T, Schedule{.head_split = true}>);
-  add(kFa3BwdHeadSplitHeavyFirstKernel, priority--, false, fits_scheduled<T>, workspace_scheduled<>,
-      launch_scheduled<T, Schedule{.heavy_first = true, .head_split = true}>);
-  add(kFa3BwdFallingKernel, priority--, false, fits_scheduled<T>, workspace_scheduled<false, true>,
-      launch_scheduled<T, Schedule{.heavy_first = true, .head_split = true, .falling = true}>);
+  constexpr Schedule kSplit{.head_split = true},
+      kSplitHeavyFirst{.heavy_first = true, .head_split = true};
+  add(kFa3BwdHeadSplitKernel, priority--, false, fits_scheduled<T>, workspace_scheduled<kSplit>,
+      launch_scheduled<T, kSplit>);
+  add(kFa3BwdHeadSplitHeavyFirstKernel, priority--, false, fits_scheduled<T>,
+      workspace_scheduled<kSplitHeavyFirst>, launch_scheduled<T, kSplitHeavyFirst>);
+  add(kFa3BwdFallingKernel, priority--, false, fits_scheduled<T>,
+      workspace_scheduled<kFallingSchedule>, launch_scheduled<T, kFallingSchedule>);
   add(kFa3BwdHeadSplitPartsKernels[0], priority--, false, fits_parts<T, 2>, workspace_parts<2>,
       launch_scheduled<T, Schedule{.head_split = true, .parts = 2}>);
   add(kFa3BwdHeadSplitPartsKernels[1], priority--, false, fits_parts<T, 4>, workspace_parts<4>,
@@ -1695,7 +1707,7 @@ bool register_one() {
   // fa3_ranked_backward_kernel's kernel above every other backward kernel but the deterministic
   // default entry above, fitting only where the measured selection table says fa3 is the fastest
   // candidate (cuDNN's non-deterministic entry then ranks behind).
-  add(kFa3BwdRankedAhead, kFa3Ahead, false, fits_ranked_ahead<T>, workspace_scheduled<true>,
+  add(kFa3BwdRankedAhead, kFa3Ahead, false, fits_ranked_ahead<T>, workspace_ranked_ahead,
       launch_ranked_ahead<T>);
   return true;
 }
