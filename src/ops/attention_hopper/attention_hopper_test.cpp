@@ -4253,6 +4253,7 @@ TEST(AttentionFa3Gpu, DefaultGroupedBackwardFollowsTheMeasuredRows) {
 }
 
 TestTensor odd_pitch_tensor(const Case& c, DType t, int64_t h, int64_t l, int64_t d);
+TestTensor odd_pitch_copy(const Case& c, const TestTensor& from, int64_t h, int64_t l);
 
 // The default backward where kFa3BwdDeterministicPicks says (16k-token sweep points, too large
 // for the float64 reference): kFa3BwdDeterministicAhead, deterministic, also under
@@ -4322,14 +4323,10 @@ TEST(AttentionFa3Gpu, DefaultBackwardIsDeterministicWhereItsRowsSay) {
     // fallback runs them, twice bitwise equal, within tolerance of the aligned run, the views' gaps
     // untouched (first case only: the fallback is the sm_80 kernel).
     if (&c != &cases.front()) continue;
-    auto odd = [&](const TestTensor& g, int64_t h, int64_t l) {
-      TestTensor o = odd_pitch_tensor(c, c.t, h, l, c.d);
-      o.set_values(g.values());
-      return o;
-    };
-    const GpuBackwardInputs odd_in{odd(in.q, c.hq, c.lq), odd(in.k, c.hk, c.lk),
-                                   odd(in.v, c.hk, c.lk), odd(in.dy, c.hq, c.lq),
-                                   odd(in.y, c.hq, c.lq), gpu_lse(c)};
+    const GpuBackwardInputs odd_in{
+        odd_pitch_copy(c, in.q, c.hq, c.lq), odd_pitch_copy(c, in.k, c.hk, c.lk),
+        odd_pitch_copy(c, in.v, c.hk, c.lk), odd_pitch_copy(c, in.dy, c.hq, c.lq),
+        odd_pitch_copy(c, in.y, c.hq, c.lq), gpu_lse(c)};
     TestTensor odq = odd_pitch_tensor(c, c.t, c.hq, c.lq, c.d),
                odk = odd_pitch_tensor(c, c.t, c.hk, c.lk, c.d),
                odv = odd_pitch_tensor(c, c.t, c.hk, c.lk, c.d);
@@ -4364,15 +4361,17 @@ TestTensor odd_pitch_tensor(const Case& c, DType t, int64_t h, int64_t l, int64_
   return TestTensor::with_strides(t, {c.b, h, l, d}, {h * l * (d + 1), l * (d + 1), d + 1, 1}, 1,
                                   Target::cuda);
 }
+// An odd-pitch view holding `from`'s values (h heads of l rows).
+TestTensor odd_pitch_copy(const Case& c, const TestTensor& from, int64_t h, int64_t l) {
+  TestTensor g = odd_pitch_tensor(c, from.dtype(), h, l, c.d);
+  g.set_values(from.values());
+  return g;
+}
 // The backward's inputs (forward: q, k, v) in odd-pitch views; LSE as upload_backward lays it.
 GpuBackwardInputs upload_odd_pitch(const Case& c, const CaseData& x) {
-  auto up = [&](const TestTensor& host, int64_t h, int64_t l) {
-    TestTensor g = odd_pitch_tensor(c, host.dtype(), h, l, c.d);
-    g.set_values(host.values());
-    return g;
-  };
-  GpuBackwardInputs g{up(x.q, c.hq, c.lq),  up(x.k, c.hk, c.lk),     up(x.v, c.hk, c.lk),
-                      up(x.dy, c.hq, c.lq), up(x.y_ref, c.hq, c.lq), gpu_lse(c)};
+  GpuBackwardInputs g{odd_pitch_copy(c, x.q, c.hq, c.lq),     odd_pitch_copy(c, x.k, c.hk, c.lk),
+                      odd_pitch_copy(c, x.v, c.hk, c.lk),     odd_pitch_copy(c, x.dy, c.hq, c.lq),
+                      odd_pitch_copy(c, x.y_ref, c.hq, c.lq), gpu_lse(c)};
   g.lse.set_values(x.lse_ref.values());
   return g;
 }
