@@ -551,6 +551,30 @@ TEST(Harness, PoisonAndWriteSetChecksCanFail) {
                                 "same"));
 }
 
+// poison() has three paths (a dense view is one fill, other whole-byte views a per-element fill,
+// sub-byte views a bit mask): each sets every bit of the view's elements and no bit of its gaps.
+TEST(Harness, PoisonSetsEveryElementBitAndNoGapBit) {
+  harness::Rng rng;
+  for (const auto& [t, layout] : {std::pair{DType::bf16, harness::Layout::contiguous},
+                                  std::pair{DType::f32, harness::Layout::padded},
+                                  std::pair{DType::s8, harness::Layout::permuted},
+                                  std::pair{DType::s4, harness::Layout::padded},
+                                  std::pair{DType::bin, harness::Layout::padded}}) {
+    SCOPED_TRACE(std::string(name(t)) + " " + harness::layout_name(layout));
+    auto x = harness::TestTensor::make(t, {3, 4, 5}, harness::Target::cpu, layout, &rng);
+    x.fill_random(rng);
+    const auto before = x.bytes();
+    x.poison();
+    const auto after = x.bytes(), mask = x.bit_mask();
+    EXPECT_TRUE(harness::untouched_outside(before, after, mask, "poison"));
+    int64_t set = 0, unset = 0;
+    for (size_t bit = 0; bit < mask.size(); ++bit)
+      if (mask[bit]) ((after[bit / 8] >> (bit % 8)) & 1 ? set : unset) += 1;
+    EXPECT_EQ(unset, 0);
+    EXPECT_EQ(set, x.numel() * bits_of(t));
+  }
+}
+
 TEST(Harness, WorkspacesArePoisoned) {
   auto ws = harness::poisoned_workspace(100, Location::host());
   BARACUDA_ASSERT_OK(ws);

@@ -127,7 +127,8 @@ class TestTensor {
 
   // Random values in [lo, hi] (integers: the dtype's range clipped to [lo, hi]; bool/bin: 0/1).
   void fill_random(Rng& rng, double lo = -1.0, double hi = 1.0);
-  // Fills the whole buffer with 0xFF: NaN for every float type, -1 or max for integers.
+  // Fills the view's elements with 0xFF bytes (NaN for every float type, -1 or max for integers);
+  // gaps between them keep their garbage.
   void poison();
   // Logical row-major element values (complex: real parts), downloaded after a device sync.
   std::vector<double> values() const;
