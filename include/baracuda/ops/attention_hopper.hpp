@@ -789,6 +789,19 @@ inline constexpr CausalRows kFa3BwdDeterministicPicks[] = {
     {128, 2, 2, 512, 8192, 131072, 131072},  {128, 16, 16, 8192, 16384, 16384, 16384},
     {128, 1, 1, 2048, 2048, 262144, 262144}, {128, 1, 1, 8192, 8192, 262144, 262144}};
 bool fa3_bwd_deterministic_default(const attention::Problem& p);
+// cuDNN's deterministic algorithm as the default backward (cudnn_sdpa_bwd_deterministic_default, at
+// kCudnnDetDefaultAhead: above fa3's ranked-ahead entry and cuDNN's non-deterministic one) where
+// these rows say and fa3 would run (measured against fa3's ranked entry, on the H200). Measured
+// (eighty-second session, calls 2-4, four processes, interleaved rounds, TFLOP/s cuDNN's
+// deterministic algorithm / fa3's ranked entry, the default then / cuDNN's default algorithm):
+// d128 causal ungrouped L512 at 16k tokens 246.3 / 221.8 / 212.9, 247.3 / 222.2 / 215.2, 246.2 /
+// 220.9 / 212.5, 247.1 / 221.3 / 214.3 (1.11-1.12x). Not at L1024 (1.01x), at 4k tokens (1.02x),
+// unmasked (0.98-1.00x), d64 (0.97x) nor in groups (fa3's split leads there).
+inline constexpr CausalRows kCudnnBwdDeterministicPicks[] = {{128, 1, 1, 512, 512, 262144, 262144}};
+bool cudnn_bwd_deterministic_default(const attention::Problem& p);
+inline constexpr std::string_view kCudnnBwdDeterministicDefault =
+    "cudnn_sdpa_bwd_deterministic_default";
+inline constexpr int kCudnnDetDefaultAhead = kFa3DetDefaultAhead + 1;
 // fa3's backward: how many CTAs share each key block's walk over the group's query heads
 // (fa3_backward.cuh, BwdParams::head_parts; the ranked entry and fa3_bwd_sm90a_head_split), for a
 // kernel of `keys` keys a CTA and `q_rows` query rows a step on sm_count SMs. A power of two

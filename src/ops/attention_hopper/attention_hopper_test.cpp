@@ -1065,6 +1065,31 @@ TEST(AttentionCudnnRules, BackwardWalkOrdersWhereMeasured) {
   }
 }
 
+// cuDNN's deterministic algorithm as the default backward (kCudnnBwdDeterministicPicks): d128
+// causal ungrouped L512 at 16k tokens and not its neighbours (L1024, 4k or 64k tokens, groups,
+// unmasked, d64, f32, Lq != Lk); never where fa3's deterministic default is.
+TEST(AttentionCudnnRules, CudnnDeterministicDefaultWhereMeasured) {
+  EXPECT_TRUE(cudnn_bwd_deterministic_default(sweep(128, 1, 512, 16384)));
+  EXPECT_TRUE(cudnn_bwd_deterministic_default(
+      sweep(128, 1, 512, 16384, Mask::causal_top_left(), DType::f16)));
+  for (const attention::Problem& p :
+       {sweep(128, 1, 1024, 16384), sweep(128, 1, 256, 16384), sweep(128, 1, 512, 4096),
+        sweep(128, 1, 512, 65536), sweep(128, 2, 512, 16384),
+        sweep(128, 1, 512, 16384, Mask::none()), sweep(64, 1, 512, 16384),
+        sweep(128, 1, 512, 16384, Mask::causal_top_left(), DType::f32)})
+    EXPECT_FALSE(cudnn_bwd_deterministic_default(p));
+  EXPECT_FALSE(cudnn_bwd_deterministic_default(
+      problem_of(make_desc(DType::bf16, 32, 16, 16, 512, 1024, 128, Mask::causal_bottom_right()))));
+  for (int64_t group : {1, 2, 4, 8, 16})
+    for (int64_t l : {512, 1024, 2048, 4096, 8192, 16384})
+      for (int64_t tokens : {4096, 16384, 65536}) {
+        if (l > tokens) continue;
+        const attention::Problem p = sweep(128, group, l, tokens);
+        EXPECT_FALSE(cudnn_bwd_deterministic_default(p) && fa3_bwd_deterministic_default(p))
+            << group << " " << l << " " << tokens;
+      }
+}
+
 // The default backward in GQA groups (grouped_backward_pick): each kGroupedBackwardPicks row picks
 // its candidate inside it (its least group and rows, at its most rows, in f16); with fewer rows, a
 // smaller group, more rows or key rows than it takes, or outside its shape (d256, which no row
@@ -1674,7 +1699,19 @@ TEST(AttentionCudnnRegistry, KernelsRegisteredWithTruthfulPrecision) {
   }
   EXPECT_EQ(fwd, 4);  // {bf16, f16} x {ranked ahead, behind}
   EXPECT_EQ(bwd, 4);
-  EXPECT_EQ(bwd_det, 4);
+  EXPECT_EQ(bwd_det, 6);  // {bf16, f16} x {ranked ahead, the default, behind}
+  // The deterministic algorithm as the default (kCudnnBwdDeterministicPicks): above fa3's entries,
+  // its deterministic default included, and cuDNN's non-deterministic one.
+  for (DType t : {DType::bf16, DType::f16}) {
+    const auto* def =
+        KernelTable<attention::BackwardOp>::instance().find(kCudnnBwdDeterministicDefault, t);
+    ASSERT_TRUE(def);
+    EXPECT_TRUE(def->sku.precision.deterministic);
+    EXPECT_EQ(def->priority, kCudnnDetDefaultAhead);
+    EXPECT_GT(def->priority, kFa3DetDefaultAhead);
+    EXPECT_GT(def->priority, kFa3Ahead);
+    EXPECT_GT(def->priority, kCudnnAhead);
+  }
 #else
   GTEST_SKIP() << "built without the cuDNN frontend (BARACUDA_HAVE_CUDNN_FRONTEND unset)";
 #endif
@@ -2181,6 +2218,9 @@ TEST(AttentionCudnnGpu, SelectionFollowsTheMeasuredTable) {
           if (pass == Pass::backward && want != Candidate::bespoke &&
               fa3_bwd_deterministic_default(p)) {
             EXPECT_EQ(sku, kFa3BwdDeterministicAhead);  // kFa3BwdDeterministicPicks' point
+          } else if (pass == Pass::backward && want != Candidate::bespoke &&
+                     cudnn_bwd_deterministic_default(p)) {
+            EXPECT_EQ(sku, kCudnnBwdDeterministicDefault);  // kCudnnBwdDeterministicPicks' point
           } else if (want == Candidate::cudnn) {
             EXPECT_EQ(got, Backend::cudnn) << sku;
           } else if (want == Candidate::fa3) {
@@ -4255,26 +4295,33 @@ TEST(AttentionFa3Gpu, DefaultGroupedBackwardFollowsTheMeasuredRows) {
 TestTensor odd_pitch_tensor(const Case& c, DType t, int64_t h, int64_t l, int64_t d);
 TestTensor odd_pitch_copy(const Case& c, const TestTensor& from, int64_t h, int64_t l);
 
-// The default backward where kFa3BwdDeterministicPicks says (16k-token sweep points, too large
-// for the float64 reference): kFa3BwdDeterministicAhead, deterministic, also under
-// deterministic(); two runs into poisoned outputs bitwise equal, and within the reduction
+// The default backward where kFa3BwdDeterministicPicks or kCudnnBwdDeterministicPicks says
+// (16k-token sweep points, too large for the float64 reference): their entry, deterministic, also
+// under deterministic(); two runs into poisoned outputs bitwise equal, and within the reduction
 // tolerance of fa3_bwd_sm90a by name (reference-tested on smaller cases) on the same inputs, Y and
 // LSE from the GPU forward; and its fallback's runs of odd-pitch views (deterministic too). The
-// cases: groups of 8 (rising), of 4 in f16, and ungrouped at L2048, where the table picks cuDNN
-// (falling).
+// cases: groups of 8 (rising), of 4 in f16, ungrouped at L2048, where the table picks cuDNN
+// (falling); ungrouped at L512, where cuDNN's deterministic algorithm is the default.
 TEST(AttentionFa3Gpu, DefaultBackwardIsDeterministicWhereItsRowsSay) {
   FA3_BWD_SKIP_UNLESS_RUNNABLE();
   const Stream& gs = harness::stream_for(Target::cuda);
   harness::Rng rng;
-  const std::vector<Case> cases = {
+  std::vector<Case> cases = {
       {DType::bf16, 32, 16, 2, 512, 512, 128, Mask::causal_top_left(), false, false},
       {DType::f16, 8, 16, 4, 2048, 2048, 128, Mask::causal_top_left(), false, false},
       {DType::bf16, 8, 16, 16, 2048, 2048, 128, Mask::causal_top_left(), false, false}};
+#if BARACUDA_HAVE_CUDNN_FRONTEND
+  // cuDNN's deterministic algorithm as the default (kCudnnBwdDeterministicPicks).
+  cases.push_back({DType::bf16, 32, 16, 16, 512, 512, 128, Mask::causal_top_left(), false, false});
+#endif
   for (const Case& c : cases) {
     SCOPED_TRACE(name_of(c));
     const Descriptor desc = desc_of(c, c.t);
     const attention::Problem p = problem_of(desc);
-    ASSERT_TRUE(fa3_bwd_deterministic_default(p));
+    const bool cudnn = cudnn_bwd_deterministic_default(p);
+    ASSERT_TRUE(cudnn || fa3_bwd_deterministic_default(p));
+    const std::string_view kernel =
+        cudnn ? kCudnnBwdDeterministicDefault : kFa3BwdDeterministicAhead;
     auto def = attention::BackwardPlan::select(gs, desc);
     auto det = attention::BackwardPlan::select(gs, desc, PlanPreference::deterministic());
     auto whole = attention::BackwardPlan::select(gs, desc, PlanPreference::kernel(kFa3BwdKernel));
@@ -4283,8 +4330,8 @@ TEST(AttentionFa3Gpu, DefaultBackwardIsDeterministicWhereItsRowsSay) {
     BARACUDA_ASSERT_OK(det);
     BARACUDA_ASSERT_OK(whole);
     BARACUDA_ASSERT_OK(fwd);
-    EXPECT_EQ(def->sku().name, kFa3BwdDeterministicAhead);
-    EXPECT_EQ(det->sku().name, kFa3BwdDeterministicAhead);
+    EXPECT_EQ(def->sku().name, kernel);
+    EXPECT_EQ(det->sku().name, kernel);
     EXPECT_TRUE(def->precision_guarantee().deterministic);
     // Views fa3 refuses run on a general kernel that keeps the promise (Plan::select).
     ASSERT_NE(def->fallback_sku(), nullptr);

@@ -633,6 +633,14 @@ bool fits_backward(const Problem& p, const DeviceCaps& c) {
   const bool ahead = preferred_candidate(p, Pass::backward, fa3) == Candidate::cudnn;
   return ahead == Ahead && fits_kind(p, c, K);
 }
+// cuDNN's deterministic algorithm as the default backward: where kCudnnBwdDeterministicPicks says
+// and fa3's entries would otherwise run (its rows were measured against fa3's ranked entry).
+bool fits_backward_deterministic_default(const Problem& p, const DeviceCaps& c) {
+  const bool fa3 = fa3_fits(p, c, Pass::backward);
+  return cudnn_bwd_deterministic_default(p) && fa3 &&
+         preferred_candidate(p, Pass::backward, fa3) != Candidate::bespoke &&
+         fits_kind(p, c, Kind::backward_deterministic);
+}
 // Why cuDNN takes no problem of the pass (select's error under only(Backend::cudnn)): the rule
 // cudnn_screen applies, no GPU it runs on, or cuDNN's own message where it refused the graph.
 // nullopt where a graph was built (an entry stepped aside for its twin by the table's ranking).
@@ -706,6 +714,13 @@ bool register_all() {
     register_kernel<BackwardOp>({.sku = sku(BackwardOp::name, "cudnn_sdpa_bwd_deterministic", true),
                                  .priority = kCudnnDeterministicAhead,
                                  .fits = fits_backward<true, Kind::backward_deterministic>,
+                                 .workspace = ws_backward<Kind::backward_deterministic>,
+                                 .launch = run_backward<Kind::backward_deterministic>,
+                                 .check = check_backward});
+    // The same algorithm as the default where its rows say (above fa3's entries there).
+    register_kernel<BackwardOp>({.sku = sku(BackwardOp::name, kCudnnBwdDeterministicDefault, true),
+                                 .priority = kCudnnDetDefaultAhead,
+                                 .fits = fits_backward_deterministic_default,
                                  .workspace = ws_backward<Kind::backward_deterministic>,
                                  .launch = run_backward<Kind::backward_deterministic>,
                                  .check = check_backward});

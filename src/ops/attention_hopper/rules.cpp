@@ -283,6 +283,10 @@ bool fa3_bwd_deterministic_default(const attention::Problem& p) {
   return in_causal_rows(p, kFa3BwdDeterministicPicks);
 }
 
+bool cudnn_bwd_deterministic_default(const attention::Problem& p) {
+  return in_causal_rows(p, kCudnnBwdDeterministicPicks);
+}
+
 std::optional<Candidate> grouped_backward_pick(const attention::Problem& p) {
   const std::optional<int64_t> key_rows = measured_key_rows(p.desc, false);
   if (!key_rows) return std::nullopt;
