@@ -177,6 +177,17 @@ template <int D, class P>
 __device__ __forceinline__ int64_t acc_chunks(const P& p) {
   return int64_t{gridDim.z} * p.heads_q * (p.lq_pad / kChunkRows) * (D / 64);
 }
+// The deterministic instance's second half (det_rotated) holds only the chunks a rotated walk
+// reaches after it wraps: positions before its start, rot(k) < nm, all of them query blocks of the
+// first head of its part's walk (group / head_parts heads a part). So it has one chunk row a part,
+// not a head: chunk (batch, part of the heads, 64-row block, 64-column part), query head h's where
+// h is its part's first head.
+template <int D, class P>
+__device__ __forceinline__ int64_t second_chunk(const P& p, int b, int h, int m_blk, int col) {
+  const int part_heads = p.group / p.head_parts;
+  return ((int64_t{b} * p.heads_q + h) / part_heads * (p.lq_pad / kChunkRows) + m_blk) * (D / 64) +
+         col;
+}
 
 // The sequence a CTA or row block works on: its packed row offsets (padded: 0), lengths, diagonal
 // offset and tensor batch coordinate (varlen: 0).
@@ -597,7 +608,7 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
   // from rot(k) = k * nm / gridDim.x on): the visitors of position pos before their walks wrap
   // are the key blocks k with rot(k) <= pos, after it the rest; this CTA's predecessors are the
   // higher key blocks of its part (in 32 bits: see det_rotates). Step t's count and accumulator
-  // chunk: those of the second half once the walk has wrapped.
+  // chunk: those of the second half once the walk has wrapped (second_chunk).
   const int64_t det_chunks = acc_chunks<D>(p);
   auto det_want = [&](int t, Pos q, int m0) {
     if (!p.det_rotated) return det_before(m0);
@@ -866,7 +877,14 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
           // non-deterministic kernel's with the reading before it, 44x with an acquire reading).
           if constexpr (kDet) {
             if (threadIdx.x % 128 == 0) {
-              det_at = chunk_of(h, m0) + (t >= steps - rot ? det_chunks : 0);
+              // (second_chunk's row of this CTA's part, from the CTA's own coordinates.)
+              det_at = t >= steps - rot ? det_chunks +
+                                              (((int64_t{b} * gridDim.y + hk) * parts + part) *
+                                                   (p.lq_pad / kChunkRows) +
+                                               m0 / kChunkRows) *
+                                                  (D / 64) +
+                                              (D == 128 ? wg : 0)
+                                        : chunk_of(h, m0);
               det_need = det_want(t, cur, m0);
               det_seen = cuda::peek_count(p.det_counts + det_at);
             }
@@ -1062,8 +1080,9 @@ struct PrepShape {
 };
 
 // Grid: lq_pad / kRowsPerBlock x Hq x B (lq_pad is a multiple of 128, so of every kRowsPerBlock).
-// kDet: each block also zeroes its chunks' add counts (det_rotated: both sets), and the first the
-// ticket counter; no accumulator (see fa3_bwd_post).
+// kDet: each block also zeroes its chunks' add counts (det_rotated: both sets, the second where
+// its head is its part's first: second_chunk), and the first the ticket counter; no accumulator
+// (see fa3_bwd_post).
 template <class T, int D, bool kDet = false>
 __global__ void __launch_bounds__(256) fa3_bwd_prep(const RowParams p) {
   using S = PrepShape<D>;
@@ -1074,9 +1093,11 @@ __global__ void __launch_bounds__(256) fa3_bwd_prep(const RowParams p) {
     const int64_t c0 = ((int64_t{b} * p.heads_q + h) * (p.lq_pad / kChunkRows) +
                         int64_t{blockIdx.x} * (S::kRowsPerBlock / kChunkRows)) *
                        (D / 64);
+    const int m_blk = static_cast<int>(blockIdx.x) * (S::kRowsPerBlock / kChunkRows);
     if (threadIdx.x < kCounts) {
       p.det_counts[c0 + threadIdx.x] = 0u;
-      if (p.det_rotated) p.det_counts[acc_chunks<D>(p) + c0 + threadIdx.x] = 0u;
+      if (p.det_rotated && h % (p.group / p.head_parts) == 0)
+        p.det_counts[acc_chunks<D>(p) + second_chunk<D>(p, b, h, m_blk, 0) + threadIdx.x] = 0u;
     }
     if (blockIdx.x == 0 && h == 0 && b == 0 && threadIdx.x == 0) *p.det_ticket = 0u;
   }
@@ -1143,7 +1164,7 @@ __global__ void __launch_bounds__(256) fa3_bwd_prep(const RowParams p) {
 // position of a sequence with keys (key block 0's walk starts at position 0), the second the
 // positions before the highest key block's rotation, rot(g - 1) = (g - 1) nm / key_blocks (the
 // walks that wrap past them; query blocks of the first head of each part's walk only,
-// BwdParams::head_parts); a sequence without keys has dQ 0.
+// BwdParams::head_parts, a chunk row a part: second_chunk); a sequence without keys has dQ 0.
 template <class T, int D, bool kDet = false>
 __global__ void __launch_bounds__(128) fa3_bwd_post(const RowParams p) {
   constexpr int kParts = D / 64;
@@ -1170,11 +1191,17 @@ __global__ void __launch_bounds__(128) fa3_bwd_post(const RowParams p) {
     first = g > 0;
     second = g > 0 && pos < walk_start(g - 1, nm, (p.lk + kDetKeys - 1) / kDetKeys);
   }
+  // (second: pos < nm, so h is its part's first head.)
+  const float4* src2 =
+      reinterpret_cast<const float4*>(p.acc) +
+      (kDet && second
+           ? (acc_chunks<D>(p) + second_chunk<D>(p, b, h, m_blk, part)) * (kChunkRows * 16)
+           : 0);
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     float4 v = first ? src[staged_slot(j, tid)] : make_float4(0.f, 0.f, 0.f, 0.f);
     if (kDet && p.det_rotated && second) {
-      const float4 w = src[acc_chunks<D>(p) * (kChunkRows * 64 / 4) + staged_slot(j, tid)];
+      const float4 w = src2[staged_slot(j, tid)];
       v = make_float4(v.x + w.x, v.y + w.y, v.z + w.z, v.w + w.w);
     }
     tile[r0][4 * j + lane % 4] = cuda::pack2<T>(v.x * p.scale, v.y * p.scale);
@@ -1269,14 +1296,17 @@ inline size_t kv_part_floats(const Problem& pr) {
 inline Layout layout_of(const Problem& pr, bool det = false, int head_parts = 1) {
   const auto& d = pr.desc;
   const size_t rows = static_cast<size_t>(d.batch * d.heads_q * padded_rows(pr));
-  const size_t halves = det && det_rotates(pr) ? 2 : 1;
+  // The deterministic rotated walks' second half: a part's first head's rows only (second_chunk).
+  const size_t second_rows =
+      det && det_rotates(pr) ? rows / static_cast<size_t>(pr.group / head_parts) : 0;
+  const size_t acc_rows = rows + second_rows;
   auto up = [](size_t x) { return (x + 255) / 256 * 256; };
   Layout l;
   l.acc = 0;
-  l.lse2 = up(halves * rows * static_cast<size_t>(d.head_dim_qk) * 4);
+  l.lse2 = up(acc_rows * static_cast<size_t>(d.head_dim_qk) * 4);
   l.delta = l.lse2 + up(rows * 4);
   l.det_counts = l.det_ticket = l.delta + up(rows * 4);
-  if (det) l.det_ticket = l.det_counts + up(halves * rows / kChunkRows * (d.head_dim_qk / 64) * 4);
+  if (det) l.det_ticket = l.det_counts + up(acc_rows / kChunkRows * (d.head_dim_qk / 64) * 4);
   l.kv_part = l.det_ticket + (det ? 256 : 0);
   const size_t kv = head_parts > 1 ? 2 * static_cast<size_t>(head_parts) * kv_part_floats(pr) : 0;
   l.bytes = l.kv_part + up(kv * 4) + 256;
