@@ -665,10 +665,11 @@ const DetLead* fa3_det_lead(const attention::Problem& p);
 inline bool fa3_det_leads(const attention::Problem& p) {
   return fa3_det_lead(p) != nullptr;
 }
-// A range of causal Lq = Lk problems (kFa3DetRising, kFa3BwdFallingPicks,
-// kFa3BwdDeterministicPicks): a head dim, min_group to max_group query heads a key head, min_rows
-// to max_rows rows, min_key_rows to max_key_rows key rows (B x Hk x Lk).
-struct CausalRows {
+// A range of Lq = Lk problems, causal unless its table says unmasked (kFa3DetRising,
+// kFa3BwdFallingPicks, kFa3BwdDeterministicPicks, kFa3BwdDeterministicUnmaskedPicks): a head dim,
+// min_group to max_group query heads a key head, min_rows to max_rows rows, min_key_rows to
+// max_key_rows key rows (B x Hk x Lk).
+struct SquareRows {
   int64_t head_dim;
   int64_t min_group, max_group;
   int64_t min_rows, max_rows = kNoBound;
@@ -685,7 +686,7 @@ struct CausalRows {
 // 385.9); ungrouped L8192 525.6 / 495.4 (L2048 310.6 / 404.5); 64k tokens in groups of 8 / 16
 // from L8192 (L16384 490.2 / 441.4, 486.9 / 395.2; L2048 348.0 / 404.0, 370.1 / 393.5); d64 in
 // groups of 4 from L2048 (351.1 / 314.5; L512 198.1 / 200.9), of 16 from L512 (217.5 / 187.4).
-inline constexpr CausalRows kFa3DetRising[] = {{64, 4, 4, 2048},
+inline constexpr SquareRows kFa3DetRising[] = {{64, 4, 4, 2048},
                                                {64, 8, 16, 512},
                                                {128, 1, 1, 8192},
                                                {128, 2, 2, 512, kNoBound, 32768},
@@ -725,6 +726,9 @@ bool fa3_det_rising(const attention::Problem& p);
 //   walk in the eighty-first session (507.4 against 473.7 / 477.0 rising; 0.96x and 0.89x in the
 //   seventy-ninth and eightieth), where the deterministic preference keeps fa3's deterministic
 //   split (kFa3DetAhead fits under cuDNN's table points too). At least min_key_rows key rows.
+//   In groups of 8 there too (eighty-third session's call 2, 522.9 against fa3's ranked 501.6; the
+//   eighty-second's calls 3 / 4 1.05-1.07x; the seventy-seventh's 522.2 / 489.6 above), the
+//   deterministic preference fa3's split (501.0 against cuDNN's deterministic 459.0).
 struct GroupedBackwardPick {
   int64_t head_dim;
   bool causal;
@@ -735,7 +739,7 @@ struct GroupedBackwardPick {
   int64_t min_key_rows = 0;
 };
 inline constexpr GroupedBackwardPick kGroupedBackwardPicks[] = {
-    {128, true, 16, 16384, 16384, kNoBound, Candidate::cudnn, 65536},
+    {128, true, 8, 16384, 16384, kNoBound, Candidate::cudnn, 65536},
     {128, false, 2, 512, kNoBound, kNoBound, Candidate::fa3},
     {128, true, 2, 512, kNoBound, kNoBound, Candidate::fa3}};
 // The first row of kGroupedBackwardPicks that matches the problem; none outside them.
@@ -751,7 +755,7 @@ std::optional<Candidate> grouped_backward_pick(const attention::Problem& p);
 // 0.99x); of 16 L512 231.2 / 218.2, L1024 321.6 / 295.5, L2048 392.8 / 371.7 (from L4096
 // 1.00x). Elsewhere within 0.96-1.03x or behind (0.75-0.90x: ungrouped up to L2048, 64k tokens,
 // groups of 2 up to L1024).
-inline constexpr CausalRows kFa3BwdFallingPicks[] = {
+inline constexpr SquareRows kFa3BwdFallingPicks[] = {
     {128, 4, 8, 1024, 4096, 16384}, {64, 4, 4, 2048, 8192, 131072}, {64, 16, 16, 512, 2048, 32768}};
 bool fa3_bwd_falls(const attention::Problem& p);
 // The deterministic split as the default backward (kFa3BwdDeterministicAhead): where its rising
@@ -783,11 +787,24 @@ bool fa3_bwd_falls(const attention::Problem& p);
 // Within 1.03x or behind: groups of 2 at L16384 (1.02x), of 4 from L8192 (1.02-1.03x), of 8 from
 // L4096 (0.98-1.02x), of 16 at L2048 / L4096 (1.01-1.02x, 0.95x), ungrouped L4096 (0.93-1.03x),
 // L16384 (0.98x), 4k tokens from L1024, d64 (0.80-0.95x, but groups of 16 at L512 1.02x).
-inline constexpr CausalRows kFa3BwdDeterministicPicks[] = {
+inline constexpr SquareRows kFa3BwdDeterministicPicks[] = {
     {128, 8, 16, 512, 1024, 131072, 16384},  {128, 8, 16, 512, 512, 8192, 4096},
     {128, 8, 8, 2048, 2048, 32768, 32768},   {128, 4, 4, 512, 4096, 65536, 65536},
     {128, 2, 2, 512, 8192, 131072, 131072},  {128, 16, 16, 8192, 16384, 16384, 16384},
     {128, 1, 1, 2048, 2048, 262144, 262144}, {128, 1, 1, 8192, 8192, 262144, 262144}};
+// The same with no mask, the split's walks rotated as the ranked entry's (eighty-third session,
+// calls 1 / 2, two processes, interleaved rounds, TFLOP/s the ranked deterministic entry / the
+// ranked entry, d128 at 16k tokens): groups of 4 at L512 416.2 / 394.9, 419.9 / 395.3; of 8 at L512
+// 433.3 / 404.2, 436.6 / 408.0 and L1024 511.8 / 495.4, 516.2 / 498.2; of 16 at L512 441.2 /
+// 414.2, 447.1 / 416.1 and L1024 522.5 / 503.9, 522.3 / 504.2. Not groups of 4 at L1024
+// (1.02-1.03x), of 2 at L512 (1.02x, one process), from L2048 (0.91-1.02x), ungrouped (at L512 the
+// split's 341.0 in kFa3DetLeads' notes, the ranked entry's 352.6 in call 1), nor at 4k or 64k
+// tokens (not measured).
+inline constexpr SquareRows kFa3BwdDeterministicUnmaskedPicks[] = {
+    {128, 4, 4, 512, 512, 65536, 65536},
+    {128, 8, 8, 512, 1024, 32768, 32768},
+    {128, 16, 16, 512, 1024, 16384, 16384}};
+// kFa3BwdDeterministicPicks' causal rows or kFa3BwdDeterministicUnmaskedPicks' unmasked ones.
 bool fa3_bwd_deterministic_default(const attention::Problem& p);
 // cuDNN's deterministic algorithm as the default backward (cudnn_sdpa_bwd_deterministic_default, at
 // kCudnnDetDefaultAhead: above fa3's ranked-ahead entry and cuDNN's non-deterministic one) where
@@ -797,7 +814,7 @@ bool fa3_bwd_deterministic_default(const attention::Problem& p);
 // d128 causal ungrouped L512 at 16k tokens 246.3 / 221.8 / 212.9, 247.3 / 222.2 / 215.2, 246.2 /
 // 220.9 / 212.5, 247.1 / 221.3 / 214.3 (1.11-1.12x). Not at L1024 (1.01x), at 4k tokens (1.02x),
 // unmasked (0.98-1.00x), d64 (0.97x) nor in groups (fa3's split leads there).
-inline constexpr CausalRows kCudnnBwdDeterministicPicks[] = {{128, 1, 1, 512, 512, 262144, 262144}};
+inline constexpr SquareRows kCudnnBwdDeterministicPicks[] = {{128, 1, 1, 512, 512, 262144, 262144}};
 bool cudnn_bwd_deterministic_default(const attention::Problem& p);
 inline constexpr std::string_view kCudnnBwdDeterministicDefault =
     "cudnn_sdpa_bwd_deterministic_default";

@@ -1058,11 +1058,36 @@ TEST(AttentionCudnnRules, BackwardWalkOrdersWhereMeasured) {
       EXPECT_EQ(fa3_det_rising(p), pt.rising);
       EXPECT_TRUE(fa3_det_leads(p));
     }
-    EXPECT_FALSE(
-        fa3_bwd_deterministic_default(sweep(128, pt.group, pt.l, pt.tokens, Mask::none())));
     EXPECT_FALSE(fa3_bwd_deterministic_default(
         sweep(128, pt.group, pt.l, pt.tokens, Mask::causal_top_left(), DType::f32)));
   }
+  // Unmasked (kFa3BwdDeterministicUnmaskedPicks): groups of 4 to 16 at L512 and of 8 / 16 at L1024,
+  // at 16k tokens only; never a window, Lq != Lk, d64 or f32.
+  const Default unmasked[] = {
+      {4, 512, 16384, true},    {8, 512, 16384, true},     {16, 512, 16384, true},
+      {8, 1024, 16384, true},   {16, 1024, 16384, true},   {4, 1024, 16384, false},
+      {2, 512, 16384, false},   {1, 512, 16384, false},    {8, 2048, 16384, false},
+      {16, 2048, 16384, false}, {16, 16384, 16384, false}, {8, 512, 4096, false},
+      {4, 512, 4096, false},    {16, 1024, 65536, false},  {8, 512, 65536, false}};
+  for (const Default& pt : unmasked) {
+    SCOPED_TRACE("unmasked, groups of " + std::to_string(pt.group) + " L" + std::to_string(pt.l) +
+                 " " + std::to_string(pt.tokens) + " tokens");
+    const attention::Problem p = sweep(128, pt.group, pt.l, pt.tokens, Mask::none());
+    EXPECT_EQ(fa3_bwd_deterministic_default(p), pt.det);
+    if (pt.det) {
+      EXPECT_TRUE(fa3_det_leads(p));
+      EXPECT_FALSE(fa3_det_rising(p));
+    }
+    EXPECT_FALSE(fa3_bwd_deterministic_default(
+        sweep(128, pt.group, pt.l, pt.tokens, Mask::none(), DType::f32)));
+    EXPECT_FALSE(fa3_bwd_deterministic_default(sweep(64, pt.group, pt.l, pt.tokens, Mask::none())));
+  }
+  Descriptor window = make_desc(DType::bf16, 32, 16, 2, 512, 512, 128, Mask::none());
+  EXPECT_TRUE(fa3_bwd_deterministic_default(problem_of(window)));
+  window.mask = Mask::sliding_window(256, 256);
+  EXPECT_FALSE(fa3_bwd_deterministic_default(problem_of(window)));
+  EXPECT_FALSE(fa3_bwd_deterministic_default(
+      problem_of(make_desc(DType::bf16, 32, 16, 2, 512, 1024, 128, Mask::none()))));
 }
 
 // cuDNN's deterministic algorithm as the default backward (kCudnnBwdDeterministicPicks): d128
@@ -1133,9 +1158,10 @@ TEST(AttentionCudnnRules, GroupedBackwardPicksWhereMeasured) {
     }
   }
   // Points of the sweep's shapes (16 query heads at d128, 32 at d64; b sequences): d128 causal in
-  // groups of 16 at L16384 from 64k key rows to cuDNN, in bf16 and f16, one sequence of 4 key heads
-  // or 4 of one (below 64k key rows, at L8192 or in groups of 8, fa3's row); at 16k tokens causal
-  // d128 in any group from L512 to fa3, one sequence or many; d64 keeps the table in any group.
+  // groups of 8 or 16 at L16384 from 64k key rows to cuDNN, in bf16 and f16, one sequence of 4 key
+  // heads or 4 of one (below 64k key rows, at L8192 or in groups of 4, fa3's row); at 16k tokens
+  // causal d128 in any group from L512 to fa3, one sequence or many; d64 keeps the table in any
+  // group.
   struct Point {
     int64_t d;
     bool causal;
@@ -1149,7 +1175,9 @@ TEST(AttentionCudnnRules, GroupedBackwardPicksWhereMeasured) {
                           {128, true, 16, 16384, 2, 16, Candidate::fa3},
                           {128, true, 16, 16384, 1, 16, Candidate::fa3},
                           {128, true, 16, 8192, 8, 16, Candidate::fa3},
-                          {128, true, 8, 16384, 4, 16, Candidate::fa3},
+                          {128, true, 8, 16384, 4, 16, Candidate::cudnn},
+                          {128, true, 8, 16384, 1, 32, Candidate::cudnn},
+                          {128, true, 4, 16384, 4, 16, Candidate::fa3},
                           {128, false, 16, 16384, 4, 16, Candidate::fa3},
                           {128, true, 16, 16384, 4, 16, std::nullopt, DType::f32},
                           {128, true, 4, 4096, 4, 16, Candidate::fa3},
@@ -4310,7 +4338,8 @@ TestTensor odd_pitch_copy(const Case& c, const TestTensor& from, int64_t h, int6
 // tolerance of fa3_bwd_sm90a by name (reference-tested on smaller cases) on the same inputs, Y and
 // LSE from the GPU forward; and its fallback's runs of odd-pitch views (deterministic too). The
 // cases: groups of 8 (rising), of 4 in f16, ungrouped at L2048, where the table picks cuDNN
-// (falling); ungrouped at L512, where cuDNN's deterministic algorithm is the default.
+// (falling); unmasked in groups of 16 at L1024 (rotated walks); ungrouped at L512, where cuDNN's
+// deterministic algorithm is the default.
 TEST(AttentionFa3Gpu, DefaultBackwardIsDeterministicWhereItsRowsSay) {
   FA3_BWD_SKIP_UNLESS_RUNNABLE();
   const Stream& gs = harness::stream_for(Target::cuda);
@@ -4318,7 +4347,8 @@ TEST(AttentionFa3Gpu, DefaultBackwardIsDeterministicWhereItsRowsSay) {
   std::vector<Case> cases = {
       {DType::bf16, 32, 16, 2, 512, 512, 128, Mask::causal_top_left(), false, false},
       {DType::f16, 8, 16, 4, 2048, 2048, 128, Mask::causal_top_left(), false, false},
-      {DType::bf16, 8, 16, 16, 2048, 2048, 128, Mask::causal_top_left(), false, false}};
+      {DType::bf16, 8, 16, 16, 2048, 2048, 128, Mask::causal_top_left(), false, false},
+      {DType::bf16, 16, 16, 1, 1024, 1024, 128, Mask::none(), false, false}};
 #if BARACUDA_HAVE_CUDNN_FRONTEND
   // cuDNN's deterministic algorithm as the default (kCudnnBwdDeterministicPicks).
   cases.push_back({DType::bf16, 32, 16, 16, 512, 512, 128, Mask::causal_top_left(), false, false});

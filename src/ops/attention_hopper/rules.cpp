@@ -259,10 +259,12 @@ const DetLead* fa3_det_lead(const attention::Problem& p) {
 }
 
 namespace {
-bool in_causal_rows(const attention::Problem& p, std::span<const CausalRows> rows) {
-  const std::optional<int64_t> key_rows = measured_key_rows(p.desc, true);
-  if (!key_rows) return false;
-  for (const CausalRows& r : rows)
+// Causal rows where `causal`, else unmasked ones.
+bool in_square_rows(const attention::Problem& p, std::span<const SquareRows> rows,
+                    bool causal = true) {
+  const std::optional<int64_t> key_rows = measured_key_rows(p.desc, causal);
+  if (!key_rows || p.desc.mask.is_causal() != causal) return false;
+  for (const SquareRows& r : rows)
     if (r.head_dim == p.desc.head_dim_qk && p.group >= r.min_group && p.group <= r.max_group &&
         p.desc.len_q >= r.min_rows && p.desc.len_q <= r.max_rows && *key_rows <= r.max_key_rows &&
         *key_rows >= r.min_key_rows)
@@ -272,19 +274,20 @@ bool in_causal_rows(const attention::Problem& p, std::span<const CausalRows> row
 }  // namespace
 
 bool fa3_det_rising(const attention::Problem& p) {
-  return in_causal_rows(p, kFa3DetRising);
+  return in_square_rows(p, kFa3DetRising);
 }
 
 bool fa3_bwd_falls(const attention::Problem& p) {
-  return in_causal_rows(p, kFa3BwdFallingPicks);
+  return in_square_rows(p, kFa3BwdFallingPicks);
 }
 
 bool fa3_bwd_deterministic_default(const attention::Problem& p) {
-  return in_causal_rows(p, kFa3BwdDeterministicPicks);
+  return in_square_rows(p, kFa3BwdDeterministicPicks) ||
+         in_square_rows(p, kFa3BwdDeterministicUnmaskedPicks, false);
 }
 
 bool cudnn_bwd_deterministic_default(const attention::Problem& p) {
-  return in_causal_rows(p, kCudnnBwdDeterministicPicks);
+  return in_square_rows(p, kCudnnBwdDeterministicPicks);
 }
 
 std::optional<Candidate> grouped_backward_pick(const attention::Problem& p) {
