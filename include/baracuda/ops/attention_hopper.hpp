@@ -727,7 +727,8 @@ bool fa3_det_rising(const attention::Problem& p);
 //   seventy-ninth and eightieth), where the deterministic preference keeps fa3's deterministic
 //   split (kFa3DetAhead fits under cuDNN's table points too). At least min_key_rows key rows.
 //   In groups of 8 there too (eighty-third session's call 2, 522.9 against fa3's ranked 501.6; the
-//   eighty-second's calls 3 / 4 1.05-1.07x; the seventy-seventh's 522.2 / 489.6 above), the
+//   eighty-second's calls 3 / 4 1.05-1.07x; the seventy-seventh's 522.2 / 489.6 above; 0.98x in
+//   the eighty-first and 0.98-1.00x in the eightieth), the
 //   deterministic preference fa3's split (501.0 against cuDNN's deterministic 459.0).
 struct GroupedBackwardPick {
   int64_t head_dim;
@@ -793,10 +794,11 @@ inline constexpr SquareRows kFa3BwdDeterministicPicks[] = {
     {128, 2, 2, 512, 8192, 131072, 131072},  {128, 16, 16, 8192, 16384, 16384, 16384},
     {128, 1, 1, 2048, 2048, 262144, 262144}, {128, 1, 1, 8192, 8192, 262144, 262144}};
 // The same with no mask, the split's walks rotated as the ranked entry's (eighty-third session,
-// calls 1 / 2, two processes, interleaved rounds, TFLOP/s the ranked deterministic entry / the
-// ranked entry, d128 at 16k tokens): groups of 4 at L512 416.2 / 394.9, 419.9 / 395.3; of 8 at L512
-// 433.3 / 404.2, 436.6 / 408.0 and L1024 511.8 / 495.4, 516.2 / 498.2; of 16 at L512 441.2 /
-// 414.2, 447.1 / 416.1 and L1024 522.5 / 503.9, 522.3 / 504.2. Not groups of 4 at L1024
+// calls 1 / 2 / 3, three processes, interleaved rounds, TFLOP/s the ranked deterministic entry (the
+// default in call 3) / the ranked entry, d128 at 16k tokens): groups of 4 at L512 416.2 / 394.9,
+// 419.9 / 395.3, 418.3 / 395.8; of 8 at L512 433.3 / 404.2, 436.6 / 408.0, 437.2 / 408.3 and L1024
+// 511.8 / 495.4, 516.2 / 498.2, 515.9 / 499.8; of 16 at L512 441.2 / 414.2, 447.1 / 416.1, 445.5 /
+// 416.1 and L1024 522.5 / 503.9, 522.3 / 504.2, 521.1 / 502.5. Not groups of 4 at L1024
 // (1.02-1.03x), of 2 at L512 (1.02x, one process), from L2048 (0.91-1.02x), ungrouped (at L512 the
 // split's 341.0 in kFa3DetLeads' notes, the ranked entry's 352.6 in call 1), nor at 4k or 64k
 // tokens (not measured).
