@@ -728,8 +728,8 @@ bool fa3_det_rising(const attention::Problem& p);
 //   split (kFa3DetAhead fits under cuDNN's table points too). At least min_key_rows key rows.
 //   In groups of 8 there too (eighty-third session's call 2, 522.9 against fa3's ranked 501.6; the
 //   eighty-second's calls 3 / 4 1.05-1.07x; the seventy-seventh's 522.2 / 489.6 above; 0.98x in
-//   the eighty-first and 0.98-1.00x in the eightieth), the
-//   deterministic preference fa3's split (501.0 against cuDNN's deterministic 459.0).
+//   the eighty-first and 0.98-1.00x in the eightieth), the deterministic preference fa3's split
+//   (501.0 against cuDNN's deterministic 459.0).
 struct GroupedBackwardPick {
   int64_t head_dim;
   bool causal;
