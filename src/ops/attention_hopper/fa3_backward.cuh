@@ -180,13 +180,16 @@ __device__ __forceinline__ int64_t acc_chunks(const P& p) {
 // The deterministic instance's second half (det_rotated) holds only the chunks a rotated walk
 // reaches after it wraps: positions before its start, rot(k) < nm, all of them query blocks of the
 // first head of its part's walk (group / head_parts heads a part). So it has one chunk row a part,
-// not a head: chunk (batch, part of the heads, 64-row block, 64-column part), query head h's where
-// h is its part's first head.
+// not a head: chunk (part, 64-row block, 64-column part), where part counts the parts of every
+// (batch, key head) in order: (b Hk + hk) head_parts + the part, or (b Hq + h) / (group /
+// head_parts) for a query head h of it (part_of).
 template <int D, class P>
-__device__ __forceinline__ int64_t second_chunk(const P& p, int b, int h, int m_blk, int col) {
-  const int part_heads = p.group / p.head_parts;
-  return ((int64_t{b} * p.heads_q + h) / part_heads * (p.lq_pad / kChunkRows) + m_blk) * (D / 64) +
-         col;
+__device__ __forceinline__ int64_t second_chunk(const P& p, int64_t part, int m_blk, int col) {
+  return (part * (p.lq_pad / kChunkRows) + m_blk) * (D / 64) + col;
+}
+template <class P>
+__device__ __forceinline__ int64_t part_of(const P& p, int b, int h) {
+  return (int64_t{b} * p.heads_q + h) / (p.group / p.head_parts);
 }
 
 // The sequence a CTA or row block works on: its packed row offsets (padded: 0), lengths, diagonal
@@ -877,14 +880,12 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
           // non-deterministic kernel's with the reading before it, 44x with an acquire reading).
           if constexpr (kDet) {
             if (threadIdx.x % 128 == 0) {
-              // (second_chunk's row of this CTA's part, from the CTA's own coordinates.)
-              det_at = t >= steps - rot ? det_chunks +
-                                              (((int64_t{b} * gridDim.y + hk) * parts + part) *
-                                                   (p.lq_pad / kChunkRows) +
-                                               m0 / kChunkRows) *
-                                                  (D / 64) +
-                                              (D == 128 ? wg : 0)
-                                        : chunk_of(h, m0);
+              det_at = t >= steps - rot
+                           ? det_chunks +
+                                 second_chunk<D>(p, (int64_t{b} * gridDim.y + hk) * parts + part,
+                                                 m0 / kChunkRows, 0) +
+                                 (D == 128 ? wg : 0)
+                           : chunk_of(h, m0);
               det_need = det_want(t, cur, m0);
               det_seen = cuda::peek_count(p.det_counts + det_at);
             }
@@ -1097,7 +1098,8 @@ __global__ void __launch_bounds__(256) fa3_bwd_prep(const RowParams p) {
     if (threadIdx.x < kCounts) {
       p.det_counts[c0 + threadIdx.x] = 0u;
       if (p.det_rotated && h % (p.group / p.head_parts) == 0)
-        p.det_counts[acc_chunks<D>(p) + second_chunk<D>(p, b, h, m_blk, 0) + threadIdx.x] = 0u;
+        p.det_counts[acc_chunks<D>(p) + second_chunk<D>(p, part_of(p, b, h), m_blk, 0) +
+                     threadIdx.x] = 0u;
     }
     if (blockIdx.x == 0 && h == 0 && b == 0 && threadIdx.x == 0) *p.det_ticket = 0u;
   }
@@ -1194,9 +1196,9 @@ __global__ void __launch_bounds__(128) fa3_bwd_post(const RowParams p) {
   // (second: pos < nm, so h is its part's first head.)
   const float4* src2 =
       reinterpret_cast<const float4*>(p.acc) +
-      (kDet && second
-           ? (acc_chunks<D>(p) + second_chunk<D>(p, b, h, m_blk, part)) * (kChunkRows * 16)
-           : 0);
+      (kDet && second ? (acc_chunks<D>(p) + second_chunk<D>(p, part_of(p, b, h), m_blk, part)) *
+                            (kChunkRows * 16)
+                      : 0);
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     float4 v = first ? src[staged_slot(j, tid)] : make_float4(0.f, 0.f, 0.f, 0.f);
