@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 namespace baracuda {
 namespace {
@@ -99,6 +100,19 @@ constexpr MiniFloat kBF16{8, 7, false};
 constexpr MiniFloat kE4M3{4, 3, true};
 constexpr MiniFloat kE5M2{5, 2, false};
 
+// F's decode of every code of kBits bits, computed once: the CPU references and the test harness
+// decode tens of millions of 16-bit elements, and decode's ldexp calls cost as much as the rest of
+// a load (bf16 values() of 33 M elements 0.80 s against f32's 0.41 s).
+template <const MiniFloat& F, int kBits>
+double decoded(uint32_t bits) {
+  static const std::vector<double> table = [] {
+    std::vector<double> t(size_t{1} << kBits);
+    for (size_t i = 0; i < t.size(); ++i) t[i] = F.decode(static_cast<uint32_t>(i));
+    return t;
+  }();
+  return table[bits];
+}
+
 template <class T>
 T read_as(const void* base, int64_t index) {
   T v;
@@ -151,16 +165,16 @@ std::optional<DType> dtype_from_name(std::string_view n) {
 }
 
 double f16_to_double(uint16_t b) {
-  return kF16.decode(b);
+  return decoded<kF16, 16>(b);
 }
 double bf16_to_double(uint16_t b) {
-  return kBF16.decode(b);
+  return decoded<kBF16, 16>(b);
 }
 double e4m3_to_double(uint8_t b) {
-  return kE4M3.decode(b);
+  return decoded<kE4M3, 8>(b);
 }
 double e5m2_to_double(uint8_t b) {
-  return kE5M2.decode(b);
+  return decoded<kE5M2, 8>(b);
 }
 uint16_t f16_from_double(double v) {
   return static_cast<uint16_t>(kF16.encode(v));
@@ -205,9 +219,9 @@ void store_from_complex(void* base, DType t, int64_t i, std::complex<double> v) 
 double load_as_double(const void* base, DType t, int64_t i) {
   switch (t) {
     case DType::f16:
-      return kF16.decode(read_as<uint16_t>(base, i));
+      return decoded<kF16, 16>(read_as<uint16_t>(base, i));
     case DType::bf16:
-      return kBF16.decode(read_as<uint16_t>(base, i));
+      return decoded<kBF16, 16>(read_as<uint16_t>(base, i));
     case DType::f32:
     case DType::f32_strict:
       return read_as<float>(base, i);
@@ -232,9 +246,9 @@ double load_as_double(const void* base, DType t, int64_t i) {
     case DType::bin:
       return read_bits(base, 1, i);
     case DType::e4m3:
-      return kE4M3.decode(read_as<uint8_t>(base, i));
+      return decoded<kE4M3, 8>(read_as<uint8_t>(base, i));
     case DType::e5m2:
-      return kE5M2.decode(read_as<uint8_t>(base, i));
+      return decoded<kE5M2, 8>(read_as<uint8_t>(base, i));
     case DType::c64:
       return read_as<std::complex<float>>(base, i).real();
     case DType::c128:

@@ -105,17 +105,20 @@ void check(const Status& s, const char* what) {
 }
 
 // Element offsets (in elements, relative to view.data) of every logical element, row-major.
-// An odometer over the index, not an unravel per element: tests walk 33 M-element gradients, and
-// a vector allocated per element made each walk seconds.
-template <class Ptr>
-std::vector<int64_t> element_offsets(const BasicTensor<Ptr>& v) {
+// Calls f(offset) for the offset (in elements, relative to view.data) of every logical element,
+// row-major. An odometer over the index, no vector of offsets and no unravel per element: tests
+// walk 33 M-element gradients, and an allocation per element made each walk seconds.
+template <class Ptr, class F>
+void for_each_offset(const BasicTensor<Ptr>& v, F&& f) {
   const int64_t n = v.numel();
-  std::vector<int64_t> out;
-  out.reserve(static_cast<size_t>(n));
+  if (v.is_contiguous()) {
+    for (int64_t i = 0; i < n; ++i) f(i);
+    return;
+  }
   std::array<int64_t, kMaxRank> idx{};
   int64_t off = 0;
   for (int64_t i = 0; i < n; ++i) {
-    out.push_back(off);
+    f(off);
     for (int d = v.rank - 1; d >= 0; --d) {
       if (++idx[static_cast<size_t>(d)] < v.shape[d]) {
         off += v.stride[d];
@@ -125,7 +128,6 @@ std::vector<int64_t> element_offsets(const BasicTensor<Ptr>& v) {
       off -= (v.shape[d] - 1) * v.stride[d];
     }
   }
-  return out;
 }
 
 }  // namespace
@@ -206,7 +208,7 @@ void TestTensor::fill_random(Rng& rng, double lo, double hi) {
   std::vector<uint8_t> host = bytes();
   void* base = host.data() + offset_bytes_;
   const DType t = view_.dtype;
-  for (int64_t off : element_offsets(view_)) {
+  for_each_offset(view_, [&](int64_t off) {
     switch (info(t).cls) {
       case DTypeClass::floating:
         store_from_double(base, t, off, rng.uniform(lo, hi));
@@ -228,7 +230,7 @@ void TestTensor::fill_random(Rng& rng, double lo, double hi) {
         break;
       }
     }
-  }
+  });
   upload(host);
 }
 
@@ -248,8 +250,9 @@ void TestTensor::poison() {
     }
     std::vector<uint8_t> host = bytes();
     uint8_t* base = host.data() + offset_bytes_;
-    for (int64_t off : element_offsets(view_))
+    for_each_offset(view_, [&](int64_t off) {
       std::memset(base + off * static_cast<int64_t>(elem_bytes), 0xFF, elem_bytes);
+    });
     upload(host);
     return;
   }
@@ -268,7 +271,8 @@ std::vector<double> TestTensor::values() const {
   const void* base = host.data() + offset_bytes_;
   std::vector<double> out;
   out.reserve(static_cast<size_t>(numel()));
-  for (int64_t off : element_offsets(view_)) out.push_back(load_as_double(base, view_.dtype, off));
+  for_each_offset(view_,
+                  [&](int64_t off) { out.push_back(load_as_double(base, view_.dtype, off)); });
   return out;
 }
 
@@ -276,16 +280,19 @@ std::vector<std::complex<double>> TestTensor::complex_values() const {
   const std::vector<uint8_t> host = bytes();
   const void* base = host.data() + offset_bytes_;
   std::vector<std::complex<double>> out;
-  for (int64_t off : element_offsets(view_)) out.push_back(load_as_complex(base, view_.dtype, off));
+  for_each_offset(view_,
+                  [&](int64_t off) { out.push_back(load_as_complex(base, view_.dtype, off)); });
   return out;
 }
 
 void TestTensor::set_values(const std::vector<double>& v) {
   std::vector<uint8_t> host = bytes();
   void* base = host.data() + offset_bytes_;
-  const auto offs = element_offsets(view_);
-  for (size_t i = 0; i < offs.size() && i < v.size(); ++i)
-    store_from_double(base, view_.dtype, offs[i], v[i]);
+  size_t i = 0;
+  for_each_offset(view_, [&](int64_t off) {
+    if (i < v.size()) store_from_double(base, view_.dtype, off, v[i]);
+    ++i;
+  });
   upload(host);
 }
 
@@ -294,8 +301,9 @@ std::vector<uint8_t> TestTensor::bit_mask(const ConstTensor& v) const {
   const int64_t base_bit =
       (static_cast<const char*>(v.data) - static_cast<const char*>(buffer_.data())) * 8;
   const int bits = bits_of(v.dtype);
-  for (int64_t off : element_offsets(v))
+  for_each_offset(v, [&](int64_t off) {
     for (int b = 0; b < bits; ++b) mask[static_cast<size_t>(base_bit + off * bits + b)] = 1;
+  });
   return mask;
 }
 
@@ -307,9 +315,10 @@ std::vector<uint8_t> TestTensor::window_bit_mask(const std::vector<int64_t>& sta
   for (int d = 0; d < view_.rank; ++d) base += starts[d] * view_.stride[d];
   Tensor w = view_;
   for (int d = 0; d < w.rank; ++d) w.shape[d] = extents[d];
-  for (int64_t off : element_offsets(w))
+  for_each_offset(w, [&](int64_t off) {
     for (int b = 0; b < bits; ++b)
       mask[static_cast<size_t>(offset_bytes_ * 8 + (base + off) * bits + b)] = 1;
+  });
   return mask;
 }
 
