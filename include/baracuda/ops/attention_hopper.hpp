@@ -799,7 +799,7 @@ inline constexpr SquareRows kFa3BwdDeterministicPicks[] = {
 // 419.9 / 395.3, 418.3 / 395.8; of 8 at L512 433.3 / 404.2, 436.6 / 408.0, 437.2 / 408.3 and L1024
 // 511.8 / 495.4, 516.2 / 498.2, 515.9 / 499.8; of 16 at L512 441.2 / 414.2, 447.1 / 416.1, 445.5 /
 // 416.1 and L1024 522.5 / 503.9, 522.3 / 504.2, 521.1 / 502.5. Not groups of 4 at L1024
-// (1.02-1.03x), of 2 at L512 (1.02x, one process), from L2048 (0.91-1.02x), ungrouped (at L512 the
+// (1.02-1.03x), of 2 at L512 (1.02x, one process), from L2048 (0.90-1.02x), ungrouped (at L512 the
 // split's 341.0 in kFa3DetLeads' notes, the ranked entry's 352.6 in call 1), nor at 4k or 64k
 // tokens (not measured).
 inline constexpr SquareRows kFa3BwdDeterministicUnmaskedPicks[] = {
