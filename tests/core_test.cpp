@@ -75,6 +75,46 @@ TEST(DType, EveryBitPatternRoundTrips) {
   }
 }
 
+// Round to nearest even at every boundary of f16 and bf16: between each pair of adjacent
+// non-negative finite codes (and the largest finite and infinity) the midpoint, exact in double,
+// goes to the even code, the doubles just below and above it to the lower and upper code, and the
+// same negated to the same codes with the sign bit. Then the specials.
+TEST(DType, SixteenBitEncodeRoundsToNearestEvenAtEveryMidpoint) {
+  struct Format {
+    const char* name;
+    uint16_t (*encode)(double);
+    double (*decode)(uint16_t);
+    uint32_t inf;
+  };
+  for (const Format& f : {Format{"f16", f16_from_double, f16_to_double, 0x7C00},
+                          Format{"bf16", bf16_from_double, bf16_to_double, 0x7F80}}) {
+    SCOPED_TRACE(f.name);
+    int64_t wrong = 0;
+    for (uint32_t b = 0; b < f.inf; ++b) {
+      const double lo = f.decode(static_cast<uint16_t>(b));
+      // Past the largest finite, the value the next code would have with an ordinary exponent.
+      const double hi = b + 1 < f.inf ? f.decode(static_cast<uint16_t>(b + 1))
+                                      : 2 * lo - f.decode(static_cast<uint16_t>(b - 1));
+      const double mid = (lo + hi) / 2;
+      const uint32_t even = (b & 1u) != 0 ? b + 1 : b;
+      const double below = std::nextafter(mid, 0.0), above = std::nextafter(mid, hi);
+      for (const auto& [x, want] :
+           {std::pair{lo, b}, std::pair{mid, even}, std::pair{below, b}, std::pair{above, b + 1}}) {
+        wrong += f.encode(x) != want;
+        wrong += f.encode(-x) != (want | 0x8000u);
+      }
+    }
+    EXPECT_EQ(wrong, 0);
+    const double inf = std::numeric_limits<double>::infinity();
+    EXPECT_EQ(f.encode(inf), f.inf);
+    EXPECT_EQ(f.encode(-inf), f.inf | 0x8000u);
+    EXPECT_EQ(f.encode(1e300), f.inf);
+    EXPECT_EQ(f.encode(-1e-300), 0x8000u);
+    EXPECT_EQ(f.encode(std::numeric_limits<double>::denorm_min()), 0u);
+    EXPECT_TRUE(std::isnan(f.decode(f.encode(std::nan("")))));
+  }
+}
+
 TEST(DType, SubByteAccessKeepsNeighbours) {
   uint8_t buf[4] = {0xA5, 0x5A, 0xFF, 0x00};
   store_from_double(buf, DType::s4, 1, -3.0);
