@@ -3,6 +3,6 @@
 #include "ops/attention/launch.cuh"
 
 namespace baracuda::attention::kernels {
-BARACUDA_REGISTER(register_kernels<DType::f32>());
-BARACUDA_REGISTER(register_kernels<DType::f32_strict>());
+BARACUDA_REGISTER(register_simt_kernels<DType::f32>());
+BARACUDA_REGISTER(register_simt_kernels<DType::f32_strict>());
 }  // namespace baracuda::attention::kernels

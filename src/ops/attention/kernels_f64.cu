@@ -2,5 +2,5 @@
 #include "ops/attention/launch.cuh"
 
 namespace baracuda::attention::kernels {
-BARACUDA_REGISTER(register_kernels<DType::f64>());
+BARACUDA_REGISTER(register_simt_kernels<DType::f64>());
 }  // namespace baracuda::attention::kernels

@@ -648,8 +648,12 @@ void register_decode(std::string_view name, int priority, PrecisionGuarantee pre
   });
 }
 
+// The family's kernels of one element type, in groups. The 16-bit types build them in three
+// translation units (kernels_<type>.cu: SIMT and backward; _forward.cu; _decode.cu): one unit of
+// them all was the build's longest compile, which every parallel build waited for (56 s of nvcc
+// for sm_90a on this project's 2-core machine; 17 / 24 / 25 s split, SASS identical).
 template <DType E>
-bool register_kernels() {
+bool register_simt_kernels() {
   using T = cuda::device_t<E>;
   // 16-bit types compute in f32; f32 and f64 compute in f64: the SIMT kernels sum a row's keys
   // sequentially, and f32 sums over thousands of keys would drift past a few f32 roundings.
@@ -670,131 +674,149 @@ bool register_kernels() {
       .workspace = bwd_workspace<A>,
       .launch = launch_bwd_simt<T, A>,
   });
-  if constexpr (E == DType::f16 || E == DType::bf16) {
-    // P is rounded to the 16-bit type before P V (as FlashAttention does); no atomics, but the
-    // split-K count depends on the problem size, so a row's bits can change with the batch.
-    constexpr PrecisionGuarantee mma{E == DType::f16 ? MathPrecision::f16 : MathPrecision::bf16,
-                                     DType::f32, true, false};
-    register_fwd_mma<E, MmaShape, fits_mma>("flash_fwd_mma_sm80", 20, mma);
-    // Same kernel template, MmaShapeM16 launch shapes (D <= 128). Measured on the H100 (bf16,
-    // TFLOP/s, flash_fwd_mma_sm80 / m16 / m16w8): d128 L4096 122 / 199 / 218, d64 L4096
-    // 88 / 182 / 169, d128 L16384 128 / 201 / 229, causal d128 L4096 119 / 192 / 209. Both beat
-    // the MmaShape kernel everywhere they fit, so they rank above it; m16 is the d128 default
-    // where m32s (below) is not, m16w8 stays for A/B.
-    register_fwd_mma<E, MmaShapeM16, fits_mma_128>("flash_fwd_mma_m16_sm80", 21, mma);
-    register_fwd_mma<E, MmaShapeM16W8, fits_mma_128>("flash_fwd_mma_m16w8_sm80", 15, mma);
-    // m16 again, same name and launch, above m16w8 where the padded head dim is 64: the second
-    // H100 run (bf16, non-causal L4096, TFLOP/s) has m16 / m16w8 at 233.4 / 208.4 for d64 but
-    // 212.9 / 258.6 for d128. Priorities are per entry and cannot depend on the head dim, but
-    // `fits` can, so d64 selects this entry by default while m16w8 keeps d128; m16w8 stays
-    // pinnable everywhere, and pinning "flash_fwd_mma_m16_sm80" reaches this entry or the one
-    // above (same launch), so m16 stays pinnable at every head dim too.
-    register_fwd_mma<E, MmaShapeM16, fits_mma_64>("flash_fwd_mma_m16_sm80", 23, mma);
-    // A/B shapes. Once the m32 shapes' second m16 tile stopped being skipped per tile (its mmas
-    // had been predicated behind WARPSYNCs), m32s became the fastest at d128 (H100, bf16,
-    // TFLOP/s, de1b2e0, same call: L4096 323 vs m16 271 / m16w8 269 / ovl 277 / m32 173; L16384
-    // 335 vs 281; L4096 causal 287 vs 262): it is the default where fits_m32s_default says (the
-    // full sweep's numbers are there); m16 keeps short banded problems.
-    register_fwd_mma<E, MmaShapeM32, fits_mma_128>("flash_fwd_mma_m32_sm80", 17, mma);
-    register_fwd_mma<E, MmaShapeOvl, fits_mma_128>("flash_fwd_mma_ovl_sm80", 16, mma);
-    register_fwd_mma<E, MmaShapeM32S, fits_mma_128>("flash_fwd_mma_m32s_sm80", 14, mma);
-    // ... and again, same name and launch, above the m16 entries where fits_m32s_default says.
-    register_fwd_mma<E, MmaShapeM32S, fits_m32s_default>("flash_fwd_mma_m32s_sm80", 24, mma);
-    // m32s over 128-key tiles at a padded head dim of 64 (with one softmax text: n128m), and m32s
-    // with straight-line masked and capped tiles: pinnable wherever they fit, and (again, same
-    // names and launches) n128m and straight the defaults above m32s where fits_n128m_default /
-    // fits_straight_default say.
-    register_fwd_mma<E, MmaShapeM32SWide, fits_mma_64>("flash_fwd_mma_m32s_n128_sm80", 13, mma);
-    register_fwd_mma<E, MmaShapeM32SStraight, fits_mma_128>("flash_fwd_mma_m32s_straight_sm80", 12,
-                                                            mma);
-    register_fwd_mma<E, MmaShapeM32SWideMasked, fits_mma_64>("flash_fwd_mma_m32s_n128m_sm80", 11,
-                                                             mma);
-    register_fwd_mma<E, MmaShapeM32SWideMasked, fits_n128m_default>("flash_fwd_mma_m32s_n128m_sm80",
-                                                                    26, mma);
-    register_fwd_mma<E, MmaShapeM32SStraight, fits_straight_default>(
-        "flash_fwd_mma_m32s_straight_sm80", 25, mma);
-    // Paged K / V (prefill and chunked prefill against a block-table cache): the d128 default's
-    // shape (m32s_straight; MmaShape's at D = 256) with its K / V tiles read through a
-    // PageWindow. It spills 68 bytes at D = 128 (sm_90a; m16's shape, 232 registers, does not)
-    // and is faster anyway: H200, thirty-eighth session, call 5, b4 x 512-token chunks against
-    // 4096-key caches, d128, causal: 64-key pages 412-413 us (312 TFLOP/s) against 454-455 on
-    // m16's shape, 16-key pages 516 against 653; the same problem padded 363-366 us on
-    // m32s_straight. The only tensor-core forward for paged problems; the decode kernels rank
-    // above it where they fit (few query rows per K/V head), the SIMT kernel takes other page
-    // sizes.
-    register_fwd_mma<E, MmaShapeM32SStraight, fits_mma, true>("flash_fwd_mma_paged_sm80", 19, mma);
-    // Few query rows per K/V head (decode, speculative decoding): above the general kernel; that
-    // one stays registered so PlanPreference::kernel("flash_fwd_mma_sm80") can A/B them.
-    register_decode<E, 1, false>("flash_decode_sm80", 30, mma);
-    // The same kernel over 4x as many, 4x shorter splits (see decode_splits): A/B only (H100,
-    // when splits filled every CTA slot shared memory allowed: 68.1 us vs 56.7 us at Lk 32k;
-    // H200 at df4dd96: 45.0-45.1 vs 40.2-40.6 us).
-    register_decode<E, 4, false>("flash_decode_w4_sm80", 29, mma);
-    // flash_decode_sm80 with the split merge done by the last split of each (batch, K/V head)
-    // to finish (a flag per split in the workspace) instead of flash_decode_combine:
-    // no second launch, and each group's merge overlaps the other groups' streaming. Sums in
-    // split order (deterministic). Splits keep >= 2 tiles instead of 4 (decode_splits'
-    // kMinTiles). A/B only: the H100 measured it slower (63.9 vs 56.7 us at Lk 32k, 24.0 vs
-    // 13.6 us at Lk 4096) with a CAS-counted arrival word; with per-split flags the H200 reads
-    // 46.2 vs 40.7-41.2 us at Lk 32k and 15.5 vs 15.0-16.3 us at Lk 4096 (317fc29, 32 splits
-    // two CTAs an SM), 45.6-45.7 vs 40.2-40.6 us at Lk 32k with one CTA an SM (df4dd96): the
-    // last split's merge (flag round trips, then the partials) outlasts the combine kernel's. A
-    // third form, the combine launched early and awaiting per-split flags instead of the grid's
-    // completion, read 43.5-43.9 us there (measured, not kept).
-    register_decode<E, 1, true>("flash_decode_fused_sm80", 28, mma);
-    // Two passes (dQ per query block, dK/dV per key block; dK and dV apart at a padded head dim
-    // of 256) in a fixed order: deterministic and independent of the batch; P and dS are rounded
-    // to the 16-bit type for the tensor cores. Head dims up to 256 where the device grants the
-    // shared memory (128 KB at 256).
-    constexpr PrecisionGuarantee mma_bwd{mma.math, DType::f32, true, true};
+  return true;
+}
+
+// 16-bit types: P is rounded to the 16-bit type before P V (as FlashAttention does); no atomics,
+// but the split-K count depends on the problem size, so a row's bits can change with the batch.
+template <DType E>
+constexpr PrecisionGuarantee kMmaPrecision{
+    E == DType::f16 ? MathPrecision::f16 : MathPrecision::bf16, DType::f32, true, false};
+
+template <DType E>
+bool register_forward_mma_kernels() {
+  constexpr PrecisionGuarantee mma = kMmaPrecision<E>;
+  register_fwd_mma<E, MmaShape, fits_mma>("flash_fwd_mma_sm80", 20, mma);
+  // Same kernel template, MmaShapeM16 launch shapes (D <= 128). Measured on the H100 (bf16,
+  // TFLOP/s, flash_fwd_mma_sm80 / m16 / m16w8): d128 L4096 122 / 199 / 218, d64 L4096
+  // 88 / 182 / 169, d128 L16384 128 / 201 / 229, causal d128 L4096 119 / 192 / 209. Both beat
+  // the MmaShape kernel everywhere they fit, so they rank above it; m16 is the d128 default
+  // where m32s (below) is not, m16w8 stays for A/B.
+  register_fwd_mma<E, MmaShapeM16, fits_mma_128>("flash_fwd_mma_m16_sm80", 21, mma);
+  register_fwd_mma<E, MmaShapeM16W8, fits_mma_128>("flash_fwd_mma_m16w8_sm80", 15, mma);
+  // m16 again, same name and launch, above m16w8 where the padded head dim is 64: the second
+  // H100 run (bf16, non-causal L4096, TFLOP/s) has m16 / m16w8 at 233.4 / 208.4 for d64 but
+  // 212.9 / 258.6 for d128. Priorities are per entry and cannot depend on the head dim, but
+  // `fits` can, so d64 selects this entry by default while m16w8 keeps d128; m16w8 stays
+  // pinnable everywhere, and pinning "flash_fwd_mma_m16_sm80" reaches this entry or the one
+  // above (same launch), so m16 stays pinnable at every head dim too.
+  register_fwd_mma<E, MmaShapeM16, fits_mma_64>("flash_fwd_mma_m16_sm80", 23, mma);
+  // A/B shapes. Once the m32 shapes' second m16 tile stopped being skipped per tile (its mmas
+  // had been predicated behind WARPSYNCs), m32s became the fastest at d128 (H100, bf16,
+  // TFLOP/s, de1b2e0, same call: L4096 323 vs m16 271 / m16w8 269 / ovl 277 / m32 173; L16384
+  // 335 vs 281; L4096 causal 287 vs 262): it is the default where fits_m32s_default says (the
+  // full sweep's numbers are there); m16 keeps short banded problems.
+  register_fwd_mma<E, MmaShapeM32, fits_mma_128>("flash_fwd_mma_m32_sm80", 17, mma);
+  register_fwd_mma<E, MmaShapeOvl, fits_mma_128>("flash_fwd_mma_ovl_sm80", 16, mma);
+  register_fwd_mma<E, MmaShapeM32S, fits_mma_128>("flash_fwd_mma_m32s_sm80", 14, mma);
+  // ... and again, same name and launch, above the m16 entries where fits_m32s_default says.
+  register_fwd_mma<E, MmaShapeM32S, fits_m32s_default>("flash_fwd_mma_m32s_sm80", 24, mma);
+  // m32s over 128-key tiles at a padded head dim of 64 (with one softmax text: n128m), and m32s
+  // with straight-line masked and capped tiles: pinnable wherever they fit, and (again, same
+  // names and launches) n128m and straight the defaults above m32s where fits_n128m_default /
+  // fits_straight_default say.
+  register_fwd_mma<E, MmaShapeM32SWide, fits_mma_64>("flash_fwd_mma_m32s_n128_sm80", 13, mma);
+  register_fwd_mma<E, MmaShapeM32SStraight, fits_mma_128>("flash_fwd_mma_m32s_straight_sm80", 12,
+                                                          mma);
+  register_fwd_mma<E, MmaShapeM32SWideMasked, fits_mma_64>("flash_fwd_mma_m32s_n128m_sm80", 11,
+                                                           mma);
+  register_fwd_mma<E, MmaShapeM32SWideMasked, fits_n128m_default>("flash_fwd_mma_m32s_n128m_sm80",
+                                                                  26, mma);
+  register_fwd_mma<E, MmaShapeM32SStraight, fits_straight_default>(
+      "flash_fwd_mma_m32s_straight_sm80", 25, mma);
+  // Paged K / V (prefill and chunked prefill against a block-table cache): the d128 default's
+  // shape (m32s_straight; MmaShape's at D = 256) with its K / V tiles read through a
+  // PageWindow. It spills 68 bytes at D = 128 (sm_90a; m16's shape, 232 registers, does not)
+  // and is faster anyway: H200, thirty-eighth session, call 5, b4 x 512-token chunks against
+  // 4096-key caches, d128, causal: 64-key pages 412-413 us (312 TFLOP/s) against 454-455 on
+  // m16's shape, 16-key pages 516 against 653; the same problem padded 363-366 us on
+  // m32s_straight. The only tensor-core forward for paged problems; the decode kernels rank
+  // above it where they fit (few query rows per K/V head), the SIMT kernel takes other page
+  // sizes.
+  register_fwd_mma<E, MmaShapeM32SStraight, fits_mma, true>("flash_fwd_mma_paged_sm80", 19, mma);
+  return true;
+}
+
+template <DType E>
+bool register_decode_kernels() {
+  constexpr PrecisionGuarantee mma = kMmaPrecision<E>;
+  // Few query rows per K/V head (decode, speculative decoding): above the general kernel; that
+  // one stays registered so PlanPreference::kernel("flash_fwd_mma_sm80") can A/B them.
+  register_decode<E, 1, false>("flash_decode_sm80", 30, mma);
+  // The same kernel over 4x as many, 4x shorter splits (see decode_splits): A/B only (H100,
+  // when splits filled every CTA slot shared memory allowed: 68.1 us vs 56.7 us at Lk 32k;
+  // H200 at df4dd96: 45.0-45.1 vs 40.2-40.6 us).
+  register_decode<E, 4, false>("flash_decode_w4_sm80", 29, mma);
+  // flash_decode_sm80 with the split merge done by the last split of each (batch, K/V head)
+  // to finish (a flag per split in the workspace) instead of flash_decode_combine:
+  // no second launch, and each group's merge overlaps the other groups' streaming. Sums in
+  // split order (deterministic). Splits keep >= 2 tiles instead of 4 (decode_splits'
+  // kMinTiles). A/B only: the H100 measured it slower (63.9 vs 56.7 us at Lk 32k, 24.0 vs
+  // 13.6 us at Lk 4096) with a CAS-counted arrival word; with per-split flags the H200 reads
+  // 46.2 vs 40.7-41.2 us at Lk 32k and 15.5 vs 15.0-16.3 us at Lk 4096 (317fc29, 32 splits
+  // two CTAs an SM), 45.6-45.7 vs 40.2-40.6 us at Lk 32k with one CTA an SM (df4dd96): the
+  // last split's merge (flag round trips, then the partials) outlasts the combine kernel's. A
+  // third form, the combine launched early and awaiting per-split flags instead of the grid's
+  // completion, read 43.5-43.9 us there (measured, not kept).
+  register_decode<E, 1, true>("flash_decode_fused_sm80", 28, mma);
+  return true;
+}
+
+template <DType E>
+bool register_backward_mma_kernels() {
+  using T = cuda::device_t<E>;
+  constexpr PrecisionGuarantee mma = kMmaPrecision<E>;
+  // Two passes (dQ per query block, dK/dV per key block; dK and dV apart at a padded head dim
+  // of 256) in a fixed order: deterministic and independent of the batch; P and dS are rounded
+  // to the 16-bit type for the tensor cores. Head dims up to 256 where the device grants the
+  // shared memory (128 KB at 256).
+  constexpr PrecisionGuarantee mma_bwd{mma.math, DType::f32, true, true};
+  register_kernel<BackwardOp>({
+      .sku = family_sku<E>(BackwardOp::name, DType::f32, mma_bwd, "flash_bwd_mma_sm80"),
+      .priority = 20,
+      .fits =
+          [](const Problem& pr, const DeviceCaps& caps) {
+            const size_t smem = with_mma_dim(pr, [](auto d) { return bwd_mma_smem<T, d()>(); });
+            return mma_dims_ok(pr) && bwd_rows_fit(pr) &&
+                   std::max(pr.desc.head_dim_qk, pr.desc.head_dim_v) <= 256 &&
+                   static_cast<int64_t>(smem) <= caps.smem_per_block_optin;
+          },
+      .workspace = bwd_workspace<float>,
+      .launch = launch_bwd_mma<T>,
+  });
+  // One pass (FlashAttention-2's schedule): S and dP computed once per tile, dQ added by f32
+  // atomics, so neither deterministic nor bit-stable; above the two passes by default,
+  // PlanPreference::deterministic() keeps those.
+  constexpr PrecisionGuarantee fused_bwd{mma.math, DType::f32, false, false};
+  register_kernel<BackwardOp>({
+      .sku = family_sku<E>(BackwardOp::name, DType::f32, fused_bwd, "flash_bwd_fused_sm80"),
+      .priority = 22,
+      .fits = fits_bwd_fused<kFusedBQ64>,
+      .workspace = bwd_fused_workspace<kFusedBQ64>,
+      .launch = launch_bwd_mma<T, kFusedBQ64>,
+  });
+  // The same with 64 query rows a step at a padded head dim of 64 too (99 KB of shared memory
+  // there against 165 KB; at 128 it is the same kernel): for the parts whose blocks cannot opt
+  // into 165 KB (A100: 163 KB; sm_86 / sm_89: 99 KB), which would otherwise get the two passes.
+  register_kernel<BackwardOp>({
+      .sku = family_sku<E>(BackwardOp::name, DType::f32, fused_bwd, "flash_bwd_fused_q64_sm80"),
+      .priority = 21,
+      .fits = fits_bwd_fused<64>,
+      .workspace = bwd_fused_workspace<64>,
+      .launch = launch_bwd_mma<T, 64>,
+  });
+  // The same with dQ staged in shared memory and added by one bulk reduction per row (sm_90+):
+  // pinnable wherever it fits, and (same name and launch) the default at a padded head dim of
+  // 128 (fits_bulk_default).
+  for (auto [priority, fits] :
+       {std::pair<int, FitsFn>{19, fits_bwd_fused<kFusedBQ64, true>}, {23, fits_bulk_default}})
     register_kernel<BackwardOp>({
-        .sku = family_sku<E>(BackwardOp::name, DType::f32, mma_bwd, "flash_bwd_mma_sm80"),
-        .priority = 20,
-        .fits =
-            [](const Problem& pr, const DeviceCaps& caps) {
-              const size_t smem = with_mma_dim(pr, [](auto d) { return bwd_mma_smem<T, d()>(); });
-              return mma_dims_ok(pr) && bwd_rows_fit(pr) &&
-                     std::max(pr.desc.head_dim_qk, pr.desc.head_dim_v) <= 256 &&
-                     static_cast<int64_t>(smem) <= caps.smem_per_block_optin;
-            },
-        .workspace = bwd_workspace<float>,
-        .launch = launch_bwd_mma<T>,
+        .sku = family_sku<E>(BackwardOp::name, DType::f32, fused_bwd, "flash_bwd_fused_bulk_sm80"),
+        .priority = priority,
+        .fits = fits,
+        .workspace = bwd_fused_workspace<kFusedBQ64, true>,
+        .launch = launch_bwd_mma<T, kFusedBQ64, true>,
     });
-    // One pass (FlashAttention-2's schedule): S and dP computed once per tile, dQ added by f32
-    // atomics, so neither deterministic nor bit-stable; above the two passes by default,
-    // PlanPreference::deterministic() keeps those.
-    constexpr PrecisionGuarantee fused_bwd{mma.math, DType::f32, false, false};
-    register_kernel<BackwardOp>({
-        .sku = family_sku<E>(BackwardOp::name, DType::f32, fused_bwd, "flash_bwd_fused_sm80"),
-        .priority = 22,
-        .fits = fits_bwd_fused<kFusedBQ64>,
-        .workspace = bwd_fused_workspace<kFusedBQ64>,
-        .launch = launch_bwd_mma<T, kFusedBQ64>,
-    });
-    // The same with 64 query rows a step at a padded head dim of 64 too (99 KB of shared memory
-    // there against 165 KB; at 128 it is the same kernel): for the parts whose blocks cannot opt
-    // into 165 KB (A100: 163 KB; sm_86 / sm_89: 99 KB), which would otherwise get the two passes.
-    register_kernel<BackwardOp>({
-        .sku = family_sku<E>(BackwardOp::name, DType::f32, fused_bwd, "flash_bwd_fused_q64_sm80"),
-        .priority = 21,
-        .fits = fits_bwd_fused<64>,
-        .workspace = bwd_fused_workspace<64>,
-        .launch = launch_bwd_mma<T, 64>,
-    });
-    // The same with dQ staged in shared memory and added by one bulk reduction per row (sm_90+):
-    // pinnable wherever it fits, and (same name and launch) the default at a padded head dim of
-    // 128 (fits_bulk_default).
-    for (auto [priority, fits] :
-         {std::pair<int, FitsFn>{19, fits_bwd_fused<kFusedBQ64, true>}, {23, fits_bulk_default}})
-      register_kernel<BackwardOp>({
-          .sku =
-              family_sku<E>(BackwardOp::name, DType::f32, fused_bwd, "flash_bwd_fused_bulk_sm80"),
-          .priority = priority,
-          .fits = fits,
-          .workspace = bwd_fused_workspace<kFusedBQ64, true>,
-          .launch = launch_bwd_mma<T, kFusedBQ64, true>,
-      });
-  }
   return true;
 }
 
