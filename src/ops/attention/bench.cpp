@@ -81,6 +81,12 @@ std::vector<std::optional<double>> time_rows(const Stream& stream, std::vector<R
   }
   return medians;
 }
+// A backward row's note, marked where its plan runs on a twin workspace
+// (BARACUDA_ATTN_TWIN_WORKSPACE).
+std::string twin_note(std::string_view note, bool twin) {
+  if (!twin) return std::string(note);
+  return note.empty() ? "twin workspace" : std::string(note) + " (twin workspace)";
+}
 // The forward rows: 6 calls a round, as many timed calls as bench::time_it's 30.
 std::vector<std::optional<double>> time_forward_rows(const Stream& stream,
                                                      std::vector<PlannedForward>& rows,
@@ -141,6 +147,11 @@ void bench_all(const Stream& stream) {
   // BARACUDA_ATTN_KERNELS=<name>[,<name>...]: only these A/B rows (a profiler then sees their
   // launches first).
   const std::vector<std::string> kernels_env = bench::env_list("BARACUDA_ATTN_KERNELS");
+  // BARACUDA_ATTN_TWIN_WORKSPACE=<MiB>: each backward row once more, the same plan on a workspace
+  // of its own allocated past a spacer of that many MiB, in the same interleaved rounds (note
+  // "twin workspace"): how much a row's time depends on where its workspace lies (the same
+  // launch by two entries read up to 5% apart in one process).
+  const int64_t twin_mib = bench::env_positive("BARACUDA_ATTN_TWIN_WORKSPACE", 0);
   auto ab_wanted = [&](std::string_view k) { return bench::env_list_selects(kernels_env, k); };
   for (int64_t dim : {64, 128}) {
     if (!sweep) break;
@@ -254,7 +265,7 @@ void bench_all(const Stream& stream) {
         struct Row {
           BackwardPlan plan;
           Buffer workspace;
-          bool pinned, by_preference;
+          bool pinned, by_preference, twin = false;
         };
         std::vector<Row> rows;
         std::string default_bwd;
@@ -286,6 +297,19 @@ void bench_all(const Stream& stream) {
           }
           rows.push_back({std::move(*bwd), std::move(*bws), pinned, by_preference});
         }
+        std::optional<Buffer> spacer;
+        if (twin_mib > 0) {
+          auto sp = Buffer::allocate(static_cast<size_t>(twin_mib) << 20, stream.memory_location());
+          if (sp.ok()) spacer = std::move(*sp);
+          const size_t originals = rows.size();
+          for (size_t i = 0; i < originals && spacer; ++i) {
+            Result<Buffer> tws =
+                Buffer::allocate(rows[i].workspace.bytes(), stream.memory_location());
+            if (!tws.ok()) break;
+            rows.push_back(
+                {rows[i].plan, std::move(*tws), rows[i].pinned, rows[i].by_preference, true});
+          }
+        }
         const auto times = time_rows(stream, rows, ba, "attention_backward", name, 4);
         for (size_t i = 0; i < rows.size(); ++i) {
           const Row& r = rows[i];
@@ -293,9 +317,10 @@ void bench_all(const Stream& stream) {
           bench::emit(stream, {kFamily, "attention_backward", name, type_name,
                                std::string(r.plan.sku().name), *times[i],
                                4.0 * n * 2 + 2 * kv_bytes, 2.5 * flops,
-                               r.by_preference ? "deterministic preference"
-                               : r.pinned      ? "A/B: kernel forced by name"
-                                               : ""});
+                               twin_note(r.by_preference ? "deterministic preference"
+                                         : r.pinned      ? "A/B: kernel forced by name"
+                                                         : "",
+                                         r.twin)});
         }
       }
     }
