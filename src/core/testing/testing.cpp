@@ -104,7 +104,6 @@ void check(const Status& s, const char* what) {
   }
 }
 
-// Element offsets (in elements, relative to view.data) of every logical element, row-major.
 // Calls f(offset) for the offset (in elements, relative to view.data) of every logical element,
 // row-major. An odometer over the index, no vector of offsets and no unravel per element: tests
 // walk 33 M-element gradients, and an allocation per element made each walk seconds.
