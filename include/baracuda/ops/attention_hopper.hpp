@@ -627,6 +627,9 @@ inline constexpr int kFa3DetAhead = kCudnnAhead - 1;
 // groups of 16 from L2048 (0.74-1.02x); see below. Left to cuDNN: shorter problems, packed
 // sequences (and until the eighty-second session d128 causal at 64k tokens in groups of 8 / 16 up
 // to L4096: see below).
+// Ungrouped d128 causal at L1024 with at most 64k key rows (4k tokens): the split rising (by name
+// fa3_bwd_sm90a_deterministic_heavy_first) 287.8 / 248.2 (eighty-third session's call 1), 283.3 /
+// 249.1 (eighty-second's call 3).
 // No bound on a measured row's length (kFa3DetLeads, kGroupedBackwardPicks).
 inline constexpr int64_t kNoBound = int64_t{1} << 62;
 // Eightieth session (call 2, interleaved rounds, H200): the deterministic split in its rising order
@@ -657,6 +660,7 @@ inline constexpr DetLead kFa3DetLeads[] = {{64, false, 1, 8, 512},
                                            {128, false, 1, 1, 2048},
                                            {128, false, 2, 16, 512},
                                            {128, true, 1, 1, 2048},
+                                           {128, true, 1, 1, 1024, 1024, 65536},
                                            {128, true, 2, 2, 512},
                                            {128, true, 4, 4, 512, kNoBound, 65536},
                                            {128, true, 8, 16, 512}};
@@ -686,9 +690,13 @@ struct SquareRows {
 // 385.9); ungrouped L8192 525.6 / 495.4 (L2048 310.6 / 404.5); 64k tokens in groups of 8 / 16
 // from L8192 (L16384 490.2 / 441.4, 486.9 / 395.2; L2048 348.0 / 404.0, 370.1 / 393.5); d64 in
 // groups of 4 from L2048 (351.1 / 314.5; L512 198.1 / 200.9), of 16 from L512 (217.5 / 187.4).
+// Ungrouped at 4k tokens from L1024 (the eighty-second session's call 3, the eighty-third's call
+// 1: rising / the ranked deterministic entry, falling there): L2048 387.2 / 347.6, 386.1 / 345.5;
+// L4096 466.3 / 408.1, 461.1 / 404.4 (L1024 283.3, 287.8; L512 181.5 / 188.0, 182.8 / 186.6).
 inline constexpr SquareRows kFa3DetRising[] = {{64, 4, 4, 2048},
                                                {64, 8, 16, 512},
                                                {128, 1, 1, 8192},
+                                               {128, 1, 1, 1024, 4096, 65536},
                                                {128, 2, 2, 512, kNoBound, 32768},
                                                {128, 2, 2, 2048, kNoBound, 131072},
                                                {128, 4, 4, 1024, kNoBound, 65536},
@@ -787,12 +795,17 @@ bool fa3_bwd_falls(const attention::Problem& p);
 // 301.2 (320.6 rising); at 4k tokens in groups of 8 / 16 at L512 190.7 / 172.5, 191.6 / 176.1.
 // Within 1.03x or behind: groups of 2 at L16384 (1.02x), of 4 from L8192 (1.02-1.03x), of 8 from
 // L4096 (0.98-1.02x), of 16 at L2048 / L4096 (1.01-1.02x, 0.95x), ungrouped L4096 (0.93-1.03x),
-// L16384 (0.98x), 4k tokens from L1024, d64 (0.80-0.95x, but groups of 16 at L512 1.02x).
+// L16384 (0.98x), 4k tokens from L1024 in groups, d64 (0.80-0.95x, but groups of 16 at L512 1.02x).
+// Ungrouped at 4k tokens from L1024, rising since it has a kFa3DetRising row (TFLOP/s rising by
+// name / the default then, the eighty-second session's call 3 and the eighty-third's call 1):
+// L1024 283.3 / 266.1, 287.8 / 267.3; L2048 (the table: cuDNN) 387.2 / 333.6, 386.1 / 334.5; L4096
+// 466.3 / 414.9, 461.1 / 414.2 (1.07-1.16x).
 inline constexpr SquareRows kFa3BwdDeterministicPicks[] = {
     {128, 8, 16, 512, 1024, 131072, 16384},  {128, 8, 16, 512, 512, 8192, 4096},
     {128, 8, 8, 2048, 2048, 32768, 32768},   {128, 4, 4, 512, 4096, 65536, 65536},
     {128, 2, 2, 512, 8192, 131072, 131072},  {128, 16, 16, 8192, 16384, 16384, 16384},
-    {128, 1, 1, 2048, 2048, 262144, 262144}, {128, 1, 1, 8192, 8192, 262144, 262144}};
+    {128, 1, 1, 2048, 2048, 262144, 262144}, {128, 1, 1, 8192, 8192, 262144, 262144},
+    {128, 1, 1, 1024, 4096, 65536, 65536}};
 // The same with no mask, the split's walks rotated as the ranked entry's (eighty-third session,
 // calls 1 / 2 / 3, three processes, interleaved rounds, TFLOP/s the ranked deterministic entry (the
 // default in call 3) / the ranked entry, d128 at 16k tokens): groups of 4 at L512 416.2 / 394.9,

@@ -1003,7 +1003,8 @@ TEST(AttentionCudnnRules, BackwardWalkOrdersWhereMeasured) {
                           {128, 2, 1024, 4096, true, false},   {64, 4, 1024, 16384, false, false},
                           {64, 4, 2048, 16384, true, true},    {64, 4, 16384, 16384, true, false},
                           {64, 16, 512, 16384, true, true},    {64, 16, 4096, 16384, true, false},
-                          {64, 2, 4096, 16384, false, false}};
+                          {64, 2, 4096, 16384, false, false},  {128, 1, 2048, 4096, true, false},
+                          {128, 1, 512, 4096, false, false}};
   for (const Point& pt : points) {
     SCOPED_TRACE("d" + std::to_string(pt.d) + " groups of " + std::to_string(pt.group) + " L" +
                  std::to_string(pt.l) + " " + std::to_string(pt.tokens) + " tokens");
@@ -1045,10 +1046,11 @@ TEST(AttentionCudnnRules, BackwardWalkOrdersWhereMeasured) {
       {1, 4096, 16384, false},      {1, 8192, 16384, true, true},  {1, 16384, 16384, false},
       {8, 512, 4096, true, true},   {16, 512, 4096, true, true},   {8, 1024, 4096, false},
       {16, 1024, 4096, false},      {4, 512, 4096, false},         {4, 2048, 4096, false},
-      {2, 4096, 4096, false},       {1, 2048, 4096, false},        {8, 512, 65536, true},
+      {2, 4096, 4096, false},       {1, 2048, 4096, true, true},   {8, 512, 65536, true},
       {8, 1024, 65536, true},       {16, 512, 65536, true},        {16, 1024, 65536, true},
       {8, 2048, 65536, false},      {16, 8192, 65536, false},      {2, 512, 65536, false},
-      {1, 8192, 65536, false},      {8, 512, 131072, false}};
+      {1, 8192, 65536, false},      {8, 512, 131072, false},       {1, 1024, 4096, true, true},
+      {1, 4096, 4096, true, true},  {1, 512, 4096, false},         {1, 1024, 8192, false}};
   for (const Default& pt : defaults) {
     SCOPED_TRACE("groups of " + std::to_string(pt.group) + " L" + std::to_string(pt.l) + " " +
                  std::to_string(pt.tokens) + " tokens");
@@ -4338,8 +4340,9 @@ TestTensor odd_pitch_copy(const Case& c, const TestTensor& from, int64_t h, int6
 // tolerance of fa3_bwd_sm90a by name (reference-tested on smaller cases) on the same inputs, Y and
 // LSE from the GPU forward; and its fallback's runs of odd-pitch views (deterministic too). The
 // cases: groups of 8 (rising), of 4 in f16, ungrouped at L2048, where the table picks cuDNN
-// (falling); unmasked in groups of 16 at L1024 (rotated walks); ungrouped at L512, where cuDNN's
-// deterministic algorithm is the default.
+// (falling); unmasked in groups of 16 at L1024 (rotated walks); ungrouped at 4k tokens L2048
+// (rising; the table picks cuDNN); ungrouped at L512, where cuDNN's deterministic algorithm is the
+// default.
 TEST(AttentionFa3Gpu, DefaultBackwardIsDeterministicWhereItsRowsSay) {
   FA3_BWD_SKIP_UNLESS_RUNNABLE();
   const Stream& gs = harness::stream_for(Target::cuda);
@@ -4348,7 +4351,8 @@ TEST(AttentionFa3Gpu, DefaultBackwardIsDeterministicWhereItsRowsSay) {
       {DType::bf16, 32, 16, 2, 512, 512, 128, Mask::causal_top_left(), false, false},
       {DType::f16, 8, 16, 4, 2048, 2048, 128, Mask::causal_top_left(), false, false},
       {DType::bf16, 8, 16, 16, 2048, 2048, 128, Mask::causal_top_left(), false, false},
-      {DType::bf16, 16, 16, 1, 1024, 1024, 128, Mask::none(), false, false}};
+      {DType::bf16, 16, 16, 1, 1024, 1024, 128, Mask::none(), false, false},
+      {DType::bf16, 2, 16, 16, 2048, 2048, 128, Mask::causal_top_left(), false, false}};
 #if BARACUDA_HAVE_CUDNN_FRONTEND
   // cuDNN's deterministic algorithm as the default (kCudnnBwdDeterministicPicks).
   cases.push_back({DType::bf16, 32, 16, 16, 512, 512, 128, Mask::causal_top_left(), false, false});
