@@ -627,6 +627,10 @@ inline constexpr int kFa3DetAhead = kCudnnAhead - 1;
 // groups of 16 from L2048 (0.74-1.02x); see below. Left to cuDNN: shorter problems, packed
 // sequences (and until the eighty-second session d128 causal at 64k tokens in groups of 8 / 16 up
 // to L4096: see below).
+// d128 causal in groups of 4 at 64k tokens up to L4096 (eighty-fourth session, calls 2 / 3, three
+// processes, falling there): L512 293.0 / 241.0, 294.4 / 245.7, 293.6 / 245.9; L1024 369.5 /
+// 319.3, 379.9 / 323.8, 375.1 / 319.5; L2048 428.4 / 382.1, 434.6 / 380.9, 432.1 / 381.1; L4096
+// 465.1 / 418.0, 469.1 / 424.3, 471.2 / 424.6 (L8192 480.7 / 450.3, once).
 // Ungrouped d128 causal at L1024 with at most 64k key rows (4k tokens): the split rising (by name
 // fa3_bwd_sm90a_deterministic_heavy_first) 287.8 / 248.2 (eighty-third session's call 1), 283.3 /
 // 249.1 (eighty-second's call 3).
@@ -663,6 +667,7 @@ inline constexpr DetLead kFa3DetLeads[] = {{64, false, 1, 8, 512},
                                            {128, true, 1, 1, 1024, 1024, 65536},
                                            {128, true, 2, 2, 512},
                                            {128, true, 4, 4, 512, kNoBound, 65536},
+                                           {128, true, 4, 4, 512, 4096},
                                            {128, true, 8, 16, 512}};
 // The first row of kFa3DetLeads that matches the problem (nullptr: none).
 const DetLead* fa3_det_lead(const attention::Problem& p);
@@ -800,12 +805,19 @@ bool fa3_bwd_falls(const attention::Problem& p);
 // name / the default then, the eighty-second session's call 3 and the eighty-third's call 1):
 // L1024 283.3 / 266.1, 287.8 / 267.3; L2048 (the table: cuDNN) 387.2 / 333.6, 386.1 / 334.5; L4096
 // 466.3 / 414.9, 461.1 / 414.2 (1.07-1.16x).
+// 64k tokens in groups of 2 / 4 (eighty-fourth session, call 2 by name, call 3 two processes the
+// default itself; falling there: TFLOP/s the split / the ranked entry): groups of 2 L512 281.7 /
+// 256.6, 286.7 / 261.2, 281.9 / 257.9, L1024 369.8 / 351.1, 377.5 / 356.4, 374.2 / 355.0, L2048
+// (the ranked deterministic entry) 442.9 / 430.9, 448.6 / 434.3, 446.8 / 434.1; of 4 L512 293.0 /
+// 247.3, 292.1 / 245.9, 291.3 / 245.9, L1024 369.5 / 353.1, 373.8 / 353.3, 372.8 / 353.0. Not
+// groups of 2 at L4096 (1.01-1.03x), of 4 at L2048 (1.01x) nor L4096 (0.98x).
 inline constexpr SquareRows kFa3BwdDeterministicPicks[] = {
     {128, 8, 16, 512, 1024, 131072, 16384},  {128, 8, 16, 512, 512, 8192, 4096},
     {128, 8, 8, 2048, 2048, 32768, 32768},   {128, 4, 4, 512, 4096, 65536, 65536},
     {128, 2, 2, 512, 8192, 131072, 131072},  {128, 16, 16, 8192, 16384, 16384, 16384},
     {128, 1, 1, 2048, 2048, 262144, 262144}, {128, 1, 1, 8192, 8192, 262144, 262144},
-    {128, 1, 1, 1024, 4096, 65536, 65536}};
+    {128, 1, 1, 1024, 4096, 65536, 65536},   {128, 2, 2, 512, 2048, 524288, 524288},
+    {128, 4, 4, 512, 1024, 262144, 262144}};
 // The same with no mask, the split's walks rotated as the ranked entry's (eighty-third session,
 // calls 1 / 2 / 3, three processes, interleaved rounds, TFLOP/s the ranked deterministic entry (the
 // default in call 3) / the ranked entry, d128 at 16k tokens): groups of 4 at L512 416.2 / 394.9,
@@ -813,12 +825,18 @@ inline constexpr SquareRows kFa3BwdDeterministicPicks[] = {
 // 511.8 / 495.4, 516.2 / 498.2, 515.9 / 499.8; of 16 at L512 441.2 / 414.2, 447.1 / 416.1, 445.5 /
 // 416.1 and L1024 522.5 / 503.9, 522.3 / 504.2, 521.1 / 502.5. Not groups of 4 at L1024
 // (1.02-1.03x), of 2 at L512 (1.02x, one process), from L2048 (0.90-1.02x), ungrouped (at L512 the
-// split's 341.0 in kFa3DetLeads' notes, the ranked entry's 352.6 in call 1), nor at 4k or 64k
-// tokens (not measured).
+// split's 341.0 in kFa3DetLeads' notes, the ranked entry's 352.6 in call 1), nor at 4k tokens
+// (1.01-1.02x in groups of 4 / 8 / 16 at L512 / L1024, eighty-fourth session's call 1).
+// At 64k tokens (eighty-fourth session, call 1 / call 2's two processes, the default itself in
+// call 2): groups of 8 at L512 453.9 / 420.1, 433.9 / 408.5, 430.6 / 406.0 and L1024 481.3 /
+// 466.6, 488.6 / 475.9, 484.7 / 470.9; of 16 at L512 463.1 / 425.5, 434.0 / 411.8, 434.9 / 410.9
+// and L1024 485.1 / 471.6, 490.9 / 479.2, 492.8 / 478.7 (1.02-1.09x). Not groups of 4 there (L512
+// 422.1 / 401.4, then 415.5 / 413.8, 407.9 / 413.9; L1024 1.02x). Groups of 4 / 8 / 16 at 32k
+// tokens L512 (call 2, once): 432.3 / 406.9, 450.4 / 418.1, 459.3 / 424.8.
 inline constexpr SquareRows kFa3BwdDeterministicUnmaskedPicks[] = {
     {128, 4, 4, 512, 512, 65536, 65536},
-    {128, 8, 8, 512, 1024, 32768, 32768},
-    {128, 16, 16, 512, 1024, 16384, 16384}};
+    {128, 8, 8, 512, 1024, 131072, 32768},
+    {128, 16, 16, 512, 1024, 65536, 16384}};
 // kFa3BwdDeterministicPicks' causal rows or kFa3BwdDeterministicUnmaskedPicks' unmasked ones.
 bool fa3_bwd_deterministic_default(const attention::Problem& p);
 // cuDNN's deterministic algorithm as the default backward (cudnn_sdpa_bwd_deterministic_default, at
@@ -828,8 +846,13 @@ bool fa3_bwd_deterministic_default(const attention::Problem& p);
 // deterministic algorithm / fa3's ranked entry, the default then / cuDNN's default algorithm):
 // d128 causal ungrouped L512 at 16k tokens 246.3 / 221.8 / 212.9, 247.3 / 222.2 / 215.2, 246.2 /
 // 220.9 / 212.5, 247.1 / 221.3 / 214.3 (1.11-1.12x). Not at L1024 (1.01x), at 4k tokens (1.02x),
-// unmasked (0.98-1.00x), d64 (0.97x) nor in groups (fa3's split leads there).
-inline constexpr SquareRows kCudnnBwdDeterministicPicks[] = {{128, 1, 1, 512, 512, 262144, 262144}};
+// unmasked (0.98-1.00x), d64 (0.97x) nor in groups (fa3's split leads there). At 64k tokens
+// (eighty-fourth session, call 2 by name, call 3 two processes, the default itself at L512) L512
+// 267.4 / 230.1, 266.2 / 233.6, 266.3 / 233.6 (fa3's split 246.8-247.3, cuDNN's default
+// 225.5-226.5) and L1024 341.4 / 328.6, 346.0 / 333.5, 343.9 / 329.0 (fa3's split 341.7, 346.7,
+// 346.3: a tie, and kFa3DetLeads has no row there).
+inline constexpr SquareRows kCudnnBwdDeterministicPicks[] = {
+    {128, 1, 1, 512, 512, 1048576, 262144}, {128, 1, 1, 1024, 1024, 1048576, 1048576}};
 bool cudnn_bwd_deterministic_default(const attention::Problem& p);
 inline constexpr std::string_view kCudnnBwdDeterministicDefault =
     "cudnn_sdpa_bwd_deterministic_default";

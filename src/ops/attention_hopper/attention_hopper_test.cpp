@@ -958,12 +958,15 @@ TEST(AttentionCudnnRules, DeterministicBackwardLeadsWhereMeasured) {
     EXPECT_NE(row(problem(lead, rows - 1, 4 * rows, low)), &lead);
   }
   // The sweep's d128 causal shapes (16 query heads; B x L tokens) in groups of 8 / 16 at 4k to 64k
-  // tokens: fa3's since the eighty-second session (cuDNN's at 64k up to L4096 before).
+  // tokens: fa3's since the eighty-second session (cuDNN's at 64k up to L4096 before); in groups of
+  // 4 at 64k up to L4096 since the eighty-fourth.
   for (int64_t group : {8, 16})
     for (int64_t l : {512, 1024, 2048, 4096})
       for (int64_t tokens : {4096, 16384, 65536})
         EXPECT_TRUE(fa3_det_leads(sweep(128, group, l, tokens))) << group << " " << l;
   EXPECT_TRUE(fa3_det_leads(sweep(128, 8, 8192, 65536)));
+  for (int64_t l : {512, 1024, 2048, 4096}) EXPECT_TRUE(fa3_det_leads(sweep(128, 4, l, 65536)));
+  EXPECT_FALSE(fa3_det_leads(sweep(128, 4, 8192, 65536)));
   EXPECT_TRUE(fa3_det_leads(sweep(64, 16, 512, 16384)));
   EXPECT_TRUE(fa3_det_leads(sweep(64, 4, 512, 16384)));
   const int64_t rows = 4096;
@@ -1046,11 +1049,15 @@ TEST(AttentionCudnnRules, BackwardWalkOrdersWhereMeasured) {
       {1, 4096, 16384, false},      {1, 8192, 16384, true, true},  {1, 16384, 16384, false},
       {8, 512, 4096, true, true},   {16, 512, 4096, true, true},   {8, 1024, 4096, false},
       {16, 1024, 4096, false},      {4, 512, 4096, false},         {4, 2048, 4096, false},
-      {2, 4096, 4096, false},       {1, 2048, 4096, true, true},   {8, 512, 65536, true},
-      {8, 1024, 65536, true},       {16, 512, 65536, true},        {16, 1024, 65536, true},
-      {8, 2048, 65536, false},      {16, 8192, 65536, false},      {2, 512, 65536, false},
-      {1, 8192, 65536, false},      {8, 512, 131072, false},       {1, 1024, 4096, true, true},
-      {1, 4096, 4096, true, true},  {1, 512, 4096, false},         {1, 1024, 8192, false}};
+      {2, 4096, 4096, false},       {2, 4096, 65536, false},       {1, 2048, 4096, true, true},
+      {8, 512, 65536, true},        {8, 1024, 65536, true},        {16, 512, 65536, true},
+      {16, 1024, 65536, true},      {8, 2048, 65536, false},       {16, 8192, 65536, false},
+      {2, 512, 65536, true},        {2, 1024, 65536, true},        {2, 2048, 65536, true},
+      {4, 512, 65536, true},        {4, 1024, 65536, true},        {4, 2048, 65536, false},
+      {2, 512, 131072, false},      {4, 512, 131072, false},       {1, 512, 65536, false},
+      {1, 1024, 65536, false},      {1, 8192, 65536, false},       {8, 512, 131072, false},
+      {1, 1024, 4096, true, true},  {1, 4096, 4096, true, true},   {1, 512, 4096, false},
+      {1, 1024, 8192, false}};
   for (const Default& pt : defaults) {
     SCOPED_TRACE("groups of " + std::to_string(pt.group) + " L" + std::to_string(pt.l) + " " +
                  std::to_string(pt.tokens) + " tokens");
@@ -1064,13 +1071,17 @@ TEST(AttentionCudnnRules, BackwardWalkOrdersWhereMeasured) {
         sweep(128, pt.group, pt.l, pt.tokens, Mask::causal_top_left(), DType::f32)));
   }
   // Unmasked (kFa3BwdDeterministicUnmaskedPicks): groups of 4 to 16 at L512 and of 8 / 16 at L1024,
-  // at 16k tokens only; never a window, Lq != Lk, d64 or f32.
+  // from 16k to 64k tokens (groups of 4 at 16k only); never at 4k or 128k tokens, a window, Lq !=
+  // Lk, d64 or f32.
   const Default unmasked[] = {
       {4, 512, 16384, true},    {8, 512, 16384, true},     {16, 512, 16384, true},
       {8, 1024, 16384, true},   {16, 1024, 16384, true},   {4, 1024, 16384, false},
       {2, 512, 16384, false},   {1, 512, 16384, false},    {8, 2048, 16384, false},
       {16, 2048, 16384, false}, {16, 16384, 16384, false}, {8, 512, 4096, false},
-      {4, 512, 4096, false},    {16, 1024, 65536, false},  {8, 512, 65536, false}};
+      {4, 512, 4096, false},    {16, 1024, 4096, false},   {4, 512, 65536, false},
+      {8, 512, 65536, true},    {8, 1024, 65536, true},    {16, 512, 65536, true},
+      {16, 1024, 65536, true},  {4, 1024, 65536, false},   {2, 512, 65536, false},
+      {8, 2048, 65536, false},  {8, 512, 131072, false},   {16, 1024, 131072, false}};
   for (const Default& pt : unmasked) {
     SCOPED_TRACE("unmasked, groups of " + std::to_string(pt.group) + " L" + std::to_string(pt.l) +
                  " " + std::to_string(pt.tokens) + " tokens");
@@ -1093,15 +1104,19 @@ TEST(AttentionCudnnRules, BackwardWalkOrdersWhereMeasured) {
 }
 
 // cuDNN's deterministic algorithm as the default backward (kCudnnBwdDeterministicPicks): d128
-// causal ungrouped L512 at 16k tokens and not its neighbours (L1024, 4k or 64k tokens, groups,
-// unmasked, d64, f32, Lq != Lk); never where fa3's deterministic default is.
+// causal ungrouped L512 at 16k to 64k tokens and L1024 at 64k, not their neighbours (L1024 at 16k
+// / 32k / 128k tokens, L2048, 4k or 128k tokens, groups, unmasked, d64, f32, Lq != Lk); never where
+// fa3's deterministic default is.
 TEST(AttentionCudnnRules, CudnnDeterministicDefaultWhereMeasured) {
   EXPECT_TRUE(cudnn_bwd_deterministic_default(sweep(128, 1, 512, 16384)));
+  EXPECT_TRUE(cudnn_bwd_deterministic_default(sweep(128, 1, 512, 65536)));
+  EXPECT_TRUE(cudnn_bwd_deterministic_default(sweep(128, 1, 1024, 65536)));
   EXPECT_TRUE(cudnn_bwd_deterministic_default(
       sweep(128, 1, 512, 16384, Mask::causal_top_left(), DType::f16)));
   for (const attention::Problem& p :
        {sweep(128, 1, 1024, 16384), sweep(128, 1, 256, 16384), sweep(128, 1, 512, 4096),
-        sweep(128, 1, 512, 65536), sweep(128, 2, 512, 16384),
+        sweep(128, 1, 512, 131072), sweep(128, 2, 512, 16384), sweep(128, 1, 1024, 32768),
+        sweep(128, 1, 1024, 131072), sweep(128, 1, 2048, 65536),
         sweep(128, 1, 512, 16384, Mask::none()), sweep(64, 1, 512, 16384),
         sweep(128, 1, 512, 16384, Mask::causal_top_left(), DType::f32)})
     EXPECT_FALSE(cudnn_bwd_deterministic_default(p));
@@ -4341,8 +4356,8 @@ TestTensor odd_pitch_copy(const Case& c, const TestTensor& from, int64_t h, int6
 // LSE from the GPU forward; and its fallback's runs of odd-pitch views (deterministic too). The
 // cases: groups of 8 (rising), of 4 in f16, ungrouped at L2048, where the table picks cuDNN
 // (falling); unmasked in groups of 16 at L1024 (rotated walks); ungrouped at 4k tokens L2048
-// (rising; the table picks cuDNN); ungrouped at L512, where cuDNN's deterministic algorithm is the
-// default.
+// (rising; the table picks cuDNN); 64k tokens in groups of 4 at L512 (falling); ungrouped at L512,
+// where cuDNN's deterministic algorithm is the default.
 TEST(AttentionFa3Gpu, DefaultBackwardIsDeterministicWhereItsRowsSay) {
   FA3_BWD_SKIP_UNLESS_RUNNABLE();
   const Stream& gs = harness::stream_for(Target::cuda);
@@ -4352,7 +4367,8 @@ TEST(AttentionFa3Gpu, DefaultBackwardIsDeterministicWhereItsRowsSay) {
       {DType::f16, 8, 16, 4, 2048, 2048, 128, Mask::causal_top_left(), false, false},
       {DType::bf16, 8, 16, 16, 2048, 2048, 128, Mask::causal_top_left(), false, false},
       {DType::bf16, 16, 16, 1, 1024, 1024, 128, Mask::none(), false, false},
-      {DType::bf16, 2, 16, 16, 2048, 2048, 128, Mask::causal_top_left(), false, false}};
+      {DType::bf16, 2, 16, 16, 2048, 2048, 128, Mask::causal_top_left(), false, false},
+      {DType::bf16, 128, 16, 4, 512, 512, 128, Mask::causal_top_left(), false, false}};
 #if BARACUDA_HAVE_CUDNN_FRONTEND
   // cuDNN's deterministic algorithm as the default (kCudnnBwdDeterministicPicks).
   cases.push_back({DType::bf16, 32, 16, 16, 512, 512, 128, Mask::causal_top_left(), false, false});
