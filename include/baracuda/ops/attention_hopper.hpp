@@ -808,9 +808,10 @@ bool fa3_bwd_falls(const attention::Problem& p);
 // 64k tokens in groups of 2 / 4 (eighty-fourth session, call 2 by name, call 3 two processes the
 // default itself; falling there: TFLOP/s the split / the ranked entry): groups of 2 L512 281.7 /
 // 256.6, 286.7 / 261.2, 281.9 / 257.9, L1024 369.8 / 351.1, 377.5 / 356.4, 374.2 / 355.0, L2048
-// (the ranked deterministic entry) 442.9 / 430.9, 448.6 / 434.3, 446.8 / 434.1; of 4 L512 293.0 /
-// 247.3, 292.1 / 245.9, 291.3 / 245.9, L1024 369.5 / 353.1, 373.8 / 353.3, 372.8 / 353.0. Not
-// groups of 2 at L4096 (1.01-1.03x), of 4 at L2048 (1.01x) nor L4096 (0.98x).
+// (the ranked deterministic entry; call 4 the default) 442.9 / 430.9, 448.6 / 434.3, 446.8 /
+// 434.1, 439.0 / 430.8; of 4 L512 293.0 / 247.3, 292.1 / 245.9, 291.3 / 245.9, L1024 369.5 /
+// 353.1, 373.8 / 353.3, 372.8 / 353.0. Not groups of 2 at L4096 (1.01-1.03x), of 4 at L2048
+// (1.01x) nor L4096 (0.98x).
 inline constexpr SquareRows kFa3BwdDeterministicPicks[] = {
     {128, 8, 16, 512, 1024, 131072, 16384},  {128, 8, 16, 512, 512, 8192, 4096},
     {128, 8, 8, 2048, 2048, 32768, 32768},   {128, 4, 4, 512, 4096, 65536, 65536},
@@ -849,8 +850,9 @@ bool fa3_bwd_deterministic_default(const attention::Problem& p);
 // unmasked (0.98-1.00x), d64 (0.97x) nor in groups (fa3's split leads there). At 64k tokens
 // (eighty-fourth session, call 2 by name, call 3 two processes, the default itself at L512) L512
 // 267.4 / 230.1, 266.2 / 233.6, 266.3 / 233.6 (fa3's split 246.8-247.3, cuDNN's default
-// 225.5-226.5) and L1024 341.4 / 328.6, 346.0 / 333.5, 343.9 / 329.0 (fa3's split 341.7, 346.7,
-// 346.3: a tie, and kFa3DetLeads has no row there).
+// 225.5-226.5) and L1024 341.4 / 328.6, 346.0 / 333.5, 343.9 / 329.0, in call 4 the default
+// 338.3 / 325.6 (fa3's split 341.7, 346.7, 346.3, 336.6: a tie, and kFa3DetLeads has no row
+// there).
 inline constexpr SquareRows kCudnnBwdDeterministicPicks[] = {
     {128, 1, 1, 512, 512, 1048576, 262144}, {128, 1, 1, 1024, 1024, 1048576, 1048576}};
 bool cudnn_bwd_deterministic_default(const attention::Problem& p);
