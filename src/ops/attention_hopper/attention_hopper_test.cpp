@@ -1031,69 +1031,76 @@ TEST(AttentionCudnnRules, BackwardWalkOrdersWhereMeasured) {
   EXPECT_FALSE(fa3_det_rising(chunk));
   EXPECT_FALSE(fa3_bwd_falls(chunk));
   EXPECT_FALSE(fa3_bwd_deterministic_default(chunk));
-  // The deterministic default (kFa3BwdDeterministicPicks): d128 causal at the measured points of
-  // the 4k, 16k and 64k token sweeps and not their neighbours, in the order kFa3DetRising says.
+  // The deterministic default at the measured points of the 4k, 16k and 64k token sweeps and not
+  // their neighbours: d128 causal (kFa3BwdDeterministicPicks) in the order kFa3DetRising says, and
+  // unmasked (kFa3BwdDeterministicUnmaskedPicks: groups of 4 to 16 at L512 and of 8 / 16 at L1024
+  // from 16k to 64k tokens, groups of 4 at 16k only; never rising); never f32 or d64.
   struct Default {
+    bool causal;
     int64_t group, l, tokens;
     bool det, rising = false;
   };
+  constexpr bool kCausal = true, kNone = false;
+  // One point a line is what clang-format makes of a table this long; two, by hand, by tokens,
+  // group and length.
+  // clang-format off
   const Default defaults[] = {
-      {8, 512, 16384, true, true},  {8, 1024, 16384, true, true},  {8, 2048, 16384, true, true},
-      {8, 4096, 16384, false},      {16, 2048, 16384, false},      {4, 512, 16384, true},
-      {4, 1024, 16384, true, true}, {4, 2048, 16384, true, true},  {4, 4096, 16384, true, true},
-      {4, 8192, 16384, false},      {16, 512, 16384, true, true},  {16, 1024, 16384, true, true},
-      {16, 4096, 16384, false},     {16, 8192, 16384, true, true}, {16, 16384, 16384, true, true},
-      {2, 512, 16384, true},        {2, 1024, 16384, true},        {2, 2048, 16384, true, true},
-      {2, 4096, 16384, true, true}, {2, 8192, 16384, true, true},  {2, 16384, 16384, false},
-      {1, 512, 16384, false},       {1, 1024, 16384, false},       {1, 2048, 16384, true},
-      {1, 4096, 16384, false},      {1, 8192, 16384, true, true},  {1, 16384, 16384, false},
-      {8, 512, 4096, true, true},   {16, 512, 4096, true, true},   {8, 1024, 4096, false},
-      {16, 1024, 4096, false},      {4, 512, 4096, false},         {4, 2048, 4096, false},
-      {2, 4096, 4096, false},       {2, 4096, 65536, false},       {1, 2048, 4096, true, true},
-      {8, 512, 65536, true},        {8, 1024, 65536, true},        {16, 512, 65536, true},
-      {16, 1024, 65536, true},      {8, 2048, 65536, false},       {16, 8192, 65536, false},
-      {2, 512, 65536, true},        {2, 1024, 65536, true},        {2, 2048, 65536, true},
-      {4, 512, 65536, true},        {4, 1024, 65536, true},        {4, 2048, 65536, false},
-      {2, 512, 131072, false},      {4, 512, 131072, false},       {1, 512, 65536, false},
-      {1, 1024, 65536, false},      {1, 8192, 65536, false},       {8, 512, 131072, false},
-      {1, 1024, 4096, true, true},  {1, 4096, 4096, true, true},   {1, 512, 4096, false},
-      {1, 1024, 8192, false}};
+      {kCausal, 1, 512, 4096, false},           {kCausal, 1, 1024, 4096, true, true},
+      {kCausal, 1, 2048, 4096, true, true},     {kCausal, 1, 4096, 4096, true, true},
+      {kCausal, 2, 4096, 4096, false},          {kCausal, 4, 512, 4096, false},
+      {kCausal, 4, 2048, 4096, false},          {kCausal, 8, 512, 4096, true, true},
+      {kCausal, 8, 1024, 4096, false},          {kCausal, 16, 512, 4096, true, true},
+      {kCausal, 16, 1024, 4096, false},         {kCausal, 1, 1024, 8192, false},
+      {kCausal, 1, 512, 16384, false},          {kCausal, 1, 1024, 16384, false},
+      {kCausal, 1, 2048, 16384, true},          {kCausal, 1, 4096, 16384, false},
+      {kCausal, 1, 8192, 16384, true, true},    {kCausal, 1, 16384, 16384, false},
+      {kCausal, 2, 512, 16384, true},           {kCausal, 2, 1024, 16384, true},
+      {kCausal, 2, 2048, 16384, true, true},    {kCausal, 2, 4096, 16384, true, true},
+      {kCausal, 2, 8192, 16384, true, true},    {kCausal, 2, 16384, 16384, false},
+      {kCausal, 4, 512, 16384, true},           {kCausal, 4, 1024, 16384, true, true},
+      {kCausal, 4, 2048, 16384, true, true},    {kCausal, 4, 4096, 16384, true, true},
+      {kCausal, 4, 8192, 16384, false},         {kCausal, 8, 512, 16384, true, true},
+      {kCausal, 8, 1024, 16384, true, true},    {kCausal, 8, 2048, 16384, true, true},
+      {kCausal, 8, 4096, 16384, false},         {kCausal, 16, 512, 16384, true, true},
+      {kCausal, 16, 1024, 16384, true, true},   {kCausal, 16, 2048, 16384, false},
+      {kCausal, 16, 4096, 16384, false},        {kCausal, 16, 8192, 16384, true, true},
+      {kCausal, 16, 16384, 16384, true, true},  {kCausal, 1, 512, 65536, false},
+      {kCausal, 1, 1024, 65536, false},         {kCausal, 1, 8192, 65536, false},
+      {kCausal, 2, 512, 65536, true},           {kCausal, 2, 1024, 65536, true},
+      {kCausal, 2, 2048, 65536, true},          {kCausal, 2, 4096, 65536, false},
+      {kCausal, 4, 512, 65536, true},           {kCausal, 4, 1024, 65536, true},
+      {kCausal, 4, 2048, 65536, false},         {kCausal, 8, 512, 65536, true},
+      {kCausal, 8, 1024, 65536, true},          {kCausal, 8, 2048, 65536, false},
+      {kCausal, 16, 512, 65536, true},          {kCausal, 16, 1024, 65536, true},
+      {kCausal, 16, 8192, 65536, false},        {kCausal, 2, 512, 131072, false},
+      {kCausal, 4, 512, 131072, false},         {kCausal, 8, 512, 131072, false},
+      {kNone, 4, 512, 4096, false},             {kNone, 8, 512, 4096, false},
+      {kNone, 16, 1024, 4096, false},           {kNone, 1, 512, 16384, false},
+      {kNone, 2, 512, 16384, false},            {kNone, 4, 512, 16384, true},
+      {kNone, 4, 1024, 16384, false},           {kNone, 8, 512, 16384, true},
+      {kNone, 8, 1024, 16384, true},            {kNone, 8, 2048, 16384, false},
+      {kNone, 16, 512, 16384, true},            {kNone, 16, 1024, 16384, true},
+      {kNone, 16, 2048, 16384, false},          {kNone, 16, 16384, 16384, false},
+      {kNone, 2, 512, 65536, false},            {kNone, 4, 512, 65536, false},
+      {kNone, 4, 1024, 65536, false},           {kNone, 8, 512, 65536, true},
+      {kNone, 8, 1024, 65536, true},            {kNone, 8, 2048, 65536, false},
+      {kNone, 16, 512, 65536, true},            {kNone, 16, 1024, 65536, true},
+      {kNone, 8, 512, 131072, false},           {kNone, 16, 1024, 131072, false}};
+  // clang-format on
   for (const Default& pt : defaults) {
-    SCOPED_TRACE("groups of " + std::to_string(pt.group) + " L" + std::to_string(pt.l) + " " +
+    SCOPED_TRACE(std::string(pt.causal ? "causal" : "unmasked") + ", groups of " +
+                 std::to_string(pt.group) + " L" + std::to_string(pt.l) + " " +
                  std::to_string(pt.tokens) + " tokens");
-    const attention::Problem p = sweep(128, pt.group, pt.l, pt.tokens);
+    const Mask m = pt.causal ? Mask::causal_top_left() : Mask::none();
+    const attention::Problem p = sweep(128, pt.group, pt.l, pt.tokens, m);
     EXPECT_EQ(fa3_bwd_deterministic_default(p), pt.det);
     if (pt.det) {
       EXPECT_EQ(fa3_det_rising(p), pt.rising);
       EXPECT_TRUE(fa3_det_leads(p));
     }
-    EXPECT_FALSE(fa3_bwd_deterministic_default(
-        sweep(128, pt.group, pt.l, pt.tokens, Mask::causal_top_left(), DType::f32)));
-  }
-  // Unmasked (kFa3BwdDeterministicUnmaskedPicks): groups of 4 to 16 at L512 and of 8 / 16 at L1024,
-  // from 16k to 64k tokens (groups of 4 at 16k only); never at 4k or 128k tokens, a window, Lq !=
-  // Lk, d64 or f32.
-  const Default unmasked[] = {
-      {4, 512, 16384, true},    {8, 512, 16384, true},     {16, 512, 16384, true},
-      {8, 1024, 16384, true},   {16, 1024, 16384, true},   {4, 1024, 16384, false},
-      {2, 512, 16384, false},   {1, 512, 16384, false},    {8, 2048, 16384, false},
-      {16, 2048, 16384, false}, {16, 16384, 16384, false}, {8, 512, 4096, false},
-      {4, 512, 4096, false},    {16, 1024, 4096, false},   {4, 512, 65536, false},
-      {8, 512, 65536, true},    {8, 1024, 65536, true},    {16, 512, 65536, true},
-      {16, 1024, 65536, true},  {4, 1024, 65536, false},   {2, 512, 65536, false},
-      {8, 2048, 65536, false},  {8, 512, 131072, false},   {16, 1024, 131072, false}};
-  for (const Default& pt : unmasked) {
-    SCOPED_TRACE("unmasked, groups of " + std::to_string(pt.group) + " L" + std::to_string(pt.l) +
-                 " " + std::to_string(pt.tokens) + " tokens");
-    const attention::Problem p = sweep(128, pt.group, pt.l, pt.tokens, Mask::none());
-    EXPECT_EQ(fa3_bwd_deterministic_default(p), pt.det);
-    if (pt.det) {
-      EXPECT_TRUE(fa3_det_leads(p));
-      EXPECT_FALSE(fa3_det_rising(p));
-    }
-    EXPECT_FALSE(fa3_bwd_deterministic_default(
-        sweep(128, pt.group, pt.l, pt.tokens, Mask::none(), DType::f32)));
-    EXPECT_FALSE(fa3_bwd_deterministic_default(sweep(64, pt.group, pt.l, pt.tokens, Mask::none())));
+    EXPECT_FALSE(
+        fa3_bwd_deterministic_default(sweep(128, pt.group, pt.l, pt.tokens, m, DType::f32)));
+    EXPECT_FALSE(fa3_bwd_deterministic_default(sweep(64, pt.group, pt.l, pt.tokens, m)));
   }
   Descriptor window = make_desc(DType::bf16, 32, 16, 2, 512, 512, 128, Mask::none());
   EXPECT_TRUE(fa3_bwd_deterministic_default(problem_of(window)));
