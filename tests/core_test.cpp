@@ -75,41 +75,49 @@ TEST(DType, EveryBitPatternRoundTrips) {
   }
 }
 
-// Round to nearest even at every boundary of f16 and bf16: between each pair of adjacent
-// non-negative finite codes (and the largest finite and infinity) the midpoint, exact in double,
-// goes to the even code, the doubles just below and above it to the lower and upper code, and the
-// same negated to the same codes with the sign bit. Then the specials.
-TEST(DType, SixteenBitEncodeRoundsToNearestEvenAtEveryMidpoint) {
+// Round to nearest even at every boundary of the float formats: between each pair of adjacent
+// non-negative finite codes (and past the largest finite, where the next code would lie with the
+// same spacing) the midpoint, exact in double, goes to the even code, the doubles just below and
+// above it to the lower and upper code, and the same negated to the same codes with the sign bit.
+// Past the largest finite: infinity, or e4m3's largest finite (it saturates). Then the specials.
+TEST(DType, FloatEncodeRoundsToNearestEvenAtEveryMidpoint) {
   struct Format {
     const char* name;
-    uint16_t (*encode)(double);
-    double (*decode)(uint16_t);
-    uint32_t inf;
+    uint32_t (*encode)(double);
+    double (*decode)(uint32_t);
+    uint32_t top, over, sign;  // the largest finite code, the code past it, the sign bit
   };
-  for (const Format& f : {Format{"f16", f16_from_double, f16_to_double, 0x7C00},
-                          Format{"bf16", bf16_from_double, bf16_to_double, 0x7F80}}) {
+  const Format formats[] = {
+      {"f16", [](double v) -> uint32_t { return f16_from_double(v); },
+       [](uint32_t b) { return f16_to_double(static_cast<uint16_t>(b)); }, 0x7BFF, 0x7C00, 0x8000},
+      {"bf16", [](double v) -> uint32_t { return bf16_from_double(v); },
+       [](uint32_t b) { return bf16_to_double(static_cast<uint16_t>(b)); }, 0x7F7F, 0x7F80, 0x8000},
+      {"e5m2", [](double v) -> uint32_t { return e5m2_from_double(v); },
+       [](uint32_t b) { return e5m2_to_double(static_cast<uint8_t>(b)); }, 0x7B, 0x7C, 0x80},
+      {"e4m3", [](double v) -> uint32_t { return e4m3_from_double(v); },
+       [](uint32_t b) { return e4m3_to_double(static_cast<uint8_t>(b)); }, 0x7E, 0x7E, 0x80}};
+  for (const Format& f : formats) {
     SCOPED_TRACE(f.name);
     int64_t wrong = 0;
-    for (uint32_t b = 0; b < f.inf; ++b) {
-      const double lo = f.decode(static_cast<uint16_t>(b));
-      // Past the largest finite, the value the next code would have with an ordinary exponent.
-      const double hi = b + 1 < f.inf ? f.decode(static_cast<uint16_t>(b + 1))
-                                      : 2 * lo - f.decode(static_cast<uint16_t>(b - 1));
+    for (uint32_t b = 0; b <= f.top; ++b) {
+      const double lo = f.decode(b);
+      const double hi = b < f.top ? f.decode(b + 1) : 2 * lo - f.decode(b - 1);
       const double mid = (lo + hi) / 2;
-      const uint32_t even = (b & 1u) != 0 ? b + 1 : b;
+      const uint32_t up = b < f.top ? b + 1 : f.over;
+      const uint32_t even = (b & 1u) != 0 ? up : b;
       const double below = std::nextafter(mid, 0.0), above = std::nextafter(mid, hi);
       for (const auto& [x, want] :
-           {std::pair{lo, b}, std::pair{mid, even}, std::pair{below, b}, std::pair{above, b + 1}}) {
+           {std::pair{lo, b}, std::pair{mid, even}, std::pair{below, b}, std::pair{above, up}}) {
         wrong += f.encode(x) != want;
-        wrong += f.encode(-x) != (want | 0x8000u);
+        wrong += f.encode(-x) != (want | f.sign);
       }
     }
     EXPECT_EQ(wrong, 0);
     const double inf = std::numeric_limits<double>::infinity();
-    EXPECT_EQ(f.encode(inf), f.inf);
-    EXPECT_EQ(f.encode(-inf), f.inf | 0x8000u);
-    EXPECT_EQ(f.encode(1e300), f.inf);
-    EXPECT_EQ(f.encode(-1e-300), 0x8000u);
+    EXPECT_EQ(f.encode(inf), f.over);
+    EXPECT_EQ(f.encode(-inf), f.over | f.sign);
+    EXPECT_EQ(f.encode(1e300), f.over);
+    EXPECT_EQ(f.encode(-1e-300), f.sign);
     EXPECT_EQ(f.encode(std::numeric_limits<double>::denorm_min()), 0u);
     EXPECT_TRUE(std::isnan(f.decode(f.encode(std::nan("")))));
   }

@@ -68,30 +68,35 @@ struct MiniFloat {
                           static_cast<int>(exp) - bias());
   }
 
+  // Round to nearest even, on the double's bits (frexp, ldexp and nearbyint were most of the test
+  // harness's time encoding 33 M-element tensors). A NaN encodes as nan_bits(); past the largest
+  // finite value, infinity or (finite_only) the largest finite. DType tests check every midpoint.
   uint32_t encode(double v) const {
     const uint32_t sign_bit = 1u << (ebits + mbits);
     if (std::isnan(v)) return nan_bits();
-    const uint32_t sign = std::signbit(v) ? sign_bit : 0u;
-    double a = std::fabs(v);
-    if (std::isinf(a)) return sign | (finite_only ? (nan_bits() & ~sign_bit) - 1u : inf_bits());
-    if (a == 0.0) return sign;
-    int e2 = 0;
-    std::frexp(a, &e2);  // a = f * 2^e2, f in [0.5, 1): unbiased exponent is e2 - 1
-    int e = e2 - 1;
-    if (e < emin()) e = emin();
-    const double quantum = std::ldexp(1.0, e - mbits);
-    double r = std::nearbyint(a / quantum) * quantum;  // ties to even in the default mode
-    if (r > max_finite()) {
-      if (finite_only) return sign | ((nan_bits() & ~sign_bit) - 1u);  // saturate
-      return sign | inf_bits();
-    }
-    if (r < std::ldexp(1.0, emin())) {  // subnormal (or rounded to zero)
-      return sign | static_cast<uint32_t>(r / std::ldexp(1.0, emin() - mbits));
-    }
-    std::frexp(r, &e2);
-    e = e2 - 1;
-    const uint32_t mant = static_cast<uint32_t>(r / std::ldexp(1.0, e - mbits)) - (1u << mbits);
-    return sign | (static_cast<uint32_t>(e + bias()) << mbits) | mant;
+    uint64_t bits = 0;
+    std::memcpy(&bits, &v, sizeof bits);
+    const uint32_t sign = (bits >> 63) != 0 ? sign_bit : 0u;
+    const uint32_t overflow = finite_only ? (nan_bits() & ~sign_bit) - 1u : inf_bits();
+    const int biased = static_cast<int>((bits >> 52) & 0x7FF);
+    if (biased == 0x7FF) return sign | overflow;  // infinity
+    if (biased == 0) return sign;  // zero, or a double subnormal: far below half the least quantum
+    const uint64_t mant = (bits & ((uint64_t{1} << 52) - 1)) | (uint64_t{1} << 52);
+    const int e = biased - 1023;  // v = mant 2^(e - 52)
+    // The format's quantum at v is 2^(max(e, emin) - mbits): mant's bits below it round off.
+    const int shift = 52 - mbits + std::max(0, emin() - e);
+    if (shift >= 64) return sign;  // below a quarter of the least quantum
+    uint64_t q = mant >> shift;
+    const uint64_t rem = mant & ((uint64_t{1} << shift) - 1), half = uint64_t{1} << (shift - 1);
+    if (rem > half || (rem == half && (q & 1u) != 0)) ++q;
+    // A subnormal's code is its count of quanta (2^mbits of them carry into the least normal).
+    if (e < emin()) return sign | static_cast<uint32_t>(q);
+    int exp = e + bias();
+    if ((q >> (mbits + 1)) != 0) q >>= 1, ++exp;  // rounded up to the next binade
+    if (exp > emax() + bias()) return sign | overflow;
+    const uint32_t code =
+        (static_cast<uint32_t>(exp) << mbits) | (static_cast<uint32_t>(q) & ((1u << mbits) - 1u));
+    return sign | (code > overflow ? overflow : code);  // e4m3: its all-ones code is NaN
   }
 };
 
@@ -99,37 +104,6 @@ constexpr MiniFloat kF16{5, 10, false};
 constexpr MiniFloat kBF16{8, 7, false};
 constexpr MiniFloat kE4M3{4, 3, true};
 constexpr MiniFloat kE5M2{5, 2, false};
-
-// Round to nearest even of a double to the IEEE-style binary format of kE exponent and kM
-// mantissa bits (f16, bf16), on the double's bits: MiniFloat::encode's frexp, ldexp and
-// nearbyint are most of set_values' time on 33 M-element tensors. The same results (a NaN as
-// nan_bits(), overflow to infinity); DType tests check every midpoint of both formats.
-template <int kE, int kM>
-uint32_t encode_ieee(double v) {
-  constexpr int kBias = (1 << (kE - 1)) - 1;
-  constexpr uint32_t kSignBit = 1u << (kE + kM), kInf = ((1u << kE) - 1u) << kM;
-  uint64_t bits = 0;
-  std::memcpy(&bits, &v, sizeof bits);
-  const uint32_t sign = (bits >> 63) != 0 ? kSignBit : 0u;
-  const int biased = static_cast<int>((bits >> 52) & 0x7FF);
-  uint64_t mant = bits & ((uint64_t{1} << 52) - 1);
-  if (biased == 0x7FF) return mant != 0 ? kInf | (1u << (kM - 1)) : sign | kInf;
-  if (biased == 0) return sign;  // zero, or a double subnormal: far below half the least quantum
-  mant |= uint64_t{1} << 52;     // v = mant 2^(e - 52)
-  const int e = biased - 1023;
-  // The format's quantum at v is 2^(max(e, 1 - kBias) - kM): mant's bits below it round off.
-  const int shift = 52 - kM + std::max(0, 1 - kBias - e);
-  if (shift >= 64) return sign;  // below a quarter of the least quantum
-  uint64_t q = mant >> shift;
-  const uint64_t rem = mant & ((uint64_t{1} << shift) - 1), half = uint64_t{1} << (shift - 1);
-  if (rem > half || (rem == half && (q & 1u) != 0)) ++q;
-  // A subnormal's code is its count of quanta (2^kM of them carry into the least normal).
-  if (e < 1 - kBias) return sign | static_cast<uint32_t>(q);
-  int exp = e + kBias;
-  if ((q >> (kM + 1)) != 0) q >>= 1, ++exp;  // rounded up to the next binade
-  if (exp >= (1 << kE) - 1) return sign | kInf;
-  return sign | (static_cast<uint32_t>(exp) << kM) | (static_cast<uint32_t>(q) & ((1u << kM) - 1u));
-}
 
 // F's decode of every code of kBits bits, computed once: the CPU references and the test harness
 // decode tens of millions of 16-bit elements, and decode's ldexp calls cost as much as the rest of
@@ -208,10 +182,10 @@ double e5m2_to_double(uint8_t b) {
   return decoded<kE5M2, 8>(b);
 }
 uint16_t f16_from_double(double v) {
-  return static_cast<uint16_t>(encode_ieee<5, 10>(v));
+  return static_cast<uint16_t>(kF16.encode(v));
 }
 uint16_t bf16_from_double(double v) {
-  return static_cast<uint16_t>(encode_ieee<8, 7>(v));
+  return static_cast<uint16_t>(kBF16.encode(v));
 }
 uint8_t e4m3_from_double(double v) {
   return static_cast<uint8_t>(kE4M3.encode(v));
@@ -291,10 +265,10 @@ double load_as_double(const void* base, DType t, int64_t i) {
 void store_from_double(void* base, DType t, int64_t i, double v) {
   switch (t) {
     case DType::f16:
-      write_as(base, i, static_cast<uint16_t>(encode_ieee<5, 10>(v)));
+      write_as(base, i, static_cast<uint16_t>(kF16.encode(v)));
       return;
     case DType::bf16:
-      write_as(base, i, static_cast<uint16_t>(encode_ieee<8, 7>(v)));
+      write_as(base, i, static_cast<uint16_t>(kBF16.encode(v)));
       return;
     case DType::f32:
     case DType::f32_strict:
