@@ -4357,14 +4357,14 @@ TestTensor odd_pitch_tensor(const Case& c, DType t, int64_t h, int64_t l, int64_
 TestTensor odd_pitch_copy(const Case& c, const TestTensor& from, int64_t h, int64_t l);
 
 // The default backward where kFa3BwdDeterministicPicks or kCudnnBwdDeterministicPicks says
-// (16k-token sweep points, too large for the float64 reference): their entry, deterministic, also
-// under deterministic(); two runs into poisoned outputs bitwise equal, and within the reduction
-// tolerance of fa3_bwd_sm90a by name (reference-tested on smaller cases) on the same inputs, Y and
-// LSE from the GPU forward; and its fallback's runs of odd-pitch views (deterministic too). The
-// cases: groups of 8 (rising), of 4 in f16, ungrouped at L2048, where the table picks cuDNN
-// (falling); unmasked in groups of 16 at L1024 (rotated walks); ungrouped at 4k tokens L2048
-// (rising; the table picks cuDNN); 64k tokens in groups of 4 at L512 (falling); ungrouped at L512,
-// where cuDNN's deterministic algorithm is the default.
+// (sweep points of 4k to 64k tokens, too large for the float64 reference): their entry,
+// deterministic, also under deterministic(); two runs into poisoned outputs bitwise equal, and
+// within the reduction tolerance of fa3_bwd_sm90a by name (reference-tested on smaller cases) on
+// the same inputs, Y and LSE from the GPU forward; and its fallback's runs of odd-pitch views
+// (deterministic too). The cases: groups of 8 (rising), of 4 in f16, ungrouped at L2048, where the
+// table picks cuDNN (falling); unmasked in groups of 16 at L1024 (rotated walks); ungrouped at 4k
+// tokens L2048 (rising; the table picks cuDNN); 64k tokens in groups of 4 at L512 (falling);
+// ungrouped at L512, where cuDNN's deterministic algorithm is the default.
 TEST(AttentionFa3Gpu, DefaultBackwardIsDeterministicWhereItsRowsSay) {
   FA3_BWD_SKIP_UNLESS_RUNNABLE();
   const Stream& gs = harness::stream_for(Target::cuda);

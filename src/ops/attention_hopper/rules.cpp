@@ -234,12 +234,10 @@ bool measured_backward_shape(const attention::Descriptor& d) {
 }  // namespace
 
 namespace {
-// Lq = Lk problems of the measured backward shape (causal ones only where `causal`), and their
-// key rows over all key heads (a validated problem's element counts fit in int64: "overflows
-// int64" otherwise).
-std::optional<int64_t> measured_key_rows(const attention::Descriptor& d, bool causal_only) {
-  if (!measured_backward_shape(d) || d.len_q != d.len_k || (causal_only && !d.mask.is_causal()))
-    return std::nullopt;
+// Lq = Lk problems of the measured backward shape, and their key rows over all key heads (a
+// validated problem's element counts fit in int64: "overflows int64" otherwise).
+std::optional<int64_t> measured_key_rows(const attention::Descriptor& d) {
+  if (!measured_backward_shape(d) || d.len_q != d.len_k) return std::nullopt;
   return d.batch * d.heads_kv * d.len_k;
 }
 }  // namespace
@@ -262,7 +260,7 @@ namespace {
 // Causal rows where `causal`, else unmasked ones.
 bool in_square_rows(const attention::Problem& p, std::span<const SquareRows> rows,
                     bool causal = true) {
-  const std::optional<int64_t> key_rows = measured_key_rows(p.desc, causal);
+  const std::optional<int64_t> key_rows = measured_key_rows(p.desc);
   if (!key_rows || p.desc.mask.is_causal() != causal) return false;
   for (const SquareRows& r : rows)
     if (r.head_dim == p.desc.head_dim_qk && p.group >= r.min_group && p.group <= r.max_group &&
@@ -291,7 +289,7 @@ bool cudnn_bwd_deterministic_default(const attention::Problem& p) {
 }
 
 std::optional<Candidate> grouped_backward_pick(const attention::Problem& p) {
-  const std::optional<int64_t> key_rows = measured_key_rows(p.desc, false);
+  const std::optional<int64_t> key_rows = measured_key_rows(p.desc);
   if (!key_rows) return std::nullopt;
   const attention::Descriptor& d = p.desc;
   for (const GroupedBackwardPick& g : kGroupedBackwardPicks)
