@@ -811,14 +811,17 @@ bool fa3_bwd_falls(const attention::Problem& p);
 // (the ranked deterministic entry; call 4 the default) 442.9 / 430.9, 448.6 / 434.3, 446.8 /
 // 434.1, 439.0 / 430.8; of 4 L512 293.0 / 247.3, 292.1 / 245.9, 291.3 / 245.9, L1024 369.5 /
 // 353.1, 373.8 / 353.3, 372.8 / 353.0. Not groups of 2 at L4096 (1.01-1.03x), of 4 at L2048
-// (1.01x) nor L4096 (0.98x).
+// (1.01x) nor L4096 (0.98x). Ungrouped at 64k tokens L2048, over cuDNN (the table's pick there;
+// the eighty-fourth session's calls 2 / 4, the ranked deterministic entry / cuDNN): 421.9 / 407.9,
+// 419.6 / 404.4, and the default itself in the eighty-fifth's call 1 426.4 / 410.9 (L4096 1.02x
+// fa3's ranked entry, left).
 inline constexpr SquareRows kFa3BwdDeterministicPicks[] = {
     {128, 8, 16, 512, 1024, 131072, 16384},  {128, 8, 16, 512, 512, 8192, 4096},
     {128, 8, 8, 2048, 2048, 32768, 32768},   {128, 4, 4, 512, 4096, 65536, 65536},
     {128, 2, 2, 512, 8192, 131072, 131072},  {128, 16, 16, 8192, 16384, 16384, 16384},
     {128, 1, 1, 2048, 2048, 262144, 262144}, {128, 1, 1, 8192, 8192, 262144, 262144},
     {128, 1, 1, 1024, 4096, 65536, 65536},   {128, 2, 2, 512, 2048, 524288, 524288},
-    {128, 4, 4, 512, 1024, 262144, 262144}};
+    {128, 4, 4, 512, 1024, 262144, 262144},  {128, 1, 1, 2048, 2048, 1048576, 1048576}};
 // The same with no mask, the split's walks rotated as the ranked entry's (eighty-third session,
 // calls 1 / 2 / 3, three processes, interleaved rounds, TFLOP/s the ranked deterministic entry (the
 // default in call 3) / the ranked entry, d128 at 16k tokens): groups of 4 at L512 416.2 / 394.9,
