@@ -71,8 +71,8 @@ __device__ __forceinline__ void await_count(const unsigned* count, unsigned valu
     pause = pause < max_pause_ns ? 2 * pause : pause;
   }
 }
-__device__ __forceinline__ void raise_count_after_completion(unsigned* count) {
-  asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;\n" ::"l"(count) : "memory");
+__device__ __forceinline__ void raise_count_after_completion(unsigned* count, unsigned by = 1) {
+  asm volatile("red.relaxed.gpu.global.add.u32 [%0], %1;\n" ::"l"(count), "r"(by) : "memory");
 }
 
 // Raises this block's flag in a group of `count` blocks (flags[mine] = tag, after every thread's

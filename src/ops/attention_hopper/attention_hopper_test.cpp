@@ -3724,7 +3724,7 @@ TEST(AttentionFa3Registry, BackwardRankedByTheTableAndNotDeterministic) {
          {kFa3BwdKernel, kFa3BwdK192Kernel, kFa3BwdQ128Kernel, kFa3BwdHeavyFirstKernel,
           kFa3BwdHeadSplitKernel, kFa3BwdHeadSplitHeavyFirstKernel, kFa3BwdFallingKernel,
           kFa3BwdHeadSplitPartsKernels[0], kFa3BwdHeadSplitPartsKernels[1],
-          kFa3BwdHeadSplitPartsKernels[2], kFa3BwdRankedAhead}) {
+          kFa3BwdHeadSplitPartsKernels[2], kFa3BwdRankedZeroedKernel, kFa3BwdRankedAhead}) {
       const auto* fa3 = fa3_bwd_kernel(t, name);
       if (!fa3) continue;  // CPU-only build
       ++found;
@@ -3732,7 +3732,7 @@ TEST(AttentionFa3Registry, BackwardRankedByTheTableAndNotDeterministic) {
       expect_fa3_entry(*fa3, t, kFa3BwdKernel, name == kFa3BwdRankedAhead, false);
     }
   if (found == 0) GTEST_SKIP() << "built without CUDA: fa3_bwd_sm90a is not registered";
-  EXPECT_EQ(found, 22);
+  EXPECT_EQ(found, 24);
 }
 
 // The deterministic instance: by name below every other backward kernel, and deterministic. Its
@@ -3794,8 +3794,10 @@ std::vector<Case> fa3_bwd_cases() {
       {DType::bf16, 1, 2, 1, 1000, 1000, 64, Mask::causal_bottom_right(), true, false},
       // MQA with Lq < Lk, bottom-right.
       {DType::f16, 2, 4, 1, 77, 203, 64, Mask::causal_bottom_right(), false, true},
-      // Lq > Lk bottom-right: the first Lq - Lk rows see no key (LSE -inf, dQ 0).
+      // Lq > Lk bottom-right: the first Lq - Lk rows see no key (LSE -inf, dQ 0). At D = 128 too,
+      // where a chunk's first add stores (BwdParams::claims): chunks no add reaches read as 0.
       {DType::bf16, 1, 4, 2, 300, 77, 64, Mask::causal_bottom_right(), false, false},
+      {DType::f16, 1, 4, 2, 300, 77, 128, Mask::causal_bottom_right(), true, false},
       // Top-left with Lq < Lk: keys past Lq are seen by no query (dK = dV = 0 there).
       {DType::bf16, 1, 2, 2, 77, 300, 128, Mask::causal_top_left(), true, true},
       {DType::f16, 1, 3, 3, 300, 77, 128, Mask::causal_top_left(), false, false},
@@ -4133,6 +4135,9 @@ TEST(AttentionFa3Gpu, HeadSplitBackwardMatchesReference) {
   // Falling walks (every masked and unmasked case, split or whole by its model).
   check_pinned_backward(split, kFa3BwdFallingKernel, rng);
   check_pinned_backward(fa3_bwd_cases(), kFa3BwdFallingKernel, rng);
+  // The ranked entry's launch with the accumulator zeroed (no claims: BwdParams::claims).
+  check_pinned_backward(split, kFa3BwdRankedZeroedKernel, rng);
+  check_pinned_backward(fa3_bwd_cases(), kFa3BwdRankedZeroedKernel, rng);
   // The forced splits (_x2 / _x4 / _x8) on the cases whose group they divide; refused elsewhere.
   for (int i = 0; i < 3; ++i) {
     const int64_t parts = int64_t{2} << i;

@@ -168,7 +168,21 @@ struct BwdParams {
   // order (fa3_bwd_sm90a_deterministic_heavy_first) and fa3_bwd_sm90a_falling (not kDet, with
   // heavy_first), where every key block of a head reads the same Q / dY tiles at the same step.
   int falling_walks;
+  // Not kDet, where kClaimsFit (one warpgroup's add a chunk a step) and the walks do not fall: per
+  // accumulator chunk, how many adds have claimed it (low bits, prep zeroes them) and kClaimStored
+  // once its first has landed (null: the accumulator zeroed by prep instead). A chunk's first
+  // claimant stores its part, the later ones reduce-add once it is marked stored: the accumulator
+  // is never zeroed, and no add into a cold chunk reads its line from DRAM (see fa3_bwd_prep).
+  unsigned* claims;
 };
+
+// The instances whose step adds one warpgroup's part into each of its dQ chunks (D = 128: a column
+// half a warpgroup; q128: a query half), so that a chunk's adds can be claimed one by one
+// (BwdParams::claims). Not D = 64 with 64-row steps (every warpgroup adds into the step's one
+// chunk: the second would wait on the first at every step) nor D = 256 (vector atomics).
+template <int D, int W, int Q, bool kDet>
+inline constexpr bool kClaimsFit = !kDet && W == 2 && (D == 128 || Q == 128);
+inline constexpr unsigned kClaimStored = 1u << 31;
 
 // The dQ accumulator's chunks (batch, query head, 64-row block, 64-column part), from any of the
 // backward's three grids (gridDim.z is the batch in each): where the deterministic instance's
@@ -234,6 +248,13 @@ __device__ __forceinline__ void det_count_add(unsigned* count) {
   bulk_wait<0, false>();
   cuda::fence_proxy_async_global();
   cuda::raise_count_after_completion(count);
+}
+// BwdParams::claims: a chunk's first add marked stored once it has completed (relaxed, as
+// det_count_add: the later adds are reductions performed in L2 after it).
+__device__ __forceinline__ void mark_stored(unsigned* claims) {
+  bulk_wait<0, false>();
+  cuda::fence_proxy_async_global();
+  cuda::raise_count_after_completion(claims, kClaimStored);
 }
 __device__ __forceinline__ float2 ld_shared_f2(uint32_t addr) {
   float2 v;
@@ -324,6 +345,9 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
   constexpr int kDB = D / 64;  // 64-column blocks per row
   constexpr int kKeys = S::kKeys, kRing = S::kRing, kCols = S::kCols, kQRows = S::kQRows;
   constexpr bool kSplit = S::kSplitCols;
+  // A chunk's first add stores, the later ones wait until it has landed (BwdParams::claims).
+  constexpr bool kClaims = kClaimsFit<D, W, Q, kDet>;
+  const bool claims = kClaims && p.claims != nullptr;
   // q128 (two stages): each stage refilled at the top of the step after the one that read it (see
   // there). The three-stage instances refill after the dQ GEMM: k192 ran 4-10% slower with the
   // early refill (d64, H200, 2026-11-30).
@@ -627,6 +651,10 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
   // as last read.
   int64_t det_pending = -1, det_at = 0;
   unsigned det_need = 0, det_seen = 0;
+  // claims: the reducing thread's stored chunk not yet marked (-1: none), and this step's claim
+  // (the chunk's claims before it; 0: the first).
+  int64_t claim_pending = -1;
+  unsigned claim_seen = 0;
   Pos cur = first;
   for (int t = 0; t < steps; ++t) {
     const int s = t % kRing, h = pos_head(cur), m0 = pos_row0(cur);
@@ -837,7 +865,18 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
       // Both warpgroups' dS^T are written, and both are past step t - 1 (its wgmmas waited for):
       // stage (t - 1) % kRing is free for step t + kRing - 1. Each warpgroup's dQ staging buffer is
       // free once its previous bulk reduction has read it: the barrier publishes that too.
-      if (!kSplit && threadIdx.x % 128 == 0) bulk_wait<0, true>();
+      // claims: the last step's store, if it was a chunk's first, marked here (its completion
+      // waited for in place of the staging read's), before anything this warpgroup waits for on
+      // the other: a claimant then never holds an unmarked store while it waits, so every wait
+      // ends (the mark a step's adds wait for comes before its storer's next wait of any kind).
+      if (!kSplit && threadIdx.x % 128 == 0) {
+        if (kClaims && claim_pending >= 0) {
+          mark_stored(p.claims + claim_pending);
+          claim_pending = -1;
+        } else {
+          bulk_wait<0, true>();
+        }
+      }
       sync_consumers<W>();
       // Refilling stage (t - 1) % kRing: at D = 256 here; with the staged dQ once its GEMM is
       // issued, so that warp 0's share of that warpgroup-wide GEMM does not wait behind the load
@@ -890,6 +929,11 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
               det_seen = cuda::peek_count(p.det_counts + det_at);
             }
           }
+          // claims: this step's claim taken here for the same reason (its atomic's round trip
+          // under the GEMM), before its part is staged.
+          const int64_t chunk = chunk_of(h, m0 + (kQ128 ? wg * kChunkRows : 0));
+          if (kClaims && claims && threadIdx.x % 128 == 0)
+            claim_seen = atomicAdd(p.claims + chunk, 1u);
           if (!kEarlyRefill && refill) load_step(t + kRing - 1, ahead());
           wgmma_wait<0>();  // dQ_t (and every older group) done
           if (kEarlyRefill && wg > 0 && threadIdx.x % 128 == 0)
@@ -918,7 +962,6 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
               issue_s(t + 1, pos_row0(nxt));
             else
               issue_scores(t, st, sb, S::kK, S::kQ);
-            const int64_t chunk = chunk_of(h, m0 + (kQ128 ? wg * kChunkRows : 0));
             fence_proxy_async();
             sync_warpgroup<W>(wg);
             if (tid == 0) {
@@ -933,10 +976,15 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
               }
               // kDet: a chunk's first adder stores its part (prep zeroes no rotated accumulator,
               // and a store needs no line from DRAM that a reduce-add into a cold chunk reads).
-              if (kDet && det_need == 0)
+              // claims: the chunk's first claimant stores, the later ones add once it has landed
+              // (its mark comes before its next barrier, see there).
+              if ((kDet && det_need == 0) || (kClaims && claims && claim_seen == 0)) {
                 bulk_store(p.acc + at * (kChunkRows * 64), stage, S::kStageBytes);
-              else
+                if (kClaims) claim_pending = at;
+              } else {
+                if (kClaims && claims) det_await_turn(p.claims + at, kClaimStored, claim_seen);
                 bulk_reduce_add_f32(p.acc + at * (kChunkRows * 64), stage, S::kStageBytes);
+              }
             }
           }
         }
@@ -947,6 +995,7 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
     wgmma_wait<0>();
     cur = nxt;
   }
+  if (kClaims && claim_pending >= 0) mark_stored(p.claims + claim_pending);
   fence_regs(dv);
   fence_regs(dk);
 
@@ -1052,7 +1101,8 @@ struct RowParams {
   // cu_k, else null), the longest (the main grid's key blocks) and the query heads a key head.
   const int* cu_k;
   int total_k, lk, group;
-  int head_parts;  // the main grid's split of each walk (BwdParams::head_parts): a part's walk
+  int head_parts;    // the main grid's split of each walk (BwdParams::head_parts): a part's walk
+  unsigned* claims;  // not kDet: BwdParams::claims, zeroed here (null: the accumulator zeroed)
 };
 
 // Sequence b's query rows: packed rows [q0, q0 + lq) of tensor batch tb (the main kernel's rule).
@@ -1089,19 +1139,22 @@ __global__ void __launch_bounds__(256) fa3_bwd_prep(const RowParams p) {
   using S = PrepShape<D>;
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int h = static_cast<int>(blockIdx.y), b = static_cast<int>(blockIdx.z);
-  if constexpr (kDet) {
-    constexpr int kCounts = S::kRowsPerBlock / kChunkRows * (D / 64);
+  // claims (not kDet): the chunks' claims zeroed as kDet's counts, and no accumulator. (D = 256
+  // has neither: a block there covers half a chunk.)
+  unsigned* const counts = kDet ? p.det_counts : p.claims;
+  if (D <= 128 && (kDet || counts)) {
+    constexpr int kCounts = D <= 128 ? S::kRowsPerBlock / kChunkRows * (D / 64) : 1;
     const int64_t c0 = ((int64_t{b} * p.heads_q + h) * (p.lq_pad / kChunkRows) +
                         int64_t{blockIdx.x} * (S::kRowsPerBlock / kChunkRows)) *
                        (D / 64);
     const int m_blk = static_cast<int>(blockIdx.x) * (S::kRowsPerBlock / kChunkRows);
     if (threadIdx.x < kCounts) {
-      p.det_counts[c0 + threadIdx.x] = 0u;
-      if (p.det_rotated && h % (p.group / p.head_parts) == 0)
+      counts[c0 + threadIdx.x] = 0u;
+      if (kDet && p.det_rotated && h % (p.group / p.head_parts) == 0)
         p.det_counts[acc_chunks<D>(p) + second_chunk<D>(p, part_of(p, b, h), m_blk, 0) +
                      threadIdx.x] = 0u;
     }
-    if (blockIdx.x == 0 && h == 0 && b == 0 && threadIdx.x == 0) *p.det_ticket = 0u;
+    if (kDet && blockIdx.x == 0 && h == 0 && b == 0 && threadIdx.x == 0) *p.det_ticket = 0u;
   }
   const int first = static_cast<int>(blockIdx.x) * S::kRowsPerBlock + warp * S::kRowsPerWarp;
   const int sub = lane / S::kLanesPerRow, col = lane % S::kLanesPerRow;
@@ -1125,7 +1178,7 @@ __global__ void __launch_bounds__(256) fa3_bwd_prep(const RowParams p) {
   // (kDet: none. A chunk's first adder stores, and post reads no chunk that nothing added into:
   // it takes the chunk's count, or the rotated walks' positions. Zeroing it here cost a write of
   // the whole f32 accumulator, which the adds' stores then replace.)
-  if constexpr (!kDet) {
+  if (!kDet && !p.claims) {
     float4* acc = reinterpret_cast<float4*>(p.acc + r0 * D);
 #pragma unroll
     for (int j = 0; j < S::kRowsPerWarp * D / 4 / 32; ++j)
@@ -1185,6 +1238,7 @@ __global__ void __launch_bounds__(128) fa3_bwd_post(const RowParams p) {
   // A chunk nothing added into (rows that see no key: a bottom-right mask with Lq > Lk, a window,
   // a sequence without keys) holds whatever the workspace held.
   if (kDet && !p.det_rotated) first = p.det_counts[chunk] != 0u;
+  if (!kDet && p.claims) first = p.claims[chunk] != 0u;
   if (kDet && p.det_rotated) {
     const RowSeq sq = row_seq(p, b);
     const int lk = p.cu_k ? seq_span(p.cu_k, b, p.lk, p.total_k).len : p.lk;
@@ -1285,8 +1339,9 @@ inline bool det_rotates(const Problem& pr) {
 
 // Workspace: the f32 dQ accumulator, then lse2 and delta, each 256-byte aligned from the first
 // 256-byte boundary of the caller's buffer (256 bytes of slack are asked for).
-// kDet: then the chunks' add counts (one int a 64-row, 64-column chunk) and the ticket counter;
-// where the walks rotate, the accumulator and the counts twice over.
+// Then the chunks' add counts (kDet) or claims (BwdParams::claims; one int a 64-row, 64-column
+// chunk) and, kDet, the ticket counter; where kDet's walks rotate, the accumulator and the counts
+// twice over.
 // head_parts > 1: then dK's and dV's f32 shares (KvPostParams::part).
 struct Layout {
   size_t acc = 0, lse2 = 0, delta = 0, det_counts = 0, det_ticket = 0, kv_part = 0, bytes = 0;
@@ -1307,8 +1362,8 @@ inline Layout layout_of(const Problem& pr, bool det = false, int head_parts = 1)
   l.acc = 0;
   l.lse2 = up(acc_rows * static_cast<size_t>(d.head_dim_qk) * 4);
   l.delta = l.lse2 + up(rows * 4);
-  l.det_counts = l.det_ticket = l.delta + up(rows * 4);
-  if (det) l.det_ticket = l.det_counts + up(acc_rows / kChunkRows * (d.head_dim_qk / 64) * 4);
+  l.det_counts = l.delta + up(rows * 4);
+  l.det_ticket = l.det_counts + up(acc_rows / kChunkRows * (d.head_dim_qk / 64) * 4);
   l.kv_part = l.det_ticket + (det ? 256 : 0);
   const size_t kv = head_parts > 1 ? 2 * static_cast<size_t>(head_parts) * kv_part_floats(pr) : 0;
   l.bytes = l.kv_part + up(kv * 4) + 256;
@@ -1366,6 +1421,9 @@ struct Schedule {
   // Not kDet, with heavy_first: walks query block major from the last (BwdParams::falling_walks),
   // the best split of the grid taken key block first (Fa3BwdGrid::split_heavy_first).
   bool falling = false;
+  // The accumulator zeroed by prep and every dQ add a reduce-add, where claims would fit
+  // (fa3_bwd_sm90a_ranked_zeroed: the ranked entry as it ran before BwdParams::claims).
+  bool zeroed = false;
 };
 // The parts a non-deterministic schedule splits each walk into under the grid model: the launch
 // and its workspace both ask here, so they agree.
@@ -1468,6 +1526,10 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
   // (kDet: heavy_first is the rising order, its walks falling, for unrotated walks only.)
   p.heavy_first = heavy_first && !(kDet && rp.det_rotated) ? 1 : 0;
   p.falling_walks = kDet ? p.heavy_first : sched.falling && heavy_first ? 1 : 0;
+  // Not where the walks fall: every key block of a head would claim the step's chunk at once, and
+  // all but one wait for its mark.
+  if (kClaimsFit<D, W, Q, kDet> && !sched.zeroed && !p.falling_walks)
+    rp.claims = p.claims = reinterpret_cast<unsigned*>(ws + lay.det_counts);
   p.head_parts = parts;
   p.kv_part = parts > 1 ? reinterpret_cast<float*>(ws + lay.kv_part) : nullptr;
   p.kv_part_stride = static_cast<int64_t>(kv_part_floats(pr));
@@ -1670,11 +1732,23 @@ size_t workspace_parts(const Problem& pr, const DeviceCaps&) {
 // block first, where fa3_bwd_grid says (1.01-1.31x cuDNN in GQA groups where cuDNN led the unsplit
 // kernel, see kGroupedBackwardPicks; heavy first 1.11-1.42x the split alone where it is taken);
 // with fa3_bwd_sm90a_falling's walks where kFa3BwdFallingPicks says.
-template <class T>
+// kZeroed: fa3_bwd_sm90a_ranked_zeroed, the same launch with the accumulator zeroed by prep
+// (Schedule::zeroed), by name.
+template <class T, bool kZeroed = false>
 Status launch_ranked_ahead(const LaunchContext& ctx, const Problem& pr,
                            const BackwardArguments& a) {
-  if (fa3_bwd_falls(pr)) return launch_scheduled<T, kFallingSchedule>(ctx, pr, a);
-  return launch_scheduled<T, kRankedSchedule>(ctx, pr, a);
+  constexpr Schedule kFalling = [] {
+    Schedule s = kFallingSchedule;
+    s.zeroed = kZeroed;
+    return s;
+  }();
+  constexpr Schedule kRanked = [] {
+    Schedule s = kRankedSchedule;
+    s.zeroed = kZeroed;
+    return s;
+  }();
+  if (fa3_bwd_falls(pr)) return launch_scheduled<T, kFalling>(ctx, pr, a);
+  return launch_scheduled<T, kRanked>(ctx, pr, a);
 }
 inline size_t workspace_ranked_ahead(const Problem& pr, const DeviceCaps& caps) {
   if (fa3_bwd_falls(pr)) return workspace_scheduled<kFallingSchedule>(pr, caps);
@@ -1726,6 +1800,9 @@ bool register_one() {
       launch_scheduled<T, Schedule{.head_split = true, .parts = 4}>);
   add(kFa3BwdHeadSplitPartsKernels[2], priority--, false, fits_parts<T, 8>, workspace_parts<8>,
       launch_scheduled<T, Schedule{.head_split = true, .parts = 8}>);
+  // The ranked entry's launch with the accumulator zeroed (no claims), by name for measurement.
+  add(kFa3BwdRankedZeroedKernel, priority--, false, fits_scheduled<T>, workspace_ranked_ahead,
+      launch_ranked_ahead<T, true>);
   // The deterministic instance for PlanPreference::deterministic() where it leads (see
   // kFa3BwdDeterministicRanked), its walks split where the grid model says (as by name above: at
   // or above the unsplit instance's speed at every point measured), in the rising order where
