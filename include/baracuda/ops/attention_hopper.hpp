@@ -585,9 +585,11 @@ inline constexpr std::string_view kFa3BwdHeadSplitHeavyFirstKernel =
 // split_heavy_first). Not deterministic (dQ as fa3_bwd_sm90a's); by name, for measurement against
 // the deterministic instance in that order, which ran ahead of the ranked entry in causal groups.
 inline constexpr std::string_view kFa3BwdFallingKernel = "fa3_bwd_sm90a_falling";
-// fa3_ranked_backward_kernel's launch as the ranked-ahead entry makes it, with the f32 dQ
-// accumulator zeroed before the main kernel and every add a reduce-add (as before a chunk's first
-// add stored: BwdParams::claims in fa3_backward.cuh), by name for measurement.
+// fa3_ranked_backward_kernel's launch as the ranked-ahead entry makes it, wherever that instance
+// fits (the ranked-ahead entry fits only where the table picks fa3), by name for measurement; and
+// the same with the f32 dQ accumulator zeroed before the main kernel and every add a reduce-add
+// (as before a chunk's first add stored: BwdParams::claims in fa3_backward.cuh).
+inline constexpr std::string_view kFa3BwdRankedKernel = "fa3_bwd_sm90a_ranked";
 inline constexpr std::string_view kFa3BwdRankedZeroedKernel = "fa3_bwd_sm90a_ranked_zeroed";
 // The split with 2, 4 or 8 parts whatever the model says (where that divides the group), by name:
 // one bench run times every split of a point, to fit the model's per-CTA costs.

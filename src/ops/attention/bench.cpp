@@ -253,6 +253,8 @@ void bench_all(const Stream& stream) {
             kCudnnDeterministic.data(),
             kFa3.data(),
             attention_hopper::kFa3BwdRankedAhead.data(),
+            attention_hopper::kFa3BwdRankedKernel.data(),
+            attention_hopper::kFa3BwdRankedZeroedKernel.data(),
             kFa3HeavyFirst.data(),
             kFa3HeadSplit.data(),
             kFa3HeadSplitHeavyFirst.data(),

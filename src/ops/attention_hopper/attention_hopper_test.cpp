@@ -3724,7 +3724,8 @@ TEST(AttentionFa3Registry, BackwardRankedByTheTableAndNotDeterministic) {
          {kFa3BwdKernel, kFa3BwdK192Kernel, kFa3BwdQ128Kernel, kFa3BwdHeavyFirstKernel,
           kFa3BwdHeadSplitKernel, kFa3BwdHeadSplitHeavyFirstKernel, kFa3BwdFallingKernel,
           kFa3BwdHeadSplitPartsKernels[0], kFa3BwdHeadSplitPartsKernels[1],
-          kFa3BwdHeadSplitPartsKernels[2], kFa3BwdRankedZeroedKernel, kFa3BwdRankedAhead}) {
+          kFa3BwdHeadSplitPartsKernels[2], kFa3BwdRankedKernel, kFa3BwdRankedZeroedKernel,
+          kFa3BwdRankedAhead}) {
       const auto* fa3 = fa3_bwd_kernel(t, name);
       if (!fa3) continue;  // CPU-only build
       ++found;
@@ -3732,7 +3733,7 @@ TEST(AttentionFa3Registry, BackwardRankedByTheTableAndNotDeterministic) {
       expect_fa3_entry(*fa3, t, kFa3BwdKernel, name == kFa3BwdRankedAhead, false);
     }
   if (found == 0) GTEST_SKIP() << "built without CUDA: fa3_bwd_sm90a is not registered";
-  EXPECT_EQ(found, 24);
+  EXPECT_EQ(found, 26);
 }
 
 // The deterministic instance: by name below every other backward kernel, and deterministic. Its
@@ -4135,7 +4136,9 @@ TEST(AttentionFa3Gpu, HeadSplitBackwardMatchesReference) {
   // Falling walks (every masked and unmasked case, split or whole by its model).
   check_pinned_backward(split, kFa3BwdFallingKernel, rng);
   check_pinned_backward(fa3_bwd_cases(), kFa3BwdFallingKernel, rng);
-  // The ranked entry's launch with the accumulator zeroed (no claims: BwdParams::claims).
+  // The ranked entry's launch by name, and with the accumulator zeroed (no claims:
+  // BwdParams::claims).
+  check_pinned_backward(split, kFa3BwdRankedKernel, rng);
   check_pinned_backward(split, kFa3BwdRankedZeroedKernel, rng);
   check_pinned_backward(fa3_bwd_cases(), kFa3BwdRankedZeroedKernel, rng);
   // The forced splits (_x2 / _x4 / _x8) on the cases whose group they divide; refused elsewhere.

@@ -1800,7 +1800,10 @@ bool register_one() {
       launch_scheduled<T, Schedule{.head_split = true, .parts = 4}>);
   add(kFa3BwdHeadSplitPartsKernels[2], priority--, false, fits_parts<T, 8>, workspace_parts<8>,
       launch_scheduled<T, Schedule{.head_split = true, .parts = 8}>);
-  // The ranked entry's launch with the accumulator zeroed (no claims), by name for measurement.
+  // The ranked entry's launch wherever its instance fits, and the same with the accumulator zeroed
+  // (no claims), by name for measurement.
+  add(kFa3BwdRankedKernel, priority--, false, fits_scheduled<T>, workspace_ranked_ahead,
+      launch_ranked_ahead<T>);
   add(kFa3BwdRankedZeroedKernel, priority--, false, fits_scheduled<T>, workspace_ranked_ahead,
       launch_ranked_ahead<T, true>);
   // The deterministic instance for PlanPreference::deterministic() where it leads (see
