@@ -984,6 +984,28 @@ TEST(AttentionCudnnRules, DeterministicBackwardLeadsWhereMeasured) {
   EXPECT_FALSE(fa3_det_leads(packed_d64(rows)));
 }
 
+// Where fa3's backward stores a dQ chunk's first add (fa3_bwd_first_store): up to 1024 query rows,
+// whatever the head dim, mask, group or dtype; varlen by its longest sequence.
+TEST(AttentionCudnnRules, FirstStoreUpTo1024QueryRows) {
+  for (int64_t d : {64, 128})
+    for (int64_t group : {1, 4}) {
+      EXPECT_TRUE(fa3_bwd_first_store(sweep(d, group, 512, 16384)));
+      EXPECT_TRUE(fa3_bwd_first_store(sweep(d, group, 1024, 65536, Mask::none(), DType::f16)));
+      EXPECT_FALSE(fa3_bwd_first_store(sweep(d, group, 2048, 16384)));
+      EXPECT_FALSE(fa3_bwd_first_store(sweep(d, group, 16384, 16384, Mask::none())));
+    }
+  EXPECT_TRUE(fa3_bwd_first_store(
+      problem_of(make_desc(DType::bf16, 2, 8, 2, 1024, 4096, 128, Mask::causal_bottom_right()))));
+  EXPECT_FALSE(fa3_bwd_first_store(
+      problem_of(make_desc(DType::bf16, 2, 8, 2, 1025, 1025, 128, Mask::causal_top_left()))));
+  Descriptor packed = make_desc(DType::bf16, 3, 8, 2, 1024, 1024, 128, Mask::causal_top_left());
+  packed.varlen = true;
+  packed.total_q = packed.total_k = 2000;
+  EXPECT_TRUE(fa3_bwd_first_store(problem_of(packed)));
+  packed.len_q = packed.len_k = 1500;
+  EXPECT_FALSE(fa3_bwd_first_store(problem_of(packed)));
+}
+
 // The deterministic split's order (fa3_det_rising) and the default's falling walks
 // (fa3_bwd_falls) at the sweep's shapes (16 query heads at d128, 32 at d64; B x L tokens), as
 // measured in the eightieth session's call 2; neither outside their shape (unmasked, f32, Lq !=

@@ -8,7 +8,8 @@
 // Three launches on the caller's stream:
 //  1. prep: per query row, delta = rowsum(dY * Y) and lse2 = LSE * log2(e) (+inf for a row that
 //     sees no key or lies past Lq, so its probabilities come out 0 without a branch), both f32 in
-//     the workspace, padded to whole 128-row blocks; the f32 dQ accumulator is zeroed.
+//     the workspace, padded to whole 128-row blocks; the f32 dQ accumulator is zeroed (or, where
+//     a chunk's first add stores, BwdParams::claims, the chunks' claims).
 //  2. main: one CTA per 128 keys (D = 256: 64; k192: 192, see BwdShape) of one (batch, key head),
 //     looping over the query blocks (64 rows; q128: 128) of every query head of its group, so dK
 //     and dV stay in registers and are stored once (the group's sum, no atomics; staged in shared
@@ -1527,8 +1528,8 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
   p.heavy_first = heavy_first && !(kDet && rp.det_rotated) ? 1 : 0;
   p.falling_walks = kDet ? p.heavy_first : sched.falling && heavy_first ? 1 : 0;
   // Not where the walks fall: every key block of a head would claim the step's chunk at once, and
-  // all but one wait for its mark.
-  if (kClaimsFit<D, W, Q, kDet> && !sched.zeroed && !p.falling_walks)
+  // all but one wait for its mark. Nor past fa3_bwd_first_store's rows (slower there).
+  if (kClaimsFit<D, W, Q, kDet> && !sched.zeroed && !p.falling_walks && fa3_bwd_first_store(pr))
     rp.claims = p.claims = reinterpret_cast<unsigned*>(ws + lay.det_counts);
   p.head_parts = parts;
   p.kv_part = parts > 1 ? reinterpret_cast<float*>(ws + lay.kv_part) : nullptr;

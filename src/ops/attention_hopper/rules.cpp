@@ -279,6 +279,10 @@ bool fa3_bwd_falls(const attention::Problem& p) {
   return in_square_rows(p, kFa3BwdFallingPicks);
 }
 
+bool fa3_bwd_first_store(const attention::Problem& p) {
+  return p.desc.len_q <= kFa3BwdFirstStoreMaxRows;
+}
+
 bool fa3_bwd_deterministic_default(const attention::Problem& p) {
   return in_square_rows(p, kFa3BwdDeterministicPicks) ||
          in_square_rows(p, kFa3BwdDeterministicUnmaskedPicks, false);
