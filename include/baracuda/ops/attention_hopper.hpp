@@ -837,13 +837,21 @@ bool fa3_bwd_falls(const attention::Problem& p);
 // the eighty-fourth session's calls 2 / 4, the ranked deterministic entry / cuDNN): 421.9 / 407.9,
 // 419.6 / 404.4, and the default itself in the eighty-fifth's call 1 426.4 / 410.9 (L4096 1.02x
 // fa3's ranked entry, left).
+// 32k tokens, causal in groups of 2 at L1024 and of 4 at L512 / L1024 (the eighty-fifth session's
+// calls 1-3, three processes, falling there; TFLOP/s the ranked deterministic entry / the ranked
+// entry, in calls 2 / 3 with its first-store adds, BwdParams::claims): groups of 2 L1024 380.2 /
+// 357.1, 379.1 / 367.6, 377.8 / 367.8; of 4 L512 277.8 / 236.8, 279.7 / 267.5, 278.5 / 266.3 and
+// L1024 357.8 / 338.7, 369.0 / 352.5, 360.2 / 352.6 (_head_split by name 367.7, 369.2, 367.8).
+// Not groups of 2 at L512 (276.8 / 252.8, then against the first-store adds 276.7 / 273.9, 275.2 /
+// 272.5: a tie).
 inline constexpr SquareRows kFa3BwdDeterministicPicks[] = {
     {128, 8, 16, 512, 1024, 131072, 16384},  {128, 8, 16, 512, 512, 8192, 4096},
     {128, 8, 8, 2048, 2048, 32768, 32768},   {128, 4, 4, 512, 4096, 65536, 65536},
     {128, 2, 2, 512, 8192, 131072, 131072},  {128, 16, 16, 8192, 16384, 16384, 16384},
     {128, 1, 1, 2048, 2048, 262144, 262144}, {128, 1, 1, 8192, 8192, 262144, 262144},
     {128, 1, 1, 1024, 4096, 65536, 65536},   {128, 2, 2, 512, 2048, 524288, 524288},
-    {128, 4, 4, 512, 1024, 262144, 262144},  {128, 1, 1, 2048, 2048, 1048576, 1048576}};
+    {128, 4, 4, 512, 1024, 262144, 131072},  {128, 1, 1, 2048, 2048, 1048576, 1048576},
+    {128, 2, 2, 1024, 1024, 262144, 262144}};
 // The same with no mask, the split's walks rotated as the ranked entry's (eighty-third session,
 // calls 1 / 2 / 3, three processes, interleaved rounds, TFLOP/s the ranked deterministic entry (the
 // default in call 3) / the ranked entry, d128 at 16k tokens): groups of 4 at L512 416.2 / 394.9,
