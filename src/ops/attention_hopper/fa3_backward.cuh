@@ -231,31 +231,25 @@ __device__ __forceinline__ uint32_t opaque(uint32_t x) {
   asm volatile("mov.b32 %0, %0;\n" : "+r"(x));
   return x;
 }
-// kDet's ordering of a chunk's adds (see fa3_bwd_kernel; core/cuda/flags.cuh's count hand-off):
-// until `want` earlier adds are counted (from `seen`, a reading taken a part of the step earlier),
-// then this thread's bulk reduction (async proxy); and the count raised once this thread's bulk
-// reductions have completed. Polled every 32 ns: with the pause doubling to 1 us (await_count's
+// kDet's ordering of a chunk's adds (see fa3_bwd_kernel; core/cuda/flags.cuh's count hand-off),
+// and BwdParams::claims' wait for a chunk's first add (want kClaimStored): until `want` earlier
+// adds are counted (from `seen`, a reading taken a part of the step earlier), then this thread's
+// bulk reduction (async proxy); and the count raised once this thread's bulk reductions have
+// completed. Polled every 32 ns: with the pause doubling to 1 us (await_count's
 // default) the unmasked points from L2048 ran 4.8-9.5% slower, d64 and d128 (H200,
 // seventy-fourth session, calls 5 / 6).
-__device__ __forceinline__ void det_await_turn(const unsigned* count, unsigned want,
-                                               unsigned seen) {
+__device__ __forceinline__ void await_turn(const unsigned* count, unsigned want, unsigned seen) {
   cuda::await_count(count, want, seen, 32);
   cuda::fence_proxy_async_global();
 }
 // The raise is relaxed (raise_count_after_completion): the release's MEMBAR.ALL.GPU took 3-15% of
 // the backward's time at the sweep's 24 points, d64 and d128, here and at dV's issue alike (H200,
 // seventy-fifth session, calls 3-5); the wait for completion here is within the spread.
-__device__ __forceinline__ void det_count_add(unsigned* count) {
+// (BwdParams::claims raise a chunk's word by kClaimStored, its first add's mark, the same way.)
+__device__ __forceinline__ void count_after_completion(unsigned* count, unsigned by = 1) {
   bulk_wait<0, false>();
   cuda::fence_proxy_async_global();
-  cuda::raise_count_after_completion(count);
-}
-// BwdParams::claims: a chunk's first add marked stored once it has completed (relaxed, as
-// det_count_add: the later adds are reductions performed in L2 after it).
-__device__ __forceinline__ void mark_stored(unsigned* claims) {
-  bulk_wait<0, false>();
-  cuda::fence_proxy_async_global();
-  cuda::raise_count_after_completion(claims, kClaimStored);
+  cuda::raise_count_after_completion(count, by);
 }
 __device__ __forceinline__ float2 ld_shared_f2(uint32_t addr) {
   float2 v;
@@ -872,7 +866,7 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
       // ends (the mark a step's adds wait for comes before its storer's next wait of any kind).
       if (!kSplit && threadIdx.x % 128 == 0) {
         if (kClaims && claim_pending >= 0) {
-          mark_stored(p.claims + claim_pending);
+          count_after_completion(p.claims + claim_pending, kClaimStored);
           claim_pending = -1;
         } else {
           bulk_wait<0, true>();
@@ -971,8 +965,8 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
                 // The previous step's add, counted now that it has long completed (counted at dV's
                 // issue, half a step after it, the wait for completion and the release took 10-20%
                 // of the kernel's time in the seventy-fifth session's trace).
-                if (det_pending >= 0) det_count_add(p.det_counts + det_pending);
-                det_await_turn(p.det_counts + det_at, det_need, det_seen);
+                if (det_pending >= 0) count_after_completion(p.det_counts + det_pending);
+                await_turn(p.det_counts + det_at, det_need, det_seen);
                 det_pending = at = det_at;
               }
               // kDet: a chunk's first adder stores its part (prep zeroes no rotated accumulator,
@@ -983,7 +977,7 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
                 bulk_store(p.acc + at * (kChunkRows * 64), stage, S::kStageBytes);
                 if (kClaims) claim_pending = at;
               } else {
-                if (kClaims && claims) det_await_turn(p.claims + at, kClaimStored, claim_seen);
+                if (kClaims && claims) await_turn(p.claims + at, kClaimStored, claim_seen);
                 bulk_reduce_add_f32(p.acc + at * (kChunkRows * 64), stage, S::kStageBytes);
               }
             }
@@ -996,7 +990,7 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
     wgmma_wait<0>();
     cur = nxt;
   }
-  if (kClaims && claim_pending >= 0) mark_stored(p.claims + claim_pending);
+  if (kClaims && claim_pending >= 0) count_after_completion(p.claims + claim_pending, kClaimStored);
   fence_regs(dv);
   fence_regs(dk);
 
@@ -1022,7 +1016,7 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
       // The last dQ reduction (kDet: counted) as the staged path waits for it.
       if (threadIdx.x % 128 == 0) {
         if constexpr (kDet) {
-          if (det_pending >= 0) det_count_add(p.det_counts + det_pending);
+          if (det_pending >= 0) count_after_completion(p.det_counts + det_pending);
         }
         bulk_wait<0, false>();
       } else {
@@ -1073,7 +1067,7 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
     // and d128, and nothing measurable from L2048 (H200, fifty-ninth session's call 2).
     if (!kSplit && tid == 0) {
       if constexpr (kDet) {
-        if (det_pending >= 0) det_count_add(p.det_counts + det_pending);
+        if (det_pending >= 0) count_after_completion(p.det_counts + det_pending);
       }
       bulk_wait<0, false>();
     } else {
