@@ -230,7 +230,8 @@ void bench_all(const Stream& stream) {
         // (Hopper builds with cuDNN alone): the two the preference ranks by fa3_det_leads. Likewise
         // the two the default plan ranks: the sm_90a default instance and cuDNN's default
         // algorithm (each measured where the table picks the other), and fa3's non-deterministic
-        // ranked entry (measured where the deterministic one is the default).
+        // ranked entry (measured where the deterministic one is the default), its launch by name
+        // wherever it fits and the same with the dQ accumulator zeroed (no first-store adds).
         constexpr std::string_view kDeterministic = "deterministic",
                                    kFa3Deterministic = attention_hopper::kFa3BwdDeterministicKernel,
                                    kCudnnDeterministic = "cudnn_sdpa_bwd_deterministic",
