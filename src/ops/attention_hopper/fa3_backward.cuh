@@ -169,7 +169,8 @@ struct BwdParams {
   // order (fa3_bwd_sm90a_deterministic_heavy_first) and fa3_bwd_sm90a_falling (not kDet, with
   // heavy_first), where every key block of a head reads the same Q / dY tiles at the same step.
   int falling_walks;
-  // Not kDet, where kClaimsFit (one warpgroup's add a chunk a step) and the walks do not fall: per
+  // Not kDet, where kClaimsFit (one warpgroup's add a chunk a step), the walks do not fall and
+  // fa3_bwd_first_store says (short walks: the claims cost more than the zeroing past them): per
   // accumulator chunk, how many adds have claimed it (low bits, prep zeroes them) and kClaimStored
   // once its first has landed (null: the accumulator zeroed by prep instead). A chunk's first
   // claimant stores its part, the later ones reduce-add once it is marked stored: the accumulator
@@ -1339,7 +1340,7 @@ inline bool det_rotates(const Problem& pr) {
 // twice over.
 // head_parts > 1: then dK's and dV's f32 shares (KvPostParams::part).
 struct Layout {
-  size_t acc = 0, lse2 = 0, delta = 0, det_counts = 0, det_ticket = 0, kv_part = 0, bytes = 0;
+  size_t acc = 0, lse2 = 0, delta = 0, counts = 0, det_ticket = 0, kv_part = 0, bytes = 0;
 };
 inline size_t kv_part_floats(const Problem& pr) {
   const auto& d = pr.desc;
@@ -1357,8 +1358,8 @@ inline Layout layout_of(const Problem& pr, bool det = false, int head_parts = 1)
   l.acc = 0;
   l.lse2 = up(acc_rows * static_cast<size_t>(d.head_dim_qk) * 4);
   l.delta = l.lse2 + up(rows * 4);
-  l.det_counts = l.delta + up(rows * 4);
-  l.det_ticket = l.det_counts + up(acc_rows / kChunkRows * (d.head_dim_qk / 64) * 4);
+  l.counts = l.delta + up(rows * 4);
+  l.det_ticket = l.counts + up(acc_rows / kChunkRows * (d.head_dim_qk / 64) * 4);
   l.kv_part = l.det_ticket + (det ? 256 : 0);
   const size_t kv = head_parts > 1 ? 2 * static_cast<size_t>(head_parts) * kv_part_floats(pr) : 0;
   l.bytes = l.kv_part + up(kv * 4) + 256;
@@ -1490,7 +1491,7 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
   rp.heads_q = static_cast<int>(d.heads_q);
   rp.scale = static_cast<float>(pr.scale);
   if (kDet) {
-    rp.det_counts = reinterpret_cast<unsigned*>(ws + lay.det_counts);
+    rp.det_counts = reinterpret_cast<unsigned*>(ws + lay.counts);
     rp.det_ticket = reinterpret_cast<unsigned*>(ws + lay.det_ticket);
     rp.det_rotated = det_rotates(pr) ? 1 : 0;
     rp.cu_k = vl ? static_cast<const int*>(a.cu_seqlens_k.data) : nullptr;
@@ -1524,7 +1525,7 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
   // Not where the walks fall: every key block of a head would claim the step's chunk at once, and
   // all but one wait for its mark. Nor past fa3_bwd_first_store's rows (slower there).
   if (kClaimsFit<D, W, Q, kDet> && !sched.zeroed && !p.falling_walks && fa3_bwd_first_store(pr))
-    rp.claims = p.claims = reinterpret_cast<unsigned*>(ws + lay.det_counts);
+    rp.claims = p.claims = reinterpret_cast<unsigned*>(ws + lay.counts);
   p.head_parts = parts;
   p.kv_part = parts > 1 ? reinterpret_cast<float*>(ws + lay.kv_part) : nullptr;
   p.kv_part_stride = static_cast<int64_t>(kv_part_floats(pr));
