@@ -587,18 +587,21 @@ inline constexpr std::string_view kFa3BwdHeadSplitHeavyFirstKernel =
 inline constexpr std::string_view kFa3BwdFallingKernel = "fa3_bwd_sm90a_falling";
 // Where fa3's non-deterministic backward stores a dQ chunk's first add instead of zeroing the f32
 // accumulator first (BwdParams::claims in fa3_backward.cuh; its instances at D = 128 and q128, the
-// walks not falling): at most kFa3BwdFirstStoreMaxRows query rows (varlen: the longest sequence).
-// Measured (H200, eighty-fifth session's call 3, interleaved rounds, 16k tokens, TFLOP/s the ranked
-// launch with / without, fa3_bwd_sm90a_ranked / _ranked_zeroed by name): d128 L512 unmasked /
-// causal ungrouped 359.4 / 347.3, 236.6 / 220.1; in groups of 4 410.3 / 388.1, 242.2 / 218.8; of
-// 8 421.0 / 397.6, 249.2 / 214.8; of 16 430.2 / 407.7, 228.6 / 206.9; L1024 1.02-1.04x (groups of
-// 2 unmasked 446.6 / 463.3 against the default's 467.5, the same launch as the first); f16 L512
-// 358.9 / 346.3, 235.9 / 219.4, L1024 0.98x / 1.03x; d64 (q128) L512 1.04x (ungrouped causal a
-// tie), L1024 1.01-1.02x; 32k tokens causal in groups of 2 / 4 at L512 / L1024 1.05-1.13x.
-// Behind from L4096 (0.90-0.99x: d128 L16384 causal 532.6 / 548.4, in groups of 8 479.1 / 523.5,
-// of 16 459.8 / 509.6; d64 L16384 0.97-0.98x), where the zeroing is a small share of a long
-// walk's time and every step's claim (an atomic with a round trip to L2) and ordering fence are
-// not; at L2048 0.95-1.01x.
+// walks not falling): at most kFa3BwdFirstStoreMaxRows query and key rows (varlen: the longest
+// sequences). Both: a chunk takes an add from every key block that sees it, so the claims' cost
+// grows with the keys while the zeroing they save grows with the queries alone (a chunked prefill
+// of 1024 queries against 16k keys is a long walk per chunk, unmeasured with claims). Measured
+// (H200, eighty-fifth session's call 3, interleaved rounds, 16k tokens, TFLOP/s the ranked launch
+// with / without, fa3_bwd_sm90a_ranked / _ranked_zeroed by name): d128 L512 unmasked / causal
+// ungrouped 359.4 / 347.3, 236.6 / 220.1; in groups of 4 410.3 / 388.1, 242.2 / 218.8; of 8 421.0 /
+// 397.6, 249.2 / 214.8; of 16 430.2 / 407.7, 228.6 / 206.9; L1024 1.02-1.04x (groups of 2 unmasked
+// 446.6 / 463.3 against the default's 467.5, the same launch as the first); f16 L512 358.9 / 346.3,
+// 235.9 / 219.4, L1024 0.98x / 1.03x; d64 (q128) L512 1.04x (ungrouped causal a tie),
+// L1024 1.01-1.02x; 32k tokens causal in groups of 2 / 4 at L512 / L1024 1.05-1.13x. Behind from
+// L4096 (0.90-0.99x: d128 L16384 causal 532.6 / 548.4, in groups of 8 479.1 / 523.5, of 16 459.8 /
+// 509.6; d64 L16384 0.97-0.98x), where the zeroing is a small share of a long walk's time and every
+// step's claim (an atomic with a round trip to L2) and ordering fence are not; at L2048 0.95-1.01x.
+// Measured at Lq = Lk only.
 inline constexpr int64_t kFa3BwdFirstStoreMaxRows = 1024;
 bool fa3_bwd_first_store(const attention::Problem& p);
 // fa3_ranked_backward_kernel's launch as the ranked-ahead entry makes it, wherever that instance

@@ -984,8 +984,8 @@ TEST(AttentionCudnnRules, DeterministicBackwardLeadsWhereMeasured) {
   EXPECT_FALSE(fa3_det_leads(packed_d64(rows)));
 }
 
-// Where fa3's backward stores a dQ chunk's first add (fa3_bwd_first_store): up to 1024 query rows,
-// whatever the head dim, mask, group or dtype; varlen by its longest sequence.
+// Where fa3's backward stores a dQ chunk's first add (fa3_bwd_first_store): up to 1024 query and
+// key rows, whatever the head dim, mask, group or dtype; varlen by its longest sequences.
 TEST(AttentionCudnnRules, FirstStoreUpTo1024QueryRows) {
   for (int64_t d : {64, 128})
     for (int64_t group : {1, 4}) {
@@ -994,8 +994,13 @@ TEST(AttentionCudnnRules, FirstStoreUpTo1024QueryRows) {
       EXPECT_FALSE(fa3_bwd_first_store(sweep(d, group, 2048, 16384)));
       EXPECT_FALSE(fa3_bwd_first_store(sweep(d, group, 16384, 16384, Mask::none())));
     }
-  EXPECT_TRUE(fa3_bwd_first_store(
+  // A chunk of 1024 queries against 4096 keys: four times the adds a chunk of L1024's.
+  EXPECT_FALSE(fa3_bwd_first_store(
       problem_of(make_desc(DType::bf16, 2, 8, 2, 1024, 4096, 128, Mask::causal_bottom_right()))));
+  EXPECT_TRUE(fa3_bwd_first_store(
+      problem_of(make_desc(DType::bf16, 2, 8, 2, 300, 1024, 128, Mask::causal_bottom_right()))));
+  EXPECT_FALSE(fa3_bwd_first_store(
+      problem_of(make_desc(DType::bf16, 2, 8, 2, 300, 1025, 128, Mask::causal_bottom_right()))));
   EXPECT_FALSE(fa3_bwd_first_store(
       problem_of(make_desc(DType::bf16, 2, 8, 2, 1025, 1025, 128, Mask::causal_top_left()))));
   Descriptor packed = make_desc(DType::bf16, 3, 8, 2, 1024, 1024, 128, Mask::causal_top_left());

@@ -280,7 +280,7 @@ bool fa3_bwd_falls(const attention::Problem& p) {
 }
 
 bool fa3_bwd_first_store(const attention::Problem& p) {
-  return p.desc.len_q <= kFa3BwdFirstStoreMaxRows;
+  return std::max(p.desc.len_q, p.desc.len_k) <= kFa3BwdFirstStoreMaxRows;
 }
 
 bool fa3_bwd_deterministic_default(const attention::Problem& p) {
