@@ -928,8 +928,7 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
           // claims: this step's claim taken here for the same reason (its atomic's round trip
           // under the GEMM), before its part is staged.
           const int64_t chunk = chunk_of(h, m0 + (kQ128 ? wg * kChunkRows : 0));
-          if (kClaims && claims && threadIdx.x % 128 == 0)
-            claim_seen = atomicAdd(p.claims + chunk, 1u);
+          if (claims && threadIdx.x % 128 == 0) claim_seen = atomicAdd(p.claims + chunk, 1u);
           if (!kEarlyRefill && refill) load_step(t + kRing - 1, ahead());
           wgmma_wait<0>();  // dQ_t (and every older group) done
           if (kEarlyRefill && wg > 0 && threadIdx.x % 128 == 0)
@@ -974,11 +973,11 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
               // and a store needs no line from DRAM that a reduce-add into a cold chunk reads).
               // claims: the chunk's first claimant stores, the later ones add once it has landed
               // (its mark comes before its next barrier, see there).
-              if ((kDet && det_need == 0) || (kClaims && claims && claim_seen == 0)) {
+              if ((kDet && det_need == 0) || (claims && claim_seen == 0)) {
                 bulk_store(p.acc + at * (kChunkRows * 64), stage, S::kStageBytes);
                 if (kClaims) claim_pending = at;
               } else {
-                if (kClaims && claims) await_turn(p.claims + at, kClaimStored, claim_seen);
+                if (claims) await_turn(p.claims + at, kClaimStored, claim_seen);
                 bulk_reduce_add_f32(p.acc + at * (kChunkRows * 64), stage, S::kStageBytes);
               }
             }
@@ -1138,19 +1137,21 @@ __global__ void __launch_bounds__(256) fa3_bwd_prep(const RowParams p) {
   // claims (not kDet): the chunks' claims zeroed as kDet's counts, and no accumulator. (D = 256
   // has neither: a block there covers half a chunk.)
   unsigned* const counts = kDet ? p.det_counts : p.claims;
-  if (D <= 128 && (kDet || counts)) {
-    constexpr int kCounts = D <= 128 ? S::kRowsPerBlock / kChunkRows * (D / 64) : 1;
-    const int64_t c0 = ((int64_t{b} * p.heads_q + h) * (p.lq_pad / kChunkRows) +
-                        int64_t{blockIdx.x} * (S::kRowsPerBlock / kChunkRows)) *
-                       (D / 64);
-    const int m_blk = static_cast<int>(blockIdx.x) * (S::kRowsPerBlock / kChunkRows);
-    if (threadIdx.x < kCounts) {
-      counts[c0 + threadIdx.x] = 0u;
-      if (kDet && p.det_rotated && h % (p.group / p.head_parts) == 0)
-        p.det_counts[acc_chunks<D>(p) + second_chunk<D>(p, part_of(p, b, h), m_blk, 0) +
-                     threadIdx.x] = 0u;
+  if constexpr (D <= 128) {
+    if (kDet || counts) {
+      constexpr int kCounts = S::kRowsPerBlock / kChunkRows * (D / 64);
+      const int64_t c0 = ((int64_t{b} * p.heads_q + h) * (p.lq_pad / kChunkRows) +
+                          int64_t{blockIdx.x} * (S::kRowsPerBlock / kChunkRows)) *
+                         (D / 64);
+      const int m_blk = static_cast<int>(blockIdx.x) * (S::kRowsPerBlock / kChunkRows);
+      if (threadIdx.x < kCounts) {
+        counts[c0 + threadIdx.x] = 0u;
+        if (kDet && p.det_rotated && h % (p.group / p.head_parts) == 0)
+          p.det_counts[acc_chunks<D>(p) + second_chunk<D>(p, part_of(p, b, h), m_blk, 0) +
+                       threadIdx.x] = 0u;
+      }
+      if (kDet && blockIdx.x == 0 && h == 0 && b == 0 && threadIdx.x == 0) *p.det_ticket = 0u;
     }
-    if (kDet && blockIdx.x == 0 && h == 0 && b == 0 && threadIdx.x == 0) *p.det_ticket = 0u;
   }
   const int first = static_cast<int>(blockIdx.x) * S::kRowsPerBlock + warp * S::kRowsPerWarp;
   const int sub = lane / S::kLanesPerRow, col = lane % S::kLanesPerRow;
@@ -1730,21 +1731,16 @@ size_t workspace_parts(const Problem& pr, const DeviceCaps&) {
 // with fa3_bwd_sm90a_falling's walks where kFa3BwdFallingPicks says.
 // kZeroed: fa3_bwd_sm90a_ranked_zeroed, the same launch with the accumulator zeroed by prep
 // (Schedule::zeroed), by name.
+constexpr Schedule zeroed_if(Schedule s, bool zeroed) {
+  s.zeroed = zeroed;
+  return s;
+}
 template <class T, bool kZeroed = false>
 Status launch_ranked_ahead(const LaunchContext& ctx, const Problem& pr,
                            const BackwardArguments& a) {
-  constexpr Schedule kFalling = [] {
-    Schedule s = kFallingSchedule;
-    s.zeroed = kZeroed;
-    return s;
-  }();
-  constexpr Schedule kRanked = [] {
-    Schedule s = kRankedSchedule;
-    s.zeroed = kZeroed;
-    return s;
-  }();
-  if (fa3_bwd_falls(pr)) return launch_scheduled<T, kFalling>(ctx, pr, a);
-  return launch_scheduled<T, kRanked>(ctx, pr, a);
+  if (fa3_bwd_falls(pr))
+    return launch_scheduled<T, zeroed_if(kFallingSchedule, kZeroed)>(ctx, pr, a);
+  return launch_scheduled<T, zeroed_if(kRankedSchedule, kZeroed)>(ctx, pr, a);
 }
 inline size_t workspace_ranked_ahead(const Problem& pr, const DeviceCaps& caps) {
   if (fa3_bwd_falls(pr)) return workspace_scheduled<kFallingSchedule>(pr, caps);
