@@ -607,9 +607,11 @@ bool fa3_bwd_first_store(const attention::Problem& p);
 // fa3_ranked_backward_kernel's launch as the ranked-ahead entry makes it, wherever that instance
 // fits (the ranked-ahead entry fits only where the table picks fa3), by name for measurement; and
 // the same with the f32 dQ accumulator zeroed before the main kernel and every add a reduce-add
-// (as before a chunk's first add stored: BwdParams::claims in fa3_backward.cuh).
+// (as before a chunk's first add stored: BwdParams::claims in fa3_backward.cuh); and the same with
+// a chunk's first add stored at every length (past kFa3BwdFirstStoreMaxRows).
 inline constexpr std::string_view kFa3BwdRankedKernel = "fa3_bwd_sm90a_ranked";
 inline constexpr std::string_view kFa3BwdRankedZeroedKernel = "fa3_bwd_sm90a_ranked_zeroed";
+inline constexpr std::string_view kFa3BwdRankedClaimsKernel = "fa3_bwd_sm90a_ranked_claims";
 // The split with 2, 4 or 8 parts whatever the model says (where that divides the group), by name:
 // one bench run times every split of a point, to fit the model's per-CTA costs.
 inline constexpr std::string_view kFa3BwdHeadSplitPartsKernels[] = {

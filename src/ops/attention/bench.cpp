@@ -231,7 +231,8 @@ void bench_all(const Stream& stream) {
         // the two the default plan ranks: the sm_90a default instance and cuDNN's default
         // algorithm (each measured where the table picks the other), and fa3's non-deterministic
         // ranked entry (measured where the deterministic one is the default), its launch by name
-        // wherever it fits and the same with the dQ accumulator zeroed (no first-store adds).
+        // wherever it fits, the same with the dQ accumulator zeroed (no first-store adds) and with
+        // first-store adds at every length.
         constexpr std::string_view kDeterministic = "deterministic",
                                    kFa3Deterministic = attention_hopper::kFa3BwdDeterministicKernel,
                                    kCudnnDeterministic = "cudnn_sdpa_bwd_deterministic",
@@ -256,6 +257,7 @@ void bench_all(const Stream& stream) {
             attention_hopper::kFa3BwdRankedAhead.data(),
             attention_hopper::kFa3BwdRankedKernel.data(),
             attention_hopper::kFa3BwdRankedZeroedKernel.data(),
+            attention_hopper::kFa3BwdRankedClaimsKernel.data(),
             kFa3HeavyFirst.data(),
             kFa3HeadSplit.data(),
             kFa3HeadSplitHeavyFirst.data(),

@@ -3755,7 +3755,7 @@ TEST(AttentionFa3Registry, BackwardRankedByTheTableAndNotDeterministic) {
           kFa3BwdHeadSplitKernel, kFa3BwdHeadSplitHeavyFirstKernel, kFa3BwdFallingKernel,
           kFa3BwdHeadSplitPartsKernels[0], kFa3BwdHeadSplitPartsKernels[1],
           kFa3BwdHeadSplitPartsKernels[2], kFa3BwdRankedKernel, kFa3BwdRankedZeroedKernel,
-          kFa3BwdRankedAhead}) {
+          kFa3BwdRankedClaimsKernel, kFa3BwdRankedAhead}) {
       const auto* fa3 = fa3_bwd_kernel(t, name);
       if (!fa3) continue;  // CPU-only build
       ++found;
@@ -4166,11 +4166,13 @@ TEST(AttentionFa3Gpu, HeadSplitBackwardMatchesReference) {
   // Falling walks (every masked and unmasked case, split or whole by its model).
   check_pinned_backward(split, kFa3BwdFallingKernel, rng);
   check_pinned_backward(fa3_bwd_cases(), kFa3BwdFallingKernel, rng);
-  // The ranked entry's launch by name, and with the accumulator zeroed (no claims:
-  // BwdParams::claims).
+  // The ranked entry's launch by name, with the accumulator zeroed (no claims:
+  // BwdParams::claims) and with claims at every length.
   check_pinned_backward(split, kFa3BwdRankedKernel, rng);
   check_pinned_backward(split, kFa3BwdRankedZeroedKernel, rng);
   check_pinned_backward(fa3_bwd_cases(), kFa3BwdRankedZeroedKernel, rng);
+  check_pinned_backward(split, kFa3BwdRankedClaimsKernel, rng);
+  check_pinned_backward(fa3_bwd_cases(), kFa3BwdRankedClaimsKernel, rng);
   // The forced splits (_x2 / _x4 / _x8) on the cases whose group they divide; refused elsewhere.
   for (int i = 0; i < 3; ++i) {
     const int64_t parts = int64_t{2} << i;

@@ -648,12 +648,19 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
   int64_t det_pending = -1, det_at = 0;
   unsigned det_need = 0, det_seen = 0;
   // claims: the reducing thread's stored chunk not yet marked (-1: none), and this step's claim
-  // (the chunk's claims before it; 0: the first).
+  // (the chunk's claims before it; 0: the first; kClaimStored set: its first add had landed when
+  // the step began, and no claim was taken).
   int64_t claim_pending = -1;
   unsigned claim_seen = 0;
   Pos cur = first;
   for (int t = 0; t < steps; ++t) {
     const int s = t % kRing, h = pos_head(cur), m0 = pos_row0(cur);
+    // claims: the step's chunk read here, its round trip under the step's first GEMMs. Once its
+    // first add is marked stored the step takes no claim: past a chunk's first adds no step's
+    // reduce-add waits on an atomic's returned value.
+    if (claims && threadIdx.x % 128 == 0)
+      claim_seen =
+          cuda::peek_count(p.claims + chunk_of(h, m0 + (kQRows == 128 ? wg * kChunkRows : 0)));
     const Pos nxt = next_pos(cur);
     // Step t + kRing - 1's place, for the load that refills step t - 1's stage.
     auto ahead = [&] {
@@ -926,9 +933,11 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
             }
           }
           // claims: this step's claim taken here for the same reason (its atomic's round trip
-          // under the GEMM), before its part is staged.
+          // under the GEMM), before its part is staged, unless the step's first reading saw the
+          // chunk's first add landed.
           const int64_t chunk = chunk_of(h, m0 + (kQ128 ? wg * kChunkRows : 0));
-          if (claims && threadIdx.x % 128 == 0) claim_seen = atomicAdd(p.claims + chunk, 1u);
+          if (claims && threadIdx.x % 128 == 0 && claim_seen < kClaimStored)
+            claim_seen = atomicAdd(p.claims + chunk, 1u);
           if (!kEarlyRefill && refill) load_step(t + kRing - 1, ahead());
           wgmma_wait<0>();  // dQ_t (and every older group) done
           if (kEarlyRefill && wg > 0 && threadIdx.x % 128 == 0)
@@ -1418,9 +1427,11 @@ struct Schedule {
   // Not kDet, with heavy_first: walks query block major from the last (BwdParams::falling_walks),
   // the best split of the grid taken key block first (Fa3BwdGrid::split_heavy_first).
   bool falling = false;
-  // The accumulator zeroed by prep and every dQ add a reduce-add, where claims would fit
-  // (fa3_bwd_sm90a_ranked_zeroed: the ranked entry as it ran before BwdParams::claims).
-  bool zeroed = false;
+  // Where claims fit (kClaimsFit, walks not falling): up to fa3_bwd_first_store's rows; never
+  // (the accumulator zeroed by prep and every dQ add a reduce-add: fa3_bwd_sm90a_ranked_zeroed, the
+  // ranked entry as it ran before BwdParams::claims); or at every length
+  // (fa3_bwd_sm90a_ranked_claims). Both by name for measurement.
+  enum class Claims { bounded, never, always } claims = Claims::bounded;
 };
 // The parts a non-deterministic schedule splits each walk into under the grid model: the launch
 // and its workspace both ask here, so they agree.
@@ -1525,7 +1536,10 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const BackwardArgum
   p.falling_walks = kDet ? p.heavy_first : sched.falling && heavy_first ? 1 : 0;
   // Not where the walks fall: every key block of a head would claim the step's chunk at once, and
   // all but one wait for its mark. Nor past fa3_bwd_first_store's rows (slower there).
-  if (kClaimsFit<D, W, Q, kDet> && !sched.zeroed && !p.falling_walks && fa3_bwd_first_store(pr))
+  using Claims = Schedule::Claims;
+  if (kClaimsFit<D, W, Q, kDet> && !p.falling_walks &&
+      (sched.claims == Claims::always ||
+       (sched.claims == Claims::bounded && fa3_bwd_first_store(pr))))
     rp.claims = p.claims = reinterpret_cast<unsigned*>(ws + lay.counts);
   p.head_parts = parts;
   p.kv_part = parts > 1 ? reinterpret_cast<float*>(ws + lay.kv_part) : nullptr;
@@ -1729,18 +1743,18 @@ size_t workspace_parts(const Problem& pr, const DeviceCaps&) {
 // block first, where fa3_bwd_grid says (1.01-1.31x cuDNN in GQA groups where cuDNN led the unsplit
 // kernel, see kGroupedBackwardPicks; heavy first 1.11-1.42x the split alone where it is taken);
 // with fa3_bwd_sm90a_falling's walks where kFa3BwdFallingPicks says.
-// kZeroed: fa3_bwd_sm90a_ranked_zeroed, the same launch with the accumulator zeroed by prep
-// (Schedule::zeroed), by name.
-constexpr Schedule zeroed_if(Schedule s, bool zeroed) {
-  s.zeroed = zeroed;
+// kClaims other than bounded: fa3_bwd_sm90a_ranked_zeroed / _claims, the same launch with the
+// accumulator zeroed by prep / with claims at every length (Schedule::claims), by name.
+constexpr Schedule with_claims(Schedule s, Schedule::Claims claims) {
+  s.claims = claims;
   return s;
 }
-template <class T, bool kZeroed = false>
+template <class T, Schedule::Claims kClaims = Schedule::Claims::bounded>
 Status launch_ranked_ahead(const LaunchContext& ctx, const Problem& pr,
                            const BackwardArguments& a) {
   if (fa3_bwd_falls(pr))
-    return launch_scheduled<T, zeroed_if(kFallingSchedule, kZeroed)>(ctx, pr, a);
-  return launch_scheduled<T, zeroed_if(kRankedSchedule, kZeroed)>(ctx, pr, a);
+    return launch_scheduled<T, with_claims(kFallingSchedule, kClaims)>(ctx, pr, a);
+  return launch_scheduled<T, with_claims(kRankedSchedule, kClaims)>(ctx, pr, a);
 }
 inline size_t workspace_ranked_ahead(const Problem& pr, const DeviceCaps& caps) {
   if (fa3_bwd_falls(pr)) return workspace_scheduled<kFallingSchedule>(pr, caps);
@@ -1793,11 +1807,13 @@ bool register_one() {
   add(kFa3BwdHeadSplitPartsKernels[2], priority--, false, fits_parts<T, 8>, workspace_parts<8>,
       launch_scheduled<T, Schedule{.head_split = true, .parts = 8}>);
   // The ranked entry's launch wherever its instance fits, and the same with the accumulator zeroed
-  // (no claims), by name for measurement.
+  // (no claims) or with claims at every length, by name for measurement.
   add(kFa3BwdRankedKernel, priority--, false, fits_scheduled<T>, workspace_ranked_ahead,
       launch_ranked_ahead<T>);
   add(kFa3BwdRankedZeroedKernel, priority--, false, fits_scheduled<T>, workspace_ranked_ahead,
-      launch_ranked_ahead<T, true>);
+      launch_ranked_ahead<T, Schedule::Claims::never>);
+  add(kFa3BwdRankedClaimsKernel, priority--, false, fits_scheduled<T>, workspace_ranked_ahead,
+      launch_ranked_ahead<T, Schedule::Claims::always>);
   // The deterministic instance for PlanPreference::deterministic() where it leads (see
   // kFa3BwdDeterministicRanked), its walks split where the grid model says (as by name above: at
   // or above the unsplit instance's speed at every point measured), in the rising order where
