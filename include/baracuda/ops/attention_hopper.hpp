@@ -173,8 +173,10 @@ bool fa3_fits(const attention::Problem& p, const DeviceCaps& caps, Pass pass = P
 
 // For measurements and tests: while alive, select() follows `table` instead of the shipped one
 // (an empty table ranks cuDNN ahead everywhere, so PlanPreference::only(Backend::bespoke_cuda)
-// reaches the family's kernels, not fa3). Process-wide; nest in stack order; `table` must outlive
-// the override; not for use while other threads select plans.
+// reaches no ranked-ahead fa3 entry; fa3's deterministic entries, which fit wherever the table
+// does not pick bespoke, it still reaches: a table whose point picks bespoke keeps them out).
+// Process-wide; nest in stack order; `table` must outlive the override; not for use while other
+// threads select plans.
 class SelectionTableOverride {
  public:
   explicit SelectionTableOverride(std::span<const TablePoint> table);
