@@ -152,9 +152,9 @@ std::string_view fa3_table_bwd_instance(const attention::Descriptor& d) {
 // The bespoke column stands for what a bespoke pick yields: the family's kernels. An empty table
 // keeps fa3's ranked-ahead entries from it but not fa3's deterministic entries (bespoke CUDA too,
 // they fit wherever the table does not pick bespoke): those stood in for the family's kernels at
-// 57 of 144 backward columns of a table run (eighty-sixth session, d64 to d256 from L512). So the
-// column selects under a table whose points at this problem pick bespoke (held here, since the
-// override only refers to them).
+// 19 of the sweep's 36 backward points of a table run (eighty-sixth session: d64 from L512, d128
+// from L2048). So the column selects under a table whose points at this problem pick bespoke (held
+// here, since the override only refers to them).
 class BespokePick {
  public:
   BespokePick(DType t, int64_t head_dim, int64_t len, bool causal)

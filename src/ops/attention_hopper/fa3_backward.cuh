@@ -170,11 +170,12 @@ struct BwdParams {
   // heavy_first), where every key block of a head reads the same Q / dY tiles at the same step.
   int falling_walks;
   // Not kDet, where kClaimsFit (one warpgroup's add a chunk a step), the walks do not fall and
-  // fa3_bwd_first_store says (short walks: the claims cost more than the zeroing past them): per
+  // fa3_bwd_first_store says (long walks: the claims cost more than the zeroing they save): per
   // accumulator chunk, how many adds have claimed it (low bits, prep zeroes them) and kClaimStored
   // once its first has landed (null: the accumulator zeroed by prep instead). A chunk's first
-  // claimant stores its part, the later ones reduce-add once it is marked stored: the accumulator
-  // is never zeroed, and no add into a cold chunk reads its line from DRAM (see fa3_bwd_prep).
+  // claimant stores its part, the later ones reduce-add once it is marked stored; an add that sees
+  // the mark when its step begins takes no claim. The accumulator is never zeroed, and no add into
+  // a cold chunk reads its line from DRAM (see fa3_bwd_prep).
   unsigned* claims;
 };
 
