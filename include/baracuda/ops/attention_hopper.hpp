@@ -14,6 +14,7 @@
 // a problem does or does not go to cuDNN and which candidate the measured selection table prefers.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <numeric>
 #include <optional>
@@ -174,7 +175,7 @@ bool fa3_fits(const attention::Problem& p, const DeviceCaps& caps, Pass pass = P
 // For measurements and tests: while alive, select() follows `table` instead of the shipped one
 // (an empty table ranks cuDNN ahead everywhere, so PlanPreference::only(Backend::bespoke_cuda)
 // reaches no ranked-ahead fa3 entry; fa3's deterministic entries, which fit wherever the table
-// does not pick bespoke, it still reaches: a table whose point picks bespoke keeps them out).
+// does not pick bespoke, it still reaches: bespoke_pick_points keep them out).
 // Process-wide; nest in stack order; `table` must outlive the override; not for use while other
 // threads select plans.
 class SelectionTableOverride {
@@ -188,6 +189,15 @@ class SelectionTableOverride {
   std::span<const TablePoint> table_;
   const std::span<const TablePoint>* previous_;
 };
+
+// A table whose two points (forward, backward) at this dtype, head dim, length and causality pick
+// the bespoke candidate: under it PlanPreference::only(Backend::bespoke_cuda) selects what a
+// bespoke pick yields there, the family's kernels (bench_attention's table column for them).
+inline std::array<TablePoint, 2> bespoke_pick_points(DType t, int64_t head_dim, int64_t len,
+                                                     bool causal) {
+  return {TablePoint{t, Pass::forward, head_dim, len, causal, 0, 1, 0},
+          TablePoint{t, Pass::backward, head_dim, len, causal, 0, 1, 0}};
+}
 
 // Forward problems with at most this many query rows are decode-shaped: the table (measured with
 // Lq = Lk) does not speak for them, and the family's decode kernel is the measured winner except

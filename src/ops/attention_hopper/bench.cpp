@@ -153,13 +153,12 @@ std::string_view fa3_table_bwd_instance(const attention::Descriptor& d) {
 // keeps fa3's ranked-ahead entries from it but not fa3's deterministic entries (bespoke CUDA too,
 // they fit wherever the table does not pick bespoke): those stood in for the family's kernels at
 // 19 of the sweep's 36 backward points of a table run (eighty-sixth session: d64 from L512, d128
-// from L2048). So the column selects under a table whose points at this problem pick bespoke (held
-// here, since the override only refers to them).
+// from L2048). So the column selects under bespoke_pick_points (held here, since the override only
+// refers to them).
 class BespokePick {
  public:
   BespokePick(DType t, int64_t head_dim, int64_t len, bool causal)
-      : points_{TablePoint{t, Pass::forward, head_dim, len, causal, 0, 1, 0},
-                TablePoint{t, Pass::backward, head_dim, len, causal, 0, 1, 0}},
+      : points_{bespoke_pick_points(t, head_dim, len, causal)},
         table_{std::span<const TablePoint>{points_}} {}
 
  private:
