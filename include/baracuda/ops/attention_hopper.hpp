@@ -190,13 +190,16 @@ class SelectionTableOverride {
   const std::span<const TablePoint>* previous_;
 };
 
-// A table whose two points (forward, backward) at this dtype, head dim, length and causality pick
-// the bespoke candidate: under it PlanPreference::only(Backend::bespoke_cuda) selects what a
-// bespoke pick yields there, the family's kernels (bench_attention's table column for them).
-inline std::array<TablePoint, 2> bespoke_pick_points(DType t, int64_t head_dim, int64_t len,
-                                                     bool causal) {
-  return {TablePoint{t, Pass::forward, head_dim, len, causal, 0, 1, 0},
-          TablePoint{t, Pass::backward, head_dim, len, causal, 0, 1, 0}};
+// A table that picks the bespoke candidate for every problem of dtype `t` outside the rules that
+// come before the table (decode, fa3_packs, wide_head_decode): a point per pass and causality, so
+// that every problem's nearest point is one of them. Under it PlanPreference::only(
+// Backend::bespoke_cuda) selects what a bespoke pick yields, the family's kernels
+// (bench_attention's bespoke column and rows).
+inline std::array<TablePoint, 4> bespoke_pick_points(DType t) {
+  return {TablePoint{t, Pass::forward, 128, 4096, false, 0, 1, 0},
+          TablePoint{t, Pass::forward, 128, 4096, true, 0, 1, 0},
+          TablePoint{t, Pass::backward, 128, 4096, false, 0, 1, 0},
+          TablePoint{t, Pass::backward, 128, 4096, true, 0, 1, 0}};
 }
 
 // Forward problems with at most this many query rows are decode-shaped: the table (measured with

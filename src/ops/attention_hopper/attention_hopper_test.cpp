@@ -1487,30 +1487,53 @@ TEST(AttentionCudnnRules, WideHeadDecodesGoToFa3OrCudnn) {
             Candidate::bespoke);
 }
 
-// bespoke_pick_points (the table bench_attention's bespoke column selects under): at every sweep
-// point, both dtypes and passes, the bespoke candidate, with or without fa3 and cuDNN; the empty
+// bespoke_pick_points (the table bench_attention's bespoke column and rows select under): the
+// bespoke candidate at every sweep point, both dtypes and passes, with or without fa3 and cuDNN,
+// and at the bench's other shapes (windows, soft-capping, varlen, Dk != Dv, chunks); the empty
 // table picks cuDNN instead, which lets fa3's deterministic entries fit under
 // only(Backend::bespoke_cuda) (AttentionHopperGpu.BespokePickSelectsTheFamilysKernels).
 TEST(AttentionCudnnRules, BespokePickPointsPickBespoke) {
+  auto expect_bespoke = [](const Descriptor& desc) {
+    const attention::Problem p = problem_of(desc);
+    const auto points = bespoke_pick_points(desc.dtype);
+    for (Pass pass : {Pass::forward, Pass::backward})
+      for (bool fa3_runs : {true, false})
+        for (bool cudnn_built : {true, false})
+          EXPECT_EQ(preferred_candidate(points, p, pass, fa3_runs, cudnn_built), Candidate::bespoke)
+              << (pass == Pass::forward ? "forward" : "backward") << " fa3 " << fa3_runs
+              << " cuDNN " << cudnn_built;
+  };
   for (DType t : {DType::bf16, DType::f16})
     for (int64_t d : {64, 128, 256})
       for (int64_t l : {128, 256, 512, 1024, 2048, 4096, 8192, 16384})
         for (bool causal : {false, true}) {
           const Mask m = causal ? Mask::causal_top_left() : Mask::none();
-          const attention::Problem p =
-              problem_of(make_desc(t, 16384 / l, 2048 / d, 2048 / d, l, l, d, m));
+          const Descriptor desc = make_desc(t, 16384 / l, 2048 / d, 2048 / d, l, l, d, m);
           SCOPED_TRACE(std::string(name(t)) + " D" + std::to_string(d) + " L" + std::to_string(l) +
                        (causal ? " causal" : ""));
-          const auto points = bespoke_pick_points(t, d, l, causal);
-          for (Pass pass : {Pass::forward, Pass::backward}) {
-            for (bool fa3_runs : {true, false})
-              for (bool cudnn_built : {true, false})
-                EXPECT_EQ(preferred_candidate(points, p, pass, fa3_runs, cudnn_built),
-                          Candidate::bespoke);
-            EXPECT_EQ(preferred_candidate(std::span<const TablePoint>{}, p, pass, true),
-                      Candidate::cudnn);
-          }
+          expect_bespoke(desc);
+          for (Pass pass : {Pass::forward, Pass::backward})
+            EXPECT_EQ(
+                preferred_candidate(std::span<const TablePoint>{}, problem_of(desc), pass, true),
+                Candidate::cudnn);
         }
+  // The feature and varlen rows' shapes: a window, a soft cap, Dk != Dv, packed sequences, and a
+  // chunk (Lq < Lk) past the decode rows.
+  Descriptor window =
+      make_desc(DType::bf16, 2, 16, 16, 8192, 8192, 128, Mask::sliding_window(1023, 0));
+  expect_bespoke(window);
+  Descriptor capped =
+      make_desc(DType::bf16, 4, 16, 16, 4096, 4096, 128, Mask::causal_bottom_right());
+  capped.softcap = 30.0;
+  expect_bespoke(capped);
+  Descriptor mla = make_desc(DType::bf16, 4, 16, 16, 4096, 4096, 192, Mask::causal_bottom_right());
+  mla.head_dim_v = 128;
+  expect_bespoke(mla);
+  Descriptor packed = make_desc(DType::f16, 4, 16, 16, 4096, 4096, 128, Mask::causal_top_left());
+  packed.varlen = true;
+  packed.total_q = packed.total_k = 4 * 4096;
+  expect_bespoke(packed);
+  expect_bespoke(make_desc(DType::bf16, 4, 32, 8, 1024, 16384, 128, Mask::causal_bottom_right()));
 }
 
 // Where the table names cuDNN and cuDNN does not serve the problem (not built, refused, no device),
@@ -4650,7 +4673,7 @@ TEST(AttentionHopperGpu, BespokePickSelectsTheFamilysKernels) {
           BARACUDA_ASSERT_OK(bwd);
           empty_table_fa3 += bwd->sku().name.starts_with("fa3_") ? 1 : 0;
         }
-        const auto points = bespoke_pick_points(DType::bf16, d, l, causal);
+        const auto points = bespoke_pick_points(DType::bf16);
         const SelectionTableOverride pick{points};
         auto fwd = attention::ForwardPlan::select(gs, desc, bespoke);
         auto bwd = attention::BackwardPlan::select(gs, desc, bespoke);

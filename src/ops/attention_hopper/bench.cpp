@@ -10,9 +10,9 @@
 // selection_table.hpp. BARACUDA_ATTN_ROUNDS=<r> times those columns r times a point in rounds of
 // alternating order (rows noted ", round <k>"), the point their medians
 // (scripts/attention-table.sh: 3). The sweep runs under an empty SelectionTableOverride, so each
-// column is its candidate alone whatever the shipped table says (otherwise
-// only(Backend::bespoke_cuda) would reach fa3's ranked-ahead entry where the table picks fa3).
-// BARACUDA_ATTN_SWEEP=quick limits the sweep to L in {1024, 4096, 16384},
+// column is its candidate alone whatever the shipped table says, and the bespoke column under one
+// that picks bespoke (BespokePick: otherwise only(Backend::bespoke_cuda) would reach fa3's
+// entries). BARACUDA_ATTN_SWEEP=quick limits the sweep to L in {1024, 4096, 16384},
 // BARACUDA_ATTN_SWEEP=d128_l4096 to one non-causal point; BARACUDA_ATTN_KERNELS (below) to some
 // fa3 instances and the cuDNN control.
 #include <algorithm>
@@ -149,20 +149,19 @@ std::string_view fa3_table_bwd_instance(const attention::Descriptor& d) {
   return p.ok() ? fa3_ranked_backward_kernel(p.value()) : kFa3BwdKernel;
 }
 
-// The bespoke column stands for what a bespoke pick yields: the family's kernels. An empty table
-// keeps fa3's ranked-ahead entries from it but not fa3's deterministic entries (bespoke CUDA too,
-// they fit wherever the table does not pick bespoke): those stood in for the family's kernels at
-// 19 of the sweep's 36 backward points of a table run (eighty-sixth session: d64 from L512, d128
-// from L2048). So the column selects under bespoke_pick_points (held here, since the override only
-// refers to them).
+// The bespoke column (and the bespoke rows) stand for what a bespoke pick yields: the family's
+// kernels. An empty table keeps fa3's ranked-ahead entries from them but not fa3's deterministic
+// entries (bespoke CUDA too, they fit wherever the table does not pick bespoke): those stood in for
+// the family's kernels at 19 of the sweep's 36 backward points of a table run (eighty-sixth
+// session: d64 from L512, d128 from L2048). So they select under bespoke_pick_points (held here,
+// since the override only refers to them).
 class BespokePick {
  public:
-  BespokePick(DType t, int64_t head_dim, int64_t len, bool causal)
-      : points_{bespoke_pick_points(t, head_dim, len, causal)},
-        table_{std::span<const TablePoint>{points_}} {}
+  explicit BespokePick(DType t)
+      : points_{bespoke_pick_points(t)}, table_{std::span<const TablePoint>{points_}} {}
 
  private:
-  std::array<TablePoint, 2> points_;
+  std::array<TablePoint, 4> points_;
   SelectionTableOverride table_;
 };
 // A bespoke row whose plan is one of fa3's entries (a row the family's kernels did not run): an
@@ -361,7 +360,7 @@ void sweep(const Stream& stream) {
         for (int vi = 0; vi < (backward_only || fa3_filtered ? 1 : 2); ++vi) {
           const Variant& var = variants[vi];
           std::optional<BespokePick> bespoke_pick;
-          if (vi == 1) bespoke_pick.emplace(dt, d, l, causal);
+          if (vi == 1) bespoke_pick.emplace(dt);
           auto fp = attention::ForwardPlan::select(stream, desc, var.pref);
           auto bp = attention::BackwardPlan::select(stream, desc, var.pref);
           bespoke_pick.reset();
@@ -487,8 +486,9 @@ void sweep(const Stream& stream) {
 
 // One problem's forward and backward under each candidate (notes "default", "fa3_sm90a",
 // "bespoke" and, with_cudnn, "cudnn"), one row per plan that selects and runs; the backward reads
-// the same candidate's forward outputs (it runs first). The bespoke rows run under an empty table,
-// so that fa3's ranked-ahead entry (also bespoke CUDA) cannot stand in for the family's kernels.
+// the same candidate's forward outputs (it runs first). The bespoke rows select under
+// bespoke_pick_points (BespokePick), so that no fa3 entry (also bespoke CUDA) stands in for the
+// family's kernels.
 void time_variants(const Stream& stream, const std::string& name, const attention::Descriptor& desc,
                    const attention::ForwardArguments& fa, const attention::BackwardArguments& ba,
                    double bytes, double flops, bool with_cudnn) {
@@ -504,20 +504,23 @@ void time_variants(const Stream& stream, const std::string& name, const attentio
       {"cudnn", PlanPreference::only(Backend::cudnn), PlanPreference::only(Backend::cudnn)}};
   for (const Variant& var : variants) {
     if (!with_cudnn && std::string_view(var.note) == "cudnn") continue;
-    std::optional<SelectionTableOverride> no_table;
-    if (std::string_view(var.note) == "bespoke") no_table.emplace(std::span<const TablePoint>{});
+    const bool bespoke = std::string_view(var.note) == "bespoke";
+    std::optional<BespokePick> bespoke_pick;
+    if (bespoke) bespoke_pick.emplace(desc.dtype);
     auto fp = attention::ForwardPlan::select(stream, desc, var.fwd);
     if (!fp.ok()) {
       bench::emit_error("attention", "attention_forward", name + "/" + var.note, fp.error());
       continue;
     }
+    if (bespoke && fa3_in_bespoke_column(name, "attention_forward", fp->sku().name)) continue;
     time_forward(stream, name, *fp, fa, bytes, flops, var.note);
     auto bp = attention::BackwardPlan::select(stream, desc, var.bwd);
+    bespoke_pick.reset();
     if (!bp.ok()) {
       bench::emit_error("attention", "attention_backward", name + "/" + var.note, bp.error());
       continue;
     }
-    if (no_table && fa3_in_bespoke_column(name, "attention_backward", bp->sku().name)) continue;
+    if (bespoke && fa3_in_bespoke_column(name, "attention_backward", bp->sku().name)) continue;
     time_backward(stream, name, *fp, fa, *bp, ba, 2 * bytes, 2.5 * flops, var.note);
   }
 }
@@ -578,7 +581,7 @@ void varlen_sweep(const Stream& stream) {
 }
 
 // Soft-capping and sliding windows (padded, bf16, d128, Hq = Hk = 16, 16k tokens): the default
-// plan, fa3 pinned, the bespoke kernels (under an empty table) and cuDNN where it takes the mask.
+// plan, fa3 pinned, the bespoke kernels (BespokePick) and cuDNN where it takes the mask.
 // TFLOP/s count the (query, key) pairs the band leaves visible.
 void feature_sweep(const Stream& stream) {
   if (bench::env("BARACUDA_ATTENTION_ONLY") == "decode") return;
