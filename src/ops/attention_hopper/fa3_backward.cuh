@@ -656,12 +656,12 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
   Pos cur = first;
   for (int t = 0; t < steps; ++t) {
     const int s = t % kRing, h = pos_head(cur), m0 = pos_row0(cur);
+    // The accumulator chunk this warpgroup's dQ part of the step goes to (q128: its query half).
+    auto step_chunk = [&] { return chunk_of(h, m0 + (kQRows == 128 ? wg * kChunkRows : 0)); };
     // claims: the step's chunk read here, its round trip under the step's first GEMMs. Once its
     // first add is marked stored the step takes no claim: past a chunk's first adds no step's
     // reduce-add waits on an atomic's returned value.
-    if (claims && threadIdx.x % 128 == 0)
-      claim_seen =
-          cuda::peek_count(p.claims + chunk_of(h, m0 + (kQRows == 128 ? wg * kChunkRows : 0)));
+    if (claims && threadIdx.x % 128 == 0) claim_seen = cuda::peek_count(p.claims + step_chunk());
     const Pos nxt = next_pos(cur);
     // Step t + kRing - 1's place, for the load that refills step t - 1's stage.
     auto ahead = [&] {
@@ -936,7 +936,7 @@ __global__ void __launch_bounds__(BwdShape<D, W, Q>::kThreads, 1)
           // claims: this step's claim taken here for the same reason (its atomic's round trip
           // under the GEMM), before its part is staged, unless the step's first reading saw the
           // chunk's first add landed.
-          const int64_t chunk = chunk_of(h, m0 + (kQ128 ? wg * kChunkRows : 0));
+          const int64_t chunk = step_chunk();
           if (claims && threadIdx.x % 128 == 0 && claim_seen < kClaimStored)
             claim_seen = atomicAdd(p.claims + chunk, 1u);
           if (!kEarlyRefill && refill) load_step(t + kRing - 1, ahead());
