@@ -616,7 +616,11 @@ inline constexpr std::string_view kFa3BwdFallingKernel = "fa3_bwd_sm90a_falling"
 // L4096 (0.90-0.99x: d128 L16384 causal 532.6 / 548.4, in groups of 8 479.1 / 523.5, of 16 459.8 /
 // 509.6; d64 L16384 0.97-0.98x), where the zeroing is a small share of a long walk's time and every
 // step's claim (an atomic with a round trip to L2) and ordering fence are not; at L2048 0.95-1.01x.
-// Measured at Lq = Lk only.
+// Since a step takes no claim once its chunk's first add is marked (eighty-sixth session, call 1,
+// fa3_bwd_sm90a_ranked_claims / _ranked_zeroed by name, d128 in groups of 1 / 4 / 8 / 16 and d64 of
+// 1 / 4): L2048 1.00-1.02x at d128 and 0.99x at d64, L4096 0.98-1.01x, L8192 0.95-1.00x, L16384
+// 0.95-1.00x (d128 causal in groups of 16 L8192 / L16384 463.9 / 491.1, 471.3 / 494.7): still
+// behind from L4096, the bound kept. Measured at Lq = Lk only.
 inline constexpr int64_t kFa3BwdFirstStoreMaxRows = 1024;
 bool fa3_bwd_first_store(const attention::Problem& p);
 // fa3_ranked_backward_kernel's launch as the ranked-ahead entry makes it, wherever that instance
