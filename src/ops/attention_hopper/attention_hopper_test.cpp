@@ -1646,8 +1646,8 @@ TEST(AttentionCudnnRules, ShippedTableShortPoints) {
 }
 
 // The shipped run (H200, cuDNN 9.19.0; bf16: 2026-12-02, c0417a9, each point the median of 2 runs
-// of 3 rounds of the columns in alternating order; f16: 68964ea's, the same kernels but the
-// backward's first-store adds, 2 runs): fa3 is picked exactly where it beat cuDNN there by more
+// of 3 rounds of the columns in alternating order; f16: 2026-12-02, ed6f394, the same way): fa3 is
+// picked exactly where it beat cuDNN there by more
 // than kTableLeadMargin. bf16 forward: D = 64 non-causal from L2048 by 6.2-13.3%, causal from L4096
 // by 1.0-11.7% (L2048 0.996); D = 128 non-causal at L1024, L2048, L8192 and L16384 by 1.8-4.0%
 // (L4096 1.003, inside the margin), causal from L1024 by 3.1-9.5%; D = 256 non-causal from L8192
@@ -1656,9 +1656,12 @@ TEST(AttentionCudnnRules, ShippedTableShortPoints) {
 // L128, L256, L1024 and from L8192, by 1.1-22.3% (non-causal L1024 / L2048 / L4096 0.947 / 0.938 /
 // 0.976, causal L512 / L2048 / L4096 0.971 / 0.936 / 0.970: cuDNN there, its deterministic
 // algorithm at causal L512); D = 256 at every point but causal L2048 (0.989), by 1.9-18.2%. f16
-// forward: D = 64 from L2048, causal too (the persistent causal forms: 1.024 / 1.084 at L2048 /
-// L4096, 0.895 / 0.983 in 4fbb3a9's run); D = 128 from L1024 but non-causal L8192 (1.009); D = 256
-// non-causal L4096 and L16384, causal from L4096.
+// forward: D = 64 non-causal from L4096 (L2048 1.005), causal from L2048; D = 128 from L1024 but
+// non-causal L8192 (0.979); D = 256 non-causal L16384 (L4096 / L8192 1.008 / 1.010), causal from
+// L4096. f16 backward: D = 64 at every point but non-causal L128 / L1024 (0.975 / 0.998); D = 128
+// non-causal to L512, L4096 and L16384 (L1024 / L2048 / L8192 0.948 / 0.918 / 1.006), causal at
+// L128, L256, L1024 and from L8192 (L512 0.961: cuDNN's deterministic algorithm); D = 256 at
+// every point but causal L2048 (1.005).
 // cuDNN at every other measured point, and never without fa3. Varlen problems (no cuDNN) get fa3
 // wherever it runs (it beat the bespoke kernels at every point, both passes, every head dim).
 TEST(AttentionCudnnRules, ShippedTablePicksFa3WhereItWasFastest) {
@@ -1673,29 +1676,54 @@ TEST(AttentionCudnnRules, ShippedTablePicksFa3WhereItWasFastest) {
   // The f16 rows (last): the forward points the persistent causal forms moved to fa3, and their
   // neighbours.
   const Point points[] = {
-      {128, 8192, false, kFa3, kFa3},         {128, 8192, true, kFa3, kFa3},
-      {128, 16384, true, kFa3, kFa3},         {128, 16384, false, kFa3, kFa3},
-      {128, 4096, false, kCudnn, kCudnn},     {128, 4096, true, kFa3, kCudnn},
-      {128, 1024, false, kFa3, kCudnn},       {128, 1024, true, kFa3, kFa3},
-      {128, 512, true, kCudnn, kCudnn},       {128, 2048, true, kFa3, kCudnn},
-      {64, 4096, false, kFa3, kFa3},          {64, 4096, true, kFa3, kFa3},
-      {64, 8192, false, kFa3, kFa3},          {64, 8192, true, kFa3, kFa3},
-      {64, 16384, false, kFa3, kFa3},         {64, 16384, true, kFa3, kFa3},
-      {64, 1024, false, kCudnn, kFa3},        {64, 512, true, kCudnn, kFa3},
-      {64, 512, false, kCudnn, kFa3},         {64, 1024, true, kCudnn, kFa3},
-      {64, 2048, true, kCudnn, kFa3},         {64, 2048, false, kFa3, kFa3},
-      {256, 16384, true, kFa3, kFa3},         {256, 8192, true, kFa3, kFa3},
-      {256, 16384, false, kFa3, kFa3},        {256, 8192, false, kFa3, kFa3},
-      {256, 4096, false, kCudnn, kFa3},       {256, 4096, true, kFa3, kFa3},
-      {256, 512, false, kCudnn, kFa3},        {256, 1024, false, kCudnn, kFa3},
-      {256, 512, true, kCudnn, kFa3},         {256, 1024, true, kCudnn, kFa3},
-      {256, 2048, false, kCudnn, kFa3},       {256, 2048, true, kCudnn, kCudnn},
-      {128, 512, false, kCudnn, kFa3},        {128, 2048, false, kFa3, kCudnn},
-      {64, 1024, true, kCudnn, kFa3, kF16},   {64, 2048, true, kFa3, kFa3, kF16},
-      {64, 4096, true, kFa3, kFa3, kF16},     {128, 512, true, kCudnn, kFa3, kF16},
-      {128, 1024, true, kFa3, kCudnn, kF16},  {128, 2048, true, kFa3, kCudnn, kF16},
-      {128, 8192, false, kCudnn, kFa3, kF16}, {256, 4096, false, kFa3, kFa3, kF16},
-      {256, 8192, false, kCudnn, kFa3, kF16}, {256, 2048, true, kCudnn, kCudnn, kF16},
+      {128, 8192, false, kFa3, kFa3},
+      {128, 8192, true, kFa3, kFa3},
+      {128, 16384, true, kFa3, kFa3},
+      {128, 16384, false, kFa3, kFa3},
+      {128, 4096, false, kCudnn, kCudnn},
+      {128, 4096, true, kFa3, kCudnn},
+      {128, 1024, false, kFa3, kCudnn},
+      {128, 1024, true, kFa3, kFa3},
+      {128, 512, true, kCudnn, kCudnn},
+      {128, 2048, true, kFa3, kCudnn},
+      {64, 4096, false, kFa3, kFa3},
+      {64, 4096, true, kFa3, kFa3},
+      {64, 8192, false, kFa3, kFa3},
+      {64, 8192, true, kFa3, kFa3},
+      {64, 16384, false, kFa3, kFa3},
+      {64, 16384, true, kFa3, kFa3},
+      {64, 1024, false, kCudnn, kFa3},
+      {64, 512, true, kCudnn, kFa3},
+      {64, 512, false, kCudnn, kFa3},
+      {64, 1024, true, kCudnn, kFa3},
+      {64, 2048, true, kCudnn, kFa3},
+      {64, 2048, false, kFa3, kFa3},
+      {256, 16384, true, kFa3, kFa3},
+      {256, 8192, true, kFa3, kFa3},
+      {256, 16384, false, kFa3, kFa3},
+      {256, 8192, false, kFa3, kFa3},
+      {256, 4096, false, kCudnn, kFa3},
+      {256, 4096, true, kFa3, kFa3},
+      {256, 512, false, kCudnn, kFa3},
+      {256, 1024, false, kCudnn, kFa3},
+      {256, 512, true, kCudnn, kFa3},
+      {256, 1024, true, kCudnn, kFa3},
+      {256, 2048, false, kCudnn, kFa3},
+      {256, 2048, true, kCudnn, kCudnn},
+      {128, 512, false, kCudnn, kFa3},
+      {128, 2048, false, kFa3, kCudnn},
+      {64, 1024, true, kCudnn, kFa3, kF16},
+      {64, 2048, true, kFa3, kFa3, kF16},
+      {64, 4096, true, kFa3, kFa3, kF16},
+      {128, 512, true, kCudnn, kCudnn, kF16},
+      {128, 1024, true, kFa3, kFa3, kF16},
+      {128, 2048, true, kFa3, kCudnn, kF16},
+      {128, 8192, false, kCudnn, kCudnn, kF16},
+      {256, 4096, false, kCudnn, kFa3, kF16},
+      {256, 8192, false, kCudnn, kFa3, kF16},
+      {256, 2048, true, kCudnn, kCudnn, kF16},
+      {64, 1024, false, kCudnn, kCudnn, kF16},
+      {64, 2048, false, kCudnn, kFa3, kF16},
   };
   for (const Point& pt : points) {
     const Mask m = pt.causal ? Mask::causal_top_left() : Mask::none();
