@@ -400,7 +400,8 @@ void sweep(const Stream& stream) {
         const std::string_view stand_in = fa3_table_instance(desc);
         // The BARACUDA_ATTN_KERNELS rows (cuDNN's first) for their rounds below.
         std::vector<std::function<double(const std::string&)>> named_again;
-        if (fa3_filtered && again[0][0] && fwd_tf[0] > 0) named_again.push_back(again[0][0]);
+        if (fa3_filtered && !backward_only && again[0][0] && fwd_tf[0] > 0)
+          named_again.push_back(again[0][0]);
         // The exp2-offload variants: notes "fa3_sm90a_exp2poly2of8" / "fa3_sm90a_exp2poly3of8".
         // The persistent variant (D = 64, 128): note "fa3_sm90a_persistent"; the 192-row tiles
         // (D = 64): "fa3_sm90a_m192".
@@ -447,6 +448,26 @@ void sweep(const Stream& stream) {
             else
               bench::emit_error("attention", "attention_backward", name + "/" + note, plan.error());
           }
+        }
+        // BARACUDA_ATTN_KERNELS' backward entries (fa3_bwd_*, note: the entry's name), pinned on
+        // the default forward's outputs as the fa3 column is, with cuDNN's backward as their
+        // control: an A/B of backward schedules in the process, rounds and clock states of the
+        // table's own rows (the family's bench times the same launches in another process).
+        if (fa3_filtered && !forward_only) {
+          bool any = false;
+          auto def_fwd = attention::ForwardPlan::select(stream, desc);
+          for (const std::string& k : kernels_env) {
+            if (!k.starts_with("fa3_bwd") || !def_fwd.ok()) continue;
+            auto plan = attention::BackwardPlan::select(stream, desc, PlanPreference::kernel(k));
+            if (!plan.ok()) {
+              bench::emit_error("attention", "attention_backward", name + "/" + k, plan.error());
+              continue;
+            }
+            if (time_bwd(*def_fwd, *plan, k) > 0)
+              named_again.push_back(again_bwd(*def_fwd, *plan, k));
+            any = true;
+          }
+          if (any && again[1][0] && bwd_tf[0] > 0) named_again.push_back(again[1][0]);
         }
         // The default plan (note "default plan") where the attention family's bench does not
         // time it under the same name (its sweep: bf16, d64 / d128, L >= 512).
