@@ -1618,13 +1618,13 @@ TEST(AttentionCudnnRules, ShippedTableIsWellFormed) {
 }
 
 // The short points (L 128 / 256, H200: 16k tokens as 128 / 64 sequences, hidden 2048; bf16 at
-// c0417a9, f16 at 6c47e03, each the median of 2 runs of 3 rounds): cuDNN leads every forward (fa3's
+// c0417a9, f16 at ed6f394, each the median of 2 runs of 3 rounds): cuDNN leads every forward (fa3's
 // column is the persistent variant's, fa3_persists, at 0.82-0.996x: d128 L256 394.1 TFLOP/s bf16
 // against cuDNN's 432.9; its causal form lifted causal L256 from 0.80x at aced984 to 0.94x) and
-// the d64 L128 non-causal backward (fa3 0.975 / 0.991x bf16 / f16); fa3's backward leads the rest,
-// by 1.4-22.3% bf16 (d64 L128 causal 56.3 against 55.5, d128 L128 causal 77.9 against 63.7: the
-// first-store adds, which the f16 points predate) and 2.9-11.5% f16. Without cuDNN fa3 at every
-// point; without fa3 the family's kernels.
+// the d64 L128 non-causal backward (fa3 0.975x in both dtypes); fa3's backward leads the rest, by
+// 1.4-22.3% bf16 (d64 L128 causal 56.3 against 55.5, d128 L128 causal 77.9 against 63.7: the
+// first-store adds) and 1.6-22.1% f16 (d128 L128 causal 77.9 against 63.8). Without cuDNN fa3 at
+// every point; without fa3 the family's kernels.
 TEST(AttentionCudnnRules, ShippedTableShortPoints) {
   for (DType t : {DType::bf16, DType::f16})
     for (int64_t d : {64, 128, 256})
