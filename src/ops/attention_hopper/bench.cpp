@@ -14,7 +14,7 @@
 // that picks bespoke (BespokePick: otherwise only(Backend::bespoke_cuda) would reach fa3's
 // entries). BARACUDA_ATTN_SWEEP=quick limits the sweep to L in {1024, 4096, 16384},
 // BARACUDA_ATTN_SWEEP=d128_l4096 to one non-causal point; BARACUDA_ATTN_KERNELS (below) to some
-// fa3 instances and the cuDNN control.
+// fa3 instances or backward entries and the cuDNN control.
 #include <algorithm>
 #include <array>
 #include <cstdio>
@@ -281,13 +281,14 @@ void sweep(const Stream& stream) {
   // slower than one timed first at the same clock state (sixtieth session, nvidia-smi beside the
   // rows); alternation gives every column the same mix of states.
   const int rounds = static_cast<int>(bench::env_positive("BARACUDA_ATTN_ROUNDS", 1));
-  // BARACUDA_ATTN_KERNELS=<fa3 kernel names> (A/B runs of some fa3 forward instances, as the
-  // family's bench reads it and scripts/ab-builds.sh's AB_KERNELS sets it): those fa3 instances and
-  // cuDNN (the control) alone, so that a device call fits more repetitions. Neither the family's
-  // kernel nor the default plan is timed, and no table_point line is printed (its columns would be
-  // missing). BARACUDA_ATTN_ROUNDS applies to these rows as to the columns: each is timed r times
-  // at a point, in rounds of alternating order (notes ", round <k>"; the A/B tools take medians
-  // over a kernel's rows).
+  // BARACUDA_ATTN_KERNELS=<fa3 kernel names> (A/B runs of some fa3 forward instances or backward
+  // entries, fa3_bwd_*, as the family's bench reads it and scripts/ab-builds.sh's AB_KERNELS sets
+  // it): those and cuDNN (the control: its backward where a backward entry is named, its forward
+  // unless BARACUDA_ATTENTION_ONLY=backward) alone, so that a device call fits more repetitions.
+  // Neither the family's kernel nor the default plan is timed, and no table_point line is printed
+  // (its columns would be missing). BARACUDA_ATTN_ROUNDS applies to these rows as to the columns:
+  // each is timed r times at a point, in rounds of alternating order (notes ", round <k>"; the A/B
+  // tools take medians over a kernel's rows).
   const std::vector<std::string> kernels_env = bench::env_list("BARACUDA_ATTN_KERNELS");
   const bool fa3_filtered = !kernels_env.empty();
   std::vector<int64_t> lens = !listed_lens.empty() ? listed_lens
