@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <functional>
 #include <limits>
+#include <span>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -1647,115 +1648,95 @@ TEST(AttentionCudnnRules, ShippedTableShortPoints) {
 
 // The shipped run (H200, cuDNN 9.19.0; bf16: 2026-12-02, c0417a9, each point the median of 2 runs
 // of 3 rounds of the columns in alternating order; f16: 2026-12-02, ed6f394, the same way): fa3 is
-// picked exactly where it beat cuDNN there by more
-// than kTableLeadMargin. bf16 forward: D = 64 non-causal from L2048 by 6.2-13.3%, causal from L4096
-// by 1.0-11.7% (L2048 0.996); D = 128 non-causal at L1024, L2048, L8192 and L16384 by 1.8-4.0%
-// (L4096 1.003, inside the margin), causal from L1024 by 3.1-9.5%; D = 256 non-causal from L8192
-// by 4.6-8.1% (L4096 1.001), causal from L4096 by 2.4-15.1%. bf16 backward: D = 64 at every point
-// but non-causal L128 (0.975), by 1.0-13.4%; D = 128 non-causal to L512 and from L8192, causal at
-// L128, L256, L1024 and from L8192, by 1.1-22.3% (non-causal L1024 / L2048 / L4096 0.947 / 0.938 /
-// 0.976, causal L512 / L2048 / L4096 0.971 / 0.936 / 0.970: cuDNN there, its deterministic
-// algorithm at causal L512); D = 256 at every point but causal L2048 (0.989), by 1.9-18.2%. f16
-// forward: D = 64 non-causal from L4096 (L2048 1.005), causal from L2048; D = 128 from L1024 but
-// non-causal L8192 (0.979); D = 256 non-causal L16384 (L4096 / L8192 1.008 / 1.010), causal from
-// L4096. f16 backward: D = 64 at every point but non-causal L128 / L1024 (0.975 / 0.998); D = 128
-// non-causal to L512, L4096 and L16384 (L1024 / L2048 / L8192 0.948 / 0.918 / 1.006), causal at
-// L128, L256, L1024 and from L8192 (L512 0.961: cuDNN's deterministic algorithm); D = 256 at
-// every point but causal L2048 (1.005).
-// cuDNN at every other measured point, and never without fa3. Varlen problems (no cuDNN) get fa3
-// wherever it runs (it beat the bespoke kernels at every point, both passes, every head dim).
+// picked exactly where it beat cuDNN there by more than kTableLeadMargin. bf16 forward: D = 64
+// non-causal from L2048 by 6.2-13.3%, causal from L4096 by 1.0-11.7% (L2048 0.996); D = 128
+// non-causal at L1024, L2048, L8192 and L16384 by 1.8-4.0% (L4096 1.003, inside the margin), causal
+// from L1024 by 3.1-9.5%; D = 256 non-causal from L8192 by 4.6-8.1% (L4096 1.001), causal from
+// L4096 by 2.4-15.1%. bf16 backward: D = 64 at every point but non-causal L128 (0.975),
+// by 1.0-13.4%; D = 128 non-causal to L512 and from L8192, causal at L128, L256, L1024 and from
+// L8192, by 1.1-22.3% (non-causal L1024 / L2048 / L4096 0.947 / 0.938 / 0.976, causal L512 / L2048
+// / L4096 0.971 / 0.936 / 0.970: cuDNN there, its deterministic algorithm at causal L512); D = 256
+// at every point but causal L2048 (0.989), by 1.9-18.2%. f16 forward: D = 64 non-causal from L4096
+// (L2048 1.005), causal from L2048; D = 128 from L1024 but non-causal L8192 (0.979); D = 256
+// non-causal L16384 (L4096 / L8192 1.008 / 1.010), causal from L4096. f16 backward: D = 64 at every
+// point but non-causal L128 / L1024 (0.975 / 0.998); D = 128 non-causal to L512, L4096 and L16384
+// (L1024 / L2048 / L8192 0.948 / 0.918 / 1.006), causal at L128, L256, L1024 and from L8192 (L512
+// 0.961: cuDNN's deterministic algorithm); D = 256 at every point but causal L2048 (1.005). cuDNN
+// at every other measured point, and never without fa3. Varlen problems (no cuDNN) get fa3 wherever
+// it runs (it beat the bespoke kernels at every point, both passes, every head dim).
 TEST(AttentionCudnnRules, ShippedTablePicksFa3WhereItWasFastest) {
   struct Point {
     int64_t d, l;
     bool causal;
     Candidate forward, backward;
-    DType type = DType::bf16;
   };
   constexpr Candidate kFa3 = Candidate::fa3, kCudnn = Candidate::cudnn;
-  constexpr DType kF16 = DType::f16;
-  // The f16 rows (last): the forward points the persistent causal forms moved to fa3, and their
-  // neighbours.
-  const Point points[] = {
-      {128, 8192, false, kFa3, kFa3},
-      {128, 8192, true, kFa3, kFa3},
-      {128, 16384, true, kFa3, kFa3},
-      {128, 16384, false, kFa3, kFa3},
-      {128, 4096, false, kCudnn, kCudnn},
-      {128, 4096, true, kFa3, kCudnn},
-      {128, 1024, false, kFa3, kCudnn},
-      {128, 1024, true, kFa3, kFa3},
-      {128, 512, true, kCudnn, kCudnn},
-      {128, 2048, true, kFa3, kCudnn},
-      {64, 4096, false, kFa3, kFa3},
-      {64, 4096, true, kFa3, kFa3},
-      {64, 8192, false, kFa3, kFa3},
-      {64, 8192, true, kFa3, kFa3},
-      {64, 16384, false, kFa3, kFa3},
-      {64, 16384, true, kFa3, kFa3},
-      {64, 1024, false, kCudnn, kFa3},
-      {64, 512, true, kCudnn, kFa3},
-      {64, 512, false, kCudnn, kFa3},
-      {64, 1024, true, kCudnn, kFa3},
-      {64, 2048, true, kCudnn, kFa3},
-      {64, 2048, false, kFa3, kFa3},
-      {256, 16384, true, kFa3, kFa3},
-      {256, 8192, true, kFa3, kFa3},
-      {256, 16384, false, kFa3, kFa3},
-      {256, 8192, false, kFa3, kFa3},
-      {256, 4096, false, kCudnn, kFa3},
-      {256, 4096, true, kFa3, kFa3},
-      {256, 512, false, kCudnn, kFa3},
-      {256, 1024, false, kCudnn, kFa3},
-      {256, 512, true, kCudnn, kFa3},
-      {256, 1024, true, kCudnn, kFa3},
-      {256, 2048, false, kCudnn, kFa3},
-      {256, 2048, true, kCudnn, kCudnn},
-      {128, 512, false, kCudnn, kFa3},
-      {128, 2048, false, kFa3, kCudnn},
-      {64, 1024, true, kCudnn, kFa3, kF16},
-      {64, 2048, true, kFa3, kFa3, kF16},
-      {64, 4096, true, kFa3, kFa3, kF16},
-      {128, 512, true, kCudnn, kCudnn, kF16},
-      {128, 1024, true, kFa3, kFa3, kF16},
-      {128, 2048, true, kFa3, kCudnn, kF16},
-      {128, 8192, false, kCudnn, kCudnn, kF16},
-      {256, 4096, false, kCudnn, kFa3, kF16},
-      {256, 8192, false, kCudnn, kFa3, kF16},
-      {256, 2048, true, kCudnn, kCudnn, kF16},
-      {64, 1024, false, kCudnn, kCudnn, kF16},
-      {64, 2048, false, kCudnn, kFa3, kF16},
+  const Point bf16_points[] = {
+      {128, 8192, false, kFa3, kFa3},     {128, 8192, true, kFa3, kFa3},
+      {128, 16384, true, kFa3, kFa3},     {128, 16384, false, kFa3, kFa3},
+      {128, 4096, false, kCudnn, kCudnn}, {128, 4096, true, kFa3, kCudnn},
+      {128, 1024, false, kFa3, kCudnn},   {128, 1024, true, kFa3, kFa3},
+      {128, 512, true, kCudnn, kCudnn},   {128, 2048, true, kFa3, kCudnn},
+      {64, 4096, false, kFa3, kFa3},      {64, 4096, true, kFa3, kFa3},
+      {64, 8192, false, kFa3, kFa3},      {64, 8192, true, kFa3, kFa3},
+      {64, 16384, false, kFa3, kFa3},     {64, 16384, true, kFa3, kFa3},
+      {64, 1024, false, kCudnn, kFa3},    {64, 512, true, kCudnn, kFa3},
+      {64, 512, false, kCudnn, kFa3},     {64, 1024, true, kCudnn, kFa3},
+      {64, 2048, true, kCudnn, kFa3},     {64, 2048, false, kFa3, kFa3},
+      {256, 16384, true, kFa3, kFa3},     {256, 8192, true, kFa3, kFa3},
+      {256, 16384, false, kFa3, kFa3},    {256, 8192, false, kFa3, kFa3},
+      {256, 4096, false, kCudnn, kFa3},   {256, 4096, true, kFa3, kFa3},
+      {256, 512, false, kCudnn, kFa3},    {256, 1024, false, kCudnn, kFa3},
+      {256, 512, true, kCudnn, kFa3},     {256, 1024, true, kCudnn, kFa3},
+      {256, 2048, false, kCudnn, kFa3},   {256, 2048, true, kCudnn, kCudnn},
+      {128, 512, false, kCudnn, kFa3},    {128, 2048, false, kFa3, kCudnn},
   };
-  for (const Point& pt : points) {
-    const Mask m = pt.causal ? Mask::causal_top_left() : Mask::none();
-    const attention::Problem p =
-        problem_of(make_desc(pt.type, 16384 / pt.l, 2048 / pt.d, 2048 / pt.d, pt.l, pt.l, pt.d, m));
-    SCOPED_TRACE(std::string(pt.type == kF16 ? "f16 " : "") + "D" + std::to_string(pt.d) + " L" +
-                 std::to_string(pt.l) + (pt.causal ? " causal" : ""));
-    EXPECT_EQ(preferred_candidate(p, Pass::forward, true), pt.forward);
-    EXPECT_EQ(preferred_candidate(p, Pass::forward, false), Candidate::cudnn);
-    EXPECT_EQ(preferred_candidate(p, Pass::backward, true), pt.backward);
-    EXPECT_EQ(preferred_candidate(p, Pass::backward, false), Candidate::cudnn);
-    if (pt.type != DType::bf16) continue;  // decode and varlen below: the bf16 points'
-    // Decode against the same keys: the family's decode kernel, but with 256-wide heads
-    // (wide_head_decode: fa3 for one token, cuDNN from 2); its backward follows the table's
-    // non-causal point (cuDNN at every length).
-    for (int64_t lq : {int64_t{1}, int64_t{4}, kDecodeQueryRows}) {
-      const attention::Problem decode =
-          problem_of(make_desc(DType::bf16, 16, 2048 / pt.d, 2048 / pt.d, lq, pt.l, pt.d));
-      EXPECT_EQ(preferred_candidate(decode, Pass::forward, true), pt.d != 256 ? Candidate::bespoke
-                                                                  : lq == 1   ? Candidate::fa3
-                                                                              : Candidate::cudnn);
-      EXPECT_EQ(preferred_candidate(decode, Pass::forward, false), Candidate::bespoke);
-      EXPECT_EQ(preferred_candidate(decode, Pass::backward, true), Candidate::cudnn);
+  // f16: the forward points the persistent causal forms moved to fa3 and their neighbours; then
+  // the points ed6f394's table moved.
+  const Point f16_points[] = {
+      {64, 1024, true, kCudnn, kFa3},   {64, 2048, true, kFa3, kFa3},
+      {64, 4096, true, kFa3, kFa3},     {128, 2048, true, kFa3, kCudnn},
+      {256, 8192, false, kCudnn, kFa3}, {256, 2048, true, kCudnn, kCudnn},
+  };
+  const Point f16_moved[] = {
+      {64, 1024, false, kCudnn, kCudnn},  {64, 2048, false, kCudnn, kFa3},
+      {128, 512, true, kCudnn, kCudnn},   {128, 1024, true, kFa3, kFa3},
+      {128, 8192, false, kCudnn, kCudnn}, {256, 4096, false, kCudnn, kFa3},
+  };
+  const std::pair<DType, std::span<const Point>> sets[] = {
+      {DType::bf16, bf16_points}, {DType::f16, f16_points}, {DType::f16, f16_moved}};
+  for (const auto& [type, points] : sets)
+    for (const Point& pt : points) {
+      const Mask m = pt.causal ? Mask::causal_top_left() : Mask::none();
+      const attention::Problem p =
+          problem_of(make_desc(type, 16384 / pt.l, 2048 / pt.d, 2048 / pt.d, pt.l, pt.l, pt.d, m));
+      SCOPED_TRACE(std::string(name(type)) + " D" + std::to_string(pt.d) + " L" +
+                   std::to_string(pt.l) + (pt.causal ? " causal" : ""));
+      EXPECT_EQ(preferred_candidate(p, Pass::forward, true), pt.forward);
+      EXPECT_EQ(preferred_candidate(p, Pass::forward, false), Candidate::cudnn);
+      EXPECT_EQ(preferred_candidate(p, Pass::backward, true), pt.backward);
+      EXPECT_EQ(preferred_candidate(p, Pass::backward, false), Candidate::cudnn);
+      if (type != DType::bf16) continue;  // decode and varlen below: the bf16 points'
+      // Decode against the same keys: the family's decode kernel, but with 256-wide heads
+      // (wide_head_decode: fa3 for one token, cuDNN from 2); its backward follows the table's
+      // non-causal point (cuDNN at every length).
+      for (int64_t lq : {int64_t{1}, int64_t{4}, kDecodeQueryRows}) {
+        const attention::Problem decode =
+            problem_of(make_desc(DType::bf16, 16, 2048 / pt.d, 2048 / pt.d, lq, pt.l, pt.d));
+        EXPECT_EQ(preferred_candidate(decode, Pass::forward, true), pt.d != 256 ? Candidate::bespoke
+                                                                    : lq == 1   ? Candidate::fa3
+                                                                                : Candidate::cudnn);
+        EXPECT_EQ(preferred_candidate(decode, Pass::forward, false), Candidate::bespoke);
+        EXPECT_EQ(preferred_candidate(decode, Pass::backward, true), Candidate::cudnn);
+      }
+      Descriptor packed = make_desc(DType::bf16, 4, 2048 / pt.d, 2048 / pt.d, pt.l, pt.l, pt.d, m);
+      packed.varlen = true;
+      packed.total_q = packed.total_k = 4 * pt.l;
+      for (Pass pass : {Pass::forward, Pass::backward}) {
+        EXPECT_EQ(preferred_candidate(problem_of(packed), pass, true), Candidate::fa3);
+        EXPECT_EQ(preferred_candidate(problem_of(packed), pass, false), Candidate::bespoke);
+      }
     }
-    Descriptor packed = make_desc(DType::bf16, 4, 2048 / pt.d, 2048 / pt.d, pt.l, pt.l, pt.d, m);
-    packed.varlen = true;
-    packed.total_q = packed.total_k = 4 * pt.l;
-    for (Pass pass : {Pass::forward, Pass::backward}) {
-      EXPECT_EQ(preferred_candidate(problem_of(packed), pass, true), Candidate::fa3);
-      EXPECT_EQ(preferred_candidate(problem_of(packed), pass, false), Candidate::bespoke);
-    }
-  }
   // Chunked prefill (bench_attention's prefill rows: 4 sequences, 32 query heads, GQA 4, d128,
   // bottom-right, Lq new rows against 4096- or 16384-key caches). Padded: fa3's packed instance up
   // to fa3_packed_chunk_rows (fa3_packs; from Lq 8, where the group of 4 fills
