@@ -425,11 +425,12 @@ void sweep(const Stream& stream) {
             again[0][2] = again_fwd(*fp, note);
           }
         }
-        // Our sm_90a backward pinned by name (note "fa3_sm90a"), on the outputs of the default
-        // forward plan: the table's fa3 column, the instance the ranked-ahead entry launches.
+        // The backward rows of fa3 below run on the default forward plan's outputs.
+        auto def_fwd = attention::ForwardPlan::select(stream, desc);
+        // Our sm_90a backward pinned by name (note "fa3_sm90a"): the table's fa3 column, the
+        // instance the ranked-ahead entry launches.
         double fa3_bwd_tf = 0;
-        if (auto def_fwd = attention::ForwardPlan::select(stream, desc);
-            def_fwd.ok() && !forward_only && !fa3_filtered) {
+        if (def_fwd.ok() && !forward_only && !fa3_filtered) {
           const std::string_view bwd_column = fa3_table_bwd_instance(desc);
           auto bp =
               attention::BackwardPlan::select(stream, desc, PlanPreference::kernel(bwd_column));
@@ -454,11 +455,10 @@ void sweep(const Stream& stream) {
         // the default forward's outputs as the fa3 column is, with cuDNN's backward as their
         // control: an A/B of backward schedules in the process, rounds and clock states of the
         // table's own rows (the family's bench times the same launches in another process).
-        if (fa3_filtered && !forward_only) {
+        if (fa3_filtered && !forward_only && def_fwd.ok()) {
           bool any = false;
-          auto def_fwd = attention::ForwardPlan::select(stream, desc);
           for (const std::string& k : kernels_env) {
-            if (!k.starts_with("fa3_bwd") || !def_fwd.ok()) continue;
+            if (!k.starts_with("fa3_bwd")) continue;
             auto plan = attention::BackwardPlan::select(stream, desc, PlanPreference::kernel(k));
             if (!plan.ok()) {
               bench::emit_error("attention", "attention_backward", name + "/" + k, plan.error());
