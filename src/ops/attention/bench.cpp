@@ -61,6 +61,11 @@ std::optional<PlannedForward> plan_forward(const Stream& stream, const Descripto
 // A point's plans (rows with a plan and its workspace) timed on `args` in interleaved rounds
 // (bench::time_interleaved, 5 rounds of `reps` calls), so that no row pays for its place in the
 // sequence: each plan's median, or nothing and an error row.
+// BARACUDA_ATTN_ROW_ROUNDS=<r> / BARACUDA_ATTN_ROW_REPS=<n>: r rounds of n calls instead. Under
+// the 700 W cap a long launch's rate falls the longer the GPU runs it (the SM clock 1980 MHz ->
+// 1500-1800): one round of 10 calls, how rows were timed before d76a1f3, read fa3's 6-10 ms
+// backward rows 1.01-1.09x the rate of 5 rounds of 4, and 20 rounds 0.92-1.00x (its 2-3 ms
+// forward rows 0.88-0.99x; H200, eighty-eighth session).
 template <class Row, class Arguments>
 std::vector<std::optional<double>> time_rows(const Stream& stream, std::vector<Row>& rows,
                                              const Arguments& args, const char* op,
@@ -69,7 +74,9 @@ std::vector<std::optional<double>> time_rows(const Stream& stream, std::vector<R
   for (Row& r : rows)
     runs.push_back(
         [&stream, &r, &args] { return r.plan.run(stream, r.workspace.as_workspace(), args); });
-  const auto times = bench::time_interleaved(stream, runs, 5, reps);
+  const auto times = bench::time_interleaved(
+      stream, runs, static_cast<int>(bench::env_positive("BARACUDA_ATTN_ROW_ROUNDS", 5)),
+      static_cast<int>(bench::env_positive("BARACUDA_ATTN_ROW_REPS", reps)));
   std::vector<std::optional<double>> medians;
   for (const auto& t : times) {
     if (t.ok()) {
