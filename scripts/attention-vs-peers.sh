@@ -8,6 +8,11 @@
 # default_vs_fastest.py (the cases a peer won by more than --over are listed as "peer" lines).
 #   bash scripts/attention-vs-peers.sh
 # env: BUILD_DIR (default bf), JOBS, OVER (default 1.0), BARACUDA_COMMIT (stamped on the rows).
+# RECORD=1 (issue 8's record in the same call, about 100 s more): the default rows again in one
+# round of 10 calls (BARACUDA_ATTN_ROW_ROUNDS / _REPS, near the burst of PyTorch's do_bench: under
+# the power cap the long rows read up to 6% higher than in the bench's 5 rounds), the table bench's
+# bf16 columns (cuDNN, bespoke, fa3 by name; one round), then attention_record.py's table of them
+# all with the GEMM ceiling's share and the own-kernel bar, in $OUT/record.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -29,3 +34,12 @@ for only in backward decode; do
 done
 python3 scripts/default_vs_fastest.py "$OUT/ours.jsonl" --peers "$OUT/peers.jsonl" \
   --over "${OVER:-1.0}" | tee "$OUT/summary.txt"
+if [ "${RECORD:-0}" = 1 ]; then
+  BARACUDA_ATTN_ROW_ROUNDS=1 BARACUDA_ATTN_ROW_REPS=10 BARACUDA_ATTENTION_ONLY=backward \
+    BARACUDA_ATTN_KERNELS=none timeout 300 "$B/apps/bench_attention" attention \
+    >"$OUT/ours_1x10.jsonl" 2>>"$OUT/ours.err"
+  BARACUDA_ATTN_DTYPE=bf16 timeout 300 "$B/apps/bench_attention" attention_hopper \
+    >"$OUT/table_bf16.jsonl" 2>>"$OUT/ours.err"
+  python3 scripts/attention_record.py "$OUT/ours.jsonl" --peers "$OUT/peers.jsonl" \
+    --table "$OUT/table_bf16.jsonl" --short "$OUT/ours_1x10.jsonl" | tee "$OUT/record.md"
+fi
