@@ -12,25 +12,15 @@ ours.jsonl: `bench_attention attention` (BARACUDA_ATTENTION_ONLY=backward, the d
 no note); --short: the same rows timed otherwise (BARACUDA_ATTN_ROW_ROUNDS / _REPS); --table:
 `bench_attention attention_hopper` (its {"table_point": ...} lines); --peers: peers.py."""
 import argparse
-import json
+import os
 import re
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from default_vs_fastest import load  # noqa: E402 (the bench JSON lines of some files)
+
 CASE = re.compile(r"^b(\d+)_h(\d+)_l(\d+)_d(\d+)(_causal)?$")
 PASSES = (("attention_forward", "forward"), ("attention_backward", "backward"))
-
-
-def load(path):
-    rows = []
-    with open(path) as f:
-        for line in f:
-            line = line.strip()
-            if line.startswith("{"):
-                try:
-                    rows.append(json.loads(line))
-                except ValueError:
-                    pass
-    return rows
 
 
 def defaults(rows):
@@ -126,8 +116,8 @@ def main():
     ap.add_argument("--forward-bar", type=float, default=650.0)
     ap.add_argument("--backward-bar", type=float, default=500.0)
     a = ap.parse_args()
-    lines = record(load(a.ours), load(a.peers), load(a.table), load(a.short) if a.short else None,
-                   a.forward_bar, a.backward_bar)
+    lines = record(load([a.ours]), load([a.peers]), load([a.table]),
+                   load([a.short]) if a.short else None, a.forward_bar, a.backward_bar)
     print("\n".join(lines))
     return 0
 
