@@ -10,7 +10,7 @@
 # env: BUILD_DIR (default bf), JOBS, OVER (default 1.0), BARACUDA_COMMIT (stamped on the rows).
 # RECORD=1 (issue 8's record in the same call, about 100 s more): the default rows again in one
 # round of 10 calls (BARACUDA_ATTN_ROW_ROUNDS / _REPS, near the burst of PyTorch's do_bench: under
-# the power cap the long rows read up to 6% higher than in the bench's 5 rounds), the table bench's
+# the power cap the long rows read up to 9% higher than in the bench's 5 rounds), the table bench's
 # bf16 columns (cuDNN, bespoke, fa3 by name; one round), then attention_record.py's table of them
 # all with the GEMM ceiling's share and the own-kernel bar, in $OUT/record.md.
 set -uo pipefail
