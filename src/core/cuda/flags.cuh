@@ -77,22 +77,27 @@ __device__ __forceinline__ void raise_count_after_completion(unsigned* count, un
 
 // Raises this block's flag in a group of `count` blocks (flags[mine] = tag, after every thread's
 // stores) and reads the group's flags: true where all of them hold tag. For a merge by whichever
-// block of a group finishes last, with nothing to initialize: fence.sc between the raise and the
-// reads means that of any two blocks of a group at least one sees the other's flag, so the block
-// to raise last always gets true (two finishing together may both get true). With true, what the
-// others wrote before their raise is visible (read it with __ldcg). The tag must differ from
-// whatever the flags may hold before the launch (unique per launch, never the cleared value 0);
-// clear_flags resets a group once its readers are done. Needs a full first warp; call from every
-// thread; returns the same value in all.
+// block of a group finishes last, with nothing to initialize. One SC fence a block: the barrier
+// puts every thread's stores and thread 0's release store of the flag before each lane's fence.sc,
+// and the scan's loads after it, so of any two blocks of a group at least one sees the other's
+// flag, and the block whose earliest fence comes last in the fences' order sees every flag (two
+// finishing together may both get true). The stores reach a reader through the release, cumulative
+// over what the barrier ordered before it. (Until the eighty-eighth session every thread took an SC
+// fence before the raise and the merging block another after the scan: the fused decode then ran 10
+// us longer than the split kernel whose loop it shares, H200, ncu.) With true, what the others
+// wrote before their raise is visible after the acquire fence (read it with __ldcg). The tag must
+// differ from whatever the flags may hold before the launch (unique per launch, never the cleared
+// value 0); clear_flags resets a group once its readers are done. Needs a full first warp; call
+// from every thread; returns the same value in all.
 __device__ __forceinline__ bool raise_flag_and_see_all(unsigned long long* flags, int count,
                                                        int mine, unsigned long long tag) {
   __shared__ int all_raised;
-  __threadfence();  // this thread's stores, device-wide before the flag
   __syncthreads();
   if (threadIdx.x < 32 && threadIdx.y == 0 && threadIdx.z == 0) {
     if (threadIdx.x == 0)
-      asm volatile("st.relaxed.gpu.global.u64 [%0], %1;\n" ::"l"(flags + mine), "l"(tag)
+      asm volatile("st.release.gpu.global.u64 [%0], %1;\n" ::"l"(flags + mine), "l"(tag)
                    : "memory");
+    __syncwarp();
     asm volatile("fence.sc.gpu;\n" ::: "memory");
     bool all = true;
     for (int i = static_cast<int>(threadIdx.x); i < count; i += 32) {
@@ -104,7 +109,8 @@ __device__ __forceinline__ bool raise_flag_and_see_all(unsigned long long* flags
       all &= seen == tag;
     }
     all = __all_sync(0xffffffffu, all);
-    if (all) __threadfence();  // acquire side: the others' stores are read after this
+    // Acquire: every lane that read a raised flag fences before the block reads what was published.
+    if (all) asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
     if (threadIdx.x == 0) all_raised = all;
   }
   __syncthreads();
