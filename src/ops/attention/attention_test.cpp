@@ -276,8 +276,10 @@ PlanPreference ours(Target target) {
 // The family's own pick among its kernels: under an empty selection table fa3's ranked-ahead
 // entries (bespoke CUDA too, so `ours` admits them where the table ranks fa3 first) stand aside.
 Result<BackwardPlan> family_backward(Target target, const Descriptor& d) {
+#if BARACUDA_HAVE_ATTENTION_HOPPER
   const attention_hopper::SelectionTableOverride no_table{
       std::span<const attention_hopper::TablePoint>{}};
+#endif
   return BackwardPlan::select(harness::stream_for(target), d, ours(target));
 }
 
