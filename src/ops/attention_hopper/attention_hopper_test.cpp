@@ -90,7 +90,7 @@ TEST(AttentionCudnnRules, ScreenNamesWhyCudnnCannotTakeAProblem) {
   Descriptor paged = make_desc(DType::bf16, 2, 4, 4, 16, 16, 64);
   paged.page_size = 16, paged.pages = 2;
   const Refused cases[] = {
-      {used, "seqused_k: per-sequence key counts are not wired to cuDNN"},
+      {used, "seqused_k: cuDNN's padding mask multiplies a cache's rows past each count into P V"},
       {paged, "page_size: paged K / V are not wired to cuDNN"},
       {make_desc(DType::f32, 1, 4, 4, 16, 16, 64), "dtype=f32: cuDNN SDPA takes bf16 or f16"},
       {varlen, "varlen: packed sequences"},
@@ -1802,7 +1802,7 @@ TEST(AttentionCudnnRules, TableOverrideIsScopedAndNests) {
 }
 
 // Per-sequence key counts (seqused_k) and paged K / V (any page size) reach fa3's forward; cuDNN
-// takes neither.
+// takes neither (its padding mask lets a cache's rows past the counts into P V: cudnn_screen).
 TEST(AttentionFa3Rules, CountsAndPagesAreFa3s) {
   DeviceCaps h100;
   h100.device = 0, h100.sm = 90, h100.sm_count = 132, h100.smem_per_block_optin = 227 * 1024;

@@ -31,8 +31,15 @@ std::optional<std::string> cudnn_screen(const attention::Problem& p) {
   if (d.dtype != DType::bf16 && d.dtype != DType::f16)
     return "dtype=" + std::string(name(d.dtype)) + ": cuDNN SDPA takes bf16 or f16";
   if (d.varlen) return "varlen: packed sequences are not wired to cuDNN's ragged layout";
-  // A sequence with no key (count 0) must give y = 0, lse = -inf, which cuDNN does not promise.
-  if (d.seqused_k) return "seqused_k: per-sequence key counts are not wired to cuDNN";
+  // Key counts as cuDNN's padding mask were wired and measured (H200, cuDNN 9.19, 2026-12-02,
+  // eighty-ninth session; the rows that see no key written by a pass after it): the mask scores
+  // none of a cache's rows past a count but still multiplies their zero probabilities into P V, so
+  // one NaN there (those rows may hold anything: an engine's cache is filled in place) makes NaN of
+  // every row of each query tile that reaches that key tile. Nor was it faster: 0.71-0.83x fa3's
+  // counted forward on the bench's chunked-prefill rows, 0.66x the decode kernel on ragged decodes.
+  if (d.seqused_k)
+    return "seqused_k: cuDNN's padding mask multiplies a cache's rows past each count into P V "
+           "(0 x NaN), and those rows may hold anything";
   if (d.page_size > 0) return "page_size: paged K / V are not wired to cuDNN";
   if (d.softcap > 0) return "softcap: cuDNN SDPA has no logit soft-capping";
   if (d.head_dim_qk % 8 != 0 || d.head_dim_v % 8 != 0)
