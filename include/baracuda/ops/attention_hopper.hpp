@@ -137,8 +137,9 @@ std::string_view selection_table_provenance();  // device, date, commit of the m
 // displaces the one before it (cuDNN, then bespoke, then fa3) only when it leads by more than
 // kTableLeadMargin, so ties go to cuDNN, then bespoke. Candidate::cudnn when the
 // table has no point for the dtype/pass (the fastest peer measured through PyTorch). Problems
-// cuDNN is not given (cudnn_screen: varlen, soft-capping, ...) rank bespoke and fa3 only (varlen:
-// at the point of the longest sequence), and default to bespoke.
+// cuDNN is not given (cudnn_screen: soft-capping, ...) and packed sequences (varlen: cuDNN's
+// ragged forward by name or only(Backend::cudnn); no measured point ranks it first) rank bespoke
+// and fa3 only (varlen: at the point of the longest sequence), and default to bespoke.
 // `cudnn_built` false: rank as if cuDNN were not built (see candidate_here).
 // A lead the table's run-to-run spread covers is not a lead (the card runs at its power cap, and
 // one kernel's rate moves 1-3% between rounds of a call). The bf16 Lq = Lk points' backward at

@@ -81,6 +81,8 @@ TEST(AttentionCudnnRules, ScreenNamesWhyCudnnCannotTakeAProblem) {
   Descriptor varlen = make_desc(DType::bf16, 2, 4, 4, 16, 16, 64);
   varlen.varlen = true;
   varlen.total_q = varlen.total_k = 32;
+  Descriptor varlen_counted = varlen;
+  varlen_counted.seqused_k = true;
   Descriptor capped = make_desc(DType::bf16, 1, 4, 4, 16, 16, 64);
   capped.softcap = 30;
   Descriptor dv = make_desc(DType::f16, 1, 4, 4, 16, 16, 64);
@@ -93,7 +95,7 @@ TEST(AttentionCudnnRules, ScreenNamesWhyCudnnCannotTakeAProblem) {
       {used, "seqused_k: cuDNN's padding mask multiplies a cache's rows past each count into P V"},
       {paged, "page_size: paged K / V are not wired to cuDNN"},
       {make_desc(DType::f32, 1, 4, 4, 16, 16, 64), "dtype=f32: cuDNN SDPA takes bf16 or f16"},
-      {varlen, "varlen: packed sequences"},
+      {varlen_counted, "varlen with seqused_k: cuDNN's padding mask would multiply"},
       {capped, "softcap: cuDNN SDPA has no logit soft-capping"},
       {make_desc(DType::bf16, 1, 4, 4, 16, 16, 60),
        "head_dim_qk=60, head_dim_v=60: cuDNN needs multiples of 8"},
@@ -113,7 +115,14 @@ TEST(AttentionCudnnRules, ScreenNamesWhyCudnnCannotTakeAProblem) {
     ASSERT_TRUE(why.has_value()) << c.needle;
     EXPECT_NE(why->find(c.needle), std::string::npos) << *why << " lacks " << c.needle;
   }
+  // Packed sequences (the forward; cudnn_sdpa.cpp refuses the backward), rows that see no key
+  // included (a pass after cuDNN's writes them).
+  Descriptor varlen_keyless =
+      make_desc(DType::bf16, 2, 4, 4, 20, 12, 64, Mask::causal_bottom_right());
+  varlen_keyless.varlen = true, varlen_keyless.total_q = 40, varlen_keyless.total_k = 24;
   const Descriptor accepted[] = {
+      varlen,
+      varlen_keyless,
       make_desc(DType::bf16, 2, 8, 8, 128, 128, 128),
       make_desc(DType::f16, 1, 8, 2, 77, 203, 64, Mask::causal_bottom_right()),
       make_desc(DType::bf16, 1, 8, 1, 77, 203, 64, Mask::causal_top_left()),
@@ -1821,6 +1830,20 @@ TEST(AttentionFa3Rules, CountsAndPagesAreFa3s) {
   paged.page_size = 48;  // splits a 128-key tile unevenly: copied as rows
   EXPECT_TRUE(fa3_fits(problem_of(paged), h100, Pass::forward));
   EXPECT_FALSE(fa3_fits(problem_of(paged), h100, Pass::backward));  // paged K / V: forward only
+}
+
+// Packed sequences reach cuDNN's ragged forward by name only: at a point whose padded twin ranks
+// cuDNN first (d128 L4096 forward), the varlen problem ranks the others, with or without fa3.
+TEST(AttentionCudnnRules, PackedSequencesRankCudnnBehind) {
+  const Descriptor padded = make_desc(DType::bf16, 4, 16, 16, 4096, 4096, 128, Mask::none());
+  ASSERT_EQ(preferred_candidate(problem_of(padded), Pass::forward, false), Candidate::cudnn);
+  Descriptor packed = padded;
+  packed.varlen = true, packed.total_q = packed.total_k = 4 * 4096;
+  EXPECT_FALSE(cudnn_screen(problem_of(packed)).has_value());
+  for (const bool fa3 : {true, false})
+    for (const Pass pass : {Pass::forward, Pass::backward})
+      EXPECT_NE(preferred_candidate(problem_of(packed), pass, fa3), Candidate::cudnn)
+          << fa3 << " " << static_cast<int>(pass);
 }
 
 // ---- Registry -----------------------------------------------------------------------------------
@@ -4875,29 +4898,113 @@ TestTensor gpu_offsets(const std::vector<int32_t>& cu) {
   return t;
 }
 
-void check_varlen_case(const VarlenCase& c, harness::Rng& rng) {
-  const Stream& gs = harness::stream_for(Target::cuda);
+// A varlen case's inputs in the 16-bit type (their values rounded once, so the reference sees
+// what the GPU reads; owned rows random, the rest NaN), the float64 reference forward, and the
+// GPU copies a forward reads.
+struct VarlenData {
+  Descriptor desc, ref_desc;
+  std::vector<int32_t> cu_q, cu_k;
+  int64_t tq = 0, tk = 0, oq = 0, ok = 0;  // rows; rows the sequences own
+  std::vector<double> q, k, v;
+  Reference ref;
+  TestTensor gq, gk, gv, gcu_q, gcu_k;
+};
+std::vector<double> rounded_packed(const VarlenCase& c, std::vector<double> v, int64_t rows,
+                                   int64_t h) {
+  TestTensor x = TestTensor::make(c.t, {rows, h, c.d}, Target::cpu);
+  x.set_values(v);
+  return x.values();
+}
+TestTensor upload_packed(const VarlenCase& c, const std::vector<double>& x, int64_t rows,
+                         int64_t h) {
+  TestTensor g = packed_gpu(c, c.t, rows, h);
+  g.set_values(x);
+  return g;
+}
+VarlenData varlen_data(const VarlenCase& c, harness::Rng& rng) {
   const Descriptor desc = varlen_desc(c, c.t), ref_desc = varlen_desc(c, DType::f64);
-  const attention::Problem p = problem_of(desc);
   const std::vector<int32_t> cu_q = offsets(c.lq), cu_k = offsets(c.lk);
   const int64_t tq = desc.total_q, tk = desc.total_k, oq = cu_q.back(), ok = cu_k.back();
-  // Inputs in the 16-bit type (their values rounded once, so the reference sees what the GPU
-  // reads); owned rows random, the rest NaN.
-  auto rounded = [&](std::vector<double> v, int64_t rows, int64_t h) {
-    TestTensor x = TestTensor::make(c.t, {rows, h, c.d}, Target::cpu);
-    x.set_values(v);
-    return x.values();
-  };
-  const auto q = rounded(packed_values(rng, tq, oq, c.hq, c.d), tq, c.hq);
-  const auto k = rounded(packed_values(rng, tk, ok, c.hk, c.d), tk, c.hk);
-  const auto v = rounded(packed_values(rng, tk, ok, c.hk, c.d), tk, c.hk);
-  const auto dy = rounded(packed_values(rng, tq, oq, c.hq, c.d), tq, c.hq);
+  auto q = rounded_packed(c, packed_values(rng, tq, oq, c.hq, c.d), tq, c.hq);
+  auto k = rounded_packed(c, packed_values(rng, tk, ok, c.hk, c.d), tk, c.hk);
+  auto v = rounded_packed(c, packed_values(rng, tk, ok, c.hk, c.d), tk, c.hk);
+  Reference ref = varlen_reference(c, ref_desc, q, k, v, cu_q, cu_k);
+  TestTensor gq = upload_packed(c, q, tq, c.hq), gk = upload_packed(c, k, tk, c.hk),
+             gv = upload_packed(c, v, tk, c.hk);
+  return {desc,
+          ref_desc,
+          cu_q,
+          cu_k,
+          tq,
+          tk,
+          oq,
+          ok,
+          std::move(q),
+          std::move(k),
+          std::move(v),
+          std::move(ref),
+          std::move(gq),
+          std::move(gk),
+          std::move(gv),
+          gpu_offsets(cu_q),
+          gpu_offsets(cu_k)};
+}
 
-  // Reference forward (f64, CPU), then Y / LSE as a GPU forward stores them, then the reference
-  // backward from those.
-  const Reference ref = varlen_reference(c, ref_desc, q, k, v, cu_q, cu_k);
-  const std::vector<double>&ry = ref.y, &rl = ref.lse;
-  std::vector<double> y_in = rounded(ry, tq, c.hq), l_in(rl.size());
+// A forward plan over the case, run twice into poisoned Y / LSE (gaps untouched; bitwise equal
+// where the plan says deterministic), against the reference on the owned rows; the rows no
+// sequence owns never written.
+void check_varlen_forward(const VarlenCase& c, const VarlenData& x,
+                          const attention::ForwardPlan& plan) {
+  const Stream& gs = harness::stream_for(Target::cuda);
+  const int64_t tq = x.tq, oq = x.oq;
+  TestTensor gy = packed_gpu(c, c.t, tq, c.hq);
+  TestTensor glse = TestTensor::with_strides(DType::f32, {c.hq, tq}, {tq + 4, 1}, 4, Target::cuda);
+  const Workspace_ ws = workspace_of(plan.workspace_size());
+  std::vector<std::vector<uint8_t>> bytes;
+  for (int rep = 0; rep < 2; ++rep) {
+    gy.poison();
+    glse.poison();
+    const auto y_before = gy.bytes(), l_before = glse.bytes();
+    BARACUDA_ASSERT_OK(plan.run(gs, ws.get(),
+                                {x.gq.cview(), x.gk.cview(), x.gv.cview(), gy.view(), glse.view(),
+                                 x.gcu_q.cview(), x.gcu_k.cview()}));
+    BARACUDA_ASSERT_OK(gs.synchronize());
+    bytes.push_back(gy.bytes());
+    bytes.push_back(glse.bytes());
+    EXPECT_TRUE(harness::untouched_outside(y_before, bytes.end()[-2], gy.bit_mask(), "y gaps"));
+    EXPECT_TRUE(harness::untouched_outside(l_before, bytes.back(), glse.bit_mask(), "lse gaps"));
+  }
+  if (plan.precision_guarantee().deterministic) {
+    EXPECT_TRUE(harness::bytes_equal(bytes[0], bytes[2], "y run 1 vs run 2"));
+    EXPECT_TRUE(harness::bytes_equal(bytes[1], bytes[3], "lse run 1 vs run 2"));
+  }
+  const auto yv = gy.values(), lv = glse.values();
+  EXPECT_TRUE(harness::close_to(owned_rows(yv, oq, c.hq * c.d), owned_rows(x.ref.y, oq, c.hq * c.d),
+                                c.t, Accuracy::reduction, "y"));
+  // LSE as for the padded cases (lse_bound: f32's bound plus fa3's documented slack).
+  const LseBound lb = lse_bound(c, plan.sku().name);
+  EXPECT_TRUE(harness::close_to(owned_lse(lv, c.hq, tq, oq), owned_lse(x.ref.lse, c.hq, tq, oq),
+                                lb.type, Accuracy::reduction, "lse", lb.slack));
+  EXPECT_TRUE(spare_rows_untouched(yv, oq, c.hq * c.d, "y"));
+  for (int64_t h = 0; h < c.hq; ++h)
+    EXPECT_TRUE(
+        spare_rows_untouched({lv.begin() + h * tq, lv.begin() + (h + 1) * tq}, oq, 1, "lse"));
+}
+
+void check_varlen_case(const VarlenCase& c, harness::Rng& rng) {
+  const Stream& gs = harness::stream_for(Target::cuda);
+  const VarlenData x = varlen_data(c, rng);
+  const Descriptor &desc = x.desc, &ref_desc = x.ref_desc;
+  const attention::Problem p = problem_of(desc);
+  const std::vector<int32_t>&cu_q = x.cu_q, &cu_k = x.cu_k;
+  const int64_t tq = x.tq, tk = x.tk, oq = x.oq, ok = x.ok;
+  const std::vector<double>&q = x.q, &k = x.k, &v = x.v;
+  const auto dy = rounded_packed(c, packed_values(rng, tq, oq, c.hq, c.d), tq, c.hq);
+
+  // Y / LSE of the reference forward as a GPU forward stores them, then the reference backward
+  // from those.
+  const std::vector<double>&ry = x.ref.y, &rl = x.ref.lse;
+  std::vector<double> y_in = rounded_packed(c, ry, tq, c.hq), l_in(rl.size());
   {
     TestTensor l = TestTensor::make(DType::f32, {c.hq, tq}, Target::cpu);
     l.set_values(rl);
@@ -4918,18 +5025,12 @@ void check_varlen_case(const VarlenCase& c, harness::Rng& rng) {
          i32_in(cu_q), i32_in(cu_k)}));
   }
 
-  auto upload_rows = [&](const std::vector<double>& x, int64_t rows, int64_t h) {
-    TestTensor g = packed_gpu(c, c.t, rows, h);
-    g.set_values(x);
-    return g;
-  };
-  const TestTensor gq_in = upload_rows(q, tq, c.hq), gk_in = upload_rows(k, tk, c.hk),
-                   gv_in = upload_rows(v, tk, c.hk), gdy = upload_rows(dy, tq, c.hq),
-                   gy_in = upload_rows(y_in, tq, c.hq);
+  const TestTensor &gq_in = x.gq, &gk_in = x.gk, &gv_in = x.gv;
+  const TestTensor gdy = upload_packed(c, dy, tq, c.hq), gy_in = upload_packed(c, y_in, tq, c.hq);
   TestTensor glse_in =
       TestTensor::with_strides(DType::f32, {c.hq, tq}, {tq + 4, 1}, 4, Target::cuda);
   glse_in.set_values(l_in);
-  const TestTensor gcu_q = gpu_offsets(cu_q), gcu_k = gpu_offsets(cu_k);
+  const TestTensor &gcu_q = x.gcu_q, &gcu_k = x.gcu_k;
 
   // Every forward schedule, pinned, run twice (bitwise equal), then the default plan.
   std::vector<std::string_view> fwd = {kFa3, kFa3Pingpong, kFa3Exp2Poly2Kernel,
@@ -4952,39 +5053,7 @@ void check_varlen_case(const VarlenCase& c, harness::Rng& rng) {
     } else {
       ASSERT_EQ(plan->sku().name, name);
     }
-    TestTensor gy = packed_gpu(c, c.t, tq, c.hq);
-    TestTensor glse =
-        TestTensor::with_strides(DType::f32, {c.hq, tq}, {tq + 4, 1}, 4, Target::cuda);
-    const Workspace_ ws = workspace_of(plan->workspace_size());
-    std::vector<std::vector<uint8_t>> bytes;
-    for (int rep = 0; rep < 2; ++rep) {
-      gy.poison();
-      glse.poison();
-      const auto y_before = gy.bytes(), l_before = glse.bytes();
-      BARACUDA_ASSERT_OK(plan->run(gs, ws.get(),
-                                   {gq_in.cview(), gk_in.cview(), gv_in.cview(), gy.view(),
-                                    glse.view(), gcu_q.cview(), gcu_k.cview()}));
-      BARACUDA_ASSERT_OK(gs.synchronize());
-      bytes.push_back(gy.bytes());
-      bytes.push_back(glse.bytes());
-      EXPECT_TRUE(harness::untouched_outside(y_before, bytes.end()[-2], gy.bit_mask(), "y gaps"));
-      EXPECT_TRUE(harness::untouched_outside(l_before, bytes.back(), glse.bit_mask(), "lse gaps"));
-    }
-    if (plan->precision_guarantee().deterministic) {
-      EXPECT_TRUE(harness::bytes_equal(bytes[0], bytes[2], "y run 1 vs run 2"));
-      EXPECT_TRUE(harness::bytes_equal(bytes[1], bytes[3], "lse run 1 vs run 2"));
-    }
-    const auto yv = gy.values(), lv = glse.values();
-    EXPECT_TRUE(harness::close_to(owned_rows(yv, oq, c.hq * c.d), owned_rows(ry, oq, c.hq * c.d),
-                                  c.t, Accuracy::reduction, "y"));
-    // LSE as for the padded cases (lse_bound: f32's bound plus fa3's documented slack).
-    const LseBound lb = lse_bound(c, plan->sku().name);
-    EXPECT_TRUE(harness::close_to(owned_lse(lv, c.hq, tq, oq), owned_lse(rl, c.hq, tq, oq), lb.type,
-                                  Accuracy::reduction, "lse", lb.slack));
-    EXPECT_TRUE(spare_rows_untouched(yv, oq, c.hq * c.d, "y"));
-    for (int64_t h = 0; h < c.hq; ++h)
-      EXPECT_TRUE(
-          spare_rows_untouched({lv.begin() + h * tq, lv.begin() + (h + 1) * tq}, oq, 1, "lse"));
+    check_varlen_forward(c, x, *plan);
   }
 
   // The backward pinned by name (each run checked on its own); at D = 64 without soft-capping the
@@ -5083,6 +5152,40 @@ TEST(AttentionFa3Gpu, VarlenMatchesReference) {
     check_varlen_case(c, rng);
   }
   std::printf("[ fa3 varlen ] %zu cases, %.2f s\n", cases.size(), seconds_since(t0));
+}
+
+// cuDNN's ragged layout over packed sequences (only(Backend::cudnn), the forward): the fa3 varlen
+// cases within cuDNN's rules (no soft-cap) plus a window, rows no sequence owns NaN (they must
+// neither reach an owned row nor be written), sequences with no query or no key, rows that see no
+// key (Y 0, LSE -inf: the pass after cuDNN's). Each against the float64 reference, twice into
+// poisoned outputs (bitwise equal: cuDNN's forward is deterministic), gaps untouched. The
+// backward under only(Backend::cudnn) is refused with the reason; the default plan is not cuDNN's.
+TEST(AttentionCudnnGpu, VarlenForwardMatchesReference) {
+  BARACUDA_SKIP_IF_UNAVAILABLE(Target::cuda);
+#if !BARACUDA_HAVE_CUDNN_FRONTEND
+  GTEST_SKIP() << "built without the cuDNN frontend (BARACUDA_HAVE_CUDNN_FRONTEND unset)";
+#endif
+  const Stream& gs = harness::stream_for(Target::cuda);
+  std::vector<VarlenCase> cases;
+  for (const VarlenCase& c : varlen_cases())
+    if (c.softcap == 0) cases.push_back(c);
+  cases.push_back(
+      {DType::bf16, 4, 2, 128, Mask::sliding_window(100, 0), {300, 50, 700}, {300, 80, 900}, 5, 8});
+  harness::Rng rng;
+  for (const VarlenCase& c : cases) {
+    SCOPED_TRACE(name_of(c));
+    const VarlenData x = varlen_data(c, rng);
+    auto plan = attention::ForwardPlan::select(gs, x.desc, PlanPreference::only(Backend::cudnn));
+    BARACUDA_ASSERT_OK(plan);
+    EXPECT_EQ(plan->sku().name, "cudnn_sdpa_ranked_behind");
+    check_varlen_forward(c, x, *plan);
+    auto def = attention::ForwardPlan::select(gs, x.desc);
+    BARACUDA_ASSERT_OK(def);
+    EXPECT_NE(def->sku().backend, Backend::cudnn);
+    EXPECT_TRUE(fails_with(
+        attention::BackwardPlan::select(gs, x.desc, PlanPreference::only(Backend::cudnn)),
+        ErrorKind::unsupported, {"varlen: cuDNN's ragged layout is wired for the forward only"}));
+  }
 }
 
 // The fp8 forward over packed sequences (c.t is Y's dtype; Q, K, V e4m3 in [-4, 4) with descales;

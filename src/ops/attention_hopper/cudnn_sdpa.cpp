@@ -1,5 +1,7 @@
 // cuDNN backend of attention::ForwardOp / attention::BackwardOp through the cuDNN frontend's SDPA
-// graphs (bf16 and f16; no mask, causal top-left / bottom-right, windows with a right bound, GQA).
+// graphs (bf16 and f16; no mask, causal top-left / bottom-right, windows with a right bound, GQA;
+// packed sequences (varlen) forward in cuDNN's ragged layout under its padding mask, with the
+// passes of cudnn_varlen.hpp around the graph).
 //
 // Life cycle: the kernels' `fits` hook runs in Plan::select. It builds the cuDNN graph for the
 // problem in the canonical [B, H, L, D] layout, caches it keyed by problem and strides, and answers
@@ -34,6 +36,7 @@
 
 #include "baracuda/ops/attention.hpp"
 #include "baracuda/ops/attention_hopper.hpp"
+#include "ops/attention_hopper/cudnn_varlen.hpp"
 
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
@@ -55,8 +58,25 @@ using attention::Problem;
 
 enum class Kind : uint8_t { forward, backward, backward_deterministic };
 
-// Tensor uids of the variant pack.
-enum Uid : int64_t { kQ = 1, kK, kV, kO, kLse, kDO, kDQ, kDK, kDV };
+// Tensor uids of the variant pack; the last seven are varlen's lengths and ragged offsets.
+enum Uid : int64_t {
+  kQ = 1,
+  kK,
+  kV,
+  kO,
+  kLse,
+  kDO,
+  kDQ,
+  kDK,
+  kDV,
+  kSeqQ,
+  kSeqKV,
+  kOffQ,
+  kOffK,
+  kOffV,
+  kOffO,
+  kOffStats
+};
 
 // Strides of every tensor of one run as cuDNN sees them: [B, H, L, D] order, D unit-stride.
 struct Layout {
@@ -70,11 +90,13 @@ struct Key {
   DType dtype;
   int64_t b, hq, hk, lq, lk, dk, dv, left, right;
   bool bottom_right;
+  bool varlen;
+  int64_t total_q, total_k;  // varlen: rows of the packed tensors (0 otherwise)
   uint64_t scale_bits;
   Layout layout;
   auto tie() const {
     return std::tie(kind, device, dtype, b, hq, hk, lq, lk, dk, dv, left, right, bottom_right,
-                    scale_bits, layout);
+                    varlen, total_q, total_k, scale_bits, layout);
   }
   bool operator<(const Key& o) const { return tie() < o.tie(); }
 };
@@ -147,8 +169,21 @@ std::array<int64_t, 4> canonical(int64_t h, int64_t l, int64_t d, bool bhld) {
               : std::array<int64_t, 4>{l * h * d, d, h * d, 1};
 }
 
+// A packed [T, H, D] tensor as cuDNN's ragged [B, H, L, D] sees it (token stride `row`, head
+// stride `head`; the batch stride is unused where ragged offsets place each sequence).
+std::array<int64_t, 4> ragged(int64_t l, int64_t row, int64_t head) {
+  return {l * row, head, row, 1};
+}
+
 Layout canonical_layout(const Problem& p, Kind kind, bool bhld) {
   const auto& d = p.desc;
+  if (d.varlen) {  // forward only; the statistics in the workspace as [Tq, Hq]
+    const int64_t hq = d.heads_q, hk = d.heads_kv;
+    return {{ragged(d.len_q, hq * d.head_dim_qk, d.head_dim_qk),
+             ragged(d.len_k, hk * d.head_dim_qk, d.head_dim_qk),
+             ragged(d.len_k, hk * d.head_dim_v, d.head_dim_v),
+             ragged(d.len_q, hq * d.head_dim_v, d.head_dim_v), ragged(d.len_q, hq, 1)}};
+  }
   const auto q = canonical(d.heads_q, d.len_q, d.head_dim_qk, bhld);
   const auto k = canonical(d.heads_kv, d.len_k, d.head_dim_qk, bhld);
   const auto v = canonical(d.heads_kv, d.len_k, d.head_dim_v, bhld);
@@ -176,6 +211,9 @@ Key key_of(const Problem& p, Kind kind, int device, Layout layout) {
           d.mask.left,
           d.mask.right,
           d.mask.diagonal == attention::Diagonal::bottom_right,
+          d.varlen,
+          d.varlen ? d.total_q : 0,
+          d.varlen ? d.total_k : 0,
           bits,
           std::move(layout)};
 }
@@ -342,6 +380,20 @@ std::shared_ptr<Entry> graph_locked(const Problem& p, const Key& key, bool repla
   auto q = tensor(*g, "Q", kQ, qd, st[0]);
   auto k = tensor(*g, "K", kK, kd, st[1]);
   auto v = tensor(*g, "V", kV, vd, st[2]);
+  // Varlen: int32 [B, 1, 1, 1] lengths and [B + 1, 1, 1, 1] element offsets (cudnn_varlen.hpp).
+  auto index = [&](const char* name, int64_t uid, int64_t n) {
+    return g->tensor(fe::graph::Tensor_attributes()
+                         .set_name(name)
+                         .set_uid(uid)
+                         .set_dim({n, 1, 1, 1})
+                         .set_stride({1, 1, 1, 1})
+                         .set_data_type(fe::DataType_t::INT32));
+  };
+  if (key.varlen) {
+    q->set_ragged_offset(index("off_q", kOffQ, d.batch + 1));
+    k->set_ragged_offset(index("off_k", kOffK, d.batch + 1));
+    v->set_ragged_offset(index("off_v", kOffV, d.batch + 1));
+  }
   const float scale = static_cast<float>(p.scale);
   auto out = [](const std::shared_ptr<fe::graph::Tensor_attributes>& t, int64_t uid,
                 std::array<int64_t, 4> dims, const std::array<int64_t, 4>& s) {
@@ -354,10 +406,20 @@ std::shared_ptr<Entry> graph_locked(const Problem& p, const Key& key, bool repla
     fe::graph::SDPA_attributes a;
     a.set_name("sdpa_forward").set_generate_stats(true).set_attn_scale(scale);
     set_mask(a, d.mask);
+    if (key.varlen)  // each sequence's own lengths; its bottom-right diagonal at its own end
+      a.set_padding_mask(true)
+          .set_seq_len_q(index("seq_len_q", kSeqQ, d.batch))
+          .set_seq_len_kv(index("seq_len_kv", kSeqKV, d.batch))
+          .set_max_total_seq_len_q(key.total_q)
+          .set_max_total_seq_len_kv(key.total_k);
     auto [o, stats] = g->sdpa(q, k, v, a);
     out(o, kO, od, st[3]);
     out(stats, kLse, ld, st[4]);
     stats->set_data_type(fe::DataType_t::FLOAT);
+    if (key.varlen) {
+      o->set_ragged_offset(index("off_o", kOffO, d.batch + 1));
+      stats->set_ragged_offset(index("off_stats", kOffStats, d.batch + 1));
+    }
   } else {
     auto o = tensor(*g, "O", kO, od, st[3]);
     auto stats = tensor(*g, "Stats", kLse, ld, st[4]);
@@ -466,12 +528,31 @@ bool lse_packed(const Problem& p, const ConstTensor& lse) {
          (d.batch == 1 || lse.stride[0] == d.heads_q * d.len_q);
 }
 
+// A varlen forward's workspace tail after cuDNN's region: the statistics [Tq, Hq] f32, the two
+// length vectors [B] and the five offset vectors [B + 1] (int32), each 256-byte aligned.
+struct VarlenTail {
+  size_t stats = 0, seq_q = 0, seq_kv = 0, off = 0, bytes = 0;  // offsets into the tail
+  size_t off_bytes = 0;                                         // one offset vector, rounded
+};
+VarlenTail varlen_tail(const Problem& p) {
+  const auto& d = p.desc;
+  VarlenTail t;
+  const size_t lengths = round_up(static_cast<size_t>(d.batch) * sizeof(int32_t));
+  t.off_bytes = round_up(static_cast<size_t>(d.batch + 1) * sizeof(int32_t));
+  t.seq_q = round_up(static_cast<size_t>(d.total_q * d.heads_q) * sizeof(float));
+  t.seq_kv = t.seq_q + lengths;
+  t.off = t.seq_kv + lengths;
+  t.bytes = t.off + 5 * t.off_bytes;
+  return t;
+}
+
 size_t workspace_kind(const Problem& p, const DeviceCaps& caps, Kind kind) {
   std::lock_guard lock(state().mu);
   auto e = graph_locked(p, key_of(p, kind, caps.device, canonical_layout(p, kind, true)));
   if (!e->graph) return 0;
   const size_t ws = static_cast<size_t>(e->workspace);
-  return kind == Kind::forward ? ws : round_up(ws) + lse_pack_bytes(p);
+  if (kind == Kind::forward) return p.desc.varlen ? round_up(ws) + varlen_tail(p).bytes : ws;
+  return round_up(ws) + lse_pack_bytes(p);
 }
 
 // Copies a strided LSE (unit-stride rows, checked before) into the packed buffer `dst`.
@@ -574,7 +655,77 @@ Status check_backward(const Problem&, const BackwardArguments& a) {
   return {};
 }
 
+// Packed sequences: the lengths and offsets first (in the workspace tail), the graph, then the
+// LSE of every row out of cuDNN's statistics and the rows that see no key (cudnn_varlen.hpp).
+Status launch_forward_varlen(const LaunchContext& ctx, const Problem& p,
+                             const ForwardArguments& a) {
+  const std::string_view op = attention::ForwardOp::name;
+  const auto& d = p.desc;
+  // cuDNN reads the offsets as int32 elements: the last row's must fit.
+  constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+  for (const auto& [name, t, rows] : {std::tuple{"q", a.q, d.total_q},
+                                      {"k", a.k, d.total_k},
+                                      {"v", a.v, d.total_k},
+                                      {"y", as_const(a.y), d.total_q}})
+    if (rows > 0 && t.stride[0] > kInt32Max / rows)
+      return Error::unsupported(std::string(op) + ": cudnn_sdpa: " + name + ": " +
+                                std::to_string(rows) + " rows at stride[0]=" +
+                                std::to_string(t.stride[0]) + " pass cuDNN's int32 ragged offsets");
+  const VarlenTail tail = varlen_tail(p);
+  if (ctx.workspace.bytes < tail.bytes)  // Plan::run checked the plan's size; launch may be direct
+    return Error::workspace_too_small(std::string(op) + ": cudnn_sdpa: workspace", tail.bytes,
+                                      ctx.workspace.bytes);
+  const size_t graph_ws = (ctx.workspace.bytes - tail.bytes) / 256 * 256;
+  char* base = static_cast<char*>(ctx.workspace.data) + graph_ws;
+  auto* stats = reinterpret_cast<float*>(base);
+  RaggedPrep prep;
+  prep.cu_q = static_cast<const int32_t*>(a.cu_seqlens_q.data);
+  prep.cu_k = static_cast<const int32_t*>(a.cu_seqlens_k.data);
+  prep.batch = d.batch, prep.len_q = d.len_q, prep.len_k = d.len_k;
+  prep.total_q = d.total_q, prep.total_k = d.total_k, prep.heads_q = d.heads_q;
+  prep.q_row = a.q.stride[0], prep.k_row = a.k.stride[0], prep.v_row = a.v.stride[0];
+  prep.y_row = a.y.stride[0];
+  prep.seq_q = reinterpret_cast<int32_t*>(base + tail.seq_q);
+  prep.seq_kv = reinterpret_cast<int32_t*>(base + tail.seq_kv);
+  int32_t* offs[5];
+  for (int i = 0; i < 5; ++i)
+    offs[i] = reinterpret_cast<int32_t*>(base + tail.off + static_cast<size_t>(i) * tail.off_bytes);
+  prep.off_q = offs[0], prep.off_k = offs[1], prep.off_v = offs[2], prep.off_y = offs[3];
+  prep.off_stats = offs[4];
+  Layout layout{{ragged(d.len_q, a.q.stride[0], a.q.stride[1]),
+                 ragged(d.len_k, a.k.stride[0], a.k.stride[1]),
+                 ragged(d.len_k, a.v.stride[0], a.v.stride[1]),
+                 ragged(d.len_q, a.y.stride[0], a.y.stride[1]), ragged(d.len_q, d.heads_q, 1)}};
+  std::unordered_map<int64_t, void*> pack{
+      {kQ, w(a.q.data)},   {kK, w(a.k.data)},   {kV, w(a.v.data)},     {kO, a.y.data},
+      {kLse, stats},       {kSeqQ, prep.seq_q}, {kSeqKV, prep.seq_kv}, {kOffQ, prep.off_q},
+      {kOffK, prep.off_k}, {kOffV, prep.off_v}, {kOffO, prep.off_y},   {kOffStats, prep.off_stats}};
+  const cudaStream_t stream = static_cast<cudaStream_t>(ctx.stream.cuda_handle());
+  auto failed = [&](const char* pass, cudaError_t e) {
+    return Error::cuda(std::string(op) + ": cudnn_sdpa: " + pass + ": " + cudaGetErrorName(e),
+                       static_cast<int>(e));
+  };
+  BARACUDA_TRY(execute(ctx, op, p, Kind::forward, std::move(layout), std::move(pack), graph_ws,
+                       [&]() -> Status {
+                         const cudaError_t e = launch_ragged_prep(stream, prep);
+                         return e == cudaSuccess ? Status{} : failed("lengths and offsets", e);
+                       }));
+  DeviceGuard guard(ctx.stream.device());
+  RaggedRows rows;
+  rows.y = a.y.data, rows.y_row = a.y.stride[0], rows.y_head = a.y.stride[1];
+  rows.lse = static_cast<float*>(a.lse.data);
+  rows.lse_head = a.lse.stride[0], rows.lse_row = a.lse.stride[1];
+  rows.stats = stats, rows.off_stats = prep.off_stats;
+  rows.seq_q = prep.seq_q, rows.seq_kv = prep.seq_kv;
+  rows.batch = d.batch, rows.heads = d.heads_q, rows.len_q = d.len_q, rows.dim_v = d.head_dim_v;
+  rows.band = attention::detail::band_of(d.mask);
+  if (const cudaError_t e = launch_ragged_rows(stream, rows); e != cudaSuccess)
+    return failed("rows' LSE", e);
+  return {};
+}
+
 Status launch_forward(const LaunchContext& ctx, const Problem& p, const ForwardArguments& a) {
+  if (p.desc.varlen) return launch_forward_varlen(ctx, p, a);
   const std::string_view op = attention::ForwardOp::name;
   Layout layout{{bhld_strides(a.q), bhld_strides(a.k), bhld_strides(a.v), bhld_strides(a.y),
                  lse_strides(as_const(a.lse))}};
@@ -625,8 +776,14 @@ bool fits_forward(const Problem& p, const DeviceCaps& c) {
   const bool ahead = preferred_candidate(p, Pass::forward, fa3_fits(p, c)) == Candidate::cudnn;
   return ahead == Ahead && fits_kind(p, c, Kind::forward);
 }
+// cuDNN's backward is not given packed sequences (its ragged graph would read the forward's LSE in
+// cuDNN's [Tq, Hq] statistics layout, and none was measured).
+constexpr const char* kVarlenBackward =
+    "varlen: cuDNN's ragged layout is wired for the forward only";
+
 template <bool Ahead, Kind K>
 bool fits_backward(const Problem& p, const DeviceCaps& c) {
+  if (p.desc.varlen) return false;
   // fa3_bwd_sm90a is not deterministic: the deterministic entries rank against the bespoke
   // (deterministic) kernels only.
   const bool fa3 = K == Kind::backward && fa3_fits(p, c, Pass::backward);
@@ -636,6 +793,7 @@ bool fits_backward(const Problem& p, const DeviceCaps& c) {
 // cuDNN's deterministic algorithm as the default backward: where kCudnnBwdDeterministicPicks says
 // and fa3's entries would otherwise run (its rows were measured against fa3's ranked entry).
 bool fits_backward_deterministic_default(const Problem& p, const DeviceCaps& c) {
+  if (p.desc.varlen) return false;
   const bool fa3 = fa3_fits(p, c, Pass::backward);
   return cudnn_bwd_deterministic_default(p) && fa3 &&
          preferred_candidate(p, Pass::backward, fa3) != Candidate::bespoke &&
@@ -648,6 +806,7 @@ bool fits_backward_deterministic_default(const Problem& p, const DeviceCaps& c) 
 template <Kind K>
 std::optional<std::string> refusal(const Problem& p, const DeviceCaps& c) {
   if (auto why = cudnn_screen(p)) return why;
+  if (K != Kind::forward && p.desc.varlen) return std::string(kVarlenBackward);
   if (!cudnn_serves(p, c)) return std::string("cuDNN's SDPA runs on GPUs from sm_80");
   return with_cached_entry(p, K, c.device, [](const Entry* e) -> std::optional<std::string> {
     if (!e || e->graph) return std::nullopt;

@@ -30,7 +30,11 @@ std::optional<std::string> cudnn_screen(const attention::Problem& p) {
   const attention::Descriptor& d = p.desc;
   if (d.dtype != DType::bf16 && d.dtype != DType::f16)
     return "dtype=" + std::string(name(d.dtype)) + ": cuDNN SDPA takes bf16 or f16";
-  if (d.varlen) return "varlen: packed sequences are not wired to cuDNN's ragged layout";
+  // Packed sequences: cuDNN's ragged layout (forward; cudnn_sdpa.cpp refuses the backward). Not
+  // with key counts: a sequence's rows past its count are inside the packed range (see below).
+  if (d.varlen && d.seqused_k)
+    return "varlen with seqused_k: cuDNN's padding mask would multiply each sequence's rows past "
+           "its count into P V";
   // Key counts as cuDNN's padding mask were wired and measured (H200, cuDNN 9.19, 2026-12-02,
   // eighty-ninth session; the rows that see no key written by a pass after it): the mask scores
   // none of a cache's rows past a count but still multiplies their zero probabilities into P V, so
@@ -53,6 +57,8 @@ std::optional<std::string> cudnn_screen(const attention::Problem& p) {
     return "mask=" + attention::to_string(d.mask) + ": cuDNN needs a right bound with a left bound";
   // Rows that see no key must give y = 0, lse = -inf; cuDNN does not promise that. The visible
   // band's ends move monotonically with the row, so only the first and last rows can be empty.
+  // Packed sequences: a pass after cuDNN's writes every row that sees no key (cudnn_varlen.hpp).
+  if (d.varlen) return std::nullopt;
   const attention::detail::Band band = attention::detail::band_of(d.mask);
   for (int64_t i : {int64_t{0}, d.len_q - 1}) {
     int64_t lo = 0, hi = 0;
@@ -87,7 +93,8 @@ CudnnTuningScope::~CudnnTuningScope() {
 bool cudnn_tunes(const attention::Problem& p) {
   const attention::Descriptor& d = p.desc;
   const CudnnTuningMode mode = g_tuning_mode.load();
-  if (mode == CudnnTuningMode::off || cudnn_screen(p).has_value() ||
+  // Not packed sequences: the tuning's scratch tensors are padded ones.
+  if (mode == CudnnTuningMode::off || d.varlen || cudnn_screen(p).has_value() ||
       d.len_q > kCudnnTuneMaxArea / d.len_k)
     return false;
   const double b = static_cast<double>(d.batch), hq = static_cast<double>(d.heads_q),
@@ -542,15 +549,19 @@ Candidate candidate_here(const attention::Problem& p, Pass pass, const DeviceCap
 Candidate preferred_candidate(std::span<const TablePoint> table, const attention::Problem& p,
                               Pass pass, bool fa3_runs, bool cudnn_built) {
   const attention::Descriptor& d = p.desc;
-  // Problems cuDNN is not given (cudnn_screen: packed sequences, soft-capping, a left bound
-  // without a right one, ...) rank the others (varlen: by the point of its longest sequence).
+  // Problems cuDNN is not given (cudnn_screen: soft-capping, a left bound without a right one,
+  // ...) and packed sequences rank the others (varlen: by the point of its longest sequence).
   // Nor a banded backward with a left bound: cuDNN's backward does not skip the key blocks a
   // sliding window excludes (H200, d128 L8192, window (1023, 0): 59 TFLOP/s against fa3's 264 and
   // the bespoke kernel's 179; its forward skipped them, 488 against fa3's 465).
   // (A lambda: the decodes that return before asking skip cudnn_screen's message.)
+  // Nor packed sequences: cuDNN's ragged layout (forward only) reaches them by name or by
+  // only(Backend::cudnn). The table's points are padded, and the packed rows (bench_attention
+  // attention_varlen, 7 sequences of 512-4096 tokens, d128, H200, cuDNN 9.19) had it at 0.78-0.80x
+  // fa3's varlen forward unmasked and 0.74-0.75x causal.
   auto cudnn_takes = [&] {
     return cudnn_built && !cudnn_screen(p).has_value() &&
-           !(pass == Pass::backward && d.mask.left >= 0);
+           !(pass == Pass::backward && d.mask.left >= 0) && !d.varlen;
   };
   // Short chunks of a GQA group, and the decodes of kFa3PackedDecodeRows' rules: fa3's packed
   // instance fills the 128-row tile with the group's heads and splits the keys (up to 10x the best
