@@ -4,7 +4,8 @@
 # benchmarks and peers, then compute-sanitizer memcheck on a filter. Every stage is time-boxed so
 # the call ends inside the device's 10-minute limit with its logs under $OUT and a table last.
 #   scripts/gpu-family.sh write_slice mhc
-# env: STAGES (default "test bench peers memcheck"), TEST_FILTER_<family>, MEMCHECK_FILTER_<family>
+# env: STAGES (default "test bench peers memcheck"; "none" builds only: an empty STAGES reads as
+#      the default), TEST_FILTER_<family>, MEMCHECK_FILTER_<family>
 #      (gtest filters), TEST_TIMEOUT / BENCH_TIMEOUT / PEERS_TIMEOUT / MEMCHECK_TIMEOUT (seconds,
 #      per family), CMAKE_ARGS (extra configure arguments), BUILD_TARGETS (kinds of target per
 #      family, default "test bench"; "bench" builds bench_<family> only), BUILD_DIR, JOBS (build
