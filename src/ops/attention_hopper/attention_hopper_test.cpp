@@ -265,6 +265,42 @@ TEST(AttentionCudnnRules, LayoutRulesNameArgumentRuleAndNumbers) {
       {"attention_backward: lse: stride[2]=2: cudnn_sdpa needs unit-stride LSE rows"}));
 }
 
+// cuDNN's packed-sequence forward reads int32 ragged offsets, the last of which (B's) is the packed
+// rows times the token stride: its registry check (what can_implement applies before a launch)
+// refuses tensors where that passes 2^31 - 1, naming the tensor and the numbers; one row fewer
+// passes. Host only (no device access).
+#if BARACUDA_HAVE_CUDNN_FRONTEND
+TEST(AttentionCudnnRules, VarlenOffsetsMustFitInt32) {
+  const auto* kern =
+      KernelTable<attention::ForwardOp>::instance().find("cudnn_sdpa_ranked_behind", DType::bf16);
+  ASSERT_TRUE(kern && kern->check);
+  // Packed [T, 1, 128] tensors: 2^24 rows end at element 2^31.
+  const int64_t rows = int64_t{1} << 24;
+  auto check = [&](int64_t q_rows, int64_t kv_rows) {
+    Descriptor d = make_desc(DType::bf16, 1, 1, 1, 4096, 4096, 128);
+    d.varlen = true, d.total_q = q_rows, d.total_k = kv_rows;
+    auto* base = reinterpret_cast<void*>(uintptr_t{0x10000});
+    const int64_t q_shape[] = {q_rows, 1, 128}, kv_shape[] = {kv_rows, 1, 128},
+                  st[] = {128, 128, 1}, lse_shape[] = {1, q_rows}, lse_st[] = {q_rows, 1};
+    const void* in = base;
+    return kern->check(problem_of(d),
+                       {make_strided(in, DType::bf16, q_shape, st, Location::cuda(0)),
+                        make_strided(in, DType::bf16, kv_shape, st, Location::cuda(0)),
+                        make_strided(in, DType::bf16, kv_shape, st, Location::cuda(0)),
+                        make_strided(base, DType::bf16, q_shape, st, Location::cuda(0)),
+                        make_strided(base, DType::f32, lse_shape, lse_st, Location::cuda(0)),
+                        {},
+                        {}});
+  };
+  EXPECT_TRUE(fails_with(check(rows, rows - 1), ErrorKind::unsupported,
+                         {"attention_forward: cudnn_sdpa: q: varlen: 16777216 rows at "
+                          "stride[0]=128 exceed cuDNN's int32 ragged offsets"}));
+  EXPECT_TRUE(fails_with(check(rows - 1, rows), ErrorKind::unsupported,
+                         {"attention_forward: cudnn_sdpa: k: varlen: 16777216 rows"}));
+  BARACUDA_EXPECT_OK(check(rows - 1, rows - 1));
+}
+#endif
+
 // A column displaces the one before it (cuDNN, then the family's kernels, then fa3) only when it
 // leads by more than kTableLeadMargin: a lead inside the runs' spread keeps the incumbent, with and
 // without cuDNN, at Lq = Lk points and chunk points alike.

@@ -528,11 +528,12 @@ bool lse_packed(const Problem& p, const ConstTensor& lse) {
          (d.batch == 1 || lse.stride[0] == d.heads_q * d.len_q);
 }
 
-// A varlen forward's workspace tail after cuDNN's region: the statistics [Tq, Hq] f32, the two
-// length vectors [B] and the five offset vectors [B + 1] (int32), each 256-byte aligned.
+// A varlen forward's workspace tail after cuDNN's region: the statistics [Tq, Hq] f32 at its
+// start, then the two length vectors [B] and the five offset vectors [B + 1] (int32), each
+// 256-byte aligned.
 struct VarlenTail {
-  size_t stats = 0, seq_q = 0, seq_kv = 0, off = 0, bytes = 0;  // offsets into the tail
-  size_t off_bytes = 0;                                         // one offset vector, rounded
+  size_t seq_q = 0, seq_kv = 0, off = 0, bytes = 0;  // offsets into the tail
+  size_t off_bytes = 0;                              // one offset vector, rounded
 };
 VarlenTail varlen_tail(const Problem& p) {
   const auto& d = p.desc;
@@ -636,13 +637,28 @@ void* w(const void* p) {
 // cuDNN's alignment and stride rules (cudnn_check_layout) on the run's tensors: the registry's
 // check, so that can_implement refuses what launch would. (Whether cuDNN builds a graph for an
 // accepted layout is only known when it tries: execute's own error says so.)
-Status check_forward(const Problem&, const ForwardArguments& a) {
+Status check_forward(const Problem& p, const ForwardArguments& a) {
   const std::string_view op = attention::ForwardOp::name;
   BARACUDA_TRY(cudnn_check_layout(op, "q", a.q, false));
   BARACUDA_TRY(cudnn_check_layout(op, "k", a.k, false));
   BARACUDA_TRY(cudnn_check_layout(op, "v", a.v, false));
   BARACUDA_TRY(cudnn_check_layout(op, "y", a.y, false));
-  return cudnn_check_layout(op, "lse", a.lse, true);
+  BARACUDA_TRY(cudnn_check_layout(op, "lse", a.lse, true));
+  if (!p.desc.varlen) return {};
+  // Packed sequences: cuDNN reads the ragged offsets as int32 elements, and the last (B's) is the
+  // packed rows times the token stride.
+  const auto& d = p.desc;
+  constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+  for (const auto& [name, t, rows] : {std::tuple{"q", a.q, d.total_q},
+                                      {"k", a.k, d.total_k},
+                                      {"v", a.v, d.total_k},
+                                      {"y", as_const(a.y), d.total_q}})
+    if (rows > 0 && t.stride[0] > kInt32Max / rows)
+      return Error::unsupported(std::string(op) + ": cudnn_sdpa: " + name +
+                                ": varlen: " + std::to_string(rows) +
+                                " rows at stride[0]=" + std::to_string(t.stride[0]) +
+                                " exceed cuDNN's int32 ragged offsets");
+  return {};
 }
 Status check_backward(const Problem&, const BackwardArguments& a) {
   const std::string_view op = attention::BackwardOp::name;
@@ -661,16 +677,6 @@ Status launch_forward_varlen(const LaunchContext& ctx, const Problem& p,
                              const ForwardArguments& a) {
   const std::string_view op = attention::ForwardOp::name;
   const auto& d = p.desc;
-  // cuDNN reads the offsets as int32 elements: the last row's must fit.
-  constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
-  for (const auto& [name, t, rows] : {std::tuple{"q", a.q, d.total_q},
-                                      {"k", a.k, d.total_k},
-                                      {"v", a.v, d.total_k},
-                                      {"y", as_const(a.y), d.total_q}})
-    if (rows > 0 && t.stride[0] > kInt32Max / rows)
-      return Error::unsupported(std::string(op) + ": cudnn_sdpa: " + name + ": " +
-                                std::to_string(rows) + " rows at stride[0]=" +
-                                std::to_string(t.stride[0]) + " pass cuDNN's int32 ragged offsets");
   const VarlenTail tail = varlen_tail(p);
   if (ctx.workspace.bytes < tail.bytes)  // Plan::run checked the plan's size; launch may be direct
     return Error::workspace_too_small(std::string(op) + ": cudnn_sdpa: workspace", tail.bytes,
