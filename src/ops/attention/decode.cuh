@@ -61,7 +61,7 @@ enum class DecodeMode { combine, fused, balanced };
 
 // The tiles a balanced split streams past its own run, in slot order, -1 from the end on. A ring:
 // at iteration i, slots i + 1 .. i + kStages - 1 are still to be read, and thread 0 writes slots
-// up to i + kStages + 2 (claims) or i + 2 (kStages - 1) (the end's marks).
+// up to i + kStages + 3 (claims) or i + 2 (kStages - 1) (the end's marks).
 struct DecodeTileQueue {
   static constexpr int kSlots = 8;
   int tile[kSlots];
@@ -99,24 +99,20 @@ struct DecodeTailClaims {
   unsigned long long tag;  // 40 bits
   int tail_begin, tail;    // the tail's first tile and its length
   int filled;              // slots known: the own run, then the claimed tiles
-  int in_flight = 0;       // adds issued, not yet read (oldest first: a0 / at0, then a1 / at1)
+  // Two adds go out together and are read together: reading one while the other is in flight
+  // (a queue of single adds moves the younger into the older's register) would wait for both.
   unsigned long long a0 = 0, a1 = 0;
-  int at0 = 0, at1 = 0;  // the iterations they were issued at
-  bool claiming = true, ended = false;
+  int issued_at = 0;
+  bool in_flight = false, claiming = true, ended = false;
 
   __device__ __forceinline__ void issue(int it) {
-    const unsigned long long v = atomicAdd(word, 1ull);
-    if (in_flight == 0)
-      a0 = v, at0 = it;
-    else
-      a1 = v, at1 = it;
-    ++in_flight;
+    a0 = atomicAdd(word, 1ull);
+    a1 = atomicAdd(word, 1ull);
+    in_flight = true, issued_at = it;
   }
-  // The oldest add into the queue as slot `filled`, or (past the tail, or a stale word) the end of
-  // this split's claims; adds still in flight are read all the same.
-  __device__ __forceinline__ void read_oldest(DecodeTileQueue* q) {
-    const unsigned long long v = a0;
-    a0 = a1, at0 = at1, --in_flight;
+  // One add's tile into the queue as slot `filled`; past the tail, or from a stale word, it ends
+  // this split's claims (an add it issued with it is read all the same).
+  __device__ __forceinline__ void take(unsigned long long v, DecodeTileQueue* q) {
     const int k = static_cast<int>(v & 0xffffffull);
     if ((v >> 24) == tag && k < tail) {
       q->tile[filled % DecodeTileQueue::kSlots] = tail_begin + k;
@@ -129,15 +125,18 @@ struct DecodeTailClaims {
   // marked by -1 in `lead` slots: those a load may read past the last).
   __device__ __forceinline__ void advance(int it, int need, int lead, DecodeTileQueue* q) {
     for (;;) {
-      while (in_flight > 0 && (filled <= need || it - at0 >= 2)) read_oldest(q);
+      if (in_flight && (filled <= need || it - issued_at >= 2)) {
+        take(a0, q), take(a1, q);
+        in_flight = false;
+      }
       if (filled > need || !claiming) break;
-      issue(it);  // read in the loop above, now: it is needed
+      issue(it);  // needed now: read in the step above
     }
     if (filled <= need && !ended) {  // no claims left in flight: the end
       for (int s = filled; s < filled + lead; ++s) q->tile[s % DecodeTileQueue::kSlots] = -1;
       ended = true;
     }
-    while (claiming && in_flight < 2 && filled + in_flight <= need + 2) issue(it);
+    if (claiming && !in_flight && filled <= need + 2) issue(it);
   }
 };
 
@@ -150,9 +149,8 @@ __global__ void __launch_bounds__(128) flash_decode(Params p) {
   static_assert(!(kBalanced && kPaged), "the balanced decode reads dense caches");
   using Cfg = DecodeCfg<T, D, MT>;
   constexpr int kNT = Cfg::kThreads, kBN = Cfg::kBN, kRows = Cfg::kRows, kStages = Cfg::kStages;
-  static_assert(
-      2 * (kStages - 1) < DecodeTileQueue::kSlots && kStages + 1 < DecodeTileQueue::kSlots,
-      "the claim queue's ring");
+  static_assert(2 * kStages - 3 < DecodeTileQueue::kSlots && kStages + 2 < DecodeTileQueue::kSlots,
+                "the claim queue's ring");
   constexpr int kNW = Cfg::kNW, kLd = Cfg::kLd;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);
