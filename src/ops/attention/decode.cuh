@@ -61,19 +61,17 @@ enum class DecodeMode { combine, fused, balanced };
 
 // The tiles a balanced split streams past its own run, in slot order, -1 from the end on. A ring:
 // at iteration i, slots i + 1 .. i + kStages - 1 are still to be read, and thread 0 writes slots
-// up to i + kStages + 3 (claims) or i + 2 (kStages - 1) (the end's marks).
+// up to i + kStages + 3 (claims) or i + 2 (kStages - 1) (the end's marks). In dynamic shared memory
+// past a configuration's `smem` bytes (where the paged decode keeps its page entries), not a static
+// __shared__ variable: the first build had one and ran slower than the plain kernel even where it
+// claims nothing (H200, b12 Lk 2048 d128, one split a group: 36.9 against 30.8 us), as the fused
+// variant did with its static flag verdict.
 struct DecodeTileQueue {
   static constexpr int kSlots = 8;
   int tile[kSlots];
 };
-template <bool kOn>
-__device__ __forceinline__ DecodeTileQueue* decode_tile_queue() {
-  if constexpr (kOn) {
-    __shared__ DecodeTileQueue q;
-    return &q;
-  } else {
-    return nullptr;
-  }
+constexpr size_t decode_queue_smem(size_t smem) {
+  return decode_page_ring_at(smem) + sizeof(DecodeTileQueue);
 }
 
 // A balanced split's own run: three quarters of an even share, so that at least a quarter of the
@@ -197,7 +195,8 @@ __global__ void __launch_bounds__(128) flash_decode(Params p) {
   }
   const int t_begin = min(vt_end, vt_begin + split * per);
   const int t_end = min(vt_end, t_begin + per);
-  [[maybe_unused]] DecodeTileQueue* queue = decode_tile_queue<kBalanced>();
+  [[maybe_unused]] auto* queue =
+      reinterpret_cast<DecodeTileQueue*>(smem_raw + decode_page_ring_at(Cfg::kSmem));
   [[maybe_unused]] DecodeTailClaims claims{};
   if constexpr (kBalanced) {
     if (tail > 0 && threadIdx.x == 0) {
@@ -495,7 +494,9 @@ __global__ void __launch_bounds__(128) flash_decode(Params p) {
       // they write the same bits. The merging CTA clears the group's flags, so a replayed CUDA
       // graph (same tag) starts from cleared flags as well.
       unsigned long long* flags = p.split_flags + (int64_t{b} * p.heads_kv + hk) * p.splits;
-      if (!cuda::raise_flag_and_see_all(flags, p.splits, split, p.tag)) return;
+      // The flag scan's verdict goes through the Q tiles' shared memory, done with by now.
+      if (!cuda::raise_flag_and_see_all(flags, p.splits, split, p.tag, reinterpret_cast<int*>(sQ)))
+        return;
       // Scratch over the K/V ring (the merge buffers above are done): per (split, row) weights.
       float* sWt = reinterpret_cast<float*>(sK);  // [splits][kRows]
       float* sCInv = sWt + p.splits * kRows;
@@ -741,7 +742,7 @@ template <int D, int MT>
 constexpr size_t decode_smem() {
   return DecodeCfg<__nv_bfloat16, D, MT>::kSmem;  // f16 and bf16 are the same size
 }
-inline size_t decode_smem_of(const Problem& pr) {
+inline size_t decode_smem_of(const Problem& pr, DecodeMode mode = DecodeMode::combine) {
   const bool two = decode_rows(pr) > 16;
   size_t smem;
   switch (decode_dim(pr)) {
@@ -754,7 +755,8 @@ inline size_t decode_smem_of(const Problem& pr) {
     default:
       smem = decode_smem<256, 1>();
   }
-  return pr.desc.page_size > 0 ? decode_paged_smem(smem) : smem;
+  if (pr.desc.page_size > 0) return decode_paged_smem(smem);
+  return mode == DecodeMode::balanced ? decode_queue_smem(smem) : smem;
 }
 
 // Rows of the group fit one or two m16 tiles (two only up to D = 128, to stay in registers), and
@@ -796,17 +798,22 @@ inline bool decode_fits(const Problem& pr, const DeviceCaps& caps) {
 // kMinTiles = 2 (flash_decode_fused_sm80): short caches get up to twice the splits (Lk 2048:
 // 16 splits of 2 tiles against 8 of 4). Caches of 4096 keys and more get the same splits either
 // way (8 K/V heads on 132 SMs: 16).
-template <int kWaves = 1, int kMinTiles = 4>
+template <DecodeMode kMode>
+constexpr int decode_min_tiles() {
+  return kMode == DecodeMode::fused ? 2 : 4;
+}
+template <int kWaves = 1, DecodeMode kMode = DecodeMode::combine>
 inline int decode_splits(const Problem& pr, const DeviceCaps& caps) {
   const Descriptor& d = pr.desc;
   const int64_t tiles = cuda::ceil_div(d.len_k, int64_t{DecodeCfg<__nv_bfloat16, 64, 1>::kBN});
   // Shared memory per SM is the opt-in block limit plus the 1 KB the driver reserves per block.
   const int64_t per_sm = std::clamp<int64_t>(
-      (caps.smem_per_block_optin + 1024) / static_cast<int64_t>(decode_smem_of(pr) + 1024), 1, 4);
+      (caps.smem_per_block_optin + 1024) / static_cast<int64_t>(decode_smem_of(pr, kMode) + 1024),
+      1, 4);
   const int64_t groups = d.batch * d.heads_kv, sms = caps.sm_count;
   return detail::decode_split_count(
       groups, tiles, sms * detail::decode_waves(kWaves, d.page_size > 0, groups, sms),
-      decode_dim(pr) == 64, per_sm, kMinTiles);
+      decode_dim(pr) == 64, per_sm, decode_min_tiles<kMode>());
 }
 // The workspace of a run with `splits` splits: f32 partial rows and their LSEs per split and row,
 // then from the first 8-byte boundary after them the fused variant's flag words (one per batch, K/V
@@ -826,15 +833,9 @@ DecodeWorkspace decode_workspace_layout(const Problem& pr, int splits) {
   const int64_t count = d.batch * d.heads_kv * (kMode == DecodeMode::fused ? splits : 1);
   return {words, words + sizeof(unsigned long long) * static_cast<size_t>(count)};
 }
-template <DecodeMode kMode>
-constexpr int decode_min_tiles() {
-  return kMode == DecodeMode::fused ? 2 : 4;
-}
 template <int kWaves = 1, DecodeMode kMode = DecodeMode::combine>
 size_t decode_workspace(const Problem& pr, const DeviceCaps& caps) {
-  return decode_workspace_layout<kMode>(pr,
-                                        decode_splits<kWaves, decode_min_tiles<kMode>()>(pr, caps))
-      .bytes;
+  return decode_workspace_layout<kMode>(pr, decode_splits<kWaves, kMode>(pr, caps)).bytes;
 }
 
 // A tag per fused or balanced decode launch (the value its split flags are raised to, or the
@@ -853,7 +854,9 @@ template <class T, int D, int MT, DecodeMode kMode, bool kCounts, bool kPaged>
 Status run_decode(const LaunchContext& ctx, const Params& p) {
   using Cfg = DecodeCfg<T, D, MT>;
   constexpr auto kernel = flash_decode<T, D, MT, kMode, kCounts, kPaged>;
-  constexpr size_t kSmem = kPaged ? decode_paged_smem(Cfg::kSmem) : Cfg::kSmem;
+  constexpr size_t kSmem = kPaged                          ? decode_paged_smem(Cfg::kSmem)
+                           : kMode == DecodeMode::balanced ? decode_queue_smem(Cfg::kSmem)
+                                                           : Cfg::kSmem;
   const auto blocks = static_cast<unsigned>(int64_t{p.batch} * p.heads_kv * p.splits);
   return cuda::launch_dependent<kernel>(ForwardOp::name, "flash_decode", dim3(blocks),
                                         dim3(Cfg::kThreads), kSmem, cuda::stream_of(ctx), p);
@@ -885,7 +888,7 @@ Status launch_decode(const LaunchContext& ctx, const Problem& pr, const ForwardA
   Params p = fwd_params(pr, a);
   const int64_t rows = int64_t{p.batch} * p.heads_q * p.len_q;
   if (rows == 0) return {};
-  p.splits = decode_splits<kWaves, decode_min_tiles<kMode>()>(pr, ctx.stream.caps());
+  p.splits = decode_splits<kWaves, kMode>(pr, ctx.stream.caps());
   if (p.splits > 1) {
     const DecodeWorkspace ws = decode_workspace_layout<kMode>(pr, p.splits);
     if (ctx.workspace.bytes < ws.bytes)

@@ -637,7 +637,9 @@ void register_fwd_mma(std::string_view name, int priority, PrecisionGuarantee pr
 
 // The balanced decode reads dense caches (paged ones keep the kernel's page-lookup order).
 inline bool decode_balanced_fits(const Problem& pr, const DeviceCaps& caps) {
-  return decode_fits(pr, caps) && pr.desc.page_size == 0;
+  return decode_fits(pr, caps) && pr.desc.page_size == 0 &&
+         static_cast<int64_t>(decode_smem_of(pr, DecodeMode::balanced)) <=
+             caps.smem_per_block_optin;
 }
 // One decode variant (split multiplier, how splits divide the keys and merge) as a table entry.
 template <DType E, int kWaves, DecodeMode kMode>
