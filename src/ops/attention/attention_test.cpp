@@ -1990,9 +1990,9 @@ TEST_P(AttentionTest, ForwardSequsedK) {
     ASSERT_EQ(runs.size(), names.size());
     for (size_t j = 0; j < runs.size(); ++j) EXPECT_EQ(runs[j].kernel, names[j]);
   };
-  const std::vector<const char*> decode = {"flash_decode_sm80",       "flash_decode_w4_sm80",
-                                           "flash_decode_fused_sm80", "flash_decode_balanced_sm80",
-                                           "flash_fwd_mma_sm80",      "flash_fwd_mma_m16_sm80"};
+  const std::vector<const char*> decode = {"flash_decode_sm80", "flash_decode_w4_sm80",
+                                           "flash_decode_fused_sm80", "flash_fwd_mma_sm80",
+                                           "flash_fwd_mma_m16_sm80"};
   const std::vector<const char*> mma = mma_forward_names(128), mma64 = mma_forward_names(64);
   {  // decode against a cache filled to five lengths, the bench's GQA ratio
     Config c;
@@ -2692,20 +2692,17 @@ TEST_P(AttentionTest, DecodeKernelOnDevice) {
   const Target target = GetParam();
   if (target == Target::cpu) GTEST_SKIP() << "the decode kernel runs on the CUDA target only";
   BARACUDA_SKIP_IF_UNAVAILABLE(target);
-  // Both split policies of the decode kernel (one wave; 4x as many splits), the fused-merge
-  // variant (last split of a group merges) and the balanced one (tail tiles claimed) on the same
-  // inputs.
+  // Both split policies of the decode kernel (one wave; 4x as many splits) and the fused-merge
+  // variant (last split of a group merges) on the same inputs.
   auto both = [] {
     return std::vector<ForwardRun>{{PlanPreference::kernel("flash_decode_sm80")},
                                    {PlanPreference::kernel("flash_decode_w4_sm80")},
-                                   {PlanPreference::kernel("flash_decode_fused_sm80")},
-                                   {PlanPreference::kernel("flash_decode_balanced_sm80")}};
+                                   {PlanPreference::kernel("flash_decode_fused_sm80")}};
   };
   auto expect_names = [](const std::vector<ForwardRun>& runs) {
     EXPECT_EQ(runs[0].kernel, "flash_decode_sm80");
     EXPECT_EQ(runs[1].kernel, "flash_decode_w4_sm80");
     EXPECT_EQ(runs[2].kernel, "flash_decode_fused_sm80");
-    EXPECT_EQ(runs[3].kernel, "flash_decode_balanced_sm80");
   };
   const Mask masks[] = {Mask::none(), Mask::causal_bottom_right(), Mask::causal_top_left(),
                         Mask::sliding_window(300, 0),
@@ -2756,27 +2753,20 @@ TEST_P(AttentionTest, DecodeKernelOnDevice) {
     check_forward_runs(target, c, Lay::blhd, runs);
     expect_names(runs);
   }
-  {  // the bench's decode shape selects it by default; each deterministic decode plan run twice
-     // gives the same bits (the splits' partials merge in split order); the general kernel stays
-     // selectable; the balanced variant (16 splits of 24 own tiles, 128 tiles claimed a K/V
-     // head) says it is not deterministic, and the deterministic preference keeps the default
+  {  // the bench's decode shape selects it by default; each decode plan run twice gives the same
+     // bits (the splits' partials merge in split order); the general kernel stays selectable
     Config c;
     c.dtype = DType::bf16, c.b = 1, c.hq = 32, c.hk = 8, c.lq = 1, c.lk = 32768;
     c.dk = c.dv = 128, c.mask = Mask::causal_bottom_right();
     std::vector<ForwardRun> runs{{std::nullopt, 2},
                                  {PlanPreference::kernel("flash_decode_w4_sm80"), 2},
                                  {PlanPreference::kernel("flash_fwd_mma_sm80")},
-                                 {PlanPreference::kernel("flash_decode_fused_sm80"), 3},
-                                 {PlanPreference::kernel("flash_decode_balanced_sm80")},
-                                 {PlanPreference::kernel("flash_decode_balanced_sm80")},
-                                 {PlanPreference::deterministic(), 2}};
+                                 {PlanPreference::kernel("flash_decode_fused_sm80"), 3}};
     check_forward_runs(target, c, Lay::blhd, runs);
     EXPECT_EQ(runs[0].kernel, "flash_decode_sm80");
     EXPECT_EQ(runs[1].kernel, "flash_decode_w4_sm80");
     EXPECT_EQ(runs[2].kernel, "flash_fwd_mma_sm80");
     EXPECT_EQ(runs[3].kernel, "flash_decode_fused_sm80");
-    EXPECT_EQ(runs[4].kernel, "flash_decode_balanced_sm80");
-    EXPECT_EQ(runs[6].kernel, "flash_decode_sm80");
     for (const char* name :
          {"flash_decode_sm80", "flash_decode_w4_sm80", "flash_decode_fused_sm80"}) {
       auto plan = ForwardPlan::select(harness::stream_for(target), desc_of(c),
@@ -2784,10 +2774,6 @@ TEST_P(AttentionTest, DecodeKernelOnDevice) {
       BARACUDA_ASSERT_OK(plan);
       EXPECT_TRUE(plan->precision_guarantee().deterministic) << name;
     }
-    auto balanced = ForwardPlan::select(harness::stream_for(target), desc_of(c),
-                                        PlanPreference::kernel("flash_decode_balanced_sm80"));
-    BARACUDA_ASSERT_OK(balanced);
-    EXPECT_FALSE(balanced->precision_guarantee().deterministic);
   }
   {  // more rows than the kernel holds (36 a K/V head, in a group of 12: fa3's packed decodes
      // take groups of powers of two alone): the general kernel takes the problem
@@ -2800,19 +2786,17 @@ TEST_P(AttentionTest, DecodeKernelOnDevice) {
 }
 
 #if BARACUDA_WITH_CUDA
-// A decode test's problem over [B, L, H, D] caches (by default 8 query heads over 2 K/V heads, one
-// query token against 4000 keys, d128, bf16). Q is drawn once; refresh() draws K / V and poisons
-// the outputs before a run, matches_oracle() checks them against the float64 oracle.
+// The decode tests' problem over [B, L, H, D] caches: 8 query heads over 2 K/V heads, one query
+// token against 4000 keys, d128, bf16. Q is drawn once; refresh() draws K / V and poisons the
+// outputs before a run, matches_oracle() checks them against the float64 oracle.
 struct DecodeInputs {
   Config c;
   Problem p;
   Shapes s;
-  std::unique_ptr<TestTensor> q, k, v, y, lse, used_k;
+  std::unique_ptr<TestTensor> q, k, v, y, lse;
 
   ForwardArguments args() const {
-    ForwardArguments a{q->cview(), k->cview(), v->cview(), y->view(), lse->view(), {}, {}};
-    if (used_k) a.seqused_k = used_k->cview();
-    return a;
+    return {q->cview(), k->cview(), v->cview(), y->view(), lse->view(), {}, {}};
   }
   void refresh(Rng& rng) {
     k->fill_random(rng, -2, 2);
@@ -2826,7 +2810,10 @@ struct DecodeInputs {
     EXPECT_TRUE(close_to(lse->values(), ref.second, p.lse_dtype, Accuracy::reduction, "lse"));
   }
 };
-DecodeInputs decode_inputs(const Config& c, Target target, Rng& rng) {
+DecodeInputs decode_inputs(int64_t batch, Target target, Rng& rng) {
+  Config c;
+  c.dtype = DType::bf16, c.b = batch, c.hq = 8, c.hk = 2, c.lq = 1, c.lk = 4000;
+  c.dk = c.dv = 128, c.mask = Mask::causal_bottom_right();
   const Problem p = problem_of(c);
   const Shapes s = shapes_of(p);
   const int r = s.rank_qkv;
@@ -2837,16 +2824,9 @@ DecodeInputs decode_inputs(const Config& c, Target target, Rng& rng) {
                   make(c.dtype, vec(s.k, r), target, Lay::blhd, rng),
                   make(c.dtype, vec(s.v, r), target, Lay::blhd, rng),
                   make(c.dtype, vec(s.y, r), target, Lay::blhd, rng),
-                  make(p.lse_dtype, vec(s.lse, s.rank_lse), target, Lay::padded, rng),
-                  c.used_k.empty() ? nullptr : seqlens(c.used_k, target)};
+                  make(p.lse_dtype, vec(s.lse, s.rank_lse), target, Lay::padded, rng)};
   in.q->fill_random(rng, -2, 2);
   return in;
-}
-DecodeInputs decode_inputs(int64_t batch, Target target, Rng& rng) {
-  Config c;
-  c.dtype = DType::bf16, c.b = batch, c.hq = 8, c.hk = 2, c.lq = 1, c.lk = 4000;
-  c.dk = c.dv = 128, c.mask = Mask::causal_bottom_right();
-  return decode_inputs(c, target, rng);
 }
 #endif
 
@@ -2866,8 +2846,8 @@ TEST_P(AttentionTest, DecodeReplaysInACudaGraph) {
   DecodeInputs in = decode_inputs(1, target, rng);
   const Stream& stream = harness::stream_for(target);
   const auto cs = static_cast<cudaStream_t>(stream.cuda_handle());
-  for (const char* name : {"flash_decode_sm80", "flash_decode_w4_sm80", "flash_decode_fused_sm80",
-                           "flash_decode_balanced_sm80"}) {
+  for (const char* name :
+       {"flash_decode_sm80", "flash_decode_w4_sm80", "flash_decode_fused_sm80"}) {
     SCOPED_TRACE(name);
     auto plan = ForwardPlan::select(stream, desc_of(in.c), PlanPreference::kernel(name));
     BARACUDA_ASSERT_OK(plan);
@@ -2944,130 +2924,6 @@ TEST_P(AttentionTest, FusedDecodeClearsItsSplitFlags) {
     size_t raised = 0;
     for (const uint64_t f : flags) raised += f != 0;
     EXPECT_EQ(raised, 0u) << "of " << flags.size() << " split flags (" << splits << " splits)";
-  }
-#endif
-}
-
-// The balanced decode (flash_decode_balanced_sm80): each split streams a run of its own, three
-// quarters of an even share, and the splits of a (batch, K/V head) claim the rest of its tiles a
-// tile at a time through one word in the workspace (the launch's tag over a count; decode.cuh's
-// DecodeTailClaims). Shapes whose runs are long enough to claim at each ring depth (d128: 3
-// stages, d64: 4, d256: 2; with key counts, one sequence claiming and one too short to), each run
-// checked against the oracle, from a workspace of stale words (0xff; then the last launch's, with
-// another tag and the count past the tail; then in CUDA graph replays, with the same tag). White
-// box: every claiming group's word holds one tag and a count between its tail and the tail plus
-// two adds a split past it (every tail tile claimed once; a split stops after the pair of adds
-// that reads past the tail); a group too short to claim
-// leaves its word alone. A window (visible keys from tile 78) and Dk != Dv against the default.
-TEST_P(AttentionTest, BalancedDecodeClaimsTheTail) {
-  const Target target = GetParam();
-  if (target == Target::cpu)
-    GTEST_SKIP() << "the balanced decode kernel runs on the CUDA target only";
-  BARACUDA_SKIP_IF_UNAVAILABLE(target);
-#if BARACUDA_WITH_CUDA
-  Rng rng;
-  const Stream& stream = harness::stream_for(target);
-  const auto cs = static_cast<cudaStream_t>(stream.cuda_handle());
-  struct Case {
-    DType dtype;
-    int64_t b, hq, hk, lq, lk, d;
-    std::vector<int32_t> used_k;
-    double softcap;
-    int stages;  // the ring depth at d (DecodeCfg)
-  };
-  const Case cases[] = {{DType::bf16, 2, 8, 2, 1, 16000, 128, {}, 0.0, 3},
-                        {DType::f16, 1, 16, 4, 2, 20000, 64, {}, 30.0, 4},
-                        {DType::bf16, 2, 4, 2, 1, 16000, 256, {16000, 9000}, 0.0, 2}};
-  for (const Case& k : cases) {
-    Config c;
-    c.dtype = k.dtype, c.b = k.b, c.hq = k.hq, c.hk = k.hk, c.lq = k.lq, c.lk = k.lk;
-    c.dk = c.dv = k.d, c.mask = Mask::causal_bottom_right(), c.used_k = k.used_k;
-    c.softcap = k.softcap;
-    SCOPED_TRACE(c.str());
-    DecodeInputs in = decode_inputs(c, target, rng);
-    auto plan = ForwardPlan::select(stream, desc_of(c),
-                                    PlanPreference::kernel("flash_decode_balanced_sm80"));
-    BARACUDA_ASSERT_OK(plan);
-    EXPECT_FALSE(plan->precision_guarantee().deterministic);
-    const size_t bytes = plan->workspace_size();
-    const auto rows = static_cast<size_t>(c.b * c.hq * c.lq),
-               groups = static_cast<size_t>(c.b * c.hk);
-    int64_t splits = 0;
-    for (size_t n = 2; n <= 256 && splits == 0; ++n) {
-      const size_t partials =
-          (n * rows * static_cast<size_t>(c.dv + 1) * sizeof(float) + 7) / 8 * 8;
-      if (partials + 8 * groups == bytes) splits = static_cast<int64_t>(n);
-    }
-    ASSERT_GT(splits, 0) << "no split count gives the balanced plan's workspace of " << bytes
-                         << " bytes: the layout changed, update this test";
-    // Each group's tail: the tiles past every split's own run (0: no claims).
-    std::vector<int64_t> tails;
-    for (int64_t b = 0; b < c.b; ++b) {
-      const int64_t keys = c.used_k.empty() ? c.lk : c.used_k[static_cast<size_t>(b)];
-      const int64_t tiles = (keys + 63) / 64, run = tiles * 3 / (4 * splits);
-      for (int64_t h = 0; h < c.hk; ++h)
-        tails.push_back(run >= k.stages + 2 ? tiles - splits * run : 0);
-    }
-    ASSERT_GT(*std::max_element(tails.begin(), tails.end()), 0) << "no group claims: a dead case";
-    std::unique_ptr<Buffer> hold;
-    const Workspace ws = workspace_for(bytes, target, hold);
-    ASSERT_EQ(cudaMemset(ws.data, 0xff, bytes), cudaSuccess);
-    auto expect_words = [&](const char* when) {
-      SCOPED_TRACE(when);
-      std::vector<uint64_t> words(groups);
-      ASSERT_EQ(
-          cudaMemcpy(words.data(), static_cast<const unsigned char*>(ws.data) + bytes - 8 * groups,
-                     8 * groups, cudaMemcpyDeviceToHost),
-          cudaSuccess);
-      std::optional<uint64_t> tag;
-      for (size_t g = 0; g < groups; ++g) {
-        if (tails[g] == 0) {
-          EXPECT_EQ(words[g], ~uint64_t{0}) << "group " << g << " has no tail to claim";
-          continue;
-        }
-        const uint64_t count = words[g] & 0xffffff;
-        if (!tag) tag = words[g] >> 24;
-        EXPECT_EQ(words[g] >> 24, *tag) << "group " << g;
-        EXPECT_GE(count, static_cast<uint64_t>(tails[g])) << "group " << g;
-        EXPECT_LE(count, static_cast<uint64_t>(tails[g] + 2 * splits)) << "group " << g;
-      }
-    };
-    for (const char* when : {"stale words (0xff)", "the last launch's words"}) {
-      in.refresh(rng);
-      const Status st = plan->run(stream, ws, in.args());
-      ASSERT_TRUE(st.ok()) << st.error().to_string();
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      SCOPED_TRACE(when);
-      in.expect_matches_oracle();
-      expect_words(when);
-    }
-    // Replays of one capture: the words hold the capture's tag, their counts past the tail.
-    cudaGraph_t graph = nullptr;
-    ASSERT_EQ(cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-    const Status st = plan->run(stream, ws, in.args());
-    const cudaError_t ended = cudaStreamEndCapture(cs, &graph);
-    ASSERT_TRUE(st.ok()) << st.error().to_string();
-    ASSERT_EQ(ended, cudaSuccess) << cudaGetErrorString(ended);
-    cudaGraphExec_t exec = nullptr;
-    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-    for (int replay = 0; replay < 2; ++replay) {
-      SCOPED_TRACE("replay " + std::to_string(replay));
-      in.refresh(rng);
-      ASSERT_EQ(cudaGraphLaunch(exec, cs), cudaSuccess);
-      ASSERT_EQ(cudaStreamSynchronize(cs), cudaSuccess);
-      in.expect_matches_oracle();
-      expect_words("a replay");
-    }
-    EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
-    EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
-  }
-  {  // a window: the first visible tile is 78 (235 tiles a group, 32 splits of 5 own, 75 claimed)
-    Config c;
-    c.dtype = DType::bf16, c.b = 1, c.hq = 8, c.hk = 4, c.lq = 3, c.lk = 20000;
-    c.dk = 128, c.dv = 64, c.mask = Mask::sliding_window(15000, 0);
-    std::vector<ForwardRun> runs{{}, {PlanPreference::kernel("flash_decode_balanced_sm80")}};
-    check_forward_runs(target, c, Lay::blhd, runs);
-    EXPECT_EQ(runs[1].kernel, "flash_decode_balanced_sm80");
   }
 #endif
 }

@@ -446,9 +446,8 @@ void bench_all(const Stream& stream) {
     // decode kernel's steady loop (and the default's host enqueue) on its own.
     std::vector<std::string_view> names;
     std::vector<PlannedForward> plans;
-    for (const std::string_view kn :
-         {"", "flash_decode_sm80", "flash_decode_w4_sm80", "flash_decode_fused_sm80",
-          "flash_decode_balanced_sm80", "flash_fwd_mma_sm80"})
+    for (const std::string_view kn : {"", "flash_decode_sm80", "flash_decode_w4_sm80",
+                                      "flash_decode_fused_sm80", "flash_fwd_mma_sm80"})
       if (auto planned = plan_forward(stream, d, kn, "attention_decode", name)) {
         names.push_back(kn);
         plans.push_back(std::move(*planned));

@@ -15,11 +15,6 @@
 //    warp order, and the splits' normalized partials by flash_decode_combine in split order. Every
 //    order is fixed, so results are deterministic for a given plan (the split count depends on
 //    the problem size and the device, so bits are not stable across batch sizes).
-//  - flash_decode_balanced_sm80 (DecodeMode::balanced) gives each split three quarters of its
-//    even share as its own run and lets the splits of a (batch, K/V head) claim the rest a tile
-//    at a time while they stream, so SMs that read faster take more tiles and the splits end
-//    together (an SM's share of the bandwidth varies by ~20% across the chip). Which split sums
-//    which tile then depends on timing: not deterministic.
 #pragma once
 
 #include <atomic>
@@ -53,102 +48,12 @@ constexpr size_t decode_paged_smem(size_t smem) {
   return decode_page_ring_at(smem) + 2 * 64 * sizeof(PageRow);
 }
 
-// How a decode launch's splits divide the keys and are merged: `combine`, even contiguous runs
-// merged by flash_decode_combine; `fused`, the same runs merged by the last split to finish;
-// `balanced`, a run of its own a split and the rest of the keys claimed at run time, merged by
-// flash_decode_combine.
-enum class DecodeMode { combine, fused, balanced };
-
-// The tiles a balanced split streams past its own run, in slot order, -1 from the end on. A ring:
-// at iteration i, slots i + 1 .. i + kStages - 1 are still to be read, and thread 0 writes slots
-// up to i + kStages + 3 (claims) or i + 2 (kStages - 1) (the end's marks). In dynamic shared memory
-// past a configuration's `smem` bytes (where the paged decode keeps its page entries), not a static
-// __shared__ variable: the first build had one and ran slower than the plain kernel even where it
-// claims nothing (H200, b12 Lk 2048 d128, one split a group: 36.9 against 30.8 us), as the fused
-// variant did with its static flag verdict.
-struct DecodeTileQueue {
-  static constexpr int kSlots = 8;
-  int tile[kSlots];
-};
-constexpr size_t decode_queue_smem(size_t smem) {
-  return decode_page_ring_at(smem) + sizeof(DecodeTileQueue);
-}
-
-// A balanced split's own run: three quarters of an even share, so that at least a quarter of the
-// keys is claimed at run time. 0 (contiguous even runs, nothing claimed) where the run would not
-// outlast the claims' lead (stages + 2 tiles) or the claim count would outgrow its 24 bits.
-__host__ __device__ constexpr int decode_balanced_run(int tiles, int splits, int stages) {
-  if (splits <= 1 || tiles >= (1 << 22)) return 0;
-  const int run = static_cast<int>(int64_t{tiles} * 3 / (4 * int64_t{splits}));
-  return run >= stages + 2 ? run : 0;
-}
-
-// Thread 0's claims on its (batch, K/V head)'s tail of tiles (balanced decode). One 64-bit word
-// per (batch, K/V head) in the workspace holds this launch's 40-bit tag over a 24-bit count:
-// split 0 installs (tag, 0) as it starts, and each claim is an atomicAdd that returns the count
-// (the tail tile) if the tag is this launch's; an add that returns another tag hit a stale word
-// (split 0 has not started yet) and claims nothing, so a split that sees one stops claiming, and
-// split 0, whose own adds follow its install, claims whatever is left. Nothing to zero before a
-// launch, no compare-and-swap, and no split ever waits on another. The adds are issued ahead of
-// need and their results read an iteration or two later, so the round trip to L2 stalls nothing:
-// at iteration i the slot loaded at iteration i + 1 must be known.
-struct DecodeTailClaims {
-  unsigned long long* word;
-  unsigned long long tag;  // 40 bits
-  int tail_begin, tail;    // the tail's first tile and its length
-  int filled;              // slots known: the own run, then the claimed tiles
-  // Two adds go out together and are read together: reading one while the other is in flight
-  // (a queue of single adds moves the younger into the older's register) would wait for both.
-  unsigned long long a0 = 0, a1 = 0;
-  int issued_at = 0;
-  bool in_flight = false, claiming = true, ended = false;
-
-  __device__ __forceinline__ void issue(int it) {
-    a0 = atomicAdd(word, 1ull);
-    a1 = atomicAdd(word, 1ull);
-    in_flight = true, issued_at = it;
-  }
-  // One add's tile into the queue as slot `filled`; past the tail, or from a stale word, it ends
-  // this split's claims (an add it issued with it is read all the same).
-  __device__ __forceinline__ void take(unsigned long long v, DecodeTileQueue* q) {
-    const int k = static_cast<int>(v & 0xffffffull);
-    if ((v >> 24) == tag && k < tail) {
-      q->tile[filled % DecodeTileQueue::kSlots] = tail_begin + k;
-      ++filled;
-    } else {
-      claiming = false;
-    }
-  }
-  // Iteration `it`: on return slot `need` is known (queued, or at or past the end, which is
-  // marked by -1 in `lead` slots: those a load may read past the last).
-  __device__ __forceinline__ void advance(int it, int need, int lead, DecodeTileQueue* q) {
-    for (;;) {
-      if (in_flight && (filled <= need || it - issued_at >= 2)) {
-        take(a0, q), take(a1, q);
-        in_flight = false;
-      }
-      if (filled > need || !claiming) break;
-      issue(it);  // needed now: read in the step above
-    }
-    if (filled <= need && !ended) {  // no claims left in flight: the end
-      for (int s = filled; s < filled + lead; ++s) q->tile[s % DecodeTileQueue::kSlots] = -1;
-      ended = true;
-    }
-    if (claiming && !in_flight && filled <= need + 2) issue(it);
-  }
-};
-
 // kCounts: the launch has seqused_k counts (p.used_k; see seq_rows for why a template parameter).
 // kPaged: K / V are paged pools (p.block_table), the counts read where the launch has them.
-template <class T, int D, int MT, DecodeMode kMode = DecodeMode::combine, bool kCounts = false,
-          bool kPaged = false>
+template <class T, int D, int MT, bool kFused = false, bool kCounts = false, bool kPaged = false>
 __global__ void __launch_bounds__(128) flash_decode(Params p) {
-  constexpr bool kFused = kMode == DecodeMode::fused, kBalanced = kMode == DecodeMode::balanced;
-  static_assert(!(kBalanced && kPaged), "the balanced decode reads dense caches");
   using Cfg = DecodeCfg<T, D, MT>;
   constexpr int kNT = Cfg::kThreads, kBN = Cfg::kBN, kRows = Cfg::kRows, kStages = Cfg::kStages;
-  static_assert(2 * kStages - 3 < DecodeTileQueue::kSlots && kStages + 2 < DecodeTileQueue::kSlots,
-                "the claim queue's ring");
   constexpr int kNW = Cfg::kNW, kLd = Cfg::kLd;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);
@@ -186,35 +91,9 @@ __global__ void __launch_bounds__(128) flash_decode(Params p) {
   detail::visible_keys(p.band, s.lq - 1, s.lq, s.lk, &lo1, &hi1);
   const int key_end = static_cast<int>(max(hi1, lo0));
   const int vt_begin = static_cast<int>(lo0 / kBN), vt_end = (key_end + kBN - 1) / kBN;
-  // The split's own run [t_begin, t_end) (slots 0 .. t_end - t_begin - 1); balanced, the tail
-  // past every split's run is claimed (later slots).
-  int per = (vt_end - vt_begin + p.splits - 1) / p.splits, tail = 0;
-  if constexpr (kBalanced) {
-    const int run = decode_balanced_run(vt_end - vt_begin, p.splits, kStages);
-    if (run > 0) per = run, tail = vt_end - vt_begin - p.splits * run;
-  }
+  const int per = (vt_end - vt_begin + p.splits - 1) / p.splits;
   const int t_begin = min(vt_end, vt_begin + split * per);
   const int t_end = min(vt_end, t_begin + per);
-  [[maybe_unused]] auto* queue =
-      reinterpret_cast<DecodeTileQueue*>(smem_raw + decode_page_ring_at(Cfg::kSmem));
-  [[maybe_unused]] DecodeTailClaims claims{};
-  if constexpr (kBalanced) {
-    if (tail > 0 && threadIdx.x == 0) {
-      claims.word = p.tile_claims + (int64_t{b} * p.heads_kv + hk);
-      claims.tag = p.tag >> 24;
-      claims.tail_begin = vt_begin + p.splits * per, claims.tail = tail;
-      claims.filled = per;
-      if (split == 0) atomicExch(claims.word, claims.tag << 24);
-    }
-  }
-  // Slot i's tile, -1 past the end; a claimed slot is known by the barrier before its load.
-  auto tile_of = [&](int i) {
-    if (i < t_end - t_begin) return t_begin + i;
-    if constexpr (kBalanced) {
-      if (tail > 0) return queue->tile[i % DecodeTileQueue::kSlots];
-    }
-    return -1;
-  };
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, tq = lane % 4;
@@ -303,9 +182,7 @@ __global__ void __launch_bounds__(128) flash_decode(Params p) {
   const float sl2 = p.scale * log2e;
   const bool capped = p.softcap > 0;
 
-  for (int i = 0;; ++i) {
-    const int t = tile_of(i);
-    if (t < 0) break;
+  for (int t = t_begin; t < t_end; ++t) {
     if constexpr (kPaged) {  // the entries of this iteration's tile to load (two-slot ring)
       if (!windowed && threadIdx.x < kBN)
         sPg[((t + kStages - 1) & 1) * kBN + threadIdx.x] = next_pg;
@@ -313,8 +190,8 @@ __global__ void __launch_bounds__(128) flash_decode(Params p) {
     cp_async_wait<kStages - 2>();  // tile t has landed for this thread ...
     __syncthreads();               // ... and for all; everyone is done with tile t - 1's stage
     {
-      const int tn = tile_of(i + kStages - 1), sn = (i + kStages - 1) % kStages;
-      if (tn >= 0) {
+      const int tn = t + kStages - 1, sn = (tn - t_begin) % kStages;
+      if (tn < t_end) {
         if constexpr (kPaged) {
           if (windowed) {
             win.load_tile<T, kBN, D, kNT>(sK + sn * kBN * D, sV + sn * kBN * D, gk, gv, p,
@@ -334,10 +211,7 @@ __global__ void __launch_bounds__(128) flash_decode(Params p) {
       }
       cp_async_commit();
     }
-    if constexpr (kBalanced) {
-      if (tail > 0 && threadIdx.x == 0) claims.advance(i, i + kStages, kStages - 1, queue);
-    }
-    const int stage = i % kStages;
+    const int stage = (t - t_begin) % kStages;
     const T* tK = sK + stage * kBN * D;
     const T* tV = sV + stage * kBN * D;
     const int kw = warp * 16;                       // this warp's keys within the tile
@@ -494,9 +368,7 @@ __global__ void __launch_bounds__(128) flash_decode(Params p) {
       // they write the same bits. The merging CTA clears the group's flags, so a replayed CUDA
       // graph (same tag) starts from cleared flags as well.
       unsigned long long* flags = p.split_flags + (int64_t{b} * p.heads_kv + hk) * p.splits;
-      // The flag scan's verdict goes through the Q tiles' shared memory, done with by now.
-      if (!cuda::raise_flag_and_see_all(flags, p.splits, split, p.tag, reinterpret_cast<int*>(sQ)))
-        return;
+      if (!cuda::raise_flag_and_see_all(flags, p.splits, split, p.tag)) return;
       // Scratch over the K/V ring (the merge buffers above are done): per (split, row) weights.
       float* sWt = reinterpret_cast<float*>(sK);  // [splits][kRows]
       float* sCInv = sWt + p.splits * kRows;
@@ -742,7 +614,7 @@ template <int D, int MT>
 constexpr size_t decode_smem() {
   return DecodeCfg<__nv_bfloat16, D, MT>::kSmem;  // f16 and bf16 are the same size
 }
-inline size_t decode_smem_of(const Problem& pr, DecodeMode mode = DecodeMode::combine) {
+inline size_t decode_smem_of(const Problem& pr) {
   const bool two = decode_rows(pr) > 16;
   size_t smem;
   switch (decode_dim(pr)) {
@@ -755,8 +627,7 @@ inline size_t decode_smem_of(const Problem& pr, DecodeMode mode = DecodeMode::co
     default:
       smem = decode_smem<256, 1>();
   }
-  if (pr.desc.page_size > 0) return decode_paged_smem(smem);
-  return mode == DecodeMode::balanced ? decode_queue_smem(smem) : smem;
+  return pr.desc.page_size > 0 ? decode_paged_smem(smem) : smem;
 }
 
 // Rows of the group fit one or two m16 tiles (two only up to D = 128, to stay in registers), and
@@ -798,48 +669,47 @@ inline bool decode_fits(const Problem& pr, const DeviceCaps& caps) {
 // kMinTiles = 2 (flash_decode_fused_sm80): short caches get up to twice the splits (Lk 2048:
 // 16 splits of 2 tiles against 8 of 4). Caches of 4096 keys and more get the same splits either
 // way (8 K/V heads on 132 SMs: 16).
-template <DecodeMode kMode>
-constexpr int decode_min_tiles() {
-  return kMode == DecodeMode::fused ? 2 : 4;
-}
-template <int kWaves = 1, DecodeMode kMode = DecodeMode::combine>
+template <int kWaves = 1, int kMinTiles = 4>
 inline int decode_splits(const Problem& pr, const DeviceCaps& caps) {
   const Descriptor& d = pr.desc;
   const int64_t tiles = cuda::ceil_div(d.len_k, int64_t{DecodeCfg<__nv_bfloat16, 64, 1>::kBN});
   // Shared memory per SM is the opt-in block limit plus the 1 KB the driver reserves per block.
   const int64_t per_sm = std::clamp<int64_t>(
-      (caps.smem_per_block_optin + 1024) / static_cast<int64_t>(decode_smem_of(pr, kMode) + 1024),
-      1, 4);
+      (caps.smem_per_block_optin + 1024) / static_cast<int64_t>(decode_smem_of(pr) + 1024), 1, 4);
   const int64_t groups = d.batch * d.heads_kv, sms = caps.sm_count;
   return detail::decode_split_count(
       groups, tiles, sms * detail::decode_waves(kWaves, d.page_size > 0, groups, sms),
-      decode_dim(pr) == 64, per_sm, decode_min_tiles<kMode>());
+      decode_dim(pr) == 64, per_sm, kMinTiles);
 }
 // The workspace of a run with `splits` splits: f32 partial rows and their LSEs per split and row,
-// then from the first 8-byte boundary after them the fused variant's flag words (one per batch, K/V
-// head and split) or the balanced variant's claim words (one per batch and K/V head). One place
-// for the layout the plan sizes and the launch addresses.
+// then for the fused variant one 8-byte flag word per (batch, K/V head, split) from the first
+// 8-byte boundary after them. One place for the layout the plan sizes and the launch addresses.
 struct DecodeWorkspace {
-  size_t words_offset = 0, bytes = 0;
+  size_t flags_offset = 0, bytes = 0;
 };
-template <DecodeMode kMode>
+template <bool kFused>
 DecodeWorkspace decode_workspace_layout(const Problem& pr, int splits) {
   if (splits <= 1) return {};
   const Descriptor& d = pr.desc;
   const int64_t rows = d.batch * d.heads_q * d.len_q;
   const auto part = static_cast<size_t>(splits * rows * (d.head_dim_v + 1)) * sizeof(float);
-  if (kMode == DecodeMode::combine) return {part, part};
-  const size_t words = (part + 7) / 8 * 8;
-  const int64_t count = d.batch * d.heads_kv * (kMode == DecodeMode::fused ? splits : 1);
-  return {words, words + sizeof(unsigned long long) * static_cast<size_t>(count)};
+  if (!kFused) return {part, part};
+  const size_t flags = (part + 7) / 8 * 8;
+  return {flags,
+          flags + sizeof(unsigned long long) * static_cast<size_t>(d.batch * d.heads_kv * splits)};
 }
-template <int kWaves = 1, DecodeMode kMode = DecodeMode::combine>
+template <bool kFused>
+constexpr int decode_min_tiles() {
+  return kFused ? 2 : 4;
+}
+template <int kWaves = 1, bool kFused = false>
 size_t decode_workspace(const Problem& pr, const DeviceCaps& caps) {
-  return decode_workspace_layout<kMode>(pr, decode_splits<kWaves, kMode>(pr, caps)).bytes;
+  return decode_workspace_layout<kFused>(
+             pr, decode_splits<kWaves, decode_min_tiles<kFused>()>(pr, caps))
+      .bytes;
 }
 
-// A tag per fused or balanced decode launch (the value its split flags are raised to, or the
-// claim words' high 40 bits are installed with): launch n gets n
+// A tag per fused decode launch (the value its split flags are raised to): launch n gets n
 // scrambled by a fixed odd multiplier and xor (a bijection of 64-bit words, so no two launches of
 // a process share a tag), which keeps tags away from the small integers and zeros that stale
 // memory most often holds; never 0, the cleared value.
@@ -850,13 +720,11 @@ inline unsigned long long next_decode_tag() {
   return tag != 0 ? tag : 0x5bd1e9955bd1e995ull;
 }
 
-template <class T, int D, int MT, DecodeMode kMode, bool kCounts, bool kPaged>
+template <class T, int D, int MT, bool kFused, bool kCounts, bool kPaged>
 Status run_decode(const LaunchContext& ctx, const Params& p) {
   using Cfg = DecodeCfg<T, D, MT>;
-  constexpr auto kernel = flash_decode<T, D, MT, kMode, kCounts, kPaged>;
-  constexpr size_t kSmem = kPaged                          ? decode_paged_smem(Cfg::kSmem)
-                           : kMode == DecodeMode::balanced ? decode_queue_smem(Cfg::kSmem)
-                                                           : Cfg::kSmem;
+  constexpr auto kernel = flash_decode<T, D, MT, kFused, kCounts, kPaged>;
+  constexpr size_t kSmem = kPaged ? decode_paged_smem(Cfg::kSmem) : Cfg::kSmem;
   const auto blocks = static_cast<unsigned>(int64_t{p.batch} * p.heads_kv * p.splits);
   return cuda::launch_dependent<kernel>(ForwardOp::name, "flash_decode", dim3(blocks),
                                         dim3(Cfg::kThreads), kSmem, cuda::stream_of(ctx), p);
@@ -879,7 +747,7 @@ Status launch_rows_combine(const LaunchContext& ctx, const Params& p, int64_t ro
                                                        dim3(256), 0, cuda::stream_of(ctx), p);
 }
 
-template <class T, int kWaves = 1, DecodeMode kMode = DecodeMode::combine>
+template <class T, int kWaves = 1, bool kFused = false>
 Status launch_decode(const LaunchContext& ctx, const Problem& pr, const ForwardArguments& a) {
   // cp.async needs 16-byte aligned rows; otherwise the SIMT kernel runs (same contract).
   if (!rows_aligned(a.q, sizeof(T)) || !rows_aligned(a.k, sizeof(T)) ||
@@ -888,19 +756,19 @@ Status launch_decode(const LaunchContext& ctx, const Problem& pr, const ForwardA
   Params p = fwd_params(pr, a);
   const int64_t rows = int64_t{p.batch} * p.heads_q * p.len_q;
   if (rows == 0) return {};
-  p.splits = decode_splits<kWaves, kMode>(pr, ctx.stream.caps());
+  p.splits = decode_splits<kWaves, decode_min_tiles<kFused>()>(pr, ctx.stream.caps());
   if (p.splits > 1) {
-    const DecodeWorkspace ws = decode_workspace_layout<kMode>(pr, p.splits);
+    const DecodeWorkspace ws = decode_workspace_layout<kFused>(pr, p.splits);
     if (ctx.workspace.bytes < ws.bytes)
       return Error::workspace_too_small(std::string(ForwardOp::name) + ": decode split partials",
                                         ws.bytes, ctx.workspace.bytes);
     const SplitParts parts = split_parts(ctx.workspace.data, p.splits, rows, p.dim_v);
     p.o_part = parts.o, p.lse_part = parts.lse;
-    auto* words = reinterpret_cast<unsigned long long*>(
-        static_cast<unsigned char*>(ctx.workspace.data) + ws.words_offset);
-    if (kMode == DecodeMode::fused) p.split_flags = words;
-    if (kMode == DecodeMode::balanced) p.tile_claims = words;
-    if (kMode != DecodeMode::combine) p.tag = next_decode_tag();
+    if (kFused) {
+      p.split_flags = reinterpret_cast<unsigned long long*>(
+          static_cast<unsigned char*>(ctx.workspace.data) + ws.flags_offset);
+      p.tag = next_decode_tag();
+    }
   }
   const bool two = decode_rows(pr) > 16;
   // The padded head dim and the m16 tiles of the group pick a launch shape (not a dtype dispatch),
@@ -908,24 +776,16 @@ Status launch_decode(const LaunchContext& ctx, const Problem& pr, const ForwardA
   const int dim = decode_dim(pr);
   auto run = [&](auto counts, auto paged) {
     constexpr bool kC = decltype(counts)::value, kP = decltype(paged)::value;
-    return dim == 64    ? (two ? run_decode<T, 64, 2, kMode, kC, kP>(ctx, p)
-                               : run_decode<T, 64, 1, kMode, kC, kP>(ctx, p))
-           : dim == 128 ? (two ? run_decode<T, 128, 2, kMode, kC, kP>(ctx, p)
-                               : run_decode<T, 128, 1, kMode, kC, kP>(ctx, p))
-                        : run_decode<T, 256, 1, kMode, kC, kP>(ctx, p);
+    return dim == 64    ? (two ? run_decode<T, 64, 2, kFused, kC, kP>(ctx, p)
+                               : run_decode<T, 64, 1, kFused, kC, kP>(ctx, p))
+           : dim == 128 ? (two ? run_decode<T, 128, 2, kFused, kC, kP>(ctx, p)
+                               : run_decode<T, 128, 1, kFused, kC, kP>(ctx, p))
+                        : run_decode<T, 256, 1, kFused, kC, kP>(ctx, p);
   };
-  auto run_instance = [&] {
-    if constexpr (kMode == DecodeMode::balanced)  // dense caches only (its fits)
-      return p.used_k ? run(std::true_type{}, std::false_type{})
-                      : run(std::false_type{}, std::false_type{});
-    else
-      return p.block_table ? run(std::false_type{}, std::true_type{})
-             : p.used_k    ? run(std::true_type{}, std::false_type{})
-                           : run(std::false_type{}, std::false_type{});
-  };
-  const Status st = run_instance();
-  // fused: the last split merged
-  if (!st.ok() || p.splits <= 1 || kMode == DecodeMode::fused) return st;
+  const Status st = p.block_table ? run(std::false_type{}, std::true_type{})
+                    : p.used_k    ? run(std::true_type{}, std::false_type{})
+                                  : run(std::false_type{}, std::false_type{});
+  if (!st.ok() || p.splits <= 1 || kFused) return st;  // fused: the last split merged
   return launch_decode_combine<T>(ctx, p, rows);
 }
 

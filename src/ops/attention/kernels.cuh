@@ -69,9 +69,6 @@ struct Params {
   // this launch's tag, the value a split raises its flag to (see decode.cuh)
   unsigned long long* split_flags;
   unsigned long long tag;
-  // flash_decode_balanced_sm80: one claim word per (batch, K/V head) in the workspace (the tag's
-  // high 40 bits over a count; see DecodeTailClaims)
-  unsigned long long* tile_claims;
   void* delta;            // backward workspace: dY.Y per row, [B * Hq * Lq]
   const int32_t* used_k;  // seqused_k: each sequence's key count, null without
   // Paged K / V (null when not paged): the block table [B, table_cols] and the pools' geometry

@@ -635,22 +635,16 @@ void register_fwd_mma(std::string_view name, int priority, PrecisionGuarantee pr
   });
 }
 
-// The balanced decode reads dense caches (paged ones keep the kernel's page-lookup order).
-inline bool decode_balanced_fits(const Problem& pr, const DeviceCaps& caps) {
-  return decode_fits(pr, caps) && pr.desc.page_size == 0 &&
-         static_cast<int64_t>(decode_smem_of(pr, DecodeMode::balanced)) <=
-             caps.smem_per_block_optin;
-}
-// One decode variant (split multiplier, how splits divide the keys and merge) as a table entry.
-template <DType E, int kWaves, DecodeMode kMode>
+// One decode variant (split multiplier, fused merge) as a table entry.
+template <DType E, int kWaves, bool kFused>
 void register_decode(std::string_view name, int priority, PrecisionGuarantee precision) {
   using T = cuda::device_t<E>;
   register_kernel<ForwardOp>({
       .sku = family_sku<E>(ForwardOp::name, DType::f32, precision, name),
       .priority = priority,
-      .fits = kMode == DecodeMode::balanced ? decode_balanced_fits : decode_fits,
-      .workspace = decode_workspace<kWaves, kMode>,
-      .launch = launch_decode<T, kWaves, kMode>,
+      .fits = decode_fits,
+      .workspace = decode_workspace<kWaves, kFused>,
+      .launch = launch_decode<T, kWaves, kFused>,
   });
 }
 
@@ -748,11 +742,11 @@ bool register_decode_kernels() {
   constexpr PrecisionGuarantee mma = kMmaPrecision<E>;
   // Few query rows per K/V head (decode, speculative decoding): above the general kernel; that
   // one stays registered so PlanPreference::kernel("flash_fwd_mma_sm80") can A/B them.
-  register_decode<E, 1, DecodeMode::combine>("flash_decode_sm80", 30, mma);
+  register_decode<E, 1, false>("flash_decode_sm80", 30, mma);
   // The same kernel over 4x as many, 4x shorter splits (see decode_splits): A/B only (H100,
   // when splits filled every CTA slot shared memory allowed: 68.1 us vs 56.7 us at Lk 32k;
   // H200 at df4dd96: 45.0-45.1 vs 40.2-40.6 us).
-  register_decode<E, 4, DecodeMode::combine>("flash_decode_w4_sm80", 29, mma);
+  register_decode<E, 4, false>("flash_decode_w4_sm80", 29, mma);
   // flash_decode_sm80 with the split merge done by the last split of each (batch, K/V head)
   // to finish (a flag per split in the workspace) instead of flash_decode_combine:
   // no second launch, and each group's merge overlaps the other groups' streaming. Sums in
@@ -764,11 +758,7 @@ bool register_decode_kernels() {
   // last split's merge (flag round trips, then the partials) outlasts the combine kernel's. A
   // third form, the combine launched early and awaiting per-split flags instead of the grid's
   // completion, read 43.5-43.9 us there (measured, not kept).
-  register_decode<E, 1, DecodeMode::fused>("flash_decode_fused_sm80", 28, mma);
-  // flash_decode_sm80 with a quarter of each (batch, K/V head)'s tiles claimed by its splits as
-  // they stream (DecodeTailClaims), so the splits of faster SMs take more: A/B, not deterministic.
-  register_decode<E, 1, DecodeMode::balanced>("flash_decode_balanced_sm80", 27,
-                                              {mma.math, mma.accumulator, false, false});
+  register_decode<E, 1, true>("flash_decode_fused_sm80", 28, mma);
   return true;
 }
 

@@ -1433,9 +1433,7 @@ inline int packed_splits(const Problem& pr, const DeviceCaps& caps) {
 // The splits' f32 rows and their LSE ([splits, B, Hq, Lq] each: the split merges' layout), where
 // kPacked splits the keys.
 inline size_t packed_workspace(const Problem& pr, const DeviceCaps& caps) {
-  return attention::kernels::decode_workspace_layout<attention::kernels::DecodeMode::combine>(
-             pr, packed_splits(pr, caps))
-      .bytes;
+  return attention::kernels::decode_workspace_layout<false>(pr, packed_splits(pr, caps)).bytes;
 }
 
 // The ranked-ahead entry's: the packed instance's split partials where it launches that one.
@@ -1662,10 +1660,7 @@ Status launch_d(const LaunchContext& ctx, const Problem& pr, const ForwardArgume
     p.m_blocks = static_cast<int>((d.len_q + rows - 1) / rows);
     p.splits = packed_splits(pr, ctx.stream.caps());
     if (p.splits > 1) {
-      const size_t need =
-          attention::kernels::decode_workspace_layout<attention::kernels::DecodeMode::combine>(
-              pr, p.splits)
-              .bytes;
+      const size_t need = attention::kernels::decode_workspace_layout<false>(pr, p.splits).bytes;
       if (ctx.workspace.bytes < need)
         return Error::workspace_too_small(std::string(who) + "_packed: split partials", need,
                                           ctx.workspace.bytes);
