@@ -88,10 +88,14 @@ __device__ __forceinline__ void raise_count_after_completion(unsigned* count, un
 // wrote before their raise is visible after the acquire fence (read it with __ldcg). The tag must
 // differ from whatever the flags may hold before the launch (unique per launch, never the cleared
 // value 0); clear_flags resets a group once its readers are done. Needs a full first warp; call
-// from every thread; returns the same value in all.
+// from every thread; returns the same value in all. `all_raised`: an int of the block's dynamic
+// shared memory for the verdict. Not a static __shared__ variable: with one (16 bytes beside the
+// decode's 100 KB of dynamic shared memory) the fused decode ran 20% longer than the split kernel
+// where no split merges at all (H200, b12 Lk 2048 d128, one split a group: 37.4 against 30.8 us);
+// with the verdict in dynamic shared memory 30.9 (docs/perf/attention.md, ninetieth session).
 __device__ __forceinline__ bool raise_flag_and_see_all(unsigned long long* flags, int count,
-                                                       int mine, unsigned long long tag) {
-  __shared__ int all_raised;
+                                                       int mine, unsigned long long tag,
+                                                       int* all_raised) {
   __syncthreads();
   if (threadIdx.x < 32 && threadIdx.y == 0 && threadIdx.z == 0) {
     if (threadIdx.x == 0)
@@ -111,10 +115,10 @@ __device__ __forceinline__ bool raise_flag_and_see_all(unsigned long long* flags
     all = __all_sync(0xffffffffu, all);
     // Acquire: every lane that read a raised flag fences before the block reads what was published.
     if (all) asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
-    if (threadIdx.x == 0) all_raised = all;
+    if (threadIdx.x == 0) *all_raised = all;
   }
   __syncthreads();
-  return all_raised != 0;
+  return *all_raised != 0;
 }
 
 // Clears a group's flags for the next launch, once every block that reads them is done with

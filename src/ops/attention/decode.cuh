@@ -368,7 +368,9 @@ __global__ void __launch_bounds__(128) flash_decode(Params p) {
       // they write the same bits. The merging CTA clears the group's flags, so a replayed CUDA
       // graph (same tag) starts from cleared flags as well.
       unsigned long long* flags = p.split_flags + (int64_t{b} * p.heads_kv + hk) * p.splits;
-      if (!cuda::raise_flag_and_see_all(flags, p.splits, split, p.tag)) return;
+      // The verdict goes through the Q tiles' shared memory, done with by now.
+      if (!cuda::raise_flag_and_see_all(flags, p.splits, split, p.tag, reinterpret_cast<int*>(sQ)))
+        return;
       // Scratch over the K/V ring (the merge buffers above are done): per (split, row) weights.
       float* sWt = reinterpret_cast<float*>(sK);  // [splits][kRows]
       float* sCInv = sWt + p.splits * kRows;

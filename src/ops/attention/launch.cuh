@@ -754,10 +754,15 @@ bool register_decode_kernels() {
   // kMinTiles). A/B only: the H100 measured it slower (63.9 vs 56.7 us at Lk 32k, 24.0 vs
   // 13.6 us at Lk 4096) with a CAS-counted arrival word; with per-split flags the H200 reads
   // 46.2 vs 40.7-41.2 us at Lk 32k and 15.5 vs 15.0-16.3 us at Lk 4096 (317fc29, 32 splits
-  // two CTAs an SM), 45.6-45.7 vs 40.2-40.6 us at Lk 32k with one CTA an SM (df4dd96): the
-  // last split's merge (flag round trips, then the partials) outlasts the combine kernel's. A
-  // third form, the combine launched early and awaiting per-split flags instead of the grid's
-  // completion, read 43.5-43.9 us there (measured, not kept).
+  // two CTAs an SM), 45.6-45.7 vs 40.2-40.6 us at Lk 32k with one CTA an SM (df4dd96). Most of
+  // that was not the merge: the flag scan's verdict sat in a static __shared__ int, and with it
+  // the kernel ran 20% longer even where no split merges (raise_flag_and_see_all says more).
+  // With the verdict in dynamic shared memory (ninetieth session, H200, three processes): Lk 32k
+  // d128 40.6-41.0 us a run against 40.1-40.3 (two launches), 37.55-37.59 back to back against
+  // 38.04-38.12; d64 24.3 against 25.4 back to back; slower on paged caches (36.5 against 34.1 us
+  // in 64-key pages) and at Lq 4 (46.0-47.0 against 41.7-42.2). Still A/B: a run's time is the
+  // default's or a little more. A third form, the combine launched early and awaiting per-split
+  // flags instead of the grid's completion, read 43.5-43.9 us (measured, not kept).
   register_decode<E, 1, true>("flash_decode_fused_sm80", 28, mma);
   return true;
 }
