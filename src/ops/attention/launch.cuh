@@ -757,12 +757,13 @@ bool register_decode_kernels() {
   // two CTAs an SM), 45.6-45.7 vs 40.2-40.6 us at Lk 32k with one CTA an SM (df4dd96). Most of
   // that was not the merge: the flag scan's verdict sat in a static __shared__ int, and with it
   // the kernel ran 20% longer even where no split merges (raise_flag_and_see_all says more).
-  // With the verdict in dynamic shared memory (ninetieth session, H200, three processes): Lk 32k
-  // d128 40.6-41.0 us a run against 40.1-40.3 (two launches), 37.55-37.59 back to back against
-  // 38.04-38.12; d64 24.3 against 25.4 back to back; slower on paged caches (36.5 against 34.1 us
-  // in 64-key pages) and at Lq 4 (46.0-47.0 against 41.7-42.2). Still A/B: a run's time is the
-  // default's or a little more. A third form, the combine launched early and awaiting per-split
-  // flags instead of the grid's completion, read 43.5-43.9 us (measured, not kept).
+  // With the verdict in dynamic shared memory (ninetieth session, H200, e8c177f, three
+  // processes): Lk 32k d128 40.3-40.9 us a run against 39.9-40.2 (two launches), 37.6 back to
+  // back against 37.9-38.1; slower at d64 (24.7-24.8 against 24.3-24.4 back to back), on paged
+  // caches (36.6-36.8 against 34.4-34.5 us a run in 64-key pages) and at Lq 4 (46.3-46.5 against
+  // 41.6-42.4). Still A/B: a run's time is the default's or a little more. A third form, the
+  // combine launched early and awaiting per-split flags instead of the grid's completion, read
+  // 43.5-43.9 us (measured, not kept).
   register_decode<E, 1, true>("flash_decode_fused_sm80", 28, mma);
   return true;
 }
