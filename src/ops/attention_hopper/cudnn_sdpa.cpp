@@ -36,6 +36,7 @@
 
 #include "baracuda/ops/attention.hpp"
 #include "baracuda/ops/attention_hopper.hpp"
+#include "core/cuda/check.hpp"
 #include "ops/attention_hopper/cudnn_varlen.hpp"
 
 #if defined(__GNUC__) && !defined(__clang__)
@@ -508,6 +509,8 @@ auto with_cached_entry(const Problem& p, Kind kind, int device, F&& f) {
 // use.
 bool fits_kind(const Problem& p, const DeviceCaps& caps, Kind kind) {
   if (!cudnn_serves(p, caps)) return false;
+  // cuDNN's backward is not given packed sequences (kVarlenBackward below says why).
+  if (kind != Kind::forward && p.desc.varlen) return false;
   std::lock_guard lock(state().mu);
   return graph_locked(p, key_of(p, kind, caps.device, canonical_layout(p, kind, true)))->graph !=
          nullptr;
@@ -707,15 +710,10 @@ Status launch_forward_varlen(const LaunchContext& ctx, const Problem& p,
       {kLse, stats},       {kSeqQ, prep.seq_q}, {kSeqKV, prep.seq_kv}, {kOffQ, prep.off_q},
       {kOffK, prep.off_k}, {kOffV, prep.off_v}, {kOffO, prep.off_y},   {kOffStats, prep.off_stats}};
   const cudaStream_t stream = static_cast<cudaStream_t>(ctx.stream.cuda_handle());
-  auto failed = [&](const char* pass, cudaError_t e) {
-    return Error::cuda(std::string(op) + ": cudnn_sdpa: " + pass + ": " + cudaGetErrorName(e),
-                       static_cast<int>(e));
-  };
-  BARACUDA_TRY(execute(ctx, op, p, Kind::forward, std::move(layout), std::move(pack), graph_ws,
-                       [&]() -> Status {
-                         const cudaError_t e = launch_ragged_prep(stream, prep);
-                         return e == cudaSuccess ? Status{} : failed("lengths and offsets", e);
-                       }));
+  BARACUDA_TRY(
+      execute(ctx, op, p, Kind::forward, std::move(layout), std::move(pack), graph_ws, [&] {
+        return cuda::check(op, "cudnn_sdpa: lengths and offsets", launch_ragged_prep(stream, prep));
+      }));
   DeviceGuard guard(ctx.stream.device());
   RaggedRows rows;
   rows.y = a.y.data, rows.y_row = a.y.stride[0], rows.y_head = a.y.stride[1];
@@ -725,9 +723,7 @@ Status launch_forward_varlen(const LaunchContext& ctx, const Problem& p,
   rows.seq_q = prep.seq_q, rows.seq_kv = prep.seq_kv;
   rows.batch = d.batch, rows.heads = d.heads_q, rows.len_q = d.len_q, rows.dim_v = d.head_dim_v;
   rows.band = attention::detail::band_of(d.mask);
-  if (const cudaError_t e = launch_ragged_rows(stream, rows); e != cudaSuccess)
-    return failed("rows' LSE", e);
-  return {};
+  return cuda::check(op, "cudnn_sdpa: rows' LSE", launch_ragged_rows(stream, rows));
 }
 
 Status launch_forward(const LaunchContext& ctx, const Problem& p, const ForwardArguments& a) {
@@ -789,7 +785,6 @@ constexpr const char* kVarlenBackward =
 
 template <bool Ahead, Kind K>
 bool fits_backward(const Problem& p, const DeviceCaps& c) {
-  if (p.desc.varlen) return false;
   // fa3_bwd_sm90a is not deterministic: the deterministic entries rank against the bespoke
   // (deterministic) kernels only.
   const bool fa3 = K == Kind::backward && fa3_fits(p, c, Pass::backward);
@@ -799,7 +794,6 @@ bool fits_backward(const Problem& p, const DeviceCaps& c) {
 // cuDNN's deterministic algorithm as the default backward: where kCudnnBwdDeterministicPicks says
 // and fa3's entries would otherwise run (its rows were measured against fa3's ranked entry).
 bool fits_backward_deterministic_default(const Problem& p, const DeviceCaps& c) {
-  if (p.desc.varlen) return false;
   const bool fa3 = fa3_fits(p, c, Pass::backward);
   return cudnn_bwd_deterministic_default(p) && fa3 &&
          preferred_candidate(p, Pass::backward, fa3) != Candidate::bespoke &&

@@ -9,22 +9,19 @@
 namespace baracuda::attention_hopper {
 namespace {
 
-__device__ __forceinline__ int64_t clamp64(int64_t v, int64_t lo, int64_t hi) {
-  return v < lo ? lo : v > hi ? hi : v;
-}
-
 __global__ void ragged_prep(RaggedPrep r) {
   for (int64_t b = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; b <= r.batch;
        b += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t q0 = clamp64(r.cu_q[b], 0, r.total_q), k0 = clamp64(r.cu_k[b], 0, r.total_k);
+    const int64_t q0 = std::clamp<int64_t>(r.cu_q[b], 0, r.total_q),
+                  k0 = std::clamp<int64_t>(r.cu_k[b], 0, r.total_k);
     r.off_q[b] = static_cast<int32_t>(q0 * r.q_row);
     r.off_y[b] = static_cast<int32_t>(q0 * r.y_row);
     r.off_stats[b] = static_cast<int32_t>(q0 * r.heads_q);
     r.off_k[b] = static_cast<int32_t>(k0 * r.k_row);
     r.off_v[b] = static_cast<int32_t>(k0 * r.v_row);
     if (b == r.batch) continue;
-    const int64_t q1 = clamp64(r.cu_q[b + 1], q0, r.total_q),
-                  k1 = clamp64(r.cu_k[b + 1], k0, r.total_k);
+    const int64_t q1 = std::clamp<int64_t>(r.cu_q[b + 1], q0, r.total_q),
+                  k1 = std::clamp<int64_t>(r.cu_k[b + 1], k0, r.total_k);
     r.seq_q[b] = static_cast<int32_t>(std::min(q1 - q0, r.len_q));
     r.seq_kv[b] = static_cast<int32_t>(std::min(k1 - k0, r.len_k));
   }
