@@ -5027,46 +5027,96 @@ void check_varlen_forward(const VarlenCase& c, const VarlenData& x,
         spare_rows_untouched({lv.begin() + h * tq, lv.begin() + (h + 1) * tq}, oq, 1, "lse"));
 }
 
-void check_varlen_case(const VarlenCase& c, harness::Rng& rng) {
-  const Stream& gs = harness::stream_for(Target::cuda);
-  const VarlenData x = varlen_data(c, rng);
-  const Descriptor &desc = x.desc, &ref_desc = x.ref_desc;
-  const attention::Problem p = problem_of(desc);
-  const std::vector<int32_t>&cu_q = x.cu_q, &cu_k = x.cu_k;
-  const int64_t tq = x.tq, tk = x.tk, oq = x.oq, ok = x.ok;
-  const std::vector<double>&q = x.q, &k = x.k, &v = x.v;
+// A varlen case's backward inputs: dY (owned rows random, the rest NaN), Y and LSE of the
+// reference forward as a GPU forward stores them (Y's unowned rows NaN), the float64 reference
+// backward from those, and the GPU copies a backward reads.
+struct VarlenBackwardData {
+  std::vector<double> dq, dk, dv;  // the reference's
+  TestTensor gdy, gy, glse;
+};
+VarlenBackwardData varlen_backward_data(const VarlenCase& c, const VarlenData& x,
+                                        harness::Rng& rng) {
+  const int64_t tq = x.tq, tk = x.tk, oq = x.oq;
   const auto dy = rounded_packed(c, packed_values(rng, tq, oq, c.hq, c.d), tq, c.hq);
-
-  // Y / LSE of the reference forward as a GPU forward stores them, then the reference backward
-  // from those.
-  const std::vector<double>&ry = x.ref.y, &rl = x.ref.lse;
-  std::vector<double> y_in = rounded_packed(c, ry, tq, c.hq), l_in(rl.size());
+  std::vector<double> y_in = rounded_packed(c, x.ref.y, tq, c.hq), l_in(x.ref.lse.size());
   {
     TestTensor l = TestTensor::make(DType::f32, {c.hq, tq}, Target::cpu);
-    l.set_values(rl);
+    l.set_values(x.ref.lse);
     l_in = l.values();
   }
   for (size_t i = static_cast<size_t>(oq * c.hq * c.d); i < y_in.size(); ++i)
     y_in[i] = std::numeric_limits<double>::quiet_NaN();
-  std::vector<double> gq(q.size(), 0.0), gk(k.size(), 0.0), gv(v.size(), 0.0);
-  {
-    auto plan =
-        attention::BackwardPlan::select(Stream::cpu(), ref_desc, PlanPreference::reference());
-    BARACUDA_ASSERT_OK(plan);
-    BARACUDA_ASSERT_OK(plan->run(
-        Stream::cpu(), Workspace::none(),
-        {f64_in(q, {tq, c.hq, c.d}), f64_in(k, {tk, c.hk, c.d}), f64_in(v, {tk, c.hk, c.d}),
-         f64_in(y_in, {tq, c.hq, c.d}), f64_in(dy, {tq, c.hq, c.d}), f64_in(l_in, {c.hq, tq}),
-         f64_out(gq, {tq, c.hq, c.d}), f64_out(gk, {tk, c.hk, c.d}), f64_out(gv, {tk, c.hk, c.d}),
-         i32_in(cu_q), i32_in(cu_k)}));
-  }
+  VarlenBackwardData r{
+      std::vector<double>(x.q.size(), 0.0),
+      std::vector<double>(x.k.size(), 0.0),
+      std::vector<double>(x.v.size(), 0.0),
+      upload_packed(c, dy, tq, c.hq),
+      upload_packed(c, y_in, tq, c.hq),
+      TestTensor::with_strides(DType::f32, {c.hq, tq}, {tq + 4, 1}, 4, Target::cuda)};
+  r.glse.set_values(l_in);
+  auto plan =
+      attention::BackwardPlan::select(Stream::cpu(), x.ref_desc, PlanPreference::reference());
+  EXPECT_TRUE(plan.ok()) << plan.error().to_string();
+  if (!plan.ok()) return r;
+  const Status st = plan->run(
+      Stream::cpu(), Workspace::none(),
+      {f64_in(x.q, {tq, c.hq, c.d}), f64_in(x.k, {tk, c.hk, c.d}), f64_in(x.v, {tk, c.hk, c.d}),
+       f64_in(y_in, {tq, c.hq, c.d}), f64_in(dy, {tq, c.hq, c.d}), f64_in(l_in, {c.hq, tq}),
+       f64_out(r.dq, {tq, c.hq, c.d}), f64_out(r.dk, {tk, c.hk, c.d}),
+       f64_out(r.dv, {tk, c.hk, c.d}), i32_in(x.cu_q), i32_in(x.cu_k)});
+  EXPECT_TRUE(st.ok()) << st.error().to_string();
+  return r;
+}
 
-  const TestTensor &gq_in = x.gq, &gk_in = x.gk, &gv_in = x.gv;
-  const TestTensor gdy = upload_packed(c, dy, tq, c.hq), gy_in = upload_packed(c, y_in, tq, c.hq);
-  TestTensor glse_in =
-      TestTensor::with_strides(DType::f32, {c.hq, tq}, {tq + 4, 1}, 4, Target::cuda);
-  glse_in.set_values(l_in);
-  const TestTensor &gcu_q = x.gcu_q, &gcu_k = x.gcu_k;
+// A backward plan over the case, run twice into poisoned dQ / dK / dV, each run against the
+// reference on the owned rows (the rows no sequence owns never written, gaps untouched); the two
+// runs bitwise equal where the plan says deterministic.
+void check_varlen_backward(const VarlenCase& c, const VarlenData& x, const VarlenBackwardData& bd,
+                           const attention::BackwardPlan& plan) {
+  const Stream& gs = harness::stream_for(Target::cuda);
+  const int64_t tq = x.tq, tk = x.tk, oq = x.oq, ok = x.ok;
+  TestTensor dq = packed_gpu(c, c.t, tq, c.hq), dk = packed_gpu(c, c.t, tk, c.hk),
+             dv = packed_gpu(c, c.t, tk, c.hk);
+  const Workspace_ ws = workspace_of(plan.workspace_size());
+  std::vector<std::vector<uint8_t>> runs;
+  for (int rep = 0; rep < 2; ++rep) {
+    for (TestTensor* t : {&dq, &dk, &dv}) t->poison();
+    const auto q_before = dq.bytes(), k_before = dk.bytes(), v_before = dv.bytes();
+    BARACUDA_ASSERT_OK(plan.run(
+        gs, ws.get(),
+        {x.gq.cview(), x.gk.cview(), x.gv.cview(), bd.gy.cview(), bd.gdy.cview(), bd.glse.cview(),
+         dq.view(), dk.view(), dv.view(), x.gcu_q.cview(), x.gcu_k.cview()}));
+    BARACUDA_ASSERT_OK(gs.synchronize());
+    const auto dqv = dq.values(), dkv = dk.values(), dvv = dv.values();
+    EXPECT_TRUE(harness::close_to(owned_rows(dqv, oq, c.hq * c.d),
+                                  owned_rows(bd.dq, oq, c.hq * c.d), c.t, Accuracy::reduction,
+                                  "dq"));
+    EXPECT_TRUE(harness::close_to(owned_rows(dkv, ok, c.hk * c.d),
+                                  owned_rows(bd.dk, ok, c.hk * c.d), c.t, Accuracy::reduction,
+                                  "dk"));
+    EXPECT_TRUE(harness::close_to(owned_rows(dvv, ok, c.hk * c.d),
+                                  owned_rows(bd.dv, ok, c.hk * c.d), c.t, Accuracy::reduction,
+                                  "dv"));
+    EXPECT_TRUE(spare_rows_untouched(dqv, oq, c.hq * c.d, "dq"));
+    EXPECT_TRUE(spare_rows_untouched(dkv, ok, c.hk * c.d, "dk"));
+    EXPECT_TRUE(spare_rows_untouched(dvv, ok, c.hk * c.d, "dv"));
+    EXPECT_TRUE(harness::untouched_outside(q_before, dq.bytes(), dq.bit_mask(), "dq gaps"));
+    EXPECT_TRUE(harness::untouched_outside(k_before, dk.bytes(), dk.bit_mask(), "dk gaps"));
+    EXPECT_TRUE(harness::untouched_outside(v_before, dv.bytes(), dv.bit_mask(), "dv gaps"));
+    for (TestTensor* t : {&dq, &dk, &dv}) runs.push_back(t->bytes());
+  }
+  if (plan.precision_guarantee().deterministic) {
+    for (int i = 0; i < 3; ++i)
+      EXPECT_TRUE(harness::bytes_equal(runs[i], runs[i + 3], "backward run 1 vs run 2"));
+  }
+}
+
+void check_varlen_case(const VarlenCase& c, harness::Rng& rng) {
+  const Stream& gs = harness::stream_for(Target::cuda);
+  const VarlenData x = varlen_data(c, rng);
+  const Descriptor& desc = x.desc;
+  const attention::Problem p = problem_of(desc);
+  const VarlenBackwardData bd = varlen_backward_data(c, x, rng);
 
   // Every forward schedule, pinned, run twice (bitwise equal), then the default plan.
   std::vector<std::string_view> fwd = {kFa3, kFa3Pingpong, kFa3Exp2Poly2Kernel,
@@ -5092,9 +5142,9 @@ void check_varlen_case(const VarlenCase& c, harness::Rng& rng) {
     check_varlen_forward(c, x, *plan);
   }
 
-  // The backward pinned by name (each run checked on its own); at D = 64 without soft-capping the
-  // three-warpgroup kernel and the 128-row steps too; at D = 64 / 128 the deterministic instance,
-  // whose two runs must also be bitwise equal.
+  // The backward pinned by name; at D = 64 without soft-capping the three-warpgroup kernel and
+  // the 128-row steps too; at D = 64 / 128 the deterministic instance, whose two runs must also be
+  // bitwise equal.
   for (std::string_view bname :
        {kFa3BwdKernel, kFa3BwdK192Kernel, kFa3BwdQ128Kernel, kFa3BwdDeterministicKernel}) {
     const bool det = bname == kFa3BwdDeterministicKernel;
@@ -5104,38 +5154,8 @@ void check_varlen_case(const VarlenCase& c, harness::Rng& rng) {
     auto bplan = attention::BackwardPlan::select(gs, desc, PlanPreference::kernel(bname));
     BARACUDA_ASSERT_OK(bplan);
     ASSERT_EQ(bplan->sku().name, bname);
-    TestTensor dq = packed_gpu(c, c.t, tq, c.hq), dk = packed_gpu(c, c.t, tk, c.hk),
-               dv = packed_gpu(c, c.t, tk, c.hk);
     EXPECT_EQ(bplan->precision_guarantee().deterministic, det);
-    const Workspace_ bws = workspace_of(bplan->workspace_size());
-    std::vector<std::vector<uint8_t>> runs;
-    for (int rep = 0; rep < 2; ++rep) {
-      for (TestTensor* t : {&dq, &dk, &dv}) t->poison();
-      const auto q_before = dq.bytes(), k_before = dk.bytes(), v_before = dv.bytes();
-      BARACUDA_ASSERT_OK(bplan->run(
-          gs, bws.get(),
-          {gq_in.cview(), gk_in.cview(), gv_in.cview(), gy_in.cview(), gdy.cview(), glse_in.cview(),
-           dq.view(), dk.view(), dv.view(), gcu_q.cview(), gcu_k.cview()}));
-      BARACUDA_ASSERT_OK(gs.synchronize());
-      const auto dqv = dq.values(), dkv = dk.values(), dvv = dv.values();
-      EXPECT_TRUE(harness::close_to(owned_rows(dqv, oq, c.hq * c.d), owned_rows(gq, oq, c.hq * c.d),
-                                    c.t, Accuracy::reduction, "dq"));
-      EXPECT_TRUE(harness::close_to(owned_rows(dkv, ok, c.hk * c.d), owned_rows(gk, ok, c.hk * c.d),
-                                    c.t, Accuracy::reduction, "dk"));
-      EXPECT_TRUE(harness::close_to(owned_rows(dvv, ok, c.hk * c.d), owned_rows(gv, ok, c.hk * c.d),
-                                    c.t, Accuracy::reduction, "dv"));
-      EXPECT_TRUE(spare_rows_untouched(dqv, oq, c.hq * c.d, "dq"));
-      EXPECT_TRUE(spare_rows_untouched(dkv, ok, c.hk * c.d, "dk"));
-      EXPECT_TRUE(spare_rows_untouched(dvv, ok, c.hk * c.d, "dv"));
-      EXPECT_TRUE(harness::untouched_outside(q_before, dq.bytes(), dq.bit_mask(), "dq gaps"));
-      EXPECT_TRUE(harness::untouched_outside(k_before, dk.bytes(), dk.bit_mask(), "dk gaps"));
-      EXPECT_TRUE(harness::untouched_outside(v_before, dv.bytes(), dv.bit_mask(), "dv gaps"));
-      for (TestTensor* t : {&dq, &dk, &dv}) runs.push_back(t->bytes());
-    }
-    if (det) {
-      for (int i = 0; i < 3; ++i)
-        EXPECT_TRUE(harness::bytes_equal(runs[i], runs[i + 3], "backward run 1 vs run 2"));
-    }
+    check_varlen_backward(c, x, bd, *bplan);
   }
 }
 
@@ -5190,13 +5210,14 @@ TEST(AttentionFa3Gpu, VarlenMatchesReference) {
   std::printf("[ fa3 varlen ] %zu cases, %.2f s\n", cases.size(), seconds_since(t0));
 }
 
-// cuDNN's ragged layout over packed sequences (only(Backend::cudnn), the forward): the fa3 varlen
-// cases within cuDNN's rules (no soft-cap) plus a window, rows no sequence owns NaN (they must
-// neither reach an owned row nor be written), sequences with no query or no key, rows that see no
-// key (Y 0, LSE -inf: the pass after cuDNN's). Each against the float64 reference, twice into
-// poisoned outputs (bitwise equal: cuDNN's forward is deterministic), gaps untouched. The
-// backward under only(Backend::cudnn) is refused with the reason; the default plan is not cuDNN's.
-TEST(AttentionCudnnGpu, VarlenForwardMatchesReference) {
+// cuDNN's ragged layout over packed sequences (only(Backend::cudnn)), forward and backward: the
+// fa3 varlen cases within cuDNN's rules (no soft-cap) plus a window, rows no sequence owns NaN
+// (they must neither reach an owned row nor be written), sequences with no query or no key (dK /
+// dV or dQ 0: the pass after cuDNN's), rows that see no key (Y 0, LSE -inf, dQ 0). Each against
+// the float64 reference, twice into poisoned outputs (bitwise equal where the plan says
+// deterministic: the forward and the deterministic algorithm's backward), gaps untouched. The
+// default plans are not cuDNN's.
+TEST(AttentionCudnnGpu, VarlenMatchesReference) {
   BARACUDA_SKIP_IF_UNAVAILABLE(Target::cuda);
 #if !BARACUDA_HAVE_CUDNN_FRONTEND
   GTEST_SKIP() << "built without the cuDNN frontend (BARACUDA_HAVE_CUDNN_FRONTEND unset)";
@@ -5218,9 +5239,21 @@ TEST(AttentionCudnnGpu, VarlenForwardMatchesReference) {
     auto def = attention::ForwardPlan::select(gs, x.desc);
     BARACUDA_ASSERT_OK(def);
     EXPECT_NE(def->sku().backend, Backend::cudnn);
-    EXPECT_TRUE(fails_with(
-        attention::BackwardPlan::select(gs, x.desc, PlanPreference::only(Backend::cudnn)),
-        ErrorKind::unsupported, {"varlen: cuDNN's ragged layout is wired for the forward only"}));
+
+    const VarlenBackwardData bd = varlen_backward_data(c, x, rng);
+    for (const auto& [pref, name] :
+         {std::pair{PlanPreference::only(Backend::cudnn), "cudnn_sdpa_bwd_ranked_behind"},
+          {PlanPreference::kernel("cudnn_sdpa_bwd_deterministic_ranked_behind"),
+           "cudnn_sdpa_bwd_deterministic_ranked_behind"}}) {
+      SCOPED_TRACE(name);
+      auto bplan = attention::BackwardPlan::select(gs, x.desc, pref);
+      BARACUDA_ASSERT_OK(bplan);
+      ASSERT_EQ(bplan->sku().name, name);
+      check_varlen_backward(c, x, bd, *bplan);
+    }
+    auto bdef = attention::BackwardPlan::select(gs, x.desc);
+    BARACUDA_ASSERT_OK(bdef);
+    EXPECT_NE(bdef->sku().backend, Backend::cudnn);
   }
 }
 

@@ -1,7 +1,7 @@
 // cuDNN backend of attention::ForwardOp / attention::BackwardOp through the cuDNN frontend's SDPA
 // graphs (bf16 and f16; no mask, causal top-left / bottom-right, windows with a right bound, GQA;
-// packed sequences (varlen) forward in cuDNN's ragged layout under its padding mask, with the
-// passes of cudnn_varlen.hpp around the graph).
+// packed sequences (varlen) forward and backward in cuDNN's ragged layout under its padding mask,
+// with the passes of cudnn_varlen.hpp around the graph).
 //
 // Life cycle: the kernels' `fits` hook runs in Plan::select. It builds the cuDNN graph for the
 // problem in the canonical [B, H, L, D] layout, caches it keyed by problem and strides, and answers
@@ -24,11 +24,13 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <random>
+#include <span>
 #include <string>
 #include <tuple>
 #include <unordered_map>
@@ -59,7 +61,7 @@ using attention::Problem;
 
 enum class Kind : uint8_t { forward, backward, backward_deterministic };
 
-// Tensor uids of the variant pack; the last seven are varlen's lengths and ragged offsets.
+// Tensor uids of the variant pack; from kSeqQ on, varlen's lengths and ragged offsets.
 enum Uid : int64_t {
   kQ = 1,
   kK,
@@ -76,8 +78,16 @@ enum Uid : int64_t {
   kOffK,
   kOffV,
   kOffO,
-  kOffStats
+  kOffStats,
+  kOffDO,
+  kOffDQ,
+  kOffDK,
+  kOffDV
 };
+// The ragged offsets of each pass, in the order of its Layout's tensors.
+constexpr int64_t kForwardOffsets[] = {kOffQ, kOffK, kOffV, kOffO, kOffStats};
+constexpr int64_t kBackwardOffsets[] = {kOffQ,  kOffK,  kOffV,  kOffO, kOffStats,
+                                        kOffDO, kOffDQ, kOffDK, kOffDV};
 
 // Strides of every tensor of one run as cuDNN sees them: [B, H, L, D] order, D unit-stride.
 struct Layout {
@@ -178,12 +188,14 @@ std::array<int64_t, 4> ragged(int64_t l, int64_t row, int64_t head) {
 
 Layout canonical_layout(const Problem& p, Kind kind, bool bhld) {
   const auto& d = p.desc;
-  if (d.varlen) {  // forward only; the statistics in the workspace as [Tq, Hq]
+  if (d.varlen) {  // the statistics in the workspace as [Tq, Hq]
     const int64_t hq = d.heads_q, hk = d.heads_kv;
-    return {{ragged(d.len_q, hq * d.head_dim_qk, d.head_dim_qk),
-             ragged(d.len_k, hk * d.head_dim_qk, d.head_dim_qk),
-             ragged(d.len_k, hk * d.head_dim_v, d.head_dim_v),
-             ragged(d.len_q, hq * d.head_dim_v, d.head_dim_v), ragged(d.len_q, hq, 1)}};
+    const auto q = ragged(d.len_q, hq * d.head_dim_qk, d.head_dim_qk),
+               k = ragged(d.len_k, hk * d.head_dim_qk, d.head_dim_qk),
+               v = ragged(d.len_k, hk * d.head_dim_v, d.head_dim_v),
+               o = ragged(d.len_q, hq * d.head_dim_v, d.head_dim_v), stats = ragged(d.len_q, hq, 1);
+    if (kind == Kind::forward) return {{q, k, v, o, stats}};
+    return {{q, k, v, o, stats, o, q, k, v}};
   }
   const auto q = canonical(d.heads_q, d.len_q, d.head_dim_qk, bhld);
   const auto k = canonical(d.heads_kv, d.len_k, d.head_dim_qk, bhld);
@@ -431,10 +443,27 @@ std::shared_ptr<Entry> graph_locked(const Problem& p, const Key& key, bool repla
         .set_attn_scale(scale)
         .set_deterministic_algorithm(key.kind == Kind::backward_deterministic);
     set_mask(a, d.mask);
+    if (key.varlen) {
+      o->set_ragged_offset(index("off_o", kOffO, d.batch + 1));
+      stats->set_ragged_offset(index("off_stats", kOffStats, d.batch + 1));
+      dout->set_ragged_offset(index("off_do", kOffDO, d.batch + 1));
+      // The max totals size cuDNN's f32 dQ / dK / dV accumulators by the packed rows instead of
+      // B x the longest sequence.
+      a.set_padding_mask(true)
+          .set_seq_len_q(index("seq_len_q", kSeqQ, d.batch))
+          .set_seq_len_kv(index("seq_len_kv", kSeqKV, d.batch))
+          .set_max_total_seq_len_q(key.total_q)
+          .set_max_total_seq_len_kv(key.total_k);
+    }
     auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, dout, stats, a);
     out(dq, kDQ, qd, st[6]);
     out(dk, kDK, kd, st[7]);
     out(dv, kDV, vd, st[8]);
+    if (key.varlen) {
+      dq->set_ragged_offset(index("off_dq", kOffDQ, d.batch + 1));
+      dk->set_ragged_offset(index("off_dk", kOffDK, d.batch + 1));
+      dv->set_ragged_offset(index("off_dv", kOffDV, d.batch + 1));
+    }
   }
   auto step = [&](fe::error_t s, const char* what) {
     if (s.is_good()) return true;
@@ -509,8 +538,6 @@ auto with_cached_entry(const Problem& p, Kind kind, int device, F&& f) {
 // use.
 bool fits_kind(const Problem& p, const DeviceCaps& caps, Kind kind) {
   if (!cudnn_serves(p, caps)) return false;
-  // cuDNN's backward is not given packed sequences (kVarlenBackward below says why).
-  if (kind != Kind::forward && p.desc.varlen) return false;
   std::lock_guard lock(state().mu);
   return graph_locked(p, key_of(p, kind, caps.device, canonical_layout(p, kind, true)))->graph !=
          nullptr;
@@ -531,22 +558,25 @@ bool lse_packed(const Problem& p, const ConstTensor& lse) {
          (d.batch == 1 || lse.stride[0] == d.heads_q * d.len_q);
 }
 
-// A varlen forward's workspace tail after cuDNN's region: the statistics [Tq, Hq] f32 at its
-// start, then the two length vectors [B] and the five offset vectors [B + 1] (int32), each
-// 256-byte aligned.
+// A varlen pass's workspace tail after cuDNN's region: the statistics [Tq, Hq] f32 at its start
+// (the forward's out of cuDNN, the backward's into it), then the two length vectors [B] and one
+// offset vector [B + 1] (int32) per ragged tensor of the pass, each 256-byte aligned.
 struct VarlenTail {
   size_t seq_q = 0, seq_kv = 0, off = 0, bytes = 0;  // offsets into the tail
   size_t off_bytes = 0;                              // one offset vector, rounded
+  int count = 0;                                     // offset vectors
 };
-VarlenTail varlen_tail(const Problem& p) {
+VarlenTail varlen_tail(const Problem& p, Kind kind) {
   const auto& d = p.desc;
   VarlenTail t;
   const size_t lengths = round_up(static_cast<size_t>(d.batch) * sizeof(int32_t));
   t.off_bytes = round_up(static_cast<size_t>(d.batch + 1) * sizeof(int32_t));
+  t.count = kind == Kind::forward ? static_cast<int>(std::size(kForwardOffsets))
+                                  : static_cast<int>(std::size(kBackwardOffsets));
   t.seq_q = round_up(static_cast<size_t>(d.total_q * d.heads_q) * sizeof(float));
   t.seq_kv = t.seq_q + lengths;
   t.off = t.seq_kv + lengths;
-  t.bytes = t.off + 5 * t.off_bytes;
+  t.bytes = t.off + static_cast<size_t>(t.count) * t.off_bytes;
   return t;
 }
 
@@ -555,7 +585,8 @@ size_t workspace_kind(const Problem& p, const DeviceCaps& caps, Kind kind) {
   auto e = graph_locked(p, key_of(p, kind, caps.device, canonical_layout(p, kind, true)));
   if (!e->graph) return 0;
   const size_t ws = static_cast<size_t>(e->workspace);
-  if (kind == Kind::forward) return p.desc.varlen ? round_up(ws) + varlen_tail(p).bytes : ws;
+  if (p.desc.varlen) return round_up(ws) + varlen_tail(p, kind).bytes;
+  if (kind == Kind::forward) return ws;
   return round_up(ws) + lse_pack_bytes(p);
 }
 
@@ -637,6 +668,27 @@ void* w(const void* p) {
   return const_cast<void*>(p);
 }
 
+// Packed sequences: cuDNN reads the ragged offsets as int32 elements, and the last (B's) is the
+// packed rows times the token stride.
+struct RaggedArg {
+  const char* name;
+  ConstTensor t;
+  bool keys;  // total_k rows (K's side) or total_q
+};
+Status check_ragged_offsets(std::string_view op, const Problem& p,
+                            std::initializer_list<RaggedArg> args) {
+  constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+  for (const RaggedArg& a : args) {
+    const int64_t rows = a.keys ? p.desc.total_k : p.desc.total_q;
+    if (rows > 0 && a.t.stride[0] > kInt32Max / rows)
+      return Error::unsupported(std::string(op) + ": cudnn_sdpa: " + a.name +
+                                ": varlen: " + std::to_string(rows) +
+                                " rows at stride[0]=" + std::to_string(a.t.stride[0]) +
+                                " exceed cuDNN's int32 ragged offsets");
+  }
+  return {};
+}
+
 // cuDNN's alignment and stride rules (cudnn_check_layout) on the run's tensors: the registry's
 // check, so that can_implement refuses what launch would. (Whether cuDNN builds a graph for an
 // accepted layout is only known when it tries: execute's own error says so.)
@@ -648,22 +700,10 @@ Status check_forward(const Problem& p, const ForwardArguments& a) {
   BARACUDA_TRY(cudnn_check_layout(op, "y", a.y, false));
   BARACUDA_TRY(cudnn_check_layout(op, "lse", a.lse, true));
   if (!p.desc.varlen) return {};
-  // Packed sequences: cuDNN reads the ragged offsets as int32 elements, and the last (B's) is the
-  // packed rows times the token stride.
-  const auto& d = p.desc;
-  constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
-  for (const auto& [name, t, rows] : {std::tuple{"q", a.q, d.total_q},
-                                      {"k", a.k, d.total_k},
-                                      {"v", a.v, d.total_k},
-                                      {"y", as_const(a.y), d.total_q}})
-    if (rows > 0 && t.stride[0] > kInt32Max / rows)
-      return Error::unsupported(std::string(op) + ": cudnn_sdpa: " + name +
-                                ": varlen: " + std::to_string(rows) +
-                                " rows at stride[0]=" + std::to_string(t.stride[0]) +
-                                " exceed cuDNN's int32 ragged offsets");
-  return {};
+  return check_ragged_offsets(
+      op, p, {{"q", a.q, false}, {"k", a.k, true}, {"v", a.v, true}, {"y", as_const(a.y), false}});
 }
-Status check_backward(const Problem&, const BackwardArguments& a) {
+Status check_backward(const Problem& p, const BackwardArguments& a) {
   const std::string_view op = attention::BackwardOp::name;
   const std::pair<const char*, ConstTensor> ins[] = {
       {"q", a.q}, {"k", a.k}, {"v", a.v}, {"y", a.y}, {"dy", a.dy}};
@@ -671,7 +711,61 @@ Status check_backward(const Problem&, const BackwardArguments& a) {
   BARACUDA_TRY(cudnn_check_layout(op, "lse", a.lse, true));
   for (const auto& [n, t] : {std::pair{"dq", a.dq}, {"dk", a.dk}, {"dv", a.dv}})
     BARACUDA_TRY(cudnn_check_layout(op, n, t, false));
-  return {};
+  if (!p.desc.varlen) return {};
+  return check_ragged_offsets(op, p,
+                              {{"q", a.q, false},
+                               {"k", a.k, true},
+                               {"v", a.v, true},
+                               {"y", a.y, false},
+                               {"dy", a.dy, false},
+                               {"dq", as_const(a.dq), false},
+                               {"dk", as_const(a.dk), true},
+                               {"dv", as_const(a.dv), true}});
+}
+
+// A varlen pass's workspace split (cuDNN's region, then the tail) and the prep that fills the
+// tail: lengths, one offset vector per ragged tensor (`rows`: each tensor's token stride and side,
+// in the order of the pass's offsets), the statistics at the tail's start.
+struct VarlenRun {
+  size_t graph_ws = 0;
+  float* stats = nullptr;
+  RaggedPrep prep;
+};
+Result<VarlenRun> varlen_run(const LaunchContext& ctx, std::string_view op, const Problem& p,
+                             Kind kind, const ConstTensor& cu_q, const ConstTensor& cu_k,
+                             std::initializer_list<std::pair<int64_t, bool>> rows) {
+  const auto& d = p.desc;
+  const VarlenTail tail = varlen_tail(p, kind);
+  if (ctx.workspace.bytes < tail.bytes)  // Plan::run checked the plan's size; launch may be direct
+    return Error::workspace_too_small(std::string(op) + ": cudnn_sdpa: workspace", tail.bytes,
+                                      ctx.workspace.bytes);
+  VarlenRun r;
+  r.graph_ws = (ctx.workspace.bytes - tail.bytes) / 256 * 256;
+  char* base = static_cast<char*>(ctx.workspace.data) + r.graph_ws;
+  r.stats = reinterpret_cast<float*>(base);
+  RaggedPrep& prep = r.prep;
+  prep.cu_q = static_cast<const int32_t*>(cu_q.data);
+  prep.cu_k = static_cast<const int32_t*>(cu_k.data);
+  prep.batch = d.batch, prep.len_q = d.len_q, prep.len_k = d.len_k;
+  prep.total_q = d.total_q, prep.total_k = d.total_k;
+  prep.seq_q = reinterpret_cast<int32_t*>(base + tail.seq_q);
+  prep.seq_kv = reinterpret_cast<int32_t*>(base + tail.seq_kv);
+  for (const auto& [row, keys] : rows) {
+    RaggedTensor& t = prep.tensors[prep.count];
+    t.row = row, t.keys = keys;
+    t.off = reinterpret_cast<int32_t*>(base + tail.off +
+                                       static_cast<size_t>(prep.count) * tail.off_bytes);
+    ++prep.count;
+  }
+  return r;
+}
+
+// The variant pack's lengths and offsets of a varlen run.
+void pack_ragged(std::unordered_map<int64_t, void*>& pack, const RaggedPrep& prep,
+                 std::span<const int64_t> uids) {
+  pack[kSeqQ] = prep.seq_q;
+  pack[kSeqKV] = prep.seq_kv;
+  for (size_t i = 0; i < uids.size(); ++i) pack[uids[i]] = prep.tensors[i].off;
 }
 
 // Packed sequences: the lengths and offsets first (in the workspace tail), the graph, then the
@@ -680,38 +774,24 @@ Status launch_forward_varlen(const LaunchContext& ctx, const Problem& p,
                              const ForwardArguments& a) {
   const std::string_view op = attention::ForwardOp::name;
   const auto& d = p.desc;
-  const VarlenTail tail = varlen_tail(p);
-  if (ctx.workspace.bytes < tail.bytes)  // Plan::run checked the plan's size; launch may be direct
-    return Error::workspace_too_small(std::string(op) + ": cudnn_sdpa: workspace", tail.bytes,
-                                      ctx.workspace.bytes);
-  const size_t graph_ws = (ctx.workspace.bytes - tail.bytes) / 256 * 256;
-  char* base = static_cast<char*>(ctx.workspace.data) + graph_ws;
-  auto* stats = reinterpret_cast<float*>(base);
-  RaggedPrep prep;
-  prep.cu_q = static_cast<const int32_t*>(a.cu_seqlens_q.data);
-  prep.cu_k = static_cast<const int32_t*>(a.cu_seqlens_k.data);
-  prep.batch = d.batch, prep.len_q = d.len_q, prep.len_k = d.len_k;
-  prep.total_q = d.total_q, prep.total_k = d.total_k, prep.heads_q = d.heads_q;
-  prep.q_row = a.q.stride[0], prep.k_row = a.k.stride[0], prep.v_row = a.v.stride[0];
-  prep.y_row = a.y.stride[0];
-  prep.seq_q = reinterpret_cast<int32_t*>(base + tail.seq_q);
-  prep.seq_kv = reinterpret_cast<int32_t*>(base + tail.seq_kv);
-  int32_t* offs[5];
-  for (int i = 0; i < 5; ++i)
-    offs[i] = reinterpret_cast<int32_t*>(base + tail.off + static_cast<size_t>(i) * tail.off_bytes);
-  prep.off_q = offs[0], prep.off_k = offs[1], prep.off_v = offs[2], prep.off_y = offs[3];
-  prep.off_stats = offs[4];
+  auto run = varlen_run(ctx, op, p, Kind::forward, a.cu_seqlens_q, a.cu_seqlens_k,
+                        {{a.q.stride[0], false},
+                         {a.k.stride[0], true},
+                         {a.v.stride[0], true},
+                         {a.y.stride[0], false},
+                         {d.heads_q, false}});
+  if (!run.ok()) return run.error();
+  const RaggedPrep& prep = run->prep;
   Layout layout{{ragged(d.len_q, a.q.stride[0], a.q.stride[1]),
                  ragged(d.len_k, a.k.stride[0], a.k.stride[1]),
                  ragged(d.len_k, a.v.stride[0], a.v.stride[1]),
                  ragged(d.len_q, a.y.stride[0], a.y.stride[1]), ragged(d.len_q, d.heads_q, 1)}};
   std::unordered_map<int64_t, void*> pack{
-      {kQ, w(a.q.data)},   {kK, w(a.k.data)},   {kV, w(a.v.data)},     {kO, a.y.data},
-      {kLse, stats},       {kSeqQ, prep.seq_q}, {kSeqKV, prep.seq_kv}, {kOffQ, prep.off_q},
-      {kOffK, prep.off_k}, {kOffV, prep.off_v}, {kOffO, prep.off_y},   {kOffStats, prep.off_stats}};
+      {kQ, w(a.q.data)}, {kK, w(a.k.data)}, {kV, w(a.v.data)}, {kO, a.y.data}, {kLse, run->stats}};
+  pack_ragged(pack, prep, kForwardOffsets);
   const cudaStream_t stream = static_cast<cudaStream_t>(ctx.stream.cuda_handle());
   BARACUDA_TRY(
-      execute(ctx, op, p, Kind::forward, std::move(layout), std::move(pack), graph_ws, [&] {
+      execute(ctx, op, p, Kind::forward, std::move(layout), std::move(pack), run->graph_ws, [&] {
         return cuda::check(op, "cudnn_sdpa: lengths and offsets", launch_ragged_prep(stream, prep));
       }));
   DeviceGuard guard(ctx.stream.device());
@@ -719,11 +799,62 @@ Status launch_forward_varlen(const LaunchContext& ctx, const Problem& p,
   rows.y = a.y.data, rows.y_row = a.y.stride[0], rows.y_head = a.y.stride[1];
   rows.lse = static_cast<float*>(a.lse.data);
   rows.lse_head = a.lse.stride[0], rows.lse_row = a.lse.stride[1];
-  rows.stats = stats, rows.off_stats = prep.off_stats;
+  rows.stats = run->stats, rows.off_stats = prep.tensors[4].off;
   rows.seq_q = prep.seq_q, rows.seq_kv = prep.seq_kv;
   rows.batch = d.batch, rows.heads = d.heads_q, rows.len_q = d.len_q, rows.dim_v = d.head_dim_v;
   rows.band = attention::detail::band_of(d.mask);
   return cuda::check(op, "cudnn_sdpa: rows' LSE", launch_ragged_rows(stream, rows));
+}
+
+// Packed sequences, backward: the lengths, offsets and cuDNN's statistics out of the caller's LSE
+// first, the graph, then the rows of sequences with no query or no key (cudnn_varlen.hpp).
+Status launch_backward_varlen(const LaunchContext& ctx, const Problem& p,
+                              const BackwardArguments& a, Kind kind) {
+  const std::string_view op = attention::BackwardOp::name;
+  const auto& d = p.desc;
+  auto run = varlen_run(ctx, op, p, kind, a.cu_seqlens_q, a.cu_seqlens_k,
+                        {{a.q.stride[0], false},
+                         {a.k.stride[0], true},
+                         {a.v.stride[0], true},
+                         {a.y.stride[0], false},
+                         {d.heads_q, false},
+                         {a.dy.stride[0], false},
+                         {a.dq.stride[0], false},
+                         {a.dk.stride[0], true},
+                         {a.dv.stride[0], true}});
+  if (!run.ok()) return run.error();
+  RaggedPrep& prep = run->prep;
+  prep.lse = static_cast<const float*>(a.lse.data);
+  prep.lse_head = a.lse.stride[0], prep.lse_row = a.lse.stride[1], prep.heads_q = d.heads_q;
+  prep.stats = run->stats;
+  Layout layout{
+      {ragged(d.len_q, a.q.stride[0], a.q.stride[1]), ragged(d.len_k, a.k.stride[0], a.k.stride[1]),
+       ragged(d.len_k, a.v.stride[0], a.v.stride[1]), ragged(d.len_q, a.y.stride[0], a.y.stride[1]),
+       ragged(d.len_q, d.heads_q, 1), ragged(d.len_q, a.dy.stride[0], a.dy.stride[1]),
+       ragged(d.len_q, a.dq.stride[0], a.dq.stride[1]),
+       ragged(d.len_k, a.dk.stride[0], a.dk.stride[1]),
+       ragged(d.len_k, a.dv.stride[0], a.dv.stride[1])}};
+  std::unordered_map<int64_t, void*> pack{
+      {kQ, w(a.q.data)}, {kK, w(a.k.data)},  {kV, w(a.v.data)},
+      {kO, w(a.y.data)}, {kLse, run->stats}, {kDO, w(a.dy.data)},
+      {kDQ, a.dq.data},  {kDK, a.dk.data},   {kDV, a.dv.data}};
+  pack_ragged(pack, prep, kBackwardOffsets);
+  const cudaStream_t stream = static_cast<cudaStream_t>(ctx.stream.cuda_handle());
+  BARACUDA_TRY(execute(ctx, op, p, kind, std::move(layout), std::move(pack), run->graph_ws, [&] {
+    return cuda::check(op, "cudnn_sdpa: lengths, offsets and statistics",
+                       launch_ragged_prep(stream, prep));
+  }));
+  DeviceGuard guard(ctx.stream.device());
+  RaggedEmpty e;
+  e.dq = a.dq.data, e.dk = a.dk.data, e.dv = a.dv.data;
+  e.dq_row = a.dq.stride[0], e.dq_head = a.dq.stride[1];
+  e.dk_row = a.dk.stride[0], e.dk_head = a.dk.stride[1];
+  e.dv_row = a.dv.stride[0], e.dv_head = a.dv.stride[1];
+  e.cu_q = prep.cu_q, e.cu_k = prep.cu_k, e.total_q = d.total_q, e.total_k = d.total_k;
+  e.seq_q = prep.seq_q, e.seq_kv = prep.seq_kv;
+  e.batch = d.batch, e.heads_q = d.heads_q, e.heads_kv = d.heads_kv;
+  e.dim_qk = d.head_dim_qk, e.dim_v = d.head_dim_v;
+  return cuda::check(op, "cudnn_sdpa: empty sequences' gradients", launch_ragged_empty(stream, e));
 }
 
 Status launch_forward(const LaunchContext& ctx, const Problem& p, const ForwardArguments& a) {
@@ -739,6 +870,7 @@ Status launch_forward(const LaunchContext& ctx, const Problem& p, const ForwardA
 
 Status launch_backward(const LaunchContext& ctx, const Problem& p, const BackwardArguments& a,
                        Kind kind) {
+  if (p.desc.varlen) return launch_backward_varlen(ctx, p, a, kind);
   const std::string_view op = attention::BackwardOp::name;
   // The graph always reads a packed LSE: the caller's when it is packed, else a copy in the
   // workspace tail (after cuDNN's own region).
@@ -778,11 +910,6 @@ bool fits_forward(const Problem& p, const DeviceCaps& c) {
   const bool ahead = preferred_candidate(p, Pass::forward, fa3_fits(p, c)) == Candidate::cudnn;
   return ahead == Ahead && fits_kind(p, c, Kind::forward);
 }
-// cuDNN's backward is not given packed sequences (its ragged graph would read the forward's LSE in
-// cuDNN's [Tq, Hq] statistics layout, and none was measured).
-constexpr const char* kVarlenBackward =
-    "varlen: cuDNN's ragged layout is wired for the forward only";
-
 template <bool Ahead, Kind K>
 bool fits_backward(const Problem& p, const DeviceCaps& c) {
   // fa3_bwd_sm90a is not deterministic: the deterministic entries rank against the bespoke
@@ -806,7 +933,6 @@ bool fits_backward_deterministic_default(const Problem& p, const DeviceCaps& c) 
 template <Kind K>
 std::optional<std::string> refusal(const Problem& p, const DeviceCaps& c) {
   if (auto why = cudnn_screen(p)) return why;
-  if (K != Kind::forward && p.desc.varlen) return std::string(kVarlenBackward);
   if (!cudnn_serves(p, c)) return std::string("cuDNN's SDPA runs on GPUs from sm_80");
   return with_cached_entry(p, K, c.device, [](const Entry* e) -> std::optional<std::string> {
     if (!e || e->graph) return std::nullopt;
