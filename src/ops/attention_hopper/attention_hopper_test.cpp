@@ -156,12 +156,12 @@ TEST(AttentionCudnnRules, RefusalQuotesTheRule) {
   const auto why = fwd->refusal(problem_of(capped), gpu);
   ASSERT_TRUE(why.has_value());
   EXPECT_NE(why->find("softcap: cuDNN SDPA has no logit soft-capping"), std::string::npos) << *why;
-  Descriptor varlen = make_desc(DType::f16, 2, 4, 4, 16, 16, 64);
-  varlen.varlen = true;
-  varlen.total_q = varlen.total_k = 32;
-  const auto bwhy = bwd->refusal(problem_of(varlen), gpu);
+  Descriptor paged = make_desc(DType::f16, 2, 4, 4, 16, 16, 64);
+  paged.page_size = 16;
+  const auto bwhy = bwd->refusal(problem_of(paged), gpu);
   ASSERT_TRUE(bwhy.has_value());
-  EXPECT_NE(bwhy->find("varlen"), std::string::npos) << *bwhy;
+  EXPECT_NE(bwhy->find("page_size: paged K / V are not wired to cuDNN"), std::string::npos)
+      << *bwhy;
   const attention::Problem plain = problem_of(make_desc(DType::bf16, 1, 4, 4, 16, 16, 64));
   const auto host = fwd->refusal(plain, DeviceCaps{});
   ASSERT_TRUE(host.has_value());
@@ -298,6 +298,54 @@ TEST(AttentionCudnnRules, VarlenOffsetsMustFitInt32) {
   EXPECT_TRUE(fails_with(check(rows - 1, rows), ErrorKind::unsupported,
                          {"attention_forward: cudnn_sdpa: k: varlen: 16777216 rows"}));
   BARACUDA_EXPECT_OK(check(rows - 1, rows - 1));
+}
+
+// cuDNN's ragged backward sizes its f32 accumulators by the gradients' strides: dQ / dK / dV must
+// be dense [T, H, D] (the layout the plan's workspace was sized on), the inputs need not be.
+TEST(AttentionCudnnRules, VarlenGradientsMustBeDense) {
+  const auto* kern = KernelTable<attention::BackwardOp>::instance().find(
+      "cudnn_sdpa_bwd_ranked_behind", DType::bf16);
+  ASSERT_TRUE(kern && kern->check);
+  Descriptor d = make_desc(DType::bf16, 2, 4, 2, 64, 64, 64);
+  d.varlen = true, d.total_q = 100, d.total_k = 90;
+  auto* base = reinterpret_cast<void*>(uintptr_t{0x10000});
+  // pad: extra elements after each token's heads (dq_pad on dQ, kv_pad on dK / dV, in_pad on
+  // every input); head_major: dQ stored [H, T, D].
+  auto check = [&](int64_t dq_pad, int64_t kv_pad, int64_t in_pad, bool head_major = false) {
+    const int64_t q_shape[] = {100, 4, 64}, kv_shape[] = {90, 2, 64}, lse_shape[] = {4, 100},
+                  lse_st[] = {100, 1};
+    const int64_t q_in[] = {256 + in_pad, 64, 1}, kv_in[] = {128 + in_pad, 64, 1},
+                  dq_st[] = {256 + dq_pad, 64, 1}, dq_hm[] = {64, 6400, 1},
+                  dkv_st[] = {128 + kv_pad, 64, 1};
+    const void* in = base;
+    auto t = [&](const void* p, std::span<const int64_t> shape, std::span<const int64_t> st) {
+      return make_strided(p, DType::bf16, shape, st, Location::cuda(0));
+    };
+    auto o = [&](std::span<const int64_t> shape, std::span<const int64_t> st) {
+      return make_strided(base, DType::bf16, shape, st, Location::cuda(0));
+    };
+    return kern->check(problem_of(d),
+                       {t(in, q_shape, q_in),
+                        t(in, kv_shape, kv_in),
+                        t(in, kv_shape, kv_in),
+                        t(in, q_shape, q_in),
+                        t(in, q_shape, q_in),
+                        make_strided(in, DType::f32, lse_shape, lse_st, Location::cuda(0)),
+                        o(q_shape, head_major ? std::span<const int64_t>(dq_hm) : dq_st),
+                        o(kv_shape, dkv_st),
+                        o(kv_shape, dkv_st),
+                        {},
+                        {}});
+  };
+  BARACUDA_EXPECT_OK(check(0, 0, 0));
+  BARACUDA_EXPECT_OK(check(0, 0, 8));  // padded inputs are cuDNN's to read
+  EXPECT_TRUE(fails_with(check(8, 0, 0), ErrorKind::unsupported,
+                         {"attention_backward: cudnn_sdpa: dq: varlen: strides (264, 64, 1) are "
+                          "not dense [T, H, D] (256, 64, 1)"}));
+  EXPECT_TRUE(fails_with(check(0, 8, 0), ErrorKind::unsupported,
+                         {"cudnn_sdpa: dk: varlen: strides (136, 64, 1)"}));
+  EXPECT_TRUE(fails_with(check(0, 0, 0, true), ErrorKind::unsupported,
+                         {"cudnn_sdpa: dq: varlen: strides (64, 6400, 1)"}));
 }
 #endif
 
@@ -5071,12 +5119,15 @@ VarlenBackwardData varlen_backward_data(const VarlenCase& c, const VarlenData& x
 // A backward plan over the case, run twice into poisoned dQ / dK / dV, each run against the
 // reference on the owned rows (the rows no sequence owns never written, gaps untouched); the two
 // runs bitwise equal where the plan says deterministic.
+// `dense`: dQ / dK / dV without the case's row padding (cuDNN's rule, check_dense_gradients).
 void check_varlen_backward(const VarlenCase& c, const VarlenData& x, const VarlenBackwardData& bd,
-                           const attention::BackwardPlan& plan) {
+                           const attention::BackwardPlan& plan, bool dense = false) {
   const Stream& gs = harness::stream_for(Target::cuda);
   const int64_t tq = x.tq, tk = x.tk, oq = x.oq, ok = x.ok;
-  TestTensor dq = packed_gpu(c, c.t, tq, c.hq), dk = packed_gpu(c, c.t, tk, c.hk),
-             dv = packed_gpu(c, c.t, tk, c.hk);
+  VarlenCase oc = c;
+  if (dense) oc.pitch_pad = 0;
+  TestTensor dq = packed_gpu(oc, c.t, tq, c.hq), dk = packed_gpu(oc, c.t, tk, c.hk),
+             dv = packed_gpu(oc, c.t, tk, c.hk);
   const Workspace_ ws = workspace_of(plan.workspace_size());
   std::vector<std::vector<uint8_t>> runs;
   for (int rep = 0; rep < 2; ++rep) {
@@ -5249,7 +5300,16 @@ TEST(AttentionCudnnGpu, VarlenMatchesReference) {
       auto bplan = attention::BackwardPlan::select(gs, x.desc, pref);
       BARACUDA_ASSERT_OK(bplan);
       ASSERT_EQ(bplan->sku().name, name);
-      check_varlen_backward(c, x, bd, *bplan);
+      check_varlen_backward(c, x, bd, *bplan, /*dense=*/true);
+      if (c.pitch_pad > 0) {  // padded gradients are refused before anything runs
+        TestTensor dq = packed_gpu(c, c.t, x.tq, c.hq), dk = packed_gpu(c, c.t, x.tk, c.hk),
+                   dv = packed_gpu(c, c.t, x.tk, c.hk);
+        EXPECT_TRUE(fails_with(
+            bplan->can_implement({x.gq.cview(), x.gk.cview(), x.gv.cview(), bd.gy.cview(),
+                                  bd.gdy.cview(), bd.glse.cview(), dq.view(), dk.view(), dv.view(),
+                                  x.gcu_q.cview(), x.gcu_k.cview()}),
+            ErrorKind::unsupported, {"dq: varlen: strides", "not dense"}));
+      }
     }
     auto bdef = attention::BackwardPlan::select(gs, x.desc);
     BARACUDA_ASSERT_OK(bdef);

@@ -689,6 +689,29 @@ Status check_ragged_offsets(std::string_view op, const Problem& p,
   return {};
 }
 
+// Packed sequences, backward: cuDNN keeps f32 accumulators for dQ (and for GQA's dK / dV, a row
+// per query head) laid out with the gradient's own strides over the packed rows, so their
+// workspace grows with a gradient's token stride, which the plan's size (from the descriptor)
+// cannot know; and for GQA it derives the accumulators' strides by scaling the token stride by the
+// group, which is only right token-major. So the gradients must be dense [T, H, D] (the
+// canonical layout the plan was sized on); the inputs may have any strides cuDNN takes.
+Status check_dense_gradients(std::string_view op, const Problem& p, const BackwardArguments& a) {
+  const auto& d = p.desc;
+  const std::tuple<const char*, const Tensor&, int64_t, int64_t, int64_t> grads[] = {
+      {"dq", a.dq, d.total_q, d.heads_q, d.head_dim_qk},
+      {"dk", a.dk, d.total_k, d.heads_kv, d.head_dim_qk},
+      {"dv", a.dv, d.total_k, d.heads_kv, d.head_dim_v}};
+  for (const auto& [name, t, rows, heads, dim] : grads)
+    if ((rows > 1 && t.stride[0] != heads * dim) || (heads > 1 && t.stride[1] != dim))
+      return Error::unsupported(
+          std::string(op) + ": cudnn_sdpa: " + name + ": varlen: strides (" +
+          std::to_string(t.stride[0]) + ", " + std::to_string(t.stride[1]) +
+          ", 1) are not dense [T, H, D] (" + std::to_string(heads * dim) + ", " +
+          std::to_string(dim) +
+          ", 1): cuDNN's ragged backward lays its f32 accumulators out by the gradients' strides");
+  return {};
+}
+
 // cuDNN's alignment and stride rules (cudnn_check_layout) on the run's tensors: the registry's
 // check, so that can_implement refuses what launch would. (Whether cuDNN builds a graph for an
 // accepted layout is only known when it tries: execute's own error says so.)
@@ -712,6 +735,7 @@ Status check_backward(const Problem& p, const BackwardArguments& a) {
   for (const auto& [n, t] : {std::pair{"dq", a.dq}, {"dk", a.dk}, {"dv", a.dv}})
     BARACUDA_TRY(cudnn_check_layout(op, n, t, false));
   if (!p.desc.varlen) return {};
+  BARACUDA_TRY(check_dense_gradients(op, p, a));
   return check_ragged_offsets(op, p,
                               {{"q", a.q, false},
                                {"k", a.k, true},
