@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -300,9 +301,9 @@ TEST(AttentionCudnnRules, VarlenOffsetsMustFitInt32) {
   BARACUDA_EXPECT_OK(check(rows - 1, rows - 1));
 }
 
-// cuDNN's ragged backward sizes its f32 accumulators by the gradients' strides: dQ / dK / dV must
-// be dense [T, H, D] (the layout the plan's workspace was sized on), the inputs need not be.
-TEST(AttentionCudnnRules, VarlenGradientsMustBeDense) {
+// cuDNN's ragged backward takes dense [T, H, D] tensors only (check_dense_ragged_backward: padded
+// inputs measured wrong, padded gradients outgrow the plan's workspace), and head dims up to 128.
+TEST(AttentionCudnnRules, VarlenBackwardTensorsMustBeDense) {
   const auto* kern = KernelTable<attention::BackwardOp>::instance().find(
       "cudnn_sdpa_bwd_ranked_behind", DType::bf16);
   ASSERT_TRUE(kern && kern->check);
@@ -338,7 +339,10 @@ TEST(AttentionCudnnRules, VarlenGradientsMustBeDense) {
                         {}});
   };
   BARACUDA_EXPECT_OK(check(0, 0, 0));
-  BARACUDA_EXPECT_OK(check(0, 0, 8));  // padded inputs are cuDNN's to read
+  EXPECT_TRUE(fails_with(check(0, 0, 8), ErrorKind::unsupported,
+                         {"attention_backward: cudnn_sdpa: q: varlen: strides (264, 64, 1) are "
+                          "not dense [T, H, D] (256, 64, 1): cuDNN's ragged backward takes dense "
+                          "tensors only"}));
   EXPECT_TRUE(fails_with(check(8, 0, 0), ErrorKind::unsupported,
                          {"attention_backward: cudnn_sdpa: dq: varlen: strides (264, 64, 1) are "
                           "not dense [T, H, D] (256, 64, 1)"}));
@@ -346,6 +350,23 @@ TEST(AttentionCudnnRules, VarlenGradientsMustBeDense) {
                          {"cudnn_sdpa: dk: varlen: strides (136, 64, 1)"}));
   EXPECT_TRUE(fails_with(check(0, 0, 0, true), ErrorKind::unsupported,
                          {"cudnn_sdpa: dq: varlen: strides (64, 6400, 1)"}));
+  // Head dims over 128: refused by name, before any graph (the refusal hook, as select quotes it).
+  ASSERT_TRUE(kern->refusal);
+  DeviceCaps gpu;
+  gpu.device = 0, gpu.sm = 90;
+  Descriptor wide = d;
+  wide.head_dim_qk = wide.head_dim_v = 256;
+  const auto why = kern->refusal(problem_of(wide), gpu);
+  ASSERT_TRUE(why.has_value());
+  EXPECT_NE(why->find("varlen backward with head_dim_qk=256, head_dim_v=256: cuDNN's ragged "
+                      "backward over 128"),
+            std::string::npos)
+      << *why;
+  EXPECT_FALSE(kern->fits(problem_of(wide), gpu));
+  const auto* fwd =
+      KernelTable<attention::ForwardOp>::instance().find("cudnn_sdpa_ranked_behind", DType::bf16);
+  ASSERT_TRUE(fwd && fwd->refusal);
+  EXPECT_FALSE(fwd->refusal(problem_of(wide), gpu).has_value());  // the forward takes it
 }
 #endif
 
@@ -5119,15 +5140,12 @@ VarlenBackwardData varlen_backward_data(const VarlenCase& c, const VarlenData& x
 // A backward plan over the case, run twice into poisoned dQ / dK / dV, each run against the
 // reference on the owned rows (the rows no sequence owns never written, gaps untouched); the two
 // runs bitwise equal where the plan says deterministic.
-// `dense`: dQ / dK / dV without the case's row padding (cuDNN's rule, check_dense_gradients).
 void check_varlen_backward(const VarlenCase& c, const VarlenData& x, const VarlenBackwardData& bd,
-                           const attention::BackwardPlan& plan, bool dense = false) {
+                           const attention::BackwardPlan& plan) {
   const Stream& gs = harness::stream_for(Target::cuda);
   const int64_t tq = x.tq, tk = x.tk, oq = x.oq, ok = x.ok;
-  VarlenCase oc = c;
-  if (dense) oc.pitch_pad = 0;
-  TestTensor dq = packed_gpu(oc, c.t, tq, c.hq), dk = packed_gpu(oc, c.t, tk, c.hk),
-             dv = packed_gpu(oc, c.t, tk, c.hk);
+  TestTensor dq = packed_gpu(c, c.t, tq, c.hq), dk = packed_gpu(c, c.t, tk, c.hk),
+             dv = packed_gpu(c, c.t, tk, c.hk);
   const Workspace_ ws = workspace_of(plan.workspace_size());
   std::vector<std::vector<uint8_t>> runs;
   for (int rep = 0; rep < 2; ++rep) {
@@ -5261,8 +5279,10 @@ TEST(AttentionFa3Gpu, VarlenMatchesReference) {
   std::printf("[ fa3 varlen ] %zu cases, %.2f s\n", cases.size(), seconds_since(t0));
 }
 
-// cuDNN's ragged layout over packed sequences (only(Backend::cudnn)), forward and backward: the
-// fa3 varlen cases within cuDNN's rules (no soft-cap) plus a window, rows no sequence owns NaN
+// cuDNN's ragged layout over packed sequences (only(Backend::cudnn)), forward and backward (its
+// backward on dense copies of the inputs, at head dims up to 128: cuDNN's rules, each refusal
+// checked): the fa3 varlen cases within cuDNN's rules (no soft-cap) plus a window, rows no
+// sequence owns NaN
 // (they must neither reach an owned row nor be written), sequences with no query or no key (dK /
 // dV or dQ 0: the pass after cuDNN's), rows that see no key (Y 0, LSE -inf, dQ 0). Each against
 // the float64 reference, twice into poisoned outputs (bitwise equal where the plan says
@@ -5291,25 +5311,43 @@ TEST(AttentionCudnnGpu, VarlenMatchesReference) {
     BARACUDA_ASSERT_OK(def);
     EXPECT_NE(def->sku().backend, Backend::cudnn);
 
-    const VarlenBackwardData bd = varlen_backward_data(c, x, rng);
+    // The backward: head dims over 128 refused; dense tensors (cuDNN's rule), so a padded case
+    // runs on dense copies of its inputs, and its padded tensors are refused before anything
+    // runs.
+    if (c.d > 128) {
+      EXPECT_TRUE(fails_with(
+          attention::BackwardPlan::select(gs, x.desc, PlanPreference::only(Backend::cudnn)),
+          ErrorKind::unsupported, {"cuDNN's ragged backward over 128"}));
+      continue;
+    }
+    VarlenCase dc = c;
+    dc.pitch_pad = 0;
+    const std::optional<VarlenData> dense_x =
+        c.pitch_pad > 0 ? std::optional<VarlenData>(varlen_data(dc, rng)) : std::nullopt;
+    const VarlenData& bx = dense_x ? *dense_x : x;
+    const VarlenBackwardData bd = varlen_backward_data(dc, bx, rng);
+    if (c.pitch_pad > 0) {
+      const VarlenBackwardData padded = varlen_backward_data(c, x, rng);
+      auto bplan =
+          attention::BackwardPlan::select(gs, x.desc, PlanPreference::only(Backend::cudnn));
+      BARACUDA_ASSERT_OK(bplan);
+      TestTensor dq = packed_gpu(dc, c.t, x.tq, c.hq), dk = packed_gpu(dc, c.t, x.tk, c.hk),
+                 dv = packed_gpu(dc, c.t, x.tk, c.hk);
+      EXPECT_TRUE(fails_with(
+          bplan->can_implement({x.gq.cview(), x.gk.cview(), x.gv.cview(), padded.gy.cview(),
+                                padded.gdy.cview(), padded.glse.cview(), dq.view(), dk.view(),
+                                dv.view(), x.gcu_q.cview(), x.gcu_k.cview()}),
+          ErrorKind::unsupported, {"q: varlen: strides", "not dense"}));
+    }
     for (const auto& [pref, name] :
          {std::pair{PlanPreference::only(Backend::cudnn), "cudnn_sdpa_bwd_ranked_behind"},
           {PlanPreference::kernel("cudnn_sdpa_bwd_deterministic_ranked_behind"),
            "cudnn_sdpa_bwd_deterministic_ranked_behind"}}) {
       SCOPED_TRACE(name);
-      auto bplan = attention::BackwardPlan::select(gs, x.desc, pref);
+      auto bplan = attention::BackwardPlan::select(gs, bx.desc, pref);
       BARACUDA_ASSERT_OK(bplan);
       ASSERT_EQ(bplan->sku().name, name);
-      check_varlen_backward(c, x, bd, *bplan, /*dense=*/true);
-      if (c.pitch_pad > 0) {  // padded gradients are refused before anything runs
-        TestTensor dq = packed_gpu(c, c.t, x.tq, c.hq), dk = packed_gpu(c, c.t, x.tk, c.hk),
-                   dv = packed_gpu(c, c.t, x.tk, c.hk);
-        EXPECT_TRUE(fails_with(
-            bplan->can_implement({x.gq.cview(), x.gk.cview(), x.gv.cview(), bd.gy.cview(),
-                                  bd.gdy.cview(), bd.glse.cview(), dq.view(), dk.view(), dv.view(),
-                                  x.gcu_q.cview(), x.gcu_k.cview()}),
-            ErrorKind::unsupported, {"dq: varlen: strides", "not dense"}));
-      }
+      check_varlen_backward(dc, bx, bd, *bplan);
     }
     auto bdef = attention::BackwardPlan::select(gs, x.desc);
     BARACUDA_ASSERT_OK(bdef);

@@ -29,6 +29,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <span>
 #include <string>
@@ -532,12 +533,24 @@ auto with_cached_entry(const Problem& p, Kind kind, int device, F&& f) {
   return f(it == graphs.end() ? nullptr : it->second.get());
 }
 
+// Packed sequences, backward, at head dims over 128: measured (H200, cuDNN 9.19, ninety-first
+// session) with dense tensors, both algorithms left dK / dV rows unwritten and the atomic one
+// dQ wrong or unwritten, at every case tried (with and without masks); at 64 and 128 they matched.
+std::optional<std::string> varlen_backward_refusal(const Problem& p) {
+  const auto& d = p.desc;
+  if (!d.varlen || (d.head_dim_qk <= 128 && d.head_dim_v <= 128)) return std::nullopt;
+  return "varlen backward with head_dim_qk=" + std::to_string(d.head_dim_qk) +
+         ", head_dim_v=" + std::to_string(d.head_dim_v) +
+         ": cuDNN's ragged backward over 128 was measured leaving gradient rows unwritten";
+}
+
 // The graph of the canonical [B, H, L, D] layout decides whether the kernel fits and sets the
 // plan's workspace (cuDNN's SDPA workspace follows the shapes, not the strides; a layout whose
 // graph needs more is refused in launch with workspace_too_small). Other layouts build on first
 // use.
 bool fits_kind(const Problem& p, const DeviceCaps& caps, Kind kind) {
   if (!cudnn_serves(p, caps)) return false;
+  if (kind != Kind::forward && varlen_backward_refusal(p)) return false;
   std::lock_guard lock(state().mu);
   return graph_locked(p, key_of(p, kind, caps.device, canonical_layout(p, kind, true)))->graph !=
          nullptr;
@@ -689,26 +702,33 @@ Status check_ragged_offsets(std::string_view op, const Problem& p,
   return {};
 }
 
-// Packed sequences, backward: cuDNN keeps f32 accumulators for dQ (and for GQA's dK / dV, a row
-// per query head) laid out with the gradient's own strides over the packed rows, so their
-// workspace grows with a gradient's token stride, which the plan's size (from the descriptor)
-// cannot know; and for GQA it derives the accumulators' strides by scaling the token stride by the
-// group, which is only right token-major. So the gradients must be dense [T, H, D] (the
-// canonical layout the plan was sized on); the inputs may have any strides cuDNN takes.
-Status check_dense_gradients(std::string_view op, const Problem& p, const BackwardArguments& a) {
+// Packed sequences, backward: every tensor dense [T, H, D]. Measured (H200, cuDNN 9.19,
+// ninety-first session): with the inputs' rows padded by 8 elements and dense gradients, both of
+// cuDNN's algorithms wrote dK / dV rows in the wrong places and the atomic one a wrong dQ, once an
+// illegal instruction; with every tensor dense they matched the float64 reference at every case.
+// And cuDNN lays its f32 accumulators out by the gradients' own strides over the packed rows (its
+// GQA ones by the token stride times the group, right only token-major), so a padded gradient
+// would outgrow the workspace the plan sized from the descriptor.
+Status check_dense_ragged_backward(std::string_view op, const Problem& p,
+                                   const BackwardArguments& a) {
   const auto& d = p.desc;
-  const std::tuple<const char*, const Tensor&, int64_t, int64_t, int64_t> grads[] = {
-      {"dq", a.dq, d.total_q, d.heads_q, d.head_dim_qk},
-      {"dk", a.dk, d.total_k, d.heads_kv, d.head_dim_qk},
-      {"dv", a.dv, d.total_k, d.heads_kv, d.head_dim_v}};
-  for (const auto& [name, t, rows, heads, dim] : grads)
+  const int64_t dk = d.head_dim_qk, dv = d.head_dim_v, hq = d.heads_q, hk = d.heads_kv;
+  const std::tuple<const char*, ConstTensor, int64_t, int64_t, int64_t> all[] = {
+      {"q", a.q, d.total_q, hq, dk},
+      {"k", a.k, d.total_k, hk, dk},
+      {"v", a.v, d.total_k, hk, dv},
+      {"y", a.y, d.total_q, hq, dv},
+      {"dy", a.dy, d.total_q, hq, dv},
+      {"dq", as_const(a.dq), d.total_q, hq, dk},
+      {"dk", as_const(a.dk), d.total_k, hk, dk},
+      {"dv", as_const(a.dv), d.total_k, hk, dv}};
+  for (const auto& [name, t, rows, heads, dim] : all)
     if ((rows > 1 && t.stride[0] != heads * dim) || (heads > 1 && t.stride[1] != dim))
-      return Error::unsupported(
-          std::string(op) + ": cudnn_sdpa: " + name + ": varlen: strides (" +
-          std::to_string(t.stride[0]) + ", " + std::to_string(t.stride[1]) +
-          ", 1) are not dense [T, H, D] (" + std::to_string(heads * dim) + ", " +
-          std::to_string(dim) +
-          ", 1): cuDNN's ragged backward lays its f32 accumulators out by the gradients' strides");
+      return Error::unsupported(std::string(op) + ": cudnn_sdpa: " + name + ": varlen: strides (" +
+                                std::to_string(t.stride[0]) + ", " + std::to_string(t.stride[1]) +
+                                ", 1) are not dense [T, H, D] (" + std::to_string(heads * dim) +
+                                ", " + std::to_string(dim) +
+                                ", 1): cuDNN's ragged backward takes dense tensors only");
   return {};
 }
 
@@ -735,7 +755,7 @@ Status check_backward(const Problem& p, const BackwardArguments& a) {
   for (const auto& [n, t] : {std::pair{"dq", a.dq}, {"dk", a.dk}, {"dv", a.dv}})
     BARACUDA_TRY(cudnn_check_layout(op, n, t, false));
   if (!p.desc.varlen) return {};
-  BARACUDA_TRY(check_dense_gradients(op, p, a));
+  BARACUDA_TRY(check_dense_ragged_backward(op, p, a));
   return check_ragged_offsets(op, p,
                               {{"q", a.q, false},
                                {"k", a.k, true},
@@ -957,6 +977,8 @@ bool fits_backward_deterministic_default(const Problem& p, const DeviceCaps& c) 
 template <Kind K>
 std::optional<std::string> refusal(const Problem& p, const DeviceCaps& c) {
   if (auto why = cudnn_screen(p)) return why;
+  if (K != Kind::forward)
+    if (auto why = varlen_backward_refusal(p)) return why;
   if (!cudnn_serves(p, c)) return std::string("cuDNN's SDPA runs on GPUs from sm_80");
   return with_cached_entry(p, K, c.device, [](const Entry* e) -> std::optional<std::string> {
     if (!e || e->graph) return std::nullopt;
