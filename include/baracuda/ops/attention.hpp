@@ -11,9 +11,10 @@
 //    K [Tk, Hk, Dk], V [Tk, Hk, Dv], Y [Tq, Hq, Dv], LSE [Hq, Tq]; sequence b owns the rows
 //    [cu_seqlens_q[b], cu_seqlens_q[b+1]) of Q/Y and [cu_seqlens_k[b], cu_seqlens_k[b+1]) of K/V;
 //    cu_seqlens are i32 [B + 1]. len_q / len_k are then the maximum sequence lengths.
-//    (cuDNN takes the forward in its ragged layout under a padding mask, by name or
-//    PlanPreference::only(Backend::cudnn): 0.74-0.80x fa3's varlen forward on the H200, so not
-//    the default; cuDNN's backward is not given packed sequences.)
+//    (cuDNN takes them in its ragged layout under a padding mask, by name or
+//    PlanPreference::only(Backend::cudnn): its forward 0.74-0.80x fa3's varlen forward on the
+//    H200, its backward 0.97-1.0x fa3's unmasked and 0.57x causal, so neither is the default; its
+//    backward takes dense [T, H, D] tensors and head dims up to 128 only, see attention_hopper.)
 //
 // Per-sequence key counts (forward only; FlashAttention's `seqused_k`, a decoding engine's cache
 // lengths): with Descriptor::seqused_k, ForwardArguments::seqused_k (i32 [B], on the plan's device)

@@ -1,7 +1,10 @@
 // Hopper-class backends of the attention family (issue 8): cuDNN's fused SDPA for forward and
 // backward, registered into attention::ForwardOp / attention::BackwardOp's kernel tables, so users
 // reach them through attention::ForwardPlan / BackwardPlan (PlanPreference::only(Backend::cudnn)
-// forces them).
+// forces them). cuDNN reads packed sequences (varlen) in its ragged layout under a padding mask,
+// forward and backward; its backward there takes dense [T, H, D] tensors (each refused otherwise,
+// naming the tensor and its strides) and head dims up to 128, the limits where it was measured
+// right (H200, cuDNN 9.19).
 //
 // Also our own sm_90a forward and backward, fa3_fwd_sm90a / fa3_bwd_sm90a (FlashAttention-3
 // style), registered the same way. What they take (on sm_90, bf16 / f16, 16-byte aligned rows and
@@ -138,7 +141,7 @@ std::string_view selection_table_provenance();  // device, date, commit of the m
 // kTableLeadMargin, so ties go to cuDNN, then bespoke. Candidate::cudnn when the
 // table has no point for the dtype/pass (the fastest peer measured through PyTorch). Problems
 // cuDNN is not given (cudnn_screen: soft-capping, ...) and packed sequences (varlen: cuDNN's
-// ragged forward by name or only(Backend::cudnn); no measured point ranks it first) rank bespoke
+// ragged layout by name or only(Backend::cudnn); no measured point ranks it first) rank bespoke
 // and fa3 only (varlen: at the point of the longest sequence), and default to bespoke.
 // `cudnn_built` false: rank as if cuDNN were not built (see candidate_here).
 // A lead the table's run-to-run spread covers is not a lead (the card runs at its power cap, and

@@ -30,8 +30,9 @@ std::optional<std::string> cudnn_screen(const attention::Problem& p) {
   const attention::Descriptor& d = p.desc;
   if (d.dtype != DType::bf16 && d.dtype != DType::f16)
     return "dtype=" + std::string(name(d.dtype)) + ": cuDNN SDPA takes bf16 or f16";
-  // Packed sequences: cuDNN's ragged layout (forward; cudnn_sdpa.cpp refuses the backward). Not
-  // with key counts: a sequence's rows past its count are inside the packed range (see below).
+  // Packed sequences: cuDNN's ragged layout (the backward with cudnn_sdpa.cpp's own rules: dense
+  // tensors, head dims up to 128). Not with key counts: a sequence's rows past its count are
+  // inside the packed range (see below).
   if (d.varlen && d.seqused_k)
     return "varlen with seqused_k: cuDNN's padding mask would multiply each sequence's rows past "
            "its count into P V";
@@ -555,10 +556,11 @@ Candidate preferred_candidate(std::span<const TablePoint> table, const attention
   // sliding window excludes (H200, d128 L8192, window (1023, 0): 59 TFLOP/s against fa3's 264 and
   // the bespoke kernel's 179; its forward skipped them, 488 against fa3's 465).
   // (A lambda: the decodes that return before asking skip cudnn_screen's message.)
-  // Nor packed sequences: cuDNN's ragged layout (forward only) reaches them by name or by
-  // only(Backend::cudnn). The table's points are padded, and the packed rows (bench_attention
-  // attention_varlen, 7 sequences of 512-4096 tokens, d128, H200, cuDNN 9.19) had it at 0.78-0.80x
-  // fa3's varlen forward unmasked and 0.74-0.75x causal.
+  // Nor packed sequences: cuDNN's ragged layout reaches them by name or by only(Backend::cudnn).
+  // The table's points are padded, and the packed rows (bench_attention attention_varlen, 7
+  // sequences of 512-4096 tokens, d128, H200, cuDNN 9.19) had its forward at 0.78-0.80x fa3's
+  // varlen forward unmasked and 0.74-0.75x causal, its backward at 0.97-1.00x unmasked and 0.57x
+  // causal (ninety-first session: it runs the causal backward in the unmasked one's time).
   auto cudnn_takes = [&] {
     return cudnn_built && !cudnn_screen(p).has_value() &&
            !(pass == Pass::backward && d.mask.left >= 0) && !d.varlen;
