@@ -548,10 +548,10 @@ void time_variants(const Stream& stream, const std::string& name, const attentio
 }
 
 // Packed sequences (varlen) of mixed lengths, 16k tokens in all, d128, Hq = Hk = 16, bf16: the
-// default plan, fa3 pinned by name, the family's bespoke kernel and cuDNN's ragged layout (its
-// forward; the backward row says it is not wired). Peer: PyTorch SDPA on nested (jagged) tensors,
-// in peers.py under the same names. TFLOP/s count each sequence's 4 Lq Lk D per head (halved for
-// causal).
+// default plan, fa3 pinned by name, the family's bespoke kernel and cuDNN's ragged layout (forward
+// and backward; the bench's tensors are dense, as its backward requires). Peer: PyTorch SDPA on
+// nested (jagged) tensors, in peers.py under the same names. TFLOP/s count each sequence's 4 Lq Lk
+// D per head (halved for causal).
 const std::vector<int32_t> kVarlenLengths = {512, 1024, 3072, 4096, 2048, 1536, 4096};
 
 std::string varlen_name(bool causal) {
