@@ -85,10 +85,14 @@ enum Uid : int64_t {
   kOffDK,
   kOffDV
 };
-// The ragged offsets of each pass, in the order of its Layout's tensors.
+// The ragged offsets of each pass, in the order of its Layout's tensors (the statistics' fifth in
+// both, where the forward's row pass finds them).
 constexpr int64_t kForwardOffsets[] = {kOffQ, kOffK, kOffV, kOffO, kOffStats};
 constexpr int64_t kBackwardOffsets[] = {kOffQ,  kOffK,  kOffV,  kOffO, kOffStats,
                                         kOffDO, kOffDQ, kOffDK, kOffDV};
+constexpr int kStatsOffset = 4;
+static_assert(kForwardOffsets[kStatsOffset] == kOffStats &&
+              kBackwardOffsets[kStatsOffset] == kOffStats);
 
 // Strides of every tensor of one run as cuDNN sees them: [B, H, L, D] order, D unit-stride.
 struct Layout {
@@ -795,6 +799,7 @@ Result<VarlenRun> varlen_run(const LaunchContext& ctx, std::string_view op, cons
   prep.seq_q = reinterpret_cast<int32_t*>(base + tail.seq_q);
   prep.seq_kv = reinterpret_cast<int32_t*>(base + tail.seq_kv);
   for (const auto& [row, keys] : rows) {
+    if (prep.count == kMaxRagged) break;  // the passes name at most kMaxRagged (9) tensors
     RaggedTensor& t = prep.tensors[prep.count];
     t.row = row, t.keys = keys;
     t.off = reinterpret_cast<int32_t*>(base + tail.off +
@@ -843,7 +848,7 @@ Status launch_forward_varlen(const LaunchContext& ctx, const Problem& p,
   rows.y = a.y.data, rows.y_row = a.y.stride[0], rows.y_head = a.y.stride[1];
   rows.lse = static_cast<float*>(a.lse.data);
   rows.lse_head = a.lse.stride[0], rows.lse_row = a.lse.stride[1];
-  rows.stats = run->stats, rows.off_stats = prep.tensors[4].off;
+  rows.stats = run->stats, rows.off_stats = prep.tensors[kStatsOffset].off;
   rows.seq_q = prep.seq_q, rows.seq_kv = prep.seq_kv;
   rows.batch = d.batch, rows.heads = d.heads_q, rows.len_q = d.len_q, rows.dim_v = d.head_dim_v;
   rows.band = attention::detail::band_of(d.mask);
