@@ -5139,9 +5139,10 @@ VarlenBackwardData varlen_backward_data(const VarlenCase& c, const VarlenData& x
 
 // A backward plan over the case, run twice into poisoned dQ / dK / dV, each run against the
 // reference on the owned rows (the rows no sequence owns never written, gaps untouched); the two
-// runs bitwise equal where the plan says deterministic.
+// runs bitwise equal where the plan says deterministic. `shared_cu`: queries and keys given one
+// cu_seqlens tensor (packed self-attention; the case's lengths must be equal).
 void check_varlen_backward(const VarlenCase& c, const VarlenData& x, const VarlenBackwardData& bd,
-                           const attention::BackwardPlan& plan) {
+                           const attention::BackwardPlan& plan, bool shared_cu = false) {
   const Stream& gs = harness::stream_for(Target::cuda);
   const int64_t tq = x.tq, tk = x.tk, oq = x.oq, ok = x.ok;
   TestTensor dq = packed_gpu(c, c.t, tq, c.hq), dk = packed_gpu(c, c.t, tk, c.hk),
@@ -5151,10 +5152,10 @@ void check_varlen_backward(const VarlenCase& c, const VarlenData& x, const Varle
   for (int rep = 0; rep < 2; ++rep) {
     for (TestTensor* t : {&dq, &dk, &dv}) t->poison();
     const auto q_before = dq.bytes(), k_before = dk.bytes(), v_before = dv.bytes();
-    BARACUDA_ASSERT_OK(plan.run(
-        gs, ws.get(),
-        {x.gq.cview(), x.gk.cview(), x.gv.cview(), bd.gy.cview(), bd.gdy.cview(), bd.glse.cview(),
-         dq.view(), dk.view(), dv.view(), x.gcu_q.cview(), x.gcu_k.cview()}));
+    BARACUDA_ASSERT_OK(plan.run(gs, ws.get(),
+                                {x.gq.cview(), x.gk.cview(), x.gv.cview(), bd.gy.cview(),
+                                 bd.gdy.cview(), bd.glse.cview(), dq.view(), dk.view(), dv.view(),
+                                 x.gcu_q.cview(), shared_cu ? x.gcu_q.cview() : x.gcu_k.cview()}));
     BARACUDA_ASSERT_OK(gs.synchronize());
     const auto dqv = dq.values(), dkv = dk.values(), dvv = dv.values();
     EXPECT_TRUE(harness::close_to(owned_rows(dqv, oq, c.hq * c.d),
@@ -5299,6 +5300,18 @@ TEST(AttentionCudnnGpu, VarlenMatchesReference) {
     if (c.softcap == 0) cases.push_back(c);
   cases.push_back(
       {DType::bf16, 4, 2, 128, Mask::sliding_window(100, 0), {300, 50, 700}, {300, 80, 900}, 5, 8});
+  // Packed self-attention (equal lengths; the backward also run with one cu_seqlens tensor for
+  // both, where it takes cuDNN's top-left graph): causal and a window, bottom-right.
+  cases.push_back({DType::bf16,
+                   4,
+                   2,
+                   128,
+                   Mask::causal_bottom_right(),
+                   {300, 1, 129, 0},
+                   {300, 1, 129, 0},
+                   3,
+                   0});
+  cases.push_back({DType::f16, 4, 1, 64, Mask::sliding_window(100, 0), {513, 77}, {513, 77}, 2, 0});
   harness::Rng rng;
   for (const VarlenCase& c : cases) {
     SCOPED_TRACE(name_of(c));
@@ -5348,6 +5361,10 @@ TEST(AttentionCudnnGpu, VarlenMatchesReference) {
       BARACUDA_ASSERT_OK(bplan);
       ASSERT_EQ(bplan->sku().name, name);
       check_varlen_backward(dc, bx, bd, *bplan);
+      if (c.lq == c.lk) {
+        SCOPED_TRACE("one cu_seqlens tensor");
+        check_varlen_backward(dc, bx, bd, *bplan, /*shared_cu=*/true);
+      }
     }
     auto bdef = attention::BackwardPlan::select(gs, x.desc);
     BARACUDA_ASSERT_OK(bdef);
