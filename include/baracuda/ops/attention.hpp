@@ -13,9 +13,9 @@
 //    cu_seqlens are i32 [B + 1]. len_q / len_k are then the maximum sequence lengths.
 //    (cuDNN takes them in its ragged layout under a padding mask, by name or
 //    PlanPreference::only(Backend::cudnn): its forward 0.74-0.80x fa3's varlen forward on the
-//    H200, its backward 0.90-1.00x fa3's unmasked and 0.56-0.59x causal, so neither is the default;
-//    its backward takes dense [T, H, D] tensors and head dims up to 128 only, see
-//    attention_hopper.)
+//    H200, its backward 0.90-1.00x fa3's unmasked and 0.96x causal (0.56-0.59x where queries and
+//    keys have different cu_seqlens tensors), so neither is the default; its backward takes dense
+//    [T, H, D] tensors and head dims up to 128 only, see attention_hopper.)
 //
 // Per-sequence key counts (forward only; FlashAttention's `seqused_k`, a decoding engine's cache
 // lengths): with Descriptor::seqused_k, ForwardArguments::seqused_k (i32 [B], on the plan's device)

@@ -559,9 +559,9 @@ Candidate preferred_candidate(std::span<const TablePoint> table, const attention
   // Nor packed sequences: cuDNN's ragged layout reaches them by name or by only(Backend::cudnn).
   // The table's points are padded, and the packed rows (bench_attention attention_varlen, 7
   // sequences of 512-4096 tokens, d128, H200, cuDNN 9.19) had its forward at 0.78-0.80x fa3's
-  // varlen forward unmasked and 0.74-0.75x causal, its backward at 0.90-1.00x unmasked and
-  // 0.56-0.59x causal (ninety-first session: it runs the causal backward in the unmasked one's
-  // time).
+  // varlen forward unmasked and 0.74-0.75x causal, its backward at 0.90-1.00x unmasked and 0.96x
+  // causal (ninety-first session; 0.56-0.59x with a bottom-right graph, which runs in the unmasked
+  // one's time: cudnn_sdpa.cpp takes the top-left one for packed self-attention).
   auto cudnn_takes = [&] {
     return cudnn_built && !cudnn_screen(p).has_value() &&
            !(pass == Pass::backward && d.mask.left >= 0) && !d.varlen;
