@@ -93,6 +93,11 @@ constexpr int64_t kBackwardOffsets[] = {kOffQ,  kOffK,  kOffV,  kOffO, kOffStats
 constexpr int kStatsOffset = 4;
 static_assert(kForwardOffsets[kStatsOffset] == kOffStats &&
               kBackwardOffsets[kStatsOffset] == kOffStats);
+static_assert(std::size(kBackwardOffsets) <= kMaxRagged);
+std::span<const int64_t> ragged_uids(Kind kind) {
+  if (kind == Kind::forward) return kForwardOffsets;
+  return kBackwardOffsets;
+}
 
 // Strides of every tensor of one run as cuDNN sees them: [B, H, L, D] order, D unit-stride.
 struct Layout {
@@ -581,19 +586,16 @@ bool lse_packed(const Problem& p, const ConstTensor& lse) {
 struct VarlenTail {
   size_t seq_q = 0, seq_kv = 0, off = 0, bytes = 0;  // offsets into the tail
   size_t off_bytes = 0;                              // one offset vector, rounded
-  int count = 0;                                     // offset vectors
 };
 VarlenTail varlen_tail(const Problem& p, Kind kind) {
   const auto& d = p.desc;
   VarlenTail t;
   const size_t lengths = round_up(static_cast<size_t>(d.batch) * sizeof(int32_t));
   t.off_bytes = round_up(static_cast<size_t>(d.batch + 1) * sizeof(int32_t));
-  t.count = kind == Kind::forward ? static_cast<int>(std::size(kForwardOffsets))
-                                  : static_cast<int>(std::size(kBackwardOffsets));
   t.seq_q = round_up(static_cast<size_t>(d.total_q * d.heads_q) * sizeof(float));
   t.seq_kv = t.seq_q + lengths;
   t.off = t.seq_kv + lengths;
-  t.bytes = t.off + static_cast<size_t>(t.count) * t.off_bytes;
+  t.bytes = t.off + ragged_uids(kind).size() * t.off_bytes;
   return t;
 }
 
@@ -799,7 +801,8 @@ Result<VarlenRun> varlen_run(const LaunchContext& ctx, std::string_view op, cons
   prep.seq_q = reinterpret_cast<int32_t*>(base + tail.seq_q);
   prep.seq_kv = reinterpret_cast<int32_t*>(base + tail.seq_kv);
   for (const auto& [row, keys] : rows) {
-    if (prep.count == kMaxRagged) break;  // the passes name at most kMaxRagged (9) tensors
+    // The pass's offset vectors (their number sized the tail and names them in the pack).
+    if (static_cast<size_t>(prep.count) == ragged_uids(kind).size()) break;
     RaggedTensor& t = prep.tensors[prep.count];
     t.row = row, t.keys = keys;
     t.off = reinterpret_cast<int32_t*>(base + tail.off +
@@ -837,7 +840,7 @@ Status launch_forward_varlen(const LaunchContext& ctx, const Problem& p,
                  ragged(d.len_q, a.y.stride[0], a.y.stride[1]), ragged(d.len_q, d.heads_q, 1)}};
   std::unordered_map<int64_t, void*> pack{
       {kQ, w(a.q.data)}, {kK, w(a.k.data)}, {kV, w(a.v.data)}, {kO, a.y.data}, {kLse, run->stats}};
-  pack_ragged(pack, prep, kForwardOffsets);
+  pack_ragged(pack, prep, ragged_uids(Kind::forward));
   const cudaStream_t stream = static_cast<cudaStream_t>(ctx.stream.cuda_handle());
   BARACUDA_TRY(
       execute(ctx, op, p, Kind::forward, std::move(layout), std::move(pack), run->graph_ws, [&] {
@@ -910,7 +913,7 @@ Status launch_backward_varlen(const LaunchContext& ctx, const Problem& p,
       {kQ, w(a.q.data)}, {kK, w(a.k.data)},  {kV, w(a.v.data)},
       {kO, w(a.y.data)}, {kLse, run->stats}, {kDO, w(a.dy.data)},
       {kDQ, a.dq.data},  {kDK, a.dk.data},   {kDV, a.dv.data}};
-  pack_ragged(pack, prep, kBackwardOffsets);
+  pack_ragged(pack, prep, ragged_uids(kind));
   const cudaStream_t stream = static_cast<cudaStream_t>(ctx.stream.cuda_handle());
   const Problem graph_p = top_left_if_same(p, a, kind, ctx.stream.device(), layout, run->graph_ws);
   BARACUDA_TRY(
