@@ -1,6 +1,6 @@
 // Block-to-block hand-offs inside one launch: a ticket that orders blocks by the time they start,
 // ready flags published with release and awaited with acquire (GPU scope), relaxed counts that put
-// bulk reductions in a fixed order, and group flags a merging block awaits.
+// bulk reductions in a fixed order, and group flags that tell the last block of a group it is last.
 // A block may wait only on blocks holding smaller tickets: those are already running, so the waits
 // always end. Include only from .cu files.
 #pragma once
@@ -75,35 +75,50 @@ __device__ __forceinline__ void raise_count_after_completion(unsigned* count, un
   asm volatile("red.relaxed.gpu.global.add.u32 [%0], %1;\n" ::"l"(count), "r"(by) : "memory");
 }
 
-// Publishes what this block wrote before the call and raises its flag to `tag` (a release store
-// after the barrier, cumulative over every thread's stores), for a block that waits on it with
-// await_flags. The tag must differ from whatever the flag may hold before the launch (unique per
-// launch, never the cleared value 0). Call from every thread.
-__device__ __forceinline__ void raise_flag(unsigned long long* flag, unsigned long long tag) {
+// Raises this block's flag in a group of `count` blocks (flags[mine] = tag, after every thread's
+// stores) and reads the group's flags: true where all of them hold tag. For a merge by whichever
+// block of a group finishes last, with nothing to initialize. One SC fence a block: the barrier
+// puts every thread's stores and thread 0's release store of the flag before each lane's fence.sc,
+// and the scan's loads after it, so of any two blocks of a group at least one sees the other's
+// flag, and the block whose earliest fence comes last in the fences' order sees every flag (two
+// finishing together may both get true). The stores reach a reader through the release, cumulative
+// over what the barrier ordered before it. (Until the eighty-eighth session every thread took an SC
+// fence before the raise and the merging block another after the scan: the fused decode then ran 10
+// us longer than the split kernel whose loop it shares, H200, ncu.) With true, what the others
+// wrote before their raise is visible after the acquire fence (read it with __ldcg). The tag must
+// differ from whatever the flags may hold before the launch (unique per launch, never the cleared
+// value 0); clear_flags resets a group once its readers are done. Needs a full first warp; call
+// from every thread; returns the same value in all. `all_raised`: an int of the block's dynamic
+// shared memory for the verdict. Not a static __shared__ variable: with one (16 bytes beside the
+// decode's 100 KB of dynamic shared memory) the fused decode ran 20% longer than the split kernel
+// where no split merges at all (H200, b12 Lk 2048 d128, one split a group: 37.4 against 30.8 us);
+// with the verdict in dynamic shared memory 30.9 (docs/perf/attention.md, ninetieth session).
+__device__ __forceinline__ bool raise_flag_and_see_all(unsigned long long* flags, int count,
+                                                       int mine, unsigned long long tag,
+                                                       int* all_raised) {
   __syncthreads();
-  if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0)
-    asm volatile("st.release.gpu.global.u64 [%0], %1;\n" ::"l"(flag), "l"(tag) : "memory");
-}
-
-// Waits until flags[0, count) all hold `tag` (the first warp's lanes poll one flag each with
-// acquire loads), then makes what their raisers published visible to the whole block (read it
-// with __ldcg). The raisers must be resident or sure to run (a cooperative launch): nothing here
-// gives way to them. Needs a full first warp; call from every thread.
-__device__ __forceinline__ void await_flags(const unsigned long long* flags, int count,
-                                            unsigned long long tag) {
   if (threadIdx.x < 32 && threadIdx.y == 0 && threadIdx.z == 0) {
+    if (threadIdx.x == 0)
+      asm volatile("st.release.gpu.global.u64 [%0], %1;\n" ::"l"(flags + mine), "l"(tag)
+                   : "memory");
+    __syncwarp();
+    asm volatile("fence.sc.gpu;\n" ::: "memory");
+    bool all = true;
     for (int i = static_cast<int>(threadIdx.x); i < count; i += 32) {
       unsigned long long seen;
-      do {
-        asm volatile("ld.acquire.gpu.global.u64 %0, [%1];\n"
-                     : "=l"(seen)
-                     : "l"(flags + i)
-                     : "memory");
-      } while (seen != tag);
+      asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];\n"
+                   : "=l"(seen)
+                   : "l"(flags + i)
+                   : "memory");
+      all &= seen == tag;
     }
-    __syncwarp();
+    all = __all_sync(0xffffffffu, all);
+    // Acquire: every lane that read a raised flag fences before the block reads what was published.
+    if (all) asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
+    if (threadIdx.x == 0) *all_raised = all;
   }
   __syncthreads();
+  return *all_raised != 0;
 }
 
 // Clears a group's flags for the next launch, once every block that reads them is done with

@@ -7,7 +7,6 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -162,38 +161,6 @@ Status launch_dependent(std::string_view op, std::string_view name, dim3 grid, d
   if (const cudaError_t e = cudaLaunchKernelEx(&cfg, Kernel, std::forward<Args>(args)...);
       e != cudaSuccess)
     return cuda_error(op, name, e);
-  return check_launch(op, name);
-}
-
-// launch_dependent's launch made cooperative: every CTA of the grid is resident at once (the
-// caller checks that the grid fits, e.g. with blocks_per_sm), so CTAs may wait on one another.
-// Programmatic dependent as well where the binary is sm_90+ and the driver takes the two together;
-// where it refuses the pair (once per process) the launch is cooperative alone.
-template <auto Kernel, class... Args>
-Status launch_co_resident(std::string_view op, std::string_view name, dim3 grid, dim3 block,
-                          size_t smem, cudaStream_t st, Args&&... args) {
-  const void* fn = reinterpret_cast<const void*>(Kernel);
-  if (const cudaError_t e = ensure_dynamic_smem(fn, smem); e != cudaSuccess)
-    return cuda_error(op, std::string(name) + ": cudaFuncSetAttribute", e);
-  static std::atomic<bool> pair_refused{false};
-  const auto fa = func_attributes(fn);
-  const bool pdl = fa && fa->binaryVersion >= 90 && !pair_refused.load(std::memory_order_relaxed);
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeCooperative;
-  attr[0].val.cooperative = 1;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = st;
-  cfg.attrs = attr, cfg.numAttrs = pdl ? 2 : 1;
-  cudaError_t e = cudaLaunchKernelEx(&cfg, Kernel, args...);
-  if (e != cudaSuccess && pdl) {
-    (void)cudaGetLastError();
-    pair_refused.store(true, std::memory_order_relaxed);
-    cfg.numAttrs = 1;
-    e = cudaLaunchKernelEx(&cfg, Kernel, std::forward<Args>(args)...);
-  }
-  if (e != cudaSuccess) return cuda_error(op, name, e);
   return check_launch(op, name);
 }
 
