@@ -1,6 +1,6 @@
 // Block-to-block hand-offs inside one launch: a ticket that orders blocks by the time they start,
 // ready flags published with release and awaited with acquire (GPU scope), relaxed counts that put
-// bulk reductions in a fixed order, and group flags that tell the last block of a group it is last.
+// bulk reductions in a fixed order, and group flags that tell one block of a group to merge it.
 // A block may wait only on blocks holding smaller tickets: those are already running, so the waits
 // always end. Include only from .cu files.
 #pragma once
@@ -75,60 +75,85 @@ __device__ __forceinline__ void raise_count_after_completion(unsigned* count, un
   asm volatile("red.relaxed.gpu.global.add.u32 [%0], %1;\n" ::"l"(count), "r"(by) : "memory");
 }
 
-// Raises this block's flag in a group of `count` blocks (flags[mine] = tag, after every thread's
-// stores) and reads the group's flags: true where all of them hold tag. For a merge by whichever
-// block of a group finishes last, with nothing to initialize. One SC fence a block: the barrier
-// puts every thread's stores and thread 0's release store of the flag before each lane's fence.sc,
-// and the scan's loads after it, so of any two blocks of a group at least one sees the other's
-// flag, and the block whose earliest fence comes last in the fences' order sees every flag (two
-// finishing together may both get true). The stores reach a reader through the release, cumulative
-// over what the barrier ordered before it. (Until the eighty-eighth session every thread took an SC
-// fence before the raise and the merging block another after the scan: the fused decode then ran 10
-// us longer than the split kernel whose loop it shares, H200, ncu.) With true, what the others
-// wrote before their raise is visible after the acquire fence (read it with __ldcg). The tag must
-// differ from whatever the flags may hold before the launch (unique per launch, never the cleared
-// value 0); clear_flags resets a group once its readers are done. Needs a full first warp; call
-// from every thread; returns the same value in all. `all_raised`: an int of the block's dynamic
-// shared memory for the verdict. Not a static __shared__ variable: with one (16 bytes beside the
-// decode's 100 KB of dynamic shared memory) the fused decode ran 20% longer than the split kernel
-// where no split merges at all (H200, b12 Lk 2048 d128, one split a group: 37.4 against 30.8 us);
-// with the verdict in dynamic shared memory 30.9 (docs/perf/attention.md, ninetieth session).
-__device__ __forceinline__ bool raise_flag_and_see_all(unsigned long long* flags, int count,
-                                                       int mine, unsigned long long tag,
-                                                       int* all_raised) {
-  __syncthreads();
-  if (threadIdx.x < 32 && threadIdx.y == 0 && threadIdx.z == 0) {
-    if (threadIdx.x == 0)
-      asm volatile("st.release.gpu.global.u64 [%0], %1;\n" ::"l"(flags + mine), "l"(tag)
-                   : "memory");
-    __syncwarp();
-    asm volatile("fence.sc.gpu;\n" ::: "memory");
-    bool all = true;
-    for (int i = static_cast<int>(threadIdx.x); i < count; i += 32) {
-      unsigned long long seen;
-      asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];\n"
-                   : "=l"(seen)
-                   : "l"(flags + i)
-                   : "memory");
-      all &= seen == tag;
-    }
-    all = __all_sync(0xffffffffu, all);
-    // Acquire: every lane that read a raised flag fences before the block reads what was published.
-    if (all) asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
-    if (threadIdx.x == 0) *all_raised = all;
+// A merge by one block of a group of `splits` blocks (a split-K reduction in the same launch):
+// started[splits], done[splits] and one handoff word, each set to the launch's tag (unique per
+// launch, never 0) or cleared to 0. Split 0 merges without any SC fence where it sees every other
+// split started: they are running, so it may wait for their done flags (release stores by the
+// raiser, acquire loads here). Where a split has not started (a grid larger than the device holds,
+// or other work on the SMs), split 0 raises its own done flag and the handoff word and every block
+// takes the last-finisher path: raise done, SC fence, read every done flag and the handoff word;
+// the block whose fence comes last sees all of them (two may both merge, with the same bits). The
+// other splits run that path's fence and reads after their done flag in any case (off split 0's
+// critical path): where split 0 handed off before, they see it.
+struct GroupMergeFlags {
+  unsigned long long* started;  // [splits], then done [splits], then the handoff word
+  int splits;
+  __device__ GroupMergeFlags(unsigned long long* words, int count)
+      : started(words), splits(count) {}
+  __device__ unsigned long long* done() const { return started + splits; }
+  __device__ unsigned long long* handoff() const { return started + 2 * splits; }
+  __device__ void mark_started(int split, unsigned long long tag) const {
+    asm volatile("st.relaxed.gpu.global.u64 [%0], %1;\n" ::"l"(started + split), "l"(tag)
+                 : "memory");
   }
-  __syncthreads();
-  return *all_raised != 0;
-}
+  // Whether this block merges the group; every thread's partial stores come before the call.
+  // Call from every thread; `verdict`: an int of the block's dynamic shared memory (a static
+  // __shared__ one cost the decode 20%: docs/perf/attention.md, ninetieth session).
+  __device__ bool merges_here(int split, unsigned long long tag, int* verdict) const {
+    __syncthreads();
+    if (threadIdx.x < 32) {
+      const int lane = static_cast<int>(threadIdx.x);
+      bool merge = false, last_finisher_path = split != 0;
+      if (split == 0) {
+        bool all_started = true;
+        for (int i = lane + 1; i < splits; i += 32) all_started &= load(started + i) == tag;
+        if (__all_sync(0xffffffffu, all_started)) {
+          for (int i = lane + 1; i < splits; i += 32)
+            while (load_acquire(done() + i) != tag) {
+            }
+          merge = true;
+        } else {
+          if (lane == 0) store_release(done(), tag), store_release(handoff(), tag);
+          last_finisher_path = true;
+        }
+      } else if (lane == 0) {
+        store_release(done() + split, tag);
+      }
+      if (last_finisher_path) {
+        __syncwarp();
+        asm volatile("fence.sc.gpu;\n" ::: "memory");
+        bool all = load(handoff()) == tag;
+        for (int i = lane; i < splits; i += 32) all &= load(done() + i) == tag;
+        merge = __all_sync(0xffffffffu, all);
+        if (merge) asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
+      }
+      __syncwarp();
+      if (lane == 0) *verdict = merge;
+    }
+    __syncthreads();
+    return *verdict != 0;
+  }
+  // Every word back to 0, by the merging block once its reads are done. Call from every thread.
+  __device__ void clear() const {
+    for (int i = static_cast<int>(threadIdx.x); i < 2 * splits + 1; i += blockDim.x)
+      asm volatile("st.relaxed.gpu.global.u64 [%0], %1;\n" ::"l"(started + i), "l"(0ull)
+                   : "memory");
+  }
 
-// Clears a group's flags for the next launch, once every block that reads them is done with
-// them. Call from every thread.
-__device__ __forceinline__ void clear_flags(unsigned long long* flags, int count) {
-  const int threads = static_cast<int>(blockDim.x * blockDim.y * blockDim.z);
-  const int t =
-      static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
-  for (int i = t; i < count; i += threads)
-    asm volatile("st.relaxed.gpu.global.u64 [%0], %1;\n" ::"l"(flags + i), "l"(0ull) : "memory");
-}
+ private:
+  __device__ static unsigned long long load(const unsigned long long* w) {
+    unsigned long long v;
+    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];\n" : "=l"(v) : "l"(w) : "memory");
+    return v;
+  }
+  __device__ static unsigned long long load_acquire(const unsigned long long* w) {
+    unsigned long long v;
+    asm volatile("ld.acquire.gpu.global.u64 %0, [%1];\n" : "=l"(v) : "l"(w) : "memory");
+    return v;
+  }
+  __device__ static void store_release(unsigned long long* w, unsigned long long v) {
+    asm volatile("st.release.gpu.global.u64 [%0], %1;\n" ::"l"(w), "l"(v) : "memory");
+  }
+};
 
 }  // namespace baracuda::cuda

@@ -48,6 +48,64 @@ constexpr size_t decode_paged_smem(size_t smem) {
   return decode_page_ring_at(smem) + 2 * 64 * sizeof(PageRow);
 }
 
+// The fused decode's merge of a group's split partials, by the block that found itself last: a
+// thread per (row, 4 columns), every split's LSE and partial loaded together (one round trip to
+// L2 for up to 16 splits), merged in split order with a running max (the same bits whichever
+// block merges).
+template <class T>
+__device__ void merge_group_splits(const Params& p, int b, int h_base, const SeqRows& s,
+                                   int rows_total) {
+  constexpr int kChunk = 8;
+  const int64_t rows = int64_t{p.batch} * p.heads_q * p.len_q;
+  const int dv = p.dim_v, c4 = dv / 4;  // dv is a multiple of 8 (fits)
+  for (int idx = threadIdx.x; idx < rows_total * c4; idx += blockDim.x) {
+    const int r = idx / c4, col = (idx % c4) * 4;
+    const int h = h_base + r / s.lq, i = r % s.lq;
+    const int64_t row = (int64_t{b} * p.heads_q + h) * p.len_q + i;
+    float m = -INFINITY, wsum = 0.f;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int s0 = 0; s0 < p.splits; s0 += kChunk) {
+      float lse[kChunk];
+      float4 x[kChunk];
+#pragma unroll
+      for (int j = 0; j < kChunk; ++j) {
+        const int64_t sp = s0 + j;
+        const bool in = sp < p.splits;
+        lse[j] = in ? __ldcg(p.lse_part + sp * rows + row) : -INFINITY;
+        x[j] = in ? __ldcg(reinterpret_cast<const float4*>(p.o_part + (sp * rows + row) * dv + col))
+                  : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+      float cm = m;
+#pragma unroll
+      for (int j = 0; j < kChunk; ++j) cm = fmaxf(cm, lse[j]);
+      if (cm == -INFINITY) continue;       // no split so far saw a key
+      const float rescale = expf(m - cm);  // 0 while m is -inf
+      acc.x *= rescale, acc.y *= rescale, acc.z *= rescale, acc.w *= rescale;
+      wsum *= rescale;
+#pragma unroll
+      for (int j = 0; j < kChunk; ++j) {
+        const float w = expf(lse[j] - cm);  // 0 for a split that saw no key
+        acc.x += w * x[j].x, acc.y += w * x[j].y, acc.z += w * x[j].z, acc.w += w * x[j].w;
+        wsum += w;
+      }
+      m = cm;
+    }
+    const float inv = wsum > 0 ? 1.f / wsum : 0.f;
+    T* dst = static_cast<T*>(p.out) + detail::row_offset(p.sy, p.varlen, b, h, s.q0 + i);
+    *reinterpret_cast<uint2*>(dst + col) =
+        make_uint2(pack2<T>(acc.x * inv, acc.y * inv), pack2<T>(acc.z * inv, acc.w * inv));
+    if (col == 0)
+      static_cast<float*>(p.lse)[detail::lse_offset(p.sl, p.varlen, b, h, s.q0 + i)] =
+          wsum > 0 ? m + logf(wsum) : -INFINITY;
+  }
+}
+
+// The fused decode's merge flags of one (batch, K/V head): 2 splits + 1 words in the workspace.
+__device__ __forceinline__ cuda::GroupMergeFlags decode_merge_flags(const Params& p, int b,
+                                                                    int hk) {
+  return {p.split_flags + (int64_t{b} * p.heads_kv + hk) * (2 * p.splits + 1), p.splits};
+}
+
 // kCounts: the launch has seqused_k counts (p.used_k; see seq_rows for why a template parameter).
 // kPaged: K / V are paged pools (p.block_table), the counts read where the launch has them.
 template <class T, int D, int MT, bool kFused = false, bool kCounts = false, bool kPaged = false>
@@ -76,12 +134,19 @@ __global__ void __launch_bounds__(128) flash_decode(Params p) {
   int lin = blockIdx.x;
   const int hk = lin % p.heads_kv;
   lin /= p.heads_kv;
-  const int split = lin % p.splits;
-  const int b = lin / p.splits;
+  // The fused kernel orders its CTAs split-major: where the device cannot hold the grid at once,
+  // every group's split 0 starts first and may find later splits not started, the merge's
+  // hand-off (ForwardPagedKv's four-wave batch runs it). One sequence: the same order either way.
+  const int split = kFused ? lin / p.batch : lin % p.splits;
+  const int b = kFused ? lin % p.batch : lin / p.splits;
   const SeqRows s = seq_rows<(kCounts || kPaged)>(p, b);
   const int rows_total = p.group * s.lq;  // <= kRows (the kernel's fits predicate)
   if (rows_total == 0) return;            // flash_decode_combine skips these rows as well
   const int h_base = hk * p.group;
+  if constexpr (kFused) {  // the merge's "started" mark (cuda::GroupMergeFlags)
+    if (p.splits > 1 && split != 0 && threadIdx.x == 0)
+      decode_merge_flags(p, b, hk).mark_started(split, p.tag);
+  }
 
   // Keys any row sees: the band is monotone in the query index, so the first row's lo and the
   // last row's hi bound the union. The splits share that range, so masked-off prefixes (windows)
@@ -360,74 +425,17 @@ __global__ void __launch_bounds__(128) flash_decode(Params p) {
   }
   if constexpr (kFused) {
     if (p.splits > 1) {
-      // Last-split merge (flash_decode_fused_sm80): no second launch. Each split's CTA publishes
-      // its partials and raises its flag (one word per split, set to this launch's tag); a CTA
-      // that then sees every flag of its (batch, K/V head) raised merges the group's rows. No
-      // shared counter, so nothing to initialize and no contended atomics. Two splits finishing
-      // together may both merge; both read the same partials and sum them in split order, so
-      // they write the same bits. The merging CTA clears the group's flags, so a replayed CUDA
-      // graph (same tag) starts from cleared flags as well.
-      unsigned long long* flags = p.split_flags + (int64_t{b} * p.heads_kv + hk) * p.splits;
-      // The verdict goes through the Q tiles' shared memory, done with by now.
-      if (!cuda::raise_flag_and_see_all(flags, p.splits, split, p.tag, reinterpret_cast<int*>(sQ)))
-        return;
-      // Scratch over the K/V ring (the merge buffers above are done): per (split, row) weights.
-      float* sWt = reinterpret_cast<float*>(sK);  // [splits][kRows]
-      float* sCInv = sWt + p.splits * kRows;
-      float* sCLse = sCInv + kRows;
-      const int sp_n = p.splits;
-      auto row_of = [&](int r) {  // global row index of group row r
-        return (int64_t{b} * p.heads_q + h_base + r / s.lq) * p.len_q + r % s.lq;
-      };
-      // Every split's LSE for every row at once (one round trip); __ldcg: L2, never a stale L1.
-      for (int idx = threadIdx.x; idx < sp_n * rows_total; idx += kNT) {
-        const int sp = idx / rows_total, r = idx % rows_total;
-        sWt[sp * kRows + r] = __ldcg(p.lse_part + sp * rows + row_of(r));
-      }
-      __syncthreads();
-      // Per row (warp w takes rows w, w + 4, ...): lanes own splits; max and weight sum in a
-      // fixed shuffle tree, weights w_s = exp(lse_s - max) (0 for a split that saw no key).
-      for (int r = warp; r < rows_total; r += kNW) {
-        float mx = -INFINITY;
-        for (int sp = lane; sp < sp_n; sp += 32) mx = fmaxf(mx, sWt[sp * kRows + r]);
-#pragma unroll
-        for (int o2 = 16; o2 > 0; o2 >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o2));
-        float wsum = 0.f;
-        for (int sp = lane; sp < sp_n; sp += 32) {
-          const float wgt = mx == -INFINITY ? 0.f : expf(sWt[sp * kRows + r] - mx);
-          sWt[sp * kRows + r] = wgt;
-          wsum += wgt;
-        }
-#pragma unroll
-        for (int o2 = 16; o2 > 0; o2 >>= 1) wsum += __shfl_xor_sync(0xffffffffu, wsum, o2);
-        if (lane == 0) {
-          sCInv[r] = wsum > 0 ? 1.f / wsum : 0.f;
-          sCLse[r] = wsum > 0 ? mx + logf(wsum) : -INFINITY;
-        }
-      }
-      __syncthreads();
-      // y = sum_s w_s o_s / sum_s w_s, float4 columns per thread, splits in order; the loads of
-      // all splits are independent, so an unrolled loop keeps 16 in flight.
-      const int c4 = dv / 4;  // dv is a multiple of 8
-      for (int idx = threadIdx.x; idx < rows_total * c4; idx += kNT) {
-        const int r = idx / c4, col = (idx % c4) * 4;
-        const float* src = p.o_part + row_of(r) * dv + col;
-        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 16
-        for (int sp = 0; sp < sp_n; ++sp) {
-          const float wgt = sWt[sp * kRows + r];
-          const float4 x = __ldcg(reinterpret_cast<const float4*>(src + sp * rows * dv));
-          acc.x += wgt * x.x, acc.y += wgt * x.y, acc.z += wgt * x.z, acc.w += wgt * x.w;
-        }
-        const float inv = sCInv[r];
-        const int h = h_base + r / s.lq, i = r % s.lq;
-        T* dst = static_cast<T*>(p.out) + detail::row_offset(p.sy, p.varlen, b, h, s.q0 + i);
-        *reinterpret_cast<uint2*>(dst + col) =
-            make_uint2(pack2<T>(acc.x * inv, acc.y * inv), pack2<T>(acc.z * inv, acc.w * inv));
-        if (col == 0)
-          static_cast<float*>(p.lse)[detail::lse_offset(p.sl, p.varlen, b, h, s.q0 + i)] = sCLse[r];
-      }
-      cuda::clear_flags(flags, p.splits);  // every flag was read before the merge began
+      // In-kernel merge (flash_decode_fused_sm80): no second launch. Split 0 of each (batch, K/V
+      // head) merges where it finds every other split of its group started (so running: waiting
+      // for them cannot deadlock), after their "done" flags; the others raise "done" and leave.
+      // Where some split has not started yet, split 0 hands the merge off and whichever block
+      // finishes last merges (cuda::GroupMergeFlags). Flags hold this launch's tag (nothing to
+      // initialize) and the merging block clears them (a replayed CUDA graph reuses the tag). Sums
+      // in split order: the same bits whichever block merges.
+      const cuda::GroupMergeFlags flags = decode_merge_flags(p, b, hk);
+      if (!flags.merges_here(split, p.tag, reinterpret_cast<int*>(sQ))) return;
+      merge_group_splits<T>(p, b, h_base, s, rows_total);
+      flags.clear();
     }
   }
 }
@@ -684,8 +692,9 @@ inline int decode_splits(const Problem& pr, const DeviceCaps& caps) {
       decode_dim(pr) == 64, per_sm, kMinTiles);
 }
 // The workspace of a run with `splits` splits: f32 partial rows and their LSEs per split and row,
-// then for the fused variant one 8-byte flag word per (batch, K/V head, split) from the first
-// 8-byte boundary after them. One place for the layout the plan sizes and the launch addresses.
+// then for the fused variant 2 splits + 1 8-byte flag words per (batch, K/V head)
+// (cuda::GroupMergeFlags) from the first 8-byte boundary after them. One place for the layout the
+// plan sizes and the launch addresses.
 struct DecodeWorkspace {
   size_t flags_offset = 0, bytes = 0;
 };
@@ -697,8 +706,8 @@ DecodeWorkspace decode_workspace_layout(const Problem& pr, int splits) {
   const auto part = static_cast<size_t>(splits * rows * (d.head_dim_v + 1)) * sizeof(float);
   if (!kFused) return {part, part};
   const size_t flags = (part + 7) / 8 * 8;
-  return {flags,
-          flags + sizeof(unsigned long long) * static_cast<size_t>(d.batch * d.heads_kv * splits)};
+  return {flags, flags + sizeof(unsigned long long) *
+                             static_cast<size_t>(d.batch * d.heads_kv * (2 * splits + 1))};
 }
 template <bool kFused>
 constexpr int decode_min_tiles() {
@@ -722,14 +731,23 @@ inline unsigned long long next_decode_tag() {
   return tag != 0 ? tag : 0x5bd1e9955bd1e995ull;
 }
 
+// kFused (flash_decode_fused_sm80): the kernel that merges its splits where there is more than
+// one (*merged says so); otherwise the split kernel.
 template <class T, int D, int MT, bool kFused, bool kCounts, bool kPaged>
-Status run_decode(const LaunchContext& ctx, const Params& p) {
+Status run_decode(const LaunchContext& ctx, const Params& p, bool* merged) {
   using Cfg = DecodeCfg<T, D, MT>;
-  constexpr auto kernel = flash_decode<T, D, MT, kFused, kCounts, kPaged>;
   constexpr size_t kSmem = kPaged ? decode_paged_smem(Cfg::kSmem) : Cfg::kSmem;
   const auto blocks = static_cast<unsigned>(int64_t{p.batch} * p.heads_kv * p.splits);
-  return cuda::launch_dependent<kernel>(ForwardOp::name, "flash_decode", dim3(blocks),
-                                        dim3(Cfg::kThreads), kSmem, cuda::stream_of(ctx), p);
+  const bool fused = kFused && p.splits > 1;
+  *merged = fused;
+  constexpr auto kernel = flash_decode<T, D, MT, false, kCounts, kPaged>;
+  constexpr auto fused_kernel = flash_decode<T, D, MT, kFused, kCounts, kPaged>;
+  return fused
+             ? cuda::launch_dependent<fused_kernel>(ForwardOp::name, "flash_decode_fused",
+                                                    dim3(blocks), dim3(Cfg::kThreads), kSmem,
+                                                    cuda::stream_of(ctx), p)
+             : cuda::launch_dependent<kernel>(ForwardOp::name, "flash_decode", dim3(blocks),
+                                              dim3(Cfg::kThreads), kSmem, cuda::stream_of(ctx), p);
 }
 
 // Both decode launches are programmatic dependent launches where the binary has the
@@ -776,18 +794,19 @@ Status launch_decode(const LaunchContext& ctx, const Problem& pr, const ForwardA
   // The padded head dim and the m16 tiles of the group pick a launch shape (not a dtype dispatch),
   // seqused_k's counts and paged K / V the instance that reads them.
   const int dim = decode_dim(pr);
+  bool merged = false;
   auto run = [&](auto counts, auto paged) {
     constexpr bool kC = decltype(counts)::value, kP = decltype(paged)::value;
-    return dim == 64    ? (two ? run_decode<T, 64, 2, kFused, kC, kP>(ctx, p)
-                               : run_decode<T, 64, 1, kFused, kC, kP>(ctx, p))
-           : dim == 128 ? (two ? run_decode<T, 128, 2, kFused, kC, kP>(ctx, p)
-                               : run_decode<T, 128, 1, kFused, kC, kP>(ctx, p))
-                        : run_decode<T, 256, 1, kFused, kC, kP>(ctx, p);
+    return dim == 64    ? (two ? run_decode<T, 64, 2, kFused, kC, kP>(ctx, p, &merged)
+                               : run_decode<T, 64, 1, kFused, kC, kP>(ctx, p, &merged))
+           : dim == 128 ? (two ? run_decode<T, 128, 2, kFused, kC, kP>(ctx, p, &merged)
+                               : run_decode<T, 128, 1, kFused, kC, kP>(ctx, p, &merged))
+                        : run_decode<T, 256, 1, kFused, kC, kP>(ctx, p, &merged);
   };
   const Status st = p.block_table ? run(std::false_type{}, std::true_type{})
                     : p.used_k    ? run(std::true_type{}, std::false_type{})
                                   : run(std::false_type{}, std::false_type{});
-  if (!st.ok() || p.splits <= 1 || kFused) return st;  // fused: the last split merged
+  if (!st.ok() || p.splits <= 1 || merged) return st;
   return launch_decode_combine<T>(ctx, p, rows);
 }
 

@@ -747,23 +747,17 @@ bool register_decode_kernels() {
   // when splits filled every CTA slot shared memory allowed: 68.1 us vs 56.7 us at Lk 32k;
   // H200 at df4dd96: 45.0-45.1 vs 40.2-40.6 us).
   register_decode<E, 4, false>("flash_decode_w4_sm80", 29, mma);
-  // flash_decode_sm80 with the split merge done by the last split of each (batch, K/V head)
-  // to finish (a flag per split in the workspace) instead of flash_decode_combine:
-  // no second launch, and each group's merge overlaps the other groups' streaming. Sums in
-  // split order (deterministic). Splits keep >= 2 tiles instead of 4 (decode_splits'
-  // kMinTiles). A/B only: the H100 measured it slower (63.9 vs 56.7 us at Lk 32k, 24.0 vs
-  // 13.6 us at Lk 4096) with a CAS-counted arrival word; with per-split flags the H200 reads
-  // 46.2 vs 40.7-41.2 us at Lk 32k and 15.5 vs 15.0-16.3 us at Lk 4096 (317fc29, 32 splits
-  // two CTAs an SM), 45.6-45.7 vs 40.2-40.6 us at Lk 32k with one CTA an SM (df4dd96). Most of
-  // that was not the merge: the flag scan's verdict sat in a static __shared__ int, and with it
-  // the kernel ran 20% longer even where no split merges (raise_flag_and_see_all says more).
-  // With the verdict in dynamic shared memory (ninetieth session, H200, e8c177f, three
-  // processes): Lk 32k d128 40.3-40.9 us a run against 39.9-40.2 (two launches), 37.6 back to
-  // back against 37.9-38.1; slower at d64 (24.7-24.8 against 24.3-24.4 back to back), on paged
-  // caches (36.6-36.8 against 34.4-34.5 us a run in 64-key pages) and at Lq 4 (46.3-46.5 against
-  // 41.6-42.4). Still A/B: a run's time is the default's or a little more. A third form, the
-  // combine launched early and awaiting per-split flags instead of the grid's completion, read
-  // 43.5-43.9 us (measured, not kept).
+  // flash_decode_sm80 with the split merge in the kernel instead of flash_decode_combine: split
+  // 0 of each (batch, K/V head) awaits the other splits' flags and merges in split order
+  // (deterministic) where it finds them all started, else the last finisher merges
+  // (cuda::GroupMergeFlags). Splits keep >= 2 tiles instead of 4 (decode_splits' kMinTiles). A/B
+  // only. Its history: the last finisher merging (flags, one SC fence a block) read 40.3-40.9 us
+  // at Lk 32k d128 against 39.9-40.2 for two launches (ninetieth session; 45-46 before, a static
+  // __shared__ int in its flag scan); a CAS-counted arrival was slower on the H100 (63.9 vs 56.7
+  // us) and on the H200 (47.2 vs 40.2, ninety-third session); split 0 merging in a cooperative
+  // launch lost PDL (39.9-40.2 / 38.6-38.9 us a run / back to back against 40.0-40.8 / 38.3).
+  // Split 0 merging with one pass over the partials, a plain launch (ninety-third, H200):
+  // 39.55 against 40.10 us a run, 36.46 against 38.02 back to back (docs/perf/attention.md).
   register_decode<E, 1, true>("flash_decode_fused_sm80", 28, mma);
   return true;
 }
