@@ -1012,11 +1012,18 @@ TEST(AttentionRegistry, ForwardKernelsFitOnlyWhereTheirSharedMemoryIsGranted) {
   // Decode (one query row, GQA 4): its K / V ring needs 100 KB at D = 128, 68 KB at D = 64.
   Config decode = bf16_config(128, 4096, Mask::none());
   decode.hq = 32, decode.hk = 8, decode.lq = 1;
-  EXPECT_EQ(family_pick(decode, large), "flash_decode_sm80");
+  // On sm_90 groups of 4 rows in one wave of splits take the fused decode (decode_fused_leads);
+  // groups of 16 rows the split kernel.
+  EXPECT_EQ(family_pick(decode, large), "flash_decode_fused_sm80");
+  Config spec = decode;
+  spec.lq = 4;
+  EXPECT_EQ(family_pick(spec, large), "flash_decode_sm80");
   EXPECT_NE(family_pick(decode, small), "flash_decode_sm80");
+  EXPECT_NE(family_pick(decode, small), "flash_decode_fused_sm80");
   EXPECT_FALSE(fits(decode, small, "flash_decode_sm80"));
+  EXPECT_FALSE(fits(decode, small, "flash_decode_fused_sm80"));
   decode.dk = decode.dv = 64;
-  EXPECT_EQ(family_pick(decode, small), "flash_decode_sm80");
+  EXPECT_EQ(family_pick(decode, small), "flash_decode_sm80");  // the fused default is sm_90's
 }
 
 TEST(AttentionRules, MaskNames) {
@@ -2762,8 +2769,9 @@ TEST_P(AttentionTest, DecodeKernelOnDevice) {
     check_forward_runs(target, c, Lay::blhd, runs);
     expect_names(runs);
   }
-  {  // the bench's decode shape selects it by default; each decode plan run twice gives the same
-     // bits (the splits' partials merge in split order); the general kernel stays selectable
+  {  // the bench's decode shape selects it by default (the fused variant on sm_90:
+     // decode_fused_leads); each decode plan run twice gives the same bits (the splits' partials
+     // merge in split order); the general kernel stays selectable
     Config c;
     c.dtype = DType::bf16, c.b = 1, c.hq = 32, c.hk = 8, c.lq = 1, c.lk = 32768;
     c.dk = c.dv = 128, c.mask = Mask::causal_bottom_right();
@@ -2772,7 +2780,9 @@ TEST_P(AttentionTest, DecodeKernelOnDevice) {
                                  {PlanPreference::kernel("flash_fwd_mma_sm80")},
                                  {PlanPreference::kernel("flash_decode_fused_sm80"), 3}};
     check_forward_runs(target, c, Lay::blhd, runs);
-    EXPECT_EQ(runs[0].kernel, "flash_decode_sm80");
+    EXPECT_EQ(runs[0].kernel, harness::stream_for(target).caps().sm >= 90
+                                  ? "flash_decode_fused_sm80"
+                                  : "flash_decode_sm80");
     EXPECT_EQ(runs[1].kernel, "flash_decode_w4_sm80");
     EXPECT_EQ(runs[2].kernel, "flash_fwd_mma_sm80");
     EXPECT_EQ(runs[3].kernel, "flash_decode_fused_sm80");

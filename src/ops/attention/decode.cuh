@@ -651,6 +651,13 @@ inline bool decode_fits(const Problem& pr, const DeviceCaps& caps) {
   return static_cast<int64_t>(decode_smem_of(pr)) <= caps.smem_per_block_optin;
 }
 
+// Decode CTAs one SM holds by shared memory (1 to 4): the opt-in block limit plus the 1 KB the
+// driver reserves per block, over a CTA's bytes plus that 1 KB.
+inline int64_t decode_blocks_per_sm(const Problem& pr, const DeviceCaps& caps) {
+  return std::clamp<int64_t>(
+      (caps.smem_per_block_optin + 1024) / static_cast<int64_t>(decode_smem_of(pr) + 1024), 1, 4);
+}
+
 // Splits: kWaves CTAs per SM, each with at least kMinTiles tiles so the partial write and the
 // pipeline fill stay small next to its stream.
 // One CTA per SM, although shared memory holds two or three: fewer, longer streams read faster.
@@ -683,9 +690,7 @@ template <int kWaves = 1, int kMinTiles = 4>
 inline int decode_splits(const Problem& pr, const DeviceCaps& caps) {
   const Descriptor& d = pr.desc;
   const int64_t tiles = cuda::ceil_div(d.len_k, int64_t{DecodeCfg<__nv_bfloat16, 64, 1>::kBN});
-  // Shared memory per SM is the opt-in block limit plus the 1 KB the driver reserves per block.
-  const int64_t per_sm = std::clamp<int64_t>(
-      (caps.smem_per_block_optin + 1024) / static_cast<int64_t>(decode_smem_of(pr) + 1024), 1, 4);
+  const int64_t per_sm = decode_blocks_per_sm(pr, caps);
   const int64_t groups = d.batch * d.heads_kv, sms = caps.sm_count;
   return detail::decode_split_count(
       groups, tiles, sms * detail::decode_waves(kWaves, d.page_size > 0, groups, sms),
@@ -718,6 +723,24 @@ size_t decode_workspace(const Problem& pr, const DeviceCaps& caps) {
   return decode_workspace_layout<kFused>(
              pr, decode_splits<kWaves, decode_min_tiles<kFused>()>(pr, caps))
       .bytes;
+}
+
+// Where flash_decode_fused_sm80 is the default (ranked above flash_decode_sm80): groups of at most
+// 4 query rows (one a thread in its merge) split more than once, the grid within what the device
+// holds at once (split 0 then finds its group started and merges without the hand-off). H200,
+// ninety-third session (32cfb7c, three processes, us a run / 200 back to back): b1 Lk 32k d128
+// 39.7-40.0 / 36.8 against the two launches' 39.7-40.2 / 38.0; d64 26.1-26.2 / 23.2 against
+// 25.5-26.0 / 24.1; b1 Lk 4096 11.5 / 9.0 against 12.5-14.0 / 10.5-11.5; b6 Lk 4096 32.9-33.2 /
+// 30.2 against 33.5-34.1 / 31.8; b12 Lk 4096 d64 32.2-32.5 / 29.3 against 32.7-33.6 / 31.6; b1
+// 64-key pages 40.7-41.1 / 38.0 against 41.9-42.1 / 40.1. Not beyond: 16 rows (Lq 4 in groups of
+// 4) 44.6 against 41.9 us a run; a paged batch in four waves (the hand-off) 36.6-37.3 against
+// 33.7-34.4. Measured on sm_90 only (where both decode paths are programmatic dependent
+// launches); other parts keep flash_decode_sm80.
+inline bool decode_fused_leads(const Problem& pr, const DeviceCaps& caps) {
+  if (caps.sm < 90 || !decode_fits(pr, caps) || decode_rows(pr) > 4) return false;
+  const int64_t splits = decode_splits<1, decode_min_tiles<true>()>(pr, caps);
+  return splits > 1 && pr.desc.batch * pr.desc.heads_kv * splits <=
+                           int64_t{caps.sm_count} * decode_blocks_per_sm(pr, caps);
 }
 
 // A tag per fused decode launch (the value its split flags are raised to): launch n gets n

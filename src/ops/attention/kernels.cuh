@@ -65,7 +65,7 @@ struct Params {
   bool pack;  // GQA packing: a CTA's rows are (query head of the group, query) pairs
   float* o_part;
   float* lse_part;
-  // flash_decode_fused_sm80: one flag word per (batch, K/V head, split) in the workspace and
+  // flash_decode_fused_sm80: 2 splits + 1 flag words per (batch, K/V head) in the workspace and
   // this launch's tag, the value a split raises its flag to (see decode.cuh)
   unsigned long long* split_flags;
   unsigned long long tag;

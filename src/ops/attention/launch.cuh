@@ -637,12 +637,13 @@ void register_fwd_mma(std::string_view name, int priority, PrecisionGuarantee pr
 
 // One decode variant (split multiplier, fused merge) as a table entry.
 template <DType E, int kWaves, bool kFused>
-void register_decode(std::string_view name, int priority, PrecisionGuarantee precision) {
+void register_decode(std::string_view name, int priority, PrecisionGuarantee precision,
+                     bool (*fits)(const Problem&, const DeviceCaps&) = decode_fits) {
   using T = cuda::device_t<E>;
   register_kernel<ForwardOp>({
       .sku = family_sku<E>(ForwardOp::name, DType::f32, precision, name),
       .priority = priority,
-      .fits = decode_fits,
+      .fits = fits,
       .workspace = decode_workspace<kWaves, kFused>,
       .launch = launch_decode<T, kWaves, kFused>,
   });
@@ -750,15 +751,18 @@ bool register_decode_kernels() {
   // flash_decode_sm80 with the split merge in the kernel instead of flash_decode_combine: split
   // 0 of each (batch, K/V head) awaits the other splits' flags and merges in split order
   // (deterministic) where it finds them all started, else the last finisher merges
-  // (cuda::GroupMergeFlags). Splits keep >= 2 tiles instead of 4 (decode_splits' kMinTiles). A/B
-  // only. Its history: the last finisher merging (flags, one SC fence a block) read 40.3-40.9 us
-  // at Lk 32k d128 against 39.9-40.2 for two launches (ninetieth session; 45-46 before, a static
+  // (cuda::GroupMergeFlags). Splits keep >= 2 tiles instead of 4 (decode_splits' kMinTiles). By
+  // name everywhere; the default where decode_fused_leads holds (below). Its history: the last
+  // finisher merging (flags, one SC fence a block) read 40.3-40.9 us at Lk 32k d128
+  // against 39.9-40.2 for two launches (ninetieth session; 45-46 before, a static
   // __shared__ int in its flag scan); a CAS-counted arrival was slower on the H100 (63.9 vs 56.7
   // us) and on the H200 (47.2 vs 40.2, ninety-third session); split 0 merging in a cooperative
   // launch lost PDL (39.9-40.2 / 38.6-38.9 us a run / back to back against 40.0-40.8 / 38.3).
   // Split 0 merging with one pass over the partials, a plain launch (ninety-third, H200):
   // 39.55 against 40.10 us a run, 36.46 against 38.02 back to back (docs/perf/attention.md).
   register_decode<E, 1, true>("flash_decode_fused_sm80", 28, mma);
+  // The same kernel as the default where it leads (decode_fused_leads says where, with the rows).
+  register_decode<E, 1, true>("flash_decode_fused_sm80", 31, mma, decode_fused_leads);
   return true;
 }
 
