@@ -12,7 +12,9 @@
 //    more (see decode_splits).
 //  - All four warps compute: warp w takes keys [16w, 16w + 16) of every tile and keeps its own f32
 //    online softmax (m, l, O); the warps' states are merged through shared memory at the end in
-//    warp order, and the splits' normalized partials by flash_decode_combine in split order. Every
+//    warp order, and the splits' normalized partials in split order: by flash_decode_combine (a
+//    second launch) or, in flash_decode_fused_sm80, by one block of the group in the same launch
+//    (split 0, or the last finisher; the default on sm_90 where decode_fused_leads holds). Every
 //    order is fixed, so results are deterministic for a given plan (the split count depends on
 //    the problem size and the device, so bits are not stable across batch sizes).
 #pragma once
