@@ -50,10 +50,10 @@ constexpr size_t decode_paged_smem(size_t smem) {
   return decode_page_ring_at(smem) + 2 * 64 * sizeof(PageRow);
 }
 
-// The fused decode's merge of a group's split partials, by the block that found itself last: a
-// thread per (row, 4 columns), every split's LSE and partial loaded together (one round trip to
-// L2 for up to 16 splits), merged in split order with a running max (the same bits whichever
-// block merges).
+// The fused decode's merge of a group's split partials, by the block cuda::GroupMergeFlags picks:
+// a thread per (row, 4 columns), the LSEs and partials of 8 splits loaded together (a round trip to
+// L2 per 8 splits; 16 held 231-250 registers, two d64 CTAs an SM instead of three), merged in split
+// order with a running max (the same bits whichever block merges).
 template <class T>
 __device__ void merge_group_splits(const Params& p, int b, int h_base, const SeqRows& s,
                                    int rows_total) {
@@ -138,7 +138,8 @@ __global__ void __launch_bounds__(128) flash_decode(Params p) {
   lin /= p.heads_kv;
   // The fused kernel orders its CTAs split-major: where the device cannot hold the grid at once,
   // every group's split 0 starts first and may find later splits not started, the merge's
-  // hand-off (ForwardPagedKv's four-wave batch runs it). One sequence: the same order either way.
+  // hand-off (ForwardPagedKv's four-wave batch is there to drive it; which path each group took
+  // is not recorded). One sequence: the same order either way.
   const int split = kFused ? lin / p.batch : lin % p.splits;
   const int b = kFused ? lin % p.batch : lin / p.splits;
   const SeqRows s = seq_rows<(kCounts || kPaged)>(p, b);
