@@ -1018,6 +1018,13 @@ TEST(AttentionRegistry, ForwardKernelsFitOnlyWhereTheirSharedMemoryIsGranted) {
   Config spec = decode;
   spec.lq = 4;
   EXPECT_EQ(family_pick(spec, large), "flash_decode_sm80");
+  // 64-key pages: one sequence's 16 splits fit the device at once; 16 sequences' 512 CTAs (four
+  // waves, decode_waves) do not, and there the fused kernel would hand its merges off.
+  Config paged = decode;
+  paged.page_size = 64, paged.pages = 64;
+  EXPECT_EQ(family_pick(paged, large), "flash_decode_fused_sm80");
+  paged.b = 16, paged.lk = 2048, paged.pages = 16 * 32;
+  EXPECT_EQ(family_pick(paged, large), "flash_decode_sm80");
   EXPECT_NE(family_pick(decode, small), "flash_decode_sm80");
   EXPECT_NE(family_pick(decode, small), "flash_decode_fused_sm80");
   EXPECT_FALSE(fits(decode, small, "flash_decode_sm80"));
