@@ -88,8 +88,10 @@ __device__ __forceinline__ void raise_count_after_completion(unsigned* count, un
 struct GroupMergeFlags {
   unsigned long long* started;  // [splits], then done [splits], then the handoff word
   int splits;
-  __device__ GroupMergeFlags(unsigned long long* words, int count)
-      : started(words), splits(count) {}
+  // Words a group of `count` blocks takes (the caller's workspace layout counts them so too).
+  __host__ __device__ static constexpr int64_t words(int64_t count) { return 2 * count + 1; }
+  __device__ GroupMergeFlags(unsigned long long* first, int count)
+      : started(first), splits(count) {}
   __device__ unsigned long long* done() const { return started + splits; }
   __device__ unsigned long long* handoff() const { return started + 2 * splits; }
   __device__ void mark_started(int split, unsigned long long tag) const {
@@ -135,7 +137,7 @@ struct GroupMergeFlags {
   }
   // Every word back to 0, by the merging block once its reads are done. Call from every thread.
   __device__ void clear() const {
-    for (int i = static_cast<int>(threadIdx.x); i < 2 * splits + 1; i += blockDim.x)
+    for (int i = static_cast<int>(threadIdx.x); i < words(splits); i += blockDim.x)
       asm volatile("st.relaxed.gpu.global.u64 [%0], %1;\n" ::"l"(started + i), "l"(0ull)
                    : "memory");
   }

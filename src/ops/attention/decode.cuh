@@ -50,6 +50,20 @@ constexpr size_t decode_paged_smem(size_t smem) {
   return decode_page_ring_at(smem) + 2 * 64 * sizeof(PageRow);
 }
 
+// Columns [col, col + 4) of a merged row: Y = acc / wsum (zeros where no split saw a key), and
+// with column 0 the row's LSE = mx + log(wsum) (-inf there); row q of head h of sequence b.
+template <class T>
+__device__ __forceinline__ void store_merged_cols(const Params& p, int b, int h, int q, int col,
+                                                  float4 acc, float wsum, float mx) {
+  T* y = static_cast<T*>(p.out) + detail::row_offset(p.sy, p.varlen, b, h, q);
+  const float inv = wsum > 0 ? 1.f / wsum : 0.f;
+  *reinterpret_cast<uint2*>(y + col) =
+      make_uint2(pack2<T>(acc.x * inv, acc.y * inv), pack2<T>(acc.z * inv, acc.w * inv));
+  if (col == 0)
+    static_cast<float*>(p.lse)[detail::lse_offset(p.sl, p.varlen, b, h, q)] =
+        wsum > 0 ? mx + logf(wsum) : -INFINITY;
+}
+
 // The fused decode's merge of a group's split partials, by the block cuda::GroupMergeFlags picks:
 // a thread per (row, 4 columns), the LSEs and partials of 8 splits loaded together (a round trip to
 // L2 per 8 splits; 16 held 231-250 registers, two d64 CTAs an SM instead of three), merged in split
@@ -92,20 +106,15 @@ __device__ void merge_group_splits(const Params& p, int b, int h_base, const Seq
       }
       m = cm;
     }
-    const float inv = wsum > 0 ? 1.f / wsum : 0.f;
-    T* dst = static_cast<T*>(p.out) + detail::row_offset(p.sy, p.varlen, b, h, s.q0 + i);
-    *reinterpret_cast<uint2*>(dst + col) =
-        make_uint2(pack2<T>(acc.x * inv, acc.y * inv), pack2<T>(acc.z * inv, acc.w * inv));
-    if (col == 0)
-      static_cast<float*>(p.lse)[detail::lse_offset(p.sl, p.varlen, b, h, s.q0 + i)] =
-          wsum > 0 ? m + logf(wsum) : -INFINITY;
+    store_merged_cols<T>(p, b, h, s.q0 + i, col, acc, wsum, m);
   }
 }
 
 // The fused decode's merge flags of one (batch, K/V head): 2 splits + 1 words in the workspace.
 __device__ __forceinline__ cuda::GroupMergeFlags decode_merge_flags(const Params& p, int b,
                                                                     int hk) {
-  return {p.split_flags + (int64_t{b} * p.heads_kv + hk) * (2 * p.splits + 1), p.splits};
+  return {p.split_flags + (int64_t{b} * p.heads_kv + hk) * cuda::GroupMergeFlags::words(p.splits),
+          p.splits};
 }
 
 // kCounts: the launch has seqused_k counts (p.used_k; see seq_rows for why a template parameter).
@@ -490,18 +499,11 @@ template <class T>
 __device__ __forceinline__ void store_merged_row(const Params& p, int b, int h, int q, int lane,
                                                  int dv, const float4 (&acc)[2], float wsum,
                                                  float mx) {
-  T* y = static_cast<T*>(p.out) + detail::row_offset(p.sy, p.varlen, b, h, q);
-  const float inv = wsum > 0 ? 1.f / wsum : 0.f;
 #pragma unroll
   for (int u = 0; u < 2; ++u) {
     const int c = 4 * lane + 128 * u;
-    if (c < dv)
-      *reinterpret_cast<uint2*>(y + c) = make_uint2(pack2<T>(acc[u].x * inv, acc[u].y * inv),
-                                                    pack2<T>(acc[u].z * inv, acc[u].w * inv));
+    if (c < dv) store_merged_cols<T>(p, b, h, q, c, acc[u], wsum, mx);
   }
-  if (lane == 0)
-    static_cast<float*>(p.lse)[detail::lse_offset(p.sl, p.varlen, b, h, q)] =
-        wsum > 0 ? mx + logf(wsum) : -INFINITY;
 }
 
 // Merges the splits of each row (one CTA of four warps per row): y = sum_s w_s o_s / sum_s w_s
@@ -715,7 +717,8 @@ DecodeWorkspace decode_workspace_layout(const Problem& pr, int splits) {
   if (!kFused) return {part, part};
   const size_t flags = (part + 7) / 8 * 8;
   return {flags, flags + sizeof(unsigned long long) *
-                             static_cast<size_t>(d.batch * d.heads_kv * (2 * splits + 1))};
+                             static_cast<size_t>(d.batch * d.heads_kv *
+                                                 cuda::GroupMergeFlags::words(splits))};
 }
 template <bool kFused>
 constexpr int decode_min_tiles() {
@@ -758,14 +761,13 @@ inline unsigned long long next_decode_tag() {
 }
 
 // kFused (flash_decode_fused_sm80): the kernel that merges its splits where there is more than
-// one (*merged says so); otherwise the split kernel.
+// one; otherwise the split kernel.
 template <class T, int D, int MT, bool kFused, bool kCounts, bool kPaged>
-Status run_decode(const LaunchContext& ctx, const Params& p, bool* merged) {
+Status run_decode(const LaunchContext& ctx, const Params& p) {
   using Cfg = DecodeCfg<T, D, MT>;
   constexpr size_t kSmem = kPaged ? decode_paged_smem(Cfg::kSmem) : Cfg::kSmem;
   const auto blocks = static_cast<unsigned>(int64_t{p.batch} * p.heads_kv * p.splits);
   const bool fused = kFused && p.splits > 1;
-  *merged = fused;
   constexpr auto kernel = flash_decode<T, D, MT, false, kCounts, kPaged>;
   constexpr auto fused_kernel = flash_decode<T, D, MT, kFused, kCounts, kPaged>;
   return fused
@@ -820,19 +822,18 @@ Status launch_decode(const LaunchContext& ctx, const Problem& pr, const ForwardA
   // The padded head dim and the m16 tiles of the group pick a launch shape (not a dtype dispatch),
   // seqused_k's counts and paged K / V the instance that reads them.
   const int dim = decode_dim(pr);
-  bool merged = false;
   auto run = [&](auto counts, auto paged) {
     constexpr bool kC = decltype(counts)::value, kP = decltype(paged)::value;
-    return dim == 64    ? (two ? run_decode<T, 64, 2, kFused, kC, kP>(ctx, p, &merged)
-                               : run_decode<T, 64, 1, kFused, kC, kP>(ctx, p, &merged))
-           : dim == 128 ? (two ? run_decode<T, 128, 2, kFused, kC, kP>(ctx, p, &merged)
-                               : run_decode<T, 128, 1, kFused, kC, kP>(ctx, p, &merged))
-                        : run_decode<T, 256, 1, kFused, kC, kP>(ctx, p, &merged);
+    return dim == 64    ? (two ? run_decode<T, 64, 2, kFused, kC, kP>(ctx, p)
+                               : run_decode<T, 64, 1, kFused, kC, kP>(ctx, p))
+           : dim == 128 ? (two ? run_decode<T, 128, 2, kFused, kC, kP>(ctx, p)
+                               : run_decode<T, 128, 1, kFused, kC, kP>(ctx, p))
+                        : run_decode<T, 256, 1, kFused, kC, kP>(ctx, p);
   };
   const Status st = p.block_table ? run(std::false_type{}, std::true_type{})
                     : p.used_k    ? run(std::true_type{}, std::false_type{})
                                   : run(std::false_type{}, std::false_type{});
-  if (!st.ok() || p.splits <= 1 || merged) return st;
+  if (!st.ok() || p.splits <= 1 || kFused) return st;  // fused: merged in the kernel
   return launch_decode_combine<T>(ctx, p, rows);
 }
 
