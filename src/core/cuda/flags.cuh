@@ -78,13 +78,14 @@ __device__ __forceinline__ void raise_count_after_completion(unsigned* count, un
 // A merge by one block of a group of `splits` blocks (a split-K reduction in the same launch):
 // started[splits], done[splits] and one handoff word, each set to the launch's tag (unique per
 // launch, never 0) or cleared to 0. Split 0 merges without any SC fence where it sees every other
-// split started: they are running, so it may wait for their done flags (release stores by the
-// raiser, acquire loads here). Where a split has not started (a grid larger than the device holds,
-// or other work on the SMs), split 0 raises its own done flag and the handoff word and every block
-// takes the last-finisher path: raise done, SC fence, read every done flag and the handoff word;
-// the block whose fence comes last sees all of them (two may both merge, with the same bits). The
-// other splits run that path's fence and reads after their done flag in any case (off split 0's
-// critical path): where split 0 handed off before, they see it.
+// split started (it may load the marks early, early_started_mark, ahead of its own last work): they
+// are running, so it may wait for their done flags (release stores by the raiser, acquire loads
+// here). Where a split has not started (a grid larger than the device holds, or other work on the
+// SMs), split 0 raises its own done flag and the handoff word and every block takes the
+// last-finisher path: raise done, SC fence, read every done flag and the handoff word; the block
+// whose fence comes last sees all of them (two may both merge, with the same bits). The other
+// splits run that path's fence and reads after their done flag in any case (off split 0's critical
+// path): where split 0 handed off before, they see it.
 struct GroupMergeFlags {
   unsigned long long* started;  // [splits], then done [splits], then the handoff word
   int splits;
@@ -98,17 +99,26 @@ struct GroupMergeFlags {
     asm volatile("st.relaxed.gpu.global.u64 [%0], %1;\n" ::"l"(started + split), "l"(tag)
                  : "memory");
   }
+  // Split 0's first look at the started marks: lane l of warp 0 loads split l + 1's (the tag
+  // where there is none). Taken before the block's last work (its partials) so that the round
+  // trip overlaps it; merges_here compares it then and loads any marks past split 32 itself.
+  __device__ unsigned long long early_started_mark(unsigned long long tag) const {
+    const int i = static_cast<int>(threadIdx.x % 32) + 1;
+    return i < splits ? load(started + i) : tag;
+  }
   // Whether this block merges the group; every thread's partial stores come before the call.
   // Call from every thread; `verdict`: an int of the block's dynamic shared memory (a static
-  // __shared__ one cost the decode 20%: docs/perf/attention.md, ninetieth session).
-  __device__ bool merges_here(int split, unsigned long long tag, int* verdict) const {
+  // __shared__ one cost the decode 20%: docs/perf/attention.md, ninetieth session); `early_mark`:
+  // split 0's early_started_mark (unused by the other splits).
+  __device__ bool merges_here(int split, unsigned long long tag, int* verdict,
+                              unsigned long long early_mark) const {
     __syncthreads();
     if (threadIdx.x < 32) {
       const int lane = static_cast<int>(threadIdx.x);
       bool merge = false, last_finisher_path = split != 0;
       if (split == 0) {
-        bool all_started = true;
-        for (int i = lane + 1; i < splits; i += 32) all_started &= load(started + i) == tag;
+        bool all_started = early_mark == tag;
+        for (int i = lane + 33; i < splits; i += 32) all_started &= load(started + i) == tag;
         if (__all_sync(0xffffffffu, all_started)) {
           for (int i = lane + 1; i < splits; i += 32)
             while (load_acquire(done() + i) != tag) {

@@ -365,6 +365,16 @@ __global__ void __launch_bounds__(128) flash_decode(Params p) {
       }
     }
   }
+  // Split 0 of the fused kernel loads its group's started marks now, so that the warps' merge and
+  // the partial stores below hide their round trip (read after them, it was on the merge's path).
+  // H200, ninety-fourth session, two calls, default plan a run: b1 64-key pages 40.61-40.86 us
+  // against 40.99-41.22, b6 Lk 4096 32.80-32.99 against 33.25-33.34, b1 Lk 32k 39.30-40.00
+  // against 39.42-39.97 (docs/perf/attention.md).
+  [[maybe_unused]] unsigned long long early_mark = 0;
+  if constexpr (kFused) {
+    if (p.splits > 1 && split == 0 && warp == 0)
+      early_mark = decode_merge_flags(p, b, hk).early_started_mark(p.tag);
+  }
   cp_async_wait<0>();
   __syncthreads();  // the K/V ring becomes the merge buffer
 
@@ -445,7 +455,7 @@ __global__ void __launch_bounds__(128) flash_decode(Params p) {
       // initialize) and the merging block clears them (a replayed CUDA graph reuses the tag). Sums
       // in split order: the same bits whichever block merges.
       const cuda::GroupMergeFlags flags = decode_merge_flags(p, b, hk);
-      if (!flags.merges_here(split, p.tag, reinterpret_cast<int*>(sQ))) return;
+      if (!flags.merges_here(split, p.tag, reinterpret_cast<int*>(sQ), early_mark)) return;
       merge_group_splits<T>(p, b, h_base, s, rows_total);
       flags.clear();
     }
