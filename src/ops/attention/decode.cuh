@@ -26,6 +26,17 @@
 
 namespace baracuda::attention::kernels {
 
+// A stamp of the measurement build's CTA timeline (core/cuda/trace.cuh; nothing otherwise). Rows:
+// the decode's CTAs by block index, the combine's from kCombineTraceRow. Slots: 0 start (past the
+// dependency wait), 1 the key loop's end, 2 thread 0's partials stored, 3 the merge verdict
+// (fused), 4 the merge's end (the merging block); the combine: 0 past its wait, 1 done.
+constexpr int kCombineTraceRow = 2048;
+__device__ __forceinline__ void trace_stamp(const Params& p, int row, int slot) {
+#if defined(BARACUDA_KERNEL_TRACE) && BARACUDA_KERNEL_TRACE
+  p.trace.stamp(row, slot);
+#endif
+}
+
 template <class T, int D, int MT>
 struct DecodeCfg {
   static constexpr int kNW = 4, kThreads = 32 * kNW;
@@ -142,6 +153,7 @@ __global__ void __launch_bounds__(128) flash_decode(Params p) {
   // griddepcontrol.wait, instead of paying its launch after the last CTA here retires.
   if constexpr (!kFused) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
+  trace_stamp(p, blockIdx.x, 0);
   int lin = blockIdx.x;
   const int hk = lin % p.heads_kv;
   lin /= p.heads_kv;
@@ -376,6 +388,7 @@ __global__ void __launch_bounds__(128) flash_decode(Params p) {
       early_mark = decode_merge_flags(p, b, hk).early_started_mark(p.tag);
   }
   cp_async_wait<0>();
+  trace_stamp(p, blockIdx.x, 1);
   __syncthreads();  // the K/V ring becomes the merge buffer
 
   // Merge the four warps' states: sO[w][row][col] (unnormalized, relative to sM[w][row] in the
@@ -445,6 +458,7 @@ __global__ void __launch_bounds__(128) flash_decode(Params p) {
         static_cast<float*>(p.lse)[detail::lse_offset(p.sl, p.varlen, b, h, s.q0 + i)] = sLse[r];
     }
   }
+  trace_stamp(p, blockIdx.x, 2);
   if constexpr (kFused) {
     if (p.splits > 1) {
       // In-kernel merge (flash_decode_fused_sm80): no second launch. Split 0 of each (batch, K/V
@@ -455,9 +469,12 @@ __global__ void __launch_bounds__(128) flash_decode(Params p) {
       // initialize) and the merging block clears them (a replayed CUDA graph reuses the tag). Sums
       // in split order: the same bits whichever block merges.
       const cuda::GroupMergeFlags flags = decode_merge_flags(p, b, hk);
-      if (!flags.merges_here(split, p.tag, reinterpret_cast<int*>(sQ), early_mark)) return;
+      const bool merges = flags.merges_here(split, p.tag, reinterpret_cast<int*>(sQ), early_mark);
+      trace_stamp(p, blockIdx.x, 3);
+      if (!merges) return;
       merge_group_splits<T>(p, b, h_base, s, rows_total);
       flags.clear();
+      trace_stamp(p, blockIdx.x, 4);
     }
   }
 }
@@ -528,6 +545,7 @@ __device__ __forceinline__ void store_merged_row(const Params& p, int b, int h, 
 template <class T>
 __global__ void __launch_bounds__(128) flash_decode_combine(Params p) {
   await_split_partials();
+  trace_stamp(p, kCombineTraceRow + static_cast<int>(blockIdx.x), 0);
   constexpr int kNW = 4;
   __shared__ float4 s_acc[kNW][2][32];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -592,6 +610,7 @@ __global__ void __launch_bounds__(128) flash_decode_combine(Params p) {
       acc[u].x += x.x, acc[u].y += x.y, acc[u].z += x.z, acc[u].w += x.w;
     }
   store_merged_row<T>(p, b, h, s.q0 + i, lane, dv, acc, wsum, mx);
+  trace_stamp(p, kCombineTraceRow + static_cast<int>(blockIdx.x), 1);
 }
 
 // The split merge for many rows of few splits (fa3's packed chunks: thousands of rows, at most 16
@@ -828,6 +847,9 @@ Status launch_decode(const LaunchContext& ctx, const Problem& pr, const ForwardA
       p.tag = next_decode_tag();
     }
   }
+#if defined(BARACUDA_KERNEL_TRACE) && BARACUDA_KERNEL_TRACE
+  p.trace = cuda::trace_for_launch();
+#endif
   const bool two = decode_rows(pr) > 16;
   // The padded head dim and the m16 tiles of the group pick a launch shape (not a dtype dispatch),
   // seqused_k's counts and paged K / V the instance that reads them.
@@ -843,8 +865,20 @@ Status launch_decode(const LaunchContext& ctx, const Problem& pr, const ForwardA
   const Status st = p.block_table ? run(std::false_type{}, std::true_type{})
                     : p.used_k    ? run(std::true_type{}, std::false_type{})
                                   : run(std::false_type{}, std::false_type{});
-  if (!st.ok() || p.splits <= 1 || kFused) return st;  // fused: merged in the kernel
-  return launch_decode_combine<T>(ctx, p, rows);
+  const bool combine = st.ok() && p.splits > 1 && !kFused;  // fused: merged in the kernel
+  const Status done = combine ? launch_decode_combine<T>(ctx, p, rows) : st;
+#if defined(BARACUDA_KERNEL_TRACE) && BARACUDA_KERNEL_TRACE
+  const char* kind = p.splits <= 1 ? "single" : kFused ? "fused" : kWaves == 4 ? "w4" : "split";
+  const auto ctas = static_cast<int>(int64_t{p.batch} * p.heads_kv * p.splits);
+  cuda::dump_trace(cuda::stream_of(ctx), p.trace,
+                   std::string("decode ") + kind + " batch " + std::to_string(p.batch) +
+                       " heads_q " + std::to_string(p.heads_q) + " heads_kv " +
+                       std::to_string(p.heads_kv) + " len_q " + std::to_string(p.len_q) +
+                       " len_k " + std::to_string(p.len_k) + " dim " + std::to_string(p.dim_v) +
+                       " splits " + std::to_string(p.splits) + " ctas " + std::to_string(ctas),
+                   ctas, kCombineTraceRow, combine ? static_cast<int>(rows) : 0);
+#endif
+  return done;
 }
 
 }  // namespace baracuda::attention::kernels

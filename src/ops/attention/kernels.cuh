@@ -24,6 +24,7 @@
 #include "core/cuda/flags.cuh"
 #include "core/cuda/launch.cuh"
 #include "core/cuda/mma.cuh"
+#include "core/cuda/trace.cuh"
 #include "ops/attention/common.hpp"
 #include "ops/attention/swizzle.hpp"
 
@@ -75,6 +76,9 @@ struct Params {
   // (p.sk / p.sv are then the [pages, H, page_size, D] pools' strides).
   const int32_t* block_table;
   int table_cols, page_size, pages;
+#if defined(BARACUDA_KERNEL_TRACE) && BARACUDA_KERNEL_TRACE
+  cuda::CtaTrace trace;  // the measurement build's CTA timelines (core/cuda/trace.cuh)
+#endif
 };
 
 // The split partials in a workspace of `splits` x `rows` rows (the split-K forward's, the decode's
