@@ -85,8 +85,9 @@ def steps(launch):
         out["last CTA out"] = us(max(ends) - t0)
     else:
         out["last CTA out"] = out["last partials stored"]
-        comb = [rows[r] for r in rows if r >= 2048]
-        if comb and all(c[0] for c in comb):
+        # The combine's CTAs follow the decode's; a launch past the buffer's rows lacks some.
+        comb = [rows.get(sh["ctas"] + i) for i in range(sh.get("combine", 0))]
+        if comb and all(c is not None and c[0] for c in comb):
             out["combine: first CTA past its wait"] = us(min(c[0] for c in comb) - t0)
             out["combine: last CTA done"] = us(max(c[1] for c in comb) - t0)
     return out

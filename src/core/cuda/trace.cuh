@@ -52,11 +52,11 @@ inline CtaTrace trace_for_launch() {
   return {rows};
 }
 
-// Every Nth call with a buffer: waits for the stream, appends "launch <header>" and one line per
-// row in [0, rows) and [second, second + second_rows) ("cta <row> <7 stamps> sm <id>"), clears
-// the buffer. `header` says what ran (the reader groups by it).
-inline void dump_trace(cudaStream_t stream, const CtaTrace& trace, const std::string& header,
-                       int rows, int second = 0, int second_rows = 0) {
+// Every Nth call with a buffer: waits for the stream, appends "launch <n> <header()>" and one line
+// per row in [0, rows) ("cta <row> <7 stamps> sm <id>"), clears the buffer. `header()` says what
+// ran (the reader groups by it); it is called only for the launches dumped.
+template <class Header>
+void dump_trace(cudaStream_t stream, const CtaTrace& trace, int rows, Header header) {
   if (trace.rows == nullptr) return;
   static const int every = [] {
     const char* e = std::getenv("BARACUDA_KERNEL_TRACE_EVERY");
@@ -71,15 +71,13 @@ inline void dump_trace(cudaStream_t stream, const CtaTrace& trace, const std::st
     return;
   std::FILE* f = std::fopen(std::getenv("BARACUDA_KERNEL_TRACE"), "a");
   if (f == nullptr) return;
-  std::fprintf(f, "launch %d %s\n", launches, header.c_str());
-  const auto line = [&](int r) {
+  std::fprintf(f, "launch %d %s\n", launches, std::string(header()).c_str());
+  for (int r = 0; r < rows && r < CtaTrace::kRows; ++r) {
     const unsigned long long* s = trace.rows + r * CtaTrace::kSlots;
     std::fprintf(f, "cta %d", r);
     for (int k = 0; k + 1 < CtaTrace::kSlots; ++k) std::fprintf(f, " %llu", s[k]);
     std::fprintf(f, " sm %llu\n", s[CtaTrace::kSlots - 1]);
-  };
-  for (int r = 0; r < rows && r < CtaTrace::kRows; ++r) line(r);
-  for (int r = second; r < second + second_rows && r < CtaTrace::kRows; ++r) line(r);
+  }
   std::fclose(f);
   std::memset(trace.rows, 0, sizeof(unsigned long long) * CtaTrace::kRows * CtaTrace::kSlots);
 }

@@ -27,10 +27,12 @@
 namespace baracuda::attention::kernels {
 
 // A stamp of the measurement build's CTA timeline (core/cuda/trace.cuh; nothing otherwise). Rows:
-// the decode's CTAs by block index, the combine's from kCombineTraceRow. Slots: 0 start (past the
-// dependency wait), 1 the key loop's end, 2 thread 0's partials stored, 3 the merge verdict
-// (fused), 4 the merge's end (the merging block); the combine: 0 past its wait, 1 done.
-constexpr int kCombineTraceRow = 2048;
+// the decode's CTAs by block index, then the combine's (decode_trace_ctas on). Slots: 0 start
+// (past the dependency wait), 1 the key loop's end, 2 thread 0's partials stored, 3 the merge
+// verdict (fused), 4 the merge's end (the merging block); the combine: 0 past its wait, 1 done.
+__host__ __device__ __forceinline__ int decode_trace_ctas(const Params& p) {
+  return static_cast<int>(int64_t{p.batch} * p.heads_kv * p.splits);
+}
 __device__ __forceinline__ void trace_stamp(const Params& p, int row, int slot) {
 #if defined(BARACUDA_KERNEL_TRACE) && BARACUDA_KERNEL_TRACE
   p.trace.stamp(row, slot);
@@ -545,7 +547,7 @@ __device__ __forceinline__ void store_merged_row(const Params& p, int b, int h, 
 template <class T>
 __global__ void __launch_bounds__(128) flash_decode_combine(Params p) {
   await_split_partials();
-  trace_stamp(p, kCombineTraceRow + static_cast<int>(blockIdx.x), 0);
+  trace_stamp(p, decode_trace_ctas(p) + static_cast<int>(blockIdx.x), 0);
   constexpr int kNW = 4;
   __shared__ float4 s_acc[kNW][2][32];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -610,7 +612,7 @@ __global__ void __launch_bounds__(128) flash_decode_combine(Params p) {
       acc[u].x += x.x, acc[u].y += x.y, acc[u].z += x.z, acc[u].w += x.w;
     }
   store_merged_row<T>(p, b, h, s.q0 + i, lane, dv, acc, wsum, mx);
-  trace_stamp(p, kCombineTraceRow + static_cast<int>(blockIdx.x), 1);
+  trace_stamp(p, decode_trace_ctas(p) + static_cast<int>(blockIdx.x), 1);
 }
 
 // The split merge for many rows of few splits (fa3's packed chunks: thousands of rows, at most 16
@@ -868,15 +870,15 @@ Status launch_decode(const LaunchContext& ctx, const Problem& pr, const ForwardA
   const bool combine = st.ok() && p.splits > 1 && !kFused;  // fused: merged in the kernel
   const Status done = combine ? launch_decode_combine<T>(ctx, p, rows) : st;
 #if defined(BARACUDA_KERNEL_TRACE) && BARACUDA_KERNEL_TRACE
-  const char* kind = p.splits <= 1 ? "single" : kFused ? "fused" : kWaves == 4 ? "w4" : "split";
-  const auto ctas = static_cast<int>(int64_t{p.batch} * p.heads_kv * p.splits);
-  cuda::dump_trace(cuda::stream_of(ctx), p.trace,
-                   std::string("decode ") + kind + " batch " + std::to_string(p.batch) +
-                       " heads_q " + std::to_string(p.heads_q) + " heads_kv " +
-                       std::to_string(p.heads_kv) + " len_q " + std::to_string(p.len_q) +
-                       " len_k " + std::to_string(p.len_k) + " dim " + std::to_string(p.dim_v) +
-                       " splits " + std::to_string(p.splits) + " ctas " + std::to_string(ctas),
-                   ctas, kCombineTraceRow, combine ? static_cast<int>(rows) : 0);
+  const int ctas = decode_trace_ctas(p), combine_ctas = combine ? static_cast<int>(rows) : 0;
+  cuda::dump_trace(cuda::stream_of(ctx), p.trace, ctas + combine_ctas, [&] {
+    const char* kind = p.splits <= 1 ? "single" : kFused ? "fused" : kWaves == 4 ? "w4" : "split";
+    return std::string("decode ") + kind + " batch " + std::to_string(p.batch) + " heads_q " +
+           std::to_string(p.heads_q) + " heads_kv " + std::to_string(p.heads_kv) + " len_q " +
+           std::to_string(p.len_q) + " len_k " + std::to_string(p.len_k) + " dim " +
+           std::to_string(p.dim_v) + " splits " + std::to_string(p.splits) + " ctas " +
+           std::to_string(ctas) + " combine " + std::to_string(combine_ctas);
+  });
 #endif
   return done;
 }
